@@ -1,0 +1,100 @@
+// Package chconn opens ClickHouse connections for Sluice over the native
+// protocol (clickhouse-go/v2), the one protocol that works from ClickHouse
+// 18.16 up to current releases.
+package chconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"regexp"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+// Config says where ClickHouse is and which database holds Sluice's tables.
+type Config struct {
+	Addr         string        `yaml:"addr" help:"ClickHouse native protocol address host:port"`
+	Database     string        `yaml:"database" help:"database holding Sluice's tables"`
+	Username     string        `yaml:"username" help:"ClickHouse user"`
+	Password     string        `yaml:"password" help:"ClickHouse password"`
+	DialTimeout  time.Duration `yaml:"dial_timeout" help:"timeout for one connection attempt"`
+	MaxOpenConns int           `yaml:"max_open_conns" help:"connection pool size"`
+}
+
+// Defaults points at the services script's ClickHouse.
+func Defaults() Config {
+	return Config{Addr: "127.0.0.1:19000", Database: "sluice", Username: "default", DialTimeout: 5 * time.Second, MaxOpenConns: 8}
+}
+
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// Validate checks the address and that the database name is a plain
+// identifier (it is spliced into DDL).
+func (c Config) Validate() error {
+	var errs []error
+	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+		errs = append(errs, fmt.Errorf("clickhouse.addr: %q is not host:port", c.Addr))
+	}
+	if !identifier.MatchString(c.Database) {
+		errs = append(errs, fmt.Errorf("clickhouse.database: %q must match %s", c.Database, identifier))
+	}
+	if c.DialTimeout <= 0 {
+		errs = append(errs, errors.New("clickhouse.dial_timeout: must be positive"))
+	}
+	if c.MaxOpenConns < 1 {
+		errs = append(errs, errors.New("clickhouse.max_open_conns: must be at least 1"))
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) options(database string) *clickhouse.Options {
+	return &clickhouse.Options{
+		Addr:         []string{c.Addr},
+		Protocol:     clickhouse.Native,
+		Auth:         clickhouse.Auth{Database: database, Username: c.Username, Password: c.Password},
+		DialTimeout:  c.DialTimeout,
+		MaxOpenConns: c.MaxOpenConns,
+		MaxIdleConns: c.MaxOpenConns,
+		Compression:  &clickhouse.Compression{Method: clickhouse.CompressionLZ4},
+	}
+}
+
+// Open connects to c.Database and pings it.
+func Open(ctx context.Context, c Config) (driver.Conn, error) {
+	conn, err := clickhouse.Open(c.options(c.Database))
+	if err != nil {
+		return nil, fmt.Errorf("clickhouse: open %s: %w", c.Addr, err)
+	}
+	if err := conn.Ping(ctx); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("clickhouse: ping %s database %s: %w (is it running? did `sluice migrate` run?)", c.Addr, c.Database, err)
+	}
+	return conn, nil
+}
+
+// EnsureDatabase creates c.Database if it does not exist.
+func EnsureDatabase(ctx context.Context, c Config) error {
+	conn, err := clickhouse.Open(c.options("default"))
+	if err != nil {
+		return fmt.Errorf("clickhouse: open %s: %w", c.Addr, err)
+	}
+	defer conn.Close()
+	if err := conn.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+c.Database); err != nil {
+		return fmt.Errorf("clickhouse: create database %s: %w", c.Database, err)
+	}
+	return nil
+}
+
+// Ready returns a readiness check that pings conn.
+func Ready(conn driver.Conn) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if err := conn.Ping(ctx); err != nil {
+			return fmt.Errorf("clickhouse unreachable: %w", err)
+		}
+		return nil
+	}
+}

@@ -1,0 +1,267 @@
+// Package config loads a service's configuration struct from, in increasing
+// precedence: the defaults already in the struct, a YAML file, environment
+// variables and command-line flags, then validates it.
+//
+// Every leaf field of the struct gets all three spellings from its yaml tag
+// path, so a new field is configurable everywhere without registration:
+//
+//	type Config struct {
+//		Kafka struct {
+//			Brokers []string `yaml:"brokers" help:"seed brokers"`
+//		} `yaml:"kafka"`
+//	}
+//
+// is `kafka: {brokers: [...]}` in YAML, SLUICE_KAFKA_BROKERS=a,b in the
+// environment and -kafka.brokers=a,b on the command line. The YAML file is
+// named by -config or SLUICE_CONFIG; unknown YAML keys are errors, so a typo
+// is caught at start-up instead of silently ignored.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Validator is implemented by configuration structs that check themselves.
+// Load calls it last, after every source was applied.
+type Validator interface {
+	Validate() error
+}
+
+// Options adjust where Load looks.
+type Options struct {
+	// EnvPrefix prefixes environment variables; default "SLUICE".
+	EnvPrefix string
+	// LookupEnv reads the environment; default os.LookupEnv. Tests replace it.
+	LookupEnv func(string) (string, bool)
+	// Args are the command-line arguments without the program name.
+	Args []string
+	// FlagSet receives the flags; default a new ContinueOnError set.
+	FlagSet *flag.FlagSet
+}
+
+// Load fills dst, a pointer to a struct holding its defaults, from the YAML
+// file, the environment and the flags, then calls dst.Validate if it has one.
+// It returns flag.ErrHelp when -h was given, after the usage was printed.
+func Load(dst any, opts Options) error {
+	root := reflect.ValueOf(dst)
+	if root.Kind() != reflect.Pointer || root.Elem().Kind() != reflect.Struct {
+		return fmt.Errorf("config: Load needs a pointer to a struct, got %T", dst)
+	}
+	if opts.EnvPrefix == "" {
+		opts.EnvPrefix = "SLUICE"
+	}
+	if opts.LookupEnv == nil {
+		opts.LookupEnv = os.LookupEnv
+	}
+	fs := opts.FlagSet
+	if fs == nil {
+		fs = flag.NewFlagSet("sluice", flag.ContinueOnError)
+	}
+
+	var leaves []leaf
+	collect(root.Elem(), "", &leaves)
+	flagged := make([]*pendingFlag, 0, len(leaves))
+	for _, l := range leaves {
+		p := &pendingFlag{leaf: l}
+		flagged = append(flagged, p)
+		fs.Var(p, l.path, l.help)
+	}
+	configPath := fs.String("config", "", "YAML configuration file (env "+opts.EnvPrefix+"_CONFIG)")
+	if err := fs.Parse(opts.Args); err != nil {
+		return err
+	}
+
+	path := *configPath
+	if path == "" {
+		path, _ = opts.LookupEnv(opts.EnvPrefix + "_CONFIG")
+	}
+	if path != "" {
+		if err := loadYAML(path, dst); err != nil {
+			return err
+		}
+	}
+	for _, l := range leaves {
+		name := envName(opts.EnvPrefix, l.path)
+		if v, ok := opts.LookupEnv(name); ok {
+			if err := l.set(v); err != nil {
+				return fmt.Errorf("config: environment %s=%q: %w", name, v, err)
+			}
+		}
+	}
+	for _, p := range flagged {
+		if p.given {
+			if err := p.leaf.set(p.value); err != nil {
+				return fmt.Errorf("config: flag -%s=%q: %w", p.leaf.path, p.value, err)
+			}
+		}
+	}
+	if v, ok := dst.(Validator); ok {
+		if err := v.Validate(); err != nil {
+			if path != "" {
+				return fmt.Errorf("config (file %s, env, flags): %w", path, err)
+			}
+			return fmt.Errorf("config: %w", err)
+		}
+	}
+	return nil
+}
+
+func loadYAML(path string, dst any) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("config: read %s: %w", path, err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	// An empty file is "no settings", not an error.
+	if err := dec.Decode(dst); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("config: %s: %w", path, err)
+	}
+	return nil
+}
+
+func envName(prefix, path string) string {
+	r := strings.NewReplacer(".", "_", "-", "_")
+	return prefix + "_" + strings.ToUpper(r.Replace(path))
+}
+
+// leaf is one settable field, addressed by its dotted yaml path.
+type leaf struct {
+	path string
+	help string
+	v    reflect.Value
+}
+
+var durationType = reflect.TypeOf(time.Duration(0))
+
+func collect(v reflect.Value, prefix string, out *[]leaf) {
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if name == "-" {
+			continue
+		}
+		if name == "" {
+			name = strings.ToLower(f.Name)
+		}
+		path := name
+		if prefix != "" {
+			path = prefix + "." + name
+		}
+		fv := v.Field(i)
+		switch {
+		case f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeOf(time.Time{}):
+			collect(fv, path, out)
+		case settable(f.Type):
+			*out = append(*out, leaf{path: path, help: f.Tag.Get("help"), v: fv})
+		}
+		// Maps, struct slices and pointers are YAML-only: they have no
+		// sensible single-string spelling.
+	}
+}
+
+func settable(t reflect.Type) bool {
+	if t == durationType {
+		return true
+	}
+	switch t.Kind() {
+	case reflect.String, reflect.Bool, reflect.Int, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint32, reflect.Uint64, reflect.Float64:
+		return true
+	case reflect.Slice:
+		return t.Elem().Kind() == reflect.String
+	}
+	return false
+}
+
+func (l leaf) set(s string) error {
+	v := l.v
+	if v.Type() == durationType {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("want a duration such as 500ms or 2m: %w", err)
+		}
+		v.SetInt(int64(d))
+		return nil
+	}
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString(s)
+	case reflect.Bool:
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			return fmt.Errorf("want true or false")
+		}
+		v.SetBool(b)
+	case reflect.Int, reflect.Int32, reflect.Int64:
+		n, err := strconv.ParseInt(s, 10, v.Type().Bits())
+		if err != nil {
+			return fmt.Errorf("want an integer: %w", err)
+		}
+		v.SetInt(n)
+	case reflect.Uint, reflect.Uint32, reflect.Uint64:
+		n, err := strconv.ParseUint(s, 10, v.Type().Bits())
+		if err != nil {
+			return fmt.Errorf("want a non-negative integer: %w", err)
+		}
+		v.SetUint(n)
+	case reflect.Float64:
+		n, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return fmt.Errorf("want a number: %w", err)
+		}
+		v.SetFloat(n)
+	case reflect.Slice:
+		var parts []string
+		for _, p := range strings.Split(s, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				parts = append(parts, p)
+			}
+		}
+		v.Set(reflect.ValueOf(parts))
+	}
+	return nil
+}
+
+// pendingFlag records a flag's value at parse time; Load applies it after the
+// YAML file and the environment so that flags win.
+type pendingFlag struct {
+	leaf  leaf
+	value string
+	given bool
+}
+
+func (p *pendingFlag) String() string {
+	if p == nil || !p.leaf.v.IsValid() {
+		return ""
+	}
+	return fmt.Sprint(p.leaf.v.Interface())
+}
+
+func (p *pendingFlag) Set(s string) error {
+	// Check the spelling now so -h style errors come from the flag package.
+	probe := reflect.New(p.leaf.v.Type()).Elem()
+	if err := (leaf{v: probe}).set(s); err != nil {
+		return err
+	}
+	p.value, p.given = s, true
+	return nil
+}
+
+// IsBoolFlag lets boolean fields be given as a bare -flag.
+func (p *pendingFlag) IsBoolFlag() bool { return p.leaf.v.Kind() == reflect.Bool }

@@ -1,0 +1,54 @@
+// Package platform is the runtime every Sluice service shares, so that none of
+// them copies it: configuration from flags, environment and YAML (config),
+// structured logging (logging), Kafka, ClickHouse and Redis client
+// construction (kafkaconn, chconn, redisconn), Prometheus metrics with
+// /healthz and /readyz (ops), graceful shutdown of a group of services
+// (lifecycle), and access to the real backing services from integration
+// tests (itest).
+//
+// Env bundles what a service's Run function receives from the process that
+// hosts it, so one `sluice` binary can run any or all services in one process
+// and share one metrics registry, one health endpoint and one logger.
+package platform
+
+import (
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/platform/chconn"
+	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/platform/ops"
+	"github.com/sluicehq/sluice/platform/redisconn"
+)
+
+// Env is what the hosting process hands each service's Run function.
+type Env struct {
+	// Logger is the process logger; services add their own "service" attribute.
+	Logger *slog.Logger
+	// Metrics registers the service's collectors on the process registry.
+	Metrics prometheus.Registerer
+	// Health receives the service's readiness checks.
+	Health *ops.Health
+	// Kafka, ClickHouse and Redis say where the shared backing services are.
+	Kafka      kafkaconn.Config
+	ClickHouse chconn.Config
+	Redis      redisconn.Config
+}
+
+// Named returns a copy of env whose logger and health checks are tagged with
+// the service name, so one process running several services keeps their
+// logs and readiness apart.
+func (env Env) Named(service string) Env {
+	if env.Logger == nil {
+		env.Logger = slog.Default()
+	}
+	env.Logger = env.Logger.With("service", service)
+	if env.Metrics == nil {
+		env.Metrics = prometheus.NewRegistry()
+	}
+	if env.Health == nil {
+		env.Health = ops.NewHealth()
+	}
+	return env
+}

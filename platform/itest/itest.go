@@ -1,0 +1,131 @@
+// Package itest gives integration tests the real backing services started by
+// scripts/services.sh (Kafka, ClickHouse, Redis, Alertmanager), each isolated
+// per test: a fresh topic name, a fresh ClickHouse database, a fresh Redis
+// key prefix.
+//
+// A service that cannot be reached skips the test on a developer's machine
+// but FAILS it when CI=true, so CI can never pass by skipping: `make test`
+// starts the services first, and a missing one is a broken build.
+package itest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/platform/chconn"
+	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/platform/redisconn"
+)
+
+// Addresses default to the services script's ports; the SLUICE_* variables
+// printed by `scripts/services.sh env` override them.
+func addr(env, def string) string {
+	if v := os.Getenv(env); v != "" {
+		return v
+	}
+	return def
+}
+
+// Require checks that hostport accepts connections, and otherwise skips the
+// test (fails under CI=true) with a message saying how to start it.
+func Require(t testing.TB, service, hostport string) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", hostport, 2*time.Second)
+	if err == nil {
+		c.Close()
+		return
+	}
+	msg := fmt.Sprintf("%s is not reachable at %s (%v); start it with `scripts/services.sh up %s`", service, hostport, err, service)
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
+// Unique returns prefix plus the test's name and a random suffix, usable as
+// a topic, database or key prefix: only [a-z0-9_] characters.
+func Unique(t testing.TB, prefix string) string {
+	t.Helper()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := strings.ToLower(nonWord.ReplaceAllString(t.Name(), "_"))
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	return prefix + name + "_" + hex.EncodeToString(b[:])
+}
+
+var nonWord = regexp.MustCompile(`[^A-Za-z0-9]+`)
+
+// Kafka returns the configuration of the real broker.
+func Kafka(t testing.TB) kafkaconn.Config {
+	t.Helper()
+	brokers := addr("SLUICE_KAFKA_BROKERS", "127.0.0.1:19092")
+	Require(t, "kafka", strings.Split(brokers, ",")[0])
+	c := kafkaconn.Defaults()
+	c.Brokers = strings.Split(brokers, ",")
+	c.ClientID = "sluice-test"
+	c.Partitions = 3
+	c.ReplicationFactor = 1
+	return c
+}
+
+// ClickHouse returns a configuration whose database was created for this
+// test and is dropped when it ends (kept when SLUICE_KEEP_TEST_DB=1, for
+// looking at a failure).
+func ClickHouse(t testing.TB) chconn.Config {
+	t.Helper()
+	c := chconn.Defaults()
+	c.Addr = addr("SLUICE_CLICKHOUSE_ADDR", c.Addr)
+	Require(t, "clickhouse", c.Addr)
+	c.Database = Unique(t, "t_")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := chconn.EnsureDatabase(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if os.Getenv("SLUICE_KEEP_TEST_DB") == "1" {
+			t.Logf("keeping ClickHouse database %s", c.Database)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := chconn.Open(ctx, c)
+		if err != nil {
+			t.Logf("drop test database %s: %v", c.Database, err)
+			return
+		}
+		defer conn.Close()
+		if err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+c.Database); err != nil {
+			t.Logf("drop test database %s: %v", c.Database, err)
+		}
+	})
+	return c
+}
+
+// Redis returns the configuration of the real Redis. Tests isolate
+// themselves by key prefix (see Unique), not by database number.
+func Redis(t testing.TB) redisconn.Config {
+	t.Helper()
+	c := redisconn.Defaults()
+	c.Addr = addr("SLUICE_REDIS_ADDR", c.Addr)
+	Require(t, "redis", c.Addr)
+	return c
+}
+
+// Alertmanager returns the base URL of the real Alertmanager.
+func Alertmanager(t testing.TB) string {
+	t.Helper()
+	u := addr("SLUICE_ALERTMANAGER_URL", "http://127.0.0.1:19093")
+	Require(t, "alertmanager", strings.TrimPrefix(strings.TrimPrefix(u, "http://"), "https://"))
+	return u
+}

@@ -1,0 +1,27 @@
+package kafkaconn
+
+import (
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+// StartEmbedded starts franz-go's in-process fake broker on 127.0.0.1:port,
+// persisting to dataDir when it is not empty, and returns it with its
+// address. It exists so `make run` works on a machine with no Kafka; it has
+// no replication and enforces no quotas, and the integration tests never use
+// it. Close the cluster to stop it.
+func StartEmbedded(port int, dataDir string, topics ...string) (*kfake.Cluster, []string, error) {
+	opts := []kfake.Opt{kfake.NumBrokers(1), kfake.Ports(port), kfake.DefaultNumPartitions(6)}
+	if dataDir != "" {
+		opts = append(opts, kfake.DataDir(dataDir))
+	}
+	if len(topics) > 0 {
+		opts = append(opts, kfake.SeedTopics(6, topics...))
+	}
+	c, err := kfake.NewCluster(opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kafka: start embedded broker on port %d: %w", port, err)
+	}
+	return c, c.ListenAddrs(), nil
+}

@@ -1,0 +1,159 @@
+// Package ops serves a process's operational HTTP endpoints: Prometheus
+// metrics on /metrics, liveness on /healthz and readiness on /readyz.
+//
+// Liveness says the process is running and not wedged; it never checks
+// dependencies, so an orchestrator does not restart a healthy process
+// because Kafka is down. Readiness runs every registered check (is Kafka
+// reachable, has the consumer caught up, ...) and answers 503 naming the
+// failing ones, so a load balancer stops sending work.
+package ops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Config says where the operational endpoints listen.
+type Config struct {
+	Listen string `yaml:"listen" help:"address of /metrics, /healthz and /readyz"`
+}
+
+// Defaults listens on loopback port 9464.
+func Defaults() Config { return Config{Listen: "127.0.0.1:9464"} }
+
+// Validate checks the listen address.
+func (c Config) Validate() error {
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return fmt.Errorf("ops.listen: %q is not host:port: %w", c.Listen, err)
+	}
+	return nil
+}
+
+// Check reports whether one dependency is usable. It must honour ctx.
+type Check func(ctx context.Context) error
+
+// Health holds the readiness checks of every service in the process.
+type Health struct {
+	mu     sync.RWMutex
+	checks map[string]Check
+}
+
+// NewHealth returns an empty set of checks: ready until something is added.
+func NewHealth() *Health { return &Health{checks: map[string]Check{}} }
+
+// AddReadiness registers a named check; a later call with the same name
+// replaces it.
+func (h *Health) AddReadiness(name string, c Check) {
+	h.mu.Lock()
+	h.checks[name] = c
+	h.mu.Unlock()
+}
+
+// RemoveReadiness drops a check, for a service that stopped.
+func (h *Health) RemoveReadiness(name string) {
+	h.mu.Lock()
+	delete(h.checks, name)
+	h.mu.Unlock()
+}
+
+// Ready runs every check concurrently and returns the failures by name.
+func (h *Health) Ready(ctx context.Context) map[string]error {
+	h.mu.RLock()
+	checks := make(map[string]Check, len(h.checks))
+	for n, c := range h.checks {
+		checks[n] = c
+	}
+	h.mu.RUnlock()
+
+	var (
+		mu     sync.Mutex
+		failed = map[string]error{}
+		wg     sync.WaitGroup
+	)
+	for name, check := range checks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := check(ctx); err != nil {
+				mu.Lock()
+				failed[name] = err
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return failed
+}
+
+// NewRegistry returns a registry with the Go runtime and process collectors,
+// the base every Sluice process exports.
+func NewRegistry() *prometheus.Registry {
+	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return r
+}
+
+// Handler returns the mux serving /metrics, /healthz and /readyz.
+func Handler(reg prometheus.Gatherer, h *Health) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		failed := h.Ready(ctx)
+		if len(failed) == 0 {
+			_, _ = w.Write([]byte("ready\n"))
+			return
+		}
+		names := make([]string, 0, len(failed))
+		for n := range failed {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		var b strings.Builder
+		for _, n := range names {
+			fmt.Fprintf(&b, "not ready: %s: %v\n", n, failed[n])
+		}
+		http.Error(w, strings.TrimSuffix(b.String(), "\n"), http.StatusServiceUnavailable)
+	})
+	return mux
+}
+
+// Serve runs the operational endpoints on cfg.Listen until ctx ends, then
+// shuts the server down within a few seconds.
+func Serve(ctx context.Context, cfg Config, reg prometheus.Gatherer, h *Health, log *slog.Logger) error {
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("ops: listen on %s: %w (set -ops.listen to a free address)", cfg.Listen, err)
+	}
+	srv := &http.Server{Handler: Handler(reg, h), ReadHeaderTimeout: 5 * time.Second}
+	log.Info("operational endpoints listening", "addr", ln.Addr().String())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,42 @@
+package ops
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+func TestReadyzNamesFailingCheck(t *testing.T) {
+	h := NewHealth()
+	h.AddReadiness("kafka", func(context.Context) error { return nil })
+	srv := httptest.NewServer(Handler(NewRegistry(), h))
+	defer srv.Close()
+
+	get := func(path string) (int, string) {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := get("/readyz"); code != http.StatusOK {
+		t.Fatalf("/readyz with passing checks = %d, want 200", code)
+	}
+	h.AddReadiness("clickhouse", func(context.Context) error { return errors.New("connection refused") })
+	code, body := get("/readyz")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "clickhouse: connection refused") {
+		t.Fatalf("/readyz = %d %q, want 503 naming clickhouse", code, body)
+	}
+	if code, _ := get("/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz must not depend on readiness checks, got %d", code)
+	}
+	if code, body := get("/metrics"); code != http.StatusOK || body == "" {
+		t.Fatalf("/metrics = %d", code)
+	}
+}
