@@ -1,0 +1,457 @@
+package policy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+	_ "time/tzdata" // tenant timezones must resolve on hosts without a zoneinfo database
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Problem is one thing wrong in a policy file.
+type Problem struct {
+	File  string
+	Line  int
+	Field string // dotted path, e.g. tenants.acme.models.gpt-4o.monthly_tokens
+	Msg   string
+}
+
+func (p Problem) String() string {
+	return fmt.Sprintf("%s:%d: %s: %s", p.File, p.Line, p.Field, p.Msg)
+}
+
+// Error lists every problem found in a policy file.
+type Error struct{ Problems []Problem }
+
+func (e *Error) Error() string {
+	lines := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		lines[i] = p.String()
+	}
+	return fmt.Sprintf("policy: %d problem(s):\n  %s", len(lines), strings.Join(lines, "\n  "))
+}
+
+// Load reads and parses the policy file at path.
+func Load(path string) (*Policy, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy: read %s: %w", path, err)
+	}
+	return Parse(data, path)
+}
+
+type rawPolicy struct {
+	Defaults rawTenant            `yaml:"defaults"`
+	Tenants  map[string]rawTenant `yaml:"tenants"`
+	Prices   []rawPrice           `yaml:"prices"`
+	Channels struct {
+		DingTalk map[string]struct {
+			Webhook string `yaml:"webhook"`
+			Secret  string `yaml:"secret"`
+		} `yaml:"dingtalk"`
+		Slack map[string]struct {
+			Webhook string `yaml:"webhook"`
+		} `yaml:"slack"`
+	} `yaml:"channels"`
+}
+
+type rawTenant struct {
+	Plan            string              `yaml:"plan"`
+	Timezone        string              `yaml:"timezone"`
+	Mode            string              `yaml:"mode"`
+	FailMode        string              `yaml:"fail_mode"`
+	AlertTiers      []int               `yaml:"alert_tiers"`
+	Channels        []string            `yaml:"channels"`
+	Priority        string              `yaml:"priority"`
+	BurstMultiplier *float64            `yaml:"burst_multiplier"`
+	Budget          *rawBudget          `yaml:"budget"`
+	Models          map[string]rawModel `yaml:"models"`
+	Breakers        struct {
+		ErrorRatio rawBreaker `yaml:"error_ratio"`
+		SlowCall   rawBreaker `yaml:"slow_call"`
+	} `yaml:"breakers"`
+}
+
+type rawBudget struct {
+	Amount   float64 `yaml:"amount"`
+	Currency string  `yaml:"currency"`
+}
+
+type rawModel struct {
+	MonthlyTokens     int64  `yaml:"monthly_tokens"`
+	DailyTokens       int64  `yaml:"daily_tokens"`
+	HourlyTokens      int64  `yaml:"hourly_tokens"`
+	TokensPerMinute   int64  `yaml:"tokens_per_minute"`
+	RequestsPerMinute int64  `yaml:"requests_per_minute"`
+	Mode              string `yaml:"mode"`
+}
+
+type rawBreaker struct {
+	Threshold      *float64       `yaml:"threshold"`
+	SlowCallMS     *int64         `yaml:"slow_call_ms"`
+	MinRequests    *int           `yaml:"min_requests"`
+	Window         *time.Duration `yaml:"window"`
+	OpenFor        *time.Duration `yaml:"open_for"`
+	MaxOpenFor     *time.Duration `yaml:"max_open_for"`
+	HalfOpenProbes *int           `yaml:"half_open_probes"`
+}
+
+type rawPrice struct {
+	Model         string    `yaml:"model"`
+	Currency      string    `yaml:"currency"`
+	EffectiveFrom time.Time `yaml:"effective_from"`
+	Prompt        float64   `yaml:"prompt"`
+	Completion    float64   `yaml:"completion"`
+	Cached        float64   `yaml:"cached"`
+}
+
+// builtin is what a file that says nothing gets.
+var builtin = Tenant{
+	Location:        time.UTC,
+	Mode:            Hard,
+	FailMode:        FailOpen,
+	AlertTiers:      []int{70, 90, 100},
+	Channels:        []string{"alertmanager"},
+	Priority:        "normal",
+	BurstMultiplier: 1,
+	Models:          map[string]ModelQuota{},
+	Breakers: Breakers{
+		ErrorRatio: BreakerPolicy{Threshold: 0.5, MinRequests: 20, Window: time.Minute, OpenFor: 30 * time.Second, MaxOpenFor: 10 * time.Minute, HalfOpenProbes: 5},
+		SlowCall:   BreakerPolicy{Threshold: 0.5, SlowCallMS: 10000, MinRequests: 20, Window: time.Minute, OpenFor: 30 * time.Second, MaxOpenFor: 10 * time.Minute, HalfOpenProbes: 5},
+	},
+}
+
+// Limits on policy values; each is named in the error that enforces it.
+const (
+	MaxTenants      = 100000
+	MaxTier         = 1000
+	MaxBurst        = 100.0
+	MaxQuotaTokens  = int64(1) << 50
+	maxChannelCount = 16
+)
+
+var (
+	tenantID   = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
+	priorities = map[string]bool{"critical": true, "high": true, "normal": true, "low": true}
+	channelRef = regexp.MustCompile(`^(alertmanager|(dingtalk|slack):[A-Za-z0-9._-]{1,64})$`)
+)
+
+// Parse parses and validates a policy document. filename is used in error
+// messages only. Every problem is reported, each with its line and field.
+func Parse(data []byte, filename string) (*Policy, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, fmt.Errorf("policy: %s: %w", filename, err)
+	}
+	var raw rawPolicy
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&raw); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("policy: %s: %w", filename, err)
+	}
+	v := &validator{file: filename, root: &root}
+
+	defaults := v.tenant("defaults", raw.Defaults, &builtin)
+	p := &Policy{defaults: *defaults, tenants: map[string]*Tenant{}, prices: map[string][]Price{}, source: filename}
+	if len(raw.Tenants) > MaxTenants {
+		v.fail("tenants", "has %d tenants, at most %d are allowed", len(raw.Tenants), MaxTenants)
+	}
+	ids := make([]string, 0, len(raw.Tenants))
+	for id := range raw.Tenants {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids) // problems in file order is nicer, but stable order is what matters
+	for _, id := range ids {
+		if !tenantID.MatchString(id) {
+			v.fail("tenants."+id, "tenant id must match %s", tenantID)
+			continue
+		}
+		t := v.tenant("tenants."+id, raw.Tenants[id], defaults)
+		t.ID = id
+		p.tenants[id] = t
+	}
+	for i, rp := range raw.Prices {
+		path := fmt.Sprintf("prices.%d", i)
+		if rp.Model == "" {
+			v.fail(path+".model", "is required")
+		}
+		if rp.Currency == "" {
+			v.fail(path+".currency", "is required (e.g. USD)")
+		}
+		if rp.EffectiveFrom.IsZero() {
+			v.fail(path+".effective_from", "is required (RFC 3339 time)")
+		}
+		for name, x := range map[string]float64{"prompt": rp.Prompt, "completion": rp.Completion, "cached": rp.Cached} {
+			if x < 0 {
+				v.fail(path+"."+name, "price %v must not be negative", x)
+			}
+		}
+		p.prices[rp.Model] = append(p.prices[rp.Model], Price{Model: rp.Model, Currency: rp.Currency, EffectiveFrom: rp.EffectiveFrom.UTC(),
+			Prompt: rp.Prompt, Completion: rp.Completion, Cached: rp.Cached})
+	}
+	for model, list := range p.prices {
+		sort.SliceStable(list, func(i, j int) bool { return list[i].EffectiveFrom.Before(list[j].EffectiveFrom) })
+		for i := 1; i < len(list); i++ {
+			if list[i].EffectiveFrom.Equal(list[i-1].EffectiveFrom) {
+				v.fail("prices", "model %s has two prices effective from %s", model, list[i].EffectiveFrom.Format(time.RFC3339))
+			}
+		}
+	}
+	p.channels = Channels{DingTalk: map[string]DingTalkChannel{}, Slack: map[string]SlackChannel{}}
+	for name, c := range raw.Channels.DingTalk {
+		v.webhook("channels.dingtalk."+name+".webhook", c.Webhook)
+		p.channels.DingTalk[name] = DingTalkChannel{Webhook: c.Webhook, Secret: c.Secret}
+	}
+	for name, c := range raw.Channels.Slack {
+		v.webhook("channels.slack."+name+".webhook", c.Webhook)
+		p.channels.Slack[name] = SlackChannel{Webhook: c.Webhook}
+	}
+	for _, t := range append([]*Tenant{defaults}, tenantsOf(p)...) {
+		for _, ch := range t.Channels {
+			kind, name, _ := strings.Cut(ch, ":")
+			_, dOK := p.channels.DingTalk[name]
+			_, sOK := p.channels.Slack[name]
+			if (kind == "dingtalk" && !dOK) || (kind == "slack" && !sOK) {
+				field := "defaults.channels"
+				if t != defaults {
+					field = "tenants." + t.ID + ".channels"
+				}
+				v.fail(field, "channel %s is not defined under channels.%s", ch, kind)
+			}
+		}
+	}
+	if len(v.problems) > 0 {
+		sort.SliceStable(v.problems, func(i, j int) bool { return v.problems[i].Line < v.problems[j].Line })
+		return nil, &Error{Problems: v.problems}
+	}
+	return p, nil
+}
+
+func tenantsOf(p *Policy) []*Tenant {
+	out := make([]*Tenant, 0, len(p.tenants))
+	for _, id := range p.TenantIDs() {
+		out = append(out, p.tenants[id])
+	}
+	return out
+}
+
+type validator struct {
+	file     string
+	root     *yaml.Node
+	problems []Problem
+}
+
+func (v *validator) fail(path, format string, args ...any) {
+	v.problems = append(v.problems, Problem{File: v.file, Line: v.line(path), Field: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+// line finds the line of the deepest node along a dotted path, so a problem
+// in a field that is absent points at its parent.
+func (v *validator) line(path string) int {
+	n := v.root
+	if n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
+		n = n.Content[0]
+	}
+	line := n.Line
+	parts := strings.Split(path, ".")
+	for i := 0; i < len(parts); {
+		// Keys may contain dots (model "gpt-4.1"): try the longest key first.
+		var next *yaml.Node
+		j := len(parts)
+		for ; j > i; j-- {
+			if next = child(n, strings.Join(parts[i:j], ".")); next != nil {
+				break
+			}
+		}
+		if next == nil {
+			break
+		}
+		n, line, i = next, next.Line, j
+	}
+	return line
+}
+
+func child(n *yaml.Node, key string) *yaml.Node {
+	switch n.Kind {
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == key {
+				// Point at the key's line: that is where the reader looks.
+				val := *n.Content[i+1]
+				val.Line = n.Content[i].Line
+				return &val
+			}
+		}
+	case yaml.SequenceNode:
+		var idx int
+		if _, err := fmt.Sscanf(key, "%d", &idx); err == nil && idx >= 0 && idx < len(n.Content) {
+			return n.Content[idx]
+		}
+	}
+	return nil
+}
+
+func (v *validator) webhook(path, raw string) {
+	u, err := url.Parse(raw)
+	if raw == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		v.fail(path, "must be an http(s) URL, got %q", raw)
+	}
+}
+
+// tenant merges raw over base and validates the result.
+func (v *validator) tenant(path string, raw rawTenant, base *Tenant) *Tenant {
+	t := *base
+	t.Models = map[string]ModelQuota{}
+	for k, q := range base.Models {
+		t.Models[k] = q
+	}
+	if raw.Plan != "" {
+		t.Plan = raw.Plan
+	}
+	if raw.Timezone != "" {
+		loc, err := time.LoadLocation(raw.Timezone)
+		if err != nil {
+			v.fail(path+".timezone", "unknown timezone %q (use an IANA name such as Asia/Shanghai)", raw.Timezone)
+		} else {
+			t.Location = loc
+		}
+	}
+	if raw.Mode != "" {
+		t.Mode = v.mode(path+".mode", raw.Mode)
+	}
+	switch FailMode(raw.FailMode) {
+	case "":
+	case FailOpen, FailClosed:
+		t.FailMode = FailMode(raw.FailMode)
+	default:
+		v.fail(path+".fail_mode", "%q is not one of open, closed", raw.FailMode)
+	}
+	if raw.AlertTiers != nil {
+		t.AlertTiers = raw.AlertTiers
+		for i, tier := range raw.AlertTiers {
+			if tier < 1 || tier > MaxTier {
+				v.fail(fmt.Sprintf("%s.alert_tiers.%d", path, i), "tier %d is outside 1..%d (percent of the quota)", tier, MaxTier)
+			}
+			if i > 0 && tier <= raw.AlertTiers[i-1] {
+				v.fail(fmt.Sprintf("%s.alert_tiers.%d", path, i), "tiers must be strictly ascending (%d after %d)", tier, raw.AlertTiers[i-1])
+			}
+		}
+	}
+	if raw.Channels != nil {
+		t.Channels = raw.Channels
+		if len(raw.Channels) > maxChannelCount {
+			v.fail(path+".channels", "has %d channels, at most %d are allowed", len(raw.Channels), maxChannelCount)
+		}
+		for i, c := range raw.Channels {
+			if !channelRef.MatchString(c) {
+				v.fail(fmt.Sprintf("%s.channels.%d", path, i), "%q is not alertmanager, dingtalk:<name> or slack:<name>", c)
+			}
+		}
+	}
+	if raw.Priority != "" {
+		if !priorities[raw.Priority] {
+			v.fail(path+".priority", "%q is not one of critical, high, normal, low", raw.Priority)
+		}
+		t.Priority = raw.Priority
+	}
+	if raw.BurstMultiplier != nil {
+		if *raw.BurstMultiplier < 1 || *raw.BurstMultiplier > MaxBurst {
+			v.fail(path+".burst_multiplier", "%v is outside 1..%v", *raw.BurstMultiplier, MaxBurst)
+		}
+		t.BurstMultiplier = *raw.BurstMultiplier
+	}
+	if raw.Budget != nil {
+		if raw.Budget.Amount <= 0 {
+			v.fail(path+".budget.amount", "must be positive, got %v", raw.Budget.Amount)
+		}
+		if raw.Budget.Currency == "" {
+			v.fail(path+".budget.currency", "is required (e.g. USD)")
+		}
+		t.Budget = &Budget{Amount: raw.Budget.Amount, Currency: raw.Budget.Currency}
+	}
+	for model, q := range raw.Models {
+		mp := path + ".models." + model
+		if model == "" || len(model) > 128 {
+			v.fail(mp, "model name must be 1..128 bytes")
+		}
+		for name, x := range map[string]int64{MonthlyTokens: q.MonthlyTokens, DailyTokens: q.DailyTokens, HourlyTokens: q.HourlyTokens,
+			TokensPerMinute: q.TokensPerMinute, RequestsPerMinute: q.RequestsPerMinute} {
+			if x < 0 || x > MaxQuotaTokens {
+				v.fail(mp+"."+name, "%d is outside 0..%d (0 means no such quota)", x, MaxQuotaTokens)
+			}
+		}
+		mq := ModelQuota{MonthlyTokens: q.MonthlyTokens, DailyTokens: q.DailyTokens, HourlyTokens: q.HourlyTokens,
+			TokensPerMinute: q.TokensPerMinute, RequestsPerMinute: q.RequestsPerMinute}
+		if q.Mode != "" {
+			mq.Mode = v.mode(mp+".mode", q.Mode)
+		}
+		t.Models[model] = mq
+	}
+	t.Breakers.ErrorRatio = v.breaker(path+".breakers.error_ratio", raw.Breakers.ErrorRatio, base.Breakers.ErrorRatio)
+	t.Breakers.SlowCall = v.breaker(path+".breakers.slow_call", raw.Breakers.SlowCall, base.Breakers.SlowCall)
+	return &t
+}
+
+func (v *validator) mode(path, s string) Mode {
+	switch Mode(s) {
+	case Hard, Soft:
+		return Mode(s)
+	}
+	v.fail(path, "%q is not one of hard, soft", s)
+	return Hard
+}
+
+func (v *validator) breaker(path string, raw rawBreaker, base BreakerPolicy) BreakerPolicy {
+	b := base
+	if raw.Threshold != nil {
+		b.Threshold = *raw.Threshold
+	}
+	if raw.SlowCallMS != nil {
+		b.SlowCallMS = *raw.SlowCallMS
+	}
+	if raw.MinRequests != nil {
+		b.MinRequests = *raw.MinRequests
+	}
+	if raw.Window != nil {
+		b.Window = *raw.Window
+	}
+	if raw.OpenFor != nil {
+		b.OpenFor = *raw.OpenFor
+	}
+	if raw.MaxOpenFor != nil {
+		b.MaxOpenFor = *raw.MaxOpenFor
+	}
+	if raw.HalfOpenProbes != nil {
+		b.HalfOpenProbes = *raw.HalfOpenProbes
+	}
+	if b.Threshold <= 0 || b.Threshold > 1 {
+		v.fail(path+".threshold", "%v is outside (0, 1] (a ratio of calls)", b.Threshold)
+	}
+	if b.MinRequests < 1 {
+		v.fail(path+".min_requests", "%d must be at least 1", b.MinRequests)
+	}
+	if b.Window < time.Second || b.Window > time.Hour {
+		v.fail(path+".window", "%s is outside 1s..1h", b.Window)
+	}
+	if b.OpenFor < time.Second {
+		v.fail(path+".open_for", "%s must be at least 1s", b.OpenFor)
+	}
+	if b.MaxOpenFor < b.OpenFor {
+		v.fail(path+".max_open_for", "%s must be at least open_for (%s)", b.MaxOpenFor, b.OpenFor)
+	}
+	if b.HalfOpenProbes < 1 || b.HalfOpenProbes > 1000 {
+		v.fail(path+".half_open_probes", "%d is outside 1..1000", b.HalfOpenProbes)
+	}
+	if b.SlowCallMS < 0 {
+		v.fail(path+".slow_call_ms", "%d must not be negative", b.SlowCallMS)
+	}
+	return b
+}

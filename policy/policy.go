@@ -1,0 +1,286 @@
+// Package policy is Sluice's quota policy: which tenant may spend how much of
+// what (tokens per month, day, hour and minute, requests per minute, a
+// currency budget), hard or soft, in which timezone, with which alert tiers,
+// alert channels, gateway fail mode and breaker thresholds, plus the price
+// table that turns tokens into money.
+//
+// The policy is one YAML file (see testdata/example.yaml). Parse reports
+// every problem at once, each with file:line and the field path, so an
+// operator fixes a broken file in one go. A Watcher reloads the file when it
+// changes; a bad reload keeps the previous policy in force.
+//
+// Lookups are read-only after Parse: a *Policy is immutable and safe for
+// concurrent use, which is what lets the Watcher swap it atomically.
+package policy
+
+import (
+	"fmt"
+	"sort"
+	"time"
+)
+
+// Mode says what happens at 100% of a quota.
+type Mode string
+
+const (
+	// Hard blocks the tenant (a breaker opens) until the period ends.
+	Hard Mode = "hard"
+	// Soft lets requests through and records the overage for billing.
+	Soft Mode = "soft"
+)
+
+// FailMode says what a gateway does for a tenant when its view of the flags
+// is too old to trust (Sluice unreachable).
+type FailMode string
+
+const (
+	// FailOpen serves the tenant: an outage of Sluice is not an outage of the gateway.
+	FailOpen FailMode = "open"
+	// FailClosed refuses the tenant: for tenants whose spend must never run unchecked.
+	FailClosed FailMode = "closed"
+)
+
+// Quota names, as they appear in YAML, signals and ClickHouse.
+const (
+	MonthlyTokens     = "monthly_tokens"
+	DailyTokens       = "daily_tokens"
+	HourlyTokens      = "hourly_tokens"
+	TokensPerMinute   = "tokens_per_minute"
+	RequestsPerMinute = "requests_per_minute"
+	BudgetQuota       = "budget"
+)
+
+// Periods a quota is counted over.
+const (
+	PeriodMinute = "minute"
+	PeriodHour   = "hour"
+	PeriodDay    = "day"
+	PeriodMonth  = "month"
+)
+
+// AllModels is the model key of tenant-wide quotas and aggregates.
+const AllModels = "*"
+
+// Policy is a parsed, validated policy file. It is immutable.
+type Policy struct {
+	defaults Tenant
+	tenants  map[string]*Tenant
+	prices   map[string][]Price // by model, ordered by EffectiveFrom
+	channels Channels
+	source   string
+}
+
+// Tenant is one tenant's effective policy: its own settings over the defaults.
+type Tenant struct {
+	ID              string
+	Plan            string
+	Location        *time.Location
+	Mode            Mode
+	FailMode        FailMode
+	AlertTiers      []int
+	Channels        []string
+	Priority        string
+	BurstMultiplier float64
+	Budget          *Budget
+	Models          map[string]ModelQuota
+	Breakers        Breakers
+}
+
+// Budget is a currency budget per calendar month in the tenant's timezone.
+type Budget struct {
+	Amount   float64
+	Currency string
+}
+
+// ModelQuota holds the limits for one model of a tenant (or "*" for all
+// models together). Zero means "no such quota".
+type ModelQuota struct {
+	MonthlyTokens     int64
+	DailyTokens       int64
+	HourlyTokens      int64
+	TokensPerMinute   int64
+	RequestsPerMinute int64
+	// Mode overrides the tenant's mode for this model; empty inherits it.
+	Mode Mode
+}
+
+// Breakers holds the thresholds of the health breakers a tenant gets.
+type Breakers struct {
+	ErrorRatio BreakerPolicy
+	SlowCall   BreakerPolicy
+}
+
+// BreakerPolicy configures an error-ratio or slow-call breaker: it opens when
+// at least MinRequests calls in Window have a bad ratio of at least
+// Threshold, stays open OpenFor (doubling on each failed probe, up to
+// MaxOpenFor), then lets HalfOpenProbes calls through to decide.
+type BreakerPolicy struct {
+	Threshold      float64
+	SlowCallMS     int64
+	MinRequests    int
+	Window         time.Duration
+	OpenFor        time.Duration
+	MaxOpenFor     time.Duration
+	HalfOpenProbes int
+}
+
+// Quota is one limit that applies to a tenant x model key.
+type Quota struct {
+	Name   string // monthly_tokens, daily_tokens, hourly_tokens, tokens_per_minute, requests_per_minute, budget
+	Period string // month, day, hour, minute
+	Limit  float64
+	Unit   string // tokens, requests, currency
+	Mode   Mode
+}
+
+// Price is a model's price per million tokens from EffectiveFrom on.
+type Price struct {
+	Model         string
+	Currency      string
+	EffectiveFrom time.Time
+	Prompt        float64
+	Completion    float64
+	Cached        float64
+}
+
+// Cost returns the price of the given token counts. Cached prompt tokens
+// are billed at the cached rate instead of the prompt rate.
+func (p Price) Cost(promptTokens, completionTokens, cachedTokens int64) float64 {
+	uncached := promptTokens - cachedTokens
+	if uncached < 0 {
+		uncached = 0
+	}
+	return (float64(uncached)*p.Prompt + float64(cachedTokens)*p.Cached + float64(completionTokens)*p.Completion) / 1e6
+}
+
+// Channels defines the alerter's direct notification channels by name.
+type Channels struct {
+	DingTalk map[string]DingTalkChannel
+	Slack    map[string]SlackChannel
+}
+
+// DingTalkChannel is a DingTalk custom robot.
+type DingTalkChannel struct {
+	Webhook string
+	Secret  string
+}
+
+// SlackChannel is a Slack incoming webhook.
+type SlackChannel struct {
+	Webhook string
+}
+
+// Source names the file the policy came from.
+func (p *Policy) Source() string { return p.source }
+
+// Tenant returns the effective policy of a tenant. It is never nil: a tenant
+// the file does not name gets the defaults, so a new customer is metered
+// from its first event.
+func (p *Policy) Tenant(id string) *Tenant {
+	if t, ok := p.tenants[id]; ok {
+		return t
+	}
+	t := p.defaults
+	t.ID = id
+	return &t
+}
+
+// TenantIDs returns the tenants the file names, sorted.
+func (p *Policy) TenantIDs() []string {
+	ids := make([]string, 0, len(p.tenants))
+	for id := range p.tenants {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// Channels returns the direct notification channel definitions.
+func (p *Policy) Channels() Channels { return p.channels }
+
+// Price returns the price of model in force at time at: the latest entry
+// whose EffectiveFrom is not after at.
+func (p *Policy) Price(model string, at time.Time) (Price, bool) {
+	list := p.prices[model]
+	i := sort.Search(len(list), func(i int) bool { return list[i].EffectiveFrom.After(at) })
+	if i == 0 {
+		return Price{}, false
+	}
+	return list[i-1], true
+}
+
+// Prices returns every price entry, by model then date.
+func (p *Policy) Prices() []Price {
+	var out []Price
+	for _, list := range p.prices {
+		out = append(out, list...)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Model != out[j].Model {
+			return out[i].Model < out[j].Model
+		}
+		return out[i].EffectiveFrom.Before(out[j].EffectiveFrom)
+	})
+	return out
+}
+
+// ModeFor returns the mode that applies to model: the model's own, else the
+// tenant's.
+func (t *Tenant) ModeFor(model string) Mode {
+	if q, ok := t.Models[model]; ok && q.Mode != "" {
+		return q.Mode
+	}
+	return t.Mode
+}
+
+// Quotas lists every quota that applies to the tenant x model key, model
+// "*" meaning the tenant-wide aggregate. The budget applies to "*" only.
+func (t *Tenant) Quotas(model string) []Quota {
+	q, ok := t.Models[model]
+	var out []Quota
+	if ok {
+		mode := t.ModeFor(model)
+		add := func(name, period, unit string, limit int64) {
+			if limit > 0 {
+				out = append(out, Quota{Name: name, Period: period, Limit: float64(limit), Unit: unit, Mode: mode})
+			}
+		}
+		add(MonthlyTokens, PeriodMonth, "tokens", q.MonthlyTokens)
+		add(DailyTokens, PeriodDay, "tokens", q.DailyTokens)
+		add(HourlyTokens, PeriodHour, "tokens", q.HourlyTokens)
+		add(TokensPerMinute, PeriodMinute, "tokens", q.TokensPerMinute)
+		add(RequestsPerMinute, PeriodMinute, "requests", q.RequestsPerMinute)
+	}
+	if model == AllModels && t.Budget != nil && t.Budget.Amount > 0 {
+		out = append(out, Quota{Name: BudgetQuota, Period: PeriodMonth, Limit: t.Budget.Amount, Unit: "currency", Mode: t.ModeFor(AllModels)})
+	}
+	return out
+}
+
+// PeriodBounds returns the calendar period containing t in loc: the start of
+// its minute, hour, day or month, and the start of the next one. Days and
+// months follow the zone's calendar, so a DST day is 23 or 25 hours long and
+// a month ends at local midnight.
+func PeriodBounds(period string, t time.Time, loc *time.Location) (start, end time.Time) {
+	if loc == nil {
+		loc = time.UTC
+	}
+	lt := t.In(loc)
+	switch period {
+	case PeriodMinute:
+		start = lt.Truncate(time.Minute)
+		return start, start.Add(time.Minute)
+	case PeriodHour:
+		// Truncate works on absolute time, which is right for zones with
+		// whole-hour offsets; for others (e.g. +05:45) go through the clock.
+		start = time.Date(lt.Year(), lt.Month(), lt.Day(), lt.Hour(), 0, 0, 0, loc)
+		return start, start.Add(time.Hour)
+	case PeriodDay:
+		start = time.Date(lt.Year(), lt.Month(), lt.Day(), 0, 0, 0, 0, loc)
+		return start, time.Date(lt.Year(), lt.Month(), lt.Day()+1, 0, 0, 0, 0, loc)
+	case PeriodMonth:
+		start = time.Date(lt.Year(), lt.Month(), 1, 0, 0, 0, 0, loc)
+		return start, time.Date(lt.Year(), lt.Month()+1, 1, 0, 0, 0, 0, loc)
+	}
+	panic(fmt.Sprintf("policy: unknown period %q", period))
+}

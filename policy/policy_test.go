@@ -1,0 +1,184 @@
+package policy
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func mustLoad(t *testing.T) *Policy {
+	t.Helper()
+	p, err := Load("testdata/example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestExampleTenantMergesDefaults(t *testing.T) {
+	p := mustLoad(t)
+	acme := p.Tenant("acme")
+	if acme.Location.String() != "Asia/Shanghai" || acme.FailMode != FailClosed || acme.BurstMultiplier != 1.5 {
+		t.Fatalf("acme = %+v", acme)
+	}
+	if got := acme.Breakers.ErrorRatio; got.Threshold != 0.3 || got.MinRequests != 50 || got.Window != time.Minute {
+		t.Fatalf("error_ratio breaker must override two fields and inherit the rest: %+v", got)
+	}
+	if acme.ModeFor("gpt-4o") != Soft || acme.ModeFor("*") != Hard {
+		t.Fatalf("per-model mode: gpt-4o=%s *=%s", acme.ModeFor("gpt-4o"), acme.ModeFor("*"))
+	}
+	names := map[string]Quota{}
+	for _, q := range acme.Quotas("*") {
+		names[q.Name] = q
+	}
+	for _, want := range []string{MonthlyTokens, DailyTokens, HourlyTokens, TokensPerMinute, RequestsPerMinute, BudgetQuota} {
+		if _, ok := names[want]; !ok {
+			t.Errorf("acme * quotas lack %s: %+v", want, names)
+		}
+	}
+	if q := names[RequestsPerMinute]; q.Unit != "requests" || q.Period != PeriodMinute || q.Limit != 600 {
+		t.Errorf("requests_per_minute = %+v", q)
+	}
+	if q := names[BudgetQuota]; q.Unit != "currency" || q.Limit != 500 {
+		t.Errorf("budget = %+v", q)
+	}
+}
+
+func TestUnknownTenantGetsDefaults(t *testing.T) {
+	p := mustLoad(t)
+	u := p.Tenant("someone-new")
+	if u.ID != "someone-new" || u.Mode != Hard || len(u.Quotas("*")) != 2 {
+		t.Fatalf("unknown tenant = %+v quotas %+v", u, u.Quotas("*"))
+	}
+	if len(u.Quotas("gpt-4o")) != 0 {
+		t.Fatalf("no per-model quota was configured for defaults")
+	}
+}
+
+func TestPriceEffectiveDates(t *testing.T) {
+	p := mustLoad(t)
+	before, ok := p.Price("gpt-4o", time.Date(2026, 11, 14, 23, 59, 59, 0, time.UTC))
+	after, ok2 := p.Price("gpt-4o", time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC))
+	if !ok || !ok2 || before.Prompt != 2.5 || after.Prompt != 2.0 {
+		t.Fatalf("price change on 2026-11-15: before %+v after %+v", before, after)
+	}
+	if _, ok := p.Price("gpt-4o", time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)); ok {
+		t.Fatal("no price before the first effective date")
+	}
+	if c := after.Cost(1_000_000, 1_000_000, 500_000); c != 0.5*2.0+0.5*1.0+8 {
+		t.Fatalf("cost = %v", c)
+	}
+}
+
+func TestBrokenPolicyNamesFileLineAndField(t *testing.T) {
+	src := `defaults:
+  mode: hard
+tenants:
+  acme:
+    timezone: Mars/Olympus
+    fail_mode: sideways
+    alert_tiers: [90, 70]
+    channels: [pager]
+    models:
+      gpt-4.1:
+        monthly_tokens: -5
+`
+	_, err := Parse([]byte(src), "bad.yaml")
+	var pe *Error
+	if !errors.As(err, &pe) {
+		t.Fatalf("Parse = %v, want *Error", err)
+	}
+	want := []string{
+		"bad.yaml:5: tenants.acme.timezone",
+		"bad.yaml:6: tenants.acme.fail_mode",
+		"bad.yaml:7: tenants.acme.alert_tiers.1",
+		"bad.yaml:8: tenants.acme.channels.0",
+		"bad.yaml:11: tenants.acme.models.gpt-4.1.monthly_tokens",
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error lacks %q:\n%v", w, err)
+		}
+	}
+}
+
+func TestUnknownKeyIsRejected(t *testing.T) {
+	_, err := Parse([]byte("tenants:\n  acme:\n    monthly_tokens: 5\n"), "typo.yaml")
+	if err == nil || !strings.Contains(err.Error(), "typo.yaml") || !strings.Contains(err.Error(), "monthly_tokens") || !strings.Contains(err.Error(), "line 3") {
+		t.Fatalf("Parse = %v, want an error naming the file, line 3 and the unknown key", err)
+	}
+}
+
+func TestUndefinedChannelIsRejected(t *testing.T) {
+	_, err := Parse([]byte("tenants:\n  acme:\n    channels: [slack:nobody]\n"), "c.yaml")
+	if err == nil || !strings.Contains(err.Error(), "slack:nobody is not defined") {
+		t.Fatalf("Parse = %v", err)
+	}
+}
+
+func TestPeriodBoundsAreCalendarAndDSTCorrect(t *testing.T) {
+	ny, _ := time.LoadLocation("America/New_York")
+	// 2026-03-08 is a 23-hour day in New York.
+	s, e := PeriodBounds(PeriodDay, time.Date(2026, 3, 8, 12, 0, 0, 0, ny), ny)
+	if e.Sub(s) != 23*time.Hour {
+		t.Fatalf("DST day = %s, want 23h", e.Sub(s))
+	}
+	s, e = PeriodBounds(PeriodMonth, time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC), ny)
+	if s.Format(time.RFC3339) != "2026-02-01T00:00:00-05:00" || e.Format(time.RFC3339) != "2026-03-01T00:00:00-05:00" {
+		t.Fatalf("February in New York = %s .. %s", s, e)
+	}
+	sh, _ := time.LoadLocation("Asia/Shanghai")
+	// 2026-11-30 20:00 UTC is already December 1st in Shanghai.
+	s, _ = PeriodBounds(PeriodMonth, time.Date(2026, 11, 30, 20, 0, 0, 0, time.UTC), sh)
+	if s.Month() != time.December {
+		t.Fatalf("month start = %s, want December in Shanghai", s)
+	}
+	kt, _ := time.LoadLocation("Asia/Kathmandu") // +05:45
+	s, _ = PeriodBounds(PeriodHour, time.Date(2026, 1, 1, 10, 20, 0, 0, time.UTC), kt)
+	if s.In(kt).Minute() != 0 {
+		t.Fatalf("hour start %s is not on the local hour", s.In(kt))
+	}
+}
+
+func TestWatcherKeepsOldPolicyOnBadReload(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "p.yaml")
+	write := func(s string) {
+		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("tenants:\n  acme:\n    models:\n      '*': {monthly_tokens: 100}\n")
+	w, err := NewWatcher(path, time.Hour, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("tenants:\n  acme:\n    models:\n      '*': {monthly_tokens: 200}\n")
+	if !w.Reload() {
+		t.Fatal("changed file was not reloaded")
+	}
+	if got := w.Current().Tenant("acme").Models["*"].MonthlyTokens; got != 200 {
+		t.Fatalf("after reload monthly_tokens = %d, want 200", got)
+	}
+	select {
+	case p := <-w.Subscribe():
+		if p != w.Current() {
+			t.Fatal("subscriber got a different policy")
+		}
+	default:
+		t.Fatal("subscriber was not told about the reload")
+	}
+	write("tenants:\n  acme:\n    models:\n      '*': {monthly_tokens: -1}\n")
+	if w.Reload() {
+		t.Fatal("broken file was installed")
+	}
+	if got := w.Current().Tenant("acme").Models["*"].MonthlyTokens; got != 200 {
+		t.Fatalf("broken reload changed the policy: monthly_tokens = %d", got)
+	}
+	if !strings.Contains(w.LastError(), "p.yaml:4") || w.Failures.Load() != 1 {
+		t.Fatalf("LastError = %q failures = %d", w.LastError(), w.Failures.Load())
+	}
+}
