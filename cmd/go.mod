@@ -35,7 +35,7 @@ require (
 	go.opentelemetry.io/otel v1.47.0 // indirect
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
-	go.yaml.in/yaml/v3 v3.0.6 // indirect
+	go.yaml.in/yaml/v3 v3.0.6
 	golang.org/x/sys v0.49.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
@@ -45,3 +45,5 @@ replace (
 	github.com/sluicehq/sluice/platform => ../platform
 	github.com/sluicehq/sluice/schemas => ../schemas
 )
+
+replace github.com/sluicehq/sluice/policy => ../policy

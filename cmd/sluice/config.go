@@ -67,10 +67,14 @@ func (c *Config) Validate() error {
 // service names.
 func loadConfig(args []string) (Config, []string, error) {
 	cfg := defaultConfig()
+	return loadConfigWith(&cfg, args, os.LookupEnv)
+}
+
+func loadConfigWith(cfg *Config, args []string, lookupEnv func(string) (string, bool)) (Config, []string, error) {
 	fs := flag.NewFlagSet("sluice", flag.ContinueOnError)
 	fs.SetOutput(os.Stderr)
-	if err := config.Load(&cfg, config.Options{Args: args, FlagSet: fs}); err != nil {
-		return cfg, nil, err
+	if err := config.Load(cfg, config.Options{Args: args, FlagSet: fs, LookupEnv: lookupEnv}); err != nil {
+		return *cfg, nil, err
 	}
-	return cfg, fs.Args(), nil
+	return *cfg, fs.Args(), nil
 }

@@ -15,9 +15,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"sort"
 	"strings"
+	"time"
 )
 
 func main() {
@@ -36,6 +38,7 @@ commands:
   migrate    apply ClickHouse migrations (safe to repeat)
   run        run services: sluice run [flags] [service ...] (default: all)
   services   list the services this binary can run
+  healthcheck URL   exit 0 if URL answers 2xx (for container healthchecks)
 
 Flags, environment (SLUICE_*) and YAML (-config) are listed by "sluice run -h".`
 
@@ -65,9 +68,33 @@ func run(ctx context.Context, args []string) error {
 		sort.Strings(names)
 		fmt.Println(strings.Join(names, "\n"))
 		return nil
+	case "healthcheck":
+		// For container healthchecks in images without curl or wget.
+		if len(args) != 2 {
+			return errors.New("usage: sluice healthcheck URL")
+		}
+		return healthcheck(ctx, args[1])
 	case "-h", "--help", "help":
 		fmt.Println(usage)
 		return nil
 	}
 	return fmt.Errorf("unknown command %q\n%s", args[0], usage)
+}
+
+func healthcheck(ctx context.Context, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("%s answered %s", url, resp.Status)
+	}
+	return nil
 }

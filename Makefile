@@ -1,0 +1,58 @@
+# Sluice — the two commands that matter are `make run` and `make test`; both
+# start from a fresh Debian machine and install what they need.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+GO       ?= go
+PKGS     := github.com/sluicehq/sluice/...
+SERVICES := scripts/services.sh
+VENV     := .services/venv
+# Every test reads the service addresses from these (see scripts/services.sh env).
+export SLUICE_KAFKA_BROKERS     ?= 127.0.0.1:19092
+export SLUICE_CLICKHOUSE_ADDR   ?= 127.0.0.1:19000
+export SLUICE_REDIS_ADDR        ?= 127.0.0.1:16379
+export SLUICE_ALERTMANAGER_URL  ?= http://127.0.0.1:19093
+export SLUICE_CHDB_PYTHON       ?= $(CURDIR)/$(VENV)/bin/python
+
+.PHONY: help run test unit e2e bench lint build services services-down chdb clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+run: build ## the main job: services up, migrations applied, the whole pipeline and a demo running
+	$(SERVICES) up clickhouse redis alertmanager
+	bin/sluice demo
+
+test: services chdb ## every test of every module against the real services (-race)
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+unit: ## tests that need no service (-short)
+	$(GO) test -short -count=1 $(PKGS)
+
+bench: services ## every benchmark; writes bench/results.json and prints a table
+	mkdir -p bench
+	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(PKGS) | tee bench/raw.txt
+	$(GO) run ./cmd/benchreport -in bench/raw.txt -out bench/results.json
+
+lint: ## go vet and staticcheck over every module
+	$(GO) vet $(PKGS)
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 $(PKGS)
+
+build: ## build sluice and sluicectl into bin/
+	$(GO) build -o bin/ ./cmd/sluice ./cmd/sluicectl
+
+services: ## start Kafka, ClickHouse, Redis and Alertmanager (idempotent)
+	$(SERVICES) up
+
+services-down: ## stop every service the script started
+	$(SERVICES) down
+
+chdb: $(VENV)/bin/python ## the embedded current ClickHouse used to check migrations
+
+$(VENV)/bin/python:
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check chdb==4.4.0
+
+clean: ## remove build output (service data stays; see scripts/services.sh reset)
+	rm -rf bin

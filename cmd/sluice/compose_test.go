@@ -1,0 +1,77 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// TestComposeFileIsComplete parses docker-compose.yml (no Docker engine runs
+// here) and checks what a user relies on: every backing service and Sluice
+// itself are there, each long-running one has a healthcheck, Sluice waits
+// for healthy dependencies and finished migrations, and every env variable
+// it sets is one the sluice binary reads.
+func TestComposeFileIsComplete(t *testing.T) {
+	data, err := os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Services map[string]struct {
+			Image       string            `yaml:"image"`
+			Build       any               `yaml:"build"`
+			Healthcheck map[string]any    `yaml:"healthcheck"`
+			DependsOn   map[string]any    `yaml:"depends_on"`
+			Environment map[string]string `yaml:"environment"`
+			Restart     string            `yaml:"restart"`
+		} `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(data, &f); err != nil {
+		t.Fatalf("docker-compose.yml does not parse: %v", err)
+	}
+	for _, want := range []string{"kafka", "clickhouse", "redis", "alertmanager", "prometheus", "grafana", "sluice", "sluice-migrate"} {
+		s, ok := f.Services[want]
+		if !ok {
+			t.Errorf("service %s missing", want)
+			continue
+		}
+		if s.Image == "" && s.Build == nil {
+			t.Errorf("service %s has neither image nor build", want)
+		}
+		if s.Restart != "no" && s.Healthcheck == nil {
+			t.Errorf("long-running service %s has no healthcheck", want)
+		}
+	}
+	for _, dep := range []string{"kafka", "clickhouse", "redis", "alertmanager", "sluice-migrate"} {
+		if _, ok := f.Services["sluice"].DependsOn[dep]; !ok {
+			t.Errorf("sluice does not wait for %s", dep)
+		}
+	}
+	// Every variable must load into the real configuration.
+	env := f.Services["sluice"].Environment
+	cfg := defaultConfig()
+	known := map[string]bool{}
+	collectEnvNames(&cfg, known)
+	for k := range env {
+		if !known[k] {
+			t.Errorf("docker-compose sets %s, which sluice does not read", k)
+		}
+	}
+}
+
+// collectEnvNames lists the SLUICE_* names the config loader accepts, by
+// asking it: every flag it registers has an env twin.
+func collectEnvNames(cfg *Config, out map[string]bool) {
+	_, _, _ = loadConfigWith(cfg, []string{}, func(name string) (string, bool) {
+		out[name] = true
+		return "", false
+	})
+	delete(out, "")
+	for k := range out {
+		if !strings.HasPrefix(k, "SLUICE_") {
+			delete(out, k)
+		}
+	}
+}
