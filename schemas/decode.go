@@ -1,0 +1,258 @@
+package schemas
+
+// DecodeUsageEvent decodes one usage event v1 from a JSON object and
+// validates it. It resets ev first, so a reused UsageEvent never keeps a
+// field from the previous event.
+//
+// It is strict, because a gateway bug found at ingest is cheap and one found
+// in an invoice is not:
+//
+//   - An unknown field is an error naming it: usage event v1 keeps custom
+//     data in attributes and never drops a field silently.
+//   - A value of the wrong type ("prompt_tokens": "12"), a number that is not
+//     whole or does not fit, a duplicate field and a missing required field
+//     are errors naming the field.
+//   - null for an optional field means the field is absent.
+//   - Anything after the object other than whitespace is an error.
+//
+// Problems with fields are collected, the event is then run through
+// [UsageEvent.Validate], and all of them come back together as one
+// [ValidationError]. Input that is not well-formed JSON stops the decoder
+// and comes back alone as a [*SyntaxError] with the byte offset.
+//
+// The event's strings share one copy of data, made once per call; data
+// itself is not retained and may be reused by the caller. Decoding a typical
+// event allocates only that copy.
+func DecodeUsageEvent(data []byte, ev *UsageEvent) error {
+	*ev = UsageEvent{}
+	d := scanner{s: string(data)}
+	d.skipWS()
+	if d.pos == len(d.s) {
+		return d.syntaxError("empty input; send one JSON object")
+	}
+	if d.peek() != '{' {
+		return d.syntaxError("a usage event is a JSON object, but the input starts with " + describe(d.peek()))
+	}
+	var errs ValidationError
+	seen, bad, err := d.decodeEvent(ev, &errs, "")
+	if err != nil {
+		return err
+	}
+	d.skipWS()
+	if d.pos != len(d.s) {
+		return d.syntaxError("unexpected data after the event object; send one object per request or use a batch")
+	}
+	bad |= reportMissing(&errs, "", requiredFields&^seen)
+	ev.validate(&errs, "", bad)
+	return errs.err()
+}
+
+// reportMissing adds a problem for each field in missing and returns it, so
+// that validation does not report the same fields again.
+func reportMissing(errs *ValidationError, prefix string, missing usageField) usageField {
+	for f := usageField(1); f <= missing; f <<= 1 {
+		if missing&f != 0 {
+			errs.add(prefix, f.name(), "is required")
+		}
+	}
+	return missing
+}
+
+// decodeEvent decodes the object at the cursor into ev. It returns the
+// fields it saw and those it already reported as bad; problems go to errs
+// with names prefixed by prefix.
+func (d *scanner) decodeEvent(ev *UsageEvent, errs *ValidationError, prefix string) (seen, bad usageField, err *SyntaxError) {
+	d.pos++ // '{'
+	d.skipWS()
+	if d.peek() == '}' {
+		d.pos++
+		return 0, 0, nil
+	}
+	for {
+		key, err := d.readKey()
+		if err != nil {
+			return seen, bad, err
+		}
+		f := lookupUsageField(key)
+		switch {
+		case f == 0:
+			errs.add(prefix, pathKey(key), "is not a field of usage event v1; put custom labels in attributes")
+			err = d.skipValue(0)
+		case seen&f != 0:
+			errs.add(prefix, pathKey(key), "appears more than once; send each field once")
+			bad |= f
+			err = d.skipValue(0)
+		default:
+			seen |= f
+			var reason string
+			reason, err = d.decodeField(ev, f, errs, prefix)
+			if reason != "" {
+				errs.add(prefix, key, reason)
+				bad |= f
+			}
+		}
+		if err != nil {
+			return seen, bad, err
+		}
+		done, err := d.next()
+		if err != nil || done {
+			return seen, bad, err
+		}
+	}
+}
+
+// decodeField decodes the value at the cursor into field f of ev. A reason
+// reports a problem with the value; err a syntax error.
+func (d *scanner) decodeField(ev *UsageEvent, f usageField, errs *ValidationError, prefix string) (reason string, err *SyntaxError) {
+	switch f {
+	case fID:
+		return d.stringField(&ev.ID, true)
+	case fTenant:
+		return d.stringField(&ev.Tenant, true)
+	case fModel:
+		return d.stringField(&ev.Model, true)
+	case fUser:
+		return d.stringField(&ev.User, false)
+	case fAPIKeyID:
+		return d.stringField(&ev.APIKeyID, false)
+	case fProvider:
+		return d.stringField(&ev.Provider, false)
+	case fEndpoint:
+		return d.stringField(&ev.Endpoint, false)
+	case fSessionID:
+		return d.stringField(&ev.SessionID, false)
+	case fGateway:
+		return d.stringField(&ev.Gateway, false)
+	case fOutcome:
+		return d.stringField((*string)(&ev.Outcome), false)
+	case fPriority:
+		return d.stringField((*string)(&ev.Priority), false)
+	case fTime:
+		var s string
+		if reason, err = d.stringField(&s, true); reason != "" || err != nil {
+			return reason, err
+		}
+		ev.Time, reason = parseTime(s)
+		return reason, nil
+	case fPromptTokens:
+		return d.intField(&ev.PromptTokens, true, MaxTokensPerEvent, "MaxTokensPerEvent")
+	case fCompletionTokens:
+		return d.intField(&ev.CompletionTokens, true, MaxTokensPerEvent, "MaxTokensPerEvent")
+	case fCachedTokens:
+		return d.intField(&ev.CachedTokens, false, MaxTokensPerEvent, "MaxTokensPerEvent")
+	case fLatencyMS:
+		return d.intField(&ev.LatencyMS, false, MaxLatencyMS, "MaxLatencyMS")
+	case fStatus:
+		var v int64
+		reason, err = d.intField(&v, false, MaxStatus, "MaxStatus")
+		if reason == "" && err == nil {
+			if v < -1<<31 || v > 1<<31-1 {
+				return "is out of range; send an HTTP status code from 100 to 599", nil
+			}
+			ev.Status = int(v)
+		}
+		return reason, err
+	case fEstimated:
+		switch c := d.peek(); c {
+		case 't', 'f', 'n':
+			lit, err := d.readLiteral()
+			ev.Estimated = lit == 't'
+			return "", err
+		default:
+			return "must be true or false, not " + describe(c), d.skipValue(0)
+		}
+	case fAttributes:
+		return d.attributes(&ev.Attributes, errs, prefix)
+	}
+	panic("schemas: decodeField: unhandled field " + f.name())
+}
+
+// stringField decodes a string value. null leaves dst empty and is allowed
+// only when the field is optional.
+func (d *scanner) stringField(dst *string, required bool) (reason string, err *SyntaxError) {
+	switch c := d.peek(); c {
+	case '"':
+		var bad string
+		*dst, bad, err = d.readString()
+		return bad, err
+	case 'n':
+		if _, err = d.readLiteral(); err != nil || !required {
+			return "", err
+		}
+		return "is required and cannot be null", nil
+	default:
+		return "must be a string, not " + describe(c), d.skipValue(0)
+	}
+}
+
+// intField decodes an integer value; see stringField for null.
+func (d *scanner) intField(dst *int64, required bool, max int64, limitName string) (reason string, err *SyntaxError) {
+	switch c := d.peek(); {
+	case c == '-' || c >= '0' && c <= '9':
+		num, err := d.readNumber()
+		if err != nil {
+			return "", err
+		}
+		*dst, reason = parseInt(num, max, limitName)
+		return reason, nil
+	case c == 'n':
+		if _, err = d.readLiteral(); err != nil || !required {
+			return "", err
+		}
+		return "is required and cannot be null", nil
+	default:
+		return "must be an integer, not " + describe(c), d.skipValue(0)
+	}
+}
+
+// attributes decodes the attributes object. The map is made only when the
+// first entry arrives, so events without attributes allocate none.
+func (d *scanner) attributes(dst *map[string]string, errs *ValidationError, prefix string) (reason string, err *SyntaxError) {
+	switch c := d.peek(); c {
+	case '{':
+	case 'n':
+		_, err = d.readLiteral()
+		return "", err
+	default:
+		return "must be an object of strings, not " + describe(c), d.skipValue(0)
+	}
+	d.pos++
+	d.skipWS()
+	if d.peek() == '}' {
+		d.pos++
+		return "", nil
+	}
+	for {
+		key, err := d.readKey()
+		if err != nil {
+			return "", err
+		}
+		if c := d.peek(); c != '"' {
+			errs.add(prefix, "attributes."+pathKey(key), "must be a string, not "+describe(c))
+			if err := d.skipValue(0); err != nil {
+				return "", err
+			}
+		} else {
+			val, bad, err := d.readString()
+			if err != nil {
+				return "", err
+			}
+			_, dup := (*dst)[key]
+			switch {
+			case dup:
+				errs.add(prefix, "attributes."+pathKey(key), "appears more than once; send each key once")
+			case bad != "":
+				errs.add(prefix, "attributes."+pathKey(key), bad)
+			default:
+				if *dst == nil {
+					*dst = make(map[string]string, 4)
+				}
+				(*dst)[key] = val
+			}
+		}
+		done, err := d.next()
+		if err != nil || done {
+			return "", err
+		}
+	}
+}

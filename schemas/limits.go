@@ -1,0 +1,75 @@
+package schemas
+
+import "time"
+
+// Limits of usage event v1. The JSON Schemas in [JSONSchemaFS] state the same
+// numbers; a test keeps the two in agreement. Raising a limit is an additive
+// change (old events stay valid); lowering one is a breaking change that
+// needs a new schema version.
+const (
+	// MaxIDLen is the maximum length of UsageEvent.ID and Signal.ID in bytes.
+	// 128 holds any UUID, ULID or hash with room for a prefix, and keeps the
+	// dedup index small.
+	MaxIDLen = 128
+
+	// MaxTenantLen is the maximum length of a tenant name in bytes. Tenants
+	// appear in Kafka keys, ClickHouse sort keys and Redis key names.
+	MaxTenantLen = 64
+
+	// MaxModelLen is the maximum length of a model name in bytes.
+	MaxModelLen = 128
+
+	// MaxTokensPerEvent bounds PromptTokens, CompletionTokens and
+	// CachedTokens of one event. No single request comes near a billion
+	// tokens, so a larger value is a bug (a counter sent instead of a delta, a
+	// unit mix-up) and is refused before it can exhaust a quota.
+	MaxTokensPerEvent = 1_000_000_000
+
+	// MinStatus and MaxStatus bound UsageEvent.Status when it is not 0:
+	// the range of HTTP status codes.
+	MinStatus = 100
+	// MaxStatus is the highest accepted HTTP status code; see MinStatus.
+	MaxStatus = 599
+
+	// MaxLatencyMS bounds UsageEvent.LatencyMS: one hour. A longer latency is
+	// a unit mix-up (microseconds sent as milliseconds) more often than a real
+	// request, and it would poison slow-call ratios.
+	MaxLatencyMS = 3_600_000
+
+	// MaxStringLen is the maximum length in bytes of the optional free-form
+	// strings: User, APIKeyID, Provider, Endpoint, SessionID and Gateway.
+	MaxStringLen = 256
+
+	// MaxAttributes is the maximum number of entries in Attributes.
+	// Attributes are labels, stored with every event; bulk data does not
+	// belong in them.
+	MaxAttributes = 32
+
+	// MaxAttributeKeyLen is the maximum length of an attribute key in bytes.
+	MaxAttributeKeyLen = 64
+
+	// MaxAttributeValueLen is the maximum length of an attribute value in
+	// bytes.
+	MaxAttributeValueLen = 256
+
+	// MaxTier is the highest alert tier a Signal may carry, in percent of the
+	// limit. Tiers above 100 exist (a soft quota keeps counting past its
+	// limit) but a tier beyond ten times the limit is a bug.
+	MaxTier = 1000
+
+	// MaxReasonLen is the maximum length of Signal.Reason in bytes.
+	MaxReasonLen = 1024
+
+	// MaxNesting is how deeply the decoders follow nested arrays and objects
+	// (inside fields they are going to reject anyway) before they give up with
+	// a SyntaxError; it bounds the work and stack a hostile input can cause.
+	MaxNesting = 512
+)
+
+// Event times must fall between these instants. Go's zero time.Time (year 1)
+// means "not set"; anything before 1970 or after 9999 is a broken clock or a
+// unit mix-up, and years past 9999 cannot be written in RFC 3339.
+var (
+	minEventTime = time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)
+	maxEventTime = time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC)
+)

@@ -1,0 +1,200 @@
+package schemas
+
+import "time"
+
+// Topic names. The name carries the schema's major version; see the package
+// documentation, section "Versioning", for when a v2 topic appears.
+const (
+	// TopicUsageV1 is the Kafka topic that carries [UsageEvent] records
+	// encoded by [AppendUsageEventJSON], keyed by tenant so that one tenant's
+	// events stay ordered on one partition.
+	TopicUsageV1 = "sluice.usage.v1"
+
+	// TopicSignalsV1 is the Kafka topic that carries [Signal] records encoded
+	// by [EncodeSignal]. The aggregator keys them by tenant as well.
+	TopicSignalsV1 = "sluice.signals.v1"
+)
+
+// Kafka record header naming the schema a record was encoded with.
+const (
+	// HeaderSchema is the Kafka record header key whose value names the schema
+	// and major version of the record value, for example [SchemaUsageV1].
+	// Consumers check it rather than trusting the topic alone, because during a
+	// migration window one consumer reads both the v1 and the v2 topic.
+	HeaderSchema = "schema"
+
+	// SchemaUsageV1 is the [HeaderSchema] value of a usage event v1 record. It
+	// is the same string as [TopicUsageV1]: a schema lives on the topic named
+	// after it.
+	SchemaUsageV1 = TopicUsageV1
+
+	// SchemaSignalsV1 is the [HeaderSchema] value of a signal v1 record. It is
+	// the same string as [TopicSignalsV1].
+	SchemaSignalsV1 = TopicSignalsV1
+)
+
+// UsageEvent is usage event v1: what one finished LLM request spent. A
+// gateway emits one per request; ingest validates it and produces it to
+// [TopicUsageV1]; the aggregator counts it exactly once per ID.
+//
+// The required fields are ID, Time, Tenant, Model, PromptTokens and
+// CompletionTokens. Every other field is optional and its zero value means
+// "not reported". [UsageEvent.Validate] lists the rules and the package
+// constants name their limits.
+//
+// Decode events with [DecodeUsageEvent] or [DecodeCloudEvent] and encode them
+// with [AppendUsageEventJSON]; the struct tags below document the JSON names
+// and keep encoding/json usable for tools and tests, but the hot path never
+// uses reflection.
+type UsageEvent struct {
+	// ID is the idempotency key: a retry of the same request, or the final
+	// event that settles an Estimated one, carries the same ID, and every
+	// counter in Sluice deduplicates by it. 1 to MaxIDLen bytes of printable
+	// ASCII without spaces; a UUID or a ULID is a good choice.
+	ID string `json:"id"`
+
+	// Time is when the request finished, encoded in RFC 3339. Periods (the
+	// hour, day and month a quota counts) are chosen by this time, not by the
+	// time ingest received the event, so that late and replayed events land in
+	// the right period. Decoders return it in UTC.
+	Time time.Time `json:"time"`
+
+	// Tenant is the account the tokens are charged to: 1 to MaxTenantLen bytes
+	// of [A-Za-z0-9._:-]. It is the Kafka key and part of Redis key names,
+	// which is why its alphabet is narrow.
+	Tenant string `json:"tenant"`
+
+	// Model is the model name as the gateway knows it, for example "gpt-4o":
+	// 1 to MaxModelLen bytes of printable ASCII. Quotas select models by this
+	// exact string; "*" is reserved by quota policies and signals to mean
+	// "every model" and should not be sent by a gateway.
+	Model string `json:"model"`
+
+	// PromptTokens is the number of input tokens billed, cached ones
+	// included: 0 to MaxTokensPerEvent.
+	PromptTokens int64 `json:"prompt_tokens"`
+
+	// CompletionTokens is the number of output tokens billed: 0 to
+	// MaxTokensPerEvent.
+	CompletionTokens int64 `json:"completion_tokens"`
+
+	// User is the end user on whose behalf the request ran, if the gateway
+	// knows it. At most MaxStringLen bytes.
+	User string `json:"user,omitempty"`
+
+	// APIKeyID identifies the API key the request came in with, never the key
+	// itself, so that a leaked key can be traced and zeroed. At most
+	// MaxStringLen bytes.
+	APIKeyID string `json:"api_key_id,omitempty"`
+
+	// Provider is the upstream that served the request, for example "openai"
+	// or "azure-eastus". At most MaxStringLen bytes.
+	Provider string `json:"provider,omitempty"`
+
+	// Endpoint is the API operation, for example "/v1/chat/completions". At
+	// most MaxStringLen bytes.
+	Endpoint string `json:"endpoint,omitempty"`
+
+	// CachedTokens is the part of PromptTokens served from the provider's
+	// prompt cache, which is usually priced lower. 0 to PromptTokens.
+	CachedTokens int64 `json:"cached_tokens,omitempty"`
+
+	// Status is the HTTP status code the gateway answered with: 0 (unknown)
+	// or 100 to 599. Error-ratio breakers read it together with Outcome.
+	Status int `json:"status,omitempty"`
+
+	// Outcome classifies the request; empty means unknown.
+	Outcome Outcome `json:"outcome,omitempty"`
+
+	// LatencyMS is how long the request took end to end, in milliseconds:
+	// 0 to MaxLatencyMS. Slow-call breakers read it.
+	LatencyMS int64 `json:"latency_ms,omitempty"`
+
+	// Priority is the request's priority class; empty means the tenant's
+	// default.
+	Priority Priority `json:"priority,omitempty"`
+
+	// SessionID groups the requests of one agent task or conversation, so
+	// that runaway agent loops can be found. At most MaxStringLen bytes.
+	SessionID string `json:"session_id,omitempty"`
+
+	// Estimated marks a pre-debit: the gateway charged an estimate before the
+	// request ran so that concurrent requests cannot overrun a quota, and a
+	// later event with the same ID and Estimated false settles it with the
+	// real counts.
+	Estimated bool `json:"estimated,omitempty"`
+
+	// Gateway names the gateway instance or fleet that emitted the event. At
+	// most MaxStringLen bytes.
+	Gateway string `json:"gateway,omitempty"`
+
+	// Attributes carries the gateway's own labels (team, feature, region …).
+	// At most MaxAttributes entries; keys are 1 to MaxAttributeKeyLen bytes
+	// of printable ASCII without spaces, values at most MaxAttributeValueLen
+	// bytes. Fields that v1 does not define belong here: the decoders reject
+	// unknown top-level fields rather than drop them.
+	Attributes map[string]string `json:"attributes,omitempty"`
+}
+
+// TotalTokens returns PromptTokens plus CompletionTokens, the number that
+// token quotas count. CachedTokens is not added: cached tokens are already
+// part of PromptTokens.
+func (e *UsageEvent) TotalTokens() int64 {
+	return e.PromptTokens + e.CompletionTokens
+}
+
+// Outcome classifies how a request ended, independently of the HTTP status,
+// which a gateway may not have (a client that hung up) or may have rewritten.
+type Outcome string
+
+// The outcomes a usage event may carry. The empty Outcome means unknown.
+const (
+	// OutcomeOK is a request that completed and returned a response.
+	OutcomeOK Outcome = "ok"
+	// OutcomeError is a request that failed upstream or in the gateway.
+	OutcomeError Outcome = "error"
+	// OutcomeTimeout is a request that ran out of time; tokens may still have
+	// been billed for it.
+	OutcomeTimeout Outcome = "timeout"
+	// OutcomeRejected is a request the gateway refused (a quota flag, a rate
+	// limiter, a blacklist); it usually carries zero tokens but counts toward
+	// request rates.
+	OutcomeRejected Outcome = "rejected"
+)
+
+// Valid reports whether o is one of the defined outcomes. The empty Outcome
+// is not valid here, but UsageEvent.Validate accepts it as "unknown".
+func (o Outcome) Valid() bool {
+	switch o {
+	case OutcomeOK, OutcomeError, OutcomeTimeout, OutcomeRejected:
+		return true
+	}
+	return false
+}
+
+// Priority is a request's priority class. Quota policies may reserve
+// capacity for higher classes and shed lower ones first.
+type Priority string
+
+// The priority classes a usage event may carry. The empty Priority means the
+// tenant's default.
+const (
+	// PriorityCritical is traffic that is shed last.
+	PriorityCritical Priority = "critical"
+	// PriorityHigh is interactive traffic.
+	PriorityHigh Priority = "high"
+	// PriorityNormal is the usual class.
+	PriorityNormal Priority = "normal"
+	// PriorityLow is batch or background traffic, shed first.
+	PriorityLow Priority = "low"
+)
+
+// Valid reports whether p is one of the defined classes. The empty Priority
+// is not valid here, but UsageEvent.Validate accepts it as "default".
+func (p Priority) Valid() bool {
+	switch p {
+	case PriorityCritical, PriorityHigh, PriorityNormal, PriorityLow:
+		return true
+	}
+	return false
+}

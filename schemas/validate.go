@@ -1,0 +1,265 @@
+package schemas
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Validate checks every rule of usage event v1 and reports every broken one
+// at once as a [ValidationError]; it returns nil for a valid event. It does
+// not allocate when the event is valid.
+//
+// The rules, with their limits:
+//
+//   - id: 1 to MaxIDLen bytes of printable ASCII without spaces (0x21–0x7E).
+//   - time: set, and between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z.
+//     Whether it is too far in the past or the future depends on the
+//     deployment, so ingest checks that separately with [CheckTime].
+//   - tenant: 1 to MaxTenantLen bytes of [A-Za-z0-9._:-].
+//   - model: 1 to MaxModelLen bytes of printable ASCII (0x20–0x7E).
+//   - prompt_tokens, completion_tokens, cached_tokens: 0 to
+//     MaxTokensPerEvent, and cached_tokens at most prompt_tokens.
+//   - status: 0 (unknown) or MinStatus to MaxStatus.
+//   - outcome, priority: empty or one of the defined constants.
+//   - latency_ms: 0 to MaxLatencyMS.
+//   - user, api_key_id, provider, endpoint, session_id, gateway: valid
+//     UTF-8, at most MaxStringLen bytes.
+//   - attributes: at most MaxAttributes entries; keys 1 to
+//     MaxAttributeKeyLen bytes of printable ASCII without spaces; values
+//     valid UTF-8 of at most MaxAttributeValueLen bytes.
+func (e *UsageEvent) Validate() error {
+	var errs ValidationError
+	e.validate(&errs, "", 0)
+	return errs.err()
+}
+
+// validate appends the problems of e to errs, naming fields with prefix
+// ("data." inside a CloudEvent) and leaving out the fields in skip, which a
+// decoder has already reported.
+func (e *UsageEvent) validate(errs *ValidationError, prefix string, skip usageField) {
+	if skip&fID == 0 {
+		if r := checkID(e.ID); r != "" {
+			errs.add(prefix, "id", r)
+		}
+	}
+	if skip&fTime == 0 {
+		if r := checkEventTime(e.Time); r != "" {
+			errs.add(prefix, "time", r)
+		}
+	}
+	if skip&fTenant == 0 {
+		if r := checkTenant(e.Tenant); r != "" {
+			errs.add(prefix, "tenant", r)
+		}
+	}
+	if skip&fModel == 0 {
+		if r := checkModel(e.Model); r != "" {
+			errs.add(prefix, "model", r)
+		}
+	}
+	if skip&fPromptTokens == 0 {
+		if r := checkTokens(e.PromptTokens); r != "" {
+			errs.add(prefix, "prompt_tokens", r)
+		}
+	}
+	if skip&fCompletionTokens == 0 {
+		if r := checkTokens(e.CompletionTokens); r != "" {
+			errs.add(prefix, "completion_tokens", r)
+		}
+	}
+	if skip&fCachedTokens == 0 {
+		if r := checkTokens(e.CachedTokens); r != "" {
+			errs.add(prefix, "cached_tokens", r)
+		} else if e.CachedTokens > e.PromptTokens && skip&fPromptTokens == 0 && e.PromptTokens >= 0 {
+			errs.add(prefix, "cached_tokens", fmt.Sprintf(
+				"is %d but prompt_tokens is %d; cached tokens are part of prompt_tokens, so cached_tokens must not exceed it",
+				e.CachedTokens, e.PromptTokens))
+		}
+	}
+	if skip&fStatus == 0 && e.Status != 0 && (e.Status < MinStatus || e.Status > MaxStatus) {
+		errs.add(prefix, "status", fmt.Sprintf(
+			"is %d; send 0 when unknown or an HTTP status code from %d to %d (MinStatus..MaxStatus)",
+			e.Status, MinStatus, MaxStatus))
+	}
+	if skip&fOutcome == 0 && e.Outcome != "" && !e.Outcome.Valid() {
+		errs.add(prefix, "outcome", fmt.Sprintf(
+			"is %q; use one of ok, error, timeout, rejected, or leave it out", string(e.Outcome)))
+	}
+	if skip&fLatencyMS == 0 && (e.LatencyMS < 0 || e.LatencyMS > MaxLatencyMS) {
+		errs.add(prefix, "latency_ms", fmt.Sprintf(
+			"is %d; send milliseconds from 0 to %d (MaxLatencyMS, one hour)", e.LatencyMS, MaxLatencyMS))
+	}
+	if skip&fPriority == 0 && e.Priority != "" && !e.Priority.Valid() {
+		errs.add(prefix, "priority", fmt.Sprintf(
+			"is %q; use one of critical, high, normal, low, or leave it out", string(e.Priority)))
+	}
+	checkOptional(errs, prefix, "user", e.User, skip&fUser != 0)
+	checkOptional(errs, prefix, "api_key_id", e.APIKeyID, skip&fAPIKeyID != 0)
+	checkOptional(errs, prefix, "provider", e.Provider, skip&fProvider != 0)
+	checkOptional(errs, prefix, "endpoint", e.Endpoint, skip&fEndpoint != 0)
+	checkOptional(errs, prefix, "session_id", e.SessionID, skip&fSessionID != 0)
+	checkOptional(errs, prefix, "gateway", e.Gateway, skip&fGateway != 0)
+	if skip&fAttributes == 0 {
+		checkAttributes(errs, prefix, e.Attributes)
+	}
+}
+
+// CheckTime reports whether t lies within the window ingest accepts around
+// now: no more than maxPast before it and no more than maxFuture after it. A
+// bound of zero or less disables that side. It returns nil when t is inside,
+// and otherwise a FieldError for "time" saying by how much t missed.
+//
+// The window is not part of [UsageEvent.Validate] because it depends on the
+// deployment (how long gateways buffer while Sluice is down, how late a
+// period may still be corrected) and on the clock of the process checking.
+func CheckTime(t, now time.Time, maxPast, maxFuture time.Duration) *FieldError {
+	if maxFuture > 0 && t.After(now.Add(maxFuture)) {
+		return &FieldError{Field: "time", Reason: fmt.Sprintf(
+			"%s is %s in the future; at most %s is accepted: check the gateway's clock",
+			t.UTC().Format(time.RFC3339Nano), t.Sub(now).Round(time.Millisecond), maxFuture)}
+	}
+	if maxPast > 0 && t.Before(now.Add(-maxPast)) {
+		return &FieldError{Field: "time", Reason: fmt.Sprintf(
+			"%s is %s in the past; at most %s is accepted: the period it belongs to is closed, report it through reconciliation",
+			t.UTC().Format(time.RFC3339Nano), now.Sub(t).Round(time.Millisecond), maxPast)}
+	}
+	return nil
+}
+
+// Byte classes of the identifier-like fields, as lookup tables: a table
+// lookup per byte is what keeps validation in the nanoseconds.
+var (
+	// printableNoSpace is 0x21–0x7E: ids and attribute keys.
+	printableNoSpace = byteClass(func(c byte) bool { return c > ' ' && c < 0x7f })
+	// printable is 0x20–0x7E: model names.
+	printable = byteClass(func(c byte) bool { return c >= ' ' && c < 0x7f })
+	// tenantChars is [A-Za-z0-9._:-]: tenants end up in Redis keys and
+	// ClickHouse identifiers where anything else needs escaping.
+	tenantChars = byteClass(func(c byte) bool {
+		return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			c == '.' || c == '_' || c == ':' || c == '-'
+	})
+)
+
+func byteClass(in func(byte) bool) *[256]bool {
+	var t [256]bool
+	for i := range t {
+		t[i] = in(byte(i))
+	}
+	return &t
+}
+
+// checkIdent checks a required identifier-like string and returns the reason
+// it is invalid, or "".
+func checkIdent(s string, maxLen int, limitName string, class *[256]bool, classDesc string) string {
+	if s == "" {
+		return fmt.Sprintf("is required; send 1 to %d bytes of %s", maxLen, classDesc)
+	}
+	if len(s) > maxLen {
+		return fmt.Sprintf("is %d bytes long; the maximum is %d bytes (%s)", len(s), maxLen, limitName)
+	}
+	if i := firstNotIn(s, class); i >= 0 {
+		return fmt.Sprintf("has byte 0x%02X at offset %d; use only %s", s[i], i, classDesc)
+	}
+	return ""
+}
+
+// firstNotIn returns the offset of the first byte of s outside class, or -1.
+func firstNotIn(s string, class *[256]bool) int {
+	for i := 0; i < len(s); i++ {
+		if !class[s[i]] {
+			return i
+		}
+	}
+	return -1
+}
+
+func checkID(s string) string {
+	return checkIdent(s, MaxIDLen, "MaxIDLen", printableNoSpace, "printable ASCII without spaces (0x21-0x7E)")
+}
+
+func checkTenant(s string) string {
+	return checkIdent(s, MaxTenantLen, "MaxTenantLen", tenantChars, "letters, digits and . _ : -")
+}
+
+func checkModel(s string) string {
+	return checkIdent(s, MaxModelLen, "MaxModelLen", printable, "printable ASCII (0x20-0x7E)")
+}
+
+func checkEventTime(t time.Time) string {
+	if t.IsZero() {
+		return "is required; send the time the request finished in RFC 3339, for example 2024-05-01T12:00:00Z"
+	}
+	if t.Before(minEventTime) || t.After(maxEventTime) {
+		return fmt.Sprintf("is %s, outside 1970-01-01T00:00:00Z to 9999-12-31T23:59:59Z; check the gateway's clock",
+			t.UTC().Format(time.RFC3339Nano))
+	}
+	return ""
+}
+
+func checkTokens(n int64) string {
+	if n < 0 {
+		return fmt.Sprintf("is %d; token counts cannot be negative", n)
+	}
+	if n > MaxTokensPerEvent {
+		return fmt.Sprintf("is %d; the maximum is %d (MaxTokensPerEvent): send the tokens of one request, not a running total",
+			n, MaxTokensPerEvent)
+	}
+	return ""
+}
+
+// checkOptional checks one of the optional free-form strings.
+func checkOptional(errs *ValidationError, prefix, field, s string, skip bool) {
+	if skip || s == "" {
+		return
+	}
+	if len(s) > MaxStringLen {
+		errs.add(prefix, field, fmt.Sprintf("is %d bytes long; the maximum is %d bytes (MaxStringLen)", len(s), MaxStringLen))
+	} else if !utf8.ValidString(s) {
+		errs.add(prefix, field, "is not valid UTF-8; send text encoded in UTF-8")
+	}
+}
+
+func checkAttributes(errs *ValidationError, prefix string, attrs map[string]string) {
+	if len(attrs) == 0 {
+		return
+	}
+	start := len(*errs)
+	if len(attrs) > MaxAttributes {
+		errs.add(prefix, "attributes", fmt.Sprintf(
+			"has %d entries; the maximum is %d (MaxAttributes): keep attributes to a few labels", len(attrs), MaxAttributes))
+	}
+	for k, v := range attrs {
+		if r := checkAttributeKey(k); r != "" {
+			if k == "" {
+				errs.add(prefix, "attributes", r)
+			} else {
+				errs.add(prefix, "attributes."+pathKey(k), r)
+			}
+		}
+		if len(v) > MaxAttributeValueLen {
+			errs.add(prefix, "attributes."+pathKey(k), fmt.Sprintf(
+				"value is %d bytes long; the maximum is %d bytes (MaxAttributeValueLen)", len(v), MaxAttributeValueLen))
+		} else if !utf8.ValidString(v) {
+			errs.add(prefix, "attributes."+pathKey(k), "value is not valid UTF-8; send text encoded in UTF-8")
+		}
+	}
+	// Map order is random; sorted problems make responses and tests stable.
+	slices.SortStableFunc((*errs)[start:], func(a, b FieldError) int { return strings.Compare(a.Field, b.Field) })
+}
+
+func checkAttributeKey(k string) string {
+	switch {
+	case k == "":
+		return fmt.Sprintf("has an empty key; keys are 1 to %d bytes of printable ASCII without spaces", MaxAttributeKeyLen)
+	case len(k) > MaxAttributeKeyLen:
+		return fmt.Sprintf("key is %d bytes long; the maximum is %d bytes (MaxAttributeKeyLen)", len(k), MaxAttributeKeyLen)
+	}
+	if i := firstNotIn(k, printableNoSpace); i >= 0 {
+		return fmt.Sprintf("key has byte 0x%02X at offset %d; use only printable ASCII without spaces (0x21-0x7E)", k[i], i)
+	}
+	return ""
+}
