@@ -28,6 +28,9 @@ require (
 	github.com/redis/go-redis/v9 v9.23.0 // indirect
 	github.com/segmentio/asm v1.2.1 // indirect
 	github.com/shopspring/decimal v1.6.0 // indirect
+	github.com/sluicehq/sluice/policy v0.0.0
+	github.com/sluicehq/sluice/services/alerter v0.0.0
+	github.com/sluicehq/sluice/services/reconciler v0.0.0
 	github.com/twmb/franz-go v1.22.3 // indirect
 	github.com/twmb/franz-go/pkg/kadm v1.20.0 // indirect
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c // indirect
@@ -47,3 +50,7 @@ replace (
 )
 
 replace github.com/sluicehq/sluice/policy => ../policy
+
+replace github.com/sluicehq/sluice/services/alerter => ../services/alerter
+
+replace github.com/sluicehq/sluice/services/reconciler => ../services/reconciler

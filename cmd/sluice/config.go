@@ -33,6 +33,10 @@ type Config struct {
 	// Migrate applies migrations before services start.
 	Migrate bool `yaml:"migrate" help:"apply ClickHouse migrations before starting services"`
 
+	// PolicyFile is the quota policy every service reads unless its own
+	// section names another.
+	PolicyFile string `yaml:"policy_file" help:"quota policy YAML shared by the services (hot-reloaded)"`
+
 	Services ServiceConfigs `yaml:"services"`
 }
 

@@ -14,16 +14,28 @@ import (
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/platform/ops"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/alerter"
+	"github.com/sluicehq/sluice/services/reconciler"
 )
 
 // ServiceConfigs holds one section per service; each service validates its
 // own.
-type ServiceConfigs struct{}
+type ServiceConfigs struct {
+	Alerter    alerter.Config    `yaml:"alerter"`
+	Reconciler reconciler.Config `yaml:"reconciler"`
+}
 
-func defaultServiceConfigs() ServiceConfigs { return ServiceConfigs{} }
+func defaultServiceConfigs() ServiceConfigs {
+	return ServiceConfigs{
+		Alerter:    alerter.DefaultConfig(),
+		Reconciler: reconciler.DefaultConfig(),
+	}
+}
 
 // Validate checks every service section.
-func (s ServiceConfigs) Validate() error { return nil }
+func (s ServiceConfigs) Validate() error {
+	return errors.Join(s.Alerter.Validate(), s.Reconciler.Validate())
+}
 
 // service is one runnable part of Sluice. Every service package exposes
 // Run(ctx, cfg, env); this table adapts them to the root configuration.
@@ -34,7 +46,24 @@ type service struct {
 }
 
 // services lists, in data-flow order, what `sluice run` can start.
-var services = []service{}
+var services = []service{
+	{name: "alerter", about: "signals → Alertmanager, DingTalk and Slack notifications",
+		run: func(ctx context.Context, c Config, env platform.Env) error {
+			a := c.Services.Alerter
+			if a.PolicyFile == "" {
+				a.PolicyFile = c.PolicyFile
+			}
+			return alerter.Run(ctx, a, env)
+		}},
+	{name: "reconciler", about: "nightly audit of counters against raw events; drift repair and alerts",
+		run: func(ctx context.Context, c Config, env platform.Env) error {
+			r := c.Services.Reconciler
+			if r.Policy == "" {
+				r.Policy = c.PolicyFile
+			}
+			return reconciler.Run(ctx, r, env)
+		}},
+}
 
 func runServices(ctx context.Context, cfg Config, names []string) error {
 	log := logging.New(cfg.Log, os.Stderr)

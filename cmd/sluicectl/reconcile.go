@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/sluicehq/sluice/platform/chconn"
+	"github.com/sluicehq/sluice/platform/config"
+	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/platform/logging"
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/services/reconciler"
+	"github.com/sluicehq/sluice/services/reconciler/audit"
+	"github.com/sluicehq/sluice/services/reconciler/pricetable"
+	"github.com/sluicehq/sluice/services/reconciler/progress"
+)
+
+func init() {
+	register("reconcile", "audit counters against the raw events for a day or month; repair and signal drift", runReconcile)
+}
+
+// reconcileConfig is `sluicectl reconcile`'s flags (and SLUICE_* variables).
+type reconcileConfig struct {
+	Log        logging.Config    `yaml:"log"`
+	ClickHouse chconn.Config     `yaml:"clickhouse"`
+	Kafka      kafkaconn.Config  `yaml:"kafka"`
+	Reconciler reconciler.Config `yaml:"reconciler"`
+	Tenant     string            `yaml:"tenant" help:"tenant to reconcile (empty: every tenant in the policy or with events)"`
+	Period     string            `yaml:"period" help:"day or month"`
+	At         string            `yaml:"at" help:"the day (YYYY-MM-DD) or month (YYYY-MM) to audit, in the tenant's zone (empty: the last closed one)"`
+	DryRun     bool              `yaml:"dry_run" help:"report drift without repairing or signalling"`
+}
+
+func (c *reconcileConfig) Validate() error {
+	errs := []error{c.Log.Validate(), c.ClickHouse.Validate(), c.Kafka.Validate(), c.Reconciler.Validate()}
+	if c.Period != policy.PeriodDay && c.Period != policy.PeriodMonth {
+		errs = append(errs, fmt.Errorf("period: %q is not one of day, month", c.Period))
+	}
+	return errors.Join(errs...)
+}
+
+func runReconcile(ctx context.Context, args []string) error {
+	cfg := reconcileConfig{Log: logging.Defaults(), ClickHouse: chconn.Defaults(), Kafka: kafkaconn.Defaults(), Reconciler: reconciler.DefaultConfig(), Period: policy.PeriodDay}
+	cfg.Log.Format = "text"
+	fs := flag.NewFlagSet("sluicectl reconcile", flag.ContinueOnError)
+	if err := config.Load(&cfg, config.Options{Args: args, FlagSet: fs}); err != nil {
+		return err
+	}
+	log := logging.New(cfg.Log, os.Stderr)
+	pol, err := policy.Load(cfg.Reconciler.Policy)
+	if err != nil {
+		return fmt.Errorf("load policy (set -reconciler.policy): %w", err)
+	}
+	conn, err := chconn.Open(ctx, cfg.ClickHouse)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+
+	var pub audit.Publisher
+	if len(cfg.Kafka.Brokers) > 0 && !cfg.DryRun {
+		cl, err := kafkaconn.NewClient(cfg.Kafka, reconciler.ProducerOptions()...)
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		pub = &reconciler.KafkaPublisher{Client: cl}
+	} else if !cfg.DryRun {
+		log.Warn("no kafka.brokers configured: drift is repaired and recorded but no reconciliation_drift signal is sent")
+	}
+	if !cfg.DryRun {
+		if n, err := pricetable.Sync(ctx, conn, pol.Prices(), time.Now()); err != nil {
+			return err
+		} else if n > 0 {
+			log.Info("prices table updated from the policy", "rows", n)
+		}
+	}
+
+	tenants := []string{cfg.Tenant}
+	if cfg.Tenant == "" {
+		list, err := reconciler.Tenants(ctx, conn, pol, time.Now().AddDate(0, -2, 0))
+		if err != nil {
+			return err
+		}
+		tenants = tenants[:0]
+		for _, t := range list {
+			tenants = append(tenants, t.ID)
+		}
+	}
+	opt := cfg.Reconciler.AuditOptions()
+	opt.DryRun = cfg.DryRun
+	opt.Log = log
+	a := audit.New(conn, pub, opt)
+	bar := progress.New(os.Stderr, "reconcile", len(tenants), progress.Options{Terminal: progress.IsTerminal(os.Stderr), Log: log})
+	var (
+		results []audit.Result
+		errs    []error
+	)
+	for _, id := range tenants {
+		t := pol.Tenant(id)
+		at, err := auditDate(cfg.Period, cfg.At, t.Location, time.Now())
+		if err != nil {
+			return err
+		}
+		res, err := a.Reconcile(ctx, audit.Job{Tenant: t, Period: cfg.Period, At: at})
+		bar.Add(1)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", id, err))
+			continue
+		}
+		results = append(results, res)
+	}
+	bar.Done()
+	printResults(os.Stdout, results)
+	return errors.Join(errs...)
+}
+
+// auditDate turns --at into an instant inside the period to audit; empty
+// means the last closed day or month in loc.
+func auditDate(period, at string, loc *time.Location, now time.Time) (time.Time, error) {
+	lt := now.In(loc)
+	if at == "" {
+		if period == policy.PeriodMonth {
+			return time.Date(lt.Year(), lt.Month()-1, 15, 12, 0, 0, 0, loc), nil
+		}
+		return time.Date(lt.Year(), lt.Month(), lt.Day()-1, 12, 0, 0, 0, loc), nil
+	}
+	if t, err := time.ParseInLocation(time.DateOnly, at, loc); err == nil {
+		return time.Date(t.Year(), t.Month(), t.Day(), 12, 0, 0, 0, loc), nil
+	}
+	if t, err := time.ParseInLocation("2006-01", at, loc); err == nil && period == policy.PeriodMonth {
+		return time.Date(t.Year(), t.Month(), 15, 12, 0, 0, 0, loc), nil
+	}
+	return time.Time{}, fmt.Errorf("at: %q is not a date YYYY-MM-DD (or a month YYYY-MM with -period month)", at)
+}
+
+func printResults(w io.Writer, results []audit.Result) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "TENANT\tPERIOD\tSTART\tCHECKED\tDRIFTED\tREPAIRED\tUNSETTLED\tSIGNALS\tRUN")
+	for _, r := range results {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", r.Tenant, r.Period, r.Start.Format(time.RFC3339), len(r.Rows),
+			r.Drifted, r.Repaired, r.Unsettled, r.Signals, r.RunID)
+	}
+	var drifted []audit.Row
+	for _, r := range results {
+		for _, row := range r.Rows {
+			if row.Drifted || row.Unsettled {
+				drifted = append(drifted, row)
+			}
+		}
+	}
+	if len(drifted) > 0 {
+		fmt.Fprintln(tw, "\nTENANT\tMODEL\tCOUNTER\tPERIOD START\tCOUNTER VALUE\tTRUTH\tDRIFT\tSTATE")
+		for _, d := range drifted {
+			state := "drift"
+			switch {
+			case d.Unsettled:
+				state = "unsettled"
+			case d.Repaired:
+				state = "repaired"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\t%g\t%+g\t%s\n", d.Tenant, d.Model, d.Quota, d.PeriodStart.Format(time.RFC3339),
+				d.Counter, d.Truth, d.Drift, state)
+		}
+	}
+	_ = tw.Flush()
+}
+
+// openReporting loads the policy (for tenants' zones) and opens ClickHouse,
+// for the read-only report commands.
+func openReporting(ctx context.Context, policyPath string, ch chconn.Config) (*policy.Policy, driver.Conn, error) {
+	pol, err := policy.Load(policyPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("load policy (set -policy; it gives each tenant's zone): %w", err)
+	}
+	conn, err := chconn.Open(ctx, ch)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pol, conn, nil
+}

@@ -1,0 +1,334 @@
+package alerter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/alerter/alertmanager"
+	"github.com/sluicehq/sluice/services/alerter/dingtalk"
+	"github.com/sluicehq/sluice/services/alerter/engine"
+	"github.com/sluicehq/sluice/services/alerter/message"
+	"github.com/sluicehq/sluice/services/alerter/notify"
+	"github.com/sluicehq/sluice/services/alerter/slack"
+)
+
+// Run consumes signals and notifies until ctx is cancelled, then stops
+// consuming, flushes the alerts held for grouping and sends what is queued
+// within cfg.ShutdownDrain.
+func Run(ctx context.Context, cfg Config, env platform.Env) error {
+	env = env.Named("alerter")
+	var watcher *policy.Watcher
+	if cfg.PolicyFile != "" {
+		var err error
+		if watcher, err = policy.NewWatcher(cfg.PolicyFile, cfg.PolicyReload, env.Logger); err != nil {
+			return fmt.Errorf("alerter.policy_file: %w", err)
+		}
+	}
+	p, err := newPipeline(cfg, env, watcher)
+	if err != nil {
+		return err
+	}
+	cl, err := kafkaconn.NewClient(env.Kafka,
+		kgo.ConsumerGroup(cfg.Group),
+		kgo.ConsumeTopics(cfg.Topic),
+		kgo.DisableAutoCommit(), // state is rebuilt by replay; see the package doc
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, lost map[string][]int32) { p.forget(lost[cfg.Topic]) }),
+		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, lost map[string][]int32) { p.forget(lost[cfg.Topic]) }),
+	)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if err := kafkaconn.EnsureTopics(ctx, cl, env.Kafka, cfg.Topic); err != nil {
+		return err
+	}
+	env.Health.AddReadiness("alerter-kafka", kafkaconn.Ready(cl))
+	defer env.Health.RemoveReadiness("alerter-kafka")
+
+	dctx, stopDispatch := context.WithCancel(context.Background())
+	defer stopDispatch()
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = p.dispatch.Run(dctx, cfg.ShutdownDrain) })
+	if watcher != nil {
+		wg.Go(func() { _ = watcher.Run(ctx) })
+		wg.Go(func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case pol := <-watcher.Subscribe():
+					if err := p.syncChannels(pol); err != nil {
+						env.Logger.Error("policy channels not applied", "err", err)
+					}
+				}
+			}
+		})
+	}
+	var loops sync.WaitGroup
+	loops.Go(func() {
+		t := time.NewTicker(cfg.Tick)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-t.C:
+				p.engine.Tick(now)
+			}
+		}
+	})
+	loops.Go(func() { p.consume(ctx, cl) })
+	env.Logger.Info("alerter running", "topic", cfg.Topic, "group", cfg.Group, "channels", p.dispatch.Channels())
+	loops.Wait()
+
+	// Nothing held for grouping is lost at shutdown.
+	p.engine.Flush(time.Now())
+	stopDispatch()
+	wg.Wait()
+	env.Logger.Info("alerter stopped")
+	return nil
+}
+
+// pipeline is the alerter without its Kafka consumer and clock, which Run
+// supplies and tests replace.
+type pipeline struct {
+	cfg      Config
+	log      *slog.Logger
+	watcher  *policy.Watcher
+	render   *message.Renderer
+	dispatch *notify.Dispatcher
+	metrics  *notify.Metrics
+	engine   *engine.Engine
+	routes   map[string]engine.Route
+	client   *http.Client
+
+	signals      *prometheus.CounterVec
+	invalid      prometheus.Counter
+	invalidCount atomic.Int64
+
+	partMu     sync.Mutex
+	tenantPart map[string]int32
+}
+
+func newPipeline(cfg Config, env platform.Env, watcher *policy.Watcher) (*pipeline, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	render, err := message.New(cfg.Language, cfg.TemplatesDir, cfg.Links, cfg.IncidentListMax)
+	if err != nil {
+		return nil, fmt.Errorf("alerter.templates_dir: %w", err)
+	}
+	nm, err := notify.NewMetrics(env.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	p := &pipeline{
+		cfg: cfg, log: env.Logger, watcher: watcher, render: render,
+		dispatch:   notify.NewDispatcher(env.Logger, nm),
+		metrics:    nm,
+		routes:     map[string]engine.Route{},
+		client:     &http.Client{},
+		tenantPart: map[string]int32{},
+	}
+	for id, t := range cfg.Tenants {
+		if p.routes[id], err = t.route(id, nil); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Alertmanager.URL != "" {
+		am, err := alertmanager.New(cfg.Alertmanager.URL, cfg.Alertmanager.Hold, render, p.client)
+		if err != nil {
+			return nil, err
+		}
+		if err := p.dispatch.Set(engine.AlertmanagerChannel, am, cfg.Alertmanager.Delivery); err != nil {
+			return nil, err
+		}
+	}
+	var pol *policy.Policy
+	if watcher != nil {
+		pol = watcher.Current()
+	}
+	if err := p.syncChannels(pol); err != nil {
+		return nil, err
+	}
+	if p.engine, err = engine.New(cfg.Rules, p.route, p.dispatch); err != nil {
+		return nil, err
+	}
+	if err := p.registerMetrics(env.Metrics); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// syncChannels creates or updates a sender for every DingTalk robot and
+// Slack webhook the alerter config and the policy define (the policy wins
+// on a name clash).
+func (p *pipeline) syncChannels(pol *policy.Policy) error {
+	ding := map[string]DingTalkDef{}
+	sl := map[string]SlackDef{}
+	for n, d := range p.cfg.Channels.DingTalk {
+		ding[n] = d
+	}
+	for n, d := range p.cfg.Channels.Slack {
+		sl[n] = d
+	}
+	if pol != nil {
+		chans := pol.Channels()
+		for n, d := range chans.DingTalk {
+			ding[n] = DingTalkDef{Webhook: d.Webhook, Secret: d.Secret}
+		}
+		for n, d := range chans.Slack {
+			sl[n] = SlackDef{Webhook: d.Webhook}
+		}
+	}
+	var errs []error
+	for n, d := range ding {
+		s, err := dingtalk.New(d.Webhook, d.Secret, p.render, p.client)
+		if err == nil {
+			err = p.dispatch.Set("dingtalk:"+n, s, p.cfg.DingTalk)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("channels.dingtalk.%s: %w", n, err))
+		}
+	}
+	for n, d := range sl {
+		s, err := slack.New(d.Webhook, p.render, p.client)
+		if err == nil {
+			err = p.dispatch.Set("slack:"+n, s, p.cfg.Slack)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("channels.slack.%s: %w", n, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// route is the engine's Router: channels and zone from the policy in force
+// (or the defaults without one), plus the operator channels, and the
+// alerter's own per-tenant settings.
+func (p *pipeline) route(tenant string) engine.Route {
+	r := p.routes[tenant] // a copy; Silences is shared read-only
+	var channels []string
+	if p.watcher != nil {
+		t := p.watcher.Current().Tenant(tenant)
+		channels = t.Channels
+		if t.Location != nil {
+			r.Location = t.Location
+		}
+	} else {
+		channels = p.cfg.DefaultChannels
+	}
+	r.Channels = slices.Clone(channels)
+	for _, ch := range p.cfg.OperatorChannels {
+		if !slices.Contains(r.Channels, ch) {
+			r.Channels = append(r.Channels, ch)
+		}
+	}
+	if r.Language == "" {
+		r.Language = p.cfg.Language
+	}
+	return r
+}
+
+// consume feeds records to the engine until ctx ends.
+func (p *pipeline) consume(ctx context.Context, cl *kgo.Client) {
+	for {
+		fetches := cl.PollFetches(ctx)
+		if ctx.Err() != nil || fetches.IsClientClosed() {
+			return
+		}
+		fetches.EachError(func(topic string, part int32, err error) {
+			p.log.Warn("signals fetch failed; retrying", "topic", topic, "partition", part, "err", err)
+		})
+		now := time.Now()
+		fetches.EachRecord(func(r *kgo.Record) { p.handle(r, now) })
+	}
+}
+
+// handle decodes one record and applies it. Bad records are counted and
+// skipped: a poison signal must not stop alerting for everyone.
+func (p *pipeline) handle(r *kgo.Record, now time.Time) {
+	for _, h := range r.Headers {
+		if h.Key == schemas.HeaderSchema && string(h.Value) != schemas.SchemaSignalsV1 {
+			p.reject(r, fmt.Errorf("schema header %q is not %s", h.Value, schemas.SchemaSignalsV1))
+			return
+		}
+	}
+	var sig schemas.Signal
+	if err := schemas.DecodeSignal(r.Value, &sig); err != nil {
+		p.reject(r, err)
+		return
+	}
+	p.signals.WithLabelValues(string(sig.Kind)).Inc()
+	p.partMu.Lock()
+	p.tenantPart[sig.Tenant] = r.Partition
+	p.partMu.Unlock()
+	p.engine.Observe(&sig, now)
+}
+
+func (p *pipeline) reject(r *kgo.Record, err error) {
+	p.invalid.Inc()
+	// The first few and then every thousandth: a stream of bad records
+	// must not bury the log.
+	if n := p.invalidCount.Add(1); n <= 10 || n%1000 == 0 {
+		p.log.Warn("signal skipped", "partition", r.Partition, "offset", r.Offset, "skipped_so_far", n, "err", err)
+	}
+}
+
+// forget drops the alerts of tenants on partitions this replica lost.
+func (p *pipeline) forget(parts []int32) {
+	if len(parts) == 0 {
+		return
+	}
+	p.partMu.Lock()
+	lost := map[string]bool{}
+	for t, part := range p.tenantPart {
+		if slices.Contains(parts, part) {
+			lost[t] = true
+			delete(p.tenantPart, t)
+		}
+	}
+	p.partMu.Unlock()
+	p.engine.Forget(func(tenant string) bool { return !lost[tenant] })
+}
+
+func (p *pipeline) registerMetrics(reg prometheus.Registerer) error {
+	p.signals = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_alerter_signals_total",
+		Help: "Signals applied, by kind."}, []string{"kind"})
+	p.invalid = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_alerter_signals_invalid_total",
+		Help: "Records skipped because they are not valid signal v1."})
+	stat := func(f func(engine.Stats) float64) func() float64 {
+		return func() float64 { return f(p.engine.Stats()) }
+	}
+	cs := []prometheus.Collector{p.signals, p.invalid,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_alerter_alerts", Help: "Alerts tracked, by state.",
+			ConstLabels: prometheus.Labels{"state": "pending"}}, stat(func(s engine.Stats) float64 { return float64(s.Pending) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_alerter_alerts", Help: "Alerts tracked, by state.",
+			ConstLabels: prometheus.Labels{"state": "firing"}}, stat(func(s engine.Stats) float64 { return float64(s.Firing) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_alerter_signals_duplicate_total",
+			Help: "Replayed signal IDs ignored."}, stat(func(s engine.Stats) float64 { return float64(s.DuplicateSignals) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_alerter_alerts_dropped_total",
+			Help: "Signals for new alerts refused because rules.max_alerts were tracked."}, stat(func(s engine.Stats) float64 { return float64(s.DroppedNewAlerts) })),
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("alerter metrics: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,156 @@
+package alertmanager
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/services/alerter/alert"
+	"github.com/sluicehq/sluice/services/alerter/message"
+)
+
+// gettable is the part of Alertmanager's gettableAlert the tests read.
+type gettable struct {
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+	StartsAt    time.Time         `json:"startsAt"`
+	EndsAt      time.Time         `json:"endsAt"`
+	Status      struct {
+		State string `json:"state"`
+	} `json:"status"`
+}
+
+// active lists the tenant's alerts Alertmanager holds as active.
+func active(t *testing.T, base, tenant string) []gettable {
+	t.Helper()
+	resp, err := http.Get(base + "/api/v2/alerts?filter=" + url.QueryEscape(`tenant="`+tenant+`"`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out []gettable
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestAlertsAppearWithLabelsAndAnnotationsThenResolve(t *testing.T) {
+	base := itest.Alertmanager(t)
+	tenant := itest.Unique(t, "am_")
+	render, err := message.New("en", "", message.Links{
+		Dashboard: "https://grafana.example/d/sluice?var-tenant={tenant}", Runbook: "https://runbooks.example/{rule}"}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(base, 5*time.Minute, render, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	start := time.Now().UTC().Truncate(time.Second)
+	pred := start.Add(20 * time.Minute)
+	a := alert.Alert{
+		Key:    alert.Key{Tenant: tenant, Model: "gpt-4o", Period: "month", Quota: "monthly_tokens", Rule: alert.RuleQuotaTier},
+		Status: alert.StatusFiring, Severity: alert.SeverityWarning, Tier: 90, StartsAt: start,
+		Used: 9_000_000, Limit: 10_000_000, Rate: 50_000, Unit: "tokens", PredictedExhaustion: &pred,
+	}
+	if err := s.Send(ctx, alert.Message{Alerts: []alert.Alert{a}}); err != nil {
+		t.Fatal(err)
+	}
+	var got []gettable
+	waitFor(t, "the alert in Alertmanager", func() bool { got = active(t, base, tenant); return len(got) == 1 })
+	g := got[0]
+	for k, v := range map[string]string{"alertname": "SluiceQuotaTier", "tenant": tenant, "model": "gpt-4o", "period": "month",
+		"tier": "90", "severity": "warning", "quota": "monthly_tokens"} {
+		if g.Labels[k] != v {
+			t.Errorf("label %s = %q, want %q", k, g.Labels[k], v)
+		}
+	}
+	if g.Status.State != "active" {
+		t.Errorf("state %q", g.Status.State)
+	}
+	if !strings.Contains(g.Annotations["summary"], "monthly_tokens quota at 90%") {
+		t.Errorf("summary %q", g.Annotations["summary"])
+	}
+	for _, w := range []string{"9,000,000 of 10,000,000 tokens", "rate 50,000 tokens/min", "runs out at " + pred.Format("2006-01-02 15:04")} {
+		if !strings.Contains(g.Annotations["description"], w) {
+			t.Errorf("description %q lacks %q", g.Annotations["description"], w)
+		}
+	}
+	if g.Annotations["dashboard"] != "https://grafana.example/d/sluice?var-tenant="+tenant || g.Annotations["runbook_url"] != "https://runbooks.example/quota_tier" ||
+		g.Annotations["predicted_exhaustion"] != pred.Format(time.RFC3339) || g.Annotations["limit"] != "10000000" || g.Annotations["used"] != "9000000" {
+		t.Errorf("annotations %v", g.Annotations)
+	}
+	if d := g.EndsAt.Sub(time.Now()); d < 3*time.Minute || d > 6*time.Minute {
+		t.Errorf("a firing alert's endsAt must lie about the hold ahead; it is %v away", d)
+	}
+
+	// Escalation to 100%: the 90% label set ends, the 100% one starts.
+	esc := a
+	esc.Tier, esc.Severity = 100, alert.SeverityCritical
+	old := a
+	old.Status, old.EndsAt = alert.StatusResolved, time.Now()
+	if err := s.Send(ctx, alert.Message{Alerts: []alert.Alert{esc}, Superseded: []alert.Alert{old}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "only the 100% alert", func() bool {
+		got = active(t, base, tenant)
+		return len(got) == 1 && got[0].Labels["tier"] == "100" && got[0].Labels["severity"] == "critical"
+	})
+
+	// Resolve: endsAt = now, and Alertmanager stops listing it as active.
+	res := esc
+	res.Status, res.EndsAt = alert.StatusResolved, time.Now()
+	if err := s.Send(ctx, alert.Message{Alerts: []alert.Alert{res}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the alert resolved", func() bool { return len(active(t, base, tenant)) == 0 })
+}
+
+func TestLargeResendsAreBatched(t *testing.T) {
+	base := itest.Alertmanager(t)
+	tenant := itest.Unique(t, "amb_")
+	render, _ := message.New("en", "", message.Links{}, 10)
+	s, _ := New(base, 5*time.Minute, render, nil)
+	var m alert.Message
+	for i := 0; i < MaxBatch+20; i++ {
+		m.Alerts = append(m.Alerts, alert.Alert{Key: alert.Key{Tenant: tenant, Model: "m" + strconv.Itoa(i), Rule: alert.RuleAnomaly, Variant: "rate_spike"},
+			Status: alert.StatusFiring, Severity: alert.SeverityWarning, StartsAt: time.Now()})
+	}
+	m.Resend = true
+	if err := s.Send(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "every alert", func() bool { return len(active(t, base, tenant)) == MaxBatch+20 })
+	for i := range m.Alerts {
+		m.Alerts[i].Status, m.Alerts[i].EndsAt = alert.StatusResolved, time.Now()
+	}
+	if err := s.Send(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "all resolved", func() bool { return len(active(t, base, tenant)) == 0 })
+}
+
+func TestRejectsANonHTTPURL(t *testing.T) {
+	if _, err := New("127.0.0.1:9093", time.Minute, nil, nil); err == nil || !strings.Contains(err.Error(), "alertmanager.url") {
+		t.Fatalf("got %v", err)
+	}
+}

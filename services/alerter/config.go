@@ -1,0 +1,277 @@
+package alerter
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/alerter/alert"
+	"github.com/sluicehq/sluice/services/alerter/engine"
+	"github.com/sluicehq/sluice/services/alerter/message"
+	"github.com/sluicehq/sluice/services/alerter/notify"
+)
+
+// Config is the alerter's configuration section.
+type Config struct {
+	// Topic and Group: where signals come from. The group spreads tenants
+	// over alerter replicas; offsets are never committed (see Run).
+	Topic string `yaml:"topic" help:"signals topic to consume"`
+	Group string `yaml:"group" help:"Kafka consumer group of the alerter replicas"`
+
+	// PolicyFile is the quota policy (tenant channels, time zones, channel
+	// definitions); empty runs without one: every tenant gets
+	// DefaultChannels.
+	PolicyFile   string        `yaml:"policy_file" help:"quota policy YAML file (channels, time zones); empty: every tenant uses default_channels"`
+	PolicyReload time.Duration `yaml:"policy_reload" help:"how often the policy file is checked for changes"`
+
+	// DefaultChannels route tenants when there is no policy file.
+	DefaultChannels []string `yaml:"default_channels" help:"channels of every tenant when no policy_file is set"`
+	// OperatorChannels receive every tenant's alerts in addition to the
+	// tenant's own channels.
+	OperatorChannels []string `yaml:"operator_channels" help:"channels that receive every tenant's alerts, e.g. dingtalk:ops"`
+
+	// Language of tenants that set none, and of incident messages.
+	Language     string        `yaml:"language" help:"message language: en or zh"`
+	TemplatesDir string        `yaml:"templates_dir" help:"directory with en.tmpl / zh.tmpl overriding built-in templates"`
+	Links        message.Links `yaml:"links"`
+	// IncidentListMax bounds the tenants an incident message names.
+	IncidentListMax int `yaml:"incident_list_max" help:"tenants named in one incident message; the rest are counted"`
+
+	Tick          time.Duration `yaml:"tick" help:"how often pending, resolving and grouped alerts are advanced"`
+	ShutdownDrain time.Duration `yaml:"shutdown_drain" help:"time allowed at shutdown to send queued notifications"`
+
+	Rules engine.Config `yaml:"rules"`
+
+	Alertmanager AlertmanagerConfig   `yaml:"alertmanager"`
+	DingTalk     notify.ChannelConfig `yaml:"dingtalk" help:"delivery settings of every DingTalk robot"`
+	Slack        notify.ChannelConfig `yaml:"slack" help:"delivery settings of every Slack webhook"`
+
+	// Channels defines DingTalk robots and Slack webhooks for setups
+	// without a policy file; the policy's definitions win on a name clash.
+	Channels ChannelDefs `yaml:"channels"`
+
+	// Tenants holds per-tenant alerter settings the policy does not carry:
+	// language, quiet hours and silences.
+	Tenants map[string]TenantConfig `yaml:"tenants"`
+}
+
+// AlertmanagerConfig says where Alertmanager is.
+type AlertmanagerConfig struct {
+	// URL empty disables the Alertmanager channel.
+	URL string `yaml:"url" help:"Alertmanager base URL, e.g. http://127.0.0.1:9093; empty disables it"`
+	// Hold is the endsAt lead of firing alerts; Alertmanager resolves an
+	// alert not re-sent within it, so a dead alerter cannot leave alerts
+	// firing forever.
+	Hold     time.Duration        `yaml:"hold" help:"endsAt of firing alerts lies this far ahead (several resend intervals)"`
+	Delivery notify.ChannelConfig `yaml:"delivery"`
+}
+
+// ChannelDefs names direct channels.
+type ChannelDefs struct {
+	DingTalk map[string]DingTalkDef `yaml:"dingtalk"`
+	Slack    map[string]SlackDef    `yaml:"slack"`
+}
+
+// DingTalkDef is a DingTalk custom robot.
+type DingTalkDef struct {
+	Webhook string `yaml:"webhook"`
+	Secret  string `yaml:"secret"`
+}
+
+// SlackDef is a Slack incoming webhook.
+type SlackDef struct {
+	Webhook string `yaml:"webhook"`
+}
+
+// TenantConfig is one tenant's alerter settings.
+type TenantConfig struct {
+	Language   string            `yaml:"language"`
+	QuietHours *QuietHoursConfig `yaml:"quiet_hours"`
+	Silences   []SilenceConfig   `yaml:"silences"`
+	// Timezone is used for quiet hours when the policy has no time zone for
+	// the tenant (no policy file).
+	Timezone string `yaml:"timezone"`
+}
+
+// QuietHoursConfig is a daily window, in the tenant's zone, in which only
+// alerts of Allow severity and above are delivered; the others wait for its
+// end.
+type QuietHoursConfig struct {
+	Start string `yaml:"start"` // HH:MM
+	End   string `yaml:"end"`   // HH:MM; before start spans midnight
+	Allow string `yaml:"allow"` // info, warning or critical (default)
+}
+
+// SilenceConfig mutes a tenant's alerts (optionally one rule or model)
+// until a time.
+type SilenceConfig struct {
+	Rule    string    `yaml:"rule"`
+	Model   string    `yaml:"model"`
+	Until   time.Time `yaml:"until"`
+	Comment string    `yaml:"comment"`
+}
+
+// DefaultConfig returns the defaults: group sluice-alerter, English, 1s
+// ticks, Alertmanager off until alertmanager.url is set.
+func DefaultConfig() Config {
+	dt := notify.DefaultChannelConfig()
+	sl := notify.DefaultChannelConfig()
+	sl.RatePerMinute, sl.Burst = 60, 3 // Slack: about one message a second per webhook
+	am := notify.DefaultChannelConfig()
+	am.RatePerMinute, am.Burst = 600, 20
+	return Config{
+		Topic:           schemas.TopicSignalsV1,
+		Group:           "sluice-alerter",
+		PolicyReload:    2 * time.Second,
+		DefaultChannels: []string{engine.AlertmanagerChannel},
+		Language:        "en",
+		IncidentListMax: 50,
+		Tick:            time.Second,
+		ShutdownDrain:   10 * time.Second,
+		Rules:           engine.DefaultConfig(),
+		Alertmanager:    AlertmanagerConfig{Hold: 5 * time.Minute, Delivery: am},
+		DingTalk:        dt,
+		Slack:           sl,
+	}
+}
+
+// Validate checks every field and names the field and its limit.
+func (c Config) Validate() error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.Topic == "" {
+		add("alerter.topic: must not be empty")
+	}
+	if c.Group == "" {
+		add("alerter.group: must not be empty")
+	}
+	if c.PolicyReload <= 0 {
+		add("alerter.policy_reload: %v must be positive", c.PolicyReload)
+	}
+	if !slices.Contains(message.Languages, c.Language) {
+		add("alerter.language: %q is not one of %s", c.Language, strings.Join(message.Languages, ", "))
+	}
+	if c.IncidentListMax < 1 || c.IncidentListMax > 1000 {
+		add("alerter.incident_list_max: %d is outside 1..1000", c.IncidentListMax)
+	}
+	if c.Tick < 10*time.Millisecond || c.Tick > time.Minute {
+		add("alerter.tick: %v is outside 10ms..1m", c.Tick)
+	}
+	if c.ShutdownDrain <= 0 {
+		add("alerter.shutdown_drain: %v must be positive", c.ShutdownDrain)
+	}
+	if err := c.Rules.Validate(); err != nil {
+		add("alerter.rules: %w", err)
+	}
+	for _, ch := range append(slices.Clone(c.DefaultChannels), c.OperatorChannels...) {
+		if err := checkChannelName(ch); err != nil {
+			add("alerter.default_channels/operator_channels: %w", err)
+		}
+	}
+	if c.Alertmanager.URL != "" {
+		if u, err := url.Parse(c.Alertmanager.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			add("alerter.alertmanager.url: %q is not an http(s) URL", c.Alertmanager.URL)
+		}
+		if c.Alertmanager.Hold < 2*c.Rules.ResendInterval {
+			add("alerter.alertmanager.hold: %v must be at least twice rules.resend_interval (%v), or alerts flap between re-sends", c.Alertmanager.Hold, c.Rules.ResendInterval)
+		}
+	}
+	for _, v := range []struct {
+		name string
+		cfg  notify.ChannelConfig
+	}{{"alerter.alertmanager.delivery", c.Alertmanager.Delivery}, {"alerter.dingtalk", c.DingTalk}, {"alerter.slack", c.Slack}} {
+		if err := v.cfg.Validate(v.name); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for name, d := range c.Channels.DingTalk {
+		if err := checkWebhook(d.Webhook); err != nil {
+			add("alerter.channels.dingtalk.%s.webhook: %w", name, err)
+		}
+	}
+	for name, d := range c.Channels.Slack {
+		if err := checkWebhook(d.Webhook); err != nil {
+			add("alerter.channels.slack.%s.webhook: %w", name, err)
+		}
+	}
+	for id, t := range c.Tenants {
+		if _, err := t.route(id, nil); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func checkChannelName(ch string) error {
+	kind, name, _ := strings.Cut(ch, ":")
+	switch {
+	case ch == engine.AlertmanagerChannel:
+	case (kind == "dingtalk" || kind == "slack") && name != "":
+	default:
+		return fmt.Errorf("%q is not a channel; use alertmanager, dingtalk:<name> or slack:<name>", ch)
+	}
+	return nil
+}
+
+func checkWebhook(s string) error {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%q is not an http(s) URL", s)
+	}
+	return nil
+}
+
+// route turns t into the engine's per-tenant settings; loc is the policy's
+// time zone for the tenant, if any.
+func (t TenantConfig) route(id string, loc *time.Location) (engine.Route, error) {
+	var r engine.Route
+	var errs []error
+	prefix := "alerter.tenants." + id
+	r.Language = t.Language
+	if t.Language != "" && !slices.Contains(message.Languages, t.Language) {
+		errs = append(errs, fmt.Errorf("%s.language: %q is not one of %s", prefix, t.Language, strings.Join(message.Languages, ", ")))
+	}
+	r.Location = loc
+	if t.Timezone != "" {
+		l, err := time.LoadLocation(t.Timezone)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s.timezone: %q is not an IANA time zone", prefix, t.Timezone))
+		} else if loc == nil {
+			r.Location = l
+		}
+	}
+	if q := t.QuietHours; q != nil {
+		start, err1 := engine.ParseClock(q.Start)
+		end, err2 := engine.ParseClock(q.End)
+		for _, err := range []error{err1, err2} {
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s.quiet_hours: %w", prefix, err))
+			}
+		}
+		allow := alert.SeverityCritical
+		if q.Allow != "" {
+			var ok bool
+			if allow, ok = alert.ParseSeverity(q.Allow); !ok {
+				errs = append(errs, fmt.Errorf("%s.quiet_hours.allow: %q is not info, warning or critical", prefix, q.Allow))
+			}
+		}
+		r.QuietHours = &engine.QuietHours{Start: start, End: end, Allow: allow}
+	}
+	for i, s := range t.Silences {
+		if s.Until.IsZero() {
+			errs = append(errs, fmt.Errorf("%s.silences[%d].until: is required (RFC 3339); a silence must end", prefix, i))
+		}
+		if s.Rule != "" && !slices.Contains(rules, alert.Rule(s.Rule)) {
+			errs = append(errs, fmt.Errorf("%s.silences[%d].rule: %q is not one of %v", prefix, i, s.Rule, rules))
+		}
+		r.Silences = append(r.Silences, engine.Silence{Rule: alert.Rule(s.Rule), Model: s.Model, Until: s.Until})
+	}
+	return r, errors.Join(errs...)
+}
+
+var rules = []alert.Rule{alert.RuleQuotaTier, alert.RuleExhaustionPredicted, alert.RuleRateExceeded,
+	alert.RuleBreakerOpen, alert.RuleAnomaly, alert.RuleReconciliationDrift}

@@ -1,0 +1,59 @@
+// Package alerter is the Sluice service that turns quota signals into
+// notifications: it consumes sluice.signals.v1, keeps one alert per tenant ×
+// model × period × rule in its engine (pending → firing → resolved), and
+// delivers to Alertmanager (v2 API), DingTalk robots and Slack webhooks,
+// routed per tenant by the quota policy's channels plus the operator
+// channels of its own configuration.
+//
+// # Rules
+//
+// Signals map to rules:
+//
+//   - tier_crossed, quota_exhausted → quota_tier (alertname SluiceQuotaTier): one alert
+//     per quota carrying the highest tier that held for pending_for; severity
+//     info below 90, warning from 90, critical from 100. A higher tier
+//     escalates it (Alertmanager sees the old label set resolved and the new
+//     one firing); a lower tier never re-notifies, so a tenant oscillating
+//     around a threshold hears once. Tier 0, a period_reset or the end of
+//     the period clears it.
+//   - exhaustion_predicted → exhaustion_predicted
+//     (alertname SluiceQuotaExhaustionPredicted): warning when the predicted time lies
+//     within rules.exhaustion_warning of the signal, critical within
+//     rules.exhaustion_critical; a prediction beyond the horizon, a
+//     quota_exhausted or a period_reset clears it.
+//   - rate_exceeded → rate_exceeded (alertname SluiceRateExceeded), warning; a
+//     rate_exceeded with used under limit clears it.
+//   - anomaly with attribute breaker=<kind> → breaker_open
+//     (alertname SluiceBreakerOpen), critical, variant = the kind; other anomalies →
+//     anomaly (alertname SluiceAnomaly), warning, variant = attribute type (rate_spike,
+//     error_ratio, slow_call …). Attribute state=resolved|closed|clear|ok
+//     clears either.
+//   - reconciliation_drift → reconciliation_drift
+//     (alertname SluiceReconciliationDrift), warning.
+//
+// The last three have no guaranteed "clear" signal, so they also resolve
+// when no signal refreshed them for rules.auto_resolve_after. late_event
+// signals are not alerted on.
+//
+// # Against fatigue
+//
+// A condition must hold rules.pending_for before it is notified and stay
+// clear rules.resolve_after before the resolved notice; signals are
+// deduplicated by ID; per-tenant silences and quiet hours (alerter.tenants,
+// since the policy has no such fields) hold firing notices back until they
+// end; and notices for direct channels wait rules.group_wait so that more
+// than rules.group_threshold alerts of one rule, severity and status become
+// one incident message per channel. Alertmanager gets every alert (it
+// groups by itself), batched per tick into one request.
+//
+// # State
+//
+// State is rebuilt from the signals topic, not stored: the consumer group
+// never commits offsets, so every start, and every partition a rebalance
+// hands over, replays the retained signals from the beginning. Signals are
+// few (one per change), the engine drops replayed news that is over (periods
+// that ended, one-off signals older than auto_resolve_after), and pending
+// durations keep a replay from paging for states that no longer hold. The
+// cost is that a restart re-announces alerts still firing on direct
+// channels once; Alertmanager deduplicates them by labels.
+package alerter

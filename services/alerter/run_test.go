@@ -1,0 +1,129 @@
+package alerter
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/schemas"
+)
+
+// TestRunFromKafkaToAlertmanager runs the service end to end: signals
+// produced to Kafka (a poison record among them) become an Alertmanager
+// alert in the tenant's language, and a period reset resolves it.
+func TestRunFromKafkaToAlertmanager(t *testing.T) {
+	kcfg := itest.Kafka(t)
+	am := itest.Alertmanager(t)
+	tenant := itest.Unique(t, "run_")
+	topic := itest.Unique(t, "signals_")
+
+	cfg := DefaultConfig()
+	cfg.Topic, cfg.Group = topic, topic
+	cfg.Alertmanager.URL = am
+	cfg.Rules.PendingFor, cfg.Rules.ResolveAfter = 0, 0
+	cfg.Tick = 20 * time.Millisecond
+	cfg.Tenants = map[string]TenantConfig{tenant: {Language: "zh"}}
+	env := testEnv()
+	env.Kafka = kcfg
+
+	cl, err := kafkaconn.NewClient(kcfg, kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	if err := kafkaconn.EnsureTopics(ctx, cl, kcfg, topic); err != nil {
+		t.Fatal(err)
+	}
+	produce := func(value []byte) {
+		t.Helper()
+		rec := &kgo.Record{Key: []byte(tenant), Value: value,
+			Headers: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaSignalsV1)}}}
+		if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	encode := func(s *schemas.Signal) []byte {
+		t.Helper()
+		b, err := schemas.EncodeSignal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- Run(runCtx, cfg, env) }()
+	defer func() {
+		stop()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("Run did not stop within 30s of cancellation")
+		}
+	}()
+
+	now := time.Now().UTC()
+	produce([]byte(`{"not": "a signal"`))
+	produce(encode(tierSignal(tenant, 70, 90, now)))
+
+	type gettable struct {
+		Labels      map[string]string `json:"labels"`
+		Annotations map[string]string `json:"annotations"`
+	}
+	list := func() []gettable {
+		resp, err := http.Get(am + "/api/v2/alerts?filter=" + url.QueryEscape(`tenant="`+tenant+`"`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out []gettable
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	var got []gettable
+	waitFor(t, "the alert in Alertmanager", func() bool { got = list(); return len(got) == 1 })
+	if got[0].Labels["severity"] != "warning" || got[0].Labels["tier"] != "90" || got[0].Labels["alertname"] != "SluiceQuotaTier" {
+		t.Errorf("labels %v", got[0].Labels)
+	}
+	if !strings.Contains(got[0].Annotations["summary"], "月度 Token 配额已用 90%") {
+		t.Errorf("summary %q is not the tenant's language", got[0].Annotations["summary"])
+	}
+
+	sigSeq++
+	produce(encode(&schemas.Signal{ID: "reset" + tenant, Kind: schemas.SignalPeriodReset, Time: now, Tenant: tenant, Model: "*",
+		Quota: schemas.QuotaMonthlyTokens, Period: schemas.PeriodMonth}))
+	waitFor(t, "the alert resolved", func() bool { return len(list()) == 0 })
+
+	mfs, err := env.Metrics.(*prometheus.Registry).Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, mf := range mfs {
+		if mf.GetName() == "sluice_alerter_signals_invalid_total" {
+			found = true
+			if v := mf.GetMetric()[0].GetCounter().GetValue(); v != 1 {
+				t.Errorf("invalid signals counted %v, want the one poison record", v)
+			}
+		}
+	}
+	if !found {
+		t.Error("sluice_alerter_signals_invalid_total not registered")
+	}
+}

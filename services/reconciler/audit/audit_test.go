@@ -1,0 +1,340 @@
+package audit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
+)
+
+const acmePolicy = `
+defaults:
+  timezone: UTC
+tenants:
+  acme:
+    timezone: Asia/Shanghai
+    budget: {amount: 500, currency: USD}
+    models:
+      "*":
+        monthly_tokens: 10000000
+        daily_tokens: 1000000
+        hourly_tokens: 200000
+      gpt-4o:
+        monthly_tokens: 2000000
+        mode: soft
+prices:
+  - {model: gpt-4o, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 2.5, completion: 10, cached: 1.25}
+  - {model: claude-x, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 3, completion: 15, cached: 0.3}
+`
+
+func utc(s string) time.Time {
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+// acmeEvents: one Shanghai day (2026-10-14 = [10-13T16:00Z, 10-14T16:00Z))
+// with a retried event, a settled estimate and events on both edges.
+var acmeEvents = []event{
+	{id: "e0", time: utc("2026-10-13T15:59:59Z"), model: "claude-x", prompt: 7, completion: 7, offset: 0}, // day before
+	{id: "e1", time: utc("2026-10-13T16:00:05Z"), model: "gpt-4o", prompt: 1000, completion: 200, cached: 100, offset: 1},
+	{id: "e2", time: utc("2026-10-13T18:30:10Z"), model: "gpt-4o", prompt: 500, completion: 50, offset: 2, estimated: true},
+	{id: "e3", time: utc("2026-10-14T03:15:00Z"), model: "claude-x", prompt: 2000, completion: 400, offset: 3},
+	{id: "e4", time: utc("2026-10-14T15:59:59Z"), model: "claude-x", prompt: 10, completion: 10, offset: 4},
+	{id: "e1", time: utc("2026-10-13T16:00:05Z"), model: "gpt-4o", prompt: 1000, completion: 200, cached: 100, offset: 5}, // retry
+	{id: "e5", time: utc("2026-10-14T16:00:00Z"), model: "gpt-4o", prompt: 999, completion: 1, offset: 6},                 // day after
+	{id: "e2", time: utc("2026-10-13T18:30:10Z"), model: "gpt-4o", prompt: 600, completion: 80, offset: 7},                // settles e2
+}
+
+// writeCounters writes what a correct aggregator would have written for
+// the Shanghai day, minus the minutes and quota cells skip names, and with
+// the daily counter off by dailyDrift.
+func writeCounters(t *testing.T, a *Auditor, tn *policy.Tenant, dayStart, dayEnd time.Time, dailyDrift float64, skip func(model string, at time.Time) bool) map[string]map[time.Time]usage {
+	agg := aggregate(acmeEvents)
+	var minutes []minuteFixture
+	for model, byMinute := range agg {
+		for m, u := range byMinute {
+			if m.Before(dayStart) || !m.Before(dayEnd) || skip(model, m) {
+				continue
+			}
+			minutes = append(minutes, minuteFixture{model, m, u})
+		}
+	}
+	insertMinutes(t, a.conn, tn.ID, 10, minutes...)
+	quotas := []quotaFixture{{policy.AllModels, policy.DailyTokens, policy.PeriodDay, dayStart, dayEnd,
+		sumTokens(agg, policy.AllModels, dayStart, dayEnd) + dailyDrift, 1000000, "tokens", "hard"}}
+	for h := dayStart; h.Before(dayEnd); h = h.Add(time.Hour) {
+		used := sumTokens(agg, policy.AllModels, h, h.Add(time.Hour))
+		if used == 0 || skip("hourly", h) {
+			continue
+		}
+		quotas = append(quotas, quotaFixture{policy.AllModels, policy.HourlyTokens, policy.PeriodHour, h, h.Add(time.Hour), used, 200000, "tokens", "hard"})
+	}
+	insertQuotas(t, a.conn, tn.ID, 10, quotas...)
+	return agg
+}
+
+func byKey(rows []Row) map[string]Row {
+	out := map[string]Row{}
+	for _, r := range rows {
+		out[fmt.Sprintf("%s|%s|%s|%s", r.Model, r.Quota, r.Period, r.PeriodStart.UTC().Format(time.RFC3339))] = r
+	}
+	return out
+}
+
+func TestDriftIsFoundRepairedAndGoneOnSecondRun(t *testing.T) {
+	conn := db(t)
+	ctx := context.Background()
+	pol := mustPolicy(t, acmePolicy)
+	tn := pol.Tenant("acme")
+	insertEvents(t, conn, "acme", acmeEvents...)
+	pub := &capture{}
+	now := utc("2026-10-15T03:00:00Z")
+	a := New(conn, pub, Options{Settle: 15 * time.Minute, ConfirmDelay: 50 * time.Millisecond, MaxObservations: 3, Now: func() time.Time { return now }})
+	job := Job{Tenant: tn, Period: policy.PeriodDay, At: utc("2026-10-14T01:00:00Z")}
+	dayStart, dayEnd := job.Bounds()
+	if !dayStart.Equal(utc("2026-10-13T16:00:00Z")) {
+		t.Fatalf("day starts %v, want Shanghai midnight", dayStart.UTC())
+	}
+	e1Minute, e4Minute, e3Hour := utc("2026-10-13T16:00:00Z"), utc("2026-10-14T15:59:00Z"), utc("2026-10-14T03:00:00Z")
+	writeCounters(t, a, tn, dayStart, dayEnd, 500, func(model string, at time.Time) bool {
+		return (model == "claude-x" && at.Equal(e4Minute)) || (model == "hourly" && at.Equal(e3Hour))
+	})
+	// One minute that counts 100 prompt tokens too many.
+	insertMinutes(t, conn, "acme", 11, minuteFixture{"gpt-4o", e1Minute, usage{requests: 1, prompt: 1100, completion: 200, cached: 100}})
+
+	res, err := a.Reconcile(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := byKey(res.Rows)
+	// Truth by hand: e1 1200 + e2 settled 680 + e3 2400 + e4 20 = 4300.
+	daily := rows["*|daily_tokens|day|2026-10-13T16:00:00Z"]
+	if daily.Truth != 4300 || daily.Counter != 4800 || daily.Drift != 500 || !daily.Drifted || !daily.Repaired {
+		t.Errorf("daily row = %+v, want counter 4800 truth 4300 drift 500, repaired", daily)
+	}
+	hourly := rows["*|hourly_tokens|hour|2026-10-14T03:00:00Z"]
+	if hourly.Truth != 2400 || hourly.Counter != 0 || !hourly.Repaired {
+		t.Errorf("missing hourly counter row = %+v, want counter 0 truth 2400, repaired", hourly)
+	}
+	if r := rows["*|hourly_tokens|hour|2026-10-13T16:00:00Z"]; r.Drifted || r.Truth != 1200 {
+		t.Errorf("correct hourly counter row = %+v, want no drift", r)
+	}
+	if r := rows["gpt-4o|usage_minute|minute|2026-10-13T16:00:00Z"]; r.Drift != 100 || !r.Repaired {
+		t.Errorf("gpt-4o minute row = %+v, want drift 100, repaired", r)
+	}
+	if r := rows["claude-x|usage_minute|minute|2026-10-14T15:59:00Z"]; r.Drift != -20 || !r.Repaired {
+		t.Errorf("missing claude-x minute row = %+v, want drift -20, repaired", r)
+	}
+	if r := rows["*|usage_minute|day|2026-10-13T16:00:00Z"]; r.Drifted || r.Truth != 4300 {
+		t.Errorf("tenant-wide minute summary = %+v, want 4300 and no drift", r)
+	}
+	if res.Repaired != 4 {
+		t.Errorf("repaired %d counters, want 4 (daily, hourly, 2 minutes); rows %+v", res.Repaired, res.Rows)
+	}
+	sigs := pub.all()
+	if len(sigs) != 4 || res.Signals != 4 {
+		t.Fatalf("published %d signals (result says %d), want 4: daily, hourly, and the gpt-4o and claude-x minute summaries: %+v", len(sigs), res.Signals, sigs)
+	}
+	for _, s := range sigs {
+		if err := s.Validate(); err != nil {
+			t.Errorf("signal %+v is invalid: %v", s, err)
+		}
+		if s.Kind != schemas.SignalReconciliationDrift || s.Tenant != "acme" {
+			t.Errorf("signal kind %q tenant %q", s.Kind, s.Tenant)
+		}
+	}
+
+	// The repaired counters read back as the truth.
+	var used float64
+	if err := conn.QueryRow(ctx, "SELECT used FROM quota_state FINAL WHERE tenant = 'acme' AND quota = 'daily_tokens'").Scan(&used); err != nil {
+		t.Fatal(err)
+	}
+	if used != 4300 {
+		t.Errorf("quota_state daily used = %v after repair, want 4300", used)
+	}
+	var recorded uint64
+	if err := conn.QueryRow(ctx, "SELECT count() FROM reconciliation_runs WHERE run_id = ? AND repaired = 1", res.RunID).Scan(&recorded); err != nil {
+		t.Fatal(err)
+	}
+	if recorded < 4 {
+		t.Errorf("reconciliation_runs holds %d repaired rows for run %s, want at least 4", recorded, res.RunID)
+	}
+
+	again, err := a.Reconcile(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Drifted != 0 || again.Repaired != 0 || again.Signals != 0 {
+		t.Errorf("second run: drifted %d repaired %d signals %d, want none; rows %+v", again.Drifted, again.Repaired, again.Signals, again.Rows)
+	}
+	if len(again.Rows) == 0 {
+		t.Error("second run recorded no rows; every period-level comparison should be recorded")
+	}
+}
+
+func TestMonthlyBudgetDriftUsesPrices(t *testing.T) {
+	conn := db(t)
+	ctx := context.Background()
+	pol := mustPolicy(t, acmePolicy)
+	tn := pol.Tenant("acme")
+	insertEvents(t, conn, "acme", acmeEvents...)
+	insertPrices(t, conn, pol)
+	now := utc("2026-11-02T00:00:00Z")
+	pub := &capture{}
+	a := New(conn, pub, Options{Settle: 15 * time.Minute, ConfirmDelay: 50 * time.Millisecond, Now: func() time.Time { return now }})
+	job := Job{Tenant: tn, Period: policy.PeriodMonth, At: utc("2026-10-20T00:00:00Z")}
+	start, end := job.Bounds()
+	// Every event is in the Shanghai October. Cost by hand, USD:
+	// e0 (7*3 + 7*15)/1e6 = 0.000126; e1 (900*2.5 + 100*1.25 + 200*10)/1e6
+	// = 0.004375; e2 (600*2.5 + 80*10)/1e6 = 0.0023; e3 (2000*3 + 400*15)/1e6
+	// = 0.012; e4 (10*3 + 10*15)/1e6 = 0.00018; e5 (999*2.5 + 10)/1e6 = 0.0025075.
+	const cost = 0.0214885
+	insertQuotas(t, conn, "acme", 3,
+		quotaFixture{"*", policy.BudgetQuota, policy.PeriodMonth, start, end, cost + 0.5, 500, "currency", "hard"},
+		quotaFixture{"*", policy.MonthlyTokens, policy.PeriodMonth, start, end, 5314, 10000000, "tokens", "hard"},
+		quotaFixture{"gpt-4o", policy.MonthlyTokens, policy.PeriodMonth, start, end, 2880, 2000000, "tokens", "soft"},
+	)
+	res, err := a.Reconcile(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := byKey(res.Rows)
+	b := rows["*|budget|month|2026-09-30T16:00:00Z"]
+	if math.Abs(b.Truth-cost) > 1e-12 || math.Abs(b.Drift-0.5) > 1e-9 || !b.Repaired {
+		t.Errorf("budget row = %+v, want truth %v drift 0.5, repaired", b, cost)
+	}
+	for _, k := range []string{"*|monthly_tokens|month|2026-09-30T16:00:00Z", "gpt-4o|monthly_tokens|month|2026-09-30T16:00:00Z"} {
+		if r := rows[k]; r.Drifted || r.Counter == 0 {
+			t.Errorf("%s = %+v, want a correct counter and no drift", k, r)
+		}
+	}
+	if res.Repaired != 1 || len(pub.all()) != 1 {
+		t.Errorf("repaired %d, signalled %d; want the budget only", res.Repaired, len(pub.all()))
+	}
+}
+
+func TestOpenPeriodIsRefused(t *testing.T) {
+	pol := mustPolicy(t, acmePolicy)
+	now := utc("2026-10-14T16:05:00Z") // 5 minutes after the Shanghai day ended
+	a := New(nil, nil, Options{Settle: 15 * time.Minute, Now: func() time.Time { return now }})
+	_, err := a.Reconcile(context.Background(), Job{Tenant: pol.Tenant("acme"), Period: policy.PeriodDay, At: utc("2026-10-14T01:00:00Z")})
+	if !errors.Is(err, ErrOpenPeriod) {
+		t.Fatalf("err = %v, want ErrOpenPeriod for a period that has not settled", err)
+	}
+}
+
+// TestLiveIngestionIsNoDrift runs audits of yesterday while a writer plays
+// the aggregator: it keeps adding events for today and late events for
+// yesterday, each followed by the counters it changes, as separate inserts.
+func TestLiveIngestionIsNoDrift(t *testing.T) {
+	conn := db(t)
+	pol := mustPolicy(t, `
+tenants:
+  live:
+    timezone: UTC
+    models:
+      "*": {daily_tokens: 100000000}
+`)
+	tn := pol.Tenant("live")
+	now := utc("2026-10-15T00:45:00Z")
+	yStart := utc("2026-10-14T00:00:00Z")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var (
+		wg      sync.WaitGroup
+		written atomic.Int64
+		mu      sync.Mutex
+		werr    error
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var evs []event
+		var version uint64
+		for i := 0; ctx.Err() == nil; i++ {
+			// Alternate: a late event for yesterday, an event for today.
+			at := yStart.Add(time.Duration(i%1440) * time.Minute).Add(7 * time.Second)
+			if i%2 == 1 {
+				at = now.Add(time.Duration(i) * time.Second)
+			}
+			e := event{id: fmt.Sprintf("live-%d", i), time: at, model: "m1", prompt: uint64(10 + i%7), completion: 5, offset: int64(i)}
+			evs = append(evs, e)
+			version++
+			agg := aggregate(evs)
+			minute := at.Truncate(time.Minute)
+			day, dayEnd := policy.PeriodBounds(policy.PeriodDay, at, time.UTC)
+			err := errors.Join(writeEvents(conn, "live", e),
+				writeMinutes(conn, "live", version, minuteFixture{"m1", minute, agg["m1"][minute]}, minuteFixture{"*", minute, agg["*"][minute]}),
+				writeQuotas(conn, "live", version, quotaFixture{"*", policy.DailyTokens, policy.PeriodDay, day, dayEnd,
+					sumTokens(agg, "*", day, dayEnd), 100000000, "tokens", "hard"}))
+			if err != nil {
+				if ctx.Err() == nil {
+					mu.Lock()
+					werr = err
+					mu.Unlock()
+				}
+				return
+			}
+			written.Add(1)
+		}
+	}()
+	waitFor(t, func() bool { return written.Load() >= 20 })
+
+	a := New(conn, &capture{}, Options{Settle: 15 * time.Minute, ConfirmDelay: 300 * time.Millisecond, MaxObservations: 3, Now: func() time.Time { return now }})
+	before := written.Load()
+	var checked int
+	for run := 0; run < 3; run++ {
+		res, err := a.Reconcile(ctx, Job{Tenant: tn, Period: policy.PeriodDay, At: yStart})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Drifted != 0 || res.Repaired != 0 || res.Signals != 0 {
+			t.Fatalf("run %d during live ingestion: drifted %d repaired %d signals %d, want none: %+v", run, res.Drifted, res.Repaired, res.Signals, res.Rows)
+		}
+		checked += len(res.Rows)
+	}
+	if written.Load() == before {
+		t.Fatal("the writer wrote nothing while the audits ran; the test proved nothing")
+	}
+	if checked == 0 {
+		t.Fatal("the audits compared nothing")
+	}
+	cancel()
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if werr != nil {
+		t.Fatalf("the writer failed: %v", werr)
+	}
+
+	// Once ingestion stops the audit agrees with the writer exactly.
+	res, err := a.Reconcile(context.Background(), Job{Tenant: tn, Period: policy.PeriodDay, At: yStart})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Drifted != 0 || res.Unsettled != 0 {
+		t.Fatalf("after ingestion stopped: drifted %d unsettled %d: %+v", res.Drifted, res.Unsettled, res.Rows)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 30s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

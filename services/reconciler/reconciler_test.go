@@ -1,0 +1,167 @@
+package reconciler
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/migrations"
+	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/chconn"
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/platform/ops"
+	"github.com/sluicehq/sluice/schemas"
+)
+
+func TestConfigValidateNamesFieldAndLimit(t *testing.T) {
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatalf("defaults invalid: %v", err)
+	}
+	c := DefaultConfig()
+	c.At = "25:00"
+	c.RepairThreshold = 2
+	c.MaxObservations = 1
+	c.Policy = ""
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("bad config accepted")
+	}
+	for _, want := range []string{"reconciler.at", "reconciler.repair_threshold: 2 is outside 0..1", "reconciler.max_observations: 1 is outside 2..10", "reconciler.policy"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	c = DefaultConfig()
+	c.At = "00:05"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "settle") {
+		t.Errorf("00:05 with a 15m settle accepted: %v", err)
+	}
+}
+
+// fixedClock is 00:31 on 2026-10-15 in Shanghai, just after acme's
+// nightly time; its After ticks quickly so the loop runs often.
+type fixedClock struct{ now time.Time }
+
+func (c fixedClock) Now() time.Time                         { return c.now }
+func (c fixedClock) After(d time.Duration) <-chan time.Time { return time.After(50 * time.Millisecond) }
+
+// TestServiceRepairsOnScheduleAndSignals runs the service against real
+// ClickHouse and Kafka: at the tenant's 00:31 it audits the previous day,
+// repairs the drifted counter and publishes reconciliation_drift.
+func TestServiceRepairsOnScheduleAndSignals(t *testing.T) {
+	ctx := context.Background()
+	chcfg := itest.ClickHouse(t)
+	kcfg := itest.Kafka(t)
+	conn, err := chconn.Open(ctx, chcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := migrations.Apply(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		t.Fatal(err)
+	}
+	tenant := itest.Unique(t, "svc_")
+	dir := t.TempDir()
+	polPath := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(polPath, []byte("tenants:\n  "+tenant+":\n    timezone: Asia/Shanghai\n    models:\n      \"*\": {daily_tokens: 1000000}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	day := time.Date(2026, 10, 14, 0, 0, 0, 0, time.FixedZone("CST", 8*3600))
+	eb, _ := conn.PrepareBatch(ctx, "INSERT INTO usage_events (id, time, tenant, model, prompt_tokens, completion_tokens, kafka_offset)")
+	_ = eb.Append("s1", day.Add(3*time.Hour), tenant, "m", uint64(100), uint64(20), int64(1))
+	_ = eb.Append("s2", day.Add(5*time.Hour), tenant, "m", uint64(300), uint64(80), int64(2))
+	if err := eb.Send(); err != nil {
+		t.Fatal(err)
+	}
+	qb, _ := conn.PrepareBatch(ctx, "INSERT INTO quota_state (tenant, model, quota, period, period_start, period_end, used, quota_limit, unit, mode, version)")
+	_ = qb.Append(tenant, "*", "daily_tokens", "day", day, day.AddDate(0, 0, 1), 999., 1000000., "tokens", "hard", uint64(4))
+	if err := qb.Send(); err != nil {
+		t.Fatal(err)
+	}
+
+	admin, err := kafkaconn.NewClient(kcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := kafkaconn.EnsureTopics(ctx, admin, kcfg, schemas.TopicSignalsV1); err != nil {
+		t.Fatal(err)
+	}
+	startMs := time.Now().Add(-time.Second).UnixMilli()
+
+	cfg := DefaultConfig()
+	cfg.Policy = polPath
+	cfg.ConfirmDelay = 50 * time.Millisecond
+	reg := prometheus.NewRegistry()
+	env := platform.Env{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: reg, Health: ops.NewHealth(), Kafka: kcfg, ClickHouse: chcfg}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(runCtx, cfg, env, fixedClock{now: time.Date(2026, 10, 15, 0, 31, 0, 0, day.Location())})
+	}()
+	defer func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run returned %v after cancel, want nil", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("Run did not stop within 30s of cancel")
+		}
+	}()
+
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var used float64
+		if err := conn.QueryRow(ctx, "SELECT used FROM quota_state FINAL WHERE tenant = ?", tenant).Scan(&used); err != nil {
+			t.Fatal(err)
+		}
+		if used == 500 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("daily counter still %v after 60s, want it repaired to 500", used)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	cl, err := kafkaconn.NewClient(kcfg, kgo.ConsumeTopics(schemas.TopicSignalsV1), kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(startMs)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	pollCtx, pollCancel := context.WithTimeout(ctx, 60*time.Second)
+	defer pollCancel()
+	for {
+		fs := cl.PollFetches(pollCtx)
+		if pollCtx.Err() != nil {
+			t.Fatal("no reconciliation_drift signal for the tenant within 60s")
+		}
+		var got *schemas.Signal
+		fs.EachRecord(func(r *kgo.Record) {
+			if string(r.Key) != tenant {
+				return
+			}
+			var s schemas.Signal
+			if err := schemas.DecodeSignal(r.Value, &s); err == nil && s.Kind == schemas.SignalReconciliationDrift {
+				got = &s
+			}
+		})
+		if got != nil {
+			if got.Used != 500 || got.Attributes["counter"] != "999" {
+				t.Errorf("signal used %v counter %q, want truth 500 and counter 999", got.Used, got.Attributes["counter"])
+			}
+			break
+		}
+	}
+}

@@ -1,0 +1,137 @@
+// Package schedule decides when each tenant's nightly reconciliation is
+// due: once a day at a local time of day (00:30 by default) in the
+// tenant's own zone, auditing the local day that just ended and, on the
+// first of a month, the month that just ended. A run missed while the
+// service was down happens at the next check; a run repeated after a
+// restart is harmless, because audits are idempotent.
+package schedule
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/sluicehq/sluice/policy"
+)
+
+// TimeOfDay is a local wall-clock time.
+type TimeOfDay struct{ Hour, Minute int }
+
+// ParseTimeOfDay reads "HH:MM" (24-hour clock).
+func ParseTimeOfDay(s string) (TimeOfDay, error) {
+	t, err := time.Parse("15:04", s)
+	if err != nil {
+		return TimeOfDay{}, fmt.Errorf("%q is not a time of day HH:MM between 00:00 and 23:59", s)
+	}
+	return TimeOfDay{t.Hour(), t.Minute()}, nil
+}
+
+func (t TimeOfDay) String() string { return fmt.Sprintf("%02d:%02d", t.Hour, t.Minute) }
+
+// Job is one audit to run: the period (day or month) containing At, in
+// the tenant's zone.
+type Job struct {
+	Tenant string
+	Period string
+	At     time.Time
+}
+
+// Due returns the jobs due at now for a tenant in loc whose last nightly
+// run was for local date last ("2006-01-02", empty if never), and the
+// local date this run stands for. Nothing is due before the time of day,
+// or when today's run was done.
+func Due(tenant string, now time.Time, loc *time.Location, at TimeOfDay, last string) (jobs []Job, date string) {
+	if loc == nil {
+		loc = time.UTC
+	}
+	lt := now.In(loc)
+	date = lt.Format(time.DateOnly)
+	dueAt := time.Date(lt.Year(), lt.Month(), lt.Day(), at.Hour, at.Minute, 0, 0, loc)
+	if lt.Before(dueAt) || last == date {
+		return nil, date
+	}
+	// Noon of the previous day is inside it whatever DST does.
+	jobs = append(jobs, Job{Tenant: tenant, Period: policy.PeriodDay, At: time.Date(lt.Year(), lt.Month(), lt.Day()-1, 12, 0, 0, 0, loc)})
+	if lt.Day() == 1 {
+		jobs = append(jobs, Job{Tenant: tenant, Period: policy.PeriodMonth, At: time.Date(lt.Year(), lt.Month()-1, 15, 12, 0, 0, 0, loc)})
+	}
+	return jobs, date
+}
+
+// Clock is the scheduler's time source, replaced in tests.
+type Clock interface {
+	Now() time.Time
+	After(d time.Duration) <-chan time.Time
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                         { return time.Now() }
+func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// RealClock is the wall clock.
+var RealClock Clock = realClock{}
+
+// Tenant is a tenant to schedule and its zone.
+type Tenant struct {
+	ID       string
+	Location *time.Location
+}
+
+// Scheduler runs due jobs every Interval until its context ends.
+type Scheduler struct {
+	At       TimeOfDay
+	Interval time.Duration
+	Clock    Clock
+	// Tenants lists the tenants to consider at each check.
+	Tenants func(ctx context.Context) ([]Tenant, error)
+	// Run runs one tenant's due jobs; the tenant's nightly run counts as
+	// done only when it returns nil, so a failure is retried next check.
+	Run func(ctx context.Context, jobs []Job) error
+	Log *slog.Logger
+
+	done map[string]string // tenant -> local date of its last successful run
+}
+
+// Check runs every job due now and returns how many tenants ran.
+func (s *Scheduler) Check(ctx context.Context) (int, error) {
+	if s.done == nil {
+		s.done = map[string]string{}
+	}
+	tenants, err := s.Tenants(ctx)
+	if err != nil {
+		return 0, err
+	}
+	ran := 0
+	for _, t := range tenants {
+		if ctx.Err() != nil {
+			return ran, ctx.Err()
+		}
+		jobs, date := Due(t.ID, s.Clock.Now(), t.Location, s.At, s.done[t.ID])
+		if len(jobs) == 0 {
+			continue
+		}
+		ran++
+		if err := s.Run(ctx, jobs); err != nil {
+			s.Log.Error("nightly reconciliation failed; retrying at the next check", "tenant", t.ID, "date", date, "err", err)
+			continue
+		}
+		s.done[t.ID] = date
+	}
+	return ran, nil
+}
+
+// Loop checks at once and then every Interval until ctx ends.
+func (s *Scheduler) Loop(ctx context.Context) error {
+	for {
+		if _, err := s.Check(ctx); err != nil && ctx.Err() == nil {
+			s.Log.Error("reconciliation schedule check failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.Clock.After(s.Interval):
+		}
+	}
+}

@@ -1,0 +1,94 @@
+package schedule
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/policy"
+)
+
+type fakeClock struct{ now time.Time }
+
+func (c *fakeClock) Now() time.Time                         { return c.now }
+func (c *fakeClock) After(d time.Duration) <-chan time.Time { return make(chan time.Time) }
+
+func TestParseTimeOfDay(t *testing.T) {
+	if got, err := ParseTimeOfDay("00:30"); err != nil || got != (TimeOfDay{0, 30}) {
+		t.Fatalf("ParseTimeOfDay(00:30) = %v, %v", got, err)
+	}
+	for _, bad := range []string{"24:00", "7", "12:60", ""} {
+		if _, err := ParseTimeOfDay(bad); err == nil {
+			t.Errorf("ParseTimeOfDay(%q) accepted", bad)
+		}
+	}
+}
+
+func TestEachTenantRunsAtItsOwnLocalTime(t *testing.T) {
+	shanghai, _ := time.LoadLocation("Asia/Shanghai")
+	clock := &fakeClock{now: time.Date(2026, 11, 30, 16, 29, 0, 0, time.UTC)} // 00:29 on Dec 1 in Shanghai
+	var got []Job
+	s := &Scheduler{At: TimeOfDay{0, 30}, Interval: time.Minute, Clock: clock, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Tenants: func(context.Context) ([]Tenant, error) {
+			return []Tenant{{"acme", shanghai}, {"utc-co", time.UTC}}, nil
+		},
+		Run: func(_ context.Context, jobs []Job) error { got = append(got, jobs...); return nil },
+	}
+	ctx := context.Background()
+	// utc-co's 00:30 passed 16 hours ago and it never ran: it catches up
+	// at once; acme's 00:30 is a minute away.
+	if n, _ := s.Check(ctx); n != 1 || len(got) != 1 || got[0].Tenant != "utc-co" {
+		t.Fatalf("at 00:29 Shanghai ran %d tenants: %+v, want utc-co catching up", n, got)
+	}
+	got = nil
+	clock.now = clock.now.Add(2 * time.Minute) // 00:31 Shanghai, 16:31 UTC
+	if n, _ := s.Check(ctx); n != 1 {
+		t.Fatalf("at 00:31 Shanghai ran %d tenants, want acme only", n)
+	}
+	if len(got) != 2 {
+		t.Fatalf("jobs %+v, want the Shanghai day of Nov 30 and, it being the 1st, November", got)
+	}
+	for _, j := range got {
+		if j.Tenant != "acme" {
+			t.Errorf("job for %s ran at 16:31 UTC", j.Tenant)
+		}
+	}
+	if start, _ := policy.PeriodBounds(got[0].Period, got[0].At, shanghai); got[0].Period != "day" || start.Format(time.DateOnly) != "2026-11-30" {
+		t.Errorf("day job %+v covers %v, want Nov 30", got[0], start)
+	}
+	if start, _ := policy.PeriodBounds(got[1].Period, got[1].At, shanghai); got[1].Period != "month" || start.Format("2006-01") != "2026-11" {
+		t.Errorf("month job %+v covers %v, want November", got[1], start)
+	}
+	got = nil
+	clock.now = clock.now.Add(time.Hour)
+	if n, _ := s.Check(ctx); n != 0 {
+		t.Fatalf("acme ran twice on one night: %+v", got)
+	}
+	clock.now = time.Date(2026, 12, 1, 0, 30, 0, 0, time.UTC)
+	if n, _ := s.Check(ctx); n != 1 || got[0].Tenant != "utc-co" {
+		t.Fatalf("at 00:30 UTC want utc-co, got %+v", got)
+	}
+}
+
+func TestFailedRunIsRetried(t *testing.T) {
+	clock := &fakeClock{now: time.Date(2026, 11, 10, 3, 0, 0, 0, time.UTC)}
+	calls := 0
+	s := &Scheduler{At: TimeOfDay{0, 30}, Interval: time.Minute, Clock: clock, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Tenants: func(context.Context) ([]Tenant, error) { return []Tenant{{"a", time.UTC}}, nil },
+		Run: func(context.Context, []Job) error {
+			calls++
+			if calls == 1 {
+				return context.DeadlineExceeded
+			}
+			return nil
+		},
+	}
+	for i := 0; i < 3; i++ {
+		_, _ = s.Check(context.Background())
+	}
+	if calls != 2 {
+		t.Fatalf("run called %d times, want a retry after the failure and then nothing", calls)
+	}
+}

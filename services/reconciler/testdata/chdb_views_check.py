@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Query the report views on current ClickHouse (chdb), not only create them.
+
+migrations/chdb_check.py proves the DDL runs on current ClickHouse; this
+loads a small fixture (a mid-month price change, a retried event, an
+unpriced model, a soft-quota overage), checks the views' figures against
+hand-computed ones and runs every example query of docs/finance.md.
+The Go tests check the same figures on ClickHouse 18.16.
+Usage: .services/venv/bin/python services/reconciler/testdata/chdb_views_check.py
+"""
+import pathlib
+import re
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "migrations"))
+from chdb_check import split_statements  # noqa: E402
+from chdb import session  # noqa: E402
+
+
+def main() -> int:
+    s = session.Session()
+    s.query("CREATE DATABASE IF NOT EXISTS sluice")
+    s.query("USE sluice")
+    for f in sorted((ROOT / "migrations" / "sql").glob("*.sql")):
+        for st in split_statements(f.read_text()):
+            s.query(st)
+    s.query("INSERT INTO prices (model, currency, effective_from, prompt_per_million, completion_per_million, cached_per_million, note, inserted_at) VALUES "
+            "('gpt-4o','USD',toDateTime('2026-01-01 00:00:00','UTC'),2.5,10,1.25,'',now()),"
+            "('gpt-4o','USD',toDateTime('2026-11-15 00:00:00','UTC'),2,8,1,'',now())")
+    s.query("INSERT INTO usage_events (id, time, tenant, model, prompt_tokens, completion_tokens, cached_tokens, kafka_offset) VALUES "
+            "('a2', toDateTime('2026-11-14 23:59:59','UTC'), 'acme','gpt-4o',2000,500,1000,1),"
+            "('a3', toDateTime('2026-11-15 00:00:00','UTC'), 'acme','gpt-4o',2000,500,1000,2),"
+            "('a3', toDateTime('2026-11-15 00:00:00','UTC'), 'acme','gpt-4o',2000,500,1000,3),"
+            "('m', toDateTime('2026-11-15 00:00:00','UTC'), 'acme','mystery',50,50,0,4)")
+    s.query("INSERT INTO quota_state (tenant, model, quota, period, period_start, used, quota_limit, mode, version) VALUES "
+            "('acme','gpt-4o','monthly_tokens','month',toDateTime('2026-11-01 00:00:00','UTC'),2100,2000,'soft',1)")
+    checks = {
+        # a2 at the old price 0.00875, a3 once at the new price 0.007
+        "SELECT toString(round(sum(cost), 9)) FROM usage_monthly WHERE tenant = 'acme' AND model = 'gpt-4o'": "0.01575",
+        "SELECT toString(sum(requests)) FROM usage_monthly WHERE tenant = 'acme'": "3",
+        "SELECT toString(sum(unpriced_requests)) FROM usage_daily WHERE tenant = 'acme'": "1",
+        "SELECT toString(round(sum(cost), 9)) FROM usage_daily WHERE day = toDate('2026-11-15') AND model = 'gpt-4o'": "0.007",
+        "SELECT toString(sum(overage)) FROM soft_quota_overage": "100",
+        "SELECT toString(count()) FROM price_periods": "2",
+    }
+    version = str(s.query("SELECT version()")).strip().strip('"')
+    for q, want in checks.items():
+        got = str(s.query(q, "TSVRaw")).strip()
+        if got != want:
+            print(f"chdb {version}: {q}\n  = {got!r}, want {want!r}", file=sys.stderr)
+            return 1
+    docs = (ROOT / "docs" / "finance.md").read_text()
+    queries = re.findall(r"```sql\n(.*?)```", docs, re.S)
+    for q in queries:
+        try:
+            s.query(q.strip().rstrip(";"))
+        except Exception as e:  # chdb raises its own error types
+            print(f"chdb {version}: docs/finance.md query failed: {e}\n{q}", file=sys.stderr)
+            return 1
+    print(f"chdb {version}: {len(checks)} view checks and {len(queries)} finance queries passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
