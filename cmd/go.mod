@@ -30,6 +30,7 @@ require (
 	github.com/shopspring/decimal v1.6.0 // indirect
 	github.com/sluicehq/sluice/policy v0.0.0
 	github.com/sluicehq/sluice/services/alerter v0.0.0
+	github.com/sluicehq/sluice/services/ingest v0.0.0
 	github.com/sluicehq/sluice/services/reconciler v0.0.0
 	github.com/twmb/franz-go v1.22.3 // indirect
 	github.com/twmb/franz-go/pkg/kadm v1.20.0 // indirect
@@ -54,3 +55,5 @@ replace github.com/sluicehq/sluice/policy => ../policy
 replace github.com/sluicehq/sluice/services/alerter => ../services/alerter
 
 replace github.com/sluicehq/sluice/services/reconciler => ../services/reconciler
+
+replace github.com/sluicehq/sluice/services/ingest => ../services/ingest

@@ -57,7 +57,7 @@ func defaultConfig() Config {
 
 // Validate checks every section and reports all problems at once.
 func (c *Config) Validate() error {
-	errs := []error{c.Log.Validate(), c.Ops.Validate(), c.Kafka.Validate(), c.ClickHouse.Validate(), c.Redis.Validate(), c.Services.Validate()}
+	errs := []error{c.Log.Validate(), c.Ops.Validate(), c.Kafka.Validate(), c.ClickHouse.Validate(), c.Redis.Validate()}
 	if c.ShutdownGrace <= 0 {
 		errs = append(errs, errors.New("shutdown_grace: must be positive"))
 	}

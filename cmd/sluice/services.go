@@ -15,26 +15,25 @@ import (
 	"github.com/sluicehq/sluice/platform/ops"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/alerter"
+	"github.com/sluicehq/sluice/services/ingest"
 	"github.com/sluicehq/sluice/services/reconciler"
 )
 
-// ServiceConfigs holds one section per service; each service validates its
-// own.
+// ServiceConfigs holds one section per service. A section is validated only
+// when its service is started, so `sluice migrate` or `sluice run ingest`
+// does not demand settings of services it will not run.
 type ServiceConfigs struct {
+	Ingest     ingest.Config     `yaml:"ingest"`
 	Alerter    alerter.Config    `yaml:"alerter"`
 	Reconciler reconciler.Config `yaml:"reconciler"`
 }
 
 func defaultServiceConfigs() ServiceConfigs {
 	return ServiceConfigs{
+		Ingest:     ingest.DefaultConfig(),
 		Alerter:    alerter.DefaultConfig(),
 		Reconciler: reconciler.DefaultConfig(),
 	}
-}
-
-// Validate checks every service section.
-func (s ServiceConfigs) Validate() error {
-	return errors.Join(s.Alerter.Validate(), s.Reconciler.Validate())
 }
 
 // service is one runnable part of Sluice. Every service package exposes
@@ -42,44 +41,74 @@ func (s ServiceConfigs) Validate() error {
 type service struct {
 	name  string
 	about string
-	run   func(ctx context.Context, cfg Config, env platform.Env) error
+	// prepare returns the service's section with root-level defaults (the
+	// shared policy file) filled in, ready to validate and run.
+	prepare func(c *Config) validator
+	run     func(ctx context.Context, c *Config, env platform.Env) error
 }
+
+type validator interface{ Validate() error }
 
 // services lists, in data-flow order, what `sluice run` can start.
 var services = []service{
+	{name: "ingest", about: "HTTP API for gateways → Kafka sluice.usage.v1",
+		prepare: func(c *Config) validator { return c.Services.Ingest },
+		run: func(ctx context.Context, c *Config, env platform.Env) error {
+			return ingest.Run(ctx, c.Services.Ingest, env)
+		}},
 	{name: "alerter", about: "signals → Alertmanager, DingTalk and Slack notifications",
-		run: func(ctx context.Context, c Config, env platform.Env) error {
-			a := c.Services.Alerter
-			if a.PolicyFile == "" {
-				a.PolicyFile = c.PolicyFile
+		prepare: func(c *Config) validator {
+			if c.Services.Alerter.PolicyFile == "" {
+				c.Services.Alerter.PolicyFile = c.PolicyFile
 			}
-			return alerter.Run(ctx, a, env)
+			return c.Services.Alerter
+		},
+		run: func(ctx context.Context, c *Config, env platform.Env) error {
+			return alerter.Run(ctx, c.Services.Alerter, env)
 		}},
 	{name: "reconciler", about: "nightly audit of counters against raw events; drift repair and alerts",
-		run: func(ctx context.Context, c Config, env platform.Env) error {
-			r := c.Services.Reconciler
-			if r.Policy == "" {
-				r.Policy = c.PolicyFile
+		prepare: func(c *Config) validator {
+			if c.Services.Reconciler.Policy == "" {
+				c.Services.Reconciler.Policy = c.PolicyFile
 			}
-			return reconciler.Run(ctx, r, env)
+			return c.Services.Reconciler
+		},
+		run: func(ctx context.Context, c *Config, env platform.Env) error {
+			return reconciler.Run(ctx, c.Services.Reconciler, env)
 		}},
+}
+
+// chooseServices resolves service names (none = all) and validates the
+// chosen services' sections, reporting every problem at once.
+func chooseServices(cfg *Config, names []string) ([]service, error) {
+	for _, n := range names {
+		if !slices.ContainsFunc(services, func(s service) bool { return s.name == n }) {
+			return nil, fmt.Errorf("unknown service %q (see `sluice services`)", n)
+		}
+	}
+	var (
+		chosen []service
+		errs   []error
+	)
+	for _, s := range services {
+		if len(names) == 0 || slices.Contains(names, s.name) {
+			chosen = append(chosen, s)
+			if err := s.prepare(cfg).Validate(); err != nil {
+				errs = append(errs, fmt.Errorf("services.%s: %w", s.name, err))
+			}
+		}
+	}
+	if len(chosen) == 0 {
+		return nil, errors.New("no services to run")
+	}
+	return chosen, errors.Join(errs...)
 }
 
 func runServices(ctx context.Context, cfg Config, names []string) error {
 	log := logging.New(cfg.Log, os.Stderr)
-	var chosen []service
-	for _, s := range services {
-		if len(names) == 0 || slices.Contains(names, s.name) {
-			chosen = append(chosen, s)
-		}
-	}
-	for _, n := range names {
-		if !slices.ContainsFunc(services, func(s service) bool { return s.name == n }) {
-			return fmt.Errorf("unknown service %q (see `sluice services`)", n)
-		}
-	}
-	if len(chosen) == 0 {
-		return errors.New("no services to run")
+	chosen, err := chooseServices(&cfg, names)
+	if err != nil {
+		return err
 	}
 
 	if len(cfg.Kafka.Brokers) == 0 {
@@ -108,7 +137,7 @@ func runServices(ctx context.Context, cfg Config, names []string) error {
 	}}}
 	for _, s := range chosen {
 		senv := env.Named(s.name)
-		tasks = append(tasks, lifecycle.Task{Name: s.name, Run: func(ctx context.Context) error { return s.run(ctx, cfg, senv) }})
+		tasks = append(tasks, lifecycle.Task{Name: s.name, Run: func(ctx context.Context) error { return s.run(ctx, &cfg, senv) }})
 	}
 	return lifecycle.Run(ctx, log, cfg.ShutdownGrace, tasks...)
 }

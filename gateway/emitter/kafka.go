@@ -1,0 +1,106 @@
+package emitter
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/schemas"
+)
+
+// KafkaSender produces events straight to the usage topic, for gateways
+// inside the cluster's network: the same records ingest would write (key =
+// tenant, value = usage event v1 JSON, header schema: sluice.usage.v1),
+// with an idempotent acks=all producer. It skips ingest's dedup window; the
+// aggregator's dedup by id still applies.
+type KafkaSender struct {
+	cl     *kgo.Client
+	header []kgo.RecordHeader
+}
+
+// NewKafkaSender connects to cfg's brokers and produces to topic
+// (schemas.TopicUsageV1 in production). extra options come last.
+func NewKafkaSender(cfg kafkaconn.Config, topic string, extra ...kgo.Opt) (*KafkaSender, error) {
+	opts := append([]kgo.Opt{
+		kgo.DefaultProduceTopic(topic),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.ProducerLinger(5 * time.Millisecond),
+		kgo.ProducerBatchCompression(kgo.Lz4Compression()),
+		// No delivery timeout: a record handed to the client is the
+		// client's to deliver, retried until the broker is back; failing
+		// it and sending it again would risk a duplicate. The emitter's
+		// buffer bound caps what waits.
+		kgo.RecordDeliveryTimeout(0),
+	}, extra...)
+	cl, err := kafkaconn.NewClient(cfg, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &KafkaSender{cl: cl, header: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaUsageV1)}}}, nil
+}
+
+// Close flushes and closes the producer; call it after Emitter.Close.
+func (s *KafkaSender) Close() { s.cl.Close() }
+
+// Send implements Sender. Records carry ctx, so when it ends the producer
+// fails the ones it has not sent yet, which are safe to send again. A record
+// that was already on the wire when ctx ended cannot be taken back: Send
+// returns it for retry too, and if the broker did write it the retry is a
+// duplicate that the aggregator's dedup by id removes.
+func (s *KafkaSender) Send(ctx context.Context, events []schemas.UsageEvent) ([]Rejection, error) {
+	var (
+		mu       sync.Mutex
+		acked    = make([]bool, len(events))
+		left     = len(events)
+		allDone  = make(chan struct{})
+		firstErr error
+	)
+	buf := make([]byte, 0, 256*len(events))
+	ends := make([]int, len(events))
+	for i := range events {
+		buf = schemas.AppendUsageEventJSON(buf, &events[i])
+		ends[i] = len(buf)
+	}
+	recs := make([]kgo.Record, len(events))
+	prev := 0
+	for i := range events {
+		recs[i] = kgo.Record{Key: []byte(events[i].Tenant), Value: buf[prev:ends[i]:ends[i]], Headers: s.header}
+		prev = ends[i]
+		s.cl.Produce(ctx, &recs[i], func(_ *kgo.Record, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				acked[i] = true
+			} else if firstErr == nil {
+				firstErr = err
+			}
+			if left--; left == 0 {
+				close(allDone)
+			}
+		})
+	}
+	select {
+	case <-allDone:
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var retry []int
+	for i, ok := range acked {
+		if !ok {
+			retry = append(retry, i)
+		}
+	}
+	if len(retry) == 0 {
+		return nil, nil
+	}
+	cause := firstErr
+	if cause == nil {
+		cause = ctx.Err()
+	}
+	return nil, &RetryError{Err: fmt.Errorf("%d of %d records not acknowledged: %w", len(retry), len(events), cause), Indexes: retry}
+}

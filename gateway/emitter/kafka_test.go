@@ -1,0 +1,130 @@
+package emitter
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/schemas"
+)
+
+// TestKafkaSenderDeliversAcrossBrokerOutage cuts the broker while events
+// are buffered and keeps emitting; after the broker is back, Flush delivers
+// every buffered event exactly once.
+func TestKafkaSenderDeliversAcrossBrokerOutage(t *testing.T) {
+	kc := itest.Kafka(t)
+	topic := itest.Unique(t, "emitter_")
+	proxy := itest.NewProxy(t, kc.Brokers[0])
+	admin, err := kafkaconn.NewClient(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := kafkaconn.EnsureTopics(ctx, admin, kc, topic); err != nil {
+		t.Fatal(err)
+	}
+	sender, err := NewKafkaSender(kc, topic, kgo.Dialer(func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, proxy.Addr())
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sender.Close()
+	e, _ := newEmitter(t, sender, func(c *Config) {
+		c.BatchSize = 50
+		// Longer than the outage: records on the wire at the cut stay with
+		// the idempotent producer, which delivers them once.
+		c.SendTimeout = 60 * time.Second
+		c.MaxBackoff = 500 * time.Millisecond
+	})
+
+	const before, during = 200, 300
+	for i := range before {
+		if err := e.Emit(event(fmt.Sprint("k-", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Cut()
+	for i := before; i < before+during; i++ {
+		if err := e.Emit(event(fmt.Sprint("k-", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// While cut, a flush cannot complete.
+	short, cancelShort := context.WithTimeout(ctx, 3*time.Second)
+	if err := e.Flush(short); err == nil {
+		cancelShort()
+		t.Fatal("Flush succeeded while the broker was unreachable")
+	}
+	cancelShort()
+	proxy.Restore()
+	if err := e.Flush(ctx); err != nil {
+		t.Fatalf("Flush after the broker is back: %v", err)
+	}
+	counts := readIDs(t, ctx, kc, topic)
+	for i := range before + during {
+		if n := counts[fmt.Sprint("k-", i)]; n != 1 {
+			t.Errorf("k-%d is in the topic %d times, want exactly 1", i, n)
+		}
+	}
+}
+
+func readIDs(t *testing.T, ctx context.Context, kc kafkaconn.Config, topic string) map[string]int {
+	t.Helper()
+	admin, err := kafkaconn.NewClient(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	ends, err := kadm.NewClient(admin).ListEndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			want[o.Partition] = o.Offset
+		}
+	})
+	cl, err := kafkaconn.NewClient(kc, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	counts := map[string]int{}
+	for len(want) > 0 {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("reading %s: %v", topic, ctx.Err())
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			end, ok := want[r.Partition]
+			if !ok || r.Offset >= end {
+				return
+			}
+			var ev schemas.UsageEvent
+			if err := json.Unmarshal(r.Value, &ev); err != nil || string(r.Key) != ev.Tenant {
+				t.Errorf("bad record %q: %v", r.Value, err)
+			}
+			counts[ev.ID]++
+			if r.Offset == end-1 {
+				delete(want, r.Partition)
+			}
+		})
+	}
+	return counts
+}

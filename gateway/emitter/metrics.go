@@ -1,0 +1,68 @@
+package emitter
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	emitted     prometheus.Counter
+	delivered   prometheus.Counter
+	dropped     *prometheus.CounterVec
+	retries     prometheus.Counter
+	sendSeconds prometheus.Histogram
+	buffered    prometheus.GaugeFunc
+	setBuffered func() float64
+	all         []prometheus.Collector
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		emitted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_emitter_emitted_events_total", Help: "Usage events accepted into the emitter's buffer.",
+		}),
+		delivered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_emitter_delivered_events_total", Help: "Usage events Sluice acknowledged.",
+		}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_emitter_dropped_events_total",
+			Help: "Usage events lost, by reason: buffer_full (dropped newest), invalid, rejected (by Sluice), refused (whole batch), closed (undelivered at Close).",
+		}, []string{"reason"}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_emitter_retries_total", Help: "Batch send attempts that failed and were retried.",
+		}),
+		sendSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sluice_emitter_send_seconds", Help: "Duration of one batch send attempt.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+	}
+	// Pre-create the reasons so dashboards show zeros rather than gaps.
+	for _, r := range []string{"buffer_full", "invalid", "rejected", "refused", "closed"} {
+		m.dropped.WithLabelValues(r)
+	}
+	m.buffered = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_emitter_buffered_events", Help: "Usage events held: waiting plus the batch being sent.",
+	}, func() float64 {
+		if m.setBuffered == nil {
+			return 0
+		}
+		return m.setBuffered()
+	})
+	m.all = []prometheus.Collector{m.emitted, m.delivered, m.dropped, m.retries, m.sendSeconds, m.buffered}
+	return m
+}
+
+func (m *metrics) register(r prometheus.Registerer) error {
+	for i, c := range m.all {
+		if err := r.Register(c); err != nil {
+			for _, done := range m.all[:i] {
+				r.Unregister(done)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *metrics) unregister(r prometheus.Registerer) {
+	for _, c := range m.all {
+		r.Unregister(c)
+	}
+}

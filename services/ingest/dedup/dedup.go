@@ -1,0 +1,185 @@
+// Package dedup remembers which usage event ids the broker has acknowledged
+// recently, so that ingest can acknowledge a gateway's retry without
+// producing the event a second time, and which ids are being produced right
+// now, so that a retry racing its original is neither produced twice nor
+// acknowledged before the original was.
+//
+// An id moves through two states. Begin claims it as pending for one owner
+// (one HTTP request); Commit turns the claim into an acknowledged mark once
+// the broker acknowledged the event; Abort drops the claim when the produce
+// failed, so the gateway's retry is produced again and counted exactly once.
+// A mark is never written before the broker's acknowledgement.
+//
+// Memory is bounded. Acknowledged marks live at most Window and at most
+// MaxIDs of them are kept: when full, the oldest mark is evicted first (all
+// marks share one lifetime, so the oldest is also the first to expire).
+// Pending claims are not counted against MaxIDs; the caller bounds them with
+// its in-flight budget. The window is the first line of deduplication, not
+// the only one: an id evicted early is caught by the aggregator.
+package dedup
+
+import (
+	"hash/maphash"
+	"strings"
+	"sync"
+	"time"
+)
+
+// State is what Begin found for an id.
+type State uint8
+
+const (
+	// Claimed means the id was unknown and is now pending for the caller, who
+	// must call Commit or Abort.
+	Claimed State = iota
+	// Acknowledged means the broker already acknowledged an event with this
+	// id inside the window: acknowledge it again and do not produce it.
+	Acknowledged
+	// SameOwner means the caller itself claimed this id earlier (the id
+	// appears twice in one request): produce it once.
+	SameOwner
+	// InFlight means another owner is producing this id right now; its
+	// outcome is unknown, so ask the client to retry later.
+	InFlight
+)
+
+// shards spreads the lock; a power of two so the hash selects by mask.
+const shards = 32
+
+// Window is safe for concurrent use.
+type Window struct {
+	ttl    time.Duration
+	now    func() time.Time
+	seed   maphash.Seed
+	shards [shards]shard
+}
+
+type shard struct {
+	mu sync.Mutex
+	// ids maps each known id to its state: pending for an owner, or
+	// acknowledged until an expiry. One map keeps Begin and Commit at one
+	// lookup each.
+	ids map[string]slot
+	// ring holds acknowledged ids in insertion order, which is expiry order;
+	// head is the oldest. Its length is the shard's share of MaxIDs.
+	ring       []ringEntry
+	head, size int
+}
+
+// slot is pending when owner is non-zero, else acknowledged until expiry
+// (unix nanoseconds).
+type slot struct {
+	owner  uint64
+	expiry int64
+}
+
+type ringEntry struct {
+	id     string
+	expiry int64
+}
+
+// NewWindow returns a window that keeps acknowledged ids for ttl, at most
+// maxIDs of them. now may be nil (time.Now); tests pass a fake clock.
+func NewWindow(ttl time.Duration, maxIDs int, now func() time.Time) *Window {
+	if now == nil {
+		now = time.Now
+	}
+	per := max(maxIDs/shards, 1)
+	w := &Window{ttl: ttl, now: now, seed: maphash.MakeSeed()}
+	for i := range w.shards {
+		w.shards[i] = shard{ids: make(map[string]slot), ring: make([]ringEntry, per)}
+	}
+	return w
+}
+
+func (w *Window) shard(id string) *shard {
+	return &w.shards[maphash.String(w.seed, id)&(shards-1)]
+}
+
+// Begin looks id up and, if it is neither acknowledged nor pending, claims it
+// for owner. owner must be non-zero and unique per concurrent caller. When
+// the state is Claimed, key is the window's own copy of id: pass it to
+// Commit or Abort, so the window stores one copy, which never pins the
+// request body the caller's id may point into.
+func (w *Window) Begin(id string, owner uint64) (state State, key string) {
+	s := w.shard(id)
+	now := w.now().UnixNano()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v, ok := s.ids[id]; ok {
+		switch {
+		case v.owner == owner:
+			return SameOwner, ""
+		case v.owner != 0:
+			return InFlight, ""
+		case v.expiry > now:
+			return Acknowledged, ""
+		}
+	}
+	key = strings.Clone(id)
+	s.ids[key] = slot{owner: owner}
+	return Claimed, key
+}
+
+// Commit records that the broker acknowledged key (from Begin) and releases
+// owner's claim.
+func (w *Window) Commit(key string, owner uint64) {
+	s := w.shard(key)
+	now := w.now()
+	exp := now.Add(w.ttl).UnixNano()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v, ok := s.ids[key]; !ok || v.owner != owner {
+		return // not ours (an id committed by another owner meanwhile)
+	}
+	s.expire(now.UnixNano())
+	if s.size == len(s.ring) {
+		s.evictOldest()
+	}
+	s.ids[key] = slot{expiry: exp}
+	s.ring[(s.head+s.size)%len(s.ring)] = ringEntry{id: key, expiry: exp}
+	s.size++
+}
+
+// Abort releases owner's claim on key without a mark, so the next attempt
+// is produced.
+func (w *Window) Abort(key string, owner uint64) {
+	s := w.shard(key)
+	s.mu.Lock()
+	if v, ok := s.ids[key]; ok && v.owner == owner {
+		delete(s.ids, key)
+	}
+	s.mu.Unlock()
+}
+
+// Len returns the number of acknowledged marks held, expired ones that were
+// not yet swept included.
+func (w *Window) Len() int {
+	n := 0
+	for i := range w.shards {
+		s := &w.shards[i]
+		s.mu.Lock()
+		n += s.size
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// expire drops marks whose time is up from the front of the ring.
+func (s *shard) expire(now int64) {
+	for s.size > 0 && s.ring[s.head].expiry <= now {
+		s.evictOldest()
+	}
+}
+
+func (s *shard) evictOldest() {
+	e := s.ring[s.head]
+	// The id may have been claimed again since (its mark had expired) or
+	// re-acknowledged with a newer expiry; only a matching mark goes.
+	if v, ok := s.ids[e.id]; ok && v.owner == 0 && v.expiry == e.expiry {
+		delete(s.ids, e.id)
+	}
+	s.ring[s.head] = ringEntry{}
+	s.head = (s.head + 1) % len(s.ring)
+	s.size--
+}

@@ -1,0 +1,110 @@
+// Package ingest is Sluice's front door for usage events: an HTTP API
+// (POST /v1/events) where gateways hand in one event or a batch, as JSON,
+// NDJSON or CloudEvents, optionally gzip-encoded. It authenticates the
+// gateway by API key, validates every event, drops duplicates it already
+// acknowledged, and produces the rest to Kafka (topic sluice.usage.v1,
+// key = tenant) with an idempotent acks=all producer.
+//
+// The one promise it keeps: a 2xx answer means every accepted event of the
+// request was acknowledged by the broker. A slow or unreachable broker
+// yields 503 with Retry-After, never a 2xx and never an unbounded queue:
+// at most inflight_events events wait for the broker at any time. See
+// README.md for the status codes, the limits and examples.
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/platform"
+)
+
+// Run serves the events API on cfg.Listen until ctx is cancelled, then
+// shuts down gracefully within cfg.ShutdownTimeout: readiness turns false,
+// the listener closes, in-flight requests finish (each waits for its
+// broker acknowledgements), and the producer flushes.
+func Run(ctx context.Context, cfg Config, env platform.Env) error {
+	return run(ctx, cfg, env, nil)
+}
+
+// run is Run with extra producer options and a hook that learns the bound
+// address, for tests.
+func run(ctx context.Context, cfg Config, env platform.Env, started func(addr string), extra ...kgo.Opt) error {
+	if env.Logger == nil || env.Metrics == nil || env.Health == nil {
+		// The hosting process normally names the env; a bare one (a test,
+		// an embedding program) gets defaults.
+		env = env.Named("ingest")
+	}
+	s, err := newServer(ctx, cfg, env, extra...)
+	if err != nil {
+		return err
+	}
+	if err := s.m.register(env.Metrics); err != nil {
+		s.kafka.Close()
+		return fmt.Errorf("ingest: register metrics: %w", err)
+	}
+	defer s.m.unregister(env.Metrics)
+	env.Health.AddReadiness("ingest", s.ready)
+	defer env.Health.RemoveReadiness("ingest")
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		s.kafka.Close()
+		return fmt.Errorf("ingest: listen on %s: %w (set ingest.listen to a free address)", cfg.Listen, err)
+	}
+	wctx, stopWatch := context.WithCancel(context.Background())
+	defer stopWatch()
+	if s.keys != nil {
+		go s.keys.Watch(wctx, cfg.KeysReloadInterval)
+	}
+	srv := &http.Server{
+		Handler:           s.handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       60 * time.Second,
+		WriteTimeout:      cfg.ProduceTimeout + 60*time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
+	env.Logger.Info("events API listening", "addr", ln.Addr().String(), "topic", cfg.Topic)
+	if started != nil {
+		started(ln.Addr().String())
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+
+	var serveErr error
+	select {
+	case serveErr = <-errc:
+	case <-ctx.Done():
+	}
+	return s.shutdown(srv, serveErr)
+}
+
+// shutdown stops accepting, lets in-flight requests finish, then flushes
+// and closes the producer, all within ShutdownTimeout.
+func (s *server) shutdown(srv *http.Server, serveErr error) error {
+	s.closing.Store(true)
+	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	errs := []error{}
+	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
+		errs = append(errs, fmt.Errorf("ingest: serve: %w", serveErr))
+	}
+	if err := srv.Shutdown(sctx); err != nil {
+		errs = append(errs, fmt.Errorf("ingest: in-flight requests did not finish within shutdown_timeout = %s: %w", s.cfg.ShutdownTimeout, err))
+	}
+	// Records of requests that already answered 503 may still be retrying;
+	// flushing lets their acknowledgements arrive, which writes their
+	// dedup marks, but nothing waits for them past the deadline.
+	if err := s.kafka.Flush(sctx); err != nil {
+		s.log.Warn("producer did not flush within shutdown_timeout; unacknowledged records were answered 503 and will be retried by gateways", "err", err)
+	}
+	s.kafka.Close()
+	s.log.Info("events API stopped")
+	return errors.Join(errs...)
+}

@@ -1,0 +1,312 @@
+package ingest
+
+import (
+	"bytes"
+	"compress/gzip"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/schemas"
+)
+
+func TestMixedBatchAcceptsExactlyTheGoodEvents(t *testing.T) {
+	inst := startIngest(t, nil)
+	body := batchJSON(
+		eventJSON("good-1", "acme"),
+		`{"id":"bad-1","time":"2026-01-01T00:00:00Z","tenant":"acme","model":"m","prompt_tokens":-5,"completion_tokens":1,"colour":"red"}`,
+		eventJSON("good-2", "beta"),
+		`{"id":"bad-2","tenant":"has space","model":"m","prompt_tokens":1,"completion_tokens":1}`,
+		eventJSON("good-3", "acme"),
+	)
+	a := post(t, inst.url, testKey, "application/json", []byte(body))
+	if a.code != http.StatusMultiStatus || a.body.Accepted != 3 {
+		t.Fatalf("answer %d %s, want 207 with 3 accepted", a.code, a.raw)
+	}
+	if len(a.body.Rejected) != 2 {
+		t.Fatalf("rejected %+v, want bad-1 and bad-2", a.body.Rejected)
+	}
+	r1, r2 := a.body.Rejected[0], a.body.Rejected[1]
+	if r1.Index != 1 || r1.ID != "bad-1" || len(r1.Errors) != 2 {
+		t.Errorf("bad-1 rejection %+v: want index 1 and both reasons (prompt_tokens, colour)", r1)
+	}
+	if r2.Index != 3 || r2.ID != "bad-2" || len(r2.Errors) != 2 {
+		t.Errorf("bad-2 rejection %+v: want index 3 and both reasons (time missing, tenant)", r2)
+	}
+
+	recs := readTopic(t, inst.kafka, inst.topic)
+	counts := idCounts(t, recs)
+	if len(counts) != 3 || counts["good-1"] != 1 || counts["good-2"] != 1 || counts["good-3"] != 1 {
+		t.Fatalf("topic holds %v, want good-1, good-2, good-3 once each", counts)
+	}
+	for _, r := range recs {
+		if len(r.Headers) != 1 || r.Headers[0].Key != schemas.HeaderSchema || string(r.Headers[0].Value) != schemas.SchemaUsageV1 {
+			t.Fatalf("record headers %v, want schema: %s", r.Headers, schemas.SchemaUsageV1)
+		}
+		var ev schemas.UsageEvent
+		if err := schemas.DecodeUsageEvent(r.Value, &ev); err != nil {
+			t.Fatalf("record value does not decode as usage event v1: %v", err)
+		}
+	}
+
+	// All bad: 400 with every rejection, nothing produced.
+	a = post(t, inst.url, testKey, "application/x-ndjson", []byte(`{"id":"x"}`+"\n"+`not json`))
+	if a.code != http.StatusBadRequest || len(a.body.Rejected) != 2 || a.body.Accepted != 0 {
+		t.Fatalf("all-bad NDJSON: %d %s, want 400 with two rejections", a.code, a.raw)
+	}
+}
+
+func TestDuplicateIDIsProducedOnce(t *testing.T) {
+	inst := startIngest(t, nil)
+	ev := eventJSON("dup-1", "acme")
+	for i, body := range []string{ev, ev, batchJSON(ev, eventJSON("other", "acme"), ev)} {
+		a := post(t, inst.url, testKey, "", []byte(body))
+		if a.code != http.StatusAccepted {
+			t.Fatalf("request %d: %d %s", i, a.code, a.raw)
+		}
+		if i > 0 && a.body.Duplicates == 0 {
+			t.Errorf("request %d: answer does not report duplicates: %s", i, a.raw)
+		}
+	}
+	// CloudEvents carry the same id: also a duplicate.
+	ce := fmt.Sprintf(`{"specversion":"1.0","type":"dev.sluice.usage.v1","source":"//gw","id":"dup-1","time":%q,"data":{"tenant":"acme","model":"m","prompt_tokens":1,"completion_tokens":1}}`,
+		time.Now().UTC().Format(time.RFC3339))
+	if a := post(t, inst.url, testKey, schemas.ContentTypeCloudEvents, []byte(ce)); a.code != http.StatusAccepted || a.body.Duplicates != 1 {
+		t.Fatalf("CloudEvent duplicate: %d %s", a.code, a.raw)
+	}
+	counts := idCounts(t, readTopic(t, inst.kafka, inst.topic))
+	if counts["dup-1"] != 1 || counts["other"] != 1 || len(counts) != 2 {
+		t.Fatalf("topic holds %v, want dup-1 and other exactly once", counts)
+	}
+}
+
+func TestAuthentication(t *testing.T) {
+	inst := startIngest(t, nil)
+	ev := []byte(eventJSON("auth-1", "acme"))
+	for _, c := range []struct {
+		key  string
+		code int
+	}{{"", 401}, {"wrong", 401}, {testKey + "x", 401}} {
+		a := post(t, inst.url, c.key, "", ev)
+		if a.code != c.code || strings.Contains(a.raw, "gw-") || strings.Contains(a.raw, sha(testKey)[:16]) {
+			t.Errorf("key %q: %d %s, want %d naming no key", c.key, a.code, a.raw, c.code)
+		}
+	}
+	// A key scoped to acme: another tenant alone is 403, mixed is 207.
+	a := post(t, inst.url, testScopedKey, "", []byte(eventJSON("auth-2", "beta")))
+	if a.code != http.StatusForbidden || len(a.body.Rejected) != 1 || a.body.Rejected[0].Errors[0].Field != "tenant" {
+		t.Fatalf("scoped key, other tenant: %d %s, want 403 naming the tenant", a.code, a.raw)
+	}
+	a = post(t, inst.url, testScopedKey, "", []byte(batchJSON(eventJSON("auth-3", "acme"), eventJSON("auth-4", "beta"))))
+	if a.code != http.StatusMultiStatus || a.body.Accepted != 1 || a.body.Rejected[0].ID != "auth-4" {
+		t.Fatalf("scoped key, mixed tenants: %d %s, want 207 accepting auth-3", a.code, a.raw)
+	}
+	if a := post(t, inst.url, testKey, "", ev); a.code != http.StatusAccepted {
+		t.Fatalf("valid key: %d %s", a.code, a.raw)
+	}
+}
+
+func TestLimitsAndFormats(t *testing.T) {
+	inst := startIngest(t, func(c *Config) { c.MaxBodyBytes = 4096; c.MaxEventsPerRequest = 5; c.InflightEvents = 100 })
+	events := make([]string, 6)
+	for i := range events {
+		events[i] = eventJSON(fmt.Sprint("lim-", i), "acme")
+	}
+	a := post(t, inst.url, testKey, "", []byte(batchJSON(events...)))
+	if a.code != http.StatusRequestEntityTooLarge || !strings.Contains(a.body.Error, "max_events_per_request = 5") {
+		t.Errorf("6 events: %d %s, want 413 naming max_events_per_request", a.code, a.raw)
+	}
+	big := []byte(`[` + strings.Repeat(" ", 5000) + eventJSON("big", "acme") + `]`)
+	a = post(t, inst.url, testKey, "", big)
+	if a.code != http.StatusRequestEntityTooLarge || !strings.Contains(a.body.Error, "max_body_bytes = 4096") {
+		t.Errorf("5 kB body: %d %s, want 413 naming max_body_bytes", a.code, a.raw)
+	}
+	var z bytes.Buffer
+	zw := gzip.NewWriter(&z)
+	zw.Write(big)
+	zw.Close()
+	a = post(t, inst.url, testKey, "", z.Bytes(), "Content-Encoding", "gzip")
+	if a.code != http.StatusRequestEntityTooLarge {
+		t.Errorf("gzip body over the limit once decoded: %d %s, want 413", a.code, a.raw)
+	}
+	z.Reset()
+	zw.Reset(&z)
+	zw.Write([]byte(strings.Join(events[:5], "\n")))
+	zw.Close()
+	a = post(t, inst.url, testKey, "application/x-ndjson", z.Bytes(), "Content-Encoding", "gzip")
+	if a.code != http.StatusAccepted || a.body.Accepted != 5 {
+		t.Errorf("gzip NDJSON: %d %s, want 202 with 5 accepted", a.code, a.raw)
+	}
+	a = post(t, inst.url, testKey, "text/plain", []byte(events[0]))
+	if a.code != http.StatusUnsupportedMediaType {
+		t.Errorf("text/plain: %d %s, want 415", a.code, a.raw)
+	}
+	a = post(t, inst.url, testKey, "", []byte(`[`+events[0]))
+	if a.code != http.StatusBadRequest || !strings.Contains(a.body.Error, "byte") {
+		t.Errorf("unclosed array: %d %s, want 400 with the byte offset", a.code, a.raw)
+	}
+}
+
+// TestBrokerDownNeverAnswers2xx cuts the connection to the broker while
+// clients keep sending: requests that cannot be acknowledged get 503 with
+// Retry-After; after the broker is back, every event a client got 2xx for
+// is in the topic exactly once, retries included.
+func TestBrokerDownNeverAnswers2xx(t *testing.T) {
+	kc := itest.Kafka(t)
+	proxy := itest.NewProxy(t, kc.Brokers[0])
+	inst := startIngest(t, func(c *Config) {
+		c.ProduceTimeout = 2 * time.Second
+		c.DeliveryTimeout = 120 * time.Second
+	}, proxyDialer(proxy))
+
+	const clients, batches, perBatch = 4, 15, 20
+	var (
+		mu        sync.Mutex
+		acked     = map[string]bool{}
+		saw503    = 0
+		badAnswer []string
+	)
+	var wg sync.WaitGroup
+	cut := make(chan struct{})
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := range batches {
+				if b == 3 && c == 0 {
+					close(cut) // the first client triggers the outage part-way
+				}
+				ids := make([]string, perBatch)
+				evs := make([]string, perBatch)
+				for i := range ids {
+					ids[i] = fmt.Sprintf("c%d-b%d-e%d", c, b, i)
+					evs[i] = eventJSON(ids[i], fmt.Sprint("tenant-", i%5))
+				}
+				body := []byte(batchJSON(evs...))
+				deadline := time.Now().Add(3 * time.Minute)
+				for {
+					a := post(t, inst.url, testKey, "", body)
+					mu.Lock()
+					switch a.code {
+					case http.StatusAccepted:
+						for _, id := range ids {
+							acked[id] = true
+						}
+					case http.StatusServiceUnavailable:
+						saw503++
+						if a.retryAfter == "" {
+							badAnswer = append(badAnswer, "503 without Retry-After")
+						}
+					default:
+						badAnswer = append(badAnswer, fmt.Sprintf("%d %s", a.code, a.raw))
+					}
+					mu.Unlock()
+					if a.code == http.StatusAccepted {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Errorf("batch c%d-b%d not accepted within 3 minutes", c, b)
+						return
+					}
+					time.Sleep(100 * time.Millisecond) // a gateway's back-off
+				}
+			}
+		}()
+	}
+	<-cut
+	proxy.Cut()
+	waitFor(t, 60*time.Second, "a 503 while the broker is unreachable", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return saw503 > 0
+	})
+	// While cut, readiness must say not ready.
+	waitFor(t, 30*time.Second, "readiness turning false", func() bool {
+		resp, err := http.Get(inst.url + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusServiceUnavailable
+	})
+	proxy.Restore()
+	wg.Wait()
+	if len(badAnswer) > 0 {
+		t.Fatalf("unexpected answers: %v", badAnswer)
+	}
+	if len(acked) != clients*batches*perBatch {
+		t.Fatalf("%d events acknowledged, want %d", len(acked), clients*batches*perBatch)
+	}
+	counts := idCounts(t, readTopic(t, inst.kafka, inst.topic))
+	for id := range acked {
+		if counts[id] != 1 {
+			t.Errorf("event %s got 2xx and is in the topic %d times, want exactly 1", id, counts[id])
+		}
+	}
+	t.Logf("503 answers during the outage: %d", saw503)
+}
+
+// TestBudgetBoundsInflight: with the broker unreachable, once the in-flight
+// budget is taken, further requests get 503 at once instead of queueing.
+func TestBudgetBoundsInflight(t *testing.T) {
+	kc := itest.Kafka(t)
+	proxy := itest.NewProxy(t, kc.Brokers[0])
+	inst := startIngest(t, func(c *Config) {
+		c.InflightEvents = 10
+		c.MaxEventsPerRequest = 10
+		c.ProduceTimeout = 2 * time.Second
+	}, proxyDialer(proxy))
+	// Warm up the producer (metadata, producer id); a loaded machine may
+	// need more than one produce_timeout for that.
+	warm := []byte(eventJSON("warm", "acme"))
+	waitFor(t, 90*time.Second, "warm-up accepted", func() bool {
+		return post(t, inst.url, testKey, "", warm).code == http.StatusAccepted
+	})
+	proxy.Cut()
+	evs := make([]string, 10)
+	for i := range evs {
+		evs[i] = eventJSON(fmt.Sprint("budget-", i), "acme")
+	}
+	a := post(t, inst.url, testKey, "", []byte(batchJSON(evs...)))
+	if a.code != http.StatusServiceUnavailable || !strings.Contains(a.body.Error, "produce_timeout") {
+		t.Fatalf("first request while cut: %d %s, want 503 naming produce_timeout", a.code, a.raw)
+	}
+	// Its 10 records still wait for the broker, so the budget is full.
+	a = post(t, inst.url, testKey, "", []byte(eventJSON("budget-next", "acme")))
+	if a.code != http.StatusServiceUnavailable || !strings.Contains(a.body.Error, "inflight_events = 10") || a.retryAfter != "1" {
+		t.Fatalf("request over the budget: %d %s (Retry-After %q), want 503 naming inflight_events", a.code, a.raw, a.retryAfter)
+	}
+	proxy.Restore()
+	// After recovery the first request's retry is acknowledged, as duplicates.
+	waitFor(t, 90*time.Second, "retry accepted after the broker is back", func() bool {
+		return post(t, inst.url, testKey, "", []byte(batchJSON(evs...))).code == http.StatusAccepted
+	})
+	counts := idCounts(t, readTopic(t, inst.kafka, inst.topic))
+	for i := range evs {
+		if id := fmt.Sprint("budget-", i); counts[id] != 1 {
+			t.Errorf("%s is in the topic %d times, want 1", id, counts[id])
+		}
+	}
+}
+
+func TestGracefulShutdown(t *testing.T) {
+	inst := startIngest(t, nil)
+	resp, err := http.Get(inst.url + "/readyz")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("readyz before shutdown: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	if bad := inst.health.Ready(t.Context()); len(bad) != 0 {
+		t.Fatalf("process readiness: %v", bad)
+	}
+	if err := inst.stop(); err != nil {
+		t.Fatalf("Run returned %v after cancel, want nil", err)
+	}
+	if _, err := http.Get(inst.url + "/readyz"); err == nil {
+		t.Fatal("the listener still accepts after shutdown")
+	}
+}

@@ -1,0 +1,75 @@
+package ingest
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the ingest service's Prometheus collectors.
+type metrics struct {
+	requests       *prometheus.CounterVec // by HTTP status code
+	events         *prometheus.CounterVec // by result: accepted, duplicate, rejected
+	rejected       *prometheus.CounterVec // by reason
+	unavailable    *prometheus.CounterVec // 503 answers by cause
+	batchSize      prometheus.Histogram   // events per request
+	produceLatency prometheus.Histogram   // seconds from first produce to last ack of a request
+	produceErrors  prometheus.Counter     // records the producer failed
+	dedupHits      prometheus.Counter     // events acknowledged without producing
+	keyReloads     *prometheus.CounterVec // by result: ok, error
+	inflight       prometheus.GaugeFunc   // events produced and not yet acknowledged
+	collectors     []prometheus.Collector
+}
+
+func newMetrics(inflight func() float64) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_ingest_requests_total", Help: "POST /v1/events requests by HTTP status code.",
+		}, []string{"code"}),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_ingest_events_total", Help: "Events received, by result: accepted (produced and acknowledged), duplicate (acknowledged without producing), rejected.",
+		}, []string{"result"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_ingest_rejected_events_total", Help: "Rejected events by reason: malformed, invalid, time_window, tenant_forbidden.",
+		}, []string{"reason"}),
+		unavailable: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_ingest_unavailable_total", Help: "503 answers by cause: budget, produce_timeout, produce_error, in_flight_duplicate, shutting_down.",
+		}, []string{"cause"}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sluice_ingest_batch_events", Help: "Events per request.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 9),
+		}),
+		produceLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sluice_ingest_produce_seconds", Help: "Time from producing a request's events to the broker acknowledging the last of them.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
+		}),
+		produceErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_ingest_produce_errors_total", Help: "Records the producer failed to deliver (the request got 503).",
+		}),
+		dedupHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_ingest_dedup_hits_total", Help: "Events acknowledged without producing because their id was already acknowledged.",
+		}),
+		keyReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_ingest_keys_reloads_total", Help: "Keys file reloads by result: ok, error (previous keys kept).",
+		}, []string{"result"}),
+		inflight: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sluice_ingest_inflight_events", Help: "Events produced and not yet acknowledged by the broker.",
+		}, inflight),
+	}
+	m.collectors = []prometheus.Collector{m.requests, m.events, m.rejected, m.unavailable, m.batchSize,
+		m.produceLatency, m.produceErrors, m.dedupHits, m.keyReloads, m.inflight}
+	return m
+}
+
+func (m *metrics) register(r prometheus.Registerer) error {
+	for _, c := range m.collectors {
+		if err := r.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *metrics) unregister(r prometheus.Registerer) {
+	for _, c := range m.collectors {
+		r.Unregister(c)
+	}
+}

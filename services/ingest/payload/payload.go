@@ -1,0 +1,298 @@
+// Package payload turns the body of a POST /v1/events request into usage
+// events: it reads the body (optionally gzip-encoded) within a byte limit,
+// frames it by content type (one JSON object, a JSON array, NDJSON, one
+// CloudEvent or a CloudEvents batch) within an event-count limit, decodes
+// and validates every event with the schemas module, and checks each
+// event's time against a window around now and its tenant against the
+// caller's scope.
+//
+// A broken event is rejected alone, with its index, its id when it could be
+// read, and every reason; its neighbours are still accepted. Only a broken
+// frame (an array that does not close, a body over a limit) fails the whole
+// request, because past that point nothing can be attributed to an event.
+package payload
+
+import (
+	"bytes"
+	"compress/gzip"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/schemas"
+)
+
+// Format is how a body frames its events.
+type Format uint8
+
+// The formats POST /v1/events accepts, by Content-Type.
+const (
+	// JSON is application/json: one event object, or an array of them.
+	JSON Format = iota + 1
+	// NDJSON is application/x-ndjson (also application/ndjson and
+	// application/jsonl): one event object per line.
+	NDJSON
+	// CloudEvent is application/cloudevents+json: one structured-mode
+	// CloudEvent.
+	CloudEvent
+	// CloudEventBatch is application/cloudevents-batch+json: a JSON array of
+	// structured-mode CloudEvents.
+	CloudEventBatch
+)
+
+// UnsupportedError is a Content-Type or Content-Encoding the API does not
+// take (HTTP 415).
+type UnsupportedError struct{ Msg string }
+
+func (e *UnsupportedError) Error() string { return e.Msg }
+
+// LimitError is a body over a configured limit (HTTP 413). Limit names the
+// configuration field.
+type LimitError struct {
+	Limit string
+	Value int64
+	Msg   string
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("%s (limit %s = %d)", e.Msg, e.Limit, e.Value)
+}
+
+// FormatOf maps a Content-Type header to a Format. An empty header means
+// JSON, so that the simplest client works.
+func FormatOf(contentType string) (Format, error) {
+	if contentType == "" {
+		return JSON, nil
+	}
+	mt, params, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return 0, &UnsupportedError{Msg: fmt.Sprintf("Content-Type %q cannot be parsed: %v", contentType, err)}
+	}
+	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+		return 0, &UnsupportedError{Msg: fmt.Sprintf("charset %q is not supported; send UTF-8", cs)}
+	}
+	switch mt {
+	case "application/json":
+		return JSON, nil
+	case "application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines":
+		return NDJSON, nil
+	case schemas.ContentTypeCloudEvents:
+		return CloudEvent, nil
+	case schemas.ContentTypeCloudEventsBatch:
+		return CloudEventBatch, nil
+	}
+	return 0, &UnsupportedError{Msg: fmt.Sprintf("Content-Type %q is not supported; send application/json, "+
+		"application/x-ndjson, %s or %s", mt, schemas.ContentTypeCloudEvents, schemas.ContentTypeCloudEventsBatch)}
+}
+
+var gzipReaders sync.Pool
+
+// ReadBody reads r, decoding it as contentEncoding ("", "identity" or
+// "gzip"), into buf. It fails with a *LimitError once more than maxBytes
+// bytes arrive after decoding, without reading further, so a compressed
+// bomb costs at most maxBytes of memory.
+func ReadBody(r io.Reader, contentEncoding string, maxBytes int64, buf *bytes.Buffer) error {
+	switch strings.ToLower(strings.TrimSpace(contentEncoding)) {
+	case "", "identity":
+	case "gzip", "x-gzip":
+		zr, _ := gzipReaders.Get().(*gzip.Reader)
+		var err error
+		if zr == nil {
+			zr, err = gzip.NewReader(r)
+		} else {
+			err = zr.Reset(r)
+		}
+		if err != nil {
+			return &SyntaxError{Msg: "the body is not valid gzip: " + err.Error()}
+		}
+		defer gzipReaders.Put(zr)
+		r = zr
+	default:
+		return &UnsupportedError{Msg: fmt.Sprintf("Content-Encoding %q is not supported; send gzip or identity", contentEncoding)}
+	}
+	n, err := buf.ReadFrom(io.LimitReader(r, maxBytes+1))
+	if n > maxBytes {
+		return &LimitError{Limit: "max_body_bytes", Value: maxBytes, Msg: "the request body is too large after decoding"}
+	}
+	if err != nil {
+		if errors.Is(err, gzip.ErrChecksum) || errors.Is(err, gzip.ErrHeader) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return &SyntaxError{Msg: "the body is truncated or not valid gzip: " + err.Error()}
+		}
+		return err
+	}
+	return nil
+}
+
+// SyntaxError is a body that cannot be framed into events (HTTP 400).
+type SyntaxError struct{ Msg string }
+
+func (e *SyntaxError) Error() string { return e.Msg }
+
+// Limits bound one request.
+type Limits struct {
+	// MaxEvents is the most events one request may carry.
+	MaxEvents int
+	// MaxPast and MaxFuture bound an event's time around now; zero disables
+	// that side.
+	MaxPast, MaxFuture time.Duration
+}
+
+// Problem is one reason an event was rejected.
+type Problem struct {
+	// Field is the JSON path of the offending field; empty when the event
+	// as a whole is broken (not well-formed JSON).
+	Field string `json:"field,omitempty"`
+	// Reason says what is wrong and names the limit.
+	Reason string `json:"reason"`
+}
+
+// Rejection is an event that was not accepted.
+type Rejection struct {
+	// Index is the event's position in the request, from 0.
+	Index int `json:"index"`
+	// ID is the event's id when it could be read.
+	ID string `json:"id,omitempty"`
+	// Errors lists every reason.
+	Errors []Problem `json:"errors"`
+	// Forbidden marks a rejection only because the key may not send for
+	// the event's tenant.
+	Forbidden bool `json:"-"`
+}
+
+// Batch is the outcome of decoding one body: the accepted events with their
+// indexes, and the rejected ones. Reuse a Batch with Reset to keep its
+// slices.
+type Batch struct {
+	Events   []schemas.UsageEvent
+	Indexes  []int
+	Rejected []Rejection
+	// Total is the number of events the body framed, accepted or not.
+	Total int
+}
+
+// Reset empties b for reuse.
+func (b *Batch) Reset() {
+	clear(b.Events) // drop references into the previous request's strings
+	b.Events, b.Indexes, b.Rejected, b.Total = b.Events[:0], b.Indexes[:0], b.Rejected[:0], 0
+}
+
+// Decode frames body as format and decodes every event into b, which it
+// resets first. allow, if not nil, says whether the caller may send events
+// for a tenant. It returns a *SyntaxError when the frame is broken and a
+// *LimitError when the body holds more than lim.MaxEvents events; b is then
+// incomplete and must not be used.
+func Decode(format Format, body []byte, lim Limits, now time.Time, allow func(tenant string) bool, b *Batch) error {
+	b.Reset()
+	if firstByte(body) == 0 {
+		return &SyntaxError{Msg: "the body is empty; send one event or a batch"}
+	}
+	d := decoder{b: b, lim: lim, now: now, allow: allow, ce: format == CloudEvent || format == CloudEventBatch}
+	var err error
+	switch format {
+	case JSON, CloudEvent:
+		first := firstByte(body)
+		if format == JSON && first == '[' {
+			err = schemas.SplitJSONArray(body, d.event)
+		} else {
+			err = d.event(0, body)
+		}
+	case CloudEventBatch:
+		err = schemas.SplitJSONArray(body, d.event)
+	case NDJSON:
+		err = schemas.SplitNDJSON(body, d.event)
+	default:
+		return &UnsupportedError{Msg: "unknown format"}
+	}
+	if err != nil {
+		var se *schemas.SyntaxError
+		if errors.As(err, &se) {
+			return &SyntaxError{Msg: fmt.Sprintf("the body is not a well-formed batch: at byte %d: %s", se.Offset, se.Msg)}
+		}
+		return err
+	}
+	if b.Total == 0 {
+		return &SyntaxError{Msg: "the body holds no events"}
+	}
+	return nil
+}
+
+func firstByte(b []byte) byte {
+	for _, c := range b {
+		switch c {
+		case ' ', '\t', '\r', '\n':
+			continue
+		}
+		return c
+	}
+	return 0
+}
+
+type decoder struct {
+	b     *Batch
+	lim   Limits
+	now   time.Time
+	allow func(string) bool
+	ce    bool
+}
+
+func (d *decoder) event(index int, raw []byte) error {
+	if index >= d.lim.MaxEvents {
+		return &LimitError{Limit: "max_events_per_request", Value: int64(d.lim.MaxEvents),
+			Msg: "the request holds too many events; split it"}
+	}
+	d.b.Total = index + 1
+	b := d.b
+	b.Events = append(b.Events, schemas.UsageEvent{})
+	ev := &b.Events[len(b.Events)-1]
+	var err error
+	if d.ce {
+		err = schemas.DecodeCloudEvent(raw, ev)
+	} else {
+		err = schemas.DecodeUsageEvent(raw, ev)
+	}
+	var problems []Problem
+	if err != nil {
+		var ve schemas.ValidationError
+		if errors.As(err, &ve) {
+			problems = make([]Problem, 0, len(ve)+1)
+			for _, fe := range ve {
+				problems = append(problems, Problem{Field: fe.Field, Reason: fe.Reason})
+			}
+		} else {
+			var se *schemas.SyntaxError
+			if errors.As(err, &se) {
+				problems = []Problem{{Reason: fmt.Sprintf("not well-formed JSON at byte %d of the event: %s", se.Offset, se.Msg)}}
+			} else {
+				problems = []Problem{{Reason: err.Error()}}
+			}
+		}
+	}
+	timeBroken := false
+	for _, p := range problems {
+		if p.Field == "time" || p.Field == "data.time" {
+			timeBroken = true
+		}
+	}
+	if !timeBroken && !ev.Time.IsZero() {
+		if fe := schemas.CheckTime(ev.Time, d.now, d.lim.MaxPast, d.lim.MaxFuture); fe != nil {
+			problems = append(problems, Problem{Field: fe.Field, Reason: fe.Reason + " (limits max_event_age / max_event_future)"})
+		}
+	}
+	forbidden := false
+	if len(problems) == 0 && d.allow != nil && !d.allow(ev.Tenant) {
+		forbidden = true
+		problems = append(problems, Problem{Field: "tenant", Reason: fmt.Sprintf("this API key may not send events for tenant %q", ev.Tenant)})
+	}
+	if len(problems) > 0 {
+		b.Rejected = append(b.Rejected, Rejection{Index: index, ID: ev.ID, Errors: problems, Forbidden: forbidden})
+		*ev = schemas.UsageEvent{}
+		b.Events = b.Events[:len(b.Events)-1]
+		return nil
+	}
+	b.Indexes = append(b.Indexes, index)
+	return nil
+}

@@ -1,0 +1,444 @@
+package ingest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/ingest/apikey"
+	"github.com/sluicehq/sluice/services/ingest/dedup"
+	"github.com/sluicehq/sluice/services/ingest/payload"
+)
+
+// server is the events API: one per Run, or per test.
+type server struct {
+	cfg     Config
+	log     *slog.Logger
+	keys    *apikey.File // nil: anonymous access allowed
+	kafka   *kgo.Client
+	dedup   *dedup.Window
+	budget  budget
+	m       *metrics
+	owners  atomic.Uint64
+	closing atomic.Bool
+
+	bodies  sync.Pool // *bytes.Buffer
+	batches sync.Pool // *payload.Batch
+	header  []kgo.RecordHeader
+	now     func() time.Time
+}
+
+// budget counts events produced and not yet acknowledged. Admission is
+// all-or-nothing per request and never waits: a request that does not fit
+// is answered 503 at once, so memory stays bounded whatever the broker does.
+type budget struct {
+	limit int64
+	used  atomic.Int64
+}
+
+func (b *budget) tryAcquire(n int64) bool {
+	for {
+		u := b.used.Load()
+		if u+n > b.limit {
+			return false
+		}
+		if b.used.CompareAndSwap(u, u+n) {
+			return true
+		}
+	}
+}
+
+func (b *budget) release(n int64) { b.used.Add(-n) }
+
+// newServer connects the producer and opens the keys file. extra kgo
+// options come after the service's own, so tests can add a dialer.
+func newServer(ctx context.Context, cfg Config, env platform.Env, extra ...kgo.Opt) (*server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &server{
+		cfg:    cfg,
+		log:    env.Logger,
+		dedup:  dedup.NewWindow(cfg.DedupWindow, cfg.DedupMaxIDs, nil),
+		budget: budget{limit: int64(cfg.InflightEvents)},
+		header: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaUsageV1)}},
+		now:    time.Now,
+	}
+	s.m = newMetrics(func() float64 { return float64(s.budget.used.Load()) })
+	if cfg.KeysFile != "" {
+		f, err := apikey.Open(cfg.KeysFile, env.Logger, func(err error) {
+			if err != nil {
+				s.m.keyReloads.WithLabelValues("error").Inc()
+			} else {
+				s.m.keyReloads.WithLabelValues("ok").Inc()
+			}
+		})
+		if err != nil {
+			return nil, err
+		}
+		s.keys = f
+	} else {
+		env.Logger.Warn("ingest accepts requests without an API key (allow_anonymous); do not run this in production")
+	}
+	comp, _ := codec(cfg.Compression)
+	opts := append([]kgo.Opt{
+		kgo.DefaultProduceTopic(cfg.Topic),
+		kgo.RequiredAcks(kgo.AllISRAcks()), // idempotence is on by default and needs acks=all
+		kgo.ProducerLinger(cfg.Linger),
+		kgo.ProducerBatchCompression(comp),
+		// The budget admits at most InflightEvents records, so Produce never
+		// blocks on this bound; it is the client's memory ceiling.
+		kgo.MaxBufferedRecords(cfg.InflightEvents),
+		kgo.RecordDeliveryTimeout(cfg.DeliveryTimeout),
+	}, extra...)
+	cl, err := kafkaconn.NewClient(env.Kafka, opts...)
+	if err != nil {
+		return nil, err
+	}
+	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := kafkaconn.EnsureTopics(tctx, cl, env.Kafka, cfg.Topic); err != nil {
+		cl.Close()
+		return nil, err
+	}
+	s.kafka = cl
+	return s, nil
+}
+
+// handler routes the events API and the service's own health endpoints.
+func (s *server) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/events", s.events)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := s.ready(ctx); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	return mux
+}
+
+// ready fails while shutting down or while the broker is unreachable, so a
+// load balancer sends gateways elsewhere.
+func (s *server) ready(ctx context.Context) error {
+	if s.closing.Load() {
+		return errors.New("shutting down")
+	}
+	return kafkaconn.Ready(s.kafka)(ctx)
+}
+
+// response is the JSON body of every answer to POST /v1/events.
+type response struct {
+	// Accepted counts events acknowledged: produced now or duplicates of
+	// events produced before.
+	Accepted int `json:"accepted"`
+	// Duplicates counts the accepted events that were not produced again.
+	Duplicates int                 `json:"duplicates"`
+	Rejected   []payload.Rejection `json:"rejected"`
+	// Error explains a whole-request failure (4xx without per-event
+	// rejections, 5xx).
+	Error string `json:"error,omitempty"`
+}
+
+func (s *server) events(w http.ResponseWriter, r *http.Request) {
+	var ident *apikey.Identity
+	if s.keys != nil {
+		key, ok := bearer(r.Header.Get("Authorization"))
+		if !ok {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
+			s.fail(w, http.StatusUnauthorized, "missing API key: send Authorization: Bearer <key>")
+			return
+		}
+		if ident = s.keys.Authenticate(key); ident == nil {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice", error="invalid_token"`)
+			s.fail(w, http.StatusUnauthorized, "invalid API key")
+			return
+		}
+	}
+	if s.closing.Load() {
+		s.unavailable(w, "shutting_down", "ingest is shutting down; retry against another instance")
+		return
+	}
+	format, err := payload.FormatOf(r.Header.Get("Content-Type"))
+	if err != nil {
+		s.fail(w, http.StatusUnsupportedMediaType, err.Error())
+		return
+	}
+	buf, _ := s.bodies.Get().(*bytes.Buffer)
+	if buf == nil {
+		buf = new(bytes.Buffer)
+	}
+	defer func() {
+		// A huge body would otherwise stay pinned in the pool.
+		if buf.Cap() <= 1<<20 {
+			buf.Reset()
+			s.bodies.Put(buf)
+		}
+	}()
+	if err := payload.ReadBody(r.Body, r.Header.Get("Content-Encoding"), s.cfg.MaxBodyBytes, buf); err != nil {
+		s.requestError(w, err)
+		return
+	}
+	batch, _ := s.batches.Get().(*payload.Batch)
+	if batch == nil {
+		batch = new(payload.Batch)
+	}
+	defer func() { batch.Reset(); s.batches.Put(batch) }()
+	var allow func(string) bool
+	if ident != nil {
+		allow = ident.Allows
+	}
+	lim := payload.Limits{MaxEvents: s.cfg.MaxEventsPerRequest, MaxPast: s.cfg.MaxEventAge, MaxFuture: s.cfg.MaxEventFuture}
+	if err := payload.Decode(format, buf.Bytes(), lim, s.now(), allow, batch); err != nil {
+		s.requestError(w, err)
+		return
+	}
+	s.m.batchSize.Observe(float64(batch.Total))
+	s.countRejections(batch.Rejected)
+
+	if len(batch.Events) == 0 {
+		code := http.StatusBadRequest
+		if allForbidden(batch.Rejected) {
+			code = http.StatusForbidden
+		}
+		s.reply(w, code, &response{Rejected: batch.Rejected, Error: "no event was accepted; see rejected"})
+		return
+	}
+
+	res := s.produce(r.Context(), batch.Events)
+	switch {
+	case res.budgetExhausted:
+		s.unavailable(w, "budget", fmt.Sprintf("too many events are waiting for the broker (inflight_events = %d); retry later", s.cfg.InflightEvents))
+		return
+	case res.timedOut:
+		s.unavailable(w, "produce_timeout", fmt.Sprintf("the broker did not acknowledge the events within produce_timeout = %s; retry later, acknowledged ones will be recognised as duplicates", s.cfg.ProduceTimeout))
+		return
+	case res.err != nil:
+		s.unavailable(w, "produce_error", "the broker did not acknowledge every event; retry later, acknowledged ones will be recognised as duplicates")
+		return
+	case res.inFlightElsewhere > 0:
+		s.unavailable(w, "in_flight_duplicate", "another request is producing events with the same id; retry later")
+		return
+	case res.canceled:
+		return // the client is gone; nobody reads an answer
+	}
+	s.m.events.WithLabelValues("accepted").Add(float64(res.produced))
+	s.m.events.WithLabelValues("duplicate").Add(float64(res.duplicates))
+	code := http.StatusAccepted
+	if len(batch.Rejected) > 0 {
+		code = http.StatusMultiStatus
+	}
+	s.reply(w, code, &response{Accepted: len(batch.Events), Duplicates: res.duplicates, Rejected: batch.Rejected})
+}
+
+// produceResult is the outcome of producing one request's events.
+type produceResult struct {
+	produced, duplicates, inFlightElsewhere int
+	budgetExhausted, timedOut, canceled     bool
+	err                                     error
+}
+
+// tracker follows one request's records to the broker's acknowledgement.
+// Marks are written by the promise, not the handler: an event acknowledged
+// after the handler gave up (timeout) still gets its mark, so the gateway's
+// retry is recognised as a duplicate.
+type tracker struct {
+	s         *server
+	owner     uint64
+	remaining atomic.Int64
+	done      chan struct{}
+	mu        sync.Mutex
+	err       error
+}
+
+func (t *tracker) promise(key string) func(*kgo.Record, error) {
+	return func(_ *kgo.Record, err error) {
+		if err == nil {
+			t.s.dedup.Commit(key, t.owner)
+		} else {
+			t.s.dedup.Abort(key, t.owner)
+			t.s.m.produceErrors.Inc()
+			t.mu.Lock()
+			if t.err == nil {
+				t.err = err
+			}
+			t.mu.Unlock()
+		}
+		t.s.budget.release(1)
+		if t.remaining.Add(-1) == 0 {
+			close(t.done)
+		}
+	}
+}
+
+// produce claims each event's id, produces the new ones and waits for the
+// broker's acknowledgement of every one of them, up to ProduceTimeout.
+func (s *server) produce(ctx context.Context, events []schemas.UsageEvent) produceResult {
+	var res produceResult
+	owner := s.owners.Add(1)
+	fresh := make([]int, 0, len(events))
+	keys := make([]string, 0, len(events))
+	for i := range events {
+		state, key := s.dedup.Begin(events[i].ID, owner)
+		switch state {
+		case dedup.Claimed:
+			fresh = append(fresh, i)
+			keys = append(keys, key)
+		case dedup.Acknowledged, dedup.SameOwner:
+			res.duplicates++
+		case dedup.InFlight:
+			res.inFlightElsewhere++
+		}
+	}
+	if res.duplicates > 0 {
+		s.m.dedupHits.Add(float64(res.duplicates))
+	}
+	if len(fresh) == 0 {
+		return res
+	}
+	if !s.budget.tryAcquire(int64(len(fresh))) {
+		for _, k := range keys {
+			s.dedup.Abort(k, owner)
+		}
+		res.budgetExhausted = true
+		return res
+	}
+	res.produced = len(fresh)
+
+	// One buffer and one record slice per request; the records alias the
+	// buffer, which lives until the last promise ran.
+	var size int
+	for _, i := range fresh {
+		size += 256 + len(events[i].Attributes)*64
+	}
+	buf := make([]byte, 0, size)
+	ends := make([]int, len(fresh))
+	for j, i := range fresh {
+		buf = schemas.AppendUsageEventJSON(buf, &events[i])
+		ends[j] = len(buf)
+	}
+	recs := make([]kgo.Record, len(fresh))
+	t := &tracker{s: s, owner: owner, done: make(chan struct{})}
+	t.remaining.Store(int64(len(fresh)))
+	start := time.Now()
+	prev := 0
+	for j, i := range fresh {
+		ev := &events[i]
+		recs[j] = kgo.Record{Key: []byte(ev.Tenant), Value: buf[prev:ends[j]:ends[j]], Headers: s.header}
+		prev = ends[j]
+		// context.Background: kgo cancels a whole partition's buffered
+		// records by the first record's context, so a per-request context
+		// would let one impatient request fail its neighbours' events. The
+		// wait below enforces the request's deadline instead.
+		s.kafka.Produce(context.Background(), &recs[j], t.promise(keys[j]))
+	}
+	timer := time.NewTimer(s.cfg.ProduceTimeout)
+	defer timer.Stop()
+	select {
+	case <-t.done:
+		s.m.produceLatency.Observe(time.Since(start).Seconds())
+		t.mu.Lock()
+		res.err = t.err
+		t.mu.Unlock()
+	case <-timer.C:
+		res.timedOut = true
+	case <-ctx.Done():
+		res.canceled = true
+	}
+	return res
+}
+
+func (s *server) countRejections(rs []payload.Rejection) {
+	if len(rs) == 0 {
+		return
+	}
+	s.m.events.WithLabelValues("rejected").Add(float64(len(rs)))
+	for _, r := range rs {
+		reason := "invalid"
+		switch {
+		case r.Forbidden:
+			reason = "tenant_forbidden"
+		case len(r.Errors) == 1 && r.Errors[0].Field == "":
+			reason = "malformed"
+		case len(r.Errors) == 1 && r.Errors[0].Field == "time" && strings.Contains(r.Errors[0].Reason, "max_event_"):
+			reason = "time_window"
+		}
+		s.m.rejected.WithLabelValues(reason).Inc()
+	}
+}
+
+func allForbidden(rs []payload.Rejection) bool {
+	for _, r := range rs {
+		if !r.Forbidden {
+			return false
+		}
+	}
+	return len(rs) > 0
+}
+
+// requestError maps a whole-request failure to its status code.
+func (s *server) requestError(w http.ResponseWriter, err error) {
+	var (
+		le *payload.LimitError
+		se *payload.SyntaxError
+		ue *payload.UnsupportedError
+	)
+	switch {
+	case errors.As(err, &le):
+		s.fail(w, http.StatusRequestEntityTooLarge, err.Error())
+	case errors.As(err, &se):
+		s.fail(w, http.StatusBadRequest, err.Error())
+	case errors.As(err, &ue):
+		s.fail(w, http.StatusUnsupportedMediaType, err.Error())
+	default:
+		// Reading the body failed: the client went away or sent garbage
+		// framing at the HTTP level.
+		s.fail(w, http.StatusBadRequest, "reading the request body failed: "+err.Error())
+	}
+}
+
+func (s *server) unavailable(w http.ResponseWriter, cause, msg string) {
+	s.m.unavailable.WithLabelValues(cause).Inc()
+	w.Header().Set("Retry-After", strconv.Itoa(int(s.cfg.RetryAfter/time.Second)))
+	s.fail(w, http.StatusServiceUnavailable, msg)
+}
+
+func (s *server) fail(w http.ResponseWriter, code int, msg string) {
+	s.reply(w, code, &response{Rejected: []payload.Rejection{}, Error: msg})
+}
+
+func (s *server) reply(w http.ResponseWriter, code int, body *response) {
+	if body.Rejected == nil {
+		body.Rejected = []payload.Rejection{}
+	}
+	s.m.requests.WithLabelValues(strconv.Itoa(code)).Inc()
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+func bearer(h string) (string, bool) {
+	const prefix = "Bearer "
+	if len(h) <= len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
+		return "", false
+	}
+	return strings.TrimSpace(h[len(prefix):]), true
+}
