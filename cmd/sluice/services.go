@@ -29,11 +29,14 @@ type ServiceConfigs struct {
 }
 
 func defaultServiceConfigs() ServiceConfigs {
-	return ServiceConfigs{
+	s := ServiceConfigs{
 		Ingest:     ingest.DefaultConfig(),
 		Alerter:    alerter.DefaultConfig(),
 		Reconciler: reconciler.DefaultConfig(),
 	}
+	// In one process the root policy_file is the default for every service.
+	s.Reconciler.Policy = ""
+	return s
 }
 
 // service is one runnable part of Sluice. Every service package exposes
