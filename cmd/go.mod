@@ -28,8 +28,10 @@ require (
 	github.com/redis/go-redis/v9 v9.23.0 // indirect
 	github.com/segmentio/asm v1.2.1 // indirect
 	github.com/shopspring/decimal v1.6.0 // indirect
+	github.com/sluicehq/sluice/gateway v0.0.0
 	github.com/sluicehq/sluice/policy v0.0.0
 	github.com/sluicehq/sluice/services/alerter v0.0.0
+	github.com/sluicehq/sluice/services/enforcer v0.0.0
 	github.com/sluicehq/sluice/services/ingest v0.0.0
 	github.com/sluicehq/sluice/services/reconciler v0.0.0
 	github.com/twmb/franz-go v1.22.3 // indirect
@@ -57,3 +59,7 @@ replace github.com/sluicehq/sluice/services/alerter => ../services/alerter
 replace github.com/sluicehq/sluice/services/reconciler => ../services/reconciler
 
 replace github.com/sluicehq/sluice/services/ingest => ../services/ingest
+
+replace github.com/sluicehq/sluice/services/enforcer => ../services/enforcer
+
+replace github.com/sluicehq/sluice/gateway => ../gateway

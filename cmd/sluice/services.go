@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/platform/ops"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/alerter"
+	"github.com/sluicehq/sluice/services/enforcer"
 	"github.com/sluicehq/sluice/services/ingest"
 	"github.com/sluicehq/sluice/services/reconciler"
 )
@@ -24,6 +25,7 @@ import (
 // does not demand settings of services it will not run.
 type ServiceConfigs struct {
 	Ingest     ingest.Config     `yaml:"ingest"`
+	Enforcer   enforcer.Config   `yaml:"enforcer"`
 	Alerter    alerter.Config    `yaml:"alerter"`
 	Reconciler reconciler.Config `yaml:"reconciler"`
 }
@@ -31,6 +33,7 @@ type ServiceConfigs struct {
 func defaultServiceConfigs() ServiceConfigs {
 	s := ServiceConfigs{
 		Ingest:     ingest.DefaultConfig(),
+		Enforcer:   enforcer.DefaultConfig(),
 		Alerter:    alerter.DefaultConfig(),
 		Reconciler: reconciler.DefaultConfig(),
 	}
@@ -58,6 +61,16 @@ var services = []service{
 		prepare: func(c *Config) validator { return c.Services.Ingest },
 		run: func(ctx context.Context, c *Config, env platform.Env) error {
 			return ingest.Run(ctx, c.Services.Ingest, env)
+		}},
+	{name: "enforcer", about: "signals → breakers → Redis flags for the gateway Checker; admin API",
+		prepare: func(c *Config) validator {
+			if c.Services.Enforcer.PolicyFile == "" {
+				c.Services.Enforcer.PolicyFile = c.PolicyFile
+			}
+			return c.Services.Enforcer
+		},
+		run: func(ctx context.Context, c *Config, env platform.Env) error {
+			return enforcer.Run(ctx, c.Services.Enforcer, env)
 		}},
 	{name: "alerter", about: "signals → Alertmanager, DingTalk and Slack notifications",
 		prepare: func(c *Config) validator {

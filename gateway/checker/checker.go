@@ -1,0 +1,399 @@
+// Package checker is the gateway side of Sluice enforcement: it keeps every
+// enforcement flag in memory, follows the enforcer's pub/sub announcements,
+// resyncs from Redis on start, on reconnect and periodically, and answers
+// "may this tenant call this model now?" with a lock-free map lookup that
+// makes no network call and allocates nothing.
+//
+// When the Checker's view is older than Config.MaxStaleness (Redis gone,
+// enforcer dead), each tenant falls back to its fail mode: "open" keeps
+// serving (honouring the flags still known), "closed" refuses.
+package checker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/gateway/flags"
+)
+
+// FailMode is what a tenant's requests get while the Checker's view is stale.
+type FailMode string
+
+// The fail modes.
+const (
+	FailOpen   FailMode = "open"
+	FailClosed FailMode = "closed"
+)
+
+// Config tunes a Checker.
+type Config struct {
+	// MaxStaleness is how old the view may grow (no enforcer heartbeat, no
+	// Redis) before each tenant's fail mode applies.
+	MaxStaleness time.Duration `yaml:"max_staleness" help:"view age after which each tenant's fail mode applies"`
+	// ResyncInterval is how often the whole flag set is reread, to repair
+	// anything a lost pub/sub message left behind.
+	ResyncInterval time.Duration `yaml:"resync_interval" help:"period of full resyncs from Redis"`
+	// DefaultFailMode applies to tenants the enforcer published no fail mode
+	// for.
+	DefaultFailMode FailMode `yaml:"default_fail_mode" help:"open or closed, for tenants without a published fail mode"`
+	// MaxPending bounds the set of tenants waiting to be refetched; beyond
+	// it the Checker drops the set and resyncs everything instead.
+	MaxPending int `yaml:"max_pending" help:"tenants queued for refetch before a full resync is cheaper"`
+	// KeyPrefix is the flags layout's prefix; it must match the enforcer's.
+	KeyPrefix string `yaml:"key_prefix" help:"Redis key prefix of the flags (must match the enforcer)"`
+}
+
+// DefaultConfig returns the defaults: stale after 10 s, resync every 30 s,
+// fail open.
+func DefaultConfig() Config {
+	return Config{MaxStaleness: 10 * time.Second, ResyncInterval: 30 * time.Second, DefaultFailMode: FailOpen, MaxPending: 10000, KeyPrefix: flags.DefaultPrefix}
+}
+
+// Validate names the field and the limit of each problem.
+func (c Config) Validate() error {
+	var errs []error
+	if c.MaxStaleness < 100*time.Millisecond {
+		errs = append(errs, fmt.Errorf("max_staleness: %v is below the minimum 100ms", c.MaxStaleness))
+	}
+	if c.ResyncInterval < time.Second {
+		errs = append(errs, fmt.Errorf("resync_interval: %v is below the minimum 1s", c.ResyncInterval))
+	}
+	if c.DefaultFailMode != FailOpen && c.DefaultFailMode != FailClosed {
+		errs = append(errs, fmt.Errorf("default_fail_mode: %q must be open or closed", c.DefaultFailMode))
+	}
+	if c.MaxPending < 1 || c.MaxPending > 1_000_000 {
+		errs = append(errs, fmt.Errorf("max_pending: %d is outside 1..1000000", c.MaxPending))
+	}
+	if c.KeyPrefix == "" || len(c.KeyPrefix) > 200 {
+		errs = append(errs, fmt.Errorf("key_prefix: %q must be 1..200 bytes", c.KeyPrefix))
+	}
+	return errors.Join(errs...)
+}
+
+// Outcome says why a request was allowed or refused.
+type Outcome uint8
+
+// The outcomes of a Check.
+const (
+	// Allowed: no flag applies.
+	Allowed Outcome = iota
+	// Probe: a half-open breaker let this request through as a probe.
+	Probe
+	// Refused: a flag applies; Decision.Flag says which.
+	Refused
+	// RefusedStale: the view is stale and the tenant fails closed.
+	RefusedStale
+)
+
+// Decision is the answer to one Check. Flag, when set, names what was hit:
+// the limit, its period, used and limit, and when it resets.
+type Decision struct {
+	Outcome Outcome
+	// Flag is the flag that refused (or let a probe through); nil otherwise.
+	Flag *flags.Flag
+	// Scope is the field the flag sits on: a model, "*" or "@key:<id>".
+	Scope string
+	// Stale reports that the view was older than MaxStaleness.
+	Stale bool
+}
+
+// Allowed reports whether the request may proceed.
+func (d Decision) Allowed() bool { return d.Outcome == Allowed || d.Outcome == Probe }
+
+// RetryAfter is how long a refused client should wait: until the quota's
+// period resets, else until the flag ends, else the flag's hint.
+func (d Decision) RetryAfter(now time.Time) time.Duration {
+	f := d.Flag
+	if f == nil {
+		return 0
+	}
+	var at time.Time
+	switch {
+	case !f.ResetsAt.IsZero():
+		at = f.ResetsAt
+	case f.RetryAfter > 0:
+		return f.RetryAfter
+	case !f.Until.IsZero():
+		at = f.Until
+	}
+	if w := at.Sub(now); w > 0 {
+		return w
+	}
+	return 0
+}
+
+// entry is a flag plus the probes a half-open breaker has left here.
+type entry struct {
+	flag     *flags.Flag
+	untilNS  int64 // flag.Until in unix ns; 0 = none
+	halfOpen bool  // flag.State == StateHalfOpen, kept here to spare a memory access
+	scope    string
+	probes   atomic.Int64
+}
+
+// tenantView is one tenant's flags; immutable once published, except for
+// the probe counters. Model flags sit in a short slice scanned linearly: a
+// tenant has few, and a slice costs one memory access where a map costs
+// several, which matters when 100,000 tenants do not fit in the CPU caches.
+type tenantView struct {
+	version int64
+	models  []entry           // one per model, "*" included
+	keys    map[string]*entry // API key id -> flag; usually nil
+}
+
+const shardCount = 256
+
+// shard is an immutable map swapped whole; Check never takes a lock.
+type shard struct{ tenants map[string]*tenantView }
+
+// Checker answers Check from memory and keeps that memory in step with
+// Redis while Run runs.
+type Checker struct {
+	rdb  *redis.Client
+	cfg  Config
+	keys flags.Layout
+	log  *slog.Logger
+
+	shards    [shardCount]atomic.Pointer[shard]
+	failModes atomic.Pointer[map[string]FailMode]
+	stale     atomic.Bool
+	// clock is a coarse wall clock (unix ns) that Run advances every few
+	// milliseconds: reading the time on every Check would cost more than
+	// the whole lookup on some hosts.
+	clock     atomic.Int64
+	lastFresh atomic.Int64 // unix ns of the last sign of a live enforcer
+	synced    atomic.Bool
+
+	mu sync.Mutex // serialises writers of the shards
+
+	internMu sync.Mutex
+	interned map[string]string
+
+	// resyncs counts full resyncs, for tests and metrics.
+	resyncs atomic.Int64
+}
+
+// New returns a Checker reading from rdb. It knows nothing until Run has
+// done its first resync (see Synced); until then it answers as if stale
+// would only after MaxStaleness, so a gateway starting with Redis down
+// follows fail modes rather than blocking.
+func New(rdb *redis.Client, cfg Config, log *slog.Logger) (*Checker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	c := &Checker{rdb: rdb, cfg: cfg, log: log, keys: flags.Layout{Prefix: cfg.KeyPrefix}, interned: map[string]string{}}
+	for i := range c.shards {
+		c.shards[i].Store(&shard{tenants: map[string]*tenantView{}})
+	}
+	fm := map[string]FailMode{}
+	c.failModes.Store(&fm)
+	c.lastFresh.Store(time.Now().UnixNano())
+	c.clock.Store(time.Now().UnixNano())
+	return c, nil
+}
+
+func shardOf(tenant string) uint32 {
+	// FNV-1a: inlined, no allocation, good enough to spread tenant names.
+	h := uint32(2166136261)
+	for i := 0; i < len(tenant); i++ {
+		h ^= uint32(tenant[i])
+		h *= 16777619
+	}
+	return h % shardCount
+}
+
+// Check decides whether tenant may call model now with the API key
+// apiKeyID ("" when unknown). It is safe for concurrent use, takes no lock,
+// makes no network call and does not allocate.
+func (c *Checker) Check(tenant, model, apiKeyID string) Decision {
+	stale := c.stale.Load()
+	if stale && c.failMode(tenant) == FailClosed {
+		return Decision{Outcome: RefusedStale, Stale: true}
+	}
+	tv := c.shards[shardOf(tenant)].Load().tenants[tenant]
+	if tv == nil {
+		return Decision{Stale: stale}
+	}
+	if apiKeyID != "" && tv.keys != nil {
+		if e := tv.keys[apiKeyID]; e != nil {
+			if d, hit := c.decide(e, stale); hit {
+				return d
+			}
+		}
+	}
+	var all *entry
+	for i := range tv.models {
+		e := &tv.models[i]
+		if e.scope == model {
+			if d, hit := c.decide(e, stale); hit {
+				return d
+			}
+		} else if e.scope == flags.AllModels {
+			all = e
+		}
+	}
+	if all != nil {
+		if d, hit := c.decide(all, stale); hit {
+			return d
+		}
+	}
+	return Decision{Stale: stale}
+}
+
+func (c *Checker) decide(e *entry, stale bool) (Decision, bool) {
+	f := e.flag
+	if e.untilNS != 0 && c.clock.Load() >= e.untilNS {
+		return Decision{}, false // expired: the enforcer stopped refreshing it
+	}
+	if e.halfOpen && e.probes.Add(-1) >= 0 {
+		return Decision{Outcome: Probe, Flag: f, Scope: e.scope, Stale: stale}, true
+	}
+	return Decision{Outcome: Refused, Flag: f, Scope: e.scope, Stale: stale}, true
+}
+
+func (c *Checker) failMode(tenant string) FailMode {
+	m := *c.failModes.Load()
+	if fm, ok := m[tenant]; ok {
+		return fm
+	}
+	if fm, ok := m[flags.AllModels]; ok {
+		return fm
+	}
+	return c.cfg.DefaultFailMode
+}
+
+// Synced reports whether a full resync has completed.
+func (c *Checker) Synced() bool { return c.synced.Load() }
+
+// Stale reports whether the view is older than MaxStaleness.
+func (c *Checker) Stale() bool { return c.stale.Load() }
+
+// Ready is a readiness check for ops.Health: ready once synced.
+func (c *Checker) Ready(context.Context) error {
+	if !c.Synced() {
+		return errors.New("checker: no full resync from Redis yet")
+	}
+	return nil
+}
+
+// Tenants returns how many tenants have flags in memory.
+func (c *Checker) Tenants() int {
+	n := 0
+	for i := range c.shards {
+		n += len(c.shards[i].Load().tenants)
+	}
+	return n
+}
+
+// buildView decodes one tenant hash; undecodable fields are logged and
+// skipped, so one bad value never hides the tenant's other flags.
+func (c *Checker) buildView(tenant string, fields map[string]string) *tenantView {
+	tv := &tenantView{}
+	for k, v := range fields {
+		if k == flags.VersionField {
+			tv.version, _ = strconv.ParseInt(v, 10, 64)
+			continue
+		}
+		f, err := flags.Decode(v)
+		if err != nil {
+			c.log.Warn("checker: skipping undecodable flag", "tenant", tenant, "field", k, "err", err)
+			continue
+		}
+		var untilNS int64
+		if !f.Until.IsZero() {
+			untilNS = f.Until.UnixNano()
+		}
+		if id, ok := cutKey(k); ok {
+			if tv.keys == nil {
+				tv.keys = map[string]*entry{}
+			}
+			e := &entry{flag: f, scope: k, untilNS: untilNS, halfOpen: f.State == flags.StateHalfOpen}
+			e.probes.Store(int64(f.Probes))
+			tv.keys[id] = e
+		} else {
+			tv.models = append(tv.models, entry{flag: f, scope: c.internScope(k), untilNS: untilNS, halfOpen: f.State == flags.StateHalfOpen})
+		}
+	}
+	for i := range tv.models {
+		tv.models[i].probes.Store(int64(tv.models[i].flag.Probes))
+	}
+	return tv
+}
+
+// maxInterned bounds the intern table; past it scopes are simply not shared.
+const maxInterned = 10_000
+
+// internScope shares one copy of each model name among all tenants, so the
+// string comparison in Check reads memory that is already in cache.
+func (c *Checker) internScope(s string) string {
+	c.internMu.Lock()
+	defer c.internMu.Unlock()
+	if v, ok := c.interned[s]; ok {
+		return v
+	}
+	if len(c.interned) < maxInterned {
+		c.interned[s] = s
+	}
+	return s
+}
+
+func cutKey(field string) (string, bool) {
+	if len(field) > len(flags.KeyFieldPrefix) && field[:len(flags.KeyFieldPrefix)] == flags.KeyFieldPrefix {
+		return field[len(flags.KeyFieldPrefix):], true
+	}
+	return "", false
+}
+
+// apply installs updated tenant views (nil or empty = the tenant has no
+// flags). A full resync also drops tenants it did not see, unless their
+// version is newer than keepNewerThan, the version counter read before the
+// resync started (a change announced while it ran). Each touched shard is
+// copied once.
+func (c *Checker) apply(updates map[string]*tenantView, keepNewerThan int64, full bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	byShard := map[uint32][]string{}
+	for t := range updates {
+		s := shardOf(t)
+		byShard[s] = append(byShard[s], t)
+	}
+	for i := range c.shards {
+		names, touched := byShard[uint32(i)]
+		if !touched && !full {
+			continue
+		}
+		old := c.shards[i].Load().tenants
+		next := make(map[string]*tenantView, len(old)+len(names))
+		for t, tv := range old {
+			if full {
+				if _, seen := updates[t]; !seen && tv.version <= keepNewerThan {
+					continue // gone from Redis: expired or cleared
+				}
+			}
+			next[t] = tv
+		}
+		for _, t := range names {
+			tv := updates[t]
+			if tv == nil || (len(tv.models) == 0 && len(tv.keys) == 0) {
+				delete(next, t)
+				continue
+			}
+			if cur := next[t]; cur != nil && cur.version > tv.version {
+				continue // a newer read already landed
+			}
+			next[t] = tv
+		}
+		c.shards[i].Store(&shard{tenants: next})
+	}
+}

@@ -1,0 +1,167 @@
+package checker
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gateway/flags"
+)
+
+func newTestChecker(t testing.TB) *Checker {
+	t.Helper()
+	c, err := New(nil, DefaultConfig(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// install puts tenant's hash fields into c as a change fetch would.
+func install(c *Checker, tenant string, version int64, fl map[string]*flags.Flag) {
+	fields := map[string]string{flags.VersionField: fmt.Sprint(version)}
+	for k, f := range fl {
+		fields[k] = flags.Encode(f)
+	}
+	c.apply(map[string]*tenantView{tenant: c.buildView(tenant, fields)}, 0, false)
+}
+
+func TestCheckFindsModelTenantWideAndKeyFlags(t *testing.T) {
+	c := newTestChecker(t)
+	until := time.Now().Add(time.Hour)
+	install(c, "acme", 1, map[string]*flags.Flag{
+		"gpt-4o":             {State: flags.StateOpen, Kind: flags.KindQuota, Quota: "monthly_tokens", Period: "month", Until: until, Limit: 100, Used: 100, ResetsAt: until},
+		flags.KeyField("k1"): {State: flags.StateBlacklist, Kind: flags.KindBlacklist, Until: until, Reason: "leaked"},
+	})
+	install(c, "globex", 1, map[string]*flags.Flag{flags.AllModels: {State: flags.StateThrottle, Kind: flags.KindRate, Quota: "requests_per_minute", Until: until}})
+
+	if d := c.Check("acme", "gpt-4o", ""); d.Allowed() || d.Flag.Quota != "monthly_tokens" || d.Scope != "gpt-4o" {
+		t.Fatalf("model flag: %+v", d)
+	}
+	if d := c.Check("acme", "gpt-4o-mini", ""); !d.Allowed() {
+		t.Fatalf("other model refused: %+v", d)
+	}
+	if d := c.Check("acme", "gpt-4o-mini", "k1"); d.Allowed() || d.Flag.Kind != flags.KindBlacklist {
+		t.Fatalf("blacklisted key allowed: %+v", d)
+	}
+	if d := c.Check("globex", "anything", ""); d.Allowed() || d.Scope != flags.AllModels {
+		t.Fatalf("tenant-wide flag: %+v", d)
+	}
+	if d := c.Check("initech", "gpt-4o", ""); !d.Allowed() {
+		t.Fatalf("unknown tenant refused: %+v", d)
+	}
+}
+
+func TestExpiredFlagNoLongerApplies(t *testing.T) {
+	c := newTestChecker(t)
+	until := time.Now().Add(time.Hour)
+	install(c, "acme", 1, map[string]*flags.Flag{"*": {State: flags.StateOpen, Kind: flags.KindManual, Until: until}})
+	if d := c.Check("acme", "m", ""); d.Allowed() {
+		t.Fatalf("live flag does not refuse: %+v", d)
+	}
+	c.clock.Store(until.UnixNano())
+	if d := c.Check("acme", "m", ""); !d.Allowed() {
+		t.Fatalf("expired flag still refuses: %+v", d)
+	}
+}
+
+func TestHalfOpenLetsBoundedProbesThrough(t *testing.T) {
+	c := newTestChecker(t)
+	install(c, "acme", 1, map[string]*flags.Flag{"m": {State: flags.StateHalfOpen, Kind: flags.KindErrorRatio, Probes: 3, Until: time.Now().Add(time.Hour)}})
+	probes := 0
+	for range 10 {
+		d := c.Check("acme", "m", "")
+		if d.Outcome == Probe {
+			probes++
+		} else if d.Outcome != Refused {
+			t.Fatalf("unexpected outcome %+v", d)
+		}
+	}
+	if probes != 3 {
+		t.Fatalf("%d probes let through, want 3", probes)
+	}
+}
+
+func TestStaleViewFollowsEachTenantsFailMode(t *testing.T) {
+	c := newTestChecker(t)
+	c.failModes.Store(&map[string]FailMode{"strict": FailClosed, "*": FailOpen})
+	c.lastFresh.Store(time.Now().Add(-time.Hour).UnixNano())
+	c.updateStale()
+	if d := c.Check("strict", "m", ""); d.Outcome != RefusedStale {
+		t.Fatalf("fail-closed tenant allowed on a stale view: %+v", d)
+	}
+	if d := c.Check("relaxed", "m", ""); !d.Allowed() || !d.Stale {
+		t.Fatalf("fail-open tenant: %+v", d)
+	}
+	c.fresh()
+	if d := c.Check("strict", "m", ""); !d.Allowed() || d.Stale {
+		t.Fatalf("fresh view still refuses: %+v", d)
+	}
+}
+
+func TestNewerVersionIsNotOverwrittenByOlderRead(t *testing.T) {
+	c := newTestChecker(t)
+	f := &flags.Flag{State: flags.StateOpen, Kind: flags.KindManual, Until: time.Now().Add(time.Hour)}
+	install(c, "acme", 5, map[string]*flags.Flag{"*": f})
+	// A full resync that started before version 5 was written saw nothing.
+	c.apply(map[string]*tenantView{}, 4, true)
+	if d := c.Check("acme", "m", ""); d.Allowed() {
+		t.Fatal("resync older than the change dropped it")
+	}
+	c.apply(map[string]*tenantView{}, 5, true)
+	if d := c.Check("acme", "m", ""); !d.Allowed() {
+		t.Fatal("resync newer than the flag kept a deleted tenant")
+	}
+}
+
+func TestCheckDoesNotAllocate(t *testing.T) {
+	c := newTestChecker(t)
+	load(c, 1000)
+	allocs := testing.AllocsPerRun(1000, func() {
+		c.Check("tenant-000500", "gpt-4o", "key-1")
+		c.Check("tenant-000501", "gpt-4o", "")
+		c.Check("nobody", "gpt-4o", "")
+	})
+	if allocs != 0 {
+		t.Fatalf("Check allocates %v times per run", allocs)
+	}
+}
+
+func TestConfigValidateNamesFieldAndLimit(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.MaxStaleness, cfg.DefaultFailMode, cfg.MaxPending = time.Millisecond, "maybe", 0
+	err := cfg.Validate()
+	for _, want := range []string{"max_staleness", "100ms", "default_fail_mode", "max_pending", "1..1000000"} {
+		if err == nil || !contains(err.Error(), want) {
+			t.Errorf("error %v does not mention %q", err, want)
+		}
+	}
+}
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}
+
+// load installs n tenants, every other one with a refusing flag.
+func load(c *Checker, n int) {
+	until := time.Now().Add(time.Hour)
+	updates := make(map[string]*tenantView, n)
+	for i := range n {
+		name := fmt.Sprintf("tenant-%06d", i)
+		fields := map[string]string{flags.VersionField: "1"}
+		if i%2 == 0 {
+			fields["gpt-4o"] = flags.Encode(&flags.Flag{State: flags.StateOpen, Kind: flags.KindQuota, Quota: "daily_tokens", Until: until})
+		} else {
+			fields["claude"] = flags.Encode(&flags.Flag{State: flags.StateThrottle, Kind: flags.KindRate, Until: until})
+		}
+		updates[name] = c.buildView(name, fields)
+	}
+	c.apply(updates, 0, false)
+}

@@ -1,0 +1,228 @@
+package checker
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/gateway/flags"
+)
+
+// Run keeps the Checker in step with Redis until ctx is cancelled: it
+// subscribes to the change channel, resyncs everything on start, after
+// every (re)subscription and every ResyncInterval, refetches the tenants
+// announced as changed, and tracks the enforcer's heartbeat to tell when the
+// view has gone stale. Redis errors are logged and retried, never returned.
+func (c *Checker) Run(ctx context.Context) error {
+	ps := c.rdb.Subscribe(ctx, c.keys.Channel())
+	defer ps.Close()
+	// Messages beyond this buffer wait in go-redis; a lost one is repaired
+	// by the next resync.
+	ch := ps.ChannelWithSubscriptions(redis.WithChannelSize(4096), redis.WithChannelHealthCheckInterval(time.Second))
+
+	clock := time.NewTicker(clockResolution)
+	defer clock.Stop()
+	staleTick := time.NewTicker(c.staleCheckEvery())
+	defer staleTick.Stop()
+	resync := time.NewTicker(c.cfg.ResyncInterval)
+	defer resync.Stop()
+	beat := time.NewTicker(c.cfg.MaxStaleness / 4)
+	defer beat.Stop()
+
+	c.resync(ctx)
+	pending := map[string]struct{}{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-clock.C:
+			c.tickClock()
+		case <-staleTick.C:
+			c.updateStale()
+		case <-beat.C:
+			c.pollHeartbeat(ctx)
+		case <-resync.C:
+			c.resync(ctx)
+		case m, ok := <-ch:
+			if !ok {
+				return nil
+			}
+			needResync := c.collect(m, pending)
+			// Drain what is already queued, so one refetch covers a burst.
+			for drained := false; !drained; {
+				select {
+				case m, ok := <-ch:
+					if !ok {
+						return nil
+					}
+					needResync = c.collect(m, pending) || needResync
+				default:
+					drained = true
+				}
+			}
+			if needResync || len(pending) > c.cfg.MaxPending {
+				clear(pending)
+				c.resync(ctx)
+				continue
+			}
+			if len(pending) > 0 {
+				c.refetch(ctx, pending)
+				clear(pending)
+			}
+		}
+	}
+}
+
+// clockResolution is how far a flag's expiry may be overshot.
+const clockResolution = 2 * time.Millisecond
+
+func (c *Checker) staleCheckEvery() time.Duration {
+	d := c.cfg.MaxStaleness / 20
+	if d < 5*time.Millisecond {
+		d = 5 * time.Millisecond
+	}
+	return d
+}
+
+// collect files one pub/sub delivery; it returns true when a full resync
+// is due (a new subscription: we may have missed anything before it).
+func (c *Checker) collect(m any, pending map[string]struct{}) bool {
+	switch m := m.(type) {
+	case *redis.Subscription:
+		return m.Kind == "subscribe"
+	case *redis.Message:
+		tenant, _, err := flags.ParseChange(m.Payload)
+		if err != nil {
+			c.log.Warn("checker: ignoring malformed change message", "err", err)
+			return false
+		}
+		switch tenant {
+		case flags.HeartbeatTenant:
+			c.fresh()
+			return false
+		case flags.FailModeTenant:
+			return true // rare (a policy change): a resync rereads them
+		}
+		pending[tenant] = struct{}{}
+	}
+	return false
+}
+
+func (c *Checker) fresh() {
+	c.lastFresh.Store(time.Now().UnixNano())
+	c.updateStale()
+}
+
+// tickClock advances the coarse clock Check reads.
+func (c *Checker) tickClock() { c.clock.Store(time.Now().UnixNano()) }
+
+func (c *Checker) updateStale() {
+	age := time.Duration(time.Now().UnixNano() - c.lastFresh.Load())
+	c.stale.Store(age > c.cfg.MaxStaleness)
+}
+
+// pollHeartbeat is the pull half of liveness: a heartbeat key that exists
+// means an enforcer beat within its expiry.
+func (c *Checker) pollHeartbeat(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.MaxStaleness/2)
+	defer cancel()
+	n, err := c.rdb.Exists(ctx, c.keys.HeartbeatKey()).Result()
+	if err == nil && n == 1 {
+		c.fresh()
+	}
+}
+
+const fetchBatch = 500
+
+// refetch reads the announced tenants' hashes in pipelines.
+func (c *Checker) refetch(ctx context.Context, pending map[string]struct{}) {
+	names := make([]string, 0, len(pending))
+	for t := range pending {
+		names = append(names, t)
+	}
+	updates, err := c.fetch(ctx, names)
+	if err != nil {
+		c.log.Warn("checker: refetch failed; the next resync repairs it", "tenants", len(names), "err", err)
+		return
+	}
+	c.apply(updates, 0, false)
+}
+
+func (c *Checker) fetch(ctx context.Context, tenants []string) (map[string]*tenantView, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out := make(map[string]*tenantView, len(tenants))
+	for len(tenants) > 0 {
+		n := min(len(tenants), fetchBatch)
+		batch := tenants[:n]
+		tenants = tenants[n:]
+		cmds := make([]*redis.MapStringStringCmd, n)
+		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, t := range batch {
+				cmds[i] = p.HGetAll(ctx, c.keys.TenantKey(t))
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		for i, t := range batch {
+			out[t] = c.buildView(t, cmds[i].Val())
+		}
+	}
+	return out, nil
+}
+
+// resync rereads every tenant hash and the fail modes.
+func (c *Checker) resync(ctx context.Context) {
+	if err := c.resyncOnce(ctx); err != nil {
+		c.log.Warn("checker: resync failed; serving the previous view", "err", err)
+		return
+	}
+	c.resyncs.Add(1)
+	c.synced.Store(true)
+}
+
+func (c *Checker) resyncOnce(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	v0, err := c.rdb.Get(ctx, c.keys.VersionKey()).Int64()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
+	fm, err := c.rdb.HGetAll(ctx, c.keys.FailModeKey()).Result()
+	if err != nil {
+		return err
+	}
+	modes := make(map[string]FailMode, len(fm))
+	for t, m := range fm {
+		if m == string(FailOpen) || m == string(FailClosed) {
+			modes[t] = FailMode(m)
+		}
+	}
+	var tenants []string
+	iter := c.rdb.Scan(ctx, 0, c.keys.TenantPattern(), 1000).Iterator()
+	for iter.Next(ctx) {
+		if t, ok := c.keys.TenantFromKey(iter.Val()); ok {
+			tenants = append(tenants, t)
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return err
+	}
+	updates, err := c.fetch(ctx, tenants)
+	if err != nil {
+		return err
+	}
+	c.failModes.Store(&modes)
+	c.apply(updates, v0, true)
+	if n, err := c.rdb.Exists(ctx, c.keys.HeartbeatKey()).Result(); err == nil && n == 1 {
+		c.fresh()
+	}
+	return nil
+}
+
+// Resyncs returns how many full resyncs completed.
+func (c *Checker) Resyncs() int64 { return c.resyncs.Load() }

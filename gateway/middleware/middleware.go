@@ -1,0 +1,208 @@
+// Package middleware is net/http middleware that enforces Sluice flags on
+// every request with a Checker: it answers 429 when a quota or rate window
+// is exhausted (Retry-After = time to the period boundary or the end of the
+// window), 403 for a blacklist, 503 for open breakers and for a stale view
+// of a tenant that fails closed, each with an OpenAI-compatible JSON error
+// body that names the limit, and rate-limit headers where they are known.
+package middleware
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/flags"
+)
+
+// Decider is what the middleware asks; *checker.Checker is the real one.
+type Decider interface {
+	Check(tenant, model, apiKeyID string) checker.Decision
+}
+
+// Identify extracts who is calling which model. ok false lets the request
+// through unchecked (for example a health probe).
+type Identify func(r *http.Request) (tenant, model, apiKeyID string, ok bool)
+
+// HeaderIdentify reads the tenant, model and API key id from request
+// headers, for gateways that set them after authentication.
+func HeaderIdentify(tenantHeader, modelHeader, keyHeader string) Identify {
+	return func(r *http.Request) (string, string, string, bool) {
+		t := r.Header.Get(tenantHeader)
+		return t, r.Header.Get(modelHeader), r.Header.Get(keyHeader), t != ""
+	}
+}
+
+// Option adjusts the middleware.
+type Option func(*mw)
+
+// WithClock replaces time.Now, for tests.
+func WithClock(now func() time.Time) Option { return func(m *mw) { m.now = now } }
+
+// WithRefused is called for every refused request, for logging or metrics.
+func WithRefused(f func(r *http.Request, d checker.Decision)) Option {
+	return func(m *mw) { m.refused = f }
+}
+
+type mw struct {
+	d       Decider
+	id      Identify
+	now     func() time.Time
+	refused func(*http.Request, checker.Decision)
+}
+
+// New returns middleware that checks each request with d.
+func New(d Decider, id Identify, opts ...Option) func(http.Handler) http.Handler {
+	m := &mw{d: d, id: id, now: time.Now}
+	for _, o := range opts {
+		o(m)
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			tenant, model, key, ok := m.id(r)
+			if !ok {
+				next.ServeHTTP(w, r)
+				return
+			}
+			d := m.d.Check(tenant, model, key)
+			if d.Allowed() {
+				next.ServeHTTP(w, r)
+				return
+			}
+			if m.refused != nil {
+				m.refused(r, d)
+			}
+			Refuse(w, d, tenant, model, m.now())
+		})
+	}
+}
+
+// ErrorBody is the OpenAI-compatible error response, with a "sluice"
+// member carrying the numbers for clients that want them.
+type ErrorBody struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail is the "error" member of ErrorBody.
+type ErrorDetail struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    string  `json:"code"`
+	Sluice  *Detail `json:"sluice,omitempty"`
+}
+
+// Detail says exactly which limit refused the request.
+type Detail struct {
+	Kind              string     `json:"kind"`
+	State             string     `json:"state,omitempty"`
+	Scope             string     `json:"scope,omitempty"`
+	Quota             string     `json:"quota,omitempty"`
+	Period            string     `json:"period,omitempty"`
+	Used              float64    `json:"used,omitempty"`
+	Limit             float64    `json:"limit,omitempty"`
+	ResetsAt          *time.Time `json:"resets_at,omitempty"`
+	RetryAfterSeconds int64      `json:"retry_after_seconds,omitempty"`
+	Reason            string     `json:"reason,omitempty"`
+}
+
+// Status returns the HTTP status for a refusal.
+func Status(d checker.Decision) int {
+	if d.Outcome == checker.RefusedStale || d.Flag == nil {
+		return http.StatusServiceUnavailable
+	}
+	switch d.Flag.Kind {
+	case flags.KindQuota, flags.KindRate:
+		return http.StatusTooManyRequests
+	case flags.KindBlacklist:
+		return http.StatusForbidden
+	}
+	return http.StatusServiceUnavailable
+}
+
+// Refuse writes the refusal for d.
+func Refuse(w http.ResponseWriter, d checker.Decision, tenant, model string, now time.Time) {
+	status := Status(d)
+	h := w.Header()
+	body := ErrorBody{Error: ErrorDetail{Type: "service_unavailable", Code: "sluice_unavailable"}}
+	retry := d.RetryAfter(now)
+	if d.Flag == nil {
+		body.Error.Message = fmt.Sprintf("usage limits for tenant %s cannot be verified right now and this tenant fails closed; retry later", tenant)
+		retry = 5 * time.Second
+	} else {
+		f := d.Flag
+		det := &Detail{Kind: string(f.Kind), State: string(f.State), Scope: d.Scope, Quota: f.Quota, Period: f.Period,
+			Used: f.Used, Limit: f.Limit, Reason: f.Reason}
+		if !f.ResetsAt.IsZero() {
+			t := f.ResetsAt.UTC()
+			det.ResetsAt = &t
+		}
+		body.Error.Sluice = det
+		body.Error.Message = message(d, tenant, model, retry)
+		switch f.Kind {
+		case flags.KindQuota:
+			body.Error.Type, body.Error.Code = "insufficient_quota", f.Quota
+		case flags.KindRate:
+			body.Error.Type, body.Error.Code = "rate_limit_exceeded", f.Quota
+		case flags.KindBlacklist:
+			body.Error.Type, body.Error.Code = "permission_denied", "blacklisted"
+		default:
+			body.Error.Code = "breaker_" + string(f.Kind)
+		}
+		if f.Limit > 0 && (f.Kind == flags.KindQuota || f.Kind == flags.KindRate) {
+			h.Set("X-RateLimit-Limit", strconv.FormatFloat(f.Limit, 'f', -1, 64))
+			h.Set("X-RateLimit-Remaining", strconv.FormatFloat(math.Max(0, f.Limit-f.Used), 'f', -1, 64))
+		}
+		if !f.ResetsAt.IsZero() {
+			h.Set("X-RateLimit-Reset", strconv.FormatInt(f.ResetsAt.Unix(), 10))
+		}
+	}
+	if retry > 0 && status != http.StatusForbidden {
+		secs := int64(math.Ceil(retry.Seconds()))
+		h.Set("Retry-After", strconv.FormatInt(secs, 10))
+		if body.Error.Sluice != nil {
+			body.Error.Sluice.RetryAfterSeconds = secs
+		}
+	}
+	h.Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+func message(d checker.Decision, tenant, model string, retry time.Duration) string {
+	f := d.Flag
+	on := "all models"
+	if d.Scope != "" && d.Scope != flags.AllModels {
+		on = d.Scope
+		if len(on) > len(flags.KeyFieldPrefix) && on[:len(flags.KeyFieldPrefix)] == flags.KeyFieldPrefix {
+			on = "API key " + on[len(flags.KeyFieldPrefix):]
+		} else {
+			on = "model " + on
+		}
+	}
+	switch f.Kind {
+	case flags.KindQuota, flags.KindRate:
+		s := fmt.Sprintf("Tenant %s has reached its %s limit on %s", tenant, f.Quota, on)
+		if f.Limit > 0 || f.Used > 0 {
+			s += fmt.Sprintf(": used %s of %s", num(f.Used), num(f.Limit))
+		}
+		if f.Period != "" {
+			s += " this " + f.Period
+		}
+		if !f.ResetsAt.IsZero() {
+			s += fmt.Sprintf("; it resets at %s", f.ResetsAt.UTC().Format(time.RFC3339))
+		}
+		if retry > 0 {
+			s += fmt.Sprintf(" (retry after %ds)", int64(math.Ceil(retry.Seconds())))
+		}
+		return s + "."
+	case flags.KindBlacklist:
+		return fmt.Sprintf("Tenant %s is blocked on %s: %s", tenant, on, f.Reason)
+	}
+	return fmt.Sprintf("Requests of tenant %s to %s are paused by a %s breaker (%s): %s", tenant, model, f.Kind, f.State, f.Reason)
+}
+
+func num(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }

@@ -1,0 +1,109 @@
+package middleware
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/flags"
+)
+
+type fixed map[string]checker.Decision
+
+func (f fixed) Check(tenant, model, key string) checker.Decision { return f[tenant] }
+
+var now = time.Date(2026, 11, 30, 22, 0, 0, 0, time.UTC)
+
+func serve(t *testing.T, d Decider, tenant string) *httptest.ResponseRecorder {
+	t.Helper()
+	h := New(d, HeaderIdentify("X-Tenant", "X-Model", "X-Key"), WithClock(func() time.Time { return now }))(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) }))
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+	if tenant != "" {
+		req.Header.Set("X-Tenant", tenant)
+	}
+	req.Header.Set("X-Model", "gpt-4o")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+func body(t *testing.T, rec *httptest.ResponseRecorder) ErrorBody {
+	t.Helper()
+	var b ErrorBody
+	if err := json.Unmarshal(rec.Body.Bytes(), &b); err != nil {
+		t.Fatalf("body %q: %v", rec.Body.String(), err)
+	}
+	return b
+}
+
+func TestQuotaRefusalNamesTheLimitAndTheReset(t *testing.T) {
+	resets := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	d := fixed{"acme": {Outcome: checker.Refused, Scope: flags.AllModels, Flag: &flags.Flag{State: flags.StateOpen, Kind: flags.KindQuota,
+		Quota: "monthly_tokens", Period: "month", Limit: 10_000_000, Used: 10_000_450, ResetsAt: resets, Until: now.Add(time.Minute)}}}
+	rec := serve(t, d, "acme")
+	if rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("status %d", rec.Code)
+	}
+	h := rec.Header()
+	if h.Get("Retry-After") != "7200" || h.Get("X-RateLimit-Limit") != "10000000" || h.Get("X-RateLimit-Remaining") != "0" ||
+		h.Get("X-RateLimit-Reset") != "1796083200" {
+		t.Fatalf("headers %v", h)
+	}
+	b := body(t, rec)
+	e := b.Error
+	if e.Type != "insufficient_quota" || e.Code != "monthly_tokens" || e.Param != nil {
+		t.Fatalf("error %+v", e)
+	}
+	for _, want := range []string{"acme", "monthly_tokens", "10000450 of 10000000", "month", "2026-12-01T00:00:00Z", "7200s"} {
+		if !strings.Contains(e.Message, want) {
+			t.Errorf("message %q does not name %q", e.Message, want)
+		}
+	}
+	if s := e.Sluice; s == nil || s.Quota != "monthly_tokens" || s.Limit != 10_000_000 || s.ResetsAt == nil || !s.ResetsAt.Equal(resets) || s.RetryAfterSeconds != 7200 {
+		t.Fatalf("sluice detail %+v", e.Sluice)
+	}
+}
+
+func TestRateRefusalRetriesAfterTheWindow(t *testing.T) {
+	end := now.Add(25 * time.Second)
+	d := fixed{"acme": {Outcome: checker.Refused, Scope: "gpt-4o", Flag: &flags.Flag{State: flags.StateThrottle, Kind: flags.KindRate,
+		Quota: "requests_per_minute", Period: "minute", Limit: 600, Used: 640, ResetsAt: end, Until: end}}}
+	rec := serve(t, d, "acme")
+	b := body(t, rec)
+	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "25" || b.Error.Type != "rate_limit_exceeded" ||
+		b.Error.Code != "requests_per_minute" || !strings.Contains(b.Error.Message, "model gpt-4o") {
+		t.Fatalf("%d %v %+v", rec.Code, rec.Header(), b.Error)
+	}
+}
+
+func TestBreakersBlacklistAndStaleViews(t *testing.T) {
+	d := fixed{
+		"broken": {Outcome: checker.Refused, Scope: "gpt-4o", Flag: &flags.Flag{State: flags.StateOpen, Kind: flags.KindErrorRatio,
+			RetryAfter: 30 * time.Second, Until: now.Add(30 * time.Second), Reason: "error ratio 0.62"}},
+		"banned": {Outcome: checker.Refused, Scope: flags.AllModels, Flag: &flags.Flag{State: flags.StateBlacklist, Kind: flags.KindBlacklist,
+			Until: now.Add(time.Hour), Reason: "fraud"}},
+		"strict": {Outcome: checker.RefusedStale, Stale: true},
+		"probe":  {Outcome: checker.Probe, Flag: &flags.Flag{State: flags.StateHalfOpen, Kind: flags.KindSlowCall}},
+		"fine":   {},
+	}
+	if rec := serve(t, d, "broken"); rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "30" ||
+		body(t, rec).Error.Code != "breaker_error_ratio" {
+		t.Fatalf("breaker: %d %v %s", rec.Code, rec.Header(), rec.Body)
+	}
+	if rec := serve(t, d, "banned"); rec.Code != http.StatusForbidden || !strings.Contains(body(t, rec).Error.Message, "fraud") {
+		t.Fatalf("blacklist: %d %s", rec.Code, rec.Body)
+	}
+	if rec := serve(t, d, "strict"); rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" {
+		t.Fatalf("stale fail-closed: %d %v", rec.Code, rec.Header())
+	}
+	for _, tenant := range []string{"probe", "fine", ""} {
+		if rec := serve(t, d, tenant); rec.Code != http.StatusTeapot {
+			t.Fatalf("%q not passed through: %d", tenant, rec.Code)
+		}
+	}
+}

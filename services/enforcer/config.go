@@ -1,0 +1,113 @@
+// Package enforcer is the Sluice service that turns signals into
+// enforcement: it consumes sluice.signals.v1, keeps a breaker per tenant ×
+// model (and tenant-wide, and per API key) — quota, rate window, error
+// ratio, slow-call ratio, manual, blacklist — writes the resulting flags to
+// Redis for the gateway Checkers (coalesced, with TTLs and a heartbeat), and
+// serves an authenticated admin API whose every action is audited in
+// ClickHouse.
+//
+// Its memory survives restarts without a database of its own: open quota
+// breakers are rebuilt from ClickHouse's quota_state, and manual breakers,
+// blacklists and overrides by replaying admin_audit.
+package enforcer
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
+)
+
+// Config is the enforcer's section of the configuration.
+type Config struct {
+	PolicyFile     string        `yaml:"policy_file" help:"quota policy YAML (hot-reloaded); empty: defaults only"`
+	PolicyReload   time.Duration `yaml:"policy_reload" help:"how often the policy file is checked for changes"`
+	ConsumerGroup  string        `yaml:"consumer_group" help:"Kafka consumer group for sluice.signals.v1"`
+	KeyPrefix      string        `yaml:"key_prefix" help:"Redis key prefix of the flags (Checkers must use the same)"`
+	FlushInterval  time.Duration `yaml:"flush_interval" help:"how long flag changes wait to be coalesced into one Redis round trip"`
+	FlagTTL        time.Duration `yaml:"flag_ttl" help:"lifetime of a flag the enforcer stops refreshing (a dead enforcer blocks no one longer)"`
+	HeartbeatEvery time.Duration `yaml:"heartbeat_every" help:"period of the heartbeat Checkers judge staleness by"`
+	TickEvery      time.Duration `yaml:"tick_every" help:"period of the clock that closes, half-opens and expires breakers"`
+	MaxDirty       int           `yaml:"max_dirty" help:"tenants waiting for a flag write; beyond it one full rewrite replaces them"`
+	BatchTenants   int           `yaml:"batch_tenants" help:"tenants per pipelined Redis write"`
+	DedupSignals   int           `yaml:"dedup_signals" help:"signal ids remembered to drop redeliveries"`
+	Recover        bool          `yaml:"recover" help:"rebuild quota breakers and admin actions from ClickHouse on start"`
+	ShutdownGrace  time.Duration `yaml:"shutdown_grace" help:"time allowed for the last flag write on shutdown"`
+	Admin          AdminConfig   `yaml:"admin"`
+}
+
+// AdminConfig configures the admin HTTP API.
+type AdminConfig struct {
+	Listen string        `yaml:"listen" help:"admin API address host:port; empty disables it"`
+	Tokens []admin.Token `yaml:"tokens" help:"accepted bearer tokens (name and sha256)"`
+}
+
+// DefaultConfig returns working defaults for the services script.
+func DefaultConfig() Config {
+	return Config{
+		PolicyReload:   2 * time.Second,
+		ConsumerGroup:  "sluice-enforcer",
+		KeyPrefix:      flags.DefaultPrefix,
+		FlushInterval:  5 * time.Millisecond,
+		FlagTTL:        60 * time.Second,
+		HeartbeatEvery: time.Second,
+		TickEvery:      250 * time.Millisecond,
+		MaxDirty:       100_000,
+		BatchTenants:   1000,
+		DedupSignals:   100_000,
+		Recover:        true,
+		ShutdownGrace:  5 * time.Second,
+		Admin:          AdminConfig{Listen: "127.0.0.1:9471"},
+	}
+}
+
+// Validate names each bad field and its limit.
+func (c Config) Validate() error {
+	var errs []error
+	between := func(name string, v, lo, hi time.Duration) {
+		if v < lo || v > hi {
+			errs = append(errs, fmt.Errorf("enforcer.%s: %v is outside %v..%v", name, v, lo, hi))
+		}
+	}
+	between("policy_reload", c.PolicyReload, 100*time.Millisecond, time.Hour)
+	between("flush_interval", c.FlushInterval, time.Millisecond, 10*time.Second)
+	between("flag_ttl", c.FlagTTL, 3*time.Second, 24*time.Hour)
+	between("heartbeat_every", c.HeartbeatEvery, 50*time.Millisecond, time.Minute)
+	between("tick_every", c.TickEvery, 10*time.Millisecond, time.Minute)
+	between("shutdown_grace", c.ShutdownGrace, 100*time.Millisecond, 5*time.Minute)
+	if c.HeartbeatEvery*3 > c.FlagTTL {
+		errs = append(errs, fmt.Errorf("enforcer.heartbeat_every: %v must be at most a third of flag_ttl (%v)", c.HeartbeatEvery, c.FlagTTL))
+	}
+	if c.ConsumerGroup == "" {
+		errs = append(errs, errors.New("enforcer.consumer_group: must not be empty"))
+	}
+	if c.KeyPrefix == "" || len(c.KeyPrefix) > 200 {
+		errs = append(errs, fmt.Errorf("enforcer.key_prefix: %q must be 1..200 bytes", c.KeyPrefix))
+	}
+	if c.MaxDirty < 1 || c.MaxDirty > 10_000_000 {
+		errs = append(errs, fmt.Errorf("enforcer.max_dirty: %d is outside 1..10000000", c.MaxDirty))
+	}
+	if c.BatchTenants < 1 || c.BatchTenants > 100_000 {
+		errs = append(errs, fmt.Errorf("enforcer.batch_tenants: %d is outside 1..100000", c.BatchTenants))
+	}
+	if c.DedupSignals < 0 || c.DedupSignals > 10_000_000 {
+		errs = append(errs, fmt.Errorf("enforcer.dedup_signals: %d is outside 0..10000000", c.DedupSignals))
+	}
+	if c.Admin.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.Admin.Listen); err != nil {
+			errs = append(errs, fmt.Errorf("enforcer.admin.listen: %q is not host:port", c.Admin.Listen))
+		}
+	}
+	for i, t := range c.Admin.Tokens {
+		if t.Name == "" {
+			errs = append(errs, fmt.Errorf("enforcer.admin.tokens[%d].name: must not be empty", i))
+		}
+		if len(t.SHA256) != 64 {
+			errs = append(errs, fmt.Errorf("enforcer.admin.tokens[%d].sha256: must be 64 hex digits (printf %%s TOKEN | sha256sum)", i))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,535 @@
+// Package breaker holds the enforcer's state: one breaker per tenant × scope
+// (a model, "*" for tenant-wide, or an API key) × kind, the state machines
+// that open and close them from signals, admin actions and the clock, and
+// the temporary quota overrides. It is pure logic: the caller passes the
+// time, so every transition is testable without waiting.
+package breaker
+
+import (
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
+)
+
+// Key identifies one breaker.
+type Key struct {
+	Tenant string `json:"tenant"`
+	// Scope is a model, "*" (every model) or flags.KeyField(apiKeyID).
+	Scope string     `json:"scope"`
+	Kind  flags.Kind `json:"kind"`
+	// Quota distinguishes the quota breakers of one scope (monthly_tokens,
+	// daily_tokens …); empty for other kinds.
+	Quota string `json:"quota,omitempty"`
+}
+
+// Breaker is one open (or half-open) breaker. Closed breakers are deleted.
+type Breaker struct {
+	Key
+	State  flags.State `json:"state"`
+	Reason string      `json:"reason"`
+	// Until is when the breaker leaves its state by itself: the period end
+	// of a quota, the end of a rate window, the expiry of a manual trip or
+	// blacklist, the end of open (then half-open) for health breakers.
+	Until    time.Time `json:"until"`
+	OpenedAt time.Time `json:"opened_at"`
+	// Period, Limit, Used and ResetsAt describe the quota that was hit.
+	Period   string    `json:"period,omitempty"`
+	Limit    float64   `json:"limit,omitempty"`
+	Used     float64   `json:"used,omitempty"`
+	ResetsAt time.Time `json:"resets_at,omitzero"`
+	// Failures counts consecutive failed half-open rounds; the open time
+	// doubles with each, up to the policy's MaxOpenFor.
+	Failures int `json:"failures,omitempty"`
+	// Probes is how many requests each Checker lets through while half-open.
+	Probes int `json:"probes,omitempty"`
+	// Actor names the admin who tripped a manual breaker or blacklist.
+	Actor string `json:"actor,omitempty"`
+}
+
+// Override temporarily replaces one quota limit of a tenant × model.
+type Override struct {
+	Tenant string    `json:"tenant"`
+	Model  string    `json:"model"`
+	Quota  string    `json:"quota"`
+	Limit  float64   `json:"limit"`
+	Until  time.Time `json:"until"`
+	Reason string    `json:"reason"`
+	Actor  string    `json:"actor"`
+}
+
+type overrideKey struct{ tenant, model, quota string }
+
+// Table is every breaker and override, safe for concurrent use.
+type Table struct {
+	mu        sync.Mutex
+	breakers  map[string]map[Key]*Breaker // by tenant
+	overrides map[overrideKey]*Override
+	overage   float64 // soft-quota overage signals seen, for metrics
+}
+
+// NewTable returns an empty table.
+func NewTable() *Table {
+	return &Table{breakers: map[string]map[Key]*Breaker{}, overrides: map[overrideKey]*Override{}}
+}
+
+func (t *Table) put(b *Breaker) {
+	m := t.breakers[b.Tenant]
+	if m == nil {
+		m = map[Key]*Breaker{}
+		t.breakers[b.Tenant] = m
+	}
+	m[b.Key] = b
+}
+
+func (t *Table) del(k Key) bool {
+	m := t.breakers[k.Tenant]
+	if _, ok := m[k]; !ok {
+		return false
+	}
+	delete(m, k)
+	if len(m) == 0 {
+		delete(t.breakers, k.Tenant)
+	}
+	return true
+}
+
+// Result says what a call changed.
+type Result struct {
+	// Changed is the tenants whose flags changed.
+	Changed []string
+	// Note explains an ignored signal or a soft overage, for the log.
+	Note string
+	// SoftOverage is set when a soft quota was exceeded (recorded, not blocked).
+	SoftOverage bool
+}
+
+func changed(tenant string) Result { return Result{Changed: []string{tenant}} }
+
+// Apply folds one signal into the table. tp is the tenant's policy (never
+// nil; see policy.Policy.Tenant). Signals are facts about usage; now is the
+// enforcer's clock, which times windows and back-off.
+func (t *Table) Apply(s *schemas.Signal, tp *policy.Tenant, now time.Time) Result {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch s.Kind {
+	case schemas.SignalQuotaExhausted:
+		return t.quotaExhausted(s, tp, now)
+	case schemas.SignalPeriodReset:
+		return t.closeQuota(s.Tenant, s.Model, string(s.Quota))
+	case schemas.SignalTierCrossed:
+		if s.Direction == schemas.DirectionDown && s.Tier < 100 {
+			return t.closeQuota(s.Tenant, s.Model, string(s.Quota))
+		}
+		if s.Direction == schemas.DirectionUp && s.Tier >= 100 {
+			return t.quotaExhausted(s, tp, now)
+		}
+		return t.checkOverride(s, now)
+	case schemas.SignalRateExceeded:
+		return t.rateExceeded(s, tp, now)
+	case schemas.SignalAnomaly:
+		return t.anomaly(s, tp, now)
+	}
+	return Result{Note: "kind " + string(s.Kind) + " does not drive breakers"}
+}
+
+// modeOf is the signal's mode, else the policy's for that quota.
+func modeOf(s *schemas.Signal, tp *policy.Tenant) policy.Mode {
+	if s.Mode != "" {
+		return policy.Mode(s.Mode)
+	}
+	for _, q := range tp.Quotas(s.Model) {
+		if q.Name == string(s.Quota) {
+			return q.Mode
+		}
+	}
+	if m := tp.ModeFor(s.Model); m != "" {
+		return m
+	}
+	return policy.Hard
+}
+
+func (t *Table) quotaExhausted(s *schemas.Signal, tp *policy.Tenant, now time.Time) Result {
+	if modeOf(s, tp) == policy.Soft {
+		t.overage++
+		return Result{SoftOverage: true, Note: "soft quota " + string(s.Quota) + " exceeded: overage recorded, not blocked"}
+	}
+	if !s.PeriodEnd.IsZero() && !now.Before(s.PeriodEnd) {
+		return Result{Note: "quota signal for a period already over"}
+	}
+	if o := t.overrides[overrideKey{s.Tenant, s.Model, string(s.Quota)}]; o != nil && now.Before(o.Until) && s.Used < o.Limit {
+		return Result{Note: "quota raised by an override; not blocking"}
+	}
+	k := Key{Tenant: s.Tenant, Scope: s.Model, Kind: flags.KindQuota, Quota: string(s.Quota)}
+	until := s.PeriodEnd
+	if until.IsZero() {
+		until = now.Add(time.Hour) // no bound given: recheck hourly rather than block forever
+	}
+	reason := s.Reason
+	if reason == "" {
+		reason = fmt.Sprintf("%s quota exhausted: %s of %s %s used", s.Quota, fmtNum(s.Used), fmtNum(s.Limit), unitOf(s))
+	}
+	t.put(&Breaker{Key: k, State: flags.StateOpen, Reason: reason, Until: until, OpenedAt: now,
+		Period: string(s.Period), Limit: s.Limit, Used: s.Used, ResetsAt: s.PeriodEnd})
+	return changed(s.Tenant)
+}
+
+func unitOf(s *schemas.Signal) string {
+	if s.Unit == "" {
+		return "tokens"
+	}
+	return string(s.Unit)
+}
+
+func fmtNum(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
+
+func (t *Table) closeQuota(tenant, model, quota string) Result {
+	closed := false
+	for k := range t.breakers[tenant] {
+		if k.Kind == flags.KindQuota && k.Scope == model && (quota == "" || k.Quota == quota) {
+			closed = t.del(k) || closed
+		}
+	}
+	if !closed {
+		return Result{}
+	}
+	return changed(tenant)
+}
+
+// checkOverride opens a quota breaker when usage passes an override that
+// lowered the limit below the policy's (the aggregator only signals at the
+// policy's limit).
+func (t *Table) checkOverride(s *schemas.Signal, now time.Time) Result {
+	o := t.overrides[overrideKey{s.Tenant, s.Model, string(s.Quota)}]
+	if o == nil || !now.Before(o.Until) || s.Used < o.Limit {
+		return Result{}
+	}
+	k := Key{Tenant: s.Tenant, Scope: s.Model, Kind: flags.KindQuota, Quota: string(s.Quota)}
+	until := o.Until
+	if !s.PeriodEnd.IsZero() && s.PeriodEnd.Before(until) {
+		until = s.PeriodEnd
+	}
+	t.put(&Breaker{Key: k, State: flags.StateOpen, Until: until, OpenedAt: now, Period: string(s.Period),
+		Limit: o.Limit, Used: s.Used, ResetsAt: until,
+		Reason: fmt.Sprintf("%s quota exhausted: %s of %s used (temporary limit: %s)", s.Quota, fmtNum(s.Used), fmtNum(o.Limit), o.Reason)})
+	return changed(s.Tenant)
+}
+
+func (t *Table) rateExceeded(s *schemas.Signal, tp *policy.Tenant, now time.Time) Result {
+	if modeOf(s, tp) == policy.Soft {
+		t.overage++
+		return Result{SoftOverage: true, Note: "soft rate quota exceeded: not throttled"}
+	}
+	until := s.PeriodEnd
+	if until.IsZero() {
+		until = s.Time.Add(time.Minute)
+	}
+	if !now.Before(until) {
+		return Result{Note: "rate window already over"}
+	}
+	k := Key{Tenant: s.Tenant, Scope: s.Model, Kind: flags.KindRate, Quota: string(s.Quota)}
+	reason := s.Reason
+	if reason == "" {
+		reason = fmt.Sprintf("%s exceeded: %s of %s %s in the window", s.Quota, fmtNum(s.Used), fmtNum(s.Limit), unitOf(s))
+	}
+	t.put(&Breaker{Key: k, State: flags.StateThrottle, Reason: reason, Until: until, OpenedAt: now,
+		Period: string(schemas.PeriodMinute), Limit: s.Limit, Used: s.Used, ResetsAt: until})
+	return changed(s.Tenant)
+}
+
+// anomaly drives the error-ratio and slow-call breakers. The aggregator
+// names the detector in Attributes["detector"] ("error_ratio" or
+// "slow_call") with the window's Attributes["ratio"] and
+// Attributes["requests"].
+func (t *Table) anomaly(s *schemas.Signal, tp *policy.Tenant, now time.Time) Result {
+	var kind flags.Kind
+	var bp policy.BreakerPolicy
+	switch s.Attributes["detector"] {
+	case "error_ratio":
+		kind, bp = flags.KindErrorRatio, tp.Breakers.ErrorRatio
+	case "slow_call":
+		kind, bp = flags.KindSlowCall, tp.Breakers.SlowCall
+	default:
+		return Result{Note: "anomaly without detector error_ratio|slow_call: not a breaker input"}
+	}
+	ratio, err1 := strconv.ParseFloat(s.Attributes["ratio"], 64)
+	requests, err2 := strconv.Atoi(s.Attributes["requests"])
+	if err1 != nil || err2 != nil || math.IsNaN(ratio) {
+		return Result{Note: "anomaly attributes ratio/requests missing or not numbers"}
+	}
+	if bp.Threshold <= 0 {
+		return Result{Note: "policy has no " + string(kind) + " breaker"}
+	}
+	k := Key{Tenant: s.Tenant, Scope: s.Model, Kind: kind}
+	b := t.breakers[s.Tenant][k]
+	bad := ratio >= bp.Threshold && requests >= bp.MinRequests
+	switch {
+	case bad && b == nil:
+		t.put(t.openHealth(k, bp, 0, ratio, requests, now))
+		return changed(s.Tenant)
+	case bad && b.State == flags.StateHalfOpen:
+		t.put(t.openHealth(k, bp, b.Failures+1, ratio, requests, now))
+		return changed(s.Tenant)
+	case !bad && b != nil && b.State == flags.StateHalfOpen:
+		t.del(k)
+		return changed(s.Tenant)
+	}
+	return Result{}
+}
+
+func (t *Table) openHealth(k Key, bp policy.BreakerPolicy, failures int, ratio float64, requests int, now time.Time) *Breaker {
+	open := bp.OpenFor
+	for i := 0; i < failures && open < bp.MaxOpenFor; i++ {
+		open *= 2
+	}
+	if bp.MaxOpenFor > 0 && open > bp.MaxOpenFor {
+		open = bp.MaxOpenFor
+	}
+	if open <= 0 {
+		open = 30 * time.Second
+	}
+	what := "error ratio"
+	if k.Kind == flags.KindSlowCall {
+		what = "slow-call ratio"
+	}
+	return &Breaker{Key: k, State: flags.StateOpen, OpenedAt: now, Until: now.Add(open), Failures: failures,
+		Probes: bp.HalfOpenProbes, Limit: bp.Threshold, Used: ratio, Period: bp.Window.String(),
+		Reason: fmt.Sprintf("%s %.2f over %d requests reached the threshold %.2f; open for %v", what, ratio, requests, bp.Threshold, open)}
+}
+
+// Tick moves breakers on with the clock: expired quota, rate, manual and
+// blacklist breakers close; open health breakers go half-open for one
+// window; half-open ones that saw no bad signal for a window close. Expired
+// overrides are dropped. It returns the tenants whose flags changed.
+func (t *Table) Tick(now time.Time, tenantPolicy func(string) *policy.Tenant) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []string
+	for tenant, m := range t.breakers {
+		touched := false
+		for k, b := range m {
+			if now.Before(b.Until) {
+				continue
+			}
+			touched = true
+			if (k.Kind == flags.KindErrorRatio || k.Kind == flags.KindSlowCall) && b.State == flags.StateOpen {
+				bp := tenantPolicy(tenant).Breakers.ErrorRatio
+				if k.Kind == flags.KindSlowCall {
+					bp = tenantPolicy(tenant).Breakers.SlowCall
+				}
+				window := bp.Window
+				if window <= 0 {
+					window = time.Minute
+				}
+				nb := *b
+				nb.State, nb.Until, nb.Probes = flags.StateHalfOpen, now.Add(window), bp.HalfOpenProbes
+				nb.Reason = fmt.Sprintf("half-open: %d probe requests decide (%s)", bp.HalfOpenProbes, b.Reason)
+				m[k] = &nb
+				continue
+			}
+			t.del(k)
+		}
+		if touched {
+			out = append(out, tenant)
+		}
+	}
+	for k, o := range t.overrides {
+		if !now.Before(o.Until) {
+			delete(t.overrides, k)
+			if t.del(Key{Tenant: k.tenant, Scope: k.model, Kind: flags.KindQuota, Quota: k.quota}) {
+				out = append(out, k.tenant)
+			}
+		}
+	}
+	return out
+}
+
+// Trip opens a manual breaker on tenant × scope until until.
+func (t *Table) Trip(tenant, scope, reason, actor string, until, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.put(&Breaker{Key: Key{Tenant: tenant, Scope: scope, Kind: flags.KindManual}, State: flags.StateOpen,
+		Reason: reason, Until: until, OpenedAt: now, Actor: actor})
+}
+
+// Reset closes the breakers of tenant × scope: those of kind, or every kind
+// but blacklist when kind is empty. It reports whether any closed.
+func (t *Table) Reset(tenant, scope string, kind flags.Kind) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	closed := false
+	for k := range t.breakers[tenant] {
+		if k.Scope == scope && (k.Kind == kind || (kind == "" && k.Kind != flags.KindBlacklist)) {
+			closed = t.del(k) || closed
+		}
+	}
+	return closed
+}
+
+// Blacklist blocks tenant (every model) or, when apiKeyID is set, one key.
+func (t *Table) Blacklist(tenant, apiKeyID, reason, actor string, until, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.put(&Breaker{Key: Key{Tenant: tenant, Scope: blacklistScope(apiKeyID), Kind: flags.KindBlacklist},
+		State: flags.StateBlacklist, Reason: reason, Until: until, OpenedAt: now, Actor: actor})
+}
+
+// Unblacklist lifts a blacklist; it reports whether there was one.
+func (t *Table) Unblacklist(tenant, apiKeyID string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.del(Key{Tenant: tenant, Scope: blacklistScope(apiKeyID), Kind: flags.KindBlacklist})
+}
+
+func blacklistScope(apiKeyID string) string {
+	if apiKeyID == "" {
+		return flags.AllModels
+	}
+	return flags.KeyField(apiKeyID)
+}
+
+// SetOverride installs a temporary limit. A limit of 0 (a leaked key, a
+// tenant to stop now) opens a quota breaker at once; a raised limit closes
+// an open quota breaker whose usage is below it.
+func (t *Table) SetOverride(o Override, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.overrides[overrideKey{o.Tenant, o.Model, o.Quota}] = &o
+	k := Key{Tenant: o.Tenant, Scope: o.Model, Kind: flags.KindQuota, Quota: o.Quota}
+	b := t.breakers[o.Tenant][k]
+	switch {
+	case o.Limit == 0:
+		t.put(&Breaker{Key: k, State: flags.StateOpen, OpenedAt: now, Until: o.Until, Limit: 0, ResetsAt: o.Until,
+			Actor: o.Actor, Reason: fmt.Sprintf("%s set to 0 until %s: %s", o.Quota, o.Until.UTC().Format(time.RFC3339), o.Reason)})
+	case b != nil && b.Used < o.Limit:
+		t.del(k)
+	}
+}
+
+// ClearOverride removes an override (and the breaker a zero limit opened).
+func (t *Table) ClearOverride(tenant, model, quota string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	k := overrideKey{tenant, model, quota}
+	o := t.overrides[k]
+	if o == nil {
+		return false
+	}
+	delete(t.overrides, k)
+	if o.Limit == 0 {
+		t.del(Key{Tenant: tenant, Scope: model, Kind: flags.KindQuota, Quota: quota})
+	}
+	return true
+}
+
+// Overrides lists the overrides of tenant, or of everyone when tenant is "".
+func (t *Table) Overrides(tenant string) []Override {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []Override
+	for k, o := range t.overrides {
+		if tenant == "" || k.tenant == tenant {
+			out = append(out, *o)
+		}
+	}
+	slices.SortFunc(out, func(a, b Override) int { return cmpStr(a.Tenant+a.Model+a.Quota, b.Tenant+b.Model+b.Quota) })
+	return out
+}
+
+// Breakers lists the breakers of tenant, or of everyone when tenant is "".
+func (t *Table) Breakers(tenant string) []Breaker {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []Breaker
+	for ten, m := range t.breakers {
+		if tenant != "" && ten != tenant {
+			continue
+		}
+		for _, b := range m {
+			out = append(out, *b)
+		}
+	}
+	slices.SortFunc(out, func(a, b Breaker) int {
+		return cmpStr(a.Tenant+"\x00"+a.Scope+"\x00"+string(a.Kind)+a.Quota, b.Tenant+"\x00"+b.Scope+"\x00"+string(b.Kind)+b.Quota)
+	})
+	return out
+}
+
+func cmpStr(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Tenants returns every tenant with at least one breaker.
+func (t *Table) Tenants() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Collect(maps.Keys(t.breakers))
+}
+
+// Overage returns how many soft-quota overage signals were recorded.
+func (t *Table) Overage() float64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.overage
+}
+
+// severity orders kinds when several breakers share a scope: the flag a
+// gateway sees is the most severe one.
+func severity(b *Breaker) int {
+	s := map[flags.Kind]int{flags.KindBlacklist: 60, flags.KindManual: 50, flags.KindQuota: 40,
+		flags.KindRate: 30, flags.KindErrorRatio: 20, flags.KindSlowCall: 10}[b.Kind]
+	if b.State == flags.StateHalfOpen {
+		s -= 5
+	}
+	return s
+}
+
+// Flags returns the flags of tenant, one per scope (the most severe
+// breaker), with Until capped at now+ttl so that a dead enforcer's flags
+// lapse: the enforcer rewrites them before then while it lives.
+func (t *Table) Flags(tenant string, now time.Time, ttl time.Duration) map[string]*flags.Flag {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	m := t.breakers[tenant]
+	if len(m) == 0 {
+		return nil
+	}
+	best := map[string]*Breaker{}
+	for _, b := range m {
+		if cur := best[b.Scope]; cur == nil || severity(b) > severity(cur) ||
+			(severity(b) == severity(cur) && b.Until.After(cur.Until)) {
+			best[b.Scope] = b
+		}
+	}
+	out := make(map[string]*flags.Flag, len(best))
+	cap := now.Add(ttl)
+	for scope, b := range best {
+		until := b.Until
+		if until.IsZero() || until.After(cap) {
+			until = cap
+		}
+		f := &flags.Flag{State: b.State, Kind: b.Kind, Quota: b.Quota, Period: b.Period, Until: until,
+			Limit: b.Limit, Used: b.Used, ResetsAt: b.ResetsAt, Probes: b.Probes, Reason: b.Reason}
+		if b.ResetsAt.IsZero() && b.State != flags.StateHalfOpen {
+			f.RetryAfter = b.Until.Sub(now)
+			if f.RetryAfter < 0 {
+				f.RetryAfter = 0
+			}
+		}
+		out[scope] = f
+	}
+	return out
+}

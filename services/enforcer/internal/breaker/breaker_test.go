@@ -1,0 +1,206 @@
+package breaker
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
+)
+
+const policyYAML = `
+defaults:
+  mode: hard
+  breakers:
+    error_ratio: {threshold: 0.5, min_requests: 20, window: 1m, open_for: 30s, max_open_for: 2m, half_open_probes: 5}
+    slow_call: {threshold: 0.5, slow_call_ms: 10000, min_requests: 20, window: 1m, open_for: 30s, max_open_for: 10m, half_open_probes: 5}
+tenants:
+  acme:
+    models:
+      "*": {monthly_tokens: 1000, tokens_per_minute: 100}
+      gpt-4o: {monthly_tokens: 500, mode: soft}
+`
+
+func testPolicy(t *testing.T) *policy.Policy {
+	t.Helper()
+	p, err := policy.Parse([]byte(policyYAML), "test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+var t0 = time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
+
+func exhausted(model string, quota schemas.QuotaKind, end time.Time) *schemas.Signal {
+	return &schemas.Signal{ID: "x", Kind: schemas.SignalQuotaExhausted, Time: t0, Tenant: "acme", Model: model, Quota: quota,
+		Period: schemas.PeriodMonth, PeriodEnd: end, Used: 1000, Limit: 1000, Unit: schemas.UnitTokens}
+}
+
+func TestHardQuotaOpensUntilPeriodEndWithoutHalfOpen(t *testing.T) {
+	p := testPolicy(t)
+	tb := NewTable()
+	end := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	res := tb.Apply(exhausted("*", schemas.QuotaMonthlyTokens, end), p.Tenant("acme"), t0)
+	if len(res.Changed) != 1 {
+		t.Fatalf("result %+v", res)
+	}
+	f := tb.Flags("acme", t0, time.Minute)["*"]
+	if f == nil || f.State != flags.StateOpen || f.Kind != flags.KindQuota || f.Quota != "monthly_tokens" || !f.ResetsAt.Equal(end) || f.Limit != 1000 {
+		t.Fatalf("flag %+v", f)
+	}
+	if !f.Until.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("flag until %v not capped by the TTL", f.Until)
+	}
+	// Still open just before the boundary, closed (not half-open) after.
+	tb.Tick(end.Add(-time.Second), p.Tenant)
+	if len(tb.Breakers("acme")) != 1 {
+		t.Fatal("closed before the period end")
+	}
+	if ch := tb.Tick(end, p.Tenant); len(ch) != 1 || len(tb.Breakers("acme")) != 0 {
+		t.Fatalf("not closed at the period end: %v %+v", ch, tb.Breakers("acme"))
+	}
+}
+
+func TestPeriodResetAndTierDownClose(t *testing.T) {
+	p := testPolicy(t)
+	tb := NewTable()
+	end := t0.Add(24 * time.Hour)
+	tb.Apply(exhausted("*", schemas.QuotaMonthlyTokens, end), p.Tenant("acme"), t0)
+	tb.Apply(&schemas.Signal{Kind: schemas.SignalPeriodReset, Tenant: "acme", Model: "*", Quota: schemas.QuotaMonthlyTokens}, p.Tenant("acme"), t0)
+	if len(tb.Breakers("")) != 0 {
+		t.Fatal("period_reset did not close the quota breaker")
+	}
+	tb.Apply(exhausted("*", schemas.QuotaMonthlyTokens, end), p.Tenant("acme"), t0)
+	tb.Apply(&schemas.Signal{Kind: schemas.SignalTierCrossed, Direction: schemas.DirectionDown, Tier: 90, Tenant: "acme", Model: "*", Quota: schemas.QuotaMonthlyTokens}, p.Tenant("acme"), t0)
+	if len(tb.Breakers("")) != 0 {
+		t.Fatal("tier down (limit raised) did not close the quota breaker")
+	}
+}
+
+func TestSoftQuotaRecordsOverageAndNeverBlocks(t *testing.T) {
+	p := testPolicy(t)
+	tb := NewTable()
+	res := tb.Apply(exhausted("gpt-4o", schemas.QuotaMonthlyTokens, t0.Add(time.Hour)), p.Tenant("acme"), t0)
+	if !res.SoftOverage || len(res.Changed) != 0 || len(tb.Breakers("")) != 0 || tb.Overage() != 1 {
+		t.Fatalf("soft quota: %+v breakers=%v", res, tb.Breakers(""))
+	}
+}
+
+func TestRateWindowThrottlesUntilWindowEnd(t *testing.T) {
+	p := testPolicy(t)
+	tb := NewTable()
+	s := &schemas.Signal{Kind: schemas.SignalRateExceeded, Time: t0, Tenant: "acme", Model: "*", Quota: schemas.QuotaTokensPerMinute,
+		Period: schemas.PeriodMinute, PeriodEnd: t0.Add(40 * time.Second), Used: 150, Limit: 100}
+	tb.Apply(s, p.Tenant("acme"), t0)
+	f := tb.Flags("acme", t0, time.Minute)["*"]
+	if f == nil || f.State != flags.StateThrottle || !f.ResetsAt.Equal(t0.Add(40*time.Second)) {
+		t.Fatalf("flag %+v", f)
+	}
+	tb.Tick(t0.Add(40*time.Second), p.Tenant)
+	if len(tb.Breakers("")) != 0 {
+		t.Fatal("rate breaker outlived its window")
+	}
+	// A rate signal whose window is already over is ignored.
+	if res := tb.Apply(s, p.Tenant("acme"), t0.Add(time.Minute)); len(res.Changed) != 0 {
+		t.Fatal("stale rate signal opened a breaker")
+	}
+}
+
+func anomaly(detector, ratio, requests string) *schemas.Signal {
+	return &schemas.Signal{Kind: schemas.SignalAnomaly, Time: t0, Tenant: "acme", Model: "gpt-4o",
+		Attributes: map[string]string{"detector": detector, "ratio": ratio, "requests": requests}}
+}
+
+func TestErrorRatioBreakerHalfOpensAndBacksOff(t *testing.T) {
+	p := testPolicy(t)
+	tp := p.Tenant("acme")
+	tb := NewTable()
+	key := Key{Tenant: "acme", Scope: "gpt-4o", Kind: flags.KindErrorRatio}
+	state := func() *Breaker {
+		for _, b := range tb.Breakers("acme") {
+			if b.Key == key {
+				return &b
+			}
+		}
+		return nil
+	}
+	if tb.Apply(anomaly("error_ratio", "0.9", "5"), tp, t0); state() != nil {
+		t.Fatal("opened below min_requests")
+	}
+	if tb.Apply(anomaly("error_ratio", "0.4", "100"), tp, t0); state() != nil {
+		t.Fatal("opened below the threshold")
+	}
+	now := t0
+	tb.Apply(anomaly("error_ratio", "0.6", "100"), tp, now)
+	wantOpen := []time.Duration{30 * time.Second, 60 * time.Second, 120 * time.Second, 120 * time.Second} // capped at max_open_for
+	for i, d := range wantOpen {
+		b := state()
+		if b == nil || b.State != flags.StateOpen || b.Until.Sub(now) != d {
+			t.Fatalf("round %d: want open for %v, got %+v", i, d, b)
+		}
+		now = b.Until
+		tb.Tick(now, p.Tenant)
+		if b := state(); b == nil || b.State != flags.StateHalfOpen || b.Probes != 5 {
+			t.Fatalf("round %d: want half-open with 5 probes, got %+v", i, b)
+		}
+		// The probes fail: open again, longer.
+		tb.Apply(anomaly("error_ratio", "0.7", "25"), tp, now)
+	}
+	// Now the probes succeed: closed.
+	now = state().Until
+	tb.Tick(now, p.Tenant)
+	tb.Apply(anomaly("error_ratio", "0.1", "25"), tp, now)
+	if state() != nil {
+		t.Fatal("half-open breaker did not close on good probes")
+	}
+	// A half-open breaker with no verdict for a window closes too.
+	tb.Apply(anomaly("slow_call", "0.8", "100"), tp, now)
+	tb.Tick(now.Add(30*time.Second), p.Tenant)
+	tb.Tick(now.Add(30*time.Second+time.Minute), p.Tenant)
+	if len(tb.Breakers("acme")) != 0 {
+		t.Fatalf("slow-call breaker left: %+v", tb.Breakers("acme"))
+	}
+}
+
+func TestManualBlacklistAndOverrides(t *testing.T) {
+	p := testPolicy(t)
+	tb := NewTable()
+	tb.Trip("acme", "*", "incident 42", "alice", t0.Add(time.Hour), t0)
+	tb.Blacklist("acme", "", "fraud", "bob", t0.Add(2*time.Hour), t0)
+	tb.Blacklist("acme", "k1", "leaked", "bob", t0.Add(2*time.Hour), t0)
+	fl := tb.Flags("acme", t0, time.Minute)
+	if fl["*"].Kind != flags.KindBlacklist {
+		t.Fatalf("blacklist must win over manual on one scope: %+v", fl["*"])
+	}
+	if fl[flags.KeyField("k1")] == nil || fl[flags.KeyField("k1")].State != flags.StateBlacklist {
+		t.Fatalf("key blacklist missing: %+v", fl)
+	}
+	if !tb.Unblacklist("acme", "") || tb.Flags("acme", t0, time.Minute)["*"].Kind != flags.KindManual {
+		t.Fatal("unblacklist did not uncover the manual breaker")
+	}
+	if !tb.Reset("acme", "*", "") || tb.Flags("acme", t0, time.Minute)["*"] != nil {
+		t.Fatal("reset did not close the manual breaker")
+	}
+
+	// A leaked key: the model's quota goes to zero now, until the override ends.
+	tb.SetOverride(Override{Tenant: "acme", Model: "gpt-4o", Quota: "daily_tokens", Limit: 0, Until: t0.Add(time.Hour), Reason: "leak"}, t0)
+	if f := tb.Flags("acme", t0, time.Minute)["gpt-4o"]; f == nil || f.Kind != flags.KindQuota || f.Limit != 0 {
+		t.Fatalf("zero override: %+v", f)
+	}
+	tb.Tick(t0.Add(time.Hour), p.Tenant)
+	if tb.Flags("acme", t0.Add(time.Hour), time.Minute)["gpt-4o"] != nil || len(tb.Overrides("")) != 0 {
+		t.Fatal("zero override outlived its expiry")
+	}
+	// A promotion: a raised limit keeps the quota breaker shut below it.
+	tb.SetOverride(Override{Tenant: "acme", Model: "*", Quota: "monthly_tokens", Limit: 5000, Until: t0.Add(time.Hour)}, t0)
+	if res := tb.Apply(exhausted("*", schemas.QuotaMonthlyTokens, t0.Add(24*time.Hour)), p.Tenant("acme"), t0); len(res.Changed) != 0 {
+		t.Fatal("raised override did not hold the breaker shut")
+	}
+	s := exhausted("*", schemas.QuotaMonthlyTokens, t0.Add(24*time.Hour))
+	s.Kind, s.Direction, s.Tier, s.Used = schemas.SignalTierCrossed, schemas.DirectionUp, 90, 5000
+	if res := tb.Apply(s, p.Tenant("acme"), t0); len(res.Changed) != 1 {
+		t.Fatal("usage past the override's limit did not open the breaker")
+	}
+}

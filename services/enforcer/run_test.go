@@ -1,0 +1,155 @@
+package enforcer
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/migrations"
+	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/chconn"
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
+)
+
+// The whole service: state recovered from ClickHouse on start, signals
+// consumed from Kafka, flags in Redis, admin API served, clean shutdown.
+func TestRunConsumesSignalsAndRecoversState(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Kafka, ClickHouse and Redis")
+	}
+	kc := itest.Kafka(t)
+	chc := itest.ClickHouse(t)
+	rc := itest.Redis(t)
+	ctx := context.Background()
+	conn, err := chconn.Open(ctx, chc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := migrations.Apply(ctx, conn, quietLog()); err != nil {
+		t.Fatal(err)
+	}
+	// The aggregator recorded an exhausted hard quota before we started.
+	now := time.Now().UTC().Truncate(time.Second)
+	b, err := conn.PrepareBatch(ctx, "INSERT INTO quota_state (tenant, model, quota, period, period_start, period_end, used, quota_limit, unit, mode, tier, version, updated_at)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Append("recovered", "*", "monthly_tokens", "month", now.Add(-time.Hour), now.Add(time.Hour), 2000.0, 1000.0, "tokens", "hard", uint16(100), uint64(1), now); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Send(); err != nil {
+		t.Fatal(err)
+	}
+
+	rdb := redisconn.NewClient(rc)
+	defer rdb.Close()
+	cfg := testConfig(t)
+	cleanupPrefix(t, rdb, cfg.KeyPrefix)
+	cfg.ConsumerGroup = itest.Unique(t, "enforcer_")
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	cfg.Admin.Listen = ln.Addr().String()
+	ln.Close()
+	cfg.Admin.Tokens = []admin.Token{{Name: "ops", SHA256: admin.HashToken("tok")}}
+	policyFile := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policyFile, []byte(testPolicyYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.PolicyFile = policyFile
+	cfg.PolicyReload = 100 * time.Millisecond
+
+	env := platform.Env{Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc}.Named("test")
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- Run(runCtx, cfg, env) }()
+	defer func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("Run did not stop within 30s of cancellation")
+		}
+	}()
+	keys := flags.Layout{Prefix: cfg.KeyPrefix}
+	hasFlag := func(tenant, field, want string) func() bool {
+		return func() bool {
+			v, _ := rdb.HGet(ctx, keys.TenantKey(tenant), field).Result()
+			return strings.Contains(v, want)
+		}
+	}
+	waitFor(t, "quota breaker recovered from quota_state", hasFlag("recovered", "*", "monthly_tokens"))
+
+	prod, err := kafkaconn.NewClient(kc, kgo.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	sig := exhausted(itest.Unique(t, "kafka-"), "gpt-4o")
+	val, err := schemas.EncodeSignal(sig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := prod.ProduceSync(ctx, &kgo.Record{Topic: schemas.TopicSignalsV1, Key: []byte(sig.Tenant), Value: val}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	// A record that is not a signal must be skipped, not crash anything.
+	_ = prod.ProduceSync(ctx, &kgo.Record{Topic: schemas.TopicSignalsV1, Value: []byte("{not json")}).FirstErr()
+	waitFor(t, "flag from a Kafka signal", hasFlag(sig.Tenant, "gpt-4o", "daily_tokens"))
+
+	req, _ := http.NewRequest(http.MethodGet, "http://"+cfg.Admin.Listen+"/admin/v1/breakers?tenant=recovered", nil)
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("admin list: %d", resp.StatusCode)
+	}
+	if m, _ := rdb.HGet(ctx, keys.FailModeKey(), "strict").Result(); m != "closed" {
+		t.Fatalf("fail mode of tenant strict in redis: %q", m)
+	}
+	// A policy edit reaches the gateways' fail modes without a restart.
+	edited := strings.Replace(testPolicyYAML, "fail_mode: closed", "fail_mode: open", 1)
+	if err := os.WriteFile(policyFile, []byte(edited), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "reloaded fail mode in redis", func() bool {
+		m, _ := rdb.HGet(ctx, keys.FailModeKey(), "strict").Result()
+		return m == "open"
+	})
+}
+
+func TestConfigValidateNamesFieldAndLimit(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.FlushInterval = 0
+	cfg.BatchTenants = 0
+	cfg.Admin.Tokens = []admin.Token{{Name: "x", SHA256: "abc"}}
+	err := cfg.Validate()
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, want := range []string{"enforcer.flush_interval", "1ms", "enforcer.batch_tenants", "1..100000", "enforcer.admin.tokens[0].sha256"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatalf("defaults invalid: %v", err)
+	}
+}
