@@ -8,19 +8,16 @@ GO       ?= go
 PKGS     := github.com/sluicehq/sluice/...
 SERVICES := scripts/services.sh
 VENV     := .services/venv
-# Every test reads the service addresses from these (see scripts/services.sh env).
-export SLUICE_KAFKA_BROKERS     ?= 127.0.0.1:19092
-export SLUICE_CLICKHOUSE_ADDR   ?= 127.0.0.1:19000
-export SLUICE_REDIS_ADDR        ?= 127.0.0.1:16379
-export SLUICE_ALERTMANAGER_URL  ?= http://127.0.0.1:19093
-export SLUICE_CHDB_PYTHON       ?= $(CURDIR)/$(VENV)/bin/python
+# Tests find the services at the script's default addresses (override with
+# the variables `scripts/services.sh env` prints) and chdb here:
+export SLUICE_CHDB_PYTHON ?= $(CURDIR)/$(VENV)/bin/python
 
 .PHONY: help run test unit e2e bench lint build services services-down chdb clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-run: build ## the main job: services up, migrations applied, the whole pipeline and a demo running
+run: build ## the main job: the whole pipeline, a mock LLM, a gateway, load and a live view (Ctrl-C stops)
 	$(SERVICES) up clickhouse redis alertmanager
 	bin/sluice demo
 

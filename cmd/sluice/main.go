@@ -37,6 +37,7 @@ const usage = `usage: sluice <command> [flags]
 commands:
   migrate    apply ClickHouse migrations (safe to repeat)
   run        run services: sluice run [flags] [service ...] (default: all)
+  demo       the whole pipeline with a mock LLM, a reference gateway, load and a live view (make run)
   services   list the services this binary can run
   healthcheck URL   exit 0 if URL answers 2xx (for container healthchecks)
 
@@ -60,6 +61,8 @@ func run(ctx context.Context, args []string) error {
 			return err
 		}
 		return runServices(ctx, cfg, names)
+	case "demo":
+		return demo(ctx, args[1:])
 	case "services":
 		names := make([]string, 0, len(services))
 		for _, s := range services {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -122,11 +123,37 @@ func chooseServices(cfg *Config, names []string) ([]service, error) {
 
 func runServices(ctx context.Context, cfg Config, names []string) error {
 	log := logging.New(cfg.Log, os.Stderr)
-	chosen, err := chooseServices(&cfg, names)
+	p, err := preparePipeline(ctx, &cfg, names, log)
 	if err != nil {
 		return err
 	}
+	defer p.close()
+	return lifecycle.Run(ctx, log, cfg.ShutdownGrace, p.tasks...)
+}
 
+// pipeline is a prepared set of services: their tasks (the operational
+// endpoints first) and what to release when they have stopped.
+type pipeline struct {
+	tasks   []lifecycle.Task
+	env     platform.Env
+	cleanup []func()
+}
+
+func (p *pipeline) close() {
+	for i := len(p.cleanup) - 1; i >= 0; i-- {
+		p.cleanup[i]()
+	}
+}
+
+// preparePipeline validates the chosen services, starts the embedded broker
+// when no Kafka is configured (cfg.Kafka.Brokers then points at it), applies
+// migrations, and returns the tasks to run.
+func preparePipeline(ctx context.Context, cfg *Config, names []string, log *slog.Logger) (*pipeline, error) {
+	chosen, err := chooseServices(cfg, names)
+	if err != nil {
+		return nil, err
+	}
+	p := &pipeline{}
 	if len(cfg.Kafka.Brokers) == 0 {
 		dir := cfg.Embedded.DataDir
 		if dir != "" {
@@ -134,26 +161,27 @@ func runServices(ctx context.Context, cfg Config, names []string) error {
 		}
 		cluster, addrs, err := kafkaconn.StartEmbedded(cfg.Embedded.Port, dir, schemas.TopicUsageV1, schemas.TopicSignalsV1)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		defer cluster.Close()
+		p.cleanup = append(p.cleanup, cluster.Close)
 		cfg.Kafka.Brokers = addrs
 		log.Warn("no kafka.brokers configured: using an embedded development broker (not for production)", "addr", addrs)
 	}
 	if cfg.Migrate {
 		if err := applyMigrations(ctx, cfg.ClickHouse, log); err != nil {
-			return err
+			p.close()
+			return nil, err
 		}
 	}
-
 	reg := ops.NewRegistry()
-	env := platform.Env{Logger: log, Metrics: reg, Health: ops.NewHealth(), Kafka: cfg.Kafka, ClickHouse: cfg.ClickHouse, Redis: cfg.Redis}
-	tasks := []lifecycle.Task{{Name: "ops", Run: func(ctx context.Context) error {
-		return ops.Serve(ctx, cfg.Ops, reg, env.Health, log)
+	p.env = platform.Env{Logger: log, Metrics: reg, Health: ops.NewHealth(), Kafka: cfg.Kafka, ClickHouse: cfg.ClickHouse, Redis: cfg.Redis}
+	opsCfg := cfg.Ops
+	p.tasks = []lifecycle.Task{{Name: "ops", Run: func(ctx context.Context) error {
+		return ops.Serve(ctx, opsCfg, reg, p.env.Health, log)
 	}}}
 	for _, s := range chosen {
-		senv := env.Named(s.name)
-		tasks = append(tasks, lifecycle.Task{Name: s.name, Run: func(ctx context.Context) error { return s.run(ctx, &cfg, senv) }})
+		senv := p.env.Named(s.name)
+		p.tasks = append(p.tasks, lifecycle.Task{Name: s.name, Run: func(ctx context.Context) error { return s.run(ctx, cfg, senv) }})
 	}
-	return lifecycle.Run(ctx, log, cfg.ShutdownGrace, tasks...)
+	return p, nil
 }

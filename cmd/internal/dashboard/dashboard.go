@@ -1,0 +1,115 @@
+// Package dashboard is the demo's live view: for each tenant, the quota
+// closest to its limit (used %, rate, predicted exhaustion), the breaker a
+// gateway sees, how its requests were answered and the alerts firing —
+// redrawn in place on a terminal, or as plain log lines when output is not
+// one.
+package dashboard
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Row is one tenant x model line of the view.
+type Row struct {
+	Tenant, Model string
+	Quota, Period string
+	Used, Limit   float64
+	RatePerMinute float64
+	// Exhaustion is the predicted time the quota runs out; zero if none.
+	Exhaustion time.Time
+	// Breaker is what a gateway's Checker decides now: "closed", or the
+	// refusing flag's kind and quota.
+	Breaker string
+	// Served and Refused count the load generator's answers.
+	Served, Refused int64
+	// Alerts lists the alerts firing for the tenant in Alertmanager.
+	Alerts []string
+}
+
+// UsedPercent is Used over Limit, in percent.
+func (r Row) UsedPercent() float64 {
+	if r.Limit <= 0 {
+		return 0
+	}
+	return 100 * r.Used / r.Limit
+}
+
+// Source produces the rows; the demo combines ClickHouse quota state, the
+// Checker, the load generator and Alertmanager.
+type Source interface {
+	Rows(ctx context.Context) ([]Row, error)
+}
+
+// Run redraws every interval until ctx ends. On a terminal it repaints the
+// screen; otherwise it writes a block of log lines every logEvery.
+func Run(ctx context.Context, w io.Writer, src Source, tty bool, interval, logEvery time.Duration, now func() time.Time) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	var lastLog time.Time
+	for {
+		rows, err := src.Rows(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			fmt.Fprintf(w, "dashboard: %v\n", err)
+		case tty:
+			fmt.Fprint(w, "\033[H\033[2J")
+			Render(w, rows, now())
+		case now().Sub(lastLog) >= logEvery:
+			Render(w, rows, now())
+			lastLog = now()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Render writes the table.
+func Render(w io.Writer, rows []Row, now time.Time) {
+	sort.Slice(rows, func(i, j int) bool {
+		if rows[i].Tenant != rows[j].Tenant {
+			return rows[i].Tenant < rows[j].Tenant
+		}
+		return rows[i].Model < rows[j].Model
+	})
+	fmt.Fprintf(w, "Sluice demo — %s   (Ctrl-C stops everything)\n\n", now.UTC().Format("15:04:05 MST"))
+	fmt.Fprintf(w, "%-10s %-8s %-20s %7s %-22s %11s %-12s %-26s %8s %8s  %s\n",
+		"TENANT", "MODEL", "QUOTA", "USED", "", "RATE/MIN", "EXHAUSTS", "GATEWAY", "SERVED", "REFUSED", "ALERTS")
+	for _, r := range rows {
+		exh := "-"
+		if !r.Exhaustion.IsZero() {
+			if d := r.Exhaustion.Sub(now); d > 0 {
+				exh = "in " + d.Round(time.Second).String()
+			} else {
+				exh = "now"
+			}
+		}
+		fmt.Fprintf(w, "%-10s %-8s %-20s %6.1f%% %-22s %11.0f %-12s %-26s %8d %8d  %s\n",
+			clip(r.Tenant, 10), clip(r.Model, 8), clip(r.Quota+"/"+r.Period, 20), r.UsedPercent(), bar(r.UsedPercent(), 20),
+			r.RatePerMinute, exh, clip(r.Breaker, 26), r.Served, r.Refused, strings.Join(r.Alerts, ","))
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(w, "(waiting for the first aggregates...)")
+	}
+	fmt.Fprintln(w)
+}
+
+func bar(pct float64, width int) string {
+	n := int(pct / 100 * float64(width))
+	n = max(0, min(n, width))
+	return "[" + strings.Repeat("#", n) + strings.Repeat(".", width-n) + "]"
+}
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-1] + "…"
+}

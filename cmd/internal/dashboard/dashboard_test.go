@@ -1,0 +1,37 @@
+package dashboard
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+type rows []Row
+
+func (r rows) Rows(context.Context) ([]Row, error) { return r, nil }
+
+func TestRenderShowsWhatTheDemoPromises(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	var b bytes.Buffer
+	Render(&b, []Row{{Tenant: "runaway", Model: "*", Quota: "hourly_tokens", Period: "hour", Used: 950, Limit: 1000,
+		RatePerMinute: 480000, Exhaustion: now.Add(7 * time.Second), Breaker: "closed", Served: 120, Refused: 3,
+		Alerts: []string{"tier90"}}}, now)
+	out := b.String()
+	for _, want := range []string{"runaway", "hourly_tokens/hour", "95.0%", "[###################.]", "480000", "in 7s", "closed", "120", "tier90"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("view lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestPlainModeWritesNoTerminalCodes(t *testing.T) {
+	var b bytes.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = Run(ctx, &b, rows{{Tenant: "a", Limit: 1}}, false, time.Hour, 0, time.Now)
+	if strings.Contains(b.String(), "\033[") || !strings.Contains(b.String(), "TENANT") {
+		t.Fatalf("plain output:\n%q", b.String())
+	}
+}

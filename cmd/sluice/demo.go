@@ -1,0 +1,333 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/sluicehq/sluice/cmd/internal/dashboard"
+	"github.com/sluicehq/sluice/cmd/internal/loadgen"
+	"github.com/sluicehq/sluice/cmd/internal/mockllm"
+	"github.com/sluicehq/sluice/cmd/internal/refgateway"
+	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/emitter"
+	"github.com/sluicehq/sluice/platform/chconn"
+	"github.com/sluicehq/sluice/platform/lifecycle"
+	"github.com/sluicehq/sluice/platform/logging"
+	"github.com/sluicehq/sluice/platform/redisconn"
+)
+
+// Demo addresses: fixed so the README can name them, all on loopback.
+const (
+	demoGatewayAddr  = "127.0.0.1:18080"
+	demoIngestAddr   = "127.0.0.1:18081"
+	demoUpstreamAddr = "127.0.0.1:18090"
+)
+
+// demoTenants are the load generator's customers; their plans are in
+// deploy/demo/policy.yaml.
+var demoTenants = []loadgen.Tenant{
+	// About 6,300 tokens a second against a 500,000-token hourly quota:
+	// 70% after ~55 s, 100% after ~80 s.
+	{Name: "runaway", APIKey: "sk-demo-runaway", Model: "gpt-4o-mini", RequestsPerSecond: 12, PromptChars: 1600, MaxTokens: 120},
+	{Name: "acme", APIKey: "sk-demo-acme", Model: "gpt-4o", RequestsPerSecond: 4, PromptChars: 800, MaxTokens: 200, Stream: true},
+	{Name: "trial", APIKey: "sk-demo-trial", Model: "gpt-4o-mini", RequestsPerSecond: 1, PromptChars: 400, MaxTokens: 60},
+}
+
+// demoConfig is the default configuration with the demo's own choices: a
+// separate ClickHouse database and Redis prefix, the demo policy, quick
+// alert timings, loopback ports.
+func demoConfig() Config {
+	c := defaultConfig()
+	c.Log.Format = "text"
+	c.ClickHouse.Database = "sluice_demo"
+	c.PolicyFile = filepath.Join("deploy", "demo", "policy.yaml")
+	c.Services.Ingest.Listen = demoIngestAddr
+	c.Services.Enforcer.KeyPrefix = "sluice-demo:"
+	c.Services.Alerter.Alertmanager.URL = envOr("SLUICE_ALERTMANAGER_URL", "http://127.0.0.1:19093")
+	// Tiers must hold this long before they notify; short enough to watch.
+	c.Services.Alerter.Rules.PendingFor = 5 * time.Second
+	c.Services.Alerter.Rules.GroupWait = 5 * time.Second
+	return c
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// demo runs the whole pipeline in this process with a mock LLM upstream,
+// the reference gateway, a load generator and a live view. It starts from a
+// fresh demo database each time, so the story replays from zero.
+func demo(ctx context.Context, args []string) error {
+	cfg := demoConfig()
+	cfg, _, err := loadConfigWith(&cfg, args, os.LookupEnv)
+	if err != nil {
+		return err
+	}
+	logPath := filepath.Join(".services", "log", "sluice-demo.log")
+	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
+		return err
+	}
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	log := logging.New(cfg.Log, logFile)
+	fmt.Printf("sluice demo: service logs go to %s\n", logPath)
+
+	if err := resetDemoDatabase(ctx, cfg.ClickHouse); err != nil {
+		return err
+	}
+	keysFile, ingestKey, err := writeDemoKeys()
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(filepath.Dir(keysFile))
+	cfg.Services.Ingest.KeysFile = keysFile
+
+	p, err := preparePipeline(ctx, &cfg, nil, log)
+	if err != nil {
+		return err
+	}
+	defer p.close()
+
+	rdb := redisconn.NewClient(cfg.Redis)
+	defer rdb.Close()
+	ccfg := checker.DefaultConfig()
+	ccfg.KeyPrefix = cfg.Services.Enforcer.KeyPrefix
+	chk, err := checker.New(rdb, ccfg, log.With("component", "checker"))
+	if err != nil {
+		return err
+	}
+	ecfg := emitter.DefaultConfig()
+	ecfg.Logger = log.With("component", "emitter")
+	ecfg.FlushInterval = 50 * time.Millisecond
+	em, err := emitter.New(&emitter.HTTPSender{URL: "http://" + demoIngestAddr, APIKey: ingestKey}, ecfg)
+	if err != nil {
+		return err
+	}
+	keys := map[string]refgateway.Caller{}
+	for _, t := range demoTenants {
+		keys[t.APIKey] = refgateway.Caller{Tenant: t.Name, APIKeyID: "key-" + t.Name}
+	}
+	gw := &refgateway.Gateway{Upstream: "http://" + demoUpstreamAddr, Keys: keys, Checker: chk, Emitter: em, Name: "demo-gateway"}
+	gen := &loadgen.Generator{URL: "http://" + demoGatewayAddr, Tenants: demoTenants}
+
+	conn, err := chconn.Open(ctx, cfg.ClickHouse)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	src := &demoSource{conn: conn, checker: chk, gen: gen, alertmanager: cfg.Services.Alerter.Alertmanager.URL}
+	tty := isTerminal(os.Stdout)
+
+	tasks := append(p.tasks,
+		lifecycle.Task{Name: "checker", Run: chk.Run},
+		lifecycle.Task{Name: "mock-llm", Run: serveHTTP(demoUpstreamAddr, mockllm.Handler())},
+		lifecycle.Task{Name: "gateway", Run: serveHTTP(demoGatewayAddr, gw.Handler())},
+		lifecycle.Task{Name: "emitter", Run: func(ctx context.Context) error {
+			<-ctx.Done()
+			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			return em.Close(cctx)
+		}},
+		lifecycle.Task{Name: "loadgen", Run: func(ctx context.Context) error {
+			if err := waitReady(ctx, chk, demoIngestAddr); err != nil {
+				return err
+			}
+			return gen.Run(ctx)
+		}},
+		lifecycle.Task{Name: "dashboard", Run: func(ctx context.Context) error {
+			return dashboard.Run(ctx, os.Stdout, src, tty, time.Second, 5*time.Second, time.Now)
+		}},
+	)
+	fmt.Printf("sluice demo: gateway http://%s (OpenAI-compatible), ingest http://%s, metrics http://%s/metrics, Alertmanager %s\n",
+		demoGatewayAddr, demoIngestAddr, cfg.Ops.Listen, cfg.Services.Alerter.Alertmanager.URL)
+	return lifecycle.Run(ctx, log, cfg.ShutdownGrace, tasks...)
+}
+
+// waitReady holds the load back until the gateway can see flags and ingest
+// accepts events, so the first requests are metered.
+func waitReady(ctx context.Context, chk *checker.Checker, ingest string) error {
+	for {
+		c, err := net.DialTimeout("tcp", ingest, time.Second)
+		if err == nil {
+			c.Close()
+			if chk.Synced() {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func serveHTTP(addr string, h http.Handler) func(context.Context) error {
+	return func(ctx context.Context) error {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("listen on %s: %w (is another demo running?)", addr, err)
+		}
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			<-ctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	}
+}
+
+func resetDemoDatabase(ctx context.Context, c chconn.Config) error {
+	if err := chconn.EnsureDatabase(ctx, c); err != nil {
+		return fmt.Errorf("%w (start ClickHouse with `scripts/services.sh up clickhouse`)", err)
+	}
+	conn, err := chconn.Open(ctx, c)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	// Only the demo's own database: the story starts from zero every run.
+	return conn.Exec(ctx, "DROP DATABASE IF EXISTS "+c.Database)
+}
+
+// writeDemoKeys creates the ingest keys file with a fresh random key for
+// the reference gateway; only its hash is written.
+func writeDemoKeys() (path, key string, err error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", "", err
+	}
+	key = "sk-ingest-" + hex.EncodeToString(b[:])
+	sum := sha256.Sum256([]byte(key))
+	dir, err := os.MkdirTemp("", "sluice-demo-")
+	if err != nil {
+		return "", "", err
+	}
+	path = filepath.Join(dir, "keys.yaml")
+	body := fmt.Sprintf("keys:\n  - id: demo-gateway\n    sha256: %s\n", hex.EncodeToString(sum[:]))
+	return path, key, os.WriteFile(path, []byte(body), 0o600)
+}
+
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// demoSource assembles the live view from the aggregator's quota state in
+// ClickHouse, the gateway's Checker, the load generator and Alertmanager.
+type demoSource struct {
+	conn         driver.Conn
+	checker      *checker.Checker
+	gen          *loadgen.Generator
+	alertmanager string
+}
+
+const currentQuotas = `
+SELECT tenant, model, quota, period,
+       argMax(used, version), argMax(quota_limit, version),
+       argMax(rate_per_minute, version), argMax(predicted_exhaustion, version)
+FROM quota_state
+WHERE period_end > now()
+GROUP BY tenant, model, quota, period, period_start`
+
+func (s *demoSource) Rows(ctx context.Context) ([]dashboard.Row, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	rows, err := s.conn.Query(ctx, currentQuotas)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	// Per tenant, the quota closest to its limit is the one to watch.
+	best := map[string]dashboard.Row{}
+	for rows.Next() {
+		var r dashboard.Row
+		var exh time.Time
+		if err := rows.Scan(&r.Tenant, &r.Model, &r.Quota, &r.Period, &r.Used, &r.Limit, &r.RatePerMinute, &exh); err != nil {
+			return nil, err
+		}
+		if exh.Unix() > 0 {
+			r.Exhaustion = exh
+		}
+		if cur, ok := best[r.Tenant]; !ok || r.UsedPercent() > cur.UsedPercent() {
+			best[r.Tenant] = r
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	alerts := s.alerts(ctx)
+	out := make([]dashboard.Row, 0, len(best))
+	for _, t := range demoTenants {
+		r, ok := best[t.Name]
+		if !ok {
+			r = dashboard.Row{Tenant: t.Name, Model: "*"}
+		}
+		d := s.checker.Check(t.Name, t.Model, "key-"+t.Name)
+		r.Breaker = "serving"
+		if !d.Allowed() {
+			r.Breaker = "refusing"
+			if d.Flag != nil {
+				r.Breaker = fmt.Sprintf("%s %s %s", d.Flag.State, d.Flag.Kind, d.Flag.Quota)
+			}
+		}
+		c := s.gen.Counts(t.Name)
+		r.Served, r.Refused = c.OK.Load(), c.Quota429.Load()+c.Breaker503.Load()
+		r.Alerts = alerts[t.Name]
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// alerts returns the firing alerts per tenant as "alertname/severity".
+func (s *demoSource) alerts(ctx context.Context) map[string][]string {
+	out := map[string][]string{}
+	if s.alertmanager == "" {
+		return out
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.alertmanager+"/api/v2/alerts?active=true&filter="+url.QueryEscape(`tenant=~".+"`), nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return out
+	}
+	defer resp.Body.Close()
+	var list []struct {
+		Labels map[string]string `json:"labels"`
+	}
+	if json.NewDecoder(resp.Body).Decode(&list) != nil {
+		return out
+	}
+	for _, a := range list {
+		out[a.Labels["tenant"]] = append(out[a.Labels["tenant"]], a.Labels["alertname"]+"/"+a.Labels["severity"])
+	}
+	for _, v := range out {
+		sort.Strings(v)
+	}
+	return out
+}
+
