@@ -30,6 +30,7 @@ require (
 	github.com/shopspring/decimal v1.6.0 // indirect
 	github.com/sluicehq/sluice/gateway v0.0.0
 	github.com/sluicehq/sluice/policy v0.0.0
+	github.com/sluicehq/sluice/services/aggregator v0.0.0
 	github.com/sluicehq/sluice/services/alerter v0.0.0
 	github.com/sluicehq/sluice/services/enforcer v0.0.0
 	github.com/sluicehq/sluice/services/ingest v0.0.0
@@ -63,3 +64,5 @@ replace github.com/sluicehq/sluice/services/ingest => ../services/ingest
 replace github.com/sluicehq/sluice/services/enforcer => ../services/enforcer
 
 replace github.com/sluicehq/sluice/gateway => ../gateway
+
+replace github.com/sluicehq/sluice/services/aggregator => ../services/aggregator

@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/platform/ops"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/aggregator"
 	"github.com/sluicehq/sluice/services/alerter"
 	"github.com/sluicehq/sluice/services/enforcer"
 	"github.com/sluicehq/sluice/services/ingest"
@@ -26,6 +27,7 @@ import (
 // does not demand settings of services it will not run.
 type ServiceConfigs struct {
 	Ingest     ingest.Config     `yaml:"ingest"`
+	Aggregator aggregator.Config `yaml:"aggregator"`
 	Enforcer   enforcer.Config   `yaml:"enforcer"`
 	Alerter    alerter.Config    `yaml:"alerter"`
 	Reconciler reconciler.Config `yaml:"reconciler"`
@@ -34,12 +36,14 @@ type ServiceConfigs struct {
 func defaultServiceConfigs() ServiceConfigs {
 	s := ServiceConfigs{
 		Ingest:     ingest.DefaultConfig(),
+		Aggregator: aggregator.DefaultConfig(),
 		Enforcer:   enforcer.DefaultConfig(),
 		Alerter:    alerter.DefaultConfig(),
 		Reconciler: reconciler.DefaultConfig(),
 	}
 	// In one process the root policy_file is the default for every service.
 	s.Reconciler.Policy = ""
+	s.Aggregator.PolicyFile = ""
 	return s
 }
 
@@ -62,6 +66,16 @@ var services = []service{
 		prepare: func(c *Config) validator { return c.Services.Ingest },
 		run: func(ctx context.Context, c *Config, env platform.Env) error {
 			return ingest.Run(ctx, c.Services.Ingest, env)
+		}},
+	{name: "aggregator", about: "usage events → rates, totals, predictions, tiers → ClickHouse and signals",
+		prepare: func(c *Config) validator {
+			if c.Services.Aggregator.PolicyFile == "" {
+				c.Services.Aggregator.PolicyFile = c.PolicyFile
+			}
+			return c.Services.Aggregator
+		},
+		run: func(ctx context.Context, c *Config, env platform.Env) error {
+			return aggregator.Run(ctx, c.Services.Aggregator, env)
 		}},
 	{name: "enforcer", about: "signals → breakers → Redis flags for the gateway Checker; admin API",
 		prepare: func(c *Config) validator {

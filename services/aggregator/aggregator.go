@@ -1,0 +1,190 @@
+// Package aggregator is the Sluice service that turns sluice.usage.v1 into
+// what enforcement, alerts and billing read: per tenant × model and tenant ×
+// all models it keeps sliding rates, hour/day/month totals in the tenant's
+// time zone, cost, usage against every quota of the policy, alert tiers and
+// exhaustion predictions; it writes raw events, minute rollups and quota
+// state to ClickHouse and publishes signals to sluice.signals.v1.
+//
+// # Exactly-once effect
+//
+// The consumer group uses cooperative-sticky balancing and manual commits.
+// State is partition-local (events are keyed by tenant). For each partition,
+// a flush writes ClickHouse first, then produces the signals, then commits
+// the offset after the last event written. On assignment, before fetching
+// starts, the instance replays from ClickHouse every distinct event id
+// stored for the partition below the committed offset (signals suppressed),
+// and consumption resumes at the committed offset: events between the
+// commit and a crash are read again, re-written (ReplacingMergeTree folds
+// them) and re-signalled with the same deterministic ids. So after kill -9
+// at any moment the totals equal the sum over distinct ids in ClickHouse,
+// and consumers see each signal id at least once.
+//
+// While ClickHouse (or the signals topic) is unreachable the flush retries
+// with exponential back-off and nothing is fetched, dropped or committed.
+package aggregator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/chconn"
+	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/aggregator/internal/chstore"
+	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
+)
+
+// Config is the aggregator's section of the Sluice configuration.
+type Config struct {
+	PolicyFile    string        `yaml:"policy_file" help:"quota policy YAML file; reloaded when it changes"`
+	PolicyPoll    time.Duration `yaml:"policy_poll" help:"how often the policy file is checked for changes"`
+	Group         string        `yaml:"group" help:"Kafka consumer group of the aggregator instances"`
+	Topic         string        `yaml:"topic" help:"usage events topic"`
+	SignalsTopic  string        `yaml:"signals_topic" help:"topic the signals are produced to"`
+	BatchEvents   int           `yaml:"batch_events" help:"flush a partition's batch at this many events (also the poll size)"`
+	FlushInterval time.Duration `yaml:"flush_interval" help:"flush pending batches at least this often"`
+	RetryMin      time.Duration `yaml:"retry_min" help:"first back-off when ClickHouse or Kafka refuses a flush"`
+	RetryMax      time.Duration `yaml:"retry_max" help:"longest back-off between flush attempts"`
+	ShutdownGrace time.Duration `yaml:"shutdown_grace" help:"time allowed to flush and commit on shutdown"`
+	// SessionTimeout is how long the group waits for a silent member
+	// (a crashed instance) before moving its partitions.
+	SessionTimeout time.Duration `yaml:"session_timeout" help:"consumer group session timeout: how soon a crashed instance's partitions move"`
+
+	Hysteresis        float64       `yaml:"hysteresis" help:"percentage points below a tier before it is left"`
+	PredictionHorizon time.Duration `yaml:"prediction_horizon" help:"signal exhaustion predicted sooner than this"`
+	DedupCapacity     int           `yaml:"dedup_capacity" help:"event ids remembered per partition for dedup and settlement (FIFO beyond)"`
+	SlowCallMS        int64         `yaml:"slow_call_ms" help:"latency from which a request counts as a slow call"`
+}
+
+// DefaultConfig returns the settings the aggregator ships with.
+func DefaultConfig() Config {
+	o := tally.DefaultOptions()
+	return Config{
+		PolicyFile:        "policy.yaml",
+		PolicyPoll:        2 * time.Second,
+		Group:             "sluice-aggregator",
+		Topic:             schemas.TopicUsageV1,
+		SignalsTopic:      schemas.TopicSignalsV1,
+		BatchEvents:       50_000,
+		FlushInterval:     time.Second,
+		RetryMin:          200 * time.Millisecond,
+		RetryMax:          30 * time.Second,
+		ShutdownGrace:     20 * time.Second,
+		SessionTimeout:    45 * time.Second,
+		Hysteresis:        o.Hysteresis,
+		PredictionHorizon: o.Horizon,
+		DedupCapacity:     o.DedupCapacity,
+		SlowCallMS:        o.SlowCallMS,
+	}
+}
+
+// Validate reports every setting out of range, naming the field and limit.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("aggregator."+format, args...)) }
+	if c.PolicyFile == "" {
+		bad("policy_file: is required")
+	}
+	if c.PolicyPoll < 100*time.Millisecond || c.PolicyPoll > time.Hour {
+		bad("policy_poll: %v is outside 100ms..1h", c.PolicyPoll)
+	}
+	if c.Group == "" {
+		bad("group: is required")
+	}
+	if c.Topic == "" || c.SignalsTopic == "" || c.Topic == c.SignalsTopic {
+		bad("topic, signals_topic: both required and different (got %q, %q)", c.Topic, c.SignalsTopic)
+	}
+	if c.BatchEvents < 1 || c.BatchEvents > 1_000_000 {
+		bad("batch_events: %d is outside 1..1000000", c.BatchEvents)
+	}
+	if c.FlushInterval < 10*time.Millisecond || c.FlushInterval > time.Minute {
+		bad("flush_interval: %v is outside 10ms..1m", c.FlushInterval)
+	}
+	if c.RetryMin <= 0 || c.RetryMax < c.RetryMin || c.RetryMax > 10*time.Minute {
+		bad("retry_min, retry_max: need 0 < retry_min <= retry_max <= 10m (got %v, %v)", c.RetryMin, c.RetryMax)
+	}
+	if c.ShutdownGrace < time.Second || c.ShutdownGrace > 10*time.Minute {
+		bad("shutdown_grace: %v is outside 1s..10m", c.ShutdownGrace)
+	}
+	if c.SessionTimeout < 6*time.Second || c.SessionTimeout > 30*time.Minute {
+		bad("session_timeout: %v is outside 6s..30m (the broker's usual group session limits)", c.SessionTimeout)
+	}
+	if c.Hysteresis < 0 || c.Hysteresis > 50 {
+		bad("hysteresis: %v is outside 0..50 percentage points", c.Hysteresis)
+	}
+	if c.PredictionHorizon < time.Minute || c.PredictionHorizon > 31*24*time.Hour {
+		bad("prediction_horizon: %v is outside 1m..744h", c.PredictionHorizon)
+	}
+	if c.DedupCapacity < 1000 || c.DedupCapacity > 50_000_000 {
+		bad("dedup_capacity: %d is outside 1000..50000000", c.DedupCapacity)
+	}
+	if c.SlowCallMS < 0 || c.SlowCallMS > schemas.MaxLatencyMS {
+		bad("slow_call_ms: %d is outside 0..%d", c.SlowCallMS, schemas.MaxLatencyMS)
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) options() tally.Options {
+	return tally.Options{Hysteresis: c.Hysteresis, Horizon: c.PredictionHorizon, DedupCapacity: c.DedupCapacity, SlowCallMS: c.SlowCallMS}
+}
+
+// Run consumes until ctx is cancelled, then flushes and commits what it
+// holds (within ShutdownGrace) and leaves the group.
+func Run(ctx context.Context, cfg Config, env platform.Env) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	env = env.Named("aggregator")
+	log := env.Logger
+	watcher, err := policy.NewWatcher(cfg.PolicyFile, cfg.PolicyPoll, log)
+	if err != nil {
+		return fmt.Errorf("aggregator: policy: %w", err)
+	}
+	conn, err := chconn.Open(ctx, env.ClickHouse)
+	if err != nil {
+		return fmt.Errorf("aggregator: %w", err)
+	}
+	defer conn.Close()
+
+	a := newAggregator(cfg, env, watcher)
+	a.store = chstore.New(conn, a.costFunc, cfg.SlowCallMS)
+	cl, err := kafkaconn.NewClient(env.Kafka, a.kafkaOptions()...)
+	if err != nil {
+		return fmt.Errorf("aggregator: %w", err)
+	}
+	a.cl = cl
+	if err := kafkaconn.EnsureTopics(ctx, cl, env.Kafka, cfg.Topic, cfg.SignalsTopic); err != nil {
+		cl.Close()
+		return fmt.Errorf("aggregator: %w", err)
+	}
+	env.Health.AddReadiness("aggregator-kafka", kafkaconn.Ready(cl))
+	env.Health.AddReadiness("aggregator-clickhouse", chconn.Ready(conn))
+	defer env.Health.RemoveReadiness("aggregator-kafka")
+	defer env.Health.RemoveReadiness("aggregator-clickhouse")
+
+	wctx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
+	watchDone := make(chan struct{})
+	go func() { defer close(watchDone); _ = watcher.Run(wctx) }()
+	defer func() { stopWatch(); <-watchDone }()
+
+	log.Info("aggregator consuming", "topic", cfg.Topic, "group", cfg.Group, "policy", cfg.PolicyFile)
+	a.loop(ctx)
+
+	// Shutdown: flush and commit everything held, then leave the group
+	// (whose revoke callback finds nothing left to do).
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+	defer cancel()
+	a.mu.Lock()
+	ferr := a.flushAll(sctx)
+	a.mu.Unlock()
+	cl.Close()
+	if ferr != nil {
+		return fmt.Errorf("aggregator: final flush: %w (uncommitted events will be re-read by the next owner)", ferr)
+	}
+	log.Info("aggregator stopped")
+	return nil
+}

@@ -1,0 +1,510 @@
+package aggregator_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/migrations"
+	"github.com/sluicehq/sluice/platform/chconn"
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
+)
+
+const itPolicy = `
+defaults:
+  timezone: Asia/Kolkata
+  alert_tiers: [70, 90, 100]
+  budget: {amount: 0.2, currency: USD}
+  models:
+    "*": {hourly_tokens: 60000, daily_tokens: 250000, tokens_per_minute: 12000}
+    m0: {monthly_tokens: 100000}
+tenants:
+  t3:
+    timezone: America/New_York
+prices:
+  - {model: m0, currency: USD, effective_from: 2020-01-01T00:00:00Z, prompt: 2.5, completion: 10, cached: 1.25}
+`
+
+type env struct {
+	kafka   kafkaconn.Config
+	ch      chconn.Config
+	conn    driver.Conn
+	topic   string
+	signals string
+	group   string
+	policy  string
+	adm     *kadm.Client
+	cl      *kgo.Client
+}
+
+func setup(t testing.TB) *env {
+	t.Helper()
+	e := &env{kafka: itest.Kafka(t), ch: itest.ClickHouse(t)}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, err := chconn.Open(ctx, e.ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, err := migrations.Apply(ctx, conn, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	e.conn = conn
+	e.topic, e.signals, e.group = itest.Unique(t, "usage_"), itest.Unique(t, "signals_"), itest.Unique(t, "agg_")
+	e.policy = filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(e.policy, []byte(itPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kafkaconn.NewClient(e.kafka, kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	e.cl, e.adm = cl, kadm.NewClient(cl)
+	if err := kafkaconn.EnsureTopics(ctx, cl, e.kafka, e.topic, e.signals); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// workload returns n events in send order: 20 tenants, 3 models, one event
+// per second of event time; every 20th a re-sent earlier event, every 15th
+// an estimate settled 40 events later, every 50th two hours late and every
+// 70th an hour late. final maps tenant/id to the tokens that must count.
+func workload(n int, base time.Time) (evs []schemas.UsageEvent, final map[string]int64) {
+	final = map[string]int64{}
+	orig := make([]schemas.UsageEvent, 0, n)
+	for i := 0; i < n; i++ {
+		e := schemas.UsageEvent{
+			ID:               fmt.Sprintf("ev-%06d", i),
+			Time:             base.Add(time.Duration(i) * time.Second),
+			Tenant:           fmt.Sprintf("t%d", i%20),
+			Model:            fmt.Sprintf("m%d", (i/20)%3),
+			PromptTokens:     int64(100 + (i*37)%500),
+			CompletionTokens: int64((i * 53) % 300),
+			LatencyMS:        int64((i * 97) % 15000),
+		}
+		switch {
+		case i%50 == 49:
+			e.Time = e.Time.Add(-2 * time.Hour)
+		case i%70 == 69:
+			e.Time = e.Time.Add(-65 * time.Minute)
+		}
+		if i%15 == 3 {
+			e.Estimated = true
+			e.PromptTokens, e.CompletionTokens = 2000, 0
+		}
+		evs = append(evs, e)
+		orig = append(orig, e)
+		final[e.Tenant+"/"+e.ID] = e.TotalTokens()
+		if i%15 == 3+40%15 && i >= 40 { // settle the estimate sent 40 events ago (same tenant)
+			s := orig[i-40]
+			if s.Estimated {
+				s.Estimated = false
+				s.PromptTokens, s.CompletionTokens = 150, 75
+				evs = append(evs, s)
+				final[s.Tenant+"/"+s.ID] = s.TotalTokens()
+			}
+		}
+		if i%20 == 19 && i >= 100 {
+			evs = append(evs, evs[len(evs)-81]) // a retry of an earlier event
+		}
+	}
+	return evs, final
+}
+
+func produce(t testing.TB, e *env, evs []schemas.UsageEvent) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	recs := make([]*kgo.Record, len(evs))
+	for i := range evs {
+		recs[i] = &kgo.Record{Topic: e.topic, Key: []byte(evs[i].Tenant), Value: schemas.AppendUsageEventJSON(nil, &evs[i])}
+	}
+	if err := e.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// committed returns the group's committed offsets summed, and the topic's
+// high watermarks summed.
+func committed(t testing.TB, e *env) (done, end int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	offs, err := e.adm.FetchOffsets(ctx, e.group)
+	if err == nil {
+		offs.Each(func(o kadm.OffsetResponse) {
+			if o.Topic == e.topic && o.At > 0 {
+				done += o.At
+			}
+		})
+	}
+	ends, err := e.adm.ListEndOffsets(ctx, e.topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ends.Each(func(o kadm.ListedOffset) { end += o.Offset })
+	return done, end
+}
+
+func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func buildAggregator(t testing.TB) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "aggregator")
+	cmd := exec.Command("go", "build", "-o", bin, "./internal/testcmd")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func startAggregator(t *testing.T, e *env, bin string, logs *os.File) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(bin, "-brokers", strings.Join(e.kafka.Brokers, ","), "-clickhouse", e.ch.Addr, "-database", e.ch.Database,
+		"-topic", e.topic, "-signals", e.signals, "-group", e.group, "-policy", e.policy, "-batch", "700", "-flush", "150ms")
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd
+}
+
+// TestKillNineExactlyOnce is the issue's "done when": events with
+// duplicates, settlements and late arrivals are consumed by an aggregator
+// process that is SIGKILLed several times mid-stream; afterwards every
+// quota_state and usage_minute row equals the sum over distinct event ids in
+// ClickHouse, no event is lost, and the set of signals published equals
+// that of a clean, uninterrupted run over the same partitions.
+func TestKillNineExactlyOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	e := setup(t)
+	bin := buildAggregator(t)
+	logs, err := os.Create(filepath.Join(t.TempDir(), "aggregator.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(logs.Name())
+			if len(b) > 20000 {
+				b = b[len(b)-20000:]
+			}
+			t.Logf("aggregator log tail:\n%s", b)
+		}
+	}()
+
+	base := time.Now().UTC().Truncate(time.Hour).Add(-5 * time.Hour)
+	evs, final := workload(12000, base)
+	half := len(evs) / 2
+	produce(t, e, evs[:half])
+
+	const kills = 4
+	for k := 0; k < kills; k++ {
+		if k == 2 {
+			produce(t, e, evs[half:])
+		}
+		done0, _ := committed(t, e)
+		cmd := startAggregator(t, e, bin, logs)
+		// Kill once it has made some progress: mid-stream, at whatever
+		// point of write/publish/commit the process happens to be.
+		waitFor(t, "progress before kill", 90*time.Second, func() bool {
+			done, end := committed(t, e)
+			return done >= done0+int64(len(evs))/12 || done == end
+		})
+		// Land the kill at varying points of the next flush cycle.
+		time.Sleep(time.Duration(k*47%150) * time.Millisecond)
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		_ = cmd.Wait()
+	}
+	cmd := startAggregator(t, e, bin, logs)
+	waitFor(t, "the aggregator to catch up", 120*time.Second, func() bool {
+		done, end := committed(t, e)
+		return done == end
+	})
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("graceful stop: %v", err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	truth := loadDistinct(t, ctx, e.conn)
+	// No loss, no double count: the distinct events are exactly what was sent.
+	if len(truth) != len(final) {
+		t.Errorf("ClickHouse holds %d distinct events, %d were sent", len(truth), len(final))
+	}
+	for k, tok := range final {
+		if got, ok := truth[k]; !ok || got.tokens != tok {
+			t.Errorf("event %s: ClickHouse has %+v, want %d tokens", k, got, tok)
+			break
+		}
+	}
+	pol, err := policy.Load(e.policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkQuotaState(t, ctx, e.conn, truth, pol)
+	checkMinutes(t, ctx, e.conn, truth)
+	checkSignals(t, e, pol)
+}
+
+type distinct struct {
+	tenant, model string
+	at            time.Time
+	tokens        int64
+	cost          float64
+}
+
+func loadDistinct(t *testing.T, ctx context.Context, conn driver.Conn) map[string]distinct {
+	t.Helper()
+	rows, err := conn.Query(ctx, `SELECT tenant, id, argMax(model, kafka_offset), argMax(time, kafka_offset),
+ argMax(prompt_tokens, kafka_offset), argMax(completion_tokens, kafka_offset), argMax(cached_tokens, kafka_offset)
+ FROM usage_events GROUP BY tenant, id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]distinct{}
+	pol, _ := policy.Parse([]byte(itPolicy), "p.yaml")
+	for rows.Next() {
+		var d distinct
+		var id string
+		var p, c, ca uint64
+		if err := rows.Scan(&d.tenant, &id, &d.model, &d.at, &p, &c, &ca); err != nil {
+			t.Fatal(err)
+		}
+		d.tokens = int64(p + c)
+		if pr, ok := pol.Price(d.model, d.at); ok {
+			d.cost = pr.Cost(int64(p), int64(c), int64(ca))
+		}
+		out[d.tenant+"/"+id] = d
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func checkQuotaState(t *testing.T, ctx context.Context, conn driver.Conn, truth map[string]distinct, pol *policy.Policy) {
+	t.Helper()
+	rows, err := conn.Query(ctx, `SELECT tenant, model, quota, period_start, period_end, used, unit FROM quota_state FINAL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	n, bad := 0, 0
+	seenHour := map[string]bool{}
+	for rows.Next() {
+		var tenant, model, quota, unit string
+		var start, end time.Time
+		var used float64
+		if err := rows.Scan(&tenant, &model, &quota, &start, &end, &used, &unit); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		var want float64
+		for _, d := range truth {
+			if d.tenant == tenant && (model == "*" || d.model == model) && !d.at.Before(start) && d.at.Before(end) {
+				if unit == "currency" {
+					want += d.cost
+				} else {
+					want += float64(d.tokens)
+				}
+			}
+		}
+		if math.Abs(used-want) > 1e-6*math.Max(1, want) {
+			bad++
+			if bad <= 10 {
+				t.Errorf("quota_state %s/%s %s %v: used %v, distinct events say %v", tenant, model, quota, start, used, want)
+			}
+		}
+		if model == "*" && quota == "hourly_tokens" {
+			seenHour[tenant+start.UTC().Format(time.RFC3339)] = true
+		}
+	}
+	if n == 0 {
+		t.Fatal("quota_state is empty")
+	}
+	// Every hour any tenant used has its row.
+	for _, d := range truth {
+		s, _ := policy.PeriodBounds(policy.PeriodHour, d.at, pol.Tenant(d.tenant).Location)
+		if !seenHour[d.tenant+s.UTC().Format(time.RFC3339)] {
+			t.Errorf("no hourly_tokens row for %s hour %v", d.tenant, s.UTC())
+			break
+		}
+	}
+	t.Logf("checked %d quota_state rows against the distinct events (%d wrong)", n, bad)
+}
+
+func checkMinutes(t *testing.T, ctx context.Context, conn driver.Conn, truth map[string]distinct) {
+	t.Helper()
+	type key struct {
+		tenant, model string
+		minute        int64
+	}
+	want := map[key][2]uint64{}
+	for _, d := range truth {
+		m := d.at.Unix() / 60 * 60
+		for _, model := range []string{d.model, "*"} {
+			k := key{d.tenant, model, m}
+			v := want[k]
+			v[0]++
+			v[1] += uint64(d.tokens)
+			want[k] = v
+		}
+	}
+	rows, err := conn.Query(ctx, `SELECT tenant, model, minute, requests, prompt_tokens + completion_tokens FROM usage_minute FINAL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	got := map[key][2]uint64{}
+	for rows.Next() {
+		var k key
+		var at time.Time
+		var v [2]uint64
+		if err := rows.Scan(&k.tenant, &k.model, &at, &v[0], &v[1]); err != nil {
+			t.Fatal(err)
+		}
+		k.minute = at.Unix()
+		got[k] = v
+	}
+	bad := 0
+	for k, v := range want {
+		if got[k] != v {
+			bad++
+			if bad <= 10 {
+				t.Errorf("usage_minute %s/%s %v: %v (requests, tokens), distinct events say %v", k.tenant, k.model, time.Unix(k.minute, 0).UTC(), got[k], v)
+			}
+		}
+	}
+	t.Logf("checked %d minute rollups (%d wrong)", len(want), bad)
+}
+
+// checkSignals compares the signal ids published across all the killed
+// runs with those of a clean in-memory run over the same partitions.
+func checkSignals(t *testing.T, e *env, pol *policy.Policy) {
+	t.Helper()
+	want := map[string]string{}
+	for p, recs := range readTopic(t, e, e.topic) {
+		st := tally.New(p, tally.DefaultOptions())
+		st.SetPolicy(pol)
+		var ev schemas.UsageEvent
+		for _, r := range recs {
+			if err := schemas.DecodeUsageEvent(r.Value, &ev); err != nil {
+				t.Fatal(err)
+			}
+			st.Apply(&ev, r.Offset)
+			for _, s := range st.TakeSignals() {
+				want[s.ID] = string(s.Kind)
+			}
+		}
+	}
+	got := map[string]string{}
+	published := 0
+	for _, recs := range readTopic(t, e, e.signals) {
+		for _, r := range recs {
+			var s schemas.Signal
+			if err := schemas.DecodeSignal(r.Value, &s); err != nil {
+				t.Fatalf("published signal does not decode: %v", err)
+			}
+			got[s.ID] = string(s.Kind)
+			published++
+		}
+	}
+	if len(want) < 20 {
+		t.Fatalf("the workload produced only %d signals; too tame to compare", len(want))
+	}
+	var missing, extra []string
+	for id, k := range want {
+		if _, ok := got[id]; !ok {
+			missing = append(missing, k+":"+id)
+		}
+	}
+	for id, k := range got {
+		if _, ok := want[id]; !ok {
+			extra = append(extra, k+":"+id)
+		}
+	}
+	sort.Strings(missing)
+	sort.Strings(extra)
+	if len(missing) > 0 || len(extra) > 0 {
+		t.Errorf("signals differ from a clean run: %d missing %v, %d extra %v", len(missing), head(missing), len(extra), head(extra))
+	}
+	kinds := map[string]int{}
+	for _, k := range want {
+		kinds[k]++
+	}
+	t.Logf("%d distinct signals (%d records published, replays included): %v", len(got), published, kinds)
+}
+
+func head(s []string) []string { return s[:min(len(s), 5)] }
+
+func readTopic(t *testing.T, e *env, topic string) map[int32][]*kgo.Record {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ends, err := e.adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	remaining := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			remaining[o.Partition] = o.Offset
+		}
+	})
+	cl, err := kafkaconn.NewClient(e.kafka, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	out := map[int32][]*kgo.Record{}
+	for len(remaining) > 0 {
+		f := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("reading %s: %v (still missing %v)", topic, ctx.Err(), remaining)
+		}
+		f.EachRecord(func(r *kgo.Record) {
+			out[r.Partition] = append(out[r.Partition], r)
+			if r.Offset+1 >= remaining[r.Partition] {
+				delete(remaining, r.Partition)
+			}
+		})
+	}
+	for p := range out {
+		slices.SortFunc(out[p], func(a, b *kgo.Record) int { return int(a.Offset - b.Offset) })
+	}
+	return out
+}

@@ -1,0 +1,348 @@
+package tally
+
+import (
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
+)
+
+// quotaState is one quota of a series in its current period.
+type quotaState struct {
+	q    policy.Quota
+	kind int8
+
+	tier      int
+	crossings int32 // tier crossings this period, part of signal ids
+	exhausted bool
+
+	predicted   bool
+	predictions int32
+	predAt      int64 // unix seconds; 0 = no prediction within the period
+	rate        float64
+
+	rateMinute int64 // minute a rate_exceeded was last emitted for
+}
+
+func (q *quotaState) resetPeriod() {
+	q.tier, q.crossings, q.exhausted = 0, 0, false
+	q.predicted, q.predAt = false, 0
+}
+
+// tierFor returns the tier for usage pct given the current tier: up as soon
+// as a threshold is reached, down only once usage is more than h points
+// below the current tier's threshold.
+func tierFor(tiers []int, pct float64, cur int, h float64) int {
+	up := 0
+	for _, t := range tiers {
+		if pct >= float64(t) && t > up {
+			up = t
+		}
+	}
+	if up >= cur || pct >= float64(cur)-h {
+		return max(up, cur)
+	}
+	return up
+}
+
+func (s *Series) used(q *quotaState, j int) float64 {
+	pp := &s.per[q.kind][j]
+	switch q.q.Unit {
+	case "currency":
+		return pp.cost
+	case "requests":
+		return float64(pp.requests)
+	}
+	return float64(pp.tokens)
+}
+
+func unitOf(u string) schemas.Unit {
+	switch u {
+	case "currency":
+		return schemas.UnitCurrency
+	case "requests":
+		return schemas.UnitRequests
+	}
+	return schemas.UnitTokens
+}
+
+// base fills what every quota signal of s carries.
+func (s *Series) base(kind schemas.SignalKind, q *quotaState, b bound, ts, offset int64, used float64) schemas.Signal {
+	return schemas.Signal{
+		Kind:        kind,
+		Time:        time.Unix(ts, 0).UTC(),
+		Tenant:      s.t.id,
+		Model:       s.model,
+		Quota:       schemas.QuotaKind(q.q.Name),
+		Period:      schemas.Period(q.q.Period),
+		PeriodStart: time.Unix(b.start, 0).UTC(),
+		PeriodEnd:   time.Unix(b.end, 0).UTC(),
+		Tier:        q.tier,
+		Used:        math.Max(used, 0),
+		Limit:       q.q.Limit,
+		Unit:        unitOf(q.q.Unit),
+		Rate:        q.rate,
+		Mode:        schemas.Mode(q.q.Mode),
+		Source:      schemas.SignalSource{FromOffset: offset, ToOffset: offset},
+	}
+}
+
+func (s *Series) id(kind schemas.SignalKind, q *quotaState, start int64, extra ...string) string {
+	parts := append([]string{string(kind), s.t.id, s.model, q.q.Name, time.Unix(start, 0).UTC().Format(time.RFC3339)}, extra...)
+	return schemas.SignalID(parts...)
+}
+
+func (s *Series) periodReset(q *quotaState, ts, offset int64) schemas.Signal {
+	b := s.t.bounds[q.kind][0]
+	sig := s.base(schemas.SignalPeriodReset, q, b, ts, offset, 0)
+	sig.Tier, sig.PreviousTier, sig.Rate = 0, q.tier, 0
+	sig.ID = s.id(sig.Kind, q, b.start)
+	sig.Reason = q.q.Name + " period began; usage restarts from zero"
+	return sig
+}
+
+func (s *Series) evalQuota(q *quotaState, ts, offset int64, p *Partition) {
+	if q.kind == kindMinute {
+		s.evalRate(q, ts, offset, p)
+		return
+	}
+	b := s.t.bounds[q.kind][0]
+	used := s.used(q, 0)
+	nt := tierFor(s.t.tiers, used/q.q.Limit*100, q.tier, p.opt.Hysteresis)
+	if nt != q.tier {
+		prev := q.tier
+		q.tier = nt
+		q.crossings++
+		sig := s.base(schemas.SignalTierCrossed, q, b, ts, offset, used)
+		sig.PreviousTier = prev
+		sig.Direction = schemas.DirectionUp
+		if nt < prev {
+			sig.Direction = schemas.DirectionDown
+		}
+		sig.ID = s.id(sig.Kind, q, b.start, strconv.Itoa(prev), strconv.Itoa(nt), strconv.Itoa(int(q.crossings)))
+		sig.Reason = q.q.Name + " at " + strconv.FormatFloat(used/q.q.Limit*100, 'f', 1, 64) + "% of its limit"
+		p.emit(sig)
+	}
+	if used >= q.q.Limit && !q.exhausted {
+		q.exhausted = true
+		sig := s.base(schemas.SignalQuotaExhausted, q, b, ts, offset, used)
+		sig.ID = s.id(sig.Kind, q, b.start)
+		sig.Reason = q.q.Name + " exhausted (" + string(q.q.Mode) + ")"
+		p.emit(sig)
+	}
+}
+
+func (s *Series) evalRate(q *quotaState, ts, offset int64, p *Partition) {
+	m := floorDiv60(ts)
+	c := &s.rate[m%rateWindow]
+	if int64(c.min) != m || q.rateMinute == m {
+		return
+	}
+	used := float64(c.tok)
+	if q.q.Unit == "requests" {
+		used = float64(c.req)
+	}
+	if used <= q.q.Limit {
+		return
+	}
+	q.rateMinute = m
+	b := bound{m * 60, m*60 + 60}
+	sig := s.base(schemas.SignalRateExceeded, q, b, ts, offset, used)
+	sig.Tier = 0
+	sig.Rate = used
+	sig.ID = s.id(sig.Kind, q, b.start)
+	t5, r5 := s.windowRate(5)
+	t60, r60 := s.windowRate(60)
+	sig.Attributes = map[string]string{
+		"tokens_per_minute_5m":    strconv.FormatFloat(t5, 'f', 1, 64),
+		"tokens_per_minute_60m":   strconv.FormatFloat(t60, 'f', 1, 64),
+		"requests_per_minute_5m":  strconv.FormatFloat(r5, 'f', 2, 64),
+		"requests_per_minute_60m": strconv.FormatFloat(r60, 'f', 2, 64),
+	}
+	sig.Reason = q.q.Name + " window over its limit"
+	p.emit(sig)
+}
+
+// predict runs when a minute completed: for each period quota, when does it
+// run out at the forecast rate?
+func (s *Series) predict(ts, offset int64, p *Partition) {
+	now := s.lastMin * 60 // start of the minute in progress
+	for i := range s.quotas {
+		q := &s.quotas[i]
+		if q.kind == kindMinute || q.q.Unit == "requests" {
+			continue
+		}
+		h := &s.holtTok
+		if q.q.Unit == "currency" {
+			h = &s.holtCost
+		}
+		q.rate, _ = h.Rate()
+		used := s.used(q, 0)
+		b := s.t.bounds[q.kind][0]
+		mins, ok := h.MinutesToExhaustion(q.q.Limit - used)
+		if !ok || used >= q.q.Limit || mins > float64(b.end-now)/60 {
+			q.predAt, q.predicted = 0, false
+			continue
+		}
+		q.predAt = now + int64(mins*60)
+		near := time.Duration(q.predAt-now)*time.Second <= p.opt.Horizon
+		if near && !q.predicted {
+			q.predictions++
+			sig := s.base(schemas.SignalExhaustionPredicted, q, b, ts, offset, used)
+			at := time.Unix(q.predAt, 0).UTC()
+			sig.PredictedExhaustion = &at
+			// One id per quota and period: the prediction depends on the
+			// minute-by-minute history, which a rebuild sees without the
+			// estimates that were settled meanwhile, so a counter here
+			// would not replay identically. Consumers keep the first.
+			sig.ID = s.id(sig.Kind, q, b.start)
+			sig.Reason = q.q.Name + " predicted to run out at " + at.Format(time.RFC3339)
+			p.emit(sig)
+		}
+		q.predicted = near
+	}
+}
+
+// MinuteRow is the absolute totals of one tenant × model × minute, for
+// usage_minute.
+type MinuteRow struct {
+	Tenant, Model                            string
+	Minute                                   time.Time
+	Requests, PromptTokens, CompletionTokens uint64
+	CachedTokens, Errors, SlowCalls          uint64
+	Cost                                     float64
+}
+
+// QuotaRow is usage against one quota in one period, for quota_state.
+type QuotaRow struct {
+	Tenant, Model, Quota, Period string
+	PeriodStart, PeriodEnd       time.Time
+	Used, Limit                  float64
+	Unit, Mode                   string
+	Tier                         uint16
+	Rate                         float64
+	PredictedExhaustion          time.Time // zero: none
+}
+
+// LateMinute names a minute an event arrived for after its rollup left
+// memory; the writer recomputes that minute from the raw events.
+type LateMinute struct {
+	Tenant, Model string
+	Minute        time.Time
+}
+
+// Rows are what a Partition changed since the last Drain: absolute rows
+// to write, and closed periods to recompute from the raw events because
+// their totals had left memory when a late event arrived for them.
+type Rows struct {
+	Minutes       []MinuteRow
+	Quotas        []QuotaRow
+	MinuteRepairs []LateMinute
+	// QuotaRepairs carry everything but Used, which the writer computes.
+	QuotaRepairs []QuotaRow
+}
+
+// Reset empties r, keeping its buffers.
+func (r *Rows) Reset() {
+	r.Minutes, r.Quotas, r.MinuteRepairs, r.QuotaRepairs = r.Minutes[:0], r.Quotas[:0], r.MinuteRepairs[:0], r.QuotaRepairs[:0]
+}
+
+// Drain appends the rows changed since the last drain to r and forgets
+// that they changed.
+func (p *Partition) Drain(r *Rows) {
+	r.Minutes = append(r.Minutes, p.minutes...)
+	r.MinuteRepairs = append(r.MinuteRepairs, p.repairs...)
+	r.QuotaRepairs = append(r.QuotaRepairs, p.quotaRepairs...)
+	p.minutes, p.repairs, p.quotaRepairs = p.minutes[:0], p.repairs[:0], p.quotaRepairs[:0]
+	for _, s := range p.dirty {
+		for i := range s.roll {
+			if rl := &s.roll[i]; rl.dirty {
+				r.Minutes = append(r.Minutes, rl.row(s))
+				rl.dirty = false
+			}
+		}
+		for i := range s.quotas {
+			q := &s.quotas[i]
+			if q.kind == kindMinute {
+				continue
+			}
+			r.Quotas = append(r.Quotas, s.quotaRow(q, 0))
+			if s.prevDirty[q.kind] {
+				r.Quotas = append(r.Quotas, s.quotaRow(q, 1))
+			}
+		}
+		s.prevDirty = [3]bool{}
+		s.dirty = false
+	}
+	p.dirty = p.dirty[:0]
+}
+
+// ClearDirty forgets pending changes without returning them: after a
+// rebuild, whose rows ClickHouse already holds.
+func (p *Partition) ClearDirty() {
+	p.minutes, p.repairs, p.quotaRepairs = p.minutes[:0], p.repairs[:0], p.quotaRepairs[:0]
+	for _, s := range p.dirty {
+		for i := range s.roll {
+			s.roll[i].dirty = false
+		}
+		s.prevDirty = [3]bool{}
+		s.dirty = false
+	}
+	p.dirty = p.dirty[:0]
+}
+
+func (s *Series) quotaRow(q *quotaState, j int) QuotaRow {
+	b := s.t.bounds[q.kind][j]
+	used := math.Max(s.used(q, j), 0)
+	r := QuotaRow{
+		Tenant: s.t.id, Model: s.model, Quota: q.q.Name, Period: q.q.Period,
+		PeriodStart: time.Unix(b.start, 0).UTC(), PeriodEnd: time.Unix(b.end, 0).UTC(),
+		Used: used, Limit: q.q.Limit, Unit: q.q.Unit, Mode: string(q.q.Mode),
+	}
+	if j == 0 {
+		r.Tier, r.Rate = uint16(q.tier), q.rate
+		if q.predAt != 0 {
+			r.PredictedExhaustion = time.Unix(q.predAt, 0).UTC()
+		}
+	} else {
+		r.Tier = uint16(tierFor(s.t.tiers, used/q.q.Limit*100, 0, 0))
+	}
+	return r
+}
+
+// Totals returns the current hour, day or month totals of tenant × model
+// (model "*" for all models) and the period's start, or ok false when the
+// state has none.
+func (p *Partition) Totals(tenant, model, period string) (tokens, requests int64, cost float64, start time.Time, ok bool) {
+	t, found := p.tenants[tenant]
+	k := kindOf(period)
+	if !found || k < 0 || k == kindMinute {
+		return 0, 0, 0, time.Time{}, false
+	}
+	s := t.all
+	if model != policy.AllModels {
+		if s, found = t.models[model]; !found {
+			return 0, 0, 0, time.Time{}, false
+		}
+	}
+	pp := s.per[k][0]
+	return pp.tokens, pp.requests, pp.cost, time.Unix(t.bounds[k][0].start, 0).UTC(), true
+}
+
+// Rate returns tokens and requests per minute of tenant × model over the
+// sliding window of the last minutes minutes (1 to 60) of event time.
+func (p *Partition) Rate(tenant, model string, minutes int) (tokensPerMinute, requestsPerMinute float64) {
+	t, found := p.tenants[tenant]
+	if !found {
+		return 0, 0
+	}
+	s := t.all
+	if model != policy.AllModels {
+		if s, found = t.models[model]; !found {
+			return 0, 0
+		}
+	}
+	return s.windowRate(minutes)
+}

@@ -1,0 +1,404 @@
+package tally
+
+import (
+	"math"
+	"sort"
+	"time"
+
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/services/aggregator/internal/forecast"
+)
+
+// Period kinds, as array indexes. Minute quotas (TPM, RPM) are evaluated on
+// the rate ring instead of a period total.
+const (
+	kindHour = iota
+	kindDay
+	kindMonth
+	kindMinute
+)
+
+var periodNames = [...]string{policy.PeriodHour, policy.PeriodDay, policy.PeriodMonth, policy.PeriodMinute}
+
+func kindOf(period string) int8 {
+	for i, n := range periodNames {
+		if n == period {
+			return int8(i)
+		}
+	}
+	return -1
+}
+
+// rateWindow is how many minutes the rate ring covers: the longest sliding
+// window (60 minutes).
+const rateWindow = 60
+
+// rollupSlots is how many recent minutes keep full rollups in memory. An
+// event for an older minute is repaired in ClickHouse from the raw events
+// (see LateMinute) instead of holding an hour of rollups per series.
+const rollupSlots = 4
+
+type bound struct{ start, end int64 }
+
+// tenant groups a tenant's series, its policy and its period boundaries,
+// which all its series share: a tenant's periods roll over at its first
+// event past the boundary, whichever model that event is for.
+type tenant struct {
+	id     string
+	all    *Series
+	models map[string]*Series
+	order  []*Series // all first, then by first appearance: a deterministic order
+
+	pol   *policy.Policy
+	tp    *policy.Tenant
+	loc   *time.Location
+	tiers []int
+
+	bounds  [3][2]bound // kind × (current, previous)
+	wm      int64       // latest event time, unix seconds
+	started bool
+}
+
+func (t *tenant) eventTime(ts int64) time.Time { return time.Unix(ts, 0).UTC() }
+
+func (t *tenant) refresh(pol *policy.Policy) {
+	t.pol = pol
+	if pol != nil {
+		t.tp = pol.Tenant(t.id)
+	} else {
+		t.tp = &policy.Tenant{ID: t.id, Location: time.UTC, AlertTiers: []int{70, 90, 100}, Mode: policy.Hard}
+	}
+	loc := t.tp.Location
+	if loc == nil {
+		loc = time.UTC
+	}
+	if t.loc != nil && t.loc.String() != loc.String() && t.started {
+		// A new time zone moves the boundaries; totals so far stay with the
+		// period that contains the latest event.
+		for k := range 3 {
+			t.bounds[k][0] = boundsOf(k, t.wm, loc)
+		}
+	}
+	t.loc = loc
+	t.tiers = append(t.tiers[:0], t.tp.AlertTiers...)
+	sort.Ints(t.tiers)
+	for _, s := range t.order {
+		s.setQuotas(t.tp.Quotas(s.model))
+	}
+}
+
+func (t *tenant) series(model string, p *Partition) *Series {
+	if s, ok := t.models[model]; ok {
+		return s
+	}
+	s := p.newSeries(t, string([]byte(model)))
+	t.models[s.model] = s
+	return s
+}
+
+func boundsOf(kind int, ts int64, loc *time.Location) bound {
+	s, e := policy.PeriodBounds(periodNames[kind], time.Unix(ts, 0), loc)
+	return bound{s.Unix(), e.Unix()}
+}
+
+// advance moves the tenant's periods forward to contain ts, resetting every
+// series' totals and quota state for the periods that rolled over.
+func (t *tenant) advance(ts, offset int64, p *Partition) {
+	if !t.started {
+		for k := range 3 {
+			t.bounds[k][0] = boundsOf(k, ts, t.loc)
+		}
+		t.started, t.wm = true, ts
+		return
+	}
+	if ts <= t.wm {
+		return
+	}
+	t.wm = ts
+	for k := range 3 {
+		if ts < t.bounds[k][0].end {
+			continue
+		}
+		t.bounds[k][1] = t.bounds[k][0]
+		t.bounds[k][0] = boundsOf(k, ts, t.loc)
+		for _, s := range t.order {
+			s.per[k][1], s.per[k][0] = s.per[k][0], period{}
+			// The closed period's final totals may not be written yet.
+			s.prevDirty[k] = true
+			for i := range s.quotas {
+				q := &s.quotas[i]
+				if q.kind != int8(k) {
+					continue
+				}
+				p.emit(s.periodReset(q, ts, offset))
+				q.resetPeriod()
+			}
+			p.markDirty(s)
+		}
+	}
+}
+
+// evaluate updates quota state after an event counted in s (and so in the
+// tenant-wide series).
+func (t *tenant) evaluate(s *Series, ts, offset int64, p *Partition) {
+	for _, x := range [2]*Series{s, t.all} {
+		if x.predictDue {
+			x.predict(ts, offset, p)
+			x.predictDue = false
+		}
+		for i := range x.quotas {
+			x.evalQuota(&x.quotas[i], ts, offset, p)
+		}
+	}
+}
+
+type period struct {
+	tokens, requests int64
+	cost             float64
+}
+
+type rateCell struct {
+	min int32 // unix minute; int32 lasts until the year 6053
+	req int32
+	tok int64
+}
+
+type rollup struct {
+	min                                         int64
+	req, prompt, completion, cached, errs, slow int64
+	cost                                        float64
+	dirty                                       bool
+}
+
+// Series is the state of one tenant × model, or of a tenant × "*" (all its
+// models together).
+type Series struct {
+	t     *tenant
+	model string
+	idx   int32 // in Partition.series
+
+	per  [3][2]period // kind × (current, previous), aligned with t.bounds
+	rate [rateWindow]rateCell
+	roll [rollupSlots]rollup
+
+	// Exhaustion prediction runs on completed minutes: minTok and minCost
+	// accumulate lastMin until an event of a later minute completes it.
+	holtTok, holtCost forecast.Holt
+	lastMin           int64
+	minTok            int64
+	minCost           float64
+
+	quotas []quotaState
+
+	priceFor            *policy.Policy
+	priceFrom, priceEnd int64
+	price               policy.Price
+	priceOK             bool
+
+	lateHour   int64
+	prevDirty  [3]bool
+	dirty      bool
+	predictDue bool
+}
+
+func (p *Partition) newSeries(t *tenant, model string) *Series {
+	s := &Series{t: t, model: model, idx: int32(len(p.series))}
+	p.series = append(p.series, s)
+	t.order = append(t.order, s)
+	if t.tp != nil {
+		s.setQuotas(t.tp.Quotas(model))
+	}
+	return s
+}
+
+// setQuotas installs the policy's quotas, keeping the state of those that
+// are still there so a policy reload does not re-announce crossed tiers.
+func (s *Series) setQuotas(qs []policy.Quota) {
+	old := s.quotas
+	s.quotas = make([]quotaState, 0, len(qs))
+	for _, q := range qs {
+		k := kindOf(q.Period)
+		if k < 0 || q.Limit <= 0 {
+			continue
+		}
+		st := quotaState{q: q, kind: k}
+		for _, o := range old {
+			if o.q.Name == q.Name {
+				st = o
+				st.q = q
+			}
+		}
+		s.quotas = append(s.quotas, st)
+	}
+}
+
+func (s *Series) addPeriods(r *idRec, sign int64, p *Partition) {
+	tok := (int64(r.prompt) + int64(r.completion)) * sign
+	cost := r.cost * float64(sign)
+	for k := range 3 {
+		b := &s.t.bounds[k]
+		var pp *period
+		switch {
+		case r.ts >= b[0].start:
+			pp = &s.per[k][0]
+		case b[1].end != 0 && r.ts >= b[1].start && r.ts < b[1].end:
+			pp = &s.per[k][1]
+			s.prevDirty[k] = true
+		default:
+			// Older than the state keeps: have the writer recompute the
+			// period's quota rows from the raw events.
+			s.repairPeriod(k, r.ts, p)
+			continue
+		}
+		pp.tokens += tok
+		pp.requests += sign
+		pp.cost += cost
+	}
+}
+
+func floorDiv60(ts int64) int64 {
+	if ts >= 0 {
+		return ts / 60
+	}
+	return (ts - 59) / 60
+}
+
+func (s *Series) addMinute(r *idRec, sign int64, p *Partition) {
+	m := floorDiv60(r.ts)
+	tok := (int64(r.prompt) + int64(r.completion)) * sign
+
+	if c := &s.rate[m%rateWindow]; int64(c.min) == m {
+		c.req += int32(sign)
+		c.tok += tok
+	} else if m > int64(c.min) {
+		*c = rateCell{min: int32(m), req: int32(sign), tok: tok}
+	}
+
+	// The predictor sees settled consumption only: an estimate is replaced
+	// by its settlement, and a rebuild from ClickHouse sees only the
+	// settlement, so predictions must not depend on estimates to replay
+	// identically.
+	if r.flags&flagEstimated == 0 {
+		if s.lastMin == 0 {
+			s.lastMin = m
+		}
+		if m > s.lastMin {
+			s.completeMinutes(m)
+		}
+		if m == s.lastMin {
+			s.minTok += tok
+			s.minCost += r.cost * float64(sign)
+		}
+	}
+
+	rl := &s.roll[m%rollupSlots]
+	if rl.min != m {
+		if m < rl.min {
+			p.repairs = append(p.repairs, LateMinute{Tenant: s.t.id, Model: s.model, Minute: time.Unix(m*60, 0).UTC()})
+			return
+		}
+		if rl.dirty {
+			p.minutes = append(p.minutes, rl.row(s))
+		}
+		*rl = rollup{min: m}
+	}
+	rl.req += sign
+	rl.prompt += int64(r.prompt) * sign
+	rl.completion += int64(r.completion) * sign
+	rl.cached += int64(r.cached) * sign
+	if r.flags&flagError != 0 {
+		rl.errs += sign
+	}
+	if r.flags&flagSlow != 0 {
+		rl.slow += sign
+	}
+	rl.cost += r.cost * float64(sign)
+	rl.dirty = true
+}
+
+// completeMinutes feeds the predictors the minutes from lastMin up to m,
+// idle ones as zero; after an idle hour they start over.
+func (s *Series) completeMinutes(m int64) {
+	gap := m - s.lastMin
+	s.holtTok.Observe(float64(s.minTok))
+	s.holtCost.Observe(s.minCost)
+	if gap > rateWindow {
+		s.holtTok.Reset()
+		s.holtCost.Reset()
+	} else {
+		for i := int64(1); i < gap; i++ {
+			s.holtTok.Observe(0)
+			s.holtCost.Observe(0)
+		}
+	}
+	s.lastMin, s.minTok, s.minCost = m, 0, 0
+	s.predictDue = true
+}
+
+func (s *Series) cost(p *Partition, ts, prompt, completion, cached int64) float64 {
+	if s.priceFor != p.pol || ts < s.priceFrom || ts >= s.priceEnd {
+		s.priceFor, s.priceOK = p.pol, false
+		s.priceFrom, s.priceEnd = math.MinInt64, math.MaxInt64
+		list := p.price[s.model]
+		i := sort.Search(len(list), func(i int) bool { return list[i].EffectiveFrom.Unix() > ts })
+		if i < len(list) {
+			s.priceEnd = list[i].EffectiveFrom.Unix()
+		}
+		if i > 0 {
+			s.price, s.priceOK, s.priceFrom = list[i-1], true, list[i-1].EffectiveFrom.Unix()
+		}
+	}
+	if !s.priceOK {
+		return 0
+	}
+	return s.price.Cost(prompt, completion, cached)
+}
+
+// windowRate returns tokens and requests per minute over the last minutes
+// minutes ending with the series' latest minute.
+func (s *Series) windowRate(minutes int) (tok, req float64) {
+	if minutes < 1 || minutes > rateWindow {
+		return 0, 0
+	}
+	latest := s.lastMin
+	for _, c := range s.rate {
+		if int64(c.min) > latest-int64(minutes) && int64(c.min) <= latest {
+			tok += float64(c.tok)
+			req += float64(c.req)
+		}
+	}
+	return tok / float64(minutes), req / float64(minutes)
+}
+
+func (rl *rollup) row(s *Series) MinuteRow {
+	return MinuteRow{
+		Tenant: s.t.id, Model: s.model, Minute: time.Unix(rl.min*60, 0).UTC(),
+		Requests: clampU(rl.req), PromptTokens: clampU(rl.prompt), CompletionTokens: clampU(rl.completion),
+		CachedTokens: clampU(rl.cached), Errors: clampU(rl.errs), SlowCalls: clampU(rl.slow), Cost: math.Max(rl.cost, 0),
+	}
+}
+
+func clampU(v int64) uint64 {
+	if v < 0 {
+		return 0
+	}
+	return uint64(v)
+}
+
+func (s *Series) repairPeriod(k int, ts int64, p *Partition) {
+	var b bound
+	for i := range s.quotas {
+		q := &s.quotas[i]
+		if int(q.kind) != k {
+			continue
+		}
+		if b.end == 0 {
+			b = boundsOf(k, ts, s.t.loc)
+		}
+		p.quotaRepairs = append(p.quotaRepairs, QuotaRow{
+			Tenant: s.t.id, Model: s.model, Quota: q.q.Name, Period: q.q.Period,
+			PeriodStart: time.Unix(b.start, 0).UTC(), PeriodEnd: time.Unix(b.end, 0).UTC(),
+			Limit: q.q.Limit, Unit: q.q.Unit, Mode: string(q.q.Mode),
+		})
+	}
+}

@@ -1,0 +1,386 @@
+package tally
+
+import (
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
+)
+
+const testPolicy = `
+defaults:
+  timezone: UTC
+  alert_tiers: [70, 90, 100]
+tenants:
+  acme:
+    timezone: Asia/Shanghai
+    budget: {amount: 10, currency: USD}
+    models:
+      "*":
+        monthly_tokens: 1000000
+        daily_tokens: 10000
+        hourly_tokens: 5000
+        tokens_per_minute: 3000
+        requests_per_minute: 100
+      gpt-4o:
+        monthly_tokens: 2000
+        mode: soft
+prices:
+  - {model: gpt-4o, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 2.5, completion: 10, cached: 1.25}
+  - {model: gpt-4o, currency: USD, effective_from: 2026-03-01T00:00:00Z, prompt: 5, completion: 20, cached: 2.5}
+`
+
+func mustPolicy(t testing.TB, y string) *policy.Policy {
+	t.Helper()
+	p, err := policy.Parse([]byte(y), "test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func newPart(t testing.TB) *Partition {
+	p := New(0, DefaultOptions())
+	p.SetPolicy(mustPolicy(t, testPolicy))
+	return p
+}
+
+var t0 = time.Date(2026, 2, 10, 3, 0, 0, 0, time.UTC) // 11:00 in Shanghai
+
+func ev(id string, at time.Time, prompt, completion int64) *schemas.UsageEvent {
+	return &schemas.UsageEvent{ID: id, Time: at, Tenant: "acme", Model: "gpt-4o", PromptTokens: prompt, CompletionTokens: completion}
+}
+
+func totals(t *testing.T, p *Partition, model, period string) int64 {
+	t.Helper()
+	tok, _, _, _, ok := p.Totals("acme", model, period)
+	if !ok {
+		t.Fatalf("no %s totals for acme/%s", period, model)
+	}
+	return tok
+}
+
+func kinds(sigs []schemas.Signal, kind schemas.SignalKind) []schemas.Signal {
+	var out []schemas.Signal
+	for _, s := range sigs {
+		if s.Kind == kind {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func TestDuplicatesCountOnceAndSettlementReplacesEstimate(t *testing.T) {
+	p := newPart(t)
+	if r := p.Apply(ev("a", t0, 100, 50), 0); r != Accepted {
+		t.Fatalf("first event: %v", r)
+	}
+	if r := p.Apply(ev("a", t0, 100, 50), 1); r != Duplicate {
+		t.Fatalf("retry: got %v, want Duplicate", r)
+	}
+	est := ev("b", t0, 1000, 1000)
+	est.Estimated = true
+	p.Apply(est, 2)
+	if got := totals(t, p, "gpt-4o", "day"); got != 2150 {
+		t.Fatalf("with estimate: day tokens %d, want 2150", got)
+	}
+	settle := ev("b", t0, 300, 200)
+	if r := p.Apply(settle, 3); r != Accepted {
+		t.Fatalf("settlement: got %v, want Accepted", r)
+	}
+	if r := p.Apply(est, 4); r != Duplicate {
+		t.Fatalf("a late retry of the estimate after settlement must be a duplicate, got %v", r)
+	}
+	for _, per := range []string{"hour", "day", "month"} {
+		if got := totals(t, p, "gpt-4o", per); got != 650 {
+			t.Errorf("%s tokens %d, want 650 (150 + settled 500)", per, got)
+		}
+		if got := totals(t, p, "*", per); got != 650 {
+			t.Errorf("tenant-wide %s tokens %d, want 650", per, got)
+		}
+	}
+	if _, req, _, _, _ := p.Totals("acme", "*", "day"); req != 2 {
+		t.Errorf("requests %d, want 2 distinct ids", req)
+	}
+	if p.Stats.Duplicates != 2 || p.Stats.Settled != 1 {
+		t.Errorf("stats %+v", p.Stats)
+	}
+}
+
+func TestPeriodsFollowTenantTimeZone(t *testing.T) {
+	p := newPart(t)
+	// 15:59 UTC is 23:59 in Shanghai; 16:00 UTC is the next local day.
+	p.Apply(ev("a", time.Date(2026, 2, 10, 15, 59, 0, 0, time.UTC), 10, 0), 0)
+	_, _, _, dayStart, _ := p.Totals("acme", "*", "day")
+	if want := time.Date(2026, 2, 9, 16, 0, 0, 0, time.UTC); !dayStart.Equal(want) {
+		t.Fatalf("day starts %v, want %v (local midnight in Asia/Shanghai)", dayStart, want)
+	}
+	p.Apply(ev("b", time.Date(2026, 2, 10, 16, 0, 0, 0, time.UTC), 20, 0), 1)
+	if got := totals(t, p, "*", "day"); got != 20 {
+		t.Errorf("new local day: %d tokens, want 20", got)
+	}
+	if got := totals(t, p, "*", "month"); got != 30 {
+		t.Errorf("month: %d tokens, want 30", got)
+	}
+	// Month boundary: 2026-02-28 16:00 UTC is March 1st in Shanghai.
+	p.Apply(ev("c", time.Date(2026, 2, 28, 16, 0, 0, 0, time.UTC), 5, 0), 2)
+	_, _, _, monthStart, _ := p.Totals("acme", "*", "month")
+	if want := time.Date(2026, 2, 28, 16, 0, 0, 0, time.UTC); !monthStart.Equal(want) || totals(t, p, "*", "month") != 5 {
+		t.Errorf("month starts %v with %d tokens, want %v with 5", monthStart, totals(t, p, "*", "month"), want)
+	}
+}
+
+func TestTiersCrossOnceEachWayWithHysteresis(t *testing.T) {
+	p := newPart(t)
+	// gpt-4o monthly_tokens 2000: 70% = 1400, 90% = 1800.
+	p.Apply(ev("a", t0, 1000, 0), 0)
+	p.Apply(ev("b", t0.Add(time.Second), 450, 0), 1) // 1450: 72.5%
+	up := kinds(p.TakeSignals(), schemas.SignalTierCrossed)
+	var model []schemas.Signal
+	for _, s := range up {
+		if s.Model == "gpt-4o" {
+			model = append(model, s)
+		}
+	}
+	if len(model) != 1 || model[0].Tier != 70 || model[0].Direction != schemas.DirectionUp || model[0].PreviousTier != 0 {
+		t.Fatalf("want one tier_crossed up to 70 for gpt-4o, got %+v", model)
+	}
+	// Oscillate around 70% with estimates settled up and down: 1350..1450.
+	for i := 0; i < 10; i++ {
+		e := ev(fmt.Sprintf("osc%d", i), t0.Add(time.Duration(2+i)*time.Second), 40, 0)
+		e.Estimated = true
+		p.Apply(e, int64(10+2*i))
+		p.Apply(ev(fmt.Sprintf("osc%d", i), e.Time, 0, 0), int64(11+2*i))
+	}
+	if got := kinds(p.TakeSignals(), schemas.SignalTierCrossed); len(got) != 0 {
+		t.Fatalf("usage wobbling within the hysteresis band emitted %d tier signals: %+v", len(got), got)
+	}
+	// Settle "b" much lower: 1000 + 100 = 55% < 70 - 5 → down.
+	bEst := ev("c", t0.Add(time.Minute), 500, 0)
+	bEst.Estimated = true
+	p.Apply(bEst, 40) // 1950: 97.5% → 90
+	p.Apply(ev("c", bEst.Time, 0, 0), 41)
+	sigs := kinds(p.TakeSignals(), schemas.SignalTierCrossed)
+	var dirs []string
+	for _, s := range sigs {
+		if s.Model == "gpt-4o" {
+			dirs = append(dirs, fmt.Sprintf("%s:%d->%d", s.Direction, s.PreviousTier, s.Tier))
+		}
+	}
+	if fmt.Sprint(dirs) != "[up:70->90 down:90->70]" {
+		t.Fatalf("crossings %v, want [up:70->90 down:90->70]", dirs)
+	}
+	for _, s := range sigs {
+		if err := s.Validate(); err != nil {
+			t.Errorf("invalid signal %+v: %v", s, err)
+		}
+	}
+}
+
+func TestExhaustionAndPeriodReset(t *testing.T) {
+	p := newPart(t)
+	p.Apply(ev("a", t0, 2100, 0), 0) // over gpt-4o's monthly 2000 and acme's hourly 5000? no: 2100 < 5000
+	sigs := p.TakeSignals()
+	ex := kinds(sigs, schemas.SignalQuotaExhausted)
+	if len(ex) != 1 || ex[0].Quota != schemas.QuotaMonthlyTokens || ex[0].Mode != schemas.ModeSoft {
+		t.Fatalf("want one soft monthly quota_exhausted, got %+v", ex)
+	}
+	// Next local hour: hourly quotas reset; next local month: monthly ones.
+	p.Apply(ev("b", t0.Add(time.Hour), 1, 0), 1)
+	resets := kinds(p.TakeSignals(), schemas.SignalPeriodReset)
+	if len(resets) != 1 || resets[0].Quota != schemas.QuotaHourlyTokens || resets[0].Model != "*" {
+		t.Fatalf("hour rollover: want one period_reset for acme/* hourly_tokens, got %+v", resets)
+	}
+	p.Apply(ev("c", time.Date(2026, 3, 5, 0, 0, 0, 0, time.UTC), 1, 0), 2)
+	var names []string
+	for _, s := range kinds(p.TakeSignals(), schemas.SignalPeriodReset) {
+		names = append(names, s.Model+"/"+string(s.Quota))
+		if err := s.Validate(); err != nil {
+			t.Error(err)
+		}
+	}
+	want := "[*/hourly_tokens */daily_tokens */monthly_tokens */budget gpt-4o/monthly_tokens]"
+	if fmt.Sprint(names) != want {
+		t.Errorf("month rollover resets %v, want %v", names, want)
+	}
+}
+
+func TestLateEventCountedInItsOwnPeriod(t *testing.T) {
+	p := newPart(t)
+	p.Apply(ev("a", t0, 100, 0), 0)
+	p.Apply(ev("b", t0.Add(2*time.Hour), 10, 0), 1)
+	p.TakeSignals()
+	if r := p.Apply(ev("late", t0.Add(30*time.Minute), 7, 0), 2); r != Accepted {
+		t.Fatalf("late event: %v", r)
+	}
+	if got := totals(t, p, "*", "hour"); got != 10 {
+		t.Errorf("current hour %d tokens, want 10: a late event must not land in the current period", got)
+	}
+	if got := totals(t, p, "*", "day"); got != 117 {
+		t.Errorf("day %d tokens, want 117 (same local day)", got)
+	}
+	late := kinds(p.TakeSignals(), schemas.SignalLateEvent)
+	if len(late) != 1 || late[0].Model != "gpt-4o" || p.Stats.Late != 1 {
+		t.Fatalf("want one late_event for acme/gpt-4o, got %+v, stats %+v", late, p.Stats)
+	}
+	if err := late[0].Validate(); err != nil {
+		t.Error(err)
+	}
+	if want := time.Date(2026, 2, 10, 3, 0, 0, 0, time.UTC); !late[0].PeriodStart.Equal(want) {
+		t.Errorf("late_event period %v, want %v", late[0].PeriodStart, want)
+	}
+	// The closed hour's quota row is rewritten with the late tokens.
+	var rows Rows
+	p.Drain(&rows)
+	var used float64 = -1
+	for _, q := range rows.Quotas {
+		if q.Model == "*" && q.Quota == "hourly_tokens" && q.PeriodStart.Equal(t0) {
+			used = q.Used
+		}
+	}
+	if used != 107 {
+		t.Errorf("closed hour's quota_state used = %v, want 107 (100 + late 7)", used)
+	}
+}
+
+func TestCostUsesPriceInForce(t *testing.T) {
+	p := newPart(t)
+	e := ev("a", t0, 1_000_000, 1_000_000)
+	e.CachedTokens = 400_000
+	p.Apply(e, 0)
+	_, _, cost, _, _ := p.Totals("acme", "gpt-4o", "day")
+	want := 0.6*2.5 + 0.4*1.25 + 10
+	if math.Abs(cost-want) > 1e-9 {
+		t.Errorf("cost %v, want %v", cost, want)
+	}
+	p.Apply(ev("b", time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC), 1_000_000, 0), 1)
+	_, _, cost, _, _ = p.Totals("acme", "gpt-4o", "day")
+	if cost != 5 {
+		t.Errorf("after the March price change cost %v, want 5", cost)
+	}
+	// Budget 10 USD: the first event alone (12 USD) exhausted it.
+}
+
+func TestSlidingRatesAndRateExceeded(t *testing.T) {
+	p := newPart(t)
+	for m := 0; m < 10; m++ {
+		for i := 0; i < 4; i++ {
+			p.Apply(ev(fmt.Sprintf("m%d-%d", m, i), t0.Add(time.Duration(m)*time.Minute+time.Duration(i)*time.Second), 100, 50), int64(m*4+i))
+		}
+	}
+	tok, req := p.Rate("acme", "gpt-4o", 5)
+	if tok != 600 || req != 4 {
+		t.Errorf("5-minute rate %v tok/min %v req/min, want 600 and 4", tok, req)
+	}
+	tok, _ = p.Rate("acme", "*", 60)
+	if tok != 600*10/60.0 {
+		t.Errorf("60-minute rate %v, want %v", tok, 6000/60.0)
+	}
+	p.TakeSignals()
+	// TPM 3000 on "*": 20 events of 150 in one minute → over at the 21st.
+	for i := 0; i < 25; i++ {
+		p.Apply(ev(fmt.Sprintf("burst%d", i), t0.Add(20*time.Minute+time.Duration(i)*time.Second), 100, 50), int64(100+i))
+	}
+	re := kinds(p.TakeSignals(), schemas.SignalRateExceeded)
+	if len(re) != 1 || re[0].Quota != schemas.QuotaTokensPerMinute || re[0].Used != 3150 {
+		t.Fatalf("want one rate_exceeded for tokens_per_minute at 3150, got %+v", re)
+	}
+	if err := re[0].Validate(); err != nil {
+		t.Error(err)
+	}
+}
+
+// trace feeds a steady stream: n minutes of perMin tokens in 10 events each.
+func trace(p *Partition, start time.Time, minutes int, perMin int64, off *int64) {
+	for m := 0; m < minutes; m++ {
+		for i := 0; i < 10; i++ {
+			*off++
+			p.Apply(ev(fmt.Sprintf("t%d", *off), start.Add(time.Duration(m)*time.Minute+time.Duration(i)*5*time.Second), perMin/10, 0), *off)
+		}
+	}
+}
+
+func TestExhaustionPredictedOnce(t *testing.T) {
+	p := New(0, DefaultOptions())
+	p.SetPolicy(mustPolicy(t, `
+tenants:
+  acme:
+    models:
+      "*": {daily_tokens: 100000}
+`))
+	var off int64
+	// 1000 tokens/min: 100 minutes to exhaust, within the 6h horizon once
+	// enough minutes were seen.
+	trace(p, t0, 10, 1000, &off)
+	preds := kinds(p.TakeSignals(), schemas.SignalExhaustionPredicted)
+	if len(preds) != 1 {
+		t.Fatalf("want exactly one exhaustion_predicted, got %d", len(preds))
+	}
+	s := preds[0]
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	// Predicted at the start of minute 3 with 3000 used: 97 minutes left.
+	want := s.Time.Truncate(time.Minute).Add(time.Duration((100000-s.Used)/1000) * time.Minute)
+	if d := s.PredictedExhaustion.Sub(want); d < -5*time.Minute || d > 5*time.Minute {
+		t.Errorf("predicted %v, want about %v", s.PredictedExhaustion, want)
+	}
+}
+
+// TestRebuildReproducesSignals: state rebuilt by replaying a prefix (what a
+// restarted instance does from ClickHouse) emits exactly the signals of a
+// clean run for the rest of the stream.
+func TestRebuildReproducesSignals(t *testing.T) {
+	pol := mustPolicy(t, testPolicy)
+	var evs []*schemas.UsageEvent
+	for i := 0; i < 3000; i++ {
+		at := t0.Add(time.Duration(i) * 7 * time.Second)
+		e := ev(fmt.Sprintf("e%d", i%2700), at, int64(i%13), int64(i%7)) // 300 duplicates
+		if i%50 == 7 {
+			e.Time = at.Add(-3 * time.Hour) // late
+		}
+		evs = append(evs, e)
+	}
+	run := func(replayUpTo int) []string {
+		p := New(0, DefaultOptions())
+		p.SetPolicy(pol)
+		p.SetReplay(true)
+		for i, e := range evs[:replayUpTo] {
+			p.Apply(e, int64(i))
+		}
+		p.SetReplay(false)
+		var ids []string
+		for i := replayUpTo; i < len(evs); i++ {
+			p.Apply(evs[i], int64(i))
+			for _, s := range p.TakeSignals() {
+				ids = append(ids, s.ID)
+			}
+		}
+		return ids
+	}
+	clean := run(0)
+	if len(clean) < 10 {
+		t.Fatalf("trace too tame: %d signals", len(clean))
+	}
+	for _, cut := range []int{1, 500, 1234, 2999} {
+		got := run(cut)
+		// the clean run's signals emitted at offsets >= cut
+		var want []string
+		p := New(0, DefaultOptions())
+		p.SetPolicy(pol)
+		for i, e := range evs {
+			p.Apply(e, int64(i))
+			for _, s := range p.TakeSignals() {
+				if i >= cut {
+					want = append(want, s.ID)
+				}
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("cut %d: rebuilt run emitted %d signals, clean run %d; they differ", cut, len(got), len(want))
+		}
+	}
+}

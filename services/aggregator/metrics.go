@@ -1,0 +1,45 @@
+package aggregator
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/policy"
+)
+
+// metrics are the aggregator's Prometheus collectors.
+type metrics struct {
+	accepted, duplicates, rejected, invalid, late prometheus.Counter
+	signals                                       *prometheus.CounterVec
+	lag                                           *prometheus.GaugeVec
+	series, ids                                   prometheus.Gauge
+	writeRows, writeSeconds, rebuildSeconds       prometheus.Histogram
+	writeErrors                                   *prometheus.CounterVec
+	commitErrors, rebuildEvents                   prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer, w *policy.Watcher) *metrics {
+	events := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_aggregator_events_total", Help: "Usage events read, by result: counted, duplicate id, rejected (model \"*\"), invalid (undecodable)."}, []string{"result"})
+	m := &metrics{
+		accepted:       events.WithLabelValues("counted"),
+		duplicates:     events.WithLabelValues("duplicate"),
+		rejected:       events.WithLabelValues("rejected"),
+		invalid:        events.WithLabelValues("invalid"),
+		late:           prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_late_events_total", Help: "Events that arrived after their hour had closed; counted in their own period."}),
+		signals:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_aggregator_signals_total", Help: "Signals produced, by kind (replays re-produce the same ids)."}, []string{"kind"}),
+		lag:            prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_aggregator_consumer_lag", Help: "High watermark minus the next offset to process, per partition."}, []string{"partition"}),
+		series:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_aggregator_state_series", Help: "Tenant x model series held in memory."}),
+		ids:            prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_aggregator_state_ids", Help: "Event ids remembered for dedup and settlement."}),
+		writeRows:      prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_aggregator_write_batch_rows", Help: "Rows per partition flush to ClickHouse.", Buckets: prometheus.ExponentialBuckets(10, 4, 9)}),
+		writeSeconds:   prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_aggregator_write_seconds", Help: "Latency of a partition flush to ClickHouse, retries included.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
+		rebuildSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_aggregator_rebuild_seconds", Help: "Time to rebuild a newly assigned partition from ClickHouse.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}),
+		writeErrors:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_aggregator_flush_errors_total", Help: "Failed flush steps (each is retried), by step."}, []string{"step"}),
+		commitErrors:   prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_commit_errors_total", Help: "Offset commits refused (the events are re-read by the next owner)."}),
+		rebuildEvents:  prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_rebuild_events_total", Help: "Distinct events replayed from ClickHouse to rebuild state."}),
+	}
+	reloadFailures := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_aggregator_policy_reload_failures_total", Help: "Policy reloads rejected; the previous policy stays in force."}, func() float64 { return float64(w.Failures.Load()) })
+	for _, c := range []prometheus.Collector{events, m.late, m.signals, m.lag, m.series, m.ids, m.writeRows, m.writeSeconds, m.rebuildSeconds, m.writeErrors, m.commitErrors, m.rebuildEvents, reloadFailures} {
+		// A second aggregator in one process (tests) shares the registry.
+		_ = reg.Register(c)
+	}
+	return m
+}

@@ -1,0 +1,197 @@
+package aggregator_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/ops"
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/aggregator"
+)
+
+func TestConfigValidateNamesFieldAndLimit(t *testing.T) {
+	if err := aggregator.DefaultConfig().Validate(); err != nil {
+		t.Fatalf("defaults invalid: %v", err)
+	}
+	c := aggregator.DefaultConfig()
+	c.BatchEvents = 0
+	c.DedupCapacity = 10
+	c.PolicyFile = ""
+	err := c.Validate()
+	for _, want := range []string{"aggregator.batch_events: 0 is outside 1..1000000", "aggregator.dedup_capacity: 10 is outside 1000..50000000", "aggregator.policy_file: is required"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v does not say %q", err, want)
+		}
+	}
+}
+
+// running is an in-process aggregator for tests that need its metrics.
+type running struct {
+	reg  *prometheus.Registry
+	stop func() error
+}
+
+func runInProcess(t testing.TB, e *env, chAddr string, mutate func(*aggregator.Config)) *running {
+	t.Helper()
+	cfg := aggregator.DefaultConfig()
+	cfg.Topic, cfg.SignalsTopic, cfg.Group, cfg.PolicyFile = e.topic, e.signals, e.group, e.policy
+	cfg.FlushInterval, cfg.PolicyPoll, cfg.SessionTimeout = 100*time.Millisecond, 100*time.Millisecond, 6*time.Second
+	cfg.RetryMin, cfg.RetryMax = 50*time.Millisecond, 300*time.Millisecond
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	ch := e.ch
+	ch.Addr = chAddr
+	ch.DialTimeout = time.Second
+	reg := prometheus.NewRegistry()
+	envp := platform.Env{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), Metrics: reg, Health: ops.NewHealth(), Kafka: e.kafka, ClickHouse: ch}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- aggregator.Run(ctx, cfg, envp) }()
+	var once sync.Once
+	var err error
+	r := &running{reg: reg, stop: func() error {
+		once.Do(func() { cancel(); err = <-done })
+		return err
+	}}
+	t.Cleanup(func() { _ = r.stop() })
+	return r
+}
+
+func (r *running) metric(t testing.TB, name, label string) float64 {
+	t.Helper()
+	fams, err := r.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			match := label == ""
+			for _, l := range m.GetLabel() {
+				if l.GetValue() == label {
+					match = true
+				}
+			}
+			if match {
+				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+func caughtUp(t testing.TB, e *env) func() bool {
+	return func() bool {
+		done, end := committed(t, e)
+		return end > 0 && done == end
+	}
+}
+
+// TestClickHouseOutageStopsCommits: while ClickHouse is unreachable the
+// aggregator keeps retrying and commits nothing past what it stored; when
+// ClickHouse returns, everything is written and counted once.
+func TestClickHouseOutageStopsCommits(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	e := setup(t)
+	proxy := itest.NewProxy(t, e.ch.Addr)
+	r := runInProcess(t, e, proxy.Addr(), nil)
+
+	base := time.Now().UTC().Truncate(time.Hour).Add(-3 * time.Hour)
+	evs, final := workload(3000, base)
+	produce(t, e, evs[:len(evs)/2])
+	waitFor(t, "first half consumed", 90*time.Second, caughtUp(t, e))
+	before, _ := committed(t, e)
+
+	proxy.Cut()
+	produce(t, e, evs[len(evs)/2:])
+	waitFor(t, "failed writes to be retried", 60*time.Second, func() bool {
+		return r.metric(t, "sluice_aggregator_flush_errors_total", "clickhouse write") >= 3
+	})
+	if now, _ := committed(t, e); now != before {
+		t.Fatalf("offsets moved from %d to %d while ClickHouse was down", before, now)
+	}
+	proxy.Restore()
+	waitFor(t, "second half consumed after ClickHouse returned", 90*time.Second, caughtUp(t, e))
+	if err := r.stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	truth := loadDistinct(t, ctx, e.conn)
+	if len(truth) != len(final) {
+		t.Errorf("ClickHouse holds %d distinct events, %d were sent", len(truth), len(final))
+	}
+	pol, err := policy.Load(e.policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkQuotaState(t, ctx, e.conn, truth, pol)
+	checkMinutes(t, ctx, e.conn, truth)
+}
+
+// TestPolicyHotReload: a broken policy file is refused (the previous policy
+// stays in force and the failure is counted); a valid edit takes effect
+// without a restart.
+func TestPolicyHotReload(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	e := setup(t)
+	write := func(s string) {
+		tmp := e.policy + ".tmp"
+		if err := os.WriteFile(tmp, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, e.policy); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("tenants:\n  acme:\n    models:\n      \"*\": {daily_tokens: 1000}\n")
+	r := runInProcess(t, e, e.ch.Addr, nil)
+
+	n := 0
+	send := func() {
+		n++
+		ev := schemas.UsageEvent{ID: fmt.Sprintf("e%d", n), Time: time.Now().UTC(), Tenant: "acme", Model: "gpt-4o", PromptTokens: 10}
+		produce(t, e, []schemas.UsageEvent{ev})
+	}
+	limitIs := func(want float64) func() bool {
+		return func() bool {
+			send()
+			waitFor(t, "event consumed", 60*time.Second, caughtUp(t, e))
+			var limit float64
+			err := e.conn.QueryRow(context.Background(), "SELECT argMax(quota_limit, version) FROM quota_state WHERE tenant = 'acme' AND quota = 'daily_tokens'").Scan(&limit)
+			return err == nil && limit == want
+		}
+	}
+	waitFor(t, "the initial limit in quota_state", 60*time.Second, limitIs(1000))
+
+	write("tenants:\n  acme:\n    models:\n      \"*\": {daily_tokens: -5}\n")
+	waitFor(t, "the broken reload to be counted", 30*time.Second, func() bool {
+		return r.metric(t, "sluice_aggregator_policy_reload_failures_total", "") >= 1
+	})
+	if !limitIs(1000)() {
+		t.Fatal("after a broken reload the previous policy must stay in force")
+	}
+
+	write("tenants:\n  acme:\n    models:\n      \"*\": {daily_tokens: 2000}\n")
+	waitFor(t, "the new limit to take effect", 60*time.Second, limitIs(2000))
+}
