@@ -34,16 +34,24 @@ type Env struct {
 	Kafka      kafkaconn.Config
 	ClickHouse chconn.Config
 	Redis      redisconn.Config
+
+	// service is the name Named tagged the logger with, so that a service
+	// calling Named on an env its host already named does not tag twice.
+	service string
 }
 
-// Named returns a copy of env whose logger and health checks are tagged with
-// the service name, so one process running several services keeps their
-// logs and readiness apart.
+// Named returns a copy of env whose logger is tagged with the service name,
+// so one process running several services keeps their logs apart, and whose
+// nil fields are filled so a service can run standalone. Naming twice with
+// the same name tags once.
 func (env Env) Named(service string) Env {
 	if env.Logger == nil {
 		env.Logger = slog.Default()
 	}
-	env.Logger = env.Logger.With("service", service)
+	if env.service != service {
+		env.Logger = env.Logger.With("service", service)
+		env.service = service
+	}
 	if env.Metrics == nil {
 		env.Metrics = prometheus.NewRegistry()
 	}

@@ -303,6 +303,11 @@ func (s *Series) quotaRow(q *quotaState, j int) QuotaRow {
 	}
 	if j == 0 {
 		r.Tier, r.Rate = uint16(q.tier), q.rate
+		if r.Rate == 0 && q.q.Unit == "tokens" {
+			// The forecast needs a few minutes of history; until then show
+			// the observed pace so a fresh burst is visible at once.
+			r.Rate = s.observedTokenRate()
+		}
 		if q.predAt != 0 {
 			r.PredictedExhaustion = time.Unix(q.predAt, 0).UTC()
 		}

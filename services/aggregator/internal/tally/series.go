@@ -370,6 +370,24 @@ func (s *Series) windowRate(minutes int) (tok, req float64) {
 	return tok / float64(minutes), req / float64(minutes)
 }
 
+// observedTokenRate is the tokens of the last complete minute, or of the
+// minute in progress when none completed yet (a lower bound).
+func (s *Series) observedTokenRate() float64 {
+	var cur, prev float64
+	for _, c := range s.rate {
+		switch int64(c.min) {
+		case s.lastMin:
+			cur = float64(c.tok)
+		case s.lastMin - 1:
+			prev = float64(c.tok)
+		}
+	}
+	if prev > 0 {
+		return prev
+	}
+	return cur
+}
+
 func (rl *rollup) row(s *Series) MinuteRow {
 	return MinuteRow{
 		Tenant: s.t.id, Model: s.model, Minute: time.Unix(rl.min*60, 0).UTC(),
