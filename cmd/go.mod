@@ -28,6 +28,7 @@ require (
 	github.com/redis/go-redis/v9 v9.23.0 // indirect
 	github.com/segmentio/asm v1.2.1 // indirect
 	github.com/shopspring/decimal v1.6.0 // indirect
+	github.com/sluicehq/sluice/demo v0.0.0
 	github.com/sluicehq/sluice/gateway v0.0.0
 	github.com/sluicehq/sluice/policy v0.0.0
 	github.com/sluicehq/sluice/services/aggregator v0.0.0
@@ -66,3 +67,5 @@ replace github.com/sluicehq/sluice/services/enforcer => ../services/enforcer
 replace github.com/sluicehq/sluice/gateway => ../gateway
 
 replace github.com/sluicehq/sluice/services/aggregator => ../services/aggregator
+
+replace github.com/sluicehq/sluice/demo => ../demo

@@ -18,10 +18,10 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/sluicehq/sluice/cmd/internal/dashboard"
-	"github.com/sluicehq/sluice/cmd/internal/loadgen"
-	"github.com/sluicehq/sluice/cmd/internal/mockllm"
-	"github.com/sluicehq/sluice/cmd/internal/refgateway"
+	"github.com/sluicehq/sluice/demo/dashboard"
+	"github.com/sluicehq/sluice/demo/loadgen"
+	"github.com/sluicehq/sluice/demo/mockllm"
+	"github.com/sluicehq/sluice/demo/refgateway"
 	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/gateway/emitter"
 	"github.com/sluicehq/sluice/platform/chconn"

@@ -18,7 +18,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/cmd/internal/mockllm"
+	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/gateway/middleware"
 	"github.com/sluicehq/sluice/schemas"
 )

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/cmd/internal/mockllm"
+	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/schemas"
