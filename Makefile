@@ -15,7 +15,7 @@ export SLUICE_CHDB_PYTHON ?= $(CURDIR)/$(VENV)/bin/python
 .PHONY: help run test unit e2e bench lint build services services-down chdb clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
 run: build ## the main job: the whole pipeline, a mock LLM, a gateway, load and a live view (Ctrl-C stops)
 	$(SERVICES) up clickhouse redis alertmanager
@@ -23,6 +23,9 @@ run: build ## the main job: the whole pipeline, a mock LLM, a gateway, load and 
 
 test: services chdb ## every test of every module against the real services (-race)
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+e2e: services chdb ## the end-to-end, fault and bad-input suites alone (also part of make test)
+	$(GO) test -race -count=1 -timeout 20m ./e2e/...
 
 unit: ## tests that need no service (-short)
 	$(GO) test -short -count=1 $(PKGS)

@@ -56,7 +56,9 @@ func demoConfig() Config {
 	c.ClickHouse.Database = "sluice_demo"
 	c.PolicyFile = filepath.Join("deploy", "demo", "policy.yaml")
 	c.Services.Ingest.Listen = demoIngestAddr
-	c.Services.Enforcer.KeyPrefix = "sluice-demo:"
+	// A prefix per run: flags of an earlier demo (they live until their TTL)
+	// must not refuse this run's tenants before it has metered anything.
+	c.Services.Enforcer.KeyPrefix = fmt.Sprintf("sluice-demo-%d:", time.Now().Unix())
 	c.Services.Alerter.Alertmanager.URL = envOr("SLUICE_ALERTMANAGER_URL", "http://127.0.0.1:19093")
 	// Tiers must hold this long before they notify; short enough to watch.
 	c.Services.Alerter.Rules.PendingFor = 5 * time.Second
