@@ -194,6 +194,12 @@ func (w *Writer) Flush(ctx context.Context) bool {
 		return true
 	}
 
+	if full {
+		// Hashes an earlier enforcer left (its breakers are gone with its
+		// memory) are rewritten too, which deletes them: otherwise they
+		// would refuse tenants until their TTL ran out.
+		tenants = w.withLeftovers(ctx, tenants)
+	}
 	err := w.write(ctx, tenants, full, fmDirty, failModes)
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -212,6 +218,29 @@ func (w *Writer) Flush(ctx context.Context) bool {
 		w.down = false
 	}
 	return true
+}
+
+// withLeftovers adds the tenants of every flag hash in Redis to tenants.
+// A failed scan is not fatal: the rewrite of known tenants still helps, and
+// leftovers expire by TTL.
+func (w *Writer) withLeftovers(ctx context.Context, tenants []string) []string {
+	seen := make(map[string]struct{}, len(tenants))
+	for _, t := range tenants {
+		seen[t] = struct{}{}
+	}
+	iter := w.rdb.Scan(ctx, 0, w.keys.TenantPattern(), 1000).Iterator()
+	for iter.Next(ctx) {
+		if t, ok := w.keys.TenantFromKey(iter.Val()); ok {
+			if _, dup := seen[t]; !dup {
+				seen[t] = struct{}{}
+				tenants = append(tenants, t)
+			}
+		}
+	}
+	if err := iter.Err(); err != nil {
+		w.log.Warn("enforcer: scanning for leftover flags failed; they will expire by TTL", "err", err)
+	}
+	return tenants
 }
 
 func (w *Writer) nextVersion() int64 {

@@ -1,12 +1,15 @@
 package flagwriter
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/redisconn"
 )
 
 type noFlags struct{}
@@ -26,5 +29,29 @@ func TestDirtySetIsBounded(t *testing.T) {
 	w.MarkDirty("d")
 	if len(w.dirty) != 0 || !w.full {
 		t.Fatalf("overflow: dirty %v full %v", w.dirty, w.full)
+	}
+}
+
+// A restarted enforcer's first (full) flush deletes flag hashes an earlier
+// incarnation left behind, instead of letting them refuse a tenant until
+// their TTL runs out.
+func TestFullRewriteClearsLeftoverFlags(t *testing.T) {
+	rdb := redisconn.NewClient(itest.Redis(t))
+	defer rdb.Close()
+	prefix := itest.Unique(t, "sluice_test_") + ":"
+	keys := flags.Layout{Prefix: prefix}
+	ctx := context.Background()
+	stale := flags.Encode(&flags.Flag{State: flags.StateOpen, Kind: flags.KindQuota, Quota: "hourly_tokens"})
+	if err := rdb.HSet(ctx, keys.TenantKey("ghost"), "*", stale).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rdb.Expire(ctx, keys.TenantKey("ghost"), time.Minute)
+	w := New(rdb, noFlags{}, Config{KeyPrefix: prefix, FlagTTL: time.Minute, BatchTenants: 100, MaxDirty: 10},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if !w.Flush(ctx) {
+		t.Fatal("flush failed")
+	}
+	if n, err := rdb.Exists(ctx, keys.TenantKey("ghost")).Result(); err != nil || n != 0 {
+		t.Fatalf("leftover flag hash still there (exists=%d, err=%v)", n, err)
 	}
 }
