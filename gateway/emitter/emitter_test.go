@@ -211,7 +211,7 @@ func TestHTTPSenderRetriesAndDropsRejected(t *testing.T) {
 	got := map[string]int{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer k" || r.URL.Path != "/v1/events" {
-			http.Error(w, `{"error":"bad"}`, 401)
+			http.Error(w, `{"error":"bad"}`, http.StatusUnauthorized)
 			return
 		}
 		if calls.Add(1) == 1 {

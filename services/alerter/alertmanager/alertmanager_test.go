@@ -99,7 +99,7 @@ func TestAlertsAppearWithLabelsAndAnnotationsThenResolve(t *testing.T) {
 		g.Annotations["predicted_exhaustion"] != pred.Format(time.RFC3339) || g.Annotations["limit"] != "10000000" || g.Annotations["used"] != "9000000" {
 		t.Errorf("annotations %v", g.Annotations)
 	}
-	if d := g.EndsAt.Sub(time.Now()); d < 3*time.Minute || d > 6*time.Minute {
+	if d := time.Until(g.EndsAt); d < 3*time.Minute || d > 6*time.Minute {
 		t.Errorf("a firing alert's endsAt must lie about the hold ahead; it is %v away", d)
 	}
 

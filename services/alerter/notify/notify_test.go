@@ -229,8 +229,11 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 func TestTokenBucket(t *testing.T) {
 	b := newBucket(1, 2) // 1/s, burst 2
 	now := b.last
-	if b.reserve(now) != 0 || b.reserve(now) != 0 {
-		t.Fatal("burst not available")
+	// Two reservations in a row: each one must find a token of the burst.
+	first := b.reserve(now)
+	second := b.reserve(now)
+	if first != 0 || second != 0 {
+		t.Fatalf("burst not available: waits %v and %v", first, second)
 	}
 	if w := b.reserve(now); w != time.Second {
 		t.Fatalf("third token waits %v, want 1s", w)
