@@ -6,11 +6,8 @@
 package alertmanager
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -121,27 +118,7 @@ func (s *Sender) postable(a *alert.Alert, now time.Time) (postable, error) {
 func figure(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 
 func (s *Sender) post(ctx context.Context, batch []postable) error {
-	body, err := json.Marshal(batch)
-	if err != nil {
-		return notify.Permanent(err)
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.endpoint, bytes.NewReader(body))
-	if err != nil {
-		return notify.Permanent(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return fmt.Errorf("alertmanager: %w", err)
-	}
-	defer resp.Body.Close()
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
-	switch {
-	case resp.StatusCode < 300:
-		return nil
-	case resp.StatusCode == http.StatusBadRequest:
-		return notify.Permanent(fmt.Errorf("alertmanager rejected the alerts: %s: %s", resp.Status, bytes.TrimSpace(msg)))
-	default:
-		return fmt.Errorf("alertmanager: %s: %s", resp.Status, bytes.TrimSpace(msg))
-	}
+	// A 400 (malformed alerts) is permanent, 5xx and transport errors retry.
+	_, err := notify.PostJSON(ctx, s.client, "alertmanager", s.endpoint, "application/json", batch)
+	return err
 }

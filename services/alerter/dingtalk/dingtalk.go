@@ -5,14 +5,12 @@
 package dingtalk
 
 import (
-	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -79,10 +77,6 @@ func (s *Sender) Send(ctx context.Context, m alert.Message) error {
 	if err != nil {
 		return notify.Permanent(err)
 	}
-	body, err := json.Marshal(Payload{MsgType: "markdown", Markdown: Markdown{Title: title, Text: message.Truncate(text, MaxText)}})
-	if err != nil {
-		return notify.Permanent(err)
-	}
 	u := *s.webhook
 	if s.secret != "" {
 		// Signed per attempt: DingTalk refuses timestamps over an hour old.
@@ -92,19 +86,10 @@ func (s *Sender) Send(ctx context.Context, m alert.Message) error {
 		q.Set("sign", Sign(s.secret, ts))
 		u.RawQuery = q.Encode()
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
+	payload := Payload{MsgType: "markdown", Markdown: Markdown{Title: title, Text: message.Truncate(text, MaxText)}}
+	raw, err := notify.PostJSON(ctx, s.client, "dingtalk", u.String(), "application/json; charset=utf-8", payload)
 	if err != nil {
-		return notify.Permanent(err)
-	}
-	req.Header.Set("Content-Type", "application/json; charset=utf-8")
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return fmt.Errorf("dingtalk: %w", err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode >= 300 {
-		return notify.HTTPStatusError("dingtalk", resp, raw)
+		return err
 	}
 	// DingTalk answers 200 and puts the outcome in errcode.
 	var r struct {

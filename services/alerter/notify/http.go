@@ -1,11 +1,42 @@
 package notify
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"time"
 )
+
+// PostJSON marshals payload and POSTs it to url with contentType, the one
+// delivery step every receiver shares. It returns the start of the answer's
+// body on a 2xx; a payload or URL that cannot make a request is Permanent, a
+// transport failure is retried, and a non-2xx answer is classified by
+// HTTPStatusError.
+func PostJSON(ctx context.Context, c *http.Client, receiver, url, contentType string, payload any) ([]byte, error) {
+	body, err := json.Marshal(payload)
+	if err != nil {
+		return nil, Permanent(err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, Permanent(err)
+	}
+	req.Header.Set("Content-Type", contentType)
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", receiver, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode >= 300 {
+		return raw, HTTPStatusError(receiver, resp, raw)
+	}
+	return raw, nil
+}
 
 // HTTPStatusError turns a webhook's non-2xx answer into an error the
 // dispatcher acts on: 429 waits for Retry-After, other 4xx are permanent

@@ -4,11 +4,8 @@
 package slack
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -77,23 +74,8 @@ func (s *Sender) Send(ctx context.Context, m alert.Message) error {
 		p.Blocks = append(p.Blocks, Block{Type: "section", Text: &Text{Type: "mrkdwn", Text: part}})
 	}
 	p.Blocks = append(p.Blocks, Block{Type: "context", Elements: []Text{{Type: "mrkdwn", Text: fmt.Sprintf("Sluice · %s · %d alert(s)", m.Status(), len(m.Alerts))}}})
-	body, err := json.Marshal(p)
-	if err != nil {
-		return notify.Permanent(err)
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.webhook, bytes.NewReader(body))
-	if err != nil {
-		return notify.Permanent(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return fmt.Errorf("slack: %w", err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode >= 300 {
-		return notify.HTTPStatusError("slack", resp, raw)
+	if _, err := notify.PostJSON(ctx, s.client, "slack", s.webhook, "application/json", p); err != nil {
+		return err
 	}
 	return nil
 }
