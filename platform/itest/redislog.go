@@ -1,0 +1,22 @@
+package itest
+
+import (
+	"context"
+	"os"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// QuietRedisLogs drops go-redis's internal log lines (connection teardown
+// notices when a test closes its clients), which otherwise land in the
+// middle of benchmark result lines. SLUICE_TEST_LOG=1 keeps them. Call it
+// from TestMain.
+func QuietRedisLogs() {
+	if os.Getenv("SLUICE_TEST_LOG") != "1" {
+		redis.SetLogger(discard{})
+	}
+}
+
+type discard struct{}
+
+func (discard) Printf(context.Context, string, ...any) {}
