@@ -39,6 +39,7 @@ commands:
   run        run services: sluice run [flags] [service ...] (default: all)
   demo       the whole pipeline with a mock LLM, a reference gateway, load and a live view (make run)
   services   list the services this binary can run
+  config-reference  print every setting as a Markdown table (docs/configuration.md)
   healthcheck URL   exit 0 if URL answers 2xx (for container healthchecks)
 
 Flags, environment (SLUICE_*) and YAML (-config) are listed by "sluice run -h".`
@@ -61,6 +62,8 @@ func run(ctx context.Context, args []string) error {
 			return err
 		}
 		return runServices(ctx, cfg, names)
+	case "config-reference":
+		return writeReference(os.Stdout)
 	case "demo":
 		return demo(ctx, args[1:])
 	case "services":
