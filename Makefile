@@ -51,7 +51,7 @@ services-down: ## stop every service the script started
 chdb: $(VENV)/bin/python ## the embedded current ClickHouse used to check migrations
 
 $(VENV)/bin/python:
-	python3 -m venv $(VENV)
+	python3 -m venv $(VENV) || { apt-get install -y -qq python3-venv && python3 -m venv $(VENV); }
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check chdb==4.4.0
 
 clean: ## remove build output (service data stays; see scripts/services.sh reset)

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/policy"
 )
 
 // TestComposeFileIsComplete parses docker-compose.yml (no Docker engine runs
@@ -58,6 +60,23 @@ func TestComposeFileIsComplete(t *testing.T) {
 		if !known[k] {
 			t.Errorf("docker-compose sets %s, which sluice does not read", k)
 		}
+	}
+
+	// The configuration the compose file gives sluice must validate for
+	// every service, with the mounted policy (deploy/compose) in place.
+	lookup := func(k string) (string, bool) {
+		v, ok := env[k]
+		return strings.ReplaceAll(v, "/etc/sluice", "../../deploy/compose"), ok
+	}
+	ccfg := defaultConfig()
+	if _, _, err := loadConfigWith(&ccfg, nil, lookup); err != nil {
+		t.Fatalf("compose configuration: %v", err)
+	}
+	if _, err := chooseServices(&ccfg, nil); err != nil {
+		t.Fatalf("compose configuration does not validate: %v", err)
+	}
+	if _, err := policy.Load(ccfg.PolicyFile); err != nil {
+		t.Fatalf("compose policy: %v", err)
 	}
 }
 
