@@ -70,8 +70,13 @@ const (
 // JSON that is not well-formed comes back as a [*SyntaxError]. Strings are
 // shared with one copy of data, as in DecodeUsageEvent.
 func DecodeCloudEvent(data []byte, ev *UsageEvent) error {
+	return decodeCloudEvent(scanner{s: string(data)}, ev)
+}
+
+// decodeCloudEvent is DecodeCloudEvent on a scanner whose string the event
+// may share.
+func decodeCloudEvent(d scanner, ev *UsageEvent) error {
 	*ev = UsageEvent{}
-	d := scanner{s: string(data)}
 	d.skipWS()
 	if d.pos == len(d.s) {
 		return d.syntaxError("empty input; send one CloudEvent as a JSON object")
@@ -79,6 +84,12 @@ func DecodeCloudEvent(data []byte, ev *UsageEvent) error {
 	if d.peek() != '{' {
 		return d.syntaxError("a structured CloudEvent is a JSON object, but the input starts with " + describe(d.peek()))
 	}
+	return d.cloudEventObject(ev, true)
+}
+
+// cloudEventObject decodes and validates the CloudEvent object at the
+// cursor; see eventObject for whole.
+func (d *scanner) cloudEventObject(ev *UsageEvent, whole bool) error {
 	var (
 		errs                ValidationError
 		seen, bad           ceAttr
@@ -153,9 +164,11 @@ func DecodeCloudEvent(data []byte, ev *UsageEvent) error {
 			}
 		}
 	}
-	d.skipWS()
-	if d.pos != len(d.s) {
-		return d.syntaxError("unexpected data after the CloudEvent object; send a batch as " + ContentTypeCloudEventsBatch)
+	if whole {
+		d.skipWS()
+		if d.pos != len(d.s) {
+			return d.syntaxError("unexpected data after the CloudEvent object; send a batch as " + ContentTypeCloudEventsBatch)
+		}
 	}
 	for _, r := range [...]struct {
 		a    ceAttr
@@ -170,7 +183,7 @@ func DecodeCloudEvent(data []byte, ev *UsageEvent) error {
 	} else if bad&ceData == 0 {
 		mergeEnvelope(ev, &errs, seen, bad, envID, tim, subject, dataSeen, dataBad)
 		dataBad |= reportMissing(&errs, "data.", (requiredFields&^(fID|fTime))&^dataSeen)
-		ev.validate(&errs, "data.", dataBad|fID|fTime)
+		ev.validate(&errs, "data.", dataBad|fID|fTime|d.verified)
 	}
 	return errs.err()
 }

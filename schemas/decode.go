@@ -1,5 +1,7 @@
 package schemas
 
+import "unicode/utf8"
+
 // DecodeUsageEvent decodes one usage event v1 from a JSON object and
 // validates it. It resets ev first, so a reused UsageEvent never keeps a
 // field from the previous event.
@@ -24,8 +26,13 @@ package schemas
 // itself is not retained and may be reused by the caller. Decoding a typical
 // event allocates only that copy.
 func DecodeUsageEvent(data []byte, ev *UsageEvent) error {
+	return decodeUsageEvent(scanner{s: string(data)}, ev)
+}
+
+// decodeUsageEvent is DecodeUsageEvent on a scanner whose string the event
+// may share.
+func decodeUsageEvent(d scanner, ev *UsageEvent) error {
 	*ev = UsageEvent{}
-	d := scanner{s: string(data)}
 	d.skipWS()
 	if d.pos == len(d.s) {
 		return d.syntaxError("empty input; send one JSON object")
@@ -33,17 +40,26 @@ func DecodeUsageEvent(data []byte, ev *UsageEvent) error {
 	if d.peek() != '{' {
 		return d.syntaxError("a usage event is a JSON object, but the input starts with " + describe(d.peek()))
 	}
+	return d.eventObject(ev, true)
+}
+
+// eventObject decodes and validates the event object at the cursor. With
+// whole, only whitespace may follow it; without, the cursor is left just
+// past the object, for a caller that frames a batch.
+func (d *scanner) eventObject(ev *UsageEvent, whole bool) error {
 	var errs ValidationError
 	seen, bad, err := d.decodeEvent(ev, &errs, "")
 	if err != nil {
 		return err
 	}
-	d.skipWS()
-	if d.pos != len(d.s) {
-		return d.syntaxError("unexpected data after the event object; send one object per request or use a batch")
+	if whole {
+		d.skipWS()
+		if d.pos != len(d.s) {
+			return d.syntaxError("unexpected data after the event object; send one object per request or use a batch")
+		}
 	}
 	bad |= reportMissing(&errs, "", requiredFields&^seen)
-	ev.validate(&errs, "", bad)
+	ev.validate(&errs, "", bad|d.verified)
 	return errs.err()
 }
 
@@ -63,6 +79,7 @@ func reportMissing(errs *ValidationError, prefix string, missing usageField) usa
 // with names prefixed by prefix.
 func (d *scanner) decodeEvent(ev *UsageEvent, errs *ValidationError, prefix string) (seen, bad usageField, err *SyntaxError) {
 	d.pos++ // '{'
+	d.verified = 0
 	d.skipWS()
 	if d.peek() == '}' {
 		d.pos++
@@ -112,17 +129,17 @@ func (d *scanner) decodeField(ev *UsageEvent, f usageField, errs *ValidationErro
 	case fModel:
 		return d.stringField(&ev.Model, true)
 	case fUser:
-		return d.stringField(&ev.User, false)
+		return d.freeString(&ev.User, f)
 	case fAPIKeyID:
-		return d.stringField(&ev.APIKeyID, false)
+		return d.freeString(&ev.APIKeyID, f)
 	case fProvider:
-		return d.stringField(&ev.Provider, false)
+		return d.freeString(&ev.Provider, f)
 	case fEndpoint:
-		return d.stringField(&ev.Endpoint, false)
+		return d.freeString(&ev.Endpoint, f)
 	case fSessionID:
-		return d.stringField(&ev.SessionID, false)
+		return d.freeString(&ev.SessionID, f)
 	case fGateway:
-		return d.stringField(&ev.Gateway, false)
+		return d.freeString(&ev.Gateway, f)
 	case fOutcome:
 		return d.stringField((*string)(&ev.Outcome), false)
 	case fPriority:
@@ -185,6 +202,17 @@ func (d *scanner) stringField(dst *string, required bool) (reason string, err *S
 	}
 }
 
+// freeString decodes one of the optional free-form strings and marks field
+// f verified when the value is short ASCII, which cannot break a rule;
+// anything else is left to validation.
+func (d *scanner) freeString(dst *string, f usageField) (reason string, err *SyntaxError) {
+	reason, err = d.stringField(dst, false)
+	if reason == "" && err == nil && d.ascii && len(*dst) <= MaxStringLen {
+		d.verified |= f
+	}
+	return reason, err
+}
+
 // intField decodes an integer value; see stringField for null.
 func (d *scanner) intField(dst *int64, required bool, max int64, limitName string) (reason string, err *SyntaxError) {
 	switch c := d.peek(); {
@@ -206,7 +234,13 @@ func (d *scanner) intField(dst *int64, required bool, max int64, limitName strin
 }
 
 // attributes decodes the attributes object. The map is made only when the
-// first entry arrives, so events without attributes allocate none.
+// first entry arrives, so events without attributes allocate none; it comes
+// from d.maps when a BatchDecoder has emptied maps to give.
+//
+// Each entry is checked as it is read, while its bytes are at hand: when
+// every entry passes, fAttributes is marked verified and validation does
+// not walk the map again. Any problem leaves the field to validation, which
+// reports the problems in its own stable order.
 func (d *scanner) attributes(dst *map[string]string, errs *ValidationError, prefix string) (reason string, err *SyntaxError) {
 	switch c := d.peek(); c {
 	case '{':
@@ -222,12 +256,14 @@ func (d *scanner) attributes(dst *map[string]string, errs *ValidationError, pref
 		d.pos++
 		return "", nil
 	}
+	clean, n := true, 0
 	for {
 		key, err := d.readKey()
 		if err != nil {
 			return "", err
 		}
 		if c := d.peek(); c != '"' {
+			clean = false
 			errs.add(prefix, "attributes."+pathKey(key), "must be a string, not "+describe(c))
 			if err := d.skipValue(0); err != nil {
 				return "", err
@@ -240,19 +276,54 @@ func (d *scanner) attributes(dst *map[string]string, errs *ValidationError, pref
 			_, dup := (*dst)[key]
 			switch {
 			case dup:
+				clean = false
 				errs.add(prefix, "attributes."+pathKey(key), "appears more than once; send each key once")
 			case bad != "":
+				clean = false
 				errs.add(prefix, "attributes."+pathKey(key), bad)
 			default:
 				if *dst == nil {
-					*dst = make(map[string]string, 4)
+					*dst = d.attributeMap()
 				}
 				(*dst)[key] = val
+				n++
+				if clean && !attributeOK(key, val, d.ascii) {
+					clean = false
+				}
 			}
 		}
 		done, err := d.next()
-		if err != nil || done {
+		if err != nil {
 			return "", err
 		}
+		if done {
+			if clean && n <= MaxAttributes {
+				d.verified |= fAttributes
+			}
+			return "", nil
+		}
 	}
+}
+
+// attributeMap returns an empty map for an event's attributes: a recycled
+// one when there is one, else a new one.
+func (d *scanner) attributeMap() map[string]string {
+	if d.maps != nil {
+		if n := len(*d.maps); n > 0 {
+			m := (*d.maps)[n-1]
+			(*d.maps)[n-1] = nil
+			*d.maps = (*d.maps)[:n-1]
+			return m
+		}
+	}
+	return make(map[string]string, 4)
+}
+
+// attributeOK reports whether one entry passes every rule that
+// checkAttributes applies to it; asciiVal says val is plain ASCII.
+func attributeOK(key, val string, asciiVal bool) bool {
+	if key == "" || len(key) > MaxAttributeKeyLen || firstNotIn(key, printableNoSpace) >= 0 {
+		return false
+	}
+	return len(val) <= MaxAttributeValueLen && (asciiVal || utf8.ValidString(val))
 }

@@ -1,6 +1,7 @@
 package schemas
 
 import (
+	"math/bits"
 	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -13,6 +14,15 @@ import (
 type scanner struct {
 	s   string
 	pos int
+	// ascii tells whether the last string readString returned was plain
+	// ASCII.
+	ascii bool
+	// maps, when not nil, holds emptied attribute maps to fill before
+	// making new ones; see BatchDecoder.
+	maps *[]map[string]string
+	// verified collects the fields of a usage event that decoding has
+	// already checked against every rule, so validation skips them.
+	verified usageField
 }
 
 func (d *scanner) syntaxError(msg string) *SyntaxError {
@@ -21,6 +31,10 @@ func (d *scanner) syntaxError(msg string) *SyntaxError {
 
 // skipWS skips the four whitespace bytes JSON allows.
 func (d *scanner) skipWS() {
+	// Compact JSON has no whitespace between tokens: check that first.
+	if d.pos < len(d.s) && d.s[d.pos] > ' ' {
+		return
+	}
 	for d.pos < len(d.s) {
 		switch d.s[d.pos] {
 		case ' ', '\t', '\n', '\r':
@@ -71,18 +85,65 @@ var strSpecial = func() (t [256]bool) {
 // readString reads the string starting at the cursor's '"'. It returns the
 // value, and in bad a reason when the string is well-formed JSON but not
 // valid Unicode (a lone UTF-16 surrogate escape), which the caller reports as
-// a problem of the field rather than as a syntax error.
+// a problem of the field rather than as a syntax error. It sets d.ascii to
+// whether the value is plain ASCII, which spares validation a UTF-8 pass.
+//
+// Strings are most of an event's bytes, so the fast path looks at eight
+// bytes at a time (SWAR): one word tells whether any of them ends the fast
+// path, and the lowest such byte is found with a trailing-zero count.
 func (d *scanner) readString() (val, bad string, err *SyntaxError) {
+	s := d.s
 	start := d.pos + 1
 	i := start
-	for i < len(d.s) && !strSpecial[d.s[i]] {
-		i++
+	var seen uint64 // OR of the value's bytes: its high bits tell non-ASCII
+	for {
+		if i+8 > len(s) {
+			for i < len(s) && !strSpecial[s[i]] {
+				seen |= uint64(s[i])
+				i++
+			}
+			break
+		}
+		w := load64(s, i)
+		if m := stringStops(w); m != 0 {
+			k := uint(bits.TrailingZeros64(m)) &^ 7 // bit offset of the stop byte
+			seen |= w & (1<<k - 1)
+			i += int(k >> 3)
+			break
+		}
+		seen |= w
+		i += 8
 	}
-	if i < len(d.s) && d.s[i] == '"' {
+	if i < len(s) && s[i] == '"' {
 		d.pos = i + 1
-		return d.s[start:i], "", nil
+		d.ascii = seen&highBits == 0
+		return s[start:i], "", nil
 	}
+	d.ascii = false
 	return d.readEscaped(start, i)
+}
+
+const (
+	lowBits  = 0x0101010101010101
+	highBits = 0x8080808080808080
+)
+
+// load64 reads eight bytes of s from i, little-endian; the compiler turns it
+// into one load.
+func load64(s string, i int) uint64 {
+	s = s[i : i+8]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
+}
+
+// stringStops sets the high bit of each byte of w that strSpecial marks: a
+// quote, a backslash or a control character. Bytes above the lowest marked
+// one may be marked falsely (a borrow runs upwards), so callers use only
+// the lowest mark.
+func stringStops(w uint64) uint64 {
+	q := w ^ (lowBits * '"')
+	b := w ^ (lowBits * '\\')
+	return ((q-lowBits)&^q | (b-lowBits)&^b | (w-lowBits*0x20)&^w) & highBits
 }
 
 // readEscaped finishes a string that contains escapes (or is broken), from

@@ -165,17 +165,29 @@ type Rejection struct {
 
 // Batch is the outcome of decoding one body: the accepted events with their
 // indexes, and the rejected ones. Reuse a Batch with Reset to keep its
-// slices.
+// slices and the events' attribute maps.
+//
+// The strings of all events share one copy of the body (see
+// schemas.BatchDecoder): retaining any of them beyond the request keeps
+// the whole copy alive, so clone what you keep. The events, their
+// attribute maps included, are valid until the next Reset or Decode.
 type Batch struct {
 	Events   []schemas.UsageEvent
 	Indexes  []int
 	Rejected []Rejection
 	// Total is the number of events the body framed, accepted or not.
 	Total int
+
+	dec schemas.BatchDecoder
 }
 
-// Reset empties b for reuse.
+// Reset empties b for reuse. It hands the events' attribute maps back to
+// the decoder, which fills them again with the next body's attributes, so
+// nothing may use b's events or their maps after Reset.
 func (b *Batch) Reset() {
+	for i := range b.Events {
+		b.dec.Recycle(b.Events[i].Attributes)
+	}
 	clear(b.Events) // drop references into the previous request's strings
 	b.Events, b.Indexes, b.Rejected, b.Total = b.Events[:0], b.Indexes[:0], b.Rejected[:0], 0
 }
@@ -191,17 +203,19 @@ func Decode(format Format, body []byte, lim Limits, now time.Time, allow func(te
 		return &SyntaxError{Msg: "the body is empty; send one event or a batch"}
 	}
 	d := decoder{b: b, lim: lim, now: now, allow: allow, ce: format == CloudEvent || format == CloudEventBatch}
+	b.dec.Reset(body)
+	defer b.dec.Reset(nil) // body is the caller's buffer; do not pin it in a pooled Batch
 	var err error
 	switch format {
 	case JSON, CloudEvent:
 		first := firstByte(body)
 		if format == JSON && first == '[' {
-			err = schemas.SplitJSONArray(body, d.event)
+			err = b.dec.DecodeJSONArray(false, d.arrayEvent)
 		} else {
 			err = d.event(0, body)
 		}
 	case CloudEventBatch:
-		err = schemas.SplitJSONArray(body, d.event)
+		err = b.dec.DecodeJSONArray(true, d.arrayEvent)
 	case NDJSON:
 		err = schemas.SplitNDJSON(body, d.event)
 	default:
@@ -239,7 +253,19 @@ type decoder struct {
 	ce    bool
 }
 
+// event decodes one framed event: the whole body, or a line of NDJSON.
 func (d *decoder) event(index int, raw []byte) error {
+	return d.arrayEvent(index, func(ev *schemas.UsageEvent) error {
+		if d.ce {
+			return d.b.dec.DecodeCloudEvent(raw, ev)
+		}
+		return d.b.dec.DecodeUsageEvent(raw, ev)
+	})
+}
+
+// arrayEvent decodes the event at index with decode and files it as
+// accepted or rejected.
+func (d *decoder) arrayEvent(index int, decode func(*schemas.UsageEvent) error) error {
 	if index >= d.lim.MaxEvents {
 		return &LimitError{Limit: "max_events_per_request", Value: int64(d.lim.MaxEvents),
 			Msg: "the request holds too many events; split it"}
@@ -248,12 +274,9 @@ func (d *decoder) event(index int, raw []byte) error {
 	b := d.b
 	b.Events = append(b.Events, schemas.UsageEvent{})
 	ev := &b.Events[len(b.Events)-1]
-	var err error
-	if d.ce {
-		err = schemas.DecodeCloudEvent(raw, ev)
-	} else {
-		err = schemas.DecodeUsageEvent(raw, ev)
-	}
+	// A broken frame comes back here too; DecodeJSONArray then fails the
+	// whole body, whatever is filed for this element.
+	err := decode(ev)
 	var problems []Problem
 	if err != nil {
 		var ve schemas.ValidationError
@@ -289,6 +312,7 @@ func (d *decoder) event(index int, raw []byte) error {
 	}
 	if len(problems) > 0 {
 		b.Rejected = append(b.Rejected, Rejection{Index: index, ID: ev.ID, Errors: problems, Forbidden: forbidden})
+		b.dec.Recycle(ev.Attributes)
 		*ev = schemas.UsageEvent{}
 		b.Events = b.Events[:len(b.Events)-1]
 		return nil

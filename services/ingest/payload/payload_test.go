@@ -190,3 +190,46 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestReusedBatchKeepsEventsApart decodes two bodies into one Batch, as the
+// server's pool does: the second body's events must carry only their own
+// attributes (maps are recycled between bodies) and their strings must not
+// change when the caller reuses the first body's buffer.
+func TestReusedBatchKeepsEventsApart(t *testing.T) {
+	withAttrs := func(id, attrs string) string {
+		return strings.TrimSuffix(ev(id, "acme"), "}") + `,"attributes":` + attrs + `}`
+	}
+	var b Batch
+	first := []byte("[" + withAttrs("a", `{"team":"search","region":"eu"}`) + "," + withAttrs("b", `{"x":"1"}`) + "]")
+	if err := Decode(JSON, first, lim, now, nil, &b); err != nil || len(b.Events) != 2 {
+		t.Fatalf("first body: %v, %+v", err, b)
+	}
+	second := []byte("[" + withAttrs("c", `{"feature":"chat"}`) + "," + ev("d", "acme") + "]")
+	if err := Decode(JSON, second, lim, now, nil, &b); err != nil || len(b.Events) != 2 {
+		t.Fatalf("second body: %v, %+v", err, b)
+	}
+	for i := range first {
+		first[i] = 'X'
+	}
+	for i := range second {
+		second[i] = 'X'
+	}
+	c, d := b.Events[0], b.Events[1]
+	if c.ID != "c" || len(c.Attributes) != 1 || c.Attributes["feature"] != "chat" {
+		t.Errorf("event c = %+v", c)
+	}
+	if d.ID != "d" || d.Attributes != nil {
+		t.Errorf("event d = %+v", d)
+	}
+}
+
+// TestBrokenFrameAfterGoodEvents checks that a body whose array breaks
+// after some good events fails as a whole, with the offset in the body.
+func TestBrokenFrameAfterGoodEvents(t *testing.T) {
+	body := "[" + ev("a", "acme") + "," + ev("b", "acme") + `,{"id":"c"` + "]"
+	_, err := decode(t, "application/json", body, nil)
+	var se *SyntaxError
+	if !errors.As(err, &se) || !strings.Contains(se.Msg, "at byte") {
+		t.Fatalf("err = %v, want a SyntaxError with a byte offset", err)
+	}
+}

@@ -1,0 +1,264 @@
+package schemas
+
+import (
+	"bytes"
+	"fmt"
+	"math/bits"
+	"strings"
+	"testing"
+)
+
+// decoded is what one batch element came to: an event or an error.
+type decoded struct {
+	index int
+	ev    UsageEvent
+	err   string
+}
+
+// viaSplit is the reference: SplitJSONArray, then each element decoded on
+// its own with the package-level decoders.
+func viaSplit(body []byte, ce bool) ([]decoded, string) {
+	var out []decoded
+	err := SplitJSONArray(body, func(i int, raw []byte) error {
+		var r decoded
+		r.index = i
+		var e error
+		if ce {
+			e = DecodeCloudEvent(raw, &r.ev)
+		} else {
+			e = DecodeUsageEvent(raw, &r.ev)
+		}
+		if e != nil {
+			r.err = fmt.Sprintf("%T %v", e, e)
+		}
+		out = append(out, r)
+		return nil
+	})
+	return out, fmt.Sprint(err)
+}
+
+// viaBatch decodes body with d.DecodeJSONArray, then recycles every event's
+// map into d, so that a following call reuses them.
+func viaBatch(d *BatchDecoder, body []byte, ce bool) ([]decoded, string) {
+	var out []decoded
+	d.Reset(body)
+	err := d.DecodeJSONArray(ce, func(i int, decode func(*UsageEvent) error) error {
+		var r decoded
+		r.index = i
+		if e := decode(&r.ev); e != nil {
+			r.err = fmt.Sprintf("%T %v", e, e)
+		}
+		out = append(out, r)
+		return nil
+	})
+	if err != nil {
+		// The element at which framing broke was not passed to fn by
+		// SplitJSONArray; drop it when decode reported the frame error.
+		if n := len(out); n > 0 && out[n-1].err == fmt.Sprintf("%T %v", err, err) {
+			out = out[:n-1]
+		}
+	}
+	results := make([]decoded, len(out))
+	for i, r := range out {
+		results[i] = r
+		// Keep a private copy of the attributes before the map goes back.
+		if r.ev.Attributes != nil {
+			m := make(map[string]string, len(r.ev.Attributes))
+			for k, v := range r.ev.Attributes {
+				m[k] = v
+			}
+			d.Recycle(r.ev.Attributes)
+			results[i].ev.Attributes = m
+		}
+	}
+	d.Reset(nil)
+	return results, fmt.Sprint(err)
+}
+
+// sameDecoding fails unless d.DecodeJSONArray agrees with the reference on
+// body: the same elements, events, errors and final error.
+func sameDecoding(t *testing.T, d *BatchDecoder, body []byte, ce bool) {
+	t.Helper()
+	want, wantErr := viaSplit(body, ce)
+	got, gotErr := viaBatch(d, body, ce)
+	if gotErr != wantErr {
+		t.Fatalf("final error: got %s, want %s\nbody %q", gotErr, wantErr, body)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d elements, want %d\nbody %q", len(got), len(want), body)
+	}
+	for i := range want {
+		if got[i].err != want[i].err {
+			t.Fatalf("element %d: error %s, want %s\nbody %q", i, got[i].err, want[i].err, body)
+		}
+		if !equalEvents(&got[i].ev, &want[i].ev) {
+			t.Fatalf("element %d: event %+v, want %+v\nbody %q", i, got[i].ev, want[i].ev, body)
+		}
+	}
+}
+
+// batchBodies builds arrays of corpus documents, well-formed and broken.
+func batchBodies(docs []string) [][]byte {
+	all := "[" + strings.Join(docs, ",") + "]"
+	bodies := [][]byte{
+		[]byte(all),
+		[]byte("[\n " + strings.Join(docs, " ,\n ") + "\n]\n"),
+		[]byte(`[]`), []byte(` [ ] `), []byte(`[`), []byte(`[1,`), []byte(`{}`), []byte(``),
+		[]byte(`[{"id":"a"} x]`), []byte(`[{"id":"a"}]x`), []byte(`[{"id":"a"`), []byte(`[{"a":1 , {"b":2}]`),
+		[]byte(`[{"id":"a\"}"}, {]`), []byte(`[{"attributes":{"a":[1,{"b":]}}]`), []byte(`[{"x":"` + "\x01" + `"},{}]`),
+		[]byte(`[1, "x", null, [], {"id": 1e999}]`), []byte(`[{"id":"a"}{"id":"b"}]`),
+	}
+	for _, doc := range docs {
+		bodies = append(bodies, []byte("["+doc+"]"), []byte("["+doc+","+doc+"]"))
+	}
+	return bodies
+}
+
+func corpusDocs(cases []corpusCase) []string {
+	docs := make([]string, len(cases))
+	for i, tc := range cases {
+		docs[i] = tc.doc
+	}
+	return docs
+}
+
+// TestDecodeJSONArrayAgrees holds the one-pass batch decoder to the verdicts,
+// events and errors of SplitJSONArray plus DecodeUsageEvent or
+// DecodeCloudEvent, on the whole corpus and on broken frames, with maps
+// recycled from one body to the next.
+func TestDecodeJSONArrayAgrees(t *testing.T) {
+	var d BatchDecoder
+	usage := append(corpusDocs(usageCorpus), string(readTestdata(t, "event-full.json")), string(readTestdata(t, "event-typical.json")))
+	for _, body := range batchBodies(usage) {
+		sameDecoding(t, &d, body, false)
+	}
+	for _, body := range batchBodies(corpusDocs(cloudEventCorpus)) {
+		sameDecoding(t, &d, body, true)
+	}
+	if len(d.maps) == 0 {
+		t.Fatal("no attribute map was recycled; the corpus has events with attributes")
+	}
+}
+
+// TestBatchDecoderSharesBody checks that elements of the body share its
+// copy, that an element from elsewhere is still decoded correctly from a
+// copy of its own, and that decoding does not alias the caller's bytes.
+func TestBatchDecoderSharesBody(t *testing.T) {
+	body := []byte(`[` + ev() + `,` + ev("id", `"evt-2"`) + `]`)
+	var d BatchDecoder
+	d.Reset(body)
+	var ids []string
+	err := SplitJSONArray(body, func(_ int, raw []byte) error {
+		var e UsageEvent
+		if err := d.DecodeUsageEvent(raw, &e); err != nil {
+			return err
+		}
+		ids = append(ids, e.ID)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := []byte(ev("id", `"evt-3"`))
+	var e3 UsageEvent
+	if err := d.DecodeUsageEvent(other, &e3); err != nil {
+		t.Fatal(err)
+	}
+	// A sub-slice with a cut capacity is not located in the body either.
+	var e1 UsageEvent
+	start := bytes.IndexByte(body[1:], '{') + 1
+	end := start + len(ev())
+	if err := d.DecodeUsageEvent(body[start:end:end], &e1); err != nil {
+		t.Fatal(err)
+	}
+	for i := range body {
+		body[i] = 'X' // the caller reuses its buffer
+	}
+	for i := range other {
+		other[i] = 'X'
+	}
+	if ids[0] != "evt-1" || ids[1] != "evt-2" || e3.ID != "evt-3" || e1.ID != "evt-1" || e1.Tenant != "acme" {
+		t.Fatalf("events alias the caller's bytes: %q %q %q %q", ids[0], ids[1], e3.ID, e1.ID)
+	}
+}
+
+// TestRecycledMapsStartEmpty checks that a recycled map carries nothing
+// from its previous event, and that large maps are not kept.
+func TestRecycledMapsStartEmpty(t *testing.T) {
+	var d BatchDecoder
+	first := []byte(ev("attributes", `{"team":"search","region":"eu"}`))
+	second := []byte(ev("attributes", `{"feature":"chat"}`))
+	var e UsageEvent
+	d.Reset(first)
+	if err := d.DecodeUsageEvent(first, &e); err != nil {
+		t.Fatal(err)
+	}
+	d.Recycle(e.Attributes)
+	d.Reset(second)
+	if err := d.DecodeUsageEvent(second, &e); err != nil {
+		t.Fatal(err)
+	}
+	if len(e.Attributes) != 1 || e.Attributes["feature"] != "chat" {
+		t.Fatalf("attributes of a recycled map: %v", e.Attributes)
+	}
+	if len(d.maps) != 0 {
+		t.Fatalf("the recycled map was not used: %d spare", len(d.maps))
+	}
+	big := make(map[string]string)
+	for i := range maxRecycledEntries + 1 {
+		big[fmt.Sprint(i)] = "v"
+	}
+	d.Recycle(big)
+	d.Recycle(nil)
+	if len(d.maps) != 0 {
+		t.Fatalf("kept a map of %d entries or a nil map", len(big))
+	}
+}
+
+// TestStringStops checks the SWAR stop detector against the lookup table:
+// for every byte value at every position, the lowest marked byte must be
+// the first byte the table marks.
+func TestStringStops(t *testing.T) {
+	fill := []byte("abcdefgh")
+	for pos := range 8 {
+		for v := range 256 {
+			for _, before := range []byte{'a', 0xC3, 0x7F, 0x20} {
+				w := bytes.Repeat([]byte{before}, 8)
+				copy(w[pos+1:], fill[pos+1:])
+				w[pos] = byte(v)
+				want := 8
+				for i, c := range w {
+					if strSpecial[c] {
+						want = i
+						break
+					}
+				}
+				got := 8
+				if m := stringStops(load64(string(w), 0)); m != 0 {
+					got = bits.TrailingZeros64(m) / 8
+				}
+				if got != want {
+					t.Fatalf("word %q: first stop at %d, want %d", w, got, want)
+				}
+			}
+		}
+	}
+}
+
+// FuzzDecodeJSONArray holds the one-pass batch decoder to the two-pass
+// reference on arbitrary bodies, as usage events and as CloudEvents.
+func FuzzDecodeJSONArray(f *testing.F) {
+	for _, body := range batchBodies(corpusDocs(usageCorpus)) {
+		f.Add(body)
+	}
+	for _, body := range batchBodies(corpusDocs(cloudEventCorpus)) {
+		f.Add(body)
+	}
+	f.Add(readTestdata(f, "batch.json"))
+	f.Add(readTestdata(f, "cloudevents-batch.json"))
+	var d BatchDecoder
+	f.Fuzz(func(t *testing.T, body []byte) {
+		sameDecoding(t, &d, body, false)
+		sameDecoding(t, &d, body, true)
+	})
+}
