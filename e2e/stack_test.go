@@ -1,0 +1,471 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/sluicehq/sluice/migrations"
+	"github.com/sluicehq/sluice/platform/chconn"
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/schemas"
+)
+
+// Deadlines of the waits: generous, because the suites share two cores
+// with the services and with other packages' tests.
+const (
+	readyTimeout = 90 * time.Second
+	waitTimeout  = 60 * time.Second
+)
+
+// stackOptions chooses the infrastructure a stack runs against; zero
+// values mean the shared services of scripts/services.sh.
+type stackOptions struct {
+	// Policy is the quota policy YAML.
+	Policy string
+	// KafkaBrokers, ClickHouseAddr and RedisAddr replace the shared
+	// services' addresses (a private instance, or a proxy in front of one).
+	KafkaBrokers   string
+	ClickHouseAddr string
+	RedisAddr      string
+	// ScopedTenant is the only tenant the scoped ingest key may report.
+	ScopedTenant string
+	// Extra flags for every service process.
+	Extra []string
+}
+
+// stack is one isolated Sluice deployment: its own ClickHouse database,
+// usage topic, consumer groups and Redis key prefix, with each service a
+// subprocess of the sluice binary.
+type stack struct {
+	t          testing.TB
+	dir        string
+	ch         chconn.Config // the shared ClickHouse, database of this stack
+	conn       driver.Conn
+	kafka      string
+	chAddr     string
+	redisAddr  string
+	rdb        *redis.Client
+	prefix     string
+	topic      string
+	policyPath string
+	ingestAddr string
+	ingestKey  string // may report any tenant
+	scopedKey  string // may report opts.ScopedTenant only
+	alertmgr   string
+	groups     map[string]string
+	extra      []string
+
+	mu    sync.Mutex
+	procs map[string]*proc
+}
+
+// proc is one running service subprocess.
+type proc struct {
+	name    string
+	cmd     *exec.Cmd
+	opsAddr string
+	logPath string
+	done    chan struct{}
+	err     error
+}
+
+func newStack(t testing.TB, opts stackOptions) *stack {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	s := &stack{t: t, dir: t.TempDir(), procs: map[string]*proc{}, extra: opts.Extra}
+
+	s.ch = itest.ClickHouse(t)
+	conn, err := chconn.Open(ctx, s.ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	s.conn = conn
+	if _, err := migrations.Apply(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		t.Fatal(err)
+	}
+	s.chAddr = orDefault(opts.ClickHouseAddr, s.ch.Addr)
+
+	kc := itest.Kafka(t)
+	s.kafka = orDefault(opts.KafkaBrokers, strings.Join(kc.Brokers, ","))
+	s.redisAddr = orDefault(opts.RedisAddr, itest.Redis(t).Addr)
+	s.rdb = redis.NewClient(&redis.Options{Addr: s.redisAddr, MaxRetries: -1})
+	t.Cleanup(func() { s.rdb.Close() })
+	s.alertmgr = itest.Alertmanager(t)
+
+	s.prefix = itest.Unique(t, "e2e") + ":"
+	s.topic = itest.Unique(t, "e2e_usage")
+	s.groups = map[string]string{
+		"aggregator": itest.Unique(t, "e2e_agg"),
+		"enforcer":   itest.Unique(t, "e2e_enf"),
+		"alerter":    itest.Unique(t, "e2e_alert"),
+	}
+	// The enforcer and the alerter read the shared signals topic, whose
+	// history holds every other test's signals: their fresh groups start
+	// at its current end, so they see this stack's signals only.
+	kcfg := kc
+	kcfg.Brokers = strings.Split(s.kafka, ",")
+	if err := startGroupsAtEnd(ctx, kcfg, schemas.TopicSignalsV1, s.groups["enforcer"], s.groups["alerter"]); err != nil {
+		t.Fatal(err)
+	}
+
+	s.policyPath = filepath.Join(s.dir, "policy.yaml")
+	s.writePolicy(opts.Policy)
+	s.ingestKey, s.scopedKey = randomKey(), randomKey()
+	scoped := orDefault(opts.ScopedTenant, "scoped-only")
+	keys := fmt.Sprintf("keys:\n  - id: e2e-gateway\n    sha256: %s\n  - id: e2e-scoped\n    sha256: %s\n    tenants: [%s]\n",
+		sha(s.ingestKey), sha(s.scopedKey), scoped)
+	if err := os.WriteFile(filepath.Join(s.dir, "keys.yaml"), []byte(keys), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.ingestAddr = freeAddr(t)
+	t.Cleanup(s.stopAll)
+	return s
+}
+
+// startGroupsAtEnd commits, for each fresh group, the topic's end offsets.
+func startGroupsAtEnd(ctx context.Context, kc kafkaconn.Config, topic string, groups ...string) error {
+	cl, err := kafkaconn.NewClient(kc)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if err := kafkaconn.EnsureTopics(ctx, cl, kc, topic); err != nil {
+		return err
+	}
+	adm := kadm.NewClient(cl)
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		return err
+	}
+	if err := ends.Error(); err != nil {
+		return err
+	}
+	offs := kadm.Offsets{}
+	ends.Each(func(o kadm.ListedOffset) {
+		offs.Add(kadm.Offset{Topic: o.Topic, Partition: o.Partition, At: o.Offset, LeaderEpoch: -1})
+	})
+	for _, g := range groups {
+		resp, err := adm.CommitOffsets(ctx, g, offs)
+		if err != nil {
+			return fmt.Errorf("start group %s at the end of %s: %w", g, topic, err)
+		}
+		if err := resp.Error(); err != nil {
+			return fmt.Errorf("start group %s at the end of %s: %w", g, topic, err)
+		}
+	}
+	return nil
+}
+
+func (s *stack) writePolicy(yaml string) {
+	s.t.Helper()
+	// Write and rename, so a hot reload never reads half a file.
+	tmp := s.policyPath + ".tmp"
+	if err := os.WriteFile(tmp, []byte(yaml), 0o600); err != nil {
+		s.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, s.policyPath); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// args are the flags every service process gets.
+func (s *stack) args(opsAddr string) []string {
+	a := []string{
+		"-log.format=text", "-migrate=false",
+		"-ops.listen=" + opsAddr,
+		"-kafka.brokers=" + s.kafka, "-kafka.partitions=4",
+		"-clickhouse.addr=" + s.chAddr, "-clickhouse.database=" + s.ch.Database,
+		"-redis.addr=" + s.redisAddr,
+		"-policy_file=" + s.policyPath,
+		"-services.ingest.listen=" + s.ingestAddr,
+		"-services.ingest.keys_file=" + filepath.Join(s.dir, "keys.yaml"),
+		"-services.ingest.topic=" + s.topic,
+		// The period-reset test stamps events an hour ahead.
+		"-services.ingest.max_event_future=2h",
+		"-services.aggregator.topic=" + s.topic,
+		"-services.aggregator.group=" + s.groups["aggregator"],
+		"-services.aggregator.flush_interval=100ms",
+		"-services.aggregator.policy_poll=500ms",
+		"-services.aggregator.session_timeout=6s",
+		"-services.enforcer.consumer_group=" + s.groups["enforcer"],
+		"-services.enforcer.key_prefix=" + s.prefix,
+		"-services.enforcer.admin.listen=" + freeAddr(s.t),
+		"-services.enforcer.policy_reload=500ms",
+		"-services.alerter.group=" + s.groups["alerter"],
+		"-services.alerter.alertmanager.url=" + s.alertmgr,
+		"-services.alerter.rules.pending_for=1s",
+		"-services.alerter.rules.group_wait=0s",
+		"-services.alerter.tick=200ms",
+		"-services.alerter.policy_reload=500ms",
+		"-shutdown_grace=10s",
+	}
+	return append(a, s.extra...)
+}
+
+// start runs one service (ingest, aggregator, enforcer, alerter) as a
+// subprocess and waits until its /readyz answers 200.
+func (s *stack) start(name string) *proc {
+	s.t.Helper()
+	p := s.spawn(name)
+	s.waitReady(p)
+	return p
+}
+
+func (s *stack) spawn(name string) *proc {
+	s.t.Helper()
+	ops := freeAddr(s.t)
+	p := &proc{name: name, opsAddr: ops, done: make(chan struct{}),
+		logPath: filepath.Join(s.dir, fmt.Sprintf("%s-%d.log", name, time.Now().UnixNano()))}
+	logf, err := os.Create(p.logPath)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	args := append([]string{"run"}, s.args(ops)...)
+	p.cmd = exec.Command(sluiceBin, append(args, name)...)
+	p.cmd.Stdout, p.cmd.Stderr = logf, logf
+	if err := p.cmd.Start(); err != nil {
+		logf.Close()
+		s.t.Fatal(err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		logf.Close()
+		close(p.done)
+	}()
+	s.mu.Lock()
+	s.procs[name] = p
+	s.mu.Unlock()
+	return p
+}
+
+func (s *stack) waitReady(p *proc) {
+	s.t.Helper()
+	eventually(s.t, readyTimeout, p.name+" /readyz answers 200", func() error {
+		if !p.alive() {
+			return errStop(fmt.Errorf("%s exited: %v\n%s", p.name, p.err, tail(p.logPath)))
+		}
+		code, _, err := httpGet(context.Background(), "http://"+p.opsAddr+"/readyz")
+		if err != nil {
+			return err
+		}
+		if code != http.StatusOK {
+			return fmt.Errorf("readyz %d", code)
+		}
+		return nil
+	})
+}
+
+func (s *stack) proc(name string) *proc {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.procs[name]
+}
+
+// kill9 crashes a service: no shutdown, no flush, no commit.
+func (s *stack) kill9(name string) {
+	s.t.Helper()
+	p := s.proc(name)
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		s.t.Fatalf("kill -9 %s: %v", name, err)
+	}
+	<-p.done
+}
+
+// stop asks a service to shut down (SIGTERM) and kills it when it does not
+// finish within 30 s.
+func (p *proc) stop() {
+	if !p.alive() {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func (p *proc) alive() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+func (s *stack) stopAll() {
+	s.mu.Lock()
+	ps := make([]*proc, 0, len(s.procs))
+	for _, p := range s.procs {
+		ps = append(ps, p)
+	}
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, p := range ps {
+		wg.Add(1)
+		go func() { defer wg.Done(); p.stop() }()
+	}
+	wg.Wait()
+	if s.t.Failed() {
+		for _, p := range ps {
+			s.t.Logf("--- last log lines of %s (%s):\n%s", p.name, p.logPath, tail(p.logPath))
+		}
+	}
+}
+
+// requireAlive fails unless every started service still runs and its
+// /healthz answers 200.
+func (s *stack) requireAlive() {
+	s.t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, p := range s.procs {
+		if !p.alive() {
+			s.t.Fatalf("%s exited: %v\n%s", name, p.err, tail(p.logPath))
+		}
+		code, _, err := httpGet(context.Background(), "http://"+p.opsAddr+"/healthz")
+		if err != nil || code != http.StatusOK {
+			s.t.Fatalf("%s /healthz: status %d, %v", name, code, err)
+		}
+	}
+}
+
+// metric returns the /metrics text of a service.
+func (s *stack) metrics(name string) string {
+	s.t.Helper()
+	_, body, err := httpGet(context.Background(), "http://"+s.proc(name).opsAddr+"/metrics")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return string(body)
+}
+
+// postEvents sends a body to ingest's /v1/events with key.
+func (s *stack) postEvents(ctx context.Context, key, contentType string, body []byte) (int, []byte, http.Header, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.ingestAddr+"/v1/events", bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	req.Header.Set("Content-Type", contentType)
+	resp, err := ingestClient.Do(req)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, resp.Header, err
+}
+
+var ingestClient = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+
+func httpGet(ctx context.Context, url string) (int, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
+}
+
+// stopError ends an eventually loop at once: waiting cannot help.
+type stopError struct{ error }
+
+func errStop(err error) error { return stopError{err} }
+
+// eventually polls cond until it returns nil and fails the test with the
+// last error when within does not suffice.
+func eventually(t testing.TB, within time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var last error
+	for {
+		last = cond()
+		if last == nil {
+			return
+		}
+		var stop stopError
+		if errors.As(last, &stop) {
+			t.Fatalf("%s: %v", what, stop.error)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not true within %s: %v", what, within, last)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func randomKey() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return "sk-e2e-" + hex.EncodeToString(b[:])
+}
+
+func sha(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+func orDefault(v, def string) string {
+	if v != "" {
+		return v
+	}
+	return def
+}
+
+func tail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > 40 {
+		lines = lines[len(lines)-40:]
+	}
+	return strings.Join(lines, "\n")
+}
