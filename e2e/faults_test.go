@@ -24,9 +24,9 @@ const (
 	flagRecovery = 30 * time.Second
 	// enforcerCrashRecovery: after a kill -9 the restarted enforcer joins
 	// its consumer group only once the dead member's session expired
-	// (franz-go's default 45 s; the enforcer has no session_timeout
-	// setting), so a quota crossed while it was dead is flagged within this.
-	enforcerCrashRecovery = 75 * time.Second
+	// (services.enforcer.session_timeout, 10 s by default), so a quota
+	// crossed while it was dead is flagged within this.
+	enforcerCrashRecovery = 45 * time.Second
 	// clickHouseOutage is how long ClickHouse is unreachable.
 	clickHouseOutage = 30 * time.Second
 )

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
 )
 
@@ -25,7 +26,9 @@ import (
 type Config struct {
 	PolicyFile     string        `yaml:"policy_file" help:"quota policy YAML (hot-reloaded); empty: defaults only"`
 	PolicyReload   time.Duration `yaml:"policy_reload" help:"how often the policy file is checked for changes"`
-	ConsumerGroup  string        `yaml:"consumer_group" help:"Kafka consumer group for sluice.signals.v1"`
+	ConsumerGroup  string        `yaml:"consumer_group" help:"Kafka consumer group for the signals topic"`
+	SignalsTopic   string        `yaml:"signals_topic" help:"topic the aggregator and reconciler publish signals to"`
+	SessionTimeout time.Duration `yaml:"session_timeout" help:"consumer group session timeout: how soon a restarted enforcer gets the signals back after a crash"`
 	KeyPrefix      string        `yaml:"key_prefix" help:"Redis key prefix of the flags (Checkers must use the same)"`
 	FlushInterval  time.Duration `yaml:"flush_interval" help:"how long flag changes wait to be coalesced into one Redis round trip"`
 	FlagTTL        time.Duration `yaml:"flag_ttl" help:"lifetime of a flag the enforcer stops refreshing (a dead enforcer blocks no one longer)"`
@@ -48,8 +51,12 @@ type AdminConfig struct {
 // DefaultConfig returns working defaults for the services script.
 func DefaultConfig() Config {
 	return Config{
-		PolicyReload:   2 * time.Second,
-		ConsumerGroup:  "sluice-enforcer",
+		PolicyReload:  2 * time.Second,
+		ConsumerGroup: "sluice-enforcer",
+		SignalsTopic:  schemas.TopicSignalsV1,
+		// Short: while a crashed enforcer's session lingers, a restarted one
+		// reads no signals, and enforcement waits on it.
+		SessionTimeout: 10 * time.Second,
 		KeyPrefix:      flags.DefaultPrefix,
 		FlushInterval:  5 * time.Millisecond,
 		FlagTTL:        60 * time.Second,
@@ -84,6 +91,10 @@ func (c Config) Validate() error {
 	if c.ConsumerGroup == "" {
 		errs = append(errs, errors.New("enforcer.consumer_group: must not be empty"))
 	}
+	if c.SignalsTopic == "" {
+		errs = append(errs, errors.New("enforcer.signals_topic: must not be empty"))
+	}
+	between("session_timeout", c.SessionTimeout, 6*time.Second, 30*time.Minute)
 	if c.KeyPrefix == "" || len(c.KeyPrefix) > 200 {
 		errs = append(errs, fmt.Errorf("enforcer.key_prefix: %q must be 1..200 bytes", c.KeyPrefix))
 	}

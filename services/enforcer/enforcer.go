@@ -137,6 +137,9 @@ func (c *core) collectors() []prometheus.Collector {
 			Help: "Tenants with at least one open or half-open breaker."}, func() float64 { return float64(len(c.table.Tenants())) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_enforcer_soft_overage_signals_total",
 			Help: "Soft-quota overage signals recorded (not blocked)."}, c.table.Overage),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_enforcer_policy_reload_failures_total",
+			Help: "Policy reloads rejected as invalid; the previous policy stays in force."},
+			func() float64 { return float64(c.policy.Failures.Load()) }),
 	}
 }
 
@@ -207,14 +210,22 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	defer chc.Close()
 	kc, err := kafkaconn.NewClient(env.Kafka,
 		kgo.ConsumerGroup(cfg.ConsumerGroup),
-		kgo.ConsumeTopics(schemas.TopicSignalsV1),
+		kgo.ConsumeTopics(cfg.SignalsTopic),
+		kgo.SessionTimeout(cfg.SessionTimeout),
 		kgo.FetchMaxWait(100*time.Millisecond),
 	)
 	if err != nil {
 		return err
 	}
-	defer kc.Close()
-	if err := kafkaconn.EnsureTopics(ctx, kc, env.Kafka, schemas.TopicSignalsV1); err != nil {
+	defer func() {
+		// Leaving waits for a join in progress; bound it so a shutdown
+		// during a rebalance cannot overrun the process's grace period.
+		lctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_ = kc.LeaveGroupContext(lctx)
+		kc.Close()
+	}()
+	if err := kafkaconn.EnsureTopics(ctx, kc, env.Kafka, cfg.SignalsTopic); err != nil {
 		return err
 	}
 
