@@ -21,6 +21,29 @@
 //
 // While ClickHouse (or the signals topic) is unreachable the flush retries
 // with exponential back-off and nothing is fetched, dropped or committed.
+//
+// # Anomalies
+//
+// Besides quota signals the aggregator emits kind anomaly per tenant ×
+// model and tenant × "*", with Attributes detector (= type) error_ratio,
+// slow_call or rate_spike, ratio, requests, threshold and state firing or
+// resolved; error_ratio and slow_call also carry breaker (the detector
+// name), which the alerter reports as a breaker opening and the enforcer
+// turns into a breaker. Thresholds, minimum calls and windows come from the
+// tenant's policy (breakers.error_ratio, breakers.slow_call); rate_spike
+// compares a minute's tokens with the 60-minute baseline (spike_multiplier,
+// spike_min_tokens). Signals are on change, except that while a condition
+// persists a fresh firing signal is emitted once per window: the enforcer
+// re-evaluates a half-open breaker on the next anomaly signal. Everything
+// is event time, so replays give the same signals and ids.
+//
+// # Bounded state
+//
+// A tenant without events for idle_evict_after of event time is dropped
+// from memory after a flush has stored its rows; when it sends again its
+// distinct stored events are replayed from ClickHouse (as on partition
+// assignment, for that tenant only) before the event is counted, so its
+// totals, tiers and signals are those it would have had without eviction.
 package aggregator
 
 import (
@@ -57,7 +80,12 @@ type Config struct {
 	Hysteresis        float64       `yaml:"hysteresis" help:"percentage points below a tier before it is left"`
 	PredictionHorizon time.Duration `yaml:"prediction_horizon" help:"signal exhaustion predicted sooner than this"`
 	DedupCapacity     int           `yaml:"dedup_capacity" help:"event ids remembered per partition for dedup and settlement (FIFO beyond)"`
-	SlowCallMS        int64         `yaml:"slow_call_ms" help:"latency from which a request counts as a slow call"`
+	SlowCallMS        int64         `yaml:"slow_call_ms" help:"latency from which a request counts as a slow call in the minute rollups (the slow_call breaker uses the policy's breakers.slow_call.slow_call_ms)"`
+	SpikeMultiplier   float64       `yaml:"spike_multiplier" help:"a minute whose tokens exceed this multiple of the 60-minute baseline is a rate_spike anomaly"`
+	SpikeMinTokens    int64         `yaml:"spike_min_tokens" help:"tokens a minute must carry at least to count as a rate spike"`
+	// IdleEvictAfter bounds memory: a tenant silent for this long (in event
+	// time) is dropped, and rebuilt from ClickHouse when it sends again.
+	IdleEvictAfter time.Duration `yaml:"idle_evict_after" help:"forget a tenant after this much event time without events (rebuilt from ClickHouse when it returns)"`
 }
 
 // DefaultConfig returns the settings the aggregator ships with.
@@ -79,6 +107,9 @@ func DefaultConfig() Config {
 		PredictionHorizon: o.Horizon,
 		DedupCapacity:     o.DedupCapacity,
 		SlowCallMS:        o.SlowCallMS,
+		SpikeMultiplier:   o.SpikeMultiplier,
+		SpikeMinTokens:    o.SpikeMinTokens,
+		IdleEvictAfter:    o.IdleEvict,
 	}
 }
 
@@ -125,11 +156,21 @@ func (c Config) Validate() error {
 	if c.SlowCallMS < 0 || c.SlowCallMS > schemas.MaxLatencyMS {
 		bad("slow_call_ms: %d is outside 0..%d", c.SlowCallMS, schemas.MaxLatencyMS)
 	}
+	if c.SpikeMultiplier < 1.5 || c.SpikeMultiplier > 1000 {
+		bad("spike_multiplier: %v is outside 1.5..1000", c.SpikeMultiplier)
+	}
+	if c.SpikeMinTokens < 1 || c.SpikeMinTokens > 1_000_000_000_000 {
+		bad("spike_min_tokens: %d is outside 1..1000000000000", c.SpikeMinTokens)
+	}
+	if c.IdleEvictAfter < 5*time.Minute || c.IdleEvictAfter > 31*24*time.Hour {
+		bad("idle_evict_after: %v is outside 5m..744h", c.IdleEvictAfter)
+	}
 	return errors.Join(errs...)
 }
 
 func (c Config) options() tally.Options {
-	return tally.Options{Hysteresis: c.Hysteresis, Horizon: c.PredictionHorizon, DedupCapacity: c.DedupCapacity, SlowCallMS: c.SlowCallMS}
+	return tally.Options{Hysteresis: c.Hysteresis, Horizon: c.PredictionHorizon, DedupCapacity: c.DedupCapacity, SlowCallMS: c.SlowCallMS,
+		SpikeMultiplier: c.SpikeMultiplier, SpikeMinTokens: c.SpikeMinTokens, IdleEvict: c.IdleEvictAfter}
 }
 
 // Run consumes until ctx is cancelled, then flushes and commits what it

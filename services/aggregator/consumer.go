@@ -101,7 +101,7 @@ func (a *aggregator) loop(ctx context.Context) {
 			}
 		})
 		a.mu.Lock()
-		fetches.EachPartition(a.process)
+		fetches.EachPartition(func(ftp kgo.FetchTopicPartition) { a.process(ctx, ftp) })
 		if !a.since.IsZero() && (a.pendingMax() >= a.cfg.BatchEvents || time.Since(a.since) >= a.cfg.FlushInterval) {
 			if err := a.flushAll(ctx); err != nil && ctx.Err() == nil {
 				a.log.Error("flush failed", "err", err)
@@ -120,7 +120,7 @@ func (a *aggregator) pendingMax() int {
 	return n
 }
 
-func (a *aggregator) process(ftp kgo.FetchTopicPartition) {
+func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 	if len(ftp.Records) == 0 {
 		return
 	}
@@ -142,16 +142,29 @@ func (a *aggregator) process(ftp kgo.FetchTopicPartition) {
 		if err := schemas.DecodeUsageEvent(rec.Value, ev); err != nil {
 			a.m.invalid.Inc()
 			a.log.Warn("skipping an undecodable usage event", "partition", rec.Partition, "offset", rec.Offset, "err", err)
-		} else if p.state.Apply(ev, rec.Offset) == tally.Accepted {
-			if p.batch.Events == nil {
-				p.batch.Events = make([]chstore.Event, 0, a.cfg.BatchEvents)
+		} else {
+			r := p.state.Apply(ev, rec.Offset)
+			if r == tally.Evicted {
+				if !a.restore(ctx, p, ev.Tenant, rec.Offset) {
+					// Only a cancelled ctx gets here, which ends the poll
+					// loop: stop before this record; the final flush
+					// commits what came before and the rest is read again.
+					break
+				}
+				r = p.state.Apply(ev, rec.Offset)
 			}
-			p.batch.Events = append(p.batch.Events, chstore.Event{UsageEvent: *ev, Partition: rec.Partition, Offset: rec.Offset})
+			if r == tally.Accepted {
+				if p.batch.Events == nil {
+					p.batch.Events = make([]chstore.Event, 0, a.cfg.BatchEvents)
+				}
+				p.batch.Events = append(p.batch.Events, chstore.Event{UsageEvent: *ev, Partition: rec.Partition, Offset: rec.Offset})
+			}
 		}
 		p.next, p.epoch = rec.Offset+1, rec.LeaderEpoch
 		p.pending++
 	}
 	after := p.state.Stats
+	a.m.restores.Add(float64(after.RestoredTenants - before.RestoredTenants))
 	a.m.accepted.Add(float64(after.Accepted - before.Accepted))
 	a.m.duplicates.Add(float64(after.Duplicates - before.Duplicates))
 	a.m.rejected.Add(float64(after.Rejected - before.Rejected))
@@ -198,7 +211,18 @@ func (a *aggregator) flush(ctx context.Context, p *partition) error {
 	}
 	b := &p.batch
 	p.state.Drain(&b.Rows)
-	b.Signals = append(b.Signals, p.state.TakeSignals()...)
+	// Encode the new signals once, for signals_log and for Kafka. An
+	// invalid one is a bug, not an outage: log it loudly and keep the rest
+	// rather than stall the partition on it.
+	for _, sg := range p.state.TakeSignals() {
+		v, err := schemas.EncodeSignal(&sg)
+		if err != nil {
+			a.log.Error("dropping an invalid signal", "id", sg.ID, "kind", sg.Kind, "err", err)
+			continue
+		}
+		b.Signals = append(b.Signals, sg)
+		b.Payloads = append(b.Payloads, v)
+	}
 	b.Version = uint64(p.next)
 	rows := len(b.Events) + len(b.Minutes) + len(b.Quotas)
 
@@ -210,17 +234,11 @@ func (a *aggregator) flush(ctx context.Context, p *partition) error {
 	a.m.writeSeconds.Observe(time.Since(start).Seconds())
 
 	if len(b.Signals) > 0 {
-		recs := make([]*kgo.Record, 0, len(b.Signals))
+		recs := make([]*kgo.Record, len(b.Signals))
 		for i := range b.Signals {
 			s := &b.Signals[i]
-			v, err := schemas.EncodeSignal(s)
-			if err != nil {
-				// A bug, not an outage: log it loudly and keep the rest.
-				a.log.Error("dropping an invalid signal", "id", s.ID, "kind", s.Kind, "err", err)
-				continue
-			}
-			recs = append(recs, &kgo.Record{Topic: a.cfg.SignalsTopic, Key: []byte(s.Tenant), Value: v,
-				Headers: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaSignalsV1)}}})
+			recs[i] = &kgo.Record{Topic: a.cfg.SignalsTopic, Key: []byte(s.Tenant), Value: b.Payloads[i],
+				Headers: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaSignalsV1)}}}
 			a.m.signals.WithLabelValues(string(s.Kind)).Inc()
 		}
 		if err := a.retry(ctx, "produce signals", p.id, func() error { return a.cl.ProduceSync(ctx, recs...).FirstErr() }); err != nil {
@@ -242,7 +260,30 @@ func (a *aggregator) flush(ctx context.Context, p *partition) error {
 	p.flushed = p.next
 	p.pending = 0
 	b.Reset()
+	// Everything the state changed is stored now, so idle tenants can go.
+	if n := p.state.EvictIdle(); n > 0 {
+		a.m.evictions.Add(float64(n))
+	}
 	return nil
+}
+
+// restore rebuilds an evicted tenant from its events stored below offset,
+// retrying while ClickHouse is unreachable. It reports false when ctx ended
+// first.
+func (a *aggregator) restore(ctx context.Context, p *partition, tenant string, offset int64) bool {
+	start := time.Now()
+	err := a.retry(ctx, "restore tenant from clickhouse", p.id, func() error {
+		return p.state.Restore(tenant, func(apply func(*schemas.UsageEvent, int64)) error {
+			_, err := a.store.ReplayTenant(ctx, p.id, tenant, offset, apply)
+			return err
+		})
+	})
+	if err != nil {
+		a.log.Warn("evicted tenant not restored (shutting down)", "partition", p.id, "tenant", tenant, "err", err)
+		return false
+	}
+	a.m.restoreSeconds.Observe(time.Since(start).Seconds())
+	return true
 }
 
 func (a *aggregator) retry(ctx context.Context, what string, part int32, fn func() error) error {

@@ -33,6 +33,9 @@ defaults:
   timezone: Asia/Kolkata
   alert_tiers: [70, 90, 100]
   budget: {amount: 0.2, currency: USD}
+  breakers:
+    error_ratio: {threshold: 0.5, min_requests: 5, window: 5m}
+    slow_call:   {threshold: 0.5, slow_call_ms: 10000, min_requests: 5, window: 5m}
   models:
     "*": {hourly_tokens: 60000, daily_tokens: 250000, tokens_per_minute: 12000}
     m0: {monthly_tokens: 100000}
@@ -89,7 +92,10 @@ func setup(t testing.TB) *env {
 // workload returns n events in send order: 20 tenants, 3 models, one event
 // per second of event time; every 20th a re-sent earlier event, every 15th
 // an estimate settled 40 events later, every 50th two hours late and every
-// 70th an hour late. final maps tenant/id to the tokens that must count.
+// 70th an hour late. Tenant t7 falls silent for 2.5 hours (its partition
+// evicts it, then restores it), phases of errors and slow calls open the
+// breakers, and t5 spikes for two minutes. final maps tenant/id to the
+// tokens that must count.
 func workload(n int, base time.Time) (evs []schemas.UsageEvent, final map[string]int64) {
 	final = map[string]int64{}
 	orig := make([]schemas.UsageEvent, 0, n)
@@ -102,6 +108,17 @@ func workload(n int, base time.Time) (evs []schemas.UsageEvent, final map[string
 			PromptTokens:     int64(100 + (i*37)%500),
 			CompletionTokens: int64((i * 53) % 300),
 			LatencyMS:        int64((i * 97) % 15000),
+		}
+		if e.Tenant == "t7" && i >= 2000 && i < 11000 {
+			e.Tenant = "t8"
+		}
+		switch {
+		case i >= 4000 && i < 4600 && i%3 != 0:
+			e.Outcome = schemas.OutcomeError
+		case i >= 7000 && i < 7600:
+			e.LatencyMS = 12000
+		case i >= 6000 && i < 6120 && e.Tenant == "t5":
+			e.PromptTokens = 20000
 		}
 		switch {
 		case i%50 == 49:
@@ -417,6 +434,7 @@ func checkMinutes(t *testing.T, ctx context.Context, conn driver.Conn, truth map
 func checkSignals(t *testing.T, e *env, pol *policy.Policy) {
 	t.Helper()
 	want := map[string]string{}
+	detectors := map[string]bool{}
 	for p, recs := range readTopic(t, e, e.topic) {
 		st := tally.New(p, tally.DefaultOptions())
 		st.SetPolicy(pol)
@@ -428,6 +446,7 @@ func checkSignals(t *testing.T, e *env, pol *policy.Policy) {
 			st.Apply(&ev, r.Offset)
 			for _, s := range st.TakeSignals() {
 				want[s.ID] = string(s.Kind)
+				detectors[s.Attributes["detector"]] = true
 			}
 		}
 	}
@@ -445,6 +464,11 @@ func checkSignals(t *testing.T, e *env, pol *policy.Policy) {
 	}
 	if len(want) < 20 {
 		t.Fatalf("the workload produced only %d signals; too tame to compare", len(want))
+	}
+	for _, d := range []string{tally.DetectorErrorRatio, tally.DetectorSlowCall, tally.DetectorRateSpike} {
+		if !detectors[d] {
+			t.Errorf("the workload raised no %s anomaly; the comparison does not cover it", d)
+		}
 	}
 	var missing, extra []string
 	for id, k := range want {

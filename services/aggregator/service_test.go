@@ -28,8 +28,11 @@ func TestConfigValidateNamesFieldAndLimit(t *testing.T) {
 	c.BatchEvents = 0
 	c.DedupCapacity = 10
 	c.PolicyFile = ""
+	c.IdleEvictAfter = time.Minute
+	c.SpikeMultiplier = 1
 	err := c.Validate()
-	for _, want := range []string{"aggregator.batch_events: 0 is outside 1..1000000", "aggregator.dedup_capacity: 10 is outside 1000..50000000", "aggregator.policy_file: is required"} {
+	for _, want := range []string{"aggregator.batch_events: 0 is outside 1..1000000", "aggregator.dedup_capacity: 10 is outside 1000..50000000", "aggregator.policy_file: is required",
+		"aggregator.idle_evict_after: 1m0s is outside 5m..744h", "aggregator.spike_multiplier: 1 is outside 1.5..1000"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v does not say %q", err, want)
 		}

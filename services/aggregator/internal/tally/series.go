@@ -190,6 +190,9 @@ type Series struct {
 
 	quotas []quotaState
 
+	health [2]healthWindow // by detErr, detSlow
+	spike  spikeState
+
 	priceFor            *policy.Policy
 	priceFrom, priceEnd int64
 	price               policy.Price
@@ -202,8 +205,14 @@ type Series struct {
 }
 
 func (p *Partition) newSeries(t *tenant, model string) *Series {
-	s := &Series{t: t, model: model, idx: int32(len(p.series))}
-	p.series = append(p.series, s)
+	s := &Series{t: t, model: model}
+	if n := len(p.free); n > 0 {
+		s.idx, p.free = p.free[n-1], p.free[:n-1]
+		p.series[s.idx] = s
+	} else {
+		s.idx = int32(len(p.series))
+		p.series = append(p.series, s)
+	}
 	t.order = append(t.order, s)
 	if t.tp != nil {
 		s.setQuotas(t.tp.Quotas(model))
@@ -294,10 +303,12 @@ func (s *Series) addMinute(r *idRec, sign int64, p *Partition) {
 	rl := &s.roll[m%rollupSlots]
 	if rl.min != m {
 		if m < rl.min {
-			p.repairs = append(p.repairs, LateMinute{Tenant: s.t.id, Model: s.model, Minute: time.Unix(m*60, 0).UTC()})
+			if !p.restoring {
+				p.repairs = append(p.repairs, LateMinute{Tenant: s.t.id, Model: s.model, Minute: time.Unix(m*60, 0).UTC()})
+			}
 			return
 		}
-		if rl.dirty {
+		if rl.dirty && !p.restoring {
 			p.minutes = append(p.minutes, rl.row(s))
 		}
 		*rl = rollup{min: m}
@@ -404,6 +415,9 @@ func clampU(v int64) uint64 {
 }
 
 func (s *Series) repairPeriod(k int, ts int64, p *Partition) {
+	if p.restoring {
+		return // ClickHouse holds the restored tenant's rows already
+	}
 	var b bound
 	for i := range s.quotas {
 		q := &s.quotas[i]

@@ -39,13 +39,26 @@ type Options struct {
 	// by the in-memory totals (ClickHouse still keeps it once).
 	DedupCapacity int
 	// SlowCallMS is the latency from which a request counts as a slow call
-	// in the minute rollups.
+	// in the minute rollups. (The slow_call anomaly detector uses the
+	// tenant's policy, breakers.slow_call.slow_call_ms.)
 	SlowCallMS int64
+	// SpikeMultiplier: a minute whose settled tokens exceed this multiple
+	// of the series' 60-minute baseline is a rate_spike anomaly. 0 turns
+	// the detector off.
+	SpikeMultiplier float64
+	// SpikeMinTokens is the least a minute must carry to be called a
+	// spike, so that a quiet tenant's 10 tokens after 1 are not an alert.
+	SpikeMinTokens int64
+	// IdleEvict is how long of event time (behind the partition's latest
+	// event) a tenant may stay silent before EvictIdle forgets it; 0 keeps
+	// every tenant.
+	IdleEvict time.Duration
 }
 
 // DefaultOptions are the settings the aggregator ships with.
 func DefaultOptions() Options {
-	return Options{Hysteresis: 5, Horizon: 6 * time.Hour, DedupCapacity: 200_000, SlowCallMS: 10_000}
+	return Options{Hysteresis: 5, Horizon: 6 * time.Hour, DedupCapacity: 200_000, SlowCallMS: 10_000,
+		SpikeMultiplier: 10, SpikeMinTokens: 10_000, IdleEvict: 2 * time.Hour}
 }
 
 // Result says what Apply did with an event.
@@ -60,11 +73,17 @@ const (
 	Duplicate
 	// Rejected: the event cannot be counted (model "*" is reserved).
 	Rejected
+	// Evicted: the event's tenant was evicted as idle; nothing was done.
+	// Restore the tenant, then apply the event again.
+	Evicted
 )
 
 // Stats counts what a Partition did, for metrics.
 type Stats struct {
 	Accepted, Duplicates, Settled, Late, Rejected int64
+	// EvictedSeries and RestoredTenants count EvictIdle's and Restore's
+	// work.
+	EvictedSeries, RestoredTenants int64
 }
 
 // Partition is the state of one partition.
@@ -82,8 +101,21 @@ type Partition struct {
 	dedup  map[uint64]idRec
 	fifo   []uint64 // ring, oldest at head once full
 	seed   maphash.Seed
-	series []*Series // by index, for idRec.series
+	series []*Series // by index, for idRec.series; nil: a free slot
+	free   []int32   // free slots of series, reused before it grows
 	head   int
+
+	// wm is the latest event time applied, unix seconds: the partition's
+	// event-time clock for idle eviction.
+	wm       int64
+	lastScan int64
+	// evicted maps the hash of each evicted tenant to its latest event
+	// time. Apply answers Evicted for them until Restore rebuilds them.
+	// Entries older than evictedMemory are dropped (a tenant silent that
+	// long comes back as new, as it would after a rebuild from ClickHouse,
+	// whose replay does not reach that far back either).
+	evicted   map[uint64]int64
+	restoring bool
 
 	replay       bool
 	signals      []schemas.Signal
@@ -124,6 +156,7 @@ func New(id int32, opt Options) *Partition {
 		dedup:   make(map[uint64]idRec, min(opt.DedupCapacity, 1<<16)),
 		fifo:    make([]uint64, 0, min(opt.DedupCapacity, 1<<16)),
 		seed:    maphash.MakeSeed(),
+		evicted: map[uint64]int64{},
 	}
 }
 
@@ -174,22 +207,40 @@ func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 		p.Stats.Rejected++
 		return Rejected
 	}
+	if len(p.evicted) > 0 && !p.restoring {
+		if _, known := p.tenants[ev.Tenant]; !known {
+			if _, gone := p.evicted[p.tenantKey(ev.Tenant)]; gone {
+				return Evicted
+			}
+		}
+	}
 	t := p.tenant(ev.Tenant)
 	s := t.series(ev.Model, p)
 
 	key := p.key(t.id, ev.ID)
 	old, seen := p.dedup[key]
-	if seen && (old.flags&flagEstimated == 0 || ev.Estimated) {
+	if p.restoring {
+		// A restore replays each stored id once, in its latest version:
+		// count it, and re-attach a remembered id to the new series while
+		// keeping its place in the FIFO; an id the FIFO already forgot
+		// stays forgotten, as it would have without the eviction.
+		seen = false
+	} else if seen && (old.flags&flagEstimated == 0 || ev.Estimated) {
 		p.Stats.Duplicates++
 		return Duplicate
 	}
 
 	ts := ev.Time.Unix()
 	t.advance(ts, offset, p)
+	p.wm = max(p.wm, ts)
 
 	if seen {
-		// A settlement: take the estimate back where it was counted.
-		p.add(p.series[old.series], &old, -1, offset)
+		// A settlement: take the estimate back where it was counted, unless
+		// that series was evicted and the estimate is older than a restore
+		// replays (its period is gone from memory either way).
+		if x := p.series[old.series]; x != nil && x.t == t {
+			p.add(x, &old, -1, offset)
+		}
 		p.Stats.Settled++
 	}
 	rec := idRec{
@@ -215,14 +266,26 @@ func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 		p.lateSignal(s, ts, offset, ev)
 	}
 
-	if seen {
+	switch _, remembered := p.dedup[key]; {
+	case seen || (p.restoring && remembered):
 		p.dedup[key] = rec
-	} else {
+	case !p.restoring:
 		p.remember(key, rec)
 	}
 	p.Stats.Accepted++
 	t.evaluate(s, ts, offset, p)
+	if !ev.Estimated {
+		t.detect(s, ev, ts, offset, p)
+	}
 	return Accepted
+}
+
+// tenantKey hashes a tenant name for the evicted set.
+func (p *Partition) tenantKey(tenant string) uint64 {
+	var h maphash.Hash
+	h.SetSeed(p.seed)
+	h.WriteString(tenant)
+	return h.Sum64()
 }
 
 // key hashes tenant and id to 64 bits. With the dedup capacity's ids in
@@ -277,7 +340,7 @@ func (p *Partition) add(s *Series, r *idRec, sign int64, offset int64) (late boo
 }
 
 func (p *Partition) markDirty(s *Series) {
-	if !s.dirty {
+	if !s.dirty && !p.restoring {
 		s.dirty = true
 		p.dirty = append(p.dirty, s)
 	}

@@ -3,6 +3,8 @@ package tally
 import (
 	"fmt"
 	"math"
+	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -330,33 +332,74 @@ tenants:
 	}
 }
 
-// TestRebuildReproducesSignals: state rebuilt by replaying a prefix (what a
-// restarted instance does from ClickHouse) emits exactly the signals of a
-// clean run for the rest of the stream.
-func TestRebuildReproducesSignals(t *testing.T) {
-	pol := mustPolicy(t, testPolicy)
-	var evs []*schemas.UsageEvent
+// anomalyPolicy is testPolicy with breakers tight enough for the trace of
+// TestRebuildReproducesSignals to open them.
+var anomalyPolicy = strings.Replace(testPolicy, "defaults:\n", `defaults:
+  breakers:
+    error_ratio: {threshold: 0.4, min_requests: 5, window: 1m}
+    slow_call:   {threshold: 0.5, slow_call_ms: 3000, min_requests: 5, window: 2m}
+`, 1)
+
+// rebuildTrace is a stream with duplicates, estimates settled later, late
+// events, error and slow-call phases and token spikes.
+func rebuildTrace() []*schemas.UsageEvent {
+	var evs, settlements, pending []*schemas.UsageEvent
 	for i := 0; i < 3000; i++ {
 		at := t0.Add(time.Duration(i) * 7 * time.Second)
 		e := ev(fmt.Sprintf("e%d", i%2700), at, int64(i%13), int64(i%7)) // 300 duplicates
 		if i%50 == 7 {
 			e.Time = at.Add(-3 * time.Hour) // late
 		}
+		switch {
+		case i >= 600 && i < 900 && i%2 == 0, i >= 2300 && i < 2400:
+			e.Outcome = schemas.OutcomeError
+		case i >= 1800 && i < 2000:
+			e.LatencyMS = 5000
+		}
+		if (i >= 1200 && i < 1210) || (i >= 2600 && i < 2615) {
+			e.PromptTokens = 3000 // a spike over a baseline of about 80 tokens/min
+		}
+		if i%40 == 11 && i < 2600 {
+			e.Estimated = true
+			e.PromptTokens = 400
+			settle := *e
+			settle.Estimated, settle.PromptTokens, settle.Outcome = false, 5, schemas.OutcomeError
+			if i >= 2000 {
+				settlements = append(settlements, &settle) // settled at the end of the stream
+			} else {
+				pending = append(pending, &settle)
+			}
+		}
 		evs = append(evs, e)
+		if len(pending) > 0 && i%40 == 14 { // settled 3 events (21 s) later
+			evs = append(evs, pending...)
+			pending = pending[:0]
+		}
 	}
+	return append(evs, settlements...)
+}
+
+// TestRebuildReproducesSignals: state rebuilt by replaying a prefix (what a
+// restarted instance does from ClickHouse) emits exactly the signals of a
+// clean run for the rest of the stream, anomalies included.
+func TestRebuildReproducesSignals(t *testing.T) {
+	pol := mustPolicy(t, anomalyPolicy)
+	opt := DefaultOptions()
+	opt.SpikeMinTokens = 1000
+	evs := rebuildTrace()
 	run := func(replayUpTo int) []string {
-		p := New(0, DefaultOptions())
+		p := New(0, opt)
 		p.SetPolicy(pol)
 		p.SetReplay(true)
-		for i, e := range evs[:replayUpTo] {
-			p.Apply(e, int64(i))
+		for _, i := range stored(pol, opt, evs[:replayUpTo]) {
+			p.Apply(evs[i], int64(i))
 		}
 		p.SetReplay(false)
 		var ids []string
 		for i := replayUpTo; i < len(evs); i++ {
 			p.Apply(evs[i], int64(i))
 			for _, s := range p.TakeSignals() {
-				ids = append(ids, s.ID)
+				ids = append(ids, fingerprint(&s))
 			}
 		}
 		return ids
@@ -365,17 +408,34 @@ func TestRebuildReproducesSignals(t *testing.T) {
 	if len(clean) < 10 {
 		t.Fatalf("trace too tame: %d signals", len(clean))
 	}
-	for _, cut := range []int{1, 500, 1234, 2999} {
+	// The trace must exercise every detector both ways.
+	p := New(0, opt)
+	p.SetPolicy(pol)
+	seen := map[string]int{}
+	for i, e := range evs {
+		p.Apply(e, int64(i))
+		for _, s := range p.TakeSignals() {
+			if s.Kind == schemas.SignalAnomaly {
+				seen[s.Attributes["detector"]+":"+s.Attributes["state"]]++
+			}
+		}
+	}
+	for _, d := range []string{DetectorErrorRatio, DetectorSlowCall, DetectorRateSpike} {
+		if seen[d+":firing"] == 0 || seen[d+":resolved"] == 0 {
+			t.Errorf("trace does not fire and resolve %s: %v", d, seen)
+		}
+	}
+	for _, cut := range []int{1, 500, 700, 1205, 1234, 1900, 2350, 2999, 3030} {
 		got := run(cut)
 		// the clean run's signals emitted at offsets >= cut
 		var want []string
-		p := New(0, DefaultOptions())
+		p := New(0, opt)
 		p.SetPolicy(pol)
 		for i, e := range evs {
 			p.Apply(e, int64(i))
 			for _, s := range p.TakeSignals() {
 				if i >= cut {
-					want = append(want, s.ID)
+					want = append(want, fingerprint(&s))
 				}
 			}
 		}
@@ -383,4 +443,30 @@ func TestRebuildReproducesSignals(t *testing.T) {
 			t.Errorf("cut %d: rebuilt run emitted %d signals, clean run %d; they differ", cut, len(got), len(want))
 		}
 	}
+}
+
+// fingerprint is what a replay must reproduce of a signal: its id, where
+// and when it was computed and its figures.
+func fingerprint(s *schemas.Signal) string {
+	return fmt.Sprintf("%s@%d %v %g/%g %g %v", s.ID, s.Source.FromOffset, s.Time.Unix(), s.Used, s.Limit, s.Rate, s.Attributes)
+}
+
+// stored returns what ClickHouse holds after a clean run over evs, as a
+// rebuild replays it: the indexes of each id's latest counted version, in
+// index (offset) order.
+func stored(pol *policy.Policy, opt Options, evs []*schemas.UsageEvent) []int {
+	p := New(0, opt)
+	p.SetPolicy(pol)
+	latest := map[string]int{}
+	for i, e := range evs {
+		if p.Apply(e, int64(i)) == Accepted {
+			latest[e.Tenant+"/"+e.ID] = i
+		}
+	}
+	out := make([]int, 0, len(latest))
+	for _, i := range latest {
+		out = append(out, i)
+	}
+	sort.Ints(out)
+	return out
 }
