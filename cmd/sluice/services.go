@@ -60,6 +60,14 @@ type service struct {
 
 type validator interface{ Validate() error }
 
+// sharedPolicy gives a service the root policy_file unless its own section
+// names another.
+func sharedPolicy(own *string, root string) {
+	if *own == "" {
+		*own = root
+	}
+}
+
 // services lists, in data-flow order, what `sluice run` can start.
 var services = []service{
 	{name: "ingest", about: "HTTP API for gateways → Kafka sluice.usage.v1",
@@ -69,9 +77,7 @@ var services = []service{
 		}},
 	{name: "aggregator", about: "usage events → rates, totals, predictions, tiers → ClickHouse and signals",
 		prepare: func(c *Config) validator {
-			if c.Services.Aggregator.PolicyFile == "" {
-				c.Services.Aggregator.PolicyFile = c.PolicyFile
-			}
+			sharedPolicy(&c.Services.Aggregator.PolicyFile, c.PolicyFile)
 			return c.Services.Aggregator
 		},
 		run: func(ctx context.Context, c *Config, env platform.Env) error {
@@ -79,9 +85,7 @@ var services = []service{
 		}},
 	{name: "enforcer", about: "signals → breakers → Redis flags for the gateway Checker; admin API",
 		prepare: func(c *Config) validator {
-			if c.Services.Enforcer.PolicyFile == "" {
-				c.Services.Enforcer.PolicyFile = c.PolicyFile
-			}
+			sharedPolicy(&c.Services.Enforcer.PolicyFile, c.PolicyFile)
 			return c.Services.Enforcer
 		},
 		run: func(ctx context.Context, c *Config, env platform.Env) error {
@@ -89,9 +93,7 @@ var services = []service{
 		}},
 	{name: "alerter", about: "signals → Alertmanager, DingTalk and Slack notifications",
 		prepare: func(c *Config) validator {
-			if c.Services.Alerter.PolicyFile == "" {
-				c.Services.Alerter.PolicyFile = c.PolicyFile
-			}
+			sharedPolicy(&c.Services.Alerter.PolicyFile, c.PolicyFile)
 			return c.Services.Alerter
 		},
 		run: func(ctx context.Context, c *Config, env platform.Env) error {
@@ -99,9 +101,7 @@ var services = []service{
 		}},
 	{name: "reconciler", about: "nightly audit of counters against raw events; drift repair and alerts",
 		prepare: func(c *Config) validator {
-			if c.Services.Reconciler.Policy == "" {
-				c.Services.Reconciler.Policy = c.PolicyFile
-			}
+			sharedPolicy(&c.Services.Reconciler.Policy, c.PolicyFile)
 			return c.Services.Reconciler
 		},
 		run: func(ctx context.Context, c *Config, env platform.Env) error {
