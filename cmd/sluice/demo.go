@@ -332,4 +332,3 @@ func (s *demoSource) alerts(ctx context.Context) map[string][]string {
 	}
 	return out
 }
-

@@ -194,6 +194,7 @@ func preparePipeline(ctx context.Context, cfg *Config, names []string, log *slog
 		return ops.Serve(ctx, opsCfg, reg, p.env.Health, log)
 	}}}
 	for _, s := range chosen {
+		p.env.Health.Expect(s.name)
 		senv := p.env.Named(s.name)
 		p.tasks = append(p.tasks, lifecycle.Task{Name: s.name, Run: func(ctx context.Context) error { return s.run(ctx, cfg, senv) }})
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
@@ -33,10 +32,7 @@ func TestKafkaSenderDeliversAcrossBrokerOutage(t *testing.T) {
 	if err := kafkaconn.EnsureTopics(ctx, admin, kc, topic); err != nil {
 		t.Fatal(err)
 	}
-	sender, err := NewKafkaSender(kc, topic, kgo.Dialer(func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, proxy.Addr())
-	}))
+	sender, err := NewKafkaSender(kc, topic, kgo.Dialer(proxy.Dial))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package itest
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -39,6 +40,15 @@ func NewProxy(t testing.TB, target string) *Proxy {
 
 // Addr is the proxy's host:port.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Dial connects to the proxy whatever address is asked for: pass it as
+// kgo.Dialer(p.Dial) so that every broker a Kafka client learns about from
+// metadata is reached through the proxy, and cutting it is the broker going
+// down for that client only.
+func (p *Proxy) Dial(ctx context.Context, network, _ string) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, network, p.Addr())
+}
 
 // Cut closes every open connection and refuses new ones until Restore, as a
 // crashed service would.

@@ -46,18 +46,35 @@ type Check func(ctx context.Context) error
 
 // Health holds the readiness checks of every service in the process.
 type Health struct {
-	mu     sync.RWMutex
-	checks map[string]Check
+	mu       sync.RWMutex
+	checks   map[string]Check
+	expected map[string]struct{} // services started but not yet reporting
 }
 
-// NewHealth returns an empty set of checks: ready until something is added.
-func NewHealth() *Health { return &Health{checks: map[string]Check{}} }
+// NewHealth returns an empty set of checks: ready until something is added
+// or expected.
+func NewHealth() *Health { return &Health{checks: map[string]Check{}, expected: map[string]struct{}{}} }
+
+// Expect marks a service the host is starting: the process is not ready
+// until that service registers a check of its own (named service or
+// "service-..."), so /readyz cannot answer 200 in the moment between the
+// operational endpoints coming up and the service's first check.
+func (h *Health) Expect(service string) {
+	h.mu.Lock()
+	h.expected[service] = struct{}{}
+	h.mu.Unlock()
+}
 
 // AddReadiness registers a named check; a later call with the same name
 // replaces it.
 func (h *Health) AddReadiness(name string, c Check) {
 	h.mu.Lock()
 	h.checks[name] = c
+	for svc := range h.expected {
+		if name == svc || strings.HasPrefix(name, svc+"-") {
+			delete(h.expected, svc)
+		}
+	}
 	h.mu.Unlock()
 }
 
@@ -70,18 +87,21 @@ func (h *Health) RemoveReadiness(name string) {
 
 // Ready runs every check concurrently and returns the failures by name.
 func (h *Health) Ready(ctx context.Context) map[string]error {
-	h.mu.RLock()
-	checks := make(map[string]Check, len(h.checks))
-	for n, c := range h.checks {
-		checks[n] = c
-	}
-	h.mu.RUnlock()
-
 	var (
 		mu     sync.Mutex
 		failed = map[string]error{}
 		wg     sync.WaitGroup
 	)
+	h.mu.RLock()
+	checks := make(map[string]Check, len(h.checks))
+	for n, c := range h.checks {
+		checks[n] = c
+	}
+	for svc := range h.expected {
+		failed[svc] = errors.New("starting")
+	}
+	h.mu.RUnlock()
+
 	for name, check := range checks {
 		wg.Add(1)
 		go func() {

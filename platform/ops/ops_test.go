@@ -40,3 +40,15 @@ func TestReadyzNamesFailingCheck(t *testing.T) {
 		t.Fatalf("/metrics = %d", code)
 	}
 }
+
+func TestExpectedServiceIsNotReadyUntilItReports(t *testing.T) {
+	h := NewHealth()
+	h.Expect("ingest")
+	if failed := h.Ready(context.Background()); failed["ingest"] == nil {
+		t.Fatalf("an expected service without checks must make the process unready, got %v", failed)
+	}
+	h.AddReadiness("ingest-kafka", func(context.Context) error { return nil })
+	if failed := h.Ready(context.Background()); len(failed) != 0 {
+		t.Fatalf("after the service's first check: %v", failed)
+	}
+}

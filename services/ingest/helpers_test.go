@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -238,9 +237,4 @@ func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) 
 
 // proxyDialer sends every broker connection through p, so cutting p is the
 // broker going down for this client only.
-func proxyDialer(p *itest.Proxy) kgo.Opt {
-	return kgo.Dialer(func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, p.Addr())
-	})
-}
+func proxyDialer(p *itest.Proxy) kgo.Opt { return kgo.Dialer(p.Dial) }

@@ -50,14 +50,15 @@ func run(ctx context.Context, cfg Config, env platform.Env, started func(addr st
 		return fmt.Errorf("ingest: register metrics: %w", err)
 	}
 	defer s.m.unregister(env.Metrics)
-	env.Health.AddReadiness("ingest", s.ready)
-	defer env.Health.RemoveReadiness("ingest")
-
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		s.kafka.Close()
 		return fmt.Errorf("ingest: listen on %s: %w (set ingest.listen to a free address)", cfg.Listen, err)
 	}
+	// Ready only once the listener accepts: a load balancer that saw
+	// /readyz pass may send the next request at once.
+	env.Health.AddReadiness("ingest", s.ready)
+	defer env.Health.RemoveReadiness("ingest")
 	wctx, stopWatch := context.WithCancel(context.Background())
 	defer stopWatch()
 	if s.keys != nil {
