@@ -10,7 +10,7 @@ import (
 	"slices"
 
 	"github.com/sluicehq/sluice/platform"
-	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/platform/devbroker"
 	"github.com/sluicehq/sluice/platform/lifecycle"
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/platform/ops"
@@ -173,7 +173,7 @@ func preparePipeline(ctx context.Context, cfg *Config, names []string, log *slog
 		if dir != "" {
 			dir, _ = filepath.Abs(dir)
 		}
-		cluster, addrs, err := kafkaconn.StartEmbedded(cfg.Embedded.Port, dir, schemas.TopicUsageV1, schemas.TopicSignalsV1)
+		cluster, addrs, err := devbroker.Start(cfg.Embedded.Port, dir, schemas.TopicUsageV1, schemas.TopicSignalsV1)
 		if err != nil {
 			return nil, err
 		}

@@ -16,7 +16,7 @@ import (
 
 // Config says how to reach the Kafka cluster. An empty Brokers list means
 // "no broker configured"; `sluice` then starts an embedded one (see
-// StartEmbedded) for development.
+// devbroker.Start) for development.
 type Config struct {
 	Brokers           []string      `yaml:"brokers" help:"seed brokers, host:port, comma separated"`
 	ClientID          string        `yaml:"client_id" help:"Kafka client id prefix"`

@@ -1,4 +1,8 @@
-package kafkaconn
+// Package devbroker starts franz-go's in-process fake Kafka broker for
+// development (`make run` with no kafka.brokers configured). It lives apart
+// from kafkaconn so that nothing which imports kafkaconn — the gateway SDK's
+// Kafka sender in particular — links the fake broker.
+package devbroker
 
 import (
 	"fmt"
@@ -6,12 +10,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
-// StartEmbedded starts franz-go's in-process fake broker on 127.0.0.1:port,
+// Start starts franz-go's in-process fake broker on 127.0.0.1:port,
 // persisting to dataDir when it is not empty, and returns it with its
 // address. It exists so `make run` works on a machine with no Kafka; it has
 // no replication and enforces no quotas, and the integration tests never use
 // it. Close the cluster to stop it.
-func StartEmbedded(port int, dataDir string, topics ...string) (*kfake.Cluster, []string, error) {
+func Start(port int, dataDir string, topics ...string) (*kfake.Cluster, []string, error) {
 	opts := []kfake.Opt{kfake.NumBrokers(1), kfake.Ports(port), kfake.DefaultNumPartitions(6)}
 	if dataDir != "" {
 		opts = append(opts, kfake.DataDir(dataDir))

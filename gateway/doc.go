@@ -1,0 +1,16 @@
+// Package gateway is the Go SDK that LLM gateways import to use Sluice:
+//
+//   - emitter sends usage events to ingest (or straight to Kafka), batched,
+//     bounded and retried;
+//   - checker keeps every enforcement flag in memory and answers a request
+//     check with a map lookup and no network call;
+//   - middleware wraps a net/http handler with that check and answers 429 or
+//     503 naming the limit;
+//   - flags is the Redis layout the enforcer writes and the checker reads.
+//
+// The SDK lives in the root module (github.com/sluicehq/sluice) but links
+// nothing server-only: no ClickHouse driver, no embedded Kafka broker, no
+// YAML loader, no service package. TestSDKLinksNothingServerOnly enforces
+// that, and TestOutsideModuleBuildsAGateway builds a gateway in a module of
+// its own, as a user would.
+package gateway
