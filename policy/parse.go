@@ -14,6 +14,8 @@ import (
 	_ "time/tzdata" // tenant timezones must resolve on hosts without a zoneinfo database
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/schemas"
 )
 
 // Problem is one thing wrong in a policy file.
@@ -118,7 +120,7 @@ var builtin = Tenant{
 	Location:        time.UTC,
 	Mode:            Hard,
 	FailMode:        FailOpen,
-	AlertTiers:      []int{70, 90, 100},
+	AlertTiers:      DefaultAlertTiers(),
 	Channels:        []string{"alertmanager"},
 	Priority:        "normal",
 	BurstMultiplier: 1,
@@ -382,10 +384,10 @@ func (v *validator) tenant(path string, raw rawTenant, base *Tenant) *Tenant {
 		if model == "" || len(model) > 128 {
 			v.fail(mp, "model name must be 1..128 bytes")
 		}
-		for name, x := range map[string]int64{MonthlyTokens: q.MonthlyTokens, DailyTokens: q.DailyTokens, HourlyTokens: q.HourlyTokens,
-			TokensPerMinute: q.TokensPerMinute, RequestsPerMinute: q.RequestsPerMinute} {
+		for name, x := range map[schemas.QuotaKind]int64{schemas.QuotaMonthlyTokens: q.MonthlyTokens, schemas.QuotaDailyTokens: q.DailyTokens,
+			schemas.QuotaHourlyTokens: q.HourlyTokens, schemas.QuotaTokensPerMinute: q.TokensPerMinute, schemas.QuotaRequestsPerMinute: q.RequestsPerMinute} {
 			if x < 0 || x > MaxQuotaTokens {
-				v.fail(mp+"."+name, "%d is outside 0..%d (0 means no such quota)", x, MaxQuotaTokens)
+				v.fail(mp+"."+string(name), "%d is outside 0..%d (0 means no such quota)", x, MaxQuotaTokens)
 			}
 		}
 		mq := ModelQuota{MonthlyTokens: q.MonthlyTokens, DailyTokens: q.DailyTokens, HourlyTokens: q.HourlyTokens,

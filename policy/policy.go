@@ -17,16 +17,19 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/sluicehq/sluice/schemas"
 )
 
-// Mode says what happens at 100% of a quota.
-type Mode string
+// Mode says what happens at 100% of a quota; it is the signal contract's
+// mode, so a policy value travels into signals unchanged.
+type Mode = schemas.Mode
 
 const (
 	// Hard blocks the tenant (a breaker opens) until the period ends.
-	Hard Mode = "hard"
+	Hard = schemas.ModeHard
 	// Soft lets requests through and records the overage for billing.
-	Soft Mode = "soft"
+	Soft = schemas.ModeSoft
 )
 
 // FailMode says what a gateway does for a tenant when its view of the flags
@@ -38,24 +41,6 @@ const (
 	FailOpen FailMode = "open"
 	// FailClosed refuses the tenant: for tenants whose spend must never run unchecked.
 	FailClosed FailMode = "closed"
-)
-
-// Quota names, as they appear in YAML, signals and ClickHouse.
-const (
-	MonthlyTokens     = "monthly_tokens"
-	DailyTokens       = "daily_tokens"
-	HourlyTokens      = "hourly_tokens"
-	TokensPerMinute   = "tokens_per_minute"
-	RequestsPerMinute = "requests_per_minute"
-	BudgetQuota       = "budget"
-)
-
-// Periods a quota is counted over.
-const (
-	PeriodMinute = "minute"
-	PeriodHour   = "hour"
-	PeriodDay    = "day"
-	PeriodMonth  = "month"
 )
 
 // AllModels is the model key of tenant-wide quotas and aggregates.
@@ -125,11 +110,13 @@ type BreakerPolicy struct {
 }
 
 // Quota is one limit that applies to a tenant x model key.
+// Its kind, period and unit come from schemas.QuotaKind, the one table of
+// quota kinds.
 type Quota struct {
-	Name   string // monthly_tokens, daily_tokens, hourly_tokens, tokens_per_minute, requests_per_minute, budget
-	Period string // month, day, hour, minute
+	Name   schemas.QuotaKind
+	Period schemas.Period
 	Limit  float64
-	Unit   string // tokens, requests, currency
+	Unit   schemas.Unit
 	Mode   Mode
 }
 
@@ -240,19 +227,20 @@ func (t *Tenant) Quotas(model string) []Quota {
 	var out []Quota
 	if ok {
 		mode := t.ModeFor(model)
-		add := func(name, period, unit string, limit int64) {
+		add := func(kind schemas.QuotaKind, limit int64) {
 			if limit > 0 {
-				out = append(out, Quota{Name: name, Period: period, Limit: float64(limit), Unit: unit, Mode: mode})
+				out = append(out, Quota{Name: kind, Period: kind.Period(), Limit: float64(limit), Unit: kind.Unit(), Mode: mode})
 			}
 		}
-		add(MonthlyTokens, PeriodMonth, "tokens", q.MonthlyTokens)
-		add(DailyTokens, PeriodDay, "tokens", q.DailyTokens)
-		add(HourlyTokens, PeriodHour, "tokens", q.HourlyTokens)
-		add(TokensPerMinute, PeriodMinute, "tokens", q.TokensPerMinute)
-		add(RequestsPerMinute, PeriodMinute, "requests", q.RequestsPerMinute)
+		add(schemas.QuotaMonthlyTokens, q.MonthlyTokens)
+		add(schemas.QuotaDailyTokens, q.DailyTokens)
+		add(schemas.QuotaHourlyTokens, q.HourlyTokens)
+		add(schemas.QuotaTokensPerMinute, q.TokensPerMinute)
+		add(schemas.QuotaRequestsPerMinute, q.RequestsPerMinute)
 	}
 	if model == AllModels && t.Budget != nil && t.Budget.Amount > 0 {
-		out = append(out, Quota{Name: BudgetQuota, Period: PeriodMonth, Limit: t.Budget.Amount, Unit: "currency", Mode: t.ModeFor(AllModels)})
+		k := schemas.QuotaBudget
+		out = append(out, Quota{Name: k, Period: k.Period(), Limit: t.Budget.Amount, Unit: k.Unit(), Mode: t.ModeFor(AllModels)})
 	}
 	return out
 }
@@ -261,26 +249,34 @@ func (t *Tenant) Quotas(model string) []Quota {
 // its minute, hour, day or month, and the start of the next one. Days and
 // months follow the zone's calendar, so a DST day is 23 or 25 hours long and
 // a month ends at local midnight.
-func PeriodBounds(period string, t time.Time, loc *time.Location) (start, end time.Time) {
+func PeriodBounds(period schemas.Period, t time.Time, loc *time.Location) (start, end time.Time) {
 	if loc == nil {
 		loc = time.UTC
 	}
 	lt := t.In(loc)
 	switch period {
-	case PeriodMinute:
+	case schemas.PeriodMinute:
 		start = lt.Truncate(time.Minute)
 		return start, start.Add(time.Minute)
-	case PeriodHour:
+	case schemas.PeriodHour:
 		// Truncate works on absolute time, which is right for zones with
 		// whole-hour offsets; for others (e.g. +05:45) go through the clock.
 		start = time.Date(lt.Year(), lt.Month(), lt.Day(), lt.Hour(), 0, 0, 0, loc)
 		return start, start.Add(time.Hour)
-	case PeriodDay:
+	case schemas.PeriodDay:
 		start = time.Date(lt.Year(), lt.Month(), lt.Day(), 0, 0, 0, 0, loc)
 		return start, time.Date(lt.Year(), lt.Month(), lt.Day()+1, 0, 0, 0, 0, loc)
-	case PeriodMonth:
+	case schemas.PeriodMonth:
 		start = time.Date(lt.Year(), lt.Month(), 1, 0, 0, 0, 0, loc)
 		return start, time.Date(lt.Year(), lt.Month()+1, 1, 0, 0, 0, 0, loc)
 	}
 	panic(fmt.Sprintf("policy: unknown period %q", period))
+}
+
+// DefaultTenant is the policy of a tenant when no policy file is loaded:
+// the built-in defaults (hard mode, UTC, DefaultAlertTiers, fail open).
+func DefaultTenant(id string) *Tenant {
+	t := builtin
+	t.ID = id
+	return &t
 }

@@ -1,12 +1,16 @@
 package policy
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/schemas"
 )
 
 func mustLoad(t *testing.T) *Policy {
@@ -30,19 +34,19 @@ func TestExampleTenantMergesDefaults(t *testing.T) {
 	if acme.ModeFor("gpt-4o") != Soft || acme.ModeFor("*") != Hard {
 		t.Fatalf("per-model mode: gpt-4o=%s *=%s", acme.ModeFor("gpt-4o"), acme.ModeFor("*"))
 	}
-	names := map[string]Quota{}
+	names := map[schemas.QuotaKind]Quota{}
 	for _, q := range acme.Quotas("*") {
 		names[q.Name] = q
 	}
-	for _, want := range []string{MonthlyTokens, DailyTokens, HourlyTokens, TokensPerMinute, RequestsPerMinute, BudgetQuota} {
+	for _, want := range schemas.QuotaKinds() {
 		if _, ok := names[want]; !ok {
 			t.Errorf("acme * quotas lack %s: %+v", want, names)
 		}
 	}
-	if q := names[RequestsPerMinute]; q.Unit != "requests" || q.Period != PeriodMinute || q.Limit != 600 {
+	if q := names[schemas.QuotaRequestsPerMinute]; q.Unit != "requests" || q.Period != schemas.PeriodMinute || q.Limit != 600 {
 		t.Errorf("requests_per_minute = %+v", q)
 	}
-	if q := names[BudgetQuota]; q.Unit != "currency" || q.Limit != 500 {
+	if q := names[schemas.QuotaBudget]; q.Unit != "currency" || q.Limit != 500 {
 		t.Errorf("budget = %+v", q)
 	}
 }
@@ -122,22 +126,22 @@ func TestUndefinedChannelIsRejected(t *testing.T) {
 func TestPeriodBoundsAreCalendarAndDSTCorrect(t *testing.T) {
 	ny, _ := time.LoadLocation("America/New_York")
 	// 2026-03-08 is a 23-hour day in New York.
-	s, e := PeriodBounds(PeriodDay, time.Date(2026, 3, 8, 12, 0, 0, 0, ny), ny)
+	s, e := PeriodBounds(schemas.PeriodDay, time.Date(2026, 3, 8, 12, 0, 0, 0, ny), ny)
 	if e.Sub(s) != 23*time.Hour {
 		t.Fatalf("DST day = %s, want 23h", e.Sub(s))
 	}
-	s, e = PeriodBounds(PeriodMonth, time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC), ny)
+	s, e = PeriodBounds(schemas.PeriodMonth, time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC), ny)
 	if s.Format(time.RFC3339) != "2026-02-01T00:00:00-05:00" || e.Format(time.RFC3339) != "2026-03-01T00:00:00-05:00" {
 		t.Fatalf("February in New York = %s .. %s", s, e)
 	}
 	sh, _ := time.LoadLocation("Asia/Shanghai")
 	// 2026-11-30 20:00 UTC is already December 1st in Shanghai.
-	s, _ = PeriodBounds(PeriodMonth, time.Date(2026, 11, 30, 20, 0, 0, 0, time.UTC), sh)
+	s, _ = PeriodBounds(schemas.PeriodMonth, time.Date(2026, 11, 30, 20, 0, 0, 0, time.UTC), sh)
 	if s.Month() != time.December {
 		t.Fatalf("month start = %s, want December in Shanghai", s)
 	}
 	kt, _ := time.LoadLocation("Asia/Kathmandu") // +05:45
-	s, _ = PeriodBounds(PeriodHour, time.Date(2026, 1, 1, 10, 20, 0, 0, time.UTC), kt)
+	s, _ = PeriodBounds(schemas.PeriodHour, time.Date(2026, 1, 1, 10, 20, 0, 0, time.UTC), kt)
 	if s.In(kt).Minute() != 0 {
 		t.Fatalf("hour start %s is not on the local hour", s.In(kt))
 	}
@@ -180,5 +184,39 @@ func TestWatcherKeepsOldPolicyOnBadReload(t *testing.T) {
 	}
 	if !strings.Contains(w.LastError(), "p.yaml:4") || w.Failures.Load() != 1 {
 		t.Fatalf("LastError = %q failures = %d", w.LastError(), w.Failures.Load())
+	}
+}
+
+func TestFollowAppliesEachReload(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.yaml")
+	write := func(limit int) {
+		body := fmt.Sprintf("tenants:\n  acme:\n    models:\n      '*': {monthly_tokens: %d}\n", limit)
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(100)
+	w, err := NewWatcher(path, 10*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	applied := make(chan int64, 4)
+	done := make(chan error, 1)
+	go func() {
+		done <- w.Follow(ctx, func(p *Policy) { applied <- p.Tenant("acme").Models["*"].MonthlyTokens })
+	}()
+	write(300)
+	select {
+	case got := <-applied:
+		if got != 300 {
+			t.Fatalf("Follow applied monthly_tokens %d, want 300", got)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Follow never applied the changed file")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Follow returned %v after cancel", err)
 	}
 }

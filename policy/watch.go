@@ -66,6 +66,27 @@ func (w *Watcher) Current() *Policy { return w.cur.Load() }
 // fine because each policy is complete.
 func (w *Watcher) Subscribe() <-chan *Policy { return w.updates }
 
+// Follow polls the file (as Run does) and calls apply with each newly
+// loaded policy, in order, until ctx ends. It is how a service reacts to a
+// reload; apply runs on Follow's goroutine, so a slow apply delays the next
+// one but never the readers of Current.
+func (w *Watcher) Follow(ctx context.Context, apply func(*Policy)) error {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = w.Run(ctx)
+	}()
+	defer func() { <-done }()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case p := <-w.updates:
+			apply(p)
+		}
+	}
+}
+
 // LastError returns why the most recent reload failed, or "" if it worked.
 func (w *Watcher) LastError() string {
 	if s := w.lastErr.Load(); s != nil {

@@ -195,15 +195,38 @@ const (
 	QuotaBudget QuotaKind = "budget"
 )
 
+// quotaSpecs is the one table of quota kinds: each kind's counting period
+// and unit. Policy parsing, the aggregator, the enforcer's admin API and the
+// reconciler all read it through the methods below.
+var quotaSpecs = map[QuotaKind]struct {
+	period Period
+	unit   Unit
+}{
+	QuotaMonthlyTokens:     {PeriodMonth, UnitTokens},
+	QuotaDailyTokens:       {PeriodDay, UnitTokens},
+	QuotaHourlyTokens:      {PeriodHour, UnitTokens},
+	QuotaTokensPerMinute:   {PeriodMinute, UnitTokens},
+	QuotaRequestsPerMinute: {PeriodMinute, UnitRequests},
+	QuotaBudget:            {PeriodMonth, UnitCurrency},
+}
+
+// QuotaKinds lists every quota kind, longest period first.
+func QuotaKinds() []QuotaKind {
+	return []QuotaKind{QuotaMonthlyTokens, QuotaDailyTokens, QuotaHourlyTokens,
+		QuotaTokensPerMinute, QuotaRequestsPerMinute, QuotaBudget}
+}
+
 // Valid reports whether q is a defined quota.
 func (q QuotaKind) Valid() bool {
-	switch q {
-	case QuotaMonthlyTokens, QuotaDailyTokens, QuotaHourlyTokens, QuotaTokensPerMinute,
-		QuotaRequestsPerMinute, QuotaBudget:
-		return true
-	}
-	return false
+	_, ok := quotaSpecs[q]
+	return ok
 }
+
+// Period is the period q is counted over; empty for an undefined kind.
+func (q QuotaKind) Period() Period { return quotaSpecs[q].period }
+
+// Unit is what q counts; empty for an undefined kind.
+func (q QuotaKind) Unit() Unit { return quotaSpecs[q].unit }
 
 // Period is the length of a quota's counting period.
 type Period string

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/reconciler"
 	"github.com/sluicehq/sluice/services/reconciler/audit"
 	"github.com/sluicehq/sluice/services/reconciler/pricetable"
@@ -34,21 +35,21 @@ type reconcileConfig struct {
 	Kafka      kafkaconn.Config  `yaml:"kafka"`
 	Reconciler reconciler.Config `yaml:"reconciler"`
 	Tenant     string            `yaml:"tenant" help:"tenant to reconcile (empty: every tenant in the policy or with events)"`
-	Period     string            `yaml:"period" help:"day or month"`
+	Period     schemas.Period    `yaml:"period" help:"day or month"`
 	At         string            `yaml:"at" help:"the day (YYYY-MM-DD) or month (YYYY-MM) to audit, in the tenant's zone (empty: the last closed one)"`
 	DryRun     bool              `yaml:"dry_run" help:"report drift without repairing or signalling"`
 }
 
 func (c *reconcileConfig) Validate() error {
 	errs := []error{c.Log.Validate(), c.ClickHouse.Validate(), c.Kafka.Validate(), c.Reconciler.Validate()}
-	if c.Period != policy.PeriodDay && c.Period != policy.PeriodMonth {
+	if c.Period != schemas.PeriodDay && c.Period != schemas.PeriodMonth {
 		errs = append(errs, fmt.Errorf("period: %q is not one of day, month", c.Period))
 	}
 	return errors.Join(errs...)
 }
 
 func runReconcile(ctx context.Context, args []string) error {
-	cfg := reconcileConfig{Log: logging.Defaults(), ClickHouse: chconn.Defaults(), Kafka: kafkaconn.Defaults(), Reconciler: reconciler.DefaultConfig(), Period: policy.PeriodDay}
+	cfg := reconcileConfig{Log: logging.Defaults(), ClickHouse: chconn.Defaults(), Kafka: kafkaconn.Defaults(), Reconciler: reconciler.DefaultConfig(), Period: schemas.PeriodDay}
 	cfg.Log.Format = "text"
 	fs := flag.NewFlagSet("sluicectl reconcile", flag.ContinueOnError)
 	if err := config.Load(&cfg, config.Options{Args: args, FlagSet: fs}); err != nil {
@@ -125,10 +126,10 @@ func runReconcile(ctx context.Context, args []string) error {
 
 // auditDate turns --at into an instant inside the period to audit; empty
 // means the last closed day or month in loc.
-func auditDate(period, at string, loc *time.Location, now time.Time) (time.Time, error) {
+func auditDate(period schemas.Period, at string, loc *time.Location, now time.Time) (time.Time, error) {
 	lt := now.In(loc)
 	if at == "" {
-		if period == policy.PeriodMonth {
+		if period == schemas.PeriodMonth {
 			return time.Date(lt.Year(), lt.Month()-1, 15, 12, 0, 0, 0, loc), nil
 		}
 		return time.Date(lt.Year(), lt.Month(), lt.Day()-1, 12, 0, 0, 0, loc), nil
@@ -136,7 +137,7 @@ func auditDate(period, at string, loc *time.Location, now time.Time) (time.Time,
 	if t, err := time.ParseInLocation(time.DateOnly, at, loc); err == nil {
 		return time.Date(t.Year(), t.Month(), t.Day(), 12, 0, 0, 0, loc), nil
 	}
-	if t, err := time.ParseInLocation("2006-01", at, loc); err == nil && period == policy.PeriodMonth {
+	if t, err := time.ParseInLocation("2006-01", at, loc); err == nil && period == schemas.PeriodMonth {
 		return time.Date(t.Year(), t.Month(), 15, 12, 0, 0, 0, loc), nil
 	}
 	return time.Time{}, fmt.Errorf("at: %q is not a date YYYY-MM-DD (or a month YYYY-MM with -period month)", at)

@@ -375,7 +375,7 @@ func checkQuotaState(t *testing.T, ctx context.Context, conn driver.Conn, truth 
 	}
 	// Every hour any tenant used has its row.
 	for _, d := range truth {
-		s, _ := policy.PeriodBounds(policy.PeriodHour, d.at, pol.Tenant(d.tenant).Location)
+		s, _ := policy.PeriodBounds(schemas.PeriodHour, d.at, pol.Tenant(d.tenant).Location)
 		if !seenHour[d.tenant+s.UTC().Format(time.RFC3339)] {
 			t.Errorf("no hourly_tokens row for %s hour %v", d.tenant, s.UTC())
 			break

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/alerter/alert"
 	"github.com/sluicehq/sluice/services/alerter/engine"
@@ -255,7 +256,7 @@ func (t TenantConfig) route(id string, loc *time.Location) (engine.Route, error)
 		allow := alert.SeverityCritical
 		if q.Allow != "" {
 			var ok bool
-			if allow, ok = alert.ParseSeverity(q.Allow); !ok {
+			if allow, ok = policy.ParseSeverity(q.Allow); !ok {
 				errs = append(errs, fmt.Errorf("%s.quiet_hours.allow: %q is not info, warning or critical", prefix, q.Allow))
 			}
 		}

@@ -242,10 +242,10 @@ func run(ctx context.Context, cfg Config, env platform.Env, clock schedule.Clock
 			for _, j := range jobs {
 				res, err := auditor.Reconcile(ctx, audit.Job{Tenant: pol.Tenant(j.Tenant), Period: j.Period, At: j.At})
 				if err != nil {
-					m.jobs.WithLabelValues(j.Period, "error").Inc()
+					m.jobs.WithLabelValues(string(j.Period), "error").Inc()
 					return err
 				}
-				m.jobs.WithLabelValues(j.Period, "ok").Inc()
+				m.jobs.WithLabelValues(string(j.Period), "ok").Inc()
 				m.drifted.Add(float64(res.Drifted))
 				m.repaired.Add(float64(res.Repaired))
 				m.unsettled.Add(float64(res.Unsettled))

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/policy"
 )
 
 // Rule names the condition an alert watches. Together with tenant, model and
@@ -56,51 +58,16 @@ func (r Rule) AlertName() string {
 	return "Sluice_" + string(r)
 }
 
-// Severity orders how urgently an alert needs a human.
-type Severity int
+// Severity orders how urgently an alert needs a human; the rules that map
+// tiers and exhaustion horizons to it live in the policy package.
+type Severity = policy.Severity
 
 // The severities, lowest first.
 const (
-	SeverityInfo Severity = iota
-	SeverityWarning
-	SeverityCritical
+	SeverityInfo     = policy.SeverityInfo
+	SeverityWarning  = policy.SeverityWarning
+	SeverityCritical = policy.SeverityCritical
 )
-
-// String returns the Alertmanager severity label value.
-func (s Severity) String() string {
-	switch s {
-	case SeverityWarning:
-		return "warning"
-	case SeverityCritical:
-		return "critical"
-	}
-	return "info"
-}
-
-// ParseSeverity parses info, warning or critical.
-func ParseSeverity(s string) (Severity, bool) {
-	switch s {
-	case "info":
-		return SeverityInfo, true
-	case "warning":
-		return SeverityWarning, true
-	case "critical":
-		return SeverityCritical, true
-	}
-	return 0, false
-}
-
-// TierSeverity is the severity of a quota tier: 100 and above critical, 90
-// and above warning, anything lower info.
-func TierSeverity(tier int) Severity {
-	switch {
-	case tier >= 100:
-		return SeverityCritical
-	case tier >= 90:
-		return SeverityWarning
-	}
-	return SeverityInfo
-}
 
 // Status says whether a notification announces a problem or its end.
 type Status string

@@ -2,14 +2,6 @@ package alert
 
 import "testing"
 
-func TestTierSeverity(t *testing.T) {
-	for tier, want := range map[int]Severity{0: SeverityInfo, 70: SeverityInfo, 80: SeverityInfo, 90: SeverityWarning, 99: SeverityWarning, 100: SeverityCritical, 150: SeverityCritical} {
-		if got := TierSeverity(tier); got != want {
-			t.Errorf("tier %d: %v, want %v", tier, got, want)
-		}
-	}
-}
-
 func TestLabelsCarryTheDedupKey(t *testing.T) {
 	a := Alert{Key: Key{Tenant: "acme", Model: "gpt-4o", Period: "day", Quota: "daily_tokens", Rule: RuleQuotaTier}, Tier: 90, Severity: SeverityWarning}
 	l := a.Labels()

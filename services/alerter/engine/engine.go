@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/alerter/alert"
 )
@@ -417,7 +418,7 @@ func (e *Engine) clear(k alert.Key, st *state, now time.Time) {
 // severity maps a key's level to a severity.
 func severity(r alert.Rule, level int) alert.Severity {
 	if r == alert.RuleQuotaTier {
-		return alert.TierSeverity(level)
+		return policy.TierSeverity(level)
 	}
 	if level >= 2 {
 		return alert.SeverityCritical

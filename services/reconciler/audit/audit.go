@@ -58,7 +58,7 @@ var ErrOpenPeriod = errors.New("period is not closed yet")
 // the tenant's zone) that contains At.
 type Job struct {
 	Tenant *policy.Tenant
-	Period string // policy.PeriodDay or policy.PeriodMonth
+	Period schemas.Period // schemas.PeriodDay or schemas.PeriodMonth
 	At     time.Time
 }
 
@@ -172,7 +172,7 @@ func (a *Auditor) Reconcile(ctx context.Context, job Job) (Result, error) {
 	if job.Tenant == nil {
 		return Result{}, errors.New("audit: job has no tenant")
 	}
-	if job.Period != policy.PeriodDay && job.Period != policy.PeriodMonth {
+	if job.Period != schemas.PeriodDay && job.Period != schemas.PeriodMonth {
 		return Result{}, fmt.Errorf("audit: period %q: use day or month", job.Period)
 	}
 	start, end := job.Bounds()
@@ -180,7 +180,7 @@ func (a *Auditor) Reconcile(ctx context.Context, job Job) (Result, error) {
 	if ready := end.Add(a.opt.Settle); now.Before(ready) {
 		return Result{}, fmt.Errorf("audit: %s %s of %s: %w (auditable from %s)", job.Period, start.Format(time.DateOnly), job.Tenant.ID, ErrOpenPeriod, ready.Format(time.RFC3339))
 	}
-	res := Result{RunID: newRunID(now), Tenant: job.Tenant.ID, Period: job.Period, Start: start, End: end}
+	res := Result{RunID: newRunID(now), Tenant: job.Tenant.ID, Period: string(job.Period), Start: start, End: end}
 
 	cells, err := a.observe(ctx, job, start, end)
 	if err != nil {
@@ -320,12 +320,12 @@ func equal(a, b float64) bool {
 // observe reads the counters and the truth once and pairs them up.
 func (a *Auditor) observe(ctx context.Context, job Job, start, end time.Time) (map[string]*cell, error) {
 	t := job.Tenant
-	day := job.Period == policy.PeriodDay
-	periods := []string{policy.PeriodMonth}
-	quotas := map[string]bool{policy.MonthlyTokens: true, policy.BudgetQuota: true}
+	day := job.Period == schemas.PeriodDay
+	periods := []string{string(schemas.PeriodMonth)}
+	quotas := map[string]bool{string(schemas.QuotaMonthlyTokens): true, string(schemas.QuotaBudget): true}
 	if day {
-		periods = []string{policy.PeriodDay, policy.PeriodHour}
-		quotas = map[string]bool{policy.DailyTokens: true, policy.HourlyTokens: true}
+		periods = []string{string(schemas.PeriodDay), string(schemas.PeriodHour)}
+		quotas = map[string]bool{string(schemas.QuotaDailyTokens): true, string(schemas.QuotaHourlyTokens): true}
 	}
 	// Counters first, then the truth: an event that lands in between makes
 	// the truth run ahead, never behind, and confirmation sorts it out.
@@ -366,15 +366,15 @@ func (a *Auditor) observe(ctx context.Context, job Job, start, end time.Time) (m
 	}
 	for _, m := range models {
 		for _, q := range t.Quotas(m) {
-			if !quotas[q.Name] {
+			if !quotas[string(q.Name)] {
 				continue
 			}
 			for ps := start; ps.Before(end); {
 				s, e := policy.PeriodBounds(q.Period, ps, t.Location)
-				k := qkey(m, q.Name, s)
+				k := qkey(m, string(q.Name), s)
 				if cells[k] == nil {
-					cells[k] = &cell{row: Row{Model: m, Quota: q.Name, Period: q.Period, PeriodStart: s, PeriodEnd: e,
-						Unit: q.Unit, Mode: string(q.Mode), Limit: q.Limit}}
+					cells[k] = &cell{row: Row{Model: m, Quota: string(q.Name), Period: string(q.Period), PeriodStart: s, PeriodEnd: e,
+						Unit: string(q.Unit), Mode: string(q.Mode), Limit: q.Limit}}
 				}
 				ps = e
 			}
@@ -384,7 +384,7 @@ func (a *Auditor) observe(ctx context.Context, job Job, start, end time.Time) (m
 		u := tr.sum(c.row.Model, c.row.PeriodStart, c.row.PeriodEnd)
 		c.truth = u
 		c.row.Truth = float64(u.tokens())
-		if c.row.Quota == policy.BudgetQuota {
+		if c.row.Quota == string(schemas.QuotaBudget) {
 			c.row.Truth = u.cost
 		}
 		if c.quota == nil && c.row.Truth == 0 {
@@ -444,7 +444,7 @@ func (a *Auditor) minuteCells(cells map[string]*cell, tr truth, mrows []minuteRo
 		}
 		tu := truthAt[k]
 		at := time.Unix(k.at, 0).UTC()
-		c := &cell{minute: r, truth: tu, minuteCell: true, row: Row{Model: k.model, Quota: UsageMinuteQuota, Period: policy.PeriodMinute,
+		c := &cell{minute: r, truth: tu, minuteCell: true, row: Row{Model: k.model, Quota: UsageMinuteQuota, Period: string(schemas.PeriodMinute),
 			PeriodStart: at, PeriodEnd: at.Add(time.Minute), Unit: "tokens",
 			Counter: float64(cu.tokens()), Truth: float64(tu.tokens())}}
 		c.drifted = cu.requests != tu.requests || cu.prompt != tu.prompt || cu.completion != tu.completion || cu.cached != tu.cached
@@ -453,7 +453,7 @@ func (a *Auditor) minuteCells(cells map[string]*cell, tr truth, mrows []minuteRo
 
 		s := summaries[k.model]
 		if s == nil {
-			s = &cell{summary: true, row: Row{Model: k.model, Quota: UsageMinuteQuota, Period: policy.PeriodDay, PeriodStart: start, PeriodEnd: end, Unit: "tokens"}}
+			s = &cell{summary: true, row: Row{Model: k.model, Quota: UsageMinuteQuota, Period: string(schemas.PeriodDay), PeriodStart: start, PeriodEnd: end, Unit: "tokens"}}
 			summaries[k.model] = s
 		}
 		s.row.Counter += c.row.Counter

@@ -70,14 +70,14 @@ func writeCounters(t *testing.T, a *Auditor, tn *policy.Tenant, dayStart, dayEnd
 		}
 	}
 	insertMinutes(t, a.conn, tn.ID, 10, minutes...)
-	quotas := []quotaFixture{{policy.AllModels, policy.DailyTokens, policy.PeriodDay, dayStart, dayEnd,
+	quotas := []quotaFixture{{policy.AllModels, schemas.QuotaDailyTokens, schemas.PeriodDay, dayStart, dayEnd,
 		sumTokens(agg, policy.AllModels, dayStart, dayEnd) + dailyDrift, 1000000, "tokens", "hard"}}
 	for h := dayStart; h.Before(dayEnd); h = h.Add(time.Hour) {
 		used := sumTokens(agg, policy.AllModels, h, h.Add(time.Hour))
 		if used == 0 || skip("hourly", h) {
 			continue
 		}
-		quotas = append(quotas, quotaFixture{policy.AllModels, policy.HourlyTokens, policy.PeriodHour, h, h.Add(time.Hour), used, 200000, "tokens", "hard"})
+		quotas = append(quotas, quotaFixture{policy.AllModels, schemas.QuotaHourlyTokens, schemas.PeriodHour, h, h.Add(time.Hour), used, 200000, "tokens", "hard"})
 	}
 	insertQuotas(t, a.conn, tn.ID, 10, quotas...)
 	return agg
@@ -100,7 +100,7 @@ func TestDriftIsFoundRepairedAndGoneOnSecondRun(t *testing.T) {
 	pub := &capture{}
 	now := utc("2026-10-15T03:00:00Z")
 	a := New(conn, pub, Options{Settle: 15 * time.Minute, ConfirmDelay: 50 * time.Millisecond, MaxObservations: 3, Now: func() time.Time { return now }})
-	job := Job{Tenant: tn, Period: policy.PeriodDay, At: utc("2026-10-14T01:00:00Z")}
+	job := Job{Tenant: tn, Period: schemas.PeriodDay, At: utc("2026-10-14T01:00:00Z")}
 	dayStart, dayEnd := job.Bounds()
 	if !dayStart.Equal(utc("2026-10-13T16:00:00Z")) {
 		t.Fatalf("day starts %v, want Shanghai midnight", dayStart.UTC())
@@ -192,7 +192,7 @@ func TestMonthlyBudgetDriftUsesPrices(t *testing.T) {
 	now := utc("2026-11-02T00:00:00Z")
 	pub := &capture{}
 	a := New(conn, pub, Options{Settle: 15 * time.Minute, ConfirmDelay: 50 * time.Millisecond, Now: func() time.Time { return now }})
-	job := Job{Tenant: tn, Period: policy.PeriodMonth, At: utc("2026-10-20T00:00:00Z")}
+	job := Job{Tenant: tn, Period: schemas.PeriodMonth, At: utc("2026-10-20T00:00:00Z")}
 	start, end := job.Bounds()
 	// Every event is in the Shanghai October. Cost by hand, USD:
 	// e0 (7*3 + 7*15)/1e6 = 0.000126; e1 (900*2.5 + 100*1.25 + 200*10)/1e6
@@ -200,9 +200,9 @@ func TestMonthlyBudgetDriftUsesPrices(t *testing.T) {
 	// = 0.012; e4 (10*3 + 10*15)/1e6 = 0.00018; e5 (999*2.5 + 10)/1e6 = 0.0025075.
 	const cost = 0.0214885
 	insertQuotas(t, conn, "acme", 3,
-		quotaFixture{"*", policy.BudgetQuota, policy.PeriodMonth, start, end, cost + 0.5, 500, "currency", "hard"},
-		quotaFixture{"*", policy.MonthlyTokens, policy.PeriodMonth, start, end, 5314, 10000000, "tokens", "hard"},
-		quotaFixture{"gpt-4o", policy.MonthlyTokens, policy.PeriodMonth, start, end, 2880, 2000000, "tokens", "soft"},
+		quotaFixture{"*", schemas.QuotaBudget, schemas.PeriodMonth, start, end, cost + 0.5, 500, "currency", "hard"},
+		quotaFixture{"*", schemas.QuotaMonthlyTokens, schemas.PeriodMonth, start, end, 5314, 10000000, "tokens", "hard"},
+		quotaFixture{"gpt-4o", schemas.QuotaMonthlyTokens, schemas.PeriodMonth, start, end, 2880, 2000000, "tokens", "soft"},
 	)
 	res, err := a.Reconcile(ctx, job)
 	if err != nil {
@@ -227,7 +227,7 @@ func TestOpenPeriodIsRefused(t *testing.T) {
 	pol := mustPolicy(t, acmePolicy)
 	now := utc("2026-10-14T16:05:00Z") // 5 minutes after the Shanghai day ended
 	a := New(nil, nil, Options{Settle: 15 * time.Minute, Now: func() time.Time { return now }})
-	_, err := a.Reconcile(context.Background(), Job{Tenant: pol.Tenant("acme"), Period: policy.PeriodDay, At: utc("2026-10-14T01:00:00Z")})
+	_, err := a.Reconcile(context.Background(), Job{Tenant: pol.Tenant("acme"), Period: schemas.PeriodDay, At: utc("2026-10-14T01:00:00Z")})
 	if !errors.Is(err, ErrOpenPeriod) {
 		t.Fatalf("err = %v, want ErrOpenPeriod for a period that has not settled", err)
 	}
@@ -273,10 +273,10 @@ tenants:
 			version++
 			agg := aggregate(evs)
 			minute := at.Truncate(time.Minute)
-			day, dayEnd := policy.PeriodBounds(policy.PeriodDay, at, time.UTC)
+			day, dayEnd := policy.PeriodBounds(schemas.PeriodDay, at, time.UTC)
 			err := errors.Join(writeEvents(conn, "live", e),
 				writeMinutes(conn, "live", version, minuteFixture{"m1", minute, agg["m1"][minute]}, minuteFixture{"*", minute, agg["*"][minute]}),
-				writeQuotas(conn, "live", version, quotaFixture{"*", policy.DailyTokens, policy.PeriodDay, day, dayEnd,
+				writeQuotas(conn, "live", version, quotaFixture{"*", schemas.QuotaDailyTokens, schemas.PeriodDay, day, dayEnd,
 					sumTokens(agg, "*", day, dayEnd), 100000000, "tokens", "hard"}))
 			if err != nil {
 				if ctx.Err() == nil {
@@ -295,7 +295,7 @@ tenants:
 	before := written.Load()
 	var checked int
 	for run := 0; run < 3; run++ {
-		res, err := a.Reconcile(ctx, Job{Tenant: tn, Period: policy.PeriodDay, At: yStart})
+		res, err := a.Reconcile(ctx, Job{Tenant: tn, Period: schemas.PeriodDay, At: yStart})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -319,7 +319,7 @@ tenants:
 	}
 
 	// Once ingestion stops the audit agrees with the writer exactly.
-	res, err := a.Reconcile(context.Background(), Job{Tenant: tn, Period: policy.PeriodDay, At: yStart})
+	res, err := a.Reconcile(context.Background(), Job{Tenant: tn, Period: schemas.PeriodDay, At: yStart})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
 )
 
 // BenchmarkReconcileDay audits one tenant's day of 100,000 events over 3
@@ -37,16 +37,16 @@ tenants:
 		}
 	}
 	insertMinutes(b, conn, "bench", 1, minutes...)
-	quotas := []quotaFixture{{"*", policy.DailyTokens, policy.PeriodDay, day, day.AddDate(0, 0, 1), sumTokens(agg, "*", day, day.AddDate(0, 0, 1)), 1e9, "tokens", "hard"}}
+	quotas := []quotaFixture{{"*", schemas.QuotaDailyTokens, schemas.PeriodDay, day, day.AddDate(0, 0, 1), sumTokens(agg, "*", day, day.AddDate(0, 0, 1)), 1e9, "tokens", "hard"}}
 	for h := day; h.Before(day.AddDate(0, 0, 1)); h = h.Add(time.Hour) {
-		quotas = append(quotas, quotaFixture{"*", policy.HourlyTokens, policy.PeriodHour, h, h.Add(time.Hour), sumTokens(agg, "*", h, h.Add(time.Hour)), 1e8, "tokens", "hard"})
+		quotas = append(quotas, quotaFixture{"*", schemas.QuotaHourlyTokens, schemas.PeriodHour, h, h.Add(time.Hour), sumTokens(agg, "*", h, h.Add(time.Hour)), 1e8, "tokens", "hard"})
 	}
 	insertQuotas(b, conn, "bench", 1, quotas...)
 	now := day.AddDate(0, 0, 2)
 	a := New(conn, nil, Options{Settle: time.Minute, Now: func() time.Time { return now }})
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		res, err := a.Reconcile(context.Background(), Job{Tenant: tn, Period: policy.PeriodDay, At: day})
+		res, err := a.Reconcile(context.Background(), Job{Tenant: tn, Period: schemas.PeriodDay, At: day})
 		if err != nil {
 			b.Fatal(err)
 		}

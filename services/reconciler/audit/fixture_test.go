@@ -136,10 +136,12 @@ completion_tokens, cached_tokens, errors, slow_calls, cost, version, updated_at)
 }
 
 type quotaFixture struct {
-	model, quota, period string
-	start, end           time.Time
-	used, limit          float64
-	unit, mode           string
+	model       string
+	quota       schemas.QuotaKind
+	period      schemas.Period
+	start, end  time.Time
+	used, limit float64
+	unit, mode  string
 }
 
 func insertQuotas(t testing.TB, conn driver.Conn, tenant string, version uint64, rows ...quotaFixture) {
@@ -156,7 +158,7 @@ quota_limit, unit, mode, tier, rate_per_minute, predicted_exhaustion, version, u
 		return err
 	}
 	for _, r := range rows {
-		if err := b.Append(tenant, r.model, r.quota, r.period, r.start, r.end, r.used, r.limit, r.unit, r.mode, uint16(0), 0., time.Unix(0, 0), version, time.Now()); err != nil {
+		if err := b.Append(tenant, r.model, string(r.quota), string(r.period), r.start, r.end, r.used, r.limit, r.unit, r.mode, uint16(0), 0., time.Unix(0, 0), version, time.Now()); err != nil {
 			return err
 		}
 	}

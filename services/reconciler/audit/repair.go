@@ -39,7 +39,7 @@ quota_limit, unit, mode, tier, rate_per_minute, predicted_exhaustion, version, u
 				rate, predicted, version = q.rate, q.predicted, q.version+1
 			}
 			if err := b.Append(t.ID, r.Model, r.Quota, r.Period, r.PeriodStart, r.PeriodEnd, r.Truth,
-				r.Limit, r.Unit, r.Mode, tierOf(r.Truth, r.Limit, t.AlertTiers), rate, predicted, version, now); err != nil {
+				r.Limit, r.Unit, r.Mode, uint16(policy.TierReached(t.AlertTiers, policy.Percent(r.Truth, r.Limit))), rate, predicted, version, now); err != nil {
 				_ = b.Abort()
 				return fmt.Errorf("audit: repair quota_state: %w", err)
 			}
@@ -77,21 +77,6 @@ completion_tokens, cached_tokens, errors, slow_calls, cost, version, updated_at)
 		}
 	}
 	return nil
-}
-
-// tierOf is the highest alert tier that used has reached, in percent.
-func tierOf(used, limit float64, tiers []int) uint16 {
-	if limit <= 0 {
-		return 0
-	}
-	pct := used / limit * 100
-	var out int
-	for _, t := range tiers {
-		if float64(t) <= pct && t > out {
-			out = t
-		}
-	}
-	return uint16(out)
 }
 
 // record appends the run's rows to reconciliation_runs.

@@ -12,7 +12,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
 )
 
 // TimeOfDay is a local wall-clock time.
@@ -33,7 +33,7 @@ func (t TimeOfDay) String() string { return fmt.Sprintf("%02d:%02d", t.Hour, t.M
 // the tenant's zone.
 type Job struct {
 	Tenant string
-	Period string
+	Period schemas.Period
 	At     time.Time
 }
 
@@ -52,9 +52,9 @@ func Due(tenant string, now time.Time, loc *time.Location, at TimeOfDay, last st
 		return nil, date
 	}
 	// Noon of the previous day is inside it whatever DST does.
-	jobs = append(jobs, Job{Tenant: tenant, Period: policy.PeriodDay, At: time.Date(lt.Year(), lt.Month(), lt.Day()-1, 12, 0, 0, 0, loc)})
+	jobs = append(jobs, Job{Tenant: tenant, Period: schemas.PeriodDay, At: time.Date(lt.Year(), lt.Month(), lt.Day()-1, 12, 0, 0, 0, loc)})
 	if lt.Day() == 1 {
-		jobs = append(jobs, Job{Tenant: tenant, Period: policy.PeriodMonth, At: time.Date(lt.Year(), lt.Month()-1, 15, 12, 0, 0, 0, loc)})
+		jobs = append(jobs, Job{Tenant: tenant, Period: schemas.PeriodMonth, At: time.Date(lt.Year(), lt.Month()-1, 15, 12, 0, 0, 0, loc)})
 	}
 	return jobs, date
 }

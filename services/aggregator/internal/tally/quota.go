@@ -31,41 +31,15 @@ func (q *quotaState) resetPeriod() {
 	q.predicted, q.predAt = false, 0
 }
 
-// tierFor returns the tier for usage pct given the current tier: up as soon
-// as a threshold is reached, down only once usage is more than h points
-// below the current tier's threshold.
-func tierFor(tiers []int, pct float64, cur int, h float64) int {
-	up := 0
-	for _, t := range tiers {
-		if pct >= float64(t) && t > up {
-			up = t
-		}
-	}
-	if up >= cur || pct >= float64(cur)-h {
-		return max(up, cur)
-	}
-	return up
-}
-
 func (s *Series) used(q *quotaState, j int) float64 {
 	pp := &s.per[q.kind][j]
 	switch q.q.Unit {
-	case "currency":
+	case schemas.UnitCurrency:
 		return pp.cost
-	case "requests":
+	case schemas.UnitRequests:
 		return float64(pp.requests)
 	}
 	return float64(pp.tokens)
-}
-
-func unitOf(u string) schemas.Unit {
-	switch u {
-	case "currency":
-		return schemas.UnitCurrency
-	case "requests":
-		return schemas.UnitRequests
-	}
-	return schemas.UnitTokens
 }
 
 // base fills what every quota signal of s carries.
@@ -75,14 +49,14 @@ func (s *Series) base(kind schemas.SignalKind, q *quotaState, b bound, ts, offse
 		Time:        time.Unix(ts, 0).UTC(),
 		Tenant:      s.t.id,
 		Model:       s.model,
-		Quota:       schemas.QuotaKind(q.q.Name),
-		Period:      schemas.Period(q.q.Period),
+		Quota:       q.q.Name,
+		Period:      q.q.Period,
 		PeriodStart: time.Unix(b.start, 0).UTC(),
 		PeriodEnd:   time.Unix(b.end, 0).UTC(),
 		Tier:        q.tier,
 		Used:        math.Max(used, 0),
 		Limit:       q.q.Limit,
-		Unit:        unitOf(q.q.Unit),
+		Unit:        q.q.Unit,
 		Rate:        q.rate,
 		Mode:        schemas.Mode(q.q.Mode),
 		Source:      schemas.SignalSource{FromOffset: offset, ToOffset: offset},
@@ -90,7 +64,7 @@ func (s *Series) base(kind schemas.SignalKind, q *quotaState, b bound, ts, offse
 }
 
 func (s *Series) id(kind schemas.SignalKind, q *quotaState, start int64, extra ...string) string {
-	parts := append([]string{string(kind), s.t.id, s.model, q.q.Name, time.Unix(start, 0).UTC().Format(time.RFC3339)}, extra...)
+	parts := append([]string{string(kind), s.t.id, s.model, string(q.q.Name), time.Unix(start, 0).UTC().Format(time.RFC3339)}, extra...)
 	return schemas.SignalID(parts...)
 }
 
@@ -99,7 +73,7 @@ func (s *Series) periodReset(q *quotaState, ts, offset int64) schemas.Signal {
 	sig := s.base(schemas.SignalPeriodReset, q, b, ts, offset, 0)
 	sig.Tier, sig.PreviousTier, sig.Rate = 0, q.tier, 0
 	sig.ID = s.id(sig.Kind, q, b.start)
-	sig.Reason = q.q.Name + " period began; usage restarts from zero"
+	sig.Reason = string(q.q.Name) + " period began; usage restarts from zero"
 	return sig
 }
 
@@ -110,7 +84,7 @@ func (s *Series) evalQuota(q *quotaState, ts, offset int64, p *Partition) {
 	}
 	b := s.t.bounds[q.kind][0]
 	used := s.used(q, 0)
-	nt := tierFor(s.t.tiers, used/q.q.Limit*100, q.tier, p.opt.Hysteresis)
+	nt := policy.NextTier(s.t.tiers, policy.Percent(used, q.q.Limit), q.tier, p.opt.Hysteresis)
 	if nt != q.tier {
 		prev := q.tier
 		q.tier = nt
@@ -122,14 +96,14 @@ func (s *Series) evalQuota(q *quotaState, ts, offset int64, p *Partition) {
 			sig.Direction = schemas.DirectionDown
 		}
 		sig.ID = s.id(sig.Kind, q, b.start, strconv.Itoa(prev), strconv.Itoa(nt), strconv.Itoa(int(q.crossings)))
-		sig.Reason = q.q.Name + " at " + strconv.FormatFloat(used/q.q.Limit*100, 'f', 1, 64) + "% of its limit"
+		sig.Reason = string(q.q.Name) + " at " + strconv.FormatFloat(used/q.q.Limit*100, 'f', 1, 64) + "% of its limit"
 		p.emit(sig)
 	}
 	if used >= q.q.Limit && !q.exhausted {
 		q.exhausted = true
 		sig := s.base(schemas.SignalQuotaExhausted, q, b, ts, offset, used)
 		sig.ID = s.id(sig.Kind, q, b.start)
-		sig.Reason = q.q.Name + " exhausted (" + string(q.q.Mode) + ")"
+		sig.Reason = string(q.q.Name) + " exhausted (" + string(q.q.Mode) + ")"
 		p.emit(sig)
 	}
 }
@@ -141,7 +115,7 @@ func (s *Series) evalRate(q *quotaState, ts, offset int64, p *Partition) {
 		return
 	}
 	used := float64(c.tok)
-	if q.q.Unit == "requests" {
+	if q.q.Unit == schemas.UnitRequests {
 		used = float64(c.req)
 	}
 	if used <= q.q.Limit {
@@ -161,7 +135,7 @@ func (s *Series) evalRate(q *quotaState, ts, offset int64, p *Partition) {
 		"requests_per_minute_5m":  strconv.FormatFloat(r5, 'f', 2, 64),
 		"requests_per_minute_60m": strconv.FormatFloat(r60, 'f', 2, 64),
 	}
-	sig.Reason = q.q.Name + " window over its limit"
+	sig.Reason = string(q.q.Name) + " window over its limit"
 	p.emit(sig)
 }
 
@@ -171,11 +145,11 @@ func (s *Series) predict(ts, offset int64, p *Partition) {
 	now := s.lastMin * 60 // start of the minute in progress
 	for i := range s.quotas {
 		q := &s.quotas[i]
-		if q.kind == kindMinute || q.q.Unit == "requests" {
+		if q.kind == kindMinute || q.q.Unit == schemas.UnitRequests {
 			continue
 		}
 		h := &s.holtTok
-		if q.q.Unit == "currency" {
+		if q.q.Unit == schemas.UnitCurrency {
 			h = &s.holtCost
 		}
 		q.rate, _ = h.Rate()
@@ -198,7 +172,7 @@ func (s *Series) predict(ts, offset int64, p *Partition) {
 			// estimates that were settled meanwhile, so a counter here
 			// would not replay identically. Consumers keep the first.
 			sig.ID = s.id(sig.Kind, q, b.start)
-			sig.Reason = q.q.Name + " predicted to run out at " + at.Format(time.RFC3339)
+			sig.Reason = string(q.q.Name) + " predicted to run out at " + at.Format(time.RFC3339)
 			p.emit(sig)
 		}
 		q.predicted = near
@@ -297,13 +271,13 @@ func (s *Series) quotaRow(q *quotaState, j int) QuotaRow {
 	b := s.t.bounds[q.kind][j]
 	used := math.Max(s.used(q, j), 0)
 	r := QuotaRow{
-		Tenant: s.t.id, Model: s.model, Quota: q.q.Name, Period: q.q.Period,
+		Tenant: s.t.id, Model: s.model, Quota: string(q.q.Name), Period: string(q.q.Period),
 		PeriodStart: time.Unix(b.start, 0).UTC(), PeriodEnd: time.Unix(b.end, 0).UTC(),
-		Used: used, Limit: q.q.Limit, Unit: q.q.Unit, Mode: string(q.q.Mode),
+		Used: used, Limit: q.q.Limit, Unit: string(q.q.Unit), Mode: string(q.q.Mode),
 	}
 	if j == 0 {
 		r.Tier, r.Rate = uint16(q.tier), q.rate
-		if r.Rate == 0 && q.q.Unit == "tokens" {
+		if r.Rate == 0 && q.q.Unit == schemas.UnitTokens {
 			// The forecast needs a few minutes of history; until then show
 			// the observed pace so a fresh burst is visible at once.
 			r.Rate = s.observedTokenRate()
@@ -312,7 +286,7 @@ func (s *Series) quotaRow(q *quotaState, j int) QuotaRow {
 			r.PredictedExhaustion = time.Unix(q.predAt, 0).UTC()
 		}
 	} else {
-		r.Tier = uint16(tierFor(s.t.tiers, used/q.q.Limit*100, 0, 0))
+		r.Tier = uint16(policy.TierReached(s.t.tiers, policy.Percent(used, q.q.Limit)))
 	}
 	return r
 }
@@ -322,7 +296,7 @@ func (s *Series) quotaRow(q *quotaState, j int) QuotaRow {
 // state has none.
 func (p *Partition) Totals(tenant, model, period string) (tokens, requests int64, cost float64, start time.Time, ok bool) {
 	t, found := p.tenants[tenant]
-	k := kindOf(period)
+	k := kindOf(schemas.Period(period))
 	if !found || k < 0 || k == kindMinute {
 		return 0, 0, 0, time.Time{}, false
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/aggregator/internal/forecast"
 )
 
@@ -18,9 +19,9 @@ const (
 	kindMinute
 )
 
-var periodNames = [...]string{policy.PeriodHour, policy.PeriodDay, policy.PeriodMonth, policy.PeriodMinute}
+var periodNames = [...]schemas.Period{schemas.PeriodHour, schemas.PeriodDay, schemas.PeriodMonth, schemas.PeriodMinute}
 
-func kindOf(period string) int8 {
+func kindOf(period schemas.Period) int8 {
 	for i, n := range periodNames {
 		if n == period {
 			return int8(i)
@@ -66,7 +67,7 @@ func (t *tenant) refresh(pol *policy.Policy) {
 	if pol != nil {
 		t.tp = pol.Tenant(t.id)
 	} else {
-		t.tp = &policy.Tenant{ID: t.id, Location: time.UTC, AlertTiers: []int{70, 90, 100}, Mode: policy.Hard}
+		t.tp = policy.DefaultTenant(t.id)
 	}
 	loc := t.tp.Location
 	if loc == nil {
@@ -428,9 +429,9 @@ func (s *Series) repairPeriod(k int, ts int64, p *Partition) {
 			b = boundsOf(k, ts, s.t.loc)
 		}
 		p.quotaRepairs = append(p.quotaRepairs, QuotaRow{
-			Tenant: s.t.id, Model: s.model, Quota: q.q.Name, Period: q.q.Period,
+			Tenant: s.t.id, Model: s.model, Quota: string(q.q.Name), Period: string(q.q.Period),
 			PeriodStart: time.Unix(b.start, 0).UTC(), PeriodEnd: time.Unix(b.end, 0).UTC(),
-			Limit: q.q.Limit, Unit: q.q.Unit, Mode: string(q.q.Mode),
+			Limit: q.q.Limit, Unit: string(q.q.Unit), Mode: string(q.q.Mode),
 		})
 	}
 }

@@ -355,7 +355,7 @@ func (p *Partition) emit(sig schemas.Signal) {
 }
 
 func (p *Partition) lateSignal(s *Series, ts, offset int64, ev *schemas.UsageEvent) {
-	start, end := policy.PeriodBounds(policy.PeriodHour, ev.Time, s.t.loc)
+	start, end := policy.PeriodBounds(schemas.PeriodHour, ev.Time, s.t.loc)
 	if s.lateHour == start.Unix() {
 		return // one signal per closed hour and series: on change only
 	}

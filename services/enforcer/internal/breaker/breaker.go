@@ -146,7 +146,7 @@ func modeOf(s *schemas.Signal, tp *policy.Tenant) policy.Mode {
 		return policy.Mode(s.Mode)
 	}
 	for _, q := range tp.Quotas(s.Model) {
-		if q.Name == string(s.Quota) {
+		if q.Name == s.Quota {
 			return q.Mode
 		}
 	}
