@@ -97,7 +97,7 @@ func TestRunFromKafkaToAlertmanager(t *testing.T) {
 		return out
 	}
 	var got []gettable
-	waitFor(t, "the alert in Alertmanager", func() bool { got = list(); return len(got) == 1 })
+	itest.Eventually(t, 30*time.Second, "the alert in Alertmanager", func() bool { got = list(); return len(got) == 1 })
 	if got[0].Labels["severity"] != "warning" || got[0].Labels["tier"] != "90" || got[0].Labels["alertname"] != "SluiceQuotaTier" {
 		t.Errorf("labels %v", got[0].Labels)
 	}
@@ -108,7 +108,7 @@ func TestRunFromKafkaToAlertmanager(t *testing.T) {
 	sigSeq++
 	produce(encode(&schemas.Signal{ID: "reset" + tenant, Kind: schemas.SignalPeriodReset, Time: now, Tenant: tenant, Model: "*",
 		Quota: schemas.QuotaMonthlyTokens, Period: schemas.PeriodMonth}))
-	waitFor(t, "the alert resolved", func() bool { return len(list()) == 0 })
+	itest.Eventually(t, 30*time.Second, "the alert resolved", func() bool { return len(list()) == 0 })
 
 	mfs, err := env.Metrics.(*prometheus.Registry).Gather()
 	if err != nil {

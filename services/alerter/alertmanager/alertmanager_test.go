@@ -41,17 +41,6 @@ func active(t *testing.T, base, tenant string) []gettable {
 	return out
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func TestAlertsAppearWithLabelsAndAnnotationsThenResolve(t *testing.T) {
 	base := itest.Alertmanager(t)
 	tenant := itest.Unique(t, "am_")
@@ -76,7 +65,7 @@ func TestAlertsAppearWithLabelsAndAnnotationsThenResolve(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got []gettable
-	waitFor(t, "the alert in Alertmanager", func() bool { got = active(t, base, tenant); return len(got) == 1 })
+	itest.Eventually(t, 30*time.Second, "the alert in Alertmanager", func() bool { got = active(t, base, tenant); return len(got) == 1 })
 	g := got[0]
 	for k, v := range map[string]string{"alertname": "SluiceQuotaTier", "tenant": tenant, "model": "gpt-4o", "period": "month",
 		"tier": "90", "severity": "warning", "quota": "monthly_tokens"} {
@@ -111,7 +100,7 @@ func TestAlertsAppearWithLabelsAndAnnotationsThenResolve(t *testing.T) {
 	if err := s.Send(ctx, alert.Message{Alerts: []alert.Alert{esc}, Superseded: []alert.Alert{old}}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "only the 100% alert", func() bool {
+	itest.Eventually(t, 30*time.Second, "only the 100% alert", func() bool {
 		got = active(t, base, tenant)
 		return len(got) == 1 && got[0].Labels["tier"] == "100" && got[0].Labels["severity"] == "critical"
 	})
@@ -122,7 +111,7 @@ func TestAlertsAppearWithLabelsAndAnnotationsThenResolve(t *testing.T) {
 	if err := s.Send(ctx, alert.Message{Alerts: []alert.Alert{res}}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the alert resolved", func() bool { return len(active(t, base, tenant)) == 0 })
+	itest.Eventually(t, 30*time.Second, "the alert resolved", func() bool { return len(active(t, base, tenant)) == 0 })
 }
 
 func TestLargeResendsAreBatched(t *testing.T) {
@@ -139,14 +128,14 @@ func TestLargeResendsAreBatched(t *testing.T) {
 	if err := s.Send(context.Background(), m); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "every alert", func() bool { return len(active(t, base, tenant)) == MaxBatch+20 })
+	itest.Eventually(t, 30*time.Second, "every alert", func() bool { return len(active(t, base, tenant)) == MaxBatch+20 })
 	for i := range m.Alerts {
 		m.Alerts[i].Status, m.Alerts[i].EndsAt = alert.StatusResolved, time.Now()
 	}
 	if err := s.Send(context.Background(), m); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "all resolved", func() bool { return len(active(t, base, tenant)) == 0 })
+	itest.Eventually(t, 30*time.Second, "all resolved", func() bool { return len(active(t, base, tenant)) == 0 })
 }
 
 func TestRejectsANonHTTPURL(t *testing.T) {
