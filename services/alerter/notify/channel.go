@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/sluicehq/sluice/services/alerter/alert"
 )
 
@@ -18,6 +20,10 @@ type channel struct {
 	metrics *Metrics
 	queue   *ring
 	wake    chan struct{}
+	// limiter is the channel's token bucket. It lives as long as the
+	// channel: a policy reload that re-sets the channel adjusts its rate
+	// and burst but must not refill it.
+	limiter *rate.Limiter
 	// conf is swapped whole when the policy changes the channel.
 	conf atomic.Pointer[channelConf]
 }
@@ -25,16 +31,28 @@ type channel struct {
 type channelConf struct {
 	sender Sender
 	cfg    ChannelConfig
-	bucket *bucket
 }
 
-func (c *channel) setSender(s Sender, cfg ChannelConfig) {
-	if old := c.conf.Load(); old != nil && old.cfg.RatePerMinute == cfg.RatePerMinute && old.cfg.Burst == cfg.Burst {
-		// Keep the bucket's state: a policy reload must not refill it.
-		c.conf.Store(&channelConf{sender: s, cfg: cfg, bucket: old.bucket})
-		return
+func newChannel(name string, log *slog.Logger, m *Metrics, cfg ChannelConfig) *channel {
+	return &channel{
+		name: name, log: log.With("channel", name), metrics: m,
+		queue:   newRing(cfg.QueueSize),
+		wake:    make(chan struct{}, 1),
+		limiter: rate.NewLimiter(perSecond(cfg), cfg.Burst),
 	}
-	c.conf.Store(&channelConf{sender: s, cfg: cfg, bucket: newBucket(cfg.RatePerMinute/60, cfg.Burst)})
+}
+
+// perSecond is cfg's rate in the limiter's unit.
+func perSecond(cfg ChannelConfig) rate.Limit { return rate.Limit(cfg.RatePerMinute / 60) }
+
+func (c *channel) setSender(s Sender, cfg ChannelConfig) {
+	if c.limiter.Limit() != perSecond(cfg) {
+		c.limiter.SetLimit(perSecond(cfg))
+	}
+	if c.limiter.Burst() != cfg.Burst {
+		c.limiter.SetBurst(cfg.Burst)
+	}
+	c.conf.Store(&channelConf{sender: s, cfg: cfg})
 }
 
 func (c *channel) enqueue(m alert.Message) {
@@ -85,7 +103,7 @@ func (c *channel) send(life context.Context, m alert.Message) {
 	backoff := conf.cfg.InitialBackoff
 	for attempt := 1; ; attempt++ {
 		conf = c.conf.Load()
-		if err := conf.bucket.wait(life); err != nil {
+		if err := c.limiter.Wait(life); err != nil {
 			c.metrics.Failed.WithLabelValues(c.name).Inc()
 			return
 		}
@@ -165,45 +183,4 @@ func (r *ring) len() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.count
-}
-
-// bucket is a token bucket: rate tokens per second, at most burst saved.
-type bucket struct {
-	mu     sync.Mutex
-	rate   float64
-	burst  float64
-	tokens float64
-	last   time.Time
-}
-
-func newBucket(perSecond float64, burst int) *bucket {
-	return &bucket{rate: perSecond, burst: float64(burst), tokens: float64(burst), last: time.Now()}
-}
-
-// reserve takes a token and returns how long to wait before using it.
-func (b *bucket) reserve(now time.Time) time.Duration {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
-	b.last = now
-	b.tokens--
-	if b.tokens >= 0 {
-		return 0
-	}
-	return time.Duration(-b.tokens / b.rate * float64(time.Second))
-}
-
-func (b *bucket) wait(ctx context.Context) error {
-	d := b.reserve(time.Now())
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

@@ -1,7 +1,7 @@
 // Package notify delivers alert messages to channels. Every channel has its
-// own bounded queue, worker, token-bucket rate limit and retry with
-// exponential back-off, so a failing or slow channel never delays the
-// others. A full queue drops its oldest message (counted and logged): the
+// own bounded queue, worker, token-bucket rate limit (golang.org/x/time/rate)
+// and retry with exponential back-off, so a failing or slow channel never
+// delays the others. A full queue drops its oldest message (counted and logged): the
 // newest state of an alert is the one worth sending.
 package notify
 
@@ -162,11 +162,7 @@ func (d *Dispatcher) Set(name string, s Sender, cfg ChannelConfig) error {
 		c.setSender(s, cfg)
 		return nil
 	}
-	c := &channel{
-		name: name, log: d.log.With("channel", name), metrics: d.metrics,
-		queue: newRing(cfg.QueueSize),
-		wake:  make(chan struct{}, 1),
-	}
+	c := newChannel(name, d.log, d.metrics, cfg)
 	c.setSender(s, cfg)
 	d.channels[name] = c
 	d.metrics.Queued.WithLabelValues(name).Set(0)

@@ -209,19 +209,25 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 	}
 }
 
-func TestTokenBucket(t *testing.T) {
-	b := newBucket(1, 2) // 1/s, burst 2
-	now := b.last
+func TestRateLimitHasBurstAndSurvivesAReset(t *testing.T) {
+	cfg := fastConfig()
+	cfg.RatePerMinute, cfg.Burst = 60, 2 // 1/s, burst 2
+	c := newChannel("x", slog.New(slog.NewTextHandler(io.Discard, nil)), nil, cfg)
+	c.setSender(senderFunc(func(context.Context, alert.Message) error { return nil }), cfg)
+	now := time.Now()
 	// Two reservations in a row: each one must find a token of the burst.
-	first := b.reserve(now)
-	second := b.reserve(now)
+	first := c.limiter.ReserveN(now, 1).DelayFrom(now)
+	second := c.limiter.ReserveN(now, 1).DelayFrom(now)
 	if first != 0 || second != 0 {
 		t.Fatalf("burst not available: waits %v and %v", first, second)
 	}
-	if w := b.reserve(now); w != time.Second {
+	// A policy reload sets the channel again with the same settings: the
+	// bucket must stay empty, not refill.
+	c.setSender(senderFunc(func(context.Context, alert.Message) error { return nil }), cfg)
+	if w := c.limiter.ReserveN(now, 1).DelayFrom(now); w != time.Second {
 		t.Fatalf("third token waits %v, want 1s", w)
 	}
-	if w := b.reserve(now.Add(10 * time.Second)); w != 0 {
+	if w := c.limiter.ReserveN(now.Add(10*time.Second), 1).DelayFrom(now.Add(10 * time.Second)); w != 0 {
 		t.Fatalf("after a long pause the bucket must have refilled, wait %v", w)
 	}
 }
