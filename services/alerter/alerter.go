@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
@@ -28,7 +29,8 @@ import (
 
 // Run consumes signals and notifies until ctx is cancelled, then stops
 // consuming, flushes the alerts held for grouping and sends what is queued
-// within cfg.ShutdownDrain.
+// within cfg.ShutdownDrain. Its loops share one errgroup: the first that
+// fails stops the others, and Run returns that error.
 func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	env = env.Named("alerter")
 	var watcher *policy.Watcher
@@ -60,48 +62,54 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	env.Health.AddReadiness("alerter-kafka", kafkaconn.Ready(cl))
 	defer env.Health.RemoveReadiness("alerter-kafka")
 
-	dctx, stopDispatch := context.WithCancel(context.Background())
-	defer stopDispatch()
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = p.dispatch.Run(dctx, cfg.ShutdownDrain) })
-	if watcher != nil {
-		wg.Go(func() { _ = watcher.Run(ctx) })
-		wg.Go(func() {
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case pol := <-watcher.Subscribe():
-					if err := p.syncChannels(pol); err != nil {
-						env.Logger.Error("policy channels not applied", "err", err)
-					}
-				}
-			}
-		})
-	}
-	var loops sync.WaitGroup
-	loops.Go(func() {
-		t := time.NewTicker(cfg.Tick)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case now := <-t.C:
-				p.engine.Tick(now)
-			}
-		}
-	})
-	loops.Go(func() { p.consume(ctx, cl) })
 	env.Logger.Info("alerter running", "topic", cfg.Topic, "group", cfg.Group, "channels", p.dispatch.Channels())
-	loops.Wait()
-
-	// Nothing held for grouping is lost at shutdown.
-	p.engine.Flush(time.Now())
-	stopDispatch()
-	wg.Wait()
+	g, ctx := errgroup.WithContext(ctx)
+	// The dispatcher outlives ctx: it drains its queues for
+	// cfg.ShutdownDrain once the tick loop, the engine's only deliverer, has
+	// flushed what it held for grouping. Its context is ctx's values without
+	// ctx's cancellation; runTicks cancels it.
+	dctx, stopDispatch := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopDispatch()
+	g.Go(func() error { return p.dispatch.Run(dctx, cfg.ShutdownDrain) })
+	g.Go(func() error {
+		defer stopDispatch()
+		p.runTicks(ctx, cfg.Tick)
+		return nil
+	})
+	g.Go(func() error { p.consume(ctx, cl); return nil })
+	if watcher != nil {
+		g.Go(func() error { return watcher.Follow(ctx, p.applyPolicy) })
+	}
+	err = g.Wait()
 	env.Logger.Info("alerter stopped")
-	return nil
+	return err
+}
+
+// runTicks advances the engine every tick until ctx ends, then flushes the
+// alerts held for grouping, so that nothing is lost at shutdown. Only Tick
+// and Flush deliver, so once runTicks returns nothing more reaches the
+// dispatcher.
+func (p *pipeline) runTicks(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			p.engine.Flush(time.Now())
+			return
+		case now := <-t.C:
+			p.engine.Tick(now)
+		}
+	}
+}
+
+// applyPolicy is the watcher's reaction to a reloaded policy: routing
+// reads the policy in force on every delivery, so only the channel
+// definitions need applying.
+func (p *pipeline) applyPolicy(pol *policy.Policy) {
+	if err := p.syncChannels(pol); err != nil {
+		p.log.Error("policy channels not applied", "err", err)
+	}
 }
 
 // pipeline is the alerter without its Kafka consumer and clock, which Run
