@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"regexp"
 	"sort"
@@ -42,27 +41,19 @@ func (e *Error) Error() string {
 }
 
 // Load reads and parses the policy file at path.
-func Load(path string) (*Policy, error) {
+func Load(path string, opts ...Option) (*Policy, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("policy: read %s: %w", path, err)
 	}
-	return Parse(data, path)
+	return Parse(data, path, opts...)
 }
 
 type rawPolicy struct {
 	Defaults rawTenant            `yaml:"defaults"`
 	Tenants  map[string]rawTenant `yaml:"tenants"`
 	Prices   []rawPrice           `yaml:"prices"`
-	Channels struct {
-		DingTalk map[string]struct {
-			Webhook string `yaml:"webhook"`
-			Secret  string `yaml:"secret"`
-		} `yaml:"dingtalk"`
-		Slack map[string]struct {
-			Webhook string `yaml:"webhook"`
-		} `yaml:"slack"`
-	} `yaml:"channels"`
+	Channels Channels             `yaml:"channels"`
 }
 
 type rawTenant struct {
@@ -143,12 +134,12 @@ const (
 var (
 	tenantID   = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
 	priorities = map[string]bool{"critical": true, "high": true, "normal": true, "low": true}
-	channelRef = regexp.MustCompile(`^(alertmanager|(dingtalk|slack):[A-Za-z0-9._-]{1,64})$`)
 )
 
 // Parse parses and validates a policy document. filename is used in error
 // messages only. Every problem is reported, each with its line and field.
-func Parse(data []byte, filename string) (*Policy, error) {
+func Parse(data []byte, filename string, opts ...Option) (*Policy, error) {
+	o := newOptions(opts)
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
 		return nil, fmt.Errorf("policy: %s: %w", filename, err)
@@ -207,29 +198,7 @@ func Parse(data []byte, filename string) (*Policy, error) {
 			}
 		}
 	}
-	p.channels = Channels{DingTalk: map[string]DingTalkChannel{}, Slack: map[string]SlackChannel{}}
-	for name, c := range raw.Channels.DingTalk {
-		v.webhook("channels.dingtalk."+name+".webhook", c.Webhook)
-		p.channels.DingTalk[name] = DingTalkChannel{Webhook: c.Webhook, Secret: c.Secret}
-	}
-	for name, c := range raw.Channels.Slack {
-		v.webhook("channels.slack."+name+".webhook", c.Webhook)
-		p.channels.Slack[name] = SlackChannel{Webhook: c.Webhook}
-	}
-	for _, t := range append([]*Tenant{defaults}, tenantsOf(p)...) {
-		for _, ch := range t.Channels {
-			kind, name, _ := strings.Cut(ch, ":")
-			_, dOK := p.channels.DingTalk[name]
-			_, sOK := p.channels.Slack[name]
-			if (kind == "dingtalk" && !dOK) || (kind == "slack" && !sOK) {
-				field := "defaults.channels"
-				if t != defaults {
-					field = "tenants." + t.ID + ".channels"
-				}
-				v.fail(field, "channel %s is not defined under channels.%s", ch, kind)
-			}
-		}
-	}
+	v.channels(p, raw.Channels, o.checkChannel, append([]*Tenant{defaults}, tenantsOf(p)...))
 	if len(v.problems) > 0 {
 		sort.SliceStable(v.problems, func(i, j int) bool { return v.problems[i].Line < v.problems[j].Line })
 		return nil, &Error{Problems: v.problems}
@@ -301,13 +270,6 @@ func child(n *yaml.Node, key string) *yaml.Node {
 	return nil
 }
 
-func (v *validator) webhook(path, raw string) {
-	u, err := url.Parse(raw)
-	if raw == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		v.fail(path, "must be an http(s) URL, got %q", raw)
-	}
-}
-
 // tenant merges raw over base and validates the result.
 func (v *validator) tenant(path string, raw rawTenant, base *Tenant) *Tenant {
 	t := *base
@@ -349,14 +311,7 @@ func (v *validator) tenant(path string, raw rawTenant, base *Tenant) *Tenant {
 	}
 	if raw.Channels != nil {
 		t.Channels = raw.Channels
-		if len(raw.Channels) > maxChannelCount {
-			v.fail(path+".channels", "has %d channels, at most %d are allowed", len(raw.Channels), maxChannelCount)
-		}
-		for i, c := range raw.Channels {
-			if !channelRef.MatchString(c) {
-				v.fail(fmt.Sprintf("%s.channels.%d", path, i), "%q is not alertmanager, dingtalk:<name> or slack:<name>", c)
-			}
-		}
+		v.checkRefs(path+".channels", raw.Channels)
 	}
 	if raw.Priority != "" {
 		if !priorities[raw.Priority] {

@@ -15,6 +15,7 @@ package policy
 
 import (
 	"fmt"
+	"maps"
 	"sort"
 	"time"
 
@@ -140,21 +141,29 @@ func (p Price) Cost(promptTokens, completionTokens, cachedTokens int64) float64 
 	return (float64(uncached)*p.Prompt + float64(cachedTokens)*p.Cached + float64(completionTokens)*p.Completion) / 1e6
 }
 
-// Channels defines the alerter's direct notification channels by name.
-type Channels struct {
-	DingTalk map[string]DingTalkChannel
-	Slack    map[string]SlackChannel
-}
+// Channels holds the alert channel definitions by kind, then by name:
+// channels.<kind>.<name> in the file, which tenants reference as
+// <kind>:<name> (dingtalk:ops). The policy knows no kinds: which kinds
+// exist and what their settings mean is the alerter's business (see
+// WithChannelCheck), so a new kind needs no change here.
+type Channels map[string]map[string]ChannelSettings
 
-// DingTalkChannel is a DingTalk custom robot.
-type DingTalkChannel struct {
-	Webhook string
-	Secret  string
-}
+// ChannelSettings are one channel's settings as the file spells them, for
+// example webhook and secret. Values are strings; a kind that wants a list
+// or a number parses it.
+type ChannelSettings map[string]string
 
-// SlackChannel is a Slack incoming webhook.
-type SlackChannel struct {
-	Webhook string
+// clone returns a deep copy, so that no caller can change an immutable
+// Policy through the maps it was handed.
+func (c Channels) clone() Channels {
+	out := make(Channels, len(c))
+	for kind, defs := range c {
+		out[kind] = make(map[string]ChannelSettings, len(defs))
+		for name, s := range defs {
+			out[kind][name] = maps.Clone(s)
+		}
+	}
+	return out
 }
 
 // Source names the file the policy came from.
@@ -182,8 +191,9 @@ func (p *Policy) TenantIDs() []string {
 	return ids
 }
 
-// Channels returns the direct notification channel definitions.
-func (p *Policy) Channels() Channels { return p.channels }
+// Channels returns the alert channel definitions, a copy the caller may
+// keep or change.
+func (p *Policy) Channels() Channels { return p.channels.clone() }
 
 // Price returns the price of model in force at time at: the latest entry
 // whose EffectiveFrom is not after at.

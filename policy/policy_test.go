@@ -220,3 +220,55 @@ func TestFollowAppliesEachReload(t *testing.T) {
 		t.Fatalf("Follow returned %v after cancel", err)
 	}
 }
+
+func TestChannelDefinitionsAreKindAgnosticAndCheckedByTheCaller(t *testing.T) {
+	src := `defaults:
+  channels: [alertmanager, feishu:ops, dingtalk:ops]
+channels:
+  feishu:
+    ops: {webhook: "https://open.feishu.example/hook/x", secret: 42}
+  dingtalk:
+    ops:
+      webhook: "not a url"
+`
+	// Without a check the definitions are stored as written: a service
+	// that sends no alerts need not know the kinds.
+	p, err := Parse([]byte(src), "ch.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	chans := p.Channels()
+	if chans["feishu"]["ops"]["secret"] != "42" || chans["dingtalk"]["ops"]["webhook"] != "not a url" {
+		t.Fatalf("channels %v", chans)
+	}
+	chans["feishu"]["ops"]["webhook"] = "changed"
+	if p.Channels()["feishu"]["ops"]["webhook"] == "changed" {
+		t.Fatal("Channels handed out the policy's own map")
+	}
+
+	// With one, its complaints name the file, the setting's line and field.
+	check := func(kind string, s ChannelSettings) error {
+		if kind == "feishu" {
+			return errors.New("unknown channel kind")
+		}
+		return errors.Join(&SettingError{Key: "webhook", Err: errors.New("is not an http(s) URL")})
+	}
+	_, err = Parse([]byte(src), "ch.yaml", WithChannelCheck(check))
+	for _, want := range []string{
+		"ch.yaml:5: channels.feishu.ops: unknown channel kind",
+		"ch.yaml:8: channels.dingtalk.ops.webhook: is not an http(s) URL",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+}
+
+func TestChannelKindNamesAreChecked(t *testing.T) {
+	_, err := Parse([]byte("channels:\n  Bad-Kind: {x: {webhook: y}}\n  alertmanager: {x: {}}\n"), "k.yaml")
+	for _, want := range []string{"k.yaml:2: channels.Bad-Kind", "k.yaml:3: channels.alertmanager"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+}

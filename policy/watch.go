@@ -25,6 +25,7 @@ type Watcher struct {
 	mu       sync.Mutex // serialises reloads; guards sum
 	sum      [32]byte
 	updates  chan *Policy
+	opts     []Option
 
 	lastErr atomic.Pointer[string]
 	// Reloads and Failures count reload attempts, for metrics.
@@ -33,19 +34,20 @@ type Watcher struct {
 
 // NewWatcher loads path once (failing if it is broken: a service must not
 // start without a policy) and returns a watcher that polls it every interval.
-func NewWatcher(path string, interval time.Duration, log *slog.Logger) (*Watcher, error) {
+// opts apply to every load, the first and each reload.
+func NewWatcher(path string, interval time.Duration, log *slog.Logger, opts ...Option) (*Watcher, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	p, err := Parse(data, path)
+	p, err := Parse(data, path, opts...)
 	if err != nil {
 		return nil, err
 	}
 	if interval <= 0 {
 		interval = 2 * time.Second
 	}
-	w := &Watcher{path: path, interval: interval, log: log, sum: sha256.Sum256(data), updates: make(chan *Policy, 1)}
+	w := &Watcher{path: path, interval: interval, log: log, sum: sha256.Sum256(data), updates: make(chan *Policy, 1), opts: opts}
 	w.cur.Store(p)
 	return w, nil
 }
@@ -130,7 +132,7 @@ func (w *Watcher) Reload() bool {
 		return false
 	}
 	w.Reloads.Add(1)
-	p, err := Parse(data, w.path)
+	p, err := Parse(data, w.path, w.opts...)
 	if err != nil {
 		w.sum = sum // do not re-log the same broken content every poll
 		w.failed(err.Error())

@@ -20,11 +20,10 @@ import (
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/alerter/alertmanager"
-	"github.com/sluicehq/sluice/services/alerter/dingtalk"
+	"github.com/sluicehq/sluice/services/alerter/channel"
 	"github.com/sluicehq/sluice/services/alerter/engine"
 	"github.com/sluicehq/sluice/services/alerter/message"
 	"github.com/sluicehq/sluice/services/alerter/notify"
-	"github.com/sluicehq/sluice/services/alerter/slack"
 )
 
 // Run consumes signals and notifies until ctx is cancelled, then stops
@@ -36,7 +35,10 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	var watcher *policy.Watcher
 	if cfg.PolicyFile != "" {
 		var err error
-		if watcher, err = policy.NewWatcher(cfg.PolicyFile, cfg.PolicyReload, env.Logger); err != nil {
+		// The channel kinds check the policy's channel definitions, so a
+		// bad one fails the load (or keeps the previous policy on reload).
+		if watcher, err = policy.NewWatcher(cfg.PolicyFile, cfg.PolicyReload, env.Logger,
+			policy.WithChannelCheck(channelKinds.Check)); err != nil {
 			return fmt.Errorf("alerter.policy_file: %w", err)
 		}
 	}
@@ -183,44 +185,34 @@ func newPipeline(cfg Config, env platform.Env, watcher *policy.Watcher) (*pipeli
 	return p, nil
 }
 
-// syncChannels creates or updates a sender for every DingTalk robot and
-// Slack webhook the alerter config and the policy define (the policy wins
-// on a name clash).
+// syncChannels creates or updates a sender for every direct channel the
+// alerter config and the policy define (the policy wins on a name clash).
 func (p *pipeline) syncChannels(pol *policy.Policy) error {
-	ding := map[string]DingTalkDef{}
-	sl := map[string]SlackDef{}
-	for n, d := range p.cfg.Channels.DingTalk {
-		ding[n] = d
-	}
-	for n, d := range p.cfg.Channels.Slack {
-		sl[n] = d
-	}
+	defs := p.cfg.Channels
 	if pol != nil {
-		chans := pol.Channels()
-		for n, d := range chans.DingTalk {
-			ding[n] = DingTalkDef{Webhook: d.Webhook, Secret: d.Secret}
-		}
-		for n, d := range chans.Slack {
-			sl[n] = SlackDef{Webhook: d.Webhook}
+		defs = pol.Channels()
+		for kind, named := range p.cfg.Channels {
+			if defs[kind] == nil {
+				defs[kind] = map[string]policy.ChannelSettings{}
+			}
+			for name, s := range named {
+				if _, clash := defs[kind][name]; !clash {
+					defs[kind][name] = s
+				}
+			}
 		}
 	}
+	deps := channel.Deps{Render: p.render, Client: p.client}
 	var errs []error
-	for n, d := range ding {
-		s, err := dingtalk.New(d.Webhook, d.Secret, p.render, p.client)
-		if err == nil {
-			err = p.dispatch.Set("dingtalk:"+n, s, p.cfg.DingTalk)
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("channels.dingtalk.%s: %w", n, err))
-		}
-	}
-	for n, d := range sl {
-		s, err := slack.New(d.Webhook, p.render, p.client)
-		if err == nil {
-			err = p.dispatch.Set("slack:"+n, s, p.cfg.Slack)
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("channels.slack.%s: %w", n, err))
+	for kind, named := range defs {
+		for name, settings := range named {
+			s, err := channelKinds.New(kind, settings, deps)
+			if err == nil {
+				err = p.dispatch.Set(kind+":"+name, s, p.cfg.delivery(kind))
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("channels.%s.%s: %w", kind, name, err))
+			}
 		}
 	}
 	return errors.Join(errs...)

@@ -28,6 +28,7 @@ import (
 	"github.com/sluicehq/sluice/platform/ops"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/alerter/notify"
 )
 
 const robotSecret = "SECtest0123456789"
@@ -149,8 +150,9 @@ channels:
 	cfg.Alertmanager.URL = itest.Alertmanager(t)
 	// Retries in milliseconds, so that the retry tests stay fast.
 	fast := func(c *Config) {
-		c.DingTalk.InitialBackoff, c.DingTalk.MaxBackoff = 10*time.Millisecond, 50*time.Millisecond
-		c.Slack.InitialBackoff, c.Slack.MaxBackoff = 10*time.Millisecond, 50*time.Millisecond
+		// Only the back-off: the kinds' other delivery defaults stay.
+		retry := notify.ChannelConfig{InitialBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}
+		c.Delivery = map[string]notify.ChannelConfig{"dingtalk": retry, "slack": retry}
 		c.Alertmanager.Delivery.InitialBackoff, c.Alertmanager.Delivery.MaxBackoff = 10*time.Millisecond, 50*time.Millisecond
 	}
 	fast(&cfg)

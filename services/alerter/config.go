@@ -3,7 +3,7 @@ package alerter
 import (
 	"errors"
 	"fmt"
-	"net/url"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -47,13 +47,20 @@ type Config struct {
 
 	Rules engine.Config `yaml:"rules"`
 
-	Alertmanager AlertmanagerConfig   `yaml:"alertmanager"`
-	DingTalk     notify.ChannelConfig `yaml:"dingtalk" help:"delivery settings of every DingTalk robot"`
-	Slack        notify.ChannelConfig `yaml:"slack" help:"delivery settings of every Slack webhook"`
+	Alertmanager AlertmanagerConfig `yaml:"alertmanager"`
 
-	// Channels defines DingTalk robots and Slack webhooks for setups
-	// without a policy file; the policy's definitions win on a name clash.
-	Channels ChannelDefs `yaml:"channels"`
+	// Delivery tunes the direct channels of each kind, by kind name
+	// (delivery: {slack: {rate_per_minute: 30}}). A setting left out, or
+	// 0, keeps the kind's default, which suits its receiver: DingTalk
+	// robots accept 20 messages a minute, Slack webhooks about one a
+	// second.
+	Delivery map[string]notify.ChannelConfig `yaml:"delivery"`
+
+	// Channels defines direct channels by kind and name, in the policy's
+	// shape (channels: {slack: {noc: {webhook: …}}}), for setups without a
+	// policy file or for operator channels; the policy's definitions win on
+	// a name clash.
+	Channels policy.Channels `yaml:"channels"`
 
 	// Tenants holds per-tenant alerter settings the policy does not carry:
 	// language, quiet hours and silences.
@@ -69,23 +76,6 @@ type AlertmanagerConfig struct {
 	// firing forever.
 	Hold     time.Duration        `yaml:"hold" help:"endsAt of firing alerts lies this far ahead (several resend intervals)"`
 	Delivery notify.ChannelConfig `yaml:"delivery"`
-}
-
-// ChannelDefs names direct channels.
-type ChannelDefs struct {
-	DingTalk map[string]DingTalkDef `yaml:"dingtalk"`
-	Slack    map[string]SlackDef    `yaml:"slack"`
-}
-
-// DingTalkDef is a DingTalk custom robot.
-type DingTalkDef struct {
-	Webhook string `yaml:"webhook"`
-	Secret  string `yaml:"secret"`
-}
-
-// SlackDef is a Slack incoming webhook.
-type SlackDef struct {
-	Webhook string `yaml:"webhook"`
 }
 
 // TenantConfig is one tenant's alerter settings.
@@ -119,9 +109,6 @@ type SilenceConfig struct {
 // DefaultConfig returns the defaults: group sluice-alerter, English, 1s
 // ticks, Alertmanager off until alertmanager.url is set.
 func DefaultConfig() Config {
-	dt := notify.DefaultChannelConfig()
-	sl := notify.DefaultChannelConfig()
-	sl.RatePerMinute, sl.Burst = 60, 3 // Slack: about one message a second per webhook
 	am := notify.DefaultChannelConfig()
 	am.RatePerMinute, am.Burst = 600, 20
 	return Config{
@@ -135,8 +122,6 @@ func DefaultConfig() Config {
 		ShutdownDrain:   10 * time.Second,
 		Rules:           engine.DefaultConfig(),
 		Alertmanager:    AlertmanagerConfig{Hold: 5 * time.Minute, Delivery: am},
-		DingTalk:        dt,
-		Slack:           sl,
 	}
 }
 
@@ -169,35 +154,32 @@ func (c Config) Validate() error {
 		add("alerter.rules: %w", err)
 	}
 	for _, ch := range append(slices.Clone(c.DefaultChannels), c.OperatorChannels...) {
-		if err := checkChannelName(ch); err != nil {
+		if err := channelKinds.CheckRef(ch); err != nil {
 			add("alerter.default_channels/operator_channels: %w", err)
 		}
 	}
 	if c.Alertmanager.URL != "" {
-		if u, err := url.Parse(c.Alertmanager.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			add("alerter.alertmanager.url: %q is not an http(s) URL", c.Alertmanager.URL)
+		if _, err := notify.ParseURL(c.Alertmanager.URL); err != nil {
+			add("alerter.alertmanager.url: %w", err)
 		}
 		if c.Alertmanager.Hold < 2*c.Rules.ResendInterval {
 			add("alerter.alertmanager.hold: %v must be at least twice rules.resend_interval (%v), or alerts flap between re-sends", c.Alertmanager.Hold, c.Rules.ResendInterval)
 		}
 	}
-	for _, v := range []struct {
-		name string
-		cfg  notify.ChannelConfig
-	}{{"alerter.alertmanager.delivery", c.Alertmanager.Delivery}, {"alerter.dingtalk", c.DingTalk}, {"alerter.slack", c.Slack}} {
-		if err := v.cfg.Validate(v.name); err != nil {
+	if err := c.Alertmanager.Delivery.Validate("alerter.alertmanager.delivery"); err != nil {
+		errs = append(errs, err)
+	}
+	for _, kind := range slices.Sorted(maps.Keys(c.Delivery)) {
+		if _, ok := channelKinds.Kind(kind); !ok {
+			add("alerter.delivery.%s: unknown channel kind; the alerter knows %s", kind, strings.Join(channelKinds.Names(), ", "))
+			continue
+		}
+		if err := c.delivery(kind).Validate("alerter.delivery." + kind); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	for name, d := range c.Channels.DingTalk {
-		if err := checkWebhook(d.Webhook); err != nil {
-			add("alerter.channels.dingtalk.%s.webhook: %w", name, err)
-		}
-	}
-	for name, d := range c.Channels.Slack {
-		if err := checkWebhook(d.Webhook); err != nil {
-			add("alerter.channels.slack.%s.webhook: %w", name, err)
-		}
+	for _, pr := range policy.CheckChannels(c.Channels, channelKinds.Check) {
+		add("alerter.%s: %s", pr.Field, pr.Msg)
 	}
 	for id, t := range c.Tenants {
 		if _, err := t.route(id, nil); err != nil {
@@ -207,23 +189,14 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-func checkChannelName(ch string) error {
-	kind, name, _ := strings.Cut(ch, ":")
-	switch {
-	case ch == engine.AlertmanagerChannel:
-	case (kind == "dingtalk" || kind == "slack") && name != "":
-	default:
-		return fmt.Errorf("%q is not a channel; use alertmanager, dingtalk:<name> or slack:<name>", ch)
+// delivery returns the delivery settings of the channels of kind: the
+// kind's defaults under what alerter.delivery.<kind> sets.
+func (c Config) delivery(kind string) notify.ChannelConfig {
+	k, ok := channelKinds.Kind(kind)
+	if !ok {
+		return c.Delivery[kind]
 	}
-	return nil
-}
-
-func checkWebhook(s string) error {
-	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("%q is not an http(s) URL", s)
-	}
-	return nil
+	return c.Delivery[kind].Or(k.Delivery())
 }
 
 // route turns t into the engine's per-tenant settings; loc is the policy's

@@ -1,11 +1,17 @@
 package alerter
 
 import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/platform/config"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/services/alerter/alert"
+	"github.com/sluicehq/sluice/services/alerter/notify"
 )
 
 func TestExampleConfigLoads(t *testing.T) {
@@ -14,7 +20,7 @@ func TestExampleConfigLoads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Rules.PendingFor != 5*time.Minute || cfg.Language != "zh" || cfg.Slack.RatePerMinute != 60 || cfg.Alertmanager.URL == "" {
+	if cfg.Rules.PendingFor != 5*time.Minute || cfg.Language != "zh" || cfg.delivery("slack").RatePerMinute != 60 || cfg.delivery("slack").Burst != 3 || cfg.delivery("slack").MaxAttempts != 8 || cfg.Alertmanager.URL == "" {
 		t.Fatalf("loaded %+v", cfg)
 	}
 	r, err := cfg.Tenants["acme"].route("acme", time.UTC)
@@ -24,5 +30,41 @@ func TestExampleConfigLoads(t *testing.T) {
 	if r.QuietHours == nil || r.QuietHours.Start != 22*60 || r.QuietHours.End != 8*60 || r.QuietHours.Allow != alert.SeverityCritical ||
 		len(r.Silences) != 1 || r.Silences[0].Model != "gpt-4o" {
 		t.Fatalf("route %+v", r)
+	}
+}
+
+func TestChannelDefinitionsAndDeliveryAreCheckedByKind(t *testing.T) {
+	c := DefaultConfig()
+	c.Channels = policy.Channels{
+		"slack":    {"noc": {"webhook": "hooks.slack.com/x"}},
+		"dingtalk": {"ops": {"webhook": "https://oapi.dingtalk.com/robot/send?access_token=x", "secrte": "SEC"}},
+		"pager":    {"x": {}},
+	}
+	c.Delivery = map[string]notify.ChannelConfig{"slack": {Burst: -1}, "teams": {}}
+	err := c.Validate()
+	for _, want := range []string{
+		`alerter.channels.slack.noc.webhook: "hooks.slack.com/x" is not an http(s) URL`,
+		"alerter.channels.dingtalk.ops.secrte: unknown setting; this kind takes webhook, secret",
+		`alerter.channels.pager.x: unknown channel kind "pager"; the alerter knows dingtalk, slack`,
+		"alerter.delivery.slack.burst: -1 must be at least 1",
+		"alerter.delivery.teams: unknown channel kind",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not say %q:\n%v", want, err)
+		}
+	}
+}
+
+func TestThePolicyIsLoadedWithTheChannelKindsChecks(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	body := "channels:\n  dingtalk:\n    ops:\n      webhook: oapi.dingtalk.com/robot\n"
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.PolicyFile = path
+	err := Run(context.Background(), cfg, testEnv())
+	if err == nil || !strings.Contains(err.Error(), "policy.yaml:4: channels.dingtalk.ops.webhook") {
+		t.Fatalf("Run = %v, want the bad webhook named with its line", err)
 	}
 }

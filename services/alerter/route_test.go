@@ -30,7 +30,7 @@ tenants:
 	}
 	cfg := DefaultConfig()
 	cfg.OperatorChannels = []string{"slack:noc"}
-	cfg.Channels.Slack = map[string]SlackDef{"noc": {Webhook: "https://hooks.example/noc"}}
+	cfg.Channels = policy.Channels{"slack": {"noc": {"webhook": "https://hooks.example/noc"}}}
 	cfg.Tenants = map[string]TenantConfig{"acme": {Language: "zh"}}
 	p, err := newPipeline(cfg, testEnv(), w)
 	if err != nil {

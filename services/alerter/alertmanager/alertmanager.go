@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -37,9 +36,8 @@ type Sender struct {
 // http://127.0.0.1:9093). hold is how long Alertmanager keeps a firing
 // alert that is not re-sent; make it several re-send intervals.
 func New(baseURL string, hold time.Duration, render *message.Renderer, client *http.Client) (*Sender, error) {
-	u, err := url.Parse(baseURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("alertmanager.url: %q is not an http(s) URL", baseURL)
+	if _, err := notify.ParseURL(baseURL); err != nil {
+		return nil, fmt.Errorf("alertmanager.url: %w", err)
 	}
 	if client == nil {
 		client = http.DefaultClient

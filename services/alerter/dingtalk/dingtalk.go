@@ -41,9 +41,9 @@ type Sender struct {
 // New returns a sender to the robot at webhook (its URL with the
 // access_token), signing with secret when it is not empty.
 func New(webhook, secret string, render *message.Renderer, client *http.Client) (*Sender, error) {
-	u, err := url.Parse(webhook)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("webhook: %q is not an http(s) URL", webhook)
+	u, err := notify.ParseURL(webhook)
+	if err != nil {
+		return nil, fmt.Errorf("webhook: %w", err)
 	}
 	if client == nil {
 		client = http.DefaultClient

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/alerter/alert"
 )
@@ -27,7 +28,7 @@ import (
 // AlertmanagerChannel is the channel name of Alertmanager. It gets every
 // alert individually (Alertmanager groups by itself), periodic re-sends of
 // firing alerts, and the superseded label sets of escalations.
-const AlertmanagerChannel = "alertmanager"
+const AlertmanagerChannel = policy.AlertmanagerChannel
 
 // Output receives the engine's messages. Deliver is called with the
 // engine's lock held, so it must not block: the notify package's Dispatcher

@@ -7,9 +7,22 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 )
+
+// ParseURL parses the URL of an HTTP receiver (a webhook, Alertmanager)
+// and accepts only an absolute http or https URL with a host: anything else
+// would fail on every send, so it is refused when the channel is defined.
+// It is the one URL check of the alerter; the error quotes the value.
+func ParseURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("%q is not an http(s) URL (for example https://host/path)", raw)
+	}
+	return u, nil
+}
 
 // PostJSON marshals payload and POSTs it to url with contentType, the one
 // delivery step every receiver shares. It returns the start of the answer's

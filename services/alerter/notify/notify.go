@@ -6,6 +6,7 @@
 package notify
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -76,6 +77,21 @@ type ChannelConfig struct {
 func DefaultChannelConfig() ChannelConfig {
 	return ChannelConfig{QueueSize: 1000, RatePerMinute: 20, Burst: 5, MaxAttempts: 5,
 		InitialBackoff: time.Second, MaxBackoff: 30 * time.Second, Timeout: 10 * time.Second}
+}
+
+// Or returns c with every field left at zero taken from def, so that a
+// configuration may set one field of a channel kind's defaults. No field
+// has a meaningful zero: every one must be positive.
+func (c ChannelConfig) Or(def ChannelConfig) ChannelConfig {
+	return ChannelConfig{
+		QueueSize:      cmp.Or(c.QueueSize, def.QueueSize),
+		RatePerMinute:  cmp.Or(c.RatePerMinute, def.RatePerMinute),
+		Burst:          cmp.Or(c.Burst, def.Burst),
+		MaxAttempts:    cmp.Or(c.MaxAttempts, def.MaxAttempts),
+		InitialBackoff: cmp.Or(c.InitialBackoff, def.InitialBackoff),
+		MaxBackoff:     cmp.Or(c.MaxBackoff, def.MaxBackoff),
+		Timeout:        cmp.Or(c.Timeout, def.Timeout),
+	}
 }
 
 // Validate checks every field; prefix names the configuration section.

@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strings"
 
 	"github.com/sluicehq/sluice/services/alerter/alert"
@@ -34,9 +33,8 @@ type Sender struct {
 
 // New returns a sender to webhook.
 func New(webhook string, render *message.Renderer, client *http.Client) (*Sender, error) {
-	u, err := url.Parse(webhook)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("webhook: %q is not an http(s) URL", webhook)
+	if _, err := notify.ParseURL(webhook); err != nil {
+		return nil, fmt.Errorf("webhook: %w", err)
 	}
 	if client == nil {
 		client = http.DefaultClient

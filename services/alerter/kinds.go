@@ -1,0 +1,16 @@
+package alerter
+
+import (
+	"github.com/sluicehq/sluice/services/alerter/channel"
+	"github.com/sluicehq/sluice/services/alerter/dingtalk"
+	"github.com/sluicehq/sluice/services/alerter/slack"
+)
+
+// channelKinds are the direct channel kinds the alerter delivers to, the
+// one place a kind is registered: its package implements channel.Kind, and
+// this list makes the policy, the configuration and the dispatcher know it
+// (see README.md, "Adding a channel kind").
+var channelKinds = channel.MustRegistry(
+	dingtalk.Kind,
+	slack.Kind,
+)
