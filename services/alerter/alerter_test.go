@@ -184,19 +184,26 @@ func tierSignal(tenant string, prev, to int, at time.Time) *schemas.Signal {
 		Tier: to, PreviousTier: prev, Direction: dir, Used: float64(to) * 10000, Limit: 1000000, Unit: schemas.UnitTokens, Mode: schemas.ModeHard}
 }
 
-// amActive counts the Alertmanager alerts whose tenant label matches re.
-func amActive(t *testing.T, base, matcher string) int {
+// amAlert is the part of Alertmanager's gettableAlert the tests read.
+type amAlert struct {
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+}
+
+// amAlerts lists the active Alertmanager alerts that matcher selects
+// (a label matcher such as tenant="acme").
+func amAlerts(t *testing.T, base, matcher string) []amAlert {
 	t.Helper()
 	resp, err := http.Get(base + "/api/v2/alerts?filter=" + url.QueryEscape(matcher))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var out []json.RawMessage
+	var out []amAlert
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
 		t.Fatal(err)
 	}
-	return len(out)
+	return out
 }
 
 // sentinel fires an alert for a fresh tenant and waits until both
@@ -257,7 +264,7 @@ func TestOscillatingTenantIsNotifiedOnceOnEveryChannel(t *testing.T) {
 	// channel has its own worker, so wait for what it holds.
 	am := itest.Alertmanager(t)
 	itest.Eventually(t, 30*time.Second, "the one firing alert in Alertmanager", func() bool {
-		return amActive(t, am, `tenant="`+tenant+`"`) == 1
+		return len(amAlerts(t, am, `tenant="`+tenant+`"`)) == 1
 	})
 }
 
@@ -309,7 +316,7 @@ func TestBurstOf500TenantsYieldsOneIncidentPerChannel(t *testing.T) {
 		}
 	}
 	am := itest.Alertmanager(t)
-	itest.Eventually(t, 30*time.Second, "500 alerts in Alertmanager", func() bool { return amActive(t, am, `tenant=~"`+prefix+`_.*"`) == 500 })
+	itest.Eventually(t, 30*time.Second, "500 alerts in Alertmanager", func() bool { return len(amAlerts(t, am, `tenant=~"`+prefix+`_.*"`)) == 500 })
 }
 
 func TestConfigValidateNamesFieldsAndLimits(t *testing.T) {

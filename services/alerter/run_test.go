@@ -2,9 +2,6 @@ package alerter
 
 import (
 	"context"
-	"encoding/json"
-	"net/http"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -80,23 +77,8 @@ func TestRunFromKafkaToAlertmanager(t *testing.T) {
 	produce([]byte(`{"not": "a signal"`))
 	produce(encode(tierSignal(tenant, 70, 90, now)))
 
-	type gettable struct {
-		Labels      map[string]string `json:"labels"`
-		Annotations map[string]string `json:"annotations"`
-	}
-	list := func() []gettable {
-		resp, err := http.Get(am + "/api/v2/alerts?filter=" + url.QueryEscape(`tenant="`+tenant+`"`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out []gettable
-		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
-	var got []gettable
+	list := func() []amAlert { return amAlerts(t, am, `tenant="`+tenant+`"`) }
+	var got []amAlert
 	itest.Eventually(t, 30*time.Second, "the alert in Alertmanager", func() bool { got = list(); return len(got) == 1 })
 	if got[0].Labels["severity"] != "warning" || got[0].Labels["tier"] != "90" || got[0].Labels["alertname"] != "SluiceQuotaTier" {
 		t.Errorf("labels %v", got[0].Labels)

@@ -10,8 +10,8 @@ import (
 
 // Route is where and how one tenant's alerts are delivered.
 type Route struct {
-	// Channels names the channels: "alertmanager", "dingtalk:<name>",
-	// "slack:<name>". Empty means the alert is tracked but sent nowhere.
+	// Channels names the channels: "alertmanager" or "<kind>:<name>"
+	// (dingtalk:ops). Empty means the alert is tracked but sent nowhere.
 	Channels []string
 	// Language is "en" or "zh".
 	Language string
