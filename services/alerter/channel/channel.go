@@ -17,7 +17,6 @@ import (
 	"maps"
 	"net/http"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/sluicehq/sluice/policy"
@@ -91,14 +90,7 @@ func MustRegistry(kinds ...Kind) *Registry {
 }
 
 // Names returns the registered kind names, sorted.
-func (r *Registry) Names() []string {
-	names := make([]string, 0, len(r.kinds))
-	for n := range r.kinds {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
+func (r *Registry) Names() []string { return slices.Sorted(maps.Keys(r.kinds)) }
 
 // Kind returns the kind called name.
 func (r *Registry) Kind(name string) (Kind, bool) {
