@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
 	"github.com/sluicehq/sluice/services/enforcer/internal/audit"
 	"github.com/sluicehq/sluice/services/enforcer/internal/breaker"
@@ -65,7 +66,7 @@ func TestAdminActionsAreAuditedAndEnforced(t *testing.T) {
 	ch := startChecker(t, rc, cfg.KeyPrefix, 10*time.Second)
 
 	const token = "s3cret-token"
-	api := admin.New(c.table, c.writer.MarkDirty, audit.New(conn), []admin.Token{{Name: "alice", SHA256: admin.HashToken(token)}}, cfg.FlagTTL, quietLog())
+	api := admin.New(c.table, c.writer.MarkDirty, audit.New(conn), []adminapi.Token{{Name: "alice", SHA256: adminapi.HashToken(token)}}, cfg.FlagTTL, quietLog())
 	srv := httptest.NewServer(api.Handler())
 	defer srv.Close()
 	base := srv.URL + "/admin/v1"
@@ -122,7 +123,7 @@ func TestAdminActionsAreAuditedAndEnforced(t *testing.T) {
 		t.Fatalf("%d audit rows, want %d: %+v", len(entries), len(steps), entries)
 	}
 	e := entries[1]
-	if e.Actor != "alice" || e.Action != admin.ActionBlacklist || e.Tenant != "acme" || e.APIKeyID != "key-7" ||
+	if e.Actor != "alice" || e.Action != string(adminapi.ActionBlacklist) || e.Tenant != "acme" || e.APIKeyID != "key-7" ||
 		e.Reason != "key leaked on github" || e.ExpiresAt.Sub(e.Time) != 24*time.Hour || e.RequestID == "" {
 		t.Fatalf("audit row: %+v", e)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
 	"github.com/sluicehq/sluice/services/enforcer/internal/audit"
 	"github.com/sluicehq/sluice/services/enforcer/internal/breaker"
@@ -175,7 +176,7 @@ func (c *core) recoverState(ctx context.Context, conn driver.Conn, now time.Time
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("recover quota_state: %w", err)
 	}
-	entries, err := audit.New(conn).Since(ctx, now.Add(-admin.MaxExpiry))
+	entries, err := audit.New(conn).Since(ctx, now.Add(-adminapi.MaxExpiry))
 	if err != nil {
 		return err
 	}

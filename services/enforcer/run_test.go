@@ -20,7 +20,7 @@ import (
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
+	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 )
 
 // The whole service: state recovered from ClickHouse on start, signals
@@ -62,7 +62,7 @@ func TestRunConsumesSignalsAndRecoversState(t *testing.T) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	cfg.Admin.Listen = ln.Addr().String()
 	ln.Close()
-	cfg.Admin.Tokens = []admin.Token{{Name: "ops", SHA256: admin.HashToken("tok")}}
+	cfg.Admin.Tokens = []adminapi.Token{{Name: "ops", SHA256: adminapi.HashToken("tok")}}
 	policyFile := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(policyFile, []byte(testPolicyYAML), 0o600); err != nil {
 		t.Fatal(err)
@@ -139,7 +139,7 @@ func TestConfigValidateNamesFieldAndLimit(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.FlushInterval = 0
 	cfg.BatchTenants = 0
-	cfg.Admin.Tokens = []admin.Token{{Name: "x", SHA256: "abc"}}
+	cfg.Admin.Tokens = []adminapi.Token{{Name: "x", SHA256: "abc"}}
 	err := cfg.Validate()
 	if err == nil {
 		t.Fatal("no error")
