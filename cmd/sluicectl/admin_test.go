@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/sluicehq/sluice/schemas"
@@ -71,14 +72,14 @@ func TestAdminListsThroughTheClient(t *testing.T) {
 }
 
 func TestAdminRefusesIncompleteChangesBeforeCalling(t *testing.T) {
-	called := false
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { called = true }))
+	var called atomic.Bool // the handler runs on the server's goroutine
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { called.Store(true) }))
 	defer srv.Close()
 	err := runAdminTo(context.Background(), []string{"blacklist", "-url", srv.URL, "-token", "tok", "-tenant", "acme"}, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "-reason") || !strings.Contains(err.Error(), "-expires") {
 		t.Fatalf("error %v", err)
 	}
-	if called {
+	if called.Load() {
 		t.Fatal("incomplete request was sent")
 	}
 }
