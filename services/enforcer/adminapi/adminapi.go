@@ -145,11 +145,14 @@ type Breaker struct {
 	Kind   flags.Kind `json:"kind"`
 	// Quota distinguishes the quota breakers of one scope; empty for other
 	// kinds.
-	Quota  string      `json:"quota,omitempty"`
-	State  flags.State `json:"state"`
-	Reason string      `json:"reason"`
+	Quota string `json:"quota,omitempty"`
+	// State is open, half_open, throttle or blacklist.
+	State flags.State `json:"state"`
+	// Reason says why the breaker opened, for humans.
+	Reason string `json:"reason"`
 	// Until is when the breaker leaves its state by itself.
-	Until    time.Time `json:"until"`
+	Until time.Time `json:"until"`
+	// OpenedAt is when the breaker last opened.
 	OpenedAt time.Time `json:"opened_at"`
 	// Period, Limit, Used and ResetsAt describe the quota that was hit.
 	Period   string    `json:"period,omitempty"`
@@ -166,23 +169,29 @@ type Breaker struct {
 
 // BreakersResponse answers GET PathBreakers.
 type BreakersResponse struct {
+	// Breakers are sorted by tenant, scope and kind; never null.
 	Breakers []Breaker `json:"breakers"`
 }
 
 // Override is one temporary quota limit of a tenant × model.
 type Override struct {
-	Tenant string  `json:"tenant"`
-	Model  string  `json:"model"`
-	Quota  string  `json:"quota"`
-	Limit  float64 `json:"limit"`
+	// Tenant, Model and Quota name the limit replaced; Model "*" is every
+	// model.
+	Tenant string `json:"tenant"`
+	Model  string `json:"model"`
+	Quota  string `json:"quota"`
+	// Limit replaces the policy's limit, in the quota's unit.
+	Limit float64 `json:"limit"`
 	// Until is when the policy's limit applies again.
-	Until  time.Time `json:"until"`
-	Reason string    `json:"reason"`
-	Actor  string    `json:"actor"`
+	Until time.Time `json:"until"`
+	// Reason and Actor are the why and who of the audit log.
+	Reason string `json:"reason"`
+	Actor  string `json:"actor"`
 }
 
 // OverridesResponse answers GET PathOverrides.
 type OverridesResponse struct {
+	// Overrides are never null.
 	Overrides []Override `json:"overrides"`
 }
 
@@ -191,7 +200,8 @@ type Flag struct {
 	Tenant string `json:"tenant"`
 	// Field is a model, "*" or flags.KeyField(apiKeyID).
 	Field string `json:"field"`
-	// The rest mirrors flags.Flag.
+	// The rest mirrors flags.Flag; RetryAfter is in nanoseconds, as
+	// time.Duration encodes.
 	State      flags.State   `json:"state"`
 	Kind       flags.Kind    `json:"kind"`
 	Quota      string        `json:"quota,omitempty"`
@@ -214,6 +224,7 @@ func FlagOf(tenant, field string, f *flags.Flag) Flag {
 
 // FlagsResponse answers GET PathFlags.
 type FlagsResponse struct {
+	// Flags are in no particular order; never null.
 	Flags []Flag `json:"flags"`
 }
 
