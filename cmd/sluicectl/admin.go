@@ -1,63 +1,79 @@
 package main
 
-// The admin command talks to the enforcer's admin API (/admin/v1): list
-// flags, breakers and overrides; trip and reset breakers; blacklist and
-// unblacklist tenants and API keys; set and clear temporary quota
-// overrides. Every change needs a reason and is audited by the enforcer.
+// The admin command talks to the enforcer's admin API (/admin/v1) through
+// its typed client: list flags, breakers and overrides; trip and reset
+// breakers; blacklist and unblacklist tenants and API keys; set and clear
+// temporary quota overrides. Every change needs a reason and is audited by
+// the enforcer.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 )
 
 func init() {
 	register("admin", "enforcer admin: flags, breakers, blacklists, overrides (audited)", runAdmin)
 }
 
-// adminAction is one `sluicectl admin <verb>`.
-type adminAction struct {
+// adminVerb is one `sluicectl admin <verb>`: a listing (list set) or an
+// action (action set).
+type adminVerb struct {
 	summary string
-	method  string
-	path    string
-	// fields lists the request fields the verb takes, besides the common
+	list    func(ctx context.Context, c *adminapi.Client, tenant string) (any, error)
+	action  adminapi.Action
+	// fields lists the request fields the action takes, besides the common
 	// tenant and reason; "expires" means -expires is required.
 	fields []string
 }
 
-var adminActions = map[string]adminAction{
-	"flags":       {"list the flags gateways see (-tenant filters)", http.MethodGet, "/admin/v1/flags", nil},
-	"breakers":    {"list open and half-open breakers (-tenant filters)", http.MethodGet, "/admin/v1/breakers", nil},
-	"overrides":   {"list temporary quota overrides (-tenant filters)", http.MethodGet, "/admin/v1/overrides", nil},
-	"trip":        {"open a manual breaker on a tenant (-model, -key)", http.MethodPost, "/admin/v1/breakers/trip", []string{"model", "key", "expires"}},
-	"reset":       {"close a tenant's breakers (-model, -key, -kind)", http.MethodPost, "/admin/v1/breakers/reset", []string{"model", "key", "kind"}},
-	"blacklist":   {"block a tenant or one of its API keys (-key)", http.MethodPost, "/admin/v1/blacklist/add", []string{"key", "expires"}},
-	"unblacklist": {"lift a blacklist (-key)", http.MethodPost, "/admin/v1/blacklist/remove", []string{"key"}},
-	"override":    {"set a temporary quota limit (-model, -quota, -limit; 0 stops spend)", http.MethodPost, "/admin/v1/overrides/set", []string{"model", "quota", "limit", "expires"}},
-	"unoverride":  {"clear a temporary quota limit (-model, -quota)", http.MethodPost, "/admin/v1/overrides/clear", []string{"model", "quota"}},
+var adminVerbs = map[string]adminVerb{
+	"flags": {summary: "list the flags gateways see (-tenant filters)",
+		list: func(ctx context.Context, c *adminapi.Client, tenant string) (any, error) {
+			fl, err := c.Flags(ctx, tenant)
+			return adminapi.FlagsResponse{Flags: fl}, err
+		}},
+	"breakers": {summary: "list open and half-open breakers (-tenant filters)",
+		list: func(ctx context.Context, c *adminapi.Client, tenant string) (any, error) {
+			bs, err := c.Breakers(ctx, tenant)
+			return adminapi.BreakersResponse{Breakers: bs}, err
+		}},
+	"overrides": {summary: "list temporary quota overrides (-tenant filters)",
+		list: func(ctx context.Context, c *adminapi.Client, tenant string) (any, error) {
+			ov, err := c.Overrides(ctx, tenant)
+			return adminapi.OverridesResponse{Overrides: ov}, err
+		}},
+	"trip":        {summary: "open a manual breaker on a tenant (-model, -key)", action: adminapi.ActionTrip, fields: []string{"model", "key", "expires"}},
+	"reset":       {summary: "close a tenant's breakers (-model, -key, -kind)", action: adminapi.ActionReset, fields: []string{"model", "key", "kind"}},
+	"blacklist":   {summary: "block a tenant or one of its API keys (-key)", action: adminapi.ActionBlacklist, fields: []string{"key", "expires"}},
+	"unblacklist": {summary: "lift a blacklist (-key)", action: adminapi.ActionUnblacklist, fields: []string{"key"}},
+	"override":    {summary: "set a temporary quota limit (-model, -quota, -limit; 0 stops spend)", action: adminapi.ActionSetOverride, fields: []string{"model", "quota", "limit", "expires"}},
+	"unoverride":  {summary: "clear a temporary quota limit (-model, -quota)", action: adminapi.ActionClearOverride, fields: []string{"model", "quota"}},
 }
 
 func adminUsage() string {
-	names := make([]string, 0, len(adminActions))
-	for n := range adminActions {
+	names := make([]string, 0, len(adminVerbs))
+	for n := range adminVerbs {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	var b strings.Builder
 	b.WriteString("usage: sluicectl admin <verb> [flags]\n\nverbs:\n")
 	for _, n := range names {
-		fmt.Fprintf(&b, "  %-12s %s\n", n, adminActions[n].summary)
+		fmt.Fprintf(&b, "  %-12s %s\n", n, adminVerbs[n].summary)
 	}
 	b.WriteString("\nThe enforcer's address and token come from -url/-token or SLUICE_ADMIN_URL/SLUICE_ADMIN_TOKEN.")
 	return b.String()
@@ -68,6 +84,16 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
+}
+
+// quotaNames lists the quota kinds for -quota's help, from the one table
+// of kinds.
+func quotaNames() string {
+	var names []string
+	for _, q := range schemas.QuotaKinds() {
+		names = append(names, string(q))
+	}
+	return strings.Join(names, ", ")
 }
 
 func runAdmin(ctx context.Context, args []string) error {
@@ -83,7 +109,7 @@ func runAdminTo(ctx context.Context, args []string, out io.Writer) error {
 		return flag.ErrHelp
 	}
 	verb := args[0]
-	act, ok := adminActions[verb]
+	v, ok := adminVerbs[verb]
 	if !ok {
 		return fmt.Errorf("admin: unknown verb %q\n\n%s", verb, adminUsage())
 	}
@@ -95,7 +121,7 @@ func runAdminTo(ctx context.Context, args []string, out io.Writer) error {
 	model := fs.String("model", "", `model ("*" or empty: every model)`)
 	key := fs.String("key", "", "API key id")
 	kind := fs.String("kind", "", "breaker kind to reset: quota, rate, error_ratio, slow_call, manual, blacklist")
-	quota := fs.String("quota", "", "quota: monthly_tokens, daily_tokens, hourly_tokens, tokens_per_minute, requests_per_minute, budget")
+	quota := fs.String("quota", "", "quota: "+quotaNames())
 	limit := fs.String("limit", "", "temporary limit (0 stops spend, e.g. a leaked key)")
 	expires := fs.String("expires", "", "how long the change lasts, e.g. 2h or 72h (at most 90 days), or an RFC 3339 time")
 	timeout := fs.Duration("timeout", 15*time.Second, "request timeout")
@@ -105,110 +131,87 @@ func runAdminTo(ctx context.Context, args []string, out io.Writer) error {
 	if *token == "" {
 		return errors.New("admin: -token (or SLUICE_ADMIN_TOKEN) is required")
 	}
-	u, err := url.Parse(strings.TrimRight(*base, "/") + act.path)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") {
-		return fmt.Errorf("admin: -url %q is not an http(s) URL", *base)
-	}
-	var body io.Reader
-	if act.method == http.MethodGet {
-		if *tenant != "" {
-			u.RawQuery = url.Values{"tenant": {*tenant}}.Encode()
-		}
-	} else {
-		req := map[string]any{"tenant": *tenant, "reason": *reason}
-		takes := func(f string) bool {
-			for _, x := range act.fields {
-				if x == f {
-					return true
-				}
-			}
-			return false
-		}
-		var problems []string
-		set := func(f, v, jsonName string) {
-			if v == "" {
-				return
-			}
-			if !takes(f) {
-				problems = append(problems, fmt.Sprintf("-%s: not used by %s", f, verb))
-				return
-			}
-			req[jsonName] = v
-		}
-		set("model", *model, "model")
-		set("key", *key, "api_key_id")
-		set("kind", *kind, "kind")
-		set("quota", *quota, "quota")
-		if *limit != "" {
-			n, err := strconv.ParseFloat(*limit, 64)
-			if err != nil || !takes("limit") {
-				problems = append(problems, fmt.Sprintf("-limit: %q is not a number for %s", *limit, verb))
-			} else {
-				req["limit"] = n
-			}
-		}
-		if *expires != "" {
-			switch {
-			case !takes("expires"):
-				problems = append(problems, "-expires: not used by "+verb)
-			case isRFC3339(*expires):
-				req["expires_at"] = *expires
-			default:
-				req["expires_in"] = *expires
-			}
-		} else if takes("expires") {
-			problems = append(problems, "-expires: required for "+verb+" (e.g. 2h)")
-		}
-		if *tenant == "" {
-			problems = append(problems, "-tenant: required")
-		}
-		if strings.TrimSpace(*reason) == "" {
-			problems = append(problems, "-reason: required (the audit log says why)")
-		}
-		if len(problems) > 0 {
-			return errors.New("admin " + verb + ": " + strings.Join(problems, "; "))
-		}
-		b, _ := json.Marshal(req)
-		body = bytes.NewReader(b)
+	client, err := adminapi.NewClient(*base, *token, nil)
+	if err != nil {
+		return fmt.Errorf("admin: -url/-token: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	hreq, err := http.NewRequestWithContext(ctx, act.method, u.String(), body)
+
+	var answer any
+	if v.list != nil {
+		answer, err = v.list(ctx, client, *tenant)
+	} else {
+		req, problems := adminRequest(v, verb, adminFlags{tenant: *tenant, reason: *reason, model: *model, key: *key,
+			kind: *kind, quota: *quota, limit: *limit, expires: *expires})
+		if len(problems) > 0 {
+			return errors.New("admin " + verb + ": " + strings.Join(problems, "; "))
+		}
+		answer, err = client.Do(ctx, v.action, req)
+	}
+	if err != nil {
+		return fmt.Errorf("admin %s: %w", verb, err)
+	}
+	b, err := json.MarshalIndent(answer, "", "  ")
 	if err != nil {
 		return err
 	}
-	hreq.Header.Set("Authorization", "Bearer "+*token)
-	if body != nil {
-		hreq.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := http.DefaultClient.Do(hreq)
-	if err != nil {
-		return fmt.Errorf("admin: %w", err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
-	if err != nil {
-		return fmt.Errorf("admin: reading the answer: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		var e struct {
-			Error struct{ Message string } `json:"error"`
-		}
-		if json.Unmarshal(raw, &e) == nil && e.Error.Message != "" {
-			return fmt.Errorf("admin %s: %s: %s", verb, resp.Status, e.Error.Message)
-		}
-		return fmt.Errorf("admin %s: %s", verb, resp.Status)
-	}
-	var pretty bytes.Buffer
-	if json.Indent(&pretty, raw, "", "  ") != nil {
-		pretty.Reset()
-		pretty.Write(raw)
-	}
-	_, err = out.Write(pretty.Bytes())
+	_, err = out.Write(append(b, '\n'))
 	return err
 }
 
-func isRFC3339(s string) bool {
-	_, err := time.Parse(time.RFC3339, s)
-	return err == nil
+// adminFlags are the command-line values an action's request is built from.
+type adminFlags struct {
+	tenant, reason, model, key, kind, quota, limit, expires string
+}
+
+// adminRequest builds v's request from f, listing every flag that is
+// missing or not used by verb, so that an incomplete change is refused
+// before anything is sent.
+func adminRequest(v adminVerb, verb string, f adminFlags) (adminapi.Request, []string) {
+	req := adminapi.Request{Tenant: f.tenant, Reason: f.reason}
+	takes := func(field string) bool { return slices.Contains(v.fields, field) }
+	var problems []string
+	set := func(field, val string, dst *string) {
+		if val == "" {
+			return
+		}
+		if !takes(field) {
+			problems = append(problems, fmt.Sprintf("-%s: not used by %s", field, verb))
+			return
+		}
+		*dst = val
+	}
+	var kind, quota string
+	set("model", f.model, &req.Model)
+	set("key", f.key, &req.APIKeyID)
+	set("kind", f.kind, &kind)
+	set("quota", f.quota, &quota)
+	req.Kind, req.Quota = flags.Kind(kind), schemas.QuotaKind(quota)
+	if f.limit != "" {
+		n, err := strconv.ParseFloat(f.limit, 64)
+		if err != nil || !takes("limit") {
+			problems = append(problems, fmt.Sprintf("-limit: %q is not a number for %s", f.limit, verb))
+		} else {
+			req.Limit = &n
+		}
+	}
+	if f.expires != "" {
+		if !takes("expires") {
+			problems = append(problems, "-expires: not used by "+verb)
+		} else if at, err := time.Parse(time.RFC3339, f.expires); err == nil {
+			req.ExpiresAt = at
+		} else {
+			req.ExpiresIn = f.expires
+		}
+	} else if takes("expires") {
+		problems = append(problems, "-expires: required for "+verb+" (e.g. 2h)")
+	}
+	if f.tenant == "" {
+		problems = append(problems, "-tenant: required")
+	}
+	if strings.TrimSpace(f.reason) == "" {
+		problems = append(problems, "-reason: required (the audit log says why)")
+	}
+	return req, problems
 }

@@ -8,17 +8,26 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
+
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 )
 
+// The server side of these tests decodes into the API's own types, strictly,
+// so a flag that stops reaching its field fails here; the client against
+// the enforcer's real handler is tested in services/enforcer/adminapi.
 func TestAdminSendsAuthenticatedActionAndPrintsAnswer(t *testing.T) {
-	var got map[string]any
+	var got adminapi.Request
 	var path, auth string
+	var decodeErr error
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		path, auth = r.URL.Path, r.Header.Get("Authorization")
-		b, _ := io.ReadAll(r.Body)
-		_ = json.Unmarshal(b, &got)
-		w.Write([]byte(`{"request_id":"r1","changed":true}`))
+		dec := json.NewDecoder(r.Body)
+		dec.DisallowUnknownFields()
+		decodeErr = dec.Decode(&got)
+		_ = json.NewEncoder(w).Encode(adminapi.ActionResponse{RequestID: "r1", Action: adminapi.ActionSetOverride, Changed: true})
 	}))
 	defer srv.Close()
 	var out bytes.Buffer
@@ -27,29 +36,50 @@ func TestAdminSendsAuthenticatedActionAndPrintsAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if path != "/admin/v1/overrides/set" || auth != "Bearer tok" {
+	if decodeErr != nil {
+		t.Fatalf("request body: %v", decodeErr)
+	}
+	if path != adminapi.ActionSetOverride.Path() || auth != "Bearer tok" {
 		t.Fatalf("path %q auth %q", path, auth)
 	}
-	want := map[string]any{"tenant": "acme", "model": "gpt-4o", "quota": "daily_tokens", "limit": 0.0, "expires_in": "2h", "reason": "leaked key"}
-	for k, v := range want {
-		if got[k] != v {
-			t.Errorf("%s = %v, want %v (request %v)", k, got[k], v, got)
-		}
+	if got.Tenant != "acme" || got.Model != "gpt-4o" || got.Quota != schemas.QuotaDailyTokens || got.Limit == nil ||
+		*got.Limit != 0 || got.ExpiresIn != "2h" || got.Reason != "leaked key" {
+		t.Fatalf("request %+v", got)
 	}
 	if !strings.Contains(out.String(), `"request_id": "r1"`) {
 		t.Fatalf("output %q", out.String())
 	}
 }
 
+func TestAdminListsThroughTheClient(t *testing.T) {
+	var path, query string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		path, query = r.URL.Path, r.URL.RawQuery
+		_ = json.NewEncoder(w).Encode(adminapi.BreakersResponse{Breakers: []adminapi.Breaker{{Tenant: "acme", Scope: "*", Kind: "manual"}}})
+	}))
+	defer srv.Close()
+	var out bytes.Buffer
+	if err := runAdminTo(context.Background(), []string{"breakers", "-url", srv.URL, "-token", "tok", "-tenant", "acme"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if path != adminapi.PathBreakers || query != "tenant=acme" {
+		t.Fatalf("path %q query %q", path, query)
+	}
+	var back adminapi.BreakersResponse
+	if err := json.Unmarshal(out.Bytes(), &back); err != nil || len(back.Breakers) != 1 || back.Breakers[0].Tenant != "acme" {
+		t.Fatalf("output %q: %v", out.String(), err)
+	}
+}
+
 func TestAdminRefusesIncompleteChangesBeforeCalling(t *testing.T) {
-	called := false
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { called = true }))
+	var called atomic.Bool // the handler runs on the server's goroutine
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { called.Store(true) }))
 	defer srv.Close()
 	err := runAdminTo(context.Background(), []string{"blacklist", "-url", srv.URL, "-token", "tok", "-tenant", "acme"}, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "-reason") || !strings.Contains(err.Error(), "-expires") {
 		t.Fatalf("error %v", err)
 	}
-	if called {
+	if called.Load() {
 		t.Fatal("incomplete request was sent")
 	}
 }
@@ -57,11 +87,11 @@ func TestAdminRefusesIncompleteChangesBeforeCalling(t *testing.T) {
 func TestAdminReportsTheServersError(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusBadRequest)
-		w.Write([]byte(`{"error":{"message":"expires_at: beyond the limit of 90 days ahead"}}`))
+		_ = json.NewEncoder(w).Encode(adminapi.ErrorResponse{Error: adminapi.ErrorBody{Message: "expires_at: beyond the limit of 90 days ahead"}})
 	}))
 	defer srv.Close()
 	err := runAdminTo(context.Background(), []string{"trip", "-url", srv.URL, "-token", "tok", "-tenant", "acme", "-reason", "x", "-expires", "9999h"}, io.Discard)
-	if err == nil || !strings.Contains(err.Error(), "90 days") {
+	if err == nil || !strings.Contains(err.Error(), "90 days") || !strings.Contains(err.Error(), "400") {
 		t.Fatalf("error %v", err)
 	}
 }

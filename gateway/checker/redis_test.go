@@ -45,11 +45,10 @@ func (e *fakeEnforcer) set(t testing.TB, tenant string, fl map[string]*flags.Fla
 	}
 }
 
-func (e *fakeEnforcer) beat(t testing.TB) {
-	t.Helper()
-	if err := e.rdb.Set(context.Background(), e.keys.HeartbeatKey(), time.Now().UnixMilli(), 3*time.Second).Err(); err != nil {
-		t.Fatal(err)
-	}
+// beat sets the heartbeat. It returns the error rather than failing the
+// test, because the heartbeat goroutine below must not call t.Fatal.
+func (e *fakeEnforcer) beat() error {
+	return e.rdb.Set(context.Background(), e.keys.HeartbeatKey(), time.Now().UnixMilli(), 3*time.Second).Err()
 }
 
 func cleanup(t testing.TB, rdb *redis.Client, prefix string) {
@@ -60,17 +59,6 @@ func cleanup(t testing.TB, rdb *redis.Client, prefix string) {
 			rdb.Del(ctx, iter.Val())
 		}
 	})
-}
-
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func TestFollowsRedisResyncsAndFailsPerTenantWhenCut(t *testing.T) {
@@ -84,7 +72,9 @@ func TestFollowsRedisResyncsAndFailsPerTenantWhenCut(t *testing.T) {
 	// A flag that exists before the Checker starts must be found by the
 	// initial resync.
 	enf.set(t, "early", map[string]*flags.Flag{"*": {State: flags.StateOpen, Kind: flags.KindManual, Until: until}})
-	enf.beat(t)
+	if err := enf.beat(); err != nil {
+		t.Fatal(err)
+	}
 	direct.HSet(context.Background(), enf.keys.FailModeKey(), "strict", "closed", "*", "open")
 
 	proxy := itest.NewProxy(t, rcfg.Addr)
@@ -104,14 +94,14 @@ func TestFollowsRedisResyncsAndFailsPerTenantWhenCut(t *testing.T) {
 	go func() { defer close(done); _ = c.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 
-	waitFor(t, "initial resync", c.Synced)
+	itest.Eventually(t, 30*time.Second, "initial resync", c.Synced)
 	if d := c.Check("early", "m", ""); d.Allowed() {
 		t.Fatal("flag written before start not loaded")
 	}
 	enf.set(t, "acme", map[string]*flags.Flag{"gpt-4o": {State: flags.StateOpen, Kind: flags.KindQuota, Quota: "daily_tokens", Until: until}})
-	waitFor(t, "announced flag", func() bool { return !c.Check("acme", "gpt-4o", "").Allowed() })
+	itest.Eventually(t, 30*time.Second, "announced flag", func() bool { return !c.Check("acme", "gpt-4o", "").Allowed() })
 	enf.set(t, "acme", nil)
-	waitFor(t, "cleared flag", func() bool { return c.Check("acme", "gpt-4o", "").Allowed() })
+	itest.Eventually(t, 30*time.Second, "cleared flag", func() bool { return c.Check("acme", "gpt-4o", "").Allowed() })
 
 	// Keep the heartbeat going while connected so the view stays fresh.
 	stopBeat := make(chan struct{})
@@ -123,17 +113,20 @@ func TestFollowsRedisResyncsAndFailsPerTenantWhenCut(t *testing.T) {
 			case <-stopBeat:
 				return
 			case <-time.After(50 * time.Millisecond):
-				enf.beat(t)
+				if err := enf.beat(); err != nil {
+					t.Errorf("heartbeat: %v", err)
+					return
+				}
 			}
 		}
 	}()
-	waitFor(t, "fresh view", func() bool { return !c.Stale() })
+	itest.Eventually(t, 30*time.Second, "fresh view", func() bool { return !c.Stale() })
 	if d := c.Check("strict", "m", ""); !d.Allowed() {
 		t.Fatalf("fresh view refused: %+v", d)
 	}
 
 	proxy.Cut()
-	waitFor(t, "stale view after redis cut", c.Stale)
+	itest.Eventually(t, 30*time.Second, "stale view after redis cut", c.Stale)
 	if d := c.Check("strict", "m", ""); d.Outcome != RefusedStale {
 		t.Fatalf("fail-closed tenant on a stale view: %+v", d)
 	}
@@ -145,9 +138,9 @@ func TestFollowsRedisResyncsAndFailsPerTenantWhenCut(t *testing.T) {
 	enf.set(t, "during-cut", map[string]*flags.Flag{"*": {State: flags.StateBlacklist, Kind: flags.KindBlacklist, Until: until}})
 	resyncs := c.Resyncs()
 	proxy.Restore()
-	waitFor(t, "resync after reconnect", func() bool { return c.Resyncs() > resyncs })
-	waitFor(t, "change made during the cut", func() bool { return !c.Check("during-cut", "m", "").Allowed() })
-	waitFor(t, "fresh again", func() bool { return !c.Stale() })
+	itest.Eventually(t, 30*time.Second, "resync after reconnect", func() bool { return c.Resyncs() > resyncs })
+	itest.Eventually(t, 30*time.Second, "change made during the cut", func() bool { return !c.Check("during-cut", "m", "").Allowed() })
+	itest.Eventually(t, 30*time.Second, "fresh again", func() bool { return !c.Stale() })
 	close(stopBeat)
 	<-beatDone
 }

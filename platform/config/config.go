@@ -25,6 +25,7 @@ import (
 	"io"
 	"os"
 	"reflect"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -70,7 +71,7 @@ func Load(dst any, opts Options) error {
 	}
 
 	var leaves []leaf
-	collect(root.Elem(), "", &leaves)
+	collect(root.Elem(), "", &leaves, nil)
 	flagged := make([]*pendingFlag, 0, len(leaves))
 	for _, l := range leaves {
 		p := &pendingFlag{leaf: l}
@@ -145,7 +146,9 @@ type leaf struct {
 
 var durationType = reflect.TypeOf(time.Duration(0))
 
-func collect(v reflect.Value, prefix string, out *[]leaf) {
+// collect appends the settable leaves of v to out and, when yamlOnly is
+// not nil, the fields only a YAML file can set to yamlOnly.
+func collect(v reflect.Value, prefix string, out, yamlOnly *[]leaf) {
 	t := v.Type()
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
@@ -166,13 +169,80 @@ func collect(v reflect.Value, prefix string, out *[]leaf) {
 		fv := v.Field(i)
 		switch {
 		case f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeOf(time.Time{}):
-			collect(fv, path, out)
+			collect(fv, path, out, yamlOnly)
 		case settable(f.Type):
 			*out = append(*out, leaf{path: path, help: f.Tag.Get("help"), v: fv})
+		case yamlOnly != nil:
+			// Maps, struct slices and pointers are YAML-only: they have no
+			// sensible single-string spelling.
+			*yamlOnly = append(*yamlOnly, leaf{path: path, help: f.Tag.Get("help"), v: fv})
+			if et := elemStruct(f.Type); et != nil {
+				// The fields of each element, for the reference only.
+				collect(reflect.New(et).Elem(), path+"[]", yamlOnly, yamlOnly)
+			}
 		}
-		// Maps, struct slices and pointers are YAML-only: they have no
-		// sensible single-string spelling.
 	}
+}
+
+// elemStruct is the struct type a list or map of structs holds, or nil.
+func elemStruct(t reflect.Type) reflect.Type {
+	if t.Kind() == reflect.Slice || t.Kind() == reflect.Map {
+		t = t.Elem()
+	}
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() == reflect.Struct && t != reflect.TypeOf(time.Time{}) {
+		return t
+	}
+	return nil
+}
+
+// Setting describes one setting for a reference document.
+type Setting struct {
+	// Path is the dotted YAML path; "[]" marks the fields of each element
+	// of a list or map (`a.tokens[].name`).
+	Path string
+	// Env is the environment variable, and the flag is -Path; both empty
+	// for a YAML-only setting.
+	Env string
+	// Default is the value in the struct Describe was given, as the flag
+	// package prints it; empty for none.
+	Default string
+	// Help is the field's help tag.
+	Help string
+	// YAMLOnly is true for maps, lists of structs and pointers, and the
+	// fields of their elements: only the YAML file sets them.
+	YAMLOnly bool
+}
+
+// Describe lists every setting of dst, a pointer to a struct holding its
+// defaults, ordered by path: those Load takes from the environment and
+// flags, and those only the YAML file can set, so that a reference built
+// from it leaves nothing out.
+func Describe(dst any, envPrefix string) ([]Setting, error) {
+	root := reflect.ValueOf(dst)
+	if root.Kind() != reflect.Pointer || root.Elem().Kind() != reflect.Struct {
+		return nil, fmt.Errorf("config: Describe needs a pointer to a struct, got %T", dst)
+	}
+	if envPrefix == "" {
+		envPrefix = "SLUICE"
+	}
+	var leaves, yamlOnly []leaf
+	collect(root.Elem(), "", &leaves, &yamlOnly)
+	out := make([]Setting, 0, len(leaves)+len(yamlOnly))
+	for _, l := range leaves {
+		out = append(out, Setting{Path: l.path, Env: envName(envPrefix, l.path), Default: (&pendingFlag{leaf: l}).String(), Help: l.help})
+	}
+	for _, l := range yamlOnly {
+		def := ""
+		if !l.v.IsZero() && l.v.Kind() != reflect.Struct {
+			def = fmt.Sprint(l.v.Interface())
+		}
+		out = append(out, Setting{Path: l.path, Default: def, Help: l.help, YAMLOnly: true})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out, nil
 }
 
 func settable(t reflect.Type) bool {

@@ -125,3 +125,36 @@ func TestBareBoolFlag(t *testing.T) {
 		t.Fatal("-debug did not set Debug")
 	}
 }
+
+// Describe leaves out nothing: settings without an environment or flag
+// spelling (lists of structs, maps) are listed too, with their entries'
+// fields, so a generated reference is complete.
+func TestDescribeListsYAMLOnlySettings(t *testing.T) {
+	type token struct {
+		Name string `yaml:"name" help:"who"`
+	}
+	var c struct {
+		Listen string            `yaml:"listen" help:"address"`
+		Tokens []token           `yaml:"tokens" help:"tokens"`
+		Labels map[string]string `yaml:"labels" help:"labels"`
+	}
+	c.Listen = ":1"
+	got, err := Describe(&c, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Setting{
+		{Path: "labels", Help: "labels", YAMLOnly: true},
+		{Path: "listen", Env: "SLUICE_LISTEN", Default: ":1", Help: "address"},
+		{Path: "tokens", Help: "tokens", YAMLOnly: true},
+		{Path: "tokens[].name", Help: "who", YAMLOnly: true},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("setting %d: got %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}

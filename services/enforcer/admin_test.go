@@ -1,10 +1,8 @@
 package enforcer
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"io"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -13,34 +11,13 @@ import (
 
 	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/gateway/flags"
-	"github.com/sluicehq/sluice/migrations"
-	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/itest"
-	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
 	"github.com/sluicehq/sluice/services/enforcer/internal/audit"
 	"github.com/sluicehq/sluice/services/enforcer/internal/breaker"
 )
-
-func post(t *testing.T, url, token string, body any) (int, map[string]any) {
-	t.Helper()
-	b, _ := json.Marshal(body)
-	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(b))
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	var out map[string]any
-	if err := json.Unmarshal(raw, &out); err != nil {
-		t.Fatalf("response %d is not JSON: %s", resp.StatusCode, raw)
-	}
-	return resp.StatusCode, out
-}
 
 // Admin actions change what Checkers see, are refused without a valid token
 // or with bad input (naming the field), land in admin_audit with who, what,
@@ -49,70 +26,66 @@ func TestAdminActionsAreAuditedAndEnforced(t *testing.T) {
 	rc := itest.Redis(t)
 	chc := itest.ClickHouse(t)
 	ctx := context.Background()
-	conn, err := chconn.Open(ctx, chc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := migrations.Apply(ctx, conn, quietLog()); err != nil {
-		t.Fatal(err)
-	}
+	conn := testClickHouse(t, chc)
 	cfg := testConfig(t)
-	rdb := redisconn.NewClient(rc)
-	defer rdb.Close()
-	cleanupPrefix(t, rdb, cfg.KeyPrefix)
+	rdb := testRedis(t, rc, cfg.KeyPrefix)
 	c, _ := startCore(t, cfg, rdb)
 	ch := startChecker(t, rc, cfg.KeyPrefix, 10*time.Second)
 
 	const token = "s3cret-token"
-	api := admin.New(c.table, c.writer.MarkDirty, audit.New(conn), []admin.Token{{Name: "alice", SHA256: admin.HashToken(token)}}, cfg.FlagTTL, quietLog())
+	api := admin.New(c.table, c.writer.MarkDirty, audit.New(conn), []adminapi.Token{{Name: "alice", SHA256: adminapi.HashToken(token)}}, cfg.FlagTTL, quietLog())
 	srv := httptest.NewServer(api.Handler())
 	defer srv.Close()
-	base := srv.URL + "/admin/v1"
+	client := func(tok string) *adminapi.Client {
+		cl, err := adminapi.NewClient(srv.URL, tok, srv.Client())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cl
+	}
+	cl := client(token)
 
-	if code, _ := post(t, base+"/breakers/trip", "", map[string]any{"tenant": "acme"}); code != http.StatusUnauthorized {
-		t.Fatalf("no token: %d", code)
+	_, err := client("wrong").Trip(ctx, adminapi.Request{Tenant: "acme"})
+	if ae := (*adminapi.Error)(nil); !errors.As(err, &ae) || ae.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("unknown token: %v", err)
 	}
-	if code, _ := post(t, base+"/breakers/trip", "wrong", map[string]any{"tenant": "acme"}); code != http.StatusUnauthorized {
-		t.Fatalf("bad token: %d", code)
-	}
-	code, body := post(t, base+"/blacklist/add", token, map[string]any{"tenant": "acme", "expires_in": "2400h"})
-	msg, _ := json.Marshal(body)
-	if code != http.StatusBadRequest || !strings.Contains(string(msg), "reason") || !strings.Contains(string(msg), "90 days") {
-		t.Fatalf("bad input: %d %s", code, msg)
+	_, err = cl.Blacklist(ctx, adminapi.Request{Tenant: "acme", ExpiresIn: "2400h"})
+	if err == nil || !strings.Contains(err.Error(), "reason") || !strings.Contains(err.Error(), "90 days") {
+		t.Fatalf("bad input: %v", err)
 	}
 
+	zero := 0.0
 	steps := []struct {
-		path string
-		body map[string]any
+		action adminapi.Action
+		req    adminapi.Request
 	}{
-		{"/breakers/trip", map[string]any{"tenant": "acme", "model": "gpt-4o", "reason": "incident 42", "expires_in": "1h"}},
-		{"/blacklist/add", map[string]any{"tenant": "acme", "api_key_id": "key-7", "reason": "key leaked on github", "expires_in": "24h"}},
-		{"/overrides/set", map[string]any{"tenant": "globex", "model": "*", "quota": "daily_tokens", "limit": 0, "reason": "leaked key: stop spend", "expires_in": "2h"}},
-		{"/blacklist/add", map[string]any{"tenant": "initech", "reason": "unpaid", "expires_in": "24h"}},
-		{"/blacklist/remove", map[string]any{"tenant": "initech", "reason": "paid"}},
+		{adminapi.ActionTrip, adminapi.Request{Tenant: "acme", Model: "gpt-4o", Reason: "incident 42", ExpiresIn: "1h"}},
+		{adminapi.ActionBlacklist, adminapi.Request{Tenant: "acme", APIKeyID: "key-7", Reason: "key leaked on github", ExpiresIn: "24h"}},
+		{adminapi.ActionSetOverride, adminapi.Request{Tenant: "globex", Model: "*", Quota: schemas.QuotaDailyTokens, Limit: &zero, Reason: "leaked key: stop spend", ExpiresIn: "2h"}},
+		{adminapi.ActionBlacklist, adminapi.Request{Tenant: "initech", Reason: "unpaid", ExpiresIn: "24h"}},
+		{adminapi.ActionUnblacklist, adminapi.Request{Tenant: "initech", Reason: "paid"}},
 	}
 	for _, s := range steps {
-		if code, body := post(t, base+s.path, token, s.body); code != http.StatusOK {
-			t.Fatalf("%s: %d %v", s.path, code, body)
+		if _, err := cl.Do(ctx, s.action, s.req); err != nil {
+			t.Fatalf("%s: %v", s.action, err)
 		}
 	}
-	waitFor(t, "manual breaker visible", func() bool {
+	itest.Eventually(t, within, "manual breaker visible", func() bool {
 		d := ch.Check("acme", "gpt-4o", "")
 		return d.Outcome == checker.Refused && d.Flag.Kind == flags.KindManual
 	})
-	waitFor(t, "key blacklist visible", func() bool {
+	itest.Eventually(t, within, "key blacklist visible", func() bool {
 		d := ch.Check("acme", "other-model", "key-7")
 		return d.Outcome == checker.Refused && d.Flag.Kind == flags.KindBlacklist
 	})
-	waitFor(t, "zero override visible", func() bool {
+	itest.Eventually(t, within, "zero override visible", func() bool {
 		d := ch.Check("globex", "any", "")
 		return d.Outcome == checker.Refused && d.Flag.Quota == "daily_tokens" && d.Flag.Limit == 0
 	})
 	if d := ch.Check("acme", "other-model", "key-8"); !d.Allowed() {
 		t.Fatalf("other key refused: %+v", d)
 	}
-	waitFor(t, "unblacklisted tenant served", func() bool { return ch.Check("initech", "m", "").Allowed() })
+	itest.Eventually(t, within, "unblacklisted tenant served", func() bool { return ch.Check("initech", "m", "").Allowed() })
 
 	entries, err := audit.New(conn).Since(ctx, time.Now().Add(-time.Hour))
 	if err != nil {
@@ -122,7 +95,7 @@ func TestAdminActionsAreAuditedAndEnforced(t *testing.T) {
 		t.Fatalf("%d audit rows, want %d: %+v", len(entries), len(steps), entries)
 	}
 	e := entries[1]
-	if e.Actor != "alice" || e.Action != admin.ActionBlacklist || e.Tenant != "acme" || e.APIKeyID != "key-7" ||
+	if e.Actor != "alice" || e.Action != string(adminapi.ActionBlacklist) || e.Tenant != "acme" || e.APIKeyID != "key-7" ||
 		e.Reason != "key leaked on github" || e.ExpiresAt.Sub(e.Time) != 24*time.Hour || e.RequestID == "" {
 		t.Fatalf("audit row: %+v", e)
 	}

@@ -9,7 +9,6 @@ import (
 
 	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/platform/itest"
-	"github.com/sluicehq/sluice/platform/redisconn"
 )
 
 // BenchmarkSignalToVisible measures checker_signal_to_visible_p50_ms and
@@ -23,9 +22,7 @@ func BenchmarkSignalToVisible(b *testing.B) {
 	}
 	rc := itest.Redis(b)
 	cfg := testConfig(b)
-	rdb := redisconn.NewClient(rc)
-	defer rdb.Close()
-	cleanupPrefix(b, rdb, cfg.KeyPrefix)
+	rdb := testRedis(b, rc, cfg.KeyPrefix)
 	c, _ := startCore(b, cfg, rdb)
 	ch := startChecker(b, rc, cfg.KeyPrefix, 10*time.Second)
 	n := min(b.N, 2000) // each sample creates a tenant; bound Redis garbage
@@ -63,15 +60,16 @@ func BenchmarkBurst10kSignals(b *testing.B) {
 	}
 	rc := itest.Redis(b)
 	cfg := testConfig(b)
-	cfg.HeartbeatEvery = time.Minute
+	// A short heartbeat lets writerSettled tell when the counts are final;
+	// heartbeats are not flushes, so they do not enter the metric.
+	cfg.HeartbeatEvery = 50 * time.Millisecond
 	cfg.FlagTTL = 10 * time.Minute
-	rdb := redisconn.NewClient(rc)
-	defer rdb.Close()
-	cleanupPrefix(b, rdb, cfg.KeyPrefix)
+	rdb := testRedis(b, rc, cfg.KeyPrefix)
 	c, _ := startCore(b, cfg, rdb)
 	ctx := context.Background()
 	keys := flags.Layout{Prefix: cfg.KeyPrefix}
-	waitFor(b, "initial write", func() bool { return rdb.Exists(ctx, cfg.KeyPrefix+"epoch").Val() == 1 })
+	itest.Eventually(b, within, "initial write", func() bool { return rdb.Exists(ctx, cfg.KeyPrefix+"epoch").Val() == 1 })
+	writerSettled(b, rdb, keys)
 	const signals, tenants = 10_000, 1000
 	var total int64
 	b.ResetTimer()
@@ -82,7 +80,8 @@ func BenchmarkBurst10kSignals(b *testing.B) {
 			c.handle(exhausted(fmt.Sprintf("r%d-t%04d", round, i%tenants), fmt.Sprintf("m%d", i/tenants)), now)
 		}
 		last := keys.TenantKey(fmt.Sprintf("r%d-t%04d", round, tenants-1))
-		waitFor(b, "burst written", func() bool { return rdb.HLen(ctx, last).Val() == 1+signals/tenants })
+		itest.Eventually(b, within, "burst written", func() bool { return rdb.HLen(ctx, last).Val() == 1+signals/tenants })
+		writerSettled(b, rdb, keys)
 		after, _, _ := c.writer.Stats()
 		total += after - before
 	}

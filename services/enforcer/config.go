@@ -19,7 +19,7 @@ import (
 
 	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
+	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 )
 
 // Config is the enforcer's section of the configuration.
@@ -44,8 +44,8 @@ type Config struct {
 
 // AdminConfig configures the admin HTTP API.
 type AdminConfig struct {
-	Listen string        `yaml:"listen" help:"admin API address host:port; empty disables it"`
-	Tokens []admin.Token `yaml:"tokens" help:"accepted bearer tokens (name and sha256)"`
+	Listen string           `yaml:"listen" help:"admin API address host:port; empty disables it"`
+	Tokens []adminapi.Token `yaml:"tokens" help:"accepted bearer tokens (name and sha256)"`
 }
 
 // DefaultConfig returns working defaults for the services script.

@@ -26,9 +26,7 @@ import (
 func TestSignalVisibleToCheckerInAnotherProcess(t *testing.T) {
 	rc := itest.Redis(t)
 	cfg := testConfig(t)
-	rdb := redisconn.NewClient(rc)
-	defer rdb.Close()
-	cleanupPrefix(t, rdb, cfg.KeyPrefix)
+	rdb := testRedis(t, rc, cfg.KeyPrefix)
 	c, _ := startCore(t, cfg, rdb)
 
 	bin := filepath.Join(t.TempDir(), "checkerprobe")
@@ -104,7 +102,7 @@ func startPrivateRedis(t *testing.T, port int) func() {
 		t.Fatal(err)
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	waitFor(t, "private redis up", func() bool {
+	itest.Eventually(t, within, "private redis up", func() bool {
 		conn, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
 			conn.Close()
@@ -140,7 +138,7 @@ func TestRedisRestartRestoresAllFlags(t *testing.T) {
 	rc := redisconn.Defaults()
 	rc.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	rdb := redisconn.NewClient(rc)
-	defer rdb.Close()
+	t.Cleanup(func() { rdb.Close() }) // after the core stops (startCore)
 	cfg := testConfig(t)
 	cfg.HeartbeatEvery = 100 * time.Millisecond
 	c, _ := startCore(t, cfg, rdb)
@@ -160,14 +158,14 @@ func TestRedisRestartRestoresAllFlags(t *testing.T) {
 		m, _ := rdb.HGet(ctx, keys.FailModeKey(), "strict").Result()
 		return m == "closed"
 	}
-	waitFor(t, "flags written", allThere)
+	itest.Eventually(t, within, "flags written", allThere)
 
 	stop()
 	// A change while Redis is down is kept and written later.
 	c.handle(exhausted("d", "*"), time.Now())
 	tenants = append(tenants, "d")
 	startPrivateRedis(t, port)
-	waitFor(t, "flags restored after the restart", allThere)
+	itest.Eventually(t, within, "flags restored after the restart", allThere)
 	for _, tn := range tenants {
 		if ttl := rdb.PTTL(ctx, keys.TenantKey(tn)).Val(); ttl <= 0 || ttl > cfg.FlagTTL {
 			t.Errorf("tenant %s key TTL %v, want within (0, %v]", tn, ttl, cfg.FlagTTL)
@@ -183,27 +181,25 @@ func TestEnforcerStoppedFlagsExpireAndFailModesApply(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.FlagTTL = 3 * time.Second
 	cfg.HeartbeatEvery = 100 * time.Millisecond
-	rdb := redisconn.NewClient(rc)
-	defer rdb.Close()
-	cleanupPrefix(t, rdb, cfg.KeyPrefix)
+	rdb := testRedis(t, rc, cfg.KeyPrefix)
 	c, stop := startCore(t, cfg, rdb)
 	ch := startChecker(t, rc, cfg.KeyPrefix, 500*time.Millisecond)
 	keys := flags.Layout{Prefix: cfg.KeyPrefix}
 
 	c.handle(exhausted("loose", "*"), time.Now())
-	waitFor(t, "flag visible", func() bool { return ch.Check("loose", "m", "").Outcome == checker.Refused })
-	waitFor(t, "fresh view", func() bool { return !ch.Stale() })
+	itest.Eventually(t, within, "flag visible", func() bool { return ch.Check("loose", "m", "").Outcome == checker.Refused })
+	itest.Eventually(t, within, "fresh view", func() bool { return !ch.Stale() })
 	if d := ch.Check("strict", "m", ""); !d.Allowed() {
 		t.Fatalf("fail-closed tenant refused while the enforcer lives: %+v", d)
 	}
 
 	stop()
-	waitFor(t, "stale view once the heartbeat stops", ch.Stale)
+	itest.Eventually(t, within, "stale view once the heartbeat stops", ch.Stale)
 	if d := ch.Check("strict", "m", ""); d.Outcome != checker.RefusedStale {
 		t.Fatalf("fail-closed tenant with a dead enforcer: %+v", d)
 	}
-	waitFor(t, "flag key expired in redis", func() bool { return rdb.Exists(context.Background(), keys.TenantKey("loose")).Val() == 0 })
-	waitFor(t, "flag lapsed in the checker", func() bool { return ch.Check("loose", "m", "").Allowed() })
+	itest.Eventually(t, within, "flag key expired in redis", func() bool { return rdb.Exists(context.Background(), keys.TenantKey("loose")).Val() == 0 })
+	itest.Eventually(t, within, "flag lapsed in the checker", func() bool { return ch.Check("loose", "m", "").Allowed() })
 	if d := ch.Check("loose", "m", ""); !d.Stale {
 		t.Fatalf("decision does not report the stale view: %+v", d)
 	}
@@ -214,17 +210,17 @@ func TestEnforcerStoppedFlagsExpireAndFailModesApply(t *testing.T) {
 func TestBurstOfSignalsIsCoalesced(t *testing.T) {
 	rc := itest.Redis(t)
 	cfg := testConfig(t)
-	cfg.HeartbeatEvery = time.Minute
+	// A short heartbeat lets writerSettled tell when the counts are final.
+	cfg.HeartbeatEvery = 50 * time.Millisecond
 	cfg.FlagTTL = 5 * time.Minute
-	rdb := redisconn.NewClient(rc)
-	defer rdb.Close()
-	cleanupPrefix(t, rdb, cfg.KeyPrefix)
+	rdb := testRedis(t, rc, cfg.KeyPrefix)
 	hook := &roundTrips{}
 	rdb.AddHook(hook)
 	c, _ := startCore(t, cfg, rdb)
 	ctx := context.Background()
 	keys := flags.Layout{Prefix: cfg.KeyPrefix}
-	waitFor(t, "initial write", func() bool { return rdb.Exists(ctx, cfg.KeyPrefix+"epoch").Val() == 1 })
+	itest.Eventually(t, within, "initial write", func() bool { return rdb.Exists(ctx, cfg.KeyPrefix+"epoch").Val() == 1 })
+	writerSettled(t, rdb, keys)
 
 	before := hook.n.Load()
 	flushesBefore, _, _ := c.writer.Stats()
@@ -233,13 +229,14 @@ func TestBurstOfSignalsIsCoalesced(t *testing.T) {
 	for i := range signals {
 		c.handle(exhausted(fmt.Sprintf("t%03d", i%tenants), fmt.Sprintf("m%d", i/tenants)), now)
 	}
-	// Each pipelined MULTI writes a tenant's whole hash, so the last
-	// tenant complete means everything is.
+	// The last signal handled completes the last tenant's hash; flushes
+	// still in flight then are waited for by writerSettled.
 	last := keys.TenantKey(fmt.Sprintf("t%03d", tenants-1))
-	waitFor(t, "burst written", func() bool {
+	itest.Eventually(t, within, "burst written", func() bool {
 		n, _ := rdb.HLen(ctx, last).Result()
 		return n == 1+signals/tenants
 	})
+	writerSettled(t, rdb, keys)
 	// The waiting above went through the hooked client too; count only the
 	// writer's pipelines.
 	flushes, errs, _ := c.writer.Stats()

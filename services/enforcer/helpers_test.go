@@ -10,9 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/migrations"
+	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
@@ -62,7 +67,15 @@ func testConfig(t testing.TB) Config {
 	return cfg
 }
 
-func cleanupPrefix(t testing.TB, rdb *redis.Client, prefix string) {
+// testRedis returns a client of the shared Redis whose keys under prefix
+// are deleted when the test ends. Cleanups run last-registered first: a
+// core started after this call stops first (its last flush still reaches
+// Redis), then the keys go, then the client closes. A deferred Close would
+// run before all of them, and they would fail silently.
+func testRedis(t testing.TB, rc redisconn.Config, prefix string) *redis.Client {
+	t.Helper()
+	rdb := redisconn.NewClient(rc)
+	t.Cleanup(func() { rdb.Close() })
 	t.Cleanup(func() {
 		ctx := context.Background()
 		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
@@ -70,36 +83,40 @@ func cleanupPrefix(t testing.TB, rdb *redis.Client, prefix string) {
 			rdb.Del(ctx, iter.Val())
 		}
 	})
+	return rdb
 }
 
-// startCore runs a core's flag writer and clock until the returned stop is
-// called (or the test ends).
+// testClickHouse opens the shared ClickHouse with every migration applied.
+func testClickHouse(t testing.TB, chc chconn.Config) driver.Conn {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := chconn.Open(ctx, chc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, err := migrations.Apply(ctx, conn, quietLog()); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// startCore runs a core's flag writer and clock, as Run does, until the
+// returned stop is called (or the test ends).
 func startCore(t testing.TB, cfg Config, rdb *redis.Client) (*core, func()) {
 	t.Helper()
 	c := newCore(cfg, rdb, testWatcher(t), quietLog())
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		go func() {
-			tk := time.NewTicker(cfg.TickEvery)
-			defer tk.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case now := <-tk.C:
-					c.tick(now)
-				}
-			}
-		}()
-		_ = c.writer.Run(ctx, cfg.ShutdownGrace)
-	}()
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return c.runWriter(ctx) })
+	g.Go(func() error { return c.runClock(ctx) })
 	var stopped atomic.Bool
 	stop := func() {
 		if stopped.CompareAndSwap(false, true) {
 			cancel()
-			<-done
+			if err := g.Wait(); err != nil {
+				t.Errorf("core: %v", err)
+			}
 		}
 	}
 	t.Cleanup(stop)
@@ -121,18 +138,35 @@ func startChecker(t testing.TB, rc redisconn.Config, prefix string, staleness ti
 	done := make(chan struct{})
 	go func() { defer close(done); _ = c.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	waitFor(t, "checker synced", c.Synced)
+	itest.Eventually(t, within, "checker synced", c.Synced)
 	return c
 }
 
-func waitFor(t testing.TB, what string, cond func() bool) {
+// within bounds every wait of these tests: generous, because a loaded
+// machine shares two cores between several test binaries.
+const within = 30 * time.Second
+
+// writerSettled waits until the flag writer has finished every flush that
+// work handled before the call causes. What Redis shows runs ahead of the
+// writer's Stats (a flush is counted after Redis answered it), so tests that
+// read Stats wait here first. Heartbeats come from the writer's own
+// goroutine, between flushes: once one begins after the call, every flush
+// in flight before it has been counted, and by the next one the flush
+// ticks between them have written whatever was still dirty. It needs a
+// short cfg.HeartbeatEvery.
+func writerSettled(t testing.TB, rdb *redis.Client, keys flags.Layout) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after 30s waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
+	ctx := context.Background()
+	since := time.Now().UnixMilli()
+	for range 2 {
+		itest.Eventually(t, within, "a heartbeat after the flag writes", func() bool {
+			hb, _ := rdb.Get(ctx, keys.HeartbeatKey()).Int64()
+			if hb > since {
+				since = hb
+				return true
+			}
+			return false
+		})
 	}
 }
 

@@ -3,9 +3,9 @@ package enforcer
 import (
 	"context"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,14 +13,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/gateway/flags"
-	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/platform"
-	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
-	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
+	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 )
 
 // The whole service: state recovered from ClickHouse on start, signals
@@ -33,14 +30,7 @@ func TestRunConsumesSignalsAndRecoversState(t *testing.T) {
 	chc := itest.ClickHouse(t)
 	rc := itest.Redis(t)
 	ctx := context.Background()
-	conn, err := chconn.Open(ctx, chc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := migrations.Apply(ctx, conn, quietLog()); err != nil {
-		t.Fatal(err)
-	}
+	conn := testClickHouse(t, chc)
 	// The aggregator recorded an exhausted hard quota before we started.
 	now := time.Now().UTC().Truncate(time.Second)
 	b, err := conn.PrepareBatch(ctx, "INSERT INTO quota_state (tenant, model, quota, period, period_start, period_end, used, quota_limit, unit, mode, tier, version, updated_at)")
@@ -54,15 +44,13 @@ func TestRunConsumesSignalsAndRecoversState(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	rdb := redisconn.NewClient(rc)
-	defer rdb.Close()
 	cfg := testConfig(t)
-	cleanupPrefix(t, rdb, cfg.KeyPrefix)
+	rdb := testRedis(t, rc, cfg.KeyPrefix)
 	cfg.ConsumerGroup = itest.Unique(t, "enforcer_")
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	cfg.Admin.Listen = ln.Addr().String()
 	ln.Close()
-	cfg.Admin.Tokens = []admin.Token{{Name: "ops", SHA256: admin.HashToken("tok")}}
+	cfg.Admin.Tokens = []adminapi.Token{{Name: "ops", SHA256: adminapi.HashToken("tok")}}
 	policyFile := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(policyFile, []byte(testPolicyYAML), 0o600); err != nil {
 		t.Fatal(err)
@@ -92,7 +80,7 @@ func TestRunConsumesSignalsAndRecoversState(t *testing.T) {
 			return strings.Contains(v, want)
 		}
 	}
-	waitFor(t, "quota breaker recovered from quota_state", hasFlag("recovered", "*", "monthly_tokens"))
+	itest.Eventually(t, within, "quota breaker recovered from quota_state", hasFlag("recovered", "*", "monthly_tokens"))
 
 	prod, err := kafkaconn.NewClient(kc, kgo.AllowAutoTopicCreation())
 	if err != nil {
@@ -107,19 +95,32 @@ func TestRunConsumesSignalsAndRecoversState(t *testing.T) {
 	if err := prod.ProduceSync(ctx, &kgo.Record{Topic: schemas.TopicSignalsV1, Key: []byte(sig.Tenant), Value: val}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	// A record that is not a signal must be skipped, not crash anything.
-	_ = prod.ProduceSync(ctx, &kgo.Record{Topic: schemas.TopicSignalsV1, Value: []byte("{not json")}).FirstErr()
-	waitFor(t, "flag from a Kafka signal", hasFlag(sig.Tenant, "gpt-4o", "daily_tokens"))
+	// A record that is not a signal is skipped, not fatal: the signal after
+	// it on the same partition (same key) still takes effect.
+	if err := prod.ProduceSync(ctx, &kgo.Record{Topic: schemas.TopicSignalsV1, Key: []byte(sig.Tenant), Value: []byte("{not json")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	after := exhausted(sig.Tenant, "gpt-4o-mini")
+	if val, err = schemas.EncodeSignal(after); err != nil {
+		t.Fatal(err)
+	}
+	if err := prod.ProduceSync(ctx, &kgo.Record{Topic: schemas.TopicSignalsV1, Key: []byte(sig.Tenant), Value: val}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	itest.Eventually(t, within, "flag from a Kafka signal", hasFlag(sig.Tenant, "gpt-4o", "daily_tokens"))
+	itest.Eventually(t, within, "flag from the signal after a bad record", hasFlag(sig.Tenant, "gpt-4o-mini", "daily_tokens"))
 
-	req, _ := http.NewRequest(http.MethodGet, "http://"+cfg.Admin.Listen+"/admin/v1/breakers?tenant=recovered", nil)
-	req.Header.Set("Authorization", "Bearer tok")
-	resp, err := http.DefaultClient.Do(req)
+	// The admin API is served, and lists the recovered breaker.
+	cl, err := adminapi.NewClient("http://"+cfg.Admin.Listen, "tok", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("admin list: %d", resp.StatusCode)
+	bs, err := cl.Breakers(ctx, "recovered")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(bs, func(b adminapi.Breaker) bool { return b.Kind == flags.KindQuota && b.Quota == "monthly_tokens" }) {
+		t.Fatalf("admin API lists %+v, want the recovered monthly_tokens breaker", bs)
 	}
 	if m, _ := rdb.HGet(ctx, keys.FailModeKey(), "strict").Result(); m != "closed" {
 		t.Fatalf("fail mode of tenant strict in redis: %q", m)
@@ -129,7 +130,7 @@ func TestRunConsumesSignalsAndRecoversState(t *testing.T) {
 	if err := os.WriteFile(policyFile, []byte(edited), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "reloaded fail mode in redis", func() bool {
+	itest.Eventually(t, within, "reloaded fail mode in redis", func() bool {
 		m, _ := rdb.HGet(ctx, keys.FailModeKey(), "strict").Result()
 		return m == "open"
 	})
@@ -139,7 +140,7 @@ func TestConfigValidateNamesFieldAndLimit(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.FlushInterval = 0
 	cfg.BatchTenants = 0
-	cfg.Admin.Tokens = []admin.Token{{Name: "x", SHA256: "abc"}}
+	cfg.Admin.Tokens = []adminapi.Token{{Name: "x", SHA256: "abc"}}
 	err := cfg.Validate()
 	if err == nil {
 		t.Fatal("no error")

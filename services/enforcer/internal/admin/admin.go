@@ -7,9 +7,9 @@
 package admin
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
@@ -25,63 +25,14 @@ import (
 
 	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 	"github.com/sluicehq/sluice/services/enforcer/internal/audit"
 	"github.com/sluicehq/sluice/services/enforcer/internal/breaker"
 )
 
-// Token is one accepted bearer token, stored as its SHA-256 so that the
-// configuration file does not hold secrets.
-type Token struct {
-	// Name is the actor recorded in the audit log.
-	Name string `yaml:"name" help:"who uses the token; recorded as the audit actor"`
-	// SHA256 is the hex SHA-256 of the token (`printf %s TOKEN | sha256sum`).
-	SHA256 string `yaml:"sha256" help:"hex SHA-256 of the bearer token"`
-}
-
-// HashToken returns the hex SHA-256 of a token, the form Token.SHA256 holds.
-func HashToken(token string) string {
-	s := sha256.Sum256([]byte(token))
-	return hex.EncodeToString(s[:])
-}
-
 // Auditor records actions; *audit.Log is the real one.
 type Auditor interface {
 	Write(ctx context.Context, e audit.Entry) error
-}
-
-// Limits on requests.
-const (
-	MaxReasonLen = 500
-	MaxExpiry    = 90 * 24 * time.Hour
-	maxBody      = 64 << 10
-)
-
-// Actions, as recorded in admin_audit.action.
-const (
-	ActionTrip          = "breaker.trip"
-	ActionReset         = "breaker.reset"
-	ActionBlacklist     = "blacklist.add"
-	ActionUnblacklist   = "blacklist.remove"
-	ActionSetOverride   = "override.set"
-	ActionClearOverride = "override.clear"
-)
-
-// Request is the body of every admin action and its audit details.
-type Request struct {
-	Tenant   string `json:"tenant"`
-	Model    string `json:"model,omitempty"`
-	APIKeyID string `json:"api_key_id,omitempty"`
-	// Kind narrows a reset to one breaker kind; empty resets all but
-	// blacklists.
-	Kind  string   `json:"kind,omitempty"`
-	Quota string   `json:"quota,omitempty"`
-	Limit *float64 `json:"limit,omitempty"`
-	// Reason is required: the audit log says why.
-	Reason string `json:"reason"`
-	// ExpiresAt or ExpiresIn (a Go duration such as "2h") bounds trips,
-	// blacklists and overrides; at most MaxExpiry ahead.
-	ExpiresAt time.Time `json:"expires_at,omitzero"`
-	ExpiresIn string    `json:"expires_in,omitempty"`
 }
 
 // API serves /admin/v1/.
@@ -89,32 +40,25 @@ type API struct {
 	table  *breaker.Table
 	notify func(tenants ...string)
 	audit  Auditor
-	tokens []Token
+	tokens []adminapi.Token
 	log    *slog.Logger
 	now    func() time.Time
 	ttl    time.Duration
 }
 
 // New returns the API. notify is told which tenants' flags changed.
-func New(table *breaker.Table, notify func(tenants ...string), aud Auditor, tokens []Token, flagTTL time.Duration, log *slog.Logger) *API {
+func New(table *breaker.Table, notify func(tenants ...string), aud Auditor, tokens []adminapi.Token, flagTTL time.Duration, log *slog.Logger) *API {
 	return &API{table: table, notify: notify, audit: aud, tokens: tokens, log: log, now: time.Now, ttl: flagTTL}
 }
 
 // Handler returns the HTTP handler.
 func (a *API) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /admin/v1/breakers", a.listBreakers)
-	mux.HandleFunc("GET /admin/v1/flags", a.listFlags)
-	mux.HandleFunc("GET /admin/v1/overrides", a.listOverrides)
-	for _, act := range []struct{ path, action string }{
-		{"/admin/v1/breakers/trip", ActionTrip},
-		{"/admin/v1/breakers/reset", ActionReset},
-		{"/admin/v1/blacklist/add", ActionBlacklist},
-		{"/admin/v1/blacklist/remove", ActionUnblacklist},
-		{"/admin/v1/overrides/set", ActionSetOverride},
-		{"/admin/v1/overrides/clear", ActionClearOverride},
-	} {
-		mux.HandleFunc("POST "+act.path, func(w http.ResponseWriter, r *http.Request) { a.act(w, r, act.action) })
+	mux.HandleFunc("GET "+adminapi.PathBreakers, a.listBreakers)
+	mux.HandleFunc("GET "+adminapi.PathFlags, a.listFlags)
+	mux.HandleFunc("GET "+adminapi.PathOverrides, a.listOverrides)
+	for _, act := range adminapi.Actions() {
+		mux.HandleFunc("POST "+act.Path(), func(w http.ResponseWriter, r *http.Request) { a.act(w, r, act) })
 	}
 	return a.authenticate(mux)
 }
@@ -127,7 +71,7 @@ func (a *API) authenticate(next http.Handler) http.Handler {
 			writeError(w, http.StatusUnauthorized, "authorization: a bearer token is required")
 			return
 		}
-		sum := HashToken(tok)
+		sum := adminapi.HashToken(tok)
 		actor := ""
 		for _, t := range a.tokens {
 			if subtle.ConstantTimeCompare([]byte(sum), []byte(strings.ToLower(t.SHA256))) == 1 {
@@ -151,58 +95,62 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, map[string]any{"error": map[string]string{"message": msg}})
+	writeJSON(w, status, adminapi.ErrorResponse{Error: adminapi.ErrorBody{Message: msg}})
 }
 
 func (a *API) listBreakers(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"breakers": nonNil(a.table.Breakers(r.URL.Query().Get("tenant")))})
+	writeJSON(w, http.StatusOK, adminapi.BreakersResponse{Breakers: breakersOf(a.table.Breakers(r.URL.Query().Get("tenant")))})
 }
 
 func (a *API) listOverrides(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"overrides": nonNil(a.table.Overrides(r.URL.Query().Get("tenant")))})
-}
-
-// FlagView is one flag as the admin API lists it.
-type FlagView struct {
-	Tenant string `json:"tenant"`
-	Field  string `json:"field"`
-	flags.Flag
+	os := a.table.Overrides(r.URL.Query().Get("tenant"))
+	out := make([]adminapi.Override, 0, len(os))
+	for _, o := range os {
+		out = append(out, adminapi.Override{Tenant: o.Tenant, Model: o.Model, Quota: o.Quota, Limit: o.Limit,
+			Until: o.Until, Reason: o.Reason, Actor: o.Actor})
+	}
+	writeJSON(w, http.StatusOK, adminapi.OverridesResponse{Overrides: out})
 }
 
 func (a *API) listFlags(w http.ResponseWriter, r *http.Request) {
 	want := r.URL.Query().Get("tenant")
 	now := a.now()
-	out := []FlagView{}
+	out := []adminapi.Flag{}
 	for _, t := range a.table.Tenants() {
 		if want != "" && t != want {
 			continue
 		}
 		for field, f := range a.table.Flags(t, now, a.ttl) {
-			out = append(out, FlagView{Tenant: t, Field: field, Flag: *f})
+			out = append(out, adminapi.FlagOf(t, field, f))
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"flags": out})
+	writeJSON(w, http.StatusOK, adminapi.FlagsResponse{Flags: out})
 }
 
-func nonNil[T any](s []T) []T {
-	if s == nil {
-		return []T{}
+// breakersOf converts the table's breakers to the API's (never nil, so
+// that the answer lists [] rather than null).
+func breakersOf(bs []breaker.Breaker) []adminapi.Breaker {
+	out := make([]adminapi.Breaker, 0, len(bs))
+	for _, b := range bs {
+		out = append(out, adminapi.Breaker{Tenant: b.Tenant, Scope: b.Scope, Kind: b.Kind, Quota: b.Quota,
+			State: b.State, Reason: b.Reason, Until: b.Until, OpenedAt: b.OpenedAt, Period: b.Period,
+			Limit: b.Limit, Used: b.Used, ResetsAt: b.ResetsAt, Failures: b.Failures, Probes: b.Probes, Actor: b.Actor})
 	}
-	return s
+	return out
 }
 
-func (a *API) act(w http.ResponseWriter, r *http.Request, action string) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+func (a *API) act(w http.ResponseWriter, r *http.Request, action adminapi.Action) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, adminapi.MaxBodyBytes+1))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "body: "+err.Error())
 		return
 	}
-	if len(body) > maxBody {
-		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body: larger than the limit of %d bytes", maxBody))
+	if len(body) > adminapi.MaxBodyBytes {
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body: larger than the limit of %d bytes", adminapi.MaxBodyBytes))
 		return
 	}
-	var req Request
-	dec := json.NewDecoder(strings.NewReader(string(body)))
+	var req adminapi.Request
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
 		writeError(w, http.StatusBadRequest, "body: "+err.Error())
@@ -215,7 +163,7 @@ func (a *API) act(w http.ResponseWriter, r *http.Request, action string) {
 		return
 	}
 	details, _ := json.Marshal(req)
-	e := audit.Entry{Time: now, Actor: r.Context().Value(actorKey{}).(string), Action: action, Tenant: req.Tenant,
+	e := audit.Entry{Time: now, Actor: r.Context().Value(actorKey{}).(string), Action: string(action), Tenant: req.Tenant,
 		Model: req.Model, APIKeyID: req.APIKeyID, Reason: req.Reason, ExpiresAt: req.ExpiresAt,
 		Details: string(details), RequestID: requestID(precise)}
 	actx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
@@ -231,8 +179,8 @@ func (a *API) act(w http.ResponseWriter, r *http.Request, action string) {
 	}
 	a.log.Info("admin action", "actor", e.Actor, "action", action, "tenant", req.Tenant, "model", req.Model,
 		"api_key_id", req.APIKeyID, "reason", req.Reason, "expires_at", req.ExpiresAt, "request_id", e.RequestID)
-	writeJSON(w, http.StatusOK, map[string]any{"request_id": e.RequestID, "action": action, "changed": changed,
-		"breakers": nonNil(a.table.Breakers(req.Tenant))})
+	writeJSON(w, http.StatusOK, adminapi.ActionResponse{RequestID: e.RequestID, Action: action, Changed: changed,
+		Breakers: breakersOf(a.table.Breakers(req.Tenant))})
 }
 
 // requestID sorts by time, so that replay order is action order.
@@ -242,14 +190,22 @@ func requestID(now time.Time) string {
 	return fmt.Sprintf("%020d-%s", now.UnixNano(), hex.EncodeToString(b[:]))
 }
 
-var quotaNames = map[string]bool{"monthly_tokens": true, "daily_tokens": true, "hourly_tokens": true,
-	"tokens_per_minute": true, "requests_per_minute": true, "budget": true}
-
 var tenantRE = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,` + strconv.Itoa(schemas.MaxTenantLen) + `}$`)
+
+// quotaChoices lists the quota kinds for error messages, from the one table
+// of kinds (schemas), so that a new kind is named without editing this file.
+var quotaChoices = func() string {
+	kinds := schemas.QuotaKinds()
+	names := make([]string, len(kinds))
+	for i, q := range kinds {
+		names[i] = string(q)
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}()
 
 // Normalize checks req for action, fills defaults (model "*") and turns
 // ExpiresIn into ExpiresAt. Errors name every bad field and its limit.
-func Normalize(req *Request, action string, now time.Time) error {
+func Normalize(req *adminapi.Request, action adminapi.Action, now time.Time) error {
 	var errs []error
 	if !tenantRE.MatchString(req.Tenant) {
 		errs = append(errs, fmt.Errorf("tenant: %q must be 1..%d characters of [A-Za-z0-9._:-]", req.Tenant, schemas.MaxTenantLen))
@@ -263,10 +219,9 @@ func Normalize(req *Request, action string, now time.Time) error {
 	if len(req.APIKeyID) > schemas.MaxStringLen {
 		errs = append(errs, fmt.Errorf("api_key_id: longer than the limit of %d bytes", schemas.MaxStringLen))
 	}
-	if strings.TrimSpace(req.Reason) == "" || len(req.Reason) > MaxReasonLen {
-		errs = append(errs, fmt.Errorf("reason: required, 1..%d bytes (the audit log says why)", MaxReasonLen))
+	if strings.TrimSpace(req.Reason) == "" || len(req.Reason) > adminapi.MaxReasonLen {
+		errs = append(errs, fmt.Errorf("reason: required, 1..%d bytes (the audit log says why)", adminapi.MaxReasonLen))
 	}
-	needsExpiry := action == ActionTrip || action == ActionBlacklist || action == ActionSetOverride
 	if req.ExpiresIn != "" {
 		d, err := time.ParseDuration(req.ExpiresIn)
 		if err != nil || d <= 0 {
@@ -276,26 +231,26 @@ func Normalize(req *Request, action string, now time.Time) error {
 		}
 		req.ExpiresIn = ""
 	}
-	if needsExpiry {
+	if action.NeedsExpiry() {
 		switch {
 		case req.ExpiresAt.IsZero():
 			errs = append(errs, errors.New("expires_at: required (or expires_in); at most 90 days ahead"))
 		case !req.ExpiresAt.After(now):
 			errs = append(errs, fmt.Errorf("expires_at: %s is not in the future", req.ExpiresAt.Format(time.RFC3339)))
-		case req.ExpiresAt.Sub(now) > MaxExpiry:
+		case req.ExpiresAt.Sub(now) > adminapi.MaxExpiry:
 			errs = append(errs, fmt.Errorf("expires_at: %s is beyond the limit of 90 days ahead", req.ExpiresAt.Format(time.RFC3339)))
 		}
 	}
-	if action == ActionReset && req.Kind != "" && !flags.Kind(req.Kind).Valid() {
+	if action == adminapi.ActionReset && req.Kind != "" && !req.Kind.Valid() {
 		errs = append(errs, fmt.Errorf("kind: %q is not quota, rate, error_ratio, slow_call, manual or blacklist", req.Kind))
 	}
-	if action == ActionSetOverride || action == ActionClearOverride {
-		if !quotaNames[req.Quota] {
-			errs = append(errs, fmt.Errorf("quota: %q is not monthly_tokens, daily_tokens, hourly_tokens, tokens_per_minute, requests_per_minute or budget", req.Quota))
+	if action == adminapi.ActionSetOverride || action == adminapi.ActionClearOverride {
+		if !req.Quota.Valid() {
+			errs = append(errs, fmt.Errorf("quota: %q is not %s", req.Quota, quotaChoices))
 		}
 	}
-	if action == ActionSetOverride {
-		if req.Limit == nil || *req.Limit < 0 || *req.Limit > 1e15 {
+	if action == adminapi.ActionSetOverride {
+		if req.Limit == nil || *req.Limit < 0 || *req.Limit > adminapi.MaxLimit {
 			errs = append(errs, errors.New("limit: required, 0..1e15 (0 stops the tenant, e.g. a leaked key)"))
 		}
 	}
@@ -305,28 +260,28 @@ func Normalize(req *Request, action string, now time.Time) error {
 // Apply performs a normalized action on table at now; it reports whether
 // flags may have changed. Replay after a restart calls it with each audited
 // action's own time.
-func Apply(table *breaker.Table, action string, req Request, actor string, now time.Time) bool {
+func Apply(table *breaker.Table, action adminapi.Action, req adminapi.Request, actor string, now time.Time) bool {
 	scope := req.Model
-	if req.APIKeyID != "" && action != ActionBlacklist && action != ActionUnblacklist {
+	if req.APIKeyID != "" && action != adminapi.ActionBlacklist && action != adminapi.ActionUnblacklist {
 		scope = flags.KeyField(req.APIKeyID)
 	}
 	switch action {
-	case ActionTrip:
+	case adminapi.ActionTrip:
 		table.Trip(req.Tenant, scope, req.Reason, actor, req.ExpiresAt, now)
 		return true
-	case ActionReset:
-		return table.Reset(req.Tenant, scope, flags.Kind(req.Kind))
-	case ActionBlacklist:
+	case adminapi.ActionReset:
+		return table.Reset(req.Tenant, scope, req.Kind)
+	case adminapi.ActionBlacklist:
 		table.Blacklist(req.Tenant, req.APIKeyID, req.Reason, actor, req.ExpiresAt, now)
 		return true
-	case ActionUnblacklist:
+	case adminapi.ActionUnblacklist:
 		return table.Unblacklist(req.Tenant, req.APIKeyID)
-	case ActionSetOverride:
-		table.SetOverride(breaker.Override{Tenant: req.Tenant, Model: req.Model, Quota: req.Quota, Limit: *req.Limit,
+	case adminapi.ActionSetOverride:
+		table.SetOverride(breaker.Override{Tenant: req.Tenant, Model: req.Model, Quota: string(req.Quota), Limit: *req.Limit,
 			Until: req.ExpiresAt, Reason: req.Reason, Actor: actor}, now)
 		return true
-	case ActionClearOverride:
-		return table.ClearOverride(req.Tenant, req.Model, req.Quota)
+	case adminapi.ActionClearOverride:
+		return table.ClearOverride(req.Tenant, req.Model, string(req.Quota))
 	}
 	return false
 }
@@ -336,7 +291,7 @@ func Apply(table *breaker.Table, action string, req Request, actor string, now t
 func Replay(table *breaker.Table, entries []audit.Entry, now time.Time, log *slog.Logger) []string {
 	var touched []string
 	for _, e := range entries {
-		var req Request
+		var req adminapi.Request
 		if err := json.Unmarshal([]byte(e.Details), &req); err != nil {
 			log.Warn("admin: skipping unreadable audit entry", "request_id", e.RequestID, "err", err)
 			continue
@@ -344,7 +299,7 @@ func Replay(table *breaker.Table, entries []audit.Entry, now time.Time, log *slo
 		if !req.ExpiresAt.IsZero() && !req.ExpiresAt.After(now) {
 			continue
 		}
-		if Apply(table, e.Action, req, e.Actor, e.Time) {
+		if Apply(table, adminapi.Action(e.Action), req, e.Actor, e.Time) {
 			touched = append(touched, req.Tenant)
 		}
 	}

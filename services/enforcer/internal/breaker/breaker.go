@@ -21,48 +21,50 @@ import (
 
 // Key identifies one breaker.
 type Key struct {
-	Tenant string `json:"tenant"`
+	Tenant string
 	// Scope is a model, "*" (every model) or flags.KeyField(apiKeyID).
-	Scope string     `json:"scope"`
-	Kind  flags.Kind `json:"kind"`
+	Scope string
+	Kind  flags.Kind
 	// Quota distinguishes the quota breakers of one scope (monthly_tokens,
 	// daily_tokens …); empty for other kinds.
-	Quota string `json:"quota,omitempty"`
+	Quota string
 }
 
 // Breaker is one open (or half-open) breaker. Closed breakers are deleted.
+// It has no wire format of its own: the admin API lists it as
+// adminapi.Breaker, so the state machine can change without breaking clients.
 type Breaker struct {
 	Key
-	State  flags.State `json:"state"`
-	Reason string      `json:"reason"`
+	State  flags.State
+	Reason string
 	// Until is when the breaker leaves its state by itself: the period end
 	// of a quota, the end of a rate window, the expiry of a manual trip or
 	// blacklist, the end of open (then half-open) for health breakers.
-	Until    time.Time `json:"until"`
-	OpenedAt time.Time `json:"opened_at"`
+	Until    time.Time
+	OpenedAt time.Time
 	// Period, Limit, Used and ResetsAt describe the quota that was hit.
-	Period   string    `json:"period,omitempty"`
-	Limit    float64   `json:"limit,omitempty"`
-	Used     float64   `json:"used,omitempty"`
-	ResetsAt time.Time `json:"resets_at,omitzero"`
+	Period   string
+	Limit    float64
+	Used     float64
+	ResetsAt time.Time
 	// Failures counts consecutive failed half-open rounds; the open time
 	// doubles with each, up to the policy's MaxOpenFor.
-	Failures int `json:"failures,omitempty"`
+	Failures int
 	// Probes is how many requests each Checker lets through while half-open.
-	Probes int `json:"probes,omitempty"`
+	Probes int
 	// Actor names the admin who tripped a manual breaker or blacklist.
-	Actor string `json:"actor,omitempty"`
+	Actor string
 }
 
 // Override temporarily replaces one quota limit of a tenant × model.
 type Override struct {
-	Tenant string    `json:"tenant"`
-	Model  string    `json:"model"`
-	Quota  string    `json:"quota"`
-	Limit  float64   `json:"limit"`
-	Until  time.Time `json:"until"`
-	Reason string    `json:"reason"`
-	Actor  string    `json:"actor"`
+	Tenant string
+	Model  string
+	Quota  string
+	Limit  float64
+	Until  time.Time
+	Reason string
+	Actor  string
 }
 
 type overrideKey struct{ tenant, model, quota string }

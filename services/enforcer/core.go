@@ -1,0 +1,141 @@
+package enforcer
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/enforcer/internal/breaker"
+	"github.com/sluicehq/sluice/services/enforcer/internal/flagwriter"
+)
+
+// core is the enforcer without its transports: signals in, flags out. It
+// owns the breaker table and the flag writer; where signals come from
+// (Kafka, see consume.go), how its memory is rebuilt (ClickHouse, see
+// recovery.go) and how it is wired into a process (enforcer.go) are kept
+// apart, so that tests drive it with handle and a real Redis alone.
+type core struct {
+	cfg    Config
+	log    *slog.Logger
+	table  *breaker.Table
+	writer *flagwriter.Writer
+	policy *policy.Watcher
+
+	dedupMu sync.Mutex
+	seen    map[string]struct{}
+	ring    []string
+	next    int
+
+	signals *prometheus.CounterVec
+}
+
+// newCore returns a core writing flags through rdb under the policy of pw.
+// The policy's fail modes are handed to the writer here, before it runs, so
+// that its first full rewrite already carries them: a Checker must never
+// see a fresh heartbeat next to missing fail modes.
+func newCore(cfg Config, rdb *redis.Client, pw *policy.Watcher, log *slog.Logger) *core {
+	c := &core{cfg: cfg, log: log, table: breaker.NewTable(), policy: pw, seen: map[string]struct{}{},
+		ring: make([]string, cfg.DedupSignals),
+		signals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_enforcer_signals_total",
+			Help: "Signals consumed by the enforcer, by result."}, []string{"result"})}
+	c.writer = flagwriter.New(rdb, c.table, flagwriter.Config{KeyPrefix: cfg.KeyPrefix, FlushInterval: cfg.FlushInterval,
+		FlagTTL: cfg.FlagTTL, HeartbeatEvery: cfg.HeartbeatEvery, MaxDirty: cfg.MaxDirty, BatchTenants: cfg.BatchTenants}, log)
+	c.publishFailModes(pw.Current())
+	return c
+}
+
+// runWriter writes flags until ctx ends, then makes a last write within
+// cfg.ShutdownGrace so that changes accepted before shutdown reach Redis.
+func (c *core) runWriter(ctx context.Context) error {
+	return c.writer.Run(ctx, c.cfg.ShutdownGrace)
+}
+
+// runClock ticks every cfg.TickEvery until ctx ends: time, not signals,
+// closes quota breakers at period ends, half-opens health breakers and
+// expires manual ones.
+func (c *core) runClock(ctx context.Context) error {
+	t := time.NewTicker(c.cfg.TickEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-t.C:
+			c.tick(now)
+		}
+	}
+}
+
+// duplicate remembers id in a bounded ring; the oldest id is forgotten
+// when the ring is full.
+func (c *core) duplicate(id string) bool {
+	if len(c.ring) == 0 {
+		return false
+	}
+	c.dedupMu.Lock()
+	defer c.dedupMu.Unlock()
+	if _, ok := c.seen[id]; ok {
+		return true
+	}
+	if old := c.ring[c.next]; old != "" {
+		delete(c.seen, old)
+	}
+	c.ring[c.next] = id
+	c.next = (c.next + 1) % len(c.ring)
+	c.seen[id] = struct{}{}
+	return false
+}
+
+// handle folds one decoded signal in; flags are written by the next flush.
+func (c *core) handle(s *schemas.Signal, now time.Time) {
+	if c.duplicate(s.ID) {
+		c.signals.WithLabelValues("duplicate").Inc()
+		return
+	}
+	res := c.table.Apply(s, c.policy.Current().Tenant(s.Tenant), now)
+	switch {
+	case res.SoftOverage:
+		c.signals.WithLabelValues("soft_overage").Inc()
+		c.log.Info("soft quota overage recorded", "tenant", s.Tenant, "model", s.Model, "quota", s.Quota, "used", s.Used, "limit", s.Limit)
+	case len(res.Changed) > 0:
+		c.signals.WithLabelValues("changed").Inc()
+		c.writer.MarkDirty(res.Changed...)
+	default:
+		c.signals.WithLabelValues("no_change").Inc()
+	}
+}
+
+// handleRecord decodes one record's value; bad records are logged and
+// skipped, never fatal: one malformed producer must not stop enforcement.
+func (c *core) handleRecord(value []byte, now time.Time) {
+	var s schemas.Signal
+	if err := schemas.DecodeSignal(value, &s); err != nil {
+		c.signals.WithLabelValues("invalid").Inc()
+		c.log.Warn("enforcer: skipping undecodable signal", "err", err)
+		return
+	}
+	c.handle(&s, now)
+}
+
+func (c *core) tick(now time.Time) {
+	p := c.policy.Current()
+	if changed := c.table.Tick(now, p.Tenant); len(changed) > 0 {
+		c.writer.MarkDirty(changed...)
+	}
+}
+
+// publishFailModes hands p's fail modes to the writer, which writes them
+// with its next flush; it is what a policy reload applies.
+func (c *core) publishFailModes(p *policy.Policy) {
+	m := map[string]string{"*": string(p.Tenant("").FailMode)}
+	for _, id := range p.TenantIDs() {
+		m[id] = string(p.Tenant(id).FailMode)
+	}
+	c.writer.SetFailModes(m)
+}

@@ -1,0 +1,37 @@
+package enforcer
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// collectors are the enforcer's Prometheus metrics, read from the core's
+// own counters at scrape time.
+func (c *core) collectors() []prometheus.Collector {
+	stat := func(pick func(f, e, r int64) int64) func() float64 {
+		return func() float64 { f, e, r := c.writer.Stats(); return float64(pick(f, e, r)) }
+	}
+	return []prometheus.Collector{
+		c.signals,
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_enforcer_flag_writes_total",
+			Help: "Pipelined Redis round trips that wrote flags."}, stat(func(f, _, _ int64) int64 { return f })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_enforcer_flag_write_errors_total",
+			Help: "Flag writes that failed (Redis unreachable); state is kept and rewritten."}, stat(func(_, e, _ int64) int64 { return e })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_enforcer_full_rewrites_total",
+			Help: "Rewrites of every flag (start, TTL refresh, Redis back or emptied)."}, stat(func(_, _, r int64) int64 { return r })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_enforcer_tenants_with_breakers",
+			Help: "Tenants with at least one open or half-open breaker."}, func() float64 { return float64(len(c.table.Tenants())) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_enforcer_soft_overage_signals_total",
+			Help: "Soft-quota overage signals recorded (not blocked)."}, c.table.Overage),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_enforcer_policy_reload_failures_total",
+			Help: "Policy reloads rejected as invalid; the previous policy stays in force."},
+			func() float64 { return float64(c.policy.Failures.Load()) }),
+	}
+}
+
+// registerMetrics registers the core's collectors on reg.
+func (c *core) registerMetrics(reg prometheus.Registerer) error {
+	for _, m := range c.collectors() {
+		if err := reg.Register(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}

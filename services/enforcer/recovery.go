@@ -1,0 +1,131 @@
+package enforcer
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/enforcer/adminapi"
+	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
+	"github.com/sluicehq/sluice/services/enforcer/internal/audit"
+)
+
+// Recovery rebuilds the core's memory from ClickHouse on start: open quota
+// breakers from quota_state, manual breakers, blacklists and overrides by
+// replaying admin_audit. The enforcer has no database of its own, so this
+// is what makes a restart invisible to tenants. Its orderings, and what
+// goes wrong without each:
+//
+//   - Signals wait for recovery, at most recoveryWait (awaitRecovery).
+//     Recovery applies the state ClickHouse held when it queried; a signal
+//     handled before that (a period reset, a raised limit) would be undone
+//     by it. Waiting also makes the first flags a signal causes include the
+//     recovered state.
+//   - The wait is bounded because a ClickHouse outage must not stop
+//     enforcement: after recoveryWait signals flow and recovery keeps
+//     retrying, and a late recovery may then reapply older state — the
+//     lesser failure than enforcing nothing.
+//   - The process is not ready (readiness check "enforcer-recovered") from
+//     before anything runs until recovery succeeded, so a deployment does
+//     not retire the previous enforcer while this one's memory is empty.
+//   - The flag writer does NOT wait. Its first full rewrite (one
+//     flush_interval after start) rewrites every tenant hash under the
+//     prefix from the table as it then is, deleting the hashes it has no
+//     breaker for, so that flags of an earlier enforcer's rate and health
+//     breakers (which are not recovered) stop refusing tenants. Until
+//     recovery marks its tenants dirty, tenants whose quota breakers or
+//     admin blocks are being recovered are therefore served. The heartbeat
+//     cannot wait either: Checkers judge staleness by it, and fail-closed
+//     tenants would be refused through a slow recovery.
+//   - The done channel is closed however recovery ends, so nothing waits
+//     on it past shutdown.
+
+// recoveryWait bounds how long signal consumption waits for recovery.
+const recoveryWait = 30 * time.Second
+
+// recoveredCheck is the readiness check that holds until recovery succeeded.
+const recoveredCheck = "enforcer-recovered"
+
+// recoverUntilDone runs recoverState until it succeeds or ctx ends, backing
+// off from 1 s to 30 s between attempts, each bounded to a minute. It calls
+// recovered after a success and closes done however it returns.
+func (c *core) recoverUntilDone(ctx context.Context, conn driver.Conn, recovered func(), done chan<- struct{}) error {
+	defer close(done)
+	for delay := time.Second; ; delay = min(2*delay, 30*time.Second) {
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		err := c.recoverState(rctx, conn, time.Now())
+		cancel()
+		if err == nil {
+			recovered()
+			return nil
+		}
+		c.log.Warn("enforcer: recovery from ClickHouse failed; retrying", "err", err, "in", delay)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+	}
+}
+
+// awaitRecovery blocks until done is closed, wait has passed, or ctx ends;
+// it reports whether to go on (false: ctx ended).
+func awaitRecovery(ctx context.Context, done <-chan struct{}, wait time.Duration, log *slog.Logger) bool {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		log.Warn("enforcer: consuming signals before recovery finished", "waited", wait)
+	case <-ctx.Done():
+		return false
+	}
+	return true
+}
+
+// recoverState rebuilds open quota breakers from quota_state and replays
+// the admin actions still in force from admin_audit.
+func (c *core) recoverState(ctx context.Context, conn driver.Conn, now time.Time) error {
+	// Aliases differ from column names: ClickHouse 18.16 resolves a WHERE
+	// column to a same-named aggregate alias.
+	rows, err := conn.Query(ctx, `SELECT tenant, model, quota, period, pe, u, l, md FROM (
+  SELECT tenant, model, quota, period, period_start, any(period_end) AS pe,
+         argMax(used, version) AS u, argMax(quota_limit, version) AS l, argMax(mode, version) AS md
+  FROM quota_state WHERE period_end > toDateTime(?) GROUP BY tenant, model, quota, period, period_start
+) WHERE l > 0 AND u >= l`, now.Unix())
+	if err != nil {
+		return fmt.Errorf("recover quota_state: %w", err)
+	}
+	p := c.policy.Current()
+	n := 0
+	for rows.Next() {
+		var s schemas.Signal
+		var quota, period, mode string
+		if err := rows.Scan(&s.Tenant, &s.Model, &quota, &period, &s.PeriodEnd, &s.Used, &s.Limit, &mode); err != nil {
+			rows.Close()
+			return fmt.Errorf("recover quota_state: %w", err)
+		}
+		s.Kind, s.Quota, s.Period, s.Mode = schemas.SignalQuotaExhausted, schemas.QuotaKind(quota), schemas.Period(period), schemas.Mode(mode)
+		if res := c.table.Apply(&s, p.Tenant(s.Tenant), now); len(res.Changed) > 0 {
+			c.writer.MarkDirty(res.Changed...)
+			n++
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("recover quota_state: %w", err)
+	}
+	// Nothing older than MaxExpiry can still be in force.
+	entries, err := audit.New(conn).Since(ctx, now.Add(-adminapi.MaxExpiry))
+	if err != nil {
+		return err
+	}
+	touched := admin.Replay(c.table, entries, now, c.log)
+	c.writer.MarkDirty(touched...)
+	c.log.Info("enforcer: state recovered from ClickHouse", "quota_breakers", n, "admin_actions", len(entries))
+	return nil
+}
