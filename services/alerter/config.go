@@ -54,17 +54,17 @@ type Config struct {
 	// 0, keeps the kind's default, which suits its receiver: DingTalk
 	// robots accept 20 messages a minute, Slack webhooks about one a
 	// second.
-	Delivery map[string]notify.ChannelConfig `yaml:"delivery"`
+	Delivery map[string]notify.ChannelConfig `yaml:"delivery" help:"per channel kind: rate_per_minute, burst, retries … (map by kind name)"`
 
 	// Channels defines direct channels by kind and name, in the policy's
 	// shape (channels: {slack: {noc: {webhook: …}}}), for setups without a
 	// policy file or for operator channels; the policy's definitions win on
 	// a name clash.
-	Channels policy.Channels `yaml:"channels"`
+	Channels policy.Channels `yaml:"channels" help:"operator channels by kind and name, in the policy's shape"`
 
 	// Tenants holds per-tenant alerter settings the policy does not carry:
 	// language, quiet hours and silences.
-	Tenants map[string]TenantConfig `yaml:"tenants"`
+	Tenants map[string]TenantConfig `yaml:"tenants" help:"per-tenant language, quiet hours and silences (map by tenant)"`
 }
 
 // AlertmanagerConfig says where Alertmanager is.
@@ -80,30 +80,30 @@ type AlertmanagerConfig struct {
 
 // TenantConfig is one tenant's alerter settings.
 type TenantConfig struct {
-	Language   string            `yaml:"language"`
-	QuietHours *QuietHoursConfig `yaml:"quiet_hours"`
-	Silences   []SilenceConfig   `yaml:"silences"`
+	Language   string            `yaml:"language" help:"en or zh; empty: the alerter's language"`
+	QuietHours *QuietHoursConfig `yaml:"quiet_hours" help:"daily window in which only severe alerts are delivered"`
+	Silences   []SilenceConfig   `yaml:"silences" help:"mutes until a time, optionally one rule or model"`
 	// Timezone is used for quiet hours when the policy has no time zone for
 	// the tenant (no policy file).
-	Timezone string `yaml:"timezone"`
+	Timezone string `yaml:"timezone" help:"IANA zone for quiet hours when the policy has none"`
 }
 
 // QuietHoursConfig is a daily window, in the tenant's zone, in which only
 // alerts of Allow severity and above are delivered; the others wait for its
 // end.
 type QuietHoursConfig struct {
-	Start string `yaml:"start"` // HH:MM
-	End   string `yaml:"end"`   // HH:MM; before start spans midnight
-	Allow string `yaml:"allow"` // info, warning or critical (default)
+	Start string `yaml:"start" help:"HH:MM in the tenant's zone"`
+	End   string `yaml:"end" help:"HH:MM; before start spans midnight"`
+	Allow string `yaml:"allow" help:"lowest severity delivered inside the window: info, warning or critical (default)"`
 }
 
 // SilenceConfig mutes a tenant's alerts (optionally one rule or model)
 // until a time.
 type SilenceConfig struct {
-	Rule    string    `yaml:"rule"`
-	Model   string    `yaml:"model"`
-	Until   time.Time `yaml:"until"`
-	Comment string    `yaml:"comment"`
+	Rule    string    `yaml:"rule" help:"rule to mute; empty: all"`
+	Model   string    `yaml:"model" help:"model to mute; empty: all"`
+	Until   time.Time `yaml:"until" help:"RFC 3339 end of the silence"`
+	Comment string    `yaml:"comment" help:"why, for the next operator"`
 }
 
 // DefaultConfig returns the defaults: group sluice-alerter, English, 1s
