@@ -209,7 +209,7 @@ func (s *stack) args(opsAddr string) []string {
 		"-services.aggregator.topic=" + s.topic,
 		"-services.aggregator.group=" + s.groups["aggregator"],
 		"-services.aggregator.flush_interval=100ms",
-		"-services.aggregator.policy_poll=500ms",
+		"-services.aggregator.policy_reload=500ms",
 		"-services.aggregator.session_timeout=6s",
 		"-services.enforcer.consumer_group=" + s.groups["enforcer"],
 		"-services.enforcer.key_prefix=" + s.prefix,

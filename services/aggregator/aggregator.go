@@ -64,7 +64,7 @@ import (
 // Config is the aggregator's section of the Sluice configuration.
 type Config struct {
 	PolicyFile    string        `yaml:"policy_file" help:"quota policy YAML file; reloaded when it changes"`
-	PolicyPoll    time.Duration `yaml:"policy_poll" help:"how often the policy file is checked for changes"`
+	PolicyReload  time.Duration `yaml:"policy_reload" help:"how often the policy file is checked for changes"`
 	Group         string        `yaml:"group" help:"Kafka consumer group of the aggregator instances"`
 	Topic         string        `yaml:"topic" help:"usage events topic"`
 	SignalsTopic  string        `yaml:"signals_topic" help:"topic the signals are produced to"`
@@ -93,7 +93,7 @@ func DefaultConfig() Config {
 	o := tally.DefaultOptions()
 	return Config{
 		PolicyFile:        "policy.yaml",
-		PolicyPoll:        2 * time.Second,
+		PolicyReload:      2 * time.Second,
 		Group:             "sluice-aggregator",
 		Topic:             schemas.TopicUsageV1,
 		SignalsTopic:      schemas.TopicSignalsV1,
@@ -120,8 +120,8 @@ func (c Config) Validate() error {
 	if c.PolicyFile == "" {
 		bad("policy_file: is required")
 	}
-	if c.PolicyPoll < 100*time.Millisecond || c.PolicyPoll > time.Hour {
-		bad("policy_poll: %v is outside 100ms..1h", c.PolicyPoll)
+	if c.PolicyReload < 100*time.Millisecond || c.PolicyReload > time.Hour {
+		bad("policy_reload: %v is outside 100ms..1h", c.PolicyReload)
 	}
 	if c.Group == "" {
 		bad("group: is required")
@@ -181,7 +181,7 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	}
 	env = env.Named("aggregator")
 	log := env.Logger
-	watcher, err := policy.NewWatcher(cfg.PolicyFile, cfg.PolicyPoll, log)
+	watcher, err := policy.NewWatcher(cfg.PolicyFile, cfg.PolicyReload, log)
 	if err != nil {
 		return fmt.Errorf("aggregator: policy: %w", err)
 	}

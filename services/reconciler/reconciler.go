@@ -32,7 +32,7 @@ import (
 
 // Config is the reconciler's section of the configuration.
 type Config struct {
-	Policy          string        `yaml:"policy" help:"quota policy file (timezones, quotas, prices)"`
+	PolicyFile      string        `yaml:"policy_file" help:"quota policy file (timezones, quotas, prices)"`
 	PolicyReload    time.Duration `yaml:"policy_reload" help:"how often the policy file is checked for changes"`
 	At              string        `yaml:"at" help:"local time of day (HH:MM) at which each tenant's previous day is reconciled, in the tenant's zone"`
 	CheckInterval   time.Duration `yaml:"check_interval" help:"how often the schedule is checked for due tenants"`
@@ -48,7 +48,7 @@ type Config struct {
 // DefaultConfig reconciles at 00:30 local time, after a 15-minute settle.
 func DefaultConfig() Config {
 	return Config{
-		Policy:          "policy.yaml",
+		PolicyFile:      "policy.yaml",
 		PolicyReload:    10 * time.Second,
 		At:              "00:30",
 		CheckInterval:   time.Minute,
@@ -66,8 +66,8 @@ func DefaultConfig() Config {
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	if strings.TrimSpace(c.Policy) == "" {
-		bad("reconciler.policy: is required (the quota policy file)")
+	if strings.TrimSpace(c.PolicyFile) == "" {
+		bad("reconciler.policy_file: is required (the quota policy file)")
 	}
 	if c.PolicyReload < time.Second {
 		bad("reconciler.policy_reload: %s is below the minimum of 1s", c.PolicyReload)
@@ -149,7 +149,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, clock schedule.Clock
 		return err
 	}
 	at, _ := schedule.ParseTimeOfDay(cfg.At)
-	watcher, err := policy.NewWatcher(cfg.Policy, cfg.PolicyReload, log)
+	watcher, err := policy.NewWatcher(cfg.PolicyFile, cfg.PolicyReload, log)
 	if err != nil {
 		return fmt.Errorf("reconciler: %w", err)
 	}
@@ -256,7 +256,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, clock schedule.Clock
 			return nil
 		},
 	}
-	log.Info("reconciler started", "at", at.String(), "settle", cfg.Settle, "policy", cfg.Policy)
+	log.Info("reconciler started", "at", at.String(), "settle", cfg.Settle, "policy", cfg.PolicyFile)
 	return s.Loop(ctx)
 }
 

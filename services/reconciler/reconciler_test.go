@@ -30,12 +30,12 @@ func TestConfigValidateNamesFieldAndLimit(t *testing.T) {
 	c.At = "25:00"
 	c.RepairThreshold = 2
 	c.MaxObservations = 1
-	c.Policy = ""
+	c.PolicyFile = ""
 	err := c.Validate()
 	if err == nil {
 		t.Fatal("bad config accepted")
 	}
-	for _, want := range []string{"reconciler.at", "reconciler.repair_threshold: 2 is outside 0..1", "reconciler.max_observations: 1 is outside 2..10", "reconciler.policy"} {
+	for _, want := range []string{"reconciler.at", "reconciler.repair_threshold: 2 is outside 0..1", "reconciler.max_observations: 1 is outside 2..10", "reconciler.policy_file"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
@@ -99,7 +99,7 @@ func TestServiceRepairsOnScheduleAndSignals(t *testing.T) {
 	startMs := time.Now().Add(-time.Second).UnixMilli()
 
 	cfg := DefaultConfig()
-	cfg.Policy = polPath
+	cfg.PolicyFile = polPath
 	cfg.ConfirmDelay = 50 * time.Millisecond
 	reg := prometheus.NewRegistry()
 	env := platform.Env{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: reg, Health: ops.NewHealth(), Kafka: kcfg, ClickHouse: chcfg}
