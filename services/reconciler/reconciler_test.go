@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -120,20 +121,16 @@ func TestServiceRepairsOnScheduleAndSignals(t *testing.T) {
 		}
 	}()
 
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	itest.EventuallyNoError(t, 60*time.Second, "the daily counter repaired to 500", func() error {
 		var used float64
 		if err := conn.QueryRow(ctx, "SELECT used FROM quota_state FINAL WHERE tenant = ?", tenant).Scan(&used); err != nil {
-			t.Fatal(err)
+			return err
 		}
-		if used == 500 {
-			break
+		if used != 500 {
+			return fmt.Errorf("used is %v", used)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("daily counter still %v after 60s, want it repaired to 500", used)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 
 	cl, err := kafkaconn.NewClient(kcfg, kgo.ConsumeTopics(schemas.TopicSignalsV1), kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(startMs)))
 	if err != nil {
