@@ -35,34 +35,27 @@ func TestCostExprIsTheViews(t *testing.T) {
 	}
 }
 
-// The prices of the cross-check: gpt-4o changes price twice (the second
-// change corrected by a later sync), mini is priced only from Nov 15
-// (earlier events are unpriced), and "mystery" never is.
-const (
-	policyV1 = `
+// The prices of the cross-check: gpt-4o changes price twice, mini is
+// priced only from Nov 15 (earlier events are unpriced), and "mystery"
+// never is. policyV2 corrects gpt-4o's second change, which a later sync
+// re-inserts.
+const policyV1 = `
 prices:
   - {model: gpt-4o, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 2.5, completion: 10, cached: 1.25}
   - {model: gpt-4o, currency: USD, effective_from: 2026-11-15T00:00:00Z, prompt: 2, completion: 8, cached: 1}
   - {model: gpt-4o, currency: USD, effective_from: 2026-11-20T12:00:00Z, prompt: 9, completion: 9, cached: 9}
   - {model: mini, currency: EUR, effective_from: 2026-11-15T00:00:00Z, prompt: 0.15, completion: 0.6, cached: 0.075}
 `
-	policyV2 = `
-prices:
-  - {model: gpt-4o, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 2.5, completion: 10, cached: 1.25}
-  - {model: gpt-4o, currency: USD, effective_from: 2026-11-15T00:00:00Z, prompt: 2, completion: 8, cached: 1}
-  - {model: gpt-4o, currency: USD, effective_from: 2026-11-20T12:00:00Z, prompt: 1.7, completion: 6.8, cached: 0.17}
-  - {model: mini, currency: EUR, effective_from: 2026-11-15T00:00:00Z, prompt: 0.15, completion: 0.6, cached: 0.075}
-`
-)
+
+var policyV2 = strings.Replace(policyV1, "prompt: 9, completion: 9, cached: 9", "prompt: 1.7, completion: 6.8, cached: 0.17", 1)
 
 type event struct {
-	id, model        string
-	at               time.Time
-	p, c, cached     int64
-	offset           int64
-	estimated        uint8
-	superseded       bool // an older version of an id: FINAL drops it
-	wantPricedByView bool
+	id, model    string
+	at           time.Time
+	p, c, cached int64
+	offset       int64
+	estimated    uint8
+	superseded   bool // an older version of an id: FINAL drops it
 }
 
 // TestViewCostEqualsPriceCost inserts events and prices into real
@@ -86,6 +79,9 @@ func TestViewCostEqualsPriceCost(t *testing.T) {
 	}
 	v1 := parse(t, policyV1)
 	pol := parse(t, policyV2)
+	if p, _ := pol.Price("gpt-4o", time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)); p.Prompt != 1.7 {
+		t.Fatalf("policyV2 does not correct the price: %+v", p)
+	}
 	synced := time.Now().Add(-time.Hour)
 	if _, err := pricetable.Sync(ctx, conn, v1.Prices(), synced); err != nil {
 		t.Fatal(err)
