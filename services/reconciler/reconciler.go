@@ -7,10 +7,11 @@
 // keeps the prices table in step with the quota policy, so the SQL cost
 // reports price usage as the policy does.
 //
-// The package is split along its edges: nightly.go is the core (what a due
-// tenant's run does), clickhouse.go and kafka.go are the adapters behind
-// its Store and audit.Publisher, config.go and metrics.go are its settings
-// and collectors, and this file wires them together.
+// The package is split along its edges: nightly.go is the service's core
+// (what a due tenant's run does and how prices follow the policy; the
+// audit itself is package audit), clickhouse.go and kafka.go are the
+// adapters behind its Store and audit.Publisher, config.go and metrics.go
+// are its settings and collectors, and this file wires them together.
 package reconciler
 
 import (
