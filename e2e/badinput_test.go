@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/platform/itest"
 )
 
 // ingestAnswer is the JSON body of every ingest answer.
@@ -164,14 +165,14 @@ func TestBadInput(t *testing.T) {
 	// A broken policy file: the reload fails, is reported, and the old
 	// limits stay in force.
 	s.writePolicy("defaults: [this is: not a policy\n")
-	eventually(t, waitTimeout, "aggregator reports the failed policy reload", func() error {
+	itest.EventuallyNoError(t, waitTimeout, "aggregator reports the failed policy reload", func() error {
 		if !strings.Contains(s.metrics("aggregator"), "sluice_aggregator_policy_reload_failures_total 1") &&
 			!metricPositive(s.metrics("aggregator"), "sluice_aggregator_policy_reload_failures_total") {
 			return fmt.Errorf("no reload failure counted yet")
 		}
 		return nil
 	})
-	eventually(t, waitTimeout, "enforcer logs the failed policy reload", func() error {
+	itest.EventuallyNoError(t, waitTimeout, "enforcer logs the failed policy reload", func() error {
 		b, err := os.ReadFile(s.proc("enforcer").logPath)
 		if err != nil {
 			return err
@@ -188,7 +189,7 @@ func TestBadInput(t *testing.T) {
 	if err != nil || code != 202 {
 		t.Fatalf("event over the old limit: %d %v %s", code, err, body)
 	}
-	eventually(t, waitTimeout, "the old hourly limit is enforced under a broken policy file", func() error {
+	itest.EventuallyNoError(t, waitTimeout, "the old hourly limit is enforced under a broken policy file", func() error {
 		f, err := s.flag(ctx, known, flags.AllModels)
 		if err != nil {
 			return err

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/platform/itest"
 )
 
 // Background load of BenchmarkEnforcementLag: its shape, and the rate it
@@ -77,7 +79,7 @@ tenants:
 	bg := runBackground(s, loadTenants, target)
 	defer bg.stop()
 	// Let the load reach its steady state before measuring.
-	eventually(b, waitTimeout, "background load running", func() error {
+	itest.EventuallyNoError(b, waitTimeout, "background load running", func() error {
 		if bg.acked.Load() < int64(target) {
 			return fmt.Errorf("%d acknowledged", bg.acked.Load())
 		}

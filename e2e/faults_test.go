@@ -45,7 +45,7 @@ func pushOver(t testing.TB, s *stack, limited string) uint64 {
 	id := "over-" + randomKey()
 	var code int
 	var body []byte
-	eventually(t, waitTimeout, "ingest acknowledges the over-quota event", func() error {
+	itest.EventuallyNoError(t, waitTimeout, "ingest acknowledges the over-quota event", func() error {
 		var err error
 		code, body, _, err = s.postEvents(context.Background(), s.ingestKey, "application/json", []byte(eventJSON(id, limited, time.Now(), 1199, 1)))
 		if err != nil || code != 202 {
@@ -60,7 +60,7 @@ func pushOver(t testing.TB, s *stack, limited string) uint64 {
 // Redis.
 func (s *stack) waitQuotaFlag(t testing.TB, limited string, bound time.Duration) {
 	t.Helper()
-	eventually(t, bound, "quota flag of "+limited+" in Redis", func() error {
+	itest.EventuallyNoError(t, bound, "quota flag of "+limited+" in Redis", func() error {
 		f, err := s.flag(context.Background(), limited, flags.AllModels)
 		if err != nil {
 			return err
@@ -125,7 +125,7 @@ func TestFaultRedisRestart(t *testing.T) {
 	rd.restart(t)
 	restarted := time.Now()
 	s.waitQuotaFlag(t, limited, flagRecovery)
-	eventually(t, flagRecovery-time.Since(restarted)+time.Second, "gateway Checker refuses again after the Redis restart", func() error {
+	itest.EventuallyNoError(t, flagRecovery-time.Since(restarted)+time.Second, "gateway Checker refuses again after the Redis restart", func() error {
 		if d := g.checker.Check(limited, "gpt-4o-mini", "key-"+limited); d.Allowed() {
 			return fmt.Errorf("allowed")
 		}
@@ -161,7 +161,7 @@ func TestFaultClickHouseOutage(t *testing.T) {
 	overTokens := pushOver(t, s, limited)
 	// The outage lasts clickHouseOutage whatever the load does meanwhile;
 	// ingest must keep acknowledging (it does not need ClickHouse).
-	eventually(t, clickHouseOutage+waitTimeout, "load continues during the ClickHouse outage", func() error {
+	itest.EventuallyNoError(t, clickHouseOutage+waitTimeout, "load continues during the ClickHouse outage", func() error {
 		if time.Since(cut) < clickHouseOutage {
 			return fmt.Errorf("outage still running")
 		}
@@ -218,7 +218,7 @@ func (r *privateRedis) spawn(t testing.TB, bin string) {
 		t.Fatal(err)
 	}
 	go func(c *exec.Cmd, done chan struct{}) { _ = c.Wait(); close(done) }(r.cmd, r.done)
-	eventually(t, waitTimeout, "private redis-server accepts connections", func() error {
+	itest.EventuallyNoError(t, waitTimeout, "private redis-server accepts connections", func() error {
 		c, err := net.DialTimeout("tcp", r.addr, time.Second)
 		if err != nil {
 			return err

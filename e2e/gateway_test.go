@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/demo/refgateway"
 	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/gateway/emitter"
+	"github.com/sluicehq/sluice/platform/itest"
 )
 
 // gateway is the reference gateway, in the test process, in front of the
@@ -74,7 +75,7 @@ func newGateway(t testing.TB, s *stack, tenants ...string) *gateway {
 		cancel()
 		<-done
 	})
-	eventually(t, waitTimeout, "gateway Checker synced", func() error {
+	itest.EventuallyNoError(t, waitTimeout, "gateway Checker synced", func() error {
 		if !chk.Synced() {
 			return fmt.Errorf("not synced")
 		}

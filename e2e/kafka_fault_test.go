@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/platform/itest"
 )
 
 // kafkaRecovery bounds how long after the restarted broker is ready a quota
@@ -91,7 +93,7 @@ func (k *privateKafka) kill9(t testing.TB) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitTimeout, "private Kafka process gone", func() error {
+	itest.EventuallyNoError(t, waitTimeout, "private Kafka process gone", func() error {
 		if syscall.Kill(pid, 0) == nil {
 			return fmt.Errorf("pid %d alive", pid)
 		}

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/platform/itest"
 )
 
 // loader posts batches of usage events straight to ingest and remembers
@@ -127,7 +129,7 @@ func (l *loader) snapshot() map[string]map[string]uint64 {
 func (l *loader) waitProgress(t testing.TB, n int) {
 	t.Helper()
 	target := l.ackedCount() + n
-	eventually(t, waitTimeout, fmt.Sprintf("load reaches %d acknowledged events", target), func() error {
+	itest.EventuallyNoError(t, waitTimeout, fmt.Sprintf("load reaches %d acknowledged events", target), func() error {
 		if c := l.ackedCount(); c < target {
 			return fmt.Errorf("%d acknowledged", c)
 		}

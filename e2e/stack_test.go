@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -209,7 +208,7 @@ func (s *stack) args(opsAddr string) []string {
 		"-services.aggregator.topic=" + s.topic,
 		"-services.aggregator.group=" + s.groups["aggregator"],
 		"-services.aggregator.flush_interval=100ms",
-		"-services.aggregator.policy_poll=500ms",
+		"-services.aggregator.policy_reload=500ms",
 		"-services.aggregator.session_timeout=6s",
 		"-services.enforcer.consumer_group=" + s.groups["enforcer"],
 		"-services.enforcer.key_prefix=" + s.prefix,
@@ -264,9 +263,9 @@ func (s *stack) spawn(name string) *proc {
 
 func (s *stack) waitReady(p *proc) {
 	s.t.Helper()
-	eventually(s.t, readyTimeout, p.name+" /readyz answers 200", func() error {
+	itest.EventuallyNoError(s.t, readyTimeout, p.name+" /readyz answers 200", func() error {
 		if !p.alive() {
-			return errStop(fmt.Errorf("%s exited: %v\n%s", p.name, p.err, tail(p.logPath)))
+			s.t.Fatalf("%s exited before it was ready: %v\n%s", p.name, p.err, tail(p.logPath)) // waiting cannot help
 		}
 		code, _, err := httpGet(context.Background(), "http://"+p.opsAddr+"/readyz")
 		if err != nil {
@@ -401,33 +400,6 @@ func httpGet(ctx context.Context, url string) (int, []byte, error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	return resp.StatusCode, b, err
-}
-
-// stopError ends an eventually loop at once: waiting cannot help.
-type stopError struct{ error }
-
-func errStop(err error) error { return stopError{err} }
-
-// eventually polls cond until it returns nil and fails the test with the
-// last error when within does not suffice.
-func eventually(t testing.TB, within time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	var last error
-	for {
-		last = cond()
-		if last == nil {
-			return
-		}
-		var stop stopError
-		if errors.As(last, &stop) {
-			t.Fatalf("%s: %v", what, stop.error)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not true within %s: %v", what, within, last)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 func freeAddr(t testing.TB) string {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/platform/itest"
 )
 
 // truth is the billing ground truth of a tenant: its distinct events in
@@ -76,7 +77,7 @@ func (s *stack) countersMatchTruth(t testing.TB, acked map[string]map[string]uin
 		tenants = append(tenants, tn)
 	}
 	sort.Strings(tenants)
-	eventually(t, waitTimeout, "counters equal the ClickHouse ground truth and every 2xx event is stored once", func() error {
+	itest.EventuallyNoError(t, waitTimeout, "counters equal the ClickHouse ground truth and every 2xx event is stored once", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		ids, err := s.storedIDs(ctx, tenants)
@@ -154,7 +155,7 @@ func (s *stack) alerts(ctx context.Context, tenant string) ([]amAlert, error) {
 // the given alertname and tier label.
 func (s *stack) waitAlert(t testing.TB, tenant, alertname, tier string) {
 	t.Helper()
-	eventually(t, waitTimeout, fmt.Sprintf("Alertmanager has %s tier %s for %s", alertname, tier, tenant), func() error {
+	itest.EventuallyNoError(t, waitTimeout, fmt.Sprintf("Alertmanager has %s tier %s for %s", alertname, tier, tenant), func() error {
 		as, err := s.alerts(context.Background(), tenant)
 		if err != nil {
 			return err

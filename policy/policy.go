@@ -131,14 +131,20 @@ type Price struct {
 	Cached        float64
 }
 
-// Cost returns the price of the given token counts. Cached prompt tokens
-// are billed at the cached rate instead of the prompt rate.
+// Cost returns the price of the given token counts: uncached prompt
+// tokens at the prompt rate, cached prompt tokens at the cached rate and
+// completion tokens at the completion rate, per million. Cached tokens
+// count at most up to the prompt tokens (the schema rejects more, but a
+// stored row is priced the same way whatever wrote it).
+//
+// This is the one Go price formula: the aggregator's costs use it, and the
+// SQL of the reports (migration 041's usage_priced view and
+// services/reconciler/costquery) computes the same figure, in the same
+// order of operations, which TestViewCostEqualsPriceCost in costquery
+// checks on ClickHouse.
 func (p Price) Cost(promptTokens, completionTokens, cachedTokens int64) float64 {
-	uncached := promptTokens - cachedTokens
-	if uncached < 0 {
-		uncached = 0
-	}
-	return (float64(uncached)*p.Prompt + float64(cachedTokens)*p.Cached + float64(completionTokens)*p.Completion) / 1e6
+	cached := min(cachedTokens, promptTokens)
+	return (float64(promptTokens-cached)*p.Prompt + float64(cached)*p.Cached + float64(completionTokens)*p.Completion) / 1e6
 }
 
 // Channels holds the alert channel definitions by kind, then by name:

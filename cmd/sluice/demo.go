@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/demo/dashboard"
 	"github.com/sluicehq/sluice/demo/loadgen"
@@ -191,16 +192,23 @@ func serveHTTP(addr string, h http.Handler) func(context.Context) error {
 			return fmt.Errorf("listen on %s: %w (is another demo running?)", addr, err)
 		}
 		srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			<-ctx.Done()
+		// The same shape as the services' Run: one group, one cancellation;
+		// a failed Serve ends the shutdown member too.
+		g, gctx := errgroup.WithContext(ctx)
+		g.Go(func() error {
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-gctx.Done()
 			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			_ = srv.Shutdown(sctx)
-		}()
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-		return nil
+			return nil
+		})
+		return g.Wait()
 	}
 }
 

@@ -42,7 +42,7 @@ func defaultServiceConfigs() ServiceConfigs {
 		Reconciler: reconciler.DefaultConfig(),
 	}
 	// In one process the root policy_file is the default for every service.
-	s.Reconciler.Policy = ""
+	s.Reconciler.PolicyFile = ""
 	s.Aggregator.PolicyFile = ""
 	return s
 }
@@ -101,7 +101,7 @@ var services = []service{
 		}},
 	{name: "reconciler", about: "nightly audit of counters against raw events; drift repair and alerts",
 		prepare: func(c *Config) validator {
-			sharedPolicy(&c.Services.Reconciler.Policy, c.PolicyFile)
+			sharedPolicy(&c.Services.Reconciler.PolicyFile, c.PolicyFile)
 			return c.Services.Reconciler
 		},
 		run: func(ctx context.Context, c *Config, env platform.Env) error {

@@ -20,14 +20,44 @@ func TestChooseServicesValidatesOnlyChosenSections(t *testing.T) {
 	}
 }
 
+// TestSharedPolicyFileReachesServices: the root policy_file is every
+// policy-reading service's policy_file unless the service's own section
+// names another, and the sections then validate.
 func TestSharedPolicyFileReachesServices(t *testing.T) {
 	cfg := defaultConfig()
 	cfg.PolicyFile = "/etc/sluice/policy.yaml"
 	cfg.Services.Ingest.AllowAnonymous = true
-	if _, err := chooseServices(&cfg, nil); err != nil && !strings.Contains(err.Error(), "policy") {
-		t.Logf("validation (file does not exist here): %v", err)
+	cfg.Services.Enforcer.PolicyFile = "/etc/sluice/enforcer.yaml" // its own section wins
+	if _, err := chooseServices(&cfg, nil); err != nil {
+		t.Fatalf("chooseServices with a root policy_file: %v", err)
 	}
-	if cfg.Services.Alerter.PolicyFile != cfg.PolicyFile || cfg.Services.Reconciler.Policy != cfg.PolicyFile {
-		t.Fatalf("policy_file not passed down: alerter %q reconciler %q", cfg.Services.Alerter.PolicyFile, cfg.Services.Reconciler.Policy)
+	got := map[string]string{
+		"aggregator": cfg.Services.Aggregator.PolicyFile,
+		"alerter":    cfg.Services.Alerter.PolicyFile,
+		"reconciler": cfg.Services.Reconciler.PolicyFile,
+		"enforcer":   cfg.Services.Enforcer.PolicyFile,
+	}
+	want := map[string]string{
+		"aggregator": cfg.PolicyFile,
+		"alerter":    cfg.PolicyFile,
+		"reconciler": cfg.PolicyFile,
+		"enforcer":   "/etc/sluice/enforcer.yaml",
+	}
+	for name, w := range want {
+		if got[name] != w {
+			t.Errorf("services.%s.policy_file = %q, want %q", name, got[name], w)
+		}
+	}
+
+	// Without a root policy_file and without their own, the services that
+	// need a policy refuse to start, naming the setting.
+	cfg = defaultConfig()
+	cfg.PolicyFile = ""
+	cfg.Services.Ingest.AllowAnonymous = true
+	_, err := chooseServices(&cfg, nil)
+	for _, name := range []string{"aggregator", "reconciler"} {
+		if err == nil || !strings.Contains(err.Error(), "services."+name) || !strings.Contains(err.Error(), name+".policy_file") {
+			t.Errorf("no policy file anywhere: err = %v, want it to name services.%s and %s.policy_file", err, name, name)
+		}
 	}
 }

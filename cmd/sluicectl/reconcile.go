@@ -56,9 +56,9 @@ func runReconcile(ctx context.Context, args []string) error {
 		return err
 	}
 	log := logging.New(cfg.Log, os.Stderr)
-	pol, err := policy.Load(cfg.Reconciler.Policy)
+	pol, err := policy.Load(cfg.Reconciler.PolicyFile)
 	if err != nil {
-		return fmt.Errorf("load policy (set -reconciler.policy): %w", err)
+		return fmt.Errorf("load policy (set -reconciler.policy_file): %w", err)
 	}
 	conn, err := chconn.Open(ctx, cfg.ClickHouse)
 	if err != nil {
@@ -180,7 +180,7 @@ func printResults(w io.Writer, results []audit.Result) {
 func openReporting(ctx context.Context, policyPath string, ch chconn.Config) (*policy.Policy, driver.Conn, error) {
 	pol, err := policy.Load(policyPath)
 	if err != nil {
-		return nil, nil, fmt.Errorf("load policy (set -policy; it gives each tenant's zone): %w", err)
+		return nil, nil, fmt.Errorf("load policy (set -policy_file; it gives each tenant's zone): %w", err)
 	}
 	conn, err := chconn.Open(ctx, ch)
 	if err != nil {

@@ -25,7 +25,7 @@ func init() {
 type reportConfig struct {
 	Log        logging.Config `yaml:"log"`
 	ClickHouse chconn.Config  `yaml:"clickhouse"`
-	Policy     string         `yaml:"policy" help:"quota policy file, for each tenant's time zone"`
+	PolicyFile string         `yaml:"policy_file" help:"quota policy file, for each tenant's time zone"`
 	Tenant     string         `yaml:"tenant" help:"tenant to report on (report only)"`
 	Month      string         `yaml:"month" help:"calendar month YYYY-MM, in each tenant's zone"`
 	Format     string         `yaml:"format" help:"output format: table, csv or json"`
@@ -46,7 +46,7 @@ func (c *reportConfig) Validate() error {
 }
 
 func loadReportConfig(name, format string, args []string) (reportConfig, error) {
-	cfg := reportConfig{Log: logging.Defaults(), ClickHouse: chconn.Defaults(), Policy: "policy.yaml", Format: format}
+	cfg := reportConfig{Log: logging.Defaults(), ClickHouse: chconn.Defaults(), PolicyFile: "policy.yaml", Format: format}
 	cfg.Log.Format = "text"
 	fs := flag.NewFlagSet("sluicectl "+name, flag.ContinueOnError)
 	err := config.Load(&cfg, config.Options{Args: args, FlagSet: fs})
@@ -61,7 +61,7 @@ func runReport(ctx context.Context, args []string) error {
 	if cfg.Tenant == "" {
 		return errors.New("tenant: is required (export reports every tenant)")
 	}
-	pol, conn, err := openReporting(ctx, cfg.Policy, cfg.ClickHouse)
+	pol, conn, err := openReporting(ctx, cfg.PolicyFile, cfg.ClickHouse)
 	if err != nil {
 		return err
 	}
@@ -79,7 +79,7 @@ func runExport(ctx context.Context, args []string) error {
 		return err
 	}
 	log := logging.New(cfg.Log, os.Stderr)
-	pol, conn, err := openReporting(ctx, cfg.Policy, cfg.ClickHouse)
+	pol, conn, err := openReporting(ctx, cfg.PolicyFile, cfg.ClickHouse)
 	if err != nil {
 		return err
 	}

@@ -52,6 +52,8 @@ import (
 	"fmt"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
@@ -64,7 +66,7 @@ import (
 // Config is the aggregator's section of the Sluice configuration.
 type Config struct {
 	PolicyFile    string        `yaml:"policy_file" help:"quota policy YAML file; reloaded when it changes"`
-	PolicyPoll    time.Duration `yaml:"policy_poll" help:"how often the policy file is checked for changes"`
+	PolicyReload  time.Duration `yaml:"policy_reload" help:"how often the policy file is checked for changes"`
 	Group         string        `yaml:"group" help:"Kafka consumer group of the aggregator instances"`
 	Topic         string        `yaml:"topic" help:"usage events topic"`
 	SignalsTopic  string        `yaml:"signals_topic" help:"topic the signals are produced to"`
@@ -93,7 +95,7 @@ func DefaultConfig() Config {
 	o := tally.DefaultOptions()
 	return Config{
 		PolicyFile:        "policy.yaml",
-		PolicyPoll:        2 * time.Second,
+		PolicyReload:      2 * time.Second,
 		Group:             "sluice-aggregator",
 		Topic:             schemas.TopicUsageV1,
 		SignalsTopic:      schemas.TopicSignalsV1,
@@ -120,8 +122,8 @@ func (c Config) Validate() error {
 	if c.PolicyFile == "" {
 		bad("policy_file: is required")
 	}
-	if c.PolicyPoll < 100*time.Millisecond || c.PolicyPoll > time.Hour {
-		bad("policy_poll: %v is outside 100ms..1h", c.PolicyPoll)
+	if c.PolicyReload < 100*time.Millisecond || c.PolicyReload > time.Hour {
+		bad("policy_reload: %v is outside 100ms..1h", c.PolicyReload)
 	}
 	if c.Group == "" {
 		bad("group: is required")
@@ -181,7 +183,7 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	}
 	env = env.Named("aggregator")
 	log := env.Logger
-	watcher, err := policy.NewWatcher(cfg.PolicyFile, cfg.PolicyPoll, log)
+	watcher, err := policy.NewWatcher(cfg.PolicyFile, cfg.PolicyReload, log)
 	if err != nil {
 		return fmt.Errorf("aggregator: policy: %w", err)
 	}
@@ -207,25 +209,36 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	defer env.Health.RemoveReadiness("aggregator-kafka")
 	defer env.Health.RemoveReadiness("aggregator-clickhouse")
 
-	wctx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
-	watchDone := make(chan struct{})
-	go func() { defer close(watchDone); _ = watcher.Run(wctx) }()
-	defer func() { stopWatch(); <-watchDone }()
+	// One group, one cancellation: the consumer and the policy poller stop
+	// together. The consumer cancels the group when it ends on its own (its
+	// client closed), so Run never outlives its consumer.
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return watcher.Run(gctx) })
+	g.Go(func() error {
+		defer stop()
+		log.Info("aggregator consuming", "topic", cfg.Topic, "group", cfg.Group, "policy_file", cfg.PolicyFile)
+		a.loop(gctx)
+		return a.shutdown(cfg.ShutdownGrace)
+	})
+	return g.Wait()
+}
 
-	log.Info("aggregator consuming", "topic", cfg.Topic, "group", cfg.Group, "policy", cfg.PolicyFile)
-	a.loop(ctx)
-
-	// Shutdown: flush and commit everything held, then leave the group
-	// (whose revoke callback finds nothing left to do).
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+// shutdown flushes and commits everything held, then leaves the group
+// (whose revoke callback finds nothing left to do), within grace. The
+// order is the flush order of every flush: ClickHouse, then signals, then
+// the offset commit; what it cannot finish is re-read by the next owner.
+func (a *aggregator) shutdown(grace time.Duration) error {
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	a.mu.Lock()
 	ferr := a.flushAll(sctx)
 	a.mu.Unlock()
-	cl.Close()
+	a.cl.Close()
 	if ferr != nil {
 		return fmt.Errorf("aggregator: final flush: %w (uncommitted events will be re-read by the next owner)", ferr)
 	}
-	log.Info("aggregator stopped")
+	a.log.Info("aggregator stopped")
 	return nil
 }

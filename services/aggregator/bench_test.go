@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/schemas"
 )
 
@@ -38,7 +39,7 @@ func BenchmarkPipeline(b *testing.B) {
 		b.StartTimer()
 		start := time.Now()
 		r := runInProcess(b, e, e.ch.Addr, nil)
-		waitFor(b, "all events committed", 5*time.Minute, caughtUp(b, e))
+		itest.Eventually(b, 5*time.Minute, "all events committed", caughtUp(b, e))
 		elapsed := time.Since(start)
 		b.StopTimer()
 		if err := r.stop(); err != nil {

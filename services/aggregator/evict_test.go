@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/schemas"
 )
@@ -57,24 +58,24 @@ func TestIdleTenantEvictedAndRestored(t *testing.T) {
 	}
 	send(idle...)
 	send(idle[:5]...) // retries: counted once
-	waitFor(t, "the quiet tenant's events consumed", 90*time.Second, caughtUp(t, e))
+	itest.Eventually(t, 90*time.Second, "the quiet tenant's events consumed", caughtUp(t, e))
 
 	var busy []schemas.UsageEvent
 	for i := 0; i < 30; i++ {
 		busy = append(busy, schemas.UsageEvent{ID: fmt.Sprintf("busy-%d", i), Time: base.Add(3*time.Hour + time.Duration(i)*time.Minute), Tenant: "busy", Model: "m0", PromptTokens: 10})
 	}
 	send(busy...)
-	waitFor(t, "the quiet tenant's three series to be evicted", 90*time.Second, func() bool {
+	itest.Eventually(t, 90*time.Second, "the quiet tenant's three series to be evicted", func() bool {
 		return r.metric(t, "sluice_aggregator_evicted_series_total", "") >= 3
 	})
 
 	back := schemas.UsageEvent{ID: "idle-back", Time: base.Add(3*time.Hour + 40*time.Minute), Tenant: "quiet", Model: "m1", PromptTokens: 1000, CompletionTokens: 1}
 	sent += back.TotalTokens()
 	send(back, idle[7]) // and one more retry of an event counted before the eviction
-	waitFor(t, "the quiet tenant restored", 90*time.Second, func() bool {
+	itest.Eventually(t, 90*time.Second, "the quiet tenant restored", func() bool {
 		return r.metric(t, "sluice_aggregator_restored_tenants_total", "") >= 1
 	})
-	waitFor(t, "the returning events consumed", 90*time.Second, caughtUp(t, e))
+	itest.Eventually(t, 90*time.Second, "the returning events consumed", caughtUp(t, e))
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -183,17 +183,6 @@ func committed(t testing.TB, e *env) (done, end int64) {
 	return done, end
 }
 
-func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func buildAggregator(t testing.TB) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "aggregator")
@@ -255,7 +244,7 @@ func TestKillNineExactlyOnce(t *testing.T) {
 		cmd := startAggregator(t, e, bin, logs)
 		// Kill once it has made some progress: mid-stream, at whatever
 		// point of write/publish/commit the process happens to be.
-		waitFor(t, "progress before kill", 90*time.Second, func() bool {
+		itest.Eventually(t, 90*time.Second, "progress before kill", func() bool {
 			done, end := committed(t, e)
 			return done >= done0+int64(len(evs))/12 || done == end
 		})
@@ -265,7 +254,7 @@ func TestKillNineExactlyOnce(t *testing.T) {
 		_ = cmd.Wait()
 	}
 	cmd := startAggregator(t, e, bin, logs)
-	waitFor(t, "the aggregator to catch up", 120*time.Second, func() bool {
+	itest.Eventually(t, 120*time.Second, "the aggregator to catch up", func() bool {
 		done, end := committed(t, e)
 		return done == end
 	})

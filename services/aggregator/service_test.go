@@ -49,7 +49,7 @@ func runInProcess(t testing.TB, e *env, chAddr string, mutate func(*aggregator.C
 	t.Helper()
 	cfg := aggregator.DefaultConfig()
 	cfg.Topic, cfg.SignalsTopic, cfg.Group, cfg.PolicyFile = e.topic, e.signals, e.group, e.policy
-	cfg.FlushInterval, cfg.PolicyPoll, cfg.SessionTimeout = 100*time.Millisecond, 100*time.Millisecond, 6*time.Second
+	cfg.FlushInterval, cfg.PolicyReload, cfg.SessionTimeout = 100*time.Millisecond, 100*time.Millisecond, 6*time.Second
 	cfg.RetryMin, cfg.RetryMax = 50*time.Millisecond, 300*time.Millisecond
 	if mutate != nil {
 		mutate(&cfg)
@@ -119,19 +119,19 @@ func TestClickHouseOutageStopsCommits(t *testing.T) {
 	base := time.Now().UTC().Truncate(time.Hour).Add(-3 * time.Hour)
 	evs, final := workload(3000, base)
 	produce(t, e, evs[:len(evs)/2])
-	waitFor(t, "first half consumed", 90*time.Second, caughtUp(t, e))
+	itest.Eventually(t, 90*time.Second, "first half consumed", caughtUp(t, e))
 	before, _ := committed(t, e)
 
 	proxy.Cut()
 	produce(t, e, evs[len(evs)/2:])
-	waitFor(t, "failed writes to be retried", 60*time.Second, func() bool {
+	itest.Eventually(t, 60*time.Second, "failed writes to be retried", func() bool {
 		return r.metric(t, "sluice_aggregator_flush_errors_total", "clickhouse write") >= 3
 	})
 	if now, _ := committed(t, e); now != before {
 		t.Fatalf("offsets moved from %d to %d while ClickHouse was down", before, now)
 	}
 	proxy.Restore()
-	waitFor(t, "second half consumed after ClickHouse returned", 90*time.Second, caughtUp(t, e))
+	itest.Eventually(t, 90*time.Second, "second half consumed after ClickHouse returned", caughtUp(t, e))
 	if err := r.stop(); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
@@ -179,16 +179,16 @@ func TestPolicyHotReload(t *testing.T) {
 	limitIs := func(want float64) func() bool {
 		return func() bool {
 			send()
-			waitFor(t, "event consumed", 60*time.Second, caughtUp(t, e))
+			itest.Eventually(t, 60*time.Second, "event consumed", caughtUp(t, e))
 			var limit float64
 			err := e.conn.QueryRow(context.Background(), "SELECT argMax(quota_limit, version) FROM quota_state WHERE tenant = 'acme' AND quota = 'daily_tokens'").Scan(&limit)
 			return err == nil && limit == want
 		}
 	}
-	waitFor(t, "the initial limit in quota_state", 60*time.Second, limitIs(1000))
+	itest.Eventually(t, 60*time.Second, "the initial limit in quota_state", limitIs(1000))
 
 	write("tenants:\n  acme:\n    models:\n      \"*\": {daily_tokens: -5}\n")
-	waitFor(t, "the broken reload to be counted", 30*time.Second, func() bool {
+	itest.Eventually(t, 30*time.Second, "the broken reload to be counted", func() bool {
 		return r.metric(t, "sluice_aggregator_policy_reload_failures_total", "") >= 1
 	})
 	if !limitIs(1000)() {
@@ -196,5 +196,5 @@ func TestPolicyHotReload(t *testing.T) {
 	}
 
 	write("tenants:\n  acme:\n    models:\n      \"*\": {daily_tokens: 2000}\n")
-	waitFor(t, "the new limit to take effect", 60*time.Second, limitIs(2000))
+	itest.Eventually(t, 60*time.Second, "the new limit to take effect", limitIs(2000))
 }

@@ -223,18 +223,6 @@ func idCounts(t testing.TB, recs []*kgo.Record) map[string]int {
 	return counts
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // proxyDialer sends every broker connection through p, so cutting p is the
 // broker going down for this client only.
 func proxyDialer(p *itest.Proxy) kgo.Opt { return kgo.Dialer(p.Dial) }

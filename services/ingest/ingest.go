@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/platform"
 )
@@ -59,11 +60,6 @@ func run(ctx context.Context, cfg Config, env platform.Env, started func(addr st
 	// /readyz pass may send the next request at once.
 	env.Health.AddReadiness("ingest", s.ready)
 	defer env.Health.RemoveReadiness("ingest")
-	wctx, stopWatch := context.WithCancel(context.Background())
-	defer stopWatch()
-	if s.keys != nil {
-		go s.keys.Watch(wctx, cfg.KeysReloadInterval)
-	}
 	srv := &http.Server{
 		Handler:           s.handler(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -75,27 +71,33 @@ func run(ctx context.Context, cfg Config, env platform.Env, started func(addr st
 	if started != nil {
 		started(ln.Addr().String())
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-
-	var serveErr error
-	select {
-	case serveErr = <-errc:
-	case <-ctx.Done():
+	// One group, one cancellation: the server, the keys file poller and
+	// the shutdown member. When ctx ends, or the server fails, shutdown
+	// drains the in-flight requests and flushes the producer.
+	g, gctx := errgroup.WithContext(ctx)
+	if s.keys != nil {
+		g.Go(func() error { s.keys.Watch(gctx, cfg.KeysReloadInterval); return nil })
 	}
-	return s.shutdown(srv, serveErr)
+	g.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("ingest: serve: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		return s.shutdown(srv)
+	})
+	return g.Wait()
 }
 
 // shutdown stops accepting, lets in-flight requests finish, then flushes
 // and closes the producer, all within ShutdownTimeout.
-func (s *server) shutdown(srv *http.Server, serveErr error) error {
+func (s *server) shutdown(srv *http.Server) error {
 	s.closing.Store(true)
 	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
-	errs := []error{}
-	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
-		errs = append(errs, fmt.Errorf("ingest: serve: %w", serveErr))
-	}
+	var errs []error
 	if err := srv.Shutdown(sctx); err != nil {
 		errs = append(errs, fmt.Errorf("ingest: in-flight requests did not finish within shutdown_timeout = %s: %w", s.cfg.ShutdownTimeout, err))
 	}

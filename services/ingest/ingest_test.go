@@ -219,13 +219,13 @@ func TestBrokerDownNeverAnswers2xx(t *testing.T) {
 	}
 	<-cut
 	proxy.Cut()
-	waitFor(t, 60*time.Second, "a 503 while the broker is unreachable", func() bool {
+	itest.Eventually(t, 60*time.Second, "a 503 while the broker is unreachable", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return saw503 > 0
 	})
 	// While cut, readiness must say not ready.
-	waitFor(t, 30*time.Second, "readiness turning false", func() bool {
+	itest.Eventually(t, 30*time.Second, "readiness turning false", func() bool {
 		resp, err := http.Get(inst.url + "/readyz")
 		if err != nil {
 			return false
@@ -263,7 +263,7 @@ func TestBudgetBoundsInflight(t *testing.T) {
 	// Warm up the producer (metadata, producer id); a loaded machine may
 	// need more than one produce_timeout for that.
 	warm := []byte(eventJSON("warm", "acme"))
-	waitFor(t, 90*time.Second, "warm-up accepted", func() bool {
+	itest.Eventually(t, 90*time.Second, "warm-up accepted", func() bool {
 		return post(t, inst.url, testKey, "", warm).code == http.StatusAccepted
 	})
 	proxy.Cut()
@@ -282,7 +282,7 @@ func TestBudgetBoundsInflight(t *testing.T) {
 	}
 	proxy.Restore()
 	// After recovery the first request's retry is acknowledged, as duplicates.
-	waitFor(t, 90*time.Second, "retry accepted after the broker is back", func() bool {
+	itest.Eventually(t, 90*time.Second, "retry accepted after the broker is back", func() bool {
 		return post(t, inst.url, testKey, "", []byte(batchJSON(evs...))).code == http.StatusAccepted
 	})
 	counts := idCounts(t, readTopic(t, inst.kafka, inst.topic))

@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -30,12 +31,12 @@ func TestConfigValidateNamesFieldAndLimit(t *testing.T) {
 	c.At = "25:00"
 	c.RepairThreshold = 2
 	c.MaxObservations = 1
-	c.Policy = ""
+	c.PolicyFile = ""
 	err := c.Validate()
 	if err == nil {
 		t.Fatal("bad config accepted")
 	}
-	for _, want := range []string{"reconciler.at", "reconciler.repair_threshold: 2 is outside 0..1", "reconciler.max_observations: 1 is outside 2..10", "reconciler.policy"} {
+	for _, want := range []string{"reconciler.at", "reconciler.repair_threshold: 2 is outside 0..1", "reconciler.max_observations: 1 is outside 2..10", "reconciler.policy_file"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
@@ -99,7 +100,7 @@ func TestServiceRepairsOnScheduleAndSignals(t *testing.T) {
 	startMs := time.Now().Add(-time.Second).UnixMilli()
 
 	cfg := DefaultConfig()
-	cfg.Policy = polPath
+	cfg.PolicyFile = polPath
 	cfg.ConfirmDelay = 50 * time.Millisecond
 	reg := prometheus.NewRegistry()
 	env := platform.Env{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: reg, Health: ops.NewHealth(), Kafka: kcfg, ClickHouse: chcfg}
@@ -120,20 +121,16 @@ func TestServiceRepairsOnScheduleAndSignals(t *testing.T) {
 		}
 	}()
 
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	itest.EventuallyNoError(t, 60*time.Second, "the daily counter repaired to 500", func() error {
 		var used float64
 		if err := conn.QueryRow(ctx, "SELECT used FROM quota_state FINAL WHERE tenant = ?", tenant).Scan(&used); err != nil {
-			t.Fatal(err)
+			return err
 		}
-		if used == 500 {
-			break
+		if used != 500 {
+			return fmt.Errorf("used is %v", used)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("daily counter still %v after 60s, want it repaired to 500", used)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 
 	cl, err := kafkaconn.NewClient(kcfg, kgo.ConsumeTopics(schemas.TopicSignalsV1), kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(startMs)))
 	if err != nil {

@@ -1,12 +1,17 @@
 package alertmanager
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -114,27 +119,86 @@ func TestAlertsAppearWithLabelsAndAnnotationsThenResolve(t *testing.T) {
 	itest.Eventually(t, 30*time.Second, "the alert resolved", func() bool { return len(active(t, base, tenant)) == 0 })
 }
 
+// TestLargeResendsAreBatched: a re-send of more than MaxBatch alerts goes
+// out as several POSTs of at most MaxBatch alerts each, and Alertmanager
+// receives every alert. The Sender talks to Alertmanager through a
+// recording proxy, so a Sender that posts everything at once fails here.
 func TestLargeResendsAreBatched(t *testing.T) {
 	base := itest.Alertmanager(t)
+	target, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		posts []int // alerts per POST to /api/v2/alerts
+	)
+	upstream := httputil.NewSingleHostReverseProxy(target)
+	rec := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == "/api/v2/alerts" {
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			var alerts []json.RawMessage
+			if err := json.Unmarshal(body, &alerts); err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			mu.Lock()
+			posts = append(posts, len(alerts))
+			mu.Unlock()
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			r.ContentLength = int64(len(body))
+		}
+		upstream.ServeHTTP(w, r)
+	}))
+	defer rec.Close()
+	takePosts := func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		p := posts
+		posts = nil
+		return p
+	}
+
 	tenant := itest.Unique(t, "amb_")
 	render, _ := message.New("en", "", message.Links{}, 10)
-	s, _ := New(base, 5*time.Minute, render, nil)
+	s, _ := New(rec.URL, 5*time.Minute, render, nil)
+	const n = MaxBatch + 20
 	var m alert.Message
-	for i := 0; i < MaxBatch+20; i++ {
+	for i := 0; i < n; i++ {
 		m.Alerts = append(m.Alerts, alert.Alert{Key: alert.Key{Tenant: tenant, Model: "m" + strconv.Itoa(i), Rule: alert.RuleAnomaly, Variant: "rate_spike"},
 			Status: alert.StatusFiring, Severity: alert.SeverityWarning, StartsAt: time.Now()})
 	}
 	m.Resend = true
+	checkBatches := func(what string) {
+		t.Helper()
+		got := takePosts() // Send has returned: every POST it made is recorded
+		sum := 0
+		for _, k := range got {
+			sum += k
+			if k > MaxBatch {
+				t.Errorf("%s: a POST carried %d alerts, above MaxBatch = %d (all POSTs: %v)", what, k, MaxBatch, got)
+			}
+		}
+		if len(got) != 2 || sum != n {
+			t.Errorf("%s: POSTs carried %v alerts, want 2 POSTs with %d in all", what, got, n)
+		}
+	}
 	if err := s.Send(context.Background(), m); err != nil {
 		t.Fatal(err)
 	}
-	itest.Eventually(t, 30*time.Second, "every alert", func() bool { return len(active(t, base, tenant)) == MaxBatch+20 })
+	checkBatches("firing")
+	itest.Eventually(t, 30*time.Second, "every alert", func() bool { return len(active(t, base, tenant)) == n })
 	for i := range m.Alerts {
 		m.Alerts[i].Status, m.Alerts[i].EndsAt = alert.StatusResolved, time.Now()
 	}
 	if err := s.Send(context.Background(), m); err != nil {
 		t.Fatal(err)
 	}
+	checkBatches("resolved")
 	itest.Eventually(t, 30*time.Second, "all resolved", func() bool { return len(active(t, base, tenant)) == 0 })
 }
 

@@ -16,6 +16,12 @@
 // Pending claims are not counted against MaxIDs; the caller bounds them with
 // its in-flight budget. The window is the first line of deduplication, not
 // the only one: an id evicted early is caught by the aggregator.
+//
+// Begin and Commit run for every event ingest accepts, so the window is
+// hand-written (sharded locks, one map lookup per call, the eviction ring
+// of package fifo) rather than a library LRU; BenchmarkIngest1,
+// BenchmarkIngest100 and BenchmarkIngest1000 in services/ingest measure
+// it as part of the request path (see bench/README.md).
 package dedup
 
 import (
@@ -23,6 +29,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sluicehq/sluice/services/internal/fifo"
 )
 
 // State is what Begin found for an id.
@@ -60,10 +68,9 @@ type shard struct {
 	// acknowledged until an expiry. One map keeps Begin and Commit at one
 	// lookup each.
 	ids map[string]slot
-	// ring holds acknowledged ids in insertion order, which is expiry order;
-	// head is the oldest. Its length is the shard's share of MaxIDs.
-	ring       []ringEntry
-	head, size int
+	// ring holds acknowledged ids in insertion order, which is expiry
+	// order, oldest first. Its capacity is the shard's share of MaxIDs.
+	ring *fifo.Ring[ringEntry]
 }
 
 // slot is pending when owner is non-zero, else acknowledged until expiry
@@ -87,7 +94,7 @@ func NewWindow(ttl time.Duration, maxIDs int, now func() time.Time) *Window {
 	per := max(maxIDs/shards, 1)
 	w := &Window{ttl: ttl, now: now, seed: maphash.MakeSeed()}
 	for i := range w.shards {
-		w.shards[i] = shard{ids: make(map[string]slot), ring: make([]ringEntry, per)}
+		w.shards[i] = shard{ids: make(map[string]slot), ring: fifo.New[ringEntry](per)}
 	}
 	return w
 }
@@ -133,12 +140,12 @@ func (w *Window) Commit(key string, owner uint64) {
 		return // not ours (an id committed by another owner meanwhile)
 	}
 	s.expire(now.UnixNano())
-	if s.size == len(s.ring) {
-		s.evictOldest()
+	// Push before the map write: when the ring is full the oldest mark
+	// goes first, as the bound promises.
+	if old, evicted := s.ring.Push(ringEntry{id: key, expiry: exp}); evicted {
+		s.forget(old)
 	}
 	s.ids[key] = slot{expiry: exp}
-	s.ring[(s.head+s.size)%len(s.ring)] = ringEntry{id: key, expiry: exp}
-	s.size++
 }
 
 // Abort releases owner's claim on key without a mark, so the next attempt
@@ -159,7 +166,7 @@ func (w *Window) Len() int {
 	for i := range w.shards {
 		s := &w.shards[i]
 		s.mu.Lock()
-		n += s.size
+		n += s.ring.Len()
 		s.mu.Unlock()
 	}
 	return n
@@ -167,19 +174,21 @@ func (w *Window) Len() int {
 
 // expire drops marks whose time is up from the front of the ring.
 func (s *shard) expire(now int64) {
-	for s.size > 0 && s.ring[s.head].expiry <= now {
-		s.evictOldest()
+	for {
+		e, ok := s.ring.Front()
+		if !ok || e.expiry > now {
+			return
+		}
+		s.ring.Pop()
+		s.forget(e)
 	}
 }
 
-func (s *shard) evictOldest() {
-	e := s.ring[s.head]
+// forget removes the mark e left the ring with from the map.
+func (s *shard) forget(e ringEntry) {
 	// The id may have been claimed again since (its mark had expired) or
 	// re-acknowledged with a newer expiry; only a matching mark goes.
 	if v, ok := s.ids[e.id]; ok && v.owner == 0 && v.expiry == e.expiry {
 		delete(s.ids, e.id)
 	}
-	s.ring[s.head] = ringEntry{}
-	s.head = (s.head + 1) % len(s.ring)
-	s.size--
 }

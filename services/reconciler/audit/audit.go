@@ -35,9 +35,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
-	"sort"
-	"strconv"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -150,24 +147,16 @@ func New(conn driver.Conn, pub Publisher, opt Options) *Auditor {
 	return &Auditor{conn: conn, pub: pub, opt: opt}
 }
 
-// cell is one counter compared with its truth in one observation.
-type cell struct {
-	row Row
-	// fingerprint is every compared figure, so that two observations can be
-	// told equal exactly.
-	fingerprint string
-	drifted     bool
-	quota       *quotaRow  // existing quota_state row, nil if missing
-	minute      *minuteRow // existing usage_minute row, nil if missing
-	truth       usage
-	minuteCell  bool // a per-minute usage_minute cell
-	// summary is a model's usage_minute day total: it is signalled, and
-	// repaired through its minutes.
-	summary bool
-}
-
 // Reconcile audits one job. It returns ErrOpenPeriod (wrapped) for a period
 // that has not settled.
+//
+// The steps, each in its own file: observe the counters and the truth
+// until two observations agree (observe.go, compare.go), sort the cells
+// into drifted, unsettled and equal (compare.go), publish the drift
+// signals, then repair (repair.go), then record the run (record.go). The
+// order is the failure story: a failed publish leaves the counters wrong,
+// so the next run finds the drift again and retries both; a failed record
+// after a repair loses only the history row, never a counter.
 func (a *Auditor) Reconcile(ctx context.Context, job Job) (Result, error) {
 	if job.Tenant == nil {
 		return Result{}, errors.New("audit: job has no tenant")
@@ -182,100 +171,22 @@ func (a *Auditor) Reconcile(ctx context.Context, job Job) (Result, error) {
 	}
 	res := Result{RunID: newRunID(now), Tenant: job.Tenant.ID, Period: string(job.Period), Start: start, End: end}
 
-	cells, err := a.observe(ctx, job, start, end)
+	cells, err := a.confirm(ctx, job, start, end)
 	if err != nil {
 		return res, err
 	}
-	for n := 2; n <= a.opt.MaxObservations && anyDrift(cells); n++ {
-		select {
-		case <-ctx.Done():
-			return res, ctx.Err()
-		case <-time.After(a.opt.ConfirmDelay):
+	keys := sortedKeys(cells)
+	v := a.judge(cells, keys, &res, now)
+	if len(v.signals) > 0 && a.pub != nil {
+		if err := a.pub.Publish(ctx, v.signals); err != nil {
+			return res, fmt.Errorf("audit: publish %d reconciliation_drift signals: %w", len(v.signals), err)
 		}
-		next, err := a.observe(ctx, job, start, end)
-		if err != nil {
-			return res, err
-		}
-		settled := true
-		for k, c := range next {
-			if !c.drifted {
-				continue
-			}
-			if prev, ok := cells[k]; !ok || !prev.drifted || prev.fingerprint != c.fingerprint {
-				c.row.Unsettled = true
-				settled = false
-			}
-		}
-		cells = next
-		if settled {
-			break
-		}
+		res.Signals = len(v.signals)
 	}
-
-	keys := make([]string, 0, len(cells))
-	for k := range cells {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	var toRepair []*cell
-	var signals []schemas.Signal
-	for _, k := range keys {
-		c := cells[k]
-		switch {
-		case c.row.Unsettled:
-			c.row.Drifted = false
-			res.Unsettled++
-			a.opt.Log.Warn("reconcile: counter moved between observations; left for the next run",
-				"tenant", c.row.Tenant, "model", c.row.Model, "quota", c.row.Quota, "period_start", c.row.PeriodStart)
-		case c.drifted:
-			c.row.Drifted = true
-			res.Drifted++
-			if a.beyondThreshold(c.row) && !a.opt.DryRun {
-				if !c.summary {
-					toRepair = append(toRepair, c)
-				}
-				if !c.minuteCell {
-					signals = append(signals, driftSignal(c.row, res.RunID, now))
-				}
-			}
-		}
-	}
-	// usage_minute repairs are signalled once per model and day, through
-	// the summary cell, not once per minute.
-	for _, c := range toRepair {
-		if c.minuteCell {
-			if s := cells[summaryKey(c.row.Model)]; s != nil && !s.drifted && !s.row.Unsettled {
-				s.row.Drifted = true
-				res.Drifted++
-				signals = append(signals, driftSignal(s.row, res.RunID, now))
-			}
-		}
-	}
-
-	// Signals go out before the repair: if publishing fails the counters
-	// stay wrong, so the next run finds the drift again and retries both.
-	if len(signals) > 0 && a.pub != nil {
-		if err := a.pub.Publish(ctx, signals); err != nil {
-			return res, fmt.Errorf("audit: publish %d reconciliation_drift signals: %w", len(signals), err)
-		}
-		res.Signals = len(signals)
-	}
-	if err := a.repair(ctx, job.Tenant, toRepair, now); err != nil {
+	if err := a.repair(ctx, job.Tenant, v.repair, now); err != nil {
 		return res, err
 	}
-	repairedModels := map[string]bool{}
-	for _, c := range toRepair {
-		c.row.Repaired = true
-		res.Repaired++
-		if c.minuteCell {
-			repairedModels[c.row.Model] = true
-		}
-	}
-	for m := range repairedModels {
-		if s := cells[summaryKey(m)]; s != nil {
-			s.row.Repaired = true
-		}
-	}
+	markRepaired(cells, v.repair, &res)
 	for _, k := range keys {
 		c := cells[k]
 		// Every period-level comparison is recorded; minutes only when
@@ -291,187 +202,8 @@ func (a *Auditor) Reconcile(ctx context.Context, job Job) (Result, error) {
 	return res, nil
 }
 
-func (a *Auditor) beyondThreshold(r Row) bool {
-	if r.Drift == 0 {
-		// A usage_minute row whose tokens agree but whose requests or
-		// token split do not: always wrong, never a rounding question.
-		return true
-	}
-	return math.Abs(r.Drift) > a.opt.RepairThreshold*math.Max(math.Abs(r.Truth), 1)
-}
-
-func anyDrift(cells map[string]*cell) bool {
-	for _, c := range cells {
-		if c.drifted {
-			return true
-		}
-	}
-	return false
-}
-
-func summaryKey(model string) string { return "m|" + model + "|summary" }
-
-// equal compares amounts computed two ways (integer tokens, or float costs
-// summed in a different order), so costs get a relative tolerance.
-func equal(a, b float64) bool {
-	return math.Abs(a-b) <= 1e-9*math.Max(1, math.Max(math.Abs(a), math.Abs(b)))
-}
-
-// observe reads the counters and the truth once and pairs them up.
-func (a *Auditor) observe(ctx context.Context, job Job, start, end time.Time) (map[string]*cell, error) {
-	t := job.Tenant
-	day := job.Period == schemas.PeriodDay
-	periods := []string{string(schemas.PeriodMonth)}
-	quotas := map[string]bool{string(schemas.QuotaMonthlyTokens): true, string(schemas.QuotaBudget): true}
-	if day {
-		periods = []string{string(schemas.PeriodDay), string(schemas.PeriodHour)}
-		quotas = map[string]bool{string(schemas.QuotaDailyTokens): true, string(schemas.QuotaHourlyTokens): true}
-	}
-	// Counters first, then the truth: an event that lands in between makes
-	// the truth run ahead, never behind, and confirmation sorts it out.
-	qrows, err := readQuotaState(ctx, a.conn, t.ID, periods, start, end)
-	if err != nil {
-		return nil, err
-	}
-	var mrows []minuteRow
-	if day {
-		if mrows, err = readUsageMinute(ctx, a.conn, t.ID, start, end); err != nil {
-			return nil, err
-		}
-	}
-	tr, err := readTruth(ctx, a.conn, t.ID, start, end, day)
-	if err != nil {
-		return nil, err
-	}
-
-	cells := map[string]*cell{}
-	qkey := func(model, quota string, ps time.Time) string {
-		return "q|" + model + "|" + quota + "|" + strconv.FormatInt(ps.Unix(), 10)
-	}
-	for i := range qrows {
-		r := &qrows[i]
-		if !quotas[r.quota] {
-			continue // rate windows are not period totals
-		}
-		cells[qkey(r.model, r.quota, r.start)] = &cell{quota: r, row: Row{Model: r.model, Quota: r.quota, Period: r.period,
-			PeriodStart: r.start, PeriodEnd: r.end, Unit: r.unit, Mode: r.mode, Limit: r.limit, Counter: r.used}}
-	}
-	// Quotas of the policy whose counter is missing: a counter the
-	// aggregator never wrote while events exist is drift too.
-	models := []string{policy.AllModels}
-	for m := range t.Models {
-		if m != policy.AllModels {
-			models = append(models, m)
-		}
-	}
-	for _, m := range models {
-		for _, q := range t.Quotas(m) {
-			if !quotas[string(q.Name)] {
-				continue
-			}
-			for ps := start; ps.Before(end); {
-				s, e := policy.PeriodBounds(q.Period, ps, t.Location)
-				k := qkey(m, string(q.Name), s)
-				if cells[k] == nil {
-					cells[k] = &cell{row: Row{Model: m, Quota: string(q.Name), Period: string(q.Period), PeriodStart: s, PeriodEnd: e,
-						Unit: string(q.Unit), Mode: string(q.Mode), Limit: q.Limit}}
-				}
-				ps = e
-			}
-		}
-	}
-	for k, c := range cells {
-		u := tr.sum(c.row.Model, c.row.PeriodStart, c.row.PeriodEnd)
-		c.truth = u
-		c.row.Truth = float64(u.tokens())
-		if c.row.Quota == string(schemas.QuotaBudget) {
-			c.row.Truth = u.cost
-		}
-		if c.quota == nil && c.row.Truth == 0 {
-			delete(cells, k) // nothing counted, nothing used: nothing to compare
-			continue
-		}
-		c.drifted = !equal(c.row.Counter, c.row.Truth)
-		c.fingerprint = fmt.Sprintf("%v/%v", c.row.Counter, c.row.Truth)
-	}
-
-	if day {
-		a.minuteCells(cells, tr, mrows, start, end)
-	}
-	for _, c := range cells {
-		c.row.Tenant = t.ID
-		c.row.Drift = c.row.Counter - c.row.Truth
-	}
-	return cells, nil
-}
-
-// minuteCells pairs usage_minute rows with per-minute truth, model by model
-// ("*" being all models), and adds one summary cell per model for the day.
-func (a *Auditor) minuteCells(cells map[string]*cell, tr truth, mrows []minuteRow, start, end time.Time) {
-	type mk struct {
-		model string
-		at    int64
-	}
-	counters := map[mk]*minuteRow{}
-	for i := range mrows {
-		r := &mrows[i]
-		counters[mk{r.model, r.minute.Unix()}] = r
-	}
-	truthAt := map[mk]usage{}
-	for model, buckets := range tr {
-		for at, u := range buckets {
-			for _, m := range []string{model, policy.AllModels} {
-				v := truthAt[mk{m, at}]
-				v.add(u)
-				truthAt[mk{m, at}] = v
-			}
-		}
-	}
-	keys := map[mk]bool{}
-	for k := range counters {
-		keys[k] = true
-	}
-	for k := range truthAt {
-		keys[k] = true
-	}
-	summaries := map[string]*cell{}
-	driftedMinutes := map[string][]string{}
-	for k := range keys {
-		cu := usage{}
-		r := counters[k]
-		if r != nil {
-			cu = r.u
-		}
-		tu := truthAt[k]
-		at := time.Unix(k.at, 0).UTC()
-		c := &cell{minute: r, truth: tu, minuteCell: true, row: Row{Model: k.model, Quota: UsageMinuteQuota, Period: string(schemas.PeriodMinute),
-			PeriodStart: at, PeriodEnd: at.Add(time.Minute), Unit: "tokens",
-			Counter: float64(cu.tokens()), Truth: float64(tu.tokens())}}
-		c.drifted = cu.requests != tu.requests || cu.prompt != tu.prompt || cu.completion != tu.completion || cu.cached != tu.cached
-		c.fingerprint = fmt.Sprintf("%d/%d/%d/%d|%d/%d/%d/%d", cu.requests, cu.prompt, cu.completion, cu.cached, tu.requests, tu.prompt, tu.completion, tu.cached)
-		cells["m|"+k.model+"|"+strconv.FormatInt(k.at, 10)] = c
-
-		s := summaries[k.model]
-		if s == nil {
-			s = &cell{summary: true, row: Row{Model: k.model, Quota: UsageMinuteQuota, Period: string(schemas.PeriodDay), PeriodStart: start, PeriodEnd: end, Unit: "tokens"}}
-			summaries[k.model] = s
-		}
-		s.row.Counter += c.row.Counter
-		s.row.Truth += c.row.Truth
-		if c.drifted {
-			driftedMinutes[k.model] = append(driftedMinutes[k.model], strconv.FormatInt(k.at, 10)+"="+c.fingerprint)
-		}
-	}
-	for m, s := range summaries {
-		// The summary itself drifts when the day's sums differ; drifted
-		// minutes that cancel out are marked through the repair.
-		s.drifted = s.row.Counter != s.row.Truth
-		sort.Strings(driftedMinutes[m])
-		s.fingerprint = fmt.Sprintf("%v/%v|%v", s.row.Counter, s.row.Truth, driftedMinutes[m])
-		cells[summaryKey(m)] = s
-	}
-}
-
+// newRunID names a run: its start time, readable and sortable, and a
+// random suffix so that two runs in one second stay apart.
 func newRunID(now time.Time) string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 )
@@ -289,7 +290,7 @@ tenants:
 			written.Add(1)
 		}
 	}()
-	waitFor(t, func() bool { return written.Load() >= 20 })
+	itest.Eventually(t, 30*time.Second, "the live writer to write 20 batches", func() bool { return written.Load() >= 20 })
 
 	a := New(conn, &capture{}, Options{Settle: 15 * time.Minute, ConfirmDelay: 300 * time.Millisecond, MaxObservations: 3, Now: func() time.Time { return now }})
 	before := written.Load()
@@ -325,16 +326,5 @@ tenants:
 	}
 	if res.Drifted != 0 || res.Unsettled != 0 {
 		t.Fatalf("after ingestion stopped: drifted %d unsettled %d: %+v", res.Drifted, res.Unsettled, res.Rows)
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 30s")
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

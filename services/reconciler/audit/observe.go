@@ -1,13 +1,19 @@
+// One observation: the aggregator's counters (quota_state, usage_minute)
+// and the truth recomputed from distinct raw events, read in that order
+// and paired into cells keyed by model, quota and period.
+
 package audit
 
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/reconciler/costquery"
 )
 
@@ -48,6 +54,94 @@ func (t truth) sum(model string, start, end time.Time) usage {
 		}
 	}
 	return out
+}
+
+// observe reads the counters and the truth once and pairs them up.
+func (a *Auditor) observe(ctx context.Context, job Job, start, end time.Time) (map[string]*cell, error) {
+	t := job.Tenant
+	day := job.Period == schemas.PeriodDay
+	periods := []string{string(schemas.PeriodMonth)}
+	quotas := map[string]bool{string(schemas.QuotaMonthlyTokens): true, string(schemas.QuotaBudget): true}
+	if day {
+		periods = []string{string(schemas.PeriodDay), string(schemas.PeriodHour)}
+		quotas = map[string]bool{string(schemas.QuotaDailyTokens): true, string(schemas.QuotaHourlyTokens): true}
+	}
+	// Counters first, then the truth: an event that lands in between makes
+	// the truth run ahead, never behind, and confirmation sorts it out.
+	qrows, err := readQuotaState(ctx, a.conn, t.ID, periods, start, end)
+	if err != nil {
+		return nil, err
+	}
+	var mrows []minuteRow
+	if day {
+		if mrows, err = readUsageMinute(ctx, a.conn, t.ID, start, end); err != nil {
+			return nil, err
+		}
+	}
+	tr, err := readTruth(ctx, a.conn, t.ID, start, end, day)
+	if err != nil {
+		return nil, err
+	}
+
+	cells := map[string]*cell{}
+	qkey := func(model, quota string, ps time.Time) string {
+		return "q|" + model + "|" + quota + "|" + strconv.FormatInt(ps.Unix(), 10)
+	}
+	for i := range qrows {
+		r := &qrows[i]
+		if !quotas[r.quota] {
+			continue // rate windows are not period totals
+		}
+		cells[qkey(r.model, r.quota, r.start)] = &cell{quota: r, row: Row{Model: r.model, Quota: r.quota, Period: r.period,
+			PeriodStart: r.start, PeriodEnd: r.end, Unit: r.unit, Mode: r.mode, Limit: r.limit, Counter: r.used}}
+	}
+	// Quotas of the policy whose counter is missing: a counter the
+	// aggregator never wrote while events exist is drift too.
+	models := []string{policy.AllModels}
+	for m := range t.Models {
+		if m != policy.AllModels {
+			models = append(models, m)
+		}
+	}
+	for _, m := range models {
+		for _, q := range t.Quotas(m) {
+			if !quotas[string(q.Name)] {
+				continue
+			}
+			for ps := start; ps.Before(end); {
+				s, e := policy.PeriodBounds(q.Period, ps, t.Location)
+				k := qkey(m, string(q.Name), s)
+				if cells[k] == nil {
+					cells[k] = &cell{row: Row{Model: m, Quota: string(q.Name), Period: string(q.Period), PeriodStart: s, PeriodEnd: e,
+						Unit: string(q.Unit), Mode: string(q.Mode), Limit: q.Limit}}
+				}
+				ps = e
+			}
+		}
+	}
+	for k, c := range cells {
+		u := tr.sum(c.row.Model, c.row.PeriodStart, c.row.PeriodEnd)
+		c.truth = u
+		c.row.Truth = float64(u.tokens())
+		if c.row.Quota == string(schemas.QuotaBudget) {
+			c.row.Truth = u.cost
+		}
+		if c.quota == nil && c.row.Truth == 0 {
+			delete(cells, k) // nothing counted, nothing used: nothing to compare
+			continue
+		}
+		c.drifted = !equal(c.row.Counter, c.row.Truth)
+		c.fingerprint = fmt.Sprintf("%v/%v", c.row.Counter, c.row.Truth)
+	}
+
+	if day {
+		a.minuteCells(cells, tr, mrows, start, end)
+	}
+	for _, c := range cells {
+		c.row.Tenant = t.ID
+		c.row.Drift = c.row.Counter - c.row.Truth
+	}
+	return cells, nil
 }
 
 // truthSQL recomputes usage from distinct events: FINAL keeps one row per

@@ -3,7 +3,8 @@
 
 migrations/chdb_check.py proves the DDL runs on current ClickHouse; this
 loads a small fixture (a mid-month price change, a retried event, an
-unpriced model, a soft-quota overage), checks the views' figures against
+unpriced model, an event before its model's first price, a soft-quota
+overage), checks the views' figures against
 hand-computed ones and runs every example query of docs/finance.md.
 The Go tests check the same figures on ClickHouse 18.16.
 Usage: .services/venv/bin/python services/reconciler/testdata/chdb_views_check.py
@@ -32,7 +33,8 @@ def main() -> int:
             "('a2', toDateTime('2026-11-14 23:59:59','UTC'), 'acme','gpt-4o',2000,500,1000,1),"
             "('a3', toDateTime('2026-11-15 00:00:00','UTC'), 'acme','gpt-4o',2000,500,1000,2),"
             "('a3', toDateTime('2026-11-15 00:00:00','UTC'), 'acme','gpt-4o',2000,500,1000,3),"
-            "('m', toDateTime('2026-11-15 00:00:00','UTC'), 'acme','mystery',50,50,0,4)")
+            "('m', toDateTime('2026-11-15 00:00:00','UTC'), 'acme','mystery',50,50,0,4),"
+            "('a0', toDateTime('2025-12-31 23:59:59','UTC'), 'early','gpt-4o',10,10,0,5)")
     s.query("INSERT INTO quota_state (tenant, model, quota, period, period_start, used, quota_limit, mode, version) VALUES "
             "('acme','gpt-4o','monthly_tokens','month',toDateTime('2026-11-01 00:00:00','UTC'),2100,2000,'soft',1)")
     checks = {
@@ -43,6 +45,9 @@ def main() -> int:
         "SELECT toString(round(sum(cost), 9)) FROM usage_daily WHERE day = toDate('2026-11-15') AND model = 'gpt-4o'": "0.007",
         "SELECT toString(sum(overage)) FROM soft_quota_overage": "100",
         "SELECT toString(count()) FROM price_periods": "2",
+        # a0 predates gpt-4o's first price: kept, unpriced (migration 045)
+        "SELECT toString(count()) FROM usage_priced WHERE priced = 0": "2",
+        "SELECT toString(count()) FROM usage_priced": "4",
     }
     version = str(s.query("SELECT version()")).strip().strip('"')
     for q, want in checks.items():

@@ -14,6 +14,13 @@
 //
 // A Partition is not safe for concurrent use; the consumer owns one per
 // assigned partition.
+//
+// Apply is the aggregator's hot path and is hand-written for it: a
+// pointer-free id map (hashes and series indexes, so the garbage collector
+// does not scan it), package fifo's ring for the id bound, a price cached
+// per series. BenchmarkApply, BenchmarkAllocsPerEvent and
+// BenchmarkBytesPerSeries (bench_test.go; aggregator_inmemory_* and
+// aggregator_bytes_per_tenant_model in bench/README.md) guard it.
 package tally
 
 import (
@@ -22,6 +29,7 @@ import (
 
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/internal/fifo"
 )
 
 // Options tune a Partition.
@@ -98,12 +106,11 @@ type Partition struct {
 	// dedup holds no pointers (keys are hashes, series are indexes), so
 	// the garbage collector does not scan it: at hundreds of thousands of
 	// ids that scan cost more than the aggregation itself.
-	dedup  map[uint64]idRec
-	fifo   []uint64 // ring, oldest at head once full
-	seed   maphash.Seed
-	series []*Series // by index, for idRec.series; nil: a free slot
-	free   []int32   // free slots of series, reused before it grows
-	head   int
+	dedup   map[uint64]idRec
+	idOrder *fifo.Ring[uint64] // the keys of dedup, oldest first
+	seed    maphash.Seed
+	series  []*Series // by index, for idRec.series; nil: a free slot
+	free    []int32   // free slots of series, reused before it grows
 
 	// wm is the latest event time applied, unix seconds: the partition's
 	// event-time clock for idle eviction.
@@ -154,7 +161,7 @@ func New(id int32, opt Options) *Partition {
 		opt:     opt,
 		tenants: map[string]*tenant{},
 		dedup:   make(map[uint64]idRec, min(opt.DedupCapacity, 1<<16)),
-		fifo:    make([]uint64, 0, min(opt.DedupCapacity, 1<<16)),
+		idOrder: fifo.New[uint64](opt.DedupCapacity),
 		seed:    maphash.MakeSeed(),
 		evicted: map[uint64]int64{},
 	}
@@ -301,13 +308,11 @@ func (p *Partition) key(tenant, id string) uint64 {
 	return h.Sum64()
 }
 
+// remember keeps r for id hash k, forgetting the oldest id when
+// DedupCapacity ids are held.
 func (p *Partition) remember(k uint64, r idRec) {
-	if len(p.fifo) < p.opt.DedupCapacity {
-		p.fifo = append(p.fifo, k)
-	} else {
-		delete(p.dedup, p.fifo[p.head])
-		p.fifo[p.head] = k
-		p.head = (p.head + 1) % len(p.fifo)
+	if old, evicted := p.idOrder.Push(k); evicted {
+		delete(p.dedup, old)
 	}
 	p.dedup[k] = r
 }

@@ -1,0 +1,92 @@
+package reconciler
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/services/reconciler/audit"
+	"github.com/sluicehq/sluice/services/reconciler/schedule"
+)
+
+// Config is the reconciler's section of the configuration.
+type Config struct {
+	PolicyFile      string        `yaml:"policy_file" help:"quota policy file (timezones, quotas, prices)"`
+	PolicyReload    time.Duration `yaml:"policy_reload" help:"how often the policy file is checked for changes"`
+	At              string        `yaml:"at" help:"local time of day (HH:MM) at which each tenant's previous day is reconciled, in the tenant's zone"`
+	CheckInterval   time.Duration `yaml:"check_interval" help:"how often the schedule is checked for due tenants"`
+	Settle          time.Duration `yaml:"settle" help:"a period is audited only once it ended at least this long ago"`
+	RepairThreshold float64       `yaml:"repair_threshold" help:"repair and alert when |counter - truth| exceeds this fraction of the truth (0: any drift)"`
+	ConfirmDelay    time.Duration `yaml:"confirm_delay" help:"pause between the two observations that must agree before a drift is believed"`
+	MaxObservations int           `yaml:"max_observations" help:"how often a period that keeps changing is re-read before it is left for the next run"`
+	TenantLookback  time.Duration `yaml:"tenant_lookback" help:"tenants with events this far back are reconciled even when the policy does not name them"`
+	JobTimeout      time.Duration `yaml:"job_timeout" help:"deadline for one tenant's nightly jobs"`
+	ShutdownGrace   time.Duration `yaml:"shutdown_grace" help:"how long an in-flight job may run on after shutdown begins"`
+}
+
+// DefaultConfig reconciles at 00:30 local time, after a 15-minute settle.
+func DefaultConfig() Config {
+	return Config{
+		PolicyFile:      "policy.yaml",
+		PolicyReload:    10 * time.Second,
+		At:              "00:30",
+		CheckInterval:   time.Minute,
+		Settle:          15 * time.Minute,
+		RepairThreshold: 0,
+		ConfirmDelay:    5 * time.Second,
+		MaxObservations: 3,
+		TenantLookback:  72 * time.Hour,
+		JobTimeout:      30 * time.Minute,
+		ShutdownGrace:   30 * time.Second,
+	}
+}
+
+// Validate names each bad field and its limit.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if strings.TrimSpace(c.PolicyFile) == "" {
+		bad("reconciler.policy_file: is required (the quota policy file)")
+	}
+	if c.PolicyReload < time.Second {
+		bad("reconciler.policy_reload: %s is below the minimum of 1s", c.PolicyReload)
+	}
+	at, err := schedule.ParseTimeOfDay(c.At)
+	if err != nil {
+		bad("reconciler.at: %v", err)
+	}
+	if c.CheckInterval < time.Second || c.CheckInterval > time.Hour {
+		bad("reconciler.check_interval: %s is outside 1s..1h", c.CheckInterval)
+	}
+	if c.Settle < 0 || c.Settle > 24*time.Hour {
+		bad("reconciler.settle: %s is outside 0..24h", c.Settle)
+	}
+	if err == nil && time.Duration(at.Hour)*time.Hour+time.Duration(at.Minute)*time.Minute < c.Settle {
+		bad("reconciler.at: %s is earlier than reconciler.settle (%s) after midnight; the day would not be auditable yet", c.At, c.Settle)
+	}
+	if c.RepairThreshold < 0 || c.RepairThreshold > 1 {
+		bad("reconciler.repair_threshold: %v is outside 0..1", c.RepairThreshold)
+	}
+	if c.ConfirmDelay < 0 || c.ConfirmDelay > 5*time.Minute {
+		bad("reconciler.confirm_delay: %s is outside 0..5m", c.ConfirmDelay)
+	}
+	if c.MaxObservations < 2 || c.MaxObservations > 10 {
+		bad("reconciler.max_observations: %d is outside 2..10", c.MaxObservations)
+	}
+	if c.TenantLookback < 0 {
+		bad("reconciler.tenant_lookback: %s must not be negative", c.TenantLookback)
+	}
+	if c.JobTimeout < time.Second {
+		bad("reconciler.job_timeout: %s is below the minimum of 1s", c.JobTimeout)
+	}
+	if c.ShutdownGrace < 0 {
+		bad("reconciler.shutdown_grace: %s must not be negative", c.ShutdownGrace)
+	}
+	return errors.Join(errs...)
+}
+
+// AuditOptions turns c into the audit's options.
+func (c Config) AuditOptions() audit.Options {
+	return audit.Options{Settle: c.Settle, RepairThreshold: c.RepairThreshold, ConfirmDelay: c.ConfirmDelay, MaxObservations: c.MaxObservations}
+}
