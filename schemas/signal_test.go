@@ -1,12 +1,16 @@
-package schemas
+package schemas_test
 
 import (
+	. "github.com/sluicehq/sluice/schemas"
+
 	"errors"
 	"math"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/schemas/internal/schematest"
 )
 
 func validSignal() Signal {
@@ -31,7 +35,7 @@ func TestSignalID(t *testing.T) {
 	if SignalID("ab", "c") == SignalID("a", "bc") || SignalID("a") == SignalID("a", "") || SignalID() == SignalID("") {
 		t.Error("part boundaries are ambiguous")
 	}
-	if checkID(a) != "" {
+	if CheckID(a) != "" {
 		t.Error("SignalID does not satisfy the id rules")
 	}
 }
@@ -61,7 +65,7 @@ func TestSignalRoundTrip(t *testing.T) {
 func TestDecodeSignalTestdata(t *testing.T) {
 	for _, name := range []string{"signal-tier-crossed.json", "signal-exhaustion-predicted.json"} {
 		var s Signal
-		if err := DecodeSignal(readTestdata(t, name), &s); err != nil {
+		if err := DecodeSignal(schematest.ReadTestdata(t, name), &s); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
@@ -130,8 +134,8 @@ func TestSignalValidateRules(t *testing.T) {
 			if err == nil {
 				t.Fatal("accepted")
 			}
-			wantFieldError(t, err, tc.field, tc.want...)
-			if ve := fieldErrors(t, err); len(ve) != 1 {
+			schematest.WantFieldError(t, err, tc.field, tc.want...)
+			if ve := schematest.FieldErrors(t, err); len(ve) != 1 {
 				t.Errorf("want one problem, got %v", err)
 			}
 			if _, err := EncodeSignal(&s); err == nil {
@@ -163,8 +167,8 @@ func TestDecodeSignalProblems(t *testing.T) {
 			t.Errorf("accepted %s", tc.in)
 			continue
 		}
-		wantFieldError(t, err, tc.field)
-		if ve := fieldErrors(t, err); len(ve) != 1 {
+		schematest.WantFieldError(t, err, tc.field)
+		if ve := schematest.FieldErrors(t, err); len(ve) != 1 {
 			t.Errorf("%s: want one problem, got %v", tc.in, err)
 		}
 	}
@@ -179,7 +183,7 @@ func TestDecodeSignalUnknownKindStillDecodes(t *testing.T) {
 	in := `{"id":"s1","kind":"budget_forecast","time":"2024-05-01T00:00:00Z","tenant":"acme","model":"*","tier":70}`
 	var s Signal
 	err := DecodeSignal([]byte(in), &s)
-	wantFieldError(t, err, "kind", "skip")
+	schematest.WantFieldError(t, err, "kind", "skip")
 	if s.Tenant != "acme" || s.Tier != 70 {
 		t.Errorf("not decoded: %+v", s)
 	}

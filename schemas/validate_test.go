@@ -1,18 +1,22 @@
-package schemas
+package schemas_test
 
 import (
+	. "github.com/sluicehq/sluice/schemas"
+
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/schemas/internal/schematest"
 )
 
 func TestValidateAcceptsValidEvents(t *testing.T) {
-	ev := validEvent()
+	ev := schematest.ValidEvent()
 	if err := ev.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	full := validEvent()
+	full := schematest.ValidEvent()
 	full.User, full.APIKeyID, full.Provider, full.Endpoint = "u", "k", "p", "/v1/chat/completions"
 	full.CachedTokens, full.Status, full.Outcome, full.LatencyMS = 1200, 599, OutcomeTimeout, MaxLatencyMS
 	full.Priority, full.SessionID, full.Estimated, full.Gateway = PriorityLow, "s", true, "gw"
@@ -83,14 +87,14 @@ func TestValidateRules(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			ev := validEvent()
+			ev := schematest.ValidEvent()
 			tc.mutate(&ev)
 			err := ev.Validate()
 			if err == nil {
 				t.Fatal("accepted")
 			}
-			wantFieldError(t, err, tc.field, tc.want...)
-			if ve := fieldErrors(t, err); len(ve) != 1 {
+			schematest.WantFieldError(t, err, tc.field, tc.want...)
+			if ve := schematest.FieldErrors(t, err); len(ve) != 1 {
 				t.Errorf("want exactly one problem, got %v", err)
 			}
 		})
@@ -98,12 +102,12 @@ func TestValidateRules(t *testing.T) {
 }
 
 func TestValidateReportsEverything(t *testing.T) {
-	ev := validEvent()
+	ev := schematest.ValidEvent()
 	ev.Tenant = ""
 	ev.PromptTokens = -1
 	ev.Outcome = "nope"
 	ev.Attributes = map[string]string{"b b": "x", "a a": "y"}
-	ve := fieldErrors(t, ev.Validate())
+	ve := schematest.FieldErrors(t, ev.Validate())
 	want := []string{"tenant", "prompt_tokens", "outcome", "attributes.a a", "attributes.b b"}
 	if len(ve) != len(want) {
 		t.Fatalf("want %d problems, got %v", len(want), ve)
@@ -120,7 +124,7 @@ func TestValidateReportsEverything(t *testing.T) {
 }
 
 func TestValidateDoesNotAllocate(t *testing.T) {
-	ev := validEvent()
+	ev := schematest.ValidEvent()
 	ev.Attributes = map[string]string{"team": "search"}
 	if n := testing.AllocsPerRun(100, func() { _ = ev.Validate() }); n != 0 {
 		t.Errorf("Validate allocates %v times", n)
@@ -128,7 +132,7 @@ func TestValidateDoesNotAllocate(t *testing.T) {
 }
 
 func TestTotalTokens(t *testing.T) {
-	ev := validEvent()
+	ev := schematest.ValidEvent()
 	ev.CachedTokens = 1000
 	if got := ev.TotalTokens(); got != 1550 {
 		t.Errorf("TotalTokens = %d, want 1550", got)
