@@ -45,8 +45,9 @@ func (d *BatchDecoder) Reset(data []byte) {
 }
 
 // DecodeUsageEvent is [DecodeUsageEvent] for elem, an element of the body
-// given to Reset as [framing.SplitJSONArray] and [framing.SplitNDJSON] pass it. An elem that
-// is not a sub-slice of that body is decoded from a copy of its own.
+// given to Reset as [framing.SplitJSONArray] and [framing.SplitNDJSON] pass
+// it. An elem that is not a sub-slice of that body is decoded from a copy of
+// its own.
 func (d *BatchDecoder) DecodeUsageEvent(elem []byte, ev *schemas.UsageEvent) error {
 	return decodeUsageEvent(d.scanner(elem), ev)
 }
@@ -100,10 +101,10 @@ func (d *BatchDecoder) scanner(elem []byte) scanner {
 // gives. Verdicts, errors and offsets are those of SplitJSONArray followed
 // by the Decode methods.
 //
-// Broken framing returns a [*SyntaxError] with the offset in the body, as
-// SplitJSONArray does; decode returns that error too when it meets it. If
-// fn returns an error, DecodeJSONArray stops and returns it, except that
-// broken framing of the same element wins, as it would have been found
+// Broken framing returns a [*schemas.SyntaxError] with the offset in the
+// body, as SplitJSONArray does; decode returns that error too when it meets
+// it. If fn returns an error, DecodeJSONArray stops and returns it, except
+// that broken framing of the same element wins, as it would have been found
 // first by SplitJSONArray.
 func (d *BatchDecoder) DecodeJSONArray(cloudEvents bool, fn func(index int, decode func(ev *schemas.UsageEvent) error) error) error {
 	return framing.EachElement(d.data, func(index, start int) (end int, err error) {

@@ -30,7 +30,8 @@ const (
 // event v1 into ev, which it resets first, and validates the result. The
 // mapping:
 //
-//   - specversion must be "1.0" and type must be [schemas.CloudEventTypeUsageV1].
+//   - specversion must be "1.0" and type must be
+//     [schemas.CloudEventTypeUsageV1].
 //   - source is required: a URI-reference naming the emitter, usually the
 //     gateway, for example "//gateway.example.com/eu-1". It is checked, not
 //     stored; put the gateway's name in data.gateway if you want it counted.
@@ -47,10 +48,11 @@ const (
 //     the CloudEvents spec asks of consumers that do not know them; any
 //     other member is an error.
 //
-// Problems come back together as a [schemas.ValidationError] whose field names are
-// the envelope's ("specversion", "id") or the payload's ("data.tenant").
-// JSON that is not well-formed comes back as a [*SyntaxError]. Strings are
-// shared with one copy of data, as in DecodeUsageEvent.
+// Problems come back together as a [schemas.ValidationError] whose field
+// names are the envelope's ("specversion", "id") or the payload's
+// ("data.tenant"). JSON that is not well-formed comes back as a
+// [*schemas.SyntaxError]. Strings are shared with one copy of data, as in
+// DecodeUsageEvent.
 func DecodeCloudEvent(data []byte, ev *schemas.UsageEvent) error {
 	return decodeCloudEvent(scanner{s: string(data)}, ev)
 }
@@ -59,12 +61,8 @@ func DecodeCloudEvent(data []byte, ev *schemas.UsageEvent) error {
 // may share.
 func decodeCloudEvent(d scanner, ev *schemas.UsageEvent) error {
 	*ev = schemas.UsageEvent{}
-	d.skipWS()
-	if d.pos == len(d.s) {
-		return d.syntaxError("empty input; send one CloudEvent as a JSON object")
-	}
-	if d.peek() != '{' {
-		return d.syntaxError("a structured CloudEvent is a JSON object, but the input starts with " + scalar.Kind(d.peek()))
+	if err := d.startObject("a structured CloudEvent", "one CloudEvent as a JSON object"); err != nil {
+		return err
 	}
 	return d.cloudEventObject(ev, true)
 }

@@ -6,8 +6,8 @@ import (
 )
 
 // DecodeUsageEvent decodes one usage event v1 from a JSON object and
-// validates it. It resets ev first, so a reused schemas.UsageEvent never keeps a
-// field from the previous event.
+// validates it. It resets ev first, so a reused schemas.UsageEvent never
+// keeps a field from the previous event.
 //
 // It is strict, because a gateway bug found at ingest is cheap and one found
 // in an invoice is not:
@@ -22,8 +22,9 @@ import (
 //
 // Problems with fields are collected, the event is then run through
 // [schemas.UsageEvent.Validate], and all of them come back together as one
-// [schemas.ValidationError]. Input that is not well-formed JSON stops the decoder
-// and comes back alone as a [*SyntaxError] with the byte offset.
+// [schemas.ValidationError]. Input that is not well-formed JSON stops the
+// decoder and comes back alone as a [*schemas.SyntaxError] with the byte
+// offset.
 //
 // The event's strings share one copy of data, made once per call; data
 // itself is not retained and may be reused by the caller. Decoding a typical
@@ -36,12 +37,8 @@ func DecodeUsageEvent(data []byte, ev *schemas.UsageEvent) error {
 // may share.
 func decodeUsageEvent(d scanner, ev *schemas.UsageEvent) error {
 	*ev = schemas.UsageEvent{}
-	d.skipWS()
-	if d.pos == len(d.s) {
-		return d.syntaxError("empty input; send one JSON object")
-	}
-	if d.peek() != '{' {
-		return d.syntaxError("a usage event is a JSON object, but the input starts with " + scalar.Kind(d.peek()))
+	if err := d.startObject("a usage event", "one JSON object"); err != nil {
+		return err
 	}
 	return d.eventObject(ev, true)
 }
@@ -241,9 +238,9 @@ func (d *scanner) intField(dst *int64, required bool, max int64, limitName strin
 // from d.maps when a BatchDecoder has emptied maps to give.
 //
 // Each entry is checked as it is read, while its bytes are at hand: when
-// every entry passes, schemas.FieldAttributes is marked verified and validation does
-// not walk the map again. Any problem leaves the field to validation, which
-// reports the problems in its own stable order.
+// every entry passes, schemas.FieldAttributes is marked verified and
+// validation does not walk the map again. Any problem leaves the field to
+// validation, which reports the problems in its own stable order.
 func (d *scanner) attributes(dst *map[string]string, errs *schemas.ValidationError, prefix string) (reason string, err *schemas.SyntaxError) {
 	switch c := d.peek(); c {
 	case '{':

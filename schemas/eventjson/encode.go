@@ -11,16 +11,16 @@ import (
 
 // AppendUsageEventJSON appends the canonical JSON encoding of ev to dst and
 // returns the extended slice. Canonical means: fields in the order of the
-// schemas.UsageEvent struct, optional fields left out when zero, attributes sorted
-// by key, time in UTC with RFC 3339 and only the fractional digits needed,
-// no insignificant whitespace. Equal events therefore encode to equal bytes,
-// which keeps Kafka compaction and byte-level dedup honest.
+// schemas.UsageEvent struct, optional fields left out when zero, attributes
+// sorted by key, time in UTC with RFC 3339 and only the fractional digits
+// needed, no insignificant whitespace. Equal events therefore encode to equal
+// bytes, which keeps Kafka compaction and byte-level dedup honest.
 //
-// It does not validate ev: call [schemas.UsageEvent.Validate] first. A valid event
-// encodes to JSON that [DecodeUsageEvent] turns back into an equal event.
-// Invalid UTF-8 in strings is written as U+FFFD, as encoding/json does.
-// Appending to a reused buffer allocates nothing unless the event has more
-// than schemas.MaxAttributes attributes.
+// It does not validate ev: call [schemas.UsageEvent.Validate] first. A valid
+// event encodes to JSON that [DecodeUsageEvent] turns back into an equal
+// event. Invalid UTF-8 in strings is written as U+FFFD, as encoding/json
+// does. Appending to a reused buffer allocates nothing unless the event has
+// more than schemas.MaxAttributes attributes.
 func AppendUsageEventJSON(dst []byte, ev *schemas.UsageEvent) []byte {
 	dst = append(dst, `{"id":`...)
 	dst = appendString(dst, ev.ID)

@@ -48,6 +48,19 @@ func (d *scanner) skipWS() {
 	}
 }
 
+// startObject skips whitespace up to the object a whole input must be;
+// what names the object and send says what to send instead of nothing.
+func (d *scanner) startObject(what, send string) *schemas.SyntaxError {
+	d.skipWS()
+	if d.pos == len(d.s) {
+		return d.syntaxError("empty input; send " + send)
+	}
+	if d.peek() != '{' {
+		return d.syntaxError(what + " is a JSON object, but the input starts with " + scalar.Kind(d.peek()))
+	}
+	return nil
+}
+
 // peek returns the byte at the cursor, or 0 at the end of input.
 func (d *scanner) peek() byte {
 	if d.pos < len(d.s) {
@@ -259,20 +272,14 @@ func (d *scanner) readNumber() (string, *schemas.SyntaxError) {
 			return "", d.syntaxError("invalid number: JSON does not allow leading zeros")
 		}
 	case i < len(s) && s[i] >= '1' && s[i] <= '9':
-		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-			i++
-		}
+		i = skipDigits(s, i)
 	default:
 		d.pos = i
 		return "", d.syntaxError("invalid number; JSON numbers look like 0, -12 or 1.5e3")
 	}
 	if i < len(s) && s[i] == '.' {
-		i++
-		j := i
-		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-			i++
-		}
-		if i == j {
+		j := i + 1
+		if i = skipDigits(s, j); i == j {
 			d.pos = i
 			return "", d.syntaxError("invalid number: a digit must follow the decimal point")
 		}
@@ -283,16 +290,22 @@ func (d *scanner) readNumber() (string, *schemas.SyntaxError) {
 			i++
 		}
 		j := i
-		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-			i++
-		}
-		if i == j {
+		if i = skipDigits(s, j); i == j {
 			d.pos = i
 			return "", d.syntaxError("invalid number: a digit must follow the exponent")
 		}
 	}
 	d.pos = i
 	return s[start:i], nil
+}
+
+// skipDigits returns the offset of the first byte of s at or after i that
+// is not an ASCII digit.
+func skipDigits(s string, i int) int {
+	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+		i++
+	}
+	return i
 }
 
 // readLiteral reads true, false or null at the cursor and returns its first
