@@ -107,35 +107,39 @@ func (d *BatchDecoder) scanner(elem []byte) scanner {
 // that broken framing of the same element wins, as it would have been found
 // first by SplitJSONArray.
 func (d *BatchDecoder) DecodeJSONArray(cloudEvents bool, fn func(index int, decode func(ev *schemas.UsageEvent) error) error) error {
-	return framing.EachElement(d.data, func(index, start int) (end int, err error) {
-		end = -1 // until decode finds it; framing.EachElement frames what decode did not
-		err = fn(index, func(ev *schemas.UsageEvent) error {
-			if d.s[start] == '{' {
-				*ev = schemas.UsageEvent{}
-				sc := scanner{s: d.s, pos: start, maps: &d.maps}
-				var err error
-				if cloudEvents {
-					err = sc.cloudEventObject(ev, false)
-				} else {
-					err = sc.eventObject(ev, false)
-				}
-				if _, broken := err.(*schemas.SyntaxError); !broken {
-					end = sc.pos
-					return err
-				}
-			}
-			// Not a well-formed object: frame it, then decode it alone.
-			elemEnd, err := framing.ValueEnd(d.data, start)
-			if err != nil {
-				return err // framing.EachElement meets and returns it too
-			}
-			end = elemEnd
-			elem := scanner{s: d.s[start:end], maps: &d.maps}
+	// One decode closure for the whole body: made per element, it would
+	// escape through fn and cost an allocation per event.
+	var start, end int
+	decode := func(ev *schemas.UsageEvent) error {
+		if d.s[start] == '{' {
+			*ev = schemas.UsageEvent{}
+			sc := scanner{s: d.s, pos: start, maps: &d.maps}
+			var err error
 			if cloudEvents {
-				return decodeCloudEvent(elem, ev)
+				err = sc.cloudEventObject(ev, false)
+			} else {
+				err = sc.eventObject(ev, false)
 			}
-			return decodeUsageEvent(elem, ev)
-		})
+			if _, broken := err.(*schemas.SyntaxError); !broken {
+				end = sc.pos
+				return err
+			}
+		}
+		// Not a well-formed object: frame it, then decode it alone.
+		elemEnd, err := framing.ValueEnd(d.data, start)
+		if err != nil {
+			return err // framing.EachElement meets and returns it too
+		}
+		end = elemEnd
+		elem := scanner{s: d.s[start:end], maps: &d.maps}
+		if cloudEvents {
+			return decodeCloudEvent(elem, ev)
+		}
+		return decodeUsageEvent(elem, ev)
+	}
+	return framing.EachElement(d.data, func(index, elemStart int) (int, error) {
+		start, end = elemStart, -1 // -1 until decode finds the end; EachElement frames the rest
+		err := fn(index, decode)
 		return end, err
 	})
 }

@@ -266,3 +266,32 @@ func FuzzDecodeJSONArray(f *testing.F) {
 		sameDecoding(t, &d, body, true)
 	})
 }
+
+// batchSink receives decoded events through a method value, as ingest does,
+// so that the decode function escapes the way it does there.
+type batchSink struct{ evs []schemas.UsageEvent }
+
+func (s *batchSink) add(i int, decode func(*schemas.UsageEvent) error) error {
+	return decode(&s.evs[i])
+}
+
+// TestDecodeJSONArrayAllocations checks that a body costs a few
+// allocations in all (the copy made by Reset among them), not some per
+// event.
+func TestDecodeJSONArrayAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector changes allocation counts")
+	}
+	body := typicalBatch(t, 100)
+	sink := &batchSink{evs: make([]schemas.UsageEvent, 100)}
+	var d BatchDecoder
+	n := testing.AllocsPerRun(20, func() {
+		d.Reset(body)
+		if err := d.DecodeJSONArray(false, sink.add); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if n > 5 {
+		t.Errorf("DecodeJSONArray allocates %v times for 100 events; want a handful per body", n)
+	}
+}
