@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"slices"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -95,12 +96,12 @@ func eachMember(data []byte, what string, member func(key string, raw []byte, ag
 		}
 		return &SyntaxError{Offset: dec.InputOffset(), Msg: err.Error()}
 	}
-	start := dec.InputOffset()
 	if tok, err := dec.Token(); err != nil {
 		return syntaxError(err)
 	} else if tok != json.Delim('{') {
-		c := bytes.TrimLeft(data, " \t\r\n")[0]
-		return &SyntaxError{Offset: start, Msg: what + " is a JSON object, but the input starts with " + scalar.Kind(c)}
+		rest := bytes.TrimLeft(data, " \t\r\n")
+		return &SyntaxError{Offset: int64(len(data) - len(rest)),
+			Msg: what + " is a JSON object, but the input starts with " + scalar.Kind(rest[0])}
 	}
 	var seen []string
 	for dec.More() {
@@ -113,7 +114,7 @@ func eachMember(data []byte, what string, member func(key string, raw []byte, ag
 		if err := dec.Decode(&raw); err != nil {
 			return syntaxError(err)
 		}
-		again := contains(seen, key)
+		again := slices.Contains(seen, key) // a few dozen keys at most: no map
 		if !again {
 			seen = append(seen, key)
 		}
@@ -126,17 +127,6 @@ func eachMember(data []byte, what string, member func(key string, raw []byte, ag
 		return &SyntaxError{Offset: dec.InputOffset(), Msg: "unexpected data after " + what}
 	}
 	return nil
-}
-
-// contains reports whether list holds s; objects have a few dozen keys at
-// most, where a scan beats a map.
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // decodeField decodes raw, a well-formed JSON value, into field f of s and

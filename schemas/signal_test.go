@@ -179,6 +179,26 @@ func TestDecodeSignalProblems(t *testing.T) {
 	}
 }
 
+func TestDecodeSignalSyntaxErrors(t *testing.T) {
+	base := `{"id":"s1","kind":"period_reset","time":"2024-05-01T00:00:00Z","tenant":"acme","model":"*"}`
+	cases := []struct {
+		in     string
+		offset int64 // -1: any
+	}{
+		{"", 0}, {"  ", 2}, {" []", 1}, {`"x"`, 0}, {base + "{}", -1}, {base + " x", -1},
+		{`{"id":"a",}`, -1}, {`{"id" "a"}`, -1}, {`{"source":{"partition":}}`, -1},
+	}
+	for _, tc := range cases {
+		var s Signal
+		var se *SyntaxError
+		if err := DecodeSignal([]byte(tc.in), &s); !errors.As(err, &se) {
+			t.Errorf("%q: want *SyntaxError, got %v", tc.in, err)
+		} else if tc.offset >= 0 && se.Offset != tc.offset {
+			t.Errorf("%q: offset %d, want %d (%v)", tc.in, se.Offset, tc.offset, se)
+		}
+	}
+}
+
 func TestDecodeSignalUnknownKindStillDecodes(t *testing.T) {
 	in := `{"id":"s1","kind":"budget_forecast","time":"2024-05-01T00:00:00Z","tenant":"acme","model":"*","tier":70}`
 	var s Signal
