@@ -3,7 +3,7 @@ package schemas_test
 import (
 	"testing"
 
-	. "github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/schemas/internal/schematest"
 )
 
@@ -13,8 +13,8 @@ func FuzzDecodeSignal(f *testing.F) {
 	}
 	_, signal, _ := schematest.LoadSchemas(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		var s Signal
-		err := DecodeSignal(data, &s)
+		var s schemas.Signal
+		err := schemas.DecodeSignal(data, &s)
 		if err != nil {
 			schematest.CheckDecodeError(t, err)
 			return
@@ -22,12 +22,12 @@ func FuzzDecodeSignal(f *testing.F) {
 		if err := schematest.SchemaAccepts(signal, data); err != nil {
 			t.Fatalf("decoder accepted what the JSON Schema rejects: %v\n%q", err, data)
 		}
-		out, err := EncodeSignal(&s)
+		out, err := schemas.EncodeSignal(&s)
 		if err != nil {
 			t.Fatalf("EncodeSignal rejects a decoded signal: %v", err)
 		}
-		var back Signal
-		if err := DecodeSignal(out, &back); err != nil {
+		var back schemas.Signal
+		if err := schemas.DecodeSignal(out, &back); err != nil {
 			t.Fatalf("re-encoded signal does not decode: %v\n%s", err, out)
 		}
 	})

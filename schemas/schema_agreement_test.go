@@ -1,8 +1,6 @@
 package schemas_test
 
 import (
-	. "github.com/sluicehq/sluice/schemas"
-
 	"bytes"
 	"encoding/json"
 	"io/fs"
@@ -10,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/schemas/framing"
 	"github.com/sluicehq/sluice/schemas/internal/scalar"
 	"github.com/sluicehq/sluice/schemas/internal/schematest"
@@ -17,12 +16,12 @@ import (
 
 func TestJSONSchemaFiles(t *testing.T) {
 	schematest.LoadSchemas(t)
-	entries, err := fs.ReadDir(JSONSchemaFS, "jsonschema")
+	entries, err := fs.ReadDir(schemas.JSONSchemaFS, "jsonschema")
 	if err != nil || len(entries) != 3 {
 		t.Fatalf("embedded schemas: %v, %v", entries, err)
 	}
 	for _, e := range entries {
-		b, _ := JSONSchema(e.Name())
+		b, _ := schemas.JSONSchema(e.Name())
 		var doc struct {
 			ID     string `json:"$id"`
 			Schema string `json:"$schema"`
@@ -34,11 +33,11 @@ func TestJSONSchemaFiles(t *testing.T) {
 			t.Errorf("%s: $id %q, $schema %q", e.Name(), doc.ID, doc.Schema)
 		}
 	}
-	if _, err := JSONSchema("nope.json"); err == nil {
+	if _, err := schemas.JSONSchema("nope.json"); err == nil {
 		t.Error("unknown schema name accepted")
 	}
 	// The time pattern in the schemas is the one the decoder documents.
-	b, _ := JSONSchema(JSONSchemaUsageEventV1)
+	b, _ := schemas.JSONSchema(schemas.JSONSchemaUsageEventV1)
 	if !bytes.Contains(b, []byte(strings.ReplaceAll(scalar.TimePattern, `\`, `\\`))) {
 		t.Error("usage-event.v1.json does not carry timePattern")
 	}
@@ -49,7 +48,7 @@ func TestJSONSchemaFiles(t *testing.T) {
 // for usage events and CloudEvents.
 func TestJSONSchemaAgreement(t *testing.T) {
 	_, signal, _ := schematest.LoadSchemas(t)
-	schematest.Agree(t, schematest.SignalCorpus, signal, func(b []byte) error { var s Signal; return DecodeSignal(b, &s) })
+	schematest.Agree(t, schematest.SignalCorpus, signal, func(b []byte) error { var s schemas.Signal; return schemas.DecodeSignal(b, &s) })
 }
 
 // TestJSONSchemaTestdata checks every example file against its schema.

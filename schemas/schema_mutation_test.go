@@ -1,10 +1,9 @@
 package schemas_test
 
 import (
-	. "github.com/sluicehq/sluice/schemas"
-
 	"testing"
 
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/schemas/internal/schematest"
 )
 
@@ -17,14 +16,14 @@ func TestJSONSchemaAgreementMutations(t *testing.T) {
 		"tier", "previous_tier", "direction", "used", "limit", "unit", "rate", "predicted_exhaustion", "mode",
 		"reason", "source", "attributes", "future"}
 	schematest.Mutations(t, fields, func(f, v string) string { return schematest.Sig(f, v) }, signal,
-		func(b []byte) error { var s Signal; return DecodeSignal(b, &s) },
+		func(b []byte) error { var s schemas.Signal; return schemas.DecodeSignal(b, &s) },
 		func(f, v string) bool {
 			n, isInt := schematest.JSONInt(v)
 			switch f {
 			case "tier": // the base signal crossed up from 70; null is 0
 				return isInt && n >= 0 && n <= 70 || v == "null"
 			case "previous_tier": // ... to 90
-				return isInt && n >= 90 && n <= MaxTier
+				return isInt && n >= 90 && n <= schemas.MaxTier
 			case "direction":
 				return v == `"down"`
 			case "reason":

@@ -3,7 +3,7 @@ package schemas_test
 import (
 	"testing"
 
-	. "github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/schemas"
 )
 
 // BenchmarkEncodeSignal measures EncodeSignal, validation included, on a
@@ -12,7 +12,7 @@ func BenchmarkEncodeSignal(b *testing.B) {
 	s := validSignal()
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := EncodeSignal(&s); err != nil {
+		if _, err := schemas.EncodeSignal(&s); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -22,14 +22,14 @@ func BenchmarkEncodeSignal(b *testing.B) {
 // encoding of the same signal.
 func BenchmarkDecodeSignal(b *testing.B) {
 	s := validSignal()
-	data, err := EncodeSignal(&s)
+	data, err := schemas.EncodeSignal(&s)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.SetBytes(int64(len(data)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := DecodeSignal(data, &s); err != nil {
+		if err := schemas.DecodeSignal(data, &s); err != nil {
 			b.Fatal(err)
 		}
 	}
