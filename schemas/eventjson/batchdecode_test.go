@@ -282,7 +282,7 @@ func TestDecodeJSONArrayAllocations(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector changes allocation counts")
 	}
-	body := typicalBatch(t, 100)
+	body := schematest.TypicalBatch(t, 100)
 	sink := &batchSink{evs: make([]schemas.UsageEvent, 100)}
 	var d BatchDecoder
 	n := testing.AllocsPerRun(20, func() {

@@ -1,7 +1,6 @@
 package eventjson
 
 import (
-	"bytes"
 	"encoding/json"
 	"testing"
 
@@ -76,24 +75,10 @@ func BenchmarkAppendUsageEventJSON(b *testing.B) {
 	b.SetBytes(int64(len(buf)))
 }
 
-// BenchmarkSplitJSONArray1000 frames a batch of 1000 typical events; ns/op
-// is per batch.
-func BenchmarkSplitJSONArray1000(b *testing.B) {
-	data := typicalBatch(b, 1000)
-	b.SetBytes(int64(len(data)))
-	b.ReportAllocs()
-	for b.Loop() {
-		n := 0
-		if err := framing.SplitJSONArray(data, func(int, []byte) error { n++; return nil }); err != nil || n != 1000 {
-			b.Fatal(err, n)
-		}
-	}
-}
-
 // BenchmarkSplitDecode1000 frames and decodes a batch of 1000 typical
 // events, which is what ingest does per request; ns/op is per batch.
 func BenchmarkSplitDecode1000(b *testing.B) {
-	data := typicalBatch(b, 1000)
+	data := schematest.TypicalBatch(b, 1000)
 	b.SetBytes(int64(len(data)))
 	b.ReportAllocs()
 	var ev schemas.UsageEvent
@@ -112,25 +97,11 @@ func typicalEvent(tb testing.TB) schemas.UsageEvent {
 	return ev
 }
 
-func typicalBatch(tb testing.TB, n int) []byte {
-	one := bytes.TrimSpace(schematest.ReadTestdata(tb, "event-typical.json"))
-	var buf bytes.Buffer
-	buf.WriteString("[\n")
-	for i := range n {
-		if i > 0 {
-			buf.WriteString(",\n")
-		}
-		buf.Write(one)
-	}
-	buf.WriteString("\n]")
-	return buf.Bytes()
-}
-
 // BenchmarkBatchDecodeJSONArray1000 is BenchmarkSplitDecode1000 with a
 // BatchDecoder: one pass, one shared copy of the body, recycled maps.
 // ns/op is per batch.
 func BenchmarkBatchDecodeJSONArray1000(b *testing.B) {
-	data := typicalBatch(b, 1000)
+	data := schematest.TypicalBatch(b, 1000)
 	b.SetBytes(int64(len(data)))
 	b.ReportAllocs()
 	var d BatchDecoder

@@ -1,6 +1,7 @@
 package schematest
 
 import (
+	"bytes"
 	"errors"
 	"maps"
 	"os"
@@ -111,4 +112,20 @@ func CheckDecodeError(tb testing.TB, err error) {
 	default:
 		tb.Fatalf("unexpected error type %T: %v", err, err)
 	}
+}
+
+// TypicalBatch returns a JSON array of n copies of testdata/event-typical.json,
+// one per line, as a gateway sends a batch.
+func TypicalBatch(tb testing.TB, n int) []byte {
+	one := bytes.TrimSpace(ReadTestdata(tb, "event-typical.json"))
+	var buf bytes.Buffer
+	buf.WriteString("[\n")
+	for i := range n {
+		if i > 0 {
+			buf.WriteString(",\n")
+		}
+		buf.Write(one)
+	}
+	buf.WriteString("\n]")
+	return buf.Bytes()
 }
