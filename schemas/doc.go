@@ -1,13 +1,22 @@
 // Package schemas defines the data contracts of Sluice: the usage event
 // that gateways send, the signal that the aggregator emits, the Kafka topics
-// and headers that carry them, their validation rules and limits, fast
-// decoders and encoders, batch framing, the CloudEvents mapping, and JSON
+// and headers that carry them, their validation rules and limits, and JSON
 // Schemas stating the same rules for other languages.
 //
-// Every Sluice component imports this package and nothing else to agree on
-// what an event is, so the rules live here once: ingest rejects with the
-// messages written here, the aggregator trusts what passed them, and a
-// gateway SDK can run the same checks before it sends.
+// Every Sluice component imports this package to agree on what an event is,
+// so the rules live here once: ingest rejects with the messages written
+// here, the aggregator trusts what passed them, and a gateway SDK can run
+// the same checks before it sends. How events travel as bytes lives in two
+// packages beneath, so that this one reads as the contract:
+//
+//   - schemas/eventjson decodes and encodes usage events as JSON and as
+//     CloudEvents, by hand, because it is the hot path of ingest and the
+//     aggregator.
+//   - schemas/framing finds the events of a batch body (a JSON array or
+//     NDJSON) without decoding them.
+//
+// Signals are few, and [EncodeSignal] and [DecodeSignal] live here, on top
+// of encoding/json.
 //
 // # Usage event v1
 //
@@ -42,30 +51,13 @@
 // Time windows ("no more than 5 minutes in the future") are not a property
 // of the event but of the deployment: ingest applies them with [CheckTime].
 //
-// # Decoding, encoding and batches
+// # Decoders
 //
-// [DecodeUsageEvent] is a hand-written decoder without reflection: one
-// allocation per typical event (the copy of the input that the event's
-// strings share) and well under a microsecond. [AppendUsageEventJSON]
-// writes the canonical encoding, which the Kafka topic carries.
-//
-// A batch is a JSON array of events or newline-delimited JSON (NDJSON).
-// [SplitJSONArray] and [SplitNDJSON] find the elements without decoding
-// them, so that each can be decoded, and accepted or rejected, on its own:
-//
-//	err := schemas.SplitJSONArray(body, func(i int, raw []byte) error {
-//		var ev schemas.UsageEvent
-//		if err := schemas.DecodeUsageEvent(raw, &ev); err != nil {
-//			results[i] = err // report per item, keep going
-//			return nil
-//		}
-//		return produce(&ev)
-//	})
-//
-// A server decoding whole request bodies uses a [BatchDecoder] instead: its
-// DecodeJSONArray frames and decodes in one pass, the events of a body share
-// one copy of it, and attribute maps are recycled from one body to the next,
-// which leaves no allocation per typical event.
+// A decoder outside this package reports each problem once with the help of
+// [EventField], [RequiredEventFields], [UsageEvent.ValidateFields],
+// [ValidationError.Add] and [AttributeValid]: it reports what it finds while
+// reading (a wrong type, a duplicate key, a missing field), then lets
+// validation check the rest.
 //
 // # CloudEvents
 //
@@ -73,9 +65,9 @@
 // structured mode ([ContentTypeCloudEvents]) or as a batch
 // ([ContentTypeCloudEventsBatch], a JSON array of structured events) with
 // type [CloudEventTypeUsageV1]. The envelope's id and time are the event's,
-// subject is the tenant. [DecodeCloudEvent] documents the mapping and
-// [AppendCloudEventJSON] produces it. Extension attributes are ignored, as
-// the CloudEvents spec asks.
+// subject is the tenant; eventjson.DecodeCloudEvent documents the mapping
+// and [JSONSchemaCloudEventUsageV1] states it. Extension attributes are
+// ignored, as the CloudEvents spec asks.
 //
 // # Signals v1
 //

@@ -58,15 +58,17 @@ func (e ValidationError) Has(field string) bool {
 	return false
 }
 
-// add appends a problem. It lives on the error path only, so the string
-// concatenation of prefix and field costs nothing when input is valid.
-func (e *ValidationError) add(prefix, field, reason string) {
+// Add appends a problem with the field at path prefix+field, for decoders
+// that collect problems while they read ("data." is the prefix inside a
+// CloudEvent). Callers are on the error path only, so the concatenation
+// costs nothing when input is valid.
+func (e *ValidationError) Add(prefix, field, reason string) {
 	*e = append(*e, FieldError{Field: prefix + field, Reason: reason})
 }
 
-// err returns e as an error, or a nil error (not a typed nil) when e is
-// empty.
-func (e ValidationError) err() error {
+// Err returns e as an error, or a nil error (not a typed nil, which would
+// compare unequal to nil) when e is empty.
+func (e ValidationError) Err() error {
 	if len(e) == 0 {
 		return nil
 	}
@@ -88,9 +90,10 @@ func (e *SyntaxError) Error() string {
 	return "schemas: JSON syntax error at byte " + strconv.FormatInt(e.Offset, 10) + ": " + e.Msg
 }
 
-// pathKey returns an object key as a path element. An empty key would make
-// the path end in a bare dot or vanish, so it is written as "".
-func pathKey(key string) string {
+// FieldPath returns an object key as an element of [FieldError].Field. An
+// empty key would make the path end in a bare dot or vanish, so it is
+// written as "".
+func FieldPath(key string) string {
 	if key == "" {
 		return `""`
 	}

@@ -1,97 +1,102 @@
 package schemas
 
-// usageField is a bit per field of UsageEvent. The decoder keeps a set of
-// them to find duplicate keys and missing required fields without a map, and
-// to keep validation from reporting a field a second time after decoding
-// already rejected it.
-type usageField uint32
+// EventField is a set of usage event v1 fields, one bit per field; a single
+// bit names one field. Decoders keep such sets to find duplicate keys and
+// missing required fields without a map, and hand validation the fields they
+// have already reported or checked, so that each problem is reported once
+// (see [UsageEvent.ValidateFields]).
+type EventField uint32
 
+// The fields of usage event v1, in the order of the UsageEvent struct.
 const (
-	fID usageField = 1 << iota
-	fTime
-	fTenant
-	fModel
-	fPromptTokens
-	fCompletionTokens
-	fUser
-	fAPIKeyID
-	fProvider
-	fEndpoint
-	fCachedTokens
-	fStatus
-	fOutcome
-	fLatencyMS
-	fPriority
-	fSessionID
-	fEstimated
-	fGateway
-	fAttributes
+	FieldID EventField = 1 << iota
+	FieldTime
+	FieldTenant
+	FieldModel
+	FieldPromptTokens
+	FieldCompletionTokens
+	FieldUser
+	FieldAPIKeyID
+	FieldProvider
+	FieldEndpoint
+	FieldCachedTokens
+	FieldStatus
+	FieldOutcome
+	FieldLatencyMS
+	FieldPriority
+	FieldSessionID
+	FieldEstimated
+	FieldGateway
+	FieldAttributes
 )
 
-// requiredFields are the fields an event must carry. Validation alone cannot
-// tell a missing token count from a zero one, so the decoder checks presence.
-const requiredFields = fID | fTime | fTenant | fModel | fPromptTokens | fCompletionTokens
+// RequiredEventFields are the fields a usage event must carry. Validation
+// alone cannot tell a missing token count from a zero one, so decoders check
+// presence against this set.
+const RequiredEventFields = FieldID | FieldTime | FieldTenant | FieldModel | FieldPromptTokens | FieldCompletionTokens
 
-// usageFieldNames maps each field bit's position to its JSON name.
-var usageFieldNames = [...]string{
+// eventFieldNames maps each field bit's position to its JSON name.
+var eventFieldNames = [...]string{
 	"id", "time", "tenant", "model", "prompt_tokens", "completion_tokens",
 	"user", "api_key_id", "provider", "endpoint", "cached_tokens", "status",
 	"outcome", "latency_ms", "priority", "session_id", "estimated", "gateway",
 	"attributes",
 }
 
-// lookupUsageField returns the bit of a JSON field name, or 0 if usage event
-// v1 has no such field. A switch on strings compiles to a length-then-value
-// search, which beats a map lookup and allocates nothing.
-func lookupUsageField(name string) usageField {
+// EventFieldNamed returns the field with JSON name name, or 0 if usage
+// event v1 has no such field. Names are case-sensitive. A switch on strings
+// compiles to a length-then-value search, which beats a map lookup and
+// allocates nothing: decoders call it for every key.
+func EventFieldNamed(name string) EventField {
 	switch name {
 	case "id":
-		return fID
+		return FieldID
 	case "time":
-		return fTime
+		return FieldTime
 	case "tenant":
-		return fTenant
+		return FieldTenant
 	case "model":
-		return fModel
+		return FieldModel
 	case "prompt_tokens":
-		return fPromptTokens
+		return FieldPromptTokens
 	case "completion_tokens":
-		return fCompletionTokens
+		return FieldCompletionTokens
 	case "user":
-		return fUser
+		return FieldUser
 	case "api_key_id":
-		return fAPIKeyID
+		return FieldAPIKeyID
 	case "provider":
-		return fProvider
+		return FieldProvider
 	case "endpoint":
-		return fEndpoint
+		return FieldEndpoint
 	case "cached_tokens":
-		return fCachedTokens
+		return FieldCachedTokens
 	case "status":
-		return fStatus
+		return FieldStatus
 	case "outcome":
-		return fOutcome
+		return FieldOutcome
 	case "latency_ms":
-		return fLatencyMS
+		return FieldLatencyMS
 	case "priority":
-		return fPriority
+		return FieldPriority
 	case "session_id":
-		return fSessionID
+		return FieldSessionID
 	case "estimated":
-		return fEstimated
+		return FieldEstimated
 	case "gateway":
-		return fGateway
+		return FieldGateway
 	case "attributes":
-		return fAttributes
+		return FieldAttributes
 	}
 	return 0
 }
 
-// name returns the JSON name of a single-bit field.
-func (f usageField) name() string {
-	for i := range usageFieldNames {
+// Name returns the JSON name of a single-bit field, or "?" for a set of
+// several or none.
+func (f EventField) Name() string {
+	for i := range eventFieldNames {
 		if f == 1<<i {
-			return usageFieldNames[i]
+			return eventFieldNames[i]
 		}
 	}
 	return "?"

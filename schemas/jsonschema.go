@@ -18,13 +18,13 @@ var JSONSchemaFS embed.FS
 
 // Names of the schemas in JSONSchemaFS, for [JSONSchema].
 const (
-	// JSONSchemaUsageEventV1 describes a [UsageEvent] as [DecodeUsageEvent]
-	// accepts it.
+	// JSONSchemaUsageEventV1 describes a [UsageEvent] as
+	// eventjson.DecodeUsageEvent accepts it.
 	JSONSchemaUsageEventV1 = "usage-event.v1.json"
 	// JSONSchemaSignalV1 describes a [Signal] as [DecodeSignal] accepts it.
 	JSONSchemaSignalV1 = "signal.v1.json"
 	// JSONSchemaCloudEventUsageV1 describes a usage event in a structured
-	// CloudEvent as [DecodeCloudEvent] accepts it. It refers to
+	// CloudEvent as eventjson.DecodeCloudEvent accepts it. It refers to
 	// JSONSchemaUsageEventV1, so a validator needs both.
 	JSONSchemaCloudEventUsageV1 = "cloudevent-usage.v1.json"
 )

@@ -60,9 +60,11 @@ const (
 	// MaxReasonLen is the maximum length of Signal.Reason in bytes.
 	MaxReasonLen = 1024
 
-	// MaxNesting is how deeply the decoders follow nested arrays and objects
-	// (inside fields they are going to reject anyway) before they give up with
-	// a SyntaxError; it bounds the work and stack a hostile input can cause.
+	// MaxNesting is how deeply the usage event decoders follow nested arrays
+	// and objects (inside fields they are going to reject anyway) before they
+	// give up with a SyntaxError; it bounds the work and stack a hostile input
+	// can cause. DecodeSignal relies on encoding/json's own bound, because
+	// signals come from inside Sluice.
 	MaxNesting = 512
 )
 

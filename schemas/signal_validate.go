@@ -29,7 +29,7 @@ import (
 func (s *Signal) Validate() error {
 	var errs ValidationError
 	s.validate(&errs, 0)
-	return errs.err()
+	return errs.Err()
 }
 
 // signalField bits name the fields a decoder already reported, so that
@@ -60,20 +60,40 @@ const (
 	sfAttributes
 )
 
+// signalFieldNames maps each signalField bit's position to its JSON name.
+var signalFieldNames = [...]string{
+	"id", "kind", "time", "tenant", "model", "quota", "period", "period_start", "period_end",
+	"tier", "previous_tier", "direction", "used", "limit", "unit", "rate", "predicted_exhaustion",
+	"mode", "reason", "source", "attributes",
+}
+
+// signalFieldNamed returns the bit of a JSON field name, or 0 if signal v1
+// has no such field.
+func signalFieldNamed(name string) signalField {
+	for i, n := range signalFieldNames {
+		if n == name {
+			return 1 << i
+		}
+	}
+	return 0
+}
+
+// validate appends the problems of s to errs, leaving out the fields in
+// skip, which the decoder has already reported.
 func (s *Signal) validate(errs *ValidationError, skip signalField) {
 	check := func(f signalField, field, reason string) {
 		if reason != "" && skip&f == 0 {
-			errs.add("", field, reason)
+			errs.Add("", field, reason)
 		}
 	}
-	check(sfID, "id", checkID(s.ID))
+	check(sfID, "id", CheckID(s.ID))
 	switch {
 	case s.Kind == "":
 		check(sfKind, "kind", "is required; use one of tier_crossed, exhaustion_predicted, quota_exhausted, period_reset, rate_exceeded, anomaly, late_event, reconciliation_drift")
 	case !s.Kind.Valid():
 		check(sfKind, "kind", fmt.Sprintf("is %q, a kind signal v1 does not define; a consumer should skip signals of kinds it does not know", string(s.Kind)))
 	}
-	check(sfTime, "time", checkEventTime(s.Time))
+	check(sfTime, "time", CheckEventTime(s.Time))
 	check(sfTenant, "tenant", checkTenant(s.Tenant))
 	check(sfModel, "model", checkModel(s.Model))
 	if s.Quota != "" && !s.Quota.Valid() {
@@ -90,8 +110,8 @@ func (s *Signal) validate(errs *ValidationError, skip signalField) {
 			check(sfPeriodEnd, "period_end", "is required when period_start is set")
 		}
 	case !s.PeriodStart.IsZero():
-		check(sfPeriodStart, "period_start", checkEventTime(s.PeriodStart))
-		check(sfPeriodEnd, "period_end", checkEventTime(s.PeriodEnd))
+		check(sfPeriodStart, "period_start", CheckEventTime(s.PeriodStart))
+		check(sfPeriodEnd, "period_end", CheckEventTime(s.PeriodEnd))
 		if !s.PeriodEnd.After(s.PeriodStart) && skip&(sfPeriodStart|sfPeriodEnd) == 0 {
 			check(sfPeriodEnd, "period_end", "must be after period_start")
 		}
@@ -119,7 +139,7 @@ func (s *Signal) validate(errs *ValidationError, skip signalField) {
 	}
 	switch {
 	case s.PredictedExhaustion != nil:
-		check(sfPredictedExhaustion, "predicted_exhaustion", checkEventTime(*s.PredictedExhaustion))
+		check(sfPredictedExhaustion, "predicted_exhaustion", CheckEventTime(*s.PredictedExhaustion))
 	case s.Kind == SignalExhaustionPredicted:
 		check(sfPredictedExhaustion, "predicted_exhaustion", "is required for exhaustion_predicted")
 	}
@@ -135,13 +155,13 @@ func (s *Signal) validate(errs *ValidationError, skip signalField) {
 	if skip&sfSource == 0 {
 		src := s.Source
 		if src.Partition < 0 {
-			errs.add("", "source.partition", fmt.Sprintf("is %d; partitions are numbered from 0", src.Partition))
+			errs.Add("", "source.partition", fmt.Sprintf("is %d; partitions are numbered from 0", src.Partition))
 		}
 		if src.FromOffset < 0 {
-			errs.add("", "source.from_offset", fmt.Sprintf("is %d; offsets are not negative", src.FromOffset))
+			errs.Add("", "source.from_offset", fmt.Sprintf("is %d; offsets are not negative", src.FromOffset))
 		}
 		if src.ToOffset < src.FromOffset {
-			errs.add("", "source.to_offset", fmt.Sprintf("is %d, before from_offset %d", src.ToOffset, src.FromOffset))
+			errs.Add("", "source.to_offset", fmt.Sprintf("is %d, before from_offset %d", src.ToOffset, src.FromOffset))
 		}
 	}
 	if skip&sfAttributes == 0 {

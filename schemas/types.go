@@ -6,7 +6,7 @@ import "time"
 // documentation, section "Versioning", for when a v2 topic appears.
 const (
 	// TopicUsageV1 is the Kafka topic that carries [UsageEvent] records
-	// encoded by [AppendUsageEventJSON], keyed by tenant so that one tenant's
+	// encoded by eventjson.AppendUsageEventJSON, keyed by tenant so that one tenant's
 	// events stay ordered on one partition.
 	TopicUsageV1 = "sluice.usage.v1"
 
@@ -42,10 +42,11 @@ const (
 // "not reported". [UsageEvent.Validate] lists the rules and the package
 // constants name their limits.
 //
-// Decode events with [DecodeUsageEvent] or [DecodeCloudEvent] and encode them
-// with [AppendUsageEventJSON]; the struct tags below document the JSON names
-// and keep encoding/json usable for tools and tests, but the hot path never
-// uses reflection.
+// Decode events with eventjson.DecodeUsageEvent or
+// eventjson.DecodeCloudEvent and encode them with
+// eventjson.AppendUsageEventJSON; the struct tags below document the JSON
+// names and keep encoding/json usable for tools and tests, but the hot path
+// never uses reflection.
 type UsageEvent struct {
 	// ID is the idempotency key: a retry of the same request, or the final
 	// event that settles an Estimated one, carries the same ID, and every

@@ -32,77 +32,80 @@ import (
 //     valid UTF-8 of at most MaxAttributeValueLen bytes.
 func (e *UsageEvent) Validate() error {
 	var errs ValidationError
-	e.validate(&errs, "", 0)
-	return errs.err()
+	e.ValidateFields(&errs, "", 0)
+	return errs.Err()
 }
 
-// validate appends the problems of e to errs, naming fields with prefix
-// ("data." inside a CloudEvent) and leaving out the fields in skip, which a
-// decoder has already reported.
-func (e *UsageEvent) validate(errs *ValidationError, prefix string, skip usageField) {
-	if skip&fID == 0 {
-		if r := checkID(e.ID); r != "" {
-			errs.add(prefix, "id", r)
+// ValidateFields is Validate for decoders: it appends the problems of e to
+// errs, naming fields with prefix ("data." inside a CloudEvent), and leaves
+// out the fields in skip. A decoder puts in skip the fields it has already
+// reported (a wrong type, a duplicate key), so that a problem is not
+// reported twice, and the fields it checked against every rule while it
+// read them, so that valid input is not checked twice.
+func (e *UsageEvent) ValidateFields(errs *ValidationError, prefix string, skip EventField) {
+	if skip&FieldID == 0 {
+		if r := CheckID(e.ID); r != "" {
+			errs.Add(prefix, "id", r)
 		}
 	}
-	if skip&fTime == 0 {
-		if r := checkEventTime(e.Time); r != "" {
-			errs.add(prefix, "time", r)
+	if skip&FieldTime == 0 {
+		if r := CheckEventTime(e.Time); r != "" {
+			errs.Add(prefix, "time", r)
 		}
 	}
-	if skip&fTenant == 0 {
+	if skip&FieldTenant == 0 {
 		if r := checkTenant(e.Tenant); r != "" {
-			errs.add(prefix, "tenant", r)
+			errs.Add(prefix, "tenant", r)
 		}
 	}
-	if skip&fModel == 0 {
+	if skip&FieldModel == 0 {
 		if r := checkModel(e.Model); r != "" {
-			errs.add(prefix, "model", r)
+			errs.Add(prefix, "model", r)
 		}
 	}
-	if skip&fPromptTokens == 0 {
+	if skip&FieldPromptTokens == 0 {
 		if r := checkTokens(e.PromptTokens); r != "" {
-			errs.add(prefix, "prompt_tokens", r)
+			errs.Add(prefix, "prompt_tokens", r)
 		}
 	}
-	if skip&fCompletionTokens == 0 {
+	if skip&FieldCompletionTokens == 0 {
 		if r := checkTokens(e.CompletionTokens); r != "" {
-			errs.add(prefix, "completion_tokens", r)
+			errs.Add(prefix, "completion_tokens", r)
 		}
 	}
-	if skip&fCachedTokens == 0 {
+	if skip&FieldCachedTokens == 0 {
 		if r := checkTokens(e.CachedTokens); r != "" {
-			errs.add(prefix, "cached_tokens", r)
-		} else if e.CachedTokens > e.PromptTokens && skip&fPromptTokens == 0 && e.PromptTokens >= 0 {
-			errs.add(prefix, "cached_tokens", fmt.Sprintf(
+			errs.Add(prefix, "cached_tokens", r)
+		} else if e.CachedTokens > e.PromptTokens && skip&FieldPromptTokens == 0 && e.PromptTokens >= 0 {
+			errs.Add(prefix, "cached_tokens", fmt.Sprintf(
 				"is %d but prompt_tokens is %d; cached tokens are part of prompt_tokens, so cached_tokens must not exceed it",
 				e.CachedTokens, e.PromptTokens))
 		}
 	}
-	if skip&fStatus == 0 && e.Status != 0 && (e.Status < MinStatus || e.Status > MaxStatus) {
-		errs.add(prefix, "status", fmt.Sprintf(
+	if skip&FieldStatus == 0 && e.Status != 0 && (e.Status < MinStatus || e.Status > MaxStatus) {
+		errs.Add(prefix, "status", fmt.Sprintf(
 			"is %d; send 0 when unknown or an HTTP status code from %d to %d (MinStatus..MaxStatus)",
 			e.Status, MinStatus, MaxStatus))
 	}
-	if skip&fOutcome == 0 && e.Outcome != "" && !e.Outcome.Valid() {
-		errs.add(prefix, "outcome", fmt.Sprintf(
+	if skip&FieldOutcome == 0 && e.Outcome != "" && !e.Outcome.Valid() {
+		errs.Add(prefix, "outcome", fmt.Sprintf(
 			"is %q; use one of ok, error, timeout, rejected, or leave it out", string(e.Outcome)))
 	}
-	if skip&fLatencyMS == 0 && (e.LatencyMS < 0 || e.LatencyMS > MaxLatencyMS) {
-		errs.add(prefix, "latency_ms", fmt.Sprintf(
+	if skip&FieldLatencyMS == 0 && (e.LatencyMS < 0 || e.LatencyMS > MaxLatencyMS) {
+		errs.Add(prefix, "latency_ms", fmt.Sprintf(
 			"is %d; send milliseconds from 0 to %d (MaxLatencyMS, one hour)", e.LatencyMS, MaxLatencyMS))
 	}
-	if skip&fPriority == 0 && e.Priority != "" && !e.Priority.Valid() {
-		errs.add(prefix, "priority", fmt.Sprintf(
+	if skip&FieldPriority == 0 && e.Priority != "" && !e.Priority.Valid() {
+		errs.Add(prefix, "priority", fmt.Sprintf(
 			"is %q; use one of critical, high, normal, low, or leave it out", string(e.Priority)))
 	}
-	checkOptional(errs, prefix, "user", e.User, skip&fUser != 0)
-	checkOptional(errs, prefix, "api_key_id", e.APIKeyID, skip&fAPIKeyID != 0)
-	checkOptional(errs, prefix, "provider", e.Provider, skip&fProvider != 0)
-	checkOptional(errs, prefix, "endpoint", e.Endpoint, skip&fEndpoint != 0)
-	checkOptional(errs, prefix, "session_id", e.SessionID, skip&fSessionID != 0)
-	checkOptional(errs, prefix, "gateway", e.Gateway, skip&fGateway != 0)
-	if skip&fAttributes == 0 {
+	checkOptional(errs, prefix, "user", e.User, skip&FieldUser != 0)
+	checkOptional(errs, prefix, "api_key_id", e.APIKeyID, skip&FieldAPIKeyID != 0)
+	checkOptional(errs, prefix, "provider", e.Provider, skip&FieldProvider != 0)
+	checkOptional(errs, prefix, "endpoint", e.Endpoint, skip&FieldEndpoint != 0)
+	checkOptional(errs, prefix, "session_id", e.SessionID, skip&FieldSessionID != 0)
+	checkOptional(errs, prefix, "gateway", e.Gateway, skip&FieldGateway != 0)
+	if skip&FieldAttributes == 0 {
 		checkAttributes(errs, prefix, e.Attributes)
 	}
 }
@@ -144,6 +147,7 @@ var (
 	})
 )
 
+// byteClass returns the table of the bytes for which in is true.
 func byteClass(in func(byte) bool) *[256]bool {
 	var t [256]bool
 	for i := range t {
@@ -177,19 +181,29 @@ func firstNotIn(s string, class *[256]bool) int {
 	return -1
 }
 
-func checkID(s string) string {
+// CheckID checks an event or signal ID, or a CloudEvents id, and returns
+// the reason it is invalid, or "".
+func CheckID(s string) string {
 	return checkIdent(s, MaxIDLen, "MaxIDLen", printableNoSpace, "printable ASCII without spaces (0x21-0x7E)")
 }
 
+// checkTenant checks a tenant name and returns the reason it is invalid, or
+// "".
 func checkTenant(s string) string {
 	return checkIdent(s, MaxTenantLen, "MaxTenantLen", tenantChars, "letters, digits and . _ : -")
 }
 
+// checkModel checks a model name and returns the reason it is invalid, or
+// "".
 func checkModel(s string) string {
 	return checkIdent(s, MaxModelLen, "MaxModelLen", printable, "printable ASCII (0x20-0x7E)")
 }
 
-func checkEventTime(t time.Time) string {
+// CheckEventTime checks that the time of an event or signal is set and
+// within the years RFC 3339 can write, and returns the reason it is not, or
+// "". Decoders that take a time from elsewhere (a CloudEvents envelope) call
+// it themselves.
+func CheckEventTime(t time.Time) string {
 	if t.IsZero() {
 		return "is required; send the time the request finished in RFC 3339, for example 2024-05-01T12:00:00Z"
 	}
@@ -200,6 +214,8 @@ func checkEventTime(t time.Time) string {
 	return ""
 }
 
+// checkTokens checks a token count and returns the reason it is invalid, or
+// "".
 func checkTokens(n int64) string {
 	if n < 0 {
 		return fmt.Sprintf("is %d; token counts cannot be negative", n)
@@ -217,40 +233,52 @@ func checkOptional(errs *ValidationError, prefix, field, s string, skip bool) {
 		return
 	}
 	if len(s) > MaxStringLen {
-		errs.add(prefix, field, fmt.Sprintf("is %d bytes long; the maximum is %d bytes (MaxStringLen)", len(s), MaxStringLen))
+		errs.Add(prefix, field, fmt.Sprintf("is %d bytes long; the maximum is %d bytes (MaxStringLen)", len(s), MaxStringLen))
 	} else if !utf8.ValidString(s) {
-		errs.add(prefix, field, "is not valid UTF-8; send text encoded in UTF-8")
+		errs.Add(prefix, field, "is not valid UTF-8; send text encoded in UTF-8")
 	}
 }
 
+// checkAttributes checks the attributes map as a whole and entry by entry.
 func checkAttributes(errs *ValidationError, prefix string, attrs map[string]string) {
 	if len(attrs) == 0 {
 		return
 	}
 	start := len(*errs)
 	if len(attrs) > MaxAttributes {
-		errs.add(prefix, "attributes", fmt.Sprintf(
+		errs.Add(prefix, "attributes", fmt.Sprintf(
 			"has %d entries; the maximum is %d (MaxAttributes): keep attributes to a few labels", len(attrs), MaxAttributes))
 	}
 	for k, v := range attrs {
 		if r := checkAttributeKey(k); r != "" {
 			if k == "" {
-				errs.add(prefix, "attributes", r)
+				errs.Add(prefix, "attributes", r)
 			} else {
-				errs.add(prefix, "attributes."+pathKey(k), r)
+				errs.Add(prefix, "attributes."+FieldPath(k), r)
 			}
 		}
 		if len(v) > MaxAttributeValueLen {
-			errs.add(prefix, "attributes."+pathKey(k), fmt.Sprintf(
+			errs.Add(prefix, "attributes."+FieldPath(k), fmt.Sprintf(
 				"value is %d bytes long; the maximum is %d bytes (MaxAttributeValueLen)", len(v), MaxAttributeValueLen))
 		} else if !utf8.ValidString(v) {
-			errs.add(prefix, "attributes."+pathKey(k), "value is not valid UTF-8; send text encoded in UTF-8")
+			errs.Add(prefix, "attributes."+FieldPath(k), "value is not valid UTF-8; send text encoded in UTF-8")
 		}
 	}
 	// Map order is random; sorted problems make responses and tests stable.
 	slices.SortStableFunc((*errs)[start:], func(a, b FieldError) int { return strings.Compare(a.Field, b.Field) })
 }
 
+// AttributeValid reports whether one attribute entry passes every rule that
+// validation applies to an entry on its own; the number of entries is
+// checked separately. A decoder calls it while the entry's bytes are at
+// hand, and skips FieldAttributes in [UsageEvent.ValidateFields] when every
+// entry passed, so that valid attributes are walked once.
+func AttributeValid(key, val string) bool {
+	return checkAttributeKey(key) == "" && len(val) <= MaxAttributeValueLen && utf8.ValidString(val)
+}
+
+// checkAttributeKey checks an attribute key and returns the reason it is
+// invalid, or "".
 func checkAttributeKey(k string) string {
 	switch {
 	case k == "":

@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/schemas/eventjson"
+	"github.com/sluicehq/sluice/schemas/framing"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -223,9 +225,9 @@ func TestHTTPSenderRetriesAndDropsRejected(t *testing.T) {
 		body, _ := io.ReadAll(r.Body)
 		var evs []schemas.UsageEvent
 		mu.Lock()
-		schemas.SplitJSONArray(body, func(_ int, raw []byte) error {
+		framing.SplitJSONArray(body, func(_ int, raw []byte) error {
 			var ev schemas.UsageEvent
-			if err := schemas.DecodeUsageEvent(raw, &ev); err == nil && ev.ID != "h-1" {
+			if err := eventjson.DecodeUsageEvent(raw, &ev); err == nil && ev.ID != "h-1" {
 				got[ev.ID]++
 			}
 			evs = append(evs, ev)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/schemas/eventjson"
 )
 
 // HTTPSender posts batches to the ingest API (POST /v1/events) as a JSON
@@ -48,7 +49,7 @@ func (s *HTTPSender) Send(ctx context.Context, events []schemas.UsageEvent) ([]R
 		if i > 0 {
 			body = append(body, ',')
 		}
-		body = schemas.AppendUsageEventJSON(body, &events[i])
+		body = eventjson.AppendUsageEventJSON(body, &events[i])
 	}
 	body = append(body, ']')
 	var rd io.Reader = bytes.NewReader(body)

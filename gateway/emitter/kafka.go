@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/schemas/eventjson"
 )
 
 // KafkaSender produces events straight to the usage topic, for gateways
@@ -62,7 +63,7 @@ func (s *KafkaSender) Send(ctx context.Context, events []schemas.UsageEvent) ([]
 	buf := make([]byte, 0, 256*len(events))
 	ends := make([]int, len(events))
 	for i := range events {
-		buf = schemas.AppendUsageEventJSON(buf, &events[i])
+		buf = eventjson.AppendUsageEventJSON(buf, &events[i])
 		ends[i] = len(buf)
 	}
 	recs := make([]kgo.Record, len(events))

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/schemas/eventjson"
 	"github.com/sluicehq/sluice/services/aggregator/internal/chstore"
 	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
 )
@@ -139,7 +140,7 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 			continue // re-delivered after a retry inside the client
 		}
 		ev := &a.ev
-		if err := schemas.DecodeUsageEvent(rec.Value, ev); err != nil {
+		if err := eventjson.DecodeUsageEvent(rec.Value, ev); err != nil {
 			a.m.invalid.Inc()
 			a.log.Warn("skipping an undecodable usage event", "partition", rec.Partition, "offset", rec.Offset, "err", err)
 		} else {

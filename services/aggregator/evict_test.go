@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/schemas/eventjson"
 )
 
 // TestIdleTenantEvictedAndRestored: a tenant silent for longer than
@@ -41,7 +42,7 @@ func TestIdleTenantEvictedAndRestored(t *testing.T) {
 		defer cancel()
 		recs := make([]*kgo.Record, len(evs))
 		for i := range evs {
-			recs[i] = &kgo.Record{Topic: e.topic, Partition: 0, Key: []byte(evs[i].Tenant), Value: schemas.AppendUsageEventJSON(nil, &evs[i])}
+			recs[i] = &kgo.Record{Topic: e.topic, Partition: 0, Key: []byte(evs[i].Tenant), Value: eventjson.AppendUsageEventJSON(nil, &evs[i])}
 		}
 		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 			t.Fatal(err)

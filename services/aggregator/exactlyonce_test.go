@@ -25,6 +25,7 @@ import (
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/schemas/eventjson"
 	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
 )
 
@@ -155,7 +156,7 @@ func produce(t testing.TB, e *env, evs []schemas.UsageEvent) {
 	defer cancel()
 	recs := make([]*kgo.Record, len(evs))
 	for i := range evs {
-		recs[i] = &kgo.Record{Topic: e.topic, Key: []byte(evs[i].Tenant), Value: schemas.AppendUsageEventJSON(nil, &evs[i])}
+		recs[i] = &kgo.Record{Topic: e.topic, Key: []byte(evs[i].Tenant), Value: eventjson.AppendUsageEventJSON(nil, &evs[i])}
 	}
 	if err := e.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		t.Fatal(err)
@@ -429,7 +430,7 @@ func checkSignals(t *testing.T, e *env, pol *policy.Policy) {
 		st.SetPolicy(pol)
 		var ev schemas.UsageEvent
 		for _, r := range recs {
-			if err := schemas.DecodeUsageEvent(r.Value, &ev); err != nil {
+			if err := eventjson.DecodeUsageEvent(r.Value, &ev); err != nil {
 				t.Fatal(err)
 			}
 			st.Apply(&ev, r.Offset)

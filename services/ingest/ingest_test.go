@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/schemas/eventjson"
 )
 
 func TestMixedBatchAcceptsExactlyTheGoodEvents(t *testing.T) {
@@ -48,7 +49,7 @@ func TestMixedBatchAcceptsExactlyTheGoodEvents(t *testing.T) {
 			t.Fatalf("record headers %v, want schema: %s", r.Headers, schemas.SchemaUsageV1)
 		}
 		var ev schemas.UsageEvent
-		if err := schemas.DecodeUsageEvent(r.Value, &ev); err != nil {
+		if err := eventjson.DecodeUsageEvent(r.Value, &ev); err != nil {
 			t.Fatalf("record value does not decode as usage event v1: %v", err)
 		}
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/schemas/eventjson"
 	"github.com/sluicehq/sluice/services/ingest/apikey"
 	"github.com/sluicehq/sluice/services/ingest/dedup"
 	"github.com/sluicehq/sluice/services/ingest/payload"
@@ -332,7 +333,7 @@ func (s *server) produce(ctx context.Context, events []schemas.UsageEvent) produ
 	buf := make([]byte, 0, size)
 	ends := make([]int, len(fresh))
 	for j, i := range fresh {
-		buf = schemas.AppendUsageEventJSON(buf, &events[i])
+		buf = eventjson.AppendUsageEventJSON(buf, &events[i])
 		ends[j] = len(buf)
 	}
 	recs := make([]kgo.Record, len(fresh))

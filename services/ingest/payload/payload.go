@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/schemas/eventjson"
+	"github.com/sluicehq/sluice/schemas/framing"
 )
 
 // Format is how a body frames its events.
@@ -168,7 +170,7 @@ type Rejection struct {
 // slices and the events' attribute maps.
 //
 // The strings of all events share one copy of the body (see
-// schemas.BatchDecoder): retaining any of them beyond the request keeps
+// eventjson.BatchDecoder): retaining any of them beyond the request keeps
 // the whole copy alive, so clone what you keep. The events, their
 // attribute maps included, are valid until the next Reset or Decode.
 type Batch struct {
@@ -178,7 +180,7 @@ type Batch struct {
 	// Total is the number of events the body framed, accepted or not.
 	Total int
 
-	dec schemas.BatchDecoder
+	dec eventjson.BatchDecoder
 }
 
 // Reset empties b for reuse. It hands the events' attribute maps back to
@@ -217,7 +219,7 @@ func Decode(format Format, body []byte, lim Limits, now time.Time, allow func(te
 	case CloudEventBatch:
 		err = b.dec.DecodeJSONArray(true, d.arrayEvent)
 	case NDJSON:
-		err = schemas.SplitNDJSON(body, d.event)
+		err = framing.SplitNDJSON(body, d.event)
 	default:
 		return &UnsupportedError{Msg: "unknown format"}
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/schemas/eventjson"
 )
 
 var now = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
@@ -176,7 +177,7 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("accepted an invalid event: %v", err)
 			}
 			var back schemas.UsageEvent
-			if err := schemas.DecodeUsageEvent(schemas.AppendUsageEventJSON(nil, e), &back); err != nil {
+			if err := eventjson.DecodeUsageEvent(eventjson.AppendUsageEventJSON(nil, e), &back); err != nil {
 				t.Fatalf("accepted event does not round-trip: %v", err)
 			}
 			if back.ID != e.ID || back.Tenant != e.Tenant || back.TotalTokens() != e.TotalTokens() {

@@ -208,7 +208,7 @@ func (p *Partition) TakeSignals() []schemas.Signal {
 }
 
 // Apply counts one event read at offset. The caller has validated it
-// (schemas.DecodeUsageEvent does).
+// (eventjson.DecodeUsageEvent does).
 func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 	if ev.Model == policy.AllModels || ev.Model == "" || ev.Tenant == "" {
 		p.Stats.Rejected++

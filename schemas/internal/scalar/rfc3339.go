@@ -1,22 +1,23 @@
-package schemas
+package scalar
 
 import "time"
 
-// timePattern is the shape of the timestamps the decoders accept, as the
-// JSON Schemas state it next to "format": "date-time". It is RFC 3339's
+// TimePattern is the shape of the timestamps usage events and signals carry,
+// as the JSON Schemas state it next to "format": "date-time". It is RFC 3339's
 // date-time narrowed to what every consumer handles identically: upper-case
 // T and Z, no leap second, at most nine fractional digits (nanoseconds), and
 // a year from 1970.
-const timePattern = `^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`
+const TimePattern = `^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`
 
-// parseTime parses an RFC 3339 timestamp of the shape timePattern describes
-// and returns it in UTC. On failure it returns a reason for a FieldError.
+// ParseTime parses an RFC 3339 timestamp of the shape TimePattern describes
+// and returns it in UTC. On failure it returns the reason for a
+// schemas.FieldError instead.
 //
 // It exists because time.Parse is more lenient than RFC 3339 in ways the
 // JSON Schema is not (a comma before the fraction, any number of fractional
 // digits) and allocates a time.Location for every non-UTC offset; converting
 // to UTC here allocates nothing.
-func parseTime(s string) (time.Time, string) {
+func ParseTime(s string) (time.Time, string) {
 	const shape = "is not an RFC 3339 timestamp like 2024-05-01T12:00:00Z or 2024-05-01T14:00:00.123+02:00"
 	if len(s) < len("2006-01-02T15:04:05Z") {
 		return time.Time{}, shape
@@ -98,6 +99,7 @@ func digits(s string) (int, bool) {
 	return n, true
 }
 
+// daysIn is the number of days of month in year, leap years included.
 func daysIn(month, year int) int {
 	switch month {
 	case 2:

@@ -1,10 +1,13 @@
-package schemas
+package eventjson
 
 import (
 	"errors"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/schemas/internal/schematest"
 )
 
 // event builds a JSON event from the required fields plus extra members,
@@ -52,24 +55,24 @@ func without(field string) string {
 
 func TestDecodeTestdata(t *testing.T) {
 	for _, name := range []string{"event-minimal.json", "event-typical.json", "event-full.json"} {
-		var ev UsageEvent
-		if err := DecodeUsageEvent(readTestdata(t, name), &ev); err != nil {
+		var ev schemas.UsageEvent
+		if err := DecodeUsageEvent(schematest.ReadTestdata(t, name), &ev); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	var ev UsageEvent
-	if err := DecodeUsageEvent(readTestdata(t, "event-full.json"), &ev); err != nil {
+	var ev schemas.UsageEvent
+	if err := DecodeUsageEvent(schematest.ReadTestdata(t, "event-full.json"), &ev); err != nil {
 		t.Fatal(err)
 	}
-	want := UsageEvent{
+	want := schemas.UsageEvent{
 		ID: "01HZX3Q8J5W1K8S9V2M4N6P7R1", Time: time.Date(2024, 5, 1, 12, 0, 0, 123456789, time.UTC),
 		Tenant: "acme.eu:team-7", Model: "claude-3-5-sonnet@20240620", PromptTokens: 5000, CompletionTokens: 800,
 		User: "user-42", APIKeyID: "key_7f3a9c", Provider: "anthropic", Endpoint: "/v1/messages",
-		CachedTokens: 4096, Status: 200, Outcome: OutcomeOK, LatencyMS: 9120, Priority: PriorityHigh,
+		CachedTokens: 4096, Status: 200, Outcome: schemas.OutcomeOK, LatencyMS: 9120, Priority: schemas.PriorityHigh,
 		SessionID: "agent-task-9", Gateway: "gw-eu-1",
 		Attributes: map[string]string{"team": "search", "feature": "summarize", "region": "eu-west-1"},
 	}
-	if !equalEvents(&ev, &want) {
+	if !schematest.EqualEvents(&ev, &want) {
 		t.Errorf("got %+v\nwant %+v", ev, want)
 	}
 	if ev.Time.Location() != time.UTC {
@@ -94,7 +97,7 @@ func TestDecodeFieldProblems(t *testing.T) {
 		{"unknown field case", event(`"Tenant":"acme"`), "Tenant", []string{"not a field"}},
 		{"duplicate field", `{"id":"a","id":"a","time":"2024-05-01T12:00:00Z","tenant":"t","model":"m","prompt_tokens":1,"completion_tokens":1}`, "id", []string{"more than once"}},
 		{"duplicate attribute", event(`"attributes":{"a":"1","a":"2"}`), "attributes.a", []string{"more than once"}},
-		{"overflow int64", event(`"prompt_tokens":99999999999999999999`), "prompt_tokens", []string{"out of range", "1000000000", "MaxTokensPerEvent"}},
+		{"overflow int64", event(`"prompt_tokens":99999999999999999999`), "prompt_tokens", []string{"out of range", "1000000000", "schemas.MaxTokensPerEvent"}},
 		{"overflow 19 digits", event(`"completion_tokens":9999999999999999999`), "completion_tokens", []string{"out of range"}},
 		{"over limit", event(`"prompt_tokens":1000000001`), "prompt_tokens", []string{"1000000000"}},
 		{"fraction", event(`"prompt_tokens":1.5`), "prompt_tokens", []string{"1.5", "whole number"}},
@@ -133,13 +136,13 @@ func TestDecodeFieldProblems(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var ev UsageEvent
+			var ev schemas.UsageEvent
 			err := DecodeUsageEvent([]byte(tc.in), &ev)
 			if err == nil {
 				t.Fatalf("accepted %s", tc.in)
 			}
-			wantFieldError(t, err, tc.field, tc.want...)
-			if ve := fieldErrors(t, err); len(ve) != 1 {
+			schematest.WantFieldError(t, err, tc.field, tc.want...)
+			if ve := schematest.FieldErrors(t, err); len(ve) != 1 {
 				t.Errorf("want one problem, got %v", err)
 			}
 		})
@@ -149,8 +152,8 @@ func TestDecodeFieldProblems(t *testing.T) {
 func TestDecodeReportsAllProblems(t *testing.T) {
 	in := `{"id":"evt-1","time":"2024-05-01T12:00:00Z","tenant":"acme corp","model":"gpt-4o",
 		"prompt_tokens":"12","completion_tokens":350,"color":"blue"}`
-	var ev UsageEvent
-	ve := fieldErrors(t, DecodeUsageEvent([]byte(in), &ev))
+	var ev schemas.UsageEvent
+	ve := schematest.FieldErrors(t, DecodeUsageEvent([]byte(in), &ev))
 	if len(ve) != 3 {
 		t.Fatalf("want 3 problems, got %d: %v", len(ve), ve)
 	}
@@ -164,43 +167,43 @@ func TestDecodeReportsAllProblems(t *testing.T) {
 func TestDecodeAccepts(t *testing.T) {
 	cases := []struct {
 		name, in string
-		check    func(*UsageEvent) bool
+		check    func(*schemas.UsageEvent) bool
 	}{
-		{"escapes", event(`"user":"a\"b\\c\/d\b\f\n\r\t\u00e9\u20ac"`), func(e *UsageEvent) bool {
+		{"escapes", event(`"user":"a\"b\\c\/d\b\f\n\r\t\u00e9\u20ac"`), func(e *schemas.UsageEvent) bool {
 			return e.User == "a\"b\\c/d\b\f\n\r\t\u00e9\u20ac"
 		}},
-		{"surrogate pair", event(`"user":"\ud83d\ude00!"`), func(e *UsageEvent) bool { return e.User == "😀!" }},
-		{"upper hex", event(`"user":"\uD83D\uDE00"`), func(e *UsageEvent) bool { return e.User == "😀" }},
-		{"escaped key", event(`"\u0075ser":"x"`), func(e *UsageEvent) bool { return e.User == "x" }},
-		{"escaped model", event(`"model":"gpt\u002d4o"`), func(e *UsageEvent) bool { return e.Model == "gpt-4o" }},
-		{"raw utf8", event(`"user":"Jürgen 山田"`), func(e *UsageEvent) bool { return e.User == "Jürgen 山田" }},
+		{"surrogate pair", event(`"user":"\ud83d\ude00!"`), func(e *schemas.UsageEvent) bool { return e.User == "😀!" }},
+		{"upper hex", event(`"user":"\uD83D\uDE00"`), func(e *schemas.UsageEvent) bool { return e.User == "😀" }},
+		{"escaped key", event(`"\u0075ser":"x"`), func(e *schemas.UsageEvent) bool { return e.User == "x" }},
+		{"escaped model", event(`"model":"gpt\u002d4o"`), func(e *schemas.UsageEvent) bool { return e.Model == "gpt-4o" }},
+		{"raw utf8", event(`"user":"Jürgen 山田"`), func(e *schemas.UsageEvent) bool { return e.User == "Jürgen 山田" }},
 		{"null optionals", event(`"user":null,"cached_tokens":null,"status":null,"outcome":null,"estimated":null,"attributes":null`),
-			func(e *UsageEvent) bool { return e.User == "" && e.Attributes == nil && !e.Estimated }},
-		{"empty enums", event(`"outcome":"","priority":""`), func(e *UsageEvent) bool { return e.Outcome == "" }},
-		{"empty attributes", event(`"attributes":{}`), func(e *UsageEvent) bool { return e.Attributes == nil }},
-		{"whole fraction", event(`"prompt_tokens":12.0,"completion_tokens":1.2e1`), func(e *UsageEvent) bool {
+			func(e *schemas.UsageEvent) bool { return e.User == "" && e.Attributes == nil && !e.Estimated }},
+		{"empty enums", event(`"outcome":"","priority":""`), func(e *schemas.UsageEvent) bool { return e.Outcome == "" }},
+		{"empty attributes", event(`"attributes":{}`), func(e *schemas.UsageEvent) bool { return e.Attributes == nil }},
+		{"whole fraction", event(`"prompt_tokens":12.0,"completion_tokens":1.2e1`), func(e *schemas.UsageEvent) bool {
 			return e.PromptTokens == 12 && e.CompletionTokens == 12
 		}},
-		{"exponent", event(`"prompt_tokens":1E3,"completion_tokens":25000e-2`), func(e *UsageEvent) bool {
+		{"exponent", event(`"prompt_tokens":1E3,"completion_tokens":25000e-2`), func(e *schemas.UsageEvent) bool {
 			return e.PromptTokens == 1000 && e.CompletionTokens == 250
 		}},
-		{"zeros", event(`"prompt_tokens":-0,"completion_tokens":0.000e5`), func(e *UsageEvent) bool {
+		{"zeros", event(`"prompt_tokens":-0,"completion_tokens":0.000e5`), func(e *schemas.UsageEvent) bool {
 			return e.PromptTokens == 0 && e.CompletionTokens == 0
 		}},
-		{"offset time", event(`"time":"2024-05-01T14:30:00.5+02:30"`), func(e *UsageEvent) bool {
+		{"offset time", event(`"time":"2024-05-01T14:30:00.5+02:30"`), func(e *schemas.UsageEvent) bool {
 			return e.Time.Equal(time.Date(2024, 5, 1, 12, 0, 0, 5e8, time.UTC))
 		}},
-		{"negative offset", event(`"time":"2024-05-01T00:00:00-05:00"`), func(e *UsageEvent) bool {
+		{"negative offset", event(`"time":"2024-05-01T00:00:00-05:00"`), func(e *schemas.UsageEvent) bool {
 			return e.Time.Equal(time.Date(2024, 5, 1, 5, 0, 0, 0, time.UTC))
 		}},
-		{"leap day", event(`"time":"2024-02-29T00:00:00Z"`), func(e *UsageEvent) bool { return e.Time.Day() == 29 }},
+		{"leap day", event(`"time":"2024-02-29T00:00:00Z"`), func(e *schemas.UsageEvent) bool { return e.Time.Day() == 29 }},
 		{"whitespace", " \n\t{ \"id\" : \"x\" , \"time\":\"2024-05-01T12:00:00Z\",\"tenant\":\"t\",\"model\":\"m\",\"prompt_tokens\" :1,\"completion_tokens\": 2 } \r\n",
-			func(e *UsageEvent) bool { return e.ID == "x" && e.CompletionTokens == 2 }},
-		{"estimated", event(`"estimated":true`), func(e *UsageEvent) bool { return e.Estimated }},
+			func(e *schemas.UsageEvent) bool { return e.ID == "x" && e.CompletionTokens == 2 }},
+		{"estimated", event(`"estimated":true`), func(e *schemas.UsageEvent) bool { return e.Estimated }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var ev UsageEvent
+			var ev schemas.UsageEvent
 			if err := DecodeUsageEvent([]byte(tc.in), &ev); err != nil {
 				t.Fatal(err)
 			}
@@ -212,7 +215,7 @@ func TestDecodeAccepts(t *testing.T) {
 }
 
 func TestDecodeSyntaxErrors(t *testing.T) {
-	deep := event(`"x":` + strings.Repeat("[", MaxNesting+1) + strings.Repeat("]", MaxNesting+1))
+	deep := event(`"x":` + strings.Repeat("[", schemas.MaxNesting+1) + strings.Repeat("]", schemas.MaxNesting+1))
 	cases := []struct {
 		name, in string
 		offset   int64
@@ -241,11 +244,11 @@ func TestDecodeSyntaxErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var ev UsageEvent
+			var ev schemas.UsageEvent
 			err := DecodeUsageEvent([]byte(tc.in), &ev)
-			var se *SyntaxError
+			var se *schemas.SyntaxError
 			if !errors.As(err, &se) {
-				t.Fatalf("want *SyntaxError, got %T %v", err, err)
+				t.Fatalf("want *schemas.SyntaxError, got %T %v", err, err)
 			}
 			if tc.offset >= 0 && se.Offset != tc.offset {
 				t.Errorf("offset %d, want %d (%v)", se.Offset, tc.offset, se)
@@ -258,11 +261,11 @@ func TestDecodeSyntaxErrors(t *testing.T) {
 }
 
 func TestDecodeResetsEvent(t *testing.T) {
-	var ev UsageEvent
-	if err := DecodeUsageEvent(readTestdata(t, "event-full.json"), &ev); err != nil {
+	var ev schemas.UsageEvent
+	if err := DecodeUsageEvent(schematest.ReadTestdata(t, "event-full.json"), &ev); err != nil {
 		t.Fatal(err)
 	}
-	if err := DecodeUsageEvent(readTestdata(t, "event-minimal.json"), &ev); err != nil {
+	if err := DecodeUsageEvent(schematest.ReadTestdata(t, "event-minimal.json"), &ev); err != nil {
 		t.Fatal(err)
 	}
 	if ev.Attributes != nil || ev.User != "" || ev.Status != 0 {
@@ -271,8 +274,8 @@ func TestDecodeResetsEvent(t *testing.T) {
 }
 
 func TestDecodeDoesNotRetainInput(t *testing.T) {
-	buf := readTestdata(t, "event-typical.json")
-	var ev UsageEvent
+	buf := schematest.ReadTestdata(t, "event-typical.json")
+	var ev schemas.UsageEvent
 	if err := DecodeUsageEvent(buf, &ev); err != nil {
 		t.Fatal(err)
 	}
@@ -289,8 +292,8 @@ func TestDecodeAllocations(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector changes allocation counts")
 	}
-	data := readTestdata(t, "event-typical.json")
-	var ev UsageEvent
+	data := schematest.ReadTestdata(t, "event-typical.json")
+	var ev schemas.UsageEvent
 	n := testing.AllocsPerRun(200, func() {
 		if err := DecodeUsageEvent(data, &ev); err != nil {
 			t.Fatal(err)
@@ -298,29 +301,5 @@ func TestDecodeAllocations(t *testing.T) {
 	})
 	if n > 2 {
 		t.Errorf("DecodeUsageEvent allocates %v times per typical event; the budget is 2", n)
-	}
-}
-
-func TestParseInt(t *testing.T) {
-	cases := []struct {
-		in   string
-		want int64
-		ok   bool
-	}{
-		{"0", 0, true}, {"-0", 0, true}, {"123", 123, true}, {"-123", -123, true},
-		{"999999999999999999", 999999999999999999, true},
-		{"9223372036854775807", 9223372036854775807, true},
-		{"9223372036854775808", 0, false},
-		{"-9223372036854775807", -9223372036854775807, true},
-		{"1.0", 1, true}, {"1.5", 0, false}, {"10e-1", 1, true}, {"1e18", 1e18, true},
-		{"1e19", 0, false}, {"0.0001e4", 1, true}, {"123456789012345678.9e1", 1234567890123456789, true},
-		{"1e-400", 0, false}, {"0e399", 0, true}, {"1e401", 0, false}, {"0e401", 0, false},
-		{"1E+2", 100, true}, {"100e-2", 1, true}, {"000", 0, true},
-	}
-	for _, tc := range cases {
-		got, reason := parseInt(tc.in, 1, "Lim")
-		if (reason == "") != tc.ok || tc.ok && got != tc.want {
-			t.Errorf("parseInt(%s) = %d, %q; want %d ok=%v", tc.in, got, reason, tc.want, tc.ok)
-		}
 	}
 }

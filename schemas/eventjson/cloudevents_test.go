@@ -1,10 +1,14 @@
-package schemas
+package eventjson
 
 import (
 	"errors"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/schemas/framing"
+	"github.com/sluicehq/sluice/schemas/internal/schematest"
 )
 
 // ce builds a structured CloudEvent from envelope members and a data object.
@@ -35,8 +39,8 @@ func ce(envelope, data string) string {
 const cePayload = `{"tenant":"acme","model":"gpt-4o","prompt_tokens":1200,"completion_tokens":350}`
 
 func TestDecodeCloudEventTestdata(t *testing.T) {
-	var ev UsageEvent
-	if err := DecodeCloudEvent(readTestdata(t, "cloudevent.json"), &ev); err != nil {
+	var ev schemas.UsageEvent
+	if err := DecodeCloudEvent(schematest.ReadTestdata(t, "cloudevent.json"), &ev); err != nil {
 		t.Fatal(err)
 	}
 	if ev.ID != "01HZX3Q8J5W1K8S9V2M4N6P7R2" || ev.Tenant != "acme" || ev.LatencyMS != 1840 ||
@@ -44,7 +48,7 @@ func TestDecodeCloudEventTestdata(t *testing.T) {
 		t.Errorf("decoded %+v", ev)
 	}
 	n := 0
-	err := SplitJSONArray(readTestdata(t, "cloudevents-batch.json"), func(_ int, raw []byte) error {
+	err := framing.SplitJSONArray(schematest.ReadTestdata(t, "cloudevents-batch.json"), func(_ int, raw []byte) error {
 		n++
 		return DecodeCloudEvent(raw, &ev)
 	})
@@ -70,7 +74,7 @@ func TestDecodeCloudEventAccepts(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var ev UsageEvent
+			var ev schemas.UsageEvent
 			if err := DecodeCloudEvent([]byte(tc.in), &ev); err != nil {
 				t.Fatalf("%s: %v", tc.in, err)
 			}
@@ -87,7 +91,7 @@ func TestDecodeCloudEventProblems(t *testing.T) {
 		want            []string
 	}{
 		{"specversion", ce(`"specversion":"0.3"`, cePayload), "specversion", []string{`"0.3"`, "1.0"}},
-		{"type", ce(`"type":"com.example.usage"`, cePayload), "type", []string{CloudEventTypeUsageV1}},
+		{"type", ce(`"type":"com.example.usage"`, cePayload), "type", []string{schemas.CloudEventTypeUsageV1}},
 		{"source empty", ce(`"source":""`, cePayload), "source", []string{"required"}},
 		{"source bad", ce(`"source":"%zz"`, cePayload), "source", []string{"URI-reference"}},
 		{"source backslash", ce(`"source":"a\\b"`, cePayload), "source", []string{"backslash"}},
@@ -117,13 +121,13 @@ func TestDecodeCloudEventProblems(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var ev UsageEvent
+			var ev schemas.UsageEvent
 			err := DecodeCloudEvent([]byte(tc.in), &ev)
 			if err == nil {
 				t.Fatalf("accepted %s", tc.in)
 			}
-			wantFieldError(t, err, tc.field, tc.want...)
-			if ve := fieldErrors(t, err); len(ve) != 1 {
+			schematest.WantFieldError(t, err, tc.field, tc.want...)
+			if ve := schematest.FieldErrors(t, err); len(ve) != 1 {
 				t.Errorf("want one problem, got %v", err)
 			}
 		})
@@ -131,8 +135,8 @@ func TestDecodeCloudEventProblems(t *testing.T) {
 }
 
 func TestDecodeCloudEventMissingAttributes(t *testing.T) {
-	var ev UsageEvent
-	ve := fieldErrors(t, DecodeCloudEvent([]byte(`{"data":`+cePayload+`}`), &ev))
+	var ev schemas.UsageEvent
+	ve := schematest.FieldErrors(t, DecodeCloudEvent([]byte(`{"data":`+cePayload+`}`), &ev))
 	for _, f := range []string{"specversion", "type", "source", "id", "time"} {
 		if !ve.Has(f) {
 			t.Errorf("no problem for %s: %v", f, ve)
@@ -145,25 +149,25 @@ func TestDecodeCloudEventMissingAttributes(t *testing.T) {
 
 func TestDecodeCloudEventSyntax(t *testing.T) {
 	for _, in := range []string{"", "[]", ce("", cePayload) + "{}", `{"specversion":"1.0",`, `{"data":{"tenant":}}`} {
-		var ev UsageEvent
-		var se *SyntaxError
+		var ev schemas.UsageEvent
+		var se *schemas.SyntaxError
 		if err := DecodeCloudEvent([]byte(in), &ev); !errors.As(err, &se) {
-			t.Errorf("%q: want *SyntaxError, got %v", in, err)
+			t.Errorf("%q: want *schemas.SyntaxError, got %v", in, err)
 		}
 	}
 }
 
 func TestAppendCloudEventJSONRoundTrip(t *testing.T) {
-	var ev UsageEvent
-	if err := DecodeUsageEvent(readTestdata(t, "event-full.json"), &ev); err != nil {
+	var ev schemas.UsageEvent
+	if err := DecodeUsageEvent(schematest.ReadTestdata(t, "event-full.json"), &ev); err != nil {
 		t.Fatal(err)
 	}
 	out := AppendCloudEventJSON(nil, "//gw.example.com/eu-1", &ev)
-	var back UsageEvent
+	var back schemas.UsageEvent
 	if err := DecodeCloudEvent(out, &back); err != nil {
 		t.Fatalf("%s: %v", out, err)
 	}
-	if !equalEvents(&ev, &back) {
+	if !schematest.EqualEvents(&ev, &back) {
 		t.Errorf("changed:\n%+v\n%+v", ev, back)
 	}
 }

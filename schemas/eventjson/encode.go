@@ -1,25 +1,27 @@
-package schemas
+package eventjson
 
 import (
 	"slices"
 	"strconv"
 	"time"
 	"unicode/utf8"
+
+	"github.com/sluicehq/sluice/schemas"
 )
 
 // AppendUsageEventJSON appends the canonical JSON encoding of ev to dst and
 // returns the extended slice. Canonical means: fields in the order of the
-// UsageEvent struct, optional fields left out when zero, attributes sorted
-// by key, time in UTC with RFC 3339 and only the fractional digits needed,
-// no insignificant whitespace. Equal events therefore encode to equal bytes,
-// which keeps Kafka compaction and byte-level dedup honest.
+// schemas.UsageEvent struct, optional fields left out when zero, attributes
+// sorted by key, time in UTC with RFC 3339 and only the fractional digits
+// needed, no insignificant whitespace. Equal events therefore encode to equal
+// bytes, which keeps Kafka compaction and byte-level dedup honest.
 //
-// It does not validate ev: call [UsageEvent.Validate] first. A valid event
-// encodes to JSON that [DecodeUsageEvent] turns back into an equal event.
-// Invalid UTF-8 in strings is written as U+FFFD, as encoding/json does.
-// Appending to a reused buffer allocates nothing unless the event has more
-// than MaxAttributes attributes.
-func AppendUsageEventJSON(dst []byte, ev *UsageEvent) []byte {
+// It does not validate ev: call [schemas.UsageEvent.Validate] first. A valid
+// event encodes to JSON that [DecodeUsageEvent] turns back into an equal
+// event. Invalid UTF-8 in strings is written as U+FFFD, as encoding/json
+// does. Appending to a reused buffer allocates nothing unless the event has
+// more than schemas.MaxAttributes attributes.
+func AppendUsageEventJSON(dst []byte, ev *schemas.UsageEvent) []byte {
 	dst = append(dst, `{"id":`...)
 	dst = appendString(dst, ev.ID)
 	dst = append(dst, `,"time":"`...)
@@ -71,7 +73,7 @@ func appendOptInt(dst []byte, key string, v int64) []byte {
 // appendAttributes writes the entries sorted by key. The keys are sorted in
 // an array on the stack, which holds every valid event's attributes.
 func appendAttributes(dst []byte, attrs map[string]string) []byte {
-	var buf [MaxAttributes]string
+	var buf [schemas.MaxAttributes]string
 	keys := buf[:0]
 	for k := range attrs {
 		keys = append(keys, k)

@@ -1,4 +1,4 @@
-package schemas
+package scalar
 
 import "strconv"
 
@@ -7,12 +7,12 @@ import "strconv"
 // JSON tools (arbitrary-precision validators) unbounded time.
 const maxExponent = 400
 
-// parseInt converts a JSON number, already checked against JSON's grammar,
+// ParseInt converts a JSON number, already checked against JSON's grammar,
 // to an int64. Like JSON Schema's "integer", it accepts any number whose
 // value is whole, so 12, 12.0 and 1.2e1 are all twelve. On failure it returns
 // a reason that names max and limitName, the field's own bound, because that
 // is the number the sender needs to hear about.
-func parseInt(num string, max int64, limitName string) (int64, string) {
+func ParseInt(num string, max int64, limitName string) (int64, string) {
 	// Fast path: a plain integer, which is what every encoder sends.
 	neg := false
 	s := num
@@ -45,7 +45,7 @@ func parseInt(num string, max int64, limitName string) (int64, string) {
 // into an integer.
 func parseIntSlow(num string, neg bool, s string, max int64, limitName string) (int64, string) {
 	outOfRange := func() (int64, string) {
-		return 0, "is " + shorten(num) + ", out of range; the maximum is " + strconv.FormatInt(max, 10) + " (" + limitName + ")"
+		return 0, "is " + Shorten(num) + ", out of range; the maximum is " + strconv.FormatInt(max, 10) + " (" + limitName + ")"
 	}
 	// Split into integer digits, fraction digits and exponent.
 	intPart, frac, exp := s, "", 0
@@ -71,11 +71,11 @@ func parseIntSlow(num string, neg bool, s string, max int64, limitName string) (
 					e = e[1:]
 				}
 				if len(e) > 3 {
-					return 0, "is " + shorten(num) + ", whose exponent is beyond ±" + strconv.Itoa(maxExponent) + "; send a plain integer"
+					return 0, "is " + Shorten(num) + ", whose exponent is beyond ±" + strconv.Itoa(maxExponent) + "; send a plain integer"
 				}
 				exp, _ = strconv.Atoi(e)
 				if exp > maxExponent {
-					return 0, "is " + shorten(num) + ", whose exponent is beyond ±" + strconv.Itoa(maxExponent) + "; send a plain integer"
+					return 0, "is " + Shorten(num) + ", whose exponent is beyond ±" + strconv.Itoa(maxExponent) + "; send a plain integer"
 				}
 				if eneg {
 					exp = -exp
@@ -98,7 +98,7 @@ func parseIntSlow(num string, neg bool, s string, max int64, limitName string) (
 		return 0, ""
 	}
 	if exp < 0 {
-		return 0, "is " + shorten(num) + ", not a whole number; send an integer"
+		return 0, "is " + Shorten(num) + ", not a whole number; send an integer"
 	}
 	if len(mant)+exp > 19 {
 		return outOfRange()
@@ -120,8 +120,9 @@ func parseIntSlow(num string, neg bool, s string, max int64, limitName string) (
 	return int64(v), ""
 }
 
-// shorten keeps error messages readable when a number is absurdly long.
-func shorten(s string) string {
+// Shorten keeps error messages readable when a value is absurdly long: it
+// cuts s to 40 bytes.
+func Shorten(s string) string {
 	if len(s) > 40 {
 		return s[:37] + "..."
 	}

@@ -1,4 +1,4 @@
-package schemas
+package eventjson
 
 import (
 	"bytes"
@@ -6,12 +6,16 @@ import (
 	"math/bits"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/schemas/framing"
+	"github.com/sluicehq/sluice/schemas/internal/schematest"
 )
 
 // decoded is what one batch element came to: an event or an error.
 type decoded struct {
 	index int
-	ev    UsageEvent
+	ev    schemas.UsageEvent
 	err   string
 }
 
@@ -19,7 +23,7 @@ type decoded struct {
 // its own with the package-level decoders.
 func viaSplit(body []byte, ce bool) ([]decoded, string) {
 	var out []decoded
-	err := SplitJSONArray(body, func(i int, raw []byte) error {
+	err := framing.SplitJSONArray(body, func(i int, raw []byte) error {
 		var r decoded
 		r.index = i
 		var e error
@@ -42,7 +46,7 @@ func viaSplit(body []byte, ce bool) ([]decoded, string) {
 func viaBatch(d *BatchDecoder, body []byte, ce bool) ([]decoded, string) {
 	var out []decoded
 	d.Reset(body)
-	err := d.DecodeJSONArray(ce, func(i int, decode func(*UsageEvent) error) error {
+	err := d.DecodeJSONArray(ce, func(i int, decode func(*schemas.UsageEvent) error) error {
 		var r decoded
 		r.index = i
 		if e := decode(&r.ev); e != nil {
@@ -91,7 +95,7 @@ func sameDecoding(t *testing.T, d *BatchDecoder, body []byte, ce bool) {
 		if got[i].err != want[i].err {
 			t.Fatalf("element %d: error %s, want %s\nbody %q", i, got[i].err, want[i].err, body)
 		}
-		if !equalEvents(&got[i].ev, &want[i].ev) {
+		if !schematest.EqualEvents(&got[i].ev, &want[i].ev) {
 			t.Fatalf("element %d: event %+v, want %+v\nbody %q", i, got[i].ev, want[i].ev, body)
 		}
 	}
@@ -114,10 +118,10 @@ func batchBodies(docs []string) [][]byte {
 	return bodies
 }
 
-func corpusDocs(cases []corpusCase) []string {
+func corpusDocs(cases []schematest.Case) []string {
 	docs := make([]string, len(cases))
 	for i, tc := range cases {
-		docs[i] = tc.doc
+		docs[i] = tc.Doc
 	}
 	return docs
 }
@@ -128,11 +132,11 @@ func corpusDocs(cases []corpusCase) []string {
 // recycled from one body to the next.
 func TestDecodeJSONArrayAgrees(t *testing.T) {
 	var d BatchDecoder
-	usage := append(corpusDocs(usageCorpus), string(readTestdata(t, "event-full.json")), string(readTestdata(t, "event-typical.json")))
+	usage := append(corpusDocs(schematest.UsageCorpus), string(schematest.ReadTestdata(t, "event-full.json")), string(schematest.ReadTestdata(t, "event-typical.json")))
 	for _, body := range batchBodies(usage) {
 		sameDecoding(t, &d, body, false)
 	}
-	for _, body := range batchBodies(corpusDocs(cloudEventCorpus)) {
+	for _, body := range batchBodies(corpusDocs(schematest.CloudEventCorpus)) {
 		sameDecoding(t, &d, body, true)
 	}
 	if len(d.maps) == 0 {
@@ -144,12 +148,12 @@ func TestDecodeJSONArrayAgrees(t *testing.T) {
 // copy, that an element from elsewhere is still decoded correctly from a
 // copy of its own, and that decoding does not alias the caller's bytes.
 func TestBatchDecoderSharesBody(t *testing.T) {
-	body := []byte(`[` + ev() + `,` + ev("id", `"evt-2"`) + `]`)
+	body := []byte(`[` + schematest.Ev() + `,` + schematest.Ev("id", `"evt-2"`) + `]`)
 	var d BatchDecoder
 	d.Reset(body)
 	var ids []string
-	err := SplitJSONArray(body, func(_ int, raw []byte) error {
-		var e UsageEvent
+	err := framing.SplitJSONArray(body, func(_ int, raw []byte) error {
+		var e schemas.UsageEvent
 		if err := d.DecodeUsageEvent(raw, &e); err != nil {
 			return err
 		}
@@ -159,15 +163,15 @@ func TestBatchDecoderSharesBody(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := []byte(ev("id", `"evt-3"`))
-	var e3 UsageEvent
+	other := []byte(schematest.Ev("id", `"evt-3"`))
+	var e3 schemas.UsageEvent
 	if err := d.DecodeUsageEvent(other, &e3); err != nil {
 		t.Fatal(err)
 	}
 	// A sub-slice with a cut capacity is not located in the body either.
-	var e1 UsageEvent
+	var e1 schemas.UsageEvent
 	start := bytes.IndexByte(body[1:], '{') + 1
-	end := start + len(ev())
+	end := start + len(schematest.Ev())
 	if err := d.DecodeUsageEvent(body[start:end:end], &e1); err != nil {
 		t.Fatal(err)
 	}
@@ -186,9 +190,9 @@ func TestBatchDecoderSharesBody(t *testing.T) {
 // from its previous event, and that large maps are not kept.
 func TestRecycledMapsStartEmpty(t *testing.T) {
 	var d BatchDecoder
-	first := []byte(ev("attributes", `{"team":"search","region":"eu"}`))
-	second := []byte(ev("attributes", `{"feature":"chat"}`))
-	var e UsageEvent
+	first := []byte(schematest.Ev("attributes", `{"team":"search","region":"eu"}`))
+	second := []byte(schematest.Ev("attributes", `{"feature":"chat"}`))
+	var e schemas.UsageEvent
 	d.Reset(first)
 	if err := d.DecodeUsageEvent(first, &e); err != nil {
 		t.Fatal(err)
@@ -248,17 +252,46 @@ func TestStringStops(t *testing.T) {
 // FuzzDecodeJSONArray holds the one-pass batch decoder to the two-pass
 // reference on arbitrary bodies, as usage events and as CloudEvents.
 func FuzzDecodeJSONArray(f *testing.F) {
-	for _, body := range batchBodies(corpusDocs(usageCorpus)) {
+	for _, body := range batchBodies(corpusDocs(schematest.UsageCorpus)) {
 		f.Add(body)
 	}
-	for _, body := range batchBodies(corpusDocs(cloudEventCorpus)) {
+	for _, body := range batchBodies(corpusDocs(schematest.CloudEventCorpus)) {
 		f.Add(body)
 	}
-	f.Add(readTestdata(f, "batch.json"))
-	f.Add(readTestdata(f, "cloudevents-batch.json"))
+	f.Add(schematest.ReadTestdata(f, "batch.json"))
+	f.Add(schematest.ReadTestdata(f, "cloudevents-batch.json"))
 	var d BatchDecoder
 	f.Fuzz(func(t *testing.T, body []byte) {
 		sameDecoding(t, &d, body, false)
 		sameDecoding(t, &d, body, true)
 	})
+}
+
+// batchSink receives decoded events through a method value, as ingest does,
+// so that the decode function escapes the way it does there.
+type batchSink struct{ evs []schemas.UsageEvent }
+
+func (s *batchSink) add(i int, decode func(*schemas.UsageEvent) error) error {
+	return decode(&s.evs[i])
+}
+
+// TestDecodeJSONArrayAllocations checks that a body costs a few
+// allocations in all (the copy made by Reset among them), not some per
+// event.
+func TestDecodeJSONArrayAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector changes allocation counts")
+	}
+	body := schematest.TypicalBatch(t, 100)
+	sink := &batchSink{evs: make([]schemas.UsageEvent, 100)}
+	var d BatchDecoder
+	n := testing.AllocsPerRun(20, func() {
+		d.Reset(body)
+		if err := d.DecodeJSONArray(false, sink.add); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if n > 5 {
+		t.Errorf("DecodeJSONArray allocates %v times for 100 events; want a handful per body", n)
+	}
 }

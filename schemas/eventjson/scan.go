@@ -1,10 +1,13 @@
-package schemas
+package eventjson
 
 import (
 	"math/bits"
 	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
+
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/schemas/internal/scalar"
 )
 
 // scanner is the lexer under the hand-written decoders. It works on a string
@@ -22,11 +25,11 @@ type scanner struct {
 	maps *[]map[string]string
 	// verified collects the fields of a usage event that decoding has
 	// already checked against every rule, so validation skips them.
-	verified usageField
+	verified schemas.EventField
 }
 
-func (d *scanner) syntaxError(msg string) *SyntaxError {
-	return &SyntaxError{Offset: int64(d.pos), Msg: msg}
+func (d *scanner) syntaxError(msg string) *schemas.SyntaxError {
+	return &schemas.SyntaxError{Offset: int64(d.pos), Msg: msg}
 }
 
 // skipWS skips the four whitespace bytes JSON allows.
@@ -45,30 +48,25 @@ func (d *scanner) skipWS() {
 	}
 }
 
+// startObject skips whitespace up to the object a whole input must be;
+// what names the object and send says what to send instead of nothing.
+func (d *scanner) startObject(what, send string) *schemas.SyntaxError {
+	d.skipWS()
+	if d.pos == len(d.s) {
+		return d.syntaxError("empty input; send " + send)
+	}
+	if d.peek() != '{' {
+		return d.syntaxError(what + " is a JSON object, but the input starts with " + scalar.Kind(d.peek()))
+	}
+	return nil
+}
+
 // peek returns the byte at the cursor, or 0 at the end of input.
 func (d *scanner) peek() byte {
 	if d.pos < len(d.s) {
 		return d.s[d.pos]
 	}
 	return 0
-}
-
-// describe names the JSON type starting with c, for "must be a string, not
-// a number" messages.
-func describe(c byte) string {
-	switch c {
-	case '"':
-		return "a string"
-	case '{':
-		return "an object"
-	case '[':
-		return "an array"
-	case 't', 'f':
-		return "a boolean"
-	case 'n':
-		return "null"
-	}
-	return "a number"
 }
 
 // strSpecial marks the bytes that end the fast path of a string: the closing
@@ -91,7 +89,7 @@ var strSpecial = func() (t [256]bool) {
 // Strings are most of an event's bytes, so the fast path looks at eight
 // bytes at a time (SWAR): one word tells whether any of them ends the fast
 // path, and the lowest such byte is found with a trailing-zero count.
-func (d *scanner) readString() (val, bad string, err *SyntaxError) {
+func (d *scanner) readString() (val, bad string, err *schemas.SyntaxError) {
 	s := d.s
 	start := d.pos + 1
 	i := start
@@ -149,7 +147,7 @@ func stringStops(w uint64) uint64 {
 // readEscaped finishes a string that contains escapes (or is broken), from
 // the first special byte at i on. Escaped strings are rare in events, so
 // this path may allocate.
-func (d *scanner) readEscaped(start, i int) (val, bad string, err *SyntaxError) {
+func (d *scanner) readEscaped(start, i int) (val, bad string, err *schemas.SyntaxError) {
 	// Find the end first so that the builder is sized once: the unescaped
 	// value is never longer than its escaped form.
 	end := i
@@ -221,7 +219,7 @@ func (d *scanner) readEscaped(start, i int) (val, bad string, err *SyntaxError) 
 						continue
 					}
 				}
-				bad = `contains a lone UTF-16 surrogate escape; pair \uD800-\uDBFF with \uDC00-\uDFFF or send the character in UTF-8`
+				bad = scalar.LoneSurrogateReason
 				r = utf8.RuneError
 			}
 			b.WriteRune(r)
@@ -260,7 +258,7 @@ func hex4(s string, i, end int) (rune, bool) {
 
 // readNumber reads the number at the cursor, checks it against JSON's
 // grammar and returns its text.
-func (d *scanner) readNumber() (string, *SyntaxError) {
+func (d *scanner) readNumber() (string, *schemas.SyntaxError) {
 	s, start := d.s, d.pos
 	i := start
 	if i < len(s) && s[i] == '-' {
@@ -274,20 +272,14 @@ func (d *scanner) readNumber() (string, *SyntaxError) {
 			return "", d.syntaxError("invalid number: JSON does not allow leading zeros")
 		}
 	case i < len(s) && s[i] >= '1' && s[i] <= '9':
-		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-			i++
-		}
+		i = skipDigits(s, i)
 	default:
 		d.pos = i
 		return "", d.syntaxError("invalid number; JSON numbers look like 0, -12 or 1.5e3")
 	}
 	if i < len(s) && s[i] == '.' {
-		i++
-		j := i
-		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-			i++
-		}
-		if i == j {
+		j := i + 1
+		if i = skipDigits(s, j); i == j {
 			d.pos = i
 			return "", d.syntaxError("invalid number: a digit must follow the decimal point")
 		}
@@ -298,10 +290,7 @@ func (d *scanner) readNumber() (string, *SyntaxError) {
 			i++
 		}
 		j := i
-		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-			i++
-		}
-		if i == j {
+		if i = skipDigits(s, j); i == j {
 			d.pos = i
 			return "", d.syntaxError("invalid number: a digit must follow the exponent")
 		}
@@ -310,9 +299,18 @@ func (d *scanner) readNumber() (string, *SyntaxError) {
 	return s[start:i], nil
 }
 
+// skipDigits returns the offset of the first byte of s at or after i that
+// is not an ASCII digit.
+func skipDigits(s string, i int) int {
+	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+		i++
+	}
+	return i
+}
+
 // readLiteral reads true, false or null at the cursor and returns its first
 // byte.
-func (d *scanner) readLiteral() (byte, *SyntaxError) {
+func (d *scanner) readLiteral() (byte, *schemas.SyntaxError) {
 	rest := d.s[d.pos:]
 	for _, lit := range [...]string{"true", "false", "null"} {
 		if strings.HasPrefix(rest, lit) {
@@ -324,13 +322,13 @@ func (d *scanner) readLiteral() (byte, *SyntaxError) {
 }
 
 // skipValue reads and discards the value at the cursor, checking its syntax.
-func (d *scanner) skipValue(depth int) *SyntaxError {
+func (d *scanner) skipValue(depth int) *schemas.SyntaxError {
 	switch c := d.peek(); c {
 	case '"':
 		_, _, err := d.readString()
 		return err
 	case '{', '[':
-		if depth >= MaxNesting {
+		if depth >= schemas.MaxNesting {
 			return d.syntaxError("arrays and objects are nested too deeply")
 		}
 		d.pos++
@@ -387,7 +385,7 @@ func (d *scanner) skipValue(depth int) *SyntaxError {
 
 // readKey reads an object key and the colon after it; the cursor must be on
 // the key's opening quote or on something that should have been one.
-func (d *scanner) readKey() (string, *SyntaxError) {
+func (d *scanner) readKey() (string, *schemas.SyntaxError) {
 	if d.peek() != '"' {
 		return "", d.syntaxError("expected a field name in double quotes")
 	}
@@ -406,7 +404,7 @@ func (d *scanner) readKey() (string, *SyntaxError) {
 
 // next consumes the ',' or '}' after an object member and reports whether
 // the object ended.
-func (d *scanner) next() (done bool, err *SyntaxError) {
+func (d *scanner) next() (done bool, err *schemas.SyntaxError) {
 	d.skipWS()
 	switch d.peek() {
 	case ',':

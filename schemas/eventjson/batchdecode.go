@@ -1,4 +1,9 @@
-package schemas
+package eventjson
+
+import (
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/schemas/framing"
+)
 
 // maxSpareMaps bounds the emptied attribute maps a BatchDecoder keeps: about
 // 340 bytes each, so at most some 2.7 MB per decoder. Maps recycled beyond
@@ -40,14 +45,15 @@ func (d *BatchDecoder) Reset(data []byte) {
 }
 
 // DecodeUsageEvent is [DecodeUsageEvent] for elem, an element of the body
-// given to Reset as [SplitJSONArray] and [SplitNDJSON] pass it. An elem that
-// is not a sub-slice of that body is decoded from a copy of its own.
-func (d *BatchDecoder) DecodeUsageEvent(elem []byte, ev *UsageEvent) error {
+// given to Reset as [framing.SplitJSONArray] and [framing.SplitNDJSON] pass
+// it. An elem that is not a sub-slice of that body is decoded from a copy of
+// its own.
+func (d *BatchDecoder) DecodeUsageEvent(elem []byte, ev *schemas.UsageEvent) error {
 	return decodeUsageEvent(d.scanner(elem), ev)
 }
 
 // DecodeCloudEvent is [DecodeCloudEvent] for elem; see DecodeUsageEvent.
-func (d *BatchDecoder) DecodeCloudEvent(elem []byte, ev *UsageEvent) error {
+func (d *BatchDecoder) DecodeCloudEvent(elem []byte, ev *schemas.UsageEvent) error {
 	return decodeCloudEvent(d.scanner(elem), ev)
 }
 
@@ -81,7 +87,7 @@ func (d *BatchDecoder) scanner(elem []byte) scanner {
 	return sc
 }
 
-// DecodeJSONArray is [SplitJSONArray] and decoding in one pass, for the
+// DecodeJSONArray is [framing.SplitJSONArray] and decoding in one pass, for the
 // body given to Reset. For each element it calls fn with the element's
 // index and a decode function, which decodes the element into ev as the
 // Decode methods do (as a CloudEvent when cloudEvents is set) and returns
@@ -95,36 +101,18 @@ func (d *BatchDecoder) scanner(elem []byte) scanner {
 // gives. Verdicts, errors and offsets are those of SplitJSONArray followed
 // by the Decode methods.
 //
-// Broken framing returns a [*SyntaxError] with the offset in the body, as
-// SplitJSONArray does; decode returns that error too when it meets it. If
-// fn returns an error, DecodeJSONArray stops and returns it, except that
-// broken framing of the same element wins, as it would have been found
+// Broken framing returns a [*schemas.SyntaxError] with the offset in the
+// body, as SplitJSONArray does; decode returns that error too when it meets
+// it. If fn returns an error, DecodeJSONArray stops and returns it, except
+// that broken framing of the same element wins, as it would have been found
 // first by SplitJSONArray.
-func (d *BatchDecoder) DecodeJSONArray(cloudEvents bool, fn func(index int, decode func(ev *UsageEvent) error) error) error {
-	f := frame{b: d.data}
-	f.skipWS()
-	if f.pos >= len(f.b) {
-		return f.err("empty input; a batch is a JSON array of events")
-	}
-	if f.b[f.pos] != '[' {
-		return f.err("a batch is a JSON array of events; the input does not start with '['")
-	}
-	f.pos++
-	f.skipWS()
-	if f.pos < len(f.b) && f.b[f.pos] == ']' {
-		f.pos++
-		return f.end()
-	}
-	var (
-		called   bool
-		end      int   // where the current element ends, once known
-		frameErr error // broken framing met inside decode
-	)
-	decode := func(ev *UsageEvent) error {
-		called = true
-		start := f.pos
+func (d *BatchDecoder) DecodeJSONArray(cloudEvents bool, fn func(index int, decode func(ev *schemas.UsageEvent) error) error) error {
+	// One decode closure for the whole body: made per element, it would
+	// escape through fn and cost an allocation per event.
+	var start, end int
+	decode := func(ev *schemas.UsageEvent) error {
 		if d.s[start] == '{' {
-			*ev = UsageEvent{}
+			*ev = schemas.UsageEvent{}
 			sc := scanner{s: d.s, pos: start, maps: &d.maps}
 			var err error
 			if cloudEvents {
@@ -132,56 +120,26 @@ func (d *BatchDecoder) DecodeJSONArray(cloudEvents bool, fn func(index int, deco
 			} else {
 				err = sc.eventObject(ev, false)
 			}
-			if _, broken := err.(*SyntaxError); !broken {
+			if _, broken := err.(*schemas.SyntaxError); !broken {
 				end = sc.pos
 				return err
 			}
 		}
 		// Not a well-formed object: frame it, then decode it alone.
-		if err := f.value(); err != nil {
-			frameErr = err
-			return err
+		elemEnd, err := framing.ValueEnd(d.data, start)
+		if err != nil {
+			return err // framing.EachElement meets and returns it too
 		}
-		end, f.pos = f.pos, start
+		end = elemEnd
 		elem := scanner{s: d.s[start:end], maps: &d.maps}
 		if cloudEvents {
 			return decodeCloudEvent(elem, ev)
 		}
 		return decodeUsageEvent(elem, ev)
 	}
-	for index := 0; ; index++ {
-		f.skipWS()
-		start := f.pos
-		called, end, frameErr = false, -1, nil
-		if start >= len(f.b) {
-			return f.err("unexpected end of input inside an array element")
-		}
+	return framing.EachElement(d.data, func(index, elemStart int) (int, error) {
+		start, end = elemStart, -1 // -1 until decode finds the end; EachElement frames the rest
 		err := fn(index, decode)
-		if frameErr != nil {
-			return frameErr
-		}
-		if !called || end < 0 {
-			if ferr := f.value(); ferr != nil {
-				return ferr
-			}
-			end = f.pos
-		}
-		if err != nil {
-			return err
-		}
-		f.pos = end
-		f.skipWS()
-		if f.pos >= len(f.b) {
-			return f.err("the array is not closed; add ']'")
-		}
-		switch f.b[f.pos] {
-		case ',':
-			f.pos++
-		case ']':
-			f.pos++
-			return f.end()
-		default:
-			return f.err("expected ',' or ']' after an array element")
-		}
-	}
+		return end, err
+	})
 }

@@ -1,6 +1,10 @@
-package schemas
+package framing
 
-import "bytes"
+import (
+	"bytes"
+
+	"github.com/sluicehq/sluice/schemas"
+)
 
 // SplitJSONArray calls fn with the raw bytes of each element of the JSON
 // array in data, in order, with index counting from 0. It finds where each
@@ -10,7 +14,7 @@ import "bytes"
 //
 // Broken framing (not an array, a missing comma, an unterminated string, an
 // unbalanced bracket, data after the closing bracket) returns a
-// [*SyntaxError] with the byte offset in data. Elements before it have
+// [*schemas.SyntaxError] with the byte offset in data. Elements before it have
 // already been passed to fn, so callers that must be all-or-nothing should
 // collect results and act on them only after a nil return. If fn returns an
 // error, SplitJSONArray stops and returns that error unchanged.
@@ -18,6 +22,24 @@ import "bytes"
 // elem aliases data; fn must not keep it after returning unless data
 // outlives it. An empty array calls fn never and returns nil.
 func SplitJSONArray(data []byte, fn func(index int, elem []byte) error) error {
+	return EachElement(data, func(index, start int) (int, error) {
+		end, err := ValueEnd(data, start)
+		if err != nil {
+			return -1, nil // EachElement frames it again and reports the error
+		}
+		return end, fn(index, data[start:end])
+	})
+}
+
+// EachElement walks the JSON array in data for a caller that finds where
+// each element ends by itself, typically by decoding it: it calls fn with
+// the element's index and start offset, and fn returns the offset just past
+// the element, or -1 to leave framing the element to EachElement. When fn
+// returns an error, EachElement returns it, unless framing the element
+// fails first, in which case it returns that [*schemas.SyntaxError] as
+// SplitJSONArray would. Broken framing between elements is reported as in
+// SplitJSONArray.
+func EachElement(data []byte, fn func(index, start int) (end int, err error)) error {
 	d := frame{b: data}
 	d.skipWS()
 	if d.pos >= len(data) {
@@ -35,12 +57,20 @@ func SplitJSONArray(data []byte, fn func(index int, elem []byte) error) error {
 	for index := 0; ; index++ {
 		d.skipWS()
 		start := d.pos
-		if err := d.value(); err != nil {
+		if start >= len(data) {
+			return d.err("unexpected end of input inside an array element")
+		}
+		end, err := fn(index, start)
+		if end < 0 {
+			if ferr := d.value(); ferr != nil {
+				return ferr
+			}
+			end = d.pos
+		}
+		if err != nil {
 			return err
 		}
-		if err := fn(index, data[start:d.pos]); err != nil {
-			return err
-		}
+		d.pos = end
 		d.skipWS()
 		if d.pos >= len(data) {
 			return d.err("the array is not closed; add ']'")
@@ -55,6 +85,18 @@ func SplitJSONArray(data []byte, fn func(index int, elem []byte) error) error {
 			return d.err("expected ',' or ']' after an array element")
 		}
 	}
+}
+
+// ValueEnd returns the offset just past the JSON value that starts at
+// start in data, found by tracking strings and bracket nesting without
+// decoding anything; scalars are not checked. Broken framing is a
+// [*schemas.SyntaxError] with the offset in data.
+func ValueEnd(data []byte, start int) (int, error) {
+	d := frame{b: data, pos: start}
+	if err := d.value(); err != nil {
+		return -1, err
+	}
+	return d.pos, nil
 }
 
 // SplitNDJSON calls fn with each line of newline-delimited JSON in data,
@@ -96,10 +138,12 @@ type frame struct {
 	pos int
 }
 
-func (d *frame) err(msg string) *SyntaxError {
-	return &SyntaxError{Offset: int64(d.pos), Msg: msg}
+// err reports broken framing at the cursor.
+func (d *frame) err(msg string) *schemas.SyntaxError {
+	return &schemas.SyntaxError{Offset: int64(d.pos), Msg: msg}
 }
 
+// skipWS skips the four whitespace bytes JSON allows.
 func (d *frame) skipWS() {
 	for d.pos < len(d.b) {
 		switch d.b[d.pos] {

@@ -1,15 +1,20 @@
-package schemas
+package framing_test
 
 import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/schemas/eventjson"
+	"github.com/sluicehq/sluice/schemas/framing"
+	"github.com/sluicehq/sluice/schemas/internal/schematest"
 )
 
 func collectArray(t *testing.T, in string) ([]string, error) {
 	t.Helper()
 	var got []string
-	err := SplitJSONArray([]byte(in), func(i int, elem []byte) error {
+	err := framing.SplitJSONArray([]byte(in), func(i int, elem []byte) error {
 		if i != len(got) {
 			t.Errorf("index %d, want %d", i, len(got))
 		}
@@ -68,7 +73,7 @@ func TestSplitJSONArrayErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		_, err := collectArray(t, tc.in)
-		var se *SyntaxError
+		var se *schemas.SyntaxError
 		if !errors.As(err, &se) {
 			t.Errorf("%q: want *SyntaxError, got %v", tc.in, err)
 			continue
@@ -82,7 +87,7 @@ func TestSplitJSONArrayErrors(t *testing.T) {
 func TestSplitJSONArrayStopsOnCallbackError(t *testing.T) {
 	stop := errors.New("stop")
 	calls := 0
-	err := SplitJSONArray([]byte(`[1,2,3]`), func(i int, _ []byte) error {
+	err := framing.SplitJSONArray([]byte(`[1,2,3]`), func(i int, _ []byte) error {
 		calls++
 		if i == 1 {
 			return stop
@@ -106,11 +111,11 @@ func TestSplitTestdataBatches(t *testing.T) {
 	for _, tc := range []struct {
 		file  string
 		split func([]byte, func(int, []byte) error) error
-	}{{"batch.json", SplitJSONArray}, {"batch.ndjson", SplitNDJSON}} {
+	}{{"batch.json", framing.SplitJSONArray}, {"batch.ndjson", framing.SplitNDJSON}} {
 		var ids []string
-		err := tc.split(readTestdata(t, tc.file), func(_ int, raw []byte) error {
-			var ev UsageEvent
-			if err := DecodeUsageEvent(raw, &ev); err != nil {
+		err := tc.split(schematest.ReadTestdata(t, tc.file), func(_ int, raw []byte) error {
+			var ev schemas.UsageEvent
+			if err := eventjson.DecodeUsageEvent(raw, &ev); err != nil {
 				return err
 			}
 			ids = append(ids, ev.ID)
@@ -125,7 +130,7 @@ func TestSplitTestdataBatches(t *testing.T) {
 func TestSplitNDJSON(t *testing.T) {
 	in := "\n{\"a\":1}\r\n  \n\t{\"b\":2}  \n\n{\"c\":3}"
 	var got []string
-	err := SplitNDJSON([]byte(in), func(i int, line []byte) error {
+	err := framing.SplitNDJSON([]byte(in), func(i int, line []byte) error {
 		if i != len(got) {
 			t.Errorf("index %d, want %d", i, len(got))
 		}
@@ -136,10 +141,10 @@ func TestSplitNDJSON(t *testing.T) {
 		t.Errorf("got %q, %v", got, err)
 	}
 	stop := errors.New("stop")
-	if err := SplitNDJSON([]byte("1\n2\n"), func(int, []byte) error { return stop }); err != stop {
+	if err := framing.SplitNDJSON([]byte("1\n2\n"), func(int, []byte) error { return stop }); err != stop {
 		t.Errorf("callback error not returned: %v", err)
 	}
-	if err := SplitNDJSON(nil, func(int, []byte) error { t.Error("called"); return nil }); err != nil {
+	if err := framing.SplitNDJSON(nil, func(int, []byte) error { t.Error("called"); return nil }); err != nil {
 		t.Error(err)
 	}
 }

@@ -1,10 +1,13 @@
-package schemas
+package eventjson
 
-import "unicode/utf8"
+import (
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/schemas/internal/scalar"
+)
 
 // DecodeUsageEvent decodes one usage event v1 from a JSON object and
-// validates it. It resets ev first, so a reused UsageEvent never keeps a
-// field from the previous event.
+// validates it. It resets ev first, so a reused schemas.UsageEvent never
+// keeps a field from the previous event.
 //
 // It is strict, because a gateway bug found at ingest is cheap and one found
 // in an invoice is not:
@@ -18,27 +21,24 @@ import "unicode/utf8"
 //   - Anything after the object other than whitespace is an error.
 //
 // Problems with fields are collected, the event is then run through
-// [UsageEvent.Validate], and all of them come back together as one
-// [ValidationError]. Input that is not well-formed JSON stops the decoder
-// and comes back alone as a [*SyntaxError] with the byte offset.
+// [schemas.UsageEvent.Validate], and all of them come back together as one
+// [schemas.ValidationError]. Input that is not well-formed JSON stops the
+// decoder and comes back alone as a [*schemas.SyntaxError] with the byte
+// offset.
 //
 // The event's strings share one copy of data, made once per call; data
 // itself is not retained and may be reused by the caller. Decoding a typical
 // event allocates only that copy.
-func DecodeUsageEvent(data []byte, ev *UsageEvent) error {
+func DecodeUsageEvent(data []byte, ev *schemas.UsageEvent) error {
 	return decodeUsageEvent(scanner{s: string(data)}, ev)
 }
 
 // decodeUsageEvent is DecodeUsageEvent on a scanner whose string the event
 // may share.
-func decodeUsageEvent(d scanner, ev *UsageEvent) error {
-	*ev = UsageEvent{}
-	d.skipWS()
-	if d.pos == len(d.s) {
-		return d.syntaxError("empty input; send one JSON object")
-	}
-	if d.peek() != '{' {
-		return d.syntaxError("a usage event is a JSON object, but the input starts with " + describe(d.peek()))
+func decodeUsageEvent(d scanner, ev *schemas.UsageEvent) error {
+	*ev = schemas.UsageEvent{}
+	if err := d.startObject("a usage event", "one JSON object"); err != nil {
+		return err
 	}
 	return d.eventObject(ev, true)
 }
@@ -46,8 +46,8 @@ func decodeUsageEvent(d scanner, ev *UsageEvent) error {
 // eventObject decodes and validates the event object at the cursor. With
 // whole, only whitespace may follow it; without, the cursor is left just
 // past the object, for a caller that frames a batch.
-func (d *scanner) eventObject(ev *UsageEvent, whole bool) error {
-	var errs ValidationError
+func (d *scanner) eventObject(ev *schemas.UsageEvent, whole bool) error {
+	var errs schemas.ValidationError
 	seen, bad, err := d.decodeEvent(ev, &errs, "")
 	if err != nil {
 		return err
@@ -58,17 +58,17 @@ func (d *scanner) eventObject(ev *UsageEvent, whole bool) error {
 			return d.syntaxError("unexpected data after the event object; send one object per request or use a batch")
 		}
 	}
-	bad |= reportMissing(&errs, "", requiredFields&^seen)
-	ev.validate(&errs, "", bad|d.verified)
-	return errs.err()
+	bad |= reportMissing(&errs, "", schemas.RequiredEventFields&^seen)
+	ev.ValidateFields(&errs, "", bad|d.verified)
+	return errs.Err()
 }
 
 // reportMissing adds a problem for each field in missing and returns it, so
 // that validation does not report the same fields again.
-func reportMissing(errs *ValidationError, prefix string, missing usageField) usageField {
-	for f := usageField(1); f <= missing; f <<= 1 {
+func reportMissing(errs *schemas.ValidationError, prefix string, missing schemas.EventField) schemas.EventField {
+	for f := schemas.EventField(1); f <= missing; f <<= 1 {
 		if missing&f != 0 {
-			errs.add(prefix, f.name(), "is required")
+			errs.Add(prefix, f.Name(), "is required")
 		}
 	}
 	return missing
@@ -77,7 +77,7 @@ func reportMissing(errs *ValidationError, prefix string, missing usageField) usa
 // decodeEvent decodes the object at the cursor into ev. It returns the
 // fields it saw and those it already reported as bad; problems go to errs
 // with names prefixed by prefix.
-func (d *scanner) decodeEvent(ev *UsageEvent, errs *ValidationError, prefix string) (seen, bad usageField, err *SyntaxError) {
+func (d *scanner) decodeEvent(ev *schemas.UsageEvent, errs *schemas.ValidationError, prefix string) (seen, bad schemas.EventField, err *schemas.SyntaxError) {
 	d.pos++ // '{'
 	d.verified = 0
 	d.skipWS()
@@ -90,13 +90,13 @@ func (d *scanner) decodeEvent(ev *UsageEvent, errs *ValidationError, prefix stri
 		if err != nil {
 			return seen, bad, err
 		}
-		f := lookupUsageField(key)
+		f := schemas.EventFieldNamed(key)
 		switch {
 		case f == 0:
-			errs.add(prefix, pathKey(key), "is not a field of usage event v1; put custom labels in attributes")
+			errs.Add(prefix, schemas.FieldPath(key), "is not a field of usage event v1; put custom labels in attributes")
 			err = d.skipValue(0)
 		case seen&f != 0:
-			errs.add(prefix, pathKey(key), "appears more than once; send each field once")
+			errs.Add(prefix, schemas.FieldPath(key), "appears more than once; send each field once")
 			bad |= f
 			err = d.skipValue(0)
 		default:
@@ -104,7 +104,7 @@ func (d *scanner) decodeEvent(ev *UsageEvent, errs *ValidationError, prefix stri
 			var reason string
 			reason, err = d.decodeField(ev, f, errs, prefix)
 			if reason != "" {
-				errs.add(prefix, key, reason)
+				errs.Add(prefix, key, reason)
 				bad |= f
 			}
 		}
@@ -120,48 +120,48 @@ func (d *scanner) decodeEvent(ev *UsageEvent, errs *ValidationError, prefix stri
 
 // decodeField decodes the value at the cursor into field f of ev. A reason
 // reports a problem with the value; err a syntax error.
-func (d *scanner) decodeField(ev *UsageEvent, f usageField, errs *ValidationError, prefix string) (reason string, err *SyntaxError) {
+func (d *scanner) decodeField(ev *schemas.UsageEvent, f schemas.EventField, errs *schemas.ValidationError, prefix string) (reason string, err *schemas.SyntaxError) {
 	switch f {
-	case fID:
+	case schemas.FieldID:
 		return d.stringField(&ev.ID, true)
-	case fTenant:
+	case schemas.FieldTenant:
 		return d.stringField(&ev.Tenant, true)
-	case fModel:
+	case schemas.FieldModel:
 		return d.stringField(&ev.Model, true)
-	case fUser:
+	case schemas.FieldUser:
 		return d.freeString(&ev.User, f)
-	case fAPIKeyID:
+	case schemas.FieldAPIKeyID:
 		return d.freeString(&ev.APIKeyID, f)
-	case fProvider:
+	case schemas.FieldProvider:
 		return d.freeString(&ev.Provider, f)
-	case fEndpoint:
+	case schemas.FieldEndpoint:
 		return d.freeString(&ev.Endpoint, f)
-	case fSessionID:
+	case schemas.FieldSessionID:
 		return d.freeString(&ev.SessionID, f)
-	case fGateway:
+	case schemas.FieldGateway:
 		return d.freeString(&ev.Gateway, f)
-	case fOutcome:
+	case schemas.FieldOutcome:
 		return d.stringField((*string)(&ev.Outcome), false)
-	case fPriority:
+	case schemas.FieldPriority:
 		return d.stringField((*string)(&ev.Priority), false)
-	case fTime:
+	case schemas.FieldTime:
 		var s string
 		if reason, err = d.stringField(&s, true); reason != "" || err != nil {
 			return reason, err
 		}
-		ev.Time, reason = parseTime(s)
+		ev.Time, reason = scalar.ParseTime(s)
 		return reason, nil
-	case fPromptTokens:
-		return d.intField(&ev.PromptTokens, true, MaxTokensPerEvent, "MaxTokensPerEvent")
-	case fCompletionTokens:
-		return d.intField(&ev.CompletionTokens, true, MaxTokensPerEvent, "MaxTokensPerEvent")
-	case fCachedTokens:
-		return d.intField(&ev.CachedTokens, false, MaxTokensPerEvent, "MaxTokensPerEvent")
-	case fLatencyMS:
-		return d.intField(&ev.LatencyMS, false, MaxLatencyMS, "MaxLatencyMS")
-	case fStatus:
+	case schemas.FieldPromptTokens:
+		return d.intField(&ev.PromptTokens, true, schemas.MaxTokensPerEvent, "schemas.MaxTokensPerEvent")
+	case schemas.FieldCompletionTokens:
+		return d.intField(&ev.CompletionTokens, true, schemas.MaxTokensPerEvent, "schemas.MaxTokensPerEvent")
+	case schemas.FieldCachedTokens:
+		return d.intField(&ev.CachedTokens, false, schemas.MaxTokensPerEvent, "schemas.MaxTokensPerEvent")
+	case schemas.FieldLatencyMS:
+		return d.intField(&ev.LatencyMS, false, schemas.MaxLatencyMS, "schemas.MaxLatencyMS")
+	case schemas.FieldStatus:
 		var v int64
-		reason, err = d.intField(&v, false, MaxStatus, "MaxStatus")
+		reason, err = d.intField(&v, false, schemas.MaxStatus, "schemas.MaxStatus")
 		if reason == "" && err == nil {
 			if v < -1<<31 || v > 1<<31-1 {
 				return "is out of range; send an HTTP status code from 100 to 599", nil
@@ -169,24 +169,24 @@ func (d *scanner) decodeField(ev *UsageEvent, f usageField, errs *ValidationErro
 			ev.Status = int(v)
 		}
 		return reason, err
-	case fEstimated:
+	case schemas.FieldEstimated:
 		switch c := d.peek(); c {
 		case 't', 'f', 'n':
 			lit, err := d.readLiteral()
 			ev.Estimated = lit == 't'
 			return "", err
 		default:
-			return "must be true or false, not " + describe(c), d.skipValue(0)
+			return "must be true or false, not " + scalar.Kind(c), d.skipValue(0)
 		}
-	case fAttributes:
+	case schemas.FieldAttributes:
 		return d.attributes(&ev.Attributes, errs, prefix)
 	}
-	panic("schemas: decodeField: unhandled field " + f.name())
+	panic("schemas: decodeField: unhandled field " + f.Name())
 }
 
 // stringField decodes a string value. null leaves dst empty and is allowed
 // only when the field is optional.
-func (d *scanner) stringField(dst *string, required bool) (reason string, err *SyntaxError) {
+func (d *scanner) stringField(dst *string, required bool) (reason string, err *schemas.SyntaxError) {
 	switch c := d.peek(); c {
 	case '"':
 		var bad string
@@ -198,30 +198,30 @@ func (d *scanner) stringField(dst *string, required bool) (reason string, err *S
 		}
 		return "is required and cannot be null", nil
 	default:
-		return "must be a string, not " + describe(c), d.skipValue(0)
+		return "must be a string, not " + scalar.Kind(c), d.skipValue(0)
 	}
 }
 
 // freeString decodes one of the optional free-form strings and marks field
 // f verified when the value is short ASCII, which cannot break a rule;
 // anything else is left to validation.
-func (d *scanner) freeString(dst *string, f usageField) (reason string, err *SyntaxError) {
+func (d *scanner) freeString(dst *string, f schemas.EventField) (reason string, err *schemas.SyntaxError) {
 	reason, err = d.stringField(dst, false)
-	if reason == "" && err == nil && d.ascii && len(*dst) <= MaxStringLen {
+	if reason == "" && err == nil && d.ascii && len(*dst) <= schemas.MaxStringLen {
 		d.verified |= f
 	}
 	return reason, err
 }
 
 // intField decodes an integer value; see stringField for null.
-func (d *scanner) intField(dst *int64, required bool, max int64, limitName string) (reason string, err *SyntaxError) {
+func (d *scanner) intField(dst *int64, required bool, max int64, limitName string) (reason string, err *schemas.SyntaxError) {
 	switch c := d.peek(); {
 	case c == '-' || c >= '0' && c <= '9':
 		num, err := d.readNumber()
 		if err != nil {
 			return "", err
 		}
-		*dst, reason = parseInt(num, max, limitName)
+		*dst, reason = scalar.ParseInt(num, max, limitName)
 		return reason, nil
 	case c == 'n':
 		if _, err = d.readLiteral(); err != nil || !required {
@@ -229,7 +229,7 @@ func (d *scanner) intField(dst *int64, required bool, max int64, limitName strin
 		}
 		return "is required and cannot be null", nil
 	default:
-		return "must be an integer, not " + describe(c), d.skipValue(0)
+		return "must be an integer, not " + scalar.Kind(c), d.skipValue(0)
 	}
 }
 
@@ -238,17 +238,17 @@ func (d *scanner) intField(dst *int64, required bool, max int64, limitName strin
 // from d.maps when a BatchDecoder has emptied maps to give.
 //
 // Each entry is checked as it is read, while its bytes are at hand: when
-// every entry passes, fAttributes is marked verified and validation does
-// not walk the map again. Any problem leaves the field to validation, which
-// reports the problems in its own stable order.
-func (d *scanner) attributes(dst *map[string]string, errs *ValidationError, prefix string) (reason string, err *SyntaxError) {
+// every entry passes, schemas.FieldAttributes is marked verified and
+// validation does not walk the map again. Any problem leaves the field to
+// validation, which reports the problems in its own stable order.
+func (d *scanner) attributes(dst *map[string]string, errs *schemas.ValidationError, prefix string) (reason string, err *schemas.SyntaxError) {
 	switch c := d.peek(); c {
 	case '{':
 	case 'n':
 		_, err = d.readLiteral()
 		return "", err
 	default:
-		return "must be an object of strings, not " + describe(c), d.skipValue(0)
+		return "must be an object of strings, not " + scalar.Kind(c), d.skipValue(0)
 	}
 	d.pos++
 	d.skipWS()
@@ -264,7 +264,7 @@ func (d *scanner) attributes(dst *map[string]string, errs *ValidationError, pref
 		}
 		if c := d.peek(); c != '"' {
 			clean = false
-			errs.add(prefix, "attributes."+pathKey(key), "must be a string, not "+describe(c))
+			errs.Add(prefix, "attributes."+schemas.FieldPath(key), "must be a string, not "+scalar.Kind(c))
 			if err := d.skipValue(0); err != nil {
 				return "", err
 			}
@@ -277,17 +277,17 @@ func (d *scanner) attributes(dst *map[string]string, errs *ValidationError, pref
 			switch {
 			case dup:
 				clean = false
-				errs.add(prefix, "attributes."+pathKey(key), "appears more than once; send each key once")
+				errs.Add(prefix, "attributes."+schemas.FieldPath(key), "appears more than once; send each key once")
 			case bad != "":
 				clean = false
-				errs.add(prefix, "attributes."+pathKey(key), bad)
+				errs.Add(prefix, "attributes."+schemas.FieldPath(key), bad)
 			default:
 				if *dst == nil {
 					*dst = d.attributeMap()
 				}
 				(*dst)[key] = val
 				n++
-				if clean && !attributeOK(key, val, d.ascii) {
+				if clean && !schemas.AttributeValid(key, val) {
 					clean = false
 				}
 			}
@@ -297,8 +297,8 @@ func (d *scanner) attributes(dst *map[string]string, errs *ValidationError, pref
 			return "", err
 		}
 		if done {
-			if clean && n <= MaxAttributes {
-				d.verified |= fAttributes
+			if clean && n <= schemas.MaxAttributes {
+				d.verified |= schemas.FieldAttributes
 			}
 			return "", nil
 		}
@@ -317,13 +317,4 @@ func (d *scanner) attributeMap() map[string]string {
 		}
 	}
 	return make(map[string]string, 4)
-}
-
-// attributeOK reports whether one entry passes every rule that
-// checkAttributes applies to it; asciiVal says val is plain ASCII.
-func attributeOK(key, val string, asciiVal bool) bool {
-	if key == "" || len(key) > MaxAttributeKeyLen || firstNotIn(key, printableNoSpace) >= 0 {
-		return false
-	}
-	return len(val) <= MaxAttributeValueLen && (asciiVal || utf8.ValidString(val))
 }
