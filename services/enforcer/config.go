@@ -6,9 +6,10 @@
 // serves an authenticated admin API whose every action is audited in
 // ClickHouse.
 //
-// Its memory survives restarts without a database of its own: open quota
+// Its memory survives restarts without a database of its own: the flags in
+// Redis are read back as the floor before anything is written, open quota
 // breakers are rebuilt from ClickHouse's quota_state, and manual breakers,
-// blacklists and overrides by replaying admin_audit.
+// blacklists and overrides by replaying admin_audit (see recovery.go).
 package enforcer
 
 import (

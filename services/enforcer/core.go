@@ -32,7 +32,8 @@ type core struct {
 	ring    []string
 	next    int
 
-	signals *prometheus.CounterVec
+	signals  *prometheus.CounterVec
+	restored prometheus.Counter
 }
 
 // newCore returns a core writing flags through rdb under the policy of pw.
@@ -43,17 +44,64 @@ func newCore(cfg Config, rdb *redis.Client, pw *policy.Watcher, log *slog.Logger
 	c := &core{cfg: cfg, log: log, table: breaker.NewTable(), policy: pw, seen: map[string]struct{}{},
 		ring: make([]string, cfg.DedupSignals),
 		signals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_enforcer_signals_total",
-			Help: "Signals consumed by the enforcer, by result."}, []string{"result"})}
+			Help: "Signals consumed by the enforcer, by result."}, []string{"result"}),
+		restored: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_enforcer_breakers_restored_from_redis_total",
+			Help: "Breakers taken back from the flags in Redis when the enforcer started (the floor of its state)."})}
 	c.writer = flagwriter.New(rdb, c.table, flagwriter.Config{KeyPrefix: cfg.KeyPrefix, FlushInterval: cfg.FlushInterval,
 		FlagTTL: cfg.FlagTTL, HeartbeatEvery: cfg.HeartbeatEvery, MaxDirty: cfg.MaxDirty, BatchTenants: cfg.BatchTenants}, log)
 	c.publishFailModes(pw.Current())
 	return c
 }
 
-// runWriter writes flags until ctx ends, then makes a last write within
-// cfg.ShutdownGrace so that changes accepted before shutdown reach Redis.
+// runWriter first takes the flags already in Redis as the floor of the
+// table (restoreFloor), then writes flags until ctx ends, and makes a last
+// write within cfg.ShutdownGrace so that changes accepted before shutdown
+// reach Redis. Nothing — not a flag, not the heartbeat — is written before
+// the floor is in the table: the writer's first act is a full rewrite from
+// the table, and a table without what Redis holds would delete every
+// blacklist and breaker an earlier enforcer left in force.
 func (c *core) runWriter(ctx context.Context) error {
+	if !c.restoreFloor(ctx) {
+		return nil
+	}
 	return c.writer.Run(ctx, c.cfg.ShutdownGrace)
+}
+
+// restoreFloor reads the flags in Redis into the table, retrying with
+// back-off (1 s to 30 s) while Redis is unreachable; it reports false when
+// ctx ended first. While it retries nothing is written, and Checkers, seeing
+// no heartbeat, apply each tenant's fail mode: the honest answer when the
+// enforcer cannot see Redis.
+func (c *core) restoreFloor(ctx context.Context) bool {
+	for delay := time.Second; ; delay = min(2*delay, 30*time.Second) {
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		stored, err := c.writer.ReadStored(rctx)
+		cancel()
+		if err == nil {
+			now := time.Now()
+			n := 0
+			for _, st := range stored {
+				written := st.Written
+				if written.IsZero() {
+					written = now
+				}
+				for field, f := range st.Flags {
+					if c.table.Restore(st.Tenant, field, f, written, now) {
+						n++
+					}
+				}
+			}
+			c.restored.Add(float64(n))
+			c.log.Info("enforcer: flags in redis taken as the floor of the state", "tenants", len(stored), "breakers", n)
+			return true
+		}
+		c.log.Warn("enforcer: reading the flags in redis failed; writing nothing until it succeeds", "err", err, "retry_in", delay)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(delay):
+		}
+	}
 }
 
 // runClock ticks every cfg.TickEvery until ctx ends: time, not signals,

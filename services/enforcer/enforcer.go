@@ -9,17 +9,14 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/platform"
-	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
-	"github.com/sluicehq/sluice/services/enforcer/internal/audit"
 )
 
 // Run runs the enforcer until ctx is cancelled or a part of it fails, then
@@ -46,11 +43,11 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	}
 	rdb := redisconn.NewClient(env.Redis)
 	defer rdb.Close()
-	chc, err := chconn.Open(ctx, env.ClickHouse)
-	if err != nil {
-		return err
+	chc := &lazyClickHouse{cfg: env.ClickHouse}
+	defer chc.close()
+	if _, err := chc.get(ctx); err != nil {
+		log.Warn("enforcer: clickhouse unreachable at start; enforcing from redis and kafka, recovery retries", "err", err)
 	}
-	defer chc.Close()
 	kc, err := openSignals(ctx, cfg, env)
 	if err != nil {
 		return err
@@ -63,7 +60,7 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	}
 	env.Health.AddReadiness("enforcer-redis", redisconn.Ready(rdb))
 	env.Health.AddReadiness("enforcer-kafka", kafkaconn.Ready(kc))
-	env.Health.AddReadiness("enforcer-clickhouse", chconn.Ready(chc))
+	env.Health.AddReadiness("enforcer-clickhouse", chc.ready)
 	srv, err := listenAdmin(cfg, c, chc, log)
 	if err != nil {
 		return err
@@ -132,7 +129,7 @@ type adminServer struct {
 
 // listenAdmin binds the admin API, or returns nil when it is disabled (no
 // address, or no tokens: an API nobody can call is not served).
-func listenAdmin(cfg Config, c *core, conn driver.Conn, log *slog.Logger) (*adminServer, error) {
+func listenAdmin(cfg Config, c *core, aud admin.Auditor, log *slog.Logger) (*adminServer, error) {
 	if cfg.Admin.Listen == "" {
 		return nil, nil
 	}
@@ -144,7 +141,7 @@ func listenAdmin(cfg Config, c *core, conn driver.Conn, log *slog.Logger) (*admi
 	if err != nil {
 		return nil, fmt.Errorf("enforcer.admin.listen: %w", err)
 	}
-	api := admin.New(c.table, c.writer.MarkDirty, audit.New(conn), cfg.Admin.Tokens, cfg.FlagTTL, log)
+	api := admin.New(c.table, c.writer.MarkDirty, aud, cfg.Admin.Tokens, cfg.FlagTTL, log)
 	return &adminServer{ln: ln, srv: &http.Server{Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second}, log: log}, nil
 }
 

@@ -32,15 +32,21 @@ import (
 //   - The process is not ready (readiness check "enforcer-recovered") from
 //     before anything runs until recovery succeeded, so a deployment does
 //     not retire the previous enforcer while this one's memory is empty.
-//   - The flag writer does NOT wait. Its first full rewrite (one
-//     flush_interval after start) rewrites every tenant hash under the
-//     prefix from the table as it then is, deleting the hashes it has no
-//     breaker for, so that flags of an earlier enforcer's rate and health
-//     breakers (which are not recovered) stop refusing tenants. Until
-//     recovery marks its tenants dirty, tenants whose quota breakers or
-//     admin blocks are being recovered are therefore served. The heartbeat
-//     cannot wait either: Checkers judge staleness by it, and fail-closed
-//     tenants would be refused through a slow recovery.
+//   - The flag writer waits for the floor, not for ClickHouse. Before it
+//     writes anything (not even the heartbeat) it reads the flags already
+//     in Redis back into the table (core.restoreFloor,
+//     breaker.Table.Restore): they are the enforcement in force, including
+//     rate and health breakers that ClickHouse knows nothing of. Its first
+//     full rewrite therefore rewrites what was there plus what this
+//     enforcer added, and deletes nothing still in force, so a restart
+//     never lowers enforcement, with or without ClickHouse. Waiting for
+//     ClickHouse instead would let the flags lapse by TTL and the heartbeat
+//     go stale through a ClickHouse outage.
+//   - ClickHouse recovery then adds to the floor: quota breakers whose
+//     flags had already expired from Redis, and the admin actions replayed
+//     in order (a lift in the log deletes a restored blacklist or trip).
+//   - ClickHouse may be unreachable at start: the enforcer starts anyway
+//     (lazyClickHouse) and recovery retries.
 //   - The done channel is closed however recovery ends, so nothing waits
 //     on it past shutdown.
 
@@ -53,11 +59,14 @@ const recoveredCheck = "enforcer-recovered"
 // recoverUntilDone runs recoverState until it succeeds or ctx ends, backing
 // off from 1 s to 30 s between attempts, each bounded to a minute. It calls
 // recovered after a success and closes done however it returns.
-func (c *core) recoverUntilDone(ctx context.Context, conn driver.Conn, recovered func(), done chan<- struct{}) error {
+func (c *core) recoverUntilDone(ctx context.Context, ch *lazyClickHouse, recovered func(), done chan<- struct{}) error {
 	defer close(done)
 	for delay := time.Second; ; delay = min(2*delay, 30*time.Second) {
 		rctx, cancel := context.WithTimeout(ctx, time.Minute)
-		err := c.recoverState(rctx, conn, time.Now())
+		conn, err := ch.get(rctx)
+		if err == nil {
+			err = c.recoverState(rctx, conn, time.Now())
+		}
 		cancel()
 		if err == nil {
 			recovered()

@@ -535,3 +535,41 @@ func (t *Table) Flags(tenant string, now time.Time, ttl time.Duration) map[strin
 	}
 	return out
 }
+
+// Restore puts back a breaker from a flag an earlier enforcer wrote to
+// Redis (field is the flag's hash field, written when the enforcer wrote
+// it, from the hash's version). The flags in Redis are the enforcement in
+// force, so a restarted enforcer takes them as its floor before it writes
+// anything: a restart must never lower enforcement, whatever ClickHouse can
+// tell it. A flag's Until is capped by the flag TTL, so the breaker's own
+// end is rebuilt from what the flag carries: the period end (ResetsAt) of a
+// quota or rate breaker, write time + RetryAfter for manual, blacklist and
+// open health breakers, else Until. A breaker already in the table wins
+// (it is newer than Redis); a flag already over is skipped. Only the most
+// severe breaker of each scope has a flag, so one hidden under it is not
+// restored: it comes back from ClickHouse (quota) or lapses (rate, health).
+// Restore reports whether it added a breaker.
+func (t *Table) Restore(tenant, field string, f *flags.Flag, written, now time.Time) bool {
+	until := f.Until
+	switch {
+	case !f.ResetsAt.IsZero():
+		until = f.ResetsAt
+	case f.State != flags.StateHalfOpen && f.RetryAfter > 0:
+		until = written.Add(f.RetryAfter)
+	}
+	if !until.IsZero() && !now.Before(until) {
+		return false
+	}
+	if until.IsZero() {
+		until = now.Add(time.Hour) // no bound known: recheck hourly rather than block forever
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	k := Key{Tenant: tenant, Scope: field, Kind: f.Kind, Quota: f.Quota}
+	if _, ok := t.breakers[tenant][k]; ok {
+		return false
+	}
+	t.put(&Breaker{Key: k, State: f.State, Reason: f.Reason, Until: until, OpenedAt: written, Period: f.Period,
+		Limit: f.Limit, Used: f.Used, ResetsAt: f.ResetsAt, Probes: f.Probes})
+	return true
+}

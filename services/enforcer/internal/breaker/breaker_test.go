@@ -204,3 +204,26 @@ func TestManualBlacklistAndOverrides(t *testing.T) {
 		t.Fatal("usage past the override's limit did not open the breaker")
 	}
 }
+
+// A flag read back from Redis becomes a breaker that lasts as long as the
+// one that wrote it, not only as long as the flag's TTL-capped Until.
+func TestRestoreRebuildsTheBreakersOwnEnd(t *testing.T) {
+	tb := NewTable()
+	written := t0.Add(-10 * time.Second)
+	bl := &flags.Flag{State: flags.StateBlacklist, Kind: flags.KindBlacklist, Until: written.Add(time.Minute), RetryAfter: 2 * time.Hour, Reason: "leak"}
+	q := &flags.Flag{State: flags.StateOpen, Kind: flags.KindQuota, Quota: "daily_tokens", Until: written.Add(time.Minute), ResetsAt: t0.Add(5 * time.Hour)}
+	old := &flags.Flag{State: flags.StateOpen, Kind: flags.KindErrorRatio, Until: written.Add(time.Minute), RetryAfter: 5 * time.Second}
+	if !tb.Restore("acme", "*", bl, written, t0) || !tb.Restore("acme", "gpt-4o", q, written, t0) {
+		t.Fatal("not restored")
+	}
+	if tb.Restore("acme", "claude", old, written, t0) {
+		t.Fatal("a breaker already over was restored")
+	}
+	if tb.Restore("acme", "*", bl, written, t0) {
+		t.Fatal("a breaker already in the table was replaced")
+	}
+	bs := tb.Breakers("acme")
+	if len(bs) != 2 || !bs[0].Until.Equal(written.Add(2*time.Hour)) || !bs[1].Until.Equal(t0.Add(5*time.Hour)) {
+		t.Fatalf("breakers %+v", bs)
+	}
+}

@@ -319,3 +319,69 @@ func (w *Writer) write(ctx context.Context, tenants []string, full, fmDirty bool
 	}
 	return nil
 }
+
+// Stored is one tenant's flags as Redis holds them.
+type Stored struct {
+	Tenant string
+	// Written is when they were written (the hash's version is a time in
+	// microseconds); zero when the version is missing.
+	Written time.Time
+	// Flags are the decodable flags by field.
+	Flags map[string]*flags.Flag
+}
+
+// ReadStored returns every tenant's flags under the prefix: what an earlier
+// enforcer (or another replica) left in force. A restarted enforcer takes
+// them as the floor of its state before writing anything (see
+// breaker.Table.Restore). Values it cannot decode are logged and skipped;
+// an unreachable Redis is an error, and the caller retries.
+func (w *Writer) ReadStored(ctx context.Context) ([]Stored, error) {
+	var keys []string
+	iter := w.rdb.Scan(ctx, 0, w.keys.TenantPattern(), 1000).Iterator()
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		return nil, fmt.Errorf("scan flags: %w", err)
+	}
+	var out []Stored
+	for len(keys) > 0 {
+		n := min(len(keys), max(w.cfg.BatchTenants, 1))
+		part := keys[:n]
+		keys = keys[n:]
+		cmds := make([]*redis.MapStringStringCmd, len(part))
+		if _, err := w.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, k := range part {
+				cmds[i] = p.HGetAll(ctx, k)
+			}
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("read flags: %w", err)
+		}
+		for i, k := range part {
+			tenant, ok := w.keys.TenantFromKey(k)
+			if !ok {
+				continue
+			}
+			st := Stored{Tenant: tenant, Flags: map[string]*flags.Flag{}}
+			for field, v := range cmds[i].Val() {
+				if field == flags.VersionField {
+					if us, err := strconv.ParseInt(v, 10, 64); err == nil && us > 0 {
+						st.Written = time.UnixMicro(us)
+					}
+					continue
+				}
+				f, err := flags.Decode(v)
+				if err != nil {
+					w.log.Warn("enforcer: skipping an undecodable flag in redis", "tenant", tenant, "field", field, "err", err)
+					continue
+				}
+				st.Flags[field] = f
+			}
+			if len(st.Flags) > 0 {
+				out = append(out, st)
+			}
+		}
+	}
+	return out, nil
+}
