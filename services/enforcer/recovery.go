@@ -96,7 +96,8 @@ func awaitRecovery(ctx context.Context, done <-chan struct{}, wait time.Duration
 	return true
 }
 
-// recoverState rebuilds open quota breakers from quota_state and replays
+// recoverState rebuilds open quota breakers from quota_state (and the use
+// of every open period, so an override set below it blocks at once) and replays
 // the admin actions still in force from admin_audit.
 func (c *core) recoverState(ctx context.Context, conn driver.Conn, now time.Time) error {
 	// Aliases differ from column names: ClickHouse 18.16 resolves a WHERE
@@ -105,7 +106,7 @@ func (c *core) recoverState(ctx context.Context, conn driver.Conn, now time.Time
   SELECT tenant, model, quota, period, period_start, any(period_end) AS pe,
          argMax(used, version) AS u, argMax(quota_limit, version) AS l, argMax(mode, version) AS md
   FROM quota_state WHERE period_end > toDateTime(?) GROUP BY tenant, model, quota, period, period_start
-) WHERE l > 0 AND u >= l`, now.Unix())
+) WHERE l > 0`, now.Unix())
 	if err != nil {
 		return fmt.Errorf("recover quota_state: %w", err)
 	}
@@ -118,7 +119,13 @@ func (c *core) recoverState(ctx context.Context, conn driver.Conn, now time.Time
 			rows.Close()
 			return fmt.Errorf("recover quota_state: %w", err)
 		}
-		s.Kind, s.Quota, s.Period, s.Mode = schemas.SignalQuotaExhausted, schemas.QuotaKind(quota), schemas.Period(period), schemas.Mode(mode)
+		s.Kind, s.Quota, s.Period, s.Mode = schemas.SignalTierCrossed, schemas.QuotaKind(quota), schemas.Period(period), schemas.Mode(mode)
+		if s.Used < s.Limit {
+			// Not exhausted: only its use is kept, for overrides.
+			c.table.NoteUsage(&s, now)
+			continue
+		}
+		s.Kind = schemas.SignalQuotaExhausted
 		if res := c.table.Apply(&s, p.Tenant(s.Tenant), now); len(res.Changed) > 0 {
 			c.writer.MarkDirty(res.Changed...)
 			n++

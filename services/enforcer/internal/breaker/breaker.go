@@ -69,17 +69,30 @@ type Override struct {
 
 type overrideKey struct{ tenant, model, quota string }
 
+// usage is the latest use of one quota the signals reported, so that an
+// override set below it applies at once: the aggregator signals only at
+// tier crossings, so waiting for the next one would let a tenant already
+// past the new limit carry on until its next tier.
+type usage struct {
+	used      float64
+	period    string
+	periodEnd time.Time
+}
+
 // Table is every breaker and override, safe for concurrent use.
 type Table struct {
 	mu        sync.Mutex
 	breakers  map[string]map[Key]*Breaker // by tenant
 	overrides map[overrideKey]*Override
-	overage   float64 // soft-quota overage signals seen, for metrics
+	// usage is the latest use per tenant × model × quota from signals;
+	// entries go at their period's end (Tick) or a period_reset.
+	usage   map[overrideKey]usage
+	overage float64 // soft-quota overage signals seen, for metrics
 }
 
 // NewTable returns an empty table.
 func NewTable() *Table {
-	return &Table{breakers: map[string]map[Key]*Breaker{}, overrides: map[overrideKey]*Override{}}
+	return &Table{breakers: map[string]map[Key]*Breaker{}, overrides: map[overrideKey]*Override{}, usage: map[overrideKey]usage{}}
 }
 
 func (t *Table) put(b *Breaker) {
@@ -121,6 +134,7 @@ func changed(tenant string) Result { return Result{Changed: []string{tenant}} }
 func (t *Table) Apply(s *schemas.Signal, tp *policy.Tenant, now time.Time) Result {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.noteUsage(s, now)
 	switch s.Kind {
 	case schemas.SignalQuotaExhausted:
 		return t.quotaExhausted(s, tp, now)
@@ -140,6 +154,35 @@ func (t *Table) Apply(s *schemas.Signal, tp *policy.Tenant, now time.Time) Resul
 		return t.anomaly(s, tp, now)
 	}
 	return Result{Note: "kind " + string(s.Kind) + " does not drive breakers"}
+}
+
+// NoteUsage records the use s reports without acting on it: recovery
+// feeds it the quota_state of open periods, so that an override set after
+// a restart knows the use it is set against.
+func (t *Table) NoteUsage(s *schemas.Signal, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.noteUsage(s, now)
+}
+
+// noteUsage remembers the use a period quota's signal reports.
+func (t *Table) noteUsage(s *schemas.Signal, now time.Time) {
+	if s.Quota == "" {
+		return
+	}
+	k := overrideKey{s.Tenant, s.Model, string(s.Quota)}
+	switch s.Kind {
+	case schemas.SignalPeriodReset:
+		delete(t.usage, k)
+	case schemas.SignalTierCrossed, schemas.SignalExhaustionPredicted, schemas.SignalQuotaExhausted:
+		if !s.PeriodEnd.IsZero() && !now.Before(s.PeriodEnd) {
+			return
+		}
+		if u, ok := t.usage[k]; ok && u.periodEnd.Equal(s.PeriodEnd) && u.used > s.Used {
+			return // an older signal redelivered: use only grows within a period
+		}
+		t.usage[k] = usage{used: s.Used, period: string(s.Period), periodEnd: s.PeriodEnd}
+	}
 }
 
 // modeOf is the signal's mode, else the policy's for that quota.
@@ -342,6 +385,11 @@ func (t *Table) Tick(now time.Time, tenantPolicy func(string) *policy.Tenant) []
 			out = append(out, tenant)
 		}
 	}
+	for k, u := range t.usage {
+		if !u.periodEnd.IsZero() && !now.Before(u.periodEnd) {
+			delete(t.usage, k)
+		}
+	}
 	for k, o := range t.overrides {
 		if !now.Before(o.Until) {
 			delete(t.overrides, k)
@@ -398,24 +446,39 @@ func blacklistScope(apiKeyID string) string {
 }
 
 // SetOverride installs a temporary limit. A limit of 0 (a leaked key, a
-// tenant to stop now) opens a quota breaker at once; a raised limit closes
+// tenant to stop now) opens a quota breaker at once, and so does a limit
+// at or below the use the signals last reported: an override applies when
+// it is set, not at the tenant's next tier crossing. A raised limit closes
 // an open quota breaker whose usage is below it.
 func (t *Table) SetOverride(o Override, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.overrides[overrideKey{o.Tenant, o.Model, o.Quota}] = &o
+	ok := overrideKey{o.Tenant, o.Model, o.Quota}
+	t.overrides[ok] = &o
 	k := Key{Tenant: o.Tenant, Scope: o.Model, Kind: flags.KindQuota, Quota: o.Quota}
 	b := t.breakers[o.Tenant][k]
+	u, known := t.usage[ok]
+	if known && !u.periodEnd.IsZero() && !now.Before(u.periodEnd) {
+		known = false
+	}
 	switch {
 	case o.Limit == 0:
 		t.put(&Breaker{Key: k, State: flags.StateOpen, OpenedAt: now, Until: o.Until, Limit: 0, ResetsAt: o.Until,
 			Actor: o.Actor, Reason: fmt.Sprintf("%s set to 0 until %s: %s", o.Quota, o.Until.UTC().Format(time.RFC3339), o.Reason)})
+	case known && u.used >= o.Limit:
+		until := o.Until
+		if !u.periodEnd.IsZero() && u.periodEnd.Before(until) {
+			until = u.periodEnd
+		}
+		t.put(&Breaker{Key: k, State: flags.StateOpen, OpenedAt: now, Until: until, Period: u.period, Limit: o.Limit,
+			Used: u.used, ResetsAt: until, Actor: o.Actor,
+			Reason: fmt.Sprintf("%s quota exhausted: %s of %s used (temporary limit: %s)", o.Quota, fmtNum(u.used), fmtNum(o.Limit), o.Reason)})
 	case b != nil && b.Used < o.Limit:
 		t.del(k)
 	}
 }
 
-// ClearOverride removes an override (and the breaker a zero limit opened).
+// ClearOverride removes an override (and the breaker it opened).
 func (t *Table) ClearOverride(tenant, model, quota string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -425,8 +488,11 @@ func (t *Table) ClearOverride(tenant, model, quota string) bool {
 		return false
 	}
 	delete(t.overrides, k)
-	if o.Limit == 0 {
-		t.del(Key{Tenant: tenant, Scope: model, Kind: flags.KindQuota, Quota: quota})
+	// The breaker the override opened (its limit is the override's) goes
+	// with it; a breaker the policy's own limit opened stays.
+	bk := Key{Tenant: tenant, Scope: model, Kind: flags.KindQuota, Quota: quota}
+	if b := t.breakers[tenant][bk]; b != nil && b.Limit == o.Limit {
+		t.del(bk)
 	}
 	return true
 }

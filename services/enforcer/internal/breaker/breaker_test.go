@@ -227,3 +227,27 @@ func TestRestoreRebuildsTheBreakersOwnEnd(t *testing.T) {
 		t.Fatalf("breakers %+v", bs)
 	}
 }
+
+// An override set below the tenant's current use blocks at once, not at the
+// tenant's next upward tier crossing; clearing it lifts the block.
+func TestOverrideBelowCurrentUseBlocksAtOnce(t *testing.T) {
+	p := testPolicy(t)
+	tb := NewTable()
+	end := t0.Add(5 * time.Hour)
+	// The tenant crossed 70% and is now at 75% of 1000.
+	tb.Apply(&schemas.Signal{Kind: schemas.SignalTierCrossed, Direction: schemas.DirectionUp, Tier: 70, Tenant: "acme", Model: "*",
+		Quota: schemas.QuotaMonthlyTokens, Period: schemas.PeriodMonth, PeriodEnd: end, Used: 750, Limit: 1000}, p.Tenant("acme"), t0)
+	tb.SetOverride(Override{Tenant: "acme", Model: "*", Quota: "monthly_tokens", Limit: 500, Until: t0.Add(time.Hour), Reason: "promo over"}, t0)
+	f := tb.Flags("acme", t0, time.Minute)["*"]
+	if f == nil || f.Kind != flags.KindQuota || f.Limit != 500 || f.Used != 750 {
+		t.Fatalf("override at 50%% for a tenant at 75%%: flag %+v, want a quota breaker now", f)
+	}
+	// Set above the use, an override does not block.
+	tb.SetOverride(Override{Tenant: "acme", Model: "gpt-4o", Quota: "monthly_tokens", Limit: 900, Until: t0.Add(time.Hour)}, t0)
+	if tb.Flags("acme", t0, time.Minute)["gpt-4o"] != nil {
+		t.Fatal("override above unknown use blocked")
+	}
+	if !tb.ClearOverride("acme", "*", "monthly_tokens") || tb.Flags("acme", t0, time.Minute)["*"] != nil {
+		t.Fatal("clearing the override left its breaker")
+	}
+}
