@@ -148,6 +148,9 @@ func (c *core) handle(s *schemas.Signal, now time.Time) {
 	}
 	res := c.table.Apply(s, c.policy.Current().Tenant(s.Tenant), now)
 	switch {
+	case res.Stale:
+		c.signals.WithLabelValues("stale").Inc()
+		c.log.Debug("enforcer: stale signal ignored", "kind", s.Kind, "tenant", s.Tenant, "model", s.Model, "time", s.Time, "period_end", s.PeriodEnd)
 	case res.SoftOverage:
 		c.signals.WithLabelValues("soft_overage").Inc()
 		c.log.Info("soft quota overage recorded", "tenant", s.Tenant, "model", s.Model, "quota", s.Quota, "used", s.Used, "limit", s.Limit)

@@ -124,6 +124,10 @@ type Result struct {
 	Note string
 	// SoftOverage is set when a soft quota was exceeded (recorded, not blocked).
 	SoftOverage bool
+	// Stale is set when the signal described a window long over (an
+	// anomaly read late, e.g. by a new consumer group from the earliest
+	// offset) and was ignored.
+	Stale bool
 }
 
 func changed(tenant string) Result { return Result{Changed: []string{tenant}} }
@@ -312,6 +316,9 @@ func (t *Table) anomaly(s *schemas.Signal, tp *policy.Tenant, now time.Time) Res
 	if bp.Threshold <= 0 {
 		return Result{Note: "policy has no " + string(kind) + " breaker"}
 	}
+	if anomalyStale(s, bp, now) {
+		return Result{Stale: true, Note: "anomaly of a window long over: ignored"}
+	}
 	k := Key{Tenant: s.Tenant, Scope: s.Model, Kind: kind}
 	b := t.breakers[s.Tenant][k]
 	bad := ratio >= bp.Threshold && requests >= bp.MinRequests
@@ -327,6 +334,29 @@ func (t *Table) anomaly(s *schemas.Signal, tp *policy.Tenant, now time.Time) Res
 		return changed(s.Tenant)
 	}
 	return Result{}
+}
+
+// anomalyStale reports whether an anomaly describes a window that ended
+// more than one window length before now. Health breakers act on what a
+// tenant's calls do now; an anomaly of days ago (a new consumer group
+// replaying the topic, a backlog after an outage) must not open a breaker,
+// nor close a half-open one. The window is the signal's [PeriodStart,
+// PeriodEnd) when it carries one, else the policy's window ending at the
+// signal's Time; one window length of grace absorbs consumer lag.
+func anomalyStale(s *schemas.Signal, bp policy.BreakerPolicy, now time.Time) bool {
+	end, window := s.PeriodEnd, bp.Window
+	if end.IsZero() {
+		end = s.Time
+	} else if !s.PeriodStart.IsZero() && s.PeriodEnd.After(s.PeriodStart) {
+		window = s.PeriodEnd.Sub(s.PeriodStart)
+	}
+	if window <= 0 {
+		window = time.Minute
+	}
+	if end.IsZero() {
+		return false // no time at all: nothing tells it is old
+	}
+	return now.Sub(end) > window
 }
 
 func (t *Table) openHealth(k Key, bp policy.BreakerPolicy, failures int, ratio float64, requests int, now time.Time) *Breaker {

@@ -108,8 +108,9 @@ func TestRateWindowThrottlesUntilWindowEnd(t *testing.T) {
 	}
 }
 
-func anomaly(detector, ratio, requests string) *schemas.Signal {
-	return &schemas.Signal{Kind: schemas.SignalAnomaly, Time: t0, Tenant: "acme", Model: "gpt-4o",
+// anomaly is a signal of the detector computed at at (its window ends then).
+func anomaly(detector, ratio, requests string, at time.Time) *schemas.Signal {
+	return &schemas.Signal{Kind: schemas.SignalAnomaly, Time: at, Tenant: "acme", Model: "gpt-4o",
 		Attributes: map[string]string{"detector": detector, "ratio": ratio, "requests": requests}}
 }
 
@@ -126,14 +127,14 @@ func TestErrorRatioBreakerHalfOpensAndBacksOff(t *testing.T) {
 		}
 		return nil
 	}
-	if tb.Apply(anomaly("error_ratio", "0.9", "5"), tp, t0); state() != nil {
+	if tb.Apply(anomaly("error_ratio", "0.9", "5", t0), tp, t0); state() != nil {
 		t.Fatal("opened below min_requests")
 	}
-	if tb.Apply(anomaly("error_ratio", "0.4", "100"), tp, t0); state() != nil {
+	if tb.Apply(anomaly("error_ratio", "0.4", "100", t0), tp, t0); state() != nil {
 		t.Fatal("opened below the threshold")
 	}
 	now := t0
-	tb.Apply(anomaly("error_ratio", "0.6", "100"), tp, now)
+	tb.Apply(anomaly("error_ratio", "0.6", "100", now), tp, now)
 	wantOpen := []time.Duration{30 * time.Second, 60 * time.Second, 120 * time.Second, 120 * time.Second} // capped at max_open_for
 	for i, d := range wantOpen {
 		b := state()
@@ -146,17 +147,17 @@ func TestErrorRatioBreakerHalfOpensAndBacksOff(t *testing.T) {
 			t.Fatalf("round %d: want half-open with 5 probes, got %+v", i, b)
 		}
 		// The probes fail: open again, longer.
-		tb.Apply(anomaly("error_ratio", "0.7", "25"), tp, now)
+		tb.Apply(anomaly("error_ratio", "0.7", "25", now), tp, now)
 	}
 	// Now the probes succeed: closed.
 	now = state().Until
 	tb.Tick(now, p.Tenant)
-	tb.Apply(anomaly("error_ratio", "0.1", "25"), tp, now)
+	tb.Apply(anomaly("error_ratio", "0.1", "25", now), tp, now)
 	if state() != nil {
 		t.Fatal("half-open breaker did not close on good probes")
 	}
 	// A half-open breaker with no verdict for a window closes too.
-	tb.Apply(anomaly("slow_call", "0.8", "100"), tp, now)
+	tb.Apply(anomaly("slow_call", "0.8", "100", now), tp, now)
 	tb.Tick(now.Add(30*time.Second), p.Tenant)
 	tb.Tick(now.Add(30*time.Second+time.Minute), p.Tenant)
 	if len(tb.Breakers("acme")) != 0 {
@@ -249,5 +250,39 @@ func TestOverrideBelowCurrentUseBlocksAtOnce(t *testing.T) {
 	}
 	if !tb.ClearOverride("acme", "*", "monthly_tokens") || tb.Flags("acme", t0, time.Minute)["*"] != nil {
 		t.Fatal("clearing the override left its breaker")
+	}
+}
+
+// An anomaly whose window is long over (a new consumer group reading the
+// signals topic from the earliest offset) opens no breaker and closes no
+// half-open one; a fresh one still does.
+func TestStaleAnomalyIsIgnored(t *testing.T) {
+	p := testPolicy(t)
+	tp := p.Tenant("acme")
+	tb := NewTable()
+	now := t0.Add(72 * time.Hour)
+	res := tb.Apply(anomaly("error_ratio", "0.9", "100", t0), tp, now)
+	if len(tb.Breakers("acme")) != 0 || !res.Stale {
+		t.Fatalf("an anomaly three days old opened %+v (result %+v)", tb.Breakers("acme"), res)
+	}
+	// With its window: [start, end) an hour ago is stale too.
+	w := anomaly("slow_call", "0.9", "100", now.Add(-time.Hour))
+	w.PeriodStart, w.PeriodEnd = now.Add(-time.Hour-time.Minute), now.Add(-time.Hour)
+	if tb.Apply(w, tp, now); len(tb.Breakers("acme")) != 0 {
+		t.Fatal("an anomaly of a window an hour ago opened a breaker")
+	}
+	// Read a few seconds late, a current anomaly still opens.
+	w.PeriodStart, w.PeriodEnd, w.Time = now.Add(-time.Minute), now.Add(-5*time.Second), now.Add(-5*time.Second)
+	if tb.Apply(w, tp, now); len(tb.Breakers("acme")) != 1 {
+		t.Fatal("a current anomaly read 5s late did not open the breaker")
+	}
+	// A stale good verdict does not close a half-open breaker.
+	half := now.Add(30 * time.Second)
+	tb.Tick(half, p.Tenant)
+	if bs := tb.Breakers("acme"); len(bs) != 1 || bs[0].State != flags.StateHalfOpen {
+		t.Fatalf("want half-open, got %+v", bs)
+	}
+	if tb.Apply(anomaly("slow_call", "0.1", "100", t0), tp, half); len(tb.Breakers("acme")) != 1 {
+		t.Fatal("a days-old good verdict closed a half-open breaker")
 	}
 }
