@@ -9,14 +9,15 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/enforcer/adminapi"
-	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
-	"github.com/sluicehq/sluice/services/enforcer/internal/audit"
 )
 
-// Recovery rebuilds the core's memory from ClickHouse on start: open quota
-// breakers from quota_state, manual breakers, blacklists and overrides by
-// replaying admin_audit. The enforcer has no database of its own, so this
+// Recovery rebuilds the core's memory on start: the flags in Redis first
+// (the floor, core.restoreFloor), then the admin topic (manual breakers,
+// blacklists, overrides: adminstate.go, applied after the floor so that
+// its lifts apply to it), and open quota breakers from ClickHouse's
+// quota_state (here). admin_audit is the audit trail only: an action whose
+// publication failed is in it as attempted, so replaying it would enforce
+// what was refused. The enforcer has no database of its own, so this
 // is what makes a restart invisible to tenants. Its orderings, and what
 // goes wrong without each:
 //
@@ -42,9 +43,8 @@ import (
 //     never lowers enforcement, with or without ClickHouse. Waiting for
 //     ClickHouse instead would let the flags lapse by TTL and the heartbeat
 //     go stale through a ClickHouse outage.
-//   - ClickHouse recovery then adds to the floor: quota breakers whose
-//     flags had already expired from Redis, and the admin actions replayed
-//     in order (a lift in the log deletes a restored blacklist or trip).
+//   - ClickHouse recovery then adds to the floor quota breakers whose
+//     flags had already expired from Redis, and the use of open periods.
 //   - ClickHouse may be unreachable at start: the enforcer starts anyway
 //     (lazyClickHouse) and recovery retries.
 //   - The done channel is closed however recovery ends, so nothing waits
@@ -97,8 +97,7 @@ func awaitRecovery(ctx context.Context, done <-chan struct{}, wait time.Duration
 }
 
 // recoverState rebuilds open quota breakers from quota_state (and the use
-// of every open period, so an override set below it blocks at once) and replays
-// the admin actions still in force from admin_audit.
+// of every open period, so that an override set below it blocks at once).
 func (c *core) recoverState(ctx context.Context, conn driver.Conn, now time.Time) error {
 	// Aliases differ from column names: ClickHouse 18.16 resolves a WHERE
 	// column to a same-named aggregate alias.
@@ -135,13 +134,6 @@ func (c *core) recoverState(ctx context.Context, conn driver.Conn, now time.Time
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("recover quota_state: %w", err)
 	}
-	// Nothing older than MaxExpiry can still be in force.
-	entries, err := audit.New(conn).Since(ctx, now.Add(-adminapi.MaxExpiry))
-	if err != nil {
-		return err
-	}
-	touched := admin.Replay(c.table, entries, now, c.log)
-	c.writer.MarkDirty(touched...)
-	c.log.Info("enforcer: state recovered from ClickHouse", "quota_breakers", n, "admin_actions", len(entries))
+	c.log.Info("enforcer: state recovered from ClickHouse", "quota_breakers", n)
 	return nil
 }
