@@ -35,9 +35,19 @@ type adminState struct {
 	mu      sync.Mutex
 	applied map[int32]int64 // next offset to apply, by partition
 	wake    chan struct{}   // closed and replaced whenever applied moves
+	// target is the topic's end offsets when the replica started; caught
+	// is closed once applied reaches them. A replica takes the lead only
+	// after that (lease.go): before, its table may lack a blacklist, and
+	// its first full rewrite would delete it.
+	target map[int32]int64
+	caught chan struct{}
 
 	records *prometheus.CounterVec
 }
+
+// adminCheck is the readiness check that holds until the admin topic's
+// records present at start are applied.
+const adminCheck = "enforcer-admin-state"
 
 // openAdminState returns the admin state reader and publisher of cfg's
 // admin topic, creating the topic (compacted, one partition: the actions
@@ -65,10 +75,42 @@ func openAdminState(ctx context.Context, cfg Config, env platform.Env, c *core) 
 		kc.Close()
 		return nil, fmt.Errorf("enforcer.admin_topic: create %s: %w", cfg.AdminTopic, err)
 	}
-	return &adminState{c: c, kc: kc, topic: cfg.AdminTopic, log: c.log, applied: map[int32]int64{}, wake: make(chan struct{}),
+	a := &adminState{c: c, kc: kc, topic: cfg.AdminTopic, log: c.log, applied: map[int32]int64{}, wake: make(chan struct{}),
+		target: map[int32]int64{}, caught: make(chan struct{}),
 		records: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_enforcer_admin_records_total",
-			Help: "Records of the admin topic applied by this replica, by result (applied, lifted, invalid)."}, []string{"result"})}, nil
+			Help: "Records of the admin topic applied by this replica, by result (applied, lifted, invalid)."}, []string{"result"})}
+	ends, err := kadm.NewClient(kc).ListEndOffsets(ctx, cfg.AdminTopic)
+	if err != nil {
+		kc.Close()
+		return nil, fmt.Errorf("enforcer.admin_topic: end offsets of %s: %w", cfg.AdminTopic, err)
+	}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err == nil && o.Offset > 0 {
+			a.target[o.Partition] = o.Offset
+		}
+	})
+	a.checkCaughtUp()
+	return a, nil
 }
+
+// checkCaughtUp closes caught when every partition reached its target;
+// the caller holds mu or is the constructor.
+func (a *adminState) checkCaughtUp() {
+	select {
+	case <-a.caught:
+		return
+	default:
+	}
+	for p, end := range a.target {
+		if a.applied[p] < end {
+			return
+		}
+	}
+	close(a.caught)
+}
+
+// caughtUp is closed once the records present at start are applied.
+func (a *adminState) caughtUp() <-chan struct{} { return a.caught }
 
 // run applies the topic's records until ctx ends. An invalid record is
 // logged and skipped: one bad producer must not stop the others' actions.
@@ -119,6 +161,7 @@ func (a *adminState) advance(p int32, off int64) {
 	if off+1 > a.applied[p] {
 		a.applied[p] = off + 1
 	}
+	a.checkCaughtUp()
 	close(a.wake)
 	a.wake = make(chan struct{})
 }

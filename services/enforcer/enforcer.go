@@ -75,6 +75,14 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	if err := env.Metrics.Register(as.records); err != nil {
 		return fmt.Errorf("enforcer: metrics: %w", err)
 	}
+	env.Health.AddReadiness(adminCheck, func(context.Context) error {
+		select {
+		case <-as.caughtUp():
+			return nil
+		default:
+			return errors.New("admin topic not yet read to its end")
+		}
+	})
 	if err := c.registerMetrics(env.Metrics); err != nil {
 		return fmt.Errorf("enforcer: metrics: %w", err)
 	}
@@ -102,7 +110,7 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	}
 	floored, writerDone := make(chan struct{}), make(chan struct{})
 	g.Go(func() error { defer close(writerDone); return c.runWriterAfterFloor(ctx, floored) })
-	g.Go(func() error { return c.runLease(ctx, rdb, replica, writerDone) })
+	g.Go(func() error { return c.runLease(ctx, rdb, replica, as.caughtUp(), writerDone) })
 	g.Go(func() error {
 		select {
 		case <-floored:

@@ -42,13 +42,21 @@ func leaseKey(prefix string) string { return prefix + "leader" }
 // takes it away when a renewal is refused or none has succeeded for two
 // thirds of the lease, before another replica can acquire it. On the way
 // out it waits for the writer's last flush (writerDone) and releases the
-// lease so that a follower takes over at once.
-func (c *core) runLease(ctx context.Context, rdb *redis.Client, replicaID string, writerDone <-chan struct{}) error {
+// lease so that a follower takes over at once. It competes only once the
+// admin topic's records present at start are applied (adminCaughtUp).
+func (c *core) runLease(ctx context.Context, rdb *redis.Client, replicaID string, adminCaughtUp <-chan struct{}, writerDone <-chan struct{}) error {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	self := replicaID + "/" + hex.EncodeToString(b[:])
 	key, ttl := leaseKey(c.cfg.KeyPrefix), c.cfg.LeaderLease
 	c.writer.SetLeading(false)
+	// Compete only once the admin topic's records present at start are in
+	// the table (adminstate.go).
+	select {
+	case <-adminCaughtUp:
+	case <-ctx.Done():
+		return nil
+	}
 	var lastOK time.Time
 	t := time.NewTicker(ttl / 3)
 	defer t.Stop()
