@@ -6,15 +6,19 @@
 // serves an authenticated admin API whose every action is audited in
 // ClickHouse.
 //
-// Its memory survives restarts without a database of its own: open quota
-// breakers are rebuilt from ClickHouse's quota_state, and manual breakers,
-// blacklists and overrides by replaying admin_audit.
+// Its memory survives restarts without a database of its own: the flags in
+// Redis are read back as the floor before anything is written, manual
+// breakers, blacklists and overrides come from the compacted admin topic
+// every replica reads whole, and open quota breakers from ClickHouse's
+// quota_state (see recovery.go). Replicas share the work through a leader
+// lease in Redis (lease.go, README.md).
 package enforcer
 
 import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/gateway/flags"
@@ -26,7 +30,7 @@ import (
 type Config struct {
 	PolicyFile     string        `yaml:"policy_file" help:"quota policy YAML (hot-reloaded); empty: defaults only"`
 	PolicyReload   time.Duration `yaml:"policy_reload" help:"how often the policy file is checked for changes"`
-	ConsumerGroup  string        `yaml:"consumer_group" help:"Kafka consumer group for the signals topic"`
+	ConsumerGroup  string        `yaml:"consumer_group" help:"Kafka consumer group of the signals topic; with replica_id set, consumer_group-replica_id, so that every replica reads every signal"`
 	SignalsTopic   string        `yaml:"signals_topic" help:"topic the aggregator and reconciler publish signals to"`
 	SessionTimeout time.Duration `yaml:"session_timeout" help:"consumer group session timeout: how soon a restarted enforcer gets the signals back after a crash"`
 	KeyPrefix      string        `yaml:"key_prefix" help:"Redis key prefix of the flags (Checkers must use the same)"`
@@ -37,7 +41,10 @@ type Config struct {
 	MaxDirty       int           `yaml:"max_dirty" help:"tenants waiting for a flag write; beyond it one full rewrite replaces them"`
 	BatchTenants   int           `yaml:"batch_tenants" help:"tenants per pipelined Redis write"`
 	DedupSignals   int           `yaml:"dedup_signals" help:"signal ids remembered to drop redeliveries"`
-	Recover        bool          `yaml:"recover" help:"rebuild quota breakers and admin actions from ClickHouse on start"`
+	Recover        bool          `yaml:"recover" help:"rebuild quota breakers from ClickHouse on start"`
+	AdminTopic     string        `yaml:"admin_topic" help:"compacted topic of operator actions every replica reads whole (sluice.admin.v1)"`
+	ReplicaID      string        `yaml:"replica_id" help:"this replica's name, unique among enforcers sharing a key_prefix: required when several run; it names the replica's own signals consumer group (consumer_group-replica_id) and its leader lease. Empty: one replica, group consumer_group, lease named by the host name"`
+	LeaderLease    time.Duration `yaml:"leader_lease" help:"lease in Redis that lets one replica write flags; when the leader dies another replica takes over within it"`
 	ShutdownGrace  time.Duration `yaml:"shutdown_grace" help:"time allowed for the last flag write on shutdown"`
 	Admin          AdminConfig   `yaml:"admin"`
 }
@@ -66,8 +73,12 @@ func DefaultConfig() Config {
 		BatchTenants:   1000,
 		DedupSignals:   100_000,
 		Recover:        true,
-		ShutdownGrace:  5 * time.Second,
-		Admin:          AdminConfig{Listen: "127.0.0.1:9471"},
+		AdminTopic:     schemas.TopicAdminV1,
+		// Well under the Checkers' default max_staleness (10s), so a
+		// failover does not make them apply fail modes.
+		LeaderLease:   3 * time.Second,
+		ShutdownGrace: 5 * time.Second,
+		Admin:         AdminConfig{Listen: "127.0.0.1:9471"},
 	}
 }
 
@@ -95,6 +106,16 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("enforcer.signals_topic: must not be empty"))
 	}
 	between("session_timeout", c.SessionTimeout, 6*time.Second, 30*time.Minute)
+	between("leader_lease", c.LeaderLease, 300*time.Millisecond, time.Minute)
+	if c.LeaderLease > c.FlagTTL {
+		errs = append(errs, fmt.Errorf("enforcer.leader_lease: %v must be at most flag_ttl (%v), or flags lapse during a failover", c.LeaderLease, c.FlagTTL))
+	}
+	if c.AdminTopic == "" {
+		errs = append(errs, errors.New("enforcer.admin_topic: must not be empty"))
+	}
+	if len(c.ReplicaID) > 200 || strings.ContainsAny(c.ReplicaID, " \t\n") {
+		errs = append(errs, fmt.Errorf("enforcer.replica_id: %q must be at most 200 bytes without spaces", c.ReplicaID))
+	}
 	if c.KeyPrefix == "" || len(c.KeyPrefix) > 200 {
 		errs = append(errs, fmt.Errorf("enforcer.key_prefix: %q must be 1..200 bytes", c.KeyPrefix))
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/enforcer/internal/breaker"
@@ -32,7 +33,9 @@ type core struct {
 	ring    []string
 	next    int
 
-	signals *prometheus.CounterVec
+	signals  *prometheus.CounterVec
+	restored prometheus.Counter
+	leader   prometheus.Gauge
 }
 
 // newCore returns a core writing flags through rdb under the policy of pw.
@@ -43,17 +46,88 @@ func newCore(cfg Config, rdb *redis.Client, pw *policy.Watcher, log *slog.Logger
 	c := &core{cfg: cfg, log: log, table: breaker.NewTable(), policy: pw, seen: map[string]struct{}{},
 		ring: make([]string, cfg.DedupSignals),
 		signals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_enforcer_signals_total",
-			Help: "Signals consumed by the enforcer, by result."}, []string{"result"})}
+			Help: "Signals consumed by the enforcer, by result."}, []string{"result"}),
+		restored: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_enforcer_breakers_restored_from_redis_total",
+			Help: "Breakers taken back from the flags in Redis when the enforcer started or took the lead (the floor of its state)."}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_enforcer_leader",
+			Help: "1 while this replica holds the leader lease and writes the flags."})}
 	c.writer = flagwriter.New(rdb, c.table, flagwriter.Config{KeyPrefix: cfg.KeyPrefix, FlushInterval: cfg.FlushInterval,
 		FlagTTL: cfg.FlagTTL, HeartbeatEvery: cfg.HeartbeatEvery, MaxDirty: cfg.MaxDirty, BatchTenants: cfg.BatchTenants}, log)
 	c.publishFailModes(pw.Current())
 	return c
 }
 
-// runWriter writes flags until ctx ends, then makes a last write within
-// cfg.ShutdownGrace so that changes accepted before shutdown reach Redis.
+// runWriter first takes the flags already in Redis as the floor of the
+// table (restoreFloor), then writes flags until ctx ends, and makes a last
+// write within cfg.ShutdownGrace so that changes accepted before shutdown
+// reach Redis. Nothing — not a flag, not the heartbeat — is written before
+// the floor is in the table: the writer's first act is a full rewrite from
+// the table, and a table without what Redis holds would delete every
+// blacklist and breaker an earlier enforcer left in force.
 func (c *core) runWriter(ctx context.Context) error {
+	return c.runWriterAfterFloor(ctx, nil)
+}
+
+// runWriterAfterFloor is runWriter that closes floored once the floor is
+// in the table: the admin topic is applied only after it, so that its
+// lifts apply to what Redis held.
+func (c *core) runWriterAfterFloor(ctx context.Context, floored chan<- struct{}) error {
+	if !c.restoreFloor(ctx) {
+		return nil
+	}
+	if floored != nil {
+		close(floored)
+	}
 	return c.writer.Run(ctx, c.cfg.ShutdownGrace)
+}
+
+// restore merges stored flags into the table (breaker.Table.Restore).
+// With adminOwned, manual and blacklist flags are left out: once this
+// replica has read the admin topic, that topic, not Redis, says which are
+// in force, and a lift the previous leader died before writing must not be
+// undone.
+func (c *core) restore(stored []flagwriter.Stored, adminOwned bool) {
+	now := time.Now()
+	n := 0
+	for _, st := range stored {
+		written := st.Written
+		if written.IsZero() {
+			written = now
+		}
+		for field, f := range st.Flags {
+			if adminOwned && (f.Kind == flags.KindManual || f.Kind == flags.KindBlacklist) {
+				continue
+			}
+			if c.table.Restore(st.Tenant, field, f, written, now) {
+				n++
+			}
+		}
+	}
+	c.restored.Add(float64(n))
+	c.log.Info("enforcer: flags in redis merged into the state", "tenants", len(stored), "breakers", n)
+}
+
+// restoreFloor reads the flags in Redis into the table, retrying with
+// back-off (1 s to 30 s) while Redis is unreachable; it reports false when
+// ctx ended first. While it retries nothing is written, and Checkers, seeing
+// no heartbeat, apply each tenant's fail mode: the honest answer when the
+// enforcer cannot see Redis.
+func (c *core) restoreFloor(ctx context.Context) bool {
+	for delay := time.Second; ; delay = min(2*delay, 30*time.Second) {
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		stored, err := c.writer.ReadStored(rctx)
+		cancel()
+		if err == nil {
+			c.restore(stored, false)
+			return true
+		}
+		c.log.Warn("enforcer: reading the flags in redis failed; writing nothing until it succeeds", "err", err, "retry_in", delay)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(delay):
+		}
+	}
 }
 
 // runClock ticks every cfg.TickEvery until ctx ends: time, not signals,
@@ -100,6 +174,9 @@ func (c *core) handle(s *schemas.Signal, now time.Time) {
 	}
 	res := c.table.Apply(s, c.policy.Current().Tenant(s.Tenant), now)
 	switch {
+	case res.Stale:
+		c.signals.WithLabelValues("stale").Inc()
+		c.log.Debug("enforcer: stale signal ignored", "kind", s.Kind, "tenant", s.Tenant, "model", s.Model, "time", s.Time, "period_end", s.PeriodEnd)
 	case res.SoftOverage:
 		c.signals.WithLabelValues("soft_overage").Inc()
 		c.log.Info("soft quota overage recorded", "tenant", s.Tenant, "model", s.Model, "quota", s.Quota, "used", s.Used, "limit", s.Limit)

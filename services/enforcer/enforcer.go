@@ -7,19 +7,17 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/platform"
-	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
-	"github.com/sluicehq/sluice/services/enforcer/internal/audit"
 )
 
 // Run runs the enforcer until ctx is cancelled or a part of it fails, then
@@ -27,7 +25,10 @@ import (
 //
 // Run is the wiring: it opens the clients, registers metrics and readiness
 // checks, and starts the core (core.go), its recovery (recovery.go), the
-// signal consumer (consume.go), the policy reload and the admin API.
+// leader lease that decides whether this replica writes (lease.go), the
+// admin topic reader (adminstate.go, started once the flags in Redis are
+// the table's floor), the signal consumer (consume.go), the policy reload
+// and the admin API. ClickHouse may be down at start (lazyClickHouse).
 // Everything that can be refused (configuration, policy file, connections,
 // the admin listener) is checked before any of them runs, so a bad start
 // writes no flag. They then share one errgroup: the first to fail cancels
@@ -46,25 +47,49 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	}
 	rdb := redisconn.NewClient(env.Redis)
 	defer rdb.Close()
-	chc, err := chconn.Open(ctx, env.ClickHouse)
-	if err != nil {
-		return err
+	chc := &lazyClickHouse{cfg: env.ClickHouse}
+	defer chc.close()
+	if _, err := chc.get(ctx); err != nil {
+		log.Warn("enforcer: clickhouse unreachable at start; enforcing from redis and kafka, recovery retries", "err", err)
 	}
-	defer chc.Close()
-	kc, err := openSignals(ctx, cfg, env)
+	group, replica := cfg.ConsumerGroup, cfg.ReplicaID
+	if replica != "" {
+		group += "-" + replica
+	} else if replica, err = os.Hostname(); err != nil || replica == "" {
+		return fmt.Errorf("enforcer.replica_id: empty and the host name is unknown (%v); set it", err)
+	}
+	kc, err := openSignals(ctx, cfg, group, env)
 	if err != nil {
 		return err
 	}
 	defer leaveGroup(kc)
 
 	c := newCore(cfg, rdb, pw, log)
+	// Silent until the lease says otherwise (lease.go).
+	c.writer.SetLeading(false)
+	as, err := openAdminState(ctx, cfg, env, c)
+	if err != nil {
+		return err
+	}
+	defer as.close()
+	if err := env.Metrics.Register(as.records); err != nil {
+		return fmt.Errorf("enforcer: metrics: %w", err)
+	}
+	env.Health.AddReadiness(adminCheck, func(context.Context) error {
+		select {
+		case <-as.caughtUp():
+			return nil
+		default:
+			return errors.New("admin topic not yet read to its end")
+		}
+	})
 	if err := c.registerMetrics(env.Metrics); err != nil {
 		return fmt.Errorf("enforcer: metrics: %w", err)
 	}
 	env.Health.AddReadiness("enforcer-redis", redisconn.Ready(rdb))
 	env.Health.AddReadiness("enforcer-kafka", kafkaconn.Ready(kc))
-	env.Health.AddReadiness("enforcer-clickhouse", chconn.Ready(chc))
-	srv, err := listenAdmin(cfg, c, chc, log)
+	env.Health.AddReadiness("enforcer-clickhouse", chc.ready)
+	srv, err := listenAdmin(cfg, c, chc, as, log)
 	if err != nil {
 		return err
 	}
@@ -83,7 +108,17 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	} else {
 		close(recovered)
 	}
-	g.Go(func() error { return c.runWriter(ctx) })
+	floored, writerDone := make(chan struct{}), make(chan struct{})
+	g.Go(func() error { defer close(writerDone); return c.runWriterAfterFloor(ctx, floored) })
+	g.Go(func() error { return c.runLease(ctx, rdb, replica, as.caughtUp(), writerDone) })
+	g.Go(func() error {
+		select {
+		case <-floored:
+			return as.run(ctx)
+		case <-ctx.Done():
+			return nil
+		}
+	})
 	g.Go(func() error { return c.runClock(ctx) })
 	g.Go(func() error { return pw.Follow(ctx, c.publishFailModes) })
 	g.Go(func() error { return c.consume(ctx, kc, recovered) })
@@ -94,11 +129,14 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	return g.Wait()
 }
 
-// openSignals returns a consumer-group client on the signals topic,
-// creating the topic if the cluster lacks it.
-func openSignals(ctx context.Context, cfg Config, env platform.Env) (*kgo.Client, error) {
+// openSignals returns a client of consumer group group on the signals
+// topic, creating the topic if the cluster lacks it.
+func openSignals(ctx context.Context, cfg Config, group string, env platform.Env) (*kgo.Client, error) {
 	kc, err := kafkaconn.NewClient(env.Kafka,
-		kgo.ConsumerGroup(cfg.ConsumerGroup),
+		// With replica_id set, every replica reads every signal (its own
+		// group): each holds the whole state, so that any of them can take
+		// the lead (lease.go).
+		kgo.ConsumerGroup(group),
 		kgo.ConsumeTopics(cfg.SignalsTopic),
 		kgo.SessionTimeout(cfg.SessionTimeout),
 		kgo.FetchMaxWait(100*time.Millisecond),
@@ -132,7 +170,7 @@ type adminServer struct {
 
 // listenAdmin binds the admin API, or returns nil when it is disabled (no
 // address, or no tokens: an API nobody can call is not served).
-func listenAdmin(cfg Config, c *core, conn driver.Conn, log *slog.Logger) (*adminServer, error) {
+func listenAdmin(cfg Config, c *core, aud admin.Auditor, pub admin.Publisher, log *slog.Logger) (*adminServer, error) {
 	if cfg.Admin.Listen == "" {
 		return nil, nil
 	}
@@ -144,7 +182,7 @@ func listenAdmin(cfg Config, c *core, conn driver.Conn, log *slog.Logger) (*admi
 	if err != nil {
 		return nil, fmt.Errorf("enforcer.admin.listen: %w", err)
 	}
-	api := admin.New(c.table, c.writer.MarkDirty, audit.New(conn), cfg.Admin.Tokens, cfg.FlagTTL, log)
+	api := admin.New(c.table, c.writer.MarkDirty, aud, cfg.Admin.Tokens, cfg.FlagTTL, log).WithPublisher(pub)
 	return &adminServer{ln: ln, srv: &http.Server{Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second}, log: log}, nil
 }
 

@@ -64,6 +64,8 @@ func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 func testConfig(t testing.TB) Config {
 	cfg := DefaultConfig()
 	cfg.KeyPrefix = itest.Unique(t, "sluice_test:") + ":"
+	cfg.AdminTopic = itest.Unique(t, "sluice_test_admin_")
+	cfg.ReplicaID = "test"
 	return cfg
 }
 

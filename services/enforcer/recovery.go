@@ -9,14 +9,15 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/enforcer/adminapi"
-	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
-	"github.com/sluicehq/sluice/services/enforcer/internal/audit"
 )
 
-// Recovery rebuilds the core's memory from ClickHouse on start: open quota
-// breakers from quota_state, manual breakers, blacklists and overrides by
-// replaying admin_audit. The enforcer has no database of its own, so this
+// Recovery rebuilds the core's memory on start: the flags in Redis first
+// (the floor, core.restoreFloor), then the admin topic (manual breakers,
+// blacklists, overrides: adminstate.go, applied after the floor so that
+// its lifts apply to it), and open quota breakers from ClickHouse's
+// quota_state (here). admin_audit is the audit trail only: an action whose
+// publication failed is in it as attempted, so replaying it would enforce
+// what was refused. The enforcer has no database of its own, so this
 // is what makes a restart invisible to tenants. Its orderings, and what
 // goes wrong without each:
 //
@@ -32,15 +33,20 @@ import (
 //   - The process is not ready (readiness check "enforcer-recovered") from
 //     before anything runs until recovery succeeded, so a deployment does
 //     not retire the previous enforcer while this one's memory is empty.
-//   - The flag writer does NOT wait. Its first full rewrite (one
-//     flush_interval after start) rewrites every tenant hash under the
-//     prefix from the table as it then is, deleting the hashes it has no
-//     breaker for, so that flags of an earlier enforcer's rate and health
-//     breakers (which are not recovered) stop refusing tenants. Until
-//     recovery marks its tenants dirty, tenants whose quota breakers or
-//     admin blocks are being recovered are therefore served. The heartbeat
-//     cannot wait either: Checkers judge staleness by it, and fail-closed
-//     tenants would be refused through a slow recovery.
+//   - The flag writer waits for the floor, not for ClickHouse. Before it
+//     writes anything (not even the heartbeat) it reads the flags already
+//     in Redis back into the table (core.restoreFloor,
+//     breaker.Table.Restore): they are the enforcement in force, including
+//     rate and health breakers that ClickHouse knows nothing of. Its first
+//     full rewrite therefore rewrites what was there plus what this
+//     enforcer added, and deletes nothing still in force, so a restart
+//     never lowers enforcement, with or without ClickHouse. Waiting for
+//     ClickHouse instead would let the flags lapse by TTL and the heartbeat
+//     go stale through a ClickHouse outage.
+//   - ClickHouse recovery then adds to the floor quota breakers whose
+//     flags had already expired from Redis, and the use of open periods.
+//   - ClickHouse may be unreachable at start: the enforcer starts anyway
+//     (lazyClickHouse) and recovery retries.
 //   - The done channel is closed however recovery ends, so nothing waits
 //     on it past shutdown.
 
@@ -53,11 +59,14 @@ const recoveredCheck = "enforcer-recovered"
 // recoverUntilDone runs recoverState until it succeeds or ctx ends, backing
 // off from 1 s to 30 s between attempts, each bounded to a minute. It calls
 // recovered after a success and closes done however it returns.
-func (c *core) recoverUntilDone(ctx context.Context, conn driver.Conn, recovered func(), done chan<- struct{}) error {
+func (c *core) recoverUntilDone(ctx context.Context, ch *lazyClickHouse, recovered func(), done chan<- struct{}) error {
 	defer close(done)
 	for delay := time.Second; ; delay = min(2*delay, 30*time.Second) {
 		rctx, cancel := context.WithTimeout(ctx, time.Minute)
-		err := c.recoverState(rctx, conn, time.Now())
+		conn, err := ch.get(rctx)
+		if err == nil {
+			err = c.recoverState(rctx, conn, time.Now())
+		}
 		cancel()
 		if err == nil {
 			recovered()
@@ -87,8 +96,8 @@ func awaitRecovery(ctx context.Context, done <-chan struct{}, wait time.Duration
 	return true
 }
 
-// recoverState rebuilds open quota breakers from quota_state and replays
-// the admin actions still in force from admin_audit.
+// recoverState rebuilds open quota breakers from quota_state (and the use
+// of every open period, so that an override set below it blocks at once).
 func (c *core) recoverState(ctx context.Context, conn driver.Conn, now time.Time) error {
 	// Aliases differ from column names: ClickHouse 18.16 resolves a WHERE
 	// column to a same-named aggregate alias.
@@ -96,7 +105,7 @@ func (c *core) recoverState(ctx context.Context, conn driver.Conn, now time.Time
   SELECT tenant, model, quota, period, period_start, any(period_end) AS pe,
          argMax(used, version) AS u, argMax(quota_limit, version) AS l, argMax(mode, version) AS md
   FROM quota_state WHERE period_end > toDateTime(?) GROUP BY tenant, model, quota, period, period_start
-) WHERE l > 0 AND u >= l`, now.Unix())
+) WHERE l > 0`, now.Unix())
 	if err != nil {
 		return fmt.Errorf("recover quota_state: %w", err)
 	}
@@ -109,7 +118,13 @@ func (c *core) recoverState(ctx context.Context, conn driver.Conn, now time.Time
 			rows.Close()
 			return fmt.Errorf("recover quota_state: %w", err)
 		}
-		s.Kind, s.Quota, s.Period, s.Mode = schemas.SignalQuotaExhausted, schemas.QuotaKind(quota), schemas.Period(period), schemas.Mode(mode)
+		s.Kind, s.Quota, s.Period, s.Mode = schemas.SignalTierCrossed, schemas.QuotaKind(quota), schemas.Period(period), schemas.Mode(mode)
+		if s.Used < s.Limit {
+			// Not exhausted: only its use is kept, for overrides.
+			c.table.NoteUsage(&s, now)
+			continue
+		}
+		s.Kind = schemas.SignalQuotaExhausted
 		if res := c.table.Apply(&s, p.Tenant(s.Tenant), now); len(res.Changed) > 0 {
 			c.writer.MarkDirty(res.Changed...)
 			n++
@@ -119,13 +134,6 @@ func (c *core) recoverState(ctx context.Context, conn driver.Conn, now time.Time
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("recover quota_state: %w", err)
 	}
-	// Nothing older than MaxExpiry can still be in force.
-	entries, err := audit.New(conn).Since(ctx, now.Add(-adminapi.MaxExpiry))
-	if err != nil {
-		return err
-	}
-	touched := admin.Replay(c.table, entries, now, c.log)
-	c.writer.MarkDirty(touched...)
-	c.log.Info("enforcer: state recovered from ClickHouse", "quota_breakers", n, "admin_actions", len(entries))
+	c.log.Info("enforcer: state recovered from ClickHouse", "quota_breakers", n)
 	return nil
 }

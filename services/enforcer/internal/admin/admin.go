@@ -2,8 +2,9 @@
 // list breakers, flags and overrides; trip and reset breakers; blacklist
 // and unblacklist a tenant or an API key; set and clear temporary quota
 // overrides. Every change is written to the audit log before it takes
-// effect, so an action that cannot be audited is refused; the same log
-// replays the actions still in force when the enforcer restarts.
+// effect, so an action that cannot be audited is refused; it then takes
+// effect through the shared admin topic (Publisher, state.go), which every
+// replica reads and which survives restarts.
 package admin
 
 import (
@@ -35,8 +36,16 @@ type Auditor interface {
 	Write(ctx context.Context, e audit.Entry) error
 }
 
+// Publisher puts admin records on the shared admin topic and returns once
+// the broker acknowledged them and this replica's own table has applied
+// them, so that the answer shows the action in force.
+type Publisher interface {
+	Publish(ctx context.Context, recs []Record) error
+}
+
 // API serves /admin/v1/.
 type API struct {
+	pub    Publisher
 	table  *breaker.Table
 	notify func(tenants ...string)
 	audit  Auditor
@@ -49,6 +58,14 @@ type API struct {
 // New returns the API. notify is told which tenants' flags changed.
 func New(table *breaker.Table, notify func(tenants ...string), aud Auditor, tokens []adminapi.Token, flagTTL time.Duration, log *slog.Logger) *API {
 	return &API{table: table, notify: notify, audit: aud, tokens: tokens, log: log, now: time.Now, ttl: flagTTL}
+}
+
+// WithPublisher makes the API share its actions through p (the admin
+// topic) instead of applying them to its own table only: every replica
+// then enforces them, and they survive any restart.
+func (a *API) WithPublisher(p Publisher) *API {
+	a.pub = p
+	return a
 }
 
 // Handler returns the HTTP handler.
@@ -173,7 +190,24 @@ func (a *API) act(w http.ResponseWriter, r *http.Request, action adminapi.Action
 		writeError(w, http.StatusServiceUnavailable, "audit log unavailable, so the action was not applied: "+err.Error())
 		return
 	}
-	changed := Apply(a.table, action, req, e.Actor, now)
+	var changed bool
+	if a.pub == nil {
+		changed = Apply(a.table, action, req, e.Actor, now)
+	} else {
+		recs, local := RecordsOf(action, req, e.Actor, now)
+		before := fmt.Sprint(a.table.Breakers(req.Tenant), a.table.Overrides(req.Tenant))
+		if len(recs) > 0 {
+			if err := a.pub.Publish(actx, recs); err != nil {
+				a.log.Error("admin: publishing to the admin topic failed; action refused", "action", action, "err", err)
+				writeError(w, http.StatusServiceUnavailable, "admin topic: "+err.Error()+"; unless the broker acknowledged it the action is not in force (list breakers to see; the audit log has the attempt), so retry")
+				return
+			}
+		}
+		if local {
+			Apply(a.table, action, req, e.Actor, now)
+		}
+		changed = before != fmt.Sprint(a.table.Breakers(req.Tenant), a.table.Overrides(req.Tenant))
+	}
 	if changed {
 		a.notify(req.Tenant)
 	}
@@ -258,8 +292,8 @@ func Normalize(req *adminapi.Request, action adminapi.Action, now time.Time) err
 }
 
 // Apply performs a normalized action on table at now; it reports whether
-// flags may have changed. Replay after a restart calls it with each audited
-// action's own time.
+// flags may have changed. The API uses it when it has no Publisher (a
+// single process, tests) and for the resets that are not admin state.
 func Apply(table *breaker.Table, action adminapi.Action, req adminapi.Request, actor string, now time.Time) bool {
 	scope := req.Model
 	if req.APIKeyID != "" && action != adminapi.ActionBlacklist && action != adminapi.ActionUnblacklist {
@@ -284,24 +318,4 @@ func Apply(table *breaker.Table, action adminapi.Action, req adminapi.Request, a
 		return table.ClearOverride(req.Tenant, req.Model, string(req.Quota))
 	}
 	return false
-}
-
-// Replay applies audited actions in order, skipping those already expired
-// at now; it returns the tenants touched.
-func Replay(table *breaker.Table, entries []audit.Entry, now time.Time, log *slog.Logger) []string {
-	var touched []string
-	for _, e := range entries {
-		var req adminapi.Request
-		if err := json.Unmarshal([]byte(e.Details), &req); err != nil {
-			log.Warn("admin: skipping unreadable audit entry", "request_id", e.RequestID, "err", err)
-			continue
-		}
-		if !req.ExpiresAt.IsZero() && !req.ExpiresAt.After(now) {
-			continue
-		}
-		if Apply(table, adminapi.Action(e.Action), req, e.Actor, e.Time) {
-			touched = append(touched, req.Tenant)
-		}
-	}
-	return touched
 }

@@ -69,17 +69,30 @@ type Override struct {
 
 type overrideKey struct{ tenant, model, quota string }
 
+// usage is the latest use of one quota the signals reported, so that an
+// override set below it applies at once: the aggregator signals only at
+// tier crossings, so waiting for the next one would let a tenant already
+// past the new limit carry on until its next tier.
+type usage struct {
+	used      float64
+	period    string
+	periodEnd time.Time
+}
+
 // Table is every breaker and override, safe for concurrent use.
 type Table struct {
 	mu        sync.Mutex
 	breakers  map[string]map[Key]*Breaker // by tenant
 	overrides map[overrideKey]*Override
-	overage   float64 // soft-quota overage signals seen, for metrics
+	// usage is the latest use per tenant × model × quota from signals;
+	// entries go at their period's end (Tick) or a period_reset.
+	usage   map[overrideKey]usage
+	overage float64 // soft-quota overage signals seen, for metrics
 }
 
 // NewTable returns an empty table.
 func NewTable() *Table {
-	return &Table{breakers: map[string]map[Key]*Breaker{}, overrides: map[overrideKey]*Override{}}
+	return &Table{breakers: map[string]map[Key]*Breaker{}, overrides: map[overrideKey]*Override{}, usage: map[overrideKey]usage{}}
 }
 
 func (t *Table) put(b *Breaker) {
@@ -111,6 +124,10 @@ type Result struct {
 	Note string
 	// SoftOverage is set when a soft quota was exceeded (recorded, not blocked).
 	SoftOverage bool
+	// Stale is set when the signal described a window long over (an
+	// anomaly read late, e.g. by a new consumer group from the earliest
+	// offset) and was ignored.
+	Stale bool
 }
 
 func changed(tenant string) Result { return Result{Changed: []string{tenant}} }
@@ -121,6 +138,7 @@ func changed(tenant string) Result { return Result{Changed: []string{tenant}} }
 func (t *Table) Apply(s *schemas.Signal, tp *policy.Tenant, now time.Time) Result {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.noteUsage(s, now)
 	switch s.Kind {
 	case schemas.SignalQuotaExhausted:
 		return t.quotaExhausted(s, tp, now)
@@ -140,6 +158,35 @@ func (t *Table) Apply(s *schemas.Signal, tp *policy.Tenant, now time.Time) Resul
 		return t.anomaly(s, tp, now)
 	}
 	return Result{Note: "kind " + string(s.Kind) + " does not drive breakers"}
+}
+
+// NoteUsage records the use s reports without acting on it: recovery
+// feeds it the quota_state of open periods, so that an override set after
+// a restart knows the use it is set against.
+func (t *Table) NoteUsage(s *schemas.Signal, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.noteUsage(s, now)
+}
+
+// noteUsage remembers the use a period quota's signal reports.
+func (t *Table) noteUsage(s *schemas.Signal, now time.Time) {
+	if s.Quota == "" {
+		return
+	}
+	k := overrideKey{s.Tenant, s.Model, string(s.Quota)}
+	switch s.Kind {
+	case schemas.SignalPeriodReset:
+		delete(t.usage, k)
+	case schemas.SignalTierCrossed, schemas.SignalExhaustionPredicted, schemas.SignalQuotaExhausted:
+		if !s.PeriodEnd.IsZero() && !now.Before(s.PeriodEnd) {
+			return
+		}
+		if u, ok := t.usage[k]; ok && u.periodEnd.Equal(s.PeriodEnd) && u.used > s.Used {
+			return // an older signal redelivered: use only grows within a period
+		}
+		t.usage[k] = usage{used: s.Used, period: string(s.Period), periodEnd: s.PeriodEnd}
+	}
 }
 
 // modeOf is the signal's mode, else the policy's for that quota.
@@ -269,6 +316,9 @@ func (t *Table) anomaly(s *schemas.Signal, tp *policy.Tenant, now time.Time) Res
 	if bp.Threshold <= 0 {
 		return Result{Note: "policy has no " + string(kind) + " breaker"}
 	}
+	if anomalyStale(s, bp, now) {
+		return Result{Stale: true, Note: "anomaly of a window long over: ignored"}
+	}
 	k := Key{Tenant: s.Tenant, Scope: s.Model, Kind: kind}
 	b := t.breakers[s.Tenant][k]
 	bad := ratio >= bp.Threshold && requests >= bp.MinRequests
@@ -284,6 +334,29 @@ func (t *Table) anomaly(s *schemas.Signal, tp *policy.Tenant, now time.Time) Res
 		return changed(s.Tenant)
 	}
 	return Result{}
+}
+
+// anomalyStale reports whether an anomaly describes a window that ended
+// more than one window length before now. Health breakers act on what a
+// tenant's calls do now; an anomaly of days ago (a new consumer group
+// replaying the topic, a backlog after an outage) must not open a breaker,
+// nor close a half-open one. The window is the signal's [PeriodStart,
+// PeriodEnd) when it carries one, else the policy's window ending at the
+// signal's Time; one window length of grace absorbs consumer lag.
+func anomalyStale(s *schemas.Signal, bp policy.BreakerPolicy, now time.Time) bool {
+	end, window := s.PeriodEnd, bp.Window
+	if end.IsZero() {
+		end = s.Time
+	} else if !s.PeriodStart.IsZero() && s.PeriodEnd.After(s.PeriodStart) {
+		window = s.PeriodEnd.Sub(s.PeriodStart)
+	}
+	if window <= 0 {
+		window = time.Minute
+	}
+	if end.IsZero() {
+		return false // no time at all: nothing tells it is old
+	}
+	return now.Sub(end) > window
 }
 
 func (t *Table) openHealth(k Key, bp policy.BreakerPolicy, failures int, ratio float64, requests int, now time.Time) *Breaker {
@@ -342,6 +415,11 @@ func (t *Table) Tick(now time.Time, tenantPolicy func(string) *policy.Tenant) []
 			out = append(out, tenant)
 		}
 	}
+	for k, u := range t.usage {
+		if !u.periodEnd.IsZero() && !now.Before(u.periodEnd) {
+			delete(t.usage, k)
+		}
+	}
 	for k, o := range t.overrides {
 		if !now.Before(o.Until) {
 			delete(t.overrides, k)
@@ -398,24 +476,39 @@ func blacklistScope(apiKeyID string) string {
 }
 
 // SetOverride installs a temporary limit. A limit of 0 (a leaked key, a
-// tenant to stop now) opens a quota breaker at once; a raised limit closes
+// tenant to stop now) opens a quota breaker at once, and so does a limit
+// at or below the use the signals last reported: an override applies when
+// it is set, not at the tenant's next tier crossing. A raised limit closes
 // an open quota breaker whose usage is below it.
 func (t *Table) SetOverride(o Override, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.overrides[overrideKey{o.Tenant, o.Model, o.Quota}] = &o
+	ok := overrideKey{o.Tenant, o.Model, o.Quota}
+	t.overrides[ok] = &o
 	k := Key{Tenant: o.Tenant, Scope: o.Model, Kind: flags.KindQuota, Quota: o.Quota}
 	b := t.breakers[o.Tenant][k]
+	u, known := t.usage[ok]
+	if known && !u.periodEnd.IsZero() && !now.Before(u.periodEnd) {
+		known = false
+	}
 	switch {
 	case o.Limit == 0:
 		t.put(&Breaker{Key: k, State: flags.StateOpen, OpenedAt: now, Until: o.Until, Limit: 0, ResetsAt: o.Until,
 			Actor: o.Actor, Reason: fmt.Sprintf("%s set to 0 until %s: %s", o.Quota, o.Until.UTC().Format(time.RFC3339), o.Reason)})
+	case known && u.used >= o.Limit:
+		until := o.Until
+		if !u.periodEnd.IsZero() && u.periodEnd.Before(until) {
+			until = u.periodEnd
+		}
+		t.put(&Breaker{Key: k, State: flags.StateOpen, OpenedAt: now, Until: until, Period: u.period, Limit: o.Limit,
+			Used: u.used, ResetsAt: until, Actor: o.Actor,
+			Reason: fmt.Sprintf("%s quota exhausted: %s of %s used (temporary limit: %s)", o.Quota, fmtNum(u.used), fmtNum(o.Limit), o.Reason)})
 	case b != nil && b.Used < o.Limit:
 		t.del(k)
 	}
 }
 
-// ClearOverride removes an override (and the breaker a zero limit opened).
+// ClearOverride removes an override (and the breaker it opened).
 func (t *Table) ClearOverride(tenant, model, quota string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -425,8 +518,11 @@ func (t *Table) ClearOverride(tenant, model, quota string) bool {
 		return false
 	}
 	delete(t.overrides, k)
-	if o.Limit == 0 {
-		t.del(Key{Tenant: tenant, Scope: model, Kind: flags.KindQuota, Quota: quota})
+	// The breaker the override opened (its limit is the override's) goes
+	// with it; a breaker the policy's own limit opened stays.
+	bk := Key{Tenant: tenant, Scope: model, Kind: flags.KindQuota, Quota: quota}
+	if b := t.breakers[tenant][bk]; b != nil && b.Limit == o.Limit {
+		t.del(bk)
 	}
 	return true
 }
@@ -534,4 +630,42 @@ func (t *Table) Flags(tenant string, now time.Time, ttl time.Duration) map[strin
 		out[scope] = f
 	}
 	return out
+}
+
+// Restore puts back a breaker from a flag an earlier enforcer wrote to
+// Redis (field is the flag's hash field, written when the enforcer wrote
+// it, from the hash's version). The flags in Redis are the enforcement in
+// force, so a restarted enforcer takes them as its floor before it writes
+// anything: a restart must never lower enforcement, whatever ClickHouse can
+// tell it. A flag's Until is capped by the flag TTL, so the breaker's own
+// end is rebuilt from what the flag carries: the period end (ResetsAt) of a
+// quota or rate breaker, write time + RetryAfter for manual, blacklist and
+// open health breakers, else Until. A breaker already in the table wins
+// (it is newer than Redis); a flag already over is skipped. Only the most
+// severe breaker of each scope has a flag, so one hidden under it is not
+// restored: it comes back from ClickHouse (quota) or lapses (rate, health).
+// Restore reports whether it added a breaker.
+func (t *Table) Restore(tenant, field string, f *flags.Flag, written, now time.Time) bool {
+	until := f.Until
+	switch {
+	case !f.ResetsAt.IsZero():
+		until = f.ResetsAt
+	case f.State != flags.StateHalfOpen && f.RetryAfter > 0:
+		until = written.Add(f.RetryAfter)
+	}
+	if !until.IsZero() && !now.Before(until) {
+		return false
+	}
+	if until.IsZero() {
+		until = now.Add(time.Hour) // no bound known: recheck hourly rather than block forever
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	k := Key{Tenant: tenant, Scope: field, Kind: f.Kind, Quota: f.Quota}
+	if _, ok := t.breakers[tenant][k]; ok {
+		return false
+	}
+	t.put(&Breaker{Key: k, State: f.State, Reason: f.Reason, Until: until, OpenedAt: written, Period: f.Period,
+		Limit: f.Limit, Used: f.Used, ResetsAt: f.ResetsAt, Probes: f.Probes})
+	return true
 }

@@ -108,8 +108,9 @@ func TestRateWindowThrottlesUntilWindowEnd(t *testing.T) {
 	}
 }
 
-func anomaly(detector, ratio, requests string) *schemas.Signal {
-	return &schemas.Signal{Kind: schemas.SignalAnomaly, Time: t0, Tenant: "acme", Model: "gpt-4o",
+// anomaly is a signal of the detector computed at at (its window ends then).
+func anomaly(detector, ratio, requests string, at time.Time) *schemas.Signal {
+	return &schemas.Signal{Kind: schemas.SignalAnomaly, Time: at, Tenant: "acme", Model: "gpt-4o",
 		Attributes: map[string]string{"detector": detector, "ratio": ratio, "requests": requests}}
 }
 
@@ -126,14 +127,14 @@ func TestErrorRatioBreakerHalfOpensAndBacksOff(t *testing.T) {
 		}
 		return nil
 	}
-	if tb.Apply(anomaly("error_ratio", "0.9", "5"), tp, t0); state() != nil {
+	if tb.Apply(anomaly("error_ratio", "0.9", "5", t0), tp, t0); state() != nil {
 		t.Fatal("opened below min_requests")
 	}
-	if tb.Apply(anomaly("error_ratio", "0.4", "100"), tp, t0); state() != nil {
+	if tb.Apply(anomaly("error_ratio", "0.4", "100", t0), tp, t0); state() != nil {
 		t.Fatal("opened below the threshold")
 	}
 	now := t0
-	tb.Apply(anomaly("error_ratio", "0.6", "100"), tp, now)
+	tb.Apply(anomaly("error_ratio", "0.6", "100", now), tp, now)
 	wantOpen := []time.Duration{30 * time.Second, 60 * time.Second, 120 * time.Second, 120 * time.Second} // capped at max_open_for
 	for i, d := range wantOpen {
 		b := state()
@@ -146,17 +147,17 @@ func TestErrorRatioBreakerHalfOpensAndBacksOff(t *testing.T) {
 			t.Fatalf("round %d: want half-open with 5 probes, got %+v", i, b)
 		}
 		// The probes fail: open again, longer.
-		tb.Apply(anomaly("error_ratio", "0.7", "25"), tp, now)
+		tb.Apply(anomaly("error_ratio", "0.7", "25", now), tp, now)
 	}
 	// Now the probes succeed: closed.
 	now = state().Until
 	tb.Tick(now, p.Tenant)
-	tb.Apply(anomaly("error_ratio", "0.1", "25"), tp, now)
+	tb.Apply(anomaly("error_ratio", "0.1", "25", now), tp, now)
 	if state() != nil {
 		t.Fatal("half-open breaker did not close on good probes")
 	}
 	// A half-open breaker with no verdict for a window closes too.
-	tb.Apply(anomaly("slow_call", "0.8", "100"), tp, now)
+	tb.Apply(anomaly("slow_call", "0.8", "100", now), tp, now)
 	tb.Tick(now.Add(30*time.Second), p.Tenant)
 	tb.Tick(now.Add(30*time.Second+time.Minute), p.Tenant)
 	if len(tb.Breakers("acme")) != 0 {
@@ -202,5 +203,86 @@ func TestManualBlacklistAndOverrides(t *testing.T) {
 	s.Kind, s.Direction, s.Tier, s.Used = schemas.SignalTierCrossed, schemas.DirectionUp, 90, 5000
 	if res := tb.Apply(s, p.Tenant("acme"), t0); len(res.Changed) != 1 {
 		t.Fatal("usage past the override's limit did not open the breaker")
+	}
+}
+
+// A flag read back from Redis becomes a breaker that lasts as long as the
+// one that wrote it, not only as long as the flag's TTL-capped Until.
+func TestRestoreRebuildsTheBreakersOwnEnd(t *testing.T) {
+	tb := NewTable()
+	written := t0.Add(-10 * time.Second)
+	bl := &flags.Flag{State: flags.StateBlacklist, Kind: flags.KindBlacklist, Until: written.Add(time.Minute), RetryAfter: 2 * time.Hour, Reason: "leak"}
+	q := &flags.Flag{State: flags.StateOpen, Kind: flags.KindQuota, Quota: "daily_tokens", Until: written.Add(time.Minute), ResetsAt: t0.Add(5 * time.Hour)}
+	old := &flags.Flag{State: flags.StateOpen, Kind: flags.KindErrorRatio, Until: written.Add(time.Minute), RetryAfter: 5 * time.Second}
+	if !tb.Restore("acme", "*", bl, written, t0) || !tb.Restore("acme", "gpt-4o", q, written, t0) {
+		t.Fatal("not restored")
+	}
+	if tb.Restore("acme", "claude", old, written, t0) {
+		t.Fatal("a breaker already over was restored")
+	}
+	if tb.Restore("acme", "*", bl, written, t0) {
+		t.Fatal("a breaker already in the table was replaced")
+	}
+	bs := tb.Breakers("acme")
+	if len(bs) != 2 || !bs[0].Until.Equal(written.Add(2*time.Hour)) || !bs[1].Until.Equal(t0.Add(5*time.Hour)) {
+		t.Fatalf("breakers %+v", bs)
+	}
+}
+
+// An override set below the tenant's current use blocks at once, not at the
+// tenant's next upward tier crossing; clearing it lifts the block.
+func TestOverrideBelowCurrentUseBlocksAtOnce(t *testing.T) {
+	p := testPolicy(t)
+	tb := NewTable()
+	end := t0.Add(5 * time.Hour)
+	// The tenant crossed 70% and is now at 75% of 1000.
+	tb.Apply(&schemas.Signal{Kind: schemas.SignalTierCrossed, Direction: schemas.DirectionUp, Tier: 70, Tenant: "acme", Model: "*",
+		Quota: schemas.QuotaMonthlyTokens, Period: schemas.PeriodMonth, PeriodEnd: end, Used: 750, Limit: 1000}, p.Tenant("acme"), t0)
+	tb.SetOverride(Override{Tenant: "acme", Model: "*", Quota: "monthly_tokens", Limit: 500, Until: t0.Add(time.Hour), Reason: "promo over"}, t0)
+	f := tb.Flags("acme", t0, time.Minute)["*"]
+	if f == nil || f.Kind != flags.KindQuota || f.Limit != 500 || f.Used != 750 {
+		t.Fatalf("override at 50%% for a tenant at 75%%: flag %+v, want a quota breaker now", f)
+	}
+	// Set above the use, an override does not block.
+	tb.SetOverride(Override{Tenant: "acme", Model: "gpt-4o", Quota: "monthly_tokens", Limit: 900, Until: t0.Add(time.Hour)}, t0)
+	if tb.Flags("acme", t0, time.Minute)["gpt-4o"] != nil {
+		t.Fatal("override above unknown use blocked")
+	}
+	if !tb.ClearOverride("acme", "*", "monthly_tokens") || tb.Flags("acme", t0, time.Minute)["*"] != nil {
+		t.Fatal("clearing the override left its breaker")
+	}
+}
+
+// An anomaly whose window is long over (a new consumer group reading the
+// signals topic from the earliest offset) opens no breaker and closes no
+// half-open one; a fresh one still does.
+func TestStaleAnomalyIsIgnored(t *testing.T) {
+	p := testPolicy(t)
+	tp := p.Tenant("acme")
+	tb := NewTable()
+	now := t0.Add(72 * time.Hour)
+	res := tb.Apply(anomaly("error_ratio", "0.9", "100", t0), tp, now)
+	if len(tb.Breakers("acme")) != 0 || !res.Stale {
+		t.Fatalf("an anomaly three days old opened %+v (result %+v)", tb.Breakers("acme"), res)
+	}
+	// With its window: [start, end) an hour ago is stale too.
+	w := anomaly("slow_call", "0.9", "100", now.Add(-time.Hour))
+	w.PeriodStart, w.PeriodEnd = now.Add(-time.Hour-time.Minute), now.Add(-time.Hour)
+	if tb.Apply(w, tp, now); len(tb.Breakers("acme")) != 0 {
+		t.Fatal("an anomaly of a window an hour ago opened a breaker")
+	}
+	// Read a few seconds late, a current anomaly still opens.
+	w.PeriodStart, w.PeriodEnd, w.Time = now.Add(-time.Minute), now.Add(-5*time.Second), now.Add(-5*time.Second)
+	if tb.Apply(w, tp, now); len(tb.Breakers("acme")) != 1 {
+		t.Fatal("a current anomaly read 5s late did not open the breaker")
+	}
+	// A stale good verdict does not close a half-open breaker.
+	half := now.Add(30 * time.Second)
+	tb.Tick(half, p.Tenant)
+	if bs := tb.Breakers("acme"); len(bs) != 1 || bs[0].State != flags.StateHalfOpen {
+		t.Fatalf("want half-open, got %+v", bs)
+	}
+	if tb.Apply(anomaly("slow_call", "0.1", "100", t0), tp, half); len(tb.Breakers("acme")) != 1 {
+		t.Fatal("a days-old good verdict closed a half-open breaker")
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -48,6 +49,12 @@ type Writer struct {
 	keys flags.Layout
 	log  *slog.Logger
 
+	// leading is whether this replica writes; only the leader writes flags
+	// and heartbeats (see services/enforcer/README.md). A follower keeps
+	// its dirty set (bounded: beyond MaxDirty it becomes one full rewrite)
+	// and rewrites everything when it takes over.
+	leading atomic.Bool
+
 	mu        sync.Mutex
 	dirty     map[string]struct{}
 	full      bool // rewrite everything at the next flush
@@ -66,9 +73,27 @@ type Writer struct {
 
 // New returns a writer; Run does the work.
 func New(rdb *redis.Client, src Source, cfg Config, log *slog.Logger) *Writer {
-	return &Writer{rdb: rdb, src: src, cfg: cfg, keys: flags.Layout{Prefix: cfg.KeyPrefix}, log: log,
+	w := &Writer{rdb: rdb, src: src, cfg: cfg, keys: flags.Layout{Prefix: cfg.KeyPrefix}, log: log,
 		dirty: map[string]struct{}{}, written: map[string]struct{}{}, full: true}
+	w.leading.Store(true)
+	return w
 }
+
+// SetLeading makes the writer write (true) or stay silent (false). Taking
+// the lead schedules a full rewrite with the fail modes, so the new
+// leader's first write carries its whole table; the caller has merged the
+// flags in Redis into that table first (never lower enforcement).
+func (w *Writer) SetLeading(on bool) {
+	if on && !w.leading.Load() {
+		w.mu.Lock()
+		w.full, w.fmDirty = true, true
+		w.mu.Unlock()
+	}
+	w.leading.Store(on)
+}
+
+// Leading reports whether the writer writes.
+func (w *Writer) Leading() bool { return w.leading.Load() }
 
 // MarkDirty queues tenants for the next flush. When the dirty set is full
 // the writer forgets it and rewrites every tenant instead: same result,
@@ -112,8 +137,20 @@ func (w *Writer) Run(ctx context.Context, grace time.Duration) error {
 	defer refresh.Stop()
 	beat := time.NewTicker(w.cfg.HeartbeatEvery)
 	defer beat.Stop()
-	w.heartbeat(ctx)
+	if w.leading.Load() {
+		w.heartbeat(ctx)
+	}
 	for {
+		if !w.leading.Load() {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-flush.C:
+			case <-refresh.C:
+			case <-beat.C:
+			}
+			continue
+		}
 		select {
 		case <-ctx.Done():
 			fctx, cancel := context.WithTimeout(context.Background(), grace)
@@ -318,4 +355,70 @@ func (w *Writer) write(ctx context.Context, tenants []string, full, fmDirty bool
 		first = false
 	}
 	return nil
+}
+
+// Stored is one tenant's flags as Redis holds them.
+type Stored struct {
+	Tenant string
+	// Written is when they were written (the hash's version is a time in
+	// microseconds); zero when the version is missing.
+	Written time.Time
+	// Flags are the decodable flags by field.
+	Flags map[string]*flags.Flag
+}
+
+// ReadStored returns every tenant's flags under the prefix: what an earlier
+// enforcer (or another replica) left in force. A restarted enforcer takes
+// them as the floor of its state before writing anything (see
+// breaker.Table.Restore). Values it cannot decode are logged and skipped;
+// an unreachable Redis is an error, and the caller retries.
+func (w *Writer) ReadStored(ctx context.Context) ([]Stored, error) {
+	var keys []string
+	iter := w.rdb.Scan(ctx, 0, w.keys.TenantPattern(), 1000).Iterator()
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		return nil, fmt.Errorf("scan flags: %w", err)
+	}
+	var out []Stored
+	for len(keys) > 0 {
+		n := min(len(keys), max(w.cfg.BatchTenants, 1))
+		part := keys[:n]
+		keys = keys[n:]
+		cmds := make([]*redis.MapStringStringCmd, len(part))
+		if _, err := w.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, k := range part {
+				cmds[i] = p.HGetAll(ctx, k)
+			}
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("read flags: %w", err)
+		}
+		for i, k := range part {
+			tenant, ok := w.keys.TenantFromKey(k)
+			if !ok {
+				continue
+			}
+			st := Stored{Tenant: tenant, Flags: map[string]*flags.Flag{}}
+			for field, v := range cmds[i].Val() {
+				if field == flags.VersionField {
+					if us, err := strconv.ParseInt(v, 10, 64); err == nil && us > 0 {
+						st.Written = time.UnixMicro(us)
+					}
+					continue
+				}
+				f, err := flags.Decode(v)
+				if err != nil {
+					w.log.Warn("enforcer: skipping an undecodable flag in redis", "tenant", tenant, "field", field, "err", err)
+					continue
+				}
+				st.Flags[field] = f
+			}
+			if len(st.Flags) > 0 {
+				out = append(out, st)
+			}
+		}
+	}
+	return out, nil
 }
