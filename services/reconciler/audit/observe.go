@@ -144,25 +144,23 @@ func (a *Auditor) observe(ctx context.Context, job Job, start, end time.Time) (m
 	return cells, nil
 }
 
-// truthSQL recomputes usage from distinct events: FINAL keeps one row per
-// (tenant, id), the one with the highest Kafka offset, so retries count once
-// and a settled estimate replaces its pre-debit; costquery prices each
-// event with the price period containing its time. %s is the bucket.
+// truthSQL recomputes usage from distinct events: costquery collapses each
+// (tenant, id) before filtering by time, so retries count once and a
+// settled estimate replaces its pre-debit even when the two lie in
+// different day partitions (FINAL would keep both), and prices each event
+// with the price period containing its time. %s is the bucket.
 var truthSQL = `
 SELECT model, %s AS bucket, count(), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens),
        countIf(outcome IN ('error', 'timeout')), sum(cost)
-FROM (` + costquery.Events("tenant = ? AND time >= ? AND time < ?") + `)
+FROM (` + costquery.EventsBetween() + `)
 GROUP BY model, bucket`
 
 func readTruth(ctx context.Context, conn driver.Conn, tenant string, start, end time.Time, perMinute bool) (truth, error) {
 	bucket := "toStartOfMinute(time)"
-	// Bound parameters travel as literals naming their zone; UTC is the
-	// one zone every server knows.
-	start, end = start.UTC(), end.UTC()
-	args := []any{tenant, start, end}
+	args := costquery.BetweenArgs(tenant, start, end)
 	if !perMinute {
 		bucket = "toDateTime(?)"
-		args = append([]any{start}, args...)
+		args = append([]any{start.UTC()}, args...)
 	}
 	rows, err := conn.Query(ctx, fmt.Sprintf(truthSQL, bucket), args...)
 	if err != nil {
