@@ -71,7 +71,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, clock schedule.Clock
 	opt.Now = clock.Now
 	opt.Log = log
 	n := &nightly{cfg: cfg, clock: clock, log: log, policy: watcher, store: clickHouse{conn},
-		auditor: audit.New(conn, &KafkaPublisher{Client: cl}, opt), m: m, jobCtx: jobCtx}
+		auditor: audit.New(conn, &KafkaPublisher{Client: cl, Topic: cfg.SignalsTopic}, opt), m: m, jobCtx: jobCtx}
 	n.syncPrices(watcher.Current())
 	s := &schedule.Scheduler{At: at, Interval: cfg.CheckInterval, Clock: clock, Log: log, Tenants: n.tenants, Run: n.runJobs}
 
