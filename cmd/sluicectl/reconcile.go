@@ -13,7 +13,6 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/sluicehq/sluice/platform/chconn"
-	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/policy"
@@ -34,6 +33,7 @@ type reconcileConfig struct {
 	ClickHouse chconn.Config     `yaml:"clickhouse"`
 	Kafka      kafkaconn.Config  `yaml:"kafka"`
 	Reconciler reconciler.Config `yaml:"reconciler"`
+	PolicyFile string            `yaml:"policy_file" help:"quota policy file, as the services' policy_file (overrides reconciler.policy_file)"`
 	Tenant     string            `yaml:"tenant" help:"tenant to reconcile (empty: every tenant in the policy or with events)"`
 	Period     schemas.Period    `yaml:"period" help:"day or month"`
 	At         string            `yaml:"at" help:"the day (YYYY-MM-DD) or month (YYYY-MM) to audit, in the tenant's zone (empty: the last closed one)"`
@@ -48,17 +48,30 @@ func (c *reconcileConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-func runReconcile(ctx context.Context, args []string) error {
+// loadReconcileConfig reads the flags, the environment and the shared
+// sections of SLUICE_CONFIG (see loadConfig).
+func loadReconcileConfig(args []string) (reconcileConfig, error) {
 	cfg := reconcileConfig{Log: logging.Defaults(), ClickHouse: chconn.Defaults(), Kafka: kafkaconn.Defaults(), Reconciler: reconciler.DefaultConfig(), Period: schemas.PeriodDay}
 	cfg.Log.Format = "text"
 	fs := flag.NewFlagSet("sluicectl reconcile", flag.ContinueOnError)
-	if err := config.Load(&cfg, config.Options{Args: args, FlagSet: fs}); err != nil {
+	if err := loadConfig(&cfg, fs, args); err != nil {
+		return cfg, err
+	}
+	if cfg.PolicyFile != "" {
+		cfg.Reconciler.PolicyFile = cfg.PolicyFile
+	}
+	return cfg, nil
+}
+
+func runReconcile(ctx context.Context, args []string) error {
+	cfg, err := loadReconcileConfig(args)
+	if err != nil {
 		return err
 	}
 	log := logging.New(cfg.Log, os.Stderr)
 	pol, err := policy.Load(cfg.Reconciler.PolicyFile)
 	if err != nil {
-		return fmt.Errorf("load policy (set -reconciler.policy_file): %w", err)
+		return fmt.Errorf("load policy (set -policy_file or the policy_file of SLUICE_CONFIG): %w", err)
 	}
 	conn, err := chconn.Open(ctx, cfg.ClickHouse)
 	if err != nil {
@@ -73,7 +86,7 @@ func runReconcile(ctx context.Context, args []string) error {
 			return err
 		}
 		defer cl.Close()
-		pub = &reconciler.KafkaPublisher{Client: cl}
+		pub = &reconciler.KafkaPublisher{Client: cl, Topic: cfg.Reconciler.SignalsTopic}
 	} else if !cfg.DryRun {
 		log.Warn("no kafka.brokers configured: drift is repaired and recorded but no reconciliation_drift signal is sent")
 	}
