@@ -35,15 +35,15 @@ type reconcileConfig struct {
 	Reconciler reconciler.Config `yaml:"reconciler"`
 	PolicyFile string            `yaml:"policy_file" help:"quota policy file, as the services' policy_file (overrides reconciler.policy_file)"`
 	Tenant     string            `yaml:"tenant" help:"tenant to reconcile (empty: every tenant in the policy or with events)"`
-	Period     schemas.Period    `yaml:"period" help:"day or month"`
-	At         string            `yaml:"at" help:"the day (YYYY-MM-DD) or month (YYYY-MM) to audit, in the tenant's zone (empty: the last closed one)"`
+	Period     schemas.Period    `yaml:"period" help:"hour, day or month"`
+	At         string            `yaml:"at" help:"the hour (YYYY-MM-DDTHH), day (YYYY-MM-DD) or month (YYYY-MM) to audit, in the tenant's zone (empty: the last closed one)"`
 	DryRun     bool              `yaml:"dry_run" help:"report drift without repairing or signalling"`
 }
 
 func (c *reconcileConfig) Validate() error {
 	errs := []error{c.Log.Validate(), c.ClickHouse.Validate(), c.Kafka.Validate(), c.Reconciler.Validate()}
-	if c.Period != schemas.PeriodDay && c.Period != schemas.PeriodMonth {
-		errs = append(errs, fmt.Errorf("period: %q is not one of day, month", c.Period))
+	if c.Period != schemas.PeriodHour && c.Period != schemas.PeriodDay && c.Period != schemas.PeriodMonth {
+		errs = append(errs, fmt.Errorf("period: %q is not one of hour, day, month", c.Period))
 	}
 	return errors.Join(errs...)
 }
@@ -141,6 +141,17 @@ func runReconcile(ctx context.Context, args []string) error {
 // means the last closed day or month in loc.
 func auditDate(period schemas.Period, at string, loc *time.Location, now time.Time) (time.Time, error) {
 	lt := now.In(loc)
+	if period == schemas.PeriodHour {
+		if at == "" {
+			start, _ := policy.PeriodBounds(schemas.PeriodHour, now.Add(-time.Hour), loc)
+			return start.Add(30 * time.Minute), nil
+		}
+		t, err := time.ParseInLocation("2006-01-02T15", at, loc)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("at: %q is not an hour YYYY-MM-DDTHH (for example 2026-11-30T14) in the tenant's zone", at)
+		}
+		return t.Add(30 * time.Minute), nil
+	}
 	if at == "" {
 		if period == schemas.PeriodMonth {
 			return time.Date(lt.Year(), lt.Month()-1, 15, 12, 0, 0, 0, loc), nil

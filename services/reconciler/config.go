@@ -17,6 +17,7 @@ type Config struct {
 	PolicyReload    time.Duration `yaml:"policy_reload" help:"how often the policy file is checked for changes"`
 	SignalsTopic    string        `yaml:"signals_topic" help:"topic reconciliation_drift signals are published to (the alerter's services.alerter.topic)"`
 	At              string        `yaml:"at" help:"local time of day (HH:MM) at which each tenant's previous day is reconciled, in the tenant's zone"`
+	Hourly          bool          `yaml:"hourly" help:"also audit every closed hour (hourly_tokens and minute rollups) once it settled, so drift in the open day shows within the hour instead of after the next nightly run"`
 	CheckInterval   time.Duration `yaml:"check_interval" help:"how often the schedule is checked for due tenants"`
 	Settle          time.Duration `yaml:"settle" help:"a period is audited only once it ended at least this long ago"`
 	RepairThreshold float64       `yaml:"repair_threshold" help:"repair and alert when |counter - truth| exceeds this fraction of the truth (0: any drift)"`
@@ -34,6 +35,7 @@ func DefaultConfig() Config {
 		PolicyReload:    10 * time.Second,
 		SignalsTopic:    schemas.TopicSignalsV1,
 		At:              "00:30",
+		Hourly:          true,
 		CheckInterval:   time.Minute,
 		Settle:          15 * time.Minute,
 		RepairThreshold: 0,

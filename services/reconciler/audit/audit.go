@@ -51,11 +51,15 @@ const UsageMinuteQuota = "usage_minute"
 // yet: auditing it would report in-flight events as drift.
 var ErrOpenPeriod = errors.New("period is not closed yet")
 
-// Job names one audit: a tenant and the calendar period (day or month, in
-// the tenant's zone) that contains At.
+// Job names one audit: a tenant and the calendar period (hour, day or
+// month, in the tenant's zone) that contains At. An hour job audits the
+// hourly_tokens counters and the usage_minute rows of one closed hour, so
+// drift in today's counters shows (and is repaired) within the hour, not
+// at the next nightly run; a day job audits the same and the day's
+// counters.
 type Job struct {
 	Tenant *policy.Tenant
-	Period schemas.Period // schemas.PeriodDay or schemas.PeriodMonth
+	Period schemas.Period // schemas.PeriodHour, PeriodDay or PeriodMonth
 	At     time.Time
 }
 
@@ -161,8 +165,8 @@ func (a *Auditor) Reconcile(ctx context.Context, job Job) (Result, error) {
 	if job.Tenant == nil {
 		return Result{}, errors.New("audit: job has no tenant")
 	}
-	if job.Period != schemas.PeriodDay && job.Period != schemas.PeriodMonth {
-		return Result{}, fmt.Errorf("audit: period %q: use day or month", job.Period)
+	if job.Period != schemas.PeriodHour && job.Period != schemas.PeriodDay && job.Period != schemas.PeriodMonth {
+		return Result{}, fmt.Errorf("audit: period %q: use hour, day or month", job.Period)
 	}
 	start, end := job.Bounds()
 	now := a.opt.Now()

@@ -328,3 +328,70 @@ tenants:
 		t.Fatalf("after ingestion stopped: drifted %d unsettled %d: %+v", res.Drifted, res.Unsettled, res.Rows)
 	}
 }
+
+// TestClosedHourOfTheOpenDayIsAudited: drift in today's counters must not
+// wait for tomorrow's nightly run. At 12:20 Shanghai time the day is open,
+// but 11:00-12:00 closed 20 minutes ago: an hour job audits its
+// hourly_tokens counter and its minutes, repairs them and signals, and
+// leaves the open day's counter alone.
+func TestClosedHourOfTheOpenDayIsAudited(t *testing.T) {
+	conn := db(t)
+	ctx := context.Background()
+	pol := mustPolicy(t, acmePolicy)
+	tn := pol.Tenant("acme")
+	hour := utc("2026-10-14T03:00:00Z") // 11:00 in Shanghai
+	evs := []event{
+		{id: "h1", time: hour.Add(5 * time.Minute), model: "gpt-4o", prompt: 100, completion: 20, offset: 1},
+		{id: "h2", time: hour.Add(59 * time.Minute), model: "claude-x", prompt: 300, completion: 30, offset: 2},
+		{id: "next", time: hour.Add(70 * time.Minute), model: "gpt-4o", prompt: 1, completion: 1, offset: 3}, // the open hour
+	}
+	insertEvents(t, conn, "acme", evs...)
+	// The hourly counter missed h2; the minute rows are right for h1 and
+	// missing for h2. The open day's counter is off too, but that is the
+	// nightly run's business.
+	dayStart, dayEnd := policy.PeriodBounds(schemas.PeriodDay, hour, tn.Location)
+	insertQuotas(t, conn, "acme", 10,
+		quotaFixture{policy.AllModels, schemas.QuotaHourlyTokens, schemas.PeriodHour, hour, hour.Add(time.Hour), 120, 200000, "tokens", "hard"},
+		quotaFixture{policy.AllModels, schemas.QuotaDailyTokens, schemas.PeriodDay, dayStart, dayEnd, 7, 1000000, "tokens", "hard"})
+	insertMinutes(t, conn, "acme", 10,
+		minuteFixture{"gpt-4o", hour.Add(5 * time.Minute), usage{requests: 1, prompt: 100, completion: 20}},
+		minuteFixture{policy.AllModels, hour.Add(5 * time.Minute), usage{requests: 1, prompt: 100, completion: 20}})
+
+	pub := &capture{}
+	now := hour.Add(80 * time.Minute)
+	a := New(conn, pub, Options{Settle: 15 * time.Minute, ConfirmDelay: 20 * time.Millisecond, MaxObservations: 3, Now: func() time.Time { return now }})
+	res, err := a.Reconcile(ctx, Job{Tenant: tn, Period: schemas.PeriodHour, At: hour.Add(30 * time.Minute)})
+	if err != nil {
+		t.Fatalf("hour job: %v", err)
+	}
+	rows := byKey(res.Rows)
+	if r := rows["*|hourly_tokens|hour|2026-10-14T03:00:00Z"]; r.Counter != 120 || r.Truth != 450 || !r.Repaired {
+		t.Errorf("hourly row = %+v, want counter 120 truth 450, repaired", r)
+	}
+	if r := rows["claude-x|usage_minute|minute|2026-10-14T03:59:00Z"]; r.Truth != 330 || !r.Repaired {
+		t.Errorf("claude-x minute = %+v, want truth 330, repaired", r)
+	}
+	for k, r := range rows {
+		if r.Quota == string(schemas.QuotaDailyTokens) {
+			t.Errorf("hour job compared the open day's counter: %s %+v", k, r)
+		}
+		if r.PeriodStart.Before(hour) || !r.PeriodStart.Before(hour.Add(time.Hour)) {
+			t.Errorf("hour job row %s outside its hour", k)
+		}
+	}
+	if res.Signals == 0 {
+		t.Error("no reconciliation_drift signal for the drifted hour")
+	}
+	var used float64
+	if err := conn.QueryRow(ctx, "SELECT used FROM quota_state FINAL WHERE tenant = 'acme' AND quota = 'hourly_tokens'").Scan(&used); err != nil || used != 450 {
+		t.Errorf("hourly counter after repair = %v, %v; want 450", used, err)
+	}
+	if err := conn.QueryRow(ctx, "SELECT used FROM quota_state FINAL WHERE tenant = 'acme' AND quota = 'daily_tokens'").Scan(&used); err != nil || used != 7 {
+		t.Errorf("open day's counter = %v, %v; want it untouched at 7", used, err)
+	}
+
+	// The open hour is refused like any open period.
+	if _, err := a.Reconcile(ctx, Job{Tenant: tn, Period: schemas.PeriodHour, At: now}); !errors.Is(err, ErrOpenPeriod) {
+		t.Errorf("open hour: err = %v, want ErrOpenPeriod", err)
+	}
+}

@@ -59,12 +59,18 @@ func (t truth) sum(model string, start, end time.Time) usage {
 // observe reads the counters and the truth once and pairs them up.
 func (a *Auditor) observe(ctx context.Context, job Job, start, end time.Time) (map[string]*cell, error) {
 	t := job.Tenant
-	day := job.Period == schemas.PeriodDay
+	// day: the job reads usage_minute and per-minute truth (day and hour
+	// jobs); month jobs compare period totals only.
+	day := job.Period != schemas.PeriodMonth
 	periods := []string{string(schemas.PeriodMonth)}
 	quotas := map[string]bool{string(schemas.QuotaMonthlyTokens): true, string(schemas.QuotaBudget): true}
-	if day {
+	switch job.Period {
+	case schemas.PeriodDay:
 		periods = []string{string(schemas.PeriodDay), string(schemas.PeriodHour)}
 		quotas = map[string]bool{string(schemas.QuotaDailyTokens): true, string(schemas.QuotaHourlyTokens): true}
+	case schemas.PeriodHour:
+		periods = []string{string(schemas.PeriodHour)}
+		quotas = map[string]bool{string(schemas.QuotaHourlyTokens): true}
 	}
 	// Counters first, then the truth: an event that lands in between makes
 	// the truth run ahead, never behind, and confirmation sorts it out.
@@ -135,7 +141,7 @@ func (a *Auditor) observe(ctx context.Context, job Job, start, end time.Time) (m
 	}
 
 	if day {
-		a.minuteCells(cells, tr, mrows, start, end)
+		a.minuteCells(cells, tr, mrows, job.Period, start, end)
 	}
 	for _, c := range cells {
 		c.row.Tenant = t.ID
