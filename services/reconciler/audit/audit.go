@@ -11,8 +11,11 @@
 // Two rules keep in-flight events from looking like drift:
 //
 //   - Only closed periods are audited: a period qualifies once its end is at
-//     least Options.Settle in the past. The open period is never compared,
-//     because its counter and its events move all the time.
+//     least Options.Settle in the past. The one exception is the monthly
+//     counters a day job compares month to date (the day's drift is in
+//     them too, and the month job comes only after the month); they move
+//     while the tenant is active, and the next rule then leaves them
+//     unsettled rather than repairing them.
 //   - Late events still arrive for closed periods, and the aggregator writes
 //     an event and the counters it changes in separate inserts. So a drift is
 //     only believed when it is seen twice, Options.ConfirmDelay apart, with

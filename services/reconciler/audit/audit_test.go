@@ -57,8 +57,9 @@ var acmeEvents = []event{
 }
 
 // writeCounters writes what a correct aggregator would have written for
-// the Shanghai day, minus the minutes and quota cells skip names, and with
-// the daily counter off by dailyDrift.
+// the Shanghai day and its month, minus the minutes and quota cells skip
+// names, and with the daily counter off by dailyDrift — and so the
+// tenant-wide monthly counter too, which counts the same events.
 func writeCounters(t *testing.T, a *Auditor, tn *policy.Tenant, dayStart, dayEnd time.Time, dailyDrift float64, skip func(model string, at time.Time) bool) map[string]map[time.Time]usage {
 	agg := aggregate(acmeEvents)
 	var minutes []minuteFixture
@@ -80,6 +81,10 @@ func writeCounters(t *testing.T, a *Auditor, tn *policy.Tenant, dayStart, dayEnd
 		}
 		quotas = append(quotas, quotaFixture{policy.AllModels, schemas.QuotaHourlyTokens, schemas.PeriodHour, h, h.Add(time.Hour), used, 200000, "tokens", "hard"})
 	}
+	mStart, mEnd := policy.PeriodBounds(schemas.PeriodMonth, dayStart, tn.Location)
+	quotas = append(quotas,
+		quotaFixture{policy.AllModels, schemas.QuotaMonthlyTokens, schemas.PeriodMonth, mStart, mEnd, sumTokens(agg, policy.AllModels, mStart, mEnd) + dailyDrift, 10000000, "tokens", "hard"},
+		quotaFixture{"gpt-4o", schemas.QuotaMonthlyTokens, schemas.PeriodMonth, mStart, mEnd, sumTokens(agg, "gpt-4o", mStart, mEnd), 2000000, "tokens", "soft"})
 	insertQuotas(t, a.conn, tn.ID, 10, quotas...)
 	return agg
 }
@@ -139,12 +144,21 @@ func TestDriftIsFoundRepairedAndGoneOnSecondRun(t *testing.T) {
 	if r := rows["*|usage_minute|day|2026-10-13T16:00:00Z"]; r.Drifted || r.Truth != 4300 {
 		t.Errorf("tenant-wide minute summary = %+v, want 4300 and no drift", r)
 	}
-	if res.Repaired != 4 {
-		t.Errorf("repaired %d counters, want 4 (daily, hourly, 2 minutes); rows %+v", res.Repaired, res.Rows)
+	// The day's drift is in the open month's counter too: repaired month
+	// to date, not left until the month job. gpt-4o's was right.
+	// Month truth: the day's 4300 + e0 14 + e5 1000 = 5314.
+	if r := rows["*|monthly_tokens|month|2026-09-30T16:00:00Z"]; r.Truth != 5314 || r.Counter != 5814 || !r.Repaired {
+		t.Errorf("monthly row = %+v, want counter 5814 truth 5314, repaired", r)
+	}
+	if r := rows["gpt-4o|monthly_tokens|month|2026-09-30T16:00:00Z"]; r.Drifted || r.Truth != 2880 {
+		t.Errorf("gpt-4o monthly row = %+v, want 2880 and no drift", r)
+	}
+	if res.Repaired != 5 {
+		t.Errorf("repaired %d counters, want 5 (daily, monthly, hourly, 2 minutes); rows %+v", res.Repaired, res.Rows)
 	}
 	sigs := pub.all()
-	if len(sigs) != 4 || res.Signals != 4 {
-		t.Fatalf("published %d signals (result says %d), want 4: daily, hourly, and the gpt-4o and claude-x minute summaries: %+v", len(sigs), res.Signals, sigs)
+	if len(sigs) != 5 || res.Signals != 5 {
+		t.Fatalf("published %d signals (result says %d), want 5: daily, monthly, hourly, and the gpt-4o and claude-x minute summaries: %+v", len(sigs), res.Signals, sigs)
 	}
 	for _, s := range sigs {
 		if err := s.Validate(); err != nil {
@@ -163,12 +177,18 @@ func TestDriftIsFoundRepairedAndGoneOnSecondRun(t *testing.T) {
 	if used != 4300 {
 		t.Errorf("quota_state daily used = %v after repair, want 4300", used)
 	}
+	if err := conn.QueryRow(ctx, "SELECT used FROM quota_state FINAL WHERE tenant = 'acme' AND quota = 'monthly_tokens' AND model = '*'").Scan(&used); err != nil {
+		t.Fatal(err)
+	}
+	if used != 5314 {
+		t.Errorf("quota_state monthly used = %v after the day's repair, want 5314", used)
+	}
 	var recorded uint64
 	if err := conn.QueryRow(ctx, "SELECT count() FROM reconciliation_runs WHERE run_id = ? AND repaired = 1", res.RunID).Scan(&recorded); err != nil {
 		t.Fatal(err)
 	}
-	if recorded < 4 {
-		t.Errorf("reconciliation_runs holds %d repaired rows for run %s, want at least 4", recorded, res.RunID)
+	if recorded < 5 {
+		t.Errorf("reconciliation_runs holds %d repaired rows for run %s, want at least 5", recorded, res.RunID)
 	}
 
 	again, err := a.Reconcile(ctx, job)

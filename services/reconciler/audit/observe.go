@@ -84,11 +84,50 @@ func (a *Auditor) observe(ctx context.Context, job Job, start, end time.Time) (m
 			return nil, err
 		}
 	}
+	// A day job also compares the monthly counters of the month the day
+	// belongs to, month to date: the drift that made the day's counter
+	// wrong is in them too, and the month job would not see it before the
+	// month ends. The month is usually still open, so its counters move
+	// while the tenant is active; confirmation then marks them unsettled
+	// instead of repairing, and the next night tries again.
+	var monthRows []quotaRow
+	var mStart, mEnd time.Time
+	if job.Period == schemas.PeriodDay {
+		mStart, mEnd = policy.PeriodBounds(schemas.PeriodMonth, start, t.Location)
+		if monthRows, err = readQuotaState(ctx, a.conn, t.ID, []string{string(schemas.PeriodMonth)}, mStart, mEnd); err != nil {
+			return nil, err
+		}
+	}
 	tr, err := readTruth(ctx, a.conn, t.ID, start, end, day)
 	if err != nil {
 		return nil, err
 	}
+	cells := quotaCells(t, quotas, qrows, start, end, tr)
+	if job.Period == schemas.PeriodDay {
+		mtr, err := readTruth(ctx, a.conn, t.ID, mStart, mEnd, false)
+		if err != nil {
+			return nil, err
+		}
+		monthly := map[string]bool{string(schemas.QuotaMonthlyTokens): true, string(schemas.QuotaBudget): true}
+		for k, c := range quotaCells(t, monthly, monthRows, mStart, mEnd, mtr) {
+			cells[k] = c
+		}
+	}
 
+	if day {
+		a.minuteCells(cells, tr, mrows, job.Period, start, end)
+	}
+	for _, c := range cells {
+		c.row.Tenant = t.ID
+		c.row.Drift = c.row.Counter - c.row.Truth
+	}
+	return cells, nil
+}
+
+// quotaCells pairs the quota_state rows of the given quotas in [start,
+// end) — and the policy's quotas whose counter is missing — with the
+// truth tr.
+func quotaCells(t *policy.Tenant, quotas map[string]bool, qrows []quotaRow, start, end time.Time, tr truth) map[string]*cell {
 	cells := map[string]*cell{}
 	qkey := func(model, quota string, ps time.Time) string {
 		return "q|" + model + "|" + quota + "|" + strconv.FormatInt(ps.Unix(), 10)
@@ -139,15 +178,7 @@ func (a *Auditor) observe(ctx context.Context, job Job, start, end time.Time) (m
 		c.drifted = !equal(c.row.Counter, c.row.Truth)
 		c.fingerprint = fmt.Sprintf("%v/%v", c.row.Counter, c.row.Truth)
 	}
-
-	if day {
-		a.minuteCells(cells, tr, mrows, job.Period, start, end)
-	}
-	for _, c := range cells {
-		c.row.Tenant = t.ID
-		c.row.Drift = c.row.Counter - c.row.Truth
-	}
-	return cells, nil
+	return cells
 }
 
 // truthSQL recomputes usage from distinct events: costquery collapses each
