@@ -415,3 +415,38 @@ func TestClosedHourOfTheOpenDayIsAudited(t *testing.T) {
 		t.Errorf("open hour: err = %v, want ErrOpenPeriod", err)
 	}
 }
+
+// TestSettlementAcrossMidnightIsNotDrift: an estimate written at 23:59:50
+// and settled at 00:00:20 lie in two day partitions of usage_events. The
+// aggregator counts the request once, in the settlement's day; the audit's
+// truth must too, or it "repairs" yesterday's correct counter to the
+// estimate.
+func TestSettlementAcrossMidnightIsNotDrift(t *testing.T) {
+	conn := db(t)
+	ctx := context.Background()
+	pol := mustPolicy(t, "tenants:\n  night:\n    timezone: UTC\n    models:\n      \"*\": {daily_tokens: 1000000}\n")
+	tn := pol.Tenant("night")
+	midnight := utc("2026-10-15T00:00:00Z")
+	insertEvents(t, conn, "night",
+		event{id: "a", time: midnight.Add(-time.Hour), model: "m", prompt: 10, completion: 10, offset: 1},
+		event{id: "x", time: midnight.Add(-10 * time.Second), model: "m", prompt: 1000, completion: 1000, offset: 2, estimated: true},
+		event{id: "x", time: midnight.Add(20 * time.Second), model: "m", prompt: 100, completion: 50, offset: 3})
+	// What the aggregator wrote: the estimate moved to the settlement's day.
+	yStart := midnight.AddDate(0, 0, -1)
+	insertQuotas(t, conn, "night", 10,
+		quotaFixture{policy.AllModels, schemas.QuotaDailyTokens, schemas.PeriodDay, yStart, midnight, 20, 1000000, "tokens", "hard"})
+	a := New(conn, &capture{}, Options{Settle: 15 * time.Minute, ConfirmDelay: 20 * time.Millisecond, MaxObservations: 2,
+		Now: func() time.Time { return midnight.Add(time.Hour) }})
+	res, err := a.Reconcile(ctx, Job{Tenant: tn, Period: schemas.PeriodDay, At: yStart.Add(12 * time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := byKey(res.Rows)
+	if r := rows["*|daily_tokens|day|2026-10-14T00:00:00Z"]; r.Truth != 20 || r.Drifted || r.Repaired {
+		t.Errorf("yesterday's daily row = %+v, want truth 20 (the estimate settled after midnight), no drift", r)
+	}
+	var used float64
+	if err := conn.QueryRow(ctx, "SELECT used FROM quota_state FINAL WHERE tenant = 'night' AND quota = 'daily_tokens'").Scan(&used); err != nil || used != 20 {
+		t.Errorf("daily counter after the audit = %v, %v; want it left at 20", used, err)
+	}
+}
