@@ -35,7 +35,7 @@ const (
 // aggregator → Kafka → enforcer → Redis → Checker, with every service a
 // separate process against the real Kafka, ClickHouse and Redis.
 //
-//   - e2e_enforcement_lag_p50_ms: median lag over 50 fresh tenants, under the background load below.
+//   - e2e_enforcement_lag_p50_ms: median lag over benchLagSamples (40) fresh tenants, under the background load below.
 //   - e2e_enforcement_lag_p99_ms: 99th percentile of the same samples.
 //   - e2e_background_events_per_sec: usage events per second ingest acknowledged meanwhile
 //     (4 clients posting 1000-event batches for 20 tenants, paced towards 20,000/s,

@@ -28,7 +28,6 @@ import (
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
-	"github.com/sluicehq/sluice/schemas"
 )
 
 // Deadlines of the waits: generous, because the suites share two cores
@@ -68,6 +67,7 @@ type stack struct {
 	rdb        *redis.Client
 	prefix     string
 	topic      string
+	signals    string // this stack's signals topic
 	policyPath string
 	ingestAddr string
 	ingestKey  string // may report any tenant
@@ -117,17 +117,21 @@ func newStack(t testing.TB, opts stackOptions) *stack {
 
 	s.prefix = itest.Unique(t, "e2e") + ":"
 	s.topic = itest.Unique(t, "e2e_usage")
+	// Its own signals topic too: signals on the shared sluice.signals.v1
+	// reach the enforcer and alerter of any deployment on the same broker,
+	// which flag and alert for tenants that exist only in a test.
+	s.signals = itest.Unique(t, "e2e_signals")
 	s.groups = map[string]string{
 		"aggregator": itest.Unique(t, "e2e_agg"),
 		"enforcer":   itest.Unique(t, "e2e_enf"),
 		"alerter":    itest.Unique(t, "e2e_alert"),
 	}
-	// The enforcer and the alerter read the shared signals topic, whose
-	// history holds every other test's signals: their fresh groups start
-	// at its current end, so they see this stack's signals only.
+	// The topic is created now and the enforcer's and alerter's fresh
+	// groups committed at its start, so neither misses a signal the
+	// aggregator produces before they join.
 	kcfg := kc
 	kcfg.Brokers = strings.Split(s.kafka, ",")
-	if err := startGroupsAtEnd(ctx, kcfg, schemas.TopicSignalsV1, s.groups["enforcer"], s.groups["alerter"]); err != nil {
+	if err := startGroupsAtEnd(ctx, kcfg, s.signals, s.groups["enforcer"], s.groups["alerter"]); err != nil {
 		t.Fatal(err)
 	}
 
@@ -207,14 +211,18 @@ func (s *stack) args(opsAddr string) []string {
 		"-services.ingest.max_event_future=2h",
 		"-services.aggregator.topic=" + s.topic,
 		"-services.aggregator.group=" + s.groups["aggregator"],
+		"-services.aggregator.signals_topic=" + s.signals,
 		"-services.aggregator.flush_interval=100ms",
 		"-services.aggregator.policy_reload=500ms",
 		"-services.aggregator.session_timeout=6s",
 		"-services.enforcer.consumer_group=" + s.groups["enforcer"],
+		"-services.enforcer.signals_topic=" + s.signals,
 		"-services.enforcer.key_prefix=" + s.prefix,
 		"-services.enforcer.admin.listen=" + freeAddr(s.t),
 		"-services.enforcer.policy_reload=500ms",
 		"-services.alerter.group=" + s.groups["alerter"],
+		"-services.alerter.topic=" + s.signals,
+		"-services.reconciler.signals_topic=" + s.signals,
 		"-services.alerter.alertmanager.url=" + s.alertmgr,
 		"-services.alerter.rules.pending_for=1s",
 		"-services.alerter.rules.group_wait=0s",

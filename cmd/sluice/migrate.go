@@ -10,14 +10,39 @@ import (
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/logging"
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/services/reconciler/pricetable"
 )
 
 // migrate creates the database if needed and applies pending migrations,
 // retrying the connection for a while so `make run` can start ClickHouse and
-// Sluice together.
+// Sluice together. With a policy_file it also copies the policy's prices
+// into the prices table, so a deployment that migrates first (Docker
+// Compose's sluice-migrate) prices usage from its first event; the
+// aggregator and the reconciler keep the table in step afterwards.
 func migrate(ctx context.Context, cfg Config) error {
 	log := logging.New(cfg.Log, os.Stderr)
-	return applyMigrations(ctx, cfg.ClickHouse, log)
+	if err := applyMigrations(ctx, cfg.ClickHouse, log); err != nil {
+		return err
+	}
+	if cfg.PolicyFile == "" {
+		return nil
+	}
+	pol, err := policy.Load(cfg.PolicyFile)
+	if err != nil {
+		return fmt.Errorf("migrate: prices from policy_file: %w", err)
+	}
+	conn, err := chconn.Open(ctx, cfg.ClickHouse)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	n, err := pricetable.Sync(ctx, conn, pol.Prices(), time.Now())
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	log.Info("prices table up to date with the policy", "policy_file", cfg.PolicyFile, "rows_written", n)
+	return nil
 }
 
 func applyMigrations(ctx context.Context, ch chconn.Config, log *slog.Logger) error {

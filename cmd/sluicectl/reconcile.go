@@ -13,7 +13,6 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/sluicehq/sluice/platform/chconn"
-	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/policy"
@@ -34,31 +33,45 @@ type reconcileConfig struct {
 	ClickHouse chconn.Config     `yaml:"clickhouse"`
 	Kafka      kafkaconn.Config  `yaml:"kafka"`
 	Reconciler reconciler.Config `yaml:"reconciler"`
+	PolicyFile string            `yaml:"policy_file" help:"quota policy file, as the services' policy_file (overrides reconciler.policy_file)"`
 	Tenant     string            `yaml:"tenant" help:"tenant to reconcile (empty: every tenant in the policy or with events)"`
-	Period     schemas.Period    `yaml:"period" help:"day or month"`
-	At         string            `yaml:"at" help:"the day (YYYY-MM-DD) or month (YYYY-MM) to audit, in the tenant's zone (empty: the last closed one)"`
+	Period     schemas.Period    `yaml:"period" help:"hour, day or month"`
+	At         string            `yaml:"at" help:"the hour (YYYY-MM-DDTHH), day (YYYY-MM-DD) or month (YYYY-MM) to audit, in the tenant's zone (empty: the last closed one)"`
 	DryRun     bool              `yaml:"dry_run" help:"report drift without repairing or signalling"`
 }
 
 func (c *reconcileConfig) Validate() error {
 	errs := []error{c.Log.Validate(), c.ClickHouse.Validate(), c.Kafka.Validate(), c.Reconciler.Validate()}
-	if c.Period != schemas.PeriodDay && c.Period != schemas.PeriodMonth {
-		errs = append(errs, fmt.Errorf("period: %q is not one of day, month", c.Period))
+	if c.Period != schemas.PeriodHour && c.Period != schemas.PeriodDay && c.Period != schemas.PeriodMonth {
+		errs = append(errs, fmt.Errorf("period: %q is not one of hour, day, month", c.Period))
 	}
 	return errors.Join(errs...)
 }
 
-func runReconcile(ctx context.Context, args []string) error {
+// loadReconcileConfig reads the flags, the environment and the shared
+// sections of SLUICE_CONFIG (see loadConfig).
+func loadReconcileConfig(args []string) (reconcileConfig, error) {
 	cfg := reconcileConfig{Log: logging.Defaults(), ClickHouse: chconn.Defaults(), Kafka: kafkaconn.Defaults(), Reconciler: reconciler.DefaultConfig(), Period: schemas.PeriodDay}
 	cfg.Log.Format = "text"
 	fs := flag.NewFlagSet("sluicectl reconcile", flag.ContinueOnError)
-	if err := config.Load(&cfg, config.Options{Args: args, FlagSet: fs}); err != nil {
+	if err := loadConfig(&cfg, fs, args); err != nil {
+		return cfg, err
+	}
+	if cfg.PolicyFile != "" {
+		cfg.Reconciler.PolicyFile = cfg.PolicyFile
+	}
+	return cfg, nil
+}
+
+func runReconcile(ctx context.Context, args []string) error {
+	cfg, err := loadReconcileConfig(args)
+	if err != nil {
 		return err
 	}
 	log := logging.New(cfg.Log, os.Stderr)
 	pol, err := policy.Load(cfg.Reconciler.PolicyFile)
 	if err != nil {
-		return fmt.Errorf("load policy (set -reconciler.policy_file): %w", err)
+		return fmt.Errorf("load policy (set -policy_file or the policy_file of SLUICE_CONFIG): %w", err)
 	}
 	conn, err := chconn.Open(ctx, cfg.ClickHouse)
 	if err != nil {
@@ -73,7 +86,7 @@ func runReconcile(ctx context.Context, args []string) error {
 			return err
 		}
 		defer cl.Close()
-		pub = &reconciler.KafkaPublisher{Client: cl}
+		pub = &reconciler.KafkaPublisher{Client: cl, Topic: cfg.Reconciler.SignalsTopic}
 	} else if !cfg.DryRun {
 		log.Warn("no kafka.brokers configured: drift is repaired and recorded but no reconciliation_drift signal is sent")
 	}
@@ -128,6 +141,17 @@ func runReconcile(ctx context.Context, args []string) error {
 // means the last closed day or month in loc.
 func auditDate(period schemas.Period, at string, loc *time.Location, now time.Time) (time.Time, error) {
 	lt := now.In(loc)
+	if period == schemas.PeriodHour {
+		if at == "" {
+			start, _ := policy.PeriodBounds(schemas.PeriodHour, now.Add(-time.Hour), loc)
+			return start.Add(30 * time.Minute), nil
+		}
+		t, err := time.ParseInLocation("2006-01-02T15", at, loc)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("at: %q is not an hour YYYY-MM-DDTHH (for example 2026-11-30T14) in the tenant's zone", at)
+		}
+		return t.Add(30 * time.Minute), nil
+	}
 	if at == "" {
 		if period == schemas.PeriodMonth {
 			return time.Date(lt.Year(), lt.Month()-1, 15, 12, 0, 0, 0, loc), nil

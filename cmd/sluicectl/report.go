@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/sluicehq/sluice/platform/chconn"
-	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/services/reconciler/progress"
 	"github.com/sluicehq/sluice/services/reconciler/report"
@@ -49,7 +48,7 @@ func loadReportConfig(name, format string, args []string) (reportConfig, error) 
 	cfg := reportConfig{Log: logging.Defaults(), ClickHouse: chconn.Defaults(), PolicyFile: "policy.yaml", Format: format}
 	cfg.Log.Format = "text"
 	fs := flag.NewFlagSet("sluicectl "+name, flag.ContinueOnError)
-	err := config.Load(&cfg, config.Options{Args: args, FlagSet: fs})
+	err := loadConfig(&cfg, fs, args)
 	return cfg, err
 }
 

@@ -61,6 +61,7 @@ import (
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/aggregator/internal/chstore"
 	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
+	"github.com/sluicehq/sluice/services/reconciler/pricetable"
 )
 
 // Config is the aggregator's section of the Sluice configuration.
@@ -204,6 +205,14 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 		cl.Close()
 		return fmt.Errorf("aggregator: %w", err)
 	}
+	// The aggregator always runs with the policy, so it keeps ClickHouse's
+	// prices table in step with it: the cost views price usage from the
+	// first event, not from the reconciler's first run.
+	prices, err := pricetable.NewFollower(conn, log, env.Metrics, "aggregator")
+	if err != nil {
+		cl.Close()
+		return fmt.Errorf("aggregator: %w", err)
+	}
 	env.Health.AddReadiness("aggregator-kafka", kafkaconn.Ready(cl))
 	env.Health.AddReadiness("aggregator-clickhouse", chconn.Ready(conn))
 	defer env.Health.RemoveReadiness("aggregator-kafka")
@@ -215,7 +224,7 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return watcher.Run(gctx) })
+	g.Go(func() error { return prices.Follow(gctx, watcher) })
 	g.Go(func() error {
 		defer stop()
 		log.Info("aggregator consuming", "topic", cfg.Topic, "group", cfg.Group, "policy_file", cfg.PolicyFile)

@@ -47,6 +47,7 @@ func TestRunConsumesSignalsAndRecoversState(t *testing.T) {
 	cfg := testConfig(t)
 	rdb := testRedis(t, rc, cfg.KeyPrefix)
 	cfg.ConsumerGroup = itest.Unique(t, "enforcer_")
+	cfg.SignalsTopic = itest.Unique(t, "signals_")
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	cfg.Admin.Listen = ln.Addr().String()
 	ln.Close()
@@ -92,19 +93,19 @@ func TestRunConsumesSignalsAndRecoversState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := prod.ProduceSync(ctx, &kgo.Record{Topic: schemas.TopicSignalsV1, Key: []byte(sig.Tenant), Value: val}).FirstErr(); err != nil {
+	if err := prod.ProduceSync(ctx, &kgo.Record{Topic: cfg.SignalsTopic, Key: []byte(sig.Tenant), Value: val}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	// A record that is not a signal is skipped, not fatal: the signal after
 	// it on the same partition (same key) still takes effect.
-	if err := prod.ProduceSync(ctx, &kgo.Record{Topic: schemas.TopicSignalsV1, Key: []byte(sig.Tenant), Value: []byte("{not json")}).FirstErr(); err != nil {
+	if err := prod.ProduceSync(ctx, &kgo.Record{Topic: cfg.SignalsTopic, Key: []byte(sig.Tenant), Value: []byte("{not json")}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	after := exhausted(sig.Tenant, "gpt-4o-mini")
 	if val, err = schemas.EncodeSignal(after); err != nil {
 		t.Fatal(err)
 	}
-	if err := prod.ProduceSync(ctx, &kgo.Record{Topic: schemas.TopicSignalsV1, Key: []byte(sig.Tenant), Value: val}).FirstErr(); err != nil {
+	if err := prod.ProduceSync(ctx, &kgo.Record{Topic: cfg.SignalsTopic, Key: []byte(sig.Tenant), Value: val}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	itest.Eventually(t, within, "flag from a Kafka signal", hasFlag(sig.Tenant, "gpt-4o", "daily_tokens"))

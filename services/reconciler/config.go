@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/reconciler/audit"
 	"github.com/sluicehq/sluice/services/reconciler/schedule"
 )
@@ -14,7 +15,9 @@ import (
 type Config struct {
 	PolicyFile      string        `yaml:"policy_file" help:"quota policy file (timezones, quotas, prices)"`
 	PolicyReload    time.Duration `yaml:"policy_reload" help:"how often the policy file is checked for changes"`
+	SignalsTopic    string        `yaml:"signals_topic" help:"topic reconciliation_drift signals are published to (the alerter's services.alerter.topic)"`
 	At              string        `yaml:"at" help:"local time of day (HH:MM) at which each tenant's previous day is reconciled, in the tenant's zone"`
+	Hourly          bool          `yaml:"hourly" help:"also audit every closed hour (hourly_tokens and minute rollups) once it settled, so drift in the open day shows within the hour instead of after the next nightly run"`
 	CheckInterval   time.Duration `yaml:"check_interval" help:"how often the schedule is checked for due tenants"`
 	Settle          time.Duration `yaml:"settle" help:"a period is audited only once it ended at least this long ago"`
 	RepairThreshold float64       `yaml:"repair_threshold" help:"repair and alert when |counter - truth| exceeds this fraction of the truth (0: any drift)"`
@@ -30,7 +33,9 @@ func DefaultConfig() Config {
 	return Config{
 		PolicyFile:      "policy.yaml",
 		PolicyReload:    10 * time.Second,
+		SignalsTopic:    schemas.TopicSignalsV1,
 		At:              "00:30",
+		Hourly:          true,
 		CheckInterval:   time.Minute,
 		Settle:          15 * time.Minute,
 		RepairThreshold: 0,
@@ -51,6 +56,9 @@ func (c Config) Validate() error {
 	}
 	if c.PolicyReload < time.Second {
 		bad("reconciler.policy_reload: %s is below the minimum of 1s", c.PolicyReload)
+	}
+	if strings.TrimSpace(c.SignalsTopic) == "" {
+		bad("reconciler.signals_topic: is required (the topic the alerter reads, %s by default)", schemas.TopicSignalsV1)
 	}
 	at, err := schedule.ParseTimeOfDay(c.At)
 	if err != nil {

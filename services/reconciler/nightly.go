@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/reconciler/audit"
 	"github.com/sluicehq/sluice/services/reconciler/schedule"
 )
@@ -86,7 +87,13 @@ func (n *nightly) runJobs(_ context.Context, jobs []schedule.Job) error {
 		n.m.repaired.Add(float64(res.Repaired))
 		n.m.unsettled.Add(float64(res.Unsettled))
 		n.m.lastSuccess.SetToCurrentTime()
-		n.log.Info("reconciled", "tenant", j.Tenant, "period", j.Period, "start", res.Start, "run_id", res.RunID,
+		// Hour jobs run for every tenant every hour: only those that found
+		// something are worth an info line.
+		level := slog.LevelInfo
+		if j.Period == schemas.PeriodHour && res.Drifted == 0 && res.Unsettled == 0 {
+			level = slog.LevelDebug
+		}
+		n.log.Log(ctx, level, "reconciled", "tenant", j.Tenant, "period", j.Period, "start", res.Start, "run_id", res.RunID,
 			"rows", len(res.Rows), "drifted", res.Drifted, "repaired", res.Repaired, "unsettled", res.Unsettled, "signals", res.Signals)
 	}
 	return nil

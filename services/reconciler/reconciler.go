@@ -1,6 +1,7 @@
-// Package reconciler is the nightly audit service: at a local time of day
-// in each tenant's zone it reconciles the aggregator's counters with the
-// raw events for the day (and, on the first, the month) that just ended,
+// Package reconciler is the audit service: at a local time of day in each
+// tenant's zone it reconciles the aggregator's counters with the raw
+// events for the day (and, on the first, the month) that just ended, and
+// every hour those of the hour that just closed (reconciler.hourly),
 // repairs drifted counters, records every run in reconciliation_runs and
 // publishes reconciliation_drift signals (see package audit for the rules
 // that make it safe during live ingestion and safe to run twice). It also
@@ -71,9 +72,10 @@ func run(ctx context.Context, cfg Config, env platform.Env, clock schedule.Clock
 	opt.Now = clock.Now
 	opt.Log = log
 	n := &nightly{cfg: cfg, clock: clock, log: log, policy: watcher, store: clickHouse{conn},
-		auditor: audit.New(conn, &KafkaPublisher{Client: cl}, opt), m: m, jobCtx: jobCtx}
+		auditor: audit.New(conn, &KafkaPublisher{Client: cl, Topic: cfg.SignalsTopic}, opt), m: m, jobCtx: jobCtx}
 	n.syncPrices(watcher.Current())
-	s := &schedule.Scheduler{At: at, Interval: cfg.CheckInterval, Clock: clock, Log: log, Tenants: n.tenants, Run: n.runJobs}
+	s := &schedule.Scheduler{At: at, Interval: cfg.CheckInterval, Clock: clock, Log: log, Tenants: n.tenants, Run: n.runJobs,
+		Hourly: cfg.Hourly, Settle: cfg.Settle}
 
 	// One group, one cancellation: the policy follower and the scheduler
 	// stop with ctx. The scheduler returns once its current tenant's run

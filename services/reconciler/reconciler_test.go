@@ -94,13 +94,17 @@ func TestServiceRepairsOnScheduleAndSignals(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer admin.Close()
-	if err := kafkaconn.EnsureTopics(ctx, admin, kcfg, schemas.TopicSignalsV1); err != nil {
+	// A private signals topic: a drift signal on the shared one would reach
+	// the alerter of any deployment on the same broker.
+	signals := itest.Unique(t, "signals_")
+	if err := kafkaconn.EnsureTopics(ctx, admin, kcfg, signals); err != nil {
 		t.Fatal(err)
 	}
 	startMs := time.Now().Add(-time.Second).UnixMilli()
 
 	cfg := DefaultConfig()
 	cfg.PolicyFile = polPath
+	cfg.SignalsTopic = signals
 	cfg.ConfirmDelay = 50 * time.Millisecond
 	reg := prometheus.NewRegistry()
 	env := platform.Env{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: reg, Health: ops.NewHealth(), Kafka: kcfg, ClickHouse: chcfg}
@@ -132,7 +136,7 @@ func TestServiceRepairsOnScheduleAndSignals(t *testing.T) {
 		return nil
 	})
 
-	cl, err := kafkaconn.NewClient(kcfg, kgo.ConsumeTopics(schemas.TopicSignalsV1), kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(startMs)))
+	cl, err := kafkaconn.NewClient(kcfg, kgo.ConsumeTopics(signals), kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(startMs)))
 	if err != nil {
 		t.Fatal(err)
 	}

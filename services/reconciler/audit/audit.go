@@ -11,8 +11,11 @@
 // Two rules keep in-flight events from looking like drift:
 //
 //   - Only closed periods are audited: a period qualifies once its end is at
-//     least Options.Settle in the past. The open period is never compared,
-//     because its counter and its events move all the time.
+//     least Options.Settle in the past. The one exception is the monthly
+//     counters a day job compares month to date (the day's drift is in
+//     them too, and the month job comes only after the month); they move
+//     while the tenant is active, and the next rule then leaves them
+//     unsettled rather than repairing them.
 //   - Late events still arrive for closed periods, and the aggregator writes
 //     an event and the counters it changes in separate inserts. So a drift is
 //     only believed when it is seen twice, Options.ConfirmDelay apart, with
@@ -51,11 +54,15 @@ const UsageMinuteQuota = "usage_minute"
 // yet: auditing it would report in-flight events as drift.
 var ErrOpenPeriod = errors.New("period is not closed yet")
 
-// Job names one audit: a tenant and the calendar period (day or month, in
-// the tenant's zone) that contains At.
+// Job names one audit: a tenant and the calendar period (hour, day or
+// month, in the tenant's zone) that contains At. An hour job audits the
+// hourly_tokens counters and the usage_minute rows of one closed hour, so
+// drift in today's counters shows (and is repaired) within the hour, not
+// at the next nightly run; a day job audits the same and the day's
+// counters.
 type Job struct {
 	Tenant *policy.Tenant
-	Period schemas.Period // schemas.PeriodDay or schemas.PeriodMonth
+	Period schemas.Period // schemas.PeriodHour, PeriodDay or PeriodMonth
 	At     time.Time
 }
 
@@ -161,8 +168,8 @@ func (a *Auditor) Reconcile(ctx context.Context, job Job) (Result, error) {
 	if job.Tenant == nil {
 		return Result{}, errors.New("audit: job has no tenant")
 	}
-	if job.Period != schemas.PeriodDay && job.Period != schemas.PeriodMonth {
-		return Result{}, fmt.Errorf("audit: period %q: use day or month", job.Period)
+	if job.Period != schemas.PeriodHour && job.Period != schemas.PeriodDay && job.Period != schemas.PeriodMonth {
+		return Result{}, fmt.Errorf("audit: period %q: use hour, day or month", job.Period)
 	}
 	start, end := job.Bounds()
 	now := a.opt.Now()

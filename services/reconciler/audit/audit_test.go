@@ -57,8 +57,9 @@ var acmeEvents = []event{
 }
 
 // writeCounters writes what a correct aggregator would have written for
-// the Shanghai day, minus the minutes and quota cells skip names, and with
-// the daily counter off by dailyDrift.
+// the Shanghai day and its month, minus the minutes and quota cells skip
+// names, and with the daily counter off by dailyDrift — and so the
+// tenant-wide monthly counter too, which counts the same events.
 func writeCounters(t *testing.T, a *Auditor, tn *policy.Tenant, dayStart, dayEnd time.Time, dailyDrift float64, skip func(model string, at time.Time) bool) map[string]map[time.Time]usage {
 	agg := aggregate(acmeEvents)
 	var minutes []minuteFixture
@@ -80,6 +81,10 @@ func writeCounters(t *testing.T, a *Auditor, tn *policy.Tenant, dayStart, dayEnd
 		}
 		quotas = append(quotas, quotaFixture{policy.AllModels, schemas.QuotaHourlyTokens, schemas.PeriodHour, h, h.Add(time.Hour), used, 200000, "tokens", "hard"})
 	}
+	mStart, mEnd := policy.PeriodBounds(schemas.PeriodMonth, dayStart, tn.Location)
+	quotas = append(quotas,
+		quotaFixture{policy.AllModels, schemas.QuotaMonthlyTokens, schemas.PeriodMonth, mStart, mEnd, sumTokens(agg, policy.AllModels, mStart, mEnd) + dailyDrift, 10000000, "tokens", "hard"},
+		quotaFixture{"gpt-4o", schemas.QuotaMonthlyTokens, schemas.PeriodMonth, mStart, mEnd, sumTokens(agg, "gpt-4o", mStart, mEnd), 2000000, "tokens", "soft"})
 	insertQuotas(t, a.conn, tn.ID, 10, quotas...)
 	return agg
 }
@@ -139,12 +144,21 @@ func TestDriftIsFoundRepairedAndGoneOnSecondRun(t *testing.T) {
 	if r := rows["*|usage_minute|day|2026-10-13T16:00:00Z"]; r.Drifted || r.Truth != 4300 {
 		t.Errorf("tenant-wide minute summary = %+v, want 4300 and no drift", r)
 	}
-	if res.Repaired != 4 {
-		t.Errorf("repaired %d counters, want 4 (daily, hourly, 2 minutes); rows %+v", res.Repaired, res.Rows)
+	// The day's drift is in the open month's counter too: repaired month
+	// to date, not left until the month job. gpt-4o's was right.
+	// Month truth: the day's 4300 + e0 14 + e5 1000 = 5314.
+	if r := rows["*|monthly_tokens|month|2026-09-30T16:00:00Z"]; r.Truth != 5314 || r.Counter != 5814 || !r.Repaired {
+		t.Errorf("monthly row = %+v, want counter 5814 truth 5314, repaired", r)
+	}
+	if r := rows["gpt-4o|monthly_tokens|month|2026-09-30T16:00:00Z"]; r.Drifted || r.Truth != 2880 {
+		t.Errorf("gpt-4o monthly row = %+v, want 2880 and no drift", r)
+	}
+	if res.Repaired != 5 {
+		t.Errorf("repaired %d counters, want 5 (daily, monthly, hourly, 2 minutes); rows %+v", res.Repaired, res.Rows)
 	}
 	sigs := pub.all()
-	if len(sigs) != 4 || res.Signals != 4 {
-		t.Fatalf("published %d signals (result says %d), want 4: daily, hourly, and the gpt-4o and claude-x minute summaries: %+v", len(sigs), res.Signals, sigs)
+	if len(sigs) != 5 || res.Signals != 5 {
+		t.Fatalf("published %d signals (result says %d), want 5: daily, monthly, hourly, and the gpt-4o and claude-x minute summaries: %+v", len(sigs), res.Signals, sigs)
 	}
 	for _, s := range sigs {
 		if err := s.Validate(); err != nil {
@@ -163,12 +177,18 @@ func TestDriftIsFoundRepairedAndGoneOnSecondRun(t *testing.T) {
 	if used != 4300 {
 		t.Errorf("quota_state daily used = %v after repair, want 4300", used)
 	}
+	if err := conn.QueryRow(ctx, "SELECT used FROM quota_state FINAL WHERE tenant = 'acme' AND quota = 'monthly_tokens' AND model = '*'").Scan(&used); err != nil {
+		t.Fatal(err)
+	}
+	if used != 5314 {
+		t.Errorf("quota_state monthly used = %v after the day's repair, want 5314", used)
+	}
 	var recorded uint64
 	if err := conn.QueryRow(ctx, "SELECT count() FROM reconciliation_runs WHERE run_id = ? AND repaired = 1", res.RunID).Scan(&recorded); err != nil {
 		t.Fatal(err)
 	}
-	if recorded < 4 {
-		t.Errorf("reconciliation_runs holds %d repaired rows for run %s, want at least 4", recorded, res.RunID)
+	if recorded < 5 {
+		t.Errorf("reconciliation_runs holds %d repaired rows for run %s, want at least 5", recorded, res.RunID)
 	}
 
 	again, err := a.Reconcile(ctx, job)
@@ -326,5 +346,107 @@ tenants:
 	}
 	if res.Drifted != 0 || res.Unsettled != 0 {
 		t.Fatalf("after ingestion stopped: drifted %d unsettled %d: %+v", res.Drifted, res.Unsettled, res.Rows)
+	}
+}
+
+// TestClosedHourOfTheOpenDayIsAudited: drift in today's counters must not
+// wait for tomorrow's nightly run. At 12:20 Shanghai time the day is open,
+// but 11:00-12:00 closed 20 minutes ago: an hour job audits its
+// hourly_tokens counter and its minutes, repairs them and signals, and
+// leaves the open day's counter alone.
+func TestClosedHourOfTheOpenDayIsAudited(t *testing.T) {
+	conn := db(t)
+	ctx := context.Background()
+	pol := mustPolicy(t, acmePolicy)
+	tn := pol.Tenant("acme")
+	hour := utc("2026-10-14T03:00:00Z") // 11:00 in Shanghai
+	evs := []event{
+		{id: "h1", time: hour.Add(5 * time.Minute), model: "gpt-4o", prompt: 100, completion: 20, offset: 1},
+		{id: "h2", time: hour.Add(59 * time.Minute), model: "claude-x", prompt: 300, completion: 30, offset: 2},
+		{id: "next", time: hour.Add(70 * time.Minute), model: "gpt-4o", prompt: 1, completion: 1, offset: 3}, // the open hour
+	}
+	insertEvents(t, conn, "acme", evs...)
+	// The hourly counter missed h2; the minute rows are right for h1 and
+	// missing for h2. The open day's counter is off too, but that is the
+	// nightly run's business.
+	dayStart, dayEnd := policy.PeriodBounds(schemas.PeriodDay, hour, tn.Location)
+	insertQuotas(t, conn, "acme", 10,
+		quotaFixture{policy.AllModels, schemas.QuotaHourlyTokens, schemas.PeriodHour, hour, hour.Add(time.Hour), 120, 200000, "tokens", "hard"},
+		quotaFixture{policy.AllModels, schemas.QuotaDailyTokens, schemas.PeriodDay, dayStart, dayEnd, 7, 1000000, "tokens", "hard"})
+	insertMinutes(t, conn, "acme", 10,
+		minuteFixture{"gpt-4o", hour.Add(5 * time.Minute), usage{requests: 1, prompt: 100, completion: 20}},
+		minuteFixture{policy.AllModels, hour.Add(5 * time.Minute), usage{requests: 1, prompt: 100, completion: 20}})
+
+	pub := &capture{}
+	now := hour.Add(80 * time.Minute)
+	a := New(conn, pub, Options{Settle: 15 * time.Minute, ConfirmDelay: 20 * time.Millisecond, MaxObservations: 3, Now: func() time.Time { return now }})
+	res, err := a.Reconcile(ctx, Job{Tenant: tn, Period: schemas.PeriodHour, At: hour.Add(30 * time.Minute)})
+	if err != nil {
+		t.Fatalf("hour job: %v", err)
+	}
+	rows := byKey(res.Rows)
+	if r := rows["*|hourly_tokens|hour|2026-10-14T03:00:00Z"]; r.Counter != 120 || r.Truth != 450 || !r.Repaired {
+		t.Errorf("hourly row = %+v, want counter 120 truth 450, repaired", r)
+	}
+	if r := rows["claude-x|usage_minute|minute|2026-10-14T03:59:00Z"]; r.Truth != 330 || !r.Repaired {
+		t.Errorf("claude-x minute = %+v, want truth 330, repaired", r)
+	}
+	for k, r := range rows {
+		if r.Quota == string(schemas.QuotaDailyTokens) {
+			t.Errorf("hour job compared the open day's counter: %s %+v", k, r)
+		}
+		if r.PeriodStart.Before(hour) || !r.PeriodStart.Before(hour.Add(time.Hour)) {
+			t.Errorf("hour job row %s outside its hour", k)
+		}
+	}
+	if res.Signals == 0 {
+		t.Error("no reconciliation_drift signal for the drifted hour")
+	}
+	var used float64
+	if err := conn.QueryRow(ctx, "SELECT used FROM quota_state FINAL WHERE tenant = 'acme' AND quota = 'hourly_tokens'").Scan(&used); err != nil || used != 450 {
+		t.Errorf("hourly counter after repair = %v, %v; want 450", used, err)
+	}
+	if err := conn.QueryRow(ctx, "SELECT used FROM quota_state FINAL WHERE tenant = 'acme' AND quota = 'daily_tokens'").Scan(&used); err != nil || used != 7 {
+		t.Errorf("open day's counter = %v, %v; want it untouched at 7", used, err)
+	}
+
+	// The open hour is refused like any open period.
+	if _, err := a.Reconcile(ctx, Job{Tenant: tn, Period: schemas.PeriodHour, At: now}); !errors.Is(err, ErrOpenPeriod) {
+		t.Errorf("open hour: err = %v, want ErrOpenPeriod", err)
+	}
+}
+
+// TestSettlementAcrossMidnightIsNotDrift: an estimate written at 23:59:50
+// and settled at 00:00:20 lie in two day partitions of usage_events. The
+// aggregator counts the request once, in the settlement's day; the audit's
+// truth must too, or it "repairs" yesterday's correct counter to the
+// estimate.
+func TestSettlementAcrossMidnightIsNotDrift(t *testing.T) {
+	conn := db(t)
+	ctx := context.Background()
+	pol := mustPolicy(t, "tenants:\n  night:\n    timezone: UTC\n    models:\n      \"*\": {daily_tokens: 1000000}\n")
+	tn := pol.Tenant("night")
+	midnight := utc("2026-10-15T00:00:00Z")
+	insertEvents(t, conn, "night",
+		event{id: "a", time: midnight.Add(-time.Hour), model: "m", prompt: 10, completion: 10, offset: 1},
+		event{id: "x", time: midnight.Add(-10 * time.Second), model: "m", prompt: 1000, completion: 1000, offset: 2, estimated: true},
+		event{id: "x", time: midnight.Add(20 * time.Second), model: "m", prompt: 100, completion: 50, offset: 3})
+	// What the aggregator wrote: the estimate moved to the settlement's day.
+	yStart := midnight.AddDate(0, 0, -1)
+	insertQuotas(t, conn, "night", 10,
+		quotaFixture{policy.AllModels, schemas.QuotaDailyTokens, schemas.PeriodDay, yStart, midnight, 20, 1000000, "tokens", "hard"})
+	a := New(conn, &capture{}, Options{Settle: 15 * time.Minute, ConfirmDelay: 20 * time.Millisecond, MaxObservations: 2,
+		Now: func() time.Time { return midnight.Add(time.Hour) }})
+	res, err := a.Reconcile(ctx, Job{Tenant: tn, Period: schemas.PeriodDay, At: yStart.Add(12 * time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := byKey(res.Rows)
+	if r := rows["*|daily_tokens|day|2026-10-14T00:00:00Z"]; r.Truth != 20 || r.Drifted || r.Repaired {
+		t.Errorf("yesterday's daily row = %+v, want truth 20 (the estimate settled after midnight), no drift", r)
+	}
+	var used float64
+	if err := conn.QueryRow(ctx, "SELECT used FROM quota_state FINAL WHERE tenant = 'night' AND quota = 'daily_tokens'").Scan(&used); err != nil || used != 20 {
+		t.Errorf("daily counter after the audit = %v, %v; want it left at 20", used, err)
 	}
 }

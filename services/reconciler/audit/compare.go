@@ -33,8 +33,9 @@ type cell struct {
 }
 
 // minuteCells pairs usage_minute rows with per-minute truth, model by model
-// ("*" being all models), and adds one summary cell per model for the day.
-func (a *Auditor) minuteCells(cells map[string]*cell, tr truth, mrows []minuteRow, start, end time.Time) {
+// ("*" being all models), and adds one summary cell per model for the
+// job's period (a day or an hour).
+func (a *Auditor) minuteCells(cells map[string]*cell, tr truth, mrows []minuteRow, period schemas.Period, start, end time.Time) {
 	type mk struct {
 		model string
 		at    int64
@@ -80,7 +81,7 @@ func (a *Auditor) minuteCells(cells map[string]*cell, tr truth, mrows []minuteRo
 
 		s := summaries[k.model]
 		if s == nil {
-			s = &cell{summary: true, row: Row{Model: k.model, Quota: UsageMinuteQuota, Period: string(schemas.PeriodDay), PeriodStart: start, PeriodEnd: end, Unit: "tokens"}}
+			s = &cell{summary: true, row: Row{Model: k.model, Quota: UsageMinuteQuota, Period: string(period), PeriodStart: start, PeriodEnd: end, Unit: "tokens"}}
 			summaries[k.model] = s
 		}
 		s.row.Counter += c.row.Counter

@@ -59,12 +59,18 @@ func (t truth) sum(model string, start, end time.Time) usage {
 // observe reads the counters and the truth once and pairs them up.
 func (a *Auditor) observe(ctx context.Context, job Job, start, end time.Time) (map[string]*cell, error) {
 	t := job.Tenant
-	day := job.Period == schemas.PeriodDay
+	// day: the job reads usage_minute and per-minute truth (day and hour
+	// jobs); month jobs compare period totals only.
+	day := job.Period != schemas.PeriodMonth
 	periods := []string{string(schemas.PeriodMonth)}
 	quotas := map[string]bool{string(schemas.QuotaMonthlyTokens): true, string(schemas.QuotaBudget): true}
-	if day {
+	switch job.Period {
+	case schemas.PeriodDay:
 		periods = []string{string(schemas.PeriodDay), string(schemas.PeriodHour)}
 		quotas = map[string]bool{string(schemas.QuotaDailyTokens): true, string(schemas.QuotaHourlyTokens): true}
+	case schemas.PeriodHour:
+		periods = []string{string(schemas.PeriodHour)}
+		quotas = map[string]bool{string(schemas.QuotaHourlyTokens): true}
 	}
 	// Counters first, then the truth: an event that lands in between makes
 	// the truth run ahead, never behind, and confirmation sorts it out.
@@ -78,11 +84,50 @@ func (a *Auditor) observe(ctx context.Context, job Job, start, end time.Time) (m
 			return nil, err
 		}
 	}
+	// A day job also compares the monthly counters of the month the day
+	// belongs to, month to date: the drift that made the day's counter
+	// wrong is in them too, and the month job would not see it before the
+	// month ends. The month is usually still open, so its counters move
+	// while the tenant is active; confirmation then marks them unsettled
+	// instead of repairing, and the next night tries again.
+	var monthRows []quotaRow
+	var mStart, mEnd time.Time
+	if job.Period == schemas.PeriodDay {
+		mStart, mEnd = policy.PeriodBounds(schemas.PeriodMonth, start, t.Location)
+		if monthRows, err = readQuotaState(ctx, a.conn, t.ID, []string{string(schemas.PeriodMonth)}, mStart, mEnd); err != nil {
+			return nil, err
+		}
+	}
 	tr, err := readTruth(ctx, a.conn, t.ID, start, end, day)
 	if err != nil {
 		return nil, err
 	}
+	cells := quotaCells(t, quotas, qrows, start, end, tr)
+	if job.Period == schemas.PeriodDay {
+		mtr, err := readTruth(ctx, a.conn, t.ID, mStart, mEnd, false)
+		if err != nil {
+			return nil, err
+		}
+		monthly := map[string]bool{string(schemas.QuotaMonthlyTokens): true, string(schemas.QuotaBudget): true}
+		for k, c := range quotaCells(t, monthly, monthRows, mStart, mEnd, mtr) {
+			cells[k] = c
+		}
+	}
 
+	if day {
+		a.minuteCells(cells, tr, mrows, job.Period, start, end)
+	}
+	for _, c := range cells {
+		c.row.Tenant = t.ID
+		c.row.Drift = c.row.Counter - c.row.Truth
+	}
+	return cells, nil
+}
+
+// quotaCells pairs the quota_state rows of the given quotas in [start,
+// end) — and the policy's quotas whose counter is missing — with the
+// truth tr.
+func quotaCells(t *policy.Tenant, quotas map[string]bool, qrows []quotaRow, start, end time.Time, tr truth) map[string]*cell {
 	cells := map[string]*cell{}
 	qkey := func(model, quota string, ps time.Time) string {
 		return "q|" + model + "|" + quota + "|" + strconv.FormatInt(ps.Unix(), 10)
@@ -133,36 +178,26 @@ func (a *Auditor) observe(ctx context.Context, job Job, start, end time.Time) (m
 		c.drifted = !equal(c.row.Counter, c.row.Truth)
 		c.fingerprint = fmt.Sprintf("%v/%v", c.row.Counter, c.row.Truth)
 	}
-
-	if day {
-		a.minuteCells(cells, tr, mrows, start, end)
-	}
-	for _, c := range cells {
-		c.row.Tenant = t.ID
-		c.row.Drift = c.row.Counter - c.row.Truth
-	}
-	return cells, nil
+	return cells
 }
 
-// truthSQL recomputes usage from distinct events: FINAL keeps one row per
-// (tenant, id), the one with the highest Kafka offset, so retries count once
-// and a settled estimate replaces its pre-debit; costquery prices each
-// event with the price period containing its time. %s is the bucket.
+// truthSQL recomputes usage from distinct events: costquery collapses each
+// (tenant, id) before filtering by time, so retries count once and a
+// settled estimate replaces its pre-debit even when the two lie in
+// different day partitions (FINAL would keep both), and prices each event
+// with the price period containing its time. %s is the bucket.
 var truthSQL = `
 SELECT model, %s AS bucket, count(), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens),
        countIf(outcome IN ('error', 'timeout')), sum(cost)
-FROM (` + costquery.Events("tenant = ? AND time >= ? AND time < ?") + `)
+FROM (` + costquery.EventsBetween() + `)
 GROUP BY model, bucket`
 
 func readTruth(ctx context.Context, conn driver.Conn, tenant string, start, end time.Time, perMinute bool) (truth, error) {
 	bucket := "toStartOfMinute(time)"
-	// Bound parameters travel as literals naming their zone; UTC is the
-	// one zone every server knows.
-	start, end = start.UTC(), end.UTC()
-	args := []any{tenant, start, end}
+	args := costquery.BetweenArgs(tenant, start, end)
 	if !perMinute {
 		bucket = "toDateTime(?)"
-		args = append([]any{start}, args...)
+		args = append([]any{start.UTC()}, args...)
 	}
 	rows, err := conn.Query(ctx, fmt.Sprintf(truthSQL, bucket), args...)
 	if err != nil {

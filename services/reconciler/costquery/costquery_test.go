@@ -20,17 +20,21 @@ import (
 	"github.com/sluicehq/sluice/services/reconciler/pricetable"
 )
 
-// TestCostExprIsTheViews: the usage_priced view (migration 045) and
-// costquery compute cost with the same expression text.
+// TestCostExprIsTheViews: the usage_priced view (migration 046) and
+// costquery collapse events and compute cost with the same expression
+// text.
 func TestCostExprIsTheViews(t *testing.T) {
-	view, err := fs.ReadFile(migrations.FS(), "045_usage_priced_before_first_price.sql")
+	view, err := fs.ReadFile(migrations.FS(), "046_usage_priced_distinct_across_days.sql")
 	if err != nil {
 		t.Fatal(err)
 	}
-	squash := func(s string) string { return strings.Join(strings.Fields(s), " ") }
-	for _, expr := range []string{costquery.PricedExpr + " AS priced", costquery.CostExpr + " AS cost"} {
+	squash := func(s string) string {
+		s = strings.Join(strings.Fields(s), " ")
+		return strings.NewReplacer("( ", "(", " )", ")").Replace(s)
+	}
+	for _, expr := range []string{costquery.PricedExpr + " AS priced", costquery.CostExpr + " AS cost", costquery.Distinct("1")} {
 		if !strings.Contains(squash(string(view)), squash(expr)) {
-			t.Errorf("migration 045's usage_priced does not compute %s", expr)
+			t.Errorf("migration 046's usage_priced does not compute %s", expr)
 		}
 	}
 }
@@ -142,7 +146,7 @@ cached_tokens, outcome, estimated, kafka_partition, kafka_offset, ingested_at)`)
 	}
 	for name, q := range map[string]string{
 		"usage_priced view": "SELECT id, priced, currency, cost FROM usage_priced WHERE tenant = ?",
-		"costquery.Events":  "SELECT id, priced, currency, cost FROM (" + costquery.Events("tenant = ?") + ")",
+		"costquery.Events":  "SELECT id, priced, currency, cost FROM (" + costquery.Events("tenant = ?", "1") + ")",
 	} {
 		t.Run(name, func(t *testing.T) { compare(t, ctx, conn, q, pol, want) })
 	}
@@ -205,4 +209,80 @@ func parse(t *testing.T, doc string) *policy.Policy {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestEstimateAndSettlementAcrossMidnightCountOnce: an estimate written at
+// 23:59:50 and settled at 00:00:20 the next UTC day lie in two day
+// partitions of usage_events, where FINAL cannot fold them. The view, the
+// daily rollup and the time-bounded query must each count the request
+// once, at the settlement's time and figures — also when the settlement
+// has the lower offset (the flag decides first).
+func TestEstimateAndSettlementAcrossMidnightCountOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	conn, err := chconn.Open(ctx, itest.ClickHouse(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := migrations.Apply(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		t.Fatal(err)
+	}
+	day1 := time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC)
+	day2 := day1.AddDate(0, 0, 1)
+	b, err := conn.PrepareBatch(ctx, `INSERT INTO usage_events (id, time, tenant, model, prompt_tokens, completion_tokens,
+cached_tokens, outcome, estimated, kafka_partition, kafka_offset, ingested_at)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []struct {
+		id        string
+		at        time.Time
+		p, c      uint64
+		estimated uint8
+		offset    int64
+	}{
+		{"pair", day2.Add(-10 * time.Second), 1000, 1000, 1, 1},
+		{"pair", day2.Add(20 * time.Second), 100, 50, 0, 2},
+		// Settled with a lower offset than its estimate: the settlement
+		// still wins.
+		{"late-est", day2.Add(30 * time.Second), 7, 3, 0, 3},
+		{"late-est", day1.Add(23*time.Hour + 59*time.Minute), 700, 300, 1, 4},
+	} {
+		if err := b.Append(e.id, e.at, "acme", "gpt-4o", e.p, e.c, uint64(0), "ok", e.estimated, int32(0), e.offset, e.at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		t.Fatal(err)
+	}
+
+	var n, tokens uint64
+	if err := conn.QueryRow(ctx, "SELECT count(), sum(total_tokens) FROM usage_priced WHERE tenant = 'acme'").Scan(&n, &tokens); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 || tokens != 160 {
+		t.Errorf("usage_priced: %d events, %d tokens; want 2 events, 160 tokens (the settlements only)", n, tokens)
+	}
+	for _, d := range []struct {
+		day    time.Time
+		tokens uint64
+	}{{day1, 0}, {day2, 160}} {
+		var daily uint64
+		if err := conn.QueryRow(ctx, "SELECT toUInt64(sum(total_tokens)) FROM usage_daily WHERE tenant = 'acme' AND day = toDate(?)",
+			d.day.Format(time.DateOnly)).Scan(&daily); err != nil {
+			t.Fatal(err)
+		}
+		if daily != d.tokens {
+			t.Errorf("usage_daily %s: %d tokens, want %d", d.day.Format(time.DateOnly), daily, d.tokens)
+		}
+		var got uint64
+		if err := conn.QueryRow(ctx, "SELECT toUInt64(sum(total_tokens)) FROM ("+costquery.EventsBetween()+")",
+			costquery.BetweenArgs("acme", d.day, d.day.AddDate(0, 0, 1))...).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != d.tokens {
+			t.Errorf("costquery.EventsBetween %s: %d tokens, want %d", d.day.Format(time.DateOnly), got, d.tokens)
+		}
+	}
 }

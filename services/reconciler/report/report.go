@@ -82,9 +82,9 @@ func Monthly(ctx context.Context, conn driver.Conn, tenant, month string, loc *t
 	rows, err := conn.Query(ctx, `
 SELECT model, currency, count(), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens), sum(total_tokens),
        sum(cost), countIf(priced = 0)
-FROM (`+costquery.Events("tenant = ? AND time >= ? AND time < ?")+`)
+FROM (`+costquery.EventsBetween()+`)
 GROUP BY model, currency
-ORDER BY model, currency`, tenant, start.UTC(), end.UTC())
+ORDER BY model, currency`, costquery.BetweenArgs(tenant, start, end)...)
 	if err != nil {
 		return nil, fmt.Errorf("report: usage of %s in %s: %w", tenant, month, err)
 	}

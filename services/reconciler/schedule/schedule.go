@@ -1,9 +1,12 @@
-// Package schedule decides when each tenant's nightly reconciliation is
-// due: once a day at a local time of day (00:30 by default) in the
-// tenant's own zone, auditing the local day that just ended and, on the
-// first of a month, the month that just ended. A run missed while the
-// service was down happens at the next check; a run repeated after a
-// restart is harmless, because audits are idempotent.
+// Package schedule decides when each tenant's reconciliation is due: once
+// a day at a local time of day (00:30 by default) in the tenant's own
+// zone, auditing the local day that just ended and, on the first of a
+// month, the month that just ended; and, when hourly audits are on, once
+// per hour for the hour that closed and settled last, so drift in the
+// open day shows within the hour. A run missed while the service was down
+// happens at the next check (for hours: only the last one; the nightly
+// day audit covers every hour); a run repeated after a restart is
+// harmless, because audits are idempotent.
 package schedule
 
 import (
@@ -12,6 +15,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 )
 
@@ -59,6 +63,17 @@ func Due(tenant string, now time.Time, loc *time.Location, at TimeOfDay, last st
 	return jobs, date
 }
 
+// DueHour returns the hour job due at now for a tenant in loc: the latest
+// local hour that ended at least settle ago, unless its start is last
+// (the hour audited before). key identifies the hour for the next call.
+func DueHour(tenant string, now time.Time, loc *time.Location, settle time.Duration, last int64) (job Job, key int64, due bool) {
+	start, _ := policy.PeriodBounds(schemas.PeriodHour, now.Add(-settle-time.Hour), loc)
+	if start.Unix() == last {
+		return Job{}, last, false
+	}
+	return Job{Tenant: tenant, Period: schemas.PeriodHour, At: start.Add(30 * time.Minute)}, start.Unix(), true
+}
+
 // Clock is the scheduler's time source, replaced in tests.
 type Clock interface {
 	Now() time.Time
@@ -90,14 +105,19 @@ type Scheduler struct {
 	// done only when it returns nil, so a failure is retried next check.
 	Run func(ctx context.Context, jobs []Job) error
 	Log *slog.Logger
+	// Hourly adds, at each check, the job of the last closed hour that
+	// ended at least Settle ago (see DueHour).
+	Hourly bool
+	Settle time.Duration
 
-	done map[string]string // tenant -> local date of its last successful run
+	done     map[string]string // tenant -> local date of its last successful run
+	hourDone map[string]int64  // tenant -> start of the last hour audited
 }
 
 // Check runs every job due now and returns how many tenants ran.
 func (s *Scheduler) Check(ctx context.Context) (int, error) {
 	if s.done == nil {
-		s.done = map[string]string{}
+		s.done, s.hourDone = map[string]string{}, map[string]int64{}
 	}
 	tenants, err := s.Tenants(ctx)
 	if err != nil {
@@ -108,16 +128,31 @@ func (s *Scheduler) Check(ctx context.Context) (int, error) {
 		if ctx.Err() != nil {
 			return ran, ctx.Err()
 		}
-		jobs, date := Due(t.ID, s.Clock.Now(), t.Location, s.At, s.done[t.ID])
+		now := s.Clock.Now()
+		jobs, date := Due(t.ID, now, t.Location, s.At, s.done[t.ID])
+		nightly := len(jobs) > 0
+		var hour int64
+		if s.Hourly {
+			j, key, due := DueHour(t.ID, now, t.Location, s.Settle, s.hourDone[t.ID])
+			if due {
+				jobs = append(jobs, j)
+			}
+			hour = key
+		}
 		if len(jobs) == 0 {
 			continue
 		}
 		ran++
 		if err := s.Run(ctx, jobs); err != nil {
-			s.Log.Error("nightly reconciliation failed; retrying at the next check", "tenant", t.ID, "date", date, "err", err)
+			s.Log.Error("reconciliation failed; retrying at the next check", "tenant", t.ID, "date", date, "jobs", len(jobs), "err", err)
 			continue
 		}
-		s.done[t.ID] = date
+		if nightly {
+			s.done[t.ID] = date
+		}
+		if s.Hourly {
+			s.hourDone[t.ID] = hour
+		}
 	}
 	return ran, nil
 }

@@ -92,3 +92,45 @@ func TestFailedRunIsRetried(t *testing.T) {
 		t.Fatalf("run called %d times, want a retry after the failure and then nothing", calls)
 	}
 }
+
+// TestEachClosedHourIsAuditedOnce: with Hourly, every check adds the job
+// of the last hour that ended at least Settle ago, once per hour, in the
+// tenant's zone (Kathmandu is +05:45, so its hours start at :15 UTC), and
+// alongside the nightly jobs when those are due too.
+func TestEachClosedHourIsAuditedOnce(t *testing.T) {
+	kathmandu, _ := time.LoadLocation("Asia/Kathmandu")
+	clock := &fakeClock{now: time.Date(2026, 11, 10, 9, 44, 0, 0, time.UTC)} // 15:29 in Kathmandu
+	var got []Job
+	s := &Scheduler{At: TimeOfDay{0, 30}, Interval: time.Minute, Clock: clock, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Hourly: true, Settle: 15 * time.Minute,
+		Tenants: func(context.Context) ([]Tenant, error) { return []Tenant{{"k", kathmandu}}, nil },
+		Run:     func(_ context.Context, jobs []Job) error { got = append(got, jobs...); return nil },
+	}
+	ctx := context.Background()
+	hours := func() []string {
+		var out []string
+		for _, j := range got {
+			if j.Period == "hour" {
+				start, _ := policy.PeriodBounds(j.Period, j.At, kathmandu)
+				out = append(out, start.Format("15:04"))
+			}
+		}
+		return out
+	}
+	// 15:29: 14:00-15:00 settled at 15:15; the nightly day job is due too
+	// (the tenant never ran).
+	_, _ = s.Check(ctx)
+	if h := hours(); len(h) != 1 || h[0] != "14:00" || len(got) != 2 {
+		t.Fatalf("first check: jobs %+v (hours %v), want the day and the 14:00 hour", got, h)
+	}
+	got = nil
+	clock.now = clock.now.Add(10 * time.Minute) // 15:39: 15:00-16:00 is open
+	if _, _ = s.Check(ctx); len(got) != 0 {
+		t.Fatalf("15:39: jobs %+v, want none (14:00 done, 15:00 open)", got)
+	}
+	clock.now = clock.now.Add(50 * time.Minute) // 16:29: 15:00 settled at 16:15
+	_, _ = s.Check(ctx)
+	if h := hours(); len(h) != 1 || h[0] != "15:00" || len(got) != 1 {
+		t.Fatalf("16:29: jobs %+v (hours %v), want the 15:00 hour only", got, h)
+	}
+}

@@ -35,6 +35,11 @@ def main() -> int:
             "('a3', toDateTime('2026-11-15 00:00:00','UTC'), 'acme','gpt-4o',2000,500,1000,3),"
             "('m', toDateTime('2026-11-15 00:00:00','UTC'), 'acme','mystery',50,50,0,4),"
             "('a0', toDateTime('2025-12-31 23:59:59','UTC'), 'early','gpt-4o',10,10,0,5)")
+    # An estimate at 23:59:50 settled at 00:00:20 the next day: two day
+    # partitions, which FINAL cannot fold (migration 046).
+    s.query("INSERT INTO usage_events (id, time, tenant, model, prompt_tokens, completion_tokens, cached_tokens, estimated, kafka_offset) VALUES "
+            "('x', toDateTime('2026-11-29 23:59:50','UTC'), 'night','gpt-4o',1000,1000,0,1,6),"
+            "('x', toDateTime('2026-11-30 00:00:20','UTC'), 'night','gpt-4o',100,50,0,0,7)")
     s.query("INSERT INTO quota_state (tenant, model, quota, period, period_start, used, quota_limit, mode, version) VALUES "
             "('acme','gpt-4o','monthly_tokens','month',toDateTime('2026-11-01 00:00:00','UTC'),2100,2000,'soft',1)")
     checks = {
@@ -47,7 +52,9 @@ def main() -> int:
         "SELECT toString(count()) FROM price_periods": "2",
         # a0 predates gpt-4o's first price: kept, unpriced (migration 045)
         "SELECT toString(count()) FROM usage_priced WHERE priced = 0": "2",
-        "SELECT toString(count()) FROM usage_priced": "4",
+        "SELECT toString(count()) FROM usage_priced WHERE tenant != 'night'": "4",
+        "SELECT toString(count()) || ' ' || toString(sum(total_tokens)) FROM usage_priced WHERE tenant = 'night'": "1 150",
+        "SELECT toString(day) FROM usage_daily WHERE tenant = 'night'": "2026-11-30",
     }
     version = str(s.query("SELECT version()")).strip().strip('"')
     for q, want in checks.items():

@@ -1,0 +1,44 @@
+package aggregator_test
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/platform/itest"
+)
+
+// TestAggregatorKeepsPricesTableWithPolicy: the cost views price usage
+// from the first event, so the aggregator (which always runs with the
+// policy) copies the policy's prices into ClickHouse at start and on every
+// reload, without any reconciler running.
+func TestAggregatorKeepsPricesTableWithPolicy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	e := setup(t)
+	r := runInProcess(t, e, e.ch.Addr, nil)
+	ctx := context.Background()
+	price := func(model string) func() bool {
+		return func() bool {
+			var n uint64
+			if err := e.conn.QueryRow(ctx, "SELECT count() FROM price_periods WHERE model = ?", model).Scan(&n); err != nil {
+				t.Log(err)
+				return false
+			}
+			return n == 1
+		}
+	}
+	itest.Eventually(t, 30*time.Second, "the policy's m0 price in ClickHouse after the aggregator started", price("m0"))
+
+	reloaded := strings.Replace(itPolicy, "prices:\n", "prices:\n  - {model: m1, currency: USD, effective_from: 2020-01-01T00:00:00Z, prompt: 1, completion: 2, cached: 0.5}\n", 1)
+	if err := os.WriteFile(e.policy, []byte(reloaded), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	itest.Eventually(t, 30*time.Second, "the m1 price added by a policy reload in ClickHouse", price("m1"))
+	if got := r.metric(t, "sluice_price_syncs_total", "ok"); got < 2 {
+		t.Errorf("sluice_price_syncs_total{result=ok} = %v, want at least 2 (start and reload)", got)
+	}
+}
