@@ -68,6 +68,7 @@ type stack struct {
 	prefix     string
 	topic      string
 	signals    string // this stack's signals topic
+	admin      string // this stack's operator-action topic
 	policyPath string
 	ingestAddr string
 	ingestKey  string // may report any tenant
@@ -121,6 +122,7 @@ func newStack(t testing.TB, opts stackOptions) *stack {
 	// reach the enforcer and alerter of any deployment on the same broker,
 	// which flag and alert for tenants that exist only in a test.
 	s.signals = itest.Unique(t, "e2e_signals")
+	s.admin = itest.Unique(t, "e2e_admin")
 	s.groups = map[string]string{
 		"aggregator": itest.Unique(t, "e2e_agg"),
 		"enforcer":   itest.Unique(t, "e2e_enf"),
@@ -218,6 +220,7 @@ func (s *stack) args(opsAddr string) []string {
 		"-services.enforcer.consumer_group=" + s.groups["enforcer"],
 		"-services.enforcer.signals_topic=" + s.signals,
 		"-services.enforcer.key_prefix=" + s.prefix,
+		"-services.enforcer.admin_topic=" + s.admin,
 		"-services.enforcer.admin.listen=" + freeAddr(s.t),
 		"-services.enforcer.policy_reload=500ms",
 		"-services.alerter.group=" + s.groups["alerter"],
