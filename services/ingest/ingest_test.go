@@ -311,3 +311,26 @@ func TestGracefulShutdown(t *testing.T) {
 		t.Fatal("the listener still accepts after shutdown")
 	}
 }
+
+// TestDedupKeyIsTenantIDAndEstimated: the settlement of an estimate reuses
+// its id with estimated false and must reach the topic; another tenant's
+// event with the same id must too. Only a real repeat is a duplicate.
+func TestDedupKeyIsTenantIDAndEstimated(t *testing.T) {
+	inst := startIngest(t, nil)
+	now := time.Now().UTC().Format(time.RFC3339Nano)
+	estimate := fmt.Sprintf(`{"id":"req-9","time":%q,"tenant":"acme","model":"m","prompt_tokens":500,"completion_tokens":500,"estimated":true}`, now)
+	settle := fmt.Sprintf(`{"id":"req-9","time":%q,"tenant":"acme","model":"m","prompt_tokens":120,"completion_tokens":40}`, now)
+	other := fmt.Sprintf(`{"id":"req-9","time":%q,"tenant":"globex","model":"m","prompt_tokens":1,"completion_tokens":1}`, now)
+	for i, body := range []string{estimate, settle, other} {
+		a := post(t, inst.url, testKey, "", []byte(body))
+		if a.code != http.StatusAccepted || a.body.Duplicates != 0 {
+			t.Fatalf("event %d: %d %s, want 202 without duplicates", i, a.code, a.raw)
+		}
+	}
+	if a := post(t, inst.url, testKey, "", []byte(settle)); a.code != http.StatusAccepted || a.body.Duplicates != 1 {
+		t.Fatalf("repeated settlement: %d %s, want 202 with one duplicate", a.code, a.raw)
+	}
+	if n := idCounts(t, readTopic(t, inst.kafka, inst.topic))["req-9"]; n != 3 {
+		t.Fatalf("topic holds req-9 %d times, want 3 (estimate, settlement, globex)", n)
+	}
+}

@@ -270,7 +270,7 @@ type tracker struct {
 	err       error
 }
 
-func (t *tracker) promise(key string) func(*kgo.Record, error) {
+func (t *tracker) promise(key dedup.Key) func(*kgo.Record, error) {
 	return func(_ *kgo.Record, err error) {
 		if err == nil {
 			t.s.dedup.Commit(key, t.owner)
@@ -296,9 +296,10 @@ func (s *server) produce(ctx context.Context, events []schemas.UsageEvent) produ
 	var res produceResult
 	owner := s.owners.Add(1)
 	fresh := make([]int, 0, len(events))
-	keys := make([]string, 0, len(events))
+	keys := make([]dedup.Key, 0, len(events))
 	for i := range events {
-		state, key := s.dedup.Begin(events[i].ID, owner)
+		ev := &events[i]
+		state, key := s.dedup.Begin(dedup.Key{Tenant: ev.Tenant, ID: ev.ID, Estimated: ev.Estimated}, owner)
 		switch state {
 		case dedup.Claimed:
 			fresh = append(fresh, i)
