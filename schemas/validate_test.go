@@ -56,6 +56,8 @@ func TestValidateRules(t *testing.T) {
 		{"model empty", func(e *schemas.UsageEvent) { e.Model = "" }, "model", []string{"required", "128"}},
 		{"model too long", func(e *schemas.UsageEvent) { e.Model = long(schemas.MaxModelLen + 1) }, "model", []string{"129", "128", "MaxModelLen"}},
 		{"model control char", func(e *schemas.UsageEvent) { e.Model = "gpt\n4" }, "model", []string{"0x0A"}},
+		{"model reserved star", func(e *schemas.UsageEvent) { e.Model = "*" }, "model", []string{`"*"`, "reserved", "every model"}},
+		{"model reserved at", func(e *schemas.UsageEvent) { e.Model = "@v" }, "model", []string{`"@v"`, "reserved", "@"}},
 		{"prompt negative", func(e *schemas.UsageEvent) { e.PromptTokens = -1 }, "prompt_tokens", []string{"-1", "negative"}},
 		{"prompt too big", func(e *schemas.UsageEvent) { e.PromptTokens = schemas.MaxTokensPerEvent + 1 }, "prompt_tokens", []string{"1000000000", "MaxTokensPerEvent"}},
 		{"completion negative", func(e *schemas.UsageEvent) { e.CompletionTokens = -5 }, "completion_tokens", []string{"negative"}},

@@ -334,3 +334,23 @@ func TestDedupKeyIsTenantIDAndEstimated(t *testing.T) {
 		t.Fatalf("topic holds req-9 %d times, want 3 (estimate, settlement, globex)", n)
 	}
 }
+
+// TestReservedModelRejected: model "*" used to get 202 and then be dropped
+// by the aggregator; "@…" names collide with the flag hash's own fields.
+// Both are refused at ingest, naming the field, and the valid event of the
+// same batch still goes through.
+func TestReservedModelRejected(t *testing.T) {
+	inst := startIngest(t, nil)
+	now := time.Now().UTC().Format(time.RFC3339Nano)
+	star := fmt.Sprintf(`{"id":"rm-1","time":%q,"tenant":"acme","model":"*","prompt_tokens":1,"completion_tokens":1}`, now)
+	at := fmt.Sprintf(`{"id":"rm-2","time":%q,"tenant":"acme","model":"@v","prompt_tokens":1,"completion_tokens":1}`, now)
+	a := post(t, inst.url, testKey, "", []byte(batchJSON(star, at, eventJSON("rm-3", "acme"))))
+	if a.code != http.StatusMultiStatus || a.body.Accepted != 1 || len(a.body.Rejected) != 2 {
+		t.Fatalf("%d %s, want 207 with rm-3 accepted and two rejections", a.code, a.raw)
+	}
+	for _, r := range a.body.Rejected {
+		if len(r.Errors) != 1 || r.Errors[0].Field != "model" || !strings.Contains(r.Errors[0].Reason, "reserved") {
+			t.Errorf("rejection %+v does not name model as reserved", r)
+		}
+	}
+}
