@@ -15,7 +15,8 @@ import (
 // The rules, with their limits:
 //
 //   - id: 1 to MaxIDLen bytes of printable ASCII without spaces (0x21–0x7E).
-//   - time: set, and between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z.
+//   - time: set, and between 1970-01-01T00:00:00Z and 2105-12-31T23:59:59Z
+//     (MaxEventTimeText; ClickHouse's DateTime ends in February 2106).
 //     Whether it is too far in the past or the future depends on the
 //     deployment, so ingest checks that separately with [CheckTime].
 //   - tenant: 1 to MaxTenantLen bytes of [A-Za-z0-9._:-].
@@ -221,7 +222,7 @@ func CheckEventModel(s string) string {
 }
 
 // CheckEventTime checks that the time of an event or signal is set and
-// within the years RFC 3339 can write, and returns the reason it is not, or
+// within the years Sluice can store (1970 to 2105), and returns the reason it is not, or
 // "". Decoders that take a time from elsewhere (a CloudEvents envelope) call
 // it themselves.
 func CheckEventTime(t time.Time) string {
@@ -229,8 +230,8 @@ func CheckEventTime(t time.Time) string {
 		return "is required; send the time the request finished in RFC 3339, for example 2024-05-01T12:00:00Z"
 	}
 	if t.Before(minEventTime) || t.After(maxEventTime) {
-		return fmt.Sprintf("is %s, outside 1970-01-01T00:00:00Z to 9999-12-31T23:59:59Z; check the gateway's clock",
-			t.UTC().Format(time.RFC3339Nano))
+		return fmt.Sprintf("is %s, outside 1970-01-01T00:00:00Z to %s (MaxEventTimeText, where ClickHouse's DateTime ends); check the gateway's clock",
+			t.UTC().Format(time.RFC3339Nano), MaxEventTimeText)
 	}
 	return ""
 }

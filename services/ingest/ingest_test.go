@@ -354,3 +354,31 @@ func TestReservedModelRejected(t *testing.T) {
 		}
 	}
 }
+
+// TestFutureTimeBounded: an event further in the future than
+// max_event_future is refused naming that limit; with the limit disabled,
+// a time past 2105 is still refused by the schema (ClickHouse's DateTime
+// would wrap it into the 1970s).
+func TestFutureTimeBounded(t *testing.T) {
+	ev := func(id string, at time.Time) string {
+		return fmt.Sprintf(`{"id":%q,"time":%q,"tenant":"acme","model":"m","prompt_tokens":1,"completion_tokens":1}`, id, at.Format(time.RFC3339Nano))
+	}
+	inst := startIngest(t, func(c *Config) { c.MaxEventFuture = 10 * time.Minute })
+	a := post(t, inst.url, testKey, "", []byte(ev("ft-1", time.Now().Add(time.Hour))))
+	if a.code != http.StatusBadRequest || len(a.body.Rejected) != 1 || len(a.body.Rejected[0].Errors) != 1 {
+		t.Fatalf("an hour ahead: %d %s, want 400 with one rejection", a.code, a.raw)
+	}
+	if fe := a.body.Rejected[0].Errors[0]; fe.Field != "time" || !strings.Contains(fe.Reason, "services.ingest.max_event_future") || !strings.Contains(fe.Reason, "10m0s") {
+		t.Errorf("rejection %+v does not name services.ingest.max_event_future and its value", fe)
+	}
+
+	open := startIngest(t, func(c *Config) { c.MaxEventFuture = 0 })
+	for _, at := range []string{"2106-01-01T00:00:00Z", "2105-12-31T23:30:00-01:00", "2200-01-01T00:00:00Z"} {
+		body := fmt.Sprintf(`{"id":"ft-2","time":%q,"tenant":"acme","model":"m","prompt_tokens":1,"completion_tokens":1}`, at)
+		a := post(t, open.url, testKey, "", []byte(body))
+		if a.code != http.StatusBadRequest || len(a.body.Rejected) != 1 || a.body.Rejected[0].Errors[0].Field != "time" ||
+			!strings.Contains(a.body.Rejected[0].Errors[0].Reason, "2105") {
+			t.Errorf("time %s with max_event_future disabled: %d %s, want 400 naming the 2105 cap", at, a.code, a.raw)
+		}
+	}
+}

@@ -172,6 +172,10 @@ var UsageCorpus = []Case{
 	{Name: "time leap second", Doc: Ev("time", Q("2016-12-31T23:59:60Z"))},
 	{Name: "time feb 30", Doc: Ev("time", Q("2024-02-30T12:00:00Z"))},
 	{Name: "time 1969", Doc: Ev("time", Q("1969-12-31T23:59:59Z"))},
+	{Name: "time 2106", Doc: Ev("time", Q("2106-01-01T00:00:00Z"))},
+	{Name: "time 2200", Doc: Ev("time", Q("2200-05-01T12:00:00Z"))},
+	{Name: "time 9999", Doc: Ev("time", Q("9999-12-31T23:59:59Z"))},
+	{Name: "time last second of 2105", Doc: Ev("time", Q("2105-12-31T23:59:59.999999999Z")), Valid: true},
 	{Name: "time ten fraction digits", Doc: Ev("time", Q("2024-05-01T12:00:00.1234567891Z"))},
 	{Name: "time comma", Doc: Ev("time", Q("2024-05-01T12:00:00,5Z"))},
 	{Name: "time unix", Doc: Ev("time", "1714564800")},
@@ -185,6 +189,7 @@ var UsageCorpus = []Case{
 	{Name: "lone surrogate", Doc: Ev("user", Q(`\ud800`)), GoOnly: "valid Unicode"},
 	{Name: "bytes not characters", Doc: Ev("user", Q(strings.Repeat("é", 200))), GoOnly: "lengths in bytes"},
 	{Name: "before 1970 in UTC", Doc: Ev("time", Q("1970-01-01T00:30:00+01:00")), GoOnly: "time range after applying the offset"},
+	{Name: "after 2105 in UTC", Doc: Ev("time", Q("2105-12-31T23:30:00-01:00")), GoOnly: "time range after applying the offset"},
 }
 
 // CEDoc builds a CloudEvent document carrying data (left out when "-"),
