@@ -3,14 +3,23 @@ package ingest
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/ops"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/schemas/eventjson"
 )
@@ -380,5 +389,43 @@ func TestFutureTimeBounded(t *testing.T) {
 			!strings.Contains(a.body.Rejected[0].Errors[0].Reason, "2105") {
 			t.Errorf("time %s with max_event_future disabled: %d %s, want 400 naming the 2105 cap", at, a.code, a.raw)
 		}
+	}
+}
+
+// TestCanceledRequestAnswers503: a request cancelled while its events wait
+// for the broker used to end with no answer written, which net/http sends
+// as an empty 200 — taken by a sender (or a proxy's client) as success.
+func TestCanceledRequestAnswers503(t *testing.T) {
+	kc := itest.Kafka(t)
+	proxy := itest.NewProxy(t, kc.Brokers[0])
+	cfg := DefaultConfig()
+	cfg.Topic = itest.Unique(t, "ingest_")
+	cfg.AllowAnonymous = true
+	cfg.MaxEventAge = 0
+	cfg.ProduceTimeout = time.Minute
+	env := platform.Env{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(), Kafka: kc}
+	s, err := newServer(context.Background(), cfg, env, proxyDialer(proxy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.kafka.Close()
+	proxy.Cut()
+	defer proxy.Restore()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/events", strings.NewReader(eventJSON("cx-1", "acme")))
+	rec := httptest.NewRecorder()
+	done := make(chan struct{})
+	go func() { s.events(rec, req); close(done) }()
+	// The event is claimed (in flight) once the handler is waiting for the
+	// broker; then the client goes away.
+	itest.Eventually(t, 30*time.Second, "the event to be in flight", func() bool { return s.budget.used.Load() == 1 })
+	cancel()
+	<-done
+	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" {
+		t.Fatalf("cancelled request answered %d %q, want 503 with Retry-After", rec.Code, rec.Body.String())
+	}
+	if n := testutil.ToFloat64(s.m.unavailable.WithLabelValues("canceled")); n != 1 {
+		t.Fatalf("unavailable{canceled} = %v, want 1", n)
 	}
 }

@@ -239,7 +239,12 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) {
 		s.unavailable(w, "in_flight_duplicate", "another request is producing events with the same id; retry later")
 		return
 	case res.canceled:
-		return // the client is gone; nobody reads an answer
+		// The client is most likely gone, but a proxy in between may still
+		// relay the answer: it must never be an implicit 200, which a sender
+		// would take for an acknowledgement of events the broker may not
+		// have. Acknowledged ones are recognised as duplicates on retry.
+		s.unavailable(w, "canceled", "the request was cancelled before the broker acknowledged every event; retry, acknowledged ones will be recognised as duplicates")
+		return
 	}
 	s.m.events.WithLabelValues("accepted").Add(float64(res.produced))
 	s.m.events.WithLabelValues("duplicate").Add(float64(res.duplicates))
