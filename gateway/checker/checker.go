@@ -10,7 +10,10 @@
 // view is stale, manual breakers and blacklists stay in force past their
 // Until: the enforcer caps every flag's Until a minute ahead and rewrites
 // it while it lives, so a gateway cut off from Redis would otherwise let a
-// leaked key through a minute into the outage. Breakers tied to traffic
+// leaked key through a minute into the outage. For the same reason they are
+// kept when a resync during staleness finds their hash expired (Redis
+// reachable, enforcer dead); the first resync on a fresh view drops them if
+// Redis no longer holds them. Breakers tied to traffic
 // (quota, rate, error ratio, slow call) still lapse, so that a dead enforcer
 // cannot leave a tenant blocked for ever.
 //
@@ -492,6 +495,62 @@ func inheritProbes(prev, next *tenantView) {
 	}
 }
 
+// keepSticky returns next (nil or empty: the tenant has no flags in Redis)
+// with the operator flags of prev that next lacks added back, or nil when
+// there is nothing to keep. It is used while the view is stale, when the
+// hashes have expired because no enforcer refreshes them: a blacklist must
+// not lapse because its refresher died.
+func (c *Checker) keepSticky(prev, next *tenantView) *tenantView {
+	var models []entry
+	var keys map[string]*entry
+	for i := range prev.models {
+		if e := &prev.models[i]; e.sticky && (next == nil || !next.hasModel(e.scope)) {
+			models = append(models, *e)
+		}
+	}
+	for id, e := range prev.keys {
+		if e.sticky && (next == nil || next.keys[id] == nil) {
+			if keys == nil {
+				keys = map[string]*entry{}
+			}
+			keys[id] = e
+		}
+	}
+	if len(models) == 0 && len(keys) == 0 {
+		return next
+	}
+	n := len(models)
+	if next != nil {
+		n += len(next.models)
+	}
+	tv := newView(n)
+	tv.setName(prev.name, prev.hash)
+	tv.version = prev.version
+	if next != nil {
+		tv.version = max(tv.version, next.version)
+		tv.models = append(tv.models, next.models...)
+		for id, e := range next.keys {
+			if keys == nil {
+				keys = map[string]*entry{}
+			}
+			keys[id] = e
+		}
+	}
+	tv.models = append(tv.models, models...)
+	tv.keys = keys
+	return tv
+}
+
+// hasModel reports whether tv has a flag on scope.
+func (tv *tenantView) hasModel(scope string) bool {
+	for i := range tv.models {
+		if tv.models[i].scope == scope {
+			return true
+		}
+	}
+	return false
+}
+
 // sameBreaker reports whether two half-open entries are one breaker state.
 func sameBreaker(a, b *entry) bool {
 	if !a.halfOpen || !b.halfOpen || a.probes == nil {
@@ -534,6 +593,10 @@ func cutKey(field string) (string, bool) {
 func (c *Checker) apply(updates map[string]*tenantView, keepNewerThan int64, full bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// While the view is stale but Redis answers, the enforcer is gone and
+	// its keys expire after flag_ttl; operator flags are kept anyway (see
+	// the package documentation).
+	stale := c.stale.Load()
 	byShard := map[uint64][]string{}
 	for t := range updates {
 		s := shardIndex(c.hash(t))
@@ -549,6 +612,11 @@ func (c *Checker) apply(updates map[string]*tenantView, keepNewerThan int64, ful
 		old.each(func(tv *tenantView) {
 			if full {
 				if _, seen := updates[tv.name]; !seen && tv.version <= keepNewerThan {
+					if stale {
+						if kept := c.keepSticky(tv, nil); kept != nil {
+							next[tv.name] = kept
+						}
+					}
 					return // gone from Redis: expired or cleared
 				}
 			}
@@ -556,11 +624,14 @@ func (c *Checker) apply(updates map[string]*tenantView, keepNewerThan int64, ful
 		})
 		for _, t := range names {
 			tv := updates[t]
+			cur := next[t]
+			if stale && cur != nil {
+				tv = c.keepSticky(cur, tv)
+			}
 			if tv == nil || (len(tv.models) == 0 && len(tv.keys) == 0) {
 				delete(next, t)
 				continue
 			}
-			cur := next[t]
 			if cur != nil && cur.version > tv.version {
 				continue // a newer read already landed
 			}

@@ -312,3 +312,38 @@ func TestBeforeFirstSync(t *testing.T) {
 		}
 	}
 }
+
+// TestOperatorFlagsOutliveExpiredHashesWhileStale: with Redis reachable but
+// no enforcer (stale), the tenant hashes expire after flag_ttl and a resync
+// finds nothing; blacklists and manual breakers are kept, traffic breakers
+// go. Once fresh, a resync that does not see them drops them.
+func TestOperatorFlagsOutliveExpiredHashesWhileStale(t *testing.T) {
+	c := newTestChecker(t)
+	until := time.Now().Add(time.Minute)
+	install(c, "acme", 1, map[string]*flags.Flag{
+		flags.KeyField("leaked"): {State: flags.StateBlacklist, Kind: flags.KindBlacklist, Until: until},
+		"gpt-4o":                 {State: flags.StateOpen, Kind: flags.KindQuota, Until: until},
+	})
+	install(c, "globex", 1, map[string]*flags.Flag{flags.AllModels: {State: flags.StateOpen, Kind: flags.KindManual, Until: until}})
+	c.lastFresh.Store(time.Now().Add(-time.Hour).UnixNano())
+	c.updateStale()
+	c.apply(map[string]*tenantView{}, 10, true)                                                     // every hash expired
+	c.apply(map[string]*tenantView{"globex": c.buildView("globex", map[string]string{})}, 0, false) // a refetch finds none
+	if d := c.Check("acme", "m", "leaked"); d.Outcome != Refused {
+		t.Fatalf("blacklisted key after its hash expired, view stale: %+v", d)
+	}
+	if d := c.Check("acme", "gpt-4o", ""); !d.Allowed() {
+		t.Fatalf("quota breaker kept after its hash expired: %+v", d)
+	}
+	if d := c.Check("globex", "m", ""); d.Outcome != Refused {
+		t.Fatalf("manual breaker after its hash expired, view stale: %+v", d)
+	}
+	c.fresh()
+	c.apply(map[string]*tenantView{}, 10, true)
+	if d := c.Check("acme", "m", "leaked"); !d.Allowed() {
+		t.Fatalf("fresh resync without the blacklist kept it: %+v", d)
+	}
+	if n := c.Tenants(); n != 0 {
+		t.Fatalf("%d tenants left after a fresh empty resync", n)
+	}
+}

@@ -217,10 +217,12 @@ func (c *Checker) resyncOnce(ctx context.Context) error {
 		return err
 	}
 	c.failModes.Store(&modes)
-	c.apply(updates, v0, true)
+	// Liveness first: apply keeps operator flags Redis no longer holds only
+	// while the view is stale (no enforcer), not once one is back.
 	if n, err := c.rdb.Exists(ctx, c.keys.HeartbeatKey()).Result(); err == nil && n == 1 {
 		c.fresh()
 	}
+	c.apply(updates, v0, true)
 	return nil
 }
 
