@@ -32,7 +32,7 @@ type Config struct {
 	Compression     string        `yaml:"compression" help:"produce batch compression: lz4, zstd, snappy, gzip or none"`
 
 	DedupWindow time.Duration `yaml:"dedup_window" help:"how long an acknowledged event id is remembered to drop duplicates"`
-	DedupMaxIDs int           `yaml:"dedup_max_ids" help:"most ids remembered; the oldest is forgotten first (about 120 bytes each)"`
+	DedupMaxIDs int           `yaml:"dedup_max_ids" help:"most ids remembered; the oldest is forgotten first (about 200 bytes each with 36-byte ids: tenant, id and estimated are remembered)"`
 
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout" help:"on shutdown, how long in-flight requests and the producer get to finish"`
 }
