@@ -5,8 +5,10 @@
 //   - checker keeps every enforcement flag in memory and answers a request
 //     check with a map lookup and no network call;
 //   - middleware wraps a net/http handler with that check and answers 429 or
-//     503 naming the limit;
-//   - flags is the Redis layout the enforcer writes and the checker reads.
+//     503 naming the limit, and, given an Emitter, emits a rejected usage
+//     event for each refusal so that refusals are counted;
+//   - flags is the Redis layout the enforcer writes and the checker reads
+//     (docs/flags.md describes it for gateways in other languages).
 //
 // The SDK lives in the root module (github.com/sluicehq/sluice) but links
 // nothing server-only: no ClickHouse driver, no embedded Kafka broker, no

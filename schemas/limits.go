@@ -69,9 +69,17 @@ const (
 )
 
 // Event times must fall between these instants. Go's zero time.Time (year 1)
-// means "not set"; anything before 1970 or after 9999 is a broken clock or a
-// unit mix-up, and years past 9999 cannot be written in RFC 3339.
+// means "not set"; anything before 1970 is a broken clock or a unit mix-up.
+// The upper end is where the events are stored: ClickHouse's DateTime is
+// seconds in a UInt32 and ends at 2106-02-07T06:28:15Z, and the driver
+// silently wraps a later time into the 1970s instead of failing. The cap is
+// the last second of 2105, a whole year that both the Go check and the JSON
+// Schema's year pattern can state.
 var (
 	minEventTime = time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)
-	maxEventTime = time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC)
+	maxEventTime = time.Date(2105, 12, 31, 23, 59, 59, 999999999, time.UTC)
 )
+
+// MaxEventTimeText is the latest event time accepted, as written in errors
+// and in the JSON Schema.
+const MaxEventTimeText = "2105-12-31T23:59:59Z"

@@ -15,7 +15,7 @@ import (
 //     models.
 //   - kind: one of the SignalKind constants. A consumer that meets a kind it
 //     does not know (a newer producer) should log and skip the signal.
-//   - time: set, between 1970 and 9999.
+//   - time: set, between 1970 and 2105 (MaxEventTimeText).
 //   - quota, period, direction, unit, mode: empty or one of their constants.
 //   - period_start, period_end: both or neither, and end after start.
 //   - tier, previous_tier: 0 to MaxTier.

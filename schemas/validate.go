@@ -15,11 +15,13 @@ import (
 // The rules, with their limits:
 //
 //   - id: 1 to MaxIDLen bytes of printable ASCII without spaces (0x21–0x7E).
-//   - time: set, and between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z.
+//   - time: set, and between 1970-01-01T00:00:00Z and 2105-12-31T23:59:59Z
+//     (MaxEventTimeText; ClickHouse's DateTime ends in February 2106).
 //     Whether it is too far in the past or the future depends on the
 //     deployment, so ingest checks that separately with [CheckTime].
 //   - tenant: 1 to MaxTenantLen bytes of [A-Za-z0-9._:-].
-//   - model: 1 to MaxModelLen bytes of printable ASCII (0x20–0x7E).
+//   - model: 1 to MaxModelLen bytes of printable ASCII (0x20–0x7E), not
+//     the reserved name "*" and not beginning with "@" (see [CheckEventModel]).
 //   - prompt_tokens, completion_tokens, cached_tokens: 0 to
 //     MaxTokensPerEvent, and cached_tokens at most prompt_tokens.
 //   - status: 0 (unknown) or MinStatus to MaxStatus.
@@ -59,7 +61,7 @@ func (e *UsageEvent) ValidateFields(errs *ValidationError, prefix string, skip E
 		}
 	}
 	if skip&FieldModel == 0 {
-		if r := checkModel(e.Model); r != "" {
+		if r := CheckEventModel(e.Model); r != "" {
 			errs.Add(prefix, "model", r)
 		}
 	}
@@ -199,8 +201,28 @@ func checkModel(s string) string {
 	return checkIdent(s, MaxModelLen, "MaxModelLen", printable, "printable ASCII (0x20-0x7E)")
 }
 
+// CheckEventModel checks the model of a usage event and returns the reason
+// it is invalid, or "". Beyond [checkModel] it refuses the names Sluice
+// reserves: "*" means "every model" in policies, signals and flags, so an
+// event for model "*" would be accepted and then dropped by the aggregator
+// (tokens spent and never metered); names beginning with "@" are the
+// non-model fields of the Redis flag hash ("@v", "@key:…"), so a flag for
+// such a model would overwrite them.
+func CheckEventModel(s string) string {
+	if r := checkModel(s); r != "" {
+		return r
+	}
+	if s == "*" {
+		return `is "*", which is reserved for "every model" in policies and flags; send the name of the model the request used`
+	}
+	if s[0] == '@' {
+		return fmt.Sprintf("is %q; model names beginning with \"@\" are reserved by the flag layout: send the model name without the leading @", s)
+	}
+	return ""
+}
+
 // CheckEventTime checks that the time of an event or signal is set and
-// within the years RFC 3339 can write, and returns the reason it is not, or
+// within the years Sluice can store (1970 to 2105), and returns the reason it is not, or
 // "". Decoders that take a time from elsewhere (a CloudEvents envelope) call
 // it themselves.
 func CheckEventTime(t time.Time) string {
@@ -208,8 +230,8 @@ func CheckEventTime(t time.Time) string {
 		return "is required; send the time the request finished in RFC 3339, for example 2024-05-01T12:00:00Z"
 	}
 	if t.Before(minEventTime) || t.After(maxEventTime) {
-		return fmt.Sprintf("is %s, outside 1970-01-01T00:00:00Z to 9999-12-31T23:59:59Z; check the gateway's clock",
-			t.UTC().Format(time.RFC3339Nano))
+		return fmt.Sprintf("is %s, outside 1970-01-01T00:00:00Z to %s (MaxEventTimeText, where ClickHouse's DateTime ends); check the gateway's clock",
+			t.UTC().Format(time.RFC3339Nano), MaxEventTimeText)
 	}
 	return ""
 }

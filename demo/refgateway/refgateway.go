@@ -4,7 +4,8 @@
 // (through the SDK middleware) whether the tenant may call the model — a
 // local map lookup, no network call — proxies the request to an
 // OpenAI-compatible upstream, and emits one usage event per completed call
-// with the usage the upstream reported, streaming included.
+// with the usage the upstream reported, streaming included, and one per
+// refused call (outcome rejected, zero tokens), so refusals are counted.
 package refgateway
 
 import (
@@ -75,7 +76,7 @@ func (g *Gateway) Handler() http.Handler {
 			return "", "", "", false
 		}
 		return info.caller.Tenant, info.model, info.caller.APIKeyID, true
-	})
+	}, middleware.WithEmitter(g.Emitter, g.Name))
 	proxy := check(http.HandlerFunc(g.proxy))
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {

@@ -81,7 +81,10 @@ func TestServedCallIsMeteredWithUpstreamUsage(t *testing.T) {
 	}
 }
 
-func TestRefusedCallNamesTheLimitAndIsNotMetered(t *testing.T) {
+// TestRefusedCallNamesTheLimitAndIsCounted: a refused call is answered
+// with the limit and emitted as a rejected event with zero tokens, so the
+// refusal is visible in Sluice (it used to emit nothing).
+func TestRefusedCallNamesTheLimitAndIsCounted(t *testing.T) {
 	resets := time.Now().Add(30 * time.Minute)
 	srv, rec := setup(t, decider{"blocked": {Outcome: checker.Refused, Scope: "*",
 		Flag: &flags.Flag{State: flags.StateOpen, Kind: flags.KindQuota, Quota: "hourly_tokens", Period: "hour",
@@ -90,8 +93,12 @@ func TestRefusedCallNamesTheLimitAndIsNotMetered(t *testing.T) {
 	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, "hourly_tokens") {
 		t.Fatalf("status %d Retry-After %q body %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
 	}
-	if len(rec.events) != 0 {
-		t.Fatalf("a refused call was metered: %+v", rec.events)
+	if len(rec.events) != 1 {
+		t.Fatalf("a refused call emitted %d events, want 1: %+v", len(rec.events), rec.events)
+	}
+	if ev := rec.events[0]; ev.Outcome != schemas.OutcomeRejected || ev.TotalTokens() != 0 || ev.Status != http.StatusTooManyRequests ||
+		ev.Tenant != "blocked" || ev.APIKeyID != "key-b" || ev.Model != "gpt-4o" || ev.Gateway != "ref-1" || ev.Validate() != nil {
+		t.Fatalf("refusal event %+v (validate: %v)", ev, ev.Validate())
 	}
 	if resp, _ := call(t, srv.URL, "sk-nope", `{}`); resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("unknown key: status %d, want 401", resp.StatusCode)

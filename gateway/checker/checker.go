@@ -6,7 +6,24 @@
 //
 // When the Checker's view is older than Config.MaxStaleness (Redis gone,
 // enforcer dead), each tenant falls back to its fail mode: "open" keeps
-// serving (honouring the flags still known), "closed" refuses.
+// serving (honouring the flags still known), "closed" refuses. While the
+// view is stale, manual breakers and blacklists stay in force past their
+// Until: the enforcer caps every flag's Until a minute ahead and rewrites
+// it while it lives, so a gateway cut off from Redis would otherwise let a
+// leaked key through a minute into the outage. For the same reason they are
+// kept when a resync during staleness finds their hash expired (Redis
+// reachable, enforcer dead); the first resync on a fresh view drops them if
+// Redis no longer holds them. Breakers tied to traffic
+// (quota, rate, error ratio, slow call) still lapse, so that a dead enforcer
+// cannot leave a tenant blocked for ever.
+//
+// Before the first full resync the Checker knows no flag and no tenant's
+// fail mode. It then answers as a fresh view with no flags (every request
+// allowed) for MaxStaleness after New, and after that as a stale view in
+// which every tenant has Config.DefaultFailMode: a gateway that starts while
+// Redis is down serves (default open) or refuses (default closed) everyone
+// alike, until the first resync tells it the truth. Synced reports when it
+// has.
 package checker
 
 import (
@@ -43,8 +60,9 @@ type Config struct {
 	// anything a lost pub/sub message left behind.
 	ResyncInterval time.Duration `yaml:"resync_interval" help:"period of full resyncs from Redis"`
 	// DefaultFailMode applies to tenants the enforcer published no fail mode
-	// for.
-	DefaultFailMode FailMode `yaml:"default_fail_mode" help:"open or closed, for tenants without a published fail mode"`
+	// for, and to every tenant before the first resync, when no fail mode
+	// is known yet.
+	DefaultFailMode FailMode `yaml:"default_fail_mode" help:"open or closed, for tenants without a published fail mode and for every tenant before the first resync from Redis"`
 	// MaxPending bounds the set of tenants waiting to be refetched; beyond
 	// it the Checker drops the set and resyncs everything instead.
 	MaxPending int `yaml:"max_pending" help:"tenants queued for refetch before a full resync is cheaper"`
@@ -136,9 +154,20 @@ type entry struct {
 	flag     *flags.Flag
 	untilNS  int64 // flag.Until in unix ns; 0 = none
 	halfOpen bool  // flag.State == StateHalfOpen, kept here to spare a memory access
-	scope    string
-	probes   atomic.Int64
+	// sticky marks an operator's decision (manual breaker, blacklist): it
+	// stays in force past untilNS while the view is stale.
+	sticky bool
+	scope  string
+	// probes is what a half-open breaker has left here; nil otherwise. A
+	// pointer, so that the view rebuilt by the next resync or refetch
+	// shares the counter with the one it replaces (see inheritProbes)
+	// instead of granting a fresh set of probes every resync.
+	probes *atomic.Int64
 }
+
+// maxScopes is how many scopes one request can match: its API key, its
+// model and "*".
+const maxScopes = 3
 
 // tenantView is one tenant's flags; immutable once published, except for
 // the probe counters. Model flags sit in a short slice scanned linearly: a
@@ -300,46 +329,64 @@ func (c *Checker) refuseStale(tenant string) (Decision, bool) {
 	return Decision{}, false
 }
 
-// checkView decides for a tenant that has flags: an API key flag first,
-// then the model's, then the tenant-wide one.
+// checkView decides for a tenant that has flags. Every scope the request
+// matches (its API key, its model, "*") is evaluated and any refusal wins:
+// a half-open breaker on the model must not let a probe through a
+// tenant-wide blacklist or quota. A probe goes through only when every
+// matching flag is half-open and each has a probe left; it spends one probe
+// of each.
 //
 //go:noinline
 func (c *Checker) checkView(tv *tenantView, model, apiKeyID string, stale bool) Decision {
+	var live [maxScopes]*entry
+	n := 0
+	now := c.clock.Load()
 	if apiKeyID != "" && tv.keys != nil {
-		if e := tv.keys[apiKeyID]; e != nil {
-			if d, hit := c.decide(e, stale); hit {
-				return d
-			}
+		if e := tv.keys[apiKeyID]; e != nil && e.live(now, stale) {
+			live[n] = e
+			n++
 		}
 	}
-	var all *entry
 	for i := range tv.models {
 		e := &tv.models[i]
-		if e.scope == model {
-			if d, hit := c.decide(e, stale); hit {
-				return d
+		if (e.scope == model || e.scope == flags.AllModels) && e.live(now, stale) && n < maxScopes {
+			live[n] = e
+			n++
+		}
+	}
+	if n == 0 {
+		return Decision{Stale: stale}
+	}
+	// A refusal: the most specific scope, except that a blacklist is named
+	// first, since it says most about why and for how long.
+	var refuse *entry
+	for _, e := range live[:n] {
+		if !e.halfOpen && (refuse == nil || e.flag.State == flags.StateBlacklist && refuse.flag.State != flags.StateBlacklist) {
+			refuse = e
+		}
+	}
+	if refuse != nil {
+		return Decision{Outcome: Refused, Flag: refuse.flag, Scope: refuse.scope, Stale: stale}
+	}
+	// Every matching flag is half-open: take a probe from each, or give
+	// back what was taken and refuse with the one that had none left.
+	for i, e := range live[:n] {
+		if e.probes.Add(-1) < 0 {
+			e.probes.Add(1)
+			for _, t := range live[:i] {
+				t.probes.Add(1)
 			}
-		} else if e.scope == flags.AllModels {
-			all = e
+			return Decision{Outcome: Refused, Flag: e.flag, Scope: e.scope, Stale: stale}
 		}
 	}
-	if all != nil {
-		if d, hit := c.decide(all, stale); hit {
-			return d
-		}
-	}
-	return Decision{Stale: stale}
+	return Decision{Outcome: Probe, Flag: live[0].flag, Scope: live[0].scope, Stale: stale}
 }
 
-func (c *Checker) decide(e *entry, stale bool) (Decision, bool) {
-	f := e.flag
-	if e.untilNS != 0 && c.clock.Load() >= e.untilNS {
-		return Decision{}, false // expired: the enforcer stopped refreshing it
-	}
-	if e.halfOpen && e.probes.Add(-1) >= 0 {
-		return Decision{Outcome: Probe, Flag: f, Scope: e.scope, Stale: stale}, true
-	}
-	return Decision{Outcome: Refused, Flag: f, Scope: e.scope, Stale: stale}, true
+// live reports whether e applies at now (unix ns). An expired flag means the
+// enforcer stopped refreshing it; an operator's decision is kept anyway
+// while the view is stale, because then the missing refresh says nothing.
+func (e *entry) live(now int64, stale bool) bool {
+	return e.untilNS == 0 || now < e.untilNS || (stale && e.sticky)
 }
 
 func (c *Checker) failMode(tenant string) FailMode {
@@ -401,21 +448,117 @@ func (c *Checker) buildView(tenant string, fields map[string]string) *tenantView
 		if !f.Until.IsZero() {
 			untilNS = f.Until.UnixNano()
 		}
+		e := entry{flag: f, untilNS: untilNS, halfOpen: f.State == flags.StateHalfOpen,
+			sticky: f.Kind == flags.KindManual || f.Kind == flags.KindBlacklist || f.State == flags.StateBlacklist}
+		if e.halfOpen {
+			e.probes = new(atomic.Int64)
+			e.probes.Store(int64(f.Probes))
+		}
 		if id, ok := cutKey(k); ok {
 			if tv.keys == nil {
 				tv.keys = map[string]*entry{}
 			}
-			e := &entry{flag: f, scope: k, untilNS: untilNS, halfOpen: f.State == flags.StateHalfOpen}
-			e.probes.Store(int64(f.Probes))
-			tv.keys[id] = e
+			e.scope = k
+			tv.keys[id] = &e
 		} else {
-			tv.models = append(tv.models, entry{flag: f, scope: c.internScope(k), untilNS: untilNS, halfOpen: f.State == flags.StateHalfOpen})
+			e.scope = c.internScope(k)
+			tv.models = append(tv.models, e)
 		}
 	}
-	for i := range tv.models {
-		tv.models[i].probes.Store(int64(tv.models[i].flag.Probes))
-	}
 	return tv
+}
+
+// inheritProbes makes the half-open entries of next, which replaces prev,
+// share prev's probe counters where the breaker is the same one: same scope
+// and the same flag apart from Until and RetryAfter, which the enforcer
+// moves on every rewrite. Without it every resync (or any change of the
+// tenant) would grant each Checker a fresh set of probes. A breaker that
+// went open and half-open again arrives as a different flag in between and
+// gets fresh probes.
+func inheritProbes(prev, next *tenantView) {
+	for i := range next.models {
+		e := &next.models[i]
+		if !e.halfOpen {
+			continue
+		}
+		for j := range prev.models {
+			if p := &prev.models[j]; p.scope == e.scope && sameBreaker(p, e) {
+				e.probes = p.probes
+				break
+			}
+		}
+	}
+	for id, e := range next.keys {
+		if p := prev.keys[id]; e.halfOpen && p != nil && sameBreaker(p, e) {
+			e.probes = p.probes
+		}
+	}
+}
+
+// keepSticky returns next (nil or empty: the tenant has no flags in Redis)
+// with the operator flags of prev that next lacks added back, or nil when
+// there is nothing to keep. It is used while the view is stale, when the
+// hashes have expired because no enforcer refreshes them: a blacklist must
+// not lapse because its refresher died.
+func (c *Checker) keepSticky(prev, next *tenantView) *tenantView {
+	var models []entry
+	var keys map[string]*entry
+	for i := range prev.models {
+		if e := &prev.models[i]; e.sticky && (next == nil || !next.hasModel(e.scope)) {
+			models = append(models, *e)
+		}
+	}
+	for id, e := range prev.keys {
+		if e.sticky && (next == nil || next.keys[id] == nil) {
+			if keys == nil {
+				keys = map[string]*entry{}
+			}
+			keys[id] = e
+		}
+	}
+	if len(models) == 0 && len(keys) == 0 {
+		return next
+	}
+	n := len(models)
+	if next != nil {
+		n += len(next.models)
+	}
+	tv := newView(n)
+	tv.setName(prev.name, prev.hash)
+	tv.version = prev.version
+	if next != nil {
+		tv.version = max(tv.version, next.version)
+		tv.models = append(tv.models, next.models...)
+		for id, e := range next.keys {
+			if keys == nil {
+				keys = map[string]*entry{}
+			}
+			keys[id] = e
+		}
+	}
+	tv.models = append(tv.models, models...)
+	tv.keys = keys
+	return tv
+}
+
+// hasModel reports whether tv has a flag on scope.
+func (tv *tenantView) hasModel(scope string) bool {
+	for i := range tv.models {
+		if tv.models[i].scope == scope {
+			return true
+		}
+	}
+	return false
+}
+
+// sameBreaker reports whether two half-open entries are one breaker state.
+func sameBreaker(a, b *entry) bool {
+	if !a.halfOpen || !b.halfOpen || a.probes == nil {
+		return false
+	}
+	x, y := *a.flag, *b.flag
+	x.Until, y.Until, x.RetryAfter, y.RetryAfter = time.Time{}, time.Time{}, 0, 0
+	return flags.Encode(&x) == flags.Encode(&y)
 }
 
 // maxInterned bounds the intern table; past it scopes are simply not shared.
@@ -450,6 +593,10 @@ func cutKey(field string) (string, bool) {
 func (c *Checker) apply(updates map[string]*tenantView, keepNewerThan int64, full bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// While the view is stale but Redis answers, the enforcer is gone and
+	// its keys expire after flag_ttl; operator flags are kept anyway (see
+	// the package documentation).
+	stale := c.stale.Load()
 	byShard := map[uint64][]string{}
 	for t := range updates {
 		s := shardIndex(c.hash(t))
@@ -465,6 +612,11 @@ func (c *Checker) apply(updates map[string]*tenantView, keepNewerThan int64, ful
 		old.each(func(tv *tenantView) {
 			if full {
 				if _, seen := updates[tv.name]; !seen && tv.version <= keepNewerThan {
+					if stale {
+						if kept := c.keepSticky(tv, nil); kept != nil {
+							next[tv.name] = kept
+						}
+					}
 					return // gone from Redis: expired or cleared
 				}
 			}
@@ -472,12 +624,19 @@ func (c *Checker) apply(updates map[string]*tenantView, keepNewerThan int64, ful
 		})
 		for _, t := range names {
 			tv := updates[t]
+			cur := next[t]
+			if stale && cur != nil {
+				tv = c.keepSticky(cur, tv)
+			}
 			if tv == nil || (len(tv.models) == 0 && len(tv.keys) == 0) {
 				delete(next, t)
 				continue
 			}
-			if cur := next[t]; cur != nil && cur.version > tv.version {
+			if cur != nil && cur.version > tv.version {
 				continue // a newer read already landed
+			}
+			if cur != nil {
+				inheritProbes(cur, tv)
 			}
 			next[t] = tv
 		}

@@ -165,3 +165,185 @@ func load(c *Checker, n int) {
 	}
 	c.apply(updates, 0, false)
 }
+
+// TestHalfOpenDoesNotBypassOtherScopes: a half-open model breaker used to
+// let its probes through whatever else applied to the tenant or the key.
+// Every matching scope is evaluated and any refusal wins, without spending
+// the probes.
+func TestHalfOpenDoesNotBypassOtherScopes(t *testing.T) {
+	until := time.Now().Add(time.Hour)
+	halfOpen := &flags.Flag{State: flags.StateHalfOpen, Kind: flags.KindErrorRatio, Probes: 3, Until: until}
+	for name, other := range map[string]map[string]*flags.Flag{
+		"tenant-wide blacklist": {flags.AllModels: {State: flags.StateBlacklist, Kind: flags.KindBlacklist, Until: until}},
+		"tenant-wide quota":     {flags.AllModels: {State: flags.StateOpen, Kind: flags.KindQuota, Quota: "monthly_tokens", Until: until, ResetsAt: until}},
+		"key blacklist":         {flags.KeyField("k1"): {State: flags.StateBlacklist, Kind: flags.KindBlacklist, Until: until}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := newTestChecker(t)
+			fl := map[string]*flags.Flag{"m": halfOpen}
+			for k, f := range other {
+				fl[k] = f
+			}
+			install(c, "acme", 1, fl)
+			for i := range 5 {
+				if d := c.Check("acme", "m", "k1"); d.Outcome != Refused || d.Flag.State == flags.StateHalfOpen {
+					t.Fatalf("check %d: %+v, want refused by the %s", i, d, name)
+				}
+			}
+			// The refusals did not spend the model's probes.
+			install(c, "acme", 2, map[string]*flags.Flag{"m": halfOpen})
+			if d := c.Check("acme", "m", "k1"); d.Outcome != Probe {
+				t.Fatalf("after the other flag went: %+v, want a probe", d)
+			}
+		})
+	}
+}
+
+// TestHalfOpenEverywhereSpendsEachScopesProbes: with the model and "*"
+// both half-open, a probe needs one of each; when one has none left the
+// other's is given back.
+func TestHalfOpenEverywhereSpendsEachScopesProbes(t *testing.T) {
+	c := newTestChecker(t)
+	until := time.Now().Add(time.Hour)
+	install(c, "acme", 1, map[string]*flags.Flag{
+		"m":             {State: flags.StateHalfOpen, Kind: flags.KindErrorRatio, Probes: 5, Until: until},
+		flags.AllModels: {State: flags.StateHalfOpen, Kind: flags.KindSlowCall, Probes: 2, Until: until},
+	})
+	probes := 0
+	for range 10 {
+		if c.Check("acme", "m", "").Outcome == Probe {
+			probes++
+		}
+	}
+	if probes != 2 {
+		t.Fatalf("%d probes, want 2 (the tenant-wide breaker's)", probes)
+	}
+	if d := c.Check("acme", "other", ""); d.Outcome != Refused {
+		t.Fatalf("other model after the tenant-wide probes ran out: %+v", d)
+	}
+}
+
+// TestProbesSurviveRebuild: the periodic resync rebuilds every view; a
+// half-open breaker that is still the same must not hand out a new set of
+// probes each time (the enforcer moves Until on every rewrite).
+func TestProbesSurviveRebuild(t *testing.T) {
+	c := newTestChecker(t)
+	f := &flags.Flag{State: flags.StateHalfOpen, Kind: flags.KindErrorRatio, Probes: 3, Until: time.Now().Add(time.Minute)}
+	install(c, "acme", 1, map[string]*flags.Flag{"m": f})
+	for range 2 {
+		if d := c.Check("acme", "m", ""); d.Outcome != Probe {
+			t.Fatalf("%+v, want a probe", d)
+		}
+	}
+	rewritten := *f
+	rewritten.Until = f.Until.Add(30 * time.Second)
+	install(c, "acme", 2, map[string]*flags.Flag{"m": &rewritten})                // a refetch after a rewrite
+	c.apply(map[string]*tenantView{"acme": c.buildView("acme", map[string]string{ // a full resync
+		flags.VersionField: "2", "m": flags.Encode(&rewritten)})}, 2, true)
+	probes := 0
+	for range 5 {
+		if c.Check("acme", "m", "").Outcome == Probe {
+			probes++
+		}
+	}
+	if probes != 1 {
+		t.Fatalf("%d probes after rebuilds, want the 1 left", probes)
+	}
+	// A new half-open period (after an open one) is a new breaker state.
+	install(c, "acme", 3, map[string]*flags.Flag{"m": {State: flags.StateOpen, Kind: flags.KindErrorRatio, Until: f.Until}})
+	install(c, "acme", 4, map[string]*flags.Flag{"m": f})
+	if d := c.Check("acme", "m", ""); d.Outcome != Probe {
+		t.Fatalf("new half-open period: %+v, want a probe", d)
+	}
+}
+
+// TestOperatorFlagsOutliveUntilWhileStale: the enforcer caps every flag's
+// Until a minute ahead; a gateway cut off from Redis must keep a blacklist
+// or manual breaker past it, while breakers tied to traffic lapse.
+func TestOperatorFlagsOutliveUntilWhileStale(t *testing.T) {
+	c := newTestChecker(t)
+	c.failModes.Store(&map[string]FailMode{"*": FailOpen})
+	until := time.Now().Add(time.Minute)
+	install(c, "acme", 1, map[string]*flags.Flag{flags.KeyField("leaked"): {State: flags.StateBlacklist, Kind: flags.KindBlacklist, Until: until}})
+	install(c, "globex", 1, map[string]*flags.Flag{flags.AllModels: {State: flags.StateOpen, Kind: flags.KindManual, Until: until}})
+	install(c, "initech", 1, map[string]*flags.Flag{flags.AllModels: {State: flags.StateOpen, Kind: flags.KindQuota, Until: until}})
+
+	c.lastFresh.Store(time.Now().Add(-time.Hour).UnixNano()) // Redis lost long ago
+	c.updateStale()
+	c.clock.Store(until.Add(time.Minute).UnixNano()) // past every Until
+	if d := c.Check("acme", "m", "leaked"); d.Outcome != Refused || !d.Stale {
+		t.Fatalf("blacklisted key on a stale view past Until: %+v, want refused", d)
+	}
+	if d := c.Check("globex", "m", ""); d.Outcome != Refused {
+		t.Fatalf("manual breaker on a stale view past Until: %+v, want refused", d)
+	}
+	if d := c.Check("initech", "m", ""); !d.Allowed() {
+		t.Fatalf("quota breaker past Until: %+v, want lapsed", d)
+	}
+	// Fresh again, an expired Until means the enforcer lifted it.
+	c.fresh()
+	if d := c.Check("acme", "m", "leaked"); !d.Allowed() {
+		t.Fatalf("expired blacklist on a fresh view: %+v, want lapsed", d)
+	}
+}
+
+// TestBeforeFirstSync documents the initial state: no flags and no fail
+// modes are known; the view counts as fresh for MaxStaleness after New and
+// then every tenant gets DefaultFailMode.
+func TestBeforeFirstSync(t *testing.T) {
+	for _, mode := range []FailMode{FailOpen, FailClosed} {
+		cfg := DefaultConfig()
+		cfg.DefaultFailMode = mode
+		c, err := New(nil, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Synced() {
+			t.Fatal("synced before any resync")
+		}
+		if d := c.Check("acme", "m", ""); d.Outcome != Allowed || d.Stale {
+			t.Fatalf("%s: right after New: %+v, want allowed, not stale", mode, d)
+		}
+		c.lastFresh.Store(time.Now().Add(-cfg.MaxStaleness - time.Second).UnixNano())
+		c.updateStale()
+		d := c.Check("acme", "m", "")
+		if mode == FailClosed && d.Outcome != RefusedStale || mode == FailOpen && (d.Outcome != Allowed || !d.Stale) {
+			t.Fatalf("%s: MaxStaleness after New without a sync: %+v", mode, d)
+		}
+	}
+}
+
+// TestOperatorFlagsOutliveExpiredHashesWhileStale: with Redis reachable but
+// no enforcer (stale), the tenant hashes expire after flag_ttl and a resync
+// finds nothing; blacklists and manual breakers are kept, traffic breakers
+// go. Once fresh, a resync that does not see them drops them.
+func TestOperatorFlagsOutliveExpiredHashesWhileStale(t *testing.T) {
+	c := newTestChecker(t)
+	until := time.Now().Add(time.Minute)
+	install(c, "acme", 1, map[string]*flags.Flag{
+		flags.KeyField("leaked"): {State: flags.StateBlacklist, Kind: flags.KindBlacklist, Until: until},
+		"gpt-4o":                 {State: flags.StateOpen, Kind: flags.KindQuota, Until: until},
+	})
+	install(c, "globex", 1, map[string]*flags.Flag{flags.AllModels: {State: flags.StateOpen, Kind: flags.KindManual, Until: until}})
+	c.lastFresh.Store(time.Now().Add(-time.Hour).UnixNano())
+	c.updateStale()
+	c.apply(map[string]*tenantView{}, 10, true)                                                     // every hash expired
+	c.apply(map[string]*tenantView{"globex": c.buildView("globex", map[string]string{})}, 0, false) // a refetch finds none
+	if d := c.Check("acme", "m", "leaked"); d.Outcome != Refused {
+		t.Fatalf("blacklisted key after its hash expired, view stale: %+v", d)
+	}
+	if d := c.Check("acme", "gpt-4o", ""); !d.Allowed() {
+		t.Fatalf("quota breaker kept after its hash expired: %+v", d)
+	}
+	if d := c.Check("globex", "m", ""); d.Outcome != Refused {
+		t.Fatalf("manual breaker after its hash expired, view stale: %+v", d)
+	}
+	c.fresh()
+	c.apply(map[string]*tenantView{}, 10, true)
+	if d := c.Check("acme", "m", "leaked"); !d.Allowed() {
+		t.Fatalf("fresh resync without the blacklist kept it: %+v", d)
+	}
+	if n := c.Tenants(); n != 0 {
+		t.Fatalf("%d tenants left after a fresh empty resync", n)
+	}
+}

@@ -31,6 +31,8 @@ func (c *Checker) Run(ctx context.Context) error {
 	beat := time.NewTicker(c.cfg.MaxStaleness / 4)
 	defer beat.Stop()
 
+	c.log.Info("checker: starting; until the first resync no flag and no fail mode is known",
+		"allowed_until_stale", c.cfg.MaxStaleness.String(), "then_every_tenant_fails", string(c.cfg.DefaultFailMode))
 	c.resync(ctx)
 	pending := map[string]struct{}{}
 	for {
@@ -120,7 +122,15 @@ func (c *Checker) tickClock() { c.clock.Store(time.Now().UnixNano()) }
 
 func (c *Checker) updateStale() {
 	age := time.Duration(time.Now().UnixNano() - c.lastFresh.Load())
-	c.stale.Store(age > c.cfg.MaxStaleness)
+	stale := age > c.cfg.MaxStaleness
+	if c.stale.Swap(stale) != stale {
+		if stale {
+			c.log.Warn("checker: view is stale (no enforcer heartbeat); each tenant's fail mode applies, blacklists and manual breakers stay in force",
+				"age", age.Round(time.Millisecond).String(), "max_staleness", c.cfg.MaxStaleness.String())
+		} else {
+			c.log.Info("checker: view is fresh again")
+		}
+	}
 }
 
 // pollHeartbeat is the pull half of liveness: a heartbeat key that exists
@@ -182,7 +192,9 @@ func (c *Checker) resync(ctx context.Context) {
 		return
 	}
 	c.resyncs.Add(1)
-	c.synced.Store(true)
+	if !c.synced.Swap(true) {
+		c.log.Info("checker: first resync done; flags and fail modes known", "tenants_with_flags", c.Tenants())
+	}
 }
 
 func (c *Checker) resyncOnce(ctx context.Context) error {
@@ -217,10 +229,12 @@ func (c *Checker) resyncOnce(ctx context.Context) error {
 		return err
 	}
 	c.failModes.Store(&modes)
-	c.apply(updates, v0, true)
+	// Liveness first: apply keeps operator flags Redis no longer holds only
+	// while the view is stale (no enforcer), not once one is back.
 	if n, err := c.rdb.Exists(ctx, c.keys.HeartbeatKey()).Result(); err == nil && n == 1 {
 		c.fresh()
 	}
+	c.apply(updates, v0, true)
 	return nil
 }
 

@@ -71,6 +71,17 @@ type PermanentError struct{ Err error }
 func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
 func (e *PermanentError) Unwrap() error { return e.Err }
 
+// TooLargeError means the receiver refused the batch for its size (HTTP
+// 413): the events themselves are fine. The Emitter splits the batch in
+// halves and sends each on its own, down to single events; only an event
+// refused on its own is dropped (counted as too_large). Dropping the whole
+// batch, as a PermanentError does, would lose hundreds of valid events
+// because the batch as a whole crossed a byte limit.
+type TooLargeError struct{ Err error }
+
+func (e *TooLargeError) Error() string { return "too large: " + e.Err.Error() }
+func (e *TooLargeError) Unwrap() error { return e.Err }
+
 // Errors Emit returns.
 var (
 	// ErrBufferFull means the event was dropped because the buffer is full.
@@ -377,9 +388,29 @@ func (e *Emitter) deliver(ctx context.Context, batch []entry) {
 		}
 		var re *RetryError
 		var pe *PermanentError
+		var tl *TooLargeError
 		switch {
 		case err == nil:
 			e.m.delivered.Add(float64(len(pending) - len(rejected)))
+			e.settle(pending)
+			return
+		case errors.As(err, &tl) && len(pending) > 1:
+			// Each half is delivered (or split again) on its own; depth is
+			// log2 of the batch size.
+			half := len(pending) / 2
+			e.m.splits.Inc()
+			e.cfg.Logger.Warn("Sluice refused a batch of usage events as too large; sending it in halves",
+				"events", len(pending), "halves", []int{half, len(pending) - half}, "err", err)
+			e.deliver(ctx, pending[:half:half])
+			if ctx.Err() != nil {
+				e.requeue(pending[half:])
+				return
+			}
+			e.deliver(ctx, pending[half:])
+			return
+		case errors.As(err, &tl):
+			e.m.dropped.WithLabelValues("too_large").Add(float64(len(pending)))
+			e.cfg.Logger.Error("Sluice refused a single usage event as too large; it is dropped", "id", pending[0].ev.ID, "err", err)
 			e.settle(pending)
 			return
 		case errors.As(err, &pe):

@@ -252,3 +252,105 @@ func TestHTTPSenderRetriesAndDropsRejected(t *testing.T) {
 		t.Fatalf("dropped{rejected} = %v, want 1", d)
 	}
 }
+
+// TestHTTPSender413SplitsBatch: an ingest that refuses batches of more than
+// three events with 413 still receives every event exactly once, in
+// smaller batches, and nothing is counted as dropped.
+func TestHTTPSender413SplitsBatch(t *testing.T) {
+	var mu sync.Mutex
+	got := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var ids []string
+		framing.SplitJSONArray(body, func(_ int, raw []byte) error {
+			var ev schemas.UsageEvent
+			if err := eventjson.DecodeUsageEvent(raw, &ev); err == nil {
+				ids = append(ids, ev.ID)
+			}
+			return nil
+		})
+		if len(ids) > 3 {
+			w.WriteHeader(http.StatusRequestEntityTooLarge)
+			fmt.Fprintf(w, `{"error":"request carries %d events; max_events_per_request is 3"}`, len(ids))
+			return
+		}
+		mu.Lock()
+		for _, id := range ids {
+			got[id]++
+		}
+		mu.Unlock()
+		w.WriteHeader(http.StatusAccepted)
+		fmt.Fprintf(w, `{"accepted":%d,"rejected":[]}`, len(ids))
+	}))
+	defer srv.Close()
+	e, _ := newEmitter(t, &HTTPSender{URL: srv.URL}, func(c *Config) { c.FlushInterval = time.Hour })
+	for i := range 13 {
+		if err := e.Emit(event(fmt.Sprint("big-", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.Flush(ctxFor(t, 30*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range 13 {
+		if id := fmt.Sprint("big-", i); got[id] != 1 {
+			t.Errorf("%s delivered %d times, want 1 (got %v)", id, got[id], got)
+		}
+	}
+	for _, r := range []string{"refused", "too_large", "rejected"} {
+		if d := testutil.ToFloat64(e.m.dropped.WithLabelValues(r)); d != 0 {
+			t.Errorf("dropped{%s} = %v, want 0", r, d)
+		}
+	}
+	if d := testutil.ToFloat64(e.m.delivered); d != 13 {
+		t.Errorf("delivered = %v, want 13", d)
+	}
+}
+
+// TestHTTPSender413SingleEventDropped: an event refused on its own for its
+// size is dropped and counted as too_large, not retried for ever.
+func TestHTTPSender413SingleEventDropped(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusRequestEntityTooLarge)
+		w.Write([]byte(`{"error":"body too large"}`))
+	}))
+	defer srv.Close()
+	e, _ := newEmitter(t, &HTTPSender{URL: srv.URL}, nil)
+	e.Emit(event("huge-1"))
+	e.Emit(event("huge-2"))
+	if err := e.Flush(ctxFor(t, 30*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if d := testutil.ToFloat64(e.m.dropped.WithLabelValues("too_large")); d != 2 {
+		t.Fatalf("dropped{too_large} = %v, want 2", d)
+	}
+}
+
+// TestHTTPSenderOnlyAcceptedCounts: an empty 200 (what a cancelled ingest
+// request used to produce, or a proxy) does not acknowledge events: they
+// are sent again until a 202 comes.
+func TestHTTPSenderOnlyAcceptedCounts(t *testing.T) {
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if calls.Add(1) == 1 {
+			return // implicit empty 200
+		}
+		w.WriteHeader(http.StatusAccepted)
+		w.Write([]byte(`{"accepted":1,"rejected":[]}`))
+	}))
+	defer srv.Close()
+	e, _ := newEmitter(t, &HTTPSender{URL: srv.URL}, nil)
+	e.Emit(event("ok-1"))
+	if err := e.Flush(ctxFor(t, 30*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("%d requests, want 2: the empty 200 must be retried", n)
+	}
+	if r := testutil.ToFloat64(e.m.retries); r != 1 {
+		t.Fatalf("retries = %v, want 1", r)
+	}
+}

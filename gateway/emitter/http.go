@@ -24,10 +24,16 @@ import (
 //   - 207, 400 or 403 with per-event rejections: those events are refused
 //     for good (invalid, or a tenant the key may not report); the rest were
 //     acknowledged.
+//   - 413: the batch is too large as a whole ([TooLargeError]); the
+//     Emitter splits it and sends the halves.
 //   - 401, 408, 429, 5xx and network errors: retried, honouring
 //     Retry-After. 401 is retried because a key rotation in progress heals
 //     it; the buffer bound still applies meanwhile.
-//   - other 4xx (413, 415, a malformed batch): the batch is refused.
+//   - any other 2xx or 3xx (200 from a proxy, an empty answer): retried,
+//     because ingest acknowledges events only with 202 or 207 and anything
+//     else may mean they never reached the broker; ingest deduplicates the
+//     retry.
+//   - other 4xx (415, a malformed batch): the batch is refused.
 type HTTPSender struct {
 	// URL is the ingest base URL, e.g. https://sluice.example.com.
 	URL string
@@ -108,10 +114,15 @@ func (s *HTTPSender) Send(ctx context.Context, events []schemas.UsageEvent) ([]R
 	}
 	code := resp.StatusCode
 	switch {
-	case code == http.StatusAccepted || code == http.StatusOK || code == http.StatusMultiStatus:
+	case code == http.StatusAccepted || code == http.StatusMultiStatus:
 		return rejected, nil
 	case (code == http.StatusBadRequest || code == http.StatusForbidden) && len(rejected) > 0:
 		return rejected, nil
+	case code == http.StatusRequestEntityTooLarge:
+		return nil, &TooLargeError{Err: fmt.Errorf("ingest answered 413 for %d events (%d bytes): %s", len(events), len(body), ans.Error)}
+	case code < 400:
+		return nil, &RetryError{Err: fmt.Errorf("ingest answered %d, which does not acknowledge events (only 202 and 207 do)", code),
+			After: retryAfter(resp.Header.Get("Retry-After"))}
 	case code == http.StatusUnauthorized || code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500:
 		return nil, &RetryError{Err: fmt.Errorf("ingest answered %d: %s", code, ans.Error), After: retryAfter(resp.Header.Get("Retry-After"))}
 	}

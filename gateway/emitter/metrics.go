@@ -7,6 +7,7 @@ type metrics struct {
 	delivered   prometheus.Counter
 	dropped     *prometheus.CounterVec
 	retries     prometheus.Counter
+	splits      prometheus.Counter
 	sendSeconds prometheus.Histogram
 	buffered    prometheus.GaugeFunc
 	setBuffered func() float64
@@ -23,10 +24,13 @@ func newMetrics() *metrics {
 		}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_emitter_dropped_events_total",
-			Help: "Usage events lost, by reason: buffer_full (dropped newest), invalid, rejected (by Sluice), refused (whole batch), closed (undelivered at Close).",
+			Help: "Usage events lost, by reason: buffer_full (dropped newest), invalid, rejected (by Sluice), refused (whole batch), too_large (a single event refused for its size), closed (undelivered at Close).",
 		}, []string{"reason"}),
 		retries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_emitter_retries_total", Help: "Batch send attempts that failed and were retried.",
+		}),
+		splits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_emitter_batch_splits_total", Help: "Batches Sluice refused as too large (413) that were split in halves and sent again.",
 		}),
 		sendSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "sluice_emitter_send_seconds", Help: "Duration of one batch send attempt.",
@@ -34,7 +38,7 @@ func newMetrics() *metrics {
 		}),
 	}
 	// Pre-create the reasons so dashboards show zeros rather than gaps.
-	for _, r := range []string{"buffer_full", "invalid", "rejected", "refused", "closed"} {
+	for _, r := range []string{"buffer_full", "invalid", "rejected", "refused", "too_large", "closed"} {
 		m.dropped.WithLabelValues(r)
 	}
 	m.buffered = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -45,7 +49,7 @@ func newMetrics() *metrics {
 		}
 		return m.setBuffered()
 	})
-	m.all = []prometheus.Collector{m.emitted, m.delivered, m.dropped, m.retries, m.sendSeconds, m.buffered}
+	m.all = []prometheus.Collector{m.emitted, m.delivered, m.dropped, m.retries, m.splits, m.sendSeconds, m.buffered}
 	return m
 }
 

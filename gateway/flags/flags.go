@@ -14,8 +14,9 @@
 //	                           The key has a PEXPIRE; each value has its own
 //	                           Until that readers enforce, because Redis 7.0
 //	                           has no per-field TTL.
-//	sluice:flags:version       counter; INCR once per write batch, so versions
-//	                           increase across tenants.
+//	sluice:flags:version       string; the version of the latest write batch.
+//	                           Versions strictly increase across tenants (the
+//	                           enforcer's clock in unix µs, bumped as needed).
 //	sluice:flags:changes       pub/sub channel; message "<tenant> <version>",
 //	                           "@heartbeat <unix ms>" from a live enforcer,
 //	                           "@failmode <version>" when fail modes changed.
@@ -26,6 +27,9 @@
 //	                           each tenant's fail mode after the enforcer died.
 //
 // Model names beginning with "@" are reserved by this layout.
+//
+// docs/flags.md describes the layout, the value format and the reading rules
+// for gateways written in other languages.
 package flags
 
 import (

@@ -4,9 +4,18 @@
 // window), 403 for a blacklist, 503 for open breakers and for a stale view
 // of a tenant that fails closed, each with an OpenAI-compatible JSON error
 // body that names the limit, and rate-limit headers where they are known.
+//
+// Given an Emitter (WithEmitter), it also emits a usage event for every
+// request it refuses: outcome "rejected", zero tokens, the status it
+// answered. Without them refusals are invisible to Sluice (no counts, no
+// reports, no alert can say how many callers a breaker turned away). The
+// aggregator keeps such events out of token quotas, requests_per_minute and
+// the error and slow-call ratios, so they never extend the refusal itself.
 package middleware
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -16,6 +25,7 @@ import (
 
 	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/schemas"
 )
 
 // Decider is what the middleware asks; *checker.Checker is the real one.
@@ -47,11 +57,37 @@ func WithRefused(f func(r *http.Request, d checker.Decision)) Option {
 	return func(m *mw) { m.refused = f }
 }
 
+// Emitter is the part of the SDK's emitter.Emitter the middleware uses.
+type Emitter interface {
+	Emit(ev *schemas.UsageEvent) error
+}
+
+// WithEmitter makes the middleware emit a usage event through e for every
+// request it refuses (outcome rejected, zero tokens, Status the code it
+// answered, Gateway = gateway, attribute refused_by = the breaker kind or
+// "fail_closed"). It is on as soon as an Emitter is given;
+// WithRefusalEvents(false) turns it off. Emit never blocks; a full buffer
+// drops the event and the Emitter counts it.
+func WithEmitter(e Emitter, gateway string) Option {
+	return func(m *mw) { m.emitter, m.gateway, m.emitRefusals = e, gateway, true }
+}
+
+// WithRefusalEvents turns the events WithEmitter sends for refused
+// requests on or off, whatever the order of the options.
+func WithRefusalEvents(on bool) Option {
+	return func(m *mw) { m.refusalEvents = &on }
+}
+
 type mw struct {
 	d       Decider
 	id      Identify
 	now     func() time.Time
 	refused func(*http.Request, checker.Decision)
+
+	emitter       Emitter
+	gateway       string
+	emitRefusals  bool
+	refusalEvents *bool // set by WithRefusalEvents; overrides the default
 }
 
 // New returns middleware that checks each request with d.
@@ -59,6 +95,9 @@ func New(d Decider, id Identify, opts ...Option) func(http.Handler) http.Handler
 	m := &mw{d: d, id: id, now: time.Now}
 	for _, o := range opts {
 		o(m)
+	}
+	if m.refusalEvents != nil {
+		m.emitRefusals = *m.refusalEvents && m.emitter != nil
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -75,9 +114,42 @@ func New(d Decider, id Identify, opts ...Option) func(http.Handler) http.Handler
 			if m.refused != nil {
 				m.refused(r, d)
 			}
-			Refuse(w, d, tenant, model, m.now())
+			now := m.now()
+			if m.emitRefusals {
+				_ = m.emitter.Emit(RefusalEvent(d, tenant, model, key, r.URL.Path, m.gateway, now))
+			}
+			Refuse(w, d, tenant, model, now)
 		})
 	}
+}
+
+// RefusalEvent is the usage event for a request refused with d: outcome
+// rejected, zero tokens, Status what Refuse answers. Gateways that refuse
+// without the middleware (or in another language) send the same. A model
+// the caller left out becomes "unknown", because an event needs one; an
+// endpoint longer than the schema allows is cut.
+func RefusalEvent(d checker.Decision, tenant, model, apiKeyID, endpoint, gateway string, now time.Time) *schemas.UsageEvent {
+	if model == "" {
+		model = "unknown"
+	}
+	if len(endpoint) > schemas.MaxStringLen {
+		endpoint = endpoint[:schemas.MaxStringLen]
+	}
+	by := "fail_closed"
+	if d.Flag != nil {
+		by = string(d.Flag.Kind)
+	}
+	return &schemas.UsageEvent{
+		ID: "rej-" + newID(), Time: now.UTC(), Tenant: tenant, Model: model, APIKeyID: apiKeyID,
+		Endpoint: endpoint, Gateway: gateway, Status: Status(d), Outcome: schemas.OutcomeRejected,
+		Attributes: map[string]string{"refused_by": by},
+	}
+}
+
+func newID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // ErrorBody is the OpenAI-compatible error response, with a "sluice"

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/schemas"
 )
 
 type fixed map[string]checker.Decision
@@ -105,5 +106,59 @@ func TestBreakersBlacklistAndStaleViews(t *testing.T) {
 		if rec := serve(t, d, tenant); rec.Code != http.StatusTeapot {
 			t.Fatalf("%q not passed through: %d", tenant, rec.Code)
 		}
+	}
+}
+
+type sink struct{ events []schemas.UsageEvent }
+
+func (s *sink) Emit(ev *schemas.UsageEvent) error { s.events = append(s.events, *ev); return nil }
+
+// TestRefusalsAreEmitted: with an Emitter given, every refused request
+// becomes a valid usage event (outcome rejected, zero tokens, the status
+// answered); allowed requests emit nothing here (the gateway meters them
+// after the upstream call); WithRefusalEvents(false) turns it off.
+func TestRefusalsAreEmitted(t *testing.T) {
+	d := fixed{
+		"acme":   {Outcome: checker.Refused, Scope: flags.AllModels, Flag: &flags.Flag{State: flags.StateBlacklist, Kind: flags.KindBlacklist, Reason: "leaked"}},
+		"strict": {Outcome: checker.RefusedStale, Stale: true},
+	}
+	run := func(opts ...Option) *sink {
+		s := &sink{}
+		opts = append([]Option{WithClock(func() time.Time { return now })}, opts...)
+		h := New(d, HeaderIdentify("X-Tenant", "X-Model", "X-Key"), append(opts, WithEmitter(s, "gw-1"))...)(
+			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) }))
+		for _, tenant := range []string{"acme", "strict", "fine"} {
+			req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+			req.Header.Set("X-Tenant", tenant)
+			req.Header.Set("X-Model", "gpt-4o")
+			req.Header.Set("X-Key", "key-1")
+			h.ServeHTTP(httptest.NewRecorder(), req)
+		}
+		return s
+	}
+	s := run()
+	if len(s.events) != 2 {
+		t.Fatalf("%d events, want 2 (one per refusal): %+v", len(s.events), s.events)
+	}
+	want := map[string]struct {
+		status int
+		by     string
+	}{"acme": {http.StatusForbidden, "blacklist"}, "strict": {http.StatusServiceUnavailable, "fail_closed"}}
+	for _, ev := range s.events {
+		w := want[ev.Tenant]
+		if ev.Outcome != schemas.OutcomeRejected || ev.TotalTokens() != 0 || ev.Status != w.status || ev.Model != "gpt-4o" ||
+			ev.APIKeyID != "key-1" || ev.Gateway != "gw-1" || ev.Endpoint != "/v1/chat/completions" || ev.Attributes["refused_by"] != w.by ||
+			!ev.Time.Equal(now) {
+			t.Errorf("event %+v", ev)
+		}
+		if err := ev.Validate(); err != nil {
+			t.Errorf("refusal event invalid: %v", err)
+		}
+	}
+	if s.events[0].ID == s.events[1].ID {
+		t.Error("two refusals share an id")
+	}
+	if s := run(WithRefusalEvents(false)); len(s.events) != 0 {
+		t.Fatalf("WithRefusalEvents(false): %d events", len(s.events))
 	}
 }

@@ -21,7 +21,7 @@ type Config struct {
 	MaxBodyBytes        int64         `yaml:"max_body_bytes" help:"largest request body in bytes, after gzip decoding (413 above)"`
 	MaxEventsPerRequest int           `yaml:"max_events_per_request" help:"most events one request may carry (413 above)"`
 	MaxEventAge         time.Duration `yaml:"max_event_age" help:"events whose time is further in the past are rejected (0: no limit)"`
-	MaxEventFuture      time.Duration `yaml:"max_event_future" help:"events whose time is further in the future are rejected (0: no limit)"`
+	MaxEventFuture      time.Duration `yaml:"max_event_future" help:"events whose time is further in the future are rejected, naming this limit (0: no limit beyond the schema's cap at 2105-12-31T23:59:59Z, where ClickHouse DateTime ends)"`
 
 	Topic           string        `yaml:"topic" help:"Kafka topic usage events are produced to"`
 	InflightEvents  int           `yaml:"inflight_events" help:"events produced but not yet acknowledged, across all requests; beyond it requests get 503"`
@@ -32,7 +32,7 @@ type Config struct {
 	Compression     string        `yaml:"compression" help:"produce batch compression: lz4, zstd, snappy, gzip or none"`
 
 	DedupWindow time.Duration `yaml:"dedup_window" help:"how long an acknowledged event id is remembered to drop duplicates"`
-	DedupMaxIDs int           `yaml:"dedup_max_ids" help:"most ids remembered; the oldest is forgotten first (about 120 bytes each)"`
+	DedupMaxIDs int           `yaml:"dedup_max_ids" help:"most ids remembered; the oldest is forgotten first (about 200 bytes each with 36-byte ids: tenant, id and estimated are remembered)"`
 
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout" help:"on shutdown, how long in-flight requests and the producer get to finish"`
 }
@@ -66,55 +66,55 @@ func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		bad("ingest.listen: %q is not host:port", c.Listen)
+		bad("services.ingest.listen: %q is not host:port", c.Listen)
 	}
 	if c.KeysFile == "" && !c.AllowAnonymous {
-		bad("ingest.keys_file: is required (or set ingest.allow_anonymous: true for development)")
+		bad("services.ingest.keys_file: is required (or set services.ingest.allow_anonymous: true for development)")
 	}
 	if c.KeysReloadInterval < 100*time.Millisecond {
-		bad("ingest.keys_reload_interval: %s is below the minimum 100ms", c.KeysReloadInterval)
+		bad("services.ingest.keys_reload_interval: %s is below the minimum 100ms", c.KeysReloadInterval)
 	}
 	if c.MaxBodyBytes < 1024 || c.MaxBodyBytes > 1<<30 {
-		bad("ingest.max_body_bytes: %d is outside 1024..1073741824", c.MaxBodyBytes)
+		bad("services.ingest.max_body_bytes: %d is outside 1024..1073741824", c.MaxBodyBytes)
 	}
 	if c.MaxEventsPerRequest < 1 || c.MaxEventsPerRequest > 100_000 {
-		bad("ingest.max_events_per_request: %d is outside 1..100000", c.MaxEventsPerRequest)
+		bad("services.ingest.max_events_per_request: %d is outside 1..100000", c.MaxEventsPerRequest)
 	}
 	if c.MaxEventAge < 0 || c.MaxEventFuture < 0 {
-		bad("ingest.max_event_age, ingest.max_event_future: must not be negative (0 disables)")
+		bad("services.ingest.max_event_age, services.ingest.max_event_future: must not be negative (0 disables)")
 	}
 	if c.Topic == "" {
-		bad("ingest.topic: is required")
+		bad("services.ingest.topic: is required")
 	}
 	if c.InflightEvents < c.MaxEventsPerRequest {
-		bad("ingest.inflight_events: %d is below ingest.max_events_per_request (%d); a full request could never be admitted", c.InflightEvents, c.MaxEventsPerRequest)
+		bad("services.ingest.inflight_events: %d is below services.ingest.max_events_per_request (%d); a full request could never be admitted", c.InflightEvents, c.MaxEventsPerRequest)
 	}
 	if c.InflightEvents > 10_000_000 {
-		bad("ingest.inflight_events: %d is above the maximum 10000000", c.InflightEvents)
+		bad("services.ingest.inflight_events: %d is above the maximum 10000000", c.InflightEvents)
 	}
 	if c.ProduceTimeout <= 0 {
-		bad("ingest.produce_timeout: must be positive")
+		bad("services.ingest.produce_timeout: must be positive")
 	}
 	if c.DeliveryTimeout < c.ProduceTimeout {
-		bad("ingest.delivery_timeout: %s is below ingest.produce_timeout (%s)", c.DeliveryTimeout, c.ProduceTimeout)
+		bad("services.ingest.delivery_timeout: %s is below services.ingest.produce_timeout (%s)", c.DeliveryTimeout, c.ProduceTimeout)
 	}
 	if c.RetryAfter < time.Second {
-		bad("ingest.retry_after: %s is below the minimum 1s (Retry-After counts whole seconds)", c.RetryAfter)
+		bad("services.ingest.retry_after: %s is below the minimum 1s (Retry-After counts whole seconds)", c.RetryAfter)
 	}
 	if c.Linger < 0 || c.Linger > time.Second {
-		bad("ingest.linger: %s is outside 0..1s", c.Linger)
+		bad("services.ingest.linger: %s is outside 0..1s", c.Linger)
 	}
 	if _, err := codec(c.Compression); err != nil {
 		errs = append(errs, err)
 	}
 	if c.DedupWindow <= 0 {
-		bad("ingest.dedup_window: must be positive")
+		bad("services.ingest.dedup_window: must be positive")
 	}
 	if c.DedupMaxIDs < 1000 || c.DedupMaxIDs > 100_000_000 {
-		bad("ingest.dedup_max_ids: %d is outside 1000..100000000", c.DedupMaxIDs)
+		bad("services.ingest.dedup_max_ids: %d is outside 1000..100000000", c.DedupMaxIDs)
 	}
 	if c.ShutdownTimeout <= 0 {
-		bad("ingest.shutdown_timeout: must be positive")
+		bad("services.ingest.shutdown_timeout: must be positive")
 	}
 	return errors.Join(errs...)
 }

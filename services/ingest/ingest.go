@@ -54,7 +54,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, started func(addr st
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		s.kafka.Close()
-		return fmt.Errorf("ingest: listen on %s: %w (set ingest.listen to a free address)", cfg.Listen, err)
+		return fmt.Errorf("ingest: listen on %s: %w (set services.ingest.listen to a free address)", cfg.Listen, err)
 	}
 	// Ready only once the listener accepts: a load balancer that saw
 	// /readyz pass may send the next request at once.

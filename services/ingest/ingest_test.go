@@ -3,14 +3,23 @@ package ingest
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/ops"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/schemas/eventjson"
 )
@@ -309,5 +318,114 @@ func TestGracefulShutdown(t *testing.T) {
 	}
 	if _, err := http.Get(inst.url + "/readyz"); err == nil {
 		t.Fatal("the listener still accepts after shutdown")
+	}
+}
+
+// TestDedupKeyIsTenantIDAndEstimated: the settlement of an estimate reuses
+// its id with estimated false and must reach the topic; another tenant's
+// event with the same id must too. Only a real repeat is a duplicate.
+func TestDedupKeyIsTenantIDAndEstimated(t *testing.T) {
+	inst := startIngest(t, nil)
+	now := time.Now().UTC().Format(time.RFC3339Nano)
+	estimate := fmt.Sprintf(`{"id":"req-9","time":%q,"tenant":"acme","model":"m","prompt_tokens":500,"completion_tokens":500,"estimated":true}`, now)
+	settle := fmt.Sprintf(`{"id":"req-9","time":%q,"tenant":"acme","model":"m","prompt_tokens":120,"completion_tokens":40}`, now)
+	other := fmt.Sprintf(`{"id":"req-9","time":%q,"tenant":"globex","model":"m","prompt_tokens":1,"completion_tokens":1}`, now)
+	for i, body := range []string{estimate, settle, other} {
+		a := post(t, inst.url, testKey, "", []byte(body))
+		if a.code != http.StatusAccepted || a.body.Duplicates != 0 {
+			t.Fatalf("event %d: %d %s, want 202 without duplicates", i, a.code, a.raw)
+		}
+	}
+	if a := post(t, inst.url, testKey, "", []byte(settle)); a.code != http.StatusAccepted || a.body.Duplicates != 1 {
+		t.Fatalf("repeated settlement: %d %s, want 202 with one duplicate", a.code, a.raw)
+	}
+	if n := idCounts(t, readTopic(t, inst.kafka, inst.topic))["req-9"]; n != 3 {
+		t.Fatalf("topic holds req-9 %d times, want 3 (estimate, settlement, globex)", n)
+	}
+}
+
+// TestReservedModelRejected: model "*" used to get 202 and then be dropped
+// by the aggregator; "@…" names collide with the flag hash's own fields.
+// Both are refused at ingest, naming the field, and the valid event of the
+// same batch still goes through.
+func TestReservedModelRejected(t *testing.T) {
+	inst := startIngest(t, nil)
+	now := time.Now().UTC().Format(time.RFC3339Nano)
+	star := fmt.Sprintf(`{"id":"rm-1","time":%q,"tenant":"acme","model":"*","prompt_tokens":1,"completion_tokens":1}`, now)
+	at := fmt.Sprintf(`{"id":"rm-2","time":%q,"tenant":"acme","model":"@v","prompt_tokens":1,"completion_tokens":1}`, now)
+	a := post(t, inst.url, testKey, "", []byte(batchJSON(star, at, eventJSON("rm-3", "acme"))))
+	if a.code != http.StatusMultiStatus || a.body.Accepted != 1 || len(a.body.Rejected) != 2 {
+		t.Fatalf("%d %s, want 207 with rm-3 accepted and two rejections", a.code, a.raw)
+	}
+	for _, r := range a.body.Rejected {
+		if len(r.Errors) != 1 || r.Errors[0].Field != "model" || !strings.Contains(r.Errors[0].Reason, "reserved") {
+			t.Errorf("rejection %+v does not name model as reserved", r)
+		}
+	}
+}
+
+// TestFutureTimeBounded: an event further in the future than
+// max_event_future is refused naming that limit; with the limit disabled,
+// a time past 2105 is still refused by the schema (ClickHouse's DateTime
+// would wrap it into the 1970s).
+func TestFutureTimeBounded(t *testing.T) {
+	ev := func(id string, at time.Time) string {
+		return fmt.Sprintf(`{"id":%q,"time":%q,"tenant":"acme","model":"m","prompt_tokens":1,"completion_tokens":1}`, id, at.Format(time.RFC3339Nano))
+	}
+	inst := startIngest(t, func(c *Config) { c.MaxEventFuture = 10 * time.Minute })
+	a := post(t, inst.url, testKey, "", []byte(ev("ft-1", time.Now().Add(time.Hour))))
+	if a.code != http.StatusBadRequest || len(a.body.Rejected) != 1 || len(a.body.Rejected[0].Errors) != 1 {
+		t.Fatalf("an hour ahead: %d %s, want 400 with one rejection", a.code, a.raw)
+	}
+	if fe := a.body.Rejected[0].Errors[0]; fe.Field != "time" || !strings.Contains(fe.Reason, "services.ingest.max_event_future") || !strings.Contains(fe.Reason, "10m0s") {
+		t.Errorf("rejection %+v does not name services.ingest.max_event_future and its value", fe)
+	}
+
+	open := startIngest(t, func(c *Config) { c.MaxEventFuture = 0 })
+	for _, at := range []string{"2106-01-01T00:00:00Z", "2105-12-31T23:30:00-01:00", "2200-01-01T00:00:00Z"} {
+		body := fmt.Sprintf(`{"id":"ft-2","time":%q,"tenant":"acme","model":"m","prompt_tokens":1,"completion_tokens":1}`, at)
+		a := post(t, open.url, testKey, "", []byte(body))
+		if a.code != http.StatusBadRequest || len(a.body.Rejected) != 1 || a.body.Rejected[0].Errors[0].Field != "time" ||
+			!strings.Contains(a.body.Rejected[0].Errors[0].Reason, "2105") {
+			t.Errorf("time %s with max_event_future disabled: %d %s, want 400 naming the 2105 cap", at, a.code, a.raw)
+		}
+	}
+}
+
+// TestCanceledRequestAnswers503: a request cancelled while its events wait
+// for the broker used to end with no answer written, which net/http sends
+// as an empty 200 — taken by a sender (or a proxy's client) as success.
+func TestCanceledRequestAnswers503(t *testing.T) {
+	kc := itest.Kafka(t)
+	proxy := itest.NewProxy(t, kc.Brokers[0])
+	cfg := DefaultConfig()
+	cfg.Topic = itest.Unique(t, "ingest_")
+	cfg.AllowAnonymous = true
+	cfg.MaxEventAge = 0
+	cfg.ProduceTimeout = time.Minute
+	env := platform.Env{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(), Kafka: kc}
+	s, err := newServer(context.Background(), cfg, env, proxyDialer(proxy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.kafka.Close()
+	proxy.Cut()
+	defer proxy.Restore()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/events", strings.NewReader(eventJSON("cx-1", "acme")))
+	rec := httptest.NewRecorder()
+	done := make(chan struct{})
+	go func() { s.events(rec, req); close(done) }()
+	// The event is claimed (in flight) once the handler is waiting for the
+	// broker; then the client goes away.
+	itest.Eventually(t, 30*time.Second, "the event to be in flight", func() bool { return s.budget.used.Load() == 1 })
+	cancel()
+	<-done
+	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" {
+		t.Fatalf("cancelled request answered %d %q, want 503 with Retry-After", rec.Code, rec.Body.String())
+	}
+	if n := testutil.ToFloat64(s.m.unavailable.WithLabelValues("canceled")); n != 1 {
+		t.Fatalf("unavailable{canceled} = %v, want 1", n)
 	}
 }

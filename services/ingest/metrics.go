@@ -31,7 +31,7 @@ func newMetrics(inflight func() float64) *metrics {
 			Name: "sluice_ingest_rejected_events_total", Help: "Rejected events by reason: malformed, invalid, time_window, tenant_forbidden.",
 		}, []string{"reason"}),
 		unavailable: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_ingest_unavailable_total", Help: "503 answers by cause: budget, produce_timeout, produce_error, in_flight_duplicate, shutting_down.",
+			Name: "sluice_ingest_unavailable_total", Help: "503 answers by cause: budget, produce_timeout, produce_error, in_flight_duplicate, shutting_down, canceled (the request ended before the broker answered).",
 		}, []string{"cause"}),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "sluice_ingest_batch_events", Help: "Events per request.",

@@ -239,7 +239,12 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) {
 		s.unavailable(w, "in_flight_duplicate", "another request is producing events with the same id; retry later")
 		return
 	case res.canceled:
-		return // the client is gone; nobody reads an answer
+		// The client is most likely gone, but a proxy in between may still
+		// relay the answer: it must never be an implicit 200, which a sender
+		// would take for an acknowledgement of events the broker may not
+		// have. Acknowledged ones are recognised as duplicates on retry.
+		s.unavailable(w, "canceled", "the request was cancelled before the broker acknowledged every event; retry, acknowledged ones will be recognised as duplicates")
+		return
 	}
 	s.m.events.WithLabelValues("accepted").Add(float64(res.produced))
 	s.m.events.WithLabelValues("duplicate").Add(float64(res.duplicates))
@@ -270,7 +275,7 @@ type tracker struct {
 	err       error
 }
 
-func (t *tracker) promise(key string) func(*kgo.Record, error) {
+func (t *tracker) promise(key dedup.Key) func(*kgo.Record, error) {
 	return func(_ *kgo.Record, err error) {
 		if err == nil {
 			t.s.dedup.Commit(key, t.owner)
@@ -296,9 +301,10 @@ func (s *server) produce(ctx context.Context, events []schemas.UsageEvent) produ
 	var res produceResult
 	owner := s.owners.Add(1)
 	fresh := make([]int, 0, len(events))
-	keys := make([]string, 0, len(events))
+	keys := make([]dedup.Key, 0, len(events))
 	for i := range events {
-		state, key := s.dedup.Begin(events[i].ID, owner)
+		ev := &events[i]
+		state, key := s.dedup.Begin(dedup.Key{Tenant: ev.Tenant, ID: ev.ID, Estimated: ev.Estimated}, owner)
 		switch state {
 		case dedup.Claimed:
 			fresh = append(fresh, i)

@@ -6,8 +6,9 @@ import "time"
 // as the JSON Schemas state it next to "format": "date-time". It is RFC 3339's
 // date-time narrowed to what every consumer handles identically: upper-case
 // T and Z, no leap second, at most nine fractional digits (nanoseconds), and
-// a year from 1970.
-const TimePattern = `^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`
+// a year from 1970 to 2105 (ClickHouse's DateTime ends in February 2106;
+// schemas.MaxEventTimeText).
+const TimePattern = `^(19[7-9][0-9]|20[0-9]{2}|210[0-5])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`
 
 // ParseTime parses an RFC 3339 timestamp of the shape TimePattern describes
 // and returns it in UTC. On failure it returns the reason for a
@@ -34,6 +35,11 @@ func ParseTime(s string) (time.Time, string) {
 	}
 	if year < 1970 {
 		return time.Time{}, "has a year before 1970; send the time the request finished"
+	}
+	if year > 2105 {
+		// As written, like TimePattern; the UTC check after the offset is
+		// schemas.CheckEventTime's.
+		return time.Time{}, "has a year after 2105, where Sluice's storage ends (ClickHouse DateTime); check the gateway's clock"
 	}
 	if month < 1 || month > 12 || day < 1 || day > daysIn(month, year) {
 		return time.Time{}, "is not a calendar date"

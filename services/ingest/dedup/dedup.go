@@ -1,10 +1,15 @@
-// Package dedup remembers which usage event ids the broker has acknowledged
+// Package dedup remembers which usage events the broker has acknowledged
 // recently, so that ingest can acknowledge a gateway's retry without
 // producing the event a second time, and which ids are being produced right
 // now, so that a retry racing its original is neither produced twice nor
 // acknowledged before the original was.
 //
-// An id moves through two states. Begin claims it as pending for one owner
+// An event is known by its [Key]: tenant, id and whether it is an estimate.
+// The bare id is not enough: a settlement reuses its estimate's id with
+// estimated false and must be produced, and one tenant's gateway must not be
+// able to suppress another tenant's event by sending its id first.
+//
+// A key moves through two states. Begin claims it as pending for one owner
 // (one HTTP request); Commit turns the claim into an acknowledged mark once
 // the broker acknowledged the event; Abort drops the claim when the produce
 // failed, so the gateway's retry is produced again and counted exactly once.
@@ -64,10 +69,10 @@ type Window struct {
 
 type shard struct {
 	mu sync.Mutex
-	// ids maps each known id to its state: pending for an owner, or
+	// ids maps each known key to its state: pending for an owner, or
 	// acknowledged until an expiry. One map keeps Begin and Commit at one
 	// lookup each.
-	ids map[string]slot
+	ids map[Key]slot
 	// ring holds acknowledged ids in insertion order, which is expiry
 	// order, oldest first. Its capacity is the shard's share of MaxIDs.
 	ring *fifo.Ring[ringEntry]
@@ -81,8 +86,16 @@ type slot struct {
 }
 
 type ringEntry struct {
-	id     string
+	id     Key
 	expiry int64
+}
+
+// Key identifies one event for deduplication: the same id sent by another
+// tenant, or as the settlement of an estimate, is a different event.
+type Key struct {
+	Tenant    string
+	ID        string
+	Estimated bool
 }
 
 // NewWindow returns a window that keeps acknowledged ids for ttl, at most
@@ -94,21 +107,23 @@ func NewWindow(ttl time.Duration, maxIDs int, now func() time.Time) *Window {
 	per := max(maxIDs/shards, 1)
 	w := &Window{ttl: ttl, now: now, seed: maphash.MakeSeed()}
 	for i := range w.shards {
-		w.shards[i] = shard{ids: make(map[string]slot), ring: fifo.New[ringEntry](per)}
+		w.shards[i] = shard{ids: make(map[Key]slot), ring: fifo.New[ringEntry](per)}
 	}
 	return w
 }
 
-func (w *Window) shard(id string) *shard {
-	return &w.shards[maphash.String(w.seed, id)&(shards-1)]
+func (w *Window) shard(k Key) *shard {
+	// The id alone spreads keys well; an estimate and its settlement, or
+	// two tenants' equal ids, sharing a shard costs nothing.
+	return &w.shards[maphash.String(w.seed, k.ID)&(shards-1)]
 }
 
 // Begin looks id up and, if it is neither acknowledged nor pending, claims it
 // for owner. owner must be non-zero and unique per concurrent caller. When
 // the state is Claimed, key is the window's own copy of id: pass it to
 // Commit or Abort, so the window stores one copy, which never pins the
-// request body the caller's id may point into.
-func (w *Window) Begin(id string, owner uint64) (state State, key string) {
+// request body the caller's strings may point into.
+func (w *Window) Begin(id Key, owner uint64) (state State, key Key) {
 	s := w.shard(id)
 	now := w.now().UnixNano()
 	s.mu.Lock()
@@ -116,21 +131,21 @@ func (w *Window) Begin(id string, owner uint64) (state State, key string) {
 	if v, ok := s.ids[id]; ok {
 		switch {
 		case v.owner == owner:
-			return SameOwner, ""
+			return SameOwner, Key{}
 		case v.owner != 0:
-			return InFlight, ""
+			return InFlight, Key{}
 		case v.expiry > now:
-			return Acknowledged, ""
+			return Acknowledged, Key{}
 		}
 	}
-	key = strings.Clone(id)
+	key = Key{Tenant: strings.Clone(id.Tenant), ID: strings.Clone(id.ID), Estimated: id.Estimated}
 	s.ids[key] = slot{owner: owner}
 	return Claimed, key
 }
 
 // Commit records that the broker acknowledged key (from Begin) and releases
 // owner's claim.
-func (w *Window) Commit(key string, owner uint64) {
+func (w *Window) Commit(key Key, owner uint64) {
 	s := w.shard(key)
 	now := w.now()
 	exp := now.Add(w.ttl).UnixNano()
@@ -150,7 +165,7 @@ func (w *Window) Commit(key string, owner uint64) {
 
 // Abort releases owner's claim on key without a mark, so the next attempt
 // is produced.
-func (w *Window) Abort(key string, owner uint64) {
+func (w *Window) Abort(key Key, owner uint64) {
 	s := w.shard(key)
 	s.mu.Lock()
 	if v, ok := s.ids[key]; ok && v.owner == owner {

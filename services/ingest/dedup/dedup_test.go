@@ -23,12 +23,17 @@ func expect(t *testing.T, got, want State) {
 	}
 }
 
-func begin(t *testing.T, w *Window, id string, owner uint64, want State) string {
+func begin(t *testing.T, w *Window, id string, owner uint64, want State) Key {
+	t.Helper()
+	return beginKey(t, w, Key{Tenant: "acme", ID: id}, owner, want)
+}
+
+func beginKey(t *testing.T, w *Window, id Key, owner uint64, want State) Key {
 	t.Helper()
 	got, key := w.Begin(id, owner)
 	expect(t, got, want)
 	if want == Claimed && key != id {
-		t.Fatalf("key %q, want a copy of %q", key, id)
+		t.Fatalf("key %+v, want a copy of %+v", key, id)
 	}
 	return key
 }
@@ -99,7 +104,7 @@ func TestConcurrentClaimsOneWinner(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if s, _ := w.Begin("same", o); s == Claimed {
+			if s, _ := w.Begin(Key{Tenant: "acme", ID: "same"}, o); s == Claimed {
 				mu.Lock()
 				winners++
 				mu.Unlock()
@@ -110,4 +115,20 @@ func TestConcurrentClaimsOneWinner(t *testing.T) {
 	if winners != 1 {
 		t.Fatalf("%d owners claimed the same id, want exactly 1", winners)
 	}
+}
+
+// TestKeyIsTenantIDAndEstimated: a settlement (same id, estimated false)
+// is not a duplicate of its estimate, and another tenant's event with the
+// same id is not either; a repeat of either one is.
+func TestKeyIsTenantIDAndEstimated(t *testing.T) {
+	w := NewWindow(time.Minute, 1000, newClock().now)
+	est := Key{Tenant: "acme", ID: "req-1", Estimated: true}
+	w.Commit(beginKey(t, w, est, 1, Claimed), 1)
+	settle := Key{Tenant: "acme", ID: "req-1"}
+	w.Commit(beginKey(t, w, settle, 2, Claimed), 2)
+	other := Key{Tenant: "globex", ID: "req-1"}
+	w.Commit(beginKey(t, w, other, 3, Claimed), 3)
+	beginKey(t, w, est, 4, Acknowledged)
+	beginKey(t, w, settle, 4, Acknowledged)
+	beginKey(t, w, other, 4, Acknowledged)
 }

@@ -304,7 +304,11 @@ func (d *decoder) arrayEvent(index int, decode func(*schemas.UsageEvent) error) 
 	}
 	if !timeBroken && !ev.Time.IsZero() {
 		if fe := schemas.CheckTime(ev.Time, d.now, d.lim.MaxPast, d.lim.MaxFuture); fe != nil {
-			problems = append(problems, Problem{Field: fe.Field, Reason: fe.Reason + " (limits max_event_age / max_event_future)"})
+			limit := "services.ingest.max_event_age"
+			if ev.Time.After(d.now) {
+				limit = "services.ingest.max_event_future"
+			}
+			problems = append(problems, Problem{Field: fe.Field, Reason: fe.Reason + " (limit " + limit + ")"})
 		}
 	}
 	forbidden := false

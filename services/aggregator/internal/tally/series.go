@@ -276,12 +276,19 @@ func floorDiv60(ts int64) int64 {
 func (s *Series) addMinute(r *idRec, sign int64, p *Partition) {
 	m := floorDiv60(r.ts)
 	tok := (int64(r.prompt) + int64(r.completion)) * sign
+	// Requests the gateway refused are not requests served: they stay out
+	// of requests_per_minute (the rollup below still counts them, as the
+	// raw events do).
+	req := int32(sign)
+	if r.flags&flagRejected != 0 {
+		req = 0
+	}
 
 	if c := &s.rate[m%rateWindow]; int64(c.min) == m {
-		c.req += int32(sign)
+		c.req += req
 		c.tok += tok
 	} else if m > int64(c.min) {
-		*c = rateCell{min: int32(m), req: int32(sign), tok: tok}
+		*c = rateCell{min: int32(m), req: req, tok: tok}
 	}
 
 	// The predictor sees settled consumption only: an estimate is replaced

@@ -149,6 +149,10 @@ const (
 	flagEstimated = 1 << iota
 	flagError
 	flagSlow
+	// flagRejected: the gateway refused the request (outcome rejected). It
+	// carries no tokens; it is kept out of requests_per_minute, because a
+	// throttled client retrying would otherwise keep its own throttle shut.
+	flagRejected
 )
 
 // New returns the empty state of partition id.
@@ -262,6 +266,9 @@ func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 	}
 	if ev.Outcome == schemas.OutcomeError || ev.Outcome == schemas.OutcomeTimeout || ev.Status >= 500 {
 		rec.flags |= flagError
+	}
+	if ev.Outcome == schemas.OutcomeRejected {
+		rec.flags |= flagRejected
 	}
 	if p.opt.SlowCallMS > 0 && ev.LatencyMS >= p.opt.SlowCallMS {
 		rec.flags |= flagSlow

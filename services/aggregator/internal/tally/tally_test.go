@@ -470,3 +470,27 @@ func stored(pol *policy.Policy, opt Options, evs []*schemas.UsageEvent) []int {
 	sort.Ints(out)
 	return out
 }
+
+// TestRejectedEventsDoNotBlockFurther: events for requests the gateway
+// refused (outcome rejected, zero tokens) are counted as events but add
+// nothing to token quotas, requests_per_minute or the error ratio, so a
+// refused client retrying cannot keep its own limit shut.
+func TestRejectedEventsDoNotBlockFurther(t *testing.T) {
+	p := newPart(t)
+	for i := 0; i < 300; i++ {
+		e := ev(fmt.Sprintf("rej%d", i), t0.Add(time.Duration(i)*100*time.Millisecond), 0, 0)
+		e.Outcome, e.Status = schemas.OutcomeRejected, 429
+		if r := p.Apply(e, int64(i)); r != Accepted {
+			t.Fatalf("rejected event %d: %v, want Accepted (counted as an event)", i, r)
+		}
+	}
+	if sigs := p.TakeSignals(); len(sigs) != 0 {
+		t.Fatalf("300 refused requests in a minute (requests_per_minute 100) emitted %+v, want nothing", sigs)
+	}
+	if _, req := p.Rate("acme", "*", 5); req != 0 {
+		t.Fatalf("request rate %v, want 0: refused requests are not served requests", req)
+	}
+	if tok := totals(t, p, "*", "day"); tok != 0 {
+		t.Fatalf("daily tokens %d, want 0", tok)
+	}
+}
