@@ -1,0 +1,173 @@
+package alerter
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/services/alerter/engine"
+)
+
+// DefaultStateTopic is the compacted topic that holds the alerter's alert
+// states (see stateStore) for the default consumer group. It belongs to
+// one group: Config.stateTopic derives another name for other groups.
+const DefaultStateTopic = "sluice.alerter.state.v1"
+
+// stateStore keeps the engine's alert states on a compacted Kafka topic,
+// one record per alert key (a nil value deletes it), co-partitioned with
+// the signals topic: the state of the tenants of signals partition p lives
+// in state partition p. A replica that is assigned signals partition p
+// reads state partition p before it consumes p's signals, so ownership of
+// the state moves with the consumer group's assignment and no replica ever
+// acts on another's alerts.
+type stateStore struct {
+	topic string
+	kcfg  kafkaconn.Config
+	// cl is the alerter's group client; it produces with the manual
+	// partitioner, so a record goes to the partition it names.
+	cl  *kgo.Client
+	log *slog.Logger
+	// undecodable counts records skipped on load.
+	undecodable atomic.Int64
+}
+
+// restored is one record read back and the partition it came from.
+type restored struct {
+	part int32
+	rec  *engine.Record
+}
+
+// ensureStateTopic creates the state topic, compacted, with at least as
+// many partitions as the signals topic, or checks that the existing one
+// has enough.
+func ensureStateTopic(ctx context.Context, cl *kgo.Client, kcfg kafkaconn.Config, signals, state string) error {
+	adm := kadm.NewClient(cl)
+	td, err := adm.ListTopics(ctx, signals, state)
+	if err != nil {
+		return fmt.Errorf("alerter.state_topic: listing %s and %s: %w", signals, state, err)
+	}
+	need := int32(len(td[signals].Partitions))
+	if st, ok := td[state]; ok && st.Err == nil && len(st.Partitions) > 0 {
+		if int32(len(st.Partitions)) < need {
+			return fmt.Errorf("alerter.state_topic: %s has %d partitions, fewer than the %d of %s; it must have at least as many (add partitions to it, or name a new state topic)",
+				state, len(st.Partitions), need, signals)
+		}
+		return nil
+	}
+	compact := "compact"
+	_, err = adm.CreateTopic(ctx, max(need, kcfg.Partitions), kcfg.ReplicationFactor,
+		map[string]*string{"cleanup.policy": &compact}, state)
+	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		return fmt.Errorf("alerter.state_topic: create %s: %w", state, err)
+	}
+	return nil
+}
+
+// load reads partitions parts of the state topic up to their current end
+// and returns the last record of every key still present.
+func (s *stateStore) load(ctx context.Context, parts []int32) ([]restored, error) {
+	if len(parts) == 0 {
+		return nil, nil
+	}
+	adm := kadm.NewClient(s.cl)
+	starts, err := adm.ListStartOffsets(ctx, s.topic)
+	if err != nil {
+		return nil, fmt.Errorf("state topic %s: start offsets: %w", s.topic, err)
+	}
+	ends, err := adm.ListEndOffsets(ctx, s.topic)
+	if err != nil {
+		return nil, fmt.Errorf("state topic %s: end offsets: %w", s.topic, err)
+	}
+	want := map[int32]int64{}
+	from := map[int32]kgo.Offset{}
+	for _, p := range parts {
+		end, ok := ends.Lookup(s.topic, p)
+		if !ok || end.Err != nil {
+			return nil, fmt.Errorf("state topic %s: no end offset for partition %d (does it have fewer partitions than the signals topic?)", s.topic, p)
+		}
+		start, _ := starts.Lookup(s.topic, p)
+		if end.Offset > start.Offset {
+			want[p] = end.Offset
+			from[p] = kgo.NewOffset().AtStart()
+		}
+	}
+	if len(want) == 0 {
+		return nil, nil
+	}
+	rd, err := kafkaconn.NewClient(s.kcfg, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.topic: from}))
+	if err != nil {
+		return nil, err
+	}
+	defer rd.Close()
+	latest := map[string]restored{}
+	for len(want) > 0 {
+		fs := rd.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		var ferr error
+		fs.EachError(func(_ string, p int32, err error) {
+			ferr = fmt.Errorf("state topic %s partition %d: %w", s.topic, p, err)
+		})
+		if ferr != nil {
+			return nil, ferr
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			if r.Offset+1 >= want[r.Partition] {
+				delete(want, r.Partition)
+			}
+			key := string(r.Key)
+			if r.Value == nil {
+				delete(latest, key)
+				return
+			}
+			var rec engine.Record
+			if err := json.Unmarshal(r.Value, &rec); err != nil || rec.V != engine.RecordVersion {
+				if n := s.undecodable.Add(1); n <= 10 || n%1000 == 0 {
+					s.log.Warn("alert state record skipped", "partition", r.Partition, "offset", r.Offset, "version", rec.V, "err", err)
+				}
+				return
+			}
+			latest[key] = restored{part: r.Partition, rec: &rec}
+		})
+	}
+	out := make([]restored, 0, len(latest))
+	for _, r := range latest {
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// save writes changes (acks=all) to the partitions partOf names for their
+// tenants. A change for a tenant without a known partition is skipped and
+// logged: it cannot be restored by whoever owns the tenant.
+func (s *stateStore) save(ctx context.Context, changes []engine.Change, partOf func(tenant string) (int32, bool)) error {
+	recs := make([]*kgo.Record, 0, len(changes))
+	for _, c := range changes {
+		part, ok := partOf(c.Key.Tenant)
+		if !ok {
+			s.log.Warn("alert state not saved: the tenant's signals partition is unknown", "alert", c.Key.String())
+			continue
+		}
+		var value []byte
+		if c.Record != nil {
+			var err error
+			if value, err = json.Marshal(c.Record); err != nil {
+				return fmt.Errorf("alert state %s: %w", c.Key.String(), err)
+			}
+		}
+		recs = append(recs, &kgo.Record{Topic: s.topic, Partition: part, Key: []byte(c.Key.String()), Value: value})
+	}
+	if len(recs) == 0 {
+		return nil
+	}
+	return s.cl.ProduceSync(ctx, recs...).FirstErr()
+}
