@@ -172,23 +172,27 @@ func (p *pipeline) persist(ctx context.Context) {
 	// its keys dirty already, so TakeDirty below includes its effects.
 	offs := p.applied()
 	changes := p.engine.TakeDirty()
+	held, heldChanged := p.engine.TakeHeld()
 	p.outMu.Lock()
 	out := p.outbox
 	p.outbox = nil
 	p.outMu.Unlock()
 	saved := true
-	if len(changes) > 0 {
+	if len(changes) > 0 || heldChanged {
 		sctx, cancel := context.WithTimeout(ctx, stateTimeout)
-		err := p.store.save(sctx, changes, p.partitionOf)
+		n, err := p.store.save(sctx, changes, held, heldChanged, p.partitionOf)
 		cancel()
 		if err != nil {
 			saved = false
 			p.engine.Redirty(changes)
+			if heldChanged {
+				p.engine.RedirtyHeld()
+			}
 			p.stateFailures.Inc()
 			p.log.Error("alert state not saved; notifications go out anyway and signal offsets stay uncommitted until a save succeeds",
 				"state_topic", p.cfg.stateTopic(), "changes", len(changes), "err", err)
 		} else {
-			p.stateWrites.Add(float64(len(changes)))
+			p.stateWrites.Add(float64(n))
 		}
 	}
 	if saved && len(offs) > 0 {
@@ -260,16 +264,25 @@ func (p *pipeline) restore(ctx context.Context, parts []int32) {
 	for attempt := 1; ; attempt++ {
 		recs, err := p.store.load(ctx, parts)
 		if err == nil {
-			batch := make([]*engine.Record, len(recs))
+			var batch []*engine.Record
+			var held []engine.Held
 			p.partMu.Lock()
-			for i, r := range recs {
+			for _, r := range recs {
+				if r.held != nil {
+					held = append(held, *r.held)
+					for _, a := range r.held.Alerts {
+						p.tenantPart[a.Key.Tenant] = r.part
+					}
+					continue
+				}
 				p.tenantPart[r.rec.Key.Tenant] = r.part
-				batch[i] = r.rec
+				batch = append(batch, r.rec)
 			}
 			p.partMu.Unlock()
 			p.engine.Restore(batch)
-			p.stateRestored.Add(float64(len(recs)))
-			p.log.Info("alert state restored", "partitions", parts, "alerts", len(recs))
+			p.engine.RestoreHeld(held)
+			p.stateRestored.Add(float64(len(batch)))
+			p.log.Info("alert state restored", "partitions", parts, "alerts", len(batch), "held_groups", len(held))
 			return
 		}
 		if ctx.Err() != nil {
@@ -517,6 +530,9 @@ func (p *pipeline) forget(parts []int32) {
 		delete(p.committed, part)
 	}
 	p.offMu.Unlock()
+	if p.store != nil {
+		p.store.forget(parts)
+	}
 	p.partMu.Lock()
 	lost := map[string]bool{}
 	for t, part := range p.tenantPart {
@@ -538,7 +554,7 @@ func (p *pipeline) registerMetrics(reg prometheus.Registerer) error {
 		return func() float64 { return f(p.engine.Stats()) }
 	}
 	p.stateWrites = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_alerter_state_writes_total",
-		Help: "Alert state records written to the state topic (deletions included)."})
+		Help: "Records written to the state topic: alert states and held notifications, deletions included."})
 	p.stateFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_alerter_state_write_failures_total",
 		Help: "Failed writes of alert states; offsets stay uncommitted until one succeeds."})
 	p.stateRestored = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_alerter_state_restored_total",

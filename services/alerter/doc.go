@@ -51,9 +51,11 @@
 // # State
 //
 // The engine's state per alert (condition level, pending and clear times,
-// and what was last notified) is kept on a compacted topic,
-// services.alerter.state_topic (sluice.alerter.state.v1 for the default
-// group), one record per alert key, co-partitioned with the signals topic.
+// and what was last notified) and the notifications held for grouping are
+// kept on a compacted topic, services.alerter.state_topic
+// (sluice.alerter.state.v1 for the default group), one record per alert key
+// and per channel with held notifications, co-partitioned with the signals
+// topic.
 // Every tick writes the states that changed, then commits the offsets of
 // the signals applied before them, then releases the tick's notifications
 // to the channels; a replica assigned a signals partition loads that

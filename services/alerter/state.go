@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -37,12 +39,24 @@ type stateStore struct {
 	log *slog.Logger
 	// undecodable counts records skipped on load.
 	undecodable atomic.Int64
+
+	// heldMu guards held: the (partition, channel) pairs whose held
+	// notifications are stored, so that a group that flushed gets its
+	// records deleted.
+	heldMu sync.Mutex
+	held   map[int32]map[string]bool
 }
 
-// restored is one record read back and the partition it came from.
+// heldPrefix starts the keys of held-notification records; alert keys
+// never start with a NUL byte.
+const heldPrefix = "\x00held\x00"
+
+// restored is one record read back and the partition it came from: an
+// alert's state, or a channel's held notifications.
 type restored struct {
 	part int32
 	rec  *engine.Record
+	held *engine.Held
 }
 
 // ensureStateTopic creates the state topic, compacted, with at least as
@@ -129,27 +143,68 @@ func (s *stateStore) load(ctx context.Context, parts []int32) ([]restored, error
 				delete(latest, key)
 				return
 			}
-			var rec engine.Record
-			if err := json.Unmarshal(r.Value, &rec); err != nil || rec.V != engine.RecordVersion {
+			var (
+				v   int
+				err error
+				got = restored{part: r.Partition}
+			)
+			if strings.HasPrefix(key, heldPrefix) {
+				got.held = new(engine.Held)
+				err = json.Unmarshal(r.Value, got.held)
+				v = got.held.V
+			} else {
+				got.rec = new(engine.Record)
+				err = json.Unmarshal(r.Value, got.rec)
+				v = got.rec.V
+			}
+			if err != nil || v != engine.RecordVersion {
 				if n := s.undecodable.Add(1); n <= 10 || n%1000 == 0 {
-					s.log.Warn("alert state record skipped", "partition", r.Partition, "offset", r.Offset, "version", rec.V, "err", err)
+					s.log.Warn("alert state record skipped", "partition", r.Partition, "offset", r.Offset, "version", v, "err", err)
 				}
 				return
 			}
-			latest[key] = restored{part: r.Partition, rec: &rec}
+			latest[key] = got
 		})
 	}
 	out := make([]restored, 0, len(latest))
+	s.heldMu.Lock()
+	defer s.heldMu.Unlock()
 	for _, r := range latest {
 		out = append(out, r)
+		if r.held != nil {
+			s.markHeld(r.part, r.held.Channel)
+		}
 	}
 	return out, nil
 }
 
+func (s *stateStore) markHeld(part int32, ch string) {
+	if s.held == nil {
+		s.held = map[int32]map[string]bool{}
+	}
+	if s.held[part] == nil {
+		s.held[part] = map[string]bool{}
+	}
+	s.held[part][ch] = true
+}
+
+// forget drops what the store knows of partitions this replica lost.
+func (s *stateStore) forget(parts []int32) {
+	s.heldMu.Lock()
+	defer s.heldMu.Unlock()
+	for _, p := range parts {
+		delete(s.held, p)
+	}
+}
+
 // save writes changes (acks=all) to the partitions partOf names for their
-// tenants. A change for a tenant without a known partition is skipped and
-// logged: it cannot be restored by whoever owns the tenant.
-func (s *stateStore) save(ctx context.Context, changes []engine.Change, partOf func(tenant string) (int32, bool)) error {
+// tenants, and, when heldChanged, replaces the stored held notifications
+// with held: one record per partition and channel with the notices of that
+// partition's tenants, a deletion for every pair no longer held. A change
+// for a tenant without a known partition is skipped and logged: it cannot
+// be restored by whoever owns the tenant. It returns the records written.
+func (s *stateStore) save(ctx context.Context, changes []engine.Change, held []engine.Held, heldChanged bool,
+	partOf func(tenant string) (int32, bool)) (int, error) {
 	recs := make([]*kgo.Record, 0, len(changes))
 	for _, c := range changes {
 		part, ok := partOf(c.Key.Tenant)
@@ -161,13 +216,58 @@ func (s *stateStore) save(ctx context.Context, changes []engine.Change, partOf f
 		if c.Record != nil {
 			var err error
 			if value, err = json.Marshal(c.Record); err != nil {
-				return fmt.Errorf("alert state %s: %w", c.Key.String(), err)
+				return 0, fmt.Errorf("alert state %s: %w", c.Key.String(), err)
 			}
 		}
 		recs = append(recs, &kgo.Record{Topic: s.topic, Partition: part, Key: []byte(c.Key.String()), Value: value})
 	}
-	if len(recs) == 0 {
-		return nil
+	var now map[int32]map[string]bool
+	if heldChanged {
+		now = map[int32]map[string]bool{}
+		for _, h := range held {
+			byPart := map[int32]*engine.Held{}
+			for _, a := range h.Alerts {
+				part, ok := partOf(a.Key.Tenant)
+				if !ok {
+					continue
+				}
+				if byPart[part] == nil {
+					byPart[part] = &engine.Held{V: h.V, Channel: h.Channel, First: h.First}
+				}
+				byPart[part].Alerts = append(byPart[part].Alerts, a)
+			}
+			for part, ph := range byPart {
+				value, err := json.Marshal(ph)
+				if err != nil {
+					return 0, fmt.Errorf("held notifications of %s: %w", h.Channel, err)
+				}
+				if now[part] == nil {
+					now[part] = map[string]bool{}
+				}
+				now[part][h.Channel] = true
+				recs = append(recs, &kgo.Record{Topic: s.topic, Partition: part, Key: []byte(heldPrefix + h.Channel), Value: value})
+			}
+		}
+		s.heldMu.Lock()
+		for part, chans := range s.held {
+			for ch := range chans {
+				if !now[part][ch] {
+					recs = append(recs, &kgo.Record{Topic: s.topic, Partition: part, Key: []byte(heldPrefix + ch)})
+				}
+			}
+		}
+		s.heldMu.Unlock()
 	}
-	return s.cl.ProduceSync(ctx, recs...).FirstErr()
+	if len(recs) == 0 {
+		return 0, nil
+	}
+	if err := s.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		return 0, err
+	}
+	if heldChanged {
+		s.heldMu.Lock()
+		s.held = now
+		s.heldMu.Unlock()
+	}
+	return len(recs), nil
 }

@@ -10,6 +10,7 @@
 package engine
 
 import (
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -64,6 +65,8 @@ type Engine struct {
 	// dirty holds the keys whose state changed since the last TakeDirty
 	// (see persist.go).
 	dirty map[alert.Key]struct{}
+	// heldDirty says groups changed since the last TakeHeld.
+	heldDirty bool
 }
 
 // New returns an engine that routes with route and delivers to out.
@@ -97,6 +100,14 @@ func (e *Engine) Forget(owned func(tenant string) bool) {
 	for k := range e.dirty {
 		if !owned(k.Tenant) {
 			delete(e.dirty, k)
+		}
+	}
+	// Their notifications held for grouping go too: the new owner restores
+	// and sends them.
+	for ch, g := range e.groups {
+		g.alerts = slices.DeleteFunc(g.alerts, func(a alert.Alert) bool { return !owned(a.Key.Tenant) })
+		if len(g.alerts) == 0 {
+			delete(e.groups, ch)
 		}
 	}
 }

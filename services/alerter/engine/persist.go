@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice/services/alerter/alert"
@@ -105,5 +106,62 @@ func (st *state) record() *Record {
 		Level: st.level, FiredLevel: st.firedLevel,
 		Since: st.since, LevelSince: st.levelSince, ClearSince: st.clearSince, LastSeen: st.lastSeen,
 		Firing: st.firing, Delivered: st.delivered, Owed: st.owed,
+	}
+}
+
+// Held is the notifications of one direct channel held for grouping
+// (GroupWait), as persisted: a crash during the wait must neither lose
+// them (the alert states already say they were sent) nor send them twice.
+type Held struct {
+	V       int           `json:"v"`
+	Channel string        `json:"channel"`
+	First   time.Time     `json:"first"`
+	Alerts  []alert.Alert `json:"alerts"`
+}
+
+// TakeHeld returns every channel's held notifications if any group
+// changed since the last call (ok false otherwise): the caller replaces
+// what it stored with them, an absent channel meaning none held.
+func (e *Engine) TakeHeld() (held []Held, ok bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.heldDirty {
+		return nil, false
+	}
+	e.heldDirty = false
+	held = make([]Held, 0, len(e.groups))
+	for ch, g := range e.groups {
+		held = append(held, Held{V: RecordVersion, Channel: ch, First: g.first, Alerts: slices.Clone(g.alerts)})
+	}
+	return held, true
+}
+
+// RedirtyHeld makes the next TakeHeld return the groups again, after the
+// caller failed to store them.
+func (e *Engine) RedirtyHeld() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.heldDirty = true
+}
+
+// RestoreHeld adds persisted held notifications to their channel's group,
+// which keeps the earliest First: they go out when the wait that began
+// before the restart ends.
+func (e *Engine) RestoreHeld(hs []Held) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, h := range hs {
+		if len(h.Alerts) == 0 {
+			continue
+		}
+		g := e.groups[h.Channel]
+		if g == nil {
+			g = &group{first: h.First}
+			e.groups[h.Channel] = g
+		}
+		if h.First.Before(g.first) {
+			g.first = h.First
+		}
+		g.alerts = append(g.alerts, h.Alerts...)
 	}
 }

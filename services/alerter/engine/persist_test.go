@@ -111,3 +111,43 @@ func TestForgetDoesNotPersistDeletions(t *testing.T) {
 		t.Fatalf("changes after Forget: %+v", c)
 	}
 }
+
+// TestHeldNotificationsSurviveARestart: a crash while notifications wait
+// GroupWait must not lose them, since the alert states already say they
+// were sent; restored, they go out once when the wait ends.
+func TestHeldNotificationsSurviveARestart(t *testing.T) {
+	cfg := testConfig()
+	cfg.GroupWait = 30 * time.Second
+	e, rec := newEngine(t, cfg, nil)
+	store := map[alert.Key][]byte{}
+	e.Observe(tier("acme", 0, 90, t0), t0)
+	tickThrough(e, t0, t0.Add(time.Minute))
+	persistAll(t, e, store)
+	held, ok := e.TakeHeld()
+	if !ok || len(held) != 1 || held[0].Channel != "dingtalk:ops" || len(held[0].Alerts) != 1 {
+		t.Fatalf("held %+v, %v; want acme's notice for dingtalk:ops", held, ok)
+	}
+	if got := byChannel(rec.take(false))["dingtalk:ops"]; len(got) != 0 {
+		t.Fatalf("sent before the wait ended: %+v", got)
+	}
+	b, err := json.Marshal(held)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	e2, rec2 := newEngine(t, cfg, nil)
+	restoreAll(t, e2, store)
+	var back []Held
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	e2.RestoreHeld(back)
+	tickThrough(e2, t0.Add(70*time.Second), t0.Add(3*time.Minute))
+	got := byChannel(rec2.take(false))["dingtalk:ops"]
+	if len(got) != 1 || got[0].Alerts[0].Key.Tenant != "acme" || got[0].Alerts[0].Tier != 90 {
+		t.Fatalf("after the restart %+v, want acme's tier 90 notice once", got)
+	}
+	if held, ok := e2.TakeHeld(); !ok || len(held) != 0 {
+		t.Fatalf("after the flush TakeHeld = %+v, %v; want a change to nothing held", held, ok)
+	}
+}
