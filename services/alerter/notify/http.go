@@ -16,11 +16,19 @@ import (
 // ParseURL parses the URL of an HTTP receiver (a webhook, Alertmanager)
 // and accepts only an absolute http or https URL with a host: anything else
 // would fail on every send, so it is refused when the channel is defined.
-// It is the one URL check of the alerter; the error quotes the value.
+// It is the one URL check of the alerter. Its errors never quote the
+// value: a webhook URL carries credentials (DingTalk's access_token,
+// Slack's secret path) and a refused policy reload is logged.
 func ParseURL(raw string) (*neturl.URL, error) {
+	const hint = "use an absolute URL such as https://host/path (the value is not shown: webhook URLs carry credentials)"
 	u, err := neturl.Parse(raw)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("%q is not an http(s) URL (for example https://host/path)", raw)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("does not parse as a URL; %s", hint)
+	case u.Scheme == "" || u.Host == "":
+		return nil, fmt.Errorf("has no scheme and host; %s", hint)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, fmt.Errorf("scheme %q is not http or https; %s", u.Scheme, hint)
 	}
 	return u, nil
 }
