@@ -79,11 +79,12 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	if err := kafkaconn.EnsureTopics(ctx, cl, env.Kafka, cfg.Topic); err != nil {
 		return err
 	}
-	if err := ensureStateTopic(ctx, cl, env.Kafka, cfg.Topic, cfg.stateTopic()); err != nil {
+	stateParts, err := ensureStateTopic(ctx, cl, env.Kafka, cfg.Topic, cfg.stateTopic())
+	if err != nil {
 		return err
 	}
 	p.cl = cl
-	p.store = &stateStore{topic: cfg.stateTopic(), kcfg: env.Kafka, cl: cl, log: env.Logger}
+	p.store = &stateStore{topic: cfg.stateTopic(), kcfg: env.Kafka, cl: cl, log: env.Logger, partitions: stateParts}
 	env.Health.AddReadiness("alerter-kafka", kafkaconn.Ready(cl))
 	defer env.Health.RemoveReadiness("alerter-kafka")
 
@@ -189,10 +190,18 @@ func (p *pipeline) persist(ctx context.Context) {
 				p.engine.RedirtyHeld()
 			}
 			p.stateFailures.Inc()
-			p.log.Error("alert state not saved; notifications go out anyway and signal offsets stay uncommitted until a save succeeds",
-				"state_topic", p.cfg.stateTopic(), "changes", len(changes), "err", err)
+			// Every tick retries: log the first few and then every 60th of
+			// a run of failures, not one line a tick.
+			if p.saveFailing++; p.saveFailing <= 3 || p.saveFailing%60 == 0 {
+				p.log.Error("alert state not saved; notifications go out anyway and signal offsets stay uncommitted until a save succeeds",
+					"state_topic", p.cfg.stateTopic(), "changes", len(changes), "failures_in_a_row", p.saveFailing, "err", err)
+			}
 		} else {
 			p.stateWrites.Add(float64(n))
+			if p.saveFailing > 0 {
+				p.log.Info("alert state saved again", "state_topic", p.cfg.stateTopic(), "after_failures", p.saveFailing)
+				p.saveFailing = 0
+			}
 		}
 	}
 	if saved && len(offs) > 0 {
@@ -340,8 +349,10 @@ type pipeline struct {
 	cl        *kgo.Client
 	store     *stateStore
 	persistMu sync.Mutex
-	outMu     sync.Mutex
-	outbox    []outMsg
+	// saveFailing counts failed saves in a row (under persistMu).
+	saveFailing int
+	outMu       sync.Mutex
+	outbox      []outMsg
 	// handled is the next offset per signals partition after the signals
 	// applied so far; committed what was last committed.
 	offMu     sync.Mutex

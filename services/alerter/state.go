@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -37,6 +38,9 @@ type stateStore struct {
 	// partitioner, so a record goes to the partition it names.
 	cl  *kgo.Client
 	log *slog.Logger
+	// partitions is the state topic's partition count: a record for a
+	// partition beyond it would fail the whole write.
+	partitions int32
 	// undecodable counts records skipped on load.
 	undecodable atomic.Int64
 
@@ -61,28 +65,44 @@ type restored struct {
 
 // ensureStateTopic creates the state topic, compacted, with at least as
 // many partitions as the signals topic, or checks that the existing one
-// has enough.
-func ensureStateTopic(ctx context.Context, cl *kgo.Client, kcfg kafkaconn.Config, signals, state string) error {
+// has enough. It returns the state topic's partition count.
+func ensureStateTopic(ctx context.Context, cl *kgo.Client, kcfg kafkaconn.Config, signals, state string) (int32, error) {
+	for attempt := 1; ; attempt++ {
+		n, err := ensureStateTopicOnce(ctx, cl, kcfg, signals, state)
+		// Another replica created it at the same time, and the metadata
+		// does not show it yet: look again.
+		if !errors.Is(err, kerr.TopicAlreadyExists) || attempt == 10 {
+			return n, err
+		}
+		select {
+		case <-time.After(200 * time.Millisecond):
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+func ensureStateTopicOnce(ctx context.Context, cl *kgo.Client, kcfg kafkaconn.Config, signals, state string) (int32, error) {
 	adm := kadm.NewClient(cl)
 	td, err := adm.ListTopics(ctx, signals, state)
 	if err != nil {
-		return fmt.Errorf("alerter.state_topic: listing %s and %s: %w", signals, state, err)
+		return 0, fmt.Errorf("alerter.state_topic: listing %s and %s: %w", signals, state, err)
 	}
 	need := int32(len(td[signals].Partitions))
 	if st, ok := td[state]; ok && st.Err == nil && len(st.Partitions) > 0 {
 		if int32(len(st.Partitions)) < need {
-			return fmt.Errorf("alerter.state_topic: %s has %d partitions, fewer than the %d of %s; it must have at least as many (add partitions to it, or name a new state topic)",
+			return 0, fmt.Errorf("alerter.state_topic: %s has %d partitions, fewer than the %d of %s; it must have at least as many (add partitions to it, or name a new state topic)",
 				state, len(st.Partitions), need, signals)
 		}
-		return nil
+		return int32(len(st.Partitions)), nil
 	}
 	compact := "compact"
-	_, err = adm.CreateTopic(ctx, max(need, kcfg.Partitions), kcfg.ReplicationFactor,
-		map[string]*string{"cleanup.policy": &compact}, state)
-	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-		return fmt.Errorf("alerter.state_topic: create %s: %w", state, err)
+	n := max(need, kcfg.Partitions)
+	_, err = adm.CreateTopic(ctx, n, kcfg.ReplicationFactor, map[string]*string{"cleanup.policy": &compact}, state)
+	if err != nil {
+		return 0, fmt.Errorf("alerter.state_topic: create %s: %w", state, err)
 	}
-	return nil
+	return n, nil
 }
 
 // load reads partitions parts of the state topic up to their current end
@@ -208,8 +228,9 @@ func (s *stateStore) save(ctx context.Context, changes []engine.Change, held []e
 	recs := make([]*kgo.Record, 0, len(changes))
 	for _, c := range changes {
 		part, ok := partOf(c.Key.Tenant)
-		if !ok {
-			s.log.Warn("alert state not saved: the tenant's signals partition is unknown", "alert", c.Key.String())
+		if !ok || part >= s.partitions {
+			s.log.Warn("alert state not saved: the tenant's signals partition is unknown or beyond the state topic's partitions (restart the alerter after adding partitions)",
+				"alert", c.Key.String(), "partition", part, "state_partitions", s.partitions)
 			continue
 		}
 		var value []byte
@@ -228,7 +249,7 @@ func (s *stateStore) save(ctx context.Context, changes []engine.Change, held []e
 			byPart := map[int32]*engine.Held{}
 			for _, a := range h.Alerts {
 				part, ok := partOf(a.Key.Tenant)
-				if !ok {
+				if !ok || part >= s.partitions {
 					continue
 				}
 				if byPart[part] == nil {
