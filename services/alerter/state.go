@@ -70,12 +70,13 @@ func ensureStateTopic(ctx context.Context, cl *kgo.Client, kcfg kafkaconn.Config
 	for attempt := 1; ; attempt++ {
 		n, err := ensureStateTopicOnce(ctx, cl, kcfg, signals, state)
 		// Another replica created it at the same time, and the metadata
-		// does not show it yet: look again.
-		if !errors.Is(err, kerr.TopicAlreadyExists) || attempt == 10 {
+		// does not show it yet (franz-go serves metadata up to 5s old):
+		// look again for a little longer than that.
+		if !errors.Is(err, kerr.TopicAlreadyExists) || attempt == 15 {
 			return n, err
 		}
 		select {
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(500 * time.Millisecond):
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
