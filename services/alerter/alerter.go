@@ -12,13 +12,16 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/alerter/alert"
 	"github.com/sluicehq/sluice/services/alerter/alertmanager"
 	"github.com/sluicehq/sluice/services/alerter/channel"
 	"github.com/sluicehq/sluice/services/alerter/engine"
@@ -49,9 +52,24 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	cl, err := kafkaconn.NewClient(env.Kafka,
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.ConsumeTopics(cfg.Topic),
-		kgo.DisableAutoCommit(), // state is rebuilt by replay; see the package doc
+		kgo.SessionTimeout(cfg.SessionTimeout),
+		// Offsets are committed by persist, only once the alert states the
+		// signals before them produced are on the state topic.
+		kgo.DisableAutoCommit(),
+		// A group that never committed rebuilds its state from the start
+		// of the retained signals.
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, lost map[string][]int32) { p.forget(lost[cfg.Topic]) }),
+		// Rebalances wait until the signals of a poll are applied, so that
+		// revoking persists and commits exactly what was applied.
+		kgo.BlockRebalanceOnPoll(),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.OnPartitionsAssigned(func(ctx context.Context, _ *kgo.Client, got map[string][]int32) { p.restore(ctx, got[cfg.Topic]) }),
+		kgo.OnPartitionsRevoked(func(ctx context.Context, _ *kgo.Client, lost map[string][]int32) {
+			// Also called while the client closes, with ctx cancelled:
+			// the last save must still run.
+			p.persist(context.WithoutCancel(ctx))
+			p.forget(lost[cfg.Topic])
+		}),
 		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, lost map[string][]int32) { p.forget(lost[cfg.Topic]) }),
 	)
 	if err != nil {
@@ -61,10 +79,16 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	if err := kafkaconn.EnsureTopics(ctx, cl, env.Kafka, cfg.Topic); err != nil {
 		return err
 	}
+	stateParts, err := ensureStateTopic(ctx, cl, env.Kafka, cfg.Topic, cfg.stateTopic())
+	if err != nil {
+		return err
+	}
+	p.cl = cl
+	p.store = &stateStore{topic: cfg.stateTopic(), kcfg: env.Kafka, cl: cl, log: env.Logger, partitions: stateParts}
 	env.Health.AddReadiness("alerter-kafka", kafkaconn.Ready(cl))
 	defer env.Health.RemoveReadiness("alerter-kafka")
 
-	env.Logger.Info("alerter running", "topic", cfg.Topic, "group", cfg.Group, "channels", p.dispatch.Channels())
+	env.Logger.Info("alerter running", "topic", cfg.Topic, "group", cfg.Group, "state_topic", cfg.stateTopic(), "channels", p.dispatch.Channels())
 	g, ctx := errgroup.WithContext(ctx)
 	// The dispatcher outlives ctx: it drains its queues for
 	// cfg.ShutdownDrain once the tick loop, the engine's only deliverer, has
@@ -87,10 +111,10 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	return err
 }
 
-// runTicks advances the engine every tick until ctx ends, then flushes the
-// alerts held for grouping, so that nothing is lost at shutdown. Only Tick
-// and Flush deliver, so once runTicks returns nothing more reaches the
-// dispatcher.
+// runTicks advances the engine every tick and persists what changed, until
+// ctx ends; then it flushes the alerts held for grouping and persists once
+// more, so that nothing is lost at shutdown. Only Tick and Flush deliver,
+// so once runTicks returns nothing more reaches the dispatcher.
 func (p *pipeline) runTicks(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -98,11 +122,197 @@ func (p *pipeline) runTicks(ctx context.Context, every time.Duration) {
 		select {
 		case <-ctx.Done():
 			p.engine.Flush(time.Now())
+			last, cancel := context.WithTimeout(context.WithoutCancel(ctx), stateTimeout)
+			p.persist(last)
+			cancel()
 			return
 		case now := <-t.C:
 			p.engine.Tick(now)
+			p.persist(ctx)
 		}
 	}
+}
+
+// stateTimeout bounds one write of alert states and one offset commit.
+const stateTimeout = 10 * time.Second
+
+// Deliver is the engine's Output. Without a state store (tests that drive
+// the engine directly) it hands m to the dispatcher at once; with one, m
+// waits in the outbox until persist has written the state that says it
+// was sent, so that a crash can lose a notification in flight but never
+// make a restarted alerter send it again.
+func (p *pipeline) Deliver(ch string, m alert.Message) {
+	if p.store == nil {
+		p.dispatch.Deliver(ch, m)
+		return
+	}
+	p.outMu.Lock()
+	p.outbox = append(p.outbox, outMsg{ch, m})
+	p.outMu.Unlock()
+}
+
+type outMsg struct {
+	channel string
+	msg     alert.Message
+}
+
+// persist writes the alert states changed since the last call, then
+// commits the offsets of the signals applied before them, then releases
+// the outbox to the dispatcher. The order is the guarantee: an offset is
+// committed only when the state its signals produced is stored, and a
+// notification leaves only when the state that records it is stored. If
+// the write fails the notifications still go (alerting beats dedup), the
+// offsets stay uncommitted and the states are written on the next call.
+func (p *pipeline) persist(ctx context.Context) {
+	if p.store == nil {
+		return
+	}
+	p.persistMu.Lock()
+	defer p.persistMu.Unlock()
+	// Offsets first: every signal applied before this snapshot has marked
+	// its keys dirty already, so TakeDirty below includes its effects.
+	offs := p.applied()
+	changes := p.engine.TakeDirty()
+	held, heldChanged := p.engine.TakeHeld()
+	p.outMu.Lock()
+	out := p.outbox
+	p.outbox = nil
+	p.outMu.Unlock()
+	saved := true
+	if len(changes) > 0 || heldChanged {
+		sctx, cancel := context.WithTimeout(ctx, stateTimeout)
+		n, err := p.store.save(sctx, changes, held, heldChanged, p.partitionOf)
+		cancel()
+		if err != nil {
+			saved = false
+			p.engine.Redirty(changes)
+			if heldChanged {
+				p.engine.RedirtyHeld()
+			}
+			p.stateFailures.Inc()
+			// Every tick retries: log the first few and then every 60th of
+			// a run of failures, not one line a tick.
+			if p.saveFailing++; p.saveFailing <= 3 || p.saveFailing%60 == 0 {
+				p.log.Error("alert state not saved; notifications go out anyway and signal offsets stay uncommitted until a save succeeds",
+					"state_topic", p.cfg.stateTopic(), "changes", len(changes), "failures_in_a_row", p.saveFailing, "err", err)
+			}
+		} else {
+			p.stateWrites.Add(float64(n))
+			if p.saveFailing > 0 {
+				p.log.Info("alert state saved again", "state_topic", p.cfg.stateTopic(), "after_failures", p.saveFailing)
+				p.saveFailing = 0
+			}
+		}
+	}
+	if saved && len(offs) > 0 {
+		p.commit(ctx, offs)
+	}
+	for _, o := range out {
+		p.dispatch.Deliver(o.channel, o.msg)
+	}
+}
+
+// applied returns the next offset of every partition whose applied
+// signals moved past the last commit.
+func (p *pipeline) applied() map[int32]kgo.EpochOffset {
+	p.offMu.Lock()
+	defer p.offMu.Unlock()
+	var offs map[int32]kgo.EpochOffset
+	for part, o := range p.handled {
+		if c, ok := p.committed[part]; !ok || c.Offset != o.Offset {
+			if offs == nil {
+				offs = map[int32]kgo.EpochOffset{}
+			}
+			offs[part] = o
+		}
+	}
+	return offs
+}
+
+// commit commits offs; a failure is logged and retried by the next
+// persist (a restart in between re-applies a few signals, which changes
+// nothing: applying a signal twice yields the same state).
+func (p *pipeline) commit(ctx context.Context, offs map[int32]kgo.EpochOffset) {
+	cctx, cancel := context.WithTimeout(ctx, stateTimeout)
+	defer cancel()
+	var cerr error
+	p.cl.CommitOffsetsSync(cctx, map[string]map[int32]kgo.EpochOffset{p.cfg.Topic: offs},
+		func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+			if err != nil {
+				cerr = err
+				return
+			}
+			for _, t := range resp.Topics {
+				for _, pr := range t.Partitions {
+					if err := kerr.ErrorForCode(pr.ErrorCode); err != nil && cerr == nil {
+						cerr = fmt.Errorf("partition %d: %w", pr.Partition, err)
+					}
+				}
+			}
+		})
+	if cerr != nil {
+		p.commitFailures.Inc()
+		p.log.Warn("signal offsets not committed; retrying with the next save", "topic", p.cfg.Topic, "err", cerr)
+		return
+	}
+	p.offMu.Lock()
+	for part, o := range offs {
+		p.committed[part] = o
+	}
+	p.offMu.Unlock()
+}
+
+// restore loads the stored alert states of newly assigned signal
+// partitions before their signals are consumed (franz-go calls it before
+// fetching them). It retries until it succeeds or the client closes: going
+// on without the state would announce again every alert still firing.
+func (p *pipeline) restore(ctx context.Context, parts []int32) {
+	if p.store == nil || len(parts) == 0 {
+		return
+	}
+	for attempt := 1; ; attempt++ {
+		recs, err := p.store.load(ctx, parts)
+		if err == nil {
+			var batch []*engine.Record
+			var held []engine.Held
+			p.partMu.Lock()
+			for _, r := range recs {
+				if r.held != nil {
+					held = append(held, *r.held)
+					for _, a := range r.held.Alerts {
+						p.tenantPart[a.Key.Tenant] = r.part
+					}
+					continue
+				}
+				p.tenantPart[r.rec.Key.Tenant] = r.part
+				batch = append(batch, r.rec)
+			}
+			p.partMu.Unlock()
+			p.engine.Restore(batch)
+			p.engine.RestoreHeld(held)
+			p.stateRestored.Add(float64(len(batch)))
+			p.log.Info("alert state restored", "partitions", parts, "alerts", len(batch), "held_groups", len(held))
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		wait := min(time.Duration(attempt)*time.Second, 10*time.Second)
+		p.log.Error("alert state not loaded; signals of these partitions wait", "partitions", parts, "attempt", attempt, "retry_in", wait, "err", err)
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// partitionOf is the signals partition of tenant, where its state goes.
+func (p *pipeline) partitionOf(tenant string) (int32, bool) {
+	p.partMu.Lock()
+	defer p.partMu.Unlock()
+	part, ok := p.tenantPart[tenant]
+	return part, ok
 }
 
 // applyPolicy is the watcher's reaction to a reloaded policy: routing
@@ -133,6 +343,23 @@ type pipeline struct {
 
 	partMu     sync.Mutex
 	tenantPart map[string]int32
+
+	// Persistence (Run only; nil in tests that drive the engine): see
+	// persist.
+	cl        *kgo.Client
+	store     *stateStore
+	persistMu sync.Mutex
+	// saveFailing counts failed saves in a row (under persistMu).
+	saveFailing int
+	outMu       sync.Mutex
+	outbox      []outMsg
+	// handled is the next offset per signals partition after the signals
+	// applied so far; committed what was last committed.
+	offMu     sync.Mutex
+	handled   map[int32]kgo.EpochOffset
+	committed map[int32]kgo.EpochOffset
+
+	stateWrites, stateFailures, stateRestored, commitFailures prometheus.Counter
 }
 
 func newPipeline(cfg Config, env platform.Env, watcher *policy.Watcher) (*pipeline, error) {
@@ -154,6 +381,8 @@ func newPipeline(cfg Config, env platform.Env, watcher *policy.Watcher) (*pipeli
 		routes:     map[string]engine.Route{},
 		client:     &http.Client{},
 		tenantPart: map[string]int32{},
+		handled:    map[int32]kgo.EpochOffset{},
+		committed:  map[int32]kgo.EpochOffset{},
 	}
 	for id, t := range cfg.Tenants {
 		if p.routes[id], err = t.route(id, nil); err != nil {
@@ -176,7 +405,7 @@ func newPipeline(cfg Config, env platform.Env, watcher *policy.Watcher) (*pipeli
 	if err := p.syncChannels(pol); err != nil {
 		return nil, err
 	}
-	if p.engine, err = engine.New(cfg.Rules, p.route, p.dispatch); err != nil {
+	if p.engine, err = engine.New(cfg.Rules, p.route, p); err != nil {
 		return nil, err
 	}
 	if err := p.registerMetrics(env.Metrics); err != nil {
@@ -247,6 +476,10 @@ func (p *pipeline) route(tenant string) engine.Route {
 
 // consume feeds records to the engine until ctx ends.
 func (p *pipeline) consume(ctx context.Context, cl *kgo.Client) {
+	// Every poll holds rebalances (BlockRebalanceOnPoll) until
+	// AllowRebalance, the last one included: leaving the group at Close
+	// would wait forever.
+	defer cl.AllowRebalance()
 	for {
 		fetches := cl.PollFetches(ctx)
 		if ctx.Err() != nil || fetches.IsClientClosed() {
@@ -256,7 +489,13 @@ func (p *pipeline) consume(ctx context.Context, cl *kgo.Client) {
 			p.log.Warn("signals fetch failed; retrying", "topic", topic, "partition", part, "err", err)
 		})
 		now := time.Now()
-		fetches.EachRecord(func(r *kgo.Record) { p.handle(r, now) })
+		fetches.EachRecord(func(r *kgo.Record) {
+			p.handle(r, now)
+			p.offMu.Lock()
+			p.handled[r.Partition] = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}
+			p.offMu.Unlock()
+		})
+		cl.AllowRebalance()
 	}
 }
 
@@ -290,10 +529,20 @@ func (p *pipeline) reject(r *kgo.Record, err error) {
 	}
 }
 
-// forget drops the alerts of tenants on partitions this replica lost.
+// forget drops the alerts of tenants on partitions this replica lost, and
+// their offsets: the new owner commits them.
 func (p *pipeline) forget(parts []int32) {
 	if len(parts) == 0 {
 		return
+	}
+	p.offMu.Lock()
+	for _, part := range parts {
+		delete(p.handled, part)
+		delete(p.committed, part)
+	}
+	p.offMu.Unlock()
+	if p.store != nil {
+		p.store.forget(parts)
 	}
 	p.partMu.Lock()
 	lost := map[string]bool{}
@@ -315,7 +564,15 @@ func (p *pipeline) registerMetrics(reg prometheus.Registerer) error {
 	stat := func(f func(engine.Stats) float64) func() float64 {
 		return func() float64 { return f(p.engine.Stats()) }
 	}
-	cs := []prometheus.Collector{p.signals, p.invalid,
+	p.stateWrites = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_alerter_state_writes_total",
+		Help: "Records written to the state topic: alert states and held notifications, deletions included."})
+	p.stateFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_alerter_state_write_failures_total",
+		Help: "Failed writes of alert states; offsets stay uncommitted until one succeeds."})
+	p.stateRestored = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_alerter_state_restored_total",
+		Help: "Alert states loaded from the state topic at start and on partition assignment."})
+	p.commitFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_alerter_offset_commit_failures_total",
+		Help: "Failed commits of signal offsets."})
+	cs := []prometheus.Collector{p.signals, p.invalid, p.stateWrites, p.stateFailures, p.stateRestored, p.commitFailures,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_alerter_alerts", Help: "Alerts tracked, by state.",
 			ConstLabels: prometheus.Labels{"state": "pending"}}, stat(func(s engine.Stats) float64 { return float64(s.Pending) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_alerter_alerts", Help: "Alerts tracked, by state.",

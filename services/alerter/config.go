@@ -19,9 +19,19 @@ import (
 // Config is the alerter's configuration section.
 type Config struct {
 	// Topic and Group: where signals come from. The group spreads tenants
-	// over alerter replicas; offsets are never committed (see Run).
+	// over alerter replicas; offsets are committed once the alert states
+	// they produced are on StateTopic (see persist).
 	Topic string `yaml:"topic" help:"signals topic to consume"`
 	Group string `yaml:"group" help:"Kafka consumer group of the alerter replicas"`
+	// SessionTimeout is how long the group waits for a silent member before
+	// its partitions, and the alerts of their tenants, move to another
+	// replica or to the same one restarted.
+	SessionTimeout time.Duration `yaml:"session_timeout" help:"consumer group session timeout: how soon a crashed alerter's partitions move"`
+	// StateTopic is the compacted topic of alert states, what a restart
+	// resumes from. It belongs to one group, so the default derives it from
+	// the group: two deployments with different groups must not restore
+	// each other's alerts.
+	StateTopic string `yaml:"state_topic" help:"compacted topic of alert states and what was notified, so a restart sends nothing twice; empty: sluice.alerter.state.v1 for the default group, sluice.alerter.state.v1.<group> for others"`
 
 	// PolicyFile is the quota policy (tenant channels, time zones, channel
 	// definitions); empty runs without one: every tenant gets
@@ -114,6 +124,7 @@ func DefaultConfig() Config {
 	return Config{
 		Topic:           schemas.TopicSignalsV1,
 		Group:           "sluice-alerter",
+		SessionTimeout:  45 * time.Second,
 		PolicyReload:    2 * time.Second,
 		DefaultChannels: []string{engine.AlertmanagerChannel},
 		Language:        "en",
@@ -134,6 +145,12 @@ func (c Config) Validate() error {
 	}
 	if c.Group == "" {
 		add("alerter.group: must not be empty")
+	}
+	if c.SessionTimeout < 6*time.Second || c.SessionTimeout > 30*time.Minute {
+		add("alerter.session_timeout: %v is outside 6s..30m (the broker's usual group session limits)", c.SessionTimeout)
+	}
+	if c.StateTopic != "" && c.StateTopic == c.Topic {
+		add("alerter.state_topic: %q must differ from alerter.topic", c.StateTopic)
 	}
 	if c.PolicyReload <= 0 {
 		add("alerter.policy_reload: %v must be positive", c.PolicyReload)
@@ -187,6 +204,17 @@ func (c Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// stateTopic is StateTopic, or the default for the group when it is empty.
+func (c Config) stateTopic() string {
+	switch {
+	case c.StateTopic != "":
+		return c.StateTopic
+	case c.Group == DefaultConfig().Group:
+		return DefaultStateTopic
+	}
+	return DefaultStateTopic + "." + c.Group
 }
 
 // delivery returns the delivery settings of the channels of kind: the

@@ -43,7 +43,7 @@ func TestChannelDefinitionsAndDeliveryAreCheckedByKind(t *testing.T) {
 	c.Delivery = map[string]notify.ChannelConfig{"slack": {Burst: -1}, "teams": {}}
 	err := c.Validate()
 	for _, want := range []string{
-		`alerter.channels.slack.noc.webhook: "hooks.slack.com/x" is not an http(s) URL`,
+		`alerter.channels.slack.noc.webhook: has no scheme and host`,
 		"alerter.channels.dingtalk.ops.secrte: unknown setting; this kind takes webhook, secret",
 		`alerter.channels.pager.x: unknown channel kind "pager"; the alerter knows dingtalk, slack`,
 		"alerter.delivery.slack.burst: -1 must be at least 1",

@@ -50,12 +50,18 @@
 //
 // # State
 //
-// State is rebuilt from the signals topic, not stored: the consumer group
-// never commits offsets, so every start, and every partition a rebalance
-// hands over, replays the retained signals from the beginning. Signals are
-// few (one per change), the engine drops replayed news that is over (periods
-// that ended, one-off signals older than auto_resolve_after), and pending
-// durations keep a replay from paging for states that no longer hold. The
-// cost is that a restart re-announces alerts still firing on direct
-// channels once; Alertmanager deduplicates them by labels.
+// The engine's state per alert (condition level, pending and clear times,
+// and what was last notified) and the notifications held for grouping are
+// kept on a compacted topic, services.alerter.state_topic
+// (sluice.alerter.state.v1 for the default group), one record per alert key
+// and per channel with held notifications, co-partitioned with the signals
+// topic.
+// Every tick writes the states that changed, then commits the offsets of
+// the signals applied before them, then releases the tick's notifications
+// to the channels; a replica assigned a signals partition loads that
+// partition's states before it consumes a signal from it. So a restart,
+// crash or rebalance resumes with the state the committed offsets left:
+// a firing alert is not announced again, and one whose condition ended
+// while the alerter was down resolves once. README.md lists what a crash
+// can still cost.
 package alerter

@@ -44,7 +44,7 @@ func TestRegistryChecksRefsAndSettings(t *testing.T) {
 	err = r.Check("teams", Settings{"url": "ftp://x", "urll": "https://x"})
 	var se *policy.SettingError
 	if !errors.As(err, &se) || !strings.Contains(err.Error(), `urll: unknown setting; this kind takes url`) ||
-		!strings.Contains(err.Error(), `url: "ftp://x" is not an http(s) URL`) {
+		!strings.Contains(err.Error(), `url: scheme "ftp" is not http or https`) {
 		t.Errorf("bad settings: %v", err)
 	}
 	if _, err := r.New("teams", Settings{"url": "nope"}, Deps{}); err == nil {

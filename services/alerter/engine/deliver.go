@@ -44,6 +44,7 @@ func (e *Engine) deliver(route *Route, a alert.Alert, superseded []alert.Alert, 
 			e.groups[ch] = g
 		}
 		g.alerts = append(g.alerts, a)
+		e.heldDirty = true
 		if len(g.alerts) >= e.cfg.MaxGroupBuffer {
 			e.flushGroup(ch, g)
 		}
@@ -73,6 +74,7 @@ type groupKey struct {
 // GroupThreshold as one incident each, the rest one by one.
 func (e *Engine) flushGroup(ch string, g *group) {
 	delete(e.groups, ch)
+	e.heldDirty = true
 	classes := map[groupKey][]alert.Alert{}
 	var order []groupKey
 	for _, a := range g.alerts {

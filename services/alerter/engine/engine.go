@@ -10,6 +10,7 @@
 package engine
 
 import (
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -61,6 +62,11 @@ type Engine struct {
 	lastResend time.Time
 	seen       *recentIDs
 	stats      Stats
+	// dirty holds the keys whose state changed since the last TakeDirty
+	// (see persist.go).
+	dirty map[alert.Key]struct{}
+	// heldDirty says groups changed since the last TakeHeld.
+	heldDirty bool
 }
 
 // New returns an engine that routes with route and delivers to out.
@@ -75,18 +81,33 @@ func New(cfg Config, route Router, out Output) (*Engine, error) {
 		alerts: map[alert.Key]*state{},
 		groups: map[string]*group{},
 		seen:   newRecentIDs(cfg.DedupSignals),
+		dirty:  map[alert.Key]struct{}{},
 	}, nil
 }
 
 // Forget drops every alert of the tenants for which owned returns false,
-// without notifying: after a consumer-group rebalance another alerter owns
-// them and rebuilds their state from the topic.
+// without notifying and without marking them dirty: after a consumer-group
+// rebalance another alerter owns them and restores their state from what
+// this one persisted; a deletion persisted now would erase it.
 func (e *Engine) Forget(owned func(tenant string) bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for k := range e.alerts {
 		if !owned(k.Tenant) {
 			delete(e.alerts, k)
+		}
+	}
+	for k := range e.dirty {
+		if !owned(k.Tenant) {
+			delete(e.dirty, k)
+		}
+	}
+	// Their notifications held for grouping go too: the new owner restores
+	// and sends them.
+	for ch, g := range e.groups {
+		g.alerts = slices.DeleteFunc(g.alerts, func(a alert.Alert) bool { return !owned(a.Key.Tenant) })
+		if len(g.alerts) == 0 {
+			delete(e.groups, ch)
 		}
 	}
 }
@@ -137,6 +158,7 @@ func (e *Engine) Tick(now time.Time) {
 	}
 	sort.Slice(due, func(i, j int) bool { return due[i].id < due[j].id })
 	for _, st := range due {
+		e.markDirty(st.cur.Key)
 		e.step(st.cur.Key, st, now)
 	}
 	e.flushAlertmanager()

@@ -47,6 +47,7 @@ func (e *Engine) observe(k alert.Key, level int, sig *schemas.Signal, now time.T
 	st := e.alerts[k]
 	if level <= 0 {
 		if st != nil {
+			e.markDirty(k)
 			e.update(st, sig)
 			e.clear(k, st, now)
 		}
@@ -60,6 +61,7 @@ func (e *Engine) observe(k alert.Key, level int, sig *schemas.Signal, now time.T
 		st = &state{cur: alert.Alert{Key: k}, id: k.String()}
 		e.alerts[k] = st
 	}
+	e.markDirty(k)
 	e.update(st, sig)
 	if st.level == 0 {
 		if !st.firing {
@@ -88,6 +90,7 @@ func (e *Engine) update(st *state, sig *schemas.Signal) {
 }
 
 func (e *Engine) clear(k alert.Key, st *state, now time.Time) {
+	e.markDirty(k)
 	if !st.firing {
 		// A pending alert that clears was never news.
 		delete(e.alerts, k)

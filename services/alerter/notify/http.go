@@ -4,10 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
+	neturl "net/url"
 	"strconv"
 	"time"
 )
@@ -15,11 +16,19 @@ import (
 // ParseURL parses the URL of an HTTP receiver (a webhook, Alertmanager)
 // and accepts only an absolute http or https URL with a host: anything else
 // would fail on every send, so it is refused when the channel is defined.
-// It is the one URL check of the alerter; the error quotes the value.
-func ParseURL(raw string) (*url.URL, error) {
-	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("%q is not an http(s) URL (for example https://host/path)", raw)
+// It is the one URL check of the alerter. Its errors never quote the
+// value: a webhook URL carries credentials (DingTalk's access_token,
+// Slack's secret path) and a refused policy reload is logged.
+func ParseURL(raw string) (*neturl.URL, error) {
+	const hint = "use an absolute URL such as https://host/path (the value is not shown: webhook URLs carry credentials)"
+	u, err := neturl.Parse(raw)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("does not parse as a URL; %s", hint)
+	case u.Scheme == "" || u.Host == "":
+		return nil, fmt.Errorf("has no scheme and host; %s", hint)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, fmt.Errorf("scheme %q is not http or https; %s", u.Scheme, hint)
 	}
 	return u, nil
 }
@@ -29,6 +38,10 @@ func ParseURL(raw string) (*url.URL, error) {
 // body on a 2xx; a payload or URL that cannot make a request is Permanent, a
 // transport failure is retried, and a non-2xx answer is classified by
 // HTTPStatusError.
+//
+// No error it returns contains url: webhook URLs carry their credentials
+// (DingTalk's access_token and sign, Slack's secret path), and these errors
+// end up in logs. The dispatcher's log names the channel instead.
 func PostJSON(ctx context.Context, c *http.Client, receiver, url, contentType string, payload any) ([]byte, error) {
 	body, err := json.Marshal(payload)
 	if err != nil {
@@ -36,12 +49,17 @@ func PostJSON(ctx context.Context, c *http.Client, receiver, url, contentType st
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
-		return nil, Permanent(err)
+		return nil, Permanent(fmt.Errorf("%s: the URL cannot make a request (URL withheld: it may carry credentials)", receiver))
 	}
 	req.Header.Set("Content-Type", contentType)
 	resp, err := c.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", receiver, err)
+		// *url.Error quotes the whole URL; keep only what went wrong.
+		var ue *neturl.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("%s: POST failed: %w", receiver, err)
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))

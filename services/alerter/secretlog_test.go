@@ -1,0 +1,107 @@
+package alerter
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/services/alerter/alert"
+	"github.com/sluicehq/sluice/services/alerter/dingtalk"
+	"github.com/sluicehq/sluice/services/alerter/message"
+	"github.com/sluicehq/sluice/services/alerter/notify"
+	"github.com/sluicehq/sluice/services/alerter/slack"
+)
+
+// lockedBuffer is a log sink the dispatcher's workers write concurrently.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestFailedPostsDoNotLogWebhookSecrets sends to a DingTalk robot and a
+// Slack webhook that refuse connections: the failure logs must name the
+// channel and must not carry the robot's access_token, its sign, or the
+// Slack webhook's secret path, all of which grant posting rights.
+func TestFailedPostsDoNotLogWebhookSecrets(t *testing.T) {
+	// A port that refuses connections: listen, note the address, close.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+
+	const token, slackPath = "TOKENsecret4711", "T0SECRET/B0SECRET/XSECRETPATH"
+	render, err := message.New("en", "", message.Links{}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ding, err := dingtalk.New("http://"+dead+"/robot/send?access_token="+token, robotSecret, render, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sl, err := slack.New("http://"+dead+"/services/"+slackPath, render, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var logs lockedBuffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	m, err := notify.NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := notify.NewDispatcher(log, m)
+	cfg := notify.ChannelConfig{QueueSize: 10, RatePerMinute: 6000, Burst: 10, MaxAttempts: 2,
+		InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, Timeout: time.Second}
+	for name, s := range map[string]notify.Sender{"dingtalk:ops": ding, "slack:noc": sl} {
+		if err := d.Set(name, s, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = d.Run(ctx, time.Second); close(done) }()
+	defer func() { stop(); <-done }()
+
+	a := alert.Alert{Key: alert.Key{Tenant: "acme", Model: "*", Rule: alert.RuleQuotaTier}, Status: alert.StatusFiring, Tier: 90, Language: "en"}
+	for _, ch := range []string{"dingtalk:ops", "slack:noc"} {
+		d.Deliver(ch, alert.Message{Alerts: []alert.Alert{a}})
+	}
+	itest.Eventually(t, 10*time.Second, "both posts given up", func() bool {
+		return testutil.ToFloat64(m.Failed.WithLabelValues("dingtalk:ops")) == 1 &&
+			testutil.ToFloat64(m.Failed.WithLabelValues("slack:noc")) == 1
+	})
+	out := logs.String()
+	for _, secret := range []string{token, "access_token", "sign=", "SECRET", "/services/"} {
+		if strings.Contains(out, secret) {
+			t.Errorf("the log carries %q:\n%s", secret, out)
+		}
+	}
+	for _, name := range []string{"channel=dingtalk:ops", "channel=slack:noc"} {
+		if !strings.Contains(out, name) {
+			t.Errorf("the log does not name the channel (%s):\n%s", name, out)
+		}
+	}
+}
