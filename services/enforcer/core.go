@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/enforcer/internal/breaker"
 	"github.com/sluicehq/sluice/services/enforcer/internal/flagwriter"
+	"github.com/sluicehq/sluice/services/internal/fifo"
 )
 
 // core is the enforcer without its transports: signals in, flags out. It
@@ -29,9 +30,7 @@ type core struct {
 	policy *policy.Watcher
 
 	dedupMu sync.Mutex
-	seen    map[string]struct{}
-	ring    []string
-	next    int
+	seen    *fifo.Set[string] // recent signal ids; guarded by dedupMu
 
 	signals  *prometheus.CounterVec
 	restored prometheus.Counter
@@ -43,8 +42,7 @@ type core struct {
 // that its first full rewrite already carries them: a Checker must never
 // see a fresh heartbeat next to missing fail modes.
 func newCore(cfg Config, rdb *redis.Client, pw *policy.Watcher, log *slog.Logger) *core {
-	c := &core{cfg: cfg, log: log, table: breaker.NewTable(), policy: pw, seen: map[string]struct{}{},
-		ring: make([]string, cfg.DedupSignals),
+	c := &core{cfg: cfg, log: log, table: breaker.NewTable(), policy: pw, seen: fifo.NewSet[string](cfg.DedupSignals),
 		signals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_enforcer_signals_total",
 			Help: "Signals consumed by the enforcer, by result."}, []string{"result"}),
 		restored: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_enforcer_breakers_restored_from_redis_total",
@@ -146,24 +144,12 @@ func (c *core) runClock(ctx context.Context) error {
 	}
 }
 
-// duplicate remembers id in a bounded ring; the oldest id is forgotten
-// when the ring is full.
+// duplicate reports whether id was consumed recently; replayed signals
+// (a restarted consumer, a rebalance) must not re-trigger their breakers.
 func (c *core) duplicate(id string) bool {
-	if len(c.ring) == 0 {
-		return false
-	}
 	c.dedupMu.Lock()
 	defer c.dedupMu.Unlock()
-	if _, ok := c.seen[id]; ok {
-		return true
-	}
-	if old := c.ring[c.next]; old != "" {
-		delete(c.seen, old)
-	}
-	c.ring[c.next] = id
-	c.next = (c.next + 1) % len(c.ring)
-	c.seen[id] = struct{}{}
-	return false
+	return c.seen.Seen(id)
 }
 
 // handle folds one decoded signal in; flags are written by the next flush.

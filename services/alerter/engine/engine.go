@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/alerter/alert"
+	"github.com/sluicehq/sluice/services/internal/fifo"
 )
 
 // The engine's files: config.go its settings, signals.go the mapping of
@@ -60,7 +61,7 @@ type Engine struct {
 	// a fleet-wide incident is then one request, not hundreds.
 	amBatch    alert.Message
 	lastResend time.Time
-	seen       *recentIDs
+	seen       *fifo.Set[string] // recent signal ids, so a replayed signal is skipped
 	stats      Stats
 	// dirty holds the keys whose state changed since the last TakeDirty
 	// (see persist.go).
@@ -80,7 +81,7 @@ func New(cfg Config, route Router, out Output) (*Engine, error) {
 		out:    out,
 		alerts: map[alert.Key]*state{},
 		groups: map[string]*group{},
-		seen:   newRecentIDs(cfg.DedupSignals),
+		seen:   fifo.NewSet[string](cfg.DedupSignals),
 		dirty:  map[alert.Key]struct{}{},
 	}, nil
 }
@@ -133,7 +134,7 @@ func (e *Engine) Stats() Stats {
 func (e *Engine) Observe(sig *schemas.Signal, now time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.seen.seen(sig.ID) {
+	if sig.ID != "" && e.seen.Seen(sig.ID) {
 		e.stats.DuplicateSignals++
 		return
 	}

@@ -1,4 +1,6 @@
-// Package fifo is a bounded first-in-first-out ring: the one memory bound
+// Package fifo is a bounded first-in-first-out ring (and Set, a bounded
+// seen-ids memory built on it, used by the enforcer and the alerter to skip
+// replayed signals): the one memory bound
 // shared by the two places Sluice remembers recent event ids, ingest's
 // dedup window (services/ingest/dedup, ids acknowledged by the broker) and
 // the aggregator's per-partition id memory (services/aggregator's tally,
