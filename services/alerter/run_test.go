@@ -58,20 +58,7 @@ func TestRunFromKafkaToAlertmanager(t *testing.T) {
 		return b
 	}
 
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- Run(runCtx, cfg, env) }()
-	defer func() {
-		stop()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("Run did not stop within 30s of cancellation")
-		}
-	}()
+	itest.Start(t, "Run", func(ctx context.Context) error { return Run(ctx, cfg, env) })
 
 	now := time.Now().UTC()
 	produce([]byte(`{"not": "a signal"`))

@@ -42,26 +42,7 @@ func TestTwoReplicasShareAdminStateAndOneWrites(t *testing.T) {
 		cfg.ReplicaID = id
 		cfg.Admin.Listen = closedAddr(t)
 		env := platform.Env{Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc}.Named("test-" + id)
-		runCtx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- Run(runCtx, cfg, env) }()
-		stopped := false
-		stop := func() {
-			if stopped {
-				return
-			}
-			stopped = true
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Run %s: %v", id, err)
-				}
-			case <-time.After(30 * time.Second):
-				t.Errorf("Run %s did not stop within 30s", id)
-			}
-		}
-		t.Cleanup(stop)
+		stop := itest.Start(t, "enforcer "+id, func(ctx context.Context) error { return Run(ctx, cfg, env) })
 		cl, err := adminapi.NewClient("http://"+cfg.Admin.Listen, "tok", nil)
 		if err != nil {
 			t.Fatal(err)

@@ -81,21 +81,8 @@ func TestRestartWithoutClickHouseKeepsEveryFlag(t *testing.T) {
 	chc.Addr = closedAddr(t)
 	chc.DialTimeout = time.Second
 	env := platform.Env{Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc}.Named("test")
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
 	restarted := time.Now().UnixMilli()
-	go func() { done <- Run(runCtx, cfg, env) }()
-	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("Run did not stop within 30s of cancellation")
-		}
-	}()
+	itest.Start(t, "Run", func(ctx context.Context) error { return Run(ctx, cfg, env) })
 	// Its first full rewrite sets the epoch; everything it wrote then is in
 	// Redis once a heartbeat after it is.
 	itest.Eventually(t, within, "the restarted enforcer's first full rewrite", func() bool {

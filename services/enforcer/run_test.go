@@ -60,20 +60,7 @@ func TestRunConsumesSignalsAndRecoversState(t *testing.T) {
 	cfg.PolicyReload = 100 * time.Millisecond
 
 	env := platform.Env{Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc}.Named("test")
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- Run(runCtx, cfg, env) }()
-	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("Run did not stop within 30s of cancellation")
-		}
-	}()
+	itest.Start(t, "Run", func(ctx context.Context) error { return Run(ctx, cfg, env) })
 	keys := flags.Layout{Prefix: cfg.KeyPrefix}
 	hasFlag := func(tenant, field, want string) func() bool {
 		return func() bool {
