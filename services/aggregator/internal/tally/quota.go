@@ -20,7 +20,12 @@ type quotaState struct {
 
 	predicted   bool
 	predictions int32
-	predAt      int64 // unix seconds; 0 = no prediction within the period
+	// predAt is when the quota is predicted to run out, unix seconds; 0 =
+	// no prediction within the period. Once the quota is used up it is
+	// exhaustedAt, never a time ahead: "runs out at" a future time for a
+	// tenant already over its limit would tell the operator it has time.
+	predAt      int64
+	exhaustedAt int64 // event time of the event that used the quota up; 0 = not exhausted
 	rate        float64
 
 	rateMinute int64 // minute a rate_exceeded was last emitted for
@@ -28,7 +33,7 @@ type quotaState struct {
 
 func (q *quotaState) resetPeriod() {
 	q.tier, q.crossings, q.exhausted = 0, 0, false
-	q.predicted, q.predAt = false, 0
+	q.predicted, q.predAt, q.exhaustedAt = false, 0, 0
 }
 
 func (s *Series) used(q *quotaState, j int) float64 {
@@ -99,6 +104,19 @@ func (s *Series) evalQuota(q *quotaState, ts, offset int64, p *Partition) {
 		sig.Reason = string(q.q.Name) + " at " + strconv.FormatFloat(used/q.q.Limit*100, 'f', 1, 64) + "% of its limit"
 		p.emit(sig)
 	}
+	if used >= q.q.Limit {
+		if q.exhaustedAt == 0 {
+			q.exhaustedAt = ts
+		}
+		q.predAt, q.predicted = q.exhaustedAt, false
+	} else if q.exhaustedAt != 0 {
+		// Back under the limit (an estimate settled lower, a limit raised):
+		// the next completed minute predicts afresh.
+		if q.predAt == q.exhaustedAt {
+			q.predAt = 0
+		}
+		q.exhaustedAt = 0
+	}
 	if used >= q.q.Limit && !q.exhausted {
 		q.exhausted = true
 		sig := s.base(schemas.SignalQuotaExhausted, q, b, ts, offset, used)
@@ -155,8 +173,13 @@ func (s *Series) predict(ts, offset int64, p *Partition) {
 		q.rate, _ = h.Rate()
 		used := s.used(q, 0)
 		b := s.t.bounds[q.kind][0]
+		if used >= q.q.Limit {
+			// Already out: the prediction is the time it ran out.
+			q.predAt, q.predicted = q.exhaustedAt, false
+			continue
+		}
 		mins, ok := h.MinutesToExhaustion(q.q.Limit - used)
-		if !ok || used >= q.q.Limit || mins > float64(b.end-now)/60 {
+		if !ok || mins > float64(b.end-now)/60 {
 			q.predAt, q.predicted = 0, false
 			continue
 		}
