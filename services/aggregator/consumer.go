@@ -135,6 +135,7 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 	pol := a.watcher.Current()
 	p.state.SetPolicy(pol)
 	before := p.state.Stats
+	now := time.Now()
 	for _, rec := range ftp.Records {
 		if rec.Offset < p.next {
 			continue // re-delivered after a retry inside the client
@@ -144,6 +145,13 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 			a.m.invalid.Inc()
 			a.log.Warn("skipping an undecodable usage event", "partition", rec.Partition, "offset", rec.Offset, "err", err)
 		} else {
+			// The future bound is measured from the record's time, capped
+			// by this host's clock (a producer's clock may be wrong too).
+			ref := now
+			if rec.Timestamp.After(time.Unix(0, 0)) && rec.Timestamp.Before(now) {
+				ref = rec.Timestamp
+			}
+			p.state.SetClock(ref)
 			r := p.state.Apply(ev, rec.Offset)
 			if r == tally.Evicted {
 				if !a.restore(ctx, p, ev.Tenant, rec.Offset) {
@@ -154,7 +162,11 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 				}
 				r = p.state.Apply(ev, rec.Offset)
 			}
-			if r == tally.Accepted {
+			if r == tally.TooFarAhead {
+				a.log.Warn("refusing a usage event stamped too far ahead: the hold of future events is full (aggregator.future_hold_capacity); fix the producer's clock",
+					"partition", rec.Partition, "offset", rec.Offset, "tenant", ev.Tenant, "id", ev.ID, "time", ev.Time, "reference", ref)
+			}
+			if r == tally.Accepted || r == tally.Held {
 				if p.batch.Events == nil {
 					p.batch.Events = make([]chstore.Event, 0, a.cfg.BatchEvents)
 				}
@@ -170,6 +182,9 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 	a.m.duplicates.Add(float64(after.Duplicates - before.Duplicates))
 	a.m.rejected.Add(float64(after.Rejected - before.Rejected))
 	a.m.late.Add(float64(after.Late - before.Late))
+	a.m.held.Add(float64(after.Held - before.Held))
+	a.m.released.Add(float64(after.Released - before.Released))
+	a.m.tooFarAhead.Add(float64(after.Refused - before.Refused))
 	a.m.lag.WithLabelValues(fmt.Sprint(ftp.Partition)).Set(float64(max(ftp.HighWatermark-p.next, 0)))
 	if a.since.IsZero() {
 		a.since = time.Now()
@@ -198,8 +213,13 @@ func (a *aggregator) flushAll(ctx context.Context) error {
 		s, i := p.state.Entries()
 		series, idsHeld = series+s, idsHeld+i
 	}
+	held := 0
+	for _, p := range a.parts {
+		held += p.state.Held()
+	}
 	a.m.series.Set(float64(series))
 	a.m.ids.Set(float64(idsHeld))
+	a.m.heldNow.Set(float64(held))
 	return errors.Join(errs...)
 }
 
@@ -333,6 +353,9 @@ func (a *aggregator) onAssigned(ctx context.Context, cl *kgo.Client, assigned ma
 			st = tally.New(id, a.cfg.options())
 			st.SetPolicy(a.watcher.Current())
 			st.SetReplay(true)
+			// Stored events still ahead of this host's clock are held
+			// again, as they were when first read.
+			st.SetClock(time.Now())
 			var err error
 			n, err = a.store.Replay(ctx, id, before, func(ev *schemas.UsageEvent, off int64) { st.Apply(ev, off) })
 			return err

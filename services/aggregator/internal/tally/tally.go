@@ -5,8 +5,10 @@
 // against every quota of the policy, alert tiers with hysteresis and
 // exhaustion predictions, and emits signals when they change.
 //
-// Everything is a function of the events in partition order and the
-// policy: the wall clock is never read. That is what makes the aggregator
+// Everything is a function of the events in partition order, the policy
+// and the reference clock the consumer passes to SetClock (each record's
+// Kafka time), which only decides when an event stamped far ahead is
+// counted: the wall clock is never read here. That is what makes the aggregator
 // exactly-once in effect: after a crash the state is rebuilt by replaying
 // the events stored in ClickHouse (with signals suppressed), consumption
 // resumes at the committed offset, and the events after it produce the same
@@ -25,6 +27,8 @@ package tally
 
 import (
 	"hash/maphash"
+	"maps"
+	"math"
 	"time"
 
 	"github.com/sluicehq/sluice/policy"
@@ -61,12 +65,24 @@ type Options struct {
 	// event) a tenant may stay silent before EvictIdle forgets it; 0 keeps
 	// every tenant.
 	IdleEvict time.Duration
+	// MaxFuture is how far ahead of the reference clock (SetClock) an
+	// event may be stamped and still be applied at once. An event further
+	// ahead is held, uncounted, until the clock comes within MaxFuture of
+	// it, so that one event from a gateway with a wrong clock (or a direct
+	// producer) cannot roll a tenant's hour, day or month early or move
+	// the partition's clock and have every tenant evicted as idle. A
+	// period therefore rolls at most MaxFuture early.
+	MaxFuture time.Duration
+	// HoldCapacity bounds the events held for being ahead; when it is full
+	// a further future event is refused (Result TooFarAhead): not counted
+	// and not stored.
+	HoldCapacity int
 }
 
 // DefaultOptions are the settings the aggregator ships with.
 func DefaultOptions() Options {
 	return Options{Hysteresis: 5, Horizon: 6 * time.Hour, DedupCapacity: 200_000, SlowCallMS: 10_000,
-		SpikeMultiplier: 10, SpikeMinTokens: 10_000, IdleEvict: 2 * time.Hour}
+		SpikeMultiplier: 10, SpikeMinTokens: 10_000, IdleEvict: 2 * time.Hour, MaxFuture: 2 * time.Minute, HoldCapacity: 10_000}
 }
 
 // Result says what Apply did with an event.
@@ -84,11 +100,24 @@ const (
 	// Evicted: the event's tenant was evicted as idle; nothing was done.
 	// Restore the tenant, then apply the event again.
 	Evicted
+	// Held: the event is stamped more than Options.MaxFuture ahead of the
+	// reference clock. It is not counted yet; it is applied when the clock
+	// comes within MaxFuture of it (see SetClock). Its raw row must be
+	// stored, like an accepted one: a rebuild replays it and holds it again
+	// (or applies it, if its time has come by then).
+	Held
+	// TooFarAhead: the event is ahead like a held one but the hold is full
+	// (Options.HoldCapacity). It is refused: not counted, and its raw row
+	// must not be stored, so ClickHouse and the counters still agree.
+	TooFarAhead
 )
 
 // Stats counts what a Partition did, for metrics.
 type Stats struct {
 	Accepted, Duplicates, Settled, Late, Rejected int64
+	// Held counts events held for being stamped ahead of the clock,
+	// Released those applied since, Refused those refused for a full hold.
+	Held, Released, Refused int64
 	// EvictedSeries and RestoredTenants count EvictIdle's and Restore's
 	// work.
 	EvictedSeries, RestoredTenants int64
@@ -124,6 +153,13 @@ type Partition struct {
 	evicted   map[uint64]int64
 	restoring bool
 
+	// now is the reference clock for Options.MaxFuture, unix seconds; 0
+	// (never set) applies every event at once. held are the events ahead
+	// of it, in arrival order; heldMin is the earliest time among them.
+	now     int64
+	held    []heldEvent
+	heldMin int64
+
 	replay       bool
 	signals      []schemas.Signal
 	dirty        []*Series
@@ -133,6 +169,12 @@ type Partition struct {
 
 	// Stats is updated by Apply.
 	Stats Stats
+}
+
+// heldEvent is an event held for being ahead of the clock, with its offset.
+type heldEvent struct {
+	ev     schemas.UsageEvent
+	offset int64
 }
 
 // idRec is what one counted event contributed, so a settlement can take it
@@ -207,6 +249,47 @@ func (p *Partition) TakeSignals() []schemas.Signal {
 	return s
 }
 
+// SetClock sets the reference clock the MaxFuture bound is measured
+// from, and applies the held events it brings within reach (their
+// signals and rows come out as if they had just arrived). The consumer
+// passes each record's Kafka timestamp capped by its own wall clock, and
+// its wall clock before a rebuild; this is the only way the wall clock
+// reaches the state. Without a call every event is applied at once.
+func (p *Partition) SetClock(now time.Time) {
+	p.now = now.Unix()
+	if len(p.held) == 0 || p.heldMin > p.now+p.maxFuture() {
+		return
+	}
+	due := p.held
+	var keep []heldEvent
+	p.held, p.heldMin = nil, math.MaxInt64
+	for i := range due {
+		h := &due[i]
+		if h.ev.Time.Unix() > p.now+p.maxFuture() {
+			keep = append(keep, *h)
+			p.heldMin = min(p.heldMin, h.ev.Time.Unix())
+			continue
+		}
+		p.Stats.Released++
+		p.Apply(&h.ev, h.offset)
+	}
+	p.held = keep
+}
+
+// Held returns how many events are held for being ahead of the clock.
+func (p *Partition) Held() int { return len(p.held) }
+
+func (p *Partition) maxFuture() int64 { return int64(p.opt.MaxFuture / time.Second) }
+
+// holding returns the tenants with held events.
+func (p *Partition) holding() map[string]bool {
+	out := make(map[string]bool, len(p.held))
+	for i := range p.held {
+		out[p.held[i].ev.Tenant] = true
+	}
+	return out
+}
+
 // Apply counts one event read at offset. The caller has validated it
 // (eventjson.DecodeUsageEvent does).
 func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
@@ -220,6 +303,9 @@ func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 				return Evicted
 			}
 		}
+	}
+	if p.now != 0 && !p.restoring && ev.Time.Unix() > p.now+p.maxFuture() {
+		return p.hold(ev, offset)
 	}
 	t := p.tenant(ev.Tenant)
 	s := t.series(ev.Model, p)
@@ -285,6 +371,30 @@ func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 		t.detect(s, ev, ts, offset, p)
 	}
 	return Accepted
+}
+
+// hold keeps an event stamped beyond the MaxFuture bound aside, or
+// refuses it when the hold is full. A retry of an id already counted is a
+// duplicate as usual.
+func (p *Partition) hold(ev *schemas.UsageEvent, offset int64) Result {
+	if old, seen := p.dedup[p.key(ev.Tenant, ev.ID)]; seen && (old.flags&flagEstimated == 0 || ev.Estimated) {
+		p.Stats.Duplicates++
+		return Duplicate
+	}
+	if len(p.held) >= p.opt.HoldCapacity {
+		p.Stats.Refused++
+		return TooFarAhead
+	}
+	h := heldEvent{ev: *ev, offset: offset}
+	// The caller reuses ev; copy what it shares.
+	h.ev.Attributes = maps.Clone(ev.Attributes)
+	if len(p.held) == 0 {
+		p.heldMin = math.MaxInt64
+	}
+	p.held = append(p.held, h)
+	p.heldMin = min(p.heldMin, ev.Time.Unix())
+	p.Stats.Held++
+	return Held
 }
 
 // tenantKey hashes a tenant name for the evicted set.
