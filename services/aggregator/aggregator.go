@@ -246,7 +246,7 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return watcher.Run(gctx) })
+	g.Go(func() error { return watcher.Follow(gctx, a.policyChanged) })
 	g.Go(func() error {
 		defer stop()
 		log.Info("aggregator consuming", "topic", cfg.Topic, "group", cfg.Group, "policy_file", cfg.PolicyFile)

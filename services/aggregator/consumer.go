@@ -191,6 +191,27 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 	}
 }
 
+// policyChanged re-evaluates every tenant in memory under a reloaded
+// policy at once (see tally.Partition.Reevaluate) and has the next flush
+// write and publish what changed, even with no new event: a blocked tenant
+// whose limit was raised sends none.
+func (a *aggregator) policyChanged(pol *policy.Policy) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	start := time.Now()
+	signals := 0
+	for _, p := range a.parts {
+		before := len(p.state.PendingSignals())
+		p.state.Reevaluate(pol)
+		signals += len(p.state.PendingSignals()) - before
+		if p.state.Pending() && a.since.IsZero() {
+			a.since = time.Now()
+		}
+	}
+	a.m.reevaluations.Inc()
+	a.log.Info("policy applied to every tenant in memory", "file", pol.Source(), "partitions", len(a.parts), "signals", signals, "took", time.Since(start).Round(time.Microsecond))
+}
+
 // flushAll flushes every partition with something pending, in partition
 // order.
 func (a *aggregator) flushAll(ctx context.Context) error {
@@ -227,7 +248,7 @@ func (a *aggregator) flushAll(ctx context.Context) error {
 // signals, then commits its offset: each step only after the one before
 // succeeded, retrying with back-off until it does or ctx ends.
 func (a *aggregator) flush(ctx context.Context, p *partition) error {
-	if p.next == p.flushed {
+	if p.next == p.flushed && !p.state.Pending() {
 		return nil
 	}
 	b := &p.batch

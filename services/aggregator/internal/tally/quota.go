@@ -9,14 +9,23 @@ import (
 	"github.com/sluicehq/sluice/schemas"
 )
 
+// quotaSpec is one quota as it applies to a series: the policy's, or an
+// operator override's limit laid over it (which may be 0: blocked).
+type quotaSpec struct {
+	q        policy.Quota
+	override bool
+}
+
 // quotaState is one quota of a series in its current period.
 type quotaState struct {
-	q    policy.Quota
-	kind int8
+	q        policy.Quota
+	kind     int8
+	override bool // q.Limit is an operator override's
 
-	tier      int
-	crossings int32 // tier crossings this period, part of signal ids
-	exhausted bool
+	tier        int
+	crossings   int32 // tier crossings this period, part of signal ids
+	exhausted   bool
+	exhaustions int32 // times exhausted this period (again after a raised limit), part of signal ids
 
 	predicted   bool
 	predictions int32
@@ -32,7 +41,7 @@ type quotaState struct {
 }
 
 func (q *quotaState) resetPeriod() {
-	q.tier, q.crossings, q.exhausted = 0, 0, false
+	q.tier, q.crossings, q.exhausted, q.exhaustions = 0, 0, false, 0
 	q.predicted, q.predAt, q.exhaustedAt = false, 0, 0
 }
 
@@ -89,7 +98,11 @@ func (s *Series) evalQuota(q *quotaState, ts, offset int64, p *Partition) {
 	}
 	b := s.t.bounds[q.kind][0]
 	used := s.used(q, 0)
-	nt := policy.NextTier(s.t.tiers, policy.Percent(used, q.q.Limit), q.tier, p.opt.Hysteresis)
+	pct := policy.Percent(used, q.q.Limit)
+	if q.q.Limit <= 0 {
+		pct = math.Inf(1) // an override of 0: blocked at once
+	}
+	nt := policy.NextTier(s.t.tiers, pct, q.tier, p.opt.Hysteresis)
 	if nt != q.tier {
 		prev := q.tier
 		q.tier = nt
@@ -101,7 +114,10 @@ func (s *Series) evalQuota(q *quotaState, ts, offset int64, p *Partition) {
 			sig.Direction = schemas.DirectionDown
 		}
 		sig.ID = s.id(sig.Kind, q, b.start, strconv.Itoa(prev), strconv.Itoa(nt), strconv.Itoa(int(q.crossings)))
-		sig.Reason = string(q.q.Name) + " at " + strconv.FormatFloat(used/q.q.Limit*100, 'f', 1, 64) + "% of its limit"
+		sig.Reason = string(q.q.Name) + " at " + strconv.FormatFloat(pct, 'f', 1, 64) + "% of its limit"
+		if q.override {
+			sig.Reason += " (an operator override's limit of " + strconv.FormatFloat(q.q.Limit, 'f', -1, 64) + ")"
+		}
 		p.emit(sig)
 	}
 	if used >= q.q.Limit {
@@ -117,10 +133,18 @@ func (s *Series) evalQuota(q *quotaState, ts, offset int64, p *Partition) {
 		}
 		q.exhaustedAt = 0
 	}
+	if used < q.q.Limit && q.exhausted && q.tier < 100 {
+		// Back under a raised limit: a later exhaustion is news again.
+		q.exhausted = false
+	}
 	if used >= q.q.Limit && !q.exhausted {
 		q.exhausted = true
+		q.exhaustions++
 		sig := s.base(schemas.SignalQuotaExhausted, q, b, ts, offset, used)
 		sig.ID = s.id(sig.Kind, q, b.start)
+		if q.exhaustions > 1 {
+			sig.ID = s.id(sig.Kind, q, b.start, strconv.Itoa(int(q.exhaustions)))
+		}
 		sig.Reason = string(q.q.Name) + " exhausted (" + string(q.q.Mode) + ")"
 		p.emit(sig)
 	}

@@ -29,6 +29,8 @@ import (
 	"hash/maphash"
 	"maps"
 	"math"
+	"sort"
+	"strconv"
 	"time"
 
 	"github.com/sluicehq/sluice/policy"
@@ -160,6 +162,11 @@ type Partition struct {
 	held    []heldEvent
 	heldMin int64
 
+	// overrides are the operators' active quota overrides by tenant
+	// (override.go); ovNext is the earliest Until among them, unix seconds.
+	overrides map[string][]Override
+	ovNext    int64
+
 	replay       bool
 	signals      []schemas.Signal
 	dirty        []*Series
@@ -214,7 +221,7 @@ func (p *Partition) ID() int32 { return p.id }
 
 // SetPolicy makes pol the policy for the events applied from now on.
 // Tenants pick it up at their next event, keeping tier state for quotas
-// that still exist.
+// that still exist; Reevaluate applies it to every tenant at once.
 func (p *Partition) SetPolicy(pol *policy.Policy) {
 	if pol == p.pol {
 		return
@@ -227,6 +234,67 @@ func (p *Partition) SetPolicy(pol *policy.Policy) {
 		}
 	}
 }
+
+// Reevaluate makes pol the policy in force and re-evaluates at once every
+// tenant in memory whose quotas or tiers it changes, instead of waiting
+// for that tenant's next event: a tenant blocked at 100% sends no events,
+// so a raised limit must take its tier down (closing the enforcer's quota
+// breaker and resolving its alerts) by itself. The signals carry the
+// tenant's latest event time and offset; its quota rows are marked for
+// the next Drain.
+func (p *Partition) Reevaluate(pol *policy.Policy) {
+	p.SetPolicy(pol)
+	ids := make([]string, 0, len(p.tenants))
+	for id, t := range p.tenants {
+		if t.pol != pol {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids) // signals in a deterministic order
+	for _, id := range ids {
+		p.reevaluate(p.tenants[id])
+	}
+}
+
+// reevaluate refreshes t's effective policy and, if that changed any of
+// its quotas or tiers, evaluates every quota of every series now.
+func (p *Partition) reevaluate(t *tenant) {
+	if !t.refresh(p.pol, p) || !t.started {
+		return
+	}
+	ts, offset := t.wm, t.off
+	for _, x := range t.order {
+		for _, q := range x.removed {
+			// The quota no longer exists: take its tier down to 0.
+			b := t.bounds[q.kind][0]
+			sig := x.base(schemas.SignalTierCrossed, &q, b, ts, offset, x.used(&q, 0))
+			sig.Tier, sig.PreviousTier, sig.Direction = 0, q.tier, schemas.DirectionDown
+			sig.ID = x.id(sig.Kind, &q, b.start, strconv.Itoa(q.tier), "0", strconv.Itoa(int(q.crossings+1)), "removed")
+			sig.Reason = string(q.q.Name) + " no longer applies"
+			p.emit(sig)
+		}
+		x.removed = x.removed[:0]
+		for i := range x.quotas {
+			q := &x.quotas[i]
+			if q.kind == kindMinute {
+				continue
+			}
+			if q.exhaustedAt == 0 {
+				q.predAt, q.predicted = 0, false // the next completed minute predicts against the new limit
+			}
+			x.evalQuota(q, ts, offset, p)
+		}
+		p.markDirty(x)
+	}
+}
+
+// PendingSignals returns the signals emitted since the last TakeSignals
+// without taking them, for counting.
+func (p *Partition) PendingSignals() []schemas.Signal { return p.signals }
+
+// Pending reports whether signals or rows wait for TakeSignals or Drain
+// without a new event: after Reevaluate, SetOverrides or a release.
+func (p *Partition) Pending() bool { return len(p.signals) > 0 || len(p.dirty) > 0 }
 
 // SetReplay switches replay mode: while on, Apply rebuilds state but emits
 // no signals, because the events replayed were already signalled.
@@ -257,6 +325,7 @@ func (p *Partition) TakeSignals() []schemas.Signal {
 // reaches the state. Without a call every event is applied at once.
 func (p *Partition) SetClock(now time.Time) {
 	p.now = now.Unix()
+	p.expireOverrides()
 	if len(p.held) == 0 || p.heldMin > p.now+p.maxFuture() {
 		return
 	}
@@ -326,6 +395,7 @@ func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 	ts := ev.Time.Unix()
 	t.advance(ts, offset, p)
 	p.wm = max(p.wm, ts)
+	t.off = max(t.off, offset)
 
 	if seen {
 		// A settlement: take the estimate back where it was counted, unless
@@ -435,7 +505,11 @@ func (p *Partition) tenant(id string) *tenant {
 		p.tenants[t.id] = t
 	}
 	if t.pol != p.pol || t.tp == nil {
-		t.refresh(p.pol)
+		if t.started {
+			p.reevaluate(t) // every series, not only the one this event is for
+		} else {
+			t.refresh(p.pol, p)
+		}
 	}
 	return t
 }
