@@ -53,6 +53,14 @@
 // too_far_ahead. A rebuild holds them again (measured against this host's
 // clock) or counts those whose time has come.
 //
+// # Operator overrides
+//
+// Quota overrides written by the enforcer's admin API to the compacted
+// admin_topic (sluice.admin.v1) replace a quota's limit in the state too,
+// so tiers, signals, quota_state and alerts follow the override, its lift
+// (a tombstone) and its expiry at once; see admin.go. The topic is read to
+// its end before the group is joined.
+//
 // # Bounded state
 //
 // A tenant without events for idle_evict_after of event time is dropped
@@ -70,6 +78,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
@@ -86,6 +96,7 @@ type Config struct {
 	Group         string        `yaml:"group" help:"Kafka consumer group of the aggregator instances"`
 	Topic         string        `yaml:"topic" help:"usage events topic"`
 	SignalsTopic  string        `yaml:"signals_topic" help:"topic the signals are produced to"`
+	AdminTopic    string        `yaml:"admin_topic" help:"compacted topic of operator actions (the enforcer's admin API writes it); quota overrides on it change tiers, signals and quota_state"`
 	BatchEvents   int           `yaml:"batch_events" help:"flush a partition's batch at this many events (also the poll size)"`
 	FlushInterval time.Duration `yaml:"flush_interval" help:"flush pending batches at least this often"`
 	RetryMin      time.Duration `yaml:"retry_min" help:"first back-off when ClickHouse or Kafka refuses a flush"`
@@ -121,6 +132,7 @@ func DefaultConfig() Config {
 		Group:              "sluice-aggregator",
 		Topic:              schemas.TopicUsageV1,
 		SignalsTopic:       schemas.TopicSignalsV1,
+		AdminTopic:         schemas.TopicAdminV1,
 		BatchEvents:        50_000,
 		FlushInterval:      time.Second,
 		RetryMin:           200 * time.Millisecond,
@@ -154,6 +166,9 @@ func (c Config) Validate() error {
 	}
 	if c.Topic == "" || c.SignalsTopic == "" || c.Topic == c.SignalsTopic {
 		bad("topic, signals_topic: both required and different (got %q, %q)", c.Topic, c.SignalsTopic)
+	}
+	if c.AdminTopic == "" || c.AdminTopic == c.Topic || c.AdminTopic == c.SignalsTopic {
+		bad("admin_topic: required and different from topic and signals_topic (got %q)", c.AdminTopic)
 	}
 	if c.BatchEvents < 1 || c.BatchEvents > 1_000_000 {
 		bad("batch_events: %d is outside 1..1000000", c.BatchEvents)
@@ -226,6 +241,15 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 
 	a := newAggregator(cfg, env, watcher)
 	a.store = chstore.New(conn, a.costFunc, cfg.SlowCallMS)
+	// The operator overrides in force, read to the end before the group is
+	// joined: no partition is rebuilt or evaluated without them.
+	if a.admin, err = newAdminFollower(ctx, env.Kafka, cfg.AdminTopic); err != nil {
+		return fmt.Errorf("aggregator: %w", err)
+	}
+	defer a.admin.cl.Close()
+	if err := a.admin.catchUp(ctx, cfg.AdminTopic, func(r *kgo.Record) { a.adminRecord(r) }); err != nil {
+		return fmt.Errorf("aggregator: read admin topic %s: %w", cfg.AdminTopic, err)
+	}
 	cl, err := kafkaconn.NewClient(env.Kafka, a.kafkaOptions()...)
 	if err != nil {
 		return fmt.Errorf("aggregator: %w", err)
@@ -247,6 +271,7 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	defer stop()
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return watcher.Follow(gctx, a.policyChanged) })
+	g.Go(func() error { return a.followAdmin(gctx, time.Second) })
 	g.Go(func() error {
 		defer stop()
 		log.Info("aggregator consuming", "topic", cfg.Topic, "group", cfg.Group, "policy_file", cfg.PolicyFile)

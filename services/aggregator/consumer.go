@@ -29,6 +29,7 @@ type aggregator struct {
 	watcher *policy.Watcher
 	store   *chstore.Store
 	cl      *kgo.Client
+	admin   *adminFollower
 
 	// mu guards parts. The poll loop holds it while processing a poll; the
 	// rebalance callbacks (which franz-go runs only between polls, given
@@ -204,10 +205,8 @@ func (a *aggregator) policyChanged(pol *policy.Policy) {
 		before := len(p.state.PendingSignals())
 		p.state.Reevaluate(pol)
 		signals += len(p.state.PendingSignals()) - before
-		if p.state.Pending() && a.since.IsZero() {
-			a.since = time.Now()
-		}
 	}
+	a.markPending()
 	a.m.reevaluations.Inc()
 	a.log.Info("policy applied to every tenant in memory", "file", pol.Source(), "partitions", len(a.parts), "signals", signals, "took", time.Since(start).Round(time.Microsecond))
 }
@@ -376,7 +375,9 @@ func (a *aggregator) onAssigned(ctx context.Context, cl *kgo.Client, assigned ma
 			st.SetReplay(true)
 			// Stored events still ahead of this host's clock are held
 			// again, as they were when first read.
-			st.SetClock(time.Now())
+			now := time.Now()
+			st.SetClock(now)
+			a.installOverrides(st, now)
 			var err error
 			n, err = a.store.Replay(ctx, id, before, func(ev *schemas.UsageEvent, off int64) { st.Apply(ev, off) })
 			return err

@@ -117,6 +117,9 @@ func (s *Series) evalQuota(q *quotaState, ts, offset int64, p *Partition) {
 		sig.Reason = string(q.q.Name) + " at " + strconv.FormatFloat(pct, 'f', 1, 64) + "% of its limit"
 		if q.override {
 			sig.Reason += " (an operator override's limit of " + strconv.FormatFloat(q.q.Limit, 'f', -1, 64) + ")"
+			if q.q.Limit <= 0 {
+				sig.Reason = string(q.q.Name) + " blocked: an operator override set its limit to 0"
+			}
 		}
 		p.emit(sig)
 	}
