@@ -23,7 +23,7 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer, w *policy.Watcher) *metrics {
-	events := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_aggregator_events_total", Help: "Usage events read, by result: counted, duplicate id, rejected (model \"*\"), invalid (undecodable), held (stamped beyond max_event_future; counted when released), released (held events counted since), too_far_ahead (ahead with the hold full: refused)."}, []string{"result"})
+	events := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_aggregator_events_total", Help: "Usage events read, by result: counted, duplicate id, rejected (model \"*\"), invalid (undecodable), held (stamped beyond max_event_future; counted when released), released (held events counted since; also in counted), too_far_ahead (ahead with the hold full: refused)."}, []string{"result"})
 	m := &metrics{
 		accepted:       events.WithLabelValues("counted"),
 		duplicates:     events.WithLabelValues("duplicate"),
