@@ -214,6 +214,7 @@ func (s *stack) args(opsAddr string) []string {
 		"-services.aggregator.topic=" + s.topic,
 		"-services.aggregator.group=" + s.groups["aggregator"],
 		"-services.aggregator.signals_topic=" + s.signals,
+		"-services.aggregator.admin_topic=" + s.admin,
 		"-services.aggregator.flush_interval=100ms",
 		"-services.aggregator.policy_reload=500ms",
 		"-services.aggregator.session_timeout=6s",

@@ -78,12 +78,15 @@ type rawBudget struct {
 	Currency string  `yaml:"currency"`
 }
 
+// rawModel's limits are pointers so that a field the file leaves out
+// (inherit the defaults' value) differs from one it sets to 0 (remove the
+// inherited quota): see the package doc, "Merging".
 type rawModel struct {
-	MonthlyTokens     int64  `yaml:"monthly_tokens"`
-	DailyTokens       int64  `yaml:"daily_tokens"`
-	HourlyTokens      int64  `yaml:"hourly_tokens"`
-	TokensPerMinute   int64  `yaml:"tokens_per_minute"`
-	RequestsPerMinute int64  `yaml:"requests_per_minute"`
+	MonthlyTokens     *int64 `yaml:"monthly_tokens"`
+	DailyTokens       *int64 `yaml:"daily_tokens"`
+	HourlyTokens      *int64 `yaml:"hourly_tokens"`
+	TokensPerMinute   *int64 `yaml:"tokens_per_minute"`
+	RequestsPerMinute *int64 `yaml:"requests_per_minute"`
 	Mode              string `yaml:"mode"`
 }
 
@@ -339,14 +342,29 @@ func (v *validator) tenant(path string, raw rawTenant, base *Tenant) *Tenant {
 		if model == "" || len(model) > 128 {
 			v.fail(mp, "model name must be 1..128 bytes")
 		}
-		for name, x := range map[schemas.QuotaKind]int64{schemas.QuotaMonthlyTokens: q.MonthlyTokens, schemas.QuotaDailyTokens: q.DailyTokens,
-			schemas.QuotaHourlyTokens: q.HourlyTokens, schemas.QuotaTokensPerMinute: q.TokensPerMinute, schemas.QuotaRequestsPerMinute: q.RequestsPerMinute} {
-			if x < 0 || x > MaxQuotaTokens {
-				v.fail(mp+"."+string(name), "%d is outside 0..%d (0 means no such quota)", x, MaxQuotaTokens)
+		// Field by field over the base's entry for the same model key: a
+		// tenant that sets only hourly_tokens for "*" keeps the defaults'
+		// monthly_tokens for "*" (0 removes an inherited quota).
+		mq := base.Models[model]
+		for _, f := range []struct {
+			kind schemas.QuotaKind
+			raw  *int64
+			dst  *int64
+		}{
+			{schemas.QuotaMonthlyTokens, q.MonthlyTokens, &mq.MonthlyTokens},
+			{schemas.QuotaDailyTokens, q.DailyTokens, &mq.DailyTokens},
+			{schemas.QuotaHourlyTokens, q.HourlyTokens, &mq.HourlyTokens},
+			{schemas.QuotaTokensPerMinute, q.TokensPerMinute, &mq.TokensPerMinute},
+			{schemas.QuotaRequestsPerMinute, q.RequestsPerMinute, &mq.RequestsPerMinute},
+		} {
+			if f.raw == nil {
+				continue
 			}
+			if x := *f.raw; x < 0 || x > MaxQuotaTokens {
+				v.fail(mp+"."+string(f.kind), "%d is outside 0..%d (0 removes the quota, also one inherited from defaults)", x, MaxQuotaTokens)
+			}
+			*f.dst = *f.raw
 		}
-		mq := ModelQuota{MonthlyTokens: q.MonthlyTokens, DailyTokens: q.DailyTokens, HourlyTokens: q.HourlyTokens,
-			TokensPerMinute: q.TokensPerMinute, RequestsPerMinute: q.RequestsPerMinute}
 		if q.Mode != "" {
 			mq.Mode = v.mode(mp+".mode", q.Mode)
 		}

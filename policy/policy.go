@@ -9,6 +9,22 @@
 // operator fixes a broken file in one go. A Watcher reloads the file when it
 // changes; a bad reload keeps the previous policy in force.
 //
+// # Merging
+//
+// A tenant's settings are laid over the defaults section; a tenant the file
+// does not name gets the defaults as they are. Scalars (timezone, mode,
+// fail_mode, priority, burst_multiplier, plan) replace the default when
+// set. Lists (alert_tiers, channels) and the budget replace the default
+// whole. Breaker settings and model quotas merge field by field:
+// models.<key> of a tenant starts from the defaults' models.<key> (same
+// key, "*" included) and each limit the tenant writes replaces that limit
+// only, so a tenant that sets just hourly_tokens for "*" keeps the
+// defaults' monthly_tokens and tokens_per_minute for "*". To drop an
+// inherited quota, write it as 0. A model key the defaults do not have
+// starts empty. Each model key stands alone: a tenant's gpt-4o entry does
+// not inherit from its own "*" entry (the "*" quotas apply to the sum of
+// all models anyway).
+//
 // Lookups are read-only after Parse: a *Policy is immutable and safe for
 // concurrent use, which is what lets the Watcher swap it atomically.
 package policy

@@ -272,3 +272,59 @@ func TestChannelKindNamesAreChecked(t *testing.T) {
 		}
 	}
 }
+
+// A tenant's models."*" merges with the defaults' "*" field by field: a
+// tenant that sets only an hourly limit keeps the default monthly quota,
+// and an explicit 0 removes an inherited one.
+func TestModelQuotasMergeFieldByField(t *testing.T) {
+	doc := `
+defaults:
+  models:
+    "*": {monthly_tokens: 1000000, tokens_per_minute: 20000}
+    gpt-4o: {daily_tokens: 500, mode: soft}
+tenants:
+  hourly-only:
+    models:
+      "*": {hourly_tokens: 5000}
+  no-monthly:
+    models:
+      "*": {monthly_tokens: 0}
+  model-entry:
+    models:
+      gpt-4o: {hourly_tokens: 50}
+      claude: {hourly_tokens: 70}
+`
+	p, err := Parse([]byte(doc), "merge.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	limits := func(tenant, model string) map[schemas.QuotaKind]float64 {
+		out := map[schemas.QuotaKind]float64{}
+		for _, q := range p.Tenant(tenant).Quotas(model) {
+			out[q.Name] = q.Limit
+		}
+		return out
+	}
+	check := func(tenant, model string, want map[schemas.QuotaKind]float64) {
+		t.Helper()
+		if got := limits(tenant, model); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s %s quotas = %v, want %v", tenant, model, got, want)
+		}
+	}
+	check("hourly-only", "*", map[schemas.QuotaKind]float64{
+		schemas.QuotaMonthlyTokens: 1000000, schemas.QuotaHourlyTokens: 5000, schemas.QuotaTokensPerMinute: 20000})
+	check("no-monthly", "*", map[schemas.QuotaKind]float64{schemas.QuotaTokensPerMinute: 20000})
+	check("model-entry", "gpt-4o", map[schemas.QuotaKind]float64{schemas.QuotaDailyTokens: 500, schemas.QuotaHourlyTokens: 50})
+	check("model-entry", "claude", map[schemas.QuotaKind]float64{schemas.QuotaHourlyTokens: 70})
+	if m := p.Tenant("model-entry").ModeFor("gpt-4o"); m != Soft {
+		t.Errorf("gpt-4o mode = %s, want soft inherited from defaults", m)
+	}
+	// The example file documents the same rule.
+	ex := mustLoad(t)
+	if got := ex.Tenant("free-trial").Models["*"]; got.MonthlyTokens != 1000000 || got.DailyTokens != 50000 || got.TokensPerMinute != 20000 {
+		t.Errorf("example free-trial * = %+v, want defaults' monthly and tpm plus its daily", got)
+	}
+	if got := ex.Tenant("internal").Models["*"]; got.MonthlyTokens != 0 || got.TokensPerMinute != 20000 {
+		t.Errorf("example internal * = %+v, want monthly removed, tpm inherited", got)
+	}
+}

@@ -37,6 +37,30 @@
 // re-evaluates a half-open breaker on the next anomaly signal. Everything
 // is event time, so replays give the same signals and ids.
 //
+// # Event time
+//
+// Periods and the partition's clock follow event time, so an event stamped
+// in the future would roll a tenant's hour, day and month at once (and
+// move the clock idle eviction reads). The aggregator bounds it on its own,
+// whatever ingest was configured to accept: an event stamped more than
+// max_event_future ahead of its Kafka record's timestamp (capped by this
+// host's clock) is stored in ClickHouse but held uncounted in memory until
+// a later record's time comes within max_event_future of it, then counted
+// in its own period as if it had just arrived. A period therefore rolls at
+// most max_event_future early. Up to future_hold_capacity events are held
+// per partition; beyond that such an event is refused, neither counted nor
+// stored, logged and counted in sluice_aggregator_events_total with result
+// too_far_ahead. A rebuild holds them again (measured against this host's
+// clock) or counts those whose time has come.
+//
+// # Operator overrides
+//
+// Quota overrides written by the enforcer's admin API to the compacted
+// admin_topic (sluice.admin.v1) replace a quota's limit in the state too,
+// so tiers, signals, quota_state and alerts follow the override, its lift
+// (a tombstone) and its expiry at once; see admin.go. The topic is read to
+// its end before the group is joined.
+//
 // # Bounded state
 //
 // A tenant without events for idle_evict_after of event time is dropped
@@ -53,6 +77,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/chconn"
@@ -71,6 +97,7 @@ type Config struct {
 	Group         string        `yaml:"group" help:"Kafka consumer group of the aggregator instances"`
 	Topic         string        `yaml:"topic" help:"usage events topic"`
 	SignalsTopic  string        `yaml:"signals_topic" help:"topic the signals are produced to"`
+	AdminTopic    string        `yaml:"admin_topic" help:"compacted topic of operator actions (the enforcer's admin API writes it); quota overrides on it change tiers, signals and quota_state"`
 	BatchEvents   int           `yaml:"batch_events" help:"flush a partition's batch at this many events (also the poll size)"`
 	FlushInterval time.Duration `yaml:"flush_interval" help:"flush pending batches at least this often"`
 	RetryMin      time.Duration `yaml:"retry_min" help:"first back-off when ClickHouse or Kafka refuses a flush"`
@@ -89,30 +116,39 @@ type Config struct {
 	// IdleEvictAfter bounds memory: a tenant silent for this long (in event
 	// time) is dropped, and rebuilt from ClickHouse when it sends again.
 	IdleEvictAfter time.Duration `yaml:"idle_evict_after" help:"forget a tenant after this much event time without events (rebuilt from ClickHouse when it returns)"`
+	// MaxEventFuture and FutureHoldCapacity keep one event stamped ahead
+	// (a gateway's wrong clock, a direct producer; ingest's own bound may
+	// be off) from rolling a tenant's periods early or evicting a
+	// partition's tenants. See "Event time" in the package doc.
+	MaxEventFuture     time.Duration `yaml:"max_event_future" help:"events stamped further ahead of the Kafka record time (capped by this host's clock) are held uncounted until their time comes within this bound"`
+	FutureHoldCapacity int           `yaml:"future_hold_capacity" help:"events held per partition for being ahead; beyond it such an event is refused (not counted, not stored) and counted in sluice_aggregator_events_total{result=\"too_far_ahead\"}"`
 }
 
 // DefaultConfig returns the settings the aggregator ships with.
 func DefaultConfig() Config {
 	o := tally.DefaultOptions()
 	return Config{
-		PolicyFile:        "policy.yaml",
-		PolicyReload:      2 * time.Second,
-		Group:             "sluice-aggregator",
-		Topic:             schemas.TopicUsageV1,
-		SignalsTopic:      schemas.TopicSignalsV1,
-		BatchEvents:       50_000,
-		FlushInterval:     time.Second,
-		RetryMin:          200 * time.Millisecond,
-		RetryMax:          30 * time.Second,
-		ShutdownGrace:     20 * time.Second,
-		SessionTimeout:    45 * time.Second,
-		Hysteresis:        o.Hysteresis,
-		PredictionHorizon: o.Horizon,
-		DedupCapacity:     o.DedupCapacity,
-		SlowCallMS:        o.SlowCallMS,
-		SpikeMultiplier:   o.SpikeMultiplier,
-		SpikeMinTokens:    o.SpikeMinTokens,
-		IdleEvictAfter:    o.IdleEvict,
+		PolicyFile:         "policy.yaml",
+		PolicyReload:       2 * time.Second,
+		Group:              "sluice-aggregator",
+		Topic:              schemas.TopicUsageV1,
+		SignalsTopic:       schemas.TopicSignalsV1,
+		AdminTopic:         schemas.TopicAdminV1,
+		BatchEvents:        50_000,
+		FlushInterval:      time.Second,
+		RetryMin:           200 * time.Millisecond,
+		RetryMax:           30 * time.Second,
+		ShutdownGrace:      20 * time.Second,
+		SessionTimeout:     45 * time.Second,
+		Hysteresis:         o.Hysteresis,
+		PredictionHorizon:  o.Horizon,
+		DedupCapacity:      o.DedupCapacity,
+		SlowCallMS:         o.SlowCallMS,
+		SpikeMultiplier:    o.SpikeMultiplier,
+		SpikeMinTokens:     o.SpikeMinTokens,
+		IdleEvictAfter:     o.IdleEvict,
+		MaxEventFuture:     o.MaxFuture,
+		FutureHoldCapacity: o.HoldCapacity,
 	}
 }
 
@@ -131,6 +167,9 @@ func (c Config) Validate() error {
 	}
 	if c.Topic == "" || c.SignalsTopic == "" || c.Topic == c.SignalsTopic {
 		bad("topic, signals_topic: both required and different (got %q, %q)", c.Topic, c.SignalsTopic)
+	}
+	if c.AdminTopic == "" || c.AdminTopic == c.Topic || c.AdminTopic == c.SignalsTopic {
+		bad("admin_topic: required and different from topic and signals_topic (got %q)", c.AdminTopic)
 	}
 	if c.BatchEvents < 1 || c.BatchEvents > 1_000_000 {
 		bad("batch_events: %d is outside 1..1000000", c.BatchEvents)
@@ -168,12 +207,19 @@ func (c Config) Validate() error {
 	if c.IdleEvictAfter < 5*time.Minute || c.IdleEvictAfter > 31*24*time.Hour {
 		bad("idle_evict_after: %v is outside 5m..744h", c.IdleEvictAfter)
 	}
+	if c.MaxEventFuture < time.Second || c.MaxEventFuture > 24*time.Hour {
+		bad("max_event_future: %v is outside 1s..24h (keep it at least ingest.max_event_future plus the clock skew between hosts)", c.MaxEventFuture)
+	}
+	if c.FutureHoldCapacity < 0 || c.FutureHoldCapacity > 1_000_000 {
+		bad("future_hold_capacity: %d is outside 0..1000000", c.FutureHoldCapacity)
+	}
 	return errors.Join(errs...)
 }
 
 func (c Config) options() tally.Options {
 	return tally.Options{Hysteresis: c.Hysteresis, Horizon: c.PredictionHorizon, DedupCapacity: c.DedupCapacity, SlowCallMS: c.SlowCallMS,
-		SpikeMultiplier: c.SpikeMultiplier, SpikeMinTokens: c.SpikeMinTokens, IdleEvict: c.IdleEvictAfter}
+		SpikeMultiplier: c.SpikeMultiplier, SpikeMinTokens: c.SpikeMinTokens, IdleEvict: c.IdleEvictAfter,
+		MaxFuture: c.MaxEventFuture, HoldCapacity: c.FutureHoldCapacity}
 }
 
 // Run consumes until ctx is cancelled, then flushes and commits what it
@@ -196,6 +242,15 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 
 	a := newAggregator(cfg, env, watcher)
 	a.store = chstore.New(conn, a.costFunc, cfg.SlowCallMS)
+	// The operator overrides in force, read to the end before the group is
+	// joined: no partition is rebuilt or evaluated without them.
+	if a.admin, err = newAdminFollower(ctx, env.Kafka, cfg.AdminTopic); err != nil {
+		return fmt.Errorf("aggregator: %w", err)
+	}
+	defer a.admin.cl.Close()
+	if err := a.admin.catchUp(ctx, cfg.AdminTopic, func(r *kgo.Record) { a.adminRecord(r) }); err != nil {
+		return fmt.Errorf("aggregator: read admin topic %s: %w", cfg.AdminTopic, err)
+	}
 	cl, err := kafkaconn.NewClient(env.Kafka, a.kafkaOptions()...)
 	if err != nil {
 		return fmt.Errorf("aggregator: %w", err)
@@ -224,7 +279,15 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return prices.Follow(gctx, watcher) })
+	_ = prices.Apply(gctx, watcher.Current()) // a failure is logged, counted and retried
+	g.Go(func() error {
+		return watcher.Follow(gctx, func(p *policy.Policy) {
+			a.policyChanged(p)
+			_ = prices.Apply(gctx, p)
+		})
+	})
+	g.Go(func() error { return prices.RetryFailed(gctx) })
+	g.Go(func() error { return a.followAdmin(gctx, time.Second) })
 	g.Go(func() error {
 		defer stop()
 		log.Info("aggregator consuming", "topic", cfg.Topic, "group", cfg.Group, "policy_file", cfg.PolicyFile)

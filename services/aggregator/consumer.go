@@ -29,6 +29,7 @@ type aggregator struct {
 	watcher *policy.Watcher
 	store   *chstore.Store
 	cl      *kgo.Client
+	admin   *adminFollower
 
 	// mu guards parts. The poll loop holds it while processing a poll; the
 	// rebalance callbacks (which franz-go runs only between polls, given
@@ -135,6 +136,7 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 	pol := a.watcher.Current()
 	p.state.SetPolicy(pol)
 	before := p.state.Stats
+	now := time.Now()
 	for _, rec := range ftp.Records {
 		if rec.Offset < p.next {
 			continue // re-delivered after a retry inside the client
@@ -144,6 +146,13 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 			a.m.invalid.Inc()
 			a.log.Warn("skipping an undecodable usage event", "partition", rec.Partition, "offset", rec.Offset, "err", err)
 		} else {
+			// The future bound is measured from the record's time, capped
+			// by this host's clock (a producer's clock may be wrong too).
+			ref := now
+			if rec.Timestamp.After(time.Unix(0, 0)) && rec.Timestamp.Before(now) {
+				ref = rec.Timestamp
+			}
+			p.state.SetClock(ref)
 			r := p.state.Apply(ev, rec.Offset)
 			if r == tally.Evicted {
 				if !a.restore(ctx, p, ev.Tenant, rec.Offset) {
@@ -154,7 +163,11 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 				}
 				r = p.state.Apply(ev, rec.Offset)
 			}
-			if r == tally.Accepted {
+			if r == tally.TooFarAhead {
+				a.log.Warn("refusing a usage event stamped too far ahead: the hold of future events is full (aggregator.future_hold_capacity); fix the producer's clock",
+					"partition", rec.Partition, "offset", rec.Offset, "tenant", ev.Tenant, "id", ev.ID, "time", ev.Time, "reference", ref)
+			}
+			if r == tally.Accepted || r == tally.Held {
 				if p.batch.Events == nil {
 					p.batch.Events = make([]chstore.Event, 0, a.cfg.BatchEvents)
 				}
@@ -170,10 +183,32 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 	a.m.duplicates.Add(float64(after.Duplicates - before.Duplicates))
 	a.m.rejected.Add(float64(after.Rejected - before.Rejected))
 	a.m.late.Add(float64(after.Late - before.Late))
+	a.m.held.Add(float64(after.Held - before.Held))
+	a.m.released.Add(float64(after.Released - before.Released))
+	a.m.tooFarAhead.Add(float64(after.Refused - before.Refused))
 	a.m.lag.WithLabelValues(fmt.Sprint(ftp.Partition)).Set(float64(max(ftp.HighWatermark-p.next, 0)))
 	if a.since.IsZero() {
 		a.since = time.Now()
 	}
+}
+
+// policyChanged re-evaluates every tenant in memory under a reloaded
+// policy at once (see tally.Partition.Reevaluate) and has the next flush
+// write and publish what changed, even with no new event: a blocked tenant
+// whose limit was raised sends none.
+func (a *aggregator) policyChanged(pol *policy.Policy) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	start := time.Now()
+	signals := 0
+	for _, p := range a.parts {
+		before := len(p.state.PendingSignals())
+		p.state.Reevaluate(pol)
+		signals += len(p.state.PendingSignals()) - before
+	}
+	a.markPending()
+	a.m.reevaluations.Inc()
+	a.log.Info("policy applied to every tenant in memory", "file", pol.Source(), "partitions", len(a.parts), "signals", signals, "took", time.Since(start).Round(time.Microsecond))
 }
 
 // flushAll flushes every partition with something pending, in partition
@@ -198,8 +233,13 @@ func (a *aggregator) flushAll(ctx context.Context) error {
 		s, i := p.state.Entries()
 		series, idsHeld = series+s, idsHeld+i
 	}
+	held := 0
+	for _, p := range a.parts {
+		held += p.state.Held()
+	}
 	a.m.series.Set(float64(series))
 	a.m.ids.Set(float64(idsHeld))
+	a.m.heldNow.Set(float64(held))
 	return errors.Join(errs...)
 }
 
@@ -207,7 +247,7 @@ func (a *aggregator) flushAll(ctx context.Context) error {
 // signals, then commits its offset: each step only after the one before
 // succeeded, retrying with back-off until it does or ctx ends.
 func (a *aggregator) flush(ctx context.Context, p *partition) error {
-	if p.next == p.flushed {
+	if p.next == p.flushed && !p.state.Pending() {
 		return nil
 	}
 	b := &p.batch
@@ -333,6 +373,11 @@ func (a *aggregator) onAssigned(ctx context.Context, cl *kgo.Client, assigned ma
 			st = tally.New(id, a.cfg.options())
 			st.SetPolicy(a.watcher.Current())
 			st.SetReplay(true)
+			// Stored events still ahead of this host's clock are held
+			// again, as they were when first read.
+			now := time.Now()
+			st.SetClock(now)
+			a.installOverrides(st, now)
 			var err error
 			n, err = a.store.Replay(ctx, id, before, func(ev *schemas.UsageEvent, off int64) { st.Apply(ev, off) })
 			return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -29,6 +30,9 @@ type Follower struct {
 	log   *slog.Logger
 	syncs *prometheus.CounterVec
 	rows  prometheus.Counter
+	// pending is the policy whose last sync failed, for RetryFailed; nil
+	// when the last sync worked.
+	pending atomic.Pointer[policy.Policy]
 	// Now is the clock stamped into inserted_at; time.Now by default.
 	Now func() time.Time
 }
@@ -51,17 +55,20 @@ func NewFollower(conn driver.Conn, log *slog.Logger, reg prometheus.Registerer, 
 	return f, nil
 }
 
-// Apply syncs p's prices once, logging and counting the outcome.
+// Apply syncs p's prices once, logging and counting the outcome. A failed
+// sync is remembered for RetryFailed; a later Apply supersedes it.
 func (f *Follower) Apply(ctx context.Context, p *policy.Policy) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	n, err := Sync(ctx, f.conn, p.Prices(), f.Now())
 	if err != nil {
+		f.pending.Store(p)
 		f.syncs.WithLabelValues("error").Inc()
 		f.log.Error("prices table not updated from the policy; cost reports show new prices as unpriced until a retry succeeds",
 			"err", err, "retry_in", RetryInterval)
 		return err
 	}
+	f.pending.CompareAndSwap(p, nil)
 	f.syncs.WithLabelValues("ok").Inc()
 	f.rows.Add(float64(n))
 	if n > 0 {
@@ -70,28 +77,20 @@ func (f *Follower) Apply(ctx context.Context, p *policy.Policy) error {
 	return nil
 }
 
-// Follow applies w's current policy, then follows w (polling its file, as
-// w.Run does) and applies each reload until ctx ends; a failed apply is
-// retried every RetryInterval. It replaces w.Run in a service's errgroup.
-func (f *Follower) Follow(ctx context.Context, w *policy.Watcher) error {
-	failed := f.Apply(ctx, w.Current()) != nil
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = w.Run(ctx)
-	}()
-	defer func() { <-done }()
-	retry := time.NewTicker(RetryInterval)
-	defer retry.Stop()
+// RetryFailed applies again, every RetryInterval, the policy whose last
+// sync failed, until ctx ends. A service runs it in its errgroup next to
+// the policy watcher's Follow whose apply calls Apply: the watcher has one
+// subscriber, which hands each reload to every part of the service.
+func (f *Follower) RetryFailed(ctx context.Context) error {
+	t := time.NewTicker(RetryInterval)
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case p := <-w.Subscribe():
-			failed = f.Apply(ctx, p) != nil
-		case <-retry.C:
-			if failed {
-				failed = f.Apply(ctx, w.Current()) != nil
+		case <-t.C:
+			if p := f.pending.Load(); p != nil {
+				_ = f.Apply(ctx, p)
 			}
 		}
 	}

@@ -28,7 +28,7 @@ const evictedMemory = 62 * 24 * 3600
 // event time and returns how many tenant × model series it dropped
 // (tenant-wide "*" series included). Call it only when nothing is pending:
 // after Drain, once the drained rows are stored. Tenants with undrained
-// changes are kept. It scans at most once per minute of event time.
+// changes or held events are kept (a released event must find its tenant). It scans at most once per minute of event time.
 func (p *Partition) EvictIdle() int {
 	idle := int64(p.opt.IdleEvict / time.Second)
 	if idle <= 0 || p.wm-p.lastScan < 60 {
@@ -36,8 +36,9 @@ func (p *Partition) EvictIdle() int {
 	}
 	p.lastScan = p.wm
 	n := 0
+	holding := p.holding()
 	for id, t := range p.tenants {
-		if t.wm >= p.wm-idle || t.pending() {
+		if t.wm >= p.wm-idle || t.pending() || holding[id] {
 			continue
 		}
 		n += len(t.order)

@@ -9,26 +9,40 @@ import (
 	"github.com/sluicehq/sluice/schemas"
 )
 
+// quotaSpec is one quota as it applies to a series: the policy's, or an
+// operator override's limit laid over it (which may be 0: blocked).
+type quotaSpec struct {
+	q        policy.Quota
+	override bool
+}
+
 // quotaState is one quota of a series in its current period.
 type quotaState struct {
-	q    policy.Quota
-	kind int8
+	q        policy.Quota
+	kind     int8
+	override bool // q.Limit is an operator override's
 
-	tier      int
-	crossings int32 // tier crossings this period, part of signal ids
-	exhausted bool
+	tier        int
+	crossings   int32 // tier crossings this period, part of signal ids
+	exhausted   bool
+	exhaustions int32 // times exhausted this period (again after a raised limit), part of signal ids
 
 	predicted   bool
 	predictions int32
-	predAt      int64 // unix seconds; 0 = no prediction within the period
+	// predAt is when the quota is predicted to run out, unix seconds; 0 =
+	// no prediction within the period. Once the quota is used up it is
+	// exhaustedAt, never a time ahead: "runs out at" a future time for a
+	// tenant already over its limit would tell the operator it has time.
+	predAt      int64
+	exhaustedAt int64 // event time of the event that used the quota up; 0 = not exhausted
 	rate        float64
 
 	rateMinute int64 // minute a rate_exceeded was last emitted for
 }
 
 func (q *quotaState) resetPeriod() {
-	q.tier, q.crossings, q.exhausted = 0, 0, false
-	q.predicted, q.predAt = false, 0
+	q.tier, q.crossings, q.exhausted, q.exhaustions = 0, 0, false, 0
+	q.predicted, q.predAt, q.exhaustedAt = false, 0, 0
 }
 
 func (s *Series) used(q *quotaState, j int) float64 {
@@ -84,7 +98,11 @@ func (s *Series) evalQuota(q *quotaState, ts, offset int64, p *Partition) {
 	}
 	b := s.t.bounds[q.kind][0]
 	used := s.used(q, 0)
-	nt := policy.NextTier(s.t.tiers, policy.Percent(used, q.q.Limit), q.tier, p.opt.Hysteresis)
+	pct := policy.Percent(used, q.q.Limit)
+	if q.q.Limit <= 0 {
+		pct = math.Inf(1) // an override of 0: blocked at once
+	}
+	nt := policy.NextTier(s.t.tiers, pct, q.tier, p.opt.Hysteresis)
 	if nt != q.tier {
 		prev := q.tier
 		q.tier = nt
@@ -96,13 +114,40 @@ func (s *Series) evalQuota(q *quotaState, ts, offset int64, p *Partition) {
 			sig.Direction = schemas.DirectionDown
 		}
 		sig.ID = s.id(sig.Kind, q, b.start, strconv.Itoa(prev), strconv.Itoa(nt), strconv.Itoa(int(q.crossings)))
-		sig.Reason = string(q.q.Name) + " at " + strconv.FormatFloat(used/q.q.Limit*100, 'f', 1, 64) + "% of its limit"
+		sig.Reason = string(q.q.Name) + " at " + strconv.FormatFloat(pct, 'f', 1, 64) + "% of its limit"
+		if q.override {
+			sig.Reason += " (an operator override's limit of " + strconv.FormatFloat(q.q.Limit, 'f', -1, 64) + ")"
+			if q.q.Limit <= 0 {
+				sig.Reason = string(q.q.Name) + " blocked: an operator override set its limit to 0"
+			}
+		}
 		p.emit(sig)
+	}
+	if used >= q.q.Limit {
+		if q.exhaustedAt == 0 {
+			q.exhaustedAt = ts
+		}
+		q.predAt, q.predicted = q.exhaustedAt, false
+	} else if q.exhaustedAt != 0 {
+		// Back under the limit (an estimate settled lower, a limit raised):
+		// the next completed minute predicts afresh.
+		if q.predAt == q.exhaustedAt {
+			q.predAt = 0
+		}
+		q.exhaustedAt = 0
+	}
+	if used < q.q.Limit && q.exhausted && q.tier < 100 {
+		// Back under a raised limit: a later exhaustion is news again.
+		q.exhausted = false
 	}
 	if used >= q.q.Limit && !q.exhausted {
 		q.exhausted = true
+		q.exhaustions++
 		sig := s.base(schemas.SignalQuotaExhausted, q, b, ts, offset, used)
 		sig.ID = s.id(sig.Kind, q, b.start)
+		if q.exhaustions > 1 {
+			sig.ID = s.id(sig.Kind, q, b.start, strconv.Itoa(int(q.exhaustions)))
+		}
 		sig.Reason = string(q.q.Name) + " exhausted (" + string(q.q.Mode) + ")"
 		p.emit(sig)
 	}
@@ -155,8 +200,13 @@ func (s *Series) predict(ts, offset int64, p *Partition) {
 		q.rate, _ = h.Rate()
 		used := s.used(q, 0)
 		b := s.t.bounds[q.kind][0]
+		if used >= q.q.Limit {
+			// Already out: the prediction is the time it ran out.
+			q.predAt, q.predicted = q.exhaustedAt, false
+			continue
+		}
 		mins, ok := h.MinutesToExhaustion(q.q.Limit - used)
-		if !ok || used >= q.q.Limit || mins > float64(b.end-now)/60 {
+		if !ok || mins > float64(b.end-now)/60 {
 			q.predAt, q.predicted = 0, false
 			continue
 		}

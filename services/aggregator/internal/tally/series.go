@@ -2,6 +2,7 @@ package tally
 
 import (
 	"math"
+	"slices"
 	"sort"
 	"time"
 
@@ -57,12 +58,16 @@ type tenant struct {
 
 	bounds  [3][2]bound // kind × (current, previous)
 	wm      int64       // latest event time, unix seconds
+	off     int64       // offset of the latest event, for signals of a re-evaluation
 	started bool
 }
 
 func (t *tenant) eventTime(ts int64) time.Time { return time.Unix(ts, 0).UTC() }
 
-func (t *tenant) refresh(pol *policy.Policy) {
+// refresh installs the tenant's effective policy: pol's (or the built-in
+// defaults) with the partition's active overrides laid over its quotas.
+// It returns whether any series' quotas or the tiers changed.
+func (t *tenant) refresh(pol *policy.Policy, p *Partition) (changed bool) {
 	t.pol = pol
 	if pol != nil {
 		t.tp = pol.Tenant(t.id)
@@ -81,11 +86,16 @@ func (t *tenant) refresh(pol *policy.Policy) {
 		}
 	}
 	t.loc = loc
-	t.tiers = append(t.tiers[:0], t.tp.AlertTiers...)
-	sort.Ints(t.tiers)
+	tiers := append([]int(nil), t.tp.AlertTiers...)
+	sort.Ints(tiers)
+	changed = !slices.Equal(tiers, t.tiers)
+	t.tiers = tiers
 	for _, s := range t.order {
-		s.setQuotas(t.tp.Quotas(s.model))
+		if s.setQuotas(p.quotas(t, s.model)) {
+			changed = true
+		}
 	}
+	return changed
 }
 
 func (t *tenant) series(model string, p *Partition) *Series {
@@ -199,6 +209,10 @@ type Series struct {
 	price               policy.Price
 	priceOK             bool
 
+	// removed holds quotas the policy dropped while they had a tier, until
+	// a re-evaluation takes that tier down.
+	removed []quotaState
+
 	lateHour   int64
 	prevDirty  [3]bool
 	dirty      bool
@@ -216,30 +230,53 @@ func (p *Partition) newSeries(t *tenant, model string) *Series {
 	}
 	t.order = append(t.order, s)
 	if t.tp != nil {
-		s.setQuotas(t.tp.Quotas(model))
+		s.setQuotas(p.quotas(t, model))
 	}
 	return s
 }
 
 // setQuotas installs the policy's quotas, keeping the state of those that
 // are still there so a policy reload does not re-announce crossed tiers.
-func (s *Series) setQuotas(qs []policy.Quota) {
+// Quotas that went away are kept in removed, so that a re-evaluation can
+// take their tiers down. It reports whether anything changed.
+func (s *Series) setQuotas(qs []quotaSpec) (changed bool) {
 	old := s.quotas
 	s.quotas = make([]quotaState, 0, len(qs))
-	for _, q := range qs {
+	kept := 0
+	for _, spec := range qs {
+		q := spec.q
 		k := kindOf(q.Period)
-		if k < 0 || q.Limit <= 0 {
+		if k < 0 || (q.Limit <= 0 && !spec.override) {
 			continue
 		}
-		st := quotaState{q: q, kind: k}
+		st := quotaState{q: q, kind: k, override: spec.override}
+		found := false
 		for _, o := range old {
 			if o.q.Name == q.Name {
 				st = o
-				st.q = q
+				st.q, st.override = q, spec.override
+				found = true
+				if o.q != q || o.override != spec.override {
+					changed = true
+				}
 			}
+		}
+		if found {
+			kept++
+		} else {
+			changed = true
 		}
 		s.quotas = append(s.quotas, st)
 	}
+	if kept < len(old) {
+		changed = true
+		for _, o := range old {
+			if !slices.ContainsFunc(s.quotas, func(n quotaState) bool { return n.q.Name == o.q.Name }) && o.tier > 0 {
+				s.removed = append(s.removed, o)
+			}
+		}
+	}
+	return changed
 }
 
 func (s *Series) addPeriods(r *idRec, sign int64, p *Partition) {

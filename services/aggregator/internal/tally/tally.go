@@ -5,8 +5,10 @@
 // against every quota of the policy, alert tiers with hysteresis and
 // exhaustion predictions, and emits signals when they change.
 //
-// Everything is a function of the events in partition order and the
-// policy: the wall clock is never read. That is what makes the aggregator
+// Everything is a function of the events in partition order, the policy
+// and the reference clock the consumer passes to SetClock (each record's
+// Kafka time), which only decides when an event stamped far ahead is
+// counted: the wall clock is never read here. That is what makes the aggregator
 // exactly-once in effect: after a crash the state is rebuilt by replaying
 // the events stored in ClickHouse (with signals suppressed), consumption
 // resumes at the committed offset, and the events after it produce the same
@@ -25,6 +27,10 @@ package tally
 
 import (
 	"hash/maphash"
+	"maps"
+	"math"
+	"sort"
+	"strconv"
 	"time"
 
 	"github.com/sluicehq/sluice/policy"
@@ -61,12 +67,24 @@ type Options struct {
 	// event) a tenant may stay silent before EvictIdle forgets it; 0 keeps
 	// every tenant.
 	IdleEvict time.Duration
+	// MaxFuture is how far ahead of the reference clock (SetClock) an
+	// event may be stamped and still be applied at once. An event further
+	// ahead is held, uncounted, until the clock comes within MaxFuture of
+	// it, so that one event from a gateway with a wrong clock (or a direct
+	// producer) cannot roll a tenant's hour, day or month early or move
+	// the partition's clock and have every tenant evicted as idle. A
+	// period therefore rolls at most MaxFuture early.
+	MaxFuture time.Duration
+	// HoldCapacity bounds the events held for being ahead; when it is full
+	// a further future event is refused (Result TooFarAhead): not counted
+	// and not stored.
+	HoldCapacity int
 }
 
 // DefaultOptions are the settings the aggregator ships with.
 func DefaultOptions() Options {
 	return Options{Hysteresis: 5, Horizon: 6 * time.Hour, DedupCapacity: 200_000, SlowCallMS: 10_000,
-		SpikeMultiplier: 10, SpikeMinTokens: 10_000, IdleEvict: 2 * time.Hour}
+		SpikeMultiplier: 10, SpikeMinTokens: 10_000, IdleEvict: 2 * time.Hour, MaxFuture: 2 * time.Minute, HoldCapacity: 10_000}
 }
 
 // Result says what Apply did with an event.
@@ -84,11 +102,24 @@ const (
 	// Evicted: the event's tenant was evicted as idle; nothing was done.
 	// Restore the tenant, then apply the event again.
 	Evicted
+	// Held: the event is stamped more than Options.MaxFuture ahead of the
+	// reference clock. It is not counted yet; it is applied when the clock
+	// comes within MaxFuture of it (see SetClock). Its raw row must be
+	// stored, like an accepted one: a rebuild replays it and holds it again
+	// (or applies it, if its time has come by then).
+	Held
+	// TooFarAhead: the event is ahead like a held one but the hold is full
+	// (Options.HoldCapacity). It is refused: not counted, and its raw row
+	// must not be stored, so ClickHouse and the counters still agree.
+	TooFarAhead
 )
 
 // Stats counts what a Partition did, for metrics.
 type Stats struct {
 	Accepted, Duplicates, Settled, Late, Rejected int64
+	// Held counts events held for being stamped ahead of the clock,
+	// Released those applied since, Refused those refused for a full hold.
+	Held, Released, Refused int64
 	// EvictedSeries and RestoredTenants count EvictIdle's and Restore's
 	// work.
 	EvictedSeries, RestoredTenants int64
@@ -124,6 +155,18 @@ type Partition struct {
 	evicted   map[uint64]int64
 	restoring bool
 
+	// now is the reference clock for Options.MaxFuture, unix seconds; 0
+	// (never set) applies every event at once. held are the events ahead
+	// of it, in arrival order; heldMin is the earliest time among them.
+	now     int64
+	held    []heldEvent
+	heldMin int64
+
+	// overrides are the operators' active quota overrides by tenant
+	// (override.go); ovNext is the earliest Until among them, unix seconds.
+	overrides map[string][]Override
+	ovNext    int64
+
 	replay       bool
 	signals      []schemas.Signal
 	dirty        []*Series
@@ -133,6 +176,12 @@ type Partition struct {
 
 	// Stats is updated by Apply.
 	Stats Stats
+}
+
+// heldEvent is an event held for being ahead of the clock, with its offset.
+type heldEvent struct {
+	ev     schemas.UsageEvent
+	offset int64
 }
 
 // idRec is what one counted event contributed, so a settlement can take it
@@ -176,7 +225,7 @@ func (p *Partition) ID() int32 { return p.id }
 
 // SetPolicy makes pol the policy for the events applied from now on.
 // Tenants pick it up at their next event, keeping tier state for quotas
-// that still exist.
+// that still exist; Reevaluate applies it to every tenant at once.
 func (p *Partition) SetPolicy(pol *policy.Policy) {
 	if pol == p.pol {
 		return
@@ -189,6 +238,67 @@ func (p *Partition) SetPolicy(pol *policy.Policy) {
 		}
 	}
 }
+
+// Reevaluate makes pol the policy in force and re-evaluates at once every
+// tenant in memory whose quotas or tiers it changes, instead of waiting
+// for that tenant's next event: a tenant blocked at 100% sends no events,
+// so a raised limit must take its tier down (closing the enforcer's quota
+// breaker and resolving its alerts) by itself. The signals carry the
+// tenant's latest event time and offset; its quota rows are marked for
+// the next Drain.
+func (p *Partition) Reevaluate(pol *policy.Policy) {
+	p.SetPolicy(pol)
+	ids := make([]string, 0, len(p.tenants))
+	for id, t := range p.tenants {
+		if t.pol != pol {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids) // signals in a deterministic order
+	for _, id := range ids {
+		p.reevaluate(p.tenants[id])
+	}
+}
+
+// reevaluate refreshes t's effective policy and, if that changed any of
+// its quotas or tiers, evaluates every quota of every series now.
+func (p *Partition) reevaluate(t *tenant) {
+	if !t.refresh(p.pol, p) || !t.started {
+		return
+	}
+	ts, offset := t.wm, t.off
+	for _, x := range t.order {
+		for _, q := range x.removed {
+			// The quota no longer exists: take its tier down to 0.
+			b := t.bounds[q.kind][0]
+			sig := x.base(schemas.SignalTierCrossed, &q, b, ts, offset, x.used(&q, 0))
+			sig.Tier, sig.PreviousTier, sig.Direction = 0, q.tier, schemas.DirectionDown
+			sig.ID = x.id(sig.Kind, &q, b.start, strconv.Itoa(q.tier), "0", strconv.Itoa(int(q.crossings+1)), "removed")
+			sig.Reason = string(q.q.Name) + " no longer applies"
+			p.emit(sig)
+		}
+		x.removed = x.removed[:0]
+		for i := range x.quotas {
+			q := &x.quotas[i]
+			if q.kind == kindMinute {
+				continue
+			}
+			if q.exhaustedAt == 0 {
+				q.predAt, q.predicted = 0, false // the next completed minute predicts against the new limit
+			}
+			x.evalQuota(q, ts, offset, p)
+		}
+		p.markDirty(x)
+	}
+}
+
+// PendingSignals returns the signals emitted since the last TakeSignals
+// without taking them, for counting.
+func (p *Partition) PendingSignals() []schemas.Signal { return p.signals }
+
+// Pending reports whether signals or rows wait for TakeSignals or Drain
+// without a new event: after Reevaluate, SetOverrides or a release.
+func (p *Partition) Pending() bool { return len(p.signals) > 0 || len(p.dirty) > 0 }
 
 // SetReplay switches replay mode: while on, Apply rebuilds state but emits
 // no signals, because the events replayed were already signalled.
@@ -211,6 +321,48 @@ func (p *Partition) TakeSignals() []schemas.Signal {
 	return s
 }
 
+// SetClock sets the reference clock the MaxFuture bound is measured
+// from, and applies the held events it brings within reach (their
+// signals and rows come out as if they had just arrived). The consumer
+// passes each record's Kafka timestamp capped by its own wall clock, and
+// its wall clock before a rebuild; this is the only way the wall clock
+// reaches the state. Without a call every event is applied at once.
+func (p *Partition) SetClock(now time.Time) {
+	p.now = now.Unix()
+	p.expireOverrides()
+	if len(p.held) == 0 || p.heldMin > p.now+p.maxFuture() {
+		return
+	}
+	due := p.held
+	var keep []heldEvent
+	p.held, p.heldMin = nil, math.MaxInt64
+	for i := range due {
+		h := &due[i]
+		if h.ev.Time.Unix() > p.now+p.maxFuture() {
+			keep = append(keep, *h)
+			p.heldMin = min(p.heldMin, h.ev.Time.Unix())
+			continue
+		}
+		p.Stats.Released++
+		p.Apply(&h.ev, h.offset)
+	}
+	p.held = keep
+}
+
+// Held returns how many events are held for being ahead of the clock.
+func (p *Partition) Held() int { return len(p.held) }
+
+func (p *Partition) maxFuture() int64 { return int64(p.opt.MaxFuture / time.Second) }
+
+// holding returns the tenants with held events.
+func (p *Partition) holding() map[string]bool {
+	out := make(map[string]bool, len(p.held))
+	for i := range p.held {
+		out[p.held[i].ev.Tenant] = true
+	}
+	return out
+}
+
 // Apply counts one event read at offset. The caller has validated it
 // (eventjson.DecodeUsageEvent does).
 func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
@@ -224,6 +376,9 @@ func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 				return Evicted
 			}
 		}
+	}
+	if p.now != 0 && !p.restoring && ev.Time.Unix() > p.now+p.maxFuture() {
+		return p.hold(ev, offset)
 	}
 	t := p.tenant(ev.Tenant)
 	s := t.series(ev.Model, p)
@@ -244,6 +399,7 @@ func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 	ts := ev.Time.Unix()
 	t.advance(ts, offset, p)
 	p.wm = max(p.wm, ts)
+	t.off = max(t.off, offset)
 
 	if seen {
 		// A settlement: take the estimate back where it was counted, unless
@@ -294,6 +450,30 @@ func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 	return Accepted
 }
 
+// hold keeps an event stamped beyond the MaxFuture bound aside, or
+// refuses it when the hold is full. A retry of an id already counted is a
+// duplicate as usual.
+func (p *Partition) hold(ev *schemas.UsageEvent, offset int64) Result {
+	if old, seen := p.dedup[p.key(ev.Tenant, ev.ID)]; seen && (old.flags&flagEstimated == 0 || ev.Estimated) {
+		p.Stats.Duplicates++
+		return Duplicate
+	}
+	if len(p.held) >= p.opt.HoldCapacity {
+		p.Stats.Refused++
+		return TooFarAhead
+	}
+	h := heldEvent{ev: *ev, offset: offset}
+	// The caller reuses ev; copy what it shares.
+	h.ev.Attributes = maps.Clone(ev.Attributes)
+	if len(p.held) == 0 {
+		p.heldMin = math.MaxInt64
+	}
+	p.held = append(p.held, h)
+	p.heldMin = min(p.heldMin, ev.Time.Unix())
+	p.Stats.Held++
+	return Held
+}
+
 // tenantKey hashes a tenant name for the evicted set.
 func (p *Partition) tenantKey(tenant string) uint64 {
 	var h maphash.Hash
@@ -332,7 +512,11 @@ func (p *Partition) tenant(id string) *tenant {
 		p.tenants[t.id] = t
 	}
 	if t.pol != p.pol || t.tp == nil {
-		t.refresh(p.pol)
+		if t.started {
+			p.reevaluate(t) // every series, not only the one this event is for
+		} else {
+			t.refresh(p.pol, p)
+		}
 	}
 	return t
 }

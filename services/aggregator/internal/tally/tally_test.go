@@ -494,3 +494,43 @@ func TestRejectedEventsDoNotBlockFurther(t *testing.T) {
 		t.Fatalf("daily tokens %d, want 0", tok)
 	}
 }
+
+// Once a quota is used up, quota_state's predicted_exhaustion is the time
+// it ran out, never a time ahead (a tenant at 123% was shown a future
+// exhaustion time).
+func TestPredictionOfAnExhaustedQuotaIsWhenItRanOut(t *testing.T) {
+	p := New(0, DefaultOptions())
+	p.SetPolicy(mustPolicy(t, `
+tenants:
+  acme:
+    models:
+      "*": {daily_tokens: 100000}
+`))
+	var off int64
+	trace(p, t0, 10, 1000, &off) // a prediction about 90 minutes ahead
+	var rows Rows
+	p.Drain(&rows)
+	pred := func() time.Time {
+		t.Helper()
+		rows.Reset()
+		p.Drain(&rows)
+		for _, r := range rows.Quotas {
+			if r.Tenant == "acme" && r.Model == "*" && r.Quota == string(schemas.QuotaDailyTokens) && r.PeriodStart.Equal(t0.Truncate(24*time.Hour)) {
+				return r.PredictedExhaustion
+			}
+		}
+		t.Fatalf("no daily quota row for acme/*: %+v", rows.Quotas)
+		return time.Time{}
+	}
+	at := t0.Add(9*time.Minute + 50*time.Second) // in the last minute traced: no minute completes
+	off++
+	p.Apply(ev("big", at, 113000, 0), off) // 123% of the daily quota
+	if got := pred(); got.IsZero() || got.After(at) {
+		t.Fatalf("at 123%% predicted_exhaustion = %v, want the time it ran out (%v)", got, at)
+	}
+	// Later minutes complete and the predictor runs again: still no future time.
+	trace(p, t0.Add(11*time.Minute), 3, 1000, &off)
+	if got := pred(); !got.Equal(at) {
+		t.Fatalf("after more minutes predicted_exhaustion = %v, want %v", got, at)
+	}
+}

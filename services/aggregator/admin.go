@@ -1,0 +1,217 @@
+package aggregator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
+)
+
+// Operator overrides (sluice.admin.v1).
+//
+// The enforcer's admin API writes every operator action to the compacted
+// admin topic; the aggregator reads it so that a quota override changes
+// tiers, quota_state, signals and alerts, not only the enforcer's flags
+// (otherwise an override lifts the flag while the alert keeps firing
+// until the period ends). At start the aggregator reads the topic to its
+// end before it joins the usage consumer group, so no event is evaluated
+// without the overrides in force; then it follows the topic. Each record
+// replaces the action of its key; a tombstone lifts it. Overrides reach
+// every partition's state, which re-evaluates the tenant at once, and so
+// does an override's expiry (checked every second against this host's
+// clock, and at every usage record). Trips and blacklists are the
+// enforcer's alone: they are flags, not quotas.
+
+// adminFollower holds the admin topic's current records.
+type adminFollower struct {
+	cl     *kgo.Client
+	states map[string]*schemas.AdminState // by record key
+}
+
+// newAdminFollower creates the admin topic if it is missing (compacted:
+// one record per key is its whole meaning) and a client reading it from
+// its start, outside any group: every aggregator instance needs all of it.
+func newAdminFollower(ctx context.Context, kc kafkaconn.Config, topic string) (*adminFollower, error) {
+	cl, err := kafkaconn.NewClient(kc, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		return nil, err
+	}
+	adm := kadm.NewClient(cl)
+	compact := "compact"
+	resp, err := adm.CreateTopics(ctx, 1, kc.ReplicationFactor, map[string]*string{"cleanup.policy": &compact}, topic)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		cl.Close()
+		return nil, fmt.Errorf("admin topic %s: %w", topic, err)
+	}
+	return &adminFollower{cl: cl, states: map[string]*schemas.AdminState{}}, nil
+}
+
+// catchUp reads the topic up to the end offsets it has now.
+func (f *adminFollower) catchUp(ctx context.Context, topic string, apply func(*kgo.Record)) error {
+	ends, err := kadm.NewClient(f.cl).ListEndOffsets(ctx, topic)
+	if err != nil {
+		return err
+	}
+	if err := ends.Error(); err != nil {
+		return err
+	}
+	remaining := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			remaining[o.Partition] = o.Offset
+		}
+	})
+	for len(remaining) > 0 {
+		fs := f.cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			apply(r)
+			if end, ok := remaining[r.Partition]; ok && r.Offset+1 >= end {
+				delete(remaining, r.Partition)
+			}
+		})
+	}
+	return nil
+}
+
+// adminRecord folds one admin record into the follower's state and returns the
+// tenant it concerns ("" when it concerns no quota). Called with a.mu held
+// once the consumer runs.
+func (a *aggregator) adminRecord(r *kgo.Record) string {
+	f := a.admin
+	key := string(r.Key)
+	tenant := schemas.AdminKeyTenant(key)
+	old := f.states[key]
+	if r.Value == nil {
+		delete(f.states, key)
+		if old == nil || old.Kind != schemas.AdminOverride {
+			return ""
+		}
+		return tenant
+	}
+	st, err := schemas.DecodeAdminState(r.Value)
+	if err != nil {
+		a.m.adminInvalid.Inc()
+		a.log.Warn("skipping an invalid admin record; the action it carries is not applied to tiers", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
+		return ""
+	}
+	f.states[key] = st
+	if st.Kind != schemas.AdminOverride && (old == nil || old.Kind != schemas.AdminOverride) {
+		return ""
+	}
+	return st.Tenant
+}
+
+// overridesOf returns tenant's overrides in force at now, in key order.
+func (a *aggregator) overridesOf(tenant string, now time.Time) []tally.Override {
+	keys := make([]string, 0)
+	for k, st := range a.admin.states {
+		if st.Kind == schemas.AdminOverride && st.Tenant == tenant && st.Active(now) {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	out := make([]tally.Override, 0, len(keys))
+	for _, k := range keys {
+		st := a.admin.states[k]
+		out = append(out, tally.Override{Model: st.Model, Quota: st.Quota, Limit: st.Limit, Until: st.Until})
+	}
+	return out
+}
+
+// installOverrides gives a new partition state every override in force.
+// Called with a.mu held (or before the consumer starts).
+func (a *aggregator) installOverrides(st *tally.Partition, now time.Time) {
+	tenants := map[string]bool{}
+	for _, s := range a.admin.states {
+		if s.Kind == schemas.AdminOverride {
+			tenants[s.Tenant] = true
+		}
+	}
+	for tn := range tenants {
+		st.SetOverrides(tn, a.overridesOf(tn, now))
+	}
+}
+
+// overridesChanged applies the overrides of tenants to every partition
+// at once and has the next flush publish what changed. Called with a.mu
+// held.
+func (a *aggregator) overridesChanged(tenants []string) {
+	if len(tenants) == 0 {
+		return
+	}
+	now := time.Now()
+	for _, tn := range tenants {
+		ovs := a.overridesOf(tn, now)
+		for _, p := range a.parts {
+			p.state.SetOverrides(tn, ovs)
+		}
+		a.log.Info("operator overrides applied to tiers", "tenant", tn, "overrides", len(ovs))
+	}
+	a.m.reevaluations.Inc()
+	a.markPending()
+}
+
+// markPending starts the flush clock when a state has signals or rows
+// without new events. Called with a.mu held.
+func (a *aggregator) markPending() {
+	for _, p := range a.parts {
+		if p.state.Pending() && a.since.IsZero() {
+			a.since = time.Now()
+		}
+	}
+}
+
+// followAdmin follows the admin topic until ctx ends and, every tick,
+// moves each partition's reference clock to now so that overrides expire
+// on time even for a tenant that sends nothing.
+func (a *aggregator) followAdmin(ctx context.Context, tick time.Duration) error {
+	next := time.Now().Add(tick)
+	for ctx.Err() == nil {
+		pctx, cancel := context.WithDeadline(ctx, next)
+		fs := a.admin.cl.PollFetches(pctx)
+		cancel()
+		if fs.IsClientClosed() {
+			return nil
+		}
+		fs.EachError(func(topic string, p int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+				a.log.Warn("admin topic fetch failed", "topic", topic, "partition", p, "err", err)
+			}
+		})
+		// a.mu guards the admin states too: a partition assigned meanwhile
+		// installs them (onAssigned runs under a.mu).
+		a.mu.Lock()
+		var tenants []string
+		fs.EachRecord(func(r *kgo.Record) {
+			if tn := a.adminRecord(r); tn != "" && !slices.Contains(tenants, tn) {
+				tenants = append(tenants, tn)
+			}
+		})
+		a.overridesChanged(tenants)
+		if now := time.Now(); !now.Before(next) {
+			next = now.Add(tick)
+			for _, p := range a.parts {
+				p.state.SetClock(now)
+			}
+			a.markPending()
+		}
+		a.mu.Unlock()
+	}
+	return nil
+}

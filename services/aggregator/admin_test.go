@@ -1,0 +1,113 @@
+package aggregator_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/aggregator"
+)
+
+// count polls briefly and reports whether at least n signals match pred.
+func (w *signalWatch) count(n int, pred func(*schemas.Signal) bool) func() bool {
+	return func() bool {
+		w.has(func(*schemas.Signal) bool { return false })()
+		c := 0
+		for i := range w.seen {
+			if pred(&w.seen[i]) {
+				c++
+			}
+		}
+		return c >= n
+	}
+}
+
+func tierOf(tenant string, tier int, dir schemas.Direction) func(*schemas.Signal) bool {
+	return func(s *schemas.Signal) bool {
+		return s.Kind == schemas.SignalTierCrossed && s.Tenant == tenant && s.Model == "*" && s.Quota == schemas.QuotaHourlyTokens && s.Tier == tier && s.Direction == dir
+	}
+}
+
+// TestAdminOverridesReachTiers: quota overrides on the admin topic change
+// tiers, signals and quota_state, not only flags: one written before the
+// aggregator starts is in force from the first event; one written while it
+// runs takes a blocked tenant's tier down at once (which resolves its
+// alert); a tombstone lifts it and its expiry ends it, each re-evaluating
+// the tenant at once, with no new usage.
+func TestAdminOverridesReachTiers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	e := setup(t)
+	adminTopic := itest.Unique(t, "admin_")
+	writePolicy(t, e.policy, "defaults:\n  models:\n    \"*\": {hourly_tokens: 1000}\n")
+	cl, err := kafkaconn.NewClient(e.kafka)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	compact := "compact"
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := kadm.NewClient(cl).CreateTopics(ctx, 1, -1, map[string]*string{"cleanup.policy": &compact}, adminTopic); err != nil {
+		t.Fatal(err)
+	}
+	put := func(st *schemas.AdminState, tombstone bool) {
+		t.Helper()
+		rec := &kgo.Record{Topic: adminTopic, Key: []byte(st.Key()), Headers: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaAdminV1)}}}
+		if !tombstone {
+			v, err := schemas.EncodeAdminState(st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec.Value = v
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	override := func(tenant string, limit float64, until time.Time) *schemas.AdminState {
+		return &schemas.AdminState{Kind: schemas.AdminOverride, Tenant: tenant, Model: "*", Quota: schemas.QuotaHourlyTokens,
+			Limit: limit, Until: until, Actor: "test", Time: time.Now().UTC()}
+	}
+	// Written before the aggregator starts.
+	put(override("pre", 10000, time.Now().Add(time.Hour)), false)
+
+	runInProcess(t, e, e.ch.Addr, func(c *aggregator.Config) { c.AdminTopic = adminTopic })
+	w := watchSignals(t, e)
+	now := time.Now().UTC()
+	produce(t, e, []schemas.UsageEvent{
+		{ID: "a1", Time: now, Tenant: "acme", Model: "gpt-4o", PromptTokens: 1000},
+		{ID: "p1", Time: now, Tenant: "pre", Model: "gpt-4o", PromptTokens: 1000},
+	})
+	itest.Eventually(t, 60*time.Second, "acme at 100% of its hourly quota", w.has(tierOf("acme", 100, schemas.DirectionUp)))
+	itest.Eventually(t, 30*time.Second, "pre's quota_state at its override's limit", func() bool {
+		var limit float64
+		var tier uint16
+		err := e.conn.QueryRow(context.Background(), `SELECT quota_limit, tier FROM quota_state FINAL
+			WHERE tenant = 'pre' AND model = '*' AND quota = 'hourly_tokens' ORDER BY period_start DESC LIMIT 1`).Scan(&limit, &tier)
+		return err == nil && limit == 10000 && tier == 0
+	})
+	if w.has(tierOf("pre", 100, schemas.DirectionUp))() {
+		t.Fatal("pre crossed 100% although an override raised its limit before the aggregator started")
+	}
+
+	lift := override("acme", 10000, time.Now().Add(time.Hour))
+	put(lift, false)
+	itest.Eventually(t, 5*time.Second, "acme's tier down after an override, with no new usage", w.has(tierOf("acme", 0, schemas.DirectionDown)))
+
+	put(lift, true) // tombstone: the policy's 1000 again
+	itest.Eventually(t, 5*time.Second, "acme back at 100% after the override was lifted", w.count(2, tierOf("acme", 100, schemas.DirectionUp)))
+
+	put(override("acme", 10000, time.Now().Add(2*time.Second)), false)
+	itest.Eventually(t, 5*time.Second, "acme's tier down under a short override", w.count(2, tierOf("acme", 0, schemas.DirectionDown)))
+	itest.Eventually(t, 10*time.Second, "acme back at 100% when the override expired", w.count(3, tierOf("acme", 100, schemas.DirectionUp)))
+}
