@@ -70,13 +70,27 @@ func Load(dst any, opts Options) error {
 		fs = flag.NewFlagSet("sluice", flag.ContinueOnError)
 	}
 
-	var leaves []leaf
-	collect(root.Elem(), "", &leaves, nil)
+	var leaves, yamlOnly []leaf
+	collect(root.Elem(), "", &leaves, &yamlOnly)
 	flagged := make([]*pendingFlag, 0, len(leaves))
 	for _, l := range leaves {
 		p := &pendingFlag{leaf: l}
 		flagged = append(flagged, p)
 		fs.Var(p, l.path, l.help)
+	}
+	// Lists and maps (admin tokens, channels …) have no flag; -h still names
+	// them, so an operator reading it learns that they exist.
+	fs.Usage = func() {
+		out := fs.Output()
+		fmt.Fprintf(out, "Usage of %s:\n", fs.Name())
+		fs.PrintDefaults()
+		if len(yamlOnly) == 0 {
+			return
+		}
+		fmt.Fprintln(out, "\nSettings only in the YAML file given by -config (lists and maps; see docs/configuration.md):")
+		for _, l := range yamlOnly {
+			fmt.Fprintf(out, "  %s\n    \t%s\n", l.path, l.help)
+		}
 	}
 	configPath := fs.String("config", "", "YAML configuration file (env "+opts.EnvPrefix+"_CONFIG)")
 	if err := fs.Parse(opts.Args); err != nil {
@@ -250,7 +264,7 @@ func settable(t reflect.Type) bool {
 		return true
 	}
 	switch t.Kind() {
-	case reflect.String, reflect.Bool, reflect.Int, reflect.Int32, reflect.Int64,
+	case reflect.String, reflect.Bool, reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
 		reflect.Uint, reflect.Uint32, reflect.Uint64, reflect.Float64:
 		return true
 	case reflect.Slice:
@@ -278,7 +292,7 @@ func (l leaf) set(s string) error {
 			return fmt.Errorf("want true or false")
 		}
 		v.SetBool(b)
-	case reflect.Int, reflect.Int32, reflect.Int64:
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		n, err := strconv.ParseInt(s, 10, v.Type().Bits())
 		if err != nil {
 			return fmt.Errorf("want an integer: %w", err)

@@ -158,3 +158,29 @@ func TestDescribeListsYAMLOnlySettings(t *testing.T) {
 		}
 	}
 }
+
+func TestHelpNamesYAMLOnlySettingsAndSmallIntsAreSettable(t *testing.T) {
+	var c struct {
+		Replicas int16 `yaml:"replicas" help:"copies"`
+		Tokens   []struct {
+			Name string `yaml:"name" help:"who"`
+		} `yaml:"tokens" help:"admin tokens"`
+	}
+	var out strings.Builder
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(&out)
+	if err := Load(&c, Options{Args: []string{"-h"}, FlagSet: fs, LookupEnv: env(nil)}); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("Load -h: %v, want flag.ErrHelp", err)
+	}
+	for _, want := range []string{"-replicas", "tokens\n", "admin tokens", "tokens[].name"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("-h output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if err := Load(&c, Options{FlagSet: quiet(), LookupEnv: env(map[string]string{"SLUICE_REPLICAS": "3"})}); err != nil {
+		t.Fatal(err)
+	}
+	if c.Replicas != 3 {
+		t.Fatalf("int16 from the environment: %d, want 3", c.Replicas)
+	}
+}
