@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -37,21 +38,29 @@ type aggregator struct {
 	parts map[int32]*partition
 	since time.Time // when the oldest unflushed event was read; zero: none
 	ev    schemas.UsageEvent
+
+	// unwritten counts the rows flushed (signals published) but not yet
+	// stored in ClickHouse, across partitions; room is signalled when it
+	// drops. Beyond MaxUnwrittenRows the poll loop stops fetching.
+	unwritten atomic.Int64
+	room      chan struct{}
 }
 
 // partition is one assigned partition: its state and what is not flushed.
 type partition struct {
-	id      int32
-	state   *tally.Partition
-	batch   chstore.Batch
-	next    int64 // offset after the last event processed
-	flushed int64 // offset after the last event written, published and committed
-	epoch   int32
-	pending int // events processed since the last flush, counted or not
+	id       int32
+	state    *tally.Partition
+	batch    *chstore.Batch // events read since the last flush
+	next     int64          // offset after the last event processed
+	enqueued int64          // offset after the last event flushed to the writer
+	epoch    int32
+	pending  int // events processed since the last flush, counted or not
+	w        *writer
 }
 
 func newAggregator(cfg Config, env platform.Env, w *policy.Watcher) *aggregator {
-	return &aggregator{cfg: cfg, log: env.Logger, m: newMetrics(env.Metrics, w), watcher: w, parts: map[int32]*partition{}}
+	return &aggregator{cfg: cfg, log: env.Logger, m: newMetrics(env.Metrics, w), watcher: w, parts: map[int32]*partition{},
+		room: make(chan struct{}, 1)}
 }
 
 func (a *aggregator) kafkaOptions() []kgo.Opt {
@@ -84,6 +93,9 @@ func (a *aggregator) costFunc() chstore.CostFunc {
 
 func (a *aggregator) loop(ctx context.Context) {
 	for ctx.Err() == nil {
+		if !a.waitForRoom(ctx) {
+			return
+		}
 		wait := a.cfg.FlushInterval
 		a.mu.Lock()
 		if !a.since.IsZero() {
@@ -111,6 +123,28 @@ func (a *aggregator) loop(ctx context.Context) {
 		a.mu.Unlock()
 		a.cl.AllowRebalance()
 	}
+}
+
+// waitForRoom holds the poll loop while more than MaxUnwrittenRows rows
+// wait for ClickHouse, so an outage cannot grow memory without bound: the
+// events not fetched meanwhile stay in Kafka. It reports false when ctx
+// ended.
+func (a *aggregator) waitForRoom(ctx context.Context) bool {
+	if a.unwritten.Load() < int64(a.cfg.MaxUnwrittenRows) {
+		return true
+	}
+	a.log.Warn("fetching paused: too many rows wait for ClickHouse", "unwritten_rows", a.unwritten.Load(), "max_unwritten_rows", a.cfg.MaxUnwrittenRows)
+	a.m.fetchPauses.Inc()
+	for a.unwritten.Load() >= int64(a.cfg.MaxUnwrittenRows) {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-a.room:
+		case <-time.After(time.Second):
+		}
+	}
+	a.log.Info("fetching resumed", "unwritten_rows", a.unwritten.Load())
+	return true
 }
 
 func (a *aggregator) pendingMax() int {
@@ -155,8 +189,8 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 				r = p.state.Apply(ev, rec.Offset)
 			}
 			if r == tally.Accepted {
-				if p.batch.Events == nil {
-					p.batch.Events = make([]chstore.Event, 0, a.cfg.BatchEvents)
+				if p.batch == nil {
+					p.batch = batchPool.Get().(*chstore.Batch)
 				}
 				p.batch.Events = append(p.batch.Events, chstore.Event{UsageEvent: *ev, Partition: rec.Partition, Offset: rec.Offset})
 			}
@@ -176,22 +210,51 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 	}
 }
 
-// flushAll flushes every partition with something pending, in partition
-// order.
+// flushAll flushes every partition with something pending: it publishes
+// the signals of all of them, then hands each partition's rows to its
+// writer, which stores them in ClickHouse and then commits.
 func (a *aggregator) flushAll(ctx context.Context) error {
 	ids := make([]int32, 0, len(a.parts))
 	for id := range a.parts {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
-	// Partitions are independent, so their flushes run in parallel: the
-	// ClickHouse inserts and commits of one do not wait for another's.
-	errs := make([]error, len(ids))
-	var wg sync.WaitGroup
-	for i, id := range ids {
-		wg.Go(func() { errs[i] = a.flush(ctx, a.parts[id]) })
+	type ready struct {
+		p *partition
+		j *job
 	}
-	wg.Wait()
+	var jobs []ready
+	var recs []*kgo.Record
+	for _, id := range ids {
+		p := a.parts[id]
+		if j := a.drain(p); j != nil {
+			jobs = append(jobs, ready{p, j})
+			recs = a.signalRecords(recs, j.b)
+		}
+	}
+	if len(recs) > 0 {
+		// Signals go out before ClickHouse is written: enforcement must not
+		// wait for the store (an outage there would switch it off), and
+		// their ids are deterministic, so the re-publication that follows
+		// a crash before the write is folded by every consumer.
+		if err := a.retry(ctx, "produce signals", -1, func() error { return a.cl.ProduceSync(ctx, recs...).FirstErr() }); err != nil {
+			// Only a cancelled ctx gets here. Nothing of these batches is
+			// committed, so the next owner re-reads and re-signals them.
+			for _, r := range jobs {
+				r.j.b.Reset()
+				batchPool.Put(r.j.b)
+			}
+			return err
+		}
+	}
+	for _, r := range jobs {
+		for i := range r.j.b.Signals {
+			a.m.signals.WithLabelValues(string(r.j.b.Signals[i].Kind)).Inc()
+		}
+		r.p.enqueued = r.j.next
+		r.p.pending = 0
+		a.enqueue(r.p.w, r.j)
+	}
 	a.since = time.Time{}
 	series, idsHeld := 0, 0
 	for _, p := range a.parts {
@@ -200,17 +263,29 @@ func (a *aggregator) flushAll(ctx context.Context) error {
 	}
 	a.m.series.Set(float64(series))
 	a.m.ids.Set(float64(idsHeld))
-	return errors.Join(errs...)
+	return nil
 }
 
-// flush writes a partition's pending rows to ClickHouse, then produces its
-// signals, then commits its offset: each step only after the one before
-// succeeded, retrying with back-off until it does or ctx ends.
-func (a *aggregator) flush(ctx context.Context, p *partition) error {
-	if p.next == p.flushed {
+// drain turns what p processed since its last flush into a job: events,
+// changed rows and new signals, versioned by the offset it reaches. It
+// returns nil when there is nothing to flush.
+func (a *aggregator) drain(p *partition) *job {
+	idle, recommit := p.w.status()
+	if idle {
+		// Everything drained before is stored: idle tenants can go (those
+		// with undrained changes are kept).
+		if n := p.state.EvictIdle(); n > 0 {
+			a.m.evictions.Add(float64(n))
+		}
+	}
+	if p.next == p.enqueued && !recommit {
 		return nil
 	}
-	b := &p.batch
+	b := p.batch
+	if b == nil {
+		b = batchPool.Get().(*chstore.Batch)
+	}
+	p.batch = nil
 	p.state.Drain(&b.Rows)
 	// Encode the new signals once, for signals_log and for Kafka. An
 	// invalid one is a bug, not an outage: log it loudly and keep the rest
@@ -225,47 +300,17 @@ func (a *aggregator) flush(ctx context.Context, p *partition) error {
 		b.Payloads = append(b.Payloads, v)
 	}
 	b.Version = uint64(p.next)
-	rows := len(b.Events) + len(b.Minutes) + len(b.Quotas)
+	return &job{b: b, next: p.next, epoch: p.epoch, rows: len(b.Events) + len(b.Minutes) + len(b.Quotas) + len(b.Signals)}
+}
 
-	start := time.Now()
-	if err := a.retry(ctx, "clickhouse write", p.id, func() error { return a.store.Write(ctx, b) }); err != nil {
-		return err
+// signalRecords appends b's signals as records for the signals topic.
+func (a *aggregator) signalRecords(recs []*kgo.Record, b *chstore.Batch) []*kgo.Record {
+	for i := range b.Signals {
+		s := &b.Signals[i]
+		recs = append(recs, &kgo.Record{Topic: a.cfg.SignalsTopic, Key: []byte(s.Tenant), Value: b.Payloads[i],
+			Headers: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaSignalsV1)}}})
 	}
-	a.m.writeRows.Observe(float64(rows))
-	a.m.writeSeconds.Observe(time.Since(start).Seconds())
-
-	if len(b.Signals) > 0 {
-		recs := make([]*kgo.Record, len(b.Signals))
-		for i := range b.Signals {
-			s := &b.Signals[i]
-			recs[i] = &kgo.Record{Topic: a.cfg.SignalsTopic, Key: []byte(s.Tenant), Value: b.Payloads[i],
-				Headers: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaSignalsV1)}}}
-			a.m.signals.WithLabelValues(string(s.Kind)).Inc()
-		}
-		if err := a.retry(ctx, "produce signals", p.id, func() error { return a.cl.ProduceSync(ctx, recs...).FirstErr() }); err != nil {
-			return err
-		}
-	}
-
-	commit := map[string]map[int32]kgo.EpochOffset{a.cfg.Topic: {p.id: {Epoch: p.epoch, Offset: p.next}}}
-	var cerr error
-	a.cl.CommitOffsetsSync(ctx, commit, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-		cerr = commitErr(resp, err)
-	})
-	if cerr != nil {
-		// Not fatal: ClickHouse holds the rows, so the next owner rebuilds
-		// them and at worst re-reads (and re-signals, same ids) the events.
-		a.m.commitErrors.Inc()
-		return fmt.Errorf("partition %d: commit offset %d: %w", p.id, p.next, cerr)
-	}
-	p.flushed = p.next
-	p.pending = 0
-	b.Reset()
-	// Everything the state changed is stored now, so idle tenants can go.
-	if n := p.state.EvictIdle(); n > 0 {
-		a.m.evictions.Add(float64(n))
-	}
-	return nil
+	return recs
 }
 
 // restore rebuilds an evicted tenant from its events stored below offset,
@@ -295,7 +340,7 @@ func (a *aggregator) retry(ctx context.Context, what string, part int32, fn func
 			return nil
 		}
 		a.m.writeErrors.WithLabelValues(what).Inc()
-		a.log.Warn(what+" failed; retrying, fetching paused", "partition", part, "attempt", attempt, "retry_in", wait, "err", err)
+		a.log.Warn(what+" failed; retrying", "partition", part, "attempt", attempt, "retry_in", wait, "err", err)
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("partition %d: %s: %w (gave up: %v)", part, what, err, ctx.Err())
@@ -344,7 +389,7 @@ func (a *aggregator) onAssigned(ctx context.Context, cl *kgo.Client, assigned ma
 		st.SetReplay(false)
 		st.ClearDirty()
 		st.TakeSignals()
-		a.parts[id] = &partition{id: id, state: st, next: before, flushed: before, epoch: -1}
+		a.parts[id] = &partition{id: id, state: st, next: before, enqueued: before, epoch: -1, w: a.startWriter(id, before)}
 		a.m.rebuildSeconds.Observe(time.Since(start).Seconds())
 		a.m.rebuildEvents.Add(float64(n))
 		a.log.Info("partition assigned and rebuilt", "partition", id, "resume_offset", before, "events_replayed", n, "took", time.Since(start).Round(time.Millisecond))
@@ -378,17 +423,22 @@ func resumeOffsets(ctx context.Context, adm *kadm.Client, group, topic string, p
 	return out, nil
 }
 
-// onRevoked hands partitions over cleanly: flush and commit, then forget.
+// onRevoked hands partitions over cleanly: flush, store and commit, then
+// forget.
 func (a *aggregator) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	fctx, cancel := context.WithTimeout(ctx, a.cfg.ShutdownGrace)
+	defer cancel()
+	if err := a.flushAll(fctx); err != nil {
+		a.log.Warn("flush on revoke failed; the next owner re-reads from the last commit", "err", err)
+	}
 	for _, id := range revoked[a.cfg.Topic] {
 		if p := a.parts[id]; p != nil {
-			fctx, cancel := context.WithTimeout(ctx, a.cfg.ShutdownGrace)
-			if err := a.flush(fctx, p); err != nil {
-				a.log.Warn("flush on revoke failed; the next owner re-reads from the last commit", "partition", id, "err", err)
+			if err := p.w.wait(fctx); err != nil {
+				a.log.Warn("partition revoked before ClickHouse stored its rows; the next owner re-reads from the last commit", "partition", id, "err", err)
 			}
-			cancel()
+			a.stop(p.w)
 			delete(a.parts, id)
 			a.m.lag.DeleteLabelValues(fmt.Sprint(id))
 		}
@@ -401,6 +451,9 @@ func (a *aggregator) onLost(_ context.Context, _ *kgo.Client, lost map[string][]
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, id := range lost[a.cfg.Topic] {
+		if p := a.parts[id]; p != nil {
+			a.stop(p.w)
+		}
 		delete(a.parts, id)
 		a.m.lag.DeleteLabelValues(fmt.Sprint(id))
 	}

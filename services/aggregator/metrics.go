@@ -17,6 +17,8 @@ type metrics struct {
 	commitErrors, rebuildEvents                   prometheus.Counter
 	evictions, restores                           prometheus.Counter
 	restoreSeconds                                prometheus.Histogram
+	unwritten                                     prometheus.Gauge
+	fetchPauses                                   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, w *policy.Watcher) *metrics {
@@ -40,9 +42,11 @@ func newMetrics(reg prometheus.Registerer, w *policy.Watcher) *metrics {
 		evictions:      prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_evicted_series_total", Help: "Tenant x model series dropped from memory because their tenant was idle (in event time) for idle_evict_after."}),
 		restores:       prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_restored_tenants_total", Help: "Evicted tenants rebuilt from ClickHouse when they sent again."}),
 		restoreSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_aggregator_restore_seconds", Help: "Time to rebuild a returning evicted tenant from ClickHouse, retries included.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
+		unwritten:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_aggregator_unwritten_rows", Help: "Rows whose signals are published but which ClickHouse has not stored yet (their offsets are not committed)."}),
+		fetchPauses:    prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_fetch_pauses_total", Help: "Times fetching paused because max_unwritten_rows rows waited for ClickHouse."}),
 	}
 	reloadFailures := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_aggregator_policy_reload_failures_total", Help: "Policy reloads rejected; the previous policy stays in force."}, func() float64 { return float64(w.Failures.Load()) })
-	for _, c := range []prometheus.Collector{events, m.late, m.signals, m.lag, m.series, m.ids, m.writeRows, m.writeSeconds, m.rebuildSeconds, m.writeErrors, m.commitErrors, m.rebuildEvents, m.evictions, m.restores, m.restoreSeconds, reloadFailures} {
+	for _, c := range []prometheus.Collector{events, m.late, m.signals, m.lag, m.series, m.ids, m.writeRows, m.writeSeconds, m.rebuildSeconds, m.writeErrors, m.commitErrors, m.rebuildEvents, m.evictions, m.restores, m.restoreSeconds, m.unwritten, m.fetchPauses, reloadFailures} {
 		// A second aggregator in one process (tests) shares the registry.
 		_ = reg.Register(c)
 	}
