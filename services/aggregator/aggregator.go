@@ -8,11 +8,17 @@
 // # Exactly-once effect
 //
 // The consumer group uses cooperative-sticky balancing and manual commits.
-// State is partition-local (events are keyed by tenant). A flush takes what
+// State is partition-local: every tenant is counted on its home partition,
+// murmur2(tenant) mod partitions, where ingest's key partitioner puts it; a
+// record found elsewhere (a direct producer with another partitioner) is
+// produced again to the home partition and counted there, and a record
+// without header schema=sluice.usage.v1 is not counted (route.go,
+// docs/producers.md). A flush takes what
 // every partition processed since the last one and, in this order:
 //
-//  1. publishes the new signals to sluice.signals.v1 (retrying while Kafka
-//     refuses; nothing is fetched meanwhile);
+//  1. publishes the new signals to sluice.signals.v1, and re-routed records
+//     to their home partitions (retrying while Kafka refuses; nothing is
+//     fetched meanwhile);
 //  2. hands the partition's rows (raw events, rollups, quota state, signals
 //     log) to the partition's writer, which stores them in ClickHouse in
 //     flush order, retrying with back-off while ClickHouse is unreachable;

@@ -44,6 +44,13 @@ type aggregator struct {
 	// drops. Beyond MaxUnwrittenRows the poll loop stops fetching.
 	unwritten atomic.Int64
 	room      chan struct{}
+
+	// nparts is the usage topic's partition count, which decides every
+	// tenant's home partition (route.go); lastMeta is when the poll loop
+	// last read it.
+	nparts         atomic.Int32
+	lastMeta       time.Time
+	lastSchemaWarn time.Time // guarded by mu
 }
 
 // partition is one assigned partition: its state and what is not flushed.
@@ -56,6 +63,7 @@ type partition struct {
 	epoch    int32
 	pending  int // events processed since the last flush, counted or not
 	w        *writer
+	reroutes []*kgo.Record // records to produce to their tenant's home partition before the next commit
 }
 
 func newAggregator(cfg Config, env platform.Env, w *policy.Watcher) *aggregator {
@@ -76,7 +84,7 @@ func (a *aggregator) kafkaOptions() []kgo.Opt {
 		kgo.OnPartitionsRevoked(a.onRevoked),
 		kgo.OnPartitionsLost(a.onLost),
 		kgo.ProducerLinger(0),
-		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+		kgo.RecordPartitioner(a.partitioner()),
 	}
 }
 
@@ -95,6 +103,14 @@ func (a *aggregator) loop(ctx context.Context) {
 	for ctx.Err() == nil {
 		if !a.waitForRoom(ctx) {
 			return
+		}
+		if time.Since(a.lastMeta) > partitionsRefresh {
+			// Partitions added to the topic move tenants' homes; pick the
+			// new count up (a failure keeps the old one until the next try).
+			if err := a.refreshPartitions(ctx, kadm.NewClient(a.cl)); err != nil && ctx.Err() == nil {
+				a.log.Warn("reading the usage topic's partition count failed", "err", err)
+			}
+			a.lastMeta = time.Now()
 		}
 		wait := a.cfg.FlushInterval
 		a.mu.Lock()
@@ -174,9 +190,18 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 			continue // re-delivered after a retry inside the client
 		}
 		ev := &a.ev
-		if err := eventjson.DecodeUsageEvent(rec.Value, ev); err != nil {
+		if !schemaOK(rec) {
+			a.m.wrongSchema.Inc()
+			if time.Since(a.lastSchemaWarn) > 10*time.Second {
+				a.lastSchemaWarn = time.Now()
+				a.log.Warn("skipping usage records without header schema="+schemas.SchemaUsageV1+" (see docs/producers.md); counted in sluice_aggregator_events_total{result=\"wrong_schema\"}",
+					"partition", rec.Partition, "offset", rec.Offset)
+			}
+		} else if err := eventjson.DecodeUsageEvent(rec.Value, ev); err != nil {
 			a.m.invalid.Inc()
 			a.log.Warn("skipping an undecodable usage event", "partition", rec.Partition, "offset", rec.Offset, "err", err)
+		} else if home, ok := a.home(ev.Tenant); ok && home != rec.Partition {
+			a.reroute(p, rec, ev.Tenant, home)
 		} else {
 			r := p.state.Apply(ev, rec.Offset)
 			if r == tally.Evicted {
@@ -229,10 +254,12 @@ func (a *aggregator) flushAll(ctx context.Context) error {
 		p := a.parts[id]
 		if j := a.drain(p); j != nil {
 			jobs = append(jobs, ready{p, j})
-			recs = a.signalRecords(recs, j.b)
+			recs = append(a.signalRecords(recs, j.b), j.reroutes...)
 		}
 	}
 	if len(recs) > 0 {
+		// Records found off their tenant's home partition go there before
+		// the offset past them is committed (route.go).
 		// Signals go out before ClickHouse is written: enforcement must not
 		// wait for the store (an outage there would switch it off), and
 		// their ids are deterministic, so the re-publication that follows
@@ -281,6 +308,8 @@ func (a *aggregator) drain(p *partition) *job {
 	if p.next == p.enqueued && !recommit {
 		return nil
 	}
+	reroutes := p.reroutes
+	p.reroutes = nil
 	b := p.batch
 	if b == nil {
 		b = batchPool.Get().(*chstore.Batch)
@@ -300,7 +329,7 @@ func (a *aggregator) drain(p *partition) *job {
 		b.Payloads = append(b.Payloads, v)
 	}
 	b.Version = uint64(p.next)
-	return &job{b: b, next: p.next, epoch: p.epoch, rows: len(b.Events) + len(b.Minutes) + len(b.Quotas) + len(b.Signals)}
+	return &job{b: b, reroutes: reroutes, next: p.next, epoch: p.epoch, rows: len(b.Events) + len(b.Minutes) + len(b.Quotas) + len(b.Signals)}
 }
 
 // signalRecords appends b's signals as records for the signals topic.
@@ -361,6 +390,7 @@ func (a *aggregator) onAssigned(ctx context.Context, cl *kgo.Client, assigned ma
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	adm := kadm.NewClient(cl)
+	_ = a.retry(ctx, "read the usage topic's partition count", -1, func() error { return a.refreshPartitions(ctx, adm) })
 	var resume map[int32]int64
 	_ = a.retry(ctx, "fetch committed offsets", -1, func() error {
 		var err error

@@ -9,6 +9,7 @@ import (
 // metrics are the aggregator's Prometheus collectors.
 type metrics struct {
 	accepted, duplicates, rejected, invalid, late prometheus.Counter
+	wrongSchema, rerouted                         prometheus.Counter
 	signals                                       *prometheus.CounterVec
 	lag                                           *prometheus.GaugeVec
 	series, ids                                   prometheus.Gauge
@@ -22,12 +23,14 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer, w *policy.Watcher) *metrics {
-	events := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_aggregator_events_total", Help: "Usage events read, by result: counted, duplicate id, rejected (model \"*\"), invalid (undecodable)."}, []string{"result"})
+	events := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_aggregator_events_total", Help: "Usage events read, by result: counted, duplicate id, rejected (model \"*\"), invalid (undecodable), wrong_schema (header schema missing or not sluice.usage.v1), rerouted (found off the tenant's home partition and produced there, counted there)."}, []string{"result"})
 	m := &metrics{
 		accepted:       events.WithLabelValues("counted"),
 		duplicates:     events.WithLabelValues("duplicate"),
 		rejected:       events.WithLabelValues("rejected"),
 		invalid:        events.WithLabelValues("invalid"),
+		wrongSchema:    events.WithLabelValues("wrong_schema"),
+		rerouted:       events.WithLabelValues("rerouted"),
 		late:           prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_late_events_total", Help: "Events that arrived after their hour had closed; counted in their own period."}),
 		signals:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_aggregator_signals_total", Help: "Signals produced, by kind (replays re-produce the same ids)."}, []string{"kind"}),
 		lag:            prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_aggregator_consumer_lag", Help: "High watermark minus the next offset to process, per partition."}, []string{"partition"}),

@@ -16,10 +16,11 @@ import (
 // signals are already published; once it is stored, offset next (read at
 // leader epoch epoch) is committed.
 type job struct {
-	b     *chstore.Batch
-	next  int64
-	epoch int32
-	rows  int
+	b        *chstore.Batch
+	reroutes []*kgo.Record
+	next     int64
+	epoch    int32
+	rows     int
 }
 
 // writer stores one partition's flushed batches in ClickHouse, strictly in
