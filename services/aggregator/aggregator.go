@@ -35,13 +35,34 @@
 // with the same ids, when its events are re-read: consumers fold them.
 //
 // On assignment, before fetching starts, the instance replays from
-// ClickHouse every distinct event id stored for the partition below the
-// committed offset (signals suppressed), and consumption resumes at the
+// ClickHouse every distinct event id of the partition's tenants: those
+// stored for the partition below the committed offset, and theirs stored
+// under other partitions (signals suppressed); consumption resumes at the
 // committed offset: events between the commit and a crash are read again,
 // re-written (ReplacingMergeTree folds them) and re-signalled with the same
 // deterministic ids. So after kill -9 at any moment the totals equal the
 // sum over distinct ids in ClickHouse, and consumers see each signal id at
 // least once.
+//
+// # Adding partitions
+//
+// Adding partitions to the usage topic moves tenants to new home
+// partitions. The aggregator reads the partition count every 10 s (and on
+// every assignment) and then re-routes by the new count. A tenant new to a
+// partition whose home under an earlier count was another partition is
+// rebuilt from what ClickHouse stored for it, across partitions, before its
+// first event there is counted, so its month so far carries over (this
+// needs ClickHouse: during an outage such a first event, like an evicted
+// tenant's return, holds the poll loop until ClickHouse answers). Row
+// versions of quota_state and usage_minute are the partition count shifted
+// by chstore.VersionShift plus the offset, so they only grow per tenant:
+// the new home's rows win over the old home's under FINAL although its
+// offsets are lower. What the old home counts in the seconds before it
+// sees the new count, and stores after the new home rebuilt the tenant, is
+// in usage_events but missing from the new home's counters until the
+// reconciler repairs them; settlements of estimates that straddle the move
+// are stored under two partitions, and usage_events (versioned by offset)
+// may keep the estimate.
 //
 // # Anomalies
 //

@@ -51,6 +51,10 @@ type aggregator struct {
 	nparts         atomic.Int32
 	lastMeta       time.Time
 	lastSchemaWarn time.Time // guarded by mu
+	// pastCounts holds the partition counts the topic had before (from
+	// quota_state versions at assignment, and changes seen since); guarded
+	// by mu.
+	pastCounts map[int]bool
 }
 
 // partition is one assigned partition: its state and what is not flushed.
@@ -68,7 +72,7 @@ type partition struct {
 
 func newAggregator(cfg Config, env platform.Env, w *policy.Watcher) *aggregator {
 	return &aggregator{cfg: cfg, log: env.Logger, m: newMetrics(env.Metrics, w), watcher: w, parts: map[int32]*partition{},
-		room: make(chan struct{}, 1)}
+		room: make(chan struct{}, 1), pastCounts: map[int]bool{}}
 }
 
 func (a *aggregator) kafkaOptions() []kgo.Opt {
@@ -107,9 +111,11 @@ func (a *aggregator) loop(ctx context.Context) {
 		if time.Since(a.lastMeta) > partitionsRefresh {
 			// Partitions added to the topic move tenants' homes; pick the
 			// new count up (a failure keeps the old one until the next try).
+			a.mu.Lock()
 			if err := a.refreshPartitions(ctx, kadm.NewClient(a.cl)); err != nil && ctx.Err() == nil {
 				a.log.Warn("reading the usage topic's partition count failed", "err", err)
 			}
+			a.mu.Unlock()
 			a.lastMeta = time.Now()
 		}
 		wait := a.cfg.FlushInterval
@@ -203,6 +209,13 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 		} else if home, ok := a.home(ev.Tenant); ok && home != rec.Partition {
 			a.reroute(p, rec, ev.Tenant, home)
 		} else {
+			if !p.state.Known(ev.Tenant) && a.mayHaveMoved(ev.Tenant, p.id) {
+				// The topic gained partitions and this tenant's home moved
+				// here: its month so far is what its old home stored.
+				if !a.restore(ctx, p, ev.Tenant, rec.Offset) {
+					break // as below: only a cancelled ctx gets here
+				}
+			}
 			r := p.state.Apply(ev, rec.Offset)
 			if r == tally.Evicted {
 				if !a.restore(ctx, p, ev.Tenant, rec.Offset) {
@@ -328,7 +341,8 @@ func (a *aggregator) drain(p *partition) *job {
 		b.Signals = append(b.Signals, sg)
 		b.Payloads = append(b.Payloads, v)
 	}
-	b.Version = uint64(p.next)
+	// Versions grow per tenant across partitions: see chstore.VersionShift.
+	b.Version = uint64(a.nparts.Load())<<chstore.VersionShift | uint64(p.next)
 	return &job{b: b, reroutes: reroutes, next: p.next, epoch: p.epoch, rows: len(b.Events) + len(b.Minutes) + len(b.Quotas) + len(b.Signals)}
 }
 
@@ -391,6 +405,13 @@ func (a *aggregator) onAssigned(ctx context.Context, cl *kgo.Client, assigned ma
 	defer a.mu.Unlock()
 	adm := kadm.NewClient(cl)
 	_ = a.retry(ctx, "read the usage topic's partition count", -1, func() error { return a.refreshPartitions(ctx, adm) })
+	_ = a.retry(ctx, "read past partition counts from clickhouse", -1, func() error {
+		counts, err := a.store.PartitionCounts(ctx)
+		for _, c := range counts {
+			a.pastCounts[c] = true
+		}
+		return err
+	})
 	var resume map[int32]int64
 	_ = a.retry(ctx, "fetch committed offsets", -1, func() error {
 		var err error

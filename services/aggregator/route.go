@@ -66,7 +66,7 @@ func (a *aggregator) home(tenant string) (int32, bool) {
 }
 
 // refreshPartitions reads the usage topic's partition count, which
-// decides every tenant's home partition.
+// decides every tenant's home partition. The caller holds mu.
 func (a *aggregator) refreshPartitions(ctx context.Context, adm *kadm.Client) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -78,8 +78,17 @@ func (a *aggregator) refreshPartitions(ctx context.Context, adm *kadm.Client) er
 	if !ok || td.Err != nil {
 		return fmt.Errorf("topic %s: metadata: %v", a.cfg.Topic, td.Err)
 	}
-	if n := int32(len(td.Partitions)); n != a.nparts.Swap(n) {
-		a.log.Info("usage topic partition count", "topic", a.cfg.Topic, "partitions", n)
+	n := int32(len(td.Partitions))
+	if old := a.nparts.Swap(n); old != n {
+		a.log.Info("usage topic partition count", "topic", a.cfg.Topic, "partitions", n, "before", old)
+		if old > 0 {
+			// Tenants whose home moved are rebuilt on their new home from
+			// what the old one stored (mayHaveMoved); the consumer learns
+			// of the new partitions now rather than at its next metadata
+			// refresh.
+			a.pastCounts[int(old)] = true
+			a.cl.ForceMetadataRefresh()
+		}
 	}
 	return nil
 }
@@ -111,4 +120,21 @@ func (a *aggregator) reroute(p *partition, rec *kgo.Record, tenant string, home 
 
 // partitionsRefresh is how often the poll loop re-reads the usage topic's
 // partition count.
-const partitionsRefresh = 30 * time.Second
+const partitionsRefresh = 10 * time.Second
+
+// mayHaveMoved reports whether tenant, new to partition part, may have
+// been counted on another partition under an earlier partition count of
+// the topic, so that its state must be rebuilt from what that partition
+// stored before its first event here is counted. Partition counts only
+// grow; those used are recorded in the versions of quota_state rows
+// (chstore.VersionShift) and in pastCounts as they change. The caller
+// holds mu.
+func (a *aggregator) mayHaveMoved(tenant string, part int32) bool {
+	n := int(a.nparts.Load())
+	for c := range a.pastCounts {
+		if c > 0 && c != n && homePartition(tenant, c) != part {
+			return true
+		}
+	}
+	return false
+}
