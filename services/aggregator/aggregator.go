@@ -289,13 +289,13 @@ func (a *aggregator) shutdown(grace time.Duration) error {
 			ferr = err
 		}
 	}
-	a.mu.Unlock()
-	a.cl.Close()
-	a.mu.Lock()
+	// Stop the writers before leaving the group, so that the revoke
+	// callback Close runs does not wait a second grace for ClickHouse.
 	for _, p := range a.parts {
 		a.stop(p.w)
 	}
 	a.mu.Unlock()
+	a.cl.Close()
 	if ferr != nil {
 		return fmt.Errorf("aggregator: final flush: %w (uncommitted events will be re-read by the next owner)", ferr)
 	}

@@ -96,6 +96,11 @@ func (w *writer) wait(ctx context.Context) error {
 	select {
 	case <-d:
 		return nil
+	default:
+	}
+	select {
+	case <-d:
+		return nil
 	case <-w.done:
 		return fmt.Errorf("partition %d: writer stopped with batches unwritten", w.part)
 	case <-ctx.Done():
