@@ -142,8 +142,25 @@ func (a *aggregator) loop(ctx context.Context) {
 				a.log.Error("flush failed", "err", err)
 			}
 		}
+		a.evictIdle()
 		a.mu.Unlock()
 		a.cl.AllowRebalance()
+	}
+}
+
+// evictIdle drops idle tenants from the partitions whose writer has stored
+// everything drained so far (a tenant is only forgotten once ClickHouse
+// holds all of it; tenants with undrained changes are kept). It runs every
+// poll, flush or not, so the last batch before a quiet spell is followed
+// by a scan once it is stored; EvictIdle itself scans at most once per
+// minute of event time.
+func (a *aggregator) evictIdle() {
+	for _, p := range a.parts {
+		if idle, _ := p.w.status(); idle {
+			if n := p.state.EvictIdle(); n > 0 {
+				a.m.evictions.Add(float64(n))
+			}
+		}
 	}
 }
 
@@ -310,14 +327,7 @@ func (a *aggregator) flushAll(ctx context.Context) error {
 // changed rows and new signals, versioned by the offset it reaches. It
 // returns nil when there is nothing to flush.
 func (a *aggregator) drain(p *partition) *job {
-	idle, recommit := p.w.status()
-	if idle {
-		// Everything drained before is stored: idle tenants can go (those
-		// with undrained changes are kept).
-		if n := p.state.EvictIdle(); n > 0 {
-			a.m.evictions.Add(float64(n))
-		}
-	}
+	_, recommit := p.w.status()
 	if p.next == p.enqueued && !recommit {
 		return nil
 	}
