@@ -215,6 +215,9 @@ func (s *stack) args(opsAddr string) []string {
 		"-services.aggregator.group=" + s.groups["aggregator"],
 		"-services.aggregator.signals_topic=" + s.signals,
 		"-services.aggregator.admin_topic=" + s.admin,
+		// The period-reset test stamps events an hour ahead; without this the
+		// aggregator holds them (uncounted) until their time comes.
+		"-services.aggregator.max_event_future=2h",
 		"-services.aggregator.flush_interval=100ms",
 		"-services.aggregator.policy_reload=500ms",
 		"-services.aggregator.session_timeout=6s",

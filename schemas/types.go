@@ -7,7 +7,8 @@ import "time"
 const (
 	// TopicUsageV1 is the Kafka topic that carries [UsageEvent] records
 	// encoded by eventjson.AppendUsageEventJSON, keyed by tenant so that one tenant's
-	// events stay ordered on one partition.
+	// events stay ordered on one partition. The contract for producers other
+	// than ingest (key, [HeaderSchema], partitioner) is docs/producers.md.
 	TopicUsageV1 = "sluice.usage.v1"
 
 	// TopicSignalsV1 is the Kafka topic that carries [Signal] records encoded

@@ -236,10 +236,18 @@ stop_one() {
 # files say: the backstop that makes `down` leave nothing behind.
 leftovers() { pgrep -f -- "$DIR/" || true; }
 
+# install_test_tools installs what tests need besides the services: kcat,
+# a librdkafka producer, for the aggregator's direct-producer test (a
+# partitioner other than the Go clients', see docs/producers.md).
+install_test_tools() {
+	command -v kcat >/dev/null || apt_install kcat
+}
+
 cmd_up() {
 	mkdir -p "$LOG" "$RUN" "$CACHE"
 	local s
 	for s in "${@:-${ALL_SERVICES[@]}}"; do up_one "$s"; done
+	install_test_tools
 	cmd_env
 }
 
@@ -298,6 +306,7 @@ install)
 	shift
 	mkdir -p "$LOG" "$CACHE"
 	for s in "${@:-${ALL_SERVICES[@]}}"; do install_tools "$s"; done
+	install_test_tools
 	;;
 reset) cmd_down; rm -rf "$DIR"/{kafka,clickhouse,redis,alertmanager,log,run} ;;
 *)

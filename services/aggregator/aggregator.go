@@ -8,19 +8,61 @@
 // # Exactly-once effect
 //
 // The consumer group uses cooperative-sticky balancing and manual commits.
-// State is partition-local (events are keyed by tenant). For each partition,
-// a flush writes ClickHouse first, then produces the signals, then commits
-// the offset after the last event written. On assignment, before fetching
-// starts, the instance replays from ClickHouse every distinct event id
-// stored for the partition below the committed offset (signals suppressed),
-// and consumption resumes at the committed offset: events between the
-// commit and a crash are read again, re-written (ReplacingMergeTree folds
-// them) and re-signalled with the same deterministic ids. So after kill -9
-// at any moment the totals equal the sum over distinct ids in ClickHouse,
-// and consumers see each signal id at least once.
+// State is partition-local: every tenant is counted on its home partition,
+// murmur2(tenant) mod partitions, where ingest's key partitioner puts it; a
+// record found elsewhere (a direct producer with another partitioner) is
+// produced again to the home partition and counted there, and a record
+// without header schema=sluice.usage.v1 is not counted (route.go,
+// docs/producers.md). A flush takes what
+// every partition processed since the last one and, in this order:
 //
-// While ClickHouse (or the signals topic) is unreachable the flush retries
-// with exponential back-off and nothing is fetched, dropped or committed.
+//  1. publishes the new signals to sluice.signals.v1, and re-routed records
+//     to their home partitions (retrying while Kafka refuses; nothing is
+//     fetched meanwhile);
+//  2. hands the partition's rows (raw events, rollups, quota state, signals
+//     log) to the partition's writer, which stores them in ClickHouse in
+//     flush order, retrying with back-off while ClickHouse is unreachable;
+//  3. the writer commits the offset after the batch's last event only once
+//     ClickHouse stored it.
+//
+// Signals come first so that enforcement never waits for ClickHouse: during
+// a ClickHouse outage events are still read and counted and a tenant that
+// crosses 100% still gets its quota_exhausted, while nothing is committed
+// past what ClickHouse holds. The rows waiting for ClickHouse are bounded
+// by max_unwritten_rows; beyond it fetching pauses (the events stay in
+// Kafka) until ClickHouse takes them. Signal ids are deterministic, so the
+// signals of a batch that a crash kept from ClickHouse are published again,
+// with the same ids, when its events are re-read: consumers fold them.
+//
+// On assignment, before fetching starts, the instance replays from
+// ClickHouse every distinct event id of the partition's tenants: those
+// stored for the partition below the committed offset, and theirs stored
+// under other partitions (signals suppressed); consumption resumes at the
+// committed offset: events between the commit and a crash are read again,
+// re-written (ReplacingMergeTree folds them) and re-signalled with the same
+// deterministic ids. So after kill -9 at any moment the totals equal the
+// sum over distinct ids in ClickHouse, and consumers see each signal id at
+// least once.
+//
+// # Adding partitions
+//
+// Adding partitions to the usage topic moves tenants to new home
+// partitions. The aggregator reads the partition count every 10 s (and on
+// every assignment) and then re-routes by the new count. A tenant new to a
+// partition whose home under an earlier count was another partition is
+// rebuilt from what ClickHouse stored for it, across partitions, before its
+// first event there is counted, so its month so far carries over (this
+// needs ClickHouse: during an outage such a first event, like an evicted
+// tenant's return, holds the poll loop until ClickHouse answers). Row
+// versions of quota_state and usage_minute are the partition count shifted
+// by chstore.VersionShift plus the offset, so they only grow per tenant:
+// the new home's rows win over the old home's under FINAL although its
+// offsets are lower. What the old home counts in the seconds before it
+// sees the new count, and stores after the new home rebuilt the tenant, is
+// in usage_events but missing from the new home's counters until the
+// reconciler repairs them; settlements of estimates that straddle the move
+// are stored under two partitions, and usage_events (versioned by offset)
+// may keep the estimate.
 //
 // # Anomalies
 //
@@ -100,9 +142,13 @@ type Config struct {
 	AdminTopic    string        `yaml:"admin_topic" help:"compacted topic of operator actions (the enforcer's admin API writes it); quota overrides on it change tiers, signals and quota_state"`
 	BatchEvents   int           `yaml:"batch_events" help:"flush a partition's batch at this many events (also the poll size)"`
 	FlushInterval time.Duration `yaml:"flush_interval" help:"flush pending batches at least this often"`
-	RetryMin      time.Duration `yaml:"retry_min" help:"first back-off when ClickHouse or Kafka refuses a flush"`
-	RetryMax      time.Duration `yaml:"retry_max" help:"longest back-off between flush attempts"`
-	ShutdownGrace time.Duration `yaml:"shutdown_grace" help:"time allowed to flush and commit on shutdown"`
+	// MaxUnwrittenRows bounds what a ClickHouse outage may pile up in
+	// memory: signals keep flowing while rows wait for the store, up to
+	// this many; then fetching pauses until ClickHouse takes them.
+	MaxUnwrittenRows int           `yaml:"max_unwritten_rows" help:"rows (events, rollups, quota state, signals log) flushed but not yet stored in ClickHouse that may be held while it is unreachable; beyond it fetching pauses"`
+	RetryMin         time.Duration `yaml:"retry_min" help:"first back-off when ClickHouse or Kafka refuses a flush"`
+	RetryMax         time.Duration `yaml:"retry_max" help:"longest back-off between flush attempts"`
+	ShutdownGrace    time.Duration `yaml:"shutdown_grace" help:"time allowed to flush and commit on shutdown"`
 	// SessionTimeout is how long the group waits for a silent member
 	// (a crashed instance) before moving its partitions.
 	SessionTimeout time.Duration `yaml:"session_timeout" help:"consumer group session timeout: how soon a crashed instance's partitions move"`
@@ -136,6 +182,7 @@ func DefaultConfig() Config {
 		AdminTopic:         schemas.TopicAdminV1,
 		BatchEvents:        50_000,
 		FlushInterval:      time.Second,
+		MaxUnwrittenRows:   1_000_000,
 		RetryMin:           200 * time.Millisecond,
 		RetryMax:           30 * time.Second,
 		ShutdownGrace:      20 * time.Second,
@@ -176,6 +223,9 @@ func (c Config) Validate() error {
 	}
 	if c.FlushInterval < 10*time.Millisecond || c.FlushInterval > time.Minute {
 		bad("flush_interval: %v is outside 10ms..1m", c.FlushInterval)
+	}
+	if c.MaxUnwrittenRows < 1000 || c.MaxUnwrittenRows > 100_000_000 {
+		bad("max_unwritten_rows: %d is outside 1000..100000000", c.MaxUnwrittenRows)
 	}
 	if c.RetryMin <= 0 || c.RetryMax < c.RetryMin || c.RetryMax > 10*time.Minute {
 		bad("retry_min, retry_max: need 0 < retry_min <= retry_max <= 10m (got %v, %v)", c.RetryMin, c.RetryMax)
@@ -299,13 +349,23 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 
 // shutdown flushes and commits everything held, then leaves the group
 // (whose revoke callback finds nothing left to do), within grace. The
-// order is the flush order of every flush: ClickHouse, then signals, then
-// the offset commit; what it cannot finish is re-read by the next owner.
+// order is that of every flush: signals, then ClickHouse, then the offset
+// commit; what it cannot finish is re-read by the next owner.
 func (a *aggregator) shutdown(grace time.Duration) error {
 	sctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	a.mu.Lock()
 	ferr := a.flushAll(sctx)
+	for _, p := range a.parts {
+		if err := p.w.wait(sctx); err != nil && ferr == nil {
+			ferr = err
+		}
+	}
+	// Stop the writers before leaving the group, so that the revoke
+	// callback Close runs does not wait a second grace for ClickHouse.
+	for _, p := range a.parts {
+		a.stop(p.w)
+	}
 	a.mu.Unlock()
 	a.cl.Close()
 	if ferr != nil {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -38,21 +39,41 @@ type aggregator struct {
 	parts map[int32]*partition
 	since time.Time // when the oldest unflushed event was read; zero: none
 	ev    schemas.UsageEvent
+
+	// unwritten counts the rows flushed (signals published) but not yet
+	// stored in ClickHouse, across partitions; room is signalled when it
+	// drops. Beyond MaxUnwrittenRows the poll loop stops fetching.
+	unwritten atomic.Int64
+	room      chan struct{}
+
+	// nparts is the usage topic's partition count, which decides every
+	// tenant's home partition (route.go); lastMeta is when the poll loop
+	// last read it.
+	nparts         atomic.Int32
+	lastMeta       time.Time
+	lastSchemaWarn time.Time // guarded by mu
+	// pastCounts holds the partition counts the topic had before (from
+	// quota_state versions at assignment, and changes seen since); guarded
+	// by mu.
+	pastCounts map[int]bool
 }
 
 // partition is one assigned partition: its state and what is not flushed.
 type partition struct {
-	id      int32
-	state   *tally.Partition
-	batch   chstore.Batch
-	next    int64 // offset after the last event processed
-	flushed int64 // offset after the last event written, published and committed
-	epoch   int32
-	pending int // events processed since the last flush, counted or not
+	id       int32
+	state    *tally.Partition
+	batch    *chstore.Batch // events read since the last flush
+	next     int64          // offset after the last event processed
+	enqueued int64          // offset after the last event flushed to the writer
+	epoch    int32
+	pending  int // events processed since the last flush, counted or not
+	w        *writer
+	reroutes []*kgo.Record // records to produce to their tenant's home partition before the next commit
 }
 
 func newAggregator(cfg Config, env platform.Env, w *policy.Watcher) *aggregator {
-	return &aggregator{cfg: cfg, log: env.Logger, m: newMetrics(env.Metrics, w), watcher: w, parts: map[int32]*partition{}}
+	return &aggregator{cfg: cfg, log: env.Logger, m: newMetrics(env.Metrics, w), watcher: w, parts: map[int32]*partition{},
+		room: make(chan struct{}, 1), pastCounts: map[int]bool{}}
 }
 
 func (a *aggregator) kafkaOptions() []kgo.Opt {
@@ -68,7 +89,7 @@ func (a *aggregator) kafkaOptions() []kgo.Opt {
 		kgo.OnPartitionsRevoked(a.onRevoked),
 		kgo.OnPartitionsLost(a.onLost),
 		kgo.ProducerLinger(0),
-		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+		kgo.RecordPartitioner(a.partitioner()),
 	}
 }
 
@@ -85,6 +106,19 @@ func (a *aggregator) costFunc() chstore.CostFunc {
 
 func (a *aggregator) loop(ctx context.Context) {
 	for ctx.Err() == nil {
+		if !a.waitForRoom(ctx) {
+			return
+		}
+		if time.Since(a.lastMeta) > partitionsRefresh {
+			// Partitions added to the topic move tenants' homes; pick the
+			// new count up (a failure keeps the old one until the next try).
+			a.mu.Lock()
+			if err := a.refreshPartitions(ctx, kadm.NewClient(a.cl)); err != nil && ctx.Err() == nil {
+				a.log.Warn("reading the usage topic's partition count failed", "err", err)
+			}
+			a.mu.Unlock()
+			a.lastMeta = time.Now()
+		}
 		wait := a.cfg.FlushInterval
 		a.mu.Lock()
 		if !a.since.IsZero() {
@@ -109,9 +143,48 @@ func (a *aggregator) loop(ctx context.Context) {
 				a.log.Error("flush failed", "err", err)
 			}
 		}
+		a.evictIdle()
 		a.mu.Unlock()
 		a.cl.AllowRebalance()
 	}
+}
+
+// evictIdle drops idle tenants from the partitions whose writer has stored
+// everything drained so far (a tenant is only forgotten once ClickHouse
+// holds all of it; tenants with undrained changes are kept). It runs every
+// poll, flush or not, so the last batch before a quiet spell is followed
+// by a scan once it is stored; EvictIdle itself scans at most once per
+// minute of event time.
+func (a *aggregator) evictIdle() {
+	for _, p := range a.parts {
+		if idle, _ := p.w.status(); idle {
+			if n := p.state.EvictIdle(); n > 0 {
+				a.m.evictions.Add(float64(n))
+			}
+		}
+	}
+}
+
+// waitForRoom holds the poll loop while more than MaxUnwrittenRows rows
+// wait for ClickHouse, so an outage cannot grow memory without bound: the
+// events not fetched meanwhile stay in Kafka. It reports false when ctx
+// ended.
+func (a *aggregator) waitForRoom(ctx context.Context) bool {
+	if a.unwritten.Load() < int64(a.cfg.MaxUnwrittenRows) {
+		return true
+	}
+	a.log.Warn("fetching paused: too many rows wait for ClickHouse", "unwritten_rows", a.unwritten.Load(), "max_unwritten_rows", a.cfg.MaxUnwrittenRows)
+	a.m.fetchPauses.Inc()
+	for a.unwritten.Load() >= int64(a.cfg.MaxUnwrittenRows) {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-a.room:
+		case <-time.After(time.Second):
+		}
+	}
+	a.log.Info("fetching resumed", "unwritten_rows", a.unwritten.Load())
+	return true
 }
 
 func (a *aggregator) pendingMax() int {
@@ -142,9 +215,18 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 			continue // re-delivered after a retry inside the client
 		}
 		ev := &a.ev
-		if err := eventjson.DecodeUsageEvent(rec.Value, ev); err != nil {
+		if !schemaOK(rec) {
+			a.m.wrongSchema.Inc()
+			if time.Since(a.lastSchemaWarn) > 10*time.Second {
+				a.lastSchemaWarn = time.Now()
+				a.log.Warn("skipping usage records without header schema="+schemas.SchemaUsageV1+" (see docs/producers.md); counted in sluice_aggregator_events_total{result=\"wrong_schema\"}",
+					"partition", rec.Partition, "offset", rec.Offset)
+			}
+		} else if err := eventjson.DecodeUsageEvent(rec.Value, ev); err != nil {
 			a.m.invalid.Inc()
 			a.log.Warn("skipping an undecodable usage event", "partition", rec.Partition, "offset", rec.Offset, "err", err)
+		} else if home, ok := a.home(ev.Tenant); ok && home != rec.Partition {
+			a.reroute(p, rec, ev.Tenant, home)
 		} else {
 			// The future bound is measured from the record's time, capped
 			// by this host's clock (a producer's clock may be wrong too).
@@ -153,6 +235,13 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 				ref = rec.Timestamp
 			}
 			p.state.SetClock(ref)
+			if !p.state.Known(ev.Tenant) && a.mayHaveMoved(ev.Tenant, p.id) {
+				// The topic gained partitions and this tenant's home moved
+				// here: its month so far is what its old home stored.
+				if !a.restore(ctx, p, ev.Tenant, rec.Offset) {
+					break // as below: only a cancelled ctx gets here
+				}
+			}
 			r := p.state.Apply(ev, rec.Offset)
 			if r == tally.Evicted {
 				if !a.restore(ctx, p, ev.Tenant, rec.Offset) {
@@ -168,8 +257,8 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 					"partition", rec.Partition, "offset", rec.Offset, "tenant", ev.Tenant, "id", ev.ID, "time", ev.Time, "reference", ref)
 			}
 			if r == tally.Accepted || r == tally.Held {
-				if p.batch.Events == nil {
-					p.batch.Events = make([]chstore.Event, 0, a.cfg.BatchEvents)
+				if p.batch == nil {
+					p.batch = batchPool.Get().(*chstore.Batch)
 				}
 				p.batch.Events = append(p.batch.Events, chstore.Event{UsageEvent: *ev, Partition: rec.Partition, Offset: rec.Offset})
 			}
@@ -211,22 +300,53 @@ func (a *aggregator) policyChanged(pol *policy.Policy) {
 	a.log.Info("policy applied to every tenant in memory", "file", pol.Source(), "partitions", len(a.parts), "signals", signals, "took", time.Since(start).Round(time.Microsecond))
 }
 
-// flushAll flushes every partition with something pending, in partition
-// order.
+// flushAll flushes every partition with something pending: it publishes
+// the signals of all of them, then hands each partition's rows to its
+// writer, which stores them in ClickHouse and then commits.
 func (a *aggregator) flushAll(ctx context.Context) error {
 	ids := make([]int32, 0, len(a.parts))
 	for id := range a.parts {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
-	// Partitions are independent, so their flushes run in parallel: the
-	// ClickHouse inserts and commits of one do not wait for another's.
-	errs := make([]error, len(ids))
-	var wg sync.WaitGroup
-	for i, id := range ids {
-		wg.Go(func() { errs[i] = a.flush(ctx, a.parts[id]) })
+	type ready struct {
+		p *partition
+		j *job
 	}
-	wg.Wait()
+	var jobs []ready
+	var recs []*kgo.Record
+	for _, id := range ids {
+		p := a.parts[id]
+		if j := a.drain(p); j != nil {
+			jobs = append(jobs, ready{p, j})
+			recs = append(a.signalRecords(recs, j.b), j.reroutes...)
+		}
+	}
+	if len(recs) > 0 {
+		// Records found off their tenant's home partition go there before
+		// the offset past them is committed (route.go).
+		// Signals go out before ClickHouse is written: enforcement must not
+		// wait for the store (an outage there would switch it off), and
+		// their ids are deterministic, so the re-publication that follows
+		// a crash before the write is folded by every consumer.
+		if err := a.retry(ctx, "produce signals", -1, func() error { return a.cl.ProduceSync(ctx, recs...).FirstErr() }); err != nil {
+			// Only a cancelled ctx gets here. Nothing of these batches is
+			// committed, so the next owner re-reads and re-signals them.
+			for _, r := range jobs {
+				r.j.b.Reset()
+				batchPool.Put(r.j.b)
+			}
+			return err
+		}
+	}
+	for _, r := range jobs {
+		for i := range r.j.b.Signals {
+			a.m.signals.WithLabelValues(string(r.j.b.Signals[i].Kind)).Inc()
+		}
+		r.p.enqueued = r.j.next
+		r.p.pending = 0
+		a.enqueue(r.p.w, r.j)
+	}
 	a.since = time.Time{}
 	series, idsHeld := 0, 0
 	for _, p := range a.parts {
@@ -240,17 +360,26 @@ func (a *aggregator) flushAll(ctx context.Context) error {
 	a.m.series.Set(float64(series))
 	a.m.ids.Set(float64(idsHeld))
 	a.m.heldNow.Set(float64(held))
-	return errors.Join(errs...)
+	return nil
 }
 
-// flush writes a partition's pending rows to ClickHouse, then produces its
-// signals, then commits its offset: each step only after the one before
-// succeeded, retrying with back-off until it does or ctx ends.
-func (a *aggregator) flush(ctx context.Context, p *partition) error {
-	if p.next == p.flushed && !p.state.Pending() {
+// drain turns what p processed since its last flush into a job: events,
+// changed rows and new signals, versioned by the offset it reaches. It
+// returns nil when there is nothing to flush: no new offset, no commit to
+// repeat, and no signal or row a re-evaluation (a policy change, an
+// override) left pending without a new event.
+func (a *aggregator) drain(p *partition) *job {
+	_, recommit := p.w.status()
+	if p.next == p.enqueued && !recommit && !p.state.Pending() {
 		return nil
 	}
-	b := &p.batch
+	reroutes := p.reroutes
+	p.reroutes = nil
+	b := p.batch
+	if b == nil {
+		b = batchPool.Get().(*chstore.Batch)
+	}
+	p.batch = nil
 	p.state.Drain(&b.Rows)
 	// Encode the new signals once, for signals_log and for Kafka. An
 	// invalid one is a bug, not an outage: log it loudly and keep the rest
@@ -264,48 +393,19 @@ func (a *aggregator) flush(ctx context.Context, p *partition) error {
 		b.Signals = append(b.Signals, sg)
 		b.Payloads = append(b.Payloads, v)
 	}
-	b.Version = uint64(p.next)
-	rows := len(b.Events) + len(b.Minutes) + len(b.Quotas)
+	// Versions grow per tenant across partitions: see chstore.VersionShift.
+	b.Version = uint64(a.nparts.Load())<<chstore.VersionShift | uint64(p.next)
+	return &job{b: b, reroutes: reroutes, next: p.next, epoch: p.epoch, rows: len(b.Events) + len(b.Minutes) + len(b.Quotas) + len(b.Signals)}
+}
 
-	start := time.Now()
-	if err := a.retry(ctx, "clickhouse write", p.id, func() error { return a.store.Write(ctx, b) }); err != nil {
-		return err
+// signalRecords appends b's signals as records for the signals topic.
+func (a *aggregator) signalRecords(recs []*kgo.Record, b *chstore.Batch) []*kgo.Record {
+	for i := range b.Signals {
+		s := &b.Signals[i]
+		recs = append(recs, &kgo.Record{Topic: a.cfg.SignalsTopic, Key: []byte(s.Tenant), Value: b.Payloads[i],
+			Headers: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaSignalsV1)}}})
 	}
-	a.m.writeRows.Observe(float64(rows))
-	a.m.writeSeconds.Observe(time.Since(start).Seconds())
-
-	if len(b.Signals) > 0 {
-		recs := make([]*kgo.Record, len(b.Signals))
-		for i := range b.Signals {
-			s := &b.Signals[i]
-			recs[i] = &kgo.Record{Topic: a.cfg.SignalsTopic, Key: []byte(s.Tenant), Value: b.Payloads[i],
-				Headers: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaSignalsV1)}}}
-			a.m.signals.WithLabelValues(string(s.Kind)).Inc()
-		}
-		if err := a.retry(ctx, "produce signals", p.id, func() error { return a.cl.ProduceSync(ctx, recs...).FirstErr() }); err != nil {
-			return err
-		}
-	}
-
-	commit := map[string]map[int32]kgo.EpochOffset{a.cfg.Topic: {p.id: {Epoch: p.epoch, Offset: p.next}}}
-	var cerr error
-	a.cl.CommitOffsetsSync(ctx, commit, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-		cerr = commitErr(resp, err)
-	})
-	if cerr != nil {
-		// Not fatal: ClickHouse holds the rows, so the next owner rebuilds
-		// them and at worst re-reads (and re-signals, same ids) the events.
-		a.m.commitErrors.Inc()
-		return fmt.Errorf("partition %d: commit offset %d: %w", p.id, p.next, cerr)
-	}
-	p.flushed = p.next
-	p.pending = 0
-	b.Reset()
-	// Everything the state changed is stored now, so idle tenants can go.
-	if n := p.state.EvictIdle(); n > 0 {
-		a.m.evictions.Add(float64(n))
-	}
-	return nil
+	return recs
 }
 
 // restore rebuilds an evicted tenant from its events stored below offset,
@@ -335,7 +435,7 @@ func (a *aggregator) retry(ctx context.Context, what string, part int32, fn func
 			return nil
 		}
 		a.m.writeErrors.WithLabelValues(what).Inc()
-		a.log.Warn(what+" failed; retrying, fetching paused", "partition", part, "attempt", attempt, "retry_in", wait, "err", err)
+		a.log.Warn(what+" failed; retrying", "partition", part, "attempt", attempt, "retry_in", wait, "err", err)
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("partition %d: %s: %w (gave up: %v)", part, what, err, ctx.Err())
@@ -356,6 +456,14 @@ func (a *aggregator) onAssigned(ctx context.Context, cl *kgo.Client, assigned ma
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	adm := kadm.NewClient(cl)
+	_ = a.retry(ctx, "read the usage topic's partition count", -1, func() error { return a.refreshPartitions(ctx, adm) })
+	_ = a.retry(ctx, "read past partition counts from clickhouse", -1, func() error {
+		counts, err := a.store.PartitionCounts(ctx)
+		for _, c := range counts {
+			a.pastCounts[c] = true
+		}
+		return err
+	})
 	var resume map[int32]int64
 	_ = a.retry(ctx, "fetch committed offsets", -1, func() error {
 		var err error
@@ -389,7 +497,7 @@ func (a *aggregator) onAssigned(ctx context.Context, cl *kgo.Client, assigned ma
 		st.SetReplay(false)
 		st.ClearDirty()
 		st.TakeSignals()
-		a.parts[id] = &partition{id: id, state: st, next: before, flushed: before, epoch: -1}
+		a.parts[id] = &partition{id: id, state: st, next: before, enqueued: before, epoch: -1, w: a.startWriter(id, before)}
 		a.m.rebuildSeconds.Observe(time.Since(start).Seconds())
 		a.m.rebuildEvents.Add(float64(n))
 		a.log.Info("partition assigned and rebuilt", "partition", id, "resume_offset", before, "events_replayed", n, "took", time.Since(start).Round(time.Millisecond))
@@ -423,17 +531,22 @@ func resumeOffsets(ctx context.Context, adm *kadm.Client, group, topic string, p
 	return out, nil
 }
 
-// onRevoked hands partitions over cleanly: flush and commit, then forget.
+// onRevoked hands partitions over cleanly: flush, store and commit, then
+// forget.
 func (a *aggregator) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	fctx, cancel := context.WithTimeout(ctx, a.cfg.ShutdownGrace)
+	defer cancel()
+	if err := a.flushAll(fctx); err != nil {
+		a.log.Warn("flush on revoke failed; the next owner re-reads from the last commit", "err", err)
+	}
 	for _, id := range revoked[a.cfg.Topic] {
 		if p := a.parts[id]; p != nil {
-			fctx, cancel := context.WithTimeout(ctx, a.cfg.ShutdownGrace)
-			if err := a.flush(fctx, p); err != nil {
-				a.log.Warn("flush on revoke failed; the next owner re-reads from the last commit", "partition", id, "err", err)
+			if err := p.w.wait(fctx); err != nil {
+				a.log.Warn("partition revoked before ClickHouse stored its rows; the next owner re-reads from the last commit", "partition", id, "err", err)
 			}
-			cancel()
+			a.stop(p.w)
 			delete(a.parts, id)
 			a.m.lag.DeleteLabelValues(fmt.Sprint(id))
 		}
@@ -446,6 +559,9 @@ func (a *aggregator) onLost(_ context.Context, _ *kgo.Client, lost map[string][]
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, id := range lost[a.cfg.Topic] {
+		if p := a.parts[id]; p != nil {
+			a.stop(p.w)
+		}
 		delete(a.parts, id)
 		a.m.lag.DeleteLabelValues(fmt.Sprint(id))
 	}

@@ -30,7 +30,8 @@ func TestIdleTenantEvictedAndRestored(t *testing.T) {
 	}
 	r := runInProcess(t, e, e.ch.Addr, nil)
 
-	// Both tenants on partition 0, so the busy one moves its clock.
+	// Both tenants on partition 0 (their home partition of 3: the aggregator
+	// re-routes records found elsewhere), so the busy one moves its clock.
 	cl, err := kafkaconn.NewClient(e.kafka, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +43,7 @@ func TestIdleTenantEvictedAndRestored(t *testing.T) {
 		defer cancel()
 		recs := make([]*kgo.Record, len(evs))
 		for i := range evs {
-			recs[i] = &kgo.Record{Topic: e.topic, Partition: 0, Key: []byte(evs[i].Tenant), Value: eventjson.AppendUsageEventJSON(nil, &evs[i])}
+			recs[i] = &kgo.Record{Topic: e.topic, Partition: 0, Key: []byte(evs[i].Tenant), Value: eventjson.AppendUsageEventJSON(nil, &evs[i]), Headers: v1Header}
 		}
 		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 			t.Fatal(err)
@@ -52,7 +53,7 @@ func TestIdleTenantEvictedAndRestored(t *testing.T) {
 	var sent int64
 	var idle []schemas.UsageEvent
 	for i := 0; i < 60; i++ {
-		ev := schemas.UsageEvent{ID: fmt.Sprintf("idle-%d", i), Time: base.Add(time.Duration(i) * 10 * time.Second), Tenant: "quiet",
+		ev := schemas.UsageEvent{ID: fmt.Sprintf("idle-%d", i), Time: base.Add(time.Duration(i) * 10 * time.Second), Tenant: "quiet1",
 			Model: fmt.Sprintf("m%d", i%2), PromptTokens: int64(100 + i), CompletionTokens: 7}
 		idle = append(idle, ev)
 		sent += ev.TotalTokens()
@@ -63,14 +64,14 @@ func TestIdleTenantEvictedAndRestored(t *testing.T) {
 
 	var busy []schemas.UsageEvent
 	for i := 0; i < 30; i++ {
-		busy = append(busy, schemas.UsageEvent{ID: fmt.Sprintf("busy-%d", i), Time: base.Add(3*time.Hour + time.Duration(i)*time.Minute), Tenant: "busy", Model: "m0", PromptTokens: 10})
+		busy = append(busy, schemas.UsageEvent{ID: fmt.Sprintf("busy-%d", i), Time: base.Add(3*time.Hour + time.Duration(i)*time.Minute), Tenant: "busy1", Model: "m0", PromptTokens: 10})
 	}
 	send(busy...)
 	itest.Eventually(t, 90*time.Second, "the quiet tenant's three series to be evicted", func() bool {
 		return r.metric(t, "sluice_aggregator_evicted_series_total", "") >= 3
 	})
 
-	back := schemas.UsageEvent{ID: "idle-back", Time: base.Add(3*time.Hour + 40*time.Minute), Tenant: "quiet", Model: "m1", PromptTokens: 1000, CompletionTokens: 1}
+	back := schemas.UsageEvent{ID: "idle-back", Time: base.Add(3*time.Hour + 40*time.Minute), Tenant: "quiet1", Model: "m1", PromptTokens: 1000, CompletionTokens: 1}
 	sent += back.TotalTokens()
 	send(back, idle[7]) // and one more retry of an event counted before the eviction
 	itest.Eventually(t, 90*time.Second, "the quiet tenant restored", func() bool {
@@ -85,7 +86,7 @@ func TestIdleTenantEvictedAndRestored(t *testing.T) {
 	defer cancel()
 	var truth uint64
 	if err := e.conn.QueryRow(ctx, `SELECT sum(p + c) FROM (SELECT argMax(prompt_tokens, kafka_offset) AS p, argMax(completion_tokens, kafka_offset) AS c
- FROM usage_events WHERE tenant = 'quiet' GROUP BY id)`).Scan(&truth); err != nil {
+ FROM usage_events WHERE tenant = 'quiet1' GROUP BY id)`).Scan(&truth); err != nil {
 		t.Fatal(err)
 	}
 	if int64(truth) != sent {
@@ -95,7 +96,7 @@ func TestIdleTenantEvictedAndRestored(t *testing.T) {
 		var used float64
 		var start time.Time
 		if err := e.conn.QueryRow(ctx, `SELECT argMax(used, version), argMax(period_start, version) FROM quota_state
- WHERE tenant = 'quiet' AND model = '*' AND quota = ? GROUP BY period_start ORDER BY period_start DESC LIMIT 1`, q).Scan(&used, &start); err != nil {
+ WHERE tenant = 'quiet1' AND model = '*' AND quota = ? GROUP BY period_start ORDER BY period_start DESC LIMIT 1`, q).Scan(&used, &start); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 		if uint64(used) != truth {

@@ -150,13 +150,16 @@ func workload(n int, base time.Time) (evs []schemas.UsageEvent, final map[string
 	return evs, final
 }
 
+// v1Header is what every usage record carries (docs/producers.md).
+var v1Header = []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaUsageV1)}}
+
 func produce(t testing.TB, e *env, evs []schemas.UsageEvent) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	recs := make([]*kgo.Record, len(evs))
 	for i := range evs {
-		recs[i] = &kgo.Record{Topic: e.topic, Key: []byte(evs[i].Tenant), Value: eventjson.AppendUsageEventJSON(nil, &evs[i])}
+		recs[i] = &kgo.Record{Topic: e.topic, Key: []byte(evs[i].Tenant), Value: eventjson.AppendUsageEventJSON(nil, &evs[i]), Headers: v1Header}
 	}
 	if err := e.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ type metrics struct {
 	held, released, tooFarAhead                   prometheus.Counter
 	heldNow                                       prometheus.Gauge
 	adminInvalid                                  prometheus.Counter
+	wrongSchema, rerouted                         prometheus.Counter
 	signals                                       *prometheus.CounterVec
 	lag                                           *prometheus.GaugeVec
 	series, ids                                   prometheus.Gauge
@@ -20,10 +21,12 @@ type metrics struct {
 	commitErrors, rebuildEvents                   prometheus.Counter
 	evictions, restores, reevaluations            prometheus.Counter
 	restoreSeconds                                prometheus.Histogram
+	unwritten                                     prometheus.Gauge
+	fetchPauses                                   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, w *policy.Watcher) *metrics {
-	events := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_aggregator_events_total", Help: "Usage events read, by result: counted, duplicate id, rejected (model \"*\"), invalid (undecodable), held (stamped beyond max_event_future; counted when released), released (held events counted since; also in counted), too_far_ahead (ahead with the hold full: refused)."}, []string{"result"})
+	events := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_aggregator_events_total", Help: "Usage events read, by result: counted, duplicate id, rejected (model \"*\"), invalid (undecodable), wrong_schema (header schema missing or not sluice.usage.v1), rerouted (found off the tenant's home partition and produced there, counted there), held (stamped beyond max_event_future; counted when released), released (held events counted since; also in counted), too_far_ahead (ahead with the hold full: refused)."}, []string{"result"})
 	m := &metrics{
 		accepted:       events.WithLabelValues("counted"),
 		duplicates:     events.WithLabelValues("duplicate"),
@@ -33,6 +36,8 @@ func newMetrics(reg prometheus.Registerer, w *policy.Watcher) *metrics {
 		released:       events.WithLabelValues("released"),
 		tooFarAhead:    events.WithLabelValues("too_far_ahead"),
 		heldNow:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_aggregator_held_events", Help: "Events held in memory, uncounted, for being stamped more than max_event_future ahead."}),
+		wrongSchema:    events.WithLabelValues("wrong_schema"),
+		rerouted:       events.WithLabelValues("rerouted"),
 		late:           prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_late_events_total", Help: "Events that arrived after their hour had closed; counted in their own period."}),
 		signals:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_aggregator_signals_total", Help: "Signals produced, by kind (replays re-produce the same ids)."}, []string{"kind"}),
 		lag:            prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_aggregator_consumer_lag", Help: "High watermark minus the next offset to process, per partition."}, []string{"partition"}),
@@ -47,11 +52,13 @@ func newMetrics(reg prometheus.Registerer, w *policy.Watcher) *metrics {
 		evictions:      prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_evicted_series_total", Help: "Tenant x model series dropped from memory because their tenant was idle (in event time) for idle_evict_after."}),
 		adminInvalid:   prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_admin_invalid_total", Help: "Admin topic records that did not decode or validate; their action is not applied to tiers."}),
 		reevaluations:  prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_policy_reevaluations_total", Help: "Policy reloads and operator overrides applied to every tenant in memory at once (tiers, signals, quota_state)."}),
-		restores:       prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_restored_tenants_total", Help: "Evicted tenants rebuilt from ClickHouse when they sent again."}),
+		restores:       prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_restored_tenants_total", Help: "Tenants rebuilt from ClickHouse before their event was counted: evicted tenants that sent again, and tenants whose home partition moved when the topic gained partitions."}),
 		restoreSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_aggregator_restore_seconds", Help: "Time to rebuild a returning evicted tenant from ClickHouse, retries included.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
+		unwritten:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_aggregator_unwritten_rows", Help: "Rows whose signals are published but which ClickHouse has not stored yet (their offsets are not committed)."}),
+		fetchPauses:    prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_fetch_pauses_total", Help: "Times fetching paused because max_unwritten_rows rows waited for ClickHouse."}),
 	}
 	reloadFailures := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_aggregator_policy_reload_failures_total", Help: "Policy reloads rejected; the previous policy stays in force."}, func() float64 { return float64(w.Failures.Load()) })
-	for _, c := range []prometheus.Collector{events, m.late, m.signals, m.lag, m.series, m.ids, m.writeRows, m.writeSeconds, m.rebuildSeconds, m.writeErrors, m.commitErrors, m.rebuildEvents, m.evictions, m.restores, m.restoreSeconds, m.heldNow, m.reevaluations, m.adminInvalid, reloadFailures} {
+	for _, c := range []prometheus.Collector{events, m.late, m.signals, m.lag, m.series, m.ids, m.writeRows, m.writeSeconds, m.rebuildSeconds, m.writeErrors, m.commitErrors, m.rebuildEvents, m.evictions, m.restores, m.restoreSeconds, m.heldNow, m.reevaluations, m.adminInvalid, m.unwritten, m.fetchPauses, reloadFailures} {
 		// A second aggregator in one process (tests) shares the registry.
 		_ = reg.Register(c)
 	}

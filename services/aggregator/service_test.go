@@ -13,7 +13,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/platform"
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/ops"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
@@ -197,4 +200,72 @@ func TestPolicyHotReload(t *testing.T) {
 
 	write("tenants:\n  acme:\n    models:\n      \"*\": {daily_tokens: 2000}\n")
 	itest.Eventually(t, 60*time.Second, "the new limit to take effect", limitIs(2000))
+}
+
+// TestSignalsDoNotWaitForClickHouse: a ClickHouse outage must not switch
+// enforcement off. While ClickHouse is unreachable, events keep being read
+// and the tenant they push past its quota gets its quota_exhausted signal;
+// offsets still stay where ClickHouse last stored, and once ClickHouse
+// returns everything is stored and counted once.
+func TestSignalsDoNotWaitForClickHouse(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	e := setup(t)
+	if err := os.WriteFile(e.policy, []byte("defaults:\n  timezone: UTC\n  models:\n    \"*\": {hourly_tokens: 10000}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	proxy := itest.NewProxy(t, e.ch.Addr)
+	r := runInProcess(t, e, proxy.Addr(), nil)
+
+	now := time.Now().UTC()
+	n := 0
+	send := func(tenant string, count int, tokens int64) {
+		evs := make([]schemas.UsageEvent, count)
+		for i := range evs {
+			n++
+			evs[i] = schemas.UsageEvent{ID: fmt.Sprintf("e%d", n), Time: now, Tenant: tenant, Model: "gpt-4o", PromptTokens: tokens}
+		}
+		produce(t, e, evs)
+	}
+	send("warm", 1, 10)
+	itest.Eventually(t, 90*time.Second, "the warm-up event stored and committed", caughtUp(t, e))
+	before, _ := committed(t, e)
+
+	proxy.Cut()
+	// The first wave is flushed into a ClickHouse write that keeps failing;
+	// the second arrives while that write is being retried.
+	send("acme", 5, 1000)
+	itest.Eventually(t, 60*time.Second, "the write of the first wave to be retried", func() bool {
+		return r.metric(t, "sluice_aggregator_flush_errors_total", "clickhouse write") >= 2
+	})
+	send("acme", 6, 1000)
+
+	sig, err := kafkaconn.NewClient(e.kafka, kgo.ConsumeTopics(e.signals), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sig.Close()
+	exhausted := false
+	itest.Eventually(t, 60*time.Second, "quota_exhausted for acme while ClickHouse is down", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		sig.PollFetches(ctx).EachRecord(func(rec *kgo.Record) {
+			var s schemas.Signal
+			if schemas.DecodeSignal(rec.Value, &s) == nil && s.Kind == schemas.SignalQuotaExhausted && s.Tenant == "acme" {
+				exhausted = true
+			}
+		})
+		return exhausted
+	})
+	if now, _ := committed(t, e); now != before {
+		t.Fatalf("offsets moved from %d to %d while ClickHouse was down", before, now)
+	}
+
+	proxy.Restore()
+	itest.Eventually(t, 90*time.Second, "everything stored once ClickHouse returned", caughtUp(t, e))
+	var used float64
+	if err := e.conn.QueryRow(context.Background(), "SELECT used FROM quota_state FINAL WHERE tenant = 'acme' AND model = '*' AND quota = 'hourly_tokens'").Scan(&used); err != nil || used != 11000 {
+		t.Errorf("acme hourly_tokens used %v (%v), want 11000", used, err)
+	}
 }

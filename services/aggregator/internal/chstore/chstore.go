@@ -29,7 +29,8 @@ type Event struct {
 }
 
 // Batch is what one flush writes. Version must grow with the offsets the
-// batch covers (the aggregator uses the highest offset plus one).
+// batch covers: the aggregator uses the topic's partition count shifted by
+// VersionShift plus the highest offset plus one.
 type Batch struct {
 	tally.Rows
 	Version uint64
@@ -262,10 +263,33 @@ WHERE %s
 GROUP BY tenant, id
 ORDER BY off`
 
-// Replay calls fn, in offset order, with every distinct event stored for
-// partition below offset before whose time is at or after the start of the
-// previous calendar month (in any time zone) of the latest stored event:
-// enough to rebuild every open period and the one before it.
+// tenantEvents is distinctEvents for a replay by tenant: a tenant's events
+// may be stored under several partitions when the topic gained partitions
+// and moved the tenant's home (the aggregator counts every tenant on its
+// home partition, see the aggregator's route.go). Offsets of different
+// partitions do not compare, so each id's latest version is taken per
+// partition, and the events of the other partitions — counted before the
+// move — come first, in the order they were stored, then those of the
+// partition being rebuilt, in offset order. An id stored under two
+// partitions is passed twice; the state counts it once (a settlement in
+// the second replaces an estimate in the first).
+const tenantEvents = `SELECT id, tenant,
+ argMax(model, kafka_offset), argMax(time, kafka_offset), argMax(time_ms, kafka_offset),
+ argMax(prompt_tokens, kafka_offset), argMax(completion_tokens, kafka_offset), argMax(cached_tokens, kafka_offset),
+ argMax(status, kafka_offset), argMax(outcome, kafka_offset), argMax(latency_ms, kafka_offset),
+ argMax(estimated, kafka_offset), max(kafka_offset) AS off
+FROM usage_events
+WHERE %s
+GROUP BY tenant, id, kafka_partition
+ORDER BY kafka_partition = %d, toUInt32(max(ingested_at)) * (kafka_partition != %d), off`
+
+// Replay calls fn with every distinct event counted by the tenants of
+// partition — those with events stored for it below offset before — in
+// the order they were counted: their events stored under other partitions
+// (before the topic gained partitions and moved them here) first, then the
+// partition's own below before, in offset order. It reaches back to the
+// start of the previous calendar month (in any time zone) of the latest
+// stored event: enough to rebuild every open period and the one before it.
 func (s *Store) Replay(ctx context.Context, partition int32, before int64, fn func(ev *schemas.UsageEvent, offset int64)) (int, error) {
 	var latest time.Time
 	if err := s.conn.QueryRow(ctx, "SELECT max(time) FROM usage_events WHERE kafka_partition = ? AND kafka_offset < ?", partition, before).Scan(&latest); err != nil {
@@ -276,17 +300,26 @@ func (s *Store) Replay(ctx context.Context, partition int32, before int64, fn fu
 	}
 	l := latest.UTC()
 	since := time.Date(l.Year(), l.Month()-1, 1, 0, 0, 0, 0, time.UTC).Add(-15 * time.Hour) // UTC+14 is the earliest zone
-	where := fmt.Sprintf("kafka_partition = %d AND kafka_offset < %d AND time >= toDateTime(%d)", partition, before, since.Unix())
-	return s.scan(ctx, fmt.Sprintf(distinctEvents, where), fn)
+	own := fmt.Sprintf("kafka_partition = %d AND kafka_offset < %d", partition, before)
+	where := fmt.Sprintf("time >= toDateTime(%d) AND (%s OR (kafka_partition != %d AND tenant IN (SELECT tenant FROM usage_events WHERE %s AND time >= toDateTime(%d))))",
+		since.Unix(), own, partition, own, since.Unix())
+	n, err := s.scan(ctx, fmt.Sprintf(tenantEvents, where, partition, partition), fn)
+	if err != nil {
+		return n, fmt.Errorf("replay partition %d: %w", partition, err)
+	}
+	return n, nil
 }
 
-// ReplayTenant is Replay for one tenant: it calls fn, in offset order, with
-// every distinct event of tenant stored for partition below offset before,
-// from the start of the previous calendar month of the tenant's latest
-// stored event. It rebuilds a tenant evicted from memory as idle.
+// ReplayTenant is Replay for one tenant: it calls fn, in the order they
+// were counted, with every distinct event of tenant stored under other
+// partitions and under partition below offset before, from the start of
+// the previous calendar month of the tenant's latest stored event. It
+// rebuilds a tenant evicted from memory as idle, or one new to partition
+// because the topic gained partitions and moved its home here.
 func (s *Store) ReplayTenant(ctx context.Context, partition int32, tenant string, before int64, fn func(ev *schemas.UsageEvent, offset int64)) (int, error) {
+	scope := fmt.Sprintf("tenant = '%s' AND (kafka_partition != %d OR kafka_offset < %d)", quote(tenant), partition, before)
 	var latest time.Time
-	if err := s.conn.QueryRow(ctx, "SELECT max(time) FROM usage_events WHERE kafka_partition = ? AND tenant = ? AND kafka_offset < ?", partition, tenant, before).Scan(&latest); err != nil {
+	if err := s.conn.QueryRow(ctx, "SELECT max(time) FROM usage_events WHERE "+scope).Scan(&latest); err != nil {
 		return 0, fmt.Errorf("replay tenant %s: latest event: %w", tenant, err)
 	}
 	if latest.Unix() <= 0 {
@@ -294,12 +327,41 @@ func (s *Store) ReplayTenant(ctx context.Context, partition int32, tenant string
 	}
 	l := latest.UTC()
 	since := time.Date(l.Year(), l.Month()-1, 1, 0, 0, 0, 0, time.UTC).Add(-15 * time.Hour)
-	where := fmt.Sprintf("kafka_partition = %d AND tenant = '%s' AND kafka_offset < %d AND time >= toDateTime(%d)", partition, quote(tenant), before, since.Unix())
-	n, err := s.scan(ctx, fmt.Sprintf(distinctEvents, where), fn)
+	where := fmt.Sprintf("%s AND time >= toDateTime(%d)", scope, since.Unix())
+	n, err := s.scan(ctx, fmt.Sprintf(tenantEvents, where, partition, partition), fn)
 	if err != nil {
 		return n, fmt.Errorf("replay tenant %s: %w", tenant, err)
 	}
 	return n, nil
+}
+
+// VersionShift places the usage topic's partition count above the offset
+// in the version of quota_state and usage_minute rows: version =
+// partitions<<VersionShift | offset after the batch. Kafka partition
+// counts only grow, so when partitions are added and a tenant's home moves
+// to a partition with lower offsets, its new rows still beat the old
+// home's under FINAL; for one count, versions grow with the offset as
+// before. 2^48 offsets is 89 years of 100,000 events/s on one partition.
+const VersionShift = 48
+
+// PartitionCounts returns the usage topic partition counts under which
+// the stored quota_state rows were written (0: rows from before versions
+// carried it).
+func (s *Store) PartitionCounts(ctx context.Context) ([]int, error) {
+	rows, err := s.conn.Query(ctx, fmt.Sprintf("SELECT DISTINCT toUInt32(intDiv(version, %d)) FROM quota_state", uint64(1)<<VersionShift))
+	if err != nil {
+		return nil, fmt.Errorf("quota_state: partition counts: %w", err)
+	}
+	defer rows.Close()
+	var out []int
+	for rows.Next() {
+		var n uint32
+		if err := rows.Scan(&n); err != nil {
+			return nil, fmt.Errorf("quota_state: partition counts: %w", err)
+		}
+		out = append(out, int(n))
+	}
+	return out, rows.Err()
 }
 
 func (s *Store) scan(ctx context.Context, query string, fn func(ev *schemas.UsageEvent, offset int64)) (int, error) {

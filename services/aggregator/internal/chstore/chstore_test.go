@@ -16,8 +16,9 @@ import (
 // TestReplaySeesWhatWasCountedAtTheOffset: a rebuild below an offset must
 // see each id's latest version below it — the estimate before its
 // settlement was read, the settlement after — once per id, in offset
-// order, and nothing of other partitions. Writing the batch twice (a retry)
-// changes nothing.
+// order; of other partitions, it sees the events of its own tenants only
+// (stored there before the topic gained partitions and moved them), and
+// sees them first. Writing the batch twice (a retry) changes nothing.
 func TestReplaySeesWhatWasCountedAtTheOffset(t *testing.T) {
 	cfg := itest.ClickHouse(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -38,8 +39,9 @@ func TestReplaySeesWhatWasCountedAtTheOffset(t *testing.T) {
 	b := &Batch{Version: 13, Events: []Event{
 		ev("a", 10, false, 0, 10),
 		ev("b", 500, true, 0, 11),
-		ev("c", 7, false, 1, 11), // another partition
+		ev("c", 7, false, 1, 11), // acme's event on another partition
 		ev("b", 60, false, 0, 12),
+		{UsageEvent: schemas.UsageEvent{ID: "z", Time: at, Tenant: "other", Model: "m", PromptTokens: 3}, Partition: 1, Offset: 12},
 	}}
 	b.Minutes = []tally.MinuteRow{{Tenant: "acme", Model: "m", Minute: at.Truncate(time.Minute), Requests: 2, PromptTokens: 70}}
 	for range 2 {
@@ -51,6 +53,13 @@ func TestReplaySeesWhatWasCountedAtTheOffset(t *testing.T) {
 		got := map[string]int64{}
 		last := int64(-1)
 		if _, err := s.Replay(ctx, 0, before, func(e *schemas.UsageEvent, off int64) {
+			if e.ID == "c" {
+				if last != -1 {
+					t.Errorf("acme's event of partition 1 replayed after those of partition 0")
+				}
+				got[e.ID] += e.PromptTokens
+				return
+			}
 			if off <= last {
 				t.Errorf("replay out of offset order: %d after %d", off, last)
 			}
@@ -64,11 +73,11 @@ func TestReplaySeesWhatWasCountedAtTheOffset(t *testing.T) {
 		}
 		return got
 	}
-	if got := replay(12); got["a"] != 10 || got["b"] != 500 || len(got) != 2 {
-		t.Errorf("below offset 12: %v, want a=10 and the estimate b=500", got)
+	if got := replay(12); got["a"] != 10 || got["b"] != 500 || got["c"] != 7 || len(got) != 3 {
+		t.Errorf("below offset 12: %v, want a=10, the estimate b=500 and acme's c=7 of partition 1", got)
 	}
-	if got := replay(13); got["a"] != 10 || got["b"] != 60 || len(got) != 2 {
-		t.Errorf("below offset 13: %v, want a=10 and the settlement b=60, once each", got)
+	if got := replay(13); got["a"] != 10 || got["b"] != 60 || got["c"] != 7 || len(got) != 3 {
+		t.Errorf("below offset 13: %v, want a=10, the settlement b=60 and c=7, once each", got)
 	}
 	var req uint64
 	if err := conn.QueryRow(ctx, "SELECT requests FROM usage_minute FINAL WHERE tenant = 'acme'").Scan(&req); err != nil || req != 2 {

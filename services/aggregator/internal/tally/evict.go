@@ -90,18 +90,28 @@ func (p *Partition) Evicted(tenant string) bool {
 	return gone
 }
 
-// Restore rebuilds an evicted tenant. replay must call apply with each of
-// the tenant's distinct stored events (latest version per id) below the
-// offset of the event that brought the tenant back, in offset order, as
-// the Store's tenant replay does. No signals are emitted and no rows are
-// produced: ClickHouse holds them. If replay fails, the partial state is
-// dropped and the tenant stays evicted, so Restore can be retried.
+// Known reports whether tenant has state in this partition (it is neither
+// evicted nor new here).
+func (p *Partition) Known(tenant string) bool {
+	_, ok := p.tenants[tenant]
+	return ok
+}
+
+// Restore rebuilds an evicted tenant, or one this partition has not seen
+// yet whose events may be stored under another partition (the topic gained
+// partitions and moved the tenant's home). replay must call apply with each
+// of the tenant's distinct stored events (latest version per id) below the
+// offset of the event that brought the tenant here, in the order they were
+// counted, as the Store's tenant replay does. No signals are emitted and no
+// rows are produced: ClickHouse holds them. If replay fails, the partial
+// state is dropped and the tenant stays evicted (or unknown), so Restore
+// can be retried.
 func (p *Partition) Restore(tenant string, replay func(apply func(ev *schemas.UsageEvent, offset int64)) error) error {
-	if !p.Evicted(tenant) {
+	if p.Known(tenant) {
 		return nil
 	}
 	key := p.tenantKey(tenant)
-	last := p.evicted[key]
+	last, wasEvicted := p.evicted[key]
 	delete(p.evicted, key)
 	stats, wasReplay := p.Stats, p.replay
 	p.replay, p.restoring = true, true
@@ -117,7 +127,9 @@ func (p *Partition) Restore(tenant string, replay func(apply func(ev *schemas.Us
 			p.drop(t)
 			delete(p.tenants, tenant)
 		}
-		p.evicted[key] = last
+		if wasEvicted {
+			p.evicted[key] = last
+		}
 		return err
 	}
 	if t != nil {

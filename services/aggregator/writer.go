@@ -1,0 +1,196 @@
+package aggregator
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/sluicehq/sluice/services/aggregator/internal/chstore"
+)
+
+// job is one flushed batch of a partition waiting for ClickHouse: its
+// signals are already published; once it is stored, offset next (read at
+// leader epoch epoch) is committed.
+type job struct {
+	b        *chstore.Batch
+	reroutes []*kgo.Record
+	next     int64
+	epoch    int32
+	rows     int
+}
+
+// writer stores one partition's flushed batches in ClickHouse, strictly in
+// flush order (late-minute repairs read the raw events of earlier batches),
+// and commits each batch's offset once it is stored. It runs beside the
+// poll loop so that a ClickHouse outage delays storage and commits but not
+// reading and signalling; the aggregator bounds what may queue up
+// (max_unwritten_rows) and stops fetching beyond it.
+type writer struct {
+	part   int32
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+	wake   chan struct{} // capacity 1: a job was queued
+
+	mu    sync.Mutex
+	queue []*job
+	// drained is closed whenever the queue is empty and nothing is being
+	// written; replaced by an open channel when a job is queued.
+	drained chan struct{}
+	// written is the offset after the last batch stored (and, unless
+	// commitFailed, committed).
+	written      int64
+	commitFailed bool
+}
+
+func closedChan() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}
+
+// startWriter starts the writer of partition part, whose stored and
+// committed position is offset.
+func (a *aggregator) startWriter(part int32, offset int64) *writer {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &writer{part: part, ctx: ctx, cancel: cancel, done: make(chan struct{}), wake: make(chan struct{}, 1),
+		drained: closedChan(), written: offset}
+	go a.runWriter(w)
+	return w
+}
+
+// enqueue hands j to the writer. The caller has published j's signals.
+func (a *aggregator) enqueue(w *writer, j *job) {
+	w.mu.Lock()
+	if len(w.queue) == 0 {
+		w.drained = make(chan struct{})
+	}
+	w.queue = append(w.queue, j)
+	w.mu.Unlock()
+	a.unwritten.Add(int64(j.rows))
+	a.m.unwritten.Set(float64(a.unwritten.Load()))
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// status reports whether everything handed to w is stored (idle), and
+// whether its last commit was refused with nothing queued to commit again
+// (recommit: the next flush must queue a job even if empty).
+func (w *writer) status() (idle, recommit bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.queue) == 0, len(w.queue) == 0 && w.commitFailed
+}
+
+// wait blocks until w's queue is stored, or ctx ends.
+func (w *writer) wait(ctx context.Context) error {
+	w.mu.Lock()
+	d := w.drained
+	w.mu.Unlock()
+	select {
+	case <-d:
+		return nil
+	default:
+	}
+	select {
+	case <-d:
+		return nil
+	case <-w.done:
+		return fmt.Errorf("partition %d: writer stopped with batches unwritten", w.part)
+	case <-ctx.Done():
+		return fmt.Errorf("partition %d: batches still unwritten: %w", w.part, ctx.Err())
+	}
+}
+
+// stop ends w, abandoning what it has not stored (nothing past it is
+// committed, so the next owner reads it again), and waits for it.
+func (a *aggregator) stop(w *writer) {
+	w.cancel()
+	<-w.done
+}
+
+func (a *aggregator) runWriter(w *writer) {
+	defer func() {
+		w.mu.Lock()
+		n := 0
+		for _, j := range w.queue {
+			n += j.rows
+		}
+		w.queue = nil
+		w.mu.Unlock()
+		a.release(n)
+		close(w.done)
+	}()
+	for {
+		w.mu.Lock()
+		var j *job
+		if len(w.queue) > 0 {
+			j = w.queue[0]
+		}
+		w.mu.Unlock()
+		if j == nil {
+			select {
+			case <-w.ctx.Done():
+				return
+			case <-w.wake:
+				continue
+			}
+		}
+		start := time.Now()
+		if err := a.retry(w.ctx, "clickhouse write", w.part, func() error { return a.store.Write(w.ctx, j.b) }); err != nil {
+			return
+		}
+		a.m.writeRows.Observe(float64(j.rows))
+		a.m.writeSeconds.Observe(time.Since(start).Seconds())
+		cerr := a.commit(w.ctx, w.part, j)
+		w.mu.Lock()
+		w.queue = w.queue[1:]
+		w.written, w.commitFailed = j.next, cerr != nil
+		if len(w.queue) == 0 {
+			close(w.drained)
+		}
+		w.mu.Unlock()
+		a.release(j.rows)
+		j.b.Reset()
+		batchPool.Put(j.b)
+	}
+}
+
+// release takes n rows off the unwritten count and wakes a poll loop
+// waiting for room.
+func (a *aggregator) release(n int) {
+	if n == 0 {
+		return
+	}
+	a.unwritten.Add(-int64(n))
+	a.m.unwritten.Set(float64(a.unwritten.Load()))
+	select {
+	case a.room <- struct{}{}:
+	default:
+	}
+}
+
+// commit commits j's offset. A refusal is not retried: ClickHouse holds
+// the rows, so at worst the next owner re-reads (and re-signals, same ids)
+// the events; the next flush of this partition commits again.
+func (a *aggregator) commit(ctx context.Context, part int32, j *job) error {
+	commit := map[string]map[int32]kgo.EpochOffset{a.cfg.Topic: {part: {Epoch: j.epoch, Offset: j.next}}}
+	var cerr error
+	a.cl.CommitOffsetsSync(ctx, commit, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		cerr = commitErr(resp, err)
+	})
+	if cerr != nil {
+		a.m.commitErrors.Inc()
+		a.log.Warn("offset commit refused; the next flush commits again", "partition", part, "offset", j.next, "err", cerr)
+	}
+	return cerr
+}
+
+// batchPool recycles flushed batches and their buffers.
+var batchPool = sync.Pool{New: func() any { return new(chstore.Batch) }}
