@@ -20,6 +20,7 @@ type metrics struct {
 	commitErrors, rebuildEvents                   prometheus.Counter
 	evictions, restores, reevaluations            prometheus.Counter
 	restoreSeconds                                prometheus.Histogram
+	modelsCapped                                  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, w *policy.Watcher) *metrics {
@@ -49,9 +50,10 @@ func newMetrics(reg prometheus.Registerer, w *policy.Watcher) *metrics {
 		reevaluations:  prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_policy_reevaluations_total", Help: "Policy reloads and operator overrides applied to every tenant in memory at once (tiers, signals, quota_state)."}),
 		restores:       prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_restored_tenants_total", Help: "Evicted tenants rebuilt from ClickHouse when they sent again."}),
 		restoreSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_aggregator_restore_seconds", Help: "Time to rebuild a returning evicted tenant from ClickHouse, retries included.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
+		modelsCapped:   prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_models_capped_total", Help: "Events counted under model \"other\" because their tenant already counts max_models models on their own (policy max_models); no tenant label on purpose, the aggregator logs each such tenant once."}),
 	}
 	reloadFailures := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_aggregator_policy_reload_failures_total", Help: "Policy reloads rejected; the previous policy stays in force."}, func() float64 { return float64(w.Failures.Load()) })
-	for _, c := range []prometheus.Collector{events, m.late, m.signals, m.lag, m.series, m.ids, m.writeRows, m.writeSeconds, m.rebuildSeconds, m.writeErrors, m.commitErrors, m.rebuildEvents, m.evictions, m.restores, m.restoreSeconds, m.heldNow, m.reevaluations, m.adminInvalid, reloadFailures} {
+	for _, c := range []prometheus.Collector{events, m.late, m.signals, m.lag, m.series, m.ids, m.writeRows, m.writeSeconds, m.rebuildSeconds, m.writeErrors, m.commitErrors, m.rebuildEvents, m.evictions, m.restores, m.restoreSeconds, m.heldNow, m.reevaluations, m.adminInvalid, m.modelsCapped, reloadFailures} {
 		// A second aggregator in one process (tests) shares the registry.
 		_ = reg.Register(c)
 	}
