@@ -33,10 +33,14 @@
 // series, ClickHouse rows and breakers per made-up name. Models the
 // tenant's policy names under models always count on their own and count
 // toward the cap. Beyond the cap, a new model's usage is counted as model
-// OtherModel ("other"): its per-model rows, rates and breakers are those
-// of "other", while the tenant's "*" totals, and so every tenant-wide
-// quota, tier and budget, stay exact, priced at the real model's price.
-// The raw events keep the real model names.
+// OtherModel ("other"): its per-model rows (usage_minute, quota_state),
+// rates, anomalies and signals are those of "other", while the tenant's "*"
+// totals, and so every tenant-wide quota, tier, budget and breaker, stay
+// exact, priced at the real model's price. A per-model breaker that opens
+// for "other" refuses none of the folded models (gateways check the real
+// name); the tenant-wide ones still do. The raw events keep the real model
+// names, and the reconciler credits models without counter rows of their
+// own to "other".
 //
 // Lookups are read-only after Parse: a *Policy is immutable and safe for
 // concurrent use, which is what lets the Watcher swap it atomically.
