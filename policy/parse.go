@@ -65,6 +65,7 @@ type rawTenant struct {
 	Channels        []string            `yaml:"channels"`
 	Priority        string              `yaml:"priority"`
 	BurstMultiplier *float64            `yaml:"burst_multiplier"`
+	MaxModels       *int                `yaml:"max_models"`
 	Budget          *rawBudget          `yaml:"budget"`
 	Models          map[string]rawModel `yaml:"models"`
 	Breakers        struct {
@@ -118,6 +119,7 @@ var builtin = Tenant{
 	Channels:        []string{"alertmanager"},
 	Priority:        "normal",
 	BurstMultiplier: 1,
+	MaxModels:       DefaultMaxModels,
 	Models:          map[string]ModelQuota{},
 	Breakers: Breakers{
 		ErrorRatio: BreakerPolicy{Threshold: 0.5, MinRequests: 20, Window: time.Minute, OpenFor: 30 * time.Second, MaxOpenFor: 10 * time.Minute, HalfOpenProbes: 5},
@@ -127,10 +129,13 @@ var builtin = Tenant{
 
 // Limits on policy values; each is named in the error that enforces it.
 const (
-	MaxTenants      = 100000
-	MaxTier         = 1000
-	MaxBurst        = 100.0
-	MaxQuotaTokens  = int64(1) << 50
+	MaxTenants     = 100000
+	MaxTier        = 1000
+	MaxBurst       = 100.0
+	MaxQuotaTokens = int64(1) << 50
+	// MaxMaxModels bounds max_models: beyond it the cap no longer bounds
+	// the aggregator's memory in any useful way.
+	MaxMaxModels    = 100000
 	maxChannelCount = 16
 )
 
@@ -327,6 +332,12 @@ func (v *validator) tenant(path string, raw rawTenant, base *Tenant) *Tenant {
 			v.fail(path+".burst_multiplier", "%v is outside 1..%v", *raw.BurstMultiplier, MaxBurst)
 		}
 		t.BurstMultiplier = *raw.BurstMultiplier
+	}
+	if raw.MaxModels != nil {
+		if *raw.MaxModels < 1 || *raw.MaxModels > MaxMaxModels {
+			v.fail(path+".max_models", "%d is outside 1..%d (distinct models counted on their own; the rest are counted as model %q)", *raw.MaxModels, MaxMaxModels, OtherModel)
+		}
+		t.MaxModels = *raw.MaxModels
 	}
 	if raw.Budget != nil {
 		if raw.Budget.Amount <= 0 {

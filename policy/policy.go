@@ -13,7 +13,7 @@
 //
 // A tenant's settings are laid over the defaults section; a tenant the file
 // does not name gets the defaults as they are. Scalars (timezone, mode,
-// fail_mode, priority, burst_multiplier, plan) replace the default when
+// fail_mode, priority, burst_multiplier, max_models, plan) replace the default when
 // set. Lists (alert_tiers, channels) and the budget replace the default
 // whole. Breaker settings and model quotas merge field by field:
 // models.<key> of a tenant starts from the defaults' models.<key> (same
@@ -24,6 +24,23 @@
 // starts empty. Each model key stands alone: a tenant's gpt-4o entry does
 // not inherit from its own "*" entry (the "*" quotas apply to the sum of
 // all models anyway).
+//
+// # Model cardinality
+//
+// max_models (default DefaultMaxModels) caps the distinct models the
+// aggregator counts on their own for a tenant: a gateway that passes its
+// clients' "model" through could otherwise let one end user create a
+// series, ClickHouse rows and breakers per made-up name. Models the
+// tenant's policy names under models always count on their own and count
+// toward the cap. Beyond the cap, a new model's usage is counted as model
+// OtherModel ("other"): its per-model rows (usage_minute, quota_state),
+// rates, anomalies and signals are those of "other", while the tenant's "*"
+// totals, and so every tenant-wide quota, tier, budget and breaker, stay
+// exact, priced at the real model's price. A per-model breaker that opens
+// for "other" refuses none of the folded models (gateways check the real
+// name); the tenant-wide ones still do. The raw events keep the real model
+// names, and the reconciler credits models without counter rows of their
+// own to "other".
 //
 // Lookups are read-only after Parse: a *Policy is immutable and safe for
 // concurrent use, which is what lets the Watcher swap it atomically.
@@ -63,6 +80,13 @@ const (
 // AllModels is the model key of tenant-wide quotas and aggregates.
 const AllModels = "*"
 
+// OtherModel is the model the aggregator counts a tenant's usage of models
+// beyond its max_models under (see "Model cardinality").
+const OtherModel = "other"
+
+// DefaultMaxModels is max_models when the policy file does not set it.
+const DefaultMaxModels = 500
+
 // Policy is a parsed, validated policy file. It is immutable.
 type Policy struct {
 	defaults Tenant
@@ -83,9 +107,12 @@ type Tenant struct {
 	Channels        []string
 	Priority        string
 	BurstMultiplier float64
-	Budget          *Budget
-	Models          map[string]ModelQuota
-	Breakers        Breakers
+	// MaxModels is how many distinct models are counted on their own; see
+	// "Model cardinality".
+	MaxModels int
+	Budget    *Budget
+	Models    map[string]ModelQuota
+	Breakers  Breakers
 }
 
 // Budget is a currency budget per calendar month in the tenant's timezone.

@@ -328,3 +328,20 @@ tenants:
 		t.Errorf("example internal * = %+v, want monthly removed, tpm inherited", got)
 	}
 }
+
+func TestMaxModelsInheritsAndIsBounded(t *testing.T) {
+	p, err := Parse([]byte("defaults:\n  max_models: 50\ntenants:\n  acme:\n    max_models: 2000\n  beta: {}\n"), "m.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b, c := p.Tenant("acme").MaxModels, p.Tenant("beta").MaxModels, p.Tenant("unnamed").MaxModels; a != 2000 || b != 50 || c != 50 {
+		t.Fatalf("max_models acme %d beta %d unnamed %d, want 2000 50 50", a, b, c)
+	}
+	if d := DefaultTenant("x").MaxModels; d != DefaultMaxModels {
+		t.Fatalf("built-in max_models %d", d)
+	}
+	_, err = Parse([]byte("tenants:\n  acme:\n    max_models: 0\n"), "m.yaml")
+	if err == nil || !strings.Contains(err.Error(), "tenants.acme.max_models") || !strings.Contains(err.Error(), "1..100000") || !strings.Contains(err.Error(), "m.yaml:3") {
+		t.Fatalf("Parse = %v, want an error naming the field, line and range", err)
+	}
+}

@@ -154,7 +154,8 @@ type Flag struct {
 	ResetsAt time.Time
 	// Probes is how many requests a Checker lets through while half-open.
 	Probes int
-	// Reason is for humans; it may contain any character.
+	// Reason is the operator's internal note; it may contain any character.
+	// Gateways log it and never show it to end users (see docs/flags.md).
 	Reason string
 }
 

@@ -5,6 +5,12 @@
 // of a tenant that fails closed, each with an OpenAI-compatible JSON error
 // body that names the limit, and rate-limit headers where they are known.
 //
+// The body never carries the flag's Reason: that is the operator's internal
+// note (a fraud case, an incident number, who asked for the block) and end
+// users must not read it. What they see is derived from the flag's kind,
+// quota, period, numbers and retry time only. WithLogger (or WithRefused)
+// gives the gateway's own logs the internal reason.
+//
 // Given an Emitter (WithEmitter), it also emits a usage event for every
 // request it refuses: outcome "rejected", zero tokens, the status it
 // answered. Without them refusals are invisible to Sluice (no counts, no
@@ -18,6 +24,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/http"
 	"strconv"
@@ -57,6 +64,12 @@ func WithRefused(f func(r *http.Request, d checker.Decision)) Option {
 	return func(m *mw) { m.refused = f }
 }
 
+// WithLogger logs every refused request on l at Info with the tenant,
+// model, breaker kind, state and the flag's internal Reason, which the
+// response body never shows. A gateway refusing many requests a second
+// should give a logger with a higher level or sample through WithRefused.
+func WithLogger(l *slog.Logger) Option { return func(m *mw) { m.log = l } }
+
 // Emitter is the part of the SDK's emitter.Emitter the middleware uses.
 type Emitter interface {
 	Emit(ev *schemas.UsageEvent) error
@@ -83,6 +96,7 @@ type mw struct {
 	id      Identify
 	now     func() time.Time
 	refused func(*http.Request, checker.Decision)
+	log     *slog.Logger
 
 	emitter       Emitter
 	gateway       string
@@ -114,6 +128,9 @@ func New(d Decider, id Identify, opts ...Option) func(http.Handler) http.Handler
 			if m.refused != nil {
 				m.refused(r, d)
 			}
+			if m.log != nil {
+				logRefusal(m.log, r, d, tenant, model, key)
+			}
 			now := m.now()
 			if m.emitRefusals {
 				_ = m.emitter.Emit(RefusalEvent(d, tenant, model, key, r.URL.Path, m.gateway, now))
@@ -121,6 +138,19 @@ func New(d Decider, id Identify, opts ...Option) func(http.Handler) http.Handler
 			Refuse(w, d, tenant, model, now)
 		})
 	}
+}
+
+func logRefusal(l *slog.Logger, r *http.Request, d checker.Decision, tenant, model, key string) {
+	if d.Flag == nil {
+		l.LogAttrs(r.Context(), slog.LevelInfo, "sluice refused a request: tenant fails closed on a stale view",
+			slog.String("tenant", tenant), slog.String("model", model), slog.String("api_key_id", key))
+		return
+	}
+	f := d.Flag
+	l.LogAttrs(r.Context(), slog.LevelInfo, "sluice refused a request",
+		slog.String("tenant", tenant), slog.String("model", model), slog.String("api_key_id", key),
+		slog.String("scope", d.Scope), slog.String("kind", string(f.Kind)), slog.String("state", string(f.State)),
+		slog.String("quota", f.Quota), slog.String("reason", f.Reason))
 }
 
 // RefusalEvent is the usage event for a request refused with d: outcome
@@ -178,7 +208,8 @@ type Detail struct {
 	Limit             float64    `json:"limit,omitempty"`
 	ResetsAt          *time.Time `json:"resets_at,omitempty"`
 	RetryAfterSeconds int64      `json:"retry_after_seconds,omitempty"`
-	Reason            string     `json:"reason,omitempty"`
+	// There is deliberately no reason here: the flag's Reason is the
+	// operator's internal note and stays in the gateway's logs.
 }
 
 // Status returns the HTTP status for a refusal.
@@ -207,7 +238,7 @@ func Refuse(w http.ResponseWriter, d checker.Decision, tenant, model string, now
 	} else {
 		f := d.Flag
 		det := &Detail{Kind: string(f.Kind), State: string(f.State), Scope: d.Scope, Quota: f.Quota, Period: f.Period,
-			Used: f.Used, Limit: f.Limit, Reason: f.Reason}
+			Used: f.Used, Limit: f.Limit}
 		if !f.ResetsAt.IsZero() {
 			t := f.ResetsAt.UTC()
 			det.ResetsAt = &t
@@ -272,9 +303,27 @@ func message(d checker.Decision, tenant, model string, retry time.Duration) stri
 		}
 		return s + "."
 	case flags.KindBlacklist:
-		return fmt.Sprintf("Tenant %s is blocked on %s: %s", tenant, on, f.Reason)
+		return fmt.Sprintf("Tenant %s is blocked on %s; contact the operator of this service.", tenant, on)
 	}
-	return fmt.Sprintf("Requests of tenant %s to %s are paused by a %s breaker (%s): %s", tenant, model, f.Kind, f.State, f.Reason)
+	s := fmt.Sprintf("Requests of tenant %s to %s are paused: %s", tenant, on, breakerText(f.Kind))
+	if retry > 0 {
+		s += fmt.Sprintf("; retry after %ds", int64(math.Ceil(retry.Seconds())))
+	}
+	return s + "."
+}
+
+// breakerText is the public description of a breaker kind. It is fixed
+// text on purpose: the flag's Reason may hold internal detail.
+func breakerText(k flags.Kind) string {
+	switch k {
+	case flags.KindErrorRatio:
+		return "too many upstream calls are failing"
+	case flags.KindSlowCall:
+		return "too many upstream calls are slow"
+	case flags.KindManual:
+		return "an operator has paused them"
+	}
+	return "a breaker is open"
 }
 
 func num(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }

@@ -1,7 +1,9 @@
 package middleware
 
 import (
+	"bytes"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -96,7 +98,7 @@ func TestBreakersBlacklistAndStaleViews(t *testing.T) {
 		body(t, rec).Error.Code != "breaker_error_ratio" {
 		t.Fatalf("breaker: %d %v %s", rec.Code, rec.Header(), rec.Body)
 	}
-	if rec := serve(t, d, "banned"); rec.Code != http.StatusForbidden || !strings.Contains(body(t, rec).Error.Message, "fraud") {
+	if rec := serve(t, d, "banned"); rec.Code != http.StatusForbidden || !strings.Contains(body(t, rec).Error.Message, "blocked") {
 		t.Fatalf("blacklist: %d %s", rec.Code, rec.Body)
 	}
 	if rec := serve(t, d, "strict"); rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" {
@@ -160,5 +162,65 @@ func TestRefusalsAreEmitted(t *testing.T) {
 	}
 	if s := run(WithRefusalEvents(false)); len(s.events) != 0 {
 		t.Fatalf("WithRefusalEvents(false): %d events", len(s.events))
+	}
+}
+
+// TestInternalReasonNeverReachesTheClient: the flag's Reason is the
+// operator's note (here a fraud case); whatever the kind, the response body
+// and headers must not contain it, while the message still says what
+// happened and the gateway's log (WithLogger) gets the reason.
+func TestInternalReasonNeverReachesTheClient(t *testing.T) {
+	const secret = "fraud ring #4411"
+	resets := now.Add(time.Hour)
+	d := fixed{
+		"banned": {Outcome: checker.Refused, Scope: flags.AllModels, Flag: &flags.Flag{State: flags.StateBlacklist, Kind: flags.KindBlacklist,
+			Until: now.Add(time.Hour), Reason: secret}},
+		"keyban": {Outcome: checker.Refused, Scope: flags.KeyField("key-9"), Flag: &flags.Flag{State: flags.StateBlacklist, Kind: flags.KindBlacklist,
+			Reason: secret}},
+		"paused": {Outcome: checker.Refused, Scope: "gpt-4o", Flag: &flags.Flag{State: flags.StateOpen, Kind: flags.KindManual,
+			RetryAfter: time.Minute, Until: now.Add(time.Minute), Reason: secret}},
+		"broken": {Outcome: checker.Refused, Scope: "gpt-4o", Flag: &flags.Flag{State: flags.StateOpen, Kind: flags.KindErrorRatio,
+			RetryAfter: 30 * time.Second, Until: now.Add(30 * time.Second), Reason: secret}},
+		"spent": {Outcome: checker.Refused, Scope: flags.AllModels, Flag: &flags.Flag{State: flags.StateOpen, Kind: flags.KindQuota,
+			Quota: "hourly_tokens", Period: "hour", Limit: 1000, Used: 1050, ResetsAt: resets, Until: resets, Reason: secret}},
+	}
+	want := map[string]struct {
+		status int
+		says   string
+	}{
+		"banned": {http.StatusForbidden, "blocked on all models"},
+		"keyban": {http.StatusForbidden, "blocked on API key key-9"},
+		"paused": {http.StatusServiceUnavailable, "paused"},
+		"broken": {http.StatusServiceUnavailable, "failing"},
+		"spent":  {http.StatusTooManyRequests, "hourly_tokens"},
+	}
+	var logs bytes.Buffer
+	h := New(d, HeaderIdentify("X-Tenant", "X-Model", "X-Key"), WithClock(func() time.Time { return now }),
+		WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) }))
+	for tenant, w := range want {
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		req.Header.Set("X-Tenant", tenant)
+		req.Header.Set("X-Model", "gpt-4o")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != w.status {
+			t.Errorf("%s: status %d, want %d", tenant, rec.Code, w.status)
+		}
+		raw := rec.Body.String()
+		if strings.Contains(raw, "fraud") || strings.Contains(raw, "4411") {
+			t.Errorf("%s: body shows the internal reason: %s", tenant, raw)
+		}
+		for k, v := range rec.Header() {
+			if strings.Contains(strings.Join(v, " "), "4411") {
+				t.Errorf("%s: header %s shows the internal reason", tenant, k)
+			}
+		}
+		if m := body(t, rec).Error.Message; !strings.Contains(m, tenant) || !strings.Contains(m, w.says) {
+			t.Errorf("%s: message %q does not say %q", tenant, m, w.says)
+		}
+	}
+	if n := strings.Count(logs.String(), secret); n != len(want) {
+		t.Errorf("gateway log carries the reason %d times, want %d: %s", n, len(want), logs.String())
 	}
 }

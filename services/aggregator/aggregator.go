@@ -168,6 +168,10 @@ type Config struct {
 	// partition's tenants. See "Event time" in the package doc.
 	MaxEventFuture     time.Duration `yaml:"max_event_future" help:"events stamped further ahead of the Kafka record time (capped by this host's clock) are held uncounted until their time comes within this bound"`
 	FutureHoldCapacity int           `yaml:"future_hold_capacity" help:"events held per partition for being ahead; beyond it such an event is refused (not counted, not stored) and counted in sluice_aggregator_events_total{result=\"too_far_ahead\"}"`
+
+	// onFold is set by Run: the metric and log line for events counted
+	// under model "other" beyond a tenant's max_models (tally.Options.OnFold).
+	onFold func(tenant, model string, maxModels int, first bool)
 }
 
 // DefaultConfig returns the settings the aggregator ships with.
@@ -269,7 +273,19 @@ func (c Config) Validate() error {
 func (c Config) options() tally.Options {
 	return tally.Options{Hysteresis: c.Hysteresis, Horizon: c.PredictionHorizon, DedupCapacity: c.DedupCapacity, SlowCallMS: c.SlowCallMS,
 		SpikeMultiplier: c.SpikeMultiplier, SpikeMinTokens: c.SpikeMinTokens, IdleEvict: c.IdleEvictAfter,
-		MaxFuture: c.MaxEventFuture, HoldCapacity: c.FutureHoldCapacity}
+		MaxFuture: c.MaxEventFuture, HoldCapacity: c.FutureHoldCapacity, OnFold: c.onFold}
+}
+
+// modelFolded counts an event folded into model "other" and logs the
+// first fold of each tenant (per partition state, so again after a
+// rebalance or restart): the metric has no tenant label, because the
+// tenants that hit the cap are the ones that would blow up its cardinality.
+func (a *aggregator) modelFolded(tenant, model string, maxModels int, first bool) {
+	a.m.modelsCapped.Inc()
+	if first {
+		a.log.Warn("tenant reached max_models: usage of further models is counted as model \""+policy.OtherModel+"\" (tenant totals stay exact); raise max_models in the policy if these models are real",
+			"tenant", tenant, "model", model, "max_models", maxModels)
+	}
 }
 
 // Run consumes until ctx is cancelled, then flushes and commits what it
@@ -291,6 +307,7 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	defer conn.Close()
 
 	a := newAggregator(cfg, env, watcher)
+	a.cfg.onFold = a.modelFolded
 	a.store = chstore.New(conn, a.costFunc, cfg.SlowCallMS)
 	// The operator overrides in force, read to the end before the group is
 	// joined: no partition is rebuilt or evaluated without them.

@@ -3,6 +3,13 @@
 // summary and description annotations. English and Chinese defaults are
 // built in; an operator overrides any template by defining it again in
 // <dir>/<language>.tmpl.
+//
+// Every value that comes from events or signals (tenant, model, reason,
+// quota and breaker names, attributes) reaches the templates already escaped
+// for the channel's flavour (see Escape), so neither the built-in templates
+// nor an operator's override can let a model called "<!channel>" ping a
+// Slack channel or "[click](https://evil)" render a disguised link in
+// DingTalk. Templates must therefore not escape again.
 package message
 
 import (
@@ -184,10 +191,102 @@ func (r *Renderer) Links(a *alert.Alert) (dashboard, runbook string) {
 	return expand(r.links.Dashboard, a), expand(r.links.Runbook, a)
 }
 
+// view copies a with every text field escaped for f. Links are built from
+// the raw values (URL-escaped, which also keeps them inside the link
+// syntax) and come from the operator's configuration, so they stay live.
 func (r *Renderer) view(a *alert.Alert, f Flavor) View {
 	v := View{Alert: *a, Flavor: f}
 	v.Dashboard, v.Runbook = r.Links(a)
+	e := func(s string) string { return Escape(f, s) }
+	k := &v.Alert.Key
+	k.Tenant, k.Model, k.Period, k.Quota, k.Variant = e(k.Tenant), e(k.Model), e(k.Period), e(k.Quota), e(k.Variant)
+	k.Rule = alert.Rule(e(string(k.Rule)))
+	v.Unit, v.Mode, v.Reason, v.Language = e(v.Unit), e(v.Mode), e(v.Reason), e(v.Language)
+	if len(a.Attributes) > 0 {
+		// A new map: the alert's own is shared with the engine's state.
+		v.Attributes = make(map[string]string, len(a.Attributes))
+		for name, val := range a.Attributes {
+			v.Attributes[e(name)] = e(val)
+		}
+	}
 	return v
+}
+
+// Escape makes s safe to place in text of flavour f, so that it shows as
+// written and cannot become markup:
+//
+//   - every flavour: control characters (newlines included) and the Unicode
+//     line and paragraph separators become spaces, so a value cannot start
+//     a line of its own that looks like part of the message;
+//   - Slack: &, < and > become &amp;, &lt; and &gt;, the escaping Slack
+//     documents; without < no mention (<!channel>, <@U…>) or link
+//     (<https://…|text>) can be written. Slack has no escape for *, _ and
+//     ~, which only change emphasis;
+//   - Markdown (DingTalk): [ ] ( ) < > ` * # | ! \ become their full-width
+//     forms, which look alike but are no syntax (DingTalk honours neither
+//     backslash escapes nor entities reliably). An underscore stays when it
+//     has a letter or digit on both sides, where Markdown does not read it
+//     as emphasis, so names like monthly_tokens or acme_prod are shown as
+//     they are; any other underscore becomes full-width too;
+//   - Plain (Alertmanager annotations): nothing more; the receiver that
+//     renders them escapes for its own markup.
+func Escape(f Flavor, s string) string {
+	clean := true
+	for _, c := range s {
+		if needsEscape(f, c) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 8)
+	for i, c := range s {
+		switch {
+		case c < 0x20 || c == 0x7f || (c >= 0x80 && c < 0xa0) || c == '\u2028' || c == '\u2029':
+			b.WriteByte(' ')
+		case f == Slack && c == '&':
+			b.WriteString("&amp;")
+		case f == Slack && c == '<':
+			b.WriteString("&lt;")
+		case f == Slack && c == '>':
+			b.WriteString("&gt;")
+		case f == Markdown && c == '_':
+			if i > 0 && i+1 < len(s) && isAlnum(s[i-1]) && isAlnum(s[i+1]) {
+				b.WriteByte('_')
+			} else {
+				b.WriteRune('\uff3f')
+			}
+		case f == Markdown && strings.ContainsRune(markdownSyntax, c):
+			// The full-width forms sit at a fixed offset from ASCII.
+			b.WriteRune(c - '!' + '\uff01')
+		default:
+			b.WriteRune(c)
+		}
+	}
+	return b.String()
+}
+
+// markdownSyntax lists the characters Escape replaces in Markdown.
+const markdownSyntax = "[]()<>`*#|!\\"
+
+func needsEscape(f Flavor, c rune) bool {
+	if c < 0x20 || c == 0x7f || (c >= 0x80 && c < 0xa0) || c == '\u2028' || c == '\u2029' {
+		return true
+	}
+	switch f {
+	case Slack:
+		return c == '&' || c == '<' || c == '>'
+	case Markdown:
+		return c == '_' || strings.ContainsRune(markdownSyntax, c)
+	}
+	return false
+}
+
+func isAlnum(c byte) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
 }
 
 func (r *Renderer) template(m *alert.Message) *template.Template {

@@ -138,3 +138,77 @@ func TestTruncateKeepsUTF8Valid(t *testing.T) {
 		t.Fatal("short strings change")
 	}
 }
+
+// TestHostileNamesRenderAsText: values from events and signals (model,
+// tenant, reason, quota and breaker names, attributes) with Slack mentions,
+// Slack and Markdown links, emphasis and newlines render as visible text in
+// every flavour: no live mention or link besides the operator's dashboard
+// and runbook links, and no extra lines.
+func TestHostileNamesRenderAsText(t *testing.T) {
+	r := newRenderer(t, "")
+	hostile := []string{"<!channel>", "<https://evil.example|click>", "[click](https://evil.example)", "a\nb\r\nc\u2028d",
+		"<@U123> & <!here>", "![img](https://evil.example/x.png)", "**bold** `code` # head _x_"}
+	for _, lang := range Languages {
+		for _, name := range hostile {
+			benign := sampleAlert(lang)
+			a := sampleAlert(lang)
+			a.Key.Model, a.Reason = name, name
+			a.Attributes = map[string]string{"note": name}
+			b := benign
+			b.Reason = "plain"
+			for _, inc := range []bool{false, true} {
+				m, mb := alert.Message{Alerts: []alert.Alert{a}}, alert.Message{Alerts: []alert.Alert{b}}
+				if inc { // an incident lists tenants and models
+					a2, b2 := a, b
+					a2.Key.Tenant, a2.Key.Model, b2.Key.Tenant = name, name, "other"
+					m.Alerts, mb.Alerts = append(m.Alerts, a2), append(mb.Alerts, b2)
+				}
+				for _, f := range []Flavor{Slack, Markdown} {
+					title, body, err := r.Message(&m, f)
+					if err != nil {
+						t.Fatal(err)
+					}
+					wantTitle, want, _ := r.Message(&mb, f)
+					out := title + "\n" + body
+					where := fmt.Sprintf("%s %s incident=%v name %q", lang, f, inc, name)
+					if strings.Contains(title, "\n") || strings.Count(body, "\n") != strings.Count(want, "\n") {
+						t.Errorf("%s: a newline in a value made new lines:\n%s", where, out)
+					}
+					// The hostile value may add text, never a markup character:
+					// each appears as often as in the benign message (which has
+					// the template's own and the operator's links).
+					syntax := "<>"
+					if f == Markdown {
+						syntax = "[]()<>`*#|!\\"
+					}
+					for _, c := range syntax {
+						if n, w := strings.Count(out, string(c)), strings.Count(wantTitle+"\n"+want, string(c)); n != w {
+							t.Errorf("%s: %d %q in the message, %d without the hostile name:\n%s", where, n, c, w, out)
+						}
+					}
+				}
+			}
+			_, desc, err := r.Annotations(&a)
+			if err != nil || strings.Contains(desc, "\n") || !strings.Contains(desc, "https://evil") && strings.Contains(name, "evil") {
+				t.Errorf("%s plain: description %q (%v): one line, the text kept", lang, desc, err)
+			}
+		}
+	}
+}
+
+func TestEscapeKeepsNamesReadable(t *testing.T) {
+	for _, c := range []struct {
+		f       Flavor
+		in, out string
+	}{
+		{Slack, "monthly_tokens", "monthly_tokens"},
+		{Slack, "a<b>&c", "a&lt;b&gt;&amp;c"},
+		{Markdown, "acme_prod gpt-4o_mini", "acme_prod gpt-4o_mini"},
+		{Markdown, "_x_ *y* [z](u)", "＿x＿ ＊y＊ ［z］（u）"},
+		{Plain, "<!channel>\nx", "<!channel> x"},
+	} {
+		if got := Escape(c.f, c.in); got != c.out {
+			t.Errorf("Escape(%s, %q) = %q, want %q", c.f, c.in, got, c.out)
+		}
+	}
+}

@@ -41,14 +41,27 @@ func (a *Auditor) minuteCells(cells map[string]*cell, tr truth, mrows []minuteRo
 		at    int64
 	}
 	counters := map[mk]*minuteRow{}
+	own := map[string]bool{}
 	for i := range mrows {
 		r := &mrows[i]
 		counters[mk{r.model, r.minute.Unix()}] = r
+		own[r.model] = true
 	}
+	// The aggregator counts a tenant's models beyond its max_models as
+	// model "other" (policy package, "Model cardinality") while their raw
+	// events keep the real names. When the counters have "other" rows, the
+	// truth of every model without rows of its own belongs to "other";
+	// comparing it model by model would call every folded model and
+	// "other" drift, and a repair would undo the fold.
+	fold := own[policy.OtherModel]
 	truthAt := map[mk]usage{}
 	for model, buckets := range tr {
+		counted := model
+		if fold && !own[model] {
+			counted = policy.OtherModel
+		}
 		for at, u := range buckets {
-			for _, m := range []string{model, policy.AllModels} {
+			for _, m := range []string{counted, policy.AllModels} {
 				v := truthAt[mk{m, at}]
 				v.add(u)
 				truthAt[mk{m, at}] = v

@@ -60,6 +60,9 @@ type tenant struct {
 	wm      int64       // latest event time, unix seconds
 	off     int64       // offset of the latest event, for signals of a re-evaluation
 	started bool
+	// capped: the tenant has folded a model into OtherModel since it was
+	// created here, so the first fold is reported once (Options.OnFold).
+	capped bool
 }
 
 func (t *tenant) eventTime(ts int64) time.Time { return time.Unix(ts, 0).UTC() }
@@ -98,13 +101,40 @@ func (t *tenant) refresh(pol *policy.Policy, p *Partition) (changed bool) {
 	return changed
 }
 
-func (t *tenant) series(model string, p *Partition) *Series {
+// series returns the series that counts model: its own, or, when the
+// tenant already counts max_models models on their own and its policy does
+// not name this one, the tenant's OtherModel bucket (folded true). Models
+// the policy names always get their own series, so that their quotas
+// apply. The bucket does not count toward the cap.
+func (t *tenant) series(model string, p *Partition) (s *Series, folded bool) {
 	if s, ok := t.models[model]; ok {
-		return s
+		return s, false
 	}
-	s := p.newSeries(t, string([]byte(model)))
+	own := len(t.models)
+	if o, ok := t.models[policy.OtherModel]; ok && o.other {
+		own--
+	}
+	if own >= t.maxModels() {
+		if _, named := t.tp.Models[model]; !named {
+			o, ok := t.models[policy.OtherModel]
+			if !ok {
+				o = p.newSeries(t, policy.OtherModel)
+				o.other = true
+				t.models[o.model] = o
+			}
+			return o, true
+		}
+	}
+	s = p.newSeries(t, string([]byte(model)))
 	t.models[s.model] = s
-	return s
+	return s, false
+}
+
+func (t *tenant) maxModels() int {
+	if t.tp == nil || t.tp.MaxModels < 1 {
+		return policy.DefaultMaxModels
+	}
+	return t.tp.MaxModels
 }
 
 func boundsOf(kind int, ts int64, loc *time.Location) bound {
@@ -217,6 +247,9 @@ type Series struct {
 	prevDirty  [3]bool
 	dirty      bool
 	predictDue bool
+	// other: this is the tenant's bucket for models beyond its max_models
+	// (policy "Model cardinality"), not one model's series.
+	other bool
 }
 
 func (p *Partition) newSeries(t *tenant, model string) *Series {
@@ -348,7 +381,10 @@ func (s *Series) addMinute(r *idRec, sign int64, p *Partition) {
 	rl := &s.roll[m%rollupSlots]
 	if rl.min != m {
 		if m < rl.min {
-			if !p.restoring {
+			// The bucket of folded models cannot be recomputed from the raw
+			// events (they keep the real model names): its late minute is
+			// not repaired. The tenant's "*" minute is.
+			if !p.restoring && !s.other {
 				p.repairs = append(p.repairs, LateMinute{Tenant: s.t.id, Model: s.model, Minute: time.Unix(m*60, 0).UTC()})
 			}
 			return
@@ -408,6 +444,18 @@ func (s *Series) cost(p *Partition, ts, prompt, completion, cached int64) float6
 		return 0
 	}
 	return s.price.Cost(prompt, completion, cached)
+}
+
+// costOf prices tokens of model at ts without a series' cache: for events
+// folded into the OtherModel bucket, which must cost what their real model
+// costs so the tenant's budget stays exact.
+func (p *Partition) costOf(model string, ts, prompt, completion, cached int64) float64 {
+	list := p.price[model]
+	i := sort.Search(len(list), func(i int) bool { return list[i].EffectiveFrom.Unix() > ts })
+	if i == 0 {
+		return 0
+	}
+	return list[i-1].Cost(prompt, completion, cached)
 }
 
 // windowRate returns tokens and requests per minute over the last minutes

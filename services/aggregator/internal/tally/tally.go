@@ -3,7 +3,10 @@
 // it deduplicates events by id, keeps sliding per-minute rates, hour, day and
 // month totals in the tenant's time zone, cost from the price table, usage
 // against every quota of the policy, alert tiers with hysteresis and
-// exhaustion predictions, and emits signals when they change.
+// exhaustion predictions, and emits signals when they change. A tenant
+// counts at most its policy's max_models models on their own; the usage of
+// further models goes to its "other" series while its "*" series stays
+// exact (policy package doc, "Model cardinality").
 //
 // Everything is a function of the events in partition order, the policy
 // and the reference clock the consumer passes to SetClock (each record's
@@ -79,6 +82,12 @@ type Options struct {
 	// a further future event is refused (Result TooFarAhead): not counted
 	// and not stored.
 	HoldCapacity int
+	// OnFold, if set, is called for every event counted under the
+	// OtherModel bucket because its tenant reached the policy's max_models
+	// (first is true the first time for that tenant in this state), for the
+	// aggregator's metric and its one log line per tenant. Not called while
+	// replaying or restoring.
+	OnFold func(tenant, model string, maxModels int, first bool)
 }
 
 // DefaultOptions are the settings the aggregator ships with.
@@ -120,6 +129,9 @@ type Stats struct {
 	// Held counts events held for being stamped ahead of the clock,
 	// Released those applied since, Refused those refused for a full hold.
 	Held, Released, Refused int64
+	// Folded counts events counted under OtherModel for a tenant beyond
+	// its max_models.
+	Folded int64
 	// EvictedSeries and RestoredTenants count EvictIdle's and Restore's
 	// work.
 	EvictedSeries, RestoredTenants int64
@@ -381,7 +393,7 @@ func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 		return p.hold(ev, offset)
 	}
 	t := p.tenant(ev.Tenant)
-	s := t.series(ev.Model, p)
+	s, folded := t.series(ev.Model, p)
 
 	key := p.key(t.id, ev.ID)
 	old, seen := p.dedup[key]
@@ -429,7 +441,11 @@ func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 	if p.opt.SlowCallMS > 0 && ev.LatencyMS >= p.opt.SlowCallMS {
 		rec.flags |= flagSlow
 	}
-	rec.cost = s.cost(p, ts, ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens)
+	if folded {
+		rec.cost = p.costOf(ev.Model, ts, ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens)
+	} else {
+		rec.cost = s.cost(p, ts, ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens)
+	}
 	late := p.add(s, &rec, 1, offset)
 	if late && !seen {
 		p.Stats.Late++
@@ -443,6 +459,13 @@ func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 		p.remember(key, rec)
 	}
 	p.Stats.Accepted++
+	if folded {
+		p.Stats.Folded++
+		if p.opt.OnFold != nil && !p.replay && !p.restoring {
+			p.opt.OnFold(t.id, ev.Model, t.maxModels(), !t.capped)
+			t.capped = true
+		}
+	}
 	t.evaluate(s, ts, offset, p)
 	if !ev.Estimated {
 		t.detect(s, ev, ts, offset, p)
