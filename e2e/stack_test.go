@@ -28,6 +28,7 @@ import (
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 )
 
 // Deadlines of the waits: generous, because the suites share two cores
@@ -69,6 +70,8 @@ type stack struct {
 	topic      string
 	signals    string // this stack's signals topic
 	admin      string // this stack's operator-action topic
+	adminAddr  string // the enforcer's admin API
+	adminToken string // a token the admin API accepts
 	policyPath string
 	ingestAddr string
 	ingestKey  string // may report any tenant
@@ -123,6 +126,12 @@ func newStack(t testing.TB, opts stackOptions) *stack {
 	// which flag and alert for tenants that exist only in a test.
 	s.signals = itest.Unique(t, "e2e_signals")
 	s.admin = itest.Unique(t, "e2e_admin")
+	// Admin tokens are YAML-only settings: every process reads this file.
+	s.adminAddr, s.adminToken = freeAddr(t), randomKey()
+	cfgYAML := fmt.Sprintf("services:\n  enforcer:\n    admin:\n      tokens:\n        - {name: e2e, sha256: %q}\n", adminapi.HashToken(s.adminToken))
+	if err := os.WriteFile(filepath.Join(s.dir, "sluice.yaml"), []byte(cfgYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	s.groups = map[string]string{
 		"aggregator": itest.Unique(t, "e2e_agg"),
 		"enforcer":   itest.Unique(t, "e2e_enf"),
@@ -201,6 +210,7 @@ func (s *stack) writePolicy(yaml string) {
 func (s *stack) args(opsAddr string) []string {
 	a := []string{
 		"-log.format=text", "-migrate=false",
+		"-config=" + filepath.Join(s.dir, "sluice.yaml"),
 		"-ops.listen=" + opsAddr,
 		"-kafka.brokers=" + s.kafka, "-kafka.partitions=4",
 		"-clickhouse.addr=" + s.chAddr, "-clickhouse.database=" + s.ch.Database,
@@ -225,7 +235,7 @@ func (s *stack) args(opsAddr string) []string {
 		"-services.enforcer.signals_topic=" + s.signals,
 		"-services.enforcer.key_prefix=" + s.prefix,
 		"-services.enforcer.admin_topic=" + s.admin,
-		"-services.enforcer.admin.listen=" + freeAddr(s.t),
+		"-services.enforcer.admin.listen=" + s.adminAddr,
 		"-services.enforcer.policy_reload=500ms",
 		"-services.alerter.group=" + s.groups["alerter"],
 		"-services.alerter.topic=" + s.signals,

@@ -1,0 +1,80 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"testing"
+
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/enforcer/adminapi"
+)
+
+// TestOverrideResolvesTheAlertAndLiftsTheBlock: a tenant blocked at 100% of
+// its hourly quota gets a raised limit through the admin API. The override
+// reaches the aggregator through sluice.admin.v1, so the tier falls and the
+// quota alert resolves in Alertmanager, and the gateway serves again — with
+// no new usage from the tenant (a refused tenant sends none).
+func TestOverrideResolvesTheAlertAndLiftsTheBlock(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end suite: needs the real services")
+	}
+	t.Parallel()
+	tenant := "e2e-override-" + randomKey()[7:15]
+	const model = "gpt-4o-mini"
+	s := newStack(t, stackOptions{Policy: policyYAML(map[string]int{tenant: 1000})})
+	s.startAll("ingest", "aggregator", "enforcer", "alerter")
+	g := newGateway(t, s, tenant)
+	g.shift.Store(int64(clockShift()))
+	ctx := context.Background()
+
+	if a := g.chat(t, tenant, model, 1050); a.status != http.StatusOK {
+		t.Fatalf("chat: status %d: %s", a.status, a.body)
+	}
+	g.flush(t)
+	s.waitAlert(t, tenant, "SluiceQuotaTier", "100")
+	itest.EventuallyNoError(t, waitTimeout, "gateway Checker refuses", func() error {
+		if d := g.checker.Check(tenant, model, "key-"+tenant); d.Allowed() {
+			return fmt.Errorf("still allowed")
+		}
+		return nil
+	})
+
+	admin, err := adminapi.NewClient("http://"+s.adminAddr, s.adminToken, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := 100000.0
+	if _, err := admin.SetOverride(ctx, adminapi.Request{Tenant: tenant, Model: "*", Quota: schemas.QuotaHourlyTokens,
+		Limit: &limit, Reason: "e2e: promotion", ExpiresIn: "1h"}); err != nil {
+		t.Fatal(err)
+	}
+
+	itest.EventuallyNoError(t, waitTimeout, "gateway serves again under the override", func() error {
+		if d := g.checker.Check(tenant, model, "key-"+tenant); !d.Allowed() {
+			return fmt.Errorf("still refused: %+v", d.Flag)
+		}
+		return nil
+	})
+	itest.EventuallyNoError(t, waitTimeout, "the quota alert resolved in Alertmanager", func() error {
+		as, err := s.alerts(ctx, tenant)
+		if err != nil {
+			return err
+		}
+		for _, a := range as {
+			if a.Labels["alertname"] == "SluiceQuotaTier" && a.Status.State == "active" {
+				return fmt.Errorf("still firing: tier %s", a.Labels["tier"])
+			}
+		}
+		return nil
+	})
+	used, err := s.counter(ctx, tenant, "hourly_tokens")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if used != 1050 {
+		t.Fatalf("hourly_tokens used %.0f after the override, want 1050: an override changes the limit, not the usage", used)
+	}
+	s.requireAlive()
+}
