@@ -232,12 +232,15 @@ start_redis() {
 redis_secure() {
 	ensure_certs
 	local t=$SECRETS/tls cli=(redis-cli -p "$REDIS_PORT")
+	# Setting the files again makes Redis reload them, so certificates
+	# regenerated after a deleted secrets folder are served at once.
+	"${cli[@]}" CONFIG SET tls-cert-file "$t/server.pem" tls-key-file "$t/server-key.pem" \
+		tls-ca-cert-file "$t/ca.pem" tls-auth-clients no | grep -q OK ||
+		die "redis refused the TLS certificate settings (is redis-server built with TLS?); read $LOG/redis.log"
 	if ! port_open "$REDIS_TLS_PORT"; then
 		say "redis: enabling TLS on 127.0.0.1:$REDIS_TLS_PORT"
-		"${cli[@]}" CONFIG SET tls-cert-file "$t/server.pem" tls-key-file "$t/server-key.pem" \
-			tls-ca-cert-file "$t/ca.pem" tls-auth-clients no >/dev/null &&
-			"${cli[@]}" CONFIG SET tls-port "$REDIS_TLS_PORT" | grep -q OK ||
-			die "redis could not listen with TLS on $REDIS_TLS_PORT (is redis-server built with TLS?); read $LOG/redis.log"
+		"${cli[@]}" CONFIG SET tls-port "$REDIS_TLS_PORT" | grep -q OK ||
+			die "redis could not listen with TLS on $REDIS_TLS_PORT; read $LOG/redis.log"
 	fi
 	"${cli[@]}" ACL SETUSER "$REDIS_ACL_USER" reset on ">$(secret redis-password)" '~*' '&*' +@all | grep -q OK ||
 		die "redis could not create the ACL user $REDIS_ACL_USER; read $LOG/redis.log"
