@@ -181,6 +181,10 @@ func TestValidateSASLAndTLS(t *testing.T) {
 		"both password and file": {func(c *kafkaconn.Config) {
 			c.SASL = kafkaconn.SASL{Mechanism: "SCRAM-SHA-256", Username: "u", Password: "s3cret", PasswordFile: "/etc/hostname"}
 		}, "kafka.sasl.password and kafka.sasl.password_file"},
+		"sasl without brokers": {func(c *kafkaconn.Config) {
+			c.Brokers = nil
+			c.SASL = kafkaconn.SASL{Mechanism: "SCRAM-SHA-512", Username: "u", Password: "s3cret"}
+		}, "kafka.brokers: empty"},
 		"tls file without enabled": {func(c *kafkaconn.Config) { c.TLS.CAFile = "/etc/hostname" }, "kafka.tls.enabled"},
 		"tls ca not pem": {func(c *kafkaconn.Config) {
 			c.TLS.Enabled = true
