@@ -1,7 +1,8 @@
 // Package platform is the runtime every Sluice service shares, so that none of
 // them copies it: configuration from flags, environment and YAML (config),
 // structured logging (logging), Kafka, ClickHouse and Redis client
-// construction (kafkaconn, chconn, redisconn), Prometheus metrics with
+// construction (kafkaconn, chconn, redisconn) with one TLS and password
+// setting shared by all three (tlsconfig), Prometheus metrics with
 // /healthz and /readyz (ops), graceful shutdown of a group of services
 // (lifecycle), and access to the real backing services from integration
 // tests (itest).

@@ -18,13 +18,23 @@ DIR=${SLUICE_SERVICES_DIR:-$ROOT/.services}
 LOG=$DIR/log
 RUN=$DIR/run
 CACHE=$DIR/cache
+# Generated on first use, never committed: the test CA and server
+# certificate, and the passwords of the SCRAM and Redis ACL users.
+SECRETS=$DIR/secrets
+KAFKA_SCRAM_USER=sluice
+REDIS_ACL_USER=sluice
 
 # Ports: overridable, all non-default so a developer's own services are left alone.
 KAFKA_PORT=${SLUICE_KAFKA_PORT:-19092}
 KAFKA_CONTROLLER_PORT=${SLUICE_KAFKA_CONTROLLER_PORT:-19094}
+# A second Kafka listener, SASL_PLAINTEXT with SCRAM-SHA-512, for the tests of
+# the clients' SASL options; 19092 stays plaintext for everything else.
+KAFKA_SASL_PORT=${SLUICE_KAFKA_SASL_PORT:-19095}
 CLICKHOUSE_PORT=${SLUICE_CLICKHOUSE_PORT:-19000}
 CLICKHOUSE_HTTP_PORT=${SLUICE_CLICKHOUSE_HTTP_PORT:-18123}
 REDIS_PORT=${SLUICE_REDIS_PORT:-16379}
+# The same redis-server also listens with TLS here (self-signed CA below).
+REDIS_TLS_PORT=${SLUICE_REDIS_TLS_PORT:-16380}
 ALERTMANAGER_PORT=${SLUICE_ALERTMANAGER_PORT:-19093}
 READY_TIMEOUT=${SLUICE_READY_TIMEOUT:-120}
 
@@ -73,6 +83,38 @@ apt_install() {
 
 kafka_libs() { echo "$CACHE/kafka-libs"; }
 
+# secret NAME: prints the password in $SECRETS/NAME, generating it first.
+secret() {
+	local f=$SECRETS/$1
+	if [[ ! -s $f ]]; then
+		command -v openssl >/dev/null || apt_install openssl
+		mkdir -p "$SECRETS" && chmod 700 "$SECRETS"
+		(umask 077 && openssl rand -hex 16 >"$f") || die "openssl could not generate $f"
+	fi
+	cat "$f"
+}
+
+# ensure_certs: a self-signed CA and a server certificate for 127.0.0.1 and
+# localhost, made once with openssl; Redis serves it on its TLS port and the
+# tests trust the CA.
+ensure_certs() {
+	local t=$SECRETS/tls
+	[[ -s $t/ca.pem && -s $t/server.pem && -s $t/server-key.pem ]] && return 0
+	command -v openssl >/dev/null || apt_install openssl
+	mkdir -p "$t" && chmod 700 "$SECRETS" "$t"
+	say "generating a test CA and server certificate in $t"
+	(
+		cd "$t" && umask 077
+		openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=sluice test CA" \
+			-keyout ca-key.pem -out ca.pem
+		openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout server-key.pem -out server.csr
+		printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >server.ext
+		openssl x509 -req -in server.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial -days 3650 \
+			-extfile server.ext -out server.pem
+		rm -f server.csr server.ext
+	) >>"$LOG/openssl.log" 2>&1 || die "openssl could not make the test certificates; read $LOG/openssl.log"
+}
+
 install_kafka() {
 	command -v java >/dev/null || apt_install openjdk-17-jre-headless
 	command -v mvn >/dev/null || apt_install maven
@@ -105,11 +147,13 @@ start_kafka() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:$KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT
 inter.broker.listener.name=PLAINTEXT
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
 log.dirs=$d/data
 num.partitions=4
 offsets.topic.replication.factor=1
@@ -128,7 +172,12 @@ EOF
 	if [[ ! -f $d/data/meta.properties ]]; then
 		local id
 		id=$(java "${jopts[@]}" -cp "$cp" kafka.tools.StorageTool random-uuid 2>>"$LOG/kafka.out")
+		# The SCRAM user is written into the first metadata records. A data
+		# dir formatted before the SASL listener existed is kept as it is:
+		# itest.KafkaSCRAM upserts the same user over the plaintext
+		# listener, so no reformat (and no data loss) is ever needed.
 		java "${jopts[@]}" -cp "$cp" kafka.tools.StorageTool format --standalone -t "$id" -c "$props" \
+			--add-scram "SCRAM-SHA-512=[name=$KAFKA_SCRAM_USER,password=$(secret kafka-scram-password)]" \
 			>>"$LOG/kafka.out" 2>&1 || die "formatting Kafka storage failed; read $LOG/kafka.out"
 	fi
 	: >"$LOG/kafka.log" # readiness greps this log: start it empty
@@ -138,7 +187,7 @@ EOF
 }
 
 kafka_ready() {
-	port_open "$KAFKA_PORT" && grep -q "Kafka Server started" "$LOG/kafka.log"
+	port_open "$KAFKA_PORT" && port_open "$KAFKA_SASL_PORT" && grep -q "Kafka Server started" "$LOG/kafka.log"
 }
 
 start_clickhouse() {
@@ -161,13 +210,40 @@ start_redis() {
 	mkdir -p "$d"
 	# No persistence: the enforcer owns the flag state and rewrites it after a
 	# Redis restart, which is exactly what the tests exercise.
+	ensure_certs
+	local t=$SECRETS/tls
 	redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --daemonize yes \
+		--tls-port "$REDIS_TLS_PORT" --tls-cert-file "$t/server.pem" --tls-key-file "$t/server-key.pem" \
+		--tls-ca-cert-file "$t/ca.pem" --tls-auth-clients no \
 		--pidfile "$RUN/redis.pid" --logfile "$LOG/redis.log" --dir "$d" \
 		--save "" --appendonly no --protected-mode yes ||
 		die "redis-server failed to start; read $LOG/redis.log"
 	local i
 	for i in $(seq 50); do [[ -s $RUN/redis.pid ]] && break; sleep 0.1; done
 	wait_ready redis "$LOG/redis.log" redis-cli -p "$REDIS_PORT" ping
+	redis_secure
+}
+
+# redis_secure makes a running Redis serve TLS on $REDIS_TLS_PORT and know
+# the ACL user, without a restart: a Redis started by an older version of
+# this script gets both through CONFIG SET, and the user's password is
+# (re)set from $SECRETS every time. The default user stays passwordless for
+# the plaintext port every other test uses.
+redis_secure() {
+	ensure_certs
+	local t=$SECRETS/tls cli=(redis-cli -p "$REDIS_PORT")
+	# Setting the files again makes Redis reload them, so certificates
+	# regenerated after a deleted secrets folder are served at once.
+	"${cli[@]}" CONFIG SET tls-cert-file "$t/server.pem" tls-key-file "$t/server-key.pem" \
+		tls-ca-cert-file "$t/ca.pem" tls-auth-clients no | grep -q OK ||
+		die "redis refused the TLS certificate settings (is redis-server built with TLS?); read $LOG/redis.log"
+	if ! port_open "$REDIS_TLS_PORT"; then
+		say "redis: enabling TLS on 127.0.0.1:$REDIS_TLS_PORT"
+		"${cli[@]}" CONFIG SET tls-port "$REDIS_TLS_PORT" | grep -q OK ||
+			die "redis could not listen with TLS on $REDIS_TLS_PORT; read $LOG/redis.log"
+	fi
+	"${cli[@]}" ACL SETUSER "$REDIS_ACL_USER" reset on ">$(secret redis-password)" '~*' '&*' +@all | grep -q OK ||
+		die "redis could not create the ACL user $REDIS_ACL_USER; read $LOG/redis.log"
 }
 
 start_alertmanager() {
@@ -204,6 +280,21 @@ up_one() {
 	local s=$1 port
 	port=$(service_port "$s")
 	if pid_alive "$s" && port_open "$port"; then
+		case $s in
+		kafka)
+			# Listeners are static broker settings: a broker started by an
+			# older version of this script lacks the SASL one and is
+			# restarted once (its data is kept).
+			if ! port_open "$KAFKA_SASL_PORT"; then
+				say "kafka runs without the SASL listener on $KAFKA_SASL_PORT; restarting it once (data kept)"
+				stop_one kafka
+				install_tools kafka
+				start_kafka
+				return 0
+			fi
+			;;
+		redis) redis_secure ;;
+		esac
 		say "$s already running on 127.0.0.1:$port (reused)"
 		return 0
 	fi
@@ -245,6 +336,9 @@ install_test_tools() {
 
 cmd_up() {
 	mkdir -p "$LOG" "$RUN" "$CACHE"
+	# The files `env` names exist whatever was started.
+	secret kafka-scram-password >/dev/null
+	secret redis-password >/dev/null
 	local s
 	for s in "${@:-${ALL_SERVICES[@]}}"; do up_one "$s"; done
 	install_test_tools
@@ -293,6 +387,13 @@ SLUICE_KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT
 SLUICE_CLICKHOUSE_ADDR=127.0.0.1:$CLICKHOUSE_PORT
 SLUICE_REDIS_ADDR=127.0.0.1:$REDIS_PORT
 SLUICE_ALERTMANAGER_URL=http://127.0.0.1:$ALERTMANAGER_PORT
+SLUICE_ITEST_KAFKA_SCRAM_BROKERS=127.0.0.1:$KAFKA_SASL_PORT
+SLUICE_ITEST_KAFKA_SCRAM_USER=$KAFKA_SCRAM_USER
+SLUICE_ITEST_KAFKA_SCRAM_PASSWORD_FILE=$SECRETS/kafka-scram-password
+SLUICE_ITEST_REDIS_TLS_ADDR=127.0.0.1:$REDIS_TLS_PORT
+SLUICE_ITEST_REDIS_TLS_CA_FILE=$SECRETS/tls/ca.pem
+SLUICE_ITEST_REDIS_USER=$REDIS_ACL_USER
+SLUICE_ITEST_REDIS_PASSWORD_FILE=$SECRETS/redis-password
 EOF
 }
 

@@ -13,16 +13,22 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/sluicehq/sluice/platform/tlsconfig"
 )
 
 // Config says where ClickHouse is and which database holds Sluice's tables.
 type Config struct {
-	Addr         string        `yaml:"addr" help:"ClickHouse native protocol address host:port"`
-	Database     string        `yaml:"database" help:"database holding Sluice's tables"`
-	Username     string        `yaml:"username" help:"ClickHouse user"`
-	Password     string        `yaml:"password" help:"ClickHouse password"`
-	DialTimeout  time.Duration `yaml:"dial_timeout" help:"timeout for one connection attempt"`
-	MaxOpenConns int           `yaml:"max_open_conns" help:"connection pool size"`
+	Addr         string             `yaml:"addr" help:"ClickHouse native protocol address host:port"`
+	Database     string             `yaml:"database" help:"database holding Sluice's tables"`
+	Username     string             `yaml:"username" help:"ClickHouse user"`
+	Password     tlsconfig.Password `yaml:"password" help:"ClickHouse password (prefer password_file or the environment; never logged)"`
+	PasswordFile string             `yaml:"password_file" help:"file holding the ClickHouse password (e.g. a mounted secret)"`
+	DialTimeout  time.Duration      `yaml:"dial_timeout" help:"timeout for one connection attempt"`
+	MaxOpenConns int                `yaml:"max_open_conns" help:"connection pool size"`
+	// TLS for the native protocol goes to ClickHouse's tcp_port_secure
+	// (9440 by default), not to the plaintext tcp_port.
+	TLS tlsconfig.Config `yaml:"tls"`
 }
 
 // Defaults points at the services script's ClickHouse.
@@ -48,24 +54,44 @@ func (c Config) Validate() error {
 	if c.MaxOpenConns < 1 {
 		errs = append(errs, errors.New("clickhouse.max_open_conns: must be at least 1"))
 	}
+	// Each checked apart so one start-up error lists every mistake.
+	if _, err := tlsconfig.Secret("clickhouse.password", c.Password, c.PasswordFile); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.TLS.Validate("clickhouse.tls"); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
-func (c Config) options(database string) *clickhouse.Options {
+func (c Config) options(database string) (*clickhouse.Options, error) {
+	pass, err := tlsconfig.Secret("clickhouse.password", c.Password, c.PasswordFile)
+	if err != nil {
+		return nil, err
+	}
+	tc, err := c.TLS.Build("clickhouse.tls")
+	if err != nil {
+		return nil, err
+	}
 	return &clickhouse.Options{
 		Addr:         []string{c.Addr},
 		Protocol:     clickhouse.Native,
-		Auth:         clickhouse.Auth{Database: database, Username: c.Username, Password: c.Password},
+		Auth:         clickhouse.Auth{Database: database, Username: c.Username, Password: pass},
+		TLS:          tc,
 		DialTimeout:  c.DialTimeout,
 		MaxOpenConns: c.MaxOpenConns,
 		MaxIdleConns: c.MaxOpenConns,
 		Compression:  &clickhouse.Compression{Method: clickhouse.CompressionLZ4},
-	}
+	}, nil
 }
 
 // Open connects to c.Database and pings it.
 func Open(ctx context.Context, c Config) (driver.Conn, error) {
-	conn, err := clickhouse.Open(c.options(c.Database))
+	o, err := c.options(c.Database)
+	if err != nil {
+		return nil, fmt.Errorf("clickhouse: %w", err)
+	}
+	conn, err := clickhouse.Open(o)
 	if err != nil {
 		return nil, fmt.Errorf("clickhouse: open %s: %w", c.Addr, err)
 	}
@@ -78,7 +104,11 @@ func Open(ctx context.Context, c Config) (driver.Conn, error) {
 
 // EnsureDatabase creates c.Database if it does not exist.
 func EnsureDatabase(ctx context.Context, c Config) error {
-	conn, err := clickhouse.Open(c.options("default"))
+	o, err := c.options("default")
+	if err != nil {
+		return fmt.Errorf("clickhouse: %w", err)
+	}
+	conn, err := clickhouse.Open(o)
 	if err != nil {
 		return fmt.Errorf("clickhouse: open %s: %w", c.Addr, err)
 	}

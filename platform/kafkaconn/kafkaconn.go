@@ -7,22 +7,66 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/sluicehq/sluice/platform/tlsconfig"
 )
 
 // Config says how to reach the Kafka cluster. An empty Brokers list means
 // "no broker configured"; `sluice` then starts an embedded one (see
 // devbroker.Start) for development.
 type Config struct {
-	Brokers           []string      `yaml:"brokers" help:"seed brokers, host:port, comma separated"`
-	ClientID          string        `yaml:"client_id" help:"Kafka client id prefix"`
-	DialTimeout       time.Duration `yaml:"dial_timeout" help:"timeout for one broker connection attempt"`
-	Partitions        int32         `yaml:"partitions" help:"partitions for topics Sluice creates"`
-	ReplicationFactor int16         `yaml:"replication_factor" help:"replication factor for topics Sluice creates (-1: broker default)"`
+	Brokers           []string         `yaml:"brokers" help:"seed brokers, host:port, comma separated"`
+	ClientID          string           `yaml:"client_id" help:"Kafka client id prefix"`
+	DialTimeout       time.Duration    `yaml:"dial_timeout" help:"timeout for one broker connection attempt"`
+	Partitions        int32            `yaml:"partitions" help:"partitions for topics Sluice creates"`
+	ReplicationFactor int16            `yaml:"replication_factor" help:"replication factor for topics Sluice creates (-1: broker default)"`
+	TLS               tlsconfig.Config `yaml:"tls"`
+	SASL              SASL             `yaml:"sasl"`
+}
+
+// SASL authenticates the client to the brokers. Only SCRAM is offered:
+// PLAIN sends the password itself and would need TLS to be safe, SCRAM
+// never sends it.
+type SASL struct {
+	Mechanism    string             `yaml:"mechanism" help:"SASL mechanism: empty (none), SCRAM-SHA-256 or SCRAM-SHA-512"`
+	Username     string             `yaml:"username" help:"SASL user"`
+	Password     tlsconfig.Password `yaml:"password" help:"SASL password (prefer password_file or the environment; never logged)"`
+	PasswordFile string             `yaml:"password_file" help:"file holding the SASL password (e.g. a mounted secret)"`
+}
+
+func (s SASL) mechanism() (sasl.Mechanism, error) {
+	if s.Mechanism == "" {
+		if s.Username != "" || s.Password != "" || s.PasswordFile != "" {
+			return nil, errors.New("kafka.sasl.mechanism: a user or password is set but no mechanism; set SCRAM-SHA-256 or SCRAM-SHA-512")
+		}
+		return nil, nil
+	}
+	pass, err := tlsconfig.Secret("kafka.sasl.password", s.Password, s.PasswordFile)
+	if err != nil {
+		return nil, err
+	}
+	if s.Username == "" {
+		return nil, fmt.Errorf("kafka.sasl.username: required with kafka.sasl.mechanism %s", s.Mechanism)
+	}
+	if pass == "" {
+		return nil, fmt.Errorf("kafka.sasl.password: required with kafka.sasl.mechanism %s (or kafka.sasl.password_file)", s.Mechanism)
+	}
+	auth := scram.Auth{User: s.Username, Pass: pass}
+	switch strings.ToUpper(s.Mechanism) {
+	case "SCRAM-SHA-256":
+		return auth.AsSha256Mechanism(), nil
+	case "SCRAM-SHA-512":
+		return auth.AsSha512Mechanism(), nil
+	}
+	return nil, fmt.Errorf("kafka.sasl.mechanism: %q is not supported; use SCRAM-SHA-256 or SCRAM-SHA-512", s.Mechanism)
 }
 
 // Defaults: 6 partitions (the unit of aggregator scale-out), broker-default
@@ -48,18 +92,45 @@ func (c Config) Validate() error {
 	if c.ReplicationFactor == 0 || c.ReplicationFactor < -1 {
 		errs = append(errs, fmt.Errorf("kafka.replication_factor: %d must be -1 (broker default) or at least 1", c.ReplicationFactor))
 	}
+	if err := c.TLS.Validate("kafka.tls"); err != nil {
+		errs = append(errs, err)
+	}
+	// No brokers means `sluice` starts the embedded development broker,
+	// which speaks neither TLS nor SASL: settings meant for a real cluster
+	// must not silently meet it.
+	if len(c.Brokers) == 0 && (c.TLS.Enabled || c.SASL.Mechanism != "") {
+		errs = append(errs, errors.New("kafka.brokers: empty, but kafka.tls or kafka.sasl is set; the embedded development broker takes neither: set kafka.brokers to the secured cluster"))
+	}
+	if _, err := c.SASL.mechanism(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
 // Options returns the base client options for c followed by extra, so a
 // service adds only what is particular to it (producer or consumer group).
-func (c Config) Options(extra ...kgo.Opt) []kgo.Opt {
+// It fails when the TLS files or the SASL password cannot be read.
+func (c Config) Options(extra ...kgo.Opt) ([]kgo.Opt, error) {
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(c.Brokers...),
 		kgo.ClientID(c.ClientID),
 		kgo.DialTimeout(c.DialTimeout),
 	}
-	return append(opts, extra...)
+	tc, err := c.TLS.Build("kafka.tls")
+	if err != nil {
+		return nil, err
+	}
+	if tc != nil {
+		opts = append(opts, kgo.DialTLSConfig(tc))
+	}
+	m, err := c.SASL.mechanism()
+	if err != nil {
+		return nil, err
+	}
+	if m != nil {
+		opts = append(opts, kgo.SASL(m))
+	}
+	return append(opts, extra...), nil
 }
 
 // NewClient returns a client for c with extra options applied.
@@ -67,7 +138,11 @@ func NewClient(c Config, extra ...kgo.Opt) (*kgo.Client, error) {
 	if len(c.Brokers) == 0 {
 		return nil, errors.New("kafka: no brokers configured; set kafka.brokers (SLUICE_KAFKA_BROKERS)")
 	}
-	cl, err := kgo.NewClient(c.Options(extra...)...)
+	opts, err := c.Options(extra...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: %w", err)
+	}
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: new client: %w", err)
 	}

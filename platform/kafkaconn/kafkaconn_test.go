@@ -2,11 +2,14 @@ package kafkaconn_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/platform/itest"
@@ -86,5 +89,122 @@ func TestValidateNamesField(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, want it to name %s", err, want)
 		}
+	}
+}
+
+// TestSCRAMProduceConsume: a client built from kafka.sasl settings (user
+// and password_file, SCRAM-SHA-512) creates a topic, produces and consumes
+// through the broker's SASL_PLAINTEXT listener.
+func TestSCRAMProduceConsume(t *testing.T) {
+	cfg := itest.KafkaSCRAM(t)
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("Validate() = %v for the services script's SCRAM settings", err)
+	}
+	topic := itest.Unique(t, "sluice_test_")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	prod, err := kafkaconn.NewClient(cfg, kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	if err := kafkaconn.EnsureTopics(ctx, prod, cfg, topic); err != nil {
+		t.Fatal(err)
+	}
+	const n = 10
+	for i := range n {
+		if err := prod.ProduceSync(ctx, &kgo.Record{Key: []byte("k"), Value: fmt.Appendf(nil, "%d", i)}).FirstErr(); err != nil {
+			t.Fatalf("produce over SCRAM: %v", err)
+		}
+	}
+	cons, err := kafkaconn.NewClient(cfg, kgo.ConsumeTopics(topic), kgo.ConsumerGroup(topic+"_g"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cons.Close()
+	got := 0
+	for got < n {
+		fs := cons.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("consumed %d of %d records over SCRAM before timeout", got, n)
+		}
+		fs.EachError(func(_ string, _ int32, err error) { t.Fatal(err) })
+		got += fs.NumRecords()
+	}
+	if err := cons.CommitUncommittedOffsets(ctx); err != nil {
+		t.Fatalf("commit offsets over SCRAM: %v", err)
+	}
+}
+
+// TestSCRAMWrongPasswordFails: a wrong password is refused by the broker
+// with SASL_AUTHENTICATION_FAILED, which the readiness check reports as
+// such rather than as a generic network error.
+func TestSCRAMWrongPasswordFails(t *testing.T) {
+	cfg := itest.KafkaSCRAM(t)
+	cfg.SASL.PasswordFile = ""
+	cfg.SASL.Password = "not-the-password"
+	cl, err := kafkaconn.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = kafkaconn.Ready(cl)(ctx)
+	if !errors.Is(err, kerr.SaslAuthenticationFailed) {
+		t.Fatalf("Ready() with a wrong password = %v, want SASL_AUTHENTICATION_FAILED", err)
+	}
+	if strings.Contains(err.Error(), "not-the-password") {
+		t.Errorf("the error shows the password: %v", err)
+	}
+}
+
+// TestValidateSASLAndTLS: SASL and TLS mistakes are start-up errors naming
+// the setting, and a password never appears in them.
+func TestValidateSASLAndTLS(t *testing.T) {
+	dir := t.TempDir()
+	for name, tc := range map[string]struct {
+		mut  func(*kafkaconn.Config)
+		want string
+	}{
+		"unknown mechanism": {func(c *kafkaconn.Config) {
+			c.SASL = kafkaconn.SASL{Mechanism: "PLAIN", Username: "u", Password: "s3cret"}
+		}, "kafka.sasl.mechanism"},
+		"user without mechanism": {func(c *kafkaconn.Config) { c.SASL = kafkaconn.SASL{Username: "u", Password: "s3cret"} }, "kafka.sasl.mechanism"},
+		"no user":                {func(c *kafkaconn.Config) { c.SASL = kafkaconn.SASL{Mechanism: "SCRAM-SHA-512", Password: "s3cret"} }, "kafka.sasl.username"},
+		"no password":            {func(c *kafkaconn.Config) { c.SASL = kafkaconn.SASL{Mechanism: "SCRAM-SHA-256", Username: "u"} }, "kafka.sasl.password"},
+		"missing password file": {func(c *kafkaconn.Config) {
+			c.SASL = kafkaconn.SASL{Mechanism: "SCRAM-SHA-256", Username: "u", PasswordFile: filepath.Join(dir, "nope")}
+		}, "kafka.sasl.password_file"},
+		"both password and file": {func(c *kafkaconn.Config) {
+			c.SASL = kafkaconn.SASL{Mechanism: "SCRAM-SHA-256", Username: "u", Password: "s3cret", PasswordFile: "/etc/hostname"}
+		}, "kafka.sasl.password and kafka.sasl.password_file"},
+		"sasl without brokers": {func(c *kafkaconn.Config) {
+			c.Brokers = nil
+			c.SASL = kafkaconn.SASL{Mechanism: "SCRAM-SHA-512", Username: "u", Password: "s3cret"}
+		}, "kafka.brokers: empty"},
+		"tls file without enabled": {func(c *kafkaconn.Config) { c.TLS.CAFile = "/etc/hostname" }, "kafka.tls.enabled"},
+		"tls ca not pem": {func(c *kafkaconn.Config) {
+			c.TLS.Enabled = true
+			c.TLS.CAFile = "/etc/hostname"
+		}, "kafka.tls.ca_file"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := kafkaconn.Defaults()
+			c.Brokers = []string{"127.0.0.1:9092"}
+			tc.mut(&c)
+			err := c.Validate()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate() = %v, want it to name %s", err, tc.want)
+			}
+			if strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("the error shows the password: %v", err)
+			}
+			if _, err := kafkaconn.NewClient(c); err == nil {
+				t.Error("NewClient accepted a configuration Validate refuses")
+			}
+		})
 	}
 }
