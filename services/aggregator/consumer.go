@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/schemas/eventjson"
@@ -30,6 +31,7 @@ type aggregator struct {
 	store   *chstore.Store
 	cl      *kgo.Client
 	admin   *adminFollower
+	auth    *signalauth.Auth // signs every signal record
 
 	// mu guards parts. The poll loop holds it while processing a poll; the
 	// rebalance callbacks (which franz-go runs only between polls, given
@@ -278,8 +280,7 @@ func (a *aggregator) flush(ctx context.Context, p *partition) error {
 		recs := make([]*kgo.Record, len(b.Signals))
 		for i := range b.Signals {
 			s := &b.Signals[i]
-			recs[i] = &kgo.Record{Topic: a.cfg.SignalsTopic, Key: []byte(s.Tenant), Value: b.Payloads[i],
-				Headers: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaSignalsV1)}}}
+			recs[i] = a.auth.Record(a.cfg.SignalsTopic, []byte(s.Tenant), b.Payloads[i])
 			a.m.signals.WithLabelValues(string(s.Kind)).Inc()
 		}
 		if err := a.retry(ctx, "produce signals", p.id, func() error { return a.cl.ProduceSync(ctx, recs...).FirstErr() }); err != nil {
