@@ -30,7 +30,7 @@ func open(t *testing.T, c Config) *Auth {
 
 func TestSignVerify(t *testing.T) {
 	a := open(t, Config{Keys: []string{"k1:" + secretA}})
-	r := a.Record("sluice.signals.v1", []byte("acme"), []byte(`{"kind":"period_reset"}`))
+	r := a.Record("signals", []byte("acme"), []byte(`{"kind":"period_reset"}`))
 	if err := a.Verify(r); err != nil {
 		t.Fatalf("a signed record: %v", err)
 	}
@@ -38,7 +38,7 @@ func TestSignVerify(t *testing.T) {
 	for name, tamper := range map[string]func(r *kgo.Record){
 		"value":  func(r *kgo.Record) { r.Value = []byte(`{"kind":"period_reset","x":1}`) },
 		"key":    func(r *kgo.Record) { r.Key = []byte("other") },
-		"schema": func(r *kgo.Record) { r.Headers[0].Value = []byte("sluice.usage.v1") },
+		"schema": func(r *kgo.Record) { r.Headers[0].Value = []byte("some.other.schema") },
 		"kid":    func(r *kgo.Record) { setHeader(r, HeaderKeyID, "k2") },
 		"sig": func(r *kgo.Record) {
 			s := []byte(header(r, HeaderSignature))
@@ -55,7 +55,7 @@ func TestSignVerify(t *testing.T) {
 		},
 		"unsigned": func(r *kgo.Record) { r.Headers = r.Headers[:1] },
 	} {
-		c := a.Record("sluice.signals.v1", []byte("acme"), []byte(`{"kind":"period_reset"}`))
+		c := a.Record("signals", []byte("acme"), []byte(`{"kind":"period_reset"}`))
 		tamper(c)
 		if err := a.Verify(c); err == nil {
 			t.Errorf("%s tampered: verified", name)
