@@ -155,6 +155,11 @@ func newStack(t testing.TB, opts stackOptions) *stack {
 	if err := os.WriteFile(filepath.Join(s.dir, "keys.yaml"), []byte(keys), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// The stack runs signed: the aggregator and reconciler sign signals
+	// with this key, the enforcer and alerter refuse any they cannot verify.
+	if err := os.WriteFile(filepath.Join(s.dir, "signal-keys"), []byte("e2e:"+randomKey()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	s.ingestAddr = freeAddr(t)
 	t.Cleanup(s.stopAll)
 	return s
@@ -216,6 +221,7 @@ func (s *stack) args(opsAddr string) []string {
 		"-clickhouse.addr=" + s.chAddr, "-clickhouse.database=" + s.ch.Database,
 		"-redis.addr=" + s.redisAddr,
 		"-policy_file=" + s.policyPath,
+		"-signal_auth.key_file=" + filepath.Join(s.dir, "signal-keys"),
 		"-services.ingest.listen=" + s.ingestAddr,
 		"-services.ingest.keys_file=" + filepath.Join(s.dir, "keys.yaml"),
 		"-services.ingest.topic=" + s.topic,

@@ -21,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/ops"
 	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/platform/signalauth"
 )
 
 // Env is what the hosting process hands each service's Run function.
@@ -35,6 +36,10 @@ type Env struct {
 	Kafka      kafkaconn.Config
 	ClickHouse chconn.Config
 	Redis      redisconn.Config
+	// SignalAuth is how signal records are signed and verified (the
+	// root-level signal_auth setting): the producers of signals sign with
+	// it, their consumers refuse what it does not verify.
+	SignalAuth signalauth.Config
 
 	// service is the name Named tagged the logger with, so that a service
 	// calling Named on an env its host already named does not tag twice.

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/platform/ops"
 	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/platform/signalauth"
 )
 
 // Config is the whole process configuration: the shared parts first, then
@@ -37,6 +38,11 @@ type Config struct {
 	// section names another.
 	PolicyFile string `yaml:"policy_file" help:"quota policy YAML shared by the services (hot-reloaded)"`
 
+	// SignalAuth is the key ring the aggregator and reconciler sign signals
+	// with and the enforcer and alerter verify them with: one setting, so
+	// that every service of a deployment agrees.
+	SignalAuth signalauth.Config `yaml:"signal_auth"`
+
 	Services ServiceConfigs `yaml:"services"`
 }
 
@@ -57,7 +63,7 @@ func defaultConfig() Config {
 
 // Validate checks every section and reports all problems at once.
 func (c *Config) Validate() error {
-	errs := []error{c.Log.Validate(), c.Ops.Validate(), c.Kafka.Validate(), c.ClickHouse.Validate(), c.Redis.Validate()}
+	errs := []error{c.Log.Validate(), c.Ops.Validate(), c.Kafka.Validate(), c.ClickHouse.Validate(), c.Redis.Validate(), c.SignalAuth.Validate()}
 	if c.ShutdownGrace <= 0 {
 		errs = append(errs, errors.New("shutdown_grace: must be positive"))
 	}

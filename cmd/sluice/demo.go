@@ -29,6 +29,7 @@ import (
 	"github.com/sluicehq/sluice/platform/lifecycle"
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/platform/signalauth"
 )
 
 // Demo addresses: fixed so the README can name them, all on loopback.
@@ -104,6 +105,9 @@ func demo(ctx context.Context, args []string) error {
 	}
 	defer os.RemoveAll(filepath.Dir(keysFile))
 	cfg.Services.Ingest.KeysFile = keysFile
+	if err := demoSignalKey(&cfg.SignalAuth); err != nil {
+		return err
+	}
 
 	p, err := preparePipeline(ctx, &cfg, nil, log)
 	if err != nil {
@@ -241,6 +245,22 @@ func writeDemoKeys() (path, key string, err error) {
 	path = filepath.Join(dir, "keys.yaml")
 	body := fmt.Sprintf("keys:\n  - id: demo-gateway\n    sha256: %s\n", hex.EncodeToString(sum[:]))
 	return path, key, os.WriteFile(path, []byte(body), 0o600)
+}
+
+// demoSignalKey gives the demo's services, all in this process, a fresh
+// random signing key for the run, unless signal_auth already has keys or
+// is explicitly off: the demo runs signed, like a real deployment, with
+// nothing to configure.
+func demoSignalKey(c *signalauth.Config) error {
+	if c.Mode == signalauth.ModeOff || c.KeyFile != "" || len(c.Keys) > 0 {
+		return nil
+	}
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return err
+	}
+	c.Keys = []string{"demo:" + hex.EncodeToString(b[:])}
+	return nil
 }
 
 func isTerminal(f *os.File) bool {

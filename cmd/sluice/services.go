@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/platform/lifecycle"
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/platform/ops"
+	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/aggregator"
 	"github.com/sluicehq/sluice/services/alerter"
@@ -56,6 +57,9 @@ type service struct {
 	// shared policy file) filled in, ready to validate and run.
 	prepare func(c *Config) validator
 	run     func(ctx context.Context, c *Config, env platform.Env) error
+	// signals is true for the services that sign or verify signals, and
+	// so need signal_auth.
+	signals bool
 }
 
 type validator interface{ Validate() error }
@@ -75,7 +79,7 @@ var services = []service{
 		run: func(ctx context.Context, c *Config, env platform.Env) error {
 			return ingest.Run(ctx, c.Services.Ingest, env)
 		}},
-	{name: "aggregator", about: "usage events → rates, totals, predictions, tiers → ClickHouse and signals",
+	{name: "aggregator", signals: true, about: "usage events → rates, totals, predictions, tiers → ClickHouse and signals",
 		prepare: func(c *Config) validator {
 			sharedPolicy(&c.Services.Aggregator.PolicyFile, c.PolicyFile)
 			return c.Services.Aggregator
@@ -83,7 +87,7 @@ var services = []service{
 		run: func(ctx context.Context, c *Config, env platform.Env) error {
 			return aggregator.Run(ctx, c.Services.Aggregator, env)
 		}},
-	{name: "enforcer", about: "signals → breakers → Redis flags for the gateway Checker; admin API",
+	{name: "enforcer", signals: true, about: "signals → breakers → Redis flags for the gateway Checker; admin API",
 		prepare: func(c *Config) validator {
 			sharedPolicy(&c.Services.Enforcer.PolicyFile, c.PolicyFile)
 			return c.Services.Enforcer
@@ -91,7 +95,7 @@ var services = []service{
 		run: func(ctx context.Context, c *Config, env platform.Env) error {
 			return enforcer.Run(ctx, c.Services.Enforcer, env)
 		}},
-	{name: "alerter", about: "signals → Alertmanager, DingTalk and Slack notifications",
+	{name: "alerter", signals: true, about: "signals → Alertmanager, DingTalk and Slack notifications",
 		prepare: func(c *Config) validator {
 			sharedPolicy(&c.Services.Alerter.PolicyFile, c.PolicyFile)
 			return c.Services.Alerter
@@ -99,7 +103,7 @@ var services = []service{
 		run: func(ctx context.Context, c *Config, env platform.Env) error {
 			return alerter.Run(ctx, c.Services.Alerter, env)
 		}},
-	{name: "reconciler", about: "nightly audit of counters against raw events; drift repair and alerts",
+	{name: "reconciler", signals: true, about: "nightly audit of counters against raw events; drift repair and alerts",
 		prepare: func(c *Config) validator {
 			sharedPolicy(&c.Services.Reconciler.PolicyFile, c.PolicyFile)
 			return c.Services.Reconciler
@@ -131,6 +135,13 @@ func chooseServices(cfg *Config, names []string) ([]service, error) {
 	}
 	if len(chosen) == 0 {
 		return nil, errors.New("no services to run")
+	}
+	// The key ring is read now, not when the services start: a missing or
+	// bad key refuses the start before anything runs.
+	if slices.ContainsFunc(chosen, func(s service) bool { return s.signals }) {
+		if _, err := signalauth.Open(cfg.SignalAuth, nil); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return chosen, errors.Join(errs...)
 }
@@ -188,7 +199,8 @@ func preparePipeline(ctx context.Context, cfg *Config, names []string, log *slog
 		}
 	}
 	reg := ops.NewRegistry()
-	p.env = platform.Env{Logger: log, Metrics: reg, Health: ops.NewHealth(), Kafka: cfg.Kafka, ClickHouse: cfg.ClickHouse, Redis: cfg.Redis}
+	p.env = platform.Env{Logger: log, Metrics: reg, Health: ops.NewHealth(), Kafka: cfg.Kafka, ClickHouse: cfg.ClickHouse, Redis: cfg.Redis,
+		SignalAuth: cfg.SignalAuth}
 	opsCfg := cfg.Ops
 	p.tasks = []lifecycle.Task{{Name: "ops", Run: func(ctx context.Context) error {
 		return ops.Serve(ctx, opsCfg, reg, p.env.Health, log)

@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/logging"
+	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/reconciler"
@@ -32,6 +33,7 @@ type reconcileConfig struct {
 	Log        logging.Config    `yaml:"log"`
 	ClickHouse chconn.Config     `yaml:"clickhouse"`
 	Kafka      kafkaconn.Config  `yaml:"kafka"`
+	SignalAuth signalauth.Config `yaml:"signal_auth"`
 	Reconciler reconciler.Config `yaml:"reconciler"`
 	PolicyFile string            `yaml:"policy_file" help:"quota policy file, as the services' policy_file (overrides reconciler.policy_file)"`
 	Tenant     string            `yaml:"tenant" help:"tenant to reconcile (empty: every tenant in the policy or with events)"`
@@ -41,7 +43,7 @@ type reconcileConfig struct {
 }
 
 func (c *reconcileConfig) Validate() error {
-	errs := []error{c.Log.Validate(), c.ClickHouse.Validate(), c.Kafka.Validate(), c.Reconciler.Validate()}
+	errs := []error{c.Log.Validate(), c.ClickHouse.Validate(), c.Kafka.Validate(), c.SignalAuth.Validate(), c.Reconciler.Validate()}
 	if c.Period != schemas.PeriodHour && c.Period != schemas.PeriodDay && c.Period != schemas.PeriodMonth {
 		errs = append(errs, fmt.Errorf("period: %q is not one of hour, day, month", c.Period))
 	}
@@ -86,7 +88,11 @@ func runReconcile(ctx context.Context, args []string) error {
 			return err
 		}
 		defer cl.Close()
-		pub = &reconciler.KafkaPublisher{Client: cl, Topic: cfg.Reconciler.SignalsTopic}
+		auth, err := signalauth.Open(cfg.SignalAuth, log)
+		if err != nil {
+			return err
+		}
+		pub = &reconciler.KafkaPublisher{Client: cl, Topic: cfg.Reconciler.SignalsTopic, Auth: auth}
 	} else if !cfg.DryRun {
 		log.Warn("no kafka.brokers configured: drift is repaired and recorded but no reconciliation_drift signal is sent")
 	}

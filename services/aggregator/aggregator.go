@@ -125,6 +125,7 @@ import (
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/aggregator/internal/chstore"
@@ -296,6 +297,12 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	}
 	env = env.Named("aggregator")
 	log := env.Logger
+	// The signing key first: a start that cannot sign its signals is
+	// refused before it connects to anything.
+	auth, err := signalauth.Open(env.SignalAuth, log)
+	if err != nil {
+		return fmt.Errorf("aggregator: %w", err)
+	}
 	watcher, err := policy.NewWatcher(cfg.PolicyFile, cfg.PolicyReload, log)
 	if err != nil {
 		return fmt.Errorf("aggregator: policy: %w", err)
@@ -308,6 +315,7 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 
 	a := newAggregator(cfg, env, watcher)
 	a.cfg.onFold = a.modelFolded
+	a.auth = auth
 	a.store = chstore.New(conn, a.costFunc, cfg.SlowCallMS)
 	// The operator overrides in force, read to the end before the group is
 	// joined: no partition is rebuilt or evaluated without them.

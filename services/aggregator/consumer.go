@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/schemas/eventjson"
@@ -31,6 +32,7 @@ type aggregator struct {
 	store   *chstore.Store
 	cl      *kgo.Client
 	admin   *adminFollower
+	auth    *signalauth.Auth // signs every signal record
 
 	// mu guards parts. The poll loop holds it while processing a poll; the
 	// rebalance callbacks (which franz-go runs only between polls, given
@@ -402,8 +404,7 @@ func (a *aggregator) drain(p *partition) *job {
 func (a *aggregator) signalRecords(recs []*kgo.Record, b *chstore.Batch) []*kgo.Record {
 	for i := range b.Signals {
 		s := &b.Signals[i]
-		recs = append(recs, &kgo.Record{Topic: a.cfg.SignalsTopic, Key: []byte(s.Tenant), Value: b.Payloads[i],
-			Headers: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaSignalsV1)}}})
+		recs = append(recs, a.auth.Record(a.cfg.SignalsTopic, []byte(s.Tenant), b.Payloads[i]))
 	}
 	return recs
 }

@@ -200,7 +200,8 @@ func buildAggregator(t testing.TB) string {
 func startAggregator(t *testing.T, e *env, bin string, logs *os.File) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(bin, "-brokers", strings.Join(e.kafka.Brokers, ","), "-clickhouse", e.ch.Addr, "-database", e.ch.Database,
-		"-topic", e.topic, "-signals", e.signals, "-group", e.group, "-policy", e.policy, "-batch", "700", "-flush", "150ms")
+		"-topic", e.topic, "-signals", e.signals, "-group", e.group, "-policy", e.policy, "-batch", "700", "-flush", "150ms",
+		"-signal-keys", strings.Join(testSignalAuth.Keys, ","))
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

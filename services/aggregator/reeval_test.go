@@ -85,7 +85,7 @@ func runEnforcer(t *testing.T, e *env) (flagged func(tenant string) bool) {
 		}
 	})
 	envp := platform.Env{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), Metrics: prometheus.NewRegistry(),
-		Health: ops.NewHealth(), Kafka: e.kafka, Redis: rc, ClickHouse: e.ch}
+		Health: ops.NewHealth(), Kafka: e.kafka, Redis: rc, ClickHouse: e.ch, SignalAuth: testSignalAuth}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- enforcer.Run(ctx, cfg, envp) }()

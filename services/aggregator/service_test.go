@@ -61,7 +61,8 @@ func runInProcess(t testing.TB, e *env, chAddr string, mutate func(*aggregator.C
 	ch.Addr = chAddr
 	ch.DialTimeout = time.Second
 	reg := prometheus.NewRegistry()
-	envp := platform.Env{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), Metrics: reg, Health: ops.NewHealth(), Kafka: e.kafka, ClickHouse: ch}
+	envp := platform.Env{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), Metrics: reg, Health: ops.NewHealth(), Kafka: e.kafka, ClickHouse: ch,
+		SignalAuth: testSignalAuth}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- aggregator.Run(ctx, cfg, envp) }()

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/alerter/alert"
@@ -340,6 +341,12 @@ type pipeline struct {
 	signals      *prometheus.CounterVec
 	invalid      prometheus.Counter
 	invalidCount atomic.Int64
+	// auth verifies every signal record before the engine sees it: a
+	// forged period_reset would resolve an alert, a forged tier cross
+	// page an on-call.
+	auth         *signalauth.Auth
+	unauthentic  prometheus.Counter
+	unauthenticN atomic.Int64
 
 	partMu     sync.Mutex
 	tenantPart map[string]int32
@@ -370,12 +377,16 @@ func newPipeline(cfg Config, env platform.Env, watcher *policy.Watcher) (*pipeli
 	if err != nil {
 		return nil, fmt.Errorf("alerter.templates_dir: %w", err)
 	}
+	auth, err := signalauth.Open(env.SignalAuth, env.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("alerter: %w", err)
+	}
 	nm, err := notify.NewMetrics(env.Metrics)
 	if err != nil {
 		return nil, err
 	}
 	p := &pipeline{
-		cfg: cfg, log: env.Logger, watcher: watcher, render: render,
+		cfg: cfg, log: env.Logger, watcher: watcher, render: render, auth: auth,
 		dispatch:   notify.NewDispatcher(env.Logger, nm),
 		metrics:    nm,
 		routes:     map[string]engine.Route{},
@@ -502,6 +513,14 @@ func (p *pipeline) consume(ctx context.Context, cl *kgo.Client) {
 // handle decodes one record and applies it. Bad records are counted and
 // skipped: a poison signal must not stop alerting for everyone.
 func (p *pipeline) handle(r *kgo.Record, now time.Time) {
+	if err := p.auth.Verify(r); err != nil {
+		p.unauthentic.Inc()
+		if n := p.unauthenticN.Add(1); n <= 10 || n%1000 == 0 {
+			p.log.Warn("refusing an unauthenticated signal", "reason", signalauth.Reason(err),
+				"partition", r.Partition, "offset", r.Offset, "refused_so_far", n)
+		}
+		return
+	}
 	for _, h := range r.Headers {
 		if h.Key == schemas.HeaderSchema && string(h.Value) != schemas.SchemaSignalsV1 {
 			p.reject(r, fmt.Errorf("schema header %q is not %s", h.Value, schemas.SchemaSignalsV1))
@@ -561,6 +580,8 @@ func (p *pipeline) registerMetrics(reg prometheus.Registerer) error {
 		Help: "Signals applied, by kind."}, []string{"kind"})
 	p.invalid = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_alerter_signals_invalid_total",
 		Help: "Records skipped because they are not valid signal v1."})
+	p.unauthentic = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_alerter_signals_unauthenticated_total",
+		Help: "Signal records refused because they are unsigned or badly signed (signal_auth)."})
 	stat := func(f func(engine.Stats) float64) func() float64 {
 		return func() float64 { return f(p.engine.Stats()) }
 	}
@@ -572,7 +593,7 @@ func (p *pipeline) registerMetrics(reg prometheus.Registerer) error {
 		Help: "Alert states loaded from the state topic at start and on partition assignment."})
 	p.commitFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_alerter_offset_commit_failures_total",
 		Help: "Failed commits of signal offsets."})
-	cs := []prometheus.Collector{p.signals, p.invalid, p.stateWrites, p.stateFailures, p.stateRestored, p.commitFailures,
+	cs := []prometheus.Collector{p.signals, p.invalid, p.unauthentic, p.stateWrites, p.stateFailures, p.stateRestored, p.commitFailures,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_alerter_alerts", Help: "Alerts tracked, by state.",
 			ConstLabels: prometheus.Labels{"state": "pending"}}, stat(func(s engine.Stats) float64 { return float64(s.Pending) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_alerter_alerts", Help: "Alerts tracked, by state.",

@@ -21,7 +21,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/itest"
@@ -124,7 +123,8 @@ func (r *receiver) got() (titles, bodies, errs []string) {
 }
 
 func testEnv() platform.Env {
-	return platform.Env{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth()}
+	return platform.Env{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(),
+		SignalAuth: testSignalAuth}
 }
 
 // setup builds a pipeline whose policy routes every tenant to Alertmanager,
@@ -355,7 +355,7 @@ func TestPoisonRecordsAreCountedAndSkipped(t *testing.T) {
 	p, _, _ := setup(t, nil)
 	before := testutil.ToFloat64(p.invalid)
 	for _, v := range []string{`{`, `{"id":"x"}`, `[]`, ``} {
-		p.handle(&kgo.Record{Value: []byte(v)}, time.Now())
+		p.handle(testSigner.Record("", nil, []byte(v)), time.Now())
 	}
 	if got := testutil.ToFloat64(p.invalid) - before; got != 4 {
 		t.Fatalf("invalid count %v, want 4", got)

@@ -59,6 +59,8 @@ func newCrashRig(t *testing.T, rules string) *crashRig {
 	r.conf = filepath.Join(r.dir, "sluice.yaml")
 	yaml := fmt.Sprintf(`kafka:
   brokers: [%q]
+signal_auth:
+  keys: [%q]
 services:
   alerter:
     topic: %q
@@ -70,7 +72,7 @@ services:
       dingtalk: {ops: {webhook: %q, secret: %q}}
       slack: {noc: {webhook: %q}}
     rules: %s
-`, kcfg.Brokers[0], topic, topic, r.ding.url(), robotSecret, r.sl.url(), rules)
+`, kcfg.Brokers[0], testSignalAuth.Keys[0], topic, topic, r.ding.url(), robotSecret, r.sl.url(), rules)
 	if err := os.WriteFile(r.conf, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -182,8 +184,7 @@ func (r *crashRig) produce(s *schemas.Signal) {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	rec := &kgo.Record{Key: []byte(r.tenant), Value: b,
-		Headers: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaSignalsV1)}}}
+	rec := testSigner.Record("", []byte(r.tenant), b)
 	if err := r.cl.ProduceSync(context.Background(), rec).FirstErr(); err != nil {
 		r.t.Fatal(err)
 	}

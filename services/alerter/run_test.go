@@ -43,8 +43,7 @@ func TestRunFromKafkaToAlertmanager(t *testing.T) {
 	}
 	produce := func(value []byte) {
 		t.Helper()
-		rec := &kgo.Record{Key: []byte(tenant), Value: value,
-			Headers: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaSignalsV1)}}}
+		rec := testSigner.Record(topic, []byte(tenant), value)
 		if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
 			t.Fatal(err)
 		}

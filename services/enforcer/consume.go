@@ -25,7 +25,7 @@ func (c *core) consume(ctx context.Context, kc *kgo.Client, recovered <-chan str
 				c.log.Warn("enforcer: fetch error", "topic", t, "partition", p, "err", err)
 			}
 		})
-		fs.EachRecord(func(r *kgo.Record) { c.handleRecord(r.Value, now) })
+		fs.EachRecord(func(r *kgo.Record) { c.handleSignalRecord(r, now) })
 	}
 	return nil
 }

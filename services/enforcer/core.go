@@ -4,12 +4,15 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/enforcer/internal/breaker"
@@ -28,6 +31,10 @@ type core struct {
 	table  *breaker.Table
 	writer *flagwriter.Writer
 	policy *policy.Watcher
+	// auth verifies each signal record before it is applied; nil refuses
+	// them all (signalauth.Auth.Verify), so an unwired core fails closed.
+	auth         *signalauth.Auth
+	unauthenticN atomic.Int64 // refused records, for log sampling
 
 	dedupMu sync.Mutex
 	seen    *fifo.Set[string] // recent signal ids; guarded by dedupMu
@@ -172,6 +179,24 @@ func (c *core) handle(s *schemas.Signal, now time.Time) {
 	default:
 		c.signals.WithLabelValues("no_change").Inc()
 	}
+}
+
+// handleSignalRecord applies one record of the signals topic if its
+// signature verifies (signalauth). Anyone who can produce to the topic
+// could otherwise lift a quota breaker with a forged period_reset, so a
+// record that is unsigned or badly signed is refused, counted
+// (result="unauthenticated") and logged — the first ten and then every
+// thousandth, so a flood of them cannot bury the log.
+func (c *core) handleSignalRecord(r *kgo.Record, now time.Time) {
+	if err := c.auth.Verify(r); err != nil {
+		c.signals.WithLabelValues("unauthenticated").Inc()
+		if n := c.unauthenticN.Add(1); n <= 10 || n%1000 == 0 {
+			c.log.Warn("enforcer: refusing an unauthenticated signal", "reason", signalauth.Reason(err),
+				"partition", r.Partition, "offset", r.Offset, "refused_so_far", n)
+		}
+		return
+	}
+	c.handleRecord(r.Value, now)
 }
 
 // handleRecord decodes one record's value; bad records are logged and

@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
 )
@@ -41,6 +42,10 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	env = env.Named("enforcer")
 	log := env.Logger
 
+	auth, err := signalauth.Open(env.SignalAuth, log)
+	if err != nil {
+		return fmt.Errorf("enforcer: %w", err)
+	}
 	pw, err := loadPolicy(cfg, log)
 	if err != nil {
 		return err
@@ -65,6 +70,7 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	defer leaveGroup(kc)
 
 	c := newCore(cfg, rdb, pw, log)
+	c.auth = auth
 	// Silent until the lease says otherwise (lease.go).
 	c.writer.SetLeading(false)
 	as, err := openAdminState(ctx, cfg, env, c)

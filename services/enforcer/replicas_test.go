@@ -41,7 +41,7 @@ func TestTwoReplicasShareAdminStateAndOneWrites(t *testing.T) {
 		cfg := base
 		cfg.ReplicaID = id
 		cfg.Admin.Listen = closedAddr(t)
-		env := platform.Env{Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc}.Named("test-" + id)
+		env := platform.Env{Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: itest.SignalAuth(t)}.Named("test-" + id)
 		stop := itest.Start(t, "enforcer "+id, func(ctx context.Context) error { return Run(ctx, cfg, env) })
 		cl, err := adminapi.NewClient("http://"+cfg.Admin.Listen, "tok", nil)
 		if err != nil {

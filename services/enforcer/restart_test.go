@@ -80,7 +80,7 @@ func TestRestartWithoutClickHouseKeepsEveryFlag(t *testing.T) {
 	chc := chconn.Defaults()
 	chc.Addr = closedAddr(t)
 	chc.DialTimeout = time.Second
-	env := platform.Env{Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc}.Named("test")
+	env := platform.Env{Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: itest.SignalAuth(t)}.Named("test")
 	restarted := time.Now().UnixMilli()
 	itest.Start(t, "Run", func(ctx context.Context) error { return Run(ctx, cfg, env) })
 	// Its first full rewrite sets the epoch; everything it wrote then is in

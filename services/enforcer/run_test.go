@@ -59,7 +59,9 @@ func TestRunConsumesSignalsAndRecoversState(t *testing.T) {
 	cfg.PolicyFile = policyFile
 	cfg.PolicyReload = 100 * time.Millisecond
 
-	env := platform.Env{Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc}.Named("test")
+	sigAuth := itest.SignalAuth(t)
+	signer := itest.Signer(t, sigAuth)
+	env := platform.Env{Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: sigAuth}.Named("test")
 	itest.Start(t, "Run", func(ctx context.Context) error { return Run(ctx, cfg, env) })
 	keys := flags.Layout{Prefix: cfg.KeyPrefix}
 	hasFlag := func(tenant, field, want string) func() bool {
@@ -80,19 +82,19 @@ func TestRunConsumesSignalsAndRecoversState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := prod.ProduceSync(ctx, &kgo.Record{Topic: cfg.SignalsTopic, Key: []byte(sig.Tenant), Value: val}).FirstErr(); err != nil {
+	if err := prod.ProduceSync(ctx, signer.Record(cfg.SignalsTopic, []byte(sig.Tenant), val)).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	// A record that is not a signal is skipped, not fatal: the signal after
 	// it on the same partition (same key) still takes effect.
-	if err := prod.ProduceSync(ctx, &kgo.Record{Topic: cfg.SignalsTopic, Key: []byte(sig.Tenant), Value: []byte("{not json")}).FirstErr(); err != nil {
+	if err := prod.ProduceSync(ctx, signer.Record(cfg.SignalsTopic, []byte(sig.Tenant), []byte("{not json"))).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	after := exhausted(sig.Tenant, "gpt-4o-mini")
 	if val, err = schemas.EncodeSignal(after); err != nil {
 		t.Fatal(err)
 	}
-	if err := prod.ProduceSync(ctx, &kgo.Record{Topic: cfg.SignalsTopic, Key: []byte(sig.Tenant), Value: val}).FirstErr(); err != nil {
+	if err := prod.ProduceSync(ctx, signer.Record(cfg.SignalsTopic, []byte(sig.Tenant), val)).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	itest.Eventually(t, within, "flag from a Kafka signal", hasFlag(sig.Tenant, "gpt-4o", "daily_tokens"))

@@ -2,10 +2,12 @@ package reconciler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/schemas"
 )
 
@@ -16,14 +18,21 @@ func ProducerOptions() []kgo.Opt {
 }
 
 // KafkaPublisher produces signals to Topic (schemas.TopicSignalsV1 when
-// empty), keyed by tenant like the aggregator's, with the schema header.
+// empty), keyed by tenant like the aggregator's, with the schema header,
+// signed by Auth.
 type KafkaPublisher struct {
 	Client *kgo.Client
 	Topic  string
+	// Auth signs the records; the enforcer and alerter refuse unsigned
+	// ones, so a publisher without it refuses to publish.
+	Auth *signalauth.Auth
 }
 
 // Publish produces every signal and waits for the acknowledgements.
 func (p *KafkaPublisher) Publish(ctx context.Context, signals []schemas.Signal) error {
+	if p.Auth == nil {
+		return errors.New("reconciler: KafkaPublisher.Auth is nil: open one with signalauth.Open (signal_auth settings)")
+	}
 	topic := p.Topic
 	if topic == "" {
 		topic = schemas.TopicSignalsV1
@@ -34,8 +43,7 @@ func (p *KafkaPublisher) Publish(ctx context.Context, signals []schemas.Signal) 
 		if err != nil {
 			return fmt.Errorf("reconciler: encode signal %s: %w", signals[i].ID, err)
 		}
-		recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(signals[i].Tenant), Value: v,
-			Headers: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaSignalsV1)}}})
+		recs = append(recs, p.Auth.Record(topic, []byte(signals[i].Tenant), v))
 	}
 	return p.Client.ProduceSync(ctx, recs...).FirstErr()
 }

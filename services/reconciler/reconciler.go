@@ -25,6 +25,7 @@ import (
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/services/reconciler/audit"
 	"github.com/sluicehq/sluice/services/reconciler/schedule"
@@ -43,6 +44,10 @@ func run(ctx context.Context, cfg Config, env platform.Env, clock schedule.Clock
 		return err
 	}
 	at, _ := schedule.ParseTimeOfDay(cfg.At)
+	auth, err := signalauth.Open(env.SignalAuth, log)
+	if err != nil {
+		return fmt.Errorf("reconciler: %w", err)
+	}
 	watcher, err := policy.NewWatcher(cfg.PolicyFile, cfg.PolicyReload, log)
 	if err != nil {
 		return fmt.Errorf("reconciler: %w", err)
@@ -72,7 +77,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, clock schedule.Clock
 	opt.Now = clock.Now
 	opt.Log = log
 	n := &nightly{cfg: cfg, clock: clock, log: log, policy: watcher, store: clickHouse{conn},
-		auditor: audit.New(conn, &KafkaPublisher{Client: cl, Topic: cfg.SignalsTopic}, opt), m: m, jobCtx: jobCtx}
+		auditor: audit.New(conn, &KafkaPublisher{Client: cl, Topic: cfg.SignalsTopic, Auth: auth}, opt), m: m, jobCtx: jobCtx}
 	n.syncPrices(watcher.Current())
 	s := &schedule.Scheduler{At: at, Interval: cfg.CheckInterval, Clock: clock, Log: log, Tenants: n.tenants, Run: n.runJobs,
 		Hourly: cfg.Hourly, Settle: cfg.Settle}

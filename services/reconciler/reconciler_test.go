@@ -105,9 +105,13 @@ func TestServiceRepairsOnScheduleAndSignals(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.PolicyFile = polPath
 	cfg.SignalsTopic = signals
+	// The drift signal is signed: the enforcer and alerter refuse others.
+	sigAuth := itest.SignalAuth(t)
+	verifier := itest.Signer(t, sigAuth)
 	cfg.ConfirmDelay = 50 * time.Millisecond
 	reg := prometheus.NewRegistry()
-	env := platform.Env{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: reg, Health: ops.NewHealth(), Kafka: kcfg, ClickHouse: chcfg}
+	env := platform.Env{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: reg, Health: ops.NewHealth(), Kafka: kcfg, ClickHouse: chcfg,
+		SignalAuth: sigAuth}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
@@ -156,6 +160,9 @@ func TestServiceRepairsOnScheduleAndSignals(t *testing.T) {
 			var s schemas.Signal
 			if err := schemas.DecodeSignal(r.Value, &s); err == nil && s.Kind == schemas.SignalReconciliationDrift {
 				got = &s
+				if err := verifier.Verify(r); err != nil {
+					t.Errorf("drift signal: %v", err)
+				}
 			}
 		})
 		if got != nil {

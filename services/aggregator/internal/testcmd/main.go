@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/services/aggregator"
 )
 
@@ -32,6 +33,7 @@ func main() {
 	flag.IntVar(&cfg.BatchEvents, "batch", cfg.BatchEvents, "batch events")
 	flag.DurationVar(&cfg.FlushInterval, "flush", 200*time.Millisecond, "flush interval")
 	flag.DurationVar(&cfg.SessionTimeout, "session-timeout", 6*time.Second, "group session timeout")
+	keys := flag.String("signal-keys", "", "signal_auth keys, key_id:secret[,…]")
 	flag.Parse()
 
 	k := kafkaconn.Defaults()
@@ -40,7 +42,8 @@ func main() {
 	k.Partitions, k.ReplicationFactor = 3, 1
 	c := chconn.Defaults()
 	c.Addr, c.Database = *chAddr, *db
-	env := platform.Env{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})), Kafka: k, ClickHouse: c}
+	env := platform.Env{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})), Kafka: k, ClickHouse: c,
+		SignalAuth: signalauth.Config{Keys: strings.Split(*keys, ",")}}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()

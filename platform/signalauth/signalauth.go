@@ -1,0 +1,325 @@
+// Package signalauth authenticates the records of the signals topic
+// (sluice.signals.v1). The enforcer lifts quota breakers on a period_reset
+// and the alerter resolves alerts on one, so without it anyone who can
+// produce to Kafka could lift a breaker with a forged record. Producers (the
+// aggregator, the reconciler) sign each record with HMAC-SHA256 under a key
+// shared with the consumers (the enforcer, the alerter), which refuse — and
+// count — records that are unsigned or badly signed.
+//
+// The MAC covers the record key, the schema header and the value, and the
+// id of the key that made it, length-prefixed so no two different records
+// share an input. It travels in two record headers: [HeaderKeyID] names the
+// key, [HeaderSignature] holds the hex MAC. Keys rotate: verifiers accept
+// every key of their ring, signers use one (see [Config]).
+//
+// What it does not do: it does not stop a replay of a genuine record (the
+// consumers drop repeated signal ids and stale periods for that), and it
+// does not hide signals from readers. It depends on nothing but franz-go's
+// record type, so it adds no server dependency to whoever imports it.
+package signalauth
+
+import (
+	"bufio"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"log/slog"
+	"os"
+	"regexp"
+	"strings"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/schemas"
+)
+
+// Record headers a signed signal carries.
+const (
+	// HeaderSignature is the hex HMAC-SHA256 of the record (see package doc).
+	HeaderSignature = "sluice-sig"
+	// HeaderKeyID names the key of the ring that made HeaderSignature.
+	HeaderKeyID = "sluice-kid"
+)
+
+// Modes of [Config].
+const (
+	// ModeHMAC signs and verifies; it is what an empty mode means.
+	ModeHMAC = "hmac"
+	// ModeOff neither signs nor verifies: development only.
+	ModeOff = "off"
+)
+
+// MinSecretBytes is the shortest secret accepted: HMAC-SHA256 is only as
+// strong as its key, and 32 bytes is its block of security.
+const MinSecretBytes = 32
+
+// domain separates these MACs from any other use of the same secret.
+const domain = "sluice-signal-auth-v1"
+
+var keyIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// Config is the root-level signal_auth setting every signal producer and
+// consumer shares. The secrets are never logged; only key ids are.
+type Config struct {
+	Mode    string   `yaml:"mode" help:"hmac (default): sign produced signals and refuse unsigned or badly signed ones; off: no signing, no checking — anyone who can produce to the signals topic can lift a quota breaker (development only; warned at start)"`
+	KeyFile string   `yaml:"key_file" help:"file of signing keys, one key_id:secret per line (# comments), each secret at least 32 bytes (e.g. openssl rand -hex 32); verifiers accept every key, signers use sign_key"`
+	Keys    []string `yaml:"keys" help:"signing keys as key_id:secret, added to those of key_file; prefer key_file or the environment, a flag shows in the process list"`
+	SignKey string   `yaml:"sign_key" help:"id of the key signers use; empty: the first key (of key_file, then keys). Rotate by adding the new key everywhere, then switching sign_key, then removing the old key once the signals topic's retention has passed"`
+}
+
+// Validate checks what can be checked without reading the key file. The
+// errors name the field and never a secret.
+func (c Config) Validate() error {
+	if c.Mode != "" && c.Mode != ModeHMAC && c.Mode != ModeOff {
+		return fmt.Errorf("signal_auth.mode: %q is not hmac or off", c.Mode)
+	}
+	_, err := parseKeys(c.Keys, "signal_auth.keys")
+	return err
+}
+
+// Auth signs and verifies signal records. A nil *Auth verifies nothing:
+// Verify refuses every record, so forgetting to configure it fails closed.
+type Auth struct {
+	off    bool
+	keys   map[string][]byte
+	signID string
+}
+
+// Errors of Verify; all of them mean "refused".
+var (
+	ErrUnsigned      = errors.New("signal record is not signed (no " + HeaderSignature + " header)")
+	ErrUnknownKey    = errors.New("signal record is signed with a key id this service does not know")
+	ErrBadSignature  = errors.New("signal record's signature does not match")
+	ErrNotConfigured = errors.New("signal authentication is not configured")
+)
+
+// Open builds the Auth of c: it reads the key file, checks every key and
+// the sign key, and warns once when mode is off. The errors name the field
+// and the limit, never a secret.
+func Open(c Config, log *slog.Logger) (*Auth, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if c.Mode == ModeOff {
+		if log != nil {
+			log.Warn("signal_auth.mode is off: signals are neither signed nor verified; anyone who can produce to the signals topic can lift quota breakers and resolve alerts (development only)")
+		}
+		return &Auth{off: true}, nil
+	}
+	var entries []entry
+	if c.KeyFile != "" {
+		lines, err := readKeyFile(c.KeyFile)
+		if err != nil {
+			return nil, err
+		}
+		fromFile, err := parseKeys(lines, "signal_auth.key_file "+c.KeyFile)
+		if err != nil {
+			return nil, err
+		}
+		entries = fromFile
+	}
+	inline, _ := parseKeys(c.Keys, "signal_auth.keys")
+	entries = append(entries, inline...)
+	if len(entries) == 0 {
+		return nil, errors.New("signal_auth: no key: set signal_auth.key_file (or keys, env SLUICE_SIGNAL_AUTH_KEYS) to the same key_id:secret on every service, or signal_auth.mode: off to run without signal authentication (development only)")
+	}
+	a := &Auth{keys: make(map[string][]byte, len(entries)), signID: c.SignKey}
+	for _, e := range entries {
+		if old, dup := a.keys[e.id]; dup && !hmac.Equal(old, e.secret) {
+			return nil, fmt.Errorf("signal_auth: key id %q is given twice with different secrets; give each key its own id", e.id)
+		}
+		a.keys[e.id] = e.secret
+	}
+	if a.signID == "" {
+		a.signID = entries[0].id
+	}
+	if _, ok := a.keys[a.signID]; !ok {
+		return nil, fmt.Errorf("signal_auth.sign_key: %q is not among the configured key ids", a.signID)
+	}
+	if log != nil {
+		ids := make([]string, 0, len(entries))
+		for _, e := range entries {
+			ids = append(ids, e.id)
+		}
+		log.Info("signal authentication on", "sign_key", a.signID, "key_ids", ids)
+	}
+	return a, nil
+}
+
+// Off reports whether a signs and verifies nothing.
+func (a *Auth) Off() bool { return a != nil && a.off }
+
+// Record returns a signals record of topic, keyed by key, with the schema
+// header of signal v1 and, unless a is off, its signature.
+func (a *Auth) Record(topic string, key, value []byte) *kgo.Record {
+	r := &kgo.Record{Topic: topic, Key: key, Value: value,
+		Headers: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaSignalsV1)}}}
+	a.Sign(r)
+	return r
+}
+
+// Sign adds the key id and signature headers to r with the sign key,
+// replacing any it had; with a off (or nil) it leaves r alone. Headers are
+// signed as they are: set the schema header before signing.
+func (a *Auth) Sign(r *kgo.Record) {
+	if a == nil || a.off {
+		return
+	}
+	hs := r.Headers[:0:0]
+	for _, h := range r.Headers {
+		if h.Key != HeaderSignature && h.Key != HeaderKeyID {
+			hs = append(hs, h)
+		}
+	}
+	mac := a.mac(a.signID, r.Key, schemaOf(hs), r.Value)
+	r.Headers = append(hs,
+		kgo.RecordHeader{Key: HeaderKeyID, Value: []byte(a.signID)},
+		kgo.RecordHeader{Key: HeaderSignature, Value: []byte(hex.EncodeToString(mac))})
+}
+
+// Verify returns nil when r carries a valid signature by a key of the
+// ring, or when a is off; otherwise the reason it is refused. The compare
+// is constant-time. A record with a header of the signature, key id or
+// schema given twice is refused: which of the two a consumer reads must
+// not be a question.
+func (a *Auth) Verify(r *kgo.Record) error {
+	if a == nil {
+		return ErrNotConfigured
+	}
+	if a.off {
+		return nil
+	}
+	var sig, kid, schema []byte
+	var nSig, nKid, nSchema int
+	for _, h := range r.Headers {
+		switch h.Key {
+		case HeaderSignature:
+			sig, nSig = h.Value, nSig+1
+		case HeaderKeyID:
+			kid, nKid = h.Value, nKid+1
+		case schemas.HeaderSchema:
+			schema, nSchema = h.Value, nSchema+1
+		}
+	}
+	if nSig == 0 {
+		return ErrUnsigned
+	}
+	if nSig > 1 || nKid > 1 || nSchema > 1 {
+		return fmt.Errorf("%w: a signature, key id or schema header is repeated", ErrBadSignature)
+	}
+	key, ok := a.keys[string(kid)]
+	if !ok {
+		return ErrUnknownKey
+	}
+	got := make([]byte, sha256.Size)
+	if len(sig) != 2*sha256.Size {
+		return ErrBadSignature
+	}
+	if _, err := hex.Decode(got, sig); err != nil {
+		return ErrBadSignature
+	}
+	want := macWith(key, string(kid), r.Key, schema, r.Value)
+	if !hmac.Equal(got, want) {
+		return ErrBadSignature
+	}
+	return nil
+}
+
+// Reason is a short label for err, for logs and metrics: unsigned,
+// unknown_key, bad_signature or not_configured.
+func Reason(err error) string {
+	switch {
+	case errors.Is(err, ErrUnsigned):
+		return "unsigned"
+	case errors.Is(err, ErrUnknownKey):
+		return "unknown_key"
+	case errors.Is(err, ErrNotConfigured):
+		return "not_configured"
+	}
+	return "bad_signature"
+}
+
+func (a *Auth) mac(kid string, key, schema, value []byte) []byte {
+	return macWith(a.keys[kid], kid, key, schema, value)
+}
+
+func macWith(secret []byte, kid string, key, schema, value []byte) []byte {
+	m := hmac.New(sha256.New, secret)
+	writeField(m, []byte(domain))
+	writeField(m, []byte(kid))
+	writeField(m, key)
+	writeField(m, schema)
+	writeField(m, value)
+	return m.Sum(nil)
+}
+
+// writeField writes b length-prefixed, so that field boundaries are part of
+// what is signed.
+func writeField(h hash.Hash, b []byte) {
+	var n [8]byte
+	binary.BigEndian.PutUint64(n[:], uint64(len(b)))
+	h.Write(n[:])
+	h.Write(b)
+}
+
+func schemaOf(hs []kgo.RecordHeader) []byte {
+	for _, h := range hs {
+		if h.Key == schemas.HeaderSchema {
+			return h.Value
+		}
+	}
+	return nil
+}
+
+type entry struct {
+	id     string
+	secret []byte
+}
+
+// parseKeys parses key_id:secret entries; where names the source in
+// errors, which give the entry's position and never its secret.
+func parseKeys(lines []string, where string) ([]entry, error) {
+	var out []entry
+	var errs []error
+	for i, l := range lines {
+		id, secret, ok := strings.Cut(strings.TrimSpace(l), ":")
+		id, secret = strings.TrimSpace(id), strings.TrimSpace(secret)
+		switch {
+		case !ok:
+			errs = append(errs, fmt.Errorf("%s: entry %d: want key_id:secret", where, i+1))
+		case !keyIDPattern.MatchString(id):
+			errs = append(errs, fmt.Errorf("%s: entry %d: key id %q must be 1..64 of A-Z a-z 0-9 . _ -", where, i+1, id))
+		case len(secret) < MinSecretBytes:
+			errs = append(errs, fmt.Errorf("%s: entry %d (key id %q): the secret is %d bytes, want at least %d (openssl rand -hex 32)", where, i+1, id, len(secret), MinSecretBytes))
+		default:
+			out = append(out, entry{id: id, secret: []byte(secret)})
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// readKeyFile returns the key lines of path, without blanks and comments.
+func readKeyFile(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("signal_auth.key_file: %w", err)
+	}
+	defer f.Close()
+	var lines []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		l := strings.TrimSpace(sc.Text())
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		lines = append(lines, l)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("signal_auth.key_file %s: %w", path, err)
+	}
+	return lines, nil
+}
