@@ -239,7 +239,7 @@ func writeDemoKeys() (path, key string, err error) {
 		return "", "", err
 	}
 	path = filepath.Join(dir, "keys.yaml")
-	body := fmt.Sprintf("keys:\n  - id: demo-gateway\n    sha256: %s\n", hex.EncodeToString(sum[:]))
+	body := fmt.Sprintf("keys:\n  - id: demo-gateway\n    sha256: %s\n    tenants: [\"*\"]\n", hex.EncodeToString(sum[:]))
 	return path, key, os.WriteFile(path, []byte(body), 0o600)
 }
 
