@@ -51,7 +51,6 @@ type Key struct {
 // letters, digits and . _ : - only.
 const AnyTenant = "*"
 
-
 // Identity is an authenticated key: what a request may do.
 type Identity struct {
 	// ID is the key's id from the keys file.
