@@ -26,6 +26,7 @@ import (
 	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/gateway/emitter"
 	"github.com/sluicehq/sluice/platform/chconn"
+	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/lifecycle"
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/platform/redisconn"
@@ -191,7 +192,7 @@ func serveHTTP(addr string, h http.Handler) func(context.Context) error {
 		if err != nil {
 			return fmt.Errorf("listen on %s: %w (is another demo running?)", addr, err)
 		}
-		srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+		srv := httpserver.New(h, httpserver.Defaults(), nil)
 		// The same shape as the services' Run: one group, one cancellation;
 		// a failed Serve ends the shutdown member too.
 		g, gctx := errgroup.WithContext(ctx)
