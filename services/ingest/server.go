@@ -27,18 +27,18 @@ import (
 
 // server is the events API: one per Run, or per test.
 type server struct {
-	cfg     Config
-	log     *slog.Logger
-	keys    *apikey.File // nil: anonymous access allowed
-	kafka   *kgo.Client
-	dedup   *dedup.Window
-	budget  budget
+	cfg    Config
+	log    *slog.Logger
+	keys   *apikey.File // nil: anonymous access allowed
+	kafka  *kgo.Client
+	dedup  *dedup.Window
+	budget budget
 	// decodeMem bounds the memory of every body being read and decoded
 	// at once, in bytes (services.ingest.decode_memory_bytes).
 	decodeMem budget
-	m       *metrics
-	owners  atomic.Uint64
-	closing atomic.Bool
+	m         *metrics
+	owners    atomic.Uint64
+	closing   atomic.Bool
 
 	bodies  sync.Pool // *bytes.Buffer
 	batches sync.Pool // *payload.Batch
@@ -80,13 +80,13 @@ func newServer(ctx context.Context, cfg Config, env platform.Env, extra ...kgo.O
 		return nil, err
 	}
 	s := &server{
-		cfg:    cfg,
-		log:    env.Logger,
-		dedup:  dedup.NewWindow(cfg.DedupWindow, cfg.DedupMaxIDs, nil),
-		budget: budget{limit: int64(cfg.InflightEvents)},
+		cfg:       cfg,
+		log:       env.Logger,
+		dedup:     dedup.NewWindow(cfg.DedupWindow, cfg.DedupMaxIDs, nil),
+		budget:    budget{limit: int64(cfg.InflightEvents)},
 		decodeMem: budget{limit: cfg.DecodeMemoryBytes},
-		header: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaUsageV1)}},
-		now:    time.Now,
+		header:    []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaUsageV1)}},
+		now:       time.Now,
 	}
 	s.m = newMetrics(func() float64 { return float64(s.budget.used.Load()) },
 		func() float64 { return float64(s.decodeMem.used.Load()) })
