@@ -3,6 +3,7 @@ package eventjson
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -353,5 +354,33 @@ func TestProblemsPerEventAreCapped(t *testing.T) {
 	}
 	if len(ve) != schemas.MaxProblemsPerEvent+1 || ve[len(ve)-1].Reason != schemas.TruncatedProblems {
 		t.Fatalf("%d problems, last %+v; want %d and the truncation note", len(ve), ve[len(ve)-1], schemas.MaxProblemsPerEvent+1)
+	}
+}
+
+// TestAttributeBombAllocatesLittle: decoding an 8 MiB body (max_body_bytes)
+// of one-byte attribute entries allocates about the body's one copy, not a
+// map of every entry (88 MB before the cap).
+func TestAttributeBombAllocatesLittle(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector changes allocation figures")
+	}
+	var b strings.Builder
+	b.WriteString(`"attributes":{`)
+	for i := 0; b.Len() < 8<<20; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"%x":""`, i)
+	}
+	b.WriteByte('}')
+	body := []byte(event(b.String()))
+	var ev schemas.UsageEvent
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_ = DecodeUsageEvent(body, &ev)
+	runtime.ReadMemStats(&after)
+	if got := after.TotalAlloc - before.TotalAlloc; got > 2*uint64(len(body)) {
+		t.Fatalf("decoding a %d-byte attribute bomb allocated %d bytes; want about one copy of the body", len(body), got)
 	}
 }
