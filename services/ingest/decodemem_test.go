@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"compress/gzip"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -84,5 +85,32 @@ func TestDecodeMemoryBudget(t *testing.T) {
 	})
 	if a := post(t, inst.url, testKey, "application/json", body); a.code != http.StatusAccepted {
 		t.Fatalf("request after the budget was returned: %d %s, want 202", a.code, a.raw)
+	}
+}
+
+// TestAttributeBombAnswerIsSmall: an 8 MiB event whose attributes are
+// 700,000-odd invalid keys used to come back as a 72 MB rejection; the
+// answer now names the count and the limit in a few kilobytes.
+func TestAttributeBombAnswerIsSmall(t *testing.T) {
+	inst := startIngest(t, nil)
+	var b strings.Builder
+	b.WriteString(`{"id":"bomb-1","time":"` + time.Now().UTC().Format(time.RFC3339) + `","tenant":"acme","model":"m","prompt_tokens":1,"completion_tokens":1,"attributes":{`)
+	n := 0
+	for ; b.Len() < 8<<20-64; n++ {
+		if n > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"%x ":""`, n) // a space: an invalid key
+	}
+	b.WriteString("}}")
+	a := post(t, inst.url, testKey, "application/json", []byte(b.String()))
+	if a.code != http.StatusBadRequest {
+		t.Fatalf("attribute bomb: %d %.300s, want 400", a.code, a.raw)
+	}
+	if len(a.raw) > 16<<10 {
+		t.Fatalf("the rejection of one event is %d bytes; want a few kilobytes", len(a.raw))
+	}
+	if !strings.Contains(a.raw, fmt.Sprintf("has %d entries", n)) || !strings.Contains(a.raw, "MaxAttributes") {
+		t.Fatalf("the rejection does not name the count and the limit: %.500s", a.raw)
 	}
 }
