@@ -145,9 +145,14 @@ func ReadBody(r io.Reader, contentEncoding string, maxBytes int64, buf *bytes.Bu
 // decoding as much as its budget allows (HTTP 503 with Retry-After).
 var ErrBusy = errors.New("payload: decode memory budget exhausted")
 
-// reserveChunk is how many decoded bytes one reservation covers: a small
-// body costs one chunk, a large one a reservation per 256 KiB.
-const reserveChunk = 256 << 10
+// One reservation covers as many decoded bytes as are already covered,
+// between minReserve and maxReserve: a typical 30 KiB batch costs two small
+// reservations, a large body one per 256 KiB, and no body is charged much
+// more than it holds.
+const (
+	minReserve = 16 << 10
+	maxReserve = 256 << 10
+)
 
 // reservingReader reserves memory before letting decoded bytes through.
 // Reservations stop at limit (max_body_bytes): the one byte past it that
@@ -167,7 +172,7 @@ func (rr *reservingReader) Read(p []byte) (int, error) {
 		return n, err
 	}
 	if rr.consumed >= rr.granted {
-		n := min(int64(reserveChunk), rr.limit-rr.granted)
+		n := min(max(rr.granted, minReserve), maxReserve, rr.limit-rr.granted)
 		if !rr.reserve(n) {
 			return 0, ErrBusy
 		}

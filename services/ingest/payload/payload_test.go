@@ -195,6 +195,16 @@ func TestReadBodyReserves(t *testing.T) {
 			}
 		})
 	}
+	// A small body is charged a small reservation, not a large chunk.
+	var reserved int64
+	var buf bytes.Buffer
+	small := ev("a", "acme")
+	if err := ReadBody(strings.NewReader(small), "", 8<<20, &buf, func(n int64) bool { reserved += n; return true }); err != nil || buf.String() != small {
+		t.Fatalf("small body: %v %q", err, buf.String())
+	}
+	if reserved > 16<<10 {
+		t.Fatalf("a %d-byte body reserved %d bytes", len(small), reserved)
+	}
 }
 
 // FuzzDecode feeds arbitrary bodies in every format: the parser must never
