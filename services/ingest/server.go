@@ -51,9 +51,11 @@ type server struct {
 // grows) and the decoder's one copy that the events' strings share.
 const decodeCostFactor = 3
 
-// budget counts events produced and not yet acknowledged. Admission is
-// all-or-nothing per request and never waits: a request that does not fit
-// is answered 503 at once, so memory stays bounded whatever the broker does.
+// budget counts a bounded resource shared by all requests: events produced
+// and not yet acknowledged (budget), or bytes of bodies being decoded
+// (decodeMem). Admission never waits: a request that does not fit is
+// answered 503 at once, so memory stays bounded whatever the broker or the
+// clients do.
 type budget struct {
 	limit int64
 	used  atomic.Int64
