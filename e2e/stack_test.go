@@ -150,7 +150,7 @@ func newStack(t testing.TB, opts stackOptions) *stack {
 	s.writePolicy(opts.Policy)
 	s.ingestKey, s.scopedKey = randomKey(), randomKey()
 	scoped := orDefault(opts.ScopedTenant, "scoped-only")
-	keys := fmt.Sprintf("keys:\n  - id: e2e-gateway\n    sha256: %s\n  - id: e2e-scoped\n    sha256: %s\n    tenants: [%s]\n",
+	keys := fmt.Sprintf("keys:\n  - id: e2e-gateway\n    sha256: %s\n    tenants: [\"*\"]\n  - id: e2e-scoped\n    sha256: %s\n    tenants: [%s]\n",
 		sha(s.ingestKey), sha(s.scopedKey), scoped)
 	if err := os.WriteFile(filepath.Join(s.dir, "keys.yaml"), []byte(keys), 0o600); err != nil {
 		t.Fatal(err)

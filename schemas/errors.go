@@ -62,9 +62,22 @@ func (e ValidationError) Has(field string) bool {
 // that collect problems while they read ("data." is the prefix inside a
 // CloudEvent). Callers are on the error path only, so the concatenation
 // costs nothing when input is valid.
+//
+// Past MaxProblemsPerEvent problems it adds one last entry saying more were
+// left out, then nothing: a hostile event cannot make its error grow with
+// its size.
 func (e *ValidationError) Add(prefix, field, reason string) {
-	*e = append(*e, FieldError{Field: prefix + field, Reason: reason})
+	switch n := len(*e); {
+	case n < MaxProblemsPerEvent:
+		*e = append(*e, FieldError{Field: prefix + field, Reason: reason})
+	case n == MaxProblemsPerEvent:
+		*e = append(*e, FieldError{Field: prefix + field, Reason: TruncatedProblems})
+	}
 }
+
+// TruncatedProblems is the reason of the entry that ends a ValidationError
+// cut at MaxProblemsPerEvent.
+const TruncatedProblems = "and more problems, not listed (at most MaxProblemsPerEvent = 20 are); fix these and send again"
 
 // Err returns e as an error, or a nil error (not a typed nil, which would
 // compare unequal to nil) when e is empty.

@@ -60,6 +60,13 @@ const (
 	// MaxReasonLen is the maximum length of Signal.Reason in bytes.
 	MaxReasonLen = 1024
 
+	// MaxProblemsPerEvent is the most problems a ValidationError lists for
+	// one event; past it one last entry says that more were left out. An
+	// event with 700,000 bad attribute keys would otherwise produce an
+	// error (and an HTTP answer) far larger than itself; the first few
+	// problems are enough to fix the sender.
+	MaxProblemsPerEvent = 20
+
 	// MaxNesting is how deeply the usage event decoders follow nested arrays
 	// and objects (inside fields they are going to reject anyway) before they
 	// give up with a SyntaxError; it bounds the work and stack a hostile input

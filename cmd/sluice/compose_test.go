@@ -8,6 +8,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/services/ingest/apikey"
 )
 
 // TestComposeFileIsComplete parses docker-compose.yml (no Docker engine runs
@@ -28,6 +29,7 @@ func TestComposeFileIsComplete(t *testing.T) {
 			DependsOn   map[string]any    `yaml:"depends_on"`
 			Environment map[string]string `yaml:"environment"`
 			Restart     string            `yaml:"restart"`
+			Ports       []string          `yaml:"ports"`
 		} `yaml:"services"`
 	}
 	if err := yaml.Unmarshal(data, &f); err != nil {
@@ -44,6 +46,16 @@ func TestComposeFileIsComplete(t *testing.T) {
 		}
 		if s.Restart != "no" && s.Healthcheck == nil {
 			t.Errorf("long-running service %s has no healthcheck", want)
+		}
+	}
+	// An example stack must not offer its example key, admin API, metrics
+	// or admin/admin Grafana to the network: every port is published on
+	// loopback only.
+	for name, s := range f.Services {
+		for _, p := range s.Ports {
+			if !strings.HasPrefix(p, "127.0.0.1:") {
+				t.Errorf("service %s publishes %q on every interface; write 127.0.0.1:%s", name, p, p)
+			}
 		}
 	}
 	for _, dep := range []string{"kafka", "clickhouse", "redis", "alertmanager", "sluice-migrate"} {
@@ -77,6 +89,23 @@ func TestComposeFileIsComplete(t *testing.T) {
 	}
 	if _, err := policy.Load(ccfg.PolicyFile); err != nil {
 		t.Fatalf("compose policy: %v", err)
+	}
+	// The example keys file must load, and its key must not be an
+	// any-tenant key: it is published with the example.
+	keys, err := os.ReadFile(ccfg.Services.Ingest.KeysFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := apikey.Parse(keys)
+	if err != nil {
+		t.Fatalf("compose keys file: %v", err)
+	}
+	id := set.Authenticate("sk-compose-example")
+	if id == nil {
+		t.Fatal("the example key sk-compose-example the keys file documents does not authenticate")
+	}
+	if id.Allows("any-other-tenant") {
+		t.Error(`the example key may report any tenant; list the example tenants instead of tenants: ["*"]`)
 	}
 }
 

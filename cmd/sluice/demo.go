@@ -26,6 +26,7 @@ import (
 	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/gateway/emitter"
 	"github.com/sluicehq/sluice/platform/chconn"
+	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/lifecycle"
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/platform/redisconn"
@@ -195,7 +196,7 @@ func serveHTTP(addr string, h http.Handler) func(context.Context) error {
 		if err != nil {
 			return fmt.Errorf("listen on %s: %w (is another demo running?)", addr, err)
 		}
-		srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+		srv := httpserver.New(h, httpserver.Defaults(), nil)
 		// The same shape as the services' Run: one group, one cancellation;
 		// a failed Serve ends the shutdown member too.
 		g, gctx := errgroup.WithContext(ctx)
@@ -243,7 +244,7 @@ func writeDemoKeys() (path, key string, err error) {
 		return "", "", err
 	}
 	path = filepath.Join(dir, "keys.yaml")
-	body := fmt.Sprintf("keys:\n  - id: demo-gateway\n    sha256: %s\n", hex.EncodeToString(sum[:]))
+	body := fmt.Sprintf("keys:\n  - id: demo-gateway\n    sha256: %s\n    tenants: [\"*\"]\n", hex.EncodeToString(sum[:]))
 	return path, key, os.WriteFile(path, []byte(body), 0o600)
 }
 

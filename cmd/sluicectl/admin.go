@@ -116,6 +116,7 @@ func runAdminTo(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("admin "+verb, flag.ContinueOnError)
 	base := fs.String("url", envOr("SLUICE_ADMIN_URL", "http://127.0.0.1:9471"), "enforcer admin API base URL")
 	token := fs.String("token", os.Getenv("SLUICE_ADMIN_TOKEN"), "admin bearer token (prefer SLUICE_ADMIN_TOKEN)")
+	caFile := fs.String("ca-file", os.Getenv("SLUICE_ADMIN_CA_FILE"), "PEM CA certificate(s) to trust for an https -url with a private or self-signed certificate (SLUICE_ADMIN_CA_FILE)")
 	tenant := fs.String("tenant", "", "tenant")
 	reason := fs.String("reason", "", "why (required for changes; recorded in the audit log)")
 	model := fs.String("model", "", `model ("*" or empty: every model)`)
@@ -131,7 +132,11 @@ func runAdminTo(ctx context.Context, args []string, out io.Writer) error {
 	if *token == "" {
 		return errors.New("admin: -token (or SLUICE_ADMIN_TOKEN) is required")
 	}
-	client, err := adminapi.NewClient(*base, *token, nil)
+	hc, err := adminapi.TrustingClient(*caFile)
+	if err != nil {
+		return fmt.Errorf("admin: -ca-file: %w", err)
+	}
+	client, err := adminapi.NewClient(*base, *token, hc)
 	if err != nil {
 		return fmt.Errorf("admin: -url/-token: %w", err)
 	}

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/pem"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -93,5 +96,29 @@ func TestAdminReportsTheServersError(t *testing.T) {
 	err := runAdminTo(context.Background(), []string{"trip", "-url", srv.URL, "-token", "tok", "-tenant", "acme", "-reason", "x", "-expires", "9999h"}, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "90 days") || !strings.Contains(err.Error(), "400") {
 		t.Fatalf("error %v", err)
+	}
+}
+
+// TestAdminTrustsCAFile: against an admin API served over TLS with a
+// certificate no system root signed, -ca-file makes the call succeed and
+// its absence fails on the certificate (never silently skipping checks).
+func TestAdminTrustsCAFile(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(adminapi.BreakersResponse{})
+	}))
+	defer srv.Close()
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"breakers", "-url", srv.URL, "-token", "tok", "-tenant", "acme"}
+	if err := runAdminTo(context.Background(), append(args, "-ca-file", ca), io.Discard); err != nil {
+		t.Fatalf("with -ca-file: %v", err)
+	}
+	if err := runAdminTo(context.Background(), args, io.Discard); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("without -ca-file: %v, want a certificate error", err)
+	}
+	if err := runAdminTo(context.Background(), append(args, "-ca-file", filepath.Join(t.TempDir(), "missing.pem")), io.Discard); err == nil || !strings.Contains(err.Error(), "-ca-file") {
+		t.Fatalf("missing CA file: %v, want it named", err)
 	}
 }

@@ -6,7 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,7 +29,7 @@ type Config struct {
 	ClientID          string           `yaml:"client_id" help:"Kafka client id prefix"`
 	DialTimeout       time.Duration    `yaml:"dial_timeout" help:"timeout for one broker connection attempt"`
 	Partitions        int32            `yaml:"partitions" help:"partitions for topics Sluice creates"`
-	ReplicationFactor int16            `yaml:"replication_factor" help:"replication factor for topics Sluice creates (-1: broker default)"`
+	ReplicationFactor int16            `yaml:"replication_factor" help:"replication factor for topics Sluice creates (-1: broker default). Sluice gives a topic it creates min.insync.replicas = min(2, RF-1) when that is above the broker's own min.insync.replicas (RF 3 or more: 2, so acks=all means two copies and one broker may be down); RF 1 or 2 keeps the broker's setting"`
 	TLS               tlsconfig.Config `yaml:"tls"`
 	SASL              SASL             `yaml:"sasl"`
 }
@@ -149,11 +151,11 @@ func NewClient(c Config, extra ...kgo.Opt) (*kgo.Client, error) {
 	return cl, nil
 }
 
-// EnsureTopics creates each missing topic with c's partitions and
-// replication factor. Existing topics are left as they are.
+// EnsureTopics creates each missing topic with c's partitions, replication
+// factor and [TopicConfigs]. Existing topics are left as they are.
 func EnsureTopics(ctx context.Context, cl *kgo.Client, c Config, topics ...string) error {
 	adm := kadm.NewClient(cl)
-	resp, err := adm.CreateTopics(ctx, c.Partitions, c.ReplicationFactor, nil, topics...)
+	resp, err := adm.CreateTopics(ctx, c.Partitions, c.ReplicationFactor, TopicConfigs(ctx, adm, c, nil), topics...)
 	if err != nil {
 		return fmt.Errorf("kafka: create topics %v: %w", topics, err)
 	}
@@ -163,6 +165,85 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, c Config, topics ...strin
 		}
 	}
 	return nil
+}
+
+// MinInsyncReplicas is the min.insync.replicas Sluice sets on a topic it
+// creates with replication factor rf when the brokers' own setting is
+// brokerMinISR, or 0 to leave the broker's setting in force.
+//
+// Every Sluice producer writes with acks=all, which means "all in-sync
+// replicas" — with min.insync.replicas 1 (Kafka's default) that can be a
+// single broker, and an acknowledged event dies with its disk. The rule is
+// min(2, rf-1): two copies before an answer once there are three replicas,
+// while one broker may still be down (for maintenance) without stopping
+// writes; rf 1 and 2 cannot have both, so they keep the broker's setting
+// (availability, as with any Kafka default). It never lowers what an
+// operator set on the brokers: a value not above brokerMinISR is left out.
+func MinInsyncReplicas(rf int16, brokerMinISR int) int {
+	want := min(2, int(rf)-1)
+	if want <= 1 || want <= brokerMinISR {
+		return 0
+	}
+	return want
+}
+
+// TopicConfigs returns base plus the min.insync.replicas [MinInsyncReplicas]
+// chooses for a topic created with c, for every place that creates a topic
+// (EnsureTopics and the compacted state topics). With replication factor -1
+// the brokers' default.replication.factor decides, read from one broker with
+// the brokers' min.insync.replicas; when that cannot be read (no
+// DescribeConfigs permission, say) the topic gets what the rule gives for a
+// configured factor, or nothing for -1 — never an error, since the topic
+// itself is still right.
+func TopicConfigs(ctx context.Context, adm *kadm.Client, c Config, base map[string]*string) map[string]*string {
+	rf, brokerMinISR := c.ReplicationFactor, 1
+	if rf == -1 || rf >= 3 {
+		defRF, minISR, ok := brokerTopicDefaults(ctx, adm)
+		if ok {
+			brokerMinISR = minISR
+			if rf == -1 {
+				rf = defRF
+			}
+		}
+	}
+	n := MinInsyncReplicas(rf, brokerMinISR)
+	if n == 0 {
+		return base
+	}
+	out := make(map[string]*string, len(base)+1)
+	maps.Copy(out, base)
+	v := strconv.Itoa(n)
+	out["min.insync.replicas"] = &v
+	return out
+}
+
+// brokerTopicDefaults reads default.replication.factor and
+// min.insync.replicas from one broker (a named broker answers with its
+// static configuration too; the cluster-wide resource only has dynamic
+// values).
+func brokerTopicDefaults(ctx context.Context, adm *kadm.Client) (rf int16, minISR int, ok bool) {
+	brokers, err := adm.ListBrokers(ctx)
+	if err != nil || len(brokers) == 0 {
+		return 0, 0, false
+	}
+	rcs, err := adm.DescribeBrokerConfigs(ctx, brokers[0].NodeID)
+	if err != nil || len(rcs) == 0 || rcs[0].Err != nil {
+		return 0, 0, false
+	}
+	var gotRF, gotISR bool
+	for _, cfg := range rcs[0].Configs {
+		switch cfg.Key {
+		case "default.replication.factor":
+			if n, err := strconv.ParseInt(cfg.MaybeValue(), 10, 16); err == nil {
+				rf, gotRF = int16(n), true
+			}
+		case "min.insync.replicas":
+			if n, err := strconv.Atoi(cfg.MaybeValue()); err == nil {
+				minISR, gotISR = n, true
+			}
+		}
+	}
+	return rf, minISR, gotRF && gotISR
 }
 
 // Ready returns a readiness check that pings the cluster.

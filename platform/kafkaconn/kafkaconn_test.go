@@ -9,8 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
@@ -206,5 +208,78 @@ func TestValidateSASLAndTLS(t *testing.T) {
 				t.Error("NewClient accepted a configuration Validate refuses")
 			}
 		})
+	}
+}
+
+func TestMinInsyncReplicasRule(t *testing.T) {
+	for _, tc := range []struct {
+		rf     int16
+		broker int
+		want   int
+	}{
+		{-1, 1, 0}, {1, 1, 0}, {2, 1, 0}, {3, 1, 2}, {5, 1, 2},
+		{3, 2, 0}, {5, 3, 0}, {3, 0, 2},
+	} {
+		if got := kafkaconn.MinInsyncReplicas(tc.rf, tc.broker); got != tc.want {
+			t.Errorf("MinInsyncReplicas(rf %d, broker %d) = %d, want %d", tc.rf, tc.broker, got, tc.want)
+		}
+	}
+}
+
+func TestTopicMinInsyncReplicasRealBroker(t *testing.T) {
+	cfg := itest.Kafka(t)
+	topic := itest.Unique(t, "sluice_isr_")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl, err := kafkaconn.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := kafkaconn.EnsureTopics(ctx, cl, cfg, topic); err != nil {
+		t.Fatal(err)
+	}
+	adm := kadm.NewClient(cl)
+	rcs, err := adm.DescribeTopicConfigs(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := rcs.On(topic, nil)
+	if err != nil || rc.Err != nil {
+		t.Fatalf("describe %s: %v %v", topic, err, rc.Err)
+	}
+	for _, c := range rc.Configs {
+		if c.Key == "min.insync.replicas" && c.Source == kmsg.ConfigSourceDynamicTopicConfig && c.MaybeValue() != "1" {
+			t.Errorf("RF 1 topic has min.insync.replicas=%s of its own; no write could succeed", c.MaybeValue())
+		}
+	}
+
+	compact := "compact"
+	three := cfg
+	three.ReplicationFactor = 3
+	got := kafkaconn.TopicConfigs(ctx, adm, three, map[string]*string{"cleanup.policy": &compact})
+	if v := got["min.insync.replicas"]; v == nil || *v != "2" {
+		t.Errorf("RF 3: min.insync.replicas = %v, want 2", v)
+	}
+	if v := got["cleanup.policy"]; v == nil || *v != "compact" {
+		t.Errorf("RF 3: cleanup.policy lost: %v", got)
+	}
+	if got := kafkaconn.TopicConfigs(ctx, adm, cfg, nil); got["min.insync.replicas"] != nil {
+		t.Errorf("broker-default RF (1 here): min.insync.replicas = %s, want none", *got["min.insync.replicas"])
+	}
+}
+
+func TestBrokerTopicDefaultsRealBroker(t *testing.T) {
+	cfg := itest.Kafka(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl, err := kafkaconn.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	rf, minISR, ok := kafkaconn.BrokerTopicDefaults(ctx, kadm.NewClient(cl))
+	if !ok || rf != 1 || minISR < 1 {
+		t.Fatalf("brokerTopicDefaults = rf %d, min.insync.replicas %d, ok %v; want rf 1 from the test broker", rf, minISR, ok)
 	}
 }

@@ -23,22 +23,29 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sluicehq/sluice/platform/httpserver"
 )
 
 // Config says where the operational endpoints listen.
 type Config struct {
-	Listen string `yaml:"listen" help:"address of /metrics, /healthz and /readyz"`
+	Listen string              `yaml:"listen" help:"address of /metrics, /healthz and /readyz"`
+	HTTP   httpserver.Timeouts `yaml:"http"`
 }
 
-// Defaults listens on loopback port 9464.
-func Defaults() Config { return Config{Listen: "127.0.0.1:9464"} }
+// Defaults listens on loopback port 9464 with httpserver's timeouts.
+func Defaults() Config { return Config{Listen: "127.0.0.1:9464", HTTP: httpserver.Defaults()} }
 
-// Validate checks the listen address.
+// Validate checks the listen address and the timeouts.
 func (c Config) Validate() error {
+	var errs []error
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		return fmt.Errorf("ops.listen: %q is not host:port: %w", c.Listen, err)
+		errs = append(errs, fmt.Errorf("ops.listen: %q is not host:port: %w", c.Listen, err))
 	}
-	return nil
+	if err := c.HTTP.Validate("ops.http"); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // Check reports whether one dependency is usable. It must honour ctx.
@@ -161,7 +168,12 @@ func Serve(ctx context.Context, cfg Config, reg prometheus.Gatherer, h *Health, 
 	if err != nil {
 		return fmt.Errorf("ops: listen on %s: %w (set -ops.listen to a free address)", cfg.Listen, err)
 	}
-	srv := &http.Server{Handler: Handler(reg, h), ReadHeaderTimeout: 5 * time.Second}
+	return ServeListener(ctx, ln, cfg.HTTP, reg, h, log)
+}
+
+// ServeListener is Serve on a listener the caller opened; it closes ln.
+func ServeListener(ctx context.Context, ln net.Listener, t httpserver.Timeouts, reg prometheus.Gatherer, h *Health, log *slog.Logger) error {
+	srv := httpserver.New(Handler(reg, h), t, log)
 	log.Info("operational endpoints listening", "addr", ln.Addr().String())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -1,6 +1,8 @@
 package eventjson
 
 import (
+	"strconv"
+
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/schemas/internal/scalar"
 )
@@ -256,15 +258,33 @@ func (d *scanner) attributes(dst *map[string]string, errs *schemas.ValidationErr
 		d.pos++
 		return "", nil
 	}
-	clean, n := true, 0
+	// total counts every entry. Past MaxAttributes entries
+	// the rest are read for well-formedness only: neither the map nor the
+	// problems grow with a hostile body (an 8 MiB object of tiny entries
+	// used to become a 769,000-entry map).
+	clean, total := true, 0
+	// At most maxAttributeProblems entries are named, so that the count of
+	// entries (reported last) still fits under MaxProblemsPerEvent.
+	problems := 0
+	addProblem := func(field, reason string) {
+		if problems < maxAttributeProblems {
+			errs.Add(prefix, field, reason)
+		}
+		problems++
+	}
 	for {
 		key, err := d.readKey()
 		if err != nil {
 			return "", err
 		}
-		if c := d.peek(); c != '"' {
+		total++
+		if total > schemas.MaxAttributes {
+			if err := d.skipValue(0); err != nil {
+				return "", err
+			}
+		} else if c := d.peek(); c != '"' {
 			clean = false
-			errs.Add(prefix, "attributes."+schemas.FieldPath(key), "must be a string, not "+scalar.Kind(c))
+			addProblem("attributes."+schemas.FieldPath(key), "must be a string, not "+scalar.Kind(c))
 			if err := d.skipValue(0); err != nil {
 				return "", err
 			}
@@ -277,16 +297,15 @@ func (d *scanner) attributes(dst *map[string]string, errs *schemas.ValidationErr
 			switch {
 			case dup:
 				clean = false
-				errs.Add(prefix, "attributes."+schemas.FieldPath(key), "appears more than once; send each key once")
+				addProblem("attributes."+schemas.FieldPath(key), "appears more than once; send each key once")
 			case bad != "":
 				clean = false
-				errs.Add(prefix, "attributes."+schemas.FieldPath(key), bad)
+				addProblem("attributes."+schemas.FieldPath(key), bad)
 			default:
 				if *dst == nil {
 					*dst = d.attributeMap()
 				}
 				(*dst)[key] = val
-				n++
 				if clean && !schemas.AttributeValid(key, val) {
 					clean = false
 				}
@@ -297,13 +316,20 @@ func (d *scanner) attributes(dst *map[string]string, errs *schemas.ValidationErr
 			return "", err
 		}
 		if done {
-			if clean && n <= schemas.MaxAttributes {
+			if total > schemas.MaxAttributes {
+				return "has " + strconv.Itoa(total) + " entries; the maximum is " + strconv.Itoa(schemas.MaxAttributes) + " (MaxAttributes): keep attributes to a few labels", nil
+			}
+			if clean {
 				d.verified |= schemas.FieldAttributes
 			}
 			return "", nil
 		}
 	}
 }
+
+// maxAttributeProblems is how many attribute entries one event's error
+// names; MaxAttributes of them would crowd out the other fields' problems.
+const maxAttributeProblems = 8
 
 // attributeMap returns an empty map for an event's attributes: a recycled
 // one when there is one, else a new one.

@@ -2,6 +2,8 @@ package eventjson
 
 import (
 	"errors"
+	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -301,5 +303,84 @@ func TestDecodeAllocations(t *testing.T) {
 	})
 	if n > 2 {
 		t.Errorf("DecodeUsageEvent allocates %v times per typical event; the budget is 2", n)
+	}
+}
+
+// TestAttributeBombIsBounded: an event whose attributes object holds a
+// huge number of entries — valid ones, or ones with the wrong type — keeps
+// at most MaxAttributes of them and reports at most MaxProblemsPerEvent
+// problems (plus the "more not listed" line), however many there are; it
+// used to become a 769,000-entry map and 705,000 problems.
+func TestAttributeBombIsBounded(t *testing.T) {
+	const entries = 200_000
+	for name, entry := range map[string]func(i int) string{
+		"valid entries":   func(i int) string { return fmt.Sprintf(`"k%d":"v"`, i) },
+		"invalid entries": func(i int) string { return fmt.Sprintf(`"k%d":%d`, i, i) },
+		"invalid keys":    func(i int) string { return fmt.Sprintf(`"bad key %d":"v"`, i) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			var b strings.Builder
+			b.WriteString(`"attributes":{`)
+			for i := range entries {
+				if i > 0 {
+					b.WriteByte(',')
+				}
+				b.WriteString(entry(i))
+			}
+			b.WriteByte('}')
+			var ev schemas.UsageEvent
+			err := DecodeUsageEvent([]byte(event(b.String())), &ev)
+			var ve schemas.ValidationError
+			if !errors.As(err, &ve) {
+				t.Fatalf("err = %v, want a ValidationError", err)
+			}
+			if len(ev.Attributes) > schemas.MaxAttributes {
+				t.Errorf("decoded %d attributes; at most %d may be kept", len(ev.Attributes), schemas.MaxAttributes)
+			}
+			if len(ve) > schemas.MaxProblemsPerEvent+1 {
+				t.Errorf("%d problems reported; at most %d plus one", len(ve), schemas.MaxProblemsPerEvent)
+			}
+			if !strings.Contains(err.Error(), fmt.Sprintf("has %d entries; the maximum is 32 (MaxAttributes)", entries)) {
+				t.Errorf("error does not name the count and the limit: %.300s", err)
+			}
+		})
+	}
+}
+
+func TestProblemsPerEventAreCapped(t *testing.T) {
+	var ve schemas.ValidationError
+	for i := range 1000 {
+		ve.Add("", fmt.Sprintf("f%d", i), "bad")
+	}
+	if len(ve) != schemas.MaxProblemsPerEvent+1 || ve[len(ve)-1].Reason != schemas.TruncatedProblems {
+		t.Fatalf("%d problems, last %+v; want %d and the truncation note", len(ve), ve[len(ve)-1], schemas.MaxProblemsPerEvent+1)
+	}
+}
+
+// TestAttributeBombAllocatesLittle: decoding an 8 MiB body (max_body_bytes)
+// of one-byte attribute entries allocates about the body's one copy, not a
+// map of every entry (88 MB before the cap).
+func TestAttributeBombAllocatesLittle(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector changes allocation figures")
+	}
+	var b strings.Builder
+	b.WriteString(`"attributes":{`)
+	for i := 0; b.Len() < 8<<20; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"%x":""`, i)
+	}
+	b.WriteByte('}')
+	body := []byte(event(b.String()))
+	var ev schemas.UsageEvent
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_ = DecodeUsageEvent(body, &ev)
+	runtime.ReadMemStats(&after)
+	if got := after.TotalAlloc - before.TotalAlloc; got > 2*uint64(len(body)) {
+		t.Fatalf("decoding a %d-byte attribute bomb allocated %d bytes; want about one copy of the body", len(body), got)
 	}
 }

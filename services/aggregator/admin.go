@@ -48,7 +48,7 @@ func newAdminFollower(ctx context.Context, kc kafkaconn.Config, topic string) (*
 	}
 	adm := kadm.NewClient(cl)
 	compact := "compact"
-	resp, err := adm.CreateTopics(ctx, 1, kc.ReplicationFactor, map[string]*string{"cleanup.policy": &compact}, topic)
+	resp, err := adm.CreateTopics(ctx, 1, kc.ReplicationFactor, kafkaconn.TopicConfigs(ctx, adm, kc, map[string]*string{"cleanup.policy": &compact}), topic)
 	if err == nil {
 		err = resp.Error()
 	}

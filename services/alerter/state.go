@@ -99,7 +99,7 @@ func ensureStateTopicOnce(ctx context.Context, cl *kgo.Client, kcfg kafkaconn.Co
 	}
 	compact := "compact"
 	n := max(need, kcfg.Partitions)
-	_, err = adm.CreateTopic(ctx, n, kcfg.ReplicationFactor, map[string]*string{"cleanup.policy": &compact}, state)
+	_, err = adm.CreateTopic(ctx, n, kcfg.ReplicationFactor, kafkaconn.TopicConfigs(ctx, adm, kcfg, map[string]*string{"cleanup.policy": &compact}), state)
 	if err != nil {
 		return 0, fmt.Errorf("alerter.state_topic: create %s: %w", state, err)
 	}

@@ -62,8 +62,9 @@ func openAdminState(ctx context.Context, cfg Config, env platform.Env, c *core) 
 		return nil, err
 	}
 	compact := "compact"
-	resp, err := kadm.NewClient(kc).CreateTopics(ctx, 1, env.Kafka.ReplicationFactor,
-		map[string]*string{"cleanup.policy": &compact}, cfg.AdminTopic)
+	adm := kadm.NewClient(kc)
+	resp, err := adm.CreateTopics(ctx, 1, env.Kafka.ReplicationFactor,
+		kafkaconn.TopicConfigs(ctx, adm, env.Kafka, map[string]*string{"cleanup.policy": &compact}), cfg.AdminTopic)
 	if err == nil {
 		for _, r := range resp.Sorted() {
 			if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 )
@@ -51,8 +52,11 @@ type Config struct {
 
 // AdminConfig configures the admin HTTP API.
 type AdminConfig struct {
-	Listen string           `yaml:"listen" help:"admin API address host:port; empty disables it"`
-	Tokens []adminapi.Token `yaml:"tokens" help:"accepted bearer tokens (name and sha256)"`
+	Listen      string              `yaml:"listen" help:"admin API address host:port; empty disables it"`
+	Tokens      []adminapi.Token    `yaml:"tokens" help:"accepted bearer tokens (name and sha256)"`
+	TLSCertFile string              `yaml:"tls_cert_file" help:"PEM certificate (chain) the admin API serves HTTPS with; with tls_key_file. Empty: plain HTTP (a warning is logged when listen is not a loopback address). Read at start: a renewed certificate takes a restart"`
+	TLSKeyFile  string              `yaml:"tls_key_file" help:"PEM private key of tls_cert_file"`
+	HTTP        httpserver.Timeouts `yaml:"http"`
 }
 
 // DefaultConfig returns working defaults for the services script.
@@ -78,7 +82,7 @@ func DefaultConfig() Config {
 		// failover does not make them apply fail modes.
 		LeaderLease:   3 * time.Second,
 		ShutdownGrace: 5 * time.Second,
-		Admin:         AdminConfig{Listen: "127.0.0.1:9471"},
+		Admin:         AdminConfig{Listen: "127.0.0.1:9471", HTTP: httpserver.Defaults()},
 	}
 }
 
@@ -132,6 +136,12 @@ func (c Config) Validate() error {
 		if _, _, err := net.SplitHostPort(c.Admin.Listen); err != nil {
 			errs = append(errs, fmt.Errorf("enforcer.admin.listen: %q is not host:port", c.Admin.Listen))
 		}
+	}
+	if (c.Admin.TLSCertFile == "") != (c.Admin.TLSKeyFile == "") {
+		errs = append(errs, errors.New("enforcer.admin.tls_cert_file, enforcer.admin.tls_key_file: set both (a PEM certificate and its key) or neither"))
+	}
+	if err := c.Admin.HTTP.Validate("enforcer.admin.http"); err != nil {
+		errs = append(errs, err)
 	}
 	for i, t := range c.Admin.Tokens {
 		if t.Name == "" {

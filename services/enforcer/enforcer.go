@@ -2,6 +2,7 @@ package enforcer
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
@@ -172,6 +174,7 @@ type adminServer struct {
 	ln  net.Listener
 	srv *http.Server
 	log *slog.Logger
+	tls bool
 }
 
 // listenAdmin binds the admin API, or returns nil when it is disabled (no
@@ -188,14 +191,37 @@ func listenAdmin(cfg Config, c *core, aud admin.Auditor, pub admin.Publisher, lo
 	if err != nil {
 		return nil, fmt.Errorf("enforcer.admin.listen: %w", err)
 	}
+	tlsCfg, err := httpserver.LoadTLS(cfg.Admin.TLSCertFile, cfg.Admin.TLSKeyFile, "enforcer.admin.tls_cert_file", "enforcer.admin.tls_key_file")
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
 	api := admin.New(c.table, c.writer.MarkDirty, aud, cfg.Admin.Tokens, cfg.FlagTTL, log).WithPublisher(pub)
-	return &adminServer{ln: ln, srv: &http.Server{Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second}, log: log}, nil
+	srv := httpserver.New(api.Handler(), cfg.Admin.HTTP, log)
+	if tlsCfg != nil {
+		// Tokens and operator actions cross the network: with a
+		// certificate, the listener speaks only TLS.
+		srv.TLSConfig = tlsCfg
+		ln = tls.NewListener(ln, tlsCfg)
+	} else if host, _, _ := net.SplitHostPort(cfg.Admin.Listen); !isLoopback(host) {
+		log.Warn("enforcer: admin API serves plain HTTP on a non-loopback address; bearer tokens cross the network in clear text (set enforcer.admin.tls_cert_file and tls_key_file)", "addr", cfg.Admin.Listen)
+	}
+	return &adminServer{ln: ln, srv: srv, log: log, tls: tlsCfg != nil}, nil
+}
+
+// isLoopback reports whether a listen host stays on this machine.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // serve serves until the server is shut down. Only a failure of the
 // listener itself is an error.
 func (s *adminServer) serve() error {
-	s.log.Info("enforcer: admin API listening", "addr", s.ln.Addr().String())
+	s.log.Info("enforcer: admin API listening", "addr", s.ln.Addr().String(), "tls", s.tls)
 	if err := s.srv.Serve(s.ln); !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("enforcer: admin API: %w", err)
 	}

@@ -19,6 +19,7 @@ type Config struct {
 	AllowAnonymous     bool          `yaml:"allow_anonymous" help:"accept requests without an API key when no keys_file is set (development only)"`
 
 	MaxBodyBytes        int64         `yaml:"max_body_bytes" help:"largest request body in bytes, after gzip decoding (413 above)"`
+	DecodeMemoryBytes   int64         `yaml:"decode_memory_bytes" help:"memory all requests being read and decoded may hold together, in bytes; a body is charged three times its decoded size as it arrives, and a request that does not fit gets 503 with Retry-After. At least 3 × max_body_bytes"`
 	MaxEventsPerRequest int           `yaml:"max_events_per_request" help:"most events one request may carry (413 above)"`
 	MaxEventAge         time.Duration `yaml:"max_event_age" help:"events whose time is further in the past are rejected (0: no limit)"`
 	MaxEventFuture      time.Duration `yaml:"max_event_future" help:"events whose time is further in the future are rejected, naming this limit (0: no limit beyond the schema's cap at 2105-12-31T23:59:59Z, where ClickHouse DateTime ends)"`
@@ -45,6 +46,7 @@ func DefaultConfig() Config {
 		Listen:              "127.0.0.1:8080",
 		KeysReloadInterval:  5 * time.Second,
 		MaxBodyBytes:        8 << 20,
+		DecodeMemoryBytes:   256 << 20,
 		MaxEventsPerRequest: 5000,
 		MaxEventAge:         72 * time.Hour,
 		MaxEventFuture:      5 * time.Minute,
@@ -76,6 +78,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxBodyBytes < 1024 || c.MaxBodyBytes > 1<<30 {
 		bad("services.ingest.max_body_bytes: %d is outside 1024..1073741824", c.MaxBodyBytes)
+	}
+	if c.DecodeMemoryBytes < decodeCostFactor*c.MaxBodyBytes || c.DecodeMemoryBytes > 1<<40 {
+		bad("services.ingest.decode_memory_bytes: %d is outside %d (3 × max_body_bytes, so that one largest request fits)..1099511627776", c.DecodeMemoryBytes, decodeCostFactor*c.MaxBodyBytes)
 	}
 	if c.MaxEventsPerRequest < 1 || c.MaxEventsPerRequest > 100_000 {
 		bad("services.ingest.max_events_per_request: %d is outside 1..100000", c.MaxEventsPerRequest)

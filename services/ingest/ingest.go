@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/httpserver"
 )
 
 // Run serves the events API on cfg.Listen until ctx is cancelled, then
@@ -60,13 +61,14 @@ func run(ctx context.Context, cfg Config, env platform.Env, started func(addr st
 	// /readyz pass may send the next request at once.
 	env.Health.AddReadiness("ingest", s.ready)
 	defer env.Health.RemoveReadiness("ingest")
-	srv := &http.Server{
-		Handler:           s.handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       60 * time.Second,
-		WriteTimeout:      cfg.ProduceTimeout + 60*time.Second,
-		IdleTimeout:       2 * time.Minute,
-	}
+	// A batch of max_body_bytes may take a slow link a while; the answer
+	// waits up to produce_timeout for the broker.
+	srv := httpserver.New(s.handler(), httpserver.Timeouts{
+		ReadHeader: 10 * time.Second,
+		Read:       60 * time.Second,
+		Write:      cfg.ProduceTimeout + 60*time.Second,
+		Idle:       2 * time.Minute,
+	}, env.Logger)
 	env.Logger.Info("events API listening", "addr", ln.Addr().String(), "topic", cfg.Topic)
 	if started != nil {
 		started(ln.Addr().String())

@@ -16,10 +16,11 @@ type metrics struct {
 	dedupHits      prometheus.Counter     // events acknowledged without producing
 	keyReloads     *prometheus.CounterVec // by result: ok, error
 	inflight       prometheus.GaugeFunc   // events produced and not yet acknowledged
+	decodeMemory   prometheus.GaugeFunc   // bytes reserved by bodies being read and decoded
 	collectors     []prometheus.Collector
 }
 
-func newMetrics(inflight func() float64) *metrics {
+func newMetrics(inflight, decodeMemory func() float64) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_ingest_requests_total", Help: "POST /v1/events requests by HTTP status code.",
@@ -31,7 +32,7 @@ func newMetrics(inflight func() float64) *metrics {
 			Name: "sluice_ingest_rejected_events_total", Help: "Rejected events by reason: malformed, invalid, time_window, tenant_forbidden.",
 		}, []string{"reason"}),
 		unavailable: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_ingest_unavailable_total", Help: "503 answers by cause: budget, produce_timeout, produce_error, in_flight_duplicate, shutting_down, canceled (the request ended before the broker answered).",
+			Name: "sluice_ingest_unavailable_total", Help: "503 answers by cause: budget, decode_memory, produce_timeout, produce_error, in_flight_duplicate, shutting_down, canceled (the request ended before the broker answered).",
 		}, []string{"cause"}),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "sluice_ingest_batch_events", Help: "Events per request.",
@@ -53,9 +54,12 @@ func newMetrics(inflight func() float64) *metrics {
 		inflight: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sluice_ingest_inflight_events", Help: "Events produced and not yet acknowledged by the broker.",
 		}, inflight),
+		decodeMemory: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sluice_ingest_decode_memory_bytes", Help: "Memory reserved by request bodies being read and decoded (three times their decoded size), against services.ingest.decode_memory_bytes; over it requests get 503 (sluice_ingest_unavailable_total{cause=\"decode_memory\"}).",
+		}, decodeMemory),
 	}
 	m.collectors = []prometheus.Collector{m.requests, m.events, m.rejected, m.unavailable, m.batchSize,
-		m.produceLatency, m.produceErrors, m.dedupHits, m.keyReloads, m.inflight}
+		m.produceLatency, m.produceErrors, m.dedupHits, m.keyReloads, m.inflight, m.decodeMemory}
 	return m
 }
 

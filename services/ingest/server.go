@@ -27,15 +27,18 @@ import (
 
 // server is the events API: one per Run, or per test.
 type server struct {
-	cfg     Config
-	log     *slog.Logger
-	keys    *apikey.File // nil: anonymous access allowed
-	kafka   *kgo.Client
-	dedup   *dedup.Window
-	budget  budget
-	m       *metrics
-	owners  atomic.Uint64
-	closing atomic.Bool
+	cfg    Config
+	log    *slog.Logger
+	keys   *apikey.File // nil: anonymous access allowed
+	kafka  *kgo.Client
+	dedup  *dedup.Window
+	budget budget
+	// decodeMem bounds the memory of every body being read and decoded
+	// at once, in bytes (services.ingest.decode_memory_bytes).
+	decodeMem budget
+	m         *metrics
+	owners    atomic.Uint64
+	closing   atomic.Bool
 
 	bodies  sync.Pool // *bytes.Buffer
 	batches sync.Pool // *payload.Batch
@@ -43,9 +46,16 @@ type server struct {
 	now     func() time.Time
 }
 
-// budget counts events produced and not yet acknowledged. Admission is
-// all-or-nothing per request and never waits: a request that does not fit
-// is answered 503 at once, so memory stays bounded whatever the broker does.
+// decodeCostFactor is what one decoded body byte costs in memory while a
+// request is handled: the body buffer (up to twice its content while it
+// grows) and the decoder's one copy that the events' strings share.
+const decodeCostFactor = 3
+
+// budget counts a bounded resource shared by all requests: events produced
+// and not yet acknowledged (budget), or bytes of bodies being decoded
+// (decodeMem). Admission never waits: a request that does not fit is
+// answered 503 at once, so memory stays bounded whatever the broker or the
+// clients do.
 type budget struct {
 	limit int64
 	used  atomic.Int64
@@ -72,14 +82,16 @@ func newServer(ctx context.Context, cfg Config, env platform.Env, extra ...kgo.O
 		return nil, err
 	}
 	s := &server{
-		cfg:    cfg,
-		log:    env.Logger,
-		dedup:  dedup.NewWindow(cfg.DedupWindow, cfg.DedupMaxIDs, nil),
-		budget: budget{limit: int64(cfg.InflightEvents)},
-		header: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaUsageV1)}},
-		now:    time.Now,
+		cfg:       cfg,
+		log:       env.Logger,
+		dedup:     dedup.NewWindow(cfg.DedupWindow, cfg.DedupMaxIDs, nil),
+		budget:    budget{limit: int64(cfg.InflightEvents)},
+		decodeMem: budget{limit: cfg.DecodeMemoryBytes},
+		header:    []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaUsageV1)}},
+		now:       time.Now,
 	}
-	s.m = newMetrics(func() float64 { return float64(s.budget.used.Load()) })
+	s.m = newMetrics(func() float64 { return float64(s.budget.used.Load()) },
+		func() float64 { return float64(s.decodeMem.used.Load()) })
 	if cfg.KeysFile != "" {
 		f, err := apikey.Open(cfg.KeysFile, env.Logger, func(err error) {
 			if err != nil {
@@ -183,6 +195,19 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, http.StatusUnsupportedMediaType, err.Error())
 		return
 	}
+	// Every decoded byte is charged decodeCostFactor times against
+	// decode_memory_bytes before it is read, and the charge is returned
+	// when the request is done (this defer runs last): parallel gzip bombs
+	// get 503, not the process's memory.
+	var held int64
+	defer func() { s.decodeMem.release(held) }()
+	reserve := func(n int64) bool {
+		if !s.decodeMem.tryAcquire(n * decodeCostFactor) {
+			return false
+		}
+		held += n * decodeCostFactor
+		return true
+	}
 	buf, _ := s.bodies.Get().(*bytes.Buffer)
 	if buf == nil {
 		buf = new(bytes.Buffer)
@@ -194,7 +219,11 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) {
 			s.bodies.Put(buf)
 		}
 	}()
-	if err := payload.ReadBody(r.Body, r.Header.Get("Content-Encoding"), s.cfg.MaxBodyBytes, buf); err != nil {
+	if err := payload.ReadBody(r.Body, r.Header.Get("Content-Encoding"), s.cfg.MaxBodyBytes, buf, reserve); err != nil {
+		if errors.Is(err, payload.ErrBusy) {
+			s.unavailable(w, "decode_memory", fmt.Sprintf("ingest is decoding as much as services.ingest.decode_memory_bytes = %d allows; retry later", s.cfg.DecodeMemoryBytes))
+			return
+		}
 		s.requestError(w, err)
 		return
 	}
@@ -383,6 +412,8 @@ func (s *server) countRejections(rs []payload.Rejection) {
 		switch {
 		case r.Forbidden:
 			reason = "tenant_forbidden"
+		case len(r.Errors) == 1 && r.Errors[0].Reason == payload.ProblemsNotListed:
+			// Its problems were not kept (the answer's cap): counted as invalid.
 		case len(r.Errors) == 1 && r.Errors[0].Field == "":
 			reason = "malformed"
 		case len(r.Errors) == 1 && r.Errors[0].Field == "time" && strings.Contains(r.Errors[0].Reason, "max_event_"):

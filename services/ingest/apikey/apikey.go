@@ -5,7 +5,14 @@
 //	keys:
 //	  - id: gw-eu-1                # named in logs and metrics, never the key
 //	    sha256: 9f86d0818...       # hex SHA-256 of the key the gateway sends
-//	    tenants: [acme, beta]      # tenants this key may report; empty = any
+//	    tenants: [acme, beta]      # tenants this key may report
+//	  - id: gw-shared
+//	    sha256: 2c26b46b6...
+//	    tenants: ["*"]             # any tenant: must be said explicitly
+//
+// A key without tenants is an error rather than "any tenant": forgetting a
+// line must not turn a key for one customer into a key that can spend (or
+// poison the counters of) every customer.
 //
 // Rotation is two edits: add the new key next to the old one, move the
 // gateways over, then remove the old entry.
@@ -34,9 +41,15 @@ type Key struct {
 	ID string `yaml:"id"`
 	// SHA256 is the lower- or upper-case hex SHA-256 of the secret key.
 	SHA256 string `yaml:"sha256"`
-	// Tenants lists the tenants the key may send events for; empty means any.
+	// Tenants lists the tenants the key may send events for. It is
+	// required; [AnyTenant] alone means any tenant.
 	Tenants []string `yaml:"tenants"`
 }
+
+// AnyTenant, as the only entry of Key.Tenants, lets a key send events for
+// every tenant (a shared gateway). It cannot be a tenant name: tenants are
+// letters, digits and . _ : - only.
+const AnyTenant = "*"
 
 // Identity is an authenticated key: what a request may do.
 type Identity struct {
@@ -95,14 +108,22 @@ func Parse(data []byte) (*Set, error) {
 		}
 		e := entry{id: &Identity{ID: k.ID}}
 		copy(e.hash[:], raw)
-		for _, t := range k.Tenants {
-			if t == "" {
-				errs = append(errs, fmt.Errorf("%s.tenants: contains an empty tenant", where))
+		switch {
+		case len(k.Tenants) == 0:
+			errs = append(errs, fmt.Errorf(`%s.tenants: key %q has no tenants; list the tenants this key may report (tenants: [acme, beta]) or write tenants: ["*"] to let it report any tenant`, where, k.ID))
+		case slices.Contains(k.Tenants, AnyTenant):
+			if len(k.Tenants) > 1 {
+				errs = append(errs, fmt.Errorf(`%s.tenants: key %q mixes "*" (any tenant) with named tenants; "*" must be the only entry, remove it or the names`, where, k.ID))
 			}
-			if e.id.tenants == nil {
-				e.id.tenants = map[string]struct{}{}
+			// tenants stays nil: any tenant.
+		default:
+			e.id.tenants = make(map[string]struct{}, len(k.Tenants))
+			for _, t := range k.Tenants {
+				if t == "" {
+					errs = append(errs, fmt.Errorf("%s.tenants: key %q lists an empty tenant", where, k.ID))
+				}
+				e.id.tenants[t] = struct{}{}
 			}
-			e.id.tenants[t] = struct{}{}
 		}
 		for _, o := range set.entries {
 			if o.hash == e.hash {

@@ -21,7 +21,7 @@ func hash(key string) string {
 func TestAuthenticateAndScope(t *testing.T) {
 	set, err := Parse([]byte(fmt.Sprintf(`keys:
   - {id: gw-eu-1, sha256: %s, tenants: [acme, beta]}
-  - {id: gw-any, sha256: %s}
+  - {id: gw-any, sha256: %s, tenants: ["*"]}
 `, hash("secret-1"), strings.ToUpper(hash("secret-2")))))
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +34,7 @@ func TestAuthenticateAndScope(t *testing.T) {
 		t.Fatal("scoped key must allow acme and refuse gamma")
 	}
 	if any := set.Authenticate("secret-2"); any == nil || !any.Allows("gamma") {
-		t.Fatal("unscoped key (upper-case hex) must allow any tenant")
+		t.Fatal(`tenants: ["*"] key (upper-case hex) must allow any tenant`)
 	}
 	for _, bad := range []string{"", "secret", "secret-10", hash("secret-1")} {
 		if set.Authenticate(bad) != nil {
@@ -46,7 +46,7 @@ func TestAuthenticateAndScope(t *testing.T) {
 func TestParseNamesEveryProblem(t *testing.T) {
 	_, err := Parse([]byte(`keys:
   - {id: a, sha256: zz}
-  - {sha256: ` + hash("x") + `}
+  - {sha256: ` + hash("x") + `, tenants: [acme]}
   - {id: c, sha256: ` + hash("x") + `, tenants: [""]}
 `))
 	if err == nil {
@@ -62,6 +62,35 @@ func TestParseNamesEveryProblem(t *testing.T) {
 	}
 }
 
+// TestTenantsAreRequired: a key without tenants is refused with an error
+// naming the key and both ways to fix it, instead of silently becoming a key
+// for every tenant; "*" must stand alone.
+func TestTenantsAreRequired(t *testing.T) {
+	for name, tc := range map[string]struct {
+		file string
+		want []string
+	}{
+		"absent": {"keys: [{id: gw-eu-1, sha256: " + hash("a") + "}]",
+			[]string{`keys[0].tenants: key "gw-eu-1" has no tenants`, `tenants: ["*"]`, "tenants: [acme, beta]"}},
+		"empty": {"keys: [{id: gw-eu-1, sha256: " + hash("a") + ", tenants: []}]",
+			[]string{`keys[0].tenants: key "gw-eu-1" has no tenants`}},
+		"star with others": {"keys: [{id: gw-eu-1, sha256: " + hash("a") + `, tenants: ["*", acme]}]`,
+			[]string{`keys[0].tenants: key "gw-eu-1" mixes "*"`}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.file))
+			if err == nil {
+				t.Fatal("key without a clear tenant scope accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %s", err, w)
+				}
+			}
+		})
+	}
+}
+
 func TestRotationWithoutRestart(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys.yaml")
 	write := func(content string) {
@@ -74,7 +103,7 @@ func TestRotationWithoutRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write("keys: [{id: old, sha256: " + hash("old-key") + "}]\n")
+	write("keys: [{id: old, sha256: " + hash("old-key") + ", tenants: [acme]}]\n")
 	reloads := make(chan error, 10)
 	f, err := Open(path, slog.New(slog.DiscardHandler), func(err error) { reloads <- err })
 	if err != nil {
@@ -87,7 +116,7 @@ func TestRotationWithoutRestart(t *testing.T) {
 	if f.Authenticate("old-key") == nil {
 		t.Fatal("old key refused before rotation")
 	}
-	write("keys: [{id: new, sha256: " + hash("new-key") + "}, {id: newer, sha256: " + hash("newer-key") + "}]\n")
+	write("keys: [{id: new, sha256: " + hash("new-key") + ", tenants: [acme]}, {id: newer, sha256: " + hash("newer-key") + ", tenants: [acme]}]\n")
 	waitReload(t, reloads, false)
 	if f.Authenticate("new-key") == nil || f.Authenticate("old-key") != nil {
 		t.Fatal("rotation did not take effect")

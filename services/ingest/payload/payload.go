@@ -97,7 +97,13 @@ var gzipReaders sync.Pool
 // "gzip"), into buf. It fails with a *LimitError once more than maxBytes
 // bytes arrive after decoding, without reading further, so a compressed
 // bomb costs at most maxBytes of memory.
-func ReadBody(r io.Reader, contentEncoding string, maxBytes int64, buf *bytes.Buffer) error {
+//
+// reserve, if not nil, is asked for memory before the decoded bytes come
+// in, a chunk at a time, with the number of decoded bytes the chunk covers;
+// when it refuses, ReadBody stops and returns ErrBusy. That lets the caller
+// bound the memory of all requests together, charging a gzip body by what
+// it expands to and a small body little.
+func ReadBody(r io.Reader, contentEncoding string, maxBytes int64, buf *bytes.Buffer, reserve func(n int64) bool) error {
 	switch strings.ToLower(strings.TrimSpace(contentEncoding)) {
 	case "", "identity":
 	case "gzip", "x-gzip":
@@ -116,7 +122,13 @@ func ReadBody(r io.Reader, contentEncoding string, maxBytes int64, buf *bytes.Bu
 	default:
 		return &UnsupportedError{Msg: fmt.Sprintf("Content-Encoding %q is not supported; send gzip or identity", contentEncoding)}
 	}
+	if reserve != nil {
+		r = &reservingReader{r: r, reserve: reserve, limit: maxBytes}
+	}
 	n, err := buf.ReadFrom(io.LimitReader(r, maxBytes+1))
+	if errors.Is(err, ErrBusy) {
+		return ErrBusy
+	}
 	if n > maxBytes {
 		return &LimitError{Limit: "max_body_bytes", Value: maxBytes, Msg: "the request body is too large after decoding"}
 	}
@@ -127,6 +139,51 @@ func ReadBody(r io.Reader, contentEncoding string, maxBytes int64, buf *bytes.Bu
 		return err
 	}
 	return nil
+}
+
+// ErrBusy is ReadBody's answer when reserve refused memory: the process is
+// decoding as much as its budget allows (HTTP 503 with Retry-After).
+var ErrBusy = errors.New("payload: decode memory budget exhausted")
+
+// One reservation covers as many decoded bytes as are already covered,
+// between minReserve and maxReserve: a typical 30 KiB batch costs two small
+// reservations, a large body one per 256 KiB, and no body is charged much
+// more than it holds.
+const (
+	minReserve = 16 << 10
+	maxReserve = 256 << 10
+)
+
+// reservingReader reserves memory before letting decoded bytes through.
+// Reservations stop at limit (max_body_bytes): the one byte past it that
+// tells ReadBody the body is too large is never stored.
+type reservingReader struct {
+	r        io.Reader
+	reserve  func(int64) bool
+	limit    int64
+	granted  int64 // decoded bytes covered by reservations
+	consumed int64
+}
+
+func (rr *reservingReader) Read(p []byte) (int, error) {
+	if rr.granted >= rr.limit {
+		n, err := rr.r.Read(p)
+		rr.consumed += int64(n)
+		return n, err
+	}
+	if rr.consumed >= rr.granted {
+		n := min(max(rr.granted, minReserve), maxReserve, rr.limit-rr.granted)
+		if !rr.reserve(n) {
+			return 0, ErrBusy
+		}
+		rr.granted += n
+	}
+	if room := rr.granted - rr.consumed; int64(len(p)) > room {
+		p = p[:room]
+	}
+	n, err := rr.r.Read(p)
+	rr.consumed += int64(n)
+	return n, err
 }
 
 // SyntaxError is a body that cannot be framed into events (HTTP 400).
@@ -151,6 +208,14 @@ type Problem struct {
 	// Reason says what is wrong and names the limit.
 	Reason string `json:"reason"`
 }
+
+// MaxProblemsPerRequest bounds the problems one answer names across all its
+// rejected events (each event names at most schemas.MaxProblemsPerEvent).
+const MaxProblemsPerRequest = 1000
+
+// ProblemsNotListed stands for the problems of an event past
+// MaxProblemsPerRequest.
+const ProblemsNotListed = "rejected; its problems are not listed because this answer already names MaxProblemsPerRequest = 1000; fix those and send again"
 
 // Rejection is an event that was not accepted.
 type Rejection struct {
@@ -180,6 +245,8 @@ type Batch struct {
 	// Total is the number of events the body framed, accepted or not.
 	Total int
 
+	problems int // problems listed in Rejected so far
+
 	dec eventjson.BatchDecoder
 }
 
@@ -191,7 +258,7 @@ func (b *Batch) Reset() {
 		b.dec.Recycle(b.Events[i].Attributes)
 	}
 	clear(b.Events) // drop references into the previous request's strings
-	b.Events, b.Indexes, b.Rejected, b.Total = b.Events[:0], b.Indexes[:0], b.Rejected[:0], 0
+	b.Events, b.Indexes, b.Rejected, b.Total, b.problems = b.Events[:0], b.Indexes[:0], b.Rejected[:0], 0, 0
 }
 
 // Decode frames body as format and decodes every event into b, which it
@@ -317,6 +384,17 @@ func (d *decoder) arrayEvent(index int, decode func(*schemas.UsageEvent) error) 
 		problems = append(problems, Problem{Field: "tenant", Reason: fmt.Sprintf("this API key may not send events for tenant %q", ev.Tenant)})
 	}
 	if len(problems) > 0 {
+		// Every rejected event is listed (index and id), but the answer
+		// names at most MaxProblemsPerRequest problems in all: 5,000 events
+		// of 21 problems each would make a multi-megabyte answer.
+		if room := MaxProblemsPerRequest - b.problems; len(problems) > room {
+			if room > 0 {
+				problems = append(problems[:room:room], Problem{Reason: ProblemsNotListed})
+			} else {
+				problems = []Problem{{Reason: ProblemsNotListed}}
+			}
+		}
+		b.problems += len(problems)
 		b.Rejected = append(b.Rejected, Rejection{Index: index, ID: ev.ID, Errors: problems, Forbidden: forbidden})
 		b.dec.Recycle(ev.Attributes)
 		*ev = schemas.UsageEvent{}

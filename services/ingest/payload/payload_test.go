@@ -130,23 +130,80 @@ func TestReadBody(t *testing.T) {
 	zw.Close()
 
 	var buf bytes.Buffer
-	if err := ReadBody(bytes.NewReader(z.Bytes()), "gzip", 10_000, &buf); err != nil || buf.Len() != 10_000 {
+	if err := ReadBody(bytes.NewReader(z.Bytes()), "gzip", 10_000, &buf, nil); err != nil || buf.Len() != 10_000 {
 		t.Fatalf("gzip within limit: err=%v len=%d", err, buf.Len())
 	}
 	buf.Reset()
-	err := ReadBody(bytes.NewReader(z.Bytes()), "gzip", 9_999, &buf)
+	err := ReadBody(bytes.NewReader(z.Bytes()), "gzip", 9_999, &buf, nil)
 	var le *LimitError
 	if !errors.As(err, &le) || le.Limit != "max_body_bytes" {
 		t.Fatalf("gzip bomb over the limit: err = %v, want a LimitError naming max_body_bytes", err)
 	}
 	buf.Reset()
 	var se *SyntaxError
-	if err := ReadBody(strings.NewReader("not gzip"), "gzip", 100, &buf); !errors.As(err, &se) {
+	if err := ReadBody(strings.NewReader("not gzip"), "gzip", 100, &buf, nil); !errors.As(err, &se) {
 		t.Fatalf("bad gzip: err = %v", err)
 	}
 	var ue *UnsupportedError
-	if err := ReadBody(strings.NewReader("x"), "br", 100, &buf); !errors.As(err, &ue) {
+	if err := ReadBody(strings.NewReader("x"), "br", 100, &buf, nil); !errors.As(err, &ue) {
 		t.Fatalf("brotli: err = %v", err)
+	}
+}
+
+// TestReadBodyReserves: decoded bytes are reserved before they are read,
+// a chunk at a time and never beyond max_body_bytes; a refusal stops the
+// read with ErrBusy however much more the gzip stream would expand to.
+func TestReadBodyReserves(t *testing.T) {
+	var z bytes.Buffer
+	zw := gzip.NewWriter(&z)
+	zw.Write(make([]byte, 4<<20))
+	zw.Close()
+	for _, tc := range []struct {
+		name      string
+		max, have int64
+		wantBusy  bool
+	}{
+		{"budget covers the limit", 1 << 20, 1 << 20, false},
+		{"budget below the body", 1 << 20, 600 << 10, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var reserved int64
+			reserve := func(n int64) bool {
+				if reserved+n > tc.have {
+					return false
+				}
+				reserved += n
+				return true
+			}
+			var buf bytes.Buffer
+			err := ReadBody(bytes.NewReader(z.Bytes()), "gzip", tc.max, &buf, reserve)
+			if tc.wantBusy {
+				if !errors.Is(err, ErrBusy) {
+					t.Fatalf("err = %v, want ErrBusy", err)
+				}
+				if int64(buf.Len()) > reserved {
+					t.Fatalf("read %d bytes with %d reserved", buf.Len(), reserved)
+				}
+				return
+			}
+			var le *LimitError
+			if !errors.As(err, &le) {
+				t.Fatalf("err = %v, want the max_body_bytes LimitError", err)
+			}
+			if reserved != tc.max {
+				t.Fatalf("reserved %d bytes, want exactly max_body_bytes = %d", reserved, tc.max)
+			}
+		})
+	}
+	// A small body is charged a small reservation, not a large chunk.
+	var reserved int64
+	var buf bytes.Buffer
+	small := ev("a", "acme")
+	if err := ReadBody(strings.NewReader(small), "", 8<<20, &buf, func(n int64) bool { reserved += n; return true }); err != nil || buf.String() != small {
+		t.Fatalf("small body: %v %q", err, buf.String())
+	}
+	if reserved > 16<<10 {
+		t.Fatalf("a %d-byte body reserved %d bytes", len(small), reserved)
 	}
 }
 
@@ -232,5 +289,44 @@ func TestBrokenFrameAfterGoodEvents(t *testing.T) {
 	var se *SyntaxError
 	if !errors.As(err, &se) || !strings.Contains(se.Msg, "at byte") {
 		t.Fatalf("err = %v, want a SyntaxError with a byte offset", err)
+	}
+}
+
+// TestProblemsPerRequestAreCapped: a request of many events, each with many
+// problems, lists every rejected event but names at most
+// MaxProblemsPerRequest problems (plus one "not listed" line per event past
+// it), so the answer stays small; the good event in it is still accepted.
+func TestProblemsPerRequestAreCapped(t *testing.T) {
+	const events = 2000
+	bad := `{"id":"x","time":"nope","tenant":"","model":"","prompt_tokens":"a","completion_tokens":"b","u1":1,"u2":2,"u3":3,"u4":4,"u5":5}`
+	parts := make([]string, 0, events+1)
+	for range events {
+		parts = append(parts, bad)
+	}
+	parts = append(parts, ev("good", "acme"))
+	var b Batch
+	big := Limits{MaxEvents: events + 1}
+	if err := Decode(JSON, []byte("["+strings.Join(parts, ",")+"]"), big, now, nil, &b); err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Rejected) != events || len(b.Events) != 1 {
+		t.Fatalf("%d rejected, %d accepted; want %d and 1", len(b.Rejected), len(b.Events), events)
+	}
+	problems := 0
+	for _, r := range b.Rejected {
+		for _, p := range r.Errors {
+			if p.Reason != ProblemsNotListed {
+				problems++
+			}
+		}
+		if len(r.Errors) == 0 {
+			t.Fatalf("rejection %d lists no reason at all", r.Index)
+		}
+	}
+	if problems > MaxProblemsPerRequest {
+		t.Fatalf("%d problems named in one answer; at most %d", problems, MaxProblemsPerRequest)
+	}
+	if last := b.Rejected[len(b.Rejected)-1]; len(last.Errors) != 1 || last.Errors[0].Reason != ProblemsNotListed {
+		t.Fatalf("last rejection %+v, want only the not-listed note", last)
 	}
 }
