@@ -50,10 +50,13 @@ func startPrivateKafka(t testing.TB) *privateKafka {
 			t.Fatal(err)
 		}
 	}
-	port, ctrl := freePort(t), freePort(t)
+	port, ctrl, sasl := freePort(t), freePort(t), freePort(t)
 	k.addr = "127.0.0.1:" + strconv.Itoa(port)
+	// Every listener on a port of its own: the shared broker holds the
+	// script's default ports, its SASL listener's included.
 	k.env = append(os.Environ(), "SLUICE_SERVICES_DIR="+k.dir,
 		"SLUICE_KAFKA_PORT="+strconv.Itoa(port), "SLUICE_KAFKA_CONTROLLER_PORT="+strconv.Itoa(ctrl),
+		"SLUICE_KAFKA_SASL_PORT="+strconv.Itoa(sasl),
 		"SLUICE_READY_TIMEOUT=180")
 	t.Cleanup(func() {
 		out, err := k.services(t, "down")

@@ -5,8 +5,12 @@ import (
 	"fmt"
 	"net/http"
 	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 )
@@ -23,7 +27,9 @@ func TestOverrideResolvesTheAlertAndLiftsTheBlock(t *testing.T) {
 	t.Parallel()
 	tenant := "e2e-override-" + randomKey()[7:15]
 	const model = "gpt-4o-mini"
-	s := newStack(t, stackOptions{Policy: policyYAML(map[string]int{tenant: 1000})})
+	// An alert resolves once its condition stayed clear for resolve_after.
+	s := newStack(t, stackOptions{Policy: policyYAML(map[string]int{tenant: 1000}),
+		Extra: []string{"-services.alerter.rules.resolve_after=1s"}})
 	s.startAll("ingest", "aggregator", "enforcer", "alerter")
 	g := newGateway(t, s, tenant)
 	g.shift.Store(int64(clockShift()))
@@ -41,6 +47,23 @@ func TestOverrideResolvesTheAlertAndLiftsTheBlock(t *testing.T) {
 		return nil
 	})
 
+	// On failure, show what the aggregator said: the signals tell whether
+	// the override reached the tiers.
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		cl, err := kafkaconn.NewClient(itest.Kafka(t), kgo.ConsumeTopics(s.signals), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+		if err != nil {
+			return
+		}
+		defer cl.Close()
+		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for c.Err() == nil {
+			cl.PollFetches(c).EachRecord(func(r *kgo.Record) { t.Logf("signal: %s", r.Value) })
+		}
+	})
 	admin, err := adminapi.NewClient("http://"+s.adminAddr, s.adminToken, nil)
 	if err != nil {
 		t.Fatal(err)

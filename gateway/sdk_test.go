@@ -22,6 +22,8 @@ var allowedSluice = []string{
 	"github.com/sluicehq/sluice/gateway",
 	"github.com/sluicehq/sluice/schemas",
 	"github.com/sluicehq/sluice/platform/kafkaconn",
+	// Client TLS and password settings for kafkaconn; standard library only.
+	"github.com/sluicehq/sluice/platform/tlsconfig",
 }
 
 // forbidden are third-party packages only servers need.
