@@ -176,11 +176,8 @@ func startGroupsAtEnd(ctx context.Context, kc kafkaconn.Config, topic string, gr
 		return err
 	}
 	adm := kadm.NewClient(cl)
-	ends, err := adm.ListEndOffsets(ctx, topic)
+	ends, err := kafkaconn.EndOffsets(ctx, adm, topic)
 	if err != nil {
-		return err
-	}
-	if err := ends.Error(); err != nil {
 		return err
 	}
 	offs := kadm.Offsets{}

@@ -255,3 +255,28 @@ func Ready(cl *kgo.Client) func(context.Context) error {
 		return nil
 	}
 }
+
+// EndOffsets lists topic's end offsets. A topic created a moment ago (here
+// or by another service starting beside this one) can be unknown to the
+// broker that answers until metadata has propagated, so it retries on
+// UNKNOWN_TOPIC_OR_PARTITION for up to 30 s instead of failing a start-up.
+func EndOffsets(ctx context.Context, adm *kadm.Client, topic string) (kadm.ListedOffsets, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ends, err := adm.ListEndOffsets(ctx, topic)
+		if err == nil {
+			err = ends.Error()
+		}
+		if err == nil {
+			return ends, nil
+		}
+		if !errors.Is(err, kerr.UnknownTopicOrPartition) || time.Now().After(deadline) {
+			return nil, fmt.Errorf("kafka: end offsets of %s: %w", topic, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}

@@ -61,28 +61,9 @@ func newAdminFollower(ctx context.Context, kc kafkaconn.Config, topic string) (*
 
 // catchUp reads the topic up to the end offsets it has now.
 func (f *adminFollower) catchUp(ctx context.Context, topic string, apply func(*kgo.Record)) error {
-	// A topic just created (here or by an enforcer starting beside us) can
-	// be unknown to the broker answering for a few seconds while metadata
-	// propagates; wait for it, boundedly, instead of failing the start.
-	var ends kadm.ListedOffsets
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var err error
-		ends, err = kadm.NewClient(f.cl).ListEndOffsets(ctx, topic)
-		if err == nil {
-			err = ends.Error()
-		}
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, kerr.UnknownTopicOrPartition) || time.Now().After(deadline) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
+	ends, err := kafkaconn.EndOffsets(ctx, kadm.NewClient(f.cl), topic)
+	if err != nil {
+		return err
 	}
 	remaining := map[int32]int64{}
 	ends.Each(func(o kadm.ListedOffset) {

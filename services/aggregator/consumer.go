@@ -159,7 +159,11 @@ func (a *aggregator) loop(ctx context.Context) {
 // minute of event time.
 func (a *aggregator) evictIdle() {
 	for _, p := range a.parts {
-		if idle, _ := p.w.status(); idle {
+		// Only a partition with nothing processed-but-unstored may evict:
+		// an evicted tenant is later rebuilt from ClickHouse, and events
+		// still in the batch or the writer's queue (a late event for a
+		// closed hour, say) would be missing from that rebuild.
+		if idle, _ := p.w.status(); idle && p.next == p.enqueued && (p.batch == nil || len(p.batch.Events) == 0) && !p.state.Pending() {
 			if n := p.state.EvictIdle(); n > 0 {
 				a.m.evictions.Add(float64(n))
 			}

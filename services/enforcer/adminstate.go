@@ -80,7 +80,7 @@ func openAdminState(ctx context.Context, cfg Config, env platform.Env, c *core) 
 		target: map[int32]int64{}, caught: make(chan struct{}),
 		records: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_enforcer_admin_records_total",
 			Help: "Records of the admin topic applied by this replica, by result (applied, lifted, invalid)."}, []string{"result"})}
-	ends, err := kadm.NewClient(kc).ListEndOffsets(ctx, cfg.AdminTopic)
+	ends, err := kafkaconn.EndOffsets(ctx, kadm.NewClient(kc), cfg.AdminTopic)
 	if err != nil {
 		kc.Close()
 		return nil, fmt.Errorf("enforcer.admin_topic: end offsets of %s: %w", cfg.AdminTopic, err)
