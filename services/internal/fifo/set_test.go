@@ -19,7 +19,9 @@ func TestSetForgetsTheOldestFirst(t *testing.T) {
 	if s.Seen("a") {
 		t.Fatal("a still remembered after two newer keys filled the set")
 	}
-	if off := NewSet[string](0); off.Seen("x") || off.Seen("x") {
+	off := NewSet[string](0)
+	first, second := off.Seen("x"), off.Seen("x")
+	if first || second {
 		t.Fatal("a zero-capacity set remembered a key")
 	}
 }
