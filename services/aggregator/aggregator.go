@@ -149,7 +149,11 @@ type Config struct {
 	MaxUnwrittenRows int           `yaml:"max_unwritten_rows" help:"rows (events, rollups, quota state, signals log) flushed but not yet stored in ClickHouse that may be held while it is unreachable; beyond it fetching pauses"`
 	RetryMin         time.Duration `yaml:"retry_min" help:"first back-off when ClickHouse or Kafka refuses a flush"`
 	RetryMax         time.Duration `yaml:"retry_max" help:"longest back-off between flush attempts"`
-	ShutdownGrace    time.Duration `yaml:"shutdown_grace" help:"time allowed to flush and commit on shutdown"`
+	// WriteTimeout bounds one ClickHouse write attempt: a connection that
+	// died without a reset (a network cut) would otherwise hold the
+	// partition's writer forever, and nothing after it would be stored.
+	WriteTimeout  time.Duration `yaml:"write_timeout" help:"longest one ClickHouse write attempt may take before it is abandoned and retried"`
+	ShutdownGrace time.Duration `yaml:"shutdown_grace" help:"time allowed to flush and commit on shutdown"`
 	// SessionTimeout is how long the group waits for a silent member
 	// (a crashed instance) before moving its partitions.
 	SessionTimeout time.Duration `yaml:"session_timeout" help:"consumer group session timeout: how soon a crashed instance's partitions move"`
@@ -190,6 +194,7 @@ func DefaultConfig() Config {
 		MaxUnwrittenRows:   1_000_000,
 		RetryMin:           200 * time.Millisecond,
 		RetryMax:           30 * time.Second,
+		WriteTimeout:       20 * time.Second,
 		ShutdownGrace:      20 * time.Second,
 		SessionTimeout:     45 * time.Second,
 		Hysteresis:         o.Hysteresis,
@@ -231,6 +236,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxUnwrittenRows < 1000 || c.MaxUnwrittenRows > 100_000_000 {
 		bad("max_unwritten_rows: %d is outside 1000..100000000", c.MaxUnwrittenRows)
+	}
+	if c.WriteTimeout <= 0 || c.WriteTimeout > 10*time.Minute {
+		bad("write_timeout: %v is outside (0, 10m]", c.WriteTimeout)
 	}
 	if c.RetryMin <= 0 || c.RetryMax < c.RetryMin || c.RetryMax > 10*time.Minute {
 		bad("retry_min, retry_max: need 0 < retry_min <= retry_max <= 10m (got %v, %v)", c.RetryMin, c.RetryMax)

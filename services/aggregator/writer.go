@@ -143,7 +143,11 @@ func (a *aggregator) runWriter(w *writer) {
 			}
 		}
 		start := time.Now()
-		if err := a.retry(w.ctx, "clickhouse write", w.part, func() error { return a.store.Write(w.ctx, j.b) }); err != nil {
+		if err := a.retry(w.ctx, "clickhouse write", w.part, func() error {
+			ctx, cancel := context.WithTimeout(w.ctx, a.cfg.WriteTimeout)
+			defer cancel()
+			return a.store.Write(ctx, j.b)
+		}); err != nil {
 			return
 		}
 		a.m.writeRows.Observe(float64(j.rows))
