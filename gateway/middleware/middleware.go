@@ -18,6 +18,13 @@
 // reports, no alert can say how many callers a breaker turned away). The
 // aggregator keeps such events out of token quotas, requests_per_minute and
 // the error and slow-call ratios, so they never extend the refusal itself.
+//
+// With WithEstimates it also meters the requests it lets through: an
+// estimate of the body (package estimate) is emitted before the handler
+// runs and settled with the usage the handler reports (CallFrom(ctx).Report)
+// when it returns, two events with one id, each exactly once — see
+// WithEstimates for what a settlement carries on errors, cancellations,
+// panics and streams.
 package middleware
 
 import (
@@ -32,6 +39,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/estimate"
 	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/gateway/ratelimit"
 	"github.com/sluicehq/sluice/schemas"
@@ -104,6 +112,9 @@ type mw struct {
 	gateway       string
 	emitRefusals  bool
 	refusalEvents *bool // set by WithRefusalEvents; overrides the default
+
+	est              *estimate.Estimator // WithEstimates: meter allowed requests
+	noEstimateEvents bool                // WithEstimateEvents(false)
 }
 
 // New returns middleware that checks each request with d.
@@ -124,6 +135,10 @@ func New(d Decider, id Identify, opts ...Option) func(http.Handler) http.Handler
 			}
 			d := m.d.Check(tenant, model, key)
 			if d.Allowed() {
+				if m.est != nil {
+					m.meter(w, r, next, tenant, model, key)
+					return
+				}
 				next.ServeHTTP(w, r)
 				return
 			}
