@@ -21,7 +21,7 @@ func BenchmarkEstimateChat(b *testing.B) {
 }
 
 // BenchmarkEstimateLongPrompt measures estimate_long_prompt_ns: a chat
-// request carrying 100 KB of prose, code and Chinese in 40 messages,
+// request of about 110 KB: prose, Go, Chinese and JSON in 40 messages,
 // without max_tokens so the learned ratio is read.
 func BenchmarkEstimateLongPrompt(b *testing.B) {
 	var msgs []map[string]string
