@@ -116,6 +116,9 @@ func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, te
 		return
 	}
 	limit := m.est.Config().Limits.MaxBodyBytes
+	if r.Body == nil {
+		r.Body = http.NoBody
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(limit)))
 	if err != nil {
 		var tooLarge *http.MaxBytesError
@@ -221,7 +224,8 @@ func (m *mw) settle(ctx context.Context, c *Call, base schemas.UsageEvent, statu
 		ev.PromptTokens, ev.CompletionTokens = clampTokens(u.PromptTokens), clampTokens(u.CompletionTokens)
 		ev.CachedTokens = min(clampTokens(u.CachedTokens), ev.PromptTokens)
 		if ok {
-			m.est.Observe(base.Tenant, base.Model, u.PromptTokens, u.CompletionTokens)
+			// Keyed by the body's model, which is what Estimate looks up.
+			m.est.Observe(base.Tenant, c.est.Model, u.PromptTokens, u.CompletionTokens)
 		}
 	case ok && c.estErr == nil:
 		ev.PromptTokens, ev.CompletionTokens = clampTokens(c.est.Prompt), clampTokens(c.est.Completion)

@@ -124,8 +124,9 @@ func New(d Decider, id Identify, opts ...Option) func(http.Handler) http.Handler
 		o(m)
 	}
 	if m.refusalEvents != nil {
-		m.emitRefusals = *m.refusalEvents && m.emitter != nil
+		m.emitRefusals = *m.refusalEvents
 	}
+	m.emitRefusals = m.emitRefusals && m.emitter != nil // WithEmitter(nil, …) emits nothing
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			tenant, model, key, ok := m.id(r)
