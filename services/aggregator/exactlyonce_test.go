@@ -53,6 +53,7 @@ type env struct {
 	conn    driver.Conn
 	topic   string
 	signals string
+	admin   string
 	group   string
 	policy  string
 	adm     *kadm.Client
@@ -74,6 +75,7 @@ func setup(t testing.TB) *env {
 	}
 	e.conn = conn
 	e.topic, e.signals, e.group = itest.Unique(t, "usage_"), itest.Unique(t, "signals_"), itest.Unique(t, "agg_")
+	e.admin = itest.Unique(t, "admin_")
 	e.policy = filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(e.policy, []byte(itPolicy), 0o644); err != nil {
 		t.Fatal(err)
@@ -200,7 +202,7 @@ func buildAggregator(t testing.TB) string {
 func startAggregator(t *testing.T, e *env, bin string, logs *os.File) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(bin, "-brokers", strings.Join(e.kafka.Brokers, ","), "-clickhouse", e.ch.Addr, "-database", e.ch.Database,
-		"-topic", e.topic, "-signals", e.signals, "-group", e.group, "-policy", e.policy, "-batch", "700", "-flush", "150ms",
+		"-topic", e.topic, "-signals", e.signals, "-admin", e.admin, "-group", e.group, "-policy", e.policy, "-batch", "700", "-flush", "150ms",
 		"-signal-keys", strings.Join(testSignalAuth.Keys, ","))
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
@@ -357,7 +359,8 @@ func checkQuotaState(t *testing.T, ctx context.Context, conn driver.Conn, truth 
 		if math.Abs(used-want) > 1e-6*math.Max(1, want) {
 			bad++
 			if bad <= 10 {
-				t.Errorf("quota_state %s/%s %s %v: used %v, distinct events say %v", tenant, model, quota, start, used, want)
+				t.Errorf("quota_state %s/%s %s %v: used %v, distinct events say %v; its versions:\n%s", tenant, model, quota, start, used, want,
+					quotaVersions(ctx, conn, tenant, model, quota, start))
 			}
 		}
 		if model == "*" && quota == "hourly_tokens" {
@@ -376,6 +379,29 @@ func checkQuotaState(t *testing.T, ctx context.Context, conn driver.Conn, truth 
 		}
 	}
 	t.Logf("checked %d quota_state rows against the distinct events (%d wrong)", n, bad)
+}
+
+// quotaVersions lists every stored version of one quota_state row and of
+// its neighbours within two hours, for a failure message.
+func quotaVersions(ctx context.Context, conn driver.Conn, tenant, model, quota string, start time.Time) string {
+	rows, err := conn.Query(ctx, `SELECT period_start, used, version, updated_at FROM quota_state
+ WHERE tenant = ? AND model = ? AND quota = ? AND period_start BETWEEN toDateTime(?) AND toDateTime(?) ORDER BY period_start, version, updated_at`,
+		tenant, model, quota, start.Add(-2*time.Hour).Unix(), start.Add(2*time.Hour).Unix())
+	if err != nil {
+		return err.Error()
+	}
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var used float64
+		var version uint64
+		var ps, at time.Time
+		if err := rows.Scan(&ps, &used, &version, &at); err != nil {
+			return err.Error()
+		}
+		fmt.Fprintf(&b, "  period %v used %v version %d<<48|%d at %v\n", ps.UTC().Format(time.TimeOnly), used, version>>48, version&(1<<48-1), at.Format(time.TimeOnly))
+	}
+	return b.String()
 }
 
 func checkMinutes(t *testing.T, ctx context.Context, conn driver.Conn, truth map[string]distinct) {

@@ -51,7 +51,7 @@ type running struct {
 func runInProcess(t testing.TB, e *env, chAddr string, mutate func(*aggregator.Config)) *running {
 	t.Helper()
 	cfg := aggregator.DefaultConfig()
-	cfg.Topic, cfg.SignalsTopic, cfg.Group, cfg.PolicyFile = e.topic, e.signals, e.group, e.policy
+	cfg.Topic, cfg.SignalsTopic, cfg.AdminTopic, cfg.Group, cfg.PolicyFile = e.topic, e.signals, e.admin, e.group, e.policy
 	cfg.FlushInterval, cfg.PolicyReload, cfg.SessionTimeout = 100*time.Millisecond, 100*time.Millisecond, 6*time.Second
 	cfg.RetryMin, cfg.RetryMax = 50*time.Millisecond, 300*time.Millisecond
 	if mutate != nil {

@@ -277,9 +277,10 @@ func (r *Rows) Reset() {
 // that they changed.
 func (p *Partition) Drain(r *Rows) {
 	r.Minutes = append(r.Minutes, p.minutes...)
+	r.Quotas = append(r.Quotas, p.closed...)
 	r.MinuteRepairs = append(r.MinuteRepairs, p.repairs...)
 	r.QuotaRepairs = append(r.QuotaRepairs, p.quotaRepairs...)
-	p.minutes, p.repairs, p.quotaRepairs = p.minutes[:0], p.repairs[:0], p.quotaRepairs[:0]
+	p.minutes, p.closed, p.repairs, p.quotaRepairs = p.minutes[:0], p.closed[:0], p.repairs[:0], p.quotaRepairs[:0]
 	for _, s := range p.dirty {
 		for i := range s.roll {
 			if rl := &s.roll[i]; rl.dirty {
@@ -306,7 +307,7 @@ func (p *Partition) Drain(r *Rows) {
 // ClearDirty forgets pending changes without returning them: after a
 // rebuild, whose rows ClickHouse already holds.
 func (p *Partition) ClearDirty() {
-	p.minutes, p.repairs, p.quotaRepairs = p.minutes[:0], p.repairs[:0], p.quotaRepairs[:0]
+	p.minutes, p.closed, p.repairs, p.quotaRepairs = p.minutes[:0], p.closed[:0], p.repairs[:0], p.quotaRepairs[:0]
 	for _, s := range p.dirty {
 		for i := range s.roll {
 			s.roll[i].dirty = false

@@ -160,6 +160,20 @@ func (t *tenant) advance(ts, offset int64, p *Partition) {
 		if ts < t.bounds[k][0].end {
 			continue
 		}
+		// The previous period leaves memory now. If it changed since the
+		// last Drain (it closed, or a late event reached it, and no flush
+		// came between — one flush may span hours of event time when the
+		// aggregator catches up), its final rows are kept for the next
+		// Drain: nothing will write that period from memory again.
+		for _, s := range t.order {
+			if s.prevDirty[k] && !p.restoring {
+				for i := range s.quotas {
+					if q := &s.quotas[i]; int(q.kind) == k {
+						p.closed = append(p.closed, s.quotaRow(q, 1))
+					}
+				}
+			}
+		}
 		t.bounds[k][1] = t.bounds[k][0]
 		t.bounds[k][0] = boundsOf(k, ts, t.loc)
 		for _, s := range t.order {

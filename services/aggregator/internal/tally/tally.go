@@ -183,6 +183,7 @@ type Partition struct {
 	signals      []schemas.Signal
 	dirty        []*Series
 	minutes      []MinuteRow // rollups pushed out of a series' ring before a drain
+	closed       []QuotaRow  // final rows of periods that left memory before a drain
 	repairs      []LateMinute
 	quotaRepairs []QuotaRow
 
@@ -310,7 +311,9 @@ func (p *Partition) PendingSignals() []schemas.Signal { return p.signals }
 
 // Pending reports whether signals or rows wait for TakeSignals or Drain
 // without a new event: after Reevaluate, SetOverrides or a release.
-func (p *Partition) Pending() bool { return len(p.signals) > 0 || len(p.dirty) > 0 }
+func (p *Partition) Pending() bool {
+	return len(p.signals) > 0 || len(p.dirty) > 0 || len(p.closed) > 0
+}
 
 // SetReplay switches replay mode: while on, Apply rebuilds state but emits
 // no signals, because the events replayed were already signalled.

@@ -534,3 +534,34 @@ tenants:
 		t.Fatalf("after more minutes predicted_exhaustion = %v, want %v", got, at)
 	}
 }
+
+// A flush that spans more than one period boundary of a tenant (an
+// aggregator catching up after downtime reads hours of events between two
+// flushes) still writes the final row of every period that closed: the
+// first hour's total must not be lost when the second hour closes too.
+func TestDrainKeepsEveryPeriodClosedSinceTheLastDrain(t *testing.T) {
+	p := newPart(t)
+	var rows Rows
+	start := t0.Add(30 * time.Minute) // 11:30 in Shanghai
+	p.Apply(ev("a", start, 100, 0), 1)
+	p.Drain(&rows)
+	rows.Reset()
+	// Without a drain: more of the first hour, then all of the next, then
+	// the one after. Both earlier hours close before the next Drain.
+	p.Apply(ev("b", start.Add(20*time.Minute), 200, 0), 2)
+	p.Apply(ev("c", start.Add(50*time.Minute), 400, 0), 3)
+	p.Apply(ev("d", start.Add(110*time.Minute), 800, 0), 4)
+	p.Drain(&rows)
+	got := map[string]float64{}
+	for _, r := range rows.Quotas {
+		if r.Model == "*" && r.Quota == "hourly_tokens" {
+			got[r.PeriodStart.Format("15:04")] = r.Used
+		}
+	}
+	want := map[string]float64{"03:00": 300, "04:00": 400, "05:00": 800}
+	for h, w := range want {
+		if got[h] != w {
+			t.Errorf("hour %s UTC: row says %v tokens, want %v (rows %v)", h, got[h], w, got)
+		}
+	}
+}

@@ -28,6 +28,7 @@ func main() {
 	db := flag.String("database", "sluice", "ClickHouse database")
 	flag.StringVar(&cfg.Topic, "topic", cfg.Topic, "usage topic")
 	flag.StringVar(&cfg.SignalsTopic, "signals", cfg.SignalsTopic, "signals topic")
+	flag.StringVar(&cfg.AdminTopic, "admin", cfg.AdminTopic, "admin topic")
 	flag.StringVar(&cfg.Group, "group", cfg.Group, "consumer group")
 	flag.StringVar(&cfg.PolicyFile, "policy", cfg.PolicyFile, "policy file")
 	flag.IntVar(&cfg.BatchEvents, "batch", cfg.BatchEvents, "batch events")
