@@ -43,7 +43,7 @@ type Config struct {
 
 // Writer writes flags; MarkDirty is safe for concurrent use.
 type Writer struct {
-	rdb  *redis.Client
+	rdb  redis.UniversalClient
 	src  Source
 	cfg  Config
 	keys flags.Layout
@@ -72,7 +72,7 @@ type Writer struct {
 }
 
 // New returns a writer; Run does the work.
-func New(rdb *redis.Client, src Source, cfg Config, log *slog.Logger) *Writer {
+func New(rdb redis.UniversalClient, src Source, cfg Config, log *slog.Logger) *Writer {
 	w := &Writer{rdb: rdb, src: src, cfg: cfg, keys: flags.Layout{Prefix: cfg.KeyPrefix}, log: log,
 		dirty: map[string]struct{}{}, written: map[string]struct{}{}, full: true}
 	w.leading.Store(true)
