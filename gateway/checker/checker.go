@@ -272,7 +272,9 @@ type Checker struct {
 	resyncs atomic.Int64
 }
 
-// New returns a Checker reading from rdb. It knows nothing until Run has
+// New returns a Checker reading from rdb: a *redis.Client, or a
+// *redis.ClusterClient when the enforcer writes to a Redis Cluster (the
+// Checker then lists tenants on every master). It knows nothing until Run has
 // done its first resync (see Synced); until then it answers as if stale
 // would only after MaxStaleness, so a gateway starting with Redis down
 // follows fail modes rather than blocking.

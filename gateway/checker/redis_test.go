@@ -54,10 +54,7 @@ func (e *fakeEnforcer) beat() error {
 func cleanup(t testing.TB, rdb redis.UniversalClient, prefix string) {
 	t.Cleanup(func() {
 		ctx := context.Background()
-		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			rdb.Del(ctx, iter.Val())
-		}
+		_ = flags.ScanKeys(ctx, rdb, prefix+"*", func(k string) { rdb.Del(ctx, k) })
 	})
 }
 

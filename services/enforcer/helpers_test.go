@@ -80,10 +80,7 @@ func testRedis(t testing.TB, rc redisconn.Config, prefix string) redis.Universal
 	t.Cleanup(func() { rdb.Close() })
 	t.Cleanup(func() {
 		ctx := context.Background()
-		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			rdb.Del(ctx, iter.Val())
-		}
+		_ = flags.ScanKeys(ctx, rdb, prefix+"*", func(k string) { rdb.Del(ctx, k) })
 	})
 	return rdb
 }
