@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # services.sh — the real backing services Sluice's tests and `make run` use:
-# Apache Kafka (KRaft, one combined broker+controller), ClickHouse, Redis and
-# Alertmanager. Everything listens on loopback on non-default ports, and all
-# data, logs, pid files and downloaded artifacts live under one folder
-# ($SLUICE_SERVICES_DIR, default .services/ in the repository).
+# Apache Kafka (KRaft, one combined broker+controller), ClickHouse, Redis, a
+# 3-master Redis Cluster and Alertmanager. Everything listens on loopback on
+# non-default ports, and all data, logs, pid files and downloaded artifacts
+# live under one folder ($SLUICE_SERVICES_DIR, default .services/ in the
+# repository).
 #
-#   scripts/services.sh up [kafka|clickhouse|redis|alertmanager ...]
+#   scripts/services.sh up [kafka|clickhouse|redis|redis-cluster|alertmanager ...]
 #   scripts/services.sh down | status | logs [service] | env | install | reset
 #
 # `up` is idempotent: a service already answering is reused, a missing package
@@ -35,10 +36,14 @@ CLICKHOUSE_HTTP_PORT=${SLUICE_CLICKHOUSE_HTTP_PORT:-18123}
 REDIS_PORT=${SLUICE_REDIS_PORT:-16379}
 # The same redis-server also listens with TLS here (self-signed CA below).
 REDIS_TLS_PORT=${SLUICE_REDIS_TLS_PORT:-16380}
+# A Redis Cluster of three masters (no replicas) on three consecutive ports
+# from this one; each node's cluster bus is its port + 10000.
+REDIS_CLUSTER_PORT=${SLUICE_REDIS_CLUSTER_PORT:-17001}
+REDIS_CLUSTER_PORTS=("$REDIS_CLUSTER_PORT" "$((REDIS_CLUSTER_PORT + 1))" "$((REDIS_CLUSTER_PORT + 2))")
 ALERTMANAGER_PORT=${SLUICE_ALERTMANAGER_PORT:-19093}
 READY_TIMEOUT=${SLUICE_READY_TIMEOUT:-120}
 
-ALL_SERVICES=(kafka clickhouse redis alertmanager)
+ALL_SERVICES=(kafka clickhouse redis redis-cluster alertmanager)
 
 say() { printf '[services] %s\n' "$*" >&2; }
 die() { printf '[services] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -68,7 +73,7 @@ wait_ready() {
 }
 
 apt_install() {
-	local missing=()
+	local missing=() p
 	for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 	((${#missing[@]} == 0)) && return 0
 	[[ $(id -u) == 0 ]] || die "missing Debian packages ${missing[*]}: run as root or apt-get install them"
@@ -134,7 +139,7 @@ install_tools() {
 	case $1 in
 	kafka) install_kafka ;;
 	clickhouse) apt_install clickhouse-server clickhouse-client ;;
-	redis) apt_install redis-server ;;
+	redis | redis-cluster) apt_install redis-server ;;
 	alertmanager) apt_install prometheus-alertmanager ;;
 	esac
 }
@@ -246,6 +251,92 @@ redis_secure() {
 		die "redis could not create the ACL user $REDIS_ACL_USER; read $LOG/redis.log"
 }
 
+# The Redis Cluster: three cluster-enabled redis-server processes, each with
+# its own folder (nodes.conf, the node's identity and slot map) under
+# $DIR/redis-cluster/<port>, pid file redis-cluster-<port>.pid and log
+# redis-cluster-<port>.log. Like the single Redis it keeps no data across a
+# restart (the enforcer rewrites its flags); nodes.conf survives, so a
+# restarted node rejoins the cluster it belonged to.
+cluster_node_alive() { pid_alive "redis-cluster-$1" && port_open "$1"; }
+
+start_cluster_node() {
+	local p=$1 d=$DIR/redis-cluster/$1
+	mkdir -p "$d"
+	redis-server --bind 127.0.0.1 --port "$p" --daemonize yes \
+		--cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000 \
+		--pidfile "$RUN/redis-cluster-$p.pid" --logfile "$LOG/redis-cluster-$p.log" --dir "$d" \
+		--save "" --appendonly no --protected-mode yes ||
+		die "redis-cluster node $p failed to start; read $LOG/redis-cluster-$p.log"
+	local i
+	for i in $(seq 50); do [[ -s $RUN/redis-cluster-$p.pid ]] && break; sleep 0.1; done
+	wait_ready "redis-cluster-$p" "$LOG/redis-cluster-$p.log" redis-cli -p "$p" ping
+}
+
+# cluster_info PORT FIELD prints one field of CLUSTER INFO of a node.
+cluster_info() {
+	redis-cli -p "$1" cluster info 2>/dev/null | tr -d '\r' | sed -n "s/^$2://p"
+}
+
+cluster_ok() {
+	local p
+	for p in "${REDIS_CLUSTER_PORTS[@]}"; do
+		[[ $(cluster_info "$p" cluster_state) == ok && $(cluster_info "$p" cluster_known_nodes) == 3 ]] || return 1
+	done
+}
+
+# up_redis_cluster starts the nodes that are not running, creates the
+# cluster once (all three nodes empty and alone), and waits until every
+# node reports cluster_state:ok. It is idempotent: running nodes are
+# reused and a formed cluster is never created again.
+up_redis_cluster() {
+	local p started=0
+	for p in "${REDIS_CLUSTER_PORTS[@]}"; do
+		if cluster_node_alive "$p"; then
+			continue
+		fi
+		if port_open "$p" || port_open "$((p + 10000))"; then
+			die "port $p or its cluster bus port $((p + 10000)) for redis-cluster is taken by a process this script did not start; stop it or set SLUICE_REDIS_CLUSTER_PORT"
+		fi
+		((started)) || install_tools redis-cluster
+		say "starting redis-cluster node on 127.0.0.1:$p"
+		start_cluster_node "$p"
+		started=1
+	done
+	if cluster_ok; then
+		if ((started)); then
+			say "redis-cluster ready"
+		else
+			say "redis-cluster already running on 127.0.0.1:${REDIS_CLUSTER_PORTS[0]}-${REDIS_CLUSTER_PORTS[2]} (reused)"
+		fi
+		return 0
+	fi
+	local fresh=1
+	for p in "${REDIS_CLUSTER_PORTS[@]}"; do
+		[[ $(cluster_info "$p" cluster_known_nodes) == 1 && $(cluster_info "$p" cluster_slots_assigned) == 0 ]] || fresh=0
+	done
+	if ((fresh)); then
+		say "redis-cluster: creating the cluster (3 masters, no replicas)"
+		local nodes=()
+		for p in "${REDIS_CLUSTER_PORTS[@]}"; do nodes+=("127.0.0.1:$p"); done
+		redis-cli --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes \
+			>>"$LOG/redis-cluster-create.log" 2>&1 ||
+			die "redis-cli --cluster create failed; read $LOG/redis-cluster-create.log"
+	fi
+	# Restarted nodes, or a just-created cluster, agree within a few
+	# seconds of gossip.
+	local deadline=$((SECONDS + READY_TIMEOUT))
+	until cluster_ok; do
+		((SECONDS < deadline)) || die "redis-cluster: the nodes on ${REDIS_CLUSTER_PORTS[*]} do not form one healthy cluster (redis-cli -p ${REDIS_CLUSTER_PORTS[0]} cluster info); \`$0 down\` and remove $DIR/redis-cluster to make a new one"
+		sleep 0.5
+	done
+	say "redis-cluster ready"
+}
+
+stop_redis_cluster() {
+	local p
+	for p in "${REDIS_CLUSTER_PORTS[@]}"; do stop_one "redis-cluster-$p"; done
+}
+
 start_alertmanager() {
 	local d=$DIR/alertmanager
 	mkdir -p "$d/data"
@@ -271,6 +362,7 @@ service_port() {
 	kafka) echo "$KAFKA_PORT" ;;
 	clickhouse) echo "$CLICKHOUSE_PORT" ;;
 	redis) echo "$REDIS_PORT" ;;
+	redis-cluster) echo "$REDIS_CLUSTER_PORT" ;;
 	alertmanager) echo "$ALERTMANAGER_PORT" ;;
 	*) die "unknown service '$1' (known: ${ALL_SERVICES[*]})" ;;
 	esac
@@ -279,6 +371,10 @@ service_port() {
 up_one() {
 	local s=$1 port
 	port=$(service_port "$s")
+	if [[ $s == redis-cluster ]]; then
+		up_redis_cluster
+		return 0
+	fi
 	if pid_alive "$s" && port_open "$port"; then
 		case $s in
 		kafka)
@@ -347,7 +443,9 @@ cmd_up() {
 
 cmd_down() {
 	local s
-	for s in "${ALL_SERVICES[@]}"; do stop_one "$s"; done
+	for s in "${ALL_SERVICES[@]}"; do
+		if [[ $s == redis-cluster ]]; then stop_redis_cluster; else stop_one "$s"; fi
+	done
 	local left
 	left=$(leftovers)
 	if [[ -n $left ]]; then
@@ -360,6 +458,15 @@ cmd_status() {
 	local s port rc=0
 	for s in "${ALL_SERVICES[@]}"; do
 		port=$(service_port "$s")
+		if [[ $s == redis-cluster ]]; then
+			if cluster_ok 2>/dev/null; then
+				printf '%-13s up    127.0.0.1:%s-%s (3 masters)\n' "$s" "${REDIS_CLUSTER_PORTS[0]}" "${REDIS_CLUSTER_PORTS[2]}"
+			else
+				printf '%-13s down\n' "$s"
+				rc=1
+			fi
+			continue
+		fi
 		if pid_alive "$s" && port_open "$port"; then
 			printf '%-13s up    127.0.0.1:%s (pid %s)\n' "$s" "$port" "$(cat "$RUN/$s.pid")"
 		else
@@ -377,6 +484,14 @@ cmd_logs() {
 		return
 	fi
 	service_port "$s" >/dev/null
+	if [[ $s == redis-cluster ]]; then
+		local p
+		for p in "${REDIS_CLUSTER_PORTS[@]}"; do
+			printf '==> %s <==\n' "$LOG/redis-cluster-$p.log"
+			tail -n 40 "$LOG/redis-cluster-$p.log"
+		done
+		return
+	fi
 	tail -n 100 "$LOG/$s.log"
 }
 
@@ -386,6 +501,7 @@ cmd_env() {
 SLUICE_KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT
 SLUICE_CLICKHOUSE_ADDR=127.0.0.1:$CLICKHOUSE_PORT
 SLUICE_REDIS_ADDR=127.0.0.1:$REDIS_PORT
+SLUICE_REDIS_CLUSTER_ADDRS=127.0.0.1:${REDIS_CLUSTER_PORTS[0]},127.0.0.1:${REDIS_CLUSTER_PORTS[1]},127.0.0.1:${REDIS_CLUSTER_PORTS[2]}
 SLUICE_ALERTMANAGER_URL=http://127.0.0.1:$ALERTMANAGER_PORT
 SLUICE_ITEST_KAFKA_SCRAM_BROKERS=127.0.0.1:$KAFKA_SASL_PORT
 SLUICE_ITEST_KAFKA_SCRAM_USER=$KAFKA_SCRAM_USER
@@ -409,9 +525,9 @@ install)
 	for s in "${@:-${ALL_SERVICES[@]}}"; do install_tools "$s"; done
 	install_test_tools
 	;;
-reset) cmd_down; rm -rf "$DIR"/{kafka,clickhouse,redis,alertmanager,log,run} ;;
+reset) cmd_down; rm -rf "$DIR"/{kafka,clickhouse,redis,redis-cluster,alertmanager,log,run} ;;
 *)
-	sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
 	exit 2
 	;;
 esac

@@ -246,7 +246,7 @@ func newView(models int) *tenantView {
 // Checker answers Check from memory and keeps that memory in step with
 // Redis while Run runs.
 type Checker struct {
-	rdb  *redis.Client
+	rdb  redis.UniversalClient
 	cfg  Config
 	keys flags.Layout
 	log  *slog.Logger
@@ -272,11 +272,13 @@ type Checker struct {
 	resyncs atomic.Int64
 }
 
-// New returns a Checker reading from rdb. It knows nothing until Run has
+// New returns a Checker reading from rdb: a *redis.Client, or a
+// *redis.ClusterClient when the enforcer writes to a Redis Cluster (the
+// Checker then lists tenants on every master). It knows nothing until Run has
 // done its first resync (see Synced); until then it answers as if stale
 // would only after MaxStaleness, so a gateway starting with Redis down
 // follows fail modes rather than blocking.
-func New(rdb *redis.Client, cfg Config, log *slog.Logger) (*Checker, error) {
+func New(rdb redis.UniversalClient, cfg Config, log *slog.Logger) (*Checker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

@@ -16,7 +16,7 @@ import (
 
 // fakeEnforcer writes flags the way the enforcer does, for Checker tests.
 type fakeEnforcer struct {
-	rdb  *redis.Client
+	rdb  redis.UniversalClient
 	keys flags.Layout
 	v    int64
 }
@@ -51,13 +51,10 @@ func (e *fakeEnforcer) beat() error {
 	return e.rdb.Set(context.Background(), e.keys.HeartbeatKey(), time.Now().UnixMilli(), 3*time.Second).Err()
 }
 
-func cleanup(t testing.TB, rdb *redis.Client, prefix string) {
+func cleanup(t testing.TB, rdb redis.UniversalClient, prefix string) {
 	t.Cleanup(func() {
 		ctx := context.Background()
-		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			rdb.Del(ctx, iter.Val())
-		}
+		_ = flags.ScanKeys(ctx, rdb, prefix+"*", func(k string) { rdb.Del(ctx, k) })
 	})
 }
 

@@ -214,14 +214,15 @@ func (c *Checker) resyncOnce(ctx context.Context) error {
 			modes[t] = FailMode(m)
 		}
 	}
+	// Every master of a cluster: a tenant's hash is on its tenant's slot.
+	seen := map[string]struct{}{}
 	var tenants []string
-	iter := c.rdb.Scan(ctx, 0, c.keys.TenantPattern(), 1000).Iterator()
-	for iter.Next(ctx) {
-		if t, ok := c.keys.TenantFromKey(iter.Val()); ok {
+	if err := c.keys.ScanTenants(ctx, c.rdb, func(t string) {
+		if _, dup := seen[t]; !dup {
+			seen[t] = struct{}{}
 			tenants = append(tenants, t)
 		}
-	}
-	if err := iter.Err(); err != nil {
+	}); err != nil {
 		return err
 	}
 	updates, err := c.fetch(ctx, tenants)

@@ -1,7 +1,8 @@
 // Package flags is the Redis layout of enforcement flags: the one contract
 // the enforcer (which writes flags) and the gateway Checker (which reads
-// them) share. It names the keys, encodes and decodes a flag value, and
-// describes the pub/sub announcements.
+// them) share. It names the keys, encodes and decodes a flag value,
+// describes the pub/sub announcements, and lists the tenant keys of a Redis
+// or of every master of a Redis Cluster (ScanTenants).
 //
 // Layout (every key of one tenant carries the hash tag {tenant}, so a tenant
 // stays on one Redis Cluster slot):

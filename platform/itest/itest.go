@@ -1,5 +1,6 @@
 // Package itest gives integration tests the real backing services started by
-// scripts/services.sh (Kafka, ClickHouse, Redis, Alertmanager), each isolated
+// scripts/services.sh (Kafka, ClickHouse, Redis, the Redis Cluster,
+// Alertmanager), each isolated
 // per test: a fresh topic name, a fresh ClickHouse database, a fresh Redis
 // key prefix.
 //
@@ -119,6 +120,22 @@ func Redis(t testing.TB) redisconn.Config {
 	c := redisconn.Defaults()
 	c.Addr = addr("SLUICE_REDIS_ADDR", c.Addr)
 	Require(t, "redis", c.Addr)
+	return c
+}
+
+// RedisCluster returns the configuration of the real 3-master Redis Cluster
+// (`scripts/services.sh up redis-cluster`, SLUICE_REDIS_CLUSTER_ADDRS).
+// Tests isolate themselves by key prefix, as with Redis; keys that must
+// share a slot carry a hash tag.
+func RedisCluster(t testing.TB) redisconn.Config {
+	t.Helper()
+	c := redisconn.Defaults()
+	c.Addrs = strings.Split(addr("SLUICE_REDIS_CLUSTER_ADDRS", "127.0.0.1:17001,127.0.0.1:17002,127.0.0.1:17003"), ",")
+	c.Addr = c.Addrs[0]
+	c.Cluster = true
+	for _, a := range c.Addrs {
+		Require(t, "redis-cluster", a)
+	}
 	return c
 }
 

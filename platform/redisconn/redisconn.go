@@ -1,5 +1,8 @@
 // Package redisconn builds the go-redis client the enforcer and the gateway
-// Checker use for enforcement flags.
+// Checker use for enforcement flags: a client of one Redis, or of a Redis
+// Cluster when redis.cluster is set (docs/scaling.md). Either way callers
+// get a redis.UniversalClient and must keep every multi-key command within
+// one hash slot (gateway/flags puts each tenant's keys under a hash tag).
 package redisconn
 
 import (
@@ -8,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 	"time"
 
@@ -16,9 +20,12 @@ import (
 	"github.com/sluicehq/sluice/platform/tlsconfig"
 )
 
-// Config says where Redis is.
+// Config says where Redis is: one server at Addr, or, with Cluster, a
+// Redis Cluster found through its seed nodes Addrs (or Addr alone).
 type Config struct {
-	Addr         string             `yaml:"addr" help:"Redis address host:port"`
+	Addr         string             `yaml:"addr" help:"Redis address host:port (with cluster and no addrs: the one seed node)"`
+	Cluster      bool               `yaml:"cluster" help:"Redis is a Redis Cluster: connect through the seed nodes in addrs (or addr) and follow its slot map"`
+	Addrs        []string           `yaml:"addrs" help:"Redis Cluster seed nodes host:port, comma separated (needs cluster=true; any reachable one finds the others)"`
 	Username     string             `yaml:"username" help:"Redis ACL user (empty: the default user)"`
 	Password     tlsconfig.Password `yaml:"password" help:"Redis password (prefer password_file or the environment; never logged)"`
 	PasswordFile string             `yaml:"password_file" help:"file holding the Redis password (e.g. a mounted secret)"`
@@ -33,13 +40,40 @@ func Defaults() Config {
 	return Config{Addr: "127.0.0.1:16379", DialTimeout: 2 * time.Second, PoolSize: 16}
 }
 
+// Seeds returns the addresses a cluster client starts from: Addrs, or
+// Addr when Addrs is empty.
+func (c Config) Seeds() []string {
+	if len(c.Addrs) > 0 {
+		return c.Addrs
+	}
+	return []string{c.Addr}
+}
+
 // Validate checks the address and pool settings.
 func (c Config) Validate() error {
 	var errs []error
-	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
-		errs = append(errs, fmt.Errorf("redis.addr: %q is not host:port", c.Addr))
+	switch {
+	case !c.Cluster:
+		if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+			errs = append(errs, fmt.Errorf("redis.addr: %q is not host:port", c.Addr))
+		}
+		if len(c.Addrs) > 0 {
+			errs = append(errs, fmt.Errorf("redis.addrs: %d seed nodes given without redis.cluster=true (set it for a Redis Cluster; a single Redis has one address, redis.addr)", len(c.Addrs)))
+		}
+	case len(c.Addrs) == 0:
+		if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+			errs = append(errs, fmt.Errorf("redis.addr: %q is not host:port (redis.cluster=true and redis.addrs is empty, so it is the seed node)", c.Addr))
+		}
+	default:
+		for i, a := range c.Addrs {
+			if _, _, err := net.SplitHostPort(a); err != nil {
+				errs = append(errs, fmt.Errorf("redis.addrs[%d]: %q is not host:port", i, a))
+			}
+		}
 	}
-	if c.DB < 0 || c.DB > 15 {
+	if c.Cluster && c.DB != 0 {
+		errs = append(errs, fmt.Errorf("redis.db: %d, but a Redis Cluster has only database 0", c.DB))
+	} else if c.DB < 0 || c.DB > 15 {
 		errs = append(errs, fmt.Errorf("redis.db: %d is outside 0..15", c.DB))
 	}
 	if c.DialTimeout <= 0 {
@@ -61,13 +95,15 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// NewClient returns a client for c. It does not connect until first use.
+// NewClient returns a client for c: a *redis.Client, or a
+// *redis.ClusterClient when c.Cluster is set. It does not connect until
+// first use.
 //
 // A TLS file or password file that cannot be read (Validate reports it at
 // start-up; it can still vanish afterwards) does not panic and does not
 // fall back to plaintext: every command of the client fails with the error
 // naming the setting, so the readiness check shows it.
-func NewClient(c Config) *redis.Client {
+func NewClient(c Config) redis.UniversalClient {
 	o, err := c.options()
 	if err != nil {
 		o = &redis.Options{
@@ -77,6 +113,22 @@ func NewClient(c Config) *redis.Client {
 			},
 			MaxRetries: -1,
 		}
+		if c.Cluster {
+			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Seeds(), Dialer: o.Dialer, MaxRetries: -1})
+		}
+		return redis.NewClient(o)
+	}
+	if c.Cluster {
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:        c.Seeds(),
+			Username:     o.Username,
+			Password:     o.Password,
+			DialTimeout:  o.DialTimeout,
+			PoolSize:     o.PoolSize,
+			TLSConfig:    o.TLSConfig,
+			ReadTimeout:  o.ReadTimeout,
+			WriteTimeout: o.WriteTimeout,
+		})
 	}
 	return redis.NewClient(o)
 }
@@ -108,18 +160,48 @@ func (c Config) options() (*redis.Options, error) {
 	}, nil
 }
 
-// Ready returns a readiness check that pings Redis.
-func Ready(cl *redis.Client) func(context.Context) error {
+// Ready returns a readiness check of a client NewClient made. It pings
+// Redis — every master, for a cluster — and says so when the client's
+// kind does not match the server's: a plain client on a cluster node
+// reaches only that node's slots, and a cluster client cannot start on a
+// server without cluster support.
+func Ready(cl redis.UniversalClient) func(context.Context) error {
 	return func(ctx context.Context) error {
-		if err := cl.Ping(ctx).Err(); err != nil {
-			// A TLS-only port closes a plaintext connection without a word,
-			// which go-redis reports as a bare EOF or reset: say what the
-			// likely fix is.
-			if cl.Options().TLSConfig == nil && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
-				return fmt.Errorf("redis unreachable: %w (the server closed a plaintext connection: if %s serves TLS, set redis.tls.enabled=true and redis.tls.ca_file)", err, cl.Options().Addr)
+		switch cl := cl.(type) {
+		case *redis.ClusterClient:
+			err := cl.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+				if err := node.Ping(ctx).Err(); err != nil {
+					return fmt.Errorf("node %s: %w", node.Options().Addr, err)
+				}
+				return nil
+			})
+			if err != nil {
+				if strings.Contains(err.Error(), "cluster support disabled") {
+					return fmt.Errorf("redis cluster unreachable: %w (redis.cluster is true but %s is not a Redis Cluster node; unset redis.cluster for a single Redis)", err, strings.Join(cl.Options().Addrs, ","))
+				}
+				return fmt.Errorf("redis cluster unreachable: %w%s", err, tlsHint(err, cl.Options().TLSConfig == nil, strings.Join(cl.Options().Addrs, ",")))
 			}
-			return fmt.Errorf("redis unreachable: %w", err)
+			return nil
+		case *redis.Client:
+			if err := cl.Ping(ctx).Err(); err != nil {
+				return fmt.Errorf("redis unreachable: %w%s", err, tlsHint(err, cl.Options().TLSConfig == nil, cl.Options().Addr))
+			}
+			// A user without the INFO permission skips the check.
+			if info, err := cl.Info(ctx, "cluster").Result(); err == nil && strings.Contains(info, "cluster_enabled:1") {
+				return fmt.Errorf("redis: %s is a Redis Cluster node but redis.cluster is false: set redis.cluster=true (and redis.addrs), or every key in another node's slots fails with MOVED", cl.Options().Addr)
+			}
+			return nil
+		default:
+			return cl.Ping(ctx).Err()
 		}
-		return nil
 	}
+}
+
+// tlsHint explains a bare EOF or reset: a TLS-only port closes a plaintext
+// connection without a word, which go-redis reports as nothing more.
+func tlsHint(err error, plaintext bool, addr string) string {
+	if plaintext && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
+		return fmt.Sprintf(" (the server closed a plaintext connection: if %s serves TLS, set redis.tls.enabled=true and redis.tls.ca_file)", addr)
+	}
+	return ""
 }

@@ -8,8 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/itest"
@@ -139,7 +142,7 @@ func TestPasswordNeverPrinted(t *testing.T) {
 	}
 	cl := redisconn.NewClient(cfg.Redis)
 	defer cl.Close()
-	if cl.Options().Password != "s3cret" {
+	if cl.(*redis.Client).Options().Password != "s3cret" {
 		t.Fatal("the client did not get the password")
 	}
 	var b bytes.Buffer
@@ -148,5 +151,137 @@ func TestPasswordNeverPrinted(t *testing.T) {
 		if strings.Contains(out, "s3cret") {
 			t.Errorf("the password is printed: %s", out)
 		}
+	}
+}
+
+// TestClusterClientUsesEveryMaster: with redis.cluster the client follows
+// the real cluster's slot map: keys in every slot are written and read
+// back, and every master ends up holding some of them.
+func TestClusterClientUsesEveryMaster(t *testing.T) {
+	rc := itest.RedisCluster(t)
+	if err := rc.Validate(); err != nil {
+		t.Fatalf("Validate() = %v for the services script's cluster", err)
+	}
+	cl := redisconn.NewClient(rc)
+	defer cl.Close()
+	cc, ok := cl.(*redis.ClusterClient)
+	if !ok {
+		t.Fatalf("NewClient with cluster=true returned %T, want *redis.ClusterClient", cl)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := redisconn.Ready(cl)(ctx); err != nil {
+		t.Fatal(err)
+	}
+	prefix := itest.Unique(t, "sluice_test:")
+	const n = 60
+	for i := range n {
+		if err := cl.Set(ctx, fmt.Sprintf("%s:{%d}", prefix, i), i, time.Minute).Err(); err != nil {
+			t.Fatalf("SET key %d: %v", i, err)
+		}
+	}
+	for i := range n {
+		if v, err := cl.Get(ctx, fmt.Sprintf("%s:{%d}", prefix, i)).Int(); err != nil || v != i {
+			t.Fatalf("GET key %d = %d, %v", i, v, err)
+		}
+	}
+	var mu sync.Mutex
+	perMaster := map[string]int{}
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		keys, err := node.Keys(ctx, prefix+":*").Result()
+		mu.Lock()
+		perMaster[node.Options().Addr] = len(keys)
+		mu.Unlock()
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for addr, k := range perMaster {
+		if k == 0 {
+			t.Errorf("master %s holds none of the %d keys: %v", addr, n, perMaster)
+		}
+		total += k
+	}
+	if len(perMaster) != 3 || total != n {
+		t.Fatalf("keys per master %v: want 3 masters holding %d keys in all", perMaster, n)
+	}
+}
+
+// TestReadyNamesMismatchedMode: a cluster client aimed at a single Redis,
+// and a single-server client aimed at a cluster node, are not ready, and
+// the error says which setting to change.
+func TestReadyNamesMismatchedMode(t *testing.T) {
+	single, cluster := itest.Redis(t), itest.RedisCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	wrongCluster := single
+	wrongCluster.Cluster = true
+	cl := redisconn.NewClient(wrongCluster)
+	defer cl.Close()
+	if err := redisconn.Ready(cl)(ctx); err == nil || !strings.Contains(err.Error(), "unset redis.cluster") {
+		t.Errorf("Ready() of a cluster client on a single Redis = %v, want an error saying to unset redis.cluster", err)
+	}
+
+	wrongSingle := cluster
+	wrongSingle.Cluster, wrongSingle.Addrs = false, nil
+	cl2 := redisconn.NewClient(wrongSingle)
+	defer cl2.Close()
+	if err := redisconn.Ready(cl2)(ctx); err == nil || !strings.Contains(err.Error(), "set redis.cluster=true") {
+		t.Errorf("Ready() of a single-server client on a cluster node = %v, want an error saying to set redis.cluster=true", err)
+	}
+}
+
+// TestValidateCluster: the cluster settings' mistakes are named.
+func TestValidateCluster(t *testing.T) {
+	for name, tc := range map[string]struct {
+		mut  func(*redisconn.Config)
+		want string // "" = valid
+	}{
+		"cluster with seeds":            {func(c *redisconn.Config) { c.Cluster, c.Addrs = true, []string{"10.0.0.1:6379", "10.0.0.2:6379"} }, ""},
+		"cluster with addr as the seed": {func(c *redisconn.Config) { c.Cluster = true }, ""},
+		"addrs without cluster":         {func(c *redisconn.Config) { c.Addrs = []string{"10.0.0.1:6379"} }, "redis.addrs: 1 seed nodes given without redis.cluster=true"},
+		"bad seed":                      {func(c *redisconn.Config) { c.Cluster, c.Addrs = true, []string{"10.0.0.1:6379", "10.0.0.2"} }, `redis.addrs[1]: "10.0.0.2" is not host:port`},
+		"bad addr as the seed":          {func(c *redisconn.Config) { c.Cluster, c.Addr = true, "redis" }, "redis.addr: \"redis\" is not host:port (redis.cluster=true"},
+		"db on a cluster":               {func(c *redisconn.Config) { c.Cluster, c.DB = true, 2 }, "redis.db: 2, but a Redis Cluster has only database 0"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := redisconn.Defaults()
+			tc.mut(&c)
+			err := c.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("Validate() = %v, want nil", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("Validate() = %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestClusterFromEnvironment: SLUICE_REDIS_CLUSTER and SLUICE_REDIS_ADDRS
+// (a comma-separated list) make a cluster client of the seed nodes.
+func TestClusterFromEnvironment(t *testing.T) {
+	var cfg struct {
+		Redis redisconn.Config `yaml:"redis"`
+	}
+	cfg.Redis = redisconn.Defaults()
+	env := map[string]string{"SLUICE_REDIS_CLUSTER": "true", "SLUICE_REDIS_ADDRS": "10.0.0.1:6379, 10.0.0.2:6379"}
+	if err := config.Load(&cfg, config.Options{LookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok }}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Redis.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	cl := redisconn.NewClient(cfg.Redis)
+	defer cl.Close()
+	cc, ok := cl.(*redis.ClusterClient)
+	if !ok {
+		t.Fatalf("NewClient = %T, want *redis.ClusterClient", cl)
+	}
+	if got := cc.Options().Addrs; strings.Join(got, ",") != "10.0.0.1:6379,10.0.0.2:6379" {
+		t.Fatalf("seed nodes %v", got)
 	}
 }

@@ -48,7 +48,7 @@ type core struct {
 // The policy's fail modes are handed to the writer here, before it runs, so
 // that its first full rewrite already carries them: a Checker must never
 // see a fresh heartbeat next to missing fail modes.
-func newCore(cfg Config, rdb *redis.Client, pw *policy.Watcher, log *slog.Logger) *core {
+func newCore(cfg Config, rdb redis.UniversalClient, pw *policy.Watcher, log *slog.Logger) *core {
 	c := &core{cfg: cfg, log: log, table: breaker.NewTable(), policy: pw, seen: fifo.NewSet[string](cfg.DedupSignals),
 		signals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_enforcer_signals_total",
 			Help: "Signals consumed by the enforcer, by result."}, []string{"result"}),

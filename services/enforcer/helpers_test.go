@@ -74,16 +74,13 @@ func testConfig(t testing.TB) Config {
 // core started after this call stops first (its last flush still reaches
 // Redis), then the keys go, then the client closes. A deferred Close would
 // run before all of them, and they would fail silently.
-func testRedis(t testing.TB, rc redisconn.Config, prefix string) *redis.Client {
+func testRedis(t testing.TB, rc redisconn.Config, prefix string) redis.UniversalClient {
 	t.Helper()
 	rdb := redisconn.NewClient(rc)
 	t.Cleanup(func() { rdb.Close() })
 	t.Cleanup(func() {
 		ctx := context.Background()
-		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			rdb.Del(ctx, iter.Val())
-		}
+		_ = flags.ScanKeys(ctx, rdb, prefix+"*", func(k string) { rdb.Del(ctx, k) })
 	})
 	return rdb
 }
@@ -105,7 +102,7 @@ func testClickHouse(t testing.TB, chc chconn.Config) driver.Conn {
 
 // startCore runs a core's flag writer and clock, as Run does, until the
 // returned stop is called (or the test ends).
-func startCore(t testing.TB, cfg Config, rdb *redis.Client) (*core, func()) {
+func startCore(t testing.TB, cfg Config, rdb redis.UniversalClient) (*core, func()) {
 	t.Helper()
 	c := newCore(cfg, rdb, testWatcher(t), quietLog())
 	ctx, cancel := context.WithCancel(context.Background())
@@ -156,7 +153,7 @@ const within = 30 * time.Second
 // in flight before it has been counted, and by the next one the flush
 // ticks between them have written whatever was still dirty. It needs a
 // short cfg.HeartbeatEvery.
-func writerSettled(t testing.TB, rdb *redis.Client, keys flags.Layout) {
+func writerSettled(t testing.TB, rdb redis.UniversalClient, keys flags.Layout) {
 	t.Helper()
 	ctx := context.Background()
 	since := time.Now().UnixMilli()

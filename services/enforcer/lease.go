@@ -44,7 +44,7 @@ func leaseKey(prefix string) string { return prefix + "leader" }
 // out it waits for the writer's last flush (writerDone) and releases the
 // lease so that a follower takes over at once. It competes only once the
 // admin topic's records present at start are applied (adminCaughtUp).
-func (c *core) runLease(ctx context.Context, rdb *redis.Client, replicaID string, adminCaughtUp <-chan struct{}, writerDone <-chan struct{}) error {
+func (c *core) runLease(ctx context.Context, rdb redis.UniversalClient, replicaID string, adminCaughtUp <-chan struct{}, writerDone <-chan struct{}) error {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	self := replicaID + "/" + hex.EncodeToString(b[:])

@@ -1,17 +1,28 @@
 // Package flagwriter writes the enforcer's flags to Redis in the layout of
 // gateway/flags, coalescing changes: tenants whose flags changed join a
-// bounded dirty set that is flushed every few milliseconds as one pipelined
-// MULTI per batch, so a burst of signals costs a handful of round trips.
-// It also refreshes every flag before its TTL lapses, beats the heartbeat
-// Checkers use to judge staleness, publishes tenants' fail modes, and
-// rewrites everything after Redis was unreachable or lost its data.
+// bounded dirty set that is flushed every few milliseconds as two
+// pipelines per batch (the hashes, then the announcements), so a burst of
+// signals costs a handful of round trips. It also refreshes every flag
+// before its TTL lapses, beats the heartbeat Checkers use to judge
+// staleness, publishes tenants' fail modes, and rewrites everything after
+// Redis was unreachable or lost its data.
+//
+// The same writes work on one Redis and on a Redis Cluster: no command and
+// no transaction spans two hash slots. Each hash (a tenant's flags, the
+// fail modes) is replaced whole by one script call on its own key, so a
+// reader never sees half of it; a batch as a whole is not atomic, and need
+// not be, because Checkers read per tenant. The version key and the pub/sub
+// announcements follow only once every hash of the batch is written, so a
+// Checker that refetches on an announcement reads what it announces (in a
+// cluster the hashes are on other nodes than the announcement, and a
+// pipeline's commands to different nodes run concurrently).
 package flagwriter
 
 import (
 	"context"
-
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -43,7 +54,7 @@ type Config struct {
 
 // Writer writes flags; MarkDirty is safe for concurrent use.
 type Writer struct {
-	rdb  *redis.Client
+	rdb  redis.UniversalClient
 	src  Source
 	cfg  Config
 	keys flags.Layout
@@ -66,13 +77,14 @@ type Writer struct {
 	version int64
 	down    bool
 
-	// Flushes counts pipelined write round trips; Errors counts failed ones.
+	// Flushes counts batches written (a pipeline of hashes, then one of
+	// announcements); Errors counts failed ones.
 	Flushes, Errors, FullRewrites int64
 	statMu                        sync.Mutex
 }
 
 // New returns a writer; Run does the work.
-func New(rdb *redis.Client, src Source, cfg Config, log *slog.Logger) *Writer {
+func New(rdb redis.UniversalClient, src Source, cfg Config, log *slog.Logger) *Writer {
 	w := &Writer{rdb: rdb, src: src, cfg: cfg, keys: flags.Layout{Prefix: cfg.KeyPrefix}, log: log,
 		dirty: map[string]struct{}{}, written: map[string]struct{}{}, full: true}
 	w.leading.Store(true)
@@ -265,16 +277,13 @@ func (w *Writer) withLeftovers(ctx context.Context, tenants []string) []string {
 	for _, t := range tenants {
 		seen[t] = struct{}{}
 	}
-	iter := w.rdb.Scan(ctx, 0, w.keys.TenantPattern(), 1000).Iterator()
-	for iter.Next(ctx) {
-		if t, ok := w.keys.TenantFromKey(iter.Val()); ok {
-			if _, dup := seen[t]; !dup {
-				seen[t] = struct{}{}
-				tenants = append(tenants, t)
-			}
+	err := w.keys.ScanTenants(ctx, w.rdb, func(t string) {
+		if _, dup := seen[t]; !dup {
+			seen[t] = struct{}{}
+			tenants = append(tenants, t)
 		}
-	}
-	if err := iter.Err(); err != nil {
+	})
+	if err != nil {
 		w.log.Warn("enforcer: scanning for leftover flags failed; they will expire by TTL", "err", err)
 	}
 	return tenants
@@ -289,10 +298,59 @@ func (w *Writer) nextVersion() int64 {
 	return v
 }
 
+// replaceHash replaces the hash KEYS[1] whole: DEL, then HSET of the
+// field/value pairs ARGV[2..] (in chunks that fit Lua's stack), then
+// PEXPIRE ARGV[1] ms unless it is 0. One script on one key is atomic and
+// stays in one hash slot, unlike a MULTI over several tenants.
+var replaceHash = redis.NewScript(`
+redis.call('DEL', KEYS[1])
+for i = 2, #ARGV, 1000 do
+  redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+if #ARGV > 1 and tonumber(ARGV[1]) > 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+end
+return 1`)
+
+// hashWrite is one replaceHash call: no fields deletes the key.
+type hashWrite struct {
+	key  string
+	args []any // ttl ms, then field, value, …
+}
+
+// replace runs the hash writes (and sets the epoch key when epoch is
+// non-empty) in one pipeline. A node that has not seen the script yet
+// (NOSCRIPT: a fresh or restarted Redis) gets the whole pipeline again
+// with the script's text; each write is a full replace, so the repeat
+// changes nothing that had succeeded.
+func (w *Writer) replace(ctx context.Context, writes []hashWrite, epoch string) error {
+	run := func(bySHA bool) ([]redis.Cmder, error) {
+		return w.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			if epoch != "" {
+				p.Set(ctx, w.keys.Prefix+"epoch", epoch, 0)
+			}
+			for _, hw := range writes {
+				if bySHA {
+					replaceHash.EvalSha(ctx, p, []string{hw.key}, hw.args...)
+				} else {
+					replaceHash.Eval(ctx, p, []string{hw.key}, hw.args...)
+				}
+			}
+			return nil
+		})
+	}
+	cmds, err := run(true)
+	if err != nil && slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return redis.HasErrorPrefix(c.Err(), "NOSCRIPT") }) {
+		_, err = run(false)
+	}
+	return err
+}
+
 func (w *Writer) write(ctx context.Context, tenants []string, full, fmDirty bool, failModes map[string]string) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	now := time.Now()
+	ttl := strconv.FormatInt(w.cfg.FlagTTL.Milliseconds(), 10)
 	batch := max(w.cfg.BatchTenants, 1)
 	first := true
 	for first || len(tenants) > 0 {
@@ -301,40 +359,50 @@ func (w *Writer) write(ctx context.Context, tenants []string, full, fmDirty bool
 		tenants = tenants[n:]
 		version := w.nextVersion()
 		var present, gone []string
-		_, err := w.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			if first && full {
-				p.Set(ctx, w.keys.Prefix+"epoch", strconv.FormatInt(now.UnixMilli(), 10), 0)
+		writes := make([]hashWrite, 0, len(part)+1)
+		var epoch string
+		if first && full {
+			epoch = strconv.FormatInt(now.UnixMilli(), 10)
+		}
+		if first && fmDirty {
+			args := make([]any, 0, 1+2*len(failModes))
+			args = append(args, "0") // no expiry: known after the enforcer died
+			for t, m := range failModes {
+				args = append(args, t, m)
 			}
-			if first && fmDirty {
-				p.Del(ctx, w.keys.FailModeKey())
-				if len(failModes) > 0 {
-					p.HSet(ctx, w.keys.FailModeKey(), failModes)
+			writes = append(writes, hashWrite{key: w.keys.FailModeKey(), args: args})
+		}
+		for _, t := range part {
+			fl := w.src.Flags(t, now, w.cfg.FlagTTL)
+			args := make([]any, 0, 3+2*len(fl))
+			args = append(args, ttl)
+			if len(fl) > 0 {
+				args = append(args, flags.VersionField, version)
+				for field, f := range fl {
+					args = append(args, field, flags.Encode(f))
 				}
-				p.Publish(ctx, w.keys.Channel(), flags.FormatChange(flags.FailModeTenant, version))
+				present = append(present, t)
+			} else {
+				gone = append(gone, t)
 			}
-			for _, t := range part {
-				key := w.keys.TenantKey(t)
-				fl := w.src.Flags(t, now, w.cfg.FlagTTL)
-				p.Del(ctx, key)
-				if len(fl) > 0 {
-					vals := make([]any, 0, 2*len(fl)+2)
-					vals = append(vals, flags.VersionField, version)
-					for field, f := range fl {
-						vals = append(vals, field, flags.Encode(f))
-					}
-					p.HSet(ctx, key, vals...)
-					p.PExpire(ctx, key, w.cfg.FlagTTL)
-					present = append(present, t)
-				} else {
-					gone = append(gone, t)
+			writes = append(writes, hashWrite{key: w.keys.TenantKey(t), args: args})
+		}
+		err := w.replace(ctx, writes, epoch)
+		if err == nil {
+			// Announced only once every hash above is in place.
+			_, err = w.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				if len(part) > 0 {
+					p.Set(ctx, w.keys.VersionKey(), version, 0)
 				}
-				p.Publish(ctx, w.keys.Channel(), flags.FormatChange(t, version))
-			}
-			if len(part) > 0 {
-				p.Set(ctx, w.keys.VersionKey(), version, 0)
-			}
-			return nil
-		})
+				if first && fmDirty {
+					p.Publish(ctx, w.keys.Channel(), flags.FormatChange(flags.FailModeTenant, version))
+				}
+				for _, t := range part {
+					p.Publish(ctx, w.keys.Channel(), flags.FormatChange(t, version))
+				}
+				return nil
+			})
+		}
 		w.statMu.Lock()
 		w.Flushes++
 		if err != nil {
@@ -374,11 +442,14 @@ type Stored struct {
 // an unreachable Redis is an error, and the caller retries.
 func (w *Writer) ReadStored(ctx context.Context) ([]Stored, error) {
 	var keys []string
-	iter := w.rdb.Scan(ctx, 0, w.keys.TenantPattern(), 1000).Iterator()
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
-	}
-	if err := iter.Err(); err != nil {
+	seen := map[string]struct{}{}
+	err := w.keys.ScanTenants(ctx, w.rdb, func(t string) {
+		if _, dup := seen[t]; !dup {
+			seen[t] = struct{}{}
+			keys = append(keys, w.keys.TenantKey(t))
+		}
+	})
+	if err != nil {
 		return nil, fmt.Errorf("scan flags: %w", err)
 	}
 	var out []Stored
