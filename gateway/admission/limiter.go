@@ -1,0 +1,579 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Limiter decides admissions. It is safe for concurrent use; make one per
+// gateway process and Close it on shutdown.
+type Limiter struct {
+	client  redis.UniversalClient
+	cluster bool
+	o       options
+	m       *metrics
+	base    time.Time
+	gen     atomic.Pointer[generation]
+
+	down     atomic.Bool
+	downErr  atomic.Pointer[error]
+	pend     pending
+	leasedMu sync.Mutex
+	leased   map[*instance]struct{}
+
+	kick     chan struct{}
+	stop     chan struct{}
+	done     chan struct{}
+	closeOne sync.Once
+
+	stats struct {
+		admissions, leaseHits, refused, roundTrips, failOpen, failClosed atomic.Int64
+	}
+}
+
+// ErrBacklogFull is returned by Settle when Redis is unreachable and the
+// queue of corrections waiting for it is full (WithMaxPending): the ticket
+// stays unsettled and Settle may be called again.
+var ErrBacklogFull = errors.New("admission: Redis is unreachable and the pending corrections are full")
+
+// New returns a Limiter enforcing rules through client, which may be a
+// *redis.Client (standalone, Sentinel) or a *redis.ClusterClient. The client
+// must have ContextTimeoutEnabled set: that is what bounds each call by
+// WithMaxWait.
+func New(client redis.UniversalClient, rules *Rules, opts ...Option) (*Limiter, error) {
+	o := defaultOptions()
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	l := &Limiter{client: client, o: o, base: time.Now(), leased: map[*instance]struct{}{},
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	switch c := client.(type) {
+	case *redis.Client:
+		if !c.Options().ContextTimeoutEnabled {
+			return nil, errors.New("admission: the Redis client must set Options.ContextTimeoutEnabled, or a slow Redis blocks Admit past WithMaxWait")
+		}
+	case *redis.ClusterClient:
+		l.cluster = true
+		if !c.Options().ContextTimeoutEnabled {
+			return nil, errors.New("admission: the Redis client must set ClusterOptions.ContextTimeoutEnabled, or a slow Redis blocks Admit past WithMaxWait")
+		}
+	case *redis.Ring:
+		return nil, errors.New("admission: a redis.Ring cannot run one script over several keys; use a standalone or a Cluster client")
+	}
+	l.m = newMetrics(o.reg)
+	l.pend.init(o.maxPending)
+	if err := l.SetRules(rules); err != nil {
+		return nil, err
+	}
+	go l.run()
+	return l, nil
+}
+
+func (o *options) validate() error {
+	var errs []error
+	if o.maxWait <= 0 {
+		errs = append(errs, fmt.Errorf("admission: max wait %s must be positive", o.maxWait))
+	}
+	if o.gateways < 1 {
+		errs = append(errs, fmt.Errorf("admission: gateway count %d must be at least 1", o.gateways))
+	}
+	if !(o.leaseFraction >= 0 && o.leaseFraction <= 0.5) {
+		errs = append(errs, fmt.Errorf("admission: lease fraction %v is outside 0..0.5", o.leaseFraction))
+	}
+	if o.leaseHorizon <= 0 || o.leaseTTL <= 0 || o.probe <= 0 || o.idle <= 0 || o.settleTTL < time.Second || o.refusalCache < 0 {
+		errs = append(errs, errors.New("admission: lease horizon, lease TTL, probe interval and idle TTL must be positive, settle TTL at least 1s, refusal cache not negative"))
+	}
+	if o.maxInstances < 1 || o.maxPending < 1 {
+		errs = append(errs, errors.New("admission: max instances and max pending must be at least 1"))
+	}
+	if o.prefix == "" || strings.ContainsAny(o.prefix, "{}") {
+		errs = append(errs, fmt.Errorf("admission: prefix %q must be non-empty and hold no braces (they would change the hash tag)", o.prefix))
+	}
+	return errors.Join(errs...)
+}
+
+// SetRules replaces the rules, for a policy reload. Leases and local debits
+// of the previous rules go back to Redis; counters in Redis carry over for
+// rules whose name, scope, algorithm and unit did not change.
+func (l *Limiter) SetRules(rules *Rules) error {
+	if rules == nil {
+		rules = &Rules{}
+	}
+	if err := rules.Validate(); err != nil {
+		return err
+	}
+	g := &generation{seed: maphash.MakeSeed(), insts: map[string]*instance{}, tenants: map[string]*tenantRules{}}
+	for i := range g.sets {
+		g.sets[i].m = map[reqKey]*matchSet{}
+	}
+	for _, r := range rules.Shared {
+		g.shared = append(g.shared, compileRule(r, true, l.o.leaseFraction, l.m))
+	}
+	compileTenant := func(tr TenantRules) *tenantRules {
+		out := &tenantRules{failMode: tr.FailMode}
+		if out.failMode == "" {
+			out.failMode = FailOpen
+		}
+		for _, r := range tr.Rules {
+			r.Scope.Tenant = ""
+			out.rules = append(out.rules, compileRule(r, false, l.o.leaseFraction, l.m))
+		}
+		return out
+	}
+	for id, tr := range rules.Tenants {
+		g.tenants[id] = compileTenant(tr)
+	}
+	g.def = compileTenant(rules.Default)
+	if old := l.gen.Swap(g); old != nil {
+		l.retireAll(old)
+	}
+	return nil
+}
+
+// generation is the state built from one set of rules.
+type generation struct {
+	shared  []*rule
+	tenants map[string]*tenantRules
+	def     *tenantRules
+	seed    maphash.Seed
+
+	sets  [setShards]setShard
+	nsets atomic.Int64
+
+	imu   sync.Mutex
+	insts map[string]*instance
+}
+
+type tenantRules struct {
+	rules    []*rule
+	failMode FailMode
+}
+
+const setShards = 64
+
+type setShard struct {
+	mu sync.RWMutex
+	m  map[reqKey]*matchSet
+}
+
+// reqKey is a request's shape: everything that decides which rule
+// instances count it.
+type reqKey struct{ tenant, model, user, key, endpoint, upstream string }
+
+// matchSet is the rule instances that count requests of one shape, shared
+// rules first, in rule order.
+type matchSet struct {
+	insts     []*instance
+	failMode  FailMode
+	lastUsed  atomic.Int64
+	transient bool
+}
+
+func (g *generation) shard(k *reqKey) *setShard {
+	h := maphash.String(g.seed, k.tenant) ^ maphash.String(g.seed, k.user)*31 ^ maphash.String(g.seed, k.model)*17
+	return &g.sets[h&(setShards-1)]
+}
+
+func (l *Limiter) lookup(g *generation, req *Request, now int64) (*matchSet, error) {
+	k := reqKey{req.Tenant, req.Model, req.User, req.Key, req.Endpoint, req.Upstream}
+	sh := g.shard(&k)
+	sh.mu.RLock()
+	s := sh.m[k]
+	sh.mu.RUnlock()
+	if s != nil {
+		s.lastUsed.Store(now)
+		return s, nil
+	}
+	return l.build(g, req, k, sh, now)
+}
+
+// build makes the match set of a request shape seen for the first time.
+func (l *Limiter) build(g *generation, req *Request, k reqKey, sh *setShard, now int64) (*matchSet, error) {
+	tr := g.tenants[req.Tenant]
+	if tr == nil {
+		tr = g.def
+	}
+	var rules []*rule
+	for _, r := range g.shared {
+		if r.appliesTo(req) {
+			rules = append(rules, r)
+		}
+	}
+	for _, r := range tr.rules {
+		if r.appliesTo(req) {
+			rules = append(rules, r)
+		}
+	}
+	if len(rules) > MaxRulesPerRequest {
+		return nil, fmt.Errorf("admission: %d rules apply to this request, at most %d may", len(rules), MaxRulesPerRequest)
+	}
+	s := &matchSet{failMode: tr.failMode}
+	s.lastUsed.Store(now)
+	cache := g.nsets.Load() < int64(l.o.maxInstances)
+	s.transient = !cache
+	for _, r := range rules {
+		scope := r.instanceScope(req, req.Tenant)
+		s.insts = append(s.insts, l.instance(g, r, scope, cache, now))
+	}
+	if !cache {
+		return s, nil
+	}
+	k = reqKey{strings.Clone(k.tenant), strings.Clone(k.model), strings.Clone(k.user), strings.Clone(k.key), strings.Clone(k.endpoint), strings.Clone(k.upstream)}
+	sh.mu.Lock()
+	if old := sh.m[k]; old != nil {
+		sh.mu.Unlock()
+		l.unref(g, s)
+		return old, nil
+	}
+	sh.m[k] = s
+	sh.mu.Unlock()
+	g.nsets.Add(1)
+	return s, nil
+}
+
+// instance returns the live instance of r for scope, creating it; ref
+// counts the match set that will hold it. When the table is full the
+// instance is transient: it holds no lease and no local state.
+func (l *Limiter) instance(g *generation, r *rule, scope Scope, ref bool, now int64) *instance {
+	key := instanceKey(l.o.prefix, r, scope)
+	g.imu.Lock()
+	defer g.imu.Unlock()
+	if in := g.insts[key]; in != nil {
+		if ref {
+			in.refs++
+		}
+		return in
+	}
+	in := newInstance(r, key, cloneScope(scope), now)
+	if len(g.insts) >= l.o.maxInstances {
+		in.transient, in.dead = true, true
+		return in
+	}
+	if ref {
+		in.refs++
+	}
+	g.insts[key] = in
+	return in
+}
+
+func (l *Limiter) unref(g *generation, s *matchSet) {
+	g.imu.Lock()
+	for _, in := range s.insts {
+		in.refs--
+	}
+	g.imu.Unlock()
+}
+
+func cloneScope(s Scope) Scope {
+	return Scope{strings.Clone(s.Upstream), strings.Clone(s.Tenant), strings.Clone(s.Model), strings.Clone(s.User), strings.Clone(s.Key), strings.Clone(s.Endpoint)}
+}
+
+// instanceKey is the Redis key of one rule instance; see Layout.
+func instanceKey(prefix string, r *rule, s Scope) string {
+	var b strings.Builder
+	b.WriteString(prefix)
+	b.WriteByte('{')
+	if r.shared {
+		b.WriteString("s:")
+	} else {
+		b.WriteString("t:")
+		escape(&b, s.Tenant)
+		b.WriteByte(':')
+	}
+	escape(&b, r.Name)
+	for i, d := range r.Scope.dims() {
+		if *d.v == "" || (!r.shared && i == 1) {
+			continue
+		}
+		b.WriteByte('|')
+		b.WriteString(d.name)
+		b.WriteByte('=')
+		escape(&b, *s.dims()[i].v)
+	}
+	b.WriteString("}:")
+	b.WriteString(r.Algorithm.String())
+	b.WriteByte(':')
+	b.WriteString(r.Unit.String())
+	return b.String()
+}
+
+// escape writes v with the characters that structure a key (% | = : { })
+// percent-encoded, so that no two scopes share a key and the hash tag ends
+// where the layout says.
+func escape(b *strings.Builder, v string) {
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		switch c {
+		case '%', '|', '=', ':', '{', '}':
+			fmt.Fprintf(b, "%%%02X", c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+}
+
+func (l *Limiter) now() int64 { return int64(time.Since(l.base)) }
+
+// Admit decides whether req may be sent upstream. It checks every rule that
+// applies in one Redis round trip (or from local leases with none), all or
+// nothing, and never waits for Redis longer than WithMaxWait. The error is
+// for a request it cannot judge (negative estimates, too many rules); a
+// refusal is a Decision with Allowed false. Settle the ticket of an allowed
+// request once the call is over.
+func (l *Limiter) Admit(ctx context.Context, req Request) (Ticket, error) {
+	start := l.now()
+	if req.PromptTokens < 0 || req.CompletionTokens < 0 {
+		return Ticket{}, fmt.Errorf("admission: estimated tokens must not be negative (prompt %d, completion %d)", req.PromptTokens, req.CompletionTokens)
+	}
+	g := l.gen.Load()
+	set, err := l.lookup(g, &req, start)
+	if err != nil {
+		return Ticket{}, err
+	}
+	l.stats.admissions.Add(1)
+	t := Ticket{l: l, set: set, id: req.ID, prompt: req.PromptTokens, completion: req.CompletionTokens}
+	n := len(set.insts)
+	if n == 0 {
+		t.Decision = Decision{Allowed: true, Path: PathNone}
+		l.m.allowed.Inc()
+		l.m.durOther.Observe(float64(l.now()-start) / 1e9)
+		return t, nil
+	}
+	all := uint64(1)<<uint(n) - 1
+	var leased uint64
+	for i, in := range set.insts {
+		if in.r.maxLease > 0 && in.tryLease(need(in.r.Unit, req.PromptTokens, req.CompletionTokens), start) {
+			leased |= 1 << uint(i)
+		}
+	}
+	if leased == all {
+		l.stats.leaseHits.Add(1)
+		t.leased = leased
+		t.Decision.Allowed, t.Decision.Path = true, PathLease
+		l.allowed(&t, start)
+		l.m.durLease.Observe(float64(l.now()-start) / 1e9)
+		return t, nil
+	}
+	l.admitSlow(ctx, &t, &req, leased, start)
+	if t.Decision.Path == PathRedis {
+		l.m.durRedis.Observe(float64(l.now()-start) / 1e9)
+	} else {
+		l.m.durOther.Observe(float64(l.now()-start) / 1e9)
+	}
+	return t, nil
+}
+
+// allowed completes an allowed decision: rate samples, headroom, metrics.
+func (l *Limiter) allowed(t *Ticket, now int64) {
+	var rq, tk Headroom
+	for _, in := range t.set.insts {
+		in.units.Add(need(in.r.Unit, t.prompt, t.completion))
+		in.lastUsed.Store(now)
+		in.r.m.allowed.Inc()
+		h := in.headroom(now)
+		if in.r.Unit == Requests {
+			tighter(&rq, h)
+		} else {
+			tighter(&tk, h)
+		}
+	}
+	t.Decision.Requests, t.Decision.Tokens = rq, tk
+	l.m.allowed.Inc()
+}
+
+// tighter replaces cur with h when h has the smaller share of its limit left.
+func tighter(cur *Headroom, h Headroom) {
+	if cur.Limit == 0 || float64(h.Remaining)*float64(cur.Limit) < float64(cur.Remaining)*float64(h.Limit) {
+		*cur = h
+	}
+}
+
+func (l *Limiter) admitSlow(ctx context.Context, t *Ticket, req *Request, leased uint64, now int64) {
+	set := t.set
+	// A fresh Redis refusal of an instance refuses without a round trip.
+	if l.o.refusalCache > 0 {
+		for i, in := range set.insts {
+			if leased&(1<<uint(i)) != 0 {
+				continue
+			}
+			nd := need(in.r.Unit, req.PromptTokens, req.CompletionTokens)
+			if until := in.blockUntil.Load(); until > now && nd >= in.blockNeed.Load() {
+				l.undoLeases(t, leased)
+				l.refuse(t, PathCached, in, nd, 0, time.Duration(until-now), in.blockNever.Load())
+				return
+			}
+		}
+	}
+	if l.down.Load() {
+		l.failMode(t, req, leased, now, l.cause())
+		return
+	}
+	res, err := l.admitRedis(ctx, t, req, leased, now)
+	if err != nil {
+		if ctx.Err() == nil { // not the caller giving up
+			l.markDown(err)
+		}
+		l.failMode(t, req, leased, now, err)
+		return
+	}
+	if res.refused >= 0 {
+		l.undoLeases(t, leased)
+		in := set.insts[res.refused]
+		nd := need(in.r.Unit, req.PromptTokens, req.CompletionTokens)
+		retry := time.Duration(res.retryMs) * time.Millisecond
+		never := res.retryMs < 0
+		if l.o.refusalCache > 0 {
+			block := l.o.refusalCache
+			if !never && retry < block {
+				block = retry
+			}
+			in.blockNeed.Store(nd)
+			in.blockNever.Store(never)
+			in.blockUntil.Store(now + int64(block))
+		}
+		l.refuse(t, PathRedis, in, nd, res.avail, retry, never)
+		return
+	}
+	t.leased = leased
+	t.atMs = res.nowMs
+	t.Decision.Allowed, t.Decision.Path = true, PathRedis
+	l.allowed(t, now)
+}
+
+// undoLeases gives back the lease units a refused request took.
+func (l *Limiter) undoLeases(t *Ticket, leased uint64) {
+	for i, in := range t.set.insts {
+		if leased&(1<<uint(i)) != 0 {
+			in.giveBack(l, need(in.r.Unit, t.prompt, t.completion))
+		}
+	}
+}
+
+func (l *Limiter) refuse(t *Ticket, path Path, in *instance, nd, avail int64, retry time.Duration, never bool) {
+	r := in.r
+	t.Decision = Decision{Path: path, Rule: r.Name, Scope: in.scope, Unit: r.Unit, Algorithm: r.Algorithm,
+		Limit: r.Limit, Window: r.Window, Rate: r.Rate, Requested: nd, Available: avail, RetryAfter: retry, Never: never}
+	h := Headroom{Limit: r.Limit, Remaining: avail, Reset: retry}
+	if r.Unit == Requests {
+		t.Decision.Requests = h
+	} else {
+		t.Decision.Tokens = h
+	}
+	r.m.refused.Inc()
+	l.m.refused.Inc()
+	l.stats.refused.Add(1)
+}
+
+// failMode decides while Redis is unreachable.
+func (l *Limiter) failMode(t *Ticket, req *Request, leased uint64, now int64, cause error) {
+	set := t.set
+	if set.failMode == FailClosed {
+		l.undoLeases(t, leased)
+		t.Decision = Decision{Path: PathUnavailable, Cause: cause}
+		l.m.failMode.WithLabelValues("closed", "refused").Inc()
+		l.m.unavailable.Inc()
+		l.stats.failClosed.Add(1)
+		return
+	}
+	var local uint64
+	for i, in := range set.insts {
+		if leased&(1<<uint(i)) != 0 {
+			continue
+		}
+		nd := need(in.r.Unit, req.PromptTokens, req.CompletionTokens)
+		ok, avail, retry := in.localTake(l, nd, now)
+		if ok {
+			local |= 1 << uint(i)
+			continue
+		}
+		for j, other := range set.insts {
+			if local&(1<<uint(j)) != 0 {
+				other.localUndo(l, need(other.r.Unit, req.PromptTokens, req.CompletionTokens), now)
+			}
+		}
+		l.undoLeases(t, leased)
+		l.refuse(t, PathLocal, in, nd, avail, retry, false)
+		t.Decision.Cause = cause
+		l.m.failMode.WithLabelValues("open", "refused").Inc()
+		l.stats.failOpen.Add(1)
+		return
+	}
+	t.leased, t.local = leased, local
+	t.Decision.Allowed, t.Decision.Path, t.Decision.Cause = true, PathLocal, cause
+	l.allowed(t, now)
+	l.m.failMode.WithLabelValues("open", "allowed").Inc()
+	l.stats.failOpen.Add(1)
+}
+
+func (l *Limiter) cause() error {
+	if p := l.downErr.Load(); p != nil {
+		return *p
+	}
+	return errors.New("redis unreachable")
+}
+
+// markDown switches to the fail modes until a probe finds Redis again.
+func (l *Limiter) markDown(err error) {
+	l.m.redisErrors.Inc()
+	err = fmt.Errorf("admission: redis: %w", err)
+	l.downErr.Store(&err)
+	if l.down.CompareAndSwap(false, true) {
+		l.o.log.Warn("admission: Redis unreachable; tenants' fail modes apply", "err", err)
+		l.wake()
+	}
+}
+
+func (l *Limiter) wake() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Stats are a Limiter's counts since it was made.
+type Stats struct {
+	// Admissions counts Admit calls that reached a decision; LeaseHits
+	// those decided from leases alone; Refused those refused by a rule.
+	Admissions, LeaseHits, Refused int64
+	// RedisRoundTrips counts every Redis call, background ones included.
+	RedisRoundTrips int64
+	// FailOpen and FailClosed count decisions made while Redis was
+	// unreachable.
+	FailOpen, FailClosed int64
+	// Pending is the number of corrections waiting for Redis.
+	Pending int
+	// Down is set while Redis is considered unreachable.
+	Down bool
+}
+
+// Stats returns the counts so far.
+func (l *Limiter) Stats() Stats {
+	return Stats{
+		Admissions: l.stats.admissions.Load(), LeaseHits: l.stats.leaseHits.Load(), Refused: l.stats.refused.Load(),
+		RedisRoundTrips: l.stats.roundTrips.Load(), FailOpen: l.stats.failOpen.Load(), FailClosed: l.stats.failClosed.Load(),
+		Pending: l.pend.len(), Down: l.down.Load(),
+	}
+}
+
+// Close returns every lease and flushes pending corrections (waiting at
+// most a few seconds for Redis), then stops the background work. Tickets
+// settled after Close are applied in memory only.
+func (l *Limiter) Close() error {
+	l.closeOne.Do(func() { close(l.stop) })
+	<-l.done
+	if n := l.pend.len(); n > 0 {
+		return fmt.Errorf("admission: closed with %d corrections Redis did not take", n)
+	}
+	return nil
+}
