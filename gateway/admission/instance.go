@@ -20,16 +20,19 @@ type instance struct {
 	// clock) ends it.
 	leaseLeft atomic.Int64
 	leaseExp  atomic.Int64
+	// leaseAtMs is Redis's clock when the current lease was debited.
+	leaseAtMs atomic.Int64
 	renewing  atomic.Bool
 	units     atomic.Int64 // units admitted since the last rate sample
 	// remaining and resetAt are Redis's word at the last reply (-1:
 	// unknown), for headers.
 	remaining atomic.Int64
 	resetAt   atomic.Int64
-	// A fresh refusal: requests needing blockNeed or more are refused
-	// until blockUntil.
+	// A fresh refusal: requests needing blockNeed or more, with at least
+	// blockFloor to leave, are refused until blockUntil.
 	blockUntil atomic.Int64
 	blockNeed  atomic.Int64
+	blockFloor atomic.Int64 // the refused request's reserve floor
 	blockNever atomic.Bool
 	lastUsed   atomic.Int64
 
@@ -70,17 +73,43 @@ func (in *instance) tryLease(n, now int64) bool {
 }
 
 // giveBack returns n units taken by tryLease (a refusal elsewhere, or a
-// settled over-estimate): to the lease while it lives, else to Redis.
+// settled over-estimate): to the lease while it lives, up to maxLease so
+// that what a gateway holds stays within the stated bound; the rest (and
+// all of it once the lease is gone) to Redis.
 func (in *instance) giveBack(l *Limiter, n int64) {
 	in.mu.Lock()
 	if !in.dead && in.inLeased {
-		in.leaseLeft.Add(n)
-		in.mu.Unlock()
-		return
+		add := min(n, max(in.r.maxLease-in.leaseLeft.Load(), 0))
+		in.leaseLeft.Add(add)
+		n -= add
 	}
 	gran := in.leaseGran
 	in.mu.Unlock()
-	l.pend.add(l, in, -n, gran)
+	if n > 0 {
+		l.pend.add(l, in, -n, gran)
+	}
+}
+
+// refundLeased returns a settled over-estimate of n units that a ticket
+// spent from the lease debited at leaseMs. A window's units go back to that
+// lease while it lives (up to maxLease) and otherwise to its granule in
+// Redis: never to a later granule, which would let the window forget usage
+// before it really leaves. A bucket's go to whatever lease is live.
+func (in *instance) refundLeased(l *Limiter, n, leaseMs int64) {
+	if in.r.gran == 0 {
+		in.giveBack(l, n)
+		return
+	}
+	in.mu.Lock()
+	if !in.dead && in.inLeased && in.leaseAtMs.Load() == leaseMs {
+		add := min(n, max(in.r.maxLease-in.leaseLeft.Load(), 0))
+		in.leaseLeft.Add(add)
+		n -= add
+	}
+	in.mu.Unlock()
+	if n > 0 {
+		l.pend.add(l, in, -n, leaseMs/in.r.gran)
+	}
 }
 
 // leaseWant returns the lease to ask for with a request of n units: about
@@ -142,6 +171,7 @@ func (in *instance) addLease(l *Limiter, grant, nowMs, now int64) {
 	}
 	oldGran := in.leaseGran
 	in.leaseGran = gran
+	in.leaseAtMs.Store(nowMs)
 	in.leaseExp.Store(now + in.leaseTTL(l))
 	register := !in.inLeased
 	in.inLeased = true

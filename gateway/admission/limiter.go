@@ -355,11 +355,14 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Ticket, error) {
 	for i, in := range set.insts {
 		if in.r.maxLease > 0 && in.tryLease(need(in.r.Unit, req.PromptTokens, req.CompletionTokens), start) {
 			leased |= 1 << uint(i)
+			if ms := in.leaseAtMs.Load(); t.leaseMs == 0 || ms < t.leaseMs {
+				t.leaseMs = ms
+			}
 		}
 	}
+	t.leased = leased
 	if leased == all {
 		l.stats.leaseHits.Add(1)
-		t.leased = leased
 		t.Decision.Allowed, t.Decision.Path = true, PathLease
 		l.allowed(&t, start)
 		l.m.durLease.Observe(float64(l.now()-start) / 1e9)
@@ -408,7 +411,7 @@ func (l *Limiter) admitSlow(ctx context.Context, t *Ticket, req *Request, leased
 				continue
 			}
 			nd := need(in.r.Unit, req.PromptTokens, req.CompletionTokens)
-			if until := in.blockUntil.Load(); until > now && nd >= in.blockNeed.Load() {
+			if until := in.blockUntil.Load(); until > now && nd >= in.blockNeed.Load() && in.r.floor(req.Priority) >= in.blockFloor.Load() {
 				l.undoLeases(t, leased)
 				l.refuse(t, PathCached, in, nd, 0, time.Duration(until-now), in.blockNever.Load())
 				return
@@ -439,6 +442,7 @@ func (l *Limiter) admitSlow(ctx context.Context, t *Ticket, req *Request, leased
 				block = retry
 			}
 			in.blockNeed.Store(nd)
+			in.blockFloor.Store(in.r.floor(req.Priority))
 			in.blockNever.Store(never)
 			in.blockUntil.Store(now + int64(block))
 		}

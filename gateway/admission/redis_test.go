@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"maps"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -231,5 +232,44 @@ func TestInvalidRulesAreRejected(t *testing.T) {
 	_, err := New(c, &Rules{Shared: []Rule{{Name: "x", Unit: Requests, Algorithm: TokenBucket, Limit: 5}}})
 	if err == nil || !strings.Contains(err.Error(), `rule "x": rate`) {
 		t.Fatalf("New = %v, want an error naming the rate", err)
+	}
+}
+
+// TestReserveIsForCriticalAndHigh: normal and low priority requests leave a
+// rule's reserve alone; high priority ones may use it. The decisions carry
+// the headroom the rate-limit headers are written from.
+func TestReserveIsForCriticalAndHigh(t *testing.T) {
+	prefix := testPrefix(t)
+	c := testClient(t, "")
+	rpm := window("rpm", Requests, 10, time.Hour)
+	rpm.Exact = false
+	rpm.Reserve = 0.2
+	l := newTestLimiter(t, c, &Rules{Default: TenantRules{Rules: []Rule{rpm}}}, WithPrefix(prefix))
+	var last Decision
+	for i := range 8 {
+		last = mustAdmit(t, l, Request{Tenant: "acme", Model: "m", Priority: Low}).Decision
+		if !last.Allowed {
+			t.Fatalf("low priority request %d refused: %+v", i, last)
+		}
+	}
+	if last.Requests.Limit != 10 || last.Requests.Remaining != 2 || last.Requests.Reset <= 0 {
+		t.Fatalf("headroom after 8 of 10: %+v", last.Requests)
+	}
+	d := mustAdmit(t, l, Request{Tenant: "acme", Model: "m"}).Decision
+	if d.Allowed || d.Rule != "rpm" || d.Available != 0 {
+		t.Fatalf("normal priority into the reserve: %+v", d)
+	}
+	h := http.Header{}
+	WriteHeaders(h, d)
+	if h.Get(HeaderLimitRequests) != "10" || h.Get(HeaderRemainingRequests) != "0" || h.Get(HeaderResetRequests) == "0s" {
+		t.Fatalf("headers of the refusal: %v", h)
+	}
+	for i := range 2 {
+		if d := mustAdmit(t, l, Request{Tenant: "acme", Model: "m", Priority: High}).Decision; !d.Allowed {
+			t.Fatalf("high priority request %d refused: %+v", i, d)
+		}
+	}
+	if d := mustAdmit(t, l, Request{Tenant: "acme", Model: "m", Priority: Critical}).Decision; d.Allowed {
+		t.Fatalf("an 11th request of 10 was admitted: %+v", d)
 	}
 }

@@ -306,7 +306,9 @@ func compileRule(r Rule, shared bool, leaseFraction float64, m *metrics) *rule {
 		c.argGran = fmt.Sprint(c.gran)
 	}
 	c.argLimit = fmt.Sprint(r.Limit)
-	if !r.Exact {
+	// A lease is granted under the floor of the request that renewed it,
+	// so a rule with a reserve runs exact to keep the reserve exact.
+	if !r.Exact && r.Reserve == 0 {
 		c.maxLease = int64(math.Floor(float64(r.Limit) * leaseFraction))
 		if c.maxLease < minLease {
 			c.maxLease = 0

@@ -22,6 +22,7 @@ type Ticket struct {
 	id                 string
 	prompt, completion int64
 	atMs               int64  // Redis clock of the debit
+	leaseMs            int64  // Redis clock of the oldest lease spent
 	leased, local      uint64 // instances debited from a lease / the local limiter
 	state              uint32 // 0 open, 1 settling, 2 settled
 }
@@ -63,7 +64,7 @@ func (t *Ticket) Settle(ctx context.Context, u Usage) error {
 		switch {
 		case t.leased&bit != 0:
 			if d < 0 {
-				in.giveBack(l, -d)
+				in.refundLeased(l, -d, t.leaseMs)
 			} else if !in.tryLease(d, now) {
 				l.pend.add(l, in, d, -1)
 			}
