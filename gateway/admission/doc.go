@@ -118,32 +118,45 @@
 //
 // # Leases
 //
-// For a busy rule instance a gateway asks, along with a debit it sends
-// anyway, for a lease: about WithLeaseHorizon (100 ms) of the instance's
-// observed admission rate, capped at WithLeaseFraction (1%) of the limit.
-// Redis debits the lease with the request (only from what is left: a
-// lease never makes a request refused) and the gateway spends it in memory,
-// lock-free: an admission whose rules are all covered by leases makes no
-// network call. The unused rest goes back to Redis when the lease expires
-// (WithLeaseTTL, 1 s, at most a quarter of a window), when a window's
-// lease is renewed in a later granule, and on Close. One renewal per
-// instance is in flight at a time; instances not busy enough to fill a
-// lease of two requests take none, and so do Exact rules, rules with a
-// Reserve, and rules whose cap is below 4 units.
+// For a busy rule instance a gateway asks Redis, along with a debit it
+// sends anyway, for a lease: about WithLeaseHorizon (100 ms) of the
+// instance's observed admission rate, such that the gateway never holds
+// more than WithLeaseFraction (1%) of the limit. Redis debits the lease with
+// the request (only from what is left: a lease never makes a request
+// refused) and the gateway spends it in memory, lock-free: an admission
+// whose rules are all covered by leases makes no network call and no
+// allocation. When a lease falls below half, a background renewer tops it
+// up (one pipelined round trip for every instance waiting), so busy
+// admissions do not wait for renewals either. The unused rest goes back to
+// Redis when the lease expires (WithLeaseTTL, 1 s, at most a quarter of a
+// window), when a window's lease is renewed in a later granule (to the
+// granule it was debited in), and on Close. One renewal per instance is in
+// flight at a time; instances not busy enough to fill a lease of two
+// requests take none, and so do Exact rules, rules with a Reserve, and
+// rules whose cap is below 4 units.
 //
 // The bound. A lease is debited before it is spent, so Redis never counts
 // less than was admitted at the time it was admitted; what a lease adds is
 // a time shift: units counted when the lease was taken are spent up to a
 // TTL later, after the window may have moved on (or the bucket refilled).
 // So over any window (any bucket interval) the units admitted exceed the
-// limit by at most what the gateways held unspent at its start: for G
-// gateways, G × (fraction × limit + the largest single request). With the
-// defaults and 8 gateways that is 8% + 8 requests; in practice it is the
-// lease rests outstanding at a window edge, which BenchmarkAdmissionOvershoot
-// measures (admission_overshoot_lease_ratio). Exact rules add no overshoot:
-// Redis decides every admission. In both modes an estimate below the real
-// usage lets its shortfall through, charged at settlement; estimates should
-// carry a margin.
+// limit by at most what the gateways held unspent at its start, and a
+// gateway never holds more than its cap: with G gateways, overshoot ≤ G ×
+// WithLeaseFraction × limit (8% for 8 gateways at the default 1%). What a
+// gateway gives back when a call is settled below its estimate goes into
+// the same lease only up to the cap, or to Redis, to the granule the
+// lease was debited in (never a later one, which would let the window
+// forget usage early). In practice overshoot is the lease rests
+// outstanding at a window's edge; BenchmarkAdmissionOvershoot measures it
+// (admission_overshoot_lease_ratio). Exact rules add no overshoot: Redis
+// decides every admission. In both modes an estimate below the real usage
+// lets its shortfall through until it is charged at settlement: estimates
+// should carry a margin.
+//
+// The lease path reads a coarse clock (kept by the background loop every
+// WithProbeInterval and by every Redis-path admission), so lease expiry,
+// idleness and header resets are as precise as that; one admission in 64
+// reads the real clock to sample the lease path's latency.
 //
 // # Failure
 //

@@ -22,8 +22,10 @@ type instance struct {
 	leaseExp  atomic.Int64
 	// leaseAtMs is Redis's clock when the current lease was debited.
 	leaseAtMs atomic.Int64
+	// Below lowWater a lease hit asks for a renewal in the background.
+	lowWater atomic.Int64
 	renewing  atomic.Bool
-	units     atomic.Int64 // units admitted since the last rate sample
+	units     atomic.Int64 // units admitted through Redis since the last rate sample
 	// remaining and resetAt are Redis's word at the last reply (-1:
 	// unknown), for headers.
 	remaining atomic.Int64
@@ -36,9 +38,13 @@ type instance struct {
 	blockNever atomic.Bool
 	lastUsed   atomic.Int64
 
-	mu        sync.Mutex
-	rate      float64 // units per second, smoothed
-	rateAt    int64
+	mu     sync.Mutex
+	rate   float64 // units per second, smoothed
+	rateAt int64
+	// Units put into and taken out of the lease, and what had been spent
+	// from it at the last rate sample: issued - drained - leaseLeft is what
+	// lease hits spent, counted without touching the hot path.
+	issued, drained, spentMark int64
 	leaseGran int64 // window granule the current lease was debited in
 	inLeased  bool  // in Limiter.leased
 	dead      bool  // retired: anything it would keep goes to Redis instead
@@ -56,18 +62,30 @@ func newInstance(r *rule, key string, scope Scope, now int64) *instance {
 	return in
 }
 
-// tryLease spends n units of the lease, if it holds them and has not expired.
-func (in *instance) tryLease(n, now int64) bool {
+// touchEvery is how stale lastUsed may get: a store on every admission
+// would bounce its cache line between cores for an idle check that runs
+// once in IdleTTL/4.
+const touchEvery = int64(time.Second)
+
+func (in *instance) touch(now int64) {
+	if now-in.lastUsed.Load() > touchEvery {
+		in.lastUsed.Store(now)
+	}
+}
+
+// tryLease spends n units of the lease, if it holds them and has not
+// expired, and returns what is left.
+func (in *instance) tryLease(n, now int64) (bool, int64) {
 	if in.leaseExp.Load() < now {
-		return false
+		return false, 0
 	}
 	for {
 		left := in.leaseLeft.Load()
 		if left < n {
-			return false
+			return false, left
 		}
 		if in.leaseLeft.CompareAndSwap(left, left-n) {
-			return true
+			return true, left - n
 		}
 	}
 }
@@ -81,6 +99,7 @@ func (in *instance) giveBack(l *Limiter, n int64) {
 	if !in.dead && in.inLeased {
 		add := min(n, max(in.r.maxLease-in.leaseLeft.Load(), 0))
 		in.leaseLeft.Add(add)
+		in.issued += add
 		n -= add
 	}
 	gran := in.leaseGran
@@ -104,6 +123,7 @@ func (in *instance) refundLeased(l *Limiter, n, leaseMs int64) {
 	if !in.dead && in.inLeased && in.leaseAtMs.Load() == leaseMs {
 		add := min(n, max(in.r.maxLease-in.leaseLeft.Load(), 0))
 		in.leaseLeft.Add(add)
+		in.issued += add
 		n -= add
 	}
 	in.mu.Unlock()
@@ -121,7 +141,9 @@ func (in *instance) leaseWant(l *Limiter, n, now int64) int64 {
 	}
 	in.mu.Lock()
 	if el := now - in.rateAt; el >= int64(10*time.Millisecond) {
-		inst := float64(in.units.Swap(0)) / (float64(el) / 1e9)
+		spent := in.issued - in.drained - in.leaseLeft.Load()
+		inst := float64(spent-in.spentMark+in.units.Swap(0)) / (float64(el) / 1e9)
+		in.spentMark = spent
 		if in.rate == 0 {
 			in.rate = inst
 		} else {
@@ -131,9 +153,9 @@ func (in *instance) leaseWant(l *Limiter, n, now int64) int64 {
 	}
 	rate := in.rate
 	in.mu.Unlock()
-	w := int64(rate * l.o.leaseHorizon.Seconds())
-	w = min(w, in.r.maxLease)
-	if w < 2*n {
+	// What the gateway holds stays within maxLease: that is the bound.
+	w := min(int64(rate*l.o.leaseHorizon.Seconds()), in.r.maxLease-in.leaseLeft.Load())
+	if w < 2*n || w < minLease {
 		return 0
 	}
 	return w
@@ -166,12 +188,15 @@ func (in *instance) addLease(l *Limiter, grant, nowMs, now int64) {
 	if in.r.gran > 0 && in.leaseGran != gran {
 		// A window's lease rest goes back to the granule it was debited in.
 		old = in.leaseLeft.Swap(grant)
+		in.drained += old
 	} else {
 		in.leaseLeft.Add(grant)
 	}
+	in.issued += grant
 	oldGran := in.leaseGran
 	in.leaseGran = gran
 	in.leaseAtMs.Store(nowMs)
+	in.lowWater.Store(in.leaseLeft.Load() / 2)
 	in.leaseExp.Store(now + in.leaseTTL(l))
 	register := !in.inLeased
 	in.inLeased = true
@@ -203,6 +228,7 @@ func (in *instance) expireLease(l *Limiter, now int64, force bool) (stillLeased 
 		return true
 	}
 	left := in.leaseLeft.Swap(0)
+	in.drained += left
 	gran := in.leaseGran
 	in.inLeased = false
 	in.mu.Unlock()
@@ -367,6 +393,7 @@ func (in *instance) retire(l *Limiter) {
 	in.mu.Lock()
 	in.dead = true
 	left := in.leaseLeft.Swap(0)
+	in.drained += left
 	gran := in.leaseGran
 	in.inLeased = false
 	p := in.pending

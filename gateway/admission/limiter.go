@@ -23,20 +23,20 @@ type Limiter struct {
 	base    time.Time
 	gen     atomic.Pointer[generation]
 
+	// coarse is l.now() as of the last background tick or Redis-path
+	// admission, for the lease path.
+	coarse   atomic.Int64
 	down     atomic.Bool
 	downErr  atomic.Pointer[error]
 	pend     pending
 	leasedMu sync.Mutex
 	leased   map[*instance]struct{}
 
+	renewQ   chan *instance
 	kick     chan struct{}
 	stop     chan struct{}
 	done     chan struct{}
 	closeOne sync.Once
-
-	stats struct {
-		admissions, leaseHits, refused, roundTrips, failOpen, failClosed atomic.Int64
-	}
 }
 
 // ErrBacklogFull is returned by Settle when Redis is unreachable and the
@@ -57,7 +57,7 @@ func New(client redis.UniversalClient, rules *Rules, opts ...Option) (*Limiter, 
 		return nil, err
 	}
 	l := &Limiter{client: client, o: o, base: time.Now(), leased: map[*instance]struct{}{},
-		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+		renewQ: make(chan *instance, renewQueue), kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	switch c := client.(type) {
 	case *redis.Client:
 		if !c.Options().ContextTimeoutEnabled {
@@ -73,10 +73,12 @@ func New(client redis.UniversalClient, rules *Rules, opts ...Option) (*Limiter, 
 	}
 	l.m = newMetrics(o.reg)
 	l.pend.init(o.maxPending)
+	l.coarse.Store(l.now())
 	if err := l.SetRules(rules); err != nil {
 		return nil, err
 	}
 	go l.run()
+	go l.renewer()
 	return l, nil
 }
 
@@ -115,7 +117,7 @@ func (l *Limiter) SetRules(rules *Rules) error {
 	}
 	g := &generation{seed: maphash.MakeSeed(), insts: map[string]*instance{}, tenants: map[string]*tenantRules{}}
 	for i := range g.sets {
-		g.sets[i].m = map[reqKey]*matchSet{}
+		g.sets[i].m = map[uint64]*matchSet{}
 	}
 	for _, r := range rules.Shared {
 		g.shared = append(g.shared, compileRule(r, true, l.o.leaseFraction, l.m))
@@ -135,6 +137,20 @@ func (l *Limiter) SetRules(rules *Rules) error {
 		g.tenants[id] = compileTenant(tr)
 	}
 	g.def = compileTenant(rules.Default)
+	mark := func(list []*rule) {
+		for _, r := range list {
+			for i, d := range r.Scope.dims() {
+				if *d.v != "" {
+					g.used |= 1 << uint(i)
+				}
+			}
+		}
+	}
+	mark(g.shared)
+	for _, tr := range g.tenants {
+		mark(tr.rules)
+	}
+	mark(g.def.rules)
 	if old := l.gen.Swap(g); old != nil {
 		l.retireAll(old)
 	}
@@ -147,6 +163,9 @@ type generation struct {
 	tenants map[string]*tenantRules
 	def     *tenantRules
 	seed    maphash.Seed
+	// used has a bit per dimension some rule looks at (dims order); the
+	// others are left out of request shapes.
+	used uint8
 
 	sets  [setShards]setShard
 	nsets atomic.Int64
@@ -162,9 +181,11 @@ type tenantRules struct {
 
 const setShards = 64
 
+// setShard maps a shape's hash to its match sets (chained on the rare
+// collision): one string hash per lookup, not the six a struct key costs.
 type setShard struct {
 	mu sync.RWMutex
-	m  map[reqKey]*matchSet
+	m  map[uint64]*matchSet
 }
 
 // reqKey is a request's shape: everything that decides which rule
@@ -174,32 +195,78 @@ type reqKey struct{ tenant, model, user, key, endpoint, upstream string }
 // matchSet is the rule instances that count requests of one shape, shared
 // rules first, in rule order.
 type matchSet struct {
+	key       reqKey
+	next      *matchSet // same hash
 	insts     []*instance
 	failMode  FailMode
 	lastUsed  atomic.Int64
 	transient bool
 }
 
-func (g *generation) shard(k *reqKey) *setShard {
-	h := maphash.String(g.seed, k.tenant) ^ maphash.String(g.seed, k.user)*31 ^ maphash.String(g.seed, k.model)*17
-	return &g.sets[h&(setShards-1)]
+// The bits of generation.used, in the order of Scope.dims.
+const (
+	dimUpstream = 1 << iota
+	dimTenant
+	dimModel
+	dimUser
+	dimKey
+	dimEndpoint
+)
+
+// shape returns req's shape: the tenant (whose rules apply) and the
+// dimensions some rule looks at.
+func (g *generation) shape(req *Request) reqKey {
+	k := reqKey{tenant: req.Tenant}
+	if g.used&dimUpstream != 0 {
+		k.upstream = req.upstream()
+	}
+	if g.used&dimModel != 0 {
+		k.model = req.Model
+	}
+	if g.used&dimUser != 0 {
+		k.user = req.User
+	}
+	if g.used&dimKey != 0 {
+		k.key = req.Key
+	}
+	if g.used&dimEndpoint != 0 {
+		k.endpoint = req.Endpoint
+	}
+	return k
+}
+
+// hash hashes the fields of a shape that rules look at.
+func (g *generation) hash(k *reqKey) uint64 {
+	h := maphash.String(g.seed, k.tenant)
+	if g.used&^dimTenant != 0 {
+		for _, f := range [...]string{k.upstream, k.model, k.user, k.key, k.endpoint} {
+			h = h*0x9E3779B97F4A7C15 ^ maphash.String(g.seed, f)
+		}
+	}
+	return h
 }
 
 func (l *Limiter) lookup(g *generation, req *Request, now int64) (*matchSet, error) {
-	k := reqKey{req.Tenant, req.Model, req.User, req.Key, req.Endpoint, req.Upstream}
-	sh := g.shard(&k)
+	k := g.shape(req)
+	h := g.hash(&k)
+	sh := &g.sets[h&(setShards-1)]
 	sh.mu.RLock()
-	s := sh.m[k]
+	s := sh.m[h]
+	for s != nil && s.key != k {
+		s = s.next
+	}
 	sh.mu.RUnlock()
 	if s != nil {
-		s.lastUsed.Store(now)
+		if now-s.lastUsed.Load() > touchEvery {
+			s.lastUsed.Store(now)
+		}
 		return s, nil
 	}
-	return l.build(g, req, k, sh, now)
+	return l.build(g, req, k, h, sh, now)
 }
 
 // build makes the match set of a request shape seen for the first time.
-func (l *Limiter) build(g *generation, req *Request, k reqKey, sh *setShard, now int64) (*matchSet, error) {
+func (l *Limiter) build(g *generation, req *Request, k reqKey, h uint64, sh *setShard, now int64) (*matchSet, error) {
 	tr := g.tenants[req.Tenant]
 	if tr == nil {
 		tr = g.def
@@ -229,14 +296,17 @@ func (l *Limiter) build(g *generation, req *Request, k reqKey, sh *setShard, now
 	if !cache {
 		return s, nil
 	}
-	k = reqKey{strings.Clone(k.tenant), strings.Clone(k.model), strings.Clone(k.user), strings.Clone(k.key), strings.Clone(k.endpoint), strings.Clone(k.upstream)}
+	s.key = reqKey{strings.Clone(k.tenant), strings.Clone(k.model), strings.Clone(k.user), strings.Clone(k.key), strings.Clone(k.endpoint), strings.Clone(k.upstream)}
 	sh.mu.Lock()
-	if old := sh.m[k]; old != nil {
-		sh.mu.Unlock()
-		l.unref(g, s)
-		return old, nil
+	for old := sh.m[h]; old != nil; old = old.next {
+		if old.key == k {
+			sh.mu.Unlock()
+			l.unref(g, s)
+			return old, nil
+		}
 	}
-	sh.m[k] = s
+	s.next = sh.m[h]
+	sh.m[h] = s
 	sh.mu.Unlock()
 	g.nsets.Add(1)
 	return s, nil
@@ -323,7 +393,9 @@ func escape(b *strings.Builder, v string) {
 	}
 }
 
-func (l *Limiter) now() int64 { return int64(time.Since(l.base)) }
+// now is the Limiter's monotonic clock in ns; it starts at 1 so that 0
+// means "never".
+func (l *Limiter) now() int64 { return int64(time.Since(l.base)) + 1 }
 
 // Admit decides whether req may be sent upstream. It checks every rule that
 // applies in one Redis round trip (or from local leases with none), all or
@@ -331,58 +403,82 @@ func (l *Limiter) now() int64 { return int64(time.Since(l.base)) }
 // for a request it cannot judge (negative estimates, too many rules); a
 // refusal is a Decision with Allowed false. Settle the ticket of an allowed
 // request once the call is over.
-func (l *Limiter) Admit(ctx context.Context, req Request) (Ticket, error) {
-	start := l.now()
+func (l *Limiter) Admit(ctx context.Context, req Request) (t Ticket, err error) {
+	// A clock read costs as much as the rest of a lease hit, which needs
+	// time only coarsely (lease expiry, idleness, header resets): it reads
+	// the clock the background loop and the Redis path keep, and the
+	// clock itself one admission in 64, to sample its latency.
+	start := l.coarse.Load()
+	sampled := l.m.c.leaseHits.Load()&63 == 0
+	if sampled {
+		start = l.now()
+	}
 	if req.PromptTokens < 0 || req.CompletionTokens < 0 {
-		return Ticket{}, fmt.Errorf("admission: estimated tokens must not be negative (prompt %d, completion %d)", req.PromptTokens, req.CompletionTokens)
+		return t, fmt.Errorf("admission: estimated tokens must not be negative (prompt %d, completion %d)", req.PromptTokens, req.CompletionTokens)
 	}
 	g := l.gen.Load()
 	set, err := l.lookup(g, &req, start)
 	if err != nil {
-		return Ticket{}, err
+		return t, err
 	}
-	l.stats.admissions.Add(1)
-	t := Ticket{l: l, set: set, id: req.ID, prompt: req.PromptTokens, completion: req.CompletionTokens}
+	t.l, t.set, t.id, t.prompt, t.completion = l, set, req.ID, req.PromptTokens, req.CompletionTokens
 	n := len(set.insts)
 	if n == 0 {
-		t.Decision = Decision{Allowed: true, Path: PathNone}
-		l.m.allowed.Inc()
-		l.m.durOther.Observe(float64(l.now()-start) / 1e9)
+		t.Decision.Allowed = true
+		l.m.c.allowed.Add(1)
+		if sampled {
+			l.m.durOther.Observe(float64(l.now()-start) / 1e9)
+		}
 		return t, nil
 	}
 	all := uint64(1)<<uint(n) - 1
 	var leased uint64
 	for i, in := range set.insts {
-		if in.r.maxLease > 0 && in.tryLease(need(in.r.Unit, req.PromptTokens, req.CompletionTokens), start) {
-			leased |= 1 << uint(i)
-			if ms := in.leaseAtMs.Load(); t.leaseMs == 0 || ms < t.leaseMs {
-				t.leaseMs = ms
-			}
+		if in.r.maxLease == 0 {
+			continue
+		}
+		ok, left := in.tryLease(need(in.r.Unit, req.PromptTokens, req.CompletionTokens), start)
+		if !ok {
+			continue
+		}
+		leased |= 1 << uint(i)
+		if ms := in.leaseAtMs.Load(); t.leaseMs == 0 || ms < t.leaseMs {
+			t.leaseMs = ms
+		}
+		if left < in.lowWater.Load() {
+			l.renewSoon(in)
 		}
 	}
 	t.leased = leased
 	if leased == all {
-		l.stats.leaseHits.Add(1)
 		t.Decision.Allowed, t.Decision.Path = true, PathLease
-		l.allowed(&t, start)
-		l.m.durLease.Observe(float64(l.now()-start) / 1e9)
+		l.allowed(&t, start, true)
+		l.m.c.leaseHits.Add(1)
+		if sampled {
+			l.m.durLease.Observe(float64(l.now()-start) / 1e9)
+		}
 		return t, nil
 	}
-	l.admitSlow(ctx, &t, &req, leased, start)
+	now := l.now()
+	l.coarse.Store(now)
+	l.admitSlow(ctx, &t, &req, leased, now)
 	if t.Decision.Path == PathRedis {
-		l.m.durRedis.Observe(float64(l.now()-start) / 1e9)
+		l.m.durRedis.Observe(float64(l.now()-now) / 1e9)
 	} else {
-		l.m.durOther.Observe(float64(l.now()-start) / 1e9)
+		l.m.durOther.Observe(float64(l.now()-now) / 1e9)
 	}
 	return t, nil
 }
 
 // allowed completes an allowed decision: rate samples, headroom, metrics.
-func (l *Limiter) allowed(t *Ticket, now int64) {
+// A lease hit's units need no sample: the lease's own accounting has them.
+func (l *Limiter) allowed(t *Ticket, now int64, leaseHit bool) {
 	var rq, tk Headroom
 	for _, in := range t.set.insts {
-		in.units.Add(need(in.r.Unit, t.prompt, t.completion))
-		in.lastUsed.Store(now)
+		if !leaseHit {
+			in.units.Add(need(in.r.Unit, t.prompt, t.completion))
+		}
+		in.touch(now)
 		in.r.m.allowed.Inc()
 		h := in.headroom(now)
 		if in.r.Unit == Requests {
@@ -392,7 +488,9 @@ func (l *Limiter) allowed(t *Ticket, now int64) {
 		}
 	}
 	t.Decision.Requests, t.Decision.Tokens = rq, tk
-	l.m.allowed.Inc()
+	if !leaseHit {
+		l.m.c.allowed.Add(1)
+	}
 }
 
 // tighter replaces cur with h when h has the smaller share of its limit left.
@@ -452,7 +550,7 @@ func (l *Limiter) admitSlow(ctx context.Context, t *Ticket, req *Request, leased
 	t.leased = leased
 	t.atMs = res.nowMs
 	t.Decision.Allowed, t.Decision.Path = true, PathRedis
-	l.allowed(t, now)
+	l.allowed(t, now, false)
 }
 
 // undoLeases gives back the lease units a refused request took.
@@ -475,8 +573,7 @@ func (l *Limiter) refuse(t *Ticket, path Path, in *instance, nd, avail int64, re
 		t.Decision.Tokens = h
 	}
 	r.m.refused.Inc()
-	l.m.refused.Inc()
-	l.stats.refused.Add(1)
+	l.m.c.refused.Add(1)
 }
 
 // failMode decides while Redis is unreachable.
@@ -486,8 +583,7 @@ func (l *Limiter) failMode(t *Ticket, req *Request, leased uint64, now int64, ca
 		l.undoLeases(t, leased)
 		t.Decision = Decision{Path: PathUnavailable, Cause: cause}
 		l.m.failMode.WithLabelValues("closed", "refused").Inc()
-		l.m.unavailable.Inc()
-		l.stats.failClosed.Add(1)
+		l.m.c.unavailable.Add(1)
 		return
 	}
 	var local uint64
@@ -510,14 +606,14 @@ func (l *Limiter) failMode(t *Ticket, req *Request, leased uint64, now int64, ca
 		l.refuse(t, PathLocal, in, nd, avail, retry, false)
 		t.Decision.Cause = cause
 		l.m.failMode.WithLabelValues("open", "refused").Inc()
-		l.stats.failOpen.Add(1)
+		l.m.c.failOpen.Add(1)
 		return
 	}
 	t.leased, t.local = leased, local
 	t.Decision.Allowed, t.Decision.Path, t.Decision.Cause = true, PathLocal, cause
-	l.allowed(t, now)
+	l.allowed(t, now, false)
 	l.m.failMode.WithLabelValues("open", "allowed").Inc()
-	l.stats.failOpen.Add(1)
+	l.m.c.failOpen.Add(1)
 }
 
 func (l *Limiter) cause() error {
@@ -563,9 +659,11 @@ type Stats struct {
 
 // Stats returns the counts so far.
 func (l *Limiter) Stats() Stats {
+	c := &l.m.c
 	return Stats{
-		Admissions: l.stats.admissions.Load(), LeaseHits: l.stats.leaseHits.Load(), Refused: l.stats.refused.Load(),
-		RedisRoundTrips: l.stats.roundTrips.Load(), FailOpen: l.stats.failOpen.Load(), FailClosed: l.stats.failClosed.Load(),
+		Admissions: c.leaseHits.Load() + c.allowed.Load() + c.refused.Load() + c.unavailable.Load(),
+		LeaseHits:  c.leaseHits.Load(), Refused: c.refused.Load(), RedisRoundTrips: c.roundTrips.Load(),
+		FailOpen: c.failOpen.Load(), FailClosed: c.unavailable.Load(),
 		Pending: l.pend.len(), Down: l.down.Load(),
 	}
 }

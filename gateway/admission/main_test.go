@@ -16,6 +16,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(childMain())
 	}
+	if os.Getenv(overshootEnv) != "" {
+		os.Exit(overshootMain())
+	}
 	os.Exit(m.Run())
 }
 

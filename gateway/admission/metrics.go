@@ -2,6 +2,7 @@ package admission
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -10,20 +11,18 @@ import (
 // name only (never a user, key or tenant value), so their number is the
 // number of rules in the policy.
 type metrics struct {
-	requests    *prometheus.CounterVec // result
+	c           counters
 	byRule      *prometheus.CounterVec // rule, result
 	duration    *prometheus.HistogramVec
 	leases      *prometheus.CounterVec // event: taken, returned
 	leaseUnits  *prometheus.CounterVec // event
 	failMode    *prometheus.CounterVec // mode, result
-	roundTrips  prometheus.Counter
 	redisErrors prometheus.Counter
 	settles     *prometheus.CounterVec // result
 	reconciled  prometheus.Counter
 	dropped     prometheus.Counter
 
-	allowed, refused, unavailable prometheus.Counter
-	durLease, durRedis, durOther  prometheus.Observer
+	durLease, durRedis, durOther prometheus.Observer
 
 	mu    sync.Mutex
 	rules map[string]*ruleMetrics
@@ -31,12 +30,40 @@ type metrics struct {
 
 type ruleMetrics struct{ allowed, refused prometheus.Counter }
 
+// counters are plain atomics that the hot path adds to once each, read
+// by Stats and, at scrape time, by countersCollector.
+type counters struct {
+	// leaseHits are allowed admissions decided from leases; allowed the
+	// other allowed ones.
+	leaseHits, allowed, refused, unavailable atomic.Int64
+	roundTrips, failOpen                   atomic.Int64
+}
+
+var (
+	requestsDesc = prometheus.NewDesc("sluice_admission_requests_total",
+		"Admission decisions by result: allowed, refused (a rule said no), unavailable (Redis unreachable and the tenant fails closed).",
+		[]string{"result"}, nil)
+	roundTripsDesc = prometheus.NewDesc("sluice_admission_redis_roundtrips_total",
+		"Redis round trips (a pipeline counts once): admissions, renewals, settlements, lease returns, reconciliation, probes.", nil, nil)
+)
+
+type countersCollector struct{ c *counters }
+
+func (cc countersCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- requestsDesc
+	ch <- roundTripsDesc
+}
+
+func (cc countersCollector) Collect(ch chan<- prometheus.Metric) {
+	c := cc.c
+	ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(c.allowed.Load()+c.leaseHits.Load()), "allowed")
+	ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(c.refused.Load()), "refused")
+	ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(c.unavailable.Load()), "unavailable")
+	ch <- prometheus.MustNewConstMetric(roundTripsDesc, prometheus.CounterValue, float64(c.roundTrips.Load()))
+}
+
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_admission_requests_total",
-			Help: "Admission decisions by result: allowed, refused (a rule said no), unavailable (Redis unreachable and the tenant fails closed).",
-		}, []string{"result"}),
 		byRule: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_admission_rule_decisions_total",
 			Help: "Per rule: requests it admitted (allowed) and requests it refused (refused).",
@@ -58,10 +85,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sluice_admission_fail_mode_decisions_total",
 			Help: "Decisions made while Redis was unreachable, by the tenant's fail mode and the result.",
 		}, []string{"mode", "result"}),
-		roundTrips: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sluice_admission_redis_roundtrips_total",
-			Help: "Redis round trips (a pipeline counts once): admissions, settlements, lease returns, reconciliation, probes.",
-		}),
 		redisErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_admission_redis_errors_total",
 			Help: "Redis calls that failed or exceeded the wait bound.",
@@ -80,15 +103,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		rules: map[string]*ruleMetrics{},
 	}
-	m.allowed = m.requests.WithLabelValues("allowed")
-	m.refused = m.requests.WithLabelValues("refused")
-	m.unavailable = m.requests.WithLabelValues("unavailable")
 	m.durLease = m.duration.WithLabelValues("lease")
 	m.durRedis = m.duration.WithLabelValues("redis")
 	m.durOther = m.duration.WithLabelValues("other")
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.byRule, m.duration, m.leases, m.leaseUnits, m.failMode,
-			m.roundTrips, m.redisErrors, m.settles, m.reconciled, m.dropped} {
+		for _, c := range []prometheus.Collector{countersCollector{&m.c}, m.byRule, m.duration, m.leases, m.leaseUnits, m.failMode,
+			m.redisErrors, m.settles, m.reconciled, m.dropped} {
 			reg.MustRegister(c)
 		}
 	}

@@ -22,8 +22,13 @@ var (
 	adjustScript = redis.NewScript(AdjustScript)
 )
 
-// maxKeysPerCall bounds the instances one background adjust call carries.
+// maxKeysPerCall bounds the instances one background adjust call carries,
+// and the renewals one background round trip carries.
 const maxKeysPerCall = 64
+
+// renewQueue bounds the background renewals waiting; when it is full a
+// lease is renewed by the admission that finds it empty.
+const renewQueue = 1024
 
 // scriptCall is one EVALSHA: its keys and arguments, and the set positions
 // of the instances it carries (admissions).
@@ -39,8 +44,7 @@ type scriptCall struct {
 // the pipeline goes to each node in parallel) with the calls that met
 // NOSCRIPT sent again with EVAL.
 func (l *Limiter) runScripts(ctx context.Context, s *redis.Script, calls []scriptCall) ([]*redis.Cmd, error) {
-	l.stats.roundTrips.Add(1)
-	l.m.roundTrips.Inc()
+	l.m.c.roundTrips.Add(1)
 	if len(calls) == 1 {
 		c := s.Run(ctx, l.client, calls[0].keys, calls[0].args...)
 		return []*redis.Cmd{c}, c.Err()
@@ -64,8 +68,7 @@ func (l *Limiter) runScripts(ctx context.Context, s *redis.Script, calls []scrip
 			retry = append(retry, i)
 		}
 	}
-	l.stats.roundTrips.Add(1)
-	l.m.roundTrips.Inc()
+	l.m.c.roundTrips.Add(1)
 	_, err = l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, i := range retry {
 			cmds[i] = s.Eval(ctx, p, calls[i].keys, calls[i].args...)
@@ -267,12 +270,95 @@ func (l *Limiter) settleRedis(ctx context.Context, id string, list []adjustment)
 	return nil
 }
 
+// renewSoon asks the renewer to top up in's lease before it runs out, so
+// that a busy instance's admissions never wait for a renewal.
+func (l *Limiter) renewSoon(in *instance) {
+	if l.down.Load() || !in.renewing.CompareAndSwap(false, true) {
+		return
+	}
+	select {
+	case l.renewQ <- in:
+	default:
+		in.renewing.Store(false)
+	}
+}
+
+// renewer tops up leases in the background, batching the renewals that
+// are waiting into one pipelined round trip.
+func (l *Limiter) renewer() {
+	batch := make([]*instance, 0, maxKeysPerCall)
+	for {
+		select {
+		case <-l.stop:
+			return
+		case in := <-l.renewQ:
+			batch = append(batch[:0], in)
+		}
+	fill:
+		for len(batch) < maxKeysPerCall {
+			select {
+			case in := <-l.renewQ:
+				batch = append(batch, in)
+			default:
+				break fill
+			}
+		}
+		l.renew(batch)
+	}
+}
+
+// renew asks Redis for a lease for each instance, each in a call of its
+// own (need 0), so one rule at its limit does not hold back the others.
+func (l *Limiter) renew(batch []*instance) {
+	now := l.now()
+	calls := make([]scriptCall, 0, len(batch))
+	ins := make([]*instance, 0, len(batch))
+	for _, in := range batch {
+		want := int64(0)
+		if !l.down.Load() {
+			want = in.leaseWant(l, 1, now)
+		}
+		if want == 0 {
+			in.renewing.Store(false)
+			continue
+		}
+		r := in.r
+		calls = append(calls, scriptCall{slot: in.slot, keys: []string{in.key}, args: []any{1, r.kind, r.argLimit, r.argRate, r.argGran, 0, want, 0}})
+		ins = append(ins, in)
+	}
+	defer func() {
+		for _, in := range ins {
+			in.renewing.Store(false)
+		}
+	}()
+	if len(calls) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.o.maxWait)
+	defer cancel()
+	cmds, err := l.runScripts(ctx, admitScript, calls)
+	if err != nil {
+		l.markDown(err)
+		return
+	}
+	for i, c := range cmds {
+		r, err := c.Int64Slice()
+		if err != nil || len(r) != 5 || r[0] != 1 {
+			continue // no room: the next admission finds out from Redis
+		}
+		in := ins[i]
+		in.noteReply(r[2], r[4], now)
+		if r[3] > 0 {
+			in.addLease(l, r[3], r[1], now)
+		}
+	}
+}
+
 // probe asks Redis whether it is back, within the wait bound.
 func (l *Limiter) probe(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, l.o.maxWait)
 	defer cancel()
-	l.stats.roundTrips.Add(1)
-	l.m.roundTrips.Inc()
+	l.m.c.roundTrips.Add(1)
 	return l.client.Ping(ctx).Err()
 }
 
@@ -293,6 +379,7 @@ func (l *Limiter) run() {
 		}
 		ctx := context.Background()
 		now := l.now()
+		l.coarse.Store(now)
 		l.expireLeases(now, false)
 		if l.down.Load() {
 			if err := l.probe(ctx); err != nil {
@@ -351,11 +438,22 @@ func (l *Limiter) sweep(now int64) {
 	for i := range g.sets {
 		sh := &g.sets[i]
 		sh.mu.Lock()
-		for k, s := range sh.m {
-			if s.lastUsed.Load() < cut {
-				delete(sh.m, k)
-				g.nsets.Add(-1)
-				l.unref(g, s)
+		for h, s := range sh.m {
+			var keep *matchSet
+			for s != nil {
+				next := s.next
+				if s.lastUsed.Load() < cut {
+					g.nsets.Add(-1)
+					l.unref(g, s)
+				} else {
+					s.next, keep = keep, s
+				}
+				s = next
+			}
+			if keep == nil {
+				delete(sh.m, h)
+			} else {
+				sh.m[h] = keep
 			}
 		}
 		sh.mu.Unlock()

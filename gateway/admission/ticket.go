@@ -65,7 +65,7 @@ func (t *Ticket) Settle(ctx context.Context, u Usage) error {
 		case t.leased&bit != 0:
 			if d < 0 {
 				in.refundLeased(l, -d, t.leaseMs)
-			} else if !in.tryLease(d, now) {
+			} else if ok, _ := in.tryLease(d, now); !ok {
 				l.pend.add(l, in, d, -1)
 			}
 		case t.local&bit != 0:
