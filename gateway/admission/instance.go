@@ -24,8 +24,8 @@ type instance struct {
 	leaseAtMs atomic.Int64
 	// Below lowWater a lease hit asks for a renewal in the background.
 	lowWater atomic.Int64
-	renewing  atomic.Bool
-	units     atomic.Int64 // units admitted through Redis since the last rate sample
+	renewing atomic.Bool
+	units    atomic.Int64 // units admitted through Redis since the last rate sample
 	// remaining and resetAt are Redis's word at the last reply (-1:
 	// unknown), for headers.
 	remaining atomic.Int64
@@ -45,14 +45,14 @@ type instance struct {
 	// from it at the last rate sample: issued - drained - leaseLeft is what
 	// lease hits spent, counted without touching the hot path.
 	issued, drained, spentMark int64
-	leaseGran int64 // window granule the current lease was debited in
-	inLeased  bool  // in Limiter.leased
-	dead      bool  // retired: anything it would keep goes to Redis instead
-	transient bool
-	refs      int // match sets holding it; guarded by generation.imu
-	loc       localState
-	pending   int64 // units debited locally that Redis has not seen
-	inPending bool
+	leaseGran                  int64 // window granule the current lease was debited in
+	inLeased                   bool  // in Limiter.leased
+	dead                       bool  // retired: anything it would keep goes to Redis instead
+	transient                  bool
+	refs                       int // match sets holding it; guarded by generation.imu
+	loc                        localState
+	pending                    int64 // units debited locally that Redis has not seen
+	inPending                  bool
 }
 
 func newInstance(r *rule, key string, scope Scope, now int64) *instance {

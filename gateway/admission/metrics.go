@@ -36,7 +36,7 @@ type counters struct {
 	// leaseHits are allowed admissions decided from leases; allowed the
 	// other allowed ones.
 	leaseHits, allowed, refused, unavailable atomic.Int64
-	roundTrips, failOpen                   atomic.Int64
+	roundTrips, failOpen                     atomic.Int64
 }
 
 var (
