@@ -136,7 +136,7 @@ func (in *instance) refundLeased(l *Limiter, n, leaseMs int64) {
 // leaseHorizon of the observed rate, capped by the rule's maxLease, and 0
 // when the instance is not busy enough for a lease to pay.
 func (in *instance) leaseWant(l *Limiter, n, now int64) int64 {
-	if in.r.maxLease == 0 || in.transient {
+	if in.r.maxLease == 0 || in.transient || l.closed.Load() {
 		return 0
 	}
 	in.mu.Lock()

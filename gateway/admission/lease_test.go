@@ -137,3 +137,65 @@ func TestSlotGroupsRefundOnPartialRefusal(t *testing.T) {
 		t.Fatalf("b after settling (twice) 100 -> 40 prompt tokens: %v, want about %d", tokens, 1_000_000-140)
 	}
 }
+
+// TestRefusalCacheSparesRedis: right after Redis refused a request, one at
+// least as large is refused from memory; a smaller one still asks Redis.
+func TestRefusalCacheSparesRedis(t *testing.T) {
+	prefix := testPrefix(t)
+	c := testClient(t, "")
+	tpm := window("tpm", TotalTokens, 100, time.Hour)
+	l := newTestLimiter(t, c, &Rules{Default: TenantRules{Rules: []Rule{tpm}}}, WithPrefix(prefix), WithRefusalCache(time.Minute))
+	req := func(n int64) Decision {
+		return mustAdmit(t, l, Request{Tenant: "acme", Model: "m", PromptTokens: n}).Decision
+	}
+	if d := req(90); !d.Allowed {
+		t.Fatalf("90 of 100: %+v", d)
+	}
+	if d := req(50); d.Allowed || d.Path != PathRedis {
+		t.Fatalf("50 more: %+v, want Redis to refuse", d)
+	}
+	trips := l.Stats().RedisRoundTrips
+	if d := req(60); d.Allowed || d.Path != PathCached || d.Rule != "tpm" || d.RetryAfter <= 0 {
+		t.Fatalf("60 more right after: %+v, want a refusal from memory", d)
+	}
+	if got := l.Stats().RedisRoundTrips; got != trips {
+		t.Fatalf("a cached refusal cost %d round trips", got-trips)
+	}
+	if d := req(5); !d.Allowed || d.Path != PathRedis {
+		t.Fatalf("5 more (smaller than the refused 50): %+v, want Redis to admit", d)
+	}
+}
+
+// TestSetRulesReturnsLeasesAndKeepsCounters: a policy reload hands the
+// old rules' leases back, and a rule whose identity did not change keeps
+// counting in the same Redis key.
+func TestSetRulesReturnsLeasesAndKeepsCounters(t *testing.T) {
+	prefix := testPrefix(t)
+	c := testClient(t, "")
+	busy := Rule{Name: "platform-tpm", Unit: TotalTokens, Algorithm: SlidingWindow, Limit: 10_000_000, Window: 10 * time.Minute}
+	l := newTestLimiter(t, c, &Rules{Shared: []Rule{busy}}, WithPrefix(prefix), WithLeaseTTL(time.Hour))
+	var admitted int64
+	for range 3000 {
+		mustAdmit(t, l, Request{Tenant: "acme", Model: "m", PromptTokens: 10})
+		admitted += 10
+	}
+	if l.Stats().LeaseHits == 0 {
+		t.Fatal("no lease was taken")
+	}
+	key := sharedKey(prefix, busy, Scope{})
+	raised := busy
+	raised.Limit = 20_000_000
+	if err := l.SetRules(&Rules{Shared: []Rule{raised}}); err != nil {
+		t.Fatal(err)
+	}
+	itest.Eventually(t, 10*time.Second, "the old rules' lease back in Redis", func() bool {
+		return windowUsed(t, c, key) == admitted
+	})
+	d := mustAdmit(t, l, Request{Tenant: "acme", Model: "m", PromptTokens: 10}).Decision
+	if !d.Allowed || d.Tokens.Limit != 20_000_000 {
+		t.Fatalf("after the reload: %+v", d)
+	}
+	if got := windowUsed(t, c, key); got < admitted+10 {
+		t.Fatalf("the same rule counts on in its key: %d, want at least %d", got, admitted+10)
+	}
+}

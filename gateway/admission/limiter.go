@@ -32,11 +32,13 @@ type Limiter struct {
 	leasedMu sync.Mutex
 	leased   map[*instance]struct{}
 
-	renewQ   chan *instance
-	kick     chan struct{}
-	stop     chan struct{}
-	done     chan struct{}
-	closeOne sync.Once
+	renewQ    chan *instance
+	kick      chan struct{}
+	stop      chan struct{}
+	done      chan struct{}
+	renewDone chan struct{}
+	closed    atomic.Bool
+	closeOne  sync.Once
 }
 
 // ErrBacklogFull is returned by Settle when Redis is unreachable and the
@@ -57,7 +59,8 @@ func New(client redis.UniversalClient, rules *Rules, opts ...Option) (*Limiter, 
 		return nil, err
 	}
 	l := &Limiter{client: client, o: o, base: time.Now(), leased: map[*instance]struct{}{},
-		renewQ: make(chan *instance, renewQueue), kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+		renewQ: make(chan *instance, renewQueue), kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		renewDone: make(chan struct{})}
 	switch c := client.(type) {
 	case *redis.Client:
 		if !c.Options().ContextTimeoutEnabled {
@@ -669,10 +672,15 @@ func (l *Limiter) Stats() Stats {
 }
 
 // Close returns every lease and flushes pending corrections (waiting at
-// most a few seconds for Redis), then stops the background work. Tickets
-// settled after Close are applied in memory only.
+// most a few seconds for Redis), then stops the background work. Admit
+// keeps working after Close, without leases, but what it would have to
+// send to Redis later (settlements while Redis is away, local debits) is
+// no longer sent.
 func (l *Limiter) Close() error {
-	l.closeOne.Do(func() { close(l.stop) })
+	l.closeOne.Do(func() {
+		l.closed.Store(true)
+		close(l.stop)
+	})
 	<-l.done
 	if n := l.pend.len(); n > 0 {
 		return fmt.Errorf("admission: closed with %d corrections Redis did not take", n)

@@ -286,6 +286,7 @@ func (l *Limiter) renewSoon(in *instance) {
 // renewer tops up leases in the background, batching the renewals that
 // are waiting into one pipelined round trip.
 func (l *Limiter) renewer() {
+	defer close(l.renewDone)
 	batch := make([]*instance, 0, maxKeysPerCall)
 	for {
 		select {
@@ -372,6 +373,8 @@ func (l *Limiter) run() {
 	for {
 		select {
 		case <-l.stop:
+			// No renewal may land after the leases are returned.
+			<-l.renewDone
 			l.shutdown()
 			return
 		case <-tick.C:
