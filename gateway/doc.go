@@ -6,7 +6,14 @@
 //     check with a map lookup and no network call;
 //   - middleware wraps a net/http handler with that check and answers 429 or
 //     503 naming the limit, and, given an Emitter, emits a rejected usage
-//     event for each refusal so that refusals are counted;
+//     event for each refusal so that refusals are counted; with an
+//     Estimator it emits an estimate of each call before it runs and the
+//     settlement with the real usage after;
+//   - estimate counts a request's prompt tokens from its OpenAI body and
+//     adds the expected completion (the request's bound or a learned
+//     per-tenant × model ratio);
+//   - ratelimit writes OpenAI's rate-limit headers, Retry-After and 429
+//     bodies, for the middleware and any other limiter;
 //   - flags is the Redis layout the enforcer writes and the checker reads
 //     (docs/flags.md describes it for gateways in other languages);
 //   - admission checks the limits that apply to a request before the call,

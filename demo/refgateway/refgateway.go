@@ -3,23 +3,27 @@
 // it authenticates a caller's API key to a tenant, asks the flag Checker
 // (through the SDK middleware) whether the tenant may call the model — a
 // local map lookup, no network call — proxies the request to an
-// OpenAI-compatible upstream, and emits one usage event per completed call
-// with the usage the upstream reported, streaming included, and one per
-// refused call (outcome rejected, zero tokens), so refusals are counted.
+// OpenAI-compatible upstream, relaying a streamed answer chunk by chunk,
+// and meters it through the middleware: an estimate of the call before it
+// runs (estimated: true; NoEstimates turns it off) and its settlement with
+// the usage the upstream reported when it ends (the same id), and one
+// event per refused call (outcome rejected, zero tokens), so refusals are
+// counted.
 package refgateway
 
 import (
+	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
+	"github.com/sluicehq/sluice/gateway/estimate"
 	"github.com/sluicehq/sluice/gateway/middleware"
 	"github.com/sluicehq/sluice/schemas"
 )
@@ -50,6 +54,12 @@ type Gateway struct {
 	Client *http.Client
 	// Now is the clock for event times (tests inject one).
 	Now func() time.Time
+	// Estimator estimates each call before it runs; nil means one with
+	// estimate.DefaultConfig.
+	Estimator *estimate.Estimator
+	// NoEstimates turns the estimate events off: each call is then
+	// emitted once, when it settles.
+	NoEstimates bool
 }
 
 type ctxKey struct{}
@@ -70,13 +80,18 @@ func (g *Gateway) Handler() http.Handler {
 	if g.Now == nil {
 		g.Now = time.Now
 	}
+	if g.Estimator == nil {
+		// The default configuration is valid by construction.
+		g.Estimator, _ = estimate.New(estimate.DefaultConfig())
+	}
 	check := middleware.New(g.Checker, func(r *http.Request) (string, string, string, bool) {
 		info, _ := r.Context().Value(ctxKey{}).(*requestInfo)
 		if info == nil {
 			return "", "", "", false
 		}
 		return info.caller.Tenant, info.model, info.caller.APIKeyID, true
-	}, middleware.WithEmitter(g.Emitter, g.Name))
+	}, middleware.WithClock(g.Now), middleware.WithEmitter(g.Emitter, g.Name),
+		middleware.WithEstimates(g.Estimator), middleware.WithEstimateEvents(!g.NoEstimates))
 	proxy := check(http.HandlerFunc(g.proxy))
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
@@ -99,15 +114,19 @@ func (g *Gateway) Handler() http.Handler {
 			return
 		}
 		info := &requestInfo{caller: caller, model: req.Model, body: body}
+		r.Body = io.NopCloser(bytes.NewReader(body)) // the middleware reads it again to estimate
 		proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, info)))
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	return mux
 }
 
+// proxy calls the upstream and relays its answer, reporting the usage it
+// carries to the middleware, which emits the settlement when proxy returns.
 func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	info := r.Context().Value(ctxKey{}).(*requestInfo)
-	start := g.Now()
+	call := middleware.CallFrom(r.Context()) // never nil: every request passes the metering middleware
+	call.SetProvider("mock")
 	req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, g.Upstream+"/v1/chat/completions", bytes.NewReader(info.body))
 	if err != nil {
 		openAIError(w, http.StatusInternalServerError, "internal_error", err.Error())
@@ -116,44 +135,64 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := g.Client.Do(req)
 	if err != nil {
-		g.emit(info, start, 0, mockllm.Usage{}, schemas.OutcomeError)
 		openAIError(w, http.StatusBadGateway, "upstream_error", "upstream unreachable")
 		return
 	}
 	defer resp.Body.Close()
-	// Buffer the upstream answer to read its usage; a production gateway
-	// would tee a stream instead of holding it.
-	out, err := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
-	outcome := schemas.OutcomeOK
-	if err != nil || resp.StatusCode >= 500 {
-		outcome = schemas.OutcomeError
-	}
-	usage, _ := mockllm.ParseUsage(resp.Header.Get("Content-Type"), out)
-	g.emit(info, start, resp.StatusCode, usage, outcome)
 	for k, v := range resp.Header {
 		w.Header()[k] = v
 	}
 	w.WriteHeader(resp.StatusCode)
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		relayStream(w, resp.Body, call)
+		return
+	}
+	out, _ := io.ReadAll(io.LimitReader(resp.Body, maxResponseBody))
+	if u, ok := mockllm.ParseUsage(resp.Header.Get("Content-Type"), out); ok {
+		call.Report(middleware.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens})
+	}
 	_, _ = w.Write(out)
 }
 
-func (g *Gateway) emit(info *requestInfo, start time.Time, status int, u mockllm.Usage, outcome schemas.Outcome) {
-	end := g.Now()
-	ev := &schemas.UsageEvent{
-		ID: newID(), Time: end.UTC(), Tenant: info.caller.Tenant, Model: info.model,
-		PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
-		APIKeyID: info.caller.APIKeyID, Provider: "mock", Endpoint: "/v1/chat/completions",
-		Status: status, Outcome: outcome, LatencyMS: end.Sub(start).Milliseconds(), Gateway: g.Name,
-	}
-	// A full Emitter buffer is counted and logged by the Emitter itself; the
-	// caller's request must not fail because metering is behind.
-	_ = g.Emitter.Emit(ev)
-}
+const (
+	maxResponseBody = 32 << 20
+	// maxStreamLine bounds the memory one stream holds: a longer line is
+	// relayed in pieces and not searched for usage (usage chunks are
+	// small).
+	maxStreamLine = 64 << 10
+)
 
-func newID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+// relayStream copies an SSE answer to the client line by line, flushing
+// at each event's end, and reports the usage chunk (sent last with
+// stream_options.include_usage) when it passes. A client that goes away
+// stops the copy; the request's context then cancels the upstream call.
+func relayStream(w http.ResponseWriter, body io.Reader, call *middleware.Call) {
+	rc := http.NewResponseController(w)
+	br := bufio.NewReaderSize(body, maxStreamLine)
+	whole := true // the current line started at a line start
+	for {
+		line, err := br.ReadSlice('\n')
+		if len(line) > 0 {
+			if whole && bytes.HasPrefix(line, []byte("data: ")) && bytes.Contains(line, []byte(`"usage"`)) {
+				if u, ok := mockllm.ParseUsage("text/event-stream", line); ok {
+					call.Report(middleware.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens})
+				}
+			}
+			if _, werr := w.Write(line); werr != nil {
+				return
+			}
+			if len(line) == 1 && line[0] == '\n' { // the blank line ending an event
+				if rc.Flush() != nil {
+					return
+				}
+			}
+		}
+		whole = err == nil
+		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+			_ = rc.Flush()
+			return
+		}
+	}
 }
 
 func openAIError(w http.ResponseWriter, code int, typ, msg string) {

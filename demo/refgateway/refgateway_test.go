@@ -1,6 +1,7 @@
 package refgateway
 
 import (
+	"bufio"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -11,7 +12,9 @@ import (
 
 	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/estimate"
 	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/schemas"
 )
 
@@ -27,6 +30,29 @@ func (r *recorder) Emit(ev *schemas.UsageEvent) error {
 	return nil
 }
 
+func (r *recorder) all() []schemas.UsageEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]schemas.UsageEvent(nil), r.events...)
+}
+
+// settled waits until n settlements were emitted (they are emitted when
+// the handler returns, which may be after the client read the answer) and
+// returns every event.
+func (r *recorder) settled(t *testing.T, n int) []schemas.UsageEvent {
+	t.Helper()
+	itest.Eventually(t, 5*time.Second, "settlements", func() bool {
+		k := 0
+		for _, ev := range r.all() {
+			if !ev.Estimated {
+				k++
+			}
+		}
+		return k >= n
+	})
+	return r.all()
+}
+
 type decider map[string]checker.Decision
 
 func (d decider) Check(tenant, _, _ string) checker.Decision { return d[tenant] }
@@ -35,9 +61,17 @@ func setup(t *testing.T, d decider) (*httptest.Server, *recorder) {
 	t.Helper()
 	up := httptest.NewServer(mockllm.Handler())
 	t.Cleanup(up.Close)
+	return setupWith(t, d, up.URL, nil)
+}
+
+func setupWith(t *testing.T, d decider, upstream string, adjust func(*Gateway)) (*httptest.Server, *recorder) {
+	t.Helper()
 	rec := &recorder{}
-	g := &Gateway{Upstream: up.URL, Checker: d, Emitter: rec, Name: "ref-1",
+	g := &Gateway{Upstream: upstream, Checker: d, Emitter: rec, Name: "ref-1",
 		Keys: map[string]Caller{"sk-a": {Tenant: "acme", APIKeyID: "key-a"}, "sk-b": {Tenant: "blocked", APIKeyID: "key-b"}}}
+	if adjust != nil {
+		adjust(g)
+	}
 	srv := httptest.NewServer(g.Handler())
 	t.Cleanup(srv.Close)
 	return srv, rec
@@ -56,28 +90,147 @@ func call(t *testing.T, url, key, body string) (*http.Response, string) {
 	return resp, string(b)
 }
 
-func TestServedCallIsMeteredWithUpstreamUsage(t *testing.T) {
+// TestServedCallIsEstimatedThenSettled: each call, streamed or not, is
+// emitted as its estimate before the upstream call and settled with the
+// upstream's usage after it, under one id per call.
+func TestServedCallIsEstimatedThenSettled(t *testing.T) {
 	srv, rec := setup(t, decider{})
+	const body = `{"model":"gpt-4o","max_tokens":7,"stream":%s,"messages":[{"role":"user","content":"hi there"}]}`
 	for _, stream := range []string{"false", "true"} {
-		resp, body := call(t, srv.URL, "sk-a", `{"model":"gpt-4o","max_tokens":7,"stream":`+stream+`,"messages":[{"role":"user","content":"hi there"}]}`)
+		resp, answer := call(t, srv.URL, "sk-a", strings.Replace(body, "%s", stream, 1))
 		if resp.StatusCode != 200 {
-			t.Fatalf("status %d: %s", resp.StatusCode, body)
+			t.Fatalf("status %d: %s", resp.StatusCode, answer)
+		}
+		rec.settled(t, 1)
+		if stream == "false" {
+			rec.mu.Lock()
+			first := rec.events
+			rec.events = nil
+			rec.mu.Unlock()
+			checkPair(t, first, false)
+		} else {
+			checkPair(t, rec.all(), true)
 		}
 	}
-	if len(rec.events) != 2 {
-		t.Fatalf("emitted %d events, want 2", len(rec.events))
+}
+
+func checkPair(t *testing.T, events []schemas.UsageEvent, stream bool) {
+	t.Helper()
+	if len(events) != 2 {
+		t.Fatalf("stream %v: %d events, want the estimate and the settlement: %+v", stream, len(events), events)
 	}
-	for _, ev := range rec.events {
-		if ev.Tenant != "acme" || ev.APIKeyID != "key-a" || ev.Model != "gpt-4o" ||
-			ev.PromptTokens != mockllm.PromptTokens("hi there") || ev.CompletionTokens != 7 || ev.Outcome != schemas.OutcomeOK {
-			t.Errorf("event %+v does not carry the upstream's usage", ev)
-		}
+	est, settled := events[0], events[1]
+	e, _ := estimate.New(estimate.DefaultConfig())
+	want, _ := e.Estimate("acme", estimate.ChatCompletions, []byte(`{"model":"gpt-4o","max_tokens":7,"messages":[{"role":"user","content":"hi there"}]}`))
+	if !est.Estimated || est.ID != settled.ID || est.PromptTokens != want.Prompt || est.CompletionTokens != 7 {
+		t.Errorf("stream %v: estimate %+v, want %d + 7 tokens under the settlement's id", stream, est, want.Prompt)
+	}
+	if settled.Estimated || settled.Tenant != "acme" || settled.APIKeyID != "key-a" || settled.Model != "gpt-4o" || settled.Provider != "mock" ||
+		settled.PromptTokens != mockllm.PromptTokens("hi there") || settled.CompletionTokens != 7 || settled.Outcome != schemas.OutcomeOK ||
+		settled.Status != 200 || settled.Gateway != "ref-1" {
+		t.Errorf("stream %v: settlement %+v does not carry the upstream's usage", stream, settled)
+	}
+	for _, ev := range events {
 		if err := ev.Validate(); err != nil {
 			t.Errorf("emitted event is invalid: %v", err)
 		}
 	}
-	if rec.events[0].ID == rec.events[1].ID {
-		t.Error("two calls share an event id")
+}
+
+// slowStream is an upstream that streams one chunk, waits for release (or
+// the caller to go away), then sends the usage chunk.
+func slowStream(t *testing.T, release <-chan struct{}, gone chan<- struct{}) string {
+	t.Helper()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"ok \"}}]}\n\n")
+		http.NewResponseController(w).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			gone <- struct{}{}
+			return
+		}
+		_, _ = io.WriteString(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":3,\"total_tokens\":15}}\n\ndata: [DONE]\n\n")
+	}))
+	t.Cleanup(up.Close)
+	return up.URL
+}
+
+func openStream(t *testing.T, url string) (*http.Response, *bufio.Reader) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions",
+		strings.NewReader(`{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	req.Header.Set("Authorization", "Bearer sk-a")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd := bufio.NewReader(resp.Body)
+	if line, err := rd.ReadString('\n'); err != nil || !strings.Contains(line, `"ok `) {
+		t.Fatalf("first chunk %q %v", line, err)
+	}
+	return resp, rd
+}
+
+// TestStreamIsRelayedAndSettledAtItsEnd: the gateway passes a stream on
+// as it arrives (the client reads the first chunk while the upstream still
+// holds the rest) and settles only at its end, with the usage chunk's
+// numbers.
+func TestStreamIsRelayedAndSettledAtItsEnd(t *testing.T) {
+	release, gone := make(chan struct{}), make(chan struct{}, 1)
+	srv, rec := setupWith(t, decider{}, slowStream(t, release, gone), nil)
+	resp, rd := openStream(t, srv.URL)
+	defer resp.Body.Close()
+	if ev := rec.all(); len(ev) != 1 || !ev[0].Estimated {
+		t.Fatalf("events while the stream is open: %+v", ev)
+	}
+	close(release)
+	rest, _ := io.ReadAll(rd)
+	if !strings.Contains(string(rest), "[DONE]") {
+		t.Fatalf("rest of the stream %q", rest)
+	}
+	ev := rec.settled(t, 1)
+	if len(ev) != 2 || ev[1].PromptTokens != 12 || ev[1].CompletionTokens != 3 || ev[1].ID != ev[0].ID || ev[1].Outcome != schemas.OutcomeOK {
+		t.Fatalf("events %+v", ev)
+	}
+}
+
+// TestClientLeavingMidStreamSettlesOnce: a client that hangs up during a
+// stream cancels the upstream call, and the call is settled exactly once,
+// marked cancelled, not as an upstream error.
+func TestClientLeavingMidStreamSettlesOnce(t *testing.T) {
+	release, gone := make(chan struct{}), make(chan struct{}, 1)
+	defer close(release)
+	srv, rec := setupWith(t, decider{}, slowStream(t, release, gone), nil)
+	resp, _ := openStream(t, srv.URL)
+	_ = resp.Body.Close()
+	select {
+	case <-gone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream call was not cancelled when the client left")
+	}
+	ev := rec.settled(t, 1)
+	if len(ev) != 2 || ev[1].ID != ev[0].ID || ev[1].Outcome == schemas.OutcomeError || ev[1].Attributes["cancelled"] != "client" || ev[1].Validate() != nil {
+		t.Fatalf("events %+v", ev)
+	}
+}
+
+// TestNoEstimatesAndUpstreamDown: with NoEstimates each call is one event,
+// and a call the upstream never answered settles as a 502 error with no
+// tokens.
+func TestNoEstimatesAndUpstreamDown(t *testing.T) {
+	down := httptest.NewServer(http.NotFoundHandler())
+	down.Close()
+	srv, rec := setupWith(t, decider{}, down.URL, func(g *Gateway) { g.NoEstimates = true })
+	resp, body := call(t, srv.URL, "sk-a", `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`)
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("status %d %s", resp.StatusCode, body)
+	}
+	ev := rec.settled(t, 1)
+	if len(ev) != 1 || ev[0].Estimated || ev[0].Status != 502 || ev[0].Outcome != schemas.OutcomeError || ev[0].TotalTokens() != 0 {
+		t.Fatalf("events %+v", ev)
 	}
 }
 

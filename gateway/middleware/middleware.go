@@ -3,7 +3,8 @@
 // is exhausted (Retry-After = time to the period boundary or the end of the
 // window), 403 for a blacklist, 503 for open breakers and for a stale view
 // of a tenant that fails closed, each with an OpenAI-compatible JSON error
-// body that names the limit, and rate-limit headers where they are known.
+// body that names the limit, and OpenAI's x-ratelimit-* headers where the
+// numbers are known (package ratelimit holds the formats).
 //
 // The body never carries the flag's Reason: that is the operator's internal
 // note (a fraud case, an incident number, who asked for the block) and end
@@ -17,21 +18,30 @@
 // reports, no alert can say how many callers a breaker turned away). The
 // aggregator keeps such events out of token quotas, requests_per_minute and
 // the error and slow-call ratios, so they never extend the refusal itself.
+//
+// With WithEstimates it also meters the requests it lets through: an
+// estimate of the body (package estimate) is emitted before the handler
+// runs and settled with the usage the handler reports (CallFrom(ctx).Report)
+// when it returns, two events with one id, each exactly once — see
+// WithEstimates for what a settlement carries on errors, cancellations,
+// panics and streams.
 package middleware
 
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/estimate"
 	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/gateway/ratelimit"
 	"github.com/sluicehq/sluice/schemas"
 )
 
@@ -102,6 +112,9 @@ type mw struct {
 	gateway       string
 	emitRefusals  bool
 	refusalEvents *bool // set by WithRefusalEvents; overrides the default
+
+	est              *estimate.Estimator // WithEstimates: meter allowed requests
+	noEstimateEvents bool                // WithEstimateEvents(false)
 }
 
 // New returns middleware that checks each request with d.
@@ -111,8 +124,9 @@ func New(d Decider, id Identify, opts ...Option) func(http.Handler) http.Handler
 		o(m)
 	}
 	if m.refusalEvents != nil {
-		m.emitRefusals = *m.refusalEvents && m.emitter != nil
+		m.emitRefusals = *m.refusalEvents
 	}
+	m.emitRefusals = m.emitRefusals && m.emitter != nil // WithEmitter(nil, …) emits nothing
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			tenant, model, key, ok := m.id(r)
@@ -122,6 +136,10 @@ func New(d Decider, id Identify, opts ...Option) func(http.Handler) http.Handler
 			}
 			d := m.d.Check(tenant, model, key)
 			if d.Allowed() {
+				if m.est != nil {
+					m.meter(w, r, next, tenant, model, key)
+					return
+				}
 				next.ServeHTTP(w, r)
 				return
 			}
@@ -182,8 +200,9 @@ func newID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// ErrorBody is the OpenAI-compatible error response, with a "sluice"
-// member carrying the numbers for clients that want them.
+// ErrorBody is the OpenAI-compatible error response Refuse writes, with a
+// "sluice" member carrying the numbers for clients that want them; it is
+// the type to decode it with (ratelimit.Body writes it).
 type ErrorBody struct {
 	Error ErrorDetail `json:"error"`
 }
@@ -226,14 +245,20 @@ func Status(d checker.Decision) int {
 	return http.StatusServiceUnavailable
 }
 
-// Refuse writes the refusal for d.
+// Refuse writes the refusal for d in OpenAI's format (package
+// ratelimit): Retry-After in whole seconds for 429 and 503, an OpenAI
+// error body, and for a quota or rate flag with known numbers the
+// x-ratelimit-limit/remaining/reset trio of its unit (tokens or requests;
+// none for a budget), the reset a duration such as "6m0s". A quota that
+// is spent answers type and code "insufficient_quota", a rate window
+// type "tokens" or "requests" and code "rate_limit_exceeded", as OpenAI
+// does; the quota's name is in the message and in the "sluice" member.
 func Refuse(w http.ResponseWriter, d checker.Decision, tenant, model string, now time.Time) {
 	status := Status(d)
-	h := w.Header()
-	body := ErrorBody{Error: ErrorDetail{Type: "service_unavailable", Code: "sluice_unavailable"}}
+	e := ratelimit.Error{Type: "service_unavailable", Code: "sluice_unavailable"}
 	retry := d.RetryAfter(now)
 	if d.Flag == nil {
-		body.Error.Message = fmt.Sprintf("usage limits for tenant %s cannot be verified right now and this tenant fails closed; retry later", tenant)
+		e.Message = fmt.Sprintf("usage limits for tenant %s cannot be verified right now and this tenant fails closed; retry later", tenant)
 		retry = 5 * time.Second
 	} else {
 		f := d.Flag
@@ -243,36 +268,50 @@ func Refuse(w http.ResponseWriter, d checker.Decision, tenant, model string, now
 			t := f.ResetsAt.UTC()
 			det.ResetsAt = &t
 		}
-		body.Error.Sluice = det
-		body.Error.Message = message(d, tenant, model, retry)
+		if retry > 0 && status != http.StatusForbidden {
+			det.RetryAfterSeconds = ratelimit.RetryAfter(retry)
+		}
+		e.Sluice = det
+		e.Message = message(d, tenant, model, retry)
+		unit := quotaUnit(f.Quota)
 		switch f.Kind {
 		case flags.KindQuota:
-			body.Error.Type, body.Error.Code = "insufficient_quota", f.Quota
+			e.Type, e.Code = ratelimit.CodeInsufficientQuota, ratelimit.CodeInsufficientQuota
 		case flags.KindRate:
-			body.Error.Type, body.Error.Code = "rate_limit_exceeded", f.Quota
+			e.Type, e.Code = ratelimit.TypeTokens, ratelimit.CodeRateLimitExceeded
+			if unit == ratelimit.Requests {
+				e.Type = ratelimit.TypeRequests
+			}
 		case flags.KindBlacklist:
-			body.Error.Type, body.Error.Code = "permission_denied", "blacklisted"
+			e.Type, e.Code = "permission_denied", "blacklisted"
 		default:
-			body.Error.Code = "breaker_" + string(f.Kind)
+			e.Code = "breaker_" + string(f.Kind)
 		}
-		if f.Limit > 0 && (f.Kind == flags.KindQuota || f.Kind == flags.KindRate) {
-			h.Set("X-RateLimit-Limit", strconv.FormatFloat(f.Limit, 'f', -1, 64))
-			h.Set("X-RateLimit-Remaining", strconv.FormatFloat(math.Max(0, f.Limit-f.Used), 'f', -1, 64))
-		}
-		if !f.ResetsAt.IsZero() {
-			h.Set("X-RateLimit-Reset", strconv.FormatInt(f.ResetsAt.Unix(), 10))
-		}
-	}
-	if retry > 0 && status != http.StatusForbidden {
-		secs := int64(math.Ceil(retry.Seconds()))
-		h.Set("Retry-After", strconv.FormatInt(secs, 10))
-		if body.Error.Sluice != nil {
-			body.Error.Sluice.RetryAfterSeconds = secs
+		if unit != 0 && f.Limit > 0 && (f.Kind == flags.KindQuota || f.Kind == flags.KindRate) {
+			reset := retry
+			if !f.ResetsAt.IsZero() {
+				reset = f.ResetsAt.Sub(now)
+			}
+			ratelimit.SetHeaders(w.Header(), ratelimit.Limit{Unit: unit, Limit: int64(math.Ceil(f.Limit)),
+				Remaining: int64(math.Max(0, math.Floor(f.Limit-f.Used))), Reset: reset})
 		}
 	}
-	h.Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(body)
+	if status == http.StatusForbidden {
+		retry = 0 // a blacklist does not lift by waiting
+	}
+	ratelimit.WriteError(w, status, e, retry)
+}
+
+// quotaUnit is the unit of OpenAI's header trio a quota counts in; 0 for
+// a budget (money), which has no such header.
+func quotaUnit(quota string) ratelimit.Unit {
+	switch {
+	case quota == string(schemas.QuotaRequestsPerMinute):
+		return ratelimit.Requests
+	case strings.HasSuffix(quota, "_tokens"), quota == string(schemas.QuotaTokensPerMinute):
+		return ratelimit.Tokens
+	}
+	return 0
 }
 
 func message(d checker.Decision, tenant, model string, retry time.Duration) string {

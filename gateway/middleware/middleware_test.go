@@ -52,14 +52,21 @@ func TestQuotaRefusalNamesTheLimitAndTheReset(t *testing.T) {
 	if rec.Code != http.StatusTooManyRequests {
 		t.Fatalf("status %d", rec.Code)
 	}
+	// OpenAI's headers: Retry-After in seconds, the tokens trio with the
+	// reset as a duration, and no Unix time anywhere in the headers.
 	h := rec.Header()
-	if h.Get("Retry-After") != "7200" || h.Get("X-RateLimit-Limit") != "10000000" || h.Get("X-RateLimit-Remaining") != "0" ||
-		h.Get("X-RateLimit-Reset") != "1796083200" {
+	if h.Get("Retry-After") != "7200" || h.Get("x-ratelimit-limit-tokens") != "10000000" || h.Get("x-ratelimit-remaining-tokens") != "0" ||
+		h.Get("x-ratelimit-reset-tokens") != "2h0m0s" || h.Get("x-ratelimit-limit-requests") != "" {
 		t.Fatalf("headers %v", h)
+	}
+	for k, v := range h {
+		if strings.Contains(strings.Join(v, ","), "1796083200") || k == "X-Ratelimit-Reset" {
+			t.Errorf("header %s: %v carries a Unix time", k, v)
+		}
 	}
 	b := body(t, rec)
 	e := b.Error
-	if e.Type != "insufficient_quota" || e.Code != "monthly_tokens" || e.Param != nil {
+	if e.Type != "insufficient_quota" || e.Code != "insufficient_quota" || e.Param != nil {
 		t.Fatalf("error %+v", e)
 	}
 	for _, want := range []string{"acme", "monthly_tokens", "10000450 of 10000000", "month", "2026-12-01T00:00:00Z", "7200s"} {
@@ -78,9 +85,39 @@ func TestRateRefusalRetriesAfterTheWindow(t *testing.T) {
 		Quota: "requests_per_minute", Period: "minute", Limit: 600, Used: 640, ResetsAt: end, Until: end}}}
 	rec := serve(t, d, "acme")
 	b := body(t, rec)
-	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "25" || b.Error.Type != "rate_limit_exceeded" ||
-		b.Error.Code != "requests_per_minute" || !strings.Contains(b.Error.Message, "model gpt-4o") {
+	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "25" || b.Error.Type != "requests" ||
+		b.Error.Code != "rate_limit_exceeded" || !strings.Contains(b.Error.Message, "model gpt-4o") ||
+		!strings.Contains(b.Error.Message, "requests_per_minute") || b.Error.Sluice.Quota != "requests_per_minute" {
 		t.Fatalf("%d %v %+v", rec.Code, rec.Header(), b.Error)
+	}
+	h := rec.Header()
+	if h.Get("x-ratelimit-limit-requests") != "600" || h.Get("x-ratelimit-remaining-requests") != "0" || h.Get("x-ratelimit-reset-requests") != "25s" {
+		t.Fatalf("headers %v", h)
+	}
+}
+
+// TestRefusalHeadersFollowTheQuotasUnit: a tokens-per-minute window sends
+// the tokens trio (type "tokens"), a budget none (it counts money), and
+// the reset is the time to the end of the window, to the millisecond.
+func TestRefusalHeadersFollowTheQuotasUnit(t *testing.T) {
+	end := now.Add(12*time.Second + 340*time.Millisecond)
+	d := fixed{
+		"tpm": {Outcome: checker.Refused, Scope: flags.AllModels, Flag: &flags.Flag{State: flags.StateThrottle, Kind: flags.KindRate,
+			Quota: "tokens_per_minute", Period: "minute", Limit: 30000, Used: 29000.5, ResetsAt: end, Until: end}},
+		"money": {Outcome: checker.Refused, Scope: flags.AllModels, Flag: &flags.Flag{State: flags.StateOpen, Kind: flags.KindQuota,
+			Quota: "budget", Period: "month", Limit: 500, Used: 512.3, ResetsAt: now.Add(time.Hour), Until: now.Add(time.Hour)}},
+	}
+	rec := serve(t, d, "tpm")
+	h := rec.Header()
+	if e := body(t, rec).Error; e.Type != "tokens" || e.Code != "rate_limit_exceeded" || h.Get("Retry-After") != "13" ||
+		h.Get("x-ratelimit-limit-tokens") != "30000" || h.Get("x-ratelimit-remaining-tokens") != "999" || h.Get("x-ratelimit-reset-tokens") != "12.34s" {
+		t.Fatalf("tpm: %v %+v", h, e)
+	}
+	rec = serve(t, d, "money")
+	h = rec.Header()
+	if e := body(t, rec).Error; e.Code != "insufficient_quota" || h.Get("Retry-After") != "3600" ||
+		h.Get("x-ratelimit-limit-tokens") != "" || h.Get("x-ratelimit-limit-requests") != "" {
+		t.Fatalf("budget: %v %+v", h, e)
 	}
 }
 

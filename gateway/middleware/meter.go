@@ -1,0 +1,298 @@
+package middleware
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/gateway/estimate"
+	"github.com/sluicehq/sluice/gateway/ratelimit"
+	"github.com/sluicehq/sluice/schemas"
+)
+
+// WithEstimates makes the middleware meter every request it lets through
+// to an OpenAI endpoint (chat completions, completions, embeddings,
+// responses; other paths pass unmetered) with an estimate and its
+// settlement, two usage events with one id:
+//
+//   - before the handler runs, the estimate (estimated true): est's
+//     estimate of the body, so that Sluice's counters see the tokens while
+//     the call is still running and concurrent requests cannot all pass
+//     under a quota that only one of them fits;
+//   - after the handler returns — on success, on an error answer, when the
+//     client went away, when the handler panicked, and for a streamed
+//     answer at its end, since the handler returns then — the settlement
+//     (estimated false) with the usage the handler reported through
+//     CallFrom(ctx).Report, which replaces the estimate in every counter.
+//
+// Each is emitted exactly once. The settlement's tokens are the reported
+// usage; without a report, the estimate when the handler answered 2xx (the
+// call presumably ran and was billed; attribute usage=estimate) and zero
+// otherwise (a refund; attribute usage=none). Its status is the one the
+// handler wrote; its outcome ok below 500, error from 500 or on a panic
+// (status 500 if none was written), timeout when the request's deadline
+// passed (504 if none was written). When the client went away before the
+// handler reported usage, the outcome is empty (the upstream did not
+// fail, so no error-ratio breaker counts it), the status 499 if none was
+// written, and attribute cancelled=client. Reported usage of a successful
+// answer teaches est the tenant × model completion ratio
+// (Estimator.Observe).
+//
+// The body is read up to est's MaxBodyBytes and handed on unchanged; a
+// longer one is answered 413 before the handler runs. A body that is not
+// valid JSON gets no estimate event, only the settlement.
+//
+// Events need WithEmitter; without it the estimate is still made and
+// available to the handler (CallFrom). WithEstimateEvents(false) keeps the
+// settlement and drops the estimate event. A nil est turns metering off.
+func WithEstimates(est *estimate.Estimator) Option { return func(m *mw) { m.est = est } }
+
+// WithEstimateEvents turns the estimate event WithEstimates sends before
+// each call on or off (default on); the settlement is sent either way.
+func WithEstimateEvents(on bool) Option { return func(m *mw) { m.noEstimateEvents = !on } }
+
+// Usage is what the provider reported for a call.
+type Usage struct {
+	PromptTokens, CompletionTokens, CachedTokens int64
+}
+
+// Call is one metered request, in its context while the handler runs.
+type Call struct {
+	id     string
+	est    estimate.Estimate
+	estErr error
+	start  time.Time
+
+	mu       sync.Mutex
+	usage    Usage
+	reported bool
+	provider string
+}
+
+type callKey struct{}
+
+// CallFrom returns the metered call of ctx, or nil when the middleware
+// does not meter this request (no WithEstimates, a refused or unchecked
+// request, a path that is not an OpenAI endpoint).
+func CallFrom(ctx context.Context) *Call {
+	c, _ := ctx.Value(callKey{}).(*Call)
+	return c
+}
+
+// ID is the usage event id shared by the estimate and the settlement.
+func (c *Call) ID() string { return c.id }
+
+// Estimate returns the request's estimate; ok is false when the body could
+// not be parsed (then no estimate event was sent).
+func (c *Call) Estimate() (est estimate.Estimate, ok bool) { return c.est, c.estErr == nil }
+
+// Report records the usage the provider reported; the settlement carries
+// it. Call it once the usage is known — for a stream, when its last chunk
+// arrived; for a call cut short, with what was used so far if known. The
+// last report wins. Safe from any goroutine until the handler returns.
+func (c *Call) Report(u Usage) {
+	c.mu.Lock()
+	c.usage, c.reported = u, true
+	c.mu.Unlock()
+}
+
+// SetProvider sets the settlement's provider field (the upstream that
+// served the call).
+func (c *Call) SetProvider(p string) {
+	c.mu.Lock()
+	c.provider = p
+	c.mu.Unlock()
+}
+
+// meter serves an allowed request with estimate and settlement.
+func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, tenant, model, key string) {
+	ep, ok := estimate.EndpointOf(r.URL.Path)
+	if !ok {
+		next.ServeHTTP(w, r)
+		return
+	}
+	limit := m.est.Config().Limits.MaxBodyBytes
+	if r.Body == nil {
+		r.Body = http.NoBody
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(limit)))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			ratelimit.WriteError(w, http.StatusRequestEntityTooLarge, ratelimit.Error{Type: "invalid_request_error", Code: "request_too_large",
+				Message: "The request body exceeds this gateway's limit of " + itoa(int64(limit)) + " bytes (max_body_bytes)."}, 0)
+			return
+		}
+		ratelimit.WriteError(w, http.StatusBadRequest, ratelimit.Error{Type: "invalid_request_error", Code: "body_unreadable",
+			Message: "The request body could not be read."}, 0)
+		return
+	}
+	_ = r.Body.Close()
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+
+	c := &Call{id: newID(), start: m.now()}
+	c.est, c.estErr = m.est.Estimate(tenant, ep, body)
+	if model == "" {
+		model = c.est.Model
+	}
+	if model == "" {
+		model = "unknown"
+	}
+	endpoint := r.URL.Path
+	if len(endpoint) > schemas.MaxStringLen {
+		endpoint = endpoint[:schemas.MaxStringLen]
+	}
+	base := schemas.UsageEvent{ID: c.id, Tenant: tenant, Model: model, APIKeyID: key, Endpoint: endpoint, Gateway: m.gateway}
+	if m.emitter != nil && !m.noEstimateEvents && c.estErr == nil {
+		ev := base
+		ev.Time, ev.Estimated = c.start.UTC(), true
+		ev.PromptTokens, ev.CompletionTokens = clampTokens(c.est.Prompt), clampTokens(c.est.Completion)
+		_ = m.emitter.Emit(&ev)
+	}
+
+	sw := &statusWriter{ResponseWriter: w}
+	settled := false
+	settle := func(panicked bool) {
+		if settled {
+			return
+		}
+		settled = true
+		m.settle(r.Context(), c, base, sw.status, panicked)
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			settle(true)
+			panic(p)
+		}
+	}()
+	next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
+	settle(false)
+}
+
+// settle emits c's settlement: see WithEstimates for the rules.
+func (m *mw) settle(ctx context.Context, c *Call, base schemas.UsageEvent, status int, panicked bool) {
+	end := m.now()
+	c.mu.Lock()
+	u, reported, provider := c.usage, c.reported, c.provider
+	c.mu.Unlock()
+
+	ev := base
+	ev.Time, ev.Provider, ev.LatencyMS = end.UTC(), provider, max(0, min(end.Sub(c.start).Milliseconds(), schemas.MaxLatencyMS))
+	ctxErr := ctx.Err()
+	if reported && !panicked && status >= 200 && status < 300 {
+		// The usage arrives at the end of a call: it completed, even if
+		// the client closed the connection before the handler returned.
+		ctxErr = nil
+	}
+	var cancelled bool
+	switch {
+	case panicked:
+		if status == 0 {
+			status = http.StatusInternalServerError
+		}
+		ev.Outcome = schemas.OutcomeError
+	case errors.Is(ctxErr, context.DeadlineExceeded):
+		if status == 0 {
+			status = http.StatusGatewayTimeout
+		}
+		ev.Outcome = schemas.OutcomeTimeout
+	case ctxErr != nil:
+		// The client went away: not the upstream's failure, so no outcome
+		// that an error-ratio breaker would count.
+		if status == 0 {
+			status = statusClientClosed
+		}
+		cancelled = true
+	case status == 0:
+		status = http.StatusOK // the handler wrote nothing: net/http answers 200
+		ev.Outcome = schemas.OutcomeOK
+	case status >= 500:
+		ev.Outcome = schemas.OutcomeError
+	default:
+		ev.Outcome = schemas.OutcomeOK
+	}
+	ev.Status = status
+	ok := ev.Outcome == schemas.OutcomeOK && status < 300
+	switch {
+	case reported:
+		ev.PromptTokens, ev.CompletionTokens = clampTokens(u.PromptTokens), clampTokens(u.CompletionTokens)
+		ev.CachedTokens = min(clampTokens(u.CachedTokens), ev.PromptTokens)
+		if ok {
+			// Keyed by the body's model, which is what Estimate looks up.
+			m.est.Observe(base.Tenant, c.est.Model, u.PromptTokens, u.CompletionTokens)
+		}
+	case ok && c.estErr == nil:
+		ev.PromptTokens, ev.CompletionTokens = clampTokens(c.est.Prompt), clampTokens(c.est.Completion)
+		ev.Attributes = map[string]string{"usage": "estimate"}
+	default:
+		ev.Attributes = map[string]string{"usage": "none"}
+	}
+	if cancelled {
+		if ev.Attributes == nil {
+			ev.Attributes = map[string]string{}
+		}
+		ev.Attributes["cancelled"] = "client"
+	}
+	if m.emitter != nil {
+		_ = m.emitter.Emit(&ev)
+	}
+}
+
+// statusClientClosed is the status recorded for a request whose client
+// went away before any answer (nginx's 499; no response is sent).
+const statusClientClosed = 499
+
+func clampTokens(n int64) int64 { return max(0, min(n, schemas.MaxTokensPerEvent)) }
+
+func itoa(n int64) string {
+	var b [20]byte
+	i := len(b)
+	for {
+		i--
+		b[i] = byte('0' + n%10)
+		if n /= 10; n == 0 {
+			return string(b[i:])
+		}
+	}
+}
+
+// statusWriter records the status the handler answered. It keeps the
+// writer's Flush (streams) and unwraps for http.ResponseController.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush passes a flush on, so streamed answers reach the client chunk by
+// chunk.
+func (w *statusWriter) Flush() {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap returns the wrapped writer, for http.ResponseController.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
