@@ -191,12 +191,14 @@
 // A Decision names the refusing rule exactly (name, scope values, unit,
 // algorithm, limit, window or rate, requested, available, retry-after, or
 // Never when the request exceeds the limit itself) and carries the
-// headroom of the tightest requests rule and tokens rule, from which
-// WriteHeaders sets OpenAI's x-ratelimit-limit/remaining/reset-requests and
-// -tokens headers (reset as a Go duration, "1s", "6m0s") on admitted
-// answers, and WriteRefusal writes a refusal: 429 (503 fail-closed), the
-// same headers, Retry-After in seconds and an OpenAI-style error body
-// (type "tokens" or "requests", code "rate_limit_exceeded") whose "sluice"
+// headroom of the tightest requests rule and tokens rule. Through
+// gateway/ratelimit (the SDK's one rate-limit format), WriteHeaders sets
+// OpenAI's x-ratelimit-limit/remaining/reset-requests and -tokens headers
+// (reset as a Go duration, "1s", "6m0s") on admitted answers (Headers
+// gives the trios to a caller merging them with other limiters'), and
+// WriteRefusal writes a refusal: 429 (503 fail-closed), the same headers,
+// Retry-After in seconds and an OpenAI error body (type "tokens" or
+// "requests", code "rate_limit_exceeded"; Error builds it) whose "sluice"
 // object names the rule.
 //
 // # Metrics

@@ -59,7 +59,7 @@ func TestUnreachableRedisFailsOpenLocallyThenReconciles(t *testing.T) {
 	}
 	rec := httptest.NewRecorder()
 	WriteRefusal(rec, closed)
-	var body ErrorBody
+	var body refusalBody
 	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != 503 || body.Error.Code != "admission_unavailable" || rec.Header().Get("Retry-After") == "" {
 		t.Fatalf("503 answer: %d %v %s", rec.Code, rec.Header(), rec.Body)
 	}

@@ -1,69 +1,40 @@
 package admission
 
 import (
-	"encoding/json"
 	"fmt"
-	"math"
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/sluicehq/sluice/gateway/ratelimit"
 )
 
-// OpenAI's rate-limit headers, which every admitted and refused answer
-// carries for the tightest rule of each kind.
-const (
-	HeaderLimitRequests     = "X-Ratelimit-Limit-Requests"
-	HeaderRemainingRequests = "X-Ratelimit-Remaining-Requests"
-	HeaderResetRequests     = "X-Ratelimit-Reset-Requests"
-	HeaderLimitTokens       = "X-Ratelimit-Limit-Tokens"
-	HeaderRemainingTokens   = "X-Ratelimit-Remaining-Tokens"
-	HeaderResetTokens       = "X-Ratelimit-Reset-Tokens"
-)
-
-// WriteHeaders sets the x-ratelimit-*-requests headers from d.Requests and
-// the x-ratelimit-*-tokens headers from d.Tokens, each when a rule of that
-// kind applied, in OpenAI's formats: integers, and the reset as a duration
-// such as "1s", "6m0s" or "20ms" (rounded up to the millisecond), never a
-// Unix time.
+// Headers returns the rate-limit header trios of d (requests, tokens; each
+// when a rule of that kind applied), for ratelimit.SetHeaders or a caller
+// that merges them with other limiters' (the flag middleware's).
 //
 // On a leased admission, remaining is what Redis said at this gateway's
 // last round trip for the rule plus the lease this gateway still holds: an
 // estimate that lags by at most the lease horizon.
-func WriteHeaders(h http.Header, d Decision) {
+func Headers(d Decision) []ratelimit.Limit {
+	var out []ratelimit.Limit
 	if d.Requests.Limit > 0 || d.Unit == Requests && d.Rule != "" {
-		h.Set(HeaderLimitRequests, strconv.FormatInt(d.Requests.Limit, 10))
-		h.Set(HeaderRemainingRequests, strconv.FormatInt(max(d.Requests.Remaining, 0), 10))
-		h.Set(HeaderResetRequests, FormatReset(d.Requests.Reset))
+		out = append(out, ratelimit.Limit{Unit: ratelimit.Requests, Limit: d.Requests.Limit, Remaining: d.Requests.Remaining, Reset: d.Requests.Reset})
 	}
 	if d.Tokens.Limit > 0 || d.Unit.Tokens() && d.Rule != "" {
-		h.Set(HeaderLimitTokens, strconv.FormatInt(d.Tokens.Limit, 10))
-		h.Set(HeaderRemainingTokens, strconv.FormatInt(max(d.Tokens.Remaining, 0), 10))
-		h.Set(HeaderResetTokens, FormatReset(d.Tokens.Reset))
+		out = append(out, ratelimit.Limit{Unit: ratelimit.Tokens, Limit: d.Tokens.Limit, Remaining: d.Tokens.Remaining, Reset: d.Tokens.Reset})
 	}
+	return out
 }
 
-// FormatReset renders a reset time as OpenAI does: a Go duration rounded up
-// to the millisecond ("0s", "20ms", "1s", "1.5s", "6m0s").
-func FormatReset(d time.Duration) string {
-	if d <= 0 {
-		return "0s"
+// WriteHeaders sets OpenAI's x-ratelimit-*-requests headers from the
+// tightest requests rule of d and the x-ratelimit-*-tokens headers from the
+// tightest tokens rule, in gateway/ratelimit's formats (integers; the reset
+// as a duration such as "1s" or "6m0s", never a Unix time).
+func WriteHeaders(h http.Header, d Decision) {
+	for _, l := range Headers(d) {
+		ratelimit.SetHeaders(h, l)
 	}
-	d = (d + time.Millisecond - 1) / time.Millisecond * time.Millisecond
-	return d.String()
-}
-
-// ErrorBody is the OpenAI-style error document of a refusal.
-type ErrorBody struct {
-	Error ErrorDetail `json:"error"`
-}
-
-// ErrorDetail is OpenAI's error object; Sluice says which rule refused.
-type ErrorDetail struct {
-	Message string  `json:"message"`
-	Type    string  `json:"type"`
-	Param   *string `json:"param"`
-	Code    string  `json:"code"`
-	Sluice  *Detail `json:"sluice,omitempty"`
 }
 
 // Detail names the refusing rule exactly.
@@ -98,11 +69,15 @@ func Status(d Decision) int {
 // a probe will have found Redis again if it was a blip.
 const unavailableRetry = time.Second
 
-// Body returns the error document of refusal d.
-func Body(d Decision) ErrorBody {
+// Error returns the OpenAI error object of refusal d: type "tokens" or
+// "requests" and code "rate_limit_exceeded", a message naming the rule, its
+// scope, the limit and when it frees up, and the numbers in "sluice"
+// (a *Detail). A fail-closed refusal is type "service_unavailable", code
+// "admission_unavailable".
+func Error(d Decision) ratelimit.Error {
 	if d.Path == PathUnavailable {
-		return ErrorBody{Error: ErrorDetail{Type: "service_unavailable", Code: "admission_unavailable",
-			Message: "Usage limits cannot be checked right now (the rate-limit store did not answer in time) and this tenant fails closed; retry later."}}
+		return ratelimit.Error{Type: "service_unavailable", Code: "admission_unavailable",
+			Message: "Usage limits cannot be checked right now (the rate-limit store did not answer in time) and this tenant fails closed; retry later."}
 	}
 	det := &Detail{Kind: "admission", Rule: d.Rule, Scope: scopeMap(d.Scope), Unit: d.Unit.String(), Algorithm: d.Algorithm.String(),
 		Limit: d.Limit, Requested: d.Requested, Available: d.Available, TooLarge: d.Never}
@@ -112,13 +87,13 @@ func Body(d Decision) ErrorBody {
 		det.RatePerSecond = d.Rate
 	}
 	if !d.Never {
-		det.RetryAfterSeconds = retrySeconds(d.RetryAfter)
+		det.RetryAfterSeconds = ratelimit.RetryAfter(d.RetryAfter)
 	}
-	typ := "requests"
+	typ := ratelimit.TypeRequests
 	if d.Unit.Tokens() {
-		typ = "tokens"
+		typ = ratelimit.TypeTokens
 	}
-	return ErrorBody{Error: ErrorDetail{Type: typ, Code: "rate_limit_exceeded", Sluice: det, Message: message(d)}}
+	return ratelimit.Error{Type: typ, Code: ratelimit.CodeRateLimitExceeded, Sluice: det, Message: message(d)}
 }
 
 func message(d Decision) string {
@@ -132,7 +107,7 @@ func message(d Decision) string {
 		return fmt.Sprintf("Request too large for rule %s (%s): limit %s, requested %d.", d.Rule, d.Scope, per, d.Requested)
 	}
 	return fmt.Sprintf("Rate limit reached for rule %s (%s): limit %s, available %d, requested %d. Please try again in %s.",
-		d.Rule, d.Scope, per, d.Available, d.Requested, FormatReset(d.RetryAfter))
+		d.Rule, d.Scope, per, d.Available, d.Requested, ratelimit.FormatReset(d.RetryAfter))
 }
 
 func scopeMap(s Scope) map[string]string {
@@ -145,23 +120,19 @@ func scopeMap(s Scope) map[string]string {
 	return m
 }
 
-func retrySeconds(d time.Duration) int64 {
-	return max(int64(math.Ceil(d.Seconds())), 1)
-}
-
-// WriteRefusal answers a refused request: Status(d), Retry-After (whole
-// seconds, at least 1; none when the request can never fit), the rate-limit
-// headers and the JSON body of Body(d).
+// WriteRefusal answers a refused request through gateway/ratelimit:
+// Status(d), the rate-limit headers, Retry-After (whole seconds, at least
+// 1; none when the request can never fit) and the body of Error(d).
 func WriteRefusal(w http.ResponseWriter, d Decision) {
-	h := w.Header()
-	WriteHeaders(h, d)
+	WriteHeaders(w.Header(), d)
+	retry := d.RetryAfter
 	switch {
 	case d.Path == PathUnavailable:
-		h.Set("Retry-After", strconv.FormatInt(retrySeconds(unavailableRetry), 10))
-	case !d.Never:
-		h.Set("Retry-After", strconv.FormatInt(retrySeconds(d.RetryAfter), 10))
+		retry = unavailableRetry
+	case d.Never:
+		retry = 0
+	case retry <= 0:
+		retry = time.Second
 	}
-	h.Set("Content-Type", "application/json")
-	w.WriteHeader(Status(d))
-	_ = json.NewEncoder(w).Encode(Body(d))
+	ratelimit.WriteError(w, Status(d), Error(d), retry)
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/gateway/ratelimit"
 )
 
 // sharedKey and tenantKey name the Redis key of a rule instance.
@@ -261,7 +263,7 @@ func TestReserveIsForCriticalAndHigh(t *testing.T) {
 	}
 	h := http.Header{}
 	WriteHeaders(h, d)
-	if h.Get(HeaderLimitRequests) != "10" || h.Get(HeaderRemainingRequests) != "0" || h.Get(HeaderResetRequests) == "0s" {
+	if h.Get(ratelimit.HeaderLimitRequests) != "10" || h.Get(ratelimit.HeaderRemainingRequests) != "0" || h.Get(ratelimit.HeaderResetRequests) == "0s" {
 		t.Fatalf("headers of the refusal: %v", h)
 	}
 	for i := range 2 {

@@ -115,15 +115,6 @@ func TestRuleValidationNamesFieldAndLimit(t *testing.T) {
 	}
 }
 
-func TestFormatReset(t *testing.T) {
-	for d, want := range map[time.Duration]string{0: "0s", -time.Second: "0s", 1500 * time.Microsecond: "2ms",
-		time.Second: "1s", 6 * time.Minute: "6m0s", 1234 * time.Millisecond: "1.234s", 20 * time.Millisecond: "20ms"} {
-		if got := FormatReset(d); got != want {
-			t.Errorf("FormatReset(%s) = %q, want %q", d, got, want)
-		}
-	}
-}
-
 func TestHeadersOnAllowedAnswer(t *testing.T) {
 	h := http.Header{}
 	WriteHeaders(h, Decision{Allowed: true,
@@ -155,7 +146,7 @@ func TestRefusalAnswerNamesTheRule(t *testing.T) {
 		rec.Header().Get("x-ratelimit-remaining-tokens") != "1200" || rec.Header().Get("x-ratelimit-reset-tokens") != "3.2s" {
 		t.Fatalf("answer: %d %v", rec.Code, rec.Header())
 	}
-	var body ErrorBody
+	var body refusalBody
 	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
 		t.Fatal(err)
 	}
@@ -179,6 +170,16 @@ func TestRefusalAnswerNamesTheRule(t *testing.T) {
 	if rec.Header().Get("Retry-After") != "" || !strings.Contains(rec.Body.String(), "Request too large") {
 		t.Fatalf("a request that can never fit: %v %s", rec.Header(), rec.Body)
 	}
+}
+
+// refusalBody is the 429 body with its sluice member decoded.
+type refusalBody struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Code    string  `json:"code"`
+		Sluice  *Detail `json:"sluice"`
+	} `json:"error"`
 }
 
 // localLimiter returns a Limiter with no Redis, for the local limiter.
