@@ -198,12 +198,11 @@ type reqKey struct{ tenant, model, user, key, endpoint, upstream string }
 // matchSet is the rule instances that count requests of one shape, shared
 // rules first, in rule order.
 type matchSet struct {
-	key       reqKey
-	next      *matchSet // same hash
-	insts     []*instance
-	failMode  FailMode
-	lastUsed  atomic.Int64
-	transient bool
+	key      reqKey
+	next     *matchSet // same hash
+	insts    []*instance
+	failMode FailMode
+	lastUsed atomic.Int64
 }
 
 // The bits of generation.used, in the order of Scope.dims.
@@ -291,7 +290,6 @@ func (l *Limiter) build(g *generation, req *Request, k reqKey, h uint64, sh *set
 	s := &matchSet{failMode: tr.failMode}
 	s.lastUsed.Store(now)
 	cache := g.nsets.Load() < int64(l.o.maxInstances)
-	s.transient = !cache
 	for _, r := range rules {
 		scope := r.instanceScope(req, req.Tenant)
 		s.insts = append(s.insts, l.instance(g, r, scope, cache, now))
