@@ -15,7 +15,10 @@
 //   - ratelimit writes OpenAI's rate-limit headers, Retry-After and 429
 //     bodies, for the middleware and any other limiter;
 //   - flags is the Redis layout the enforcer writes and the checker reads
-//     (docs/flags.md describes it for gateways in other languages).
+//     (docs/flags.md describes it for gateways in other languages);
+//   - admission checks the limits that apply to a request before the call,
+//     in one Redis round trip or from local leases, settles the estimate
+//     afterwards, and writes OpenAI's rate-limit headers and 429s.
 //
 // The SDK lives in the root module (github.com/sluicehq/sluice) but links
 // nothing server-only: no ClickHouse driver, no embedded Kafka broker, no

@@ -51,7 +51,9 @@ func Load(path string, opts ...Option) (*Policy, error) {
 
 type rawPolicy struct {
 	Defaults rawTenant            `yaml:"defaults"`
+	Plans    map[string]rawTenant `yaml:"plans"`
 	Tenants  map[string]rawTenant `yaml:"tenants"`
+	Limits   map[string]rawLimit  `yaml:"limits"`
 	Prices   []rawPrice           `yaml:"prices"`
 	Channels Channels             `yaml:"channels"`
 }
@@ -68,6 +70,7 @@ type rawTenant struct {
 	MaxModels       *int                `yaml:"max_models"`
 	Budget          *rawBudget          `yaml:"budget"`
 	Models          map[string]rawModel `yaml:"models"`
+	Limits          map[string]rawLimit `yaml:"limits"`
 	Breakers        struct {
 		ErrorRatio rawBreaker `yaml:"error_ratio"`
 		SlowCall   rawBreaker `yaml:"slow_call"`
@@ -121,6 +124,7 @@ var builtin = Tenant{
 	BurstMultiplier: 1,
 	MaxModels:       DefaultMaxModels,
 	Models:          map[string]ModelQuota{},
+	Limits:          map[string]Limit{},
 	Breakers: Breakers{
 		ErrorRatio: BreakerPolicy{Threshold: 0.5, MinRequests: 20, Window: time.Minute, OpenFor: 30 * time.Second, MaxOpenFor: 10 * time.Minute, HalfOpenProbes: 5},
 		SlowCall:   BreakerPolicy{Threshold: 0.5, SlowCallMS: 10000, MinRequests: 20, Window: time.Minute, OpenFor: 30 * time.Second, MaxOpenFor: 10 * time.Minute, HalfOpenProbes: 5},
@@ -160,8 +164,22 @@ func Parse(data []byte, filename string, opts ...Option) (*Policy, error) {
 	}
 	v := &validator{file: filename, root: &root}
 
-	defaults := v.tenant("defaults", raw.Defaults, &builtin)
-	p := &Policy{defaults: *defaults, tenants: map[string]*Tenant{}, prices: map[string][]Price{}, source: filename}
+	// Layers: builtin <- defaults <- the tenant's plan (or the defaults'
+	// plan) <- the tenant.
+	rawDefaults := raw.Defaults
+	rawDefaults.Plan = ""
+	defaults := v.tenant("defaults", rawDefaults, &builtin)
+	plans := v.plans(raw.Plans, defaults)
+	effDefaults := defaults
+	if name := raw.Defaults.Plan; name != "" {
+		if pl := plans[name]; pl != nil {
+			effDefaults = pl
+		} else {
+			v.fail("defaults.plan", "plan %q is not defined under plans%s", name, definedPlans(plans))
+		}
+	}
+	p := &Policy{defaults: *effDefaults, tenants: map[string]*Tenant{}, prices: map[string][]Price{}, source: filename}
+	p.limits = v.limits("limits", raw.Limits, nil, false)
 	if len(raw.Tenants) > MaxTenants {
 		v.fail("tenants", "has %d tenants, at most %d are allowed", len(raw.Tenants), MaxTenants)
 	}
@@ -175,7 +193,16 @@ func Parse(data []byte, filename string, opts ...Option) (*Policy, error) {
 			v.fail("tenants."+id, "tenant id must match %s", tenantID)
 			continue
 		}
-		t := v.tenant("tenants."+id, raw.Tenants[id], defaults)
+		rt := raw.Tenants[id]
+		base := effDefaults
+		if rt.Plan != "" {
+			if pl := plans[rt.Plan]; pl != nil {
+				base = pl
+			} else {
+				v.fail("tenants."+id+".plan", "plan %q is not defined under plans%s", rt.Plan, definedPlans(plans))
+			}
+		}
+		t := v.tenant("tenants."+id, rt, base)
 		t.ID = id
 		p.tenants[id] = t
 	}
@@ -206,7 +233,11 @@ func Parse(data []byte, filename string, opts ...Option) (*Policy, error) {
 			}
 		}
 	}
-	v.channels(p, raw.Channels, o.checkChannel, append([]*Tenant{defaults}, tenantsOf(p)...))
+	checked := []*Tenant{defaults}
+	for _, name := range sortedKeys(plans) {
+		checked = append(checked, plans[name])
+	}
+	v.channels(p, raw.Channels, o.checkChannel, append(checked, tenantsOf(p)...))
 	if len(v.problems) > 0 {
 		sort.SliceStable(v.problems, func(i, j int) bool { return v.problems[i].Line < v.problems[j].Line })
 		return nil, &Error{Problems: v.problems}
@@ -276,6 +307,34 @@ func child(n *yaml.Node, key string) *yaml.Node {
 		}
 	}
 	return nil
+}
+
+// plans merges each plan over the defaults, once, whether a tenant takes
+// it or not, so its problems are reported once, at its own lines.
+func (v *validator) plans(raw map[string]rawTenant, defaults *Tenant) map[string]*Tenant {
+	out := make(map[string]*Tenant, len(raw))
+	for _, name := range sortedKeys(raw) {
+		rp := raw[name]
+		path := "plans." + name
+		if !tenantID.MatchString(name) {
+			v.fail(path, "plan name must match %s", tenantID)
+		}
+		if rp.Plan != "" {
+			v.fail(path+".plan", "a plan cannot take another plan")
+			rp.Plan = ""
+		}
+		pl := v.tenant(path, rp, defaults)
+		pl.Plan = name
+		out[name] = pl
+	}
+	return out
+}
+
+func definedPlans(plans map[string]*Tenant) string {
+	if len(plans) == 0 {
+		return " (there is no plans section)"
+	}
+	return " (defined: " + strings.Join(sortedKeys(plans), ", ") + ")"
 }
 
 // tenant merges raw over base and validates the result.
@@ -381,6 +440,7 @@ func (v *validator) tenant(path string, raw rawTenant, base *Tenant) *Tenant {
 		}
 		t.Models[model] = mq
 	}
+	t.Limits = v.limits(path+".limits", raw.Limits, base.Limits, true)
 	t.Breakers.ErrorRatio = v.breaker(path+".breakers.error_ratio", raw.Breakers.ErrorRatio, base.Breakers.ErrorRatio)
 	t.Breakers.SlowCall = v.breaker(path+".breakers.slow_call", raw.Breakers.SlowCall, base.Breakers.SlowCall)
 	return &t

@@ -2,7 +2,8 @@
 // what (tokens per month, day, hour and minute, requests per minute, a
 // currency budget), hard or soft, in which timezone, with which alert tiers,
 // alert channels, gateway fail mode and breaker thresholds, plus the price
-// table that turns tokens into money.
+// table that turns tokens into money, and the admission limits gateways
+// check before each call (see "Limits and plans").
 //
 // The policy is one YAML file (see testdata/example.yaml). Parse reports
 // every problem at once, each with file:line and the field path, so an
@@ -11,19 +12,52 @@
 //
 // # Merging
 //
-// A tenant's settings are laid over the defaults section; a tenant the file
-// does not name gets the defaults as they are. Scalars (timezone, mode,
-// fail_mode, priority, burst_multiplier, max_models, plan) replace the default when
-// set. Lists (alert_tiers, channels) and the budget replace the default
-// whole. Breaker settings and model quotas merge field by field:
-// models.<key> of a tenant starts from the defaults' models.<key> (same
-// key, "*" included) and each limit the tenant writes replaces that limit
-// only, so a tenant that sets just hourly_tokens for "*" keeps the
-// defaults' monthly_tokens and tokens_per_minute for "*". To drop an
-// inherited quota, write it as 0. A model key the defaults do not have
-// starts empty. Each model key stands alone: a tenant's gpt-4o entry does
-// not inherit from its own "*" entry (the "*" quotas apply to the sum of
-// all models anyway).
+// A tenant's settings are laid over its plan's, which are laid over the
+// defaults section: builtin, then defaults, then plans.<plan> (the
+// tenant's plan:, or else the defaults' plan:), then the tenant. A tenant
+// the file does not name gets the defaults (with the defaults' plan, if
+// any). At each layer, scalars (timezone, mode, fail_mode, priority,
+// burst_multiplier, max_models, plan) replace the inherited value when
+// set. Lists (alert_tiers, channels) and the budget replace it whole.
+// Breaker settings, model quotas and limits merge field by field:
+// models.<key> starts from the inherited models.<key> (same key, "*"
+// included) and each quota the layer writes replaces that quota only, so
+// a tenant that sets just hourly_tokens for "*" keeps the inherited
+// monthly_tokens and tokens_per_minute for "*". To drop an inherited
+// quota, write it as 0. A model key nothing inherited has starts empty.
+// Each model key stands alone: a tenant's gpt-4o entry does not inherit
+// from its own "*" entry (the "*" quotas apply to the sum of all models
+// anyway). limits.<name> merges the same way (scope replaces whole; a
+// token_bucket or sliding_window block merges field by field with an
+// inherited block of the same algorithm and replaces one of the other);
+// {disabled: true} drops an inherited limit.
+//
+// # Limits and plans
+//
+// limits (top level) are admission rules no single tenant owns: a
+// platform-wide tokens window, a provider account's requests bucket, a
+// per-user limit across tenants. defaults.limits, plans.<name>.limits and
+// tenants.<id>.limits are a tenant's own rules: every tenant they apply
+// to gets counters of its own (the tenant is implied in the scope). A
+// limit has a scope (global, or any of upstream — a model or a named
+// provider account —, tenant (top level only), model, user, key, endpoint,
+// each a value or "*" for one counter per distinct value), a unit
+// (requests, prompt_tokens, completion_tokens, total_tokens) and one
+// algorithm: token_bucket {rate, per (default 1s), burst} or
+// sliding_window {length, limit}. A bucket without burst gets rate ×
+// burst_multiplier of the tenant it belongs to (1 at top level): that is
+// what burst_multiplier does. exact: true takes no local lease; reserve is
+// the share of the limit only critical and high priority requests may use.
+// AdmissionRules turns the policy into the rules of gateway/admission,
+// adding each tenant's hard tokens_per_minute and requests_per_minute
+// quotas as one-minute sliding windows so that the request path enforces
+// them too.
+//
+// plans are templates: any tenant field (quotas, limits, burst_multiplier,
+// fail_mode, breakers, ...) may appear in a plan, a tenant takes one with
+// plan:, and its own values override the plan's as above. A plan cannot
+// take another plan, and naming a plan the file does not define is an
+// error.
 //
 // # Model cardinality
 //
@@ -91,6 +125,7 @@ const DefaultMaxModels = 500
 type Policy struct {
 	defaults Tenant
 	tenants  map[string]*Tenant
+	limits   map[string]Limit
 	prices   map[string][]Price // by model, ordered by EffectiveFrom
 	channels Channels
 	source   string
@@ -112,7 +147,10 @@ type Tenant struct {
 	MaxModels int
 	Budget    *Budget
 	Models    map[string]ModelQuota
-	Breakers  Breakers
+	// Limits are the tenant's admission limits by name, merged from the
+	// defaults and its plan (see LimitList and Policy.AdmissionRules).
+	Limits   map[string]Limit
+	Breakers Breakers
 }
 
 // Budget is a currency budget per calendar month in the tenant's timezone.

@@ -1,0 +1,201 @@
+package admission
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/platform/itest"
+)
+
+// TestLeasesSpareRedisAndGiveTheRestBack: a busy rule instance is served
+// from a lease most of the time, and once the lease expires Redis holds
+// exactly what was admitted.
+func TestLeasesSpareRedisAndGiveTheRestBack(t *testing.T) {
+	prefix := testPrefix(t)
+	c := testClient(t, "")
+	busy := Rule{Name: "platform-tpm", Unit: TotalTokens, Algorithm: SlidingWindow, Limit: 10_000_000, Window: 10 * time.Minute}
+	l := newTestLimiter(t, c, &Rules{Shared: []Rule{busy}}, WithPrefix(prefix), WithLeaseTTL(300*time.Millisecond))
+	const n = 3000
+	var admitted int64
+	for i := range n {
+		tk := mustAdmit(t, l, Request{Tenant: "acme", Model: "m", PromptTokens: 8, CompletionTokens: 2})
+		if !tk.Allowed() {
+			t.Fatalf("admission %d refused: %+v", i, tk.Decision)
+		}
+		admitted += 10
+		if i == n-1 && (tk.Decision.Tokens.Limit != busy.Limit || tk.Decision.Tokens.Remaining <= 0) {
+			t.Fatalf("tokens headroom on a lease hit: %+v", tk.Decision.Tokens)
+		}
+	}
+	s := l.Stats()
+	t.Logf("%d admissions: %d lease hits, %d Redis round trips", n, s.LeaseHits, s.RedisRoundTrips)
+	if s.LeaseHits < n/2 || s.RedisRoundTrips > n/4 {
+		t.Fatalf("a busy instance should be served by leases: %+v", s)
+	}
+	key := sharedKey(prefix, busy, Scope{})
+	// Leases are debited before they are spent: Redis never holds less
+	// than was admitted.
+	if got := windowUsed(t, c, key); got < admitted {
+		t.Fatalf("Redis holds %d, less than the %d admitted", got, admitted)
+	}
+	itest.Eventually(t, 10*time.Second, "the expired lease's rest back in Redis", func() bool {
+		return windowUsed(t, c, key) == admitted
+	})
+}
+
+// TestExactRuleTakesNoLease: an Exact rule goes to Redis on every admission.
+func TestExactRuleTakesNoLease(t *testing.T) {
+	prefix := testPrefix(t)
+	c := testClient(t, "")
+	money := Rule{Name: "budget", Unit: TotalTokens, Algorithm: SlidingWindow, Limit: 10_000_000, Window: time.Hour, Exact: true}
+	l := newTestLimiter(t, c, &Rules{Shared: []Rule{money}}, WithPrefix(prefix))
+	for range 500 {
+		mustAdmit(t, l, Request{Tenant: "acme", Model: "m", PromptTokens: 10})
+	}
+	if s := l.Stats(); s.LeaseHits != 0 || s.RedisRoundTrips < 500 {
+		t.Fatalf("exact rule: %+v", s)
+	}
+	if got := windowUsed(t, c, sharedKey(prefix, money, Scope{})); got != 5000 {
+		t.Fatalf("Redis holds %d, want exactly the 5000 admitted", got)
+	}
+}
+
+// TestCloseReturnsLeases: a gateway that shuts down gives its leases back.
+func TestCloseReturnsLeases(t *testing.T) {
+	prefix := testPrefix(t)
+	c := testClient(t, "")
+	busy := Rule{Name: "rps", Unit: Requests, Algorithm: TokenBucket, Limit: 1_000_000, Rate: 1}
+	l, err := New(c, &Rules{Shared: []Rule{busy}}, WithPrefix(prefix), WithMaxWait(2*time.Second), WithLeaseTTL(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2000 {
+		mustAdmit(t, l, Request{Tenant: "a", Model: "m"})
+	}
+	if l.Stats().LeaseHits == 0 {
+		t.Fatal("no lease was taken")
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	tokens, err := c.HGet(context.Background(), sharedKey(prefix, busy, Scope{}), "t").Float64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 2000 admitted; the refill (1/s) may have added a few.
+	if tokens < 1_000_000-2000 || tokens > 1_000_000-2000+60 {
+		t.Fatalf("bucket holds %v after Close, want about %d", tokens, 1_000_000-2000)
+	}
+}
+
+// TestSlotGroupsRefundOnPartialRefusal plays Redis Cluster's case on one
+// Redis: the rules of a request live in different slots, so each slot group
+// is its own script call; when one group refuses, the groups that debited
+// are refunded and the request is refused. Settlement then carries one
+// marker per group, so a retry is applied once in every slot.
+func TestSlotGroupsRefundOnPartialRefusal(t *testing.T) {
+	prefix := testPrefix(t)
+	c := testClient(t, "")
+	a := window("a-tokens", TotalTokens, 1_000_000, time.Hour)
+	b := Rule{Name: "b-bucket", Unit: PromptTokens, Algorithm: TokenBucket, Limit: 1_000_000, Rate: 0.001, Exact: true}
+	z := window("z-requests", Requests, 2, time.Hour)
+	l := newTestLimiter(t, c, &Rules{Shared: []Rule{a, b, z}}, WithPrefix(prefix))
+	l.cluster = true // group by slot as on a Cluster
+	ka, kb, kz := sharedKey(prefix, a, Scope{}), sharedKey(prefix, b, Scope{}), sharedKey(prefix, z, Scope{})
+	if keySlot(ka) == keySlot(kz) || keySlot(kb) == keySlot(kz) {
+		t.Fatalf("the test needs rules in different slots: %d %d %d", keySlot(ka), keySlot(kb), keySlot(kz))
+	}
+	req := Request{ID: "r1", Tenant: "t", Model: "m", PromptTokens: 100, CompletionTokens: 50}
+	tk := mustAdmit(t, l, req)
+	mustAdmit(t, l, Request{ID: "r2", Tenant: "t", Model: "m", PromptTokens: 100, CompletionTokens: 50})
+	if got := windowUsed(t, c, ka); got != 300 {
+		t.Fatalf("a after two admissions: %d", got)
+	}
+	d := mustAdmit(t, l, Request{Tenant: "t", Model: "m", PromptTokens: 100, CompletionTokens: 50}).Decision
+	if d.Allowed || d.Rule != "z-requests" {
+		t.Fatalf("third admission: %+v, want z-requests to refuse", d)
+	}
+	if got := windowUsed(t, c, ka); got != 300 {
+		t.Fatalf("a holds %d after a refusal in another slot, want 300 (refunded)", got)
+	}
+	tokens, _ := c.HGet(context.Background(), kb, "t").Float64()
+	if tokens < 1_000_000-200-1 || tokens > 1_000_000-200+1 {
+		t.Fatalf("b holds %v after a refusal in another slot, want about %d", tokens, 1_000_000-200)
+	}
+	copyOfTicket := tk
+	for _, s := range []*Ticket{&tk, &copyOfTicket} {
+		if err := s.Settle(context.Background(), Usage{PromptTokens: 40, CompletionTokens: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := windowUsed(t, c, ka); got != 200 {
+		t.Fatalf("a after settling (twice) 150 -> 50: %d, want 200", got)
+	}
+	tokens, _ = c.HGet(context.Background(), kb, "t").Float64()
+	if tokens < 1_000_000-140-1 || tokens > 1_000_000-140+1 {
+		t.Fatalf("b after settling (twice) 100 -> 40 prompt tokens: %v, want about %d", tokens, 1_000_000-140)
+	}
+}
+
+// TestRefusalCacheSparesRedis: right after Redis refused a request, one at
+// least as large is refused from memory; a smaller one still asks Redis.
+func TestRefusalCacheSparesRedis(t *testing.T) {
+	prefix := testPrefix(t)
+	c := testClient(t, "")
+	tpm := window("tpm", TotalTokens, 100, time.Hour)
+	l := newTestLimiter(t, c, &Rules{Default: TenantRules{Rules: []Rule{tpm}}}, WithPrefix(prefix), WithRefusalCache(time.Minute))
+	req := func(n int64) Decision {
+		return mustAdmit(t, l, Request{Tenant: "acme", Model: "m", PromptTokens: n}).Decision
+	}
+	if d := req(90); !d.Allowed {
+		t.Fatalf("90 of 100: %+v", d)
+	}
+	if d := req(50); d.Allowed || d.Path != PathRedis {
+		t.Fatalf("50 more: %+v, want Redis to refuse", d)
+	}
+	trips := l.Stats().RedisRoundTrips
+	if d := req(60); d.Allowed || d.Path != PathCached || d.Rule != "tpm" || d.RetryAfter <= 0 {
+		t.Fatalf("60 more right after: %+v, want a refusal from memory", d)
+	}
+	if got := l.Stats().RedisRoundTrips; got != trips {
+		t.Fatalf("a cached refusal cost %d round trips", got-trips)
+	}
+	if d := req(5); !d.Allowed || d.Path != PathRedis {
+		t.Fatalf("5 more (smaller than the refused 50): %+v, want Redis to admit", d)
+	}
+}
+
+// TestSetRulesReturnsLeasesAndKeepsCounters: a policy reload hands the
+// old rules' leases back, and a rule whose identity did not change keeps
+// counting in the same Redis key.
+func TestSetRulesReturnsLeasesAndKeepsCounters(t *testing.T) {
+	prefix := testPrefix(t)
+	c := testClient(t, "")
+	busy := Rule{Name: "platform-tpm", Unit: TotalTokens, Algorithm: SlidingWindow, Limit: 10_000_000, Window: 10 * time.Minute}
+	l := newTestLimiter(t, c, &Rules{Shared: []Rule{busy}}, WithPrefix(prefix), WithLeaseTTL(time.Hour))
+	var admitted int64
+	for range 3000 {
+		mustAdmit(t, l, Request{Tenant: "acme", Model: "m", PromptTokens: 10})
+		admitted += 10
+	}
+	if l.Stats().LeaseHits == 0 {
+		t.Fatal("no lease was taken")
+	}
+	key := sharedKey(prefix, busy, Scope{})
+	raised := busy
+	raised.Limit = 20_000_000
+	if err := l.SetRules(&Rules{Shared: []Rule{raised}}); err != nil {
+		t.Fatal(err)
+	}
+	itest.Eventually(t, 10*time.Second, "the old rules' lease back in Redis", func() bool {
+		return windowUsed(t, c, key) == admitted
+	})
+	d := mustAdmit(t, l, Request{Tenant: "acme", Model: "m", PromptTokens: 10}).Decision
+	if !d.Allowed || d.Tokens.Limit != 20_000_000 {
+		t.Fatalf("after the reload: %+v", d)
+	}
+	if got := windowUsed(t, c, key); got < admitted+10 {
+		t.Fatalf("the same rule counts on in its key: %d, want at least %d", got, admitted+10)
+	}
+}

@@ -1,0 +1,127 @@
+package admission
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the Limiter's Prometheus series. Rule labels carry the rule
+// name only (never a user, key or tenant value), so their number is the
+// number of rules in the policy.
+type metrics struct {
+	c           counters
+	byRule      *prometheus.CounterVec // rule, result
+	duration    *prometheus.HistogramVec
+	leases      *prometheus.CounterVec // event: taken, returned
+	leaseUnits  *prometheus.CounterVec // event
+	failMode    *prometheus.CounterVec // mode, result
+	redisErrors prometheus.Counter
+	settles     *prometheus.CounterVec // result
+	reconciled  prometheus.Counter
+	dropped     prometheus.Counter
+
+	durLease, durRedis, durOther prometheus.Observer
+
+	mu    sync.Mutex
+	rules map[string]*ruleMetrics
+}
+
+type ruleMetrics struct{ allowed, refused prometheus.Counter }
+
+// counters are plain atomics that the hot path adds to once each, read
+// by Stats and, at scrape time, by countersCollector.
+type counters struct {
+	// leaseHits are allowed admissions decided from leases; allowed the
+	// other allowed ones.
+	leaseHits, allowed, refused, unavailable atomic.Int64
+	roundTrips, failOpen                     atomic.Int64
+}
+
+var (
+	requestsDesc = prometheus.NewDesc("sluice_admission_requests_total",
+		"Admission decisions by result: allowed, refused (a rule said no), unavailable (Redis unreachable and the tenant fails closed).",
+		[]string{"result"}, nil)
+	roundTripsDesc = prometheus.NewDesc("sluice_admission_redis_roundtrips_total",
+		"Redis round trips (a pipeline counts once): admissions, renewals, settlements, lease returns, reconciliation, probes.", nil, nil)
+)
+
+type countersCollector struct{ c *counters }
+
+func (cc countersCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- requestsDesc
+	ch <- roundTripsDesc
+}
+
+func (cc countersCollector) Collect(ch chan<- prometheus.Metric) {
+	c := cc.c
+	ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(c.allowed.Load()+c.leaseHits.Load()), "allowed")
+	ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(c.refused.Load()), "refused")
+	ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(c.unavailable.Load()), "unavailable")
+	ch <- prometheus.MustNewConstMetric(roundTripsDesc, prometheus.CounterValue, float64(c.roundTrips.Load()))
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		byRule: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_admission_rule_decisions_total",
+			Help: "Per rule: requests it admitted (allowed) and requests it refused (refused).",
+		}, []string{"rule", "result"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sluice_admission_duration_seconds",
+			Help:    "Time Admit took, by path: lease (memory only), redis (one round trip), other (cached refusal, fail mode, no rule).",
+			Buckets: []float64{1e-7, 2.5e-7, 1e-6, 1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2},
+		}, []string{"path"}),
+		leases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_admission_leases_total",
+			Help: "Local leases taken from Redis and returned to it (their unused rest).",
+		}, []string{"event"}),
+		leaseUnits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_admission_lease_units_total",
+			Help: "Units (requests or tokens) taken as leases and returned unused.",
+		}, []string{"event"}),
+		failMode: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_admission_fail_mode_decisions_total",
+			Help: "Decisions made while Redis was unreachable, by the tenant's fail mode and the result.",
+		}, []string{"mode", "result"}),
+		redisErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_admission_redis_errors_total",
+			Help: "Redis calls that failed or exceeded the wait bound.",
+		}),
+		settles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_admission_settlements_total",
+			Help: "Ticket settlements: applied, duplicate (a retry Redis had already applied), deferred (Redis unreachable; applied when it is back).",
+		}, []string{"result"}),
+		reconciled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_admission_reconciled_units_total",
+			Help: "Units debited locally while Redis was unreachable and sent to Redis once it was back.",
+		}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_admission_reconcile_dropped_total",
+			Help: "Corrections dropped because the pending queue was full (WithMaxPending).",
+		}),
+		rules: map[string]*ruleMetrics{},
+	}
+	m.durLease = m.duration.WithLabelValues("lease")
+	m.durRedis = m.duration.WithLabelValues("redis")
+	m.durOther = m.duration.WithLabelValues("other")
+	if reg != nil {
+		for _, c := range []prometheus.Collector{countersCollector{&m.c}, m.byRule, m.duration, m.leases, m.leaseUnits, m.failMode,
+			m.redisErrors, m.settles, m.reconciled, m.dropped} {
+			reg.MustRegister(c)
+		}
+	}
+	return m
+}
+
+func (m *metrics) rule(name string) *ruleMetrics {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r, ok := m.rules[name]; ok {
+		return r
+	}
+	r := &ruleMetrics{allowed: m.byRule.WithLabelValues(name, "allowed"), refused: m.byRule.WithLabelValues(name, "refused")}
+	m.rules[name] = r
+	return r
+}

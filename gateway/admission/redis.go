@@ -1,0 +1,502 @@
+package admission
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The scripts every Sluice SDK runs; see "Scripts" in the package doc.
+var (
+	//go:embed scripts/admit.lua
+	AdmitScript string
+	//go:embed scripts/adjust.lua
+	AdjustScript string
+
+	admitScript  = redis.NewScript(AdmitScript)
+	adjustScript = redis.NewScript(AdjustScript)
+)
+
+// maxKeysPerCall bounds the instances one background adjust call carries,
+// and the renewals one background round trip carries.
+const maxKeysPerCall = 64
+
+// renewQueue bounds the background renewals waiting; when it is full a
+// lease is renewed by the admission that finds it empty.
+const renewQueue = 1024
+
+// scriptCall is one EVALSHA: its keys and arguments, and the set positions
+// of the instances it carries (admissions).
+type scriptCall struct {
+	slot uint16
+	keys []string
+	args []any
+	idx  []int
+}
+
+// runScripts runs calls of one script in one round trip: a single call with
+// EVALSHA falling back to EVAL, several in a pipeline (on a Cluster client
+// the pipeline goes to each node in parallel) with the calls that met
+// NOSCRIPT sent again with EVAL.
+func (l *Limiter) runScripts(ctx context.Context, s *redis.Script, calls []scriptCall) ([]*redis.Cmd, error) {
+	l.m.c.roundTrips.Add(1)
+	if len(calls) == 1 {
+		c := s.Run(ctx, l.client, calls[0].keys, calls[0].args...)
+		return []*redis.Cmd{c}, c.Err()
+	}
+	cmds := make([]*redis.Cmd, len(calls))
+	_, err := l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, c := range calls {
+			cmds[i] = s.EvalSha(ctx, p, c.keys, c.args...)
+		}
+		return nil
+	})
+	if err == nil {
+		return cmds, nil
+	}
+	var retry []int
+	for i, c := range cmds {
+		if e := c.Err(); e != nil {
+			if !isNoScript(e) {
+				return cmds, e
+			}
+			retry = append(retry, i)
+		}
+	}
+	l.m.c.roundTrips.Add(1)
+	_, err = l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, i := range retry {
+			cmds[i] = s.Eval(ctx, p, calls[i].keys, calls[i].args...)
+		}
+		return nil
+	})
+	return cmds, err
+}
+
+func isNoScript(err error) bool {
+	return errors.Is(err, redis.ErrNoScript) || strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+// group returns the call for slot, adding it; on a standalone Redis every
+// instance goes into one call.
+func (l *Limiter) group(calls []scriptCall, slot uint16, head []any) ([]scriptCall, *scriptCall) {
+	if !l.cluster {
+		slot = 0
+	}
+	for i := range calls {
+		if calls[i].slot == slot {
+			return calls, &calls[i]
+		}
+	}
+	calls = append(calls, scriptCall{slot: slot, args: append([]any(nil), head...)})
+	return calls, &calls[len(calls)-1]
+}
+
+type admitResult struct {
+	refused        int // set position of the refusing instance, -1 if none
+	avail, retryMs int64
+	nowMs          int64
+}
+
+// admitRedis runs admit.lua for every instance not covered by a lease.
+func (l *Limiter) admitRedis(ctx context.Context, t *Ticket, req *Request, leased uint64, now int64) (admitResult, error) {
+	set := t.set
+	var calls []scriptCall
+	var renewing []*instance
+	defer func() {
+		for _, in := range renewing {
+			in.renewing.Store(false)
+		}
+	}()
+	needs := make([]int64, len(set.insts))
+	for i, in := range set.insts {
+		if leased&(1<<uint(i)) != 0 {
+			continue
+		}
+		nd := need(in.r.Unit, req.PromptTokens, req.CompletionTokens)
+		needs[i] = nd
+		var want int64
+		if in.r.maxLease > 0 && !in.transient && in.renewing.CompareAndSwap(false, true) {
+			renewing = append(renewing, in)
+			want = in.leaseWant(l, nd, now)
+		}
+		var c *scriptCall
+		calls, c = l.group(calls, in.slot, []any{0})
+		c.keys = append(c.keys, in.key)
+		c.args = append(c.args, in.r.kind, in.r.argLimit, in.r.argRate, in.r.argGran, nd, want, in.r.floor(req.Priority))
+		c.idx = append(c.idx, i)
+	}
+	for i := range calls {
+		calls[i].args[0] = len(calls[i].keys)
+	}
+	wctx, cancel := context.WithTimeout(ctx, l.o.maxWait)
+	defer cancel()
+	cmds, err := l.runScripts(wctx, admitScript, calls)
+	if err != nil {
+		return admitResult{}, err
+	}
+	res := admitResult{refused: -1}
+	replies := make([][]int64, len(calls))
+	for ci, cmd := range cmds {
+		r, err := cmd.Int64Slice()
+		if err != nil {
+			return admitResult{}, err
+		}
+		if len(r) < 2 || (r[0] == 1 && len(r) != 2+3*len(calls[ci].idx)) || (r[0] == 0 && len(r) != 5) {
+			return admitResult{}, fmt.Errorf("admit.lua replied %v", r)
+		}
+		replies[ci] = r
+		if res.nowMs == 0 {
+			res.nowMs = r[1]
+		}
+		if r[0] == 0 {
+			pos := calls[ci].idx[r[2]-1]
+			if res.refused < 0 || pos < res.refused {
+				res.refused, res.avail, res.retryMs = pos, r[3], r[4]
+			}
+		}
+	}
+	if res.refused >= 0 {
+		// On a Cluster, calls to other slots may have debited: refund them.
+		var back []adjustment
+		for ci, r := range replies {
+			if r[0] != 1 {
+				continue
+			}
+			for j, pos := range calls[ci].idx {
+				in := set.insts[pos]
+				at := int64(-1)
+				if in.r.gran > 0 {
+					at = r[1] / in.r.gran
+				}
+				back = append(back, adjustment{in: in, at: at, delta: -(needs[pos] + r[3+3*j])})
+			}
+		}
+		if len(back) > 0 {
+			if err := l.adjust(wctx, back); err != nil {
+				for _, a := range back {
+					l.pend.add(l, a.in, a.delta, a.at)
+				}
+			}
+		}
+		return res, nil
+	}
+	for ci, r := range replies {
+		for j, pos := range calls[ci].idx {
+			in := set.insts[pos]
+			in.noteReply(r[2+3*j], r[4+3*j], now)
+			if g := r[3+3*j]; g > 0 {
+				in.addLease(l, g, r[1], now)
+			}
+		}
+	}
+	return res, nil
+}
+
+// adjust runs adjust.lua without a marker for a batch of corrections.
+func (l *Limiter) adjust(ctx context.Context, list []adjustment) error {
+	var calls []scriptCall
+	for _, a := range list {
+		if a.delta == 0 {
+			continue
+		}
+		slot := a.in.slot
+		if !l.cluster {
+			slot = 0
+		}
+		// Find an open call for the slot with room left.
+		var c *scriptCall
+		for i := range calls {
+			if calls[i].slot == slot && len(calls[i].keys) < maxKeysPerCall {
+				c = &calls[i]
+				break
+			}
+		}
+		if c == nil {
+			calls = append(calls, scriptCall{slot: slot, args: []any{0, 0}})
+			c = &calls[len(calls)-1]
+		}
+		r := a.in.r
+		c.keys = append(c.keys, a.in.key)
+		c.args = append(c.args, r.kind, r.argLimit, r.argRate, r.argGran, a.delta, a.at)
+	}
+	if len(calls) == 0 {
+		return nil
+	}
+	for i := range calls {
+		calls[i].args[1] = len(calls[i].keys)
+	}
+	_, err := l.runScripts(ctx, adjustScript, calls)
+	return err
+}
+
+// settleRedis applies a ticket's corrections with the request id as marker,
+// one marker per slot group, so a retry applies nothing twice.
+func (l *Limiter) settleRedis(ctx context.Context, id string, list []adjustment) error {
+	var calls []scriptCall
+	ttl := l.o.settleTTL.Milliseconds()
+	for _, a := range list {
+		var c *scriptCall
+		calls, c = l.group(calls, a.in.slot, []any{ttl, 0})
+		if len(c.keys) == 0 {
+			// The marker shares the hash tag of the group's first key.
+			c.keys = append(c.keys, a.in.key+":settled:"+id)
+		}
+		r := a.in.r
+		c.keys = append(c.keys, a.in.key)
+		c.args = append(c.args, r.kind, r.argLimit, r.argRate, r.argGran, a.delta, a.at)
+	}
+	for i := range calls {
+		calls[i].args[1] = len(calls[i].keys) - 1
+	}
+	wctx, cancel := context.WithTimeout(ctx, l.o.maxWait)
+	defer cancel()
+	cmds, err := l.runScripts(wctx, adjustScript, calls)
+	if err != nil {
+		return err
+	}
+	for _, c := range cmds {
+		if v, _ := c.Int64(); v == 1 {
+			l.m.settles.WithLabelValues("applied").Inc()
+		} else {
+			l.m.settles.WithLabelValues("duplicate").Inc()
+		}
+	}
+	return nil
+}
+
+// renewSoon asks the renewer to top up in's lease before it runs out, so
+// that a busy instance's admissions never wait for a renewal.
+func (l *Limiter) renewSoon(in *instance) {
+	if l.down.Load() || !in.renewing.CompareAndSwap(false, true) {
+		return
+	}
+	select {
+	case l.renewQ <- in:
+	default:
+		in.renewing.Store(false)
+	}
+}
+
+// renewer tops up leases in the background, batching the renewals that
+// are waiting into one pipelined round trip.
+func (l *Limiter) renewer() {
+	defer close(l.renewDone)
+	batch := make([]*instance, 0, maxKeysPerCall)
+	for {
+		select {
+		case <-l.stop:
+			return
+		case in := <-l.renewQ:
+			batch = append(batch[:0], in)
+		}
+	fill:
+		for len(batch) < maxKeysPerCall {
+			select {
+			case in := <-l.renewQ:
+				batch = append(batch, in)
+			default:
+				break fill
+			}
+		}
+		l.renew(batch)
+	}
+}
+
+// renew asks Redis for a lease for each instance, each in a call of its
+// own (need 0), so one rule at its limit does not hold back the others.
+func (l *Limiter) renew(batch []*instance) {
+	now := l.now()
+	calls := make([]scriptCall, 0, len(batch))
+	ins := make([]*instance, 0, len(batch))
+	for _, in := range batch {
+		want := int64(0)
+		if !l.down.Load() {
+			want = in.leaseWant(l, 1, now)
+		}
+		if want == 0 {
+			in.renewing.Store(false)
+			continue
+		}
+		r := in.r
+		calls = append(calls, scriptCall{slot: in.slot, keys: []string{in.key}, args: []any{1, r.kind, r.argLimit, r.argRate, r.argGran, 0, want, 0}})
+		ins = append(ins, in)
+	}
+	defer func() {
+		for _, in := range ins {
+			in.renewing.Store(false)
+		}
+	}()
+	if len(calls) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.o.maxWait)
+	defer cancel()
+	cmds, err := l.runScripts(ctx, admitScript, calls)
+	if err != nil {
+		l.markDown(err)
+		return
+	}
+	for i, c := range cmds {
+		r, err := c.Int64Slice()
+		if err != nil || len(r) != 5 || r[0] != 1 {
+			continue // no room: the next admission finds out from Redis
+		}
+		in := ins[i]
+		in.noteReply(r[2], r[4], now)
+		if r[3] > 0 {
+			in.addLease(l, r[3], r[1], now)
+		}
+	}
+}
+
+// probe asks Redis whether it is back, within the wait bound.
+func (l *Limiter) probe(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, l.o.maxWait)
+	defer cancel()
+	l.m.c.roundTrips.Add(1)
+	return l.client.Ping(ctx).Err()
+}
+
+// run is the background work: probing an unreachable Redis, sending
+// pending corrections, returning expired leases, forgetting idle instances.
+func (l *Limiter) run() {
+	defer close(l.done)
+	tick := time.NewTicker(l.o.probe)
+	defer tick.Stop()
+	lastSweep := l.now()
+	for {
+		select {
+		case <-l.stop:
+			// No renewal may land after the leases are returned.
+			<-l.renewDone
+			l.shutdown()
+			return
+		case <-tick.C:
+		case <-l.kick:
+		}
+		ctx := context.Background()
+		now := l.now()
+		l.coarse.Store(now)
+		l.expireLeases(now, false)
+		if l.down.Load() {
+			if err := l.probe(ctx); err != nil {
+				continue
+			}
+		}
+		if err := l.flushPending(ctx); err != nil {
+			l.markDown(err)
+			continue
+		}
+		if l.down.CompareAndSwap(true, false) {
+			l.o.log.Info("admission: Redis is back; local debits reconciled")
+		}
+		if now-lastSweep > int64(l.o.idle)/4 {
+			l.sweep(now)
+			lastSweep = now
+		}
+	}
+}
+
+func (l *Limiter) flushPending(ctx context.Context) error {
+	if l.pend.len() == 0 {
+		return nil
+	}
+	// Off the request path: a batch may take longer than one admission.
+	ctx, cancel := context.WithTimeout(ctx, max(l.o.maxWait, time.Second))
+	defer cancel()
+	return l.pend.flush(ctx, l)
+}
+
+// expireLeases returns the rests of expired leases (all of them if force).
+func (l *Limiter) expireLeases(now int64, force bool) {
+	l.leasedMu.Lock()
+	list := make([]*instance, 0, len(l.leased))
+	for in := range l.leased {
+		list = append(list, in)
+	}
+	l.leasedMu.Unlock()
+	for _, in := range list {
+		if !in.expireLease(l, now, force) {
+			l.leasedMu.Lock()
+			in.mu.Lock()
+			if !in.inLeased {
+				delete(l.leased, in)
+			}
+			in.mu.Unlock()
+			l.leasedMu.Unlock()
+		}
+	}
+}
+
+// sweep forgets request shapes and instances unused for the idle TTL.
+func (l *Limiter) sweep(now int64) {
+	g := l.gen.Load()
+	cut := now - int64(l.o.idle)
+	for i := range g.sets {
+		sh := &g.sets[i]
+		sh.mu.Lock()
+		for h, s := range sh.m {
+			var keep *matchSet
+			for s != nil {
+				next := s.next
+				if s.lastUsed.Load() < cut {
+					g.nsets.Add(-1)
+					l.unref(g, s)
+				} else {
+					s.next, keep = keep, s
+				}
+				s = next
+			}
+			if keep == nil {
+				delete(sh.m, h)
+			} else {
+				sh.m[h] = keep
+			}
+		}
+		sh.mu.Unlock()
+	}
+	var gone []*instance
+	g.imu.Lock()
+	for k, in := range g.insts {
+		if in.refs <= 0 && in.lastUsed.Load() < cut {
+			delete(g.insts, k)
+			gone = append(gone, in)
+		}
+	}
+	g.imu.Unlock()
+	for _, in := range gone {
+		in.retire(l)
+	}
+}
+
+// retireAll sends what a replaced generation's instances hold to Redis.
+func (l *Limiter) retireAll(g *generation) {
+	g.imu.Lock()
+	list := make([]*instance, 0, len(g.insts))
+	for _, in := range g.insts {
+		list = append(list, in)
+	}
+	g.imu.Unlock()
+	for _, in := range list {
+		in.retire(l)
+	}
+	l.wake()
+}
+
+// shutdown returns every lease and flushes, trying for a few seconds.
+func (l *Limiter) shutdown() {
+	l.expireLeases(l.now(), true)
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if err := l.flushPending(context.Background()); err == nil {
+			return
+		}
+		time.Sleep(l.o.probe)
+	}
+}

@@ -1,0 +1,149 @@
+package admission
+
+import "time"
+
+// Priority orders requests when a rule keeps a reserve (Rule.Reserve):
+// critical and high requests may use it, normal and low ones may not.
+type Priority uint8
+
+// The priorities; the zero value is Normal.
+const (
+	Normal Priority = iota
+	Critical
+	High
+	Low
+)
+
+// ParsePriority maps the usage event's priority names; anything else is
+// Normal.
+func ParsePriority(s string) Priority {
+	switch s {
+	case "critical":
+		return Critical
+	case "high":
+		return High
+	case "low":
+		return Low
+	}
+	return Normal
+}
+
+// Request is what admission needs to know about one call before it is made.
+type Request struct {
+	// ID makes settlement idempotent: use the usage event's id. When empty,
+	// Admit makes one up if the ticket needs Redis to settle.
+	ID       string
+	Tenant   string
+	Model    string
+	User     string
+	Key      string // API key id
+	Endpoint string
+	// Upstream is the provider account (or deployment) the call goes to;
+	// empty means the model.
+	Upstream string
+	Priority Priority
+	// PromptTokens and CompletionTokens are the estimates debited now and
+	// corrected by Ticket.Settle.
+	PromptTokens     int64
+	CompletionTokens int64
+}
+
+func (r *Request) upstream() string {
+	if r.Upstream != "" {
+		return r.Upstream
+	}
+	return r.Model
+}
+
+// Usage is what a call really spent.
+type Usage struct {
+	PromptTokens     int64
+	CompletionTokens int64
+}
+
+// actual returns the units a call that spent u counts against unit.
+func (u Usage) actual(unit Unit) int64 {
+	switch unit {
+	case Requests:
+		return 1
+	case PromptTokens:
+		return u.PromptTokens
+	case CompletionTokens:
+		return u.CompletionTokens
+	}
+	return u.PromptTokens + u.CompletionTokens
+}
+
+// Path says how a decision was reached.
+type Path uint8
+
+// The paths.
+const (
+	// PathNone: no rule applies to the request.
+	PathNone Path = iota
+	// PathLease: every rule was decided from this gateway's leases, with
+	// no network call.
+	PathLease
+	// PathRedis: at least one rule was decided by Redis in this call.
+	PathRedis
+	// PathCached: refused from memory because Redis refused the same rule
+	// instance moments ago (see WithRefusalCache).
+	PathCached
+	// PathLocal: Redis was unreachable and the tenant fails open; the local
+	// limiter decided.
+	PathLocal
+	// PathUnavailable: Redis was unreachable and the tenant fails closed.
+	PathUnavailable
+)
+
+var pathNames = [...]string{"none", "lease", "redis", "cached", "local", "unavailable"}
+
+func (p Path) String() string {
+	if int(p) < len(pathNames) {
+		return pathNames[p]
+	}
+	return "unknown"
+}
+
+// Headroom is what one rule has left, for the rate-limit headers.
+type Headroom struct {
+	// Limit is the rule's limit (a bucket's burst); 0 means no rule of this
+	// kind applied.
+	Limit     int64
+	Remaining int64
+	// Reset is the time until the rule is back to its full limit.
+	Reset time.Duration
+}
+
+// Decision is the outcome of Admit.
+type Decision struct {
+	Allowed bool
+	Path    Path
+	// Rule names the refusing rule (empty when Allowed, and when the tenant
+	// fails closed because Redis is unreachable). Scope holds the values of
+	// the refusing instance.
+	Rule      string
+	Scope     Scope
+	Unit      Unit
+	Algorithm Algorithm
+	// Limit, Window and Rate are the refusing rule's.
+	Limit  int64
+	Window time.Duration
+	Rate   float64
+	// Requested is what the request asked of the rule, Available what the
+	// rule had for it.
+	Requested int64
+	Available int64
+	// RetryAfter is when the request would fit; 0 with Never false means
+	// unknown.
+	RetryAfter time.Duration
+	// Never is set when the request can never fit the rule (it asks more
+	// than the limit).
+	Never bool
+	// Cause is why Redis could not decide (PathLocal, PathUnavailable).
+	Cause error
+	// Requests and Tokens describe the tightest request-counting and
+	// token-counting rules that applied, for the x-ratelimit-* headers.
+	Requests Headroom
+	Tokens   Headroom
+}

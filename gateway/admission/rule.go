@@ -1,0 +1,389 @@
+package admission
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// Unit is what a rule counts.
+type Unit uint8
+
+// The units. A request debits 1 request, its estimated prompt tokens, its
+// estimated completion tokens, or both (total tokens) from every rule that
+// applies to it.
+const (
+	Requests Unit = iota + 1
+	PromptTokens
+	CompletionTokens
+	TotalTokens
+)
+
+var unitNames = [...]string{"", "requests", "prompt_tokens", "completion_tokens", "total_tokens"}
+
+func (u Unit) String() string {
+	if int(u) < len(unitNames) && u > 0 {
+		return unitNames[u]
+	}
+	return fmt.Sprintf("unit(%d)", u)
+}
+
+// ParseUnit is the inverse of Unit.String.
+func ParseUnit(s string) (Unit, bool) {
+	for i, n := range unitNames {
+		if i > 0 && n == s {
+			return Unit(i), true
+		}
+	}
+	return 0, false
+}
+
+// Tokens reports whether u counts tokens (for the -tokens rate-limit headers).
+func (u Unit) Tokens() bool { return u == PromptTokens || u == CompletionTokens || u == TotalTokens }
+
+// Algorithm is how a rule spreads its limit over time.
+type Algorithm uint8
+
+// The algorithms.
+const (
+	// TokenBucket starts full at Limit (the burst) and refills at Rate
+	// units per second up to Limit.
+	TokenBucket Algorithm = iota + 1
+	// SlidingWindow admits at most Limit units in any Window; see the
+	// package documentation for its granules.
+	SlidingWindow
+)
+
+func (a Algorithm) String() string {
+	switch a {
+	case TokenBucket:
+		return "token_bucket"
+	case SlidingWindow:
+		return "sliding_window"
+	}
+	return fmt.Sprintf("algorithm(%d)", a)
+}
+
+// Each as a Scope dimension gives the rule one counter per distinct value of
+// that dimension ("per user"); any other value restricts the rule to requests
+// with that value and an empty one leaves the dimension out of the scope.
+const Each = "*"
+
+// Scope says which requests a rule counts together. A dimension left empty
+// is not part of the scope; a scope with every dimension empty is global
+// (one counter for all requests).
+//
+// In a Decision, Scope holds the values of the refusing rule instance: the
+// rule's fixed values and the request's values for its Each dimensions.
+type Scope struct {
+	// Upstream is the provider account or model the request goes to; a
+	// Request without one counts as going to its model.
+	Upstream string
+	Tenant   string
+	Model    string
+	User     string
+	// Key is the API key id.
+	Key      string
+	Endpoint string
+}
+
+// dims lists the dimensions in their fixed order (the order of instance
+// keys and messages), with their short names.
+func (s *Scope) dims() [6]struct {
+	name string
+	v    *string
+} {
+	return [6]struct {
+		name string
+		v    *string
+	}{{"upstream", &s.Upstream}, {"tenant", &s.Tenant}, {"model", &s.Model}, {"user", &s.User}, {"key", &s.Key}, {"endpoint", &s.Endpoint}}
+}
+
+// Global reports whether the scope has no dimension.
+func (s Scope) Global() bool { return s == Scope{} }
+
+// String renders the scope as "tenant=acme, user=bob", or "global".
+func (s Scope) String() string {
+	var b strings.Builder
+	for _, d := range s.dims() {
+		if *d.v == "" {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(d.name)
+		b.WriteByte('=')
+		b.WriteString(*d.v)
+	}
+	if b.Len() == 0 {
+		return "global"
+	}
+	return b.String()
+}
+
+// Rule is one admission limit.
+type Rule struct {
+	// Name identifies the rule in decisions, metrics and Redis keys; it is
+	// unique among the shared rules and among one tenant's rules.
+	Name  string
+	Scope Scope
+	Unit  Unit
+	// Algorithm is TokenBucket or SlidingWindow.
+	Algorithm Algorithm
+	// Limit is a window's most units per Window, or a bucket's burst (its
+	// capacity). 0 refuses every request the rule applies to.
+	Limit int64
+	// Window is a sliding window's length.
+	Window time.Duration
+	// Rate is a bucket's refill in units per second.
+	Rate float64
+	// Exact disables local leases for the rule: every admission it applies
+	// to is decided by Redis. Use it for low limits and for money.
+	Exact bool
+	// Reserve is the fraction of Limit that only critical and high
+	// priority requests may use (0 ≤ Reserve ≤ MaxReserve).
+	Reserve float64
+}
+
+// Limits on rule values, each named in the error that enforces it.
+const (
+	MaxLimit     = int64(1) << 50
+	MaxWindow    = 31 * 24 * time.Hour
+	MinWindow    = time.Millisecond
+	MaxRate      = 1e12
+	MaxReserve   = 0.9
+	MaxNameBytes = 128
+	MaxValueLen  = 256
+	// MaxRulesPerRequest bounds the rules that may apply to one request.
+	MaxRulesPerRequest = 64
+	// Granules is how many granules a sliding window is cut into.
+	Granules = 60
+)
+
+// Validate reports what is wrong with r, naming the field and the limit.
+func (r *Rule) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("rule %q: %s: %s", r.Name, field, fmt.Sprintf(format, args...)))
+	}
+	if r.Name == "" || len(r.Name) > MaxNameBytes {
+		bad("name", "must be 1..%d bytes", MaxNameBytes)
+	}
+	if r.Unit < Requests || r.Unit > TotalTokens {
+		bad("unit", "must be requests, prompt_tokens, completion_tokens or total_tokens")
+	}
+	if r.Limit < 0 || r.Limit > MaxLimit {
+		bad("limit", "%d is outside 0..%d", r.Limit, MaxLimit)
+	}
+	switch r.Algorithm {
+	case TokenBucket:
+		if !(r.Rate > 0 && r.Rate <= MaxRate) {
+			bad("rate", "%v is outside (0, %g] units per second", r.Rate, MaxRate)
+		}
+	case SlidingWindow:
+		if r.Window < MinWindow || r.Window > MaxWindow {
+			bad("window", "%s is outside %s..%s", r.Window, MinWindow, MaxWindow)
+		}
+	default:
+		bad("algorithm", "must be token_bucket or sliding_window")
+	}
+	if !(r.Reserve >= 0 && r.Reserve <= MaxReserve) {
+		bad("reserve", "%v is outside 0..%v", r.Reserve, MaxReserve)
+	}
+	for _, d := range r.Scope.dims() {
+		if len(*d.v) > MaxValueLen {
+			bad("scope."+d.name, "value is longer than %d bytes", MaxValueLen)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// FailMode says what admission does for a tenant when Redis does not answer
+// within the bound (WithMaxWait).
+type FailMode string
+
+const (
+	// FailOpen admits by a local in-memory limiter enforcing the same rules
+	// with limits divided by the gateway count (WithGatewayCount); its debits
+	// are sent to Redis when it is back.
+	FailOpen FailMode = "open"
+	// FailClosed refuses, naming the cause (HTTP 503).
+	FailClosed FailMode = "closed"
+)
+
+// Rules is everything a Limiter enforces.
+type Rules struct {
+	// Shared are rules no single tenant owns: global, per upstream, per
+	// model, per user across tenants, and so on. Their Scope says whom they
+	// count.
+	Shared []Rule
+	// Tenants holds the rules of tenants that have their own; the tenant
+	// is implied in the scope of each (Scope.Tenant must be empty or the
+	// tenant), so every tenant's "tpm" rule is a counter of its own.
+	Tenants map[string]TenantRules
+	// Default applies to every tenant not in Tenants, each with counters
+	// of its own.
+	Default TenantRules
+}
+
+// TenantRules is one tenant's rules and fail mode.
+type TenantRules struct {
+	Rules    []Rule
+	FailMode FailMode
+}
+
+// Validate checks every rule and the uniqueness of names.
+func (rs *Rules) Validate() error {
+	var errs []error
+	check := func(where string, list []Rule, tenant string) {
+		seen := map[string]bool{}
+		for i := range list {
+			r := &list[i]
+			if err := r.Validate(); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", where, err))
+			}
+			if seen[r.Name] {
+				errs = append(errs, fmt.Errorf("%s: rule %q: name is used twice", where, r.Name))
+			}
+			seen[r.Name] = true
+			if tenant != "" && r.Scope.Tenant != "" && r.Scope.Tenant != tenant {
+				errs = append(errs, fmt.Errorf("%s: rule %q: scope.tenant: %q in the rules of tenant %q (the tenant is implied)", where, r.Name, r.Scope.Tenant, tenant))
+			}
+		}
+	}
+	check("shared", rs.Shared, "")
+	for id, tr := range rs.Tenants {
+		check("tenant "+id, tr.Rules, id)
+		if err := checkFailMode(tr.FailMode); err != nil {
+			errs = append(errs, fmt.Errorf("tenant %s: %w", id, err))
+		}
+	}
+	check("default", rs.Default.Rules, "*")
+	if err := checkFailMode(rs.Default.FailMode); err != nil {
+		errs = append(errs, fmt.Errorf("default: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+func checkFailMode(m FailMode) error {
+	switch m {
+	case "", FailOpen, FailClosed:
+		return nil
+	}
+	return fmt.Errorf("fail mode %q is not open or closed", m)
+}
+
+// rule is a Rule compiled for the hot path.
+type rule struct {
+	Rule
+	shared bool
+	kind   string // "b" or "w", the scripts' kind argument
+	gran   int64  // window granule, ms
+	perMs  float64
+	// maxLease is the most units one gateway may hold as a lease of one
+	// instance of this rule; 0 runs the rule exact.
+	maxLease int64
+	// Arguments of the scripts that do not change per request.
+	argLimit, argRate, argGran string
+	m                          *ruleMetrics
+}
+
+func compileRule(r Rule, shared bool, leaseFraction float64, m *metrics) *rule {
+	c := &rule{Rule: r, shared: shared}
+	switch r.Algorithm {
+	case TokenBucket:
+		c.kind = "b"
+		c.perMs = r.Rate / 1000
+		c.argRate = formatFloat(c.perMs)
+		c.argGran = "0"
+	case SlidingWindow:
+		c.kind = "w"
+		c.gran = max(r.Window.Milliseconds()/Granules, 1)
+		c.argRate = fmt.Sprint(r.Window.Milliseconds())
+		c.argGran = fmt.Sprint(c.gran)
+	}
+	c.argLimit = fmt.Sprint(r.Limit)
+	// A lease is granted under the floor of the request that renewed it,
+	// so a rule with a reserve runs exact to keep the reserve exact.
+	if !r.Exact && r.Reserve == 0 {
+		c.maxLease = int64(math.Floor(float64(r.Limit) * leaseFraction))
+		if c.maxLease < minLease {
+			c.maxLease = 0
+		}
+	}
+	c.m = m.rule(r.Name)
+	return c
+}
+
+// minLease is the smallest lease worth holding: below it a rule runs exact.
+const minLease = 4
+
+// floor returns the units a request of priority p must leave untouched.
+func (r *rule) floor(p Priority) int64 {
+	if r.Reserve == 0 || p == Critical || p == High {
+		return 0
+	}
+	return int64(math.Ceil(r.Reserve * float64(r.Limit)))
+}
+
+// appliesTo reports whether the rule counts req (tenant rules were already
+// picked by tenant).
+func (r *rule) appliesTo(req *Request) bool {
+	s := &r.Scope
+	return dimMatch(s.Upstream, req.upstream()) && (!r.shared || dimMatch(s.Tenant, req.Tenant)) &&
+		dimMatch(s.Model, req.Model) && dimMatch(s.User, req.User) && dimMatch(s.Key, req.Key) &&
+		dimMatch(s.Endpoint, req.Endpoint)
+}
+
+func dimMatch(rule, v string) bool {
+	switch rule {
+	case "":
+		return true
+	case Each:
+		return v != ""
+	}
+	return rule == v
+}
+
+// instanceScope returns the scope values of the instance of r that counts
+// req: fixed values as they are, Each dimensions filled from req.
+func (r *rule) instanceScope(req *Request, tenant string) Scope {
+	s := r.Scope
+	fill := func(dst *string, v string) {
+		if *dst == Each {
+			*dst = v
+		}
+	}
+	fill(&s.Upstream, req.upstream())
+	fill(&s.Tenant, req.Tenant)
+	fill(&s.Model, req.Model)
+	fill(&s.User, req.User)
+	fill(&s.Key, req.Key)
+	fill(&s.Endpoint, req.Endpoint)
+	if !r.shared {
+		s.Tenant = tenant
+	}
+	return s
+}
+
+// need returns the units req debits from a rule counting u: at least 1, so
+// that an exhausted rule refuses even a request that estimates nothing.
+func need(u Unit, prompt, completion int64) int64 {
+	var n int64
+	switch u {
+	case Requests:
+		return 1
+	case PromptTokens:
+		n = prompt
+	case CompletionTokens:
+		n = completion
+	case TotalTokens:
+		n = prompt + completion
+	}
+	return max(n, 1)
+}
+
+func formatFloat(f float64) string { return fmt.Sprintf("%.17g", f) }

@@ -1,0 +1,374 @@
+package policy
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/gateway/admission"
+)
+
+// This file is the policy's side of admission (gateway/admission): the
+// limits sections, their merge through defaults, plans and tenants, and
+// AdmissionRules, which turns the whole into the rules a gateway enforces
+// before each call.
+
+// Limit is one admission limit as the policy states it, after merging:
+// name, scope, unit and algorithm with its parameters. Rule turns it into
+// the admission.Rule a gateway enforces.
+type Limit struct {
+	Name string
+	// Scope is global when empty; see admission.Scope (Each = "*").
+	Scope     admission.Scope
+	Unit      admission.Unit
+	Algorithm admission.Algorithm
+	// Token bucket: Rate units per Per; Burst is the capacity, and when
+	// BurstSet is false it is Rate × the tenant's burst_multiplier.
+	Rate     float64
+	Per      time.Duration
+	Burst    int64
+	BurstSet bool
+	// Sliding window: at most Max units in any Length.
+	Length time.Duration
+	Max    int64
+	// Exact runs the limit without local leases (money, low limits).
+	Exact bool
+	// Reserve is the share of the limit only critical and high priority
+	// requests may use.
+	Reserve float64
+}
+
+// Rule returns the admission rule of l for a tenant whose burst_multiplier
+// is burstMultiplier (1 for the top-level limits).
+func (l Limit) Rule(burstMultiplier float64) admission.Rule {
+	r := admission.Rule{Name: l.Name, Scope: l.Scope, Unit: l.Unit, Algorithm: l.Algorithm, Exact: l.Exact, Reserve: l.Reserve}
+	switch l.Algorithm {
+	case admission.TokenBucket:
+		r.Rate = l.Rate / l.Per.Seconds()
+		r.Limit = l.Burst
+		if !l.BurstSet {
+			r.Limit = int64(math.Ceil(l.Rate * max(burstMultiplier, 1)))
+		}
+	case admission.SlidingWindow:
+		r.Window, r.Limit = l.Length, l.Max
+	}
+	return r
+}
+
+// Limits returns the top-level limits (rules no single tenant owns),
+// global ones first, then by name.
+func (p *Policy) Limits() []Limit { return sortedLimits(p.limits) }
+
+// LimitList returns the tenant's own limits (its plan's and defaults' after
+// merging), by name. Their tenant is implied.
+func (t *Tenant) LimitList() []Limit { return sortedLimits(t.Limits) }
+
+func sortedLimits(m map[string]Limit) []Limit {
+	out := make([]Limit, 0, len(m))
+	for _, l := range m {
+		out = append(out, l)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		gi, gj := out[i].Scope.Global(), out[j].Scope.Global()
+		if gi != gj {
+			return gi
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out
+}
+
+// QuotaRulePrefix starts the names of the rules AdmissionRules derives
+// from tokens_per_minute and requests_per_minute quotas.
+const QuotaRulePrefix = "quota:"
+
+// AdmissionRules returns the rules gateways enforce before each call: the
+// top-level limits, and per tenant (and for tenants the file does not name,
+// the defaults) the tenant's limits with their bursts resolved by its
+// burst_multiplier, plus its hard tokens_per_minute and requests_per_minute
+// quotas as one-minute sliding windows (QuotaRulePrefix + the quota's name,
+// + ":" + the model for a per-model quota), and its fail mode.
+func (p *Policy) AdmissionRules() *admission.Rules {
+	rs := &admission.Rules{Tenants: make(map[string]admission.TenantRules, len(p.tenants))}
+	for _, l := range p.Limits() {
+		rs.Shared = append(rs.Shared, l.Rule(1))
+	}
+	for id, t := range p.tenants {
+		rs.Tenants[id] = t.admissionRules()
+	}
+	rs.Default = p.defaults.admissionRules()
+	return rs
+}
+
+func (t *Tenant) admissionRules() admission.TenantRules {
+	tr := admission.TenantRules{FailMode: admission.FailMode(t.FailMode)}
+	for _, l := range t.LimitList() {
+		tr.Rules = append(tr.Rules, l.Rule(t.BurstMultiplier))
+	}
+	models := make([]string, 0, len(t.Models))
+	for m := range t.Models {
+		models = append(models, m)
+	}
+	slices.Sort(models)
+	for _, m := range models {
+		q := t.Models[m]
+		if t.ModeFor(m) != Hard {
+			continue // soft: allowed and billed, never refused
+		}
+		for _, d := range []struct {
+			name  string
+			unit  admission.Unit
+			limit int64
+		}{{"tokens_per_minute", admission.TotalTokens, q.TokensPerMinute}, {"requests_per_minute", admission.Requests, q.RequestsPerMinute}} {
+			if d.limit <= 0 {
+				continue
+			}
+			r := admission.Rule{Name: QuotaRulePrefix + d.name, Unit: d.unit, Algorithm: admission.SlidingWindow, Limit: d.limit, Window: time.Minute}
+			if m != AllModels {
+				r.Name += ":" + m
+				r.Scope.Model = m
+			}
+			tr.Rules = append(tr.Rules, r)
+		}
+	}
+	return tr
+}
+
+// rawLimit's fields are pointers so that a layer (plan, tenant) that
+// leaves one out keeps the inherited value: see "Merging" in the package
+// doc.
+type rawLimit struct {
+	Scope         *rawScope  `yaml:"scope"`
+	Unit          string     `yaml:"unit"`
+	TokenBucket   *rawBucket `yaml:"token_bucket"`
+	SlidingWindow *rawWindow `yaml:"sliding_window"`
+	Exact         *bool      `yaml:"exact"`
+	Reserve       *float64   `yaml:"reserve"`
+	Disabled      bool       `yaml:"disabled"`
+}
+
+type rawBucket struct {
+	Rate  *float64       `yaml:"rate"`
+	Per   *time.Duration `yaml:"per"`
+	Burst *int64         `yaml:"burst"`
+}
+
+type rawWindow struct {
+	Length *time.Duration `yaml:"length"`
+	Limit  *int64         `yaml:"limit"`
+}
+
+// rawScope is "global" or a mapping of dimensions to a value or "*".
+type rawScope struct {
+	global bool
+	dims   map[string]string
+	bad    string
+}
+
+var scopeDims = []string{"global", "upstream", "tenant", "model", "user", "key", "endpoint"}
+
+func (s *rawScope) UnmarshalYAML(n *yaml.Node) error {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		if n.Value != "global" {
+			s.bad = fmt.Sprintf("%q is not global or a mapping of %s", n.Value, strings.Join(scopeDims[1:], ", "))
+		}
+		s.global = true
+		return nil
+	case yaml.MappingNode:
+		s.dims = map[string]string{}
+		return n.Decode(&s.dims)
+	}
+	s.bad = "must be global or a mapping of dimensions"
+	return nil
+}
+
+// limits merges the raw limits of one layer (path) over base and
+// validates what it writes. tenantLevel limits may not name a tenant.
+func (v *validator) limits(path string, raw map[string]rawLimit, base map[string]Limit, tenantLevel bool) map[string]Limit {
+	out := make(map[string]Limit, len(base)+len(raw))
+	for k, l := range base {
+		out[k] = l
+	}
+	names := make([]string, 0, len(raw))
+	for name := range raw {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		rl := raw[name]
+		lp := path + "." + name
+		if name == "" || len(name) > admission.MaxNameBytes {
+			v.fail(lp, "limit name must be 1..%d bytes", admission.MaxNameBytes)
+		}
+		if strings.HasPrefix(name, QuotaRulePrefix) {
+			v.fail(lp, "names starting with %q are reserved for the rules derived from tokens_per_minute and requests_per_minute", QuotaRulePrefix)
+		}
+		if rl.Disabled {
+			delete(out, name)
+			continue
+		}
+		l, inherited := out[name]
+		l.Name = name
+		if rl.Scope != nil {
+			l.Scope = v.scope(lp+".scope", rl.Scope, tenantLevel)
+		}
+		if rl.Unit != "" {
+			u, ok := admission.ParseUnit(rl.Unit)
+			if !ok {
+				v.fail(lp+".unit", "%q is not one of requests, prompt_tokens, completion_tokens, total_tokens", rl.Unit)
+			}
+			l.Unit = u
+		} else if !inherited {
+			v.fail(lp+".unit", "is required (requests, prompt_tokens, completion_tokens or total_tokens)")
+		}
+		switch {
+		case rl.TokenBucket != nil && rl.SlidingWindow != nil:
+			v.fail(lp, "set token_bucket or sliding_window, not both")
+		case rl.TokenBucket != nil:
+			if l.Algorithm != admission.TokenBucket && rl.TokenBucket.Rate == nil {
+				v.fail(lp+".token_bucket.rate", "is required (units per per, per defaulting to 1s)")
+			}
+			if l.Algorithm != admission.TokenBucket {
+				l.Algorithm, l.Length, l.Max = admission.TokenBucket, 0, 0
+				l.Rate, l.Per, l.Burst, l.BurstSet = 0, time.Second, 0, false
+			}
+			b := rl.TokenBucket
+			if b.Rate != nil {
+				l.Rate = *b.Rate
+			}
+			if b.Per != nil {
+				l.Per = *b.Per
+			}
+			if b.Burst != nil {
+				l.Burst, l.BurstSet = *b.Burst, true
+			}
+		case rl.SlidingWindow != nil:
+			if l.Algorithm != admission.SlidingWindow && rl.SlidingWindow.Limit == nil {
+				v.fail(lp+".sliding_window.limit", "is required (most units in any length; 0 refuses every request)")
+			}
+			if l.Algorithm != admission.SlidingWindow {
+				l.Algorithm, l.Rate, l.Per, l.Burst, l.BurstSet = admission.SlidingWindow, 0, 0, 0, false
+				l.Length, l.Max = time.Minute, 0
+			}
+			w := rl.SlidingWindow
+			if w.Length != nil {
+				l.Length = *w.Length
+			}
+			if w.Limit != nil {
+				l.Max = *w.Limit
+			}
+		}
+		if rl.Exact != nil {
+			l.Exact = *rl.Exact
+		}
+		if rl.Reserve != nil {
+			l.Reserve = *rl.Reserve
+		}
+		v.checkLimit(lp, l, rl)
+		out[name] = l
+	}
+	return out
+}
+
+func (v *validator) scope(path string, rs *rawScope, tenantLevel bool) admission.Scope {
+	var s admission.Scope
+	if rs.bad != "" {
+		v.fail(path, "%s", rs.bad)
+		return s
+	}
+	if rs.global {
+		return s
+	}
+	dims := make([]string, 0, len(rs.dims))
+	for d := range rs.dims {
+		dims = append(dims, d)
+	}
+	slices.Sort(dims)
+	for _, d := range dims {
+		val := rs.dims[d]
+		dp := path + "." + d
+		if val == "" && d != "global" {
+			v.fail(dp, "needs a value, or \"*\" for one counter per value")
+			continue
+		}
+		if len(val) > admission.MaxValueLen {
+			v.fail(dp, "value is longer than %d bytes", admission.MaxValueLen)
+		}
+		switch d {
+		case "global":
+			if len(rs.dims) > 1 {
+				v.fail(dp, "global cannot be combined with other dimensions (leave them out for one global counter)")
+			}
+		case "upstream":
+			s.Upstream = val
+		case "tenant":
+			if tenantLevel {
+				v.fail(dp, "a tenant's, plan's or the defaults' limits count per tenant already; scope.tenant belongs in the top-level limits")
+			}
+			s.Tenant = val
+		case "model":
+			s.Model = val
+		case "user":
+			s.User = val
+		case "key":
+			s.Key = val
+		case "endpoint":
+			s.Endpoint = val
+		default:
+			v.fail(dp, "unknown dimension (use %s)", strings.Join(scopeDims, ", "))
+		}
+	}
+	return s
+}
+
+// checkLimit validates a merged limit; a field the layer did not write is
+// reported at the limit's own line.
+func (v *validator) checkLimit(lp string, l Limit, rl rawLimit) {
+	at := func(field string, written bool) string {
+		if written {
+			return lp + "." + field
+		}
+		return lp
+	}
+	switch l.Algorithm {
+	case admission.TokenBucket:
+		b := rl.TokenBucket
+		if b == nil {
+			b = &rawBucket{}
+		}
+		if !(l.Rate > 0 && l.Rate <= admission.MaxRate) {
+			v.fail(at("token_bucket.rate", b.Rate != nil), "rate %v is outside (0, %g] (units per per)", l.Rate, admission.MaxRate)
+		}
+		if l.Per < time.Millisecond || l.Per > admission.MaxWindow {
+			v.fail(at("token_bucket.per", b.Per != nil), "per %s is outside 1ms..%s", l.Per, admission.MaxWindow)
+		}
+		if l.BurstSet && (l.Burst < 0 || l.Burst > admission.MaxLimit) {
+			v.fail(at("token_bucket.burst", b.Burst != nil), "burst %d is outside 0..%d", l.Burst, admission.MaxLimit)
+		}
+		if !l.BurstSet && l.Rate*MaxBurst > float64(admission.MaxLimit) {
+			v.fail(at("token_bucket.rate", b.Rate != nil), "rate %v times burst_multiplier may exceed %d; set burst", l.Rate, admission.MaxLimit)
+		}
+	case admission.SlidingWindow:
+		w := rl.SlidingWindow
+		if w == nil {
+			w = &rawWindow{}
+		}
+		if l.Length < admission.MinWindow || l.Length > admission.MaxWindow {
+			v.fail(at("sliding_window.length", w.Length != nil), "length %s is outside %s..%s", l.Length, admission.MinWindow, admission.MaxWindow)
+		}
+		if l.Max < 0 || l.Max > admission.MaxLimit {
+			v.fail(at("sliding_window.limit", w.Limit != nil), "limit %d is outside 0..%d", l.Max, admission.MaxLimit)
+		}
+	default:
+		v.fail(lp, "needs token_bucket {rate, per, burst} or sliding_window {length, limit}")
+	}
+	if !(l.Reserve >= 0 && l.Reserve <= admission.MaxReserve) {
+		v.fail(at("reserve", rl.Reserve != nil), "%v is outside 0..%v (the share only critical and high priority requests may use)", l.Reserve, admission.MaxReserve)
+	}
+}
