@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/gateway/admission"
 	"github.com/sluicehq/sluice/gateway/estimate"
 	"github.com/sluicehq/sluice/gateway/ratelimit"
 	"github.com/sluicehq/sluice/schemas"
@@ -50,6 +52,16 @@ import (
 // available to the handler (CallFrom). WithEstimateEvents(false) keeps the
 // settlement and drops the estimate event. A nil est turns metering off.
 func WithEstimates(est *estimate.Estimator) Option { return func(m *mw) { m.est = est } }
+
+// WithAdmission checks every metered request (WithEstimates is required:
+// the estimate is what admission debits) with l before the handler runs,
+// after the flags: a request the flags refuse costs no Redis call. A
+// refused request is answered by admission.WriteRefusal (429 or 503 with
+// Retry-After and an OpenAI-style body naming the rule) and emitted as a
+// refusal event; an admitted one carries OpenAI's x-ratelimit-* headers
+// and its ticket is settled with the settlement's tokens when the handler
+// returns, exactly once. A nil l turns admission off.
+func WithAdmission(l *admission.Limiter) Option { return func(m *mw) { m.adm = l } }
 
 // WithEstimateEvents turns the estimate event WithEstimates sends before
 // each call on or off (default on); the settlement is sent either way.
@@ -149,6 +161,35 @@ func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, te
 		endpoint = endpoint[:schemas.MaxStringLen]
 	}
 	base := schemas.UsageEvent{ID: c.id, Tenant: tenant, Model: model, APIKeyID: key, Endpoint: endpoint, Gateway: m.gateway}
+	var ticket *admission.Ticket
+	if m.adm != nil {
+		// Admission runs after the flags (a flag refusal costs no Redis
+		// call) and before the estimate event: a refused request is not
+		// metered as a call, it is one refusal event.
+		t, err := m.adm.Admit(r.Context(), admission.Request{ID: c.id, Tenant: tenant, Model: model, Key: key,
+			Endpoint: endpoint, PromptTokens: c.est.Prompt, CompletionTokens: c.est.Completion})
+		switch {
+		case err != nil:
+			// A request admission cannot judge (it names the bound it
+			// broke): answer it as the bad request it is.
+			ratelimit.WriteError(w, http.StatusBadRequest, ratelimit.Error{Type: "invalid_request_error", Code: "admission_refused", Message: err.Error()}, 0)
+			return
+		case !t.Allowed():
+			if m.log != nil {
+				m.log.LogAttrs(r.Context(), slog.LevelInfo, "sluice refused a request before the call",
+					slog.String("tenant", tenant), slog.String("model", model), slog.String("api_key_id", key),
+					slog.String("rule", t.Decision.Rule), slog.Int64("limit", t.Decision.Limit))
+			}
+			if m.emitRefusals {
+				ev := admissionRefusalEvent(&base, t.Decision, m.now())
+				_ = m.emitter.Emit(&ev)
+			}
+			admission.WriteRefusal(w, t.Decision)
+			return
+		}
+		admission.WriteHeaders(w.Header(), t.Decision)
+		ticket = &t
+	}
 	if m.emitter != nil && !m.noEstimateEvents && c.estErr == nil {
 		ev := base
 		ev.Time, ev.Estimated = c.start.UTC(), true
@@ -163,7 +204,11 @@ func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, te
 			return
 		}
 		settled = true
-		m.settle(r.Context(), c, base, sw.status, panicked)
+		ev := m.settle(r.Context(), c, base, sw.status, panicked)
+		if ticket != nil {
+			// The client may be gone; the correction must still land.
+			_ = ticket.Settle(context.WithoutCancel(r.Context()), admission.Usage{PromptTokens: ev.PromptTokens, CompletionTokens: ev.CompletionTokens})
+		}
 	}
 	defer func() {
 		if p := recover(); p != nil {
@@ -175,8 +220,9 @@ func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, te
 	settle(false)
 }
 
-// settle emits c's settlement: see WithEstimates for the rules.
-func (m *mw) settle(ctx context.Context, c *Call, base schemas.UsageEvent, status int, panicked bool) {
+// settle emits c's settlement (see WithEstimates for the rules) and
+// returns it.
+func (m *mw) settle(ctx context.Context, c *Call, base schemas.UsageEvent, status int, panicked bool) schemas.UsageEvent {
 	end := m.now()
 	c.mu.Lock()
 	u, reported, provider := c.usage, c.reported, c.provider
@@ -240,8 +286,27 @@ func (m *mw) settle(ctx context.Context, c *Call, base schemas.UsageEvent, statu
 		ev.Attributes["cancelled"] = "client"
 	}
 	if m.emitter != nil {
-		_ = m.emitter.Emit(&ev)
+		out := ev
+		_ = m.emitter.Emit(&out)
 	}
+	return ev
+}
+
+// admissionRefusalEvent is the usage event for a request admission
+// refused: outcome rejected, zero tokens, the refusing rule named.
+func admissionRefusalEvent(base *schemas.UsageEvent, d admission.Decision, now time.Time) schemas.UsageEvent {
+	ev := *base
+	ev.ID = "rej-" + ev.ID
+	ev.Time, ev.Status, ev.Outcome = now.UTC(), admission.Status(d), schemas.OutcomeRejected
+	rule := d.Rule
+	if rule == "" {
+		rule = "fail_closed"
+	}
+	if len(rule) > schemas.MaxStringLen {
+		rule = rule[:schemas.MaxStringLen]
+	}
+	ev.Attributes = map[string]string{"refused_by": "admission", "rule": rule}
+	return ev
 }
 
 // statusClientClosed is the status recorded for a request whose client

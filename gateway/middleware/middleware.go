@@ -38,6 +38,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/gateway/admission"
 	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/gateway/estimate"
 	"github.com/sluicehq/sluice/gateway/flags"
@@ -114,6 +115,7 @@ type mw struct {
 	refusalEvents *bool // set by WithRefusalEvents; overrides the default
 
 	est              *estimate.Estimator // WithEstimates: meter allowed requests
+	adm              *admission.Limiter  // WithAdmission: check limits before the call
 	noEstimateEvents bool                // WithEstimateEvents(false)
 }
 
