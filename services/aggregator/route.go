@@ -79,6 +79,15 @@ func (a *aggregator) refreshPartitions(ctx context.Context, adm *kadm.Client) er
 		return fmt.Errorf("topic %s: metadata: %v", a.cfg.Topic, td.Err)
 	}
 	n := int32(len(td.Partitions))
+	if old := a.nparts.Load(); old > 0 && old != n {
+		// What was counted under the old count goes out versioned with
+		// it: a batch flushed after the swap would carry the new count
+		// above its old home's offsets, and a moved tenant's rows from its
+		// old home would beat those of its new one for good.
+		if err := a.flushAll(ctx); err != nil {
+			return fmt.Errorf("flush before the partition count changes from %d to %d: %w", old, n, err)
+		}
+	}
 	if old := a.nparts.Swap(n); old != n {
 		a.log.Info("usage topic partition count", "topic", a.cfg.Topic, "partitions", n, "before", old)
 		if old > 0 {

@@ -37,7 +37,9 @@ type quotaState struct {
 	exhaustedAt int64 // event time of the event that used the quota up; 0 = not exhausted
 	rate        float64
 
-	rateMinute int64 // minute a rate_exceeded was last emitted for
+	// rateUntil is the end of the throttle the last rate_exceeded asked
+	// for (unix seconds of event time): no new signal before it.
+	rateUntil int64
 }
 
 func (q *quotaState) resetPeriod() {
@@ -154,24 +156,22 @@ func (s *Series) evalQuota(q *quotaState, ts, offset int64, p *Partition) {
 }
 
 func (s *Series) evalRate(q *quotaState, ts, offset int64, p *Partition) {
-	m := floorDiv60(ts)
-	c := &s.rate[m%rateWindow]
-	if int64(c.min) != m || q.rateMinute == m {
+	if s.win == nil {
 		return
 	}
-	used := float64(c.tok)
-	if q.q.Unit == schemas.UnitRequests {
-		used = float64(c.req)
+	requests := q.q.Unit == schemas.UnitRequests
+	used := float64(s.win.used(requests))
+	if used <= q.q.Limit || ts < q.rateUntil {
+		return // under, or over with its signal's throttle still running
 	}
-	if used <= q.q.Limit {
-		return
-	}
-	q.rateMinute = m
-	b := bound{m * 60, m*60 + 60}
+	// Throttled until the window is back under the limit with nothing
+	// more counted; a tenant still over then is signalled again.
+	q.rateUntil = max(s.win.under(q.q.Limit, requests), ts+1)
+	b := bound{ts - windowSeconds + 1, q.rateUntil}
 	sig := s.base(schemas.SignalRateExceeded, q, b, ts, offset, used)
 	sig.Tier = 0
 	sig.Rate = used
-	sig.ID = s.id(sig.Kind, q, b.start)
+	sig.ID = s.id(sig.Kind, q, ts)
 	t5, r5 := s.windowRate(5)
 	t60, r60 := s.windowRate(60)
 	sig.Attributes = map[string]string{
@@ -180,7 +180,7 @@ func (s *Series) evalRate(q *quotaState, ts, offset int64, p *Partition) {
 		"requests_per_minute_5m":  strconv.FormatFloat(r5, 'f', 2, 64),
 		"requests_per_minute_60m": strconv.FormatFloat(r60, 'f', 2, 64),
 	}
-	sig.Reason = string(q.q.Name) + " window over its limit"
+	sig.Reason = string(q.q.Name) + " over its limit in the last 60 s"
 	p.emit(sig)
 }
 

@@ -257,6 +257,10 @@ type Series struct {
 	// a re-evaluation takes that tier down.
 	removed []quotaState
 
+	// win is the sliding one-minute window (window.go), kept only while
+	// the series has a one-minute quota.
+	win *secWindow
+
 	lateHour   int64
 	prevDirty  [3]bool
 	dirty      bool
@@ -323,6 +327,15 @@ func (s *Series) setQuotas(qs []quotaSpec) (changed bool) {
 			}
 		}
 	}
+	// The sliding window exists while a one-minute quota does; one added
+	// by a reload starts empty (it sees the events from then on).
+	perMinute := slices.ContainsFunc(s.quotas, func(q quotaState) bool { return q.kind == kindMinute })
+	switch {
+	case perMinute && s.win == nil:
+		s.win = &secWindow{}
+	case !perMinute:
+		s.win = nil
+	}
 	return changed
 }
 
@@ -360,6 +373,13 @@ func floorDiv60(ts int64) int64 {
 func (s *Series) addMinute(r *idRec, sign int64, p *Partition) {
 	m := floorDiv60(r.ts)
 	tok := (int64(r.prompt) + int64(r.completion)) * sign
+	if s.win != nil {
+		wreq := sign
+		if r.flags&flagRejected != 0 {
+			wreq = 0
+		}
+		s.win.add(r.ts, tok, wreq)
+	}
 	// Requests the gateway refused are not requests served: they stay out
 	// of requests_per_minute (the rollup below still counts them, as the
 	// raw events do).

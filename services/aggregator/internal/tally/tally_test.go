@@ -565,3 +565,48 @@ func TestDrainKeepsEveryPeriodClosedSinceTheLastDrain(t *testing.T) {
 		}
 	}
 }
+
+// The one-minute quotas are sliding 60-second windows, as the request
+// path's admission rules are: a burst split across a calendar minute's
+// boundary (under the limit in each calendar minute, nearly twice it
+// within 60 s) is over its limit, and the throttle the signal asks for
+// lasts until the window is back under with nothing more counted.
+func TestMinuteQuotasAreSlidingWindows(t *testing.T) {
+	p := newPart(t)
+	start := t0.Add(40 * time.Second) // second 40 of a minute
+	off := int64(0)
+	for i := 0; i < 30; i++ { // 30 × 150 = 4500 tokens in 30 s; 2250 in each calendar minute
+		off++
+		p.Apply(ev(fmt.Sprintf("b%d", i), start.Add(time.Duration(i)*time.Second), 100, 50), off)
+	}
+	re := kinds(p.TakeSignals(), schemas.SignalRateExceeded)
+	if len(re) != 1 || re[0].Quota != schemas.QuotaTokensPerMinute || re[0].Used != 3150 {
+		t.Fatalf("want one rate_exceeded for tokens_per_minute at 3150 (the 21st event, across the minute boundary), got %+v", re)
+	}
+	// Over at second 60 (the 21st event, 3150 tokens from second 40 on);
+	// with nothing more counted it is back at 3000 once second 40 leaves
+	// the window: at second 100.
+	if got, want := re[0].PeriodEnd, start.Add(60*time.Second); !got.Equal(want) {
+		t.Errorf("throttle until %v, want %v", got, want)
+	}
+	if err := re[0].Validate(); err != nil {
+		t.Error(err)
+	}
+	for i := 0; i < 25; i++ {
+		off++
+		p.Apply(ev(fmt.Sprintf("c%d", i), start.Add(time.Duration(61+i)*time.Second), 100, 50), off)
+	}
+	// Still over once that throttle has run out: signalled again, never
+	// while a throttle asked for runs.
+	again := kinds(p.TakeSignals(), schemas.SignalRateExceeded)
+	if len(again) == 0 {
+		t.Fatal("no new rate_exceeded once the first throttle ended while the tenant stayed over")
+	}
+	until := re[0].PeriodEnd
+	for _, sg := range again {
+		if sg.Time.Before(until) || sg.ID == re[0].ID {
+			t.Fatalf("rate_exceeded at %v while the throttle until %v still ran: %+v", sg.Time, until, sg)
+		}
+		until = sg.PeriodEnd
+	}
+}
