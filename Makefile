@@ -42,7 +42,7 @@ lint: ## go vet and staticcheck over every module
 build: ## build sluice and sluicectl into bin/
 	$(GO) build -o bin/ ./cmd/sluice ./cmd/sluicectl
 
-services: ## start Kafka, ClickHouse, Redis and Alertmanager (idempotent)
+services: ## start Kafka, ClickHouse, Redis, the Redis Cluster and Alertmanager (idempotent)
 	$(SERVICES) up
 
 services-down: ## stop every service the script started

@@ -14,7 +14,10 @@ import (
 // every event whose request got a 2xx: the events Sluice promised to keep.
 // A refused batch (503, connection error while a dependency is down) is
 // retried unchanged, as a gateway's Emitter does, so ingest's dedup is what
-// keeps a retried event from counting twice.
+// keeps a retried event from counting twice. With several ingest replicas
+// (stack.ingests) batches go to each in turn, and a refused one is retried
+// on the next, as behind a load balancer; then the aggregator's dedup by
+// id is what keeps it from counting twice.
 type loader struct {
 	s       *stack
 	tenants []string
@@ -43,7 +46,7 @@ func startLoader(t testing.TB, s *stack, batch int, every time.Duration, tenants
 
 func (l *loader) run(ctx context.Context, run string) {
 	defer close(l.done)
-	seq := 0
+	seq, next := 0, 0
 	tick := time.NewTicker(l.every)
 	defer tick.Stop()
 	for ctx.Err() == nil {
@@ -68,7 +71,9 @@ func (l *loader) run(ctx context.Context, run string) {
 		deadline := time.Now().Add(2 * time.Minute)
 		for {
 			rctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-			code, _, _, err := l.s.postEvents(rctx, l.s.ingestKey, "application/json", body)
+			addr := l.s.ingests[next%len(l.s.ingests)]
+			next++
+			code, _, _, err := l.s.postEventsTo(rctx, addr, l.s.ingestKey, "application/json", body)
 			cancel()
 			if err == nil && code == 202 {
 				break

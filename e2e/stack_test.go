@@ -28,6 +28,7 @@ import (
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 )
 
@@ -48,6 +49,9 @@ type stackOptions struct {
 	KafkaBrokers   string
 	ClickHouseAddr string
 	RedisAddr      string
+	// RedisCluster puts the flags on the services script's Redis Cluster
+	// (redis.cluster, redis.addrs) instead of the single Redis.
+	RedisCluster bool
 	// ScopedTenant is the only tenant the scoped ingest key may report.
 	ScopedTenant string
 	// Extra flags for every service process.
@@ -58,27 +62,33 @@ type stackOptions struct {
 // usage topic, consumer groups and Redis key prefix, with each service a
 // subprocess of the sluice binary.
 type stack struct {
-	t          testing.TB
-	dir        string
-	ch         chconn.Config // the shared ClickHouse, database of this stack
-	conn       driver.Conn
-	kafka      string
-	chAddr     string
-	redisAddr  string
-	rdb        *redis.Client
-	prefix     string
-	topic      string
-	signals    string // this stack's signals topic
-	admin      string // this stack's operator-action topic
-	adminAddr  string // the enforcer's admin API
-	adminToken string // a token the admin API accepts
-	policyPath string
-	ingestAddr string
-	ingestKey  string // may report any tenant
-	scopedKey  string // may report opts.ScopedTenant only
-	alertmgr   string
-	groups     map[string]string
-	extra      []string
+	t         testing.TB
+	dir       string
+	ch        chconn.Config // the shared ClickHouse, database of this stack
+	conn      driver.Conn
+	kafka     string
+	chAddr    string
+	redisAddr string
+	// redisCluster are the cluster's seed nodes when the flags are on the
+	// Redis Cluster (stackOptions.RedisCluster).
+	redisCluster []string
+	rdb          redis.UniversalClient
+	prefix       string
+	topic        string
+	signals      string // this stack's signals topic
+	admin        string // this stack's operator-action topic
+	adminAddr    string // the enforcer's admin API
+	adminToken   string // a token the admin API accepts
+	policyPath   string
+	ingestAddr   string
+	// ingests are the listen addresses of every ingest replica the loader
+	// spreads its batches over (ingestAddr alone unless a test adds more).
+	ingests   []string
+	ingestKey string // may report any tenant
+	scopedKey string // may report opts.ScopedTenant only
+	alertmgr  string
+	groups    map[string]string
+	extra     []string
 
 	mu    sync.Mutex
 	procs map[string]*proc
@@ -86,7 +96,9 @@ type stack struct {
 
 // proc is one running service subprocess.
 type proc struct {
-	name    string
+	name    string // the key of stack.procs: the service, or a replica's name
+	service string // what `sluice run` runs
+	extra   []string
 	cmd     *exec.Cmd
 	opsAddr string
 	logPath string
@@ -114,8 +126,14 @@ func newStack(t testing.TB, opts stackOptions) *stack {
 
 	kc := itest.Kafka(t)
 	s.kafka = orDefault(opts.KafkaBrokers, strings.Join(kc.Brokers, ","))
-	s.redisAddr = orDefault(opts.RedisAddr, itest.Redis(t).Addr)
-	s.rdb = redis.NewClient(&redis.Options{Addr: s.redisAddr, MaxRetries: -1})
+	if opts.RedisCluster {
+		rc := itest.RedisCluster(t)
+		s.redisCluster = rc.Addrs
+		s.rdb = redisconn.NewClient(rc)
+	} else {
+		s.redisAddr = orDefault(opts.RedisAddr, itest.Redis(t).Addr)
+		s.rdb = redis.NewClient(&redis.Options{Addr: s.redisAddr, MaxRetries: -1})
+	}
 	t.Cleanup(func() { s.rdb.Close() })
 	s.alertmgr = itest.Alertmanager(t)
 
@@ -161,6 +179,7 @@ func newStack(t testing.TB, opts stackOptions) *stack {
 		t.Fatal(err)
 	}
 	s.ingestAddr = freeAddr(t)
+	s.ingests = []string{s.ingestAddr}
 	t.Cleanup(s.stopAll)
 	return s
 }
@@ -216,7 +235,6 @@ func (s *stack) args(opsAddr string) []string {
 		"-ops.listen=" + opsAddr,
 		"-kafka.brokers=" + s.kafka, "-kafka.partitions=4",
 		"-clickhouse.addr=" + s.chAddr, "-clickhouse.database=" + s.ch.Database,
-		"-redis.addr=" + s.redisAddr,
 		"-policy_file=" + s.policyPath,
 		"-signal_auth.key_file=" + filepath.Join(s.dir, "signal-keys"),
 		"-services.ingest.listen=" + s.ingestAddr,
@@ -250,6 +268,11 @@ func (s *stack) args(opsAddr string) []string {
 		"-services.alerter.policy_reload=500ms",
 		"-shutdown_grace=10s",
 	}
+	if len(s.redisCluster) > 0 {
+		a = append(a, "-redis.cluster=true", "-redis.addrs="+strings.Join(s.redisCluster, ","))
+	} else {
+		a = append(a, "-redis.addr="+s.redisAddr)
+	}
 	return append(a, s.extra...)
 }
 
@@ -264,15 +287,22 @@ func (s *stack) start(name string) *proc {
 
 func (s *stack) spawn(name string) *proc {
 	s.t.Helper()
+	return s.spawnAs(name, name)
+}
+
+// spawnAs runs service as the process called name, with extra flags after
+// the stack's (a replica's own listen addresses and replica_id).
+func (s *stack) spawnAs(name, service string, extra ...string) *proc {
+	s.t.Helper()
 	ops := freeAddr(s.t)
-	p := &proc{name: name, opsAddr: ops, done: make(chan struct{}),
+	p := &proc{name: name, service: service, extra: extra, opsAddr: ops, done: make(chan struct{}),
 		logPath: filepath.Join(s.dir, fmt.Sprintf("%s-%d.log", name, time.Now().UnixNano()))}
 	logf, err := os.Create(p.logPath)
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	args := append([]string{"run"}, s.args(ops)...)
-	p.cmd = exec.Command(sluiceBin, append(args, name)...)
+	args := append(append([]string{"run"}, s.args(ops)...), extra...)
+	p.cmd = exec.Command(sluiceBin, append(args, service)...)
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	if err := p.cmd.Start(); err != nil {
 		logf.Close()
@@ -395,7 +425,12 @@ func (s *stack) metrics(name string) string {
 
 // postEvents sends a body to ingest's /v1/events with key.
 func (s *stack) postEvents(ctx context.Context, key, contentType string, body []byte) (int, []byte, http.Header, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.ingestAddr+"/v1/events", bytes.NewReader(body))
+	return s.postEventsTo(ctx, s.ingestAddr, key, contentType, body)
+}
+
+// postEventsTo sends a body to the /v1/events of the ingest at addr.
+func (s *stack) postEventsTo(ctx context.Context, addr, key, contentType string, body []byte) (int, []byte, http.Header, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/events", bytes.NewReader(body))
 	if err != nil {
 		return 0, nil, nil, err
 	}

@@ -72,43 +72,56 @@ func (s *stack) storedIDs(ctx context.Context, tenants []string) (map[string]int
 // its ground truth and that truth is exactly the events ingest accepted.
 func (s *stack) countersMatchTruth(t testing.TB, acked map[string]map[string]uint64) {
 	t.Helper()
+	itest.EventuallyNoError(t, waitTimeout, "counters equal the ClickHouse ground truth and every 2xx event is stored once", func() error {
+		return s.countersErr(acked)
+	})
+}
+
+// countersErr says how the stored events and monthly counters differ from
+// what ingest acknowledged (nil when they do not): an acknowledged event
+// stored other than once, a tenant whose distinct events or tokens differ,
+// or whose monthly_tokens counter is not its ground truth.
+func (s *stack) countersErr(acked map[string]map[string]uint64) error {
 	tenants := make([]string, 0, len(acked))
 	for tn := range acked {
 		tenants = append(tenants, tn)
 	}
 	sort.Strings(tenants)
-	itest.EventuallyNoError(t, waitTimeout, "counters equal the ClickHouse ground truth and every 2xx event is stored once", func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		ids, err := s.storedIDs(ctx, tenants)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ids, err := s.storedIDs(ctx, tenants)
+	if err != nil {
+		return err
+	}
+	var problems []string
+	for _, tn := range tenants {
+		evs := acked[tn]
+		var want uint64
+		for id, tok := range evs {
+			if ids[id] != 1 {
+				return fmt.Errorf("event %s of %s acknowledged with 2xx is stored %d times", id, tn, ids[id])
+			}
+			want += tok
+		}
+		n, tok, err := s.truth(ctx, tn)
 		if err != nil {
 			return err
 		}
-		for tn, evs := range acked {
-			var want uint64
-			for id, tok := range evs {
-				if ids[id] != 1 {
-					return fmt.Errorf("event %s of %s acknowledged with 2xx is stored %d times", id, tn, ids[id])
-				}
-				want += tok
-			}
-			n, tok, err := s.truth(ctx, tn)
-			if err != nil {
-				return err
-			}
-			if n != uint64(len(evs)) || tok != want {
-				return fmt.Errorf("%s: usage_events holds %d events / %d tokens, ingest acknowledged %d / %d", tn, n, tok, len(evs), want)
-			}
-			c, err := s.counter(ctx, tn, "monthly_tokens")
-			if err != nil {
-				return err
-			}
-			if math.Abs(c-float64(tok)) > 0.5 {
-				return fmt.Errorf("%s: monthly_tokens counter %.0f, ground truth %d", tn, c, tok)
-			}
+		if n != uint64(len(evs)) || tok != want {
+			return fmt.Errorf("%s: usage_events holds %d events / %d tokens, ingest acknowledged %d / %d", tn, n, tok, len(evs), want)
 		}
-		return nil
-	})
+		c, err := s.counter(ctx, tn, "monthly_tokens")
+		if err != nil {
+			return err
+		}
+		if math.Abs(c-float64(tok)) > 0.5 {
+			problems = append(problems, fmt.Sprintf("%s: monthly_tokens counter %.0f, ground truth %d", tn, c, tok))
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%s", strings.Join(problems, "; "))
+	}
+	return nil
 }
 
 // flag returns the decoded flag of tenant's field ("*" or a model), nil
