@@ -114,13 +114,13 @@ func (p *Partition) Restore(tenant string, replay func(apply func(ev *schemas.Us
 	last, wasEvicted := p.evicted[key]
 	delete(p.evicted, key)
 	stats, wasReplay := p.Stats, p.replay
-	p.replay, p.restoring = true, true
+	p.replay, p.restoring, p.restored, p.restoreNew = true, true, map[uint64]idRec{}, !wasEvicted
 	err := replay(func(ev *schemas.UsageEvent, offset int64) {
 		if ev.Tenant == tenant {
 			p.Apply(ev, offset)
 		}
 	})
-	p.replay, p.restoring, p.Stats = wasReplay, false, stats
+	p.replay, p.restoring, p.restored, p.restoreNew, p.Stats = wasReplay, false, nil, false, stats
 	t := p.tenants[tenant]
 	if err != nil {
 		if t != nil {

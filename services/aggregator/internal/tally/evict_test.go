@@ -178,3 +178,38 @@ func TestStateBoundedWhenTenantsGoIdle(t *testing.T) {
 		t.Errorf("evicted %d series, want nearly all of 10000", p.Stats.EvictedSeries)
 	}
 }
+
+// TestRestoreCountsAnIdStoredUnderTwoPartitionsOnce: a tenant moved by
+// added partitions is restored from what every partition stored, and an
+// id sent again across the change (a retry that the producer's new view
+// put on the new home) is stored under both: it counts once, and an
+// estimate on the old home is replaced by its settlement on the new.
+func TestRestoreCountsAnIdStoredUnderTwoPartitionsOnce(t *testing.T) {
+	p := newPart(t)
+	at := t0.Add(10 * time.Minute)
+	est := ev("e1", at, 2000, 0)
+	est.Estimated = true
+	stored := []applied{
+		{*ev("a", at, 100, 0), 5},                    // old home
+		{*ev("b", at, 200, 0), 6},                    // old home
+		{*est, 7},                                    // old home: an estimate
+		{*ev("b", at, 200, 0), 3},                    // new home: the retry of b
+		{*ev("e1", at.Add(time.Second), 150, 50), 4}, // new home: e1 settled
+	}
+	if err := p.Restore("acme", func(apply func(*schemas.UsageEvent, int64)) error {
+		for _, r := range stored {
+			e := r.ev
+			apply(&e, r.off)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := totals(t, p, "*", "hour"); got != 100+200+200 {
+		t.Fatalf("restored hour total %d, want %d: each id once, the estimate replaced by its settlement", got, 500)
+	}
+	// The ids restored are known: a further retry is a duplicate.
+	if r := p.Apply(ev("b", at, 200, 0), 8); r != Duplicate {
+		t.Fatalf("a retry after the restore: %v, want Duplicate", r)
+	}
+}

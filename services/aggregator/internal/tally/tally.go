@@ -182,8 +182,10 @@ type Partition struct {
 	replay       bool
 	signals      []schemas.Signal
 	dirty        []*Series
-	minutes      []MinuteRow // rollups pushed out of a series' ring before a drain
-	closed       []QuotaRow  // final rows of periods that left memory before a drain
+	minutes      []MinuteRow      // rollups pushed out of a series' ring before a drain
+	closed       []QuotaRow       // final rows of periods that left memory before a drain
+	restored     map[uint64]idRec // ids a Restore in progress applied
+	restoreNew   bool             // the tenant being restored was not evicted here: it is new
 	repairs      []LateMinute
 	quotaRepairs []QuotaRow
 
@@ -401,12 +403,16 @@ func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 	key := p.key(t.id, ev.ID)
 	old, seen := p.dedup[key]
 	if p.restoring {
-		// A restore replays each stored id once, in its latest version:
-		// count it, and re-attach a remembered id to the new series while
-		// keeping its place in the FIFO; an id the FIFO already forgot
-		// stays forgotten, as it would have without the eviction.
-		seen = false
-	} else if seen && (old.flags&flagEstimated == 0 || ev.Estimated) {
+		// A restore replays each stored id in its latest version per
+		// partition: count it the first time, and re-attach a remembered
+		// id to the new series while keeping its place in the FIFO (an id
+		// the FIFO already forgot stays forgotten, as it would have
+		// without the eviction). An id stored under two partitions (sent
+		// again across a partition count change) comes twice: the second
+		// is a duplicate, or the settlement of the first.
+		old, seen = p.restored[key]
+	}
+	if seen && (old.flags&flagEstimated == 0 || ev.Estimated) {
 		p.Stats.Duplicates++
 		return Duplicate
 	}
@@ -456,9 +462,20 @@ func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 	}
 
 	switch _, remembered := p.dedup[key]; {
-	case seen || (p.restoring && remembered):
+	case p.restoring:
+		switch {
+		case remembered:
+			p.dedup[key] = rec
+		case p.restoreNew:
+			// A tenant new here (moved by added partitions) has no ids in
+			// this partition's memory yet: a retry of one sent before the
+			// move must be a duplicate here too.
+			p.remember(key, rec)
+		}
+		p.restored[key] = rec
+	case seen:
 		p.dedup[key] = rec
-	case !p.restoring:
+	default:
 		p.remember(key, rec)
 	}
 	p.Stats.Accepted++
