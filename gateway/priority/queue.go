@@ -20,6 +20,8 @@ type Gate interface {
 	Release(latency time.Duration, o concurrency.Outcome)
 	// Limit is the current number of slots.
 	Limit() int
+	// InFlight is the number of slots taken.
+	InFlight() int
 }
 
 // Clock is the time source of a Queue; the real clock is the default.
