@@ -35,11 +35,17 @@ const maxRecent = 512
 // for an upstream whose latency grows in proportion past a capacity C,
 // near C × Tolerance + Headroom(C).
 //
-// Known limit: best is a minimum over BestOf, so after BestOf (5 min) of
-// uninterrupted saturation it rises to the saturated latency and the
-// limit can drift upward by about one headroom per BestOf; any quieter
-// window in between resets it. The window averages calls of every size; latency per generated
-// token would be a fairer measure of an LLM upstream's queueing.
+// Under uninterrupted saturation every window is slowed by the headroom's
+// queueing, so the best would rise to the saturated latency once the
+// unsaturated windows are older than BestOf, and the limit would creep up.
+// To prevent that the gradient probes: once per ProbeEvery (default 1
+// min) of saturation, one window runs at 80% of the limit and its latency,
+// measured below the upstream's capacity, refreshes the best; the limit
+// is not changed by that window. An upstream that became slower for good
+// shows it in the probe too, and the best follows.
+//
+// The window averages calls of every size; latency per generated token
+// would be a fairer measure of an LLM upstream's queueing.
 type Gradient struct {
 	cfg config
 	mu  sync.Mutex
@@ -60,7 +66,17 @@ type Gradient struct {
 	adjustments int
 	lastCurrent time.Duration
 	lastBest    time.Duration
+
+	// probing is set for one window, run at probeShare of the limit, that
+	// refreshes best; lastProbe is when the last one began.
+	probing   bool
+	lastProbe time.Time
 }
+
+// probeShare is the share of the limit a probe window runs at: enough
+// below a limit that settled a headroom above capacity to measure the
+// upstream unqueued.
+const probeShare = 0.8
 
 type windowAvg struct {
 	end time.Time
@@ -82,10 +98,24 @@ func NewGradient(opts ...GradientOpt) (*Gradient, error) {
 	return &Gradient{cfg: c, limit: float64(c.initial)}, nil
 }
 
-// Limit is the current limit.
+// Limit is the current limit (lower during a probe window).
 func (g *Gradient) Limit() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	return g.current()
+}
+
+// Target is the limit outside probe windows.
+func (g *Gradient) Target() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return int(g.limit)
+}
+
+func (g *Gradient) current() int {
+	if g.probing {
+		return max(g.cfg.min, int(g.limit*probeShare))
+	}
 	return int(g.limit)
 }
 
@@ -110,7 +140,7 @@ func (g *Gradient) Observe(now time.Time, s Sample) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if s.Outcome != Success && s.Outcome != Failure {
-		return int(g.limit)
+		return g.current()
 	}
 	if g.calls == 0 {
 		g.winStart = now
@@ -126,14 +156,24 @@ func (g *Gradient) Observe(now time.Time, s Sample) int {
 	if g.calls >= g.cfg.minSamples && now.Sub(g.winStart) >= g.cfg.sampleEvery {
 		g.close(now)
 	}
-	return int(g.limit)
+	return g.current()
 }
 
 func (g *Gradient) close(now time.Time) {
 	c := &g.cfg
 	old := g.limit
 	next := old
+	if g.lastProbe.IsZero() {
+		g.lastProbe = now
+	}
+	saturated := float64(g.peak) >= old/2
 	switch {
+	case g.probing:
+		// The probe window: its latency only refreshes the best.
+		g.probing = false
+		if g.success > 0 {
+			g.push(windowAvg{end: now, avg: g.latency / time.Duration(g.success)})
+		}
 	case float64(g.errs)/float64(g.calls) > c.errorsAbove:
 		next = old * 0.8
 	case g.success == 0:
@@ -143,7 +183,7 @@ func (g *Gradient) close(now time.Time) {
 		g.push(windowAvg{end: now, avg: cur})
 		best := g.best(now)
 		g.lastCurrent, g.lastBest = cur, best
-		if float64(g.peak) < old/2 {
+		if !saturated {
 			break // not the bottleneck: latency says nothing about the limit
 		}
 		grad := 1.0
@@ -160,6 +200,11 @@ func (g *Gradient) close(now time.Time) {
 		g.adjustments++
 	}
 	g.limit = next
+	if saturated && now.Sub(g.lastProbe) >= c.probeEvery {
+		g.probing, g.lastProbe = true, now
+	} else if !saturated {
+		g.lastProbe = now // a window below saturation measured the upstream unqueued
+	}
 	g.calls, g.errs, g.success, g.latency, g.peak = 0, 0, 0, 0, 0
 }
 

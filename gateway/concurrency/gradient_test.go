@@ -77,3 +77,20 @@ func TestGradientOptionsAreValidated(t *testing.T) {
 		}
 	}
 }
+
+// TestGradientDoesNotDriftUnderSustainedSaturation: ten minutes of
+// uninterrupted saturation — twice BestOf — leave the limit within 10%
+// of capacity: the once-a-minute probe window keeps the best latency an
+// unqueued one.
+func TestGradientDoesNotDriftUnderSustainedSaturation(t *testing.T) {
+	g := newGradient(t)
+	lowest, highest := 1000, 0
+	simulate(g, saturating(50, 100*time.Millisecond), t0, 10*time.Minute, func(now time.Time, l int) {
+		if now.Sub(t0) > time.Minute {
+			lowest, highest = min(lowest, g.Target()), max(highest, g.Target())
+		}
+	})
+	if lowest < 45 || highest > 55 {
+		t.Fatalf("after the first minute the limit ranged %d..%d, want within 45..55", lowest, highest)
+	}
+}

@@ -25,6 +25,7 @@ type config struct {
 	bestOf      time.Duration
 	smoothing   float64
 	headroom    func(limit float64) float64
+	probeEvery  time.Duration
 }
 
 // Opt is an option of both algorithms.
@@ -118,6 +119,13 @@ func Tolerance(x float64) GradientOpt { return gradientOpt(func(c *config) { c.t
 // shorter follows an upstream that became slower for good.
 func BestOf(d time.Duration) GradientOpt { return gradientOpt(func(c *config) { c.bestOf = d }) }
 
+// ProbeEvery is how often, under uninterrupted saturation, the gradient
+// runs one window at 80% of its limit to re-measure the upstream's
+// unqueued latency (default 1 min). It must be shorter than BestOf.
+func ProbeEvery(d time.Duration) GradientOpt {
+	return gradientOpt(func(c *config) { c.probeEvery = d })
+}
+
 // Smoothing is the share of a computed decrease the gradient applies at
 // once (default 0.2), so that one slow window does not halve the limit.
 // Increases apply at once.
@@ -139,7 +147,7 @@ func defaults() config {
 		errorsAbove: 0.10, errorsBelow: 0.01,
 		down: 0.8, up: 1.2,
 		sampleEvery: time.Second, minSamples: 20,
-		tolerance: 1.0, bestOf: 5 * time.Minute, smoothing: 0.2,
+		tolerance: 1.0, bestOf: 5 * time.Minute, smoothing: 0.2, probeEvery: time.Minute,
 		headroom: func(l float64) float64 { return max(1, math.Sqrt(l)/2) },
 	}
 }
@@ -200,6 +208,9 @@ func (c *config) validateGradient() error {
 	}
 	if c.bestOf < c.sampleEvery {
 		errs = append(errs, fmt.Errorf("BestOf: %v is below SampleEvery (%v)", c.bestOf, c.sampleEvery))
+	}
+	if c.probeEvery < c.sampleEvery || c.probeEvery >= c.bestOf {
+		errs = append(errs, fmt.Errorf("ProbeEvery: %v is outside SampleEvery (%v) .. BestOf (%v)", c.probeEvery, c.sampleEvery, c.bestOf))
 	}
 	if !(c.smoothing > 0 && c.smoothing <= 1) {
 		errs = append(errs, fmt.Errorf("Smoothing: %v is outside (0, 1]", c.smoothing))
