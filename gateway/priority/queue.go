@@ -43,17 +43,23 @@ func (realClock) AfterFunc(d time.Duration, f func()) interface{ Stop() bool } {
 // once, without a lock. Otherwise it waits in its class's FIFO, and every
 // released slot goes to the next request chosen by:
 //
-//   - strict priority: the oldest request of the highest class waiting;
-//   - except that a lower class is never starved: each class has a
-//     minimum share (defaults: high 15%, normal 10%, low 5%; critical
-//     needs none). Each time a waiting class is passed over it earns its
+//   - critical first: while a critical request waits, it gets the slot;
+//   - among the other classes, strict priority (high, then normal, then
+//     low), except that a lower class is never starved: each has a
+//     minimum share (defaults: high 15%, normal 10%, low 5%). Each time a
+//     waiting class is passed over for high, normal or low it earns its
 //     share of a turn, and once it has earned a whole turn it takes the
-//     next slot. So a class that keeps waiting gets at least about its
-//     share of the slots — low one in 21, normal one in 11, high one in
-//     8 — however busy the classes above it are, while critical keeps at
-//     least 70% (100% − 15 − 10 − 5) of the slots whenever it waits. A
-//     class that stops waiting loses what it had earned, so an idle
-//     class cannot save up a burst.
+//     next slot critical does not. So of the slots critical leaves, a
+//     class that keeps waiting gets at least about share/(1+share) — low
+//     one in 21, normal one in 11, high one in 7.7 — however busy the
+//     classes above it are. A class that stops waiting loses what it had
+//     earned, so an idle class cannot save up a burst.
+//
+// Critical is exempt so that its wait depends only on critical traffic
+// (the target: critical p99 wait ≤ 100 ms under 2× overload). The
+// price: critical traffic alone that saturates the upstream starves the
+// other classes; which tenants and keys may be critical (policy, Grant)
+// and their concurrency limits bound it.
 //
 // Bounds:
 //
@@ -91,6 +97,8 @@ type Queue struct {
 	mu      sync.Mutex
 	classes [NumClasses]fifo
 	credit  [NumClasses]int64
+
+	optErrs []error // from options, reported by NewQueue
 }
 
 // turn is a whole turn in the per-mille units of shares and credit.
@@ -110,17 +118,22 @@ func MaxWaiting(n int) QueueOpt { return queueOpt(func(q *Queue) { q.maxWaiting 
 // without a deadline gets this one.
 func MaxWait(d time.Duration) QueueOpt { return queueOpt(func(q *Queue) { q.maxWait = d }) }
 
-// MinShare sets the minimum share of slots class c gets while it waits
-// (defaults: high 0.15, normal 0.10, low 0.05, critical 0). 0 makes the
-// class strictly subordinate to the classes above it. The shares of all
-// classes must leave critical at least half of the slots.
+// MinShare sets the minimum share of the slots critical leaves that
+// class c gets while it waits (defaults: high 0.15, normal 0.10, low
+// 0.05). 0 makes the class strictly subordinate to the classes above it.
+// Critical has no share: it always goes first. The shares must add up to
+// at most 0.5.
 func MinShare(c Class, share float64) QueueOpt {
 	return queueOpt(func(q *Queue) {
-		if c.Valid() {
+		switch {
+		case !c.Valid():
+			q.optErrs = append(q.optErrs, fmt.Errorf("MinShare: class %d is not a class", uint8(c)))
+		case c == Critical:
+			q.optErrs = append(q.optErrs, errors.New("MinShare(critical): critical has no share, it always goes first"))
+		case !(share >= 0 && share <= 0.5):
+			q.optErrs = append(q.optErrs, fmt.Errorf("MinShare(%s): %v is outside 0..0.5", c, share))
+		default:
 			q.shares[c.Index()] = int64(share*turn + 0.5)
-			if share < 0 {
-				q.shares[c.Index()] = -1 // rejected by NewQueue
-			}
 		}
 	})
 }
@@ -135,7 +148,7 @@ func NewQueue(g Gate, opts ...QueueOpt) (*Queue, error) {
 	for _, o := range opts {
 		o.applyQueue(q)
 	}
-	var errs []error
+	errs := q.optErrs
 	if g == nil {
 		errs = append(errs, errors.New("gate: must not be nil"))
 	}
@@ -146,10 +159,7 @@ func NewQueue(g Gate, opts ...QueueOpt) (*Queue, error) {
 		errs = append(errs, fmt.Errorf("MaxWait: %v is outside 1ms..1h", q.maxWait))
 	}
 	var sum int64
-	for i, s := range q.shares {
-		if s < 0 || s > turn/2 {
-			errs = append(errs, fmt.Errorf("MinShare(%s): %v is outside 0..0.5", Class(i+1), float64(s)/turn))
-		}
+	for _, s := range q.shares {
 		sum += s
 	}
 	if sum > turn/2 {
@@ -291,8 +301,8 @@ func (q *Queue) serviceRate() float64 {
 
 // estimate is the expected wait of a request of class index ci arriving
 // now: one slot per request ahead of it (its class and above) and itself,
-// at the service rate less the share the waiting lower classes take.
-// Must hold q.mu.
+// at the service rate less the share the waiting lower classes take from
+// it (none from critical). Must hold q.mu.
 func (q *Queue) estimate(ci int) (time.Duration, bool) {
 	mu := q.serviceRate()
 	if mu == 0 {
@@ -305,7 +315,7 @@ func (q *Queue) estimate(ci int) (time.Duration, bool) {
 		switch {
 		case i >= ci:
 			ahead += n
-		case n > 0 && q.shares[i] > 0:
+		case n > 0 && q.shares[i] > 0 && ci != Critical.Index():
 			// Passed over 1/s times, it takes the next: s/(1+s) of slots.
 			s := float64(q.shares[i]) / turn
 			steal += s / (1 + s)
@@ -352,12 +362,17 @@ func (q *Queue) dispatch() {
 	}
 }
 
-// pick chooses the class whose oldest waiter gets the next slot: the
-// highest class waiting, unless a class passed over has earned a turn.
-// Must hold q.mu with at least one waiter.
+// pick chooses the class whose oldest waiter gets the next slot:
+// critical if it waits; otherwise the highest class waiting, unless a
+// class passed over has earned a turn. Must hold q.mu with at least one
+// waiter.
 func (q *Queue) pick() int {
+	ci := Critical.Index()
+	if q.classes[ci].n > 0 {
+		return ci
+	}
 	top := -1
-	for i := NumClasses - 1; i >= 0; i-- {
+	for i := ci - 1; i >= 0; i-- {
 		if q.classes[i].n > 0 {
 			top = i
 			break

@@ -119,8 +119,8 @@ func serveAll(t *testing.T, holder Permit, out <-chan result, n int) []Class {
 }
 
 // TestQueueLowIsNotStarved: with the default shares, low requests waiting
-// behind a stream of critical ones get one slot in 21 (passed over 20
-// times at 5% each, they take the next), and critical ones the rest.
+// behind a stream of high ones get one slot in 21 (passed over 20 times
+// at 5% each, they take the next), and high ones the rest.
 func TestQueueLowIsNotStarved(t *testing.T) {
 	f := newFixture(t, 1)
 	holder := f.hold(t, 1)[0]
@@ -129,7 +129,7 @@ func TestQueueLowIsNotStarved(t *testing.T) {
 		f.enqueue(t, context.Background(), fmt.Sprint("low", i), Low, time.Time{}, out)
 	}
 	for i := range 60 {
-		f.enqueue(t, context.Background(), fmt.Sprint("crit", i), Critical, time.Time{}, out)
+		f.enqueue(t, context.Background(), fmt.Sprint("high", i), High, time.Time{}, out)
 	}
 	order := serveAll(t, holder, out, 63)
 	var lows []int
@@ -144,8 +144,9 @@ func TestQueueLowIsNotStarved(t *testing.T) {
 }
 
 // TestQueueSharesUnderFullLoad: with all four classes waiting far more
-// than one turn, each lower class gets about its minimum share of the
-// first 200 slots and critical the rest, at least 70%.
+// than one turn, critical takes every slot while it waits; then each of
+// normal and low gets its minimum share of the slots — share/(1+share),
+// one in 11 and one in 21 — and high the rest.
 func TestQueueSharesUnderFullLoad(t *testing.T) {
 	f := newFixture(t, 1, MaxWaiting(1000))
 	holder := f.hold(t, 1)[0]
@@ -160,26 +161,25 @@ func TestQueueSharesUnderFullLoad(t *testing.T) {
 	}
 	itest.Eventually(t, within, "800 waiting", func() bool { return f.q.Waiting() == 800 })
 	holder.Release(concurrency.Success)
-	var n [NumClasses]int
-	for range 200 {
-		r := <-out
-		n[r.d.Class.Index()]++
-		r.p.Release(concurrency.Success)
+	serve := func(n int) (got [NumClasses]int) {
+		for range n {
+			r := <-out
+			got[r.d.Class.Index()]++
+			r.p.Release(concurrency.Success)
+		}
+		return got
 	}
-	// Passed over 1/s times, a class takes the next: share s/(1+s).
-	for c, want := range map[Class]int{High: 26, Normal: 18, Low: 9} {
-		if got := n[c.Index()]; got < want-2 || got > want+2 {
-			t.Errorf("%s got %d of 200 slots, want %d±2", c, got, want)
+	if got := serve(200); got[Critical.Index()] != 200 {
+		t.Fatalf("first 200 slots went %v, want all to the 200 critical requests", got)
+	}
+	// 210 slots, fewer than it takes high to run out of requests.
+	got := serve(210)
+	for c, want := range map[Class]int{High: 181, Normal: 19, Low: 10} {
+		if n := got[c.Index()]; n < want-2 || n > want+2 {
+			t.Errorf("%s got %d of 210 slots, want %d±2", c, n, want)
 		}
 	}
-	if got := n[Critical.Index()]; got < 140 {
-		t.Errorf("critical got %d of 200 slots, want at least 140 (70%%)", got)
-	}
-	// Drain the rest so no goroutine is left waiting.
-	for range 600 {
-		r := <-out
-		r.p.Release(concurrency.Success)
-	}
+	serve(390) // drain, so no goroutine is left waiting
 }
 
 // warm teaches the queue that a slot is held for hold: every slot is
@@ -214,16 +214,17 @@ func TestQueueRefusesAtOnceWhenTheWaitExceedsTheDeadline(t *testing.T) {
 	if _, d := f.q.Acquire(ctx, Normal, now.Add(900*time.Millisecond)); d.Reason != Deadline || d.Estimate != time.Second {
 		t.Fatalf("second normal behind one: want refused with a 1 s estimate, got %+v", d)
 	}
-	// A critical request does not wait for the normal one; only the 10%
-	// share normal may take slows it: 1 / (2 × (1 − 0.1/1.1)) = 550 ms.
-	if _, d := f.q.Acquire(ctx, Critical, now.Add(540*time.Millisecond)); d.Reason != Deadline || d.Estimate != 550*time.Millisecond {
-		t.Fatalf("critical with a 540 ms deadline: want refused with a 550 ms estimate, got %+v", d)
+	// A high request does not wait for the normal one; only the 10% share
+	// normal may take slows it: 1 / (2 × (1 − 0.1/1.1)) = 550 ms.
+	if _, d := f.q.Acquire(ctx, High, now.Add(540*time.Millisecond)); d.Reason != Deadline || d.Estimate != 550*time.Millisecond {
+		t.Fatalf("high with a 540 ms deadline: want refused with a 550 ms estimate, got %+v", d)
 	}
-	f.enqueue(t, ctx, "crit1", Critical, now.Add(600*time.Millisecond), out)
+	// Nothing takes slots from critical: 500 ms.
+	f.enqueue(t, ctx, "crit1", Critical, now.Add(540*time.Millisecond), out)
 	if f.clock.Now() != now {
 		t.Fatal("refusals must not wait")
 	}
-	if s := f.q.Stats(); s.Refused[Normal.Index()] != 2 || s.Refused[Critical.Index()] != 1 || s.ServiceRate != 2 {
+	if s := f.q.Stats(); s.Refused[Normal.Index()] != 2 || s.Refused[High.Index()] != 1 || s.ServiceRate != 2 {
 		t.Fatalf("stats %+v", s)
 	}
 	f.clock.Advance(time.Second) // both reach their deadlines
@@ -401,11 +402,11 @@ func TestQueueCancelLeavesNoTrace(t *testing.T) {
 }
 
 func TestQueueOptionsAreValidated(t *testing.T) {
-	_, err := NewQueue(concurrency.NewLimiter(concurrency.Fixed(1)), MaxWaiting(-1), MaxWait(0), MinShare(Low, 0.4), MinShare(Normal, 0.3))
+	_, err := NewQueue(concurrency.NewLimiter(concurrency.Fixed(1)), MaxWaiting(-1), MaxWait(0), MinShare(Low, 0.4), MinShare(Normal, 0.3), MinShare(Critical, 0.1), MinShare(High, 0.6))
 	if err == nil {
 		t.Fatal("invalid options accepted")
 	}
-	for _, want := range []string{"MaxWaiting: -1 is outside 0..1000000", "MaxWait: 0s is outside 1ms..1h", "MinShare: the shares add up to 0.85, more than 0.5"} {
+	for _, want := range []string{"MaxWaiting: -1 is outside 0..1000000", "MaxWait: 0s is outside 1ms..1h", "MinShare: the shares add up to 0.85, more than 0.5", "MinShare(critical): critical has no share", "MinShare(high): 0.6 is outside 0..0.5"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}
