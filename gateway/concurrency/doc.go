@@ -18,6 +18,11 @@
 // Keyed counts calls in flight per key (a tenant on an upstream) against
 // a limit given at each call, for the per-tenant × upstream bound.
 //
+// Shared counts an upstream's calls in flight across gateway processes in
+// Redis, for an upstream the fleet shares: one script call per acquire,
+// per-process counts under leases that expire when a process dies, and a
+// fall-back to counting alone when Redis is unreachable.
+//
 // Algorithms take the time as an argument, so tests and simulations drive
 // them with their own clock. Every type is safe for concurrent use.
 package concurrency

@@ -99,6 +99,11 @@ type Queue struct {
 	credit  [NumClasses]int64
 
 	optErrs []error // from options, reported by NewQueue
+
+	// pollEvery > 0 retries dispatch while requests wait, for a Gate whose
+	// slots other processes also free; polling says a retry is armed.
+	pollEvery time.Duration
+	polling   bool
 }
 
 // turn is a whole turn in the per-mille units of shares and credit.
@@ -138,12 +143,22 @@ func MinShare(c Class, share float64) QueueOpt {
 	})
 }
 
+// PollEvery makes the Queue retry its waiting requests every d while any
+// wait (default 20 ms for a Gate with a Remote method answering true, such
+// as concurrency.Shared, whose slots other processes free; off otherwise,
+// since a local Gate's slots come back only through Release, which
+// dispatches at once).
+func PollEvery(d time.Duration) QueueOpt { return queueOpt(func(q *Queue) { q.pollEvery = d }) }
+
 // WithClock replaces the real clock, for tests.
 func WithClock(c Clock) QueueOpt { return queueOpt(func(q *Queue) { q.clock = c }) }
 
 // NewQueue returns a Queue handing out g's slots.
 func NewQueue(g Gate, opts ...QueueOpt) (*Queue, error) {
 	q := &Queue{gate: g, clock: realClock{}, maxWaiting: 1000, maxWait: 30 * time.Second}
+	if r, ok := g.(interface{ Remote() bool }); ok && r.Remote() {
+		q.pollEvery = 20 * time.Millisecond
+	}
 	q.shares[High.Index()], q.shares[Normal.Index()], q.shares[Low.Index()] = 150, 100, 50
 	for _, o := range opts {
 		o.applyQueue(q)
@@ -167,6 +182,9 @@ func NewQueue(g Gate, opts ...QueueOpt) (*Queue, error) {
 	}
 	if q.clock == nil {
 		errs = append(errs, errors.New("WithClock: must not be nil"))
+	}
+	if q.pollEvery < 0 || q.pollEvery > time.Minute {
+		errs = append(errs, fmt.Errorf("PollEvery: %v is outside 0..1m", q.pollEvery))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("priority.NewQueue: %w", err)
@@ -244,6 +262,10 @@ func (q *Queue) Acquire(ctx context.Context, c Class, deadline time.Time) (Permi
 	w := &waiter{class: c, enq: now, ready: make(chan struct{}, 1)}
 	q.push(w)
 	w.timer = q.clock.AfterFunc(deadline.Sub(now), func() { q.expire(w) })
+	if q.pollEvery > 0 && !q.polling {
+		q.polling = true
+		q.clock.AfterFunc(q.pollEvery, q.poll)
+	}
 	q.mu.Unlock()
 
 	select {
@@ -394,6 +416,19 @@ func (q *Queue) pick() int {
 		}
 	}
 	return chosen
+}
+
+// poll retries the waiting requests against a remote Gate and re-arms
+// itself while any wait.
+func (q *Queue) poll() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.dispatch()
+	if q.nwait.Load() > 0 {
+		q.clock.AfterFunc(q.pollEvery, q.poll)
+		return
+	}
+	q.polling = false
 }
 
 // expire refuses w at its deadline if it still waits.

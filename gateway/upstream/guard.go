@@ -95,7 +95,9 @@ func Limit(alg concurrency.Algorithm) Opt { return opt(func(c *guardConfig) { c.
 func OnLimitChange(f func(old, new int)) Opt { return opt(func(c *guardConfig) { c.onLimit = f }) }
 
 // SharedGate replaces the in-process limit with g, for an upstream whose
-// concurrency is counted across gateway processes.
+// concurrency is counted across gateway processes (concurrency.Shared,
+// whose Run the gateway must also run). The queue then polls g every
+// 20 ms while requests wait, since other processes free its slots.
 func SharedGate(g priority.Gate) Opt { return opt(func(c *guardConfig) { c.gate = g }) }
 
 // QueueOptions configure the priority queue (priority.MaxWaiting,
