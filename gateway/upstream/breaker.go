@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -49,6 +50,10 @@ func (s State) String() string {
 // then lets Probes calls through (default 5). One failed or slow probe
 // reopens it for twice the previous open time, up to MaxOpenFor (default
 // 10 min); Probes successful probes close it and reset the open time.
+//
+// With FleetWide the state is shared through Redis by every gateway
+// process (see Fleet). A fleet-wide breaker holds its lock while it asks
+// Redis for a probe, which happens only once its open time is over.
 // Safe for concurrent use.
 type Breaker struct {
 	consecutive      int
@@ -62,6 +67,9 @@ type Breaker struct {
 	now              func() time.Time
 	onChange         func(from, to State, why string)
 	bucketSpan       time.Duration
+	fleet            *Fleet
+	fleetPoll        time.Duration
+	onFleetError     func(error)
 
 	mu       sync.Mutex
 	state    State
@@ -74,6 +82,12 @@ type Breaker struct {
 	buckets  [breakerBuckets]breakerBucket
 	curStart time.Time // start of the newest bucket
 	cur      int       // index of the newest bucket
+
+	// With a Fleet: the round of the fleet's opening this process follows,
+	// and when it may next ask the fleet for a probe after all were out.
+	round       int64
+	nextAsk     time.Time
+	fleetErrors int
 }
 
 // breakerBuckets divides Window; the ratios lag by at most one bucket.
@@ -121,6 +135,26 @@ func OpenTime(first, max time.Duration) BreakerOpt {
 // must succeed to close it (default 5).
 func Probes(n int) BreakerOpt { return breakerOpt(func(b *Breaker) { b.probes = n }) }
 
+// FleetWide shares the breaker's state with every gateway process through
+// f (see Fleet): a process that trips opens the fleet's breaker, probes
+// are counted fleet-wide, and Run (Guard.Run runs it) follows
+// the fleet's state every poll (default 1 s; 0 keeps the default). While
+// Redis is unreachable the breaker works on its own.
+func FleetWide(f *Fleet, poll time.Duration) BreakerOpt {
+	return breakerOpt(func(b *Breaker) {
+		b.fleet = f
+		if poll > 0 {
+			b.fleetPoll = poll
+		}
+	})
+}
+
+// OnFleetError is called with each failed Redis call of a fleet-wide
+// breaker; it must not block.
+func OnFleetError(f func(error)) BreakerOpt {
+	return breakerOpt(func(b *Breaker) { b.onFleetError = f })
+}
+
 // BreakerClock replaces time.Now, for tests.
 func BreakerClock(now func() time.Time) BreakerOpt {
 	return breakerOpt(func(b *Breaker) { b.now = now })
@@ -136,7 +170,8 @@ func OnStateChange(f func(from, to State, why string)) BreakerOpt {
 // NewBreaker returns a closed Breaker.
 func NewBreaker(opts ...BreakerOpt) (*Breaker, error) {
 	b := &Breaker{consecutive: 10, errorRatio: 0.5, slowCall: 10 * time.Second, slowRatio: 0.5,
-		minRequests: 20, window: time.Minute, openFor: 30 * time.Second, maxOpen: 10 * time.Minute, probes: 5, now: time.Now}
+		minRequests: 20, window: time.Minute, openFor: 30 * time.Second, maxOpen: 10 * time.Minute, probes: 5, now: time.Now,
+		fleetPoll: time.Second}
 	for _, o := range opts {
 		o.applyBreaker(b)
 	}
@@ -162,6 +197,9 @@ func NewBreaker(opts ...BreakerOpt) (*Breaker, error) {
 	if b.now == nil {
 		errs = append(errs, errors.New("BreakerClock: must not be nil"))
 	}
+	if b.fleetPoll < 10*time.Millisecond || b.fleetPoll > time.Minute {
+		errs = append(errs, fmt.Errorf("FleetWide: poll %v is outside 10ms..1m", b.fleetPoll))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("upstream.NewBreaker: %w", err)
 	}
@@ -185,6 +223,13 @@ func (b *Breaker) Allow() (probe, ok bool, retryAfter time.Duration) {
 		if now.Before(b.until) {
 			return false, false, b.until.Sub(now)
 		}
+	}
+	if b.fleet != nil {
+		if probe, ok, retry, done := b.allowFleet(now); done {
+			return probe, ok, retry
+		}
+	}
+	if b.state == Open {
 		b.set(HalfOpen, fmt.Sprintf("open time %v over; %d probes decide", b.backoff, b.probes))
 		b.left, b.passed = b.probes, 0
 	}
@@ -207,6 +252,9 @@ func (b *Breaker) Record(probe bool, latency time.Duration, o concurrency.Outcom
 	if probe {
 		if b.state != HalfOpen {
 			return // the probe round ended without it
+		}
+		if b.fleet != nil && b.recordFleet(now, bad, o) {
+			return
 		}
 		switch {
 		case o == concurrency.Ignored:
@@ -279,6 +327,134 @@ func (b *Breaker) open(now time.Time, why string) {
 	b.until = now.Add(b.backoff)
 	b.trips++
 	b.set(Open, fmt.Sprintf("%s; open for %v", why, b.backoff))
+	if b.fleet != nil {
+		// Open the fleet's breaker too, or follow it if another process
+		// opened it first.
+		if fs, err := b.fleet.trip(now, b.fleetTTL(), b.openFor); err != nil {
+			b.fleetFailed(err)
+		} else {
+			b.adopt(fs, now)
+		}
+	}
+}
+
+// fleetTTL is how long the fleet's hash outlives its last use: long
+// enough for the longest opening and then some.
+func (b *Breaker) fleetTTL() time.Duration { return 2*b.maxOpen + time.Minute }
+
+func (b *Breaker) fleetFailed(err error) {
+	b.fleetErrors++
+	if b.onFleetError != nil {
+		b.onFleetError(fmt.Errorf("upstream: fleet breaker %s: %w", b.fleet.key, err))
+	}
+}
+
+// allowFleet asks the fleet for a probe once this process's open time is
+// over (or while half-open). done false means Redis failed and the local
+// rules decide.
+func (b *Breaker) allowFleet(now time.Time) (probe, ok bool, retry time.Duration, done bool) {
+	if now.Before(b.nextAsk) {
+		return false, false, b.nextAsk.Sub(now), true
+	}
+	granted, fs, err := b.fleet.probe(now, b.fleetTTL(), b.probes)
+	if err != nil {
+		b.fleetFailed(err)
+		return false, false, 0, false
+	}
+	b.adopt(fs, now)
+	switch {
+	case granted:
+		return true, true, 0, true
+	case b.state == Closed:
+		return false, true, 0, true
+	case b.state == Open:
+		return false, false, b.until.Sub(now), true
+	}
+	// Half-open with every probe out: ask again shortly, not on every call.
+	b.nextAsk = now.Add(250 * time.Millisecond)
+	return false, false, time.Second, true
+}
+
+// recordFleet reports a probe's result to the fleet and follows the
+// answer; false means Redis failed and the local rules decide.
+func (b *Breaker) recordFleet(now time.Time, bad bool, o concurrency.Outcome) bool {
+	result := "ok"
+	switch {
+	case o == concurrency.Ignored:
+		result = "ignored"
+	case bad:
+		result = "fail"
+	}
+	fs, err := b.fleet.result(now, b.fleetTTL(), b.round, result, b.probes, b.openFor, b.maxOpen)
+	if err != nil {
+		b.fleetFailed(err)
+		return false
+	}
+	b.adopt(fs, now)
+	return true
+}
+
+// adopt makes this process follow the fleet's state.
+func (b *Breaker) adopt(fs fleetState, now time.Time) {
+	b.round = fs.round
+	switch fs.state {
+	case Closed:
+		if b.state != Closed {
+			b.close()
+		}
+	case Open:
+		b.until, b.backoff = fs.until, fs.backoff
+		if b.state != Open {
+			b.trips++
+			b.set(Open, fmt.Sprintf("the fleet's breaker is open until %s (open time %v)", fs.until.UTC().Format(time.RFC3339), fs.backoff))
+		}
+	case HalfOpen:
+		b.backoff = fs.backoff
+		if b.state != HalfOpen {
+			// The fleet hands out the probes; none are left here.
+			b.left, b.passed = 0, 0
+			b.set(HalfOpen, "the fleet's breaker is half-open")
+		}
+	}
+}
+
+// Run follows the fleet's state every poll until ctx ends, so that a
+// process that saw no failure itself opens with the fleet, and closes
+// when the fleet's probes succeeded elsewhere. Without FleetWide it
+// returns at once. It returns nil; Redis errors go to OnFleetError.
+func (b *Breaker) Run(ctx context.Context) error {
+	if b.fleet == nil {
+		return nil
+	}
+	t := time.NewTicker(b.fleetPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			b.sync()
+		}
+	}
+}
+
+// sync reads the fleet's state once and follows it.
+func (b *Breaker) sync() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.now()
+	fs, err := b.fleet.read(now, b.fleetTTL())
+	if err != nil {
+		b.fleetFailed(err)
+		return
+	}
+	if fs.state == Closed && b.state == Closed {
+		return
+	}
+	if fs.state == Closed && fs.round < b.round {
+		return // an older answer than what this process knows
+	}
+	b.adopt(fs, now)
 }
 
 func (b *Breaker) close() {
@@ -306,8 +482,11 @@ type BreakerStats struct {
 	OpenFor time.Duration
 	// InRow is the consecutive failures counted while closed.
 	InRow int
-	// Trips is how many times the breaker opened.
+	// Trips is how many times the breaker opened (here or, fleet-wide,
+	// as this process learnt).
 	Trips int
+	// FleetErrors counts failed Redis calls of a fleet-wide breaker.
+	FleetErrors int
 }
 
 // Stats returns a snapshot. An open breaker whose open time is over
@@ -315,7 +494,7 @@ type BreakerStats struct {
 func (b *Breaker) Stats() BreakerStats {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s := BreakerStats{State: b.state, Until: b.until, OpenFor: b.backoff, InRow: b.inRow, Trips: b.trips}
+	s := BreakerStats{State: b.state, Until: b.until, OpenFor: b.backoff, InRow: b.inRow, Trips: b.trips, FleetErrors: b.fleetErrors}
 	if s.State == Open && !b.now().Before(b.until) {
 		s.State = HalfOpen
 	}

@@ -22,4 +22,10 @@
 // (admitted, or refused with 429 or 503 and a Retry-After) and, when
 // admitted, a Permit whose Release reports the call's outcome to the
 // limit's algorithm, the queue's service-rate estimate and the breaker.
+//
+// For an upstream the whole fleet shares, concurrency.Shared counts its
+// calls in flight across gateway processes in Redis (SharedGate), and
+// Fleet shares its breaker — open together, probes counted fleet-wide,
+// a growing back-off when they fail (BreakerOptions(FleetWide(…))).
+// Guard.Run does their background work.
 package upstream

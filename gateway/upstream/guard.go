@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/gateway/concurrency"
@@ -95,8 +96,8 @@ func Limit(alg concurrency.Algorithm) Opt { return opt(func(c *guardConfig) { c.
 func OnLimitChange(f func(old, new int)) Opt { return opt(func(c *guardConfig) { c.onLimit = f }) }
 
 // SharedGate replaces the in-process limit with g, for an upstream whose
-// concurrency is counted across gateway processes (concurrency.Shared,
-// whose Run the gateway must also run). The queue then polls g every
+// concurrency is counted across gateway processes (concurrency.Shared;
+// Guard.Run runs its lease renewal). The queue then polls g every
 // 20 ms while requests wait, since other processes free its slots.
 func SharedGate(g priority.Gate) Opt { return opt(func(c *guardConfig) { c.gate = g }) }
 
@@ -190,6 +191,21 @@ func New(name string, opts ...Opt) (*Guard, error) {
 		g.tenants = concurrency.NewKeyed()
 	}
 	return g, nil
+}
+
+// Run does the Guard's background work until ctx ends: it follows the
+// fleet's breaker (BreakerOptions(FleetWide(…))) and renews a shared
+// gate's lease (SharedGate with a Run method, such as concurrency.Shared).
+// Without either it returns when ctx ends. It returns nil.
+func (g *Guard) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = g.breaker.Run(ctx) })
+	if r, ok := g.gate.(interface{ Run(context.Context) error }); ok {
+		wg.Go(func() { _ = r.Run(ctx) })
+	}
+	<-ctx.Done()
+	wg.Wait()
+	return nil
 }
 
 // Name is the upstream's name.
