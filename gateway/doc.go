@@ -15,7 +15,13 @@
 //   - ratelimit writes OpenAI's rate-limit headers, Retry-After and 429
 //     bodies, for the middleware and any other limiter;
 //   - flags is the Redis layout the enforcer writes and the checker reads
-//     (docs/flags.md describes it for gateways in other languages).
+//     (docs/flags.md describes it for gateways in other languages);
+//   - upstream guards an upstream every tenant shares: its breaker,
+//     load-driven degradation, per-tenant concurrency and the priority
+//     queue, behind one Acquire; priority holds the classes, the queue
+//     and the degradation levels, concurrency the in-flight limits and
+//     their adaptive algorithms (seed 003's rule and a gradient), shared
+//     across processes through Redis where the upstream is.
 //
 // The SDK lives in the root module (github.com/sluicehq/sluice) but links
 // nothing server-only: no ClickHouse driver, no embedded Kafka broker, no
