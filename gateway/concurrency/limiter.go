@@ -110,6 +110,16 @@ func (l *Limiter) TryAcquire() bool {
 // Release returns a slot taken by TryAcquire and gives the call's latency
 // and outcome to the Algorithm.
 func (l *Limiter) Release(latency time.Duration, o Outcome) {
+	if _, fixed := l.alg.(Fixed); fixed || o == Ignored {
+		l.inflight.Add(-1)
+		return
+	}
+	l.ReleaseAt(l.now(), latency, o)
+}
+
+// ReleaseAt is Release for a caller that already read the clock (now),
+// which saves reading it again on every call.
+func (l *Limiter) ReleaseAt(now time.Time, latency time.Duration, o Outcome) {
 	n := l.inflight.Add(-1) + 1
 	if o == Ignored {
 		return
@@ -119,7 +129,7 @@ func (l *Limiter) Release(latency time.Duration, o Outcome) {
 	// onChange sees the changes in the order they happened.
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	nl := int64(l.alg.Observe(l.now(), s))
+	nl := int64(l.alg.Observe(now, s))
 	if old := l.limit.Swap(nl); old != nl && l.onChange != nil {
 		l.onChange(int(old), int(nl))
 	}

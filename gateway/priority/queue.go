@@ -204,15 +204,31 @@ type Permit struct {
 // outcome is Ignored), and the next waiting request gets the slot.
 // Releasing the zero Permit does nothing.
 func (p Permit) Release(o concurrency.Outcome) {
+	if p.q != nil {
+		p.ReleaseAt(p.q.clock.Now(), o)
+	}
+}
+
+// Start is when the Permit was granted; zero for the zero Permit.
+func (p Permit) Start() time.Time { return p.start }
+
+// ReleaseAt is Release for a caller that already read the clock (now).
+func (p Permit) ReleaseAt(now time.Time, o concurrency.Outcome) {
 	q := p.q
 	if q == nil {
 		return
 	}
-	held := q.clock.Now().Sub(p.start)
+	held := now.Sub(p.start)
 	if o != concurrency.Ignored {
 		q.observeHold(held)
 	}
-	q.gate.Release(held, o)
+	if r, ok := q.gate.(interface {
+		ReleaseAt(time.Time, time.Duration, concurrency.Outcome)
+	}); ok {
+		r.ReleaseAt(now, held, o)
+	} else {
+		q.gate.Release(held, o)
+	}
 	if q.nwait.Load() > 0 {
 		q.mu.Lock()
 		q.dispatch()

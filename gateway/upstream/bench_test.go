@@ -166,3 +166,26 @@ func BenchmarkPriority(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPriorityGuardAdmit reports priority_guard_admit_ns and
+// priority_guard_admit_allocs: one Guard.Acquire that finds a free slot
+// (breaker closed, level 0, a tenant limit) and its Release, one core —
+// the cost every request pays when the upstream is not saturated.
+func BenchmarkPriorityGuardAdmit(b *testing.B) {
+	g, err := New("bench", Limit(concurrency.Fixed(1000)), TenantShare(0.5))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	r := Request{Tenant: "acme", Class: priority.High}
+	b.ReportAllocs()
+	for b.Loop() {
+		p, _ := g.Acquire(ctx, r)
+		p.Release(concurrency.Success)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "priority_guard_admit_ns")
+	b.ReportMetric(float64(testing.AllocsPerRun(100, func() {
+		p, _ := g.Acquire(ctx, r)
+		p.Release(concurrency.Success)
+	})), "priority_guard_admit_allocs")
+}

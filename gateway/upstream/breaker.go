@@ -215,10 +215,11 @@ func NewBreaker(opts ...BreakerOpt) (*Breaker, error) {
 func (b *Breaker) Allow() (probe, ok bool, retryAfter time.Duration) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.state == Closed {
+		return false, true, 0 // without reading the clock: the common case
+	}
 	now := b.now()
 	switch b.state {
-	case Closed:
-		return false, true, 0
 	case Open:
 		if now.Before(b.until) {
 			return false, false, b.until.Sub(now)
@@ -245,9 +246,13 @@ func (b *Breaker) Allow() (probe, ok bool, retryAfter time.Duration) {
 // Ignored outcomes (the caller went away) count for nothing, and an
 // ignored probe is handed out again.
 func (b *Breaker) Record(probe bool, latency time.Duration, o concurrency.Outcome) {
+	b.record(b.now(), probe, latency, o)
+}
+
+// record is Record at now, for a caller that already read the clock.
+func (b *Breaker) record(now time.Time, probe bool, latency time.Duration, o concurrency.Outcome) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	now := b.now()
 	bad := o == concurrency.Failure || (b.slowRatio > 0 && latency >= b.slowCall)
 	if probe {
 		if b.state != HalfOpen {

@@ -218,7 +218,6 @@ type Permit struct {
 	qp     priority.Permit
 	tenant string
 	probe  bool
-	start  time.Time
 }
 
 // Probe reports whether the call is one of the half-open breaker's
@@ -233,12 +232,14 @@ func (p Permit) Release(o concurrency.Outcome) {
 	if g == nil {
 		return
 	}
-	latency := g.clock.Now().Sub(p.start)
-	p.qp.Release(o)
+	// One clock read serves the queue, the limit's algorithm and the
+	// breaker.
+	now := g.clock.Now()
+	p.qp.ReleaseAt(now, o)
 	if g.tenants != nil {
 		g.tenants.Release(p.tenant)
 	}
-	g.breaker.Record(p.probe, latency, o)
+	g.breaker.record(now, p.probe, now.Sub(p.qp.Start()), o)
 }
 
 // Acquire admits r or refuses it; see the package documentation for the
@@ -276,7 +277,7 @@ func (g *Guard) Acquire(ctx context.Context, r Request) (Permit, priority.Decisi
 		g.breaker.Record(probe, 0, concurrency.Ignored)
 		return Permit{}, d
 	}
-	return Permit{g: g, qp: qp, tenant: r.Tenant, probe: probe, start: g.clock.Now()}, d
+	return Permit{g: g, qp: qp, tenant: r.Tenant, probe: probe}, d
 }
 
 func (g *Guard) currentLoad() Load {
