@@ -19,6 +19,12 @@
 //   - admission checks the limits that apply to a request before the call,
 //     in one Redis round trip or from local leases, settles the estimate
 //     afterwards, and writes OpenAI's rate-limit headers and 429s.
+//   - upstream guards an upstream every tenant shares: its breaker,
+//     load-driven degradation, per-tenant concurrency and the priority
+//     queue, behind one Acquire; priority holds the classes, the queue
+//     and the degradation levels, concurrency the in-flight limits and
+//     their adaptive algorithms (seed 003's rule and a gradient), shared
+//     across processes through Redis where the upstream is.
 //
 // The SDK lives in the root module (github.com/sluicehq/sluice) but links
 // nothing server-only: no ClickHouse driver, no embedded Kafka broker, no
