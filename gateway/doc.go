@@ -18,7 +18,7 @@
 //     (docs/flags.md describes it for gateways in other languages);
 //   - admission checks the limits that apply to a request before the call,
 //     in one Redis round trip or from local leases, settles the estimate
-//     afterwards, and writes OpenAI's rate-limit headers and 429s.
+//     afterwards, and writes OpenAI's rate-limit headers and 429s;
 //   - upstream guards an upstream every tenant shares: its breaker,
 //     load-driven degradation, per-tenant concurrency and the priority
 //     queue, behind one Acquire; priority holds the classes, the queue
