@@ -75,9 +75,10 @@ func (c *Caller) MayUse(model string) bool {
 // defaultClass is the metrics class of a key that names none.
 const defaultClass = "default"
 
-// parseKeys reads a gateway keys file; every problem is reported with the
-// entry's position and field.
-func parseKeys(data []byte) (*keyfile.Set[Caller], error) {
+// ParseKeys reads a gateway keys file's content (see keyEntry for the
+// format); every problem is reported with the entry's position and field.
+// Set.Authenticate returns a key's Caller.
+func ParseKeys(data []byte) (*keyfile.Set[Caller], error) {
 	now := time.Now()
 	return keyfile.Parse(data, func(where string, k *keyEntry) (*Caller, []error) {
 		var errs []error
@@ -130,7 +131,7 @@ func labelSafe(s string) bool {
 // openKeys opens the keys file, watched for changes; onReload counts
 // reloads.
 func openKeys(path string, log *slog.Logger, onReload func(error)) (*keyfile.File[Caller], error) {
-	return keyfile.Open(path, parseKeys, log, onReload)
+	return keyfile.Open(path, ParseKeys, log, onReload)
 }
 
 // KeyLine returns the keys file entry for a tenant key: its id, the
