@@ -291,6 +291,11 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		middleware.WithEstimateEvents(cfg.Usage.EstimateEvents),
 		middleware.WithEventFields(fillEvent),
 		middleware.WithLogger(log),
+		middleware.WithRefused(func(r *http.Request, _ checker.Decision) {
+			if c := callFrom(r.Context()); c != nil {
+				c.outcome, c.source = "refused", "none"
+			}
+		}),
 	}
 	if deps.Emitter != nil && !isNilEmitter(deps.Emitter) {
 		opts = append(opts, middleware.WithEmitter(deps.Emitter, cfg.Name))
