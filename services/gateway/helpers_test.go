@@ -61,7 +61,7 @@ const testKeys = `keys:
   - {id: boss, sha256: %boss%, tenant: acme, models: ["*"], priority: high, may_set_priority: true}
 `
 
-func writeKeys(t *testing.T) string {
+func writeKeys(t testing.TB) string {
 	t.Helper()
 	body := testKeys
 	for _, id := range []string{"acme", "mini-only", "boss"} {
@@ -78,7 +78,7 @@ func writeKeys(t *testing.T) string {
 }
 
 // testConfig is a valid configuration with the given upstreams.
-func testConfig(t *testing.T, ups ...Upstream) Config {
+func testConfig(t testing.TB, ups ...Upstream) Config {
 	t.Helper()
 	c := DefaultConfig()
 	c.KeysFile = writeKeys(t)
