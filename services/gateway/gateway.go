@@ -436,12 +436,8 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 	rw.Header().Set(headerRequestID, c.requestID)
 	defer s.finish(rw, c)
 
-	key, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	c.caller = s.keys.Authenticate(strings.TrimSpace(key))
-	if c.caller == nil {
+	if c.caller = s.authenticate(rw, r); c.caller == nil {
 		c.outcome = "unauthenticated"
-		writeError(rw, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key",
-			"Incorrect API key provided. Send a Sluice gateway key as Authorization: Bearer <key>.")
 		return
 	}
 	body, err := readBody(rw, r, s.cfg.MaxBodyBytes)

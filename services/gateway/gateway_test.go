@@ -471,3 +471,58 @@ func TestFlagsAndAdmission(t *testing.T) {
 		t.Errorf("admission settled %+v, want once with the call's usage", adm.settled)
 	}
 }
+
+// TestShutdownFinishesThenCutsAndSettles: at shutdown a stream that ends
+// within shutdown_timeout is relayed to its end; one that does not is cut
+// when the time is over, its upstream call cancelled, and settled with
+// what it generated — before shutdown returns, so the Emitter, closed
+// next, still sends it.
+func TestShutdownFinishesThenCutsAndSettles(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"some words were generated\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		if strings.Contains(r.Header.Get("X-Request-Id"), "forever") {
+			<-r.Context().Done()
+			return
+		}
+		<-release
+		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":5}}\n\ndata: [DONE]\n\n")
+	}))
+	defer up.Close()
+	cfg := oneUpstream(t, up.URL+"/v1")
+	g := startGateway(t, cfg, Deps{})
+	srv := httptest.NewUnstartedServer(g.Server)
+	srv.Start()
+	defer srv.Close()
+	var wg sync.WaitGroup
+	bodies := map[string]*strings.Builder{"finishes": {}, "forever": {}}
+	for id, b := range bodies {
+		resp, rd := openStream(t, context.Background(), srv.URL, "/v1/chat/completions", "sk-acme",
+			`{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}`, "X-Request-Id", id)
+		if _, err := rd.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); defer resp.Body.Close(); _, _ = rd.WriteTo(b) }()
+	}
+	done := make(chan error, 1)
+	go func() { done <- g.shutdown(srv.Config, 2*time.Second) }()
+	close(release) // the first stream ends during the drain
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("shutdown did not return")
+	}
+	if ev := g.sink.settlement(t, "finishes"); ev.PromptTokens != 4 || ev.CompletionTokens != 5 || ev.Outcome != schemas.OutcomeOK {
+		t.Errorf("stream that ended during the drain settled as %+v", ev)
+	}
+	if ev := g.sink.settlement(t, "forever"); ev.Attributes["cancelled"] != "shutdown" || ev.CompletionTokens == 0 || ev.Outcome == schemas.OutcomeError {
+		t.Errorf("stream cut at the end of the drain settled as %+v: want what it generated, cancelled=shutdown, not an error", ev)
+	}
+	wg.Wait()
+	if !strings.Contains(bodies["finishes"].String(), "[DONE]") {
+		t.Errorf("the stream that ended during the drain was cut: %q", bodies["finishes"])
+	}
+}

@@ -183,6 +183,13 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 		mc.SetAttribute("cancelled", "client")
 		c.outcome = "cancelled"
 	}
+	if err != nil && s.hardStop.Err() != nil {
+		// Cut by the end of the shutdown drain: settled at the estimate,
+		// not as the provider's failure.
+		mc.SetAttribute("cancelled", "shutdown")
+		c.outcome, c.source = "cancelled", "estimate"
+		return
+	}
 	if err != nil {
 		// The answer broke off: no usage to read, and the provider's
 		// bill for it unknown; settled as a failed call.

@@ -28,6 +28,11 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 	readErr := st.run(resp.Body)
 
 	switch {
+	case (readErr != nil || st.clientGone) && s.hardStop.Err() != nil:
+		// Cut by the end of the shutdown drain (which also closes the
+		// client's connection): not the provider's failure.
+		mc.SetAttribute("cancelled", "shutdown")
+		c.outcome = "cancelled"
 	case st.clientGone || r.Context().Err() != nil:
 		mc.SetAttribute("cancelled", "client")
 		c.outcome = "cancelled"
