@@ -17,7 +17,7 @@ type request struct {
 	IncludeUsage bool
 	// User is the body's "user" (OpenAI's end-user id), if a string.
 	User string
-	// streamOptions is the byte range of stream_options' value, or -1.
+	// soStart and soEnd are the byte range of stream_options' value, or -1.
 	soStart, soEnd int
 }
 
