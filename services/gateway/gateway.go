@@ -106,9 +106,8 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 		closeEmitter(context.Background(), em, closeSender, time.Second, log)
 		return fmt.Errorf("gateway: listen on %s: %w (set services.gateway.listen to a free address)", cfg.Listen, err)
 	}
-	var closing atomic.Bool
 	env.Health.AddReadiness("gateway", func(context.Context) error {
-		if closing.Load() {
+		if s.closing.Load() {
 			return errors.New("shutting down")
 		}
 		return nil
@@ -137,7 +136,6 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	})
 	g.Go(func() error {
 		<-gctx.Done()
-		closing.Store(true)
 		err := s.shutdown(srv, cfg.ShutdownTimeout)
 		// Only now, with every request settled, do the events leave.
 		closeEmitter(context.Background(), em, closeSender, cfg.Usage.FlushTimeout, log)
@@ -235,6 +233,7 @@ type Server struct {
 	inflight sync.WaitGroup
 	hardStop context.Context
 	stopAll  context.CancelFunc
+	closing  atomic.Bool
 	now      func() time.Time
 }
 
@@ -308,6 +307,15 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	mux.HandleFunc("GET /v1/models", s.listModels)
 	mux.HandleFunc("GET /v1/models/{model...}", s.getModel)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	// On the API port too, for load balancers that probe the port they
+	// send to: not ready from the moment a shutdown begins.
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if s.closing.Load() {
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url",
 			fmt.Sprintf("This gateway serves POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses and GET /v1/models, not %s %s.", r.Method, r.URL.Path))
@@ -338,6 +346,7 @@ func (s *Server) Close() { s.stopAll() }
 // timeout, cuts the rest (cancelling their upstream calls) and waits until
 // every request has settled.
 func (s *Server) shutdown(srv *http.Server, timeout time.Duration) error {
+	s.closing.Store(true)
 	sctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	err := srv.Shutdown(sctx)
