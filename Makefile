@@ -8,9 +8,15 @@ GO       ?= go
 PKGS     := github.com/sluicehq/sluice/...
 SERVICES := scripts/services.sh
 VENV     := .services/venv
+# The test virtualenv's packages, pinned: chdb checks the migrations on a
+# current ClickHouse, openai is the official client the gateway is tested
+# with. A change of this list reinstalls (the stamp names it).
+PY_DEPS  := chdb==4.4.0 openai==3.57.0
+PY_STAMP := $(VENV)/.deps-$(shell printf '%s' '$(PY_DEPS)' | cksum | cut -d' ' -f1)
 # Tests find the services at the script's default addresses (override with
-# the variables `scripts/services.sh env` prints) and chdb here:
+# the variables `scripts/services.sh env` prints) and Python here:
 export SLUICE_CHDB_PYTHON ?= $(CURDIR)/$(VENV)/bin/python
+export SLUICE_OPENAI_PYTHON ?= $(CURDIR)/$(VENV)/bin/python
 
 .PHONY: help run test unit e2e bench lint build services services-down chdb clean
 
@@ -48,11 +54,12 @@ services: ## start Kafka, ClickHouse, Redis, the Redis Cluster and Alertmanager 
 services-down: ## stop every service the script started
 	$(SERVICES) down
 
-chdb: $(VENV)/bin/python ## the embedded current ClickHouse used to check migrations
+chdb: $(PY_STAMP) ## the test virtualenv: chdb (migrations on current ClickHouse) and the official openai client
 
-$(VENV)/bin/python:
-	python3 -m venv $(VENV) || { apt-get install -y -qq python3-venv && python3 -m venv $(VENV); }
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check chdb==4.4.0
+$(PY_STAMP):
+	test -x $(VENV)/bin/python || python3 -m venv $(VENV) || { apt-get install -y -qq python3-venv && python3 -m venv $(VENV); }
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check $(PY_DEPS)
+	rm -f $(VENV)/.deps-* && touch $@
 
 clean: ## remove build output (service data stays; see scripts/services.sh reset)
 	rm -rf bin

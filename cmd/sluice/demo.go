@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -22,15 +23,14 @@ import (
 	"github.com/sluicehq/sluice/demo/dashboard"
 	"github.com/sluicehq/sluice/demo/loadgen"
 	"github.com/sluicehq/sluice/demo/mockllm"
-	"github.com/sluicehq/sluice/demo/refgateway"
 	"github.com/sluicehq/sluice/gateway/checker"
-	"github.com/sluicehq/sluice/gateway/emitter"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/lifecycle"
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
+	"github.com/sluicehq/sluice/services/gateway"
 )
 
 // Demo addresses: fixed so the README can name them, all on loopback.
@@ -77,7 +77,7 @@ func envOr(name, def string) string {
 }
 
 // demo runs the whole pipeline in this process with a mock LLM upstream,
-// the reference gateway, a load generator and a live view. It starts from a
+// `sluice gateway` in front of it, a load generator and a live view. It starts from a
 // fresh demo database each time, so the story replays from zero.
 func demo(ctx context.Context, args []string) error {
 	cfg := demoConfig()
@@ -106,11 +106,14 @@ func demo(ctx context.Context, args []string) error {
 	}
 	defer os.RemoveAll(filepath.Dir(keysFile))
 	cfg.Services.Ingest.KeysFile = keysFile
+	if err := demoGateway(&cfg, filepath.Dir(keysFile), ingestKey); err != nil {
+		return err
+	}
 	if err := demoSignalKey(&cfg.SignalAuth); err != nil {
 		return err
 	}
 
-	p, err := preparePipeline(ctx, &cfg, nil, log)
+	p, err := preparePipeline(ctx, &cfg, demoServices, log)
 	if err != nil {
 		return err
 	}
@@ -124,18 +127,6 @@ func demo(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	ecfg := emitter.DefaultConfig()
-	ecfg.Logger = log.With("component", "emitter")
-	ecfg.FlushInterval = 50 * time.Millisecond
-	em, err := emitter.New(&emitter.HTTPSender{URL: "http://" + demoIngestAddr, APIKey: ingestKey}, ecfg)
-	if err != nil {
-		return err
-	}
-	keys := map[string]refgateway.Caller{}
-	for _, t := range demoTenants {
-		keys[t.APIKey] = refgateway.Caller{Tenant: t.Name, APIKeyID: "key-" + t.Name}
-	}
-	gw := &refgateway.Gateway{Upstream: "http://" + demoUpstreamAddr, Keys: keys, Checker: chk, Emitter: em, Name: "demo-gateway"}
 	gen := &loadgen.Generator{URL: "http://" + demoGatewayAddr, Tenants: demoTenants}
 
 	conn, err := chconn.Open(ctx, cfg.ClickHouse)
@@ -146,16 +137,19 @@ func demo(ctx context.Context, args []string) error {
 	src := &demoSource{conn: conn, checker: chk, gen: gen, alertmanager: cfg.Services.Alerter.Alertmanager.URL}
 	tty := isTerminal(os.Stdout)
 
+	// Ctrl-C stops the load first, then the gateway (its streams finish
+	// against the mock, its last usage events are flushed), and ingest
+	// only after the gateway (preparePipeline orders that), so that no
+	// usage event of the run is lost.
+	for i := range p.tasks {
+		if p.tasks[i].Name == "gateway" {
+			p.tasks[i].StopsAfter = append(p.tasks[i].StopsAfter, "loadgen")
+		}
+	}
 	tasks := append(p.tasks,
 		lifecycle.Task{Name: "checker", Run: chk.Run},
-		lifecycle.Task{Name: "mock-llm", Run: serveHTTP(demoUpstreamAddr, mockllm.Handler())},
-		lifecycle.Task{Name: "gateway", Run: serveHTTP(demoGatewayAddr, gw.Handler())},
-		lifecycle.Task{Name: "emitter", Run: func(ctx context.Context) error {
-			<-ctx.Done()
-			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			return em.Close(cctx)
-		}},
+		lifecycle.Task{Name: "mock-llm", StopsAfter: []string{"gateway"},
+			Run: serveHTTP(demoUpstreamAddr, mockllm.New(mockllm.Options{StreamUsage: mockllm.UsageWhenAsked}))},
 		lifecycle.Task{Name: "loadgen", Run: func(ctx context.Context) error {
 			if err := waitReady(ctx, chk, demoIngestAddr); err != nil {
 				return err
@@ -169,6 +163,33 @@ func demo(ctx context.Context, args []string) error {
 	fmt.Printf("sluice demo: gateway http://%s (OpenAI-compatible), ingest http://%s, metrics http://%s/metrics, Alertmanager %s\n",
 		demoGatewayAddr, demoIngestAddr, cfg.Ops.Listen, cfg.Services.Alerter.Alertmanager.URL)
 	return lifecycle.Run(ctx, log, cfg.ShutdownGrace, tasks...)
+}
+
+// demoServices are what the demo runs in its process: the whole pipeline
+// and `sluice gateway` in front of the mock LLM.
+var demoServices = []string{"ingest", "aggregator", "enforcer", "alerter", "reconciler", "gateway"}
+
+// demoGateway configures `sluice gateway` for the demo: the tenants' keys
+// (only their hashes are written), the mock LLM as the one upstream of
+// every model, the run's flag prefix, and ingest with the run's key.
+func demoGateway(c *Config, dir, ingestKey string) error {
+	g := &c.Services.Gateway
+	g.Listen, g.Name = demoGatewayAddr, "demo-gateway"
+	var keys strings.Builder
+	keys.WriteString("keys:\n")
+	for _, t := range demoTenants {
+		keys.WriteString(gateway.KeyLine("key-"+t.Name, t.APIKey, t.Name, nil))
+	}
+	g.KeysFile = filepath.Join(dir, "gateway-keys.yaml")
+	if err := os.WriteFile(g.KeysFile, []byte(keys.String()), 0o600); err != nil {
+		return err
+	}
+	g.Upstreams = []gateway.Upstream{{Name: "mock-llm", BaseURL: "http://" + demoUpstreamAddr + "/v1", Models: []string{"*"}}}
+	g.Checker.KeyPrefix = c.Services.Enforcer.KeyPrefix
+	g.Usage.Sink, g.Usage.IngestURL = gateway.SinkIngest, "http://"+demoIngestAddr
+	g.Usage.IngestAPIKeyFile = filepath.Join(dir, "ingest-key")
+	g.Usage.FlushInterval = 50 * time.Millisecond
+	return os.WriteFile(g.Usage.IngestAPIKeyFile, []byte(ingestKey+"\n"), 0o600)
 }
 
 // waitReady holds the load back until the gateway can see flags and ingest
@@ -231,7 +252,7 @@ func resetDemoDatabase(ctx context.Context, c chconn.Config) error {
 }
 
 // writeDemoKeys creates the ingest keys file with a fresh random key for
-// the reference gateway; only its hash is written.
+// the demo's gateway; only its hash is written.
 func writeDemoKeys() (path, key string, err error) {
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/sluicehq/sluice/services/gateway"
 	"github.com/sluicehq/sluice/services/ingest/apikey"
 )
 
@@ -30,5 +31,38 @@ func TestDemoKeysLoad(t *testing.T) {
 		if !id.Allows(tenant) {
 			t.Errorf("demo key may not report %s", tenant)
 		}
+	}
+}
+
+// TestDemoGatewayConfiguration: the demo's `sluice gateway` section
+// validates, its keys file lets each load-generator tenant in under its
+// own tenant, and the gateway sends usage to the demo's ingest with the
+// key ingest knows.
+func TestDemoGatewayConfiguration(t *testing.T) {
+	cfg := demoConfig()
+	dir := t.TempDir()
+	if err := demoGateway(&cfg, dir, "sk-ingest-demo"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Services.Gateway.Validate(); err != nil {
+		t.Fatalf("demo gateway section: %v", err)
+	}
+	data, err := os.ReadFile(cfg.Services.Gateway.KeysFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := gateway.ParseKeys(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tn := range demoTenants {
+		c := keys.Authenticate(tn.APIKey)
+		if c == nil || c.Tenant != tn.Name || !c.MayUse(tn.Model) {
+			t.Errorf("demo key of %s: %+v", tn.Name, c)
+		}
+	}
+	key, _ := os.ReadFile(cfg.Services.Gateway.Usage.IngestAPIKeyFile)
+	if string(key) != "sk-ingest-demo\n" || cfg.Services.Gateway.Checker.KeyPrefix != cfg.Services.Enforcer.KeyPrefix {
+		t.Errorf("ingest key %q, flag prefixes %q / %q", key, cfg.Services.Gateway.Checker.KeyPrefix, cfg.Services.Enforcer.KeyPrefix)
 	}
 }

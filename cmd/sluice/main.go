@@ -2,7 +2,8 @@
 // and applies the ClickHouse migrations.
 //
 //	sluice migrate [flags]            apply ClickHouse migrations (idempotent)
-//	sluice run [flags] [service ...]  run the named services (default: all)
+//	sluice run [flags] [service ...]  run the named services (default: the pipeline;
+//	                                  the gateway runs when named)
 //	sluice services                   list the services
 //
 // Configuration comes from a YAML file (-config or SLUICE_CONFIG), SLUICE_*
@@ -36,8 +37,8 @@ const usage = `usage: sluice <command> [flags]
 
 commands:
   migrate    apply ClickHouse migrations (safe to repeat)
-  run        run services: sluice run [flags] [service ...] (default: all)
-  demo       the whole pipeline with a mock LLM, a reference gateway, load and a live view (make run)
+  run        run services: sluice run [flags] [service ...] (default: all but gateway, which runs when named)
+  demo       the whole pipeline with a mock LLM, sluice gateway in front of it, load and a live view (make run)
   services   list the services this binary can run
   config-reference  print every setting as a Markdown table (docs/configuration.md)
   healthcheck URL   exit 0 if URL answers 2xx (for container healthchecks)

@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/services/aggregator"
 	"github.com/sluicehq/sluice/services/alerter"
 	"github.com/sluicehq/sluice/services/enforcer"
+	"github.com/sluicehq/sluice/services/gateway"
 	"github.com/sluicehq/sluice/services/ingest"
 	"github.com/sluicehq/sluice/services/reconciler"
 )
@@ -32,6 +33,7 @@ type ServiceConfigs struct {
 	Enforcer   enforcer.Config   `yaml:"enforcer"`
 	Alerter    alerter.Config    `yaml:"alerter"`
 	Reconciler reconciler.Config `yaml:"reconciler"`
+	Gateway    gateway.Config    `yaml:"gateway"`
 }
 
 func defaultServiceConfigs() ServiceConfigs {
@@ -41,6 +43,7 @@ func defaultServiceConfigs() ServiceConfigs {
 		Enforcer:   enforcer.DefaultConfig(),
 		Alerter:    alerter.DefaultConfig(),
 		Reconciler: reconciler.DefaultConfig(),
+		Gateway:    gateway.DefaultConfig(),
 	}
 	// In one process the root policy_file is the default for every service.
 	s.Reconciler.PolicyFile = ""
@@ -60,6 +63,12 @@ type service struct {
 	// signals is true for the services that sign or verify signals, and
 	// so need signal_auth.
 	signals bool
+	// optIn services run only when named: `sluice run` without names
+	// starts the pipeline, not a gateway that needs upstreams and keys.
+	optIn bool
+	// stopsAfter names services that, when they run in the same process,
+	// must have stopped before this one is asked to (lifecycle.Task.StopsAfter).
+	stopsAfter []string
 }
 
 type validator interface{ Validate() error }
@@ -75,7 +84,10 @@ func sharedPolicy(own *string, root string) {
 // services lists, in data-flow order, what `sluice run` can start.
 var services = []service{
 	{name: "ingest", about: "HTTP API for gateways → Kafka sluice.usage.v1",
-		prepare: func(c *Config) validator { return c.Services.Ingest },
+		// A gateway in this process flushes its last usage events into
+		// ingest as it stops: ingest must still be there to take them.
+		stopsAfter: []string{"gateway"},
+		prepare:    func(c *Config) validator { return c.Services.Ingest },
 		run: func(ctx context.Context, c *Config, env platform.Env) error {
 			return ingest.Run(ctx, c.Services.Ingest, env)
 		}},
@@ -111,6 +123,11 @@ var services = []service{
 		run: func(ctx context.Context, c *Config, env platform.Env) error {
 			return reconciler.Run(ctx, c.Services.Reconciler, env)
 		}},
+	{name: "gateway", optIn: true, about: "OpenAI-compatible proxy in front of the providers: flags, metering, usage events (only when named)",
+		prepare: func(c *Config) validator { return c.Services.Gateway },
+		run: func(ctx context.Context, c *Config, env platform.Env) error {
+			return gateway.Run(ctx, c.Services.Gateway, env)
+		}},
 }
 
 // chooseServices resolves service names (none = all) and validates the
@@ -126,7 +143,7 @@ func chooseServices(cfg *Config, names []string) ([]service, error) {
 		errs   []error
 	)
 	for _, s := range services {
-		if len(names) == 0 || slices.Contains(names, s.name) {
+		if (len(names) == 0 && !s.optIn) || slices.Contains(names, s.name) {
 			chosen = append(chosen, s)
 			if err := s.prepare(cfg).Validate(); err != nil {
 				errs = append(errs, fmt.Errorf("services.%s: %w", s.name, err))
@@ -208,7 +225,13 @@ func preparePipeline(ctx context.Context, cfg *Config, names []string, log *slog
 	for _, s := range chosen {
 		p.env.Health.Expect(s.name)
 		senv := p.env.Named(s.name)
-		p.tasks = append(p.tasks, lifecycle.Task{Name: s.name, Run: func(ctx context.Context) error { return s.run(ctx, cfg, senv) }})
+		var after []string
+		for _, a := range s.stopsAfter {
+			if slices.ContainsFunc(chosen, func(o service) bool { return o.name == a }) {
+				after = append(after, a)
+			}
+		}
+		p.tasks = append(p.tasks, lifecycle.Task{Name: s.name, StopsAfter: after, Run: func(ctx context.Context) error { return s.run(ctx, cfg, senv) }})
 	}
 	return p, nil
 }

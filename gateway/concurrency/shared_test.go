@@ -16,7 +16,7 @@ const within = 10 * time.Second
 
 // sharedPair returns two gates, two gateway processes sharing one
 // upstream's count in the real Redis under a unique prefix.
-func sharedPair(t *testing.T, limit int, opts ...SharedOpt) (*redis.Client, *Shared, *Shared) {
+func sharedPair(t *testing.T, limit int, opts ...SharedOpt) (redis.UniversalClient, *Shared, *Shared) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("needs Redis")

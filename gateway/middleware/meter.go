@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -70,6 +71,17 @@ func WithEstimateEvents(on bool) Option { return func(m *mw) { m.noEstimateEvent
 // Usage is what the provider reported for a call.
 type Usage struct {
 	PromptTokens, CompletionTokens, CachedTokens int64
+	// ReasoningTokens is the part of CompletionTokens the model spent
+	// reasoning, where the provider reports it; the settlement carries it
+	// as attribute reasoning_tokens (the event has no field for it).
+	ReasoningTokens int64
+	// Counted marks tokens the gateway counted itself because the provider
+	// reported none (a stream without a usage chunk, a provider without
+	// usage): the settlement carries attribute usage=counted. The event's
+	// Estimated field is not used for this: it marks a pre-debit that a
+	// later event settles, and a settlement marked so would be dropped as
+	// a duplicate of its own estimate.
+	Counted bool
 }
 
 // Call is one metered request, in its context while the handler runs.
@@ -83,6 +95,8 @@ type Call struct {
 	usage    Usage
 	reported bool
 	provider string
+	outcome  schemas.Outcome
+	attrs    map[string]string
 }
 
 type callKey struct{}
@@ -117,6 +131,32 @@ func (c *Call) Report(u Usage) {
 func (c *Call) SetProvider(p string) {
 	c.mu.Lock()
 	c.provider = p
+	c.mu.Unlock()
+}
+
+// SetOutcome makes o the settlement's outcome, in place of the one the
+// middleware derives from the status: for a call the handler knows more
+// about — OutcomeTimeout for an upstream that ran out of its own time
+// (the request's deadline did not pass), OutcomeRejected for a call a
+// request-path limiter refused after its estimate was sent. A rejected
+// call's settlement carries no tokens, whatever was reported.
+func (c *Call) SetOutcome(o schemas.Outcome) {
+	c.mu.Lock()
+	c.outcome = o
+	c.mu.Unlock()
+}
+
+// SetAttribute adds an attribute to the settlement (the upstream's
+// attempts, why a call ended). The middleware's own attributes (usage,
+// cancelled, reasoning_tokens) win over one of the same name. Keys and
+// values must fit the event's limits (schemas.MaxAttributes and the
+// lengths it names) or the settlement is invalid and dropped.
+func (c *Call) SetAttribute(key, value string) {
+	c.mu.Lock()
+	if c.attrs == nil {
+		c.attrs = map[string]string{}
+	}
+	c.attrs[key] = value
 	c.mu.Unlock()
 }
 
@@ -161,12 +201,19 @@ func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, te
 		endpoint = endpoint[:schemas.MaxStringLen]
 	}
 	base := schemas.UsageEvent{ID: c.id, Tenant: tenant, Model: model, APIKeyID: key, Endpoint: endpoint, Gateway: m.gateway}
+	if m.fields != nil {
+		m.applyFields(r, &base)
+		if base.ID == "" {
+			base.ID = c.id
+		}
+		c.id = base.ID
+	}
 	var ticket *admission.Ticket
 	if m.adm != nil {
 		// Admission runs after the flags (a flag refusal costs no Redis
 		// call) and before the estimate event: a refused request is not
 		// metered as a call, it is one refusal event.
-		t, err := m.adm.Admit(r.Context(), admission.Request{ID: c.id, Tenant: tenant, Model: model, Key: key,
+		t, err := m.adm.Admit(r.Context(), admission.Request{ID: base.ID, Tenant: tenant, Model: model, Key: key,
 			Endpoint: endpoint, PromptTokens: c.est.Prompt, CompletionTokens: c.est.Completion})
 		switch {
 		case err != nil:
@@ -225,11 +272,21 @@ func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, te
 func (m *mw) settle(ctx context.Context, c *Call, base schemas.UsageEvent, status int, panicked bool) schemas.UsageEvent {
 	end := m.now()
 	c.mu.Lock()
-	u, reported, provider := c.usage, c.reported, c.provider
+	u, reported, provider, outcome := c.usage, c.reported, c.provider, c.outcome
+	attrs := make(map[string]string, len(base.Attributes)+len(c.attrs)+3)
+	for k, v := range base.Attributes {
+		attrs[k] = v
+	}
+	for k, v := range c.attrs {
+		attrs[k] = v
+	}
 	c.mu.Unlock()
 
 	ev := base
-	ev.Time, ev.Provider, ev.LatencyMS = end.UTC(), provider, max(0, min(end.Sub(c.start).Milliseconds(), schemas.MaxLatencyMS))
+	ev.Time, ev.LatencyMS = end.UTC(), max(0, min(end.Sub(c.start).Milliseconds(), schemas.MaxLatencyMS))
+	if provider != "" {
+		ev.Provider = provider
+	}
 	ctxErr := ctx.Err()
 	if reported && !panicked && status >= 200 && status < 300 {
 		// The usage arrives at the end of a call: it completed, even if
@@ -263,27 +320,39 @@ func (m *mw) settle(ctx context.Context, c *Call, base schemas.UsageEvent, statu
 	default:
 		ev.Outcome = schemas.OutcomeOK
 	}
+	if outcome != "" {
+		ev.Outcome = outcome
+	}
 	ev.Status = status
 	ok := ev.Outcome == schemas.OutcomeOK && status < 300
 	switch {
+	case ev.Outcome == schemas.OutcomeRejected:
+		attrs["usage"] = "none"
 	case reported:
 		ev.PromptTokens, ev.CompletionTokens = clampTokens(u.PromptTokens), clampTokens(u.CompletionTokens)
 		ev.CachedTokens = min(clampTokens(u.CachedTokens), ev.PromptTokens)
-		if ok {
+		if u.ReasoningTokens > 0 {
+			attrs["reasoning_tokens"] = strconv.FormatInt(min(clampTokens(u.ReasoningTokens), ev.CompletionTokens), 10)
+		}
+		if u.Counted {
+			attrs["usage"] = "counted"
+		}
+		if ok && !u.Counted {
 			// Keyed by the body's model, which is what Estimate looks up.
 			m.est.Observe(base.Tenant, c.est.Model, u.PromptTokens, u.CompletionTokens)
 		}
 	case ok && c.estErr == nil:
 		ev.PromptTokens, ev.CompletionTokens = clampTokens(c.est.Prompt), clampTokens(c.est.Completion)
-		ev.Attributes = map[string]string{"usage": "estimate"}
+		attrs["usage"] = "estimate"
 	default:
-		ev.Attributes = map[string]string{"usage": "none"}
+		attrs["usage"] = "none"
 	}
 	if cancelled {
-		if ev.Attributes == nil {
-			ev.Attributes = map[string]string{}
-		}
-		ev.Attributes["cancelled"] = "client"
+		attrs["cancelled"] = "client"
+	}
+	ev.Attributes = nil
+	if len(attrs) > 0 {
+		ev.Attributes = attrs
 	}
 	if m.emitter != nil {
 		out := ev

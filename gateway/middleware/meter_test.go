@@ -306,3 +306,75 @@ func TestMeteringLeavesOtherRequestsAlone(t *testing.T) {
 		t.Fatalf("large body: %d %s, %d calls, events %+v", rec.Code, rec.Body, calls, s.all())
 	}
 }
+
+// TestEventFieldsAndCallDetails: WithEventFields gives the estimate and
+// the settlement the gateway's id, user and priority (the refusal event
+// its user but a fresh id); the handler's outcome, attributes, reasoning
+// tokens and counted usage reach the settlement; a rejected call is
+// settled at zero tokens.
+func TestEventFieldsAndCallDetails(t *testing.T) {
+	fields := WithEventFields(func(r *http.Request, ev *schemas.UsageEvent) {
+		ev.ID = r.Header.Get("X-Request-Id")
+		ev.User, ev.Priority = "u-7", schemas.PriorityHigh
+		ev.Attributes = map[string]string{"team": "search"}
+		ev.Tenant, ev.PromptTokens = "someone-else", 99 // the middleware's fields are not the gateway's to set
+	})
+	for _, tc := range []struct {
+		name    string
+		handler http.HandlerFunc
+		check   func(settled schemas.UsageEvent) bool
+	}{
+		{"reasoning and counted", func(w http.ResponseWriter, r *http.Request) {
+			c := CallFrom(r.Context())
+			c.SetAttribute("attempts", "2")
+			c.Report(Usage{PromptTokens: 40, CompletionTokens: 30, ReasoningTokens: 12, Counted: true})
+		}, func(s schemas.UsageEvent) bool {
+			return s.PromptTokens == 40 && s.CompletionTokens == 30 && s.Outcome == schemas.OutcomeOK &&
+				s.Attributes["reasoning_tokens"] == "12" && s.Attributes["usage"] == "counted" &&
+				s.Attributes["attempts"] == "2" && s.Attributes["team"] == "search"
+		}},
+		{"upstream timeout", func(w http.ResponseWriter, r *http.Request) {
+			c := CallFrom(r.Context())
+			c.SetOutcome(schemas.OutcomeTimeout)
+			w.WriteHeader(http.StatusGatewayTimeout)
+		}, func(s schemas.UsageEvent) bool {
+			return s.Outcome == schemas.OutcomeTimeout && s.Status == 504 && s.TotalTokens() == 0
+		}},
+		{"rejected after the estimate", func(w http.ResponseWriter, r *http.Request) {
+			c := CallFrom(r.Context())
+			c.SetOutcome(schemas.OutcomeRejected)
+			c.Report(Usage{PromptTokens: 5})
+			w.WriteHeader(http.StatusTooManyRequests)
+		}, func(s schemas.UsageEvent) bool {
+			return s.Outcome == schemas.OutcomeRejected && s.Status == 429 && s.TotalTokens() == 0 && s.Attributes["usage"] == "none"
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &syncSink{}
+			h := metered(t, fixed{}, newEstimator(t), s, tc.handler, fields)
+			req := chatRequest(context.Background(), "acme")
+			req.Header.Set("X-Request-Id", "req-"+strings.ReplaceAll(tc.name, " ", "-"))
+			h.ServeHTTP(httptest.NewRecorder(), req)
+			e, settled := pair(t, s.all())
+			if e.ID != req.Header.Get("X-Request-Id") || e.User != "u-7" || settled.User != "u-7" || settled.Priority != schemas.PriorityHigh ||
+				e.Attributes["team"] != "search" {
+				t.Errorf("event fields not applied: %+v / %+v", e, settled)
+			}
+			if !tc.check(settled) {
+				t.Errorf("settlement %+v", settled)
+			}
+		})
+	}
+
+	s := &syncSink{}
+	refused := fixed{"acme": {Outcome: checker.Refused, Flag: &flags.Flag{State: flags.StateOpen, Kind: flags.KindManual}}}
+	h := metered(t, refused, newEstimator(t), s, func(http.ResponseWriter, *http.Request) { t.Error("refused request reached the handler") }, fields)
+	req := chatRequest(context.Background(), "acme")
+	req.Header.Set("X-Request-Id", "req-refused")
+	h.ServeHTTP(httptest.NewRecorder(), req)
+	evs := s.all()
+	if len(evs) != 1 || evs[0].ID == "req-refused" || evs[0].User != "u-7" || evs[0].Attributes["refused_by"] != "manual" ||
+		evs[0].Attributes["team"] != "search" || evs[0].Tenant != "acme" {
+		t.Fatalf("refusal events %+v: want one with a fresh id, the gateway's user and refused_by", evs)
+	}
+}

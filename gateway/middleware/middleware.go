@@ -117,6 +117,24 @@ type mw struct {
 	est              *estimate.Estimator // WithEstimates: meter allowed requests
 	adm              *admission.Limiter  // WithAdmission: check limits before the call
 	noEstimateEvents bool                // WithEstimateEvents(false)
+
+	fields func(r *http.Request, ev *schemas.UsageEvent) // WithEventFields
+}
+
+// WithEventFields lets the gateway fill in what it knows about a request
+// that the middleware does not: f is called with every event's common
+// part before it is emitted — the estimate and the settlement of a
+// metered call (once, before the estimate, so both carry the same
+// fields), and each refusal event. It may set ID, User, Priority,
+// SessionID, Provider and Attributes; the tenant, model, key, endpoint,
+// gateway, times, tokens, status and outcome are the middleware's. An ID
+// it sets becomes the metered call's id (Call.ID) and must be a valid
+// event id, unique per call: a repeated id is deduplicated by Sluice,
+// so the later call would go uncounted. Refusal events keep their own
+// fresh id for that reason. Attributes it sets are not changed
+// afterwards; the settlement adds its own to a copy.
+func WithEventFields(f func(r *http.Request, ev *schemas.UsageEvent)) Option {
+	return func(m *mw) { m.fields = f }
 }
 
 // New returns middleware that checks each request with d.
@@ -153,7 +171,14 @@ func New(d Decider, id Identify, opts ...Option) func(http.Handler) http.Handler
 			}
 			now := m.now()
 			if m.emitRefusals {
-				_ = m.emitter.Emit(RefusalEvent(d, tenant, model, key, r.URL.Path, m.gateway, now))
+				ev := RefusalEvent(d, tenant, model, key, r.URL.Path, m.gateway, now)
+				if m.fields != nil {
+					id := ev.ID
+					m.applyFields(r, ev)
+					ev.ID = id
+					ev.Attributes = withRefusedBy(ev.Attributes, d)
+				}
+				_ = m.emitter.Emit(ev)
 			}
 			Refuse(w, d, tenant, model, now)
 		})
@@ -194,6 +219,30 @@ func RefusalEvent(d checker.Decision, tenant, model, apiKeyID, endpoint, gateway
 		Endpoint: endpoint, Gateway: gateway, Status: Status(d), Outcome: schemas.OutcomeRejected,
 		Attributes: map[string]string{"refused_by": by},
 	}
+}
+
+// applyFields lets WithEventFields' function fill ev, then restores the
+// fields that are the middleware's own.
+func (m *mw) applyFields(r *http.Request, ev *schemas.UsageEvent) {
+	own := *ev
+	m.fields(r, ev)
+	ev.Time, ev.Tenant, ev.Model, ev.APIKeyID, ev.Endpoint, ev.Gateway = own.Time, own.Tenant, own.Model, own.APIKeyID, own.Endpoint, own.Gateway
+	ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens = own.PromptTokens, own.CompletionTokens, own.CachedTokens
+	ev.Status, ev.Outcome, ev.LatencyMS, ev.Estimated = own.Status, own.Outcome, own.LatencyMS, own.Estimated
+}
+
+// withRefusedBy returns attrs (copied) with the refusal's refused_by
+// attribute, for a refusal event whose attributes WithEventFields set.
+func withRefusedBy(attrs map[string]string, d checker.Decision) map[string]string {
+	out := make(map[string]string, len(attrs)+1)
+	for k, v := range attrs {
+		out[k] = v
+	}
+	out["refused_by"] = "fail_closed"
+	if d.Flag != nil {
+		out["refused_by"] = string(d.Flag.Kind)
+	}
+	return out
 }
 
 func newID() string {

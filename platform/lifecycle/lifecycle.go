@@ -1,7 +1,9 @@
 // Package lifecycle runs a group of long-running tasks in one process and
 // shuts them all down together: on SIGINT/SIGTERM, or as soon as one of them
 // fails, every task's context is cancelled and Run waits for all of them to
-// return, up to a grace period.
+// return, up to a grace period. A task may ask to be stopped only after
+// others have returned (Task.StopsAfter), so that a service keeps serving
+// the ones that depend on it while they finish.
 package lifecycle
 
 import (
@@ -11,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -21,28 +24,54 @@ import (
 type Task struct {
 	Name string
 	Run  func(ctx context.Context) error
+	// StopsAfter names tasks of the same Run that must have returned
+	// before this task's context is cancelled at shutdown. Ingest stops
+	// after a gateway in the same process, for example, so that the
+	// gateway's last usage events, flushed as it stops, are still
+	// accepted. Every task still shares the one grace period.
+	StopsAfter []string
 }
 
 // Run starts every task and blocks until all have returned. The first task
-// error (or a signal) cancels the others; a task still running grace after
-// cancellation is abandoned with an error naming it, so a stuck dependency
-// cannot hang shutdown forever.
+// error (or a signal) starts the shutdown: each task's context is cancelled
+// once the tasks it StopsAfter have returned, at once for the others. A
+// task still running grace after the shutdown began is abandoned with an
+// error naming it, so a stuck dependency cannot hang shutdown forever.
+// Two tasks of one name, StopsAfter naming an unknown task, or a cycle is
+// an error before any task starts.
 func Run(ctx context.Context, log *slog.Logger, grace time.Duration, tasks ...Task) error {
+	if err := checkOrder(tasks); err != nil {
+		return err
+	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 
 	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		first error
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		first   error
+		running = map[string]bool{}
 	)
+	done := make(map[string]chan struct{}, len(tasks))
 	for _, t := range tasks {
+		done[t.Name] = make(chan struct{})
+		running[t.Name] = true
+	}
+	cancels := make([]context.CancelCauseFunc, len(tasks))
+	for i, t := range tasks {
+		// Each task's context outlives the shared one until its turn.
+		tctx, tcancel := context.WithCancelCause(context.WithoutCancel(ctx))
+		cancels[i] = tcancel
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := t.Run(ctx)
+			defer close(done[t.Name])
+			err := t.Run(tctx)
+			mu.Lock()
+			delete(running, t.Name)
+			mu.Unlock()
 			if err != nil && !errors.Is(err, context.Canceled) {
 				err = fmt.Errorf("%s: %w", t.Name, err)
 				log.Error("task failed; stopping the process", "task", t.Name, "err", err)
@@ -55,19 +84,88 @@ func Run(ctx context.Context, log *slog.Logger, grace time.Duration, tasks ...Ta
 			}
 		}()
 	}
+	defer func() {
+		for _, c := range cancels {
+			c(nil)
+		}
+	}()
 
 	<-ctx.Done()
-	log.Info("shutting down", "cause", context.Cause(ctx).Error(), "grace", grace.String())
+	cause := context.Cause(ctx)
+	log.Info("shutting down", "cause", cause.Error(), "grace", grace.String())
+	for i, t := range tasks {
+		go func() {
+			for _, n := range t.StopsAfter {
+				<-done[n]
+			}
+			cancels[i](cause)
+		}()
+	}
 	all := make(chan struct{})
 	go func() { wg.Wait(); close(all) }()
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
 	select {
 	case <-all:
-	case <-time.After(grace):
+	case <-timer.C:
 		mu.Lock()
 		defer mu.Unlock()
-		return fmt.Errorf("shutdown: tasks still running after %s; abandoning them", grace)
+		names := make([]string, 0, len(running))
+		for n := range running {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		return fmt.Errorf("shutdown: tasks still running after %s: %v; abandoning them", grace, names)
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	return first
+}
+
+// checkOrder refuses StopsAfter names that are not tasks and cycles, which
+// would hold their tasks until the grace period ran out.
+func checkOrder(tasks []Task) error {
+	byName := make(map[string]*Task, len(tasks))
+	for i := range tasks {
+		if byName[tasks[i].Name] != nil {
+			return fmt.Errorf("lifecycle: two tasks are named %q", tasks[i].Name)
+		}
+		byName[tasks[i].Name] = &tasks[i]
+	}
+	for _, t := range tasks {
+		for _, n := range t.StopsAfter {
+			if byName[n] == nil {
+				return fmt.Errorf("lifecycle: task %s stops after %q, which is not a task of this process", t.Name, n)
+			}
+		}
+	}
+	const (
+		unvisited = iota
+		visiting
+		visited
+	)
+	state := map[string]int{}
+	var visit func(name string, path []string) error
+	visit = func(name string, path []string) error {
+		switch state[name] {
+		case visiting:
+			return fmt.Errorf("lifecycle: tasks stop after each other in a cycle: %v", append(path, name))
+		case visited:
+			return nil
+		}
+		state[name] = visiting
+		for _, n := range byName[name].StopsAfter {
+			if err := visit(n, append(path, name)); err != nil {
+				return err
+			}
+		}
+		state[name] = visited
+		return nil
+	}
+	for _, t := range tasks {
+		if err := visit(t.Name, nil); err != nil {
+			return err
+		}
+	}
+	return nil
 }

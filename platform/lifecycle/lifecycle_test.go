@@ -47,3 +47,49 @@ func TestStuckTaskIsAbandonedAfterGrace(t *testing.T) {
 		t.Fatalf("Run = %v, want a shutdown error", err)
 	}
 }
+
+// TestStopsAfterOrdersTheShutdown: a task that stops after another keeps
+// its context until that one has returned, and can still serve it while
+// it finishes (the gateway flushing its usage events into ingest).
+func TestStopsAfterOrdersTheShutdown(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan string, 1)
+	var flushedWhileUp bool
+	go cancel()
+	err := Run(ctx, slog.New(slog.NewTextHandler(io.Discard, nil)), 10*time.Second,
+		Task{Name: "ingest", StopsAfter: []string{"gateway"}, Run: func(ctx context.Context) error {
+			for {
+				select {
+				case <-served:
+					served <- "acknowledged"
+				case <-ctx.Done():
+					return nil
+				}
+			}
+		}},
+		Task{Name: "gateway", Run: func(ctx context.Context) error {
+			<-ctx.Done()
+			served <- "last events"
+			// Without the order, ingest could be gone and this would wait
+			// until the test's deadline.
+			flushedWhileUp = <-served == "acknowledged"
+			return nil
+		}},
+	)
+	if err != nil || !flushedWhileUp {
+		t.Fatalf("Run = %v, gateway's last events acknowledged: %v", err, flushedWhileUp)
+	}
+}
+
+func TestStopsAfterMustNameTasksWithoutCycles(t *testing.T) {
+	noop := func(context.Context) error { return nil }
+	for name, tasks := range map[string][]Task{
+		`stops after "gatway", which is not a task`: {{Name: "ingest", Run: noop, StopsAfter: []string{"gatway"}}},
+		"cycle: [a b a]": {{Name: "a", Run: noop, StopsAfter: []string{"b"}}, {Name: "b", Run: noop, StopsAfter: []string{"a"}}},
+	} {
+		err := Run(context.Background(), slog.New(slog.NewTextHandler(io.Discard, nil)), time.Second, tasks...)
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("Run = %v, want an error saying %s", err, name)
+		}
+	}
+}

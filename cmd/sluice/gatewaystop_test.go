@@ -1,0 +1,236 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/demo/mockllm"
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/platform/lifecycle"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/gateway"
+)
+
+// lossLog records log lines that report lost usage events.
+type lossLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *lossLog) Write(p []byte) (int, error) {
+	s := string(p)
+	if strings.Contains(s, "lost") || strings.Contains(s, "undelivered") {
+		l.mu.Lock()
+		l.lines = append(l.lines, s)
+		l.mu.Unlock()
+	}
+	return len(p), nil
+}
+
+// TestStoppingTheGatewayUnderLoadLosesNoUsage: `sluice run ingest gateway`
+// (the demo's arrangement) is stopped, as by Ctrl-C, while clients keep
+// it busy with streamed and plain calls. Every call a client got an
+// answer for has its settlement in the usage topic, and nothing reports
+// a lost event: the gateway finishes its streams and flushes its Emitter
+// before ingest stops.
+func TestStoppingTheGatewayUnderLoadLosesNoUsage(t *testing.T) {
+	kc := itest.Kafka(t)
+	rc := itest.Redis(t)
+	dir := t.TempDir()
+	topic := itest.Unique(t, "gwstop_usage")
+
+	// A slow stream: each of its 8 chunks waits 20 ms, so calls are in
+	// flight whenever the stop comes.
+	up := httptest.NewServer(mockllm.New(mockllm.Options{StreamUsage: mockllm.UsageWhenAsked, ChunkDelay: 20 * time.Millisecond}))
+	defer up.Close()
+
+	cfg := defaultConfig()
+	cfg.Kafka = kc
+	cfg.Redis = rc
+	cfg.Migrate = false
+	cfg.Log.Format = "text"
+	cfg.Ops.Listen = freeAddr(t)
+	cfg.ShutdownGrace = 60 * time.Second
+	cfg.Services.Ingest.Listen = freeAddr(t)
+	cfg.Services.Ingest.Topic = topic
+	ingestKey := "sk-ingest-" + itest.Unique(t, "")
+	sum := sha256.Sum256([]byte(ingestKey))
+	cfg.Services.Ingest.KeysFile = writeFile(t, dir, "ingest-keys.yaml", "keys:\n  - {id: gw, sha256: "+hex.EncodeToString(sum[:])+", tenants: [\"*\"]}\n")
+	g := &cfg.Services.Gateway
+	g.Listen = freeAddr(t)
+	g.KeysFile = writeFile(t, dir, "gateway-keys.yaml", "keys:\n"+gateway.KeyLine("load", "sk-load", "loadco", nil))
+	g.Upstreams = []gateway.Upstream{{Name: "mock", BaseURL: up.URL + "/v1", Models: []string{"*"}}}
+	g.Checker.KeyPrefix = itest.Unique(t, "gwstop") + ":"
+	g.Usage.IngestURL = "http://" + cfg.Services.Ingest.Listen
+	g.Usage.IngestAPIKeyFile = writeFile(t, dir, "ingest-key", ingestKey)
+	g.ShutdownTimeout = 20 * time.Second
+
+	logs := &lossLog{}
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	p, err := preparePipeline(ctx, &cfg, []string{"ingest", "gateway"}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	ran := make(chan error, 1)
+	go func() { ran <- lifecycle.Run(ctx, log, cfg.ShutdownGrace, p.tasks...) }()
+	itest.EventuallyNoError(t, 60*time.Second, "gateway and ingest accept connections", func() error {
+		for _, a := range []string{g.Listen, cfg.Services.Ingest.Listen} {
+			c, err := net.DialTimeout("tcp", a, time.Second)
+			if err != nil {
+				return err
+			}
+			c.Close()
+		}
+		return nil
+	})
+
+	// Load: workers send until the gateway stops answering.
+	var (
+		mu       sync.Mutex
+		answered = map[string]bool{}
+		wg       sync.WaitGroup
+	)
+	client := &http.Client{Timeout: 60 * time.Second}
+	for w := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				id := fmt.Sprintf("load-%d-%d", w, i)
+				body := fmt.Sprintf(`{"model":"gpt-4o","max_tokens":8,"stream":%t,"messages":[{"role":"user","content":"call %s"}]}`, i%2 == 0, id)
+				req, _ := http.NewRequest(http.MethodPost, "http://"+g.Listen+"/v1/chat/completions", bytes.NewReader([]byte(body)))
+				req.Header.Set("Authorization", "Bearer sk-load")
+				req.Header.Set("X-Request-Id", id)
+				resp, err := client.Do(req)
+				if err != nil {
+					return // the gateway has stopped accepting
+				}
+				_, rerr := io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == 200 && rerr == nil {
+					mu.Lock()
+					answered[id] = true
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	itest.Eventually(t, 60*time.Second, "100 calls answered", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(answered) >= 100
+	})
+	stop() // Ctrl-C, in the middle of the load
+	select {
+	case err := <-ran:
+		if err != nil {
+			t.Fatalf("shutdown: %v", err)
+		}
+	case <-time.After(90 * time.Second):
+		t.Fatal("the services did not stop")
+	}
+	wg.Wait()
+
+	stored := settlementsIn(t, kc, topic)
+	mu.Lock()
+	defer mu.Unlock()
+	missing := 0
+	for id := range answered {
+		if !stored[id] {
+			missing++
+		}
+	}
+	t.Logf("%d calls answered, %d settlements stored", len(answered), len(stored))
+	if missing > 0 || len(stored) < len(answered) {
+		t.Errorf("%d of %d answered calls have no settlement in the usage topic", missing, len(answered))
+	}
+	logs.mu.Lock()
+	defer logs.mu.Unlock()
+	if len(logs.lines) > 0 {
+		t.Errorf("loss reported at shutdown:\n%s", strings.Join(logs.lines, ""))
+	}
+}
+
+// settlementsIn reads topic from its start to its end and returns the ids
+// of the settlements (events that are not estimates) it holds.
+func settlementsIn(t *testing.T, kc kafkaconn.Config, topic string) map[string]bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl, err := kafkaconn.NewClient(kc, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ends, err := kafkaconn.EndOffsets(ctx, kadm.NewClient(cl), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			want[o.Partition] = o.Offset
+		}
+	})
+	out := map[string]bool{}
+	for len(want) > 0 {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("reading %s: %v (partitions left: %v)", topic, err, want)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			var ev schemas.UsageEvent
+			if err := json.Unmarshal(r.Value, &ev); err != nil {
+				t.Errorf("record %s: %v", r.Value, err)
+			}
+			if !ev.Estimated {
+				out[ev.ID] = true
+			}
+			if r.Offset+1 >= want[r.Partition] {
+				delete(want, r.Partition)
+			}
+		})
+	}
+	return out
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}

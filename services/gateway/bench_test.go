@@ -1,0 +1,192 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/demo/mockllm"
+	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/emitter"
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/schemas"
+)
+
+const (
+	benchChat   = `{"model":"gpt-4o-mini","max_tokens":16,"messages":[{"role":"system","content":"You are a concise assistant."},{"role":"user","content":"Summarise the incident: the nightly batch job exhausted the tenant's tokens-per-minute quota."}]}`
+	benchStream = `{"model":"gpt-4o-mini","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"Stream a short answer."}]}`
+)
+
+// discard is an emitter Sender that acknowledges every batch: the
+// benchmarks measure the gateway with its Emitter working, not ingest.
+type discard struct{ events atomic.Int64 }
+
+func (d *discard) Send(_ context.Context, evs []schemas.UsageEvent) ([]emitter.Rejection, error) {
+	d.events.Add(int64(len(evs)))
+	return nil, nil
+}
+
+// benchGateway starts the mock provider and the gateway in front of it,
+// with a real Checker (the shared Redis, a key prefix of its own) and a
+// real Emitter (into discard).
+func benchGateway(b *testing.B) (direct, proxied string, em *emitter.Emitter, sent *discard) {
+	b.Helper()
+	up := httptest.NewServer(mockllm.New(mockllm.Options{StreamUsage: mockllm.UsageWhenAsked}))
+	b.Cleanup(up.Close)
+	cfg := testConfig(b, Upstream{Name: "mock", BaseURL: up.URL + "/v1", Models: []string{"*"}})
+	log := slog.New(slog.DiscardHandler)
+
+	rc := itest.Redis(b)
+	itest.QuietRedisLogs()
+	rdb := redis.NewClient(&redis.Options{Addr: rc.Addr})
+	b.Cleanup(func() { rdb.Close() })
+	ccfg := checker.DefaultConfig()
+	ccfg.KeyPrefix = itest.Unique(b, "gwbench") + ":"
+	chk, err := checker.New(rdb, ccfg, log)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = chk.Run(ctx) }()
+	b.Cleanup(func() { cancel(); <-done })
+	itest.Eventually(b, 30*time.Second, "checker synced", chk.Synced)
+
+	sent = &discard{}
+	ecfg := emitter.DefaultConfig()
+	ecfg.Logger = log
+	em, err = emitter.New(sent, ecfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = em.Close(context.Background()) })
+	srv, err := New(cfg, Deps{Checker: chk, Emitter: em, Logger: log})
+	if err != nil {
+		b.Fatal(err)
+	}
+	gw := httptest.NewServer(srv)
+	b.Cleanup(gw.Close)
+	return up.URL, gw.URL, em, sent
+}
+
+var benchClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}, Timeout: 30 * time.Second}
+
+// benchCall sends one request to base and returns the time to the first body
+// byte and to the end of the answer.
+func benchCall(b *testing.B, base, body, key string) (ttfb, total time.Duration) {
+	start := time.Now()
+	req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := benchClient.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.Peek(1); err != nil {
+		b.Fatalf("%s: empty answer (%d)", base, resp.StatusCode)
+	}
+	ttfb = time.Since(start)
+	_, _ = io.Copy(io.Discard, br)
+	if resp.StatusCode != 200 {
+		b.Fatalf("%s: status %d", base, resp.StatusCode)
+	}
+	return ttfb, time.Since(start)
+}
+
+func pct(d []time.Duration, p float64) float64 {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return float64(s[min(len(s)-1, int(float64(len(s))*p))].Microseconds()) / 1000
+}
+
+// BenchmarkGatewayOverhead measures what the gateway adds to a call, one
+// client at a time, against calling the mock provider directly in the
+// same run (each iteration calls both, alternating, so both see the same
+// machine): plain chat completions end to end, and the time to the first
+// byte of a stream. Flags checked, estimate and settlement emitted.
+func BenchmarkGatewayOverhead(b *testing.B) {
+	if testing.Short() {
+		b.Skip("uses the real Redis; skipped with -short")
+	}
+	direct, proxied, _, _ := benchGateway(b)
+	var dPlain, pPlain, dTTFB, pTTFB []time.Duration
+	b.ResetTimer()
+	for b.Loop() {
+		_, d := benchCall(b, direct, benchChat, "")
+		_, p := benchCall(b, proxied, benchChat, "sk-acme")
+		dt, _ := benchCall(b, direct, benchStream, "")
+		pt, _ := benchCall(b, proxied, benchStream, "sk-acme")
+		dPlain, pPlain, dTTFB, pTTFB = append(dPlain, d), append(pPlain, p), append(dTTFB, dt), append(pTTFB, pt)
+	}
+	b.StopTimer()
+	b.ReportMetric(pct(dPlain, .5), "gateway_direct_p50_ms")
+	b.ReportMetric(pct(pPlain, .5), "gateway_proxied_p50_ms")
+	b.ReportMetric(pct(pPlain, .5)-pct(dPlain, .5), "gateway_added_p50_ms")
+	b.ReportMetric(pct(pPlain, .99)-pct(dPlain, .99), "gateway_added_p99_ms")
+	b.ReportMetric(pct(dTTFB, .5), "gateway_stream_ttfb_direct_p50_ms")
+	b.ReportMetric(pct(pTTFB, .5), "gateway_stream_ttfb_proxied_p50_ms")
+	b.ReportMetric(pct(pTTFB, .5)-pct(dTTFB, .5), "gateway_stream_ttfb_added_p50_ms")
+	b.ReportMetric(pct(pTTFB, .99)-pct(dTTFB, .99), "gateway_stream_ttfb_added_p99_ms")
+}
+
+// BenchmarkGatewayThroughput drives the gateway with 32 concurrent
+// clients (plain chat completions, the Checker and the Emitter on) and
+// reports the requests per second it sustains and the CPU it adds per
+// 1,000 requests: the process's CPU time through the gateway minus the
+// same number of requests sent straight to the mock (client and mock run
+// in this process in both runs, so the difference is the gateway's).
+func BenchmarkGatewayThroughput(b *testing.B) {
+	if testing.Short() {
+		b.Skip("uses the real Redis; skipped with -short")
+	}
+	direct, proxied, em, sent := benchGateway(b)
+	const clients = 32
+	run := func(base, key string, n int) (time.Duration, time.Duration) {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		cpu0 := cpuTime()
+		start := time.Now()
+		for range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for next.Add(1) <= int64(n) {
+					benchCall(b, base, benchChat, key)
+				}
+			}()
+		}
+		wg.Wait()
+		return time.Since(start), cpuTime() - cpu0
+	}
+	n := max(b.N, 200)
+	b.ResetTimer()
+	_, directCPU := run(direct, "", n)
+	wall, proxiedCPU := run(proxied, "sk-acme", n)
+	b.StopTimer()
+	b.ReportMetric(float64(n)/wall.Seconds(), "gateway_requests_per_sec")
+	b.ReportMetric(float64((proxiedCPU-directCPU).Microseconds())/1000/float64(n)*1000, "gateway_cpu_ms_per_1k_requests")
+	if err := em.Flush(context.Background()); err != nil || sent.events.Load() < int64(n) {
+		b.Fatalf("the Emitter delivered %d events for %d requests: %v", sent.events.Load(), n, err)
+	}
+}
+
+// cpuTime is the process's user and system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}

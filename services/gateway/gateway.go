@@ -1,0 +1,667 @@
+// Package gateway is `sluice gateway`: an OpenAI-compatible reverse proxy
+// that a team puts in front of its providers, Sluice's own customer of the
+// SDK. It authenticates callers by tenant API key (hashed in a keys file),
+// routes each request by model to the upstreams configured for it
+// (balanced by weight, failing over on connection errors, timeouts, 429
+// and 5xx), and meters every call exactly:
+//
+//   - the flag Checker refuses tenants the enforcer stopped, in OpenAI's
+//     429/503 format naming the limit (gateway/middleware);
+//   - an estimate of each call is emitted before it runs and settled with
+//     the provider's usage after it (the same event id: the request's
+//     x-request-id);
+//   - non-streamed answers settle from their `usage`; streams are relayed
+//     event by event as they arrive, and when the client did not ask for
+//     stream_options.include_usage the gateway asks for it and removes the
+//     extra usage chunk from what the client receives; a provider that
+//     reports no usage is counted by the gateway (attribute usage=counted);
+//   - a client that goes away cancels the upstream call, which is settled
+//     with what it generated; upstream errors and timeouts are events with
+//     their outcome and latency, for the aggregator's error and slow-call
+//     breakers; cached and reasoning tokens are carried where reported;
+//   - an Admitter (gateway/admission, when it lands) is asked before each
+//     upstream call with the estimate, and settled after.
+//
+// Usage events go to ingest over HTTP or straight to Kafka through the
+// SDK's Emitter. On shutdown the gateway stops accepting, lets requests in
+// flight finish (streams included) up to shutdown_timeout, cuts and
+// settles the rest, and only then flushes the Emitter; `sluice run` and
+// `sluice demo` stop ingest after the gateway so those last events land.
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/emitter"
+	"github.com/sluicehq/sluice/gateway/estimate"
+	"github.com/sluicehq/sluice/gateway/middleware"
+	"github.com/sluicehq/sluice/gateway/ratelimit"
+	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/httpserver"
+	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/internal/fifo"
+	"github.com/sluicehq/sluice/services/internal/keyfile"
+)
+
+// Options are what a hosting program adds to the configuration.
+type Options struct {
+	// Admitter, when not nil, is asked before every upstream call.
+	Admitter Admitter
+	// Started, when not nil, learns the address the API listens on.
+	Started func(addr string)
+}
+
+// Run serves the gateway on cfg.Listen until ctx is cancelled, then shuts
+// down as the package documentation says.
+func Run(ctx context.Context, cfg Config, env platform.Env) error {
+	return RunWith(ctx, cfg, env, Options{})
+}
+
+// RunWith is Run with options.
+func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) error {
+	if env.Logger == nil || env.Metrics == nil || env.Health == nil {
+		env = env.Named("gateway")
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	log := env.Logger
+
+	rdb := redisconn.NewClient(env.Redis)
+	defer rdb.Close()
+	chk, err := checker.New(rdb, cfg.Checker, log.With("component", "checker"))
+	if err != nil {
+		return err
+	}
+	em, closeSender, err := newEmitter(cfg.Usage, env)
+	if err != nil {
+		return err
+	}
+	s, err := New(cfg, Deps{Checker: chk, Emitter: em, Admitter: opts.Admitter, Logger: log, Metrics: env.Metrics})
+	if err != nil {
+		closeEmitter(context.Background(), em, closeSender, time.Second, log)
+		return err
+	}
+	defer s.m.unregister(env.Metrics)
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		closeEmitter(context.Background(), em, closeSender, time.Second, log)
+		return fmt.Errorf("gateway: listen on %s: %w (set services.gateway.listen to a free address)", cfg.Listen, err)
+	}
+	env.Health.AddReadiness("gateway", func(context.Context) error {
+		if s.closing.Load() {
+			return errors.New("shutting down")
+		}
+		return nil
+	})
+	defer env.Health.RemoveReadiness("gateway")
+	srv := httpserver.New(s, cfg.HTTP, log)
+	log.Info("OpenAI-compatible gateway listening", "addr", ln.Addr().String(), "upstreams", len(cfg.Upstreams), "usage_sink", cfg.Usage.Sink)
+	if opts.Started != nil {
+		opts.Started(ln.Addr().String())
+	}
+
+	// The Checker outlives the server: requests still finishing are
+	// checked against current flags until the last one returns.
+	chkCtx, stopChecker := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopChecker()
+	chkDone := make(chan struct{})
+	go func() { defer close(chkDone); _ = chk.Run(chkCtx) }()
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { s.keys.Watch(gctx, cfg.KeysReloadInterval); return nil })
+	g.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("gateway: serve: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		err := s.shutdown(srv, cfg.ShutdownTimeout)
+		// Only now, with every request settled, do the events leave.
+		closeEmitter(context.Background(), em, closeSender, cfg.Usage.FlushTimeout, log)
+		stopChecker()
+		<-chkDone
+		log.Info("gateway stopped")
+		return err
+	})
+	return g.Wait()
+}
+
+// newEmitter builds the Emitter of cfg's sink; nil for sink none.
+func newEmitter(cfg UsageConfig, env platform.Env) (*emitter.Emitter, func(), error) {
+	var sender emitter.Sender
+	closeSender := func() {}
+	switch cfg.Sink {
+	case SinkNone:
+		env.Logger.Warn("services.gateway.usage.sink is none: calls are not metered")
+		return nil, closeSender, nil
+	case SinkKafka:
+		ks, err := emitter.NewKafkaSender(env.Kafka, cfg.Topic)
+		if err != nil {
+			return nil, nil, err
+		}
+		sender, closeSender = ks, ks.Close
+	default:
+		key, err := cfg.ingestKey()
+		if err != nil {
+			return nil, nil, err
+		}
+		sender = &emitter.HTTPSender{URL: strings.TrimRight(cfg.IngestURL, "/"), APIKey: key}
+	}
+	ecfg := emitter.DefaultConfig()
+	ecfg.MaxBufferedEvents = cfg.BufferEvents
+	ecfg.BatchSize = min(ecfg.BatchSize, cfg.BufferEvents)
+	ecfg.FlushInterval = cfg.FlushInterval
+	ecfg.Logger = env.Logger.With("component", "emitter")
+	ecfg.Registerer = env.Metrics
+	em, err := emitter.New(sender, ecfg)
+	if err != nil {
+		closeSender()
+		return nil, nil, err
+	}
+	return em, closeSender, nil
+}
+
+func closeEmitter(ctx context.Context, em *emitter.Emitter, closeSender func(), timeout time.Duration, log *slog.Logger) {
+	if em == nil {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := em.Close(cctx); err != nil {
+		log.Error("usage events were lost at shutdown", "err", err)
+	}
+	closeSender()
+}
+
+// Deps are the SDK parts a Server uses; New builds none of them, so tests
+// and embedding programs give their own.
+type Deps struct {
+	// Checker decides per request from the enforcement flags; nil allows
+	// everything.
+	Checker middleware.Decider
+	// Emitter receives the usage events; nil meters nothing.
+	Emitter middleware.Emitter
+	// Admitter, when not nil, is asked before every upstream call.
+	Admitter Admitter
+	// Logger receives the access log and errors; nil means slog.Default.
+	Logger *slog.Logger
+	// Metrics receives the gateway's series; nil registers none.
+	Metrics prometheus.Registerer
+	// Keys, when not nil, replaces cfg.KeysFile (tests).
+	Keys *keyfile.File[Caller]
+}
+
+// Server is the gateway's HTTP handler.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	keys   *keyfile.File[Caller]
+	routes *routes
+	est    *estimate.Estimator
+	admit  Admitter
+	m      *metrics
+	api    http.Handler // auth, then the middleware, then the proxy
+	mux    *http.ServeMux
+
+	idsMu sync.Mutex
+	ids   *fifo.Set[string]
+
+	// inflight counts requests being served, so shutdown can wait for
+	// their settlements; hardStop cancels every upstream call when the
+	// drain time is over.
+	inflight sync.WaitGroup
+	hardStop context.Context
+	stopAll  context.CancelFunc
+	closing  atomic.Bool
+	now      func() time.Time
+}
+
+// New builds a Server for cfg (which must validate) with deps.
+func New(cfg Config, deps Deps) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := deps.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{cfg: cfg, log: log, admit: deps.Admitter, m: newMetrics(), ids: fifo.NewSet[string](cfg.RequestIDMemory), now: time.Now}
+	s.hardStop, s.stopAll = context.WithCancel(context.Background())
+	if deps.Metrics != nil {
+		if err := s.m.register(deps.Metrics); err != nil {
+			return nil, fmt.Errorf("gateway: register metrics: %w", err)
+		}
+	}
+	s.keys = deps.Keys
+	if s.keys == nil {
+		f, err := openKeys(cfg.KeysFile, log, func(err error) {
+			if err != nil {
+				s.m.keyReloads.WithLabelValues("error").Inc()
+			} else {
+				s.m.keyReloads.WithLabelValues("ok").Inc()
+			}
+		})
+		if err != nil {
+			return nil, fmt.Errorf("services.gateway.%w", err)
+		}
+		s.keys = f
+	}
+	ups := make([]*upstream, 0, len(cfg.Upstreams))
+	for i, u := range cfg.Upstreams {
+		up, err := newUpstream(u)
+		if err != nil {
+			return nil, fmt.Errorf("services.gateway.upstreams[%d].%w", i, err)
+		}
+		ups = append(ups, up)
+	}
+	s.routes = newRoutes(ups)
+	est, err := estimate.New(estimate.Config{Limits: estimate.Limits{MaxBodyBytes: int(cfg.MaxBodyBytes)}})
+	if err != nil {
+		return nil, err
+	}
+	s.est = est
+	dec := deps.Checker
+	if dec == nil {
+		dec = allowAll{}
+	}
+	opts := []middleware.Option{
+		middleware.WithEstimates(est),
+		middleware.WithEstimateEvents(cfg.Usage.EstimateEvents),
+		middleware.WithEventFields(fillEvent),
+		middleware.WithLogger(log),
+		middleware.WithRefused(func(r *http.Request, _ checker.Decision) {
+			if c := callFrom(r.Context()); c != nil {
+				c.outcome, c.source = "refused", "none"
+			}
+		}),
+	}
+	if deps.Emitter != nil && !isNilEmitter(deps.Emitter) {
+		opts = append(opts, middleware.WithEmitter(deps.Emitter, cfg.Name))
+	}
+	s.api = middleware.New(dec, identify, opts...)(http.HandlerFunc(s.proxy))
+	mux := http.NewServeMux()
+	for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"} {
+		mux.HandleFunc("POST "+p, s.serveAPI)
+	}
+	mux.HandleFunc("GET /v1/models", s.listModels)
+	mux.HandleFunc("GET /v1/models/{model...}", s.getModel)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	// On the API port too, for load balancers that probe the port they
+	// send to: not ready from the moment a shutdown begins.
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if s.closing.Load() {
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url",
+			fmt.Sprintf("This gateway serves POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses and GET /v1/models, not %s %s.", r.Method, r.URL.Path))
+	})
+	s.mux = mux
+	return s, nil
+}
+
+// isNilEmitter catches a typed nil (*emitter.Emitter)(nil) in the
+// interface, which sink none produces.
+func isNilEmitter(e middleware.Emitter) bool {
+	em, ok := e.(*emitter.Emitter)
+	return ok && em == nil
+}
+
+type allowAll struct{}
+
+func (allowAll) Check(string, string, string) checker.Decision { return checker.Decision{} }
+
+// ServeHTTP serves the API.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Close cancels every upstream call still running; their requests settle
+// with what they used. Run calls it when the drain time is over.
+func (s *Server) Close() { s.stopAll() }
+
+// shutdown stops accepting, lets requests in flight finish within
+// timeout, cuts the rest (cancelling their upstream calls) and waits until
+// every request has settled.
+func (s *Server) shutdown(srv *http.Server, timeout time.Duration) error {
+	s.closing.Store(true)
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	if err != nil {
+		s.log.Warn("requests still running at the end of shutdown_timeout are cut and settled with what they used", "shutdown_timeout", timeout)
+		s.Close()
+		_ = srv.Close()
+	}
+	// Handlers return promptly once their upstream calls are cancelled;
+	// each emits its settlement before it does.
+	done := make(chan struct{})
+	go func() { s.inflight.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		s.log.Error("requests did not return after their upstream calls were cancelled; their usage events may be missing")
+	}
+	// Requests cut at the end of the drain are a normal end, logged above.
+	return nil
+}
+
+// call is one API request as the gateway handles it, in the request's
+// context from authentication to the access log.
+type call struct {
+	caller    *Caller
+	req       request
+	body      []byte
+	endpoint  string
+	ep        estimate.Endpoint
+	route     string
+	ups       []*upstream
+	requestID string // the x-request-id answered
+	eventID   string // usage event id (the request id unless it was reused)
+	priority  schemas.Priority
+	user      string
+	start     time.Time
+
+	// Filled while the call runs.
+	upstream   string
+	attempts   int
+	usage      middleware.Usage
+	source     string // reported, counted, estimate, none
+	outcome    string
+	upstreamID string
+}
+
+type callKey struct{}
+
+func callFrom(ctx context.Context) *call {
+	c, _ := ctx.Value(callKey{}).(*call)
+	return c
+}
+
+// identify tells the middleware who calls which model; requests without a
+// call (never on the API paths) pass unchecked.
+func identify(r *http.Request) (tenant, model, apiKeyID string, ok bool) {
+	c := callFrom(r.Context())
+	if c == nil {
+		return "", "", "", false
+	}
+	return c.caller.Tenant, c.req.Model, c.caller.KeyID, true
+}
+
+// fillEvent gives every usage event of a call its id, user and priority.
+func fillEvent(r *http.Request, ev *schemas.UsageEvent) {
+	c := callFrom(r.Context())
+	if c == nil {
+		return
+	}
+	ev.ID, ev.User, ev.Priority = c.eventID, c.user, c.priority
+	if c.eventID != c.requestID {
+		ev.Attributes = map[string]string{"request_id": c.requestID}
+	}
+}
+
+// Headers a caller may send that the gateway reads.
+const (
+	headerRequestID = "X-Request-Id"
+	headerPriority  = "X-Sluice-Priority"
+)
+
+// serveAPI authenticates, reads and routes a request, then hands it to the
+// middleware (flags, estimate, settlement) and the proxy.
+func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
+	s.inflight.Add(1)
+	defer s.inflight.Done()
+	s.m.inflight.Inc()
+	defer s.m.inflight.Dec()
+	rw := &recorder{ResponseWriter: w, start: s.now()}
+	c := &call{endpoint: r.URL.Path, start: rw.start, route: "unknown", outcome: "ok"}
+	c.ep, _ = estimate.EndpointOf(r.URL.Path)
+	c.requestID = r.Header.Get(headerRequestID)
+	if !validID(c.requestID) {
+		c.requestID = "req_" + randomHex(16)
+	}
+	rw.Header().Set(headerRequestID, c.requestID)
+	defer s.finish(rw, c)
+
+	if c.caller = s.authenticate(rw, r); c.caller == nil {
+		c.outcome = "unauthenticated"
+		return
+	}
+	body, err := readBody(rw, r, s.cfg.MaxBodyBytes)
+	if err != nil {
+		c.outcome = "bad_request"
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeError(rw, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
+				fmt.Sprintf("The request body exceeds this gateway's limit of %d bytes (services.gateway.max_body_bytes).", s.cfg.MaxBodyBytes))
+			return
+		}
+		writeError(rw, http.StatusBadRequest, "invalid_request_error", "body_unreadable", "The request body could not be read.")
+		return
+	}
+	c.body = body
+	if c.req, err = scanRequest(body); err != nil {
+		c.outcome = "bad_request"
+		writeError(rw, http.StatusBadRequest, "invalid_request_error", "invalid_json", "We could not parse the JSON body of your request: "+err.Error())
+		return
+	}
+	model := c.req.Model
+	if model == "" || len(model) > schemas.MaxModelLen {
+		c.outcome = "bad_request"
+		writeParamError(rw, http.StatusBadRequest, "model", "missing_model",
+			fmt.Sprintf("You must provide a model parameter (1 to %d bytes).", schemas.MaxModelLen))
+		return
+	}
+	c.ups, c.route = s.routes.lookup(model)
+	switch {
+	case !c.caller.MayUse(model):
+		c.outcome = "forbidden"
+		writeParamError(rw, http.StatusForbidden, "model", "model_not_allowed",
+			fmt.Sprintf("The API key %s may not use the model `%s`; GET /v1/models lists the models it may use.", c.caller.KeyID, model))
+		return
+	case c.ups == nil:
+		c.route = "unknown"
+		c.outcome = "unknown_model"
+		writeParamError(rw, http.StatusNotFound, "model", "model_not_found",
+			fmt.Sprintf("The model `%s` does not exist or is not served by this gateway.", model))
+		return
+	}
+	c.priority = c.caller.Priority
+	if p := r.Header.Get(headerPriority); p != "" {
+		switch {
+		case !schemas.Priority(p).Valid():
+			c.outcome = "bad_request"
+			writeError(rw, http.StatusBadRequest, "invalid_request_error", "invalid_priority",
+				fmt.Sprintf("%s: %q is not one of critical, high, normal, low.", headerPriority, p))
+			return
+		case !c.caller.MaySetPriority:
+			c.outcome = "forbidden"
+			writeError(rw, http.StatusForbidden, "permission_denied", "priority_not_allowed",
+				fmt.Sprintf("The API key %s may not set its priority (%s); ask for may_set_priority in the gateway's keys file.", c.caller.KeyID, headerPriority))
+			return
+		}
+		c.priority = schemas.Priority(p)
+	}
+	c.user = c.caller.User
+	if c.user == "" && len(c.req.User) <= schemas.MaxStringLen {
+		c.user = c.req.User
+	}
+	c.eventID = c.requestID
+	if s.reused(c.caller.Tenant, c.requestID) {
+		// Sluice deduplicates events by id: a second call under the same
+		// id would go unmetered. It gets a fresh one.
+		c.eventID = c.requestID + "." + randomHex(4)
+		s.m.idReuses.Inc()
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body)) // the middleware reads it again to estimate
+	s.api.ServeHTTP(rw, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
+}
+
+// reused reports whether tenant sent requestID before (as far as the
+// bounded memory reaches).
+func (s *Server) reused(tenant, requestID string) bool {
+	s.idsMu.Lock()
+	defer s.idsMu.Unlock()
+	return s.ids.Seen(tenant + "\x00" + requestID)
+}
+
+// finish records the access log line and the metrics of a request.
+func (s *Server) finish(rw *recorder, c *call) {
+	status := rw.status
+	if status == 0 {
+		status = statusClientClosed
+	}
+	end := s.now()
+	class := "unauthenticated"
+	tenant, key := "", ""
+	if c.caller != nil {
+		class, tenant, key = c.caller.Class, c.caller.Tenant, c.caller.KeyID
+	}
+	ep := c.ep.String()
+	s.m.requests.WithLabelValues(class, c.route, ep, statusLabel(status)).Inc()
+	if !rw.first.IsZero() {
+		s.m.ttfb.WithLabelValues(ep, boolLabel(c.req.Stream)).Observe(rw.first.Sub(rw.start).Seconds())
+	}
+	if c.source != "" {
+		s.m.usage.WithLabelValues(c.source).Inc()
+	}
+	if c.source == "reported" || c.source == "counted" {
+		for kind, n := range map[string]int64{"prompt": c.usage.PromptTokens, "completion": c.usage.CompletionTokens,
+			"cached": c.usage.CachedTokens, "reasoning": c.usage.ReasoningTokens} {
+			if n > 0 {
+				s.m.tokens.WithLabelValues(class, c.route, kind).Add(float64(n))
+			}
+		}
+	}
+	attrs := []slog.Attr{
+		slog.String("request_id", c.requestID), slog.String("tenant", tenant), slog.String("api_key_id", key),
+		slog.String("model", c.req.Model), slog.String("endpoint", c.endpoint), slog.Bool("stream", c.req.Stream),
+		slog.Int("status", status), slog.String("outcome", c.outcome), slog.Int64("latency_ms", end.Sub(rw.start).Milliseconds()),
+	}
+	if !rw.first.IsZero() {
+		attrs = append(attrs, slog.Int64("ttfb_ms", rw.first.Sub(rw.start).Milliseconds()))
+	}
+	if c.upstream != "" {
+		attrs = append(attrs, slog.String("upstream", c.upstream), slog.Int("attempts", c.attempts))
+	}
+	if c.upstreamID != "" {
+		attrs = append(attrs, slog.String("upstream_request_id", c.upstreamID))
+	}
+	if c.source != "" {
+		attrs = append(attrs, slog.String("usage", c.source), slog.Int64("prompt_tokens", c.usage.PromptTokens),
+			slog.Int64("completion_tokens", c.usage.CompletionTokens))
+	}
+	if c.eventID != c.requestID && c.eventID != "" {
+		attrs = append(attrs, slog.String("event_id", c.eventID))
+	}
+	// Never the prompt or the answer: an access log is read by more
+	// people than the conversations it describes.
+	s.log.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
+}
+
+// statusClientClosed is the status logged for a request whose client went
+// away before any answer (nginx's 499; nothing is sent).
+const statusClientClosed = 499
+
+func statusLabel(code int) string { return fmt.Sprint(code) }
+
+func boolLabel(b bool) string {
+	if b {
+		return "true"
+	}
+	return "false"
+}
+
+// readBody reads at most limit bytes of r's body.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	if r.ContentLength > limit {
+		return nil, &http.MaxBytesError{Limit: limit}
+	}
+	return io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+}
+
+// validID reports whether a client's x-request-id can be an event id:
+// 1 to 128 bytes of printable ASCII without spaces.
+func validID(id string) bool {
+	if id == "" || len(id) > schemas.MaxIDLen-9 { // room for a ".xxxxxxxx" suffix on reuse
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] <= ' ' || id[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// writeError answers an OpenAI error body.
+func writeError(w http.ResponseWriter, status int, typ, code, msg string) {
+	ratelimit.WriteError(w, status, ratelimit.Error{Type: typ, Code: code, Message: msg}, 0)
+}
+
+func writeParamError(w http.ResponseWriter, status int, param, code, msg string) {
+	ratelimit.WriteError(w, status, ratelimit.Error{Type: "invalid_request_error", Code: code, Message: msg, Param: &param}, 0)
+}
+
+// recorder records the status and the time of the first body byte, and
+// keeps Flush for streams.
+type recorder struct {
+	http.ResponseWriter
+	start  time.Time
+	first  time.Time
+	status int
+}
+
+func (w *recorder) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *recorder) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	if w.first.IsZero() && len(b) > 0 {
+		w.first = time.Now()
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *recorder) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap returns the wrapped writer, for http.ResponseController.
+func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }

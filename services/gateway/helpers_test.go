@@ -1,0 +1,148 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/internal/keyfile"
+)
+
+// sink collects the usage events the gateway emits.
+type sink struct {
+	mu     sync.Mutex
+	events []schemas.UsageEvent
+}
+
+func (s *sink) Emit(ev *schemas.UsageEvent) error {
+	if err := ev.Validate(); err != nil {
+		panic("invalid event emitted: " + err.Error())
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.events = append(s.events, *ev)
+	return nil
+}
+
+func (s *sink) all() []schemas.UsageEvent {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]schemas.UsageEvent(nil), s.events...)
+}
+
+// settlement returns the settlement of the call with event id id.
+func (s *sink) settlement(t *testing.T, id string) schemas.UsageEvent {
+	t.Helper()
+	var found []schemas.UsageEvent
+	for _, ev := range s.all() {
+		if ev.ID == id && !ev.Estimated {
+			found = append(found, ev)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%d settlements with id %s, want 1; events: %+v", len(found), id, s.all())
+	}
+	return found[0]
+}
+
+// Test keys: each secret is "sk-" + its id.
+const testKeys = `keys:
+  - {id: acme, sha256: %acme%, tenant: acme, user: batch, models: ["*"], class: enterprise}
+  - {id: mini-only, sha256: %mini-only%, tenant: trial, models: ["gpt-4o-mini*", "text-embedding-3-small"]}
+  - {id: boss, sha256: %boss%, tenant: acme, models: ["*"], priority: high, may_set_priority: true}
+`
+
+func writeKeys(t testing.TB) string {
+	t.Helper()
+	body := testKeys
+	for _, id := range []string{"acme", "mini-only", "boss"} {
+		line := KeyLine(id, "sk-"+id, "x", nil)
+		sum := line[strings.Index(line, "sha256: ")+8:]
+		sum = sum[:64]
+		body = strings.ReplaceAll(body, "%"+id+"%", sum)
+	}
+	path := filepath.Join(t.TempDir(), "keys.yaml")
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// testConfig is a valid configuration with the given upstreams.
+func testConfig(t testing.TB, ups ...Upstream) Config {
+	t.Helper()
+	c := DefaultConfig()
+	c.KeysFile = writeKeys(t)
+	c.Upstreams = ups
+	c.Usage.Sink = SinkNone
+	c.Name = "gw-test"
+	return c
+}
+
+type gw struct {
+	*Server
+	url  string
+	sink *sink
+}
+
+func startGateway(t *testing.T, cfg Config, deps Deps) *gw {
+	t.Helper()
+	s := &sink{}
+	if deps.Emitter == nil {
+		deps.Emitter = s
+	}
+	if deps.Logger == nil {
+		deps.Logger = slog.New(slog.DiscardHandler)
+	}
+	var keys *keyfile.File[Caller]
+	_ = keys
+	srv, err := New(cfg, deps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	return &gw{Server: srv, url: hs.URL, sink: s}
+}
+
+// post sends body to path with key and returns the answer.
+func post(t *testing.T, url, path, key, body string, header ...string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url+path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+// openStream starts a streamed request and returns its reader.
+func openStream(t *testing.T, ctx context.Context, url, path, key, body string, header ...string) (*http.Response, *bufio.Reader) {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+key)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, bufio.NewReader(resp.Body)
+}

@@ -1,0 +1,88 @@
+package gateway
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the gateway's Prometheus series. Tenants are not labels (a
+// deployment may have many thousands): requests are labelled by the key's
+// class, and models by their route (the configured name or pattern), so
+// that no caller can create series by inventing model names.
+type metrics struct {
+	requests   *prometheus.CounterVec
+	upstream   *prometheus.HistogramVec
+	ttfb       *prometheus.HistogramVec
+	tokens     *prometheus.CounterVec
+	usage      *prometheus.CounterVec
+	failovers  *prometheus.CounterVec
+	inflight   prometheus.Gauge
+	keyReloads *prometheus.CounterVec
+	idReuses   prometheus.Counter
+	all        []prometheus.Collector
+}
+
+func newMetrics() *metrics {
+	latency := []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_gateway_requests_total",
+			Help: "Requests answered, by the key's tenant class, model route, endpoint and HTTP status (499: the client went away first).",
+		}, []string{"class", "model", "endpoint", "status"}),
+		upstream: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sluice_gateway_upstream_seconds",
+			Help:    "Time from sending a request to an upstream to its answer's headers, by upstream and result (ok, error, timeout, status_4xx, status_5xx, status_429).",
+			Buckets: latency,
+		}, []string{"upstream", "result"}),
+		ttfb: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sluice_gateway_time_to_first_byte_seconds",
+			Help:    "Time from a request's arrival to the first byte of its answer's body sent to the client (the first token of a stream), by endpoint and stream.",
+			Buckets: latency,
+		}, []string{"endpoint", "stream"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_gateway_tokens_total",
+			Help: "Tokens settled, by tenant class, model route and kind (prompt, completion, cached, reasoning; cached is part of prompt, reasoning of completion).",
+		}, []string{"class", "model", "kind"}),
+		usage: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_gateway_usage_source_total",
+			Help: "Calls settled, by where their tokens came from: reported (the provider's usage), counted (the gateway counted the text, the provider reported none), none (no call was billed).",
+		}, []string{"source"}),
+		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_gateway_failovers_total",
+			Help: "Attempts that failed on an upstream and moved on to the next, by the upstream that failed.",
+		}, []string{"upstream"}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_gateway_inflight_requests",
+			Help: "Requests being served, streams included.",
+		}),
+		keyReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_gateway_key_reloads_total", Help: "Reloads of the tenant keys file, by result (ok, error).",
+		}, []string{"result"}),
+		idReuses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_gateway_request_id_reuses_total",
+			Help: "Requests whose x-request-id this gateway had seen for the same tenant; their events got a fresh id.",
+		}),
+	}
+	for _, s := range []string{"reported", "counted", "none"} {
+		m.usage.WithLabelValues(s)
+	}
+	m.all = []prometheus.Collector{m.requests, m.upstream, m.ttfb, m.tokens, m.usage, m.failovers, m.inflight, m.keyReloads, m.idReuses}
+	return m
+}
+
+func (m *metrics) register(r prometheus.Registerer) error {
+	for i, c := range m.all {
+		if err := r.Register(c); err != nil {
+			for _, done := range m.all[:i] {
+				r.Unregister(done)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *metrics) unregister(r prometheus.Registerer) {
+	for _, c := range m.all {
+		r.Unregister(c)
+	}
+}

@@ -1,0 +1,127 @@
+package gateway
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestScanRequestAndIncludeUsage: the top-level members are found
+// wherever they are; asking for usage adds or completes stream_options
+// and leaves every other member as it was.
+func TestScanRequestAndIncludeUsage(t *testing.T) {
+	for _, body := range []string{
+		`{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"a \"quoted\" {brace} [x]"}]}`,
+		`  { "messages" : [ {"content": "model: \"no\""} ] , "stream" : true , "model" : "gpt-4o" , "user": "u1" }  `,
+		`{"model":"gpt-4o","stream":true,"stream_options":{"include_obfuscation":false},"messages":[]}`,
+		`{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":false},"n":2}`,
+	} {
+		req, err := scanRequest([]byte(body))
+		if err != nil || req.Model != "gpt-4o" || !req.Stream || req.IncludeUsage {
+			t.Fatalf("%s: %+v %v", body, req, err)
+		}
+		out := withIncludeUsage([]byte(body), req)
+		var before, after map[string]any
+		if err := json.Unmarshal([]byte(body), &before); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(out, &after); err != nil {
+			t.Fatalf("%s became invalid JSON %s: %v", body, out, err)
+		}
+		so, _ := after["stream_options"].(map[string]any)
+		if so["include_usage"] != true {
+			t.Errorf("%s: stream_options %v", out, after["stream_options"])
+		}
+		if b, ok := before["stream_options"].(map[string]any); ok && b["include_obfuscation"] != nil && so["include_obfuscation"] != false {
+			t.Errorf("%s: the client's other stream options were lost", out)
+		}
+		delete(after, "stream_options")
+		delete(before, "stream_options")
+		bb, _ := json.Marshal(before)
+		ab, _ := json.Marshal(after)
+		if string(bb) != string(ab) {
+			t.Errorf("members changed: %s -> %s", bb, ab)
+		}
+		if req2, _ := scanRequest(out); !req2.IncludeUsage {
+			t.Errorf("%s does not ask for usage when read again", out)
+		}
+	}
+	if req, _ := scanRequest([]byte(`{"model":"m","user":"u-9"}`)); req.User != "u-9" {
+		t.Errorf("user %q", req.User)
+	}
+	for _, bad := range []string{``, `[]`, `{"model":}`, `{"model":"x"`, `{"model":1}`, `{"a":"\"}`, `{"a":1}x`, strings.Repeat("[", 200)} {
+		if _, err := scanRequest([]byte(bad)); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func FuzzScanRequest(f *testing.F) {
+	for _, s := range []string{`{"model":"gpt-4o","stream":true,"messages":[{"content":"x"}]}`, `{"stream_options":{"a":1},"model":"m"}`, `{}`, `{"a":[1,{"b":null}]}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		req, err := scanRequest(b)
+		if err != nil {
+			return
+		}
+		out := withIncludeUsage(b, req)
+		if json.Valid(b) && !json.Valid(out) {
+			t.Fatalf("valid %q became invalid %q", b, out)
+		}
+	})
+}
+
+// TestKeysFileNamesEveryProblem: the gateway's keys file shares ingest's
+// hashing and checks, and adds its own, each naming entry and field.
+func TestKeysFileNamesEveryProblem(t *testing.T) {
+	h := strings.Repeat("a", 64)
+	_, err := ParseKeys([]byte(`keys:
+  - {id: a, sha256: ` + h + `, models: ["*"]}
+  - {id: b, sha256: ` + strings.Repeat("b", 64) + `, tenant: "no spaces", models: ["*"]}
+  - {id: c, sha256: ` + strings.Repeat("c", 64) + `, tenant: acme}
+  - {id: d, sha256: ` + h + `, tenant: acme, models: ["*", gpt-4o], priority: urgent, class: "a b"}
+  - {id: e, sha256: nothex, tenant: acme, models: ["*"]}
+`))
+	for _, want := range []string{"keys[0].tenant", "keys[1]: key \"b\"", "keys[2].models", `keys[3].models: key "d" mixes`,
+		"keys[3]: key \"d\"", "keys[3].class", "keys[3].sha256: same key as \"a\"", "keys[4].sha256"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v does not name %s", err, want)
+		}
+	}
+}
+
+// TestConfigErrorsNameTheSetting: a broken configuration is refused with
+// every problem named by its path, and the credential is read from its
+// environment variable, never the configuration.
+func TestConfigErrorsNameTheSetting(t *testing.T) {
+	c := DefaultConfig()
+	c.Upstreams = []Upstream{
+		{Name: "a", BaseURL: "ftp://x", Models: []string{"["}, APIKeyEnv: "SLUICE_TEST_SURELY_UNSET"},
+		{Name: "a", BaseURL: "https://api.example.com/v1", Timeout: time.Second, ResponseHeaderTimeout: time.Minute},
+	}
+	c.Usage.Sink = "carrier-pigeon"
+	c.MaxAttempts = 0
+	err := c.Validate()
+	for _, want := range []string{"services.gateway.keys_file", "upstreams[0].base_url", "upstreams[0].models[0]",
+		"upstreams[0].api_key_env: environment variable SLUICE_TEST_SURELY_UNSET", "upstreams[1].name", "upstreams[1].models",
+		"upstreams[1].response_header_timeout", "usage.sink", "max_attempts"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate = %v, want it to name %s", err, want)
+		}
+	}
+	t.Setenv("SLUICE_TEST_PROVIDER_KEY", "sk-provider")
+	key := filepath.Join(t.TempDir(), "key")
+	if err := os.WriteFile(key, []byte("sk-from-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for env, file := range map[string]string{"SLUICE_TEST_PROVIDER_KEY": "", "": key} {
+		u := Upstream{APIKeyEnv: env, APIKeyFile: file}
+		if got, err := u.credential(); err != nil || !strings.HasPrefix(got, "sk-") || strings.ContainsAny(got, "\n ") {
+			t.Errorf("credential from env %q file %q: %q %v", env, file, got, err)
+		}
+	}
+}
