@@ -135,7 +135,12 @@ func demo(ctx context.Context, args []string) error {
 	for _, t := range demoTenants {
 		keys[t.APIKey] = refgateway.Caller{Tenant: t.Name, APIKeyID: "key-" + t.Name}
 	}
-	gw := &refgateway.Gateway{Upstream: "http://" + demoUpstreamAddr, Keys: keys, Checker: chk, Emitter: em, Name: "demo-gateway"}
+	adm, admFollow, admRelease, err := demoAdmission(&cfg, p.env.Metrics, log.With("component", "admission"))
+	if err != nil {
+		return err
+	}
+	defer admRelease()
+	gw := &refgateway.Gateway{Upstream: "http://" + demoUpstreamAddr, Keys: keys, Checker: chk, Emitter: em, Name: "demo-gateway", Admission: adm}
 	gen := &loadgen.Generator{URL: "http://" + demoGatewayAddr, Tenants: demoTenants}
 
 	conn, err := chconn.Open(ctx, cfg.ClickHouse)
@@ -148,6 +153,7 @@ func demo(ctx context.Context, args []string) error {
 
 	tasks := append(p.tasks,
 		lifecycle.Task{Name: "checker", Run: chk.Run},
+		admFollow,
 		lifecycle.Task{Name: "mock-llm", Run: serveHTTP(demoUpstreamAddr, mockllm.Handler())},
 		lifecycle.Task{Name: "gateway", Run: serveHTTP(demoGatewayAddr, gw.Handler())},
 		lifecycle.Task{Name: "emitter", Run: func(ctx context.Context) error {
