@@ -140,7 +140,8 @@ func demo(ctx context.Context, args []string) error {
 		return err
 	}
 	defer admRelease()
-	gw := &refgateway.Gateway{Upstream: "http://" + demoUpstreamAddr, Keys: keys, Checker: chk, Emitter: em, Name: "demo-gateway", Admission: adm}
+	admCounts := newAdmissionCounts(em)
+	gw := &refgateway.Gateway{Upstream: "http://" + demoUpstreamAddr, Keys: keys, Checker: chk, Emitter: admCounts, Name: "demo-gateway", Admission: adm}
 	gen := &loadgen.Generator{URL: "http://" + demoGatewayAddr, Tenants: demoTenants}
 
 	conn, err := chconn.Open(ctx, cfg.ClickHouse)
@@ -148,7 +149,7 @@ func demo(ctx context.Context, args []string) error {
 		return err
 	}
 	defer conn.Close()
-	src := &demoSource{conn: conn, checker: chk, gen: gen, alertmanager: cfg.Services.Alerter.Alertmanager.URL}
+	src := &demoSource{conn: conn, checker: chk, gen: gen, alertmanager: cfg.Services.Alerter.Alertmanager.URL, admissions: admCounts}
 	tty := isTerminal(os.Stdout)
 
 	tasks := append(p.tasks,
@@ -276,12 +277,14 @@ func isTerminal(f *os.File) bool {
 }
 
 // demoSource assembles the live view from the aggregator's quota state in
-// ClickHouse, the gateway's Checker, the load generator and Alertmanager.
+// ClickHouse, the gateway's Checker and admission, the load generator and
+// Alertmanager.
 type demoSource struct {
 	conn         driver.Conn
 	checker      *checker.Checker
 	gen          *loadgen.Generator
 	alertmanager string
+	admissions   *admissionCounts
 }
 
 const currentQuotas = `
@@ -335,6 +338,7 @@ func (s *demoSource) Rows(ctx context.Context) ([]dashboard.Row, error) {
 		}
 		c := s.gen.Counts(t.Name)
 		r.Served, r.Refused = c.OK.Load(), c.Quota429.Load()+c.Breaker503.Load()
+		r.Admitted, r.AdmissionRefused, r.RefusedBy = s.admissions.of(t.Name)
 		r.Alerts = alerts[t.Name]
 		out = append(out, r)
 	}

@@ -4,14 +4,17 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/demo/refgateway"
 	"github.com/sluicehq/sluice/gateway/admission"
 	"github.com/sluicehq/sluice/platform/lifecycle"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
 )
 
 const demoAdmissionWait = 50 * time.Millisecond
@@ -59,4 +62,57 @@ func demoAdmission(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (li
 		})
 	}}
 	return lim, follow, func() { _ = lim.Close(); _ = rdb.Close() }, nil
+}
+
+// admissionCounts counts per tenant what the gateway's admission decided,
+// for the live view, from the events the middleware emits on their way to
+// the Emitter: a settlement is a call admission let through, and a
+// rejected event with refused_by "admission" a refusal before the call
+// (flag refusals never reach admission and are not counted).
+type admissionCounts struct {
+	next refgateway.Emitter
+
+	mu sync.Mutex
+	m  map[string]*tenantAdmissions
+}
+
+type tenantAdmissions struct {
+	admitted, refused int64
+	rule              string // of the latest refusal
+}
+
+func newAdmissionCounts(next refgateway.Emitter) *admissionCounts {
+	return &admissionCounts{next: next, m: map[string]*tenantAdmissions{}}
+}
+
+// Emit counts ev and passes it on.
+func (c *admissionCounts) Emit(ev *schemas.UsageEvent) error {
+	admitted := !ev.Estimated && ev.Outcome != schemas.OutcomeRejected
+	refused := ev.Outcome == schemas.OutcomeRejected && ev.Attributes["refused_by"] == "admission"
+	if admitted || refused {
+		c.mu.Lock()
+		ta := c.m[ev.Tenant]
+		if ta == nil {
+			ta = &tenantAdmissions{}
+			c.m[ev.Tenant] = ta
+		}
+		if admitted {
+			ta.admitted++
+		} else {
+			ta.refused++
+			ta.rule = ev.Attributes["rule"]
+		}
+		c.mu.Unlock()
+	}
+	return c.next.Emit(ev)
+}
+
+// of returns a tenant's counts.
+func (c *admissionCounts) of(tenant string) (admitted, refused int64, rule string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ta := c.m[tenant]; ta != nil {
+		return ta.admitted, ta.refused, ta.rule
+	}
+	return 0, 0, ""
 }

@@ -1,12 +1,17 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,9 +19,12 @@ import (
 
 	"github.com/sluicehq/sluice/demo/loadgen"
 	"github.com/sluicehq/sluice/demo/mockllm"
+	"github.com/sluicehq/sluice/demo/refgateway"
 	"github.com/sluicehq/sluice/gateway/admission"
+	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/gateway/estimate"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/schemas"
 )
 
 // TestDemoAdmissionRefusesTrialOnly: with the demo policy, a minute of the
@@ -125,4 +133,76 @@ func TestDemoAdmissionRefusesTrialOnly(t *testing.T) {
 	itest.Eventually(t, 10*time.Second, "trial admitted after its limit was raised in the policy file", func() bool {
 		return call(trial)
 	})
+}
+
+type allowAll struct{}
+
+func (allowAll) Check(string, string, string) checker.Decision { return checker.Decision{} }
+
+type discard struct{ n atomic.Int64 }
+
+func (d *discard) Emit(*schemas.UsageEvent) error { d.n.Add(1); return nil }
+
+// TestLiveViewCountsAdmissions: through the demo's gateway, the live
+// view's per-tenant counts are the calls admission let through and those
+// it refused (with the rule), and every event still reaches the emitter.
+func TestLiveViewCountsAdmissions(t *testing.T) {
+	cfg := demoConfig()
+	cfg.PolicyFile = filepath.Join("..", "..", "deploy", "demo", "policy.yaml")
+	cfg.Redis = itest.Redis(t)
+	cfg.Services.Enforcer.KeyPrefix = itest.Unique(t, "sluice_test_demoview:") + ":"
+	lim, _, release, err := demoAdmission(&cfg, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	up := httptest.NewServer(mockllm.Handler())
+	defer up.Close()
+	next := &discard{}
+	counts := newAdmissionCounts(next)
+	keys := map[string]refgateway.Caller{}
+	for _, tn := range demoTenants {
+		keys[tn.APIKey] = refgateway.Caller{Tenant: tn.Name, APIKeyID: "key-" + tn.Name}
+	}
+	gw := httptest.NewServer((&refgateway.Gateway{Upstream: up.URL, Keys: keys, Checker: allowAll{}, Emitter: counts, Name: "t", Admission: lim}).Handler())
+	defer gw.Close()
+
+	answers := map[string]map[int]int64{}
+	for _, tn := range demoTenants {
+		answers[tn.Name] = map[int]int64{}
+		n := 60 // trial's minute; a few calls of the others
+		if tn.Name != "trial" {
+			n = 5
+		}
+		for range n {
+			req, _ := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", bytes.NewReader(loadgen.RequestBody(tn)))
+			req.Header.Set("Authorization", "Bearer "+tn.APIKey)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			answers[tn.Name][resp.StatusCode]++
+		}
+	}
+	for _, tn := range demoTenants {
+		ok, refused := answers[tn.Name][http.StatusOK], answers[tn.Name][http.StatusTooManyRequests]
+		// A settlement is emitted when the handler returns, which may be
+		// just after the client read the answer.
+		itest.Eventually(t, 5*time.Second, tn.Name+"'s admissions counted", func() bool {
+			a, _, _ := counts.of(tn.Name)
+			return a == ok
+		})
+		a, r, rule := counts.of(tn.Name)
+		if a != ok || r != refused {
+			t.Errorf("%s: view says %d admitted, %d refused; the gateway answered %v", tn.Name, a, r, answers[tn.Name])
+		}
+		if tn.Name == "trial" && (r == 0 || rule != "trial-tpm") {
+			t.Errorf("trial: %d refusals, latest by %q; want trial-tpm to refuse", r, rule)
+		}
+	}
+	if next.n.Load() == 0 {
+		t.Fatal("no event reached the emitter behind the counts")
+	}
 }
