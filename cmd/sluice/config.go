@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/platform/ops"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
+	"github.com/sluicehq/sluice/services/gateway"
 )
 
 // Config is the whole process configuration: the shared parts first, then
@@ -31,6 +32,10 @@ type Config struct {
 		DataDir string `yaml:"data_dir" help:"folder where the embedded broker persists (empty: memory only)"`
 	} `yaml:"embedded_kafka"`
 	ShutdownGrace time.Duration `yaml:"shutdown_grace" help:"how long services get to finish in-flight work on shutdown"`
+	// gatewayAdmitter, when not nil, is the request-path limiter the
+	// gateway service asks before each call (the demo builds one from its
+	// policy); not a setting.
+	gatewayAdmitter gateway.Admitter
 	// Migrate applies migrations before services start.
 	Migrate bool `yaml:"migrate" help:"apply ClickHouse migrations before starting services"`
 

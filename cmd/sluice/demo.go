@@ -127,6 +127,17 @@ func demo(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	// Admission before the call: the gateway asks the Limiter built from
+	// the demo policy's limits (trial's trial-tpm refuses before the
+	// upstream), through the counts the live view shows. The gateway task
+	// reads cfg when it starts, after this.
+	adm, admFollow, admRelease, err := demoAdmission(&cfg, p.env.Metrics, log.With("component", "admission"))
+	if err != nil {
+		return err
+	}
+	defer admRelease()
+	admCounts := newAdmissionCounts(gateway.LimiterAdmitter{L: adm})
+	cfg.gatewayAdmitter = admCounts
 	gen := &loadgen.Generator{URL: "http://" + demoGatewayAddr, Tenants: demoTenants}
 
 	conn, err := chconn.Open(ctx, cfg.ClickHouse)
@@ -134,7 +145,7 @@ func demo(ctx context.Context, args []string) error {
 		return err
 	}
 	defer conn.Close()
-	src := &demoSource{conn: conn, checker: chk, gen: gen, alertmanager: cfg.Services.Alerter.Alertmanager.URL}
+	src := &demoSource{conn: conn, checker: chk, gen: gen, alertmanager: cfg.Services.Alerter.Alertmanager.URL, admissions: admCounts}
 	tty := isTerminal(os.Stdout)
 
 	// Ctrl-C stops the load first, then the gateway (its streams finish
@@ -148,6 +159,7 @@ func demo(ctx context.Context, args []string) error {
 	}
 	tasks := append(p.tasks,
 		lifecycle.Task{Name: "checker", Run: chk.Run},
+		admFollow,
 		lifecycle.Task{Name: "mock-llm", StopsAfter: []string{"gateway"},
 			Run: serveHTTP(demoUpstreamAddr, mockllm.New(mockllm.Options{StreamUsage: mockllm.UsageWhenAsked}))},
 		lifecycle.Task{Name: "loadgen", Run: func(ctx context.Context) error {
@@ -291,12 +303,14 @@ func isTerminal(f *os.File) bool {
 }
 
 // demoSource assembles the live view from the aggregator's quota state in
-// ClickHouse, the gateway's Checker, the load generator and Alertmanager.
+// ClickHouse, the gateway's Checker and admission, the load generator and
+// Alertmanager.
 type demoSource struct {
 	conn         driver.Conn
 	checker      *checker.Checker
 	gen          *loadgen.Generator
 	alertmanager string
+	admissions   *admissionCounts
 }
 
 const currentQuotas = `
@@ -350,6 +364,7 @@ func (s *demoSource) Rows(ctx context.Context) ([]dashboard.Row, error) {
 		}
 		c := s.gen.Counts(t.Name)
 		r.Served, r.Refused = c.OK.Load(), c.Quota429.Load()+c.Breaker503.Load()
+		r.Admitted, r.AdmissionRefused, r.RefusedBy = s.admissions.of(t.Name)
 		r.Alerts = alerts[t.Name]
 		out = append(out, r)
 	}

@@ -1,6 +1,7 @@
 // Package dashboard is the demo's live view: for each tenant, the quota
 // closest to its limit (used %, rate, predicted exhaustion), the breaker a
-// gateway sees, how its requests were answered and the alerts firing —
+// gateway sees, how its requests were answered, what admission decided
+// before the calls and the alerts firing —
 // redrawn in place on a terminal, or as plain log lines when output is not
 // one.
 package dashboard
@@ -27,6 +28,11 @@ type Row struct {
 	Breaker string
 	// Served and Refused count the load generator's answers.
 	Served, Refused int64
+	// Admitted and AdmissionRefused count the gateway's admission
+	// decisions before the call (limits checked in Redis); RefusedBy is
+	// the rule of the latest refusal.
+	Admitted, AdmissionRefused int64
+	RefusedBy                  string
 	// Alerts lists the alerts firing for the tenant in Alertmanager.
 	Alerts []string
 }
@@ -80,8 +86,8 @@ func Render(w io.Writer, rows []Row, now time.Time) {
 		return rows[i].Model < rows[j].Model
 	})
 	fmt.Fprintf(w, "Sluice demo — %s   (Ctrl-C stops everything)\n\n", now.UTC().Format("15:04:05 MST"))
-	fmt.Fprintf(w, "%-10s %-8s %-20s %7s %-22s %11s %-12s %-26s %8s %8s  %s\n",
-		"TENANT", "MODEL", "QUOTA", "USED", "", "RATE/MIN", "EXHAUSTS", "GATEWAY", "SERVED", "REFUSED", "ALERTS")
+	fmt.Fprintf(w, "%-10s %-8s %-20s %7s %-22s %11s %-12s %-26s %8s %8s  %-24s  %s\n",
+		"TENANT", "MODEL", "QUOTA", "USED", "", "RATE/MIN", "EXHAUSTS", "GATEWAY", "SERVED", "REFUSED", "ADMISSION ok/refused", "ALERTS")
 	for _, r := range rows {
 		exh := "-"
 		if !r.Exhaustion.IsZero() {
@@ -91,9 +97,13 @@ func Render(w io.Writer, rows []Row, now time.Time) {
 				exh = "now"
 			}
 		}
-		fmt.Fprintf(w, "%-10s %-8s %-20s %6.1f%% %-22s %11.0f %-12s %-26s %8d %8d  %s\n",
+		adm := fmt.Sprintf("%d/%d", r.Admitted, r.AdmissionRefused)
+		if r.RefusedBy != "" {
+			adm += " " + r.RefusedBy
+		}
+		fmt.Fprintf(w, "%-10s %-8s %-20s %6.1f%% %-22s %11.0f %-12s %-26s %8d %8d  %-24s  %s\n",
 			clip(r.Tenant, 10), clip(r.Model, 8), clip(r.Quota+"/"+r.Period, 20), r.UsedPercent(), bar(r.UsedPercent(), 20),
-			r.RatePerMinute, exh, clip(r.Breaker, 26), r.Served, r.Refused, strings.Join(r.Alerts, ","))
+			r.RatePerMinute, exh, clip(r.Breaker, 26), r.Served, r.Refused, clip(adm, 24), strings.Join(r.Alerts, ","))
 	}
 	if len(rows) == 0 {
 		fmt.Fprintln(w, "(waiting for the first aggregates...)")

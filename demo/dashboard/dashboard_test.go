@@ -17,9 +17,9 @@ func TestRenderShowsWhatTheDemoPromises(t *testing.T) {
 	var b bytes.Buffer
 	Render(&b, []Row{{Tenant: "runaway", Model: "*", Quota: "hourly_tokens", Period: "hour", Used: 950, Limit: 1000,
 		RatePerMinute: 480000, Exhaustion: now.Add(7 * time.Second), Breaker: "closed", Served: 120, Refused: 3,
-		Alerts: []string{"tier90"}}}, now)
+		Admitted: 118, AdmissionRefused: 2, RefusedBy: "runaway-tpm", Alerts: []string{"tier90"}}}, now)
 	out := b.String()
-	for _, want := range []string{"runaway", "hourly_tokens/hour", "95.0%", "[###################.]", "480000", "in 7s", "closed", "120", "tier90"} {
+	for _, want := range []string{"runaway", "hourly_tokens/hour", "95.0%", "[###################.]", "480000", "in 7s", "closed", "120", "118/2 runaway-tpm", "tier90"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("view lacks %q:\n%s", want, out)
 		}

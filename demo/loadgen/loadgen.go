@@ -122,6 +122,10 @@ func (g *Generator) runTenant(ctx context.Context, t Tenant) {
 	}
 }
 
+// RequestBody is the chat completion body the generator sends for t (the
+// demo's tests estimate the demo's load from it).
+func RequestBody(t Tenant) []byte { return requestBody(t) }
+
 func requestBody(t Tenant) []byte {
 	prompt := strings.Repeat("lorem ipsum ", t.PromptChars/12+1)[:t.PromptChars]
 	return fmt.Appendf(nil, `{"model":%q,"max_tokens":%d,"stream":%t,"messages":[{"role":"user","content":%q}]}`,

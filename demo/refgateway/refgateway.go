@@ -8,7 +8,10 @@
 // runs (estimated: true; NoEstimates turns it off) and its settlement with
 // the usage the upstream reported when it ends (the same id), and one
 // event per refused call (outcome rejected, zero tokens), so refusals are
-// counted.
+// counted. With an admission Limiter it also checks the policy's limits
+// (tokens and requests per minute, limits: rules) before the call, after
+// the flags: a request over a limit is answered 429 naming the rule and
+// never reaches the upstream.
 package refgateway
 
 import (
@@ -23,6 +26,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
+	"github.com/sluicehq/sluice/gateway/admission"
 	"github.com/sluicehq/sluice/gateway/estimate"
 	"github.com/sluicehq/sluice/gateway/middleware"
 	"github.com/sluicehq/sluice/schemas"
@@ -60,6 +64,11 @@ type Gateway struct {
 	// NoEstimates turns the estimate events off: each call is then
 	// emitted once, when it settles.
 	NoEstimates bool
+	// Admission checks each call against the limits before it goes
+	// upstream, debiting the estimate and settling the usage the upstream
+	// reported (middleware.WithAdmission); nil turns admission off. Build
+	// it from policy.Policy.AdmissionRules and call SetRules on a reload.
+	Admission *admission.Limiter
 }
 
 type ctxKey struct{}
@@ -91,7 +100,8 @@ func (g *Gateway) Handler() http.Handler {
 		}
 		return info.caller.Tenant, info.model, info.caller.APIKeyID, true
 	}, middleware.WithClock(g.Now), middleware.WithEmitter(g.Emitter, g.Name),
-		middleware.WithEstimates(g.Estimator), middleware.WithEstimateEvents(!g.NoEstimates))
+		middleware.WithEstimates(g.Estimator), middleware.WithEstimateEvents(!g.NoEstimates),
+		middleware.WithAdmission(g.Admission))
 	proxy := check(http.HandlerFunc(g.proxy))
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {

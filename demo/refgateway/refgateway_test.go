@@ -2,19 +2,24 @@ package refgateway
 
 import (
 	"bufio"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
+	"github.com/sluicehq/sluice/gateway/admission"
 	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/gateway/estimate"
 	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 )
 
@@ -255,5 +260,97 @@ func TestRefusedCallNamesTheLimitAndIsCounted(t *testing.T) {
 	}
 	if resp, _ := call(t, srv.URL, "sk-nope", `{}`); resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("unknown key: status %d, want 401", resp.StatusCode)
+	}
+}
+
+// TestAdmissionRefusesBeforeTheUpstream: with a Limiter built from the
+// policy, a tenant over its tokens-per-minute rule is answered 429 naming
+// the rule, with Retry-After, and its call never reaches the upstream;
+// another tenant is still served. Against the real Redis.
+func TestAdmissionRefusesBeforeTheUpstream(t *testing.T) {
+	pol, err := policy.Parse([]byte(`
+tenants:
+  small:
+    limits:
+      small-tpm:
+        unit: total_tokens
+        sliding_window: {length: 1m, limit: 300}
+        exact: true
+`), "gateway.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redisconn.NewClient(itest.Redis(t), redisconn.ContextTimeouts())
+	t.Cleanup(func() { rdb.Close() })
+	lim, err := admission.New(rdb, pol.AdmissionRules(), admission.WithPrefix(itest.Unique(t, "sluice_test_refgw:")+":"),
+		admission.WithMaxWait(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lim.Close() })
+
+	var upstreamCalls atomic.Int64
+	mock := mockllm.Handler()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		upstreamCalls.Add(1)
+		mock.ServeHTTP(w, r)
+	}))
+	t.Cleanup(up.Close)
+	srv, rec := setupWith(t, decider{}, up.URL, func(g *Gateway) {
+		g.Keys["sk-s"] = Caller{Tenant: "small", APIKeyID: "key-s"}
+		g.Admission = lim
+	})
+	const body = `{"model":"gpt-4o","max_tokens":60,"messages":[{"role":"user","content":"say something"}]}`
+
+	served := int64(0)
+	var refusal *http.Response
+	var refusalBody string
+	for range 20 {
+		resp, answer := call(t, srv.URL, "sk-s", body)
+		if resp.StatusCode == http.StatusOK {
+			served++
+			if resp.Header.Get("x-ratelimit-limit-tokens") != "300" {
+				t.Fatalf("admitted answer without the rule's headers: %v", resp.Header)
+			}
+			continue
+		}
+		refusal, refusalBody = resp, answer
+		break
+	}
+	if refusal == nil {
+		t.Fatalf("20 calls of about 80 tokens were all served under a 300 tokens-per-minute rule")
+	}
+	if served == 0 {
+		t.Fatalf("the first call was refused: %d %s", refusal.StatusCode, refusalBody)
+	}
+	if refusal.StatusCode != http.StatusTooManyRequests || refusal.Header.Get("Retry-After") == "" {
+		t.Fatalf("refusal: %d, headers %v, body %s", refusal.StatusCode, refusal.Header, refusalBody)
+	}
+	var e struct {
+		Error struct{ Message, Code string } `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(refusalBody), &e); err != nil || e.Error.Code != "rate_limit_exceeded" || !strings.Contains(e.Error.Message, "small-tpm") {
+		t.Fatalf("refusal body %s (%v): want rate_limit_exceeded naming small-tpm", refusalBody, err)
+	}
+	if got := upstreamCalls.Load(); got != served {
+		t.Fatalf("the upstream was called %d times for %d served calls: the refused call reached it", got, served)
+	}
+	// The refusal is metered as one rejected event.
+	rec.settled(t, int(served))
+	var rejected int
+	for _, ev := range rec.all() {
+		if ev.Tenant == "small" && ev.Outcome == schemas.OutcomeRejected {
+			rejected++
+		}
+	}
+	if rejected != 1 {
+		t.Fatalf("%d rejected events for small, want 1", rejected)
+	}
+	// The rule is small's own: acme is served.
+	if resp, answer := call(t, srv.URL, "sk-a", body); resp.StatusCode != http.StatusOK {
+		t.Fatalf("acme after small's refusal: %d %s", resp.StatusCode, answer)
+	}
+	if got := upstreamCalls.Load(); got != served+1 {
+		t.Fatalf("upstream calls %d, want %d", got, served+1)
 	}
 }

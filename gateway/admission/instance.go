@@ -36,7 +36,12 @@ type instance struct {
 	blockNeed  atomic.Int64
 	blockFloor atomic.Int64 // the refused request's reserve floor
 	blockNever atomic.Bool
-	lastUsed   atomic.Int64
+	// What Redis said with that refusal: when the refused request fits
+	// (its clock, as an offset of ours) and the units available, which a
+	// cached refusal repeats rather than the cache entry's own end.
+	blockRetryAt atomic.Int64
+	blockAvail   atomic.Int64
+	lastUsed     atomic.Int64
 
 	mu     sync.Mutex
 	rate   float64 // units per second, smoothed

@@ -2,6 +2,8 @@ package admission
 
 import (
 	"context"
+	"net/http/httptest"
+	"strconv"
 	"testing"
 	"time"
 
@@ -197,5 +199,41 @@ func TestSetRulesReturnsLeasesAndKeepsCounters(t *testing.T) {
 	}
 	if got := windowUsed(t, c, key); got < admitted+10 {
 		t.Fatalf("the same rule counts on in its key: %d, want at least %d", got, admitted+10)
+	}
+}
+
+// TestCachedRefusalKeepsRedisRetryAfter: a refusal answered from memory
+// tells the client what Redis told it, when the request fits again (not
+// when the cache entry ends, which is sooner), and how much is available,
+// so Retry-After does not invite retries that are sure to fail.
+func TestCachedRefusalKeepsRedisRetryAfter(t *testing.T) {
+	prefix := testPrefix(t)
+	c := testClient(t, "")
+	tpm := window("tpm", TotalTokens, 100, time.Hour)
+	l := newTestLimiter(t, c, &Rules{Default: TenantRules{Rules: []Rule{tpm}}}, WithPrefix(prefix), WithRefusalCache(time.Minute))
+	req := func(n int64) Decision {
+		return mustAdmit(t, l, Request{Tenant: "acme", Model: "m", PromptTokens: n}).Decision
+	}
+	if d := req(90); !d.Allowed {
+		t.Fatalf("90 of 100: %+v", d)
+	}
+	fromRedis := req(50)
+	if fromRedis.Allowed || fromRedis.Path != PathRedis || fromRedis.RetryAfter < 59*time.Minute {
+		t.Fatalf("50 more: %+v, want Redis to refuse until the hour's first granule leaves", fromRedis)
+	}
+	cached := req(60)
+	if cached.Allowed || cached.Path != PathCached {
+		t.Fatalf("60 more right after: %+v, want a refusal from memory", cached)
+	}
+	if cached.RetryAfter > fromRedis.RetryAfter || cached.RetryAfter < fromRedis.RetryAfter-time.Minute {
+		t.Fatalf("cached refusal: retry after %s, Redis said %s", cached.RetryAfter, fromRedis.RetryAfter)
+	}
+	if cached.Available != fromRedis.Available || cached.Tokens.Remaining != fromRedis.Available {
+		t.Fatalf("cached refusal: available %d (headroom %+v), Redis said %d", cached.Available, cached.Tokens, fromRedis.Available)
+	}
+	rec := httptest.NewRecorder()
+	WriteRefusal(rec, cached)
+	if secs, err := strconv.Atoi(rec.Header().Get("Retry-After")); err != nil || secs < 3500 {
+		t.Fatalf("Retry-After %q for a refusal Redis gave about an hour", rec.Header().Get("Retry-After"))
 	}
 }

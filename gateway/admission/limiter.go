@@ -512,7 +512,7 @@ func (l *Limiter) admitSlow(ctx context.Context, t *Ticket, req *Request, leased
 			nd := need(in.r.Unit, req.PromptTokens, req.CompletionTokens)
 			if until := in.blockUntil.Load(); until > now && nd >= in.blockNeed.Load() && in.r.floor(req.Priority) >= in.blockFloor.Load() {
 				l.undoLeases(t, leased)
-				l.refuse(t, PathCached, in, nd, 0, time.Duration(until-now), in.blockNever.Load())
+				l.refuse(t, PathCached, in, nd, in.blockAvail.Load(), time.Duration(max(in.blockRetryAt.Load()-now, until-now)), in.blockNever.Load())
 				return
 			}
 		}
@@ -543,6 +543,8 @@ func (l *Limiter) admitSlow(ctx context.Context, t *Ticket, req *Request, leased
 			in.blockNeed.Store(nd)
 			in.blockFloor.Store(in.r.floor(req.Priority))
 			in.blockNever.Store(never)
+			in.blockAvail.Store(res.avail)
+			in.blockRetryAt.Store(now + int64(retry))
 			in.blockUntil.Store(now + int64(block))
 		}
 		l.refuse(t, PathRedis, in, nd, res.avail, retry, never)

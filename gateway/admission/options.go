@@ -93,7 +93,8 @@ func WithLeaseTTL(d time.Duration) Option { return func(o *options) { o.leaseTTL
 // WithRefusalCache keeps a Redis refusal of a rule instance in memory for
 // at most d (default 250 ms, never past its retry-after), refusing requests
 // at least as large without a round trip; 0 disables it. It only refuses,
-// so it never adds overshoot.
+// so it never adds overshoot. A cached refusal repeats Redis's retry-after
+// and available units, not the cache entry's shorter life.
 func WithRefusalCache(d time.Duration) Option { return func(o *options) { o.refusalCache = d } }
 
 // WithProbeInterval is how often an unreachable Redis is probed and pending

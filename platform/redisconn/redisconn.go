@@ -103,7 +103,11 @@ func (c Config) Validate() error {
 // start-up; it can still vanish afterwards) does not panic and does not
 // fall back to plaintext: every command of the client fails with the error
 // naming the setting, so the readiness check shows it.
-func NewClient(c Config) redis.UniversalClient {
+func NewClient(c Config, opts ...ClientOption) redis.UniversalClient {
+	var co clientOptions
+	for _, opt := range opts {
+		opt(&co)
+	}
 	o, err := c.options()
 	if err != nil {
 		o = &redis.Options{
@@ -114,24 +118,42 @@ func NewClient(c Config) redis.UniversalClient {
 			MaxRetries: -1,
 		}
 		if c.Cluster {
-			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Seeds(), Dialer: o.Dialer, MaxRetries: -1})
+			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Seeds(), Dialer: o.Dialer, MaxRetries: -1,
+				ContextTimeoutEnabled: co.contextTimeouts})
 		}
+		o.ContextTimeoutEnabled = co.contextTimeouts
 		return redis.NewClient(o)
 	}
 	if c.Cluster {
 		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:        c.Seeds(),
-			Username:     o.Username,
-			Password:     o.Password,
-			DialTimeout:  o.DialTimeout,
-			PoolSize:     o.PoolSize,
-			TLSConfig:    o.TLSConfig,
-			ReadTimeout:  o.ReadTimeout,
-			WriteTimeout: o.WriteTimeout,
+			Addrs:                 c.Seeds(),
+			Username:              o.Username,
+			Password:              o.Password,
+			DialTimeout:           o.DialTimeout,
+			PoolSize:              o.PoolSize,
+			TLSConfig:             o.TLSConfig,
+			ReadTimeout:           o.ReadTimeout,
+			WriteTimeout:          o.WriteTimeout,
+			ContextTimeoutEnabled: co.contextTimeouts,
 		})
 	}
+	o.ContextTimeoutEnabled = co.contextTimeouts
 	return redis.NewClient(o)
 }
+
+// ClientOption adjusts a client NewClient makes beyond what Config says.
+type ClientOption func(*clientOptions)
+
+type clientOptions struct {
+	contextTimeouts bool
+}
+
+// ContextTimeouts makes the client bound each command by its context's
+// deadline, down to the socket, instead of only by the read and write
+// timeouts. A caller that promises a latency bound needs it: admission
+// (gateway/admission.New) refuses a client without it, since a slow Redis
+// would otherwise hold a request past WithMaxWait.
+func ContextTimeouts() ClientOption { return func(o *clientOptions) { o.contextTimeouts = true } }
 
 func (c Config) options() (*redis.Options, error) {
 	pass, err := tlsconfig.Secret("redis.password", c.Password, c.PasswordFile)

@@ -285,3 +285,33 @@ func TestClusterFromEnvironment(t *testing.T) {
 		t.Fatalf("seed nodes %v", got)
 	}
 }
+
+// TestContextTimeoutsReachBothClientKinds: admission (and anything else
+// promising a latency bound) needs ContextTimeoutEnabled on the client;
+// the option sets it for a single Redis and for a Cluster, and clients
+// made without it keep go-redis's default.
+func TestContextTimeoutsReachBothClientKinds(t *testing.T) {
+	single := redisconn.Defaults()
+	cluster := redisconn.Defaults()
+	cluster.Cluster, cluster.Addrs = true, []string{"127.0.0.1:1"}
+	for _, c := range []redisconn.Config{single, cluster} {
+		for _, want := range []bool{false, true} {
+			var opts []redisconn.ClientOption
+			if want {
+				opts = append(opts, redisconn.ContextTimeouts())
+			}
+			cl := redisconn.NewClient(c, opts...)
+			var got bool
+			switch cl := cl.(type) {
+			case *redis.Client:
+				got = cl.Options().ContextTimeoutEnabled
+			case *redis.ClusterClient:
+				got = cl.Options().ContextTimeoutEnabled
+			}
+			cl.Close()
+			if got != want {
+				t.Errorf("cluster=%v, ContextTimeouts given %v: the %T has ContextTimeoutEnabled=%v", c.Cluster, want, cl, got)
+			}
+		}
+	}
+}
