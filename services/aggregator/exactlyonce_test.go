@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluicehq/sluice/internal/truthcheck"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/itest"
@@ -272,185 +272,57 @@ func TestKillNineExactlyOnce(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	truth := loadDistinct(t, ctx, e.conn)
+	pol, err := policy.Load(e.policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	truth := loadDistinct(t, ctx, e.conn, pol)
 	// No loss, no double count: the distinct events are exactly what was sent.
 	if len(truth) != len(final) {
 		t.Errorf("ClickHouse holds %d distinct events, %d were sent", len(truth), len(final))
 	}
 	for k, tok := range final {
-		if got, ok := truth[k]; !ok || got.tokens != tok {
+		if got, ok := truth[k]; !ok || got.Tokens != tok {
 			t.Errorf("event %s: ClickHouse has %+v, want %d tokens", k, got, tok)
 			break
 		}
 	}
-	pol, err := policy.Load(e.policy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkQuotaState(t, ctx, e.conn, truth, pol)
-	checkMinutes(t, ctx, e.conn, truth)
+	checkCounters(t, ctx, e.conn, truth, pol)
 	checkSignals(t, e, pol)
 }
 
-type distinct struct {
-	tenant, model string
-	at            time.Time
-	tokens        int64
-	cost          float64
-}
-
-func loadDistinct(t *testing.T, ctx context.Context, conn driver.Conn) map[string]distinct {
+// loadDistinct reads the distinct events ClickHouse holds, priced with
+// pol.
+func loadDistinct(t *testing.T, ctx context.Context, conn driver.Conn, pol *policy.Policy) truthcheck.Events {
 	t.Helper()
-	rows, err := conn.Query(ctx, `SELECT tenant, id, argMax(model, kafka_offset), argMax(time, kafka_offset),
- argMax(prompt_tokens, kafka_offset), argMax(completion_tokens, kafka_offset), argMax(cached_tokens, kafka_offset)
- FROM usage_events GROUP BY tenant, id`)
+	ev, err := truthcheck.Load(ctx, conn, pol)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rows.Close()
-	out := map[string]distinct{}
-	pol, _ := policy.Parse([]byte(itPolicy), "p.yaml")
-	for rows.Next() {
-		var d distinct
-		var id string
-		var p, c, ca uint64
-		if err := rows.Scan(&d.tenant, &id, &d.model, &d.at, &p, &c, &ca); err != nil {
-			t.Fatal(err)
-		}
-		d.tokens = int64(p + c)
-		if pr, ok := pol.Price(d.model, d.at); ok {
-			d.cost = pr.Cost(int64(p), int64(c), int64(ca))
-		}
-		out[d.tenant+"/"+id] = d
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return ev
 }
 
-func checkQuotaState(t *testing.T, ctx context.Context, conn driver.Conn, truth map[string]distinct, pol *policy.Policy) {
+// checkCounters fails the test unless every quota_state and usage_minute
+// row equals the sum over the distinct events.
+func checkCounters(t *testing.T, ctx context.Context, conn driver.Conn, truth truthcheck.Events, pol *policy.Policy) {
 	t.Helper()
-	rows, err := conn.Query(ctx, `SELECT tenant, model, quota, period_start, period_end, used, unit FROM quota_state FINAL`)
+	qs, err := truthcheck.QuotaState(ctx, conn, truth, pol)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rows.Close()
-	n, bad := 0, 0
-	seenHour := map[string]bool{}
-	for rows.Next() {
-		var tenant, model, quota, unit string
-		var start, end time.Time
-		var used float64
-		if err := rows.Scan(&tenant, &model, &quota, &start, &end, &used, &unit); err != nil {
-			t.Fatal(err)
-		}
-		n++
-		var want float64
-		for _, d := range truth {
-			if d.tenant == tenant && (model == "*" || d.model == model) && !d.at.Before(start) && d.at.Before(end) {
-				if unit == "currency" {
-					want += d.cost
-				} else {
-					want += float64(d.tokens)
-				}
-			}
-		}
-		if math.Abs(used-want) > 1e-6*math.Max(1, want) {
-			bad++
-			if bad <= 10 {
-				t.Errorf("quota_state %s/%s %s %v: used %v, distinct events say %v; its versions:\n%s", tenant, model, quota, start, used, want,
-					quotaVersions(ctx, conn, tenant, model, quota, start))
-			}
-		}
-		if model == "*" && quota == "hourly_tokens" {
-			seenHour[tenant+start.UTC().Format(time.RFC3339)] = true
-		}
+	if err := qs.Err("quota_state"); err != nil {
+		t.Error(err)
 	}
-	if n == 0 {
-		t.Fatal("quota_state is empty")
-	}
-	// Every hour any tenant used has its row.
-	for _, d := range truth {
-		s, _ := policy.PeriodBounds(schemas.PeriodHour, d.at, pol.Tenant(d.tenant).Location)
-		if !seenHour[d.tenant+s.UTC().Format(time.RFC3339)] {
-			t.Errorf("no hourly_tokens row for %s hour %v", d.tenant, s.UTC())
-			break
-		}
-	}
-	t.Logf("checked %d quota_state rows against the distinct events (%d wrong)", n, bad)
-}
-
-// quotaVersions lists every stored version of one quota_state row and of
-// its neighbours within two hours, for a failure message.
-func quotaVersions(ctx context.Context, conn driver.Conn, tenant, model, quota string, start time.Time) string {
-	rows, err := conn.Query(ctx, `SELECT period_start, used, version, updated_at FROM quota_state
- WHERE tenant = ? AND model = ? AND quota = ? AND period_start BETWEEN toDateTime(?) AND toDateTime(?) ORDER BY period_start, version, updated_at`,
-		tenant, model, quota, start.Add(-2*time.Hour).Unix(), start.Add(2*time.Hour).Unix())
-	if err != nil {
-		return err.Error()
-	}
-	defer rows.Close()
-	var b strings.Builder
-	for rows.Next() {
-		var used float64
-		var version uint64
-		var ps, at time.Time
-		if err := rows.Scan(&ps, &used, &version, &at); err != nil {
-			return err.Error()
-		}
-		fmt.Fprintf(&b, "  period %v used %v version %d<<48|%d at %v\n", ps.UTC().Format(time.TimeOnly), used, version>>48, version&(1<<48-1), at.Format(time.TimeOnly))
-	}
-	return b.String()
-}
-
-func checkMinutes(t *testing.T, ctx context.Context, conn driver.Conn, truth map[string]distinct) {
-	t.Helper()
-	type key struct {
-		tenant, model string
-		minute        int64
-	}
-	want := map[key][2]uint64{}
-	for _, d := range truth {
-		m := d.at.Unix() / 60 * 60
-		for _, model := range []string{d.model, "*"} {
-			k := key{d.tenant, model, m}
-			v := want[k]
-			v[0]++
-			v[1] += uint64(d.tokens)
-			want[k] = v
-		}
-	}
-	rows, err := conn.Query(ctx, `SELECT tenant, model, minute, requests, prompt_tokens + completion_tokens FROM usage_minute FINAL`)
+	mins, err := truthcheck.Minutes(ctx, conn, truth)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rows.Close()
-	got := map[key][2]uint64{}
-	for rows.Next() {
-		var k key
-		var at time.Time
-		var v [2]uint64
-		if err := rows.Scan(&k.tenant, &k.model, &at, &v[0], &v[1]); err != nil {
-			t.Fatal(err)
-		}
-		k.minute = at.Unix()
-		got[k] = v
+	if err := mins.Err("usage_minute"); err != nil {
+		t.Error(err)
 	}
-	bad := 0
-	for k, v := range want {
-		if got[k] != v {
-			bad++
-			if bad <= 10 {
-				t.Errorf("usage_minute %s/%s %v: %v (requests, tokens), distinct events say %v", k.tenant, k.model, time.Unix(k.minute, 0).UTC(), got[k], v)
-			}
-		}
-	}
-	t.Logf("checked %d minute rollups (%d wrong)", len(want), bad)
+	t.Logf("checked %d quota_state rows and %d minute rollups against the distinct events", qs.Checked, mins.Checked)
 }
 
-// checkSignals compares the signal ids published across all the killed
-// runs with those of a clean in-memory run over the same partitions.
 func checkSignals(t *testing.T, e *env, pol *policy.Policy) {
 	t.Helper()
 	want := map[string]string{}

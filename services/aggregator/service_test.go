@@ -142,16 +142,15 @@ func TestClickHouseOutageStopsCommits(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	truth := loadDistinct(t, ctx, e.conn)
-	if len(truth) != len(final) {
-		t.Errorf("ClickHouse holds %d distinct events, %d were sent", len(truth), len(final))
-	}
 	pol, err := policy.Load(e.policy)
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkQuotaState(t, ctx, e.conn, truth, pol)
-	checkMinutes(t, ctx, e.conn, truth)
+	truth := loadDistinct(t, ctx, e.conn, pol)
+	if len(truth) != len(final) {
+		t.Errorf("ClickHouse holds %d distinct events, %d were sent", len(truth), len(final))
+	}
+	checkCounters(t, ctx, e.conn, truth, pol)
 }
 
 // TestPolicyHotReload: a broken policy file is refused (the previous policy
