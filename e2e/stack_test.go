@@ -266,6 +266,12 @@ func (s *stack) args(opsAddr string) []string {
 		"-services.alerter.rules.group_wait=0s",
 		"-services.alerter.tick=200ms",
 		"-services.alerter.policy_reload=500ms",
+		// The stack runs no gateway service, but its shared defaults must
+		// not be left for one to meet another deployment's.
+		"-services.gateway.name=" + s.prefix + "gateway",
+		"-services.gateway.checker.key_prefix=" + s.prefix,
+		"-services.gateway.usage.topic=" + s.topic,
+		"-services.gateway.admission.key_prefix=" + s.prefix + "adm:",
 		"-shutdown_grace=10s",
 	}
 	if len(s.redisCluster) > 0 {

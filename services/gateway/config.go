@@ -34,8 +34,9 @@ type Config struct {
 	HTTP            httpserver.Timeouts `yaml:"http"`
 	ShutdownTimeout time.Duration       `yaml:"shutdown_timeout" help:"on shutdown, how long requests in flight (streams included) get to finish; those still running are cut and settled with what they used"`
 
-	Checker checker.Config `yaml:"checker"`
-	Usage   UsageConfig    `yaml:"usage"`
+	Checker   checker.Config  `yaml:"checker"`
+	Usage     UsageConfig     `yaml:"usage"`
+	Admission AdmissionConfig `yaml:"admission"`
 }
 
 // Upstream is one provider endpoint.
@@ -94,6 +95,7 @@ func DefaultConfig() Config {
 		HTTP:                httpserver.Timeouts{ReadHeader: 10 * time.Second, Read: time.Minute, Write: 11 * time.Minute, Idle: 2 * time.Minute},
 		ShutdownTimeout:     10 * time.Second,
 		Checker:             checker.DefaultConfig(),
+		Admission:           defaultAdmission(),
 		Usage: UsageConfig{
 			Sink:           SinkIngest,
 			IngestURL:      "http://127.0.0.1:8080",
@@ -119,6 +121,7 @@ func (c Config) Validate() error {
 	if c.Name == "" || len(c.Name) > schemas.MaxStringLen {
 		bad(p+"name: must be 1..%d bytes", schemas.MaxStringLen)
 	}
+	c.Admission.validate(bad)
 	if c.KeysFile == "" {
 		bad(p + "keys_file: is required (the tenants' API keys; see services/gateway/README.md)")
 	}

@@ -85,6 +85,18 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	}
 	log := env.Logger
 
+	if opts.Admitter == nil && cfg.Admission.PolicyFile != "" {
+		adm, follow, closeAdm, err := policyAdmitter(cfg.Admission, env, log.With("component", "admission"))
+		if err != nil {
+			return err
+		}
+		defer closeAdm()
+		fctx, stopFollow := context.WithCancel(ctx)
+		followed := make(chan struct{})
+		go func() { defer close(followed); _ = follow(fctx) }()
+		defer func() { stopFollow(); <-followed }()
+		opts.Admitter = adm
+	}
 	rdb := redisconn.NewClient(env.Redis)
 	defer rdb.Close()
 	chk, err := checker.New(rdb, cfg.Checker, log.With("component", "checker"))

@@ -2,9 +2,15 @@ package gateway
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/sluicehq/sluice/gateway/admission"
+	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/policy"
 )
 
 // LimiterAdmitter answers the gateway's admission hook with
@@ -32,4 +38,65 @@ func (a LimiterAdmitter) Admit(ctx context.Context, req AdmitRequest) Admission 
 		// The client may be gone; the correction must still land.
 		_ = t.Settle(context.WithoutCancel(ctx), admission.Usage{PromptTokens: s.Usage.PromptTokens, CompletionTokens: s.Usage.CompletionTokens})
 	}}
+}
+
+// AdmissionConfig turns on the policy's limits before each call: the
+// `limits:` of the policy file and its hard tokens_per_minute and
+// requests_per_minute quotas (policy.Policy.AdmissionRules), checked by
+// gateway/admission on the gateway's Redis.
+type AdmissionConfig struct {
+	PolicyFile   string        `yaml:"policy_file" help:"policy whose limits (and hard one-minute quotas) the gateway checks before each call, in one Redis round trip or from local leases; empty: no admission"`
+	PolicyReload time.Duration `yaml:"policy_reload" help:"how often the admission policy file is checked for changes"`
+	MaxWait      time.Duration `yaml:"max_wait" help:"longest an admission waits for Redis; past it the tenant's fail mode decides (open: a local limiter, closed: 503)"`
+	KeyPrefix    string        `yaml:"key_prefix" help:"prefix of admission's Redis keys (counters of every gateway sharing this Redis and prefix are shared)"`
+	Gateways     int           `yaml:"gateways" help:"gateway processes sharing the limits: a fail-open tenant gets limit/gateways per process while Redis is away"`
+}
+
+func defaultAdmission() AdmissionConfig {
+	return AdmissionConfig{PolicyReload: 2 * time.Second, MaxWait: 5 * time.Millisecond, KeyPrefix: admission.DefaultPrefix, Gateways: 1}
+}
+
+func (c AdmissionConfig) validate(bad func(format string, args ...any)) {
+	const p = "services.gateway.admission."
+	if c.PolicyFile == "" {
+		return
+	}
+	if c.PolicyReload < 100*time.Millisecond {
+		bad(p+"policy_reload: %s is below the minimum 100ms", c.PolicyReload)
+	}
+	if c.MaxWait <= 0 || c.MaxWait > time.Second {
+		bad(p+"max_wait: %s is outside 1ns..1s (a request waits this long at most for Redis)", c.MaxWait)
+	}
+	if c.KeyPrefix == "" {
+		bad(p + "key_prefix: is required")
+	}
+	if c.Gateways < 1 || c.Gateways > 10_000 {
+		bad(p+"gateways: %d is outside 1..10000", c.Gateways)
+	}
+}
+
+// policyAdmitter builds the Limiter of c from its policy file on env's
+// Redis (a client of its own: admission's wait bound needs context
+// timeouts on the socket) and returns the Admitter, the loop that follows
+// the policy file until ctx ends, and what closes both.
+func policyAdmitter(c AdmissionConfig, env platform.Env, log *slog.Logger) (Admitter, func(ctx context.Context) error, func(), error) {
+	w, err := policy.NewWatcher(c.PolicyFile, c.PolicyReload, log)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("gateway: admission policy: %w", err)
+	}
+	rdb := redisconn.NewClient(env.Redis, redisconn.ContextTimeouts())
+	lim, err := admission.New(rdb, w.Current().AdmissionRules(), admission.WithPrefix(c.KeyPrefix), admission.WithMaxWait(c.MaxWait),
+		admission.WithGatewayCount(c.Gateways), admission.WithRegisterer(env.Metrics), admission.WithLogger(log))
+	if err != nil {
+		rdb.Close()
+		return nil, nil, nil, fmt.Errorf("gateway: admission: %w", err)
+	}
+	follow := func(ctx context.Context) error {
+		return w.Follow(ctx, func(p *policy.Policy) {
+			if err := lim.SetRules(p.AdmissionRules()); err != nil {
+				log.Error("admission: the reloaded policy's limits were not applied; the previous ones stay", "file", c.PolicyFile, "err", err)
+			}
+		})
+	}
+	return LimiterAdmitter{L: lim}, follow, func() { _ = lim.Close(); _ = rdb.Close() }, nil
 }
