@@ -240,14 +240,19 @@ func TestTopicMinInsyncReplicasRealBroker(t *testing.T) {
 		t.Fatal(err)
 	}
 	adm := kadm.NewClient(cl)
-	rcs, err := adm.DescribeTopicConfigs(ctx, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := rcs.On(topic, nil)
-	if err != nil || rc.Err != nil {
-		t.Fatalf("describe %s: %v %v", topic, err, rc.Err)
-	}
+	// A topic just created may not be known to the broker answering yet
+	// (UNKNOWN_TOPIC_OR_PARTITION for a moment in KRaft).
+	var rc kadm.ResourceConfig
+	itest.EventuallyNoError(t, 10*time.Second, "the new topic's configuration can be described", func() error {
+		rcs, err := adm.DescribeTopicConfigs(ctx, topic)
+		if err != nil {
+			return err
+		}
+		if rc, err = rcs.On(topic, nil); err != nil {
+			return err
+		}
+		return rc.Err
+	})
 	for _, c := range rc.Configs {
 		if c.Key == "min.insync.replicas" && c.Source == kmsg.ConfigSourceDynamicTopicConfig && c.MaybeValue() != "1" {
 			t.Errorf("RF 1 topic has min.insync.replicas=%s of its own; no write could succeed", c.MaybeValue())
