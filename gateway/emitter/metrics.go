@@ -1,6 +1,9 @@
 package emitter
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluicehq/sluice/gateway/metricset"
+)
 
 type metrics struct {
 	emitted     prometheus.Counter
@@ -11,7 +14,7 @@ type metrics struct {
 	sendSeconds prometheus.Histogram
 	buffered    prometheus.GaugeFunc
 	setBuffered func() float64
-	all         []prometheus.Collector
+	all         metricset.Set
 }
 
 func newMetrics() *metrics {
@@ -49,24 +52,10 @@ func newMetrics() *metrics {
 		}
 		return m.setBuffered()
 	})
-	m.all = []prometheus.Collector{m.emitted, m.delivered, m.dropped, m.retries, m.splits, m.sendSeconds, m.buffered}
+	m.all = metricset.Set{m.emitted, m.delivered, m.dropped, m.retries, m.splits, m.sendSeconds, m.buffered}
 	return m
 }
 
-func (m *metrics) register(r prometheus.Registerer) error {
-	for i, c := range m.all {
-		if err := r.Register(c); err != nil {
-			for _, done := range m.all[:i] {
-				r.Unregister(done)
-			}
-			return err
-		}
-	}
-	return nil
-}
+func (m *metrics) register(r prometheus.Registerer) error { return m.all.Register(r) }
 
-func (m *metrics) unregister(r prometheus.Registerer) {
-	for _, c := range m.all {
-		r.Unregister(c)
-	}
-}
+func (m *metrics) unregister(r prometheus.Registerer) { m.all.Unregister(r) }

@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/gateway/metricset"
 )
 
 // metrics are the gateway's Prometheus series. Tenants are not labels (a
@@ -18,7 +20,7 @@ type metrics struct {
 	inflight   prometheus.Gauge
 	keyReloads *prometheus.CounterVec
 	idReuses   prometheus.Counter
-	all        []prometheus.Collector
+	all        metricset.Set
 }
 
 func newMetrics() *metrics {
@@ -65,24 +67,10 @@ func newMetrics() *metrics {
 	for _, s := range []string{"reported", "counted", "none"} {
 		m.usage.WithLabelValues(s)
 	}
-	m.all = []prometheus.Collector{m.requests, m.upstream, m.ttfb, m.tokens, m.usage, m.failovers, m.inflight, m.keyReloads, m.idReuses}
+	m.all = metricset.Set{m.requests, m.upstream, m.ttfb, m.tokens, m.usage, m.failovers, m.inflight, m.keyReloads, m.idReuses}
 	return m
 }
 
-func (m *metrics) register(r prometheus.Registerer) error {
-	for i, c := range m.all {
-		if err := r.Register(c); err != nil {
-			for _, done := range m.all[:i] {
-				r.Unregister(done)
-			}
-			return err
-		}
-	}
-	return nil
-}
+func (m *metrics) register(r prometheus.Registerer) error { return m.all.Register(r) }
 
-func (m *metrics) unregister(r prometheus.Registerer) {
-	for _, c := range m.all {
-		r.Unregister(c)
-	}
-}
+func (m *metrics) unregister(r prometheus.Registerer) { m.all.Unregister(r) }
