@@ -379,7 +379,26 @@ func (p *parser) items() error {
 // content counts the text in a message, content part or item: every
 // string, except the values of structural keys (ids, types, URLs) and of
 // media, which count as ImageTokens per image and nothing otherwise.
-func (p *parser) content() error {
+func (p *parser) content() error { return p.walk(contentText) }
+
+// schema counts tool and function definitions: keys and strings, since
+// OpenAI renders the JSON schema into the prompt with its names.
+func (p *parser) schema() error { return p.walk(schemaText) }
+
+// walkMode says which members of an object walk counts: a message's
+// content or a tool's schema. A mode rather than a callback keeps the
+// walk free of allocations.
+type walkMode uint8
+
+const (
+	contentText walkMode = iota
+	schemaText
+)
+
+// walk counts one JSON value: strings through text, arrays element by
+// element, objects member by member as mode says; anything else is
+// skipped.
+func (p *parser) walk(mode walkMode) error {
 	switch p.peek() {
 	case '"':
 		return p.text()
@@ -392,7 +411,7 @@ func (p *parser) content() error {
 			if more, err := p.element(first); err != nil || !more {
 				return err
 			}
-			if err := p.content(); err != nil {
+			if err := p.walk(mode); err != nil {
 				return err
 			}
 		}
@@ -406,15 +425,11 @@ func (p *parser) content() error {
 			if err != nil || !more {
 				return err
 			}
-			switch string(key) {
-			case "image_url":
-				p.images++
-				err = p.skip()
-			case "type", "id", "call_id", "detail", "url", "file_id", "file_data", "data",
-				"format", "input_audio", "file", "audio", "status", "encrypted_content":
-				err = p.skip()
-			default:
-				err = p.content()
+			if mode == schemaText {
+				p.countKey(key)
+				err = p.walk(mode)
+			} else {
+				err = p.contentMember(key)
 			}
 			if err != nil {
 				return err
@@ -424,47 +439,28 @@ func (p *parser) content() error {
 	return p.skip()
 }
 
-// schema counts tool and function definitions: keys and strings, since
-// OpenAI renders the JSON schema into the prompt with its names.
-func (p *parser) schema() error {
-	switch p.peek() {
-	case '"':
-		return p.text()
-	case '[':
-		p.pos++
-		if err := p.enter(); err != nil {
-			return err
-		}
-		for first := true; ; first = false {
-			if more, err := p.element(first); err != nil || !more {
-				return err
-			}
-			if err := p.schema(); err != nil {
-				return err
-			}
-		}
-	case '{':
-		p.pos++
-		if err := p.enter(); err != nil {
-			return err
-		}
-		for first := true; ; first = false {
-			key, more, err := p.member(first)
-			if err != nil || !more {
-				return err
-			}
-			for _, b := range key {
-				if b < utf8.RuneSelf {
-					p.c.ascii(b)
-				}
-			}
-			p.c.end()
-			if err := p.schema(); err != nil {
-				return err
-			}
+// contentMember reads the value of one member of a content part.
+func (p *parser) contentMember(key []byte) error {
+	switch string(key) {
+	case "image_url":
+		p.images++
+		return p.skip()
+	case "type", "id", "call_id", "detail", "url", "file_id", "file_data", "data",
+		"format", "input_audio", "file", "audio", "status", "encrypted_content":
+		return p.skip()
+	}
+	return p.walk(contentText)
+}
+
+// countKey counts an object key of a schema as text (its ASCII bytes; the
+// names of a schema are ASCII in practice).
+func (p *parser) countKey(key []byte) {
+	for _, b := range key {
+		if b < utf8.RuneSelf {
+			p.c.ascii(b)
 		}
 	}
-	return p.skip()
+	p.c.end()
 }
 
 // prompt counts a completions prompt or embeddings input: a string, or an
