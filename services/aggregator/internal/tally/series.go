@@ -242,6 +242,8 @@ type Series struct {
 	lastMin           int64
 	minTok            int64
 	minCost           float64
+	// early holds the recent minutes for the first prediction (early.go).
+	early earlyRate
 
 	quotas []quotaState
 
@@ -407,8 +409,18 @@ func (s *Series) addMinute(r *idRec, sign int64, p *Partition) {
 			s.completeMinutes(m)
 		}
 		if m == s.lastMin {
+			s.early.see(r.ts)
 			s.minTok += tok
 			s.minCost += r.cost * float64(sign)
+			if tok != 0 {
+				s.early.req += int32(sign)
+			}
+			if r.ts >= s.early.next {
+				// Between minute boundaries the rates re-predict every
+				// earlyEvery seconds of event time.
+				s.early.next = r.ts + earlyEvery
+				s.predictDue = true
+			}
 		}
 	}
 
@@ -446,6 +458,7 @@ func (s *Series) addMinute(r *idRec, sign int64, p *Partition) {
 // idle ones as zero; after an idle hour they start over.
 func (s *Series) completeMinutes(m int64) {
 	gap := m - s.lastMin
+	s.early.complete(s.lastMin, m, s.minTok, s.minCost)
 	s.holtTok.Observe(float64(s.minTok))
 	s.holtCost.Observe(s.minCost)
 	if gap > rateWindow {
