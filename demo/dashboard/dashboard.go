@@ -113,16 +113,23 @@ func Render(w io.Writer, rows []Row, now time.Time) {
 
 // exhausts is the EXHAUSTS cell: "-" without a prediction, "now" once it
 // is due, else the time left and its range, "in 1m5s (50s-1m40s)", with
-// an open end when the quota may well last its period ("(50s-)").
+// an open end when the quota may well last its period ("(50s-)"); times
+// an hour or more ahead are rounded to the minute.
 func exhausts(r Row, now time.Time) string {
 	if r.Exhaustion.IsZero() {
 		return "-"
 	}
 	left := func(t time.Time) string {
-		if d := t.Sub(now); d > 0 {
-			return d.Round(time.Second).String()
+		d := t.Sub(now)
+		switch {
+		case d <= 0:
+			return "0s"
+		case d >= time.Hour:
+			// Minutes are precision enough hours ahead, and keep the
+			// column narrow: "3h55m", not "3h54m32s".
+			return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
 		}
-		return "0s"
+		return d.Round(time.Second).String()
 	}
 	if !r.Exhaustion.After(now) {
 		return "now"

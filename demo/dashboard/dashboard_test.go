@@ -36,7 +36,9 @@ func TestExhaustsShowsThePredictionWithItsRange(t *testing.T) {
 	}{
 		{Row{}, "-"},
 		{Row{Exhaustion: now.Add(65 * time.Second), ExhaustionEarliest: now.Add(50 * time.Second), ExhaustionLatest: now.Add(100 * time.Second)}, "in 1m5s (50s-1m40s)"},
-		{Row{Exhaustion: now.Add(time.Hour), ExhaustionEarliest: now.Add(40 * time.Minute)}, "in 1h0m0s (40m0s-)"},
+		{Row{Exhaustion: now.Add(time.Hour), ExhaustionEarliest: now.Add(40 * time.Minute)}, "in 1h0m (40m0s-)"},
+		{Row{Exhaustion: now.Add(3*time.Hour + 54*time.Minute + 32*time.Second), ExhaustionEarliest: now.Add(3*time.Hour + 39*time.Minute),
+			ExhaustionLatest: now.Add(4*time.Hour + 11*time.Minute + 43*time.Second)}, "in 3h55m (3h39m-4h12m)"},
 		{Row{Exhaustion: now.Add(time.Minute)}, "in 1m0s"},
 		{Row{Exhaustion: now.Add(-time.Second), ExhaustionEarliest: now.Add(-time.Minute)}, "now"},
 	} {
