@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/gateway/admission"
@@ -41,14 +42,42 @@ func (inv inventory) Register(c prometheus.Collector) error {
 			continue
 		}
 		inv[m[1]] = true
-		switch c.(type) {
-		case prometheus.Histogram, *prometheus.HistogramVec:
+		switch kind(c) {
+		case "histogram":
 			inv[m[1]+"_bucket"], inv[m[1]+"_sum"], inv[m[1]+"_count"] = true, true, true
-		case prometheus.Summary, *prometheus.SummaryVec:
+		case "summary":
 			inv[m[1]+"_sum"], inv[m[1]+"_count"] = true, true
 		}
 	}
 	return nil
+}
+
+// kind says whether c is a histogram or a summary (their series have
+// suffixes): by type for vectors, which may have no child yet, else by
+// what it collects.
+func kind(c prometheus.Collector) string {
+	switch c.(type) {
+	case *prometheus.HistogramVec:
+		return "histogram"
+	case *prometheus.SummaryVec:
+		return "summary"
+	}
+	ch := make(chan prometheus.Metric, 16)
+	go func() { c.Collect(ch); close(ch) }()
+	k := ""
+	for m := range ch {
+		var d dto.Metric
+		if m.Write(&d) != nil {
+			continue
+		}
+		switch {
+		case d.Histogram != nil:
+			k = "histogram"
+		case d.Summary != nil:
+			k = "summary"
+		}
+	}
+	return k
 }
 
 func (inv inventory) MustRegister(cs ...prometheus.Collector) {
