@@ -56,8 +56,10 @@ func (q *quotaState) resetPeriod() {
 	q.predicted, q.predAt, q.predLo, q.predHi, q.basis, q.exhaustedAt = false, 0, 0, 0, "", 0
 }
 
-func (s *Series) used(q *quotaState, j int) float64 {
-	pp := &s.per[q.kind][j]
+func (s *Series) used(q *quotaState, j int) float64 { return q.of(&s.per[q.kind][j]) }
+
+// of is what pp counts in q's unit.
+func (q *quotaState) of(pp *period) float64 {
 	switch q.q.Unit {
 	case schemas.UnitCurrency:
 		return pp.cost
@@ -208,13 +210,16 @@ func (s *Series) predict(ts, offset int64, p *Partition) {
 		}
 		used := s.used(q, 0)
 		b := s.t.bounds[q.kind][0]
-		if used >= q.q.Limit {
+		// The prediction counts settled use only (see Series.settled);
+		// the signals carry the use with estimates, like the others.
+		settled := q.of(&s.settled[q.kind])
+		if settled >= q.q.Limit {
 			// Already out: the prediction is the time it ran out, and the
 			// quota_exhausted signal clears the alerter's prediction.
 			q.predAt, q.predLo, q.predHi, q.predicted = q.exhaustedAt, q.exhaustedAt, q.exhaustedAt, false
 			continue
 		}
-		est, ok := s.forecastExhaustion(q.q.Unit == schemas.UnitCurrency, q.q.Limit-used)
+		est, ok := s.forecastExhaustion(q.q.Unit == schemas.UnitCurrency, q.q.Limit-settled)
 		q.rate = est.rate
 		q.predAt, q.predLo, q.predHi, q.basis = 0, 0, 0, ""
 		if !ok {

@@ -178,6 +178,7 @@ func (t *tenant) advance(ts, offset int64, p *Partition) {
 		t.bounds[k][0] = boundsOf(k, ts, t.loc)
 		for _, s := range t.order {
 			s.per[k][1], s.per[k][0] = s.per[k][0], period{}
+			s.settled[k] = period{}
 			// The closed period's final totals may not be written yet.
 			s.prevDirty[k] = true
 			for i := range s.quotas {
@@ -232,9 +233,14 @@ type Series struct {
 	model string
 	idx   int32 // in Partition.series
 
-	per  [3][2]period // kind × (current, previous), aligned with t.bounds
-	rate [rateWindow]rateCell
-	roll [rollupSlots]rollup
+	per [3][2]period // kind × (current, previous), aligned with t.bounds
+	// settled is per[k][0] without unsettled estimates: what predictions
+	// measure the remaining quota against, so that a state rebuilt from
+	// ClickHouse (which holds settlements, not the estimates they
+	// replaced) predicts, and announces, exactly what the original did.
+	settled [3]period
+	rate    [rateWindow]rateCell
+	roll    [rollupSlots]rollup
 
 	// Exhaustion prediction runs on completed minutes: minTok and minCost
 	// accumulate lastMin until an event of a later minute completes it.
@@ -362,6 +368,12 @@ func (s *Series) addPeriods(r *idRec, sign int64, p *Partition) {
 		pp.tokens += tok
 		pp.requests += sign
 		pp.cost += cost
+		if pp == &s.per[k][0] && r.flags&flagEstimated == 0 {
+			st := &s.settled[k]
+			st.tokens += tok
+			st.requests += sign
+			st.cost += cost
+		}
 	}
 }
 
