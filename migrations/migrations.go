@@ -79,6 +79,12 @@ func load(fsys fs.FS) ([]Migration, error) {
 		if len(stmts) == 0 {
 			return nil, fmt.Errorf("migrations: %s has no statements", e.Name())
 		}
+		for i, st := range stmts {
+			_, _, one := addedColumn(st)
+			if n := len(anyAddColumn.FindAllString(st, -1)); n > 1 || (n == 1 && !one) {
+				return nil, fmt.Errorf("migrations: %s statement %d: add one column per statement, as ALTER TABLE <table> ADD COLUMN <name> ... without IF NOT EXISTS (ClickHouse 18.16 has none; Apply skips the statement when the column exists)", e.Name(), i+1)
+			}
+		}
 		sum := sha256.Sum256(body)
 		out = append(out, Migration{Version: v, Name: strings.TrimSuffix(path.Base(e.Name()), ".sql"), Statements: stmts, Checksum: hex.EncodeToString(sum[:])})
 	}
@@ -125,8 +131,9 @@ ORDER BY version`
 
 // Apply runs every migration not yet recorded in schema_migrations, in
 // order, and returns the versions it applied. A migration is recorded only
-// after all its statements succeeded; statements use IF NOT EXISTS, so a
-// migration interrupted half-way is safe to run again.
+// after all its statements succeeded; statements use IF NOT EXISTS (or add
+// one column each, skipped when it exists: see addColumn), so a migration
+// interrupted half-way is safe to run again.
 func Apply(ctx context.Context, conn driver.Conn, log *slog.Logger) ([]int, error) {
 	all, err := Load()
 	if err != nil {
@@ -148,7 +155,7 @@ func Apply(ctx context.Context, conn driver.Conn, log *slog.Logger) ([]int, erro
 			continue
 		}
 		for i, stmt := range m.Statements {
-			if err := conn.Exec(ctx, stmt); err != nil {
+			if err := execIdempotent(ctx, conn, stmt); err != nil {
 				return done, fmt.Errorf("migrations: %03d_%s statement %d: %w", m.Version, m.Name, i+1, err)
 			}
 		}
@@ -168,6 +175,41 @@ func Apply(ctx context.Context, conn driver.Conn, log *slog.Logger) ([]int, erro
 		done = append(done, m.Version)
 	}
 	return done, nil
+}
+
+// addColumn is the one form a statement adding a column may take:
+// ClickHouse 18.16 has no ADD COLUMN IF NOT EXISTS, so instead of the
+// clause execIdempotent skips the statement when the table already has
+// the column (a migration interrupted after it runs again). anyAddColumn
+// finds every ADD COLUMN, so that load can refuse other forms.
+var (
+	addColumn    = regexp.MustCompile(`(?is)^\s*ALTER\s+TABLE\s+(\w+)\s+ADD\s+COLUMN\s+(\w+)\s`)
+	anyAddColumn = regexp.MustCompile(`(?i)\bADD\s+COLUMN\b`)
+)
+
+// addedColumn returns the table and column of a statement of addColumn's
+// form.
+func addedColumn(stmt string) (table, column string, ok bool) {
+	m := addColumn.FindStringSubmatch(stmt)
+	if m == nil || strings.EqualFold(m[2], "IF") {
+		return "", "", false
+	}
+	return m[1], m[2], true
+}
+
+// execIdempotent runs one migration statement; an ADD COLUMN of a column
+// the table has already is skipped (see addColumn).
+func execIdempotent(ctx context.Context, conn driver.Conn, stmt string) error {
+	if table, column, ok := addedColumn(stmt); ok {
+		var n uint64
+		if err := conn.QueryRow(ctx, "SELECT count() FROM system.columns WHERE database = currentDatabase() AND table = ? AND name = ?", table, column).Scan(&n); err != nil {
+			return fmt.Errorf("look up column %s.%s: %w", table, column, err)
+		}
+		if n > 0 {
+			return nil
+		}
+	}
+	return conn.Exec(ctx, stmt)
 }
 
 // Applied returns the recorded versions and their checksums.

@@ -132,6 +132,27 @@ func SignalID(parts ...string) string {
 	return hex.EncodeToString(h.Sum(sum[:0])[:16])
 }
 
+// Attributes of exhaustion_predicted signals. The aggregator carries a
+// prediction's uncertainty in them, and a prediction that no longer holds
+// as AttrState = StateClear (PredictedExhaustion is then the new, later
+// prediction, or the period's end when there is none).
+const (
+	// AttrPredictedEarliest and AttrPredictedLatest bound
+	// PredictedExhaustion (RFC 3339): the earliest and latest plausible
+	// exhaustion. Latest is absent when the quota may well last the period.
+	AttrPredictedEarliest = "predicted_earliest"
+	AttrPredictedLatest   = "predicted_latest"
+	// AttrPredictionBasis says what the prediction rests on: "rates" (the
+	// one- and five-minute rates of the first minutes of traffic) or
+	// "forecast" (the trend over completed minutes).
+	AttrPredictionBasis = "prediction_basis"
+	// AttrState is a condition's state; anomaly signals use "firing" and
+	// "resolved", exhaustion_predicted StateClear.
+	AttrState = "state"
+	// StateClear: the condition a signal announced earlier no longer holds.
+	StateClear = "clear"
+)
+
 // SignalKind says what changed in a tenant's quota state.
 type SignalKind string
 

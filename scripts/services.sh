@@ -425,9 +425,12 @@ leftovers() { pgrep -f -- "$DIR/" || true; }
 
 # install_test_tools installs what tests need besides the services: kcat,
 # a librdkafka producer, for the aggregator's direct-producer test (a
-# partitioner other than the Go clients', see docs/producers.md).
+# partitioner other than the Go clients', see docs/producers.md); and
+# promtool, from Debian's prometheus package, which deploy/deploy_test.go
+# runs on the Prometheus rules (check rules, test rules).
 install_test_tools() {
 	command -v kcat >/dev/null || apt_install kcat
+	command -v promtool >/dev/null || apt_install prometheus
 }
 
 cmd_up() {

@@ -316,7 +316,8 @@ type demoSource struct {
 const currentQuotas = `
 SELECT tenant, model, quota, period,
        argMax(used, version), argMax(quota_limit, version),
-       argMax(rate_per_minute, version), argMax(predicted_exhaustion, version)
+       argMax(rate_per_minute, version), argMax(predicted_exhaustion, version),
+       argMax(predicted_earliest, version), argMax(predicted_latest, version), argMax(prediction_basis, version)
 FROM quota_state
 WHERE period_end > now()
 GROUP BY tenant, model, quota, period, period_start`
@@ -333,12 +334,19 @@ func (s *demoSource) Rows(ctx context.Context) ([]dashboard.Row, error) {
 	best := map[string]dashboard.Row{}
 	for rows.Next() {
 		var r dashboard.Row
-		var exh time.Time
-		if err := rows.Scan(&r.Tenant, &r.Model, &r.Quota, &r.Period, &r.Used, &r.Limit, &r.RatePerMinute, &exh); err != nil {
+		var exh, lo, hi time.Time
+		if err := rows.Scan(&r.Tenant, &r.Model, &r.Quota, &r.Period, &r.Used, &r.Limit, &r.RatePerMinute, &exh,
+			&lo, &hi, &r.ExhaustionBasis); err != nil {
 			return nil, err
 		}
 		if exh.Unix() > 0 {
 			r.Exhaustion = exh
+			if lo.Unix() > 0 {
+				r.ExhaustionEarliest = lo
+			}
+			if hi.Unix() > 0 {
+				r.ExhaustionLatest = hi
+			}
 		}
 		if cur, ok := best[r.Tenant]; !ok || r.UsedPercent() > cur.UsedPercent() {
 			best[r.Tenant] = r

@@ -1,5 +1,6 @@
 // Package dashboard is the demo's live view: for each tenant, the quota
-// closest to its limit (used %, rate, predicted exhaustion), the breaker a
+// closest to its limit (used %, rate, predicted exhaustion with its
+// range), the breaker a
 // gateway sees, how its requests were answered, what admission decided
 // before the calls and the alerts firing —
 // redrawn in place on a terminal, or as plain log lines when output is not
@@ -22,7 +23,13 @@ type Row struct {
 	Used, Limit   float64
 	RatePerMinute float64
 	// Exhaustion is the predicted time the quota runs out; zero if none.
-	Exhaustion time.Time
+	// ExhaustionEarliest and ExhaustionLatest bound it (zero: no bound;
+	// a zero latest means the quota may well last its period), and
+	// ExhaustionBasis says what it rests on ("rates" in the first minutes
+	// of traffic, then "forecast").
+	Exhaustion                           time.Time
+	ExhaustionEarliest, ExhaustionLatest time.Time
+	ExhaustionBasis                      string
 	// Breaker is what a gateway's Checker decides now: "closed", or the
 	// refusing flag's kind and quota.
 	Breaker string
@@ -86,22 +93,15 @@ func Render(w io.Writer, rows []Row, now time.Time) {
 		return rows[i].Model < rows[j].Model
 	})
 	fmt.Fprintf(w, "Sluice demo — %s   (Ctrl-C stops everything)\n\n", now.UTC().Format("15:04:05 MST"))
-	fmt.Fprintf(w, "%-10s %-8s %-20s %7s %-22s %11s %-12s %-26s %8s %8s  %-24s  %s\n",
-		"TENANT", "MODEL", "QUOTA", "USED", "", "RATE/MIN", "EXHAUSTS", "GATEWAY", "SERVED", "REFUSED", "ADMISSION ok/refused", "ALERTS")
+	fmt.Fprintf(w, "%-10s %-8s %-20s %7s %-22s %11s %-24s %-26s %8s %8s  %-24s  %s\n",
+		"TENANT", "MODEL", "QUOTA", "USED", "", "RATE/MIN", "EXHAUSTS (range)", "GATEWAY", "SERVED", "REFUSED", "ADMISSION ok/refused", "ALERTS")
 	for _, r := range rows {
-		exh := "-"
-		if !r.Exhaustion.IsZero() {
-			if d := r.Exhaustion.Sub(now); d > 0 {
-				exh = "in " + d.Round(time.Second).String()
-			} else {
-				exh = "now"
-			}
-		}
+		exh := exhausts(r, now)
 		adm := fmt.Sprintf("%d/%d", r.Admitted, r.AdmissionRefused)
 		if r.RefusedBy != "" {
 			adm += " " + r.RefusedBy
 		}
-		fmt.Fprintf(w, "%-10s %-8s %-20s %6.1f%% %-22s %11.0f %-12s %-26s %8d %8d  %-24s  %s\n",
+		fmt.Fprintf(w, "%-10s %-8s %-20s %6.1f%% %-22s %11.0f %-24s %-26s %8d %8d  %-24s  %s\n",
 			clip(r.Tenant, 10), clip(r.Model, 8), clip(r.Quota+"/"+r.Period, 20), r.UsedPercent(), bar(r.UsedPercent(), 20),
 			r.RatePerMinute, exh, clip(r.Breaker, 26), r.Served, r.Refused, clip(adm, 24), strings.Join(r.Alerts, ","))
 	}
@@ -109,6 +109,40 @@ func Render(w io.Writer, rows []Row, now time.Time) {
 		fmt.Fprintln(w, "(waiting for the first aggregates...)")
 	}
 	fmt.Fprintln(w)
+}
+
+// exhausts is the EXHAUSTS cell: "-" without a prediction, "now" once it
+// is due, else the time left and its range, "in 1m5s (50s-1m40s)", with
+// an open end when the quota may well last its period ("(50s-)"); times
+// an hour or more ahead are rounded to the minute.
+func exhausts(r Row, now time.Time) string {
+	if r.Exhaustion.IsZero() {
+		return "-"
+	}
+	left := func(t time.Time) string {
+		d := t.Sub(now)
+		switch {
+		case d <= 0:
+			return "0s"
+		case d >= time.Hour:
+			// Minutes are precision enough hours ahead, and keep the
+			// column narrow: "3h55m", not "3h54m32s".
+			return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+		}
+		return d.Round(time.Second).String()
+	}
+	if !r.Exhaustion.After(now) {
+		return "now"
+	}
+	s := "in " + left(r.Exhaustion)
+	if !r.ExhaustionEarliest.IsZero() {
+		s += " (" + left(r.ExhaustionEarliest) + "-"
+		if !r.ExhaustionLatest.IsZero() {
+			s += left(r.ExhaustionLatest)
+		}
+		s += ")"
+	}
+	return s
 }
 
 func bar(pct float64, width int) string {

@@ -125,3 +125,8 @@ func (m *metrics) rule(name string) *ruleMetrics {
 	m.rules[name] = r
 	return r
 }
+
+// RegisterMetrics registers a Limiter's collectors on reg as New does,
+// reading zero: for what lists the series a Sluice process exports, such
+// as the check of deploy/'s dashboards and rules.
+func RegisterMetrics(reg prometheus.Registerer) { newMetrics(reg) }

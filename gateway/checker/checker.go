@@ -408,6 +408,14 @@ func (c *Checker) Synced() bool { return c.synced.Load() }
 // Stale reports whether the view is older than MaxStaleness.
 func (c *Checker) Stale() bool { return c.stale.Load() }
 
+// Age returns how long ago the view last showed a live enforcer (a
+// heartbeat, a flag change or a resync): what a gateway's flag-staleness
+// metric reports, so an operator sees a view going stale before
+// MaxStaleness makes tenants' fail modes apply.
+func (c *Checker) Age() time.Duration {
+	return time.Duration(time.Now().UnixNano() - c.lastFresh.Load())
+}
+
 // Ready is a readiness check for ops.Health: ready once synced.
 func (c *Checker) Ready(context.Context) error {
 	if !c.Synced() {

@@ -59,3 +59,11 @@ func newMetrics() *metrics {
 func (m *metrics) register(r prometheus.Registerer) error { return m.all.Register(r) }
 
 func (m *metrics) unregister(r prometheus.Registerer) { m.all.Unregister(r) }
+
+// RegisterMetrics registers an Emitter's collectors on reg as New does
+// with Config.Registerer, reading zero: for what lists the series a Sluice
+// process exports, such as the check of deploy/'s dashboards and rules.
+func RegisterMetrics(reg prometheus.Registerer) error {
+	m := newMetrics()
+	return m.register(reg)
+}

@@ -66,3 +66,10 @@ func newMetrics(reg prometheus.Registerer, w *policy.Watcher) *metrics {
 	}
 	return m
 }
+
+// RegisterMetrics registers the aggregator's collectors on reg as Run
+// does, unconnected (they read zero): for what lists the series a Sluice
+// process exports, such as the check of deploy/'s dashboards and rules.
+func RegisterMetrics(reg prometheus.Registerer) {
+	newMetrics(reg, policy.Static(nil))
+}

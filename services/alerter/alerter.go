@@ -610,3 +610,19 @@ func (p *pipeline) registerMetrics(reg prometheus.Registerer) error {
 	}
 	return nil
 }
+
+// RegisterMetrics registers the alerter's collectors (its own and its
+// dispatcher's) on reg as Run does, unconnected (they read zero): for what
+// lists the series a Sluice process exports, such as the check of
+// deploy/'s dashboards and rules.
+func RegisterMetrics(reg prometheus.Registerer) error {
+	if _, err := notify.NewMetrics(reg); err != nil {
+		return err
+	}
+	p := &pipeline{}
+	var err error
+	if p.engine, err = engine.New(engine.DefaultConfig(), func(string) engine.Route { return engine.Route{} }, p); err != nil {
+		return err
+	}
+	return p.registerMetrics(reg)
+}

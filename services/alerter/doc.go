@@ -21,8 +21,13 @@
 //   - exhaustion_predicted → exhaustion_predicted
 //     (alertname SluiceQuotaExhaustionPredicted): warning when the predicted time lies
 //     within rules.exhaustion_warning of the signal, critical within
-//     rules.exhaustion_critical; a prediction beyond the horizon, a
-//     quota_exhausted or a period_reset clears it.
+//     rules.exhaustion_critical; a prediction beyond the horizon, one the
+//     aggregator withdraws (attribute state=clear: no longer predicted
+//     within its horizon), a quota_exhausted or a period_reset clears it,
+//     and so does a predicted time that passed rules.exhaustion_critical
+//     ago without the quota running out or a newer prediction (a tenant
+//     that stopped sending). The annotations carry the prediction's
+//     uncertainty (predicted_earliest, predicted_latest, prediction_basis).
 //   - rate_exceeded → rate_exceeded (alertname SluiceRateExceeded), warning; a
 //     rate_exceeded with used under limit clears it.
 //   - anomaly with attribute breaker=<kind> → breaker_open

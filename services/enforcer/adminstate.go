@@ -77,9 +77,7 @@ func openAdminState(ctx context.Context, cfg Config, env platform.Env, c *core) 
 		return nil, fmt.Errorf("enforcer.admin_topic: create %s: %w", cfg.AdminTopic, err)
 	}
 	a := &adminState{c: c, kc: kc, topic: cfg.AdminTopic, log: c.log, applied: map[int32]int64{}, wake: make(chan struct{}),
-		target: map[int32]int64{}, caught: make(chan struct{}),
-		records: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_enforcer_admin_records_total",
-			Help: "Records of the admin topic applied by this replica, by result (applied, lifted, invalid)."}, []string{"result"})}
+		target: map[int32]int64{}, caught: make(chan struct{}), records: newAdminMetrics()}
 	ends, err := kafkaconn.EndOffsets(ctx, kadm.NewClient(kc), cfg.AdminTopic)
 	if err != nil {
 		kc.Close()
@@ -213,3 +211,9 @@ func (a *adminState) waitApplied(ctx context.Context, p int32, off int64) error 
 }
 
 func (a *adminState) close() { a.kc.Close() }
+
+// newAdminMetrics is the counter of admin topic records.
+func newAdminMetrics() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_enforcer_admin_records_total",
+		Help: "Records of the admin topic applied by this replica, by result (applied, lifted, invalid)."}, []string{"result"})
+}

@@ -1,6 +1,13 @@
 package enforcer
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"errors"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/policy"
+)
 
 // collectors are the enforcer's Prometheus metrics, read from the core's
 // own counters at scrape time.
@@ -36,4 +43,17 @@ func (c *core) registerMetrics(reg prometheus.Registerer) error {
 		}
 	}
 	return nil
+}
+
+// RegisterMetrics registers the enforcer's collectors on reg as Run does,
+// unconnected (they read zero): for what lists the series a Sluice
+// process exports, such as the check of deploy/'s dashboards and rules.
+func RegisterMetrics(reg prometheus.Registerer) error {
+	pol, err := policy.Parse([]byte("{}"), "empty")
+	if err != nil {
+		return err
+	}
+	c := newCore(DefaultConfig(), nil, policy.Static(pol), slog.New(slog.DiscardHandler))
+	a := newAdminMetrics()
+	return errors.Join(c.registerMetrics(reg), reg.Register(a))
 }

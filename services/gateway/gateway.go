@@ -260,6 +260,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: log, admit: deps.Admitter, m: newMetrics(), ids: fifo.NewSet[string](cfg.RequestIDMemory), now: time.Now}
 	s.hardStop, s.stopAll = context.WithCancel(context.Background())
+	if v, ok := deps.Checker.(flagView); ok {
+		s.m.view = v
+	}
 	if deps.Metrics != nil {
 		if err := s.m.register(deps.Metrics); err != nil {
 			return nil, fmt.Errorf("gateway: register metrics: %w", err)

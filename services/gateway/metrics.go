@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/gateway/metricset"
@@ -20,7 +22,17 @@ type metrics struct {
 	inflight   prometheus.Gauge
 	keyReloads *prometheus.CounterVec
 	idReuses   prometheus.Counter
-	all        metricset.Set
+	// view is the flag view the staleness gauges read (the Checker); nil
+	// reads as fresh (a Decider without a view, or none).
+	view flagView
+	all  metricset.Set
+}
+
+// flagView is what the gateway's flag-staleness gauges read from its
+// Checker (gateway/checker.Checker implements it).
+type flagView interface {
+	Age() time.Duration
+	Stale() bool
 }
 
 func newMetrics() *metrics {
@@ -67,10 +79,33 @@ func newMetrics() *metrics {
 	for _, s := range []string{"reported", "counted", "none"} {
 		m.usage.WithLabelValues(s)
 	}
-	m.all = metricset.Set{m.requests, m.upstream, m.ttfb, m.tokens, m.usage, m.failovers, m.inflight, m.keyReloads, m.idReuses}
+	flagsAge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_gateway_flags_age_seconds",
+		Help: "Seconds since the flag view last showed a live enforcer (heartbeat, flag change or resync); past the checker's max_staleness each tenant's fail mode applies.",
+	}, func() float64 {
+		if m.view == nil {
+			return 0
+		}
+		return m.view.Age().Seconds()
+	})
+	flagsStale := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_gateway_flags_stale",
+		Help: "1 while the flag view is older than the checker's max_staleness (tenants get their fail mode), else 0.",
+	}, func() float64 {
+		if m.view != nil && m.view.Stale() {
+			return 1
+		}
+		return 0
+	})
+	m.all = metricset.Set{m.requests, m.upstream, m.ttfb, m.tokens, m.usage, m.failovers, m.inflight, m.keyReloads, m.idReuses, flagsAge, flagsStale}
 	return m
 }
 
 func (m *metrics) register(r prometheus.Registerer) error { return m.all.Register(r) }
 
 func (m *metrics) unregister(r prometheus.Registerer) { m.all.Unregister(r) }
+
+// RegisterMetrics registers the gateway's collectors on reg as New does,
+// with no flag view (they read zero): for what lists the series a Sluice
+// process exports, such as the check of deploy/'s dashboards and rules.
+func RegisterMetrics(reg prometheus.Registerer) error { return newMetrics().register(reg) }

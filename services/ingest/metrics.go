@@ -77,3 +77,11 @@ func (m *metrics) unregister(r prometheus.Registerer) {
 		r.Unregister(c)
 	}
 }
+
+// RegisterMetrics registers ingest's collectors on reg as Run does,
+// unconnected (they read zero): for what lists the series a Sluice process
+// exports, such as the check of deploy/'s dashboards and rules.
+func RegisterMetrics(reg prometheus.Registerer) error {
+	zero := func() float64 { return 0 }
+	return newMetrics(zero, zero).register(reg)
+}

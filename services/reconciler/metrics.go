@@ -30,3 +30,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	return m, nil
 }
+
+// RegisterMetrics registers the reconciler's collectors on reg as Run
+// does, unconnected (they read zero): for what lists the series a Sluice
+// process exports, such as the check of deploy/'s dashboards and rules.
+func RegisterMetrics(reg prometheus.Registerer) error {
+	_, err := newMetrics(reg)
+	return err
+}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/alerter/alert"
 	"github.com/sluicehq/sluice/services/alerter/message"
 	"github.com/sluicehq/sluice/services/alerter/notify"
@@ -99,6 +100,12 @@ func (s *Sender) postable(a *alert.Alert, now time.Time) (postable, error) {
 	}
 	if a.PredictedExhaustion != nil {
 		ann["predicted_exhaustion"] = a.PredictedExhaustion.UTC().Format(time.RFC3339)
+		// The prediction's uncertainty, as the aggregator gave it.
+		for _, k := range []string{schemas.AttrPredictedEarliest, schemas.AttrPredictedLatest, schemas.AttrPredictionBasis} {
+			if v := a.Attributes[k]; v != "" {
+				ann[k] = v
+			}
+		}
 	}
 	p := postable{Labels: a.Labels(), Annotations: ann, StartsAt: a.StartsAt, GeneratorURL: dash}
 	if a.Status == alert.StatusResolved {

@@ -21,7 +21,8 @@ type Config struct {
 	AutoResolveAfter time.Duration `yaml:"auto_resolve_after" help:"end anomaly, rate and drift alerts not refreshed by a signal for this long"`
 	// ExhaustionWarning and ExhaustionCritical are the horizons within which
 	// a predicted exhaustion is a warning or a critical alert; a prediction
-	// beyond ExhaustionWarning clears the alert.
+	// beyond ExhaustionWarning clears the alert, and so does a predicted
+	// time more than ExhaustionCritical in the past (it did not come true).
 	ExhaustionWarning  time.Duration `yaml:"exhaustion_warning" help:"predicted exhaustion within this is a warning"`
 	ExhaustionCritical time.Duration `yaml:"exhaustion_critical" help:"predicted exhaustion within this is critical"`
 	// GroupWait is how long direct-channel notifications are held to be

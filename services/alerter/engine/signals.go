@@ -43,7 +43,11 @@ func (e *Engine) apply(sig *schemas.Signal, now time.Time) {
 		// Exhausted is past predicting.
 		e.observe(withRule(base, alert.RuleExhaustionPredicted, ""), 0, sig, now)
 	case schemas.SignalExhaustionPredicted:
-		e.observe(withRule(base, alert.RuleExhaustionPredicted, ""), e.exhaustionLevel(sig), sig, now)
+		level := e.exhaustionLevel(sig)
+		if clearing(sig.Attributes[schemas.AttrState]) {
+			level = 0 // the aggregator no longer predicts it within its horizon
+		}
+		e.observe(withRule(base, alert.RuleExhaustionPredicted, ""), level, sig, now)
 	case schemas.SignalPeriodReset:
 		// A new period: every quota condition of the old one is over.
 		for k, st := range e.alerts {

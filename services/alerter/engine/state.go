@@ -130,6 +130,17 @@ func autoResolving(r alert.Rule) bool {
 	return r != alert.RuleQuotaTier && r != alert.RuleExhaustionPredicted
 }
 
+// predictionPassed reports whether st is an exhaustion prediction still
+// held whose predicted time lies more than ExhaustionCritical behind now.
+// The aggregator announces a prediction again when its time passes with
+// usage still flowing, so only a tenant that stopped sending (or slowed
+// down without another signal) gets here.
+func (e *Engine) predictionPassed(st *state, now time.Time) bool {
+	p := st.cur.PredictedExhaustion
+	return st.cur.Key.Rule == alert.RuleExhaustionPredicted && st.level > 0 && p != nil &&
+		now.Sub(*p) >= e.cfg.ExhaustionCritical
+}
+
 // due reports whether step has anything to do for st at now; it must agree
 // with step's conditions.
 func (e *Engine) due(st *state, now time.Time) bool {
@@ -137,6 +148,7 @@ func (e *Engine) due(st *state, now time.Time) bool {
 	switch {
 	case auto && st.level > 0 && now.Sub(st.lastSeen) >= e.cfg.AutoResolveAfter:
 	case !auto && st.level > 0 && !st.cur.PeriodEnd.IsZero() && !now.Before(st.cur.PeriodEnd):
+	case e.predictionPassed(st, now):
 	case !st.firing && st.level > 0 && now.Sub(st.since) >= e.cfg.PendingFor:
 	case st.firing && st.level > st.firedLevel && now.Sub(st.levelSince) >= e.cfg.PendingFor:
 	case st.firing && st.owed:
@@ -159,6 +171,15 @@ func (e *Engine) step(k alert.Key, st *state, now time.Time) {
 	}
 	if !autoResolving && st.level > 0 && !st.cur.PeriodEnd.IsZero() && !now.Before(st.cur.PeriodEnd) {
 		// The period ended without a period_reset reaching us.
+		e.clear(k, st, now)
+		if e.alerts[k] == nil {
+			return
+		}
+	}
+	if e.predictionPassed(st, now) {
+		// The predicted time passed without the quota running out (a
+		// quota_exhausted would have cleared this) and without a newer
+		// prediction: it did not come true.
 		e.clear(k, st, now)
 		if e.alerts[k] == nil {
 			return

@@ -228,6 +228,8 @@ func readTruth(ctx context.Context, conn driver.Conn, tenant string, start, end 
 type quotaRow struct {
 	model, quota, period, unit, mode string
 	start, end, predicted            time.Time
+	earliest, latest                 time.Time // the prediction's range
+	basis                            string
 	used, limit, rate                float64
 	tier                             uint16
 	version                          uint64
@@ -236,7 +238,7 @@ type quotaRow struct {
 func readQuotaState(ctx context.Context, conn driver.Conn, tenant string, periods []string, start, end time.Time) ([]quotaRow, error) {
 	rows, err := conn.Query(ctx, `
 SELECT model, quota, period, unit, mode, period_start, period_end, predicted_exhaustion,
-       used, quota_limit, rate_per_minute, tier, version
+       predicted_earliest, predicted_latest, prediction_basis, used, quota_limit, rate_per_minute, tier, version
 FROM quota_state FINAL
 WHERE tenant = ? AND has(?, period) AND period_start >= ? AND period_start < ?`, tenant, periods, start.UTC(), end.UTC())
 	if err != nil {
@@ -247,7 +249,7 @@ WHERE tenant = ? AND has(?, period) AND period_start >= ? AND period_start < ?`,
 	for rows.Next() {
 		var r quotaRow
 		if err := rows.Scan(&r.model, &r.quota, &r.period, &r.unit, &r.mode, &r.start, &r.end, &r.predicted,
-			&r.used, &r.limit, &r.rate, &r.tier, &r.version); err != nil {
+			&r.earliest, &r.latest, &r.basis, &r.used, &r.limit, &r.rate, &r.tier, &r.version); err != nil {
 			return nil, fmt.Errorf("audit: scan quota_state: %w", err)
 		}
 		out = append(out, r)

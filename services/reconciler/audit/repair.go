@@ -24,22 +24,25 @@ func (a *Auditor) repair(ctx context.Context, t *policy.Tenant, cells []*cell, n
 	}
 	if len(quotas) > 0 {
 		b, err := a.conn.PrepareBatch(ctx, `INSERT INTO quota_state (tenant, model, quota, period, period_start, period_end, used,
-quota_limit, unit, mode, tier, rate_per_minute, predicted_exhaustion, version, updated_at)`)
+quota_limit, unit, mode, tier, rate_per_minute, predicted_exhaustion, predicted_earliest, predicted_latest, prediction_basis,
+version, updated_at)`)
 		if err != nil {
 			return fmt.Errorf("audit: repair quota_state: %w", err)
 		}
 		for _, c := range quotas {
 			r := c.row
 			var (
-				rate      float64
-				predicted        = time.Unix(0, 0)
-				version   uint64 = 1
+				rate                        float64
+				predicted, earliest, latest = time.Unix(0, 0), time.Unix(0, 0), time.Unix(0, 0)
+				basis                       string
+				version                     uint64 = 1
 			)
 			if q := c.quota; q != nil {
-				rate, predicted, version = q.rate, q.predicted, q.version+1
+				rate, predicted, earliest, latest, basis, version = q.rate, q.predicted, q.earliest, q.latest, q.basis, q.version+1
 			}
 			if err := b.Append(t.ID, r.Model, r.Quota, r.Period, r.PeriodStart, r.PeriodEnd, r.Truth,
-				r.Limit, r.Unit, r.Mode, uint16(policy.TierReached(t.AlertTiers, policy.Percent(r.Truth, r.Limit))), rate, predicted, version, now); err != nil {
+				r.Limit, r.Unit, r.Mode, uint16(policy.TierReached(t.AlertTiers, policy.Percent(r.Truth, r.Limit))), rate,
+				predicted, earliest, latest, basis, version, now); err != nil {
 				_ = b.Abort()
 				return fmt.Errorf("audit: repair quota_state: %w", err)
 			}

@@ -76,7 +76,8 @@ const insertMinutes = `INSERT INTO usage_minute (tenant, model, minute, requests
  cached_tokens, errors, slow_calls, cost, version, updated_at)`
 
 const insertQuotas = `INSERT INTO quota_state (tenant, model, quota, period, period_start, period_end, used, quota_limit,
- unit, mode, tier, rate_per_minute, predicted_exhaustion, version, updated_at)`
+ unit, mode, tier, rate_per_minute, predicted_exhaustion, predicted_earliest, predicted_latest, prediction_basis,
+ version, updated_at)`
 
 const insertSignals = `INSERT INTO signals_log (id, kind, time, tenant, model, quota, period, period_start, tier,
  previous_tier, used, quota_limit, rate_per_minute, predicted_exhaustion, reason, payload)`
@@ -116,12 +117,9 @@ func (s *Store) Write(ctx context.Context, b *Batch) error {
 			return fmt.Errorf("quota_state: prepare: %w", err)
 		}
 		for _, q := range quotas {
-			pred := q.PredictedExhaustion
-			if pred.IsZero() {
-				pred = time.Unix(0, 0).UTC()
-			}
 			if err := batch.Append(q.Tenant, q.Model, q.Quota, q.Period, q.PeriodStart, q.PeriodEnd, q.Used, q.Limit,
-				q.Unit, q.Mode, q.Tier, q.Rate, pred, b.Version, now); err != nil {
+				q.Unit, q.Mode, q.Tier, q.Rate, orEpoch(q.PredictedExhaustion), orEpoch(q.PredictedEarliest), orEpoch(q.PredictedLatest),
+				q.PredictionBasis, b.Version, now); err != nil {
 				batch.Abort()
 				return fmt.Errorf("quota_state: append: %w", err)
 			}
@@ -163,6 +161,15 @@ func (s *Store) Write(ctx context.Context, b *Batch) error {
 		}
 	}
 	return nil
+}
+
+// orEpoch is t, or the epoch (ClickHouse's "none" for a DateTime) when t
+// is zero.
+func orEpoch(t time.Time) time.Time {
+	if t.IsZero() {
+		return time.Unix(0, 0).UTC()
+	}
+	return t
 }
 
 // send inserts whole columns, in the order the query names them: one

@@ -31,7 +31,17 @@
 // rather than late. Nothing is predicted before MinSamples minutes were
 // observed, nor when the level is not positive.
 //
-// State is three numbers and a counter, so every tenant × model can afford
+// # Uncertainty
+//
+// Besides the level and trend the predictor keeps dev, an exponentially
+// weighted mean of its absolute one-minute-ahead error (weight Gamma):
+// how far a minute typically lands from what the model expected. The
+// earliest and latest plausible exhaustion (Range) are the times at which
+// the forecast with its level raised and lowered by dev reaches the
+// remaining quota: a steady tenant gets a narrow range, a bursty one a
+// wide one, in the same units the operator reads.
+//
+// State is four numbers and a counter, so every tenant × model can afford
 // one predictor per unit it is metered in.
 package forecast
 
@@ -41,6 +51,7 @@ import "math"
 const (
 	Alpha      = 0.5
 	Beta       = 0.1
+	Gamma      = 0.3
 	MinSamples = 3
 )
 
@@ -48,6 +59,7 @@ const (
 // has seen no data.
 type Holt struct {
 	level, trend float64
+	dev          float64 // mean absolute one-minute-ahead error
 	n            int32
 }
 
@@ -58,6 +70,12 @@ func (h *Holt) Observe(x float64) {
 		return
 	}
 	prev := h.level
+	miss := math.Abs(x - (h.level + h.trend))
+	if h.n == 1 {
+		h.dev = miss
+	} else {
+		h.dev = Gamma*miss + (1-Gamma)*h.dev
+	}
 	h.level = Alpha*x + (1-Alpha)*(h.level+h.trend)
 	h.trend = Beta*(h.level-prev) + (1-Beta)*h.trend
 	if h.n < math.MaxInt32 {
@@ -91,11 +109,36 @@ func (h *Holt) MinutesToExhaustion(remaining float64) (float64, bool) {
 	if remaining <= 0 {
 		return 0, true
 	}
-	l, t := h.level, h.trend
+	return minutes(h.level, h.trend, remaining), true
+}
+
+// Range returns the earliest and latest plausible minutes to exhaustion:
+// the forecast with its level raised and lowered by its typical
+// one-minute error (see the package documentation). latest is +Inf when
+// the lowered forecast never reaches remaining. ok is false when
+// MinutesToExhaustion has no prediction.
+func (h *Holt) Range(remaining float64) (earliest, latest float64, ok bool) {
+	if h.n < MinSamples || h.level <= 0 {
+		return 0, 0, false
+	}
+	if remaining <= 0 {
+		return 0, 0, true
+	}
+	earliest = minutes(h.level+h.dev, h.trend, remaining)
+	latest = math.Inf(1)
+	if l := h.level - h.dev; l > 0 {
+		latest = minutes(l, h.trend, remaining)
+	}
+	return earliest, latest, true
+}
+
+// minutes solves level·h + trend·h(h+1)/2 = remaining for h, with a
+// falling trend not extrapolated (level > 0).
+func minutes(l, t, remaining float64) float64 {
 	if t <= 0 {
-		return remaining / l, true
+		return remaining / l
 	}
 	// t/2·h² + (l + t/2)·h − remaining = 0
 	b := l + t/2
-	return (-b + math.Sqrt(b*b+2*t*remaining)) / t, true
+	return (-b + math.Sqrt(b*b+2*t*remaining)) / t
 }

@@ -134,3 +134,36 @@ func TestNoPredictionFromTooLittleData(t *testing.T) {
 		t.Fatalf("no prediction after %d minutes", MinSamples)
 	}
 }
+
+// TestRangeIsNarrowWhenSteadyAndHoldsTheTruthWhenNoisy: the uncertainty
+// an operator reads follows how regular the tenant is, and the true time
+// to exhaustion of a noisy trace lies within it.
+func TestRangeIsNarrowWhenSteadyAndHoldsTheTruthWhenNoisy(t *testing.T) {
+	const remaining = 60_000
+	width := func(amp float64) (lo, hi, want float64) {
+		rate := func(k int) float64 { return 1000 * noise(k, amp) }
+		var h Holt
+		feed(&h, rate, 30)
+		lo, hi, ok := h.Range(remaining)
+		if !ok {
+			t.Fatalf("noise %v: no range after 30 minutes", amp)
+		}
+		return lo, hi, trueMinutes(rate, 30, remaining)
+	}
+	lo, hi, _ := width(0.01)
+	if (hi-lo)/(remaining/1000) > 0.05 {
+		t.Errorf("1%% noise: range %.1f..%.1f min, want within 5%% of the 60 min prediction", lo, hi)
+	}
+	lo, hi, want := width(0.4)
+	if want < lo || want > hi {
+		t.Errorf("40%% noise: true %.1f min outside the range %.1f..%.1f", want, lo, hi)
+	}
+	if (hi-lo)/(remaining/1000) < 0.1 {
+		t.Errorf("40%% noise: range %.1f..%.1f min is as narrow as a steady tenant's", lo, hi)
+	}
+	var h Holt
+	feed(&h, func(int) float64 { return 1000 }, 2)
+	if _, _, ok := h.Range(remaining); ok {
+		t.Error("a range before MinSamples minutes")
+	}
+}

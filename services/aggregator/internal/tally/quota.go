@@ -27,15 +27,24 @@ type quotaState struct {
 	exhausted   bool
 	exhaustions int32 // times exhausted this period (again after a raised limit), part of signal ids
 
-	predicted   bool
-	predictions int32
+	// predicted: an exhaustion_predicted was announced and not cleared
+	// since; rung is the lead-time rung it announced (predictionRungs),
+	// announced the predicted time it named.
+	predicted bool
+	rung      int8
+	announced int64
 	// predAt is when the quota is predicted to run out, unix seconds; 0 =
 	// no prediction within the period. Once the quota is used up it is
 	// exhaustedAt, never a time ahead: "runs out at" a future time for a
 	// tenant already over its limit would tell the operator it has time.
-	predAt      int64
-	exhaustedAt int64 // event time of the event that used the quota up; 0 = not exhausted
-	rate        float64
+	// predLo and predHi bound it (earliest and latest plausible; predHi 0:
+	// not within the period); basis says what it rests on (BasisRates,
+	// BasisForecast).
+	predAt         int64
+	predLo, predHi int64
+	basis          string
+	exhaustedAt    int64 // event time of the event that used the quota up; 0 = not exhausted
+	rate           float64
 
 	// rateUntil is the end of the throttle the last rate_exceeded asked
 	// for (unix seconds of event time): no new signal before it.
@@ -44,11 +53,13 @@ type quotaState struct {
 
 func (q *quotaState) resetPeriod() {
 	q.tier, q.crossings, q.exhausted, q.exhaustions = 0, 0, false, 0
-	q.predicted, q.predAt, q.exhaustedAt = false, 0, 0
+	q.predicted, q.predAt, q.predLo, q.predHi, q.basis, q.exhaustedAt = false, 0, 0, 0, "", 0
 }
 
-func (s *Series) used(q *quotaState, j int) float64 {
-	pp := &s.per[q.kind][j]
+func (s *Series) used(q *quotaState, j int) float64 { return q.of(&s.per[q.kind][j]) }
+
+// of is what pp counts in q's unit.
+func (q *quotaState) of(pp *period) float64 {
 	switch q.q.Unit {
 	case schemas.UnitCurrency:
 		return pp.cost
@@ -129,12 +140,12 @@ func (s *Series) evalQuota(q *quotaState, ts, offset int64, p *Partition) {
 		if q.exhaustedAt == 0 {
 			q.exhaustedAt = ts
 		}
-		q.predAt, q.predicted = q.exhaustedAt, false
+		q.predAt, q.predLo, q.predHi, q.predicted = q.exhaustedAt, q.exhaustedAt, q.exhaustedAt, false
 	} else if q.exhaustedAt != 0 {
 		// Back under the limit (an estimate settled lower, a limit raised):
-		// the next completed minute predicts afresh.
+		// the next prediction starts afresh.
 		if q.predAt == q.exhaustedAt {
-			q.predAt = 0
+			q.predAt, q.predLo, q.predHi = 0, 0, 0
 		}
 		q.exhaustedAt = 0
 	}
@@ -184,49 +195,119 @@ func (s *Series) evalRate(q *quotaState, ts, offset int64, p *Partition) {
 	p.emit(sig)
 }
 
-// predict runs when a minute completed: for each period quota, when does it
-// run out at the forecast rate?
+// predict runs when a minute completed and every earlyEvery seconds of
+// event time between: for each period quota, when does it run out at the
+// current pace (early.go), and should the alerter hear about it?
 func (s *Series) predict(ts, offset int64, p *Partition) {
-	now := s.lastMin * 60 // start of the minute in progress
+	now := s.early.last // the latest settled event: what the rates and forecast have seen
+	if now == 0 {
+		now = s.lastMin * 60
+	}
 	for i := range s.quotas {
 		q := &s.quotas[i]
 		if q.kind == kindMinute || q.q.Unit == schemas.UnitRequests {
 			continue
 		}
-		h := &s.holtTok
-		if q.q.Unit == schemas.UnitCurrency {
-			h = &s.holtCost
-		}
-		q.rate, _ = h.Rate()
 		used := s.used(q, 0)
 		b := s.t.bounds[q.kind][0]
-		if used >= q.q.Limit {
-			// Already out: the prediction is the time it ran out.
-			q.predAt, q.predicted = q.exhaustedAt, false
+		// The prediction counts settled use only (see Series.settled);
+		// the signals carry the use with estimates, like the others.
+		settled := q.of(&s.settled[q.kind])
+		if settled >= q.q.Limit {
+			// Already out: the prediction is the time it ran out, and the
+			// quota_exhausted signal clears the alerter's prediction.
+			q.predAt, q.predLo, q.predHi, q.predicted = q.exhaustedAt, q.exhaustedAt, q.exhaustedAt, false
 			continue
 		}
-		mins, ok := h.MinutesToExhaustion(q.q.Limit - used)
-		if !ok || mins > float64(b.end-now)/60 {
-			q.predAt, q.predicted = 0, false
+		est, ok := s.forecastExhaustion(q.q.Unit == schemas.UnitCurrency, q.q.Limit-settled)
+		q.rate = est.rate
+		q.predAt, q.predLo, q.predHi, q.basis = 0, 0, 0, ""
+		if !ok {
+			if q.predicted {
+				s.announcePrediction(q, b, ts, offset, used, p, false)
+			}
 			continue
 		}
-		q.predAt = now + int64(mins*60)
-		near := time.Duration(q.predAt-now)*time.Second <= p.opt.Horizon
-		if near && !q.predicted {
-			q.predictions++
-			sig := s.base(schemas.SignalExhaustionPredicted, q, b, ts, offset, used)
-			at := time.Unix(q.predAt, 0).UTC()
-			sig.PredictedExhaustion = &at
-			// One id per quota and period: the prediction depends on the
-			// minute-by-minute history, which a rebuild sees without the
-			// estimates that were settled meanwhile, so a counter here
-			// would not replay identically. Consumers keep the first.
-			sig.ID = s.id(sig.Kind, q, b.start)
-			sig.Reason = string(q.q.Name) + " predicted to run out at " + at.Format(time.RFC3339)
-			p.emit(sig)
+		left := float64(b.end-now) / 60
+		if est.mins <= left {
+			q.predAt = now + int64(est.mins*60)
+			q.predLo = now + int64(est.earliest*60)
+			if est.latest <= left {
+				q.predHi = now + int64(math.Ceil(est.latest*60))
+			}
+			q.basis = est.basis
 		}
-		q.predicted = near
+		// Announced within the horizon (and the period); cleared only
+		// once a quarter beyond it, so that a prediction hovering at the
+		// period's end does not flap.
+		window := math.Min(p.opt.Horizon.Minutes(), left)
+		switch r := rungOf(time.Duration(est.mins * float64(time.Minute))); {
+		case est.mins <= window && (!q.predicted || r < q.rung || r > q.rung+1 || now >= q.announced):
+			// News: a first prediction, one at least a rung sooner, one
+			// two rungs later (the alerter may lower its severity or
+			// clear), or one whose announced time passed without the
+			// quota running out.
+			q.rung, q.announced = r, q.predAt
+			s.announcePrediction(q, b, ts, offset, used, p, true)
+		case q.predicted && est.mins > window*1.25:
+			s.announcePrediction(q, b, ts, offset, used, p, false)
+		}
 	}
+}
+
+// predictionRungs are the lead times, in minutes, at which a prediction
+// is announced again when it moves between them. They include the
+// alerter's default warning and critical horizons (30 and 10 minutes) so
+// that its severity follows the prediction.
+var predictionRungs = [...]int64{1, 2, 5, 10, 15, 30, 60, 120, 240, 360, 720, 1440, 4320, 10080, 20160, 44640}
+
+// rungOf is the index of the smallest rung at least lead.
+func rungOf(lead time.Duration) int8 {
+	for i, m := range predictionRungs {
+		if lead <= time.Duration(m)*time.Minute {
+			return int8(i)
+		}
+	}
+	return int8(len(predictionRungs))
+}
+
+// announcePrediction emits an exhaustion_predicted signal: the prediction
+// in q (on), or that the one announced before no longer holds (off: the
+// quota is no longer predicted to run out within the horizon), which
+// carries the attribute state=clear. Both carry the uncertainty as
+// attributes (schemas.AttrPredicted*).
+func (s *Series) announcePrediction(q *quotaState, b bound, ts, offset int64, used float64, p *Partition, on bool) {
+	q.predicted = on
+	sig := s.base(schemas.SignalExhaustionPredicted, q, b, ts, offset, used)
+	at := q.predAt
+	if at == 0 {
+		at = b.end // not before the period ends
+	}
+	t := time.Unix(at, 0).UTC()
+	sig.PredictedExhaustion = &t
+	sig.Attributes = map[string]string{schemas.AttrPredictionBasis: q.basis}
+	if q.predLo != 0 {
+		sig.Attributes[schemas.AttrPredictedEarliest] = time.Unix(q.predLo, 0).UTC().Format(time.RFC3339)
+	}
+	if q.predHi != 0 {
+		sig.Attributes[schemas.AttrPredictedLatest] = time.Unix(q.predHi, 0).UTC().Format(time.RFC3339)
+	}
+	// The id names the change and the event second it was computed at, so
+	// that a replay of the same events yields the same id; a rebuilt state
+	// that predicts differently (it never saw estimates settled meanwhile)
+	// yields a new one, which the alerter applies like any other.
+	if on {
+		sig.ID = s.id(sig.Kind, q, b.start, strconv.Itoa(int(q.rung)), strconv.FormatInt(ts, 10))
+		sig.Reason = string(q.q.Name) + " predicted to run out at " + t.Format(time.RFC3339) + " (" + q.basis + ")"
+	} else {
+		sig.Attributes[schemas.AttrState] = schemas.StateClear
+		if q.basis == "" {
+			delete(sig.Attributes, schemas.AttrPredictionBasis)
+		}
+		sig.ID = s.id(sig.Kind, q, b.start, schemas.StateClear, strconv.FormatInt(ts, 10))
+		sig.Reason = string(q.q.Name) + " no longer predicted to run out within " + p.opt.Horizon.String()
+	}
+	p.emit(sig)
 }
 
 // MinuteRow is the absolute totals of one tenant × model × minute, for
@@ -248,6 +329,11 @@ type QuotaRow struct {
 	Tier                         uint16
 	Rate                         float64
 	PredictedExhaustion          time.Time // zero: none
+	// PredictedEarliest and PredictedLatest bound PredictedExhaustion
+	// (zero: none; a zero latest with a prediction: not within the
+	// period); PredictionBasis is BasisRates or BasisForecast.
+	PredictedEarliest, PredictedLatest time.Time
+	PredictionBasis                    string
 }
 
 // LateMinute names a minute an event arrived for after its rollup left
@@ -335,6 +421,13 @@ func (s *Series) quotaRow(q *quotaState, j int) QuotaRow {
 		}
 		if q.predAt != 0 {
 			r.PredictedExhaustion = time.Unix(q.predAt, 0).UTC()
+			r.PredictionBasis = q.basis
+			if q.predLo != 0 {
+				r.PredictedEarliest = time.Unix(q.predLo, 0).UTC()
+			}
+			if q.predHi != 0 {
+				r.PredictedLatest = time.Unix(q.predHi, 0).UTC()
+			}
 		}
 	} else {
 		r.Tier = uint16(policy.TierReached(s.t.tiers, policy.Percent(used, q.q.Limit)))

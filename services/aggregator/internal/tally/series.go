@@ -178,6 +178,7 @@ func (t *tenant) advance(ts, offset int64, p *Partition) {
 		t.bounds[k][0] = boundsOf(k, ts, t.loc)
 		for _, s := range t.order {
 			s.per[k][1], s.per[k][0] = s.per[k][0], period{}
+			s.settled[k] = period{}
 			// The closed period's final totals may not be written yet.
 			s.prevDirty[k] = true
 			for i := range s.quotas {
@@ -232,9 +233,14 @@ type Series struct {
 	model string
 	idx   int32 // in Partition.series
 
-	per  [3][2]period // kind × (current, previous), aligned with t.bounds
-	rate [rateWindow]rateCell
-	roll [rollupSlots]rollup
+	per [3][2]period // kind × (current, previous), aligned with t.bounds
+	// settled is per[k][0] without unsettled estimates: what predictions
+	// measure the remaining quota against, so that a state rebuilt from
+	// ClickHouse (which holds settlements, not the estimates they
+	// replaced) predicts, and announces, exactly what the original did.
+	settled [3]period
+	rate    [rateWindow]rateCell
+	roll    [rollupSlots]rollup
 
 	// Exhaustion prediction runs on completed minutes: minTok and minCost
 	// accumulate lastMin until an event of a later minute completes it.
@@ -242,6 +248,8 @@ type Series struct {
 	lastMin           int64
 	minTok            int64
 	minCost           float64
+	// early holds the recent minutes for the first prediction (early.go).
+	early earlyRate
 
 	quotas []quotaState
 
@@ -360,6 +368,12 @@ func (s *Series) addPeriods(r *idRec, sign int64, p *Partition) {
 		pp.tokens += tok
 		pp.requests += sign
 		pp.cost += cost
+		if pp == &s.per[k][0] && r.flags&flagEstimated == 0 {
+			st := &s.settled[k]
+			st.tokens += tok
+			st.requests += sign
+			st.cost += cost
+		}
 	}
 }
 
@@ -407,8 +421,18 @@ func (s *Series) addMinute(r *idRec, sign int64, p *Partition) {
 			s.completeMinutes(m)
 		}
 		if m == s.lastMin {
+			s.early.see(r.ts)
 			s.minTok += tok
 			s.minCost += r.cost * float64(sign)
+			if tok != 0 {
+				s.early.req += int32(sign)
+			}
+			if r.ts >= s.early.next {
+				// Between minute boundaries the rates re-predict every
+				// earlyEvery seconds of event time.
+				s.early.next = r.ts + earlyEvery
+				s.predictDue = true
+			}
 		}
 	}
 
@@ -446,6 +470,7 @@ func (s *Series) addMinute(r *idRec, sign int64, p *Partition) {
 // idle ones as zero; after an idle hour they start over.
 func (s *Series) completeMinutes(m int64) {
 	gap := m - s.lastMin
+	s.early.complete(s.lastMin, m, s.minTok, s.minCost)
 	s.holtTok.Observe(float64(s.minTok))
 	s.holtCost.Observe(s.minCost)
 	if gap > rateWindow {

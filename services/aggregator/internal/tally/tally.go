@@ -298,11 +298,11 @@ func (p *Partition) reevaluate(t *tenant) {
 			if q.kind == kindMinute {
 				continue
 			}
-			if q.exhaustedAt == 0 {
-				q.predAt, q.predicted = 0, false // the next completed minute predicts against the new limit
-			}
 			x.evalQuota(q, ts, offset, p)
 		}
+		// Predict against the new limits now: a prediction the change
+		// makes sooner is news, one it pushes out is cleared.
+		x.predict(ts, offset, p)
 		p.markDirty(x)
 	}
 }
