@@ -35,7 +35,13 @@ type gateway struct {
 // "sk-<tenant>") and waits until its Checker has synced.
 func newGateway(t testing.TB, s *stack, tenants ...string) *gateway {
 	t.Helper()
-	upstream := httptest.NewServer(mockllm.Handler())
+	return newGatewayTo(t, s, mockllm.Handler(), tenants...)
+}
+
+// newGatewayTo is newGateway in front of the upstream h.
+func newGatewayTo(t testing.TB, s *stack, h http.Handler, tenants ...string) *gateway {
+	t.Helper()
+	upstream := httptest.NewServer(h)
 	t.Cleanup(upstream.Close)
 
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -89,6 +95,23 @@ type chatAnswer struct {
 	status int
 	header http.Header
 	body   []byte
+}
+
+// chatStatus sends one small chat completion for tenant and returns the
+// status; safe from any goroutine.
+func (g *gateway) chatStatus(tenant, model string) (int, error) {
+	body, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 5,
+		"messages": []map[string]string{{"role": "user", "content": "x"}}})
+	req, _ := http.NewRequest(http.MethodPost, g.url+"/v1/chat/completions", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+g.keys[tenant])
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, nil
 }
 
 // chat sends one chat completion for tenant whose usage is exactly total

@@ -20,8 +20,8 @@ import (
 // benchmark. Tests take their own names from itest.Unique instead.
 var sharedNames = []*regexp.Regexp{
 	regexp.MustCompile(`\bschemas\.Topic(Usage|Signals|Admin)V1\b`),
-	regexp.MustCompile(`"sluice\.(usage|signals|admin)\.v1"`),
-	regexp.MustCompile(`"sluice-(aggregator|enforcer|alerter|reconciler|ingest)"`),
+	regexp.MustCompile(`"sluice\.(usage|signals|admin|deferred)\.v1`),
+	regexp.MustCompile(`"sluice-(aggregator|enforcer|alerter|reconciler|ingest|deferred)"`),
 	regexp.MustCompile(`\bflags\.(DefaultPrefix|Default)\b`),
 	regexp.MustCompile(`"sluice:flags:`),
 }

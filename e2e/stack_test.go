@@ -272,6 +272,9 @@ func (s *stack) args(opsAddr string) []string {
 		"-services.gateway.checker.key_prefix=" + s.prefix,
 		"-services.gateway.usage.topic=" + s.topic,
 		"-services.gateway.admission.key_prefix=" + s.prefix + "adm:",
+		"-services.gateway.deferred.topic_prefix=" + s.topic + "_deferred",
+		"-services.gateway.deferred.group=" + s.topic + "_deferred",
+		"-services.gateway.deferred.key_prefix=" + s.prefix + "deferred:",
 		"-shutdown_grace=10s",
 	}
 	if len(s.redisCluster) > 0 {

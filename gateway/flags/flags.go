@@ -60,6 +60,16 @@ const (
 	FailModeTenant = "@failmode"
 )
 
+// ProbeAttribute is the usage-event attribute that marks the settlement
+// of a request a half-open flag let through as a probe (checker.Probe);
+// its value is the flag's kind. The aggregator judges a half-open
+// breaker by these probes' outcomes — one failed probe reopens it, the
+// policy's half_open_probes successful ones close it — because a few
+// gateways' probes never fill the min_requests window the breaker opened
+// on. A gateway that emits its own events must set it on probes
+// (docs/flags.md, "Reporting probes").
+const ProbeAttribute = "breaker_probe"
+
 // Layout names the keys under one prefix (DefaultPrefix unless a deployment
 // shares its Redis).
 type Layout struct{ Prefix string }

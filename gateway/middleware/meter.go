@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gateway/admission"
+	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/gateway/estimate"
+	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/gateway/ratelimit"
 	"github.com/sluicehq/sluice/schemas"
 )
@@ -41,7 +43,10 @@ import (
 // passed (504 if none was written). When the client went away before the
 // handler reported usage, the outcome is empty (the upstream did not
 // fail, so no error-ratio breaker counts it), the status 499 if none was
-// written, and attribute cancelled=client. Reported usage of a successful
+// written, and attribute cancelled=client. A request a half-open flag let
+// through as a probe (checker.Probe) carries attribute
+// flags.ProbeAttribute (breaker_probe) with the flag's kind, by which the
+// aggregator judges the half-open breaker. Reported usage of a successful
 // answer teaches est the tenant × model completion ratio
 // (Estimator.Observe).
 //
@@ -90,6 +95,7 @@ type Call struct {
 	est    estimate.Estimate
 	estErr error
 	start  time.Time
+	probe  string // the half-open flag's kind when the call is a probe
 
 	mu       sync.Mutex
 	usage    Usage
@@ -148,9 +154,10 @@ func (c *Call) SetOutcome(o schemas.Outcome) {
 
 // SetAttribute adds an attribute to the settlement (the upstream's
 // attempts, why a call ended). The middleware's own attributes (usage,
-// cancelled, reasoning_tokens) win over one of the same name. Keys and
-// values must fit the event's limits (schemas.MaxAttributes and the
-// lengths it names) or the settlement is invalid and dropped.
+// cancelled, reasoning_tokens, flags.ProbeAttribute) win over one of the
+// same name. Keys and values must fit the event's limits
+// (schemas.MaxAttributes and the lengths it names) or the settlement is
+// invalid and dropped.
 func (c *Call) SetAttribute(key, value string) {
 	c.mu.Lock()
 	if c.attrs == nil {
@@ -160,8 +167,23 @@ func (c *Call) SetAttribute(key, value string) {
 	c.mu.Unlock()
 }
 
-// meter serves an allowed request with estimate and settlement.
-func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, tenant, model, key string) {
+// probeKind is the kind of the half-open flag that let d through as a
+// probe, or "" when d is no probe.
+func probeKind(d checker.Decision) string {
+	if d.Outcome != checker.Probe {
+		return ""
+	}
+	if d.Flag == nil {
+		return "unknown"
+	}
+	return string(d.Flag.Kind)
+}
+
+// meter serves an allowed request with estimate and settlement. probe is
+// the half-open flag's kind when the request is a probe: the settlement
+// carries it as flags.ProbeAttribute, so that the aggregator judges the
+// half-open breaker by its probes.
+func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, tenant, model, key, probe string) {
 	ep, ok := estimate.EndpointOf(r.URL.Path)
 	if !ok {
 		next.ServeHTTP(w, r)
@@ -188,7 +210,7 @@ func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, te
 	r.ContentLength = int64(len(body))
 	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 
-	c := &Call{id: newID(), start: m.now()}
+	c := &Call{id: newID(), start: m.now(), probe: probe}
 	c.est, c.estErr = m.est.Estimate(tenant, ep, body)
 	if model == "" {
 		model = c.est.Model
@@ -349,6 +371,9 @@ func (m *mw) settle(ctx context.Context, c *Call, base schemas.UsageEvent, statu
 	}
 	if cancelled {
 		attrs["cancelled"] = "client"
+	}
+	if c.probe != "" {
+		attrs[flags.ProbeAttribute] = c.probe
 	}
 	ev.Attributes = nil
 	if len(attrs) > 0 {

@@ -378,3 +378,31 @@ func TestEventFieldsAndCallDetails(t *testing.T) {
 		t.Fatalf("refusal events %+v: want one with a fresh id, the gateway's user and refused_by", evs)
 	}
 }
+
+// TestProbeSettlementIsMarked: a request a half-open flag let through as
+// a probe settles with attribute breaker_probe naming the flag's kind
+// (the aggregator judges the half-open breaker by it), even when the
+// handler sets an attribute of the same name; its estimate and an
+// ordinary call's settlement carry none.
+func TestProbeSettlementIsMarked(t *testing.T) {
+	s, est := &syncSink{}, newEstimator(t)
+	probe := fixed{"acme": {Outcome: checker.Probe, Flag: &flags.Flag{State: flags.StateHalfOpen, Kind: flags.KindErrorRatio}}}
+	h := metered(t, probe, est, s, func(w http.ResponseWriter, r *http.Request) {
+		CallFrom(r.Context()).SetAttribute(flags.ProbeAttribute, "forged")
+		w.WriteHeader(http.StatusBadGateway)
+	})
+	h.ServeHTTP(httptest.NewRecorder(), chatRequest(context.Background(), "acme"))
+	e, settled := pair(t, s.all())
+	if got := settled.Attributes[flags.ProbeAttribute]; got != string(flags.KindErrorRatio) || settled.Outcome != schemas.OutcomeError {
+		t.Fatalf("probe settlement %+v, want outcome error and %s=%s", settled, flags.ProbeAttribute, flags.KindErrorRatio)
+	}
+	if _, ok := e.Attributes[flags.ProbeAttribute]; ok {
+		t.Fatalf("the estimate is marked as a probe: %+v", e)
+	}
+
+	s2 := &syncSink{}
+	metered(t, fixed{}, est, s2, func(w http.ResponseWriter, r *http.Request) {}).ServeHTTP(httptest.NewRecorder(), chatRequest(context.Background(), "acme"))
+	if _, settled := pair(t, s2.all()); settled.Attributes[flags.ProbeAttribute] != "" {
+		t.Fatalf("an ordinary call is marked as a probe: %+v", settled)
+	}
+}

@@ -157,7 +157,7 @@ func New(d Decider, id Identify, opts ...Option) func(http.Handler) http.Handler
 			d := m.d.Check(tenant, model, key)
 			if d.Allowed() {
 				if m.est != nil {
-					m.meter(w, r, next, tenant, model, key)
+					m.meter(w, r, next, tenant, model, key, probeKind(d))
 					return
 				}
 				next.ServeHTTP(w, r)

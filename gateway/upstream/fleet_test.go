@@ -14,22 +14,27 @@ import (
 )
 
 // fleetPair returns two gateway processes' breakers of one upstream,
-// sharing its state in the real Redis, on one manual clock.
+// sharing its state in the real Redis, on one manual clock. Each has its
+// own Fleet on its own Redis client, as two processes would: nothing but
+// Redis connects them.
 func fleetPair(t *testing.T) (*manualclock.Clock, *Breaker, *Breaker) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("needs Redis")
 	}
-	rdb := redisconn.NewClient(itest.Redis(t))
-	t.Cleanup(func() { rdb.Close() })
+	cfg := itest.Redis(t)
 	prefix := itest.Unique(t, "sluice:test:")
 	t.Cleanup(func() {
+		rdb := redisconn.NewClient(cfg)
+		defer rdb.Close()
 		for _, k := range rdb.Keys(context.Background(), prefix+"*").Val() {
 			rdb.Del(context.Background(), k)
 		}
 	})
 	clock := manualclock.New(t0)
 	mk := func() *Breaker {
+		rdb := redisconn.NewClient(cfg)
+		t.Cleanup(func() { rdb.Close() })
 		f, err := NewFleet(rdb, prefix, "acct-1", 0)
 		if err != nil {
 			t.Fatal(err)
@@ -55,17 +60,21 @@ func wantState(t *testing.T, b *Breaker, st State, openFor time.Duration) {
 	}
 }
 
-// TestFleetBreakerCountsProbesAcrossGateways: ten consecutive failures in
-// gateway A open the upstream's breaker for the fleet; gateway B, which
-// saw none, follows. After the open time the fleet sends 5 probes in
+// TestFleetBreakerCountsProbesAcrossGateways: nine consecutive failures
+// in gateway A leave the upstream's breaker closed; the tenth (seed 000)
+// opens it for the fleet; gateway B, which saw none, follows. After the open time the fleet sends 5 probes in
 // all, whichever gateway sends them; one failed probe reopens both for
 // twice as long, twice in a row (30 s, 60 s, 120 s); 5 successful probes
 // from both gateways close it for both and reset the open time.
 func TestFleetBreakerCountsProbesAcrossGateways(t *testing.T) {
 	clock, a, b := fleetPair(t)
-	for range 10 {
+	for range 9 {
 		call(a, time.Millisecond, concurrency.Failure)
 	}
+	b.sync()
+	wantState(t, a, Closed, 30*time.Second)
+	wantState(t, b, Closed, 30*time.Second)
+	call(a, time.Millisecond, concurrency.Failure) // the 10th in a row
 	wantState(t, a, Open, 30*time.Second)
 	b.sync()
 	wantState(t, b, Open, 30*time.Second)

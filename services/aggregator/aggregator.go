@@ -76,8 +76,14 @@
 // compares a minute's tokens with the 60-minute baseline (spike_multiplier,
 // spike_min_tokens). Signals are on change, except that while a condition
 // persists a fresh firing signal is emitted once per window: the enforcer
-// re-evaluates a half-open breaker on the next anomaly signal. Everything
-// is event time, so replays give the same signals and ids.
+// re-evaluates a half-open breaker on the next anomaly signal. A half-open
+// breaker is judged by its probes, though: a settled event marked as a
+// probe (attribute breaker_probe, gateway/flags.ProbeAttribute) that
+// failed emits a firing signal with probe=failed at once, and
+// half_open_probes successful ones in a row a resolved one with
+// probe=passed, however few calls the window holds (see
+// internal/tally/anomaly.go). Everything is event time, so replays give
+// the same signals and ids.
 //
 // # Event time
 //

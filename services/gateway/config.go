@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/gateway/deferred"
 )
 
 // Config is the gateway service's section of the Sluice configuration
@@ -37,6 +38,7 @@ type Config struct {
 	Checker   checker.Config  `yaml:"checker"`
 	Usage     UsageConfig     `yaml:"usage"`
 	Admission AdmissionConfig `yaml:"admission"`
+	Deferred  deferred.Config `yaml:"deferred"`
 }
 
 // Upstream is one provider endpoint.
@@ -96,6 +98,7 @@ func DefaultConfig() Config {
 		ShutdownTimeout:     10 * time.Second,
 		Checker:             checker.DefaultConfig(),
 		Admission:           defaultAdmission(),
+		Deferred:            deferred.DefaultConfig(),
 		Usage: UsageConfig{
 			Sink:           SinkIngest,
 			IngestURL:      "http://127.0.0.1:8080",
@@ -192,6 +195,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.Checker.Validate(); err != nil {
 		bad(p+"checker.%w", err)
+	}
+	if err := c.Deferred.Validate(p + "deferred."); err != nil {
+		errs = append(errs, err)
 	}
 	u := c.Usage
 	switch u.Sink {

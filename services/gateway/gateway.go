@@ -57,6 +57,7 @@ import (
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/gateway/deferred"
 	"github.com/sluicehq/sluice/services/internal/fifo"
 	"github.com/sluicehq/sluice/services/internal/keyfile"
 )
@@ -99,6 +100,11 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	}
 	rdb := redisconn.NewClient(env.Redis)
 	defer rdb.Close()
+	tasks, runTasks, stopTasks, err := startDeferred(ctx, cfg, env, rdb, log)
+	if err != nil {
+		return err
+	}
+	defer stopTasks()
 	chk, err := checker.New(rdb, cfg.Checker, log.With("component", "checker"))
 	if err != nil {
 		return err
@@ -107,7 +113,7 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	if err != nil {
 		return err
 	}
-	s, err := New(cfg, Deps{Checker: chk, Emitter: em, Admitter: opts.Admitter, Logger: log, Metrics: env.Metrics})
+	s, err := New(cfg, Deps{Checker: chk, Emitter: em, Admitter: opts.Admitter, Logger: log, Metrics: env.Metrics, Tasks: tasks})
 	if err != nil {
 		closeEmitter(context.Background(), em, closeSender, time.Second, log)
 		return err
@@ -140,6 +146,9 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { s.keys.Watch(gctx, cfg.KeysReloadInterval); return nil })
+	if runTasks != nil {
+		g.Go(func() error { return runTasks(gctx, s) })
+	}
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("gateway: serve: %w", err)
@@ -222,6 +231,9 @@ type Deps struct {
 	Metrics prometheus.Registerer
 	// Keys, when not nil, replaces cfg.KeysFile (tests).
 	Keys *keyfile.File[Caller]
+	// Tasks, when not nil, accepts deferred requests and answers
+	// GET /v1/tasks/{id} (deferred.go).
+	Tasks *deferred.Queue
 }
 
 // Server is the gateway's HTTP handler.
@@ -232,6 +244,7 @@ type Server struct {
 	routes *routes
 	est    *estimate.Estimator
 	admit  Admitter
+	tasks  *deferred.Queue
 	m      *metrics
 	api    http.Handler // auth, then the middleware, then the proxy
 	mux    *http.ServeMux
@@ -258,7 +271,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{cfg: cfg, log: log, admit: deps.Admitter, m: newMetrics(), ids: fifo.NewSet[string](cfg.RequestIDMemory), now: time.Now}
+	s := &Server{cfg: cfg, log: log, admit: deps.Admitter, tasks: deps.Tasks, m: newMetrics(), ids: fifo.NewSet[string](cfg.RequestIDMemory), now: time.Now}
 	s.hardStop, s.stopAll = context.WithCancel(context.Background())
 	if v, ok := deps.Checker.(flagView); ok {
 		s.m.view = v
@@ -319,6 +332,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"} {
 		mux.HandleFunc("POST "+p, s.serveAPI)
 	}
+	mux.HandleFunc("GET /v1/tasks/{id}", s.getTask)
 	mux.HandleFunc("GET /v1/models", s.listModels)
 	mux.HandleFunc("GET /v1/models/{model...}", s.getModel)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
@@ -522,6 +536,10 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 	c.user = c.caller.User
 	if c.user == "" && len(c.req.User) <= schemas.MaxStringLen {
 		c.user = c.req.User
+	}
+	if deferralRequested(r) {
+		s.deferRequest(rw, r, c)
+		return
 	}
 	c.eventID = c.requestID
 	if s.reused(c.caller.Tenant, c.requestID) {

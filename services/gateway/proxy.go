@@ -332,6 +332,9 @@ type modelObject struct {
 }
 
 func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) *Caller {
+	if c := deferredCaller(r.Context()); c != nil {
+		return c // a deferred task's run (deferred.go)
+	}
 	key, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	c := s.keys.Authenticate(strings.TrimSpace(key))
 	if c == nil {

@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 )
@@ -35,6 +36,27 @@ import (
 // when an empty window lies between it and the new one. Events of an older
 // window than the current one (late events) are left out: breakers look at
 // the present.
+//
+// Probes. A half-open breaker is judged by its probes, not by the
+// min_requests window it opened on: each gateway's Checker lets only
+// half_open_probes requests through, so a fleet of fewer than
+// min_requests/half_open_probes gateways never fills a window, and a
+// window verdict would never come (or, worse, a "resolved" for too few
+// calls would read as healthy). A settled event carrying attribute
+// flags.ProbeAttribute (the gateway middleware sets it on probes) is,
+// besides being counted as usual, a probe of both detectors of its
+// series and of the tenant-wide one:
+//
+//   - a failed probe (the detector's bad condition) emits at once a
+//     firing signal with Attributes probe=failed, at most one per second
+//     per series and detector (the fleet sends a bounded number of
+//     probes; a gateway that marks everything must not flood the topic);
+//   - half_open_probes successful ones in a row, none more than a window
+//     apart, emit a resolved signal with probe=passed.
+//
+// A probe the client abandoned (no outcome) says nothing. The enforcer
+// acts on these only for a breaker that is half-open: any failed probe
+// reopens it with a doubled open time, enough passed ones close it.
 //
 // Only settled events count: estimates are skipped (their settlement counts
 // instead), because a rebuild from ClickHouse sees only the settlement and
@@ -71,6 +93,13 @@ type healthWindow struct {
 	firing     bool
 }
 
+// probeTally is one breaker detector's half-open probes of a series.
+type probeTally struct {
+	last     int64 // unix second of the latest probe counted
+	failedAt int64 // unix second of the latest probe=failed signal
+	passed   int32 // successful probes in a row since the last verdict
+}
+
 // spikeState is the rate-spike detector of a series.
 type spikeState struct {
 	min      int64 // unix minute being accumulated; 0: none yet
@@ -90,13 +119,77 @@ func (t *tenant) detect(s *Series, ev *schemas.UsageEvent, ts, offset int64, p *
 	isErr := ev.Outcome == schemas.OutcomeError || ev.Outcome == schemas.OutcomeTimeout || ev.Status >= 500
 	slow := br.SlowCall.SlowCallMS > 0 && ev.LatencyMS >= br.SlowCall.SlowCallMS
 	tok := ev.TotalTokens()
+	// A probe whose client went away (no outcome) tells nothing about the
+	// upstream.
+	probe := health && ev.Outcome != "" && ev.Attributes[flags.ProbeAttribute] != ""
 	for _, x := range [2]*Series{s, t.all} {
 		if health {
 			x.observeHealth(detErr, &br.ErrorRatio, isErr, ts, offset, p)
 			x.observeHealth(detSlow, &br.SlowCall, slow, ts, offset, p)
 		}
+		if probe {
+			x.observeProbe(detErr, &br.ErrorRatio, isErr, ts, offset, p)
+			x.observeProbe(detSlow, &br.SlowCall, slow, ts, offset, p)
+		}
 		x.observeSpike(tok, ts, offset, p)
 	}
+}
+
+// observeProbe counts one half-open probe of detector d and emits the
+// verdict it completes (see "Probes" above).
+func (s *Series) observeProbe(d int, bp *policy.BreakerPolicy, bad bool, ts, offset int64, p *Partition) {
+	if bp.Threshold <= 0 {
+		return
+	}
+	pr := &s.probes[d]
+	width := int64(bp.Window / time.Second)
+	if width < 1 {
+		width = 60
+	}
+	if ts < pr.last {
+		return // late: the verdict it belonged to is made
+	}
+	if ts-pr.last > width {
+		pr.passed = 0 // successes of an earlier half-open round
+	}
+	pr.last = ts
+	start := floorDiv(ts, width) * width
+	if bad {
+		pr.passed = 0
+		if pr.failedAt == ts {
+			return
+		}
+		pr.failedAt = ts
+		s.probeSignal(d, bp, false, 1, start, start+width, ts, offset, p)
+		return
+	}
+	pr.passed++
+	if int(pr.passed) >= bp.HalfOpenProbes {
+		s.probeSignal(d, bp, true, pr.passed, start, start+width, ts, offset, p)
+		pr.passed = 0
+	}
+}
+
+// probeSignal emits a probe verdict of detector d: failed (firing, ratio
+// 1 over the one probe) or passed (resolved, ratio 0 over n probes). Its
+// period is the detector's window holding the probe, which the enforcer's
+// staleness check reads; its id carries the probe's second, so a replay
+// produces the same ids.
+func (s *Series) probeSignal(d int, bp *policy.BreakerPolicy, passed bool, n int32, start, end, ts, offset int64, p *Partition) {
+	name := healthNames[d]
+	verdict, ratio := "failed", 1.0
+	reason := "a half-open probe failed (" + name + "): the breaker reopens"
+	if passed {
+		verdict, ratio = "passed", 0
+		reason = strconv.Itoa(int(n)) + " half-open probes in a row succeeded (" + name + "): the breaker closes"
+	}
+	sig := s.anomalySignal(name, !passed, start, end, ratio, int64(n), bp.Threshold, ts, offset, reason)
+	sig.ID = schemas.SignalID(string(schemas.SignalAnomaly), s.t.id, s.model, name, "probe_"+verdict, time.Unix(ts, 0).UTC().Format(time.RFC3339))
+	sig.Attributes["breaker"] = name
+	sig.Attributes["probe"] = verdict
+	sig.Attributes["half_open_probes"] = strconv.Itoa(bp.HalfOpenProbes)
+	sig.Attributes["window"] = (time.Duration(end-start) * time.Second).String()
+	p.emit(sig)
 }
 
 func floorDiv(a, b int64) int64 {

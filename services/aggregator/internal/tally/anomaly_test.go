@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/schemas"
 )
 
@@ -207,5 +208,74 @@ func TestRateSpike(t *testing.T) {
 	q.Apply(ev("big", t0.Add(30*time.Minute), 4000, 0), 1000)
 	if got := kinds(q.TakeSignals(), schemas.SignalAnomaly); len(got) != 0 {
 		t.Fatalf("a jump under spike_min_tokens raised %+v", got)
+	}
+}
+
+// probes returns the probe verdicts among sigs for detector and model, as
+// "verdict@hh:mm:ss" strings, checking the fields the enforcer reads.
+func probes(t *testing.T, sigs []schemas.Signal, detector, model string) []string {
+	t.Helper()
+	var out []string
+	for _, s := range kinds(sigs, schemas.SignalAnomaly) {
+		a := s.Attributes
+		if a["probe"] == "" || a["detector"] != detector || s.Model != model {
+			continue
+		}
+		if err := s.Validate(); err != nil {
+			t.Errorf("invalid probe signal %+v: %v", s, err)
+		}
+		if a["breaker"] != detector || (a["probe"] == "failed") != (a["state"] == "firing") || s.PeriodEnd.Sub(s.PeriodStart) != time.Minute {
+			t.Errorf("probe signal %+v: want breaker=%s, firing exactly when failed, the 1m window as its period", s, detector)
+		}
+		out = append(out, a["probe"]+"@"+s.Time.Format("15:04:05"))
+	}
+	return out
+}
+
+// TestProbesDecideWithoutMinRequests: two gateways' probes (5 each, far
+// below min_requests 10) are judged one by one: the first failed one
+// emits probe=failed at once (one per second at most), five successful
+// ones in a row emit probe=passed, a failure in between starts the count
+// again, and an abandoned probe (no outcome) counts for nothing. Events
+// without the attribute are no probes.
+func TestProbesDecideWithoutMinRequests(t *testing.T) {
+	p := New(0, DefaultOptions())
+	p.SetPolicy(mustPolicy(t, breakerPolicy))
+	var sigs []schemas.Signal
+	off := int64(0)
+	send := func(at time.Duration, o schemas.Outcome, probe bool) {
+		off++
+		e := call(fmt.Sprintf("p%d", off), t0.Add(at), o, 100)
+		if probe {
+			e.Attributes = map[string]string{flags.ProbeAttribute: "error_ratio"}
+		}
+		p.Apply(e, off)
+		sigs = append(sigs, p.TakeSignals()...)
+	}
+	send(0, schemas.OutcomeError, false) // not a probe
+	send(time.Second, schemas.OutcomeOK, true)
+	send(2*time.Second, schemas.OutcomeError, true)   // gateway A's probe fails
+	send(2*time.Second, schemas.OutcomeError, true)   // gateway B's, same second: no second signal
+	send(3*time.Second, schemas.OutcomeTimeout, true) // another second: another
+	for i := range 4 {
+		send(time.Duration(40+i)*time.Second, schemas.OutcomeOK, true)
+	}
+	send(44*time.Second, "", true) // abandoned by its client
+	send(45*time.Second, schemas.OutcomeOK, true)
+	got := probes(t, sigs, DetectorErrorRatio, "gpt-4o")
+	want := []string{"failed@03:00:02", "failed@03:00:03", "passed@03:00:45"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("probe verdicts %v, want %v", got, want)
+	}
+	if fmt.Sprint(probes(t, sigs, DetectorErrorRatio, "*")) != fmt.Sprint(want) {
+		t.Errorf("the tenant-wide series must judge the same probes")
+	}
+	// Successes more than a window apart belong to different rounds.
+	send(2*time.Minute, schemas.OutcomeOK, true)
+	for i := range 4 {
+		send(4*time.Minute+time.Duration(i)*time.Second, schemas.OutcomeOK, true)
+	}
+	if got := probes(t, sigs, DetectorErrorRatio, "gpt-4o"); len(got) != 3 {
+		t.Fatalf("probe verdicts %v: successes of an earlier round were counted", got)
 	}
 }

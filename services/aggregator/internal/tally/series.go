@@ -254,6 +254,7 @@ type Series struct {
 	quotas []quotaState
 
 	health [2]healthWindow // by detErr, detSlow
+	probes [2]probeTally   // by detErr, detSlow
 	spike  spikeState
 
 	priceFor            *policy.Policy

@@ -296,7 +296,8 @@ func (t *Table) rateExceeded(s *schemas.Signal, tp *policy.Tenant, now time.Time
 // anomaly drives the error-ratio and slow-call breakers. The aggregator
 // names the detector in Attributes["detector"] ("error_ratio" or
 // "slow_call") with the window's Attributes["ratio"] and
-// Attributes["requests"].
+// Attributes["requests"]; a verdict on a half-open breaker's probes
+// carries Attributes["probe"] as well (see probeVerdict).
 func (t *Table) anomaly(s *schemas.Signal, tp *policy.Tenant, now time.Time) Result {
 	var kind flags.Kind
 	var bp policy.BreakerPolicy
@@ -321,19 +322,50 @@ func (t *Table) anomaly(s *schemas.Signal, tp *policy.Tenant, now time.Time) Res
 	}
 	k := Key{Tenant: s.Tenant, Scope: s.Model, Kind: kind}
 	b := t.breakers[s.Tenant][k]
-	bad := ratio >= bp.Threshold && requests >= bp.MinRequests
+	halfOpen := b != nil && b.State == flags.StateHalfOpen
+	if verdict := s.Attributes["probe"]; verdict != "" {
+		return t.probeVerdict(k, b, bp, verdict, now)
+	}
+	// A window is a verdict only with min_requests calls in it: a
+	// "resolved" over the handful of probes of a half-open round says
+	// nothing about them (the probe verdicts do).
+	full := requests >= bp.MinRequests
+	bad := full && ratio >= bp.Threshold
 	switch {
 	case bad && b == nil:
 		t.put(t.openHealth(k, bp, 0, ratio, requests, now))
 		return changed(s.Tenant)
-	case bad && b.State == flags.StateHalfOpen:
+	case bad && halfOpen:
 		t.put(t.openHealth(k, bp, b.Failures+1, ratio, requests, now))
 		return changed(s.Tenant)
-	case !bad && b != nil && b.State == flags.StateHalfOpen:
+	case !bad && full && halfOpen:
 		t.del(k)
 		return changed(s.Tenant)
 	}
 	return Result{}
+}
+
+// probeVerdict applies the aggregator's verdict on a half-open breaker's
+// probes (Attributes["probe"]): "failed" — any one probe, from any
+// gateway — reopens it with a doubled open time; "passed" —
+// half_open_probes successful ones in a row — closes it. A breaker that
+// is not half-open ignores them: its round is over (a late probe of a
+// round already decided) or never began.
+func (t *Table) probeVerdict(k Key, b *Breaker, bp policy.BreakerPolicy, verdict string, now time.Time) Result {
+	if b == nil || b.State != flags.StateHalfOpen {
+		return Result{Note: "probe verdict for a breaker that is not half-open: ignored"}
+	}
+	switch verdict {
+	case "failed":
+		nb := t.openHealth(k, bp, b.Failures+1, b.Used, 0, now)
+		nb.Reason = fmt.Sprintf("a half-open probe failed; open for %v", nb.Until.Sub(now))
+		t.put(nb)
+	case "passed":
+		t.del(k)
+	default:
+		return Result{Note: "probe verdict " + strconv.Quote(verdict) + " is neither failed nor passed: ignored"}
+	}
+	return changed(k.Tenant)
 }
 
 // anomalyStale reports whether an anomaly describes a window that ended

@@ -286,3 +286,61 @@ func TestStaleAnomalyIsIgnored(t *testing.T) {
 		t.Fatal("a days-old good verdict closed a half-open breaker")
 	}
 }
+
+// probe is the aggregator's verdict on a half-open breaker's probes.
+func probe(detector, verdict string, at time.Time) *schemas.Signal {
+	s := anomaly(detector, "1", "1", at)
+	s.Attributes["probe"] = verdict
+	return s
+}
+
+// TestHalfOpenIsJudgedByItsProbes: two gateways send 5 probes each, 10
+// calls where min_requests is 20. The window's "resolved" over those 10
+// calls does not close the half-open breaker (it judged too few calls);
+// a failed probe reopens it with a doubled open time, round after round;
+// passed probes close it. Verdicts for a breaker that is not half-open
+// change nothing.
+func TestHalfOpenIsJudgedByItsProbes(t *testing.T) {
+	p := testPolicy(t)
+	tp := p.Tenant("acme")
+	tb := NewTable()
+	state := func() *Breaker {
+		bs := tb.Breakers("acme")
+		if len(bs) == 0 {
+			return nil
+		}
+		return &bs[0]
+	}
+	now := t0
+	if res := tb.Apply(probe("error_ratio", "failed", now), tp, now); len(res.Changed) != 0 || state() != nil {
+		t.Fatal("a probe verdict opened a closed breaker")
+	}
+	tb.Apply(anomaly("error_ratio", "0.8", "40", now), tp, now)
+	if res := tb.Apply(probe("error_ratio", "passed", now), tp, now); len(res.Changed) != 0 || state().State != flags.StateOpen {
+		t.Fatal("a probe verdict closed an open breaker")
+	}
+	for i, want := range []time.Duration{60 * time.Second, 120 * time.Second} {
+		now = state().Until
+		tb.Tick(now, p.Tenant)
+		resolved := anomaly("error_ratio", "0.3", "10", now.Add(time.Second))
+		resolved.Attributes["state"] = "resolved"
+		if tb.Apply(resolved, tp, now.Add(time.Second)); state() == nil || state().State != flags.StateHalfOpen {
+			t.Fatalf("round %d: a window of 10 calls (min_requests 20) closed the half-open breaker: %+v", i, state())
+		}
+		now = now.Add(2 * time.Second)
+		tb.Apply(probe("error_ratio", "failed", now), tp, now)
+		if b := state(); b == nil || b.State != flags.StateOpen || b.Until.Sub(now) != want || b.Failures != i+1 {
+			t.Fatalf("round %d: after a failed probe %+v, want open for %v", i, b, want)
+		}
+	}
+	now = state().Until
+	tb.Tick(now, p.Tenant)
+	tb.Apply(probe("slow_call", "passed", now), tp, now)
+	if state() == nil {
+		t.Fatal("a slow-call verdict closed the error-ratio breaker")
+	}
+	tb.Apply(probe("error_ratio", "passed", now), tp, now)
+	if state() != nil {
+		t.Fatalf("passed probes left %+v", state())
+	}
+}
