@@ -327,7 +327,7 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	a.store = chstore.New(conn, a.costFunc, cfg.SlowCallMS)
 	// The operator overrides in force, read to the end before the group is
 	// joined: no partition is rebuilt or evaluated without them.
-	if a.admin, err = newAdminFollower(ctx, env.Kafka, cfg.AdminTopic); err != nil {
+	if a.admin, err = newAdminFollower(ctx, env.Kafka, cfg.AdminTopic, auth); err != nil {
 		return fmt.Errorf("aggregator: %w", err)
 	}
 	defer a.admin.cl.Close()
