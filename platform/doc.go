@@ -36,9 +36,10 @@ type Env struct {
 	Kafka      kafkaconn.Config
 	ClickHouse chconn.Config
 	Redis      redisconn.Config
-	// SignalAuth is how signal records are signed and verified (the
-	// root-level signal_auth setting): the producers of signals sign with
-	// it, their consumers refuse what it does not verify.
+	// SignalAuth is how the records of the signals, admin and alerter
+	// state topics are signed and verified (the root-level signal_auth
+	// setting): their producers sign with it, their consumers refuse what
+	// it does not verify.
 	SignalAuth signalauth.Config
 
 	// service is the name Named tagged the logger with, so that a service

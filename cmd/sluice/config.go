@@ -44,8 +44,10 @@ type Config struct {
 	PolicyFile string `yaml:"policy_file" help:"quota policy YAML shared by the services (hot-reloaded)"`
 
 	// SignalAuth is the key ring the aggregator and reconciler sign signals
-	// with and the enforcer and alerter verify them with: one setting, so
-	// that every service of a deployment agrees.
+	// with and the enforcer and alerter verify them with, the enforcer
+	// signs admin actions with (verified by the enforcers and aggregators)
+	// and the alerter its state: one setting, so that every service of a
+	// deployment agrees.
 	SignalAuth signalauth.Config `yaml:"signal_auth"`
 
 	Services ServiceConfigs `yaml:"services"`

@@ -1,21 +1,38 @@
-// Package signalauth authenticates the records of the signals topic
-// (sluice.signals.v1). The enforcer lifts quota breakers on a period_reset
-// and the alerter resolves alerts on one, so without it anyone who can
-// produce to Kafka could lift a breaker with a forged record. Producers (the
-// aggregator, the reconciler) sign each record with HMAC-SHA256 under a key
-// shared with the consumers (the enforcer, the alerter), which refuse — and
-// count — records that are unsigned or badly signed.
+// Package signalauth authenticates the records of the Kafka topics whose
+// records are orders: the signals topic (sluice.signals.v1), the admin
+// topic (sluice.admin.v1) and the alerter's state topic. The enforcer lifts
+// quota breakers on a period_reset and the alerter resolves alerts on one;
+// an admin record lifts a blacklist or raises a quota; an alerter state
+// record says what was already notified (a forged one silences an alert, a
+// forged held notification is sent to a channel as it is). Without it,
+// anyone who can produce to Kafka could do each of these. Producers sign
+// each record with HMAC-SHA256 under a key shared with the consumers, which
+// refuse — and count — records that are unsigned or badly signed.
 //
-// The MAC covers the record key, the schema header and the value, and the
-// id of the key that made it, length-prefixed so no two different records
-// share an input. It travels in two record headers: [HeaderKeyID] names the
-// key, [HeaderSignature] holds the hex MAC. Keys rotate: verifiers accept
-// every key of their ring, signers use one (see [Config]).
+// One key ring (the root setting signal_auth, [Config]) serves every
+// stream, and each stream ([Stream]) has its own MAC domain, so a record
+// signed for one stream is refused on another: a genuine signal copied onto
+// the admin topic verifies as nothing. [Open] returns the signals' Auth;
+// [Auth.For] the same ring for another stream.
+//
+// The MAC covers the stream's domain, the record key, the schema header,
+// the value (a tombstone's nil value included: a forged deletion is refused
+// like a forged record) and the id of the key that made it,
+// length-prefixed so no two different records share an input. It travels
+// in two record headers: [HeaderKeyID] names the key, [HeaderSignature]
+// holds the hex MAC. Keys rotate: verifiers accept every key of their
+// ring, signers use one (see [Config]).
+//
+// The admin and alerter state topics are compacted and outlive any
+// upgrade: records written before they were signed are refused too, unless
+// [Config.AcceptUnsignedState] admits them during a migration ([Auth.Admit]).
 //
 // What it does not do: it does not stop a replay of a genuine record (the
-// consumers drop repeated signal ids and stale periods for that), and it
-// does not hide signals from readers. It depends on nothing but franz-go's
-// record type, so it adds no server dependency to whoever imports it.
+// consumers drop repeated signal ids and stale periods for signals; an
+// admin action lapses at its expiry, but a replayed genuine lift of an
+// action lifts a later action of the same scope), and it does not hide
+// records from readers. It depends on nothing but franz-go's record type,
+// so it adds no server dependency to whoever imports it.
 package signalauth
 
 import (
@@ -57,18 +74,40 @@ const (
 // strong as its key, and 32 bytes is its block of security.
 const MinSecretBytes = 32
 
-// domain separates these MACs from any other use of the same secret.
-const domain = "sluice-signal-auth-v1"
+// Stream names the records an Auth signs and verifies; its value is the
+// stream's MAC domain, which separates its MACs from every other stream's
+// and from any other use of the same secret.
+type Stream string
+
+// The authenticated streams.
+const (
+	// Signals are the records of the signals topic (sluice.signals.v1),
+	// signed by the aggregator and the reconciler.
+	Signals Stream = "sluice-signal-auth-v1"
+	// AdminActions are the records of the admin topic (sluice.admin.v1),
+	// signed by the enforcer's admin API and read by the enforcer and the
+	// aggregator.
+	AdminActions Stream = "sluice-admin-auth-v1"
+	// AlerterState are the records of the alerter's state topic, signed
+	// and read by the alerter.
+	AlerterState Stream = "sluice-alerter-state-auth-v1"
+)
 
 var keyIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 
 // Config is the root-level signal_auth setting every signal producer and
 // consumer shares. The secrets are never logged; only key ids are.
 type Config struct {
-	Mode    string   `yaml:"mode" help:"hmac (default): sign produced signals and refuse unsigned or badly signed ones; off: no signing, no checking — anyone who can produce to the signals topic can lift a quota breaker (development only; warned at start)"`
+	Mode    string   `yaml:"mode" help:"hmac (default): sign produced signals, admin actions and alerter state, and refuse unsigned or badly signed ones; off: no signing, no checking — anyone who can produce to the signals or admin topic can lift a quota breaker or a blacklist (development only; warned at start)"`
 	KeyFile string   `yaml:"key_file" help:"file of signing keys, one key_id:secret per line (# comments), each secret at least 32 bytes (e.g. openssl rand -hex 32); verifiers accept every key, signers use sign_key"`
 	Keys    []string `yaml:"keys" help:"signing keys as key_id:secret, added to those of key_file; prefer key_file or the environment, a flag shows in the process list"`
-	SignKey string   `yaml:"sign_key" help:"id of the key signers use; empty: the first key (of key_file, then keys). Rotate by adding the new key everywhere, then switching sign_key, then removing the old key once the signals topic's retention has passed"`
+	SignKey string   `yaml:"sign_key" help:"id of the key signers use; empty: the first key (of key_file, then keys). Rotate by adding the new key everywhere, then switching sign_key, then removing the old key once the signals topic's retention has passed and the admin actions it signed expired or were re-issued (docs/scaling.md)"`
+	// AcceptUnsignedState admits unsigned records of the compacted admin
+	// and alerter state topics, which hold records written before Sluice
+	// signed them: refusing those at an upgrade would lift every blacklist
+	// in force. Badly signed records are refused all the same, and signals
+	// are never admitted unsigned.
+	AcceptUnsignedState bool `yaml:"accept_unsigned_state" help:"migration only: accept unsigned records on the admin topic and the alerter state topic (written before they were signed), counted and warned; never signals. Turn off once every admin action in force was re-issued and the alerters ran a while (docs/scaling.md)"`
 }
 
 // Validate checks what can be checked without reading the key file. The
@@ -81,24 +120,30 @@ func (c Config) Validate() error {
 	return err
 }
 
-// Auth signs and verifies signal records. A nil *Auth verifies nothing:
-// Verify refuses every record, so forgetting to configure it fails closed.
+// Auth signs and verifies the records of one [Stream]. A nil *Auth
+// verifies nothing: Verify refuses every record, so forgetting to
+// configure it fails closed.
 type Auth struct {
 	off    bool
 	keys   map[string][]byte
 	signID string
+	stream Stream
+	// acceptUnsigned is Config.AcceptUnsignedState; Admit applies it to
+	// every stream but Signals.
+	acceptUnsigned bool
 }
 
 // Errors of Verify; all of them mean "refused".
 var (
-	ErrUnsigned      = errors.New("signal record is not signed (no " + HeaderSignature + " header)")
-	ErrUnknownKey    = errors.New("signal record is signed with a key id this service does not know")
-	ErrBadSignature  = errors.New("signal record's signature does not match")
-	ErrNotConfigured = errors.New("signal authentication is not configured")
+	ErrUnsigned      = errors.New("record is not signed (no " + HeaderSignature + " header)")
+	ErrUnknownKey    = errors.New("record is signed with a key id this service does not know")
+	ErrBadSignature  = errors.New("record's signature does not match")
+	ErrNotConfigured = errors.New("record authentication (signal_auth) is not configured")
 )
 
-// Open builds the Auth of c: it reads the key file, checks every key and
-// the sign key, and warns once when mode is off. The errors name the field
+// Open builds the Auth of c for [Signals] (see [Auth.For] for the other
+// streams): it reads the key file, checks every key and the sign key, and
+// warns once when mode is off or unsigned state records are accepted. The errors name the field
 // and the limit, never a secret.
 func Open(c Config, log *slog.Logger) (*Auth, error) {
 	if err := c.Validate(); err != nil {
@@ -106,9 +151,9 @@ func Open(c Config, log *slog.Logger) (*Auth, error) {
 	}
 	if c.Mode == ModeOff {
 		if log != nil {
-			log.Warn("signal_auth.mode is off: signals are neither signed nor verified; anyone who can produce to the signals topic can lift quota breakers and resolve alerts (development only)")
+			log.Warn("signal_auth.mode is off: signals, admin actions and alerter state are neither signed nor verified; anyone who can produce to their topics can lift quota breakers and blacklists and resolve alerts (development only)")
 		}
-		return &Auth{off: true}, nil
+		return &Auth{off: true, stream: Signals}, nil
 	}
 	var entries []entry
 	if c.KeyFile != "" {
@@ -127,7 +172,7 @@ func Open(c Config, log *slog.Logger) (*Auth, error) {
 	if len(entries) == 0 {
 		return nil, errors.New("signal_auth: no key: set signal_auth.key_file (or keys, env SLUICE_SIGNAL_AUTH_KEYS) to the same key_id:secret on every service, or signal_auth.mode: off to run without signal authentication (development only)")
 	}
-	a := &Auth{keys: make(map[string][]byte, len(entries)), signID: c.SignKey}
+	a := &Auth{keys: make(map[string][]byte, len(entries)), signID: c.SignKey, stream: Signals, acceptUnsigned: c.AcceptUnsignedState}
 	for _, e := range entries {
 		if old, dup := a.keys[e.id]; dup && !hmac.Equal(old, e.secret) {
 			return nil, fmt.Errorf("signal_auth: key id %q is given twice with different secrets; give each key its own id", e.id)
@@ -146,18 +191,42 @@ func Open(c Config, log *slog.Logger) (*Auth, error) {
 			ids = append(ids, e.id)
 		}
 		log.Info("signal authentication on", "sign_key", a.signID, "key_ids", ids)
+		if a.acceptUnsigned {
+			log.Warn("signal_auth.accept_unsigned_state is on: unsigned records of the admin and alerter state topics are accepted, so anyone who can produce to them can lift a blacklist or silence an alert; turn it off once the migration is done (docs/scaling.md)")
+		}
 	}
 	return a, nil
+}
+
+// For returns the Auth of stream s: the same key ring and settings, the
+// MAC domain of s. A nil a gives nil, which refuses everything.
+func (a *Auth) For(s Stream) *Auth {
+	if a == nil {
+		return nil
+	}
+	b := *a
+	b.stream = s
+	return &b
 }
 
 // Off reports whether a signs and verifies nothing.
 func (a *Auth) Off() bool { return a != nil && a.off }
 
-// Record returns a signals record of topic, keyed by key, with the schema
-// header of signal v1 and, unless a is off, its signature.
+// Record returns a record of a's stream for topic, keyed by key, with the
+// stream's schema header (signal v1, admin v1; none for the alerter state)
+// and, unless a is off, its signature. A nil value is a tombstone.
 func (a *Auth) Record(topic string, key, value []byte) *kgo.Record {
-	r := &kgo.Record{Topic: topic, Key: key, Value: value,
-		Headers: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaSignalsV1)}}}
+	r := &kgo.Record{Topic: topic, Key: key, Value: value}
+	stream := Signals
+	if a != nil {
+		stream = a.stream
+	}
+	switch stream {
+	case Signals:
+		r.Headers = []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaSignalsV1)}}
+	case AdminActions:
+		r.Headers = []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaAdminV1)}}
+	}
 	a.Sign(r)
 	return r
 }
@@ -175,7 +244,7 @@ func (a *Auth) Sign(r *kgo.Record) {
 			hs = append(hs, h)
 		}
 	}
-	mac := a.mac(a.signID, r.Key, schemaOf(hs), r.Value)
+	mac := macWith(a.keys[a.signID], a.stream, a.signID, r.Key, schemaOf(hs), r.Value)
 	r.Headers = append(hs,
 		kgo.RecordHeader{Key: HeaderKeyID, Value: []byte(a.signID)},
 		kgo.RecordHeader{Key: HeaderSignature, Value: []byte(hex.EncodeToString(mac))})
@@ -222,11 +291,25 @@ func (a *Auth) Verify(r *kgo.Record) error {
 	if _, err := hex.Decode(got, sig); err != nil {
 		return ErrBadSignature
 	}
-	want := macWith(key, string(kid), r.Key, schema, r.Value)
+	want := macWith(key, a.stream, string(kid), r.Key, schema, r.Value)
 	if !hmac.Equal(got, want) {
 		return ErrBadSignature
 	}
 	return nil
+}
+
+// Admit is Verify for the consumers of the compacted streams (admin
+// actions, alerter state), whose topics hold records written before they
+// were signed: with Config.AcceptUnsignedState an unsigned record is
+// admitted and unsigned is true, for the caller to count and warn about.
+// A badly signed record is refused all the same, and so is an unsigned
+// signal.
+func (a *Auth) Admit(r *kgo.Record) (unsigned bool, err error) {
+	err = a.Verify(r)
+	if errors.Is(err, ErrUnsigned) && a.acceptUnsigned && a.stream != Signals {
+		return true, nil
+	}
+	return false, err
 }
 
 // Reason is a short label for err, for logs and metrics: unsigned,
@@ -243,13 +326,9 @@ func Reason(err error) string {
 	return "bad_signature"
 }
 
-func (a *Auth) mac(kid string, key, schema, value []byte) []byte {
-	return macWith(a.keys[kid], kid, key, schema, value)
-}
-
-func macWith(secret []byte, kid string, key, schema, value []byte) []byte {
+func macWith(secret []byte, stream Stream, kid string, key, schema, value []byte) []byte {
 	m := hmac.New(sha256.New, secret)
-	writeField(m, []byte(domain))
+	writeField(m, []byte(stream))
 	writeField(m, []byte(kid))
 	writeField(m, key)
 	writeField(m, schema)

@@ -188,3 +188,79 @@ func setHeader(r *kgo.Record, key, v string) {
 		}
 	}
 }
+
+// TestSignalMACUnchanged pins the MAC of a signal: signals signed by a
+// producer of an earlier release (before the other streams existed) must
+// still verify after an upgrade of the consumers.
+func TestSignalMACUnchanged(t *testing.T) {
+	a := open(t, Config{Keys: []string{"k1:" + secretA}})
+	r := a.Record("signals", []byte("acme"), []byte(`{"kind":"period_reset"}`))
+	if got, want := header(r, HeaderSignature), "4235d4b1f6ed0af8fd684b994553f2832d8139e3994c38d7da700b8fef3ebe7f"; got != want {
+		t.Fatalf("signal MAC %s, want %s: signals signed before this change would be refused", got, want)
+	}
+}
+
+// TestStreamsAreSeparate: one key ring signs every stream, but a record
+// signed for one stream verifies on no other, so a genuine signal (or
+// alert state) copied onto the admin topic is refused; a tombstone is
+// signed like any record, so a forged deletion is refused.
+func TestStreamsAreSeparate(t *testing.T) {
+	a := open(t, Config{Keys: []string{"k1:" + secretA}})
+	streams := []Stream{Signals, AdminActions, AlerterState}
+	for _, from := range streams {
+		r := a.For(from).Record("t", []byte("acme\x00blacklist\x00*\x00"), []byte(`{"kind":"blacklist"}`))
+		for _, to := range streams {
+			err := a.For(to).Verify(r)
+			if from == to && err != nil {
+				t.Errorf("%s record refused by its own stream: %v", from, err)
+			}
+			if from != to && !errors.Is(err, ErrBadSignature) {
+				t.Errorf("%s record verified as %s: %v", from, to, err)
+			}
+		}
+	}
+	if got := header(a.For(AdminActions).Record("t", nil, nil), schemas.HeaderSchema); got != schemas.SchemaAdminV1 {
+		t.Errorf("admin record schema %q", got)
+	}
+	admin := a.For(AdminActions)
+	lift := admin.Record("t", []byte("acme\x00blacklist\x00*\x00"), nil)
+	if err := admin.Verify(lift); err != nil {
+		t.Fatalf("a signed tombstone: %v", err)
+	}
+	forged := &kgo.Record{Key: []byte("initech\x00blacklist\x00*\x00"), Headers: lift.Headers}
+	if err := admin.Verify(forged); !errors.Is(err, ErrBadSignature) {
+		t.Errorf("a tombstone of another key under a copied signature: %v", err)
+	}
+	var none *Auth
+	if none.For(AdminActions) != nil {
+		t.Error("nil Auth For: not nil (would not fail closed)")
+	}
+}
+
+// TestAdmitUnsignedState: accept_unsigned_state admits the unsigned
+// records of the admin and alerter state streams (written before they were
+// signed) and says so; it never admits an unsigned signal nor a badly
+// signed record; without it Admit is Verify.
+func TestAdmitUnsignedState(t *testing.T) {
+	migrating := open(t, Config{Keys: []string{"k1:" + secretA}, AcceptUnsignedState: true})
+	strict := open(t, Config{Keys: []string{"k1:" + secretA}})
+	forger := open(t, Config{Keys: []string{"k1:" + secretB}})
+	unsigned := &kgo.Record{Key: []byte("acme"), Value: []byte("{}")}
+	for _, s := range []Stream{AdminActions, AlerterState} {
+		if u, err := migrating.For(s).Admit(unsigned); !u || err != nil {
+			t.Errorf("%s migrating, unsigned: %v %v, want admitted as unsigned", s, u, err)
+		}
+		if u, err := strict.For(s).Admit(unsigned); u || !errors.Is(err, ErrUnsigned) {
+			t.Errorf("%s strict, unsigned: %v %v, want refused", s, u, err)
+		}
+		if u, err := migrating.For(s).Admit(forger.For(s).Record("t", []byte("acme"), []byte("{}"))); u || !errors.Is(err, ErrBadSignature) {
+			t.Errorf("%s migrating, forged: %v %v, want refused", s, u, err)
+		}
+		if u, err := migrating.For(s).Admit(migrating.For(s).Record("t", []byte("acme"), []byte("{}"))); u || err != nil {
+			t.Errorf("%s migrating, signed: %v %v", s, u, err)
+		}
+	}
+	if u, err := migrating.Admit(unsigned); u || !errors.Is(err, ErrUnsigned) {
+		t.Errorf("signals migrating, unsigned: %v %v, want refused", u, err)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
 )
@@ -31,17 +32,29 @@ import (
 // does an override's expiry (checked every second against this host's
 // clock, and at every usage record). Trips and blacklists are the
 // enforcer's alone: they are flags, not quotas.
+//
+// Records are signed by the enforcer (signalauth.AdminActions, the
+// signal_auth key ring) and verified here as there: a forged override
+// could raise a tenant's quota past what the policy allows, or a forged
+// tombstone lift one that stops a leaked key's spend. Unsigned and badly
+// signed records, tombstones included, are refused and counted
+// (sluice_aggregator_admin_unauthenticated_total) and leave their key's
+// action as it was; signal_auth.accept_unsigned_state admits unsigned ones
+// during a migration.
 
 // adminFollower holds the admin topic's current records.
 type adminFollower struct {
 	cl     *kgo.Client
+	auth   *signalauth.Auth
 	states map[string]*schemas.AdminState // by record key
+	// refused counts refused records, for the log's rate limit.
+	refused int64
 }
 
 // newAdminFollower creates the admin topic if it is missing (compacted:
 // one record per key is its whole meaning) and a client reading it from
 // its start, outside any group: every aggregator instance needs all of it.
-func newAdminFollower(ctx context.Context, kc kafkaconn.Config, topic string) (*adminFollower, error) {
+func newAdminFollower(ctx context.Context, kc kafkaconn.Config, topic string, auth *signalauth.Auth) (*adminFollower, error) {
 	cl, err := kafkaconn.NewClient(kc, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		return nil, err
@@ -56,7 +69,7 @@ func newAdminFollower(ctx context.Context, kc kafkaconn.Config, topic string) (*
 		cl.Close()
 		return nil, fmt.Errorf("admin topic %s: %w", topic, err)
 	}
-	return &adminFollower{cl: cl, states: map[string]*schemas.AdminState{}}, nil
+	return &adminFollower{cl: cl, auth: auth.For(signalauth.AdminActions), states: map[string]*schemas.AdminState{}}, nil
 }
 
 // catchUp reads the topic up to the end offsets it has now.
@@ -91,6 +104,21 @@ func (f *adminFollower) catchUp(ctx context.Context, topic string, apply func(*k
 // once the consumer runs.
 func (a *aggregator) adminRecord(r *kgo.Record) string {
 	f := a.admin
+	unsigned, err := f.auth.Admit(r)
+	if err != nil {
+		a.m.adminRefused.Inc()
+		// The first ten, then every thousandth: forgeries must not bury the log.
+		if f.refused++; f.refused <= 10 || f.refused%1000 == 0 {
+			a.log.Warn("refusing an unauthenticated admin record; the action of its key stays as it was", "reason", signalauth.Reason(err),
+				"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "refused_so_far", f.refused)
+		}
+		return ""
+	}
+	if unsigned {
+		a.m.adminUnsigned.Inc()
+		a.log.Warn("applying an unsigned admin record (signal_auth.accept_unsigned_state); re-issue its action through the admin API so that it is signed",
+			"topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
+	}
 	key := string(r.Key)
 	tenant := schemas.AdminKeyTenant(key)
 	old := f.states[key]

@@ -2,6 +2,7 @@ package aggregator_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/aggregator"
 )
@@ -58,21 +60,32 @@ func TestAdminOverridesReachTiers(t *testing.T) {
 	if _, err := kadm.NewClient(cl).CreateTopics(ctx, 1, -1, map[string]*string{"cleanup.policy": &compact}, adminTopic); err != nil {
 		t.Fatal(err)
 	}
-	put := func(st *schemas.AdminState, tombstone bool) {
+	// The enforcer's admin API signs what it writes (signal_auth).
+	signer := itest.Signer(t, testSignalAuth).For(signalauth.AdminActions)
+	encode := func(st *schemas.AdminState) []byte {
 		t.Helper()
-		rec := &kgo.Record{Topic: adminTopic, Key: []byte(st.Key()), Headers: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaAdminV1)}}}
-		if !tombstone {
-			v, err := schemas.EncodeAdminState(st)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rec.Value = v
+		v, err := schemas.EncodeAdminState(st)
+		if err != nil {
+			t.Fatal(err)
 		}
+		return v
+	}
+	send := func(rec *kgo.Record) {
+		t.Helper()
+		rec.Topic = adminTopic
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
+	}
+	put := func(st *schemas.AdminState, tombstone bool) {
+		t.Helper()
+		var v []byte
+		if !tombstone {
+			v = encode(st)
+		}
+		send(signer.Record(adminTopic, []byte(st.Key()), v))
 	}
 	override := func(tenant string, limit float64, until time.Time) *schemas.AdminState {
 		return &schemas.AdminState{Kind: schemas.AdminOverride, Tenant: tenant, Model: "*", Quota: schemas.QuotaHourlyTokens,
@@ -81,7 +94,7 @@ func TestAdminOverridesReachTiers(t *testing.T) {
 	// Written before the aggregator starts.
 	put(override("pre", 10000, time.Now().Add(time.Hour)), false)
 
-	runInProcess(t, e, e.ch.Addr, func(c *aggregator.Config) { c.AdminTopic = adminTopic })
+	run := runInProcess(t, e, e.ch.Addr, func(c *aggregator.Config) { c.AdminTopic = adminTopic })
 	w := watchSignals(t, e)
 	now := time.Now().UTC()
 	produce(t, e, []schemas.UsageEvent{
@@ -103,6 +116,27 @@ func TestAdminOverridesReachTiers(t *testing.T) {
 	lift := override("acme", 10000, time.Now().Add(time.Hour))
 	put(lift, false)
 	itest.Eventually(t, 5*time.Second, "acme's tier down after an override, with no new usage", w.has(tierOf("acme", 0, schemas.DirectionDown)))
+
+	// Forged records that would put acme back at its limit: a tombstone
+	// lifting the override, unsigned, and an override of 1000 signed with
+	// a guessed secret or carrying another record's genuine signature.
+	// They are refused; the signed override behind them raises the limit
+	// to 1200, which takes acme from tier 0 up to 70 — had a forgery been
+	// applied, from 100 down to 70 instead.
+	forger := itest.Signer(t, signalauth.Config{Keys: []string{"test:" + strings.Repeat("f", 64)}}).For(signalauth.AdminActions)
+	adminSchema := []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaAdminV1)}}
+	back := override("acme", 1000, time.Now().Add(time.Hour))
+	send(&kgo.Record{Key: []byte(lift.Key()), Headers: adminSchema})
+	send(forger.Record(adminTopic, []byte(back.Key()), encode(back)))
+	send(&kgo.Record{Key: []byte(back.Key()), Value: encode(back), Headers: signer.Record(adminTopic, []byte(back.Key()), encode(lift)).Headers})
+	put(override("acme", 1200, time.Now().Add(time.Hour)), false)
+	itest.Eventually(t, 5*time.Second, "acme up to tier 70 under the signed override", w.has(tierOf("acme", 70, schemas.DirectionUp)))
+	if w.count(2, tierOf("acme", 100, schemas.DirectionUp))() {
+		t.Fatal("a forged admin record put acme back at 100%")
+	}
+	if n := run.metric(t, "sluice_aggregator_admin_unauthenticated_total", ""); n != 3 {
+		t.Errorf("unauthenticated admin records %v, want 3", n)
+	}
 
 	put(lift, true) // tombstone: the policy's 1000 again
 	itest.Eventually(t, 5*time.Second, "acme back at 100% after the override was lifted", w.count(2, tierOf("acme", 100, schemas.DirectionUp)))

@@ -57,12 +57,15 @@
 // versions of quota_state and usage_minute are the partition count shifted
 // by chstore.VersionShift plus the offset, so they only grow per tenant:
 // the new home's rows win over the old home's under FINAL although its
-// offsets are lower. What the old home counts in the seconds before it
-// sees the new count, and stores after the new home rebuilt the tenant, is
-// in usage_events but missing from the new home's counters until the
-// reconciler repairs them; settlements of estimates that straddle the move
-// are stored under two partitions, and usage_events (versioned by offset)
-// may keep the estimate.
+// offsets are lower. The old home may go on counting the tenant for the
+// seconds before it sees the new count, so the new home rebuilds the
+// tenant only once the old home stored all it counted under the old
+// count: offset commits carry the count they were made under, and the new
+// home waits, partition paused at the tenant's first event, until every
+// old home committed under the new one (the hand-over, handover.go).
+// Settlements of estimates that straddle the move are stored under two
+// partitions, and usage_events (versioned by offset) may keep the
+// estimate.
 //
 // # Anomalies
 //
@@ -333,7 +336,7 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	a.store = chstore.New(conn, a.costFunc, cfg.SlowCallMS)
 	// The operator overrides in force, read to the end before the group is
 	// joined: no partition is rebuilt or evaluated without them.
-	if a.admin, err = newAdminFollower(ctx, env.Kafka, cfg.AdminTopic); err != nil {
+	if a.admin, err = newAdminFollower(ctx, env.Kafka, cfg.AdminTopic, auth); err != nil {
 		return fmt.Errorf("aggregator: %w", err)
 	}
 	defer a.admin.cl.Close()

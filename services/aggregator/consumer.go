@@ -58,6 +58,13 @@ type aggregator struct {
 	// quota_state versions at assignment, and changes seen since); guarded
 	// by mu.
 	pastCounts map[int]bool
+	// The hand-over of moved tenants (handover.go), guarded by mu:
+	// waiting holds the partitions stopped at a moved tenant's first
+	// event, commitCounts the partition count of each usage partition's
+	// last commit as last read. lastHandoverRead is the poll loop's own.
+	waiting          map[int32]*handoverWait
+	commitCounts     map[int32]int32
+	lastHandoverRead time.Time
 }
 
 // partition is one assigned partition: its state and what is not flushed.
@@ -71,11 +78,15 @@ type partition struct {
 	pending  int // events processed since the last flush, counted or not
 	w        *writer
 	reroutes []*kgo.Record // records to produce to their tenant's home partition before the next commit
+	// count is the partition count the last batch was drained under; 0
+	// before the first. A batch under the current count is queued even
+	// with nothing new, so that the partition hands over (handover.go).
+	count int32
 }
 
 func newAggregator(cfg Config, env platform.Env, w *policy.Watcher) *aggregator {
 	return &aggregator{cfg: cfg, log: env.Logger, m: newMetrics(env.Metrics, w), watcher: w, parts: map[int32]*partition{},
-		room: make(chan struct{}, 1), pastCounts: map[int]bool{}}
+		room: make(chan struct{}, 1), pastCounts: map[int]bool{}, waiting: map[int32]*handoverWait{}, commitCounts: map[int32]int32{}}
 }
 
 func (a *aggregator) kafkaOptions() []kgo.Opt {
@@ -121,6 +132,7 @@ func (a *aggregator) loop(ctx context.Context) {
 			a.mu.Unlock()
 			a.lastMeta = time.Now()
 		}
+		counts := a.readCommitCounts(ctx)
 		wait := a.cfg.FlushInterval
 		a.mu.Lock()
 		if !a.since.IsZero() {
@@ -139,6 +151,7 @@ func (a *aggregator) loop(ctx context.Context) {
 			}
 		})
 		a.mu.Lock()
+		a.resumeHandovers(counts)
 		fetches.EachPartition(func(ftp kgo.FetchTopicPartition) { a.process(ctx, ftp) })
 		if !a.since.IsZero() && (a.pendingMax() >= a.cfg.BatchEvents || time.Since(a.since) >= a.cfg.FlushInterval) {
 			if err := a.flushAll(ctx); err != nil && ctx.Err() == nil {
@@ -212,6 +225,10 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 		a.log.Error("records for a partition without state; skipped, will be re-read", "partition", ftp.Partition)
 		return
 	}
+	if a.waiting[p.id] != nil {
+		// Fetched before the pause took effect; read again on resume.
+		return
+	}
 	pol := a.watcher.Current()
 	p.state.SetPolicy(pol)
 	before := p.state.Stats
@@ -241,11 +258,17 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 				ref = rec.Timestamp
 			}
 			p.state.SetClock(ref)
-			if !p.state.Known(ev.Tenant) && a.mayHaveMoved(ev.Tenant, p.id) {
-				// The topic gained partitions and this tenant's home moved
-				// here: its month so far is what its old home stored.
-				if !a.restore(ctx, p, ev.Tenant, rec.Offset) {
-					break // as below: only a cancelled ctx gets here
+			if !p.state.Known(ev.Tenant) {
+				if from := a.oldHomes(ev.Tenant, p.id); len(from) > 0 {
+					// The topic gained partitions and this tenant's home may
+					// have moved here: its month so far is what its old
+					// homes stored, once they stored all of it (handover.go).
+					if !a.mayRestoreMoved(p, ev.Tenant, from, rec.Offset) {
+						break // p is paused at rec, which is read again
+					}
+					if !a.restore(ctx, p, ev.Tenant, rec.Offset) {
+						break // as below: only a cancelled ctx gets here
+					}
 				}
 			}
 			r := p.state.Apply(ev, rec.Offset)
@@ -376,9 +399,11 @@ func (a *aggregator) flushAll(ctx context.Context) error {
 // override) left pending without a new event.
 func (a *aggregator) drain(p *partition) *job {
 	_, recommit := p.w.status()
-	if p.next == p.enqueued && !recommit && !p.state.Pending() {
+	n := a.nparts.Load()
+	if p.next == p.enqueued && !recommit && !p.state.Pending() && p.count == n {
 		return nil
 	}
+	p.count = n
 	reroutes := p.reroutes
 	p.reroutes = nil
 	b := p.batch
@@ -400,8 +425,8 @@ func (a *aggregator) drain(p *partition) *job {
 		b.Payloads = append(b.Payloads, v)
 	}
 	// Versions grow per tenant across partitions: see chstore.VersionShift.
-	b.Version = uint64(a.nparts.Load())<<chstore.VersionShift | uint64(p.next)
-	return &job{b: b, reroutes: reroutes, next: p.next, epoch: p.epoch, rows: len(b.Events) + len(b.Minutes) + len(b.Quotas) + len(b.Signals)}
+	b.Version = uint64(n)<<chstore.VersionShift | uint64(p.next)
+	return &job{b: b, reroutes: reroutes, next: p.next, epoch: p.epoch, count: n, rows: len(b.Events) + len(b.Minutes) + len(b.Quotas) + len(b.Signals)}
 }
 
 // signalRecords appends b's signals as records for the signals topic.
@@ -507,6 +532,11 @@ func (a *aggregator) onAssigned(ctx context.Context, cl *kgo.Client, assigned ma
 		a.m.rebuildEvents.Add(float64(n))
 		a.log.Info("partition assigned and rebuilt", "partition", id, "resume_offset", before, "events_replayed", n, "took", time.Since(start).Round(time.Millisecond))
 	}
+	// Each new partition commits under the current count at the next
+	// flush, even with nothing to count: the hand-over (handover.go).
+	if a.since.IsZero() {
+		a.since = time.Now()
+	}
 }
 
 // resumeOffsets returns where consumption of each partition resumes: the
@@ -546,6 +576,7 @@ func (a *aggregator) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[s
 	if err := a.flushAll(fctx); err != nil {
 		a.log.Warn("flush on revoke failed; the next owner re-reads from the last commit", "err", err)
 	}
+	a.dropHandovers(revoked[a.cfg.Topic])
 	for _, id := range revoked[a.cfg.Topic] {
 		if p := a.parts[id]; p != nil {
 			if err := p.w.wait(fctx); err != nil {
@@ -563,6 +594,7 @@ func (a *aggregator) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[s
 func (a *aggregator) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.dropHandovers(lost[a.cfg.Topic])
 	for _, id := range lost[a.cfg.Topic] {
 		if p := a.parts[id]; p != nil {
 			a.stop(p.w)

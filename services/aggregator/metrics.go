@@ -12,6 +12,7 @@ type metrics struct {
 	held, released, tooFarAhead                   prometheus.Counter
 	heldNow                                       prometheus.Gauge
 	adminInvalid                                  prometheus.Counter
+	adminRefused, adminUnsigned                   prometheus.Counter
 	wrongSchema, rerouted                         prometheus.Counter
 	signals                                       *prometheus.CounterVec
 	lag                                           *prometheus.GaugeVec
@@ -24,6 +25,7 @@ type metrics struct {
 	unwritten                                     prometheus.Gauge
 	fetchPauses                                   prometheus.Counter
 	modelsCapped                                  prometheus.Counter
+	handoverWaits                                 *prometheus.HistogramVec
 }
 
 func newMetrics(reg prometheus.Registerer, w *policy.Watcher) *metrics {
@@ -52,15 +54,18 @@ func newMetrics(reg prometheus.Registerer, w *policy.Watcher) *metrics {
 		rebuildEvents:  prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_rebuild_events_total", Help: "Distinct events replayed from ClickHouse to rebuild state."}),
 		evictions:      prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_evicted_series_total", Help: "Tenant x model series dropped from memory because their tenant was idle (in event time) for idle_evict_after."}),
 		adminInvalid:   prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_admin_invalid_total", Help: "Admin topic records that did not decode or validate; their action is not applied to tiers."}),
+		adminRefused:   prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_admin_unauthenticated_total", Help: "Admin topic records refused because they are unsigned or badly signed (signal_auth); their action is not applied to tiers."}),
+		adminUnsigned:  prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_admin_unsigned_total", Help: "Unsigned admin records applied under signal_auth.accept_unsigned_state (a migration)."}),
 		reevaluations:  prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_policy_reevaluations_total", Help: "Policy reloads and operator overrides applied to every tenant in memory at once (tiers, signals, quota_state)."}),
 		restores:       prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_restored_tenants_total", Help: "Tenants rebuilt from ClickHouse before their event was counted: evicted tenants that sent again, and tenants whose home partition moved when the topic gained partitions."}),
 		restoreSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_aggregator_restore_seconds", Help: "Time to rebuild a returning evicted tenant from ClickHouse, retries included.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
 		unwritten:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_aggregator_unwritten_rows", Help: "Rows whose signals are published but which ClickHouse has not stored yet (their offsets are not committed)."}),
 		fetchPauses:    prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_fetch_pauses_total", Help: "Times fetching paused because max_unwritten_rows rows waited for ClickHouse."}),
+		handoverWaits:  prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_aggregator_handover_wait_seconds", Help: "How long a partition waited at a moved tenant's first event for the tenant's old home to commit under the new partition count, by result: handed_over, or timeout (restored from what ClickHouse held; see docs/scaling.md).", Buckets: prometheus.ExponentialBuckets(0.1, 2, 12)}, []string{"result"}),
 		modelsCapped:   prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_models_capped_total", Help: "Events counted under model \"other\" because their tenant already counts max_models models on their own (policy max_models); no tenant label on purpose, the aggregator logs each such tenant once."}),
 	}
 	reloadFailures := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_aggregator_policy_reload_failures_total", Help: "Policy reloads rejected; the previous policy stays in force."}, func() float64 { return float64(w.Failures.Load()) })
-	for _, c := range []prometheus.Collector{events, m.late, m.signals, m.lag, m.series, m.ids, m.writeRows, m.writeSeconds, m.rebuildSeconds, m.writeErrors, m.commitErrors, m.rebuildEvents, m.evictions, m.restores, m.restoreSeconds, m.heldNow, m.reevaluations, m.adminInvalid, m.unwritten, m.fetchPauses, m.modelsCapped, reloadFailures} {
+	for _, c := range []prometheus.Collector{events, m.late, m.signals, m.lag, m.series, m.ids, m.writeRows, m.writeSeconds, m.rebuildSeconds, m.writeErrors, m.commitErrors, m.rebuildEvents, m.evictions, m.restores, m.restoreSeconds, m.heldNow, m.reevaluations, m.adminInvalid, m.adminRefused, m.adminUnsigned, m.unwritten, m.fetchPauses, m.modelsCapped, m.handoverWaits, reloadFailures} {
 		// A second aggregator in one process (tests) shares the registry.
 		_ = reg.Register(c)
 	}

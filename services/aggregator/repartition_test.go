@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/schemas/eventjson"
 )
@@ -29,9 +30,7 @@ func TestRepartitionKeepsTenantTotals(t *testing.T) {
 	if err := os.WriteFile(e.policy, []byte("defaults:\n  timezone: UTC\n  models:\n    \"*\": {monthly_tokens: 100000}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	home := func(tenant string, n int) int32 {
-		return int32(kgo.StickyKeyPartitioner(nil).ForTopic("").Partition(&kgo.Record{Key: []byte(tenant)}, n))
-	}
+	home := homePartitionOf
 	tenant := ""
 	for i := 0; tenant == ""; i++ {
 		if tn := fmt.Sprintf("mover%d", i); home(tn, 3) != home(tn, 6) {
@@ -105,4 +104,132 @@ func TestRepartitionKeepsTenantTotals(t *testing.T) {
 	if got := r.metric(t, "sluice_aggregator_restored_tenants_total", ""); got < 1 {
 		t.Errorf("restored tenants %v, want the moved tenant", got)
 	}
+}
+
+// TestAddPartitionsUnderLoadHandsOver adds partitions to the usage topic
+// while four aggregators count a steady load, as an operator would: half
+// the tenants move to a new home, producers switch to it at different
+// times (one refreshes its metadata every half second, one keeps the old
+// homes for minutes, as ingest does), retries of earlier events land on
+// the other home. The moved tenants' new homes must take them over only
+// once their old homes stored what they counted under the old count
+// (handover.go): afterwards every quota_state and usage_minute row equals
+// the sum over the distinct events ClickHouse holds, exactly.
+func TestAddPartitionsUnderLoadHandsOver(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	e := setup(t) // 3 partitions
+	if err := os.WriteFile(e.policy, []byte("defaults:\n  timezone: UTC\n  models:\n    \"*\": {monthly_tokens: 1000000000, hourly_tokens: 1000000000}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	parts, err := e.adm.ListTopics(ctx, e.topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := len(parts[e.topic].Partitions)
+	// Four instances over three partitions, six after the change: the
+	// instances given none of the new partitions learn the new count only
+	// at their next refresh, while the moved tenants' new homes already
+	// count them — the window the hand-over must close.
+	var aggs []*running
+	for range 4 {
+		aggs = append(aggs, runInProcess(t, e, e.ch.Addr, nil))
+	}
+
+	// fast switches to the new homes within a second of the change; slow
+	// keeps the old ones until its next metadata refresh (5 minutes).
+	fast, err := kafkaconn.NewClient(e.kafka, kgo.MetadataMaxAge(500*time.Millisecond), kgo.MetadataMinAge(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fast.Close()
+	slow := e.cl
+	const tenants = 30
+	var (
+		sent  = map[string]int64{} // "tenant/id" → tokens
+		moved int
+	)
+	for i := range tenants {
+		if tn := fmt.Sprintf("load%d", i); homePartitionOf(tn, before) != homePartitionOf(tn, 2*before) {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no load tenant moves; pick other names")
+	}
+	n := 0
+	send := func(d time.Duration) {
+		t.Helper()
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			var recs []*kgo.Record
+			now := time.Now().UTC()
+			for range 20 {
+				n++
+				ev := schemas.UsageEvent{ID: fmt.Sprintf("ev%d", n), Time: now, Tenant: fmt.Sprintf("load%d", n%tenants),
+					Model: "gpt-4o", PromptTokens: int64(100 + n%97), CompletionTokens: int64(n % 13)}
+				if n%25 == 0 {
+					// A retry of an event sent a moment ago, by the other producer.
+					ev.ID, ev.Time = fmt.Sprintf("ev%d", n-20), now.Add(-50*time.Millisecond)
+					ev.PromptTokens, ev.CompletionTokens = int64(100+(n-20)%97), int64((n-20)%13)
+					ev.Tenant = fmt.Sprintf("load%d", (n-20)%tenants)
+				}
+				sent[ev.Tenant+"/"+ev.ID] = ev.PromptTokens + ev.CompletionTokens
+				recs = append(recs, &kgo.Record{Topic: e.topic, Key: []byte(ev.Tenant), Value: eventjson.AppendUsageEventJSON(nil, &ev), Headers: v1Header})
+			}
+			for i, r := range recs {
+				cl := fast
+				if i%2 == 1 {
+					cl = slow
+				}
+				cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
+					if err != nil && ctx.Err() == nil {
+						t.Errorf("produce: %v", err)
+					}
+				})
+			}
+			if err := fast.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := slow.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond) // pacing the load, not a timing assertion
+		}
+	}
+	send(8 * time.Second)
+	if _, err := e.adm.CreatePartitions(ctx, before, e.topic); err != nil {
+		t.Fatal(err)
+	}
+	// The aggregators learn the new count within partitionsRefresh (10 s)
+	// of each other; the load runs on through that and the rebalance.
+	send(25 * time.Second)
+	itest.Eventually(t, 120*time.Second, "everything consumed and committed", caughtUp(t, e))
+
+	pol, err := policy.Load(e.policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	truth := loadDistinct(t, ctx, e.conn, pol)
+	if len(truth) != len(sent) {
+		t.Errorf("ClickHouse holds %d distinct events, %d were sent", len(truth), len(sent))
+	}
+	checkCounters(t, ctx, e.conn, truth, pol)
+	waits := map[string]uint64{}
+	for _, r := range aggs {
+		for result, c := range r.histogramCounts(t, "sluice_aggregator_handover_wait_seconds") {
+			waits[result] += c
+		}
+	}
+	t.Logf("%d events (%d tenants, %d moved from %d to %d partitions); hand-over waits: %v", len(sent), tenants, moved, before, 2*before, waits)
+	if waits["timeout"] > 0 {
+		t.Errorf("%d hand-overs timed out", waits["timeout"])
+	}
+}
+
+// homePartitionOf is the aggregator's home partition of tenant among n.
+func homePartitionOf(tenant string, n int) int32 {
+	return int32(kgo.StickyKeyPartitioner(nil).ForTopic("").Partition(&kgo.Record{Key: []byte(tenant)}, n))
 }

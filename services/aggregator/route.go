@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -89,6 +90,14 @@ func (a *aggregator) refreshPartitions(ctx context.Context, adm *kadm.Client) er
 		}
 	}
 	if old := a.nparts.Swap(n); old != n {
+		if old > 0 {
+			// And at once a batch of every partition under the new count,
+			// empty if need be: its commit tells the moved tenants' new
+			// homes that what this instance counted under the old count is
+			// stored (handover.go). A failure (a cancelled ctx) leaves it
+			// to the next flush.
+			_ = a.flushAll(ctx)
+		}
 		a.log.Info("usage topic partition count", "topic", a.cfg.Topic, "partitions", n, "before", old)
 		if old > 0 {
 			// Tenants whose home moved are rebuilt on their new home from
@@ -131,19 +140,24 @@ func (a *aggregator) reroute(p *partition, rec *kgo.Record, tenant string, home 
 // partition count.
 const partitionsRefresh = 10 * time.Second
 
-// mayHaveMoved reports whether tenant, new to partition part, may have
-// been counted on another partition under an earlier partition count of
-// the topic, so that its state must be rebuilt from what that partition
-// stored before its first event here is counted. Partition counts only
-// grow; those used are recorded in the versions of quota_state rows
+// oldHomes returns the partitions other than part on which tenant, new to
+// part, may have been counted under an earlier partition count of the
+// topic, so that its state must be rebuilt from what they stored — once
+// they stored all of it (handover.go) — before its first event here is
+// counted; none for a tenant that never moved. Partition counts only grow;
+// those used are recorded in the versions of quota_state rows
 // (chstore.VersionShift) and in pastCounts as they change. The caller
 // holds mu.
-func (a *aggregator) mayHaveMoved(tenant string, part int32) bool {
+func (a *aggregator) oldHomes(tenant string, part int32) []int32 {
 	n := int(a.nparts.Load())
+	var out []int32
 	for c := range a.pastCounts {
-		if c > 0 && c != n && homePartition(tenant, c) != part {
-			return true
+		if c <= 0 || c == n {
+			continue
+		}
+		if q := homePartition(tenant, c); q != part && !slices.Contains(out, q) {
+			out = append(out, q)
 		}
 	}
-	return false
+	return out
 }

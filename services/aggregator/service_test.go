@@ -102,6 +102,28 @@ func (r *running) metric(t testing.TB, name, label string) float64 {
 	return sum
 }
 
+// histogramCounts returns the sample count of histogram name by the value
+// of its one label.
+func (r *running) histogramCounts(t testing.TB, name string) map[string]uint64 {
+	t.Helper()
+	fams, err := r.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]uint64{}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				out[l.GetValue()] += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return out
+}
+
 func caughtUp(t testing.TB, e *env) func() bool {
 	return func() bool {
 		done, end := committed(t, e)

@@ -20,6 +20,7 @@ type job struct {
 	reroutes []*kgo.Record
 	next     int64
 	epoch    int32
+	count    int32 // the partition count it was drained under, committed as metadata (handover.go)
 	rows     int
 }
 
@@ -186,7 +187,7 @@ func (a *aggregator) release(n int) {
 func (a *aggregator) commit(ctx context.Context, part int32, j *job) error {
 	commit := map[string]map[int32]kgo.EpochOffset{a.cfg.Topic: {part: {Epoch: j.epoch, Offset: j.next}}}
 	var cerr error
-	a.cl.CommitOffsetsSync(ctx, commit, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+	a.cl.CommitOffsetsSync(a.withCommitMetadata(ctx, part, j.count), commit, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
 		cerr = commitErr(resp, err)
 	})
 	if cerr != nil {

@@ -85,7 +85,8 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 		return err
 	}
 	p.cl = cl
-	p.store = &stateStore{topic: cfg.stateTopic(), kcfg: env.Kafka, cl: cl, log: env.Logger, partitions: stateParts}
+	p.store = &stateStore{topic: cfg.stateTopic(), kcfg: env.Kafka, cl: cl, log: env.Logger, partitions: stateParts,
+		auth: p.auth.For(signalauth.AlerterState), refused: p.stateRefused, unsigned: p.stateUnsigned}
 	env.Health.AddReadiness("alerter-kafka", kafkaconn.Ready(cl))
 	defer env.Health.RemoveReadiness("alerter-kafka")
 
@@ -367,6 +368,7 @@ type pipeline struct {
 	committed map[int32]kgo.EpochOffset
 
 	stateWrites, stateFailures, stateRestored, commitFailures prometheus.Counter
+	stateRefused, stateUnsigned                               prometheus.Counter
 }
 
 func newPipeline(cfg Config, env platform.Env, watcher *policy.Watcher) (*pipeline, error) {
@@ -591,9 +593,13 @@ func (p *pipeline) registerMetrics(reg prometheus.Registerer) error {
 		Help: "Failed writes of alert states; offsets stay uncommitted until one succeeds."})
 	p.stateRestored = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_alerter_state_restored_total",
 		Help: "Alert states loaded from the state topic at start and on partition assignment."})
+	p.stateRefused = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_alerter_state_unauthenticated_total",
+		Help: "State topic records refused on load because they are unsigned or badly signed (signal_auth); their alert keeps its last authentic state."})
+	p.stateUnsigned = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_alerter_state_unsigned_total",
+		Help: "Unsigned state topic records used on load under signal_auth.accept_unsigned_state (a migration)."})
 	p.commitFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_alerter_offset_commit_failures_total",
 		Help: "Failed commits of signal offsets."})
-	cs := []prometheus.Collector{p.signals, p.invalid, p.unauthentic, p.stateWrites, p.stateFailures, p.stateRestored, p.commitFailures,
+	cs := []prometheus.Collector{p.signals, p.invalid, p.unauthentic, p.stateWrites, p.stateFailures, p.stateRestored, p.stateRefused, p.stateUnsigned, p.commitFailures,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_alerter_alerts", Help: "Alerts tracked, by state.",
 			ConstLabels: prometheus.Labels{"state": "pending"}}, stat(func(s engine.Stats) float64 { return float64(s.Pending) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_alerter_alerts", Help: "Alerts tracked, by state.",

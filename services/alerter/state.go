@@ -11,11 +11,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/services/alerter/engine"
 )
 
@@ -31,6 +33,17 @@ const DefaultStateTopic = "sluice.alerter.state.v1"
 // reads state partition p before it consumes p's signals, so ownership of
 // the state moves with the consumer group's assignment and no replica ever
 // acts on another's alerts.
+//
+// Every record is signed (signalauth.AlerterState, the signal_auth key
+// ring) and verified on load, deletions included: anyone who could produce
+// to the topic could otherwise silence an alert (a forged state saying it
+// was notified, or a forged deletion that makes the next replica page
+// again) or have a channel post any text (a forged held notification is
+// sent as it is). A refused record is skipped and counted and the key keeps
+// its last authentic state. State written by a release that did not sign
+// is refused too unless signal_auth.accept_unsigned_state is on (a
+// migration: otherwise a restart after the upgrade forgets what was
+// notified, and may notify a firing alert once more).
 type stateStore struct {
 	topic string
 	kcfg  kafkaconn.Config
@@ -38,6 +51,12 @@ type stateStore struct {
 	// partitioner, so a record goes to the partition it names.
 	cl  *kgo.Client
 	log *slog.Logger
+	// auth signs what save writes and verifies what load reads;
+	// refused and unsigned count the records load refused, and the
+	// unsigned ones it admitted under accept_unsigned_state.
+	auth                *signalauth.Auth
+	refused, unsigned   prometheus.Counter
+	refusedN, unsignedN atomic.Int64
 	// partitions is the state topic's partition count: a record for a
 	// partition beyond it would fail the whole write.
 	partitions int32
@@ -159,6 +178,9 @@ func (s *stateStore) load(ctx context.Context, parts []int32) ([]restored, error
 			if r.Offset+1 >= want[r.Partition] {
 				delete(want, r.Partition)
 			}
+			if !s.authentic(r) {
+				return
+			}
 			key := string(r.Key)
 			if r.Value == nil {
 				delete(latest, key)
@@ -197,6 +219,36 @@ func (s *stateStore) load(ctx context.Context, parts []int32) ([]restored, error
 		}
 	}
 	return out, nil
+}
+
+// authentic reports whether load may use r (see stateStore), and counts
+// and logs it when not: the first ten, then every thousandth, so a flood
+// of forgeries cannot bury the log.
+func (s *stateStore) authentic(r *kgo.Record) bool {
+	unsigned, err := s.auth.Admit(r)
+	if err != nil {
+		s.refused.Inc()
+		if n := s.refusedN.Add(1); n <= 10 || n%1000 == 0 {
+			s.log.Warn("refusing an unauthenticated alert state record; the alert keeps its last authentic state", "reason", signalauth.Reason(err),
+				"partition", r.Partition, "offset", r.Offset, "refused_so_far", n)
+		}
+		return false
+	}
+	if unsigned {
+		s.unsigned.Inc()
+		if n := s.unsignedN.Add(1); n <= 10 || n%1000 == 0 {
+			s.log.Warn("using an unsigned alert state record (signal_auth.accept_unsigned_state)", "partition", r.Partition, "offset", r.Offset, "unsigned_so_far", n)
+		}
+	}
+	return true
+}
+
+// record returns the signed state record of key (a nil value deletes it)
+// on partition part.
+func (s *stateStore) record(part int32, key string, value []byte) *kgo.Record {
+	r := s.auth.Record(s.topic, []byte(key), value)
+	r.Partition = part
+	return r
 }
 
 func (s *stateStore) markHeld(part int32, ch string) {
@@ -241,7 +293,7 @@ func (s *stateStore) save(ctx context.Context, changes []engine.Change, held []e
 				return 0, fmt.Errorf("alert state %s: %w", c.Key.String(), err)
 			}
 		}
-		recs = append(recs, &kgo.Record{Topic: s.topic, Partition: part, Key: []byte(c.Key.String()), Value: value})
+		recs = append(recs, s.record(part, c.Key.String(), value))
 	}
 	var now map[int32]map[string]bool
 	if heldChanged {
@@ -267,14 +319,14 @@ func (s *stateStore) save(ctx context.Context, changes []engine.Change, held []e
 					now[part] = map[string]bool{}
 				}
 				now[part][h.Channel] = true
-				recs = append(recs, &kgo.Record{Topic: s.topic, Partition: part, Key: []byte(heldPrefix + h.Channel), Value: value})
+				recs = append(recs, s.record(part, heldPrefix+h.Channel, value))
 			}
 		}
 		s.heldMu.Lock()
 		for part, chans := range s.held {
 			for ch := range chans {
 				if !now[part][ch] {
-					recs = append(recs, &kgo.Record{Topic: s.topic, Partition: part, Key: []byte(heldPrefix + ch)})
+					recs = append(recs, s.record(part, heldPrefix+ch, nil))
 				}
 			}
 		}

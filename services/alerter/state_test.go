@@ -2,15 +2,21 @@ package alerter
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/services/alerter/alert"
 	"github.com/sluicehq/sluice/services/alerter/engine"
 )
@@ -21,18 +27,8 @@ import (
 // deleted, and a state for a partition the state topic lacks is skipped
 // without failing the others.
 func TestStateStoreRoundTrip(t *testing.T) {
-	kcfg := itest.Kafka(t)
-	signals := itest.Unique(t, "signals_")
-	kcfg.Partitions = 2
-	cl, err := kafkaconn.NewClient(kcfg, kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	kcfg, cl, signals := signalsTopic(t, 2)
 	ctx := context.Background()
-	if err := kafkaconn.EnsureTopics(ctx, cl, kcfg, signals); err != nil {
-		t.Fatal(err)
-	}
 	n, err := ensureStateTopic(ctx, cl, kcfg, signals, signals+".state")
 	if err != nil || n != 2 {
 		t.Fatalf("ensureStateTopic = %d, %v; want 2 partitions", n, err)
@@ -40,7 +36,7 @@ func TestStateStoreRoundTrip(t *testing.T) {
 	if n, err := ensureStateTopic(ctx, cl, kcfg, signals, signals+".state"); err != nil || n != 2 {
 		t.Fatalf("second ensureStateTopic = %d, %v", n, err)
 	}
-	s := &stateStore{topic: signals + ".state", kcfg: kcfg, cl: cl, log: slog.New(slog.NewTextHandler(io.Discard, nil)), partitions: n}
+	s := testStore(kcfg, cl, signals+".state", n, testSigner)
 	parts := map[string]int32{"a": 0, "b": 1, "c": 1, "far": 7}
 	partOf := func(tenant string) (int32, bool) { p, ok := parts[tenant]; return p, ok }
 	key := func(tenant string) alert.Key { return alert.Key{Tenant: tenant, Model: "*", Rule: alert.RuleQuotaTier} }
@@ -84,4 +80,118 @@ func TestStateStoreRoundTrip(t *testing.T) {
 	if err != nil || len(got) != 1 || got[0].rec == nil || got[0].rec.Key.Tenant != "a" {
 		t.Fatalf("load(partition 0) = %+v, %v; want a alone", got, err)
 	}
+}
+
+// testStore is the state store of topic as Run builds it, with auth's key
+// ring (the pipelines' testSignalAuth, or another).
+func testStore(kcfg kafkaconn.Config, cl *kgo.Client, topic string, partitions int32, auth *signalauth.Auth) *stateStore {
+	return &stateStore{topic: topic, kcfg: kcfg, cl: cl, log: slog.New(slog.NewTextHandler(io.Discard, nil)), partitions: partitions,
+		auth: auth.For(signalauth.AlerterState), refused: prometheus.NewCounter(prometheus.CounterOpts{Name: "refused"}),
+		unsigned: prometheus.NewCounter(prometheus.CounterOpts{Name: "unsigned"})}
+}
+
+// TestForgedStateRecordsAreRefused: anyone who can produce to the state
+// topic could make a restarted alerter page again (a forged deletion of a
+// notified alert), stay silent (a forged state saying an alert was
+// notified) or post any text (a forged held notification is sent as it
+// is). Load refuses and counts records that are unsigned, signed with a
+// guessed secret, carry another record's genuine signature or a genuine
+// signal's; each key keeps its last authentic state. During a migration
+// (signal_auth.accept_unsigned_state) the unsigned ones — what a release
+// that did not sign wrote — are used and counted, the badly signed ones
+// still refused.
+func TestForgedStateRecordsAreRefused(t *testing.T) {
+	kcfg, cl, signals := signalsTopic(t, 1)
+	ctx := context.Background()
+	topic := signals + ".state"
+	n, err := ensureStateTopic(ctx, cl, kcfg, signals, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := testStore(kcfg, cl, topic, n, testSigner)
+	partOf := func(string) (int32, bool) { return 0, true }
+	key := func(tenant string) alert.Key { return alert.Key{Tenant: tenant, Model: "*", Rule: alert.RuleQuotaTier} }
+	rec := func(tenant string, level int) *engine.Record {
+		return &engine.Record{V: engine.RecordVersion, Key: key(tenant), Level: level, Firing: true, Delivered: true}
+	}
+	if _, err := s.save(ctx, []engine.Change{{Key: key("a"), Record: rec("a", 90)}, {Key: key("b"), Record: rec("b", 70)}}, nil, false, partOf); err != nil {
+		t.Fatal(err)
+	}
+	encode := func(v any) []byte {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	genuine := s.record(0, key("b").String(), encode(rec("b", 70)))
+	forger := itest.Signer(t, signalauth.Config{Keys: []string{"test:" + strings.Repeat("f", 64)}}).For(signalauth.AlerterState)
+	phishing := engine.Held{V: engine.RecordVersion, Channel: "slack:ops", First: time.Now().UTC(),
+		Alerts: []alert.Alert{{Key: key("a"), Reason: "<https://evil.example|re-enter your password>"}}}
+	unsigned := []*kgo.Record{
+		{Key: []byte(key("a").String())},                                 // a deletion: a's alert would page again
+		{Key: []byte(heldPrefix + "slack:ops"), Value: encode(phishing)}, // a held notification: sent as it is
+	}
+	badlySigned := []*kgo.Record{
+		forger.Record(topic, []byte(key("b").String()), encode(rec("b", 0))),                     // a guessed secret
+		{Key: []byte(key("c").String()), Value: encode(rec("c", 100)), Headers: genuine.Headers}, // another record's signature
+		testSigner.Record(topic, []byte(key("c").String()), encode(rec("c", 100))),               // a genuine signal's
+	}
+	for _, r := range append(slices.Clone(unsigned), badlySigned...) {
+		r.Topic, r.Partition = topic, 0
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	load := func(s *stateStore) (map[string]int, int) {
+		t.Helper()
+		got, err := s.load(ctx, []int32{0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		states, held := map[string]int{}, 0
+		for _, r := range got {
+			if r.held != nil {
+				held++
+				continue
+			}
+			states[r.rec.Key.Tenant] = r.rec.Level
+		}
+		return states, held
+	}
+	states, held := load(s)
+	if len(states) != 2 || states["a"] != 90 || states["b"] != 70 || held != 0 {
+		t.Fatalf("restored %v and %d held notifications; want a at 90 and b at 70, nothing forged", states, held)
+	}
+	if got := testutil.ToFloat64(s.refused); got != float64(len(unsigned)+len(badlySigned)) {
+		t.Errorf("refused %v records, want %d", got, len(unsigned)+len(badlySigned))
+	}
+
+	migrating := testStore(kcfg, cl, topic, n, itest.Signer(t, signalauth.Config{Keys: testSignalAuth.Keys, AcceptUnsignedState: true}))
+	states, held = load(migrating)
+	if len(states) != 1 || states["b"] != 70 || held != 1 {
+		t.Fatalf("migrating: restored %v and %d held notifications; want the unsigned deletion of a and held record used, b at 70", states, held)
+	}
+	if u, r := testutil.ToFloat64(migrating.unsigned), testutil.ToFloat64(migrating.refused); u != float64(len(unsigned)) || r != float64(len(badlySigned)) {
+		t.Errorf("migrating: %v unsigned used, %v refused; want %d and %d", u, r, len(unsigned), len(badlySigned))
+	}
+}
+
+// signalsTopic creates a signals topic of its own with partitions
+// partitions, and returns its Kafka settings and a client that produces
+// to the partition a record names, as the alerter's does.
+func signalsTopic(t *testing.T, partitions int32) (kafkaconn.Config, *kgo.Client, string) {
+	t.Helper()
+	kcfg := itest.Kafka(t)
+	kcfg.Partitions = partitions
+	signals := itest.Unique(t, "signals_")
+	cl, err := kafkaconn.NewClient(kcfg, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	if err := kafkaconn.EnsureTopics(context.Background(), cl, kcfg, signals); err != nil {
+		t.Fatal(err)
+	}
+	return kcfg, cl, signals
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
 )
@@ -26,11 +28,22 @@ import (
 // blacklist and override whichever replica served the call, and gets them
 // back from Kafka after a restart without ClickHouse; admin_audit stays
 // the audit trail.
+//
+// Every record is signed (signalauth.AdminActions, the signal_auth key
+// ring): a record anyone could produce to the topic would otherwise lift a
+// blacklist or a manual breaker, or raise a quota. Unsigned and badly
+// signed records — tombstones included — are refused, counted and logged,
+// and leave the action of their key as it was; under
+// signal_auth.accept_unsigned_state (a migration from a release that did
+// not sign) unsigned ones are applied and counted apart.
 type adminState struct {
 	c     *core
 	kc    *kgo.Client
 	topic string
 	log   *slog.Logger
+	auth  *signalauth.Auth
+	// refused counts refused records, for the log's rate limit.
+	refused atomic.Int64
 
 	mu      sync.Mutex
 	applied map[int32]int64 // next offset to apply, by partition
@@ -42,7 +55,8 @@ type adminState struct {
 	target map[int32]int64
 	caught chan struct{}
 
-	records *prometheus.CounterVec
+	records  *prometheus.CounterVec
+	unsigned prometheus.Counter
 }
 
 // adminCheck is the readiness check that holds until the admin topic's
@@ -76,8 +90,11 @@ func openAdminState(ctx context.Context, cfg Config, env platform.Env, c *core) 
 		kc.Close()
 		return nil, fmt.Errorf("enforcer.admin_topic: create %s: %w", cfg.AdminTopic, err)
 	}
-	a := &adminState{c: c, kc: kc, topic: cfg.AdminTopic, log: c.log, applied: map[int32]int64{}, wake: make(chan struct{}),
-		target: map[int32]int64{}, caught: make(chan struct{}), records: newAdminMetrics()}
+	a := &adminState{c: c, kc: kc, topic: cfg.AdminTopic, log: c.log, auth: c.auth.For(signalauth.AdminActions),
+		applied: map[int32]int64{}, wake: make(chan struct{}), target: map[int32]int64{}, caught: make(chan struct{}),
+		records: newAdminMetrics(),
+		unsigned: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_enforcer_admin_records_unsigned_total",
+			Help: "Unsigned admin records applied under signal_auth.accept_unsigned_state (a migration); re-issue their actions, then turn it off."})}
 	ends, err := kafkaconn.EndOffsets(ctx, kadm.NewClient(kc), cfg.AdminTopic)
 	if err != nil {
 		kc.Close()
@@ -123,6 +140,10 @@ func (a *adminState) run(ctx context.Context) error {
 		})
 		now := time.Now()
 		fs.EachRecord(func(r *kgo.Record) {
+			if !a.authentic(r) {
+				a.advance(r.Partition, r.Offset)
+				return
+			}
 			var st *schemas.AdminState
 			if r.Value != nil {
 				var err error
@@ -154,6 +175,27 @@ func (a *adminState) run(ctx context.Context) error {
 	return nil
 }
 
+// authentic reports whether r may be applied (see adminState), and
+// counts and logs it when not: the first ten refusals, then every
+// thousandth, so a flood of forgeries cannot bury the log.
+func (a *adminState) authentic(r *kgo.Record) bool {
+	unsigned, err := a.auth.Admit(r)
+	if err != nil {
+		a.records.WithLabelValues("unauthenticated").Inc()
+		if n := a.refused.Add(1); n <= 10 || n%1000 == 0 {
+			a.log.Warn("enforcer: refusing an unauthenticated admin record; the action of its key stays as it was",
+				"reason", signalauth.Reason(err), "key", fmt.Sprintf("%q", r.Key), "offset", r.Offset, "refused_so_far", n)
+		}
+		return false
+	}
+	if unsigned {
+		a.unsigned.Inc()
+		a.log.Warn("enforcer: applying an unsigned admin record (signal_auth.accept_unsigned_state); re-issue its action through the admin API so that it is signed",
+			"key", fmt.Sprintf("%q", r.Key), "offset", r.Offset)
+	}
+	return true
+}
+
 func (a *adminState) advance(p int32, off int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -165,22 +207,20 @@ func (a *adminState) advance(p int32, off int64) {
 	a.wake = make(chan struct{})
 }
 
-// Publish produces recs (acks=all, idempotent: franz-go's defaults) and
+// Publish produces recs signed (acks=all, idempotent: franz-go's defaults) and
 // returns once the broker acknowledged them and this replica applied
 // them, so the admin API answers with the action in force.
 func (a *adminState) Publish(ctx context.Context, recs []admin.Record) error {
 	krs := make([]*kgo.Record, 0, len(recs))
 	for _, r := range recs {
-		kr := &kgo.Record{Topic: a.topic, Key: []byte(r.Key),
-			Headers: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaAdminV1)}}}
+		var v []byte // nil: a tombstone, which lifts the key's action
 		if r.State != nil {
-			v, err := schemas.EncodeAdminState(r.State)
-			if err != nil {
+			var err error
+			if v, err = schemas.EncodeAdminState(r.State); err != nil {
 				return err
 			}
-			kr.Value = v
 		}
-		krs = append(krs, kr)
+		krs = append(krs, a.auth.Record(a.topic, []byte(r.Key), v))
 	}
 	res := a.kc.ProduceSync(ctx, krs...)
 	if err := res.FirstErr(); err != nil {
@@ -215,5 +255,5 @@ func (a *adminState) close() { a.kc.Close() }
 // newAdminMetrics is the counter of admin topic records.
 func newAdminMetrics() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_enforcer_admin_records_total",
-		Help: "Records of the admin topic applied by this replica, by result (applied, lifted, invalid)."}, []string{"result"})
+		Help: "Records of the admin topic read by this replica, by result (applied, lifted, invalid, unauthenticated: unsigned or badly signed, refused)."}, []string{"result"})
 }

@@ -80,7 +80,7 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 		return err
 	}
 	defer as.close()
-	if err := env.Metrics.Register(as.records); err != nil {
+	if err := errors.Join(env.Metrics.Register(as.records), env.Metrics.Register(as.unsigned)); err != nil {
 		return fmt.Errorf("enforcer: metrics: %w", err)
 	}
 	env.Health.AddReadiness(adminCheck, func(context.Context) error {

@@ -36,12 +36,15 @@ func TestTwoReplicasShareAdminStateAndOneWrites(t *testing.T) {
 	rdb := testRedis(t, rc, base.KeyPrefix)
 	keys := flags.Layout{Prefix: base.KeyPrefix}
 	ch := startChecker(t, rc, base.KeyPrefix, 10*time.Second)
+	// One key ring, as in a deployment: each replica verifies the admin
+	// records the others sign.
+	sigAuth := itest.SignalAuth(t)
 
 	start := func(id string) (*adminapi.Client, func()) {
 		cfg := base
 		cfg.ReplicaID = id
 		cfg.Admin.Listen = closedAddr(t)
-		env := platform.Env{Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: itest.SignalAuth(t)}.Named("test-" + id)
+		env := platform.Env{Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: sigAuth}.Named("test-" + id)
 		stop := itest.Start(t, "enforcer "+id, func(ctx context.Context) error { return Run(ctx, cfg, env) })
 		cl, err := adminapi.NewClient("http://"+cfg.Admin.Listen, "tok", nil)
 		if err != nil {

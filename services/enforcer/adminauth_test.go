@@ -1,0 +1,141 @@
+package enforcer
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/kafkaconn"
+	"github.com/sluicehq/sluice/platform/signalauth"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/enforcer/adminapi"
+)
+
+// TestForgedAdminRecordsAreRefused: anyone who can produce to the admin
+// topic could lift a blacklist with a tombstone of its key, or block a
+// tenant with a blacklist of their own. A running enforcer refuses and
+// counts a lift that is unsigned, signed with a guessed secret, carries
+// the genuine signature of another record, or is a genuine signal's
+// signature (another stream), and a forged blacklist; a restarted one,
+// reading the whole topic, refuses them again. The admin API's own
+// actions, signed with the shared key, take effect.
+func TestForgedAdminRecordsAreRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Kafka, ClickHouse and Redis")
+	}
+	kc, rc, chc := itest.Kafka(t), itest.Redis(t), itest.ClickHouse(t)
+	testClickHouse(t, chc)
+	ctx := context.Background()
+	cfg := testConfig(t)
+	cfg.ConsumerGroup = itest.Unique(t, "enforcer_")
+	cfg.SignalsTopic = itest.Unique(t, "signals_")
+	cfg.HeartbeatEvery, cfg.LeaderLease = 500*time.Millisecond, time.Second
+	cfg.Admin.Tokens = []adminapi.Token{{Name: "ops", SHA256: adminapi.HashToken("tok")}}
+	testRedis(t, rc, cfg.KeyPrefix)
+	ch := startChecker(t, rc, cfg.KeyPrefix, 10*time.Second)
+	sigAuth := itest.SignalAuth(t)
+	signer := itest.Signer(t, sigAuth)
+
+	start := func() (*adminapi.Client, *prometheus.Registry, func()) {
+		cfg := cfg
+		cfg.Admin.Listen = closedAddr(t)
+		reg := prometheus.NewRegistry()
+		env := platform.Env{Logger: quietLog(), Metrics: reg, Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: sigAuth}.Named("test")
+		stop := itest.Start(t, "Run", func(ctx context.Context) error { return Run(ctx, cfg, env) })
+		cl, err := adminapi.NewClient("http://"+cfg.Admin.Listen, "tok", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		itest.EventuallyNoError(t, within, "admin API up", func() error { _, err := cl.Breakers(ctx, ""); return err })
+		return cl, reg, stop
+	}
+	cl, reg, stop := start()
+
+	tenant, victim := itest.Unique(t, "fraud-"), itest.Unique(t, "victim-")
+	if _, err := cl.Blacklist(ctx, adminapi.Request{Tenant: tenant, Reason: "fraud", ExpiresIn: "1h"}); err != nil {
+		t.Fatal(err)
+	}
+	blacklisted := func(tn string) bool {
+		d := ch.Check(tn, "gpt-4o", "")
+		return d.Outcome == checker.Refused && d.Flag.Kind == flags.KindBlacklist
+	}
+	itest.Eventually(t, within, "blacklist enforced", func() bool { return blacklisted(tenant) })
+
+	prod, err := kafkaconn.NewClient(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	adminSchema := []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaAdminV1)}}
+	lift := (&schemas.AdminState{Kind: schemas.AdminBlacklist, Tenant: tenant, Model: flags.AllModels}).Key()
+	block := &schemas.AdminState{Kind: schemas.AdminBlacklist, Tenant: victim, Model: flags.AllModels, Reason: "forged",
+		Until: time.Now().Add(time.Hour), Time: time.Now()}
+	blockValue, err := schemas.EncodeAdminState(block)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forger, err := signalauth.Open(signalauth.Config{Keys: []string{"test:" + strings.Repeat("f", 64)}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	genuine := signer.For(signalauth.AdminActions).Record(cfg.AdminTopic, []byte(block.Key()), blockValue)
+	forged := []*kgo.Record{
+		// 1. An unsigned tombstone, as any Kafka client would produce it.
+		{Key: []byte(lift), Headers: adminSchema},
+		// 2. Signed under the right key id with a guessed secret.
+		forger.For(signalauth.AdminActions).Record(cfg.AdminTopic, []byte(lift), nil),
+		// 3. The genuine signature of another admin record, copied.
+		{Key: []byte(lift), Headers: genuine.Headers},
+		// 4. A genuine signature of the signals stream under the shared key.
+		signer.Record(cfg.AdminTopic, []byte(lift), nil),
+		// 5. An unsigned blacklist of someone else.
+		{Key: []byte(block.Key()), Value: blockValue, Headers: adminSchema},
+	}
+	for _, r := range forged {
+		r.Topic = cfg.AdminTopic
+		if err := prod.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The admin API answers once its replica applied the action, and the
+	// topic has one partition: after this trip, the forged records were read.
+	if _, err := cl.Trip(ctx, adminapi.Request{Tenant: tenant, Model: "sentinel", Reason: "sentinel", ExpiresIn: "1h"}); err != nil {
+		t.Fatal(err)
+	}
+	itest.Eventually(t, within, "the sentinel trip enforced", func() bool { return ch.Check(tenant, "sentinel", "").Outcome == checker.Refused })
+	check := func(when string, reg *prometheus.Registry) {
+		t.Helper()
+		if n := counter(t, reg, "sluice_enforcer_admin_records_total", "result", "unauthenticated"); n != float64(len(forged)) {
+			t.Errorf("%s: unauthenticated admin records %v, want %d", when, n, len(forged))
+		}
+		if !blacklisted(tenant) {
+			t.Fatalf("%s: a forged admin record lifted the blacklist", when)
+		}
+		if blacklisted(victim) || !ch.Check(victim, "gpt-4o", "").Allowed() {
+			t.Fatalf("%s: a forged admin record blacklisted a tenant", when)
+		}
+	}
+	check("running", reg)
+
+	// A restart reads the whole topic again.
+	stop()
+	cl, reg, _ = start()
+	itest.Eventually(t, within, "restarted enforcer read the admin topic", func() bool {
+		return counter(t, reg, "sluice_enforcer_admin_records_total", "result", "applied") >= 2
+	})
+	check("restarted", reg)
+
+	// The lift through the admin API, signed, lifts it.
+	if _, err := cl.Unblacklist(ctx, adminapi.Request{Tenant: tenant, Reason: "cleared"}); err != nil {
+		t.Fatal(err)
+	}
+	itest.Eventually(t, within, "a signed lift enforced", func() bool { return !blacklisted(tenant) })
+}
