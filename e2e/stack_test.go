@@ -272,6 +272,9 @@ func (s *stack) args(opsAddr string) []string {
 		"-services.gateway.checker.key_prefix=" + s.prefix,
 		"-services.gateway.usage.topic=" + s.topic,
 		"-services.gateway.admission.key_prefix=" + s.prefix + "adm:",
+		// Nor the forward-auth endpoint's.
+		"-services.authz.checker.key_prefix=" + s.prefix,
+		"-services.authz.admission.key_prefix=" + s.prefix + "adm:",
 		"-shutdown_grace=10s",
 	}
 	if len(s.redisCluster) > 0 {
