@@ -3,6 +3,7 @@ package authz
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -75,6 +76,19 @@ func (f *fakeAdmitter) Admit(_ context.Context, req gateway.AdmitRequest) gatewa
 	return f.ans
 }
 
+// answer sets what the next admissions answer.
+func (f *fakeAdmitter) answer(a gateway.Admission) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ans = a
+}
+
+func (f *fakeAdmitter) asked() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.reqs)
+}
+
 func (f *fakeAdmitter) last(t *testing.T) gateway.AdmitRequest {
 	t.Helper()
 	f.mu.Lock()
@@ -117,16 +131,11 @@ func ask(t *testing.T, url string, header ...string) (*http.Response, string) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var b strings.Builder
-	buf := make([]byte, 4096)
-	for {
-		n, err := resp.Body.Read(buf)
-		b.Write(buf[:n])
-		if err != nil {
-			break
-		}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return resp, b.String()
+	return resp, string(b)
 }
 
 // refusedAs checks a refusal's status and code, and that X-Sluice-Error
@@ -264,7 +273,7 @@ func TestRefusalsInOpenAIFormat(t *testing.T) {
 	if refusedAs(t, resp, body, http.StatusForbidden, "blacklisted"); strings.Contains(body, "fraud") || resp.Header.Get("Retry-After") != "" {
 		t.Fatalf("blacklist: the operator's reason or a Retry-After leaked: %v %s", resp.Header, body)
 	}
-	if len(adm.reqs) != 0 {
+	if adm.asked() != 0 {
 		t.Fatal("admission was asked about a request the flags refused")
 	}
 	resp, body = ask(t, hs.URL+"/authz", "Authorization", "Bearer sk-strict")
@@ -279,10 +288,10 @@ func TestRefusalsInOpenAIFormat(t *testing.T) {
 		t.Fatalf("quota refusal headers: %v", resp.Header)
 	}
 
-	adm.ans = gateway.Admission{
+	adm.answer(gateway.Admission{
 		Limits:  []ratelimit.Limit{{Unit: ratelimit.Requests, Limit: 5, Remaining: 0, Reset: 12 * time.Second}},
 		Refused: &gateway.Refusal{Status: http.StatusTooManyRequests, RetryAfter: 12 * time.Second, Error: ratelimit.Error{Type: "requests", Code: "rate_limit_exceeded", Message: "rule per-user (user=jürgen 🚀)"}},
-	}
+	})
 	resp, body = ask(t, hs.URL+"/authz", "Authorization", "Bearer sk-trial")
 	// Text outside ASCII (a user's name in a rule's scope) travels in the
 	// header escaped; refusedAs checks it decodes to the body.
@@ -292,7 +301,7 @@ func TestRefusalsInOpenAIFormat(t *testing.T) {
 	if resp.Header.Get("Retry-After") != "12" || resp.Header.Get("x-ratelimit-limit-requests") != "5" || resp.Header.Get("x-ratelimit-reset-requests") != "12s" {
 		t.Fatalf("admission refusal headers: %v", resp.Header)
 	}
-	adm.ans = gateway.Admission{Limits: []ratelimit.Limit{{Unit: ratelimit.Tokens, Limit: 9000, Remaining: 7000, Reset: time.Second}}}
+	adm.answer(gateway.Admission{Limits: []ratelimit.Limit{{Unit: ratelimit.Tokens, Limit: 9000, Remaining: 7000, Reset: time.Second}}})
 	resp, _ = ask(t, hs.URL+"/authz", "Authorization", "Bearer sk-trial")
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("x-ratelimit-remaining-tokens") != "7000" || resp.Header.Get(HeaderError) != "" {
 		t.Fatalf("admitted: %d %v", resp.StatusCode, resp.Header)
