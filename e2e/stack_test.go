@@ -275,6 +275,9 @@ func (s *stack) args(opsAddr string) []string {
 		"-services.gateway.deferred.topic_prefix=" + s.topic + "_deferred",
 		"-services.gateway.deferred.group=" + s.topic + "_deferred",
 		"-services.gateway.deferred.key_prefix=" + s.prefix + "deferred:",
+		// Nor the forward-auth endpoint's.
+		"-services.authz.checker.key_prefix=" + s.prefix,
+		"-services.authz.admission.key_prefix=" + s.prefix + "adm:",
 		"-shutdown_grace=10s",
 	}
 	if len(s.redisCluster) > 0 {

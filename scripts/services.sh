@@ -7,7 +7,10 @@
 # repository).
 #
 #   scripts/services.sh up [kafka|clickhouse|redis|redis-cluster|alertmanager ...]
-#   scripts/services.sh down | status | logs [service] | env | install | reset
+#   scripts/services.sh down | status | logs [service] | env | install [service|nginx ...] | reset
+#
+# `up` and `install` also install the tools tests start themselves (kcat,
+# nginx; see install_test_tools).
 #
 # `up` is idempotent: a service already answering is reused, a missing package
 # or jar is installed first (apt-get, Maven Central), so a fresh Debian machine
@@ -41,6 +44,8 @@ REDIS_TLS_PORT=${SLUICE_REDIS_TLS_PORT:-16380}
 REDIS_CLUSTER_PORT=${SLUICE_REDIS_CLUSTER_PORT:-17001}
 REDIS_CLUSTER_PORTS=("$REDIS_CLUSTER_PORT" "$((REDIS_CLUSTER_PORT + 1))" "$((REDIS_CLUSTER_PORT + 2))")
 ALERTMANAGER_PORT=${SLUICE_ALERTMANAGER_PORT:-19093}
+# The nginx binary the forward-auth tests start (install_test_tools).
+NGINX_BIN=${SLUICE_NGINX_BIN:-/usr/sbin/nginx}
 READY_TIMEOUT=${SLUICE_READY_TIMEOUT:-120}
 
 ALL_SERVICES=(kafka clickhouse redis redis-cluster alertmanager)
@@ -141,6 +146,7 @@ install_tools() {
 	clickhouse) apt_install clickhouse-server clickhouse-client ;;
 	redis | redis-cluster) apt_install redis-server ;;
 	alertmanager) apt_install prometheus-alertmanager ;;
+	nginx) install_nginx ;;
 	esac
 }
 
@@ -425,12 +431,34 @@ leftovers() { pgrep -f -- "$DIR/" || true; }
 
 # install_test_tools installs what tests need besides the services: kcat,
 # a librdkafka producer, for the aggregator's direct-producer test (a
-# partitioner other than the Go clients', see docs/producers.md); and
-# promtool, from Debian's prometheus package, which deploy/deploy_test.go
-# runs on the Prometheus rules (check rules, test rules).
+# partitioner other than the Go clients', see docs/producers.md); promtool,
+# from Debian's prometheus package, which deploy/deploy_test.go runs on the
+# Prometheus rules (check rules, test rules); and nginx, for the
+# forward-auth test (services/authz). nginx is no shared service here: each
+# test starts its own, non-daemon, with a configuration that points
+# auth_request at the endpoint and proxy_pass at the mock upstream it
+# started, under its own temporary folder (pid, logs, temp files), on a
+# free loopback port; `env` names the binary (SLUICE_NGINX_BIN). Debian's
+# package does not start a system nginx where services are not started by
+# apt (policy-rc.d, containers); on a machine with systemd it does, on port
+# 80, as for the other packages here.
 install_test_tools() {
 	command -v kcat >/dev/null || apt_install kcat
 	command -v promtool >/dev/null || apt_install prometheus
+	install_nginx
+}
+
+install_nginx() { [[ -x $NGINX_BIN ]] || apt_install nginx; }
+
+# nginx_status prints the nginx line of `status`: whether the tests find
+# the binary.
+nginx_status() {
+	if [[ -x $NGINX_BIN ]]; then
+		printf '%-13s ready %s (started per test)\n' nginx "$NGINX_BIN"
+	else
+		printf '%-13s missing (scripts/services.sh install nginx)\n' nginx
+		return 1
+	fi
 }
 
 cmd_up() {
@@ -477,6 +505,7 @@ cmd_status() {
 			rc=1
 		fi
 	done
+	nginx_status || rc=1
 	return $rc
 }
 
@@ -513,6 +542,7 @@ SLUICE_ITEST_REDIS_TLS_ADDR=127.0.0.1:$REDIS_TLS_PORT
 SLUICE_ITEST_REDIS_TLS_CA_FILE=$SECRETS/tls/ca.pem
 SLUICE_ITEST_REDIS_USER=$REDIS_ACL_USER
 SLUICE_ITEST_REDIS_PASSWORD_FILE=$SECRETS/redis-password
+SLUICE_NGINX_BIN=$NGINX_BIN
 EOF
 }
 
@@ -530,7 +560,7 @@ install)
 	;;
 reset) cmd_down; rm -rf "$DIR"/{kafka,clickhouse,redis,redis-cluster,alertmanager,log,run} ;;
 *)
-	sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
 	exit 2
 	;;
 esac

@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/aggregator"
 	"github.com/sluicehq/sluice/services/alerter"
+	"github.com/sluicehq/sluice/services/authz"
 	"github.com/sluicehq/sluice/services/enforcer"
 	"github.com/sluicehq/sluice/services/gateway"
 	"github.com/sluicehq/sluice/services/ingest"
@@ -34,6 +35,7 @@ type ServiceConfigs struct {
 	Alerter    alerter.Config    `yaml:"alerter"`
 	Reconciler reconciler.Config `yaml:"reconciler"`
 	Gateway    gateway.Config    `yaml:"gateway"`
+	Authz      authz.Config      `yaml:"authz"`
 }
 
 func defaultServiceConfigs() ServiceConfigs {
@@ -44,6 +46,7 @@ func defaultServiceConfigs() ServiceConfigs {
 		Alerter:    alerter.DefaultConfig(),
 		Reconciler: reconciler.DefaultConfig(),
 		Gateway:    gateway.DefaultConfig(),
+		Authz:      authz.DefaultConfig(),
 	}
 	// In one process the root policy_file is the default for every service.
 	s.Reconciler.PolicyFile = ""
@@ -128,6 +131,11 @@ var services = []service{
 		run: func(ctx context.Context, c *Config, env platform.Env) error {
 			return gateway.RunWith(ctx, c.Services.Gateway, env, gateway.Options{Admitter: c.gatewayAdmitter})
 		}},
+	{name: "authz", optIn: true, about: "forward-auth endpoint for nginx, Envoy, Traefik, Kong, APISIX: flags and admission per request (only when named)",
+		prepare: func(c *Config) validator { return c.Services.Authz },
+		run: func(ctx context.Context, c *Config, env platform.Env) error {
+			return authz.Run(ctx, c.Services.Authz, env)
+		}},
 }
 
 // chooseServices resolves service names (none = all) and validates the
@@ -152,6 +160,12 @@ func chooseServices(cfg *Config, names []string) ([]service, error) {
 	}
 	if len(chosen) == 0 {
 		return nil, errors.New("no services to run")
+	}
+	// Each admission Limiter registers the sluice_admission_* series on
+	// the process's registry, which takes them once.
+	named := func(n string) bool { return slices.ContainsFunc(chosen, func(s service) bool { return s.name == n }) }
+	if named("gateway") && named("authz") && cfg.Services.Gateway.Admission.PolicyFile != "" && cfg.Services.Authz.Admission.PolicyFile != "" {
+		errs = append(errs, errors.New("services.authz.admission.policy_file: the gateway in this process admits too, and one process reports one admission's metrics; run the authz service in a process of its own (both share the limits through Redis)"))
 	}
 	// The key ring is read now, not when the services start: a missing or
 	// bad key refuses the start before anything runs.

@@ -120,19 +120,27 @@ func scopeMap(s Scope) map[string]string {
 	return m
 }
 
-// WriteRefusal answers a refused request through gateway/ratelimit:
-// Status(d), the rate-limit headers, Retry-After (whole seconds, at least
-// 1; none when the request can never fit) and the body of Error(d).
-func WriteRefusal(w http.ResponseWriter, d Decision) {
-	WriteHeaders(w.Header(), d)
-	retry := d.RetryAfter
+// RetryAfter is the wait a refusal d tells the client: when the request
+// would fit; a second when Redis was unreachable and the tenant fails
+// closed, or when the time is unknown; 0 (no Retry-After) when the request
+// can never fit.
+func RetryAfter(d Decision) time.Duration {
 	switch {
 	case d.Path == PathUnavailable:
-		retry = unavailableRetry
+		return unavailableRetry
 	case d.Never:
-		retry = 0
-	case retry <= 0:
-		retry = time.Second
+		return 0
+	case d.RetryAfter <= 0:
+		return time.Second
 	}
-	ratelimit.WriteError(w, Status(d), Error(d), retry)
+	return d.RetryAfter
+}
+
+// WriteRefusal answers a refused request through gateway/ratelimit:
+// Status(d), the rate-limit headers, Retry-After (RetryAfter(d) in whole
+// seconds, at least 1; none when the request can never fit) and the body
+// of Error(d).
+func WriteRefusal(w http.ResponseWriter, d Decision) {
+	WriteHeaders(w.Header(), d)
+	ratelimit.WriteError(w, Status(d), Error(d), RetryAfter(d))
 }

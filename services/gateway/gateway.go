@@ -87,7 +87,7 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	log := env.Logger
 
 	if opts.Admitter == nil && cfg.Admission.PolicyFile != "" {
-		adm, follow, closeAdm, err := policyAdmitter(cfg.Admission, env, log.With("component", "admission"))
+		adm, follow, closeAdm, err := PolicyAdmitter(cfg.Admission, env, log.With("component", "admission"))
 		if err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -32,7 +33,7 @@ func (a LimiterAdmitter) Admit(ctx context.Context, req AdmitRequest) Admission 
 	}
 	d := t.Decision
 	if !d.Allowed {
-		return Admission{Limits: admission.Headers(d), Refused: &Refusal{Status: admission.Status(d), Error: admission.Error(d), RetryAfter: d.RetryAfter}}
+		return Admission{Limits: admission.Headers(d), Refused: &Refusal{Status: admission.Status(d), Error: admission.Error(d), RetryAfter: admission.RetryAfter(d)}}
 	}
 	return Admission{Limits: admission.Headers(d), Settle: func(s Settlement) {
 		// The client may be gone; the correction must still land.
@@ -57,7 +58,18 @@ func defaultAdmission() AdmissionConfig {
 }
 
 func (c AdmissionConfig) validate(bad func(format string, args ...any)) {
-	const p = "services.gateway.admission."
+	c.check("services.gateway.admission.", bad)
+}
+
+// Validate checks c as the section at prefix (the authz service's
+// services.authz.admission. for example), naming each field with it.
+func (c AdmissionConfig) Validate(prefix string) error {
+	var errs []error
+	c.check(prefix, func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) })
+	return errors.Join(errs...)
+}
+
+func (c AdmissionConfig) check(p string, bad func(format string, args ...any)) {
 	if c.PolicyFile == "" {
 		return
 	}
@@ -75,11 +87,12 @@ func (c AdmissionConfig) validate(bad func(format string, args ...any)) {
 	}
 }
 
-// policyAdmitter builds the Limiter of c from its policy file on env's
+// PolicyAdmitter builds the Limiter of c from its policy file on env's
 // Redis (a client of its own: admission's wait bound needs context
 // timeouts on the socket) and returns the Admitter, the loop that follows
-// the policy file until ctx ends, and what closes both.
-func policyAdmitter(c AdmissionConfig, env platform.Env, log *slog.Logger) (Admitter, func(ctx context.Context) error, func(), error) {
+// the policy file until ctx ends, and what closes both. The gateway and
+// the forward-auth service (services/authz) both admit through it.
+func PolicyAdmitter(c AdmissionConfig, env platform.Env, log *slog.Logger) (Admitter, func(ctx context.Context) error, func(), error) {
 	w, err := policy.NewWatcher(c.PolicyFile, c.PolicyReload, log)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("gateway: admission policy: %w", err)

@@ -1,0 +1,362 @@
+package authz
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/middleware"
+	"github.com/sluicehq/sluice/gateway/ratelimit"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/gateway"
+	"github.com/sluicehq/sluice/services/internal/keyfile"
+)
+
+// HeaderError is the answer header that repeats a refusal's OpenAI error
+// body as one line of ASCII JSON: nginx's auth_request drops the body of
+// the authorization answer, and its configuration returns this instead
+// (docs/forward-auth.md).
+const HeaderError = "X-Sluice-Error"
+
+// Deps are what a Server decides with; New builds none of them, so tests
+// and embedding programs give their own.
+type Deps struct {
+	// Checker decides from the enforcement flags; nil allows every tenant.
+	Checker middleware.Decider
+	// Admitter, when not nil, is asked after the flags allowed a request.
+	Admitter gateway.Admitter
+	// Keys, when not nil, authenticates the key in Headers.Key; nil takes
+	// the tenant from Headers.Tenant (the proxy authenticated the caller).
+	Keys *keyfile.File[gateway.Caller]
+	// Logger receives refusals and errors; nil means slog.Default.
+	Logger *slog.Logger
+	// Metrics receives the service's series; nil registers none.
+	Metrics prometheus.Registerer
+}
+
+// Server is the forward-auth endpoint's HTTP handler: cfg.Path and every
+// path below it answer checks, /healthz and /readyz the probes.
+type Server struct {
+	cfg     Config
+	dec     middleware.Decider
+	admit   gateway.Admitter
+	keys    *keyfile.File[gateway.Caller]
+	log     *slog.Logger
+	m       *metrics
+	sub     string // cfg.Path + "/"
+	closing atomic.Bool
+	now     func() time.Time
+}
+
+// New builds a Server for cfg (which must validate) with deps.
+func New(cfg Config, deps Deps) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := deps.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{cfg: cfg, dec: deps.Checker, admit: deps.Admitter, keys: deps.Keys, log: log, m: newMetrics(),
+		sub: cfg.Path + "/", now: time.Now}
+	if s.dec == nil {
+		s.dec = allowAll{}
+	}
+	if deps.Metrics != nil {
+		if err := s.m.all.Register(deps.Metrics); err != nil {
+			return nil, fmt.Errorf("authz: register metrics: %w", err)
+		}
+	}
+	return s, nil
+}
+
+type allowAll struct{}
+
+func (allowAll) Check(string, string, string) checker.Decision { return checker.Decision{} }
+
+// ServeHTTP answers checks on the endpoint's path (any method, any path
+// below it: Envoy appends the original path) and the probes. The path is
+// matched as sent, not cleaned, so no check is ever answered a redirect.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.Path
+	switch {
+	case p == s.cfg.Path || strings.HasPrefix(p, s.sub):
+		s.check(w, r)
+	case p == "/healthz":
+		_, _ = w.Write([]byte("ok\n"))
+	case p == "/readyz":
+		if s.closing.Load() {
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	default:
+		http.Error(w, fmt.Sprintf("this is Sluice's forward-auth endpoint: send checks to %s", s.cfg.Path), http.StatusNotFound)
+	}
+}
+
+// Decided-by values of the checks metric and the refusal log.
+const (
+	byAllowed   = "allowed"
+	byFlags     = "flags"
+	byAdmission = "admission"
+	byKey       = "key"
+	byRequest   = "request"
+)
+
+// call is what a check knows about the request it decides.
+type call struct {
+	tenant, keyID, user, model, endpoint string
+	priority                             schemas.Priority
+	prompt, completion                   int64
+}
+
+// refusal is an answer other than 200: an OpenAI error and its status.
+type refusal struct {
+	status int
+	err    ratelimit.Error
+	retry  time.Duration
+	by     string
+}
+
+func (s *Server) check(w http.ResponseWriter, r *http.Request) {
+	start := s.now()
+	c, ref := s.identify(r)
+	if ref != nil {
+		cw := newCapture()
+		if ref.status == http.StatusUnauthorized {
+			cw.h.Set("WWW-Authenticate", `Bearer realm="sluice"`)
+		}
+		ratelimit.WriteError(cw, ref.status, ref.err, ref.retry)
+		s.deny(w, cw, &c, ref.by, start)
+		return
+	}
+	if d := s.dec.Check(c.tenant, c.model, c.keyID); !d.Allowed() {
+		cw := newCapture()
+		middleware.Refuse(cw, d, c.tenant, c.model, start)
+		if f := d.Flag; f != nil {
+			// The flag's reason is the operator's note: logs only.
+			s.log.LogAttrs(r.Context(), slog.LevelInfo, "flag refused a request", slog.String("tenant", c.tenant),
+				slog.String("model", c.model), slog.String("api_key_id", c.keyID), slog.String("kind", string(f.Kind)),
+				slog.String("quota", f.Quota), slog.String("reason", f.Reason))
+		}
+		s.deny(w, cw, &c, byFlags, start)
+		return
+	}
+	if s.admit != nil {
+		adm := s.admit.Admit(r.Context(), gateway.AdmitRequest{Tenant: c.tenant, Model: c.model, User: c.user, APIKeyID: c.keyID,
+			Endpoint: c.endpoint, Priority: c.priority, EstimatePrompt: c.prompt, EstimateCompletion: c.completion, Estimated: true})
+		// adm.Settle is deliberately never called: the answer's tokens
+		// never pass here, so the estimate stands (see the package doc).
+		if f := adm.Refused; f != nil {
+			cw := newCapture()
+			for _, l := range adm.Limits {
+				ratelimit.SetHeaders(cw.h, l)
+			}
+			st := f.Status
+			if st < 400 || st > 599 {
+				st = http.StatusTooManyRequests
+			}
+			ratelimit.WriteError(cw, st, f.Error, f.RetryAfter)
+			s.deny(w, cw, &c, byAdmission, start)
+			return
+		}
+		for _, l := range adm.Limits {
+			ratelimit.SetHeaders(w.Header(), l)
+		}
+	}
+	h := w.Header()
+	h.Set(s.cfg.Headers.Tenant, c.tenant)
+	if c.keyID != "" {
+		h.Set(s.cfg.Headers.KeyID, c.keyID)
+	}
+	w.WriteHeader(http.StatusOK)
+	s.m.observe(http.StatusOK, byAllowed, s.now().Sub(start))
+}
+
+// deny answers the refusal written into cw, with its body repeated in
+// HeaderError, and records it.
+func (s *Server) deny(w http.ResponseWriter, cw *capture, c *call, by string, start time.Time) {
+	h := w.Header()
+	for k, v := range cw.h {
+		h[k] = v
+	}
+	body := cw.body.Bytes()
+	h.Set(HeaderError, asciiJSON(bytes.TrimSpace(body)))
+	w.WriteHeader(cw.status)
+	_, _ = w.Write(body)
+	s.m.observe(cw.status, by, s.now().Sub(start))
+	if by != byFlags {
+		s.log.LogAttrs(context.Background(), slog.LevelInfo, "refused a request", slog.String("tenant", c.tenant),
+			slog.String("model", c.model), slog.String("api_key_id", c.keyID), slog.Int("status", cw.status),
+			slog.String("by", by), slog.String("error", h.Get(HeaderError)))
+	}
+}
+
+// identify reads who calls which model from the request's headers, and
+// what admission debits.
+func (s *Server) identify(r *http.Request) (call, *refusal) {
+	hn := s.cfg.Headers
+	var c call
+	var caller *gateway.Caller
+	if s.keys != nil {
+		key := strings.TrimSpace(r.Header.Get(hn.Key))
+		if len(key) > 7 && strings.EqualFold(key[:7], "bearer ") {
+			key = strings.TrimSpace(key[7:])
+		}
+		if caller = s.keys.Authenticate(key); caller == nil {
+			return c, &refusal{status: http.StatusUnauthorized, by: byKey, err: ratelimit.Error{Type: "invalid_request_error", Code: "invalid_api_key",
+				Message: fmt.Sprintf("Incorrect API key provided. Send a Sluice gateway key as %s: Bearer <key>.", hn.Key)}}
+		}
+		c.tenant, c.keyID, c.user, c.priority = caller.Tenant, caller.KeyID, caller.User, caller.Priority
+	} else {
+		c.tenant, c.keyID = r.Header.Get(hn.Tenant), r.Header.Get(hn.KeyID)
+		if c.tenant == "" {
+			return c, &refusal{status: http.StatusUnauthorized, by: byKey, err: ratelimit.Error{Type: "invalid_request_error", Code: "missing_tenant",
+				Message: fmt.Sprintf("The request names no tenant in %s; the proxy in front of Sluice sets it once it has authenticated the caller.", hn.Tenant)}}
+		}
+	}
+	if hn.Model != "" {
+		c.model = r.Header.Get(hn.Model)
+	}
+	if c.user == "" && hn.User != "" {
+		c.user = r.Header.Get(hn.User)
+	}
+	if ref := s.checkFields(&c); ref != nil {
+		return c, ref
+	}
+	if caller != nil && !caller.MayUse(c.model) {
+		msg := fmt.Sprintf("The API key %s may not use the model `%s`.", caller.KeyID, c.model)
+		if c.model == "" {
+			msg = fmt.Sprintf("The API key %s may use only some models; name the model in %s.", caller.KeyID, hn.Model)
+		}
+		param := "model"
+		return c, &refusal{status: http.StatusForbidden, by: byKey, err: ratelimit.Error{Type: "invalid_request_error", Code: "model_not_allowed", Message: msg, Param: &param}}
+	}
+	if p := headerValue(r, hn.Priority); p != "" {
+		switch {
+		case !schemas.Priority(p).Valid():
+			return c, badRequest("invalid_priority", fmt.Sprintf("%s: %q is not one of critical, high, normal, low.", hn.Priority, p))
+		case caller != nil && !caller.MaySetPriority:
+			return c, &refusal{status: http.StatusForbidden, by: byKey, err: ratelimit.Error{Type: "permission_denied", Code: "priority_not_allowed",
+				Message: fmt.Sprintf("The API key %s may not set its priority (%s); ask for may_set_priority in the gateway's keys file.", caller.KeyID, hn.Priority)}}
+		}
+		c.priority = schemas.Priority(p)
+	}
+	c.endpoint = strings.TrimPrefix(r.URL.Path, s.cfg.Path)
+	if c.endpoint == "" {
+		c.endpoint, _, _ = strings.Cut(headerValue(r, hn.URI), "?")
+	}
+	if len(c.endpoint) > schemas.MaxStringLen {
+		c.endpoint = c.endpoint[:schemas.MaxStringLen]
+	}
+	var ref *refusal
+	if c.prompt, ref = s.estimate(r, hn.EstimatePromptTokens, s.cfg.DefaultPromptTokens); ref != nil {
+		return c, ref
+	}
+	c.completion, ref = s.estimate(r, hn.EstimateCompletionTokens, s.cfg.DefaultCompletionTokens)
+	return c, ref
+}
+
+// checkFields applies the usage event's bounds to what the headers named,
+// naming the header of a value out of bounds.
+func (s *Server) checkFields(c *call) *refusal {
+	probe := schemas.UsageEvent{Tenant: c.tenant, Model: c.model, APIKeyID: c.keyID, User: c.user}
+	if probe.Model == "" {
+		probe.Model = "unknown"
+	}
+	var errs schemas.ValidationError
+	probe.ValidateFields(&errs, "", ^(schemas.FieldTenant | schemas.FieldModel | schemas.FieldAPIKeyID | schemas.FieldUser))
+	if len(errs) == 0 {
+		return nil
+	}
+	hn := s.cfg.Headers
+	names := map[string]string{"tenant": hn.Tenant, "model": hn.Model, "api_key_id": hn.KeyID, "user": hn.User}
+	msgs := make([]string, 0, len(errs))
+	for _, fe := range errs {
+		msgs = append(msgs, names[fe.Field]+": "+fe.Reason)
+	}
+	return badRequest("invalid_header", strings.Join(msgs, "; "))
+}
+
+// estimate reads the tokens header name gives, def when it is absent.
+func (s *Server) estimate(r *http.Request, name string, def int64) (int64, *refusal) {
+	v := headerValue(r, name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 || n > s.cfg.MaxEstimateTokens {
+		return 0, badRequest("invalid_estimate", fmt.Sprintf("%s: %q is not a whole number of tokens from 0 to %d (services.authz.max_estimate_tokens).",
+			name, v, s.cfg.MaxEstimateTokens))
+	}
+	return n, nil
+}
+
+func headerValue(r *http.Request, name string) string {
+	if name == "" {
+		return ""
+	}
+	return r.Header.Get(name)
+}
+
+func badRequest(code, msg string) *refusal {
+	return &refusal{status: http.StatusBadRequest, by: byRequest, err: ratelimit.Error{Type: "invalid_request_error", Code: code, Message: msg}}
+}
+
+// capture holds an answer written by the SDK's writers (middleware.Refuse,
+// ratelimit.WriteError), so its body can also go into HeaderError.
+type capture struct {
+	h      http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func newCapture() *capture { return &capture{h: http.Header{}} }
+
+func (c *capture) Header() http.Header { return c.h }
+
+func (c *capture) WriteHeader(status int) {
+	if c.status == 0 {
+		c.status = status
+	}
+}
+
+func (c *capture) Write(b []byte) (int, error) {
+	if c.status == 0 {
+		c.status = http.StatusOK
+	}
+	return c.body.Write(b)
+}
+
+// asciiJSON returns a JSON document with every non-ASCII character
+// escaped (\uXXXX, surrogate pairs above the BMP), so it can travel as a
+// header value; control characters are already escaped by encoding/json.
+func asciiJSON(b []byte) string {
+	var out strings.Builder
+	out.Grow(len(b))
+	for len(b) > 0 {
+		r, n := utf8.DecodeRune(b)
+		switch {
+		case r < utf8.RuneSelf:
+			out.WriteByte(b[0])
+		case r > 0xFFFF:
+			r -= 0x10000
+			fmt.Fprintf(&out, `\u%04x\u%04x`, 0xD800+(r>>10), 0xDC00+(r&0x3FF))
+		default:
+			fmt.Fprintf(&out, `\u%04x`, r)
+		}
+		b = b[n:]
+	}
+	return out.String()
+}

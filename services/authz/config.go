@@ -1,0 +1,143 @@
+package authz
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/platform/httpserver"
+	"github.com/sluicehq/sluice/services/gateway"
+)
+
+// Config is the authz service's section of the Sluice configuration
+// (services.authz).
+type Config struct {
+	Listen string `yaml:"listen" help:"address of the forward-auth endpoint (and of /healthz and /readyz)"`
+	Path   string `yaml:"path" help:"path of the forward-auth endpoint; every path below it is answered too (Envoy's ext_authz appends the original path), whatever the method"`
+
+	KeysFile           string        `yaml:"keys_file" help:"tenant keys file of sluice gateway (id, sha256, tenant, user, models, priority, may_set_priority): the key in headers.key is authenticated and names the tenant; empty: the proxy has authenticated the caller and names the tenant in headers.tenant"`
+	KeysReloadInterval time.Duration `yaml:"keys_reload_interval" help:"how often the keys file is checked for changes"`
+
+	Headers Headers `yaml:"headers"`
+
+	DefaultPromptTokens     int64 `yaml:"default_prompt_tokens" help:"prompt tokens admission debits for a request that carries no estimate header (forward-auth never sees the body)"`
+	DefaultCompletionTokens int64 `yaml:"default_completion_tokens" help:"completion tokens admission debits for a request that carries no estimate header"`
+	MaxEstimateTokens       int64 `yaml:"max_estimate_tokens" help:"largest estimate a request's estimate headers may give (each); above it the request is answered 400"`
+
+	HTTP            httpserver.Timeouts `yaml:"http"`
+	ShutdownTimeout time.Duration       `yaml:"shutdown_timeout" help:"on shutdown, how long checks in flight get to finish"`
+
+	Checker   checker.Config          `yaml:"checker"`
+	Admission gateway.AdmissionConfig `yaml:"admission"`
+}
+
+// Headers names the request headers the endpoint reads, and the answer
+// headers that carry the caller's identity to the upstream.
+type Headers struct {
+	Key      string `yaml:"key" help:"header with the tenant key, as 'Bearer <key>' or the bare key (with keys_file)"`
+	Tenant   string `yaml:"tenant" help:"header naming the tenant (without keys_file); with keys_file the allowed answer carries the key's tenant in it, for the upstream"`
+	KeyID    string `yaml:"key_id" help:"header naming the API key id flags and limits may be scoped by (without keys_file); with keys_file the allowed answer carries the key's id in it"`
+	Model    string `yaml:"model" help:"header naming the model (forward-auth does not read the body); empty or absent: only tenant-wide and key flags apply, and a key limited to some models is refused"`
+	User     string `yaml:"user" help:"header naming the end user, for limits scoped by user (a key's own user wins)"`
+	Priority string `yaml:"priority" help:"header with the request's priority (critical, high, normal, low); with keys_file only keys with may_set_priority may send it"`
+	URI      string `yaml:"uri" help:"header with the original request's path when the proxy does not append it to the endpoint's path (nginx, Traefik: X-Forwarded-Uri); it is the endpoint limits may be scoped by"`
+
+	EstimatePromptTokens     string `yaml:"estimate_prompt_tokens" help:"header with the prompt tokens to debit (else default_prompt_tokens); set it in the proxy, not from the client"`
+	EstimateCompletionTokens string `yaml:"estimate_completion_tokens" help:"header with the completion tokens to debit (else default_completion_tokens)"`
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{
+		Listen:             "127.0.0.1:8091",
+		Path:               "/authz",
+		KeysReloadInterval: 5 * time.Second,
+		Headers: Headers{
+			Key: "Authorization", Tenant: "X-Sluice-Tenant", KeyID: "X-Sluice-Key-Id", Model: "X-Sluice-Model",
+			User: "X-Sluice-User", Priority: "X-Sluice-Priority", URI: "X-Forwarded-Uri",
+			EstimatePromptTokens: "X-Sluice-Estimate-Prompt-Tokens", EstimateCompletionTokens: "X-Sluice-Estimate-Completion-Tokens",
+		},
+		DefaultPromptTokens:     1000,
+		DefaultCompletionTokens: 1000,
+		MaxEstimateTokens:       10_000_000,
+		HTTP:                    httpserver.Timeouts{ReadHeader: 5 * time.Second, Read: 10 * time.Second, Write: 10 * time.Second, Idle: 2 * time.Minute},
+		ShutdownTimeout:         5 * time.Second,
+		Checker:                 checker.DefaultConfig(),
+		Admission:               gateway.DefaultConfig().Admission,
+	}
+}
+
+// Validate checks every field and names the limit it crossed.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	const p = "services.authz."
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		bad(p+"listen: %q is not host:port", c.Listen)
+	}
+	if !strings.HasPrefix(c.Path, "/") || strings.HasSuffix(c.Path, "/") || c.Path == "/healthz" || c.Path == "/readyz" {
+		bad(p+"path: %q must start with / and not end with one (e.g. /authz), and must not be /healthz or /readyz", c.Path)
+	}
+	if c.KeysReloadInterval < 100*time.Millisecond {
+		bad(p+"keys_reload_interval: %s is below the minimum 100ms", c.KeysReloadInterval)
+	}
+	h := c.Headers
+	seen := map[string]string{}
+	for _, f := range []struct {
+		name, value string
+		required    bool
+	}{
+		{"key", h.Key, c.KeysFile != ""}, {"tenant", h.Tenant, true}, {"key_id", h.KeyID, true}, {"model", h.Model, false},
+		{"user", h.User, false}, {"priority", h.Priority, false}, {"uri", h.URI, false},
+		{"estimate_prompt_tokens", h.EstimatePromptTokens, false}, {"estimate_completion_tokens", h.EstimateCompletionTokens, false},
+	} {
+		switch {
+		case f.value == "" && f.required:
+			bad(p+"headers.%s: is required", f.name)
+		case f.value == "":
+		case !validHeaderName(f.value):
+			bad(p+"headers.%s: %q is not an HTTP header name", f.name, f.value)
+		case seen[http.CanonicalHeaderKey(f.value)] != "":
+			bad(p+"headers.%s: %q is already headers.%s", f.name, f.value, seen[http.CanonicalHeaderKey(f.value)])
+		default:
+			seen[http.CanonicalHeaderKey(f.value)] = f.name
+		}
+	}
+	if c.MaxEstimateTokens < 1 || c.MaxEstimateTokens > 1_000_000_000 {
+		bad(p+"max_estimate_tokens: %d is outside 1..1000000000", c.MaxEstimateTokens)
+	}
+	if c.DefaultPromptTokens < 0 || c.DefaultPromptTokens > c.MaxEstimateTokens {
+		bad(p+"default_prompt_tokens: %d is outside 0..max_estimate_tokens (%d)", c.DefaultPromptTokens, c.MaxEstimateTokens)
+	}
+	if c.DefaultCompletionTokens < 0 || c.DefaultCompletionTokens > c.MaxEstimateTokens {
+		bad(p+"default_completion_tokens: %d is outside 0..max_estimate_tokens (%d)", c.DefaultCompletionTokens, c.MaxEstimateTokens)
+	}
+	if err := c.HTTP.Validate(p + "http"); err != nil {
+		errs = append(errs, err)
+	}
+	if c.ShutdownTimeout <= 0 {
+		bad(p + "shutdown_timeout: must be positive")
+	}
+	if err := c.Checker.Validate(); err != nil {
+		bad(p+"checker.%w", err)
+	}
+	if err := c.Admission.Validate(p + "admission."); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// validHeaderName reports whether s is an HTTP field name (RFC 9110 token).
+func validHeaderName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return s != ""
+}
