@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/aggregator"
 	"github.com/sluicehq/sluice/services/alerter"
+	"github.com/sluicehq/sluice/services/console"
 	"github.com/sluicehq/sluice/services/enforcer"
 	"github.com/sluicehq/sluice/services/gateway"
 	"github.com/sluicehq/sluice/services/ingest"
@@ -34,6 +35,7 @@ type ServiceConfigs struct {
 	Alerter    alerter.Config    `yaml:"alerter"`
 	Reconciler reconciler.Config `yaml:"reconciler"`
 	Gateway    gateway.Config    `yaml:"gateway"`
+	Console    console.Config    `yaml:"console"`
 }
 
 func defaultServiceConfigs() ServiceConfigs {
@@ -44,6 +46,7 @@ func defaultServiceConfigs() ServiceConfigs {
 		Alerter:    alerter.DefaultConfig(),
 		Reconciler: reconciler.DefaultConfig(),
 		Gateway:    gateway.DefaultConfig(),
+		Console:    console.DefaultConfig(),
 	}
 	// In one process the root policy_file is the default for every service.
 	s.Reconciler.PolicyFile = ""
@@ -87,7 +90,10 @@ var services = []service{
 		// A gateway in this process flushes its last usage events into
 		// ingest as it stops: ingest must still be there to take them.
 		stopsAfter: []string{"gateway"},
-		prepare:    func(c *Config) validator { return c.Services.Ingest },
+		prepare: func(c *Config) validator {
+			sharedPolicy(&c.Services.Ingest.UsageAPI.PolicyFile, c.PolicyFile)
+			return c.Services.Ingest
+		},
 		run: func(ctx context.Context, c *Config, env platform.Env) error {
 			return ingest.Run(ctx, c.Services.Ingest, env)
 		}},
@@ -124,9 +130,20 @@ var services = []service{
 			return reconciler.Run(ctx, c.Services.Reconciler, env)
 		}},
 	{name: "gateway", optIn: true, about: "OpenAI-compatible proxy in front of the providers: flags, metering, usage events (only when named)",
-		prepare: func(c *Config) validator { return c.Services.Gateway },
+		prepare: func(c *Config) validator {
+			sharedPolicy(&c.Services.Gateway.UsageAPI.PolicyFile, c.PolicyFile)
+			return c.Services.Gateway
+		},
 		run: func(ctx context.Context, c *Config, env platform.Env) error {
 			return gateway.RunWith(ctx, c.Services.Gateway, env, gateway.Options{Admitter: c.gatewayAdmitter})
+		}},
+	{name: "console", optIn: true, about: "web console for operators: quotas, charts, flags and admin actions, pipeline health (only when named)",
+		prepare: func(c *Config) validator {
+			sharedPolicy(&c.Services.Console.PolicyFile, c.PolicyFile)
+			return c.Services.Console
+		},
+		run: func(ctx context.Context, c *Config, env platform.Env) error {
+			return console.Run(ctx, c.Services.Console, env)
 		}},
 }
 
