@@ -425,9 +425,12 @@ leftovers() { pgrep -f -- "$DIR/" || true; }
 
 # install_test_tools installs what tests need besides the services: kcat,
 # a librdkafka producer, for the aggregator's direct-producer test (a
-# partitioner other than the Go clients', see docs/producers.md).
+# partitioner other than the Go clients', see docs/producers.md); and
+# Debian's chromium, the headless browser the console's browser test
+# (cmd/sluice/console_test.go) drives through chromedp.
 install_test_tools() {
 	command -v kcat >/dev/null || apt_install kcat
+	command -v chromium >/dev/null || apt_install chromium
 }
 
 cmd_up() {
