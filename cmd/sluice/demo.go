@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -18,7 +17,6 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/demo/dashboard"
 	"github.com/sluicehq/sluice/demo/loadgen"
@@ -241,23 +239,7 @@ func serveHTTP(addr string, h http.Handler) func(context.Context) error {
 			return fmt.Errorf("listen on %s: %w (is another demo running?)", addr, err)
 		}
 		srv := httpserver.New(h, httpserver.Defaults(), nil)
-		// The same shape as the services' Run: one group, one cancellation;
-		// a failed Serve ends the shutdown member too.
-		g, gctx := errgroup.WithContext(ctx)
-		g.Go(func() error {
-			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		})
-		g.Go(func() error {
-			<-gctx.Done()
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(sctx)
-			return nil
-		})
-		return g.Wait()
+		return httpserver.ServeUntilDone(ctx, srv, ln, 5*time.Second)
 	}
 }
 

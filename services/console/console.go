@@ -31,7 +31,6 @@ import (
 	"context"
 	"crypto/tls"
 	"embed"
-	"errors"
 	"fmt"
 	"html/template"
 	"io/fs"
@@ -121,7 +120,7 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 		srv.TLSConfig = tlsCfg
 		ln = tls.NewListener(ln, tlsCfg)
 		scheme = "https"
-	} else if host, _, _ := net.SplitHostPort(cfg.Listen); !isLoopback(host) {
+	} else if host, _, _ := net.SplitHostPort(cfg.Listen); !httpserver.IsLoopback(host) {
 		log.Warn("console: plain HTTP on a non-loopback address; admin tokens typed into the login form cross the network in clear text (set services.console.tls_cert_file and tls_key_file)", "addr", cfg.Listen)
 	}
 	log.Info("web console listening", "url", scheme+"://"+ln.Addr().String())
@@ -135,28 +134,12 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	g.Go(func() error { s.sampler.run(gctx, cfg.SampleEvery, log); return nil })
 	g.Go(func() error { s.sessions.expireLoop(gctx, time.Minute); return nil })
 	g.Go(func() error {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		if err := httpserver.ServeUntilDone(gctx, srv, ln, 5*time.Second); err != nil {
 			return fmt.Errorf("console: serve: %w", err)
 		}
 		return nil
 	})
-	g.Go(func() error {
-		<-gctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-		return nil
-	})
 	return g.Wait()
-}
-
-// isLoopback reports whether a listen host stays on this machine.
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // deps are what a server reads from and acts through.

@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -194,7 +195,7 @@ func sortRows(rows []overviewRow, key string, desc bool) {
 		case "tier":
 			return a.Quota.Tier - b.Quota.Tier
 		case "rate":
-			return cmpFloat(a.Quota.RatePerMinute, b.Quota.RatePerMinute)
+			return cmp.Compare(a.Quota.RatePerMinute, b.Quota.RatePerMinute)
 		case "refused":
 			return int(a.Refused - b.Refused)
 		case "exhaustion":
@@ -216,7 +217,7 @@ func sortRows(rows []overviewRow, key string, desc bool) {
 			}
 			return pa.Compare(*pb)
 		}
-		return cmpFloat(a.Quota.UsedPercent, b.Quota.UsedPercent)
+		return cmp.Compare(a.Quota.UsedPercent, b.Quota.UsedPercent)
 	}
 	slices.SortStableFunc(rows, func(a, b overviewRow) int {
 		c := less(a, b)
@@ -228,16 +229,6 @@ func sortRows(rows []overviewRow, key string, desc bool) {
 		}
 		return c
 	})
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // sortURL is the overview link that sorts by key, flipping the order when

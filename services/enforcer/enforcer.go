@@ -204,19 +204,10 @@ func listenAdmin(cfg Config, c *core, aud admin.Auditor, pub admin.Publisher, lo
 		// certificate, the listener speaks only TLS.
 		srv.TLSConfig = tlsCfg
 		ln = tls.NewListener(ln, tlsCfg)
-	} else if host, _, _ := net.SplitHostPort(cfg.Admin.Listen); !isLoopback(host) {
+	} else if host, _, _ := net.SplitHostPort(cfg.Admin.Listen); !httpserver.IsLoopback(host) {
 		log.Warn("enforcer: admin API serves plain HTTP on a non-loopback address; bearer tokens cross the network in clear text (set enforcer.admin.tls_cert_file and tls_key_file)", "addr", cfg.Admin.Listen)
 	}
 	return &adminServer{ln: ln, srv: srv, log: log, tls: tlsCfg != nil}, nil
-}
-
-// isLoopback reports whether a listen host stays on this machine.
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // serve serves until the server is shut down. Only a failure of the
