@@ -462,6 +462,9 @@ func (s *server) quotaChart(q quotastatus.Quota, minutes []chstate.Minute, from,
 		if m.Minute.Before(start) {
 			continue
 		}
+		// Flat until the minute begins, then its use over the minute: a
+		// quiet stretch is drawn flat, not as a slope.
+		used.Points = append(used.Points, svgchart.Point{T: m.Minute, V: cum})
 		cum += m.Value(q.Unit)
 		used.Points = append(used.Points, svgchart.Point{T: minTime(m.Minute.Add(time.Minute), now), V: cum})
 	}
@@ -638,9 +641,14 @@ func pipelineTiles(samples []sample) []tile {
 		// The figure: the observations of the sampled window, or every
 		// one since the services started when the window has none.
 		win, since := last, "since the services started"
-		if first, ok := samples[0].hists[name]; ok && len(samples) > 1 {
-			if d := last.delta(first); d.count > 0 {
-				win, since = d, "over the last "+span(samples)
+		// The earliest sample that has the histogram: a service may have
+		// registered it after the sampling began.
+		for i, sm := range samples[:len(samples)-1] {
+			if first, ok := sm.hists[name]; ok {
+				if d := last.delta(first); d.count > 0 && d.count < last.count {
+					win, since = d, "over the last "+span(samples[i:])
+				}
+				break
 			}
 		}
 		if win.count <= 0 {
