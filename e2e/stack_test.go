@@ -240,6 +240,7 @@ func (s *stack) args(opsAddr string) []string {
 		"-services.ingest.listen=" + s.ingestAddr,
 		"-services.ingest.keys_file=" + filepath.Join(s.dir, "keys.yaml"),
 		"-services.ingest.topic=" + s.topic,
+		"-services.ingest.usage_api.key_prefix=" + s.prefix,
 		// The period-reset test stamps events an hour ahead.
 		"-services.ingest.max_event_future=2h",
 		"-services.aggregator.topic=" + s.topic,
@@ -278,6 +279,7 @@ func (s *stack) args(opsAddr string) []string {
 		// Nor the forward-auth endpoint's.
 		"-services.authz.checker.key_prefix=" + s.prefix,
 		"-services.authz.admission.key_prefix=" + s.prefix + "adm:",
+		"-services.console.key_prefix=" + s.prefix,
 		"-shutdown_grace=10s",
 	}
 	if len(s.redisCluster) > 0 {

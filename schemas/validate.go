@@ -189,6 +189,10 @@ func CheckID(s string) string {
 	return checkIdent(s, MaxIDLen, "MaxIDLen", printableNoSpace, "printable ASCII without spaces (0x21-0x7E)")
 }
 
+// CheckTenant checks a tenant name (as readers such as the usage API take
+// it from a request) and returns the reason it is invalid, or "".
+func CheckTenant(s string) string { return checkTenant(s) }
+
 // checkTenant checks a tenant name and returns the reason it is invalid, or
 // "".
 func checkTenant(s string) string {

@@ -441,10 +441,13 @@ leftovers() { pgrep -f -- "$DIR/" || true; }
 # free loopback port; `env` names the binary (SLUICE_NGINX_BIN). Debian's
 # package does not start a system nginx where services are not started by
 # apt (policy-rc.d, containers); on a machine with systemd it does, on port
-# 80, as for the other packages here.
+# 80, as for the other packages here. And Debian's chromium, the headless
+# browser the console's browser test (cmd/sluice/console_test.go) drives
+# through chromedp.
 install_test_tools() {
 	command -v kcat >/dev/null || apt_install kcat
 	command -v promtool >/dev/null || apt_install prometheus
+	command -v chromium >/dev/null || apt_install chromium
 	install_nginx
 }
 

@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -18,7 +17,6 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/demo/dashboard"
 	"github.com/sluicehq/sluice/demo/loadgen"
@@ -30,6 +28,7 @@ import (
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
+	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 	"github.com/sluicehq/sluice/services/gateway"
 )
 
@@ -38,6 +37,7 @@ const (
 	demoGatewayAddr  = "127.0.0.1:18080"
 	demoIngestAddr   = "127.0.0.1:18081"
 	demoUpstreamAddr = "127.0.0.1:18090"
+	demoConsoleAddr  = "127.0.0.1:18088"
 )
 
 // demoTenants are the load generator's customers; their plans are in
@@ -62,6 +62,9 @@ func demoConfig() Config {
 	// A prefix per run: flags of an earlier demo (they live until their TTL)
 	// must not refuse this run's tenants before it has metered anything.
 	c.Services.Enforcer.KeyPrefix = fmt.Sprintf("sluice-demo-%d:", time.Now().Unix())
+	// The console and ingest's usage API read the run's flags.
+	c.Services.Console.Listen, c.Services.Console.KeyPrefix = demoConsoleAddr, c.Services.Enforcer.KeyPrefix
+	c.Services.Ingest.UsageAPI.KeyPrefix = c.Services.Enforcer.KeyPrefix
 	c.Services.Alerter.Alertmanager.URL = envOr("SLUICE_ALERTMANAGER_URL", "http://127.0.0.1:19093")
 	// Tiers must hold this long before they notify; short enough to watch.
 	c.Services.Alerter.Rules.PendingFor = 5 * time.Second
@@ -110,6 +113,10 @@ func demo(ctx context.Context, args []string) error {
 		return err
 	}
 	if err := demoSignalKey(&cfg.SignalAuth); err != nil {
+		return err
+	}
+	adminToken, err := demoAdminToken(&cfg)
+	if err != nil {
 		return err
 	}
 
@@ -174,12 +181,14 @@ func demo(ctx context.Context, args []string) error {
 	)
 	fmt.Printf("sluice demo: gateway http://%s (OpenAI-compatible), ingest http://%s, metrics http://%s/metrics, Alertmanager %s\n",
 		demoGatewayAddr, demoIngestAddr, cfg.Ops.Listen, cfg.Services.Alerter.Alertmanager.URL)
+	fmt.Printf("sluice demo: web console http://%s (to act, log in with the admin token %s); usage API: curl -H 'Authorization: Bearer sk-demo-runaway' http://%s/v1/usage\n",
+		cfg.Services.Console.Listen, adminToken, demoGatewayAddr)
 	return lifecycle.Run(ctx, log, cfg.ShutdownGrace, tasks...)
 }
 
 // demoServices are what the demo runs in its process: the whole pipeline
 // and `sluice gateway` in front of the mock LLM.
-var demoServices = []string{"ingest", "aggregator", "enforcer", "alerter", "reconciler", "gateway"}
+var demoServices = []string{"ingest", "aggregator", "enforcer", "alerter", "reconciler", "gateway", "console"}
 
 // demoGateway configures `sluice gateway` for the demo: the tenants' keys
 // (only their hashes are written), the mock LLM as the one upstream of
@@ -230,23 +239,7 @@ func serveHTTP(addr string, h http.Handler) func(context.Context) error {
 			return fmt.Errorf("listen on %s: %w (is another demo running?)", addr, err)
 		}
 		srv := httpserver.New(h, httpserver.Defaults(), nil)
-		// The same shape as the services' Run: one group, one cancellation;
-		// a failed Serve ends the shutdown member too.
-		g, gctx := errgroup.WithContext(ctx)
-		g.Go(func() error {
-			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		})
-		g.Go(func() error {
-			<-gctx.Done()
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(sctx)
-			return nil
-		})
-		return g.Wait()
+		return httpserver.ServeUntilDone(ctx, srv, ln, 5*time.Second)
 	}
 }
 
@@ -279,6 +272,23 @@ func writeDemoKeys() (path, key string, err error) {
 	path = filepath.Join(dir, "keys.yaml")
 	body := fmt.Sprintf("keys:\n  - id: demo-gateway\n    sha256: %s\n    tenants: [\"*\"]\n", hex.EncodeToString(sum[:]))
 	return path, key, os.WriteFile(path, []byte(body), 0o600)
+}
+
+// demoAdminToken turns the enforcer's admin API on for the run, with a
+// fresh random token the console's login takes (printed with its URL),
+// unless admin tokens are already configured.
+func demoAdminToken(c *Config) (string, error) {
+	if len(c.Services.Enforcer.Admin.Tokens) > 0 {
+		return "(one of services.enforcer.admin.tokens)", nil
+	}
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	token := "sk-admin-" + hex.EncodeToString(b[:])
+	c.Services.Enforcer.Admin.Tokens = []adminapi.Token{{Name: "demo-operator", SHA256: adminapi.HashToken(token)}}
+	c.Services.Console.AdminURL = "http://" + c.Services.Enforcer.Admin.Listen
+	return token, nil
 }
 
 // demoSignalKey gives the demo's services, all in this process, a fresh

@@ -3,7 +3,7 @@
 //
 //	sluice migrate [flags]            apply ClickHouse migrations (idempotent)
 //	sluice run [flags] [service ...]  run the named services (default: the pipeline;
-//	                                  the gateway and authz run when named)
+//	                                  the gateway, authz and console run when named)
 //	sluice services                   list the services
 //
 // Configuration comes from a YAML file (-config or SLUICE_CONFIG), SLUICE_*
@@ -37,7 +37,7 @@ const usage = `usage: sluice <command> [flags]
 
 commands:
   migrate    apply ClickHouse migrations (safe to repeat)
-  run        run services: sluice run [flags] [service ...] (default: all but gateway and authz, which run when named)
+  run        run services: sluice run [flags] [service ...] (default: all but gateway, authz and console, which run when named)
   demo       the whole pipeline with a mock LLM, sluice gateway in front of it, load and a live view (make run)
   services   list the services this binary can run
   config-reference  print every setting as a Markdown table (docs/configuration.md)

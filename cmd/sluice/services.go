@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/services/aggregator"
 	"github.com/sluicehq/sluice/services/alerter"
 	"github.com/sluicehq/sluice/services/authz"
+	"github.com/sluicehq/sluice/services/console"
 	"github.com/sluicehq/sluice/services/enforcer"
 	"github.com/sluicehq/sluice/services/gateway"
 	"github.com/sluicehq/sluice/services/ingest"
@@ -36,6 +37,7 @@ type ServiceConfigs struct {
 	Reconciler reconciler.Config `yaml:"reconciler"`
 	Gateway    gateway.Config    `yaml:"gateway"`
 	Authz      authz.Config      `yaml:"authz"`
+	Console    console.Config    `yaml:"console"`
 }
 
 func defaultServiceConfigs() ServiceConfigs {
@@ -47,6 +49,7 @@ func defaultServiceConfigs() ServiceConfigs {
 		Reconciler: reconciler.DefaultConfig(),
 		Gateway:    gateway.DefaultConfig(),
 		Authz:      authz.DefaultConfig(),
+		Console:    console.DefaultConfig(),
 	}
 	// In one process the root policy_file is the default for every service.
 	s.Reconciler.PolicyFile = ""
@@ -90,7 +93,10 @@ var services = []service{
 		// A gateway in this process flushes its last usage events into
 		// ingest as it stops: ingest must still be there to take them.
 		stopsAfter: []string{"gateway"},
-		prepare:    func(c *Config) validator { return c.Services.Ingest },
+		prepare: func(c *Config) validator {
+			sharedPolicy(&c.Services.Ingest.UsageAPI.PolicyFile, c.PolicyFile)
+			return c.Services.Ingest
+		},
 		run: func(ctx context.Context, c *Config, env platform.Env) error {
 			return ingest.Run(ctx, c.Services.Ingest, env)
 		}},
@@ -127,7 +133,10 @@ var services = []service{
 			return reconciler.Run(ctx, c.Services.Reconciler, env)
 		}},
 	{name: "gateway", optIn: true, about: "OpenAI-compatible proxy in front of the providers: flags, metering, usage events (only when named)",
-		prepare: func(c *Config) validator { return c.Services.Gateway },
+		prepare: func(c *Config) validator {
+			sharedPolicy(&c.Services.Gateway.UsageAPI.PolicyFile, c.PolicyFile)
+			return c.Services.Gateway
+		},
 		run: func(ctx context.Context, c *Config, env platform.Env) error {
 			return gateway.RunWith(ctx, c.Services.Gateway, env, gateway.Options{Admitter: c.gatewayAdmitter})
 		}},
@@ -135,6 +144,14 @@ var services = []service{
 		prepare: func(c *Config) validator { return c.Services.Authz },
 		run: func(ctx context.Context, c *Config, env platform.Env) error {
 			return authz.Run(ctx, c.Services.Authz, env)
+		}},
+	{name: "console", optIn: true, about: "web console for operators: quotas, charts, flags and admin actions, pipeline health (only when named)",
+		prepare: func(c *Config) validator {
+			sharedPolicy(&c.Services.Console.PolicyFile, c.PolicyFile)
+			return c.Services.Console
+		},
+		run: func(ctx context.Context, c *Config, env platform.Env) error {
+			return console.Run(ctx, c.Services.Console, env)
 		}},
 }
 

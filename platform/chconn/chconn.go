@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"sync"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
@@ -126,5 +127,53 @@ func Ready(conn driver.Conn) func(context.Context) error {
 			return fmt.Errorf("clickhouse unreachable: %w", err)
 		}
 		return nil
+	}
+}
+
+// Lazy connects to ClickHouse on first use and again after a failed
+// attempt, for services that must start, and keep doing their main work,
+// while ClickHouse is down (the enforcer, whose enforcement comes from
+// Redis and Kafka; the usage API of the gateway and ingest). It is safe
+// for concurrent use.
+type Lazy struct {
+	cfg  Config
+	mu   sync.Mutex
+	conn driver.Conn
+}
+
+// NewLazy returns a Lazy connection to c.Database; nothing is dialled yet.
+func NewLazy(c Config) *Lazy { return &Lazy{cfg: c} }
+
+// Get returns the connection, opening (and pinging) it if needed.
+func (l *Lazy) Get(ctx context.Context) (driver.Conn, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conn != nil {
+		return l.conn, nil
+	}
+	conn, err := Open(ctx, l.cfg)
+	if err != nil {
+		return nil, err
+	}
+	l.conn = conn
+	return conn, nil
+}
+
+// Ready is a readiness check: ClickHouse reachable.
+func (l *Lazy) Ready(ctx context.Context) error {
+	conn, err := l.Get(ctx)
+	if err != nil {
+		return err
+	}
+	return Ready(conn)(ctx)
+}
+
+// Close closes the connection if one was opened.
+func (l *Lazy) Close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conn != nil {
+		l.conn.Close()
+		l.conn = nil
 	}
 }

@@ -11,10 +11,12 @@
 package httpserver
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"time"
 )
@@ -110,4 +112,37 @@ func LoadTLS(certFile, keyFile, certSetting, keySetting string) (*tls.Config, er
 		return nil, fmt.Errorf("%s (%s), %s (%s): %w; they must be a PEM certificate and its matching PEM key", certSetting, certFile, keySetting, keyFile, err)
 	}
 	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
+}
+
+// ServeUntilDone serves srv on ln until ctx ends, then shuts it down,
+// letting requests in flight finish within grace. Only a failure of the
+// listener itself is an error.
+func ServeUntilDone(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Duration) error {
+	served := make(chan error, 1)
+	go func() {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			served <- err
+			return
+		}
+		served <- nil
+	}()
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	return <-served
+}
+
+// IsLoopback reports whether a listen host stays on this machine, for the
+// services that warn when they would send secrets over plain HTTP beyond it.
+func IsLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -42,6 +42,10 @@ type core struct {
 	signals  *prometheus.CounterVec
 	restored prometheus.Counter
 	leader   prometheus.Gauge
+	// lag observes, for each signal that changed a flag, the wall time
+	// from the usage event that caused it to the change: the part of the
+	// enforcement lag before the flag write (flush_interval adds the rest).
+	lag prometheus.Histogram
 }
 
 // newCore returns a core writing flags through rdb under the policy of pw.
@@ -55,7 +59,10 @@ func newCore(cfg Config, rdb redis.UniversalClient, pw *policy.Watcher, log *slo
 		restored: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_enforcer_breakers_restored_from_redis_total",
 			Help: "Breakers taken back from the flags in Redis when the enforcer started or took the lead (the floor of its state)."}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_enforcer_leader",
-			Help: "1 while this replica holds the leader lease and writes the flags."})}
+			Help: "1 while this replica holds the leader lease and writes the flags."}),
+		lag: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_enforcer_signal_lag_seconds",
+			Help:    "Enforcement lag: from the time of the usage event a signal was computed from (the gateway's clock) to the enforcer changing a flag for it (the flag write follows within flush_interval). Signals that changed no flag are not observed.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)})}
 	c.writer = flagwriter.New(rdb, c.table, flagwriter.Config{KeyPrefix: cfg.KeyPrefix, FlushInterval: cfg.FlushInterval,
 		FlagTTL: cfg.FlagTTL, HeartbeatEvery: cfg.HeartbeatEvery, MaxDirty: cfg.MaxDirty, BatchTenants: cfg.BatchTenants}, log)
 	c.publishFailModes(pw.Current())
@@ -175,6 +182,7 @@ func (c *core) handle(s *schemas.Signal, now time.Time) {
 		c.log.Info("soft quota overage recorded", "tenant", s.Tenant, "model", s.Model, "quota", s.Quota, "used", s.Used, "limit", s.Limit)
 	case len(res.Changed) > 0:
 		c.signals.WithLabelValues("changed").Inc()
+		c.lag.Observe(max(0, now.Sub(s.Time).Seconds()))
 		c.writer.MarkDirty(res.Changed...)
 	default:
 		c.signals.WithLabelValues("no_change").Inc()

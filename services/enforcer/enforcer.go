@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/redisconn"
@@ -54,9 +55,9 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	}
 	rdb := redisconn.NewClient(env.Redis)
 	defer rdb.Close()
-	chc := &lazyClickHouse{cfg: env.ClickHouse}
-	defer chc.close()
-	if _, err := chc.get(ctx); err != nil {
+	chc := &lazyClickHouse{chconn.NewLazy(env.ClickHouse)}
+	defer chc.Close()
+	if _, err := chc.Get(ctx); err != nil {
 		log.Warn("enforcer: clickhouse unreachable at start; enforcing from redis and kafka, recovery retries", "err", err)
 	}
 	group, replica := cfg.ConsumerGroup, cfg.ReplicaID
@@ -96,7 +97,7 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	}
 	env.Health.AddReadiness("enforcer-redis", redisconn.Ready(rdb))
 	env.Health.AddReadiness("enforcer-kafka", kafkaconn.Ready(kc))
-	env.Health.AddReadiness("enforcer-clickhouse", chc.ready)
+	env.Health.AddReadiness("enforcer-clickhouse", chc.Ready)
 	srv, err := listenAdmin(cfg, c, chc, as, log)
 	if err != nil {
 		return err
@@ -203,19 +204,10 @@ func listenAdmin(cfg Config, c *core, aud admin.Auditor, pub admin.Publisher, lo
 		// certificate, the listener speaks only TLS.
 		srv.TLSConfig = tlsCfg
 		ln = tls.NewListener(ln, tlsCfg)
-	} else if host, _, _ := net.SplitHostPort(cfg.Admin.Listen); !isLoopback(host) {
+	} else if host, _, _ := net.SplitHostPort(cfg.Admin.Listen); !httpserver.IsLoopback(host) {
 		log.Warn("enforcer: admin API serves plain HTTP on a non-loopback address; bearer tokens cross the network in clear text (set enforcer.admin.tls_cert_file and tls_key_file)", "addr", cfg.Admin.Listen)
 	}
 	return &adminServer{ln: ln, srv: srv, log: log, tls: tlsCfg != nil}, nil
-}
-
-// isLoopback reports whether a listen host stays on this machine.
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // serve serves until the server is shut down. Only a failure of the

@@ -19,6 +19,7 @@ func (c *core) collectors() []prometheus.Collector {
 		c.signals,
 		c.restored,
 		c.leader,
+		c.lag,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_enforcer_flag_writes_total",
 			Help: "Pipelined Redis round trips that wrote flags."}, stat(func(f, _, _ int64) int64 { return f })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_enforcer_flag_write_errors_total",

@@ -63,7 +63,7 @@ func (c *core) recoverUntilDone(ctx context.Context, ch *lazyClickHouse, recover
 	defer close(done)
 	for delay := time.Second; ; delay = min(2*delay, 30*time.Second) {
 		rctx, cancel := context.WithTimeout(ctx, time.Minute)
-		conn, err := ch.get(rctx)
+		conn, err := ch.Get(rctx)
 		if err == nil {
 			err = c.recoverState(rctx, conn, time.Now())
 		}

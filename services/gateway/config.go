@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/gateway/deferred"
+	"github.com/sluicehq/sluice/services/internal/usageapi"
 )
 
 // Config is the gateway service's section of the Sluice configuration
@@ -39,6 +40,8 @@ type Config struct {
 	Usage     UsageConfig     `yaml:"usage"`
 	Admission AdmissionConfig `yaml:"admission"`
 	Deferred  deferred.Config `yaml:"deferred"`
+	// UsageAPI is GET /v1/usage for the callers' tenants.
+	UsageAPI usageapi.Config `yaml:"usage_api"`
 }
 
 // Upstream is one provider endpoint.
@@ -99,6 +102,7 @@ func DefaultConfig() Config {
 		Checker:             checker.DefaultConfig(),
 		Admission:           defaultAdmission(),
 		Deferred:            deferred.DefaultConfig(),
+		UsageAPI:            usageapi.DefaultConfig(),
 		Usage: UsageConfig{
 			Sink:           SinkIngest,
 			IngestURL:      "http://127.0.0.1:8080",
@@ -125,6 +129,11 @@ func (c Config) Validate() error {
 		bad(p+"name: must be 1..%d bytes", schemas.MaxStringLen)
 	}
 	c.Admission.validate(bad)
+	if c.UsageAPI.Enabled {
+		if err := c.UsageAPI.Validate(p + "usage_api"); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if c.KeysFile == "" {
 		bad(p + "keys_file: is required (the tenants' API keys; see services/gateway/README.md)")
 	}

@@ -60,6 +60,7 @@ import (
 	"github.com/sluicehq/sluice/services/gateway/deferred"
 	"github.com/sluicehq/sluice/services/internal/fifo"
 	"github.com/sluicehq/sluice/services/internal/keyfile"
+	"github.com/sluicehq/sluice/services/internal/usageapi"
 )
 
 // Options are what a hosting program adds to the configuration.
@@ -109,11 +110,16 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	if err != nil {
 		return err
 	}
+	usage, closeUsage, err := openUsageAPI(ctx, cfg, env)
+	if err != nil {
+		return fmt.Errorf("services.gateway.%w", err)
+	}
+	defer closeUsage()
 	em, closeSender, err := newEmitter(cfg.Usage, env)
 	if err != nil {
 		return err
 	}
-	s, err := New(cfg, Deps{Checker: chk, Emitter: em, Admitter: opts.Admitter, Logger: log, Metrics: env.Metrics, Tasks: tasks})
+	s, err := New(cfg, Deps{Checker: chk, Emitter: em, Admitter: opts.Admitter, Logger: log, Metrics: env.Metrics, Tasks: tasks, Usage: usage})
 	if err != nil {
 		closeEmitter(context.Background(), em, closeSender, time.Second, log)
 		return err
@@ -234,6 +240,8 @@ type Deps struct {
 	// Tasks, when not nil, accepts deferred requests and answers
 	// GET /v1/tasks/{id} (deferred.go).
 	Tasks *deferred.Queue
+	// Usage, when not nil, serves GET /v1/usage to the keys' tenants.
+	Usage *usageapi.API
 }
 
 // Server is the gateway's HTTP handler.
@@ -334,6 +342,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	mux.HandleFunc("GET /v1/tasks/{id}", s.getTask)
 	mux.HandleFunc("GET /v1/models", s.listModels)
+	if deps.Usage != nil {
+		mux.Handle("GET "+usageapi.Path, deps.Usage.Handler(s.usageTenant))
+	}
 	mux.HandleFunc("GET /v1/models/{model...}", s.getModel)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	// On the API port too, for load balancers that probe the port they
@@ -347,7 +358,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url",
-			fmt.Sprintf("This gateway serves POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses and GET /v1/models, not %s %s.", r.Method, r.URL.Path))
+			fmt.Sprintf("This gateway serves POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses and GET /v1/models and /v1/usage, not %s %s.", r.Method, r.URL.Path))
 	})
 	s.mux = mux
 	return s, nil

@@ -335,11 +335,18 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) *Caller {
 	if c := deferredCaller(r.Context()); c != nil {
 		return c // a deferred task's run (deferred.go)
 	}
-	key, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	c := s.keys.Authenticate(strings.TrimSpace(key))
+	c := s.callerOf(r)
 	if c == nil {
-		writeError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key",
-			"Incorrect API key provided. Send a Sluice gateway key as Authorization: Bearer <key>.")
+		writeError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", badKeyMessage)
 	}
 	return c
+}
+
+// badKeyMessage answers a request without a known tenant key.
+const badKeyMessage = "Incorrect API key provided. Send a Sluice gateway key as Authorization: Bearer <key>."
+
+// callerOf returns the tenant key r authenticates with, nil for none.
+func (s *Server) callerOf(r *http.Request) *Caller {
+	key, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return s.keys.Authenticate(strings.TrimSpace(key))
 }

@@ -8,7 +8,9 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/internal/usageapi"
 )
 
 // Config is the ingest service's section of the Sluice configuration.
@@ -36,6 +38,9 @@ type Config struct {
 	DedupMaxIDs int           `yaml:"dedup_max_ids" help:"most ids remembered; the oldest is forgotten first (about 200 bytes each with 36-byte ids: tenant, id and estimated are remembered)"`
 
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout" help:"on shutdown, how long in-flight requests and the producer get to finish"`
+
+	// UsageAPI is GET /v1/usage for the tenants a key may report.
+	UsageAPI usageapi.Config `yaml:"usage_api"`
 }
 
 // DefaultConfig returns the defaults. 50,000 in-flight events keep a few
@@ -60,7 +65,16 @@ func DefaultConfig() Config {
 		DedupWindow:         10 * time.Minute,
 		DedupMaxIDs:         500_000,
 		ShutdownTimeout:     15 * time.Second,
+		UsageAPI:            defaultUsageAPI(),
 	}
+}
+
+// defaultUsageAPI is the usage API's defaults with the enforcer's default
+// flag prefix: ingest runs no Checker whose prefix it could take.
+func defaultUsageAPI() usageapi.Config {
+	c := usageapi.DefaultConfig()
+	c.KeyPrefix = flags.DefaultPrefix
+	return c
 }
 
 // Validate checks every field and names the limit it crossed.
@@ -120,6 +134,14 @@ func (c Config) Validate() error {
 	}
 	if c.ShutdownTimeout <= 0 {
 		bad("services.ingest.shutdown_timeout: must be positive")
+	}
+	if c.UsageAPI.Enabled {
+		if err := c.UsageAPI.Validate("services.ingest.usage_api"); err != nil {
+			errs = append(errs, err)
+		}
+		if c.UsageAPI.KeyPrefix == "" {
+			bad("services.ingest.usage_api.key_prefix: is required (the enforcer's key_prefix)")
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/httpserver"
+	"github.com/sluicehq/sluice/services/internal/usageapi"
 )
 
 // Run serves the events API on cfg.Listen until ctx is cancelled, then
@@ -46,6 +47,15 @@ func run(ctx context.Context, cfg Config, env platform.Env, started func(addr st
 	s, err := newServer(ctx, cfg, env, extra...)
 	if err != nil {
 		return err
+	}
+	if cfg.UsageAPI.Enabled {
+		ua, err := usageapi.Open(cfg.UsageAPI, env, env.Logger.With("component", "usage-api"))
+		if err != nil {
+			s.kafka.Close()
+			return fmt.Errorf("services.ingest.%w", err)
+		}
+		defer ua.Close()
+		s.usage = ua
 	}
 	if err := s.m.register(env.Metrics); err != nil {
 		s.kafka.Close()
@@ -86,6 +96,9 @@ func run(ctx context.Context, cfg Config, env platform.Env, started func(addr st
 		}
 		return nil
 	})
+	if s.usage != nil {
+		g.Go(func() error { return s.usage.Run(gctx) })
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		return s.shutdown(srv)

@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/services/ingest/apikey"
 	"github.com/sluicehq/sluice/services/ingest/dedup"
 	"github.com/sluicehq/sluice/services/ingest/payload"
+	"github.com/sluicehq/sluice/services/internal/usageapi"
 )
 
 // server is the events API: one per Run, or per test.
@@ -39,6 +40,9 @@ type server struct {
 	m         *metrics
 	owners    atomic.Uint64
 	closing   atomic.Bool
+
+	// usage serves GET /v1/usage; nil when usage_api is disabled.
+	usage *usageapi.API
 
 	bodies  sync.Pool // *bytes.Buffer
 	batches sync.Pool // *payload.Batch
@@ -136,6 +140,9 @@ func newServer(ctx context.Context, cfg Config, env platform.Env, extra ...kgo.O
 func (s *server) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/events", s.events)
+	if s.usage != nil {
+		mux.Handle("GET "+usageapi.Path, s.usage.Handler(s.usageTenant))
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
@@ -147,6 +154,38 @@ func (s *server) handler() http.Handler {
 		_, _ = w.Write([]byte("ready\n"))
 	})
 	return mux
+}
+
+// usageTenant authenticates a usage API call by ingest key: the tenant is
+// the request's ?tenant=, which the key must be allowed to report, or the
+// key's only tenant when it names none.
+func (s *server) usageTenant(r *http.Request) (string, int, string) {
+	tenant := r.URL.Query().Get("tenant")
+	if s.keys == nil {
+		if tenant == "" {
+			return "", http.StatusBadRequest, "Name the tenant: GET " + usageapi.Path + "?tenant=<tenant> (ingest runs without keys)."
+		}
+		return tenant, 0, ""
+	}
+	key, ok := bearer(r.Header.Get("Authorization"))
+	if !ok {
+		return "", http.StatusUnauthorized, "Missing API key: send Authorization: Bearer <key>."
+	}
+	ident := s.keys.Authenticate(key)
+	if ident == nil {
+		return "", http.StatusUnauthorized, "Invalid API key."
+	}
+	if tenant == "" {
+		only, ok := ident.OnlyTenant()
+		if !ok {
+			return "", http.StatusBadRequest, fmt.Sprintf("Key %s may report several tenants: name one, GET %s?tenant=<tenant>.", ident.ID, usageapi.Path)
+		}
+		tenant = only
+	}
+	if !ident.Allows(tenant) {
+		return "", http.StatusForbidden, fmt.Sprintf("Key %s may not read tenant %q (its tenants in services.ingest.keys_file).", ident.ID, tenant)
+	}
+	return tenant, 0, ""
 }
 
 // ready fails while shutting down or while the broker is unreachable, so a

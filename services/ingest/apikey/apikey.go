@@ -57,6 +57,18 @@ func (i *Identity) Allows(tenant string) bool {
 	return ok
 }
 
+// OnlyTenant returns the tenant of a key that may report exactly one,
+// which readers such as the usage API take when the request names none.
+func (i *Identity) OnlyTenant() (string, bool) {
+	if len(i.tenants) != 1 {
+		return "", false
+	}
+	for t := range i.tenants {
+		return t, true
+	}
+	return "", false
+}
+
 // Set is an immutable list of keys.
 type Set = keyfile.Set[Identity]
 
