@@ -50,11 +50,18 @@ type AdmissionConfig struct {
 	MaxWait      time.Duration `yaml:"max_wait" help:"longest an admission waits for Redis; past it the tenant's fail mode decides (open: a local limiter, closed: 503)"`
 	KeyPrefix    string        `yaml:"key_prefix" help:"prefix of admission's Redis keys (counters of every gateway sharing this Redis and prefix are shared)"`
 	Gateways     int           `yaml:"gateways" help:"gateway processes sharing the limits: a fail-open tenant gets limit/gateways per process while Redis is away"`
+	// UpstreamKeyPrefix is where the upstreams the policy marks shared keep
+	// their fleet-wide state.
+	UpstreamKeyPrefix string `yaml:"upstream_key_prefix" help:"prefix of the Redis keys of the policy's shared upstreams (calls in flight, breaker, reserved shares); gateways sharing this Redis and prefix share them"`
 }
 
 func defaultAdmission() AdmissionConfig {
-	return AdmissionConfig{PolicyReload: 2 * time.Second, MaxWait: 5 * time.Millisecond, KeyPrefix: admission.DefaultPrefix, Gateways: 1}
+	return AdmissionConfig{PolicyReload: 2 * time.Second, MaxWait: 5 * time.Millisecond, KeyPrefix: admission.DefaultPrefix, Gateways: 1,
+		UpstreamKeyPrefix: DefaultUpstreamKeyPrefix}
 }
+
+// DefaultUpstreamKeyPrefix is services.gateway.admission.upstream_key_prefix's default.
+const DefaultUpstreamKeyPrefix = "sluice:up:"
 
 func (c AdmissionConfig) validate(bad func(format string, args ...any)) {
 	const p = "services.gateway.admission."
@@ -70,33 +77,24 @@ func (c AdmissionConfig) validate(bad func(format string, args ...any)) {
 	if c.KeyPrefix == "" {
 		bad(p + "key_prefix: is required")
 	}
+	if c.UpstreamKeyPrefix == "" || len(c.UpstreamKeyPrefix) > 200 {
+		bad(p + "upstream_key_prefix: must be 1..200 bytes")
+	}
 	if c.Gateways < 1 || c.Gateways > 10_000 {
 		bad(p+"gateways: %d is outside 1..10000", c.Gateways)
 	}
 }
 
-// policyAdmitter builds the Limiter of c from its policy file on env's
-// Redis (a client of its own: admission's wait bound needs context
-// timeouts on the socket) and returns the Admitter, the loop that follows
-// the policy file until ctx ends, and what closes both.
-func policyAdmitter(c AdmissionConfig, env platform.Env, log *slog.Logger) (Admitter, func(ctx context.Context) error, func(), error) {
-	w, err := policy.NewWatcher(c.PolicyFile, c.PolicyReload, log)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("gateway: admission policy: %w", err)
-	}
+// policyAdmitter builds the Limiter of c from the policy p on env's Redis
+// (a client of its own: admission's wait bound needs context timeouts on
+// the socket) and returns it and what closes both.
+func policyAdmitter(c AdmissionConfig, p *policy.Policy, env platform.Env, log *slog.Logger) (*admission.Limiter, func(), error) {
 	rdb := redisconn.NewClient(env.Redis, redisconn.ContextTimeouts())
-	lim, err := admission.New(rdb, w.Current().AdmissionRules(), admission.WithPrefix(c.KeyPrefix), admission.WithMaxWait(c.MaxWait),
+	lim, err := admission.New(rdb, p.AdmissionRules(), admission.WithPrefix(c.KeyPrefix), admission.WithMaxWait(c.MaxWait),
 		admission.WithGatewayCount(c.Gateways), admission.WithRegisterer(env.Metrics), admission.WithLogger(log))
 	if err != nil {
 		rdb.Close()
-		return nil, nil, nil, fmt.Errorf("gateway: admission: %w", err)
+		return nil, nil, fmt.Errorf("gateway: admission: %w", err)
 	}
-	follow := func(ctx context.Context) error {
-		return w.Follow(ctx, func(p *policy.Policy) {
-			if err := lim.SetRules(p.AdmissionRules()); err != nil {
-				log.Error("admission: the reloaded policy's limits were not applied; the previous ones stay", "file", c.PolicyFile, "err", err)
-			}
-		})
-	}
-	return LimiterAdmitter{L: lim}, follow, func() { _ = lim.Close(); _ = rdb.Close() }, nil
+	return lim, func() { _ = lim.Close(); _ = rdb.Close() }, nil
 }

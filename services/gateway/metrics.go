@@ -20,7 +20,11 @@ type metrics struct {
 	inflight   prometheus.Gauge
 	keyReloads *prometheus.CounterVec
 	idReuses   prometheus.Counter
-	all        metricset.Set
+	// The upstream guards and fallbacks.
+	guardRefusals *prometheus.CounterVec
+	fallbacks     *prometheus.CounterVec
+	softOver      prometheus.Counter
+	all           metricset.Set
 }
 
 func newMetrics() *metrics {
@@ -63,11 +67,23 @@ func newMetrics() *metrics {
 			Name: "sluice_gateway_request_id_reuses_total",
 			Help: "Requests whose x-request-id this gateway had seen for the same tenant; their events got a fresh id.",
 		}),
+		guardRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_gateway_upstream_refusals_total",
+			Help: "Attempts an upstream's guard refused before the call, by upstream and reason (queue_full, shed, deadline, expired, tenant_concurrency, degraded, breaker_open, class_share).",
+		}, []string{"upstream", "reason"}),
+		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_gateway_fallbacks_total",
+			Help: "Calls served by a cheaper fallback model than the one asked for, by the asked model's route and the model that served.",
+		}, []string{"model", "served"}),
+		softOver: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_gateway_soft_limit_fallbacks_total",
+			Help: "Requests of tenants past a soft per-minute quota, sent to the fallback model first.",
+		}),
 	}
 	for _, s := range []string{"reported", "counted", "none"} {
 		m.usage.WithLabelValues(s)
 	}
-	m.all = metricset.Set{m.requests, m.upstream, m.ttfb, m.tokens, m.usage, m.failovers, m.inflight, m.keyReloads, m.idReuses}
+	m.all = metricset.Set{m.requests, m.upstream, m.ttfb, m.tokens, m.usage, m.failovers, m.inflight, m.keyReloads, m.idReuses, m.guardRefusals, m.fallbacks, m.softOver}
 	return m
 }
 
