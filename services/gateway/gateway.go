@@ -125,6 +125,21 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 				}
 			})
 		}
+		// The tenants' soft per-minute quotas, on counters of their own:
+		// past one, a request goes to the fallback model first.
+		softCfg := cfg.Admission
+		softCfg.KeyPrefix += "soft:"
+		soft, closeSoft, err := softAdmitter(softCfg, w.Current(), env, log.With("component", "soft-limits"))
+		if err != nil {
+			return err
+		}
+		defer closeSoft()
+		deps.Soft = LimiterAdmitter{L: soft}
+		apply = append(apply, func(p *policy.Policy) {
+			if err := soft.SetRules(p.SoftLimitRules()); err != nil {
+				log.Error("the reloaded policy's soft quotas were not applied; the previous ones stay", "err", err)
+			}
+		})
 		deps.Guards = opts.Guards
 		if deps.Guards == nil {
 			// A client of its own: the shared counts bound each call by its

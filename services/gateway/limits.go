@@ -89,9 +89,20 @@ func (c AdmissionConfig) validate(bad func(format string, args ...any)) {
 // (a client of its own: admission's wait bound needs context timeouts on
 // the socket) and returns it and what closes both.
 func policyAdmitter(c AdmissionConfig, p *policy.Policy, env platform.Env, log *slog.Logger) (*admission.Limiter, func(), error) {
+	return limiterOf(c, p.AdmissionRules(), env, log, admission.WithRegisterer(env.Metrics))
+}
+
+// softAdmitter is policyAdmitter for the policy's soft per-minute quotas
+// (policy.SoftLimitRules), under c's prefix; its metrics are not
+// registered (admission's series would collide with the hard limits').
+func softAdmitter(c AdmissionConfig, p *policy.Policy, env platform.Env, log *slog.Logger) (*admission.Limiter, func(), error) {
+	return limiterOf(c, p.SoftLimitRules(), env, log)
+}
+
+func limiterOf(c AdmissionConfig, rules *admission.Rules, env platform.Env, log *slog.Logger, opts ...admission.Option) (*admission.Limiter, func(), error) {
 	rdb := redisconn.NewClient(env.Redis, redisconn.ContextTimeouts())
-	lim, err := admission.New(rdb, p.AdmissionRules(), admission.WithPrefix(c.KeyPrefix), admission.WithMaxWait(c.MaxWait),
-		admission.WithGatewayCount(c.Gateways), admission.WithRegisterer(env.Metrics), admission.WithLogger(log))
+	lim, err := admission.New(rdb, rules, append([]admission.Option{admission.WithPrefix(c.KeyPrefix), admission.WithMaxWait(c.MaxWait),
+		admission.WithGatewayCount(c.Gateways), admission.WithLogger(log)}, opts...)...)
 	if err != nil {
 		rdb.Close()
 		return nil, nil, fmt.Errorf("gateway: admission: %w", err)
