@@ -321,8 +321,9 @@ func (u Upstream) Algorithm() (concurrency.Algorithm, error) {
 }
 
 // GuardOptions are the upstream.Guard options of u other than the ones
-// that need Redis (a shared gate, a fleet-wide breaker, reserved shares),
-// which the gateway adds for a Shared upstream: the algorithm, the tenant
+// that need Redis (a shared gate and a fleet-wide breaker, which the
+// gateway adds for a Shared upstream, and reserved shares, which always
+// count fleet-wide): the algorithm, the tenant
 // share, the queue bounds, the degradation levels and the breaker.
 func (u Upstream) GuardOptions() ([]upstream.Opt, error) {
 	alg, err := u.Algorithm()

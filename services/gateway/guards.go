@@ -156,6 +156,25 @@ func (s *Guards) build(u policy.Upstream) (*guard.Guard, error) {
 		}
 		opts = append(opts, guard.SharedGate(gate), guard.BreakerOptions(guard.FleetWide(fleet, 0), guard.OnFleetError(logErr)))
 	}
+	if rv := u.Reserved; rv != nil && s.rdb != nil {
+		// Reserved shares hold across the fleet, so they always count in
+		// Redis.
+		units := map[string]guard.ReserveUnit{policy.ReserveConcurrency: guard.ReserveConcurrency,
+			policy.ReserveRequests: guard.ReserveRequests, policy.ReserveTokens: guard.ReserveTokens}
+		capacity := rv.Capacity
+		if capacity == 0 {
+			capacity = int64(u.Max)
+		}
+		r, err := guard.NewReserve(s.rdb, guard.ReserveConfig{Prefix: s.prefix, Upstream: name, ID: s.id, Unit: units[rv.Unit],
+			Capacity: capacity, Saturation: rv.Saturation, Shares: rv.Shares,
+			OnError: func(err error) {
+				s.log.Warn("reserved shares: Redis error; admitting meanwhile", "upstream", name, "err", err)
+			}})
+		if err != nil {
+			return nil, fmt.Errorf("upstreams.%s.reserved: %w", name, err)
+		}
+		opts = append(opts, guard.Reserved(r))
+	}
 	g, err := guard.New(name, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("upstreams.%s: %w", name, err)

@@ -94,7 +94,7 @@ models:
 		for i, u := range cands {
 			var p guard.Permit
 			if g := s.guards.Of(u.cfg.Name); g != nil {
-				gp, d := g.Acquire(r.Context(), guard.Request{Tenant: c.caller.Tenant, Class: c.class})
+				gp, d := g.Acquire(r.Context(), guard.Request{Tenant: c.caller.Tenant, Class: c.class, Tokens: est.Prompt + est.Completion})
 				if !d.Admitted() {
 					refused, fallback = &d, d.Reason == priority.BreakerOpen || d.Reason == priority.Degraded
 					s.m.guardRefusals.WithLabelValues(u.cfg.Name, d.Reason.String()).Inc()
