@@ -126,7 +126,7 @@ var services = []service{
 	{name: "gateway", optIn: true, about: "OpenAI-compatible proxy in front of the providers: flags, metering, usage events (only when named)",
 		prepare: func(c *Config) validator { return c.Services.Gateway },
 		run: func(ctx context.Context, c *Config, env platform.Env) error {
-			return gateway.RunWith(ctx, c.Services.Gateway, env, gateway.Options{Admitter: c.gatewayAdmitter})
+			return gateway.RunWith(ctx, c.Services.Gateway, env, gateway.Options{Admitter: c.gatewayAdmitter, Guards: c.gatewayGuards})
 		}},
 }
 
