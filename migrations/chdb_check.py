@@ -57,7 +57,8 @@ def main() -> int:
     count = 0
     for rnd in (1, 2):  # twice: every statement must be idempotent
         for f in files:
-            for i, stmt in enumerate(split_statements(f.read_text()), 1):
+            stmts = split_statements(f.read_text())
+            for i, stmt in enumerate(stmts, 1):
                 try:
                     if has_column(s, stmt):
                         count += 1

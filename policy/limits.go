@@ -110,6 +110,15 @@ func (t *Tenant) admissionRules() admission.TenantRules {
 	for _, l := range t.LimitList() {
 		tr.Rules = append(tr.Rules, l.Rule(t.BurstMultiplier))
 	}
+	tr.Rules = append(tr.Rules, t.quotaRules(Hard, QuotaRulePrefix)...)
+	return tr
+}
+
+// quotaRules returns the tenant's tokens_per_minute and
+// requests_per_minute quotas in mode as one-minute sliding windows named
+// prefix + the quota (+ ":" + the model for a per-model quota).
+func (t *Tenant) quotaRules(mode Mode, prefix string) []admission.Rule {
+	var out []admission.Rule
 	models := make([]string, 0, len(t.Models))
 	for m := range t.Models {
 		models = append(models, m)
@@ -117,8 +126,8 @@ func (t *Tenant) admissionRules() admission.TenantRules {
 	slices.Sort(models)
 	for _, m := range models {
 		q := t.Models[m]
-		if t.ModeFor(m) != Hard {
-			continue // soft: allowed and billed, never refused
+		if t.ModeFor(m) != mode {
+			continue
 		}
 		for _, d := range []struct {
 			name  string
@@ -128,15 +137,34 @@ func (t *Tenant) admissionRules() admission.TenantRules {
 			if d.limit <= 0 {
 				continue
 			}
-			r := admission.Rule{Name: QuotaRulePrefix + d.name, Unit: d.unit, Algorithm: admission.SlidingWindow, Limit: d.limit, Window: time.Minute}
+			r := admission.Rule{Name: prefix + d.name, Unit: d.unit, Algorithm: admission.SlidingWindow, Limit: d.limit, Window: time.Minute}
 			if m != AllModels {
 				r.Name += ":" + m
 				r.Scope.Model = m
 			}
-			tr.Rules = append(tr.Rules, r)
+			out = append(out, r)
 		}
 	}
-	return tr
+	return out
+}
+
+// SoftRulePrefix starts the names of the rules SoftLimitRules derives
+// from soft tokens_per_minute and requests_per_minute quotas.
+const SoftRulePrefix = "soft:"
+
+// SoftLimitRules returns, per tenant (and for the defaults), its soft
+// tokens_per_minute and requests_per_minute quotas as one-minute sliding
+// windows (SoftRulePrefix + the quota, + ":" + the model). A soft quota
+// never refuses a request: a gateway that checks these rules serves a
+// tenant past one with a cheaper model instead, where the policy names
+// fallbacks (see Fallbacks). Every tenant fails open on them.
+func (p *Policy) SoftLimitRules() *admission.Rules {
+	rs := &admission.Rules{Tenants: make(map[string]admission.TenantRules, len(p.tenants))}
+	for id, t := range p.tenants {
+		rs.Tenants[id] = admission.TenantRules{FailMode: admission.FailOpen, Rules: t.quotaRules(Soft, SoftRulePrefix)}
+	}
+	rs.Default = admission.TenantRules{FailMode: admission.FailOpen, Rules: p.defaults.quotaRules(Soft, SoftRulePrefix)}
+	return rs
 }
 
 // rawLimit's fields are pointers so that a layer (plan, tenant) that

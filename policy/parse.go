@@ -55,7 +55,11 @@ type rawPolicy struct {
 	Tenants  map[string]rawTenant `yaml:"tenants"`
 	Limits   map[string]rawLimit  `yaml:"limits"`
 	Prices   []rawPrice           `yaml:"prices"`
-	Channels Channels             `yaml:"channels"`
+	// Upstreams and Fallbacks are the request path in front of each
+	// upstream: see upstreams.go.
+	Upstreams map[string]rawUpstream `yaml:"upstreams"`
+	Fallbacks map[string][]string    `yaml:"fallbacks"`
+	Channels  Channels               `yaml:"channels"`
 }
 
 type rawTenant struct {
@@ -180,6 +184,8 @@ func Parse(data []byte, filename string, opts ...Option) (*Policy, error) {
 	}
 	p := &Policy{defaults: *effDefaults, tenants: map[string]*Tenant{}, prices: map[string][]Price{}, source: filename}
 	p.limits = v.limits("limits", raw.Limits, nil, false)
+	p.upstreams = v.upstreams(raw.Upstreams)
+	p.fallbacks = v.fallbacks(raw.Fallbacks)
 	if len(raw.Tenants) > MaxTenants {
 		v.fail("tenants", "has %d tenants, at most %d are allowed", len(raw.Tenants), MaxTenants)
 	}

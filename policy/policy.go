@@ -126,9 +126,12 @@ type Policy struct {
 	defaults Tenant
 	tenants  map[string]*Tenant
 	limits   map[string]Limit
-	prices   map[string][]Price // by model, ordered by EffectiveFrom
-	channels Channels
-	source   string
+	// upstreams and fallbacks: see upstreams.go.
+	upstreams map[string]Upstream
+	fallbacks map[string][]string
+	prices    map[string][]Price // by model, ordered by EffectiveFrom
+	channels  Channels
+	source    string
 }
 
 // Tenant is one tenant's effective policy: its own settings over the defaults.

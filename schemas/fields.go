@@ -28,6 +28,7 @@ const (
 	FieldEstimated
 	FieldGateway
 	FieldAttributes
+	FieldRequestedModel
 )
 
 // RequiredEventFields are the fields a usage event must carry. Validation
@@ -40,7 +41,7 @@ var eventFieldNames = [...]string{
 	"id", "time", "tenant", "model", "prompt_tokens", "completion_tokens",
 	"user", "api_key_id", "provider", "endpoint", "cached_tokens", "status",
 	"outcome", "latency_ms", "priority", "session_id", "estimated", "gateway",
-	"attributes",
+	"attributes", "requested_model",
 }
 
 // EventFieldNamed returns the field with JSON name name, or 0 if usage
@@ -87,6 +88,8 @@ func EventFieldNamed(name string) EventField {
 		return FieldGateway
 	case "attributes":
 		return FieldAttributes
+	case "requested_model":
+		return FieldRequestedModel
 	}
 	return 0
 }

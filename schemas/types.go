@@ -130,6 +130,15 @@ type UsageEvent struct {
 	// most MaxStringLen bytes.
 	Gateway string `json:"gateway,omitempty"`
 
+	// RequestedModel is the model the caller asked for when another one
+	// served the request — a cheaper fallback the gateway chose because
+	// the asked model's upstream was broken or degraded, or the tenant was
+	// past a soft limit. Model is then the model that served, and every
+	// counter, quota and cost counts and prices Model. Empty (the usual
+	// case) means Model is the model asked for. When set, the same rules
+	// as Model apply.
+	RequestedModel string `json:"requested_model,omitempty"`
+
 	// Attributes carries the gateway's own labels (team, feature, region …).
 	// At most MaxAttributes entries; keys are 1 to MaxAttributeKeyLen bytes
 	// of printable ASCII without spaces, values at most MaxAttributeValueLen

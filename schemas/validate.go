@@ -29,6 +29,7 @@ import (
 //   - latency_ms: 0 to MaxLatencyMS.
 //   - user, api_key_id, provider, endpoint, session_id, gateway: valid
 //     UTF-8, at most MaxStringLen bytes.
+//   - requested_model: empty, or as model.
 //   - attributes: at most MaxAttributes entries; keys 1 to
 //     MaxAttributeKeyLen bytes of printable ASCII without spaces; values
 //     valid UTF-8 of at most MaxAttributeValueLen bytes.
@@ -107,6 +108,11 @@ func (e *UsageEvent) ValidateFields(errs *ValidationError, prefix string, skip E
 	checkOptional(errs, prefix, "endpoint", e.Endpoint, skip&FieldEndpoint != 0)
 	checkOptional(errs, prefix, "session_id", e.SessionID, skip&FieldSessionID != 0)
 	checkOptional(errs, prefix, "gateway", e.Gateway, skip&FieldGateway != 0)
+	if skip&FieldRequestedModel == 0 && e.RequestedModel != "" {
+		if r := CheckEventModel(e.RequestedModel); r != "" {
+			errs.Add(prefix, "requested_model", r)
+		}
+	}
 	if skip&FieldAttributes == 0 {
 		checkAttributes(errs, prefix, e.Attributes)
 	}

@@ -36,6 +36,9 @@ type Config struct {
 	// gateway service asks before each call (the demo builds one from its
 	// policy); not a setting.
 	gatewayAdmitter gateway.Admitter
+	// gatewayGuards, when not nil, are the upstream guards the gateway
+	// service follows the policy with (the demo shows them); not a setting.
+	gatewayGuards *gateway.Guards
 	// Migrate applies migrations before services start.
 	Migrate bool `yaml:"migrate" help:"apply ClickHouse migrations before starting services"`
 

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -48,7 +49,22 @@ var demoTenants = []loadgen.Tenant{
 	{Name: "runaway", APIKey: "sk-demo-runaway", Model: "gpt-4o-mini", RequestsPerSecond: 12, PromptChars: 1600, MaxTokens: 120},
 	{Name: "acme", APIKey: "sk-demo-acme", Model: "gpt-4o", RequestsPerSecond: 4, PromptChars: 800, MaxTokens: 200, Stream: true},
 	{Name: "trial", APIKey: "sk-demo-trial", Model: "gpt-4o-mini", RequestsPerSecond: 1, PromptChars: 400, MaxTokens: 60},
+	// With acme (high), these compete for gpt-4o, whose upstream answers
+	// at most 8 calls per 400 ms (20/s): together about twice that.
+	{Name: "vip", APIKey: "sk-demo-vip", Model: "gpt-4o", RequestsPerSecond: 4, PromptChars: 400, MaxTokens: 60, MaxInFlight: 40},
+	{Name: "batch", APIKey: "sk-demo-batch", Model: "gpt-4o", RequestsPerSecond: 30, PromptChars: 400, MaxTokens: 60, MaxInFlight: 200},
 }
+
+// demoPriority is each demo tenant's class in deploy/demo/policy.yaml,
+// for the live view.
+var demoPriority = map[string]string{"runaway": "normal", "acme": "high", "trial": "normal", "vip": "critical", "batch": "low"}
+
+// The premium model's upstream capacity in the demo: 8 calls in flight,
+// 400 ms each; past it every call slows in proportion.
+const (
+	demoPremiumCapacity = 8
+	demoPremiumLatency  = 400 * time.Millisecond
+)
 
 // demoConfig is the default configuration with the demo's own choices: a
 // separate ClickHouse database and Redis prefix, the demo policy, quick
@@ -145,6 +161,15 @@ func demo(ctx context.Context, args []string) error {
 	defer admRelease()
 	admCounts := newAdmissionCounts(gateway.LimiterAdmitter{L: adm})
 	cfg.gatewayAdmitter = admCounts
+	// The guards of the policy's upstreams (premium: gpt-4o), which the
+	// gateway follows the policy with and the live view shows.
+	grdb := redisconn.NewClient(cfg.Redis, redisconn.ContextTimeouts())
+	defer grdb.Close()
+	moves := &limitMoves{n: map[string]int{}}
+	guards := gateway.NewGuards(grdb, cfg.Services.Gateway.Admission.UpstreamKeyPrefix, gateway.ProcessID("demo-gateway"),
+		log.With("component", "upstream"), moves.moved)
+	defer guards.Close()
+	cfg.gatewayGuards = guards
 	gen := &loadgen.Generator{URL: "http://" + demoGatewayAddr, Tenants: demoTenants}
 
 	conn, err := chconn.Open(ctx, cfg.ClickHouse)
@@ -152,7 +177,8 @@ func demo(ctx context.Context, args []string) error {
 		return err
 	}
 	defer conn.Close()
-	src := &demoSource{conn: conn, checker: chk, gen: gen, alertmanager: cfg.Services.Alerter.Alertmanager.URL, admissions: admCounts}
+	src := &demoSource{conn: conn, checker: chk, gen: gen, alertmanager: cfg.Services.Alerter.Alertmanager.URL, admissions: admCounts,
+		guards: guards, moves: moves}
 	tty := isTerminal(os.Stdout)
 
 	// Ctrl-C stops the load first, then the gateway (its streams finish
@@ -168,7 +194,8 @@ func demo(ctx context.Context, args []string) error {
 		lifecycle.Task{Name: "checker", Run: chk.Run},
 		admFollow,
 		lifecycle.Task{Name: "mock-llm", StopsAfter: []string{"gateway"},
-			Run: serveHTTP(demoUpstreamAddr, mockllm.New(mockllm.Options{StreamUsage: mockllm.UsageWhenAsked}))},
+			Run: serveHTTP(demoUpstreamAddr, mockllm.New(mockllm.Options{StreamUsage: mockllm.UsageWhenAsked,
+				Capacity: demoPremiumCapacity, Latency: demoPremiumLatency, CapacityModels: []string{"gpt-4o"}}))},
 		lifecycle.Task{Name: "loadgen", Run: func(ctx context.Context) error {
 			if err := waitReady(ctx, chk, demoIngestAddr); err != nil {
 				return err
@@ -205,7 +232,18 @@ func demoGateway(c *Config, dir, ingestKey string) error {
 	if err := os.WriteFile(g.KeysFile, []byte(keys.String()), 0o600); err != nil {
 		return err
 	}
-	g.Upstreams = []gateway.Upstream{{Name: "mock-llm", BaseURL: "http://" + demoUpstreamAddr + "/v1", Models: []string{"*"}}}
+	// gpt-4o goes to the mock's capacity-bound premium model, guarded by
+	// the policy's upstreams.premium; every other model to the rest of it.
+	g.Upstreams = []gateway.Upstream{
+		{Name: "premium", BaseURL: "http://" + demoUpstreamAddr + "/v1", Models: []string{"gpt-4o"}},
+		{Name: "mock-llm", BaseURL: "http://" + demoUpstreamAddr + "/v1", Models: []string{"*"}},
+	}
+	// The policy's classes, upstreams and fallbacks; admission itself is
+	// the demo's own Admitter. The run's prefixes keep an earlier demo's
+	// counts out.
+	g.Admission.PolicyFile = c.PolicyFile
+	g.Admission.KeyPrefix = c.Services.Enforcer.KeyPrefix + "adm:"
+	g.Admission.UpstreamKeyPrefix = c.Services.Enforcer.KeyPrefix + "up:"
 	g.Checker.KeyPrefix = c.Services.Enforcer.KeyPrefix
 	g.Usage.Sink, g.Usage.IngestURL = gateway.SinkIngest, "http://"+demoIngestAddr
 	g.Usage.IngestAPIKeyFile = filepath.Join(dir, "ingest-key")
@@ -321,6 +359,47 @@ type demoSource struct {
 	gen          *loadgen.Generator
 	alertmanager string
 	admissions   *admissionCounts
+	guards       *gateway.Guards
+	moves        *limitMoves
+}
+
+// limitMoves counts the changes of each upstream's adaptive limit.
+type limitMoves struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (m *limitMoves) moved(upstream string, _ int) {
+	m.mu.Lock()
+	m.n[upstream]++
+	m.mu.Unlock()
+}
+
+func (m *limitMoves) of(upstream string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.n[upstream]
+}
+
+// Upstreams implements dashboard.UpstreamSource: the guarded upstreams'
+// state, classes critical first.
+func (s *demoSource) Upstreams() []dashboard.Upstream {
+	var out []dashboard.Upstream
+	for _, name := range s.guards.Names() {
+		g := s.guards.Of(name)
+		if g == nil {
+			continue
+		}
+		st := g.Stats()
+		u := dashboard.Upstream{Name: name, Limit: st.Queue.Limit, Changes: s.moves.of(name), InFlight: st.InFlight,
+			Level: int(st.Level), Breaker: st.Breaker.State.String(), Load: st.Load}
+		for i := range 4 {
+			c := 3 - i // the view lists critical first, priority indexes low first
+			u.Waiting[i], u.Admitted[i], u.Refused[i] = st.Queue.Waiting[c], st.Queue.Admitted[c], st.Queue.Refused[c]
+		}
+		out = append(out, u)
+	}
+	return out
 }
 
 const currentQuotas = `
@@ -381,7 +460,8 @@ func (s *demoSource) Rows(ctx context.Context) ([]dashboard.Row, error) {
 			}
 		}
 		c := s.gen.Counts(t.Name)
-		r.Served, r.Refused = c.OK.Load(), c.Quota429.Load()+c.Breaker503.Load()
+		r.Served, r.Refused, r.Fallback = c.OK.Load(), c.Quota429.Load()+c.Breaker503.Load(), c.Fallback.Load()
+		r.Priority = demoPriority[t.Name]
 		r.Admitted, r.AdmissionRefused, r.RefusedBy = s.admissions.of(t.Name)
 		r.Alerts = alerts[t.Name]
 		out = append(out, r)

@@ -138,7 +138,7 @@ var services = []service{
 			return c.Services.Gateway
 		},
 		run: func(ctx context.Context, c *Config, env platform.Env) error {
-			return gateway.RunWith(ctx, c.Services.Gateway, env, gateway.Options{Admitter: c.gatewayAdmitter})
+			return gateway.RunWith(ctx, c.Services.Gateway, env, gateway.Options{Admitter: c.gatewayAdmitter, Guards: c.gatewayGuards})
 		}},
 	{name: "authz", optIn: true, about: "forward-auth endpoint for nginx, Envoy, Traefik, Kong, APISIX: flags and admission per request (only when named)",
 		prepare: func(c *Config) validator { return c.Services.Authz },

@@ -42,6 +42,29 @@ type Row struct {
 	RefusedBy                  string
 	// Alerts lists the alerts firing for the tenant in Alertmanager.
 	Alerts []string
+	// Priority is the tenant's class; Fallback counts its answers served
+	// by a cheaper model than it asked for.
+	Priority string
+	Fallback int64
+}
+
+// Upstream is one guarded upstream's line: its adaptive concurrency limit
+// (and how often it moved), calls in flight, the priority queue per
+// class (critical, high, normal, low), degradation and breaker.
+type Upstream struct {
+	Name              string
+	Limit, Changes    int
+	InFlight          int
+	Waiting           [4]int
+	Admitted, Refused [4]uint64
+	Level             int
+	Breaker           string
+	Load              float64
+}
+
+// UpstreamSource is a Source that also shows guarded upstreams.
+type UpstreamSource interface {
+	Upstreams() []Upstream
 }
 
 // UsedPercent is Used over Limit, in percent.
@@ -72,8 +95,10 @@ func Run(ctx context.Context, w io.Writer, src Source, tty bool, interval, logEv
 		case tty:
 			fmt.Fprint(w, "\033[H\033[2J")
 			Render(w, rows, now())
+			renderUpstreams(w, src)
 		case now().Sub(lastLog) >= logEvery:
 			Render(w, rows, now())
+			renderUpstreams(w, src)
 			lastLog = now()
 		}
 		select {
@@ -93,17 +118,17 @@ func Render(w io.Writer, rows []Row, now time.Time) {
 		return rows[i].Model < rows[j].Model
 	})
 	fmt.Fprintf(w, "Sluice demo — %s   (Ctrl-C stops everything)\n\n", now.UTC().Format("15:04:05 MST"))
-	fmt.Fprintf(w, "%-10s %-8s %-20s %7s %-22s %11s %-24s %-26s %8s %8s  %-24s  %s\n",
-		"TENANT", "MODEL", "QUOTA", "USED", "", "RATE/MIN", "EXHAUSTS (range)", "GATEWAY", "SERVED", "REFUSED", "ADMISSION ok/refused", "ALERTS")
+	fmt.Fprintf(w, "%-10s %-8s %-8s %-20s %7s %-22s %11s %-24s %-26s %8s %8s %8s  %-24s  %s\n",
+		"TENANT", "PRIORITY", "MODEL", "QUOTA", "USED", "", "RATE/MIN", "EXHAUSTS (range)", "GATEWAY", "SERVED", "FALLBACK", "REFUSED", "ADMISSION ok/refused", "ALERTS")
 	for _, r := range rows {
 		exh := exhausts(r, now)
 		adm := fmt.Sprintf("%d/%d", r.Admitted, r.AdmissionRefused)
 		if r.RefusedBy != "" {
 			adm += " " + r.RefusedBy
 		}
-		fmt.Fprintf(w, "%-10s %-8s %-20s %6.1f%% %-22s %11.0f %-24s %-26s %8d %8d  %-24s  %s\n",
-			clip(r.Tenant, 10), clip(r.Model, 8), clip(r.Quota+"/"+r.Period, 20), r.UsedPercent(), bar(r.UsedPercent(), 20),
-			r.RatePerMinute, exh, clip(r.Breaker, 26), r.Served, r.Refused, clip(adm, 24), strings.Join(r.Alerts, ","))
+		fmt.Fprintf(w, "%-10s %-8s %-8s %-20s %6.1f%% %-22s %11.0f %-24s %-26s %8d %8d %8d  %-24s  %s\n",
+			clip(r.Tenant, 10), clip(r.Priority, 8), clip(r.Model, 8), clip(r.Quota+"/"+r.Period, 20), r.UsedPercent(), bar(r.UsedPercent(), 20),
+			r.RatePerMinute, exh, clip(r.Breaker, 26), r.Served, r.Fallback, r.Refused, clip(adm, 24), strings.Join(r.Alerts, ","))
 	}
 	if len(rows) == 0 {
 		fmt.Fprintln(w, "(waiting for the first aggregates...)")
@@ -143,6 +168,34 @@ func exhausts(r Row, now time.Time) string {
 		s += ")"
 	}
 	return s
+}
+
+func renderUpstreams(w io.Writer, src Source) {
+	if us, ok := src.(UpstreamSource); ok {
+		RenderUpstreams(w, us.Upstreams())
+	}
+}
+
+// RenderUpstreams writes the guarded upstreams' lines: the adaptive
+// limit, the queue and refusals per class (critical/high/normal/low) —
+// low is shed first — and degradation.
+func RenderUpstreams(w io.Writer, ups []Upstream) {
+	if len(ups) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "%-10s %6s %7s %8s  %-19s  %-27s  %-27s  %5s %4s  %s\n",
+		"UPSTREAM", "LIMIT", "MOVED", "INFLIGHT", "WAITING c/h/n/l", "ADMITTED c/h/n/l", "REFUSED c/h/n/l", "LOAD", "LVL", "BREAKER")
+	for _, u := range ups {
+		fmt.Fprintf(w, "%-10s %6d %6dx %8d  %-19s  %-27s  %-27s  %4.0f%% %4d  %s\n",
+			clip(u.Name, 10), u.Limit, u.Changes, u.InFlight, byClass(u.Waiting[:]), byClass(u.Admitted[:]), byClass(u.Refused[:]),
+			100*u.Load, u.Level, u.Breaker)
+	}
+	fmt.Fprintln(w)
+}
+
+// byClass writes four counts, critical first.
+func byClass[T int | uint64](v []T) string {
+	return fmt.Sprintf("%d/%d/%d/%d", v[0], v[1], v[2], v[3])
 }
 
 func bar(pct float64, width int) string {

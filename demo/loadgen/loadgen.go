@@ -28,11 +28,17 @@ type Tenant struct {
 	MaxTokens         int
 	// Stream asks for a streaming response, to exercise metering of SSE.
 	Stream bool
+	// MaxInFlight bounds the tenant's requests waiting for an answer
+	// (default 8); a tenant meant to overload an upstream needs more.
+	MaxInFlight int
 }
 
 // Counts is how one tenant's requests were answered.
 type Counts struct {
 	Sent, OK, Quota429, Breaker503, Other atomic.Int64
+	// Fallback counts the answers served by another model than the one
+	// asked for (the gateway's X-Sluice-Served-Model).
+	Fallback atomic.Int64
 	// LastRefusal is the error message of the latest refusal, as a user sees it.
 	lastRefusal atomic.Pointer[string]
 }
@@ -99,7 +105,11 @@ func (g *Generator) runTenant(ctx context.Context, t Tenant) {
 	body := requestBody(t)
 	tick := time.NewTicker(time.Duration(float64(time.Second) / t.RequestsPerSecond))
 	defer tick.Stop()
-	slots := make(chan struct{}, maxInFlightPerTenant)
+	inflight := t.MaxInFlight
+	if inflight <= 0 {
+		inflight = maxInFlightPerTenant
+	}
+	slots := make(chan struct{}, inflight)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
@@ -150,6 +160,9 @@ func (g *Generator) send(ctx context.Context, t Tenant, body []byte, c *Counts) 
 	switch {
 	case resp.StatusCode == http.StatusOK:
 		c.OK.Add(1)
+		if m := resp.Header.Get("X-Sluice-Served-Model"); m != "" && m != t.Model {
+			c.Fallback.Add(1)
+		}
 	case resp.StatusCode == http.StatusTooManyRequests:
 		c.Quota429.Add(1)
 		s := string(msg)

@@ -14,12 +14,15 @@
 package mockllm
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -79,6 +82,15 @@ type Options struct {
 	// ChunkDelay, when set, is waited before each streamed chunk (for
 	// tests that need a stream still open).
 	ChunkDelay time.Duration
+	// Capacity, when above 0, makes the mock a saturating upstream for the
+	// models in CapacityModels (every model when empty): up to Capacity
+	// calls in flight each waits Latency before it is answered; past it
+	// calls share the capacity and wait Latency × in flight / Capacity, as
+	// the bench upstream of the priority benchmarks does. The demo gives
+	// its premium model such a capacity.
+	Capacity       int
+	Latency        time.Duration
+	CapacityModels []string
 }
 
 // Handler serves the mock API with the default Options (usage in every
@@ -99,12 +111,43 @@ func New(opts Options) http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"object":"list","data":[{"id":"gpt-4o","object":"model"},{"id":"gpt-4o-mini","object":"model"}]}`))
 	})
-	return mux
+	if opts.Capacity <= 0 {
+		return mux
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.Body == nil {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		body, err := io.ReadAll(io.LimitReader(r.Body, 8<<20))
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "the body could not be read")
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		var req struct{ Model string }
+		_ = json.Unmarshal(body, &req)
+		if len(opts.CapacityModels) == 0 || slices.Contains(opts.CapacityModels, req.Model) {
+			n := m.inflight.Add(1)
+			defer m.inflight.Add(-1)
+			lat := opts.Latency
+			if int(n) > opts.Capacity {
+				lat = time.Duration(float64(lat) * float64(n) / float64(opts.Capacity))
+			}
+			select {
+			case <-time.After(lat):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 type mock struct {
-	opts Options
-	seq  atomic.Int64
+	opts     Options
+	seq      atomic.Int64
+	inflight atomic.Int64
 }
 
 // PromptTokens is the mock tokenizer: what the usage block reports for a

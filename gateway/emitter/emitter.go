@@ -516,7 +516,7 @@ func (e *Emitter) requeue(pending []entry) {
 // enough for the request path.
 func estimate(ev *schemas.UsageEvent) int64 {
 	n := 220 + len(ev.ID) + len(ev.Tenant) + len(ev.Model) + len(ev.User) + len(ev.APIKeyID) +
-		len(ev.Provider) + len(ev.Endpoint) + len(ev.SessionID) + len(ev.Gateway)
+		len(ev.Provider) + len(ev.Endpoint) + len(ev.SessionID) + len(ev.Gateway) + len(ev.RequestedModel)
 	for k, v := range ev.Attributes {
 		n += len(k) + len(v) + 6
 	}

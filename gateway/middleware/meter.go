@@ -101,6 +101,7 @@ type Call struct {
 	usage    Usage
 	reported bool
 	provider string
+	served   string
 	outcome  schemas.Outcome
 	attrs    map[string]string
 }
@@ -137,6 +138,19 @@ func (c *Call) Report(u Usage) {
 func (c *Call) SetProvider(p string) {
 	c.mu.Lock()
 	c.provider = p
+	c.mu.Unlock()
+}
+
+// SetServedModel records that model, not the one the request asked for,
+// served it (a cheaper fallback): the settlement's model is model, which
+// every counter and cost report counts and prices, and its
+// requested_model the model asked for. The estimate event, sent before
+// the call, keeps the asked model; the settlement replaces it under the
+// same id, wherever it was counted. An empty model or the asked one
+// changes nothing.
+func (c *Call) SetServedModel(model string) {
+	c.mu.Lock()
+	c.served = model
 	c.mu.Unlock()
 }
 
@@ -259,6 +273,10 @@ func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, te
 		admission.WriteHeaders(w.Header(), t.Decision)
 		ticket = &t
 	}
+	permit, refused := m.guarded(w, r, &base, tenant, model, ticket)
+	if refused {
+		return
+	}
 	if m.emitter != nil && !m.noEstimateEvents && c.estErr == nil {
 		ev := base
 		ev.Time, ev.Estimated = c.start.UTC(), true
@@ -274,6 +292,7 @@ func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, te
 		}
 		settled = true
 		ev := m.settle(r.Context(), c, base, sw.status, panicked)
+		permit.Release(guardOutcome(ev))
 		if ticket != nil {
 			// The client may be gone; the correction must still land.
 			_ = ticket.Settle(context.WithoutCancel(r.Context()), admission.Usage{PromptTokens: ev.PromptTokens, CompletionTokens: ev.CompletionTokens})
@@ -294,7 +313,7 @@ func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, te
 func (m *mw) settle(ctx context.Context, c *Call, base schemas.UsageEvent, status int, panicked bool) schemas.UsageEvent {
 	end := m.now()
 	c.mu.Lock()
-	u, reported, provider, outcome := c.usage, c.reported, c.provider, c.outcome
+	u, reported, provider, outcome, served := c.usage, c.reported, c.provider, c.outcome, c.served
 	attrs := make(map[string]string, len(base.Attributes)+len(c.attrs)+3)
 	for k, v := range base.Attributes {
 		attrs[k] = v
@@ -308,6 +327,9 @@ func (m *mw) settle(ctx context.Context, c *Call, base schemas.UsageEvent, statu
 	ev.Time, ev.LatencyMS = end.UTC(), max(0, min(end.Sub(c.start).Milliseconds(), schemas.MaxLatencyMS))
 	if provider != "" {
 		ev.Provider = provider
+	}
+	if served != "" && served != ev.Model && schemas.CheckEventModel(served) == "" {
+		ev.RequestedModel, ev.Model = ev.Model, served
 	}
 	ctxErr := ctx.Err()
 	if reported && !panicked && status >= 200 && status < 300 {

@@ -119,6 +119,7 @@ type mw struct {
 	noEstimateEvents bool                // WithEstimateEvents(false)
 
 	fields func(r *http.Request, ev *schemas.UsageEvent) // WithEventFields
+	guard  GuardFunc                                     // WithGuard
 }
 
 // WithEventFields lets the gateway fill in what it knows about a request

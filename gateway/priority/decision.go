@@ -38,9 +38,12 @@ const (
 	// BreakerOpen: the upstream's breaker is open (or half-open with every
 	// probe taken).
 	BreakerOpen
+	// ClassShare: the upstream is past its saturation threshold and the
+	// request's class has used its reserved share (upstream.Reserve).
+	ClassShare
 )
 
-var reasonNames = [...]string{"admitted", "queue_full", "shed", "deadline", "expired", "canceled", "tenant_concurrency", "degraded", "breaker_open"}
+var reasonNames = [...]string{"admitted", "queue_full", "shed", "deadline", "expired", "canceled", "tenant_concurrency", "degraded", "breaker_open", "class_share"}
 
 // String is the reason as a lower_snake_case code, usable as an error
 // code in a response body and as a metric label.
@@ -119,6 +122,8 @@ func (d Decision) Message() string {
 		return fmt.Sprintf("service degraded (level %d: %s): priority %s requests are not admitted%s", d.Level, d.Level.admits(), d.Class, retry)
 	case BreakerOpen:
 		return fmt.Sprintf("upstream unavailable: its circuit breaker is open%s", retry)
+	case ClassShare:
+		return fmt.Sprintf("upstream saturated: priority %s requests have used their reserved share of it%s", d.Class, retry)
 	}
 	return d.Reason.String()
 }

@@ -14,7 +14,10 @@
 //  3. the tenant's own concurrency limit on this upstream
 //     (concurrency.Keyed), a fixed number or a share of the upstream's
 //     limit;
-//  4. the priority queue (priority.Queue) in front of the upstream's
+//  4. reserved shares (Reserve, optional): past a saturation threshold
+//     of the upstream's capacity each class is held to its share, across
+//     the fleet through Redis;
+//  5. the priority queue (priority.Queue) in front of the upstream's
 //     concurrency limit (concurrency.Limiter with a Fixed, Threshold or
 //     Gradient algorithm).
 //

@@ -22,6 +22,9 @@ type Request struct {
 	// Deadline is the latest time the upstream call may start; zero
 	// means the queue's MaxWait from now.
 	Deadline time.Time
+	// Tokens is the request's estimated tokens, for reserved shares
+	// counted in tokens (Reserved with ReserveTokens).
+	Tokens int64
 }
 
 // Load is what the degradation level is computed from.
@@ -66,6 +69,7 @@ type Guard struct {
 	tenantLimit func(tenant string, upstreamLimit int) int
 	load        func(Load) float64
 	clock       priority.Clock
+	reserve     *Reserve // nil: no reserved shares
 }
 
 type guardConfig struct {
@@ -78,6 +82,7 @@ type guardConfig struct {
 	load         func(Load) float64
 	clock        priority.Clock
 	onLimit      func(old, new int)
+	reserve      *Reserve
 	errs         []error
 }
 
@@ -137,6 +142,13 @@ func TenantLimit(f func(tenant string, upstreamLimit int) int) Opt {
 	return opt(func(c *guardConfig) { c.tenantLimit = f })
 }
 
+// Reserved holds each class to its reserved share of the upstream once it
+// is saturated, across the fleet (see Reserve); checked after the tenant
+// limit and before the queue, refusing with priority.ClassShare. A
+// concurrency Reserve counts a request from then until its Permit is
+// released (its queue wait included).
+func Reserved(r *Reserve) Opt { return opt(func(c *guardConfig) { c.reserve = r }) }
+
 // LoadFunc replaces DefaultLoad, for gateways that weigh other signals.
 func LoadFunc(f func(Load) float64) Opt { return opt(func(c *guardConfig) { c.load = f }) }
 
@@ -166,7 +178,7 @@ func New(name string, opts ...Opt) (*Guard, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("upstream.New %q: %w", name, err)
 	}
-	g := &Guard{name: name, gate: c.gate, tenantLimit: c.tenantLimit, load: c.load, clock: c.clock}
+	g := &Guard{name: name, gate: c.gate, tenantLimit: c.tenantLimit, load: c.load, clock: c.clock, reserve: c.reserve}
 	if g.gate == nil {
 		lopts := []concurrency.LimiterOpt{concurrency.Clock(c.clock.Now)}
 		if c.onLimit != nil {
@@ -203,6 +215,9 @@ func (g *Guard) Run(ctx context.Context) error {
 	if r, ok := g.gate.(interface{ Run(context.Context) error }); ok {
 		wg.Go(func() { _ = r.Run(ctx) })
 	}
+	if g.reserve != nil {
+		wg.Go(func() { _ = g.reserve.Run(ctx) })
+	}
 	<-ctx.Done()
 	wg.Wait()
 	return nil
@@ -218,6 +233,7 @@ type Permit struct {
 	qp     priority.Permit
 	tenant string
 	probe  bool
+	hold   Hold
 }
 
 // Probe reports whether the call is one of the half-open breaker's
@@ -239,6 +255,7 @@ func (p Permit) Release(o concurrency.Outcome) {
 	if g.tenants != nil {
 		g.tenants.Release(p.tenant)
 	}
+	p.hold.Release()
 	g.breaker.record(now, p.probe, now.Sub(p.qp.Start()), o)
 }
 
@@ -269,15 +286,31 @@ func (g *Guard) Acquire(ctx context.Context, r Request) (Permit, priority.Decisi
 			return Permit{}, priority.Decision{Reason: priority.TenantLimit, Class: r.Class, RetryAfter: max(time.Second, g.queue.Stats().HoldMean)}
 		}
 	}
+	var hold Hold
+	if g.reserve != nil {
+		n := int64(1)
+		if g.reserve.unit == ReserveTokens {
+			n = r.Tokens
+		}
+		var ok bool
+		if hold, ok = g.reserve.Take(r.Class, n); !ok {
+			if g.tenants != nil {
+				g.tenants.Release(r.Tenant)
+			}
+			g.breaker.Record(probe, 0, concurrency.Ignored)
+			return Permit{}, priority.Decision{Reason: priority.ClassShare, Class: r.Class, RetryAfter: max(time.Second, g.queue.Stats().HoldMean)}
+		}
+	}
 	qp, d := g.queue.Acquire(ctx, r.Class, r.Deadline)
 	if !d.Admitted() {
 		if g.tenants != nil {
 			g.tenants.Release(r.Tenant)
 		}
+		hold.Release()
 		g.breaker.Record(probe, 0, concurrency.Ignored)
 		return Permit{}, d
 	}
-	return Permit{g: g, qp: qp, tenant: r.Tenant, probe: probe}, d
+	return Permit{g: g, qp: qp, tenant: r.Tenant, probe: probe, hold: hold}, d
 }
 
 func (g *Guard) currentLoad() Load {

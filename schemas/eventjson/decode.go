@@ -142,6 +142,8 @@ func (d *scanner) decodeField(ev *schemas.UsageEvent, f schemas.EventField, errs
 		return d.freeString(&ev.SessionID, f)
 	case schemas.FieldGateway:
 		return d.freeString(&ev.Gateway, f)
+	case schemas.FieldRequestedModel:
+		return d.stringField(&ev.RequestedModel, false)
 	case schemas.FieldOutcome:
 		return d.stringField((*string)(&ev.Outcome), false)
 	case schemas.FieldPriority:

@@ -48,6 +48,7 @@ func AppendUsageEventJSON(dst []byte, ev *schemas.UsageEvent) []byte {
 		dst = append(dst, `,"estimated":true`...)
 	}
 	dst = appendOptString(dst, `,"gateway":`, ev.Gateway)
+	dst = appendOptString(dst, `,"requested_model":`, ev.RequestedModel)
 	if len(ev.Attributes) > 0 {
 		dst = append(dst, `,"attributes":{`...)
 		dst = appendAttributes(dst, ev.Attributes)

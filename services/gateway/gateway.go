@@ -40,6 +40,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -52,10 +53,12 @@ import (
 	"github.com/sluicehq/sluice/gateway/emitter"
 	"github.com/sluicehq/sluice/gateway/estimate"
 	"github.com/sluicehq/sluice/gateway/middleware"
+	"github.com/sluicehq/sluice/gateway/priority"
 	"github.com/sluicehq/sluice/gateway/ratelimit"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/gateway/deferred"
 	"github.com/sluicehq/sluice/services/internal/fifo"
@@ -69,6 +72,18 @@ type Options struct {
 	Admitter Admitter
 	// Started, when not nil, learns the address the API listens on.
 	Started func(addr string)
+	// Guards, when not nil, are the upstream guards the gateway follows
+	// the policy file with (a host that shows their state, as the demo
+	// does); otherwise it builds its own. Either way only with a policy
+	// file (services.gateway.admission.policy_file).
+	Guards *Guards
+}
+
+// ProcessID names this process in the fleet's shared counts: the
+// gateway's name, the host and the process id.
+func ProcessID(name string) string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s/%s/%d", name, host, os.Getpid())
 }
 
 // Run serves the gateway on cfg.Listen until ctx is cancelled, then shuts
@@ -87,20 +102,75 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	}
 	log := env.Logger
 
-	if opts.Admitter == nil && cfg.Admission.PolicyFile != "" {
-		adm, follow, closeAdm, err := PolicyAdmitter(cfg.Admission, env, log.With("component", "admission"))
+	rdb := redisconn.NewClient(env.Redis)
+	defer rdb.Close()
+	var deps Deps
+	if cfg.Admission.PolicyFile != "" {
+		// One policy file for admission, the tenants' classes, the
+		// upstreams' guards and the fallbacks, followed by one watcher.
+		w, err := policy.NewWatcher(cfg.Admission.PolicyFile, cfg.Admission.PolicyReload, log.With("component", "policy"))
+		if err != nil {
+			return fmt.Errorf("gateway: policy (services.gateway.admission.policy_file): %w", err)
+		}
+		deps.Policy = w.Current
+		var apply []func(*policy.Policy)
+		if opts.Admitter == nil {
+			lim, closeAdm, err := policyAdmitter(cfg.Admission, w.Current(), env, log.With("component", "admission"))
+			if err != nil {
+				return err
+			}
+			defer closeAdm()
+			opts.Admitter = LimiterAdmitter{L: lim}
+			apply = append(apply, func(p *policy.Policy) {
+				if err := lim.SetRules(p.AdmissionRules()); err != nil {
+					log.Error("admission: the reloaded policy's limits were not applied; the previous ones stay", "file", cfg.Admission.PolicyFile, "err", err)
+				}
+			})
+		}
+		// The tenants' soft per-minute quotas, on counters of their own:
+		// past one, a request goes to the fallback model first.
+		softCfg := cfg.Admission
+		softCfg.KeyPrefix += "soft:"
+		soft, closeSoft, err := softAdmitter(softCfg, w.Current(), env, log.With("component", "soft-limits"))
 		if err != nil {
 			return err
 		}
-		defer closeAdm()
+		defer closeSoft()
+		deps.Soft = LimiterAdmitter{L: soft}
+		apply = append(apply, func(p *policy.Policy) {
+			if err := soft.SetRules(p.SoftLimitRules()); err != nil {
+				log.Error("the reloaded policy's soft quotas were not applied; the previous ones stay", "err", err)
+			}
+		})
+		deps.Guards = opts.Guards
+		if deps.Guards == nil {
+			// A client of its own: the shared counts bound each call by its
+			// context, which must reach the socket.
+			grdb := redisconn.NewClient(env.Redis, redisconn.ContextTimeouts())
+			defer grdb.Close()
+			deps.Guards = NewGuards(grdb, cfg.Admission.UpstreamKeyPrefix, ProcessID(cfg.Name), log.With("component", "upstream"), nil)
+		}
+		defer deps.Guards.Close()
+		if err := deps.Guards.Update(w.Current()); err != nil {
+			return err
+		}
+		apply = append(apply, func(p *policy.Policy) {
+			if err := deps.Guards.Update(p); err != nil {
+				log.Error("the reloaded policy's upstreams were not all applied; the previous guards stay for those", "err", err)
+			}
+		})
 		fctx, stopFollow := context.WithCancel(ctx)
 		followed := make(chan struct{})
-		go func() { defer close(followed); _ = follow(fctx) }()
+		go func() {
+			defer close(followed)
+			_ = w.Follow(fctx, func(p *policy.Policy) {
+				for _, f := range apply {
+					f(p)
+				}
+			})
+		}()
 		defer func() { stopFollow(); <-followed }()
-		opts.Admitter = adm
 	}
-	rdb := redisconn.NewClient(env.Redis)
-	defer rdb.Close()
 	tasks, runTasks, stopTasks, err := startDeferred(ctx, cfg, env, rdb, log)
 	if err != nil {
 		return err
@@ -119,7 +189,9 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	if err != nil {
 		return err
 	}
-	s, err := New(cfg, Deps{Checker: chk, Emitter: em, Admitter: opts.Admitter, Logger: log, Metrics: env.Metrics, Tasks: tasks, Usage: usage})
+	deps.Checker, deps.Emitter, deps.Admitter, deps.Logger, deps.Metrics = chk, em, opts.Admitter, log, env.Metrics
+	deps.Tasks, deps.Usage = tasks, usage
+	s, err := New(cfg, deps)
 	if err != nil {
 		closeEmitter(context.Background(), em, closeSender, time.Second, log)
 		return err
@@ -242,6 +314,17 @@ type Deps struct {
 	Tasks *deferred.Queue
 	// Usage, when not nil, serves GET /v1/usage to the keys' tenants.
 	Usage *usageapi.API
+	// Policy, when not nil, is the policy in force: the tenants' priority
+	// classes and the fallback models. Without it every tenant is normal.
+	Policy func() *policy.Policy
+	// Guards, when not nil, guard the upstreams the policy names (the
+	// priority queue, the concurrency limit, degradation, the breaker and
+	// reserved shares before each attempt).
+	Guards *Guards
+	// Soft, when not nil, checks the tenants' soft per-minute quotas
+	// (policy.SoftLimitRules): a request it refuses is served by the
+	// policy's fallback model instead of the one asked for.
+	Soft Admitter
 }
 
 // Server is the gateway's HTTP handler.
@@ -253,6 +336,9 @@ type Server struct {
 	est    *estimate.Estimator
 	admit  Admitter
 	tasks  *deferred.Queue
+	policy func() *policy.Policy // nil: no policy
+	guards *Guards               // nil: no upstream is guarded
+	soft   Admitter              // nil: soft quotas are not checked on the request path
 	m      *metrics
 	api    http.Handler // auth, then the middleware, then the proxy
 	mux    *http.ServeMux
@@ -279,7 +365,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{cfg: cfg, log: log, admit: deps.Admitter, tasks: deps.Tasks, m: newMetrics(), ids: fifo.NewSet[string](cfg.RequestIDMemory), now: time.Now}
+	s := &Server{cfg: cfg, log: log, admit: deps.Admitter, policy: deps.Policy, guards: deps.Guards, soft: deps.Soft, tasks: deps.Tasks, m: newMetrics(),
+		ids: fifo.NewSet[string](cfg.RequestIDMemory), now: time.Now}
 	s.hardStop, s.stopAll = context.WithCancel(context.Background())
 	if v, ok := deps.Checker.(flagView); ok {
 		s.m.view = v
@@ -421,6 +508,7 @@ type call struct {
 	requestID string // the x-request-id answered
 	eventID   string // usage event id (the request id unless it was reused)
 	priority  schemas.Priority
+	class     priority.Class
 	user      string
 	start     time.Time
 
@@ -465,7 +553,6 @@ func fillEvent(r *http.Request, ev *schemas.UsageEvent) {
 // Headers a caller may send that the gateway reads.
 const (
 	headerRequestID = "X-Request-Id"
-	headerPriority  = "X-Sluice-Priority"
 )
 
 // serveAPI authenticates, reads and routes a request, then hands it to the
@@ -528,22 +615,18 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("The model `%s` does not exist or is not served by this gateway.", model))
 		return
 	}
-	c.priority = c.caller.Priority
-	if p := r.Header.Get(headerPriority); p != "" {
-		switch {
-		case !schemas.Priority(p).Valid():
-			c.outcome = "bad_request"
-			writeError(rw, http.StatusBadRequest, "invalid_request_error", "invalid_priority",
-				fmt.Sprintf("%s: %q is not one of critical, high, normal, low.", headerPriority, p))
-			return
-		case !c.caller.MaySetPriority:
+	if c.class, err = s.classOf(c.caller, r.Header.Get(priority.Header)); err != nil {
+		if errors.Is(err, priority.ErrRaiseNotAllowed) {
 			c.outcome = "forbidden"
 			writeError(rw, http.StatusForbidden, "permission_denied", "priority_not_allowed",
-				fmt.Sprintf("The API key %s may not set its priority (%s); ask for may_set_priority in the gateway's keys file.", c.caller.KeyID, headerPriority))
+				fmt.Sprintf("%v. The API key %s may only lower its priority; ask for may_set_priority in the gateway's keys file.", err, c.caller.KeyID))
 			return
 		}
-		c.priority = schemas.Priority(p)
+		c.outcome = "bad_request"
+		writeError(rw, http.StatusBadRequest, "invalid_request_error", "invalid_priority", err.Error()+".")
+		return
 	}
+	c.priority = c.class.Schema()
 	c.user = c.caller.User
 	if c.user == "" && len(c.req.User) <= schemas.MaxStringLen {
 		c.user = c.req.User
@@ -561,6 +644,25 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body)) // the middleware reads it again to estimate
 	s.api.ServeHTTP(rw, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
+}
+
+// classOf is the class a request runs under (priority.Effective): the
+// key's own priority if its entry names one, else its tenant's from the
+// policy (normal without a policy), moved by the X-Sluice-Priority header
+// — lowered by any caller, raised only by a key with may_set_priority.
+func (s *Server) classOf(c *Caller, header string) (priority.Class, error) {
+	base := priority.Default
+	switch {
+	case c.Priority != "":
+		base, _ = priority.FromSchema(c.Priority) // ParseKeys validated it
+	case s.policy != nil:
+		base = s.policy().Tenant(c.Tenant).Class()
+	}
+	var g priority.Grant
+	if c.MaySetPriority {
+		g.Max = priority.Critical
+	}
+	return priority.Effective(base, header, g)
 }
 
 // reused reports whether tenant sent requestID before (as far as the

@@ -342,6 +342,8 @@ func TestKeysModelsAndPriority(t *testing.T) {
 		{"sk-acme", "claude-3", nil, 404, "model_not_found"},
 		{"sk-acme", "gpt-4.1-nano", nil, 200, ""},
 		{"sk-acme", "gpt-4o", []string{"X-Sluice-Priority", "critical"}, 403, "priority_not_allowed"},
+		// Any caller may lower its own priority.
+		{"sk-acme", "gpt-4o", []string{"X-Sluice-Priority", "low", "X-Request-Id", "lowered"}, 200, ""},
 		{"sk-boss", "gpt-4o", []string{"X-Sluice-Priority", "urgent"}, 400, "invalid_priority"},
 		{"sk-boss", "gpt-4o", []string{"X-Sluice-Priority", "critical", "X-Request-Id", "prio"}, 200, ""},
 	} {
@@ -359,6 +361,9 @@ func TestKeysModelsAndPriority(t *testing.T) {
 	}
 	if ev := g.sink.settlement(t, "prio"); ev.Priority != schemas.PriorityCritical {
 		t.Errorf("priority not carried: %+v", ev)
+	}
+	if ev := g.sink.settlement(t, "lowered"); ev.Priority != schemas.PriorityLow {
+		t.Errorf("lowered priority not carried: %+v", ev)
 	}
 	req, _ := http.NewRequest(http.MethodGet, g.url+"/v1/models", nil)
 	req.Header.Set("Authorization", "Bearer sk-mini-only")

@@ -51,11 +51,18 @@ type AdmissionConfig struct {
 	MaxWait      time.Duration `yaml:"max_wait" help:"longest an admission waits for Redis; past it the tenant's fail mode decides (open: a local limiter, closed: 503)"`
 	KeyPrefix    string        `yaml:"key_prefix" help:"prefix of admission's Redis keys (counters of every gateway sharing this Redis and prefix are shared)"`
 	Gateways     int           `yaml:"gateways" help:"gateway processes sharing the limits: a fail-open tenant gets limit/gateways per process while Redis is away"`
+	// UpstreamKeyPrefix is where the upstreams the policy marks shared keep
+	// their fleet-wide state.
+	UpstreamKeyPrefix string `yaml:"upstream_key_prefix" help:"prefix of the Redis keys of the policy's shared upstreams (calls in flight, breaker, reserved shares); gateways sharing this Redis and prefix share them"`
 }
 
 func defaultAdmission() AdmissionConfig {
-	return AdmissionConfig{PolicyReload: 2 * time.Second, MaxWait: 5 * time.Millisecond, KeyPrefix: admission.DefaultPrefix, Gateways: 1}
+	return AdmissionConfig{PolicyReload: 2 * time.Second, MaxWait: 5 * time.Millisecond, KeyPrefix: admission.DefaultPrefix, Gateways: 1,
+		UpstreamKeyPrefix: DefaultUpstreamKeyPrefix}
 }
+
+// DefaultUpstreamKeyPrefix is services.gateway.admission.upstream_key_prefix's default.
+const DefaultUpstreamKeyPrefix = "sluice:up:"
 
 func (c AdmissionConfig) validate(bad func(format string, args ...any)) {
 	c.check("services.gateway.admission.", bad)
@@ -82,27 +89,27 @@ func (c AdmissionConfig) check(p string, bad func(format string, args ...any)) {
 	if c.KeyPrefix == "" {
 		bad(p + "key_prefix: is required")
 	}
+	if c.UpstreamKeyPrefix == "" || len(c.UpstreamKeyPrefix) > 200 {
+		bad(p + "upstream_key_prefix: must be 1..200 bytes")
+	}
 	if c.Gateways < 1 || c.Gateways > 10_000 {
 		bad(p+"gateways: %d is outside 1..10000", c.Gateways)
 	}
 }
 
-// PolicyAdmitter builds the Limiter of c from its policy file on env's
-// Redis (a client of its own: admission's wait bound needs context
-// timeouts on the socket) and returns the Admitter, the loop that follows
-// the policy file until ctx ends, and what closes both. The gateway and
-// the forward-auth service (services/authz) both admit through it.
+// PolicyAdmitter builds the Limiter of c from its policy file and returns
+// the Admitter, the loop that follows the policy file until ctx ends, and
+// what closes both. The forward-auth service (services/authz) admits
+// through it; sluice gateway follows the same file with one watcher for
+// admission, classes, guards and fallbacks (RunWith).
 func PolicyAdmitter(c AdmissionConfig, env platform.Env, log *slog.Logger) (Admitter, func(ctx context.Context) error, func(), error) {
 	w, err := policy.NewWatcher(c.PolicyFile, c.PolicyReload, log)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("gateway: admission policy: %w", err)
 	}
-	rdb := redisconn.NewClient(env.Redis, redisconn.ContextTimeouts())
-	lim, err := admission.New(rdb, w.Current().AdmissionRules(), admission.WithPrefix(c.KeyPrefix), admission.WithMaxWait(c.MaxWait),
-		admission.WithGatewayCount(c.Gateways), admission.WithRegisterer(env.Metrics), admission.WithLogger(log))
+	lim, closeLim, err := policyAdmitter(c, w.Current(), env, log)
 	if err != nil {
-		rdb.Close()
-		return nil, nil, nil, fmt.Errorf("gateway: admission: %w", err)
+		return nil, nil, nil, err
 	}
 	follow := func(ctx context.Context) error {
 		return w.Follow(ctx, func(p *policy.Policy) {
@@ -111,5 +118,30 @@ func PolicyAdmitter(c AdmissionConfig, env platform.Env, log *slog.Logger) (Admi
 			}
 		})
 	}
-	return LimiterAdmitter{L: lim}, follow, func() { _ = lim.Close(); _ = rdb.Close() }, nil
+	return LimiterAdmitter{L: lim}, follow, closeLim, nil
+}
+
+// policyAdmitter builds the Limiter of c from the policy p on env's Redis
+// (a client of its own: admission's wait bound needs context timeouts on
+// the socket) and returns it and what closes both.
+func policyAdmitter(c AdmissionConfig, p *policy.Policy, env platform.Env, log *slog.Logger) (*admission.Limiter, func(), error) {
+	return limiterOf(c, p.AdmissionRules(), env, log, admission.WithRegisterer(env.Metrics))
+}
+
+// softAdmitter is policyAdmitter for the policy's soft per-minute quotas
+// (policy.SoftLimitRules), under c's prefix; its metrics are not
+// registered (admission's series would collide with the hard limits').
+func softAdmitter(c AdmissionConfig, p *policy.Policy, env platform.Env, log *slog.Logger) (*admission.Limiter, func(), error) {
+	return limiterOf(c, p.SoftLimitRules(), env, log)
+}
+
+func limiterOf(c AdmissionConfig, rules *admission.Rules, env platform.Env, log *slog.Logger, opts ...admission.Option) (*admission.Limiter, func(), error) {
+	rdb := redisconn.NewClient(env.Redis, redisconn.ContextTimeouts())
+	lim, err := admission.New(rdb, rules, append([]admission.Option{admission.WithPrefix(c.KeyPrefix), admission.WithMaxWait(c.MaxWait),
+		admission.WithGatewayCount(c.Gateways), admission.WithLogger(log)}, opts...)...)
+	if err != nil {
+		rdb.Close()
+		return nil, nil, fmt.Errorf("gateway: admission: %w", err)
+	}
+	return lim, func() { _ = lim.Close(); _ = rdb.Close() }, nil
 }

@@ -22,6 +22,10 @@ type metrics struct {
 	inflight   prometheus.Gauge
 	keyReloads *prometheus.CounterVec
 	idReuses   prometheus.Counter
+	// The upstream guards and fallbacks.
+	guardRefusals *prometheus.CounterVec
+	fallbacks     *prometheus.CounterVec
+	softOver      prometheus.Counter
 	// view is the flag view the staleness gauges read (the Checker); nil
 	// reads as fresh (a Decider without a view, or none).
 	view flagView
@@ -75,6 +79,18 @@ func newMetrics() *metrics {
 			Name: "sluice_gateway_request_id_reuses_total",
 			Help: "Requests whose x-request-id this gateway had seen for the same tenant; their events got a fresh id.",
 		}),
+		guardRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_gateway_upstream_refusals_total",
+			Help: "Attempts an upstream's guard refused before the call, by upstream and reason (queue_full, shed, deadline, expired, tenant_concurrency, degraded, breaker_open, class_share).",
+		}, []string{"upstream", "reason"}),
+		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_gateway_fallbacks_total",
+			Help: "Calls served by a cheaper fallback model than the one asked for, by the asked model's route and the model that served.",
+		}, []string{"model", "served"}),
+		softOver: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_gateway_soft_limit_fallbacks_total",
+			Help: "Requests of tenants past a soft per-minute quota, sent to the fallback model first.",
+		}),
 	}
 	for _, s := range []string{"reported", "counted", "none"} {
 		m.usage.WithLabelValues(s)
@@ -97,7 +113,7 @@ func newMetrics() *metrics {
 		}
 		return 0
 	})
-	m.all = metricset.Set{m.requests, m.upstream, m.ttfb, m.tokens, m.usage, m.failovers, m.inflight, m.keyReloads, m.idReuses, flagsAge, flagsStale}
+	m.all = metricset.Set{m.requests, m.upstream, m.ttfb, m.tokens, m.usage, m.failovers, m.inflight, m.keyReloads, m.idReuses, m.guardRefusals, m.fallbacks, m.softOver, flagsAge, flagsStale}
 	return m
 }
 

@@ -15,9 +15,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/gateway/concurrency"
 	"github.com/sluicehq/sluice/gateway/estimate"
 	"github.com/sluicehq/sluice/gateway/middleware"
+	"github.com/sluicehq/sluice/gateway/priority"
 	"github.com/sluicehq/sluice/gateway/ratelimit"
+	guard "github.com/sluicehq/sluice/gateway/upstream"
 	"github.com/sluicehq/sluice/schemas"
 )
 
@@ -48,33 +51,15 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if adm.Settle != nil {
-			defer func() {
-				set := Settlement{Status: status, Outcome: schemas.OutcomeOK}
-				switch {
-				case c.outcome == "timeout":
-					set.Outcome = schemas.OutcomeTimeout
-				case status >= 500 || c.outcome == "upstream_error":
-					set.Outcome = schemas.OutcomeError
-				case c.outcome == "cancelled":
-					set.Outcome = ""
-				}
-				if c.source == "reported" || c.source == "counted" {
-					set.Usage = c.usage
-				} else if c.source == "estimate" {
-					set.Usage = middleware.Usage{PromptTokens: est.Prompt, CompletionTokens: est.Completion}
-				}
-				adm.Settle(set)
-			}()
+			defer func() { adm.Settle(c.settlement(status, est)) }()
 		}
 	}
-
-	body := c.body
-	strip := false
-	if c.req.Stream && !c.req.IncludeUsage && (c.ep == estimate.ChatCompletions || c.ep == estimate.Completions) {
-		// The client did not ask for the usage chunk; the gateway needs it
-		// and removes it from what the client receives.
-		body, strip = withIncludeUsage(c.body, c.req), true
+	models, settleSoft := s.modelsFor(r.Context(), c, est, estOK)
+	if settleSoft != nil {
+		defer func() { settleSoft(c.settlement(status, est)) }()
 	}
+
+	strip := c.req.Stream && !c.req.IncludeUsage && (c.ep == estimate.ChatCompletions || c.ep == estimate.Completions)
 	suffix := strings.TrimPrefix(r.URL.Path, "/v1")
 
 	var (
@@ -82,42 +67,108 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 		done    func()
 		lastErr error
 		up      *upstream
+		permit  guard.Permit
+		refused *priority.Decision // the last guard refusal
 	)
-	cands := order(c.ups, s.cfg.MaxAttempts, s.now())
-	for i, u := range cands {
-		c.attempts, c.upstream, up = i+1, u.cfg.Name, u
-		var err error
-		resp, done, err = s.attempt(r.Context(), u, suffix, body, c.requestID, r.Header)
-		last := i == len(cands)-1
-		if err != nil {
-			lastErr = err
-			u.failed(s.now())
-			if r.Context().Err() != nil {
-				break // the client went away: nothing to fail over for
-			}
-			if !last {
-				s.m.failovers.WithLabelValues(u.cfg.Name).Inc()
-			}
-			continue
-		}
-		if retryable(resp.StatusCode) {
-			u.failed(s.now())
-			if !last {
-				s.m.failovers.WithLabelValues(u.cfg.Name).Inc()
-				_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-				resp.Body.Close()
-				done()
-				resp = nil
+	served := c.req.Model
+models:
+	for mi, model := range models {
+		ups := c.ups
+		if mi > 0 {
+			if ups, _ = s.routes.lookup(model); ups == nil {
 				continue
 			}
-		} else {
-			u.succeeded()
 		}
-		break
+		body := c.body
+		if model != c.req.Model {
+			body = withModel(body, c.req, model)
+		}
+		if strip {
+			// The client did not ask for the usage chunk; the gateway needs it
+			// and removes it from what the client receives.
+			rq, _ := scanRequest(body)
+			body = withIncludeUsage(body, rq)
+		}
+		cands := order(ups, s.cfg.MaxAttempts, s.now())
+		fallback := false // every refusal of this model lets a cheaper one serve
+		for i, u := range cands {
+			var p guard.Permit
+			if g := s.guards.Of(u.cfg.Name); g != nil {
+				gp, d := g.Acquire(r.Context(), guard.Request{Tenant: c.caller.Tenant, Class: c.class, Tokens: est.Prompt + est.Completion})
+				if !d.Admitted() {
+					refused, fallback = &d, d.Reason == priority.BreakerOpen || d.Reason == priority.Degraded
+					s.m.guardRefusals.WithLabelValues(u.cfg.Name, d.Reason.String()).Inc()
+					if d.Reason == priority.Canceled {
+						break models
+					}
+					if !fallback {
+						break models // saturated: a cheaper model is no answer to a full queue
+					}
+					continue // another upstream of the model may take it
+				}
+				p = gp
+			}
+			c.attempts++
+			c.upstream, up, served = u.cfg.Name, u, model
+			var err error
+			resp, done, err = s.attempt(r.Context(), u, suffix, body, c.requestID, r.Header)
+			last := i == len(cands)-1
+			if err != nil {
+				p.Release(outcomeOf(0, err, r.Context().Err() != nil))
+				lastErr = err
+				u.failed(s.now())
+				if r.Context().Err() != nil {
+					break models // the client went away: nothing to fail over for
+				}
+				if !last {
+					s.m.failovers.WithLabelValues(u.cfg.Name).Inc()
+				}
+				continue
+			}
+			if retryable(resp.StatusCode) {
+				u.failed(s.now())
+				if !last {
+					p.Release(concurrency.Failure)
+					s.m.failovers.WithLabelValues(u.cfg.Name).Inc()
+					_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+					resp.Body.Close()
+					done()
+					resp = nil
+					continue
+				}
+			} else {
+				u.succeeded()
+			}
+			permit = p
+			break models
+		}
+		if !fallback {
+			break
+		}
 	}
 	mc.SetProvider(c.upstream)
 	if c.attempts > 1 {
 		mc.SetAttribute("attempts", strconv.Itoa(c.attempts))
+	}
+	if served != c.req.Model {
+		mc.SetServedModel(served)
+		s.m.fallbacks.WithLabelValues(c.route, served).Inc()
+	}
+	if c.attempts > 0 {
+		w.Header().Set(HeaderServedModel, served)
+	}
+	if resp == nil && c.attempts == 0 && refused != nil {
+		// Every upstream that could serve it refused on the request path.
+		c.source = "none"
+		mc.SetOutcome(schemas.OutcomeRejected)
+		mc.SetAttribute("refused_by", refused.Reason.String())
+		c.outcome, status = "rejected", refused.Status()
+		if refused.Reason == priority.Canceled {
+			c.outcome = "cancelled"
+			return
+		}
+		priority.WriteRefusal(w, *refused)
+		return
 	}
 	if resp == nil {
 		c.source = "none"
@@ -134,6 +185,11 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
+	defer func() {
+		// The call is over once its answer is relayed: its slot goes to the
+		// next request, its outcome to the limit and the breaker.
+		permit.Release(outcomeOf(status, outcomeErr(c.outcome), c.outcome == "cancelled"))
+	}()
 	defer done()
 	defer resp.Body.Close()
 
@@ -161,7 +217,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(w, io.LimitReader(resp.Body, s.cfg.MaxResponseBytes))
 		return
 	}
-	fam := estimate.FamilyOf(c.req.Model)
+	fam := estimate.FamilyOf(served)
 	var prompt int64
 	if estOK {
 		prompt = est.PromptTokens // counted, without the estimate's margin
@@ -213,6 +269,72 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 	}
 	mc.Report(c.usage)
 }
+
+// settlement is what an admitted call used, for an Admitter's Settle:
+// status is the one answered.
+func (c *call) settlement(status int, est estimate.Estimate) Settlement {
+	set := Settlement{Status: status, Outcome: schemas.OutcomeOK}
+	switch {
+	case c.outcome == "timeout":
+		set.Outcome = schemas.OutcomeTimeout
+	case status >= 500 || c.outcome == "upstream_error":
+		set.Outcome = schemas.OutcomeError
+	case c.outcome == "cancelled":
+		set.Outcome = ""
+	}
+	if c.source == "reported" || c.source == "counted" {
+		set.Usage = c.usage
+	} else if c.source == "estimate" {
+		set.Usage = middleware.Usage{PromptTokens: est.Prompt, CompletionTokens: est.Completion}
+	}
+	return set
+}
+
+// modelsFor lists the models that may serve c, in order: the one asked
+// for, then the cheaper fallbacks the policy names for it that the key
+// may use. A tenant past a soft tokens_per_minute or requests_per_minute
+// quota (checked by the soft Admitter, when there is one) skips the model
+// asked for when it has a fallback. settle, when not nil, must be called
+// with the call's settlement.
+func (s *Server) modelsFor(ctx context.Context, c *call, est estimate.Estimate, estOK bool) (models []string, settle func(Settlement)) {
+	models = []string{c.req.Model}
+	if s.policy == nil {
+		return models, nil
+	}
+	for _, m := range s.policy().Fallbacks(c.req.Model) {
+		if c.caller.MayUse(m) {
+			models = append(models, m)
+		}
+	}
+	if len(models) == 1 || s.soft == nil {
+		return models, nil
+	}
+	adm := s.soft.Admit(ctx, AdmitRequest{Tenant: c.caller.Tenant, Model: c.req.Model, User: c.user,
+		APIKeyID: c.caller.KeyID, Endpoint: c.endpoint, Priority: c.priority, EstimatePrompt: est.Prompt,
+		EstimateCompletion: est.Completion, Estimated: estOK, EventID: c.eventID})
+	if adm.Refused != nil {
+		s.m.softOver.Inc()
+		return models[1:], nil
+	}
+	return models, adm.Settle
+}
+
+// HeaderServedModel names, on every answer an upstream gave, the model
+// that served it: the one asked for, or a cheaper fallback the policy
+// names when the asked model's upstream is broken or degraded or the
+// tenant is past a soft limit.
+const HeaderServedModel = "X-Sluice-Served-Model"
+
+// outcomeErr turns the call's outcome into the error outcomeOf reads: a
+// relay that broke off or timed out failed on the provider's side.
+func outcomeErr(outcome string) error {
+	if outcome == "timeout" || outcome == "upstream_error" {
+		return errUpstreamBroke
+	}
+	return nil
+}
+
+var errUpstreamBroke = errors.New("the upstream's answer broke off")
 
 // attempt sends one request to u. done releases the attempt's context
 // once its answer has been relayed.

@@ -19,6 +19,8 @@ type request struct {
 	User string
 	// soStart and soEnd are the byte range of stream_options' value, or -1.
 	soStart, soEnd int
+	// modelStart and modelEnd are the byte range of model's value.
+	modelStart, modelEnd int
 }
 
 var errNotObject = errors.New("the body must be a JSON object")
@@ -62,6 +64,7 @@ func scanRequest(body []byte) (request, error) {
 			if err := json.Unmarshal(val, &req.Model); err != nil {
 				return req, fmt.Errorf("model: must be a string")
 			}
+			req.modelStart, req.modelEnd = vStart, vEnd
 		case "stream":
 			req.Stream = string(val) == "true"
 		case "user":
@@ -88,6 +91,16 @@ func scanRequest(body []byte) (request, error) {
 		}
 		return req, fmt.Errorf("invalid JSON at byte %d: want ',' or '}'", i)
 	}
+}
+
+// withModel returns body asking for model instead of the one it names
+// (a fallback), the rest unchanged; req is body's scan.
+func withModel(body []byte, req request, model string) []byte {
+	val, _ := json.Marshal(model)
+	out := make([]byte, 0, len(body)+len(val))
+	out = append(out, body[:req.modelStart]...)
+	out = append(out, val...)
+	return append(out, body[req.modelEnd:]...)
 }
 
 // withIncludeUsage returns body asking for the usage chunk at the end of

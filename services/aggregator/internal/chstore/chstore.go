@@ -69,7 +69,7 @@ func New(conn driver.Conn, cost func() CostFunc, slowCallMS int64) *Store {
 }
 
 const insertEvents = `INSERT INTO usage_events (id, time, time_ms, tenant, model, prompt_tokens, completion_tokens, cached_tokens,
- user, api_key_id, provider, endpoint, status, outcome, latency_ms, priority, session_id, estimated, gateway,
+ user, api_key_id, provider, endpoint, status, outcome, latency_ms, priority, session_id, estimated, gateway, requested_model,
  attribute_keys, attribute_values, kafka_partition, kafka_offset, ingested_at)`
 
 const insertMinutes = `INSERT INTO usage_minute (tenant, model, minute, requests, prompt_tokens, completion_tokens,
@@ -197,7 +197,7 @@ func eventColumns(evs []Event, now time.Time) []any {
 	n := len(evs)
 	var (
 		ids, tenants, models, users, keys, providers, endpoints = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		outcomes, priorities, sessions, gateways                = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		outcomes, priorities, sessions, gateways, requested     = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		times, ingested                                         = make([]time.Time, n), make([]time.Time, n)
 		ms, status                                              = make([]uint16, n), make([]uint16, n)
 		prompt, completion, cached                              = make([]uint64, n), make([]uint64, n), make([]uint64, n)
@@ -216,12 +216,12 @@ func eventColumns(evs []Event, now time.Time) []any {
 		if e.Estimated {
 			est[i] = 1
 		}
-		gateways[i] = e.Gateway
+		gateways[i], requested[i] = e.Gateway, e.RequestedModel
 		attrKeys[i], attrVals[i] = attrs(e.Attributes)
 		parts[i], offs[i], ingested[i] = e.Partition, e.Offset, now
 	}
 	return []any{ids, times, ms, tenants, models, prompt, completion, cached, users, keys, providers, endpoints,
-		status, outcomes, latency, priorities, sessions, est, gateways, attrKeys, attrVals, parts, offs, ingested}
+		status, outcomes, latency, priorities, sessions, est, gateways, requested, attrKeys, attrVals, parts, offs, ingested}
 }
 
 // minuteColumns lays rollups out as the columns of insertMinutes.

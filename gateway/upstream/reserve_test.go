@@ -1,0 +1,107 @@
+package upstream
+
+import (
+	"context"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/gateway/concurrency"
+	"github.com/sluicehq/sluice/gateway/priority"
+	"github.com/sluicehq/sluice/platform/itest"
+)
+
+// twoGatewayReserves returns the Reserves of one upstream in two gateway
+// processes, each with a Redis client of its own, under a prefix of the
+// test's own: capacity 10 calls in flight, saturation 0.5, critical
+// reserves half, low a fifth, the rest (0.3) is common.
+func twoGatewayReserves(t *testing.T, unit ReserveUnit) (a, b *Reserve) {
+	t.Helper()
+	rc := itest.Redis(t)
+	prefix := itest.Unique(t, "sluice:test:reserve:")
+	mk := func(id string) *Reserve {
+		c := redis.NewClient(&redis.Options{Addr: rc.Addr, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { c.Close() })
+		r, err := NewReserve(c, ReserveConfig{Prefix: prefix, Upstream: "acct", ID: id, Unit: unit, Capacity: 10, Saturation: 0.5,
+			Shares: map[priority.Class]float64{priority.Critical: 0.5, priority.Low: 0.2}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	return mk("gw-a"), mk("gw-b")
+}
+
+// TestReservedSharesHoldAcrossTwoGateways: below the saturation threshold
+// low priority borrows idle capacity beyond its share (5 calls, share 2);
+// above it, neither gateway admits another low call (its share and the
+// common part are used), while critical still finds its reserved half
+// through the other gateway — up to the capacity and no further. Low's
+// calls, once released, make room for low again.
+func TestReservedSharesHoldAcrossTwoGateways(t *testing.T) {
+	a, b := twoGatewayReserves(t, ReserveConcurrency)
+	var low []Hold
+	for i := range 5 {
+		r := a
+		if i%2 == 1 {
+			r = b
+		}
+		h, ok := r.Take(priority.Low, 1)
+		if !ok {
+			t.Fatalf("low call %d below the saturation threshold refused", i)
+		}
+		low = append(low, h)
+	}
+	if _, ok := b.Take(priority.Low, 1); ok {
+		t.Fatal("gateway b admitted a sixth low call above the threshold: low holds 5 = its share 2 + the common 3")
+	}
+	if _, ok := a.Take(priority.Normal, 1); ok {
+		t.Fatal("normal (no share) admitted while the common part is used up by low")
+	}
+	for i := range 5 {
+		if _, ok := b.Take(priority.Critical, 1); !ok {
+			t.Fatalf("critical call %d refused within its reserved half", i)
+		}
+	}
+	if _, ok := a.Take(priority.Critical, 1); ok {
+		t.Fatal("admitted beyond the capacity of 10")
+	}
+	if a.Refused(priority.Low)+b.Refused(priority.Low) != 1 || a.Refused(priority.Critical) != 1 {
+		t.Errorf("refusal counts: low %d+%d, critical %d", a.Refused(priority.Low), b.Refused(priority.Low), a.Refused(priority.Critical))
+	}
+	low[0].Release()
+	low[1].Release()
+	if _, ok := a.Take(priority.Low, 1); !ok {
+		t.Error("low refused after two of its calls ended (low holds 3 of its share 2 + common 3)")
+	}
+	if a.RedisErrors()+b.RedisErrors() != 0 {
+		t.Errorf("Redis errors: %d, %d", a.RedisErrors(), b.RedisErrors())
+	}
+}
+
+// TestReservedRequestSharesAndTheGuard: requests per minute, through two
+// Guards: idle capacity is lent below the threshold, and above it the
+// Guard refuses low with class_share (503, Retry-After) while critical,
+// through the other gateway, still finds its reserved share.
+func TestReservedRequestSharesAndTheGuard(t *testing.T) {
+	ra, rb := twoGatewayReserves(t, ReserveRequests)
+	ga := newGuard(t, Limit(concurrency.Fixed(100)), Reserved(ra))
+	gb := newGuard(t, Limit(concurrency.Fixed(100)), Reserved(rb))
+	ctx := context.Background()
+	for i := range 5 {
+		p, d := ga.Acquire(ctx, Request{Tenant: "batch", Class: priority.Low})
+		if !d.Admitted() {
+			t.Fatalf("low request %d below the threshold: %+v", i, d)
+		}
+		p.Release(concurrency.Success) // a rate's use stays counted for its minute
+	}
+	_, d := gb.Acquire(ctx, Request{Tenant: "batch", Class: priority.Low})
+	if d.Reason != priority.ClassShare || d.Status() != 503 || d.RetryAfter <= 0 {
+		t.Fatalf("sixth low request above the threshold: %+v", d)
+	}
+	p, d := gb.Acquire(ctx, Request{Tenant: "app", Class: priority.Critical})
+	if !d.Admitted() {
+		t.Fatalf("critical within its share: %+v", d)
+	}
+	p.Release(concurrency.Success)
+}

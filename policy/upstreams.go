@@ -1,0 +1,344 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/sluicehq/sluice/gateway/concurrency"
+	"github.com/sluicehq/sluice/gateway/priority"
+	"github.com/sluicehq/sluice/gateway/upstream"
+)
+
+// This file is the policy's side of the request path in front of an
+// upstream (gateway/upstream): the upstreams section — each upstream's
+// concurrency limit (fixed, seed 003's threshold rule or the gradient),
+// whether the fleet shares it, its queue, degradation levels, breaker and
+// reserved shares per priority class — and the fallbacks section, the
+// cheaper models a request may be served by instead. The tenant's
+// priority class (Tenant.Class) is the third input.
+
+// Concurrency limit modes of an upstream.
+const (
+	ModeFixed     = "fixed"
+	ModeThreshold = "threshold"
+	ModeGradient  = "gradient"
+)
+
+// Units a reserved share counts in.
+const (
+	ReserveConcurrency = "concurrency"
+	ReserveRequests    = "requests"
+	ReserveTokens      = "total_tokens"
+)
+
+// Upstream is one upstream's request-path policy (upstreams.<name>). The
+// name is the gateway's name for the upstream (services.gateway.upstreams).
+type Upstream struct {
+	Name string
+	// Shared counts the upstream's calls in flight across every gateway
+	// process through Redis (concurrency.Shared) and shares its breaker
+	// (upstream.Fleet); otherwise each process counts alone.
+	Shared bool
+	// Mode is ModeFixed, ModeThreshold or ModeGradient; Limit is the fixed
+	// limit or the adaptive modes' initial one, within Min..Max.
+	Mode            string
+	Limit, Min, Max int
+	// TenantShare caps each tenant at this share of the limit (0: none).
+	TenantShare float64
+	// MaxWaiting and MaxWait bound the priority queue.
+	MaxWaiting int
+	MaxWait    time.Duration
+	// Levels are the loads above which degradation levels 1, 2 and 3
+	// apply; DegradedRetryAfter is a degraded refusal's Retry-After.
+	Levels             [3]float64
+	DegradedRetryAfter time.Duration
+	// The upstream breaker.
+	ConsecutiveFailures int
+	ErrorRatio          float64
+	OpenFor, MaxOpenFor time.Duration
+	Probes              int
+	// Reserved, when not nil, holds each class to its share above the
+	// saturation threshold.
+	Reserved *Reserved
+}
+
+// Reserved is an upstream's reserved shares per priority class: while the
+// fleet's use of the upstream is below Saturation × Capacity any class
+// may use idle capacity; above it each class is held to its share, and
+// the part no class reserves is common to all.
+type Reserved struct {
+	// Unit is ReserveConcurrency (calls in flight), ReserveRequests
+	// (requests per minute) or ReserveTokens (tokens per minute).
+	Unit string
+	// Capacity is the upstream's capacity in Unit (per minute for the
+	// rates); for concurrency 0 means the upstream's Max limit.
+	Capacity   int64
+	Saturation float64
+	// Shares by class; they add up to at most 1.
+	Shares map[priority.Class]float64
+}
+
+type rawUpstream struct {
+	Shared      *bool `yaml:"shared"`
+	Concurrency struct {
+		Mode  string `yaml:"mode"`
+		Limit *int   `yaml:"limit"`
+		Min   *int   `yaml:"min"`
+		Max   *int   `yaml:"max"`
+	} `yaml:"concurrency"`
+	TenantShare *float64 `yaml:"tenant_share"`
+	Queue       struct {
+		MaxWaiting *int           `yaml:"max_waiting"`
+		MaxWait    *time.Duration `yaml:"max_wait"`
+	} `yaml:"queue"`
+	Degradation struct {
+		Levels     []float64      `yaml:"levels"`
+		RetryAfter *time.Duration `yaml:"retry_after"`
+	} `yaml:"degradation"`
+	Breaker struct {
+		ConsecutiveFailures *int           `yaml:"consecutive_failures"`
+		ErrorRatio          *float64       `yaml:"error_ratio"`
+		OpenFor             *time.Duration `yaml:"open_for"`
+		MaxOpenFor          *time.Duration `yaml:"max_open_for"`
+		Probes              *int           `yaml:"probes"`
+	} `yaml:"breaker"`
+	Reserved *struct {
+		Unit       string             `yaml:"unit"`
+		Capacity   int64              `yaml:"capacity"`
+		Saturation *float64           `yaml:"saturation"`
+		Shares     map[string]float64 `yaml:"shares"`
+	} `yaml:"reserved"`
+}
+
+// defaultUpstream is what an upstreams entry that says nothing gets: a
+// fixed limit of 100, seed 003's queue (1,000 waiting, 30 s) and levels
+// (50/70/90%, retry after 30 s), seed 000's breaker (10 failures in a row
+// or half of the calls, open 30 s, 5 probes).
+var defaultUpstream = Upstream{Mode: ModeFixed, Limit: 100, Min: 1, Max: 1000, MaxWaiting: 1000, MaxWait: 30 * time.Second,
+	Levels: [3]float64{0.5, 0.7, 0.9}, DegradedRetryAfter: 30 * time.Second,
+	ConsecutiveFailures: 10, ErrorRatio: 0.5, OpenFor: 30 * time.Second, MaxOpenFor: 10 * time.Minute, Probes: 5}
+
+// MaxFallbacks bounds the fallback models of one model.
+const MaxFallbacks = 8
+
+func (v *validator) upstreams(raw map[string]rawUpstream) map[string]Upstream {
+	out := make(map[string]Upstream, len(raw))
+	for _, name := range sortedKeys(raw) {
+		r := raw[name]
+		p := "upstreams." + name
+		if name == "" || len(name) > 128 {
+			v.fail(p, "upstream name must be 1..128 bytes (the name in services.gateway.upstreams)")
+		}
+		u := defaultUpstream
+		u.Name = name
+		set := func(dst *int, src *int) {
+			if src != nil {
+				*dst = *src
+			}
+		}
+		if r.Shared != nil {
+			u.Shared = *r.Shared
+		}
+		if m := r.Concurrency.Mode; m != "" {
+			if m != ModeFixed && m != ModeThreshold && m != ModeGradient {
+				v.fail(p+".concurrency.mode", "%q is not one of fixed, threshold (seed 003's rule), gradient", m)
+			}
+			u.Mode = m
+		}
+		set(&u.Limit, r.Concurrency.Limit)
+		set(&u.Min, r.Concurrency.Min)
+		set(&u.Max, r.Concurrency.Max)
+		if u.Min < 1 || u.Max > 1_000_000 || u.Min > u.Max || u.Limit < u.Min || u.Limit > u.Max {
+			v.fail(p+".concurrency", "limit %d, min %d, max %d: need 1 <= min <= limit <= max <= 1000000", u.Limit, u.Min, u.Max)
+		}
+		if r.TenantShare != nil {
+			u.TenantShare = *r.TenantShare
+			if !(u.TenantShare > 0 && u.TenantShare <= 1) {
+				v.fail(p+".tenant_share", "%v is outside (0, 1] (each tenant's share of the upstream's limit)", u.TenantShare)
+			}
+		}
+		set(&u.MaxWaiting, r.Queue.MaxWaiting)
+		if r.Queue.MaxWait != nil {
+			u.MaxWait = *r.Queue.MaxWait
+		}
+		if u.MaxWaiting < 0 || u.MaxWaiting > 1_000_000 {
+			v.fail(p+".queue.max_waiting", "%d is outside 0..1000000", u.MaxWaiting)
+		}
+		if u.MaxWait < time.Millisecond || u.MaxWait > time.Hour {
+			v.fail(p+".queue.max_wait", "%s is outside 1ms..1h", u.MaxWait)
+		}
+		if l := r.Degradation.Levels; l != nil {
+			if len(l) != 3 || !(l[0] > 0 && l[0] < l[1] && l[1] < l[2] && l[2] <= 1) {
+				v.fail(p+".degradation.levels", "%v: want three loads increasing strictly within (0, 1], e.g. [0.5, 0.7, 0.9]", l)
+			} else {
+				u.Levels = [3]float64{l[0], l[1], l[2]}
+			}
+		}
+		if r.Degradation.RetryAfter != nil {
+			u.DegradedRetryAfter = *r.Degradation.RetryAfter
+			if u.DegradedRetryAfter < time.Second || u.DegradedRetryAfter > time.Hour {
+				v.fail(p+".degradation.retry_after", "%s is outside 1s..1h", u.DegradedRetryAfter)
+			}
+		}
+		b := r.Breaker
+		set(&u.ConsecutiveFailures, b.ConsecutiveFailures)
+		set(&u.Probes, b.Probes)
+		if b.ErrorRatio != nil {
+			u.ErrorRatio = *b.ErrorRatio
+		}
+		if b.OpenFor != nil {
+			u.OpenFor = *b.OpenFor
+		}
+		if b.MaxOpenFor != nil {
+			u.MaxOpenFor = *b.MaxOpenFor
+		}
+		if u.ConsecutiveFailures < 0 || u.ConsecutiveFailures > 1_000_000 {
+			v.fail(p+".breaker.consecutive_failures", "%d is outside 0..1000000 (0 turns this trigger off)", u.ConsecutiveFailures)
+		}
+		if u.ErrorRatio < 0 || u.ErrorRatio > 1 {
+			v.fail(p+".breaker.error_ratio", "%v is outside 0..1 (0 turns this trigger off)", u.ErrorRatio)
+		}
+		if u.OpenFor < time.Second || u.MaxOpenFor < u.OpenFor {
+			v.fail(p+".breaker.open_for", "open_for %s must be at least 1s and at most max_open_for %s", u.OpenFor, u.MaxOpenFor)
+		}
+		if u.Probes < 1 || u.Probes > 1000 {
+			v.fail(p+".breaker.probes", "%d is outside 1..1000", u.Probes)
+		}
+		if rr := r.Reserved; rr != nil {
+			u.Reserved = v.reserved(p+".reserved", rr.Unit, rr.Capacity, rr.Saturation, rr.Shares)
+		}
+		out[name] = u
+	}
+	return out
+}
+
+func (v *validator) reserved(p, unit string, capacity int64, saturation *float64, shares map[string]float64) *Reserved {
+	r := &Reserved{Unit: unit, Capacity: capacity, Saturation: 0.8, Shares: map[priority.Class]float64{}}
+	switch unit {
+	case ReserveConcurrency:
+		if capacity < 0 || capacity > 1_000_000 {
+			v.fail(p+".capacity", "%d is outside 0..1000000 (calls in flight; 0: the upstream's concurrency max)", capacity)
+		}
+	case ReserveRequests, ReserveTokens:
+		if capacity < 1 || capacity > 1<<40 {
+			v.fail(p+".capacity", "%d is outside 1..%d (the upstream's %s per minute)", capacity, int64(1)<<40, unit)
+		}
+	default:
+		v.fail(p+".unit", "%q is not one of concurrency, requests, total_tokens", unit)
+	}
+	if saturation != nil {
+		r.Saturation = *saturation
+	}
+	if !(r.Saturation > 0 && r.Saturation <= 1) {
+		v.fail(p+".saturation", "%v is outside (0, 1] (the share of capacity above which classes are held to their shares)", r.Saturation)
+	}
+	sum := 0.0
+	for _, name := range sortedKeys(shares) {
+		c, err := priority.Parse(name)
+		if err != nil {
+			v.fail(p+".shares."+name, "%q is not one of critical, high, normal, low", name)
+			continue
+		}
+		s := shares[name]
+		if !(s >= 0 && s <= 1) {
+			v.fail(p+".shares."+name, "%v is outside 0..1", s)
+		}
+		r.Shares[c] = s
+		sum += s
+	}
+	if sum > 1+1e-9 {
+		v.fail(p+".shares", "the shares add up to %.3g, more than 1", sum)
+	}
+	return r
+}
+
+func (v *validator) fallbacks(raw map[string][]string) map[string][]string {
+	out := make(map[string][]string, len(raw))
+	for _, model := range sortedKeys(raw) {
+		list := raw[model]
+		p := "fallbacks." + model
+		if model == "" || len(model) > 128 {
+			v.fail(p, "model name must be 1..128 bytes")
+		}
+		if len(list) == 0 || len(list) > MaxFallbacks {
+			v.fail(p, "lists %d models; give 1..%d cheaper models, in the order to try them", len(list), MaxFallbacks)
+		}
+		for i, m := range list {
+			if m == "" || len(m) > 128 || m == model || slices.Index(list, m) != i {
+				v.fail(fmt.Sprintf("%s.%d", p, i), "%q must be a model name of 1..128 bytes, not %s itself and not repeated", m, model)
+			}
+		}
+		out[model] = slices.Clone(list)
+	}
+	return out
+}
+
+// Upstream returns the request-path policy of the upstream called name;
+// ok is false when the file has no entry for it (the gateway then guards
+// it not at all).
+func (p *Policy) Upstream(name string) (Upstream, bool) {
+	u, ok := p.upstreams[name]
+	return u, ok
+}
+
+// UpstreamNames lists the upstreams the file names, sorted.
+func (p *Policy) UpstreamNames() []string { return sortedKeys(p.upstreams) }
+
+// Fallbacks returns the cheaper models model may be served by, in the
+// order to try them; nil when the file names none.
+func (p *Policy) Fallbacks(model string) []string { return p.fallbacks[model] }
+
+// Class is the tenant's priority class (priority.Default when the policy
+// names none).
+func (t *Tenant) Class() priority.Class {
+	c, err := priority.Parse(t.Priority)
+	if err != nil {
+		return priority.Default
+	}
+	return c
+}
+
+// Algorithm returns the concurrency algorithm u's mode names, starting at
+// u.Limit within u.Min..u.Max.
+func (u Upstream) Algorithm() (concurrency.Algorithm, error) {
+	bounds := []concurrency.Opt{concurrency.InitialLimit(u.Limit), concurrency.MinLimit(u.Min), concurrency.MaxLimit(u.Max)}
+	switch u.Mode {
+	case ModeThreshold:
+		opts := make([]concurrency.ThresholdOpt, len(bounds))
+		for i, o := range bounds {
+			opts[i] = o
+		}
+		return concurrency.NewThreshold(opts...)
+	case ModeGradient:
+		opts := make([]concurrency.GradientOpt, len(bounds))
+		for i, o := range bounds {
+			opts[i] = o
+		}
+		return concurrency.NewGradient(opts...)
+	}
+	return concurrency.Fixed(u.Limit), nil
+}
+
+// GuardOptions are the upstream.Guard options of u other than the ones
+// that need Redis (a shared gate and a fleet-wide breaker, which the
+// gateway adds for a Shared upstream, and reserved shares, which always
+// count fleet-wide): the algorithm, the tenant
+// share, the queue bounds, the degradation levels and the breaker.
+func (u Upstream) GuardOptions() ([]upstream.Opt, error) {
+	alg, err := u.Algorithm()
+	if err != nil {
+		return nil, fmt.Errorf("upstreams.%s.concurrency: %w", u.Name, err)
+	}
+	opts := []upstream.Opt{
+		upstream.Limit(alg),
+		upstream.QueueOptions(priority.MaxWaiting(u.MaxWaiting), priority.MaxWait(u.MaxWait)),
+		upstream.DegraderOptions(priority.Thresholds(u.Levels[0], u.Levels[1], u.Levels[2]), priority.DegradedRetryAfter(u.DegradedRetryAfter)),
+		upstream.BreakerOptions(upstream.ConsecutiveFailures(u.ConsecutiveFailures), upstream.ErrorRatio(u.ErrorRatio),
+			upstream.OpenTime(u.OpenFor, u.MaxOpenFor), upstream.Probes(u.Probes)),
+	}
+	if u.TenantShare > 0 {
+		opts = append(opts, upstream.TenantShare(u.TenantShare))
+	}
+	return opts, nil
+}

@@ -1,0 +1,85 @@
+package policy
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gateway/concurrency"
+	"github.com/sluicehq/sluice/gateway/priority"
+)
+
+func TestUpstreamsFallbacksAndClasses(t *testing.T) {
+	p, err := Parse([]byte(`
+tenants:
+  vip: {priority: critical}
+  plain: {}
+upstreams:
+  openai:
+    shared: true
+    concurrency: {mode: threshold, limit: 40, min: 5, max: 200}
+    tenant_share: 0.5
+    queue: {max_waiting: 200, max_wait: 5s}
+    degradation: {levels: [0.6, 0.8, 0.95], retry_after: 10s}
+    breaker: {consecutive_failures: 10, open_for: 30s}
+    reserved: {unit: requests, capacity: 600, saturation: 0.7, shares: {critical: 0.5, high: 0.2}}
+  local: {}
+fallbacks:
+  gpt-4o: [gpt-4o-mini, gpt-4.1-nano]
+`), "p.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Tenant("vip").Class() != priority.Critical || p.Tenant("plain").Class() != priority.Normal || p.Tenant("new").Class() != priority.Normal {
+		t.Errorf("classes: vip %v, plain %v, unnamed %v", p.Tenant("vip").Class(), p.Tenant("plain").Class(), p.Tenant("new").Class())
+	}
+	u, ok := p.Upstream("openai")
+	if !ok || !u.Shared || u.Mode != ModeThreshold || u.Limit != 40 || u.MaxWaiting != 200 || u.MaxWait != 5*time.Second ||
+		u.Levels != [3]float64{0.6, 0.8, 0.95} || u.Reserved == nil || u.Reserved.Shares[priority.Critical] != 0.5 || u.Reserved.Capacity != 600 {
+		t.Fatalf("openai: %+v", u)
+	}
+	if alg, err := u.Algorithm(); err != nil || alg.Limit() != 40 {
+		t.Fatalf("threshold algorithm: %v %v", alg, err)
+	} else if _, ok := alg.(*concurrency.Threshold); !ok {
+		t.Errorf("mode threshold built %T", alg)
+	}
+	if opts, err := u.GuardOptions(); err != nil || len(opts) < 5 {
+		t.Errorf("guard options: %d, %v", len(opts), err)
+	}
+	local, _ := p.Upstream("local")
+	if local.Mode != ModeFixed || local.Limit != 100 || local.MaxWaiting != 1000 || local.ConsecutiveFailures != 10 || local.Reserved != nil {
+		t.Errorf("an entry that says nothing gets the seeds' defaults: %+v", local)
+	}
+	if _, ok := p.Upstream("other"); ok || len(p.UpstreamNames()) != 2 {
+		t.Errorf("names: %v", p.UpstreamNames())
+	}
+	if fb := p.Fallbacks("gpt-4o"); len(fb) != 2 || fb[0] != "gpt-4o-mini" || p.Fallbacks("gpt-4o-mini") != nil {
+		t.Errorf("fallbacks: %v", fb)
+	}
+}
+
+func TestUpstreamsBadInputNamesFieldAndLimit(t *testing.T) {
+	_, err := Parse([]byte(`
+upstreams:
+  u:
+    concurrency: {mode: adaptive, limit: 500, max: 100}
+    tenant_share: 2
+    degradation: {levels: [0.9, 0.5, 0.7]}
+    reserved: {unit: tokens, saturation: 0, shares: {vip: 0.5, critical: 0.7, high: 0.6}}
+fallbacks:
+  gpt-4o: [gpt-4o]
+  o3: []
+`), "bad.yaml")
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, want := range []string{
+		"upstreams.u.concurrency.mode", "upstreams.u.concurrency: limit 500", "upstreams.u.tenant_share", "upstreams.u.degradation.levels",
+		"upstreams.u.reserved.unit", "upstreams.u.reserved.saturation", "upstreams.u.reserved.shares.vip", "upstreams.u.reserved.shares: the shares add up to 1.3",
+		"fallbacks.gpt-4o.0", "fallbacks.o3: lists 0 models",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not name %q:\n%v", want, err)
+		}
+	}
+}

@@ -1,0 +1,206 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/http"
+	"reflect"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/gateway/concurrency"
+	guard "github.com/sluicehq/sluice/gateway/upstream"
+	"github.com/sluicehq/sluice/policy"
+)
+
+// Guards are the guard.Guards of the upstreams the policy names under
+// upstreams: one per upstream, built from its entry, rebuilt when a
+// reload changes the entry (calls admitted by the old Guard release to it)
+// and dropped when the entry goes. An upstream the policy does not name is
+// not guarded. For an upstream the policy marks shared, the concurrency
+// limit and the breaker are counted across every gateway process through
+// Redis (concurrency.Shared, upstream.Fleet) under the configured prefix,
+// and so are its reserved shares. Safe for concurrent use.
+type Guards struct {
+	rdb    redis.UniversalClient // nil: shared upstreams count in this process alone
+	prefix string
+	id     string // this process, in Redis's per-process counts
+	log    *slog.Logger
+
+	cur atomic.Pointer[map[string]*guardEntry]
+	mu  sync.Mutex // serialises Update
+
+	ctx  context.Context // the Guards' Run goroutines run until it ends
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+
+	onLimit func(upstream string, limit int)
+}
+
+type guardEntry struct {
+	cfg  policy.Upstream
+	g    *guard.Guard
+	stop context.CancelFunc
+}
+
+// NewGuards returns an empty set whose shared upstreams count through rdb
+// (nil: every upstream counts in this process) under prefix, this process
+// known as id. onLimit, when not nil, learns every change of an
+// upstream's concurrency limit in this process. Close stops the Guards'
+// background work.
+func NewGuards(rdb redis.UniversalClient, prefix, id string, log *slog.Logger, onLimit func(upstream string, limit int)) *Guards {
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Guards{rdb: rdb, prefix: prefix, id: id, log: log, onLimit: onLimit}
+	s.ctx, s.stop = context.WithCancel(context.Background())
+	empty := map[string]*guardEntry{}
+	s.cur.Store(&empty)
+	return s
+}
+
+// Of returns the Guard of the upstream called name, or nil when the
+// policy does not guard it (or s is nil).
+func (s *Guards) Of(name string) *guard.Guard {
+	if s == nil {
+		return nil
+	}
+	if e := (*s.cur.Load())[name]; e != nil {
+		return e.g
+	}
+	return nil
+}
+
+// Names lists the guarded upstreams.
+func (s *Guards) Names() []string {
+	if s == nil {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(*s.cur.Load()))
+}
+
+// Update follows p's upstreams section: entries that did not change keep
+// their Guard (its queue, limit and breaker state), changed and new ones
+// get a new Guard, removed ones are dropped. An entry whose Guard cannot
+// be built keeps the old Guard (or none) and is reported in the error.
+func (s *Guards) Update(p *policy.Policy) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := *s.cur.Load()
+	next := make(map[string]*guardEntry, len(old))
+	var errs []error
+	for _, name := range p.UpstreamNames() {
+		u, _ := p.Upstream(name)
+		if e := old[name]; e != nil && reflect.DeepEqual(e.cfg, u) {
+			next[name] = e
+			continue
+		}
+		g, err := s.build(u)
+		if err != nil {
+			errs = append(errs, err)
+			if e := old[name]; e != nil {
+				next[name] = e
+			}
+			continue
+		}
+		ctx, stop := context.WithCancel(s.ctx)
+		s.wg.Go(func() { _ = g.Run(ctx) })
+		next[name] = &guardEntry{cfg: u, g: g, stop: stop}
+	}
+	s.cur.Store(&next)
+	for name, e := range old {
+		if next[name] != e {
+			e.stop()
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("gateway: upstream guards: %v", errs)
+	}
+	return nil
+}
+
+// build makes the Guard of u: the policy's options, and for a shared
+// upstream the shared gate and the fleet-wide breaker.
+func (s *Guards) build(u policy.Upstream) (*guard.Guard, error) {
+	opts, err := u.GuardOptions()
+	if err != nil {
+		return nil, err
+	}
+	name := u.Name
+	onLimit := func(_, n int) {
+		if s.onLimit != nil {
+			s.onLimit(name, n)
+		}
+	}
+	opts = append(opts, guard.OnLimitChange(onLimit))
+	if u.Shared && s.rdb != nil {
+		alg, err := u.Algorithm()
+		if err != nil {
+			return nil, err
+		}
+		logErr := func(err error) {
+			s.log.Warn("upstream guard: Redis error; counting in this process meanwhile", "upstream", name, "err", err)
+		}
+		gate, err := concurrency.NewShared(s.rdb, s.prefix, name, s.id, alg, concurrency.OnRedisError(logErr))
+		if err != nil {
+			return nil, err
+		}
+		fleet, err := guard.NewFleet(s.rdb, s.prefix, name, 0)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, guard.SharedGate(gate), guard.BreakerOptions(guard.FleetWide(fleet, 0), guard.OnFleetError(logErr)))
+	}
+	if rv := u.Reserved; rv != nil && s.rdb != nil {
+		// Reserved shares hold across the fleet, so they always count in
+		// Redis.
+		units := map[string]guard.ReserveUnit{policy.ReserveConcurrency: guard.ReserveConcurrency,
+			policy.ReserveRequests: guard.ReserveRequests, policy.ReserveTokens: guard.ReserveTokens}
+		capacity := rv.Capacity
+		if capacity == 0 {
+			capacity = int64(u.Max)
+		}
+		r, err := guard.NewReserve(s.rdb, guard.ReserveConfig{Prefix: s.prefix, Upstream: name, ID: s.id, Unit: units[rv.Unit],
+			Capacity: capacity, Saturation: rv.Saturation, Shares: rv.Shares,
+			OnError: func(err error) {
+				s.log.Warn("reserved shares: Redis error; admitting meanwhile", "upstream", name, "err", err)
+			}})
+		if err != nil {
+			return nil, fmt.Errorf("upstreams.%s.reserved: %w", name, err)
+		}
+		opts = append(opts, guard.Reserved(r))
+	}
+	g, err := guard.New(name, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("upstreams.%s: %w", name, err)
+	}
+	return g, nil
+}
+
+// Close stops every Guard's background work (a shared gate gives its
+// slots back to the fleet) and waits for it.
+func (s *Guards) Close() {
+	if s == nil {
+		return
+	}
+	s.stop()
+	s.wg.Wait()
+}
+
+// outcomeOf classifies an upstream attempt for the Guard's limit, queue
+// estimate and breaker: a failure is the provider's (no answer, a timeout,
+// 429 or 5xx); a caller that went away says nothing of the upstream.
+func outcomeOf(status int, err error, callerGone bool) concurrency.Outcome {
+	switch {
+	case callerGone:
+		return concurrency.Ignored
+	case err != nil, status == http.StatusTooManyRequests, status >= 500:
+		return concurrency.Failure
+	}
+	return concurrency.Success
+}
