@@ -66,11 +66,11 @@ pyenv: $(PY_STAMP) ## the test virtualenv: the hashed lock (chdb, openai, LiteLL
 
 chdb: pyenv ## the test virtualenv (old name of pyenv)
 
+# The SDK is built without build isolation, by the lock's setuptools, so
+# nothing is fetched that the lock does not hash.
 $(PY_STAMP):
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV) || { apt-get install -y -qq python3-venv && python3 -m venv $(VENV); }
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --require-hashes -r $(PY_LOCK)
-	# No build isolation: the venv's setuptools builds the editable install,
-	# so nothing is fetched that the lock does not hash.
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e sdk/python
 	rm -f $(VENV)/.deps-* && touch $@
 
