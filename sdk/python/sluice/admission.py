@@ -792,6 +792,67 @@ class _Core:
             self.locals.clear()  # the next outage starts again from Redis's word
 
 
+    # -- the steps both Limiters take around their Redis calls --------------
+
+    def start(self, req: Request) -> tuple[Ticket, str]:
+        insts, fail_mode = self.plan(req)
+        return Ticket(Decision(True, PATH_NONE), req.id, insts,
+                      [_need(i.c.rule.unit, req.prompt_tokens, req.completion_tokens) for i in insts]), fail_mode
+
+    def admit_failed(self, e: Exception, t: Ticket, fail_mode: str) -> Ticket:
+        if not _redis_failure(e):
+            raise e
+        self.mark_down(e)
+        self.fail_mode(t, fail_mode)
+        return t
+
+    def refund_failed(self, e: Exception, back: list[tuple[_Instance, int, int]]) -> None:
+        if not _redis_failure(e):
+            raise e
+        for inst, d, _ in back:
+            self.add_debit(inst, d)
+
+    def settle_failed(self, e: Exception, t: Ticket, remote: list[tuple[_Instance, int, int]]) -> None:
+        if not _redis_failure(e):
+            raise e
+        self.mark_down(e)
+        self.defer_settle(t, remote)
+
+    def probe_failed(self, e: Exception) -> None:
+        if not _redis_failure(e):
+            raise e
+
+    def reconcile_failed(self, e: Exception, debits: list[tuple[_Instance, int, int]],
+                         settles: dict[str, list[tuple[_Instance, int, int]]], done: set[str]) -> None:
+        if not _redis_failure(e):
+            raise e
+        self.give_back(debits, {k: v for k, v in settles.items() if k not in done})
+
+
+class _LimiterBase:
+    """What Limiter and AsyncLimiter share apart from their Redis calls."""
+
+    def __init__(self, client: Any, rules: Rules | None, cluster: bool, **opts: Any) -> None:
+        self._core = _Core(rules, cluster=cluster, **opts)
+        self._rdb = client
+        self._admit = client.register_script(script("admit.lua"))
+        self._adjust = client.register_script(script("adjust.lua"))
+
+    def set_rules(self, rules: Rules) -> None:
+        """Replace the rules (a policy reload); counters in Redis carry over
+        for rules whose name, scope, algorithm and unit did not change."""
+        self._core.set_rules(rules)
+
+    @property
+    def down(self) -> bool:
+        """Whether Redis is considered unreachable (fail modes apply)."""
+        return self._core.down
+
+    def pending(self) -> int:
+        """Corrections waiting for Redis."""
+        return self._core.pending_len()
+
+
 def _tighter(cur: Headroom, h: Headroom) -> Headroom:
     if cur.limit == 0 or h.remaining * cur.limit < cur.remaining * h.limit:
         return h
@@ -804,7 +865,7 @@ def _redis_failure(e: BaseException) -> bool:
     return isinstance(e, (redis.RedisError, OSError, asyncio.TimeoutError, TimeoutError))
 
 
-class Limiter:
+class Limiter(_LimiterBase):
     """Admission for threaded code, on a redis-py client (``redis.Redis`` or
     ``redis.RedisCluster``). Give the client ``socket_timeout=max_wait`` (see
     ``client``) so a slow Redis cannot hold a request past the bound."""
@@ -812,25 +873,9 @@ class Limiter:
     def __init__(self, client: Client, rules: Rules | None = None, *, prefix: str = DEFAULT_PREFIX,
                  max_wait: float = 0.05, gateway_count: int = 1, settle_ttl: float = 600.0,
                  probe_interval: float = 0.05, max_pending: int = 100_000, max_instances: int = 100_000) -> None:
-        self._core = _Core(rules, prefix=prefix, cluster=isinstance(client, redis.RedisCluster), max_wait=max_wait,
-                           gateway_count=gateway_count, settle_ttl=settle_ttl, probe_interval=probe_interval,
-                           max_pending=max_pending, max_instances=max_instances)
-        self._rdb = client
-        self._admit = client.register_script(script("admit.lua"))
-        self._adjust = client.register_script(script("adjust.lua"))
-
-    def set_rules(self, rules: Rules) -> None:
-        """See _Core.set_rules."""
-        self._core.set_rules(rules)
-
-    @property
-    def down(self) -> bool:
-        """Whether Redis is considered unreachable (fail modes apply)."""
-        return self._core.down
-
-    def pending(self) -> int:
-        """Corrections waiting for Redis."""
-        return self._core.pending_len()
+        super().__init__(client, rules, isinstance(client, redis.RedisCluster), prefix=prefix, max_wait=max_wait,
+                         gateway_count=gateway_count, settle_ttl=settle_ttl, probe_interval=probe_interval,
+                         max_pending=max_pending, max_instances=max_instances)
 
     def _run(self, s: Any, calls: list[_Call]) -> list[Any]:
         return [s(keys=c.keys, args=c.args) for c in calls]
@@ -841,9 +886,7 @@ class Limiter:
         try:
             self._rdb.ping()
         except Exception as e:  # noqa: BLE001 - stays down until a probe succeeds
-            if not _redis_failure(e):
-                raise
-            return
+            return core.probe_failed(e)
         debits, settles = core.take_pending()
         done: set[str] = set()
         try:
@@ -853,44 +896,31 @@ class Limiter:
                 self._run(self._adjust, core.settle_calls(rid, remote))
                 done.add(rid)
         except Exception as e:  # noqa: BLE001
-            if not _redis_failure(e):
-                raise
-            core.give_back(debits, {k: v for k, v in settles.items() if k not in done})
-            return
+            return core.reconcile_failed(e, debits, settles, done)
         core.recovered()
 
     def admit(self, req: Request) -> Ticket:
         """Decide whether req may go upstream; a refusal is a Decision with
         allowed False. Raises ValueError for a request it cannot judge."""
         core = self._core
-        insts, fail_mode = core.plan(req)
-        t = Ticket(Decision(True, PATH_NONE), req.id, insts,
-                   [_need(i.c.rule.unit, req.prompt_tokens, req.completion_tokens) for i in insts])
-        if not insts:
+        t, fail_mode = core.start(req)
+        if not t.insts:
             return t
         if core.probe_due():
             self._recover()
         if core.down:
             core.fail_mode(t, fail_mode)
             return t
-        calls = core.admit_calls(insts, t.needs, req)
+        calls = core.admit_calls(t.insts, t.needs, req)
         try:
-            replies = self._run(self._admit, calls)
-            back = core.interpret(t, calls, replies)
-        except Exception as e:
-            if not _redis_failure(e):
-                raise
-            core.mark_down(e)
-            core.fail_mode(t, fail_mode)
-            return t
+            back = core.interpret(t, calls, self._run(self._admit, calls))
+        except Exception as e:  # noqa: BLE001
+            return core.admit_failed(e, t, fail_mode)
         if back:
             try:
                 self._run(self._adjust, core.adjust_calls(back))
             except Exception as e:  # noqa: BLE001
-                if not _redis_failure(e):
-                    raise
-                for inst, d, _ in back:
-                    core.add_debit(inst, d)
+                core.refund_failed(e, back)
         return t
 
     def settle(self, t: Ticket, prompt_tokens: int, completion_tokens: int) -> None:
@@ -902,15 +932,11 @@ class Limiter:
         if not remote:
             return
         if core.down:
-            core.defer_settle(t, remote)
-            return
+            return core.defer_settle(t, remote)
         try:
             self._run(self._adjust, core.settle_calls(t.id, remote))
-        except Exception as e:
-            if not _redis_failure(e):
-                raise
-            core.mark_down(e)
-            core.defer_settle(t, remote)
+        except Exception as e:  # noqa: BLE001
+            core.settle_failed(e, t, remote)
 
     def flush(self) -> bool:
         """Send pending corrections now; True when none is left."""
@@ -920,35 +946,19 @@ class Limiter:
         return self._core.pending_len() == 0
 
 
-class AsyncLimiter:
+class AsyncLimiter(_LimiterBase):
     """Admission for asyncio code, on ``redis.asyncio.Redis`` (or its
     RedisCluster); each call waits at most ``max_wait`` for Redis."""
 
     def __init__(self, client: AsyncClient, rules: Rules | None = None, *, prefix: str = DEFAULT_PREFIX,
                  max_wait: float = 0.05, gateway_count: int = 1, settle_ttl: float = 600.0,
                  probe_interval: float = 0.05, max_pending: int = 100_000, max_instances: int = 100_000) -> None:
-        self._core = _Core(rules, prefix=prefix, cluster=isinstance(client, redis.asyncio.RedisCluster),
-                           max_wait=max_wait, gateway_count=gateway_count, settle_ttl=settle_ttl,
-                           probe_interval=probe_interval, max_pending=max_pending, max_instances=max_instances)
-        self._rdb = client
-        self._admit = client.register_script(script("admit.lua"))
-        self._adjust = client.register_script(script("adjust.lua"))
-
-    def set_rules(self, rules: Rules) -> None:
-        """See _Core.set_rules."""
-        self._core.set_rules(rules)
-
-    @property
-    def down(self) -> bool:
-        return self._core.down
-
-    def pending(self) -> int:
-        return self._core.pending_len()
+        super().__init__(client, rules, isinstance(client, redis.asyncio.RedisCluster), prefix=prefix,
+                         max_wait=max_wait, gateway_count=gateway_count, settle_ttl=settle_ttl,
+                         probe_interval=probe_interval, max_pending=max_pending, max_instances=max_instances)
 
     async def _run(self, s: Any, calls: list[_Call], bound: bool = True) -> list[Any]:
         async def all_calls() -> list[Any]:
-            if len(calls) == 1:
-                return [await s(keys=calls[0].keys, args=calls[0].args)]
             return list(await asyncio.gather(*(s(keys=c.keys, args=c.args) for c in calls)))
 
         if not bound:
@@ -961,9 +971,7 @@ class AsyncLimiter:
         try:
             await asyncio.wait_for(self._rdb.ping(), core.max_wait)
         except Exception as e:  # noqa: BLE001 - stays down until a probe succeeds
-            if not _redis_failure(e):
-                raise
-            return
+            return core.probe_failed(e)
         debits, settles = core.take_pending()
         done: set[str] = set()
         try:
@@ -973,43 +981,30 @@ class AsyncLimiter:
                 await self._run(self._adjust, core.settle_calls(rid, remote), bound=False)
                 done.add(rid)
         except Exception as e:  # noqa: BLE001
-            if not _redis_failure(e):
-                raise
-            core.give_back(debits, {k: v for k, v in settles.items() if k not in done})
-            return
+            return core.reconcile_failed(e, debits, settles, done)
         core.recovered()
 
     async def admit(self, req: Request) -> Ticket:
         """See Limiter.admit."""
         core = self._core
-        insts, fail_mode = core.plan(req)
-        t = Ticket(Decision(True, PATH_NONE), req.id, insts,
-                   [_need(i.c.rule.unit, req.prompt_tokens, req.completion_tokens) for i in insts])
-        if not insts:
+        t, fail_mode = core.start(req)
+        if not t.insts:
             return t
         if core.probe_due():
             await self._recover()
         if core.down:
             core.fail_mode(t, fail_mode)
             return t
-        calls = core.admit_calls(insts, t.needs, req)
+        calls = core.admit_calls(t.insts, t.needs, req)
         try:
-            replies = await self._run(self._admit, calls)
-            back = core.interpret(t, calls, replies)
-        except Exception as e:
-            if not _redis_failure(e):
-                raise
-            core.mark_down(e)
-            core.fail_mode(t, fail_mode)
-            return t
+            back = core.interpret(t, calls, await self._run(self._admit, calls))
+        except Exception as e:  # noqa: BLE001
+            return core.admit_failed(e, t, fail_mode)
         if back:
             try:
                 await self._run(self._adjust, core.adjust_calls(back))
             except Exception as e:  # noqa: BLE001
-                if not _redis_failure(e):
-                    raise
-                for inst, d, _ in back:
-                    core.add_debit(inst, d)
+                core.refund_failed(e, back)
         return t
 
     async def settle(self, t: Ticket, prompt_tokens: int, completion_tokens: int) -> None:
@@ -1019,15 +1014,11 @@ class AsyncLimiter:
         if not remote:
             return
         if core.down:
-            core.defer_settle(t, remote)
-            return
+            return core.defer_settle(t, remote)
         try:
             await self._run(self._adjust, core.settle_calls(t.id, remote))
-        except Exception as e:
-            if not _redis_failure(e):
-                raise
-            core.mark_down(e)
-            core.defer_settle(t, remote)
+        except Exception as e:  # noqa: BLE001
+            core.settle_failed(e, t, remote)
 
     async def flush(self) -> bool:
         """See Limiter.flush."""
