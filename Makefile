@@ -8,17 +8,21 @@ GO       ?= go
 PKGS     := github.com/sluicehq/sluice/...
 SERVICES := scripts/services.sh
 VENV     := .services/venv
-# The test virtualenv's packages, pinned: chdb checks the migrations on a
-# current ClickHouse, openai is the official client the gateway is tested
-# with. A change of this list reinstalls (the stamp names it).
-PY_DEPS  := chdb==4.4.0 openai==3.57.0
-PY_STAMP := $(VENV)/.deps-$(shell printf '%s' '$(PY_DEPS)' | cksum | cut -d' ' -f1)
+# The test virtualenv's packages are locked with hashes in PY_LOCK (chdb
+# checks the migrations on a current ClickHouse, openai is the official
+# client the gateways are tested with, LiteLLM the proxy the Python SDK's
+# hook is tested in; why each pin, in sdk/python/requirements-test.in), and
+# the Python SDK is installed editable from this checkout. A change of the
+# lock, of the SDK's pyproject.toml or of the checkout's path reinstalls
+# (the stamp names them).
+PY_LOCK  := sdk/python/requirements-test.txt
+PY_STAMP := $(VENV)/.deps-$(shell cat $(PY_LOCK) sdk/python/pyproject.toml | cksum | cut -d' ' -f1)-$(shell printf '%s' '$(CURDIR)' | cksum | cut -d' ' -f1)
 # Tests find the services at the script's default addresses (override with
 # the variables `scripts/services.sh env` prints) and Python here:
 export SLUICE_CHDB_PYTHON ?= $(CURDIR)/$(VENV)/bin/python
 export SLUICE_OPENAI_PYTHON ?= $(CURDIR)/$(VENV)/bin/python
 
-.PHONY: help run test unit e2e bench lint build services services-down chdb clean
+.PHONY: help run test unit e2e pytest bench lint build services services-down pyenv chdb clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -27,10 +31,14 @@ run: build ## the main job: the whole pipeline, a mock LLM, a gateway, load and 
 	$(SERVICES) up clickhouse redis alertmanager
 	bin/sluice demo
 
-test: services chdb ## every test of every module against the real services (-race)
+test: services pyenv ## every test of every module against the real services (-race), and the Python SDK's
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider sdk/python
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
-e2e: services chdb ## the end-to-end, fault and bad-input suites alone (also part of make test)
+pytest: services pyenv ## the Python SDK's tests alone (also part of make test)
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider sdk/python
+
+e2e: services pyenv ## the end-to-end, fault and bad-input suites alone (also part of make test)
 	$(GO) test -race -count=1 -timeout 20m ./e2e/...
 
 unit: ## tests that need no service (-short)
@@ -54,11 +62,16 @@ services: ## start Kafka, ClickHouse, Redis, the Redis Cluster and Alertmanager 
 services-down: ## stop every service the script started
 	$(SERVICES) down
 
-chdb: $(PY_STAMP) ## the test virtualenv: chdb (migrations on current ClickHouse) and the official openai client
+pyenv: $(PY_STAMP) ## the test virtualenv: the hashed lock (chdb, openai, LiteLLM, pytest) and the Python SDK, editable
 
+chdb: pyenv ## the test virtualenv (old name of pyenv)
+
+# The SDK is built without build isolation, by the lock's setuptools, so
+# nothing is fetched that the lock does not hash.
 $(PY_STAMP):
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV) || { apt-get install -y -qq python3-venv && python3 -m venv $(VENV); }
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check $(PY_DEPS)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --require-hashes -r $(PY_LOCK)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e sdk/python
 	rm -f $(VENV)/.deps-* && touch $@
 
 clean: ## remove build output (service data stays; see scripts/services.sh reset)

@@ -1,0 +1,107 @@
+"""The flag Checker against the real Redis, flags written as the enforcer
+writes them (docs/flags.md)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from sluice import flags as fl
+from sluice.checker import PROBE, REFUSED, REFUSED_STALE, Checker, refusal
+
+
+def eventually(what: str, cond, within: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + within
+    while not cond():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {within}s: {what}")
+        time.sleep(0.02)
+
+
+def write(rdb: redis.Redis, layout: fl.Layout, tenant: str, version: int, fields: dict[str, fl.Flag]) -> None:
+    """One enforcer write: the whole hash, the version, the announcement."""
+    p = rdb.pipeline(transaction=True)
+    p.delete(layout.tenant_key(tenant))
+    p.hset(layout.tenant_key(tenant), mapping={fl.VERSION_FIELD: str(version), **{k: fl.encode(f) for k, f in fields.items()}})
+    p.pexpire(layout.tenant_key(tenant), 60_000)
+    p.set(layout.version_key(), version)
+    p.execute()
+    rdb.publish(layout.channel(), fl.format_change(tenant, version))
+
+
+@pytest.fixture
+def started(rdb: redis.Redis, prefix: str) -> Iterator[tuple[Checker, fl.Layout]]:
+    layout = fl.Layout(prefix)
+    rdb.set(layout.heartbeat_key(), "1", px=60_000)
+    c = Checker(rdb, key_prefix=prefix, max_staleness=2).start()
+    assert c.wait_synced(10)
+    yield c, layout
+    c.close()
+
+
+def test_a_quota_flag_refuses_and_is_answered_as_the_go_middleware_does(rdb: redis.Redis, started) -> None:  # type: ignore[no-untyped-def]
+    c, layout = started
+    now_ms = int(time.time() * 1000)
+    f = fl.Flag("open", "quota", "hourly_tokens", "hour", until_ms=now_ms + 60_000, limit=1000, used=1050,
+                resets_at_ms=now_ms + 1_800_000, reason="INC-42 internal")
+    write(rdb, layout, "acme", 1, {"*": f})
+    eventually("the flag seen", lambda: not c.check("acme", "gpt-4o").allowed)
+    d = c.check("acme", "gpt-4o", "key-1")
+    assert d.outcome == REFUSED and d.scope == "*" and d.flag is not None and d.flag.quota == "hourly_tokens"
+    assert c.check("other", "gpt-4o").allowed
+    r = refusal(d, "acme", "gpt-4o")
+    assert r.status == 429
+    assert r.body["error"]["code"] == "insufficient_quota"
+    assert r.message.startswith("Tenant acme has reached its hourly_tokens limit on all models: used 1050 of 1000 this hour; it resets at ")
+    assert "INC-42" not in str(r.body), "the reason is the operator's note, never shown to the client"
+    assert r.headers["x-ratelimit-limit-tokens"] == "1000" and r.headers["x-ratelimit-remaining-tokens"] == "0"
+    assert 1790 <= int(r.headers["Retry-After"]) <= 1800
+    # The flag is lifted: the next version holds no flags.
+    write(rdb, layout, "acme", 2, {})
+    eventually("the flag lifted", lambda: c.check("acme", "gpt-4o").allowed)
+
+
+def test_half_open_lets_its_probes_through_once_across_resyncs(rdb: redis.Redis, started) -> None:  # type: ignore[no-untyped-def]
+    c, layout = started
+    f = fl.Flag("half_open", "error_ratio", until_ms=int(time.time() * 1000) + 60_000, probes=2)
+    write(rdb, layout, "acme", 1, {"gpt-4o": f})
+    eventually("the flag seen", lambda: c.tenants() == 1)
+    assert [c.check("acme", "gpt-4o").outcome for _ in range(3)] == [PROBE, PROBE, REFUSED]
+    # The enforcer rewrites the same breaker (until moves on): no new probes.
+    write(rdb, layout, "acme", 2, {"gpt-4o": fl.Flag("half_open", "error_ratio", until_ms=int(time.time() * 1000) + 61_000, probes=2)})
+    n = c.resyncs
+    rdb.publish(layout.channel(), fl.format_change(fl.FAILMODE_TENANT, 3))  # forces a resync
+    eventually("a resync", lambda: c.resyncs > n)
+    assert c.check("acme", "gpt-4o").outcome == REFUSED
+
+
+def test_stale_view_follows_fail_modes_and_keeps_blacklists(rdb: redis.Redis, prefix: str) -> None:
+    layout = fl.Layout(prefix)
+    rdb.hset(layout.failmode_key(), mapping={"strict": "closed", "*": "open"})
+    now_ms = int(time.time() * 1000)
+    write(rdb, layout, "leaky", 1, {"@key:k-9": fl.Flag("blacklist", "blacklist", until_ms=now_ms + 500)})
+    c = Checker(rdb, key_prefix=prefix, max_staleness=0.3, resync_interval=1).start()
+    try:
+        assert c.wait_synced(10)
+        # No enforcer beats: the view goes stale.
+        eventually("stale", c.stale)
+        assert c.check("strict", "gpt-4o").outcome == REFUSED_STALE
+        assert c.check("relaxed", "gpt-4o").allowed
+        r = refusal(c.check("strict", "m"), "strict", "m")
+        assert r.status == 503 and r.headers["Retry-After"] == "5"
+        # The blacklist outlives its until (and its hash) while stale.
+        rdb.delete(layout.tenant_key("leaky"))
+        eventually("past the flag's until", lambda: time.time() * 1000 > now_ms + 500)
+        n = c.resyncs
+        eventually("a resync without the hash", lambda: c.resyncs > n, within=5)
+        d = c.check("leaky", "gpt-4o", "k-9")
+        assert d.outcome == REFUSED and d.flag is not None and d.flag.state == "blacklist"
+        assert refusal(d, "leaky", "gpt-4o").status == 403
+        # A beat makes the view fresh: strict is served again.
+        rdb.publish(layout.channel(), f"{fl.HEARTBEAT_TENANT} {now_ms}")
+        eventually("fresh", lambda: c.check("strict", "gpt-4o").allowed, within=5)
+    finally:
+        c.close()

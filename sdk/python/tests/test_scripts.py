@@ -1,0 +1,11 @@
+"""The admission scripts exist once: the package reads gateway/admission/scripts."""
+
+from sluice.admission import script
+
+from conftest import ROOT
+
+
+def test_package_scripts_are_the_go_sdks_files() -> None:
+    for name in ("admit.lua", "adjust.lua"):
+        go = (ROOT / "gateway" / "admission" / "scripts" / name).read_text(encoding="utf-8")
+        assert script(name) == go, f"{name}: the Python package's copy differs from gateway/admission/scripts/{name}"
