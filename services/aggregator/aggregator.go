@@ -149,6 +149,10 @@ type Config struct {
 	MaxUnwrittenRows int           `yaml:"max_unwritten_rows" help:"rows (events, rollups, quota state, signals log) flushed but not yet stored in ClickHouse that may be held while it is unreachable; beyond it fetching pauses"`
 	RetryMin         time.Duration `yaml:"retry_min" help:"first back-off when ClickHouse or Kafka refuses a flush"`
 	RetryMax         time.Duration `yaml:"retry_max" help:"longest back-off between flush attempts"`
+	// StoreInterval spaces a partition's ClickHouse writes and offset
+	// commits: the flushes in between, whose signals are published at
+	// once, are stored together (see writer).
+	StoreInterval time.Duration `yaml:"store_interval" help:"a partition's rows are written to ClickHouse, and its offset committed, at most this often; the flushes in between (their signals already published) go into the same inserts. 0 writes each flush as soon as the previous write ends"`
 	// WriteTimeout bounds one ClickHouse write attempt: a connection that
 	// died without a reset (a network cut) would otherwise hold the
 	// partition's writer forever, and nothing after it would be stored.
@@ -194,6 +198,7 @@ func DefaultConfig() Config {
 		MaxUnwrittenRows:   1_000_000,
 		RetryMin:           200 * time.Millisecond,
 		RetryMax:           30 * time.Second,
+		StoreInterval:      500 * time.Millisecond,
 		WriteTimeout:       20 * time.Second,
 		ShutdownGrace:      20 * time.Second,
 		SessionTimeout:     45 * time.Second,
@@ -236,6 +241,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxUnwrittenRows < 1000 || c.MaxUnwrittenRows > 100_000_000 {
 		bad("max_unwritten_rows: %d is outside 1000..100000000", c.MaxUnwrittenRows)
+	}
+	if c.StoreInterval < 0 || c.StoreInterval > time.Minute {
+		bad("store_interval: %v is outside 0..1m", c.StoreInterval)
 	}
 	if c.WriteTimeout <= 0 || c.WriteTimeout > 10*time.Minute {
 		bad("write_timeout: %v is outside (0, 10m]", c.WriteTimeout)
