@@ -110,6 +110,9 @@
 // distinct stored events are replayed from ClickHouse (as on partition
 // assignment, for that tenant only) before the event is counted, so its
 // totals, tiers and signals are those it would have had without eviction.
+// The replay runs beside the poll loop: the returning tenant's events wait
+// for it (and offsets are committed no further than the first of them),
+// every other tenant's are counted and signalled meanwhile (restore.go).
 package aggregator
 
 import (
@@ -406,6 +409,7 @@ func (a *aggregator) shutdown(grace time.Duration) error {
 	// callback Close runs does not wait a second grace for ClickHouse.
 	for _, p := range a.parts {
 		a.stop(p.w)
+		p.dropRestores()
 	}
 	a.mu.Unlock()
 	a.cl.Close()
