@@ -32,23 +32,7 @@ func TestIdleTenantEvictedAndRestored(t *testing.T) {
 
 	// Both tenants on partition 0 (their home partition of 3: the aggregator
 	// re-routes records found elsewhere), so the busy one moves its clock.
-	cl, err := kafkaconn.NewClient(e.kafka, kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	send := func(evs ...schemas.UsageEvent) {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		recs := make([]*kgo.Record, len(evs))
-		for i := range evs {
-			recs[i] = &kgo.Record{Topic: e.topic, Partition: 0, Key: []byte(evs[i].Tenant), Value: eventjson.AppendUsageEventJSON(nil, &evs[i]), Headers: v1Header}
-		}
-		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	send := toPartition0(t, e)
 	base := time.Date(2026, 3, 10, 1, 0, 0, 0, time.UTC)
 	var sent int64
 	var idle []schemas.UsageEvent
@@ -122,24 +106,7 @@ func TestRestoreDoesNotStallOtherTenants(t *testing.T) {
 	}
 	proxy := itest.NewProxy(t, e.ch.Addr)
 	r := runInProcess(t, e, proxy.Addr(), nil)
-	cl, err := kafkaconn.NewClient(e.kafka, kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	// quiet1 and busy1 have partition 0 of 3 as their home.
-	send := func(evs ...schemas.UsageEvent) {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		recs := make([]*kgo.Record, len(evs))
-		for i := range evs {
-			recs[i] = &kgo.Record{Topic: e.topic, Partition: 0, Key: []byte(evs[i].Tenant), Value: eventjson.AppendUsageEventJSON(nil, &evs[i]), Headers: v1Header}
-		}
-		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	send := toPartition0(t, e)
 	base := time.Date(2026, 3, 10, 1, 0, 0, 0, time.UTC)
 	var sent int64
 	for i := range 20 {
@@ -192,5 +159,28 @@ func TestRestoreDoesNotStallOtherTenants(t *testing.T) {
 	}
 	if int64(used) != sent {
 		t.Errorf("monthly_tokens of the restored tenant: used %v, want the %d tokens it sent", used, sent)
+	}
+}
+
+// toPartition0 returns a function producing events to partition 0 of the
+// usage topic, whatever their tenants' home (the evict tests' tenants,
+// quiet1 and busy1, have partition 0 of 3 as their home).
+func toPartition0(t *testing.T, e *env) func(evs ...schemas.UsageEvent) {
+	cl, err := kafkaconn.NewClient(e.kafka, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return func(evs ...schemas.UsageEvent) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		recs := make([]*kgo.Record, len(evs))
+		for i := range evs {
+			recs[i] = &kgo.Record{Topic: e.topic, Partition: 0, Key: []byte(evs[i].Tenant), Value: eventjson.AppendUsageEventJSON(nil, &evs[i]), Headers: v1Header}
+		}
+		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/itest"
@@ -20,17 +21,9 @@ import (
 // (stored there before the topic gained partitions and moved them), and
 // sees them first. Writing the batch twice (a retry) changes nothing.
 func TestReplaySeesWhatWasCountedAtTheOffset(t *testing.T) {
-	cfg := itest.ClickHouse(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	conn, err := chconn.Open(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := migrations.Apply(ctx, conn, slog.New(slog.DiscardHandler)); err != nil {
-		t.Fatal(err)
-	}
+	conn := migratedDB(t, ctx)
 	s := New(conn, func() CostFunc { return nil }, 1000)
 	at := time.Date(2026, 2, 10, 3, 0, 0, 250e6, time.UTC)
 	ev := func(id string, tokens int64, est bool, part int32, off int64) Event {
@@ -90,17 +83,9 @@ func TestReplaySeesWhatWasCountedAtTheOffset(t *testing.T) {
 // so the later batch's row of a key wins under FINAL whichever order the
 // rows reach ClickHouse, and a row only the earlier batch changed stays.
 func TestOneWriteOfSeveralBatches(t *testing.T) {
-	cfg := itest.ClickHouse(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	conn, err := chconn.Open(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := migrations.Apply(ctx, conn, slog.New(slog.DiscardHandler)); err != nil {
-		t.Fatal(err)
-	}
+	conn := migratedDB(t, ctx)
 	s := New(conn, func() CostFunc { return nil }, 1000)
 	at := time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)
 	minute := func(tenant string, req uint64) tally.MinuteRow {
@@ -144,4 +129,18 @@ func TestOneWriteOfSeveralBatches(t *testing.T) {
 	check("SELECT tenant, toFloat64(requests) FROM usage_minute FINAL", map[string]float64{"acme": 5, "beta": 1})
 	check("SELECT tenant, used FROM quota_state FINAL", map[string]float64{"acme": 50, "beta": 10})
 	check("SELECT tenant, toFloat64(count()) FROM usage_events GROUP BY tenant", map[string]float64{"acme": 2, "beta": 1})
+}
+
+// migratedDB opens a fresh ClickHouse database with the migrations applied.
+func migratedDB(t *testing.T, ctx context.Context) driver.Conn {
+	t.Helper()
+	conn, err := chconn.Open(ctx, itest.ClickHouse(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, err := migrations.Apply(ctx, conn, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	return conn
 }
