@@ -95,9 +95,22 @@ func benchIngest(b *testing.B, batch, clients int) {
 	if c := os.Getenv("SLUICE_BENCH_COMPRESSION"); c != "" {
 		compression = c // to compare codecs: SLUICE_BENCH_COMPRESSION=zstd
 	}
+	// To compare producer lingers: SLUICE_BENCH_LINGER=1ms (default: the
+	// service's).
+	linger := time.Duration(-1)
+	if v := os.Getenv("SLUICE_BENCH_LINGER"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			b.Fatalf("SLUICE_BENCH_LINGER=%q: %v", v, err)
+		}
+		linger = d
+	}
 	inst := startIngest(b, func(c *Config) {
 		c.Compression = compression
 		c.DedupMaxIDs = 2_000_000
+		if linger >= 0 {
+			c.Linger = linger
+		}
 	})
 	tmpl := newBodyTemplate(batch)
 	tr := &http.Transport{MaxIdleConnsPerHost: clients * 2, MaxConnsPerHost: clients * 2}
