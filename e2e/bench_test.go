@@ -3,10 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -44,34 +42,13 @@ func BenchmarkEnforcementLag(b *testing.B) {
 	if testing.Short() {
 		b.Skip("end-to-end benchmark: needs the real services")
 	}
-	target := benchDefaultEventsPerSec
-	if v := os.Getenv("SLUICE_E2E_BENCH_RATE"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < benchBatch*benchWorkers || n > 1_000_000 {
-			b.Fatalf("SLUICE_E2E_BENCH_RATE=%q: want events per second from %d to 1000000", v, benchBatch*benchWorkers)
-		}
-		target = n
-	}
+	target := envInt(b, "SLUICE_E2E_BENCH_RATE", benchDefaultEventsPerSec, benchBatch*benchWorkers, 1_000_000)
 	sfx := randomKey()[7:15]
-	var pol strings.Builder
-	pol.WriteString(`defaults:
-  timezone: UTC
-  mode: hard
-  fail_mode: open
-  alert_tiers: [70, 90, 100]
-  models:
-    "*":
-      hourly_tokens: 1000
-tenants:
-`)
 	loadTenants := make([]string, benchLoadTenants)
 	for i := range loadTenants {
 		loadTenants[i] = fmt.Sprintf("bench-load-%s-%d", sfx, i)
-		// hourly_tokens: 0 drops the defaults' hourly quota (model quotas
-		// merge field by field with the defaults'): load never blocks.
-		fmt.Fprintf(&pol, "  %s:\n    models:\n      \"*\":\n        monthly_tokens: 1000000000000\n        hourly_tokens: 0\n", loadTenants[i])
 	}
-	s := newStack(b, stackOptions{Policy: pol.String(), Extra: []string{
+	s := newStack(b, stackOptions{Policy: loadPolicy(loadTenants), Extra: []string{
 		"-services.aggregator.flush_interval=20ms",
 		"-services.ingest.inflight_events=200000",
 	}})
@@ -124,6 +101,9 @@ tenants:
 	b.ReportMetric(rate, "e2e_background_events_per_sec")
 }
 
+// bgRuns numbers the background loads of this process.
+var bgRuns atomic.Int64
+
 // background is the load of BenchmarkEnforcementLag.
 type background struct {
 	acked, failed atomic.Int64
@@ -134,12 +114,18 @@ type background struct {
 
 func runBackground(s *stack, tenants []string, perSec int) *background {
 	bg := &background{}
+	// Event ids carry the run, so that the runs of one stack (the capacity
+	// benchmark's probes) never repeat an id and get deduplicated.
+	run := strconv.FormatInt(bgRuns.Add(1), 10)
 	ctx, cancel := context.WithCancel(context.Background())
 	bg.cancel = cancel
 	// Each worker sends one batch per interval, so together they offer
 	// the target rate; a slower ingest simply lowers the achieved rate.
-	interval := time.Second * benchBatch * benchWorkers / time.Duration(perSec)
-	for w := range benchWorkers {
+	// One worker per 10,000 events/s (at least benchWorkers) keeps each
+	// worker's interval above a request's time on a busy machine.
+	workers := max(benchWorkers, (perSec+9_999)/10_000)
+	interval := time.Second * benchBatch * time.Duration(workers) / time.Duration(perSec)
+	for w := range workers {
 		bg.wg.Add(1)
 		go func() {
 			defer bg.wg.Done()
@@ -155,6 +141,8 @@ func runBackground(s *stack, tenants []string, perSec int) *background {
 						body = append(body, ',')
 					}
 					body = append(body, `{"id":"bg-`...)
+					body = append(body, run...)
+					body = append(body, '-')
 					body = strconv.AppendInt(body, int64(w), 10)
 					body = append(body, '-')
 					body = append(body, tenants[0][len(tenants[0])-12:]...)

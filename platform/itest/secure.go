@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -112,4 +113,21 @@ func RedisTLS(t testing.TB) redisconn.Config {
 	c.PasswordFile = pass
 	c.TLS = tlsconfig.Config{Enabled: true, CAFile: ca}
 	return c
+}
+
+// ServicePID returns the process id scripts/services.sh recorded for a
+// service it started (kafka, clickhouse, redis, alertmanager), for
+// benchmarks that charge each process its CPU time. It fails when the
+// script did not start that service in this services folder.
+func ServicePID(service string) (int, error) {
+	path := filepath.Join(servicesDir(), "run", service+".pid")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("pid of %s: %w (`scripts/services.sh up %s` writes it)", service, err, service)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("pid of %s: %s holds %q, not a process id", service, path, b)
+	}
+	return pid, nil
 }

@@ -1,5 +1,8 @@
 // Package ops serves a process's operational HTTP endpoints: Prometheus
-// metrics on /metrics, liveness on /healthz and readiness on /readyz.
+// metrics on /metrics, liveness on /healthz and readiness on /readyz, and,
+// when ops.pprof is on, the Go profiler on /debug/pprof/ (CPU and heap
+// profiles of a service under its real load; off by default, because a
+// profile exposes the process's internals to whoever reaches the port).
 //
 // Liveness says the process is running and not wedged; it never checks
 // dependencies, so an orchestrator does not restart a healthy process
@@ -15,6 +18,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sort"
 	"strings"
 	"sync"
@@ -31,6 +35,9 @@ import (
 type Config struct {
 	Listen string              `yaml:"listen" help:"address of /metrics, /healthz and /readyz"`
 	HTTP   httpserver.Timeouts `yaml:"http"`
+	// Pprof serves Go's profiler on the same address: for measuring a
+	// service under load, not for an address others can reach.
+	Pprof bool `yaml:"pprof" help:"also serve the Go profiler on /debug/pprof/ (CPU, heap, allocations); only on a listen address nobody else reaches"`
 }
 
 // Defaults listens on loopback port 9464 with httpserver's timeouts.
@@ -168,12 +175,33 @@ func Serve(ctx context.Context, cfg Config, reg prometheus.Gatherer, h *Health, 
 	if err != nil {
 		return fmt.Errorf("ops: listen on %s: %w (set -ops.listen to a free address)", cfg.Listen, err)
 	}
-	return ServeListener(ctx, ln, cfg.HTTP, reg, h, log)
+	handler := Handler(reg, h)
+	if cfg.Pprof {
+		handler = WithProfiler(handler)
+		log.Warn("the Go profiler is served on the operational address (ops.pprof)", "addr", ln.Addr().String())
+	}
+	return serve(ctx, ln, handler, cfg.HTTP, log)
 }
 
 // ServeListener is Serve on a listener the caller opened; it closes ln.
 func ServeListener(ctx context.Context, ln net.Listener, t httpserver.Timeouts, reg prometheus.Gatherer, h *Health, log *slog.Logger) error {
-	srv := httpserver.New(Handler(reg, h), t, log)
+	return serve(ctx, ln, Handler(reg, h), t, log)
+}
+
+// WithProfiler adds Go's profiler under /debug/pprof/ to next.
+func WithProfiler(next http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", next)
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	return mux
+}
+
+func serve(ctx context.Context, ln net.Listener, handler http.Handler, t httpserver.Timeouts, log *slog.Logger) error {
+	srv := httpserver.New(handler, t, log)
 	log.Info("operational endpoints listening", "addr", ln.Addr().String())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

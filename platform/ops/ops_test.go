@@ -52,3 +52,27 @@ func TestExpectedServiceIsNotReadyUntilItReports(t *testing.T) {
 		t.Fatalf("after the service's first check: %v", failed)
 	}
 }
+
+func TestProfilerOnlyWhenAsked(t *testing.T) {
+	plain := httptest.NewServer(Handler(NewRegistry(), NewHealth()))
+	defer plain.Close()
+	profiled := httptest.NewServer(WithProfiler(Handler(NewRegistry(), NewHealth())))
+	defer profiled.Close()
+	status := func(url string) int {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := status(plain.URL + "/debug/pprof/heap"); code != http.StatusNotFound {
+		t.Fatalf("/debug/pprof/heap without ops.pprof = %d, want 404", code)
+	}
+	if code := status(profiled.URL + "/debug/pprof/heap"); code != http.StatusOK {
+		t.Fatalf("/debug/pprof/heap with ops.pprof = %d, want 200", code)
+	}
+	if code := status(profiled.URL + "/readyz"); code != http.StatusOK {
+		t.Fatalf("/readyz behind the profiler = %d, want 200", code)
+	}
+}

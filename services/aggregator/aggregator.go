@@ -119,6 +119,9 @@
 // distinct stored events are replayed from ClickHouse (as on partition
 // assignment, for that tenant only) before the event is counted, so its
 // totals, tiers and signals are those it would have had without eviction.
+// The replay runs beside the poll loop: the returning tenant's events wait
+// for it (and offsets are committed no further than the first of them),
+// every other tenant's are counted and signalled meanwhile (restore.go).
 package aggregator
 
 import (
@@ -158,6 +161,10 @@ type Config struct {
 	MaxUnwrittenRows int           `yaml:"max_unwritten_rows" help:"rows (events, rollups, quota state, signals log) flushed but not yet stored in ClickHouse that may be held while it is unreachable; beyond it fetching pauses"`
 	RetryMin         time.Duration `yaml:"retry_min" help:"first back-off when ClickHouse or Kafka refuses a flush"`
 	RetryMax         time.Duration `yaml:"retry_max" help:"longest back-off between flush attempts"`
+	// StoreInterval spaces a partition's ClickHouse writes and offset
+	// commits: the flushes in between, whose signals are published at
+	// once, are stored together (see writer).
+	StoreInterval time.Duration `yaml:"store_interval" help:"a partition's rows are written to ClickHouse, and its offset committed, at most this often; the flushes in between (their signals already published) go into the same inserts. 0 writes each flush as soon as the previous write ends"`
 	// WriteTimeout bounds one ClickHouse write attempt: a connection that
 	// died without a reset (a network cut) would otherwise hold the
 	// partition's writer forever, and nothing after it would be stored.
@@ -203,6 +210,7 @@ func DefaultConfig() Config {
 		MaxUnwrittenRows:   1_000_000,
 		RetryMin:           200 * time.Millisecond,
 		RetryMax:           30 * time.Second,
+		StoreInterval:      500 * time.Millisecond,
 		WriteTimeout:       20 * time.Second,
 		ShutdownGrace:      20 * time.Second,
 		SessionTimeout:     45 * time.Second,
@@ -245,6 +253,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxUnwrittenRows < 1000 || c.MaxUnwrittenRows > 100_000_000 {
 		bad("max_unwritten_rows: %d is outside 1000..100000000", c.MaxUnwrittenRows)
+	}
+	if c.StoreInterval < 0 || c.StoreInterval > time.Minute {
+		bad("store_interval: %v is outside 0..1m", c.StoreInterval)
 	}
 	if c.WriteTimeout <= 0 || c.WriteTimeout > 10*time.Minute {
 		bad("write_timeout: %v is outside (0, 10m]", c.WriteTimeout)
@@ -407,6 +418,7 @@ func (a *aggregator) shutdown(grace time.Duration) error {
 	// callback Close runs does not wait a second grace for ClickHouse.
 	for _, p := range a.parts {
 		a.stop(p.w)
+		p.dropRestores()
 	}
 	a.mu.Unlock()
 	a.cl.Close()

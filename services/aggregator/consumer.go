@@ -65,6 +65,12 @@ type aggregator struct {
 	waiting          map[int32]*handoverWait
 	commitCounts     map[int32]int32
 	lastHandoverRead time.Time
+
+	// kick cuts the poll loop's current wait short (a restore ended);
+	// restored holds a token for a restore that ended between two polls.
+	kickMu   sync.Mutex
+	kick     context.CancelFunc
+	restored chan struct{}
 }
 
 // partition is one assigned partition: its state and what is not flushed.
@@ -82,11 +88,17 @@ type partition struct {
 	// before the first. A batch under the current count is queued even
 	// with nothing new, so that the partition hands over (handover.go).
 	count int32
+	// restoring holds the evicted tenants being rebuilt from ClickHouse
+	// (restore.go) and the events waiting for them, parked in all.
+	restoring map[string]*pendingRestore
+	parked    int
+	rctx      context.Context // cancelled when the partition goes
+	rcancel   context.CancelFunc
 }
 
 func newAggregator(cfg Config, env platform.Env, w *policy.Watcher) *aggregator {
 	return &aggregator{cfg: cfg, log: env.Logger, m: newMetrics(env.Metrics, w), watcher: w, parts: map[int32]*partition{},
-		room: make(chan struct{}, 1), pastCounts: map[int]bool{}, waiting: map[int32]*handoverWait{}, commitCounts: map[int32]int32{}}
+		room: make(chan struct{}, 1), pastCounts: map[int]bool{}, waiting: map[int32]*handoverWait{}, commitCounts: map[int32]int32{}, restored: make(chan struct{}, 1)}
 }
 
 func (a *aggregator) kafkaOptions() []kgo.Opt {
@@ -140,7 +152,9 @@ func (a *aggregator) loop(ctx context.Context) {
 		}
 		a.mu.Unlock()
 		pctx, cancel := context.WithTimeout(ctx, wait)
+		a.setKick(cancel) // a restore that ends cuts the wait short
 		fetches := a.cl.PollRecords(pctx, a.cfg.BatchEvents)
+		a.setKick(nil)
 		cancel()
 		if fetches.IsClientClosed() {
 			return
@@ -152,6 +166,7 @@ func (a *aggregator) loop(ctx context.Context) {
 		})
 		a.mu.Lock()
 		a.resumeHandovers(counts)
+		a.finishRestores() // before the fetch: a tenant's waiting events precede its new ones
 		fetches.EachPartition(func(ftp kgo.FetchTopicPartition) { a.process(ctx, ftp) })
 		if !a.since.IsZero() && (a.pendingMax() >= a.cfg.BatchEvents || time.Since(a.since) >= a.cfg.FlushInterval) {
 			if err := a.flushAll(ctx); err != nil && ctx.Err() == nil {
@@ -237,6 +252,9 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 		if rec.Offset < p.next {
 			continue // re-delivered after a retry inside the client
 		}
+		if p.parked >= maxParkedEvents && !a.awaitRestores(ctx, p) {
+			break // only a cancelled ctx gets here: the rest is read again
+		}
 		ev := &a.ev
 		if !schemaOK(rec) {
 			a.m.wrongSchema.Inc()
@@ -258,7 +276,7 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 				ref = rec.Timestamp
 			}
 			p.state.SetClock(ref)
-			if !p.state.Known(ev.Tenant) {
+			if p.restoring[ev.Tenant] == nil && !p.state.Known(ev.Tenant) {
 				if from := a.oldHomes(ev.Tenant, p.id); len(from) > 0 {
 					// The topic gained partitions and this tenant's home may
 					// have moved here: its month so far is what its old
@@ -267,35 +285,53 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 						break // p is paused at rec, which is read again
 					}
 					if !a.restore(ctx, p, ev.Tenant, rec.Offset) {
-						break // as below: only a cancelled ctx gets here
+						// Only a cancelled ctx gets here, which ends the poll
+						// loop: stop before this record; the final flush
+						// commits what came before and the rest is read again.
+						break
 					}
 				}
 			}
-			r := p.state.Apply(ev, rec.Offset)
-			if r == tally.Evicted {
-				if !a.restore(ctx, p, ev.Tenant, rec.Offset) {
-					// Only a cancelled ctx gets here, which ends the poll
-					// loop: stop before this record; the final flush
-					// commits what came before and the rest is read again.
-					break
-				}
-				r = p.state.Apply(ev, rec.Offset)
-			}
-			if r == tally.TooFarAhead {
-				a.log.Warn("refusing a usage event stamped too far ahead: the hold of future events is full (aggregator.future_hold_capacity); fix the producer's clock",
-					"partition", rec.Partition, "offset", rec.Offset, "tenant", ev.Tenant, "id", ev.ID, "time", ev.Time, "reference", ref)
-			}
-			if r == tally.Accepted || r == tally.Held {
-				if p.batch == nil {
-					p.batch = batchPool.Get().(*chstore.Batch)
-				}
-				p.batch.Events = append(p.batch.Events, chstore.Event{UsageEvent: *ev, Partition: rec.Partition, Offset: rec.Offset})
+			if pr := p.restoring[ev.Tenant]; pr != nil {
+				// Its restore is still running: the event waits with it.
+				pr.park(p, ev, rec.Partition, rec.Offset, ref)
+			} else if r := a.count(p, ev, rec.Partition, rec.Offset, ref); r == tally.Evicted {
+				// Rebuilt off the poll loop (restore.go); the tenant's
+				// events wait, every other tenant's keep flowing.
+				a.startRestore(p, ev, rec.Partition, rec.Offset, ref)
 			}
 		}
 		p.next, p.epoch = rec.Offset+1, rec.LeaderEpoch
 		p.pending++
 	}
-	after := p.state.Stats
+	a.countStats(before, p.state.Stats)
+	a.m.lag.WithLabelValues(fmt.Sprint(ftp.Partition)).Set(float64(max(ftp.HighWatermark-p.next, 0)))
+	if a.since.IsZero() {
+		a.since = time.Now()
+	}
+}
+
+// count applies one decoded event to p's state and adds it to the batch
+// ClickHouse stores when it was counted or held. It returns Evicted, and
+// does nothing else, for a tenant evicted as idle.
+func (a *aggregator) count(p *partition, ev *schemas.UsageEvent, part int32, offset int64, ref time.Time) tally.Result {
+	r := p.state.Apply(ev, offset)
+	if r == tally.TooFarAhead {
+		a.log.Warn("refusing a usage event stamped too far ahead: the hold of future events is full (aggregator.future_hold_capacity); fix the producer's clock",
+			"partition", part, "offset", offset, "tenant", ev.Tenant, "id", ev.ID, "time", ev.Time, "reference", ref)
+	}
+	if r == tally.Accepted || r == tally.Held {
+		if p.batch == nil {
+			p.batch = batchPool.Get().(*chstore.Batch)
+		}
+		p.batch.Events = append(p.batch.Events, chstore.Event{UsageEvent: *ev, Partition: part, Offset: offset})
+	}
+	return r
+}
+
+// countStats adds what p's state counted between two readings of its
+// Stats to the metrics.
+func (a *aggregator) countStats(before, after tally.Stats) {
 	a.m.restores.Add(float64(after.RestoredTenants - before.RestoredTenants))
 	a.m.accepted.Add(float64(after.Accepted - before.Accepted))
 	a.m.duplicates.Add(float64(after.Duplicates - before.Duplicates))
@@ -304,10 +340,6 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 	a.m.held.Add(float64(after.Held - before.Held))
 	a.m.released.Add(float64(after.Released - before.Released))
 	a.m.tooFarAhead.Add(float64(after.Refused - before.Refused))
-	a.m.lag.WithLabelValues(fmt.Sprint(ftp.Partition)).Set(float64(max(ftp.HighWatermark-p.next, 0)))
-	if a.since.IsZero() {
-		a.since = time.Now()
-	}
 }
 
 // policyChanged re-evaluates every tenant in memory under a reloaded
@@ -426,7 +458,7 @@ func (a *aggregator) drain(p *partition) *job {
 	}
 	// Versions grow per tenant across partitions: see chstore.VersionShift.
 	b.Version = uint64(n)<<chstore.VersionShift | uint64(p.next)
-	return &job{b: b, reroutes: reroutes, next: p.next, epoch: p.epoch, count: n, rows: len(b.Events) + len(b.Minutes) + len(b.Quotas) + len(b.Signals)}
+	return &job{b: b, reroutes: reroutes, next: p.committable(), epoch: p.epoch, count: n, rows: len(b.Events) + len(b.Minutes) + len(b.Quotas) + len(b.Signals)}
 }
 
 // signalRecords appends b's signals as records for the signals topic.
@@ -583,6 +615,7 @@ func (a *aggregator) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[s
 				a.log.Warn("partition revoked before ClickHouse stored its rows; the next owner re-reads from the last commit", "partition", id, "err", err)
 			}
 			a.stop(p.w)
+			p.dropRestores()
 			delete(a.parts, id)
 			a.m.lag.DeleteLabelValues(fmt.Sprint(id))
 		}
@@ -598,6 +631,7 @@ func (a *aggregator) onLost(_ context.Context, _ *kgo.Client, lost map[string][]
 	for _, id := range lost[a.cfg.Topic] {
 		if p := a.parts[id]; p != nil {
 			a.stop(p.w)
+			p.dropRestores()
 		}
 		delete(a.parts, id)
 		a.m.lag.DeleteLabelValues(fmt.Sprint(id))

@@ -26,16 +26,24 @@ type job struct {
 
 // writer stores one partition's flushed batches in ClickHouse, strictly in
 // flush order (late-minute repairs read the raw events of earlier batches),
-// and commits each batch's offset once it is stored. It runs beside the
-// poll loop so that a ClickHouse outage delays storage and commits but not
-// reading and signalling; the aggregator bounds what may queue up
+// and commits the offset after them once they are stored. It runs beside
+// the poll loop so that a ClickHouse outage delays storage and commits but
+// not reading and signalling; the aggregator bounds what may queue up
 // (max_unwritten_rows) and stops fetching beyond it.
+//
+// It writes at most once per store_interval: every batch queued meanwhile
+// goes into the same inserts, one per table, and one commit. Flushes are
+// frequent because they publish the signals enforcement waits for
+// (flush_interval, tens of milliseconds); storing each of them as its own
+// set of inserts and commit cost ClickHouse and the broker more CPU than
+// every other component of the pipeline together (bench/README.md).
 type writer struct {
 	part   int32
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
 	wake   chan struct{} // capacity 1: a job was queued
+	hurry  chan struct{} // capacity 1: someone waits for the queue; skip the rest of store_interval
 
 	mu    sync.Mutex
 	queue []*job
@@ -59,7 +67,7 @@ func closedChan() chan struct{} {
 func (a *aggregator) startWriter(part int32, offset int64) *writer {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &writer{part: part, ctx: ctx, cancel: cancel, done: make(chan struct{}), wake: make(chan struct{}, 1),
-		drained: closedChan(), written: offset}
+		hurry: make(chan struct{}, 1), drained: closedChan(), written: offset}
 	go a.runWriter(w)
 	return w
 }
@@ -100,6 +108,10 @@ func (w *writer) wait(ctx context.Context) error {
 	default:
 	}
 	select {
+	case w.hurry <- struct{}{}:
+	default:
+	}
+	select {
 	case <-d:
 		return nil
 	case <-w.done:
@@ -128,14 +140,14 @@ func (a *aggregator) runWriter(w *writer) {
 		a.release(n)
 		close(w.done)
 	}()
+	var last time.Time // when the last write started
+	var jobs []*job
+	var batches []*chstore.Batch
 	for {
 		w.mu.Lock()
-		var j *job
-		if len(w.queue) > 0 {
-			j = w.queue[0]
-		}
+		n := len(w.queue)
 		w.mu.Unlock()
-		if j == nil {
+		if n == 0 {
 			select {
 			case <-w.ctx.Done():
 				return
@@ -143,27 +155,52 @@ func (a *aggregator) runWriter(w *writer) {
 				continue
 			}
 		}
+		if wait := a.cfg.StoreInterval - time.Since(last); wait > 0 {
+			// Let more flushes queue up and store them together.
+			t := time.NewTimer(wait)
+			select {
+			case <-w.ctx.Done():
+				t.Stop()
+				return
+			case <-w.hurry:
+			case <-t.C:
+			}
+			t.Stop()
+		}
+		w.mu.Lock()
+		jobs = append(jobs[:0], w.queue...)
+		w.mu.Unlock()
+		batches = batches[:0]
+		rows := 0
+		for _, j := range jobs {
+			batches, rows = append(batches, j.b), rows+j.rows
+		}
+		end := jobs[len(jobs)-1]
 		start := time.Now()
+		last = start
 		if err := a.retry(w.ctx, "clickhouse write", w.part, func() error {
 			ctx, cancel := context.WithTimeout(w.ctx, a.cfg.WriteTimeout)
 			defer cancel()
-			return a.store.Write(ctx, j.b)
+			return a.store.Write(ctx, batches...)
 		}); err != nil {
 			return
 		}
-		a.m.writeRows.Observe(float64(j.rows))
+		a.m.writeRows.Observe(float64(rows))
 		a.m.writeSeconds.Observe(time.Since(start).Seconds())
-		cerr := a.commit(w.ctx, w.part, j)
+		cerr := a.commit(w.ctx, w.part, end)
 		w.mu.Lock()
-		w.queue = w.queue[1:]
-		w.written, w.commitFailed = j.next, cerr != nil
+		w.queue = w.queue[len(jobs):]
+		w.written, w.commitFailed = end.next, cerr != nil
 		if len(w.queue) == 0 {
 			close(w.drained)
 		}
 		w.mu.Unlock()
-		a.release(j.rows)
-		j.b.Reset()
-		batchPool.Put(j.b)
+		a.release(rows)
+		for i, j := range jobs {
+			j.b.Reset()
+			batchPool.Put(j.b)
+			jobs[i], batches[i] = nil, nil
+		}
 	}
 }
 

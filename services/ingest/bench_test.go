@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/ingest/payload"
 )
 
@@ -25,7 +27,10 @@ const benchEvent = `{"id":"%s","time":"%s","tenant":"acme-corp","model":"gpt-4o-
 // validate per event (framing, schemas decoder, validation, time window and
 // tenant scope) on a 1,000-event JSON array, one goroutine, no I/O.
 // Reports ingest_decode_validate_ns (ns per event) and
-// ingest_decode_validate_allocs (allocations per event).
+// ingest_decode_validate_allocs (allocations per event), and
+// ingest_decode_vs_encoding_json_ratio: that time over
+// ingest_encoding_json_decode_ns, encoding/json decoding the same body
+// into the same events (no validation) in the same run.
 func BenchmarkDecodeValidate(b *testing.B) {
 	now := time.Now().UTC()
 	evs := make([]string, 1000)
@@ -50,8 +55,23 @@ func BenchmarkDecodeValidate(b *testing.B) {
 	b.StopTimer()
 	runtime.ReadMemStats(&ms1)
 	events := float64(b.N) * 1000
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/events, "ingest_decode_validate_ns")
+	ns := float64(b.Elapsed().Nanoseconds()) / events
+	b.ReportMetric(ns, "ingest_decode_validate_ns")
 	b.ReportMetric(float64(ms1.Mallocs-ms0.Mallocs)/events, "ingest_decode_validate_allocs")
+	// The reference, in the same run on the same body: encoding/json
+	// decoding it into the same event type, without validation.
+	var ref []schemas.UsageEvent
+	rounds := max(b.N, 20)
+	start := time.Now()
+	for range rounds {
+		ref = ref[:0]
+		if err := json.Unmarshal(body, &ref); err != nil || len(ref) != 1000 {
+			b.Fatalf("encoding/json: %v, %d events", err, len(ref))
+		}
+	}
+	refNs := float64(time.Since(start).Nanoseconds()) / float64(rounds) / 1000
+	b.ReportMetric(refNs, "ingest_encoding_json_decode_ns")
+	b.ReportMetric(ns/refNs, "ingest_decode_vs_encoding_json_ratio")
 }
 
 // BenchmarkIngest1 posts 1-event requests from 64 concurrent clients over
@@ -75,9 +95,22 @@ func benchIngest(b *testing.B, batch, clients int) {
 	if c := os.Getenv("SLUICE_BENCH_COMPRESSION"); c != "" {
 		compression = c // to compare codecs: SLUICE_BENCH_COMPRESSION=zstd
 	}
+	// To compare producer lingers: SLUICE_BENCH_LINGER=1ms (default: the
+	// service's).
+	linger := time.Duration(-1)
+	if v := os.Getenv("SLUICE_BENCH_LINGER"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			b.Fatalf("SLUICE_BENCH_LINGER=%q: %v", v, err)
+		}
+		linger = d
+	}
 	inst := startIngest(b, func(c *Config) {
 		c.Compression = compression
 		c.DedupMaxIDs = 2_000_000
+		if linger >= 0 {
+			c.Linger = linger
+		}
 	})
 	tmpl := newBodyTemplate(batch)
 	tr := &http.Transport{MaxIdleConnsPerHost: clients * 2, MaxConnsPerHost: clients * 2}

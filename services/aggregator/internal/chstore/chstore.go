@@ -82,82 +82,124 @@ const insertQuotas = `INSERT INTO quota_state (tenant, model, quota, period, per
 const insertSignals = `INSERT INTO signals_log (id, kind, time, tenant, model, quota, period, period_start, tier,
  previous_tier, used, quota_limit, rate_per_minute, predicted_exhaustion, reason, payload)`
 
-// Write stores b: raw events first (late minutes are recomputed from them),
-// then rollups, quota state and the signals log. It is idempotent.
-func (s *Store) Write(ctx context.Context, b *Batch) error {
+// Write stores batches, flushed in this order (a partition's, or several
+// partitions'): raw events first (late minutes are recomputed from them),
+// then rollups, quota state and the signals log, each table in one insert
+// whatever the number of batches. Each batch's rows keep its version, so
+// one write of several batches leaves what writing them one by one would.
+// It is idempotent.
+func (s *Store) Write(ctx context.Context, batches ...*Batch) error {
 	now := time.Now().UTC().Truncate(time.Second)
-	if len(b.Events) > 0 {
-		if err := s.send(ctx, insertEvents, eventColumns(b.Events, now)); err != nil {
-			return fmt.Errorf("usage_events: %d rows: %w", len(b.Events), err)
+	var nEvents, nSignals int
+	for _, b := range batches {
+		nEvents, nSignals = nEvents+len(b.Events), nSignals+len(b.Signals)
+	}
+	if nEvents > 0 {
+		if err := s.send(ctx, insertEvents, eventColumns(batches, nEvents, now)); err != nil {
+			return fmt.Errorf("usage_events: %d rows: %w", nEvents, err)
 		}
 	}
-	minutes, quotas := b.Minutes, b.Quotas
-	if len(b.MinuteRepairs) > 0 {
-		fixed, err := s.recompute(ctx, b.MinuteRepairs)
-		if err != nil {
-			return err
+	var minutes, quotas versioned
+	for _, b := range batches {
+		minutes.add(len(b.Minutes), b.Version)
+		minutes.minutes = append(minutes.minutes, b.Minutes...)
+		if len(b.MinuteRepairs) > 0 {
+			fixed, err := s.recompute(ctx, b.MinuteRepairs)
+			if err != nil {
+				return err
+			}
+			minutes.add(len(fixed), b.Version)
+			minutes.minutes = append(minutes.minutes, fixed...)
 		}
-		minutes = append(minutes[:len(minutes):len(minutes)], fixed...)
-	}
-	if len(b.QuotaRepairs) > 0 {
-		fixed, err := s.recomputeQuotas(ctx, b.QuotaRepairs)
-		if err != nil {
-			return err
-		}
-		quotas = append(quotas[:len(quotas):len(quotas)], fixed...)
-	}
-	if len(minutes) > 0 {
-		if err := s.send(ctx, insertMinutes, minuteColumns(minutes, b.Version, now)); err != nil {
-			return fmt.Errorf("usage_minute: %d rows: %w", len(minutes), err)
+		quotas.add(len(b.Quotas), b.Version)
+		quotas.quotas = append(quotas.quotas, b.Quotas...)
+		if len(b.QuotaRepairs) > 0 {
+			fixed, err := s.recomputeQuotas(ctx, b.QuotaRepairs)
+			if err != nil {
+				return err
+			}
+			quotas.add(len(fixed), b.Version)
+			quotas.quotas = append(quotas.quotas, fixed...)
 		}
 	}
-	if len(quotas) > 0 {
+	if len(minutes.minutes) > 0 {
+		if err := s.send(ctx, insertMinutes, minuteColumns(minutes.minutes, minutes.versions, now)); err != nil {
+			return fmt.Errorf("usage_minute: %d rows: %w", len(minutes.minutes), err)
+		}
+	}
+	if len(quotas.quotas) > 0 {
 		batch, err := s.conn.PrepareBatch(ctx, insertQuotas)
 		if err != nil {
 			return fmt.Errorf("quota_state: prepare: %w", err)
 		}
-		for _, q := range quotas {
+		for i, q := range quotas.quotas {
 			if err := batch.Append(q.Tenant, q.Model, q.Quota, q.Period, q.PeriodStart, q.PeriodEnd, q.Used, q.Limit,
 				q.Unit, q.Mode, q.Tier, q.Rate, orEpoch(q.PredictedExhaustion), orEpoch(q.PredictedEarliest), orEpoch(q.PredictedLatest),
-				q.PredictionBasis, b.Version, now); err != nil {
+				q.PredictionBasis, quotas.versions[i], now); err != nil {
 				batch.Abort()
 				return fmt.Errorf("quota_state: append: %w", err)
 			}
 		}
 		if err := batch.Send(); err != nil {
-			return fmt.Errorf("quota_state: send %d rows: %w", len(quotas), err)
+			return fmt.Errorf("quota_state: send %d rows: %w", len(quotas.quotas), err)
 		}
 	}
-	if len(b.Signals) > 0 {
+	if nSignals > 0 {
 		batch, err := s.conn.PrepareBatch(ctx, insertSignals)
 		if err != nil {
 			return fmt.Errorf("signals_log: prepare: %w", err)
 		}
-		for i := range b.Signals {
-			sg := &b.Signals[i]
-			var payload []byte
-			if len(b.Payloads) == len(b.Signals) {
-				payload = b.Payloads[i]
-			} else if payload, err = schemas.EncodeSignal(sg); err != nil {
+		for _, b := range batches {
+			if err := appendSignals(batch, b); err != nil {
 				batch.Abort()
-				return fmt.Errorf("signals_log: signal %s: %w", sg.ID, err)
-			}
-			pred := time.Unix(0, 0).UTC()
-			if sg.PredictedExhaustion != nil {
-				pred = sg.PredictedExhaustion.UTC()
-			}
-			start := sg.PeriodStart
-			if start.IsZero() {
-				start = time.Unix(0, 0).UTC()
-			}
-			if err := batch.Append(sg.ID, string(sg.Kind), sg.Time, sg.Tenant, sg.Model, string(sg.Quota), string(sg.Period),
-				start, uint16(sg.Tier), uint16(sg.PreviousTier), sg.Used, sg.Limit, sg.Rate, pred, sg.Reason, string(payload)); err != nil {
-				batch.Abort()
-				return fmt.Errorf("signals_log: append: %w", err)
+				return err
 			}
 		}
 		if err := batch.Send(); err != nil {
-			return fmt.Errorf("signals_log: send %d rows: %w", len(b.Signals), err)
+			return fmt.Errorf("signals_log: send %d rows: %w", nSignals, err)
+		}
+	}
+	return nil
+}
+
+// versioned collects the rollup or quota rows of several batches with
+// each row's version (its batch's).
+type versioned struct {
+	minutes  []tally.MinuteRow
+	quotas   []tally.QuotaRow
+	versions []uint64
+}
+
+func (v *versioned) add(n int, version uint64) {
+	for range n {
+		v.versions = append(v.versions, version)
+	}
+}
+
+// appendSignals appends b's signals to a signals_log insert.
+func appendSignals(batch driver.Batch, b *Batch) error {
+	for i := range b.Signals {
+		sg := &b.Signals[i]
+		var payload []byte
+		if len(b.Payloads) == len(b.Signals) {
+			payload = b.Payloads[i]
+		} else {
+			var err error
+			if payload, err = schemas.EncodeSignal(sg); err != nil {
+				return fmt.Errorf("signals_log: signal %s: %w", sg.ID, err)
+			}
+		}
+		pred := time.Unix(0, 0).UTC()
+		if sg.PredictedExhaustion != nil {
+			pred = sg.PredictedExhaustion.UTC()
+		}
+		start := sg.PeriodStart
+		if start.IsZero() {
+			start = time.Unix(0, 0).UTC()
+		}
+		if err := batch.Append(sg.ID, string(sg.Kind), sg.Time, sg.Tenant, sg.Model, string(sg.Quota), string(sg.Period),
+			start, uint16(sg.Tier), uint16(sg.PreviousTier), sg.Used, sg.Limit, sg.Rate, pred, sg.Reason, string(payload)); err != nil {
+			return fmt.Errorf("signals_log: append: %w", err)
 		}
 	}
 	return nil
@@ -193,8 +235,7 @@ func (s *Store) send(ctx context.Context, query string, cols []any) error {
 }
 
 // eventColumns lays events out as the columns of insertEvents.
-func eventColumns(evs []Event, now time.Time) []any {
-	n := len(evs)
+func eventColumns(batches []*Batch, n int, now time.Time) []any {
 	var (
 		ids, tenants, models, users, keys, providers, endpoints = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		outcomes, priorities, sessions, gateways, requested     = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -207,25 +248,29 @@ func eventColumns(evs []Event, now time.Time) []any {
 		parts                                                   = make([]int32, n)
 		offs                                                    = make([]int64, n)
 	)
-	for i := range evs {
-		e := &evs[i]
-		ids[i], times[i], ms[i], tenants[i], models[i] = e.ID, e.Time.UTC(), uint16(e.Time.Nanosecond()/1e6), e.Tenant, e.Model
-		prompt[i], completion[i], cached[i] = uint64(e.PromptTokens), uint64(e.CompletionTokens), uint64(e.CachedTokens)
-		users[i], keys[i], providers[i], endpoints[i] = e.User, e.APIKeyID, e.Provider, e.Endpoint
-		status[i], outcomes[i], latency[i], priorities[i], sessions[i] = uint16(e.Status), string(e.Outcome), uint32(e.LatencyMS), string(e.Priority), e.SessionID
-		if e.Estimated {
-			est[i] = 1
+	i := 0
+	for _, b := range batches {
+		for k := range b.Events {
+			e := &b.Events[k]
+			ids[i], times[i], ms[i], tenants[i], models[i] = e.ID, e.Time.UTC(), uint16(e.Time.Nanosecond()/1e6), e.Tenant, e.Model
+			prompt[i], completion[i], cached[i] = uint64(e.PromptTokens), uint64(e.CompletionTokens), uint64(e.CachedTokens)
+			users[i], keys[i], providers[i], endpoints[i] = e.User, e.APIKeyID, e.Provider, e.Endpoint
+			status[i], outcomes[i], latency[i], priorities[i], sessions[i] = uint16(e.Status), string(e.Outcome), uint32(e.LatencyMS), string(e.Priority), e.SessionID
+			if e.Estimated {
+				est[i] = 1
+			}
+			gateways[i], requested[i] = e.Gateway, e.RequestedModel
+			attrKeys[i], attrVals[i] = attrs(e.Attributes)
+			parts[i], offs[i], ingested[i] = e.Partition, e.Offset, now
+			i++
 		}
-		gateways[i], requested[i] = e.Gateway, e.RequestedModel
-		attrKeys[i], attrVals[i] = attrs(e.Attributes)
-		parts[i], offs[i], ingested[i] = e.Partition, e.Offset, now
 	}
 	return []any{ids, times, ms, tenants, models, prompt, completion, cached, users, keys, providers, endpoints,
 		status, outcomes, latency, priorities, sessions, est, gateways, requested, attrKeys, attrVals, parts, offs, ingested}
 }
 
 // minuteColumns lays rollups out as the columns of insertMinutes.
-func minuteColumns(rows []tally.MinuteRow, version uint64, now time.Time) []any {
+func minuteColumns(rows []tally.MinuteRow, version []uint64, now time.Time) []any {
 	n := len(rows)
 	tenants, models := make([]string, n), make([]string, n)
 	minutes, updated := make([]time.Time, n), make([]time.Time, n)
@@ -235,7 +280,7 @@ func minuteColumns(rows []tally.MinuteRow, version uint64, now time.Time) []any 
 		m := &rows[i]
 		tenants[i], models[i], minutes[i] = m.Tenant, m.Model, m.Minute
 		req[i], prompt[i], completion[i], cached[i], errs[i], slow[i] = m.Requests, m.PromptTokens, m.CompletionTokens, m.CachedTokens, m.Errors, m.SlowCalls
-		cost[i], versions[i], updated[i] = m.Cost, version, now
+		cost[i], versions[i], updated[i] = m.Cost, version[i], now
 	}
 	return []any{tenants, models, minutes, req, prompt, completion, cached, errs, slow, cost, versions, updated}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/itest"
@@ -20,17 +21,9 @@ import (
 // (stored there before the topic gained partitions and moved them), and
 // sees them first. Writing the batch twice (a retry) changes nothing.
 func TestReplaySeesWhatWasCountedAtTheOffset(t *testing.T) {
-	cfg := itest.ClickHouse(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	conn, err := chconn.Open(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := migrations.Apply(ctx, conn, slog.New(slog.DiscardHandler)); err != nil {
-		t.Fatal(err)
-	}
+	conn := migratedDB(t, ctx)
 	s := New(conn, func() CostFunc { return nil }, 1000)
 	at := time.Date(2026, 2, 10, 3, 0, 0, 250e6, time.UTC)
 	ev := func(id string, tokens int64, est bool, part int32, off int64) Event {
@@ -83,4 +76,71 @@ func TestReplaySeesWhatWasCountedAtTheOffset(t *testing.T) {
 	if err := conn.QueryRow(ctx, "SELECT requests FROM usage_minute FINAL WHERE tenant = 'acme'").Scan(&req); err != nil || req != 2 {
 		t.Errorf("usage_minute after a repeated write: requests %d (%v), want 2", req, err)
 	}
+}
+
+// TestOneWriteOfSeveralBatches: the writer stores the flushes queued
+// during store_interval in one Write; each batch's rows keep its version,
+// so the later batch's row of a key wins under FINAL whichever order the
+// rows reach ClickHouse, and a row only the earlier batch changed stays.
+func TestOneWriteOfSeveralBatches(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn := migratedDB(t, ctx)
+	s := New(conn, func() CostFunc { return nil }, 1000)
+	at := time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)
+	minute := func(tenant string, req uint64) tally.MinuteRow {
+		return tally.MinuteRow{Tenant: tenant, Model: "m", Minute: at, Requests: req}
+	}
+	quota := func(tenant string, used float64) tally.QuotaRow {
+		return tally.QuotaRow{Tenant: tenant, Model: "*", Quota: "hourly_tokens", Period: "hour", PeriodStart: at.Truncate(time.Hour),
+			PeriodEnd: at.Truncate(time.Hour).Add(time.Hour), Used: used, Limit: 1000, Unit: "tokens", Mode: "hard"}
+	}
+	ev := func(id, tenant string, off int64) Event {
+		return Event{UsageEvent: schemas.UsageEvent{ID: id, Time: at, Tenant: tenant, Model: "m", PromptTokens: 1}, Offset: off}
+	}
+	// The newer batch comes first in the call: only versions may decide.
+	newer := &Batch{Version: 20, Events: []Event{ev("n1", "acme", 19)},
+		Rows: tally.Rows{Minutes: []tally.MinuteRow{minute("acme", 5)}, Quotas: []tally.QuotaRow{quota("acme", 50)}}}
+	older := &Batch{Version: 10, Events: []Event{ev("o1", "acme", 9), ev("o2", "beta", 9)},
+		Rows: tally.Rows{Minutes: []tally.MinuteRow{minute("acme", 3), minute("beta", 1)}, Quotas: []tally.QuotaRow{quota("acme", 30), quota("beta", 10)}}}
+	if err := s.Write(ctx, newer, older); err != nil {
+		t.Fatal(err)
+	}
+	check := func(query string, want map[string]float64) {
+		t.Helper()
+		rows, err := conn.Query(ctx, query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		got := map[string]float64{}
+		for rows.Next() {
+			var tenant string
+			var v float64
+			if err := rows.Scan(&tenant, &v); err != nil {
+				t.Fatal(err)
+			}
+			got[tenant] = v
+		}
+		if len(got) != len(want) || got["acme"] != want["acme"] || got["beta"] != want["beta"] {
+			t.Errorf("%s: %v, want %v", query, got, want)
+		}
+	}
+	check("SELECT tenant, toFloat64(requests) FROM usage_minute FINAL", map[string]float64{"acme": 5, "beta": 1})
+	check("SELECT tenant, used FROM quota_state FINAL", map[string]float64{"acme": 50, "beta": 10})
+	check("SELECT tenant, toFloat64(count()) FROM usage_events GROUP BY tenant", map[string]float64{"acme": 2, "beta": 1})
+}
+
+// migratedDB opens a fresh ClickHouse database with the migrations applied.
+func migratedDB(t *testing.T, ctx context.Context) driver.Conn {
+	t.Helper()
+	conn, err := chconn.Open(ctx, itest.ClickHouse(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, err := migrations.Apply(ctx, conn, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	return conn
 }

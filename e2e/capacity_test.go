@@ -1,0 +1,627 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/kafkaconn"
+)
+
+// Settings of BenchmarkPipelineCapacity, each overridable by the
+// environment variable named beside it (durations in Go syntax: 20s, 3m).
+const (
+	// capCostFor (SLUICE_E2E_BENCH_COST_FOR) is how long the CPU table
+	// is measured, at SLUICE_E2E_BENCH_RATE (default 20,000/s).
+	capCostFor = 30 * time.Second
+	// capProbeFor (SLUICE_E2E_BENCH_PROBE) is one probe of the search
+	// for the highest sustained rate.
+	capProbeFor = 15 * time.Second
+	// capHoldFor (SLUICE_E2E_BENCH_HOLD) is the confirmation run at the
+	// rate the search found: the issue's 3 minutes; 20s for a quick look.
+	capHoldFor = 3 * time.Minute
+	// capWarmup is the time a rate runs before its measurement starts.
+	capWarmup = 5 * time.Second
+	// capLagBound is the enforcement-lag p99 a sustained rate keeps.
+	capLagBound = 500 * time.Millisecond
+	// capBacklogSeconds bounds the aggregator's committed backlog at a
+	// sustained rate: at most this many seconds of events behind.
+	capBacklogSeconds = 2.0
+	// capMaxProbes bounds the search (each probe costs capProbeFor plus
+	// warm-up and drain).
+	capMaxProbes = 9
+)
+
+// BenchmarkPipelineCapacity measures where the cores go with the whole
+// pipeline on this machine: ingest, aggregator, enforcer and alerter as
+// separate processes of the sluice binary, against the real Kafka,
+// ClickHouse and Redis of scripts/services.sh, loaded by this process
+// (4+ clients posting 1,000-event batches for 20 tenants, as
+// BenchmarkEnforcementLag).
+//
+// First, at a fixed rate (SLUICE_E2E_BENCH_RATE, default 20,000 events/s)
+// for SLUICE_E2E_BENCH_COST_FOR (30s), every process's CPU time from
+// /proc/<pid>/stat over the interval, per 1,000 events ingest acknowledged:
+//
+//   - e2e_cpu_ms_per_1k_events_<component>: ingest, broker, aggregator, clickhouse, enforcer, redis, alerter, loadgen (this process).
+//   - e2e_cpu_ms_per_1k_events_total: their sum.
+//   - e2e_cpu_cores_used: the sum as cores busy at that rate.
+//   - e2e_cpu_bound_events_per_sec: the rate at which the sum would fill every core of the machine.
+//   - e2e_cpu_other_cores: cores busy meanwhile with processes not listed (other work on the machine).
+//   - e2e_alloc_bytes_per_event_<service>: heap allocated per event by each Go service.
+//   - e2e_cpu_events_per_sec: the rate the table was measured at.
+//
+// Then it searches for the highest rate the pipeline sustains: probes of
+// SLUICE_E2E_BENCH_PROBE (15s) ramping up by 30% from that rate, then
+// bisecting to 10%, and a confirmation run of SLUICE_E2E_BENCH_HOLD (3m)
+// at the best probe (10% lower again if it fails). A rate is sustained
+// when ingest acknowledges ≥95% of it with nothing refused, the
+// aggregator group's committed backlog does not grow (its slope is under
+// 1% of the rate) and stays under 2 s of events in the second half, and
+// the enforcement lag (as BenchmarkEnforcementLag, one fresh tenant per
+// second) has p99 ≤ 500 ms:
+//
+//   - e2e_max_sustained_events_per_sec: the confirmed rate (0: none).
+//   - e2e_max_sustained_lag_p99_ms: enforcement lag p99 over that run.
+//   - e2e_max_sustained_hold_seconds: the length of that run.
+//
+// SLUICE_E2E_BENCH_PROFILE_DIR=<dir> also writes, during the CPU table's
+// interval, a CPU profile and the allocations of each Go service to
+// <dir>/<service>.{cpu,allocs}.pprof (read them with go tool pprof).
+func BenchmarkPipelineCapacity(b *testing.B) {
+	if testing.Short() {
+		b.Skip("end-to-end benchmark: needs the real services")
+	}
+	costRate := envInt(b, "SLUICE_E2E_BENCH_RATE", benchDefaultEventsPerSec, benchBatch*benchWorkers, 1_000_000)
+	costFor := envDuration(b, "SLUICE_E2E_BENCH_COST_FOR", capCostFor)
+	probeFor := envDuration(b, "SLUICE_E2E_BENCH_PROBE", capProbeFor)
+	holdFor := envDuration(b, "SLUICE_E2E_BENCH_HOLD", capHoldFor)
+	profDir := os.Getenv("SLUICE_E2E_BENCH_PROFILE_DIR")
+
+	sfx := randomKey()[7:15]
+	loadTenants := make([]string, benchLoadTenants)
+	for i := range loadTenants {
+		loadTenants[i] = fmt.Sprintf("bench-cap-%s-%d", sfx, i)
+	}
+	extra := []string{
+		"-services.aggregator.flush_interval=20ms",
+		"-services.ingest.inflight_events=200000",
+	}
+	if profDir != "" {
+		// A CPU profile of the whole interval outlasts the default write timeout.
+		extra = append(extra, "-ops.pprof=true", fmt.Sprintf("-ops.http.write_timeout=%s", costFor+time.Minute))
+	}
+	s := newStack(b, stackOptions{Policy: loadPolicy(loadTenants), Extra: extra})
+	s.startAll("ingest", "aggregator", "enforcer", "alerter")
+	g := newGateway(b, s)
+	m := newMeter(b, s)
+
+	b.ResetTimer()
+	// The CPU table, at a fixed rate.
+	bg := runBackground(s, loadTenants, costRate)
+	time.Sleep(capWarmup) // a warm-up, not an assertion: nothing is measured yet
+	before := m.sample()
+	var profiles sync.WaitGroup
+	if profDir != "" {
+		profiles.Add(1)
+		go func() { defer profiles.Done(); m.profile(profDir, costFor) }()
+	}
+	startAcked := bg.acked.Load()
+	time.Sleep(costFor)
+	after := m.sample()
+	events := bg.acked.Load() - startAcked
+	bg.stop()
+	profiles.Wait()
+	m.report(before, after, events)
+	if n := bg.failed.Load(); n > 0 {
+		b.Logf("cost run: %d batches refused", n)
+	}
+
+	// The search for the highest sustained rate.
+	p := &prober{s: s, g: g, m: m, tenants: loadTenants, sfx: sfx}
+	best := p.search(costRate, probeFor)
+	var held probeResult
+	for try := 0; try < 2 && best > 0; try++ {
+		held = p.run(best, holdFor)
+		fmt.Printf("capacity hold of %s: %s\n", holdFor, held)
+		if held.ok {
+			break
+		}
+		best = roundRate(best * 9 / 10)
+	}
+	b.StopTimer()
+	if !held.ok {
+		best, held.lagP99 = 0, 0
+	}
+	b.ReportMetric(float64(best), "e2e_max_sustained_events_per_sec")
+	b.ReportMetric(float64(held.lagP99.Microseconds())/1000, "e2e_max_sustained_lag_p99_ms")
+	b.ReportMetric(holdFor.Seconds(), "e2e_max_sustained_hold_seconds")
+}
+
+// loadPolicy is the benchmarks' policy: an hourly 1,000-token quota by
+// default (the lag tenants cross it with one event), none for the load
+// tenants (hourly_tokens: 0 drops the defaults' quota; model quotas merge
+// field by field with the defaults'), so load never blocks.
+func loadPolicy(loadTenants []string) string {
+	var pol strings.Builder
+	pol.WriteString(`defaults:
+  timezone: UTC
+  mode: hard
+  fail_mode: open
+  alert_tiers: [70, 90, 100]
+  models:
+    "*":
+      hourly_tokens: 1000
+tenants:
+`)
+	for _, t := range loadTenants {
+		fmt.Fprintf(&pol, "  %s:\n    models:\n      \"*\":\n        monthly_tokens: 1000000000000\n        hourly_tokens: 0\n", t)
+	}
+	return pol.String()
+}
+
+// meter reads the CPU time of every process of the pipeline.
+type meter struct {
+	b     *testing.B
+	s     *stack
+	procs []meteredProc
+	adm   *kadm.Client
+}
+
+// meteredProc is one process charged for its CPU: a service of the
+// stack (ops set: its /metrics and profiler are there) or a shared one.
+type meteredProc struct {
+	component string
+	pid       int
+	ops       string
+}
+
+func newMeter(b *testing.B, s *stack) *meter {
+	b.Helper()
+	m := &meter{b: b, s: s}
+	for _, name := range []string{"ingest", "aggregator", "enforcer", "alerter"} {
+		p := s.proc(name)
+		m.procs = append(m.procs, meteredProc{component: name, pid: p.cmd.Process.Pid, ops: p.opsAddr})
+	}
+	for comp, svc := range map[string]string{"broker": "kafka", "clickhouse": "clickhouse", "redis": "redis"} {
+		pid, err := itest.ServicePID(svc)
+		if err != nil {
+			b.Logf("%s is not charged: %v", comp, err)
+			continue
+		}
+		m.procs = append(m.procs, meteredProc{component: comp, pid: pid})
+	}
+	m.procs = append(m.procs, meteredProc{component: "loadgen", pid: os.Getpid()})
+	sort.Slice(m.procs, func(i, j int) bool { return m.procs[i].component < m.procs[j].component })
+	kc := itest.Kafka(b)
+	kc.Brokers = strings.Split(s.kafka, ",")
+	cl, err := kafkaconn.NewClient(kc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(cl.Close)
+	m.adm = kadm.NewClient(cl)
+	return m
+}
+
+// usage is a snapshot of the meter's counters.
+type usage struct {
+	at      time.Time
+	cpu     map[string]time.Duration // per component
+	alloc   map[string]float64       // go_memstats_alloc_bytes_total per Go service
+	machine time.Duration            // CPU time of every process on the machine
+}
+
+func (m *meter) sample() usage {
+	u := usage{at: time.Now(), cpu: map[string]time.Duration{}, alloc: map[string]float64{}}
+	for _, p := range m.procs {
+		c, err := procCPU(p.pid)
+		if err != nil {
+			m.b.Fatalf("%s: %v", p.component, err)
+		}
+		u.cpu[p.component] = c
+		if p.ops != "" {
+			u.alloc[p.component] = m.metric(p.ops, "go_memstats_alloc_bytes_total")
+		}
+	}
+	u.machine = machineCPU(m.b)
+	return u
+}
+
+// metric reads one unlabelled counter from a service's /metrics.
+func (m *meter) metric(ops, name string) float64 {
+	_, body, err := httpGet(context.Background(), "http://"+ops+"/metrics")
+	if err != nil {
+		m.b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err == nil {
+				return f
+			}
+		}
+	}
+	m.b.Fatalf("%s: no %s in /metrics", ops, name)
+	return 0
+}
+
+// report publishes the CPU table of the interval between two samples in
+// which ingest acknowledged events.
+func (m *meter) report(before, after usage, events int64) {
+	if events <= 0 {
+		m.b.Fatal("no event acknowledged while the CPU table was measured")
+	}
+	wall := after.at.Sub(before.at)
+	k := float64(events) / 1000
+	var total time.Duration
+	var table strings.Builder
+	for _, p := range m.procs {
+		d := after.cpu[p.component] - before.cpu[p.component]
+		total += d
+		ms := float64(d.Microseconds()) / 1000 / k
+		m.b.ReportMetric(ms, "e2e_cpu_ms_per_1k_events_"+p.component)
+		fmt.Fprintf(&table, "  %-11s %8.2f ms/1k events  %5.2f cores\n", p.component, ms, d.Seconds()/wall.Seconds())
+		if p.ops != "" {
+			m.b.ReportMetric((after.alloc[p.component]-before.alloc[p.component])/float64(events), "e2e_alloc_bytes_per_event_"+p.component)
+		}
+	}
+	totalMS := float64(total.Microseconds()) / 1000 / k
+	rate := float64(events) / wall.Seconds()
+	other := max((after.machine-before.machine-total).Seconds()/wall.Seconds(), 0)
+	m.b.ReportMetric(totalMS, "e2e_cpu_ms_per_1k_events_total")
+	m.b.ReportMetric(total.Seconds()/wall.Seconds(), "e2e_cpu_cores_used")
+	m.b.ReportMetric(float64(runtime.NumCPU())*1e6/totalMS, "e2e_cpu_bound_events_per_sec")
+	m.b.ReportMetric(other, "e2e_cpu_other_cores")
+	m.b.ReportMetric(rate, "e2e_cpu_events_per_sec")
+	// Printed, not logged: go test cuts a benchmark's log short.
+	fmt.Printf("CPU per component at %.0f events/s over %s (%d cores; %.2f cores busy with other processes):\n%s  %-11s %8.2f ms/1k events  %5.2f cores",
+		rate, wall.Round(time.Second), runtime.NumCPU(), other, table.String(), "total", totalMS, total.Seconds()/wall.Seconds())
+	fmt.Println()
+}
+
+// profile writes a CPU profile over d and the allocations made over d of
+// every Go service into dir.
+func (m *meter) profile(dir string, d time.Duration) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		m.b.Error(err)
+		return
+	}
+	var wg sync.WaitGroup
+	for _, p := range m.procs {
+		if p.ops == "" {
+			continue
+		}
+		base := "http://" + p.ops + "/debug/pprof/"
+		secs := int(d.Seconds()) - 1
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			save(m.b, base+fmt.Sprintf("profile?seconds=%d", secs), filepath.Join(dir, p.component+".cpu.pprof"))
+		}()
+		go func() {
+			defer wg.Done()
+			// allocs?seconds=N is what was allocated over those N seconds.
+			save(m.b, base+fmt.Sprintf("allocs?seconds=%d", secs), filepath.Join(dir, p.component+".allocs.pprof"))
+		}()
+	}
+	wg.Wait()
+}
+
+func save(b *testing.B, url, path string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		b.Error(err)
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(resp.Body)
+		b.Errorf("%s: %d %s", url, resp.StatusCode, msg)
+		return
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		b.Error(err)
+		return
+	}
+	defer f.Close()
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		b.Error(err)
+	}
+}
+
+// committedLag is how many events of the usage topic the aggregator group
+// has not committed yet (read, counted and stored in ClickHouse).
+func (m *meter) committedLag(ctx context.Context) (int64, error) {
+	ends, err := m.adm.ListEndOffsets(ctx, m.s.topic)
+	if err != nil {
+		return 0, err
+	}
+	if err := ends.Error(); err != nil {
+		return 0, err
+	}
+	committed, err := m.adm.FetchOffsets(ctx, m.s.groups["aggregator"])
+	if err != nil {
+		return 0, err
+	}
+	var lag int64
+	ends.Each(func(o kadm.ListedOffset) {
+		at := int64(0)
+		if c, ok := committed.Lookup(o.Topic, o.Partition); ok && c.At >= 0 {
+			at = c.At
+		}
+		lag += max(o.Offset-at, 0)
+	})
+	return lag, nil
+}
+
+// procCPU is the user plus system CPU time of a process, all its threads.
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command (which may hold spaces) in parentheses:
+	// state is field 3, utime 14 and stime 15.
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the command", pid, len(f))
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: utime %q stime %q", pid, f[11], f[12])
+	}
+	return ticks(ut + st), nil
+}
+
+// machineCPU is the CPU time every core spent busy since boot.
+func machineCPU(b *testing.B) time.Duration {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	var busy int64
+	for i := 1; i < len(f) && i <= 8; i++ {
+		if i == 4 || i == 5 {
+			continue // idle, iowait
+		}
+		n, _ := strconv.ParseInt(f[i], 10, 64)
+		busy += n
+	}
+	return ticks(busy)
+}
+
+// ticks converts clock ticks of /proc (USER_HZ, 100 on Linux) to time.
+func ticks(n int64) time.Duration { return time.Duration(n) * 10 * time.Millisecond }
+
+// prober runs the load at one rate and judges whether the pipeline
+// sustains it.
+type prober struct {
+	s       *stack
+	g       *gateway
+	m       *meter
+	tenants []string
+	sfx     string
+	n       int // lag tenants used so far
+}
+
+// probeResult is what one run at a fixed rate showed.
+type probeResult struct {
+	rate           int
+	achieved       float64
+	refused        int64
+	lagP99         time.Duration
+	lagSamples     int
+	backlogSlope   float64 // events per second
+	backlogLateMax int64
+	ok             bool
+	why            string
+}
+
+func (r probeResult) String() string {
+	verdict := "sustained"
+	if !r.ok {
+		verdict = "NOT sustained: " + r.why
+	}
+	return fmt.Sprintf("%d events/s offered: %.0f acknowledged/s, %d batches refused, enforcement lag p99 %s (%d samples), backlog slope %.0f events/s, backlog max %d in the second half: %s",
+		r.rate, r.achieved, r.refused, r.lagP99.Round(time.Millisecond), r.lagSamples, r.backlogSlope, r.backlogLateMax, verdict)
+}
+
+// search ramps up from rate by 30% while probes pass, then bisects
+// between the last pass and the first failure to within 10%; it returns
+// the highest rate that passed (0: none did).
+func (p *prober) search(rate int, d time.Duration) int {
+	lo, hi := 0, 0
+	r := roundRate(rate)
+	for range capMaxProbes {
+		res := p.run(r, d)
+		fmt.Printf("capacity probe: %s\n", res)
+		if res.ok {
+			lo = r
+		} else {
+			hi = r
+		}
+		switch {
+		case hi == 0:
+			r = roundRate(r * 13 / 10)
+		case lo == 0:
+			r = roundRate(r * 7 / 10)
+		default:
+			r = roundRate((lo + hi) / 2)
+		}
+		if (lo > 0 && hi > 0 && hi-lo <= lo/10) || r < benchBatch*benchWorkers || r == lo || r == hi {
+			break
+		}
+	}
+	return lo
+}
+
+func roundRate(r int) int { return max(r/1000*1000, benchBatch*benchWorkers) }
+
+// run offers rate for capWarmup plus d, sampling the committed backlog
+// every second and the enforcement lag of one fresh tenant at a time,
+// then stops the load and waits for the backlog to drain.
+func (p *prober) run(rate int, d time.Duration) probeResult {
+	res := probeResult{rate: rate}
+	bg := runBackground(p.s, p.tenants, rate)
+	time.Sleep(capWarmup) // a warm-up, not an assertion: nothing is measured yet
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	startAcked, startFailed, start := bg.acked.Load(), bg.failed.Load(), time.Now()
+
+	var wg sync.WaitGroup
+	var lags []time.Duration
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			p.n++
+			if l, ok := p.enforcementLag(ctx, fmt.Sprintf("bench-cap-lag-%s-%d", p.sfx, p.n)); ok {
+				lags = append(lags, l)
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}()
+	var xs, ys []float64
+	tick := time.NewTicker(time.Second)
+	for ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+			lctx, lcancel := context.WithTimeout(context.Background(), 5*time.Second)
+			lag, err := p.m.committedLag(lctx)
+			lcancel()
+			if err == nil {
+				xs, ys = append(xs, time.Since(start).Seconds()), append(ys, float64(lag))
+			}
+		}
+	}
+	tick.Stop()
+	wg.Wait()
+	elapsed := time.Since(start)
+	res.achieved = float64(bg.acked.Load()-startAcked) / elapsed.Seconds()
+	res.refused = bg.failed.Load() - startFailed
+	bg.stop()
+
+	res.lagSamples = len(lags)
+	if len(lags) > 0 {
+		sort.Slice(lags, func(i, j int) bool { return lags[i] < lags[j] })
+		res.lagP99 = lags[int(0.99*float64(len(lags)-1)+0.5)]
+	}
+	res.backlogSlope = slope(xs, ys)
+	for i := len(ys) / 2; i < len(ys); i++ {
+		res.backlogLateMax = max(res.backlogLateMax, int64(ys[i]))
+	}
+	var why []string
+	if res.achieved < 0.95*float64(rate) || res.refused > 0 {
+		why = append(why, "ingest did not keep up")
+	}
+	if len(lags) < 5 {
+		why = append(why, "too few enforcement-lag samples")
+	} else if res.lagP99 > capLagBound {
+		why = append(why, "enforcement lag p99 over "+capLagBound.String())
+	}
+	if len(ys) < 5 {
+		why = append(why, "too few backlog samples")
+	} else if res.backlogSlope > 0.01*float64(rate) || float64(res.backlogLateMax) > capBacklogSeconds*float64(rate) {
+		why = append(why, "the aggregator's backlog grew")
+	}
+	res.ok, res.why = len(why) == 0, strings.Join(why, "; ")
+
+	// Let the backlog drain before the next run (bounded: a run far above
+	// capacity may leave more than the deadline can clear, which the next
+	// run then shows as its own failure).
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		lctx, lcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		lag, err := p.m.committedLag(lctx)
+		lcancel()
+		if err == nil && lag < benchBatch {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	return res
+}
+
+// enforcementLag sends one event taking tenant past its quota and returns
+// the time until the gateway's Checker refuses it.
+func (p *prober) enforcementLag(ctx context.Context, tenant string) (time.Duration, bool) {
+	ev := eventJSON("lag-"+tenant, tenant, time.Now(), 1199, 1)
+	t0 := time.Now()
+	code, _, _, err := p.s.postEvents(ctx, p.s.ingestKey, "application/json", []byte(ev))
+	if err != nil || code != http.StatusAccepted {
+		return 0, false
+	}
+	// A tenant not refused within the deadline counts as that long.
+	deadline := t0.Add(10 * time.Second)
+	for p.g.checker.Check(tenant, "gpt-4o-mini", "").Allowed() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	return time.Since(t0), true
+}
+
+// slope is the least-squares slope of ys over xs.
+func slope(xs, ys []float64) float64 {
+	n := float64(len(xs))
+	if n < 2 {
+		return 0
+	}
+	var sx, sy, sxx, sxy float64
+	for i := range xs {
+		sx, sy, sxx, sxy = sx+xs[i], sy+ys[i], sxx+xs[i]*xs[i], sxy+xs[i]*ys[i]
+	}
+	den := n*sxx - sx*sx
+	if math.Abs(den) < 1e-9 {
+		return 0
+	}
+	return (n*sxy - sx*sy) / den
+}
+
+// envInt reads an integer setting of a benchmark from the environment.
+func envInt(b *testing.B, name string, def, lo, hi int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		b.Fatalf("%s=%q: want a whole number from %d to %d", name, v, lo, hi)
+	}
+	return n
+}
+
+// envDuration reads a duration setting of a benchmark from the environment.
+func envDuration(b *testing.B, name string, def time.Duration) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 5*time.Second || d > time.Hour {
+		b.Fatalf("%s=%q: want a duration from 5s to 1h (20s, 3m)", name, v)
+	}
+	return d
+}

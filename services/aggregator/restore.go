@@ -1,0 +1,194 @@
+package aggregator
+
+import (
+	"context"
+	"time"
+
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
+)
+
+// A tenant evicted as idle that sends again is rebuilt from ClickHouse
+// beside the poll loop, not in it: the query (a month of the tenant's
+// events, retried for as long as ClickHouse is unreachable) used to hold
+// every partition of the instance — no event counted, no signal published
+// — until it returned. Now only the returning tenant's events wait, parked
+// in arrival order, and are counted once its stored events are replayed;
+// every other tenant's events are counted meanwhile.
+//
+// Exactly-once is kept by committing no offset past the first parked
+// event (partition.committable): a crash or a revoke before the restore
+// ends re-reads the parked events, and the events of other tenants after
+// them, which ClickHouse versions fold as on every re-read.
+
+// maxParkedEvents bounds the events of one partition waiting for their
+// tenants' restores. Beyond it the poll loop waits for those restores (the
+// old behaviour, for a partition whose returning tenants flood it while
+// ClickHouse is away), so memory stays bounded.
+const maxParkedEvents = 100_000
+
+// pendingRestore is one evicted tenant being rebuilt.
+type pendingRestore struct {
+	tenant string
+	offset int64 // of the event that found it evicted: the replay reads below it
+	start  time.Time
+	parked []parkedEvent // the tenant's events read meanwhile, in offset order
+
+	done chan struct{} // closed once events or err is set
+	// Set by the restore's goroutine before done is closed.
+	events []restoredEvent
+	err    error
+}
+
+// parkedEvent is an event waiting for its tenant's restore.
+type parkedEvent struct {
+	ev        schemas.UsageEvent
+	partition int32
+	offset    int64
+	ref       time.Time // the clock the event was read under
+}
+
+// restoredEvent is a stored event the restore replays.
+type restoredEvent struct {
+	ev     schemas.UsageEvent
+	offset int64
+}
+
+func (r *pendingRestore) park(p *partition, ev *schemas.UsageEvent, part int32, offset int64, ref time.Time) {
+	r.parked = append(r.parked, parkedEvent{ev: *ev, partition: part, offset: offset, ref: ref})
+	p.parked++
+}
+
+// startRestore starts rebuilding ev's tenant, evicted from p, from what
+// ClickHouse stored below ev's offset, and parks ev until it is done.
+func (a *aggregator) startRestore(p *partition, ev *schemas.UsageEvent, part int32, offset int64, ref time.Time) {
+	if p.restoring == nil {
+		p.restoring = map[string]*pendingRestore{}
+		p.rctx, p.rcancel = context.WithCancel(context.Background())
+	}
+	r := &pendingRestore{tenant: ev.Tenant, offset: offset, start: time.Now(), done: make(chan struct{})}
+	r.park(p, ev, part, offset, ref)
+	p.restoring[ev.Tenant] = r
+	ctx, id := p.rctx, p.id
+	go func() {
+		r.err = a.retry(ctx, "restore tenant from clickhouse", id, func() error {
+			r.events = r.events[:0]
+			_, err := a.store.ReplayTenant(ctx, id, r.tenant, r.offset, func(ev *schemas.UsageEvent, off int64) {
+				r.events = append(r.events, restoredEvent{ev: *ev, offset: off})
+			})
+			return err
+		})
+		close(r.done)
+		a.kickPoll()
+	}()
+}
+
+// committable is the offset p may commit: the next to read, or the first
+// event still waiting for its tenant's restore.
+func (p *partition) committable() int64 {
+	next := p.next
+	for _, r := range p.restoring {
+		next = min(next, r.offset)
+	}
+	return next
+}
+
+// finishRestores applies every restore that has ended. The poll loop calls
+// it, holding a.mu, before the events of a new poll.
+func (a *aggregator) finishRestores() {
+	for _, p := range a.parts {
+		for _, r := range p.restoring {
+			select {
+			case <-r.done:
+				a.finishRestore(p, r)
+			default:
+			}
+		}
+	}
+}
+
+// awaitRestores waits for every restore of p and applies it. It reports
+// false when ctx ended first.
+func (a *aggregator) awaitRestores(ctx context.Context, p *partition) bool {
+	a.log.Warn("events waiting for restores from ClickHouse reached their bound; the partition waits for the restores", "partition", p.id, "parked", p.parked, "tenants", len(p.restoring))
+	for _, r := range p.restoring {
+		select {
+		case <-r.done:
+			a.finishRestore(p, r)
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
+}
+
+// finishRestore rebuilds r's tenant from the events its restore read, then
+// counts the tenant's parked events in order.
+func (a *aggregator) finishRestore(p *partition, r *pendingRestore) {
+	delete(p.restoring, r.tenant)
+	p.parked -= len(r.parked)
+	if r.err != nil {
+		// Only a cancelled restore gets here, and only dropRestores cancels:
+		// the parked events were never committed, the next owner reads them.
+		return
+	}
+	before := p.state.Stats
+	// Replaying from memory cannot fail.
+	_ = p.state.Restore(r.tenant, func(apply func(*schemas.UsageEvent, int64)) error {
+		for i := range r.events {
+			apply(&r.events[i].ev, r.events[i].offset)
+		}
+		return nil
+	})
+	a.m.restoreSeconds.Observe(time.Since(r.start).Seconds())
+	for i := range r.parked {
+		pe := &r.parked[i]
+		p.state.SetClock(pe.ref)
+		if res := a.count(p, &pe.ev, pe.partition, pe.offset, pe.ref); res == tally.Evicted {
+			// Restore made the tenant known; this cannot happen.
+			a.log.Error("a restored tenant is evicted again; event skipped, will be re-read after a restart", "partition", p.id, "tenant", r.tenant, "offset", pe.offset)
+		}
+	}
+	a.countStats(before, p.state.Stats)
+	if a.since.IsZero() && len(r.parked) > 0 {
+		a.since = time.Now()
+	}
+}
+
+// dropRestores abandons p's restores when p is revoked, lost or shut down.
+func (p *partition) dropRestores() {
+	if p.rcancel != nil {
+		p.rcancel()
+	}
+	p.restoring, p.parked = nil, 0
+}
+
+// setKick registers the cancel of the poll loop's current wait (nil: none).
+// A restore that ended before the wait began cuts it short at once.
+func (a *aggregator) setKick(cancel context.CancelFunc) {
+	a.kickMu.Lock()
+	a.kick = cancel
+	a.kickMu.Unlock()
+	if cancel == nil {
+		return
+	}
+	select {
+	case <-a.restored:
+		cancel()
+	default:
+	}
+}
+
+// kickPoll wakes the poll loop so that an ended restore is applied without
+// waiting for the next fetch or flush.
+func (a *aggregator) kickPoll() {
+	select {
+	case a.restored <- struct{}{}:
+	default:
+	}
+	a.kickMu.Lock()
+	if a.kick != nil {
+		a.kick()
+	}
+	a.kickMu.Unlock()
+}
