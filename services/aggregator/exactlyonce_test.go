@@ -265,6 +265,13 @@ func TestKillNineExactlyOnce(t *testing.T) {
 		done, end := committed(t, e)
 		return done == end
 	})
+	// The group may have caught up before this process started (the last
+	// kill can land after the last commit): wait until it handles SIGTERM,
+	// which it does before it logs that it consumes.
+	itest.Eventually(t, 60*time.Second, "the last aggregator to start", func() bool {
+		b, _ := os.ReadFile(logs.Name())
+		return strings.Count(string(b), `msg="aggregator consuming"`) == kills+1
+	})
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("graceful stop: %v", err)
