@@ -509,6 +509,7 @@ type call struct {
 	eventID   string // usage event id (the request id unless it was reused)
 	priority  schemas.Priority
 	class     priority.Class
+	deadline  time.Time // the caller's (priority.TimeoutHeader); zero: none
 	user      string
 	start     time.Time
 
@@ -627,6 +628,11 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.priority = c.class.Schema()
+	if c.deadline, err = priority.DeadlineOf(r.Header.Get(priority.TimeoutHeader), c.start); err != nil {
+		c.outcome = "bad_request"
+		writeError(rw, http.StatusBadRequest, "invalid_request_error", "invalid_timeout", err.Error()+".")
+		return
+	}
 	c.user = c.caller.User
 	if c.user == "" && len(c.req.User) <= schemas.MaxStringLen {
 		c.user = c.req.User

@@ -1,15 +1,23 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/gateway/priority"
 	"github.com/sluicehq/sluice/gateway/ratelimit"
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 )
@@ -86,5 +94,152 @@ func TestBreakerOpenFallsBackToTheCheaperModel(t *testing.T) {
 	}
 	if ev := g.sink.settlement(t, "nofallback"); ev.Outcome != schemas.OutcomeRejected || ev.Attributes["refused_by"] != "breaker_open" || ev.PromptTokens != 0 {
 		t.Errorf("settlement of the refused call: %+v", ev)
+	}
+}
+
+// TestCallerDeadlineRefusesAtOnce: with X-Sluice-Timeout-Ms the caller
+// gives its deadline. Upstream premium takes one call at a time and each
+// has taken about 300 ms, so while one is in flight a request that may
+// wait 50 ms is refused at once (503 deadline, the estimate in the body),
+// and one that may wait 1.5 s waits and is refused when its deadline
+// comes (503 expired) — not after the queue's own 60 s. A timeout that
+// is not a number of milliseconds is a 400 naming the header.
+func TestCallerDeadlineRefusesAtOnce(t *testing.T) {
+	var hold atomic.Bool
+	release, arrived := make(chan struct{}), make(chan struct{}, 1)
+	slow := mockllm.New(mockllm.Options{Capacity: 1, Latency: 300 * time.Millisecond})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hold.Load() {
+			arrived <- struct{}{}
+			<-release
+		}
+		slow.ServeHTTP(w, r)
+	}))
+	t.Cleanup(up.Close)
+	cfg := testConfig(t, Upstream{Name: "premium", BaseURL: up.URL + "/v1", Models: []string{"gpt-4o"}})
+	p, err := policy.Parse([]byte(`
+upstreams:
+  premium:
+    concurrency: {mode: fixed, limit: 1, max: 1}
+    queue: {max_wait: 60s}
+`), "deadline.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	guards := NewGuards(nil, "unused:", "test", nil, nil)
+	t.Cleanup(guards.Close)
+	if err := guards.Update(p); err != nil {
+		t.Fatal(err)
+	}
+	g := startGateway(t, cfg, Deps{Policy: func() *policy.Policy { return p }, Guards: guards})
+	t.Cleanup(func() { close(release) }) // before the gateway's server closes
+	const body = `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`
+	for i := range 2 { // the queue learns how long a call holds the slot
+		if resp, b := post(t, g.url, "/v1/chat/completions", "sk-acme", body); resp.StatusCode != http.StatusOK {
+			t.Fatalf("call %d: %d %s", i, resp.StatusCode, b)
+		}
+	}
+	if resp, b := post(t, g.url, "/v1/chat/completions", "sk-acme", body, priority.TimeoutHeader, "soon"); resp.StatusCode != http.StatusBadRequest ||
+		!strings.Contains(b, "invalid_timeout") || !strings.Contains(b, priority.TimeoutHeader) {
+		t.Fatalf("a timeout that is no number: %d %s, want 400 invalid_timeout naming the header", resp.StatusCode, b)
+	}
+
+	hold.Store(true)
+	first := make(chan int, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(authorized(g.url, body))
+		if err != nil {
+			first <- 0
+			return
+		}
+		resp.Body.Close()
+		first <- resp.StatusCode
+	}()
+	<-arrived // the slot is taken until release
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	refusal := func(timeout string) (int, priority.Refusal, string) {
+		req := authorized(g.url, body).WithContext(ctx)
+		req.Header.Set(priority.TimeoutHeader, timeout)
+		req.Header.Set("X-Request-Id", "deadline-"+timeout)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("timeout %s ms: %v (the gateway did not answer by the caller's deadline)", timeout, err)
+		}
+		defer resp.Body.Close()
+		var e struct {
+			Error struct {
+				Code   string
+				Sluice priority.Refusal
+			}
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		return resp.StatusCode, e.Error.Sluice, e.Error.Code
+	}
+	if code, r, c := refusal("50"); code != http.StatusServiceUnavailable || c != "deadline" || r.EstimatedWaitMS < 50 {
+		t.Fatalf("may wait 50 ms behind a 300 ms call: %d %s %+v; want 503 deadline at once with the estimate", code, c, r)
+	}
+	if code, r, c := refusal("1500"); code != http.StatusServiceUnavailable || c != "expired" || r.WaitedMS < 1000 {
+		t.Fatalf("may wait 1.5 s behind a held call: %d %s %+v; want 503 expired after 1.5 s", code, c, r)
+	}
+	if ev := g.sink.settlement(t, "deadline-50"); ev.Outcome != schemas.OutcomeRejected || ev.Attributes["refused_by"] != "deadline" {
+		t.Errorf("settlement of the refusal: %+v", ev)
+	}
+	release <- struct{}{}
+	if code := <-first; code != http.StatusOK {
+		t.Fatalf("the held call: %d", code)
+	}
+}
+
+// authorized is a chat request with acme's key.
+func authorized(url, body string) *http.Request {
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer sk-acme")
+	return req
+}
+
+// TestTokenShareSettledWithTheRealUsage: upstream premium's reserved
+// shares count tokens per minute (capacity 1,000, saturation 50%, low a
+// tenth, critical the rest) in Redis. A low call (the header lowers
+// acme) is estimated at its max_tokens of 400 and more, but the provider
+// bills 10: the gateway settles the share with the 10, so a second call
+// of the same estimate passes. Had the estimate stayed counted, the two
+// would make more than the 500 of the threshold and low, past its share,
+// would be refused (as the third call, estimated at 800 alone, is).
+func TestTokenShareSettledWithTheRealUsage(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"c","object":"chat.completion","model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":6,"completion_tokens":4,"total_tokens":10}}`)
+	}))
+	t.Cleanup(up.Close)
+	cfg := testConfig(t, Upstream{Name: "premium", BaseURL: up.URL + "/v1", Models: []string{"gpt-4o"}})
+	p, err := policy.Parse([]byte(`
+upstreams:
+  premium:
+    reserved: {unit: total_tokens, capacity: 1000, saturation: 0.5, shares: {critical: 0.9, low: 0.1}}
+`), "tokens.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redisconn.NewClient(itest.Redis(t), redisconn.ContextTimeouts())
+	t.Cleanup(func() { rdb.Close() })
+	guards := NewGuards(rdb, itest.Unique(t, "sluice_test_gwup:")+":", "test", nil, nil)
+	t.Cleanup(guards.Close)
+	if err := guards.Update(p); err != nil {
+		t.Fatal(err)
+	}
+	g := startGateway(t, cfg, Deps{Policy: func() *policy.Policy { return p }, Guards: guards})
+	chat := func(maxTokens int) (*http.Response, string) {
+		return post(t, g.url, "/v1/chat/completions", "sk-acme",
+			fmt.Sprintf(`{"model":"gpt-4o","max_tokens":%d,"messages":[{"role":"user","content":"hi"}]}`, maxTokens), priority.Header, "low")
+	}
+	for i := range 2 {
+		if resp, b := chat(400); resp.StatusCode != http.StatusOK {
+			t.Fatalf("low call %d estimated at 400+ tokens, billed 10: %d %s", i, resp.StatusCode, b)
+		}
+	}
+	if resp, b := chat(800); resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(b, "class_share") {
+		t.Fatalf("a low call estimated past the threshold: %d %s, want 503 class_share", resp.StatusCode, b)
 	}
 }

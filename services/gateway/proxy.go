@@ -94,7 +94,7 @@ models:
 		for i, u := range cands {
 			var p guard.Permit
 			if g := s.guards.Of(u.cfg.Name); g != nil {
-				gp, d := g.Acquire(r.Context(), guard.Request{Tenant: c.caller.Tenant, Class: c.class, Tokens: est.Prompt + est.Completion})
+				gp, d := g.Acquire(r.Context(), guard.Request{Tenant: c.caller.Tenant, Class: c.class, Deadline: c.deadline, Tokens: est.Prompt + est.Completion})
 				if !d.Admitted() {
 					refused, fallback = &d, d.Reason == priority.BreakerOpen || d.Reason == priority.Degraded
 					s.m.guardRefusals.WithLabelValues(u.cfg.Name, d.Reason.String()).Inc()
@@ -114,6 +114,7 @@ models:
 			resp, done, err = s.attempt(r.Context(), u, suffix, body, c.requestID, r.Header)
 			last := i == len(cands)-1
 			if err != nil {
+				p.Settle(0) // no answer: no tokens spent
 				p.Release(outcomeOf(0, err, r.Context().Err() != nil))
 				lastErr = err
 				u.failed(s.now())
@@ -128,6 +129,7 @@ models:
 			if retryable(resp.StatusCode) {
 				u.failed(s.now())
 				if !last {
+					p.Settle(0)
 					p.Release(concurrency.Failure)
 					s.m.failovers.WithLabelValues(u.cfg.Name).Inc()
 					_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
@@ -186,8 +188,11 @@ models:
 		return
 	}
 	defer func() {
-		// The call is over once its answer is relayed: its slot goes to the
-		// next request, its outcome to the limit and the breaker.
+		// The call is over once its answer is relayed: a token share counts
+		// what it used instead of its estimate, its slot goes to the next
+		// request, its outcome to the limit and the breaker.
+		u := c.settlement(status, est).Usage
+		permit.Settle(u.PromptTokens + u.CompletionTokens)
 		permit.Release(outcomeOf(status, outcomeErr(c.outcome), c.outcome == "cancelled"))
 	}()
 	defer done()
