@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -13,7 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/sluicehq/sluice/demo/mockllm"
+	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/gateway/priority"
 	"github.com/sluicehq/sluice/gateway/ratelimit"
 	"github.com/sluicehq/sluice/platform/itest"
@@ -241,5 +245,66 @@ upstreams:
 	}
 	if resp, b := chat(800); resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(b, "class_share") {
 		t.Fatalf("a low call estimated past the threshold: %d %s, want 503 class_share", resp.StatusCode, b)
+	}
+}
+
+// TestSoftQuotaFlagServesTheFallback: the enforcer flags acme soft on
+// gpt-4o (a soft monthly quota past its limit: allowed, the overage
+// billed). The gateway's Checker reads it from Redis; from then on
+// acme's gpt-4o calls are answered 200 by the policy's fallback,
+// gpt-4o-mini, named in X-Sluice-Served-Model, the settlement priced as
+// gpt-4o-mini with requested_model gpt-4o. Before the flag, gpt-4o served.
+func TestSoftQuotaFlagServesTheFallback(t *testing.T) {
+	cfg := testConfig(t, Upstream{Name: "mock", BaseURL: mock(t, mockllm.Options{}), Models: []string{"gpt-4o", "gpt-4o-mini"}})
+	p, err := policy.Parse([]byte("fallbacks:\n  gpt-4o: [gpt-4o-mini]\n"), "soft.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redisconn.NewClient(itest.Redis(t))
+	t.Cleanup(func() { rdb.Close() })
+	ccfg := checker.DefaultConfig()
+	ccfg.KeyPrefix = itest.Unique(t, "sluice_test_gwflags:") + ":"
+	ccfg.ResyncInterval = time.Second
+	chk, err := checker.New(rdb, ccfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	itest.Start(t, "checker", chk.Run)
+	g := startGateway(t, cfg, Deps{Checker: chk, Policy: func() *policy.Policy { return p }})
+	chat := func(id string) (*http.Response, string) {
+		return post(t, g.url, "/v1/chat/completions", "sk-acme", `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`, "X-Request-Id", id)
+	}
+	if resp, b := chat("before"); resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderServedModel) != "gpt-4o" {
+		t.Fatalf("before the soft flag: %d %s %v", resp.StatusCode, b, resp.Header)
+	}
+
+	layout := flags.Layout{Prefix: ccfg.KeyPrefix}
+	end := time.Now().Add(time.Hour)
+	f := &flags.Flag{State: flags.StateSoft, Kind: flags.KindQuota, Quota: "monthly_tokens", Period: "month",
+		Limit: 1000, Used: 1200, Until: end, ResetsAt: end}
+	ctx := context.Background()
+	if _, err := rdb.TxPipelined(ctx, func(pl redis.Pipeliner) error {
+		pl.HSet(ctx, layout.TenantKey("acme"), flags.VersionField, 1, "gpt-4o", flags.Encode(f))
+		pl.PExpire(ctx, layout.TenantKey("acme"), time.Hour)
+		pl.Set(ctx, layout.VersionKey(), 1, 0)
+		pl.Publish(ctx, layout.Channel(), flags.FormatChange("acme", 1))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Del(context.Background(), layout.TenantKey("acme"), layout.VersionKey()) })
+	itest.Eventually(t, 30*time.Second, "the Checker reads the soft flag", func() bool { return chk.Over("acme", "gpt-4o", "acme") != nil })
+	if d := chk.Check("acme", "gpt-4o", "acme"); !d.Allowed() {
+		t.Fatalf("a soft flag refused: %+v", d)
+	}
+	resp, b := chat("soft")
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderServedModel) != "gpt-4o-mini" {
+		t.Fatalf("past the soft quota: %d %s, served %q; want 200 from gpt-4o-mini", resp.StatusCode, b, resp.Header.Get(HeaderServedModel))
+	}
+	if ev := g.sink.settlement(t, "soft"); ev.Model != "gpt-4o-mini" || ev.RequestedModel != "gpt-4o" || ev.Outcome != schemas.OutcomeOK || ev.PromptTokens == 0 {
+		t.Errorf("settlement: %+v; want model gpt-4o-mini, requested_model gpt-4o", ev)
+	}
+	if chk.Over("acme", "gpt-4o-mini", "acme") != nil || chk.Over("trial", "gpt-4o", "mini-only") != nil {
+		t.Error("the soft flag on acme's gpt-4o applies to another model or tenant")
 	}
 }
