@@ -17,13 +17,22 @@ import (
 // reserves half, low a fifth, the rest (0.3) is common.
 func twoGatewayReserves(t *testing.T, unit ReserveUnit) (a, b *Reserve) {
 	t.Helper()
+	return reservesOf(t, ReserveConfig{Unit: unit, Capacity: 10, Saturation: 0.5,
+		Shares: map[priority.Class]float64{priority.Critical: 0.5, priority.Low: 0.2}})
+}
+
+// reservesOf returns the Reserves c describes (its prefix, upstream and
+// ids set here) in two gateway processes, each with a Redis client of
+// its own.
+func reservesOf(t *testing.T, c ReserveConfig) (a, b *Reserve) {
+	t.Helper()
 	rc := itest.Redis(t)
-	prefix := itest.Unique(t, "sluice:test:reserve:")
+	c.Prefix, c.Upstream = itest.Unique(t, "sluice:test:reserve:"), "acct"
 	mk := func(id string) *Reserve {
-		c := redis.NewClient(&redis.Options{Addr: rc.Addr, ContextTimeoutEnabled: true})
-		t.Cleanup(func() { c.Close() })
-		r, err := NewReserve(c, ReserveConfig{Prefix: prefix, Upstream: "acct", ID: id, Unit: unit, Capacity: 10, Saturation: 0.5,
-			Shares: map[priority.Class]float64{priority.Critical: 0.5, priority.Low: 0.2}})
+		cl := redis.NewClient(&redis.Options{Addr: rc.Addr, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { cl.Close() })
+		c.ID = id
+		r, err := NewReserve(cl, c)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -115,19 +124,8 @@ func TestReservedRequestSharesAndTheGuard(t *testing.T) {
 // again, low is refused. Settling a refused call's estimate (a Guard's
 // queue refusal) at zero gives all of it back.
 func TestTokenSharesSettleWithTheRealUsage(t *testing.T) {
-	rc := itest.Redis(t)
-	prefix := itest.Unique(t, "sluice:test:reserve:")
-	mk := func(id string) *Reserve {
-		c := redis.NewClient(&redis.Options{Addr: rc.Addr, ContextTimeoutEnabled: true})
-		t.Cleanup(func() { c.Close() })
-		r, err := NewReserve(c, ReserveConfig{Prefix: prefix, Upstream: "acct", ID: id, Unit: ReserveTokens, Capacity: 1000, Saturation: 0.5,
-			Shares: map[priority.Class]float64{priority.Critical: 0.9, priority.Low: 0.1}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
-	a, b := mk("gw-a"), mk("gw-b")
+	a, b := reservesOf(t, ReserveConfig{Unit: ReserveTokens, Capacity: 1000, Saturation: 0.5,
+		Shares: map[priority.Class]float64{priority.Critical: 0.9, priority.Low: 0.1}})
 	first, ok := a.Take(priority.Low, 400)
 	if !ok {
 		t.Fatal("400 low tokens below the threshold of 500 refused")
