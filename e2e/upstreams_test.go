@@ -8,8 +8,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
@@ -26,12 +28,17 @@ type classUpstream struct {
 
 	mu   sync.Mutex
 	held map[string]int
+
+	// Calls marked flaky-call fail (500): at once, or while holdFlaky is
+	// set once flakyRelease is closed.
+	holdFlaky    atomic.Bool
+	flakyRelease chan struct{}
 }
 
 func (u *classUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	mark := "?"
-	for _, m := range []string{"class-low", "class-critical", "class-normal", "pool-call"} {
+	for _, m := range []string{"class-low", "class-critical", "class-normal", "pool-call", "flaky-call"} {
 		if bytes.Contains(body, []byte(m)) {
 			mark = m
 		}
@@ -39,6 +46,16 @@ func (u *classUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	u.held[mark]++
 	u.mu.Unlock()
+	if mark == "flaky-call" {
+		if u.holdFlaky.Load() {
+			select {
+			case <-u.flakyRelease:
+			case <-r.Context().Done():
+			}
+		}
+		http.Error(w, `{"error":{"message":"upstream down","type":"server_error"}}`, http.StatusInternalServerError)
+		return
+	}
 	select {
 	case <-u.release:
 	case <-r.Context().Done():
@@ -121,6 +138,10 @@ func count(list []string, want string) int {
 //     to "pool", 3 through each gateway, and exactly 4 reach the
 //     provider; the other 2 wait in their gateway's queue and are
 //     refused when their wait runs out.
+//   - The upstream breaker of "flaky" (shared) opens after 10 failures
+//     in a row through gateway 1 and gateway 2 refuses too; half-open,
+//     the fleet sends 2 probes in all through both; their failure
+//     reopens it for twice the open time.
 func TestReservedSharesHoldAcrossTwoGatewayProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end suite: needs the real services")
@@ -138,16 +159,21 @@ upstreams:
     concurrency: {mode: fixed, limit: 20, max: 20}
     queue: {max_waiting: 20, max_wait: 30s}
     reserved: {unit: concurrency, capacity: 10, saturation: 0.5, shares: {critical: 0.5, low: 0.1}}
+  flaky:
+    shared: true
+    breaker: {consecutive_failures: 10, error_ratio: 0, open_for: 2s, max_open_for: 1m, probes: 2}
   pool:
     shared: true
     concurrency: {mode: fixed, limit: 4, max: 4}
     queue: {max_waiting: 20, max_wait: 1500ms}
 `
 	s := newStack(t, stackOptions{Policy: pol})
-	up := &classUpstream{mock: mockllm.New(mockllm.Options{}), release: make(chan struct{}), held: map[string]int{}}
+	up := &classUpstream{mock: mockllm.New(mockllm.Options{}), release: make(chan struct{}), held: map[string]int{}, flakyRelease: make(chan struct{})}
 	srv := httptest.NewServer(up)
-	var released sync.Once
+	var released, flakyReleased sync.Once
 	release := func() { released.Do(func() { close(up.release) }) }
+	releaseFlaky := func() { flakyReleased.Do(func() { close(up.flakyRelease) }) }
+	t.Cleanup(releaseFlaky)
 	ans := &answers{codes: map[string][]string{}}
 	t.Cleanup(func() { release(); ans.wg.Wait(); srv.Close() })
 
@@ -162,7 +188,8 @@ upstreams:
     upstreams:
       - {name: mock, base_url: "%s/v1", models: ["gpt-4o"]}
       - {name: pool, base_url: "%s/v1", models: ["gpt-4o-mini"]}
-`, filepath.Join(s.dir, "gateway-keys.yaml"), s.policyPath, srv.URL, srv.URL))
+      - {name: flaky, base_url: "%s/v1", models: ["o3-mini"]}
+`, filepath.Join(s.dir, "gateway-keys.yaml"), s.policyPath, srv.URL, srv.URL, srv.URL))
 	gws := [2]string{freeAddr(t), freeAddr(t)}
 	ps := [2]*proc{s.spawnAs("gateway-1", "gateway", "-services.gateway.listen="+gws[0]),
 		s.spawnAs("gateway-2", "gateway", "-services.gateway.listen="+gws[1])}
@@ -230,6 +257,66 @@ upstreams:
 			if code != http.StatusOK {
 				return fmt.Errorf("%s: %d %s", gw, code, body)
 			}
+		}
+		return nil
+	})
+
+	// The upstream breaker of flaky, shared: 10 failures in a row through
+	// gateway 1 open it for the fleet — gateway 2, which sent fewer than
+	// 10, refuses too —, and once half-open the fleet sends 2 probes in
+	// all, whichever gateway they come through; failing, they reopen it
+	// for twice the open time.
+	const flaky = `{"model":"o3-mini","messages":[{"role":"user","content":"flaky-call"}]}`
+	for i := range 10 {
+		if code, b := postJSON(t, "http://"+gws[0]+"/v1/chat/completions", "sk-plain", flaky); code != http.StatusInternalServerError {
+			t.Fatalf("failing call %d: %d %s", i, code, b)
+		}
+	}
+	itest.EventuallyNoError(t, waitTimeout, "gateway 2 refuses flaky with breaker_open", func() error {
+		code, b := postJSON(t, "http://"+gws[1]+"/v1/chat/completions", "sk-plain", flaky)
+		if code != http.StatusServiceUnavailable || !strings.Contains(b, "breaker_open") {
+			return fmt.Errorf("%d %s", code, b)
+		}
+		return nil
+	})
+	if n := up.heldOf("flaky-call"); n >= 20 {
+		t.Fatalf("the upstream saw %d calls: gateway 2 sent 10 of its own before it refused", n)
+	}
+	up.holdFlaky.Store(true)
+	arrived := up.heldOf("flaky-call")
+	sent := 0
+	itest.EventuallyNoError(t, waitTimeout, "the first probe admitted after the open time", func() error {
+		if up.heldOf("flaky-call") > arrived {
+			return nil
+		}
+		ans.send(t, gws[sent%2], "sk-plain", "o3-mini", "flaky-call")
+		sent++
+		return fmt.Errorf("%d calls sent, no probe yet", sent)
+	})
+	for i := range 6 {
+		ans.send(t, gws[i%2], "sk-plain", "o3-mini", "flaky-call")
+	}
+	sent += 6
+	itest.EventuallyNoError(t, waitTimeout, "every call after the open time answered or held", func() error {
+		if probes, answered := up.heldOf("flaky-call")-arrived, len(ans.of("flaky-call")); probes+answered < sent {
+			return fmt.Errorf("%d probes held, %d answered, %d sent", probes, answered, sent)
+		}
+		return nil
+	})
+	if probes, a := up.heldOf("flaky-call")-arrived, ans.of("flaky-call"); probes != 2 || count(a, "503 breaker_open") != len(a) {
+		t.Fatalf("half-open: %d probes reached the upstream, the others answered %v; want 2 probes for the fleet and breaker_open for the rest", probes, a)
+	}
+	releaseFlaky() // the probes fail
+	itest.EventuallyNoError(t, waitTimeout, "reopened for twice the open time", func() error {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+gws[1]+"/v1/chat/completions", strings.NewReader(flaky))
+		req.Header.Set("Authorization", "Bearer sk-plain")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if retry, _ := strconv.Atoi(resp.Header.Get("Retry-After")); resp.StatusCode != http.StatusServiceUnavailable || retry < 3 {
+			return fmt.Errorf("%d, Retry-After %q; want 503 with about 4 s", resp.StatusCode, resp.Header.Get("Retry-After"))
 		}
 		return nil
 	})
