@@ -39,6 +39,24 @@ fallbacks:
   gpt-4o: [gpt-4o-mini]
 `
 
+// guardedGateway runs a gateway with cfg that follows the policy yaml: its
+// tenants' classes, fallbacks and upstream guards, which count their
+// shared state on rdb (nil: in this process) under a prefix of the
+// test's own.
+func guardedGateway(t *testing.T, cfg Config, yaml string, rdb redis.UniversalClient) (*gw, *Guards) {
+	t.Helper()
+	p, err := policy.Parse([]byte(yaml), "policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	guards := NewGuards(rdb, itest.Unique(t, "sluice_test_gwup:")+":", "test", nil, nil)
+	t.Cleanup(guards.Close)
+	if err := guards.Update(p); err != nil {
+		t.Fatal(err)
+	}
+	return startGateway(t, cfg, Deps{Policy: func() *policy.Policy { return p }, Guards: guards}), guards
+}
+
 // TestBreakerOpenFallsBackToTheCheaperModel: the policy guards the
 // premium upstream of gpt-4o; three failures in a row open its breaker,
 // and from then on a gpt-4o request is served by the policy's fallback,
@@ -54,16 +72,7 @@ func TestBreakerOpenFallsBackToTheCheaperModel(t *testing.T) {
 	cfg := testConfig(t,
 		Upstream{Name: "premium", BaseURL: failing.URL + "/v1", Models: []string{"gpt-4o", "gpt-4.1"}},
 		Upstream{Name: "economy", BaseURL: mock(t, mockllm.Options{}), Models: []string{"gpt-4o-mini"}})
-	p, err := policy.Parse([]byte(guardPolicy), "guard.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	guards := NewGuards(nil, "unused:", "test", nil, nil)
-	t.Cleanup(guards.Close)
-	if err := guards.Update(p); err != nil {
-		t.Fatal(err)
-	}
-	g := startGateway(t, cfg, Deps{Policy: func() *policy.Policy { return p }, Guards: guards})
+	g, guards := guardedGateway(t, cfg, guardPolicy, nil)
 	chat := func(model, id string) (*http.Response, string) {
 		return post(t, g.url, "/v1/chat/completions", "sk-acme", `{"model":"`+model+`","messages":[{"role":"user","content":"hi"}]}`, "X-Request-Id", id)
 	}
@@ -121,21 +130,12 @@ func TestCallerDeadlineRefusesAtOnce(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 	cfg := testConfig(t, Upstream{Name: "premium", BaseURL: up.URL + "/v1", Models: []string{"gpt-4o"}})
-	p, err := policy.Parse([]byte(`
+	g, _ := guardedGateway(t, cfg, `
 upstreams:
   premium:
     concurrency: {mode: fixed, limit: 1, max: 1}
     queue: {max_wait: 60s}
-`), "deadline.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	guards := NewGuards(nil, "unused:", "test", nil, nil)
-	t.Cleanup(guards.Close)
-	if err := guards.Update(p); err != nil {
-		t.Fatal(err)
-	}
-	g := startGateway(t, cfg, Deps{Policy: func() *policy.Policy { return p }, Guards: guards})
+`, nil)
 	t.Cleanup(func() { close(release) }) // before the gateway's server closes
 	const body = `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`
 	for i := range 2 { // the queue learns how long a call holds the slot
@@ -218,22 +218,13 @@ func TestTokenShareSettledWithTheRealUsage(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 	cfg := testConfig(t, Upstream{Name: "premium", BaseURL: up.URL + "/v1", Models: []string{"gpt-4o"}})
-	p, err := policy.Parse([]byte(`
+	rdb := redisconn.NewClient(itest.Redis(t), redisconn.ContextTimeouts())
+	t.Cleanup(func() { rdb.Close() })
+	g, _ := guardedGateway(t, cfg, `
 upstreams:
   premium:
     reserved: {unit: total_tokens, capacity: 1000, saturation: 0.5, shares: {critical: 0.9, low: 0.1}}
-`), "tokens.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redisconn.NewClient(itest.Redis(t), redisconn.ContextTimeouts())
-	t.Cleanup(func() { rdb.Close() })
-	guards := NewGuards(rdb, itest.Unique(t, "sluice_test_gwup:")+":", "test", nil, nil)
-	t.Cleanup(guards.Close)
-	if err := guards.Update(p); err != nil {
-		t.Fatal(err)
-	}
-	g := startGateway(t, cfg, Deps{Policy: func() *policy.Policy { return p }, Guards: guards})
+`, rdb)
 	chat := func(maxTokens int) (*http.Response, string) {
 		return post(t, g.url, "/v1/chat/completions", "sk-acme",
 			fmt.Sprintf(`{"model":"gpt-4o","max_tokens":%d,"messages":[{"role":"user","content":"hi"}]}`, maxTokens), priority.Header, "low")
