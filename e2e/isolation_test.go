@@ -93,8 +93,9 @@ func TestTestsUseTheirOwnTopicsGroupsAndPrefixes(t *testing.T) {
 }
 
 // sharedDefault matches a configuration default that real deployments
-// share: a topic, a consumer group or the Redis flag prefix.
-var sharedDefault = regexp.MustCompile(`^(sluice\.[a-z]+\.v[0-9]+|sluice-[a-z]+|sluice:flags:)$`)
+// share: a topic, a consumer group, the Redis flag prefix or the shared
+// upstreams' prefix.
+var sharedDefault = regexp.MustCompile(`^(sluice\.[a-z]+\.v[0-9]+|sluice-[a-z]+|sluice:flags:|sluice:up:)$`)
 
 // TestStackOverridesEverySharedDefault: the services of an e2e stack (and
 // of the enforcement-lag benchmark) run with the defaults of every setting

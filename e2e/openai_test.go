@@ -107,11 +107,7 @@ func TestOfficialOpenAIClient(t *testing.T) {
     upstreams:
       - {name: mock, base_url: "%s/v1", models: ["gpt-4o", "gpt-4o-mini", "o3-mini", "text-embedding-3-small", "gpt-3.5-turbo-instruct", "probe-model"]}
 `, gwAddr, filepath.Join(s.dir, "gateway-keys.yaml"), s.prefix, s.ingestAddr, filepath.Join(s.dir, "ingest-key"), up.URL)
-	conf, err := os.ReadFile(filepath.Join(s.dir, "sluice.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeFileT(t, filepath.Join(s.dir, "sluice.yaml"), string(conf)+cfg)
+	s.appendConfig(cfg)
 	s.start("gateway")
 	// The refusal needs the gateway's Checker to have read the flag.
 	itest.EventuallyNoError(t, waitTimeout, "the gateway refuses py-capped", func() error {

@@ -227,6 +227,21 @@ func (s *stack) writePolicy(yaml string) {
 	}
 }
 
+// appendConfig adds yaml under the services: section of the stack's
+// configuration file (which every process reads): a gateway's section,
+// say, which needs lists the flags cannot give.
+func (s *stack) appendConfig(yaml string) {
+	s.t.Helper()
+	path := filepath.Join(s.dir, "sluice.yaml")
+	conf, err := os.ReadFile(path)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if err := os.WriteFile(path, append(conf, yaml...), 0o600); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
 // args are the flags every service process gets.
 func (s *stack) args(opsAddr string) []string {
 	a := []string{
@@ -273,12 +288,14 @@ func (s *stack) args(opsAddr string) []string {
 		"-services.gateway.checker.key_prefix=" + s.prefix,
 		"-services.gateway.usage.topic=" + s.topic,
 		"-services.gateway.admission.key_prefix=" + s.prefix + "adm:",
+		"-services.gateway.admission.upstream_key_prefix=" + s.prefix + "up:",
 		"-services.gateway.deferred.topic_prefix=" + s.topic + "_deferred",
 		"-services.gateway.deferred.group=" + s.topic + "_deferred",
 		"-services.gateway.deferred.key_prefix=" + s.prefix + "deferred:",
 		// Nor the forward-auth endpoint's.
 		"-services.authz.checker.key_prefix=" + s.prefix,
 		"-services.authz.admission.key_prefix=" + s.prefix + "adm:",
+		"-services.authz.admission.upstream_key_prefix=" + s.prefix + "up:",
 		"-services.console.key_prefix=" + s.prefix,
 		"-shutdown_grace=10s",
 	}

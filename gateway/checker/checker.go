@@ -157,7 +157,10 @@ type entry struct {
 	// sticky marks an operator's decision (manual breaker, blacklist): it
 	// stays in force past untilNS while the view is stale.
 	sticky bool
-	scope  string
+	// soft marks a flag that refuses nothing (flags.StateSoft): Check
+	// passes over it, Over reports it.
+	soft  bool
+	scope string
 	// probes is what a half-open breaker has left here; nil otherwise. A
 	// pointer, so that the view rebuilt by the next resync or refetch
 	// shares the counter with the one it replaces (see inheritProbes)
@@ -344,14 +347,14 @@ func (c *Checker) checkView(tv *tenantView, model, apiKeyID string, stale bool) 
 	n := 0
 	now := c.clock.Load()
 	if apiKeyID != "" && tv.keys != nil {
-		if e := tv.keys[apiKeyID]; e != nil && e.live(now, stale) {
+		if e := tv.keys[apiKeyID]; e != nil && !e.soft && e.live(now, stale) {
 			live[n] = e
 			n++
 		}
 	}
 	for i := range tv.models {
 		e := &tv.models[i]
-		if (e.scope == model || e.scope == flags.AllModels) && e.live(now, stale) && n < maxScopes {
+		if (e.scope == model || e.scope == flags.AllModels) && !e.soft && e.live(now, stale) && n < maxScopes {
 			live[n] = e
 			n++
 		}
@@ -382,6 +385,31 @@ func (c *Checker) checkView(tv *tenantView, model, apiKeyID string, stale bool) 
 		}
 	}
 	return Decision{Outcome: Probe, Flag: live[0].flag, Scope: live[0].scope, Stale: stale}
+}
+
+// Over returns the soft-quota flag (flags.StateSoft) that applies to a
+// request of tenant for model with API key apiKeyID — its key's, its
+// model's or the tenant-wide one —, nil when the tenant is over no soft
+// quota there. It refuses nothing: a gateway that has cheaper models for
+// the one asked (the policy's fallbacks) serves the request with one of
+// them. Like Check it reads memory only.
+func (c *Checker) Over(tenant, model, apiKeyID string) *flags.Flag {
+	h := c.hash(tenant)
+	tv := c.shards[shardIndex(h)].Load().get(h, tenant)
+	if tv == nil {
+		return nil
+	}
+	now, stale := c.clock.Load(), c.stale.Load()
+	if e := tv.keys[apiKeyID]; apiKeyID != "" && e != nil && e.soft && e.live(now, stale) {
+		return e.flag
+	}
+	for i := range tv.models {
+		e := &tv.models[i]
+		if (e.scope == model || e.scope == flags.AllModels) && e.soft && e.live(now, stale) {
+			return e.flag
+		}
+	}
+	return nil
 }
 
 // live reports whether e applies at now (unix ns). An expired flag means the
@@ -459,7 +487,8 @@ func (c *Checker) buildView(tenant string, fields map[string]string) *tenantView
 			untilNS = f.Until.UnixNano()
 		}
 		e := entry{flag: f, untilNS: untilNS, halfOpen: f.State == flags.StateHalfOpen,
-			sticky: f.Kind == flags.KindManual || f.Kind == flags.KindBlacklist || f.State == flags.StateBlacklist}
+			sticky: f.Kind == flags.KindManual || f.Kind == flags.KindBlacklist || f.State == flags.StateBlacklist,
+			soft:   f.State == flags.StateSoft}
 		if e.halfOpen {
 			e.probes = new(atomic.Int64)
 			e.probes.Store(int64(f.Probes))

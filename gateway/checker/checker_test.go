@@ -54,6 +54,35 @@ func TestCheckFindsModelTenantWideAndKeyFlags(t *testing.T) {
 	}
 }
 
+// TestSoftFlagRefusesNothingAndOverFindsIt: a soft flag (a soft quota
+// past its limit) never refuses, not even a half-open probe's turn, and
+// Over reports it for its scope until it expires; a refusing flag on
+// another matching scope still refuses.
+func TestSoftFlagRefusesNothingAndOverFindsIt(t *testing.T) {
+	c := newTestChecker(t)
+	until := time.Now().Add(time.Hour)
+	soft := &flags.Flag{State: flags.StateSoft, Kind: flags.KindQuota, Quota: "monthly_tokens", Period: "month", Until: until, Limit: 100, Used: 120, ResetsAt: until}
+	install(c, "acme", 1, map[string]*flags.Flag{flags.AllModels: soft,
+		"gpt-4o": {State: flags.StateThrottle, Kind: flags.KindRate, Quota: "tokens_per_minute", Until: until}})
+	install(c, "globex", 1, map[string]*flags.Flag{flags.KeyField("k1"): soft})
+	if d := c.Check("acme", "gpt-4o-mini", ""); !d.Allowed() || d.Outcome != Allowed || d.Flag != nil {
+		t.Fatalf("a soft flag refused or probed: %+v", d)
+	}
+	if f := c.Over("acme", "gpt-4o-mini", ""); f == nil || f.State != flags.StateSoft || f.Quota != "monthly_tokens" {
+		t.Fatalf("Over on the tenant-wide soft flag: %+v", f)
+	}
+	if d := c.Check("acme", "gpt-4o", ""); d.Allowed() || d.Flag.State != flags.StateThrottle {
+		t.Fatalf("the throttle beside a soft flag: %+v, want refused", d)
+	}
+	if c.Over("globex", "m", "k2") != nil || c.Over("globex", "m", "k1") == nil || c.Over("initech", "m", "k1") != nil {
+		t.Fatal("Over: a key's soft flag must apply to that key alone, and no flag to an unknown tenant")
+	}
+	c.clock.Store(until.UnixNano())
+	if c.Over("acme", "gpt-4o-mini", "") != nil {
+		t.Fatal("an expired soft flag still applies")
+	}
+}
+
 func TestExpiredFlagNoLongerApplies(t *testing.T) {
 	c := newTestChecker(t)
 	until := time.Now().Add(time.Hour)

@@ -121,6 +121,10 @@ const (
 	StateBlacklist State = "blacklist"
 	// StateThrottle: a rate window is exceeded; refuse until it moves on.
 	StateThrottle State = "throttle"
+	// StateSoft: a soft quota is exceeded. Not a refusal: the request
+	// goes through (the overage is billed), but a gateway with cheaper
+	// fallback models for the one asked serves it with one of them.
+	StateSoft State = "soft"
 )
 
 // Kind is the breaker that raised a flag.
@@ -235,9 +239,9 @@ func Decode(v string) (*Flag, error) {
 	f := &Flag{State: State(p[1]), Kind: Kind(p[2]), Quota: p[3], Period: p[4], Reason: p[11]}
 	var errs []error
 	switch f.State {
-	case StateOpen, StateHalfOpen, StateBlacklist, StateThrottle:
+	case StateOpen, StateHalfOpen, StateBlacklist, StateThrottle, StateSoft:
 	default:
-		errs = append(errs, fmt.Errorf("state: %q is not open, half_open, blacklist or throttle", p[1]))
+		errs = append(errs, fmt.Errorf("state: %q is not open, half_open, blacklist, throttle or soft", p[1]))
 	}
 	if !f.Kind.Valid() {
 		errs = append(errs, fmt.Errorf("kind: %q is unknown", p[2]))

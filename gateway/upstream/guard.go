@@ -240,6 +240,13 @@ type Permit struct {
 // probes.
 func (p Permit) Probe() bool { return p.probe }
 
+// Settle tells a reserved share counted in tokens (Reserved with
+// ReserveTokens) what the call used, in place of the estimate Acquire
+// took (Request.Tokens): 0 for an attempt that failed unbilled. Call it
+// at most once, before or after Release; without a token share it does
+// nothing.
+func (p Permit) Settle(usedTokens int64) { p.hold.Settle(usedTokens) }
+
 // Release ends the call: the slot goes to the next request, and the
 // outcome and latency reach the limit's algorithm, the queue's estimate
 // and the breaker. Releasing the zero Permit does nothing.
@@ -307,6 +314,7 @@ func (g *Guard) Acquire(ctx context.Context, r Request) (Permit, priority.Decisi
 			g.tenants.Release(r.Tenant)
 		}
 		hold.Release()
+		hold.Settle(0) // refused: none of its estimate is spent
 		g.breaker.Record(probe, 0, concurrency.Ignored)
 		return Permit{}, d
 	}

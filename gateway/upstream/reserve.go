@@ -23,7 +23,8 @@ const (
 	ReserveConcurrency ReserveUnit = iota + 1
 	// ReserveRequests counts requests per minute.
 	ReserveRequests
-	// ReserveTokens counts estimated tokens per minute.
+	// ReserveTokens counts tokens per minute: the estimate when a request
+	// is admitted, corrected to what it used when its Hold is settled.
 	ReserveTokens
 )
 
@@ -207,9 +208,20 @@ local n = redis.call('HINCRBY', KEYS[1], ARGV[1], -tonumber(ARGV[2]))
 if n <= 0 then redis.call('HDEL', KEYS[1], ARGV[1]) end
 return n`)
 
+// settleReserveScript corrects the use of field ARGV[1] by ARGV[2] (the
+// real tokens less the estimate) while the field is still in the window;
+// a field gone from it needs no correction. The count never goes below
+// zero.
+var settleReserveScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+local n = redis.call('HINCRBY', KEYS[1], ARGV[1], tonumber(ARGV[2]))
+if n <= 0 then redis.call('HDEL', KEYS[1], ARGV[1]) end
+return n`)
+
 // Hold is what an admitted request holds of a Reserve; Release it when
 // the call ends (it gives concurrency back; a rate's use stays counted
-// for its minute). The zero Hold does nothing.
+// for its minute), and Settle a token hold with what the call used. The
+// zero Hold does nothing.
 type Hold struct {
 	r     *Reserve
 	field string
@@ -243,8 +255,8 @@ func (r *Reserve) Take(c priority.Class, n int64) (h Hold, ok bool) {
 		return Hold{}, false
 	}
 	field, _ := res[3].(string)
-	if r.unit != ReserveConcurrency {
-		return Hold{}, true // a rate's use stays counted for its minute
+	if r.unit == ReserveRequests {
+		return Hold{}, true // a request stays counted for its minute
 	}
 	return Hold{r: r, field: field, n: n}, true
 }
@@ -263,9 +275,9 @@ func (r *Reserve) fail(err error) {
 	}
 }
 
-// Release gives a concurrency hold back.
+// Release gives a concurrency hold back; other holds stay counted.
 func (h Hold) Release() {
-	if h.r == nil {
+	if h.r == nil || h.r.unit != ReserveConcurrency {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), h.r.timeout)
@@ -274,6 +286,25 @@ func (h Hold) Release() {
 		// The lease drops the count if this process dies; while it lives
 		// the count stays too high until the lease lapses unrenewed.
 		h.r.fail(fmt.Errorf("upstream: reserved shares release of %s: %w", h.r.key, err))
+	}
+}
+
+// Settle corrects a token hold from the estimate it took to the tokens
+// the call used (0 for a call that failed before any was billed), so that
+// the class's and the fleet's use for the minute count what was spent:
+// an estimate above the real use gives the difference back, one below it
+// adds the rest. Call it at most once per Hold; it does nothing for the
+// other units, or once the hold's second has left the one-minute window.
+// With Redis unreachable the estimate stays counted (and the error
+// counted).
+func (h Hold) Settle(used int64) {
+	if h.r == nil || h.r.unit != ReserveTokens || used == h.n {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), h.r.timeout)
+	defer cancel()
+	if err := settleReserveScript.Run(ctx, h.r.rdb, []string{h.r.key}, h.field, max(used, 0)-h.n).Err(); err != nil {
+		h.r.fail(fmt.Errorf("upstream: reserved shares settlement of %s: %w", h.r.key, err))
 	}
 }
 

@@ -17,13 +17,22 @@ import (
 // reserves half, low a fifth, the rest (0.3) is common.
 func twoGatewayReserves(t *testing.T, unit ReserveUnit) (a, b *Reserve) {
 	t.Helper()
+	return reservesOf(t, ReserveConfig{Unit: unit, Capacity: 10, Saturation: 0.5,
+		Shares: map[priority.Class]float64{priority.Critical: 0.5, priority.Low: 0.2}})
+}
+
+// reservesOf returns the Reserves c describes (its prefix, upstream and
+// ids set here) in two gateway processes, each with a Redis client of
+// its own.
+func reservesOf(t *testing.T, c ReserveConfig) (a, b *Reserve) {
+	t.Helper()
 	rc := itest.Redis(t)
-	prefix := itest.Unique(t, "sluice:test:reserve:")
+	c.Prefix, c.Upstream = itest.Unique(t, "sluice:test:reserve:"), "acct"
 	mk := func(id string) *Reserve {
-		c := redis.NewClient(&redis.Options{Addr: rc.Addr, ContextTimeoutEnabled: true})
-		t.Cleanup(func() { c.Close() })
-		r, err := NewReserve(c, ReserveConfig{Prefix: prefix, Upstream: "acct", ID: id, Unit: unit, Capacity: 10, Saturation: 0.5,
-			Shares: map[priority.Class]float64{priority.Critical: 0.5, priority.Low: 0.2}})
+		cl := redis.NewClient(&redis.Options{Addr: rc.Addr, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { cl.Close() })
+		c.ID = id
+		r, err := NewReserve(cl, c)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,4 +113,44 @@ func TestReservedRequestSharesAndTheGuard(t *testing.T) {
 		t.Fatalf("critical within its share: %+v", d)
 	}
 	p.Release(concurrency.Success)
+}
+
+// TestTokenSharesSettleWithTheRealUsage: tokens per minute, capacity
+// 1,000, saturation 50%, low reserves a tenth and critical the rest. A low
+// call estimated at 400 tokens fills most of the threshold, so a second
+// low call of 200 is refused; once the first settles at the 50 tokens it
+// really used, the same call passes — through the other gateway. A call
+// that used more than its estimate adds the rest: past the threshold
+// again, low is refused. Settling a refused call's estimate (a Guard's
+// queue refusal) at zero gives all of it back.
+func TestTokenSharesSettleWithTheRealUsage(t *testing.T) {
+	a, b := reservesOf(t, ReserveConfig{Unit: ReserveTokens, Capacity: 1000, Saturation: 0.5,
+		Shares: map[priority.Class]float64{priority.Critical: 0.9, priority.Low: 0.1}})
+	first, ok := a.Take(priority.Low, 400)
+	if !ok {
+		t.Fatal("400 low tokens below the threshold of 500 refused")
+	}
+	if _, ok := b.Take(priority.Low, 200); ok {
+		t.Fatal("600 low tokens admitted past the threshold: low's share is 100 and nothing is common")
+	}
+	first.Settle(50)
+	second, ok := b.Take(priority.Low, 200)
+	if !ok {
+		t.Fatal("200 low tokens refused after the 400 estimate settled at 50 (250 of 500 used)")
+	}
+	second.Settle(440) // 50 + 440 = 490
+	if _, ok := a.Take(priority.Low, 20); ok {
+		t.Fatal("low admitted at 510 tokens past the threshold after a call settled above its estimate")
+	}
+	third, ok := a.Take(priority.Low, 5)
+	if !ok {
+		t.Fatal("5 low tokens refused at 490 of 500")
+	}
+	third.Settle(0) // refused further on: nothing spent
+	if _, ok := b.Take(priority.Low, 10); !ok {
+		t.Fatal("10 low tokens refused at 490 of 500 once a 5-token hold settled at zero")
+	}
+	if a.RedisErrors()+b.RedisErrors() != 0 {
+		t.Errorf("Redis errors: %d, %d", a.RedisErrors(), b.RedisErrors())
+	}
 }

@@ -52,6 +52,7 @@ import (
 	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/gateway/emitter"
 	"github.com/sluicehq/sluice/gateway/estimate"
+	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/gateway/middleware"
 	"github.com/sluicehq/sluice/gateway/priority"
 	"github.com/sluicehq/sluice/gateway/ratelimit"
@@ -339,9 +340,12 @@ type Server struct {
 	policy func() *policy.Policy // nil: no policy
 	guards *Guards               // nil: no upstream is guarded
 	soft   Admitter              // nil: soft quotas are not checked on the request path
-	m      *metrics
-	api    http.Handler // auth, then the middleware, then the proxy
-	mux    *http.ServeMux
+	// over finds the tenant's soft-quota flag (checker.Checker.Over); nil
+	// without a Checker that has one.
+	over func(tenant, model, apiKeyID string) *flags.Flag
+	m    *metrics
+	api  http.Handler // auth, then the middleware, then the proxy
+	mux  *http.ServeMux
 
 	idsMu sync.Mutex
 	ids   *fifo.Set[string]
@@ -370,6 +374,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s.hardStop, s.stopAll = context.WithCancel(context.Background())
 	if v, ok := deps.Checker.(flagView); ok {
 		s.m.view = v
+	}
+	if o, ok := deps.Checker.(softFlags); ok {
+		s.over = o.Over
 	}
 	if deps.Metrics != nil {
 		if err := s.m.register(deps.Metrics); err != nil {
@@ -509,6 +516,7 @@ type call struct {
 	eventID   string // usage event id (the request id unless it was reused)
 	priority  schemas.Priority
 	class     priority.Class
+	deadline  time.Time // the caller's (priority.TimeoutHeader); zero: none
 	user      string
 	start     time.Time
 
@@ -627,6 +635,11 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.priority = c.class.Schema()
+	if c.deadline, err = priority.DeadlineOf(r.Header.Get(priority.TimeoutHeader), c.start); err != nil {
+		c.outcome = "bad_request"
+		writeError(rw, http.StatusBadRequest, "invalid_request_error", "invalid_timeout", err.Error()+".")
+		return
+	}
 	c.user = c.caller.User
 	if c.user == "" && len(c.req.User) <= schemas.MaxStringLen {
 		c.user = c.req.User

@@ -89,7 +89,7 @@ func newMetrics() *metrics {
 		}, []string{"model", "served"}),
 		softOver: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_gateway_soft_limit_fallbacks_total",
-			Help: "Requests of tenants past a soft per-minute quota, sent to the fallback model first.",
+			Help: "Requests of tenants past a soft quota (a period quota or budget through the enforcer's soft flag, a per-minute one checked here), sent to the fallback model first.",
 		}),
 	}
 	for _, s := range []string{"reported", "counted", "none"} {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice/gateway/concurrency"
 	"github.com/sluicehq/sluice/gateway/estimate"
+	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/gateway/middleware"
 	"github.com/sluicehq/sluice/gateway/priority"
 	"github.com/sluicehq/sluice/gateway/ratelimit"
@@ -94,7 +95,7 @@ models:
 		for i, u := range cands {
 			var p guard.Permit
 			if g := s.guards.Of(u.cfg.Name); g != nil {
-				gp, d := g.Acquire(r.Context(), guard.Request{Tenant: c.caller.Tenant, Class: c.class, Tokens: est.Prompt + est.Completion})
+				gp, d := g.Acquire(r.Context(), guard.Request{Tenant: c.caller.Tenant, Class: c.class, Deadline: c.deadline, Tokens: est.Prompt + est.Completion})
 				if !d.Admitted() {
 					refused, fallback = &d, d.Reason == priority.BreakerOpen || d.Reason == priority.Degraded
 					s.m.guardRefusals.WithLabelValues(u.cfg.Name, d.Reason.String()).Inc()
@@ -114,6 +115,7 @@ models:
 			resp, done, err = s.attempt(r.Context(), u, suffix, body, c.requestID, r.Header)
 			last := i == len(cands)-1
 			if err != nil {
+				p.Settle(0) // no answer: no tokens spent
 				p.Release(outcomeOf(0, err, r.Context().Err() != nil))
 				lastErr = err
 				u.failed(s.now())
@@ -128,6 +130,7 @@ models:
 			if retryable(resp.StatusCode) {
 				u.failed(s.now())
 				if !last {
+					p.Settle(0)
 					p.Release(concurrency.Failure)
 					s.m.failovers.WithLabelValues(u.cfg.Name).Inc()
 					_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
@@ -186,8 +189,11 @@ models:
 		return
 	}
 	defer func() {
-		// The call is over once its answer is relayed: its slot goes to the
-		// next request, its outcome to the limit and the breaker.
+		// The call is over once its answer is relayed: a token share counts
+		// what it used instead of its estimate, its slot goes to the next
+		// request, its outcome to the limit and the breaker.
+		u := c.settlement(status, est).Usage
+		permit.Settle(u.PromptTokens + u.CompletionTokens)
 		permit.Release(outcomeOf(status, outcomeErr(c.outcome), c.outcome == "cancelled"))
 	}()
 	defer done()
@@ -292,9 +298,11 @@ func (c *call) settlement(status int, est estimate.Estimate) Settlement {
 
 // modelsFor lists the models that may serve c, in order: the one asked
 // for, then the cheaper fallbacks the policy names for it that the key
-// may use. A tenant past a soft tokens_per_minute or requests_per_minute
-// quota (checked by the soft Admitter, when there is one) skips the model
-// asked for when it has a fallback. settle, when not nil, must be called
+// may use. A tenant past a soft quota skips the model asked for when it
+// has a fallback: a period quota or budget through the enforcer's soft
+// flag (flags.StateSoft, read from the Checker's memory), a
+// tokens_per_minute or requests_per_minute quota through the soft
+// Admitter, when there is one. settle, when not nil, must be called
 // with the call's settlement.
 func (s *Server) modelsFor(ctx context.Context, c *call, est estimate.Estimate, estOK bool) (models []string, settle func(Settlement)) {
 	models = []string{c.req.Model}
@@ -306,7 +314,16 @@ func (s *Server) modelsFor(ctx context.Context, c *call, est estimate.Estimate, 
 			models = append(models, m)
 		}
 	}
-	if len(models) == 1 || s.soft == nil {
+	if len(models) == 1 {
+		return models, nil
+	}
+	if s.over != nil && s.over(c.caller.Tenant, c.req.Model, c.caller.KeyID) != nil {
+		// Past a soft hourly, daily, monthly or budget quota (the
+		// enforcer's soft flag): the cheaper model serves it.
+		s.m.softOver.Inc()
+		return models[1:], nil
+	}
+	if s.soft == nil {
 		return models, nil
 	}
 	adm := s.soft.Admit(ctx, AdmitRequest{Tenant: c.caller.Tenant, Model: c.req.Model, User: c.user,
@@ -317,6 +334,12 @@ func (s *Server) modelsFor(ctx context.Context, c *call, est estimate.Estimate, 
 		return models[1:], nil
 	}
 	return models, adm.Settle
+}
+
+// softFlags is the part of the Checker (checker.Checker.Over) that finds
+// a tenant's soft-quota flag.
+type softFlags interface {
+	Over(tenant, model, apiKeyID string) *flags.Flag
 }
 
 // HeaderServedModel names, on every answer an upstream gave, the model

@@ -169,13 +169,14 @@ class Checker:
             return FlagDecision(stale=stale)
         now_ms = int(time.time() * 1000)
         live: list[_Entry] = []
+        # A soft flag (a soft quota past its limit) refuses nothing.
         if api_key_id:
             e = v.keys.get(api_key_id)
-            if e is not None and e.live(now_ms, stale):
+            if e is not None and e.flag.state != "soft" and e.live(now_ms, stale):
                 live.append(e)
         for scope in (model, fl.ALL_MODELS):
             e = v.models.get(scope)
-            if e is not None and e.live(now_ms, stale) and e not in live:
+            if e is not None and e.flag.state != "soft" and e.live(now_ms, stale) and e not in live:
                 live.append(e)
         if not live:
             return FlagDecision(stale=stale)

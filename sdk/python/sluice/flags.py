@@ -16,7 +16,7 @@ ALL_MODELS = "*"
 HEARTBEAT_TENANT = "@heartbeat"
 FAILMODE_TENANT = "@failmode"
 
-STATES = ("open", "half_open", "blacklist", "throttle")
+STATES = ("open", "half_open", "blacklist", "throttle", "soft")  # soft refuses nothing (docs/flags.md)
 KINDS = ("quota", "rate", "error_ratio", "slow_call", "manual", "blacklist")
 
 
@@ -101,7 +101,7 @@ def decode(v: str) -> Flag:
         raise FlagError(f'flag value format "{p[0]}" is not "1"')
     errs = []
     if p[1] not in STATES:
-        errs.append(f'state: "{p[1]}" is not open, half_open, blacklist or throttle')
+        errs.append(f'state: "{p[1]}" is not open, half_open, blacklist, throttle or soft')
     if p[2] not in KINDS:
         errs.append(f'kind: "{p[2]}" is unknown')
 

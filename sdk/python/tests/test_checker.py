@@ -64,6 +64,17 @@ def test_a_quota_flag_refuses_and_is_answered_as_the_go_middleware_does(rdb: red
     eventually("the flag lifted", lambda: c.check("acme", "gpt-4o").allowed)
 
 
+def test_a_soft_flag_refuses_nothing(rdb: redis.Redis, started) -> None:  # type: ignore[no-untyped-def]
+    c, layout = started
+    now_ms = int(time.time() * 1000)
+    soft = fl.Flag("soft", "quota", "monthly_tokens", "month", until_ms=now_ms + 60_000, limit=1000, used=1200, resets_at_ms=now_ms + 60_000)
+    write(rdb, layout, "acme", 1, {"*": soft, "gpt-4o": fl.Flag("throttle", "rate", "tokens_per_minute", until_ms=now_ms + 60_000)})
+    eventually("the flags seen", lambda: c.tenants() == 1)
+    d = c.check("acme", "gpt-4o-mini", "key-1")
+    assert d.allowed and d.outcome != PROBE and d.flag is None
+    assert not c.check("acme", "gpt-4o").allowed, "a refusing flag beside a soft one still refuses"
+
+
 def test_half_open_lets_its_probes_through_once_across_resyncs(rdb: redis.Redis, started) -> None:  # type: ignore[no-untyped-def]
     c, layout = started
     f = fl.Flag("half_open", "error_ratio", until_ms=int(time.time() * 1000) + 60_000, probes=2)

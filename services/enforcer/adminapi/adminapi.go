@@ -146,7 +146,8 @@ type Breaker struct {
 	// Quota distinguishes the quota breakers of one scope; empty for other
 	// kinds.
 	Quota string `json:"quota,omitempty"`
-	// State is open, half_open, throttle or blacklist.
+	// State is open, half_open, throttle, blacklist or soft (a soft quota
+	// exceeded: nothing refused, fallback models serve).
 	State flags.State `json:"state"`
 	// Reason says why the breaker opened, for humans.
 	Reason string `json:"reason"`

@@ -83,7 +83,7 @@ type Flag struct {
 	// the flag is on one API key (APIKeyID).
 	Model    string `json:"model,omitempty"`
 	APIKeyID string `json:"api_key_id,omitempty"`
-	// State is open, half_open, throttle or blacklist; Kind the breaker
+	// State is open, half_open, throttle, blacklist or soft; Kind the breaker
 	// that raised it (quota, rate, error_ratio, slow_call, manual,
 	// blacklist); Quota the quota hit, for quota and rate flags.
 	State flags.State `json:"state"`

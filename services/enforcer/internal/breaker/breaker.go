@@ -206,12 +206,22 @@ func modeOf(s *schemas.Signal, tp *policy.Tenant) policy.Mode {
 }
 
 func (t *Table) quotaExhausted(s *schemas.Signal, tp *policy.Tenant, now time.Time) Result {
-	if modeOf(s, tp) == policy.Soft {
-		t.overage++
-		return Result{SoftOverage: true, Note: "soft quota " + string(s.Quota) + " exceeded: overage recorded, not blocked"}
-	}
 	if !s.PeriodEnd.IsZero() && !now.Before(s.PeriodEnd) {
 		return Result{Note: "quota signal for a period already over"}
+	}
+	if modeOf(s, tp) == policy.Soft {
+		// Not blocked: a soft flag, which gateways with fallback models
+		// read as "serve a cheaper one", until the period ends.
+		t.overage++
+		k := Key{Tenant: s.Tenant, Scope: s.Model, Kind: flags.KindQuota, Quota: string(s.Quota)}
+		until := s.PeriodEnd
+		if until.IsZero() {
+			until = now.Add(time.Hour)
+		}
+		t.put(&Breaker{Key: k, State: flags.StateSoft, Until: until, OpenedAt: now, Period: string(s.Period),
+			Limit: s.Limit, Used: s.Used, ResetsAt: s.PeriodEnd,
+			Reason: fmt.Sprintf("soft %s quota exceeded: %s of %s %s used (allowed, overage billed)", s.Quota, fmtNum(s.Used), fmtNum(s.Limit), unitOf(s))})
+		return Result{SoftOverage: true, Changed: []string{s.Tenant}, Note: "soft quota " + string(s.Quota) + " exceeded: overage recorded, not blocked; soft flag written"}
 	}
 	if o := t.overrides[overrideKey{s.Tenant, s.Model, string(s.Quota)}]; o != nil && now.Before(o.Until) && s.Used < o.Limit {
 		return Result{Note: "quota raised by an override; not blocking"}
@@ -621,8 +631,11 @@ func (t *Table) Overage() float64 {
 func severity(b *Breaker) int {
 	s := map[flags.Kind]int{flags.KindBlacklist: 60, flags.KindManual: 50, flags.KindQuota: 40,
 		flags.KindRate: 30, flags.KindErrorRatio: 20, flags.KindSlowCall: 10}[b.Kind]
-	if b.State == flags.StateHalfOpen {
+	switch b.State {
+	case flags.StateHalfOpen:
 		s -= 5
+	case flags.StateSoft:
+		return 0 // refuses nothing: any refusal on the scope wins
 	}
 	return s
 }

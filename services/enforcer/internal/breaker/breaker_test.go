@@ -79,12 +79,32 @@ func TestPeriodResetAndTierDownClose(t *testing.T) {
 	}
 }
 
+// TestSoftQuotaRecordsOverageAndNeverBlocks: a soft quota past its limit
+// is recorded as overage and flagged soft — a state that refuses nothing
+// and tells gateways to serve a fallback model — until its period ends
+// (or resets); a refusing flag on the same scope wins over it.
 func TestSoftQuotaRecordsOverageAndNeverBlocks(t *testing.T) {
 	p := testPolicy(t)
 	tb := NewTable()
-	res := tb.Apply(exhausted("gpt-4o", schemas.QuotaMonthlyTokens, t0.Add(time.Hour)), p.Tenant("acme"), t0)
-	if !res.SoftOverage || len(res.Changed) != 0 || len(tb.Breakers("")) != 0 || tb.Overage() != 1 {
+	end := t0.Add(time.Hour)
+	res := tb.Apply(exhausted("gpt-4o", schemas.QuotaMonthlyTokens, end), p.Tenant("acme"), t0)
+	if !res.SoftOverage || len(res.Changed) != 1 || tb.Overage() != 1 {
 		t.Fatalf("soft quota: %+v breakers=%v", res, tb.Breakers(""))
+	}
+	f := tb.Flags("acme", t0, 2*time.Hour)["gpt-4o"]
+	if f == nil || f.State != flags.StateSoft || f.Kind != flags.KindQuota || !f.ResetsAt.Equal(end) || f.Quota != string(schemas.QuotaMonthlyTokens) {
+		t.Fatalf("soft quota's flag: %+v, want state soft until the period ends", f)
+	}
+	tb.Apply(&schemas.Signal{Kind: schemas.SignalRateExceeded, Time: t0, Tenant: "acme", Model: "gpt-4o", Quota: schemas.QuotaTokensPerMinute,
+		Period: schemas.PeriodMinute, PeriodEnd: t0.Add(40 * time.Second), Used: 150, Limit: 100, Mode: schemas.ModeHard}, p.Tenant("acme"), t0)
+	if f := tb.Flags("acme", t0, time.Minute)["gpt-4o"]; f == nil || f.State != flags.StateThrottle {
+		t.Fatalf("a hard rate refusal on the soft flag's scope: %+v, want the throttle written", f)
+	}
+	tb.Apply(&schemas.Signal{Kind: schemas.SignalPeriodReset, Tenant: "acme", Model: "gpt-4o", Quota: schemas.QuotaMonthlyTokens}, p.Tenant("acme"), t0)
+	for _, b := range tb.Breakers("acme") {
+		if b.State == flags.StateSoft {
+			t.Fatalf("period_reset left the soft flag: %+v", b)
+		}
 	}
 }
 
