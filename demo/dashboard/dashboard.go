@@ -82,13 +82,20 @@ type Source interface {
 }
 
 // Run redraws every interval until ctx ends. On a terminal it repaints the
-// screen; otherwise it writes a block of log lines every logEvery.
+// screen; otherwise it writes a block of log lines every logEvery. A
+// source that is a Noter has its notes printed under the table on a
+// terminal, and each once, when reached, otherwise.
 func Run(ctx context.Context, w io.Writer, src Source, tty bool, interval, logEvery time.Duration, now func() time.Time) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	var lastLog time.Time
+	printed := 0 // notes already written, in plain mode
 	for {
 		rows, err := src.Rows(ctx)
+		var notes []string
+		if n, ok := src.(Noter); ok {
+			notes = n.Notes()
+		}
 		switch {
 		case err != nil && ctx.Err() == nil:
 			fmt.Fprintf(w, "dashboard: %v\n", err)
@@ -96,10 +103,20 @@ func Run(ctx context.Context, w io.Writer, src Source, tty bool, interval, logEv
 			fmt.Fprint(w, "\033[H\033[2J")
 			Render(w, rows, now())
 			renderUpstreams(w, src)
+			for _, n := range notes {
+				fmt.Fprintln(w, n)
+			}
 		case now().Sub(lastLog) >= logEvery:
 			Render(w, rows, now())
 			renderUpstreams(w, src)
 			lastLog = now()
+		}
+		// In plain mode a note is written once, as soon as it is reached,
+		// not at the next block.
+		if !tty {
+			for ; printed < len(notes); printed++ {
+				fmt.Fprintln(w, notes[printed])
+			}
 		}
 		select {
 		case <-ctx.Done():
