@@ -18,7 +18,7 @@ import (
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/redisconn"
-	"github.com/sluicehq/sluice/services/internal/quotastatus"
+	"github.com/sluicehq/sluice/services/quotastatus"
 )
 
 // TestUsageAnswersFromClickHouseAndRedis stores a tenant's quota state the

@@ -4,11 +4,13 @@
 // current rate and the predicted exhaustion, plus the enforcement flags
 // gateways see for it and how many of its calls were refused lately.
 //
-// Two readers with different audiences use it: the operators' web console
-// (services/console) and the tenants' usage API, GET /v1/usage, on
-// `sluice gateway` and on ingest (services/internal/usageapi). Both call
-// Service.Tenant, so what a tenant's developers read from the API is what
-// an operator sees on the tenant's page, by construction.
+// Readers with different audiences use it: the operators' web console
+// (services/console), `sluicectl predictions` (cmd/sluicectl) and the
+// tenants' usage API, GET /v1/usage, on `sluice gateway` and on ingest
+// (services/internal/usageapi). All call Service.Tenant or Overview, so
+// what a tenant's developers read from the API is what an operator sees on
+// the tenant's page and in the terminal, by construction. (It lives outside
+// services/internal so that sluicectl can import it.)
 //
 // The Service merges three sources behind two ports, so that tests and
 // other deployments can give their own:

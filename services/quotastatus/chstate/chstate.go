@@ -18,7 +18,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/internal/quotastatus"
+	"github.com/sluicehq/sluice/services/quotastatus"
 )
 
 // Store reads from one ClickHouse database. It is safe for concurrent use.
