@@ -30,12 +30,13 @@ func TestComposeFileIsComplete(t *testing.T) {
 			Environment map[string]string `yaml:"environment"`
 			Restart     string            `yaml:"restart"`
 			Ports       []string          `yaml:"ports"`
+			Command     []string          `yaml:"command"`
 		} `yaml:"services"`
 	}
 	if err := yaml.Unmarshal(data, &f); err != nil {
 		t.Fatalf("docker-compose.yml does not parse: %v", err)
 	}
-	for _, want := range []string{"kafka", "clickhouse", "redis", "alertmanager", "prometheus", "grafana", "sluice", "sluice-migrate"} {
+	for _, want := range []string{"kafka", "clickhouse", "redis", "alertmanager", "prometheus", "grafana", "sluice", "sluice-migrate", "sluice-console"} {
 		s, ok := f.Services[want]
 		if !ok {
 			t.Errorf("service %s missing", want)
@@ -63,16 +64,22 @@ func TestComposeFileIsComplete(t *testing.T) {
 			t.Errorf("sluice does not wait for %s", dep)
 		}
 	}
-	// Every variable must load into the real configuration.
-	env := f.Services["sluice"].Environment
+	// Every variable of every sluice container must load into the real
+	// configuration.
 	cfg := defaultConfig()
 	known := map[string]bool{}
 	collectEnvNames(&cfg, known)
-	for k := range env {
-		if !known[k] {
-			t.Errorf("docker-compose sets %s, which sluice does not read", k)
+	for name, s := range f.Services {
+		if s.Build == nil {
+			continue
+		}
+		for k := range s.Environment {
+			if !known[k] {
+				t.Errorf("docker-compose sets %s for %s, which sluice does not read", k, name)
+			}
 		}
 	}
+	env := f.Services["sluice"].Environment
 
 	// The configuration the compose file gives sluice must validate for
 	// every service, with the mounted policy (deploy/compose) in place.
@@ -90,6 +97,43 @@ func TestComposeFileIsComplete(t *testing.T) {
 	if _, err := policy.Load(ccfg.PolicyFile); err != nil {
 		t.Fatalf("compose policy: %v", err)
 	}
+	// The console runs in a process of its own: its configuration must
+	// validate, and its pipeline page must read the pipeline's metrics
+	// from the sluice service's ops listener (empty metrics_urls would read
+	// the console process's own, which has none of them) and act through
+	// the enforcer's admin API there.
+	con := f.Services["sluice-console"]
+	if strings.Join(con.Command, " ") != "run console" {
+		t.Errorf("sluice-console runs %q, want run console", con.Command)
+	}
+	if _, ok := con.DependsOn["sluice"]; !ok {
+		t.Error("sluice-console does not wait for sluice")
+	}
+	consoleCfg := defaultConfig()
+	if _, _, err := loadConfigWith(&consoleCfg, nil, func(k string) (string, bool) {
+		v, ok := con.Environment[k]
+		return strings.ReplaceAll(v, "/etc/sluice", "../../deploy/compose"), ok
+	}); err != nil {
+		t.Fatalf("sluice-console configuration: %v", err)
+	}
+	if _, err := chooseServices(&consoleCfg, []string{"console"}); err != nil {
+		t.Fatalf("sluice-console configuration does not validate: %v", err)
+	}
+	if consoleCfg.ClickHouse.Addr != ccfg.ClickHouse.Addr || consoleCfg.Redis.Addr != ccfg.Redis.Addr || consoleCfg.PolicyFile != ccfg.PolicyFile {
+		t.Errorf("sluice-console reads ClickHouse %s, Redis %s, policy %s; sluice writes ClickHouse %s, Redis %s, policy %s",
+			consoleCfg.ClickHouse.Addr, consoleCfg.Redis.Addr, consoleCfg.PolicyFile, ccfg.ClickHouse.Addr, ccfg.Redis.Addr, ccfg.PolicyFile)
+	}
+	cc := consoleCfg.Services.Console
+	_, opsPort, _ := strings.Cut(ccfg.Ops.Listen, ":")
+	_, adminPort, _ := strings.Cut(ccfg.Services.Enforcer.Admin.Listen, ":")
+	if len(cc.MetricsURLs) != 1 || cc.MetricsURLs[0] != "http://sluice:"+opsPort+"/metrics" {
+		t.Errorf("sluice-console reads metrics from %q, want [http://sluice:%s/metrics] (the sluice service's ops listener)", cc.MetricsURLs, opsPort)
+	}
+	if cc.AdminURL != "http://sluice:"+adminPort || cc.KeyPrefix != ccfg.Services.Enforcer.KeyPrefix {
+		t.Errorf("sluice-console acts through %q with flag prefix %q, want http://sluice:%s and the enforcer's %q",
+			cc.AdminURL, cc.KeyPrefix, adminPort, ccfg.Services.Enforcer.KeyPrefix)
+	}
+
 	// The example keys file must load, and its key must not be an
 	// any-tenant key: it is published with the example.
 	keys, err := os.ReadFile(ccfg.Services.Ingest.KeysFile)

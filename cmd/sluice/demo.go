@@ -7,6 +7,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -29,6 +31,7 @@ import (
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
+	"github.com/sluicehq/sluice/services/alerter/alert"
 	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 	"github.com/sluicehq/sluice/services/gateway"
 )
@@ -119,24 +122,56 @@ func demo(ctx context.Context, args []string) error {
 	if err := resetDemoDatabase(ctx, cfg.ClickHouse); err != nil {
 		return err
 	}
+	return newDemoRun(demoGatewayAddr, demoUpstreamAddr, demoTenants, os.Stdout, isTerminal(os.Stdout)).run(ctx, &cfg, log)
+}
+
+// demoRun is one run of the demo: where its gateway and mock upstream
+// listen (ingest and the console: cfg), its tenants and where the live
+// view goes. `sluice demo` uses the fixed loopback addresses; the demo's
+// test its own.
+type demoRun struct {
+	gateway, upstream string
+	tenants           []loadgen.Tenant
+	out               io.Writer
+	tty               bool
+	gen               *loadgen.Generator
+	// milestones are the runaway's (the first tenant's) first prediction
+	// and predictive alert as the live view showed them.
+	milestones *dashboard.Milestones
+}
+
+// newDemoRun returns a run whose gateway listens on gatewayAddr and mock
+// upstream on upstreamAddr, with tenants (the first is the runaway the
+// view follows) and the live view on out.
+func newDemoRun(gatewayAddr, upstreamAddr string, tenants []loadgen.Tenant, out io.Writer, tty bool) *demoRun {
+	gen := &loadgen.Generator{URL: "http://" + gatewayAddr, Tenants: tenants}
+	runaway := tenants[0].Name
+	return &demoRun{gateway: gatewayAddr, upstream: upstreamAddr, tenants: tenants, out: out, tty: tty, gen: gen,
+		milestones: &dashboard.Milestones{Tenant: runaway, Alert: alert.RuleExhaustionPredicted.AlertName(),
+			Started: gen.Counts(runaway).Started}}
+}
+
+// run runs the pipeline, the gateway, the mock upstream, the load and the
+// live view until ctx ends.
+func (d *demoRun) run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	keysFile, ingestKey, err := writeDemoKeys()
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(filepath.Dir(keysFile))
 	cfg.Services.Ingest.KeysFile = keysFile
-	if err := demoGateway(&cfg, filepath.Dir(keysFile), ingestKey); err != nil {
+	if err := d.configureGateway(cfg, filepath.Dir(keysFile), ingestKey); err != nil {
 		return err
 	}
 	if err := demoSignalKey(&cfg.SignalAuth); err != nil {
 		return err
 	}
-	adminToken, err := demoAdminToken(&cfg)
+	adminToken, err := demoAdminToken(cfg)
 	if err != nil {
 		return err
 	}
 
-	p, err := preparePipeline(ctx, &cfg, demoServices, log)
+	p, err := preparePipeline(ctx, cfg, demoServices, log)
 	if err != nil {
 		return err
 	}
@@ -154,7 +189,7 @@ func demo(ctx context.Context, args []string) error {
 	// the demo policy's limits (trial's trial-tpm refuses before the
 	// upstream), through the counts the live view shows. The gateway task
 	// reads cfg when it starts, after this.
-	adm, admFollow, admRelease, err := demoAdmission(&cfg, p.env.Metrics, log.With("component", "admission"))
+	adm, admFollow, admRelease, err := demoAdmission(cfg, p.env.Metrics, log.With("component", "admission"))
 	if err != nil {
 		return err
 	}
@@ -170,7 +205,7 @@ func demo(ctx context.Context, args []string) error {
 		log.With("component", "upstream"), moves.moved)
 	defer guards.Close()
 	cfg.gatewayGuards = guards
-	gen := &loadgen.Generator{URL: "http://" + demoGatewayAddr, Tenants: demoTenants}
+	gen := d.gen
 
 	conn, err := chconn.Open(ctx, cfg.ClickHouse)
 	if err != nil {
@@ -178,8 +213,7 @@ func demo(ctx context.Context, args []string) error {
 	}
 	defer conn.Close()
 	src := &demoSource{conn: conn, checker: chk, gen: gen, alertmanager: cfg.Services.Alerter.Alertmanager.URL, admissions: admCounts,
-		guards: guards, moves: moves}
-	tty := isTerminal(os.Stdout)
+		guards: guards, moves: moves, tenants: d.tenants, milestones: d.milestones}
 
 	// Ctrl-C stops the load first, then the gateway (its streams finish
 	// against the mock, its last usage events are flushed), and ingest
@@ -194,22 +228,22 @@ func demo(ctx context.Context, args []string) error {
 		lifecycle.Task{Name: "checker", Run: chk.Run},
 		admFollow,
 		lifecycle.Task{Name: "mock-llm", StopsAfter: []string{"gateway"},
-			Run: serveHTTP(demoUpstreamAddr, mockllm.New(mockllm.Options{StreamUsage: mockllm.UsageWhenAsked,
+			Run: serveHTTP(d.upstream, mockllm.New(mockllm.Options{StreamUsage: mockllm.UsageWhenAsked,
 				Capacity: demoPremiumCapacity, Latency: demoPremiumLatency, CapacityModels: []string{"gpt-4o"}}))},
 		lifecycle.Task{Name: "loadgen", Run: func(ctx context.Context) error {
-			if err := waitReady(ctx, chk, demoIngestAddr); err != nil {
+			if err := waitReady(ctx, chk, cfg.Services.Ingest.Listen); err != nil {
 				return err
 			}
 			return gen.Run(ctx)
 		}},
 		lifecycle.Task{Name: "dashboard", Run: func(ctx context.Context) error {
-			return dashboard.Run(ctx, os.Stdout, src, tty, time.Second, 5*time.Second, time.Now)
+			return dashboard.Run(ctx, d.out, src, d.tty, time.Second, 5*time.Second, time.Now)
 		}},
 	)
-	fmt.Printf("sluice demo: gateway http://%s (OpenAI-compatible), ingest http://%s, metrics http://%s/metrics, Alertmanager %s\n",
-		demoGatewayAddr, demoIngestAddr, cfg.Ops.Listen, cfg.Services.Alerter.Alertmanager.URL)
-	fmt.Printf("sluice demo: web console http://%s (to act, log in with the admin token %s); usage API: curl -H 'Authorization: Bearer sk-demo-runaway' http://%s/v1/usage\n",
-		cfg.Services.Console.Listen, adminToken, demoGatewayAddr)
+	fmt.Fprintf(d.out, "sluice demo: gateway http://%s (OpenAI-compatible), ingest http://%s, metrics http://%s/metrics, Alertmanager %s\n",
+		d.gateway, cfg.Services.Ingest.Listen, cfg.Ops.Listen, cfg.Services.Alerter.Alertmanager.URL)
+	fmt.Fprintf(d.out, "sluice demo: web console http://%s (to act, log in with the admin token %s); usage API: curl -H 'Authorization: Bearer %s' http://%s/v1/usage\n",
+		cfg.Services.Console.Listen, adminToken, d.tenants[0].APIKey, d.gateway)
 	return lifecycle.Run(ctx, log, cfg.ShutdownGrace, tasks...)
 }
 
@@ -217,15 +251,15 @@ func demo(ctx context.Context, args []string) error {
 // and `sluice gateway` in front of the mock LLM.
 var demoServices = []string{"ingest", "aggregator", "enforcer", "alerter", "reconciler", "gateway", "console"}
 
-// demoGateway configures `sluice gateway` for the demo: the tenants' keys
+// configureGateway configures `sluice gateway` for the demo: the tenants' keys
 // (only their hashes are written), the mock LLM as the one upstream of
 // every model, the run's flag prefix, and ingest with the run's key.
-func demoGateway(c *Config, dir, ingestKey string) error {
+func (d *demoRun) configureGateway(c *Config, dir, ingestKey string) error {
 	g := &c.Services.Gateway
-	g.Listen, g.Name = demoGatewayAddr, "demo-gateway"
+	g.Listen, g.Name = d.gateway, "demo-gateway"
 	var keys strings.Builder
 	keys.WriteString("keys:\n")
-	for _, t := range demoTenants {
+	for _, t := range d.tenants {
 		keys.WriteString(gateway.KeyLine("key-"+t.Name, t.APIKey, t.Name, nil))
 	}
 	g.KeysFile = filepath.Join(dir, "gateway-keys.yaml")
@@ -235,8 +269,8 @@ func demoGateway(c *Config, dir, ingestKey string) error {
 	// gpt-4o goes to the mock's capacity-bound premium model, guarded by
 	// the policy's upstreams.premium; every other model to the rest of it.
 	g.Upstreams = []gateway.Upstream{
-		{Name: "premium", BaseURL: "http://" + demoUpstreamAddr + "/v1", Models: []string{"gpt-4o"}},
-		{Name: "mock-llm", BaseURL: "http://" + demoUpstreamAddr + "/v1", Models: []string{"*"}},
+		{Name: "premium", BaseURL: "http://" + d.upstream + "/v1", Models: []string{"gpt-4o"}},
+		{Name: "mock-llm", BaseURL: "http://" + d.upstream + "/v1", Models: []string{"*"}},
 	}
 	// The policy's classes, upstreams and fallbacks; admission itself is
 	// the demo's own Admitter. The run's prefixes keep an earlier demo's
@@ -245,7 +279,7 @@ func demoGateway(c *Config, dir, ingestKey string) error {
 	g.Admission.KeyPrefix = c.Services.Enforcer.KeyPrefix + "adm:"
 	g.Admission.UpstreamKeyPrefix = c.Services.Enforcer.KeyPrefix + "up:"
 	g.Checker.KeyPrefix = c.Services.Enforcer.KeyPrefix
-	g.Usage.Sink, g.Usage.IngestURL = gateway.SinkIngest, "http://"+demoIngestAddr
+	g.Usage.Sink, g.Usage.IngestURL = gateway.SinkIngest, "http://"+c.Services.Ingest.Listen
 	g.Usage.IngestAPIKeyFile = filepath.Join(dir, "ingest-key")
 	g.Usage.FlushInterval = 50 * time.Millisecond
 	return os.WriteFile(g.Usage.IngestAPIKeyFile, []byte(ingestKey+"\n"), 0o600)
@@ -361,7 +395,13 @@ type demoSource struct {
 	admissions   *admissionCounts
 	guards       *gateway.Guards
 	moves        *limitMoves
+	tenants      []loadgen.Tenant
+	milestones   *dashboard.Milestones
 }
+
+// Notes implements dashboard.Noter: how soon the runaway's prediction and
+// predictive alert showed.
+func (s *demoSource) Notes() []string { return s.milestones.Notes() }
 
 // limitMoves counts the changes of each upstream's adaptive limit.
 type limitMoves struct {
@@ -446,7 +486,7 @@ func (s *demoSource) Rows(ctx context.Context) ([]dashboard.Row, error) {
 	}
 	alerts := s.alerts(ctx)
 	out := make([]dashboard.Row, 0, len(best))
-	for _, t := range demoTenants {
+	for _, t := range s.tenants {
 		r, ok := best[t.Name]
 		if !ok {
 			r = dashboard.Row{Tenant: t.Name, Model: "*"}
@@ -466,6 +506,7 @@ func (s *demoSource) Rows(ctx context.Context) ([]dashboard.Row, error) {
 		r.Alerts = alerts[t.Name]
 		out = append(out, r)
 	}
+	s.milestones.Observe(out, time.Now())
 	return out, nil
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -41,7 +42,8 @@ func TestDemoKeysLoad(t *testing.T) {
 func TestDemoGatewayConfiguration(t *testing.T) {
 	cfg := demoConfig()
 	dir := t.TempDir()
-	if err := demoGateway(&cfg, dir, "sk-ingest-demo"); err != nil {
+	d := newDemoRun(demoGatewayAddr, demoUpstreamAddr, demoTenants, io.Discard, false)
+	if err := d.configureGateway(&cfg, dir, "sk-ingest-demo"); err != nil {
 		t.Fatal(err)
 	}
 	if err := cfg.Services.Gateway.Validate(); err != nil {

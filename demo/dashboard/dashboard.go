@@ -14,6 +14,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/services/quotastatus"
 )
 
 // Row is one tenant x model line of the view.
@@ -82,13 +84,20 @@ type Source interface {
 }
 
 // Run redraws every interval until ctx ends. On a terminal it repaints the
-// screen; otherwise it writes a block of log lines every logEvery.
+// screen; otherwise it writes a block of log lines every logEvery. A
+// source that is a Noter has its notes printed under the table on a
+// terminal, and each once, when reached, otherwise.
 func Run(ctx context.Context, w io.Writer, src Source, tty bool, interval, logEvery time.Duration, now func() time.Time) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	var lastLog time.Time
+	printed := 0 // notes already written, in plain mode
 	for {
 		rows, err := src.Rows(ctx)
+		var notes []string
+		if n, ok := src.(Noter); ok {
+			notes = n.Notes()
+		}
 		switch {
 		case err != nil && ctx.Err() == nil:
 			fmt.Fprintf(w, "dashboard: %v\n", err)
@@ -96,10 +105,20 @@ func Run(ctx context.Context, w io.Writer, src Source, tty bool, interval, logEv
 			fmt.Fprint(w, "\033[H\033[2J")
 			Render(w, rows, now())
 			renderUpstreams(w, src)
+			for _, n := range notes {
+				fmt.Fprintln(w, n)
+			}
 		case now().Sub(lastLog) >= logEvery:
 			Render(w, rows, now())
 			renderUpstreams(w, src)
 			lastLog = now()
+		}
+		// In plain mode a note is written once, as soon as it is reached,
+		// not at the next block.
+		if !tty {
+			for ; printed < len(notes); printed++ {
+				fmt.Fprintln(w, notes[printed])
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -138,36 +157,20 @@ func Render(w io.Writer, rows []Row, now time.Time) {
 
 // exhausts is the EXHAUSTS cell: "-" without a prediction, "now" once it
 // is due, else the time left and its range, "in 1m5s (50s-1m40s)", with
-// an open end when the quota may well last its period ("(50s-)"); times
-// an hour or more ahead are rounded to the minute.
+// an open end when the quota may well last its period ("(50s-)"), as the
+// console and sluicectl write it (quotastatus.Quota.Prediction).
 func exhausts(r Row, now time.Time) string {
-	if r.Exhaustion.IsZero() {
-		return "-"
-	}
-	left := func(t time.Time) string {
-		d := t.Sub(now)
-		switch {
-		case d <= 0:
-			return "0s"
-		case d >= time.Hour:
-			// Minutes are precision enough hours ahead, and keep the
-			// column narrow: "3h55m", not "3h54m32s".
-			return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+	var q quotastatus.Quota
+	if !r.Exhaustion.IsZero() {
+		q.PredictedExhaustion = &r.Exhaustion
+		if !r.ExhaustionEarliest.IsZero() {
+			q.PredictedEarliest = &r.ExhaustionEarliest
 		}
-		return d.Round(time.Second).String()
-	}
-	if !r.Exhaustion.After(now) {
-		return "now"
-	}
-	s := "in " + left(r.Exhaustion)
-	if !r.ExhaustionEarliest.IsZero() {
-		s += " (" + left(r.ExhaustionEarliest) + "-"
 		if !r.ExhaustionLatest.IsZero() {
-			s += left(r.ExhaustionLatest)
+			q.PredictedLatest = &r.ExhaustionLatest
 		}
-		s += ")"
 	}
-	return s
+	return q.Prediction(now)
 }
 
 func renderUpstreams(w io.Writer, src Source) {

@@ -63,3 +63,83 @@ func TestPlainModeWritesNoTerminalCodes(t *testing.T) {
 		t.Fatalf("plain output:\n%q", b.String())
 	}
 }
+
+// noted is a source that shows one view per call, noting the runaway's
+// milestones as the demo's does, and ends the run after the last.
+type noted struct {
+	views []view
+	i     int
+	m     *Milestones
+	clock *time.Time
+	done  func()
+}
+
+type view struct {
+	at   time.Time
+	rows []Row
+}
+
+func (n *noted) Rows(context.Context) ([]Row, error) {
+	v := n.views[n.i]
+	*n.clock = v.at
+	if n.i++; n.i == len(n.views) {
+		n.done()
+	}
+	n.m.Observe(v.rows, v.at)
+	return v.rows, nil
+}
+
+func (n *noted) Notes() []string { return n.m.Notes() }
+
+// TestMilestonesSayHowEarlyThePredictionCame: the first view with a
+// predicted exhaustion for the runaway is reported with the seconds since
+// its first call and the share of the quota used then; the first view
+// with the predictive alert with its share; later views change neither,
+// and in plain mode each line is written once, prediction first.
+func TestMilestonesSayHowEarlyThePredictionCame(t *testing.T) {
+	start := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	m := &Milestones{Tenant: "runaway", Alert: "SluiceQuotaExhaustionPredicted", Started: func() time.Time { return start }}
+	at := func(after time.Duration, used float64, exh time.Duration, alerts ...string) view {
+		now := start.Add(after)
+		r := Row{Tenant: "runaway", Quota: "hourly_tokens", Period: "hour", Used: used, Limit: 1000, Alerts: alerts,
+			Served: int64(after/time.Second) * 12, Refused: 1}
+		if exh > 0 {
+			r.Exhaustion, r.ExhaustionEarliest, r.ExhaustionLatest, r.ExhaustionBasis = now.Add(exh), now.Add(exh-5*time.Second), now.Add(exh+9*time.Second), "rates"
+		}
+		// Another tenant's prediction and alert are not the runaway's.
+		other := Row{Tenant: "acme", Used: 1, Limit: 10, Exhaustion: now.Add(time.Hour), Alerts: []string{"SluiceQuotaExhaustionPredicted/warning"}}
+		return view{at: now, rows: []Row{other, r}}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var clock time.Time
+	src := &noted{m: m, clock: &clock, done: cancel, views: []view{
+		at(5*time.Second, 60, 0),
+		at(12*time.Second, 150, 68*time.Second),
+		at(13*time.Second, 162, 66*time.Second, "SluiceQuotaTier/info"),
+		at(22*time.Second, 275, 58*time.Second, "SluiceQuotaExhaustionPredicted/warning"),
+		at(30*time.Second, 375, 50*time.Second, "SluiceQuotaExhaustionPredicted/critical"),
+	}}
+	var b bytes.Buffer
+	_ = Run(ctx, &b, src, false, time.Millisecond, time.Hour, func() time.Time { return clock })
+	p, ok := m.Prediction()
+	if !ok || p.After != 12*time.Second || p.UsedPercent != 15 || p.Calls != 145 || p.What != "in 1m8s (1m3s-1m17s) rates" {
+		t.Errorf("prediction milestone %+v, %v; want the view 12 s after the start at 15%% with its range", p, ok)
+	}
+	a, ok := m.Alerted()
+	if !ok || a.After != 22*time.Second || a.UsedPercent != 27.5 || a.What != "SluiceQuotaExhaustionPredicted/warning" {
+		t.Errorf("alert milestone %+v, %v; want the view 22 s after the start at 27.5%%", a, ok)
+	}
+	out := b.String()
+	for _, want := range []string{
+		"runaway: first prediction shown 12.0 s after its first call (145 calls), at 15.0% of hourly_tokens/hour: exhausts in 1m8s (1m3s-1m17s) rates\n",
+		"runaway: predictive alert SluiceQuotaExhaustionPredicted/warning fired at 27.5% of hourly_tokens/hour, 22.0 s after its first call\n",
+	} {
+		if strings.Count(out, want) != 1 {
+			t.Errorf("plain output has %q %d times, want once:\n%s", want, strings.Count(out, want), out)
+		}
+	}
+	if strings.Index(out, "first prediction") > strings.Index(out, "predictive alert") {
+		t.Errorf("the alert's line comes before the prediction's:\n%s", out)
+	}
+}

@@ -41,6 +41,18 @@ type Counts struct {
 	Fallback atomic.Int64
 	// LastRefusal is the error message of the latest refusal, as a user sees it.
 	lastRefusal atomic.Pointer[string]
+	// started is when the first request was sent, in Unix nanoseconds
+	// (0: none yet).
+	started atomic.Int64
+}
+
+// Started returns when the tenant's first request was sent, zero before
+// one was: the start the demo measures its first prediction from.
+func (c *Counts) Started() time.Time {
+	if ns := c.started.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
 }
 
 // LastRefusal returns the body of the most recent 429/503 answer.
@@ -150,6 +162,7 @@ func (g *Generator) send(ctx context.Context, t Tenant, body []byte, c *Counts) 
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+t.APIKey)
 	c.Sent.Add(1)
+	c.started.CompareAndSwap(0, time.Now().UnixNano())
 	resp, err := g.Client.Do(req)
 	if err != nil {
 		c.Other.Add(1)

@@ -25,6 +25,7 @@ func TestCountsHowTenantsWereAnswered(t *testing.T) {
 	}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
+	before := time.Now()
 	go func() { _ = g.Run(ctx); close(done) }()
 	deadline := time.Now().Add(20 * time.Second)
 	for g.Counts("ok").OK.Load() < 5 || g.Counts("blocked").Quota429.Load() < 5 {
@@ -37,6 +38,13 @@ func TestCountsHowTenantsWereAnswered(t *testing.T) {
 	<-done
 	if g.Counts("ok").Quota429.Load() != 0 || g.Counts("blocked").OK.Load() != 0 {
 		t.Fatal("answers were counted for the wrong tenant")
+	}
+	// The demo measures the first prediction from a tenant's first call.
+	if s := g.Counts("ok").Started(); s.Before(before) || s.After(time.Now()) {
+		t.Errorf("started %v, want the first call's time, after %v", s, before)
+	}
+	if !g.Counts("idle").Started().IsZero() {
+		t.Error("a tenant that sent nothing has a start")
 	}
 	if got := g.Counts("blocked").LastRefusal(); got == "" {
 		t.Fatal("the refusal message was not kept")

@@ -48,8 +48,8 @@ import (
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/services/enforcer/adminapi"
-	"github.com/sluicehq/sluice/services/internal/quotastatus"
 	"github.com/sluicehq/sluice/services/internal/usageapi"
+	"github.com/sluicehq/sluice/services/quotastatus"
 )
 
 //go:embed templates/*.html static/*

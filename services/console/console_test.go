@@ -13,7 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/sluicehq/sluice/gateway/flags"
-	"github.com/sluicehq/sluice/services/internal/quotastatus"
+	"github.com/sluicehq/sluice/services/quotastatus"
 )
 
 func TestHistogramQuantileInterpolatesInsideItsBucket(t *testing.T) {

@@ -22,8 +22,8 @@ import (
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/console/svgchart"
 	"github.com/sluicehq/sluice/services/enforcer/adminapi"
-	"github.com/sluicehq/sluice/services/internal/quotastatus"
-	"github.com/sluicehq/sluice/services/internal/quotastatus/chstate"
+	"github.com/sluicehq/sluice/services/quotastatus"
+	"github.com/sluicehq/sluice/services/quotastatus/chstate"
 )
 
 // hotPercent is the use from which a quota is highlighted.

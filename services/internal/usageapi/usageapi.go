@@ -35,9 +35,9 @@ import (
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
-	"github.com/sluicehq/sluice/services/internal/quotastatus"
-	"github.com/sluicehq/sluice/services/internal/quotastatus/chstate"
-	"github.com/sluicehq/sluice/services/internal/quotastatus/redisflags"
+	"github.com/sluicehq/sluice/services/quotastatus"
+	"github.com/sluicehq/sluice/services/quotastatus/chstate"
+	"github.com/sluicehq/sluice/services/quotastatus/redisflags"
 )
 
 // Path is the route of the usage API.

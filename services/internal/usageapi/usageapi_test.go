@@ -18,7 +18,7 @@ import (
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/redisconn"
-	"github.com/sluicehq/sluice/services/internal/quotastatus"
+	"github.com/sluicehq/sluice/services/quotastatus"
 )
 
 // TestUsageAnswersFromClickHouseAndRedis stores a tenant's quota state the
@@ -41,7 +41,7 @@ func TestUsageAnswersFromClickHouseAndRedis(t *testing.T) {
 	start := now.Truncate(time.Hour)
 	pred := now.Add(3 * time.Minute)
 	b, err := conn.PrepareBatch(ctx, `INSERT INTO quota_state (tenant, model, quota, period, period_start, period_end, used, quota_limit,
- unit, mode, tier, rate_per_minute, predicted_exhaustion, version, updated_at)`)
+ unit, mode, tier, rate_per_minute, predicted_exhaustion, predicted_earliest, predicted_latest, prediction_basis, version, updated_at)`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestUsageAnswersFromClickHouseAndRedis(t *testing.T) {
 		start   time.Time
 	}{{100000, 1, start}, {455000, 2, start}, {499999, 3, start.Add(-time.Hour)}} {
 		if err := b.Append("acme", "*", "hourly_tokens", "hour", r.start, r.start.Add(time.Hour), r.used, 500000.0,
-			"tokens", "hard", uint16(90), 12000.0, pred, r.version, now); err != nil {
+			"tokens", "hard", uint16(90), 12000.0, pred, pred.Add(-40*time.Second), pred.Add(75*time.Second), "rates", r.version, now); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -118,6 +118,14 @@ func TestUsageAnswersFromClickHouseAndRedis(t *testing.T) {
 	if h.Quota != "hourly_tokens" || h.Used != 455000 || h.Remaining != 45000 || h.Tier != 90 || !h.ResetsAt.Equal(start.Add(time.Hour)) ||
 		h.PredictedExhaustion == nil || !h.PredictedExhaustion.Equal(pred) {
 		t.Errorf("hourly quota: %+v", h)
+	}
+	// The prediction's range and basis, as the aggregator stored them.
+	if h.PredictedEarliest == nil || !h.PredictedEarliest.Equal(pred.Add(-40*time.Second)) || h.PredictedLatest == nil ||
+		!h.PredictedLatest.Equal(pred.Add(75*time.Second)) || h.PredictionBasis != "rates" {
+		t.Errorf("hourly quota's prediction range: %v..%v (%q)", h.PredictedEarliest, h.PredictedLatest, h.PredictionBasis)
+	}
+	if d.PredictedEarliest != nil || d.PredictedLatest != nil || d.PredictionBasis != "" {
+		t.Errorf("a quota without a prediction has a range: %+v", d)
 	}
 	if d.Quota != "daily_tokens" || d.Used != 0 || d.Remaining != 2000000 || d.PredictedExhaustion != nil {
 		t.Errorf("daily quota from the policy: %+v", d)

@@ -19,7 +19,7 @@ import (
 //   - the five-minute rate, over the last 300 s,
 //
 // each over the seconds the series has actually been sending when it
-// started less than a window ago (so 15 s of traffic give a rate at
+// started less than a window ago (so 10 s of traffic give a rate at
 // once). A minute's consumption is taken as spread evenly over the part
 // of it the window covers. The prediction is the one-minute rate's: the
 // current pace. Its uncertainty is the spread between the two rates (a
@@ -41,8 +41,11 @@ const (
 	// earlyMinutes is how many completed minutes the rates look back.
 	earlyMinutes = 5
 	// earlyMinSpan is how many seconds of traffic the first prediction
-	// waits for.
-	earlyMinSpan = 15
+	// waits for. Ten, not fifteen: the prediction must be on screen within
+	// 15 s of a runaway's first call, and the pipeline after the
+	// aggregator (flush, store, a reader's poll) takes two to three more;
+	// at a runaway's pace ten seconds are already a hundred calls or so.
+	earlyMinSpan = 10
 	// earlyMinCalls is the fewest settled calls the first prediction
 	// rests on: one call says nothing about a pace.
 	earlyMinCalls = 3

@@ -143,3 +143,26 @@ func TestTenantRefusesBadNamesAndPassesStoreErrors(t *testing.T) {
 		t.Fatalf("empty status must have empty lists, not null: %+v %v", st, err)
 	}
 }
+
+// TestPredictionSaysWhenWithItsRangeAndBasis: what the console and
+// sluicectl show for each state of a prediction.
+func TestPredictionSaysWhenWithItsRangeAndBasis(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) *time.Time { t := now.Add(d); return &t }
+	for _, c := range []struct {
+		q    Quota
+		want string
+	}{
+		{Quota{}, "-"},
+		{Quota{PredictedExhaustion: at(65 * time.Second), PredictedEarliest: at(50 * time.Second), PredictedLatest: at(100 * time.Second), PredictionBasis: "rates"},
+			"in 1m5s (50s-1m40s) rates"},
+		{Quota{PredictedExhaustion: at(time.Hour), PredictedEarliest: at(40 * time.Minute), PredictionBasis: "forecast"}, "in 1h0m (40m0s-) forecast"},
+		{Quota{PredictedExhaustion: at(3*time.Hour + 54*time.Minute + 32*time.Second), PredictedEarliest: at(3*time.Hour + 39*time.Minute),
+			PredictedLatest: at(4*time.Hour + 11*time.Minute + 43*time.Second)}, "in 3h55m (3h39m-4h12m)"},
+		{Quota{PredictedExhaustion: at(-time.Second), PredictedEarliest: at(-time.Minute), PredictionBasis: "rates"}, "now"},
+	} {
+		if got := c.q.Prediction(now); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.q, got, c.want)
+		}
+	}
+}

@@ -18,7 +18,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/internal/quotastatus"
+	"github.com/sluicehq/sluice/services/quotastatus"
 )
 
 // Store reads from one ClickHouse database. It is safe for concurrent use.
@@ -35,11 +35,13 @@ var _ quotastatus.StateStore = (*Store)(nil)
 // column to a same-named aggregate alias. A period is open from its start
 // to its end; rows of a later period (events stamped ahead) wait for it.
 const quotasQuery = `
-SELECT tenant, model, quota, period, period_start, pe, u, l, un, md, tr, rt, px, upd FROM (
+SELECT tenant, model, quota, period, period_start, pe, u, l, un, md, tr, rt, px, plo, phi, pb, upd FROM (
   SELECT tenant, model, quota, period, period_start,
          any(period_end) AS pe, argMax(used, version) AS u, argMax(quota_limit, version) AS l,
          argMax(unit, version) AS un, argMax(mode, version) AS md, argMax(tier, version) AS tr,
          argMax(rate_per_minute, version) AS rt, argMax(predicted_exhaustion, version) AS px,
+         argMax(predicted_earliest, version) AS plo, argMax(predicted_latest, version) AS phi,
+         argMax(prediction_basis, version) AS pb,
          max(updated_at) AS upd
   FROM quota_state
   WHERE period_end > toDateTime(?) AND period_start <= toDateTime(?) %s
@@ -67,17 +69,20 @@ func (s *Store) Quotas(ctx context.Context, tenant string, now time.Time) ([]quo
 			unit, mode        string
 			tier              uint16
 			pred, upd, pe, ps time.Time
+			lo, hi            time.Time
 		)
 		if err := rows.Scan(&r.Tenant, &r.Model, &quota, &period, &ps, &pe, &r.Used, &r.Limit, &unit, &mode, &tier,
-			&r.RatePerMinute, &pred, &upd); err != nil {
+			&r.RatePerMinute, &pred, &lo, &hi, &r.PredictionBasis, &upd); err != nil {
 			return nil, fmt.Errorf("quota_state: %w", err)
 		}
 		r.Quota.Quota, r.Period, r.Unit, r.Mode = schemas.QuotaKind(quota), schemas.Period(period), schemas.Unit(unit), schemas.Mode(mode)
 		r.Tier, r.PeriodStart, r.ResetsAt = int(tier), ps.UTC(), pe.UTC()
 		// The aggregator stores "no prediction" as the epoch.
 		if pred.Unix() > 0 {
-			p := pred.UTC()
-			r.PredictedExhaustion = &p
+			r.PredictedExhaustion = utcOrNil(pred)
+			r.PredictedEarliest, r.PredictedLatest = utcOrNil(lo), utcOrNil(hi)
+		} else {
+			r.PredictionBasis = ""
 		}
 		if upd.Unix() > 0 {
 			u := upd.UTC()
@@ -89,6 +94,16 @@ func (s *Store) Quotas(ctx context.Context, tenant string, now time.Time) ([]quo
 		return nil, fmt.Errorf("quota_state: %w", err)
 	}
 	return out, nil
+}
+
+// utcOrNil is t in UTC, or nil for the epoch: how the aggregator stores
+// "none".
+func utcOrNil(t time.Time) *time.Time {
+	if t.Unix() <= 0 {
+		return nil
+	}
+	u := t.UTC()
+	return &u
 }
 
 // Refused counts the distinct refused calls (outcome rejected: the event a

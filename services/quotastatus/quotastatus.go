@@ -4,11 +4,13 @@
 // current rate and the predicted exhaustion, plus the enforcement flags
 // gateways see for it and how many of its calls were refused lately.
 //
-// Two readers with different audiences use it: the operators' web console
-// (services/console) and the tenants' usage API, GET /v1/usage, on
-// `sluice gateway` and on ingest (services/internal/usageapi). Both call
-// Service.Tenant, so what a tenant's developers read from the API is what
-// an operator sees on the tenant's page, by construction.
+// Readers with different audiences use it: the operators' web console
+// (services/console), `sluicectl predictions` (cmd/sluicectl) and the
+// tenants' usage API, GET /v1/usage, on `sluice gateway` and on ingest
+// (services/internal/usageapi). All call Service.Tenant or Overview, so
+// what a tenant's developers read from the API is what an operator sees on
+// the tenant's page and in the terminal, by construction. (It lives outside
+// services/internal so that sluicectl can import it.)
 //
 // The Service merges three sources behind two ports, so that tests and
 // other deployments can give their own:
@@ -30,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/gateway/flags"
@@ -72,9 +75,54 @@ type Quota struct {
 	// nil when the aggregator predicts none (no use, or not before the
 	// period ends).
 	PredictedExhaustion *time.Time `json:"predicted_exhaustion"`
+	// PredictedEarliest and PredictedLatest bound the prediction (its
+	// uncertainty); nil without a prediction, and a nil latest beside one
+	// means the quota may well last its period. PredictionBasis says what
+	// the prediction rests on: "rates" (the one- and five-minute rates of
+	// the first minutes of traffic) or "forecast" (the trend over
+	// completed minutes); empty without one.
+	PredictedEarliest *time.Time `json:"predicted_earliest"`
+	PredictedLatest   *time.Time `json:"predicted_latest"`
+	PredictionBasis   string     `json:"prediction_basis,omitempty"`
 	// UpdatedAt is when the aggregator last wrote the figures; nil when
 	// the period has no use yet (the quota comes from the policy alone).
 	UpdatedAt *time.Time `json:"updated_at"`
+}
+
+// Prediction says when the quota runs out, relative to now, with its
+// range and basis: "in 1m5s (50s-1m40s) rates", "in 3h55m (3h39m-) forecast"
+// (an open end: it may well last its period), "now" once the time has
+// come, "-" without a prediction. Times an hour or more ahead are rounded
+// to the minute. The console and sluicectl show it.
+func (q Quota) Prediction(now time.Time) string {
+	if q.PredictedExhaustion == nil {
+		return "-"
+	}
+	if !q.PredictedExhaustion.After(now) {
+		return "now"
+	}
+	left := func(t time.Time) string {
+		d := t.Sub(now)
+		switch {
+		case d <= 0:
+			return "0s"
+		case d >= time.Hour:
+			return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+		}
+		return d.Round(time.Second).String()
+	}
+	s := "in " + left(*q.PredictedExhaustion)
+	if q.PredictedEarliest != nil {
+		s += " (" + left(*q.PredictedEarliest) + "-"
+		if q.PredictedLatest != nil {
+			s += left(*q.PredictedLatest)
+		}
+		s += ")"
+	}
+	if q.PredictionBasis != "" {
+		s += " " + q.PredictionBasis
+	}
+	return s
 }
 
 // Flag is one enforcement flag of a tenant, as gateways see it.

@@ -14,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/gateway/flags"
-	"github.com/sluicehq/sluice/services/internal/quotastatus"
+	"github.com/sluicehq/sluice/services/quotastatus"
 )
 
 // Store reads one flag layout. It is safe for concurrent use.
