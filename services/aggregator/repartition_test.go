@@ -26,17 +26,8 @@ func TestRepartitionKeepsTenantTotals(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
-	e := setup(t) // 3 partitions
-	if err := os.WriteFile(e.policy, []byte("defaults:\n  timezone: UTC\n  models:\n    \"*\": {monthly_tokens: 100000}\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	e, tenant := repartitionEnv(t)
 	home := homePartitionOf
-	tenant := ""
-	for i := 0; tenant == ""; i++ {
-		if tn := fmt.Sprintf("mover%d", i); home(tn, 3) != home(tn, 6) {
-			tenant = tn
-		}
-	}
 	// The old home gets many other events first, so its offsets (the old
 	// row versions) are far above the new home's.
 	filler := ""
@@ -47,27 +38,7 @@ func TestRepartitionKeepsTenantTotals(t *testing.T) {
 	}
 	r := runInProcess(t, e, e.ch.Addr, nil)
 
-	at := time.Now().UTC().Truncate(time.Second)
-	n := 0
-	send := func(part int32, tn string, count int, tokens int64) {
-		t.Helper()
-		cl, err := kafkaconn.NewClient(e.kafka, kgo.RecordPartitioner(kgo.ManualPartitioner()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cl.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		var recs []*kgo.Record
-		for range count {
-			n++
-			ev := schemas.UsageEvent{ID: fmt.Sprintf("e%d", n), Time: at, Tenant: tn, Model: "gpt-4o", PromptTokens: tokens}
-			recs = append(recs, &kgo.Record{Topic: e.topic, Partition: part, Key: []byte(tn), Value: eventjson.AppendUsageEventJSON(nil, &ev), Headers: v1Header})
-		}
-		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	send := toPartitions(t, e, time.Now().UTC().Truncate(time.Second))
 	send(home(filler, 3), filler, 50, 1)
 	send(home(tenant, 3), tenant, 8, 10_000)
 	itest.Eventually(t, 90*time.Second, "80% consumed on the old home", caughtUp(t, e))
@@ -245,20 +216,12 @@ func TestMovedTenantRestoreDoesNotStallOthers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
-	e := setup(t) // 3 partitions
-	if err := os.WriteFile(e.policy, []byte("defaults:\n  timezone: UTC\n  models:\n    \"*\": {monthly_tokens: 100000}\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	e, mover := repartitionEnv(t)
 	home := homePartitionOf
 	// Both move to the same new partition (murmur2 mod 6 is the old home
 	// or the old home + 3); stay is restored there before ClickHouse is
 	// cut, mover after.
-	mover, stay := "", ""
-	for i := 0; mover == ""; i++ {
-		if tn := fmt.Sprintf("mover%d", i); home(tn, 3) != home(tn, 6) {
-			mover = tn
-		}
-	}
+	stay := ""
 	for i := 0; stay == ""; i++ {
 		if tn := fmt.Sprintf("stay%d", i); home(tn, 6) == home(mover, 6) {
 			stay = tn
@@ -266,28 +229,7 @@ func TestMovedTenantRestoreDoesNotStallOthers(t *testing.T) {
 	}
 	proxy := itest.NewProxy(t, e.ch.Addr)
 	r := runInProcess(t, e, proxy.Addr(), nil)
-	at := time.Now().UTC().Truncate(time.Second)
-	n := 0
-	send := func(part int32, tn string, count int, tokens int64) {
-		t.Helper()
-		// A new client each time: it must see the partitions added.
-		cl, err := kafkaconn.NewClient(e.kafka, kgo.RecordPartitioner(kgo.ManualPartitioner()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cl.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		var recs []*kgo.Record
-		for range count {
-			n++
-			ev := schemas.UsageEvent{ID: fmt.Sprintf("e%d", n), Time: at, Tenant: tn, Model: "gpt-4o", PromptTokens: tokens}
-			recs = append(recs, &kgo.Record{Topic: e.topic, Partition: part, Key: []byte(tn), Value: eventjson.AppendUsageEventJSON(nil, &ev), Headers: v1Header})
-		}
-		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	send := toPartitions(t, e, time.Now().UTC().Truncate(time.Second))
 	send(home(mover, 3), mover, 8, 10_000)
 	send(home(stay, 3), stay, 1, 10)
 	itest.Eventually(t, 90*time.Second, "80% consumed on the old home", caughtUp(t, e))
@@ -341,5 +283,48 @@ func TestMovedTenantRestoreDoesNotStallOthers(t *testing.T) {
 	var used float64
 	if err := e.conn.QueryRow(ctx, "SELECT used FROM quota_state FINAL WHERE tenant = ? AND model = '*' AND quota = 'monthly_tokens'", mover).Scan(&used); err != nil || used != 110_000 {
 		t.Errorf("%s monthly_tokens used %v (%v), want 110000", mover, used, err)
+	}
+}
+
+// toPartitions returns a function producing count events of tenant tn, of
+// tokens prompt tokens each, model gpt-4o, stamped at, to partition part
+// of the usage topic whatever the tenant's home; ids e1, e2, ... follow
+// each other across calls.
+func toPartitions(t *testing.T, e *env, at time.Time) func(part int32, tn string, count int, tokens int64) {
+	n := 0
+	return func(part int32, tn string, count int, tokens int64) {
+		t.Helper()
+		// A new client each time: it must see partitions added meanwhile.
+		cl, err := kafkaconn.NewClient(e.kafka, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		var recs []*kgo.Record
+		for range count {
+			n++
+			ev := schemas.UsageEvent{ID: fmt.Sprintf("e%d", n), Time: at, Tenant: tn, Model: "gpt-4o", PromptTokens: tokens}
+			recs = append(recs, &kgo.Record{Topic: e.topic, Partition: part, Key: []byte(tn), Value: eventjson.AppendUsageEventJSON(nil, &ev), Headers: v1Header})
+		}
+		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// repartitionEnv sets up a 3-partition usage topic with a monthly quota
+// of 100,000 tokens on every tenant and returns a tenant whose home moves
+// when the topic grows to 6 partitions.
+func repartitionEnv(t *testing.T) (*env, string) {
+	e := setup(t)
+	if err := os.WriteFile(e.policy, []byte("defaults:\n  timezone: UTC\n  models:\n    \"*\": {monthly_tokens: 100000}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		if tn := fmt.Sprintf("mover%d", i); homePartitionOf(tn, 3) != homePartitionOf(tn, 6) {
+			return e, tn
+		}
 	}
 }
