@@ -52,8 +52,8 @@
 // partition whose home under an earlier count was another partition is
 // rebuilt from what ClickHouse stored for it, across partitions, before its
 // first event there is counted, so its month so far carries over (this
-// needs ClickHouse: during an outage such a first event, like an evicted
-// tenant's return, holds the poll loop until ClickHouse answers). Row
+// needs ClickHouse: during an outage the tenant's events wait, like an
+// evicted tenant's, while every other tenant's are counted; restore.go). Row
 // versions of quota_state and usage_minute are the partition count shifted
 // by chstore.VersionShift plus the offset, so they only grow per tenant:
 // the new home's rows win over the old home's under FINAL although its

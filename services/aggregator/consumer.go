@@ -276,6 +276,7 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 				ref = rec.Timestamp
 			}
 			p.state.SetClock(ref)
+			moved := false
 			if p.restoring[ev.Tenant] == nil && !p.state.Known(ev.Tenant) {
 				if from := a.oldHomes(ev.Tenant, p.id); len(from) > 0 {
 					// The topic gained partitions and this tenant's home may
@@ -284,21 +285,24 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 					if !a.mayRestoreMoved(p, ev.Tenant, from, rec.Offset) {
 						break // p is paused at rec, which is read again
 					}
-					if !a.restore(ctx, p, ev.Tenant, rec.Offset) {
-						// Only a cancelled ctx gets here, which ends the poll
-						// loop: stop before this record; the final flush
-						// commits what came before and the rest is read again.
-						break
-					}
+					// Handed over: rebuilt off the poll loop like an evicted
+					// tenant (restore.go); rec waits with its later events.
+					a.startRestore(p, ev, rec.Partition, rec.Offset, ref)
+					moved = true
 				}
 			}
-			if pr := p.restoring[ev.Tenant]; pr != nil {
+			switch pr := p.restoring[ev.Tenant]; {
+			case moved:
+				// Parked by startRestore.
+			case pr != nil:
 				// Its restore is still running: the event waits with it.
 				pr.park(p, ev, rec.Partition, rec.Offset, ref)
-			} else if r := a.count(p, ev, rec.Partition, rec.Offset, ref); r == tally.Evicted {
-				// Rebuilt off the poll loop (restore.go); the tenant's
-				// events wait, every other tenant's keep flowing.
-				a.startRestore(p, ev, rec.Partition, rec.Offset, ref)
+			default:
+				if r := a.count(p, ev, rec.Partition, rec.Offset, ref); r == tally.Evicted {
+					// Rebuilt off the poll loop (restore.go); the tenant's
+					// events wait, every other tenant's keep flowing.
+					a.startRestore(p, ev, rec.Partition, rec.Offset, ref)
+				}
 			}
 		}
 		p.next, p.epoch = rec.Offset+1, rec.LeaderEpoch
@@ -468,25 +472,6 @@ func (a *aggregator) signalRecords(recs []*kgo.Record, b *chstore.Batch) []*kgo.
 		recs = append(recs, a.auth.Record(a.cfg.SignalsTopic, []byte(s.Tenant), b.Payloads[i]))
 	}
 	return recs
-}
-
-// restore rebuilds an evicted tenant from its events stored below offset,
-// retrying while ClickHouse is unreachable. It reports false when ctx ended
-// first.
-func (a *aggregator) restore(ctx context.Context, p *partition, tenant string, offset int64) bool {
-	start := time.Now()
-	err := a.retry(ctx, "restore tenant from clickhouse", p.id, func() error {
-		return p.state.Restore(tenant, func(apply func(*schemas.UsageEvent, int64)) error {
-			_, err := a.store.ReplayTenant(ctx, p.id, tenant, offset, apply)
-			return err
-		})
-	})
-	if err != nil {
-		a.log.Warn("evicted tenant not restored (shutting down)", "partition", p.id, "tenant", tenant, "err", err)
-		return false
-	}
-	a.m.restoreSeconds.Observe(time.Since(start).Seconds())
-	return true
 }
 
 func (a *aggregator) retry(ctx context.Context, what string, part int32, fn func() error) error {

@@ -26,17 +26,8 @@ func TestRepartitionKeepsTenantTotals(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
-	e := setup(t) // 3 partitions
-	if err := os.WriteFile(e.policy, []byte("defaults:\n  timezone: UTC\n  models:\n    \"*\": {monthly_tokens: 100000}\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	e, tenant := repartitionEnv(t)
 	home := homePartitionOf
-	tenant := ""
-	for i := 0; tenant == ""; i++ {
-		if tn := fmt.Sprintf("mover%d", i); home(tn, 3) != home(tn, 6) {
-			tenant = tn
-		}
-	}
 	// The old home gets many other events first, so its offsets (the old
 	// row versions) are far above the new home's.
 	filler := ""
@@ -47,27 +38,7 @@ func TestRepartitionKeepsTenantTotals(t *testing.T) {
 	}
 	r := runInProcess(t, e, e.ch.Addr, nil)
 
-	at := time.Now().UTC().Truncate(time.Second)
-	n := 0
-	send := func(part int32, tn string, count int, tokens int64) {
-		t.Helper()
-		cl, err := kafkaconn.NewClient(e.kafka, kgo.RecordPartitioner(kgo.ManualPartitioner()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cl.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		var recs []*kgo.Record
-		for range count {
-			n++
-			ev := schemas.UsageEvent{ID: fmt.Sprintf("e%d", n), Time: at, Tenant: tn, Model: "gpt-4o", PromptTokens: tokens}
-			recs = append(recs, &kgo.Record{Topic: e.topic, Partition: part, Key: []byte(tn), Value: eventjson.AppendUsageEventJSON(nil, &ev), Headers: v1Header})
-		}
-		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	send := toPartitions(t, e, time.Now().UTC().Truncate(time.Second))
 	send(home(filler, 3), filler, 50, 1)
 	send(home(tenant, 3), tenant, 8, 10_000)
 	itest.Eventually(t, 90*time.Second, "80% consumed on the old home", caughtUp(t, e))
@@ -232,4 +203,128 @@ func TestAddPartitionsUnderLoadHandsOver(t *testing.T) {
 // homePartitionOf is the aggregator's home partition of tenant among n.
 func homePartitionOf(tenant string, n int) int32 {
 	return int32(kgo.StickyKeyPartitioner(nil).ForTopic("").Partition(&kgo.Record{Key: []byte(tenant)}, n))
+}
+
+// TestMovedTenantRestoreDoesNotStallOthers: a tenant whose home moved when
+// the topic gained partitions is rebuilt on its new home from what
+// ClickHouse stored, once its old home handed it over. That query runs
+// beside the poll loop: with ClickHouse cut while it waits, another tenant
+// of the same partition still gets its quota_exhausted (it waited for the
+// whole outage when the restore held the poll loop); once ClickHouse is
+// back the moved tenant's month carries over exactly.
+func TestMovedTenantRestoreDoesNotStallOthers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	e, mover := repartitionEnv(t)
+	home := homePartitionOf
+	// Both move to the same new partition (murmur2 mod 6 is the old home
+	// or the old home + 3); stay is restored there before ClickHouse is
+	// cut, mover after.
+	stay := ""
+	for i := 0; stay == ""; i++ {
+		if tn := fmt.Sprintf("stay%d", i); home(tn, 6) == home(mover, 6) {
+			stay = tn
+		}
+	}
+	proxy := itest.NewProxy(t, e.ch.Addr)
+	r := runInProcess(t, e, proxy.Addr(), nil)
+	send := toPartitions(t, e, time.Now().UTC().Truncate(time.Second))
+	send(home(mover, 3), mover, 8, 10_000)
+	send(home(stay, 3), stay, 1, 10)
+	itest.Eventually(t, 90*time.Second, "80% consumed on the old home", caughtUp(t, e))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 180*time.Second)
+	defer cancel()
+	if _, err := e.adm.CreatePartitions(ctx, 3, e.topic); err != nil {
+		t.Fatal(err)
+	}
+	// Every partition, the new ones included, committed under the new
+	// count: the old home handed over, and the new partitions were
+	// assigned and rebuilt while ClickHouse answered.
+	itest.Eventually(t, 120*time.Second, "every partition committed under 6 partitions", func() bool {
+		offs, err := e.adm.FetchOffsets(ctx, e.group)
+		if err != nil {
+			return false
+		}
+		for p := range int32(6) {
+			o, ok := offs.Lookup(e.topic, p)
+			if !ok || o.Err != nil || o.Metadata != "sluice-partitions=6" {
+				return false
+			}
+		}
+		return true
+	})
+
+	send(home(stay, 6), stay, 1, 10)
+	itest.Eventually(t, 90*time.Second, "the other tenant restored on its new home", func() bool {
+		return r.metric(t, "sluice_aggregator_restored_tenants_total", "") == 1
+	})
+	itest.Eventually(t, 90*time.Second, "its event stored", caughtUp(t, e))
+
+	proxy.Cut()
+	w := watchSignals(t, e)
+	send(home(mover, 6), mover, 3, 10_000)
+	sentAt := time.Now()
+	send(home(stay, 6), stay, 1, 100_000)
+	itest.Eventually(t, 60*time.Second, "the other tenant's quota_exhausted while the moved tenant's restore waits for ClickHouse", w.has(func(s *schemas.Signal) bool {
+		return s.Kind == schemas.SignalQuotaExhausted && s.Tenant == stay
+	}))
+	t.Logf("%s signalled %s after its event, %s's restore pending", stay, time.Since(sentAt).Round(time.Millisecond), mover)
+	if got := r.metric(t, "sluice_aggregator_restored_tenants_total", ""); got != 1 {
+		t.Fatalf("%v tenants restored, want only the other one (the mover's restore must be waiting for ClickHouse)", got)
+	}
+
+	proxy.Restore()
+	itest.Eventually(t, 90*time.Second, "the moved tenant's quota_exhausted once ClickHouse is back", w.has(func(s *schemas.Signal) bool {
+		return s.Kind == schemas.SignalQuotaExhausted && s.Tenant == mover
+	}))
+	itest.Eventually(t, 90*time.Second, "everything stored once ClickHouse returned", caughtUp(t, e))
+	var used float64
+	if err := e.conn.QueryRow(ctx, "SELECT used FROM quota_state FINAL WHERE tenant = ? AND model = '*' AND quota = 'monthly_tokens'", mover).Scan(&used); err != nil || used != 110_000 {
+		t.Errorf("%s monthly_tokens used %v (%v), want 110000", mover, used, err)
+	}
+}
+
+// toPartitions returns a function producing count events of tenant tn, of
+// tokens prompt tokens each, model gpt-4o, stamped at, to partition part
+// of the usage topic whatever the tenant's home; ids e1, e2, ... follow
+// each other across calls.
+func toPartitions(t *testing.T, e *env, at time.Time) func(part int32, tn string, count int, tokens int64) {
+	n := 0
+	return func(part int32, tn string, count int, tokens int64) {
+		t.Helper()
+		// A new client each time: it must see partitions added meanwhile.
+		cl, err := kafkaconn.NewClient(e.kafka, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		var recs []*kgo.Record
+		for range count {
+			n++
+			ev := schemas.UsageEvent{ID: fmt.Sprintf("e%d", n), Time: at, Tenant: tn, Model: "gpt-4o", PromptTokens: tokens}
+			recs = append(recs, &kgo.Record{Topic: e.topic, Partition: part, Key: []byte(tn), Value: eventjson.AppendUsageEventJSON(nil, &ev), Headers: v1Header})
+		}
+		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// repartitionEnv sets up a 3-partition usage topic with a monthly quota
+// of 100,000 tokens on every tenant and returns a tenant whose home moves
+// when the topic grows to 6 partitions.
+func repartitionEnv(t *testing.T) (*env, string) {
+	e := setup(t)
+	if err := os.WriteFile(e.policy, []byte("defaults:\n  timezone: UTC\n  models:\n    \"*\": {monthly_tokens: 100000}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		if tn := fmt.Sprintf("mover%d", i); homePartitionOf(tn, 3) != homePartitionOf(tn, 6) {
+			return e, tn
+		}
+	}
 }

@@ -16,6 +16,12 @@ import (
 // in arrival order, and are counted once its stored events are replayed;
 // every other tenant's events are counted meanwhile.
 //
+// A tenant whose home moved here when the topic gained partitions is
+// rebuilt the same way, from what its old homes stored, once the hand-over
+// allows it (handover.go): until its old homes committed under the new
+// partition count the partition stops at the tenant's first event; after
+// that only the tenant's events wait for the query.
+//
 // Exactly-once is kept by committing no offset past the first parked
 // event (partition.committable): a crash or a revoke before the restore
 // ends re-reads the parked events, and the events of other tenants after
@@ -27,7 +33,7 @@ import (
 // ClickHouse is away), so memory stays bounded.
 const maxParkedEvents = 100_000
 
-// pendingRestore is one evicted tenant being rebuilt.
+// pendingRestore is one evicted or moved tenant being rebuilt.
 type pendingRestore struct {
 	tenant string
 	offset int64 // of the event that found it evicted: the replay reads below it
@@ -59,8 +65,9 @@ func (r *pendingRestore) park(p *partition, ev *schemas.UsageEvent, part int32, 
 	p.parked++
 }
 
-// startRestore starts rebuilding ev's tenant, evicted from p, from what
-// ClickHouse stored below ev's offset, and parks ev until it is done.
+// startRestore starts rebuilding ev's tenant — evicted from p, or moved to
+// p and handed over — from what ClickHouse stored for it (below ev's
+// offset on p, and on its other partitions), and parks ev until it is done.
 func (a *aggregator) startRestore(p *partition, ev *schemas.UsageEvent, part int32, offset int64, ref time.Time) {
 	if p.restoring == nil {
 		p.restoring = map[string]*pendingRestore{}

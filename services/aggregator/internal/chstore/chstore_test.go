@@ -132,7 +132,7 @@ func TestOneWriteOfSeveralBatches(t *testing.T) {
 }
 
 // migratedDB opens a fresh ClickHouse database with the migrations applied.
-func migratedDB(t *testing.T, ctx context.Context) driver.Conn {
+func migratedDB(t testing.TB, ctx context.Context) driver.Conn {
 	t.Helper()
 	conn, err := chconn.Open(ctx, itest.ClickHouse(t))
 	if err != nil {
