@@ -205,16 +205,11 @@ func TestHigherClassesRunFirst(t *testing.T) {
 	}
 }
 
-// TestRefusedRunsWaitForCapacity: a run answered 429 is not the result:
-// the task goes back and runs again (with a new run number) until it is
-// answered; one refused past max_wait fails with the last answer.
-func TestRefusedRunsWaitForCapacity(t *testing.T) {
-	e := newEnv(t)
-	e.cfg.MaxWait = time.Second
-	q := e.queue(t)
-	var mu sync.Mutex
-	runs := map[string][]int{}
-	exec := func(ctx context.Context, task *Task, run int) Outcome {
+// busyExec answers 429 to every run of the task whose body is
+// "always-busy" and to the first two runs of any other, then 200; it records
+// each task's run numbers in runs.
+func busyExec(mu *sync.Mutex, runs map[string][]int) func(ctx context.Context, task *Task, run int) Outcome {
+	return func(ctx context.Context, task *Task, run int) Outcome {
 		mu.Lock()
 		runs[task.ID] = append(runs[task.ID], run)
 		n := len(runs[task.ID])
@@ -229,19 +224,39 @@ func TestRefusedRunsWaitForCapacity(t *testing.T) {
 		_, _ = rec.Write([]byte(`{"answer":42}`))
 		return rec.Outcome()
 	}
-	busy := submit(t, q, "acme", schemas.PriorityNormal, `"always-busy"`)
+}
+
+// TestRefusedRunsWaitForCapacity: a run answered 429 is not the result:
+// the task goes back and runs again (with a new run number) until it is
+// answered.
+func TestRefusedRunsWaitForCapacity(t *testing.T) {
+	e := newEnv(t)
+	q := e.queue(t)
+	var mu sync.Mutex
+	runs := map[string][]int{}
 	later := submit(t, q, "acme", schemas.PriorityNormal, `"later"`)
-	e.worker(t, exec)
+	e.worker(t, busyExec(&mu, runs))
 	st := waitState(t, q, "acme", later.ID)
 	if st.Status != Succeeded || st.Runs != 3 || st.Retries != 2 || st.Result == nil || string(st.Result.Body) != `{"answer":42}` {
 		t.Fatalf("state %+v, want succeeded on the third run after 2 retries", st)
 	}
 	mu.Lock()
+	defer mu.Unlock()
 	if fmt.Sprint(runs[later.ID]) != "[1 2 3]" {
 		t.Errorf("run numbers %v, want 1 2 3", runs[later.ID])
 	}
-	mu.Unlock()
-	st = waitState(t, q, "acme", busy.ID)
+}
+
+// TestRefusedPastMaxWaitFails: a task refused until max_wait has passed
+// since its submission fails, with the last answer or as expired.
+func TestRefusedPastMaxWaitFails(t *testing.T) {
+	e := newEnv(t)
+	e.cfg.MaxWait = time.Second
+	q := e.queue(t)
+	var mu sync.Mutex
+	busy := submit(t, q, "acme", schemas.PriorityNormal, `"always-busy"`)
+	e.worker(t, busyExec(&mu, map[string][]int{}))
+	st := waitState(t, q, "acme", busy.ID)
 	last429 := st.Result != nil && st.Result.Status == http.StatusTooManyRequests
 	if st.Status != Failed || (!last429 && st.ErrorCode != "expired") || st.Finished.Sub(st.Created) < e.cfg.MaxWait-50*time.Millisecond {
 		t.Fatalf("always refused: %+v, want failed once max_wait passed (expired, or with the last 429)", st)
