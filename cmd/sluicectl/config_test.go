@@ -46,6 +46,7 @@ func writeConfig(t *testing.T, body string) string {
 // found". sluicectl takes the shared sections from it and ignores the
 // rest; flags still override the file.
 func TestSluicectlReadsTheServicesConfig(t *testing.T) {
+	withoutSluiceEnv(t)
 	t.Setenv("SLUICE_CONFIG", writeConfig(t, servicesYAML))
 
 	rep, err := loadReportConfig("report", "table", []string{"-month", "2026-11", "-tenant", "acme"})
@@ -86,5 +87,18 @@ func TestSluicectlConfigStillRejectsTyposInSharedSections(t *testing.T) {
 	_, err := loadReportConfig("report", "table", []string{"-month", "2026-11"})
 	if err == nil || !strings.Contains(err.Error(), "adr") {
 		t.Fatalf("typo clickhouse.adr: error %v, want one naming adr", err)
+	}
+}
+
+// withoutSluiceEnv unsets every SLUICE_ variable for the test: the
+// environment wins over the config file, so a shell with the services'
+// addresses exported (scripts/services.sh env) would hide the file's.
+func withoutSluiceEnv(t *testing.T) {
+	t.Helper()
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "SLUICE_") {
+			t.Setenv(k, "") // restored after the test
+			os.Unsetenv(k)
+		}
 	}
 }
