@@ -156,6 +156,17 @@ class Rule:
                    rate=float(d.get("rate_per_second", 0.0)), scope=Scope(**sc), exact=bool(d.get("exact", False)),
                    reserve=float(d.get("reserve", 0.0)))
 
+    def to_dict(self) -> dict[str, Any]:
+        """The rule's JSON form, the inverse of from_dict."""
+        d: dict[str, Any] = {"name": self.name, "scope": self.scope.as_dict(), "unit": self.unit,
+                             "algorithm": self.algorithm, "limit": self.limit}
+        if self.algorithm == "sliding_window":
+            d["window_ms"] = self.window_ms
+        else:
+            d["rate_per_second"] = self.rate
+        d["exact"], d["reserve"] = self.exact, self.reserve
+        return d
+
 
 @dataclass
 class TenantRules:
@@ -192,6 +203,15 @@ class Rules:
     @classmethod
     def from_json(cls, text: str) -> Rules:
         return cls.from_dict(json.loads(text))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The rules' JSON form, the inverse of from_dict."""
+
+        def tr(x: TenantRules) -> dict[str, Any]:
+            return {"rules": [r.to_dict() for r in x.rules], "fail_mode": x.fail_mode}
+
+        return {"shared": [r.to_dict() for r in self.shared], "tenants": {t: tr(x) for t, x in sorted(self.tenants.items())},
+                "default": tr(self.default)}
 
     def validate(self) -> None:
         """Raise ValueError naming every bad field and the limit it breaks."""

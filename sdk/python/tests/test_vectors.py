@@ -1,6 +1,8 @@
 """gateway/admission/testdata/vectors.json, the admission vectors the Go SDK
 runs too (TestSharedVectors), against the real Redis, with the sync and
-the asyncio Limiter."""
+the asyncio Limiter. A case with "policy" takes its rules from that file
+of policy/testdata, read by sluice.policy (Go reads what the Go policy
+package makes of it)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from sluice import ratelimit
+from sluice import policy, ratelimit
 from sluice.admission import AsyncLimiter, Decision, Limiter, Request, Rules, Ticket
 
 from conftest import ROOT
@@ -39,13 +41,19 @@ def check(step: int, d: Decision, e: dict[str, Any]) -> None:
             assert [h.limit, h.remaining] == [e[k]["limit"], e[k]["remaining"]], f"{where}: {k} headroom"
 
 
+def rules(case: dict[str, Any]) -> Rules:
+    if "policy" in case:
+        return policy.load(ROOT / "policy" / "testdata" / case["policy"]).admission_rules()
+    return Rules.from_dict(case["rules"])
+
+
 def request(a: dict[str, Any]) -> Request:
     return Request(**{"priority": "normal", **a})
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_vectors_sync(case: dict[str, Any], rdb: redis.Redis, redis_addr: str, prefix: str) -> None:
-    lim = Limiter(redis.Redis.from_url(f"redis://{redis_addr}/0", socket_timeout=2), Rules.from_dict(case["rules"]),
+    lim = Limiter(redis.Redis.from_url(f"redis://{redis_addr}/0", socket_timeout=2), rules(case),
                   prefix=prefix, max_wait=2)
     tickets: dict[str, Ticket] = {}
     originals: dict[str, Ticket] = {}
@@ -68,7 +76,7 @@ def test_vectors_sync(case: dict[str, Any], rdb: redis.Redis, redis_addr: str, p
 def test_vectors_async(case: dict[str, Any], rdb: redis.Redis, redis_addr: str, prefix: str) -> None:
     async def run() -> None:
         client = redis.asyncio.Redis.from_url(f"redis://{redis_addr}/0")
-        lim = AsyncLimiter(client, Rules.from_dict(case["rules"]), prefix=prefix, max_wait=2)
+        lim = AsyncLimiter(client, rules(case), prefix=prefix, max_wait=2)
         tickets: dict[str, Ticket] = {}
         originals: dict[str, Ticket] = {}
         for i, s in enumerate(case["steps"]):
