@@ -485,8 +485,8 @@ class _Local:
     win: dict[int, int] = field(default_factory=dict)
 
 
-Client = Union["redis.Redis[Any]", "redis.RedisCluster[Any]"]
-AsyncClient = Union["redis.asyncio.Redis[Any]", "redis.asyncio.RedisCluster[Any]"]
+Client = Union[redis.Redis, redis.RedisCluster]
+AsyncClient = Union[redis.asyncio.Redis, redis.asyncio.RedisCluster]
 
 
 class _Core:

@@ -184,7 +184,7 @@ class SluiceHook(CustomLogger):
 
     # -- before the call --------------------------------------------------
 
-    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> dict:
+    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: Any) -> dict[str, Any]:
         model = str(data.get("model") or "")
         tenant = self.tenant(user_api_key_dict, data)
         key_id = self.key_id(user_api_key_dict)
@@ -236,13 +236,13 @@ class SluiceHook(CustomLogger):
 
     # -- after the call ---------------------------------------------------
 
-    async def async_log_success_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
+    async def async_log_success_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
         await self._after(kwargs, response_obj, start_time, end_time, ok=True)
 
-    async def async_log_failure_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
+    async def async_log_failure_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
         await self._after(kwargs, response_obj, start_time, end_time, ok=False)
 
-    async def _after(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any, ok: bool) -> None:
+    async def _after(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any, ok: bool) -> None:
         slo = kwargs.get("standard_logging_object") or {}
         md = (kwargs.get("litellm_params") or {}).get("metadata") or {}
         rid = md.get("sluice_request_id") or (slo.get("metadata") or {}).get("requester_metadata", {}).get("sluice_request_id")
