@@ -879,6 +879,10 @@ def _tighter(cur: Headroom, h: Headroom) -> Headroom:
     return cur
 
 
+# asyncio.timeout (Python 3.11+) bounds an await without a task of its own.
+_timeout: Any = getattr(asyncio, "timeout", None)
+
+
 def _redis_failure(e: BaseException) -> bool:
     # Connection trouble and timeouts mean "unreachable"; a script error
     # (a bug, a wrong reply) also is, so requests keep being decided.
@@ -978,11 +982,20 @@ class AsyncLimiter(_LimiterBase):
                          probe_interval=probe_interval, max_pending=max_pending, max_instances=max_instances)
 
     async def _run(self, s: Any, calls: list[_Call], bound: bool = True) -> list[Any]:
+        # The common case, one Redis (or one slot), is awaited directly and
+        # bounded by asyncio.timeout where there is one (3.11+): gather and
+        # wait_for each wrap the call in a task, which the hook in LiteLLM
+        # paid on every request.
         async def all_calls() -> list[Any]:
+            if len(calls) == 1:
+                return [await s(keys=calls[0].keys, args=calls[0].args)]
             return list(await asyncio.gather(*(s(keys=c.keys, args=c.args) for c in calls)))
 
         if not bound:
             return await all_calls()
+        if _timeout is not None:
+            async with _timeout(self._core.max_wait):
+                return await all_calls()
         return await asyncio.wait_for(all_calls(), self._core.max_wait)
 
     async def _recover(self) -> None:
