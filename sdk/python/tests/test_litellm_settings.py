@@ -3,12 +3,18 @@ policy file's admission rules, the ones Go gateways enforce."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 import pytest
 
-from sluice import policy
-from sluice.litellm import Settings
+# LiteLLM reads its model cost map from the network at import unless told
+# to use the copy it ships (as the e2e tests start the proxy).
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("LITELLM_TELEMETRY", "False")
+
+from sluice import policy  # noqa: E402
+from sluice.litellm import Settings  # noqa: E402
 
 from conftest import ROOT
 
