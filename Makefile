@@ -31,11 +31,13 @@ run: build ## the main job: the whole pipeline, a mock LLM, a gateway, load and 
 	$(SERVICES) up clickhouse redis alertmanager
 	bin/sluice demo
 
-test: services pyenv ## every test of every module against the real services (-race), and the Python SDK's
+test: services pyenv ## every test of every module against the real services (-race), and the Python SDK's (mypy --strict first)
+	cd sdk/python && $(CURDIR)/$(VENV)/bin/python -m mypy
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider sdk/python
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
-pytest: services pyenv ## the Python SDK's tests alone (also part of make test)
+pytest: services pyenv ## the Python SDK's type check (mypy, strict; pyproject.toml [tool.mypy]) and tests alone (also part of make test)
+	cd sdk/python && $(CURDIR)/$(VENV)/bin/python -m mypy
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider sdk/python
 
 e2e: services pyenv ## the end-to-end, fault and bad-input suites alone (also part of make test)

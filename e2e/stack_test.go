@@ -293,7 +293,9 @@ func (s *stack) args(opsAddr string) []string {
 		"-services.gateway.deferred.group=" + s.topic + "_deferred",
 		"-services.gateway.deferred.key_prefix=" + s.prefix + "deferred:",
 		// Nor the forward-auth endpoint's.
+		"-services.authz.name=" + s.prefix + "authz",
 		"-services.authz.checker.key_prefix=" + s.prefix,
+		"-services.authz.usage.topic=" + s.topic,
 		"-services.authz.admission.key_prefix=" + s.prefix + "adm:",
 		"-services.authz.admission.upstream_key_prefix=" + s.prefix + "up:",
 		"-services.console.key_prefix=" + s.prefix,

@@ -184,6 +184,10 @@ func chooseServices(cfg *Config, names []string) ([]service, error) {
 	if named("gateway") && named("authz") && cfg.Services.Gateway.Admission.PolicyFile != "" && cfg.Services.Authz.Admission.PolicyFile != "" {
 		errs = append(errs, errors.New("services.authz.admission.policy_file: the gateway in this process admits too, and one process reports one admission's metrics; run the authz service in a process of its own (both share the limits through Redis)"))
 	}
+	// So does each Emitter, with the sluice_emitter_* series.
+	if named("gateway") && named("authz") && cfg.Services.Gateway.Usage.Sink != gateway.SinkNone && cfg.Services.Authz.Usage.Sink != gateway.SinkNone {
+		errs = append(errs, errors.New("services.authz.usage.sink: the gateway in this process sends usage events too, and one process reports one Emitter's metrics; run the authz service in a process of its own, or set its sink to none"))
+	}
 	// The key ring is read now, not when the services start: a missing or
 	// bad key refuses the start before anything runs.
 	if slices.ContainsFunc(chosen, func(s service) bool { return s.signals }) {

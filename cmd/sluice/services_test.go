@@ -113,4 +113,16 @@ func TestGatewayAndAuthzAdmittingInOneProcessRefused(t *testing.T) {
 	if _, err := chooseServices(&cfg, []string{"authz"}); err != nil {
 		t.Fatalf("authz alone: %v", err)
 	}
+	// The same for usage events: one Emitter per process.
+	cfg.Services.Authz.Admission.PolicyFile = ""
+	g.Usage.Sink = gateway.SinkIngest
+	cfg.Services.Authz.Usage.Sink = gateway.SinkIngest
+	_, err = chooseServices(&cfg, []string{"gateway", "authz"})
+	if err == nil || !strings.Contains(err.Error(), "services.authz.usage.sink") || !strings.Contains(err.Error(), "process of its own") {
+		t.Fatalf("both sending usage events in one process: %v", err)
+	}
+	cfg.Services.Authz.Usage.Sink = gateway.SinkNone
+	if _, err := chooseServices(&cfg, []string{"gateway", "authz"}); err != nil {
+		t.Fatalf("the gateway sending events and authz not: %v", err)
+	}
 }

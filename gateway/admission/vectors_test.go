@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,10 +22,16 @@ type vectorFile struct {
 }
 
 type vectorCase struct {
-	Name  string       `json:"name"`
-	Rules vectorRules  `json:"rules"`
-	Steps []vectorStep `json:"steps"`
-	Keys  []string     `json:"keys"`
+	Name  string      `json:"name"`
+	Rules vectorRules `json:"rules"`
+	// Policy names a policy file of policy/testdata whose rules the case
+	// runs instead of Rules: here, what policy.AdmissionRules makes of it as
+	// policy/testdata/admission.rules.json records it (the policy package
+	// imports this one, and TestAdmissionRulesGolden keeps that file true);
+	// the Python SDK reads the policy file itself (sluice.policy).
+	Policy string       `json:"policy"`
+	Steps  []vectorStep `json:"steps"`
+	Keys   []string     `json:"keys"`
 }
 
 type vectorRules struct {
@@ -162,6 +169,9 @@ func TestSharedVectors(t *testing.T) {
 		t.Fatal("no cases in testdata/vectors.json")
 	}
 	for _, c := range f.Cases {
+		if c.Policy != "" {
+			c.Rules = policyRules(t, c.Policy)
+		}
 		t.Run(c.Name, func(t *testing.T) {
 			client := testClient(t, "")
 			prefix := testPrefix(t)
@@ -208,6 +218,29 @@ func TestSharedVectors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// policyRules returns the admission rules of policy/testdata/<name> as
+// policy/testdata/admission.rules.json records them.
+func policyRules(t *testing.T, name string) vectorRules {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "..", "policy", "testdata", "admission.rules.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var golden struct {
+		Files map[string]struct {
+			Admission vectorRules `json:"admission"`
+		} `json:"files"`
+	}
+	if err := json.Unmarshal(raw, &golden); err != nil {
+		t.Fatal(err)
+	}
+	f, ok := golden.Files[name]
+	if !ok {
+		t.Fatalf("policy %s: not in policy/testdata/admission.rules.json", name)
+	}
+	return f.Admission
 }
 
 func checkVector(t *testing.T, step int, d Decision, e *vectorExpect) {

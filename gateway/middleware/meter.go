@@ -264,7 +264,7 @@ func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, te
 					slog.String("rule", t.Decision.Rule), slog.Int64("limit", t.Decision.Limit))
 			}
 			if m.emitRefusals {
-				ev := admissionRefusalEvent(&base, t.Decision, m.now())
+				ev := AdmissionRefusalEvent(base, t.Decision.Rule, admission.Status(t.Decision), m.now())
 				_ = m.emitter.Emit(&ev)
 			}
 			admission.WriteRefusal(w, t.Decision)
@@ -408,13 +408,25 @@ func (m *mw) settle(ctx context.Context, c *Call, base schemas.UsageEvent, statu
 	return ev
 }
 
-// admissionRefusalEvent is the usage event for a request admission
-// refused: outcome rejected, zero tokens, the refusing rule named.
-func admissionRefusalEvent(base *schemas.UsageEvent, d admission.Decision, now time.Time) schemas.UsageEvent {
-	ev := *base
+// AdmissionRefusalEvent is the usage event for a request admission
+// refused with status: base's fields (tenant, model, key, user, ...), its
+// id prefixed with "rej-" (a fresh id when base has none), outcome
+// rejected, zero tokens, and attributes refused_by=admission and rule, the
+// refusing rule (fail_closed when rule is empty: Redis was away and the
+// tenant fails closed). A model base leaves out becomes "unknown", as in
+// RefusalEvent. Gateways that admit without the middleware (services/authz)
+// send the same.
+func AdmissionRefusalEvent(base schemas.UsageEvent, rule string, status int, now time.Time) schemas.UsageEvent {
+	ev := base
+	if ev.ID == "" {
+		ev.ID = newID()
+	}
+	if ev.Model == "" {
+		ev.Model = "unknown"
+	}
 	ev.ID = "rej-" + ev.ID
-	ev.Time, ev.Status, ev.Outcome = now.UTC(), admission.Status(d), schemas.OutcomeRejected
-	rule := d.Rule
+	ev.Time, ev.Status, ev.Outcome = now.UTC(), status, schemas.OutcomeRejected
+	ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens, ev.Estimated = 0, 0, 0, false
 	if rule == "" {
 		rule = "fail_closed"
 	}

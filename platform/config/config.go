@@ -169,8 +169,13 @@ func collect(v reflect.Value, prefix string, out, yamlOnly *[]leaf) {
 		if !f.IsExported() {
 			continue
 		}
-		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
 		if name == "-" {
+			continue
+		}
+		if f.Anonymous && opts == "inline" && f.Type.Kind() == reflect.Struct {
+			// An embedded struct's settings are its parent's, as in YAML.
+			collect(v.Field(i), prefix, out, yamlOnly)
 			continue
 		}
 		if name == "" {

@@ -184,3 +184,44 @@ func TestHelpNamesYAMLOnlySettingsAndSmallIntsAreSettable(t *testing.T) {
 		t.Fatalf("int16 from the environment: %d, want 3", c.Replicas)
 	}
 }
+
+// Sink is embedded inline in inlineConfig, as services/gateway embeds its
+// EventSink in UsageConfig.
+type Sink struct {
+	URL    string `yaml:"url"`
+	Buffer int    `yaml:"buffer"`
+}
+
+type inlineConfig struct {
+	Usage struct {
+		Sink     `yaml:",inline"`
+		Estimate bool `yaml:"estimate"`
+	} `yaml:"usage"`
+}
+
+// TestInlineStructSettingsBelongToTheParent: the settings of a struct
+// embedded with yaml ",inline" are named as its parent's own, in YAML, the
+// environment, the flags and the reference.
+func TestInlineStructSettingsBelongToTheParent(t *testing.T) {
+	path := writeFile(t, "usage:\n  url: http://a\n  estimate: true\n")
+	var c inlineConfig
+	err := Load(&c, Options{FlagSet: quiet(), Args: []string{"-config", path, "-usage.buffer=7"},
+		LookupEnv: env(map[string]string{"SLUICE_USAGE_URL": "http://b"})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Usage.URL != "http://b" || c.Usage.Buffer != 7 || !c.Usage.Estimate {
+		t.Fatalf("loaded %+v, want url from env, buffer from the flag, estimate from YAML", c.Usage)
+	}
+	settings, err := Describe(&inlineConfig{}, "SLUICE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, s := range settings {
+		keys = append(keys, s.Path)
+	}
+	if got := strings.Join(keys, ","); got != "usage.buffer,usage.estimate,usage.url" {
+		t.Fatalf("settings %s, want usage.buffer, usage.estimate and usage.url", got)
+	}
+}

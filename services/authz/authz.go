@@ -35,6 +35,10 @@ type Deps struct {
 	Checker middleware.Decider
 	// Admitter, when not nil, is asked after the flags allowed a request.
 	Admitter gateway.Admitter
+	// Emitter, when not nil, receives a usage event for each check the
+	// flags or admission refuse (outcome rejected, zero tokens), as sluice
+	// gateway sends for the requests it refuses; see refusalEvent.
+	Emitter middleware.Emitter
 	// Keys, when not nil, authenticates the key in Headers.Key; nil takes
 	// the tenant from Headers.Tenant (the proxy authenticated the caller).
 	Keys *keyfile.File[gateway.Caller]
@@ -50,6 +54,7 @@ type Server struct {
 	cfg     Config
 	dec     middleware.Decider
 	admit   gateway.Admitter
+	em      middleware.Emitter
 	keys    *keyfile.File[gateway.Caller]
 	log     *slog.Logger
 	m       *metrics
@@ -67,7 +72,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{cfg: cfg, dec: deps.Checker, admit: deps.Admitter, keys: deps.Keys, log: log, m: newMetrics(),
+	s := &Server{cfg: cfg, dec: deps.Checker, admit: deps.Admitter, em: deps.Emitter, keys: deps.Keys, log: log, m: newMetrics(),
 		sub: cfg.Path + "/", now: time.Now}
 	if s.dec == nil {
 		s.dec = allowAll{}
@@ -150,6 +155,9 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 				slog.String("model", c.model), slog.String("api_key_id", c.keyID), slog.String("kind", string(f.Kind)),
 				slog.String("quota", f.Quota), slog.String("reason", f.Reason))
 		}
+		if s.em != nil {
+			s.emit(middleware.RefusalEvent(d, c.tenant, c.model, c.keyID, c.endpoint, s.cfg.Name, start), &c)
+		}
 		s.deny(w, cw, &c, byFlags, start)
 		return
 	}
@@ -168,6 +176,11 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 				st = http.StatusTooManyRequests
 			}
 			ratelimit.WriteError(cw, st, f.Error, f.RetryAfter)
+			if s.em != nil && st != http.StatusBadRequest { // 400: a request admission could not judge, not a refusal
+				ev := middleware.AdmissionRefusalEvent(schemas.UsageEvent{Tenant: c.tenant, Model: c.model, APIKeyID: c.keyID,
+					Endpoint: c.endpoint, Gateway: s.cfg.Name}, f.Rule, st, start)
+				s.emit(&ev, &c)
+			}
 			s.deny(w, cw, &c, byAdmission, start)
 			return
 		}
@@ -182,6 +195,14 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(http.StatusOK)
 	s.m.observe(http.StatusOK, byAllowed, s.now().Sub(start))
+}
+
+// emit sends the usage event of a refused check, with the caller's user
+// and priority (as sluice gateway's events carry them). Emit never blocks:
+// a full buffer drops the event and the Emitter counts it.
+func (s *Server) emit(ev *schemas.UsageEvent, c *call) {
+	ev.User, ev.Priority = c.user, c.priority
+	_ = s.em.Emit(ev)
 }
 
 // deny answers the refusal written into cw, with its body repeated in

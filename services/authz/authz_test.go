@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/gateway/ratelimit"
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/gateway"
 	"github.com/sluicehq/sluice/services/internal/keyfile"
 )
@@ -328,5 +329,113 @@ func TestConfigErrorsNameTheSetting(t *testing.T) {
 	}
 	if err := DefaultConfig().Validate(); err != nil {
 		t.Fatalf("the defaults do not validate: %v", err)
+	}
+}
+
+// recordEmitter keeps the events it is given.
+type recordEmitter struct {
+	mu  sync.Mutex
+	evs []schemas.UsageEvent
+}
+
+func (r *recordEmitter) Emit(ev *schemas.UsageEvent) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.evs = append(r.evs, *ev)
+	return nil
+}
+
+func (r *recordEmitter) take() []schemas.UsageEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.evs
+	r.evs = nil
+	return out
+}
+
+// TestRefusedChecksEmitRejectedEvents: every check the flags or admission
+// refuse (429, 403, 503) is one usage event, outcome rejected, zero
+// tokens, the status answered and what refused it — the events sluice
+// gateway sends for the requests it refuses (gateway/middleware's
+// RefusalEvent and AdmissionRefusalEvent), so Sluice counts refusals
+// whichever of the two answered. Allowed checks, and checks refused before
+// a tenant is known or for a bad header, emit none.
+func TestRefusedChecksEmitRejectedEvents(t *testing.T) {
+	until := time.Now().Add(time.Hour)
+	dec := fakeDecider{
+		"blocked": {Outcome: checker.Refused, Flag: &flags.Flag{State: flags.StateBlacklist, Kind: flags.KindBlacklist, Until: until}},
+		"spent": {Outcome: checker.Refused, Flag: &flags.Flag{State: flags.StateOpen, Kind: flags.KindQuota, Quota: "daily_tokens", Period: "day",
+			Used: 1200, Limit: 1000, Until: until, ResetsAt: until}},
+		"strict": {Outcome: checker.RefusedStale},
+	}
+	adm := &fakeAdmitter{}
+	em := &recordEmitter{}
+	cfg := DefaultConfig()
+	cfg.Name = "edge-authz"
+	hs := newServer(t, cfg, Deps{Checker: dec, Admitter: adm, Emitter: em})
+
+	type want struct {
+		tenant, model, rule string
+		status              int
+		refusedBy           string
+	}
+	check := func(what string, w want) {
+		t.Helper()
+		evs := em.take()
+		if len(evs) != 1 {
+			t.Fatalf("%s: %d events, want 1: %+v", what, len(evs), evs)
+		}
+		ev := evs[0]
+		if ev.Outcome != schemas.OutcomeRejected || ev.Status != w.status || ev.Tenant != w.tenant || ev.Model != w.model ||
+			ev.APIKeyID != "k1" || ev.User != "bob" || ev.Endpoint != "/v1/chat/completions" || ev.Gateway != "edge-authz" ||
+			ev.PromptTokens != 0 || ev.CompletionTokens != 0 || ev.Attributes["refused_by"] != w.refusedBy || ev.Attributes["rule"] != w.rule {
+			t.Fatalf("%s: event %+v, want %+v", what, ev, w)
+		}
+		if err := ev.Validate(); err != nil {
+			t.Fatalf("%s: the event is not a valid usage event: %v", what, err)
+		}
+	}
+	ask1 := func(tenant string, model string) *http.Response {
+		t.Helper()
+		resp, _ := ask(t, hs.URL+"/authz", "X-Sluice-Tenant", tenant, "X-Sluice-Key-Id", "k1", "X-Sluice-Model", model,
+			"X-Sluice-User", "bob", "X-Forwarded-Uri", "/v1/chat/completions")
+		return resp
+	}
+
+	if r := ask1("spent", "gpt-4o"); r.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("spent: %d", r.StatusCode)
+	}
+	check("a spent quota", want{tenant: "spent", model: "gpt-4o", status: 429, refusedBy: "quota"})
+	if r := ask1("blocked", ""); r.StatusCode != http.StatusForbidden {
+		t.Fatalf("blocked: %d", r.StatusCode)
+	}
+	check("a blacklist, no model named", want{tenant: "blocked", model: "unknown", status: 403, refusedBy: "blacklist"})
+	if r := ask1("strict", "gpt-4o"); r.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("strict: %d", r.StatusCode)
+	}
+	check("a stale view failing closed", want{tenant: "strict", model: "gpt-4o", status: 503, refusedBy: "fail_closed"})
+
+	adm.answer(gateway.Admission{Refused: &gateway.Refusal{Status: http.StatusTooManyRequests, RetryAfter: time.Second, Rule: "per-user",
+		Error: ratelimit.Error{Type: "requests", Code: "rate_limit_exceeded", Message: "rule per-user"}}})
+	if r := ask1("acme", "gpt-4o"); r.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("admission: %d", r.StatusCode)
+	}
+	check("an admission rule", want{tenant: "acme", model: "gpt-4o", status: 429, refusedBy: "admission", rule: "per-user"})
+	adm.answer(gateway.Admission{Refused: &gateway.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second,
+		Error: ratelimit.Error{Type: "service_unavailable", Code: "admission_unavailable", Message: "fails closed"}}})
+	if r := ask1("acme", "gpt-4o"); r.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("admission unavailable: %d", r.StatusCode)
+	}
+	check("admission failing closed", want{tenant: "acme", model: "gpt-4o", status: 503, refusedBy: "admission", rule: "fail_closed"})
+
+	adm.answer(gateway.Admission{Refused: &gateway.Refusal{Status: http.StatusBadRequest,
+		Error: ratelimit.Error{Type: "invalid_request_error", Code: "admission_refused", Message: "too many rules"}}})
+	ask1("acme", "gpt-4o")
+	adm.answer(gateway.Admission{})
+	ask1("acme", "gpt-4o")
+	ask(t, hs.URL+"/authz", "X-Sluice-Key-Id", "k1")
+	ask(t, hs.URL+"/authz", "X-Sluice-Tenant", "acme", "X-Sluice-Estimate-Prompt-Tokens", "lots")
+	if evs := em.take(); len(evs) != 0 {
+		t.Fatalf("allowed or malformed checks emitted %+v", evs)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/platform/httpserver"
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/gateway"
 )
 
@@ -17,6 +18,7 @@ import (
 // (services.authz).
 type Config struct {
 	Listen string `yaml:"listen" help:"address of the forward-auth endpoint (and of /healthz and /readyz)"`
+	Name   string `yaml:"name" help:"the gateway field of the usage events of refused checks"`
 	Path   string `yaml:"path" help:"path of the forward-auth endpoint; every path below it is answered too (Envoy's ext_authz appends the original path), whatever the method"`
 
 	KeysFile           string        `yaml:"keys_file" help:"tenant keys file of sluice gateway (id, sha256, tenant, user, models, priority, may_set_priority): the key in headers.key is authenticated and names the tenant; empty: the proxy has authenticated the caller and names the tenant in headers.tenant"`
@@ -33,6 +35,10 @@ type Config struct {
 
 	Checker   checker.Config          `yaml:"checker"`
 	Admission gateway.AdmissionConfig `yaml:"admission"`
+	// Usage is where the usage events of refused checks go (outcome
+	// rejected, zero tokens, as sluice gateway sends for the requests it
+	// refuses); the default sink none sends none.
+	Usage gateway.EventSink `yaml:"usage"`
 }
 
 // Headers names the request headers the endpoint reads, and the answer
@@ -54,6 +60,7 @@ type Headers struct {
 func DefaultConfig() Config {
 	return Config{
 		Listen:             "127.0.0.1:8091",
+		Name:               "sluice-authz",
 		Path:               "/authz",
 		KeysReloadInterval: 5 * time.Second,
 		Headers: Headers{
@@ -68,7 +75,17 @@ func DefaultConfig() Config {
 		ShutdownTimeout:         5 * time.Second,
 		Checker:                 checker.DefaultConfig(),
 		Admission:               gateway.DefaultConfig().Admission,
+		Usage:                   authzUsage(),
 	}
+}
+
+// authzUsage is sluice gateway's usage defaults with sink none: a refusal
+// event needs an ingest (or Kafka) the deployment names, and the endpoint
+// answers the same without one.
+func authzUsage() gateway.EventSink {
+	u := gateway.DefaultConfig().Usage.EventSink
+	u.Sink = gateway.SinkNone
+	return u
 }
 
 // Validate checks every field and names the limit it crossed.
@@ -78,6 +95,9 @@ func (c Config) Validate() error {
 	const p = "services.authz."
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		bad(p+"listen: %q is not host:port", c.Listen)
+	}
+	if c.Name == "" || len(c.Name) > schemas.MaxStringLen {
+		bad(p+"name: must be 1..%d bytes", schemas.MaxStringLen)
 	}
 	if !strings.HasPrefix(c.Path, "/") || strings.HasSuffix(c.Path, "/") || c.Path == "/healthz" || c.Path == "/readyz" {
 		bad(p+"path: %q must start with / and not end with one (e.g. /authz), and must not be /healthz or /readyz", c.Path)
@@ -126,6 +146,9 @@ func (c Config) Validate() error {
 		bad(p+"checker.%w", err)
 	}
 	if err := c.Admission.Validate(p + "admission."); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Usage.Validate(p + "usage"); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

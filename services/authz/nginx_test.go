@@ -5,6 +5,7 @@ package authz
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -29,6 +30,8 @@ import (
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/ops"
 	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/gateway"
 )
 
 // snippetFile is the nginx configuration docs/forward-auth.md shows and
@@ -208,7 +211,8 @@ tenants:
 // unknown key 401, a tenant over its admission limit 429 with Retry-After
 // and the rate-limit headers, each with Sluice's OpenAI error body; and
 // once Redis is gone, the tenant that fails closed gets 503 while the one
-// that fails open is still served.
+// that fails open is still served. Each refusal of the flags or admission
+// reaches ingest (here a recording stand-in) as a rejected usage event.
 func TestNginxForwardAuth(t *testing.T) {
 	rc := itest.Redis(t)
 	itest.QuietRedisLogs()
@@ -222,6 +226,10 @@ func TestNginxForwardAuth(t *testing.T) {
 	cfg.Checker.KeyPrefix = itest.Unique(t, "sluice_test_authzflags:") + ":"
 	cfg.Admission.KeyPrefix = itest.Unique(t, "sluice_test_authzadm:") + ":"
 	cfg.Admission.MaxWait = 200 * time.Millisecond
+	ing := &recordingIngest{}
+	ingest := httptest.NewServer(ing)
+	t.Cleanup(ingest.Close)
+	cfg.Usage.Sink, cfg.Usage.IngestURL, cfg.Usage.FlushInterval = gateway.SinkIngest, ingest.URL, 10*time.Millisecond
 	cfg.Admission.PolicyFile = filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(cfg.Admission.PolicyFile, []byte(nginxPolicy), 0o644); err != nil {
 		t.Fatal(err)
@@ -305,6 +313,26 @@ func TestNginxForwardAuth(t *testing.T) {
 	if n := len(seen.all()); n != 3 {
 		t.Fatalf("the upstream saw %d calls, want 3 (acme, trial twice): refusals must not reach it", n)
 	}
+	// The refusals as usage events: the blacklist's (at least one, more
+	// while the flag was being picked up) and the admission rule's; no
+	// event for the allowed calls, nor for the unknown key.
+	itest.Eventually(t, 30*time.Second, "ingest received the admission refusal's event", func() bool {
+		return ing.count(func(ev schemas.UsageEvent) bool { return ev.Tenant == "trial" }) == 1
+	})
+	for _, ev := range ing.all() {
+		want := map[string]string{"refused_by": "blacklist"}
+		if ev.Tenant == "trial" {
+			want = map[string]string{"refused_by": "admission", "rule": "trial-rpm"}
+		}
+		if ev.Outcome != schemas.OutcomeRejected || ev.Model != "gpt-4o-mini" || ev.PromptTokens+ev.CompletionTokens != 0 ||
+			(ev.Tenant == "trial") != (ev.Status == http.StatusTooManyRequests) || (ev.Tenant == "blocked") != (ev.Status == http.StatusForbidden) ||
+			ev.Endpoint != "/v1/chat/completions" || ev.Gateway != cfg.Name || ev.Attributes["refused_by"] != want["refused_by"] || ev.Attributes["rule"] != want["rule"] {
+			t.Fatalf("refusal event %+v, want a rejected event of blocked (403) or trial (429, rule trial-rpm)", ev)
+		}
+	}
+	if ing.count(func(ev schemas.UsageEvent) bool { return ev.Tenant == "blocked" }) < 1 {
+		t.Fatal("ingest received no event for the blacklist's refusals")
+	}
 
 	// Redis gone: the tenant that fails closed is refused with 503, the
 	// one that fails open is admitted by the local limiter.
@@ -359,4 +387,40 @@ func chat(t *testing.T, base, key, model string) (*http.Response, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp, string(b)
+}
+
+// recordingIngest stands in for ingest's POST /v1/events: it keeps every
+// event and acknowledges each batch with 202.
+type recordingIngest struct {
+	mu  sync.Mutex
+	evs []schemas.UsageEvent
+}
+
+func (ri *recordingIngest) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var batch []schemas.UsageEvent
+	if r.Method != http.MethodPost || r.URL.Path != "/v1/events" || json.NewDecoder(r.Body).Decode(&batch) != nil {
+		http.Error(w, `{"error":"not a batch of usage events"}`, http.StatusBadRequest)
+		return
+	}
+	ri.mu.Lock()
+	ri.evs = append(ri.evs, batch...)
+	ri.mu.Unlock()
+	w.WriteHeader(http.StatusAccepted)
+	_, _ = w.Write([]byte(`{}`))
+}
+
+func (ri *recordingIngest) all() []schemas.UsageEvent {
+	ri.mu.Lock()
+	defer ri.mu.Unlock()
+	return append([]schemas.UsageEvent(nil), ri.evs...)
+}
+
+func (ri *recordingIngest) count(match func(schemas.UsageEvent) bool) int {
+	n := 0
+	for _, ev := range ri.all() {
+		if match(ev) {
+			n++
+		}
+	}
+	return n
 }

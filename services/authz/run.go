@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/gateway/checker"
@@ -64,14 +66,27 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 		}
 		deps.Keys = f
 	}
+	em, closeSender, err := gateway.NewEmitter(cfg.Usage, env)
+	if err != nil {
+		if errors.As(err, &prometheus.AlreadyRegisteredError{}) {
+			// sluice gateway's Emitter, in the same process, has them.
+			return fmt.Errorf("services.authz.usage: %w (the emitter's metrics are registered already: run authz in a process of its own from sluice gateway when both send usage events)", err)
+		}
+		return fmt.Errorf("services.authz.usage: %w", err)
+	}
+	if em != nil {
+		deps.Emitter = em
+	}
 	s, err = New(cfg, deps)
 	if err != nil {
+		gateway.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
 		return err
 	}
 	defer s.m.all.Unregister(env.Metrics)
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
+		gateway.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
 		return fmt.Errorf("authz: listen on %s: %w (set services.authz.listen to a free address)", cfg.Listen, err)
 	}
 	env.Health.AddReadiness("authz", func(context.Context) error {
@@ -110,6 +125,8 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 		if err := srv.Shutdown(sctx); err != nil {
 			_ = srv.Close()
 		}
+		// Only now, with every check answered, do the refusal events leave.
+		gateway.CloseEmitter(context.Background(), em, closeSender, cfg.Usage.FlushTimeout, log)
 		log.Info("forward-auth endpoint stopped")
 		return nil
 	})

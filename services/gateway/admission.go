@@ -63,6 +63,11 @@ type Refusal struct {
 	Status     int
 	Error      ratelimit.Error
 	RetryAfter time.Duration
+	// Rule names the admission rule that refused, for the usage event of
+	// the refusal (middleware.AdmissionRefusalEvent); empty when the
+	// tenant failed closed with Redis away, or for a request admission
+	// could not judge (Status 400).
+	Rule string
 }
 
 // Settlement is the end of an admitted call.

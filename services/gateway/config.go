@@ -58,8 +58,17 @@ type Upstream struct {
 	ConnectTimeout        time.Duration `yaml:"connect_timeout" help:"time to connect, TLS included (default 5s)"`
 }
 
-// UsageConfig says where usage events go.
+// UsageConfig says where usage events go, and whether calls are metered
+// with an estimate before they run.
 type UsageConfig struct {
+	EventSink      `yaml:",inline"`
+	EstimateEvents bool `yaml:"estimate_events" help:"emit an estimate of each call before it runs (settled with the real usage after), so quotas see long calls while they run"`
+}
+
+// EventSink says where usage events go: ingest's API, Kafka, or nowhere,
+// and how the Emitter buffers them (NewEmitter builds it). services/authz
+// sends its refusal events with one.
+type EventSink struct {
 	Sink             string        `yaml:"sink" help:"where usage events go: ingest (HTTP, ingest_url), kafka (straight to topic with the root kafka settings) or none (metering off)"`
 	IngestURL        string        `yaml:"ingest_url" help:"base URL of Sluice's ingest API"`
 	IngestAPIKeyFile string        `yaml:"ingest_api_key_file" help:"file holding the key ingest knows this gateway by (see services.ingest.keys_file)"`
@@ -68,7 +77,6 @@ type UsageConfig struct {
 	BufferEvents     int           `yaml:"buffer_events" help:"events held while Sluice is slow or away; beyond it new events are dropped and counted (sluice_emitter_dropped_events_total)"`
 	FlushInterval    time.Duration `yaml:"flush_interval" help:"how long an event may wait for a batch to fill"`
 	FlushTimeout     time.Duration `yaml:"flush_timeout" help:"on shutdown, after the requests in flight, how long buffered events get to reach Sluice"`
-	EstimateEvents   bool          `yaml:"estimate_events" help:"emit an estimate of each call before it runs (settled with the real usage after), so quotas see long calls while they run"`
 }
 
 // Sinks.
@@ -104,12 +112,14 @@ func DefaultConfig() Config {
 		Deferred:            deferred.DefaultConfig(),
 		UsageAPI:            usageapi.DefaultConfig(),
 		Usage: UsageConfig{
-			Sink:           SinkIngest,
-			IngestURL:      "http://127.0.0.1:8080",
-			Topic:          schemas.TopicUsageV1,
-			BufferEvents:   100_000,
-			FlushInterval:  200 * time.Millisecond,
-			FlushTimeout:   5 * time.Second,
+			EventSink: EventSink{
+				Sink:          SinkIngest,
+				IngestURL:     "http://127.0.0.1:8080",
+				Topic:         schemas.TopicUsageV1,
+				BufferEvents:  100_000,
+				FlushInterval: 200 * time.Millisecond,
+				FlushTimeout:  5 * time.Second,
+			},
 			EstimateEvents: true,
 		},
 	}
@@ -208,35 +218,45 @@ func (c Config) Validate() error {
 	if err := c.Deferred.Validate(p + "deferred."); err != nil {
 		errs = append(errs, err)
 	}
-	u := c.Usage
+	if err := c.Usage.Validate(p + "usage"); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Validate checks the usage settings, naming each as p.<setting>
+// (p is the section, e.g. services.gateway.usage).
+func (u EventSink) Validate(p string) error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	switch u.Sink {
 	case SinkIngest:
 		if b, err := url.Parse(u.IngestURL); err != nil || (b.Scheme != "http" && b.Scheme != "https") || b.Host == "" {
-			bad(p+"usage.ingest_url: %q is not an http(s) URL", u.IngestURL)
+			bad(p+".ingest_url: %q is not an http(s) URL", u.IngestURL)
 		}
 		if u.IngestAPIKeyEnv != "" && u.IngestAPIKeyFile != "" {
-			bad(p + "usage: set ingest_api_key_env or ingest_api_key_file, not both")
+			bad("%s: set ingest_api_key_env or ingest_api_key_file, not both", p)
 		}
 		if _, err := u.ingestKey(); err != nil {
-			bad(p+"usage.%w", err)
+			bad(p+".%w", err)
 		}
 	case SinkKafka:
 		if u.Topic == "" {
-			bad(p + "usage.topic: is required for sink kafka")
+			bad("%s.topic: is required for sink kafka", p)
 		}
 	case SinkNone:
 	default:
-		bad(p+"usage.sink: %q is not one of ingest, kafka, none", u.Sink)
+		bad(p+".sink: %q is not one of ingest, kafka, none", u.Sink)
 	}
 	if u.Sink != SinkNone {
 		if u.BufferEvents < 100 || u.BufferEvents > 10_000_000 {
-			bad(p+"usage.buffer_events: %d is outside 100..10000000", u.BufferEvents)
+			bad(p+".buffer_events: %d is outside 100..10000000", u.BufferEvents)
 		}
 		if u.FlushInterval < time.Millisecond || u.FlushInterval > time.Minute {
-			bad(p+"usage.flush_interval: %s is outside 1ms..1m", u.FlushInterval)
+			bad(p+".flush_interval: %s is outside 1ms..1m", u.FlushInterval)
 		}
 		if u.FlushTimeout <= 0 {
-			bad(p + "usage.flush_timeout: must be positive")
+			bad("%s.flush_timeout: must be positive", p)
 		}
 	}
 	return errors.Join(errs...)
@@ -267,7 +287,7 @@ func (u Upstream) credential() (string, error) {
 }
 
 // ingestKey reads the key the gateway presents to ingest.
-func (u UsageConfig) ingestKey() (string, error) {
+func (u EventSink) ingestKey() (string, error) {
 	return secret("ingest_api_key_env", u.IngestAPIKeyEnv, "ingest_api_key_file", u.IngestAPIKeyFile)
 }
 

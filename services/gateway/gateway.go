@@ -186,21 +186,24 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 		return fmt.Errorf("services.gateway.%w", err)
 	}
 	defer closeUsage()
-	em, closeSender, err := newEmitter(cfg.Usage, env)
+	em, closeSender, err := NewEmitter(cfg.Usage.EventSink, env)
 	if err != nil {
 		return err
+	}
+	if em == nil {
+		env.Logger.Warn("services.gateway.usage.sink is none: calls are not metered")
 	}
 	deps.Checker, deps.Emitter, deps.Admitter, deps.Logger, deps.Metrics = chk, em, opts.Admitter, log, env.Metrics
 	deps.Tasks, deps.Usage = tasks, usage
 	s, err := New(cfg, deps)
 	if err != nil {
-		closeEmitter(context.Background(), em, closeSender, time.Second, log)
+		CloseEmitter(context.Background(), em, closeSender, time.Second, log)
 		return err
 	}
 	defer s.m.unregister(env.Metrics)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		closeEmitter(context.Background(), em, closeSender, time.Second, log)
+		CloseEmitter(context.Background(), em, closeSender, time.Second, log)
 		return fmt.Errorf("gateway: listen on %s: %w (set services.gateway.listen to a free address)", cfg.Listen, err)
 	}
 	env.Health.AddReadiness("gateway", func(context.Context) error {
@@ -238,7 +241,7 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 		<-gctx.Done()
 		err := s.shutdown(srv, cfg.ShutdownTimeout)
 		// Only now, with every request settled, do the events leave.
-		closeEmitter(context.Background(), em, closeSender, cfg.Usage.FlushTimeout, log)
+		CloseEmitter(context.Background(), em, closeSender, cfg.Usage.FlushTimeout, log)
 		stopChecker()
 		<-chkDone
 		log.Info("gateway stopped")
@@ -247,13 +250,14 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	return g.Wait()
 }
 
-// newEmitter builds the Emitter of cfg's sink; nil for sink none.
-func newEmitter(cfg UsageConfig, env platform.Env) (*emitter.Emitter, func(), error) {
+// NewEmitter builds the Emitter of cfg's sink (nil for sink none) and the
+// function that closes its sender once the Emitter is closed; its metrics
+// go to env.Metrics. services/authz sends its refusal events with it.
+func NewEmitter(cfg EventSink, env platform.Env) (*emitter.Emitter, func(), error) {
 	var sender emitter.Sender
 	closeSender := func() {}
 	switch cfg.Sink {
 	case SinkNone:
-		env.Logger.Warn("services.gateway.usage.sink is none: calls are not metered")
 		return nil, closeSender, nil
 	case SinkKafka:
 		ks, err := emitter.NewKafkaSender(env.Kafka, cfg.Topic)
@@ -282,7 +286,9 @@ func newEmitter(cfg UsageConfig, env platform.Env) (*emitter.Emitter, func(), er
 	return em, closeSender, nil
 }
 
-func closeEmitter(ctx context.Context, em *emitter.Emitter, closeSender func(), timeout time.Duration, log *slog.Logger) {
+// CloseEmitter sends what em still holds, waiting at most timeout, then
+// closes its sender; a nil em does nothing.
+func CloseEmitter(ctx context.Context, em *emitter.Emitter, closeSender func(), timeout time.Duration, log *slog.Logger) {
 	if em == nil {
 		return
 	}

@@ -33,7 +33,7 @@ func (a LimiterAdmitter) Admit(ctx context.Context, req AdmitRequest) Admission 
 	}
 	d := t.Decision
 	if !d.Allowed {
-		return Admission{Limits: admission.Headers(d), Refused: &Refusal{Status: admission.Status(d), Error: admission.Error(d), RetryAfter: admission.RetryAfter(d)}}
+		return Admission{Limits: admission.Headers(d), Refused: &Refusal{Status: admission.Status(d), Error: admission.Error(d), RetryAfter: admission.RetryAfter(d), Rule: d.Rule}}
 	}
 	return Admission{Limits: admission.Headers(d), Settle: func(s Settlement) {
 		// The client may be gone; the correction must still land.

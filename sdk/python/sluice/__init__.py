@@ -9,6 +9,8 @@ The same contracts as the Go SDK (module github.com/sluicehq/sluice):
   answers with;
 - ``sluice.admission``: Limiter and AsyncLimiter over the shared Lua
   scripts of gateway/admission (docs/admission.md);
+- ``sluice.policy``: the policy file's admission rules, the Go policy
+  package's AdmissionRules (docs/python-sdk.md);
 - ``sluice.litellm``: a LiteLLM proxy hook built on the above
   (docs/litellm.md).
 """

@@ -156,6 +156,17 @@ class Rule:
                    rate=float(d.get("rate_per_second", 0.0)), scope=Scope(**sc), exact=bool(d.get("exact", False)),
                    reserve=float(d.get("reserve", 0.0)))
 
+    def to_dict(self) -> dict[str, Any]:
+        """The rule's JSON form, the inverse of from_dict."""
+        d: dict[str, Any] = {"name": self.name, "scope": self.scope.as_dict(), "unit": self.unit,
+                             "algorithm": self.algorithm, "limit": self.limit}
+        if self.algorithm == "sliding_window":
+            d["window_ms"] = self.window_ms
+        else:
+            d["rate_per_second"] = self.rate
+        d["exact"], d["reserve"] = self.exact, self.reserve
+        return d
+
 
 @dataclass
 class TenantRules:
@@ -192,6 +203,15 @@ class Rules:
     @classmethod
     def from_json(cls, text: str) -> Rules:
         return cls.from_dict(json.loads(text))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The rules' JSON form, the inverse of from_dict."""
+
+        def tr(x: TenantRules) -> dict[str, Any]:
+            return {"rules": [r.to_dict() for r in x.rules], "fail_mode": x.fail_mode}
+
+        return {"shared": [r.to_dict() for r in self.shared], "tenants": {t: tr(x) for t, x in sorted(self.tenants.items())},
+                "default": tr(self.default)}
 
     def validate(self) -> None:
         """Raise ValueError naming every bad field and the limit it breaks."""
@@ -465,8 +485,8 @@ class _Local:
     win: dict[int, int] = field(default_factory=dict)
 
 
-Client = Union["redis.Redis[Any]", "redis.RedisCluster[Any]"]
-AsyncClient = Union["redis.asyncio.Redis[Any]", "redis.asyncio.RedisCluster[Any]"]
+Client = Union[redis.Redis, redis.RedisCluster]
+AsyncClient = Union[redis.asyncio.Redis, redis.asyncio.RedisCluster]
 
 
 class _Core:
@@ -859,6 +879,10 @@ def _tighter(cur: Headroom, h: Headroom) -> Headroom:
     return cur
 
 
+# asyncio.timeout (Python 3.11+) bounds an await without a task of its own.
+_timeout: Any = getattr(asyncio, "timeout", None)
+
+
 def _redis_failure(e: BaseException) -> bool:
     # Connection trouble and timeouts mean "unreachable"; a script error
     # (a bug, a wrong reply) also is, so requests keep being decided.
@@ -958,11 +982,20 @@ class AsyncLimiter(_LimiterBase):
                          probe_interval=probe_interval, max_pending=max_pending, max_instances=max_instances)
 
     async def _run(self, s: Any, calls: list[_Call], bound: bool = True) -> list[Any]:
+        # The common case, one Redis (or one slot), is awaited directly and
+        # bounded by asyncio.timeout where there is one (3.11+): gather and
+        # wait_for each wrap the call in a task, which the hook in LiteLLM
+        # paid on every request.
         async def all_calls() -> list[Any]:
+            if len(calls) == 1:
+                return [await s(keys=calls[0].keys, args=calls[0].args)]
             return list(await asyncio.gather(*(s(keys=c.keys, args=c.args) for c in calls)))
 
         if not bound:
             return await all_calls()
+        if _timeout is not None:
+            async with _timeout(self._core.max_wait):
+                return await all_calls()
         return await asyncio.wait_for(all_calls(), self._core.max_wait)
 
     async def _recover(self) -> None:

@@ -230,7 +230,7 @@ class Checker:
                 retry = min(retry * 2, 5.0)
 
     def _follow(self) -> None:
-        ps = self._rdb.pubsub(ignore_subscribe_messages=False)
+        ps = self._rdb.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
         try:
             ps.subscribe(self._layout.channel())
             next_resync = time.monotonic() + self._resync_every
@@ -336,12 +336,12 @@ class Checker:
             except fl.FlagError as e:
                 log.warning("checker: skipping undecodable flag (tenant %s, field %s): %s", tenant, k, e)
                 continue
-            e = _Entry(f, k, sticky=f.kind in ("manual", "blacklist") or f.state == "blacklist",
-                       probes=[f.probes] if f.state == "half_open" else None)
+            entry = _Entry(f, k, sticky=f.kind in ("manual", "blacklist") or f.state == "blacklist",
+                           probes=[f.probes] if f.state == "half_open" else None)
             if k.startswith(fl.KEY_FIELD_PREFIX) and len(k) > len(fl.KEY_FIELD_PREFIX):
-                v.keys[k[len(fl.KEY_FIELD_PREFIX):]] = e
+                v.keys[k[len(fl.KEY_FIELD_PREFIX):]] = entry
             else:
-                v.models[k] = e
+                v.models[k] = entry
         return None if v.empty() else v
 
     def _resync(self) -> None:
@@ -383,16 +383,16 @@ class Checker:
                         else:
                             nxt[t] = kept
             for t, v in updates.items():
-                cur = nxt.get(t)
-                if stale and cur is not None:
-                    v = _keep_sticky(cur, v)
+                prev = nxt.get(t)
+                if stale and prev is not None:
+                    v = _keep_sticky(prev, v)
                 if v is None or v.empty():
                     nxt.pop(t, None)
                     continue
-                if cur is not None and cur.version > v.version:
+                if prev is not None and prev.version > v.version:
                     continue  # a newer read already landed
-                if cur is not None:
-                    _inherit_probes(cur, v)
+                if prev is not None:
+                    _inherit_probes(prev, v)
                 nxt[t] = v
             self._views = nxt
 

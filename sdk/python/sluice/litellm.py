@@ -23,8 +23,10 @@ Configuration is read from the environment when the proxy imports
 - ``SLUICE_REDIS_URL`` (``redis://127.0.0.1:6379/0``);
 - ``SLUICE_FLAGS_PREFIX`` (``sluice:flags:``), ``SLUICE_FAIL_MODE`` (default
   fail mode of the Checker, ``open``), ``SLUICE_MAX_STALENESS`` (seconds);
-- ``SLUICE_ADMISSION_RULES_FILE`` (the rules as JSON, sluice.admission.Rules;
-  no file: no admission), ``SLUICE_ADMISSION_PREFIX`` (``sluice:adm:``),
+- ``SLUICE_POLICY_FILE`` (the policy YAML the Go services read; its
+  admission rules, as sluice.policy makes them) or
+  ``SLUICE_ADMISSION_RULES_FILE`` (the rules as JSON, sluice.admission.Rules);
+  neither: no admission; ``SLUICE_ADMISSION_PREFIX`` (``sluice:adm:``),
   ``SLUICE_ADMISSION_MAX_WAIT`` (seconds, 0.05), ``SLUICE_GATEWAY_COUNT``;
 - ``SLUICE_COMPLETION_ESTIMATE`` (completion tokens debited when the request
   sets no max_tokens, 256), ``SLUICE_GATEWAY_NAME``, ``SLUICE_DEFAULT_TENANT``,
@@ -50,7 +52,7 @@ from fastapi import HTTPException
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.proxy.common_utils.proxy_rate_limit_error import ProxyRateLimitError
 
-from . import admission
+from . import admission, policy
 from .checker import Checker, refusal
 from .emitter import Emitter
 from .event import UsageEvent, new_id
@@ -97,6 +99,10 @@ class Settings:
         s.flags_prefix = e.get("SLUICE_FLAGS_PREFIX", s.flags_prefix)
         s.fail_mode = e.get("SLUICE_FAIL_MODE", s.fail_mode)
         s.max_staleness = float(e.get("SLUICE_MAX_STALENESS", s.max_staleness))
+        if e.get("SLUICE_POLICY_FILE") and e.get("SLUICE_ADMISSION_RULES_FILE"):
+            raise ValueError("sluice.litellm: set SLUICE_POLICY_FILE or SLUICE_ADMISSION_RULES_FILE, not both")
+        if e.get("SLUICE_POLICY_FILE"):
+            s.rules = policy.load(e["SLUICE_POLICY_FILE"]).admission_rules()
         if e.get("SLUICE_ADMISSION_RULES_FILE"):
             with open(e["SLUICE_ADMISSION_RULES_FILE"], encoding="utf-8") as f:
                 s.rules = admission.Rules.from_json(f.read())
@@ -178,7 +184,7 @@ class SluiceHook(CustomLogger):
 
     # -- before the call --------------------------------------------------
 
-    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> dict:
+    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: Any) -> dict[str, Any]:
         model = str(data.get("model") or "")
         tenant = self.tenant(user_api_key_dict, data)
         key_id = self.key_id(user_api_key_dict)
@@ -230,13 +236,13 @@ class SluiceHook(CustomLogger):
 
     # -- after the call ---------------------------------------------------
 
-    async def async_log_success_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
+    async def async_log_success_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
         await self._after(kwargs, response_obj, start_time, end_time, ok=True)
 
-    async def async_log_failure_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
+    async def async_log_failure_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
         await self._after(kwargs, response_obj, start_time, end_time, ok=False)
 
-    async def _after(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any, ok: bool) -> None:
+    async def _after(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any, ok: bool) -> None:
         slo = kwargs.get("standard_logging_object") or {}
         md = (kwargs.get("litellm_params") or {}).get("metadata") or {}
         rid = md.get("sluice_request_id") or (slo.get("metadata") or {}).get("requester_metadata", {}).get("sluice_request_id")

@@ -1,5 +1,6 @@
-"""Test support: the real Redis of scripts/services.sh (SLUICE_REDIS_ADDR),
-a key prefix of each test's own, and the repository's root.
+"""Test support: the real Redis of scripts/services.sh (SLUICE_REDIS_ADDR)
+and its 3-master Redis Cluster (SLUICE_REDIS_CLUSTER_ADDRS), a key prefix
+of each test's own, and the repository's root.
 
 A service that cannot be reached skips the test on a developer's machine
 and fails it when CI=true, as the Go tests do (platform/itest)."""
@@ -51,3 +52,13 @@ def prefix(request: pytest.FixtureRequest, rdb: redis.Redis) -> Iterator[str]:
     yield p
     for k in rdb.scan_iter(match=p + "*", count=1000):
         rdb.delete(k)
+
+
+@pytest.fixture
+def cluster_addrs() -> list[str]:
+    """The seeds of the real Redis Cluster, as platform/itest.RedisCluster
+    reads them (`scripts/services.sh up redis-cluster`)."""
+    addrs = os.environ.get("SLUICE_REDIS_CLUSTER_ADDRS", "127.0.0.1:17001,127.0.0.1:17002,127.0.0.1:17003").split(",")
+    for a in addrs:
+        require("redis-cluster", a)
+    return addrs

@@ -4,6 +4,7 @@ reached through a TCP proxy the test cuts and restores."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import socket
 import threading
@@ -12,8 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+import redis.asyncio
 
-from sluice.admission import PATH_LOCAL, PATH_REDIS, PATH_UNAVAILABLE, Limiter, Request, Rules
+from sluice.admission import PATH_LOCAL, PATH_REDIS, PATH_UNAVAILABLE, AsyncLimiter, Limiter, Request, Rules
 
 
 class Proxy:
@@ -126,3 +128,39 @@ def test_fail_modes_and_reconciliation(rdb: redis.Redis, proxy: Proxy, prefix: s
     # A retried settlement (a copy of the ticket) applies nothing twice.
     lim.settle(t_copy, 10, 5)
     assert sum(int(v) for v in rdb.hvals(key)) == used
+
+
+def test_async_limiter_bounds_a_redis_that_never_answers() -> None:
+    # A server that takes the connection and the commands and says nothing:
+    # the asyncio Limiter gives up after max_wait and each tenant's fail
+    # mode decides, instead of holding the request.
+    ln = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                c, _ = ln.accept()
+            except OSError:
+                return
+            held.append(c)
+
+    threading.Thread(target=accept, daemon=True).start()
+
+    async def run() -> None:
+        client = redis.asyncio.Redis(host="127.0.0.1", port=ln.getsockname()[1])
+        lim = AsyncLimiter(client, Rules.from_dict(RULES), prefix="sluice:pytest:silent:", max_wait=0.1)
+        for tenant, path, allowed in (("acme", PATH_LOCAL, True), ("strict", PATH_UNAVAILABLE, False)):
+            start = time.monotonic()
+            t = await lim.admit(Request(tenant=tenant, model="m", prompt_tokens=1))
+            took = time.monotonic() - start
+            assert (t.decision.path, t.allowed) == (path, allowed), tenant
+            assert took < 2, f"{tenant}: admission took {took:.2f}s with max_wait 0.1s"
+        assert lim.down
+
+    try:
+        asyncio.run(run())
+    finally:
+        ln.close()
+        for c in held:
+            c.close()

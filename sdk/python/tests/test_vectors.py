@@ -1,6 +1,8 @@
 """gateway/admission/testdata/vectors.json, the admission vectors the Go SDK
 runs too (TestSharedVectors), against the real Redis, with the sync and
-the asyncio Limiter."""
+the asyncio Limiter. A case with "policy" takes its rules from that file
+of policy/testdata, read by sluice.policy (Go reads what the Go policy
+package makes of it)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from sluice import ratelimit
+from sluice import policy, ratelimit
 from sluice.admission import AsyncLimiter, Decision, Limiter, Request, Rules, Ticket
 
 from conftest import ROOT
@@ -39,14 +41,18 @@ def check(step: int, d: Decision, e: dict[str, Any]) -> None:
             assert [h.limit, h.remaining] == [e[k]["limit"], e[k]["remaining"]], f"{where}: {k} headroom"
 
 
+def rules(case: dict[str, Any]) -> Rules:
+    if "policy" in case:
+        return policy.load(ROOT / "policy" / "testdata" / case["policy"]).admission_rules()
+    return Rules.from_dict(case["rules"])
+
+
 def request(a: dict[str, Any]) -> Request:
     return Request(**{"priority": "normal", **a})
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
-def test_vectors_sync(case: dict[str, Any], rdb: redis.Redis, redis_addr: str, prefix: str) -> None:
-    lim = Limiter(redis.Redis.from_url(f"redis://{redis_addr}/0", socket_timeout=2), Rules.from_dict(case["rules"]),
-                  prefix=prefix, max_wait=2)
+def run_sync(lim: Limiter, case: dict[str, Any]) -> None:
+    """Run the case's steps on lim, checking each expected decision."""
     tickets: dict[str, Ticket] = {}
     originals: dict[str, Ticket] = {}
     for i, s in enumerate(case["steps"]):
@@ -60,6 +66,29 @@ def test_vectors_sync(case: dict[str, Any], rdb: redis.Redis, redis_addr: str, p
             t = copy.copy(originals[s["settle"]]) if s.get("copy") else tickets[s["settle"]]
             lim.settle(t, s["prompt_tokens"], s["completion_tokens"])
     assert not lim.down
+
+
+async def run_async(lim: AsyncLimiter, case: dict[str, Any]) -> None:
+    """run_sync for the asyncio Limiter."""
+    tickets: dict[str, Ticket] = {}
+    originals: dict[str, Ticket] = {}
+    for i, s in enumerate(case["steps"]):
+        if "admit" in s:
+            t = await lim.admit(request(s["admit"]))
+            if "as" in s:
+                tickets[s["as"]], originals[s["as"]] = t, copy.copy(t)
+            if "expect" in s:
+                check(i, t.decision, s["expect"])
+        else:
+            t = copy.copy(originals[s["settle"]]) if s.get("copy") else tickets[s["settle"]]
+            await lim.settle(t, s["prompt_tokens"], s["completion_tokens"])
+    assert not lim.down
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_vectors_sync(case: dict[str, Any], rdb: redis.Redis, redis_addr: str, prefix: str) -> None:
+    run_sync(Limiter(redis.Redis.from_url(f"redis://{redis_addr}/0", socket_timeout=2), rules(case), prefix=prefix,
+                     max_wait=2), case)
     for k in case.get("keys", []):
         assert rdb.exists(prefix + k) == 1, k
 
@@ -68,20 +97,7 @@ def test_vectors_sync(case: dict[str, Any], rdb: redis.Redis, redis_addr: str, p
 def test_vectors_async(case: dict[str, Any], rdb: redis.Redis, redis_addr: str, prefix: str) -> None:
     async def run() -> None:
         client = redis.asyncio.Redis.from_url(f"redis://{redis_addr}/0")
-        lim = AsyncLimiter(client, Rules.from_dict(case["rules"]), prefix=prefix, max_wait=2)
-        tickets: dict[str, Ticket] = {}
-        originals: dict[str, Ticket] = {}
-        for i, s in enumerate(case["steps"]):
-            if "admit" in s:
-                t = await lim.admit(request(s["admit"]))
-                if "as" in s:
-                    tickets[s["as"]], originals[s["as"]] = t, copy.copy(t)
-                if "expect" in s:
-                    check(i, t.decision, s["expect"])
-            else:
-                t = copy.copy(originals[s["settle"]]) if s.get("copy") else tickets[s["settle"]]
-                await lim.settle(t, s["prompt_tokens"], s["completion_tokens"])
-        assert not lim.down
+        await run_async(AsyncLimiter(client, rules(case), prefix=prefix, max_wait=2), case)
         await client.aclose()
 
     asyncio.run(run())
