@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -105,6 +106,15 @@ func benchIngest(b *testing.B, batch, clients int) {
 			b.Fatalf("SLUICE_BENCH_LINGER=%q: %v", v, err)
 		}
 		linger = d
+	}
+	// To see one request's latency without queueing behind others:
+	// SLUICE_BENCH_CLIENTS=1 (RunParallel runs at least GOMAXPROCS clients).
+	if v := os.Getenv("SLUICE_BENCH_CLIENTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("SLUICE_BENCH_CLIENTS=%q: want a positive count", v)
+		}
+		clients = n
 	}
 	inst := startIngest(b, func(c *Config) {
 		c.Compression = compression

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -354,56 +355,62 @@ type produceResult struct {
 }
 
 // tracker follows one request's records to the broker's acknowledgement.
-// Marks are written by the delivering goroutine, not the handler: an event
+// Marks are written as the broker answers, not by the handler: an event
 // acknowledged after the handler gave up (timeout) still gets its mark, so
 // the gateway's retry is recognised as a duplicate.
 type tracker struct {
-	done chan struct{}
-	err  error // read only after done is closed
+	s         *server
+	owner     uint64
+	remaining atomic.Int64
+	done      chan struct{}
+	mu        sync.Mutex
+	err       error
 }
 
-// deliver produces one request's records and, once the broker answered
-// for every one of them, writes their dedup marks, returns their budget
-// and closes t.done. ProduceSync, unlike Produce, stops the partitions'
-// linger as soon as the request's records are buffered: a request's
-// records still share a batch with each other and with whatever
-// concurrent requests buffered meanwhile, but a one-event request no
-// longer waits out the linger (with 64 one-event clients the 5 ms linger
-// bounded ingest to 64 requests per linger + broker round trip, p50
-// above 5 ms). context.Background: kgo cancels a whole partition's
-// buffered records by the first record's context, so a per-request
-// context would let one impatient request fail its neighbours' events;
-// the handler's wait enforces the request's deadline instead.
-func (s *server) deliver(t *tracker, recs []*kgo.Record, keys []dedup.Key, owner uint64) {
-	results := s.kafka.ProduceSync(context.Background(), recs...)
-	// Results come in completion order: map them back to their keys.
-	index := make(map[*kgo.Record]int, len(recs))
-	if len(recs) > 1 {
-		for j, r := range recs {
-			index[r] = j
-		}
-	}
-	var failed int
-	for _, r := range results {
-		j := 0
-		if len(recs) > 1 {
-			j = index[r.Record]
-		}
-		if r.Err == nil {
-			s.dedup.Commit(keys[j], owner)
-			continue
-		}
-		s.dedup.Abort(keys[j], owner)
-		failed++
+// settle records the broker's answer for the record of key.
+func (t *tracker) settle(key dedup.Key, err error) {
+	if err == nil {
+		t.s.dedup.Commit(key, t.owner)
+	} else {
+		t.s.dedup.Abort(key, t.owner)
+		t.s.m.produceErrors.Inc()
+		t.mu.Lock()
 		if t.err == nil {
-			t.err = r.Err
+			t.err = err
 		}
+		t.mu.Unlock()
 	}
-	if failed > 0 {
-		s.m.produceErrors.Add(float64(failed))
+	t.s.budget.release(1)
+	if t.remaining.Add(-1) == 0 {
+		close(t.done)
 	}
-	s.budget.release(int64(len(recs)))
-	close(t.done)
+}
+
+func (t *tracker) promise(key dedup.Key) func(*kgo.Record, error) {
+	return func(_ *kgo.Record, err error) { t.settle(key, err) }
+}
+
+// lingerFreeRecords is the largest request whose records skip the
+// producer's linger (see deliverNow). Larger requests fill batches by
+// themselves, and while they linger concurrent ones join the same produce
+// request; measured on a busy 2-core machine, 1,000-event requests lost
+// throughput when every request drained at once (bench/README.md).
+const lingerFreeRecords = 16
+
+// deliverNow produces a small request's records and settles each with
+// the broker's answer. ProduceSync, unlike Produce, stops the partitions'
+// linger as soon as the records are buffered: they still share a batch
+// with whatever concurrent requests buffered meanwhile, but a one-event
+// request no longer waits out the linger (with 64 one-event clients the
+// 5 ms linger bounded ingest to 64 requests per linger plus broker round
+// trip, p50 above 5 ms). It runs in its own goroutine so that the handler
+// keeps its produce_timeout and cancellation.
+func (s *server) deliverNow(t *tracker, recs []*kgo.Record, keys []dedup.Key) {
+	// context.Background: see produce.
+	for _, r := range s.kafka.ProduceSync(context.Background(), recs...) {
+		// Results come in completion order; at most lingerFreeRecords.
+		t.settle(keys[slices.Index(recs, r.Record)], r.Err)
+	}
 }
 
 // produce claims each event's id, produces the new ones and waits for the
@@ -448,26 +455,42 @@ func (s *server) produce(ctx context.Context, events []schemas.UsageEvent) produ
 		size += 256 + len(events[i].Attributes)*64
 	}
 	buf := make([]byte, 0, size)
+	ends := make([]int, len(fresh))
+	for j, i := range fresh {
+		buf = eventjson.AppendUsageEventJSON(buf, &events[i])
+		ends[j] = len(buf)
+	}
 	recs := make([]kgo.Record, len(fresh))
 	ptrs := make([]*kgo.Record, len(fresh))
 	prev := 0
 	for j, i := range fresh {
-		ev := &events[i]
-		buf = eventjson.AppendUsageEventJSON(buf, ev)
-		end := len(buf)
-		recs[j] = kgo.Record{Key: []byte(ev.Tenant), Value: buf[prev:end:end], Headers: s.header}
+		recs[j] = kgo.Record{Key: []byte(events[i].Tenant), Value: buf[prev:ends[j]:ends[j]], Headers: s.header}
 		ptrs[j] = &recs[j]
-		prev = end
+		prev = ends[j]
 	}
-	t := &tracker{done: make(chan struct{})}
+	t := &tracker{s: s, owner: owner, done: make(chan struct{})}
+	t.remaining.Store(int64(len(fresh)))
 	start := time.Now()
-	go s.deliver(t, ptrs, keys, owner)
+	if len(ptrs) <= lingerFreeRecords {
+		go s.deliverNow(t, ptrs, keys)
+	} else {
+		for j, r := range ptrs {
+			// context.Background: kgo cancels a whole partition's
+			// buffered records by the first record's context, so a
+			// per-request context would let one impatient request fail
+			// its neighbours' events. The wait below enforces the
+			// request's deadline instead.
+			s.kafka.Produce(context.Background(), r, t.promise(keys[j]))
+		}
+	}
 	timer := time.NewTimer(s.cfg.ProduceTimeout)
 	defer timer.Stop()
 	select {
 	case <-t.done:
 		s.m.produceLatency.Observe(time.Since(start).Seconds())
+		t.mu.Lock()
 		res.err = t.err
+		t.mu.Unlock()
 	case <-timer.C:
 		res.timedOut = true
 	case <-ctx.Done():
