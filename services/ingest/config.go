@@ -31,7 +31,7 @@ type Config struct {
 	ProduceTimeout  time.Duration `yaml:"produce_timeout" help:"how long a request waits for the broker's acknowledgement before answering 503"`
 	DeliveryTimeout time.Duration `yaml:"delivery_timeout" help:"how long the producer keeps retrying one record before failing it"`
 	RetryAfter      time.Duration `yaml:"retry_after" help:"Retry-After sent with 503 answers"`
-	Linger          time.Duration `yaml:"linger" help:"how long the producer waits to fill a batch"`
+	Linger          time.Duration `yaml:"linger" help:"how long the producer waits to fill a batch of requests of more than 16 events; smaller requests (one-event gateways) are sent at once, sharing whatever batch concurrent requests filled"`
 	Compression     string        `yaml:"compression" help:"produce batch compression: lz4, zstd, snappy, gzip or none"`
 
 	DedupWindow time.Duration `yaml:"dedup_window" help:"how long an acknowledged event id is remembered to drop duplicates"`
