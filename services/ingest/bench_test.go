@@ -116,11 +116,24 @@ func benchIngest(b *testing.B, batch, clients int) {
 		}
 		clients = n
 	}
+	// To send small requests without the linger: SLUICE_BENCH_LINGER_FREE=16
+	// (services.ingest.linger_free_max_events; default: the service's, 0).
+	lingerFree := -1
+	if v := os.Getenv("SLUICE_BENCH_LINGER_FREE"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			b.Fatalf("SLUICE_BENCH_LINGER_FREE=%q: want a count, 0 or more", v)
+		}
+		lingerFree = n
+	}
 	inst := startIngest(b, func(c *Config) {
 		c.Compression = compression
 		c.DedupMaxIDs = 2_000_000
 		if linger >= 0 {
 			c.Linger = linger
+		}
+		if lingerFree >= 0 {
+			c.LingerFreeMaxEvents = lingerFree
 		}
 	})
 	tmpl := newBodyTemplate(batch)

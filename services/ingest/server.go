@@ -390,13 +390,6 @@ func (t *tracker) promise(key dedup.Key) func(*kgo.Record, error) {
 	return func(_ *kgo.Record, err error) { t.settle(key, err) }
 }
 
-// lingerFreeRecords is the largest request whose records skip the
-// producer's linger (see deliverNow). Larger requests fill batches by
-// themselves, and while they linger concurrent ones join the same produce
-// request; measured on a busy 2-core machine, 1,000-event requests lost
-// throughput when every request drained at once (bench/README.md).
-const lingerFreeRecords = 16
-
 // deliverNow produces a small request's records and settles each with
 // the broker's answer. ProduceSync, unlike Produce, stops the partitions'
 // linger as soon as the records are buffered: they still share a batch
@@ -408,7 +401,7 @@ const lingerFreeRecords = 16
 func (s *server) deliverNow(t *tracker, recs []*kgo.Record, keys []dedup.Key) {
 	// context.Background: see produce.
 	for _, r := range s.kafka.ProduceSync(context.Background(), recs...) {
-		// Results come in completion order; at most lingerFreeRecords.
+		// Results come in completion order; at most linger_free_max_events.
 		t.settle(keys[slices.Index(recs, r.Record)], r.Err)
 	}
 }
@@ -471,7 +464,11 @@ func (s *server) produce(ctx context.Context, events []schemas.UsageEvent) produ
 	t := &tracker{s: s, owner: owner, done: make(chan struct{})}
 	t.remaining.Store(int64(len(fresh)))
 	start := time.Now()
-	if len(ptrs) <= lingerFreeRecords {
+	// Requests of more than linger_free_max_events fill batches by
+	// themselves, and while they linger concurrent ones join the same
+	// produce request; on a busy 2-core machine 1,000-event requests lost
+	// throughput when every request drained at once (bench/README.md).
+	if len(ptrs) <= s.cfg.LingerFreeMaxEvents {
 		go s.deliverNow(t, ptrs, keys)
 	} else {
 		for j, r := range ptrs {
