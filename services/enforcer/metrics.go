@@ -25,7 +25,7 @@ func (c *core) collectors() []prometheus.Collector {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_enforcer_flag_write_errors_total",
 			Help: "Flag writes that failed (Redis unreachable); state is kept and rewritten."}, stat(func(_, e, _ int64) int64 { return e })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_enforcer_full_rewrites_total",
-			Help: "Rewrites of every flag (start, TTL refresh, Redis back or emptied)."}, stat(func(_, _, r int64) int64 { return r })),
+			Help: "Rewrites of every flag at once (start, taking the lead, Redis back or emptied, a refresh that fell behind); the refresh every flag_ttl/3 is spread over the flushes and not counted here."}, stat(func(_, _, r int64) int64 { return r })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_enforcer_tenants_with_breakers",
 			Help: "Tenants with at least one open or half-open breaker."}, func() float64 { return float64(len(c.table.Tenants())) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_enforcer_soft_overage_signals_total",

@@ -9,9 +9,11 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -105,11 +107,33 @@ func benchIngest(b *testing.B, batch, clients int) {
 		}
 		linger = d
 	}
+	// To see one request's latency without queueing behind others:
+	// SLUICE_BENCH_CLIENTS=1 (RunParallel runs at least GOMAXPROCS clients).
+	if v := os.Getenv("SLUICE_BENCH_CLIENTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("SLUICE_BENCH_CLIENTS=%q: want a positive count", v)
+		}
+		clients = n
+	}
+	// To send small requests without the linger: SLUICE_BENCH_LINGER_FREE=16
+	// (services.ingest.linger_free_max_events; default: the service's, 0).
+	lingerFree := -1
+	if v := os.Getenv("SLUICE_BENCH_LINGER_FREE"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			b.Fatalf("SLUICE_BENCH_LINGER_FREE=%q: want a count, 0 or more", v)
+		}
+		lingerFree = n
+	}
 	inst := startIngest(b, func(c *Config) {
 		c.Compression = compression
 		c.DedupMaxIDs = 2_000_000
 		if linger >= 0 {
 			c.Linger = linger
+		}
+		if lingerFree >= 0 {
+			c.LingerFreeMaxEvents = lingerFree
 		}
 	})
 	tmpl := newBodyTemplate(batch)
@@ -152,6 +176,7 @@ func benchIngest(b *testing.B, batch, clients int) {
 
 	b.SetParallelism((clients + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
 	b.ResetTimer()
+	cpu0 := processCPU(b)
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
 		buf := make([]byte, len(tmpl.body))
@@ -164,6 +189,7 @@ func benchIngest(b *testing.B, batch, clients int) {
 		mu.Unlock()
 	})
 	elapsed := time.Since(start)
+	cpu := processCPU(b) - cpu0
 	b.StopTimer()
 	if f := failures.Load(); f > 0 {
 		b.Fatalf("%d of %d requests failed", f, b.N)
@@ -178,6 +204,19 @@ func benchIngest(b *testing.B, batch, clients int) {
 	b.ReportMetric(float64(b.N*batch)/elapsed.Seconds(), fmt.Sprintf("ingest_events_per_sec_batch%d", batch))
 	b.ReportMetric(pct(0.50), fmt.Sprintf("ingest_request_p50_ms_batch%d", batch))
 	b.ReportMetric(pct(0.99), fmt.Sprintf("ingest_request_p99_ms_batch%d", batch))
+	// CPU per event moves much less than the rate with what else the
+	// machine runs; it includes the clients, which share this process.
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*batch), fmt.Sprintf("ingest_process_cpu_us_per_event_batch%d", batch))
+}
+
+// processCPU is the user and system CPU time this process used so far,
+// every thread.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatalf("getrusage: %v", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // bodyTemplate is a request body whose event ids carry a fixed-width

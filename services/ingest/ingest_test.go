@@ -70,8 +70,18 @@ func TestMixedBatchAcceptsExactlyTheGoodEvents(t *testing.T) {
 	}
 }
 
+// Both ways to the broker keep the contract: requests that wait out the
+// linger (linger_free_max_events 0) and small requests sent at once (16).
 func TestDuplicateIDIsProducedOnce(t *testing.T) {
-	inst := startIngest(t, nil)
+	for _, lingerFree := range []int{0, 16} {
+		t.Run(fmt.Sprintf("linger_free_max_events=%d", lingerFree), func(t *testing.T) {
+			testDuplicateIDIsProducedOnce(t, lingerFree)
+		})
+	}
+}
+
+func testDuplicateIDIsProducedOnce(t *testing.T, lingerFree int) {
+	inst := startIngest(t, func(c *Config) { c.LingerFreeMaxEvents = lingerFree })
 	ev := eventJSON("dup-1", "acme")
 	for i, body := range []string{ev, ev, batchJSON(ev, eventJSON("other", "acme"), ev)} {
 		a := post(t, inst.url, testKey, "", []byte(body))

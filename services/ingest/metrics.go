@@ -18,6 +18,11 @@ type metrics struct {
 	inflight       prometheus.GaugeFunc   // events produced and not yet acknowledged
 	decodeMemory   prometheus.GaugeFunc   // bytes reserved by bodies being read and decoded
 	collectors     []prometheus.Collector
+
+	// Children resolved once: the one-event request path would otherwise
+	// hash their label values on every request.
+	accepted, duplicates prometheus.Counter // events{result}
+	accepted202          prometheus.Counter // requests{code="202"}
 }
 
 func newMetrics(inflight, decodeMemory func() float64) *metrics {
@@ -58,6 +63,9 @@ func newMetrics(inflight, decodeMemory func() float64) *metrics {
 			Name: "sluice_ingest_decode_memory_bytes", Help: "Memory reserved by request bodies being read and decoded (three times their decoded size), against services.ingest.decode_memory_bytes; over it requests get 503 (sluice_ingest_unavailable_total{cause=\"decode_memory\"}).",
 		}, decodeMemory),
 	}
+	m.accepted = m.events.WithLabelValues("accepted")
+	m.duplicates = m.events.WithLabelValues("duplicate")
+	m.accepted202 = m.requests.WithLabelValues("202")
 	m.collectors = []prometheus.Collector{m.requests, m.events, m.rejected, m.unavailable, m.batchSize,
 		m.produceLatency, m.produceErrors, m.dedupHits, m.keyReloads, m.inflight, m.decodeMemory}
 	return m

@@ -1,0 +1,154 @@
+package flagwriter
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/redisconn"
+)
+
+// flagged is a Source of n tenants with one hard-quota flag each, Until
+// capped at now+ttl as the enforcer's table caps it.
+type flagged struct{ names []string }
+
+func newFlagged(n int) *flagged {
+	f := &flagged{names: make([]string, n)}
+	for i := range f.names {
+		f.names[i] = fmt.Sprintf("scale-tenant-%07d", i)
+	}
+	return f
+}
+
+func (f *flagged) Tenants() []string { return f.names }
+func (f *flagged) Flags(_ string, now time.Time, ttl time.Duration) map[string]*flags.Flag {
+	return map[string]*flags.Flag{flags.AllModels: {State: flags.StateOpen, Kind: flags.KindQuota, Quota: "monthly_tokens", Period: "month", Until: now.Add(ttl)}}
+}
+
+// BenchmarkScaleEnforcer measures the enforcer's flag writes growing with
+// the flagged tenants: for 1,000, 10,000, 100,000 and 1,000,000 tenants
+// with one flag each (SLUICE_SCALE_SIZES=1000,10000 for fewer), against
+// the real Redis under a unique prefix, default batch_tenants (1,000) and
+// flag_ttl (60 s):
+//
+//   - scale_enforcer_rewrite_ms_<n>: the full rewrite of every flag (what
+//     a start, a takeover or a Redis that lost its data costs);
+//   - scale_enforcer_redis_bytes_per_flagged_tenant_<n>: Redis used_memory
+//     (INFO memory) after that write minus before, over n (the Redis is
+//     shared: other clients' writes meanwhile are counted too);
+//   - scale_enforcer_refresh_ms_<n>: the Redis writes of one refresh of
+//     every flag, which runs every flag_ttl/3 (20 s), summed;
+//   - scale_enforcer_refresh_max_flush_ms_<n>: the longest single flush of
+//     that refresh — a flag that changes meanwhile waits for it;
+//   - scale_enforcer_refresh_share_<n>: the refresh's summed time over the
+//     flag_ttl/3 it recurs in (1: the writer does nothing else).
+func BenchmarkScaleEnforcer(b *testing.B) {
+	if testing.Short() {
+		b.Skip("needs the real Redis")
+	}
+	sizes := []int{1_000, 10_000, 100_000, 1_000_000}
+	if v := os.Getenv("SLUICE_SCALE_SIZES"); v != "" {
+		sizes = sizes[:0]
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil || n < 1 {
+				b.Fatalf("SLUICE_SCALE_SIZES=%q: %q is not a positive count", v, f)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	for _, n := range sizes {
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			rdb := redisconn.NewClient(itest.Redis(b))
+			defer rdb.Close()
+			prefix := itest.Unique(b, "sluice_bench_") + ":"
+			ctx := context.Background()
+			defer unlinkPrefix(b, rdb, prefix)
+			cfg := Config{KeyPrefix: prefix, FlushInterval: 5 * time.Millisecond, FlagTTL: time.Minute,
+				HeartbeatEvery: time.Second, MaxDirty: 100_000, BatchTenants: 1000}
+			w := New(rdb, newFlagged(n), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			for range b.N { // the figures are of the last round
+				mem0 := usedMemory(b, rdb)
+				start := time.Now()
+				if !w.Flush(ctx) {
+					b.Fatal("full rewrite failed")
+				}
+				rewrite := time.Since(start)
+				mem1 := usedMemory(b, rdb)
+
+				w.beginRefresh()
+				var total, longest time.Duration
+				for w.refreshing() {
+					fs := time.Now()
+					if !w.Flush(ctx) {
+						b.Fatal("refresh flush failed")
+					}
+					d := time.Since(fs)
+					total += d
+					longest = max(longest, d)
+				}
+				b.ReportMetric(float64(rewrite.Microseconds())/1000, fmt.Sprintf("scale_enforcer_rewrite_ms_%d", n))
+				b.ReportMetric(float64(mem1-mem0)/float64(n), fmt.Sprintf("scale_enforcer_redis_bytes_per_flagged_tenant_%d", n))
+				b.ReportMetric(float64(total.Microseconds())/1000, fmt.Sprintf("scale_enforcer_refresh_ms_%d", n))
+				b.ReportMetric(float64(longest.Microseconds())/1000, fmt.Sprintf("scale_enforcer_refresh_max_flush_ms_%d", n))
+				b.ReportMetric(total.Seconds()/(cfg.FlagTTL/3).Seconds(), fmt.Sprintf("scale_enforcer_refresh_share_%d", n))
+				// Start the next round from an empty prefix.
+				unlinkPrefix(b, rdb, prefix)
+				w = New(rdb, newFlagged(n), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			}
+		})
+	}
+}
+
+// usedMemory is Redis's used_memory from INFO memory.
+func usedMemory(b *testing.B, rdb redis.UniversalClient) int64 {
+	info, err := rdb.InfoMap(context.Background(), "memory").Result()
+	if err != nil {
+		b.Fatalf("INFO memory: %v", err)
+	}
+	for _, sec := range info {
+		if v, ok := sec["used_memory"]; ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				b.Fatalf("used_memory %q: %v", v, err)
+			}
+			return n
+		}
+	}
+	b.Fatal("INFO memory has no used_memory")
+	return 0
+}
+
+// unlinkPrefix removes every key under prefix, 1,000 per pipeline.
+func unlinkPrefix(b *testing.B, rdb redis.UniversalClient, prefix string) {
+	ctx := context.Background()
+	var batch []string
+	drop := func() {
+		if len(batch) > 0 {
+			if err := rdb.Unlink(ctx, batch...).Err(); err != nil {
+				b.Errorf("unlink %d keys under %s: %v", len(batch), prefix, err)
+			}
+			batch = batch[:0]
+		}
+	}
+	err := flags.ScanKeys(ctx, rdb, prefix+"*", func(k string) {
+		batch = append(batch, k)
+		if len(batch) == 1000 {
+			drop()
+		}
+	})
+	drop()
+	if err != nil {
+		b.Errorf("scan %s: %v", prefix, err)
+	}
+}
