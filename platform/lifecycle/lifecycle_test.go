@@ -53,15 +53,16 @@ func TestStuckTaskIsAbandonedAfterGrace(t *testing.T) {
 // it finishes (the gateway flushing its usage events into ingest).
 func TestStopsAfterOrdersTheShutdown(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan string, 1)
+	// Two channels: with one, the gateway could read back its own send.
+	events, acks := make(chan struct{}), make(chan struct{})
 	var flushedWhileUp bool
 	go cancel()
 	err := Run(ctx, slog.New(slog.NewTextHandler(io.Discard, nil)), 10*time.Second,
 		Task{Name: "ingest", StopsAfter: []string{"gateway"}, Run: func(ctx context.Context) error {
 			for {
 				select {
-				case <-served:
-					served <- "acknowledged"
+				case <-events:
+					acks <- struct{}{}
 				case <-ctx.Done():
 					return nil
 				}
@@ -69,10 +70,14 @@ func TestStopsAfterOrdersTheShutdown(t *testing.T) {
 		}},
 		Task{Name: "gateway", Run: func(ctx context.Context) error {
 			<-ctx.Done()
-			served <- "last events"
 			// Without the order, ingest could be gone and this would wait
-			// until the test's deadline.
-			flushedWhileUp = <-served == "acknowledged"
+			// until the shutdown grace ends.
+			select {
+			case events <- struct{}{}:
+				<-acks
+				flushedWhileUp = true
+			case <-time.After(5 * time.Second):
+			}
 			return nil
 		}},
 	)
