@@ -8,7 +8,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -24,7 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kadm"
 
-	"github.com/sluicehq/sluice/migrations"
+	"github.com/sluicehq/sluice/migrations/migrationtest"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
@@ -112,16 +111,7 @@ func newStack(t testing.TB, opts stackOptions) *stack {
 	defer cancel()
 	s := &stack{t: t, dir: t.TempDir(), procs: map[string]*proc{}, extra: opts.Extra}
 
-	s.ch = itest.ClickHouse(t)
-	conn, err := chconn.Open(ctx, s.ch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	s.conn = conn
-	if _, err := migrations.Apply(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
-		t.Fatal(err)
-	}
+	s.ch, s.conn = migrationtest.Open(t)
 	s.chAddr = orDefault(opts.ClickHouseAddr, s.ch.Addr)
 
 	kc := itest.Kafka(t)

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -13,9 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/migrations"
-	"github.com/sluicehq/sluice/platform/chconn"
-	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/migrations/migrationtest"
 )
 
 // TestPredictionsListsEachQuotasExhaustionWithItsRange reads the
@@ -25,16 +21,8 @@ import (
 // the soonest first with range and basis and leaves trial out unless
 // -all; -tenant narrows; json carries the usage API's fields.
 func TestPredictionsListsEachQuotasExhaustionWithItsRange(t *testing.T) {
-	ch := itest.ClickHouse(t)
 	ctx := context.Background()
-	conn, err := chconn.Open(ctx, ch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := migrations.Apply(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
-		t.Fatal(err)
-	}
+	ch, conn := migrationtest.Open(t)
 	now := time.Now().UTC().Truncate(time.Second)
 	hour, day := now.Truncate(time.Hour), now.Truncate(24*time.Hour)
 	b, err := conn.PrepareBatch(ctx, `INSERT INTO quota_state (tenant, model, quota, period, period_start, period_end, used, quota_limit,

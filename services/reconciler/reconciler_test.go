@@ -14,9 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/sluicehq/sluice/migrations"
+	"github.com/sluicehq/sluice/migrations/migrationtest"
 	"github.com/sluicehq/sluice/platform"
-	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/ops"
@@ -60,16 +59,8 @@ func (c fixedClock) After(d time.Duration) <-chan time.Time { return time.After(
 // repairs the drifted counter and publishes reconciliation_drift.
 func TestServiceRepairsOnScheduleAndSignals(t *testing.T) {
 	ctx := context.Background()
-	chcfg := itest.ClickHouse(t)
 	kcfg := itest.Kafka(t)
-	conn, err := chconn.Open(ctx, chcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := migrations.Apply(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
-		t.Fatal(err)
-	}
+	chcfg, conn := migrationtest.Open(t)
 	tenant := itest.Unique(t, "svc_")
 	dir := t.TempDir()
 	polPath := filepath.Join(dir, "policy.yaml")

@@ -13,9 +13,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gateway/flags"
-	"github.com/sluicehq/sluice/migrations"
+	"github.com/sluicehq/sluice/migrations/migrationtest"
 	"github.com/sluicehq/sluice/platform"
-	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/services/quotastatus"
@@ -26,17 +25,9 @@ import (
 // them back through GET /v1/usage: used, remaining, reset, prediction and
 // the flag, without the operator's reason.
 func TestUsageAnswersFromClickHouseAndRedis(t *testing.T) {
-	ch := itest.ClickHouse(t)
 	rc := itest.Redis(t)
 	ctx := context.Background()
-	conn, err := chconn.Open(ctx, ch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := migrations.Apply(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
-		t.Fatal(err)
-	}
+	ch, conn := migrationtest.Open(t)
 	now := time.Now().UTC().Truncate(time.Second)
 	start := now.Truncate(time.Hour)
 	pred := now.Add(3 * time.Minute)

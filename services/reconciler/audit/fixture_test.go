@@ -2,17 +2,13 @@ package audit
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/sluicehq/sluice/migrations"
-	"github.com/sluicehq/sluice/platform/chconn"
-	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/migrations/migrationtest"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/reconciler/pricetable"
@@ -23,17 +19,7 @@ func db(t *testing.T) driver.Conn { return dbTB(t) }
 
 func dbTB(t testing.TB) driver.Conn {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cfg := itest.ClickHouse(t)
-	conn, err := chconn.Open(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	if _, err := migrations.Apply(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
-		t.Fatal(err)
-	}
+	_, conn := migrationtest.Open(t)
 	return conn
 }
 

@@ -3,9 +3,7 @@ package costquery_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"io/fs"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -13,8 +11,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/sluicehq/sluice/migrations"
-	"github.com/sluicehq/sluice/platform/chconn"
-	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/migrations/migrationtest"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/services/reconciler/costquery"
 	"github.com/sluicehq/sluice/services/reconciler/pricetable"
@@ -73,14 +70,7 @@ type event struct {
 func TestViewCostEqualsPriceCost(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	conn, err := chconn.Open(ctx, itest.ClickHouse(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := migrations.Apply(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
-		t.Fatal(err)
-	}
+	_, conn := migrationtest.Open(t)
 	v1 := parse(t, policyV1)
 	pol := parse(t, policyV2)
 	if p, _ := pol.Price("gpt-4o", time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)); p.Prompt != 1.7 {
@@ -220,14 +210,7 @@ func parse(t *testing.T, doc string) *policy.Policy {
 func TestEstimateAndSettlementAcrossMidnightCountOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	conn, err := chconn.Open(ctx, itest.ClickHouse(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := migrations.Apply(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
-		t.Fatal(err)
-	}
+	_, conn := migrationtest.Open(t)
 	day1 := time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC)
 	day2 := day1.AddDate(0, 0, 1)
 	b, err := conn.PrepareBatch(ctx, `INSERT INTO usage_events (id, time, tenant, model, prompt_tokens, completion_tokens,

@@ -2,27 +2,16 @@ package pricetable
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/migrations"
-	"github.com/sluicehq/sluice/platform/chconn"
-	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/migrations/migrationtest"
 	"github.com/sluicehq/sluice/policy"
 )
 
 func TestSyncAddsOnlyWhatChangedAndCorrectionsWin(t *testing.T) {
 	ctx := context.Background()
-	conn, err := chconn.Open(ctx, itest.ClickHouse(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := migrations.Apply(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
-		t.Fatal(err)
-	}
+	_, conn := migrationtest.Open(t)
 	jan := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	prices := []policy.Price{{Model: "gpt-4o", Currency: "USD", EffectiveFrom: jan, Prompt: 2.5, Completion: 10, Cached: 1.25}}
 	t0 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)

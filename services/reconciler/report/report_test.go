@@ -6,7 +6,6 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"math"
 	"strings"
 	"testing"
@@ -14,9 +13,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/sluicehq/sluice/migrations"
-	"github.com/sluicehq/sluice/platform/chconn"
-	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/migrations/migrationtest"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/services/reconciler/pricetable"
 )
@@ -70,15 +67,7 @@ var fixture = []ev{
 func setup(t testing.TB) (driver.Conn, *policy.Policy) {
 	t.Helper()
 	ctx := context.Background()
-	cfg := itest.ClickHouse(t)
-	conn, err := chconn.Open(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	if _, err := migrations.Apply(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
-		t.Fatal(err)
-	}
+	_, conn := migrationtest.Open(t)
 	pol, err := policy.Parse([]byte(fixturePolicy), "fixture.yaml")
 	if err != nil {
 		t.Fatal(err)
