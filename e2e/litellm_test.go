@@ -137,9 +137,17 @@ func startLiteLLM(t testing.TB, py, dir, upstream string, hook bool, env []strin
 
 // sluiceHookEnv is the environment that configures sluice.litellm for
 // stack s (docs/litellm.md lists every variable).
+// The admission rules come from rulesJSON, or, when it is empty, from the
+// stack's own policy file, as the Go services read it.
 func sluiceHookEnv(t testing.TB, s *stack, rulesJSON string) []string {
 	t.Helper()
-	for name, content := range map[string]string{"ingest-key": s.ingestKey, "admission-rules.json": rulesJSON} {
+	files := map[string]string{"ingest-key": s.ingestKey}
+	rules := "SLUICE_POLICY_FILE=" + s.policyPath
+	if rulesJSON != "" {
+		files["admission-rules.json"] = rulesJSON
+		rules = "SLUICE_ADMISSION_RULES_FILE=" + filepath.Join(s.dir, "admission-rules.json")
+	}
+	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(s.dir, name), []byte(content), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -150,7 +158,7 @@ func sluiceHookEnv(t testing.TB, s *stack, rulesJSON string) []string {
 		"SLUICE_REDIS_URL=redis://" + s.redisAddr + "/0",
 		"SLUICE_FLAGS_PREFIX=" + s.prefix,
 		"SLUICE_ADMISSION_PREFIX=" + s.prefix + "adm:",
-		"SLUICE_ADMISSION_RULES_FILE=" + filepath.Join(s.dir, "admission-rules.json"),
+		rules,
 		"SLUICE_GATEWAY_NAME=" + s.prefix + "litellm",
 	}
 }
@@ -167,7 +175,15 @@ func TestLiteLLMProxy(t *testing.T) {
 		t.Skip("end-to-end suite: needs the real services")
 	}
 	py := litellmPython(t)
-	s := newStack(t, stackOptions{Policy: policyYAML(nil)})
+	// One policy file for the pipeline and the hook's admission rules: a
+	// default tokens-per-minute window for every tenant and a small one
+	// for ll-capped.
+	s := newStack(t, stackOptions{Policy: policyYAML(nil) + `  ll-capped:
+    limits:
+      capped-tpm:
+        unit: total_tokens
+        sliding_window: {length: 1m, limit: 150}
+`})
 	s.startAll("ingest", "aggregator")
 	up := httptest.NewServer(mockllm.New(mockllm.Options{}))
 	defer up.Close()
@@ -185,9 +201,7 @@ func TestLiteLLMProxy(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	rules := `{"tenants": {"ll-capped": {"rules": [{"name": "capped-tpm", "unit": "total_tokens", "algorithm": "sliding_window", "limit": 150, "window_ms": 60000}]}},
- "default": {"rules": [{"name": "tpm", "unit": "total_tokens", "algorithm": "sliding_window", "limit": 1000000, "window_ms": 60000}]}}`
-	proxy := startLiteLLM(t, py, filepath.Join(s.dir, "litellm"), up.URL, true, sluiceHookEnv(t, s, rules))
+	proxy := startLiteLLM(t, py, filepath.Join(s.dir, "litellm"), up.URL, true, sluiceHookEnv(t, s, ""))
 
 	cmd := exec.Command(py, "testdata/litellm/client.py")
 	cmd.Env = append(os.Environ(), "OPENAI_BASE_URL=http://"+proxy.addr+"/v1", "NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost")
