@@ -140,10 +140,22 @@ func (s *Series) encode(e *enc) {
 		}
 		e.period(s.settled[k])
 	}
+	// The rate ring is sparse (a cell per minute with events in the last
+	// hour): only its non-empty cells, by index.
+	used := 0
 	for _, c := range s.rate {
-		e.i(int64(c.min))
-		e.i(int64(c.req))
-		e.i(c.tok)
+		if c != (rateCell{}) {
+			used++
+		}
+	}
+	e.u(uint64(used))
+	for i, c := range s.rate {
+		if c != (rateCell{}) {
+			e.u(uint64(i))
+			e.i(int64(c.min))
+			e.i(int64(c.req))
+			e.i(c.tok)
+		}
 	}
 	for _, r := range s.roll {
 		e.i(r.min)
@@ -336,7 +348,11 @@ func (s *Series) decode(d *dec) error {
 		}
 		s.settled[k] = d.period()
 	}
-	for i := range s.rate {
+	for n := d.count(); n > 0 && d.err == nil; n-- {
+		i := d.u()
+		if i >= rateWindow {
+			return fmt.Errorf("%w: rate cell %d of %d", ErrSnapshotCorrupt, i, rateWindow)
+		}
 		s.rate[i] = rateCell{min: int32(d.i()), req: int32(d.i()), tok: d.i()}
 	}
 	for i := range s.roll {
