@@ -24,11 +24,11 @@ import (
 // exhaustions and prediction, the breaker and spike detectors, the
 // one-minute window), the evicted set, the held events and the overrides.
 //
-// The remembered ids (the dedup map) are left out on purpose: their keys
-// are hashes under a per-process seed, and they are a function of the
-// last DedupCapacity stored events alone, which the caller rebuilds from
-// ClickHouse with a small query (the split that makes snapshots possible
-// without a persistent hash on the hot path). Quota definitions are not
+// The remembered ids (the dedup map and its FIFO order) are in it too,
+// with the hash seed, so that a settlement arriving after a restart finds
+// the estimate it replaces: ClickHouse no longer holds that estimate once
+// the settlement's row replaced it, so the ids could not be rebuilt from
+// the stored events alone. Quota definitions are not
 // stored either: Load re-derives them from the policy and the overrides
 // and refuses a snapshot whose quotas do not match, as it refuses one
 // taken under another policy fingerprint or format version
@@ -66,6 +66,7 @@ func (p *Partition) Snapshot(dst []byte, fp string) ([]byte, error) {
 	e.u(SnapshotVersion)
 	e.str(fp)
 	e.i(int64(p.id))
+	e.b = binary.LittleEndian.AppendUint64(e.b, p.seed)
 	e.i(p.wm)
 	e.i(p.lastScan)
 	e.i(p.now)
@@ -104,6 +105,13 @@ func (p *Partition) Snapshot(dst []byte, fp string) ([]byte, error) {
 		e.i(p.held[i].offset)
 	}
 
+	// ord numbers the series in the order they are written, for the
+	// remembered ids' references; -1: a freed slot (evicted tenant).
+	ord := make([]int32, len(p.series))
+	for i := range ord {
+		ord[i] = -1
+	}
+	next := int32(0)
 	ids := sortedKeys(p.tenants)
 	e.u(uint64(len(ids)))
 	for _, id := range ids {
@@ -124,8 +132,24 @@ func (p *Partition) Snapshot(dst []byte, fp string) ([]byte, error) {
 			if len(s.removed) > 0 {
 				return dst, errors.New("tally: snapshot while a removed quota waits for its re-evaluation; take it after Reevaluate")
 			}
+			ord[s.idx] = next
+			next++
 			s.encode(&e)
 		}
+	}
+
+	// The remembered ids, oldest first, so Load rebuilds the FIFO.
+	e.u(uint64(p.idOrder.Len()))
+	for k := range p.idOrder.All() {
+		r := p.dedup[k]
+		e.b = binary.LittleEndian.AppendUint64(e.b, k)
+		e.i(int64(ord[r.series]))
+		e.i(r.ts)
+		e.i(int64(r.prompt))
+		e.i(int64(r.completion))
+		e.i(int64(r.cached))
+		e.u(uint64(r.flags))
+		e.f(r.cost)
 	}
 	e.b = binary.LittleEndian.AppendUint32(e.b, crc32.ChecksumIEEE(e.b[start:]))
 	return e.b, nil
@@ -249,9 +273,8 @@ func (s *Series) encode(e *enc) {
 // policy pol whose fingerprint is fp. It answers ErrSnapshotMismatch for a
 // snapshot of another format version, fingerprint or partition, or whose
 // quotas pol does not give, and ErrSnapshotCorrupt for a damaged one.
-// The state has no remembered ids: a caller must rebuild them from the
-// latest stored events before the snapshot's offset (not implemented yet;
-// bench/README.md, "Snapshot design") before applying the events after it.
+// A restart then replays, in replay mode, the distinct stored events at
+// and above the offset the snapshot covers, as a rebuild does.
 func Load(id int32, opt Options, pol *policy.Policy, fp string, data []byte) (*Partition, error) {
 	if len(data) < len(snapshotMagic)+4 || string(data[:len(snapshotMagic)]) != snapshotMagic {
 		return nil, fmt.Errorf("%w: no snapshot header", ErrSnapshotCorrupt)
@@ -272,6 +295,7 @@ func Load(id int32, opt Options, pol *policy.Policy, fp string, data []byte) (*P
 	}
 	p := New(id, opt)
 	p.SetPolicy(pol)
+	p.seed = d.u64()
 	p.wm, p.lastScan, p.now = d.i(), d.i(), d.i()
 
 	for n := d.count(); n > 0 && d.err == nil; n-- {
@@ -330,6 +354,26 @@ func Load(id int32, opt Options, pol *policy.Policy, fp string, data []byte) (*P
 				return nil, err
 			}
 		}
+	}
+
+	gone := int32(-1) // a slot that stays empty, for ids of evicted tenants
+	for n := d.count(); n > 0 && d.err == nil; n-- {
+		k := d.u64()
+		o := d.i()
+		r := idRec{ts: d.i(), prompt: int32(d.i()), completion: int32(d.i()), cached: int32(d.i()), flags: uint8(d.u()), cost: d.f()}
+		switch {
+		case o >= 0 && o < int64(len(p.series)):
+			r.series = int32(o) // Load created the series in the order Snapshot wrote them
+		case o == -1:
+			if gone < 0 {
+				gone = int32(len(p.series))
+				p.series = append(p.series, nil)
+			}
+			r.series = gone
+		default:
+			return nil, fmt.Errorf("%w: remembered id refers to series %d of %d", ErrSnapshotCorrupt, o, len(p.series))
+		}
+		p.remember(k, r)
 	}
 	if d.err != nil {
 		return nil, d.err
@@ -482,6 +526,16 @@ func (d *dec) count() int {
 		return 0
 	}
 	return int(n)
+}
+
+func (d *dec) u64() uint64 {
+	if len(d.b) < 8 {
+		d.fail("hash")
+		return 0
+	}
+	v := binary.LittleEndian.Uint64(d.b)
+	d.b = d.b[8:]
+	return v
 }
 
 func (d *dec) f() float64 {
