@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
 )
 
 // Aggregator state snapshots (table aggregator_snapshots, migration 016).
@@ -107,4 +109,32 @@ func (s *Store) ReplaySince(ctx context.Context, partition int32, from, before i
 		return n, fmt.Errorf("replay partition %d since %d: %w", partition, from, err)
 	}
 	return n, nil
+}
+
+// LoadPartition restores partition's state as of before (its committed
+// offset) from its newest usable snapshot and the events stored since:
+// tally.Load under pol, then prepare (the caller sets the clock and the
+// overrides in force), then ReplaySince in replay mode. It answers
+// ErrNoSnapshot, or tally's ErrSnapshotMismatch or ErrSnapshotCorrupt
+// (wrapped), when the caller must rebuild in full instead.
+func (s *Store) LoadPartition(ctx context.Context, partition int32, before int64, opt tally.Options, pol *policy.Policy, prepare func(st *tally.Partition)) (*tally.Partition, int, error) {
+	fp := pol.Fingerprint()
+	data, off, err := s.Snapshot(ctx, partition, before, tally.SnapshotVersion, fp)
+	if err != nil {
+		return nil, 0, err
+	}
+	st, err := tally.Load(partition, opt, pol, fp, data)
+	if err != nil {
+		return nil, 0, fmt.Errorf("snapshot of partition %d at %d: %w", partition, off, err)
+	}
+	st.SetReplay(true)
+	prepare(st)
+	n, err := s.ReplaySince(ctx, partition, off, before, func(ev *schemas.UsageEvent, o int64) { st.Apply(ev, o) })
+	if err != nil {
+		return nil, n, err
+	}
+	st.SetReplay(false)
+	st.ClearDirty()
+	st.TakeSignals()
+	return st, n, nil
 }

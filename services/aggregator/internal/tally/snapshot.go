@@ -571,3 +571,10 @@ func (d *dec) bool() bool {
 }
 
 func (d *dec) period() period { return period{tokens: d.i(), requests: d.i(), cost: d.f()} }
+
+// Policy returns the policy the state applies (SetPolicy's latest).
+func (p *Partition) Policy() *policy.Policy { return p.pol }
+
+// OverriddenTenants returns the tenants with overrides in force in the
+// state, sorted: after Load, the caller lifts those no longer in force.
+func (p *Partition) OverriddenTenants() []string { return sortedKeys(p.overrides) }
