@@ -274,6 +274,15 @@ func TestKillNineExactlyOnce(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	checkOutcome(t, ctx, e, final)
+}
+
+// checkOutcome checks what the exactly-once tests promise once the
+// aggregator stopped: the distinct events are those sent (final), every
+// quota_state and usage_minute row equals their sums, and the signals
+// equal a clean run's. It returns the policy they were checked under.
+func checkOutcome(t *testing.T, ctx context.Context, e *env, final map[string]int64) *policy.Policy {
+	t.Helper()
 	pol, err := policy.Load(e.policy)
 	if err != nil {
 		t.Fatal(err)
@@ -282,6 +291,7 @@ func TestKillNineExactlyOnce(t *testing.T) {
 	checkSent(t, truth, final)
 	checkCounters(t, ctx, e.conn, truth, pol)
 	checkSignals(t, e, pol)
+	return pol
 }
 
 // aggregatorLogs returns the file the aggregator processes write to; its

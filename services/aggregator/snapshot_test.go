@@ -87,14 +87,7 @@ func TestKillNineRestartsFromSnapshot(t *testing.T) {
 		t.Fatal("no partition was restored from a snapshot plus events stored after it")
 	}
 
-	pol, err := policy.Load(e.policy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	truth := loadDistinct(t, ctx, e.conn, pol)
-	checkSent(t, truth, final)
-	checkCounters(t, ctx, e.conn, truth, pol)
-	checkSignals(t, e, pol)
+	pol := checkOutcome(t, ctx, e, final)
 	checkSnapshotEqualsRebuild(t, ctx, e, pol)
 }
 
