@@ -182,7 +182,8 @@ func Parse(data []byte, filename string, opts ...Option) (*Policy, error) {
 			v.fail("defaults.plan", "plan %q is not defined under plans%s", name, definedPlans(plans))
 		}
 	}
-	p := &Policy{defaults: *effDefaults, tenants: map[string]*Tenant{}, prices: map[string][]Price{}, source: filename}
+	p := &Policy{defaults: *effDefaults, tenants: map[string]*Tenant{}, prices: map[string][]Price{}, source: filename,
+		fingerprint: fingerprintOf(data)}
 	p.limits = v.limits("limits", raw.Limits, nil, false)
 	p.upstreams = v.upstreams(raw.Upstreams)
 	p.fallbacks = v.fallbacks(raw.Fallbacks)

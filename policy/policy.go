@@ -81,6 +81,8 @@
 package policy
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"maps"
 	"sort"
@@ -132,6 +134,8 @@ type Policy struct {
 	prices    map[string][]Price // by model, ordered by EffectiveFrom
 	channels  Channels
 	source    string
+	// fingerprint: see Fingerprint.
+	fingerprint string
 }
 
 // Tenant is one tenant's effective policy: its own settings over the defaults.
@@ -258,6 +262,16 @@ func (c Channels) clone() Channels {
 
 // Source names the file the policy came from.
 func (p *Policy) Source() string { return p.source }
+
+// Fingerprint identifies the policy document: the hex SHA-256 of the bytes
+// parsed. State computed under one policy (the aggregator's snapshots) is
+// only reused under a policy with the same fingerprint.
+func (p *Policy) Fingerprint() string { return p.fingerprint }
+
+func fingerprintOf(data []byte) string {
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
 
 // Tenant returns the effective policy of a tenant. It is never nil: a tenant
 // the file does not name gets the defaults, so a new customer is metered

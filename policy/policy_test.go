@@ -345,3 +345,27 @@ func TestMaxModelsInheritsAndIsBounded(t *testing.T) {
 		t.Fatalf("Parse = %v, want an error naming the field, line and range", err)
 	}
 }
+
+// TestFingerprintFollowsTheDocument: the same bytes give the same
+// fingerprint, a change of one limit another.
+func TestFingerprintFollowsTheDocument(t *testing.T) {
+	doc := "defaults:\n  models:\n    \"*\": {monthly_tokens: 1000}\n"
+	a, err := Parse([]byte(doc), "a.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Parse([]byte(doc), "b.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Parse([]byte(strings.Replace(doc, "1000", "1001", 1)), "a.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Fingerprint() == "" || a.Fingerprint() != b.Fingerprint() {
+		t.Errorf("same document, fingerprints %q and %q", a.Fingerprint(), b.Fingerprint())
+	}
+	if a.Fingerprint() == c.Fingerprint() {
+		t.Errorf("changed limit, same fingerprint %q", a.Fingerprint())
+	}
+}

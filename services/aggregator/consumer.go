@@ -94,6 +94,11 @@ type partition struct {
 	parked    int
 	rctx      context.Context // cancelled when the partition goes
 	rcancel   context.CancelFunc
+	// snapAt is when the partition's state was last snapshotted (or
+	// rebuilt): the next snapshot is due SnapshotInterval after it, if
+	// events were read since snapNext, the offset the last one covers.
+	snapAt   time.Time
+	snapNext int64
 }
 
 func newAggregator(cfg Config, env platform.Env, w *policy.Watcher) *aggregator {
@@ -168,7 +173,7 @@ func (a *aggregator) loop(ctx context.Context) {
 		a.resumeHandovers(counts)
 		a.finishRestores() // before the fetch: a tenant's waiting events precede its new ones
 		fetches.EachPartition(func(ftp kgo.FetchTopicPartition) { a.process(ctx, ftp) })
-		if !a.since.IsZero() && (a.pendingMax() >= a.cfg.BatchEvents || time.Since(a.since) >= a.cfg.FlushInterval) {
+		if (!a.since.IsZero() && (a.pendingMax() >= a.cfg.BatchEvents || time.Since(a.since) >= a.cfg.FlushInterval)) || a.snapshotsDue() {
 			if err := a.flushAll(ctx); err != nil && ctx.Err() == nil {
 				a.log.Error("flush failed", "err", err)
 			}
@@ -436,7 +441,7 @@ func (a *aggregator) flushAll(ctx context.Context) error {
 func (a *aggregator) drain(p *partition) *job {
 	_, recommit := p.w.status()
 	n := a.nparts.Load()
-	if p.next == p.enqueued && !recommit && !p.state.Pending() && p.count == n {
+	if p.next == p.enqueued && !recommit && !p.state.Pending() && p.count == n && !a.snapshotDue(p) {
 		return nil
 	}
 	p.count = n
@@ -462,7 +467,54 @@ func (a *aggregator) drain(p *partition) *job {
 	}
 	// Versions grow per tenant across partitions: see chstore.VersionShift.
 	b.Version = uint64(n)<<chstore.VersionShift | uint64(p.next)
-	return &job{b: b, reroutes: reroutes, next: p.committable(), epoch: p.epoch, count: n, rows: len(b.Events) + len(b.Minutes) + len(b.Quotas) + len(b.Signals)}
+	j := &job{b: b, reroutes: reroutes, next: p.committable(), epoch: p.epoch, count: n, rows: len(b.Events) + len(b.Minutes) + len(b.Quotas) + len(b.Signals)}
+	a.snapshot(p, j)
+	return j
+}
+
+// snapshotDue reports whether p's state should be snapshotted at the next
+// flush: the interval has passed, events were read since the last
+// snapshot, and no tenant is being restored (its events are parked, not in
+// the state).
+func (a *aggregator) snapshotDue(p *partition) bool {
+	return a.cfg.SnapshotInterval > 0 && time.Since(p.snapAt) >= a.cfg.SnapshotInterval &&
+		p.next > p.snapNext && len(p.restoring) == 0 && p.parked == 0
+}
+
+// snapshotsDue reports whether any partition's snapshot is due, so that
+// the poll loop flushes for it even when no event is pending.
+func (a *aggregator) snapshotsDue() bool {
+	for _, p := range a.parts {
+		if a.snapshotDue(p) {
+			return true
+		}
+	}
+	return false
+}
+
+// snapshot attaches a snapshot of p's state to j when one is due. The
+// state has just been drained, so it holds exactly the events below
+// j.next; the writer stores the snapshot after j's rows and before the
+// commit, so a snapshot never covers an event ClickHouse lacks. None is
+// taken while tenants are being restored (their events are parked, not
+// in the state) or while the policy in force is not yet the state's.
+func (a *aggregator) snapshot(p *partition, j *job) {
+	if !a.snapshotDue(p) || j.next != p.next {
+		return
+	}
+	pol := a.watcher.Current()
+	if p.state.Policy() != pol {
+		return
+	}
+	p.snapAt, p.snapNext = time.Now(), j.next
+	data, err := p.state.Snapshot(nil, pol.Fingerprint())
+	if err != nil {
+		a.m.snapshots.WithLabelValues("skipped").Inc()
+		a.log.Warn("partition state not snapshotted; the next interval tries again", "partition", p.id, "err", err)
+		return
+	}
+	a.m.snapshotSeconds.Observe(time.Since(p.snapAt).Seconds())
+	j.snap, j.snapFP = data, pol.Fingerprint()
 }
 
 // signalRecords appends b's signals as records for the signals topic.
@@ -519,10 +571,17 @@ func (a *aggregator) onAssigned(ctx context.Context, cl *kgo.Client, assigned ma
 	})
 	for _, id := range parts {
 		start := time.Now()
+		before := resume[id]
+		if st, n, ok := a.loadSnapshot(ctx, id, before); ok {
+			a.parts[id] = &partition{id: id, state: st, next: before, enqueued: before, epoch: -1, w: a.startWriter(id, before), snapAt: time.Now(), snapNext: before}
+			a.m.rebuildSeconds.Observe(time.Since(start).Seconds())
+			a.m.rebuildEvents.Add(float64(n))
+			a.log.Info("partition assigned and restored from a snapshot", "partition", id, "resume_offset", before, "events_replayed", n, "took", time.Since(start).Round(time.Millisecond))
+			continue
+		}
 		st := tally.New(id, a.cfg.options())
 		st.SetPolicy(a.watcher.Current())
 		st.SetReplay(true)
-		before := resume[id]
 		var n int
 		err := a.retry(ctx, "rebuild from clickhouse", id, func() error {
 			st = tally.New(id, a.cfg.options())
@@ -544,7 +603,7 @@ func (a *aggregator) onAssigned(ctx context.Context, cl *kgo.Client, assigned ma
 		st.SetReplay(false)
 		st.ClearDirty()
 		st.TakeSignals()
-		a.parts[id] = &partition{id: id, state: st, next: before, enqueued: before, epoch: -1, w: a.startWriter(id, before)}
+		a.parts[id] = &partition{id: id, state: st, next: before, enqueued: before, epoch: -1, w: a.startWriter(id, before), snapAt: time.Now(), snapNext: before}
 		a.m.rebuildSeconds.Observe(time.Since(start).Seconds())
 		a.m.rebuildEvents.Add(float64(n))
 		a.log.Info("partition assigned and rebuilt", "partition", id, "resume_offset", before, "events_replayed", n, "took", time.Since(start).Round(time.Millisecond))

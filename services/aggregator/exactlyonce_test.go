@@ -199,15 +199,22 @@ func buildAggregator(t testing.TB) string {
 	return bin
 }
 
-func startAggregator(t *testing.T, e *env, bin string, logs *os.File) *exec.Cmd {
+func startAggregator(t *testing.T, e *env, bin string, logs *os.File, extra ...string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(bin, "-brokers", strings.Join(e.kafka.Brokers, ","), "-clickhouse", e.ch.Addr, "-database", e.ch.Database,
+	args := append([]string{"-brokers", strings.Join(e.kafka.Brokers, ","), "-clickhouse", e.ch.Addr, "-database", e.ch.Database,
 		"-topic", e.topic, "-signals", e.signals, "-admin", e.admin, "-group", e.group, "-policy", e.policy, "-batch", "700", "-flush", "150ms",
-		"-signal-keys", strings.Join(testSignalAuth.Keys, ","))
+		"-signal-keys", strings.Join(testSignalAuth.Keys, ",")}, extra...)
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	// A test that fails while the process runs must not leave it running
+	// (the test stops or kills it itself otherwise; both are then no-ops).
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
 	return cmd
 }
 
@@ -223,19 +230,7 @@ func TestKillNineExactlyOnce(t *testing.T) {
 	}
 	e := setup(t)
 	bin := buildAggregator(t)
-	logs, err := os.Create(filepath.Join(t.TempDir(), "aggregator.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if t.Failed() {
-			b, _ := os.ReadFile(logs.Name())
-			if len(b) > 20000 {
-				b = b[len(b)-20000:]
-			}
-			t.Logf("aggregator log tail:\n%s", b)
-		}
-	}()
+	logs := aggregatorLogs(t)
 
 	base := time.Now().UTC().Truncate(time.Hour).Add(-5 * time.Hour)
 	evs, final := workload(12000, base)
@@ -279,12 +274,51 @@ func TestKillNineExactlyOnce(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	checkOutcome(t, ctx, e, final)
+}
+
+// checkOutcome checks what the exactly-once tests promise once the
+// aggregator stopped: the distinct events are those sent (final), every
+// quota_state and usage_minute row equals their sums, and the signals
+// equal a clean run's. It returns the policy they were checked under.
+func checkOutcome(t *testing.T, ctx context.Context, e *env, final map[string]int64) *policy.Policy {
+	t.Helper()
 	pol, err := policy.Load(e.policy)
 	if err != nil {
 		t.Fatal(err)
 	}
 	truth := loadDistinct(t, ctx, e.conn, pol)
-	// No loss, no double count: the distinct events are exactly what was sent.
+	checkSent(t, truth, final)
+	checkCounters(t, ctx, e.conn, truth, pol)
+	checkSignals(t, e, pol)
+	return pol
+}
+
+// aggregatorLogs returns the file the aggregator processes write to; its
+// tail is logged if the test fails.
+func aggregatorLogs(t *testing.T) *os.File {
+	t.Helper()
+	logs, err := os.Create(filepath.Join(t.TempDir(), "aggregator.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(logs.Name())
+			if len(b) > 20000 {
+				b = b[len(b)-20000:]
+			}
+			t.Logf("aggregator log tail:\n%s", b)
+		}
+	})
+	return logs
+}
+
+// checkSent fails the test unless the distinct events ClickHouse holds are
+// exactly those sent (final: tenant/id to tokens): no loss, no double
+// count.
+func checkSent(t *testing.T, truth truthcheck.Events, final map[string]int64) {
+	t.Helper()
 	if len(truth) != len(final) {
 		t.Errorf("ClickHouse holds %d distinct events, %d were sent", len(truth), len(final))
 	}
@@ -294,8 +328,6 @@ func TestKillNineExactlyOnce(t *testing.T) {
 			break
 		}
 	}
-	checkCounters(t, ctx, e.conn, truth, pol)
-	checkSignals(t, e, pol)
 }
 
 // loadDistinct reads the distinct events ClickHouse holds, priced with

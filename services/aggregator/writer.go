@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/sluicehq/sluice/services/aggregator/internal/chstore"
+	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
 )
 
 // job is one flushed batch of a partition waiting for ClickHouse: its
@@ -22,6 +23,10 @@ type job struct {
 	epoch    int32
 	count    int32 // the partition count it was drained under, committed as metadata (handover.go)
 	rows     int
+	// snap, if set, is a snapshot of the partition's state covering the
+	// events below next, under policy fingerprint snapFP (consumer.go).
+	snap   []byte
+	snapFP string
 }
 
 // writer stores one partition's flushed batches in ClickHouse, strictly in
@@ -187,6 +192,7 @@ func (a *aggregator) runWriter(w *writer) {
 		}
 		a.m.writeRows.Observe(float64(rows))
 		a.m.writeSeconds.Observe(time.Since(start).Seconds())
+		a.storeSnapshot(w, jobs)
 		cerr := a.commit(w.ctx, w.part, end)
 		w.mu.Lock()
 		w.queue = w.queue[len(jobs):]
@@ -197,10 +203,35 @@ func (a *aggregator) runWriter(w *writer) {
 		w.mu.Unlock()
 		a.release(rows)
 		for i, j := range jobs {
+			j.snap = nil
 			j.b.Reset()
 			batchPool.Put(j.b)
 			jobs[i], batches[i] = nil, nil
 		}
+	}
+}
+
+// storeSnapshot stores the newest snapshot among jobs, whose rows are
+// stored, before their offset is committed. A failure is not retried: the
+// next interval takes another, and a restart meanwhile uses an older one
+// or rebuilds in full.
+func (a *aggregator) storeSnapshot(w *writer, jobs []*job) {
+	for i := len(jobs) - 1; i >= 0; i-- {
+		j := jobs[i]
+		if j.snap == nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(w.ctx, max(a.cfg.WriteTimeout, time.Minute))
+		err := a.store.WriteSnapshot(ctx, w.part, j.next, tally.SnapshotVersion, j.snapFP, j.snap)
+		cancel()
+		if err != nil {
+			a.m.snapshots.WithLabelValues("failed").Inc()
+			a.log.Warn("partition snapshot not stored; the next interval takes another", "partition", w.part, "offset", j.next, "err", err)
+			return
+		}
+		a.m.snapshots.WithLabelValues("stored").Inc()
+		a.log.Debug("partition snapshot stored", "partition", w.part, "offset", j.next, "bytes", len(j.snap))
+		return
 	}
 }
 

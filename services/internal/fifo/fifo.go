@@ -19,6 +19,8 @@
 // that sees few ids never pays for the full bound.
 package fifo
 
+import "iter"
+
 // Ring holds at most Cap values, oldest first. It is not safe for
 // concurrent use; its owners hold their own locks.
 type Ring[T any] struct {
@@ -86,4 +88,16 @@ func (r *Ring[T]) grow() {
 		buf[i] = r.buf[(r.head+i)%len(r.buf)]
 	}
 	r.buf, r.head = buf, 0
+}
+
+// All returns the values oldest first, for a snapshot of the owner's
+// state; the ring must not change while the sequence runs.
+func (r *Ring[T]) All() iter.Seq[T] {
+	return func(yield func(T) bool) {
+		for i := range r.size {
+			if !yield(r.buf[(r.head+i)%len(r.buf)]) {
+				return
+			}
+		}
+	}
 }

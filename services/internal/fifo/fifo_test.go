@@ -1,6 +1,9 @@
 package fifo
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+)
 
 // TestRingKeepsTheNewestInOrder pushes past the capacity, through growth
 // and wrap-around, with pops in between, against a slice model.
@@ -49,5 +52,19 @@ func TestEmptyRing(t *testing.T) {
 	}
 	if _, ok := r.Pop(); ok {
 		t.Fatal("Pop of an empty ring")
+	}
+}
+
+func TestRingAllOldestFirst(t *testing.T) {
+	r := New[int](3)
+	for i := range 5 {
+		r.Push(i)
+	}
+	var got []int
+	for v := range r.All() {
+		got = append(got, v)
+	}
+	if fmt.Sprint(got) != "[2 3 4]" {
+		t.Fatalf("All = %v, want [2 3 4]", got)
 	}
 }

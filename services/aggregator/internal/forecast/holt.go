@@ -142,3 +142,12 @@ func minutes(l, t, remaining float64) float64 {
 	b := l + t/2
 	return (-b + math.Sqrt(b*b+2*t*remaining)) / t
 }
+
+// State returns the smoother's whole state, for a snapshot of the
+// aggregator's state (tally's snapshot codec); HoltFromState rebuilds it.
+func (h Holt) State() (level, trend, dev float64, n int32) { return h.level, h.trend, h.dev, h.n }
+
+// HoltFromState returns the smoother whose State is (level, trend, dev, n).
+func HoltFromState(level, trend, dev float64, n int32) Holt {
+	return Holt{level: level, trend: trend, dev: dev, n: n}
+}

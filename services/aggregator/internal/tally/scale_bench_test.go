@@ -76,10 +76,7 @@ prices:
 func BenchmarkScale(b *testing.B) {
 	pol := mustPolicy(b, scalePolicy)
 	for _, n := range scaleSizes(b) {
-		tenants := make([]string, n/scaleModels)
-		for i := range tenants {
-			tenants[i] = fmt.Sprintf("tenant-%07d", i)
-		}
+		tenants := scaleTenants(n)
 		rng := rand.New(rand.NewPCG(uint64(n), 19))
 		keys := make([]int32, 1<<16)
 		for i := range keys {
@@ -93,20 +90,7 @@ func BenchmarkScale(b *testing.B) {
 		next := 0
 		b.Run(fmt.Sprintf("%dkeys", n), func(b *testing.B) {
 			var ev schemas.UsageEvent
-			warm := func(q *Partition) {
-				for k := 0; k < n; k++ {
-					scaleEvent(&ev, tenants, k)
-					ev.ID = "w-" + strconv.Itoa(k)
-					ev.Time = t0.Add(time.Duration(k/1000) * time.Second)
-					q.Apply(&ev, int64(k))
-					if k%4096 == 0 {
-						q.TakeSignals()
-						q.ClearDirty()
-					}
-				}
-				q.TakeSignals()
-				q.ClearDirty()
-			}
+			warm := func(q *Partition) { scaleWarm(q, tenants, n) }
 			if live == nil {
 				// Memory: every key has counted one event, on a fresh state.
 				runtime.GC()
@@ -160,6 +144,79 @@ func BenchmarkScale(b *testing.B) {
 			b.ReportMetric(float64(b.N)/cpu.Seconds(), fmt.Sprintf("scale_aggregator_events_per_cpu_sec_%dkeys", n))
 			b.ReportMetric(float64(b.N)/replayWall.Seconds(), fmt.Sprintf("scale_aggregator_replay_events_per_sec_%dkeys", n))
 			b.ReportMetric(float64(b.N)/replayCPU.Seconds(), fmt.Sprintf("scale_aggregator_replay_events_per_cpu_sec_%dkeys", n))
+		})
+	}
+}
+
+// scaleWarm has each of the n keys count one event in q, as the growth
+// curves' states are built, and leaves nothing pending.
+func scaleWarm(q *Partition, tenants []string, n int) {
+	var ev schemas.UsageEvent
+	for k := 0; k < n; k++ {
+		scaleEvent(&ev, tenants, k)
+		ev.ID = "w-" + strconv.Itoa(k)
+		ev.Time = t0.Add(time.Duration(k/1000) * time.Second)
+		q.Apply(&ev, int64(k))
+		if k%4096 == 0 {
+			q.TakeSignals()
+			q.ClearDirty()
+		}
+	}
+	q.TakeSignals()
+	q.ClearDirty()
+}
+
+// scaleTenants returns the n/scaleModels tenant names of n keys.
+func scaleTenants(n int) []string {
+	tenants := make([]string, n/scaleModels)
+	for i := range tenants {
+		tenants[i] = fmt.Sprintf("tenant-%07d", i)
+	}
+	return tenants
+}
+
+// BenchmarkSnapshot measures the snapshot codec at the growth curves'
+// sizes (states built as BenchmarkScale's, one event per key):
+//
+//   - scale_aggregator_snapshot_bytes_per_key_<n>keys: encoded size / n;
+//   - scale_aggregator_snapshot_encode_seconds_<n>keys: Snapshot's time;
+//   - scale_aggregator_snapshot_load_seconds_<n>keys: Load's time (the
+//     in-memory part of a restart from a snapshot; reading the bytes from
+//     ClickHouse and replaying the events after it come on top).
+func BenchmarkSnapshot(b *testing.B) {
+	pol := mustPolicy(b, scalePolicy)
+	for _, n := range scaleSizes(b) {
+		tenants := scaleTenants(n)
+		var q *Partition
+		var buf []byte
+		b.Run(fmt.Sprintf("%dkeys", n), func(b *testing.B) {
+			if q == nil {
+				q = New(0, DefaultOptions())
+				q.SetPolicy(pol)
+				scaleWarm(q, tenants, n)
+			}
+			var enc, load time.Duration
+			for i := 0; i < b.N; i++ {
+				start := time.Now()
+				var err error
+				buf, err = q.Snapshot(buf[:0], "fp")
+				if err != nil {
+					b.Fatal(err)
+				}
+				enc += time.Since(start)
+				start = time.Now()
+				l, err := Load(0, DefaultOptions(), pol, "fp", buf)
+				if err != nil {
+					b.Fatal(err)
+				}
+				load += time.Since(start)
+				if series, _ := l.Entries(); series != n+n/scaleModels {
+					b.Fatalf("loaded state holds %d series, want %d", series, n+n/scaleModels)
+				}
+			}
+			b.ReportMetric(float64(len(buf))/float64(n), fmt.Sprintf("scale_aggregator_snapshot_bytes_per_key_%dkeys", n))
+			b.ReportMetric(enc.Seconds()/float64(b.N), fmt.Sprintf("scale_aggregator_snapshot_encode_seconds_%dkeys", n))
+			b.ReportMetric(load.Seconds()/float64(b.N), fmt.Sprintf("scale_aggregator_snapshot_load_seconds_%dkeys", n))
 		})
 	}
 }

@@ -29,12 +29,14 @@
 package tally
 
 import (
-	"hash/maphash"
 	"maps"
 	"math"
+	"math/rand/v2"
 	"sort"
 	"strconv"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
@@ -151,9 +153,9 @@ type Partition struct {
 	// ids that scan cost more than the aggregation itself.
 	dedup   map[uint64]idRec
 	idOrder *fifo.Ring[uint64] // the keys of dedup, oldest first
-	seed    maphash.Seed
-	series  []*Series // by index, for idRec.series; nil: a free slot
-	free    []int32   // free slots of series, reused before it grows
+	seed    uint64             // of key and tenantKey
+	series  []*Series          // by index, for idRec.series; nil: a free slot
+	free    []int32            // free slots of series, reused before it grows
 
 	// wm is the latest event time applied, unix seconds: the partition's
 	// event-time clock for idle eviction.
@@ -230,7 +232,7 @@ func New(id int32, opt Options) *Partition {
 		tenants: map[string]*tenant{},
 		dedup:   make(map[uint64]idRec, min(opt.DedupCapacity, 1<<16)),
 		idOrder: fifo.New[uint64](opt.DedupCapacity),
-		seed:    maphash.MakeSeed(),
+		seed:    rand.Uint64(),
 		evicted: map[uint64]int64{},
 	}
 }
@@ -519,8 +521,8 @@ func (p *Partition) hold(ev *schemas.UsageEvent, offset int64) Result {
 
 // tenantKey hashes a tenant name for the evicted set.
 func (p *Partition) tenantKey(tenant string) uint64 {
-	var h maphash.Hash
-	h.SetSeed(p.seed)
+	var h xxhash.Digest
+	h.ResetWithSeed(p.seed)
 	h.WriteString(tenant)
 	return h.Sum64()
 }
@@ -528,12 +530,15 @@ func (p *Partition) tenantKey(tenant string) uint64 {
 // key hashes tenant and id to 64 bits. With the dedup capacity's ids in
 // memory the chance that two distinct ids collide (and the second is taken
 // for a duplicate) is about capacity²/2⁶⁵, 1e-9 at 200,000 ids; ClickHouse
-// still stores both, and the reconciler would see the drift.
+// still stores both, and the reconciler would see the drift. The hash is
+// seeded xxHash64 rather than hash/maphash because its seed can be kept:
+// a snapshot stores the seed with the hashes (snapshot.go). The seed is
+// random per state, so ids cannot be crafted to collide in advance.
 func (p *Partition) key(tenant, id string) uint64 {
-	var h maphash.Hash
-	h.SetSeed(p.seed)
+	var h xxhash.Digest
+	h.ResetWithSeed(p.seed)
 	h.WriteString(tenant)
-	h.WriteByte(0)
+	h.WriteString("\x00")
 	h.WriteString(id)
 	return h.Sum64()
 }

@@ -1,0 +1,140 @@
+package chstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
+)
+
+// Aggregator state snapshots (table aggregator_snapshots, migration 016).
+//
+// A snapshot is stored in chunks of SnapshotChunkBytes, all in one insert,
+// after the batches whose events it covers; it is read back only when
+// every chunk is there, so an insert cut short leaves at most an
+// incomplete snapshot that Snapshot ignores.
+
+// SnapshotChunkBytes is the size of one stored chunk of a snapshot.
+const SnapshotChunkBytes = 8 << 20
+
+// ErrNoSnapshot: no complete snapshot matches.
+var ErrNoSnapshot = errors.New("no usable snapshot stored")
+
+// WriteSnapshot stores data as the snapshot of partition covering its
+// events below offset, in format format under policy fingerprint fp.
+func (s *Store) WriteSnapshot(ctx context.Context, partition int32, offset int64, format uint16, fp string, data []byte) error {
+	chunks := max((len(data)+SnapshotChunkBytes-1)/SnapshotChunkBytes, 1)
+	batch, err := s.conn.PrepareBatch(ctx, "INSERT INTO aggregator_snapshots (kafka_partition, kafka_offset, format, fingerprint, chunk, chunks, data, taken_at)")
+	if err != nil {
+		return fmt.Errorf("snapshot of partition %d: %w", partition, err)
+	}
+	now := time.Now().UTC().Truncate(time.Second)
+	for i := range chunks {
+		part := data[min(i*SnapshotChunkBytes, len(data)):min((i+1)*SnapshotChunkBytes, len(data))]
+		if err := batch.Append(partition, offset, format, fp, uint32(i), uint32(chunks), string(part), now); err != nil {
+			_ = batch.Abort()
+			return fmt.Errorf("snapshot of partition %d: %w", partition, err)
+		}
+	}
+	if err := batch.Send(); err != nil {
+		return fmt.Errorf("snapshot of partition %d: %w", partition, err)
+	}
+	return nil
+}
+
+// Snapshot returns the newest complete snapshot of partition in format
+// format under fingerprint fp that covers no event at or above before
+// (the committed offset: a snapshot stored after its batches but before
+// their commit is ahead of it), and the offset it covers. It answers
+// ErrNoSnapshot when there is none.
+func (s *Store) Snapshot(ctx context.Context, partition int32, before int64, format uint16, fp string) (data []byte, offset int64, err error) {
+	err = s.conn.QueryRow(ctx, `SELECT kafka_offset FROM
+(SELECT kafka_offset, any(chunks) AS n, uniqExact(chunk) AS have FROM aggregator_snapshots
+ WHERE kafka_partition = ? AND kafka_offset <= ? AND format = ? AND fingerprint = ?
+ GROUP BY kafka_offset)
+WHERE have = n ORDER BY kafka_offset DESC LIMIT 1`, partition, before, format, fp).Scan(&offset)
+	if err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, 0, ErrNoSnapshot
+		}
+		return nil, 0, fmt.Errorf("snapshot of partition %d: %w", partition, err)
+	}
+	rows, err := s.conn.Query(ctx, `SELECT chunk, any(data) FROM aggregator_snapshots
+WHERE kafka_partition = ? AND kafka_offset = ? AND format = ? AND fingerprint = ?
+GROUP BY chunk ORDER BY chunk`, partition, offset, format, fp)
+	if err != nil {
+		return nil, 0, fmt.Errorf("snapshot of partition %d: %w", partition, err)
+	}
+	defer rows.Close()
+	for want := uint32(0); rows.Next(); want++ {
+		var chunk uint32
+		var part string
+		if err := rows.Scan(&chunk, &part); err != nil {
+			return nil, 0, fmt.Errorf("snapshot of partition %d: %w", partition, err)
+		}
+		if chunk != want {
+			return nil, 0, fmt.Errorf("snapshot of partition %d at %d: chunk %d missing", partition, offset, want)
+		}
+		data = append(data, part...)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("snapshot of partition %d: %w", partition, err)
+	}
+	return data, offset, nil
+}
+
+// ReplaySince calls fn, in offset order, with each distinct event of
+// partition whose latest version below before is at or above from: what
+// a state loaded from a snapshot covering from must replay to reach
+// before. Only the ids stored since from are grouped, so the query reads
+// the month's rows of those ids alone, not the month's rows of every id.
+// Events of the partition's tenants stored under other partitions are
+// not read: a restart after the topic gained partitions rebuilds in full.
+func (s *Store) ReplaySince(ctx context.Context, partition int32, from, before int64, fn func(ev *schemas.UsageEvent, offset int64)) (int, error) {
+	where := fmt.Sprintf("kafka_partition = %d AND kafka_offset < %d AND (tenant, id) IN (SELECT tenant, id FROM usage_events WHERE kafka_partition = %d AND kafka_offset >= %d AND kafka_offset < %d)",
+		partition, before, partition, from, before)
+	n := 0
+	_, err := s.scan(ctx, fmt.Sprintf(tenantEvents, where, partition, partition), func(ev *schemas.UsageEvent, off int64) {
+		if off >= from {
+			n++
+			fn(ev, off)
+		}
+	})
+	if err != nil {
+		return n, fmt.Errorf("replay partition %d since %d: %w", partition, from, err)
+	}
+	return n, nil
+}
+
+// LoadPartition restores partition's state as of before (its committed
+// offset) from its newest usable snapshot and the events stored since:
+// tally.Load under pol, then prepare (the caller sets the clock and the
+// overrides in force), then ReplaySince in replay mode. It answers
+// ErrNoSnapshot, or tally's ErrSnapshotMismatch or ErrSnapshotCorrupt
+// (wrapped), when the caller must rebuild in full instead.
+func (s *Store) LoadPartition(ctx context.Context, partition int32, before int64, opt tally.Options, pol *policy.Policy, prepare func(st *tally.Partition)) (*tally.Partition, int, error) {
+	fp := pol.Fingerprint()
+	data, off, err := s.Snapshot(ctx, partition, before, tally.SnapshotVersion, fp)
+	if err != nil {
+		return nil, 0, err
+	}
+	st, err := tally.Load(partition, opt, pol, fp, data)
+	if err != nil {
+		return nil, 0, fmt.Errorf("snapshot of partition %d at %d: %w", partition, off, err)
+	}
+	st.SetReplay(true)
+	prepare(st)
+	n, err := s.ReplaySince(ctx, partition, off, before, func(ev *schemas.UsageEvent, o int64) { st.Apply(ev, o) })
+	if err != nil {
+		return nil, n, err
+	}
+	st.SetReplay(false)
+	st.ClearDirty()
+	st.TakeSignals()
+	return st, n, nil
+}

@@ -1,0 +1,580 @@
+package tally
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math"
+	"sort"
+	"time"
+
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/aggregator/internal/forecast"
+)
+
+// Snapshots.
+//
+// A snapshot is the state's counters in a self-checking binary form, so a
+// restart can load it instead of replaying a month of events: every
+// tenant's series (period and settled totals, rate ring, rollup slots,
+// Holt forecasts, early-rate cells, every quota's tier, crossings,
+// exhaustions and prediction, the breaker and spike detectors, the
+// one-minute window), the evicted set, the held events and the overrides.
+//
+// The remembered ids (the dedup map and its FIFO order) are in it too,
+// with the hash seed, so that a settlement arriving after a restart finds
+// the estimate it replaces: ClickHouse no longer holds that estimate once
+// the settlement's row replaced it, so the ids could not be rebuilt from
+// the stored events alone. Quota definitions are not
+// stored either: Load re-derives them from the policy and the overrides
+// and refuses a snapshot whose quotas do not match, as it refuses one
+// taken under another policy fingerprint or format version
+// (ErrSnapshotMismatch) or a damaged one (ErrSnapshotCorrupt); the caller
+// then falls back to the full rebuild.
+
+// SnapshotVersion is the format version Snapshot writes and Load accepts.
+// Change it with any change to what the state holds.
+const SnapshotVersion = 1
+
+// snapshotMagic starts every snapshot.
+const snapshotMagic = "SLTSNAP"
+
+var (
+	// ErrSnapshotMismatch: the snapshot was taken under another format
+	// version, policy fingerprint or partition; rebuild instead.
+	ErrSnapshotMismatch = errors.New("tally: snapshot does not match this version, policy or partition")
+	// ErrSnapshotCorrupt: the snapshot is damaged or truncated; rebuild
+	// instead.
+	ErrSnapshotCorrupt = errors.New("tally: snapshot is corrupt")
+)
+
+// Snapshot appends the state's snapshot to dst under the policy
+// fingerprint fp (any string that changes whenever the policy does). Take
+// it right after a Drain whose rows were written, with nothing pending
+// and no restore in progress: it refuses otherwise, because rows not yet
+// written would be lost to a restart that loads it.
+func (p *Partition) Snapshot(dst []byte, fp string) ([]byte, error) {
+	if p.Pending() || len(p.minutes) > 0 || len(p.repairs) > 0 || len(p.quotaRepairs) > 0 || p.restoring {
+		return dst, errors.New("tally: snapshot with rows or signals pending; drain and write them first")
+	}
+	e := enc{b: dst}
+	start := len(dst)
+	e.b = append(e.b, snapshotMagic...)
+	e.u(SnapshotVersion)
+	e.str(fp)
+	e.i(int64(p.id))
+	e.b = binary.LittleEndian.AppendUint64(e.b, p.seed)
+	e.i(p.wm)
+	e.i(p.lastScan)
+	e.i(p.now)
+
+	ovs := sortedKeys(p.overrides)
+	e.u(uint64(len(ovs)))
+	for _, id := range ovs {
+		e.str(id)
+		e.u(uint64(len(p.overrides[id])))
+		for _, o := range p.overrides[id] {
+			e.str(o.Model)
+			e.str(string(o.Quota))
+			e.f(o.Limit)
+			e.i(o.Until.UnixNano())
+		}
+	}
+
+	ev := make([]uint64, 0, len(p.evicted))
+	for k := range p.evicted {
+		ev = append(ev, k)
+	}
+	sort.Slice(ev, func(i, j int) bool { return ev[i] < ev[j] })
+	e.u(uint64(len(ev)))
+	for _, k := range ev {
+		e.u(k)
+		e.i(p.evicted[k])
+	}
+
+	e.u(uint64(len(p.held)))
+	for i := range p.held {
+		js, err := json.Marshal(&p.held[i].ev)
+		if err != nil {
+			return dst, fmt.Errorf("tally: snapshot of a held event: %w", err)
+		}
+		e.bytes(js)
+		e.i(p.held[i].offset)
+	}
+
+	// ord numbers the series in the order they are written, for the
+	// remembered ids' references; -1: a freed slot (evicted tenant).
+	ord := make([]int32, len(p.series))
+	for i := range ord {
+		ord[i] = -1
+	}
+	next := int32(0)
+	ids := sortedKeys(p.tenants)
+	e.u(uint64(len(ids)))
+	for _, id := range ids {
+		t := p.tenants[id]
+		e.str(t.id)
+		for k := range 3 {
+			for j := range 2 {
+				e.i(t.bounds[k][j].start)
+				e.i(t.bounds[k][j].end)
+			}
+		}
+		e.i(t.wm)
+		e.i(t.off)
+		e.bool(t.started)
+		e.bool(t.capped)
+		e.u(uint64(len(t.order)))
+		for _, s := range t.order {
+			if len(s.removed) > 0 {
+				return dst, errors.New("tally: snapshot while a removed quota waits for its re-evaluation; take it after Reevaluate")
+			}
+			ord[s.idx] = next
+			next++
+			s.encode(&e)
+		}
+	}
+
+	// The remembered ids, oldest first, so Load rebuilds the FIFO.
+	e.u(uint64(p.idOrder.Len()))
+	for k := range p.idOrder.All() {
+		r := p.dedup[k]
+		e.b = binary.LittleEndian.AppendUint64(e.b, k)
+		e.i(int64(ord[r.series]))
+		e.i(r.ts)
+		e.i(int64(r.prompt))
+		e.i(int64(r.completion))
+		e.i(int64(r.cached))
+		e.u(uint64(r.flags))
+		e.f(r.cost)
+	}
+	e.b = binary.LittleEndian.AppendUint32(e.b, crc32.ChecksumIEEE(e.b[start:]))
+	return e.b, nil
+}
+
+func (s *Series) encode(e *enc) {
+	e.str(s.model)
+	e.bool(s.other)
+	for k := range 3 {
+		for j := range 2 {
+			e.period(s.per[k][j])
+		}
+		e.period(s.settled[k])
+	}
+	// The rate ring is sparse (a cell per minute with events in the last
+	// hour): only its non-empty cells, by index.
+	used := 0
+	for _, c := range s.rate {
+		if c != (rateCell{}) {
+			used++
+		}
+	}
+	e.u(uint64(used))
+	for i, c := range s.rate {
+		if c != (rateCell{}) {
+			e.u(uint64(i))
+			e.i(int64(c.min))
+			e.i(int64(c.req))
+			e.i(c.tok)
+		}
+	}
+	for _, r := range s.roll {
+		e.i(r.min)
+		for _, v := range [...]int64{r.req, r.prompt, r.completion, r.cached, r.errs, r.slow} {
+			e.i(v)
+		}
+		e.f(r.cost)
+		e.bool(r.dirty)
+	}
+	for _, h := range [2]forecast.Holt{s.holtTok, s.holtCost} {
+		level, trend, dev, n := h.State()
+		e.f(level)
+		e.f(trend)
+		e.f(dev)
+		e.i(int64(n))
+	}
+	e.i(s.lastMin)
+	e.i(s.minTok)
+	e.f(s.minCost)
+	e.i(s.early.first)
+	e.i(s.early.last)
+	e.i(s.early.next)
+	e.i(int64(s.early.req))
+	for _, c := range s.early.done {
+		e.i(c.tok)
+		e.f(c.cost)
+		e.i(int64(c.req))
+	}
+	e.u(uint64(len(s.quotas)))
+	for i := range s.quotas {
+		q := &s.quotas[i]
+		e.str(string(q.q.Name))
+		e.bool(q.override)
+		e.i(int64(q.tier))
+		e.i(int64(q.crossings))
+		e.bool(q.exhausted)
+		e.i(int64(q.exhaustions))
+		e.bool(q.predicted)
+		e.i(int64(q.rung))
+		e.i(q.announced)
+		e.i(q.predAt)
+		e.i(q.predLo)
+		e.i(q.predHi)
+		e.str(q.basis)
+		e.i(q.exhaustedAt)
+		e.f(q.rate)
+		e.i(q.rateUntil)
+	}
+	for _, h := range s.health {
+		e.i(h.start)
+		e.i(h.end)
+		e.i(int64(h.req))
+		e.i(int64(h.bad))
+		e.bool(h.fired)
+		e.bool(h.firing)
+	}
+	for _, pr := range s.probes {
+		e.i(pr.last)
+		e.i(pr.failedAt)
+		e.i(int64(pr.passed))
+	}
+	sp := &s.spike
+	e.i(sp.min)
+	e.i(sp.tok)
+	e.i(int64(sp.req))
+	e.i(int64(sp.minutes))
+	e.f(sp.baseline)
+	e.bool(sp.fired)
+	e.bool(sp.firing)
+	if s.win == nil {
+		e.bool(false)
+	} else {
+		e.bool(true)
+		e.u(uint64(len(s.win.cells)))
+		for _, c := range s.win.cells {
+			e.i(c.sec)
+			e.i(c.tok)
+			e.i(c.req)
+		}
+		e.i(s.win.tok)
+		e.i(s.win.req)
+	}
+	e.i(s.lateHour)
+	for _, d := range s.prevDirty {
+		e.bool(d)
+	}
+	e.bool(s.predictDue)
+}
+
+// Load returns the state of partition id stored in data by Snapshot, under
+// policy pol whose fingerprint is fp. It answers ErrSnapshotMismatch for a
+// snapshot of another format version, fingerprint or partition, or whose
+// quotas pol does not give, and ErrSnapshotCorrupt for a damaged one.
+// A restart then replays, in replay mode, the distinct stored events at
+// and above the offset the snapshot covers, as a rebuild does.
+func Load(id int32, opt Options, pol *policy.Policy, fp string, data []byte) (*Partition, error) {
+	if len(data) < len(snapshotMagic)+4 || string(data[:len(snapshotMagic)]) != snapshotMagic {
+		return nil, fmt.Errorf("%w: no snapshot header", ErrSnapshotCorrupt)
+	}
+	body := data[:len(data)-4]
+	if crc32.ChecksumIEEE(body) != binary.LittleEndian.Uint32(data[len(data)-4:]) {
+		return nil, fmt.Errorf("%w: checksum mismatch", ErrSnapshotCorrupt)
+	}
+	d := dec{b: body[len(snapshotMagic):]}
+	if v := d.u(); v != SnapshotVersion {
+		return nil, fmt.Errorf("%w: format version %d, this build reads %d", ErrSnapshotMismatch, v, SnapshotVersion)
+	}
+	if got := d.str(); got != fp {
+		return nil, fmt.Errorf("%w: policy fingerprint %q, the policy in force is %q", ErrSnapshotMismatch, got, fp)
+	}
+	if got := d.i(); got != int64(id) {
+		return nil, fmt.Errorf("%w: snapshot of partition %d loaded for %d", ErrSnapshotMismatch, got, id)
+	}
+	p := New(id, opt)
+	p.SetPolicy(pol)
+	p.seed = d.u64()
+	p.wm, p.lastScan, p.now = d.i(), d.i(), d.i()
+
+	for n := d.count(); n > 0 && d.err == nil; n-- {
+		tenant := d.str()
+		var ovs []Override
+		for m := d.count(); m > 0 && d.err == nil; m-- {
+			ovs = append(ovs, Override{Model: d.str(), Quota: schemas.QuotaKind(d.str()), Limit: d.f(), Until: time.Unix(0, d.i())})
+		}
+		if p.overrides == nil {
+			p.overrides = map[string][]Override{}
+		}
+		p.overrides[tenant] = ovs
+	}
+	p.nextExpiry()
+
+	for n := d.count(); n > 0 && d.err == nil; n-- {
+		k := d.u()
+		p.evicted[k] = d.i()
+	}
+
+	for n := d.count(); n > 0 && d.err == nil; n-- {
+		var h heldEvent
+		if js := d.bytes(); d.err == nil {
+			if err := json.Unmarshal(js, &h.ev); err != nil {
+				return nil, fmt.Errorf("%w: held event: %v", ErrSnapshotCorrupt, err)
+			}
+		}
+		h.offset = d.i()
+		if len(p.held) == 0 {
+			p.heldMin = math.MaxInt64
+		}
+		p.held = append(p.held, h)
+		p.heldMin = min(p.heldMin, h.ev.Time.Unix())
+	}
+
+	for n := d.count(); n > 0 && d.err == nil; n-- {
+		t := p.tenant(d.str())
+		for k := range 3 {
+			for j := range 2 {
+				t.bounds[k][j] = bound{d.i(), d.i()}
+			}
+		}
+		t.wm, t.off = d.i(), d.i()
+		t.started, t.capped = d.bool(), d.bool()
+		for m, i := d.count(), 0; i < m && d.err == nil; i++ {
+			model := d.str()
+			s := t.all
+			switch {
+			case i > 0:
+				s = p.newSeries(t, model)
+				t.models[s.model] = s
+			case model != policy.AllModels:
+				return nil, fmt.Errorf("%w: tenant %q: first series is %q, not %q", ErrSnapshotCorrupt, t.id, model, policy.AllModels)
+			}
+			if err := s.decode(&d); err != nil {
+				return nil, err
+			}
+		}
+	}
+
+	gone := int32(-1) // a slot that stays empty, for ids of evicted tenants
+	for n := d.count(); n > 0 && d.err == nil; n-- {
+		k := d.u64()
+		o := d.i()
+		r := idRec{ts: d.i(), prompt: int32(d.i()), completion: int32(d.i()), cached: int32(d.i()), flags: uint8(d.u()), cost: d.f()}
+		switch {
+		case o >= 0 && o < int64(len(p.series)):
+			r.series = int32(o) // Load created the series in the order Snapshot wrote them
+		case o == -1:
+			if gone < 0 {
+				gone = int32(len(p.series))
+				p.series = append(p.series, nil)
+			}
+			r.series = gone
+		default:
+			return nil, fmt.Errorf("%w: remembered id refers to series %d of %d", ErrSnapshotCorrupt, o, len(p.series))
+		}
+		p.remember(k, r)
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	if len(d.b) != 0 {
+		return nil, fmt.Errorf("%w: %d bytes left over", ErrSnapshotCorrupt, len(d.b))
+	}
+	return p, nil
+}
+
+func (s *Series) decode(d *dec) error {
+	s.other = d.bool()
+	for k := range 3 {
+		for j := range 2 {
+			s.per[k][j] = d.period()
+		}
+		s.settled[k] = d.period()
+	}
+	for n := d.count(); n > 0 && d.err == nil; n-- {
+		i := d.u()
+		if i >= rateWindow {
+			return fmt.Errorf("%w: rate cell %d of %d", ErrSnapshotCorrupt, i, rateWindow)
+		}
+		s.rate[i] = rateCell{min: int32(d.i()), req: int32(d.i()), tok: d.i()}
+	}
+	for i := range s.roll {
+		r := &s.roll[i]
+		r.min = d.i()
+		r.req, r.prompt, r.completion, r.cached, r.errs, r.slow = d.i(), d.i(), d.i(), d.i(), d.i(), d.i()
+		r.cost = d.f()
+		r.dirty = d.bool()
+	}
+	for _, h := range [2]*forecast.Holt{&s.holtTok, &s.holtCost} {
+		*h = forecast.HoltFromState(d.f(), d.f(), d.f(), int32(d.i()))
+	}
+	s.lastMin, s.minTok, s.minCost = d.i(), d.i(), d.f()
+	s.early.first, s.early.last, s.early.next, s.early.req = d.i(), d.i(), d.i(), int32(d.i())
+	for i := range s.early.done {
+		s.early.done[i] = earlyCell{tok: d.i(), cost: d.f(), req: int32(d.i())}
+	}
+	if n := d.count(); d.err == nil && n != len(s.quotas) {
+		return fmt.Errorf("%w: tenant %q model %q has %d quotas in the snapshot, %d under the policy in force", ErrSnapshotMismatch, s.t.id, s.model, n, len(s.quotas))
+	}
+	for i := range s.quotas {
+		q := &s.quotas[i]
+		if name, ov := d.str(), d.bool(); d.err == nil && (name != string(q.q.Name) || ov != q.override) {
+			return fmt.Errorf("%w: tenant %q model %q: quota %q in the snapshot, %q under the policy in force", ErrSnapshotMismatch, s.t.id, s.model, name, q.q.Name)
+		}
+		q.tier, q.crossings, q.exhausted, q.exhaustions = int(d.i()), int32(d.i()), d.bool(), int32(d.i())
+		q.predicted, q.rung, q.announced = d.bool(), int8(d.i()), d.i()
+		q.predAt, q.predLo, q.predHi, q.basis = d.i(), d.i(), d.i(), d.str()
+		q.exhaustedAt, q.rate, q.rateUntil = d.i(), d.f(), d.i()
+	}
+	for i := range s.health {
+		s.health[i] = healthWindow{start: d.i(), end: d.i(), req: int32(d.i()), bad: int32(d.i()), fired: d.bool(), firing: d.bool()}
+	}
+	for i := range s.probes {
+		s.probes[i] = probeTally{last: d.i(), failedAt: d.i(), passed: int32(d.i())}
+	}
+	s.spike = spikeState{min: d.i(), tok: d.i(), req: int32(d.i()), minutes: int32(d.i()), baseline: d.f(), fired: d.bool(), firing: d.bool()}
+	if hasWin := d.bool(); hasWin != (s.win != nil) && d.err == nil {
+		return fmt.Errorf("%w: tenant %q model %q: one-minute window present %v in the snapshot, %v under the policy in force", ErrSnapshotMismatch, s.t.id, s.model, hasWin, s.win != nil)
+	} else if hasWin {
+		w := s.win
+		w.cells = w.cells[:0]
+		for n := d.count(); n > 0 && d.err == nil; n-- {
+			w.cells = append(w.cells, secCell{sec: d.i(), tok: d.i(), req: d.i()})
+		}
+		w.tok, w.req = d.i(), d.i()
+	}
+	s.lateHour = d.i()
+	for i := range s.prevDirty {
+		s.prevDirty[i] = d.bool()
+	}
+	s.predictDue = d.bool()
+	return d.err
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// enc appends a snapshot's fields: integers as varints, floats as their
+// 8 bits-exact bytes (a snapshot must reproduce the state exactly).
+type enc struct{ b []byte }
+
+func (e *enc) i(v int64)    { e.b = binary.AppendVarint(e.b, v) }
+func (e *enc) u(v uint64)   { e.b = binary.AppendUvarint(e.b, v) }
+func (e *enc) f(v float64)  { e.b = binary.LittleEndian.AppendUint64(e.b, math.Float64bits(v)) }
+func (e *enc) str(v string) { e.u(uint64(len(v))); e.b = append(e.b, v...) }
+func (e *enc) bytes(v []byte) {
+	e.u(uint64(len(v)))
+	e.b = append(e.b, v...)
+}
+func (e *enc) bool(v bool) {
+	if v {
+		e.b = append(e.b, 1)
+	} else {
+		e.b = append(e.b, 0)
+	}
+}
+func (e *enc) period(v period) { e.i(v.tokens); e.i(v.requests); e.f(v.cost) }
+
+// dec reads what enc wrote. The first error sticks (later reads return
+// zeros), so a decoder checks err once per record.
+type dec struct {
+	b   []byte
+	err error
+}
+
+func (d *dec) fail(what string) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: truncated %s", ErrSnapshotCorrupt, what)
+	}
+	d.b = nil
+}
+
+func (d *dec) i() int64 {
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.fail("integer")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *dec) u() uint64 {
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail("integer")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+// count reads a length, refusing one larger than the bytes left (each
+// element takes at least one byte), so a damaged length cannot make the
+// decoder allocate without bound.
+func (d *dec) count() int {
+	n := d.u()
+	if n > uint64(len(d.b)) {
+		d.fail("length")
+		return 0
+	}
+	return int(n)
+}
+
+func (d *dec) u64() uint64 {
+	if len(d.b) < 8 {
+		d.fail("hash")
+		return 0
+	}
+	v := binary.LittleEndian.Uint64(d.b)
+	d.b = d.b[8:]
+	return v
+}
+
+func (d *dec) f() float64 {
+	if len(d.b) < 8 {
+		d.fail("float")
+		return 0
+	}
+	v := math.Float64frombits(binary.LittleEndian.Uint64(d.b))
+	d.b = d.b[8:]
+	return v
+}
+
+func (d *dec) bytes() []byte {
+	n := d.count()
+	if d.err != nil {
+		return nil
+	}
+	v := d.b[:n:n]
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *dec) str() string { return string(d.bytes()) }
+
+func (d *dec) bool() bool {
+	if len(d.b) < 1 {
+		d.fail("bool")
+		return false
+	}
+	v := d.b[0]
+	d.b = d.b[1:]
+	return v != 0
+}
+
+func (d *dec) period() period { return period{tokens: d.i(), requests: d.i(), cost: d.f()} }
+
+// Policy returns the policy the state applies (SetPolicy's latest).
+func (p *Partition) Policy() *policy.Policy { return p.pol }
+
+// OverriddenTenants returns the tenants with overrides in force in the
+// state, sorted: after Load, the caller lifts those no longer in force.
+func (p *Partition) OverriddenTenants() []string { return sortedKeys(p.overrides) }
