@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -125,23 +124,30 @@ func startConsoleStack(t *testing.T) *consoleStack {
 	sv.Console.SampleEvery = time.Second
 	s.console, s.gateway, s.ingest, s.cfg = "http://"+sv.Console.Listen, "http://"+g.Listen, "http://"+sv.Ingest.Listen, cfg
 
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	log := itest.Logger(t)
 	ctx, stop := context.WithCancel(context.Background())
 	p, err := preparePipeline(ctx, &s.cfg, []string{"ingest", "aggregator", "enforcer", "gateway", "console"}, log)
 	if err != nil {
 		stop()
 		t.Fatal(err)
 	}
-	ran := make(chan error, 1)
-	go func() { ran <- lifecycle.Run(ctx, log, 20*time.Second, p.tasks...) }()
+	var runErr error
+	ran := make(chan struct{})
+	go func() { runErr = lifecycle.Run(ctx, log, 20*time.Second, p.tasks...); close(ran) }()
 	t.Cleanup(func() {
 		stop()
-		if err := <-ran; err != nil {
-			t.Errorf("pipeline: %v", err)
+		<-ran
+		if runErr != nil {
+			t.Errorf("pipeline: %v", runErr)
 		}
 		p.close()
 	})
 	itest.EventuallyNoError(t, 90*time.Second, "the console, gateway, ingest and admin API accept connections", func() error {
+		select {
+		case <-ran:
+			t.Fatalf("the pipeline stopped before it served: %v", runErr)
+		default:
+		}
 		for _, a := range []string{sv.Console.Listen, g.Listen, sv.Ingest.Listen, sv.Enforcer.Admin.Listen} {
 			c, err := net.DialTimeout("tcp", a, time.Second)
 			if err != nil {
