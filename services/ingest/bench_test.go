@@ -116,8 +116,8 @@ func benchIngest(b *testing.B, batch, clients int) {
 		}
 		clients = n
 	}
-	// To send small requests without the linger: SLUICE_BENCH_LINGER_FREE=16
-	// (services.ingest.linger_free_max_events; default: the service's, 0).
+	// To make every request wait out the linger: SLUICE_BENCH_LINGER_FREE=0
+	// (services.ingest.linger_free_max_events; default: the service's, 16).
 	lingerFree := -1
 	if v := os.Getenv("SLUICE_BENCH_LINGER_FREE"); v != "" {
 		n, err := strconv.Atoi(v)
