@@ -78,6 +78,9 @@ const (
 //   - e2e_max_sustained_events_per_sec: the confirmed rate (0: none).
 //   - e2e_max_sustained_lag_p99_ms: enforcement lag p99 over that run.
 //   - e2e_max_sustained_hold_seconds: the length of that run.
+//   - e2e_max_sustained_cpu_ms_per_1k_events_<component> and the rest of
+//     the CPU table's keys under e2e_max_sustained_: the table over that
+//     run, where the cores go at the highest rate.
 //
 // SLUICE_E2E_BENCH_PROFILE_DIR=<dir> also writes, during the CPU table's
 // interval, a CPU profile and the allocations of each Go service to
@@ -126,7 +129,7 @@ func BenchmarkPipelineCapacity(b *testing.B) {
 	events := bg.acked.Load() - startAcked
 	bg.stop()
 	profiles.Wait()
-	m.report(before, after, events)
+	m.report("e2e_", before, after, events)
 	if n := bg.failed.Load(); n > 0 {
 		b.Logf("cost run: %d batches refused", n)
 	}
@@ -139,6 +142,7 @@ func BenchmarkPipelineCapacity(b *testing.B) {
 		held = p.run(best, holdFor)
 		fmt.Printf("capacity hold of %s: %s\n", holdFor, held)
 		if held.ok {
+			m.report("e2e_max_sustained_", held.before, held.after, held.events)
 			break
 		}
 		best = roundRate(best * 9 / 10)
@@ -261,8 +265,8 @@ func (m *meter) metric(ops, name string) float64 {
 }
 
 // report publishes the CPU table of the interval between two samples in
-// which ingest acknowledged events.
-func (m *meter) report(before, after usage, events int64) {
+// which ingest acknowledged events, its keys starting with prefix.
+func (m *meter) report(prefix string, before, after usage, events int64) {
 	if events <= 0 {
 		m.b.Fatal("no event acknowledged while the CPU table was measured")
 	}
@@ -274,20 +278,20 @@ func (m *meter) report(before, after usage, events int64) {
 		d := after.cpu[p.component] - before.cpu[p.component]
 		total += d
 		ms := float64(d.Microseconds()) / 1000 / k
-		m.b.ReportMetric(ms, "e2e_cpu_ms_per_1k_events_"+p.component)
+		m.b.ReportMetric(ms, prefix+"cpu_ms_per_1k_events_"+p.component)
 		fmt.Fprintf(&table, "  %-11s %8.2f ms/1k events  %5.2f cores\n", p.component, ms, d.Seconds()/wall.Seconds())
 		if p.ops != "" {
-			m.b.ReportMetric((after.alloc[p.component]-before.alloc[p.component])/float64(events), "e2e_alloc_bytes_per_event_"+p.component)
+			m.b.ReportMetric((after.alloc[p.component]-before.alloc[p.component])/float64(events), prefix+"alloc_bytes_per_event_"+p.component)
 		}
 	}
 	totalMS := float64(total.Microseconds()) / 1000 / k
 	rate := float64(events) / wall.Seconds()
 	other := max((after.machine-before.machine-total).Seconds()/wall.Seconds(), 0)
-	m.b.ReportMetric(totalMS, "e2e_cpu_ms_per_1k_events_total")
-	m.b.ReportMetric(total.Seconds()/wall.Seconds(), "e2e_cpu_cores_used")
-	m.b.ReportMetric(float64(runtime.NumCPU())*1e6/totalMS, "e2e_cpu_bound_events_per_sec")
-	m.b.ReportMetric(other, "e2e_cpu_other_cores")
-	m.b.ReportMetric(rate, "e2e_cpu_events_per_sec")
+	m.b.ReportMetric(totalMS, prefix+"cpu_ms_per_1k_events_total")
+	m.b.ReportMetric(total.Seconds()/wall.Seconds(), prefix+"cpu_cores_used")
+	m.b.ReportMetric(float64(runtime.NumCPU())*1e6/totalMS, prefix+"cpu_bound_events_per_sec")
+	m.b.ReportMetric(other, prefix+"cpu_other_cores")
+	m.b.ReportMetric(rate, prefix+"cpu_events_per_sec")
 	// Printed, not logged: go test cuts a benchmark's log short.
 	fmt.Printf("CPU per component at %.0f events/s over %s (%d cores; %.2f cores busy with other processes):\n%s  %-11s %8.2f ms/1k events  %5.2f cores",
 		rate, wall.Round(time.Second), runtime.NumCPU(), other, table.String(), "total", totalMS, total.Seconds()/wall.Seconds())
@@ -435,6 +439,10 @@ type probeResult struct {
 	backlogLateMax int64
 	ok             bool
 	why            string
+	// before and after sample the meter over the measured interval, in
+	// which ingest acknowledged events: the CPU table at this rate.
+	before, after usage
+	events        int64
 }
 
 func (r probeResult) String() string {
@@ -487,6 +495,7 @@ func (p *prober) run(rate int, d time.Duration) probeResult {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	startAcked, startFailed, start := bg.acked.Load(), bg.failed.Load(), time.Now()
+	res.before = p.m.sample()
 
 	var wg sync.WaitGroup
 	var lags []time.Duration
@@ -521,7 +530,9 @@ func (p *prober) run(rate int, d time.Duration) probeResult {
 	tick.Stop()
 	wg.Wait()
 	elapsed := time.Since(start)
-	res.achieved = float64(bg.acked.Load()-startAcked) / elapsed.Seconds()
+	res.after = p.m.sample()
+	res.events = bg.acked.Load() - startAcked
+	res.achieved = float64(res.events) / elapsed.Seconds()
 	res.refused = bg.failed.Load() - startFailed
 	bg.stop()
 

@@ -98,7 +98,9 @@ func ClickHouse(t testing.TB) chconn.Config {
 			t.Logf("keeping ClickHouse database %s", c.Database)
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		// A benchmark's database can hold tens of millions of rows in
+		// thousands of parts; dropping it took longer than 30 s once.
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
 		conn, err := chconn.Open(ctx, c)
 		if err != nil {
