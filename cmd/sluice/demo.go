@@ -213,7 +213,7 @@ func (d *demoRun) run(ctx context.Context, cfg *Config, log *slog.Logger) error 
 	}
 	defer conn.Close()
 	src := &demoSource{conn: conn, checker: chk, gen: gen, alertmanager: cfg.Services.Alerter.Alertmanager.URL, admissions: admCounts,
-		guards: guards, moves: moves, tenants: d.tenants, milestones: d.milestones}
+		guards: guards, moves: moves, tenants: d.tenants, milestones: d.milestones, since: time.Now()}
 
 	// Ctrl-C stops the load first, then the gateway (its streams finish
 	// against the mock, its last usage events are flushed), and ingest
@@ -397,6 +397,10 @@ type demoSource struct {
 	moves        *limitMoves
 	tenants      []loadgen.Tenant
 	milestones   *dashboard.Milestones
+	// since is when this run started: the Alertmanager may be shared with
+	// an earlier run whose alerts for the same tenant names still fire
+	// (until resolved or expired, ~5 min), and those are not this run's.
+	since time.Time
 }
 
 // Notes implements dashboard.Noter: how soon the runaway's prediction and
@@ -523,12 +527,16 @@ func (s *demoSource) alerts(ctx context.Context) map[string][]string {
 	}
 	defer resp.Body.Close()
 	var list []struct {
-		Labels map[string]string `json:"labels"`
+		Labels   map[string]string `json:"labels"`
+		StartsAt time.Time         `json:"startsAt"`
 	}
 	if json.NewDecoder(resp.Body).Decode(&list) != nil {
 		return out
 	}
 	for _, a := range list {
+		if a.StartsAt.Before(s.since) {
+			continue
+		}
 		out[a.Labels["tenant"]] = append(out[a.Labels["tenant"]], a.Labels["alertname"]+"/"+a.Labels["severity"])
 	}
 	for _, v := range out {
