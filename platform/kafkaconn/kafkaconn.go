@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
@@ -279,4 +280,35 @@ func EndOffsets(ctx context.Context, adm *kadm.Client, topic string) (kadm.Liste
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// CommitSync commits offs for cl's consumer group and waits for the
+// answer. franz-go reports a refused partition only inside the response
+// (the request itself succeeded), so a caller that checks only the error
+// would take a refused commit for a stored one; CommitSync returns the
+// first refusal, naming its topic and partition, or the request's error.
+func CommitSync(ctx context.Context, cl *kgo.Client, offs map[string]map[int32]kgo.EpochOffset) error {
+	var cerr error
+	cl.CommitOffsetsSync(ctx, offs, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		cerr = commitError(resp, err)
+	})
+	return cerr
+}
+
+// commitError is the first refusal in a commit's response, or err.
+func commitError(resp *kmsg.OffsetCommitResponse, err error) error {
+	if err != nil {
+		return err
+	}
+	if resp == nil {
+		return nil
+	}
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+				return fmt.Errorf("commit of %s/%d refused: %w", t.Topic, p.Partition, err)
+			}
+		}
+	}
+	return nil
 }

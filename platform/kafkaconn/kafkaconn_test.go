@@ -288,3 +288,39 @@ func TestBrokerTopicDefaultsRealBroker(t *testing.T) {
 		t.Fatalf("brokerTopicDefaults = rf %d, min.insync.replicas %d, ok %v; want rf 1 from the test broker", rf, minISR, ok)
 	}
 }
+
+// TestCommitSyncReportsRefusals: a commit the broker refuses for one
+// partition must come back as an error naming it, not as success (the
+// request itself succeeds; the refusal is inside the response), and a
+// commit it accepts must be stored.
+func TestCommitSyncReportsRefusals(t *testing.T) {
+	cfg := itest.Kafka(t)
+	topic := itest.Unique(t, "sluice_test_")
+	group := topic + "_g"
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl, err := kafkaconn.NewClient(cfg, kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := kafkaconn.EnsureTopics(ctx, cl, cfg, topic); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := kafkaconn.CommitSync(ctx, cl, map[string]map[int32]kgo.EpochOffset{topic: {0: {Epoch: -1, Offset: 7}}}); err != nil {
+		t.Fatalf("commit of an existing partition: %v", err)
+	}
+	got, err := kadm.NewClient(cl).FetchOffsets(ctx, group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, ok := got.Lookup(topic, 0); !ok || o.At != 7 {
+		t.Fatalf("committed offset of %s/0 = %+v (found %v), want 7", topic, o, ok)
+	}
+
+	err = kafkaconn.CommitSync(ctx, cl, map[string]map[int32]kgo.EpochOffset{topic: {999: {Epoch: -1, Offset: 1}}})
+	if !errors.Is(err, kerr.UnknownTopicOrPartition) || !strings.Contains(err.Error(), fmt.Sprintf("%s/999", topic)) {
+		t.Fatalf("commit of a partition the topic lacks: err = %v, want UNKNOWN_TOPIC_OR_PARTITION naming %s/999", err, topic)
+	}
+}

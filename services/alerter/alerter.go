@@ -12,9 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/platform"
@@ -237,22 +235,7 @@ func (p *pipeline) applied() map[int32]kgo.EpochOffset {
 func (p *pipeline) commit(ctx context.Context, offs map[int32]kgo.EpochOffset) {
 	cctx, cancel := context.WithTimeout(ctx, stateTimeout)
 	defer cancel()
-	var cerr error
-	p.cl.CommitOffsetsSync(cctx, map[string]map[int32]kgo.EpochOffset{p.cfg.Topic: offs},
-		func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-			if err != nil {
-				cerr = err
-				return
-			}
-			for _, t := range resp.Topics {
-				for _, pr := range t.Partitions {
-					if err := kerr.ErrorForCode(pr.ErrorCode); err != nil && cerr == nil {
-						cerr = fmt.Errorf("partition %d: %w", pr.Partition, err)
-					}
-				}
-			}
-		})
-	if cerr != nil {
+	if cerr := kafkaconn.CommitSync(cctx, p.cl, map[string]map[int32]kgo.EpochOffset{p.cfg.Topic: offs}); cerr != nil {
 		p.commitFailures.Inc()
 		p.log.Warn("signal offsets not committed; retrying with the next save", "topic", p.cfg.Topic, "err", cerr)
 		return
