@@ -11,9 +11,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/signalauth"
@@ -681,23 +679,4 @@ func (a *aggregator) onLost(_ context.Context, _ *kgo.Client, lost map[string][]
 		a.m.lag.DeleteLabelValues(fmt.Sprint(id))
 	}
 	a.log.Warn("partitions lost", "partitions", lost[a.cfg.Topic])
-}
-
-// commitErr returns the request error or the first partition error of an
-// offset commit.
-func commitErr(resp *kmsg.OffsetCommitResponse, err error) error {
-	if err != nil {
-		return err
-	}
-	if resp == nil {
-		return nil
-	}
-	for _, t := range resp.Topics {
-		for _, p := range t.Partitions {
-			if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
 }

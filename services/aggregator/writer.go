@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/services/aggregator/internal/chstore"
 	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
 )
@@ -254,10 +254,7 @@ func (a *aggregator) release(n int) {
 // the events; the next flush of this partition commits again.
 func (a *aggregator) commit(ctx context.Context, part int32, j *job) error {
 	commit := map[string]map[int32]kgo.EpochOffset{a.cfg.Topic: {part: {Epoch: j.epoch, Offset: j.next}}}
-	var cerr error
-	a.cl.CommitOffsetsSync(a.withCommitMetadata(ctx, part, j.count), commit, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-		cerr = commitErr(resp, err)
-	})
+	cerr := kafkaconn.CommitSync(a.withCommitMetadata(ctx, part, j.count), a.cl, commit)
 	if cerr != nil {
 		a.m.commitErrors.Inc()
 		a.log.Warn("offset commit refused; the next flush commits again", "partition", part, "offset", j.next, "err", cerr)

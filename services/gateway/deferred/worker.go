@@ -12,9 +12,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 )
@@ -446,20 +444,7 @@ func (w *Worker) commitOffsets(ctx context.Context, offs map[string]map[int32]kg
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	var cerr error
-	w.cl.CommitOffsetsSync(cctx, offs, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-		if err != nil {
-			cerr = err
-			return
-		}
-		for _, t := range resp.Topics {
-			for _, p := range t.Partitions {
-				if err := kerr.ErrorForCode(p.ErrorCode); err != nil && cerr == nil {
-					cerr = fmt.Errorf("%s/%d: %w", t.Topic, p.Partition, err)
-				}
-			}
-		}
-	})
+	cerr := kafkaconn.CommitSync(cctx, w.cl, offs)
 	if cerr != nil {
 		// The next commit carries the same offsets; a restart meanwhile
 		// reads a few finished tasks again and skips them.
