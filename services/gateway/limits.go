@@ -64,22 +64,14 @@ func defaultAdmission() AdmissionConfig {
 // DefaultUpstreamKeyPrefix is services.gateway.admission.upstream_key_prefix's default.
 const DefaultUpstreamKeyPrefix = "sluice:up:"
 
-func (c AdmissionConfig) validate(bad func(format string, args ...any)) {
-	c.check("services.gateway.admission.", bad)
-}
-
-// Validate checks c as the section at prefix (the authz service's
-// services.authz.admission. for example), naming each field with it.
-func (c AdmissionConfig) Validate(prefix string) error {
-	var errs []error
-	c.check(prefix, func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) })
-	return errors.Join(errs...)
-}
-
-func (c AdmissionConfig) check(p string, bad func(format string, args ...any)) {
+// Validate checks c as the section at p (services.gateway.admission. for
+// example), naming each field with it.
+func (c AdmissionConfig) Validate(p string) error {
 	if c.PolicyFile == "" {
-		return
+		return nil
 	}
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if c.PolicyReload < 100*time.Millisecond {
 		bad(p+"policy_reload: %s is below the minimum 100ms", c.PolicyReload)
 	}
@@ -87,14 +79,15 @@ func (c AdmissionConfig) check(p string, bad func(format string, args ...any)) {
 		bad(p+"max_wait: %s is outside 1ns..1s (a request waits this long at most for Redis)", c.MaxWait)
 	}
 	if c.KeyPrefix == "" {
-		bad(p + "key_prefix: is required")
+		bad("%skey_prefix: is required", p)
 	}
 	if c.UpstreamKeyPrefix == "" || len(c.UpstreamKeyPrefix) > 200 {
-		bad(p + "upstream_key_prefix: must be 1..200 bytes")
+		bad("%supstream_key_prefix: must be 1..200 bytes", p)
 	}
 	if c.Gateways < 1 || c.Gateways > 10_000 {
 		bad(p+"gateways: %d is outside 1..10000", c.Gateways)
 	}
+	return errors.Join(errs...)
 }
 
 // PolicyAdmitter builds the Limiter of c from its policy file and returns
