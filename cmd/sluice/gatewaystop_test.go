@@ -177,6 +177,19 @@ func TestStoppingTheGatewayUnderLoadLosesNoUsage(t *testing.T) {
 // of the settlements (events that are not estimates) it holds.
 func settlementsIn(t *testing.T, kc kafkaconn.Config, topic string) map[string]bool {
 	t.Helper()
+	out := map[string]bool{}
+	for _, ev := range usageEventsIn(t, kc, topic) {
+		if !ev.Estimated {
+			out[ev.ID] = true
+		}
+	}
+	return out
+}
+
+// usageEventsIn reads topic from its start to its end and returns the
+// usage events it holds.
+func usageEventsIn(t *testing.T, kc kafkaconn.Config, topic string) []schemas.UsageEvent {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cl, err := kafkaconn.NewClient(kc, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
@@ -194,7 +207,7 @@ func settlementsIn(t *testing.T, kc kafkaconn.Config, topic string) map[string]b
 			want[o.Partition] = o.Offset
 		}
 	})
-	out := map[string]bool{}
+	var out []schemas.UsageEvent
 	for len(want) > 0 {
 		fs := cl.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
@@ -205,9 +218,7 @@ func settlementsIn(t *testing.T, kc kafkaconn.Config, topic string) map[string]b
 			if err := json.Unmarshal(r.Value, &ev); err != nil {
 				t.Errorf("record %s: %v", r.Value, err)
 			}
-			if !ev.Estimated {
-				out[ev.ID] = true
-			}
+			out = append(out, ev)
 			if r.Offset+1 >= want[r.Partition] {
 				delete(want, r.Partition)
 			}

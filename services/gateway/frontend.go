@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/httpserver"
 )
 
@@ -67,4 +70,13 @@ func (f FrontEnd[U]) Validate(p string) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// serviceMetrics is env's registry with every series of the collectors
+// registered on it labelled service=<service>. The Emitter and admission
+// are collectors each front end of a process has its own of (`sluice run
+// gateway authz`): labelled, they are one series each instead of a second
+// registration the registry refuses.
+func serviceMetrics(env platform.Env, service string) prometheus.Registerer {
+	return prometheus.WrapRegistererWith(prometheus.Labels{"service": service}, env.Metrics)
 }

@@ -95,12 +95,14 @@ func (c AdmissionConfig) Validate(p string) error {
 // what closes both. The forward-auth service (services/authz) admits
 // through it; sluice gateway follows the same file with one watcher for
 // admission, classes, guards and fallbacks (RunWith).
-func PolicyAdmitter(c AdmissionConfig, env platform.Env, log *slog.Logger) (Admitter, func(ctx context.Context) error, func(), error) {
+//
+// Its metrics are labelled with service (see serviceMetrics).
+func PolicyAdmitter(c AdmissionConfig, service string, env platform.Env, log *slog.Logger) (Admitter, func(ctx context.Context) error, func(), error) {
 	w, err := policy.NewWatcher(c.PolicyFile, c.PolicyReload, log)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("gateway: admission policy: %w", err)
 	}
-	lim, closeLim, err := policyAdmitter(c, w.Current(), env, log)
+	lim, closeLim, err := policyAdmitter(c, w.Current(), service, env, log)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -116,9 +118,10 @@ func PolicyAdmitter(c AdmissionConfig, env platform.Env, log *slog.Logger) (Admi
 
 // policyAdmitter builds the Limiter of c from the policy p on env's Redis
 // (a client of its own: admission's wait bound needs context timeouts on
-// the socket) and returns it and what closes both.
-func policyAdmitter(c AdmissionConfig, p *policy.Policy, env platform.Env, log *slog.Logger) (*admission.Limiter, func(), error) {
-	return limiterOf(c, p.AdmissionRules(), env, log, admission.WithRegisterer(env.Metrics))
+// the socket) and returns it and what closes both; its metrics are
+// labelled with service.
+func policyAdmitter(c AdmissionConfig, p *policy.Policy, service string, env platform.Env, log *slog.Logger) (*admission.Limiter, func(), error) {
+	return limiterOf(c, p.AdmissionRules(), env, log, admission.WithRegisterer(serviceMetrics(env, service)))
 }
 
 // softAdmitter is policyAdmitter for the policy's soft per-minute quotas
