@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/emitter/emittertest"
 	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/gateway/ratelimit"
 	"github.com/sluicehq/sluice/schemas"
@@ -332,27 +333,6 @@ func TestConfigErrorsNameTheSetting(t *testing.T) {
 	}
 }
 
-// recordEmitter keeps the events it is given.
-type recordEmitter struct {
-	mu  sync.Mutex
-	evs []schemas.UsageEvent
-}
-
-func (r *recordEmitter) Emit(ev *schemas.UsageEvent) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.evs = append(r.evs, *ev)
-	return nil
-}
-
-func (r *recordEmitter) take() []schemas.UsageEvent {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := r.evs
-	r.evs = nil
-	return out
-}
-
 // TestRefusedChecksEmitRejectedEvents: every check the flags or admission
 // refuse (429, 403, 503) is one usage event, outcome rejected, zero
 // tokens, the status answered and what refused it — the events sluice
@@ -369,7 +349,7 @@ func TestRefusedChecksEmitRejectedEvents(t *testing.T) {
 		"strict": {Outcome: checker.RefusedStale},
 	}
 	adm := &fakeAdmitter{}
-	em := &recordEmitter{}
+	em := &emittertest.Recorder{}
 	cfg := DefaultConfig()
 	cfg.Name = "edge-authz"
 	hs := newServer(t, cfg, Deps{Checker: dec, Admitter: adm, Emitter: em})
@@ -381,7 +361,7 @@ func TestRefusedChecksEmitRejectedEvents(t *testing.T) {
 	}
 	check := func(what string, w want) {
 		t.Helper()
-		evs := em.take()
+		evs := em.Take()
 		if len(evs) != 1 {
 			t.Fatalf("%s: %d events, want 1: %+v", what, len(evs), evs)
 		}
@@ -435,7 +415,7 @@ func TestRefusedChecksEmitRejectedEvents(t *testing.T) {
 	ask1("acme", "gpt-4o")
 	ask(t, hs.URL+"/authz", "X-Sluice-Key-Id", "k1")
 	ask(t, hs.URL+"/authz", "X-Sluice-Tenant", "acme", "X-Sluice-Estimate-Prompt-Tokens", "lots")
-	if evs := em.take(); len(evs) != 0 {
+	if evs := em.Take(); len(evs) != 0 {
 		t.Fatalf("allowed or malformed checks emitted %+v", evs)
 	}
 }
