@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -132,12 +131,6 @@ func timeChecks(b *testing.B, url string) []time.Duration {
 	return took
 }
 
-func pctUS(d []time.Duration, p float64) float64 {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return float64(s[min(len(s)-1, int(float64(len(s))*p))].Nanoseconds()) / 1000
-}
-
 // BenchmarkAuthzCheck measures what one forward-auth check costs a proxy:
 // the endpoint on loopback HTTP with keep-alive, key lookup, the real
 // Checker and admission on the real Redis (leases, the default), round
@@ -149,8 +142,8 @@ func BenchmarkAuthzCheck(b *testing.B) {
 	}
 	url := benchEndpoint(b, false)
 	took := timeChecks(b, url)
-	b.ReportMetric(pctUS(took, .5), "authz_check_p50_us")
-	b.ReportMetric(pctUS(took, .99), "authz_check_p99_us")
+	b.ReportMetric(itest.Percentile(took, .5).Seconds()*1e6, "authz_check_p50_us")
+	b.ReportMetric(itest.Percentile(took, .99).Seconds()*1e6, "authz_check_p99_us")
 
 	const clients = 32
 	n := max(b.N, 5000)
@@ -184,6 +177,6 @@ func BenchmarkAuthzCheckExact(b *testing.B) {
 		b.Skip("uses the real Redis; skipped with -short")
 	}
 	took := timeChecks(b, benchEndpoint(b, true))
-	b.ReportMetric(pctUS(took, .5), "authz_check_exact_p50_us")
-	b.ReportMetric(pctUS(took, .99), "authz_check_exact_p99_us")
+	b.ReportMetric(itest.Percentile(took, .5).Seconds()*1e6, "authz_check_exact_p50_us")
+	b.ReportMetric(itest.Percentile(took, .99).Seconds()*1e6, "authz_check_exact_p99_us")
 }
