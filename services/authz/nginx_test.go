@@ -311,7 +311,7 @@ func TestNginxForwardAuth(t *testing.T) {
 		t.Fatalf("429 body does not name the rule: %s", body)
 	}
 	if n := len(seen.all()); n != 3 {
-		t.Fatalf("the upstream saw %d calls, want 3 (acme, trial twice): refusals must not reach it", n)
+		t.Fatalf("the upstream saw %d calls, want 3 (acme, trial twice): refusals must not reach it %v", n, seen.all())
 	}
 	// The refusals as usage events: the blacklist's (at least one, more
 	// while the flag was being picked up) and the admission rule's; no
