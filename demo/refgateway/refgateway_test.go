@@ -66,15 +66,7 @@ func setupWith(t *testing.T, d decider, upstream string, adjust func(*Gateway)) 
 
 func call(t *testing.T, url, key, body string) (*http.Response, string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp, string(b)
+	return itest.Send(t, http.MethodPost, url+"/v1/chat/completions", body, "Authorization", "Bearer "+key)
 }
 
 // TestServedCallIsEstimatedThenSettled: each call, streamed or not, is

@@ -3,7 +3,6 @@ package authz
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -18,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/gateway/emitter/emittertest"
 	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/gateway/ratelimit"
+	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/gateway"
 	"github.com/sluicehq/sluice/services/internal/keyfile"
@@ -124,20 +124,7 @@ func newServer(t *testing.T, cfg Config, deps Deps) *httptest.Server {
 // headers (name, value pairs).
 func ask(t *testing.T, url string, header ...string) (*http.Response, string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, url, nil)
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp, string(b)
+	return itest.Send(t, http.MethodGet, url, "", header...)
 }
 
 // refusedAs checks a refusal's status and code, and that X-Sluice-Error

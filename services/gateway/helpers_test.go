@@ -3,7 +3,6 @@ package gateway
 import (
 	"bufio"
 	"context"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/gateway/emitter/emittertest"
+	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/schemas"
 )
 
@@ -92,19 +92,7 @@ func (g *gw) settlement(t *testing.T, id string) schemas.UsageEvent {
 // post sends body to path with key and returns the answer.
 func post(t *testing.T, url, path, key, body string, header ...string) (*http.Response, string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url+path, strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp, string(b)
+	return itest.Send(t, http.MethodPost, url+path, body, append([]string{"Authorization", "Bearer " + key, "Content-Type", "application/json"}, header...)...)
 }
 
 // openStream starts a streamed request and returns its reader.
