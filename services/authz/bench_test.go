@@ -1,7 +1,6 @@
 package authz
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,9 +17,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/gateway/admission"
-	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/services/gateway"
+	"github.com/sluicehq/sluice/services/internal/checkertest"
 	"github.com/sluicehq/sluice/services/internal/keyfile"
 )
 
@@ -39,17 +38,7 @@ func benchEndpoint(b *testing.B, exact bool) string {
 	rdb := redis.NewClient(&redis.Options{Addr: rc.Addr, ContextTimeoutEnabled: true, PoolSize: 64})
 	b.Cleanup(func() { rdb.Close() })
 
-	ccfg := checker.DefaultConfig()
-	ccfg.KeyPrefix = itest.Unique(b, "sluice_bench_authzflags:") + ":"
-	chk, err := checker.New(rdb, ccfg, log)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = chk.Run(ctx) }()
-	b.Cleanup(func() { cancel(); <-done })
-	itest.Eventually(b, 30*time.Second, "checker synced", chk.Synced)
+	chk := checkertest.Run(b, rdb, "sluice_bench_authzflags:")
 
 	rules := &admission.Rules{Default: admission.TenantRules{Rules: []admission.Rule{
 		{Name: "rpm", Unit: admission.Requests, Algorithm: admission.TokenBucket, Limit: 1_000_000, Rate: 100_000, Exact: exact},

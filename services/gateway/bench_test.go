@@ -17,10 +17,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
-	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/gateway/emitter"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/internal/checkertest"
 )
 
 const (
@@ -51,21 +51,12 @@ func benchGateway(b *testing.B) (direct, proxied string, em *emitter.Emitter, se
 	itest.QuietRedisLogs()
 	rdb := redis.NewClient(&redis.Options{Addr: rc.Addr})
 	b.Cleanup(func() { rdb.Close() })
-	ccfg := checker.DefaultConfig()
-	ccfg.KeyPrefix = itest.Unique(b, "gwbench") + ":"
-	chk, err := checker.New(rdb, ccfg, log)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = chk.Run(ctx) }()
-	b.Cleanup(func() { cancel(); <-done })
-	itest.Eventually(b, 30*time.Second, "checker synced", chk.Synced)
+	chk := checkertest.Run(b, rdb, "gwbench")
 
 	sent = &discard{}
 	ecfg := emitter.DefaultConfig()
 	ecfg.Logger = log
+	var err error
 	em, err = emitter.New(sent, ecfg)
 	if err != nil {
 		b.Fatal(err)
