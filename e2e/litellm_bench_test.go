@@ -6,13 +6,13 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
+	"github.com/sluicehq/sluice/platform/itest"
 )
 
 // BenchmarkLiteLLMHook measures what Sluice's hook adds to a call through
@@ -69,15 +69,10 @@ func BenchmarkLiteLLMHook(b *testing.B) {
 		h = append(h, call(hooked.addr))
 	}
 	b.StopTimer()
-	q := func(d []time.Duration, f float64) float64 {
-		s := slices.Clone(d)
-		slices.Sort(s)
-		return float64(s[min(len(s)-1, int(float64(len(s))*f))].Microseconds()) / 1000
-	}
-	b.ReportMetric(q(p, .5), "litellm_plain_p50_ms")
-	b.ReportMetric(q(h, .5), "litellm_hooked_p50_ms")
-	b.ReportMetric(q(p, .99), "litellm_plain_p99_ms")
-	b.ReportMetric(q(h, .99), "litellm_hooked_p99_ms")
-	b.ReportMetric(q(h, .5)-q(p, .5), "litellm_added_p50_ms")
-	b.ReportMetric(q(h, .99)-q(p, .99), "litellm_added_p99_ms")
+	b.ReportMetric(itest.Percentile(p, .5).Seconds()*1e3, "litellm_plain_p50_ms")
+	b.ReportMetric(itest.Percentile(h, .5).Seconds()*1e3, "litellm_hooked_p50_ms")
+	b.ReportMetric(itest.Percentile(p, .99).Seconds()*1e3, "litellm_plain_p99_ms")
+	b.ReportMetric(itest.Percentile(h, .99).Seconds()*1e3, "litellm_hooked_p99_ms")
+	b.ReportMetric((itest.Percentile(h, .5)-itest.Percentile(p, .5)).Seconds()*1e3, "litellm_added_p50_ms")
+	b.ReportMetric((itest.Percentile(h, .99)-itest.Percentile(p, .99)).Seconds()*1e3, "litellm_added_p99_ms")
 }

@@ -1,7 +1,8 @@
 // Package gateway is the Go SDK that LLM gateways import to use Sluice:
 //
 //   - emitter sends usage events to ingest (or straight to Kafka), batched,
-//     bounded and retried;
+//     bounded and retried; emitter/emittertest records them instead, for
+//     the tests of code that emits events;
 //   - checker keeps every enforcement flag in memory and answers a request
 //     check with a map lookup and no network call;
 //   - middleware wraps a net/http handler with that check and answers 429 or

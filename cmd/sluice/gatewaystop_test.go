@@ -53,58 +53,27 @@ func (l *lossLog) Write(p []byte) (int, error) {
 // a lost event: the gateway finishes its streams and flushes its Emitter
 // before ingest stops.
 func TestStoppingTheGatewayUnderLoadLosesNoUsage(t *testing.T) {
-	kc := itest.Kafka(t)
-	rc := itest.Redis(t)
 	dir := t.TempDir()
 	topic := itest.Unique(t, "gwstop_usage")
-
 	// A slow stream: each of its 8 chunks waits 20 ms, so calls are in
 	// flight whenever the stop comes.
 	up := httptest.NewServer(mockllm.New(mockllm.Options{StreamUsage: mockllm.UsageWhenAsked, ChunkDelay: 20 * time.Millisecond}))
 	defer up.Close()
 
-	cfg := defaultConfig()
-	cfg.Kafka = kc
-	cfg.Redis = rc
-	cfg.Migrate = false
-	cfg.Log.Format = "text"
-	cfg.Ops.Listen = freeAddr(t)
+	cfg, sink := withIngest(t, dir, topic)
+	kc := cfg.Kafka
 	cfg.ShutdownGrace = 60 * time.Second
-	cfg.Services.Ingest.Listen = freeAddr(t)
-	cfg.Services.Ingest.Topic = topic
-	ingestKey := "sk-ingest-" + itest.Unique(t, "")
-	sum := sha256.Sum256([]byte(ingestKey))
-	cfg.Services.Ingest.KeysFile = writeFile(t, dir, "ingest-keys.yaml", "keys:\n  - {id: gw, sha256: "+hex.EncodeToString(sum[:])+", tenants: [\"*\"]}\n")
 	g := &cfg.Services.Gateway
 	g.Listen = freeAddr(t)
 	g.KeysFile = writeFile(t, dir, "gateway-keys.yaml", "keys:\n"+gateway.KeyLine("load", "sk-load", "loadco", nil))
 	g.Upstreams = []gateway.Upstream{{Name: "mock", BaseURL: up.URL + "/v1", Models: []string{"*"}}}
 	g.Checker.KeyPrefix = itest.Unique(t, "gwstop") + ":"
-	g.Usage.IngestURL = "http://" + cfg.Services.Ingest.Listen
-	g.Usage.IngestAPIKeyFile = writeFile(t, dir, "ingest-key", ingestKey)
+	g.Usage.EventSink = sink
 	g.ShutdownTimeout = 20 * time.Second
 
 	logs := &lossLog{}
 	log := slog.New(slog.NewTextHandler(logs, nil))
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	p, err := preparePipeline(ctx, &cfg, []string{"ingest", "gateway"}, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.close()
-	ran := make(chan error, 1)
-	go func() { ran <- lifecycle.Run(ctx, log, cfg.ShutdownGrace, p.tasks...) }()
-	itest.EventuallyNoError(t, 60*time.Second, "gateway and ingest accept connections", func() error {
-		for _, a := range []string{g.Listen, cfg.Services.Ingest.Listen} {
-			c, err := net.DialTimeout("tcp", a, time.Second)
-			if err != nil {
-				return err
-			}
-			c.Close()
-		}
-		return nil
-	})
+	stop := runPipeline(t, &cfg, []string{"ingest", "gateway"}, log, g.Listen, cfg.Services.Ingest.Listen)
 
 	// Load: workers send until the gateway stops answering.
 	var (
@@ -143,14 +112,6 @@ func TestStoppingTheGatewayUnderLoadLosesNoUsage(t *testing.T) {
 		return len(answered) >= 100
 	})
 	stop() // Ctrl-C, in the middle of the load
-	select {
-	case err := <-ran:
-		if err != nil {
-			t.Fatalf("shutdown: %v", err)
-		}
-	case <-time.After(90 * time.Second):
-		t.Fatal("the services did not stop")
-	}
 	wg.Wait()
 
 	stored := settlementsIn(t, kc, topic)
@@ -173,9 +134,89 @@ func TestStoppingTheGatewayUnderLoadLosesNoUsage(t *testing.T) {
 	}
 }
 
+// runPipeline starts the named services of cfg in this process as `sluice
+// run` does, waits until every address of listens accepts connections,
+// and returns what stops them as Ctrl-C does and waits until they have,
+// failing t if they stop with an error, or not within 90 s.
+func runPipeline(t *testing.T, cfg *Config, names []string, log *slog.Logger, listens ...string) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	p, err := preparePipeline(ctx, cfg, names, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.close)
+	ran := make(chan error, 1)
+	go func() { ran <- lifecycle.Run(ctx, log, cfg.ShutdownGrace, p.tasks...) }()
+	itest.EventuallyNoError(t, 60*time.Second, strings.Join(names, ", ")+" accept connections", func() error {
+		select {
+		case err := <-ran:
+			t.Fatalf("the services stopped: %v", err)
+		default:
+		}
+		for _, a := range listens {
+			c, err := net.DialTimeout("tcp", a, time.Second)
+			if err != nil {
+				return err
+			}
+			c.Close()
+		}
+		return nil
+	})
+	return func() {
+		t.Helper()
+		cancel()
+		select {
+		case err := <-ran:
+			if err != nil {
+				t.Fatalf("shutdown: %v", err)
+			}
+		case <-time.After(90 * time.Second):
+			t.Fatal("the services did not stop")
+		}
+	}
+}
+
+// withIngest is the configuration of services a test runs in one process:
+// the test's Kafka and Redis, free ports for ops and ingest, ingest
+// writing to topic and knowing one key, and the usage sink that sends to
+// that ingest with that key, for a gateway or authz of the process.
+func withIngest(t *testing.T, dir, topic string) (Config, gateway.EventSink) {
+	t.Helper()
+	cfg := defaultConfig()
+	cfg.Kafka = itest.Kafka(t)
+	cfg.Redis = itest.Redis(t)
+	cfg.Migrate = false
+	cfg.Log.Format = "text"
+	cfg.Ops.Listen = freeAddr(t)
+	cfg.Services.Ingest.Listen = freeAddr(t)
+	cfg.Services.Ingest.Topic = topic
+	key := "sk-ingest-" + itest.Unique(t, "")
+	sum := sha256.Sum256([]byte(key))
+	cfg.Services.Ingest.KeysFile = writeFile(t, dir, "ingest-keys.yaml", "keys:\n  - {id: frontend, sha256: "+hex.EncodeToString(sum[:])+", tenants: [\"*\"]}\n")
+	sink := gateway.DefaultEventSink()
+	sink.IngestURL = "http://" + cfg.Services.Ingest.Listen
+	sink.IngestAPIKeyFile = writeFile(t, dir, "ingest-key", key)
+	return cfg, sink
+}
+
 // settlementsIn reads topic from its start to its end and returns the ids
 // of the settlements (events that are not estimates) it holds.
 func settlementsIn(t *testing.T, kc kafkaconn.Config, topic string) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	for _, ev := range usageEventsIn(t, kc, topic) {
+		if !ev.Estimated {
+			out[ev.ID] = true
+		}
+	}
+	return out
+}
+
+// usageEventsIn reads topic from its start to its end and returns the
+// usage events it holds.
+func usageEventsIn(t *testing.T, kc kafkaconn.Config, topic string) []schemas.UsageEvent {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -194,7 +235,7 @@ func settlementsIn(t *testing.T, kc kafkaconn.Config, topic string) map[string]b
 			want[o.Partition] = o.Offset
 		}
 	})
-	out := map[string]bool{}
+	var out []schemas.UsageEvent
 	for len(want) > 0 {
 		fs := cl.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
@@ -205,9 +246,7 @@ func settlementsIn(t *testing.T, kc kafkaconn.Config, topic string) map[string]b
 			if err := json.Unmarshal(r.Value, &ev); err != nil {
 				t.Errorf("record %s: %v", r.Value, err)
 			}
-			if !ev.Estimated {
-				out[ev.ID] = true
-			}
+			out = append(out, ev)
 			if r.Offset+1 >= want[r.Partition] {
 				delete(want, r.Partition)
 			}

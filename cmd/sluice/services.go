@@ -90,9 +90,10 @@ func sharedPolicy(own *string, root string) {
 // services lists, in data-flow order, what `sluice run` can start.
 var services = []service{
 	{name: "ingest", about: "HTTP API for gateways → Kafka sluice.usage.v1",
-		// A gateway in this process flushes its last usage events into
-		// ingest as it stops: ingest must still be there to take them.
-		stopsAfter: []string{"gateway"},
+		// A gateway or authz in this process flushes its last usage
+		// events into ingest as it stops: ingest must still be there to
+		// take them.
+		stopsAfter: []string{"gateway", "authz"},
 		prepare: func(c *Config) validator {
 			sharedPolicy(&c.Services.Ingest.UsageAPI.PolicyFile, c.PolicyFile)
 			return c.Services.Ingest
@@ -177,16 +178,6 @@ func chooseServices(cfg *Config, names []string) ([]service, error) {
 	}
 	if len(chosen) == 0 {
 		return nil, errors.New("no services to run")
-	}
-	// Each admission Limiter registers the sluice_admission_* series on
-	// the process's registry, which takes them once.
-	named := func(n string) bool { return slices.ContainsFunc(chosen, func(s service) bool { return s.name == n }) }
-	if named("gateway") && named("authz") && cfg.Services.Gateway.Admission.PolicyFile != "" && cfg.Services.Authz.Admission.PolicyFile != "" {
-		errs = append(errs, errors.New("services.authz.admission.policy_file: the gateway in this process admits too, and one process reports one admission's metrics; run the authz service in a process of its own (both share the limits through Redis)"))
-	}
-	// So does each Emitter, with the sluice_emitter_* series.
-	if named("gateway") && named("authz") && cfg.Services.Gateway.Usage.Sink != gateway.SinkNone && cfg.Services.Authz.Usage.Sink != gateway.SinkNone {
-		errs = append(errs, errors.New("services.authz.usage.sink: the gateway in this process sends usage events too, and one process reports one Emitter's metrics; run the authz service in a process of its own, or set its sink to none"))
 	}
 	// The key ring is read now, not when the services start: a missing or
 	// bad key refuses the start before anything runs.

@@ -3,8 +3,6 @@ package main
 import (
 	"strings"
 	"testing"
-
-	"github.com/sluicehq/sluice/services/gateway"
 )
 
 // testKey is a signal_auth key for the sections that sign or verify.
@@ -89,40 +87,5 @@ func TestSignalAuthIsRequiredWhereSignalsAre(t *testing.T) {
 	cfg.Services.Ingest.AllowAnonymous = true
 	if _, err := chooseServices(&cfg, []string{"ingest"}); err != nil {
 		t.Errorf("ingest alone without a key: %v", err)
-	}
-}
-
-// TestGatewayAndAuthzAdmittingInOneProcessRefused: each admission
-// Limiter registers the sluice_admission_* series on the process's one
-// registry, which would panic on the second; the start is refused with
-// what to do instead.
-func TestGatewayAndAuthzAdmittingInOneProcessRefused(t *testing.T) {
-	cfg := defaultConfig()
-	g := &cfg.Services.Gateway
-	g.KeysFile, g.Usage.Sink = "keys.yaml", "none"
-	g.Upstreams = []gateway.Upstream{{Name: "up", BaseURL: "http://127.0.0.1:1/v1", Models: []string{"*"}}}
-	g.Admission.PolicyFile = "policy.yaml"
-	if _, err := chooseServices(&cfg, []string{"gateway", "authz"}); err != nil {
-		t.Fatalf("the gateway admitting and authz without admission: %v", err)
-	}
-	cfg.Services.Authz.Admission.PolicyFile = "policy.yaml"
-	_, err := chooseServices(&cfg, []string{"gateway", "authz"})
-	if err == nil || !strings.Contains(err.Error(), "services.authz.admission.policy_file") || !strings.Contains(err.Error(), "process of its own") {
-		t.Fatalf("both admitting in one process: %v", err)
-	}
-	if _, err := chooseServices(&cfg, []string{"authz"}); err != nil {
-		t.Fatalf("authz alone: %v", err)
-	}
-	// The same for usage events: one Emitter per process.
-	cfg.Services.Authz.Admission.PolicyFile = ""
-	g.Usage.Sink = gateway.SinkIngest
-	cfg.Services.Authz.Usage.Sink = gateway.SinkIngest
-	_, err = chooseServices(&cfg, []string{"gateway", "authz"})
-	if err == nil || !strings.Contains(err.Error(), "services.authz.usage.sink") || !strings.Contains(err.Error(), "process of its own") {
-		t.Fatalf("both sending usage events in one process: %v", err)
-	}
-	cfg.Services.Authz.Usage.Sink = gateway.SinkNone
-	if _, err := chooseServices(&cfg, []string{"gateway", "authz"}); err != nil {
-		t.Fatalf("the gateway sending events and authz not: %v", err)
 	}
 }

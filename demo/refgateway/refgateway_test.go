@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/gateway/admission"
 	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/emitter/emittertest"
 	"github.com/sluicehq/sluice/gateway/estimate"
 	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/platform/itest"
@@ -23,55 +23,37 @@ import (
 	"github.com/sluicehq/sluice/schemas"
 )
 
-type recorder struct {
-	mu     sync.Mutex
-	events []schemas.UsageEvent
-}
-
-func (r *recorder) Emit(ev *schemas.UsageEvent) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.events = append(r.events, *ev)
-	return nil
-}
-
-func (r *recorder) all() []schemas.UsageEvent {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]schemas.UsageEvent(nil), r.events...)
-}
-
 // settled waits until n settlements were emitted (they are emitted when
 // the handler returns, which may be after the client read the answer) and
 // returns every event.
-func (r *recorder) settled(t *testing.T, n int) []schemas.UsageEvent {
+func settled(t *testing.T, r *emittertest.Recorder, n int) []schemas.UsageEvent {
 	t.Helper()
 	itest.Eventually(t, 5*time.Second, "settlements", func() bool {
 		k := 0
-		for _, ev := range r.all() {
+		for _, ev := range r.Events() {
 			if !ev.Estimated {
 				k++
 			}
 		}
 		return k >= n
 	})
-	return r.all()
+	return r.Events()
 }
 
 type decider map[string]checker.Decision
 
 func (d decider) Check(tenant, _, _ string) checker.Decision { return d[tenant] }
 
-func setup(t *testing.T, d decider) (*httptest.Server, *recorder) {
+func setup(t *testing.T, d decider) (*httptest.Server, *emittertest.Recorder) {
 	t.Helper()
 	up := httptest.NewServer(mockllm.Handler())
 	t.Cleanup(up.Close)
 	return setupWith(t, d, up.URL, nil)
 }
 
-func setupWith(t *testing.T, d decider, upstream string, adjust func(*Gateway)) (*httptest.Server, *recorder) {
+func setupWith(t *testing.T, d decider, upstream string, adjust func(*Gateway)) (*httptest.Server, *emittertest.Recorder) {
 	t.Helper()
-	rec := &recorder{}
+	rec := &emittertest.Recorder{}
 	g := &Gateway{Upstream: upstream, Checker: d, Emitter: rec, Name: "ref-1",
 		Keys: map[string]Caller{"sk-a": {Tenant: "acme", APIKeyID: "key-a"}, "sk-b": {Tenant: "blocked", APIKeyID: "key-b"}}}
 	if adjust != nil {
@@ -84,15 +66,7 @@ func setupWith(t *testing.T, d decider, upstream string, adjust func(*Gateway)) 
 
 func call(t *testing.T, url, key, body string) (*http.Response, string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp, string(b)
+	return itest.Send(t, http.MethodPost, url+"/v1/chat/completions", body, "Authorization", "Bearer "+key)
 }
 
 // TestServedCallIsEstimatedThenSettled: each call, streamed or not, is
@@ -106,15 +80,11 @@ func TestServedCallIsEstimatedThenSettled(t *testing.T) {
 		if resp.StatusCode != 200 {
 			t.Fatalf("status %d: %s", resp.StatusCode, answer)
 		}
-		rec.settled(t, 1)
+		settled(t, rec, 1)
 		if stream == "false" {
-			rec.mu.Lock()
-			first := rec.events
-			rec.events = nil
-			rec.mu.Unlock()
-			checkPair(t, first, false)
+			checkPair(t, rec.Take(), false)
 		} else {
-			checkPair(t, rec.all(), true)
+			checkPair(t, rec.Events(), true)
 		}
 	}
 }
@@ -188,7 +158,7 @@ func TestStreamIsRelayedAndSettledAtItsEnd(t *testing.T) {
 	srv, rec := setupWith(t, decider{}, slowStream(t, release, gone), nil)
 	resp, rd := openStream(t, srv.URL)
 	defer resp.Body.Close()
-	if ev := rec.all(); len(ev) != 1 || !ev[0].Estimated {
+	if ev := rec.Events(); len(ev) != 1 || !ev[0].Estimated {
 		t.Fatalf("events while the stream is open: %+v", ev)
 	}
 	close(release)
@@ -196,7 +166,7 @@ func TestStreamIsRelayedAndSettledAtItsEnd(t *testing.T) {
 	if !strings.Contains(string(rest), "[DONE]") {
 		t.Fatalf("rest of the stream %q", rest)
 	}
-	ev := rec.settled(t, 1)
+	ev := settled(t, rec, 1)
 	if len(ev) != 2 || ev[1].PromptTokens != 12 || ev[1].CompletionTokens != 3 || ev[1].ID != ev[0].ID || ev[1].Outcome != schemas.OutcomeOK {
 		t.Fatalf("events %+v", ev)
 	}
@@ -216,7 +186,7 @@ func TestClientLeavingMidStreamSettlesOnce(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the upstream call was not cancelled when the client left")
 	}
-	ev := rec.settled(t, 1)
+	ev := settled(t, rec, 1)
 	if len(ev) != 2 || ev[1].ID != ev[0].ID || ev[1].Outcome == schemas.OutcomeError || ev[1].Attributes["cancelled"] != "client" || ev[1].Validate() != nil {
 		t.Fatalf("events %+v", ev)
 	}
@@ -233,7 +203,7 @@ func TestNoEstimatesAndUpstreamDown(t *testing.T) {
 	if resp.StatusCode != http.StatusBadGateway {
 		t.Fatalf("status %d %s", resp.StatusCode, body)
 	}
-	ev := rec.settled(t, 1)
+	ev := settled(t, rec, 1)
 	if len(ev) != 1 || ev[0].Estimated || ev[0].Status != 502 || ev[0].Outcome != schemas.OutcomeError || ev[0].TotalTokens() != 0 {
 		t.Fatalf("events %+v", ev)
 	}
@@ -251,10 +221,11 @@ func TestRefusedCallNamesTheLimitAndIsCounted(t *testing.T) {
 	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, "hourly_tokens") {
 		t.Fatalf("status %d Retry-After %q body %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
 	}
-	if len(rec.events) != 1 {
-		t.Fatalf("a refused call emitted %d events, want 1: %+v", len(rec.events), rec.events)
+	evs := rec.Events()
+	if len(evs) != 1 {
+		t.Fatalf("a refused call emitted %d events, want 1: %+v", len(evs), evs)
 	}
-	if ev := rec.events[0]; ev.Outcome != schemas.OutcomeRejected || ev.TotalTokens() != 0 || ev.Status != http.StatusTooManyRequests ||
+	if ev := evs[0]; ev.Outcome != schemas.OutcomeRejected || ev.TotalTokens() != 0 || ev.Status != http.StatusTooManyRequests ||
 		ev.Tenant != "blocked" || ev.APIKeyID != "key-b" || ev.Model != "gpt-4o" || ev.Gateway != "ref-1" || ev.Validate() != nil {
 		t.Fatalf("refusal event %+v (validate: %v)", ev, ev.Validate())
 	}
@@ -336,9 +307,9 @@ tenants:
 		t.Fatalf("the upstream was called %d times for %d served calls: the refused call reached it", got, served)
 	}
 	// The refusal is metered as one rejected event.
-	rec.settled(t, int(served))
+	settled(t, rec, int(served))
 	var rejected int
-	for _, ev := range rec.all() {
+	for _, ev := range rec.Events() {
 		if ev.Tenant == "small" && ev.Outcome == schemas.OutcomeRejected {
 			rejected++
 		}

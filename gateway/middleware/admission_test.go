@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice/gateway/admission"
 	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/emitter/emittertest"
 	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/schemas"
@@ -42,7 +43,7 @@ func admissionLimiter(t *testing.T) *admission.Limiter {
 // emitted as one refusal event; a request the flags refuse never reaches
 // admission (it costs no Redis call).
 func TestAdmissionBeforeTheCall(t *testing.T) {
-	s, est, l := &syncSink{}, newEstimator(t), admissionLimiter(t)
+	s, est, l := &emittertest.Recorder{}, newEstimator(t), admissionLimiter(t)
 	calls := 0
 	h := metered(t, fixed{"blocked": {Outcome: checker.Refused, Scope: flags.AllModels,
 		Flag: &flags.Flag{State: flags.StateBlacklist, Kind: flags.KindBlacklist, Until: now.Add(time.Hour)}}}, est, s,
@@ -73,7 +74,7 @@ func TestAdmissionBeforeTheCall(t *testing.T) {
 	if calls != 2 {
 		t.Fatalf("the handler ran %d times, want 2: a refused request must not reach the upstream", calls)
 	}
-	evs := s.all()
+	evs := s.Events()
 	if len(evs) != 5 {
 		t.Fatalf("%d events, want 2 estimates, 2 settlements and 1 refusal: %+v", len(evs), evs)
 	}

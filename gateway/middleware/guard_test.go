@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/gateway/concurrency"
+	"github.com/sluicehq/sluice/gateway/emitter/emittertest"
 	"github.com/sluicehq/sluice/gateway/priority"
 	"github.com/sluicehq/sluice/gateway/ratelimit"
 	"github.com/sluicehq/sluice/gateway/upstream"
@@ -26,7 +27,7 @@ func TestGuardBeforeTheUpstream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, calls := &syncSink{}, 0
+	s, calls := &emittertest.Recorder{}, 0
 	h := metered(t, fixed{}, newEstimator(t), s, func(w http.ResponseWriter, r *http.Request) {
 		calls++
 		w.WriteHeader(http.StatusInternalServerError)
@@ -51,7 +52,7 @@ func TestGuardBeforeTheUpstream(t *testing.T) {
 		t.Fatalf("with the breaker open: %d %s %v, handler ran %d times", rec.Code, rec.Body, rec.Header(), calls)
 	}
 	var refusals []schemas.UsageEvent
-	for _, ev := range s.all() {
+	for _, ev := range s.Events() {
 		if ev.Outcome == schemas.OutcomeRejected {
 			refusals = append(refusals, ev)
 		}

@@ -7,35 +7,16 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/emitter/emittertest"
 	"github.com/sluicehq/sluice/gateway/estimate"
 	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/schemas"
 )
-
-// syncSink is a sink that handlers on server goroutines may emit to.
-type syncSink struct {
-	mu     sync.Mutex
-	events []schemas.UsageEvent
-}
-
-func (s *syncSink) Emit(ev *schemas.UsageEvent) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.events = append(s.events, *ev)
-	return nil
-}
-
-func (s *syncSink) all() []schemas.UsageEvent {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]schemas.UsageEvent(nil), s.events...)
-}
 
 const chatBody = `{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are a concise assistant."},` +
 	`{"role":"user","content":"Summarise the incident: the nightly batch job exhausted the tenant's tokens-per-minute quota."}],"max_tokens":120}`
@@ -90,10 +71,10 @@ func pair(t *testing.T, events []schemas.UsageEvent) (est, settled schemas.Usage
 // after; the handler reads the body unchanged; the usage teaches the
 // estimator the completion ratio.
 func TestEstimateThenSettle(t *testing.T) {
-	s, est := &syncSink{}, newEstimator(t)
+	s, est := &emittertest.Recorder{}, newEstimator(t)
 	var seenBeforeCall int
 	h := metered(t, fixed{}, est, s, func(w http.ResponseWriter, r *http.Request) {
-		seenBeforeCall = len(s.all())
+		seenBeforeCall = len(s.Events())
 		b, _ := io.ReadAll(r.Body)
 		if string(b) != chatBody {
 			t.Errorf("handler read %q", b)
@@ -110,7 +91,7 @@ func TestEstimateThenSettle(t *testing.T) {
 	if seenBeforeCall != 1 {
 		t.Fatalf("%d events before the handler ran, want the estimate", seenBeforeCall)
 	}
-	e, settled := pair(t, s.all())
+	e, settled := pair(t, s.Events())
 	want, _ := est.Estimate("acme", estimate.ChatCompletions, []byte(chatBody))
 	if e.PromptTokens != want.Prompt || e.CompletionTokens != 120 || e.Outcome != "" {
 		t.Errorf("estimate event %+v, want %d + 120 tokens", e, want.Prompt)
@@ -160,7 +141,7 @@ func TestSettlementOnEveryEnding(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			s := &syncSink{}
+			s := &emittertest.Recorder{}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			handler := c.handler
@@ -177,7 +158,7 @@ func TestSettlementOnEveryEnding(t *testing.T) {
 				}()
 				h.ServeHTTP(httptest.NewRecorder(), chatRequest(ctx, "acme"))
 			}()
-			_, settled := pair(t, s.all())
+			_, settled := pair(t, s.Events())
 			if settled.Status != c.status || settled.Outcome != c.outcome || settled.TotalTokens() != c.tokens {
 				t.Errorf("settlement status %d outcome %q tokens %d, want %d %q %d", settled.Status, settled.Outcome, settled.TotalTokens(),
 					c.status, c.outcome, c.tokens)
@@ -199,7 +180,7 @@ func TestSettlementOnEveryEnding(t *testing.T) {
 // settlement is emitted only once the stream ended, with the usage of its
 // last chunk.
 func TestStreamSettlesAtItsEnd(t *testing.T) {
-	s, est := &syncSink{}, newEstimator(t)
+	s, est := &emittertest.Recorder{}, newEstimator(t)
 	release := make(chan struct{})
 	h := metered(t, fixed{}, est, s, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -225,40 +206,40 @@ func TestStreamSettlesAtItsEnd(t *testing.T) {
 		t.Fatalf("first chunk %q %v", line, err)
 	}
 	// The stream is open: only the estimate has been emitted.
-	if ev := s.all(); len(ev) != 1 || !ev[0].Estimated {
+	if ev := s.Events(); len(ev) != 1 || !ev[0].Estimated {
 		t.Fatalf("events while streaming: %+v", ev)
 	}
 	close(release)
 	if _, err := io.ReadAll(rd); err != nil {
 		t.Fatal(err)
 	}
-	itest.Eventually(t, 5*time.Second, "settlement after the stream", func() bool { return len(s.all()) == 2 })
-	_, settled := pair(t, s.all())
+	itest.Eventually(t, 5*time.Second, "settlement after the stream", func() bool { return len(s.Events()) == 2 })
+	_, settled := pair(t, s.Events())
 	if settled.PromptTokens != 30 || settled.CompletionTokens != 2 || settled.Outcome != schemas.OutcomeOK || settled.Status != 200 {
 		t.Fatalf("settlement %+v", settled)
 	}
 }
 
 func TestEstimateEventsCanBeTurnedOff(t *testing.T) {
-	s := &syncSink{}
+	s := &emittertest.Recorder{}
 	h := metered(t, fixed{}, newEstimator(t), s, func(w http.ResponseWriter, r *http.Request) {
 		CallFrom(r.Context()).Report(Usage{PromptTokens: 31, CompletionTokens: 57})
 	}, WithEstimateEvents(false))
 	h.ServeHTTP(httptest.NewRecorder(), chatRequest(context.Background(), "acme"))
-	ev := s.all()
+	ev := s.Events()
 	if len(ev) != 1 || ev[0].Estimated || ev[0].TotalTokens() != 88 || ev[0].Validate() != nil {
 		t.Fatalf("events %+v, want the settlement alone", ev)
 	}
 	// Without WithEstimates nothing is metered by the middleware.
-	s = &syncSink{}
+	s = &emittertest.Recorder{}
 	h = New(fixed{}, HeaderIdentify("X-Tenant", "X-Model", "X-Key"), WithEmitter(s, "gw-1"))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if CallFrom(r.Context()) != nil {
 			t.Error("a call without WithEstimates")
 		}
 	}))
 	h.ServeHTTP(httptest.NewRecorder(), chatRequest(context.Background(), "acme"))
-	if len(s.all()) != 0 {
-		t.Fatalf("events without WithEstimates: %+v", s.all())
+	if len(s.Events()) != 0 {
+		t.Fatalf("events without WithEstimates: %+v", s.Events())
 	}
 }
 
@@ -268,7 +249,7 @@ func TestEstimateEventsCanBeTurnedOff(t *testing.T) {
 // limit is answered 413 before the handler runs.
 func TestMeteringLeavesOtherRequestsAlone(t *testing.T) {
 	d := fixed{"banned": {Outcome: checker.Refused, Scope: flags.AllModels, Flag: &flags.Flag{State: flags.StateBlacklist, Kind: flags.KindBlacklist}}}
-	s := &syncSink{}
+	s := &emittertest.Recorder{}
 	calls := 0
 	est, err := estimate.New(estimate.Config{Limits: estimate.Limits{MaxBodyBytes: 1024}})
 	if err != nil {
@@ -277,33 +258,33 @@ func TestMeteringLeavesOtherRequestsAlone(t *testing.T) {
 	h := metered(t, d, est, s, func(w http.ResponseWriter, r *http.Request) { calls++ })
 
 	h.ServeHTTP(httptest.NewRecorder(), chatRequest(context.Background(), "banned"))
-	if ev := s.all(); len(ev) != 1 || ev[0].Outcome != schemas.OutcomeRejected || ev[0].Estimated {
+	if ev := s.Events(); len(ev) != 1 || ev[0].Outcome != schemas.OutcomeRejected || ev[0].Estimated {
 		t.Fatalf("refusal: %+v", ev)
 	}
 
-	s.events = nil
+	s.Take()
 	req := httptest.NewRequest(http.MethodGet, "/v1/models", nil)
 	req.Header.Set("X-Tenant", "acme")
 	h.ServeHTTP(httptest.NewRecorder(), req)
-	if len(s.all()) != 0 || calls != 1 {
-		t.Fatalf("/v1/models: %d calls, events %+v", calls, s.all())
+	if len(s.Events()) != 0 || calls != 1 {
+		t.Fatalf("/v1/models: %d calls, events %+v", calls, s.Events())
 	}
 
 	req = httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`not json`))
 	req.Header.Set("X-Tenant", "acme")
 	req.Header.Set("X-Model", "gpt-4o")
 	h.ServeHTTP(httptest.NewRecorder(), req)
-	if ev := s.all(); len(ev) != 1 || ev[0].Estimated || ev[0].Model != "gpt-4o" || ev[0].TotalTokens() != 0 || calls != 2 {
+	if ev := s.Events(); len(ev) != 1 || ev[0].Estimated || ev[0].Model != "gpt-4o" || ev[0].TotalTokens() != 0 || calls != 2 {
 		t.Fatalf("invalid body: %d calls, events %+v", calls, ev)
 	}
 
-	s.events = nil
+	s.Take()
 	req = httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`{"model":"gpt-4o","messages":[{"role":"user","content":"`+strings.Repeat("x", 2000)+`"}]}`))
 	req.Header.Set("X-Tenant", "acme")
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
-	if rec.Code != http.StatusRequestEntityTooLarge || !strings.Contains(rec.Body.String(), "1024 bytes") || calls != 2 || len(s.all()) != 0 {
-		t.Fatalf("large body: %d %s, %d calls, events %+v", rec.Code, rec.Body, calls, s.all())
+	if rec.Code != http.StatusRequestEntityTooLarge || !strings.Contains(rec.Body.String(), "1024 bytes") || calls != 2 || len(s.Events()) != 0 {
+		t.Fatalf("large body: %d %s, %d calls, events %+v", rec.Code, rec.Body, calls, s.Events())
 	}
 }
 
@@ -350,12 +331,12 @@ func TestEventFieldsAndCallDetails(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := &syncSink{}
+			s := &emittertest.Recorder{}
 			h := metered(t, fixed{}, newEstimator(t), s, tc.handler, fields)
 			req := chatRequest(context.Background(), "acme")
 			req.Header.Set("X-Request-Id", "req-"+strings.ReplaceAll(tc.name, " ", "-"))
 			h.ServeHTTP(httptest.NewRecorder(), req)
-			e, settled := pair(t, s.all())
+			e, settled := pair(t, s.Events())
 			if e.ID != req.Header.Get("X-Request-Id") || e.User != "u-7" || settled.User != "u-7" || settled.Priority != schemas.PriorityHigh ||
 				e.Attributes["team"] != "search" {
 				t.Errorf("event fields not applied: %+v / %+v", e, settled)
@@ -366,13 +347,13 @@ func TestEventFieldsAndCallDetails(t *testing.T) {
 		})
 	}
 
-	s := &syncSink{}
+	s := &emittertest.Recorder{}
 	refused := fixed{"acme": {Outcome: checker.Refused, Flag: &flags.Flag{State: flags.StateOpen, Kind: flags.KindManual}}}
 	h := metered(t, refused, newEstimator(t), s, func(http.ResponseWriter, *http.Request) { t.Error("refused request reached the handler") }, fields)
 	req := chatRequest(context.Background(), "acme")
 	req.Header.Set("X-Request-Id", "req-refused")
 	h.ServeHTTP(httptest.NewRecorder(), req)
-	evs := s.all()
+	evs := s.Events()
 	if len(evs) != 1 || evs[0].ID == "req-refused" || evs[0].User != "u-7" || evs[0].Attributes["refused_by"] != "manual" ||
 		evs[0].Attributes["team"] != "search" || evs[0].Tenant != "acme" {
 		t.Fatalf("refusal events %+v: want one with a fresh id, the gateway's user and refused_by", evs)
@@ -385,14 +366,14 @@ func TestEventFieldsAndCallDetails(t *testing.T) {
 // handler sets an attribute of the same name; its estimate and an
 // ordinary call's settlement carry none.
 func TestProbeSettlementIsMarked(t *testing.T) {
-	s, est := &syncSink{}, newEstimator(t)
+	s, est := &emittertest.Recorder{}, newEstimator(t)
 	probe := fixed{"acme": {Outcome: checker.Probe, Flag: &flags.Flag{State: flags.StateHalfOpen, Kind: flags.KindErrorRatio}}}
 	h := metered(t, probe, est, s, func(w http.ResponseWriter, r *http.Request) {
 		CallFrom(r.Context()).SetAttribute(flags.ProbeAttribute, "forged")
 		w.WriteHeader(http.StatusBadGateway)
 	})
 	h.ServeHTTP(httptest.NewRecorder(), chatRequest(context.Background(), "acme"))
-	e, settled := pair(t, s.all())
+	e, settled := pair(t, s.Events())
 	if got := settled.Attributes[flags.ProbeAttribute]; got != string(flags.KindErrorRatio) || settled.Outcome != schemas.OutcomeError {
 		t.Fatalf("probe settlement %+v, want outcome error and %s=%s", settled, flags.ProbeAttribute, flags.KindErrorRatio)
 	}
@@ -400,9 +381,9 @@ func TestProbeSettlementIsMarked(t *testing.T) {
 		t.Fatalf("the estimate is marked as a probe: %+v", e)
 	}
 
-	s2 := &syncSink{}
+	s2 := &emittertest.Recorder{}
 	metered(t, fixed{}, est, s2, func(w http.ResponseWriter, r *http.Request) {}).ServeHTTP(httptest.NewRecorder(), chatRequest(context.Background(), "acme"))
-	if _, settled := pair(t, s2.all()); settled.Attributes[flags.ProbeAttribute] != "" {
+	if _, settled := pair(t, s2.Events()); settled.Attributes[flags.ProbeAttribute] != "" {
 		t.Fatalf("an ordinary call is marked as a probe: %+v", settled)
 	}
 }

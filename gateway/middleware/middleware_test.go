@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/emitter/emittertest"
 	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/schemas"
 )
@@ -148,10 +149,6 @@ func TestBreakersBlacklistAndStaleViews(t *testing.T) {
 	}
 }
 
-type sink struct{ events []schemas.UsageEvent }
-
-func (s *sink) Emit(ev *schemas.UsageEvent) error { s.events = append(s.events, *ev); return nil }
-
 // TestRefusalsAreEmitted: with an Emitter given, every refused request
 // becomes a valid usage event (outcome rejected, zero tokens, the status
 // answered); allowed requests emit nothing here (the gateway meters them
@@ -161,8 +158,8 @@ func TestRefusalsAreEmitted(t *testing.T) {
 		"acme":   {Outcome: checker.Refused, Scope: flags.AllModels, Flag: &flags.Flag{State: flags.StateBlacklist, Kind: flags.KindBlacklist, Reason: "leaked"}},
 		"strict": {Outcome: checker.RefusedStale, Stale: true},
 	}
-	run := func(opts ...Option) *sink {
-		s := &sink{}
+	run := func(opts ...Option) []schemas.UsageEvent {
+		s := &emittertest.Recorder{}
 		opts = append([]Option{WithClock(func() time.Time { return now })}, opts...)
 		h := New(d, HeaderIdentify("X-Tenant", "X-Model", "X-Key"), append(opts, WithEmitter(s, "gw-1"))...)(
 			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) }))
@@ -173,17 +170,17 @@ func TestRefusalsAreEmitted(t *testing.T) {
 			req.Header.Set("X-Key", "key-1")
 			h.ServeHTTP(httptest.NewRecorder(), req)
 		}
-		return s
+		return s.Events()
 	}
-	s := run()
-	if len(s.events) != 2 {
-		t.Fatalf("%d events, want 2 (one per refusal): %+v", len(s.events), s.events)
+	evs := run()
+	if len(evs) != 2 {
+		t.Fatalf("%d events, want 2 (one per refusal): %+v", len(evs), evs)
 	}
 	want := map[string]struct {
 		status int
 		by     string
 	}{"acme": {http.StatusForbidden, "blacklist"}, "strict": {http.StatusServiceUnavailable, "fail_closed"}}
-	for _, ev := range s.events {
+	for _, ev := range evs {
 		w := want[ev.Tenant]
 		if ev.Outcome != schemas.OutcomeRejected || ev.TotalTokens() != 0 || ev.Status != w.status || ev.Model != "gpt-4o" ||
 			ev.APIKeyID != "key-1" || ev.Gateway != "gw-1" || ev.Endpoint != "/v1/chat/completions" || ev.Attributes["refused_by"] != w.by ||
@@ -194,11 +191,11 @@ func TestRefusalsAreEmitted(t *testing.T) {
 			t.Errorf("refusal event invalid: %v", err)
 		}
 	}
-	if s.events[0].ID == s.events[1].ID {
+	if evs[0].ID == evs[1].ID {
 		t.Error("two refusals share an id")
 	}
-	if s := run(WithRefusalEvents(false)); len(s.events) != 0 {
-		t.Fatalf("WithRefusalEvents(false): %d events", len(s.events))
+	if evs := run(WithRefusalEvents(false)); len(evs) != 0 {
+		t.Fatalf("WithRefusalEvents(false): %d events", len(evs))
 	}
 }
 

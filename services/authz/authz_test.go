@@ -3,7 +3,6 @@ package authz
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -15,8 +14,10 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/emitter/emittertest"
 	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/gateway/ratelimit"
+	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/gateway"
 	"github.com/sluicehq/sluice/services/internal/keyfile"
@@ -123,20 +124,7 @@ func newServer(t *testing.T, cfg Config, deps Deps) *httptest.Server {
 // headers (name, value pairs).
 func ask(t *testing.T, url string, header ...string) (*http.Response, string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, url, nil)
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp, string(b)
+	return itest.Send(t, http.MethodGet, url, "", header...)
 }
 
 // refusedAs checks a refusal's status and code, and that X-Sluice-Error
@@ -332,27 +320,6 @@ func TestConfigErrorsNameTheSetting(t *testing.T) {
 	}
 }
 
-// recordEmitter keeps the events it is given.
-type recordEmitter struct {
-	mu  sync.Mutex
-	evs []schemas.UsageEvent
-}
-
-func (r *recordEmitter) Emit(ev *schemas.UsageEvent) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.evs = append(r.evs, *ev)
-	return nil
-}
-
-func (r *recordEmitter) take() []schemas.UsageEvent {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := r.evs
-	r.evs = nil
-	return out
-}
-
 // TestRefusedChecksEmitRejectedEvents: every check the flags or admission
 // refuse (429, 403, 503) is one usage event, outcome rejected, zero
 // tokens, the status answered and what refused it — the events sluice
@@ -369,7 +336,7 @@ func TestRefusedChecksEmitRejectedEvents(t *testing.T) {
 		"strict": {Outcome: checker.RefusedStale},
 	}
 	adm := &fakeAdmitter{}
-	em := &recordEmitter{}
+	em := &emittertest.Recorder{}
 	cfg := DefaultConfig()
 	cfg.Name = "edge-authz"
 	hs := newServer(t, cfg, Deps{Checker: dec, Admitter: adm, Emitter: em})
@@ -381,7 +348,7 @@ func TestRefusedChecksEmitRejectedEvents(t *testing.T) {
 	}
 	check := func(what string, w want) {
 		t.Helper()
-		evs := em.take()
+		evs := em.Take()
 		if len(evs) != 1 {
 			t.Fatalf("%s: %d events, want 1: %+v", what, len(evs), evs)
 		}
@@ -435,7 +402,7 @@ func TestRefusedChecksEmitRejectedEvents(t *testing.T) {
 	ask1("acme", "gpt-4o")
 	ask(t, hs.URL+"/authz", "X-Sluice-Key-Id", "k1")
 	ask(t, hs.URL+"/authz", "X-Sluice-Tenant", "acme", "X-Sluice-Estimate-Prompt-Tokens", "lots")
-	if evs := em.take(); len(evs) != 0 {
+	if evs := em.Take(); len(evs) != 0 {
 		t.Fatalf("allowed or malformed checks emitted %+v", evs)
 	}
 }

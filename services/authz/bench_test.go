@@ -1,7 +1,6 @@
 package authz
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -9,7 +8,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,9 +17,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/gateway/admission"
-	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/services/gateway"
+	"github.com/sluicehq/sluice/services/internal/checkertest"
 	"github.com/sluicehq/sluice/services/internal/keyfile"
 )
 
@@ -40,17 +38,7 @@ func benchEndpoint(b *testing.B, exact bool) string {
 	rdb := redis.NewClient(&redis.Options{Addr: rc.Addr, ContextTimeoutEnabled: true, PoolSize: 64})
 	b.Cleanup(func() { rdb.Close() })
 
-	ccfg := checker.DefaultConfig()
-	ccfg.KeyPrefix = itest.Unique(b, "sluice_bench_authzflags:") + ":"
-	chk, err := checker.New(rdb, ccfg, log)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = chk.Run(ctx) }()
-	b.Cleanup(func() { cancel(); <-done })
-	itest.Eventually(b, 30*time.Second, "checker synced", chk.Synced)
+	chk := checkertest.Run(b, rdb, "sluice_bench_authzflags:")
 
 	rules := &admission.Rules{Default: admission.TenantRules{Rules: []admission.Rule{
 		{Name: "rpm", Unit: admission.Requests, Algorithm: admission.TokenBucket, Limit: 1_000_000, Rate: 100_000, Exact: exact},
@@ -132,12 +120,6 @@ func timeChecks(b *testing.B, url string) []time.Duration {
 	return took
 }
 
-func pctUS(d []time.Duration, p float64) float64 {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return float64(s[min(len(s)-1, int(float64(len(s))*p))].Nanoseconds()) / 1000
-}
-
 // BenchmarkAuthzCheck measures what one forward-auth check costs a proxy:
 // the endpoint on loopback HTTP with keep-alive, key lookup, the real
 // Checker and admission on the real Redis (leases, the default), round
@@ -149,8 +131,8 @@ func BenchmarkAuthzCheck(b *testing.B) {
 	}
 	url := benchEndpoint(b, false)
 	took := timeChecks(b, url)
-	b.ReportMetric(pctUS(took, .5), "authz_check_p50_us")
-	b.ReportMetric(pctUS(took, .99), "authz_check_p99_us")
+	b.ReportMetric(itest.Percentile(took, .5).Seconds()*1e6, "authz_check_p50_us")
+	b.ReportMetric(itest.Percentile(took, .99).Seconds()*1e6, "authz_check_p99_us")
 
 	const clients = 32
 	n := max(b.N, 5000)
@@ -184,6 +166,6 @@ func BenchmarkAuthzCheckExact(b *testing.B) {
 		b.Skip("uses the real Redis; skipped with -short")
 	}
 	took := timeChecks(b, benchEndpoint(b, true))
-	b.ReportMetric(pctUS(took, .5), "authz_check_exact_p50_us")
-	b.ReportMetric(pctUS(took, .99), "authz_check_exact_p99_us")
+	b.ReportMetric(itest.Percentile(took, .5).Seconds()*1e6, "authz_check_exact_p50_us")
+	b.ReportMetric(itest.Percentile(took, .99).Seconds()*1e6, "authz_check_exact_p99_us")
 }

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/checker"
-	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/gateway"
 )
@@ -30,15 +28,12 @@ type Config struct {
 	DefaultCompletionTokens int64 `yaml:"default_completion_tokens" help:"completion tokens admission debits for a request that carries no estimate header"`
 	MaxEstimateTokens       int64 `yaml:"max_estimate_tokens" help:"largest estimate a request's estimate headers may give (each); above it the request is answered 400"`
 
-	HTTP            httpserver.Timeouts `yaml:"http"`
-	ShutdownTimeout time.Duration       `yaml:"shutdown_timeout" help:"on shutdown, how long checks in flight get to finish"`
-
-	Checker   checker.Config          `yaml:"checker"`
-	Admission gateway.AdmissionConfig `yaml:"admission"`
-	// Usage is where the usage events of refused checks go (outcome
-	// rejected, zero tokens, as sluice gateway sends for the requests it
-	// refuses); the default sink none sends none.
-	Usage gateway.EventSink `yaml:"usage"`
+	// FrontEnd is the HTTP server, shutdown, flags, admission and usage
+	// settings authz shares with sluice gateway. Its Usage is where the
+	// usage events of refused checks go (outcome rejected, zero tokens, as
+	// sluice gateway sends for the requests it refuses); the default sink
+	// none sends none.
+	gateway.FrontEnd[gateway.EventSink] `yaml:",inline"`
 }
 
 // Headers names the request headers the endpoint reads, and the answer
@@ -71,11 +66,7 @@ func DefaultConfig() Config {
 		DefaultPromptTokens:     1000,
 		DefaultCompletionTokens: 1000,
 		MaxEstimateTokens:       10_000_000,
-		HTTP:                    httpserver.Timeouts{ReadHeader: 5 * time.Second, Read: 10 * time.Second, Write: 10 * time.Second, Idle: 2 * time.Minute},
-		ShutdownTimeout:         5 * time.Second,
-		Checker:                 checker.DefaultConfig(),
-		Admission:               gateway.DefaultConfig().Admission,
-		Usage:                   authzUsage(),
+		FrontEnd:                gateway.DefaultFrontEnd(authzUsage()),
 	}
 }
 
@@ -83,7 +74,7 @@ func DefaultConfig() Config {
 // event needs an ingest (or Kafka) the deployment names, and the endpoint
 // answers the same without one.
 func authzUsage() gateway.EventSink {
-	u := gateway.DefaultConfig().Usage.EventSink
+	u := gateway.DefaultEventSink()
 	u.Sink = gateway.SinkNone
 	return u
 }
@@ -136,19 +127,7 @@ func (c Config) Validate() error {
 	if c.DefaultCompletionTokens < 0 || c.DefaultCompletionTokens > c.MaxEstimateTokens {
 		bad(p+"default_completion_tokens: %d is outside 0..max_estimate_tokens (%d)", c.DefaultCompletionTokens, c.MaxEstimateTokens)
 	}
-	if err := c.HTTP.Validate(p + "http"); err != nil {
-		errs = append(errs, err)
-	}
-	if c.ShutdownTimeout <= 0 {
-		bad(p + "shutdown_timeout: must be positive")
-	}
-	if err := c.Checker.Validate(); err != nil {
-		bad(p+"checker.%w", err)
-	}
-	if err := c.Admission.Validate(p + "admission."); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Usage.Validate(p + "usage"); err != nil {
+	if err := c.FrontEnd.Validate(p); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -311,7 +310,7 @@ func TestNginxForwardAuth(t *testing.T) {
 		t.Fatalf("429 body does not name the rule: %s", body)
 	}
 	if n := len(seen.all()); n != 3 {
-		t.Fatalf("the upstream saw %d calls, want 3 (acme, trial twice): refusals must not reach it", n)
+		t.Fatalf("the upstream saw %d calls, want 3 (acme, trial twice): refusals must not reach it %v", n, seen.all())
 	}
 	// The refusals as usage events: the blacklist's (at least one, more
 	// while the flag was being picked up) and the admission rule's; no
@@ -375,18 +374,8 @@ func startService(t *testing.T, cfg Config, env platform.Env) string {
 // chat sends a chat completion with key, naming model in X-Sluice-Model.
 func chat(t *testing.T, base, key, model string) (*http.Response, string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions",
-		strings.NewReader(`{"model":"`+model+`","messages":[{"role":"user","content":"hi"}]}`))
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Sluice-Model", model)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp, string(b)
+	return itest.Send(t, http.MethodPost, base+"/v1/chat/completions", `{"model":"`+model+`","messages":[{"role":"user","content":"hi"}]}`,
+		"Authorization", "Bearer "+key, "Content-Type", "application/json", "X-Sluice-Model", model)
 }
 
 // recordingIngest stands in for ingest's POST /v1/events: it keeps every

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/gateway/checker"
@@ -44,7 +43,7 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 
 	var follow func(context.Context) error
 	if cfg.Admission.PolicyFile != "" {
-		adm, f, closeAdm, err := gateway.PolicyAdmitter(cfg.Admission, env, log.With("component", "admission"))
+		adm, f, closeAdm, err := gateway.PolicyAdmitter(cfg.Admission, "authz", env, log.With("component", "admission"))
 		if err != nil {
 			return fmt.Errorf("services.authz.admission: %w", err)
 		}
@@ -66,12 +65,8 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 		}
 		deps.Keys = f
 	}
-	em, closeSender, err := gateway.NewEmitter(cfg.Usage, env)
+	em, closeSender, err := gateway.NewEmitter(cfg.Usage, "authz", env)
 	if err != nil {
-		if errors.As(err, &prometheus.AlreadyRegisteredError{}) {
-			// sluice gateway's Emitter, in the same process, has them.
-			return fmt.Errorf("services.authz.usage: %w (the emitter's metrics are registered already: run authz in a process of its own from sluice gateway when both send usage events)", err)
-		}
 		return fmt.Errorf("services.authz.usage: %w", err)
 	}
 	if em != nil {

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,10 +17,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
-	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/gateway/emitter"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/internal/checkertest"
 )
 
 const (
@@ -52,21 +51,12 @@ func benchGateway(b *testing.B) (direct, proxied string, em *emitter.Emitter, se
 	itest.QuietRedisLogs()
 	rdb := redis.NewClient(&redis.Options{Addr: rc.Addr})
 	b.Cleanup(func() { rdb.Close() })
-	ccfg := checker.DefaultConfig()
-	ccfg.KeyPrefix = itest.Unique(b, "gwbench") + ":"
-	chk, err := checker.New(rdb, ccfg, log)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = chk.Run(ctx) }()
-	b.Cleanup(func() { cancel(); <-done })
-	itest.Eventually(b, 30*time.Second, "checker synced", chk.Synced)
+	chk := checkertest.Run(b, rdb, "gwbench")
 
 	sent = &discard{}
 	ecfg := emitter.DefaultConfig()
 	ecfg.Logger = log
+	var err error
 	em, err = emitter.New(sent, ecfg)
 	if err != nil {
 		b.Fatal(err)
@@ -107,12 +97,6 @@ func benchCall(b *testing.B, base, body, key string) (ttfb, total time.Duration)
 	return ttfb, time.Since(start)
 }
 
-func pct(d []time.Duration, p float64) float64 {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return float64(s[min(len(s)-1, int(float64(len(s))*p))].Microseconds()) / 1000
-}
-
 // BenchmarkGatewayOverhead measures what the gateway adds to a call, one
 // client at a time, against calling the mock provider directly in the
 // same run (each iteration calls both, alternating, so both see the same
@@ -133,14 +117,14 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 		dPlain, pPlain, dTTFB, pTTFB = append(dPlain, d), append(pPlain, p), append(dTTFB, dt), append(pTTFB, pt)
 	}
 	b.StopTimer()
-	b.ReportMetric(pct(dPlain, .5), "gateway_direct_p50_ms")
-	b.ReportMetric(pct(pPlain, .5), "gateway_proxied_p50_ms")
-	b.ReportMetric(pct(pPlain, .5)-pct(dPlain, .5), "gateway_added_p50_ms")
-	b.ReportMetric(pct(pPlain, .99)-pct(dPlain, .99), "gateway_added_p99_ms")
-	b.ReportMetric(pct(dTTFB, .5), "gateway_stream_ttfb_direct_p50_ms")
-	b.ReportMetric(pct(pTTFB, .5), "gateway_stream_ttfb_proxied_p50_ms")
-	b.ReportMetric(pct(pTTFB, .5)-pct(dTTFB, .5), "gateway_stream_ttfb_added_p50_ms")
-	b.ReportMetric(pct(pTTFB, .99)-pct(dTTFB, .99), "gateway_stream_ttfb_added_p99_ms")
+	b.ReportMetric(itest.Percentile(dPlain, .5).Seconds()*1e3, "gateway_direct_p50_ms")
+	b.ReportMetric(itest.Percentile(pPlain, .5).Seconds()*1e3, "gateway_proxied_p50_ms")
+	b.ReportMetric((itest.Percentile(pPlain, .5)-itest.Percentile(dPlain, .5)).Seconds()*1e3, "gateway_added_p50_ms")
+	b.ReportMetric((itest.Percentile(pPlain, .99)-itest.Percentile(dPlain, .99)).Seconds()*1e3, "gateway_added_p99_ms")
+	b.ReportMetric(itest.Percentile(dTTFB, .5).Seconds()*1e3, "gateway_stream_ttfb_direct_p50_ms")
+	b.ReportMetric(itest.Percentile(pTTFB, .5).Seconds()*1e3, "gateway_stream_ttfb_proxied_p50_ms")
+	b.ReportMetric((itest.Percentile(pTTFB, .5)-itest.Percentile(dTTFB, .5)).Seconds()*1e3, "gateway_stream_ttfb_added_p50_ms")
+	b.ReportMetric((itest.Percentile(pTTFB, .99)-itest.Percentile(dTTFB, .99)).Seconds()*1e3, "gateway_stream_ttfb_added_p99_ms")
 }
 
 // BenchmarkGatewayThroughput drives the gateway with 32 concurrent

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/gateway/deferred"
@@ -33,13 +32,12 @@ type Config struct {
 	MaxAttempts         int   `yaml:"max_attempts" help:"upstreams tried for one request: a connection failure, a timeout before the answer, 429 or 5xx moves on to the next upstream of the model"`
 	RequestIDMemory     int   `yaml:"request_id_memory" help:"x-request-id values remembered per gateway to catch a client reusing one (its event then gets a fresh id, the request id an attribute); 0 remembers none"`
 
-	HTTP            httpserver.Timeouts `yaml:"http"`
-	ShutdownTimeout time.Duration       `yaml:"shutdown_timeout" help:"on shutdown, how long requests in flight (streams included) get to finish; those still running are cut and settled with what they used"`
+	// FrontEnd is the HTTP server, shutdown, flags, admission and usage
+	// settings the gateway shares with services/authz; usage adds
+	// estimate_events to the sink.
+	FrontEnd[UsageConfig] `yaml:",inline"`
 
-	Checker   checker.Config  `yaml:"checker"`
-	Usage     UsageConfig     `yaml:"usage"`
-	Admission AdmissionConfig `yaml:"admission"`
-	Deferred  deferred.Config `yaml:"deferred"`
+	Deferred deferred.Config `yaml:"deferred"`
 	// UsageAPI is GET /v1/usage for the callers' tenants.
 	UsageAPI usageapi.Config `yaml:"usage_api"`
 }
@@ -96,6 +94,9 @@ const (
 // DefaultConfig returns the defaults. The write timeout covers a whole
 // streamed answer, so it is as long as an upstream's default timeout.
 func DefaultConfig() Config {
+	fe := DefaultFrontEnd(UsageConfig{EventSink: DefaultEventSink(), EstimateEvents: true})
+	fe.HTTP = httpserver.Timeouts{ReadHeader: 10 * time.Second, Read: time.Minute, Write: 11 * time.Minute, Idle: 2 * time.Minute}
+	fe.ShutdownTimeout = 10 * time.Second
 	return Config{
 		Listen:              "127.0.0.1:8090",
 		Name:                "sluice-gateway",
@@ -105,23 +106,22 @@ func DefaultConfig() Config {
 		MaxStreamEventBytes: 1 << 20,
 		MaxAttempts:         2,
 		RequestIDMemory:     100_000,
-		HTTP:                httpserver.Timeouts{ReadHeader: 10 * time.Second, Read: time.Minute, Write: 11 * time.Minute, Idle: 2 * time.Minute},
-		ShutdownTimeout:     10 * time.Second,
-		Checker:             checker.DefaultConfig(),
-		Admission:           defaultAdmission(),
+		FrontEnd:            fe,
 		Deferred:            deferred.DefaultConfig(),
 		UsageAPI:            usageapi.DefaultConfig(),
-		Usage: UsageConfig{
-			EventSink: EventSink{
-				Sink:          SinkIngest,
-				IngestURL:     "http://127.0.0.1:8080",
-				Topic:         schemas.TopicUsageV1,
-				BufferEvents:  100_000,
-				FlushInterval: 200 * time.Millisecond,
-				FlushTimeout:  5 * time.Second,
-			},
-			EstimateEvents: true,
-		},
+	}
+}
+
+// DefaultEventSink returns the usage sink's defaults: ingest's API on
+// this host, with the Emitter's buffer and flush settings.
+func DefaultEventSink() EventSink {
+	return EventSink{
+		Sink:          SinkIngest,
+		IngestURL:     "http://127.0.0.1:8080",
+		Topic:         schemas.TopicUsageV1,
+		BufferEvents:  100_000,
+		FlushInterval: 200 * time.Millisecond,
+		FlushTimeout:  5 * time.Second,
 	}
 }
 
@@ -138,7 +138,6 @@ func (c Config) Validate() error {
 	if c.Name == "" || len(c.Name) > schemas.MaxStringLen {
 		bad(p+"name: must be 1..%d bytes", schemas.MaxStringLen)
 	}
-	c.Admission.validate(bad)
 	if c.UsageAPI.Enabled {
 		if err := c.UsageAPI.Validate(p + "usage_api"); err != nil {
 			errs = append(errs, err)
@@ -206,19 +205,10 @@ func (c Config) Validate() error {
 	if c.RequestIDMemory < 0 || c.RequestIDMemory > 10_000_000 {
 		bad(p+"request_id_memory: %d is outside 0..10000000", c.RequestIDMemory)
 	}
-	if err := c.HTTP.Validate(p + "http"); err != nil {
+	if err := c.FrontEnd.Validate(p); err != nil {
 		errs = append(errs, err)
-	}
-	if c.ShutdownTimeout <= 0 {
-		bad(p + "shutdown_timeout: must be positive")
-	}
-	if err := c.Checker.Validate(); err != nil {
-		bad(p+"checker.%w", err)
 	}
 	if err := c.Deferred.Validate(p + "deferred."); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Usage.Validate(p + "usage"); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

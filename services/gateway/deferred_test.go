@@ -190,7 +190,7 @@ func TestDeferredRunsThroughTheRequestPath(t *testing.T) {
 		}
 		return nil
 	})
-	ev := g.sink.settlement(t, id+"-1")
+	ev := g.settlement(t, id+"-1")
 	if ev.Tenant != "acme" || ev.APIKeyID != "boss" || ev.Priority != "critical" || ev.CompletionTokens != 7 || ev.Outcome != "ok" {
 		t.Fatalf("settlement %+v: want the key's tenant and id, priority critical, the upstream's usage", ev)
 	}

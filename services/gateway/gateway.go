@@ -116,7 +116,7 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 		deps.Policy = w.Current
 		var apply []func(*policy.Policy)
 		if opts.Admitter == nil {
-			lim, closeAdm, err := policyAdmitter(cfg.Admission, w.Current(), env, log.With("component", "admission"))
+			lim, closeAdm, err := policyAdmitter(cfg.Admission, w.Current(), "gateway", env, log.With("component", "admission"))
 			if err != nil {
 				return err
 			}
@@ -186,7 +186,7 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 		return fmt.Errorf("services.gateway.%w", err)
 	}
 	defer closeUsage()
-	em, closeSender, err := NewEmitter(cfg.Usage.EventSink, env)
+	em, closeSender, err := NewEmitter(cfg.Usage.EventSink, "gateway", env)
 	if err != nil {
 		return err
 	}
@@ -252,8 +252,9 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 
 // NewEmitter builds the Emitter of cfg's sink (nil for sink none) and the
 // function that closes its sender once the Emitter is closed; its metrics
-// go to env.Metrics. services/authz sends its refusal events with it.
-func NewEmitter(cfg EventSink, env platform.Env) (*emitter.Emitter, func(), error) {
+// go to env.Metrics labelled with service (see serviceMetrics).
+// services/authz sends its refusal events with it.
+func NewEmitter(cfg EventSink, service string, env platform.Env) (*emitter.Emitter, func(), error) {
 	var sender emitter.Sender
 	closeSender := func() {}
 	switch cfg.Sink {
@@ -277,7 +278,7 @@ func NewEmitter(cfg EventSink, env platform.Env) (*emitter.Emitter, func(), erro
 	ecfg.BatchSize = min(ecfg.BatchSize, cfg.BufferEvents)
 	ecfg.FlushInterval = cfg.FlushInterval
 	ecfg.Logger = env.Logger.With("component", "emitter")
-	ecfg.Registerer = env.Metrics
+	ecfg.Registerer = serviceMetrics(env, service)
 	em, err := emitter.New(sender, ecfg)
 	if err != nil {
 		closeSender()

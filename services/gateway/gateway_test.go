@@ -56,7 +56,7 @@ func TestNonStreamedUsageIsExact(t *testing.T) {
 		if resp.StatusCode != 200 || resp.Header.Get("X-Request-Id") != id {
 			t.Fatalf("%s: %d %s (x-request-id %q)", tc.path, resp.StatusCode, body, resp.Header.Get("X-Request-Id"))
 		}
-		ev := g.sink.settlement(t, id)
+		ev := g.settlement(t, id)
 		if ev.PromptTokens != tc.prompt || ev.CompletionTokens != tc.completion || ev.CachedTokens != tc.cached ||
 			ev.Tenant != "acme" || ev.User != "batch" || ev.APIKeyID != "acme" || ev.Provider != "mock" || ev.Endpoint != tc.path ||
 			ev.Outcome != schemas.OutcomeOK || ev.Status != 200 || ev.Gateway != "gw-test" || ev.Attributes["usage"] != "" {
@@ -67,7 +67,7 @@ func TestNonStreamedUsageIsExact(t *testing.T) {
 		}
 	}
 	var estimates int
-	for _, ev := range g.sink.all() {
+	for _, ev := range g.sink.Events() {
 		if ev.Estimated {
 			estimates++
 		}
@@ -125,7 +125,7 @@ func TestStreamUsageIsAskedForAndStripped(t *testing.T) {
 					t.Errorf("relayed chunk is not JSON: %q", d)
 				}
 			}
-			ev := g.sink.settlement(t, id)
+			ev := g.settlement(t, id)
 			if ev.PromptTokens != tc.prompt || ev.CompletionTokens != tc.compl || ev.Attributes["usage"] != "" || ev.Outcome != schemas.OutcomeOK {
 				t.Errorf("settlement %+v, want %d + %d reported", ev, tc.prompt, tc.compl)
 			}
@@ -157,7 +157,7 @@ func TestStreamIsRelayedChunkByChunk(t *testing.T) {
 	if err != nil || !strings.Contains(line, "first") {
 		t.Fatalf("first chunk %q, %v", line, err)
 	}
-	if n := len(g.sink.all()); n != 1 {
+	if n := len(g.sink.Events()); n != 1 {
 		t.Fatalf("%d events while the stream is open, want the estimate only", n)
 	}
 	close(release)
@@ -166,8 +166,8 @@ func TestStreamIsRelayedChunkByChunk(t *testing.T) {
 	if strings.Contains(rest.String(), "usage") || !strings.Contains(rest.String(), "[DONE]") {
 		t.Errorf("rest of the stream %q: the usage chunk the gateway asked for must be removed", rest)
 	}
-	itest.Eventually(t, 5*time.Second, "settlement", func() bool { return len(g.sink.all()) == 2 })
-	if ev := g.sink.settlement(t, "chunky"); ev.PromptTokens != 3 || ev.CompletionTokens != 1 {
+	itest.Eventually(t, 5*time.Second, "settlement", func() bool { return len(g.sink.Events()) == 2 })
+	if ev := g.settlement(t, "chunky"); ev.PromptTokens != 3 || ev.CompletionTokens != 1 {
 		t.Errorf("settlement %+v", ev)
 	}
 }
@@ -184,7 +184,7 @@ func TestNoUsageIsCounted(t *testing.T) {
 		if resp.StatusCode != 200 || strings.Contains(body, `"usage":{`) {
 			t.Fatalf("stream %v: %d %s", stream, resp.StatusCode, body)
 		}
-		ev := g.sink.settlement(t, id)
+		ev := g.settlement(t, id)
 		// The mock answers "ok " 20 times: about 20 tokens; the prompt is
 		// counted from the body (about 6 words plus the chat overhead).
 		if ev.Attributes["usage"] != "counted" || ev.CompletionTokens < 10 || ev.CompletionTokens > 45 || ev.PromptTokens < 8 || ev.PromptTokens > 20 {
@@ -222,8 +222,8 @@ func TestClientLeavingMidStreamCancelsAndSettles(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the upstream call was not cancelled when the client left")
 	}
-	itest.Eventually(t, 5*time.Second, "settlement", func() bool { return len(g.sink.all()) == 2 })
-	ev := g.sink.settlement(t, "gone")
+	itest.Eventually(t, 5*time.Second, "settlement", func() bool { return len(g.sink.Events()) == 2 })
+	ev := g.settlement(t, "gone")
 	if ev.Attributes["cancelled"] != "client" || ev.Attributes["usage"] != "counted" || ev.CompletionTokens < 6 || ev.PromptTokens == 0 ||
 		ev.Outcome == schemas.OutcomeError {
 		t.Errorf("settlement %+v: want what was generated, counted, cancelled=client, not an error", ev)
@@ -257,7 +257,7 @@ func TestUpstreamErrorsAndTimeouts(t *testing.T) {
 	if resp.StatusCode != 500 || !strings.Contains(body, "boom") {
 		t.Errorf("upstream 500 relayed as %d %s", resp.StatusCode, body)
 	}
-	if ev := g.sink.settlement(t, "e500"); ev.Outcome != schemas.OutcomeError || ev.Status != 500 || ev.TotalTokens() != 0 || ev.Provider != "failing" {
+	if ev := g.settlement(t, "e500"); ev.Outcome != schemas.OutcomeError || ev.Status != 500 || ev.TotalTokens() != 0 || ev.Provider != "failing" {
 		t.Errorf("500 settlement %+v", ev)
 	}
 	start := time.Now()
@@ -265,7 +265,7 @@ func TestUpstreamErrorsAndTimeouts(t *testing.T) {
 	if resp.StatusCode != 504 || !strings.Contains(body, `"code":"upstream_timeout"`) {
 		t.Errorf("timeout answered %d %s", resp.StatusCode, body)
 	}
-	ev := g.sink.settlement(t, "t504")
+	ev := g.settlement(t, "t504")
 	if ev.Outcome != schemas.OutcomeTimeout || ev.Status != 504 || ev.LatencyMS < 200 || ev.LatencyMS > time.Since(start).Milliseconds() {
 		t.Errorf("timeout settlement %+v, want outcome timeout, 504, latency at least the 200ms header timeout", ev)
 	}
@@ -303,7 +303,7 @@ func TestFailoverAndBalance(t *testing.T) {
 		t.Errorf("the dead upstream got %d of 20 requests: want some (it is tried) but few (after 3 failures it cools down)", down.Load())
 	}
 	sawAttempts := false
-	for _, ev := range g.sink.all() {
+	for _, ev := range g.sink.Events() {
 		if !ev.Estimated && ev.Attributes["attempts"] == "2" && ev.Provider == "live" {
 			sawAttempts = true
 		}
@@ -359,10 +359,10 @@ func TestKeysModelsAndPriority(t *testing.T) {
 			}
 		}
 	}
-	if ev := g.sink.settlement(t, "prio"); ev.Priority != schemas.PriorityCritical {
+	if ev := g.settlement(t, "prio"); ev.Priority != schemas.PriorityCritical {
 		t.Errorf("priority not carried: %+v", ev)
 	}
-	if ev := g.sink.settlement(t, "lowered"); ev.Priority != schemas.PriorityLow {
+	if ev := g.settlement(t, "lowered"); ev.Priority != schemas.PriorityLow {
 		t.Errorf("lowered priority not carried: %+v", ev)
 	}
 	req, _ := http.NewRequest(http.MethodGet, g.url+"/v1/models", nil)
@@ -395,7 +395,7 @@ func TestReusedRequestIDGetsAFreshEventID(t *testing.T) {
 		post(t, g.url, "/v1/chat/completions", "sk-acme", `{"model":"gpt-4o","max_tokens":3,"messages":[{"role":"user","content":"x"}]}`, "X-Request-Id", "same")
 	}
 	var settled []schemas.UsageEvent
-	for _, ev := range g.sink.all() {
+	for _, ev := range g.sink.Events() {
 		if !ev.Estimated {
 			settled = append(settled, ev)
 		}
@@ -456,7 +456,7 @@ func TestFlagsAndAdmission(t *testing.T) {
 		!strings.Contains(body, "tokens per minute") {
 		t.Errorf("admission refusal: %d %v %s", resp.StatusCode, resp.Header, body)
 	}
-	if ev := g.sink.settlement(t, "adm-refused"); ev.Outcome != schemas.OutcomeRejected || ev.TotalTokens() != 0 || ev.Attributes["refused_by"] != "admission" {
+	if ev := g.settlement(t, "adm-refused"); ev.Outcome != schemas.OutcomeRejected || ev.TotalTokens() != 0 || ev.Attributes["refused_by"] != "admission" {
 		t.Errorf("admission refusal settled as %+v", ev)
 	}
 	g2 := startGateway(t, oneUpstream(t, mock(t, mockllm.Options{})), Deps{Admitter: adm})
@@ -520,10 +520,10 @@ func TestShutdownFinishesThenCutsAndSettles(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("shutdown did not return")
 	}
-	if ev := g.sink.settlement(t, "finishes"); ev.PromptTokens != 4 || ev.CompletionTokens != 5 || ev.Outcome != schemas.OutcomeOK {
+	if ev := g.settlement(t, "finishes"); ev.PromptTokens != 4 || ev.CompletionTokens != 5 || ev.Outcome != schemas.OutcomeOK {
 		t.Errorf("stream that ended during the drain settled as %+v", ev)
 	}
-	if ev := g.sink.settlement(t, "forever"); ev.Attributes["cancelled"] != "shutdown" || ev.CompletionTokens == 0 || ev.Outcome == schemas.OutcomeError {
+	if ev := g.settlement(t, "forever"); ev.Attributes["cancelled"] != "shutdown" || ev.CompletionTokens == 0 || ev.Outcome == schemas.OutcomeError {
 		t.Errorf("stream cut at the end of the drain settled as %+v: want what it generated, cancelled=shutdown, not an error", ev)
 	}
 	wg.Wait()

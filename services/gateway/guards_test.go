@@ -92,7 +92,7 @@ func TestBreakerOpenFallsBackToTheCheaperModel(t *testing.T) {
 	if json.Unmarshal([]byte(body), &answer) != nil || answer.Model != "gpt-4o-mini" {
 		t.Errorf("the upstream was not asked for the fallback model: %s", body)
 	}
-	ev := g.sink.settlement(t, "fallback")
+	ev := g.settlement(t, "fallback")
 	if ev.Model != "gpt-4o-mini" || ev.RequestedModel != "gpt-4o" || ev.Provider != "economy" || ev.Priority != schemas.PriorityHigh ||
 		ev.PromptTokens == 0 || ev.Outcome != schemas.OutcomeOK {
 		t.Errorf("settlement of the fallback call: %+v; want model gpt-4o-mini, requested_model gpt-4o, provider economy, priority high, tokens", ev)
@@ -105,7 +105,7 @@ func TestBreakerOpenFallsBackToTheCheaperModel(t *testing.T) {
 		json.Unmarshal([]byte(body), &e) != nil || e.Error.Code != priority.BreakerOpen.String() {
 		t.Fatalf("a model without fallback behind an open breaker: %d %s %v", resp.StatusCode, body, resp.Header)
 	}
-	if ev := g.sink.settlement(t, "nofallback"); ev.Outcome != schemas.OutcomeRejected || ev.Attributes["refused_by"] != "breaker_open" || ev.PromptTokens != 0 {
+	if ev := g.settlement(t, "nofallback"); ev.Outcome != schemas.OutcomeRejected || ev.Attributes["refused_by"] != "breaker_open" || ev.PromptTokens != 0 {
 		t.Errorf("settlement of the refused call: %+v", ev)
 	}
 }
@@ -187,7 +187,7 @@ upstreams:
 	if code, r, c := refusal("1500"); code != http.StatusServiceUnavailable || c != "expired" || r.WaitedMS < 1000 {
 		t.Fatalf("may wait 1.5 s behind a held call: %d %s %+v; want 503 expired after 1.5 s", code, c, r)
 	}
-	if ev := g.sink.settlement(t, "deadline-50"); ev.Outcome != schemas.OutcomeRejected || ev.Attributes["refused_by"] != "deadline" {
+	if ev := g.settlement(t, "deadline-50"); ev.Outcome != schemas.OutcomeRejected || ev.Attributes["refused_by"] != "deadline" {
 		t.Errorf("settlement of the refusal: %+v", ev)
 	}
 	release <- struct{}{}
@@ -292,7 +292,7 @@ func TestSoftQuotaFlagServesTheFallback(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderServedModel) != "gpt-4o-mini" {
 		t.Fatalf("past the soft quota: %d %s, served %q; want 200 from gpt-4o-mini", resp.StatusCode, b, resp.Header.Get(HeaderServedModel))
 	}
-	if ev := g.sink.settlement(t, "soft"); ev.Model != "gpt-4o-mini" || ev.RequestedModel != "gpt-4o" || ev.Outcome != schemas.OutcomeOK || ev.PromptTokens == 0 {
+	if ev := g.settlement(t, "soft"); ev.Model != "gpt-4o-mini" || ev.RequestedModel != "gpt-4o" || ev.Outcome != schemas.OutcomeOK || ev.PromptTokens == 0 {
 		t.Errorf("settlement: %+v; want model gpt-4o-mini, requested_model gpt-4o", ev)
 	}
 	if chk.Over("acme", "gpt-4o-mini", "acme") != nil || chk.Over("trial", "gpt-4o", "mini-only") != nil {

@@ -3,56 +3,18 @@ package gateway
 import (
 	"bufio"
 	"context"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
+	"github.com/sluicehq/sluice/gateway/emitter/emittertest"
+	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/internal/keyfile"
 )
-
-// sink collects the usage events the gateway emits.
-type sink struct {
-	mu     sync.Mutex
-	events []schemas.UsageEvent
-}
-
-func (s *sink) Emit(ev *schemas.UsageEvent) error {
-	if err := ev.Validate(); err != nil {
-		panic("invalid event emitted: " + err.Error())
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.events = append(s.events, *ev)
-	return nil
-}
-
-func (s *sink) all() []schemas.UsageEvent {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]schemas.UsageEvent(nil), s.events...)
-}
-
-// settlement returns the settlement of the call with event id id.
-func (s *sink) settlement(t *testing.T, id string) schemas.UsageEvent {
-	t.Helper()
-	var found []schemas.UsageEvent
-	for _, ev := range s.all() {
-		if ev.ID == id && !ev.Estimated {
-			found = append(found, ev)
-		}
-	}
-	if len(found) != 1 {
-		t.Fatalf("%d settlements with id %s, want 1; events: %+v", len(found), id, s.all())
-	}
-	return found[0]
-}
 
 // Test keys: each secret is "sk-" + its id.
 const testKeys = `keys:
@@ -91,20 +53,18 @@ func testConfig(t testing.TB, ups ...Upstream) Config {
 type gw struct {
 	*Server
 	url  string
-	sink *sink
+	sink *emittertest.Recorder
 }
 
 func startGateway(t *testing.T, cfg Config, deps Deps) *gw {
 	t.Helper()
-	s := &sink{}
+	s := &emittertest.Recorder{}
 	if deps.Emitter == nil {
 		deps.Emitter = s
 	}
 	if deps.Logger == nil {
 		deps.Logger = slog.New(slog.DiscardHandler)
 	}
-	var keys *keyfile.File[Caller]
-	_ = keys
 	srv, err := New(cfg, deps)
 	if err != nil {
 		t.Fatal(err)
@@ -114,22 +74,25 @@ func startGateway(t *testing.T, cfg Config, deps Deps) *gw {
 	return &gw{Server: srv, url: hs.URL, sink: s}
 }
 
+// settlement returns the settlement of the call with event id id.
+func (g *gw) settlement(t *testing.T, id string) schemas.UsageEvent {
+	t.Helper()
+	var found []schemas.UsageEvent
+	for _, ev := range g.sink.Events() {
+		if ev.ID == id && !ev.Estimated {
+			found = append(found, ev)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%d settlements with id %s, want 1; events: %+v", len(found), id, g.sink.Events())
+	}
+	return found[0]
+}
+
 // post sends body to path with key and returns the answer.
 func post(t *testing.T, url, path, key, body string, header ...string) (*http.Response, string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url+path, strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp, string(b)
+	return itest.Send(t, http.MethodPost, url+path, body, append([]string{"Authorization", "Bearer " + key, "Content-Type", "application/json"}, header...)...)
 }
 
 // openStream starts a streamed request and returns its reader.

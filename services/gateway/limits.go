@@ -64,22 +64,14 @@ func defaultAdmission() AdmissionConfig {
 // DefaultUpstreamKeyPrefix is services.gateway.admission.upstream_key_prefix's default.
 const DefaultUpstreamKeyPrefix = "sluice:up:"
 
-func (c AdmissionConfig) validate(bad func(format string, args ...any)) {
-	c.check("services.gateway.admission.", bad)
-}
-
-// Validate checks c as the section at prefix (the authz service's
-// services.authz.admission. for example), naming each field with it.
-func (c AdmissionConfig) Validate(prefix string) error {
-	var errs []error
-	c.check(prefix, func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) })
-	return errors.Join(errs...)
-}
-
-func (c AdmissionConfig) check(p string, bad func(format string, args ...any)) {
+// Validate checks c as the section at p (services.gateway.admission. for
+// example), naming each field with it.
+func (c AdmissionConfig) Validate(p string) error {
 	if c.PolicyFile == "" {
-		return
+		return nil
 	}
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if c.PolicyReload < 100*time.Millisecond {
 		bad(p+"policy_reload: %s is below the minimum 100ms", c.PolicyReload)
 	}
@@ -87,14 +79,15 @@ func (c AdmissionConfig) check(p string, bad func(format string, args ...any)) {
 		bad(p+"max_wait: %s is outside 1ns..1s (a request waits this long at most for Redis)", c.MaxWait)
 	}
 	if c.KeyPrefix == "" {
-		bad(p + "key_prefix: is required")
+		bad("%skey_prefix: is required", p)
 	}
 	if c.UpstreamKeyPrefix == "" || len(c.UpstreamKeyPrefix) > 200 {
-		bad(p + "upstream_key_prefix: must be 1..200 bytes")
+		bad("%supstream_key_prefix: must be 1..200 bytes", p)
 	}
 	if c.Gateways < 1 || c.Gateways > 10_000 {
 		bad(p+"gateways: %d is outside 1..10000", c.Gateways)
 	}
+	return errors.Join(errs...)
 }
 
 // PolicyAdmitter builds the Limiter of c from its policy file and returns
@@ -102,12 +95,14 @@ func (c AdmissionConfig) check(p string, bad func(format string, args ...any)) {
 // what closes both. The forward-auth service (services/authz) admits
 // through it; sluice gateway follows the same file with one watcher for
 // admission, classes, guards and fallbacks (RunWith).
-func PolicyAdmitter(c AdmissionConfig, env platform.Env, log *slog.Logger) (Admitter, func(ctx context.Context) error, func(), error) {
+//
+// Its metrics are labelled with service (see serviceMetrics).
+func PolicyAdmitter(c AdmissionConfig, service string, env platform.Env, log *slog.Logger) (Admitter, func(ctx context.Context) error, func(), error) {
 	w, err := policy.NewWatcher(c.PolicyFile, c.PolicyReload, log)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("gateway: admission policy: %w", err)
 	}
-	lim, closeLim, err := policyAdmitter(c, w.Current(), env, log)
+	lim, closeLim, err := policyAdmitter(c, w.Current(), service, env, log)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -123,9 +118,10 @@ func PolicyAdmitter(c AdmissionConfig, env platform.Env, log *slog.Logger) (Admi
 
 // policyAdmitter builds the Limiter of c from the policy p on env's Redis
 // (a client of its own: admission's wait bound needs context timeouts on
-// the socket) and returns it and what closes both.
-func policyAdmitter(c AdmissionConfig, p *policy.Policy, env platform.Env, log *slog.Logger) (*admission.Limiter, func(), error) {
-	return limiterOf(c, p.AdmissionRules(), env, log, admission.WithRegisterer(env.Metrics))
+// the socket) and returns it and what closes both; its metrics are
+// labelled with service.
+func policyAdmitter(c AdmissionConfig, p *policy.Policy, service string, env platform.Env, log *slog.Logger) (*admission.Limiter, func(), error) {
+	return limiterOf(c, p.AdmissionRules(), env, log, admission.WithRegisterer(serviceMetrics(env, service)))
 }
 
 // softAdmitter is policyAdmitter for the policy's soft per-minute quotas

@@ -1,0 +1,145 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/demo/mockllm"
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/gateway"
+)
+
+// frontEndsPolicy limits tenant "checked", whom authz admits, to one
+// request a minute; the gateway's tenant has no limit.
+const frontEndsPolicy = `
+tenants:
+  checked:
+    limits:
+      checked-rpm: {unit: requests, sliding_window: {length: 1m, limit: 1}, exact: true}
+`
+
+// TestGatewayAndAuthzInOneProcess: `sluice run ingest gateway authz`, the
+// gateway and the forward-auth endpoint both admitting by the same policy
+// and both sending usage events, starts and serves: a call through the
+// gateway is settled, a check authz refuses for its limit is a rejected
+// event, both reach the usage topic through the ingest of the same
+// process, and /metrics shows each front end's Emitter and admission
+// series apart, labelled with its service.
+func TestGatewayAndAuthzInOneProcess(t *testing.T) {
+	itest.QuietRedisLogs()
+	dir := t.TempDir()
+	up := httptest.NewServer(mockllm.Handler())
+	defer up.Close()
+
+	topic := itest.Unique(t, "frontends_usage")
+	cfg, sink := withIngest(t, dir, topic)
+	sink.FlushInterval = 10 * time.Millisecond
+	keys := writeFile(t, dir, "keys.yaml", "keys:\n"+gateway.KeyLine("gw", "sk-gw", "proxied", nil)+gateway.KeyLine("az", "sk-az", "checked", nil))
+	policy := writeFile(t, dir, "policy.yaml", frontEndsPolicy)
+	prefix := itest.Unique(t, "frontends")
+	admission := func(a *gateway.AdmissionConfig) {
+		a.PolicyFile = policy
+		a.KeyPrefix = prefix + ":adm:"
+		a.UpstreamKeyPrefix = prefix + ":up:"
+		a.MaxWait = 200 * time.Millisecond
+	}
+	g := &cfg.Services.Gateway
+	g.Listen = freeAddr(t)
+	g.KeysFile = keys
+	g.Upstreams = []gateway.Upstream{{Name: "mock", BaseURL: up.URL + "/v1", Models: []string{"*"}}}
+	g.Checker.KeyPrefix = prefix + ":flags:"
+	g.Usage.EventSink = sink
+	admission(&g.Admission)
+	a := &cfg.Services.Authz
+	a.Listen = freeAddr(t)
+	a.KeysFile = keys
+	a.Checker.KeyPrefix = prefix + ":flags:"
+	a.Usage = sink
+	admission(&a.Admission)
+
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	stop := runPipeline(t, &cfg, []string{"ingest", "gateway", "authz"}, log, cfg.Services.Ingest.Listen, g.Listen, a.Listen)
+
+	resp, _ := itest.Send(t, http.MethodPost, "http://"+g.Listen+"/v1/chat/completions", `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`,
+		"Authorization", "Bearer sk-gw", "X-Request-Id", "fe-call-1")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("call through the gateway: %d", resp.StatusCode)
+	}
+	if resp, _ := itest.Send(t, http.MethodGet, "http://"+a.Listen+"/authz", "", "Authorization", "Bearer sk-az", "X-Sluice-Model", "gpt-4o"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("first check, within the limit: %d", resp.StatusCode)
+	}
+	if resp, _ := itest.Send(t, http.MethodGet, "http://"+a.Listen+"/authz", "", "Authorization", "Bearer sk-az", "X-Sluice-Model", "gpt-4o"); resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("second check, over the limit of one a minute: %d, want 429", resp.StatusCode)
+	}
+
+	// Each front end's series, apart.
+	itest.EventuallyNoError(t, 30*time.Second, "each front end's emitter and admission series", func() error {
+		m := scrape(t, "http://"+cfg.Ops.Listen+"/metrics")
+		for _, want := range []struct {
+			series string
+			min    float64
+		}{
+			{`sluice_emitter_delivered_events_total{service="gateway"}`, 2}, // estimate and settlement
+			{`sluice_emitter_delivered_events_total{service="authz"}`, 1},   // the refusal
+			{`sluice_admission_requests_total{result="allowed",service="gateway"}`, 1},
+			{`sluice_admission_requests_total{result="allowed",service="authz"}`, 1},
+			{`sluice_admission_requests_total{result="refused",service="authz"}`, 1},
+		} {
+			if v, ok := m[want.series]; !ok || v < want.min {
+				return fmt.Errorf("%s is %v (exported: %t), want at least %v", want.series, v, ok, want.min)
+			}
+		}
+		return nil
+	})
+
+	stop()
+	var settled, refused bool
+	for _, ev := range usageEventsIn(t, cfg.Kafka, topic) {
+		switch {
+		case ev.Gateway == g.Name && ev.ID == "fe-call-1" && !ev.Estimated && ev.Outcome == schemas.OutcomeOK && ev.Tenant == "proxied":
+			settled = true
+		case ev.Gateway == a.Name && ev.Tenant == "checked" && ev.Outcome == schemas.OutcomeRejected:
+			refused = true
+		}
+	}
+	if !settled || !refused {
+		t.Fatalf("usage topic: the gateway's settlement found %t, authz's refusal found %t", settled, refused)
+	}
+}
+
+// scrape reads a Prometheus text exposition into series (name with its
+// labels, as exposed) → value.
+func scrape(t *testing.T, url string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if v, err := strconv.ParseFloat(line[i+1:], 64); i > 0 && err == nil {
+			out[line[:i]] = v
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
