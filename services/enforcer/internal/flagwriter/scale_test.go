@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -51,7 +52,11 @@ func (f *flagged) Flags(_ string, now time.Time, ttl time.Duration) map[string]*
 //   - scale_enforcer_refresh_max_flush_ms_<n>: the longest single flush of
 //     that refresh — a flag that changes meanwhile waits for it;
 //   - scale_enforcer_refresh_share_<n>: the refresh's summed time over the
-//     flag_ttl/3 it recurs in (1: the writer does nothing else).
+//     flag_ttl/3 it recurs in (1: the writer does nothing else);
+//   - scale_enforcer_refresh_cpu_ms_<n> and _refresh_redis_cpu_ms_<n>: the
+//     CPU time of that refresh in the enforcer (this process, user and
+//     system) and in Redis (INFO cpu, which counts the other clients of
+//     the shared Redis too): where its time goes.
 func BenchmarkScaleEnforcer(b *testing.B) {
 	if testing.Short() {
 		b.Skip("needs the real Redis")
@@ -67,6 +72,10 @@ func BenchmarkScaleEnforcer(b *testing.B) {
 			sizes = append(sizes, n)
 		}
 	}
+	// SLUICE_ENFORCER_SCRIPT_ONLY=1: every hash write takes the script,
+	// as before the light path for unchanged fields (see scriptOnly).
+	scriptOnly = os.Getenv("SLUICE_ENFORCER_SCRIPT_ONLY") == "1"
+	defer func() { scriptOnly = false }()
 	for _, n := range sizes {
 		b.Run(strconv.Itoa(n), func(b *testing.B) {
 			rdb := redisconn.NewClient(itest.Redis(b))
@@ -88,6 +97,7 @@ func BenchmarkScaleEnforcer(b *testing.B) {
 
 				w.beginRefresh()
 				var total, longest time.Duration
+				cpu0, redis0 := processCPU(), redisCPU(b, rdb)
 				for w.refreshing() {
 					fs := time.Now()
 					if !w.Flush(ctx) {
@@ -97,7 +107,10 @@ func BenchmarkScaleEnforcer(b *testing.B) {
 					total += d
 					longest = max(longest, d)
 				}
+				cpu, redisCPUUsed := processCPU()-cpu0, redisCPU(b, rdb)-redis0
 				b.ReportMetric(float64(rewrite.Microseconds())/1000, fmt.Sprintf("scale_enforcer_rewrite_ms_%d", n))
+				b.ReportMetric(float64(cpu.Microseconds())/1000, fmt.Sprintf("scale_enforcer_refresh_cpu_ms_%d", n))
+				b.ReportMetric(float64(redisCPUUsed.Microseconds())/1000, fmt.Sprintf("scale_enforcer_refresh_redis_cpu_ms_%d", n))
 				b.ReportMetric(float64(mem1-mem0)/float64(n), fmt.Sprintf("scale_enforcer_redis_bytes_per_flagged_tenant_%d", n))
 				b.ReportMetric(float64(total.Microseconds())/1000, fmt.Sprintf("scale_enforcer_refresh_ms_%d", n))
 				b.ReportMetric(float64(longest.Microseconds())/1000, fmt.Sprintf("scale_enforcer_refresh_max_flush_ms_%d", n))
@@ -108,6 +121,35 @@ func BenchmarkScaleEnforcer(b *testing.B) {
 			}
 		})
 	}
+}
+
+// processCPU is the CPU time the process has used, user and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// redisCPU is the CPU time Redis has used (INFO cpu, main thread and
+// children, user and system).
+func redisCPU(b *testing.B, rdb redis.UniversalClient) time.Duration {
+	info, err := rdb.InfoMap(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatalf("INFO cpu: %v", err)
+	}
+	var sec float64
+	for _, fields := range info {
+		for _, k := range []string{"used_cpu_sys", "used_cpu_user"} {
+			v, err := strconv.ParseFloat(fields[k], 64)
+			if err != nil {
+				b.Fatalf("INFO cpu %s %q: %v", k, fields[k], err)
+			}
+			sec += v
+		}
+	}
+	return time.Duration(sec * float64(time.Second))
 }
 
 // usedMemory is Redis's used_memory from INFO memory.
