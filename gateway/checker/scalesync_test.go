@@ -8,9 +8,7 @@ import (
 	"net"
 	"os"
 	"strconv"
-	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -69,14 +67,18 @@ func BenchmarkScaleCheckerSync(b *testing.B) {
 	// touches, as before the in-place replacement (see rebuildShards).
 	rebuildShards = os.Getenv("SLUICE_CHECKER_REBUILD") == "1"
 	defer func() { rebuildShards = false }()
-	for _, n := range scaleSizesFromEnv(b) {
+	for _, n := range itest.ScaleSizes(b, scaleSizes...) {
 		b.Run(strconv.Itoa(n), func(b *testing.B) {
 			rcfg := itest.Redis(b)
 			direct := redisconn.NewClient(rcfg)
 			defer direct.Close()
 			prefix := itest.Unique(b, "sluice_bench_") + ":"
 			keys := flags.Layout{Prefix: prefix}
-			defer unlinkScale(b, direct, prefix)
+			defer func() {
+				if err := flags.UnlinkKeys(context.Background(), direct, prefix+"*"); err != nil {
+					b.Error(err)
+				}
+			}()
 			names := writeFlagged(b, direct, keys, n)
 
 			var counted byteCounter
@@ -151,41 +153,13 @@ func (s syncCost) scaled(f float64) syncCost {
 // the process's CPU time (user + system), Redis's (INFO cpu: the shared
 // Redis counts its other clients too) and the bytes through counted.
 func measureSync(b *testing.B, rdb redis.UniversalClient, counted *byteCounter, step func() (done bool)) syncCost {
-	cpu0, redis0, bytes0, start := processCPU(), redisCPU(b, rdb), counted.n.Load(), time.Now()
+	cpu0, redis0, bytes0, start := itest.ProcessCPU(), itest.RedisCPU(b, rdb), counted.n.Load(), time.Now()
 	for !step() {
 	}
-	return syncCost{wall: time.Since(start), cpu: processCPU() - cpu0, redisCPU: redisCPU(b, rdb) - redis0, bytes: counted.n.Load() - bytes0}
-}
-
-// redisCPU is the CPU time Redis has used (INFO cpu, user and system).
-func redisCPU(b *testing.B, rdb redis.UniversalClient) time.Duration {
-	info, err := rdb.InfoMap(context.Background(), "cpu").Result()
-	if err != nil {
-		b.Fatalf("INFO cpu: %v", err)
-	}
-	var sec float64
-	for _, fields := range info {
-		for _, k := range []string{"used_cpu_sys", "used_cpu_user"} {
-			v, err := strconv.ParseFloat(fields[k], 64)
-			if err != nil {
-				b.Fatalf("INFO cpu %s %q: %v", k, fields[k], err)
-			}
-			sec += v
-		}
-	}
-	return time.Duration(sec * float64(time.Second))
+	return syncCost{wall: time.Since(start), cpu: itest.ProcessCPU() - cpu0, redisCPU: itest.RedisCPU(b, rdb) - redis0, bytes: counted.n.Load() - bytes0}
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// processCPU is the CPU time the process has used, user and system.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // writeFlagged writes n tenants with one flag each under keys, as the
 // enforcer writes them, 1,000 per pipeline, with an expiry long enough for
@@ -216,47 +190,6 @@ func writeFlagged(b *testing.B, rdb redis.UniversalClient, keys flags.Layout, n 
 		b.Fatal(err)
 	}
 	return names
-}
-
-// unlinkScale removes every key under prefix, 1,000 per command.
-func unlinkScale(b *testing.B, rdb redis.UniversalClient, prefix string) {
-	ctx := context.Background()
-	var batch []string
-	drop := func() {
-		if len(batch) > 0 {
-			if err := rdb.Unlink(ctx, batch...).Err(); err != nil {
-				b.Errorf("unlink %d keys under %s: %v", len(batch), prefix, err)
-			}
-			batch = batch[:0]
-		}
-	}
-	err := flags.ScanKeys(ctx, rdb, prefix+"*", func(k string) {
-		batch = append(batch, k)
-		if len(batch) == 1000 {
-			drop()
-		}
-	})
-	drop()
-	if err != nil {
-		b.Errorf("scan %s: %v", prefix, err)
-	}
-}
-
-// scaleSizesFromEnv is scaleSizes, or the counts in SLUICE_SCALE_SIZES.
-func scaleSizesFromEnv(b *testing.B) []int {
-	v := os.Getenv("SLUICE_SCALE_SIZES")
-	if v == "" {
-		return scaleSizes
-	}
-	var sizes []int
-	for _, f := range strings.Split(v, ",") {
-		n, err := strconv.Atoi(f)
-		if err != nil || n < 1 {
-			b.Fatalf("SLUICE_SCALE_SIZES=%q: %q is not a positive count", v, f)
-		}
-		sizes = append(sizes, n)
-	}
-	return sizes
 }
 
 // byteCounter is a go-redis hook counting the bytes of every connection

@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -61,17 +59,7 @@ func BenchmarkScaleEnforcer(b *testing.B) {
 	if testing.Short() {
 		b.Skip("needs the real Redis")
 	}
-	sizes := []int{1_000, 10_000, 100_000, 1_000_000}
-	if v := os.Getenv("SLUICE_SCALE_SIZES"); v != "" {
-		sizes = sizes[:0]
-		for _, f := range strings.Split(v, ",") {
-			n, err := strconv.Atoi(f)
-			if err != nil || n < 1 {
-				b.Fatalf("SLUICE_SCALE_SIZES=%q: %q is not a positive count", v, f)
-			}
-			sizes = append(sizes, n)
-		}
-	}
+	sizes := itest.ScaleSizes(b, 1_000, 10_000, 100_000, 1_000_000)
 	// SLUICE_ENFORCER_SCRIPT_ONLY=1: every hash write takes the script,
 	// as before the light path for unchanged fields (see scriptOnly).
 	scriptOnly = os.Getenv("SLUICE_ENFORCER_SCRIPT_ONLY") == "1"
@@ -82,7 +70,7 @@ func BenchmarkScaleEnforcer(b *testing.B) {
 			defer rdb.Close()
 			prefix := itest.Unique(b, "sluice_bench_") + ":"
 			ctx := context.Background()
-			defer unlinkPrefix(b, rdb, prefix)
+			defer unlink(b, rdb, prefix)
 			cfg := Config{KeyPrefix: prefix, FlushInterval: 5 * time.Millisecond, FlagTTL: time.Minute,
 				HeartbeatEvery: time.Second, MaxDirty: 100_000, BatchTenants: 1000}
 			w := New(rdb, newFlagged(n), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -97,7 +85,7 @@ func BenchmarkScaleEnforcer(b *testing.B) {
 
 				w.beginRefresh()
 				var total, longest time.Duration
-				cpu0, redis0 := processCPU(), redisCPU(b, rdb)
+				cpu0, redis0 := itest.ProcessCPU(), itest.RedisCPU(b, rdb)
 				for w.refreshing() {
 					fs := time.Now()
 					if !w.Flush(ctx) {
@@ -107,7 +95,7 @@ func BenchmarkScaleEnforcer(b *testing.B) {
 					total += d
 					longest = max(longest, d)
 				}
-				cpu, redisCPUUsed := processCPU()-cpu0, redisCPU(b, rdb)-redis0
+				cpu, redisCPUUsed := itest.ProcessCPU()-cpu0, itest.RedisCPU(b, rdb)-redis0
 				b.ReportMetric(float64(rewrite.Microseconds())/1000, fmt.Sprintf("scale_enforcer_rewrite_ms_%d", n))
 				b.ReportMetric(float64(cpu.Microseconds())/1000, fmt.Sprintf("scale_enforcer_refresh_cpu_ms_%d", n))
 				b.ReportMetric(float64(redisCPUUsed.Microseconds())/1000, fmt.Sprintf("scale_enforcer_refresh_redis_cpu_ms_%d", n))
@@ -116,40 +104,18 @@ func BenchmarkScaleEnforcer(b *testing.B) {
 				b.ReportMetric(float64(longest.Microseconds())/1000, fmt.Sprintf("scale_enforcer_refresh_max_flush_ms_%d", n))
 				b.ReportMetric(total.Seconds()/(cfg.FlagTTL/3).Seconds(), fmt.Sprintf("scale_enforcer_refresh_share_%d", n))
 				// Start the next round from an empty prefix.
-				unlinkPrefix(b, rdb, prefix)
+				unlink(b, rdb, prefix)
 				w = New(rdb, newFlagged(n), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 			}
 		})
 	}
 }
 
-// processCPU is the CPU time the process has used, user and system.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
+// unlink removes every key under prefix.
+func unlink(b *testing.B, rdb redis.UniversalClient, prefix string) {
+	if err := flags.UnlinkKeys(context.Background(), rdb, prefix+"*"); err != nil {
+		b.Error(err)
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// redisCPU is the CPU time Redis has used (INFO cpu, main thread and
-// children, user and system).
-func redisCPU(b *testing.B, rdb redis.UniversalClient) time.Duration {
-	info, err := rdb.InfoMap(context.Background(), "cpu").Result()
-	if err != nil {
-		b.Fatalf("INFO cpu: %v", err)
-	}
-	var sec float64
-	for _, fields := range info {
-		for _, k := range []string{"used_cpu_sys", "used_cpu_user"} {
-			v, err := strconv.ParseFloat(fields[k], 64)
-			if err != nil {
-				b.Fatalf("INFO cpu %s %q: %v", k, fields[k], err)
-			}
-			sec += v
-		}
-	}
-	return time.Duration(sec * float64(time.Second))
 }
 
 // usedMemory is Redis's used_memory from INFO memory.
@@ -169,28 +135,4 @@ func usedMemory(b *testing.B, rdb redis.UniversalClient) int64 {
 	}
 	b.Fatal("INFO memory has no used_memory")
 	return 0
-}
-
-// unlinkPrefix removes every key under prefix, 1,000 per pipeline.
-func unlinkPrefix(b *testing.B, rdb redis.UniversalClient, prefix string) {
-	ctx := context.Background()
-	var batch []string
-	drop := func() {
-		if len(batch) > 0 {
-			if err := rdb.Unlink(ctx, batch...).Err(); err != nil {
-				b.Errorf("unlink %d keys under %s: %v", len(batch), prefix, err)
-			}
-			batch = batch[:0]
-		}
-	}
-	err := flags.ScanKeys(ctx, rdb, prefix+"*", func(k string) {
-		batch = append(batch, k)
-		if len(batch) == 1000 {
-			drop()
-		}
-	})
-	drop()
-	if err != nil {
-		b.Errorf("scan %s: %v", prefix, err)
-	}
 }
