@@ -57,7 +57,10 @@ type Config struct {
 	// Redis) before each tenant's fail mode applies.
 	MaxStaleness time.Duration `yaml:"max_staleness" help:"view age after which each tenant's fail mode applies"`
 	// ResyncInterval is how often the whole flag set is reread, to repair
-	// anything a lost pub/sub message left behind.
+	// anything a lost pub/sub message left behind. A Checker waits longer
+	// when resyncs are slow: at least 20 times as long as the last one took,
+	// so that with a million flagged tenants it does not spend a third of a
+	// core on them.
 	ResyncInterval time.Duration `yaml:"resync_interval" help:"period of full resyncs from Redis"`
 	// DefaultFailMode applies to tenants the enforcer published no fail mode
 	// for, and to every tenant before the first resync, when no fail mode
@@ -273,6 +276,8 @@ type Checker struct {
 
 	// resyncs counts full resyncs, for tests and metrics.
 	resyncs atomic.Int64
+	// lastResyncNS is how long the last resync took (see resyncEvery).
+	lastResyncNS atomic.Int64
 }
 
 // New returns a Checker reading from rdb: a *redis.Client, or a
@@ -647,6 +652,9 @@ func (c *Checker) apply(updates map[string]*tenantView, keepNewerThan int64, ful
 			continue
 		}
 		old := c.shards[i].Load()
+		if !full && !rebuildShards && c.replaceInPlace(old, names, updates, stale) {
+			continue
+		}
 		next := make(map[string]*tenantView, old.n+len(names))
 		old.each(func(tv *tenantView) {
 			if full {
@@ -685,4 +693,40 @@ func (c *Checker) apply(updates map[string]*tenantView, keepNewerThan int64, ful
 		}
 		c.shards[i].Store(newTable(views))
 	}
+}
+
+// rebuildShards makes apply copy every shard it touches even when each
+// update only replaces a tenant's view, as it did before replaceInPlace:
+// BenchmarkScaleCheckerSync sets it (SLUICE_CHECKER_REBUILD=1) to measure
+// both ways with the same binary.
+var rebuildShards bool
+
+// replaceInPlace installs the updates of names, all in shard table old,
+// without copying the shard, when each of them replaces the view of a
+// tenant old already holds with a view that still has flags — what the
+// enforcer's periodic refresh announces for every flagged tenant. It
+// reports false, having changed nothing, when a tenant is new or loses
+// its flags: the caller then rebuilds the shard. The caller holds c.mu.
+func (c *Checker) replaceInPlace(old *table, names []string, updates map[string]*tenantView, stale bool) bool {
+	slots := make([]int, len(names))
+	for i, t := range names {
+		if tv := updates[t]; tv == nil || len(tv.models) == 0 && len(tv.keys) == 0 {
+			return false
+		}
+		if slots[i] = old.slot(c.hash(t), t); slots[i] < 0 {
+			return false
+		}
+	}
+	for i, t := range names {
+		cur, tv := old.views[slots[i]].Load(), updates[t]
+		if stale {
+			tv = c.keepSticky(cur, tv)
+		}
+		if cur.version > tv.version {
+			continue // a newer read already landed
+		}
+		inheritProbes(cur, tv)
+		old.set(slots[i], tv)
+	}
+	return true
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -374,5 +375,78 @@ func TestOperatorFlagsOutliveExpiredHashesWhileStale(t *testing.T) {
 	}
 	if n := c.Tenants(); n != 0 {
 		t.Fatalf("%d tenants left after a fresh empty resync", n)
+	}
+}
+
+// A refresh replaces the views of tenants already flagged (in place, see
+// replaceInPlace) while Checks run; one apply may mix such replacements
+// with a new tenant and a tenant whose flags went, and each must land.
+func TestRefreshReplacesViewsUnderConcurrentChecks(t *testing.T) {
+	c := newTestChecker(t)
+	load(c, 2000) // even tenants: gpt-4o refused; odd: claude refused
+	done := make(chan struct{})
+	var wrong atomic.Int64
+	go func() {
+		defer close(done)
+		for i := range 200_000 {
+			if d := c.Check(fmt.Sprintf("tenant-%06d", 2*(i%900)), "gpt-4o", ""); d.Allowed() {
+				wrong.Add(1)
+			}
+		}
+	}()
+	until := time.Now().Add(time.Hour)
+	quota := func(v int64) map[string]string {
+		return map[string]string{flags.VersionField: fmt.Sprint(v),
+			"gpt-4o": flags.Encode(&flags.Flag{State: flags.StateOpen, Kind: flags.KindQuota, Quota: "daily_tokens", Until: until})}
+	}
+	for v := int64(2); v < 50; v++ {
+		updates := map[string]*tenantView{}
+		for i := range 900 {
+			name := fmt.Sprintf("tenant-%06d", 2*i)
+			updates[name] = c.buildView(name, quota(v))
+		}
+		c.apply(updates, 0, false)
+	}
+	<-done
+	if n := wrong.Load(); n > 0 {
+		t.Fatalf("%d Checks allowed a tenant whose flag was only being refreshed", n)
+	}
+	// An older read of a refreshed tenant does not replace the newer view.
+	stale := c.buildView("tenant-000000", map[string]string{flags.VersionField: "1", "claude": quota(1)["gpt-4o"]})
+	c.apply(map[string]*tenantView{"tenant-000000": stale}, 0, false)
+	if d := c.Check("tenant-000000", "gpt-4o", ""); d.Allowed() {
+		t.Fatal("an older read replaced a newer view")
+	}
+	// One apply: a replacement, a new tenant, a tenant whose flags went.
+	c.apply(map[string]*tenantView{
+		"tenant-000002": c.buildView("tenant-000002", quota(100)),
+		"newcomer":      c.buildView("newcomer", quota(100)),
+		"tenant-000004": c.buildView("tenant-000004", map[string]string{flags.VersionField: "100"}),
+	}, 0, false)
+	for tenant, refused := range map[string]bool{"tenant-000002": true, "newcomer": true, "tenant-000004": false, "tenant-000006": true} {
+		if d := c.Check(tenant, "gpt-4o", ""); d.Allowed() == refused {
+			t.Errorf("%s on gpt-4o: %+v, want refused=%v", tenant, d, refused)
+		}
+	}
+	if got := c.Tenants(); got != 2000 {
+		t.Errorf("%d tenants with flags, want 2000 (one new, one gone)", got)
+	}
+}
+
+// Periodic resyncs of a large flag set are spaced by their own cost: a
+// gateway with a million flagged tenants (a resync of tens of seconds)
+// must not spend most of its time rereading them.
+func TestSlowResyncsAreSpacedOut(t *testing.T) {
+	c := newTestChecker(t)
+	if got := c.resyncEvery(); got != c.cfg.ResyncInterval {
+		t.Fatalf("before any resync: every %v, want resync_interval %v", got, c.cfg.ResyncInterval)
+	}
+	c.lastResyncNS.Store(int64(100 * time.Millisecond))
+	if got := c.resyncEvery(); got != c.cfg.ResyncInterval {
+		t.Fatalf("after a fast resync: every %v, want resync_interval %v", got, c.cfg.ResyncInterval)
+	}
+	c.lastResyncNS.Store(int64(12 * time.Second))
+	if got := c.resyncEvery(); got != 240*time.Second {
+		t.Fatalf("after a 12 s resync: every %v, want 4m0s (5%% of the time)", got)
 	}
 }

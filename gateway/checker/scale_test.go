@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/platform/itest"
 )
 
 // scaleSizes are the flagged-key counts of the growth curves (issue 19).
@@ -22,7 +24,7 @@ var scaleSizes = []int{1_000, 10_000, 100_000, 1_000_000}
 // names looked up with the same requests in the same run
 // (scale_checker_vs_map_ratio_<n>).
 func BenchmarkScaleChecker(b *testing.B) {
-	for _, n := range scaleSizes {
+	for _, n := range itest.ScaleSizes(b, scaleSizes...) {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
 			before := liveHeap()
 			c := newTestChecker(b)

@@ -47,6 +47,7 @@ func (c *Checker) Run(ctx context.Context) error {
 			c.pollHeartbeat(ctx)
 		case <-resync.C:
 			c.resync(ctx)
+			resync.Reset(c.resyncEvery())
 		case m, ok := <-ch:
 			if !ok {
 				return nil
@@ -160,21 +161,27 @@ func (c *Checker) refetch(ctx context.Context, pending map[string]struct{}) {
 	c.apply(updates, 0, false)
 }
 
+// fetchTimeout bounds one pipeline of fetch. Each has its own: one
+// deadline for the whole fetch made a resync of a million flagged tenants
+// fail every time, however healthy Redis was (bench/README.md, "Growth
+// curves").
+const fetchTimeout = 10 * time.Second
+
 func (c *Checker) fetch(ctx context.Context, tenants []string) (map[string]*tenantView, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
 	out := make(map[string]*tenantView, len(tenants))
 	for len(tenants) > 0 {
 		n := min(len(tenants), fetchBatch)
 		batch := tenants[:n]
 		tenants = tenants[n:]
 		cmds := make([]*redis.MapStringStringCmd, n)
-		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		bctx, cancel := context.WithTimeout(ctx, fetchTimeout)
+		_, err := c.rdb.Pipelined(bctx, func(p redis.Pipeliner) error {
 			for i, t := range batch {
-				cmds[i] = p.HGetAll(ctx, c.keys.TenantKey(t))
+				cmds[i] = p.HGetAll(bctx, c.keys.TenantKey(t))
 			}
 			return nil
 		})
+		cancel()
 		if err != nil {
 			return nil, err
 		}
@@ -185,8 +192,23 @@ func (c *Checker) fetch(ctx context.Context, tenants []string) (map[string]*tena
 	return out, nil
 }
 
+// resyncCostShare is the most of its time a Checker spends in periodic
+// resyncs: the next one waits at least resyncCostShare times as long as
+// the last one took (and at least ResyncInterval). With a million flagged
+// tenants a resync takes 10–25 s and 12 s of CPU; every 30 s it cost a
+// gateway about 40% of a core on top of the refresh's refetches
+// (bench/README.md, "Growth curves").
+const resyncCostShare = 20
+
+// resyncEvery is the wait before the next periodic resync.
+func (c *Checker) resyncEvery() time.Duration {
+	return max(c.cfg.ResyncInterval, resyncCostShare*time.Duration(c.lastResyncNS.Load()))
+}
+
 // resync rereads every tenant hash and the fail modes.
 func (c *Checker) resync(ctx context.Context) {
+	start := time.Now()
+	defer func() { c.lastResyncNS.Store(int64(time.Since(start))) }()
 	if err := c.resyncOnce(ctx); err != nil {
 		c.log.Warn("checker: resync failed; serving the previous view", "err", err)
 		return
@@ -197,9 +219,11 @@ func (c *Checker) resync(ctx context.Context) {
 	}
 }
 
+// resyncOnce rereads everything. It has no deadline of its own — with a
+// million flagged tenants it takes tens of seconds — but every command is
+// bounded by the client's read timeout and each fetch pipeline by
+// fetchTimeout, so an unresponsive Redis fails it promptly.
 func (c *Checker) resyncOnce(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
 	v0, err := c.rdb.Get(ctx, c.keys.VersionKey()).Int64()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return err

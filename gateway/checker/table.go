@@ -1,6 +1,9 @@
 package checker
 
-import "math/bits"
+import (
+	"math/bits"
+	"sync/atomic"
+)
 
 // This file holds the in-memory index Check reads: a hash of the tenant name
 // and one flat open-addressing table per shard. The design follows from the
@@ -81,15 +84,23 @@ func fingerprint(h uint64) uint8 {
 	return fp
 }
 
-// table is one shard's tenants with flags, immutable once built: writers
-// build a new table and swap the shard's pointer, so readers take no lock.
-// fps and views are parallel arrays; a slot is empty when its fingerprint is
-// 0. At most half the slots are used, which bounds linear probe runs and
-// guarantees every probe sequence meets an empty slot.
+// table is one shard's tenants with flags. Its set of tenants is immutable
+// once built: a writer that adds or removes a tenant builds a new table and
+// swaps the shard's pointer, so readers take no lock. A writer that only
+// replaces the view of a tenant already there stores the new view into its
+// slot (see set): with a million flagged tenants the enforcer's refresh
+// announces about 500 tenants every 5 ms, spread over every shard, and
+// copying each shard they touch cost the Checker 22 s of CPU per 20 s
+// refresh already at 100,000 (bench/README.md, "Growth curves"). fps and views are parallel
+// arrays; a slot is empty when its fingerprint is 0. At most half the slots
+// are used, which bounds linear probe runs and guarantees every probe
+// sequence meets an empty slot.
 type table struct {
-	mask  uint64
-	fps   []uint8
-	views []*tenantView
+	mask uint64
+	fps  []uint8
+	// views are atomic so that set may replace one under readers; a load
+	// is a plain move on the usual hardware.
+	views []atomic.Pointer[tenantView]
 	n     int
 }
 
@@ -101,14 +112,14 @@ func newTable(views []*tenantView) *table {
 	for size < 2*len(views) {
 		size <<= 1
 	}
-	t := &table{mask: uint64(size - 1), fps: make([]uint8, size), views: make([]*tenantView, size), n: len(views)}
+	t := &table{mask: uint64(size - 1), fps: make([]uint8, size), views: make([]atomic.Pointer[tenantView], size), n: len(views)}
 	for _, tv := range views {
 		i := homeSlot(tv.hash) & t.mask
 		for t.fps[i] != 0 {
 			i = (i + 1) & t.mask
 		}
 		t.fps[i] = fingerprint(tv.hash)
-		t.views[i] = tv
+		t.views[i].Store(tv)
 	}
 	return t
 }
@@ -121,7 +132,7 @@ func (t *table) get(h uint64, name string) *tenantView {
 		// Both loads are issued before either is tested, so on a hit the
 		// view pointer's cache miss overlaps the fingerprint's instead of
 		// following it (measured: worst case all-flagged ~12% faster).
-		f, tv := fps[i], views[i]
+		f, tv := fps[i], views[i].Load()
 		if f == 0 {
 			return nil
 		}
@@ -131,10 +142,30 @@ func (t *table) get(h uint64, name string) *tenantView {
 	}
 }
 
+// slot returns the index of the slot of the tenant called name, whose
+// hash is h, or -1 when t does not hold it.
+func (t *table) slot(h uint64, name string) int {
+	fp := fingerprint(h)
+	for i := homeSlot(h) & t.mask; ; i = (i + 1) & t.mask {
+		f := t.fps[i]
+		if f == 0 {
+			return -1
+		}
+		if f == fp && t.views[i].Load().is(h, name) {
+			return int(i)
+		}
+	}
+}
+
+// set replaces the view in slot i (from slot) with tv, a view of the same
+// tenant. Writers must be serialised: a writer that copies t into a new
+// table meanwhile would miss the new view.
+func (t *table) set(i int, tv *tenantView) { t.views[i].Store(tv) }
+
 // each calls fn on every view in t.
 func (t *table) each(fn func(*tenantView)) {
-	for _, tv := range t.views {
-		if tv != nil {
+	for i := range t.views {
+		if tv := t.views[i].Load(); tv != nil {
 			fn(tv)
 		}
 	}

@@ -2,6 +2,8 @@ package flags
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -41,4 +43,37 @@ func (l Layout) ScanTenants(ctx context.Context, rdb redis.UniversalClient, fn f
 			fn(t)
 		}
 	})
+}
+
+// UnlinkKeys removes every key matching pattern (see ScanKeys), one
+// UNLINK per key, 1,000 per pipeline (a cluster refuses one UNLINK of
+// keys in several slots): a deployment's or a test's whole prefix, a
+// million keys included, in few round trips.
+func UnlinkKeys(ctx context.Context, rdb redis.UniversalClient, pattern string) error {
+	var batch []string
+	var errs []error
+	drop := func() {
+		if len(batch) > 0 {
+			if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for _, k := range batch {
+					p.Unlink(ctx, k)
+				}
+				return nil
+			}); err != nil {
+				errs = append(errs, fmt.Errorf("unlink %d keys matching %s: %w", len(batch), pattern, err))
+			}
+			batch = batch[:0]
+		}
+	}
+	err := ScanKeys(ctx, rdb, pattern, func(k string) {
+		batch = append(batch, k)
+		if len(batch) == 1000 {
+			drop()
+		}
+	})
+	drop()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("scan %s: %w", pattern, err))
+	}
+	return errors.Join(errs...)
 }

@@ -373,7 +373,13 @@ class Checker:
     def _apply(self, updates: dict[str, _View | None], keep_newer_than: int, full: bool) -> None:
         with self._lock:
             stale = self.stale()
-            nxt = dict(self._views)
+            # A full resync builds a new dict and swaps it in. A refetch
+            # changes a few tenants in place (one item assignment or pop
+            # at a time, each atomic for the readers in check): copying
+            # every tenant for each refetch cost O(flagged tenants) per
+            # announcement burst, seconds of CPU per enforcer refresh at
+            # a million flagged tenants (bench/README.md, "Growth curves").
+            nxt = dict(self._views) if full else self._views
             if full:
                 for t, cur in self._views.items():
                     if t not in updates and cur.version <= keep_newer_than:

@@ -629,8 +629,23 @@ func (t *Table) Overage() float64 {
 // severity orders kinds when several breakers share a scope: the flag a
 // gateway sees is the most severe one.
 func severity(b *Breaker) int {
-	s := map[flags.Kind]int{flags.KindBlacklist: 60, flags.KindManual: 50, flags.KindQuota: 40,
-		flags.KindRate: 30, flags.KindErrorRatio: 20, flags.KindSlowCall: 10}[b.Kind]
+	// A switch, not a map literal: the literal built a map on every call,
+	// twice per breaker each time a refresh reads a tenant's flags.
+	var s int
+	switch b.Kind {
+	case flags.KindBlacklist:
+		s = 60
+	case flags.KindManual:
+		s = 50
+	case flags.KindQuota:
+		s = 40
+	case flags.KindRate:
+		s = 30
+	case flags.KindErrorRatio:
+		s = 20
+	case flags.KindSlowCall:
+		s = 10
+	}
 	switch b.State {
 	case flags.StateHalfOpen:
 		s -= 5

@@ -12,7 +12,10 @@
 // The same writes work on one Redis and on a Redis Cluster: no command and
 // no transaction spans two hash slots. Each hash (a tenant's flags, the
 // fail modes) is replaced whole by one script call on its own key, so a
-// reader never sees half of it; a batch as a whole is not atomic, and need
+// reader never sees half of it — or, when its fields are those this writer
+// last wrote there (a refresh), by one HSET of them all and a PEXPIRE,
+// which a reader sees just as whole for half of Redis's CPU; a batch
+// as a whole is not atomic, and need
 // not be, because Checkers read per tenant. The version key and the pub/sub
 // announcements follow only once every hash of the batch is written, so a
 // Checker that refetches on an announcement reads what it announces (in a
@@ -23,6 +26,7 @@ package flagwriter
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -78,8 +82,11 @@ type Writer struct {
 	failModes  map[string]string
 	fmDirty    bool
 
-	// written is the tenants that have a hash in Redis (flush goroutine only).
-	written map[string]struct{}
+	// written is the tenants that have a hash in Redis, each with the
+	// signature of its fields (fieldSig) as last written (flush goroutine
+	// only): a tenant rewritten with the same fields needs no DEL.
+	written map[string]uint64
+	sigSeed maphash.Seed
 	version int64
 	down    bool
 
@@ -92,7 +99,7 @@ type Writer struct {
 // New returns a writer; Run does the work.
 func New(rdb redis.UniversalClient, src Source, cfg Config, log *slog.Logger) *Writer {
 	w := &Writer{rdb: rdb, src: src, cfg: cfg, keys: flags.Layout{Prefix: cfg.KeyPrefix}, log: log,
-		dirty: map[string]struct{}{}, written: map[string]struct{}{}, full: true}
+		dirty: map[string]struct{}{}, written: map[string]uint64{}, sigSeed: maphash.MakeSeed(), full: true}
 	w.leading.Store(true)
 	return w
 }
@@ -195,9 +202,15 @@ func (w *Writer) Run(ctx context.Context, grace time.Duration) error {
 // tenants are queued and every flush takes a slice of them, sized so that
 // the queue is empty after about flag_ttl/6: each flag is rewritten at
 // most flag_ttl/3 + flag_ttl/6 after the last time, half its lifetime.
-// If the previous refresh is still not done (Redis slower than the
-// flushes), its rest joins the dirty set and goes at the next flush. A
-// pending full rewrite covers everything, so nothing is queued then.
+// A pending full rewrite covers everything, so nothing is queued then.
+//
+// If the previous refresh is not done (Redis slower than the refresh
+// needs), its rest — the tenants rewritten longest ago — heads the new
+// queue. It used to join the dirty set: one flush of all of it, and past
+// max_dirty a full rewrite (a SCAN and the script for every tenant), the
+// dearest write at the moment Redis is behind; at 1,000,000 flagged
+// tenants a refresh at 125% of flag_ttl/3 (measured on a loaded 2-core
+// machine) left 250,000 behind and became a full rewrite every time.
 //
 // Before, a refresh was one full rewrite of every tenant in one flush:
 // 100,000 flagged tenants took 11 s on a busy 2-core machine, beyond
@@ -207,25 +220,26 @@ func (w *Writer) beginRefresh() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.full {
-		return
-	}
-	w.markDirtyLocked(w.refresh...)
-	if w.full {
 		w.refresh = nil
 		return
 	}
+	rest := w.refresh
 	seen := make(map[string]struct{}, len(w.written))
 	queue := make([]string, 0, len(w.written))
-	for _, t := range w.src.Tenants() {
+	add := func(t string) {
 		if _, dup := seen[t]; !dup {
 			seen[t] = struct{}{}
 			queue = append(queue, t)
 		}
 	}
+	for _, t := range rest {
+		add(t)
+	}
+	for _, t := range w.src.Tenants() {
+		add(t)
+	}
 	for t := range w.written { // tenants whose flags went: deleted
-		if _, dup := seen[t]; !dup {
-			queue = append(queue, t)
-		}
+		add(t)
 	}
 	w.refresh = queue
 	spread := max(w.cfg.FlagTTL/6, w.cfg.FlushInterval)
@@ -362,6 +376,21 @@ func (w *Writer) withLeftovers(ctx context.Context, tenants []string) []string {
 	return tenants
 }
 
+// scriptOnly makes every hash write take the script, as before the light
+// path for unchanged fields: BenchmarkScaleEnforcer sets it
+// (SLUICE_ENFORCER_SCRIPT_ONLY=1) to measure both with the same binary.
+var scriptOnly bool
+
+// fieldSig is a signature of the set of fields of a tenant's hash: the
+// XOR of their hashes (fields are distinct, so none cancels another).
+func (w *Writer) fieldSig(fl map[string]*flags.Flag) uint64 {
+	sig := uint64(len(fl))
+	for field := range fl {
+		sig ^= maphash.String(w.sigSeed, field)
+	}
+	return sig
+}
+
 func (w *Writer) nextVersion() int64 {
 	v := time.Now().UnixMicro()
 	if v <= w.version {
@@ -389,6 +418,13 @@ return 1`)
 type hashWrite struct {
 	key  string
 	args []any // ttl ms, then field, value, …
+	// sameFields marks a hash whose fields are those it had when this
+	// writer last wrote it (the refresh of an unchanged tenant): an HSET of
+	// every field and a PEXPIRE replace it as well as the script does: a
+	// refresh of 1,000,000 tenants costs Redis half the CPU, the write
+	// itself ~7 µs instead of ~28 (bench/README.md, "Growth curves"). A reader
+	// sees the old values or the new ones, since one HSET sets them all.
+	sameFields bool
 }
 
 // replace runs the hash writes (and sets the epoch key when epoch is
@@ -403,6 +439,11 @@ func (w *Writer) replace(ctx context.Context, writes []hashWrite, epoch string) 
 				p.Set(ctx, w.keys.Prefix+"epoch", epoch, 0)
 			}
 			for _, hw := range writes {
+				if hw.sameFields {
+					p.HSet(ctx, hw.key, hw.args[1:]...)
+					p.PExpire(ctx, hw.key, w.cfg.FlagTTL)
+					continue
+				}
 				if bySHA {
 					replaceHash.EvalSha(ctx, p, []string{hw.key}, hw.args...)
 				} else {
@@ -424,16 +465,21 @@ func (w *Writer) replace(ctx context.Context, writes []hashWrite, epoch string) 
 const batchTimeout = 10 * time.Second
 
 func (w *Writer) write(ctx context.Context, tenants []string, full, fmDirty bool, failModes map[string]string) error {
-	now := time.Now()
 	ttl := strconv.FormatInt(w.cfg.FlagTTL.Milliseconds(), 10)
 	batch := max(w.cfg.BatchTenants, 1)
 	first := true
 	for first || len(tenants) > 0 {
+		// Each batch caps its flags' Until from its own start: a full
+		// rewrite of a million tenants outlasts flag_ttl, and with one
+		// instant for the whole write its last batches went out already
+		// expired (bench/README.md, "Growth curves").
+		now := time.Now()
 		n := min(len(tenants), batch)
 		part := tenants[:n]
 		tenants = tenants[n:]
 		version := w.nextVersion()
 		var present, gone []string
+		var sigs []uint64 // of present
 		writes := make([]hashWrite, 0, len(part)+1)
 		var epoch string
 		if first && full {
@@ -451,16 +497,22 @@ func (w *Writer) write(ctx context.Context, tenants []string, full, fmDirty bool
 			fl := w.src.Flags(t, now, w.cfg.FlagTTL)
 			args := make([]any, 0, 3+2*len(fl))
 			args = append(args, ttl)
+			same := false
 			if len(fl) > 0 {
 				args = append(args, flags.VersionField, version)
 				for field, f := range fl {
 					args = append(args, field, flags.Encode(f))
 				}
-				present = append(present, t)
+				sig := w.fieldSig(fl)
+				// Not in a full rewrite: that one also repairs whatever
+				// else happened to Redis (another writer, lost data).
+				prev, ok := w.written[t]
+				same = !full && ok && prev == sig && !scriptOnly
+				present, sigs = append(present, t), append(sigs, sig)
 			} else {
 				gone = append(gone, t)
 			}
-			writes = append(writes, hashWrite{key: w.keys.TenantKey(t), args: args})
+			writes = append(writes, hashWrite{key: w.keys.TenantKey(t), args: args, sameFields: same})
 		}
 		// Each batch has its own deadline: one for the whole write made a
 		// full rewrite of 100,000 tenants on a busy machine fail every
@@ -494,8 +546,8 @@ func (w *Writer) write(ctx context.Context, tenants []string, full, fmDirty bool
 		if err != nil {
 			return fmt.Errorf("write %d tenants: %w", len(part), err)
 		}
-		for _, t := range present {
-			w.written[t] = struct{}{}
+		for i, t := range present {
+			w.written[t] = sigs[i]
 		}
 		for _, t := range gone {
 			delete(w.written, t)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -122,5 +123,158 @@ func TestLargeTenantHashIsWrittenWhole(t *testing.T) {
 	}
 	if ttl := rdb.PTTL(ctx, keys.TenantKey("big")).Val(); ttl <= 0 || ttl > time.Minute {
 		t.Fatalf("PTTL = %v, want within (0, 1m]", ttl)
+	}
+}
+
+// slowFlags is n tenants with a tenant-wide flag whose Until is capped as
+// the enforcer's table caps it; each Flags call takes delay, so that a
+// write of every tenant outlasts the flag TTL, as a full rewrite of a
+// million tenants does.
+type slowFlags struct {
+	n     int
+	delay time.Duration
+}
+
+func (s slowFlags) Flags(_ string, now time.Time, ttl time.Duration) map[string]*flags.Flag {
+	time.Sleep(s.delay)
+	return map[string]*flags.Flag{flags.AllModels: {State: flags.StateOpen, Kind: flags.KindQuota, Until: now.Add(ttl)}}
+}
+
+func (s slowFlags) Tenants() []string {
+	out := make([]string, s.n)
+	for i := range out {
+		out[i] = fmt.Sprintf("t%d", i)
+	}
+	return out
+}
+
+// A write that lasts longer than flag_ttl must not write flags that are
+// already over: each batch is capped from its own start, so the tenants
+// written last are in force when the write ends.
+func TestWriteLongerThanFlagTTLWritesLiveFlags(t *testing.T) {
+	rdb := redisconn.NewClient(itest.Redis(t))
+	defer rdb.Close()
+	prefix := itest.Unique(t, "sluice_test_") + ":"
+	ctx := context.Background()
+	t.Cleanup(func() { _ = flags.ScanKeys(ctx, rdb, prefix+"*", func(k string) { rdb.Del(ctx, k) }) })
+	src := slowFlags{n: 8, delay: 300 * time.Millisecond} // 2.4 s of writing
+	w := New(rdb, src, Config{KeyPrefix: prefix, FlagTTL: 2 * time.Second, BatchTenants: 1, MaxDirty: 10},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	start := time.Now()
+	if !w.Flush(ctx) {
+		t.Fatal("flush failed")
+	}
+	end := time.Now()
+	if end.Sub(start) < 2*time.Second {
+		t.Fatalf("the write took %v, not longer than flag_ttl: the test proves nothing", end.Sub(start))
+	}
+	stored, err := w.ReadStored(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last *Stored
+	for i := range stored {
+		if last == nil || stored[i].Written.After(last.Written) {
+			last = &stored[i]
+		}
+	}
+	if last == nil {
+		t.Fatal("no flag left in Redis right after the write")
+	}
+	if until := last.Flags[flags.AllModels].Until; !until.After(end) {
+		t.Fatalf("tenant %s, written last, has a flag until %v, before the write ended (%v): written already over",
+			last.Tenant, until.Format(time.RFC3339Nano), end.Format(time.RFC3339Nano))
+	}
+}
+
+// mutableFlags is one tenant whose flag fields the test changes.
+type mutableFlags struct {
+	mu     sync.Mutex
+	fields []string
+	reason string
+}
+
+func (m *mutableFlags) set(reason string, fields ...string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.fields, m.reason = fields, reason
+}
+
+func (m *mutableFlags) Flags(_ string, now time.Time, ttl time.Duration) map[string]*flags.Flag {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]*flags.Flag{}
+	for _, f := range m.fields {
+		out[f] = &flags.Flag{State: flags.StateOpen, Kind: flags.KindManual, Until: now.Add(ttl), Reason: m.reason}
+	}
+	return out
+}
+
+func (m *mutableFlags) Tenants() []string { return []string{"acme"} }
+
+// Rewriting a tenant whose fields did not change (a refresh) takes the
+// light path (HSET and PEXPIRE, no script); the hash must still end up
+// exactly what the enforcer holds: new values, a renewed expiry, a field
+// that went is gone, and a hash that vanished from Redis comes back.
+func TestRewriteKeepsHashesExact(t *testing.T) {
+	rdb := redisconn.NewClient(itest.Redis(t))
+	defer rdb.Close()
+	prefix := itest.Unique(t, "sluice_test_") + ":"
+	key := flags.Layout{Prefix: prefix}.TenantKey("acme")
+	ctx := context.Background()
+	t.Cleanup(func() { _ = flags.ScanKeys(ctx, rdb, prefix+"*", func(k string) { rdb.Del(ctx, k) }) })
+	src := &mutableFlags{}
+	src.set("one", "*", "gpt-4o")
+	w := New(rdb, src, Config{KeyPrefix: prefix, FlagTTL: time.Minute, BatchTenants: 10, MaxDirty: 10},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	fields := func() map[string]string {
+		t.Helper()
+		h, err := rdb.HGetAll(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		delete(h, flags.VersionField)
+		out := map[string]string{}
+		for k, v := range h {
+			f, err := flags.Decode(v)
+			if err != nil {
+				t.Fatalf("field %s: %v", k, err)
+			}
+			out[k] = f.Reason
+		}
+		return out
+	}
+	flush := func(what string) {
+		t.Helper()
+		if !w.Flush(ctx) {
+			t.Fatalf("%s: flush failed", what)
+		}
+	}
+	flush("full rewrite")
+	// Same fields, new values, a shortened expiry to see it renewed.
+	src.set("two", "*", "gpt-4o")
+	rdb.PExpire(ctx, key, 5*time.Second)
+	w.MarkDirty("acme")
+	flush("same fields")
+	if got := fields(); len(got) != 2 || got["*"] != "two" || got["gpt-4o"] != "two" {
+		t.Fatalf("after a rewrite with the same fields: %v, want both fields with reason two", got)
+	}
+	if ttl := rdb.PTTL(ctx, key).Val(); ttl <= 5*time.Second || ttl > time.Minute {
+		t.Fatalf("PTTL %v after the rewrite, want the expiry renewed to within (5s, 1m]", ttl)
+	}
+	src.set("three", "*")
+	w.MarkDirty("acme")
+	flush("a field went")
+	if got := fields(); len(got) != 1 || got["*"] != "three" {
+		t.Fatalf("after gpt-4o's flag went: %v, want only * with reason three", got)
+	}
+	rdb.Del(ctx, key)
+	w.MarkDirty("acme")
+	flush("hash vanished")
+	if got := fields(); len(got) != 1 || got["*"] != "three" {
+		t.Fatalf("after the hash vanished from Redis: %v, want * back", got)
+	}
+	if ttl := rdb.PTTL(ctx, key).Val(); ttl <= 0 || ttl > time.Minute {
+		t.Fatalf("PTTL %v of the rewritten hash, want within (0, 1m]", ttl)
 	}
 }

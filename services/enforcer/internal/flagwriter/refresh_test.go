@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -97,10 +98,19 @@ func TestRefreshIsSpreadOverFlushes(t *testing.T) {
 	if len(w.refresh) != 1000 || w.refreshPer != minRefreshSlice {
 		t.Fatalf("queued %d, %d per flush; want 1000, %d", len(w.refresh), w.refreshPer, minRefreshSlice)
 	}
-	// An unfinished refresh's rest joins the dirty set at the next one;
-	// past MaxDirty that is a full rewrite, which makes a queue useless.
+	// An unfinished refresh's rest (here 100 tenants, ten times
+	// MaxDirty) heads the next one, and every tenant is queued once: no
+	// full rewrite, the dearest write, just because Redis is behind.
+	rest := slices.Clone(w.refresh[900:])
+	w.refresh = w.refresh[900:]
 	w.beginRefresh()
-	if !w.full || w.refresh != nil {
-		t.Fatalf("behind refresh: full %v, queue %d", w.full, len(w.refresh))
+	if w.full || len(w.dirty) != 0 {
+		t.Fatalf("behind refresh: full %v, %d dirty; want the rest queued", w.full, len(w.dirty))
+	}
+	if len(w.refresh) != 1000 || !slices.Equal(w.refresh[:100], rest) {
+		t.Fatalf("behind refresh: queued %d, first 100 the rest: %v; want 1000 with the rest first", len(w.refresh), slices.Equal(w.refresh[:100], rest))
+	}
+	if uniq := slices.Compact(slices.Sorted(slices.Values(w.refresh))); len(uniq) != 1000 {
+		t.Fatal("a tenant is queued twice")
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -51,29 +50,27 @@ func (f *flagged) Flags(_ string, now time.Time, ttl time.Duration) map[string]*
 //   - scale_enforcer_refresh_max_flush_ms_<n>: the longest single flush of
 //     that refresh — a flag that changes meanwhile waits for it;
 //   - scale_enforcer_refresh_share_<n>: the refresh's summed time over the
-//     flag_ttl/3 it recurs in (1: the writer does nothing else).
+//     flag_ttl/3 it recurs in (1: the writer does nothing else);
+//   - scale_enforcer_refresh_cpu_ms_<n> and _refresh_redis_cpu_ms_<n>: the
+//     CPU time of that refresh in the enforcer (this process, user and
+//     system) and in Redis (INFO cpu, which counts the other clients of
+//     the shared Redis too): where its time goes.
 func BenchmarkScaleEnforcer(b *testing.B) {
 	if testing.Short() {
 		b.Skip("needs the real Redis")
 	}
-	sizes := []int{1_000, 10_000, 100_000, 1_000_000}
-	if v := os.Getenv("SLUICE_SCALE_SIZES"); v != "" {
-		sizes = sizes[:0]
-		for _, f := range strings.Split(v, ",") {
-			n, err := strconv.Atoi(f)
-			if err != nil || n < 1 {
-				b.Fatalf("SLUICE_SCALE_SIZES=%q: %q is not a positive count", v, f)
-			}
-			sizes = append(sizes, n)
-		}
-	}
+	sizes := itest.ScaleSizes(b, 1_000, 10_000, 100_000, 1_000_000)
+	// SLUICE_ENFORCER_SCRIPT_ONLY=1: every hash write takes the script,
+	// as before the light path for unchanged fields (see scriptOnly).
+	scriptOnly = os.Getenv("SLUICE_ENFORCER_SCRIPT_ONLY") == "1"
+	defer func() { scriptOnly = false }()
 	for _, n := range sizes {
 		b.Run(strconv.Itoa(n), func(b *testing.B) {
 			rdb := redisconn.NewClient(itest.Redis(b))
 			defer rdb.Close()
 			prefix := itest.Unique(b, "sluice_bench_") + ":"
 			ctx := context.Background()
-			defer unlinkPrefix(b, rdb, prefix)
+			defer unlink(b, rdb, prefix)
 			cfg := Config{KeyPrefix: prefix, FlushInterval: 5 * time.Millisecond, FlagTTL: time.Minute,
 				HeartbeatEvery: time.Second, MaxDirty: 100_000, BatchTenants: 1000}
 			w := New(rdb, newFlagged(n), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -88,6 +85,7 @@ func BenchmarkScaleEnforcer(b *testing.B) {
 
 				w.beginRefresh()
 				var total, longest time.Duration
+				cpu0, redis0 := itest.ProcessCPU(), itest.RedisCPU(b, rdb)
 				for w.refreshing() {
 					fs := time.Now()
 					if !w.Flush(ctx) {
@@ -97,16 +95,26 @@ func BenchmarkScaleEnforcer(b *testing.B) {
 					total += d
 					longest = max(longest, d)
 				}
+				cpu, redisCPUUsed := itest.ProcessCPU()-cpu0, itest.RedisCPU(b, rdb)-redis0
 				b.ReportMetric(float64(rewrite.Microseconds())/1000, fmt.Sprintf("scale_enforcer_rewrite_ms_%d", n))
+				b.ReportMetric(float64(cpu.Microseconds())/1000, fmt.Sprintf("scale_enforcer_refresh_cpu_ms_%d", n))
+				b.ReportMetric(float64(redisCPUUsed.Microseconds())/1000, fmt.Sprintf("scale_enforcer_refresh_redis_cpu_ms_%d", n))
 				b.ReportMetric(float64(mem1-mem0)/float64(n), fmt.Sprintf("scale_enforcer_redis_bytes_per_flagged_tenant_%d", n))
 				b.ReportMetric(float64(total.Microseconds())/1000, fmt.Sprintf("scale_enforcer_refresh_ms_%d", n))
 				b.ReportMetric(float64(longest.Microseconds())/1000, fmt.Sprintf("scale_enforcer_refresh_max_flush_ms_%d", n))
 				b.ReportMetric(total.Seconds()/(cfg.FlagTTL/3).Seconds(), fmt.Sprintf("scale_enforcer_refresh_share_%d", n))
 				// Start the next round from an empty prefix.
-				unlinkPrefix(b, rdb, prefix)
+				unlink(b, rdb, prefix)
 				w = New(rdb, newFlagged(n), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 			}
 		})
+	}
+}
+
+// unlink removes every key under prefix.
+func unlink(b *testing.B, rdb redis.UniversalClient, prefix string) {
+	if err := flags.UnlinkKeys(context.Background(), rdb, prefix+"*"); err != nil {
+		b.Error(err)
 	}
 }
 
@@ -127,28 +135,4 @@ func usedMemory(b *testing.B, rdb redis.UniversalClient) int64 {
 	}
 	b.Fatal("INFO memory has no used_memory")
 	return 0
-}
-
-// unlinkPrefix removes every key under prefix, 1,000 per pipeline.
-func unlinkPrefix(b *testing.B, rdb redis.UniversalClient, prefix string) {
-	ctx := context.Background()
-	var batch []string
-	drop := func() {
-		if len(batch) > 0 {
-			if err := rdb.Unlink(ctx, batch...).Err(); err != nil {
-				b.Errorf("unlink %d keys under %s: %v", len(batch), prefix, err)
-			}
-			batch = batch[:0]
-		}
-	}
-	err := flags.ScanKeys(ctx, rdb, prefix+"*", func(k string) {
-		batch = append(batch, k)
-		if len(batch) == 1000 {
-			drop()
-		}
-	})
-	drop()
-	if err != nil {
-		b.Errorf("scan %s: %v", prefix, err)
-	}
 }
