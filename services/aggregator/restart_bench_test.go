@@ -214,6 +214,9 @@ FROM numbers(%d)`, monthStart.Unix(), int64(now.Sub(monthStart).Seconds())-3600,
 		b.Fatalf("restart replayed %v events after the snapshot, want the %d stored since it (fallbacks: %v)", got, tail,
 			r.metric(b, "sluice_aggregator_snapshot_fallbacks_total", ""))
 	}
+	_, inAssign := r.histogram(b, "sluice_aggregator_rebuild_seconds")
+	b.Logf("restored in %.2f s in the assignment callback (snapshot read, loaded, %d events replayed); %.2f s before it (start, group join)",
+		inAssign, tail, restored.Seconds()-inAssign)
 	b.ReportMetric(consuming.Seconds(), fmt.Sprintf("scale_aggregator_process_restart_seconds_%dkeys", n))
 	b.ReportMetric(restored.Seconds(), fmt.Sprintf("scale_aggregator_process_restore_seconds_%dkeys", n))
 
