@@ -145,10 +145,21 @@ func (s *Store) DropSnapshotsBefore(ctx context.Context, partition int32, offset
 	return len(offs), nil
 }
 
+// sinceEvent is an event stored after a snapshot, read while the snapshot
+// loads.
+type sinceEvent struct {
+	ev  schemas.UsageEvent
+	off int64
+}
+
+// replayBuffer bounds the events read ahead while a snapshot loads.
+const replayBuffer = 65536
+
 // LoadPartition restores partition's state as of before (its committed
 // offset) from its newest usable snapshot and the events stored since:
 // tally.Load under pol, then prepare (the caller sets the clock and the
-// overrides in force), then ReplaySince in replay mode. It answers
+// overrides in force), then ReplaySince in replay mode (its query runs
+// while the snapshot loads). It answers
 // ErrNoSnapshot, or tally's ErrSnapshotMismatch or ErrSnapshotCorrupt
 // (wrapped), when the caller must rebuild in full instead.
 func (s *Store) LoadPartition(ctx context.Context, partition int32, before int64, opt tally.Options, pol *policy.Policy, prepare func(st *tally.Partition)) (*tally.Partition, int, error) {
@@ -157,14 +168,35 @@ func (s *Store) LoadPartition(ctx context.Context, partition int32, before int64
 	if err != nil {
 		return nil, 0, err
 	}
+	// The query for the events since the snapshot runs while the snapshot
+	// loads: ClickHouse scans and groups on its own core meanwhile. Its
+	// rows wait in a bounded buffer until the state is ready for them.
+	qctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	since := make(chan sinceEvent, replayBuffer)
+	qerr := make(chan error, 1)
+	go func() {
+		defer close(since)
+		_, err := s.ReplaySince(qctx, partition, off, before, func(ev *schemas.UsageEvent, o int64) {
+			select {
+			case since <- sinceEvent{*ev, o}:
+			case <-qctx.Done():
+			}
+		})
+		qerr <- err
+	}()
 	st, err := tally.Load(partition, opt, pol, fp, data)
 	if err != nil {
 		return nil, 0, fmt.Errorf("snapshot of partition %d at %d: %w", partition, off, err)
 	}
 	st.SetReplay(true)
 	prepare(st)
-	n, err := s.ReplaySince(ctx, partition, off, before, func(ev *schemas.UsageEvent, o int64) { st.Apply(ev, o) })
-	if err != nil {
+	n := 0
+	for e := range since {
+		st.Apply(&e.ev, e.off)
+		n++
+	}
+	if err := <-qerr; err != nil {
 		return nil, n, err
 	}
 	st.SetReplay(false)
