@@ -184,6 +184,7 @@ func (a *aggregator) overridesChanged(tenants []string) {
 	for _, tn := range tenants {
 		ovs := a.overridesOf(tn, now)
 		for _, p := range a.parts {
+			p.settle()
 			p.state.SetOverrides(tn, ovs)
 		}
 		a.log.Info("operator overrides applied to tiers", "tenant", tn, "overrides", len(ovs))
@@ -232,7 +233,9 @@ func (a *aggregator) followAdmin(ctx context.Context, tick time.Duration) error 
 		if now := time.Now(); !now.Before(next) {
 			next = now.Add(tick)
 			for _, p := range a.parts {
-				p.state.SetClock(now)
+				if p.snap == nil { // a frozen state moves at the next tick
+					p.state.SetClock(now)
+				}
 			}
 			a.markPending()
 		}

@@ -97,6 +97,12 @@ type partition struct {
 	// events were read since snapNext, the offset the last one covers.
 	snapAt   time.Time
 	snapNext int64
+	// snap is the snapshot being encoded from the state, off the poll
+	// loop (snapshot.go): until it is done the state is frozen — its
+	// partition is not fetched and the poll loop leaves the state alone.
+	// snapLen is the last snapshot's size, to size the next one's buffer.
+	snap    *snapTask
+	snapLen int
 }
 
 func newAggregator(cfg Config, env platform.Env, w *policy.Watcher) *aggregator {
@@ -169,6 +175,7 @@ func (a *aggregator) loop(ctx context.Context) {
 		})
 		a.mu.Lock()
 		a.resumeHandovers(counts)
+		a.thawSnapshots()
 		a.finishRestores() // before the fetch: a tenant's waiting events precede its new ones
 		fetches.EachPartition(func(ftp kgo.FetchTopicPartition) { a.process(ctx, ftp) })
 		if (!a.since.IsZero() && (a.pendingMax() >= a.cfg.BatchEvents || time.Since(a.since) >= a.cfg.FlushInterval)) || a.snapshotsDue() {
@@ -194,7 +201,7 @@ func (a *aggregator) evictIdle() {
 		// an evicted tenant is later rebuilt from ClickHouse, and events
 		// still in the batch or the writer's queue (a late event for a
 		// closed hour, say) would be missing from that rebuild.
-		if idle, _ := p.w.status(); idle && p.next == p.enqueued && (p.batch == nil || len(p.batch.Events) == 0) && !p.state.Pending() {
+		if idle, _ := p.w.status(); idle && p.snap == nil && p.next == p.enqueued && (p.batch == nil || len(p.batch.Events) == 0) && !p.state.Pending() {
 			if n := p.state.EvictIdle(); n > 0 {
 				a.m.evictions.Add(float64(n))
 			}
@@ -243,7 +250,7 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 		a.log.Error("records for a partition without state; skipped, will be re-read", "partition", ftp.Partition)
 		return
 	}
-	if a.waiting[p.id] != nil {
+	if a.waiting[p.id] != nil || p.snap != nil {
 		// Fetched before the pause took effect; read again on resume.
 		return
 	}
@@ -359,6 +366,7 @@ func (a *aggregator) policyChanged(pol *policy.Policy) {
 	start := time.Now()
 	signals := 0
 	for _, p := range a.parts {
+		p.settle()
 		before := len(p.state.PendingSignals())
 		p.state.Reevaluate(pol)
 		signals += len(p.state.PendingSignals()) - before
@@ -437,6 +445,11 @@ func (a *aggregator) flushAll(ctx context.Context) error {
 // repeat, and no signal or row a re-evaluation (a policy change, an
 // override) left pending without a new event.
 func (a *aggregator) drain(p *partition) *job {
+	if p.snap != nil {
+		// Frozen for its snapshot: nothing was read since; whatever else
+		// is due waits for the next flush after the thaw.
+		return nil
+	}
 	_, recommit := p.w.status()
 	n := a.nparts.Load()
 	if p.next == p.enqueued && !recommit && !p.state.Pending() && p.count == n && !a.snapshotDue(p) {
@@ -468,51 +481,6 @@ func (a *aggregator) drain(p *partition) *job {
 	j := &job{b: b, reroutes: reroutes, next: p.committable(), epoch: p.epoch, count: n, rows: len(b.Events) + len(b.Minutes) + len(b.Quotas) + len(b.Signals)}
 	a.snapshot(p, j)
 	return j
-}
-
-// snapshotDue reports whether p's state should be snapshotted at the next
-// flush: the interval has passed, events were read since the last
-// snapshot, and no tenant is being restored (its events are parked, not in
-// the state).
-func (a *aggregator) snapshotDue(p *partition) bool {
-	return a.cfg.SnapshotInterval > 0 && time.Since(p.snapAt) >= a.cfg.SnapshotInterval &&
-		p.next > p.snapNext && len(p.restoring) == 0 && p.parked == 0
-}
-
-// snapshotsDue reports whether any partition's snapshot is due, so that
-// the poll loop flushes for it even when no event is pending.
-func (a *aggregator) snapshotsDue() bool {
-	for _, p := range a.parts {
-		if a.snapshotDue(p) {
-			return true
-		}
-	}
-	return false
-}
-
-// snapshot attaches a snapshot of p's state to j when one is due. The
-// state has just been drained, so it holds exactly the events below
-// j.next; the writer stores the snapshot after j's rows and before the
-// commit, so a snapshot never covers an event ClickHouse lacks. None is
-// taken while tenants are being restored (their events are parked, not
-// in the state) or while the policy in force is not yet the state's.
-func (a *aggregator) snapshot(p *partition, j *job) {
-	if !a.snapshotDue(p) || j.next != p.next {
-		return
-	}
-	pol := a.watcher.Current()
-	if p.state.Policy() != pol {
-		return
-	}
-	p.snapAt, p.snapNext = time.Now(), j.next
-	data, err := p.state.Snapshot(nil, pol.Fingerprint())
-	if err != nil {
-		a.m.snapshots.WithLabelValues("skipped").Inc()
-		a.log.Warn("partition state not snapshotted; the next interval tries again", "partition", p.id, "err", err)
-		return
-	}
-	a.m.snapshotSeconds.Observe(time.Since(p.snapAt).Seconds())
-	j.snap, j.snapFP = data, pol.Fingerprint()
 }
 
 // signalRecords appends b's signals as records for the signals topic.
@@ -651,6 +619,7 @@ func (a *aggregator) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[s
 		a.log.Warn("flush on revoke failed; the next owner re-reads from the last commit", "err", err)
 	}
 	a.dropHandovers(revoked[a.cfg.Topic])
+	a.dropFrozen(revoked[a.cfg.Topic])
 	for _, id := range revoked[a.cfg.Topic] {
 		if p := a.parts[id]; p != nil {
 			if err := p.w.wait(fctx); err != nil {
@@ -670,6 +639,7 @@ func (a *aggregator) onLost(_ context.Context, _ *kgo.Client, lost map[string][]
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.dropHandovers(lost[a.cfg.Topic])
+	a.dropFrozen(lost[a.cfg.Topic])
 	for _, id := range lost[a.cfg.Topic] {
 		if p := a.parts[id]; p != nil {
 			a.stop(p.w)

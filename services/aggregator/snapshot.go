@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/sluicehq/sluice/services/aggregator/internal/chstore"
 	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
 )
@@ -12,8 +14,21 @@ import (
 // Snapshots (services.aggregator.snapshot_interval).
 //
 // Every interval a partition's state is snapshotted right after a drain
-// (consumer.go, snapshot) and stored by its writer after the batches it
-// covers and before their offset is committed (writer.go, storeSnapshot).
+// (snapshot) and stored by its writer after the batches it covers and
+// before their offset is committed (writer.go, storeSnapshot); once an
+// offset at or past it is committed, the older snapshots of the partition
+// are dropped (a restart at the committed offset no longer needs them;
+// until then, a refused commit leaves the previous one in use).
+//
+// The encoding (about 5.5 s per 1,000,000 tenant × model keys) runs on a
+// goroutine of its own, not in the poll loop: the partition is frozen
+// meanwhile — not fetched, its state left alone by the poll loop
+// (process, drain, evictIdle skip it; a policy reload or an override
+// waits for the encoding to end) — and thawed by the first poll after it
+// ends (thawSnapshots). So the snapshot is exactly the state at the
+// drained offset, no copy of the state is made, and the instance's other
+// partitions keep flowing; only the snapshotted partition's events wait,
+// for as long as its own state takes to encode.
 // A newly assigned partition loads the newest snapshot at or below its
 // committed offset taken under the policy in force, and replays only the
 // events stored since; with no such snapshot, or a damaged one, or after
@@ -63,4 +78,115 @@ func (a *aggregator) loadSnapshot(ctx context.Context, id int32, before int64) (
 		return fallback("error", err)
 	}
 	return st, replayed, true
+}
+
+// snapTask is a snapshot being encoded from a frozen partition state.
+type snapTask struct {
+	done chan struct{} // closed when data or err is set
+	fp   string        // the policy fingerprint it is taken under
+	data []byte
+	err  error
+	took time.Duration
+}
+
+// snapshotDue reports whether p's state should be snapshotted at the next
+// flush: the interval has passed, events were read since the last
+// snapshot, none is being encoded, no tenant is being restored (its events
+// are parked, not in the state) and the partition does not wait for a
+// hand-over.
+func (a *aggregator) snapshotDue(p *partition) bool {
+	return a.cfg.SnapshotInterval > 0 && p.snap == nil && time.Since(p.snapAt) >= a.cfg.SnapshotInterval &&
+		p.next > p.snapNext && len(p.restoring) == 0 && p.parked == 0 && a.waiting[p.id] == nil
+}
+
+// snapshotsDue reports whether any partition's snapshot is due, so that
+// the poll loop flushes for it even when no event is pending.
+func (a *aggregator) snapshotsDue() bool {
+	for _, p := range a.parts {
+		if a.snapshotDue(p) {
+			return true
+		}
+	}
+	return false
+}
+
+// snapshot attaches a snapshot of p's state to j when one is due. The
+// state has just been drained, so it holds exactly the events below
+// j.next; it is frozen (p.snap, p's fetching paused) and encoded on a
+// goroutine, and the writer stores it once encoded, after j's rows and
+// before the commit, so a snapshot never covers an event ClickHouse
+// lacks. None is taken while tenants are being restored (their events
+// are parked, not in the state) or while the policy in force is not yet
+// the state's.
+func (a *aggregator) snapshot(p *partition, j *job) {
+	if !a.snapshotDue(p) || j.next != p.next {
+		return
+	}
+	pol := a.watcher.Current()
+	if p.state.Policy() != pol {
+		return
+	}
+	start := time.Now()
+	p.snapAt, p.snapNext = start, j.next
+	task := &snapTask{done: make(chan struct{}), fp: pol.Fingerprint()}
+	a.cl.PauseFetchPartitions(map[string][]int32{a.cfg.Topic: {p.id}})
+	p.snap, j.snap = task, task
+	st, size := p.state, p.snapLen+p.snapLen/8
+	go func() {
+		begin := time.Now()
+		task.data, task.err = st.Snapshot(make([]byte, 0, size), task.fp)
+		task.took = time.Since(begin)
+		close(task.done)
+		a.kickPoll() // thaw the partition without waiting out the poll
+	}()
+	a.m.snapshotPause.Observe(time.Since(start).Seconds())
+}
+
+// thawSnapshots resumes fetching every partition whose snapshot is
+// encoded, from the offset its state reached. The caller holds mu and
+// runs on the poll goroutine after a poll and before AllowRebalance
+// (SetOffsets wants no revoke running).
+func (a *aggregator) thawSnapshots() {
+	for id, p := range a.parts {
+		t := p.snap
+		if t == nil {
+			continue
+		}
+		select {
+		case <-t.done:
+		default:
+			continue
+		}
+		p.snap = nil
+		a.m.snapshotSeconds.Observe(t.took.Seconds())
+		if t.err != nil {
+			a.m.snapshots.WithLabelValues("skipped").Inc()
+			a.log.Warn("partition state not snapshotted; the next interval tries again", "partition", id, "err", t.err)
+		} else {
+			p.snapLen = len(t.data)
+		}
+		a.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{a.cfg.Topic: {id: {Epoch: -1, Offset: p.next}}})
+		a.cl.ResumeFetchPartitions(map[string][]int32{a.cfg.Topic: {id}})
+	}
+}
+
+// settle waits until p's state is no longer being encoded, for the rare
+// changes that cannot wait for the thaw (a policy reload, an operator
+// override). The caller holds mu; the encoding does not take it.
+func (p *partition) settle() {
+	if p.snap != nil {
+		<-p.snap.done
+	}
+}
+
+// dropFrozen un-pauses the partitions of parts that were frozen for a
+// snapshot, as they leave this instance, so that a later assignment
+// fetches them. The caller holds mu.
+func (a *aggregator) dropFrozen(parts []int32) {
+	for _, id := range parts {
+		if p := a.parts[id]; p != nil && p.snap != nil {
+			p.snap = nil
+			a.cl.ResumeFetchPartitions(map[string][]int32{a.cfg.Topic: {id}})
+		}
+	}
 }

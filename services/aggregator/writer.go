@@ -23,10 +23,9 @@ type job struct {
 	epoch    int32
 	count    int32 // the partition count it was drained under, committed as metadata (handover.go)
 	rows     int
-	// snap, if set, is a snapshot of the partition's state covering the
-	// events below next, under policy fingerprint snapFP (consumer.go).
-	snap   []byte
-	snapFP string
+	// snap, if set, is the snapshot of the partition's state covering the
+	// events below next, being encoded (snapshot.go).
+	snap *snapTask
 }
 
 // writer stores one partition's flushed batches in ClickHouse, strictly in
@@ -59,6 +58,10 @@ type writer struct {
 	// commitFailed, committed).
 	written      int64
 	commitFailed bool
+	// stale is the offset of the newest snapshot stored whose older
+	// snapshots are not dropped yet: they go once an offset at or past
+	// it is committed. Only the writer's goroutine uses it.
+	stale int64
 }
 
 func closedChan() chan struct{} {
@@ -192,8 +195,13 @@ func (a *aggregator) runWriter(w *writer) {
 		}
 		a.m.writeRows.Observe(float64(rows))
 		a.m.writeSeconds.Observe(time.Since(start).Seconds())
-		a.storeSnapshot(w, jobs)
+		if off, ok := a.storeSnapshot(w, jobs); ok {
+			w.stale = off
+		}
 		cerr := a.commit(w.ctx, w.part, end)
+		if cerr == nil && w.stale > 0 && end.next >= w.stale {
+			a.dropStaleSnapshots(w)
+		}
 		w.mu.Lock()
 		w.queue = w.queue[len(jobs):]
 		w.written, w.commitFailed = end.next, cerr != nil
@@ -212,27 +220,55 @@ func (a *aggregator) runWriter(w *writer) {
 }
 
 // storeSnapshot stores the newest snapshot among jobs, whose rows are
-// stored, before their offset is committed. A failure is not retried: the
-// next interval takes another, and a restart meanwhile uses an older one
-// or rebuilds in full.
-func (a *aggregator) storeSnapshot(w *writer, jobs []*job) {
+// stored, before their offset is committed, waiting for its encoding to
+// end; it reports the offset the stored snapshot covers. A failure is not
+// retried: the next interval takes another, and a restart meanwhile uses
+// an older one or rebuilds in full.
+func (a *aggregator) storeSnapshot(w *writer, jobs []*job) (int64, bool) {
 	for i := len(jobs) - 1; i >= 0; i-- {
 		j := jobs[i]
 		if j.snap == nil {
 			continue
 		}
+		select {
+		case <-j.snap.done:
+		case <-w.ctx.Done():
+			return 0, false
+		}
+		if j.snap.err != nil {
+			return 0, false // counted and logged by the thaw
+		}
 		ctx, cancel := context.WithTimeout(w.ctx, max(a.cfg.WriteTimeout, time.Minute))
-		err := a.store.WriteSnapshot(ctx, w.part, j.next, tally.SnapshotVersion, j.snapFP, j.snap)
+		err := a.store.WriteSnapshot(ctx, w.part, j.next, tally.SnapshotVersion, j.snap.fp, j.snap.data)
 		cancel()
 		if err != nil {
 			a.m.snapshots.WithLabelValues("failed").Inc()
 			a.log.Warn("partition snapshot not stored; the next interval takes another", "partition", w.part, "offset", j.next, "err", err)
-			return
+			return 0, false
 		}
 		a.m.snapshots.WithLabelValues("stored").Inc()
-		a.log.Debug("partition snapshot stored", "partition", w.part, "offset", j.next, "bytes", len(j.snap))
+		a.log.Debug("partition snapshot stored", "partition", w.part, "offset", j.next, "bytes", len(j.snap.data))
+		return j.next, true
+	}
+	return 0, false
+}
+
+// dropStaleSnapshots drops the partition's snapshots older than the
+// newest stored, once an offset at or past it is committed: a restart
+// resumes at or past it and loads it (or a newer one). A failure is
+// logged and tried again after the next commit.
+func (a *aggregator) dropStaleSnapshots(w *writer) {
+	ctx, cancel := context.WithTimeout(w.ctx, max(a.cfg.WriteTimeout, time.Minute))
+	defer cancel()
+	n, err := a.store.DropSnapshotsBefore(ctx, w.part, w.stale)
+	if n > 0 {
+		a.m.snapshotsDropped.Add(float64(n))
+	}
+	if err != nil {
+		a.log.Warn("superseded partition snapshots not dropped; retrying after the next commit", "partition", w.part, "offset", w.stale, "err", err)
 		return
 	}
+	w.stale = 0
 }
 
 // release takes n rows off the unwritten count and wakes a poll loop

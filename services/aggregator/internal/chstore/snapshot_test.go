@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -116,5 +117,58 @@ func TestReplaySinceSeesTheLatestVersionOfIdsStoredSince(t *testing.T) {
 	want := []seen{{"b", 60, 13}, {"c", 7, 14}}
 	if n != len(want) || len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
 		t.Fatalf("replayed %d: %v, want %v", n, got, want)
+	}
+}
+
+// TestDropSnapshotsBefore: once a newer snapshot is stored and committed,
+// the partition's older ones (of any format or fingerprint, complete or
+// not) are deleted from ClickHouse, the newer one and other partitions'
+// stay, and a restart at the committed offset still finds its snapshot.
+func TestDropSnapshotsBefore(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s := New(migratedDB(t, ctx), func() CostFunc { return nil }, 1000)
+	for _, w := range []struct {
+		part   int32
+		off    int64
+		format uint16
+	}{{0, 100, 1}, {0, 200, 2}, {0, 300, 1}, {0, 400, 1}, {1, 100, 1}} {
+		if err := s.WriteSnapshot(ctx, w.part, w.off, w.format, "fp", []byte(fmt.Sprint("at ", w.off))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := s.DropSnapshotsBefore(ctx, 0, 300)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Errorf("dropped %d snapshots, want the 2 below offset 300", n)
+	}
+	left := func(part int32) (offs []int64) {
+		rows, err := s.conn.Query(ctx, "SELECT DISTINCT kafka_offset FROM aggregator_snapshots WHERE kafka_partition = ? ORDER BY kafka_offset", part)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var o int64
+			if err := rows.Scan(&o); err != nil {
+				t.Fatal(err)
+			}
+			offs = append(offs, o)
+		}
+		return offs
+	}
+	if got := left(0); fmt.Sprint(got) != "[300 400]" {
+		t.Errorf("partition 0 keeps snapshots at %v, want [300 400]", got)
+	}
+	if got := left(1); fmt.Sprint(got) != "[100]" {
+		t.Errorf("partition 1 keeps snapshots at %v, want [100]", got)
+	}
+	if data, off, err := s.Snapshot(ctx, 0, 350, 1, "fp"); err != nil || off != 300 || string(data) != "at 300" {
+		t.Errorf("restart at 350: snapshot at %d %q %v, want the one at 300", off, data, err)
+	}
+	if n, err := s.DropSnapshotsBefore(ctx, 0, 300); err != nil || n != 0 {
+		t.Errorf("dropping again: %d, %v; want nothing to drop", n, err)
 	}
 }

@@ -34,7 +34,7 @@ func main() {
 	flag.IntVar(&cfg.BatchEvents, "batch", cfg.BatchEvents, "batch events")
 	flag.DurationVar(&cfg.FlushInterval, "flush", 200*time.Millisecond, "flush interval")
 	flag.DurationVar(&cfg.SessionTimeout, "session-timeout", 6*time.Second, "group session timeout")
-	flag.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", 0, "snapshot interval (0: off)")
+	flag.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", cfg.SnapshotInterval, "snapshot interval (0: off)")
 	keys := flag.String("signal-keys", "", "signal_auth keys, key_id:secret[,…]")
 	flag.Parse()
 
