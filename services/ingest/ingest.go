@@ -51,20 +51,20 @@ func run(ctx context.Context, cfg Config, env platform.Env, started func(addr st
 	if cfg.UsageAPI.Enabled {
 		ua, err := usageapi.Open(cfg.UsageAPI, env, env.Logger.With("component", "usage-api"))
 		if err != nil {
-			s.kafka.Close()
+			s.closeProducers()
 			return fmt.Errorf("services.ingest.%w", err)
 		}
 		defer ua.Close()
 		s.usage = ua
 	}
 	if err := s.m.register(env.Metrics); err != nil {
-		s.kafka.Close()
+		s.closeProducers()
 		return fmt.Errorf("ingest: register metrics: %w", err)
 	}
 	defer s.m.unregister(env.Metrics)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		s.kafka.Close()
+		s.closeProducers()
 		return fmt.Errorf("ingest: listen on %s: %w (set services.ingest.listen to a free address)", cfg.Listen, err)
 	}
 	// Ready only once the listener accepts: a load balancer that saw
@@ -119,10 +119,12 @@ func (s *server) shutdown(srv *http.Server) error {
 	// Records of requests that already answered 503 may still be retrying;
 	// flushing lets their acknowledgements arrive, which writes their
 	// dedup marks, but nothing waits for them past the deadline.
-	if err := s.kafka.Flush(sctx); err != nil {
-		s.log.Warn("producer did not flush within shutdown_timeout; unacknowledged records were answered 503 and will be retried by gateways", "err", err)
+	for _, cl := range []*kgo.Client{s.kafka, s.quick} {
+		if err := cl.Flush(sctx); err != nil {
+			s.log.Warn("producer did not flush within shutdown_timeout; unacknowledged records were answered 503 and will be retried by gateways", "err", err)
+		}
 	}
-	s.kafka.Close()
+	s.closeProducers()
 	s.log.Info("events API stopped")
 	return errors.Join(errs...)
 }

@@ -418,7 +418,7 @@ func TestCanceledRequestAnswers503(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.kafka.Close()
+	defer s.closeProducers()
 	proxy.Cut()
 	defer proxy.Restore()
 

@@ -1,7 +1,11 @@
 package ingest
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // metrics are the ingest service's Prometheus collectors.
@@ -13,6 +17,7 @@ type metrics struct {
 	batchSize      prometheus.Histogram   // events per request
 	produceLatency prometheus.Histogram   // seconds from first produce to last ack of a request
 	produceErrors  prometheus.Counter     // records the producer failed
+	produceReqs    prometheus.Counter     // produce requests written to brokers
 	dedupHits      prometheus.Counter     // events acknowledged without producing
 	keyReloads     *prometheus.CounterVec // by result: ok, error
 	inflight       prometheus.GaugeFunc   // events produced and not yet acknowledged
@@ -50,6 +55,9 @@ func newMetrics(inflight, decodeMemory func() float64) *metrics {
 		produceErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_ingest_produce_errors_total", Help: "Records the producer failed to deliver (the request got 503).",
 		}),
+		produceReqs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_ingest_produce_requests_total", Help: "Produce requests written to the brokers; sluice_ingest_events_total{result=\"accepted\"} over it is how many events one produce request carries (the broker's work grows with the requests, not the events).",
+		}),
 		dedupHits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_ingest_dedup_hits_total", Help: "Events acknowledged without producing because their id was already acknowledged.",
 		}),
@@ -67,8 +75,15 @@ func newMetrics(inflight, decodeMemory func() float64) *metrics {
 	m.duplicates = m.events.WithLabelValues("duplicate")
 	m.accepted202 = m.requests.WithLabelValues("202")
 	m.collectors = []prometheus.Collector{m.requests, m.events, m.rejected, m.unavailable, m.batchSize,
-		m.produceLatency, m.produceErrors, m.dedupHits, m.keyReloads, m.inflight, m.decodeMemory}
+		m.produceLatency, m.produceErrors, m.produceReqs, m.dedupHits, m.keyReloads, m.inflight, m.decodeMemory}
 	return m
+}
+
+// OnBrokerWrite counts produce requests (kgo.HookBrokerWrite).
+func (m *metrics) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if key == int16(kmsg.Produce) && err == nil {
+		m.produceReqs.Inc()
+	}
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {

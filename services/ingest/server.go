@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,10 +28,14 @@ import (
 
 // server is the events API: one per Run, or per test.
 type server struct {
-	cfg    Config
-	log    *slog.Logger
-	keys   *apikey.File // nil: anonymous access allowed
-	kafka  *kgo.Client
+	cfg   Config
+	log   *slog.Logger
+	keys  *apikey.File // nil: anonymous access allowed
+	kafka *kgo.Client
+	// quick produces requests of at most linger_free_max_events events:
+	// a client without linger, so their records are sent as soon as they
+	// are buffered. It is kafka itself when kafka does not linger.
+	quick  *kgo.Client
 	dedup  *dedup.Window
 	budget budget
 	// decodeMem bounds the memory of every body being read and decoded
@@ -122,6 +125,7 @@ func newServer(ctx context.Context, cfg Config, env platform.Env, extra ...kgo.O
 		// blocks on this bound; it is the client's memory ceiling.
 		kgo.MaxBufferedRecords(cfg.InflightEvents),
 		kgo.RecordDeliveryTimeout(cfg.DeliveryTimeout),
+		kgo.WithHooks(s.m),
 	}, extra...)
 	cl, err := kafkaconn.NewClient(env.Kafka, opts...)
 	if err != nil {
@@ -133,8 +137,30 @@ func newServer(ctx context.Context, cfg Config, env platform.Env, extra ...kgo.O
 		cl.Close()
 		return nil, err
 	}
-	s.kafka = cl
+	s.kafka, s.quick = cl, cl
+	if cfg.Linger > 0 && cfg.LingerFreeMaxEvents > 0 {
+		// Small requests get a producer of their own that never lingers:
+		// each request's records are sent as soon as they are buffered,
+		// together with whatever concurrent requests buffered meanwhile
+		// (up to 5 produce requests in flight, so records accumulate while
+		// the broker answers). The handler produces and waits; no goroutine
+		// per request, as ProduceSync would need to keep produce_timeout.
+		quick, err := kafkaconn.NewClient(env.Kafka, append(opts, kgo.ProducerLinger(0))...)
+		if err != nil {
+			cl.Close()
+			return nil, err
+		}
+		s.quick = quick
+	}
 	return s, nil
+}
+
+// closeProducers closes the producer clients.
+func (s *server) closeProducers() {
+	if s.quick != s.kafka {
+		s.quick.Close()
+	}
+	s.kafka.Close()
 }
 
 // handler routes the events API and the service's own health endpoints.
@@ -154,7 +180,15 @@ func (s *server) handler() http.Handler {
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
-	return mux
+	// The events API is matched before the mux's patterns (the same
+	// route): at one event per request every step of it counts.
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == "/v1/events" {
+			s.events(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 // usageTenant authenticates a usage API call by ingest key: the tenant is
@@ -331,18 +365,44 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) {
 // request the answer is a large share of the handler's work.
 func (s *server) replyAccepted(w http.ResponseWriter, accepted, duplicates int) {
 	s.m.accepted202.Inc()
-	var b [64]byte
-	out := append(b[:0], `{"accepted":`...)
-	out = strconv.AppendInt(out, int64(accepted), 10)
+	var a *acceptedAnswer
+	if accepted < len(smallAnswers) && duplicates <= accepted {
+		a = &smallAnswers[accepted][duplicates]
+	} else {
+		a = newAcceptedAnswer(accepted, duplicates)
+	}
+	h := w.Header()
+	h["Content-Type"] = jsonContentType
+	h["Content-Length"] = a.length
+	w.WriteHeader(http.StatusAccepted)
+	_, _ = w.Write(a.body)
+}
+
+// acceptedAnswer is the body of a 202 answer and its Content-Length.
+type acceptedAnswer struct {
+	body   []byte
+	length []string
+}
+
+func newAcceptedAnswer(accepted, duplicates int) *acceptedAnswer {
+	out := append([]byte(`{"accepted":`), strconv.Itoa(accepted)...)
 	out = append(out, `,"duplicates":`...)
 	out = strconv.AppendInt(out, int64(duplicates), 10)
 	out = append(out, ",\"rejected\":[]}\n"...)
-	h := w.Header()
-	h["Content-Type"] = jsonContentType
-	h["Content-Length"] = []string{strconv.Itoa(len(out))}
-	w.WriteHeader(http.StatusAccepted)
-	_, _ = w.Write(out)
+	return &acceptedAnswer{body: out, length: []string{strconv.Itoa(len(out))}}
 }
+
+// smallAnswers[accepted][duplicates] are the 202 answers of requests of
+// up to 16 events, built once and shared (never modified): a one-event
+// request's answer then costs no allocation of its own.
+var smallAnswers = func() (v [17][17]acceptedAnswer) {
+	for a := range v {
+		for d := 0; d <= a; d++ {
+			v[a][d] = *newAcceptedAnswer(a, d)
+		}
+	}
+	return v
+}()
 
 // jsonContentType is shared by every 202 answer's header (never modified).
 var jsonContentType = []string{"application/json"}
@@ -365,7 +425,22 @@ type tracker struct {
 	done      chan struct{}
 	mu        sync.Mutex
 	err       error
+
+	// keys are the dedup keys of the request's fresh events and recs
+	// their records, in the same order; the records' values alias one
+	// buffer, which lives until the broker answered.
+	keys []dedup.Key
+	recs []kgo.Record
+	// A one-event request's key, record and value live here, so that its
+	// produce allocates the tracker and little else.
+	oneKey [1]dedup.Key
+	oneRec [1]kgo.Record
+	oneVal [oneValueBytes]byte
 }
+
+// oneValueBytes holds a typical event's JSON (~400 bytes with a few
+// attributes); a larger one gets a buffer of its own.
+const oneValueBytes = 512
 
 // settle records the broker's answer for the record of key.
 func (t *tracker) settle(key dedup.Key, err error) {
@@ -386,40 +461,34 @@ func (t *tracker) settle(key dedup.Key, err error) {
 	}
 }
 
+// settleOne is the promise of a one-record request.
+func (t *tracker) settleOne(_ *kgo.Record, err error) { t.settle(t.keys[0], err) }
+
 func (t *tracker) promise(key dedup.Key) func(*kgo.Record, error) {
 	return func(_ *kgo.Record, err error) { t.settle(key, err) }
-}
-
-// deliverNow produces a small request's records and settles each with
-// the broker's answer. ProduceSync, unlike Produce, stops the partitions'
-// linger as soon as the records are buffered: they still share a batch
-// with whatever concurrent requests buffered meanwhile, but a one-event
-// request no longer waits out the linger (with 64 one-event clients the
-// 5 ms linger bounded ingest to 64 requests per linger plus broker round
-// trip, p50 above 5 ms). It runs in its own goroutine so that the handler
-// keeps its produce_timeout and cancellation.
-func (s *server) deliverNow(t *tracker, recs []*kgo.Record, keys []dedup.Key) {
-	// context.Background: see produce.
-	for _, r := range s.kafka.ProduceSync(context.Background(), recs...) {
-		// Results come in completion order; at most linger_free_max_events.
-		t.settle(keys[slices.Index(recs, r.Record)], r.Err)
-	}
 }
 
 // produce claims each event's id, produces the new ones and waits for the
 // broker's acknowledgement of every one of them, up to ProduceTimeout.
 func (s *server) produce(ctx context.Context, events []schemas.UsageEvent) produceResult {
 	var res produceResult
-	owner := s.owners.Add(1)
-	fresh := make([]int, 0, len(events))
-	keys := make([]dedup.Key, 0, len(events))
+	t := &tracker{s: s, owner: s.owners.Add(1)}
+	var fresh []*schemas.UsageEvent
+	if len(events) == 1 {
+		t.keys = t.oneKey[:0]
+	} else {
+		t.keys = make([]dedup.Key, 0, len(events))
+		fresh = make([]*schemas.UsageEvent, 0, len(events))
+	}
 	for i := range events {
 		ev := &events[i]
-		state, key := s.dedup.Begin(dedup.Key{Tenant: ev.Tenant, ID: ev.ID, Estimated: ev.Estimated}, owner)
+		state, key := s.dedup.Begin(dedup.Key{Tenant: ev.Tenant, ID: ev.ID, Estimated: ev.Estimated}, t.owner)
 		switch state {
 		case dedup.Claimed:
-			fresh = append(fresh, i)
-			keys = append(keys, key)
+			t.keys = append(t.keys, key)
+			if fresh != nil {
+				fresh = append(fresh, ev)
+			}
 		case dedup.Acknowledged, dedup.SameOwner:
 			res.duplicates++
 		case dedup.InFlight:
@@ -429,55 +498,66 @@ func (s *server) produce(ctx context.Context, events []schemas.UsageEvent) produ
 	if res.duplicates > 0 {
 		s.m.dedupHits.Add(float64(res.duplicates))
 	}
-	if len(fresh) == 0 {
+	n := len(t.keys)
+	if n == 0 {
 		return res
 	}
-	if !s.budget.tryAcquire(int64(len(fresh))) {
-		for _, k := range keys {
-			s.dedup.Abort(k, owner)
+	if !s.budget.tryAcquire(int64(n)) {
+		for _, k := range t.keys {
+			s.dedup.Abort(k, t.owner)
 		}
 		res.budgetExhausted = true
 		return res
 	}
-	res.produced = len(fresh)
-
-	// One buffer, one record slice and one pointer slice per request; the
-	// records alias the buffer, which lives until the broker answered.
-	var size int
-	for _, i := range fresh {
-		size += 256 + len(events[i].Attributes)*64
-	}
-	buf := make([]byte, 0, size)
-	ends := make([]int, len(fresh))
-	for j, i := range fresh {
-		buf = eventjson.AppendUsageEventJSON(buf, &events[i])
-		ends[j] = len(buf)
-	}
-	recs := make([]kgo.Record, len(fresh))
-	ptrs := make([]*kgo.Record, len(fresh))
-	prev := 0
-	for j, i := range fresh {
-		recs[j] = kgo.Record{Key: []byte(events[i].Tenant), Value: buf[prev:ends[j]:ends[j]], Headers: s.header}
-		ptrs[j] = &recs[j]
-		prev = ends[j]
-	}
-	t := &tracker{s: s, owner: owner, done: make(chan struct{})}
-	t.remaining.Store(int64(len(fresh)))
-	start := time.Now()
-	// Requests of more than linger_free_max_events fill batches by
-	// themselves, and while they linger concurrent ones join the same
-	// produce request; on a busy 2-core machine 1,000-event requests lost
-	// throughput when every request drained at once (bench/README.md).
-	if len(ptrs) <= s.cfg.LingerFreeMaxEvents {
-		go s.deliverNow(t, ptrs, keys)
+	res.produced = n
+	t.done = make(chan struct{})
+	t.remaining.Store(int64(n))
+	if fresh == nil {
+		ev := &events[0]
+		// The value, then the key, in the tracker's own buffer.
+		buf := eventjson.AppendUsageEventJSON(t.oneVal[:0], ev)
+		end := len(buf)
+		buf = append(buf, ev.Tenant...)
+		t.oneRec[0] = kgo.Record{Key: buf[end:], Value: buf[:end:end], Headers: s.header}
+		t.recs = t.oneRec[:]
 	} else {
-		for j, r := range ptrs {
-			// context.Background: kgo cancels a whole partition's
-			// buffered records by the first record's context, so a
-			// per-request context would let one impatient request fail
-			// its neighbours' events. The wait below enforces the
-			// request's deadline instead.
-			s.kafka.Produce(context.Background(), r, t.promise(keys[j]))
+		// One buffer and one record slice per request.
+		var size int
+		for _, ev := range fresh {
+			size += 256 + len(ev.Attributes)*64
+		}
+		buf := make([]byte, 0, size)
+		ends := make([]int, n)
+		for j, ev := range fresh {
+			buf = eventjson.AppendUsageEventJSON(buf, ev)
+			ends[j] = len(buf)
+		}
+		t.recs = make([]kgo.Record, n)
+		prev := 0
+		for j, ev := range fresh {
+			t.recs[j] = kgo.Record{Key: []byte(ev.Tenant), Value: buf[prev:ends[j]:ends[j]], Headers: s.header}
+			prev = ends[j]
+		}
+	}
+	start := time.Now()
+	// Requests of at most linger_free_max_events go to the producer that
+	// never lingers (see newServer); larger ones fill batches by
+	// themselves, and while they linger concurrent ones join the same
+	// produce request (on a busy 2-core machine 1,000-event requests lost
+	// throughput when every request drained at once: bench/README.md).
+	cl := s.kafka
+	if n <= s.cfg.LingerFreeMaxEvents {
+		cl = s.quick
+	}
+	// context.Background: kgo cancels a whole partition's buffered records
+	// by the first record's context, so a per-request context would let
+	// one impatient request fail its neighbours' events. The wait below
+	// enforces the request's deadline instead.
+	if n == 1 {
+		cl.Produce(context.Background(), &t.recs[0], t.settleOne)
+	} else {
+		for j := range t.recs {
+			cl.Produce(context.Background(), &t.recs[j], t.promise(t.keys[j]))
 		}
 	}
 	timer := time.NewTimer(s.cfg.ProduceTimeout)

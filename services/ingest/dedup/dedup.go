@@ -138,7 +138,15 @@ func (w *Window) Begin(id Key, owner uint64) (state State, key Key) {
 			return Acknowledged, Key{}
 		}
 	}
-	key = Key{Tenant: strings.Clone(id.Tenant), ID: strings.Clone(id.ID), Estimated: id.Estimated}
+	// One copy of both strings: one allocation per claimed event (a
+	// Builder always copies, where a concatenation with an empty string
+	// would return the caller's).
+	var sb strings.Builder
+	sb.Grow(len(id.Tenant) + len(id.ID))
+	sb.WriteString(id.Tenant)
+	sb.WriteString(id.ID)
+	both := sb.String()
+	key = Key{Tenant: both[:len(id.Tenant)], ID: both[len(id.Tenant):], Estimated: id.Estimated}
 	s.ids[key] = slot{owner: owner}
 	return Claimed, key
 }

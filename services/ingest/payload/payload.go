@@ -67,7 +67,8 @@ func (e *LimitError) Error() string {
 // FormatOf maps a Content-Type header to a Format. An empty header means
 // JSON, so that the simplest client works.
 func FormatOf(contentType string) (Format, error) {
-	if contentType == "" {
+	if contentType == "" || contentType == "application/json" {
+		// The common case, without parsing (which allocates).
 		return JSON, nil
 	}
 	mt, params, err := mime.ParseMediaType(contentType)
@@ -122,10 +123,17 @@ func ReadBody(r io.Reader, contentEncoding string, maxBytes int64, buf *bytes.Bu
 	default:
 		return &UnsupportedError{Msg: fmt.Sprintf("Content-Encoding %q is not supported; send gzip or identity", contentEncoding)}
 	}
+	// Both readers in one allocation.
+	rd := &struct {
+		res reservingReader
+		lim io.LimitedReader
+	}{}
 	if reserve != nil {
-		r = &reservingReader{r: r, reserve: reserve, limit: maxBytes}
+		rd.res = reservingReader{r: r, reserve: reserve, limit: maxBytes}
+		r = &rd.res
 	}
-	n, err := buf.ReadFrom(io.LimitReader(r, maxBytes+1))
+	rd.lim = io.LimitedReader{R: r, N: maxBytes + 1}
+	n, err := buf.ReadFrom(&rd.lim)
 	if errors.Is(err, ErrBusy) {
 		return ErrBusy
 	}

@@ -1,0 +1,401 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/schemas/eventjson"
+)
+
+// Settings of BenchmarkOneEventRequests, each overridable by the
+// environment variable named beside it.
+const (
+	// oneReqConns (SLUICE_ONEREQ_CONNS) are the concurrencies tried, one
+	// after the other: persistent connections, one request in flight on
+	// each.
+	oneReqConns = "16,32,64,128"
+	// oneReqFor (SLUICE_ONEREQ_FOR) is how long each concurrency is
+	// measured, after oneReqWarmup.
+	oneReqFor    = 10 * time.Second
+	oneReqWarmup = 2 * time.Second
+	// oneReqP50Bound is the issue's median for one-event requests.
+	oneReqP50Bound = 2 * time.Millisecond
+	// oneReqTenants spreads the events over tenants, so over the topic's
+	// partitions, as a shared gateway's are.
+	oneReqTenants = 16
+)
+
+// BenchmarkOneEventRequests measures one-event POST /v1/events requests as
+// a gateway without batching sends them: ingest runs as its own process
+// (the sluice binary) producing to the shared broker (acks=all, so every
+// 202 follows the broker's acknowledgement), and this process is a lean
+// load generator — persistent connections, each writing a pre-built
+// request whose event id is renumbered in place and reading the answer,
+// one request in flight per connection, no net/http client — so that the
+// figures measure the server rather than the client.
+//
+// It tries each concurrency of SLUICE_ONEREQ_CONNS (16,32,64,128) for
+// SLUICE_ONEREQ_FOR (10s) after a 2 s warm-up, prints a line per
+// concurrency, and reports the one with the highest rate whose median
+// stays within 2 ms (or, when none does, the one with the highest rate):
+//
+//   - ingest_one_event_requests_per_sec: requests answered 202 per second.
+//   - ingest_one_event_p50_ms, ingest_one_event_p99_ms: request latency at the client (write to the whole answer read).
+//   - ingest_one_event_server_cpu_us_per_request: CPU time (/proc/<pid>/stat, user + system, every thread) of the ingest process per request.
+//   - ingest_one_event_broker_cpu_us_per_request: the same for the Kafka broker's JVM.
+//   - ingest_one_event_client_cpu_us_per_request: the same for this process, the load generator.
+//   - ingest_one_event_cpu_us_per_request: the sum of the three.
+//   - ingest_one_event_cpu_bound_requests_per_sec: the rate at which that sum would fill every core of the machine.
+//   - ingest_one_event_other_cores: cores busy meanwhile with other processes (the machine's state).
+//   - ingest_one_event_connections: the concurrency the figures are of.
+//   - ingest_one_event_server_allocs_per_request, ingest_one_event_server_alloc_bytes_per_request: heap allocations of the ingest process per request (its go_memstats counters).
+//   - ingest_one_event_records_per_produce_request: requests answered over the produce requests ingest wrote to the broker (sluice_ingest_produce_requests_total): how many one-event requests share a produce request.
+//
+// SLUICE_ONEREQ_PROFILE_DIR=<dir> also writes a CPU profile and the
+// allocations of the ingest process over each measured interval to
+// <dir>/ingest-<connections>.{cpu,allocs}.pprof. Extra ingest flags can
+// be given in SLUICE_ONEREQ_INGEST_FLAGS (space-separated, e.g.
+// -services.ingest.linger_free_max_events=0) to compare settings, and
+// SLUICE_ONEREQ_SLUICE_BIN names another sluice binary for ingest (a
+// build of another commit) to compare commits.
+func BenchmarkOneEventRequests(b *testing.B) {
+	if testing.Short() {
+		b.Skip("end-to-end benchmark: needs the real services")
+	}
+	var conns []int
+	for _, f := range strings.Split(orDefault(os.Getenv("SLUICE_ONEREQ_CONNS"), oneReqConns), ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 4096 {
+			b.Fatalf("SLUICE_ONEREQ_CONNS: %q is not a connection count from 1 to 4096", f)
+		}
+		conns = append(conns, n)
+	}
+	measure := envDuration(b, "SLUICE_ONEREQ_FOR", oneReqFor)
+	profDir := os.Getenv("SLUICE_ONEREQ_PROFILE_DIR")
+	extra := []string{"-services.ingest.inflight_events=200000"}
+	if profDir != "" {
+		if err := os.MkdirAll(profDir, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		extra = append(extra, "-ops.pprof=true", fmt.Sprintf("-ops.http.write_timeout=%s", measure+time.Minute))
+	}
+	extra = append(extra, strings.Fields(os.Getenv("SLUICE_ONEREQ_INGEST_FLAGS"))...)
+	s := newStack(b, stackOptions{Extra: extra})
+	// Another build (another commit's) may serve, to compare commits in
+	// alternate runs with the same load generator.
+	if bin := os.Getenv("SLUICE_ONEREQ_SLUICE_BIN"); bin != "" {
+		defer func(own string) { sluiceBin = own }(sluiceBin)
+		sluiceBin = bin
+	}
+	ingest := s.start("ingest")
+	broker, err := itest.ServicePID("kafka")
+	if err != nil {
+		b.Fatalf("the broker's CPU cannot be charged: %v", err)
+	}
+	procs := []oneReqProc{{"server", ingest.cmd.Process.Pid}, {"broker", broker}, {"client", os.Getpid()}}
+	// The ingest process's own counters: allocations, and produce
+	// requests when the build counts them (not another commit's).
+	counters := []string{"go_memstats_mallocs_total", "go_memstats_alloc_bytes_total"}
+	if _, page, err := httpGet(context.Background(), "http://"+ingest.opsAddr+"/metrics"); err == nil && bytes.Contains(page, []byte("\nsluice_ingest_produce_requests_total ")) {
+		counters = append(counters, "sluice_ingest_produce_requests_total")
+	}
+	ops := &oneReqOps{m: &meter{b: b}, addr: ingest.opsAddr, names: counters}
+
+	sfx := randomKey()[7:15]
+	b.ResetTimer()
+	var results []oneReqResult
+	for _, n := range conns {
+		r := runOneEventLoad(b, s, procs, ops, n, measure, sfx, profDir)
+		fmt.Printf("one-event requests, %4d connections: %s\n", n, r)
+		results = append(results, r)
+	}
+	b.StopTimer()
+	best := results[0]
+	for _, r := range results[1:] {
+		bestOK, ok := best.p50 <= oneReqP50Bound, r.p50 <= oneReqP50Bound
+		if ok && !bestOK || ok == bestOK && r.rate > best.rate {
+			best = r
+		}
+	}
+	b.ReportMetric(best.rate, "ingest_one_event_requests_per_sec")
+	b.ReportMetric(ms(best.p50), "ingest_one_event_p50_ms")
+	b.ReportMetric(ms(best.p99), "ingest_one_event_p99_ms")
+	for _, p := range procs {
+		b.ReportMetric(best.cpuPerRequest[p.component], "ingest_one_event_"+p.component+"_cpu_us_per_request")
+	}
+	b.ReportMetric(best.total(), "ingest_one_event_cpu_us_per_request")
+	b.ReportMetric(float64(runtime.NumCPU())*1e6/best.total(), "ingest_one_event_cpu_bound_requests_per_sec")
+	b.ReportMetric(best.otherCores, "ingest_one_event_other_cores")
+	b.ReportMetric(best.perRequest["go_memstats_mallocs_total"], "ingest_one_event_server_allocs_per_request")
+	b.ReportMetric(best.perRequest["go_memstats_alloc_bytes_total"], "ingest_one_event_server_alloc_bytes_per_request")
+	if v, ok := best.perRequest["sluice_ingest_produce_requests_total"]; ok && v > 0 {
+		b.ReportMetric(1/v, "ingest_one_event_records_per_produce_request")
+	}
+	b.ReportMetric(float64(best.conns), "ingest_one_event_connections")
+}
+
+// oneReqProc is a process whose CPU is charged to the requests.
+type oneReqProc struct {
+	component string // server, broker, client
+	pid       int
+}
+
+// oneReqResult is one concurrency's measurement.
+type oneReqResult struct {
+	conns         int
+	rate          float64
+	p50, p99      time.Duration
+	cpuPerRequest map[string]float64 // µs per request by component
+	perRequest    map[string]float64 // the ingest process's counters per request
+	otherCores    float64
+	load          string // /proc/loadavg at the end
+}
+
+func (r oneReqResult) total() float64 {
+	var t float64
+	for _, v := range r.cpuPerRequest {
+		t += v
+	}
+	return t
+}
+
+func (r oneReqResult) String() string {
+	perProduce := "?"
+	if v := r.perRequest["sluice_ingest_produce_requests_total"]; v > 0 {
+		perProduce = fmt.Sprintf("%.1f", 1/v)
+	}
+	return fmt.Sprintf("%7.0f requests/s, p50 %.2f ms, p99 %.2f ms, CPU µs/request: server %.1f, broker %.1f, client %.1f, total %.1f (%.0f requests/s on %d cores); server allocs/request %.1f (%.0f B); records/produce request %s; other processes %.2f cores; load average %s",
+		r.rate, ms(r.p50), ms(r.p99), r.cpuPerRequest["server"], r.cpuPerRequest["broker"], r.cpuPerRequest["client"],
+		r.total(), float64(runtime.NumCPU())*1e6/r.total(), runtime.NumCPU(),
+		r.perRequest["go_memstats_mallocs_total"], r.perRequest["go_memstats_alloc_bytes_total"], perProduce, r.otherCores, r.load)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// runOneEventLoad keeps n connections busy with one-event requests and
+// measures them for d after the warm-up.
+func runOneEventLoad(b *testing.B, s *stack, procs []oneReqProc, ops *oneReqOps, n int, d time.Duration, sfx, profDir string) oneReqResult {
+	var (
+		measuring, stop atomic.Bool
+		answered        atomic.Int64
+		wg              sync.WaitGroup
+		mu              sync.Mutex
+		latencies       []time.Duration
+		failure         error
+	)
+	for c := range n {
+		lc, err := newLeanConn(s.ingestAddr, s.ingestKey, fmt.Sprintf("one-%s-%d-%d", sfx, n, c), fmt.Sprintf("bench-one-%s-%d", sfx, c%oneReqTenants))
+		if err != nil {
+			b.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer lc.conn.Close()
+			lat := make([]time.Duration, 0, 1<<16)
+			for !stop.Load() {
+				counted := measuring.Load()
+				took, err := lc.roundTrip()
+				if err != nil {
+					mu.Lock()
+					failure = cmp.Or(failure, err)
+					mu.Unlock()
+					stop.Store(true)
+					return
+				}
+				if counted && measuring.Load() {
+					answered.Add(1)
+					lat = append(lat, took)
+				}
+			}
+			mu.Lock()
+			latencies = append(latencies, lat...)
+			mu.Unlock()
+		}()
+	}
+	time.Sleep(oneReqWarmup) // a warm-up, not an assertion: nothing is measured yet
+	cpu0, machine0, counters0 := sampleCPU(b, procs), machineCPU(b), ops.sample()
+	t0 := time.Now()
+	measuring.Store(true)
+	var profiles sync.WaitGroup
+	if profDir != "" {
+		base := "http://" + s.proc("ingest").opsAddr + "/debug/pprof/"
+		secs := int(d.Seconds()) - 1
+		for _, kind := range []string{"profile", "allocs"} {
+			profiles.Add(1)
+			go func() {
+				defer profiles.Done()
+				name := map[string]string{"profile": "cpu", "allocs": "allocs"}[kind]
+				save(b, fmt.Sprintf("%s%s?seconds=%d", base, kind, secs), filepath.Join(profDir, fmt.Sprintf("ingest-%d.%s.pprof", n, name)))
+			}()
+		}
+	}
+	time.Sleep(d)
+	measuring.Store(false)
+	elapsed := time.Since(t0)
+	cpu1, machine1, counters1 := sampleCPU(b, procs), machineCPU(b), ops.sample()
+	count := answered.Load()
+	stop.Store(true)
+	wg.Wait()
+	profiles.Wait()
+	if failure != nil {
+		b.Fatalf("%d connections: %v", n, failure)
+	}
+	if count == 0 {
+		b.Fatalf("%d connections: no request answered while measured", n)
+	}
+	slices.Sort(latencies)
+	pct := func(p float64) time.Duration { return latencies[min(len(latencies)-1, int(p*float64(len(latencies))))] }
+	r := oneReqResult{conns: n, rate: float64(count) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99), cpuPerRequest: map[string]float64{}}
+	var ours time.Duration
+	for _, p := range procs {
+		used := cpu1[p.component] - cpu0[p.component]
+		ours += used
+		r.cpuPerRequest[p.component] = float64(used.Microseconds()) / float64(count)
+	}
+	r.perRequest = map[string]float64{}
+	for name, v := range counters1 {
+		r.perRequest[name] = (v - counters0[name]) / float64(count)
+	}
+	r.otherCores = max((machine1-machine0-ours).Seconds()/elapsed.Seconds(), 0)
+	if la, err := os.ReadFile("/proc/loadavg"); err == nil {
+		r.load = strings.Join(strings.Fields(string(la))[:3], " ")
+	}
+	return r
+}
+
+// oneReqOps reads counters of the ingest process's /metrics.
+type oneReqOps struct {
+	m     *meter
+	addr  string
+	names []string
+}
+
+func (o *oneReqOps) sample() map[string]float64 {
+	out := make(map[string]float64, len(o.names))
+	for _, n := range o.names {
+		out[n] = o.m.metric(o.addr, n)
+	}
+	return out
+}
+
+// sampleCPU reads every charged process's CPU time.
+func sampleCPU(b *testing.B, procs []oneReqProc) map[string]time.Duration {
+	out := make(map[string]time.Duration, len(procs))
+	for _, p := range procs {
+		c, err := procCPU(p.pid)
+		if err != nil {
+			b.Fatalf("%s: %v", p.component, err)
+		}
+		out[p.component] = c
+	}
+	return out
+}
+
+// leanConn is one persistent HTTP/1.1 connection of the lean load
+// generator: its request is built once and only the event id's sequence
+// digits change, and the answer is read with no more parsing than the
+// status line and Content-Length need.
+type leanConn struct {
+	conn  net.Conn
+	rd    *bufio.Reader
+	req   []byte
+	seqAt int // where the id's fixed-width sequence number starts in req
+	seq   int64
+}
+
+// leanSeqDigits is the width of the sequence number in an event id.
+const leanSeqDigits = 12
+
+func newLeanConn(addr, key, idPrefix, tenant string) (*leanConn, error) {
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	marker := strings.Repeat("0", leanSeqDigits)
+	ev := schemas.UsageEvent{
+		ID: idPrefix + "-" + marker, Time: time.Now().UTC(), Tenant: tenant, Model: "gpt-4o-2024-08-06",
+		PromptTokens: 1234, CompletionTokens: 567, CachedTokens: 200, User: "user-42", Provider: "openai",
+		Endpoint: "/v1/chat/completions", Status: 200, Outcome: schemas.OutcomeOK, LatencyMS: 2345,
+		Priority: schemas.PriorityNormal, Gateway: "gw-bench", Attributes: map[string]string{"team": "search", "feature": "summaries"},
+	}
+	body := append(eventjson.AppendUsageEventJSON([]byte{'['}, &ev), ']')
+	// The headers Go's HTTP client sends for the emitter's request.
+	head := fmt.Sprintf("POST /v1/events HTTP/1.1\r\nHost: %s\r\nUser-Agent: Go-http-client/1.1\r\nContent-Length: %d\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nAccept-Encoding: gzip\r\n\r\n",
+		addr, len(body), key)
+	req := append([]byte(head), body...)
+	at := bytes.Index(req, []byte(`"`+ev.ID+`"`))
+	if at < 0 {
+		conn.Close()
+		return nil, errors.New("lean client: the event id is not in its own request")
+	}
+	return &leanConn{conn: conn, rd: bufio.NewReaderSize(conn, 4096), req: req, seqAt: at + 1 + len(idPrefix) + 1}, nil
+}
+
+// roundTrip sends the request with the next event id and reads the
+// answer, which must be 202.
+func (c *leanConn) roundTrip() (time.Duration, error) {
+	c.seq++
+	v := c.seq
+	for i := c.seqAt + leanSeqDigits - 1; i >= c.seqAt; i-- {
+		c.req[i] = byte('0' + v%10)
+		v /= 10
+	}
+	start := time.Now()
+	if _, err := c.conn.Write(c.req); err != nil {
+		return 0, fmt.Errorf("lean client: write: %w", err)
+	}
+	status, err := c.rd.ReadSlice('\n')
+	if err != nil {
+		return 0, fmt.Errorf("lean client: read the status line: %w", err)
+	}
+	ok := bytes.HasPrefix(status, []byte("HTTP/1.1 202 "))
+	if !ok {
+		status = slices.Clone(status)
+	}
+	length := -1
+	for {
+		line, err := c.rd.ReadSlice('\n')
+		if err != nil {
+			return 0, fmt.Errorf("lean client: read the answer's headers: %w", err)
+		}
+		if len(line) <= 2 {
+			break
+		}
+		if v, found := bytes.CutPrefix(line, []byte("Content-Length: ")); found {
+			length, err = strconv.Atoi(string(bytes.TrimSpace(v)))
+			if err != nil {
+				return 0, fmt.Errorf("lean client: Content-Length %q", v)
+			}
+		}
+	}
+	if length < 0 {
+		return 0, fmt.Errorf("lean client: an answer without Content-Length (%q)", bytes.TrimSpace(status))
+	}
+	body, err := c.rd.Peek(min(length, c.rd.Size()))
+	if err != nil {
+		return 0, fmt.Errorf("lean client: read the answer's body: %w", err)
+	}
+	if !ok {
+		return 0, fmt.Errorf("lean client: %s: %s", bytes.TrimSpace(status), body)
+	}
+	_, _ = c.rd.Discard(length)
+	return time.Since(start), nil
+}
