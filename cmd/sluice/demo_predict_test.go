@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -52,7 +51,7 @@ func TestDemoShowsTheRunawaysPredictionEarly(t *testing.T) {
 	sv.Gateway.Deferred.Group, sv.Gateway.Deferred.TopicPrefix = itest.Unique(t, "demo_deferred"), itest.Unique(t, "demo_deferred")
 	sv.Console.Listen, sv.Console.KeyPrefix = freeAddr(t), prefix
 
-	var out syncBuffer
+	var out itest.Buffer
 	d := newDemoRun(freeAddr(t), freeAddr(t), demoTenants[:1], &out, false)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx, stop := context.WithCancel(context.Background())
@@ -106,24 +105,6 @@ func TestDemoShowsTheRunawaysPredictionEarly(t *testing.T) {
 type errNotYet string
 
 func (e errNotYet) Error() string { return string(e) }
-
-// syncBuffer is a bytes.Buffer the demo writes to while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // alertRecorder is the part of Alertmanager's API v2 the demo uses: the
 // alerter posts alerts, the live view lists the active ones.

@@ -13,10 +13,10 @@ import (
 // failure.
 func Logger(t testing.TB) *slog.Logger {
 	t.Helper()
-	w := &lockedBuffer{}
+	w := &Buffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
-			b := w.bytes()
+			b := w.Bytes()
 			if len(b) > 20000 {
 				b = b[len(b)-20000:]
 			}
@@ -26,20 +26,30 @@ func Logger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
-// lockedBuffer is a bytes.Buffer safe for the services' goroutines.
-type lockedBuffer struct {
+// Buffer is a bytes.Buffer that services' goroutines write while a test
+// reads it: the sink for a service's log or a command's output.
+type Buffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (w *lockedBuffer) Write(p []byte) (int, error) {
+// Write appends p; it never fails.
+func (w *Buffer) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.buf.Write(p)
 }
 
-func (w *lockedBuffer) bytes() []byte {
+// Bytes returns a copy of everything written so far.
+func (w *Buffer) Bytes() []byte {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return bytes.Clone(w.buf.Bytes())
+}
+
+// String returns everything written so far.
+func (w *Buffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
 }

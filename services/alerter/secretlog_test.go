@@ -1,12 +1,10 @@
 package alerter
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,24 +18,6 @@ import (
 	"github.com/sluicehq/sluice/services/alerter/notify"
 	"github.com/sluicehq/sluice/services/alerter/slack"
 )
-
-// lockedBuffer is a log sink the dispatcher's workers write concurrently.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestFailedPostsDoNotLogWebhookSecrets sends to a DingTalk robot and a
 // Slack webhook that refuse connections: the failure logs must name the
@@ -66,7 +46,7 @@ func TestFailedPostsDoNotLogWebhookSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var logs lockedBuffer
+	var logs itest.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	m, err := notify.NewMetrics(prometheus.NewRegistry())
 	if err != nil {
