@@ -38,6 +38,9 @@ type aggregator struct {
 	mu    sync.Mutex
 	parts map[int32]*partition
 	since time.Time // when the oldest unflushed event was read; zero: none
+	// sizedAt is when flushAll last counted the state's size for the
+	// state gauges (stateSizeEvery).
+	sizedAt time.Time
 	ev    schemas.UsageEvent
 
 	// unwritten counts the rows flushed (signals published) but not yet
@@ -424,6 +427,24 @@ func (a *aggregator) flushAll(ctx context.Context) error {
 		a.enqueue(r.p.w, r.j)
 	}
 	a.since = time.Time{}
+	if now := time.Now(); now.Sub(a.sizedAt) >= stateSizeEvery {
+		a.sizedAt = now
+		a.countState()
+	}
+	return nil
+}
+
+// stateSizeEvery is how often flushAll refreshes the state-size gauges.
+// Counting walks every tenant of every partition: 0.9 ms at 100,000
+// keys and 23.5 ms at 1,000,000 (2-core Xeon), which at every flush cost
+// the poll loop 2% of a core at the default flush_interval of 1 s and
+// more than it had at 20 ms; gauges scraped every 15 s or so need no
+// fresher count.
+const stateSizeEvery = 5 * time.Second
+
+// countState sets the state-size gauges: series, remembered ids and held
+// events over every partition.
+func (a *aggregator) countState() {
 	series, idsHeld := 0, 0
 	for _, p := range a.parts {
 		s, i := p.state.Entries()
@@ -436,7 +457,6 @@ func (a *aggregator) flushAll(ctx context.Context) error {
 	a.m.series.Set(float64(series))
 	a.m.ids.Set(float64(idsHeld))
 	a.m.heldNow.Set(float64(held))
-	return nil
 }
 
 // drain turns what p processed since its last flush into a job: events,
