@@ -205,9 +205,12 @@ func TestClusterPartialRefusalLeavesNoDebitOnOtherMasters(t *testing.T) {
 			t.Fatalf("%s: %+v", tc.name, d)
 		}
 		after := read(tc.req.Key)
-		// The bucket refills at 1 token a second meanwhile.
-		if after.bucket < before.bucket || after.bucket > before.bucket+2 {
-			t.Errorf("%s: the bucket on %s went from %.3f to %.3f tokens", tc.name, masterOf(t, c, bk), before.bucket, after.bucket)
+		// The bucket refills at 0.001 tokens a second meanwhile, and the
+		// scripts store tokens to 6 decimals: the debit and the refund may
+		// each round it down by up to 5e-7, more than the refill adds in
+		// the milliseconds between the reads (about half the runs).
+		if after.bucket < before.bucket-1e-5 || after.bucket > before.bucket+2 {
+			t.Errorf("%s: the bucket on %s went from %.7f to %.7f tokens", tc.name, masterOf(t, c, bk), before.bucket, after.bucket)
 		}
 		if !maps.Equal(before.user, after.user) {
 			t.Errorf("%s: the per-user window on %s went from %v to %v", tc.name, masterOf(t, c, uk), before.user, after.user)
