@@ -95,8 +95,8 @@ func registered(t *testing.T) inventory {
 	t.Helper()
 	inv := inventory{}
 	aggregator.RegisterMetrics(inv)
-	admission.RegisterMetrics(inv)
 	for name, err := range map[string]error{
+		"admission":  admission.RegisterMetrics(inv),
 		"enforcer":   enforcer.RegisterMetrics(inv),
 		"alerter":    alerter.RegisterMetrics(inv),
 		"gateway":    gateway.RegisterMetrics(inv),

@@ -74,7 +74,11 @@ func New(client redis.UniversalClient, rules *Rules, opts ...Option) (*Limiter, 
 	case *redis.Ring:
 		return nil, errors.New("admission: a redis.Ring cannot run one script over several keys; use a standalone or a Cluster client")
 	}
-	l.m = newMetrics(o.reg)
+	m, err := newMetrics(o.reg)
+	if err != nil {
+		return nil, err
+	}
+	l.m = m
 	l.pend.init(o.maxPending)
 	l.coarse.Store(l.now())
 	if err := l.SetRules(rules); err != nil {

@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -62,7 +63,9 @@ func (cc countersCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(roundTripsDesc, prometheus.CounterValue, float64(c.roundTrips.Load()))
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+// newMetrics builds a Limiter's collectors and registers them on reg when
+// it is not nil.
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		byRule: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_admission_rule_decisions_total",
@@ -109,10 +112,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	if reg != nil {
 		for _, c := range []prometheus.Collector{countersCollector{&m.c}, m.byRule, m.duration, m.leases, m.leaseUnits, m.failMode,
 			m.redisErrors, m.settles, m.reconciled, m.dropped} {
-			reg.MustRegister(c)
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("admission: register metrics: %w (Limiters sharing a registry need each a label value of its own: register through prometheus.WrapRegistererWith)", err)
+			}
 		}
 	}
-	return m
+	return m, nil
 }
 
 func (m *metrics) rule(name string) *ruleMetrics {
@@ -129,4 +134,7 @@ func (m *metrics) rule(name string) *ruleMetrics {
 // RegisterMetrics registers a Limiter's collectors on reg as New does,
 // reading zero: for what lists the series a Sluice process exports, such
 // as the check of deploy/'s dashboards and rules.
-func RegisterMetrics(reg prometheus.Registerer) { newMetrics(reg) }
+func RegisterMetrics(reg prometheus.Registerer) error {
+	_, err := newMetrics(reg)
+	return err
+}

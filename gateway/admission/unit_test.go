@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 )
 
 func TestKeySlotMatchesRedisCluster(t *testing.T) {
@@ -186,7 +189,8 @@ type refusalBody struct {
 func localLimiter(gateways int) *Limiter {
 	o := defaultOptions()
 	o.gateways = gateways
-	l := &Limiter{o: o, m: newMetrics(nil), leased: map[*instance]struct{}{}}
+	m, _ := newMetrics(nil) // nothing to register: cannot fail
+	l := &Limiter{o: o, m: m, leased: map[*instance]struct{}{}}
 	l.pend.init(o.maxPending)
 	return l
 }
@@ -239,4 +243,36 @@ func TestLocalLimiterStartsFromRedisWord(t *testing.T) {
 	if n != 5 {
 		t.Fatalf("admitted %d locally, want 5 (Redis's 10 left shared by 2 gateways)", n)
 	}
+}
+
+// A second Limiter registering on the same registry is refused with an
+// error that says how to tell the two apart, instead of panicking the
+// process that builds it; wrapped with a label of their own (as a gateway
+// and authz in one process are), both register.
+func TestSecondLimiterOnOneRegistryIsAnError(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	defer client.Close()
+	rules := &Rules{Default: TenantRules{Rules: []Rule{{Name: "rpm", Unit: Requests, Algorithm: TokenBucket, Limit: 60, Rate: 1}}}}
+	reg := prometheus.NewRegistry()
+	as := func(service string) Option {
+		return WithRegisterer(prometheus.WrapRegistererWith(prometheus.Labels{"service": service}, reg))
+	}
+	first, err := New(client, rules, as("gateway"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	second, err := New(client, rules, as("gateway"))
+	if err == nil {
+		second.Close()
+		t.Fatal("a second Limiter registered the same series on one registry")
+	}
+	if !strings.Contains(err.Error(), "WrapRegistererWith") {
+		t.Errorf("error %q does not say how to register two Limiters", err)
+	}
+	other, err := New(client, rules, as("authz"))
+	if err != nil {
+		t.Fatalf("a Limiter with a label of its own: %v", err)
+	}
+	other.Close()
 }
