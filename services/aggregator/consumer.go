@@ -41,7 +41,7 @@ type aggregator struct {
 	// sizedAt is when flushAll last counted the state's size for the
 	// state gauges (stateSizeEvery).
 	sizedAt time.Time
-	ev    schemas.UsageEvent
+	ev      schemas.UsageEvent
 
 	// unwritten counts the rows flushed (signals published) but not yet
 	// stored in ClickHouse, across partitions; room is signalled when it
