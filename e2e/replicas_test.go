@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"maps"
 	"math"
 	"net/http"
@@ -21,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/checker/checkertest"
 	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/internal/truthcheck"
 	"github.com/sluicehq/sluice/platform/itest"
@@ -699,16 +699,7 @@ func newClusterChecker(t testing.TB, s *stack) *checker.Checker {
 	cfg := checker.DefaultConfig()
 	cfg.KeyPrefix = s.prefix
 	cfg.ResyncInterval = 2 * time.Second
-	chk, err := checker.New(s.rdb, cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = chk.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	itest.Eventually(t, waitTimeout, "the Checker synced", chk.Synced)
-	return chk
+	return checkertest.Start(t, s.rdb, cfg)
 }
 
 // kafkaClient is a client of the stack's broker, closed with the test.

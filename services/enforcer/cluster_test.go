@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/checker/checkertest"
 	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/redisconn"
@@ -38,16 +39,7 @@ func startClusterChecker(t testing.TB, rc redisconn.Config, prefix string) *chec
 	t.Cleanup(func() { rdb.Close() })
 	cfg := checker.DefaultConfig()
 	cfg.KeyPrefix, cfg.MaxStaleness, cfg.ResyncInterval = prefix, 500*time.Millisecond, time.Hour
-	c, err := checker.New(rdb, cfg, quietLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = c.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	itest.Eventually(t, within, "checker synced", c.Synced)
-	return c
+	return checkertest.Start(t, rdb, cfg)
 }
 
 // TestFlagsOnRedisCluster: the enforcer's flag writer and a gateway

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/checker/checkertest"
 	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/platform/chconn"
@@ -129,16 +130,7 @@ func startChecker(t testing.TB, rc redisconn.Config, prefix string, staleness ti
 	cfg := checker.DefaultConfig()
 	cfg.KeyPrefix = prefix
 	cfg.MaxStaleness = staleness
-	c, err := checker.New(rdb, cfg, quietLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = c.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	itest.Eventually(t, within, "checker synced", c.Synced)
-	return c
+	return checkertest.Start(t, rdb, cfg)
 }
 
 // within bounds every wait of these tests: generous, because a loaded

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -17,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/gateway/checker/checkertest"
 	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/gateway/priority"
 	"github.com/sluicehq/sluice/gateway/ratelimit"
@@ -256,11 +256,7 @@ func TestSoftQuotaFlagServesTheFallback(t *testing.T) {
 	ccfg := checker.DefaultConfig()
 	ccfg.KeyPrefix = itest.Unique(t, "sluice_test_gwflags:") + ":"
 	ccfg.ResyncInterval = time.Second
-	chk, err := checker.New(rdb, ccfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	itest.Start(t, "checker", chk.Run)
+	chk := checkertest.Start(t, rdb, ccfg)
 	g := startGateway(t, cfg, Deps{Checker: chk, Policy: func() *policy.Policy { return p }})
 	chat := func(id string) (*http.Response, string) {
 		return post(t, g.url, "/v1/chat/completions", "sk-acme", `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`, "X-Request-Id", id)

@@ -1,11 +1,11 @@
-// Package checkertest runs a gateway/checker Checker for the tests and
-// benchmarks of the services that ask one before each request (sluice
-// gateway, services/authz): on the test's Redis, under a key prefix of its
-// own, synced before it is returned and stopped when the test ends.
+// Package checkertest runs a gateway/checker Checker for tests and
+// benchmarks on the real Redis — those of the services that ask one before
+// each request (sluice gateway, authz), of the enforcer that writes what it
+// reads, and the end-to-end ones: synced before it is returned and stopped
+// when the test ends.
 package checkertest
 
 import (
-	"context"
 	"log/slog"
 	"testing"
 	"time"
@@ -23,14 +23,20 @@ func Run(t testing.TB, rdb redis.UniversalClient, prefix string) *checker.Checke
 	t.Helper()
 	cfg := checker.DefaultConfig()
 	cfg.KeyPrefix = itest.Unique(t, prefix) + ":"
+	return Start(t, rdb, cfg)
+}
+
+// Start starts a Checker with cfg on rdb and returns it once its first
+// sync is done (within a minute, generous for a loaded machine, or t
+// fails). It stops when t ends; a Run
+// that ends with an error fails t.
+func Start(t testing.TB, rdb redis.UniversalClient, cfg checker.Config) *checker.Checker {
+	t.Helper()
 	chk, err := checker.New(rdb, cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = chk.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	itest.Eventually(t, 30*time.Second, "checker synced", chk.Synced)
+	itest.Start(t, "checker", chk.Run)
+	itest.Eventually(t, time.Minute, "checker synced", chk.Synced)
 	return chk
 }
