@@ -107,70 +107,11 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	defer rdb.Close()
 	var deps Deps
 	if cfg.Admission.PolicyFile != "" {
-		// One policy file for admission, the tenants' classes, the
-		// upstreams' guards and the fallbacks, followed by one watcher.
-		w, err := policy.NewWatcher(cfg.Admission.PolicyFile, cfg.Admission.PolicyReload, log.With("component", "policy"))
-		if err != nil {
-			return fmt.Errorf("gateway: policy (services.gateway.admission.policy_file): %w", err)
-		}
-		deps.Policy = w.Current
-		var apply []func(*policy.Policy)
-		if opts.Admitter == nil {
-			lim, closeAdm, err := policyAdmitter(cfg.Admission, w.Current(), "gateway", env, log.With("component", "admission"))
-			if err != nil {
-				return err
-			}
-			defer closeAdm()
-			opts.Admitter = LimiterAdmitter{L: lim}
-			apply = append(apply, func(p *policy.Policy) {
-				if err := lim.SetRules(p.AdmissionRules()); err != nil {
-					log.Error("admission: the reloaded policy's limits were not applied; the previous ones stay", "file", cfg.Admission.PolicyFile, "err", err)
-				}
-			})
-		}
-		// The tenants' soft per-minute quotas, on counters of their own:
-		// past one, a request goes to the fallback model first.
-		softCfg := cfg.Admission
-		softCfg.KeyPrefix += "soft:"
-		soft, closeSoft, err := softAdmitter(softCfg, w.Current(), env, log.With("component", "soft-limits"))
+		stop, err := followPolicy(ctx, cfg, env, &opts, &deps)
 		if err != nil {
 			return err
 		}
-		defer closeSoft()
-		deps.Soft = LimiterAdmitter{L: soft}
-		apply = append(apply, func(p *policy.Policy) {
-			if err := soft.SetRules(p.SoftLimitRules()); err != nil {
-				log.Error("the reloaded policy's soft quotas were not applied; the previous ones stay", "err", err)
-			}
-		})
-		deps.Guards = opts.Guards
-		if deps.Guards == nil {
-			// A client of its own: the shared counts bound each call by its
-			// context, which must reach the socket.
-			grdb := redisconn.NewClient(env.Redis, redisconn.ContextTimeouts())
-			defer grdb.Close()
-			deps.Guards = NewGuards(grdb, cfg.Admission.UpstreamKeyPrefix, ProcessID(cfg.Name), log.With("component", "upstream"), nil)
-		}
-		defer deps.Guards.Close()
-		if err := deps.Guards.Update(w.Current()); err != nil {
-			return err
-		}
-		apply = append(apply, func(p *policy.Policy) {
-			if err := deps.Guards.Update(p); err != nil {
-				log.Error("the reloaded policy's upstreams were not all applied; the previous guards stay for those", "err", err)
-			}
-		})
-		fctx, stopFollow := context.WithCancel(ctx)
-		followed := make(chan struct{})
-		go func() {
-			defer close(followed)
-			_ = w.Follow(fctx, func(p *policy.Policy) {
-				for _, f := range apply {
-					f(p)
-				}
-			})
-		}()
-		defer func() { stopFollow(); <-followed }()
+		defer stop()
 	}
 	tasks, runTasks, stopTasks, err := startDeferred(ctx, cfg, env, rdb, log)
 	if err != nil {
@@ -248,6 +189,92 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 		return err
 	})
 	return g.Wait()
+}
+
+// followPolicy builds what the policy file drives into deps — admission
+// (unless opts brings an Admitter, which it then sets), the tenants' soft
+// per-minute quotas and the upstreams' guards — and follows the file, so
+// that a reload updates all of them. stop ends the following and closes
+// them in the reverse order; on an error everything built is closed.
+func followPolicy(ctx context.Context, cfg Config, env platform.Env, opts *Options, deps *Deps) (stop func(), err error) {
+	log := env.Logger
+	var closers []func()
+	stop = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+			stop = nil
+		}
+	}()
+	// One policy file for admission, the tenants' classes, the
+	// upstreams' guards and the fallbacks, followed by one watcher.
+	w, err := policy.NewWatcher(cfg.Admission.PolicyFile, cfg.Admission.PolicyReload, log.With("component", "policy"))
+	if err != nil {
+		return nil, fmt.Errorf("gateway: policy (services.gateway.admission.policy_file): %w", err)
+	}
+	deps.Policy = w.Current
+	var apply []func(*policy.Policy)
+	if opts.Admitter == nil {
+		lim, closeAdm, err := policyAdmitter(cfg.Admission, w.Current(), "gateway", env, log.With("component", "admission"))
+		if err != nil {
+			return nil, err
+		}
+		closers = append(closers, closeAdm)
+		opts.Admitter = LimiterAdmitter{L: lim}
+		apply = append(apply, func(p *policy.Policy) {
+			if err := lim.SetRules(p.AdmissionRules()); err != nil {
+				log.Error("admission: the reloaded policy's limits were not applied; the previous ones stay", "file", cfg.Admission.PolicyFile, "err", err)
+			}
+		})
+	}
+	// The tenants' soft per-minute quotas, on counters of their own:
+	// past one, a request goes to the fallback model first.
+	softCfg := cfg.Admission
+	softCfg.KeyPrefix += "soft:"
+	soft, closeSoft, err := softAdmitter(softCfg, w.Current(), env, log.With("component", "soft-limits"))
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, closeSoft)
+	deps.Soft = LimiterAdmitter{L: soft}
+	apply = append(apply, func(p *policy.Policy) {
+		if err := soft.SetRules(p.SoftLimitRules()); err != nil {
+			log.Error("the reloaded policy's soft quotas were not applied; the previous ones stay", "err", err)
+		}
+	})
+	deps.Guards = opts.Guards
+	if deps.Guards == nil {
+		// A client of its own: the shared counts bound each call by its
+		// context, which must reach the socket.
+		grdb := redisconn.NewClient(env.Redis, redisconn.ContextTimeouts())
+		closers = append(closers, func() { grdb.Close() })
+		deps.Guards = NewGuards(grdb, cfg.Admission.UpstreamKeyPrefix, ProcessID(cfg.Name), log.With("component", "upstream"), nil)
+	}
+	closers = append(closers, deps.Guards.Close)
+	if err := deps.Guards.Update(w.Current()); err != nil {
+		return nil, err
+	}
+	apply = append(apply, func(p *policy.Policy) {
+		if err := deps.Guards.Update(p); err != nil {
+			log.Error("the reloaded policy's upstreams were not all applied; the previous guards stay for those", "err", err)
+		}
+	})
+	fctx, stopFollow := context.WithCancel(ctx)
+	followed := make(chan struct{})
+	go func() {
+		defer close(followed)
+		_ = w.Follow(fctx, func(p *policy.Policy) {
+			for _, f := range apply {
+				f(p)
+			}
+		})
+	}()
+	closers = append(closers, func() { stopFollow(); <-followed })
+	return stop, nil
 }
 
 // NewEmitter builds the Emitter of cfg's sink (nil for sink none) and the
