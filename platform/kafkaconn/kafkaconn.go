@@ -289,14 +289,14 @@ func EndOffsets(ctx context.Context, adm *kadm.Client, topic string) (kadm.Liste
 // first refusal, naming its topic and partition, or the request's error.
 func CommitSync(ctx context.Context, cl *kgo.Client, offs map[string]map[int32]kgo.EpochOffset) error {
 	var cerr error
-	cl.CommitOffsetsSync(ctx, offs, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-		cerr = commitError(resp, err)
+	cl.CommitOffsetsSync(ctx, offs, func(_ *kgo.Client, req *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		cerr = commitError(req, resp, err)
 	})
 	return cerr
 }
 
 // commitError is the first refusal in a commit's response, or err.
-func commitError(resp *kmsg.OffsetCommitResponse, err error) error {
+func commitError(req *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) error {
 	if err != nil {
 		return err
 	}
@@ -306,9 +306,24 @@ func commitError(resp *kmsg.OffsetCommitResponse, err error) error {
 	for _, t := range resp.Topics {
 		for _, p := range t.Partitions {
 			if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
-				return fmt.Errorf("commit of %s/%d refused: %w", t.Topic, p.Partition, err)
+				return fmt.Errorf("commit of %s/%d refused: %w", commitTopic(req, t), p.Partition, err)
 			}
 		}
 	}
 	return nil
+}
+
+// commitTopic names a topic of a commit's response. From OffsetCommit v10
+// (Kafka 4) the response carries the topic's id instead of its name; the
+// request carries both.
+func commitTopic(req *kmsg.OffsetCommitRequest, t kmsg.OffsetCommitResponseTopic) string {
+	if t.Topic != "" || req == nil {
+		return t.Topic
+	}
+	for _, rt := range req.Topics {
+		if rt.TopicID == t.TopicID && rt.Topic != "" {
+			return rt.Topic
+		}
+	}
+	return fmt.Sprintf("topic id %x", t.TopicID)
 }
