@@ -17,14 +17,14 @@ import (
 func TestCommitRefusalNamesTopicByIDFromTheRequest(t *testing.T) {
 	id := [16]byte{1, 2, 3}
 	req := kmsg.NewPtrOffsetCommitRequest()
-	req.Topics = []kmsg.OffsetCommitRequestTopic{{Topic: "other", TopicID: [16]byte{9}}, {Topic: "sluice.usage.v1", TopicID: id}}
+	req.Topics = []kmsg.OffsetCommitRequestTopic{{Topic: "other", TopicID: [16]byte{9}}, {Topic: "usage_topic", TopicID: id}}
 	resp := kmsg.NewPtrOffsetCommitResponse()
 	resp.Version = 10
 	resp.Topics = []kmsg.OffsetCommitResponseTopic{{TopicID: id, Partitions: []kmsg.OffsetCommitResponseTopicPartition{
 		{Partition: 3, ErrorCode: kerr.UnknownTopicOrPartition.Code}}}}
 	err := commitError(req, resp, nil)
-	if !errors.Is(err, kerr.UnknownTopicOrPartition) || !strings.Contains(err.Error(), "sluice.usage.v1/3") {
-		t.Fatalf("err = %v, want UNKNOWN_TOPIC_OR_PARTITION naming sluice.usage.v1/3", err)
+	if !errors.Is(err, kerr.UnknownTopicOrPartition) || !strings.Contains(err.Error(), "usage_topic/3") {
+		t.Fatalf("err = %v, want UNKNOWN_TOPIC_OR_PARTITION naming usage_topic/3", err)
 	}
 	// An id the request does not hold is shown as the id.
 	resp.Topics[0].TopicID = [16]byte{7}
