@@ -253,6 +253,7 @@ func followPolicy(ctx context.Context, cfg Config, env platform.Env, opts *Optio
 		grdb := redisconn.NewClient(env.Redis, redisconn.ContextTimeouts())
 		closers = append(closers, func() { grdb.Close() })
 		deps.Guards = NewGuards(grdb, cfg.Admission.UpstreamKeyPrefix, ProcessID(cfg.Name), log.With("component", "upstream"), nil)
+		deps.Guards.SetRedisTimeout(cfg.Admission.UpstreamRedisTimeout)
 	}
 	closers = append(closers, deps.Guards.Close)
 	if err := deps.Guards.Update(w.Current()); err != nil {

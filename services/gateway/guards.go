@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -40,7 +41,15 @@ type Guards struct {
 	wg   sync.WaitGroup
 
 	onLimit func(upstream string, limit int)
+	// redisTimeout bounds each Redis call of a shared upstream's counts
+	// (0: the packages' default, 100 ms).
+	redisTimeout time.Duration
 }
+
+// SetRedisTimeout bounds each Redis call of the shared upstreams' counts
+// of the Guards built from now on (services.gateway.admission.
+// upstream_redis_timeout); call it before the first Update.
+func (s *Guards) SetRedisTimeout(d time.Duration) { s.redisTimeout = d }
 
 type guardEntry struct {
 	cfg  policy.Upstream
@@ -146,7 +155,11 @@ func (s *Guards) build(u policy.Upstream) (*guard.Guard, error) {
 		logErr := func(err error) {
 			s.log.Warn("upstream guard: Redis error; counting in this process meanwhile", "upstream", name, "err", err)
 		}
-		gate, err := concurrency.NewShared(s.rdb, s.prefix, name, s.id, alg, concurrency.OnRedisError(logErr))
+		sopts := []concurrency.SharedOpt{concurrency.OnRedisError(logErr)}
+		if s.redisTimeout > 0 {
+			sopts = append(sopts, concurrency.RedisTimeout(s.redisTimeout))
+		}
+		gate, err := concurrency.NewShared(s.rdb, s.prefix, name, s.id, alg, sopts...)
 		if err != nil {
 			return nil, err
 		}
@@ -166,7 +179,7 @@ func (s *Guards) build(u policy.Upstream) (*guard.Guard, error) {
 			capacity = int64(u.Max)
 		}
 		r, err := guard.NewReserve(s.rdb, guard.ReserveConfig{Prefix: s.prefix, Upstream: name, ID: s.id, Unit: units[rv.Unit],
-			Capacity: capacity, Saturation: rv.Saturation, Shares: rv.Shares,
+			Capacity: capacity, Saturation: rv.Saturation, Shares: rv.Shares, Timeout: s.redisTimeout,
 			OnError: func(err error) {
 				s.log.Warn("reserved shares: Redis error; admitting meanwhile", "upstream", name, "err", err)
 			}})

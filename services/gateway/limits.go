@@ -54,11 +54,14 @@ type AdmissionConfig struct {
 	// UpstreamKeyPrefix is where the upstreams the policy marks shared keep
 	// their fleet-wide state.
 	UpstreamKeyPrefix string `yaml:"upstream_key_prefix" help:"prefix of the Redis keys of the policy's shared upstreams (calls in flight, breaker, reserved shares); gateways sharing this Redis and prefix share them"`
+	// UpstreamRedisTimeout bounds each Redis call of a shared upstream's
+	// counts; past it this process counts alone until Redis answers.
+	UpstreamRedisTimeout time.Duration `yaml:"upstream_redis_timeout" help:"longest one Redis call of a shared upstream's counts (calls in flight, reserved shares) may take; past it the gateway counts that upstream's calls in this process alone until Redis answers again"`
 }
 
 func defaultAdmission() AdmissionConfig {
 	return AdmissionConfig{PolicyReload: 2 * time.Second, MaxWait: 5 * time.Millisecond, KeyPrefix: admission.DefaultPrefix, Gateways: 1,
-		UpstreamKeyPrefix: DefaultUpstreamKeyPrefix}
+		UpstreamKeyPrefix: DefaultUpstreamKeyPrefix, UpstreamRedisTimeout: 100 * time.Millisecond}
 }
 
 // DefaultUpstreamKeyPrefix is services.gateway.admission.upstream_key_prefix's default.
@@ -83,6 +86,9 @@ func (c AdmissionConfig) Validate(p string) error {
 	}
 	if c.UpstreamKeyPrefix == "" || len(c.UpstreamKeyPrefix) > 200 {
 		bad("%supstream_key_prefix: must be 1..200 bytes", p)
+	}
+	if c.UpstreamRedisTimeout < time.Millisecond || c.UpstreamRedisTimeout > 10*time.Second {
+		bad(p+"upstream_redis_timeout: %s is outside 1ms..10s", c.UpstreamRedisTimeout)
 	}
 	if c.Gateways < 1 || c.Gateways > 10_000 {
 		bad(p+"gateways: %d is outside 1..10000", c.Gateways)
