@@ -308,9 +308,12 @@ func TestCommitSyncReportsRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if err := kafkaconn.CommitSync(ctx, cl, map[string]map[int32]kgo.EpochOffset{topic: {0: {Epoch: -1, Offset: 7}}}); err != nil {
-		t.Fatalf("commit of an existing partition: %v", err)
-	}
+	// A topic just created may be unknown to the group coordinator for a
+	// moment (the broker's metadata catches up): the commit is refused
+	// with UNKNOWN_TOPIC_OR_PARTITION until then, as CommitSync reports.
+	itest.EventuallyNoError(t, 30*time.Second, "commit of an existing partition", func() error {
+		return kafkaconn.CommitSync(ctx, cl, map[string]map[int32]kgo.EpochOffset{topic: {0: {Epoch: -1, Offset: 7}}})
+	})
 	got, err := kadm.NewClient(cl).FetchOffsets(ctx, group)
 	if err != nil {
 		t.Fatal(err)
