@@ -67,6 +67,10 @@ type aggregator struct {
 	commitCounts     map[int32]int32
 	lastHandoverRead time.Time
 
+	// restoring counts the assigned partitions whose state is being
+	// restored (onAssigned); the instance is not ready meanwhile.
+	restoring atomic.Int32
+
 	// kick cuts the poll loop's current wait short (a restore ended);
 	// restored holds a token for a restore that ended between two polls.
 	kickMu   sync.Mutex
@@ -97,15 +101,18 @@ type partition struct {
 	rcancel   context.CancelFunc
 	// snapAt is when the partition's state was last snapshotted (or
 	// rebuilt): the next snapshot is due SnapshotInterval after it, if
-	// events were read since snapNext, the offset the last one covers.
+	// events were read since snapNext, the offset the last one covers
+	// (snappedAt).
 	snapAt   time.Time
 	snapNext int64
 	// snap is the snapshot being encoded from the state, off the poll
 	// loop (snapshot.go): until it is done the state is frozen — its
 	// partition is not fetched and the poll loop leaves the state alone.
-	// snapLen is the last snapshot's size, to size the next one's buffer.
-	snap    *snapTask
-	snapLen int
+	// snapLen is the last snapshot's size, to size the next one's buffer,
+	// snapTook how long it took to encode.
+	snap     *snapTask
+	snapLen  int
+	snapTook time.Duration
 }
 
 func newAggregator(cfg Config, env platform.Env, w *policy.Watcher) *aggregator {
@@ -538,6 +545,9 @@ func (a *aggregator) onAssigned(ctx context.Context, cl *kgo.Client, assigned ma
 	if len(parts) == 0 {
 		return
 	}
+	// Not ready (readiness) until every new partition is restored: a
+	// rolling restart waits for this instance to hold its share.
+	a.restoring.Add(int32(len(parts)))
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	adm := kadm.NewClient(cl)
@@ -556,49 +566,56 @@ func (a *aggregator) onAssigned(ctx context.Context, cl *kgo.Client, assigned ma
 		return err
 	})
 	for _, id := range parts {
-		start := time.Now()
-		before := resume[id]
-		if st, n, ok := a.loadSnapshot(ctx, id, before); ok {
-			a.parts[id] = &partition{id: id, state: st, next: before, enqueued: before, epoch: -1, w: a.startWriter(id, before), snapAt: time.Now(), snapNext: before}
-			a.m.rebuildSeconds.Observe(time.Since(start).Seconds())
-			a.m.rebuildEvents.Add(float64(n))
-			a.log.Info("partition assigned and restored from a snapshot", "partition", id, "resume_offset", before, "events_replayed", n, "took", time.Since(start).Round(time.Millisecond))
-			continue
-		}
-		st := tally.New(id, a.cfg.options())
-		st.SetPolicy(a.watcher.Current())
-		st.SetReplay(true)
-		var n int
-		err := a.retry(ctx, "rebuild from clickhouse", id, func() error {
-			st = tally.New(id, a.cfg.options())
-			st.SetPolicy(a.watcher.Current())
-			st.SetReplay(true)
-			// Stored events still ahead of this host's clock are held
-			// again, as they were when first read.
-			now := time.Now()
-			st.SetClock(now)
-			a.installOverrides(st, now)
-			var err error
-			n, err = a.store.Replay(ctx, id, before, func(ev *schemas.UsageEvent, off int64) { st.Apply(ev, off) })
-			return err
-		})
-		if err != nil {
-			a.log.Error("partition not rebuilt (client closing)", "partition", id, "err", err)
-			continue
-		}
-		st.SetReplay(false)
-		st.ClearDirty()
-		st.TakeSignals()
-		a.parts[id] = &partition{id: id, state: st, next: before, enqueued: before, epoch: -1, w: a.startWriter(id, before), snapAt: time.Now(), snapNext: before}
-		a.m.rebuildSeconds.Observe(time.Since(start).Seconds())
-		a.m.rebuildEvents.Add(float64(n))
-		a.log.Info("partition assigned and rebuilt", "partition", id, "resume_offset", before, "events_replayed", n, "took", time.Since(start).Round(time.Millisecond))
+		a.restorePartition(ctx, id, resume[id])
+		a.restoring.Add(-1)
 	}
 	// Each new partition commits under the current count at the next
 	// flush, even with nothing to count: the hand-over (handover.go).
 	if a.since.IsZero() {
 		a.since = time.Now()
 	}
+}
+
+// restorePartition builds the state of partition id, assigned at offset
+// before: from its newest usable snapshot and the events stored since, or
+// else from every event stored. The caller holds mu.
+func (a *aggregator) restorePartition(ctx context.Context, id int32, before int64) {
+	start := time.Now()
+	if st, n, ok := a.loadSnapshot(ctx, id, before); ok {
+		a.parts[id] = &partition{id: id, state: st, next: before, enqueued: before, epoch: -1, w: a.startWriter(id, before), snapAt: time.Now(), snapNext: snappedAt(before, n)}
+		a.m.rebuildSeconds.Observe(time.Since(start).Seconds())
+		a.m.rebuildEvents.Add(float64(n))
+		a.log.Info("partition assigned and restored from a snapshot", "partition", id, "resume_offset", before, "events_replayed", n, "took", time.Since(start).Round(time.Millisecond))
+		return
+	}
+	st := tally.New(id, a.cfg.options())
+	st.SetPolicy(a.watcher.Current())
+	st.SetReplay(true)
+	var n int
+	err := a.retry(ctx, "rebuild from clickhouse", id, func() error {
+		st = tally.New(id, a.cfg.options())
+		st.SetPolicy(a.watcher.Current())
+		st.SetReplay(true)
+		// Stored events still ahead of this host's clock are held
+		// again, as they were when first read.
+		now := time.Now()
+		st.SetClock(now)
+		a.installOverrides(st, now)
+		var err error
+		n, err = a.store.Replay(ctx, id, before, func(ev *schemas.UsageEvent, off int64) { st.Apply(ev, off) })
+		return err
+	})
+	if err != nil {
+		a.log.Error("partition not rebuilt (client closing)", "partition", id, "err", err)
+		return
+	}
+	st.SetReplay(false)
+	st.ClearDirty()
+	st.TakeSignals()
+	a.parts[id] = &partition{id: id, state: st, next: before, enqueued: before, epoch: -1, w: a.startWriter(id, before), snapAt: time.Now(), snapNext: snappedAt(before, n)}
+	a.m.rebuildSeconds.Observe(time.Since(start).Seconds())
+	a.m.rebuildEvents.Add(float64(n))
+	a.log.Info("partition assigned and rebuilt", "partition", id, "resume_offset", before, "events_replayed", n, "took", time.Since(start).Round(time.Millisecond))
 }
 
 // resumeOffsets returns where consumption of each partition resumes: the

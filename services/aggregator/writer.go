@@ -105,6 +105,14 @@ func (w *writer) status() (idle, recommit bool) {
 	return len(w.queue) == 0, len(w.queue) == 0 && w.commitFailed
 }
 
+// committed reports the offset after the last batch stored, and whether
+// it is committed: nothing is queued and the last commit succeeded.
+func (w *writer) committed() (int64, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.written, len(w.queue) == 0 && !w.commitFailed
+}
+
 // wait blocks until w's queue is stored, or ctx ends.
 func (w *writer) wait(ctx context.Context) error {
 	w.mu.Lock()
