@@ -21,14 +21,27 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/platform/lifecycle"
 )
 
 func main() {
-	if err := run(context.Background(), os.Args[1:]); err != nil {
+	// Stop signals are caught from the start: one that arrives while a
+	// service still waits for ClickHouse or migrates ends that wait, and
+	// the process says so, instead of dying silently by the signal.
+	ctx, stop := lifecycle.OnStopSignal(context.Background())
+	err := run(ctx, os.Args[1:])
+	signalled := ctx.Err() != nil
+	stop()
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
 		}
-		fmt.Fprintln(os.Stderr, "sluice:", err)
+		if signalled {
+			fmt.Fprintln(os.Stderr, "sluice: stopped by a signal:", err)
+		} else {
+			fmt.Fprintln(os.Stderr, "sluice:", err)
+		}
 		os.Exit(1)
 	}
 }

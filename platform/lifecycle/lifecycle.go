@@ -32,6 +32,15 @@ type Task struct {
 	StopsAfter []string
 }
 
+// OnStopSignal returns a context cancelled at SIGINT or SIGTERM, as Run's
+// is. A command takes it before its start-up work (waiting for ClickHouse,
+// migrating, connecting), so that a stop signal then ends the start-up
+// through its context, with an error that says so, instead of killing the
+// process by the signal's default action (exit 143, nothing logged).
+func OnStopSignal(ctx context.Context) (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+}
+
 // Run starts every task and blocks until all have returned. The first task
 // error (or a signal) starts the shutdown: each task's context is cancelled
 // once the tasks it StopsAfter have returned, at once for the others. A
@@ -43,7 +52,7 @@ func Run(ctx context.Context, log *slog.Logger, grace time.Duration, tasks ...Ta
 	if err := checkOrder(tasks); err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	ctx, stop := OnStopSignal(ctx)
 	defer stop()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
