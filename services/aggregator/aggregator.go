@@ -186,7 +186,7 @@ type Config struct {
 	// keys of most deployments both are negligible.
 	SnapshotInterval time.Duration `yaml:"snapshot_interval" help:"snapshot each partition's state into ClickHouse this often, and at a graceful stop, so a restart loads it and replays only the events stored since; 0 turns snapshots off (a restart replays from the start of the previous month)"`
 	WriteTimeout     time.Duration `yaml:"write_timeout" help:"longest one ClickHouse write attempt may take before it is abandoned and retried"`
-	ShutdownGrace    time.Duration `yaml:"shutdown_grace" help:"time allowed to flush and commit on shutdown, then to snapshot the partitions (those that would not fit are left to replay)"`
+	ShutdownGrace    time.Duration `yaml:"shutdown_grace" help:"time allowed to flush and commit on shutdown, then to snapshot the partitions (a snapshot not stored in time is left out: its partition's next owner replays since the previous one)"`
 	// SessionTimeout is how long the group waits for a silent member
 	// (a crashed instance) before moving its partitions.
 	SessionTimeout time.Duration `yaml:"session_timeout" help:"consumer group session timeout: how soon a crashed instance's partitions move"`

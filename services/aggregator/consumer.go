@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -108,11 +109,9 @@ type partition struct {
 	// snap is the snapshot being encoded from the state, off the poll
 	// loop (snapshot.go): until it is done the state is frozen — its
 	// partition is not fetched and the poll loop leaves the state alone.
-	// snapLen is the last snapshot's size, to size the next one's buffer,
-	// snapTook how long it took to encode.
-	snap     *snapTask
-	snapLen  int
-	snapTook time.Duration
+	// snapLen is the last snapshot's size, to size the next one's buffer.
+	snap    *snapTask
+	snapLen int
 }
 
 func newAggregator(cfg Config, env platform.Env, w *policy.Watcher) *aggregator {
@@ -565,9 +564,28 @@ func (a *aggregator) onAssigned(ctx context.Context, cl *kgo.Client, assigned ma
 		resume, err = resumeOffsets(ctx, adm, a.cfg.Group, a.cfg.Topic, parts)
 		return err
 	})
-	for _, id := range parts {
-		a.restorePartition(ctx, id, resume[id])
-		a.restoring.Add(-1)
+	// The partitions are restored concurrently, at most one per core: a
+	// restore is reading a snapshot, decoding it and replaying events,
+	// and an instance given several partitions at once (its start, a
+	// peer's crash) would otherwise restore them one after the other.
+	// Each restore touches only its own state; they are added to parts
+	// together, under mu.
+	restored := make([]*partition, len(parts))
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	var wg sync.WaitGroup
+	for i, id := range parts {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; a.restoring.Add(-1); wg.Done() }()
+			restored[i] = a.restorePartition(ctx, id, resume[id])
+		}()
+	}
+	wg.Wait()
+	for _, p := range restored {
+		if p != nil {
+			a.parts[p.id] = p
+		}
 	}
 	// Each new partition commits under the current count at the next
 	// flush, even with nothing to count: the hand-over (handover.go).
@@ -578,15 +596,17 @@ func (a *aggregator) onAssigned(ctx context.Context, cl *kgo.Client, assigned ma
 
 // restorePartition builds the state of partition id, assigned at offset
 // before: from its newest usable snapshot and the events stored since, or
-// else from every event stored. The caller holds mu.
-func (a *aggregator) restorePartition(ctx context.Context, id int32, before int64) {
+// else from every event stored. It returns nil when ctx ends first. The
+// caller holds mu, so that nothing else changes what the restore reads
+// (the overrides, the past partition counts); several restores may run
+// at once under it.
+func (a *aggregator) restorePartition(ctx context.Context, id int32, before int64) *partition {
 	start := time.Now()
 	if st, n, ok := a.loadSnapshot(ctx, id, before); ok {
-		a.parts[id] = &partition{id: id, state: st, next: before, enqueued: before, epoch: -1, w: a.startWriter(id, before), snapAt: time.Now(), snapNext: snappedAt(before, n)}
 		a.m.rebuildSeconds.Observe(time.Since(start).Seconds())
 		a.m.rebuildEvents.Add(float64(n))
 		a.log.Info("partition assigned and restored from a snapshot", "partition", id, "resume_offset", before, "events_replayed", n, "took", time.Since(start).Round(time.Millisecond))
-		return
+		return a.assignedPartition(id, st, before, n)
 	}
 	st := tally.New(id, a.cfg.options())
 	st.SetPolicy(a.watcher.Current())
@@ -607,15 +627,22 @@ func (a *aggregator) restorePartition(ctx context.Context, id int32, before int6
 	})
 	if err != nil {
 		a.log.Error("partition not rebuilt (client closing)", "partition", id, "err", err)
-		return
+		return nil
 	}
 	st.SetReplay(false)
 	st.ClearDirty()
 	st.TakeSignals()
-	a.parts[id] = &partition{id: id, state: st, next: before, enqueued: before, epoch: -1, w: a.startWriter(id, before), snapAt: time.Now(), snapNext: snappedAt(before, n)}
 	a.m.rebuildSeconds.Observe(time.Since(start).Seconds())
 	a.m.rebuildEvents.Add(float64(n))
 	a.log.Info("partition assigned and rebuilt", "partition", id, "resume_offset", before, "events_replayed", n, "took", time.Since(start).Round(time.Millisecond))
+	return a.assignedPartition(id, st, before, n)
+}
+
+// assignedPartition is partition id, restored at offset before with
+// replayed events after its snapshot (or without one), and its writer.
+func (a *aggregator) assignedPartition(id int32, st *tally.Partition, before int64, replayed int) *partition {
+	return &partition{id: id, state: st, next: before, enqueued: before, epoch: -1, w: a.startWriter(id, before),
+		snapAt: time.Now(), snapNext: snappedAt(before, replayed)}
 }
 
 // resumeOffsets returns where consumption of each partition resumes: the

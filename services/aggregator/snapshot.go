@@ -180,7 +180,7 @@ func (a *aggregator) thawSnapshots() {
 		default:
 			continue
 		}
-		p.snap, p.snapTook = nil, t.took
+		p.snap = nil
 		a.m.snapshotSeconds.Observe(t.took.Seconds())
 		if t.err != nil {
 			a.m.snapshots.WithLabelValues("skipped").Inc()
@@ -214,11 +214,6 @@ func (a *aggregator) dropFrozen(parts []int32) {
 	}
 }
 
-// snapshotKeyCost estimates the encoding of one tenant × model key for a
-// partition never snapshotted by this process: about twice the measured
-// 5.5 µs, so that a stop does not start what it cannot finish.
-const snapshotKeyCost = 10 * time.Microsecond
-
 // finalSnapshots snapshots, at a graceful stop, every partition whose
 // state moved since its last snapshot and whose offset is committed, at
 // that offset. The next owner then loads it and replays nothing; without
@@ -226,58 +221,65 @@ const snapshotKeyCost = 10 * time.Microsecond
 // partition (a minute of a busy partition is millions of events and tens
 // of seconds). The caller holds mu, has stopped the poll loop and waited
 // for the writers, so the states stand still; the encodings run at most
-// one per core. A partition whose encoding and store are not expected to
-// fit in what is left of ctx is skipped (logged): the stop must not
-// overrun its grace, and a skipped partition costs only its replay. A
-// snapshot stored here supersedes the older ones, which are dropped.
+// one per core.
+//
+// It returns when every snapshot is stored, or when ctx (what is left of
+// shutdown_grace) ends: the stop does not overrun its grace. A snapshot
+// cut short is harmless: a restart loads only complete snapshots, and the
+// older ones are dropped only after a newer one is stored. A partition
+// whose encoding is abandoned stays frozen (p.snap), so that nothing else
+// touches its state while the encoding still reads it.
 func (a *aggregator) finalSnapshots(ctx context.Context) {
 	if a.cfg.SnapshotInterval <= 0 {
 		return
 	}
+	pol := a.watcher.Current()
 	ids := make([]int32, 0, len(a.parts))
 	for id, p := range a.parts {
-		if off, ok := p.w.committed(); ok && off == p.next && a.snapshotWanted(p) && p.state.Policy() == a.watcher.Current() {
+		if off, ok := p.w.committed(); ok && off == p.next && a.snapshotWanted(p) && p.state.Policy() == pol {
 			ids = append(ids, id)
 		}
 	}
+	if len(ids) == 0 {
+		return
+	}
 	slices.Sort(ids)
-	deadline, bounded := ctx.Deadline()
 	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
 	var wg sync.WaitGroup
 	for _, id := range ids {
 		p := a.parts[id]
-		est := p.snapTook
-		if est == 0 {
-			keys, _ := p.state.Entries()
-			est = time.Duration(keys) * snapshotKeyCost
-		}
-		sem <- struct{}{}
-		// Twice the encoding: the store takes about as long again.
-		if bounded && time.Until(deadline) < 2*est {
-			<-sem
-			a.m.snapshots.WithLabelValues("skipped").Inc()
-			a.log.Warn("no snapshot of the partition at the stop: not enough of shutdown_grace left; the next owner replays since the last one",
-				"partition", id, "estimate", est.Round(time.Millisecond), "left", time.Until(deadline).Round(time.Millisecond))
-			continue
-		}
+		task := &snapTask{done: make(chan struct{}), fp: pol.Fingerprint()}
+		p.snap = task
 		wg.Add(1)
 		go func() {
-			defer func() { <-sem; wg.Done() }()
-			a.storeFinalSnapshot(ctx, p)
+			defer wg.Done()
+			defer close(task.done)
+			select {
+			case sem <- struct{}{}:
+				defer func() { <-sem }()
+				a.storeFinalSnapshot(ctx, p, task.fp)
+			case <-ctx.Done():
+			}
 		}()
 	}
-	wg.Wait()
+	all := make(chan struct{})
+	go func() { wg.Wait(); close(all) }()
+	select {
+	case <-all:
+	case <-ctx.Done():
+		a.log.Warn("shutdown_grace ran out before every partition's snapshot was stored at the stop; the next owners of the others replay since their last snapshots", "partitions", ids)
+	}
 }
 
-// storeFinalSnapshot encodes p's state, stores it at p.next and drops the
-// snapshots it supersedes (p.next is committed).
-func (a *aggregator) storeFinalSnapshot(ctx context.Context, p *partition) {
-	pol := a.watcher.Current()
+// storeFinalSnapshot encodes p's state under the policy fingerprint fp,
+// stores it at p.next and drops the snapshots it supersedes (p.next is
+// committed).
+func (a *aggregator) storeFinalSnapshot(ctx context.Context, p *partition, fp string) {
 	begin := time.Now()
-	data, err := p.state.Snapshot(make([]byte, 0, p.snapLen+p.snapLen/8), pol.Fingerprint())
+	data, err := p.state.Snapshot(make([]byte, 0, p.snapLen+p.snapLen/8), fp)
 	a.m.snapshotSeconds.Observe(time.Since(begin).Seconds())
 	if err == nil {
-		err = a.store.WriteSnapshot(ctx, p.id, p.next, tally.SnapshotVersion, pol.Fingerprint(), data)
+		err = a.store.WriteSnapshot(ctx, p.id, p.next, tally.SnapshotVersion, fp, data)
 	}
 	if err != nil {
 		a.m.snapshots.WithLabelValues("failed").Inc()
