@@ -62,6 +62,7 @@ const (
 //   - e2e_cpu_cores_used: the sum as cores busy at that rate.
 //   - e2e_cpu_bound_events_per_sec: the rate at which the sum would fill every core of the machine.
 //   - e2e_cpu_other_cores: cores busy meanwhile with processes not listed (other work on the machine).
+//   - e2e_cpu_steal_cores: cores stolen meanwhile by the hypervisor (/proc/stat steal: other virtual machines on the host).
 //   - e2e_alloc_bytes_per_event_<service>: heap allocated per event by each Go service.
 //   - e2e_cpu_events_per_sec: the rate the table was measured at.
 //
@@ -227,7 +228,7 @@ type usage struct {
 	at      time.Time
 	cpu     map[string]time.Duration // per component
 	alloc   map[string]float64       // go_memstats_alloc_bytes_total per Go service
-	machine time.Duration            // CPU time of every process on the machine
+	machine machineTimes             // CPU time of every core, and stolen time
 }
 
 func (m *meter) sample() usage {
@@ -286,15 +287,16 @@ func (m *meter) report(prefix string, before, after usage, events int64) {
 	}
 	totalMS := float64(total.Microseconds()) / 1000 / k
 	rate := float64(events) / wall.Seconds()
-	other := max((after.machine-before.machine-total).Seconds()/wall.Seconds(), 0)
+	other, steal := after.machine.cores(before.machine, total, wall)
 	m.b.ReportMetric(totalMS, prefix+"cpu_ms_per_1k_events_total")
 	m.b.ReportMetric(total.Seconds()/wall.Seconds(), prefix+"cpu_cores_used")
 	m.b.ReportMetric(float64(runtime.NumCPU())*1e6/totalMS, prefix+"cpu_bound_events_per_sec")
 	m.b.ReportMetric(other, prefix+"cpu_other_cores")
+	m.b.ReportMetric(steal, prefix+"cpu_steal_cores")
 	m.b.ReportMetric(rate, prefix+"cpu_events_per_sec")
 	// Printed, not logged: go test cuts a benchmark's log short.
-	fmt.Printf("CPU per component at %.0f events/s over %s (%d cores; %.2f cores busy with other processes):\n%s  %-11s %8.2f ms/1k events  %5.2f cores",
-		rate, wall.Round(time.Second), runtime.NumCPU(), other, table.String(), "total", totalMS, total.Seconds()/wall.Seconds())
+	fmt.Printf("CPU per component at %.0f events/s over %s (%d cores; %.2f cores busy with other processes, %.2f stolen by the hypervisor):\n%s  %-11s %8.2f ms/1k events  %5.2f cores",
+		rate, wall.Round(time.Second), runtime.NumCPU(), other, steal, table.String(), "total", totalMS, total.Seconds()/wall.Seconds())
 	fmt.Println()
 }
 
@@ -395,23 +397,39 @@ func procCPU(pid int) (time.Duration, error) {
 	return ticks(ut + st), nil
 }
 
-// machineCPU is the CPU time every core spent busy since boot.
-func machineCPU(b *testing.B) time.Duration {
+// machineTimes is the CPU time of every core since boot, from /proc/stat:
+// busy (user, nice, system, irq, softirq) and stolen (steal: time this
+// virtual machine was ready to run but its hypervisor ran another).
+type machineTimes struct{ busy, steal time.Duration }
+
+// machineCPU reads machineTimes.
+func machineCPU(b *testing.B) machineTimes {
 	data, err := os.ReadFile("/proc/stat")
 	if err != nil {
 		b.Fatal(err)
 	}
 	line, _, _ := strings.Cut(string(data), "\n")
 	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
-	var busy int64
+	var t machineTimes
 	for i := 1; i < len(f) && i <= 8; i++ {
-		if i == 4 || i == 5 {
-			continue // idle, iowait
-		}
 		n, _ := strconv.ParseInt(f[i], 10, 64)
-		busy += n
+		switch i {
+		case 4, 5: // idle, iowait
+		case 8:
+			t.steal = ticks(n)
+		default:
+			t.busy += ticks(n)
+		}
 	}
-	return ticks(busy)
+	return t
+}
+
+// cores turns the difference between two samples over wall into cores
+// busy (other: minus ours, the processes measured) and cores stolen.
+func (t machineTimes) cores(before machineTimes, ours, wall time.Duration) (other, steal float64) {
+	other = max((t.busy-before.busy-ours).Seconds()/wall.Seconds(), 0)
+	steal = max((t.steal-before.steal).Seconds()/wall.Seconds(), 0)
+	return other, steal
 }
 
 // ticks converts clock ticks of /proc (USER_HZ, 100 on Linux) to time.

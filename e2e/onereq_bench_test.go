@@ -64,6 +64,7 @@ const (
 //   - ingest_one_event_cpu_us_per_request: the sum of the three.
 //   - ingest_one_event_cpu_bound_requests_per_sec: the rate at which that sum would fill every core of the machine.
 //   - ingest_one_event_other_cores: cores busy meanwhile with other processes (the machine's state).
+//   - ingest_one_event_steal_cores: cores stolen meanwhile by the hypervisor (/proc/stat steal).
 //   - ingest_one_event_connections: the concurrency the figures are of.
 //   - ingest_one_event_server_allocs_per_request, ingest_one_event_server_alloc_bytes_per_request: heap allocations of the ingest process per request (its go_memstats counters).
 //   - ingest_one_event_records_per_produce_request: requests answered over the produce requests ingest wrote to the broker (sluice_ingest_produce_requests_total): how many one-event requests share a produce request.
@@ -143,6 +144,7 @@ func BenchmarkOneEventRequests(b *testing.B) {
 	b.ReportMetric(best.total(), "ingest_one_event_cpu_us_per_request")
 	b.ReportMetric(float64(runtime.NumCPU())*1e6/best.total(), "ingest_one_event_cpu_bound_requests_per_sec")
 	b.ReportMetric(best.otherCores, "ingest_one_event_other_cores")
+	b.ReportMetric(best.stealCores, "ingest_one_event_steal_cores")
 	b.ReportMetric(best.perRequest["go_memstats_mallocs_total"], "ingest_one_event_server_allocs_per_request")
 	b.ReportMetric(best.perRequest["go_memstats_alloc_bytes_total"], "ingest_one_event_server_alloc_bytes_per_request")
 	if v, ok := best.perRequest["sluice_ingest_produce_requests_total"]; ok && v > 0 {
@@ -165,6 +167,7 @@ type oneReqResult struct {
 	cpuPerRequest map[string]float64 // µs per request by component
 	perRequest    map[string]float64 // the ingest process's counters per request
 	otherCores    float64
+	stealCores    float64
 	load          string // /proc/loadavg at the end
 }
 
@@ -181,10 +184,10 @@ func (r oneReqResult) String() string {
 	if v := r.perRequest["sluice_ingest_produce_requests_total"]; v > 0 {
 		perProduce = fmt.Sprintf("%.1f", 1/v)
 	}
-	return fmt.Sprintf("%7.0f requests/s, p50 %.2f ms, p99 %.2f ms, CPU µs/request: server %.1f, broker %.1f, client %.1f, total %.1f (%.0f requests/s on %d cores); server allocs/request %.1f (%.0f B); records/produce request %s; other processes %.2f cores; load average %s",
+	return fmt.Sprintf("%7.0f requests/s, p50 %.2f ms, p99 %.2f ms, CPU µs/request: server %.1f, broker %.1f, client %.1f, total %.1f (%.0f requests/s on %d cores); server allocs/request %.1f (%.0f B); records/produce request %s; other processes %.2f cores; stolen %.2f cores; load average %s",
 		r.rate, ms(r.p50), ms(r.p99), r.cpuPerRequest["server"], r.cpuPerRequest["broker"], r.cpuPerRequest["client"],
 		r.total(), float64(runtime.NumCPU())*1e6/r.total(), runtime.NumCPU(),
-		r.perRequest["go_memstats_mallocs_total"], r.perRequest["go_memstats_alloc_bytes_total"], perProduce, r.otherCores, r.load)
+		r.perRequest["go_memstats_mallocs_total"], r.perRequest["go_memstats_alloc_bytes_total"], perProduce, r.otherCores, r.stealCores, r.load)
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -274,7 +277,7 @@ func runOneEventLoad(b *testing.B, s *stack, procs []oneReqProc, ops *oneReqOps,
 	for name, v := range counters1 {
 		r.perRequest[name] = (v - counters0[name]) / float64(count)
 	}
-	r.otherCores = max((machine1-machine0-ours).Seconds()/elapsed.Seconds(), 0)
+	r.otherCores, r.stealCores = machine1.cores(machine0, ours, elapsed)
 	if la, err := os.ReadFile("/proc/loadavg"); err == nil {
 		r.load = strings.Join(strings.Fields(string(la))[:3], " ")
 	}
