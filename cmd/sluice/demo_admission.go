@@ -54,11 +54,7 @@ func demoAdmission(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (li
 		return nil, lifecycle.Task{}, nil, err
 	}
 	follow = lifecycle.Task{Name: "admission-policy", Run: func(ctx context.Context) error {
-		return w.Follow(ctx, func(p *policy.Policy) {
-			if err := lim.SetRules(p.AdmissionRules()); err != nil {
-				log.Error("admission: the reloaded policy's limits were not applied; the previous ones stay", "error", err)
-			}
-		})
+		return w.Follow(ctx, gateway.ReloadRules(lim, (*policy.Policy).AdmissionRules, "admission", log))
 	}}
 	return lim, follow, func() { _ = lim.Close(); _ = rdb.Close() }, nil
 }

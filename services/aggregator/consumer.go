@@ -608,9 +608,7 @@ func (a *aggregator) restorePartition(ctx context.Context, id int32, before int6
 		a.log.Info("partition assigned and restored from a snapshot", "partition", id, "resume_offset", before, "events_replayed", n, "took", time.Since(start).Round(time.Millisecond))
 		return a.assignedPartition(id, st, before, n)
 	}
-	st := tally.New(id, a.cfg.options())
-	st.SetPolicy(a.watcher.Current())
-	st.SetReplay(true)
+	var st *tally.Partition
 	var n int
 	err := a.retry(ctx, "rebuild from clickhouse", id, func() error {
 		st = tally.New(id, a.cfg.options())

@@ -225,11 +225,7 @@ func followPolicy(ctx context.Context, cfg Config, env platform.Env, opts *Optio
 		}
 		closers = append(closers, closeAdm)
 		opts.Admitter = LimiterAdmitter{L: lim}
-		apply = append(apply, func(p *policy.Policy) {
-			if err := lim.SetRules(p.AdmissionRules()); err != nil {
-				log.Error("admission: the reloaded policy's limits were not applied; the previous ones stay", "file", cfg.Admission.PolicyFile, "err", err)
-			}
-		})
+		apply = append(apply, ReloadRules(lim, (*policy.Policy).AdmissionRules, "admission", log.With("file", cfg.Admission.PolicyFile)))
 	}
 	// The tenants' soft per-minute quotas, on counters of their own:
 	// past one, a request goes to the fallback model first.
@@ -241,11 +237,7 @@ func followPolicy(ctx context.Context, cfg Config, env platform.Env, opts *Optio
 	}
 	closers = append(closers, closeSoft)
 	deps.Soft = LimiterAdmitter{L: soft}
-	apply = append(apply, func(p *policy.Policy) {
-		if err := soft.SetRules(p.SoftLimitRules()); err != nil {
-			log.Error("the reloaded policy's soft quotas were not applied; the previous ones stay", "err", err)
-		}
-	})
+	apply = append(apply, ReloadRules(soft, (*policy.Policy).SoftLimitRules, "soft quotas", log.With("file", cfg.Admission.PolicyFile)))
 	deps.Guards = opts.Guards
 	if deps.Guards == nil {
 		// A client of its own: the shared counts bound each call by its

@@ -112,14 +112,21 @@ func PolicyAdmitter(c AdmissionConfig, service string, env platform.Env, log *sl
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	follow := func(ctx context.Context) error {
-		return w.Follow(ctx, func(p *policy.Policy) {
-			if err := lim.SetRules(p.AdmissionRules()); err != nil {
-				log.Error("admission: the reloaded policy's limits were not applied; the previous ones stay", "file", c.PolicyFile, "err", err)
-			}
-		})
-	}
+	apply := ReloadRules(lim, (*policy.Policy).AdmissionRules, "admission", log.With("file", c.PolicyFile))
+	follow := func(ctx context.Context) error { return w.Follow(ctx, apply) }
 	return LimiterAdmitter{L: lim}, follow, closeLim, nil
+}
+
+// ReloadRules returns the policy-reload callback that gives lim the rules
+// rules takes from each reloaded policy ((*policy.Policy).AdmissionRules
+// or SoftLimitRules). Rules that do not apply are logged under what, and
+// the previous ones stay.
+func ReloadRules(lim *admission.Limiter, rules func(*policy.Policy) *admission.Rules, what string, log *slog.Logger) func(*policy.Policy) {
+	return func(p *policy.Policy) {
+		if err := lim.SetRules(rules(p)); err != nil {
+			log.Error(what+": the reloaded policy's limits were not applied; the previous ones stay", "err", err)
+		}
+	}
 }
 
 // policyAdmitter builds the Limiter of c from the policy p on env's Redis
