@@ -20,11 +20,12 @@ type Config struct {
 	KeysReloadInterval time.Duration `yaml:"keys_reload_interval" help:"how often the keys file is checked for changes"`
 	AllowAnonymous     bool          `yaml:"allow_anonymous" help:"accept requests without an API key when no keys_file is set (development only)"`
 
-	MaxBodyBytes        int64         `yaml:"max_body_bytes" help:"largest request body in bytes, after gzip decoding (413 above)"`
-	DecodeMemoryBytes   int64         `yaml:"decode_memory_bytes" help:"memory all requests being read and decoded may hold together, in bytes; a body is charged three times its decoded size as it arrives, and a request that does not fit gets 503 with Retry-After. At least 3 × max_body_bytes"`
-	MaxEventsPerRequest int           `yaml:"max_events_per_request" help:"most events one request may carry (413 above)"`
-	MaxEventAge         time.Duration `yaml:"max_event_age" help:"events whose time is further in the past are rejected (0: no limit)"`
-	MaxEventFuture      time.Duration `yaml:"max_event_future" help:"events whose time is further in the future are rejected, naming this limit (0: no limit beyond the schema's cap at 2105-12-31T23:59:59Z, where ClickHouse DateTime ends)"`
+	MaxBodyBytes         int64         `yaml:"max_body_bytes" help:"largest request body in bytes, after gzip decoding (413 above)"`
+	HotRouteMaxBodyBytes int64         `yaml:"hot_route_max_body_bytes" help:"POST /v1/events requests in HTTP/1.1's plainest form (a Content-Length body up to this many bytes; no chunking, Expect or Upgrade; no Connection header but keep-alive) are read and answered by Sluice's own connection loop, which costs about a quarter less CPU per one-event request than net/http's; everything else, and the rest of its connection, goes to net/http. 0: net/http serves everything. At most 1048576"`
+	DecodeMemoryBytes    int64         `yaml:"decode_memory_bytes" help:"memory all requests being read and decoded may hold together, in bytes; a body is charged three times its decoded size as it arrives, and a request that does not fit gets 503 with Retry-After. At least 3 × max_body_bytes"`
+	MaxEventsPerRequest  int           `yaml:"max_events_per_request" help:"most events one request may carry (413 above)"`
+	MaxEventAge          time.Duration `yaml:"max_event_age" help:"events whose time is further in the past are rejected (0: no limit)"`
+	MaxEventFuture       time.Duration `yaml:"max_event_future" help:"events whose time is further in the future are rejected, naming this limit (0: no limit beyond the schema's cap at 2105-12-31T23:59:59Z, where ClickHouse DateTime ends)"`
 
 	Topic           string        `yaml:"topic" help:"Kafka topic usage events are produced to"`
 	InflightEvents  int           `yaml:"inflight_events" help:"events produced but not yet acknowledged, across all requests; beyond it requests get 503"`
@@ -51,25 +52,26 @@ type Config struct {
 // while bounding its memory to tens of megabytes.
 func DefaultConfig() Config {
 	return Config{
-		Listen:              "127.0.0.1:8080",
-		KeysReloadInterval:  5 * time.Second,
-		MaxBodyBytes:        8 << 20,
-		DecodeMemoryBytes:   256 << 20,
-		MaxEventsPerRequest: 5000,
-		MaxEventAge:         72 * time.Hour,
-		MaxEventFuture:      5 * time.Minute,
-		Topic:               schemas.TopicUsageV1,
-		InflightEvents:      50_000,
-		ProduceTimeout:      10 * time.Second,
-		DeliveryTimeout:     60 * time.Second,
-		RetryAfter:          time.Second,
-		Linger:              5 * time.Millisecond,
-		LingerFreeMaxEvents: 16,
-		Compression:         "lz4",
-		DedupWindow:         10 * time.Minute,
-		DedupMaxIDs:         500_000,
-		ShutdownTimeout:     15 * time.Second,
-		UsageAPI:            defaultUsageAPI(),
+		Listen:               "127.0.0.1:8080",
+		KeysReloadInterval:   5 * time.Second,
+		MaxBodyBytes:         8 << 20,
+		HotRouteMaxBodyBytes: 64 << 10,
+		DecodeMemoryBytes:    256 << 20,
+		MaxEventsPerRequest:  5000,
+		MaxEventAge:          72 * time.Hour,
+		MaxEventFuture:       5 * time.Minute,
+		Topic:                schemas.TopicUsageV1,
+		InflightEvents:       50_000,
+		ProduceTimeout:       10 * time.Second,
+		DeliveryTimeout:      60 * time.Second,
+		RetryAfter:           time.Second,
+		Linger:               5 * time.Millisecond,
+		LingerFreeMaxEvents:  16,
+		Compression:          "lz4",
+		DedupWindow:          10 * time.Minute,
+		DedupMaxIDs:          500_000,
+		ShutdownTimeout:      15 * time.Second,
+		UsageAPI:             defaultUsageAPI(),
 	}
 }
 
@@ -96,6 +98,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxBodyBytes < 1024 || c.MaxBodyBytes > 1<<30 {
 		bad("services.ingest.max_body_bytes: %d is outside 1024..1073741824", c.MaxBodyBytes)
+	}
+	if c.HotRouteMaxBodyBytes < 0 || c.HotRouteMaxBodyBytes > 1<<20 {
+		bad("services.ingest.hot_route_max_body_bytes: %d is outside 0..1048576", c.HotRouteMaxBodyBytes)
 	}
 	if c.DecodeMemoryBytes < decodeCostFactor*c.MaxBodyBytes || c.DecodeMemoryBytes > 1<<40 {
 		bad("services.ingest.decode_memory_bytes: %d is outside %d (3 × max_body_bytes, so that one largest request fits)..1099511627776", c.DecodeMemoryBytes, decodeCostFactor*c.MaxBodyBytes)

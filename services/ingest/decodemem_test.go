@@ -12,8 +12,8 @@ import (
 	"github.com/sluicehq/sluice/platform/itest"
 )
 
-// gauge reads a gauge of the instance's registry.
-func (i *testInstance) gauge(t testing.TB, name string) float64 {
+// metric reads an unlabelled gauge or counter of the instance's registry.
+func (i *testInstance) metric(t testing.TB, name string) float64 {
 	t.Helper()
 	mfs, err := i.reg.Gather()
 	if err != nil {
@@ -21,10 +21,13 @@ func (i *testInstance) gauge(t testing.TB, name string) float64 {
 	}
 	for _, mf := range mfs {
 		if mf.GetName() == name && len(mf.Metric) == 1 {
-			return mf.Metric[0].GetGauge().GetValue()
+			if g := mf.Metric[0].GetGauge(); g != nil {
+				return g.GetValue()
+			}
+			return mf.Metric[0].GetCounter().GetValue()
 		}
 	}
-	t.Fatalf("gauge %s not registered", name)
+	t.Fatalf("metric %s not registered", name)
 	return 0
 }
 
@@ -66,7 +69,7 @@ func TestDecodeMemoryBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	itest.Eventually(t, 30*time.Second, "the bomb to hold the whole decode budget", func() bool {
-		return inst.gauge(t, "sluice_ingest_decode_memory_bytes") >= decodeCostFactor*maxBody
+		return inst.metric(t, "sluice_ingest_decode_memory_bytes") >= decodeCostFactor*maxBody
 	})
 
 	body := []byte(batchJSON(eventJSON("dm-1", "acme")))
@@ -81,7 +84,7 @@ func TestDecodeMemoryBudget(t *testing.T) {
 		t.Errorf("the bomb (zeros, not JSON) got %d, want 400", code)
 	}
 	itest.Eventually(t, 30*time.Second, "the decode budget to be returned", func() bool {
-		return inst.gauge(t, "sluice_ingest_decode_memory_bytes") == 0
+		return inst.metric(t, "sluice_ingest_decode_memory_bytes") == 0
 	})
 	if a := post(t, inst.url, testKey, "application/json", body); a.code != http.StatusAccepted {
 		t.Fatalf("request after the budget was returned: %d %s, want 202", a.code, a.raw)

@@ -25,6 +25,7 @@ import (
 
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/httpserver"
+	"github.com/sluicehq/sluice/platform/httpserver/hotroute"
 	"github.com/sluicehq/sluice/services/internal/usageapi"
 )
 
@@ -79,6 +80,18 @@ func run(ctx context.Context, cfg Config, env platform.Env, started func(addr st
 		Write:      cfg.ProduceTimeout + 60*time.Second,
 		Idle:       2 * time.Minute,
 	}, env.Logger)
+	var serve func(net.Listener) error = srv.Serve
+	var stop func(context.Context) error = srv.Shutdown
+	if cfg.HotRouteMaxBodyBytes > 0 {
+		hot, err := hotroute.New(hotroute.Route{Method: http.MethodPost, Path: "/v1/events", MaxBodyBytes: cfg.HotRouteMaxBodyBytes, Handler: http.HandlerFunc(s.events)}, srv)
+		if err != nil {
+			_ = ln.Close()
+			s.closeProducers()
+			return err
+		}
+		s.hot.Store(hot)
+		serve, stop = hot.Serve, hot.Shutdown
+	}
 	env.Logger.Info("events API listening", "addr", ln.Addr().String(), "topic", cfg.Topic)
 	if started != nil {
 		started(ln.Addr().String())
@@ -91,7 +104,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, started func(addr st
 		g.Go(func() error { s.keys.Watch(gctx, cfg.KeysReloadInterval); return nil })
 	}
 	g.Go(func() error {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		if err := serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("ingest: serve: %w", err)
 		}
 		return nil
@@ -101,19 +114,19 @@ func run(ctx context.Context, cfg Config, env platform.Env, started func(addr st
 	}
 	g.Go(func() error {
 		<-gctx.Done()
-		return s.shutdown(srv)
+		return s.shutdown(stop)
 	})
 	return g.Wait()
 }
 
 // shutdown stops accepting, lets in-flight requests finish, then flushes
 // and closes the producer, all within ShutdownTimeout.
-func (s *server) shutdown(srv *http.Server) error {
+func (s *server) shutdown(stopServing func(context.Context) error) error {
 	s.closing.Store(true)
 	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
 	var errs []error
-	if err := srv.Shutdown(sctx); err != nil {
+	if err := stopServing(sctx); err != nil {
 		errs = append(errs, fmt.Errorf("ingest: in-flight requests did not finish within shutdown_timeout = %s: %w", s.cfg.ShutdownTimeout, err))
 	}
 	// Records of requests that already answered 503 may still be retrying;

@@ -439,3 +439,37 @@ func TestCanceledRequestAnswers503(t *testing.T) {
 		t.Fatalf("unavailable{canceled} = %v, want 1", n)
 	}
 }
+
+// Plain requests take the hot route; a chunked one is handed to net/http
+// and answered the same way, and so is every later request on its
+// connection.
+func TestHotRouteAndHandOffAnswerAlike(t *testing.T) {
+	inst := startIngest(t, nil)
+	if a := post(t, inst.url, testKey, "application/json", []byte(batchJSON(eventJSON("hot-1", "acme")))); a.code != http.StatusAccepted {
+		t.Fatalf("plain request: %d %s", a.code, a.raw)
+	}
+	if n := inst.metric(t, "sluice_ingest_hot_route_requests_total"); n != 1 {
+		t.Fatalf("hot route requests = %v after one plain request, want 1", n)
+	}
+	// A body of unknown length makes Go's client send it chunked.
+	req, err := http.NewRequest(http.MethodPost, inst.url+"/v1/events", io.MultiReader(strings.NewReader(batchJSON(eventJSON("hot-2", "acme")))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	resp, err := (&http.Client{Transport: &http.Transport{}, Timeout: time.Minute}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted || string(raw) != `{"accepted":1,"duplicates":0,"rejected":[]}`+"\n" {
+		t.Fatalf("chunked request: %d %q", resp.StatusCode, raw)
+	}
+	if n := inst.metric(t, "sluice_ingest_hot_route_handoffs_total"); n != 1 {
+		t.Fatalf("hand-offs = %v after one chunked request on a new connection, want 1", n)
+	}
+	if counts := idCounts(t, readTopic(t, inst.kafka, inst.topic)); counts["hot-1"] != 1 || counts["hot-2"] != 1 {
+		t.Fatalf("records by id: %v, want hot-1 and hot-2 once each", counts)
+	}
+}

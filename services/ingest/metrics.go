@@ -22,6 +22,8 @@ type metrics struct {
 	keyReloads     *prometheus.CounterVec // by result: ok, error
 	inflight       prometheus.GaugeFunc   // events produced and not yet acknowledged
 	decodeMemory   prometheus.GaugeFunc   // bytes reserved by bodies being read and decoded
+	hotServed      prometheus.CounterFunc // requests answered by the hot route
+	hotHandedOff   prometheus.CounterFunc // connections handed to net/http
 	collectors     []prometheus.Collector
 
 	// Children resolved once: the one-event request path would otherwise
@@ -30,7 +32,9 @@ type metrics struct {
 	accepted202          prometheus.Counter // requests{code="202"}
 }
 
-func newMetrics(inflight, decodeMemory func() float64) *metrics {
+// newMetrics reads the in-flight events, the decode memory and the hot
+// route's counts through the given functions.
+func newMetrics(inflight, decodeMemory, hotServed, hotHandedOff func() float64) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_ingest_requests_total", Help: "POST /v1/events requests by HTTP status code.",
@@ -70,12 +74,18 @@ func newMetrics(inflight, decodeMemory func() float64) *metrics {
 		decodeMemory: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sluice_ingest_decode_memory_bytes", Help: "Memory reserved by request bodies being read and decoded (three times their decoded size), against services.ingest.decode_memory_bytes; over it requests get 503 (sluice_ingest_unavailable_total{cause=\"decode_memory\"}).",
 		}, decodeMemory),
+		hotServed: prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sluice_ingest_hot_route_requests_total", Help: "POST /v1/events requests read and answered by Sluice's own HTTP/1.1 connection loop (services.ingest.hot_route_max_body_bytes); the rest of sluice_ingest_requests_total went through net/http.",
+		}, hotServed),
+		hotHandedOff: prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sluice_ingest_hot_route_handoffs_total", Help: "Connections handed to net/http at a request that was not the hot route's plain form (another path, chunked, larger body, Expect, Connection header, ...); their later requests all go through net/http.",
+		}, hotHandedOff),
 	}
 	m.accepted = m.events.WithLabelValues("accepted")
 	m.duplicates = m.events.WithLabelValues("duplicate")
 	m.accepted202 = m.requests.WithLabelValues("202")
 	m.collectors = []prometheus.Collector{m.requests, m.events, m.rejected, m.unavailable, m.batchSize,
-		m.produceLatency, m.produceErrors, m.produceReqs, m.dedupHits, m.keyReloads, m.inflight, m.decodeMemory}
+		m.produceLatency, m.produceErrors, m.produceReqs, m.dedupHits, m.keyReloads, m.inflight, m.decodeMemory, m.hotServed, m.hotHandedOff}
 	return m
 }
 
@@ -106,5 +116,5 @@ func (m *metrics) unregister(r prometheus.Registerer) {
 // exports, such as the check of deploy/'s dashboards and rules.
 func RegisterMetrics(reg prometheus.Registerer) error {
 	zero := func() float64 { return 0 }
-	return newMetrics(zero, zero).register(reg)
+	return newMetrics(zero, zero, zero, zero).register(reg)
 }

@@ -13,7 +13,7 @@ import (
 // same counts, so clients parsing either see one format.
 func TestReplyAcceptedMatchesEncodedResponse(t *testing.T) {
 	zero := func() float64 { return 0 }
-	s := &server{m: newMetrics(zero, zero)}
+	s := &server{m: newMetrics(zero, zero, zero, zero)}
 	for _, c := range []struct{ accepted, duplicates int }{{1, 0}, {1, 1}, {16, 3}, {16, 16}, {17, 0}, {1000, 37}, {5000, 5000}} {
 		fast := httptest.NewRecorder()
 		s.replyAccepted(fast, c.accepted, c.duplicates)

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/httpserver/hotroute"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/schemas/eventjson"
@@ -47,6 +48,9 @@ type server struct {
 
 	// usage serves GET /v1/usage; nil when usage_api is disabled.
 	usage *usageapi.API
+	// hot serves POST /v1/events in its plain form; nil until Run starts
+	// it, and when hot_route_max_body_bytes is 0.
+	hot atomic.Pointer[hotroute.Server]
 
 	bodies  sync.Pool // *bytes.Buffer
 	batches sync.Pool // *payload.Batch
@@ -98,8 +102,17 @@ func newServer(ctx context.Context, cfg Config, env platform.Env, extra ...kgo.O
 		header:    []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaUsageV1)}},
 		now:       time.Now,
 	}
+	hotCount := func(count func(*hotroute.Server) uint64) func() float64 {
+		return func() float64 {
+			if hot := s.hot.Load(); hot != nil {
+				return float64(count(hot))
+			}
+			return 0
+		}
+	}
 	s.m = newMetrics(func() float64 { return float64(s.budget.used.Load()) },
-		func() float64 { return float64(s.decodeMem.used.Load()) })
+		func() float64 { return float64(s.decodeMem.used.Load()) },
+		hotCount((*hotroute.Server).Served), hotCount((*hotroute.Server).HandedOff))
 	if cfg.KeysFile != "" {
 		f, err := apikey.Open(cfg.KeysFile, env.Logger, func(err error) {
 			if err != nil {

@@ -1,0 +1,101 @@
+package hotroute
+
+import (
+	"net/textproto"
+)
+
+// tchar marks the bytes of an RFC 9110 token, the syntax of a header
+// name.
+var tchar = func() (t [256]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c], t[c-'a'+'A'] = true, true
+	}
+	for _, c := range "!#$%&'*+-.^_`|~" {
+		t[c] = true
+	}
+	return t
+}()
+
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if !tchar[s[i]] {
+			return false
+		}
+	}
+	return true
+}
+
+// isFieldValue reports whether v is a valid header value: no control
+// bytes but horizontal tab (bytes from 0x80 up are allowed, as net/http
+// allows them).
+func isFieldValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// trimOWS removes the optional white space around a header value.
+func trimOWS(v string) string {
+	for len(v) > 0 && (v[0] == ' ' || v[0] == '\t') {
+		v = v[1:]
+	}
+	for len(v) > 0 && (v[len(v)-1] == ' ' || v[len(v)-1] == '\t') {
+		v = v[:len(v)-1]
+	}
+	return v
+}
+
+// canonicalName is textproto's canonical form of a header name (a valid
+// token), without allocating when the client already sent it that way,
+// as Go, curl and most clients do.
+func canonicalName(name string) string {
+	upper := true
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if upper && 'a' <= c && c <= 'z' || !upper && 'A' <= c && c <= 'Z' {
+			return textproto.CanonicalMIMEHeaderKey(name)
+		}
+		upper = c == '-'
+	}
+	return name
+}
+
+// appendFieldValue appends a header value of the answer with any CR or
+// LF turned into a space, as net/http does, so that a value cannot end
+// the header early.
+func appendFieldValue(out []byte, v string) []byte {
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if c == '\r' || c == '\n' {
+			c = ' '
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// isPlainHost reports whether a Host value is a plain name or address
+// with an optional port: letters, digits, '.', '-', '_', ':' and the
+// brackets of an IPv6 address. Anything else is left to net/http's own
+// check of the Host header.
+func isPlainHost(v string) bool {
+	if v == "" {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '-' || c == '_' || c == ':' || c == '[' || c == ']') {
+			return false
+		}
+	}
+	return true
+}
