@@ -326,6 +326,7 @@ func (s *Server) serveConn(nc net.Conn) {
 		if _, err := nc.Write(c.w.encode(closing)); err != nil || closing {
 			return
 		}
+		c.w.shrink()
 	}
 }
 
@@ -535,6 +536,21 @@ func (a *answer) reset() {
 	clear(a.hdr)
 	a.status = 0
 	a.body = a.body[:0]
+}
+
+// keptAnswerBytes bounds the buffers an idle connection keeps from its
+// last answer: thousands of keep-alive connections would otherwise each
+// hold the largest answer they ever wrote.
+const keptAnswerBytes = 16 << 10
+
+// shrink drops buffers grown beyond keptAnswerBytes.
+func (a *answer) shrink() {
+	if cap(a.body) > keptAnswerBytes {
+		a.body = nil
+	}
+	if cap(a.out) > keptAnswerBytes {
+		a.out = nil
+	}
 }
 
 func (a *answer) Header() http.Header { return a.hdr }

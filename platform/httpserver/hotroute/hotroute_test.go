@@ -342,3 +342,38 @@ func TestNewRejectsIncompleteRoutes(t *testing.T) {
 		t.Error("New accepted a fallback server without timeouts")
 	}
 }
+
+// Concurrent connections each get the answers to their own requests,
+// through Go's own client.
+func TestConcurrentConnectionsKeepTheirOwnRequests(t *testing.T) {
+	addr, hot := serveHot(t, echo, httpserver.Defaults())
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}, Timeout: 20 * time.Second}
+	errs := make(chan error, 16)
+	for g := range 16 {
+		go func() {
+			for i := range 50 {
+				body := fmt.Sprintf("g%d-r%d", g, i)
+				resp, err := client.Post("http://"+addr+"/v1/events", "text/plain", strings.NewReader(body))
+				if err != nil {
+					errs <- err
+					return
+				}
+				got, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if !strings.Contains(string(got), fmt.Sprintf("body %q", body)) {
+					errs <- fmt.Errorf("request %s answered %q", body, got)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 16 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if hot.Served() != 800 {
+		t.Fatalf("hot route served %d of 800 plain requests", hot.Served())
+	}
+}
