@@ -1,8 +1,6 @@
 package httpserver_test
 
 import (
-	"errors"
-	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -17,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/platform/httpserver"
+	"github.com/sluicehq/sluice/platform/itest"
 )
 
 func TestNewSetsEveryTimeout(t *testing.T) {
@@ -52,29 +51,6 @@ func serve(t *testing.T, h http.Handler) string {
 	return ln.Addr().String()
 }
 
-// ExpectCutOff reads conn until the server closes it and fails if the
-// server still holds it after 20 seconds — far beyond any timeout the
-// test set, so only a missing timeout trips it.
-func ExpectCutOff(t testing.TB, conn net.Conn, what string) {
-	t.Helper()
-	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
-	_, err := io.Copy(io.Discard, conn)
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		t.Fatalf("%s: the server still holds the connection after 20s; a timeout is missing", what)
-	}
-}
-
-func dial(t *testing.T, addr string) net.Conn {
-	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
-}
-
 // A slowloris client cannot hold a connection: not by trickling headers,
 // not by announcing a body it never sends (to a handler that reads it, or
 // to one that answers without reading it), not by idling on keep-alive.
@@ -87,21 +63,15 @@ func TestSlowClientsAreCutOff(t *testing.T) {
 	}))
 
 	t.Run("headers never finished", func(t *testing.T) {
-		conn := dial(t, reads)
-		fmt.Fprint(conn, "POST / HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-		ExpectCutOff(t, conn, "unfinished headers")
+		itest.ExpectCutOff(t, reads, "POST / HTTP/1.1\r\nHost: x\r\nX-Slow: ")
 	})
 	for name, addr := range map[string]string{"handler reads body": reads, "handler ignores body": ignores} {
 		t.Run("body never finished, "+name, func(t *testing.T) {
-			conn := dial(t, addr)
-			fmt.Fprint(conn, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n{\"a\":")
-			ExpectCutOff(t, conn, "unfinished body")
+			itest.ExpectCutOff(t, addr, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n{\"a\":")
 		})
 	}
 	t.Run("idle keep-alive", func(t *testing.T) {
-		conn := dial(t, ignores)
-		fmt.Fprint(conn, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-		ExpectCutOff(t, conn, "idle connection")
+		itest.ExpectCutOff(t, ignores, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 	})
 }
 

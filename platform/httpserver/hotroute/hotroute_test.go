@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/httpserver/hotroute"
+	"github.com/sluicehq/sluice/platform/itest"
 )
 
 // echo answers with what it was given, so that two servers' answers to
@@ -213,36 +214,16 @@ func TestOneConnectionHotThenHandedOff(t *testing.T) {
 	}
 }
 
-// expectCutOff reads conn until the server closes it and fails if the
-// server still holds it after 10 seconds, far beyond the test's timeouts.
-func expectCutOff(t *testing.T, conn net.Conn, what string) {
-	t.Helper()
-	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	_, err := io.Copy(io.Discard, conn)
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		t.Fatalf("%s: the server still holds the connection after 10s; a timeout is missing", what)
-	}
-}
-
 // The fallback server's timeouts hold on the hot route too.
 func TestSlowClientsAreCutOff(t *testing.T) {
 	addr, _ := serveHot(t, echo, short)
-	t.Run("headers never finished", func(t *testing.T) {
-		conn := dial(t, addr)
-		fmt.Fprint(conn, "POST /v1/events HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-		expectCutOff(t, conn, "unfinished headers")
-	})
-	t.Run("body never finished", func(t *testing.T) {
-		conn := dial(t, addr)
-		fmt.Fprint(conn, "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Length: 60\r\n\r\n{\"a\":")
-		expectCutOff(t, conn, "unfinished body")
-	})
-	t.Run("idle keep-alive", func(t *testing.T) {
-		conn := dial(t, addr)
-		fmt.Fprint(conn, "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
-		expectCutOff(t, conn, "idle connection")
-	})
+	for name, raw := range map[string]string{
+		"headers never finished": "POST /v1/events HTTP/1.1\r\nHost: x\r\nX-Slow: ",
+		"body never finished":    "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Length: 60\r\n\r\n{\"a\":",
+		"idle keep-alive":        "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+	} {
+		t.Run(name, func(t *testing.T) { itest.ExpectCutOff(t, addr, raw) })
+	}
 }
 
 // Shutdown closes idle connections at once and lets a request in flight
