@@ -124,6 +124,11 @@ func Run(ctx context.Context, w io.Writer, src Source, tty bool, interval, logEv
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+			// A select with both ready picks either: a tick must not
+			// start another refresh after the end.
+			if ctx.Err() != nil {
+				return nil
+			}
 		}
 	}
 }
