@@ -69,15 +69,13 @@ func TestKillNineRestartsFromSnapshot(t *testing.T) {
 	_ = cmd.Process.Signal(syscall.SIGKILL)
 	_ = cmd.Wait()
 
+	mark := logSize(t, logs)
 	cmd = startAggregator(t, e, bin, logs, "-snapshot-interval", "1h")
 	itest.Eventually(t, 120*time.Second, "the aggregator to catch up", func() bool {
 		done, end := committed(t, e)
 		return done == end
 	})
-	itest.Eventually(t, 60*time.Second, "the third aggregator to start", func() bool {
-		b, _ := os.ReadFile(logs.Name())
-		return strings.Count(string(b), `msg="aggregator consuming"`) == 3
-	})
+	itest.Eventually(t, 60*time.Second, "the third aggregator to start", func() bool { return consumingSince(logs, mark) })
 	restored := regexp.MustCompile(`msg="partition assigned and restored from a snapshot" .* events_replayed=[1-9]`)
 	itest.Eventually(t, 60*time.Second, "a partition restored from a snapshot plus events stored after it", func() bool {
 		b, _ := os.ReadFile(logs.Name())
