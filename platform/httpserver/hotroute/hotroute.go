@@ -39,6 +39,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/textproto"
 	"net/url"
 	"runtime"
 	"strconv"
@@ -381,11 +382,13 @@ func (c *conn) parse(head []byte) bool {
 		if colon <= 0 || !isToken(line[:colon]) {
 			return false // also an obs-fold line, which starts with a space
 		}
-		value := trimOWS(line[colon+1:])
+		value := strings.Trim(line[colon+1:], " \t") // optional white space
 		if !isFieldValue(value) {
 			return false
 		}
-		name := canonicalName(line[:colon])
+		// No allocation when the client sent the canonical form, as Go,
+		// curl and most clients do.
+		name := textproto.CanonicalMIMEHeaderKey(line[:colon])
 		switch name {
 		case "Content-Length":
 			if length >= 0 {

@@ -1,9 +1,5 @@
 package hotroute
 
-import (
-	"net/textproto"
-)
-
 // tchar marks the bytes of an RFC 9110 token, the syntax of a header
 // name.
 var tchar = func() (t [256]bool) {
@@ -41,32 +37,6 @@ func isFieldValue(v string) bool {
 		}
 	}
 	return true
-}
-
-// trimOWS removes the optional white space around a header value.
-func trimOWS(v string) string {
-	for len(v) > 0 && (v[0] == ' ' || v[0] == '\t') {
-		v = v[1:]
-	}
-	for len(v) > 0 && (v[len(v)-1] == ' ' || v[len(v)-1] == '\t') {
-		v = v[:len(v)-1]
-	}
-	return v
-}
-
-// canonicalName is textproto's canonical form of a header name (a valid
-// token), without allocating when the client already sent it that way,
-// as Go, curl and most clients do.
-func canonicalName(name string) string {
-	upper := true
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if upper && 'a' <= c && c <= 'z' || !upper && 'A' <= c && c <= 'Z' {
-			return textproto.CanonicalMIMEHeaderKey(name)
-		}
-		upper = c == '-'
-	}
-	return name
 }
 
 // appendFieldValue appends a header value of the answer with any CR or
