@@ -73,7 +73,7 @@ const (
 // allocations of the ingest process over each measured interval to
 // <dir>/ingest-<connections>.{cpu,allocs}.pprof. Extra ingest flags can
 // be given in SLUICE_ONEREQ_INGEST_FLAGS (space-separated, e.g.
-// -services.ingest.linger_free_max_events=0) to compare settings, and
+// -services.ingest.small_request_compression=none) to compare settings, and
 // SLUICE_ONEREQ_SLUICE_BIN names another sluice binary for ingest (a
 // build of another commit) to compare commits.
 func BenchmarkOneEventRequests(b *testing.B) {

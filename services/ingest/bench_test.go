@@ -116,15 +116,16 @@ func benchIngest(b *testing.B, batch, clients int) {
 		}
 		clients = n
 	}
-	// To make every request wait out the linger: SLUICE_BENCH_LINGER_FREE=0
-	// (services.ingest.linger_free_max_events; default: the service's, 16).
-	lingerFree := -1
-	if v := os.Getenv("SLUICE_BENCH_LINGER_FREE"); v != "" {
+	// To send every request through the one lingering producer:
+	// SLUICE_BENCH_SMALL_MAX_EVENTS=0 (services.ingest.small_request_max_events;
+	// default: the service's, 16).
+	smallMax := -1
+	if v := os.Getenv("SLUICE_BENCH_SMALL_MAX_EVENTS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
-			b.Fatalf("SLUICE_BENCH_LINGER_FREE=%q: want a count, 0 or more", v)
+			b.Fatalf("SLUICE_BENCH_SMALL_MAX_EVENTS=%q: want a count, 0 or more", v)
 		}
-		lingerFree = n
+		smallMax = n
 	}
 	inst := startIngest(b, func(c *Config) {
 		c.Compression = compression
@@ -132,8 +133,8 @@ func benchIngest(b *testing.B, batch, clients int) {
 		if linger >= 0 {
 			c.Linger = linger
 		}
-		if lingerFree >= 0 {
-			c.LingerFreeMaxEvents = lingerFree
+		if smallMax >= 0 {
+			c.SmallRequestMaxEvents = smallMax
 		}
 	})
 	tmpl := newBodyTemplate(batch)

@@ -32,11 +32,14 @@ type Config struct {
 	ProduceTimeout  time.Duration `yaml:"produce_timeout" help:"how long a request waits for the broker's acknowledgement before answering 503"`
 	DeliveryTimeout time.Duration `yaml:"delivery_timeout" help:"how long the producer keeps retrying one record before failing it"`
 	RetryAfter      time.Duration `yaml:"retry_after" help:"Retry-After sent with 503 answers"`
-	Linger          time.Duration `yaml:"linger" help:"how long the producer waits to fill a batch of requests of more than linger_free_max_events events"`
-	// LingerFreeMaxEvents trades CPU for latency on small requests; see
-	// bench/README.md "One-event requests".
-	LingerFreeMaxEvents int    `yaml:"linger_free_max_events" help:"requests of at most this many events are sent as soon as they are buffered, sharing whatever batch concurrent requests filled, instead of waiting out the linger: one-event requests answer in about a broker round trip; larger requests keep the linger's batching; 0: every request waits out the linger (fewer, larger produce requests, which may suit a CPU-bound node with many concurrent clients)"`
-	Compression         string `yaml:"compression" help:"produce batch compression: lz4, zstd, snappy, gzip or none"`
+	Linger          time.Duration `yaml:"linger" help:"how long the producer waits to fill a batch of requests of more than small_request_max_events events"`
+	Compression     string        `yaml:"compression" help:"produce batch compression: lz4, zstd, snappy, gzip or none"`
+	// The small-request settings trade CPU for latency where gateways send
+	// one event per request; see docs/scaling.md and bench/README.md
+	// "One-event requests".
+	SmallRequestMaxEvents   int           `yaml:"small_request_max_events" help:"requests of at most this many events go to a producer of their own, with small_request_linger and small_request_compression, so that one-event requests answer in about a broker round trip instead of waiting out linger; they still share batches with concurrent requests; 0: every request uses the one producer"`
+	SmallRequestLinger      time.Duration `yaml:"small_request_linger" help:"how long the small-request producer waits for concurrent requests to join a batch: a produce request costs the broker about the same CPU whatever it carries, so a fraction of a millisecond saves the broker a third of its CPU per one-event request under load, at the price of this much latency on every small request; 0: send as soon as buffered. At most linger"`
+	SmallRequestCompression string        `yaml:"small_request_compression" help:"compression of the small-request producer's batches: lz4, zstd, snappy, gzip or none; empty: the same as compression. none saves ingest and the broker CPU per one-event request (bench/README.md) but stores those events uncompressed, several times the bytes on the broker's disk"`
 
 	DedupWindow time.Duration `yaml:"dedup_window" help:"how long an acknowledged event id is remembered to drop duplicates"`
 	DedupMaxIDs int           `yaml:"dedup_max_ids" help:"most ids remembered; the oldest is forgotten first (about 200 bytes each with 36-byte ids: tenant, id and estimated are remembered)"`
@@ -52,26 +55,27 @@ type Config struct {
 // while bounding its memory to tens of megabytes.
 func DefaultConfig() Config {
 	return Config{
-		Listen:               "127.0.0.1:8080",
-		KeysReloadInterval:   5 * time.Second,
-		MaxBodyBytes:         8 << 20,
-		HotRouteMaxBodyBytes: 64 << 10,
-		DecodeMemoryBytes:    256 << 20,
-		MaxEventsPerRequest:  5000,
-		MaxEventAge:          72 * time.Hour,
-		MaxEventFuture:       5 * time.Minute,
-		Topic:                schemas.TopicUsageV1,
-		InflightEvents:       50_000,
-		ProduceTimeout:       10 * time.Second,
-		DeliveryTimeout:      60 * time.Second,
-		RetryAfter:           time.Second,
-		Linger:               5 * time.Millisecond,
-		LingerFreeMaxEvents:  16,
-		Compression:          "lz4",
-		DedupWindow:          10 * time.Minute,
-		DedupMaxIDs:          500_000,
-		ShutdownTimeout:      15 * time.Second,
-		UsageAPI:             defaultUsageAPI(),
+		Listen:                "127.0.0.1:8080",
+		KeysReloadInterval:    5 * time.Second,
+		MaxBodyBytes:          8 << 20,
+		HotRouteMaxBodyBytes:  64 << 10,
+		DecodeMemoryBytes:     256 << 20,
+		MaxEventsPerRequest:   5000,
+		MaxEventAge:           72 * time.Hour,
+		MaxEventFuture:        5 * time.Minute,
+		Topic:                 schemas.TopicUsageV1,
+		InflightEvents:        50_000,
+		ProduceTimeout:        10 * time.Second,
+		DeliveryTimeout:       60 * time.Second,
+		RetryAfter:            time.Second,
+		Linger:                5 * time.Millisecond,
+		Compression:           "lz4",
+		SmallRequestMaxEvents: 16,
+		SmallRequestLinger:    300 * time.Microsecond,
+		DedupWindow:           10 * time.Minute,
+		DedupMaxIDs:           500_000,
+		ShutdownTimeout:       15 * time.Second,
+		UsageAPI:              defaultUsageAPI(),
 	}
 }
 
@@ -132,11 +136,19 @@ func (c Config) Validate() error {
 	if c.Linger < 0 || c.Linger > time.Second {
 		bad("services.ingest.linger: %s is outside 0..1s", c.Linger)
 	}
-	if c.LingerFreeMaxEvents < 0 || c.LingerFreeMaxEvents > 1000 {
-		bad("services.ingest.linger_free_max_events: %d is outside 0..1000", c.LingerFreeMaxEvents)
-	}
 	if _, err := codec(c.Compression); err != nil {
-		errs = append(errs, err)
+		bad("services.ingest.compression: %v", err)
+	}
+	if c.SmallRequestMaxEvents < 0 || c.SmallRequestMaxEvents > 1000 {
+		bad("services.ingest.small_request_max_events: %d is outside 0..1000", c.SmallRequestMaxEvents)
+	}
+	if c.SmallRequestLinger < 0 || c.SmallRequestLinger > c.Linger {
+		bad("services.ingest.small_request_linger: %s is outside 0..linger (%s)", c.SmallRequestLinger, c.Linger)
+	}
+	if c.SmallRequestCompression != "" {
+		if _, err := codec(c.SmallRequestCompression); err != nil {
+			bad("services.ingest.small_request_compression: %v", err)
+		}
 	}
 	if c.DedupWindow <= 0 {
 		bad("services.ingest.dedup_window: must be positive")
@@ -178,5 +190,5 @@ func codec(name string) (kgo.CompressionCodec, error) {
 	case "none":
 		return kgo.NoCompression(), nil
 	}
-	return kgo.CompressionCodec{}, fmt.Errorf("ingest.compression: %q is not one of lz4, zstd, snappy, gzip, none", name)
+	return kgo.CompressionCodec{}, fmt.Errorf("%q is not one of lz4, zstd, snappy, gzip, none", name)
 }

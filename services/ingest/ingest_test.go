@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -71,17 +72,18 @@ func TestMixedBatchAcceptsExactlyTheGoodEvents(t *testing.T) {
 }
 
 // Both ways to the broker keep the contract: requests that wait out the
-// linger (linger_free_max_events 0) and small requests sent at once (16).
+// linger (small_request_max_events 0) and small requests on a producer of
+// their own (16).
 func TestDuplicateIDIsProducedOnce(t *testing.T) {
-	for _, lingerFree := range []int{0, 16} {
-		t.Run(fmt.Sprintf("linger_free_max_events=%d", lingerFree), func(t *testing.T) {
-			testDuplicateIDIsProducedOnce(t, lingerFree)
+	for _, smallMax := range []int{0, 16} {
+		t.Run(fmt.Sprintf("small_request_max_events=%d", smallMax), func(t *testing.T) {
+			testDuplicateIDIsProducedOnce(t, smallMax)
 		})
 	}
 }
 
-func testDuplicateIDIsProducedOnce(t *testing.T, lingerFree int) {
-	inst := startIngest(t, func(c *Config) { c.LingerFreeMaxEvents = lingerFree })
+func testDuplicateIDIsProducedOnce(t *testing.T, smallMax int) {
+	inst := startIngest(t, func(c *Config) { c.SmallRequestMaxEvents = smallMax })
 	ev := eventJSON("dup-1", "acme")
 	for i, body := range []string{ev, ev, batchJSON(ev, eventJSON("other", "acme"), ev)} {
 		a := post(t, inst.url, testKey, "", []byte(body))
@@ -101,6 +103,43 @@ func testDuplicateIDIsProducedOnce(t *testing.T, lingerFree int) {
 	counts := idCounts(t, readTopic(t, inst.kafka, inst.topic))
 	if counts["dup-1"] != 1 || counts["other"] != 1 || len(counts) != 2 {
 		t.Fatalf("topic holds %v, want dup-1 and other exactly once", counts)
+	}
+}
+
+// Small requests go to the small-request producer, with its own settings,
+// and larger ones to the lingering producer: the records' batches carry
+// each producer's codec (small_request_compression none, compression lz4).
+// Each request's events share a tenant, so a partition and a batch: the
+// producer leaves a batch uncompressed when lz4 would not shrink it, as
+// for a lone record.
+func TestSmallRequestsHaveTheirOwnProducer(t *testing.T) {
+	inst := startIngest(t, func(c *Config) { c.SmallRequestMaxEvents = 3; c.SmallRequestCompression = "none" })
+	small := batchJSON(eventJSON("small-1", "acme"), eventJSON("small-2", "acme"), eventJSON("small-3", "acme"))
+	large := batchJSON(eventJSON("large-1", "beta"), eventJSON("large-2", "beta"), eventJSON("large-3", "beta"), eventJSON("large-4", "beta"))
+	for _, body := range []string{small, large} {
+		if a := post(t, inst.url, testKey, "", []byte(body)); a.code != http.StatusAccepted {
+			t.Fatalf("%d %s", a.code, a.raw)
+		}
+	}
+	recs := readTopic(t, inst.kafka, inst.topic)
+	if len(recs) != 7 {
+		t.Fatalf("topic holds %d records, want 7", len(recs))
+	}
+	const none, lz4 = 0, 3 // Kafka's batch codec attribute
+	for _, r := range recs {
+		var ev struct {
+			ID string `json:"id"`
+		}
+		if err := json.Unmarshal(r.Value, &ev); err != nil {
+			t.Fatal(err)
+		}
+		want := uint8(none)
+		if strings.HasPrefix(ev.ID, "large-") {
+			want = lz4
+		}
+		if got := r.Attrs.CompressionType(); got != want {
+			t.Errorf("%s: batch codec %d, want %d", ev.ID, got, want)
+		}
 	}
 }
 

@@ -33,9 +33,9 @@ type server struct {
 	log   *slog.Logger
 	keys  *apikey.File // nil: anonymous access allowed
 	kafka *kgo.Client
-	// quick produces requests of at most linger_free_max_events events:
-	// a client without linger, so their records are sent as soon as they
-	// are buffered. It is kafka itself when kafka does not linger.
+	// quick produces requests of at most small_request_max_events events,
+	// with small_request_linger and small_request_compression. It is kafka
+	// itself when those are kafka's own settings.
 	quick  *kgo.Client
 	dedup  *dedup.Window
 	budget budget
@@ -151,14 +151,19 @@ func newServer(ctx context.Context, cfg Config, env platform.Env, extra ...kgo.O
 		return nil, err
 	}
 	s.kafka, s.quick = cl, cl
-	if cfg.Linger > 0 && cfg.LingerFreeMaxEvents > 0 {
-		// Small requests get a producer of their own that never lingers:
-		// each request's records are sent as soon as they are buffered,
-		// together with whatever concurrent requests buffered meanwhile
-		// (up to 5 produce requests in flight, so records accumulate while
-		// the broker answers). The handler produces and waits; no goroutine
-		// per request, as ProduceSync would need to keep produce_timeout.
-		quick, err := kafkaconn.NewClient(env.Kafka, append(opts, kgo.ProducerLinger(0))...)
+	smallComp := comp
+	if cfg.SmallRequestCompression != "" {
+		smallComp, _ = codec(cfg.SmallRequestCompression)
+	}
+	if cfg.SmallRequestMaxEvents > 0 && (cfg.SmallRequestLinger != cfg.Linger || smallComp != comp) {
+		// Small requests get a producer of their own whose linger is a
+		// fraction of a millisecond: a one-event request waits that long
+		// for concurrent requests to join its batch, not the whole linger,
+		// and up to 5 produce requests in flight let records accumulate
+		// while the broker answers. The handler produces and waits; no
+		// goroutine per request, as ProduceSync would need to keep
+		// produce_timeout.
+		quick, err := kafkaconn.NewClient(env.Kafka, append(opts, kgo.ProducerLinger(cfg.SmallRequestLinger), kgo.ProducerBatchCompression(smallComp))...)
 		if err != nil {
 			cl.Close()
 			return nil, err
@@ -553,13 +558,13 @@ func (s *server) produce(ctx context.Context, events []schemas.UsageEvent) produ
 		}
 	}
 	start := time.Now()
-	// Requests of at most linger_free_max_events go to the producer that
-	// never lingers (see newServer); larger ones fill batches by
+	// Requests of at most small_request_max_events go to the producer with
+	// the short linger (see newServer); larger ones fill batches by
 	// themselves, and while they linger concurrent ones join the same
 	// produce request (on a busy 2-core machine 1,000-event requests lost
 	// throughput when every request drained at once: bench/README.md).
 	cl := s.kafka
-	if n <= s.cfg.LingerFreeMaxEvents {
+	if n <= s.cfg.SmallRequestMaxEvents {
 		cl = s.quick
 	}
 	// context.Background: kgo cancels a whole partition's buffered records
