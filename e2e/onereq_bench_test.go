@@ -1,13 +1,11 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -30,7 +28,7 @@ const (
 	// oneReqConns (SLUICE_ONEREQ_CONNS) are the concurrencies tried, one
 	// after the other: persistent connections, one request in flight on
 	// each.
-	oneReqConns = "16,32,64,128"
+	oneReqConns = "16,32,40,48,64,128"
 	// oneReqFor (SLUICE_ONEREQ_FOR) is how long each concurrency is
 	// measured, after oneReqWarmup.
 	oneReqFor    = 10 * time.Second
@@ -48,10 +46,11 @@ const (
 // 202 follows the broker's acknowledgement), and this process is a lean
 // load generator — persistent connections, each writing a pre-built
 // request whose event id is renumbered in place and reading the answer,
-// one request in flight per connection, no net/http client — so that the
-// figures measure the server rather than the client.
+// one request in flight per connection, no net/http client, one OS thread
+// per 64 connections driving their sockets with epoll (leanLoop) — so that
+// the figures measure the server rather than the client.
 //
-// It tries each concurrency of SLUICE_ONEREQ_CONNS (16,32,64,128) for
+// It tries each concurrency of SLUICE_ONEREQ_CONNS (16,32,40,48,64,128) for
 // SLUICE_ONEREQ_FOR (10s) after a 2 s warm-up, prints a line per
 // concurrency, and reports the one with the highest rate whose median
 // stays within 2 ms (or, when none does, the one with the highest rate):
@@ -196,47 +195,48 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // measures them for d after the warm-up.
 func runOneEventLoad(b *testing.B, s *stack, procs []oneReqProc, ops *oneReqOps, n int, d time.Duration, sfx, profDir string) oneReqResult {
 	var (
-		measuring, stop atomic.Bool
-		answered        atomic.Int64
-		wg              sync.WaitGroup
-		mu              sync.Mutex
-		latencies       []time.Duration
-		failure         error
+		stop      atomic.Bool
+		from      atomic.Int64 // UnixNano: answers to requests sent since count; 0: not yet
+		answered  atomic.Int64
+		wg        sync.WaitGroup
+		mu        sync.Mutex
+		latencies []time.Duration
+		failure   error
 	)
+	conns := make([]*leanConn, n)
 	for c := range n {
 		lc, err := newLeanConn(s.ingestAddr, s.ingestKey, fmt.Sprintf("one-%s-%d-%d", sfx, n, c), fmt.Sprintf("bench-one-%s-%d", sfx, c%oneReqTenants))
 		if err != nil {
 			b.Fatal(err)
 		}
+		defer leanClose(lc.fd)
+		conns[c] = lc
+	}
+	// One load thread per 64 connections.
+	for part := range slices.Chunk(conns, 64) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer lc.conn.Close()
-			lat := make([]time.Duration, 0, 1<<16)
-			for !stop.Load() {
-				counted := measuring.Load()
-				took, err := lc.roundTrip()
-				if err != nil {
-					mu.Lock()
-					failure = cmp.Or(failure, err)
-					mu.Unlock()
-					stop.Store(true)
-					return
-				}
-				if counted && measuring.Load() {
+			lat := make([]time.Duration, 0, 1<<17)
+			err := leanLoop(part, &stop, func(c *leanConn, took time.Duration) {
+				if f := from.Load(); f != 0 && c.sent.UnixNano() >= f && !stop.Load() {
 					answered.Add(1)
 					lat = append(lat, took)
 				}
-			}
+			})
 			mu.Lock()
+			defer mu.Unlock()
 			latencies = append(latencies, lat...)
-			mu.Unlock()
+			if err != nil {
+				failure = cmp.Or(failure, err)
+				stop.Store(true)
+			}
 		}()
 	}
 	time.Sleep(oneReqWarmup) // a warm-up, not an assertion: nothing is measured yet
 	cpu0, machine0, counters0 := sampleCPU(b, procs), machineCPU(b), ops.sample()
 	t0 := time.Now()
-	measuring.Store(true)
+	from.Store(t0.UnixNano())
 	var profiles sync.WaitGroup
 	if profDir != "" {
 		base := "http://" + s.proc("ingest").opsAddr + "/debug/pprof/"
@@ -251,11 +251,10 @@ func runOneEventLoad(b *testing.B, s *stack, procs []oneReqProc, ops *oneReqOps,
 		}
 	}
 	time.Sleep(d)
-	measuring.Store(false)
+	stop.Store(true)
 	elapsed := time.Since(t0)
 	cpu1, machine1, counters1 := sampleCPU(b, procs), machineCPU(b), ops.sample()
 	count := answered.Load()
-	stop.Store(true)
 	wg.Wait()
 	profiles.Wait()
 	if failure != nil {
@@ -315,23 +314,21 @@ func sampleCPU(b *testing.B, procs []oneReqProc) map[string]time.Duration {
 // leanConn is one persistent HTTP/1.1 connection of the lean load
 // generator: its request is built once and only the event id's sequence
 // digits change, and the answer is read with no more parsing than the
-// status line and Content-Length need.
+// status line and Content-Length need. Its socket is driven by leanLoop,
+// outside Go's network poller.
 type leanConn struct {
-	conn  net.Conn
-	rd    *bufio.Reader
+	fd    int
 	req   []byte
 	seqAt int // where the id's fixed-width sequence number starts in req
 	seq   int64
+	sent  time.Time
+	buf   []byte // the answer read so far
 }
 
 // leanSeqDigits is the width of the sequence number in an event id.
 const leanSeqDigits = 12
 
 func newLeanConn(addr, key, idPrefix, tenant string) (*leanConn, error) {
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		return nil, err
-	}
 	marker := strings.Repeat("0", leanSeqDigits)
 	ev := schemas.UsageEvent{
 		ID: idPrefix + "-" + marker, Time: time.Now().UTC(), Tenant: tenant, Model: "gpt-4o-2024-08-06",
@@ -346,59 +343,98 @@ func newLeanConn(addr, key, idPrefix, tenant string) (*leanConn, error) {
 	req := append([]byte(head), body...)
 	at := bytes.Index(req, []byte(`"`+ev.ID+`"`))
 	if at < 0 {
-		conn.Close()
 		return nil, errors.New("lean client: the event id is not in its own request")
 	}
-	return &leanConn{conn: conn, rd: bufio.NewReaderSize(conn, 4096), req: req, seqAt: at + 1 + len(idPrefix) + 1}, nil
+	fd, err := leanDial(addr)
+	if err != nil {
+		return nil, fmt.Errorf("lean client: %w", err)
+	}
+	return &leanConn{fd: fd, req: req, seqAt: at + 1 + len(idPrefix) + 1, buf: make([]byte, 0, 4096)}, nil
 }
 
-// roundTrip sends the request with the next event id and reads the
-// answer, which must be 202.
-func (c *leanConn) roundTrip() (time.Duration, error) {
+// send writes the request with the next event id.
+func (c *leanConn) send() error {
 	c.seq++
 	v := c.seq
 	for i := c.seqAt + leanSeqDigits - 1; i >= c.seqAt; i-- {
 		c.req[i] = byte('0' + v%10)
 		v /= 10
 	}
-	start := time.Now()
-	if _, err := c.conn.Write(c.req); err != nil {
-		return 0, fmt.Errorf("lean client: write: %w", err)
+	c.buf = c.buf[:0]
+	c.sent = time.Now()
+	return leanWrite(c.fd, c.req)
+}
+
+// answered reports whether buf holds the whole answer, which must be 202
+// and alone: one request is in flight.
+func (c *leanConn) answered() (bool, error) {
+	end := bytes.Index(c.buf, []byte("\r\n\r\n"))
+	if end < 0 {
+		if len(c.buf) == cap(c.buf) {
+			return false, fmt.Errorf("lean client: an answer's head above %d bytes", cap(c.buf))
+		}
+		return false, nil
 	}
-	status, err := c.rd.ReadSlice('\n')
-	if err != nil {
-		return 0, fmt.Errorf("lean client: read the status line: %w", err)
-	}
-	ok := bytes.HasPrefix(status, []byte("HTTP/1.1 202 "))
-	if !ok {
-		status = slices.Clone(status)
-	}
+	head := c.buf[:end+2]
+	status, _, _ := bytes.Cut(head, []byte("\r\n"))
 	length := -1
-	for {
-		line, err := c.rd.ReadSlice('\n')
-		if err != nil {
-			return 0, fmt.Errorf("lean client: read the answer's headers: %w", err)
-		}
-		if len(line) <= 2 {
-			break
-		}
+	for line := range bytes.SplitSeq(head, []byte("\r\n")) {
 		if v, found := bytes.CutPrefix(line, []byte("Content-Length: ")); found {
-			length, err = strconv.Atoi(string(bytes.TrimSpace(v)))
+			n, err := strconv.Atoi(string(v))
 			if err != nil {
-				return 0, fmt.Errorf("lean client: Content-Length %q", v)
+				return false, fmt.Errorf("lean client: Content-Length %q", v)
 			}
+			length = n
 		}
 	}
 	if length < 0 {
-		return 0, fmt.Errorf("lean client: an answer without Content-Length (%q)", bytes.TrimSpace(status))
+		return false, fmt.Errorf("lean client: an answer without Content-Length (%q)", status)
 	}
-	body, err := c.rd.Peek(min(length, c.rd.Size()))
-	if err != nil {
-		return 0, fmt.Errorf("lean client: read the answer's body: %w", err)
+	body := c.buf[end+4:]
+	if len(body) < length {
+		if end+4+length > cap(c.buf) {
+			return false, fmt.Errorf("lean client: %s: an answer above %d bytes", status, cap(c.buf))
+		}
+		return false, nil
 	}
-	if !ok {
-		return 0, fmt.Errorf("lean client: %s: %s", bytes.TrimSpace(status), body)
+	if !bytes.HasPrefix(status, []byte("HTTP/1.1 202 ")) {
+		return false, fmt.Errorf("lean client: %s: %s", status, body)
 	}
-	_, _ = c.rd.Discard(length)
-	return time.Since(start), nil
+	if len(body) > length {
+		return false, fmt.Errorf("lean client: %d bytes after the answer", len(body)-length)
+	}
+	return true, nil
+}
+
+// The lean client counts an answer only when it is whole, 202 and alone:
+// split reads wait for the rest, anything else fails the run.
+func TestLeanClientReadsWholeAnswers(t *testing.T) {
+	const ok = "HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\nContent-Length: 14\r\n\r\n{\"accepted\":1}"
+	for _, tc := range []struct {
+		name  string
+		reads []string
+		done  bool
+		err   string
+	}{
+		{"one read", []string{ok}, true, ""},
+		{"split in the head", []string{ok[:20], ok[20:]}, true, ""},
+		{"split in the body", []string{ok[:len(ok)-3], ok[len(ok)-3:]}, true, ""},
+		{"body not yet read", []string{ok[:len(ok)-1]}, false, ""},
+		{"not 202", []string{"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy"}, false, "503 Service Unavailable: busy"},
+		{"no length", []string{"HTTP/1.1 202 Accepted\r\n\r\n"}, false, "without Content-Length"},
+		{"bytes after", []string{ok + "HTTP"}, false, "4 bytes after the answer"},
+	} {
+		c := &leanConn{buf: make([]byte, 0, 4096)}
+		var done bool
+		var err error
+		for _, r := range tc.reads {
+			c.buf = append(c.buf, r...)
+			if done, err = c.answered(); err != nil || done {
+				break
+			}
+		}
+		if done != tc.done || (err == nil) != (tc.err == "") || err != nil && !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("%s: done %v, error %v; want %v, %q", tc.name, done, err, tc.done, tc.err)
+		}
+	}
 }
