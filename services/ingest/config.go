@@ -42,7 +42,7 @@ type Config struct {
 	SmallRequestCompression string        `yaml:"small_request_compression" help:"compression of the small-request producer's batches: lz4, zstd, snappy, gzip or none; empty: the same as compression. none saves ingest and the broker CPU per one-event request (bench/README.md) but stores those events uncompressed, several times the bytes on the broker's disk"`
 
 	DedupWindow time.Duration `yaml:"dedup_window" help:"how long an acknowledged event id is remembered to drop duplicates"`
-	DedupMaxIDs int           `yaml:"dedup_max_ids" help:"most ids remembered; the oldest is forgotten first (about 200 bytes each with 36-byte ids: tenant, id and estimated are remembered)"`
+	DedupMaxIDs int           `yaml:"dedup_max_ids" help:"most ids remembered; the oldest is forgotten first (about 110 bytes each, whatever the ids' length: a 128-bit hash of tenant, id and estimated is remembered)"`
 
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout" help:"on shutdown, how long in-flight requests and the producer get to finish"`
 

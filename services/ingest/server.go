@@ -444,14 +444,14 @@ type tracker struct {
 	mu        sync.Mutex
 	err       error
 
-	// keys are the dedup keys of the request's fresh events and recs
+	// keys are the dedup marks of the request's fresh events and recs
 	// their records, in the same order; the records' values alias one
 	// buffer, which lives until the broker answered.
-	keys []dedup.Key
+	keys []dedup.Mark
 	recs []kgo.Record
 	// A one-event request's key, record and value live here, so that its
 	// produce allocates the tracker and little else.
-	oneKey [1]dedup.Key
+	oneKey [1]dedup.Mark
 	oneRec [1]kgo.Record
 	oneVal [oneValueBytes]byte
 }
@@ -461,7 +461,7 @@ type tracker struct {
 const oneValueBytes = 512
 
 // settle records the broker's answer for the record of key.
-func (t *tracker) settle(key dedup.Key, err error) {
+func (t *tracker) settle(key dedup.Mark, err error) {
 	if err == nil {
 		t.s.dedup.Commit(key, t.owner)
 	} else {
@@ -482,7 +482,7 @@ func (t *tracker) settle(key dedup.Key, err error) {
 // settleOne is the promise of a one-record request.
 func (t *tracker) settleOne(_ *kgo.Record, err error) { t.settle(t.keys[0], err) }
 
-func (t *tracker) promise(key dedup.Key) func(*kgo.Record, error) {
+func (t *tracker) promise(key dedup.Mark) func(*kgo.Record, error) {
 	return func(_ *kgo.Record, err error) { t.settle(key, err) }
 }
 
@@ -495,7 +495,7 @@ func (s *server) produce(ctx context.Context, events []schemas.UsageEvent) produ
 	if len(events) == 1 {
 		t.keys = t.oneKey[:0]
 	} else {
-		t.keys = make([]dedup.Key, 0, len(events))
+		t.keys = make([]dedup.Mark, 0, len(events))
 		fresh = make([]*schemas.UsageEvent, 0, len(events))
 	}
 	for i := range events {

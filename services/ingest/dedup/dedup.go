@@ -22,16 +22,28 @@
 // its in-flight budget. The window is the first line of deduplication, not
 // the only one: an id evicted early is caught by the aggregator.
 //
+// The window stores a [Mark] for each key, not the key: 128 bits of two
+// hashes of tenant, id and estimated under seeds drawn at start. So a mark
+// costs about 110 bytes whatever the ids' length (230 with 36-byte ids
+// when the window kept the strings), holds no
+// pointer for the garbage collector to scan, and is found without
+// comparing strings in memory far from the map. Two different keys share
+// a mark with probability 2^-128 per pair; a shared mark would answer a
+// new event as a duplicate, and at 500,000 marks the chance that any of
+// 10^15 events does is about 10^-18. The seeds are not known outside the
+// process, so nobody can pick an id whose mark is another tenant's.
+//
 // Begin and Commit run for every event ingest accepts, so the window is
 // hand-written (sharded locks, one map lookup per call, the eviction ring
-// of package fifo) rather than a library LRU; BenchmarkIngest1,
-// BenchmarkIngest100 and BenchmarkIngest1000 in services/ingest measure
-// it as part of the request path (see bench/README.md).
+// of package fifo) rather than a library LRU; BenchmarkBeginCommit, and
+// BenchmarkIngest1, BenchmarkIngest100 and BenchmarkIngest1000 in
+// services/ingest as part of the request path, measure it (see
+// bench/README.md).
 package dedup
 
 import (
+	"encoding/binary"
 	"hash/maphash"
-	"strings"
 	"sync"
 	"time"
 
@@ -63,16 +75,16 @@ const shards = 32
 type Window struct {
 	ttl    time.Duration
 	now    func() time.Time
-	seed   maphash.Seed
+	seeds  [2]maphash.Seed
 	shards [shards]shard
 }
 
 type shard struct {
 	mu sync.Mutex
-	// ids maps each known key to its state: pending for an owner, or
-	// acknowledged until an expiry. One map keeps Begin and Commit at one
-	// lookup each.
-	ids map[Key]slot
+	// ids maps each known key's mark to its state: pending for an owner,
+	// or acknowledged until an expiry. One map keeps Begin and Commit at
+	// one lookup each.
+	ids map[Mark]slot
 	// ring holds acknowledged ids in insertion order, which is expiry
 	// order, oldest first. Its capacity is the shard's share of MaxIDs.
 	ring *fifo.Ring[ringEntry]
@@ -86,7 +98,7 @@ type slot struct {
 }
 
 type ringEntry struct {
-	id     Key
+	id     Mark
 	expiry int64
 }
 
@@ -98,6 +110,31 @@ type Key struct {
 	Estimated bool
 }
 
+// Mark is what the window remembers of a [Key]: see the package
+// documentation. Begin returns it for Commit and Abort.
+type Mark struct{ hi, lo uint64 }
+
+// markBufSize holds the longest tenant and id the schema allows (64 and
+// 128 bytes) with their lengths, so that marking needs no allocation.
+const markBufSize = 256
+
+// mark hashes k's fields after their lengths, so that tenant "ab" with id
+// "c" and tenant "a" with id "bc" differ.
+func (w *Window) mark(k Key) Mark {
+	var stack [markBufSize]byte
+	b := stack[:0]
+	b = binary.AppendUvarint(b, uint64(len(k.Tenant)))
+	b = binary.AppendUvarint(b, uint64(len(k.ID)))
+	if k.Estimated {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
+	}
+	b = append(b, k.Tenant...)
+	b = append(b, k.ID...)
+	return Mark{hi: maphash.Bytes(w.seeds[0], b), lo: maphash.Bytes(w.seeds[1], b)}
+}
+
 // NewWindow returns a window that keeps acknowledged ids for ttl, at most
 // maxIDs of them. now may be nil (time.Now); tests pass a fake clock.
 func NewWindow(ttl time.Duration, maxIDs int, now func() time.Time) *Window {
@@ -105,79 +142,66 @@ func NewWindow(ttl time.Duration, maxIDs int, now func() time.Time) *Window {
 		now = time.Now
 	}
 	per := max(maxIDs/shards, 1)
-	w := &Window{ttl: ttl, now: now, seed: maphash.MakeSeed()}
+	w := &Window{ttl: ttl, now: now, seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}}
 	for i := range w.shards {
-		w.shards[i] = shard{ids: make(map[Key]slot), ring: fifo.New[ringEntry](per)}
+		w.shards[i] = shard{ids: make(map[Mark]slot), ring: fifo.New[ringEntry](per)}
 	}
 	return w
 }
 
-func (w *Window) shard(k Key) *shard {
-	// The id alone spreads keys well; an estimate and its settlement, or
-	// two tenants' equal ids, sharing a shard costs nothing.
-	return &w.shards[maphash.String(w.seed, k.ID)&(shards-1)]
-}
+func (w *Window) shard(m Mark) *shard { return &w.shards[m.lo&(shards-1)] }
 
 // Begin looks id up and, if it is neither acknowledged nor pending, claims it
 // for owner. owner must be non-zero and unique per concurrent caller. When
-// the state is Claimed, key is the window's own copy of id: pass it to
-// Commit or Abort, so the window stores one copy, which never pins the
-// request body the caller's strings may point into.
-func (w *Window) Begin(id Key, owner uint64) (state State, key Key) {
-	s := w.shard(id)
+// the state is Claimed, pass mark to Commit or Abort. The window keeps no
+// reference to id's strings.
+func (w *Window) Begin(id Key, owner uint64) (state State, mark Mark) {
+	mark = w.mark(id)
+	s := w.shard(mark)
 	now := w.now().UnixNano()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if v, ok := s.ids[id]; ok {
+	if v, ok := s.ids[mark]; ok {
 		switch {
 		case v.owner == owner:
-			return SameOwner, Key{}
+			return SameOwner, Mark{}
 		case v.owner != 0:
-			return InFlight, Key{}
+			return InFlight, Mark{}
 		case v.expiry > now:
-			return Acknowledged, Key{}
+			return Acknowledged, Mark{}
 		}
 	}
-	// One copy of both strings: one allocation per claimed event (a
-	// Builder always copies, where a concatenation with an empty string
-	// would return the caller's).
-	var sb strings.Builder
-	sb.Grow(len(id.Tenant) + len(id.ID))
-	sb.WriteString(id.Tenant)
-	sb.WriteString(id.ID)
-	both := sb.String()
-	key = Key{Tenant: both[:len(id.Tenant)], ID: both[len(id.Tenant):], Estimated: id.Estimated}
-	s.ids[key] = slot{owner: owner}
-	return Claimed, key
+	s.ids[mark] = slot{owner: owner}
+	return Claimed, mark
 }
 
-// Commit records that the broker acknowledged key (from Begin) and releases
-// owner's claim.
-func (w *Window) Commit(key Key, owner uint64) {
-	s := w.shard(key)
+// Commit records that the broker acknowledged the event of mark (from
+// Begin) and releases owner's claim.
+func (w *Window) Commit(mark Mark, owner uint64) {
+	s := w.shard(mark)
 	now := w.now()
 	exp := now.Add(w.ttl).UnixNano()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if v, ok := s.ids[key]; !ok || v.owner != owner {
+	if v, ok := s.ids[mark]; !ok || v.owner != owner {
 		return // not ours (an id committed by another owner meanwhile)
 	}
 	s.expire(now.UnixNano())
 	// Push before the map write: when the ring is full the oldest mark
 	// goes first, as the bound promises.
-	if old, evicted := s.ring.Push(ringEntry{id: key, expiry: exp}); evicted {
+	if old, evicted := s.ring.Push(ringEntry{id: mark, expiry: exp}); evicted {
 		s.forget(old)
 	}
-	s.ids[key] = slot{expiry: exp}
+	s.ids[mark] = slot{expiry: exp}
 }
 
-// Abort releases owner's claim on key without a mark, so the next attempt
-// is produced.
-func (w *Window) Abort(key Key, owner uint64) {
-	s := w.shard(key)
+// Abort releases owner's claim on mark without acknowledging it, so the
+// next attempt is produced.
+func (w *Window) Abort(mark Mark, owner uint64) {
+	s := w.shard(mark)
 	s.mu.Lock()
-	if v, ok := s.ids[key]; ok && v.owner == owner {
-		delete(s.ids, key)
+	if v, ok := s.ids[mark]; ok && v.owner == owner {
+		delete(s.ids, mark)
 	}
 	s.mu.Unlock()
 }

@@ -2,9 +2,12 @@ package dedup
 
 import (
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 type clock struct {
@@ -23,19 +26,19 @@ func expect(t *testing.T, got, want State) {
 	}
 }
 
-func begin(t *testing.T, w *Window, id string, owner uint64, want State) Key {
+func begin(t *testing.T, w *Window, id string, owner uint64, want State) Mark {
 	t.Helper()
 	return beginKey(t, w, Key{Tenant: "acme", ID: id}, owner, want)
 }
 
-func beginKey(t *testing.T, w *Window, id Key, owner uint64, want State) Key {
+func beginKey(t *testing.T, w *Window, id Key, owner uint64, want State) Mark {
 	t.Helper()
-	got, key := w.Begin(id, owner)
+	got, mark := w.Begin(id, owner)
 	expect(t, got, want)
-	if want == Claimed && key != id {
-		t.Fatalf("key %+v, want a copy of %+v", key, id)
+	if want == Claimed && mark != w.mark(id) {
+		t.Fatalf("mark %+v, want the window's mark of %+v", mark, id)
 	}
-	return key
+	return mark
 }
 
 func TestMarkOnlyAfterCommit(t *testing.T) {
@@ -131,4 +134,71 @@ func TestKeyIsTenantIDAndEstimated(t *testing.T) {
 	beginKey(t, w, est, 4, Acknowledged)
 	beginKey(t, w, settle, 4, Acknowledged)
 	beginKey(t, w, other, 4, Acknowledged)
+	// Where tenant ends and id begins is part of the key.
+	w.Commit(beginKey(t, w, Key{Tenant: "ab", ID: "c"}, 5, Claimed), 5)
+	beginKey(t, w, Key{Tenant: "a", ID: "bc"}, 6, Claimed)
 }
+
+// The window keeps no reference to the caller's strings: a request's
+// buffer reused for the next request cannot change what was remembered.
+func TestWindowKeepsNoReferenceToIDs(t *testing.T) {
+	w := NewWindow(time.Minute, 1000, newClock().now)
+	buf := []byte("req-1")
+	id := Key{Tenant: "acme", ID: unsafe.String(&buf[0], len(buf))}
+	w.Commit(beginKey(t, w, id, 1, Claimed), 1)
+	copy(buf, "req-2")
+	beginKey(t, w, Key{Tenant: "acme", ID: "req-1"}, 2, Acknowledged)
+	beginKey(t, w, Key{Tenant: "acme", ID: "req-2"}, 2, Claimed)
+}
+
+// Ids of the longest length the schema allows, and longer, are marked and
+// found like short ones.
+func TestLongIDs(t *testing.T) {
+	w := NewWindow(time.Minute, 1000, newClock().now)
+	for _, n := range []int{128, 300, 70_000} {
+		id := Key{Tenant: strings.Repeat("t", 64), ID: strings.Repeat("i", n)}
+		w.Commit(beginKey(t, w, id, 1, Claimed), 1)
+		beginKey(t, w, id, 2, Acknowledged)
+		other := id
+		other.ID = other.ID[:n-1] + "j"
+		beginKey(t, w, other, 2, Claimed)
+	}
+}
+
+// BenchmarkBeginCommit claims and acknowledges distinct ids in a full
+// window of 500,000 (ingest's default), as one-event requests do: one
+// Begin and one Commit per event, in parallel.
+func BenchmarkBeginCommit(b *testing.B) {
+	const full = 500_000
+	w := NewWindow(time.Hour, full, nil)
+	for i := range full {
+		_, k := w.Begin(Key{Tenant: fmt.Sprintf("tenant-%d", i%1000), ID: fmt.Sprintf("%036d", i)}, 1)
+		w.Commit(k, 1)
+	}
+	var owners atomic.Uint64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		owner := owners.Add(1) + 1
+		// A fresh 36-byte id per event, written in place: Begin keeps no
+		// reference to the caller's strings.
+		buf := []byte(fmt.Sprintf("g%02d-%032d", owner, 0))
+		for i := 0; pb.Next(); i++ {
+			for j, v := len(buf)-1, i; v > 0; j, v = j-1, v/10 {
+				buf[j] = byte('0' + v%10)
+			}
+			id := Key{Tenant: tenants[i%len(tenants)], ID: unsafe.String(&buf[0], len(buf))}
+			if state, k := w.Begin(id, owner); state == Claimed {
+				w.Commit(k, owner)
+			}
+		}
+	})
+}
+
+var tenants = func() []string {
+	t := make([]string, 1000)
+	for i := range t {
+		t[i] = fmt.Sprintf("tenant-%d", i)
+	}
+	return t
+}()
