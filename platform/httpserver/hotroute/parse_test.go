@@ -30,7 +30,7 @@ func FuzzParseAgreesWithNetHTTP(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c := s.newConn(nil, bytes.NewReader(data), "fuzz")
-		head, err := c.readHead()
+		head, err := c.readHead(func() {})
 		if err != nil || head == nil || !c.parse(head) {
 			return
 		}
