@@ -486,6 +486,15 @@ func (t *tracker) promise(key dedup.Mark) func(*kgo.Record, error) {
 	return func(_ *kgo.Record, err error) { t.settle(key, err) }
 }
 
+// waitTimers holds stopped timers for produce's wait: a timer and its
+// channel per request were two of every one-event request's ~20
+// allocations.
+var waitTimers = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
+
 // produce claims each event's id, produces the new ones and waits for the
 // broker's acknowledgement of every one of them, up to ProduceTimeout.
 func (s *server) produce(ctx context.Context, events []schemas.UsageEvent) produceResult {
@@ -578,8 +587,12 @@ func (s *server) produce(ctx context.Context, events []schemas.UsageEvent) produ
 			cl.Produce(context.Background(), &t.recs[j], t.promise(t.keys[j]))
 		}
 	}
-	timer := time.NewTimer(s.cfg.ProduceTimeout)
-	defer timer.Stop()
+	timer := waitTimers.Get().(*time.Timer)
+	timer.Reset(s.cfg.ProduceTimeout)
+	defer func() {
+		timer.Stop() // since Go 1.23 no stale expiry is received after Stop
+		waitTimers.Put(timer)
+	}()
 	select {
 	case <-t.done:
 		s.m.produceLatency.Observe(time.Since(start).Seconds())
