@@ -38,6 +38,11 @@ const (
 	// oneReqTenants spreads the events over tenants, so over the topic's
 	// partitions, as a shared gateway's are.
 	oneReqTenants = 16
+	// oneReqStealBound is how many cores the hypervisor may take
+	// (/proc/stat steal) before a concurrency is measured again, up to
+	// oneReqStealRetries more times; the run with the least steal counts.
+	oneReqStealBound   = 0.1
+	oneReqStealRetries = 2
 )
 
 // BenchmarkOneEventRequests measures one-event POST /v1/events requests as
@@ -53,7 +58,9 @@ const (
 // It tries each concurrency of SLUICE_ONEREQ_CONNS (16,32,40,48,64,128) for
 // SLUICE_ONEREQ_FOR (10s) after a 2 s warm-up, prints a line per
 // concurrency, and reports the one with the highest rate whose median
-// stays within 2 ms (or, when none does, the one with the highest rate):
+// stays within 2 ms (or, when none does, the one with the highest rate).
+// A concurrency measured while the hypervisor took more than 0.1 cores is
+// measured again, up to twice, and its least robbed run counts:
 //
 //   - ingest_one_event_requests_per_sec: requests answered 202 per second.
 //   - ingest_one_event_p50_ms, ingest_one_event_p99_ms: request latency at the client (write to the whole answer read).
@@ -124,6 +131,15 @@ func BenchmarkOneEventRequests(b *testing.B) {
 	for _, n := range conns {
 		r := runOneEventLoad(b, s, procs, ops, n, measure, sfx, profDir)
 		fmt.Printf("one-event requests, %4d connections: %s\n", n, r)
+		// A run the hypervisor took cores from measures the neighbours:
+		// measured again (with fresh ids), and the least robbed run kept.
+		for try := 1; try <= oneReqStealRetries && r.stealCores > oneReqStealBound; try++ {
+			again := runOneEventLoad(b, s, procs, ops, n, measure, fmt.Sprintf("%s-%d", sfx, try), profDir)
+			fmt.Printf("one-event requests, %4d connections (again: %.2f cores were stolen): %s\n", n, r.stealCores, again)
+			if again.stealCores < r.stealCores {
+				r = again
+			}
+		}
 		results = append(results, r)
 	}
 	b.StopTimer()
