@@ -106,6 +106,10 @@ func Parse[E any, P Entries[E], T any](data []byte, build func(where string, e *
 	return set, nil
 }
 
+// keyStackBytes holds any key a client sends on the stack while it is
+// hashed; a longer one is copied to the heap.
+const keyStackBytes = 256
+
 // Authenticate returns the value of key, or nil. It hashes the presented
 // key and compares the hash with every entry in constant time, without
 // stopping at a match, so timing says nothing about which hashes exist.
@@ -113,7 +117,10 @@ func (s *Set[T]) Authenticate(key string) *T {
 	if s == nil || key == "" {
 		return nil
 	}
-	h := sha256.Sum256([]byte(key))
+	// Copied to the stack first: a conversion of a string above 32 bytes
+	// (any real key) allocated on every request.
+	var buf [keyStackBytes]byte
+	h := sha256.Sum256(append(buf[:0], key...))
 	var found *T
 	for i := range s.hashes {
 		if subtle.ConstantTimeCompare(h[:], s.hashes[i][:]) == 1 {
