@@ -278,7 +278,7 @@ func (s *stack) args(opsAddr string) []string {
 		"-services.gateway.checker.key_prefix=" + s.prefix,
 		"-services.gateway.usage.topic=" + s.topic,
 		"-services.gateway.admission.key_prefix=" + s.prefix + "adm:",
-		"-services.gateway.admission.upstream_key_prefix=" + s.prefix + "up:",
+		"-services.gateway.shared_upstreams.key_prefix=" + s.prefix + "up:",
 		"-services.gateway.deferred.topic_prefix=" + s.topic + "_deferred",
 		"-services.gateway.deferred.group=" + s.topic + "_deferred",
 		"-services.gateway.deferred.key_prefix=" + s.prefix + "deferred:",
@@ -287,7 +287,6 @@ func (s *stack) args(opsAddr string) []string {
 		"-services.authz.checker.key_prefix=" + s.prefix,
 		"-services.authz.usage.topic=" + s.topic,
 		"-services.authz.admission.key_prefix=" + s.prefix + "adm:",
-		"-services.authz.admission.upstream_key_prefix=" + s.prefix + "up:",
 		"-services.console.key_prefix=" + s.prefix,
 		"-shutdown_grace=10s",
 	}

@@ -186,7 +186,8 @@ upstreams:
     usage: {sink: none}
     # A stall of the shared test machine must not send the shared counts
     # to their per-process fallback: the test counts across processes.
-    admission: {policy_file: %q, upstream_redis_timeout: 5s}
+    admission: {policy_file: %q}
+    shared_upstreams: {redis_timeout: 5s}
     upstreams:
       - {name: mock, base_url: "%s/v1", models: ["gpt-4o"]}
       - {name: pool, base_url: "%s/v1", models: ["gpt-4o-mini"]}

@@ -201,7 +201,7 @@ func (d *demoRun) run(ctx context.Context, cfg *Config, log *slog.Logger) error 
 	grdb := redisconn.NewClient(cfg.Redis, redisconn.ContextTimeouts())
 	defer grdb.Close()
 	moves := &limitMoves{n: map[string]int{}}
-	guards := gateway.NewGuards(grdb, cfg.Services.Gateway.Admission.UpstreamKeyPrefix, gateway.ProcessID("demo-gateway"),
+	guards := gateway.NewGuards(grdb, cfg.Services.Gateway.SharedUpstreams.KeyPrefix, gateway.ProcessID("demo-gateway"),
 		log.With("component", "upstream"), moves.moved)
 	defer guards.Close()
 	cfg.gatewayGuards = guards
@@ -277,7 +277,7 @@ func (d *demoRun) configureGateway(c *Config, dir, ingestKey string) error {
 	// counts out.
 	g.Admission.PolicyFile = c.PolicyFile
 	g.Admission.KeyPrefix = c.Services.Enforcer.KeyPrefix + "adm:"
-	g.Admission.UpstreamKeyPrefix = c.Services.Enforcer.KeyPrefix + "up:"
+	g.SharedUpstreams.KeyPrefix = c.Services.Enforcer.KeyPrefix + "up:"
 	g.Checker.KeyPrefix = c.Services.Enforcer.KeyPrefix
 	g.Usage.Sink, g.Usage.IngestURL = gateway.SinkIngest, "http://"+c.Services.Ingest.Listen
 	g.Usage.IngestAPIKeyFile = filepath.Join(dir, "ingest-key")

@@ -49,7 +49,6 @@ func TestGatewayAndAuthzInOneProcess(t *testing.T) {
 	admission := func(a *gateway.AdmissionConfig) {
 		a.PolicyFile = policy
 		a.KeyPrefix = prefix + ":adm:"
-		a.UpstreamKeyPrefix = prefix + ":up:"
 		a.MaxWait = 200 * time.Millisecond
 	}
 	g := &cfg.Services.Gateway
@@ -57,6 +56,7 @@ func TestGatewayAndAuthzInOneProcess(t *testing.T) {
 	g.KeysFile = keys
 	g.Upstreams = []gateway.Upstream{{Name: "mock", BaseURL: up.URL + "/v1", Models: []string{"*"}}}
 	g.Checker.KeyPrefix = prefix + ":flags:"
+	g.SharedUpstreams.KeyPrefix = prefix + ":up:"
 	g.Usage.EventSink = sink
 	admission(&g.Admission)
 	a := &cfg.Services.Authz

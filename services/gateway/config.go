@@ -37,7 +37,8 @@ type Config struct {
 	// estimate_events to the sink.
 	FrontEnd[UsageConfig] `yaml:",inline"`
 
-	Deferred deferred.Config `yaml:"deferred"`
+	SharedUpstreams SharedUpstreamsConfig `yaml:"shared_upstreams"`
+	Deferred        deferred.Config       `yaml:"deferred"`
 	// UsageAPI is GET /v1/usage for the callers' tenants.
 	UsageAPI usageapi.Config `yaml:"usage_api"`
 }
@@ -107,6 +108,7 @@ func DefaultConfig() Config {
 		MaxAttempts:         2,
 		RequestIDMemory:     100_000,
 		FrontEnd:            fe,
+		SharedUpstreams:     defaultSharedUpstreams(),
 		Deferred:            deferred.DefaultConfig(),
 		UsageAPI:            usageapi.DefaultConfig(),
 	}
@@ -137,6 +139,9 @@ func (c Config) Validate() error {
 	}
 	if c.Name == "" || len(c.Name) > schemas.MaxStringLen {
 		bad(p+"name: must be 1..%d bytes", schemas.MaxStringLen)
+	}
+	if err := c.SharedUpstreams.Validate(p + "shared_upstreams."); err != nil {
+		errs = append(errs, err)
 	}
 	if c.UsageAPI.Enabled {
 		if err := c.UsageAPI.Validate(p + "usage_api"); err != nil {

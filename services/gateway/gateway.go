@@ -244,8 +244,8 @@ func followPolicy(ctx context.Context, cfg Config, env platform.Env, opts *Optio
 		// context, which must reach the socket.
 		grdb := redisconn.NewClient(env.Redis, redisconn.ContextTimeouts())
 		closers = append(closers, func() { grdb.Close() })
-		deps.Guards = NewGuards(grdb, cfg.Admission.UpstreamKeyPrefix, ProcessID(cfg.Name), log.With("component", "upstream"), nil)
-		deps.Guards.SetRedisTimeout(cfg.Admission.UpstreamRedisTimeout)
+		deps.Guards = NewGuards(grdb, cfg.SharedUpstreams.KeyPrefix, ProcessID(cfg.Name), log.With("component", "upstream"), nil)
+		deps.Guards.SetRedisTimeout(cfg.SharedUpstreams.RedisTimeout)
 	}
 	closers = append(closers, deps.Guards.Close)
 	if err := deps.Guards.Update(w.Current()); err != nil {

@@ -48,7 +48,7 @@ type Guards struct {
 
 // SetRedisTimeout bounds each Redis call of the shared upstreams' counts
 // of the Guards built from now on (services.gateway.admission.
-// upstream_redis_timeout); call it before the first Update.
+// shared_upstreams.redis_timeout); call it before the first Update.
 func (s *Guards) SetRedisTimeout(d time.Duration) { s.redisTimeout = d }
 
 type guardEntry struct {

@@ -51,21 +51,42 @@ type AdmissionConfig struct {
 	MaxWait      time.Duration `yaml:"max_wait" help:"longest an admission waits for Redis; past it the tenant's fail mode decides (open: a local limiter, closed: 503)"`
 	KeyPrefix    string        `yaml:"key_prefix" help:"prefix of admission's Redis keys (counters of every gateway sharing this Redis and prefix are shared)"`
 	Gateways     int           `yaml:"gateways" help:"gateway processes sharing the limits: a fail-open tenant gets limit/gateways per process while Redis is away"`
-	// UpstreamKeyPrefix is where the upstreams the policy marks shared keep
-	// their fleet-wide state.
-	UpstreamKeyPrefix string `yaml:"upstream_key_prefix" help:"prefix of the Redis keys of the policy's shared upstreams (calls in flight, breaker, reserved shares); gateways sharing this Redis and prefix share them"`
-	// UpstreamRedisTimeout bounds each Redis call of a shared upstream's
-	// counts; past it this process counts alone until Redis answers.
-	UpstreamRedisTimeout time.Duration `yaml:"upstream_redis_timeout" help:"longest one Redis call of a shared upstream's counts (calls in flight, reserved shares) may take; past it the gateway counts that upstream's calls in this process alone until Redis answers again"`
 }
 
 func defaultAdmission() AdmissionConfig {
-	return AdmissionConfig{PolicyReload: 2 * time.Second, MaxWait: 5 * time.Millisecond, KeyPrefix: admission.DefaultPrefix, Gateways: 1,
-		UpstreamKeyPrefix: DefaultUpstreamKeyPrefix, UpstreamRedisTimeout: 100 * time.Millisecond}
+	return AdmissionConfig{PolicyReload: 2 * time.Second, MaxWait: 5 * time.Millisecond, KeyPrefix: admission.DefaultPrefix, Gateways: 1}
 }
 
-// DefaultUpstreamKeyPrefix is services.gateway.admission.upstream_key_prefix's default.
+// SharedUpstreamsConfig is where the upstreams the policy marks shared
+// keep their fleet-wide state: calls in flight, the breaker, reserved
+// shares. Only sluice gateway calls upstreams, so only it has this
+// section (services.gateway.shared_upstreams).
+type SharedUpstreamsConfig struct {
+	KeyPrefix string `yaml:"key_prefix" help:"prefix of the Redis keys of the policy's shared upstreams (calls in flight, breaker, reserved shares); gateways sharing this Redis and prefix share them"`
+	// RedisTimeout bounds each Redis call of a shared upstream's counts;
+	// past it this process counts alone until Redis answers.
+	RedisTimeout time.Duration `yaml:"redis_timeout" help:"longest one Redis call of a shared upstream's counts (calls in flight, reserved shares) may take; past it the gateway counts that upstream's calls in this process alone until Redis answers again"`
+}
+
+// DefaultUpstreamKeyPrefix is services.gateway.shared_upstreams.key_prefix's default.
 const DefaultUpstreamKeyPrefix = "sluice:up:"
+
+func defaultSharedUpstreams() SharedUpstreamsConfig {
+	return SharedUpstreamsConfig{KeyPrefix: DefaultUpstreamKeyPrefix, RedisTimeout: 100 * time.Millisecond}
+}
+
+// Validate checks c as the section at p (services.gateway.shared_upstreams.),
+// naming each field with it.
+func (c SharedUpstreamsConfig) Validate(p string) error {
+	var errs []error
+	if c.KeyPrefix == "" || len(c.KeyPrefix) > 200 {
+		errs = append(errs, fmt.Errorf("%skey_prefix: must be 1..200 bytes", p))
+	}
+	if c.RedisTimeout < time.Millisecond || c.RedisTimeout > 10*time.Second {
+		errs = append(errs, fmt.Errorf("%sredis_timeout: %s is outside 1ms..10s", p, c.RedisTimeout))
+	}
+	return errors.Join(errs...)
+}
 
 // Validate checks c as the section at p (services.gateway.admission. for
 // example), naming each field with it.
@@ -83,12 +104,6 @@ func (c AdmissionConfig) Validate(p string) error {
 	}
 	if c.KeyPrefix == "" {
 		bad("%skey_prefix: is required", p)
-	}
-	if c.UpstreamKeyPrefix == "" || len(c.UpstreamKeyPrefix) > 200 {
-		bad("%supstream_key_prefix: must be 1..200 bytes", p)
-	}
-	if c.UpstreamRedisTimeout < time.Millisecond || c.UpstreamRedisTimeout > 10*time.Second {
-		bad(p+"upstream_redis_timeout: %s is outside 1ms..10s", c.UpstreamRedisTimeout)
 	}
 	if c.Gateways < 1 || c.Gateways > 10_000 {
 		bad(p+"gateways: %d is outside 1..10000", c.Gateways)

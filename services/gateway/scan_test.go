@@ -105,10 +105,13 @@ func TestConfigErrorsNameTheSetting(t *testing.T) {
 	}
 	c.Usage.Sink = "carrier-pigeon"
 	c.MaxAttempts = 0
+	c.SharedUpstreams.KeyPrefix = ""
+	c.SharedUpstreams.RedisTimeout = time.Minute
 	err := c.Validate()
 	for _, want := range []string{"services.gateway.keys_file", "upstreams[0].base_url", "upstreams[0].models[0]",
 		"upstreams[0].api_key_env: environment variable SLUICE_TEST_SURELY_UNSET", "upstreams[1].name", "upstreams[1].models",
-		"upstreams[1].response_header_timeout", "usage.sink", "max_attempts"} {
+		"upstreams[1].response_header_timeout", "usage.sink", "max_attempts",
+		"services.gateway.shared_upstreams.key_prefix: must be 1..200 bytes", "services.gateway.shared_upstreams.redis_timeout: 1m0s is outside 1ms..10s"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate = %v, want it to name %s", err, want)
 		}
