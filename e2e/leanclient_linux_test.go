@@ -4,10 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"runtime"
+	"strconv"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The lean load generator's sockets live outside Go's network poller:
@@ -112,6 +116,29 @@ func leanLoop(conns []*leanConn, stop *atomic.Bool, onAnswer func(c *leanConn, t
 					return err
 				}
 			}
+		}
+	}
+	return nil
+}
+
+// pinThreads sets the CPU affinity of every thread of process pid to
+// cpus. A thread that ended meanwhile is skipped.
+func pinThreads(pid int, cpus ...int) error {
+	var set unix.CPUSet
+	for _, c := range cpus {
+		set.Set(c)
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return err
+	}
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		if err := unix.SchedSetaffinity(tid, &set); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("thread %d: %w", tid, err)
 		}
 	}
 	return nil

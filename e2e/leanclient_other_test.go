@@ -13,6 +13,7 @@ var errLeanLinuxOnly = errors.New("the one-event benchmark's load generator driv
 func leanDial(string) (int, error) { return -1, errLeanLinuxOnly }
 func leanWrite(int, []byte) error  { return errLeanLinuxOnly }
 func leanClose(int)                {}
+func pinThreads(int, ...int) error { return errLeanLinuxOnly }
 func leanLoop([]*leanConn, *atomic.Bool, func(*leanConn, time.Duration)) error {
 	return errLeanLinuxOnly
 }

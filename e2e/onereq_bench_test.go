@@ -75,9 +75,19 @@ const (
 //   - ingest_one_event_server_allocs_per_request, ingest_one_event_server_alloc_bytes_per_request: heap allocations of the ingest process per request (its go_memstats counters).
 //   - ingest_one_event_records_per_produce_request: requests answered over the produce requests ingest wrote to the broker (sluice_ingest_produce_requests_total): how many one-event requests share a produce request.
 //
+// On a machine of 2 cores or more it then sweeps again in the pinned
+// layout — every thread of ingest on the first CPU, every thread of the
+// broker and of this process on the second (sched_setaffinity; every
+// process is given back all CPUs afterwards, also when the benchmark
+// fails) — and reports the same figures as ingest_one_event_pinned_*.
+// Ingest's Go runtime follows its affinity (GOMAXPROCS 1), and no
+// process migrates between the cores: bench/README.md, "One-event
+// requests: a core for ingest", says what that is worth.
+//
 // SLUICE_ONEREQ_PROFILE_DIR=<dir> also writes a CPU profile and the
 // allocations of the ingest process over each measured interval to
-// <dir>/ingest-<connections>.{cpu,allocs}.pprof. Extra ingest flags can
+// <dir>/ingest-<connections>.{cpu,allocs}.pprof (<dir>/pinned/ for the
+// pinned layout). Extra ingest flags can
 // be given in SLUICE_ONEREQ_INGEST_FLAGS (space-separated, e.g.
 // -services.ingest.small_request_compression=none) to compare settings, and
 // SLUICE_ONEREQ_SLUICE_BIN names another sluice binary for ingest (a
@@ -127,22 +137,88 @@ func BenchmarkOneEventRequests(b *testing.B) {
 
 	sfx := randomKey()[7:15]
 	b.ResetTimer()
+	shared := sweepOneEvent(b, s, procs, ops, conns, measure, sfx, profDir, "")
+	var pinned oneReqResult
+	if runtime.NumCPU() >= 2 {
+		// The same processes again, ingest on a core of its own (its Go
+		// runtime follows the affinity: GOMAXPROCS 1 within a second) and
+		// the broker and this load generator on another.
+		unpin, err := pinOneEventLayout(procs)
+		if err != nil {
+			b.Fatalf("pinning the processes to cores: %v", err)
+		}
+		defer func() { _ = unpin() }() // also when the sweep fails: the broker is shared
+		time.Sleep(2 * time.Second) // not an assertion: the runtimes see the new affinity before the sweep's warm-up
+		pinnedProf := profDir
+		if profDir != "" {
+			pinnedProf = filepath.Join(profDir, "pinned")
+			if err := os.MkdirAll(pinnedProf, 0o755); err != nil {
+				b.Fatal(err)
+			}
+		}
+		pinned = sweepOneEvent(b, s, procs, ops, conns, measure, sfx+"-pinned", pinnedProf, "pinned: ")
+		if err := unpin(); err != nil {
+			b.Fatalf("restoring the processes' affinity: %v", err)
+		}
+	}
+	b.StopTimer()
+	reportOneEvent(b, shared, procs, "ingest_one_event_")
+	if pinned.rate > 0 {
+		reportOneEvent(b, pinned, procs, "ingest_one_event_pinned_")
+	}
+}
+
+// pinOneEventLayout puts the server (procs[0]) on the first CPU and the
+// others on the second, every thread of each, and returns what restores
+// them all to every CPU. Threads started later inherit their creator's
+// set, so a second pass catches those started during the first.
+func pinOneEventLayout(procs []oneReqProc) (unpin func() error, err error) {
+	cpus := runtime.NumCPU()
+	all := make([]int, cpus)
+	for i := range all {
+		all[i] = i
+	}
+	unpin = func() error {
+		var errs []error
+		for _, p := range procs {
+			errs = append(errs, pinThreads(p.pid, all...))
+		}
+		return errors.Join(errs...)
+	}
+	for range 2 {
+		for i, p := range procs {
+			cpu := 1
+			if i == 0 {
+				cpu = 0
+			}
+			if err := pinThreads(p.pid, cpu); err != nil {
+				_ = unpin()
+				return nil, fmt.Errorf("%s: %w", p.component, err)
+			}
+		}
+	}
+	return unpin, nil
+}
+
+// sweepOneEvent measures every concurrency of conns and returns the one
+// with the highest rate whose median stays within oneReqP50Bound (or,
+// when none does, the highest rate). label prefixes its printed lines.
+func sweepOneEvent(b *testing.B, s *stack, procs []oneReqProc, ops *oneReqOps, conns []int, measure time.Duration, sfx, profDir, label string) oneReqResult {
 	var results []oneReqResult
 	for _, n := range conns {
 		r := runOneEventLoad(b, s, procs, ops, n, measure, sfx, profDir)
-		fmt.Printf("one-event requests, %4d connections: %s\n", n, r)
+		fmt.Printf("one-event requests, %s%4d connections: %s\n", label, n, r)
 		// A run the hypervisor took cores from measures the neighbours:
 		// measured again (with fresh ids), and the least robbed run kept.
 		for try := 1; try <= oneReqStealRetries && r.stealCores > oneReqStealBound; try++ {
 			again := runOneEventLoad(b, s, procs, ops, n, measure, fmt.Sprintf("%s-%d", sfx, try), profDir)
-			fmt.Printf("one-event requests, %4d connections (again: %.2f cores were stolen): %s\n", n, r.stealCores, again)
+			fmt.Printf("one-event requests, %s%4d connections (again: %.2f cores were stolen): %s\n", label, n, r.stealCores, again)
 			if again.stealCores < r.stealCores {
 				r = again
 			}
 		}
 		results = append(results, r)
 	}
-	b.StopTimer()
 	best := results[0]
 	for _, r := range results[1:] {
 		bestOK, ok := best.p50 <= oneReqP50Bound, r.p50 <= oneReqP50Bound
@@ -150,22 +226,27 @@ func BenchmarkOneEventRequests(b *testing.B) {
 			best = r
 		}
 	}
-	b.ReportMetric(best.rate, "ingest_one_event_requests_per_sec")
-	b.ReportMetric(ms(best.p50), "ingest_one_event_p50_ms")
-	b.ReportMetric(ms(best.p99), "ingest_one_event_p99_ms")
+	return best
+}
+
+// reportOneEvent reports best's figures under keys starting with prefix.
+func reportOneEvent(b *testing.B, best oneReqResult, procs []oneReqProc, prefix string) {
+	b.ReportMetric(best.rate, prefix+"requests_per_sec")
+	b.ReportMetric(ms(best.p50), prefix+"p50_ms")
+	b.ReportMetric(ms(best.p99), prefix+"p99_ms")
 	for _, p := range procs {
-		b.ReportMetric(best.cpuPerRequest[p.component], "ingest_one_event_"+p.component+"_cpu_us_per_request")
+		b.ReportMetric(best.cpuPerRequest[p.component], prefix+p.component+"_cpu_us_per_request")
 	}
-	b.ReportMetric(best.total(), "ingest_one_event_cpu_us_per_request")
-	b.ReportMetric(float64(runtime.NumCPU())*1e6/best.total(), "ingest_one_event_cpu_bound_requests_per_sec")
-	b.ReportMetric(best.otherCores, "ingest_one_event_other_cores")
-	b.ReportMetric(best.stealCores, "ingest_one_event_steal_cores")
-	b.ReportMetric(best.perRequest["go_memstats_mallocs_total"], "ingest_one_event_server_allocs_per_request")
-	b.ReportMetric(best.perRequest["go_memstats_alloc_bytes_total"], "ingest_one_event_server_alloc_bytes_per_request")
+	b.ReportMetric(best.total(), prefix+"cpu_us_per_request")
+	b.ReportMetric(float64(runtime.NumCPU())*1e6/best.total(), prefix+"cpu_bound_requests_per_sec")
+	b.ReportMetric(best.otherCores, prefix+"other_cores")
+	b.ReportMetric(best.stealCores, prefix+"steal_cores")
+	b.ReportMetric(best.perRequest["go_memstats_mallocs_total"], prefix+"server_allocs_per_request")
+	b.ReportMetric(best.perRequest["go_memstats_alloc_bytes_total"], prefix+"server_alloc_bytes_per_request")
 	if v, ok := best.perRequest["sluice_ingest_produce_requests_total"]; ok && v > 0 {
-		b.ReportMetric(1/v, "ingest_one_event_records_per_produce_request")
+		b.ReportMetric(1/v, prefix+"records_per_produce_request")
 	}
-	b.ReportMetric(float64(best.conns), "ingest_one_event_connections")
+	b.ReportMetric(float64(best.conns), prefix+"connections")
 }
 
 // oneReqProc is a process whose CPU is charged to the requests.
