@@ -143,3 +143,18 @@ func pinThreads(pid int, cpus ...int) error {
 	}
 	return nil
 }
+
+// affinityOf returns the CPUs process pid (its main thread) may run on.
+func affinityOf(pid int) ([]int, error) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(pid, &set); err != nil {
+		return nil, err
+	}
+	var cpus []int
+	for c := 0; c < len(set)*64 && len(cpus) < set.Count(); c++ {
+		if set.IsSet(c) {
+			cpus = append(cpus, c)
+		}
+	}
+	return cpus, nil
+}

@@ -76,10 +76,10 @@ const (
 //   - ingest_one_event_records_per_produce_request: requests answered over the produce requests ingest wrote to the broker (sluice_ingest_produce_requests_total): how many one-event requests share a produce request.
 //
 // On a machine of 2 cores or more it then sweeps again in the pinned
-// layout — every thread of ingest on the first CPU, every thread of the
-// broker and of this process on the second (sched_setaffinity; every
-// process is given back all CPUs afterwards, also when the benchmark
-// fails) — and reports the same figures as ingest_one_event_pinned_*.
+// layout — every thread of ingest on the first CPU this process may use,
+// every thread of the broker and of this process on the second
+// (sched_setaffinity; every process is given back its CPUs afterwards,
+// also when the benchmark fails) — and reports the same figures as ingest_one_event_pinned_*.
 // Ingest's Go runtime follows its affinity (GOMAXPROCS 1), and no
 // process migrates between the cores: bench/README.md, "One-event
 // requests: a core for ingest", says what that is worth.
@@ -168,28 +168,37 @@ func BenchmarkOneEventRequests(b *testing.B) {
 	}
 }
 
-// pinOneEventLayout puts the server (procs[0]) on the first CPU and the
-// others on the second, every thread of each, and returns what restores
-// them all to every CPU. Threads started later inherit their creator's
-// set, so a second pass catches those started during the first.
+// pinOneEventLayout puts the server (procs[0]) on the first CPU this
+// process may use and the others on the second, every thread of each,
+// and returns what gives each process back the CPUs it had. Threads
+// started later inherit their creator's set, so a second pass catches
+// those started during the first.
 func pinOneEventLayout(procs []oneReqProc) (unpin func() error, err error) {
-	cpus := runtime.NumCPU()
-	all := make([]int, cpus)
-	for i := range all {
-		all[i] = i
+	mine, err := affinityOf(os.Getpid())
+	if err != nil {
+		return nil, err
+	}
+	if len(mine) < 2 {
+		return nil, fmt.Errorf("this process may use CPUs %v: the pinned layout needs two", mine)
+	}
+	had := make([][]int, len(procs))
+	for i, p := range procs {
+		if had[i], err = affinityOf(p.pid); err != nil {
+			return nil, fmt.Errorf("%s: %w", p.component, err)
+		}
 	}
 	unpin = func() error {
 		var errs []error
-		for _, p := range procs {
-			errs = append(errs, pinThreads(p.pid, all...))
+		for i, p := range procs {
+			errs = append(errs, pinThreads(p.pid, had[i]...))
 		}
 		return errors.Join(errs...)
 	}
 	for range 2 {
 		for i, p := range procs {
-			cpu := 1
+			cpu := mine[1]
 			if i == 0 {
-				cpu = 0
+				cpu = mine[0]
 			}
 			if err := pinThreads(p.pid, cpu); err != nil {
 				_ = unpin()
