@@ -150,8 +150,8 @@ func affinityOf(pid int) ([]int, error) {
 	if err := unix.SchedGetaffinity(pid, &set); err != nil {
 		return nil, err
 	}
-	var cpus []int
-	for c := 0; c < len(set)*64 && len(cpus) < set.Count(); c++ {
+	cpus := make([]int, 0, set.Count())
+	for c := 0; len(cpus) < cap(cpus); c++ {
 		if set.IsSet(c) {
 			cpus = append(cpus, c)
 		}

@@ -148,7 +148,7 @@ func BenchmarkOneEventRequests(b *testing.B) {
 			b.Fatalf("pinning the processes to cores: %v", err)
 		}
 		defer func() { _ = unpin() }() // also when the sweep fails: the broker is shared
-		time.Sleep(2 * time.Second) // not an assertion: the runtimes see the new affinity before the sweep's warm-up
+		time.Sleep(2 * time.Second)    // not an assertion: the runtimes see the new affinity before the sweep's warm-up
 		pinnedProf := profDir
 		if profDir != "" {
 			pinnedProf = filepath.Join(profDir, "pinned")

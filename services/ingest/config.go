@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -168,6 +169,12 @@ func (c Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// smallRequestCodec is the small-request producer's codec: its own
+// setting, or compression's when that is empty.
+func (c Config) smallRequestCodec() (kgo.CompressionCodec, error) {
+	return codec(cmp.Or(c.SmallRequestCompression, c.Compression))
 }
 
 // codec maps the compression name to franz-go's codec. lz4 is the default

@@ -151,10 +151,7 @@ func newServer(ctx context.Context, cfg Config, env platform.Env, extra ...kgo.O
 		return nil, err
 	}
 	s.kafka, s.quick = cl, cl
-	smallComp := comp
-	if cfg.SmallRequestCompression != "" {
-		smallComp, _ = codec(cfg.SmallRequestCompression)
-	}
+	smallComp, _ := cfg.smallRequestCodec()
 	if cfg.SmallRequestMaxEvents > 0 && (cfg.SmallRequestLinger != cfg.Linger || smallComp != comp) {
 		// Small requests get a producer of their own whose linger is a
 		// fraction of a millisecond: a one-event request waits that long
@@ -444,28 +441,28 @@ type tracker struct {
 	mu        sync.Mutex
 	err       error
 
-	// keys are the dedup marks of the request's fresh events and recs
+	// marks are the dedup marks of the request's fresh events and recs
 	// their records, in the same order; the records' values alias one
 	// buffer, which lives until the broker answered.
-	keys []dedup.Mark
-	recs []kgo.Record
-	// A one-event request's key, record and value live here, so that its
+	marks []dedup.Mark
+	recs  []kgo.Record
+	// A one-event request's mark, record and value live here, so that its
 	// produce allocates the tracker and little else.
-	oneKey [1]dedup.Mark
-	oneRec [1]kgo.Record
-	oneVal [oneValueBytes]byte
+	oneMark [1]dedup.Mark
+	oneRec  [1]kgo.Record
+	oneVal  [oneValueBytes]byte
 }
 
 // oneValueBytes holds a typical event's JSON (~400 bytes with a few
 // attributes); a larger one gets a buffer of its own.
 const oneValueBytes = 512
 
-// settle records the broker's answer for the record of key.
-func (t *tracker) settle(key dedup.Mark, err error) {
+// settle records the broker's answer for the record of mark.
+func (t *tracker) settle(mark dedup.Mark, err error) {
 	if err == nil {
-		t.s.dedup.Commit(key, t.owner)
+		t.s.dedup.Commit(mark, t.owner)
 	} else {
-		t.s.dedup.Abort(key, t.owner)
+		t.s.dedup.Abort(mark, t.owner)
 		t.s.m.produceErrors.Inc()
 		t.mu.Lock()
 		if t.err == nil {
@@ -480,10 +477,10 @@ func (t *tracker) settle(key dedup.Mark, err error) {
 }
 
 // settleOne is the promise of a one-record request.
-func (t *tracker) settleOne(_ *kgo.Record, err error) { t.settle(t.keys[0], err) }
+func (t *tracker) settleOne(_ *kgo.Record, err error) { t.settle(t.marks[0], err) }
 
-func (t *tracker) promise(key dedup.Mark) func(*kgo.Record, error) {
-	return func(_ *kgo.Record, err error) { t.settle(key, err) }
+func (t *tracker) promise(mark dedup.Mark) func(*kgo.Record, error) {
+	return func(_ *kgo.Record, err error) { t.settle(mark, err) }
 }
 
 // waitTimers holds stopped timers for produce's wait: a timer and its
@@ -502,17 +499,17 @@ func (s *server) produce(ctx context.Context, events []schemas.UsageEvent) produ
 	t := &tracker{s: s, owner: s.owners.Add(1)}
 	var fresh []*schemas.UsageEvent
 	if len(events) == 1 {
-		t.keys = t.oneKey[:0]
+		t.marks = t.oneMark[:0]
 	} else {
-		t.keys = make([]dedup.Mark, 0, len(events))
+		t.marks = make([]dedup.Mark, 0, len(events))
 		fresh = make([]*schemas.UsageEvent, 0, len(events))
 	}
 	for i := range events {
 		ev := &events[i]
-		state, key := s.dedup.Begin(dedup.Key{Tenant: ev.Tenant, ID: ev.ID, Estimated: ev.Estimated}, t.owner)
+		state, mark := s.dedup.Begin(dedup.Key{Tenant: ev.Tenant, ID: ev.ID, Estimated: ev.Estimated}, t.owner)
 		switch state {
 		case dedup.Claimed:
-			t.keys = append(t.keys, key)
+			t.marks = append(t.marks, mark)
 			if fresh != nil {
 				fresh = append(fresh, ev)
 			}
@@ -525,12 +522,12 @@ func (s *server) produce(ctx context.Context, events []schemas.UsageEvent) produ
 	if res.duplicates > 0 {
 		s.m.dedupHits.Add(float64(res.duplicates))
 	}
-	n := len(t.keys)
+	n := len(t.marks)
 	if n == 0 {
 		return res
 	}
 	if !s.budget.tryAcquire(int64(n)) {
-		for _, k := range t.keys {
+		for _, k := range t.marks {
 			s.dedup.Abort(k, t.owner)
 		}
 		res.budgetExhausted = true
@@ -584,7 +581,7 @@ func (s *server) produce(ctx context.Context, events []schemas.UsageEvent) produ
 		cl.Produce(context.Background(), &t.recs[0], t.settleOne)
 	} else {
 		for j := range t.recs {
-			cl.Produce(context.Background(), &t.recs[j], t.promise(t.keys[j]))
+			cl.Produce(context.Background(), &t.recs[j], t.promise(t.marks[j]))
 		}
 	}
 	timer := waitTimers.Get().(*time.Timer)

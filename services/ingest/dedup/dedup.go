@@ -98,7 +98,7 @@ type slot struct {
 }
 
 type ringEntry struct {
-	id     Mark
+	mark   Mark
 	expiry int64
 }
 
@@ -189,7 +189,7 @@ func (w *Window) Commit(mark Mark, owner uint64) {
 	s.expire(now.UnixNano())
 	// Push before the map write: when the ring is full the oldest mark
 	// goes first, as the bound promises.
-	if old, evicted := s.ring.Push(ringEntry{id: mark, expiry: exp}); evicted {
+	if old, evicted := s.ring.Push(ringEntry{mark: mark, expiry: exp}); evicted {
 		s.forget(old)
 	}
 	s.ids[mark] = slot{expiry: exp}
@@ -235,7 +235,7 @@ func (s *shard) expire(now int64) {
 func (s *shard) forget(e ringEntry) {
 	// The id may have been claimed again since (its mark had expired) or
 	// re-acknowledged with a newer expiry; only a matching mark goes.
-	if v, ok := s.ids[e.id]; ok && v.owner == 0 && v.expiry == e.expiry {
-		delete(s.ids, e.id)
+	if v, ok := s.ids[e.mark]; ok && v.owner == 0 && v.expiry == e.expiry {
+		delete(s.ids, e.mark)
 	}
 }
