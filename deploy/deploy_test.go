@@ -14,16 +14,16 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/sluicehq/sluice/gateway/admission"
-	"github.com/sluicehq/sluice/gateway/emitter"
+	"github.com/sluicehq/sluice/internal/pricetable"
 	"github.com/sluicehq/sluice/platform/ops"
+	"github.com/sluicehq/sluice/sdk/go/admission"
+	"github.com/sluicehq/sluice/sdk/go/emitter"
 	"github.com/sluicehq/sluice/services/aggregator"
 	"github.com/sluicehq/sluice/services/alerter"
 	"github.com/sluicehq/sluice/services/enforcer"
 	"github.com/sluicehq/sluice/services/gateway"
 	"github.com/sluicehq/sluice/services/ingest"
 	"github.com/sluicehq/sluice/services/reconciler"
-	"github.com/sluicehq/sluice/services/reconciler/pricetable"
 )
 
 // inventory is a prometheus.Registerer that keeps the names of the series

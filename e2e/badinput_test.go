@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // ingestAnswer is the JSON body of every ingest answer.

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/checker"
-	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/sdk/go/checker"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 )
 
@@ -56,7 +56,7 @@ func TestFailedProbesFromTwoGatewaysReopenWithDoubledOpenTime(t *testing.T) {
 	s := newStack(t, stackOptions{Policy: pol})
 	s.startAll("ingest", "aggregator", "enforcer")
 	ups := [2]*heldUpstream{{release: make(chan struct{})}, {release: make(chan struct{})}}
-	gws := [2]*gateway{newGatewayTo(t, s, ups[0], tenant), newGatewayTo(t, s, ups[1], tenant)}
+	gws := [2]*referenceGateway{newGatewayTo(t, s, ups[0], tenant), newGatewayTo(t, s, ups[1], tenant)}
 	var calls sync.WaitGroup
 	t.Cleanup(func() {
 		for _, u := range ups {

@@ -449,7 +449,7 @@ func ticks(n int64) time.Duration { return time.Duration(n) * 10 * time.Millisec
 // sustains it.
 type prober struct {
 	s       *stack
-	g       *gateway
+	g       *referenceGateway
 	m       *meter
 	tenants []string
 	sfx     string

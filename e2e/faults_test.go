@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // Recovery bounds the fault suite states (and README.md repeats): after a

@@ -15,14 +15,14 @@ import (
 
 	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/demo/refgateway"
-	"github.com/sluicehq/sluice/gateway/checker"
-	"github.com/sluicehq/sluice/gateway/emitter"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/sdk/go/checker"
+	"github.com/sluicehq/sluice/sdk/go/emitter"
 )
 
-// gateway is the reference gateway, in the test process, in front of the
+// referenceGateway is the reference gateway, in the test process, in front of the
 // mock LLM, metering into the stack's ingest subprocess.
-type gateway struct {
+type referenceGateway struct {
 	url     string
 	checker *checker.Checker
 	emitter *emitter.Emitter
@@ -33,13 +33,13 @@ type gateway struct {
 
 // newGateway starts the gateway for tenants (each gets the API key
 // "sk-<tenant>") and waits until its Checker has synced.
-func newGateway(t testing.TB, s *stack, tenants ...string) *gateway {
+func newGateway(t testing.TB, s *stack, tenants ...string) *referenceGateway {
 	t.Helper()
 	return newGatewayTo(t, s, mockllm.Handler(), tenants...)
 }
 
 // newGatewayTo is newGateway in front of the upstream h.
-func newGatewayTo(t testing.TB, s *stack, h http.Handler, tenants ...string) *gateway {
+func newGatewayTo(t testing.TB, s *stack, h http.Handler, tenants ...string) *referenceGateway {
 	t.Helper()
 	upstream := httptest.NewServer(h)
 	t.Cleanup(upstream.Close)
@@ -63,7 +63,7 @@ func newGatewayTo(t testing.TB, s *stack, h http.Handler, tenants ...string) *ga
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &gateway{checker: chk, emitter: em, keys: map[string]string{}}
+	g := &referenceGateway{checker: chk, emitter: em, keys: map[string]string{}}
 	keys := map[string]refgateway.Caller{}
 	for _, tn := range tenants {
 		g.keys[tn] = "sk-" + tn
@@ -99,7 +99,7 @@ type chatAnswer struct {
 
 // chatStatus sends one small chat completion for tenant and returns the
 // status; safe from any goroutine.
-func (g *gateway) chatStatus(tenant, model string) (int, error) {
+func (g *referenceGateway) chatStatus(tenant, model string) (int, error) {
 	body, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 5,
 		"messages": []map[string]string{{"role": "user", "content": "x"}}})
 	req, _ := http.NewRequest(http.MethodPost, g.url+"/v1/chat/completions", bytes.NewReader(body))
@@ -116,7 +116,7 @@ func (g *gateway) chatStatus(tenant, model string) (int, error) {
 
 // chat sends one chat completion for tenant whose usage is exactly total
 // tokens (the mock's tokenizer counts a one-character prompt as 5).
-func (g *gateway) chat(t testing.TB, tenant, model string, total int64) chatAnswer {
+func (g *referenceGateway) chat(t testing.TB, tenant, model string, total int64) chatAnswer {
 	t.Helper()
 	if total < 6 {
 		t.Fatalf("chat: total %d below the 6-token minimum", total)
@@ -138,7 +138,7 @@ func (g *gateway) chat(t testing.TB, tenant, model string, total int64) chatAnsw
 }
 
 // flush waits until the Emitter has handed every usage event to ingest.
-func (g *gateway) flush(t testing.TB) {
+func (g *referenceGateway) flush(t testing.TB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()

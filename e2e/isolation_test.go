@@ -29,8 +29,8 @@ var sharedNames = []*regexp.Regexp{
 // isolationAllowed lists the test files that may name a shared default,
 // each with why it touches no shared service.
 var isolationAllowed = map[string]string{
-	"gateway/flags/flags_test.go": "checks the default key layout as strings; no Redis",
-	"e2e/isolation_test.go":       "this check",
+	"sdk/go/flags/flags_test.go": "checks the default key layout as strings; no Redis",
+	"e2e/isolation_test.go":      "this check",
 }
 
 // TestTestsUseTheirOwnTopicsGroupsAndPrefixes fails when a test or

@@ -17,8 +17,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
-	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // litellmPython returns the test virtualenv's interpreter when it has

@@ -18,9 +18,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
-	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/itest"
-	gwservice "github.com/sluicehq/sluice/services/gateway"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // openAIPython returns the interpreter of the test virtualenv (`make
@@ -90,9 +90,9 @@ func TestOfficialOpenAIClient(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	keys := "keys:\n" + gwservice.KeyLine("py-acme", "sk-py-acme", "py-acme", nil) +
-		gwservice.KeyLine("py-capped", "sk-py-capped", "py-capped", nil) +
-		gwservice.KeyLine("py-probe", "sk-py-probe", "py-capped", []string{"probe-model"})
+	keys := "keys:\n" + frontend.KeyLine("py-acme", "sk-py-acme", "py-acme", nil) +
+		frontend.KeyLine("py-capped", "sk-py-capped", "py-capped", nil) +
+		frontend.KeyLine("py-probe", "sk-py-probe", "py-capped", []string{"probe-model"})
 	gwAddr := freeAddr(t)
 	writeFileT(t, filepath.Join(s.dir, "gateway-keys.yaml"), keys)
 	writeFileT(t, filepath.Join(s.dir, "ingest-key"), s.ingestKey)

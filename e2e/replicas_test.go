@@ -19,13 +19,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/sluicehq/sluice/gateway/checker"
-	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/internal/truthcheck"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/itest/checkertest"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/sdk/go/checker"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 )
 

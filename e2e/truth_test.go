@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // truth is the billing ground truth of a tenant: its distinct events in

@@ -15,8 +15,8 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
+	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/itest"
-	gwservice "github.com/sluicehq/sluice/services/gateway"
 )
 
 // classUpstream is the mock provider behind both gateways: it holds every
@@ -177,8 +177,8 @@ upstreams:
 	ans := &answers{codes: map[string][]string{}}
 	t.Cleanup(func() { release(); ans.wg.Wait(); srv.Close() })
 
-	keys := "keys:\n" + gwservice.KeyLine("vip", "sk-vip", "e2e-vip", nil) +
-		gwservice.KeyLine("batch", "sk-batch", "e2e-batch", nil) + gwservice.KeyLine("plain", "sk-plain", "e2e-plain", nil)
+	keys := "keys:\n" + frontend.KeyLine("vip", "sk-vip", "e2e-vip", nil) +
+		frontend.KeyLine("batch", "sk-batch", "e2e-batch", nil) + frontend.KeyLine("plain", "sk-plain", "e2e-plain", nil)
 	writeFileT(t, filepath.Join(s.dir, "gateway-keys.yaml"), keys)
 	s.appendConfig(fmt.Sprintf(`
   gateway:

@@ -10,10 +10,10 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/sluicehq/sluice/gateway/admission"
+	"github.com/sluicehq/sluice/sdk/go/admission"
 )
 
-// This file is the policy's side of admission (gateway/admission): the
+// This file is the policy's side of admission (sdk/go/admission): the
 // limits sections, their merge through defaults, plans and tenants, and
 // AdmissionRules, which turns the whole into the rules a gateway enforces
 // before each call.

@@ -9,8 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/gateway/admission"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/sdk/go/admission"
 )
 
 func ruleNamed(t *testing.T, rules []admission.Rule, name string) admission.Rule {

@@ -48,7 +48,7 @@
 // burst_multiplier of the tenant it belongs to (1 at top level): that is
 // what burst_multiplier does. exact: true takes no local lease; reserve is
 // the share of the limit only critical and high priority requests may use.
-// AdmissionRules turns the policy into the rules of gateway/admission,
+// AdmissionRules turns the policy into the rules of sdk/go/admission,
 // adding each tenant's hard tokens_per_minute and requests_per_minute
 // quotas as one-minute sliding windows so that the request path enforces
 // them too.

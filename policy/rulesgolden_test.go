@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/sluicehq/sluice/gateway/admission"
+	"github.com/sluicehq/sluice/sdk/go/admission"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/admission.rules.json from the policy files")
@@ -32,7 +32,7 @@ func TestAdmissionRulesGolden(t *testing.T) {
 		got[name] = map[string]rulesJSON{"admission": toRulesJSON(p.AdmissionRules()), "soft": toRulesJSON(p.SoftLimitRules())}
 	}
 	out, err := json.MarshalIndent(map[string]any{
-		"about": "AdmissionRules and SoftLimitRules of each policy file, in the rules' JSON form (gateway/admission/testdata/vectors.json). Written by go test ./policy -run TestAdmissionRulesGolden -update; checked in Go and by sdk/python/tests/test_policy.py.",
+		"about": "AdmissionRules and SoftLimitRules of each policy file, in the rules' JSON form (sdk/go/admission/testdata/vectors.json). Written by go test ./policy -run TestAdmissionRulesGolden -update; checked in Go and by sdk/python/tests/test_policy.py.",
 		"files": got,
 	}, "", "  ")
 	if err != nil {

@@ -5,13 +5,13 @@ import (
 	"slices"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/concurrency"
-	"github.com/sluicehq/sluice/gateway/priority"
-	"github.com/sluicehq/sluice/gateway/upstream"
+	"github.com/sluicehq/sluice/sdk/go/concurrency"
+	"github.com/sluicehq/sluice/sdk/go/priority"
+	"github.com/sluicehq/sluice/sdk/go/upstream"
 )
 
 // This file is the policy's side of the request path in front of an
-// upstream (gateway/upstream): the upstreams section — each upstream's
+// upstream (sdk/go/upstream): the upstreams section — each upstream's
 // concurrency limit (fixed, seed 003's threshold rule or the gradient),
 // whether the fleet shares it, its queue, degradation levels, breaker and
 // reserved shares per priority class — and the fallbacks section, the

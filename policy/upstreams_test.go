@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/concurrency"
-	"github.com/sluicehq/sluice/gateway/priority"
+	"github.com/sluicehq/sluice/sdk/go/concurrency"
+	"github.com/sluicehq/sluice/sdk/go/priority"
 )
 
 func TestUpstreamsFallbacksAndClasses(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
+
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/schemas/framing"
 	"github.com/sluicehq/sluice/schemas/internal/scalar"

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
@@ -35,7 +36,7 @@ type Config struct {
 	// gatewayAdmitter, when not nil, is the request-path limiter the
 	// gateway service asks before each call (the demo builds one from its
 	// policy); not a setting.
-	gatewayAdmitter gateway.Admitter
+	gatewayAdmitter frontend.Admitter
 	// gatewayGuards, when not nil, are the upstream guards the gateway
 	// service follows the policy with (the demo shows them); not a setting.
 	gatewayGuards *gateway.Guards

@@ -22,11 +22,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
-	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/lifecycle"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 	"github.com/sluicehq/sluice/services/gateway"
 )
@@ -113,12 +114,12 @@ func startConsoleStack(t *testing.T) *consoleStack {
 	var keys strings.Builder
 	keys.WriteString("keys:\n")
 	for _, tn := range demoTenants {
-		keys.WriteString(gateway.KeyLine("key-"+tn.Name, tn.APIKey, tn.Name, nil))
+		keys.WriteString(frontend.KeyLine("key-"+tn.Name, tn.APIKey, tn.Name, nil))
 	}
 	g.KeysFile = writeFile(t, dir, "gateway-keys.yaml", keys.String())
 	g.Upstreams = []gateway.Upstream{{Name: "mock", BaseURL: up.URL + "/v1", Models: []string{"*"}}}
 	g.Checker.KeyPrefix, g.Admission.KeyPrefix = s.prefix, s.prefix+"adm:"
-	g.Usage.Sink = gateway.SinkNone
+	g.Usage.Sink = frontend.SinkNone
 	sv.Console.Listen, sv.Console.KeyPrefix = freeAddr(t), s.prefix
 	sv.Console.AdminURL = "http://" + sv.Enforcer.Admin.Listen
 	sv.Console.SampleEvery = time.Second

@@ -24,13 +24,14 @@ import (
 	"github.com/sluicehq/sluice/demo/dashboard"
 	"github.com/sluicehq/sluice/demo/loadgen"
 	"github.com/sluicehq/sluice/demo/mockllm"
-	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/lifecycle"
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
+	"github.com/sluicehq/sluice/sdk/go/checker"
 	"github.com/sluicehq/sluice/services/alerter/alert"
 	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 	"github.com/sluicehq/sluice/services/gateway"
@@ -194,7 +195,7 @@ func (d *demoRun) run(ctx context.Context, cfg *Config, log *slog.Logger) error 
 		return err
 	}
 	defer admRelease()
-	admCounts := newAdmissionCounts(gateway.LimiterAdmitter{L: adm})
+	admCounts := newAdmissionCounts(frontend.LimiterAdmitter{L: adm})
 	cfg.gatewayAdmitter = admCounts
 	// The guards of the policy's upstreams (premium: gpt-4o), which the
 	// gateway follows the policy with and the live view shows.
@@ -260,7 +261,7 @@ func (d *demoRun) configureGateway(c *Config, dir, ingestKey string) error {
 	var keys strings.Builder
 	keys.WriteString("keys:\n")
 	for _, t := range d.tenants {
-		keys.WriteString(gateway.KeyLine("key-"+t.Name, t.APIKey, t.Name, nil))
+		keys.WriteString(frontend.KeyLine("key-"+t.Name, t.APIKey, t.Name, nil))
 	}
 	g.KeysFile = filepath.Join(dir, "gateway-keys.yaml")
 	if err := os.WriteFile(g.KeysFile, []byte(keys.String()), 0o600); err != nil {
@@ -279,7 +280,7 @@ func (d *demoRun) configureGateway(c *Config, dir, ingestKey string) error {
 	g.Admission.KeyPrefix = c.Services.Enforcer.KeyPrefix + "adm:"
 	g.SharedUpstreams.KeyPrefix = c.Services.Enforcer.KeyPrefix + "up:"
 	g.Checker.KeyPrefix = c.Services.Enforcer.KeyPrefix
-	g.Usage.Sink, g.Usage.IngestURL = gateway.SinkIngest, "http://"+c.Services.Ingest.Listen
+	g.Usage.Sink, g.Usage.IngestURL = frontend.SinkIngest, "http://"+c.Services.Ingest.Listen
 	g.Usage.IngestAPIKeyFile = filepath.Join(dir, "ingest-key")
 	g.Usage.FlushInterval = 50 * time.Millisecond
 	return os.WriteFile(g.Usage.IngestAPIKeyFile, []byte(ingestKey+"\n"), 0o600)

@@ -9,11 +9,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluicehq/sluice/gateway/admission"
+	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/lifecycle"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
-	"github.com/sluicehq/sluice/services/gateway"
+	"github.com/sluicehq/sluice/sdk/go/admission"
 )
 
 const demoAdmissionWait = 50 * time.Millisecond
@@ -54,7 +54,7 @@ func demoAdmission(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (li
 		return nil, lifecycle.Task{}, nil, err
 	}
 	follow = lifecycle.Task{Name: "admission-policy", Run: func(ctx context.Context) error {
-		return w.Follow(ctx, gateway.ReloadRules(lim, (*policy.Policy).AdmissionRules, "admission", log))
+		return w.Follow(ctx, frontend.ReloadRules(lim, (*policy.Policy).AdmissionRules, "admission", log))
 	}}
 	return lim, follow, func() { _ = lim.Close(); _ = rdb.Close() }, nil
 }
@@ -64,7 +64,7 @@ func demoAdmission(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (li
 // passing every request to the Limiter's and counting its answers (flag
 // refusals never reach admission and are not counted).
 type admissionCounts struct {
-	next gateway.Admitter
+	next frontend.Admitter
 
 	mu sync.Mutex
 	m  map[string]*tenantAdmissions
@@ -75,12 +75,12 @@ type tenantAdmissions struct {
 	rule              string // of the latest refusal
 }
 
-func newAdmissionCounts(next gateway.Admitter) *admissionCounts {
+func newAdmissionCounts(next frontend.Admitter) *admissionCounts {
 	return &admissionCounts{next: next, m: map[string]*tenantAdmissions{}}
 }
 
-// Admit implements gateway.Admitter.
-func (c *admissionCounts) Admit(ctx context.Context, req gateway.AdmitRequest) gateway.Admission {
+// Admit implements frontend.Admitter.
+func (c *admissionCounts) Admit(ctx context.Context, req frontend.AdmitRequest) frontend.Admission {
 	a := c.next.Admit(ctx, req)
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -16,11 +16,11 @@ import (
 
 	"github.com/sluicehq/sluice/demo/loadgen"
 	"github.com/sluicehq/sluice/demo/mockllm"
-	"github.com/sluicehq/sluice/gateway/admission"
-	"github.com/sluicehq/sluice/gateway/estimate"
-	"github.com/sluicehq/sluice/gateway/middleware"
+	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/itest"
-	"github.com/sluicehq/sluice/services/gateway"
+	"github.com/sluicehq/sluice/sdk/go/admission"
+	"github.com/sluicehq/sluice/sdk/go/estimate"
+	"github.com/sluicehq/sluice/sdk/go/middleware"
 )
 
 // TestDemoAdmissionRefusesTrialOnly: with the demo policy, a minute of the
@@ -144,7 +144,7 @@ func TestLiveViewCountsAdmissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer release()
-	counts := newAdmissionCounts(gateway.LimiterAdmitter{L: lim})
+	counts := newAdmissionCounts(frontend.LimiterAdmitter{L: lim})
 	est, err := estimate.New(estimate.DefaultConfig())
 	if err != nil {
 		t.Fatal(err)
@@ -161,13 +161,13 @@ func TestLiveViewCountsAdmissions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			a := counts.Admit(context.Background(), gateway.AdmitRequest{Tenant: tn.Name, Model: tn.Model, APIKeyID: "key-" + tn.Name,
+			a := counts.Admit(context.Background(), frontend.AdmitRequest{Tenant: tn.Name, Model: tn.Model, APIKeyID: "key-" + tn.Name,
 				Endpoint: "/v1/chat/completions", EstimatePrompt: e.Prompt, EstimateCompletion: e.Completion, Estimated: true,
 				EventID: fmt.Sprintf("%s-%d", tn.Name, i)})
 			v := answers[tn.Name]
 			if a.Refused == nil {
 				v[0]++
-				a.Settle(gateway.Settlement{Usage: middleware.Usage{PromptTokens: e.Prompt, CompletionTokens: e.Completion}, Status: http.StatusOK})
+				a.Settle(frontend.Settlement{Usage: middleware.Usage{PromptTokens: e.Prompt, CompletionTokens: e.Completion}, Status: http.StatusOK})
 			} else {
 				v[1]++
 			}

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/sluicehq/sluice/services/gateway"
+	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/services/ingest/apikey"
 )
 
@@ -53,7 +53,7 @@ func TestDemoGatewayConfiguration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys, err := gateway.ParseKeys(data)
+	keys, err := frontend.ParseKeys(data)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
+	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/gateway"
@@ -43,10 +44,10 @@ func TestGatewayAndAuthzInOneProcess(t *testing.T) {
 	topic := itest.Unique(t, "frontends_usage")
 	cfg, sink := withIngest(t, dir, topic)
 	sink.FlushInterval = 10 * time.Millisecond
-	keys := writeFile(t, dir, "keys.yaml", "keys:\n"+gateway.KeyLine("gw", "sk-gw", "proxied", nil)+gateway.KeyLine("az", "sk-az", "checked", nil))
+	keys := writeFile(t, dir, "keys.yaml", "keys:\n"+frontend.KeyLine("gw", "sk-gw", "proxied", nil)+frontend.KeyLine("az", "sk-az", "checked", nil))
 	policy := writeFile(t, dir, "policy.yaml", frontEndsPolicy)
 	prefix := itest.Unique(t, "frontends")
-	admission := func(a *gateway.AdmissionConfig) {
+	admission := func(a *frontend.AdmissionConfig) {
 		a.PolicyFile = policy
 		a.KeyPrefix = prefix + ":adm:"
 		a.MaxWait = 200 * time.Millisecond

@@ -23,6 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
+	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/lifecycle"
@@ -65,7 +66,7 @@ func TestStoppingTheGatewayUnderLoadLosesNoUsage(t *testing.T) {
 	cfg.ShutdownGrace = 60 * time.Second
 	g := &cfg.Services.Gateway
 	g.Listen = freeAddr(t)
-	g.KeysFile = writeFile(t, dir, "gateway-keys.yaml", "keys:\n"+gateway.KeyLine("load", "sk-load", "loadco", nil))
+	g.KeysFile = writeFile(t, dir, "gateway-keys.yaml", "keys:\n"+frontend.KeyLine("load", "sk-load", "loadco", nil))
 	g.Upstreams = []gateway.Upstream{{Name: "mock", BaseURL: up.URL + "/v1", Models: []string{"*"}}}
 	g.Checker.KeyPrefix = itest.Unique(t, "gwstop") + ":"
 	g.Usage.EventSink = sink
@@ -182,7 +183,7 @@ func runPipeline(t *testing.T, cfg *Config, names []string, log *slog.Logger, li
 // the test's Kafka and Redis, free ports for ops and ingest, ingest
 // writing to topic and knowing one key, and the usage sink that sends to
 // that ingest with that key, for a gateway or authz of the process.
-func withIngest(t *testing.T, dir, topic string) (Config, gateway.EventSink) {
+func withIngest(t *testing.T, dir, topic string) (Config, frontend.EventSink) {
 	t.Helper()
 	cfg := defaultConfig()
 	cfg.Kafka = itest.Kafka(t)
@@ -195,7 +196,7 @@ func withIngest(t *testing.T, dir, topic string) (Config, gateway.EventSink) {
 	key := "sk-ingest-" + itest.Unique(t, "")
 	sum := sha256.Sum256([]byte(key))
 	cfg.Services.Ingest.KeysFile = writeFile(t, dir, "ingest-keys.yaml", "keys:\n  - {id: frontend, sha256: "+hex.EncodeToString(sum[:])+", tenants: [\"*\"]}\n")
-	sink := gateway.DefaultEventSink()
+	sink := frontend.DefaultEventSink()
 	sink.IngestURL = "http://" + cfg.Services.Ingest.Listen
 	sink.IngestAPIKeyFile = writeFile(t, dir, "ingest-key", key)
 	return cfg, sink

@@ -7,11 +7,11 @@ import (
 	"os"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/pricetable"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/policy"
-	"github.com/sluicehq/sluice/services/reconciler/pricetable"
 )
 
 // migrate creates the database if needed and applies pending migrations,

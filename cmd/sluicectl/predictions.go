@@ -12,10 +12,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/quotastatus"
+	"github.com/sluicehq/sluice/internal/quotastatus/chstate"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/policy"
-	"github.com/sluicehq/sluice/services/quotastatus"
-	"github.com/sluicehq/sluice/services/quotastatus/chstate"
 )
 
 func init() {
@@ -44,7 +44,7 @@ func runPredictions(ctx context.Context, args []string) error {
 }
 
 // runPredictionsTo reads every tenant's standing from the same read model
-// as the console and GET /v1/usage (services/quotastatus, on the
+// as the console and GET /v1/usage (internal/quotastatus, on the
 // aggregator's quota_state) and writes the quotas' predictions to w.
 func runPredictionsTo(ctx context.Context, args []string, w io.Writer) error {
 	cfg := predictionsConfig{ClickHouse: chconn.Defaults(), Format: "table"}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/sluicehq/sluice/internal/pricetable"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/logging"
@@ -20,7 +21,6 @@ import (
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/reconciler"
 	"github.com/sluicehq/sluice/services/reconciler/audit"
-	"github.com/sluicehq/sluice/services/reconciler/pricetable"
 	"github.com/sluicehq/sluice/services/reconciler/progress"
 )
 

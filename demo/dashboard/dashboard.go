@@ -15,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/services/quotastatus"
+	"github.com/sluicehq/sluice/internal/quotastatus"
 )
 
 // Row is one tenant x model line of the view.

@@ -26,10 +26,10 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
-	"github.com/sluicehq/sluice/gateway/admission"
-	"github.com/sluicehq/sluice/gateway/estimate"
-	"github.com/sluicehq/sluice/gateway/middleware"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/admission"
+	"github.com/sluicehq/sluice/sdk/go/estimate"
+	"github.com/sluicehq/sluice/sdk/go/middleware"
 )
 
 // Caller is who an API key belongs to.

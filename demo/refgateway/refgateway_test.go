@@ -12,15 +12,15 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
-	"github.com/sluicehq/sluice/gateway/admission"
-	"github.com/sluicehq/sluice/gateway/checker"
-	"github.com/sluicehq/sluice/gateway/emitter/emittertest"
-	"github.com/sluicehq/sluice/gateway/estimate"
-	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/admission"
+	"github.com/sluicehq/sluice/sdk/go/checker"
+	"github.com/sluicehq/sluice/sdk/go/emitter/emittertest"
+	"github.com/sluicehq/sluice/sdk/go/estimate"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // settled waits until n settlements were emitted (they are emitted when

@@ -2,7 +2,7 @@
 // Checker use for enforcement flags: a client of one Redis, or of a Redis
 // Cluster when redis.cluster is set (docs/scaling.md). Either way callers
 // get a redis.UniversalClient and must keep every multi-key command within
-// one hash slot (gateway/flags puts each tenant's keys under a hash tag).
+// one hash slot (sdk/go/flags puts each tenant's keys under a hash tag).
 package redisconn
 
 import (
@@ -151,7 +151,7 @@ type clientOptions struct {
 // ContextTimeouts makes the client bound each command by its context's
 // deadline, down to the socket, instead of only by the read and write
 // timeouts. A caller that promises a latency bound needs it: admission
-// (gateway/admission.New) refuses a client without it, since a slow Redis
+// (sdk/go/admission.New) refuses a client without it, since a slow Redis
 // would otherwise hold a request past WithMaxWait.
 func ContextTimeouts() ClientOption { return func(o *clientOptions) { o.contextTimeouts = true } }
 

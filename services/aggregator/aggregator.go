@@ -81,7 +81,7 @@
 // persists a fresh firing signal is emitted once per window: the enforcer
 // re-evaluates a half-open breaker on the next anomaly signal. A half-open
 // breaker is judged by its probes, though: a settled event marked as a
-// probe (attribute breaker_probe, gateway/flags.ProbeAttribute) that
+// probe (attribute breaker_probe, sdk/go/flags.ProbeAttribute) that
 // failed emits a firing signal with probe=failed at once, and
 // half_open_probes successful ones in a row a resolved one with
 // probe=passed, however few calls the window holds (see
@@ -134,6 +134,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluicehq/sluice/internal/pricetable"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
@@ -142,7 +143,6 @@ import (
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/aggregator/internal/chstore"
 	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
-	"github.com/sluicehq/sluice/services/reconciler/pricetable"
 )
 
 // Config is the aggregator's section of the Sluice configuration.

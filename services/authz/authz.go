@@ -14,12 +14,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluicehq/sluice/gateway/checker"
-	"github.com/sluicehq/sluice/gateway/middleware"
-	"github.com/sluicehq/sluice/gateway/ratelimit"
+	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/internal/keyfile"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/gateway"
-	"github.com/sluicehq/sluice/services/internal/keyfile"
+	"github.com/sluicehq/sluice/sdk/go/checker"
+	"github.com/sluicehq/sluice/sdk/go/middleware"
+	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 )
 
 // HeaderError is the answer header that repeats a refusal's OpenAI error
@@ -34,14 +34,14 @@ type Deps struct {
 	// Checker decides from the enforcement flags; nil allows every tenant.
 	Checker middleware.Decider
 	// Admitter, when not nil, is asked after the flags allowed a request.
-	Admitter gateway.Admitter
+	Admitter frontend.Admitter
 	// Emitter, when not nil, receives a usage event for each check the
 	// flags or admission refuse (outcome rejected, zero tokens), as sluice
 	// gateway sends for the requests it refuses; see refusalEvent.
 	Emitter middleware.Emitter
 	// Keys, when not nil, authenticates the key in Headers.Key; nil takes
 	// the tenant from Headers.Tenant (the proxy authenticated the caller).
-	Keys *keyfile.File[gateway.Caller]
+	Keys *keyfile.File[frontend.Caller]
 	// Logger receives refusals and errors; nil means slog.Default.
 	Logger *slog.Logger
 	// Metrics receives the service's series; nil registers none.
@@ -53,9 +53,9 @@ type Deps struct {
 type Server struct {
 	cfg     Config
 	dec     middleware.Decider
-	admit   gateway.Admitter
+	admit   frontend.Admitter
 	em      middleware.Emitter
-	keys    *keyfile.File[gateway.Caller]
+	keys    *keyfile.File[frontend.Caller]
 	log     *slog.Logger
 	m       *metrics
 	sub     string // cfg.Path + "/"
@@ -162,7 +162,7 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if s.admit != nil {
-		adm := s.admit.Admit(r.Context(), gateway.AdmitRequest{Tenant: c.tenant, Model: c.model, User: c.user, APIKeyID: c.keyID,
+		adm := s.admit.Admit(r.Context(), frontend.AdmitRequest{Tenant: c.tenant, Model: c.model, User: c.user, APIKeyID: c.keyID,
 			Endpoint: c.endpoint, Priority: c.priority, EstimatePrompt: c.prompt, EstimateCompletion: c.completion, Estimated: true})
 		// adm.Settle is deliberately never called: the answer's tokens
 		// never pass here, so the estimate stands (see the package doc).
@@ -229,7 +229,7 @@ func (s *Server) deny(w http.ResponseWriter, cw *capture, c *call, by string, st
 func (s *Server) identify(r *http.Request) (call, *refusal) {
 	hn := s.cfg.Headers
 	var c call
-	var caller *gateway.Caller
+	var caller *frontend.Caller
 	if s.keys != nil {
 		key := strings.TrimSpace(r.Header.Get(hn.Key))
 		if len(key) > 7 && strings.EqualFold(key[:7], "bearer ") {

@@ -13,14 +13,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/checker"
-	"github.com/sluicehq/sluice/gateway/emitter/emittertest"
-	"github.com/sluicehq/sluice/gateway/flags"
-	"github.com/sluicehq/sluice/gateway/ratelimit"
+	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/internal/keyfile"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/gateway"
-	"github.com/sluicehq/sluice/services/internal/keyfile"
+	"github.com/sluicehq/sluice/sdk/go/checker"
+	"github.com/sluicehq/sluice/sdk/go/emitter/emittertest"
+	"github.com/sluicehq/sluice/sdk/go/flags"
+	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 )
 
 // testConfig is a valid configuration with a keys file: each key's
@@ -31,10 +31,10 @@ func testConfig(t testing.TB) Config {
 	var b strings.Builder
 	b.WriteString("keys:\n")
 	for _, id := range []string{"acme", "blocked", "trial", "strict"} {
-		b.WriteString(gateway.KeyLine(id, "sk-"+id, id, nil))
+		b.WriteString(frontend.KeyLine(id, "sk-"+id, id, nil))
 	}
-	b.WriteString(gateway.KeyLine("mini", "sk-mini", "acme", []string{"gpt-4o-mini"}))
-	b.WriteString(strings.Replace(gateway.KeyLine("boss", "sk-boss", "acme", nil), "}", ", may_set_priority: true}", 1))
+	b.WriteString(frontend.KeyLine("mini", "sk-mini", "acme", []string{"gpt-4o-mini"}))
+	b.WriteString(strings.Replace(frontend.KeyLine("boss", "sk-boss", "acme", nil), "}", ", may_set_priority: true}", 1))
 	path := filepath.Join(t.TempDir(), "keys.yaml")
 	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
@@ -67,11 +67,11 @@ func (f fakeDecider) Check(tenant, _, _ string) checker.Decision { return f[tena
 // fakeAdmitter records what it was asked and answers ans.
 type fakeAdmitter struct {
 	mu   sync.Mutex
-	reqs []gateway.AdmitRequest
-	ans  gateway.Admission
+	reqs []frontend.AdmitRequest
+	ans  frontend.Admission
 }
 
-func (f *fakeAdmitter) Admit(_ context.Context, req gateway.AdmitRequest) gateway.Admission {
+func (f *fakeAdmitter) Admit(_ context.Context, req frontend.AdmitRequest) frontend.Admission {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reqs = append(f.reqs, req)
@@ -79,7 +79,7 @@ func (f *fakeAdmitter) Admit(_ context.Context, req gateway.AdmitRequest) gatewa
 }
 
 // answer sets what the next admissions answer.
-func (f *fakeAdmitter) answer(a gateway.Admission) {
+func (f *fakeAdmitter) answer(a frontend.Admission) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.ans = a
@@ -91,7 +91,7 @@ func (f *fakeAdmitter) asked() int {
 	return len(f.reqs)
 }
 
-func (f *fakeAdmitter) last(t *testing.T) gateway.AdmitRequest {
+func (f *fakeAdmitter) last(t *testing.T) frontend.AdmitRequest {
 	t.Helper()
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -104,7 +104,7 @@ func (f *fakeAdmitter) last(t *testing.T) gateway.AdmitRequest {
 func newServer(t *testing.T, cfg Config, deps Deps) *httptest.Server {
 	t.Helper()
 	if cfg.KeysFile != "" && deps.Keys == nil {
-		f, err := keyfile.Open(cfg.KeysFile, gateway.ParseKeys, slog.New(slog.DiscardHandler), nil)
+		f, err := keyfile.Open(cfg.KeysFile, frontend.ParseKeys, slog.New(slog.DiscardHandler), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -204,7 +204,7 @@ func TestHeadersNameTheTenantWithoutKeys(t *testing.T) {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
 	got := adm.last(t)
-	want := gateway.AdmitRequest{Tenant: "acme", APIKeyID: "k1", Model: "gpt-4o", User: "bob", Endpoint: "/v1/chat/completions",
+	want := frontend.AdmitRequest{Tenant: "acme", APIKeyID: "k1", Model: "gpt-4o", User: "bob", Endpoint: "/v1/chat/completions",
 		EstimatePrompt: 1000, EstimateCompletion: 1000, Estimated: true}
 	if got != want {
 		t.Fatalf("admission asked %+v, want %+v", got, want)
@@ -277,9 +277,9 @@ func TestRefusalsInOpenAIFormat(t *testing.T) {
 		t.Fatalf("quota refusal headers: %v", resp.Header)
 	}
 
-	adm.answer(gateway.Admission{
+	adm.answer(frontend.Admission{
 		Limits:  []ratelimit.Limit{{Unit: ratelimit.Requests, Limit: 5, Remaining: 0, Reset: 12 * time.Second}},
-		Refused: &gateway.Refusal{Status: http.StatusTooManyRequests, RetryAfter: 12 * time.Second, Error: ratelimit.Error{Type: "requests", Code: "rate_limit_exceeded", Message: "rule per-user (user=jürgen 🚀)"}},
+		Refused: &frontend.Refusal{Status: http.StatusTooManyRequests, RetryAfter: 12 * time.Second, Error: ratelimit.Error{Type: "requests", Code: "rate_limit_exceeded", Message: "rule per-user (user=jürgen 🚀)"}},
 	})
 	resp, body = ask(t, hs.URL+"/authz", "Authorization", "Bearer sk-trial")
 	// Text outside ASCII (a user's name in a rule's scope) travels in the
@@ -290,7 +290,7 @@ func TestRefusalsInOpenAIFormat(t *testing.T) {
 	if resp.Header.Get("Retry-After") != "12" || resp.Header.Get("x-ratelimit-limit-requests") != "5" || resp.Header.Get("x-ratelimit-reset-requests") != "12s" {
 		t.Fatalf("admission refusal headers: %v", resp.Header)
 	}
-	adm.answer(gateway.Admission{Limits: []ratelimit.Limit{{Unit: ratelimit.Tokens, Limit: 9000, Remaining: 7000, Reset: time.Second}}})
+	adm.answer(frontend.Admission{Limits: []ratelimit.Limit{{Unit: ratelimit.Tokens, Limit: 9000, Remaining: 7000, Reset: time.Second}}})
 	resp, _ = ask(t, hs.URL+"/authz", "Authorization", "Bearer sk-trial")
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("x-ratelimit-remaining-tokens") != "7000" || resp.Header.Get(HeaderError) != "" {
 		t.Fatalf("admitted: %d %v", resp.StatusCode, resp.Header)
@@ -323,7 +323,7 @@ func TestConfigErrorsNameTheSetting(t *testing.T) {
 // TestRefusedChecksEmitRejectedEvents: every check the flags or admission
 // refuse (429, 403, 503) is one usage event, outcome rejected, zero
 // tokens, the status answered and what refused it — the events sluice
-// gateway sends for the requests it refuses (gateway/middleware's
+// gateway sends for the requests it refuses (sdk/go/middleware's
 // RefusalEvent and AdmissionRefusalEvent), so Sluice counts refusals
 // whichever of the two answered. Allowed checks, and checks refused before
 // a tenant is known or for a bad header, emit none.
@@ -382,23 +382,23 @@ func TestRefusedChecksEmitRejectedEvents(t *testing.T) {
 	}
 	check("a stale view failing closed", want{tenant: "strict", model: "gpt-4o", status: 503, refusedBy: "fail_closed"})
 
-	adm.answer(gateway.Admission{Refused: &gateway.Refusal{Status: http.StatusTooManyRequests, RetryAfter: time.Second, Rule: "per-user",
+	adm.answer(frontend.Admission{Refused: &frontend.Refusal{Status: http.StatusTooManyRequests, RetryAfter: time.Second, Rule: "per-user",
 		Error: ratelimit.Error{Type: "requests", Code: "rate_limit_exceeded", Message: "rule per-user"}}})
 	if r := ask1("acme", "gpt-4o"); r.StatusCode != http.StatusTooManyRequests {
 		t.Fatalf("admission: %d", r.StatusCode)
 	}
 	check("an admission rule", want{tenant: "acme", model: "gpt-4o", status: 429, refusedBy: "admission", rule: "per-user"})
-	adm.answer(gateway.Admission{Refused: &gateway.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second,
+	adm.answer(frontend.Admission{Refused: &frontend.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second,
 		Error: ratelimit.Error{Type: "service_unavailable", Code: "admission_unavailable", Message: "fails closed"}}})
 	if r := ask1("acme", "gpt-4o"); r.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("admission unavailable: %d", r.StatusCode)
 	}
 	check("admission failing closed", want{tenant: "acme", model: "gpt-4o", status: 503, refusedBy: "admission", rule: "fail_closed"})
 
-	adm.answer(gateway.Admission{Refused: &gateway.Refusal{Status: http.StatusBadRequest,
+	adm.answer(frontend.Admission{Refused: &frontend.Refusal{Status: http.StatusBadRequest,
 		Error: ratelimit.Error{Type: "invalid_request_error", Code: "admission_refused", Message: "too many rules"}}})
 	ask1("acme", "gpt-4o")
-	adm.answer(gateway.Admission{})
+	adm.answer(frontend.Admission{})
 	ask1("acme", "gpt-4o")
 	ask(t, hs.URL+"/authz", "X-Sluice-Key-Id", "k1")
 	ask(t, hs.URL+"/authz", "X-Sluice-Tenant", "acme", "X-Sluice-Estimate-Prompt-Tokens", "lots")

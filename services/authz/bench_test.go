@@ -16,11 +16,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/gateway/admission"
+	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/internal/keyfile"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/itest/checkertest"
-	"github.com/sluicehq/sluice/services/gateway"
-	"github.com/sluicehq/sluice/services/internal/keyfile"
+	"github.com/sluicehq/sluice/sdk/go/admission"
 )
 
 const benchTenants = 64
@@ -53,19 +53,19 @@ func benchEndpoint(b *testing.B, exact bool) string {
 	var keys strings.Builder
 	keys.WriteString("keys:\n")
 	for i := range benchTenants {
-		keys.WriteString(gateway.KeyLine(fmt.Sprintf("k%d", i), fmt.Sprintf("sk-bench-%d", i), fmt.Sprintf("t%d", i), nil))
+		keys.WriteString(frontend.KeyLine(fmt.Sprintf("k%d", i), fmt.Sprintf("sk-bench-%d", i), fmt.Sprintf("t%d", i), nil))
 	}
 	path := filepath.Join(b.TempDir(), "keys.yaml")
 	if err := os.WriteFile(path, []byte(keys.String()), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	kf, err := keyfile.Open(path, gateway.ParseKeys, log, nil)
+	kf, err := keyfile.Open(path, frontend.ParseKeys, log, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
 	cfg := DefaultConfig()
 	cfg.KeysFile = path
-	s, err := New(cfg, Deps{Checker: chk, Admitter: gateway.LimiterAdmitter{L: lim}, Keys: kf, Logger: log})
+	s, err := New(cfg, Deps{Checker: chk, Admitter: frontend.LimiterAdmitter{L: lim}, Keys: kf, Logger: log})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/gateway"
 )
 
 // Config is the authz service's section of the Sluice configuration
@@ -33,7 +33,7 @@ type Config struct {
 	// usage events of refused checks go (outcome rejected, zero tokens, as
 	// sluice gateway sends for the requests it refuses); the default sink
 	// none sends none.
-	gateway.FrontEnd[gateway.EventSink] `yaml:",inline"`
+	frontend.FrontEnd[frontend.EventSink] `yaml:",inline"`
 }
 
 // Headers names the request headers the endpoint reads, and the answer
@@ -66,16 +66,16 @@ func DefaultConfig() Config {
 		DefaultPromptTokens:     1000,
 		DefaultCompletionTokens: 1000,
 		MaxEstimateTokens:       10_000_000,
-		FrontEnd:                gateway.DefaultFrontEnd(authzUsage()),
+		FrontEnd:                frontend.DefaultFrontEnd(authzUsage()),
 	}
 }
 
 // authzUsage is sluice gateway's usage defaults with sink none: a refusal
 // event needs an ingest (or Kafka) the deployment names, and the endpoint
 // answers the same without one.
-func authzUsage() gateway.EventSink {
-	u := gateway.DefaultEventSink()
-	u.Sink = gateway.SinkNone
+func authzUsage() frontend.EventSink {
+	u := frontend.DefaultEventSink()
+	u.Sink = frontend.SinkNone
 	return u
 }
 

@@ -8,8 +8,8 @@
 //
 // The endpoint answers, for the tenant, model and key the request names:
 //
-//   - 200 when the flags (gateway/checker, in memory) and admission
-//     (gateway/admission through services/gateway's PolicyAdmitter, the
+//   - 200 when the flags (sdk/go/checker, in memory) and admission
+//     (sdk/go/admission through services/gateway's PolicyAdmitter, the
 //     same Redis counters `sluice gateway` uses) let it through, with
 //     OpenAI's x-ratelimit-* headers and the caller's tenant and key id
 //     for the upstream;
@@ -18,7 +18,7 @@
 //     a spent quota, a rate window or an admission limit, 503 for an open
 //     breaker or a tenant that fails closed while Redis is away, 400 for
 //     a header it cannot read — each with OpenAI's error body naming the
-//     limit (gateway/middleware and gateway/admission write them), the
+//     limit (sdk/go/middleware and sdk/go/admission write them), the
 //     same JSON also in the X-Sluice-Error header for proxies that drop
 //     the body of the authorization answer (nginx).
 //

@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluicehq/sluice/gateway/metricset"
+	"github.com/sluicehq/sluice/sdk/go/metricset"
 )
 
 // metrics are the service's Prometheus series. Tenants are not labels (a

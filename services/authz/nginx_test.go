@@ -24,13 +24,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
-	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/ops"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/gateway"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // snippetFile is the nginx configuration docs/forward-auth.md shows and
@@ -228,7 +228,7 @@ func TestNginxForwardAuth(t *testing.T) {
 	ing := &recordingIngest{}
 	ingest := httptest.NewServer(ing)
 	t.Cleanup(ingest.Close)
-	cfg.Usage.Sink, cfg.Usage.IngestURL, cfg.Usage.FlushInterval = gateway.SinkIngest, ingest.URL, 10*time.Millisecond
+	cfg.Usage.Sink, cfg.Usage.IngestURL, cfg.Usage.FlushInterval = frontend.SinkIngest, ingest.URL, 10*time.Millisecond
 	cfg.Admission.PolicyFile = filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(cfg.Admission.PolicyFile, []byte(nginxPolicy), 0o644); err != nil {
 		t.Fatal(err)

@@ -10,12 +10,12 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/sluicehq/sluice/gateway/checker"
+	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/internal/keyfile"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/redisconn"
-	"github.com/sluicehq/sluice/services/gateway"
-	"github.com/sluicehq/sluice/services/internal/keyfile"
+	"github.com/sluicehq/sluice/sdk/go/checker"
 )
 
 // Options are what a hosting program adds to the configuration.
@@ -43,7 +43,7 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 
 	var follow func(context.Context) error
 	if cfg.Admission.PolicyFile != "" {
-		adm, f, closeAdm, err := gateway.PolicyAdmitter(cfg.Admission, "authz", env, log.With("component", "admission"))
+		adm, f, closeAdm, err := frontend.PolicyAdmitter(cfg.Admission, "authz", env, log.With("component", "admission"))
 		if err != nil {
 			return fmt.Errorf("services.authz.admission: %w", err)
 		}
@@ -59,13 +59,13 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	deps.Checker = chk
 	var s *Server // the reload callback runs only from Watch, once s is set
 	if cfg.KeysFile != "" {
-		f, err := keyfile.Open(cfg.KeysFile, gateway.ParseKeys, log, func(err error) { s.keyReloaded(err) })
+		f, err := keyfile.Open(cfg.KeysFile, frontend.ParseKeys, log, func(err error) { s.keyReloaded(err) })
 		if err != nil {
 			return fmt.Errorf("services.authz.%w", err)
 		}
 		deps.Keys = f
 	}
-	em, closeSender, err := gateway.NewEmitter(cfg.Usage, "authz", env)
+	em, closeSender, err := frontend.NewEmitter(cfg.Usage, "authz", env)
 	if err != nil {
 		return fmt.Errorf("services.authz.usage: %w", err)
 	}
@@ -74,14 +74,14 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	}
 	s, err = New(cfg, deps)
 	if err != nil {
-		gateway.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
+		frontend.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
 		return err
 	}
 	defer s.m.all.Unregister(env.Metrics)
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		gateway.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
+		frontend.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
 		return fmt.Errorf("authz: listen on %s: %w (set services.authz.listen to a free address)", cfg.Listen, err)
 	}
 	env.Health.AddReadiness("authz", func(context.Context) error {
@@ -121,7 +121,7 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 			_ = srv.Close()
 		}
 		// Only now, with every check answered, do the refusal events leave.
-		gateway.CloseEmitter(context.Background(), em, closeSender, cfg.Usage.FlushTimeout, log)
+		frontend.CloseEmitter(context.Background(), em, closeSender, cfg.Usage.FlushTimeout, log)
 		log.Info("forward-auth endpoint stopped")
 		return nil
 	})

@@ -7,8 +7,8 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/platform/httpserver"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // Config is the console's section of the configuration (services.console).

@@ -42,14 +42,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/sluicehq/sluice/internal/quotastatus"
+	"github.com/sluicehq/sluice/internal/usageapi"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/services/enforcer/adminapi"
-	"github.com/sluicehq/sluice/services/internal/usageapi"
-	"github.com/sluicehq/sluice/services/quotastatus"
 )
 
 //go:embed templates/*.html static/*

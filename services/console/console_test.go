@@ -12,8 +12,8 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/sluicehq/sluice/gateway/flags"
-	"github.com/sluicehq/sluice/services/quotastatus"
+	"github.com/sluicehq/sluice/internal/quotastatus"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 func TestHistogramQuantileInterpolatesInsideItsBucket(t *testing.T) {

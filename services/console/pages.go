@@ -18,12 +18,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/internal/quotastatus"
+	"github.com/sluicehq/sluice/internal/quotastatus/chstate"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 	"github.com/sluicehq/sluice/services/console/svgchart"
 	"github.com/sluicehq/sluice/services/enforcer/adminapi"
-	"github.com/sluicehq/sluice/services/quotastatus"
-	"github.com/sluicehq/sluice/services/quotastatus/chstate"
 )
 
 // hotPercent is the use from which a quota is highlighted.

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // BenchmarkSignalToVisible measures checker_signal_to_visible_p50_ms and

@@ -8,12 +8,12 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/gateway/checker"
-	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/itest/checkertest"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/checker"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // mastersOf returns the address of the master holding each key.

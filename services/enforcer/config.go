@@ -21,9 +21,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 )
 

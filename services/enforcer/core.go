@@ -11,13 +11,13 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/internal/fifo"
 	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 	"github.com/sluicehq/sluice/services/enforcer/internal/breaker"
 	"github.com/sluicehq/sluice/services/enforcer/internal/flagwriter"
-	"github.com/sluicehq/sluice/services/internal/fifo"
 )
 
 // core is the enforcer without its transports: signals in, flags out. It

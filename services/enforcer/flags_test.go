@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/checker"
-	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/sdk/go/checker"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // A signal becomes a flag that a Checker in another process sees, through

@@ -5,15 +5,14 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"path"
-	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/internal/usageapi"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/gateway/deferred"
-	"github.com/sluicehq/sluice/services/internal/usageapi"
 )
 
 // Config is the gateway service's section of the Sluice configuration
@@ -35,7 +34,7 @@ type Config struct {
 	// FrontEnd is the HTTP server, shutdown, flags, admission and usage
 	// settings the gateway shares with services/authz; usage adds
 	// estimate_events to the sink.
-	FrontEnd[UsageConfig] `yaml:",inline"`
+	frontend.FrontEnd[UsageConfig] `yaml:",inline"`
 
 	SharedUpstreams SharedUpstreamsConfig `yaml:"shared_upstreams"`
 	Deferred        deferred.Config       `yaml:"deferred"`
@@ -60,30 +59,9 @@ type Upstream struct {
 // UsageConfig says where usage events go, and whether calls are metered
 // with an estimate before they run.
 type UsageConfig struct {
-	EventSink      `yaml:",inline"`
-	EstimateEvents bool `yaml:"estimate_events" help:"emit an estimate of each call before it runs (settled with the real usage after), so quotas see long calls while they run"`
+	frontend.EventSink `yaml:",inline"`
+	EstimateEvents     bool `yaml:"estimate_events" help:"emit an estimate of each call before it runs (settled with the real usage after), so quotas see long calls while they run"`
 }
-
-// EventSink says where usage events go: ingest's API, Kafka, or nowhere,
-// and how the Emitter buffers them (NewEmitter builds it). services/authz
-// sends its refusal events with one.
-type EventSink struct {
-	Sink             string        `yaml:"sink" help:"where usage events go: ingest (HTTP, ingest_url), kafka (straight to topic with the root kafka settings) or none (metering off)"`
-	IngestURL        string        `yaml:"ingest_url" help:"base URL of Sluice's ingest API"`
-	IngestAPIKeyFile string        `yaml:"ingest_api_key_file" help:"file holding the key ingest knows this gateway by (see services.ingest.keys_file)"`
-	IngestAPIKeyEnv  string        `yaml:"ingest_api_key_env" help:"environment variable holding that key, instead of a file"`
-	Topic            string        `yaml:"topic" help:"usage topic, for sink kafka"`
-	BufferEvents     int           `yaml:"buffer_events" help:"events held while Sluice is slow or away; beyond it new events are dropped and counted (sluice_emitter_dropped_events_total)"`
-	FlushInterval    time.Duration `yaml:"flush_interval" help:"how long an event may wait for a batch to fill"`
-	FlushTimeout     time.Duration `yaml:"flush_timeout" help:"on shutdown, after the requests in flight, how long buffered events get to reach Sluice"`
-}
-
-// Sinks.
-const (
-	SinkIngest = "ingest"
-	SinkKafka  = "kafka"
-	SinkNone   = "none"
-)
 
 // Defaults for an upstream's zero fields.
 const (
@@ -95,7 +73,7 @@ const (
 // DefaultConfig returns the defaults. The write timeout covers a whole
 // streamed answer, so it is as long as an upstream's default timeout.
 func DefaultConfig() Config {
-	fe := DefaultFrontEnd(UsageConfig{EventSink: DefaultEventSink(), EstimateEvents: true})
+	fe := frontend.DefaultFrontEnd(UsageConfig{EventSink: frontend.DefaultEventSink(), EstimateEvents: true})
 	fe.HTTP = httpserver.Timeouts{ReadHeader: 10 * time.Second, Read: time.Minute, Write: 11 * time.Minute, Idle: 2 * time.Minute}
 	fe.ShutdownTimeout = 10 * time.Second
 	return Config{
@@ -111,19 +89,6 @@ func DefaultConfig() Config {
 		SharedUpstreams:     defaultSharedUpstreams(),
 		Deferred:            deferred.DefaultConfig(),
 		UsageAPI:            usageapi.DefaultConfig(),
-	}
-}
-
-// DefaultEventSink returns the usage sink's defaults: ingest's API on
-// this host, with the Emitter's buffer and flush settings.
-func DefaultEventSink() EventSink {
-	return EventSink{
-		Sink:          SinkIngest,
-		IngestURL:     "http://127.0.0.1:8080",
-		Topic:         schemas.TopicUsageV1,
-		BufferEvents:  100_000,
-		FlushInterval: 200 * time.Millisecond,
-		FlushTimeout:  5 * time.Second,
 	}
 }
 
@@ -219,44 +184,6 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Validate checks the usage settings, naming each as p.<setting>
-// (p is the section, e.g. services.gateway.usage).
-func (u EventSink) Validate(p string) error {
-	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	switch u.Sink {
-	case SinkIngest:
-		if b, err := url.Parse(u.IngestURL); err != nil || (b.Scheme != "http" && b.Scheme != "https") || b.Host == "" {
-			bad(p+".ingest_url: %q is not an http(s) URL", u.IngestURL)
-		}
-		if u.IngestAPIKeyEnv != "" && u.IngestAPIKeyFile != "" {
-			bad("%s: set ingest_api_key_env or ingest_api_key_file, not both", p)
-		}
-		if _, err := u.ingestKey(); err != nil {
-			bad(p+".%w", err)
-		}
-	case SinkKafka:
-		if u.Topic == "" {
-			bad("%s.topic: is required for sink kafka", p)
-		}
-	case SinkNone:
-	default:
-		bad(p+".sink: %q is not one of ingest, kafka, none", u.Sink)
-	}
-	if u.Sink != SinkNone {
-		if u.BufferEvents < 100 || u.BufferEvents > 10_000_000 {
-			bad(p+".buffer_events: %d is outside 100..10000000", u.BufferEvents)
-		}
-		if u.FlushInterval < time.Millisecond || u.FlushInterval > time.Minute {
-			bad(p+".flush_interval: %s is outside 1ms..1m", u.FlushInterval)
-		}
-		if u.FlushTimeout <= 0 {
-			bad("%s.flush_timeout: must be positive", p)
-		}
-	}
-	return errors.Join(errs...)
-}
-
 // withDefaults fills an upstream's zero fields.
 func (u Upstream) withDefaults() Upstream {
 	if u.Weight == 0 {
@@ -278,34 +205,5 @@ func (u Upstream) withDefaults() Upstream {
 // or file; none configured is an empty key (an upstream on a private
 // network that needs none).
 func (u Upstream) credential() (string, error) {
-	return secret("api_key_env", u.APIKeyEnv, "api_key_file", u.APIKeyFile)
-}
-
-// ingestKey reads the key the gateway presents to ingest.
-func (u EventSink) ingestKey() (string, error) {
-	return secret("ingest_api_key_env", u.IngestAPIKeyEnv, "ingest_api_key_file", u.IngestAPIKeyFile)
-}
-
-// secret reads a credential named by an environment variable or a file,
-// naming the setting when it is missing or empty.
-func secret(envSetting, env, fileSetting, file string) (string, error) {
-	switch {
-	case env != "":
-		v, ok := os.LookupEnv(env)
-		if !ok || strings.TrimSpace(v) == "" {
-			return "", fmt.Errorf("%s: environment variable %s is not set or empty", envSetting, env)
-		}
-		return strings.TrimSpace(v), nil
-	case file != "":
-		b, err := os.ReadFile(file)
-		if err != nil {
-			return "", fmt.Errorf("%s: %w", fileSetting, err)
-		}
-		v := strings.TrimSpace(string(b))
-		if v == "" || len(v) > 4096 {
-			return "", fmt.Errorf("%s: %s must hold one key (1..4096 bytes)", fileSetting, file)
-		}
-		return v, nil
-	}
-	return "", nil
+	return frontend.Secret("api_key_env", u.APIKeyEnv, "api_key_file", u.APIKeyFile)
 }

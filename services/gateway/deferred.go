@@ -12,9 +12,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/gateway/ratelimit"
+	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 	"github.com/sluicehq/sluice/services/gateway/deferred"
 )
 
@@ -124,8 +125,8 @@ type deferredCallerKey struct{}
 
 // deferredCaller is the caller of a task run, or nil for a client's
 // request.
-func deferredCaller(ctx context.Context) *Caller {
-	c, _ := ctx.Value(deferredCallerKey{}).(*Caller)
+func deferredCaller(ctx context.Context) *frontend.Caller {
+	c, _ := ctx.Value(deferredCallerKey{}).(*frontend.Caller)
 	return c
 }
 
@@ -134,7 +135,7 @@ func deferredCaller(ctx context.Context) *Caller {
 // priority and the request id <task id>-<run>, through the same path as
 // a client's request, and returns the answer, bounded by limit bytes.
 func (s *Server) RunTask(ctx context.Context, t *deferred.Task, run int, limit int) deferred.Outcome {
-	var caller *Caller
+	var caller *frontend.Caller
 	for _, c := range s.keys.Keys().Values() {
 		if c.KeyID == t.KeyID && c.Tenant == t.Tenant {
 			cp := *c

@@ -6,7 +6,7 @@
 // and 5xx), and meters every call exactly:
 //
 //   - the flag Checker refuses tenants the enforcer stopped, in OpenAI's
-//     429/503 format naming the limit (gateway/middleware);
+//     429/503 format naming the limit (sdk/go/middleware);
 //   - an estimate of each call is emitted before it runs and settled with
 //     the provider's usage after it (the same event id: the request's
 //     x-request-id);
@@ -19,7 +19,7 @@
 //     with what it generated; upstream errors and timeouts are events with
 //     their outcome and latency, for the aggregator's error and slow-call
 //     breakers; cached and reasoning tokens are carried where reported;
-//   - an Admitter (gateway/admission, when it lands) is asked before each
+//   - an Admitter (sdk/go/admission, when it lands) is asked before each
 //     upstream call with the estimate, and settled after.
 //
 // Usage events go to ingest over HTTP or straight to Kafka through the
@@ -41,7 +41,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,28 +48,29 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/sluicehq/sluice/gateway/checker"
-	"github.com/sluicehq/sluice/gateway/emitter"
-	"github.com/sluicehq/sluice/gateway/estimate"
-	"github.com/sluicehq/sluice/gateway/flags"
-	"github.com/sluicehq/sluice/gateway/middleware"
-	"github.com/sluicehq/sluice/gateway/priority"
-	"github.com/sluicehq/sluice/gateway/ratelimit"
+	"github.com/sluicehq/sluice/internal/fifo"
+	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/internal/keyfile"
+	"github.com/sluicehq/sluice/internal/usageapi"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/checker"
+	"github.com/sluicehq/sluice/sdk/go/emitter"
+	"github.com/sluicehq/sluice/sdk/go/estimate"
+	"github.com/sluicehq/sluice/sdk/go/flags"
+	"github.com/sluicehq/sluice/sdk/go/middleware"
+	"github.com/sluicehq/sluice/sdk/go/priority"
+	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 	"github.com/sluicehq/sluice/services/gateway/deferred"
-	"github.com/sluicehq/sluice/services/internal/fifo"
-	"github.com/sluicehq/sluice/services/internal/keyfile"
-	"github.com/sluicehq/sluice/services/internal/usageapi"
 )
 
 // Options are what a hosting program adds to the configuration.
 type Options struct {
 	// Admitter, when not nil, is asked before every upstream call.
-	Admitter Admitter
+	Admitter frontend.Admitter
 	// Started, when not nil, learns the address the API listens on.
 	Started func(addr string)
 	// Guards, when not nil, are the upstream guards the gateway follows
@@ -127,7 +127,7 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 		return fmt.Errorf("services.gateway.%w", err)
 	}
 	defer closeUsage()
-	em, closeSender, err := NewEmitter(cfg.Usage.EventSink, "gateway", env)
+	em, closeSender, err := frontend.NewEmitter(cfg.Usage.EventSink, "gateway", env)
 	if err != nil {
 		return err
 	}
@@ -138,13 +138,13 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	deps.Tasks, deps.Usage = tasks, usage
 	s, err := New(cfg, deps)
 	if err != nil {
-		CloseEmitter(context.Background(), em, closeSender, time.Second, log)
+		frontend.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
 		return err
 	}
 	defer s.m.unregister(env.Metrics)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		CloseEmitter(context.Background(), em, closeSender, time.Second, log)
+		frontend.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
 		return fmt.Errorf("gateway: listen on %s: %w (set services.gateway.listen to a free address)", cfg.Listen, err)
 	}
 	env.Health.AddReadiness("gateway", func(context.Context) error {
@@ -182,7 +182,7 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 		<-gctx.Done()
 		err := s.shutdown(srv, cfg.ShutdownTimeout)
 		// Only now, with every request settled, do the events leave.
-		CloseEmitter(context.Background(), em, closeSender, cfg.Usage.FlushTimeout, log)
+		frontend.CloseEmitter(context.Background(), em, closeSender, cfg.Usage.FlushTimeout, log)
 		stopChecker()
 		<-chkDone
 		log.Info("gateway stopped")
@@ -219,25 +219,25 @@ func followPolicy(ctx context.Context, cfg Config, env platform.Env, opts *Optio
 	deps.Policy = w.Current
 	var apply []func(*policy.Policy)
 	if opts.Admitter == nil {
-		lim, closeAdm, err := policyAdmitter(cfg.Admission, w.Current(), "gateway", env, log.With("component", "admission"))
+		lim, closeAdm, err := frontend.NewLimiter(cfg.Admission, w.Current(), "gateway", env, log.With("component", "admission"))
 		if err != nil {
 			return nil, err
 		}
 		closers = append(closers, closeAdm)
-		opts.Admitter = LimiterAdmitter{L: lim}
-		apply = append(apply, ReloadRules(lim, (*policy.Policy).AdmissionRules, "admission", log.With("file", cfg.Admission.PolicyFile)))
+		opts.Admitter = frontend.LimiterAdmitter{L: lim}
+		apply = append(apply, frontend.ReloadRules(lim, (*policy.Policy).AdmissionRules, "admission", log.With("file", cfg.Admission.PolicyFile)))
 	}
 	// The tenants' soft per-minute quotas, on counters of their own:
 	// past one, a request goes to the fallback model first.
 	softCfg := cfg.Admission
 	softCfg.KeyPrefix += "soft:"
-	soft, closeSoft, err := softAdmitter(softCfg, w.Current(), env, log.With("component", "soft-limits"))
+	soft, closeSoft, err := frontend.NewSoftLimiter(softCfg, w.Current(), env, log.With("component", "soft-limits"))
 	if err != nil {
 		return nil, err
 	}
 	closers = append(closers, closeSoft)
-	deps.Soft = LimiterAdmitter{L: soft}
-	apply = append(apply, ReloadRules(soft, (*policy.Policy).SoftLimitRules, "soft quotas", log.With("file", cfg.Admission.PolicyFile)))
+	deps.Soft = frontend.LimiterAdmitter{L: soft}
+	apply = append(apply, frontend.ReloadRules(soft, (*policy.Policy).SoftLimitRules, "soft quotas", log.With("file", cfg.Admission.PolicyFile)))
 	deps.Guards = opts.Guards
 	if deps.Guards == nil {
 		// A client of its own: the shared counts bound each call by its
@@ -270,57 +270,6 @@ func followPolicy(ctx context.Context, cfg Config, env platform.Env, opts *Optio
 	return stop, nil
 }
 
-// NewEmitter builds the Emitter of cfg's sink (nil for sink none) and the
-// function that closes its sender once the Emitter is closed; its metrics
-// go to env.Metrics labelled with service (see serviceMetrics).
-// services/authz sends its refusal events with it.
-func NewEmitter(cfg EventSink, service string, env platform.Env) (*emitter.Emitter, func(), error) {
-	var sender emitter.Sender
-	closeSender := func() {}
-	switch cfg.Sink {
-	case SinkNone:
-		return nil, closeSender, nil
-	case SinkKafka:
-		ks, err := emitter.NewKafkaSender(env.Kafka, cfg.Topic)
-		if err != nil {
-			return nil, nil, err
-		}
-		sender, closeSender = ks, ks.Close
-	default:
-		key, err := cfg.ingestKey()
-		if err != nil {
-			return nil, nil, err
-		}
-		sender = &emitter.HTTPSender{URL: strings.TrimRight(cfg.IngestURL, "/"), APIKey: key}
-	}
-	ecfg := emitter.DefaultConfig()
-	ecfg.MaxBufferedEvents = cfg.BufferEvents
-	ecfg.BatchSize = min(ecfg.BatchSize, cfg.BufferEvents)
-	ecfg.FlushInterval = cfg.FlushInterval
-	ecfg.Logger = env.Logger.With("component", "emitter")
-	ecfg.Registerer = serviceMetrics(env, service)
-	em, err := emitter.New(sender, ecfg)
-	if err != nil {
-		closeSender()
-		return nil, nil, err
-	}
-	return em, closeSender, nil
-}
-
-// CloseEmitter sends what em still holds, waiting at most timeout, then
-// closes its sender; a nil em does nothing.
-func CloseEmitter(ctx context.Context, em *emitter.Emitter, closeSender func(), timeout time.Duration, log *slog.Logger) {
-	if em == nil {
-		return
-	}
-	cctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	if err := em.Close(cctx); err != nil {
-		log.Error("usage events were lost at shutdown", "err", err)
-	}
-	closeSender()
-}
-
 // Deps are the SDK parts a Server uses; New builds none of them, so tests
 // and embedding programs give their own.
 type Deps struct {
@@ -330,13 +279,13 @@ type Deps struct {
 	// Emitter receives the usage events; nil meters nothing.
 	Emitter middleware.Emitter
 	// Admitter, when not nil, is asked before every upstream call.
-	Admitter Admitter
+	Admitter frontend.Admitter
 	// Logger receives the access log and errors; nil means slog.Default.
 	Logger *slog.Logger
 	// Metrics receives the gateway's series; nil registers none.
 	Metrics prometheus.Registerer
 	// Keys, when not nil, replaces cfg.KeysFile (tests).
-	Keys *keyfile.File[Caller]
+	Keys *keyfile.File[frontend.Caller]
 	// Tasks, when not nil, accepts deferred requests and answers
 	// GET /v1/tasks/{id} (deferred.go).
 	Tasks *deferred.Queue
@@ -352,21 +301,21 @@ type Deps struct {
 	// Soft, when not nil, checks the tenants' soft per-minute quotas
 	// (policy.SoftLimitRules): a request it refuses is served by the
 	// policy's fallback model instead of the one asked for.
-	Soft Admitter
+	Soft frontend.Admitter
 }
 
 // Server is the gateway's HTTP handler.
 type Server struct {
 	cfg    Config
 	log    *slog.Logger
-	keys   *keyfile.File[Caller]
+	keys   *keyfile.File[frontend.Caller]
 	routes *routes
 	est    *estimate.Estimator
-	admit  Admitter
+	admit  frontend.Admitter
 	tasks  *deferred.Queue
 	policy func() *policy.Policy // nil: no policy
 	guards *Guards               // nil: no upstream is guarded
-	soft   Admitter              // nil: soft quotas are not checked on the request path
+	soft   frontend.Admitter     // nil: soft quotas are not checked on the request path
 	// over finds the tenant's soft-quota flag (checker.Checker.Over); nil
 	// without a Checker that has one.
 	over func(tenant, model, apiKeyID string) *flags.Flag
@@ -412,7 +361,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	s.keys = deps.Keys
 	if s.keys == nil {
-		f, err := openKeys(cfg.KeysFile, log, func(err error) {
+		f, err := frontend.OpenKeys(cfg.KeysFile, log, func(err error) {
 			if err != nil {
 				s.m.keyReloads.WithLabelValues("error").Inc()
 			} else {
@@ -424,9 +373,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		}
 		s.keys = f
 	}
-	ups := make([]*upstream, 0, len(cfg.Upstreams))
+	ups := make([]*provider, 0, len(cfg.Upstreams))
 	for i, u := range cfg.Upstreams {
-		up, err := newUpstream(u)
+		up, err := newProvider(u)
 		if err != nil {
 			return nil, fmt.Errorf("services.gateway.upstreams[%d].%w", i, err)
 		}
@@ -532,13 +481,13 @@ func (s *Server) shutdown(srv *http.Server, timeout time.Duration) error {
 // call is one API request as the gateway handles it, in the request's
 // context from authentication to the access log.
 type call struct {
-	caller    *Caller
+	caller    *frontend.Caller
 	req       request
 	body      []byte
 	endpoint  string
 	ep        estimate.Endpoint
 	route     string
-	ups       []*upstream
+	ups       []*provider
 	requestID string // the x-request-id answered
 	eventID   string // usage event id (the request id unless it was reused)
 	priority  schemas.Priority
@@ -690,11 +639,11 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 // key's own priority if its entry names one, else its tenant's from the
 // policy (normal without a policy), moved by the X-Sluice-Priority header
 // — lowered by any caller, raised only by a key with may_set_priority.
-func (s *Server) classOf(c *Caller, header string) (priority.Class, error) {
+func (s *Server) classOf(c *frontend.Caller, header string) (priority.Class, error) {
 	base := priority.Default
 	switch {
 	case c.Priority != "":
-		base, _ = priority.FromSchema(c.Priority) // ParseKeys validated it
+		base, _ = priority.FromSchema(c.Priority) // frontend.ParseKeys validated it
 	case s.policy != nil:
 		base = s.policy().Tenant(c.Tenant).Class()
 	}

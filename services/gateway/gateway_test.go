@@ -14,11 +14,12 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
-	"github.com/sluicehq/sluice/gateway/checker"
-	"github.com/sluicehq/sluice/gateway/flags"
-	"github.com/sluicehq/sluice/gateway/ratelimit"
+	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/checker"
+	"github.com/sluicehq/sluice/sdk/go/flags"
+	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 )
 
 func mock(t *testing.T, opts mockllm.Options) string {
@@ -419,20 +420,20 @@ func (refusing) Check(tenant, model, key string) checker.Decision {
 // admitter records what it was asked and refuses tenant trial.
 type admitter struct {
 	mu      sync.Mutex
-	asked   []AdmitRequest
-	settled []Settlement
+	asked   []frontend.AdmitRequest
+	settled []frontend.Settlement
 }
 
-func (a *admitter) Admit(_ context.Context, req AdmitRequest) Admission {
+func (a *admitter) Admit(_ context.Context, req frontend.AdmitRequest) frontend.Admission {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.asked = append(a.asked, req)
 	if req.Tenant == "trial" {
-		return Admission{Refused: &Refusal{Status: 429, RetryAfter: 3 * time.Second, Error: ratelimit.Error{Type: ratelimit.TypeTokens,
+		return frontend.Admission{Refused: &frontend.Refusal{Status: 429, RetryAfter: 3 * time.Second, Error: ratelimit.Error{Type: ratelimit.TypeTokens,
 			Code: ratelimit.CodeRateLimitExceeded, Message: "Tenant trial has reached its tokens per minute limit."}},
 			Limits: []ratelimit.Limit{{Unit: ratelimit.Tokens, Limit: 100, Remaining: 0, Reset: 3 * time.Second}}}
 	}
-	return Admission{Settle: func(s Settlement) {
+	return frontend.Admission{Settle: func(s frontend.Settlement) {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		a.settled = append(a.settled, s)

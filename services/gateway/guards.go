@@ -14,12 +14,12 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/gateway/concurrency"
-	guard "github.com/sluicehq/sluice/gateway/upstream"
 	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/sdk/go/concurrency"
+	"github.com/sluicehq/sluice/sdk/go/upstream"
 )
 
-// Guards are the guard.Guards of the upstreams the policy names under
+// Guards are the upstream.Guards of the upstreams the policy names under
 // upstreams: one per upstream, built from its entry, rebuilt when a
 // reload changes the entry (calls admitted by the old Guard release to it)
 // and dropped when the entry goes. An upstream the policy does not name is
@@ -53,7 +53,7 @@ func (s *Guards) SetRedisTimeout(d time.Duration) { s.redisTimeout = d }
 
 type guardEntry struct {
 	cfg  policy.Upstream
-	g    *guard.Guard
+	g    *upstream.Guard
 	stop context.CancelFunc
 }
 
@@ -75,7 +75,7 @@ func NewGuards(rdb redis.UniversalClient, prefix, id string, log *slog.Logger, o
 
 // Of returns the Guard of the upstream called name, or nil when the
 // policy does not guard it (or s is nil).
-func (s *Guards) Of(name string) *guard.Guard {
+func (s *Guards) Of(name string) *upstream.Guard {
 	if s == nil {
 		return nil
 	}
@@ -135,7 +135,7 @@ func (s *Guards) Update(p *policy.Policy) error {
 
 // build makes the Guard of u: the policy's options, and for a shared
 // upstream the shared gate and the fleet-wide breaker.
-func (s *Guards) build(u policy.Upstream) (*guard.Guard, error) {
+func (s *Guards) build(u policy.Upstream) (*upstream.Guard, error) {
 	opts, err := u.GuardOptions()
 	if err != nil {
 		return nil, err
@@ -146,7 +146,7 @@ func (s *Guards) build(u policy.Upstream) (*guard.Guard, error) {
 			s.onLimit(name, n)
 		}
 	}
-	opts = append(opts, guard.OnLimitChange(onLimit))
+	opts = append(opts, upstream.OnLimitChange(onLimit))
 	if u.Shared && s.rdb != nil {
 		alg, err := u.Algorithm()
 		if err != nil {
@@ -163,22 +163,22 @@ func (s *Guards) build(u policy.Upstream) (*guard.Guard, error) {
 		if err != nil {
 			return nil, err
 		}
-		fleet, err := guard.NewFleet(s.rdb, s.prefix, name, 0)
+		fleet, err := upstream.NewFleet(s.rdb, s.prefix, name, 0)
 		if err != nil {
 			return nil, err
 		}
-		opts = append(opts, guard.SharedGate(gate), guard.BreakerOptions(guard.FleetWide(fleet, 0), guard.OnFleetError(logErr)))
+		opts = append(opts, upstream.SharedGate(gate), upstream.BreakerOptions(upstream.FleetWide(fleet, 0), upstream.OnFleetError(logErr)))
 	}
 	if rv := u.Reserved; rv != nil && s.rdb != nil {
 		// Reserved shares hold across the fleet, so they always count in
 		// Redis.
-		units := map[string]guard.ReserveUnit{policy.ReserveConcurrency: guard.ReserveConcurrency,
-			policy.ReserveRequests: guard.ReserveRequests, policy.ReserveTokens: guard.ReserveTokens}
+		units := map[string]upstream.ReserveUnit{policy.ReserveConcurrency: upstream.ReserveConcurrency,
+			policy.ReserveRequests: upstream.ReserveRequests, policy.ReserveTokens: upstream.ReserveTokens}
 		capacity := rv.Capacity
 		if capacity == 0 {
 			capacity = int64(u.Max)
 		}
-		r, err := guard.NewReserve(s.rdb, guard.ReserveConfig{Prefix: s.prefix, Upstream: name, ID: s.id, Unit: units[rv.Unit],
+		r, err := upstream.NewReserve(s.rdb, upstream.ReserveConfig{Prefix: s.prefix, Upstream: name, ID: s.id, Unit: units[rv.Unit],
 			Capacity: capacity, Saturation: rv.Saturation, Shares: rv.Shares, Timeout: s.redisTimeout,
 			OnError: func(err error) {
 				s.log.Warn("reserved shares: Redis error; admitting meanwhile", "upstream", name, "err", err)
@@ -186,9 +186,9 @@ func (s *Guards) build(u policy.Upstream) (*guard.Guard, error) {
 		if err != nil {
 			return nil, fmt.Errorf("upstreams.%s.reserved: %w", name, err)
 		}
-		opts = append(opts, guard.Reserved(r))
+		opts = append(opts, upstream.Reserved(r))
 	}
-	g, err := guard.New(name, opts...)
+	g, err := upstream.New(name, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("upstreams.%s: %w", name, err)
 	}

@@ -14,16 +14,17 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/demo/mockllm"
-	"github.com/sluicehq/sluice/gateway/checker"
-	"github.com/sluicehq/sluice/gateway/flags"
-	"github.com/sluicehq/sluice/gateway/priority"
-	"github.com/sluicehq/sluice/gateway/ratelimit"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/itest/checkertest"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/checker"
+	"github.com/sluicehq/sluice/sdk/go/flags"
+	"github.com/sluicehq/sluice/sdk/go/priority"
+	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 )
 
 const guardPolicy = `

@@ -11,9 +11,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluicehq/sluice/gateway/emitter/emittertest"
+	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/emitter/emittertest"
 )
 
 // Test keys: each secret is "sk-" + its id.
@@ -27,7 +28,7 @@ func writeKeys(t testing.TB) string {
 	t.Helper()
 	body := testKeys
 	for _, id := range []string{"acme", "mini-only", "boss"} {
-		line := KeyLine(id, "sk-"+id, "x", nil)
+		line := frontend.KeyLine(id, "sk-"+id, "x", nil)
 		sum := line[strings.Index(line, "sha256: ")+8:]
 		sum = sum[:64]
 		body = strings.ReplaceAll(body, "%"+id+"%", sum)
@@ -45,7 +46,7 @@ func testConfig(t testing.TB, ups ...Upstream) Config {
 	c := DefaultConfig()
 	c.KeysFile = writeKeys(t)
 	c.Upstreams = ups
-	c.Usage.Sink = SinkNone
+	c.Usage.Sink = frontend.SinkNone
 	c.Name = "gw-test"
 	return c
 }

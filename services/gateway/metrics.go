@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluicehq/sluice/gateway/metricset"
+	"github.com/sluicehq/sluice/sdk/go/metricset"
 )
 
 // metrics are the gateway's Prometheus series. Tenants are not labels (a
@@ -33,7 +33,7 @@ type metrics struct {
 }
 
 // flagView is what the gateway's flag-staleness gauges read from its
-// Checker (gateway/checker.Checker implements it).
+// Checker (sdk/go/checker.Checker implements it).
 type flagView interface {
 	Age() time.Duration
 	Stale() bool

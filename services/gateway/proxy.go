@@ -15,14 +15,15 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/concurrency"
-	"github.com/sluicehq/sluice/gateway/estimate"
-	"github.com/sluicehq/sluice/gateway/flags"
-	"github.com/sluicehq/sluice/gateway/middleware"
-	"github.com/sluicehq/sluice/gateway/priority"
-	"github.com/sluicehq/sluice/gateway/ratelimit"
-	guard "github.com/sluicehq/sluice/gateway/upstream"
+	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/concurrency"
+	"github.com/sluicehq/sluice/sdk/go/estimate"
+	"github.com/sluicehq/sluice/sdk/go/flags"
+	"github.com/sluicehq/sluice/sdk/go/middleware"
+	"github.com/sluicehq/sluice/sdk/go/priority"
+	"github.com/sluicehq/sluice/sdk/go/ratelimit"
+	"github.com/sluicehq/sluice/sdk/go/upstream"
 )
 
 // proxy runs after the flag check and the estimate: admission, the
@@ -34,7 +35,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 	est, estOK := mc.Estimate()
 	status := 0
 	if s.admit != nil {
-		adm := s.admit.Admit(r.Context(), AdmitRequest{Tenant: c.caller.Tenant, Model: c.req.Model, User: c.user,
+		adm := s.admit.Admit(r.Context(), frontend.AdmitRequest{Tenant: c.caller.Tenant, Model: c.req.Model, User: c.user,
 			APIKeyID: c.caller.KeyID, Endpoint: c.endpoint, Priority: c.priority, EstimatePrompt: est.Prompt,
 			EstimateCompletion: est.Completion, Estimated: estOK, EventID: c.eventID})
 		for _, l := range adm.Limits {
@@ -67,8 +68,8 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 		resp    *http.Response
 		done    func()
 		lastErr error
-		up      *upstream
-		permit  guard.Permit
+		up      *provider
+		permit  upstream.Permit
 		refused *priority.Decision // the last guard refusal
 	)
 	served := c.req.Model
@@ -93,9 +94,9 @@ models:
 		cands := order(ups, s.cfg.MaxAttempts, s.now())
 		fallback := false // every refusal of this model lets a cheaper one serve
 		for i, u := range cands {
-			var p guard.Permit
+			var p upstream.Permit
 			if g := s.guards.Of(u.cfg.Name); g != nil {
-				gp, d := g.Acquire(r.Context(), guard.Request{Tenant: c.caller.Tenant, Class: c.class, Deadline: c.deadline, Tokens: est.Prompt + est.Completion})
+				gp, d := g.Acquire(r.Context(), upstream.Request{Tenant: c.caller.Tenant, Class: c.class, Deadline: c.deadline, Tokens: est.Prompt + est.Completion})
 				if !d.Admitted() {
 					refused, fallback = &d, d.Reason == priority.BreakerOpen || d.Reason == priority.Degraded
 					s.m.guardRefusals.WithLabelValues(u.cfg.Name, d.Reason.String()).Inc()
@@ -278,8 +279,8 @@ models:
 
 // settlement is what an admitted call used, for an Admitter's Settle:
 // status is the one answered.
-func (c *call) settlement(status int, est estimate.Estimate) Settlement {
-	set := Settlement{Status: status, Outcome: schemas.OutcomeOK}
+func (c *call) settlement(status int, est estimate.Estimate) frontend.Settlement {
+	set := frontend.Settlement{Status: status, Outcome: schemas.OutcomeOK}
 	switch {
 	case c.outcome == "timeout":
 		set.Outcome = schemas.OutcomeTimeout
@@ -304,7 +305,7 @@ func (c *call) settlement(status int, est estimate.Estimate) Settlement {
 // tokens_per_minute or requests_per_minute quota through the soft
 // Admitter, when there is one. settle, when not nil, must be called
 // with the call's settlement.
-func (s *Server) modelsFor(ctx context.Context, c *call, est estimate.Estimate, estOK bool) (models []string, settle func(Settlement)) {
+func (s *Server) modelsFor(ctx context.Context, c *call, est estimate.Estimate, estOK bool) (models []string, settle func(frontend.Settlement)) {
 	models = []string{c.req.Model}
 	if s.policy == nil {
 		return models, nil
@@ -326,7 +327,7 @@ func (s *Server) modelsFor(ctx context.Context, c *call, est estimate.Estimate, 
 	if s.soft == nil {
 		return models, nil
 	}
-	adm := s.soft.Admit(ctx, AdmitRequest{Tenant: c.caller.Tenant, Model: c.req.Model, User: c.user,
+	adm := s.soft.Admit(ctx, frontend.AdmitRequest{Tenant: c.caller.Tenant, Model: c.req.Model, User: c.user,
 		APIKeyID: c.caller.KeyID, Endpoint: c.endpoint, Priority: c.priority, EstimatePrompt: est.Prompt,
 		EstimateCompletion: est.Completion, Estimated: estOK, EventID: c.eventID})
 	if adm.Refused != nil {
@@ -361,7 +362,7 @@ var errUpstreamBroke = errors.New("the upstream's answer broke off")
 
 // attempt sends one request to u. done releases the attempt's context
 // once its answer has been relayed.
-func (s *Server) attempt(ctx context.Context, u *upstream, suffix string, body []byte, requestID string, in http.Header) (*http.Response, func(), error) {
+func (s *Server) attempt(ctx context.Context, u *provider, suffix string, body []byte, requestID string, in http.Header) (*http.Response, func(), error) {
 	actx, cancel := context.WithTimeout(ctx, u.cfg.Timeout)
 	stop := context.AfterFunc(s.hardStop, cancel) // shutdown's end cuts every call
 	done := func() { stop(); cancel() }
@@ -440,7 +441,8 @@ func (s *Server) listModels(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	names := s.routes.exactModels()
-	names = append(names, caller.models...)
+	keyModels, _ := caller.Models()
+	names = append(names, keyModels...)
 	slices.Sort(names)
 	names = slices.Compact(names)
 	data := make([]modelObject, 0, len(names))
@@ -476,7 +478,7 @@ type modelObject struct {
 	OwnedBy string `json:"owned_by"`
 }
 
-func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) *Caller {
+func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) *frontend.Caller {
 	if c := deferredCaller(r.Context()); c != nil {
 		return c // a deferred task's run (deferred.go)
 	}
@@ -491,7 +493,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) *Caller {
 const badKeyMessage = "Incorrect API key provided. Send a Sluice gateway key as Authorization: Bearer <key>."
 
 // callerOf returns the tenant key r authenticates with, nil for none.
-func (s *Server) callerOf(r *http.Request) *Caller {
+func (s *Server) callerOf(r *http.Request) *frontend.Caller {
 	key, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	return s.keys.Authenticate(strings.TrimSpace(key))
 }

@@ -11,7 +11,7 @@ import (
 )
 
 // upstream is one configured provider, ready to call.
-type upstream struct {
+type provider struct {
 	cfg    Upstream
 	base   string // base URL without a trailing slash
 	key    string // the provider's API key; empty for none
@@ -29,7 +29,7 @@ const (
 	coolDown      = 10 * time.Second
 )
 
-func newUpstream(u Upstream) (*upstream, error) {
+func newProvider(u Upstream) (*provider, error) {
 	u = u.withDefaults()
 	key, err := u.credential()
 	if err != nil {
@@ -49,15 +49,15 @@ func newUpstream(u Upstream) (*upstream, error) {
 		// body as sent, not ask for a compression it would then undo.
 		DisableCompression: true,
 	}
-	return &upstream{cfg: u, base: strings.TrimRight(u.BaseURL, "/"), key: key, client: &http.Client{Transport: tr}}, nil
+	return &provider{cfg: u, base: strings.TrimRight(u.BaseURL, "/"), key: key, client: &http.Client{Transport: tr}}, nil
 }
 
-func (u *upstream) healthy(now time.Time) bool { return now.UnixNano() >= u.downUntil.Load() }
+func (u *provider) healthy(now time.Time) bool { return now.UnixNano() >= u.downUntil.Load() }
 
 // succeeded and failed feed the passive health.
-func (u *upstream) succeeded() { u.fails.Store(0) }
+func (u *provider) succeeded() { u.fails.Store(0) }
 
-func (u *upstream) failed(now time.Time) {
+func (u *provider) failed(now time.Time) {
 	if u.fails.Add(1) >= failThreshold {
 		u.downUntil.Store(now.Add(coolDown).UnixNano())
 		u.fails.Store(0)
@@ -66,18 +66,18 @@ func (u *upstream) failed(now time.Time) {
 
 // routes maps a model to the upstreams that serve it.
 type routes struct {
-	exact    map[string][]*upstream
+	exact    map[string][]*provider
 	patterns []patternRoute
-	all      []*upstream
+	all      []*provider
 }
 
 type patternRoute struct {
 	pattern string
-	ups     []*upstream
+	ups     []*provider
 }
 
-func newRoutes(ups []*upstream) *routes {
-	r := &routes{exact: map[string][]*upstream{}, all: ups}
+func newRoutes(ups []*provider) *routes {
+	r := &routes{exact: map[string][]*provider{}, all: ups}
 	byPattern := map[string]int{}
 	for _, u := range ups {
 		for _, m := range u.cfg.Models {
@@ -101,7 +101,7 @@ func newRoutes(ups []*upstream) *routes {
 // model for an exact route, the pattern otherwise), which labels metrics
 // without letting callers invent label values. An exact route wins; among
 // patterns, the first listed that matches.
-func (r *routes) lookup(model string) ([]*upstream, string) {
+func (r *routes) lookup(model string) ([]*provider, string) {
 	if ups, ok := r.exact[model]; ok {
 		return ups, model
 	}
@@ -126,12 +126,12 @@ func (r *routes) exactModels() []string {
 // first, each drawn at random in proportion to its weight (so load
 // balances by weight and a failover goes elsewhere), then those cooling
 // down after failures, as a last resort.
-func order(ups []*upstream, n int, now time.Time) []*upstream {
+func order(ups []*provider, n int, now time.Time) []*provider {
 	if len(ups) == 1 {
 		return ups
 	}
-	healthy := make([]*upstream, 0, len(ups))
-	var down []*upstream
+	healthy := make([]*provider, 0, len(ups))
+	var down []*provider
 	for _, u := range ups {
 		if u.healthy(now) {
 			healthy = append(healthy, u)
@@ -139,7 +139,7 @@ func order(ups []*upstream, n int, now time.Time) []*upstream {
 			down = append(down, u)
 		}
 	}
-	out := make([]*upstream, 0, min(n, len(ups)))
+	out := make([]*provider, 0, min(n, len(ups)))
 	for len(healthy) > 0 && len(out) < n {
 		total := 0
 		for _, u := range healthy {

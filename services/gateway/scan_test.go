@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/frontend"
 )
 
 // TestScanRequestAndIncludeUsage: the top-level members are found
@@ -79,7 +81,7 @@ func FuzzScanRequest(f *testing.F) {
 // hashing and checks, and adds its own, each naming entry and field.
 func TestKeysFileNamesEveryProblem(t *testing.T) {
 	h := strings.Repeat("a", 64)
-	_, err := ParseKeys([]byte(`keys:
+	_, err := frontend.ParseKeys([]byte(`keys:
   - {id: a, sha256: ` + h + `, models: ["*"]}
   - {id: b, sha256: ` + strings.Repeat("b", 64) + `, tenant: "no spaces", models: ["*"]}
   - {id: c, sha256: ` + strings.Repeat("c", 64) + `, tenant: acme}

@@ -8,9 +8,9 @@ import (
 	"io"
 	"net/http"
 
-	"github.com/sluicehq/sluice/gateway/estimate"
-	"github.com/sluicehq/sluice/gateway/middleware"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/estimate"
+	"github.com/sluicehq/sluice/sdk/go/middleware"
 )
 
 // relayStream passes an SSE answer on event by event, each flushed as
@@ -21,7 +21,7 @@ import (
 // the provider's usage, or the prompt's count plus the text counted so
 // far when the stream ended without one — cut by the client, the
 // provider, a timeout or shutdown.
-func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.Response, up *upstream, c *call, mc *middleware.Call, strip bool, fam estimate.Family, prompt int64) {
+func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.Response, up *provider, c *call, mc *middleware.Call, strip bool, fam estimate.Family, prompt int64) {
 	rc := http.NewResponseController(w)
 	_ = rc.Flush() // the headers now: clients start their timers on them
 	st := &streamState{w: w, rc: rc, strip: strip, fam: fam, max: s.cfg.MaxStreamEventBytes}

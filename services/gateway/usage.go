@@ -3,8 +3,8 @@ package gateway
 import (
 	"encoding/json"
 
-	"github.com/sluicehq/sluice/gateway/estimate"
-	"github.com/sluicehq/sluice/gateway/middleware"
+	"github.com/sluicehq/sluice/sdk/go/estimate"
+	"github.com/sluicehq/sluice/sdk/go/middleware"
 )
 
 // wireUsage is OpenAI's usage block in both of its shapes: chat

@@ -4,11 +4,11 @@ import (
 	"context"
 	"net/http"
 
+	"github.com/sluicehq/sluice/internal/usageapi"
 	"github.com/sluicehq/sluice/platform"
-	"github.com/sluicehq/sluice/services/internal/usageapi"
 )
 
-// openUsageAPI builds GET /v1/usage (services/internal/usageapi) when it
+// openUsageAPI builds GET /v1/usage (internal/usageapi) when it
 // is enabled, reading the flags under the Checker's prefix unless
 // usage_api.key_prefix names another, and follows its policy file until
 // ctx ends or closeAPI is called. It returns a nil API when disabled.

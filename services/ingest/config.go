@@ -9,9 +9,9 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/internal/usageapi"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/internal/usageapi"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // Config is the ingest service's section of the Sluice configuration.

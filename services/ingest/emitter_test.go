@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/emitter"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/emitter"
 )
 
 // TestEmitterThroughIngestAcrossBrokerOutage is the whole gateway path: the

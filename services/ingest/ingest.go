@@ -23,10 +23,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/sluicehq/sluice/internal/usageapi"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/httpserver/hotroute"
-	"github.com/sluicehq/sluice/services/internal/usageapi"
 )
 
 // Run serves the events API on cfg.Listen until ctx is cancelled, then

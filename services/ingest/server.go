@@ -16,6 +16,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluicehq/sluice/internal/usageapi"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/httpserver/hotroute"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
@@ -24,7 +25,6 @@ import (
 	"github.com/sluicehq/sluice/services/ingest/apikey"
 	"github.com/sluicehq/sluice/services/ingest/dedup"
 	"github.com/sluicehq/sluice/services/ingest/payload"
-	"github.com/sluicehq/sluice/services/internal/usageapi"
 )
 
 // server is the events API: one per Run, or per test.

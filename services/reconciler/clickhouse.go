@@ -8,8 +8,8 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/sluicehq/sluice/internal/pricetable"
 	"github.com/sluicehq/sluice/policy"
-	"github.com/sluicehq/sluice/services/reconciler/pricetable"
 	"github.com/sluicehq/sluice/services/reconciler/schedule"
 )
 

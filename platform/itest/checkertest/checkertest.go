@@ -1,4 +1,4 @@
-// Package checkertest runs a gateway/checker Checker for tests and
+// Package checkertest runs a sdk/go/checker Checker for tests and
 // benchmarks on the real Redis — those of the services that ask one before
 // each request (sluice gateway, authz), of the enforcer that writes what it
 // reads, and the end-to-end ones: synced before it is returned and stopped
@@ -12,8 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/sdk/go/checker"
 )
 
 // Run starts a Checker with the default configuration on rdb, reading

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
+
 	"github.com/sluicehq/sluice/schemas"
 )
 

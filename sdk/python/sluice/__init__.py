@@ -8,7 +8,7 @@ The same contracts as the Go SDK (module github.com/sluicehq/sluice):
 - ``sluice.checker``: the flag Checker (docs/flags.md) and the refusals it
   answers with;
 - ``sluice.admission``: Limiter and AsyncLimiter over the shared Lua
-  scripts of gateway/admission (docs/admission.md);
+  scripts of sdk/go/admission (docs/admission.md);
 - ``sluice.policy``: the policy file's admission rules, the Go policy
   package's AdmissionRules (docs/python-sdk.md);
 - ``sluice.litellm``: a LiteLLM proxy hook built on the above

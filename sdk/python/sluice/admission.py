@@ -1,7 +1,7 @@
 """Admission: may this request go upstream now, by the limits that apply?
 
-The same counters as the Go SDK (gateway/admission): the same Redis keys,
-and the very same Lua scripts, read from ``gateway/admission/scripts`` (the
+The same counters as the Go SDK (sdk/go/admission): the same Redis keys,
+and the very same Lua scripts, read from ``sdk/go/admission/scripts`` (the
 package's ``scripts`` directory is a link to it). docs/admission.md is the
 contract. Every rule that applies to a request is checked in one
 ``admit.lua`` call, all or nothing; ``settle`` corrects the estimate with

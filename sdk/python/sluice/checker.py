@@ -1,6 +1,6 @@
 """The flag Checker: every enforcement flag in memory, checked per request
 without a network call; the contract is docs/flags.md and the Go Checker
-(gateway/checker) is the reference.
+(sdk/go/checker) is the reference.
 
 A background thread subscribes to ``<prefix>changes``, resyncs everything
 on start, after every (re)subscription and every ``resync_interval``,

@@ -1,6 +1,6 @@
 """The Emitter: usage events to Sluice's ingest API in the background.
 
-It follows the Go SDK's ``gateway/emitter``: ``emit`` never blocks the
+It follows the Go SDK's ``sdk/go/emitter``: ``emit`` never blocks the
 request path; events are batched (``batch_size`` events or every
 ``flush_interval``); a failed batch is retried with exponential back-off
 and full jitter, honouring ``Retry-After``; ``flush`` and ``close`` deliver

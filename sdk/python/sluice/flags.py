@@ -1,4 +1,4 @@
-"""The Redis layout of enforcement flags (docs/flags.md; Go: gateway/flags).
+"""The Redis layout of enforcement flags (docs/flags.md; Go: sdk/go/flags).
 
 Keys under a prefix (``sluice:flags:`` by default): ``{<tenant>}`` a hash of
 the tenant's flags, ``version``, ``changes`` (pub/sub), ``heartbeat`` and

@@ -25,7 +25,7 @@ depends on — ``limits``, ``plans``, ``defaults`` and ``tenants`` (their
 The rules and their names are the Go ones, rule for rule:
 policy/testdata/admission.rules.json is checked against both
 (``TestAdmissionRulesGolden`` in Go, tests/test_policy.py here), and the
-shared vectors (gateway/admission/testdata/vectors.json) run a case whose
+shared vectors (sdk/go/admission/testdata/vectors.json) run a case whose
 rules come from policy/testdata/admission.yaml in both languages.
 
 The other sections (prices, channels, alert tiers, breakers, budgets,

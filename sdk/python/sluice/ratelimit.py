@@ -1,4 +1,4 @@
-"""OpenAI's rate-limit formats, as the Go package gateway/ratelimit writes
+"""OpenAI's rate-limit formats, as the Go package sdk/go/ratelimit writes
 them: the x-ratelimit-* header trios (reset as a duration in Go's syntax
 rounded up to the millisecond, never a Unix time), Retry-After in whole
 seconds (at least 1) and the error body

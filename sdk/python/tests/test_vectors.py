@@ -1,4 +1,4 @@
-"""gateway/admission/testdata/vectors.json, the admission vectors the Go SDK
+"""sdk/go/admission/testdata/vectors.json, the admission vectors the Go SDK
 runs too (TestSharedVectors), against the real Redis, with the sync and
 the asyncio Limiter. A case with "policy" takes its rules from that file
 of policy/testdata, read by sluice.policy (Go reads what the Go policy
@@ -20,7 +20,7 @@ from sluice.admission import AsyncLimiter, Decision, Limiter, Request, Rules, Ti
 
 from conftest import ROOT
 
-CASES = json.loads((ROOT / "gateway" / "admission" / "testdata" / "vectors.json").read_text())["cases"]
+CASES = json.loads((ROOT / "sdk" / "go" / "admission" / "testdata" / "vectors.json").read_text())["cases"]
 
 
 def check(step: int, d: Decision, e: dict[str, Any]) -> None:

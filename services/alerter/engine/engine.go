@@ -15,10 +15,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/fifo"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/alerter/alert"
-	"github.com/sluicehq/sluice/services/internal/fifo"
 )
 
 // The engine's files: config.go its settings, signals.go the mapping of

@@ -15,8 +15,8 @@ import (
 	"encoding/hex"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // The read-only routes (GET). Each takes an optional ?tenant= filter.

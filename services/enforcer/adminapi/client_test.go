@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
 	"github.com/sluicehq/sluice/services/enforcer/internal/audit"

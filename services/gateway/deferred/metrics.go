@@ -3,7 +3,7 @@ package deferred
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluicehq/sluice/gateway/metricset"
+	"github.com/sluicehq/sluice/sdk/go/metricset"
 )
 
 // Metrics are the deferred queue's series, shared by a gateway's Queue

@@ -16,7 +16,7 @@
 //
 // Rotation is two edits: add the new key next to the old one, move the
 // gateways over, then remove the old entry. The file format's shared part
-// (ids, hashes, constant-time lookup, reloads) is services/internal/keyfile,
+// (ids, hashes, constant-time lookup, reloads) is internal/keyfile,
 // which the gateway service's tenant keys use too.
 package apikey
 
@@ -25,7 +25,7 @@ import (
 	"log/slog"
 	"slices"
 
-	"github.com/sluicehq/sluice/services/internal/keyfile"
+	"github.com/sluicehq/sluice/internal/keyfile"
 )
 
 // Key is one gateway's credential as the keys file lists it.

@@ -47,7 +47,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/services/internal/fifo"
+	"github.com/sluicehq/sluice/internal/fifo"
 )
 
 // State is what Begin found for an id.

@@ -8,10 +8,10 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/sluicehq/sluice/internal/pricetable"
 	"github.com/sluicehq/sluice/migrations/migrationtest"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/reconciler/pricetable"
 )
 
 // db opens a fresh, migrated test database.

@@ -10,11 +10,11 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/sluicehq/sluice/internal/pricetable"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/migrations/migrationtest"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/services/reconciler/costquery"
-	"github.com/sluicehq/sluice/services/reconciler/pricetable"
 )
 
 // TestCostExprIsTheViews: the usage_priced view (migration 046) and

@@ -4,9 +4,9 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // Anomaly detection.

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 const breakerPolicy = `

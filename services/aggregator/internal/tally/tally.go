@@ -38,9 +38,9 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/sluicehq/sluice/internal/fifo"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/internal/fifo"
 )
 
 // Options tune a Partition.

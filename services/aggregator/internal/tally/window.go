@@ -2,7 +2,7 @@ package tally
 
 // The one-minute quotas (tokens_per_minute, requests_per_minute) are
 // sliding windows: at most the limit in any 60 seconds of event time, the
-// definition the request path's admission rules use (gateway/admission's
+// definition the request path's admission rules use (sdk/go/admission's
 // sliding window), so that a gateway refusing before the call and the
 // aggregator flagging after it agree on what a minute is. A calendar
 // minute would let close to twice the limit pass across its boundary.

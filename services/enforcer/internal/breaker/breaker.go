@@ -14,9 +14,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // Key identifies one breaker.

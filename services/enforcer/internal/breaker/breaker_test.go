@@ -4,9 +4,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 const policyYAML = `

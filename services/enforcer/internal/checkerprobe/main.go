@@ -17,8 +17,8 @@ import (
 	"os/signal"
 	"time"
 
-	"github.com/sluicehq/sluice/gateway/checker"
 	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/sdk/go/checker"
 )
 
 func main() {

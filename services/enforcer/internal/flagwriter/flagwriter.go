@@ -1,5 +1,5 @@
 // Package flagwriter writes the enforcer's flags to Redis in the layout of
-// gateway/flags, coalescing changes: tenants whose flags changed join a
+// sdk/go/flags, coalescing changes: tenants whose flags changed join a
 // bounded dirty set that is flushed every few milliseconds as two
 // pipelines per batch (the hashes, then the announcements), so a burst of
 // signals costs a handful of round trips. It also refreshes every flag
@@ -36,7 +36,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/gateway/flags"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // Source is where the writer reads the flags it writes.

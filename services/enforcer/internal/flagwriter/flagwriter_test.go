@@ -11,9 +11,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 type noFlags struct{}

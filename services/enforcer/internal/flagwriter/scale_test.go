@@ -12,9 +12,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/gateway/flags"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // flagged is a Source of n tenants with one hard-quota flag each, Until

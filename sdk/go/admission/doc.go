@@ -1,0 +1,216 @@
+// Package admission decides, before an LLM call is made, whether the limits
+// that apply to it let it through: the synchronous half of Sluice, next to
+// the flags the Checker reads for free. Every rule that applies to a request
+// is checked in one Redis round trip, all or nothing; the estimate debited
+// then is corrected once the call is over; busy rules are served from local
+// leases with no round trip at all; and when Redis does not answer within a
+// few milliseconds each tenant's fail mode decides.
+//
+//	l, err := admission.New(client, rules, admission.WithRegisterer(reg))
+//	...
+//	tk, err := l.Admit(ctx, admission.Request{ID: eventID, Tenant: "acme", Model: "gpt-4o",
+//		User: user, Key: keyID, Endpoint: "/v1/chat/completions",
+//		PromptTokens: est.Prompt, CompletionTokens: est.Completion})
+//	if err != nil { ... } // a request admission cannot judge
+//	if !tk.Allowed() {
+//		admission.WriteRefusal(w, tk.Decision) // 429 (or 503), Retry-After, OpenAI error body
+//		return
+//	}
+//	admission.WriteHeaders(w.Header(), tk.Decision) // x-ratelimit-* on the 200
+//	usage := callUpstream(...)
+//	tk.Settle(ctx, admission.Usage{PromptTokens: usage.Prompt, CompletionTokens: usage.Completion})
+//
+// The policy file's limits section (package policy, server side) produces
+// Rules with Policy.AdmissionRules; SetRules swaps them on a reload.
+//
+// # Rules
+//
+// A Rule has a scope (any combination of upstream, tenant, model, user, API
+// key and endpoint: a dimension is left out, fixed to a value, or Each for a
+// counter per distinct value; no dimension at all is global), a unit
+// (requests, prompt, completion or total tokens), an algorithm and a limit:
+//
+//   - TokenBucket: starts full at Limit (the burst) and refills at Rate units
+//     per second; a refusal's retry-after is the deficit divided by the rate.
+//   - SlidingWindow: at most Limit units in any Window. The window is cut
+//     into Granules (60) granules and counts every granule that overlaps
+//     the last Window, so it may refuse up to one granule early and never
+//     admits more than Limit in any true window of that length. A
+//     refusal's retry-after is when enough of the oldest granules leave.
+//
+// Rules.Shared are rules no tenant owns (a platform-wide TPM, a provider
+// account's RPM, a per-user limit across tenants); Rules.Tenants[id] and
+// Rules.Default are one tenant's own, each tenant with counters of its own.
+// Shared rules are checked first, in order, then the tenant's: the rule a
+// refusal names is the first that refuses. A request debits 1 from a
+// requests rule and its estimate (at least 1) from a tokens rule.
+// Rule.Reserve keeps a share of a limit for critical and high priority
+// requests (such rules run without leases).
+//
+// # Layout
+//
+// One Redis key per rule instance (a rule and the values of its scope),
+// with a hash tag of its own, so that instances spread over a Cluster:
+//
+//	<prefix>{s:<rule>|<dim>=<value>...}:<algorithm>:<unit>    shared rule
+//	<prefix>{t:<tenant>:<rule>|<dim>=<value>...}:<algorithm>:<unit>    tenant rule
+//
+// with prefix DefaultPrefix ("sluice:adm:") unless WithPrefix, dims in the
+// order upstream, tenant, model, user, key, endpoint, and the characters
+// % | = : { } of names and values percent-encoded (%7C), so no two scopes
+// share a key and a value cannot move the hash tag. For example
+// sluice:adm:{s:platform-tpm}:sliding_window:total_tokens and
+// sluice:adm:{t:acme:per-user|user=bob}:token_bucket:requests.
+//
+//	token bucket     hash  t = tokens left (may be below 0 after a charge),
+//	                       ts = Redis ms of the last update;
+//	                       PEXPIRE = time to refill completely + 1 s (an
+//	                       absent key is a full bucket)
+//	sliding window   hash  <granule index> = units debited in that granule
+//	                       (index = Redis ms / granule length);
+//	                       PEXPIRE = window + one granule + 1 s
+//	settle marker    string  <instance key>:settled:<request id> = "1",
+//	                       PEXPIRE WithSettleTTL (10 min); one per slot group
+//	                       of a settlement
+//
+// All times are Redis's own (TIME in the scripts), so gateways' clocks do
+// not matter.
+//
+// # Scripts
+//
+// The two Lua scripts are files in this package, scripts/admit.lua and
+// scripts/adjust.lua, embedded here (AdmitScript, AdjustScript) and meant to
+// be loaded by every other SDK from the same files; each file's header
+// states its KEYS and ARGV layout and its reply. admit.lua checks every
+// instance it is given and only then debits them (plus any lease granted),
+// so a refusal by the last rule leaves no debit on the first. adjust.lua
+// applies signed corrections without a check, optionally guarded by a
+// marker key for idempotency. Both run with EVALSHA, falling back to EVAL
+// when Redis does not have them cached (redis.Script).
+//
+// # Redis Cluster
+//
+// Instances of one request usually live in different slots, and a script
+// may only touch keys of one slot. Admit groups the instances by slot and
+// sends one admit.lua per group, in one pipeline that go-redis sends to the
+// nodes in parallel: one round trip. Each group is atomic on its own; across
+// groups the request is all or nothing by compensation: when any group
+// refuses, the groups that debited are refunded (adjust.lua) before Admit
+// returns. What that gives up, and only on a Cluster and only for a
+// refusal: the refusal costs a second round trip; between the two, the
+// refunded units look spent to other requests, which may be refused in
+// that instant (never over-admitted); and a rule in another slot can debit
+// before a rule that refuses (its debit is refunded; on one slot, as on a
+// standalone Redis, the refusing rule is seen before any debit). A refund
+// Redis does not take is queued and retried like any pending correction,
+// and until then errs on the side of refusing. Settlement sends one marker
+// per slot group, so it is exactly once in every slot.
+//
+// # Estimate then settle
+//
+// Admit debits the estimate. Ticket.Settle charges or refunds the
+// difference with the real usage, once: the ticket records that it ran,
+// and corrections sent to Redis carry the request id in a marker, so a
+// retried Settle (also from a copy of the ticket, or a replay after a
+// timeout) is applied once. A refund of a window goes to the granule the
+// estimate was debited in, and is dropped once that granule has left the
+// window; a charge goes to the current granule.
+//
+// # Leases
+//
+// For a busy rule instance a gateway asks Redis, along with a debit it
+// sends anyway, for a lease: about WithLeaseHorizon (100 ms) of the
+// instance's observed admission rate, such that the gateway never holds
+// more than WithLeaseFraction (1%) of the limit. Redis debits the lease with
+// the request (only from what is left: a lease never makes a request
+// refused) and the gateway spends it in memory, lock-free: an admission
+// whose rules are all covered by leases makes no network call and no
+// allocation. When a lease falls below half, a background renewer tops it
+// up (one pipelined round trip for every instance waiting), so busy
+// admissions do not wait for renewals either. The unused rest goes back to
+// Redis when the lease expires (WithLeaseTTL, 1 s, at most a quarter of a
+// window), when a window's lease is renewed in a later granule (to the
+// granule it was debited in), and on Close. One renewal per instance is in
+// flight at a time; instances not busy enough to fill a lease of two
+// requests take none, and so do Exact rules, rules with a Reserve, and
+// rules whose cap is below 4 units.
+//
+// The bound. A lease is debited before it is spent, so Redis never counts
+// less than was admitted at the time it was admitted; what a lease adds is
+// a time shift: units counted when the lease was taken are spent up to a
+// TTL later, after the window may have moved on (or the bucket refilled).
+// So over any window (any bucket interval) the units admitted exceed the
+// limit by at most what the gateways held unspent at its start, and a
+// gateway never holds more than its cap: with G gateways, overshoot ≤ G ×
+// WithLeaseFraction × limit (8% for 8 gateways at the default 1%). What a
+// gateway gives back when a call is settled below its estimate goes into
+// the same lease only up to the cap, or to Redis, to the granule the
+// lease was debited in (never a later one, which would let the window
+// forget usage early). In practice overshoot is the lease rests
+// outstanding at a window's edge; BenchmarkAdmissionOvershoot measures it
+// (admission_overshoot_lease_ratio). Exact rules add no overshoot: Redis
+// decides every admission. In both modes an estimate below the real usage
+// lets its shortfall through until it is charged at settlement: estimates
+// should carry a margin.
+//
+// The lease path reads a coarse clock (kept by the background loop every
+// WithProbeInterval and by every Redis-path admission), so lease expiry,
+// idleness and header resets are as precise as that; one admission in 64
+// reads the real clock to sample the lease path's latency.
+//
+// # Failure
+//
+// Admit and Settle wait at most WithMaxWait (5 ms) for Redis; the client
+// must have ContextTimeoutEnabled for the bound to reach the socket, which
+// New checks. A call that fails or times out marks Redis unreachable: from
+// then on admissions do not call it (so they cost microseconds, not the
+// bound) until a probe (WithProbeInterval, 50 ms) gets a PING back within
+// the bound. Meanwhile each request follows its tenant's fail mode:
+//
+//   - FailOpen: a local in-memory limiter per rule instance enforces the same
+//     rules with limit and rate divided by WithGatewayCount, starting from
+//     Redis's last word on the instance (remaining / gateways). Its debits,
+//     and settlements of the tickets it admitted, are kept and sent to
+//     Redis as corrections (adjust.lua) once it is back, before the
+//     Limiter trusts Redis again: reconciled, not forgotten.
+//   - FailClosed: refused, Path PathUnavailable, HTTP 503 with the cause.
+//
+// Leases already held keep being spent. Settlements that cannot reach
+// Redis are queued with their request id and replayed exactly once.
+//
+// Memory is bounded: WithMaxInstances rule instances and as many request
+// shapes (beyond them requests are still decided by Redis, without leases,
+// and without a persistent local limit while Redis is away); WithMaxPending
+// corrections waiting for Redis, merged per instance and granule (beyond
+// it a correction is dropped and counted, and Settle reports
+// ErrBacklogFull). Instances unused for WithIdleTTL are forgotten after
+// returning their leases.
+//
+// # Answers
+//
+// A Decision names the refusing rule exactly (name, scope values, unit,
+// algorithm, limit, window or rate, requested, available, retry-after, or
+// Never when the request exceeds the limit itself) and carries the
+// headroom of the tightest requests rule and tokens rule. Through
+// sdk/go/ratelimit (the SDK's one rate-limit format), WriteHeaders sets
+// OpenAI's x-ratelimit-limit/remaining/reset-requests and -tokens headers
+// (reset as a Go duration, "1s", "6m0s") on admitted answers (Headers
+// gives the trios to a caller merging them with other limiters'), and
+// WriteRefusal writes a refusal: 429 (503 fail-closed), the same headers,
+// Retry-After in seconds and an OpenAI error body (type "tokens" or
+// "requests", code "rate_limit_exceeded"; Error builds it) whose "sluice"
+// object names the rule.
+//
+// # Metrics
+//
+// With WithRegisterer: sluice_admission_requests_total{result},
+// sluice_admission_rule_decisions_total{rule,result},
+// sluice_admission_duration_seconds{path}, sluice_admission_leases_total
+// and sluice_admission_lease_units_total{event=taken|returned},
+// sluice_admission_fail_mode_decisions_total{mode,result},
+// sluice_admission_redis_roundtrips_total, sluice_admission_redis_errors_total,
+// sluice_admission_settlements_total{result},
+// sluice_admission_reconciled_units_total and
+// sluice_admission_reconcile_dropped_total. deploy/prometheus/rules
+// alerts on a denial rate above 5% over 5 minutes.
+package admission

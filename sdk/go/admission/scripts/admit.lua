@@ -1,0 +1,127 @@
+-- admit.lua: check every rule of one admission, then debit all of them or
+-- none. Shared by every Sluice SDK; the layout below is a contract, see the
+-- package documentation of sdk/go/admission ("Scripts").
+--
+-- KEYS[i]  state of rule instance i: a token bucket hash {t = tokens,
+--          ts = ms of the last update} or a sliding window hash
+--          {<granule index> = units debited in that granule}.
+-- ARGV[1]  n, the number of rules (= #KEYS)
+-- then 7 values per rule; rule i starts at ARGV[2 + (i-1)*7]:
+--   kind     "b" token bucket, "w" sliding window
+--   limit    bucket: burst (capacity); window: most units in one window
+--   rate     bucket: refill in units per ms; window: length in ms
+--   granule  bucket: 0; window: granule length in ms
+--   need     units this request debits (at least 1)
+--   want     further units the caller asks for as a local lease (0: none)
+--   floor    units this request must leave untouched (a priority reserve)
+--
+-- Every rule is checked before any is debited, so a refusal by rule i
+-- leaves no debit anywhere (expired window granules are deleted on the way:
+-- that changes no count).
+--
+-- Reply, every rule admits:  {1, now_ms, then per rule: remaining, grant, reset_ms}
+--   remaining  units left after this debit and the lease (not below 0)
+--   grant      lease units debited on top of need (0 <= grant <= want)
+--   reset_ms   ms until the rule is back to its full limit
+-- Reply, rule i refuses:     {0, now_ms, i, available, retry_ms}
+--   retry_ms   ms until need fits; -1 if it never fits (need > limit - floor)
+local n = tonumber(ARGV[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local st = {}
+
+for i = 1, n do
+  local b = 2 + (i - 1) * 7
+  local kind, limit, rate = ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  local need, floor = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 6])
+  local key = KEYS[i]
+  if kind == 'b' then
+    local v = redis.call('HMGET', key, 't', 'ts')
+    local tokens, ts = tonumber(v[1]), tonumber(v[2])
+    if tokens == nil or ts == nil then
+      tokens = limit
+    elseif now > ts then
+      tokens = math.min(limit, tokens + (now - ts) * rate)
+    end
+    local avail = tokens - floor
+    if need > avail then
+      local retry = -1
+      if need <= limit - floor then
+        retry = math.ceil((need - avail) / rate)
+      end
+      return {0, math.floor(now), i, math.floor(math.max(avail, 0)), retry}
+    end
+    st[i] = tokens
+  else
+    local gran = tonumber(ARGV[b + 3])
+    local oldest = math.floor((now - rate) / gran)
+    local h = redis.call('HGETALL', key)
+    local used, dead = 0, {}
+    for j = 1, #h, 2 do
+      if tonumber(h[j]) < oldest then
+        dead[#dead + 1] = h[j]
+      else
+        used = used + tonumber(h[j + 1])
+      end
+    end
+    if #dead > 0 then
+      redis.call('HDEL', key, unpack(dead))
+    end
+    local avail = limit - used - floor
+    if need > avail then
+      local retry = -1
+      if need <= limit - floor then
+        -- The oldest granules leave first; granule g stops counting at
+        -- (g+1)*gran + length.
+        local live = {}
+        for j = 1, #h, 2 do
+          local g = tonumber(h[j])
+          if g >= oldest then
+            live[#live + 1] = {g, tonumber(h[j + 1])}
+          end
+        end
+        table.sort(live, function(x, y) return x[1] < y[1] end)
+        local freed = 0
+        for _, e in ipairs(live) do
+          freed = freed + e[2]
+          if need <= avail + freed then
+            retry = math.max(0, math.ceil((e[1] + 1) * gran + rate - now))
+            break
+          end
+        end
+      end
+      return {0, math.floor(now), i, math.floor(math.max(avail, 0)), retry}
+    end
+    st[i] = used
+  end
+end
+
+local out = {1, math.floor(now)}
+for i = 1, n do
+  local b = 2 + (i - 1) * 7
+  local kind, limit, rate = ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  local need, want, floor = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6])
+  local key = KEYS[i]
+  if kind == 'b' then
+    local tokens = st[i]
+    local grant = math.max(0, math.min(want, math.floor(tokens - floor - need)))
+    tokens = tokens - need - grant
+    redis.call('HSET', key, 't', string.format('%.6f', tokens), 'ts', string.format('%.3f', now))
+    local full = math.ceil((limit - tokens) / rate)
+    redis.call('PEXPIRE', key, full + 1000)
+    out[#out + 1] = math.floor(math.max(tokens, 0))
+    out[#out + 1] = grant
+    out[#out + 1] = full
+  else
+    local gran = tonumber(ARGV[b + 3])
+    local used = st[i]
+    local grant = math.max(0, math.min(want, limit - floor - used - need))
+    local cur = math.floor(now / gran)
+    redis.call('HINCRBY', key, string.format('%d', cur), string.format('%d', need + grant))
+    redis.call('PEXPIRE', key, rate + gran + 1000)
+    out[#out + 1] = math.max(0, limit - used - need - grant)
+    out[#out + 1] = grant
+    out[#out + 1] = math.max(0, math.ceil((cur + 1) * gran + rate - now))
+  end
+end
+return out
