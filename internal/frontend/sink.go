@@ -127,7 +127,14 @@ func NewEmitter(cfg EventSink, service string, env platform.Env) (*emitter.Emitt
 	case SinkNone:
 		return nil, closeSender, nil
 	case SinkKafka:
-		ks, err := emitter.NewKafkaSender(env.Kafka, cfg.Topic)
+		if len(env.Kafka.Brokers) == 0 {
+			return nil, nil, errors.New("usage.sink kafka: kafka.brokers is empty; name the brokers or use sink ingest")
+		}
+		kopts, err := env.Kafka.Options()
+		if err != nil {
+			return nil, nil, err
+		}
+		ks, err := emitter.NewKafkaSender(cfg.Topic, kopts...)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -20,9 +20,6 @@ const sdkPackages = "github.com/sluicehq/sluice/sdk/go/..."
 var allowedSluice = []string{
 	"github.com/sluicehq/sluice/sdk/go",
 	"github.com/sluicehq/sluice/schemas",
-	"github.com/sluicehq/sluice/platform/kafkaconn",
-	// Client TLS and password settings for kafkaconn; standard library only.
-	"github.com/sluicehq/sluice/platform/tlsconfig",
 }
 
 // forbidden are third-party packages only servers need.

@@ -8,7 +8,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/schemas/eventjson"
 )
@@ -23,10 +22,13 @@ type KafkaSender struct {
 	header []kgo.RecordHeader
 }
 
-// NewKafkaSender connects to cfg's brokers and produces to topic
-// (schemas.TopicUsageV1 in production). extra options come last.
-func NewKafkaSender(cfg kafkaconn.Config, topic string, extra ...kgo.Opt) (*KafkaSender, error) {
-	opts := append([]kgo.Opt{
+// NewKafkaSender produces to topic (schemas.TopicUsageV1 in production)
+// through a franz-go client made of opts, which name the brokers and the
+// connection (kgo.SeedBrokers, kgo.DialTLSConfig, kgo.SASL, kgo.ClientID);
+// they come after the sender's own producer settings, so they may change
+// them.
+func NewKafkaSender(topic string, opts ...kgo.Opt) (*KafkaSender, error) {
+	all := append([]kgo.Opt{
 		kgo.DefaultProduceTopic(topic),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerLinger(5 * time.Millisecond),
@@ -36,10 +38,10 @@ func NewKafkaSender(cfg kafkaconn.Config, topic string, extra ...kgo.Opt) (*Kafk
 		// it and sending it again would risk a duplicate. The emitter's
 		// buffer bound caps what waits.
 		kgo.RecordDeliveryTimeout(0),
-	}, extra...)
-	cl, err := kafkaconn.NewClient(cfg, opts...)
+	}, opts...)
+	cl, err := kgo.NewClient(all...)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("emitter: Kafka client: %w", err)
 	}
 	return &KafkaSender{cl: cl, header: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaUsageV1)}}}, nil
 }

@@ -32,7 +32,7 @@ func TestKafkaSenderDeliversAcrossBrokerOutage(t *testing.T) {
 	if err := kafkaconn.EnsureTopics(ctx, admin, kc, topic); err != nil {
 		t.Fatal(err)
 	}
-	sender, err := NewKafkaSender(kc, topic, kgo.Dialer(proxy.Dial))
+	sender, err := NewKafkaSender(topic, kgo.SeedBrokers(kc.Brokers...), kgo.Dialer(proxy.Dial))
 	if err != nil {
 		t.Fatal(err)
 	}
