@@ -124,7 +124,7 @@ var builtin = Tenant{
 	FailMode:        FailOpen,
 	AlertTiers:      DefaultAlertTiers(),
 	Channels:        []string{"alertmanager"},
-	Priority:        "normal",
+	Priority:        schemas.PriorityNormal,
 	BurstMultiplier: 1,
 	MaxModels:       DefaultMaxModels,
 	Models:          map[string]ModelQuota{},
@@ -148,8 +148,7 @@ const (
 )
 
 var (
-	tenantID   = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
-	priorities = map[string]bool{"critical": true, "high": true, "normal": true, "low": true}
+	tenantID = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
 )
 
 // Parse parses and validates a policy document. filename is used in error
@@ -388,10 +387,10 @@ func (v *validator) tenant(path string, raw rawTenant, base *Tenant) *Tenant {
 		v.checkRefs(path+".channels", raw.Channels)
 	}
 	if raw.Priority != "" {
-		if !priorities[raw.Priority] {
-			v.fail(path+".priority", "%q is not one of critical, high, normal, low", raw.Priority)
+		if !schemas.Priority(raw.Priority).Valid() {
+			v.fail(path+".priority", "%q is not one of %s", raw.Priority, schemas.PriorityNames)
 		}
-		t.Priority = raw.Priority
+		t.Priority = schemas.Priority(raw.Priority)
 	}
 	if raw.BurstMultiplier != nil {
 		if *raw.BurstMultiplier < 1 || *raw.BurstMultiplier > MaxBurst {

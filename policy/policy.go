@@ -147,7 +147,7 @@ type Tenant struct {
 	FailMode        FailMode
 	AlertTiers      []int
 	Channels        []string
-	Priority        string
+	Priority        schemas.Priority
 	BurstMultiplier float64
 	// MaxModels is how many distinct models are counted on their own; see
 	// "Model cardinality".

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/concurrency"
 	"github.com/sluicehq/sluice/sdk/go/priority"
 	"github.com/sluicehq/sluice/sdk/go/upstream"
@@ -76,7 +77,7 @@ type Reserved struct {
 	Capacity   int64
 	Saturation float64
 	// Shares by class; they add up to at most 1.
-	Shares map[priority.Class]float64
+	Shares map[schemas.Priority]float64
 }
 
 type rawUpstream struct {
@@ -214,7 +215,7 @@ func (v *validator) upstreams(raw map[string]rawUpstream) map[string]Upstream {
 }
 
 func (v *validator) reserved(p, unit string, capacity int64, saturation *float64, shares map[string]float64) *Reserved {
-	r := &Reserved{Unit: unit, Capacity: capacity, Saturation: 0.8, Shares: map[priority.Class]float64{}}
+	r := &Reserved{Unit: unit, Capacity: capacity, Saturation: 0.8, Shares: map[schemas.Priority]float64{}}
 	switch unit {
 	case ReserveConcurrency:
 		if capacity < 0 || capacity > 1_000_000 {
@@ -235,9 +236,9 @@ func (v *validator) reserved(p, unit string, capacity int64, saturation *float64
 	}
 	sum := 0.0
 	for _, name := range sortedKeys(shares) {
-		c, err := priority.Parse(name)
+		c, err := schemas.ParsePriority(name)
 		if err != nil {
-			v.fail(p+".shares."+name, "%q is not one of critical, high, normal, low", name)
+			v.fail(p+".shares."+name, "%q is not one of %s", name, schemas.PriorityNames)
 			continue
 		}
 		s := shares[name]
@@ -289,15 +290,9 @@ func (p *Policy) UpstreamNames() []string { return sortedKeys(p.upstreams) }
 // order to try them; nil when the file names none.
 func (p *Policy) Fallbacks(model string) []string { return p.fallbacks[model] }
 
-// Class is the tenant's priority class (priority.Default when the policy
-// names none).
-func (t *Tenant) Class() priority.Class {
-	c, err := priority.Parse(t.Priority)
-	if err != nil {
-		return priority.Default
-	}
-	return c
-}
+// Class is the tenant's priority class (schemas.PriorityNormal when the
+// policy names none).
+func (t *Tenant) Class() schemas.Priority { return t.Priority.OrDefault() }
 
 // Algorithm returns the concurrency algorithm u's mode names, starting at
 // u.Limit within u.Min..u.Max.

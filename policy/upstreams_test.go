@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/concurrency"
-	"github.com/sluicehq/sluice/sdk/go/priority"
 )
 
 func TestUpstreamsFallbacksAndClasses(t *testing.T) {
@@ -30,12 +30,12 @@ fallbacks:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Tenant("vip").Class() != priority.Critical || p.Tenant("plain").Class() != priority.Normal || p.Tenant("new").Class() != priority.Normal {
+	if p.Tenant("vip").Class() != schemas.PriorityCritical || p.Tenant("plain").Class() != schemas.PriorityNormal || p.Tenant("new").Class() != schemas.PriorityNormal {
 		t.Errorf("classes: vip %v, plain %v, unnamed %v", p.Tenant("vip").Class(), p.Tenant("plain").Class(), p.Tenant("new").Class())
 	}
 	u, ok := p.Upstream("openai")
 	if !ok || !u.Shared || u.Mode != ModeThreshold || u.Limit != 40 || u.MaxWaiting != 200 || u.MaxWait != 5*time.Second ||
-		u.Levels != [3]float64{0.6, 0.8, 0.95} || u.Reserved == nil || u.Reserved.Shares[priority.Critical] != 0.5 || u.Reserved.Capacity != 600 {
+		u.Levels != [3]float64{0.6, 0.8, 0.95} || u.Reserved == nil || u.Reserved.Shares[schemas.PriorityCritical] != 0.5 || u.Reserved.Capacity != 600 {
 		t.Fatalf("openai: %+v", u)
 	}
 	if alg, err := u.Algorithm(); err != nil || alg.Limit() != 40 {

@@ -1,6 +1,11 @@
 package schemas
 
-import "time"
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
 
 // Topic names. The name carries the schema's major version; see the package
 // documentation, section "Versioning", for when a v2 topic appears.
@@ -183,29 +188,96 @@ func (o Outcome) Valid() bool {
 	return false
 }
 
-// Priority is a request's priority class. Quota policies may reserve
-// capacity for higher classes and shed lower ones first.
+// Priority is a request's priority class: the one type for it in usage
+// events, the SDK (admission reserves, priority queues, upstream guards),
+// sluice gateway, the forward-auth service and the policy. Quota policies
+// may reserve capacity for higher classes and shed lower ones first. The
+// empty Priority means "not set": the tenant's default.
+//
+// Classes are ordered by Rank (Low < Normal < High < Critical); compare
+// ranks, never the strings.
 type Priority string
 
-// The priority classes a usage event may carry. The empty Priority means the
-// tenant's default.
+// The priority classes, each name spelled here only.
 const (
-	// PriorityCritical is traffic that is shed last.
+	// PriorityCritical is traffic that is shed last and served first.
 	PriorityCritical Priority = "critical"
 	// PriorityHigh is interactive traffic.
 	PriorityHigh Priority = "high"
-	// PriorityNormal is the usual class.
+	// PriorityNormal is the usual class, and the default of a tenant whose
+	// policy names none.
 	PriorityNormal Priority = "normal"
 	// PriorityLow is batch or background traffic, shed first.
 	PriorityLow Priority = "low"
 )
 
+// NumPriorities is the number of classes; Priority.Index maps them onto
+// 0..NumPriorities-1 for arrays indexed by class.
+const NumPriorities = 4
+
+// Priorities lists the classes, least important first (Index order).
+var Priorities = [NumPriorities]Priority{PriorityLow, PriorityNormal, PriorityHigh, PriorityCritical}
+
+// PriorityNames is "critical, high, normal, low", for messages that list
+// the classes.
+var PriorityNames = string(PriorityCritical) + ", " + string(PriorityHigh) + ", " + string(PriorityNormal) + ", " + string(PriorityLow)
+
 // Valid reports whether p is one of the defined classes. The empty Priority
 // is not valid here, but UsageEvent.Validate accepts it as "default".
-func (p Priority) Valid() bool {
+func (p Priority) Valid() bool { return p.Rank() > 0 }
+
+// Rank orders the classes: 1 for low up to 4 for critical, and 0 for the
+// empty or an unknown Priority, so that p.Rank() >= PriorityHigh.Rank()
+// reads as "high or above".
+func (p Priority) Rank() int {
 	switch p {
-	case PriorityCritical, PriorityHigh, PriorityNormal, PriorityLow:
-		return true
+	case PriorityLow:
+		return 1
+	case PriorityNormal:
+		return 2
+	case PriorityHigh:
+		return 3
+	case PriorityCritical:
+		return 4
 	}
-	return false
+	return 0
+}
+
+// Index is p's position in arrays of NumPriorities (low 0 … critical 3).
+// It panics on an invalid class, which would otherwise corrupt a
+// neighbour's counters.
+func (p Priority) Index() int {
+	r := p.Rank()
+	if r == 0 {
+		panic(fmt.Sprintf("schemas: Index of invalid priority %q", string(p)))
+	}
+	return r - 1
+}
+
+// OrDefault is p, or PriorityNormal when p is empty or unknown.
+func (p Priority) OrDefault() Priority {
+	if p.Rank() == 0 {
+		return PriorityNormal
+	}
+	return p
+}
+
+// ErrUnknownPriority is wrapped by every error about a priority name that
+// is not one of the four.
+var ErrUnknownPriority = errors.New("not one of " + PriorityNames)
+
+// ParsePriority reads a class name, ignoring case and surrounding spaces
+// (a header written "High" means high). An empty or unknown name is an
+// error wrapping ErrUnknownPriority that quotes at most its first 32 bytes.
+func ParsePriority(s string) (Priority, error) {
+	t := strings.TrimSpace(s)
+	for _, p := range Priorities {
+		if strings.EqualFold(t, string(p)) {
+			return p, nil
+		}
+	}
+	if len(t) > 32 {
+		t = t[:32] + "…"
+	}
+	return "", fmt.Errorf("priority %q: %w", t, ErrUnknownPriority)
 }

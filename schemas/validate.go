@@ -100,7 +100,7 @@ func (e *UsageEvent) ValidateFields(errs *ValidationError, prefix string, skip E
 	}
 	if skip&FieldPriority == 0 && e.Priority != "" && !e.Priority.Valid() {
 		errs.Add(prefix, "priority", fmt.Sprintf(
-			"is %q; use one of critical, high, normal, low, or leave it out", string(e.Priority)))
+			"is %q; use one of %s, or leave it out", string(e.Priority), PriorityNames))
 	}
 	checkOptional(errs, prefix, "user", e.User, skip&FieldUser != 0)
 	checkOptional(errs, prefix, "api_key_id", e.APIKeyID, skip&FieldAPIKeyID != 0)

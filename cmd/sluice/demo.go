@@ -31,6 +31,7 @@ import (
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/checker"
 	"github.com/sluicehq/sluice/services/alerter/alert"
 	"github.com/sluicehq/sluice/services/enforcer/adminapi"
@@ -61,7 +62,8 @@ var demoTenants = []loadgen.Tenant{
 
 // demoPriority is each demo tenant's class in deploy/demo/policy.yaml,
 // for the live view.
-var demoPriority = map[string]string{"runaway": "normal", "acme": "high", "trial": "normal", "vip": "critical", "batch": "low"}
+var demoPriority = map[string]schemas.Priority{"runaway": schemas.PriorityNormal, "acme": schemas.PriorityHigh, "trial": schemas.PriorityNormal,
+	"vip": schemas.PriorityCritical, "batch": schemas.PriorityLow}
 
 // The premium model's upstream capacity in the demo: 8 calls in flight,
 // 400 ms each; past it every call slows in proportion.
@@ -506,7 +508,7 @@ func (s *demoSource) Rows(ctx context.Context) ([]dashboard.Row, error) {
 		}
 		c := s.gen.Counts(t.Name)
 		r.Served, r.Refused, r.Fallback = c.OK.Load(), c.Quota429.Load()+c.Breaker503.Load(), c.Fallback.Load()
-		r.Priority = demoPriority[t.Name]
+		r.Priority = string(demoPriority[t.Name])
 		r.Admitted, r.AdmissionRefused, r.RefusedBy = s.admissions.of(t.Name)
 		r.Alerts = alerts[t.Name]
 		out = append(out, r)

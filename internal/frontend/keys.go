@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/keyfile"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/priority"
 )
 
 // keyEntry is one tenant API key as the gateway's keys file lists it:
@@ -59,6 +60,25 @@ type Caller struct {
 // Models lists the model names and patterns the key may use; any is true
 // for a key that may use every model (models: ["*"]), and names is then nil.
 func (c *Caller) Models() (names []string, any bool) { return c.models, c.anyModel }
+
+// PriorityOf is the class a request of c runs under (priority.Effective):
+// the key's own priority if its entry names one, else tenantClass (the
+// policy's class of the key's tenant; empty is normal), moved by header
+// (the request's priority.Header) — lowered by any caller, raised only by
+// a key with may_set_priority. A nil c is a caller some proxy in front
+// authenticated and named by header: its header is taken as given.
+func (c *Caller) PriorityOf(tenantClass schemas.Priority, header string) (schemas.Priority, error) {
+	base, g := tenantClass, priority.Grant{Max: schemas.PriorityCritical}
+	if c != nil {
+		if c.Priority != "" {
+			base = c.Priority // ParseKeys validated it
+		}
+		if !c.MaySetPriority {
+			g.Max = ""
+		}
+	}
+	return priority.Effective(base, header, g)
+}
 
 // MayUse reports whether the key may call model.
 func (c *Caller) MayUse(model string) bool {

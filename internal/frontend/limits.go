@@ -23,7 +23,7 @@ type LimiterAdmitter struct{ L *admission.Limiter }
 // Admit implements Admitter.
 func (a LimiterAdmitter) Admit(ctx context.Context, req AdmitRequest) Admission {
 	t, err := a.L.Admit(ctx, admission.Request{ID: req.EventID, Tenant: req.Tenant, Model: req.Model, User: req.User,
-		Key: req.APIKeyID, Endpoint: req.Endpoint, Priority: admission.ParsePriority(string(req.Priority)),
+		Key: req.APIKeyID, Endpoint: req.Endpoint, Priority: req.Priority,
 		PromptTokens: req.EstimatePrompt, CompletionTokens: req.EstimateCompletion})
 	if err != nil {
 		// A request the limiter cannot judge names the bound it broke.

@@ -3,6 +3,7 @@ package authz
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/checker"
 	"github.com/sluicehq/sluice/sdk/go/middleware"
+	"github.com/sluicehq/sluice/sdk/go/priority"
 	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 )
 
@@ -264,15 +266,16 @@ func (s *Server) identify(r *http.Request) (call, *refusal) {
 		param := "model"
 		return c, &refusal{status: http.StatusForbidden, by: byKey, err: ratelimit.Error{Type: "invalid_request_error", Code: "model_not_allowed", Message: msg, Param: &param}}
 	}
-	if p := headerValue(r, hn.Priority); p != "" {
+	if caller != nil || headerValue(r, hn.Priority) != "" {
+		p, err := caller.PriorityOf("", headerValue(r, hn.Priority))
 		switch {
-		case !schemas.Priority(p).Valid():
-			return c, badRequest("invalid_priority", fmt.Sprintf("%s: %q is not one of critical, high, normal, low.", hn.Priority, p))
-		case caller != nil && !caller.MaySetPriority:
+		case errors.Is(err, priority.ErrRaiseNotAllowed):
 			return c, &refusal{status: http.StatusForbidden, by: byKey, err: ratelimit.Error{Type: "permission_denied", Code: "priority_not_allowed",
-				Message: fmt.Sprintf("The API key %s may not set its priority (%s); ask for may_set_priority in the gateway's keys file.", caller.KeyID, hn.Priority)}}
+				Message: fmt.Sprintf("%v. The API key %s may only lower its priority; ask for may_set_priority in the gateway's keys file.", err, caller.KeyID)}}
+		case err != nil:
+			return c, badRequest("invalid_priority", err.Error()+".")
 		}
-		c.priority = schemas.Priority(p)
+		c.priority = p
 	}
 	c.endpoint = strings.TrimPrefix(r.URL.Path, s.cfg.Path)
 	if c.endpoint == "" {

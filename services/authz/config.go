@@ -44,7 +44,7 @@ type Headers struct {
 	KeyID    string `yaml:"key_id" help:"header naming the API key id flags and limits may be scoped by (without keys_file); with keys_file the allowed answer carries the key's id in it"`
 	Model    string `yaml:"model" help:"header naming the model (forward-auth does not read the body); empty or absent: only tenant-wide and key flags apply, and a key limited to some models is refused"`
 	User     string `yaml:"user" help:"header naming the end user, for limits scoped by user (a key's own user wins)"`
-	Priority string `yaml:"priority" help:"header with the request's priority (critical, high, normal, low); with keys_file only keys with may_set_priority may send it"`
+	Priority string `yaml:"priority" help:"header with the request's priority class; with keys_file any key may lower its priority, only keys with may_set_priority raise it"`
 	URI      string `yaml:"uri" help:"header with the original request's path when the proxy does not append it to the endpoint's path (nginx, Traefik: X-Forwarded-Uri); it is the endpoint limits may be scoped by"`
 
 	EstimatePromptTokens     string `yaml:"estimate_prompt_tokens" help:"header with the prompt tokens to debit (else default_prompt_tokens); set it in the proxy, not from the client"`

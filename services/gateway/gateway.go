@@ -491,7 +491,6 @@ type call struct {
 	requestID string // the x-request-id answered
 	eventID   string // usage event id (the request id unless it was reused)
 	priority  schemas.Priority
-	class     priority.Class
 	deadline  time.Time // the caller's (priority.TimeoutHeader); zero: none
 	user      string
 	start     time.Time
@@ -599,7 +598,7 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("The model `%s` does not exist or is not served by this gateway.", model))
 		return
 	}
-	if c.class, err = s.classOf(c.caller, r.Header.Get(priority.Header)); err != nil {
+	if c.priority, err = s.classOf(c.caller, r.Header.Get(priority.Header)); err != nil {
 		if errors.Is(err, priority.ErrRaiseNotAllowed) {
 			c.outcome = "forbidden"
 			writeError(rw, http.StatusForbidden, "permission_denied", "priority_not_allowed",
@@ -610,7 +609,6 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 		writeError(rw, http.StatusBadRequest, "invalid_request_error", "invalid_priority", err.Error()+".")
 		return
 	}
-	c.priority = c.class.Schema()
 	if c.deadline, err = priority.DeadlineOf(r.Header.Get(priority.TimeoutHeader), c.start); err != nil {
 		c.outcome = "bad_request"
 		writeError(rw, http.StatusBadRequest, "invalid_request_error", "invalid_timeout", err.Error()+".")
@@ -635,23 +633,14 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 	s.api.ServeHTTP(rw, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
 }
 
-// classOf is the class a request runs under (priority.Effective): the
-// key's own priority if its entry names one, else its tenant's from the
-// policy (normal without a policy), moved by the X-Sluice-Priority header
-// — lowered by any caller, raised only by a key with may_set_priority.
-func (s *Server) classOf(c *frontend.Caller, header string) (priority.Class, error) {
-	base := priority.Default
-	switch {
-	case c.Priority != "":
-		base, _ = priority.FromSchema(c.Priority) // frontend.ParseKeys validated it
-	case s.policy != nil:
-		base = s.policy().Tenant(c.Tenant).Class()
+// classOf is the class c's request runs under: the key's or its tenant's
+// policy class, moved by the X-Sluice-Priority header (Caller.PriorityOf).
+func (s *Server) classOf(c *frontend.Caller, header string) (schemas.Priority, error) {
+	var tenantClass schemas.Priority
+	if s.policy != nil {
+		tenantClass = s.policy().Tenant(c.Tenant).Class()
 	}
-	var g priority.Grant
-	if c.MaySetPriority {
-		g.Max = priority.Critical
-	}
-	return priority.Effective(base, header, g)
+	return c.PriorityOf(tenantClass, header)
 }
 
 // reused reports whether tenant sent requestID before (as far as the

@@ -96,7 +96,7 @@ models:
 		for i, u := range cands {
 			var p upstream.Permit
 			if g := s.guards.Of(u.cfg.Name); g != nil {
-				gp, d := g.Acquire(r.Context(), upstream.Request{Tenant: c.caller.Tenant, Class: c.class, Deadline: c.deadline, Tokens: est.Prompt + est.Completion})
+				gp, d := g.Acquire(r.Context(), upstream.Request{Tenant: c.caller.Tenant, Priority: c.priority, Deadline: c.deadline, Tokens: est.Prompt + est.Completion})
 				if !d.Admitted() {
 					refused, fallback = &d, d.Reason == priority.BreakerOpen || d.Reason == priority.Degraded
 					s.m.guardRefusals.WithLabelValues(u.cfg.Name, d.Reason.String()).Inc()

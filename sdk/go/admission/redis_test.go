@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 )
 
@@ -249,7 +250,7 @@ func TestReserveIsForCriticalAndHigh(t *testing.T) {
 	l := newTestLimiter(t, c, &Rules{Default: TenantRules{Rules: []Rule{rpm}}}, WithPrefix(prefix))
 	var last Decision
 	for i := range 8 {
-		last = mustAdmit(t, l, Request{Tenant: "acme", Model: "m", Priority: Low}).Decision
+		last = mustAdmit(t, l, Request{Tenant: "acme", Model: "m", Priority: schemas.PriorityLow}).Decision
 		if !last.Allowed {
 			t.Fatalf("low priority request %d refused: %+v", i, last)
 		}
@@ -267,11 +268,11 @@ func TestReserveIsForCriticalAndHigh(t *testing.T) {
 		t.Fatalf("headers of the refusal: %v", h)
 	}
 	for i := range 2 {
-		if d := mustAdmit(t, l, Request{Tenant: "acme", Model: "m", Priority: High}).Decision; !d.Allowed {
+		if d := mustAdmit(t, l, Request{Tenant: "acme", Model: "m", Priority: schemas.PriorityHigh}).Decision; !d.Allowed {
 			t.Fatalf("high priority request %d refused: %+v", i, d)
 		}
 	}
-	if d := mustAdmit(t, l, Request{Tenant: "acme", Model: "m", Priority: Critical}).Decision; d.Allowed {
+	if d := mustAdmit(t, l, Request{Tenant: "acme", Model: "m", Priority: schemas.PriorityCritical}).Decision; d.Allowed {
 		t.Fatalf("an 11th request of 10 was admitted: %+v", d)
 	}
 }

@@ -1,32 +1,10 @@
 package admission
 
-import "time"
+import (
+	"time"
 
-// Priority orders requests when a rule keeps a reserve (Rule.Reserve):
-// critical and high requests may use it, normal and low ones may not.
-type Priority uint8
-
-// The priorities; the zero value is Normal.
-const (
-	Normal Priority = iota
-	Critical
-	High
-	Low
+	"github.com/sluicehq/sluice/schemas"
 )
-
-// ParsePriority maps the usage event's priority names; anything else is
-// Normal.
-func ParsePriority(s string) Priority {
-	switch s {
-	case "critical":
-		return Critical
-	case "high":
-		return High
-	case "low":
-		return Low
-	}
-	return Normal
-}
 
 // Request is what admission needs to know about one call before it is made.
 type Request struct {
@@ -41,7 +19,10 @@ type Request struct {
 	// Upstream is the provider account (or deployment) the call goes to;
 	// empty means the model.
 	Upstream string
-	Priority Priority
+	// Priority decides whether a rule's reserve (Rule.Reserve) is open to
+	// the request: high and critical requests may use it, the others not;
+	// empty is normal.
+	Priority schemas.Priority
 	// PromptTokens and CompletionTokens are the estimates debited now and
 	// corrected by Ticket.Settle.
 	PromptTokens     int64

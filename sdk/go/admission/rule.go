@@ -6,6 +6,8 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/schemas"
 )
 
 // Unit is what a rule counts.
@@ -322,8 +324,8 @@ func compileRule(r Rule, shared bool, leaseFraction float64, m *metrics) *rule {
 const minLease = 4
 
 // floor returns the units a request of priority p must leave untouched.
-func (r *rule) floor(p Priority) int64 {
-	if r.Reserve == 0 || p == Critical || p == High {
+func (r *rule) floor(p schemas.Priority) int64 {
+	if r.Reserve == 0 || p.Rank() >= schemas.PriorityHigh.Rank() {
 		return 0
 	}
 	return int64(math.Ceil(r.Reserve * float64(r.Limit)))

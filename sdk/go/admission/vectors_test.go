@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 )
 
@@ -186,7 +187,7 @@ func TestSharedVectors(t *testing.T) {
 				case s.Admit != nil:
 					a := s.Admit
 					tk := mustAdmit(t, l, Request{ID: a.ID, Tenant: a.Tenant, Model: a.Model, User: a.User, Key: a.Key,
-						Endpoint: a.Endpoint, Upstream: a.Upstream, Priority: ParsePriority(a.Priority),
+						Endpoint: a.Endpoint, Upstream: a.Upstream, Priority: schemas.Priority(a.Priority),
 						PromptTokens: a.PromptTokens, CompletionTokens: a.CompletionTokens})
 					if s.As != "" {
 						tickets[s.As] = &tk

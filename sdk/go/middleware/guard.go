@@ -59,13 +59,13 @@ func (m *mw) guarded(w http.ResponseWriter, r *http.Request, base *schemas.Usage
 	if m.log != nil {
 		m.log.LogAttrs(r.Context(), slog.LevelInfo, "sluice refused a request before the upstream",
 			slog.String("tenant", tenant), slog.String("model", model), slog.String("upstream", g.Name()),
-			slog.String("reason", d.Reason.String()), slog.String("priority", d.Class.String()))
+			slog.String("reason", d.Reason.String()), slog.String("priority", string(d.Priority)))
 	}
 	if m.emitRefusals {
 		ev := *base
 		ev.ID = "rej-" + ev.ID
 		ev.Time, ev.Status, ev.Outcome = m.now().UTC(), d.Status(), schemas.OutcomeRejected
-		ev.Priority = d.Class.Schema()
+		ev.Priority = d.Priority
 		ev.Attributes = map[string]string{"refused_by": "upstream", "reason": d.Reason.String()}
 		_ = m.emitter.Emit(&ev)
 	}

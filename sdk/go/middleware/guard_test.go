@@ -10,7 +10,6 @@ import (
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/concurrency"
 	"github.com/sluicehq/sluice/sdk/go/emitter/emittertest"
-	"github.com/sluicehq/sluice/sdk/go/priority"
 	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 	"github.com/sluicehq/sluice/sdk/go/upstream"
 )
@@ -32,7 +31,7 @@ func TestGuardBeforeTheUpstream(t *testing.T) {
 		calls++
 		w.WriteHeader(http.StatusInternalServerError)
 	}, WithGuard(func(r *http.Request, tenant, model string) (*upstream.Guard, upstream.Request, bool) {
-		return g, upstream.Request{Class: priority.High}, model == "gpt-4o-mini"
+		return g, upstream.Request{Priority: schemas.PriorityHigh}, model == "gpt-4o-mini"
 	}))
 	for i := range 2 {
 		rec := httptest.NewRecorder()

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/sluicehq/sluice/schemas"
 )
 
 // Reason says why a request was admitted or refused.
@@ -62,7 +64,7 @@ const StatusClientClosedRequest = 499
 type Decision struct {
 	Reason Reason
 	// Class is the class the request was decided under.
-	Class Class
+	Priority schemas.Priority
 	// Waited is how long the request spent in the queue.
 	Waited time.Duration
 	// Estimate is the wait the queue estimated for the request on
@@ -107,23 +109,23 @@ func (d Decision) Message() string {
 	case Admitted:
 		return "admitted"
 	case QueueFull:
-		return fmt.Sprintf("upstream saturated: the queue is full of requests of priority %s or above%s", d.Class, retry)
+		return fmt.Sprintf("upstream saturated: the queue is full of requests of priority %s or above%s", d.Priority, retry)
 	case Shed:
-		return fmt.Sprintf("upstream saturated: this priority %s request was shed for a higher-priority one after waiting %v%s", d.Class, d.Waited.Round(time.Millisecond), retry)
+		return fmt.Sprintf("upstream saturated: this priority %s request was shed for a higher-priority one after waiting %v%s", d.Priority, d.Waited.Round(time.Millisecond), retry)
 	case Deadline:
-		return fmt.Sprintf("upstream saturated: the estimated wait of %v for priority %s exceeds the request's deadline%s", d.Estimate.Round(time.Millisecond), d.Class, retry)
+		return fmt.Sprintf("upstream saturated: the estimated wait of %v for priority %s exceeds the request's deadline%s", d.Estimate.Round(time.Millisecond), d.Priority, retry)
 	case Expired:
-		return fmt.Sprintf("upstream saturated: priority %s request reached its deadline after waiting %v%s", d.Class, d.Waited.Round(time.Millisecond), retry)
+		return fmt.Sprintf("upstream saturated: priority %s request reached its deadline after waiting %v%s", d.Priority, d.Waited.Round(time.Millisecond), retry)
 	case Canceled:
 		return "the request was canceled while waiting for the upstream"
 	case TenantLimit:
 		return fmt.Sprintf("too many concurrent requests from this tenant to this upstream%s", retry)
 	case Degraded:
-		return fmt.Sprintf("service degraded (level %d: %s): priority %s requests are not admitted%s", d.Level, d.Level.admits(), d.Class, retry)
+		return fmt.Sprintf("service degraded (level %d: %s): priority %s requests are not admitted%s", d.Level, d.Level.admits(), d.Priority, retry)
 	case BreakerOpen:
 		return fmt.Sprintf("upstream unavailable: its circuit breaker is open%s", retry)
 	case ClassShare:
-		return fmt.Sprintf("upstream saturated: priority %s requests have used their reserved share of it%s", d.Class, retry)
+		return fmt.Sprintf("upstream saturated: priority %s requests have used their reserved share of it%s", d.Priority, retry)
 	}
 	return d.Reason.String()
 }

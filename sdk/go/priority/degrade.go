@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/sluicehq/sluice/schemas"
 )
 
 // Level is a degradation level: which classes an upstream still admits.
@@ -23,14 +25,14 @@ const (
 )
 
 // Admits reports whether level l admits class c.
-func (l Level) Admits(c Class) bool {
+func (l Level) Admits(c schemas.Priority) bool {
 	switch l {
 	case LevelNone:
 		return true
 	case Level1:
-		return c >= High
+		return c.Rank() >= schemas.PriorityHigh.Rank()
 	case Level2:
-		return c >= Critical
+		return c == schemas.PriorityCritical
 	}
 	return false
 }
@@ -154,10 +156,10 @@ func (d *Degrader) Load() float64 {
 // Check refuses class c when the current level does not admit it: the
 // Decision says Degraded, names the level and carries the Retry-After.
 // ok is true when c is admitted.
-func (d *Degrader) Check(c Class) (dec Decision, ok bool) {
+func (d *Degrader) Check(c schemas.Priority) (dec Decision, ok bool) {
 	l := d.Level()
 	if l.Admits(c) {
-		return Decision{Reason: Admitted, Class: c}, true
+		return Decision{Reason: Admitted, Priority: c}, true
 	}
-	return Decision{Reason: Degraded, Class: c, Level: l, RetryAfter: d.retryAfter}, false
+	return Decision{Reason: Degraded, Priority: c, Level: l, RetryAfter: d.retryAfter}, false
 }

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/schemas"
 )
 
 // TestDegraderLevelsFollowSeed003: above 50% load only high and above are
@@ -17,17 +19,17 @@ func TestDegraderLevelsFollowSeed003(t *testing.T) {
 	for _, c := range []struct {
 		load   float64
 		level  Level
-		admits []Class
+		admits []schemas.Priority
 	}{
-		{0.50, LevelNone, []Class{Low, Normal, High, Critical}},
-		{0.51, Level1, []Class{High, Critical}},
-		{0.71, Level2, []Class{Critical}},
+		{0.50, LevelNone, []schemas.Priority{Low, Normal, High, Critical}},
+		{0.51, Level1, []schemas.Priority{High, Critical}},
+		{0.71, Level2, []schemas.Priority{Critical}},
 		{0.91, Level3, nil},
 	} {
 		if got := d.Update(c.load); got != c.level {
 			t.Fatalf("load %v: level %d, want %d", c.load, got, c.level)
 		}
-		for cl := Low; cl <= Critical; cl++ {
+		for _, cl := range schemas.Priorities {
 			dec, ok := d.Check(cl)
 			want := false
 			for _, a := range c.admits {

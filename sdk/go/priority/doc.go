@@ -3,10 +3,9 @@
 //
 // It has three parts:
 //
-//   - Class, the four priority classes (critical, high, normal, low), and
-//     Effective, the rule that gives a request its class: the tenant's
-//     policy class, optionally moved by the X-Sluice-Priority header when
-//     the caller's API key may.
+//   - Effective, the rule that gives a request its class (a
+//     schemas.Priority): the tenant's policy class, optionally moved by
+//     the X-Sluice-Priority header when the caller's API key may.
 //   - Queue, a bounded admission queue in front of an upstream's
 //     concurrency limit (a Gate, such as concurrency.Limiter): FIFO within
 //     a class, higher classes first with a guaranteed minimum share for

@@ -32,7 +32,7 @@ func WriteRefusal(w http.ResponseWriter, d Decision) {
 		return
 	}
 	e := ratelimit.Error{Message: d.Message(), Type: "server_error", Code: d.Reason.String(), Sluice: Refusal{
-		Reason: d.Reason.String(), Class: d.Class.String(), Level: int(d.Level),
+		Reason: d.Reason.String(), Class: string(d.Priority), Level: int(d.Level),
 		EstimatedWaitMS: d.Estimate.Milliseconds(), WaitedMS: d.Waited.Milliseconds(),
 	}}
 	if d.Status() == http.StatusTooManyRequests {

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/concurrency"
 )
 
@@ -82,7 +83,7 @@ type Queue struct {
 	clock      Clock
 	maxWaiting int
 	maxWait    time.Duration
-	shares     [NumClasses]int64 // per-mille of a turn earned per pass-over
+	shares     [schemas.NumPriorities]int64 // per-mille of a turn earned per pass-over
 
 	// nwait mirrors the number waiting for the lock-free fast path.
 	nwait atomic.Int64
@@ -92,11 +93,11 @@ type Queue struct {
 
 	// admitted and refused count decisions per class; refused leaves out
 	// cancellations.
-	admitted, refused [NumClasses]atomic.Uint64
+	admitted, refused [schemas.NumPriorities]atomic.Uint64
 
 	mu      sync.Mutex
-	classes [NumClasses]fifo
-	credit  [NumClasses]int64
+	classes [schemas.NumPriorities]fifo
+	credit  [schemas.NumPriorities]int64
 
 	optErrs []error // from options, reported by NewQueue
 
@@ -128,12 +129,12 @@ func MaxWait(d time.Duration) QueueOpt { return queueOpt(func(q *Queue) { q.maxW
 // 0.05). 0 makes the class strictly subordinate to the classes above it.
 // Critical has no share: it always goes first. The shares must add up to
 // at most 0.5.
-func MinShare(c Class, share float64) QueueOpt {
+func MinShare(c schemas.Priority, share float64) QueueOpt {
 	return queueOpt(func(q *Queue) {
 		switch {
 		case !c.Valid():
-			q.optErrs = append(q.optErrs, fmt.Errorf("MinShare: class %d is not a class", uint8(c)))
-		case c == Critical:
+			q.optErrs = append(q.optErrs, fmt.Errorf("MinShare: %q is not a class", string(c)))
+		case c == schemas.PriorityCritical:
 			q.optErrs = append(q.optErrs, errors.New("MinShare(critical): critical has no share, it always goes first"))
 		case !(share >= 0 && share <= 0.5):
 			q.optErrs = append(q.optErrs, fmt.Errorf("MinShare(%s): %v is outside 0..0.5", c, share))
@@ -159,7 +160,7 @@ func NewQueue(g Gate, opts ...QueueOpt) (*Queue, error) {
 	if r, ok := g.(interface{ Remote() bool }); ok && r.Remote() {
 		q.pollEvery = 20 * time.Millisecond
 	}
-	q.shares[High.Index()], q.shares[Normal.Index()], q.shares[Low.Index()] = 150, 100, 50
+	q.shares[schemas.PriorityHigh.Index()], q.shares[schemas.PriorityNormal.Index()], q.shares[schemas.PriorityLow.Index()] = 150, 100, 50
 	for _, o := range opts {
 		o.applyQueue(q)
 	}
@@ -241,10 +242,10 @@ func (p Permit) ReleaseAt(now time.Time, o concurrency.Outcome) {
 // returns at once when a slot is free or the request is refused, and
 // otherwise when the request is admitted, shed, reaches its deadline or
 // ctx ends. Only an admitted Decision comes with a Permit. An invalid
-// class is taken as Default.
-func (q *Queue) Acquire(ctx context.Context, c Class, deadline time.Time) (Permit, Decision) {
+// class is taken as normal.
+func (q *Queue) Acquire(ctx context.Context, c schemas.Priority, deadline time.Time) (Permit, Decision) {
 	if !c.Valid() {
-		c = Default
+		c = schemas.PriorityNormal
 	}
 	ci := c.Index()
 	if q.nwait.Load() == 0 && q.gate.TryAcquire() {
@@ -263,7 +264,7 @@ func (q *Queue) Acquire(ctx context.Context, c Class, deadline time.Time) (Permi
 	if (known && now.Add(est).After(deadline)) || !deadline.After(now) {
 		q.refused[ci].Add(1)
 		q.mu.Unlock()
-		return Permit{}, Decision{Reason: Deadline, Class: c, Estimate: est, RetryAfter: max(time.Second, est)}
+		return Permit{}, Decision{Reason: Deadline, Priority: c, Estimate: est, RetryAfter: max(time.Second, est)}
 	}
 	if int(q.nwait.Load()) >= q.maxWaiting {
 		victim := q.lowestBelow(ci)
@@ -271,7 +272,7 @@ func (q *Queue) Acquire(ctx context.Context, c Class, deadline time.Time) (Permi
 			q.refused[ci].Add(1)
 			ra := max(time.Second, q.drainTime())
 			q.mu.Unlock()
-			return Permit{}, Decision{Reason: QueueFull, Class: c, Estimate: est, RetryAfter: ra}
+			return Permit{}, Decision{Reason: QueueFull, Priority: c, Estimate: est, RetryAfter: ra}
 		}
 		q.refuse(victim, Shed, now)
 	}
@@ -296,18 +297,18 @@ func (q *Queue) Acquire(ctx context.Context, c Class, deadline time.Time) (Permi
 		if w.state == granted {
 			// Admitted as the context ended: give the slot back unused.
 			Permit{q: q, start: q.clock.Now()}.Release(concurrency.Ignored)
-			return Permit{}, Decision{Reason: Canceled, Class: c, Waited: w.waited, Estimate: est}
+			return Permit{}, Decision{Reason: Canceled, Priority: c, Waited: w.waited, Estimate: est}
 		}
 	}
 	if w.state == granted {
-		return Permit{q: q, start: w.at}, Decision{Reason: Admitted, Class: c, Waited: w.waited, Estimate: est}
+		return Permit{q: q, start: w.at}, Decision{Reason: Admitted, Priority: c, Waited: w.waited, Estimate: est}
 	}
-	return Permit{}, Decision{Reason: w.reason, Class: c, Waited: w.waited, Estimate: est, RetryAfter: w.retryAfter}
+	return Permit{}, Decision{Reason: w.reason, Priority: c, Waited: w.waited, Estimate: est, RetryAfter: w.retryAfter}
 }
 
-func (q *Queue) admitNow(ci int, c Class) (Permit, Decision) {
+func (q *Queue) admitNow(ci int, c schemas.Priority) (Permit, Decision) {
 	q.admitted[ci].Add(1)
-	return Permit{q: q, start: q.clock.Now()}, Decision{Reason: Admitted, Class: c}
+	return Permit{q: q, start: q.clock.Now()}, Decision{Reason: Admitted, Priority: c}
 }
 
 // observeHold folds one hold time into the moving average (weight 1/16).
@@ -348,12 +349,12 @@ func (q *Queue) estimate(ci int) (time.Duration, bool) {
 	}
 	ahead := 1
 	steal := 0.0
-	for i := range NumClasses {
+	for i := range schemas.NumPriorities {
 		n := q.classes[i].n
 		switch {
 		case i >= ci:
 			ahead += n
-		case n > 0 && q.shares[i] > 0 && ci != Critical.Index():
+		case n > 0 && q.shares[i] > 0 && ci != schemas.PriorityCritical.Index():
 			// Passed over 1/s times, it takes the next: s/(1+s) of slots.
 			s := float64(q.shares[i]) / turn
 			steal += s / (1 + s)
@@ -405,7 +406,7 @@ func (q *Queue) dispatch() {
 // class passed over has earned a turn. Must hold q.mu with at least one
 // waiter.
 func (q *Queue) pick() int {
-	ci := Critical.Index()
+	ci := schemas.PriorityCritical.Index()
 	if q.classes[ci].n > 0 {
 		return ci
 	}
@@ -511,9 +512,9 @@ func (q *Queue) remove(w *waiter) {
 type QueueStats struct {
 	// Waiting, Admitted and Refused are per class, indexed by
 	// Class.Index. Refused counts every refusal but cancellations.
-	Waiting  [NumClasses]int
-	Admitted [NumClasses]uint64
-	Refused  [NumClasses]uint64
+	Waiting  [schemas.NumPriorities]int
+	Admitted [schemas.NumPriorities]uint64
+	Refused  [schemas.NumPriorities]uint64
 	// Limit is the Gate's current limit; HoldMean the mean time a slot is
 	// held; ServiceRate the slots freed per second they imply.
 	Limit       int
@@ -526,7 +527,7 @@ func (q *Queue) Stats() QueueStats {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var s QueueStats
-	for i := range NumClasses {
+	for i := range schemas.NumPriorities {
 		s.Waiting[i] = q.classes[i].n
 		s.Admitted[i] = q.admitted[i].Load()
 		s.Refused[i] = q.refused[i].Load()
@@ -554,7 +555,7 @@ const (
 // waiter is a request in the queue. Its fields other than ready are
 // guarded by Queue.mu until ready is signalled; then they are final.
 type waiter struct {
-	class      Class
+	class      schemas.Priority
 	enq, at    time.Time
 	state      waitState
 	reason     Reason

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/concurrency"
 	"github.com/sluicehq/sluice/sdk/go/internal/manualclock"
 )
@@ -48,7 +49,7 @@ type result struct {
 
 // enqueue starts a request that waits; it returns once the request is
 // in the queue, so tests control the arrival order.
-func (f *fixture) enqueue(t *testing.T, ctx context.Context, id string, c Class, deadline time.Time, out chan<- result) {
+func (f *fixture) enqueue(t *testing.T, ctx context.Context, id string, c schemas.Priority, deadline time.Time, out chan<- result) {
 	t.Helper()
 	before := f.q.Waiting()
 	go func() {
@@ -80,7 +81,7 @@ func TestQueueServesClassesInOrderAndFIFOWithin(t *testing.T) {
 	out := make(chan result, 16)
 	arrivals := []struct {
 		id string
-		c  Class
+		c  schemas.Priority
 	}{{"low1", Low}, {"normal1", Normal}, {"crit1", Critical}, {"high1", High}, {"low2", Low}, {"crit2", Critical}, {"normal2", Normal}, {"high2", High}, {"crit3", Critical}}
 	for _, a := range arrivals {
 		f.enqueue(t, context.Background(), a.id, a.c, time.Time{}, out)
@@ -103,16 +104,16 @@ func TestQueueServesClassesInOrderAndFIFOWithin(t *testing.T) {
 
 // serveAll releases the holder and serves every waiter one at a time,
 // returning the classes in the order they were served.
-func serveAll(t *testing.T, holder Permit, out <-chan result, n int) []Class {
+func serveAll(t *testing.T, holder Permit, out <-chan result, n int) []schemas.Priority {
 	t.Helper()
 	holder.Release(concurrency.Success)
-	var order []Class
+	var order []schemas.Priority
 	for range n {
 		r := <-out
 		if !r.d.Admitted() {
 			t.Fatalf("%s refused: %+v", r.id, r.d)
 		}
-		order = append(order, r.d.Class)
+		order = append(order, r.d.Priority)
 		r.p.Release(concurrency.Success)
 	}
 	return order
@@ -151,7 +152,7 @@ func TestQueueSharesUnderFullLoad(t *testing.T) {
 	f := newFixture(t, 1, MaxWaiting(1000))
 	holder := f.hold(t, 1)[0]
 	out := make(chan result, 900)
-	for _, c := range []Class{Low, Normal, High, Critical} {
+	for _, c := range []schemas.Priority{Low, Normal, High, Critical} {
 		for i := range 200 {
 			go func() {
 				p, d := f.q.Acquire(context.Background(), c, time.Time{})
@@ -161,20 +162,20 @@ func TestQueueSharesUnderFullLoad(t *testing.T) {
 	}
 	itest.Eventually(t, within, "800 waiting", func() bool { return f.q.Waiting() == 800 })
 	holder.Release(concurrency.Success)
-	serve := func(n int) (got [NumClasses]int) {
+	serve := func(n int) (got [schemas.NumPriorities]int) {
 		for range n {
 			r := <-out
-			got[r.d.Class.Index()]++
+			got[r.d.Priority.Index()]++
 			r.p.Release(concurrency.Success)
 		}
 		return got
 	}
-	if got := serve(200); got[Critical.Index()] != 200 {
+	if got := serve(200); got[schemas.PriorityCritical.Index()] != 200 {
 		t.Fatalf("first 200 slots went %v, want all to the 200 critical requests", got)
 	}
 	// 210 slots, fewer than it takes high to run out of requests.
 	got := serve(210)
-	for c, want := range map[Class]int{High: 181, Normal: 19, Low: 10} {
+	for c, want := range map[schemas.Priority]int{High: 181, Normal: 19, Low: 10} {
 		if n := got[c.Index()]; n < want-2 || n > want+2 {
 			t.Errorf("%s got %d of 210 slots, want %d±2", c, n, want)
 		}
@@ -224,7 +225,7 @@ func TestQueueRefusesAtOnceWhenTheWaitExceedsTheDeadline(t *testing.T) {
 	if f.clock.Now() != now {
 		t.Fatal("refusals must not wait")
 	}
-	if s := f.q.Stats(); s.Refused[Normal.Index()] != 2 || s.Refused[High.Index()] != 1 || s.ServiceRate != 2 {
+	if s := f.q.Stats(); s.Refused[schemas.PriorityNormal.Index()] != 2 || s.Refused[schemas.PriorityHigh.Index()] != 1 || s.ServiceRate != 2 {
 		t.Fatalf("stats %+v", s)
 	}
 	f.clock.Advance(time.Second) // both reach their deadlines
@@ -281,7 +282,7 @@ func TestQueueShedsTheLowestClassWhenFull(t *testing.T) {
 			t.Fatalf("want %s shed, got %s: %+v", want, r.id, r.d)
 		}
 	}
-	arrive := func(id string, c Class) {
+	arrive := func(id string, c schemas.Priority) {
 		t.Helper()
 		go func() {
 			p, d := f.q.Acquire(ctx, c, time.Time{})
@@ -294,7 +295,7 @@ func TestQueueShedsTheLowestClassWhenFull(t *testing.T) {
 	shed("low1")
 	arrive("normal1", Normal)
 	shed("low0")
-	itest.Eventually(t, within, "normal1 waiting", func() bool { return f.q.Stats().Waiting[Normal.Index()] == 2 })
+	itest.Eventually(t, within, "normal1 waiting", func() bool { return f.q.Stats().Waiting[schemas.PriorityNormal.Index()] == 2 })
 	if _, d := f.q.Acquire(ctx, Low, time.Time{}); d.Reason != QueueFull || d.RetryAfter < time.Second {
 		t.Fatalf("low into a queue full of higher classes: %+v", d)
 	}
@@ -307,10 +308,10 @@ func TestQueueShedsTheLowestClassWhenFull(t *testing.T) {
 		t.Fatalf("waiting %d, want the bound 3", n)
 	}
 	s := f.q.Stats()
-	if s.Waiting != [NumClasses]int{0, 1, 0, 2} {
+	if s.Waiting != [schemas.NumPriorities]int{0, 1, 0, 2} {
 		t.Fatalf("waiting per class %v, want normal 1, critical 2", s.Waiting)
 	}
-	if s.Refused[Critical.Index()] != 0 {
+	if s.Refused[schemas.PriorityCritical.Index()] != 0 {
 		t.Fatal("critical was refused while lower classes waited")
 	}
 	f.clock.Advance(time.Minute)
@@ -347,7 +348,7 @@ func TestQueueStaysBoundedUnderConcurrentLoad(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 400 {
 		wg.Go(func() {
-			c := Class(1 + rand.IntN(NumClasses))
+			c := schemas.Priorities[rand.IntN(schemas.NumPriorities)]
 			p, d := q.Acquire(context.Background(), c, time.Time{})
 			if !d.Admitted() {
 				refused.Add(1)
@@ -396,7 +397,7 @@ func TestQueueCancelLeavesNoTrace(t *testing.T) {
 	if f.gate.InFlight() != 0 || f.clock.Pending() != 0 {
 		t.Fatalf("in flight %d, timers %d", f.gate.InFlight(), f.clock.Pending())
 	}
-	if s := f.q.Stats(); s.Refused[Normal.Index()] != 0 {
+	if s := f.q.Stats(); s.Refused[schemas.PriorityNormal.Index()] != 0 {
 		t.Fatal("a cancellation was counted as a refusal")
 	}
 }

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/concurrency"
-	"github.com/sluicehq/sluice/sdk/go/priority"
 )
 
 // priorityBenchDuration is how long BenchmarkPriority offers its load:
@@ -62,7 +62,7 @@ func (u *benchUpstream) call() bool {
 
 // offer sends 2× the upstream's capacity (1,000 requests/s), classes in
 // turn, for d, each through do, and waits for every request to end.
-func offer(d time.Duration, do func(c priority.Class)) {
+func offer(d time.Duration, do func(c schemas.Priority)) {
 	const every = time.Millisecond // 1,000/s
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -70,7 +70,7 @@ func offer(d time.Duration, do func(c priority.Class)) {
 	for time.Since(start) < d {
 		due := int(time.Since(start) / every)
 		for ; sent < due; sent++ {
-			c := priority.Class(1 + sent%priority.NumClasses)
+			c := schemas.Priorities[sent%schemas.NumPriorities]
 			wg.Go(func() { do(c) })
 		}
 		time.Sleep(every)
@@ -108,8 +108,8 @@ func BenchmarkPriority(b *testing.B) {
 	for range b.N {
 		var (
 			mu    sync.Mutex
-			waits [priority.NumClasses][]time.Duration
-			shed  [priority.NumClasses]int
+			waits [schemas.NumPriorities][]time.Duration
+			shed  [schemas.NumPriorities]int
 			good  atomic.Int64
 		)
 		up := &benchUpstream{}
@@ -119,8 +119,8 @@ func BenchmarkPriority(b *testing.B) {
 		}
 		b.ResetTimer()
 		start := time.Now()
-		offer(d, func(c priority.Class) {
-			p, dec := g.Acquire(context.Background(), Request{Tenant: c.String(), Class: c, Deadline: time.Now().Add(benchDeadline)})
+		offer(d, func(c schemas.Priority) {
+			p, dec := g.Acquire(context.Background(), Request{Tenant: string(c), Priority: c, Deadline: time.Now().Add(benchDeadline)})
 			if !dec.Admitted() {
 				mu.Lock()
 				shed[c.Index()]++
@@ -141,7 +141,7 @@ func BenchmarkPriority(b *testing.B) {
 			p.Release(o)
 		})
 		b.StopTimer()
-		for c := priority.Low; c <= priority.Critical; c++ {
+		for _, c := range schemas.Priorities {
 			i := c.Index()
 			b.ReportMetric(quantileMS(waits[i], 0.50), fmt.Sprintf("priority_%s_wait_p50_ms", c))
 			b.ReportMetric(quantileMS(waits[i], 0.99), fmt.Sprintf("priority_%s_wait_p99_ms", c))
@@ -153,7 +153,7 @@ func BenchmarkPriority(b *testing.B) {
 		bare := &benchUpstream{}
 		good.Store(0)
 		start = time.Now()
-		offer(d, func(priority.Class) {
+		offer(d, func(schemas.Priority) {
 			if bare.call() && time.Since(start) <= d {
 				good.Add(1)
 			}
@@ -177,7 +177,7 @@ func BenchmarkPriorityGuardAdmit(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	r := Request{Tenant: "acme", Class: priority.High}
+	r := Request{Tenant: "acme", Priority: schemas.PriorityHigh}
 	b.ReportAllocs()
 	for b.Loop() {
 		p, _ := g.Acquire(ctx, r)

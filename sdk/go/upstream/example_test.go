@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"time"
 
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/concurrency"
 	"github.com/sluicehq/sluice/sdk/go/priority"
 	"github.com/sluicehq/sluice/sdk/go/upstream"
@@ -32,15 +33,15 @@ func ExampleGuard() {
 	}
 
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tenantClass := priority.High                // from the tenant's policy
-		grant := priority.Grant{Max: priority.High} // from the caller's API key
+		tenantClass := schemas.PriorityHigh                // from the tenant's policy
+		grant := priority.Grant{Max: schemas.PriorityHigh} // from the caller's API key
 		class, err := priority.Effective(tenantClass, r.Header.Get(priority.Header), grant)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
 		permit, d := guard.Acquire(r.Context(), upstream.Request{
-			Tenant: "acme", Class: class, Deadline: time.Now().Add(2 * time.Second),
+			Tenant: "acme", Priority: class, Deadline: time.Now().Add(2 * time.Second),
 		})
 		if !d.Admitted() {
 			priority.WriteRefusal(w, d)

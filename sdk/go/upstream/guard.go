@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/concurrency"
 	"github.com/sluicehq/sluice/sdk/go/priority"
 )
@@ -17,8 +18,8 @@ type Request struct {
 	// Tenant is the caller's tenant, for its own concurrency limit.
 	Tenant string
 	// Class is the request's effective class (priority.Effective); the
-	// zero Class is priority.Default.
-	Class priority.Class
+	// zero Class is schemas.PriorityNormal.
+	Priority schemas.Priority
 	// Deadline is the latest time the upstream call may start; zero
 	// means the queue's MaxWait from now.
 	Deadline time.Time
@@ -270,27 +271,27 @@ func (p Permit) Release(o concurrency.Outcome) {
 // order of the checks. It waits only in the priority queue, at most
 // until r's deadline or ctx's end.
 func (g *Guard) Acquire(ctx context.Context, r Request) (Permit, priority.Decision) {
-	if !r.Class.Valid() {
-		r.Class = priority.Default
+	if !r.Priority.Valid() {
+		r.Priority = schemas.PriorityNormal
 	}
 	// The level is updated before the breaker refuses, so that Stats shows
 	// an open breaker's level 3.
 	g.degrader.Update(g.load(g.currentLoad()))
 	probe, ok, retry := g.breaker.Allow()
 	if !ok {
-		return Permit{}, priority.Decision{Reason: priority.BreakerOpen, Class: r.Class, RetryAfter: max(time.Second, retry)}
+		return Permit{}, priority.Decision{Reason: priority.BreakerOpen, Priority: r.Priority, RetryAfter: max(time.Second, retry)}
 	}
 	if !probe {
 		// A probe passes a degraded level: the breaker closes only through
 		// probes, and it has bounded them already.
-		if d, ok := g.degrader.Check(r.Class); !ok {
+		if d, ok := g.degrader.Check(r.Priority); !ok {
 			return Permit{}, d
 		}
 	}
 	if g.tenants != nil {
 		if !g.tenants.TryAcquire(r.Tenant, g.tenantLimit(r.Tenant, g.gate.Limit())) {
 			g.breaker.Record(probe, 0, concurrency.Ignored)
-			return Permit{}, priority.Decision{Reason: priority.TenantLimit, Class: r.Class, RetryAfter: max(time.Second, g.queue.Stats().HoldMean)}
+			return Permit{}, priority.Decision{Reason: priority.TenantLimit, Priority: r.Priority, RetryAfter: max(time.Second, g.queue.Stats().HoldMean)}
 		}
 	}
 	var hold Hold
@@ -300,15 +301,15 @@ func (g *Guard) Acquire(ctx context.Context, r Request) (Permit, priority.Decisi
 			n = r.Tokens
 		}
 		var ok bool
-		if hold, ok = g.reserve.Take(r.Class, n); !ok {
+		if hold, ok = g.reserve.Take(r.Priority, n); !ok {
 			if g.tenants != nil {
 				g.tenants.Release(r.Tenant)
 			}
 			g.breaker.Record(probe, 0, concurrency.Ignored)
-			return Permit{}, priority.Decision{Reason: priority.ClassShare, Class: r.Class, RetryAfter: max(time.Second, g.queue.Stats().HoldMean)}
+			return Permit{}, priority.Decision{Reason: priority.ClassShare, Priority: r.Priority, RetryAfter: max(time.Second, g.queue.Stats().HoldMean)}
 		}
 	}
-	qp, d := g.queue.Acquire(ctx, r.Class, r.Deadline)
+	qp, d := g.queue.Acquire(ctx, r.Priority, r.Deadline)
 	if !d.Admitted() {
 		if g.tenants != nil {
 			g.tenants.Release(r.Tenant)

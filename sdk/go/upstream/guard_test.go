@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/concurrency"
 	"github.com/sluicehq/sluice/sdk/go/internal/manualclock"
 	"github.com/sluicehq/sluice/sdk/go/priority"
@@ -111,11 +112,11 @@ func TestGuardBreakerOpensForEveryTenantAfterTenFailures(t *testing.T) {
 	m.fail.Store(true)
 	g := newGuard(t, Clock(manualclock.New(t0)))
 	for i := range 10 {
-		if d := m.do(g, Request{Tenant: fmt.Sprint("t", i%3), Class: priority.Normal}, fmt.Sprint(i)); !d.Admitted() {
+		if d := m.do(g, Request{Tenant: fmt.Sprint("t", i%3), Priority: schemas.PriorityNormal}, fmt.Sprint(i)); !d.Admitted() {
 			t.Fatalf("call %d refused before the breaker opened: %+v", i, d)
 		}
 	}
-	d := m.do(g, Request{Tenant: "other", Class: priority.Critical}, "after")
+	d := m.do(g, Request{Tenant: "other", Priority: schemas.PriorityCritical}, "after")
 	if d.Reason != priority.BreakerOpen || d.Status() != http.StatusServiceUnavailable || d.RetryAfter != 30*time.Second {
 		t.Fatalf("after 10 failures: %+v (status %d), want breaker_open, 503, 30s", d, d.Status())
 	}
@@ -134,22 +135,22 @@ func TestGuardBreakerOpensForEveryTenantAfterTenFailures(t *testing.T) {
 func TestGuardServesClassesInOrderAgainstAFixedCapacityUpstream(t *testing.T) {
 	m := newMock(t, 2, true)
 	g := newGuard(t, Limit(concurrency.Fixed(2)),
-		QueueOptions(priority.MinShare(priority.High, 0), priority.MinShare(priority.Normal, 0), priority.MinShare(priority.Low, 0)))
+		QueueOptions(priority.MinShare(schemas.PriorityHigh, 0), priority.MinShare(schemas.PriorityNormal, 0), priority.MinShare(schemas.PriorityLow, 0)))
 	var wg sync.WaitGroup
-	start := func(id string, c priority.Class) {
+	start := func(id string, c schemas.Priority) {
 		wg.Go(func() {
-			if d := m.do(g, Request{Tenant: "t-" + id, Class: c}, id); !d.Admitted() {
+			if d := m.do(g, Request{Tenant: "t-" + id, Priority: c}, id); !d.Admitted() {
 				t.Errorf("%s refused: %+v", id, d)
 			}
 		})
 	}
-	start("first", priority.Low)
-	start("second", priority.Low)
+	start("first", schemas.PriorityLow)
+	start("second", schemas.PriorityLow)
 	itest.Eventually(t, within, "two calls at the upstream", func() bool { return m.inflight.Load() == 2 })
 	order := []struct {
 		id string
-		c  priority.Class
-	}{{"low1", priority.Low}, {"normal1", priority.Normal}, {"crit1", priority.Critical}, {"low2", priority.Low}, {"high1", priority.High}, {"crit2", priority.Critical}, {"normal2", priority.Normal}}
+		c  schemas.Priority
+	}{{"low1", schemas.PriorityLow}, {"normal1", schemas.PriorityNormal}, {"crit1", schemas.PriorityCritical}, {"low2", schemas.PriorityLow}, {"high1", schemas.PriorityHigh}, {"crit2", schemas.PriorityCritical}, {"normal2", schemas.PriorityNormal}}
 	for i, r := range order {
 		start(r.id, r.c)
 		itest.Eventually(t, within, r.id+" queued", func() bool { return g.queue.Waiting() == i+1 })
@@ -179,17 +180,17 @@ func TestGuardTenantShare(t *testing.T) {
 	ctx := context.Background()
 	var ps []Permit
 	for range 2 {
-		p, d := g.Acquire(ctx, Request{Tenant: "a", Class: priority.Critical})
+		p, d := g.Acquire(ctx, Request{Tenant: "a", Priority: schemas.PriorityCritical})
 		if !d.Admitted() {
 			t.Fatalf("tenant a within its share refused: %+v", d)
 		}
 		ps = append(ps, p)
 	}
-	_, d := g.Acquire(ctx, Request{Tenant: "a", Class: priority.Critical})
+	_, d := g.Acquire(ctx, Request{Tenant: "a", Priority: schemas.PriorityCritical})
 	if d.Reason != priority.TenantLimit || d.Status() != http.StatusTooManyRequests || d.RetryAfter < time.Second {
 		t.Fatalf("tenant a over its share: %+v, want tenant_concurrency 429 with Retry-After", d)
 	}
-	p, d := g.Acquire(ctx, Request{Tenant: "b", Class: priority.Low})
+	p, d := g.Acquire(ctx, Request{Tenant: "b", Priority: schemas.PriorityLow})
 	if !d.Admitted() {
 		t.Fatalf("tenant b refused: %+v", d)
 	}
@@ -209,26 +210,26 @@ func TestGuardDegradesUnderLoad(t *testing.T) {
 	clock := manualclock.New(t0)
 	g := newGuard(t, Limit(concurrency.Fixed(1)), QueueOptions(priority.MaxWaiting(3)), Clock(clock))
 	ctx := context.Background()
-	holder, _ := g.Acquire(ctx, Request{Tenant: "a", Class: priority.Low})
+	holder, _ := g.Acquire(ctx, Request{Tenant: "a", Priority: schemas.PriorityLow})
 	var wg sync.WaitGroup
 	for i := range 2 {
 		wg.Go(func() {
-			p, d := g.Acquire(ctx, Request{Tenant: "b", Class: priority.Critical})
+			p, d := g.Acquire(ctx, Request{Tenant: "b", Priority: schemas.PriorityCritical})
 			if !d.Admitted() {
 				t.Errorf("critical %d refused: %+v", i, d)
 			}
 			p.Release(concurrency.Success)
 		})
-		itest.Eventually(t, within, "critical waiting", func() bool { return g.Stats().Queue.Waiting[priority.Critical.Index()] == i+1 })
+		itest.Eventually(t, within, "critical waiting", func() bool { return g.Stats().Queue.Waiting[schemas.PriorityCritical.Index()] == i+1 })
 	}
-	_, d := g.Acquire(ctx, Request{Tenant: "c", Class: priority.High})
+	_, d := g.Acquire(ctx, Request{Tenant: "c", Priority: schemas.PriorityHigh})
 	if d.Reason != priority.Degraded || d.Level != priority.Level2 || d.Status() != http.StatusServiceUnavailable || d.RetryAfter != 30*time.Second {
 		t.Fatalf("high at 75%% load: %+v, want degraded level 2, 503, 30s", d)
 	}
 	holder.Release(concurrency.Success)
 	wg.Wait()
 	// Load is back to 0: the next request of any class passes.
-	p, d := g.Acquire(ctx, Request{Tenant: "c", Class: priority.Low})
+	p, d := g.Acquire(ctx, Request{Tenant: "c", Priority: schemas.PriorityLow})
 	if !d.Admitted() {
 		t.Fatalf("low after the load fell: %+v", d)
 	}
@@ -252,7 +253,7 @@ func TestGuardAdaptiveLimitFollowsSeed003(t *testing.T) {
 	round := func(latency time.Duration) {
 		var ps []Permit
 		for range g.Stats().Queue.Limit {
-			p, d := g.Acquire(ctx, Request{Tenant: "a", Class: priority.Normal})
+			p, d := g.Acquire(ctx, Request{Tenant: "a", Priority: schemas.PriorityNormal})
 			if !d.Admitted() {
 				t.Fatalf("refused: %+v", d)
 			}

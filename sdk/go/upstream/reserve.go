@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/sdk/go/priority"
+	"github.com/sluicehq/sluice/schemas"
 )
 
 // ReserveUnit is what a Reserve counts.
@@ -64,13 +64,13 @@ type Reserve struct {
 	unit       ReserveUnit
 	capacity   int64
 	saturation float64
-	shares     [priority.NumClasses]float64
+	shares     [schemas.NumPriorities]float64
 	ttl        time.Duration
 	timeout    time.Duration
 	onError    func(error)
 
 	errs    atomic.Int64
-	refused [priority.NumClasses]atomic.Uint64
+	refused [schemas.NumPriorities]atomic.Uint64
 }
 
 // ReserveConfig is what NewReserve needs.
@@ -84,7 +84,7 @@ type ReserveConfig struct {
 	// their Shares (0 < Saturation ≤ 1; shares add up to at most 1).
 	Capacity   int64
 	Saturation float64
-	Shares     map[priority.Class]float64
+	Shares     map[schemas.Priority]float64
 	// LeaseTime (default 15 s) and Timeout (default 100 ms) as for
 	// concurrency.Shared; OnError learns every Redis error.
 	LeaseTime, Timeout time.Duration
@@ -120,7 +120,7 @@ func NewReserve(rdb redis.UniversalClient, c ReserveConfig) (*Reserve, error) {
 	sum := 0.0
 	for cl, s := range c.Shares {
 		if !cl.Valid() || !(s >= 0 && s <= 1) {
-			errs = append(errs, fmt.Errorf("ReserveConfig.Shares: class %d share %v: want a class and a share in 0..1", uint8(cl), s))
+			errs = append(errs, fmt.Errorf("ReserveConfig.Shares: class %q share %v: want a class and a share in 0..1", string(cl), s))
 			continue
 		}
 		r.shares[cl.Index()] = s
@@ -232,9 +232,9 @@ type Hold struct {
 // tokens) for a request of class c. ok false refuses it: its class is
 // over its share above the saturation threshold. With Redis unreachable
 // it admits.
-func (r *Reserve) Take(c priority.Class, n int64) (h Hold, ok bool) {
+func (r *Reserve) Take(c schemas.Priority, n int64) (h Hold, ok bool) {
 	if !c.Valid() {
-		c = priority.Default
+		c = schemas.PriorityNormal
 	}
 	n = max(n, 1)
 	mode := "w"
@@ -309,7 +309,7 @@ func (h Hold) Settle(used int64) {
 }
 
 // Refused is how many requests of class c the Reserve refused.
-func (r *Reserve) Refused(c priority.Class) uint64 { return r.refused[c.Index()].Load() }
+func (r *Reserve) Refused(c schemas.Priority) uint64 { return r.refused[c.Index()].Load() }
 
 // RedisErrors is how many Redis calls failed.
 func (r *Reserve) RedisErrors() int64 { return r.errs.Load() }
@@ -329,7 +329,7 @@ func (r *Reserve) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			c, cancel := context.WithTimeout(context.Background(), r.timeout)
 			defer cancel()
-			fields := make([]string, priority.NumClasses)
+			fields := make([]string, schemas.NumPriorities)
 			for i := range fields {
 				fields[i] = strconv.Itoa(i) + "|" + r.id
 			}

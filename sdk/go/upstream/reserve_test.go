@@ -7,6 +7,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/concurrency"
 	"github.com/sluicehq/sluice/sdk/go/priority"
 )
@@ -18,7 +19,7 @@ import (
 func twoGatewayReserves(t *testing.T, unit ReserveUnit) (a, b *Reserve) {
 	t.Helper()
 	return reservesOf(t, ReserveConfig{Unit: unit, Capacity: 10, Saturation: 0.5,
-		Shares: map[priority.Class]float64{priority.Critical: 0.5, priority.Low: 0.2}})
+		Shares: map[schemas.Priority]float64{schemas.PriorityCritical: 0.5, schemas.PriorityLow: 0.2}})
 }
 
 // reservesOf returns the Reserves c describes (its prefix, upstream and
@@ -55,32 +56,32 @@ func TestReservedSharesHoldAcrossTwoGateways(t *testing.T) {
 		if i%2 == 1 {
 			r = b
 		}
-		h, ok := r.Take(priority.Low, 1)
+		h, ok := r.Take(schemas.PriorityLow, 1)
 		if !ok {
 			t.Fatalf("low call %d below the saturation threshold refused", i)
 		}
 		low = append(low, h)
 	}
-	if _, ok := b.Take(priority.Low, 1); ok {
+	if _, ok := b.Take(schemas.PriorityLow, 1); ok {
 		t.Fatal("gateway b admitted a sixth low call above the threshold: low holds 5 = its share 2 + the common 3")
 	}
-	if _, ok := a.Take(priority.Normal, 1); ok {
+	if _, ok := a.Take(schemas.PriorityNormal, 1); ok {
 		t.Fatal("normal (no share) admitted while the common part is used up by low")
 	}
 	for i := range 5 {
-		if _, ok := b.Take(priority.Critical, 1); !ok {
+		if _, ok := b.Take(schemas.PriorityCritical, 1); !ok {
 			t.Fatalf("critical call %d refused within its reserved half", i)
 		}
 	}
-	if _, ok := a.Take(priority.Critical, 1); ok {
+	if _, ok := a.Take(schemas.PriorityCritical, 1); ok {
 		t.Fatal("admitted beyond the capacity of 10")
 	}
-	if a.Refused(priority.Low)+b.Refused(priority.Low) != 1 || a.Refused(priority.Critical) != 1 {
-		t.Errorf("refusal counts: low %d+%d, critical %d", a.Refused(priority.Low), b.Refused(priority.Low), a.Refused(priority.Critical))
+	if a.Refused(schemas.PriorityLow)+b.Refused(schemas.PriorityLow) != 1 || a.Refused(schemas.PriorityCritical) != 1 {
+		t.Errorf("refusal counts: low %d+%d, critical %d", a.Refused(schemas.PriorityLow), b.Refused(schemas.PriorityLow), a.Refused(schemas.PriorityCritical))
 	}
 	low[0].Release()
 	low[1].Release()
-	if _, ok := a.Take(priority.Low, 1); !ok {
+	if _, ok := a.Take(schemas.PriorityLow, 1); !ok {
 		t.Error("low refused after two of its calls ended (low holds 3 of its share 2 + common 3)")
 	}
 	if a.RedisErrors()+b.RedisErrors() != 0 {
@@ -98,17 +99,17 @@ func TestReservedRequestSharesAndTheGuard(t *testing.T) {
 	gb := newGuard(t, Limit(concurrency.Fixed(100)), Reserved(rb))
 	ctx := context.Background()
 	for i := range 5 {
-		p, d := ga.Acquire(ctx, Request{Tenant: "batch", Class: priority.Low})
+		p, d := ga.Acquire(ctx, Request{Tenant: "batch", Priority: schemas.PriorityLow})
 		if !d.Admitted() {
 			t.Fatalf("low request %d below the threshold: %+v", i, d)
 		}
 		p.Release(concurrency.Success) // a rate's use stays counted for its minute
 	}
-	_, d := gb.Acquire(ctx, Request{Tenant: "batch", Class: priority.Low})
+	_, d := gb.Acquire(ctx, Request{Tenant: "batch", Priority: schemas.PriorityLow})
 	if d.Reason != priority.ClassShare || d.Status() != 503 || d.RetryAfter <= 0 {
 		t.Fatalf("sixth low request above the threshold: %+v", d)
 	}
-	p, d := gb.Acquire(ctx, Request{Tenant: "app", Class: priority.Critical})
+	p, d := gb.Acquire(ctx, Request{Tenant: "app", Priority: schemas.PriorityCritical})
 	if !d.Admitted() {
 		t.Fatalf("critical within its share: %+v", d)
 	}
@@ -125,29 +126,29 @@ func TestReservedRequestSharesAndTheGuard(t *testing.T) {
 // queue refusal) at zero gives all of it back.
 func TestTokenSharesSettleWithTheRealUsage(t *testing.T) {
 	a, b := reservesOf(t, ReserveConfig{Unit: ReserveTokens, Capacity: 1000, Saturation: 0.5,
-		Shares: map[priority.Class]float64{priority.Critical: 0.9, priority.Low: 0.1}})
-	first, ok := a.Take(priority.Low, 400)
+		Shares: map[schemas.Priority]float64{schemas.PriorityCritical: 0.9, schemas.PriorityLow: 0.1}})
+	first, ok := a.Take(schemas.PriorityLow, 400)
 	if !ok {
 		t.Fatal("400 low tokens below the threshold of 500 refused")
 	}
-	if _, ok := b.Take(priority.Low, 200); ok {
+	if _, ok := b.Take(schemas.PriorityLow, 200); ok {
 		t.Fatal("600 low tokens admitted past the threshold: low's share is 100 and nothing is common")
 	}
 	first.Settle(50)
-	second, ok := b.Take(priority.Low, 200)
+	second, ok := b.Take(schemas.PriorityLow, 200)
 	if !ok {
 		t.Fatal("200 low tokens refused after the 400 estimate settled at 50 (250 of 500 used)")
 	}
 	second.Settle(440) // 50 + 440 = 490
-	if _, ok := a.Take(priority.Low, 20); ok {
+	if _, ok := a.Take(schemas.PriorityLow, 20); ok {
 		t.Fatal("low admitted at 510 tokens past the threshold after a call settled above its estimate")
 	}
-	third, ok := a.Take(priority.Low, 5)
+	third, ok := a.Take(schemas.PriorityLow, 5)
 	if !ok {
 		t.Fatal("5 low tokens refused at 490 of 500")
 	}
 	third.Settle(0) // refused further on: nothing spent
-	if _, ok := b.Take(priority.Low, 10); !ok {
+	if _, ok := b.Take(schemas.PriorityLow, 10); !ok {
 		t.Fatal("10 low tokens refused at 490 of 500 once a 5-token hold settled at zero")
 	}
 	if a.RedisErrors()+b.RedisErrors() != 0 {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/concurrency"
 	"github.com/sluicehq/sluice/sdk/go/priority"
 )
@@ -36,17 +37,17 @@ func TestGuardsShareAnUpstreamThroughRedis(t *testing.T) {
 	}
 	a, b := guard("gw-a"), guard("gw-b")
 	ctx := context.Background()
-	pa, d := a.Acquire(ctx, Request{Tenant: "t1", Class: priority.Normal})
+	pa, d := a.Acquire(ctx, Request{Tenant: "t1", Priority: schemas.PriorityNormal})
 	if !d.Admitted() {
 		t.Fatalf("a: %+v", d)
 	}
 	got := make(chan priority.Decision, 1)
 	go func() {
-		pb, d := b.Acquire(ctx, Request{Tenant: "t2", Class: priority.High, Deadline: time.Now().Add(within)})
+		pb, d := b.Acquire(ctx, Request{Tenant: "t2", Priority: schemas.PriorityHigh, Deadline: time.Now().Add(within)})
 		pb.Release(concurrency.Success)
 		got <- d
 	}()
-	itest.Eventually(t, within, "b's request waiting", func() bool { return b.Stats().Queue.Waiting[priority.High.Index()] == 1 })
+	itest.Eventually(t, within, "b's request waiting", func() bool { return b.Stats().Queue.Waiting[schemas.PriorityHigh.Index()] == 1 })
 	pa.Release(concurrency.Success)
 	if d := <-got; !d.Admitted() || d.Waited <= 0 {
 		t.Fatalf("b after a released: %+v", d)
