@@ -17,7 +17,7 @@ import (
 
 // BenchmarkLiteLLMHook measures what Sluice's hook adds to a call through
 // the LiteLLM proxy: two proxies of the same LiteLLM in front of the same
-// mock provider, one plain and one with sluice.litellm as its callback
+// mock provider, one plain and one with sluice_metering.litellm as its callback
 // (flags checked from memory, one admit.lua before the call, the usage
 // event and the settlement after it), called one request at a time,
 // alternating, so both see the same machine in the same run.

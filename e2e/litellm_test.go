@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
@@ -31,7 +32,7 @@ func litellmPython(t testing.TB) string {
 	if py == "" {
 		py = filepath.Join("..", ".services", "venv", "bin", "python")
 	}
-	if out, err := exec.Command(py, "-c", "import litellm, openai, sluice.admission").CombinedOutput(); err != nil {
+	if out, err := exec.Command(py, "-c", "import litellm, openai, sluice_metering.admission").CombinedOutput(); err != nil {
 		msg := fmt.Sprintf("python with litellm, openai and sluice (%s): %v %s; run `make pyenv`", py, err, out)
 		if os.Getenv("CI") == "true" {
 			t.Fatal(msg)
@@ -55,7 +56,7 @@ type litellmProxy struct {
 
 // startLiteLLM runs the real LiteLLM proxy (the `litellm` command of the
 // virtualenv) with its local model-cost map, so it needs no network, in
-// front of upstream; with hook, Sluice's hook (sluice.litellm) is its
+// front of upstream; with hook, Sluice's hook (sluice_metering.litellm) is its
 // callback, configured by env. Keys come from testdata/litellm/custom_auth.py.
 func startLiteLLM(t testing.TB, py, dir, upstream string, hook bool, env []string) *litellmProxy {
 	t.Helper()
@@ -78,7 +79,7 @@ func startLiteLLM(t testing.TB, py, dir, upstream string, hook bool, env []strin
 	// clients use the keys of custom_auth.py.
 	fmt.Fprintf(&cfg, "general_settings:\n  master_key: %s\n  custom_auth: custom_auth.user_api_key_auth\n", randomKey()+randomKey()[7:])
 	if hook {
-		cfg.WriteString("litellm_settings:\n  callbacks: sluice.litellm.proxy_handler\n")
+		cfg.WriteString("litellm_settings:\n  callbacks: sluice_metering.litellm.proxy_handler\n")
 	}
 	cfgPath := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg.String()), 0o600); err != nil {
@@ -135,7 +136,7 @@ func startLiteLLM(t testing.TB, py, dir, upstream string, hook bool, env []strin
 	return p
 }
 
-// sluiceHookEnv is the environment that configures sluice.litellm for
+// sluiceHookEnv is the environment that configures sluice_metering.litellm for
 // stack s (docs/litellm.md lists every variable).
 // The admission rules come from rulesJSON, or, when it is empty, from the
 // stack's own policy file, as the Go services read it.
@@ -157,7 +158,7 @@ func sluiceHookEnv(t testing.TB, s *stack, rulesJSON string) []string {
 		"SLUICE_INGEST_API_KEY_FILE=" + filepath.Join(s.dir, "ingest-key"),
 		"SLUICE_REDIS_URL=redis://" + s.redisAddr + "/0",
 		"SLUICE_FLAGS_PREFIX=" + s.prefix,
-		"SLUICE_ADMISSION_PREFIX=" + s.prefix + "adm:",
+		"SLUICE_ADMISSION_PREFIX=" + s.redisPrefix + redisconn.AdmissionKeys,
 		rules,
 		"SLUICE_GATEWAY_NAME=" + s.prefix + "litellm",
 	}

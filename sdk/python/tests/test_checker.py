@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from sluice import flags as fl
-from sluice.checker import PROBE, REFUSED, REFUSED_STALE, Checker, refusal
+from sluice_metering import flags as fl
+from sluice_metering.checker import PROBE, REFUSED, REFUSED_STALE, Checker, refusal
 
 
 def eventually(what: str, cond, within: float = 10.0) -> None:  # type: ignore[no-untyped-def]

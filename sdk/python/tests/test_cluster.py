@@ -17,7 +17,7 @@ import redis
 import redis.asyncio
 from redis.cluster import ClusterNode, RedisCluster
 
-from sluice.admission import AsyncLimiter, Limiter, key_slot
+from sluice_metering.admission import AsyncLimiter, Limiter, key_slot
 
 from test_vectors import CASES, rules, run_async, run_sync
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from sluice.emitter import AsyncEmitter, BufferFull, Emitter
-from sluice.event import UsageEvent
+from sluice_metering.emitter import AsyncEmitter, BufferFull, Emitter
+from sluice_metering.event import UsageEvent
 
 
 class FakeIngest:

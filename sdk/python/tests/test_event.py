@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from sluice.event import UsageEvent, ValidationError
+from sluice_metering.event import UsageEvent, ValidationError
 
 from conftest import ROOT
 

@@ -15,7 +15,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from sluice.admission import PATH_LOCAL, PATH_REDIS, PATH_UNAVAILABLE, AsyncLimiter, Limiter, Request, Rules
+from sluice_metering.admission import PATH_LOCAL, PATH_REDIS, PATH_UNAVAILABLE, AsyncLimiter, Limiter, Request, Rules
 
 
 class Proxy:

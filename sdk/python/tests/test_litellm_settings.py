@@ -1,4 +1,4 @@
-"""sluice.litellm's configuration: SLUICE_POLICY_FILE gives the hook the
+"""sluice_metering.litellm's configuration: SLUICE_POLICY_FILE gives the hook the
 policy file's admission rules, the ones Go gateways enforce."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("LITELLM_TELEMETRY", "False")
 
-from sluice import policy  # noqa: E402
-from sluice.litellm import Settings  # noqa: E402
+from sluice_metering import policy  # noqa: E402
+from sluice_metering.litellm import Settings  # noqa: E402
 
 from conftest import ROOT
 

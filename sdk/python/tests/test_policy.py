@@ -1,4 +1,4 @@
-"""sluice.policy: the policy file's admission rules are the Go ones, rule
+"""sluice_metering.policy: the policy file's admission rules are the Go ones, rule
 for rule (policy/testdata/admission.rules.json, pinned by Go's
 TestAdmissionRulesGolden), and a broken file names every bad field."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from sluice import policy
+from sluice_metering import policy
 
 from conftest import ROOT
 

@@ -1,6 +1,6 @@
 """The admission scripts exist once: the package reads sdk/go/admission/scripts."""
 
-from sluice.admission import script
+from sluice_metering.admission import script
 
 from conftest import ROOT
 

@@ -1,7 +1,7 @@
 """sdk/go/admission/testdata/vectors.json, the admission vectors the Go SDK
 runs too (TestSharedVectors), against the real Redis, with the sync and
 the asyncio Limiter. A case with "policy" takes its rules from that file
-of policy/testdata, read by sluice.policy (Go reads what the Go policy
+of policy/testdata, read by sluice_metering.policy (Go reads what the Go policy
 package makes of it)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 import redis
 import redis.asyncio
 
-from sluice import policy, ratelimit
-from sluice.admission import AsyncLimiter, Decision, Limiter, Request, Rules, Ticket
+from sluice_metering import policy, ratelimit
+from sluice_metering.admission import AsyncLimiter, Decision, Limiter, Request, Rules, Ticket
 
 from conftest import ROOT
 

@@ -17,15 +17,15 @@ request's ``metadata.sluice_tenant`` (a client can write any value there).
 A request with none is refused (403) unless ``SLUICE_DEFAULT_TENANT`` names one.
 
 Configuration is read from the environment when the proxy imports
-``sluice.litellm`` (``litellm_settings: callbacks: sluice.litellm.proxy_handler``):
+``sluice_metering.litellm`` (``litellm_settings: callbacks: sluice_metering.litellm.proxy_handler``):
 
 - ``SLUICE_INGEST_URL``, ``SLUICE_INGEST_API_KEY`` or ``SLUICE_INGEST_API_KEY_FILE``;
 - ``SLUICE_REDIS_URL`` (``redis://127.0.0.1:6379/0``);
 - ``SLUICE_FLAGS_PREFIX`` (``sluice:flags:``), ``SLUICE_FAIL_MODE`` (default
   fail mode of the Checker, ``open``), ``SLUICE_MAX_STALENESS`` (seconds);
 - ``SLUICE_POLICY_FILE`` (the policy YAML the Go services read; its
-  admission rules, as sluice.policy makes them) or
-  ``SLUICE_ADMISSION_RULES_FILE`` (the rules as JSON, sluice.admission.Rules);
+  admission rules, as sluice_metering.policy makes them) or
+  ``SLUICE_ADMISSION_RULES_FILE`` (the rules as JSON, sluice_metering.admission.Rules);
   neither: no admission; ``SLUICE_ADMISSION_PREFIX`` (``sluice:adm:``),
   ``SLUICE_ADMISSION_MAX_WAIT`` (seconds, 0.05), ``SLUICE_GATEWAY_COUNT``;
 - ``SLUICE_COMPLETION_ESTIMATE`` (completion tokens debited when the request
@@ -57,7 +57,7 @@ from .checker import Checker, refusal
 from .emitter import Emitter
 from .event import UsageEvent, new_id
 
-log = logging.getLogger("sluice.litellm")
+log = logging.getLogger("sluice_metering.litellm")
 
 _ENDPOINTS = {
     "acompletion": "/v1/chat/completions", "completion": "/v1/chat/completions",
@@ -100,7 +100,7 @@ class Settings:
         s.fail_mode = e.get("SLUICE_FAIL_MODE", s.fail_mode)
         s.max_staleness = float(e.get("SLUICE_MAX_STALENESS", s.max_staleness))
         if e.get("SLUICE_POLICY_FILE") and e.get("SLUICE_ADMISSION_RULES_FILE"):
-            raise ValueError("sluice.litellm: set SLUICE_POLICY_FILE or SLUICE_ADMISSION_RULES_FILE, not both")
+            raise ValueError("sluice_metering.litellm: set SLUICE_POLICY_FILE or SLUICE_ADMISSION_RULES_FILE, not both")
         if e.get("SLUICE_POLICY_FILE"):
             s.rules = policy.load(e["SLUICE_POLICY_FILE"]).admission_rules()
         if e.get("SLUICE_ADMISSION_RULES_FILE"):
@@ -114,7 +114,7 @@ class Settings:
         s.default_tenant = e.get("SLUICE_DEFAULT_TENANT", "")
         s.trust_request_tenant = e.get("SLUICE_TRUST_REQUEST_TENANT", "") in ("1", "true")
         if not s.ingest_url:
-            raise ValueError("sluice.litellm: SLUICE_INGEST_URL (ingest's base URL) is required")
+            raise ValueError("sluice_metering.litellm: SLUICE_INGEST_URL (ingest's base URL) is required")
         return s
 
 
@@ -299,7 +299,7 @@ def _from_env() -> SluiceHook | None:
         return SluiceHook(Settings.from_env())
     except ValueError as e:
         # Imported outside a configured proxy (docs, type checks): no hook.
-        log.warning("%s; sluice.litellm.proxy_handler is None", e)
+        log.warning("%s; sluice_metering.litellm.proxy_handler is None", e)
         return None
 
 

@@ -62,7 +62,7 @@ PATH_NONE, PATH_REDIS, PATH_LOCAL, PATH_UNAVAILABLE = "none", "redis", "local", 
 
 def script(name: str) -> str:
     """The text of a shared Lua script ("admit.lua" or "adjust.lua")."""
-    return (resources.files("sluice") / "scripts" / name).read_text(encoding="utf-8")
+    return (resources.files("sluice_metering") / "scripts" / name).read_text(encoding="utf-8")
 
 
 class BacklogFull(Exception):

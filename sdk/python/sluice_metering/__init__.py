@@ -2,16 +2,16 @@
 
 The same contracts as the Go SDK (module github.com/sluicehq/sluice):
 
-- ``sluice.event``: usage event v1 and its validation;
-- ``sluice.emitter``: Emitter and AsyncEmitter, usage events to ingest in
+- ``sluice_metering.event``: usage event v1 and its validation;
+- ``sluice_metering.emitter``: Emitter and AsyncEmitter, usage events to ingest in
   the background (batched, bounded, retried with back-off and jitter);
-- ``sluice.checker``: the flag Checker (docs/flags.md) and the refusals it
+- ``sluice_metering.checker``: the flag Checker (docs/flags.md) and the refusals it
   answers with;
-- ``sluice.admission``: Limiter and AsyncLimiter over the shared Lua
+- ``sluice_metering.admission``: Limiter and AsyncLimiter over the shared Lua
   scripts of sdk/go/admission (docs/admission.md);
-- ``sluice.policy``: the policy file's admission rules, the Go policy
+- ``sluice_metering.policy``: the policy file's admission rules, the Go policy
   package's AdmissionRules (docs/python-sdk.md);
-- ``sluice.litellm``: a LiteLLM proxy hook built on the above
+- ``sluice_metering.litellm``: a LiteLLM proxy hook built on the above
   (docs/litellm.md).
 """
 

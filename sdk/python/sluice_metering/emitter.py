@@ -46,7 +46,7 @@ from typing import Protocol
 
 from .event import UsageEvent
 
-log = logging.getLogger("sluice.emitter")
+log = logging.getLogger("sluice_metering.emitter")
 
 
 class BufferFull(Exception):

@@ -32,7 +32,7 @@ import redis
 from . import flags as fl
 from . import ratelimit
 
-log = logging.getLogger("sluice.checker")
+log = logging.getLogger("sluice_metering.checker")
 
 ALLOWED, PROBE, REFUSED, REFUSED_STALE = "allowed", "probe", "refused", "refused_stale"
 
