@@ -24,7 +24,7 @@ const (
 	flagRecovery = 30 * time.Second
 	// enforcerCrashRecovery: after a kill -9 the restarted enforcer joins
 	// its consumer group only once the dead member's session expired
-	// (services.enforcer.session_timeout, 10 s by default), so a quota
+	// (services.enforcer.consumer.session_timeout, 10 s by default), so a quota
 	// crossed while it was dead is flagged within this.
 	enforcerCrashRecovery = 45 * time.Second
 	// clickHouseOutage is how long ClickHouse is unreachable.

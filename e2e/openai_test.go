@@ -101,13 +101,12 @@ func TestOfficialOpenAIClient(t *testing.T) {
 	cfg := fmt.Sprintf(`
   gateway:
     listen: %q
-    keys_file: %q
-    checker: {key_prefix: %q}
     usage: {ingest_url: "http://%s", ingest_api_key_file: %q, flush_interval: 20ms}
-    upstreams:
-      - {name: mock, base_url: "%s/v1", models: ["gpt-4o", "gpt-4o-mini", "o3-mini", "text-embedding-3-small", "gpt-3.5-turbo-instruct", "probe-model"]}
-`, gwAddr, filepath.Join(s.dir, "gateway-keys.yaml"), s.prefix, s.ingestAddr, filepath.Join(s.dir, "ingest-key"), up.URL)
+`, gwAddr, s.ingestAddr, filepath.Join(s.dir, "ingest-key"))
 	s.appendConfig(cfg)
+	s.writePolicy(policyYAML(map[string]int{"py-acme": 1_000_000}) + fmt.Sprintf(`upstreams:
+  mock: {base_url: "%s/v1", models: ["gpt-4o", "gpt-4o-mini", "o3-mini", "text-embedding-3-small", "gpt-3.5-turbo-instruct", "probe-model"]}
+`, up.URL))
 	s.start("gateway")
 	// The refusal needs the gateway's Checker to have read the flag.
 	itest.EventuallyNoError(t, waitTimeout, "the gateway refuses py-capped", func() error {

@@ -348,8 +348,8 @@ func TestReplicasUnderLoad(t *testing.T) {
 	s := newStack(t, stackOptions{RedisCluster: true, Policy: replicaPolicy(limited, slack.url()), Extra: []string{
 		// Crashed members leave the groups soon; the aggregator's is 6 s
 		// in every stack.
-		"-services.alerter.session_timeout=6s",
-		"-services.enforcer.session_timeout=6s",
+		"-services.alerter.consumer.session_timeout=6s",
+		"-services.enforcer.consumer.session_timeout=6s",
 		// Nothing resolves within the test, so each alert notifies each
 		// level at most once: a second message is a duplicate.
 		"-services.alerter.rules.resolve_after=10m",

@@ -72,14 +72,17 @@ type stack struct {
 	// Redis Cluster (stackOptions.RedisCluster).
 	redisCluster []string
 	rdb          redis.UniversalClient
-	prefix       string
-	topic        string
-	signals      string // this stack's signals topic
-	admin        string // this stack's operator-action topic
-	adminAddr    string // the enforcer's admin API
-	adminToken   string // a token the admin API accepts
-	policyPath   string
-	ingestAddr   string
+	// redisPrefix is the stack's redis.key_prefix; prefix its flags' part
+	// (the enforcer's and the Checkers' layout).
+	redisPrefix string
+	prefix      string
+	topic       string
+	signals     string // this stack's signals topic
+	admin       string // this stack's operator-action topic
+	adminAddr   string // the enforcer's admin API
+	adminToken  string // a token the admin API accepts
+	policyPath  string
+	ingestAddr  string
 	// ingests are the listen addresses of every ingest replica the loader
 	// spreads its batches over (ingestAddr alone unless a test adds more).
 	ingests   []string
@@ -127,7 +130,8 @@ func newStack(t testing.TB, opts stackOptions) *stack {
 	t.Cleanup(func() { s.rdb.Close() })
 	s.alertmgr = itest.Alertmanager(t)
 
-	s.prefix = itest.Unique(t, "e2e") + ":"
+	s.redisPrefix = itest.Unique(t, "e2e") + ":"
+	s.prefix = s.redisPrefix + redisconn.FlagKeys
 	s.topic = itest.Unique(t, "e2e_usage")
 	// Its own signals topic too: signals on the shared sluice.signals.v1
 	// reach the enforcer and alerter of any deployment on the same broker,
@@ -240,55 +244,47 @@ func (s *stack) args(opsAddr string) []string {
 		"-ops.listen=" + opsAddr,
 		"-kafka.brokers=" + s.kafka, "-kafka.partitions=4",
 		"-clickhouse.addr=" + s.chAddr, "-clickhouse.database=" + s.ch.Database,
-		"-policy_file=" + s.policyPath,
+		"-policy.file=" + s.policyPath, "-policy.reload=500ms",
+		"-redis.key_prefix=" + s.redisPrefix,
+		// Only a gateway or authz process reads it; tests that start one
+		// write it first.
+		"-tenant_keys.file=" + filepath.Join(s.dir, "gateway-keys.yaml"),
 		"-signal_auth.key_file=" + filepath.Join(s.dir, "signal-keys"),
 		"-services.ingest.listen=" + s.ingestAddr,
-		"-services.ingest.keys_file=" + filepath.Join(s.dir, "keys.yaml"),
-		"-services.ingest.topic=" + s.topic,
-		"-services.ingest.usage_api.key_prefix=" + s.prefix,
+		"-services.ingest.gateway_keys.file=" + filepath.Join(s.dir, "keys.yaml"),
+		"-services.ingest.usage_topic=" + s.topic,
 		// The period-reset test stamps events an hour ahead.
 		"-services.ingest.max_event_future=2h",
-		"-services.aggregator.topic=" + s.topic,
-		"-services.aggregator.group=" + s.groups["aggregator"],
+		"-services.aggregator.usage_topic=" + s.topic,
+		"-services.aggregator.consumer.group=" + s.groups["aggregator"],
 		"-services.aggregator.signals_topic=" + s.signals,
 		"-services.aggregator.admin_topic=" + s.admin,
 		// The period-reset test stamps events an hour ahead; without this the
 		// aggregator holds them (uncounted) until their time comes.
 		"-services.aggregator.max_event_future=2h",
 		"-services.aggregator.flush_interval=100ms",
-		"-services.aggregator.policy_reload=500ms",
-		"-services.aggregator.session_timeout=6s",
-		"-services.enforcer.consumer_group=" + s.groups["enforcer"],
+		"-services.aggregator.consumer.session_timeout=6s",
+		"-services.enforcer.consumer.group=" + s.groups["enforcer"],
 		"-services.enforcer.signals_topic=" + s.signals,
-		"-services.enforcer.key_prefix=" + s.prefix,
 		"-services.enforcer.admin_topic=" + s.admin,
 		"-services.enforcer.admin.listen=" + s.adminAddr,
-		"-services.enforcer.policy_reload=500ms",
-		"-services.alerter.group=" + s.groups["alerter"],
-		"-services.alerter.topic=" + s.signals,
+		"-services.alerter.consumer.group=" + s.groups["alerter"],
+		"-services.alerter.signals_topic=" + s.signals,
 		"-services.reconciler.signals_topic=" + s.signals,
 		"-services.alerter.alertmanager.url=" + s.alertmgr,
 		"-services.alerter.rules.pending_for=1s",
 		"-services.alerter.rules.group_wait=0s",
 		"-services.alerter.tick=200ms",
-		"-services.alerter.policy_reload=500ms",
 		// The stack runs no gateway service, but its shared defaults must
 		// not be left for one to meet another deployment's.
 		"-services.gateway.name=" + s.prefix + "gateway",
-		"-services.gateway.checker.key_prefix=" + s.prefix,
-		"-services.gateway.usage.topic=" + s.topic,
-		"-services.gateway.admission.key_prefix=" + s.prefix + "adm:",
-		"-services.gateway.shared_upstreams.key_prefix=" + s.prefix + "up:",
+		"-services.gateway.usage.usage_topic=" + s.topic,
 		"-services.gateway.deferred.topic_prefix=" + s.topic + "_deferred",
-		"-services.gateway.deferred.group=" + s.topic + "_deferred",
-		"-services.gateway.deferred.key_prefix=" + s.prefix + "deferred:",
+		"-services.gateway.deferred.consumer.group=" + s.topic + "_deferred",
 		// Nor the forward-auth endpoint's.
 		"-services.authz.name=" + s.prefix + "authz",
-		"-services.authz.checker.key_prefix=" + s.prefix,
-		"-services.authz.usage.topic=" + s.topic,
-		"-services.authz.admission.key_prefix=" + s.prefix + "adm:",
-		"-services.console.key_prefix=" + s.prefix,
-		"-shutdown_grace=10s",
+		"-services.authz.usage.usage_topic=" + s.topic,
+		"-shutdown_timeout=10s",
 	}
 	if len(s.redisCluster) > 0 {
 		a = append(a, "-redis.cluster=true", "-redis.addrs="+strings.Join(s.redisCluster, ","))

@@ -154,15 +154,24 @@ tenants:
   e2e-vip: {priority: critical}
   e2e-batch: {priority: low}
   e2e-plain: {priority: normal}
-upstreams:
+`
+	// The upstreams, all the mock below, go into the policy once it
+	// listens.
+	upstreams := `upstreams:
   mock:
+    base_url: %[1]q
+    models: [gpt-4o]
     concurrency: {mode: fixed, limit: 20, max: 20}
     queue: {max_waiting: 20, max_wait: 30s}
     reserved: {unit: concurrency, capacity: 10, saturation: 0.5, shares: {critical: 0.5, low: 0.1}}
   flaky:
+    base_url: %[1]q
+    models: [o3-mini]
     shared: true
     breaker: {consecutive_failures: 10, error_ratio: 0, open_for: 2s, max_open_for: 1m, probes: 2}
   pool:
+    base_url: %[1]q
+    models: [gpt-4o-mini]
     shared: true
     concurrency: {mode: fixed, limit: 4, max: 4}
     queue: {max_waiting: 20, max_wait: 1500ms}
@@ -176,23 +185,18 @@ upstreams:
 	t.Cleanup(releaseFlaky)
 	ans := &answers{codes: map[string][]string{}}
 	t.Cleanup(func() { release(); ans.wg.Wait(); srv.Close() })
+	s.writePolicy(pol + fmt.Sprintf(upstreams, srv.URL+"/v1"))
 
 	keys := "keys:\n" + frontend.KeyLine("vip", "sk-vip", "e2e-vip", nil) +
 		frontend.KeyLine("batch", "sk-batch", "e2e-batch", nil) + frontend.KeyLine("plain", "sk-plain", "e2e-plain", nil)
 	writeFileT(t, filepath.Join(s.dir, "gateway-keys.yaml"), keys)
 	s.appendConfig(fmt.Sprintf(`
   gateway:
-    keys_file: %q
     usage: {sink: none}
     # A stall of the shared test machine must not send the shared counts
     # to their per-process fallback: the test counts across processes.
-    admission: {policy_file: %q}
     shared_upstreams: {redis_timeout: 5s}
-    upstreams:
-      - {name: mock, base_url: "%s/v1", models: ["gpt-4o"]}
-      - {name: pool, base_url: "%s/v1", models: ["gpt-4o-mini"]}
-      - {name: flaky, base_url: "%s/v1", models: ["o3-mini"]}
-`, filepath.Join(s.dir, "gateway-keys.yaml"), s.policyPath, srv.URL, srv.URL, srv.URL))
+`))
 	gws := [2]string{freeAddr(t), freeAddr(t)}
 	ps := [2]*proc{s.spawnAs("gateway-1", "gateway", "-services.gateway.listen="+gws[0]),
 		s.spawnAs("gateway-2", "gateway", "-services.gateway.listen="+gws[1])}

@@ -36,6 +36,13 @@ type Env struct {
 	Kafka      kafkaconn.Config
 	ClickHouse chconn.Config
 	Redis      redisconn.Config
+	// Policy is the quota policy file every service follows (the root
+	// policy section): tenants, quotas, limits, upstreams, channels.
+	Policy FileSource
+	// TenantKeys is the file of tenant API keys the request-path services
+	// (sluice gateway, authz) authenticate callers with (the root
+	// tenant_keys section).
+	TenantKeys FileSource
 	// SignalAuth is how the records of the signals, admin and alerter
 	// state topics are signed and verified (the root-level signal_auth
 	// setting): their producers sign with it, their consumers refuse what

@@ -2,7 +2,10 @@ package policy
 
 import (
 	"fmt"
+	"net/url"
+	"path"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/schemas"
@@ -11,13 +14,15 @@ import (
 	"github.com/sluicehq/sluice/sdk/go/upstream"
 )
 
-// This file is the policy's side of the request path in front of an
-// upstream (sdk/go/upstream): the upstreams section — each upstream's
-// concurrency limit (fixed, seed 003's threshold rule or the gradient),
-// whether the fleet shares it, its queue, degradation levels, breaker and
-// reserved shares per priority class — and the fallbacks section, the
-// cheaper models a request may be served by instead. The tenant's
-// priority class (Tenant.Class) is the third input.
+// This file is the policy's upstreams section, the one definition of each
+// upstream sluice gateway calls: where it is and which models it serves
+// (base URL, credential, models, weight, timeouts), and how the request
+// path protects it (sdk/go/upstream): its concurrency limit (fixed, the
+// threshold rule or the gradient, or none), whether the fleet shares it,
+// its queue, degradation levels, breaker — the upstream's one health
+// mechanism — and reserved shares per priority class. The fallbacks
+// section names the cheaper models a request may be served by instead;
+// the tenant's priority class (Tenant.Class) is the third input.
 
 // Concurrency limit modes of an upstream.
 const (
@@ -33,16 +38,35 @@ const (
 	ReserveTokens      = "total_tokens"
 )
 
-// Upstream is one upstream's request-path policy (upstreams.<name>). The
-// name is the gateway's name for the upstream (services.gateway.upstreams).
+// Upstream is one upstream (upstreams.<name>): a provider endpoint and its
+// request-path protection.
 type Upstream struct {
+	// Name names the upstream in usage events (provider), logs and metrics.
 	Name string
+	// BaseURL is the provider's OpenAI-compatible base URL with its
+	// version path (https://api.openai.com/v1).
+	BaseURL string
+	// APIKeyEnv or APIKeyFile names where the provider's API key is: an
+	// environment variable or a file of the gateway's host (never the key
+	// itself); neither is an upstream that needs none.
+	APIKeyEnv, APIKeyFile string
+	// Models are the models it serves: exact names, or patterns with * and
+	// ? (gpt-4o*); an exact name wins over a pattern.
+	Models []string
+	// Weight is its share of a model's requests among the upstreams of
+	// that model that are not broken.
+	Weight int
+	// Timeout bounds the whole call (a stream to its end),
+	// ResponseHeaderTimeout the time to the answer's headers (a stream's
+	// first token), ConnectTimeout the connection, TLS included.
+	Timeout, ResponseHeaderTimeout, ConnectTimeout time.Duration
 	// Shared counts the upstream's calls in flight across every gateway
 	// process through Redis (concurrency.Shared) and shares its breaker
 	// (upstream.Fleet); otherwise each process counts alone.
 	Shared bool
 	// Mode is ModeFixed, ModeThreshold or ModeGradient; Limit is the fixed
-	// limit or the adaptive modes' initial one, within Min..Max.
+	// limit or the adaptive modes' initial one, within Min..Max. An entry
+	// without a concurrency section is not limited (UnlimitedConcurrency).
 	Mode            string
 	Limit, Min, Max int
 	// TenantShare caps each tenant at this share of the limit (0: none).
@@ -81,8 +105,17 @@ type Reserved struct {
 }
 
 type rawUpstream struct {
+	BaseURL               string         `yaml:"base_url"`
+	APIKeyEnv             string         `yaml:"api_key_env"`
+	APIKeyFile            string         `yaml:"api_key_file"`
+	Models                []string       `yaml:"models"`
+	Weight                int            `yaml:"weight"`
+	Timeout               *time.Duration `yaml:"timeout"`
+	ResponseHeaderTimeout *time.Duration `yaml:"response_header_timeout"`
+	ConnectTimeout        *time.Duration `yaml:"connect_timeout"`
+
 	Shared      *bool `yaml:"shared"`
-	Concurrency struct {
+	Concurrency *struct {
 		Mode  string `yaml:"mode"`
 		Limit *int   `yaml:"limit"`
 		Min   *int   `yaml:"min"`
@@ -112,13 +145,21 @@ type rawUpstream struct {
 	} `yaml:"reserved"`
 }
 
-// defaultUpstream is what an upstreams entry that says nothing gets: a
-// fixed limit of 100, seed 003's queue (1,000 waiting, 30 s) and levels
-// (50/70/90%, retry after 30 s), seed 000's breaker (10 failures in a row
-// or half of the calls, open 30 s, 5 probes).
-var defaultUpstream = Upstream{Mode: ModeFixed, Limit: 100, Min: 1, Max: 1000, MaxWaiting: 1000, MaxWait: 30 * time.Second,
+// defaultUpstream is what an upstreams entry gets for what it does not
+// say: weight 1; a 10-minute call, 60 s to the first token, 5 s to
+// connect; no concurrency limit (a concurrency section without a limit
+// starts at 100 within 1..1000); seed 003's queue (1,000 waiting, 30 s)
+// and levels (50/70/90%, retry after 30 s); seed 000's breaker (10
+// failures in a row or half of the calls, open 30 s, 5 probes).
+var defaultUpstream = Upstream{Weight: 1, Timeout: 10 * time.Minute, ResponseHeaderTimeout: 60 * time.Second, ConnectTimeout: 5 * time.Second,
+	Mode: ModeFixed, Limit: UnlimitedConcurrency, Min: 1, Max: UnlimitedConcurrency, MaxWaiting: 1000, MaxWait: 30 * time.Second,
 	Levels: [3]float64{0.5, 0.7, 0.9}, DegradedRetryAfter: 30 * time.Second,
 	ConsecutiveFailures: 10, ErrorRatio: 0.5, OpenFor: 30 * time.Second, MaxOpenFor: 10 * time.Minute, Probes: 5}
+
+// UnlimitedConcurrency is the concurrency limit of an upstream whose entry
+// sets none: in effect no limit, so that its queue never fills and its
+// load never degrades it; its breaker still applies.
+const UnlimitedConcurrency = 1_000_000
 
 // MaxFallbacks bounds the fallback models of one model.
 const MaxFallbacks = 8
@@ -133,6 +174,7 @@ func (v *validator) upstreams(raw map[string]rawUpstream) map[string]Upstream {
 		}
 		u := defaultUpstream
 		u.Name = name
+		v.upstreamRoute(p, r, &u)
 		set := func(dst *int, src *int) {
 			if src != nil {
 				*dst = *src
@@ -141,17 +183,20 @@ func (v *validator) upstreams(raw map[string]rawUpstream) map[string]Upstream {
 		if r.Shared != nil {
 			u.Shared = *r.Shared
 		}
-		if m := r.Concurrency.Mode; m != "" {
-			if m != ModeFixed && m != ModeThreshold && m != ModeGradient {
-				v.fail(p+".concurrency.mode", "%q is not one of fixed, threshold (seed 003's rule), gradient", m)
+		if c := r.Concurrency; c != nil {
+			u.Limit, u.Max = 100, 1000
+			if m := c.Mode; m != "" {
+				if m != ModeFixed && m != ModeThreshold && m != ModeGradient {
+					v.fail(p+".concurrency.mode", "%q is not one of fixed, threshold (seed 003's rule), gradient", m)
+				}
+				u.Mode = m
 			}
-			u.Mode = m
-		}
-		set(&u.Limit, r.Concurrency.Limit)
-		set(&u.Min, r.Concurrency.Min)
-		set(&u.Max, r.Concurrency.Max)
-		if u.Min < 1 || u.Max > 1_000_000 || u.Min > u.Max || u.Limit < u.Min || u.Limit > u.Max {
-			v.fail(p+".concurrency", "limit %d, min %d, max %d: need 1 <= min <= limit <= max <= 1000000", u.Limit, u.Min, u.Max)
+			set(&u.Limit, c.Limit)
+			set(&u.Min, c.Min)
+			set(&u.Max, c.Max)
+			if u.Min < 1 || u.Max > UnlimitedConcurrency || u.Min > u.Max || u.Limit < u.Min || u.Limit > u.Max {
+				v.fail(p+".concurrency", "limit %d, min %d, max %d: need 1 <= min <= limit <= max <= 1000000", u.Limit, u.Min, u.Max)
+			}
 		}
 		if r.TenantShare != nil {
 			u.TenantShare = *r.TenantShare
@@ -208,10 +253,65 @@ func (v *validator) upstreams(raw map[string]rawUpstream) map[string]Upstream {
 		}
 		if rr := r.Reserved; rr != nil {
 			u.Reserved = v.reserved(p+".reserved", rr.Unit, rr.Capacity, rr.Saturation, rr.Shares)
+			if rr.Unit == ReserveConcurrency && rr.Capacity == 0 && r.Concurrency == nil {
+				v.fail(p+".reserved.capacity", "0 means the concurrency section's max, and this upstream has none; give the capacity in calls in flight, or a concurrency section")
+			}
 		}
 		out[name] = u
 	}
 	return out
+}
+
+// upstreamRoute checks and sets where upstream entry r is and what it
+// serves.
+func (v *validator) upstreamRoute(p string, r rawUpstream, u *Upstream) {
+	if b, err := url.Parse(r.BaseURL); err != nil || (b.Scheme != "http" && b.Scheme != "https") || b.Host == "" {
+		v.fail(p+".base_url", "%q is not an http(s) URL; give the provider's OpenAI-compatible base URL with its version path, e.g. https://api.openai.com/v1", r.BaseURL)
+	}
+	u.BaseURL = strings.TrimRight(r.BaseURL, "/")
+	if r.APIKeyEnv != "" && r.APIKeyFile != "" {
+		v.fail(p, "set api_key_env or api_key_file, not both")
+	}
+	u.APIKeyEnv, u.APIKeyFile = r.APIKeyEnv, r.APIKeyFile
+	if len(r.Models) == 0 {
+		v.fail(p+".models", `list the models this upstream serves (models: [gpt-4o, "gpt-4o-mini*"]), or ["*"] for every model`)
+	}
+	for j, m := range r.Models {
+		if m == "" || len(m) > schemas.MaxModelLen {
+			v.fail(fmt.Sprintf("%s.models.%d", p, j), "must be 1..%d bytes", schemas.MaxModelLen)
+		} else if _, err := path.Match(m, ""); err != nil {
+			v.fail(fmt.Sprintf("%s.models.%d", p, j), "%q is not a valid pattern: %v", m, err)
+		}
+	}
+	u.Models = slices.Clone(r.Models)
+	if r.Weight < 0 || r.Weight > 1000 {
+		v.fail(p+".weight", "%d is outside 0..1000 (0 means 1)", r.Weight)
+	} else if r.Weight > 0 {
+		u.Weight = r.Weight
+	}
+	for _, d := range []struct {
+		name     string
+		src      *time.Duration
+		dst      *time.Duration
+		min, max time.Duration
+	}{
+		{"timeout", r.Timeout, &u.Timeout, time.Second, time.Hour},
+		{"response_header_timeout", r.ResponseHeaderTimeout, &u.ResponseHeaderTimeout, 100 * time.Millisecond, time.Hour},
+		{"connect_timeout", r.ConnectTimeout, &u.ConnectTimeout, 10 * time.Millisecond, time.Minute},
+	} {
+		if d.src == nil {
+			continue
+		}
+		if *d.src < d.min || *d.src > d.max {
+			v.fail(p+"."+d.name, "%s is outside %s..%s", *d.src, d.min, d.max)
+		}
+		*d.dst = *d.src
+	}
+	if r.ResponseHeaderTimeout == nil {
+		u.ResponseHeaderTimeout = min(u.ResponseHeaderTimeout, u.Timeout)
+	} else if u.ResponseHeaderTimeout > u.Timeout {
+		v.fail(p+".response_header_timeout", "%s is longer than its timeout (%s)", u.ResponseHeaderTimeout, u.Timeout)
+	}
 }
 
 func (v *validator) reserved(p, unit string, capacity int64, saturation *float64, shares map[string]float64) *Reserved {
@@ -275,9 +375,8 @@ func (v *validator) fallbacks(raw map[string][]string) map[string][]string {
 	return out
 }
 
-// Upstream returns the request-path policy of the upstream called name;
-// ok is false when the file has no entry for it (the gateway then guards
-// it not at all).
+// Upstream returns the upstream called name; ok is false when the file
+// names none.
 func (p *Policy) Upstream(name string) (Upstream, bool) {
 	u, ok := p.upstreams[name]
 	return u, ok

@@ -16,6 +16,11 @@ tenants:
   plain: {}
 upstreams:
   openai:
+    base_url: https://api.openai.com/v1/
+    api_key_env: OPENAI_API_KEY
+    models: [gpt-4o, "gpt-4o-mini*"]
+    weight: 3
+    timeout: 2m
     shared: true
     concurrency: {mode: threshold, limit: 40, min: 5, max: 200}
     tenant_share: 0.5
@@ -23,7 +28,7 @@ upstreams:
     degradation: {levels: [0.6, 0.8, 0.95], retry_after: 10s}
     breaker: {consecutive_failures: 10, open_for: 30s}
     reserved: {unit: requests, capacity: 600, saturation: 0.7, shares: {critical: 0.5, high: 0.2}}
-  local: {}
+  local: {base_url: "http://10.0.0.5:8000/v1", models: ["*"]}
 fallbacks:
   gpt-4o: [gpt-4o-mini, gpt-4.1-nano]
 `), "p.yaml")
@@ -34,7 +39,11 @@ fallbacks:
 		t.Errorf("classes: vip %v, plain %v, unnamed %v", p.Tenant("vip").Class(), p.Tenant("plain").Class(), p.Tenant("new").Class())
 	}
 	u, ok := p.Upstream("openai")
-	if !ok || !u.Shared || u.Mode != ModeThreshold || u.Limit != 40 || u.MaxWaiting != 200 || u.MaxWait != 5*time.Second ||
+	if !ok || u.BaseURL != "https://api.openai.com/v1" || u.APIKeyEnv != "OPENAI_API_KEY" || len(u.Models) != 2 || u.Weight != 3 ||
+		u.Timeout != 2*time.Minute || u.ResponseHeaderTimeout != time.Minute || u.ConnectTimeout != 5*time.Second {
+		t.Fatalf("openai's route: %+v", u)
+	}
+	if !u.Shared || u.Mode != ModeThreshold || u.Limit != 40 || u.MaxWaiting != 200 || u.MaxWait != 5*time.Second ||
 		u.Levels != [3]float64{0.6, 0.8, 0.95} || u.Reserved == nil || u.Reserved.Shares[schemas.PriorityCritical] != 0.5 || u.Reserved.Capacity != 600 {
 		t.Fatalf("openai: %+v", u)
 	}
@@ -47,8 +56,9 @@ fallbacks:
 		t.Errorf("guard options: %d, %v", len(opts), err)
 	}
 	local, _ := p.Upstream("local")
-	if local.Mode != ModeFixed || local.Limit != 100 || local.MaxWaiting != 1000 || local.ConsecutiveFailures != 10 || local.Reserved != nil {
-		t.Errorf("an entry that says nothing gets the seeds' defaults: %+v", local)
+	if local.Weight != 1 || local.Timeout != 10*time.Minute || local.Mode != ModeFixed || local.Limit != UnlimitedConcurrency ||
+		local.ConsecutiveFailures != 10 || local.OpenFor != 30*time.Second || local.Reserved != nil {
+		t.Errorf("an entry that says only where it is gets no concurrency limit and seed 000's breaker: %+v", local)
 	}
 	if _, ok := p.Upstream("other"); ok || len(p.UpstreamNames()) != 2 {
 		t.Errorf("names: %v", p.UpstreamNames())
@@ -62,6 +72,13 @@ func TestUpstreamsBadInputNamesFieldAndLimit(t *testing.T) {
 	_, err := Parse([]byte(`
 upstreams:
   u:
+    base_url: ftp://x
+    api_key_env: A
+    api_key_file: /a
+    models: ["["]
+    weight: 2000
+    timeout: 1s
+    response_header_timeout: 2s
     concurrency: {mode: adaptive, limit: 500, max: 100}
     tenant_share: 2
     degradation: {levels: [0.9, 0.5, 0.7]}
@@ -74,6 +91,9 @@ fallbacks:
 		t.Fatal("accepted")
 	}
 	for _, want := range []string{
+		"upstreams.u.base_url: \"ftp://x\" is not an http(s) URL", "upstreams.u: set api_key_env or api_key_file, not both",
+		"upstreams.u.models.0: \"[\" is not a valid pattern", "upstreams.u.weight: 2000 is outside 0..1000",
+		"upstreams.u.response_header_timeout: 2s is longer than its timeout (1s)",
 		"upstreams.u.concurrency.mode", "upstreams.u.concurrency: limit 500", "upstreams.u.tenant_share", "upstreams.u.degradation.levels",
 		"upstreams.u.reserved.unit", "upstreams.u.reserved.saturation", "upstreams.u.reserved.shares.vip", "upstreams.u.reserved.shares: the shares add up to 1.3",
 		"fallbacks.gpt-4o.0", "fallbacks.o3: lists 0 models",

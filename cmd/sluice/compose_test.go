@@ -94,7 +94,7 @@ func TestComposeFileIsComplete(t *testing.T) {
 	if _, err := chooseServices(&ccfg, nil); err != nil {
 		t.Fatalf("compose configuration does not validate: %v", err)
 	}
-	if _, err := policy.Load(ccfg.PolicyFile); err != nil {
+	if _, err := policy.Load(ccfg.Policy.File); err != nil {
 		t.Fatalf("compose policy: %v", err)
 	}
 	// The console runs in a process of its own: its configuration must
@@ -119,9 +119,9 @@ func TestComposeFileIsComplete(t *testing.T) {
 	if _, err := chooseServices(&consoleCfg, []string{"console"}); err != nil {
 		t.Fatalf("sluice-console configuration does not validate: %v", err)
 	}
-	if consoleCfg.ClickHouse.Addr != ccfg.ClickHouse.Addr || consoleCfg.Redis.Addr != ccfg.Redis.Addr || consoleCfg.PolicyFile != ccfg.PolicyFile {
+	if consoleCfg.ClickHouse.Addr != ccfg.ClickHouse.Addr || consoleCfg.Redis.Addr != ccfg.Redis.Addr || consoleCfg.Policy.File != ccfg.Policy.File {
 		t.Errorf("sluice-console reads ClickHouse %s, Redis %s, policy %s; sluice writes ClickHouse %s, Redis %s, policy %s",
-			consoleCfg.ClickHouse.Addr, consoleCfg.Redis.Addr, consoleCfg.PolicyFile, ccfg.ClickHouse.Addr, ccfg.Redis.Addr, ccfg.PolicyFile)
+			consoleCfg.ClickHouse.Addr, consoleCfg.Redis.Addr, consoleCfg.Policy.File, ccfg.ClickHouse.Addr, ccfg.Redis.Addr, ccfg.Policy.File)
 	}
 	cc := consoleCfg.Services.Console
 	_, opsPort, _ := strings.Cut(ccfg.Ops.Listen, ":")
@@ -129,14 +129,14 @@ func TestComposeFileIsComplete(t *testing.T) {
 	if len(cc.MetricsURLs) != 1 || cc.MetricsURLs[0] != "http://sluice:"+opsPort+"/metrics" {
 		t.Errorf("sluice-console reads metrics from %q, want [http://sluice:%s/metrics] (the sluice service's ops listener)", cc.MetricsURLs, opsPort)
 	}
-	if cc.AdminURL != "http://sluice:"+adminPort || cc.KeyPrefix != ccfg.Services.Enforcer.KeyPrefix {
-		t.Errorf("sluice-console acts through %q with flag prefix %q, want http://sluice:%s and the enforcer's %q",
-			cc.AdminURL, cc.KeyPrefix, adminPort, ccfg.Services.Enforcer.KeyPrefix)
+	if cc.AdminURL != "http://sluice:"+adminPort || consoleCfg.Redis.KeyPrefix != ccfg.Redis.KeyPrefix {
+		t.Errorf("sluice-console acts through %q with Redis prefix %q, want http://sluice:%s and the pipeline's %q",
+			cc.AdminURL, consoleCfg.Redis.KeyPrefix, adminPort, ccfg.Redis.KeyPrefix)
 	}
 
 	// The example keys file must load, and its key must not be an
 	// any-tenant key: it is published with the example.
-	keys, err := os.ReadFile(ccfg.Services.Ingest.KeysFile)
+	keys, err := os.ReadFile(ccfg.Services.Ingest.GatewayKeys.File)
 	if err != nil {
 		t.Fatal(err)
 	}

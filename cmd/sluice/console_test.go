@@ -29,7 +29,6 @@ import (
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/flags"
 	"github.com/sluicehq/sluice/services/enforcer/adminapi"
-	"github.com/sluicehq/sluice/services/gateway"
 )
 
 // chromiumPath finds the Debian chromium the services script installs
@@ -93,20 +92,20 @@ func startConsoleStack(t *testing.T) *consoleStack {
 	cfg.Kafka, cfg.Redis, cfg.ClickHouse = kc, rc, ch
 	cfg.Log.Format = "text"
 	cfg.Ops.Listen = freeAddr(t)
-	cfg.PolicyFile = filepath.Join("..", "..", "deploy", "demo", "policy.yaml")
 	cfg.SignalAuth = itest.SignalAuth(t)
 	s := &consoleStack{prefix: itest.Unique(t, "console") + ":", adminToken: "sk-admin-" + itest.Unique(t, ""),
 		ingestKey: "sk-ingest-" + itest.Unique(t, ""), runawayKey: "sk-ingest-runaway-" + itest.Unique(t, "")}
 	usage, signals, admin := itest.Unique(t, "console_usage"), itest.Unique(t, "console_signals"), itest.Unique(t, "console_admin")
 	sv := &cfg.Services
-	sv.Ingest.Listen, sv.Ingest.Topic, sv.Ingest.UsageAPI.KeyPrefix = freeAddr(t), usage, s.prefix
+	cfg.Redis.KeyPrefix = s.prefix
+	sv.Ingest.Listen, sv.Ingest.Topic = freeAddr(t), usage
 	// One key for the gateway (every tenant), one that reports runaway only:
 	// runaway's own key for ingest's usage API.
-	sv.Ingest.KeysFile = writeFile(t, dir, "ingest-keys.yaml", fmt.Sprintf("keys:\n  - {id: gw, sha256: %s, tenants: [\"*\"]}\n  - {id: runaway-direct, sha256: %s, tenants: [runaway]}\n",
+	sv.Ingest.GatewayKeys.File = writeFile(t, dir, "ingest-keys.yaml", fmt.Sprintf("keys:\n  - {id: gw, sha256: %s, tenants: [\"*\"]}\n  - {id: runaway-direct, sha256: %s, tenants: [runaway]}\n",
 		sha(s.ingestKey), sha(s.runawayKey)))
 	sv.Aggregator.Topic, sv.Aggregator.Group, sv.Aggregator.SignalsTopic, sv.Aggregator.AdminTopic = usage, itest.Unique(t, "console_agg"), signals, admin
 	sv.Aggregator.FlushInterval = 100 * time.Millisecond
-	sv.Enforcer.SignalsTopic, sv.Enforcer.ConsumerGroup, sv.Enforcer.AdminTopic, sv.Enforcer.KeyPrefix = signals, itest.Unique(t, "console_enf"), admin, s.prefix
+	sv.Enforcer.SignalsTopic, sv.Enforcer.Group, sv.Enforcer.AdminTopic = signals, itest.Unique(t, "console_enf"), admin
 	sv.Enforcer.Admin.Listen = freeAddr(t)
 	sv.Enforcer.Admin.Tokens = []adminapi.Token{{Name: "browser-test", SHA256: adminapi.HashToken(s.adminToken)}}
 	g := &sv.Gateway
@@ -116,18 +115,17 @@ func startConsoleStack(t *testing.T) *consoleStack {
 	for _, tn := range demoTenants {
 		keys.WriteString(frontend.KeyLine("key-"+tn.Name, tn.APIKey, tn.Name, nil))
 	}
-	g.KeysFile = writeFile(t, dir, "gateway-keys.yaml", keys.String())
-	g.Upstreams = []gateway.Upstream{{Name: "mock", BaseURL: up.URL + "/v1", Models: []string{"*"}}}
-	g.Checker.KeyPrefix, g.Admission.KeyPrefix = s.prefix, s.prefix+"adm:"
+	cfg.TenantKeys.File = writeFile(t, dir, "gateway-keys.yaml", keys.String())
+	cfg.Policy.File = demoPolicyAt(t, dir, up.URL)
 	g.Usage.Sink = frontend.SinkNone
-	sv.Console.Listen, sv.Console.KeyPrefix = freeAddr(t), s.prefix
+	sv.Console.Listen = freeAddr(t)
 	sv.Console.AdminURL = "http://" + sv.Enforcer.Admin.Listen
 	sv.Console.SampleEvery = time.Second
 	s.console, s.gateway, s.ingest, s.cfg = "http://"+sv.Console.Listen, "http://"+g.Listen, "http://"+sv.Ingest.Listen, cfg
 
 	log := itest.Logger(t)
 	ctx, stop := context.WithCancel(context.Background())
-	p, err := preparePipeline(ctx, &s.cfg, []string{"ingest", "aggregator", "enforcer", "gateway", "console"}, log)
+	p, err := preparePipeline(ctx, &s.cfg, []string{"ingest", "aggregator", "enforcer", "gateway", "console"}, &hostOptions{}, log)
 	if err != nil {
 		stop()
 		t.Fatal(err)
@@ -384,7 +382,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	}
 	rdb := redisClient(t, s.cfg)
 	itest.EventuallyNoError(t, 30*time.Second, "acme's manual flag in Redis", func() error {
-		v, err := rdb.HGet(context.Background(), flags.Layout{Prefix: s.prefix}.TenantKey("acme"), flags.AllModels).Result()
+		v, err := rdb.HGet(context.Background(), flags.Layout{Prefix: s.cfg.Redis.Prefix(redisconn.FlagKeys)}.TenantKey("acme"), flags.AllModels).Result()
 		if err != nil {
 			return err
 		}

@@ -79,14 +79,13 @@ func demoConfig() Config {
 	c := defaultConfig()
 	c.Log.Format = "text"
 	c.ClickHouse.Database = "sluice_demo"
-	c.PolicyFile = filepath.Join("deploy", "demo", "policy.yaml")
+	c.Policy.File = filepath.Join("deploy", "demo", "policy.yaml")
 	c.Services.Ingest.Listen = demoIngestAddr
 	// A prefix per run: flags of an earlier demo (they live until their TTL)
 	// must not refuse this run's tenants before it has metered anything.
-	c.Services.Enforcer.KeyPrefix = fmt.Sprintf("sluice-demo-%d:", time.Now().Unix())
-	// The console and ingest's usage API read the run's flags.
-	c.Services.Console.Listen, c.Services.Console.KeyPrefix = demoConsoleAddr, c.Services.Enforcer.KeyPrefix
-	c.Services.Ingest.UsageAPI.KeyPrefix = c.Services.Enforcer.KeyPrefix
+	c.Redis.KeyPrefix = fmt.Sprintf("sluice-demo-%d:", time.Now().Unix())
+	c.Services.Console.Listen = demoConsoleAddr
+	c.Services.Gateway.Admission.MaxWait = demoAdmissionWait
 	c.Services.Alerter.Alertmanager.URL = envOr("SLUICE_ALERTMANAGER_URL", "http://127.0.0.1:19093")
 	// Tiers must hold this long before they notify; short enough to watch.
 	c.Services.Alerter.Rules.PendingFor = 5 * time.Second
@@ -110,6 +109,9 @@ func demo(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	// The demo asks for the development broker by name, unless
+	// kafka.brokers names a real one.
+	cfg.Embedded.Enabled = len(cfg.Kafka.Brokers) == 0
 	logPath := filepath.Join(".services", "log", "sluice-demo.log")
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
 		return err
@@ -162,7 +164,7 @@ func (d *demoRun) run(ctx context.Context, cfg *Config, log *slog.Logger) error 
 		return err
 	}
 	defer os.RemoveAll(filepath.Dir(keysFile))
-	cfg.Services.Ingest.KeysFile = keysFile
+	cfg.Services.Ingest.GatewayKeys.File = keysFile
 	if err := d.configureGateway(cfg, filepath.Dir(keysFile), ingestKey); err != nil {
 		return err
 	}
@@ -174,7 +176,8 @@ func (d *demoRun) run(ctx context.Context, cfg *Config, log *slog.Logger) error 
 		return err
 	}
 
-	p, err := preparePipeline(ctx, cfg, demoServices, log)
+	var host hostOptions
+	p, err := preparePipeline(ctx, cfg, demoServices, &host, log)
 	if err != nil {
 		return err
 	}
@@ -183,31 +186,25 @@ func (d *demoRun) run(ctx context.Context, cfg *Config, log *slog.Logger) error 
 	rdb := redisconn.NewClient(cfg.Redis)
 	defer rdb.Close()
 	ccfg := checker.DefaultConfig()
-	ccfg.KeyPrefix = cfg.Services.Enforcer.KeyPrefix
+	ccfg.KeyPrefix = cfg.Redis.Prefix(redisconn.FlagKeys)
 	chk, err := checker.New(rdb, ccfg, log.With("component", "checker"))
 	if err != nil {
 		return err
 	}
-	// Admission before the call: the gateway asks the Limiter built from
-	// the demo policy's limits (trial's trial-tpm refuses before the
-	// upstream), through the counts the live view shows. The gateway task
-	// reads cfg when it starts, after this.
-	adm, admFollow, admRelease, err := demoAdmission(cfg, p.env.Metrics, log.With("component", "admission"))
-	if err != nil {
-		return err
-	}
-	defer admRelease()
-	admCounts := newAdmissionCounts(frontend.LimiterAdmitter{L: adm})
-	cfg.gatewayAdmitter = admCounts
+	// Admission before the call: the gateway's, built from the demo
+	// policy's limits (trial's trial-tpm refuses before the upstream),
+	// through the counts the live view shows.
+	admCounts := newAdmissionCounts()
+	host.gateway.WrapAdmitter = admCounts.wrap
 	// The guards of the policy's upstreams (premium: gpt-4o), which the
 	// gateway follows the policy with and the live view shows.
 	grdb := redisconn.NewClient(cfg.Redis, redisconn.ContextTimeouts())
 	defer grdb.Close()
 	moves := &limitMoves{n: map[string]int{}}
-	guards := gateway.NewGuards(grdb, cfg.Services.Gateway.SharedUpstreams.KeyPrefix, gateway.ProcessID("demo-gateway"),
+	guards := gateway.NewGuards(grdb, cfg.Redis.Prefix(redisconn.UpstreamKeys), gateway.ProcessID("demo-gateway"),
 		log.With("component", "upstream"), moves.moved)
 	defer guards.Close()
-	cfg.gatewayGuards = guards
+	host.gateway.Guards = guards
 	gen := d.gen
 
 	conn, err := chconn.Open(ctx, cfg.ClickHouse)
@@ -229,7 +226,6 @@ func (d *demoRun) run(ctx context.Context, cfg *Config, log *slog.Logger) error 
 	}
 	tasks := append(p.tasks,
 		lifecycle.Task{Name: "checker", Run: chk.Run},
-		admFollow,
 		lifecycle.Task{Name: "mock-llm", StopsAfter: []string{"gateway"},
 			Run: serveHTTP(d.upstream, mockllm.New(mockllm.Options{StreamUsage: mockllm.UsageWhenAsked,
 				Capacity: demoPremiumCapacity, Latency: demoPremiumLatency, CapacityModels: []string{"gpt-4o"}}))},
@@ -247,7 +243,7 @@ func (d *demoRun) run(ctx context.Context, cfg *Config, log *slog.Logger) error 
 		d.gateway, cfg.Services.Ingest.Listen, cfg.Ops.Listen, cfg.Services.Alerter.Alertmanager.URL)
 	fmt.Fprintf(d.out, "sluice demo: web console http://%s (to act, log in with the admin token %s); usage API: curl -H 'Authorization: Bearer %s' http://%s/v1/usage\n",
 		cfg.Services.Console.Listen, adminToken, d.tenants[0].APIKey, d.gateway)
-	return lifecycle.Run(ctx, log, cfg.ShutdownGrace, tasks...)
+	return lifecycle.Run(ctx, log, cfg.ShutdownTimeout, tasks...)
 }
 
 // demoServices are what the demo runs in its process: the whole pipeline
@@ -265,23 +261,25 @@ func (d *demoRun) configureGateway(c *Config, dir, ingestKey string) error {
 	for _, t := range d.tenants {
 		keys.WriteString(frontend.KeyLine("key-"+t.Name, t.APIKey, t.Name, nil))
 	}
-	g.KeysFile = filepath.Join(dir, "gateway-keys.yaml")
-	if err := os.WriteFile(g.KeysFile, []byte(keys.String()), 0o600); err != nil {
+	c.TenantKeys.File = filepath.Join(dir, "gateway-keys.yaml")
+	if err := os.WriteFile(c.TenantKeys.File, []byte(keys.String()), 0o600); err != nil {
 		return err
 	}
-	// gpt-4o goes to the mock's capacity-bound premium model, guarded by
-	// the policy's upstreams.premium; every other model to the rest of it.
-	g.Upstreams = []gateway.Upstream{
-		{Name: "premium", BaseURL: "http://" + d.upstream + "/v1", Models: []string{"gpt-4o"}},
-		{Name: "mock-llm", BaseURL: "http://" + d.upstream + "/v1", Models: []string{"*"}},
+	// The policy's upstreams send gpt-4o to the mock's capacity-bound
+	// premium model and every other model to the rest of it, at the demo's
+	// mock address: a run whose mock listens elsewhere (the demo's test)
+	// gets a copy of the policy that says so.
+	if d.upstream != demoUpstreamAddr {
+		src, err := os.ReadFile(c.Policy.File)
+		if err != nil {
+			return err
+		}
+		moved := strings.ReplaceAll(string(src), "http://"+demoUpstreamAddr+"/", "http://"+d.upstream+"/")
+		c.Policy.File = filepath.Join(dir, "policy.yaml")
+		if err := os.WriteFile(c.Policy.File, []byte(moved), 0o600); err != nil {
+			return err
+		}
 	}
-	// The policy's classes, upstreams and fallbacks; admission itself is
-	// the demo's own Admitter. The run's prefixes keep an earlier demo's
-	// counts out.
-	g.Admission.PolicyFile = c.PolicyFile
-	g.Admission.KeyPrefix = c.Services.Enforcer.KeyPrefix + "adm:"
-	g.SharedUpstreams.KeyPrefix = c.Services.Enforcer.KeyPrefix + "up:"
-	g.Checker.KeyPrefix = c.Services.Enforcer.KeyPrefix
 	g.Usage.Sink, g.Usage.IngestURL = frontend.SinkIngest, "http://"+c.Services.Ingest.Listen
 	g.Usage.IngestAPIKeyFile = filepath.Join(dir, "ingest-key")
 	g.Usage.FlushInterval = 50 * time.Millisecond

@@ -17,7 +17,9 @@ import (
 	"github.com/sluicehq/sluice/demo/loadgen"
 	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/sdk/go/admission"
 	"github.com/sluicehq/sluice/sdk/go/estimate"
 	"github.com/sluicehq/sluice/sdk/go/middleware"
@@ -38,19 +40,9 @@ func TestDemoAdmissionRefusesTrialOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := demoConfig()
-	cfg.PolicyFile = polFile
-	cfg.Redis = itest.Redis(t)
-	cfg.Services.Enforcer.KeyPrefix = itest.Unique(t, "sluice_test_demoadm:") + ":"
-	cfg.Services.Enforcer.PolicyReload = 100 * time.Millisecond
-	lim, follow, release, err := demoAdmission(&cfg, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer release()
-	ctx, cancel := context.WithCancel(context.Background())
-	stop := itest.Start(t, follow.Name, follow.Run)
-	defer stop()
-	defer cancel()
+	cfg.Policy = platform.FileSource{File: polFile, Reload: 100 * time.Millisecond}
+	lim := demoLimits(t, &cfg)
+	ctx := context.Background()
 
 	est, err := estimate.New(estimate.DefaultConfig())
 	if err != nil {
@@ -136,15 +128,9 @@ func TestDemoAdmissionRefusesTrialOnly(t *testing.T) {
 // rule), exactly as it answered them.
 func TestLiveViewCountsAdmissions(t *testing.T) {
 	cfg := demoConfig()
-	cfg.PolicyFile = filepath.Join("..", "..", "deploy", "demo", "policy.yaml")
-	cfg.Redis = itest.Redis(t)
-	cfg.Services.Enforcer.KeyPrefix = itest.Unique(t, "sluice_test_demoview:") + ":"
-	lim, _, release, err := demoAdmission(&cfg, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer release()
-	counts := newAdmissionCounts(frontend.LimiterAdmitter{L: lim})
+	cfg.Policy.File = filepath.Join("..", "..", "deploy", "demo", "policy.yaml")
+	counts := newAdmissionCounts()
+	counts.wrap(frontend.LimiterAdmitter{L: demoLimits(t, &cfg)})
 	est, err := estimate.New(estimate.DefaultConfig())
 	if err != nil {
 		t.Fatal(err)
@@ -183,4 +169,26 @@ func TestLiveViewCountsAdmissions(t *testing.T) {
 			t.Errorf("trial: %d refusals, latest by %q; want trial-tpm to refuse", r, rule)
 		}
 	}
+}
+
+// demoLimits builds the hard limits of the demo gateway's admission, as
+// the gateway builds them from cfg's policy (frontend.NewLimits), on the
+// real Redis under a prefix of the test's own, and follows the policy
+// file until the test ends.
+func demoLimits(t *testing.T, cfg *Config) *admission.Limiter {
+	t.Helper()
+	cfg.Redis = itest.Redis(t)
+	log := slog.New(slog.DiscardHandler)
+	w, err := policy.NewWatcher(cfg.Policy.File, cfg.Policy.Reload, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := platform.Env{Logger: log, Metrics: prometheus.NewRegistry(), Redis: cfg.Redis}
+	limits, err := frontend.NewLimits(cfg.Services.Gateway.Admission, w.Current(), "gateway", false, env, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(limits.Close)
+	itest.Start(t, "policy", func(ctx context.Context) error { return w.Follow(ctx, limits.Apply) })
+	return limits.Admit.(frontend.LimiterAdmitter).L
 }

@@ -36,20 +36,20 @@ func TestDemoShowsTheRunawaysPredictionEarly(t *testing.T) {
 
 	cfg := demoConfig()
 	cfg.Kafka, cfg.Redis, cfg.ClickHouse = kc, rc, ch
-	cfg.PolicyFile = filepath.Join("..", "..", "deploy", "demo", "policy.yaml")
+	cfg.Policy.File = filepath.Join("..", "..", "deploy", "demo", "policy.yaml")
 	cfg.Ops.Listen = freeAddr(t)
 	sv := &cfg.Services
-	prefix := itest.Unique(t, "demopredict") + ":"
+	cfg.Redis.KeyPrefix = itest.Unique(t, "demopredict") + ":"
 	usage, signals, admin := itest.Unique(t, "demo_usage"), itest.Unique(t, "demo_signals"), itest.Unique(t, "demo_admin")
-	sv.Ingest.Listen, sv.Ingest.Topic, sv.Ingest.UsageAPI.KeyPrefix = freeAddr(t), usage, prefix
+	sv.Ingest.Listen, sv.Ingest.Topic = freeAddr(t), usage
 	sv.Aggregator.Topic, sv.Aggregator.Group, sv.Aggregator.SignalsTopic, sv.Aggregator.AdminTopic = usage, itest.Unique(t, "demo_agg"), signals, admin
-	sv.Enforcer.SignalsTopic, sv.Enforcer.ConsumerGroup, sv.Enforcer.AdminTopic, sv.Enforcer.KeyPrefix = signals, itest.Unique(t, "demo_enf"), admin, prefix
+	sv.Enforcer.SignalsTopic, sv.Enforcer.Group, sv.Enforcer.AdminTopic = signals, itest.Unique(t, "demo_enf"), admin
 	sv.Enforcer.Admin.Listen = freeAddr(t)
 	sv.Alerter.Topic, sv.Alerter.Group, sv.Alerter.Alertmanager.URL = signals, itest.Unique(t, "demo_alerter"), amSrv.URL
 	sv.Reconciler.SignalsTopic = signals
 	sv.Gateway.Usage.Topic = usage
 	sv.Gateway.Deferred.Group, sv.Gateway.Deferred.TopicPrefix = itest.Unique(t, "demo_deferred"), itest.Unique(t, "demo_deferred")
-	sv.Console.Listen, sv.Console.KeyPrefix = freeAddr(t), prefix
+	sv.Console.Listen = freeAddr(t)
 
 	var out itest.Buffer
 	d := newDemoRun(freeAddr(t), freeAddr(t), demoTenants[:1], &out, false)

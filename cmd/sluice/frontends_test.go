@@ -16,7 +16,6 @@ import (
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/gateway"
 )
 
 // frontEndsPolicy limits tenant "checked", whom authz admits, to one
@@ -45,27 +44,16 @@ func TestGatewayAndAuthzInOneProcess(t *testing.T) {
 	cfg, sink := withIngest(t, dir, topic)
 	sink.FlushInterval = 10 * time.Millisecond
 	keys := writeFile(t, dir, "keys.yaml", "keys:\n"+frontend.KeyLine("gw", "sk-gw", "proxied", nil)+frontend.KeyLine("az", "sk-az", "checked", nil))
-	policy := writeFile(t, dir, "policy.yaml", frontEndsPolicy)
-	prefix := itest.Unique(t, "frontends")
-	admission := func(a *frontend.AdmissionConfig) {
-		a.PolicyFile = policy
-		a.KeyPrefix = prefix + ":adm:"
-		a.MaxWait = 200 * time.Millisecond
-	}
+	policy := writeFile(t, dir, "policy.yaml", frontEndsPolicy+upstreamPolicy(up.URL))
+	cfg.Policy.File, cfg.TenantKeys.File = policy, keys
 	g := &cfg.Services.Gateway
 	g.Listen = freeAddr(t)
-	g.KeysFile = keys
-	g.Upstreams = []gateway.Upstream{{Name: "mock", BaseURL: up.URL + "/v1", Models: []string{"*"}}}
-	g.Checker.KeyPrefix = prefix + ":flags:"
-	g.SharedUpstreams.KeyPrefix = prefix + ":up:"
 	g.Usage.EventSink = sink
-	admission(&g.Admission)
+	g.Admission.MaxWait = 200 * time.Millisecond
 	a := &cfg.Services.Authz
 	a.Listen = freeAddr(t)
-	a.KeysFile = keys
-	a.Checker.KeyPrefix = prefix + ":flags:"
 	a.Usage = sink
-	admission(&a.Admission)
+	a.Admission.MaxWait = 200 * time.Millisecond
 
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	stop := runPipeline(t, &cfg, []string{"ingest", "gateway", "authz"}, log, cfg.Services.Ingest.Listen, g.Listen, a.Listen)

@@ -28,7 +28,6 @@ import (
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/lifecycle"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/gateway"
 )
 
 // lossLog records log lines that report lost usage events.
@@ -63,12 +62,11 @@ func TestStoppingTheGatewayUnderLoadLosesNoUsage(t *testing.T) {
 
 	cfg, sink := withIngest(t, dir, topic)
 	kc := cfg.Kafka
-	cfg.ShutdownGrace = 60 * time.Second
+	cfg.ShutdownTimeout = 60 * time.Second
+	cfg.TenantKeys.File = writeFile(t, dir, "gateway-keys.yaml", "keys:\n"+frontend.KeyLine("load", "sk-load", "loadco", nil))
 	g := &cfg.Services.Gateway
 	g.Listen = freeAddr(t)
-	g.KeysFile = writeFile(t, dir, "gateway-keys.yaml", "keys:\n"+frontend.KeyLine("load", "sk-load", "loadco", nil))
-	g.Upstreams = []gateway.Upstream{{Name: "mock", BaseURL: up.URL + "/v1", Models: []string{"*"}}}
-	g.Checker.KeyPrefix = itest.Unique(t, "gwstop") + ":"
+	cfg.Policy.File = writeFile(t, dir, "policy.yaml", upstreamPolicy(up.URL))
 	g.Usage.EventSink = sink
 	g.ShutdownTimeout = 20 * time.Second
 
@@ -143,13 +141,13 @@ func runPipeline(t *testing.T, cfg *Config, names []string, log *slog.Logger, li
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	p, err := preparePipeline(ctx, cfg, names, log)
+	p, err := preparePipeline(ctx, cfg, names, &hostOptions{}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.close)
 	ran := make(chan error, 1)
-	go func() { ran <- lifecycle.Run(ctx, log, cfg.ShutdownGrace, p.tasks...) }()
+	go func() { ran <- lifecycle.Run(ctx, log, cfg.ShutdownTimeout, p.tasks...) }()
 	itest.EventuallyNoError(t, 60*time.Second, strings.Join(names, ", ")+" accept connections", func() error {
 		select {
 		case err := <-ran:
@@ -195,11 +193,28 @@ func withIngest(t *testing.T, dir, topic string) (Config, frontend.EventSink) {
 	cfg.Services.Ingest.Topic = topic
 	key := "sk-ingest-" + itest.Unique(t, "")
 	sum := sha256.Sum256([]byte(key))
-	cfg.Services.Ingest.KeysFile = writeFile(t, dir, "ingest-keys.yaml", "keys:\n  - {id: frontend, sha256: "+hex.EncodeToString(sum[:])+", tenants: [\"*\"]}\n")
+	cfg.Services.Ingest.GatewayKeys.File = writeFile(t, dir, "ingest-keys.yaml", "keys:\n  - {id: frontend, sha256: "+hex.EncodeToString(sum[:])+", tenants: [\"*\"]}\n")
 	sink := frontend.DefaultEventSink()
 	sink.IngestURL = "http://" + cfg.Services.Ingest.Listen
 	sink.IngestAPIKeyFile = writeFile(t, dir, "ingest-key", key)
 	return cfg, sink
+}
+
+// upstreamPolicy is a policy's upstreams section with one upstream, the
+// mock LLM at url, serving every model.
+func upstreamPolicy(url string) string {
+	return fmt.Sprintf("upstreams:\n  mock: {base_url: %q, models: [\"*\"]}\n", url+"/v1")
+}
+
+// demoPolicyAt copies the demo policy into dir with its upstreams at url,
+// the test's mock LLM, instead of the demo's fixed address.
+func demoPolicyAt(t *testing.T, dir, url string) string {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join("..", "..", "deploy", "demo", "policy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return writeFile(t, dir, "demo-policy.yaml", strings.ReplaceAll(string(src), "http://"+demoUpstreamAddr, url))
 }
 
 // settlementsIn reads topic from its start to its end and returns the ids

@@ -25,12 +25,12 @@ func migrate(ctx context.Context, cfg Config) error {
 	if err := applyMigrations(ctx, cfg.ClickHouse, log); err != nil {
 		return err
 	}
-	if cfg.PolicyFile == "" {
+	if cfg.Policy.File == "" {
 		return nil
 	}
-	pol, err := policy.Load(cfg.PolicyFile)
+	pol, err := policy.Load(cfg.Policy.File)
 	if err != nil {
-		return fmt.Errorf("migrate: prices from policy_file: %w", err)
+		return fmt.Errorf("migrate: prices from policy.file: %w", err)
 	}
 	conn, err := chconn.Open(ctx, cfg.ClickHouse)
 	if err != nil {
@@ -41,7 +41,7 @@ func migrate(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	log.Info("prices table up to date with the policy", "policy_file", cfg.PolicyFile, "rows_written", n)
+	log.Info("prices table up to date with the policy", "policy_file", cfg.Policy.File, "rows_written", n)
 	return nil
 }
 

@@ -20,8 +20,8 @@ func TestMigrateCopiesThePolicyPrices(t *testing.T) {
 	cfg := defaultConfig()
 	cfg.ClickHouse = itest.ClickHouse(t)
 	cfg.Log.Level = "warn"
-	cfg.PolicyFile = filepath.Join(t.TempDir(), "policy.yaml")
-	if err := os.WriteFile(cfg.PolicyFile, []byte("prices:\n  - {model: gpt-4o, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 2.5, completion: 10, cached: 1.25}\n"), 0o600); err != nil {
+	cfg.Policy.File = filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(cfg.Policy.File, []byte("prices:\n  - {model: gpt-4o, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 2.5, completion: 10, cached: 1.25}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()

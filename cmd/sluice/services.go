@@ -9,7 +9,9 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/devbroker"
 	"github.com/sluicehq/sluice/platform/lifecycle"
 	"github.com/sluicehq/sluice/platform/logging"
@@ -41,7 +43,7 @@ type ServiceConfigs struct {
 }
 
 func defaultServiceConfigs() ServiceConfigs {
-	s := ServiceConfigs{
+	return ServiceConfigs{
 		Ingest:     ingest.DefaultConfig(),
 		Aggregator: aggregator.DefaultConfig(),
 		Enforcer:   enforcer.DefaultConfig(),
@@ -51,10 +53,12 @@ func defaultServiceConfigs() ServiceConfigs {
 		Authz:      authz.DefaultConfig(),
 		Console:    console.DefaultConfig(),
 	}
-	// In one process the root policy_file is the default for every service.
-	s.Reconciler.PolicyFile = ""
-	s.Aggregator.PolicyFile = ""
-	return s
+}
+
+// hostOptions are what a hosting program (the demo) adds to the services
+// at run time: observers and shared parts, never settings.
+type hostOptions struct {
+	gateway gateway.Options
 }
 
 // service is one runnable part of Sluice. Every service package exposes
@@ -62,10 +66,13 @@ func defaultServiceConfigs() ServiceConfigs {
 type service struct {
 	name  string
 	about string
-	// prepare returns the service's section with root-level defaults (the
-	// shared policy file) filled in, ready to validate and run.
-	prepare func(c *Config) validator
-	run     func(ctx context.Context, c *Config, env platform.Env) error
+	// section returns the service's configuration section, to validate.
+	section func(c *Config) validator
+	run     func(ctx context.Context, c *Config, env platform.Env, host hostOptions) error
+	// needs says which backing services the service uses with c: the
+	// process connects to (and, for Kafka, may start) only what its
+	// services need. writesClickHouse services get the migrations first.
+	needs func(c *Config) needs
 	// signals is true for the services that sign or verify signals, and
 	// so need signal_auth.
 	signals bool
@@ -77,15 +84,17 @@ type service struct {
 	stopsAfter []string
 }
 
+// needs are the backing services and shared files a service uses.
+type needs struct {
+	kafka, writesClickHouse bool
+	// policy: the service cannot run without policy.file.
+	policy bool
+}
+
 type validator interface{ Validate() error }
 
-// sharedPolicy gives a service the root policy_file unless its own section
-// names another.
-func sharedPolicy(own *string, root string) {
-	if *own == "" {
-		*own = root
-	}
-}
+// always returns a needs function that ignores the configuration.
+func always(n needs) func(*Config) needs { return func(*Config) needs { return n } }
 
 // services lists, in data-flow order, what `sluice run` can start.
 var services = []service{
@@ -94,64 +103,54 @@ var services = []service{
 		// events into ingest as it stops: ingest must still be there to
 		// take them.
 		stopsAfter: []string{"gateway", "authz"},
-		prepare: func(c *Config) validator {
-			sharedPolicy(&c.Services.Ingest.UsageAPI.PolicyFile, c.PolicyFile)
-			return c.Services.Ingest
-		},
-		run: func(ctx context.Context, c *Config, env platform.Env) error {
+		section:    func(c *Config) validator { return c.Services.Ingest },
+		needs:      always(needs{kafka: true}),
+		run: func(ctx context.Context, c *Config, env platform.Env, _ hostOptions) error {
 			return ingest.Run(ctx, c.Services.Ingest, env)
 		}},
 	{name: "aggregator", signals: true, about: "usage events → rates, totals, predictions, tiers → ClickHouse and signals",
-		prepare: func(c *Config) validator {
-			sharedPolicy(&c.Services.Aggregator.PolicyFile, c.PolicyFile)
-			return c.Services.Aggregator
-		},
-		run: func(ctx context.Context, c *Config, env platform.Env) error {
+		section: func(c *Config) validator { return c.Services.Aggregator },
+		needs:   always(needs{kafka: true, writesClickHouse: true, policy: true}),
+		run: func(ctx context.Context, c *Config, env platform.Env, _ hostOptions) error {
 			return aggregator.Run(ctx, c.Services.Aggregator, env)
 		}},
 	{name: "enforcer", signals: true, about: "signals → breakers → Redis flags for the gateway Checker; admin API",
-		prepare: func(c *Config) validator {
-			sharedPolicy(&c.Services.Enforcer.PolicyFile, c.PolicyFile)
-			return c.Services.Enforcer
-		},
-		run: func(ctx context.Context, c *Config, env platform.Env) error {
+		section: func(c *Config) validator { return c.Services.Enforcer },
+		needs:   always(needs{kafka: true, writesClickHouse: true}),
+		run: func(ctx context.Context, c *Config, env platform.Env, _ hostOptions) error {
 			return enforcer.Run(ctx, c.Services.Enforcer, env)
 		}},
 	{name: "alerter", signals: true, about: "signals → Alertmanager, DingTalk and Slack notifications",
-		prepare: func(c *Config) validator {
-			sharedPolicy(&c.Services.Alerter.PolicyFile, c.PolicyFile)
-			return c.Services.Alerter
-		},
-		run: func(ctx context.Context, c *Config, env platform.Env) error {
+		section: func(c *Config) validator { return c.Services.Alerter },
+		needs:   always(needs{kafka: true}),
+		run: func(ctx context.Context, c *Config, env platform.Env, _ hostOptions) error {
 			return alerter.Run(ctx, c.Services.Alerter, env)
 		}},
 	{name: "reconciler", signals: true, about: "nightly audit of counters against raw events; drift repair and alerts",
-		prepare: func(c *Config) validator {
-			sharedPolicy(&c.Services.Reconciler.PolicyFile, c.PolicyFile)
-			return c.Services.Reconciler
-		},
-		run: func(ctx context.Context, c *Config, env platform.Env) error {
+		section: func(c *Config) validator { return c.Services.Reconciler },
+		needs:   always(needs{kafka: true, writesClickHouse: true, policy: true}),
+		run: func(ctx context.Context, c *Config, env platform.Env, _ hostOptions) error {
 			return reconciler.Run(ctx, c.Services.Reconciler, env)
 		}},
 	{name: "gateway", optIn: true, about: "OpenAI-compatible proxy in front of the providers: flags, metering, usage events (only when named)",
-		prepare: func(c *Config) validator {
-			sharedPolicy(&c.Services.Gateway.UsageAPI.PolicyFile, c.PolicyFile)
-			return c.Services.Gateway
+		section: func(c *Config) validator { return c.Services.Gateway },
+		needs: func(c *Config) needs {
+			g := c.Services.Gateway
+			return needs{kafka: g.Usage.Sink == frontend.SinkKafka || g.Deferred.Enabled}
 		},
-		run: func(ctx context.Context, c *Config, env platform.Env) error {
-			return gateway.RunWith(ctx, c.Services.Gateway, env, gateway.Options{Admitter: c.gatewayAdmitter, Guards: c.gatewayGuards})
+		run: func(ctx context.Context, c *Config, env platform.Env, host hostOptions) error {
+			return gateway.RunWith(ctx, c.Services.Gateway, env, host.gateway)
 		}},
 	{name: "authz", optIn: true, about: "forward-auth endpoint for nginx, Envoy, Traefik, Kong, APISIX: flags and admission per request (only when named)",
-		prepare: func(c *Config) validator { return c.Services.Authz },
-		run: func(ctx context.Context, c *Config, env platform.Env) error {
+		section: func(c *Config) validator { return c.Services.Authz },
+		needs:   func(c *Config) needs { return needs{kafka: c.Services.Authz.Usage.Sink == frontend.SinkKafka} },
+		run: func(ctx context.Context, c *Config, env platform.Env, _ hostOptions) error {
 			return authz.Run(ctx, c.Services.Authz, env)
 		}},
 	{name: "console", optIn: true, about: "web console for operators: quotas, charts, flags and admin actions, pipeline health (only when named)",
-		prepare: func(c *Config) validator {
-			sharedPolicy(&c.Services.Console.PolicyFile, c.PolicyFile)
-			return c.Services.Console
-		},
-		run: func(ctx context.Context, c *Config, env platform.Env) error {
+		section: func(c *Config) validator { return c.Services.Console },
+		needs:   always(needs{}),
+		run: func(ctx context.Context, c *Config, env platform.Env, _ hostOptions) error {
 			return console.Run(ctx, c.Services.Console, env)
 		}},
 }
@@ -171,8 +170,11 @@ func chooseServices(cfg *Config, names []string) ([]service, error) {
 	for _, s := range services {
 		if (len(names) == 0 && !s.optIn) || slices.Contains(names, s.name) {
 			chosen = append(chosen, s)
-			if err := s.prepare(cfg).Validate(); err != nil {
-				errs = append(errs, fmt.Errorf("services.%s: %w", s.name, err))
+			if err := s.section(cfg).Validate(); err != nil {
+				errs = append(errs, config.Under("services."+s.name, err))
+			}
+			if s.needs(cfg).policy && cfg.Policy.File == "" {
+				errs = append(errs, fmt.Errorf("policy.file: is required by the %s (the quota policy it counts against); name the policy YAML", s.name))
 			}
 		}
 	}
@@ -191,12 +193,12 @@ func chooseServices(cfg *Config, names []string) ([]service, error) {
 
 func runServices(ctx context.Context, cfg Config, names []string) error {
 	log := logging.New(cfg.Log, os.Stderr)
-	p, err := preparePipeline(ctx, &cfg, names, log)
+	p, err := preparePipeline(ctx, &cfg, names, &hostOptions{}, log)
 	if err != nil {
 		return err
 	}
 	defer p.close()
-	return lifecycle.Run(ctx, log, cfg.ShutdownGrace, p.tasks...)
+	return lifecycle.Run(ctx, log, cfg.ShutdownTimeout, p.tasks...)
 }
 
 // pipeline is a prepared set of services: their tasks (the operational
@@ -213,16 +215,27 @@ func (p *pipeline) close() {
 	}
 }
 
-// preparePipeline validates the chosen services, starts the embedded broker
-// when no Kafka is configured (cfg.Kafka.Brokers then points at it), applies
-// migrations, and returns the tasks to run.
-func preparePipeline(ctx context.Context, cfg *Config, names []string, log *slog.Logger) (*pipeline, error) {
+// preparePipeline validates the chosen services, connects what they need
+// — the embedded development broker when embedded_kafka.enabled asks for
+// it (and nothing when kafka.brokers is empty and no service needs Kafka),
+// the migrations when a service writes ClickHouse — and returns the tasks
+// to run. host is read when each service starts, so a host may fill it in
+// after preparePipeline returns (the demo builds its observers on the
+// pipeline's metrics registry).
+func preparePipeline(ctx context.Context, cfg *Config, names []string, host *hostOptions, log *slog.Logger) (*pipeline, error) {
 	chosen, err := chooseServices(cfg, names)
 	if err != nil {
 		return nil, err
 	}
+	var want needs
+	for _, s := range chosen {
+		n := s.needs(cfg)
+		want.kafka = want.kafka || n.kafka
+		want.writesClickHouse = want.writesClickHouse || n.writesClickHouse
+	}
 	p := &pipeline{}
-	if len(cfg.Kafka.Brokers) == 0 {
+	switch {
+	case cfg.Embedded.Enabled:
 		dir := cfg.Embedded.DataDir
 		if dir != "" {
 			dir, _ = filepath.Abs(dir)
@@ -233,17 +246,19 @@ func preparePipeline(ctx context.Context, cfg *Config, names []string, log *slog
 		}
 		p.cleanup = append(p.cleanup, cluster.Close)
 		cfg.Kafka.Brokers = addrs
-		log.Warn("no kafka.brokers configured: using an embedded development broker (not for production)", "addr", addrs)
+		log.Warn("embedded_kafka.enabled: using an in-process development broker (no replication; not for production)", "addr", addrs, "data_dir", dir)
+	case want.kafka && len(cfg.Kafka.Brokers) == 0:
+		return nil, errors.New("kafka.brokers: empty, but the services to run use Kafka; name the brokers (SLUICE_KAFKA_BROKERS), or set embedded_kafka.enabled for a development broker that keeps nothing")
 	}
-	if cfg.Migrate {
+	if cfg.Migrate && want.writesClickHouse {
 		if err := applyMigrations(ctx, cfg.ClickHouse, log); err != nil {
 			p.close()
 			return nil, err
 		}
 	}
 	reg := ops.NewRegistry()
-	p.env = platform.Env{Logger: log, Metrics: reg, Health: ops.NewHealth(), Kafka: cfg.Kafka, ClickHouse: cfg.ClickHouse, Redis: cfg.Redis,
-		SignalAuth: cfg.SignalAuth}
+	p.env = cfg.env()
+	p.env.Logger, p.env.Metrics, p.env.Health = log, reg, ops.NewHealth()
 	opsCfg := cfg.Ops
 	p.tasks = []lifecycle.Task{{Name: "ops", Run: func(ctx context.Context) error {
 		return ops.Serve(ctx, opsCfg, reg, p.env.Health, log)
@@ -257,7 +272,7 @@ func preparePipeline(ctx context.Context, cfg *Config, names []string, log *slog
 				after = append(after, a)
 			}
 		}
-		p.tasks = append(p.tasks, lifecycle.Task{Name: s.name, StopsAfter: after, Run: func(ctx context.Context) error { return s.run(ctx, cfg, senv) }})
+		p.tasks = append(p.tasks, lifecycle.Task{Name: s.name, StopsAfter: after, Run: func(ctx context.Context) error { return s.run(ctx, cfg, senv, *host) }})
 	}
 	return p, nil
 }

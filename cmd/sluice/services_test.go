@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"log/slog"
 	"strings"
 	"testing"
 )
@@ -11,7 +13,7 @@ var testKey = "test:" + strings.Repeat("k", 64)
 func TestChooseServicesValidatesOnlyChosenSections(t *testing.T) {
 	cfg := defaultConfig()
 	cfg.SignalAuth.Keys = []string{testKey}
-	cfg.Services.Ingest.KeysFile, cfg.Services.Ingest.AllowAnonymous = "", false // invalid on purpose
+	cfg.Services.Ingest.GatewayKeys.File, cfg.Services.Ingest.AllowAnonymous = "", false // invalid on purpose
 	if _, err := chooseServices(&cfg, []string{"alerter"}); err != nil {
 		t.Fatalf("running only the alerter must not validate the ingest section: %v", err)
 	}
@@ -24,46 +26,82 @@ func TestChooseServicesValidatesOnlyChosenSections(t *testing.T) {
 	}
 }
 
-// TestSharedPolicyFileReachesServices: the root policy_file is every
-// policy-reading service's policy_file unless the service's own section
-// names another, and the sections then validate.
-func TestSharedPolicyFileReachesServices(t *testing.T) {
+// TestServicesThatNeedThePolicyNameIt: the aggregator and the reconciler
+// count and audit against the policy; without policy.file they refuse to
+// start, naming it, while the others run without one.
+func TestServicesThatNeedThePolicyNameIt(t *testing.T) {
 	cfg := defaultConfig()
 	cfg.SignalAuth.Keys = []string{testKey}
-	cfg.PolicyFile = "/etc/sluice/policy.yaml"
-	cfg.Services.Ingest.AllowAnonymous = true
-	cfg.Services.Enforcer.PolicyFile = "/etc/sluice/enforcer.yaml" // its own section wins
-	if _, err := chooseServices(&cfg, nil); err != nil {
-		t.Fatalf("chooseServices with a root policy_file: %v", err)
-	}
-	got := map[string]string{
-		"aggregator": cfg.Services.Aggregator.PolicyFile,
-		"alerter":    cfg.Services.Alerter.PolicyFile,
-		"reconciler": cfg.Services.Reconciler.PolicyFile,
-		"enforcer":   cfg.Services.Enforcer.PolicyFile,
-	}
-	want := map[string]string{
-		"aggregator": cfg.PolicyFile,
-		"alerter":    cfg.PolicyFile,
-		"reconciler": cfg.PolicyFile,
-		"enforcer":   "/etc/sluice/enforcer.yaml",
-	}
-	for name, w := range want {
-		if got[name] != w {
-			t.Errorf("services.%s.policy_file = %q, want %q", name, got[name], w)
-		}
-	}
-
-	// Without a root policy_file and without their own, the services that
-	// need a policy refuse to start, naming the setting.
-	cfg = defaultConfig()
-	cfg.PolicyFile = ""
 	cfg.Services.Ingest.AllowAnonymous = true
 	_, err := chooseServices(&cfg, nil)
 	for _, name := range []string{"aggregator", "reconciler"} {
-		if err == nil || !strings.Contains(err.Error(), "services."+name) || !strings.Contains(err.Error(), name+".policy_file") {
-			t.Errorf("no policy file anywhere: err = %v, want it to name services.%s and %s.policy_file", err, name, name)
+		if err == nil || !strings.Contains(err.Error(), "policy.file: is required by the "+name) {
+			t.Errorf("no policy file: err = %v, want it to name policy.file for the %s", err, name)
 		}
+	}
+	if _, err := chooseServices(&cfg, []string{"ingest", "enforcer", "alerter"}); err != nil {
+		t.Errorf("ingest, enforcer and alerter without a policy file: %v", err)
+	}
+	cfg.Policy.File = "/etc/sluice/policy.yaml"
+	if _, err := chooseServices(&cfg, nil); err != nil {
+		t.Errorf("with policy.file: %v", err)
+	}
+}
+
+// TestRenamedSettingsAreRefusedWithTheirNewName: a setting renamed when
+// the configuration was unified stops the start with its new name, in the
+// YAML file (with its line), as a flag and as an environment variable —
+// never silently ignored.
+func TestRenamedSettingsAreRefusedWithTheirNewName(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		name       string
+		yaml       string
+		args       []string
+		env        map[string]string
+		want, line string
+	}{
+		{name: "root policy_file", yaml: "policy_file: /etc/p.yaml\n", want: "policy_file was renamed to policy.file", line: "line 1"},
+		{name: "aggregator group", yaml: "services:\n  aggregator:\n    group: g\n", want: "services.aggregator.group was renamed to services.aggregator.consumer.group", line: "line 3"},
+		{name: "gateway keys", yaml: "services:\n  gateway:\n    keys_file: k.yaml\n", want: "services.gateway.keys_file was renamed to tenant_keys.file"},
+		{name: "flag", args: []string{"-services.enforcer.key_prefix=x:"}, want: "-services.enforcer.key_prefix was renamed to -redis.key_prefix"},
+		{name: "environment", env: map[string]string{"SLUICE_SERVICES_ALERTER_SHUTDOWN_DRAIN": "5s"},
+			want: "SLUICE_SERVICES_ALERTER_SHUTDOWN_DRAIN was renamed to SLUICE_SERVICES_ALERTER_SHUTDOWN_TIMEOUT"},
+	} {
+		args := c.args
+		if c.yaml != "" {
+			args = append([]string{"-config", writeFile(t, dir, "sluice.yaml", c.yaml)}, args...)
+		}
+		cfg := defaultConfig()
+		_, _, err := loadConfigWith(&cfg, args, func(k string) (string, bool) { v, ok := c.env[k]; return v, ok })
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), c.line) {
+			t.Errorf("%s: err = %v, want it to say %q (%s)", c.name, err, c.want, c.line)
+		}
+	}
+	// SLUICE_POLICY_FILE spells both the old and the new name: it still works.
+	cfg := defaultConfig()
+	if _, _, err := loadConfigWith(&cfg, nil, func(k string) (string, bool) {
+		if k == "SLUICE_POLICY_FILE" {
+			return "/etc/p.yaml", true
+		}
+		return "", false
+	}); err != nil || cfg.Policy.File != "/etc/p.yaml" {
+		t.Errorf("SLUICE_POLICY_FILE: %v, policy.file %q", err, cfg.Policy.File)
+	}
+}
+
+// TestNoBrokersIsAnErrorNotADevelopmentBroker: with kafka.brokers empty
+// (the default, or a typo in SLUICE_KAFKA_BROKERS) a service that uses
+// Kafka refuses to start naming the setting; the in-memory development
+// broker runs only when embedded_kafka.enabled asks for it. A service
+// that needs no Kafka (a gateway metering to ingest) starts without one.
+func TestNoBrokersIsAnErrorNotADevelopmentBroker(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.Services.Ingest.AllowAnonymous = true
+	cfg.Migrate = false
+	_, err := preparePipeline(context.Background(), &cfg, []string{"ingest"}, &hostOptions{}, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "kafka.brokers: empty") || !strings.Contains(err.Error(), "embedded_kafka.enabled") {
+		t.Fatalf("sluice run ingest without brokers: %v, want an error naming kafka.brokers", err)
 	}
 }
 
@@ -73,7 +111,7 @@ func TestSharedPolicyFileReachesServices(t *testing.T) {
 func TestSignalAuthIsRequiredWhereSignalsAre(t *testing.T) {
 	for _, name := range []string{"aggregator", "enforcer", "alerter", "reconciler"} {
 		cfg := defaultConfig()
-		cfg.PolicyFile = "/etc/sluice/policy.yaml"
+		cfg.Policy.File = "/etc/sluice/policy.yaml"
 		_, err := chooseServices(&cfg, []string{name})
 		if err == nil || !strings.Contains(err.Error(), "signal_auth: no key") || !strings.Contains(err.Error(), "signal_auth.mode: off") {
 			t.Errorf("%s without a key: %v, want signal_auth named with both ways out", name, err)

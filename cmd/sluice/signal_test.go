@@ -35,8 +35,10 @@ func TestStopSignalDuringStartUp(t *testing.T) {
 	nobody := ln.Addr().String() // closed below: nothing answers there
 	ln.Close()
 	var out itest.Buffer
+	// The enforcer writes ClickHouse (its audit), so the migrations run
+	// first and wait for it.
 	cmd := exec.Command(os.Args[0], "run", "-kafka.brokers=127.0.0.1:1", "-clickhouse.addr="+nobody,
-		"-ops.listen=127.0.0.1:0", "-services.ingest.listen=127.0.0.1:0", "-services.ingest.allow_anonymous=true", "ingest")
+		"-ops.listen=127.0.0.1:0", "-services.enforcer.admin.listen=", "-signal_auth.mode=off", "enforcer")
 	cmd.Env = append(os.Environ(), "SLUICE_TEST_RUN_MAIN=1")
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {

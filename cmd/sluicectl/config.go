@@ -20,10 +20,11 @@ import (
 // which an operator usually has exported already; config.Load would reject
 // its services, ops and redis sections as unknown keys. So sluicectl takes
 // from that file the top-level sections it shares with the services — the
-// keys dst also has: log, clickhouse, kafka, policy_file — and ignores the
-// others, which only the services read. Inside a shared section an unknown
-// key is still an error naming it. The environment and flags override the
-// file, as everywhere.
+// keys dst also has: log, clickhouse, kafka, policy — and ignores the
+// others, which only the services read; of the services section it takes
+// the services dst has (sluicectl reconcile: services.reconciler). Inside a
+// shared section an unknown key is still an error naming it. The
+// environment and flags override the file, as everywhere.
 func loadConfig(dst any, fs *flag.FlagSet, args []string) error {
 	return loadConfigEnv(dst, fs, args, os.LookupEnv)
 }
@@ -82,11 +83,14 @@ func loadShared(path string, dst any) error {
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return fmt.Errorf("config: %s: %w", path, err)
 	}
-	known := yamlKeys(dst)
+	known := yamlKeys(reflect.TypeOf(dst).Elem())
 	shared := map[string]*yaml.Node{}
 	for k := range doc {
-		if known[k] {
+		if ft, ok := known[k]; ok {
 			n := doc[k]
+			if k == "services" {
+				n = keepKeys(n, yamlKeys(ft))
+			}
 			shared[k] = &n
 		}
 	}
@@ -105,10 +109,9 @@ func loadShared(path string, dst any) error {
 	return nil
 }
 
-// yamlKeys are the top-level YAML keys of the struct dst points to.
-func yamlKeys(dst any) map[string]bool {
-	t := reflect.TypeOf(dst).Elem()
-	out := map[string]bool{}
+// yamlKeys are the YAML keys of struct type t, each with its field's type.
+func yamlKeys(t reflect.Type) map[string]reflect.Type {
+	out := map[string]reflect.Type{}
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
 		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
@@ -116,7 +119,22 @@ func yamlKeys(dst any) map[string]bool {
 			name = strings.ToLower(f.Name)
 		}
 		if name != "-" && f.IsExported() {
-			out[name] = true
+			out[name] = f.Type
+		}
+	}
+	return out
+}
+
+// keepKeys returns mapping node n with only the keys in keep.
+func keepKeys(n yaml.Node, keep map[string]reflect.Type) yaml.Node {
+	if n.Kind != yaml.MappingNode {
+		return n
+	}
+	out := n
+	out.Content = nil
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if _, ok := keep[n.Content[i].Value]; ok {
+			out.Content = append(out.Content, n.Content[i], n.Content[i+1])
 		}
 	}
 	return out

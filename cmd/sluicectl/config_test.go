@@ -20,16 +20,17 @@ clickhouse:
   database: billing
 redis: {addr: redis.internal:6379}
 embedded_kafka: {port: 19192}
-shutdown_grace: 15s
+shutdown_timeout: 15s
 migrate: true
-policy_file: /etc/sluice/policy.yaml
+policy: {file: /etc/sluice/policy.yaml}
 services:
   ingest:
     listen: 0.0.0.0:8080
   aggregator:
-    group: sluice-aggregator
+    consumer: {group: sluice-aggregator}
   reconciler:
     at: "01:00"
+    signals_topic: drift.v1
 `
 
 func writeConfig(t *testing.T, body string) string {
@@ -53,9 +54,9 @@ func TestSluicectlReadsTheServicesConfig(t *testing.T) {
 	if err != nil {
 		t.Fatalf("report with the services' SLUICE_CONFIG: %v", err)
 	}
-	if rep.ClickHouse.Addr != "ch.internal:9000" || rep.ClickHouse.Database != "billing" || rep.PolicyFile != "/etc/sluice/policy.yaml" {
+	if rep.ClickHouse.Addr != "ch.internal:9000" || rep.ClickHouse.Database != "billing" || rep.Policy.File != "/etc/sluice/policy.yaml" {
 		t.Errorf("report took clickhouse %s/%s, policy %s from the file; want ch.internal:9000/billing, /etc/sluice/policy.yaml",
-			rep.ClickHouse.Addr, rep.ClickHouse.Database, rep.PolicyFile)
+			rep.ClickHouse.Addr, rep.ClickHouse.Database, rep.Policy.File)
 	}
 
 	rec, err := loadReconcileConfig([]string{"-period", "month", "-clickhouse.database", "other"})
@@ -65,8 +66,14 @@ func TestSluicectlReadsTheServicesConfig(t *testing.T) {
 	if got := strings.Join(rec.Kafka.Brokers, ","); got != "kafka-1:9092,kafka-2:9092" {
 		t.Errorf("reconcile took kafka brokers %q from the file", got)
 	}
-	if rec.Reconciler.PolicyFile != "/etc/sluice/policy.yaml" {
-		t.Errorf("reconcile policy file %q, want the file's policy_file", rec.Reconciler.PolicyFile)
+	if rec.Policy.File != "/etc/sluice/policy.yaml" {
+		t.Errorf("reconcile policy file %q, want the file's policy.file", rec.Policy.File)
+	}
+	// The reconciler's own settings are the services' services.reconciler
+	// section: sluicectl reconcile once read a top-level reconciler
+	// section no services configuration has, and ignored the operator's.
+	if r := rec.Services.Reconciler; r.At != "01:00" || r.SignalsTopic != "drift.v1" {
+		t.Errorf("reconcile took at %q, signals_topic %q; want services.reconciler's 01:00 and drift.v1", r.At, r.SignalsTopic)
 	}
 	if rec.ClickHouse.Database != "other" || rec.ClickHouse.Addr != "ch.internal:9000" {
 		t.Errorf("reconcile clickhouse %s/%s, want the flag's database over the file's address", rec.ClickHouse.Addr, rec.ClickHouse.Database)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/quotastatus"
 	"github.com/sluicehq/sluice/internal/quotastatus/chstate"
+	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/policy"
 )
@@ -24,11 +25,11 @@ func init() {
 
 // predictionsConfig is `sluicectl predictions`' flags.
 type predictionsConfig struct {
-	ClickHouse chconn.Config `yaml:"clickhouse"`
-	PolicyFile string        `yaml:"policy_file" help:"quota policy file, for the quotas not used yet this period (with -all); empty: only quotas with use"`
-	Tenant     string        `yaml:"tenant" help:"only this tenant (empty: every tenant)"`
-	All        bool          `yaml:"all" help:"list the quotas without a prediction too, after those with one"`
-	Format     string        `yaml:"format" help:"output format: table or json"`
+	ClickHouse chconn.Config       `yaml:"clickhouse"`
+	Policy     platform.FileSource `yaml:"policy" help:"the quota policy, for the quotas not used yet this period (with -all); empty: only quotas with use"`
+	Tenant     string              `yaml:"tenant" help:"only this tenant (empty: every tenant)"`
+	All        bool                `yaml:"all" help:"list the quotas without a prediction too, after those with one"`
+	Format     string              `yaml:"format" help:"output format: table or json"`
 }
 
 func (c *predictionsConfig) Validate() error {
@@ -53,10 +54,10 @@ func runPredictionsTo(ctx context.Context, args []string, w io.Writer) error {
 		return err
 	}
 	var current func() *policy.Policy
-	if cfg.PolicyFile != "" {
-		pol, err := policy.Load(cfg.PolicyFile)
+	if cfg.Policy.File != "" {
+		pol, err := policy.Load(cfg.Policy.File)
 		if err != nil {
-			return fmt.Errorf("policy_file: %w", err)
+			return fmt.Errorf("policy.file: %w", err)
 		}
 		current = func() *policy.Policy { return pol }
 	}

@@ -57,7 +57,7 @@ func TestPredictionsListsEachQuotasExhaustionWithItsRange(t *testing.T) {
 	run := func(args ...string) string {
 		t.Helper()
 		var out bytes.Buffer
-		args = append([]string{"-clickhouse.addr", ch.Addr, "-clickhouse.database", ch.Database, "-policy_file", pol}, args...)
+		args = append([]string{"-clickhouse.addr", ch.Addr, "-clickhouse.database", ch.Database, "-policy.file", pol}, args...)
 		if err := runPredictionsTo(ctx, args, &out); err != nil {
 			t.Fatalf("predictions %v: %v", args, err)
 		}

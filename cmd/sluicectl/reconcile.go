@@ -13,7 +13,9 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/sluicehq/sluice/internal/pricetable"
+	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/chconn"
+	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/platform/signalauth"
@@ -34,16 +36,21 @@ type reconcileConfig struct {
 	ClickHouse chconn.Config     `yaml:"clickhouse"`
 	Kafka      kafkaconn.Config  `yaml:"kafka"`
 	SignalAuth signalauth.Config `yaml:"signal_auth"`
-	Reconciler reconciler.Config `yaml:"reconciler"`
-	PolicyFile string            `yaml:"policy_file" help:"quota policy file, as the services' policy_file (overrides reconciler.policy_file)"`
-	Tenant     string            `yaml:"tenant" help:"tenant to reconcile (empty: every tenant in the policy or with events)"`
-	Period     schemas.Period    `yaml:"period" help:"hour, day or month"`
-	At         string            `yaml:"at" help:"the hour (YYYY-MM-DDTHH), day (YYYY-MM-DD) or month (YYYY-MM) to audit, in the tenant's zone (empty: the last closed one)"`
-	DryRun     bool              `yaml:"dry_run" help:"report drift without repairing or signalling"`
+	// Services holds the reconciler's own section, services.reconciler,
+	// as the services read it.
+	Services struct {
+		Reconciler reconciler.Config `yaml:"reconciler"`
+	} `yaml:"services"`
+	Policy platform.FileSource `yaml:"policy" help:"the quota policy the services follow"`
+	Tenant string              `yaml:"tenant" help:"tenant to reconcile (empty: every tenant in the policy or with events)"`
+	Period schemas.Period      `yaml:"period" help:"hour, day or month"`
+	At     string              `yaml:"at" help:"the hour (YYYY-MM-DDTHH), day (YYYY-MM-DD) or month (YYYY-MM) to audit, in the tenant's zone (empty: the last closed one)"`
+	DryRun bool                `yaml:"dry_run" help:"report drift without repairing or signalling"`
 }
 
 func (c *reconcileConfig) Validate() error {
-	errs := []error{c.Log.Validate(), c.ClickHouse.Validate(), c.Kafka.Validate(), c.SignalAuth.Validate(), c.Reconciler.Validate()}
+	errs := []error{c.Log.Validate(), c.ClickHouse.Validate(), c.Kafka.Validate(), c.SignalAuth.Validate(),
+		config.Under("services.reconciler", c.Services.Reconciler.Validate())}
 	if c.Period != schemas.PeriodHour && c.Period != schemas.PeriodDay && c.Period != schemas.PeriodMonth {
 		errs = append(errs, fmt.Errorf("period: %q is not one of hour, day, month", c.Period))
 	}
@@ -53,14 +60,12 @@ func (c *reconcileConfig) Validate() error {
 // loadReconcileConfig reads the flags, the environment and the shared
 // sections of SLUICE_CONFIG (see loadConfig).
 func loadReconcileConfig(args []string) (reconcileConfig, error) {
-	cfg := reconcileConfig{Log: logging.Defaults(), ClickHouse: chconn.Defaults(), Kafka: kafkaconn.Defaults(), Reconciler: reconciler.DefaultConfig(), Period: schemas.PeriodDay}
+	cfg := reconcileConfig{Log: logging.Defaults(), ClickHouse: chconn.Defaults(), Kafka: kafkaconn.Defaults(), Period: schemas.PeriodDay}
+	cfg.Services.Reconciler = reconciler.DefaultConfig()
 	cfg.Log.Format = "text"
 	fs := flag.NewFlagSet("sluicectl reconcile", flag.ContinueOnError)
 	if err := loadConfig(&cfg, fs, args); err != nil {
 		return cfg, err
-	}
-	if cfg.PolicyFile != "" {
-		cfg.Reconciler.PolicyFile = cfg.PolicyFile
 	}
 	return cfg, nil
 }
@@ -71,9 +76,9 @@ func runReconcile(ctx context.Context, args []string) error {
 		return err
 	}
 	log := logging.New(cfg.Log, os.Stderr)
-	pol, err := policy.Load(cfg.Reconciler.PolicyFile)
+	pol, err := policy.Load(cfg.Policy.File)
 	if err != nil {
-		return fmt.Errorf("load policy (set -policy_file or the policy_file of SLUICE_CONFIG): %w", err)
+		return fmt.Errorf("load policy (set -policy.file, or policy.file in SLUICE_CONFIG): %w", err)
 	}
 	conn, err := chconn.Open(ctx, cfg.ClickHouse)
 	if err != nil {
@@ -92,7 +97,7 @@ func runReconcile(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		pub = &reconciler.KafkaPublisher{Client: cl, Topic: cfg.Reconciler.SignalsTopic, Auth: auth}
+		pub = &reconciler.KafkaPublisher{Client: cl, Topic: cfg.Services.Reconciler.SignalsTopic, Auth: auth}
 	} else if !cfg.DryRun {
 		log.Warn("no kafka.brokers configured: drift is repaired and recorded but no reconciliation_drift signal is sent")
 	}
@@ -115,7 +120,7 @@ func runReconcile(ctx context.Context, args []string) error {
 			tenants = append(tenants, t.ID)
 		}
 	}
-	opt := cfg.Reconciler.AuditOptions()
+	opt := cfg.Services.Reconciler.AuditOptions()
 	opt.DryRun = cfg.DryRun
 	opt.Log = log
 	a := audit.New(conn, pub, opt)
@@ -210,7 +215,7 @@ func printResults(w io.Writer, results []audit.Result) {
 func openReporting(ctx context.Context, policyPath string, ch chconn.Config) (*policy.Policy, driver.Conn, error) {
 	pol, err := policy.Load(policyPath)
 	if err != nil {
-		return nil, nil, fmt.Errorf("load policy (set -policy_file; it gives each tenant's zone): %w", err)
+		return nil, nil, fmt.Errorf("load policy (set -policy.file; it gives each tenant's zone): %w", err)
 	}
 	conn, err := chconn.Open(ctx, ch)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/services/reconciler/progress"
@@ -22,13 +23,13 @@ func init() {
 
 // reportConfig is `sluicectl report`'s and `sluicectl export`'s flags.
 type reportConfig struct {
-	Log        logging.Config `yaml:"log"`
-	ClickHouse chconn.Config  `yaml:"clickhouse"`
-	PolicyFile string         `yaml:"policy_file" help:"quota policy file, for each tenant's time zone"`
-	Tenant     string         `yaml:"tenant" help:"tenant to report on (report only)"`
-	Month      string         `yaml:"month" help:"calendar month YYYY-MM, in each tenant's zone"`
-	Format     string         `yaml:"format" help:"output format: table, csv or json"`
-	Out        string         `yaml:"out" help:"write to this file instead of standard output"`
+	Log        logging.Config      `yaml:"log"`
+	ClickHouse chconn.Config       `yaml:"clickhouse"`
+	Policy     platform.FileSource `yaml:"policy" help:"the quota policy, for each tenant's time zone"`
+	Tenant     string              `yaml:"tenant" help:"tenant to report on (report only)"`
+	Month      string              `yaml:"month" help:"calendar month YYYY-MM, in each tenant's zone"`
+	Format     string              `yaml:"format" help:"output format: table, csv or json"`
+	Out        string              `yaml:"out" help:"write to this file instead of standard output"`
 }
 
 func (c *reportConfig) Validate() error {
@@ -45,7 +46,7 @@ func (c *reportConfig) Validate() error {
 }
 
 func loadReportConfig(name, format string, args []string) (reportConfig, error) {
-	cfg := reportConfig{Log: logging.Defaults(), ClickHouse: chconn.Defaults(), PolicyFile: "policy.yaml", Format: format}
+	cfg := reportConfig{Log: logging.Defaults(), ClickHouse: chconn.Defaults(), Policy: platform.FileSource{File: "policy.yaml"}, Format: format}
 	cfg.Log.Format = "text"
 	fs := flag.NewFlagSet("sluicectl "+name, flag.ContinueOnError)
 	err := loadConfig(&cfg, fs, args)
@@ -60,7 +61,7 @@ func runReport(ctx context.Context, args []string) error {
 	if cfg.Tenant == "" {
 		return errors.New("tenant: is required (export reports every tenant)")
 	}
-	pol, conn, err := openReporting(ctx, cfg.PolicyFile, cfg.ClickHouse)
+	pol, conn, err := openReporting(ctx, cfg.Policy.File, cfg.ClickHouse)
 	if err != nil {
 		return err
 	}
@@ -78,7 +79,7 @@ func runExport(ctx context.Context, args []string) error {
 		return err
 	}
 	log := logging.New(cfg.Log, os.Stderr)
-	pol, conn, err := openReporting(ctx, cfg.PolicyFile, cfg.ClickHouse)
+	pol, conn, err := openReporting(ctx, cfg.Policy.File, cfg.ClickHouse)
 	if err != nil {
 		return err
 	}

@@ -41,38 +41,29 @@ func (a LimiterAdmitter) Admit(ctx context.Context, req AdmitRequest) Admission 
 	}}
 }
 
-// AdmissionConfig turns on the policy's limits before each call: the
-// `limits:` of the policy file and its hard tokens_per_minute and
-// requests_per_minute quotas (policy.Policy.AdmissionRules), checked by
-// sdk/go/admission on the gateway's Redis.
+// AdmissionConfig tunes how a front end checks the policy's limits before
+// each call: the `limits:` of the policy file and its hard
+// tokens_per_minute and requests_per_minute quotas
+// (policy.Policy.AdmissionRules), checked by sdk/go/admission on the
+// deployment's Redis under redis.key_prefix. A front end runs them
+// whenever the deployment has a policy file.
 type AdmissionConfig struct {
-	PolicyFile   string        `yaml:"policy_file" help:"policy whose limits (and hard one-minute quotas) the gateway checks before each call, in one Redis round trip or from local leases; empty: no admission"`
-	PolicyReload time.Duration `yaml:"policy_reload" help:"how often the admission policy file is checked for changes"`
-	MaxWait      time.Duration `yaml:"max_wait" help:"longest an admission waits for Redis; past it the tenant's fail mode decides (open: a local limiter, closed: 503)"`
-	KeyPrefix    string        `yaml:"key_prefix" help:"prefix of admission's Redis keys (counters of every gateway sharing this Redis and prefix are shared)"`
-	Gateways     int           `yaml:"gateways" help:"gateway processes sharing the limits: a fail-open tenant gets limit/gateways per process while Redis is away"`
+	MaxWait  time.Duration `yaml:"max_wait" help:"longest an admission waits for Redis; past it the tenant's fail mode decides (open: a local limiter, closed: 503)"`
+	Gateways int           `yaml:"gateways" help:"gateway processes sharing the limits: a fail-open tenant gets limit/gateways per process while Redis is away"`
 }
 
+// DefaultAdmission returns the admission defaults.
 func DefaultAdmission() AdmissionConfig {
-	return AdmissionConfig{PolicyReload: 2 * time.Second, MaxWait: 5 * time.Millisecond, KeyPrefix: admission.DefaultPrefix, Gateways: 1}
+	return AdmissionConfig{MaxWait: 5 * time.Millisecond, Gateways: 1}
 }
 
-// Validate checks c as the section at p (services.gateway.admission. for
-// example), naming each field with it.
+// Validate checks c as the section at p (admission. for example), naming
+// each field with it.
 func (c AdmissionConfig) Validate(p string) error {
-	if c.PolicyFile == "" {
-		return nil
-	}
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	if c.PolicyReload < 100*time.Millisecond {
-		bad(p+"policy_reload: %s is below the minimum 100ms", c.PolicyReload)
-	}
 	if c.MaxWait <= 0 || c.MaxWait > time.Second {
 		bad(p+"max_wait: %s is outside 1ns..1s (a request waits this long at most for Redis)", c.MaxWait)
-	}
-	if c.KeyPrefix == "" {
-		bad("%skey_prefix: is required", p)
 	}
 	if c.Gateways < 1 || c.Gateways > 10_000 {
 		bad(p+"gateways: %d is outside 1..10000", c.Gateways)
@@ -80,25 +71,57 @@ func (c AdmissionConfig) Validate(p string) error {
 	return errors.Join(errs...)
 }
 
-// PolicyAdmitter builds the Limiter of c from its policy file and returns
-// the Admitter, the loop that follows the policy file until ctx ends, and
-// what closes both. The forward-auth service (services/authz) admits
-// through it; sluice gateway follows the same file with one watcher for
-// admission, classes, guards and fallbacks (RunWith).
-//
-// Its metrics are labelled with service (see serviceMetrics).
-func PolicyAdmitter(c AdmissionConfig, service string, env platform.Env, log *slog.Logger) (Admitter, func(ctx context.Context) error, func(), error) {
-	w, err := policy.NewWatcher(c.PolicyFile, c.PolicyReload, log)
+// Limits are the policy's limits a front end checks on the request path:
+// the hard ones before each call (Admit) and, when asked for, the tenants'
+// soft one-minute quotas (Soft), each on counters of its own. Apply keeps
+// both in step with a reloaded policy.
+type Limits struct {
+	// Admit checks the hard limits; Soft, when not nil, the soft quotas.
+	Admit, Soft Admitter
+
+	hard, soft *admission.Limiter
+	closers    []func()
+	log        *slog.Logger
+}
+
+// NewLimits builds the Limits of policy p on env's Redis (clients of their
+// own: admission's wait bound needs context timeouts on the socket); the
+// hard limits' metrics are labelled with service (ServiceMetrics), the
+// soft quotas' are not registered (their series would collide with the
+// hard limits'). withSoft asks for the soft quotas too.
+func NewLimits(c AdmissionConfig, p *policy.Policy, service string, withSoft bool, env platform.Env, log *slog.Logger) (*Limits, error) {
+	l := &Limits{log: log}
+	hard, closeHard, err := newLimiter(c, p.AdmissionRules(), env.Redis.Prefix(redisconn.AdmissionKeys), env, log, admission.WithRegisterer(ServiceMetrics(env, service)))
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("gateway: admission policy: %w", err)
+		return nil, err
 	}
-	lim, closeLim, err := NewLimiter(c, w.Current(), service, env, log)
-	if err != nil {
-		return nil, nil, nil, err
+	l.hard, l.Admit, l.closers = hard, LimiterAdmitter{L: hard}, []func(){closeHard}
+	if withSoft {
+		soft, closeSoft, err := newLimiter(c, p.SoftLimitRules(), env.Redis.Prefix(redisconn.SoftLimitKeys), env, log)
+		if err != nil {
+			l.Close()
+			return nil, err
+		}
+		l.soft, l.Soft = soft, LimiterAdmitter{L: soft}
+		l.closers = append(l.closers, closeSoft)
 	}
-	apply := ReloadRules(lim, (*policy.Policy).AdmissionRules, "admission", log.With("file", c.PolicyFile))
-	follow := func(ctx context.Context) error { return w.Follow(ctx, apply) }
-	return LimiterAdmitter{L: lim}, follow, closeLim, nil
+	return l, nil
+}
+
+// Apply gives the limiters the rules of a reloaded policy; rules that do
+// not apply are logged and the previous ones stay.
+func (l *Limits) Apply(p *policy.Policy) {
+	ReloadRules(l.hard, (*policy.Policy).AdmissionRules, "admission", l.log)(p)
+	if l.soft != nil {
+		ReloadRules(l.soft, (*policy.Policy).SoftLimitRules, "soft quotas", l.log)(p)
+	}
+}
+
+// Close closes the limiters and their clients.
+func (l *Limits) Close() {
+	for i := len(l.closers) - 1; i >= 0; i-- {
+		l.closers[i]()
+	}
 }
 
 // ReloadRules returns the policy-reload callback that gives lim the rules
@@ -113,28 +136,13 @@ func ReloadRules(lim *admission.Limiter, rules func(*policy.Policy) *admission.R
 	}
 }
 
-// policyAdmitter builds the Limiter of c from the policy p on env's Redis
-// (a client of its own: admission's wait bound needs context timeouts on
-// the socket) and returns it and what closes both; its metrics are
-// labelled with service.
-func NewLimiter(c AdmissionConfig, p *policy.Policy, service string, env platform.Env, log *slog.Logger) (*admission.Limiter, func(), error) {
-	return limiterOf(c, p.AdmissionRules(), env, log, admission.WithRegisterer(ServiceMetrics(env, service)))
-}
-
-// softAdmitter is policyAdmitter for the policy's soft per-minute quotas
-// (policy.SoftLimitRules), under c's prefix; its metrics are not
-// registered (admission's series would collide with the hard limits').
-func NewSoftLimiter(c AdmissionConfig, p *policy.Policy, env platform.Env, log *slog.Logger) (*admission.Limiter, func(), error) {
-	return limiterOf(c, p.SoftLimitRules(), env, log)
-}
-
-func limiterOf(c AdmissionConfig, rules *admission.Rules, env platform.Env, log *slog.Logger, opts ...admission.Option) (*admission.Limiter, func(), error) {
+func newLimiter(c AdmissionConfig, rules *admission.Rules, prefix string, env platform.Env, log *slog.Logger, opts ...admission.Option) (*admission.Limiter, func(), error) {
 	rdb := redisconn.NewClient(env.Redis, redisconn.ContextTimeouts())
-	lim, err := admission.New(rdb, rules, append([]admission.Option{admission.WithPrefix(c.KeyPrefix), admission.WithMaxWait(c.MaxWait),
+	lim, err := admission.New(rdb, rules, append([]admission.Option{admission.WithPrefix(prefix), admission.WithMaxWait(c.MaxWait),
 		admission.WithGatewayCount(c.Gateways), admission.WithLogger(log)}, opts...)...)
 	if err != nil {
 		rdb.Close()
-		return nil, nil, fmt.Errorf("gateway: admission: %w", err)
+		return nil, nil, fmt.Errorf("admission: %w", err)
 	}
 	return lim, func() { _ = lim.Close(); _ = rdb.Close() }, nil
 }

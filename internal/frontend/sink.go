@@ -23,7 +23,7 @@ type EventSink struct {
 	IngestURL        string        `yaml:"ingest_url" help:"base URL of Sluice's ingest API"`
 	IngestAPIKeyFile string        `yaml:"ingest_api_key_file" help:"file holding the key ingest knows this gateway by (see services.ingest.keys_file)"`
 	IngestAPIKeyEnv  string        `yaml:"ingest_api_key_env" help:"environment variable holding that key, instead of a file"`
-	Topic            string        `yaml:"topic" help:"usage topic, for sink kafka"`
+	Topic            string        `yaml:"usage_topic" help:"usage topic, for sink kafka"`
 	BufferEvents     int           `yaml:"buffer_events" help:"events held while Sluice is slow or away; beyond it new events are dropped and counted (sluice_emitter_dropped_events_total)"`
 	FlushInterval    time.Duration `yaml:"flush_interval" help:"how long an event may wait for a batch to fill"`
 	FlushTimeout     time.Duration `yaml:"flush_timeout" help:"on shutdown, after the requests in flight, how long buffered events get to reach Sluice"`
@@ -67,7 +67,7 @@ func (u EventSink) Validate(p string) error {
 		}
 	case SinkKafka:
 		if u.Topic == "" {
-			bad("%s.topic: is required for sink kafka", p)
+			bad("%s.usage_topic: is required for sink kafka", p)
 		}
 	case SinkNone:
 	default:

@@ -46,11 +46,7 @@ const Path = "/v1/usage"
 // Config is the usage API's section of a service's configuration
 // (services.gateway.usage_api, services.ingest.usage_api).
 type Config struct {
-	Enabled bool `yaml:"enabled" help:"serve GET /v1/usage: the caller's tenant's quotas, use, remaining, reset times and predicted exhaustion (docs/usage-api.md), read from ClickHouse and the Redis flags on demand"`
-	// PolicyFile lists the quotas a tenant has not used yet this period.
-	PolicyFile string `yaml:"policy_file" help:"quota policy YAML, so that quotas without use this period are listed too (with sluice run: the root policy_file); empty: only quotas with use"`
-	// KeyPrefix is where the enforcer writes flags.
-	KeyPrefix     string        `yaml:"key_prefix" help:"Redis key prefix of the enforcement flags reported (the enforcer's key_prefix); in the gateway, empty means checker.key_prefix"`
+	Enabled       bool          `yaml:"enabled" help:"serve GET /v1/usage: the caller's tenant's quotas, use, remaining, reset times and predicted exhaustion (docs/usage-api.md), read from ClickHouse and the Redis flags on demand"`
 	CacheTTL      time.Duration `yaml:"cache_ttl" help:"how long an answer is reused for the same tenant (bounds the reads tenants polling the API cause)"`
 	Timeout       time.Duration `yaml:"timeout" help:"deadline of the ClickHouse and Redis reads of one answer"`
 	MaxConcurrent int           `yaml:"max_concurrent" help:"reads running at once; a call beyond them is answered 503 with Retry-After"`
@@ -73,9 +69,6 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.MaxConcurrent < 1 || c.MaxConcurrent > 1000 {
 		errs = append(errs, fmt.Errorf("%s.max_concurrent: %d is outside 1..1000", prefix, c.MaxConcurrent))
-	}
-	if len(c.KeyPrefix) > 200 {
-		errs = append(errs, fmt.Errorf("%s.key_prefix: %d bytes; the limit is 200", prefix, len(c.KeyPrefix)))
 	}
 	return errors.Join(errs...)
 }
@@ -123,22 +116,23 @@ func New(cfg Config, reader Reader, log *slog.Logger) *API {
 		now: time.Now, cache: map[string]cached{}}
 }
 
-// Open builds the API on the deployment's ClickHouse and Redis (env) and
-// the policy file of cfg. Nothing is dialled until the first call; a
-// policy file that does not parse is an error. Run follows the policy file;
-// Close releases the connections.
+// Open builds the API on the deployment's ClickHouse, Redis and policy
+// (env: its flags under redis.key_prefix, the quotas a tenant has not used
+// yet this period from the policy file, when there is one). Nothing is
+// dialled until the first call; a policy file that does not parse is an
+// error. Run follows the policy file; Close releases the connections.
 func Open(cfg Config, env platform.Env, log *slog.Logger) (*API, error) {
 	var pw *policy.Watcher
-	if cfg.PolicyFile != "" {
-		w, err := policy.NewWatcher(cfg.PolicyFile, 2*time.Second, log)
+	if env.Policy.File != "" {
+		w, err := policy.NewWatcher(env.Policy.File, env.Policy.Reload, log)
 		if err != nil {
-			return nil, fmt.Errorf("usage_api.policy_file: %w", err)
+			return nil, fmt.Errorf("policy.file: %w", err)
 		}
 		pw = w
 	}
 	ch := chconn.NewLazy(env.ClickHouse)
 	rdb := redisconn.NewClient(env.Redis)
-	svc := NewService(ch, rdb, cfg.KeyPrefix, pw)
+	svc := NewService(ch, rdb, env.Redis.Prefix(redisconn.FlagKeys), pw)
 	a := New(cfg, svc, log)
 	a.closers = []func(){ch.Close, func() { _ = rdb.Close() }}
 	if pw != nil {

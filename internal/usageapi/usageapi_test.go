@@ -50,7 +50,8 @@ func TestUsageAnswersFromClickHouseAndRedis(t *testing.T) {
 	if err := b.Send(); err != nil {
 		t.Fatal(err)
 	}
-	prefix := itest.Unique(t, "usage") + ":"
+	rc.KeyPrefix = itest.Unique(t, "usage") + ":"
+	prefix := rc.Prefix(redisconn.FlagKeys)
 	rdb := redisconn.NewClient(rc)
 	defer rdb.Close()
 	until := now.Add(30 * time.Minute).Truncate(time.Millisecond)
@@ -65,8 +66,7 @@ func TestUsageAnswersFromClickHouseAndRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := DefaultConfig()
-	cfg.KeyPrefix, cfg.PolicyFile = prefix, pol
-	api, err := Open(cfg, platform.Env{ClickHouse: ch, Redis: rc}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	api, err := Open(cfg, platform.Env{ClickHouse: ch, Redis: rc, Policy: platform.FileSource{File: pol, Reload: time.Second}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,6 +49,13 @@ type Options struct {
 	Args []string
 	// FlagSet receives the flags; default a new ContinueOnError set.
 	FlagSet *flag.FlagSet
+	// Renamed maps settings that no longer exist (dotted YAML paths) to
+	// the ones that replaced them. Load refuses an old setting given in
+	// the YAML file, as a flag or as its environment variable with an
+	// error naming the new one, instead of the bare "unknown field" a
+	// renamed setting would otherwise get (or, in the environment,
+	// nothing at all).
+	Renamed map[string]string
 }
 
 // Load fills dst, a pointer to a struct holding its defaults, from the YAML
@@ -93,6 +100,9 @@ func Load(dst any, opts Options) error {
 		}
 	}
 	configPath := fs.String("config", "", "YAML configuration file (env "+opts.EnvPrefix+"_CONFIG)")
+	if err := renamedFlag(opts.Args, opts.Renamed); err != nil {
+		return err
+	}
 	if err := fs.Parse(opts.Args); err != nil {
 		return err
 	}
@@ -101,8 +111,11 @@ func Load(dst any, opts Options) error {
 	if path == "" {
 		path, _ = opts.LookupEnv(opts.EnvPrefix + "_CONFIG")
 	}
+	if err := renamedEnv(opts.EnvPrefix, opts.LookupEnv, opts.Renamed); err != nil {
+		return err
+	}
 	if path != "" {
-		if err := loadYAML(path, dst); err != nil {
+		if err := loadYAML(path, dst, opts.Renamed); err != nil {
 			return err
 		}
 	}
@@ -132,10 +145,13 @@ func Load(dst any, opts Options) error {
 	return nil
 }
 
-func loadYAML(path string, dst any) error {
+func loadYAML(path string, dst any, renamed map[string]string) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("config: read %s: %w", path, err)
+	}
+	if err := renamedYAML(path, data, renamed); err != nil {
+		return err
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -162,7 +178,15 @@ var durationType = reflect.TypeOf(time.Duration(0))
 
 // collect appends the settable leaves of v to out and, when yamlOnly is
 // not nil, the fields only a YAML file can set to yamlOnly.
+//
+// A struct field's own help tag (on a section such as a shared
+// FileSource) introduces the help of each of its leaves, so that one
+// struct type can serve several sections and each still reads right.
 func collect(v reflect.Value, prefix string, out, yamlOnly *[]leaf) {
+	collectUnder(v, prefix, "", out, yamlOnly)
+}
+
+func collectUnder(v reflect.Value, prefix, intro string, out, yamlOnly *[]leaf) {
 	t := v.Type()
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
@@ -175,7 +199,7 @@ func collect(v reflect.Value, prefix string, out, yamlOnly *[]leaf) {
 		}
 		if f.Anonymous && opts == "inline" && f.Type.Kind() == reflect.Struct {
 			// An embedded struct's settings are its parent's, as in YAML.
-			collect(v.Field(i), prefix, out, yamlOnly)
+			collectUnder(v.Field(i), prefix, intro, out, yamlOnly)
 			continue
 		}
 		if name == "" {
@@ -186,21 +210,33 @@ func collect(v reflect.Value, prefix string, out, yamlOnly *[]leaf) {
 			path = prefix + "." + name
 		}
 		fv := v.Field(i)
+		help := joinHelp(intro, f.Tag.Get("help"))
 		switch {
 		case f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeOf(time.Time{}):
-			collect(fv, path, out, yamlOnly)
+			collectUnder(fv, path, help, out, yamlOnly)
 		case settable(f.Type):
-			*out = append(*out, leaf{path: path, help: f.Tag.Get("help"), v: fv})
+			*out = append(*out, leaf{path: path, help: help, v: fv})
 		case yamlOnly != nil:
 			// Maps, struct slices and pointers are YAML-only: they have no
 			// sensible single-string spelling.
-			*yamlOnly = append(*yamlOnly, leaf{path: path, help: f.Tag.Get("help"), v: fv})
+			*yamlOnly = append(*yamlOnly, leaf{path: path, help: help, v: fv})
 			if et := elemStruct(f.Type); et != nil {
 				// The fields of each element, for the reference only.
 				collect(reflect.New(et).Elem(), path+"[]", yamlOnly, yamlOnly)
 			}
 		}
 	}
+}
+
+// joinHelp puts a section's help before a leaf's.
+func joinHelp(intro, help string) string {
+	switch {
+	case intro == "":
+		return help
+	case help == "":
+		return intro
+	}
+	return intro + ": " + help
 }
 
 // elemStruct is the struct type a list or map of structs holds, or nil.
@@ -354,3 +390,22 @@ func (p *pendingFlag) Set(s string) error {
 
 // IsBoolFlag lets boolean fields be given as a bare -flag.
 func (p *pendingFlag) IsBoolFlag() bool { return p.leaf.v.Kind() == reflect.Bool }
+
+// Under names every error err holds (one, or several joined by
+// errors.Join) as a setting of the section at path: "listen: ..." becomes
+// "services.gateway.listen: ...". A section's Validate names its fields
+// relative to itself; the host that knows where the section sits calls
+// Under, so that every message names the whole YAML path the same way.
+func Under(path string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, Under(path, e))
+		}
+		return errors.Join(out...)
+	}
+	return fmt.Errorf("%s.%w", path, err)
+}

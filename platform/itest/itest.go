@@ -121,6 +121,7 @@ func Redis(t testing.TB) redisconn.Config {
 	t.Helper()
 	c := redisconn.Defaults()
 	c.Addr = addr("SLUICE_REDIS_ADDR", c.Addr)
+	c.KeyPrefix = Unique(t, "sluice_test:") + ":"
 	Require(t, "redis", c.Addr)
 	return c
 }
@@ -135,6 +136,7 @@ func RedisCluster(t testing.TB) redisconn.Config {
 	c.Addrs = strings.Split(addr("SLUICE_REDIS_CLUSTER_ADDRS", "127.0.0.1:17001,127.0.0.1:17002,127.0.0.1:17003"), ",")
 	c.Addr = c.Addrs[0]
 	c.Cluster = true
+	c.KeyPrefix = Unique(t, "sluice_test:") + ":"
 	for _, a := range c.Addrs {
 		Require(t, "redis-cluster", a)
 	}

@@ -98,11 +98,11 @@ func (c Config) Validate() error {
 	if err := c.TLS.Validate("kafka.tls"); err != nil {
 		errs = append(errs, err)
 	}
-	// No brokers means `sluice` starts the embedded development broker,
-	// which speaks neither TLS nor SASL: settings meant for a real cluster
-	// must not silently meet it.
+	// Without brokers only the embedded development broker can be meant,
+	// and it speaks neither TLS nor SASL: settings meant for a real
+	// cluster must not silently meet it.
 	if len(c.Brokers) == 0 && (c.TLS.Enabled || c.SASL.Mechanism != "") {
-		errs = append(errs, errors.New("kafka.brokers: empty, but kafka.tls or kafka.sasl is set; the embedded development broker takes neither: set kafka.brokers to the secured cluster"))
+		errs = append(errs, errors.New("kafka.brokers: empty, but kafka.tls or kafka.sasl is set; name the secured cluster's brokers (the embedded development broker takes neither)"))
 	}
 	if _, err := c.SASL.mechanism(); err != nil {
 		errs = append(errs, err)

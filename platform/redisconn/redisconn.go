@@ -33,11 +33,38 @@ type Config struct {
 	DialTimeout  time.Duration      `yaml:"dial_timeout" help:"timeout for one connection attempt"`
 	PoolSize     int                `yaml:"pool_size" help:"connections per client"`
 	TLS          tlsconfig.Config   `yaml:"tls"`
+	// KeyPrefix starts every key Sluice writes; each use adds its part
+	// (Prefix). Everything sharing a Redis and a prefix shares its flags,
+	// limits and counts, so a test or a second deployment takes its own.
+	KeyPrefix string `yaml:"key_prefix" help:"prefix of every Redis key Sluice uses (flags, admission counters, shared upstream counts, deferred tasks), each use under a part of its own: <prefix>flags:, <prefix>adm:, <prefix>up:, <prefix>deferred:"`
 }
+
+// The parts of the key space under Config.KeyPrefix, one per use. Their
+// defaults under "sluice:" are the SDK's own defaults (flags.DefaultPrefix,
+// admission.DefaultPrefix), so that a gateway on the SDK's defaults meets
+// a deployment on Sluice's.
+const (
+	// FlagKeys are the enforcement flags (the enforcer writes, Checkers read).
+	FlagKeys = "flags:"
+	// AdmissionKeys are admission's counters; SoftLimitKeys the tenants'
+	// soft per-minute quotas, counted apart.
+	AdmissionKeys = "adm:"
+	SoftLimitKeys = "adm:soft:"
+	// UpstreamKeys are the shared upstreams' fleet-wide counts.
+	UpstreamKeys = "up:"
+	// DeferredKeys are deferred tasks' states and results.
+	DeferredKeys = "deferred:"
+)
+
+// DefaultKeyPrefix is key_prefix's default.
+const DefaultKeyPrefix = "sluice:"
+
+// Prefix is the key prefix of part (FlagKeys, AdmissionKeys, ...).
+func (c Config) Prefix(part string) string { return c.KeyPrefix + part }
 
 // Defaults points at the services script's Redis.
 func Defaults() Config {
-	return Config{Addr: "127.0.0.1:16379", DialTimeout: 2 * time.Second, PoolSize: 16}
+	return Config{Addr: "127.0.0.1:16379", DialTimeout: 2 * time.Second, PoolSize: 16, KeyPrefix: DefaultKeyPrefix}
 }
 
 // Seeds returns the addresses a cluster client starts from: Addrs, or
@@ -52,6 +79,9 @@ func (c Config) Seeds() []string {
 // Validate checks the address and pool settings.
 func (c Config) Validate() error {
 	var errs []error
+	if c.KeyPrefix == "" || len(c.KeyPrefix) > 200 {
+		errs = append(errs, fmt.Errorf("redis.key_prefix: %q must be 1..200 bytes (default %q)", c.KeyPrefix, DefaultKeyPrefix))
+	}
 	switch {
 	case !c.Cluster:
 		if _, _, err := net.SplitHostPort(c.Addr); err != nil {

@@ -147,14 +147,14 @@ import (
 
 // Config is the aggregator's section of the Sluice configuration.
 type Config struct {
-	PolicyFile    string        `yaml:"policy_file" help:"quota policy YAML file; reloaded when it changes"`
-	PolicyReload  time.Duration `yaml:"policy_reload" help:"how often the policy file is checked for changes"`
-	Group         string        `yaml:"group" help:"Kafka consumer group of the aggregator instances"`
-	Topic         string        `yaml:"topic" help:"usage events topic"`
-	SignalsTopic  string        `yaml:"signals_topic" help:"topic the signals are produced to"`
-	AdminTopic    string        `yaml:"admin_topic" help:"compacted topic of operator actions (the enforcer's admin API writes it); quota overrides on it change tiers, signals and quota_state"`
-	BatchEvents   int           `yaml:"batch_events" help:"flush a partition's batch at this many events (also the poll size)"`
-	FlushInterval time.Duration `yaml:"flush_interval" help:"flush pending batches at least this often"`
+	// Consumer is the group the aggregator instances share the usage
+	// topic's partitions in.
+	kafkaconn.Consumer `yaml:"consumer"`
+	Topic              string        `yaml:"usage_topic" help:"usage events topic"`
+	SignalsTopic       string        `yaml:"signals_topic" help:"topic the signals are produced to"`
+	AdminTopic         string        `yaml:"admin_topic" help:"compacted topic of operator actions (the enforcer's admin API writes it); quota overrides on it change tiers, signals and quota_state"`
+	BatchEvents        int           `yaml:"batch_events" help:"flush a partition's batch at this many events (also the poll size)"`
+	FlushInterval      time.Duration `yaml:"flush_interval" help:"flush pending batches at least this often"`
 	// MaxUnwrittenRows bounds what a ClickHouse outage may pile up in
 	// memory: signals keep flowing while rows wait for the store, up to
 	// this many; then fetching pauses until ClickHouse takes them.
@@ -186,10 +186,7 @@ type Config struct {
 	// keys of most deployments both are negligible.
 	SnapshotInterval time.Duration `yaml:"snapshot_interval" help:"snapshot each partition's state into ClickHouse this often, and at a graceful stop, so a restart loads it and replays only the events stored since; 0 turns snapshots off (a restart replays from the start of the previous month)"`
 	WriteTimeout     time.Duration `yaml:"write_timeout" help:"longest one ClickHouse write attempt may take before it is abandoned and retried"`
-	ShutdownGrace    time.Duration `yaml:"shutdown_grace" help:"time allowed to flush and commit on shutdown, then to snapshot the partitions (a snapshot not stored in time is left out: its partition's next owner replays since the previous one)"`
-	// SessionTimeout is how long the group waits for a silent member
-	// (a crashed instance) before moving its partitions.
-	SessionTimeout time.Duration `yaml:"session_timeout" help:"consumer group session timeout: how soon a crashed instance's partitions move"`
+	ShutdownGrace    time.Duration `yaml:"shutdown_timeout" help:"time allowed to flush and commit on shutdown, then to snapshot the partitions (a snapshot not stored in time is left out: its partition's next owner replays since the previous one)"`
 
 	Hysteresis        float64       `yaml:"hysteresis" help:"percentage points below a tier before it is left"`
 	PredictionHorizon time.Duration `yaml:"prediction_horizon" help:"signal exhaustion predicted sooner than this"`
@@ -216,9 +213,7 @@ type Config struct {
 func DefaultConfig() Config {
 	o := tally.DefaultOptions()
 	return Config{
-		PolicyFile:         "policy.yaml",
-		PolicyReload:       2 * time.Second,
-		Group:              "sluice-aggregator",
+		Consumer:           kafkaconn.Consumer{Group: "sluice-aggregator", SessionTimeout: 45 * time.Second},
 		Topic:              schemas.TopicUsageV1,
 		SignalsTopic:       schemas.TopicSignalsV1,
 		AdminTopic:         schemas.TopicAdminV1,
@@ -231,7 +226,6 @@ func DefaultConfig() Config {
 		WriteTimeout:       20 * time.Second,
 		ShutdownGrace:      20 * time.Second,
 		SnapshotInterval:   time.Minute,
-		SessionTimeout:     45 * time.Second,
 		Hysteresis:         o.Hysteresis,
 		PredictionHorizon:  o.Horizon,
 		DedupCapacity:      o.DedupCapacity,
@@ -247,21 +241,15 @@ func DefaultConfig() Config {
 // Validate reports every setting out of range, naming the field and limit.
 func (c Config) Validate() error {
 	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("aggregator."+format, args...)) }
-	if c.PolicyFile == "" {
-		bad("policy_file: is required")
-	}
-	if c.PolicyReload < 100*time.Millisecond || c.PolicyReload > time.Hour {
-		bad("policy_reload: %v is outside 100ms..1h", c.PolicyReload)
-	}
-	if c.Group == "" {
-		bad("group: is required")
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if err := c.Consumer.Validate("consumer"); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Topic == "" || c.SignalsTopic == "" || c.Topic == c.SignalsTopic {
-		bad("topic, signals_topic: both required and different (got %q, %q)", c.Topic, c.SignalsTopic)
+		bad("usage_topic, signals_topic: both required and different (got %q, %q)", c.Topic, c.SignalsTopic)
 	}
 	if c.AdminTopic == "" || c.AdminTopic == c.Topic || c.AdminTopic == c.SignalsTopic {
-		bad("admin_topic: required and different from topic and signals_topic (got %q)", c.AdminTopic)
+		bad("admin_topic: required and different from usage_topic and signals_topic (got %q)", c.AdminTopic)
 	}
 	if c.BatchEvents < 1 || c.BatchEvents > 1_000_000 {
 		bad("batch_events: %d is outside 1..1000000", c.BatchEvents)
@@ -285,10 +273,7 @@ func (c Config) Validate() error {
 		bad("retry_min, retry_max: need 0 < retry_min <= retry_max <= 10m (got %v, %v)", c.RetryMin, c.RetryMax)
 	}
 	if c.ShutdownGrace < time.Second || c.ShutdownGrace > 10*time.Minute {
-		bad("shutdown_grace: %v is outside 1s..10m", c.ShutdownGrace)
-	}
-	if c.SessionTimeout < 6*time.Second || c.SessionTimeout > 30*time.Minute {
-		bad("session_timeout: %v is outside 6s..30m (the broker's usual group session limits)", c.SessionTimeout)
+		bad("shutdown_timeout: %v is outside 1s..10m", c.ShutdownGrace)
 	}
 	if c.Hysteresis < 0 || c.Hysteresis > 50 {
 		bad("hysteresis: %v is outside 0..50 percentage points", c.Hysteresis)
@@ -352,7 +337,10 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	if err != nil {
 		return fmt.Errorf("aggregator: %w", err)
 	}
-	watcher, err := policy.NewWatcher(cfg.PolicyFile, cfg.PolicyReload, log)
+	if env.Policy.File == "" {
+		return errors.New("aggregator: policy.file is required: the aggregator counts usage against the quota policy")
+	}
+	watcher, err := policy.NewWatcher(env.Policy.File, env.Policy.Reload, log)
 	if err != nil {
 		return fmt.Errorf("aggregator: policy: %w", err)
 	}
@@ -416,7 +404,7 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	g.Go(func() error { return a.followAdmin(gctx, time.Second) })
 	g.Go(func() error {
 		defer stop()
-		log.Info("aggregator consuming", "topic", cfg.Topic, "group", cfg.Group, "policy_file", cfg.PolicyFile)
+		log.Info("aggregator consuming", "topic", cfg.Topic, "group", cfg.Group, "policy_file", env.Policy.File)
 		a.loop(gctx)
 		return a.shutdown(cfg.ShutdownGrace)
 	})

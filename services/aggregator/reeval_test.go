@@ -71,8 +71,7 @@ func runEnforcer(t *testing.T, e *env) (flagged func(tenant string) bool) {
 	t.Helper()
 	rc := itest.Redis(t)
 	cfg := enforcer.DefaultConfig()
-	cfg.PolicyFile, cfg.PolicyReload = e.policy, 100*time.Millisecond
-	cfg.SignalsTopic, cfg.ConsumerGroup = e.signals, itest.Unique(t, "enf_")
+	cfg.SignalsTopic, cfg.Group = e.signals, itest.Unique(t, "enf_")
 	cfg.KeyPrefix = itest.Unique(t, "sluice_test:") + ":"
 	cfg.Recover, cfg.Admin.Listen = false, ""
 	rdb := redisconn.NewClient(rc)
@@ -85,7 +84,8 @@ func runEnforcer(t *testing.T, e *env) (flagged func(tenant string) bool) {
 		}
 	})
 	envp := platform.Env{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), Metrics: prometheus.NewRegistry(),
-		Health: ops.NewHealth(), Kafka: e.kafka, Redis: rc, ClickHouse: e.ch, SignalAuth: testSignalAuth}
+		Health: ops.NewHealth(), Kafka: e.kafka, Redis: rc, ClickHouse: e.ch, SignalAuth: testSignalAuth,
+		Policy: platform.FileSource{File: e.policy, Reload: 100 * time.Millisecond}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- enforcer.Run(ctx, cfg, envp) }()

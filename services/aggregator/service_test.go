@@ -31,12 +31,11 @@ func TestConfigValidateNamesFieldAndLimit(t *testing.T) {
 	c := aggregator.DefaultConfig()
 	c.BatchEvents = 0
 	c.DedupCapacity = 10
-	c.PolicyFile = ""
 	c.IdleEvictAfter = time.Minute
 	c.SpikeMultiplier = 1
 	err := c.Validate()
-	for _, want := range []string{"aggregator.batch_events: 0 is outside 1..1000000", "aggregator.dedup_capacity: 10 is outside 1000..50000000", "aggregator.policy_file: is required",
-		"aggregator.idle_evict_after: 1m0s is outside 5m..744h", "aggregator.spike_multiplier: 1 is outside 1.5..1000"} {
+	for _, want := range []string{"batch_events: 0 is outside 1..1000000", "dedup_capacity: 10 is outside 1000..50000000",
+		"idle_evict_after: 1m0s is outside 5m..744h", "spike_multiplier: 1 is outside 1.5..1000"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v does not say %q", err, want)
 		}
@@ -52,8 +51,8 @@ type running struct {
 func runInProcess(t testing.TB, e *env, chAddr string, mutate func(*aggregator.Config)) *running {
 	t.Helper()
 	cfg := aggregator.DefaultConfig()
-	cfg.Topic, cfg.SignalsTopic, cfg.AdminTopic, cfg.Group, cfg.PolicyFile = e.topic, e.signals, e.admin, e.group, e.policy
-	cfg.FlushInterval, cfg.PolicyReload, cfg.SessionTimeout = 100*time.Millisecond, 100*time.Millisecond, 6*time.Second
+	cfg.Topic, cfg.SignalsTopic, cfg.AdminTopic, cfg.Group = e.topic, e.signals, e.admin, e.group
+	cfg.FlushInterval, cfg.SessionTimeout = 100*time.Millisecond, 6*time.Second
 	cfg.RetryMin, cfg.RetryMax = 50*time.Millisecond, 300*time.Millisecond
 	if mutate != nil {
 		mutate(&cfg)
@@ -63,7 +62,7 @@ func runInProcess(t testing.TB, e *env, chAddr string, mutate func(*aggregator.C
 	ch.DialTimeout = time.Second
 	reg := prometheus.NewRegistry()
 	envp := platform.Env{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), Metrics: reg, Health: ops.NewHealth(), Kafka: e.kafka, ClickHouse: ch,
-		SignalAuth: testSignalAuth}
+		SignalAuth: testSignalAuth, Policy: platform.FileSource{File: e.policy, Reload: 100 * time.Millisecond}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- aggregator.Run(ctx, cfg, envp) }()

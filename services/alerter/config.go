@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/alerter/alert"
@@ -18,26 +19,18 @@ import (
 
 // Config is the alerter's configuration section.
 type Config struct {
-	// Topic and Group: where signals come from. The group spreads tenants
-	// over alerter replicas; offsets are committed once the alert states
-	// they produced are on StateTopic (see persist).
-	Topic string `yaml:"topic" help:"signals topic to consume"`
-	Group string `yaml:"group" help:"Kafka consumer group of the alerter replicas"`
-	// SessionTimeout is how long the group waits for a silent member before
-	// its partitions, and the alerts of their tenants, move to another
-	// replica or to the same one restarted.
-	SessionTimeout time.Duration `yaml:"session_timeout" help:"consumer group session timeout: how soon a crashed alerter's partitions move"`
+	// Topic and Consumer: where signals come from. The group spreads
+	// tenants over alerter replicas; offsets are committed once the alert
+	// states they produced are on StateTopic (see persist). When a
+	// replica's session lapses, its partitions and the alerts of their
+	// tenants move to another replica or to the same one restarted.
+	Topic              string `yaml:"signals_topic" help:"signals topic to consume"`
+	kafkaconn.Consumer `yaml:"consumer"`
 	// StateTopic is the compacted topic of alert states, what a restart
 	// resumes from. It belongs to one group, so the default derives it from
 	// the group: two deployments with different groups must not restore
 	// each other's alerts.
 	StateTopic string `yaml:"state_topic" help:"compacted topic of alert states and what was notified, so a restart sends nothing twice; empty: sluice.alerter.state.v1 for the default group, sluice.alerter.state.v1.<group> for others"`
-
-	// PolicyFile is the quota policy (tenant channels, time zones, channel
-	// definitions); empty runs without one: every tenant gets
-	// DefaultChannels.
-	PolicyFile   string        `yaml:"policy_file" help:"quota policy YAML file (channels, time zones); empty: every tenant uses default_channels"`
-	PolicyReload time.Duration `yaml:"policy_reload" help:"how often the policy file is checked for changes"`
 
 	// DefaultChannels route tenants when there is no policy file.
 	DefaultChannels []string `yaml:"default_channels" help:"channels of every tenant when no policy_file is set"`
@@ -53,7 +46,7 @@ type Config struct {
 	IncidentListMax int `yaml:"incident_list_max" help:"tenants named in one incident message; the rest are counted"`
 
 	Tick          time.Duration `yaml:"tick" help:"how often pending, resolving and grouped alerts are advanced"`
-	ShutdownDrain time.Duration `yaml:"shutdown_drain" help:"time allowed at shutdown to send queued notifications"`
+	ShutdownDrain time.Duration `yaml:"shutdown_timeout" help:"time allowed at shutdown to send queued notifications"`
 
 	Rules engine.Config `yaml:"rules"`
 
@@ -123,9 +116,7 @@ func DefaultConfig() Config {
 	am.RatePerMinute, am.Burst = 600, 20
 	return Config{
 		Topic:           schemas.TopicSignalsV1,
-		Group:           "sluice-alerter",
-		SessionTimeout:  45 * time.Second,
-		PolicyReload:    2 * time.Second,
+		Consumer:        kafkaconn.Consumer{Group: "sluice-alerter", SessionTimeout: 45 * time.Second},
 		DefaultChannels: []string{engine.AlertmanagerChannel},
 		Language:        "en",
 		IncidentListMax: 50,
@@ -141,62 +132,56 @@ func (c Config) Validate() error {
 	var errs []error
 	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if c.Topic == "" {
-		add("alerter.topic: must not be empty")
+		add("signals_topic: must not be empty")
 	}
-	if c.Group == "" {
-		add("alerter.group: must not be empty")
-	}
-	if c.SessionTimeout < 6*time.Second || c.SessionTimeout > 30*time.Minute {
-		add("alerter.session_timeout: %v is outside 6s..30m (the broker's usual group session limits)", c.SessionTimeout)
+	if err := c.Consumer.Validate("consumer"); err != nil {
+		errs = append(errs, err)
 	}
 	if c.StateTopic != "" && c.StateTopic == c.Topic {
-		add("alerter.state_topic: %q must differ from alerter.topic", c.StateTopic)
-	}
-	if c.PolicyReload <= 0 {
-		add("alerter.policy_reload: %v must be positive", c.PolicyReload)
+		add("state_topic: %q must differ from signals_topic", c.StateTopic)
 	}
 	if !slices.Contains(message.Languages, c.Language) {
-		add("alerter.language: %q is not one of %s", c.Language, strings.Join(message.Languages, ", "))
+		add("language: %q is not one of %s", c.Language, strings.Join(message.Languages, ", "))
 	}
 	if c.IncidentListMax < 1 || c.IncidentListMax > 1000 {
-		add("alerter.incident_list_max: %d is outside 1..1000", c.IncidentListMax)
+		add("incident_list_max: %d is outside 1..1000", c.IncidentListMax)
 	}
 	if c.Tick < 10*time.Millisecond || c.Tick > time.Minute {
-		add("alerter.tick: %v is outside 10ms..1m", c.Tick)
+		add("tick: %v is outside 10ms..1m", c.Tick)
 	}
 	if c.ShutdownDrain <= 0 {
-		add("alerter.shutdown_drain: %v must be positive", c.ShutdownDrain)
+		add("shutdown_timeout: %v must be positive", c.ShutdownDrain)
 	}
 	if err := c.Rules.Validate(); err != nil {
-		add("alerter.rules: %w", err)
+		add("rules: %w", err)
 	}
 	for _, ch := range append(slices.Clone(c.DefaultChannels), c.OperatorChannels...) {
 		if err := channelKinds.CheckRef(ch); err != nil {
-			add("alerter.default_channels/operator_channels: %w", err)
+			add("default_channels/operator_channels: %w", err)
 		}
 	}
 	if c.Alertmanager.URL != "" {
 		if _, err := notify.ParseURL(c.Alertmanager.URL); err != nil {
-			add("alerter.alertmanager.url: %w", err)
+			add("alertmanager.url: %w", err)
 		}
 		if c.Alertmanager.Hold < 2*c.Rules.ResendInterval {
-			add("alerter.alertmanager.hold: %v must be at least twice rules.resend_interval (%v), or alerts flap between re-sends", c.Alertmanager.Hold, c.Rules.ResendInterval)
+			add("alertmanager.hold: %v must be at least twice rules.resend_interval (%v), or alerts flap between re-sends", c.Alertmanager.Hold, c.Rules.ResendInterval)
 		}
 	}
-	if err := c.Alertmanager.Delivery.Validate("alerter.alertmanager.delivery"); err != nil {
+	if err := c.Alertmanager.Delivery.Validate("alertmanager.delivery"); err != nil {
 		errs = append(errs, err)
 	}
 	for _, kind := range slices.Sorted(maps.Keys(c.Delivery)) {
 		if _, ok := channelKinds.Kind(kind); !ok {
-			add("alerter.delivery.%s: unknown channel kind; the alerter knows %s", kind, strings.Join(channelKinds.Names(), ", "))
+			add("delivery.%s: unknown channel kind; the alerter knows %s", kind, strings.Join(channelKinds.Names(), ", "))
 			continue
 		}
-		if err := c.delivery(kind).Validate("alerter.delivery." + kind); err != nil {
+		if err := c.delivery(kind).Validate("delivery." + kind); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	for _, pr := range policy.CheckChannels(c.Channels, channelKinds.Check) {
-		add("alerter.%s: %s", pr.Field, pr.Msg)
+		add("%s: %s", pr.Field, pr.Msg)
 	}
 	for id, t := range c.Tenants {
 		if _, err := t.route(id, nil); err != nil {
@@ -232,7 +217,7 @@ func (c Config) delivery(kind string) notify.ChannelConfig {
 func (t TenantConfig) route(id string, loc *time.Location) (engine.Route, error) {
 	var r engine.Route
 	var errs []error
-	prefix := "alerter.tenants." + id
+	prefix := "tenants." + id
 	r.Language = t.Language
 	if t.Language != "" && !slices.Contains(message.Languages, t.Language) {
 		errs = append(errs, fmt.Errorf("%s.language: %q is not one of %s", prefix, t.Language, strings.Join(message.Languages, ", ")))

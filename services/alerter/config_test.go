@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/services/alerter/alert"
@@ -43,11 +44,11 @@ func TestChannelDefinitionsAndDeliveryAreCheckedByKind(t *testing.T) {
 	c.Delivery = map[string]notify.ChannelConfig{"slack": {Burst: -1}, "teams": {}}
 	err := c.Validate()
 	for _, want := range []string{
-		`alerter.channels.slack.noc.webhook: has no scheme and host`,
-		"alerter.channels.dingtalk.ops.secrte: unknown setting; this kind takes webhook, secret",
-		`alerter.channels.pager.x: unknown channel kind "pager"; the alerter knows dingtalk, slack`,
-		"alerter.delivery.slack.burst: -1 must be at least 1",
-		"alerter.delivery.teams: unknown channel kind",
+		`channels.slack.noc.webhook: has no scheme and host`,
+		"channels.dingtalk.ops.secrte: unknown setting; this kind takes webhook, secret",
+		`channels.pager.x: unknown channel kind "pager"; the alerter knows dingtalk, slack`,
+		"delivery.slack.burst: -1 must be at least 1",
+		"delivery.teams: unknown channel kind",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not say %q:\n%v", want, err)
@@ -61,9 +62,9 @@ func TestThePolicyIsLoadedWithTheChannelKindsChecks(t *testing.T) {
 	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfg := DefaultConfig()
-	cfg.PolicyFile = path
-	err := Run(context.Background(), cfg, testEnv())
+	env := testEnv()
+	env.Policy = platform.FileSource{File: path, Reload: time.Second}
+	err := Run(context.Background(), DefaultConfig(), env)
 	if err == nil || !strings.Contains(err.Error(), "policy.yaml:4: channels.dingtalk.ops.webhook") {
 		t.Fatalf("Run = %v, want the bad webhook named with its line", err)
 	}

@@ -63,9 +63,8 @@ signal_auth:
   keys: [%q]
 services:
   alerter:
-    topic: %q
-    group: %q
-    session_timeout: 6s
+    signals_topic: %q
+    consumer: {group: %q, session_timeout: 6s}
     tick: 50ms
     default_channels: [dingtalk:ops, slack:noc]
     channels:

@@ -106,12 +106,12 @@ func ensureStateTopicOnce(ctx context.Context, cl *kgo.Client, kcfg kafkaconn.Co
 	adm := kadm.NewClient(cl)
 	td, err := adm.ListTopics(ctx, signals, state)
 	if err != nil {
-		return 0, fmt.Errorf("alerter.state_topic: listing %s and %s: %w", signals, state, err)
+		return 0, fmt.Errorf("services.alerter.state_topic: listing %s and %s: %w", signals, state, err)
 	}
 	need := int32(len(td[signals].Partitions))
 	if st, ok := td[state]; ok && st.Err == nil && len(st.Partitions) > 0 {
 		if int32(len(st.Partitions)) < need {
-			return 0, fmt.Errorf("alerter.state_topic: %s has %d partitions, fewer than the %d of %s; it must have at least as many (add partitions to it, or name a new state topic)",
+			return 0, fmt.Errorf("services.alerter.state_topic: %s has %d partitions, fewer than the %d of %s; it must have at least as many (add partitions to it, or name a new state topic)",
 				state, len(st.Partitions), need, signals)
 		}
 		return int32(len(st.Partitions)), nil
@@ -120,7 +120,7 @@ func ensureStateTopicOnce(ctx context.Context, cl *kgo.Client, kcfg kafkaconn.Co
 	n := max(need, kcfg.Partitions)
 	_, err = adm.CreateTopic(ctx, n, kcfg.ReplicationFactor, kafkaconn.TopicConfigs(ctx, adm, kcfg, map[string]*string{"cleanup.policy": &compact}), state)
 	if err != nil {
-		return 0, fmt.Errorf("alerter.state_topic: create %s: %w", state, err)
+		return 0, fmt.Errorf("services.alerter.state_topic: create %s: %w", state, err)
 	}
 	return n, nil
 }

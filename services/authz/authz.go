@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/internal/keyfile"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/checker"
 	"github.com/sluicehq/sluice/sdk/go/middleware"
@@ -44,6 +45,9 @@ type Deps struct {
 	// Keys, when not nil, authenticates the key in Headers.Key; nil takes
 	// the tenant from Headers.Tenant (the proxy authenticated the caller).
 	Keys *keyfile.File[frontend.Caller]
+	// Policy, when not nil, is the policy in force: the tenants' priority
+	// classes. Without it a request's class is its key's or normal.
+	Policy func() *policy.Policy
 	// Logger receives refusals and errors; nil means slog.Default.
 	Logger *slog.Logger
 	// Metrics receives the service's series; nil registers none.
@@ -58,6 +62,7 @@ type Server struct {
 	admit   frontend.Admitter
 	em      middleware.Emitter
 	keys    *keyfile.File[frontend.Caller]
+	policy  func() *policy.Policy // nil: no policy
 	log     *slog.Logger
 	m       *metrics
 	sub     string // cfg.Path + "/"
@@ -74,7 +79,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{cfg: cfg, dec: deps.Checker, admit: deps.Admitter, em: deps.Emitter, keys: deps.Keys, log: log, m: newMetrics(),
+	s := &Server{cfg: cfg, dec: deps.Checker, admit: deps.Admitter, em: deps.Emitter, keys: deps.Keys, policy: deps.Policy, log: log, m: newMetrics(),
 		sub: cfg.Path + "/", now: time.Now}
 	if s.dec == nil {
 		s.dec = allowAll{}
@@ -267,7 +272,11 @@ func (s *Server) identify(r *http.Request) (call, *refusal) {
 		return c, &refusal{status: http.StatusForbidden, by: byKey, err: ratelimit.Error{Type: "invalid_request_error", Code: "model_not_allowed", Message: msg, Param: &param}}
 	}
 	if caller != nil || headerValue(r, hn.Priority) != "" {
-		p, err := caller.PriorityOf("", headerValue(r, hn.Priority))
+		var tenantClass schemas.Priority
+		if s.policy != nil {
+			tenantClass = s.policy().Tenant(c.tenant).Class()
+		}
+		p, err := caller.PriorityOf(tenantClass, headerValue(r, hn.Priority))
 		switch {
 		case errors.Is(err, priority.ErrRaiseNotAllowed):
 			return c, &refusal{status: http.StatusForbidden, by: byKey, err: ratelimit.Error{Type: "permission_denied", Code: "priority_not_allowed",

@@ -23,10 +23,10 @@ import (
 	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 )
 
-// testConfig is a valid configuration with a keys file: each key's
-// secret is "sk-" + its id, its tenant its id; "mini" may use only
-// gpt-4o-mini, "boss" may set its priority.
-func testConfig(t testing.TB) Config {
+// testKeysFile writes the test keys file: each key's secret is "sk-" +
+// its id, its tenant its id; "mini" may use only gpt-4o-mini, "boss" may
+// set its priority.
+func testKeysFile(t testing.TB) string {
 	t.Helper()
 	var b strings.Builder
 	b.WriteString("keys:\n")
@@ -39,9 +39,17 @@ func testConfig(t testing.TB) Config {
 	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c := DefaultConfig()
-	c.KeysFile = path
-	return c
+	return path
+}
+
+// testKeys opens the test keys file (testKeysFile).
+func testKeys(t testing.TB) *keyfile.File[frontend.Caller] {
+	t.Helper()
+	f, err := frontend.OpenKeys(testKeysFile(t), slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
 
 // openAIError decodes an OpenAI error answer and checks that the
@@ -103,13 +111,6 @@ func (f *fakeAdmitter) last(t *testing.T) frontend.AdmitRequest {
 
 func newServer(t *testing.T, cfg Config, deps Deps) *httptest.Server {
 	t.Helper()
-	if cfg.KeysFile != "" && deps.Keys == nil {
-		f, err := keyfile.Open(cfg.KeysFile, frontend.ParseKeys, slog.New(slog.DiscardHandler), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		deps.Keys = f
-	}
 	deps.Logger = slog.New(slog.DiscardHandler)
 	s, err := New(cfg, deps)
 	if err != nil {
@@ -159,7 +160,7 @@ func refusedAs(t *testing.T, resp *http.Response, body string, status int, code 
 
 func TestKeysDecideWhoCallsWhichModel(t *testing.T) {
 	adm := &fakeAdmitter{}
-	hs := newServer(t, testConfig(t), Deps{Admitter: adm})
+	hs := newServer(t, DefaultConfig(), Deps{Admitter: adm, Keys: testKeys(t)})
 
 	resp, body := ask(t, hs.URL+"/authz", "Authorization", "Bearer sk-acme", "X-Sluice-Model", "gpt-4o")
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Sluice-Tenant") != "acme" || resp.Header.Get("X-Sluice-Key-Id") != "acme" {
@@ -255,8 +256,7 @@ func TestRefusalsInOpenAIFormat(t *testing.T) {
 		"strict": {Outcome: checker.RefusedStale},
 	}
 	adm := &fakeAdmitter{}
-	cfg := testConfig(t)
-	hs := newServer(t, cfg, Deps{Checker: dec, Admitter: adm})
+	hs := newServer(t, DefaultConfig(), Deps{Checker: dec, Admitter: adm, Keys: testKeys(t)})
 
 	resp, body := ask(t, hs.URL+"/authz", "Authorization", "Bearer sk-blocked")
 	if refusedAs(t, resp, body, http.StatusForbidden, "blacklisted"); strings.Contains(body, "fraud") || resp.Header.Get("Retry-After") != "" {
@@ -303,14 +303,13 @@ func TestConfigErrorsNameTheSetting(t *testing.T) {
 	c.Headers.Model = "X Model"
 	c.Headers.User = "x-sluice-tenant"
 	c.MaxEstimateTokens = 0
-	c.Admission.PolicyFile = "p.yaml"
 	c.Admission.MaxWait = 0
 	err := c.Validate()
 	if err == nil {
 		t.Fatal("an invalid configuration validated")
 	}
-	for _, want := range []string{"services.authz.path", "services.authz.headers.model", "services.authz.headers.user: \"x-sluice-tenant\" is already headers.tenant",
-		"services.authz.max_estimate_tokens", "services.authz.admission.max_wait"} {
+	for _, want := range []string{"path: ", "headers.model: ", "headers.user: \"x-sluice-tenant\" is already headers.tenant",
+		"max_estimate_tokens: ", "admission.max_wait: "} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not mention %s:\n%v", want, err)
 		}

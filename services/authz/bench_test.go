@@ -63,9 +63,7 @@ func benchEndpoint(b *testing.B, exact bool) string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cfg := DefaultConfig()
-	cfg.KeysFile = path
-	s, err := New(cfg, Deps{Checker: chk, Admitter: frontend.LimiterAdmitter{L: lim}, Keys: kf, Logger: log})
+	s, err := New(DefaultConfig(), Deps{Checker: chk, Admitter: frontend.LimiterAdmitter{L: lim}, Keys: kf, Logger: log})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/schemas"
@@ -18,9 +17,6 @@ type Config struct {
 	Listen string `yaml:"listen" help:"address of the forward-auth endpoint (and of /healthz and /readyz)"`
 	Name   string `yaml:"name" help:"the gateway field of the usage events of refused checks"`
 	Path   string `yaml:"path" help:"path of the forward-auth endpoint; every path below it is answered too (Envoy's ext_authz appends the original path), whatever the method"`
-
-	KeysFile           string        `yaml:"keys_file" help:"tenant keys file of sluice gateway (id, sha256, tenant, user, models, priority, may_set_priority): the key in headers.key is authenticated and names the tenant; empty: the proxy has authenticated the caller and names the tenant in headers.tenant"`
-	KeysReloadInterval time.Duration `yaml:"keys_reload_interval" help:"how often the keys file is checked for changes"`
 
 	Headers Headers `yaml:"headers"`
 
@@ -39,12 +35,12 @@ type Config struct {
 // Headers names the request headers the endpoint reads, and the answer
 // headers that carry the caller's identity to the upstream.
 type Headers struct {
-	Key      string `yaml:"key" help:"header with the tenant key, as 'Bearer <key>' or the bare key (with keys_file)"`
-	Tenant   string `yaml:"tenant" help:"header naming the tenant (without keys_file); with keys_file the allowed answer carries the key's tenant in it, for the upstream"`
-	KeyID    string `yaml:"key_id" help:"header naming the API key id flags and limits may be scoped by (without keys_file); with keys_file the allowed answer carries the key's id in it"`
+	Key      string `yaml:"key" help:"header with the tenant key, as 'Bearer <key>' or the bare key (with tenant_keys.file)"`
+	Tenant   string `yaml:"tenant" help:"header naming the tenant (without tenant_keys.file); with tenant_keys.file the allowed answer carries the key's tenant in it, for the upstream"`
+	KeyID    string `yaml:"key_id" help:"header naming the API key id flags and limits may be scoped by (without tenant_keys.file); with tenant_keys.file the allowed answer carries the key's id in it"`
 	Model    string `yaml:"model" help:"header naming the model (forward-auth does not read the body); empty or absent: only tenant-wide and key flags apply, and a key limited to some models is refused"`
 	User     string `yaml:"user" help:"header naming the end user, for limits scoped by user (a key's own user wins)"`
-	Priority string `yaml:"priority" help:"header with the request's priority class; with keys_file any key may lower its priority, only keys with may_set_priority raise it"`
+	Priority string `yaml:"priority" help:"header with the request's priority class; with tenant_keys.file any key may lower its priority, only keys with may_set_priority raise it"`
 	URI      string `yaml:"uri" help:"header with the original request's path when the proxy does not append it to the endpoint's path (nginx, Traefik: X-Forwarded-Uri); it is the endpoint limits may be scoped by"`
 
 	EstimatePromptTokens     string `yaml:"estimate_prompt_tokens" help:"header with the prompt tokens to debit (else default_prompt_tokens); set it in the proxy, not from the client"`
@@ -54,10 +50,9 @@ type Headers struct {
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
 	return Config{
-		Listen:             "127.0.0.1:8091",
-		Name:               "sluice-authz",
-		Path:               "/authz",
-		KeysReloadInterval: 5 * time.Second,
+		Listen: "127.0.0.1:8091",
+		Name:   "sluice-authz",
+		Path:   "/authz",
 		Headers: Headers{
 			Key: "Authorization", Tenant: "X-Sluice-Tenant", KeyID: "X-Sluice-Key-Id", Model: "X-Sluice-Model",
 			User: "X-Sluice-User", Priority: "X-Sluice-Priority", URI: "X-Forwarded-Uri",
@@ -83,18 +78,14 @@ func authzUsage() frontend.EventSink {
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	const p = "services.authz."
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		bad(p+"listen: %q is not host:port", c.Listen)
+		bad("listen: %q is not host:port", c.Listen)
 	}
 	if c.Name == "" || len(c.Name) > schemas.MaxStringLen {
-		bad(p+"name: must be 1..%d bytes", schemas.MaxStringLen)
+		bad("name: must be 1..%d bytes", schemas.MaxStringLen)
 	}
 	if !strings.HasPrefix(c.Path, "/") || strings.HasSuffix(c.Path, "/") || c.Path == "/healthz" || c.Path == "/readyz" {
-		bad(p+"path: %q must start with / and not end with one (e.g. /authz), and must not be /healthz or /readyz", c.Path)
-	}
-	if c.KeysReloadInterval < 100*time.Millisecond {
-		bad(p+"keys_reload_interval: %s is below the minimum 100ms", c.KeysReloadInterval)
+		bad("path: %q must start with / and not end with one (e.g. /authz), and must not be /healthz or /readyz", c.Path)
 	}
 	h := c.Headers
 	seen := map[string]string{}
@@ -102,32 +93,32 @@ func (c Config) Validate() error {
 		name, value string
 		required    bool
 	}{
-		{"key", h.Key, c.KeysFile != ""}, {"tenant", h.Tenant, true}, {"key_id", h.KeyID, true}, {"model", h.Model, false},
+		{"key", h.Key, false}, {"tenant", h.Tenant, true}, {"key_id", h.KeyID, true}, {"model", h.Model, false},
 		{"user", h.User, false}, {"priority", h.Priority, false}, {"uri", h.URI, false},
 		{"estimate_prompt_tokens", h.EstimatePromptTokens, false}, {"estimate_completion_tokens", h.EstimateCompletionTokens, false},
 	} {
 		switch {
 		case f.value == "" && f.required:
-			bad(p+"headers.%s: is required", f.name)
+			bad("headers.%s: is required", f.name)
 		case f.value == "":
 		case !validHeaderName(f.value):
-			bad(p+"headers.%s: %q is not an HTTP header name", f.name, f.value)
+			bad("headers.%s: %q is not an HTTP header name", f.name, f.value)
 		case seen[http.CanonicalHeaderKey(f.value)] != "":
-			bad(p+"headers.%s: %q is already headers.%s", f.name, f.value, seen[http.CanonicalHeaderKey(f.value)])
+			bad("headers.%s: %q is already headers.%s", f.name, f.value, seen[http.CanonicalHeaderKey(f.value)])
 		default:
 			seen[http.CanonicalHeaderKey(f.value)] = f.name
 		}
 	}
 	if c.MaxEstimateTokens < 1 || c.MaxEstimateTokens > 1_000_000_000 {
-		bad(p+"max_estimate_tokens: %d is outside 1..1000000000", c.MaxEstimateTokens)
+		bad("max_estimate_tokens: %d is outside 1..1000000000", c.MaxEstimateTokens)
 	}
 	if c.DefaultPromptTokens < 0 || c.DefaultPromptTokens > c.MaxEstimateTokens {
-		bad(p+"default_prompt_tokens: %d is outside 0..max_estimate_tokens (%d)", c.DefaultPromptTokens, c.MaxEstimateTokens)
+		bad("default_prompt_tokens: %d is outside 0..max_estimate_tokens (%d)", c.DefaultPromptTokens, c.MaxEstimateTokens)
 	}
 	if c.DefaultCompletionTokens < 0 || c.DefaultCompletionTokens > c.MaxEstimateTokens {
-		bad(p+"default_completion_tokens: %d is outside 0..max_estimate_tokens (%d)", c.DefaultCompletionTokens, c.MaxEstimateTokens)
+		bad("default_completion_tokens: %d is outside 0..max_estimate_tokens (%d)", c.DefaultCompletionTokens, c.MaxEstimateTokens)
 	}
-	if err := c.FrontEnd.Validate(p); err != nil {
+	if err := c.FrontEnd.Validate(""); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -220,27 +220,23 @@ func TestNginxForwardAuth(t *testing.T) {
 	t.Cleanup(up.Close)
 
 	// The flags: tenant "blocked" is blacklisted, as the enforcer writes it.
-	cfg := testConfig(t)
+	cfg := DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
-	cfg.Checker.KeyPrefix = itest.Unique(t, "sluice_test_authzflags:") + ":"
-	cfg.Admission.KeyPrefix = itest.Unique(t, "sluice_test_authzadm:") + ":"
 	cfg.Admission.MaxWait = 200 * time.Millisecond
 	ing := &recordingIngest{}
 	ingest := httptest.NewServer(ing)
 	t.Cleanup(ingest.Close)
 	cfg.Usage.Sink, cfg.Usage.IngestURL, cfg.Usage.FlushInterval = frontend.SinkIngest, ingest.URL, 10*time.Millisecond
-	cfg.Admission.PolicyFile = filepath.Join(t.TempDir(), "policy.yaml")
-	if err := os.WriteFile(cfg.Admission.PolicyFile, []byte(nginxPolicy), 0o644); err != nil {
+	policyFile := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policyFile, []byte(nginxPolicy), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	rdb := redisconn.NewClient(rc)
 	t.Cleanup(func() { rdb.Close() })
-	layout := flags.Layout{Prefix: cfg.Checker.KeyPrefix}
+	layout := flags.Layout{Prefix: rc.Prefix(redisconn.FlagKeys)}
 	t.Cleanup(func() {
 		ctx := context.Background()
-		for _, p := range []string{cfg.Checker.KeyPrefix, cfg.Admission.KeyPrefix} {
-			_ = flags.ScanKeys(ctx, rdb, p+"*", func(k string) { rdb.Del(ctx, k) })
-		}
+		_ = flags.ScanKeys(ctx, rdb, rc.KeyPrefix+"*", func(k string) { rdb.Del(ctx, k) })
 	})
 	ctx := context.Background()
 	if err := rdb.HSet(ctx, layout.TenantKey("blocked"), flags.VersionField, 1, flags.AllModels,
@@ -253,7 +249,8 @@ func TestNginxForwardAuth(t *testing.T) {
 
 	// The service reaches Redis through a proxy the test can cut.
 	proxy := itest.NewProxy(t, rc.Addr)
-	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(), Redis: rc}
+	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(), Redis: rc,
+		Policy: platform.FileSource{File: policyFile, Reload: time.Second}, TenantKeys: platform.FileSource{File: testKeysFile(t), Reload: time.Second}}
 	env.Redis.Addr = proxy.Addr()
 	authzAddr := startService(t, cfg, env)
 	base := "http://" + startNginx(t, authzAddr, strings.TrimPrefix(up.URL, "http://"))

@@ -11,10 +11,10 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/internal/frontend"
-	"github.com/sluicehq/sluice/internal/keyfile"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/sdk/go/checker"
 )
 
@@ -42,26 +42,36 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	deps := Deps{Logger: log, Metrics: env.Metrics}
 
 	var follow func(context.Context) error
-	if cfg.Admission.PolicyFile != "" {
-		adm, f, closeAdm, err := frontend.PolicyAdmitter(cfg.Admission, "authz", env, log.With("component", "admission"))
+	if env.Policy.File != "" {
+		w, err := policy.NewWatcher(env.Policy.File, env.Policy.Reload, log.With("component", "policy"))
 		if err != nil {
-			return fmt.Errorf("services.authz.admission: %w", err)
+			return fmt.Errorf("authz: policy.file: %w", err)
 		}
-		defer closeAdm()
-		deps.Admitter, follow = adm, f
+		limits, err := frontend.NewLimits(cfg.Admission, w.Current(), "authz", false, env, log.With("component", "admission"))
+		if err != nil {
+			return fmt.Errorf("authz: %w", err)
+		}
+		defer limits.Close()
+		deps.Admitter, deps.Policy = limits.Admit, w.Current
+		follow = func(ctx context.Context) error { return w.Follow(ctx, limits.Apply) }
 	}
 	rdb := redisconn.NewClient(env.Redis)
 	defer rdb.Close()
-	chk, err := checker.New(rdb, cfg.Checker, log.With("component", "checker"))
+	chkCfg := cfg.Checker
+	chkCfg.KeyPrefix = env.Redis.Prefix(redisconn.FlagKeys)
+	chk, err := checker.New(rdb, chkCfg, log.With("component", "checker"))
 	if err != nil {
 		return fmt.Errorf("services.authz.checker: %w", err)
 	}
 	deps.Checker = chk
 	var s *Server // the reload callback runs only from Watch, once s is set
-	if cfg.KeysFile != "" {
-		f, err := keyfile.Open(cfg.KeysFile, frontend.ParseKeys, log, func(err error) { s.keyReloaded(err) })
+	if env.TenantKeys.File != "" {
+		if cfg.Headers.Key == "" {
+			return errors.New("services.authz.headers.key: is required with tenant_keys.file (the header the caller's key arrives in)")
+		}
+		f, err := frontend.OpenKeys(env.TenantKeys.File, log, func(err error) { s.keyReloaded(err) })
 		if err != nil {
-			return fmt.Errorf("services.authz.%w", err)
+			return fmt.Errorf("tenant_keys.%w", err)
 		}
 		deps.Keys = f
 	}
@@ -93,7 +103,7 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	defer env.Health.RemoveReadiness("authz")
 	srv := httpserver.New(s, cfg.HTTP, log)
 	log.Info("forward-auth endpoint listening", "addr", ln.Addr().String(), "path", cfg.Path,
-		"keys_file", cfg.KeysFile != "", "admission", cfg.Admission.PolicyFile != "")
+		"tenant_keys", env.TenantKeys.File != "", "admission", env.Policy.File != "")
 	if opts.Started != nil {
 		opts.Started(ln.Addr().String())
 	}
@@ -104,7 +114,7 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 		g.Go(func() error { _ = follow(gctx); return nil })
 	}
 	if deps.Keys != nil {
-		g.Go(func() error { deps.Keys.Watch(gctx, cfg.KeysReloadInterval); return nil })
+		g.Go(func() error { deps.Keys.Watch(gctx, env.TenantKeys.Reload); return nil })
 	}
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {

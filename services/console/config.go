@@ -8,14 +8,11 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/platform/httpserver"
-	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // Config is the console's section of the configuration (services.console).
 type Config struct {
 	Listen      string              `yaml:"listen" help:"address of the web console (its own listener; the console runs only when named: sluice run ... console, or sluice demo)"`
-	PolicyFile  string              `yaml:"policy_file" help:"quota policy YAML, for plans and the quotas without use yet (with sluice run: the root policy_file)"`
-	KeyPrefix   string              `yaml:"key_prefix" help:"Redis key prefix of the enforcement flags shown (the enforcer's key_prefix)"`
 	AdminURL    string              `yaml:"admin_url" help:"the enforcer's admin API, through which every console action (trip, reset, blacklist, override) goes, authenticated by the operator's admin token and audited there"`
 	AdminCAFile string              `yaml:"admin_ca_file" help:"PEM CA certificate(s) to trust for an https admin_url with a private certificate"`
 	MetricsURLs []string            `yaml:"metrics_urls" help:"Prometheus /metrics endpoints of the services the pipeline page reads (ingest, aggregator, enforcer); empty: this process's own metrics"`
@@ -32,7 +29,6 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Listen:      "127.0.0.1:9480",
-		KeyPrefix:   flags.DefaultPrefix,
 		AdminURL:    "http://127.0.0.1:9471",
 		SampleEvery: 5 * time.Second,
 		ChartWindow: time.Hour,
@@ -48,37 +44,33 @@ const maxSamples = 720
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	const p = "services.console."
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		bad(p+"listen: %q is not host:port", c.Listen)
-	}
-	if c.KeyPrefix == "" || len(c.KeyPrefix) > 200 {
-		bad(p+"key_prefix: %q must be 1..200 bytes", c.KeyPrefix)
+		bad("listen: %q is not host:port", c.Listen)
 	}
 	if u, err := url.Parse(c.AdminURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		bad(p+"admin_url: %q is not an http(s) URL such as http://127.0.0.1:9471", c.AdminURL)
+		bad("admin_url: %q is not an http(s) URL such as http://127.0.0.1:9471", c.AdminURL)
 	}
 	for i, m := range c.MetricsURLs {
 		if u, err := url.Parse(m); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			bad(p+"metrics_urls[%d]: %q is not an http(s) URL such as http://127.0.0.1:9464/metrics", i, m)
+			bad("metrics_urls[%d]: %q is not an http(s) URL such as http://127.0.0.1:9464/metrics", i, m)
 		}
 	}
 	if len(c.MetricsURLs) > 50 {
-		bad(p+"metrics_urls: %d endpoints; the limit is 50", len(c.MetricsURLs))
+		bad("metrics_urls: %d endpoints; the limit is 50", len(c.MetricsURLs))
 	}
 	if c.SampleEvery < time.Second || c.SampleEvery > 5*time.Minute {
-		bad(p+"sample_every: %v is outside 1s..5m", c.SampleEvery)
+		bad("sample_every: %v is outside 1s..5m", c.SampleEvery)
 	}
 	if c.ChartWindow < 5*time.Minute || c.ChartWindow > 7*24*time.Hour {
-		bad(p+"chart_window: %v is outside 5m..168h", c.ChartWindow)
+		bad("chart_window: %v is outside 5m..168h", c.ChartWindow)
 	}
 	if c.SessionTTL < time.Minute || c.SessionTTL > 7*24*time.Hour {
-		bad(p+"session_ttl: %v is outside 1m..168h", c.SessionTTL)
+		bad("session_ttl: %v is outside 1m..168h", c.SessionTTL)
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
-		bad(p + "tls_cert_file, " + p + "tls_key_file: set both (a PEM certificate and its key) or neither")
+		bad("tls_cert_file, tls_key_file: set both (a PEM certificate and its key) or neither")
 	}
-	if err := c.HTTP.Validate(p + "http"); err != nil {
+	if err := c.HTTP.Validate("http"); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -74,10 +74,10 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	}
 	log := env.Logger
 	var pw *policy.Watcher
-	if cfg.PolicyFile != "" {
-		w, err := policy.NewWatcher(cfg.PolicyFile, 2*time.Second, log)
+	if env.Policy.File != "" {
+		w, err := policy.NewWatcher(env.Policy.File, env.Policy.Reload, log)
 		if err != nil {
-			return fmt.Errorf("services.console.policy_file: %w", err)
+			return fmt.Errorf("policy.file: %w", err)
 		}
 		pw = w
 	}
@@ -98,7 +98,7 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 		gatherer = g
 	}
 	s, err := newServer(cfg, deps{
-		status:   usageapi.NewService(ch, rdb, cfg.KeyPrefix, pw),
+		status:   usageapi.NewService(ch, rdb, env.Redis.Prefix(redisconn.FlagKeys), pw),
 		ch:       ch,
 		policy:   pw,
 		admin:    hc,

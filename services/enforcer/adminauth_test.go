@@ -35,7 +35,7 @@ func TestForgedAdminRecordsAreRefused(t *testing.T) {
 	testClickHouse(t, chc)
 	ctx := context.Background()
 	cfg := testConfig(t)
-	cfg.ConsumerGroup = itest.Unique(t, "enforcer_")
+	cfg.Group = itest.Unique(t, "enforcer_")
 	cfg.SignalsTopic = itest.Unique(t, "signals_")
 	cfg.HeartbeatEvery, cfg.LeaderLease = 500*time.Millisecond, time.Second
 	cfg.Admin.Tokens = []adminapi.Token{{Name: "ops", SHA256: adminapi.HashToken("tok")}}

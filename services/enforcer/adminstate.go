@@ -88,7 +88,7 @@ func openAdminState(ctx context.Context, cfg Config, env platform.Env, c *core) 
 	}
 	if err != nil {
 		kc.Close()
-		return nil, fmt.Errorf("enforcer.admin_topic: create %s: %w", cfg.AdminTopic, err)
+		return nil, fmt.Errorf("services.enforcer.admin_topic: create %s: %w", cfg.AdminTopic, err)
 	}
 	a := &adminState{c: c, kc: kc, topic: cfg.AdminTopic, log: c.log, auth: c.auth.For(signalauth.AdminActions),
 		applied: map[int32]int64{}, wake: make(chan struct{}), target: map[int32]int64{}, caught: make(chan struct{}),
@@ -98,7 +98,7 @@ func openAdminState(ctx context.Context, cfg Config, env platform.Env, c *core) 
 	ends, err := kafkaconn.EndOffsets(ctx, kadm.NewClient(kc), cfg.AdminTopic)
 	if err != nil {
 		kc.Close()
-		return nil, fmt.Errorf("enforcer.admin_topic: end offsets of %s: %w", cfg.AdminTopic, err)
+		return nil, fmt.Errorf("services.enforcer.admin_topic: end offsets of %s: %w", cfg.AdminTopic, err)
 	}
 	ends.Each(func(o kadm.ListedOffset) {
 		if o.Err == nil && o.Offset > 0 {

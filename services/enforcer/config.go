@@ -22,19 +22,22 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/platform/httpserver"
+	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/sdk/go/flags"
 	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 )
 
 // Config is the enforcer's section of the configuration.
 type Config struct {
-	PolicyFile     string        `yaml:"policy_file" help:"quota policy YAML (hot-reloaded); empty: defaults only"`
-	PolicyReload   time.Duration `yaml:"policy_reload" help:"how often the policy file is checked for changes"`
-	ConsumerGroup  string        `yaml:"consumer_group" help:"Kafka consumer group of the signals topic; with replica_id set, consumer_group-replica_id, so that every replica reads every signal"`
-	SignalsTopic   string        `yaml:"signals_topic" help:"topic the aggregator and reconciler publish signals to"`
-	SessionTimeout time.Duration `yaml:"session_timeout" help:"consumer group session timeout: how soon a restarted enforcer gets the signals back after a crash"`
-	KeyPrefix      string        `yaml:"key_prefix" help:"Redis key prefix of the flags (Checkers must use the same)"`
+	// Consumer is the signals topic's group; with replica_id set, each
+	// replica reads in a group of its own, <group>-<replica_id>, so that
+	// every replica reads every signal.
+	kafkaconn.Consumer `yaml:"consumer"`
+	SignalsTopic       string `yaml:"signals_topic" help:"topic the aggregator and reconciler publish signals to"`
+	// KeyPrefix is the flags' Redis prefix: not a setting, Run derives it
+	// from redis.key_prefix (the one prefix Checkers and the enforcer
+	// share); tests may set it.
+	KeyPrefix      string        `yaml:"-"`
 	FlushInterval  time.Duration `yaml:"flush_interval" help:"how long flag changes wait to be coalesced into one Redis round trip"`
 	FlagTTL        time.Duration `yaml:"flag_ttl" help:"lifetime of a flag the enforcer stops refreshing (a dead enforcer blocks no one longer)"`
 	HeartbeatEvery time.Duration `yaml:"heartbeat_every" help:"period of the heartbeat Checkers judge staleness by"`
@@ -44,9 +47,9 @@ type Config struct {
 	DedupSignals   int           `yaml:"dedup_signals" help:"signal ids remembered to drop redeliveries"`
 	Recover        bool          `yaml:"recover" help:"rebuild quota breakers from ClickHouse on start"`
 	AdminTopic     string        `yaml:"admin_topic" help:"compacted topic of operator actions every replica reads whole (sluice.admin.v1)"`
-	ReplicaID      string        `yaml:"replica_id" help:"this replica's name, unique among enforcers sharing a key_prefix: required when several run; it names the replica's own signals consumer group (consumer_group-replica_id) and its leader lease. Empty: one replica, group consumer_group, lease named by the host name"`
+	ReplicaID      string        `yaml:"replica_id" help:"this replica's name, unique among enforcers sharing a redis.key_prefix: required when several run; it names the replica's own signals consumer group (consumer.group-replica_id) and its leader lease. Empty: one replica, group consumer.group, lease named by the host name"`
 	LeaderLease    time.Duration `yaml:"leader_lease" help:"lease in Redis that lets one replica write flags; when the leader dies another replica takes over within it"`
-	ShutdownGrace  time.Duration `yaml:"shutdown_grace" help:"time allowed for the last flag write on shutdown"`
+	ShutdownGrace  time.Duration `yaml:"shutdown_timeout" help:"time allowed for the last flag write on shutdown"`
 	Admin          AdminConfig   `yaml:"admin"`
 }
 
@@ -62,13 +65,10 @@ type AdminConfig struct {
 // DefaultConfig returns working defaults for the services script.
 func DefaultConfig() Config {
 	return Config{
-		PolicyReload:  2 * time.Second,
-		ConsumerGroup: "sluice-enforcer",
-		SignalsTopic:  schemas.TopicSignalsV1,
-		// Short: while a crashed enforcer's session lingers, a restarted one
-		// reads no signals, and enforcement waits on it.
-		SessionTimeout: 10 * time.Second,
-		KeyPrefix:      flags.DefaultPrefix,
+		// A short session: while a crashed enforcer's session lingers, a
+		// restarted one reads no signals, and enforcement waits on it.
+		Consumer:       kafkaconn.Consumer{Group: "sluice-enforcer", SessionTimeout: 10 * time.Second},
+		SignalsTopic:   schemas.TopicSignalsV1,
 		FlushInterval:  5 * time.Millisecond,
 		FlagTTL:        60 * time.Second,
 		HeartbeatEvery: time.Second,
@@ -91,64 +91,59 @@ func (c Config) Validate() error {
 	var errs []error
 	between := func(name string, v, lo, hi time.Duration) {
 		if v < lo || v > hi {
-			errs = append(errs, fmt.Errorf("enforcer.%s: %v is outside %v..%v", name, v, lo, hi))
+			errs = append(errs, fmt.Errorf("%s: %v is outside %v..%v", name, v, lo, hi))
 		}
 	}
-	between("policy_reload", c.PolicyReload, 100*time.Millisecond, time.Hour)
 	between("flush_interval", c.FlushInterval, time.Millisecond, 10*time.Second)
 	between("flag_ttl", c.FlagTTL, 3*time.Second, 24*time.Hour)
 	between("heartbeat_every", c.HeartbeatEvery, 50*time.Millisecond, time.Minute)
 	between("tick_every", c.TickEvery, 10*time.Millisecond, time.Minute)
-	between("shutdown_grace", c.ShutdownGrace, 100*time.Millisecond, 5*time.Minute)
+	between("shutdown_timeout", c.ShutdownGrace, 100*time.Millisecond, 5*time.Minute)
 	if c.HeartbeatEvery*3 > c.FlagTTL {
-		errs = append(errs, fmt.Errorf("enforcer.heartbeat_every: %v must be at most a third of flag_ttl (%v)", c.HeartbeatEvery, c.FlagTTL))
+		errs = append(errs, fmt.Errorf("heartbeat_every: %v must be at most a third of flag_ttl (%v)", c.HeartbeatEvery, c.FlagTTL))
 	}
-	if c.ConsumerGroup == "" {
-		errs = append(errs, errors.New("enforcer.consumer_group: must not be empty"))
+	if err := c.Consumer.Validate("consumer"); err != nil {
+		errs = append(errs, err)
 	}
 	if c.SignalsTopic == "" {
-		errs = append(errs, errors.New("enforcer.signals_topic: must not be empty"))
+		errs = append(errs, errors.New("signals_topic: must not be empty"))
 	}
-	between("session_timeout", c.SessionTimeout, 6*time.Second, 30*time.Minute)
 	between("leader_lease", c.LeaderLease, 300*time.Millisecond, time.Minute)
 	if c.LeaderLease > c.FlagTTL {
-		errs = append(errs, fmt.Errorf("enforcer.leader_lease: %v must be at most flag_ttl (%v), or flags lapse during a failover", c.LeaderLease, c.FlagTTL))
+		errs = append(errs, fmt.Errorf("leader_lease: %v must be at most flag_ttl (%v), or flags lapse during a failover", c.LeaderLease, c.FlagTTL))
 	}
 	if c.AdminTopic == "" {
-		errs = append(errs, errors.New("enforcer.admin_topic: must not be empty"))
+		errs = append(errs, errors.New("admin_topic: must not be empty"))
 	}
 	if len(c.ReplicaID) > 200 || strings.ContainsAny(c.ReplicaID, " \t\n") {
-		errs = append(errs, fmt.Errorf("enforcer.replica_id: %q must be at most 200 bytes without spaces", c.ReplicaID))
-	}
-	if c.KeyPrefix == "" || len(c.KeyPrefix) > 200 {
-		errs = append(errs, fmt.Errorf("enforcer.key_prefix: %q must be 1..200 bytes", c.KeyPrefix))
+		errs = append(errs, fmt.Errorf("replica_id: %q must be at most 200 bytes without spaces", c.ReplicaID))
 	}
 	if c.MaxDirty < 1 || c.MaxDirty > 10_000_000 {
-		errs = append(errs, fmt.Errorf("enforcer.max_dirty: %d is outside 1..10000000", c.MaxDirty))
+		errs = append(errs, fmt.Errorf("max_dirty: %d is outside 1..10000000", c.MaxDirty))
 	}
 	if c.BatchTenants < 1 || c.BatchTenants > 100_000 {
-		errs = append(errs, fmt.Errorf("enforcer.batch_tenants: %d is outside 1..100000", c.BatchTenants))
+		errs = append(errs, fmt.Errorf("batch_tenants: %d is outside 1..100000", c.BatchTenants))
 	}
 	if c.DedupSignals < 0 || c.DedupSignals > 10_000_000 {
-		errs = append(errs, fmt.Errorf("enforcer.dedup_signals: %d is outside 0..10000000", c.DedupSignals))
+		errs = append(errs, fmt.Errorf("dedup_signals: %d is outside 0..10000000", c.DedupSignals))
 	}
 	if c.Admin.Listen != "" {
 		if _, _, err := net.SplitHostPort(c.Admin.Listen); err != nil {
-			errs = append(errs, fmt.Errorf("enforcer.admin.listen: %q is not host:port", c.Admin.Listen))
+			errs = append(errs, fmt.Errorf("admin.listen: %q is not host:port", c.Admin.Listen))
 		}
 	}
 	if (c.Admin.TLSCertFile == "") != (c.Admin.TLSKeyFile == "") {
-		errs = append(errs, errors.New("enforcer.admin.tls_cert_file, enforcer.admin.tls_key_file: set both (a PEM certificate and its key) or neither"))
+		errs = append(errs, errors.New("admin.tls_cert_file, enforcer.admin.tls_key_file: set both (a PEM certificate and its key) or neither"))
 	}
-	if err := c.Admin.HTTP.Validate("enforcer.admin.http"); err != nil {
+	if err := c.Admin.HTTP.Validate("admin.http"); err != nil {
 		errs = append(errs, err)
 	}
 	for i, t := range c.Admin.Tokens {
 		if t.Name == "" {
-			errs = append(errs, fmt.Errorf("enforcer.admin.tokens[%d].name: must not be empty", i))
+			errs = append(errs, fmt.Errorf("admin.tokens[%d].name: must not be empty", i))
 		}
 		if len(t.SHA256) != 64 {
-			errs = append(errs, fmt.Errorf("enforcer.admin.tokens[%d].sha256: must be 64 hex digits (printf %%s TOKEN | sha256sum)", i))
+			errs = append(errs, fmt.Errorf("admin.tokens[%d].sha256: must be 64 hex digits (printf %%s TOKEN | sha256sum)", i))
 		}
 	}
 	return errors.Join(errs...)

@@ -49,7 +49,10 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	if err != nil {
 		return fmt.Errorf("enforcer: %w", err)
 	}
-	pw, err := loadPolicy(cfg, log)
+	if cfg.KeyPrefix == "" {
+		cfg.KeyPrefix = env.Redis.Prefix(redisconn.FlagKeys)
+	}
+	pw, err := loadPolicy(env.Policy, log)
 	if err != nil {
 		return err
 	}
@@ -60,11 +63,11 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	if _, err := chc.Get(ctx); err != nil {
 		log.Warn("enforcer: clickhouse unreachable at start; enforcing from redis and kafka, recovery retries", "err", err)
 	}
-	group, replica := cfg.ConsumerGroup, cfg.ReplicaID
+	group, replica := cfg.Group, cfg.ReplicaID
 	if replica != "" {
 		group += "-" + replica
 	} else if replica, err = os.Hostname(); err != nil || replica == "" {
-		return fmt.Errorf("enforcer.replica_id: empty and the host name is unknown (%v); set it", err)
+		return fmt.Errorf("services.enforcer.replica_id: empty and the host name is unknown (%v); set it", err)
 	}
 	kc, err := openSignals(ctx, cfg, group, env)
 	if err != nil {
@@ -190,9 +193,9 @@ func listenAdmin(cfg Config, c *core, aud admin.Auditor, pub admin.Publisher, lo
 	}
 	ln, err := net.Listen("tcp", cfg.Admin.Listen)
 	if err != nil {
-		return nil, fmt.Errorf("enforcer.admin.listen: %w", err)
+		return nil, fmt.Errorf("services.enforcer.admin.listen: %w", err)
 	}
-	tlsCfg, err := httpserver.LoadTLS(cfg.Admin.TLSCertFile, cfg.Admin.TLSKeyFile, "enforcer.admin.tls_cert_file", "enforcer.admin.tls_key_file")
+	tlsCfg, err := httpserver.LoadTLS(cfg.Admin.TLSCertFile, cfg.Admin.TLSKeyFile, "services.enforcer.admin.tls_cert_file", "services.enforcer.admin.tls_key_file")
 	if err != nil {
 		ln.Close()
 		return nil, err
@@ -231,19 +234,19 @@ func (s *adminServer) shutdownOnDone(ctx context.Context, grace time.Duration) e
 	return nil
 }
 
-// loadPolicy returns the watcher of cfg.PolicyFile, or the built-in
-// defaults when there is none. A broken file refuses the start.
-func loadPolicy(cfg Config, log *slog.Logger) (*policy.Watcher, error) {
-	if cfg.PolicyFile == "" {
+// loadPolicy returns the watcher of the policy file src names, or the
+// built-in defaults when there is none. A broken file refuses the start.
+func loadPolicy(src platform.FileSource, log *slog.Logger) (*policy.Watcher, error) {
+	if src.File == "" {
 		p, err := policy.Parse([]byte("{}\n"), "(built-in defaults)")
 		if err != nil {
 			return nil, err
 		}
 		return policy.Static(p), nil
 	}
-	w, err := policy.NewWatcher(cfg.PolicyFile, cfg.PolicyReload, log)
+	w, err := policy.NewWatcher(src.File, src.Reload, log)
 	if err != nil {
-		return nil, fmt.Errorf("enforcer.policy_file: %w", err)
+		return nil, fmt.Errorf("policy.file: %w", err)
 	}
 	return w, nil
 }

@@ -29,7 +29,7 @@ func TestTwoReplicasShareAdminStateAndOneWrites(t *testing.T) {
 	ctx := context.Background()
 	testClickHouse(t, chc)
 	base := testConfig(t)
-	base.ConsumerGroup = itest.Unique(t, "enforcer_")
+	base.Group = itest.Unique(t, "enforcer_")
 	// Short TTL: a refresh of every flag (every flag_ttl/3) each second.
 	base.FlagTTL, base.HeartbeatEvery, base.LeaderLease = 3*time.Second, 500*time.Millisecond, time.Second
 	base.Admin.Tokens = []adminapi.Token{{Name: "ops", SHA256: adminapi.HashToken("tok")}}

@@ -75,7 +75,7 @@ func TestRestartWithoutClickHouseKeepsEveryFlag(t *testing.T) {
 	itest.Eventually(t, within, "checker refusing before the restart", refused)
 
 	// The second enforcer starts with ClickHouse at a closed port.
-	cfg.ConsumerGroup = itest.Unique(t, "enforcer_")
+	cfg.Group = itest.Unique(t, "enforcer_")
 	cfg.Admin.Listen = ""
 	chc := chconn.Defaults()
 	chc.Addr = closedAddr(t)

@@ -46,7 +46,7 @@ func TestRunConsumesSignalsAndRecoversState(t *testing.T) {
 
 	cfg := testConfig(t)
 	rdb := testRedis(t, rc, cfg.KeyPrefix)
-	cfg.ConsumerGroup = itest.Unique(t, "enforcer_")
+	cfg.Group = itest.Unique(t, "enforcer_")
 	cfg.SignalsTopic = itest.Unique(t, "signals_")
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	cfg.Admin.Listen = ln.Addr().String()
@@ -56,12 +56,11 @@ func TestRunConsumesSignalsAndRecoversState(t *testing.T) {
 	if err := os.WriteFile(policyFile, []byte(testPolicyYAML), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg.PolicyFile = policyFile
-	cfg.PolicyReload = 100 * time.Millisecond
 
 	sigAuth := itest.SignalAuth(t)
 	signer := itest.Signer(t, sigAuth)
-	env := platform.Env{Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: sigAuth}.Named("test")
+	env := platform.Env{Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: sigAuth,
+		Policy: platform.FileSource{File: policyFile, Reload: 100 * time.Millisecond}}.Named("test")
 	itest.Start(t, "Run", func(ctx context.Context) error { return Run(ctx, cfg, env) })
 	keys := flags.Layout{Prefix: cfg.KeyPrefix}
 	hasFlag := func(tenant, field, want string) func() bool {
@@ -135,7 +134,7 @@ func TestConfigValidateNamesFieldAndLimit(t *testing.T) {
 	if err == nil {
 		t.Fatal("no error")
 	}
-	for _, want := range []string{"enforcer.flush_interval", "1ms", "enforcer.batch_tenants", "1..100000", "enforcer.admin.tokens[0].sha256"} {
+	for _, want := range []string{"flush_interval: ", "1ms", "batch_tenants: ", "1..100000", "admin.tokens[0].sha256"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}

@@ -28,7 +28,7 @@ func TestForgedPeriodResetDoesNotLiftBreaker(t *testing.T) {
 	kc, rc := itest.Kafka(t), itest.Redis(t)
 	ctx := context.Background()
 	cfg := testConfig(t)
-	cfg.ConsumerGroup = itest.Unique(t, "enforcer_")
+	cfg.Group = itest.Unique(t, "enforcer_")
 	cfg.SignalsTopic = itest.Unique(t, "signals_")
 	cfg.Admin.Listen = ""
 	cfg.Recover = false

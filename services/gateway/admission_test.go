@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -34,23 +32,19 @@ func TestPolicyLimitsRefuseBeforeTheUpstream(t *testing.T) {
 	t.Cleanup(mockUp.Close)
 	cfg := oneUpstream(t, mockUp.URL+"/v1")
 	cfg.Listen = "127.0.0.1:0"
-	pol := filepath.Join(t.TempDir(), "policy.yaml")
-	if err := os.WriteFile(pol, []byte(`
+	cfg.policy = `
 tenants:
   acme:
     limits:
       acme-rpm: {unit: requests, sliding_window: {length: 1m, limit: 1}, exact: true}
-`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cfg.Admission.PolicyFile = pol
-	cfg.Admission.KeyPrefix = itest.Unique(t, "sluice_test_gwpol:") + ":"
+`
+	pol := cfg.writePolicy(t)
 	cfg.Admission.MaxWait = time.Second
-	cfg.Checker.KeyPrefix = itest.Unique(t, "sluice_test_gwflags:") + ":"
-	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(), Redis: itest.Redis(t)}
+	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(), Redis: itest.Redis(t),
+		Policy: platform.FileSource{File: pol, Reload: time.Second}, TenantKeys: platform.FileSource{File: writeKeys(t), Reload: time.Second}}
 	addr, failed := make(chan string, 1), make(chan error, 1)
 	itest.Start(t, "gateway", func(ctx context.Context) error {
-		err := RunWith(ctx, cfg, env, Options{Started: func(a string) { addr <- a }})
+		err := RunWith(ctx, cfg.Config, env, Options{Started: func(a string) { addr <- a }})
 		failed <- err
 		return err
 	})

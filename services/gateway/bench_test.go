@@ -17,8 +17,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
+	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/itest/checkertest"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/emitter"
 )
@@ -62,7 +64,17 @@ func benchGateway(b *testing.B) (direct, proxied string, em *emitter.Emitter, se
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = em.Close(context.Background()) })
-	srv, err := New(cfg, Deps{Checker: chk, Emitter: em, Logger: log})
+	p := cfg.parsePolicy(b)
+	guards := NewGuards(nil, "", "bench", log, nil)
+	b.Cleanup(guards.Close)
+	if err := guards.Update(p); err != nil {
+		b.Fatal(err)
+	}
+	keys, err := frontend.OpenKeys(writeKeys(b), log, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv, err := New(cfg.Config, Deps{Checker: chk, Emitter: em, Logger: log, Keys: keys, Policy: func() *policy.Policy { return p }, Guards: guards})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 	"github.com/sluicehq/sluice/services/gateway/deferred"
@@ -44,14 +45,13 @@ func deferralRequested(r *http.Request) bool {
 
 // deferRequest queues the checked call c as a task and answers 202.
 func (s *Server) deferRequest(w http.ResponseWriter, r *http.Request, c *call) {
-	c.outcome = "bad_request"
 	switch {
 	case s.tasks == nil:
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "deferred_not_enabled",
+		c.badRequest(w, http.StatusBadRequest, "deferred_not_enabled",
 			"This gateway does not accept deferred requests (Prefer: respond-async); its operator can set services.gateway.deferred.enabled.")
 		return
 	case c.req.Stream:
-		writeParamError(w, http.StatusBadRequest, "stream", "deferred_stream",
+		c.badParam(w, http.StatusBadRequest, "stream", "deferred_stream",
 			"A deferred request cannot stream: leave out \"stream\": true, or send the request without Prefer: respond-async.")
 		return
 	}
@@ -59,23 +59,22 @@ func (s *Server) deferRequest(w http.ResponseWriter, r *http.Request, c *call) {
 	err := s.tasks.Submit(r.Context(), t)
 	switch {
 	case errors.Is(err, deferred.ErrTooLarge):
-		writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
+		c.badRequest(w, http.StatusRequestEntityTooLarge, "request_too_large",
 			fmt.Sprintf("A deferred request's body may be at most %d bytes (services.gateway.deferred.max_task_bytes); send it without Prefer: respond-async.", s.tasks.Config().MaxTaskBytes))
 		return
 	case errors.Is(err, deferred.ErrFull):
-		c.outcome = "refused"
 		ra := s.tasks.Config().FullRetryAfter
-		ratelimit.WriteError(w, http.StatusTooManyRequests, ratelimit.Error{Type: "requests", Code: "deferred_queue_full",
+		c.refuse(w, http.StatusTooManyRequests, ratelimit.Error{Type: "requests", Code: "deferred_queue_full",
 			Message: fmt.Sprintf("The queue of deferred %s-priority requests is full (services.gateway.deferred.max_pending tasks waiting). Retry after %v.", className(c.priority), ra)}, ra)
 		return
 	case err != nil:
-		c.outcome = "error"
 		s.log.Error("a deferred request could not be queued", "tenant", c.caller.Tenant, "err", err)
 		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "deferred_unavailable",
 			"The gateway could not queue the deferred request now; retry, or send it without Prefer: respond-async.")
+		c.end(schemas.OutcomeError, "deferred_unavailable")
 		return
 	}
-	c.outcome = "deferred"
+	c.end(schemas.OutcomeOK, codeDeferred)
 	w.Header().Set("Preference-Applied", "respond-async")
 	w.Header().Set("Location", "/v1/tasks/"+t.ID)
 	w.Header().Set("Content-Type", "application/json")
@@ -169,6 +168,9 @@ func startDeferred(ctx context.Context, cfg Config, env platform.Env, rdb redis.
 		return nil, nil, stop, nil
 	}
 	dc := cfg.Deferred
+	if dc.KeyPrefix == "" {
+		dc.KeyPrefix = env.Redis.Prefix(redisconn.DeferredKeys)
+	}
 	m := deferred.NewMetrics()
 	if err := m.Register(env.Metrics); err != nil {
 		return nil, nil, stop, fmt.Errorf("gateway: register deferred metrics: %w", err)

@@ -24,14 +24,13 @@ import (
 
 // deferredConfig is cfg with deferred requests on, on this test's own
 // topics, group and Redis prefixes.
-func deferredConfig(t *testing.T, cfg Config) Config {
+func deferredConfig(t *testing.T, cfg testGateway) testGateway {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("needs Kafka and Redis")
 	}
 	cfg.Listen = "127.0.0.1:0"
 	cfg.ShutdownTimeout = 2 * time.Second
-	cfg.Checker.KeyPrefix = itest.Unique(t, "sluice_test_gwflags:") + ":"
 	cfg.Deferred.Enabled = true
 	cfg.Deferred.TopicPrefix = itest.Unique(t, "gw_deferred_")
 	cfg.Deferred.Group = itest.Unique(t, "gw_deferred_group_")
@@ -50,14 +49,15 @@ func deferredConfig(t *testing.T, cfg Config) Config {
 
 // runGateway runs `sluice gateway` (RunWith) with cfg in front of
 // upstream until the returned stop is called; it returns its URL.
-func runGateway(t *testing.T, cfg Config, upstream string) (url string, stop func()) {
+func runGateway(t *testing.T, cfg testGateway, upstream string) (url string, stop func()) {
 	t.Helper()
-	cfg.Upstreams = []Upstream{{Name: "mock", BaseURL: upstream + "/v1", Models: []string{"*"}}}
+	cfg.ups = []Upstream{{Name: "mock", BaseURL: upstream + "/v1", Models: []string{"*"}}}
 	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(),
-		Redis: itest.Redis(t), Kafka: itest.Kafka(t)}
+		Redis: itest.Redis(t), Kafka: itest.Kafka(t), TenantKeys: platform.FileSource{File: writeKeys(t), Reload: time.Second},
+		Policy: platform.FileSource{File: cfg.writePolicy(t), Reload: time.Second}}
 	addr, failed := make(chan string, 1), make(chan error, 1)
 	stop = itest.Start(t, "gateway", func(ctx context.Context) error {
-		err := RunWith(ctx, cfg, env, Options{Started: func(a string) { addr <- a }})
+		err := RunWith(ctx, cfg.Config, env, Options{Started: func(a string) { addr <- a }})
 		failed <- err
 		return err
 	})

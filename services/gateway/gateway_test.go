@@ -29,10 +29,6 @@ func mock(t *testing.T, opts mockllm.Options) string {
 	return up.URL + "/v1"
 }
 
-func oneUpstream(t *testing.T, base string) Config {
-	return testConfig(t, Upstream{Name: "mock", BaseURL: base, Models: []string{"*"}})
-}
-
 // TestNonStreamedUsageIsExact: every endpoint's settlement carries the
 // provider's usage — cached and reasoning tokens included — under the
 // request's x-request-id, with the key's tenant, user and id, the
@@ -301,7 +297,7 @@ func TestFailoverAndBalance(t *testing.T) {
 		}
 	}
 	if down.Load() == 0 || down.Load() > 10 {
-		t.Errorf("the dead upstream got %d of 20 requests: want some (it is tried) but few (after 3 failures it cools down)", down.Load())
+		t.Errorf("the dead upstream got %d of 20 requests: want some (it is tried) but few (its breaker opens and it is tried last)", down.Load())
 	}
 	sawAttempts := false
 	for _, ev := range g.sink.Events() {

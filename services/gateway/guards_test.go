@@ -44,12 +44,10 @@ fallbacks:
 // tenants' classes, fallbacks and upstream guards, which count their
 // shared state on rdb (nil: in this process) under a prefix of the
 // test's own.
-func guardedGateway(t *testing.T, cfg Config, yaml string, rdb redis.UniversalClient) (*gw, *Guards) {
+func guardedGateway(t *testing.T, cfg testGateway, yaml string, rdb redis.UniversalClient) (*gw, *Guards) {
 	t.Helper()
-	p, err := policy.Parse([]byte(yaml), "policy.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg.policy = yaml
+	p := cfg.parsePolicy(t)
 	guards := NewGuards(rdb, itest.Unique(t, "sluice_test_gwup:")+":", "test", nil, nil)
 	t.Cleanup(guards.Close)
 	if err := guards.Update(p); err != nil {
@@ -248,17 +246,14 @@ upstreams:
 // gpt-4o-mini with requested_model gpt-4o. Before the flag, gpt-4o served.
 func TestSoftQuotaFlagServesTheFallback(t *testing.T) {
 	cfg := testConfig(t, Upstream{Name: "mock", BaseURL: mock(t, mockllm.Options{}), Models: []string{"gpt-4o", "gpt-4o-mini"}})
-	p, err := policy.Parse([]byte("fallbacks:\n  gpt-4o: [gpt-4o-mini]\n"), "soft.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg.policy = "fallbacks:\n  gpt-4o: [gpt-4o-mini]\n"
 	rdb := redisconn.NewClient(itest.Redis(t))
 	t.Cleanup(func() { rdb.Close() })
 	ccfg := checker.DefaultConfig()
 	ccfg.KeyPrefix = itest.Unique(t, "sluice_test_gwflags:") + ":"
 	ccfg.ResyncInterval = time.Second
 	chk := checkertest.Start(t, rdb, ccfg)
-	g := startGateway(t, cfg, Deps{Checker: chk, Policy: func() *policy.Policy { return p }})
+	g := startGateway(t, cfg, Deps{Checker: chk})
 	chat := func(id string) (*http.Response, string) {
 		return post(t, g.url, "/v1/chat/completions", "sk-acme", `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`, "X-Request-Id", id)
 	}

@@ -10,11 +10,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/emitter/emittertest"
+	"go.yaml.in/yaml/v3"
 )
 
 // Test keys: each secret is "sk-" + its id.
@@ -40,15 +43,94 @@ func writeKeys(t testing.TB) string {
 	return path
 }
 
+// Upstream is an upstreams entry of a test's policy: where the upstream
+// is and what it serves (its guard settings, when a test wants them, go
+// in testGateway.policy under the same name).
+type Upstream struct {
+	Name, BaseURL                  string
+	Models                         []string
+	Weight                         int
+	Timeout, ResponseHeaderTimeout time.Duration
+}
+
+// testGateway is a gateway's configuration and the policy it runs with:
+// its upstreams and more policy YAML (tenants, fallbacks, the upstreams'
+// guards), merged.
+type testGateway struct {
+	Config
+	ups    []Upstream
+	policy string
+}
+
 // testConfig is a valid configuration with the given upstreams.
-func testConfig(t testing.TB, ups ...Upstream) Config {
+func testConfig(t testing.TB, ups ...Upstream) testGateway {
 	t.Helper()
 	c := DefaultConfig()
-	c.KeysFile = writeKeys(t)
-	c.Upstreams = ups
 	c.Usage.Sink = frontend.SinkNone
 	c.Name = "gw-test"
-	return c
+	return testGateway{Config: c, ups: ups}
+}
+
+// oneUpstream is testConfig with one upstream at base serving every model.
+func oneUpstream(t testing.TB, base string) testGateway {
+	return testConfig(t, Upstream{Name: "mock", BaseURL: base, Models: []string{"*"}})
+}
+
+// policyYAML is tg's policy: tg.policy with each upstream's place and
+// models added to its entry.
+func (tg testGateway) policyYAML(t testing.TB) []byte {
+	t.Helper()
+	doc := map[string]any{}
+	if err := yaml.Unmarshal([]byte(tg.policy), &doc); err != nil {
+		t.Fatalf("test policy: %v", err)
+	}
+	ups, _ := doc["upstreams"].(map[string]any)
+	if ups == nil {
+		ups = map[string]any{}
+	}
+	for _, u := range tg.ups {
+		e, _ := ups[u.Name].(map[string]any)
+		if e == nil {
+			e = map[string]any{}
+		}
+		e["base_url"], e["models"] = u.BaseURL, u.Models
+		if u.Weight > 0 {
+			e["weight"] = u.Weight
+		}
+		if u.Timeout > 0 {
+			e["timeout"] = u.Timeout.String()
+		}
+		if u.ResponseHeaderTimeout > 0 {
+			e["response_header_timeout"] = u.ResponseHeaderTimeout.String()
+		}
+		ups[u.Name] = e
+	}
+	doc["upstreams"] = ups
+	out, err := yaml.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// parsePolicy is tg's policy, parsed.
+func (tg testGateway) parsePolicy(t testing.TB) *policy.Policy {
+	t.Helper()
+	p, err := policy.Parse(tg.policyYAML(t), "policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// writePolicy writes tg's policy into a file of the test's own.
+func (tg testGateway) writePolicy(t testing.TB) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, tg.policyYAML(t), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 type gw struct {
@@ -57,7 +139,10 @@ type gw struct {
 	sink *emittertest.Recorder
 }
 
-func startGateway(t *testing.T, cfg Config, deps Deps) *gw {
+// startGateway serves a Server of tg in the test (New, behind httptest):
+// the test keys, tg's policy and its upstreams' guards counting in this
+// process, unless deps brings its own.
+func startGateway(t *testing.T, tg testGateway, deps Deps) *gw {
 	t.Helper()
 	s := &emittertest.Recorder{}
 	if deps.Emitter == nil {
@@ -66,7 +151,25 @@ func startGateway(t *testing.T, cfg Config, deps Deps) *gw {
 	if deps.Logger == nil {
 		deps.Logger = slog.New(slog.DiscardHandler)
 	}
-	srv, err := New(cfg, deps)
+	if deps.Keys == nil {
+		keys, err := frontend.OpenKeys(writeKeys(t), deps.Logger, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		deps.Keys = keys
+	}
+	if deps.Policy == nil {
+		p := tg.parsePolicy(t)
+		deps.Policy = func() *policy.Policy { return p }
+	}
+	if deps.Guards == nil {
+		deps.Guards = NewGuards(nil, "", "test", nil, nil)
+		t.Cleanup(deps.Guards.Close)
+		if err := deps.Guards.Update(deps.Policy()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv, err := New(tg.Config, deps)
 	if err != nil {
 		t.Fatal(err)
 	}

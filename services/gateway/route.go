@@ -1,39 +1,31 @@
 package gateway
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"path"
+	"reflect"
 	"strings"
-	"sync/atomic"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/policy"
 )
 
-// upstream is one configured provider, ready to call.
+// provider is one upstream of the policy (policy.Upstream), ready to call:
+// its credential read and its HTTP client built.
 type provider struct {
-	cfg    Upstream
-	base   string // base URL without a trailing slash
+	cfg    policy.Upstream
 	key    string // the provider's API key; empty for none
 	client *http.Client
-
-	// Passive health: after failThreshold failures in a row the upstream
-	// is tried last for coolDown, so one dead provider does not cost every
-	// request a failed attempt first.
-	fails     atomic.Int32
-	downUntil atomic.Int64 // unix ns
 }
 
-const (
-	failThreshold = 3
-	coolDown      = 10 * time.Second
-)
-
-func newProvider(u Upstream) (*provider, error) {
-	u = u.withDefaults()
-	key, err := u.credential()
+func newProvider(u policy.Upstream) (*provider, error) {
+	key, err := frontend.Secret("api_key_env", u.APIKeyEnv, "api_key_file", u.APIKeyFile)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("upstreams.%s.%w", u.Name, err)
 	}
 	dialer := &net.Dialer{Timeout: u.ConnectTimeout, KeepAlive: 30 * time.Second}
 	tr := &http.Transport{
@@ -49,26 +41,14 @@ func newProvider(u Upstream) (*provider, error) {
 		// body as sent, not ask for a compression it would then undo.
 		DisableCompression: true,
 	}
-	return &provider{cfg: u, base: strings.TrimRight(u.BaseURL, "/"), key: key, client: &http.Client{Transport: tr}}, nil
-}
-
-func (u *provider) healthy(now time.Time) bool { return now.UnixNano() >= u.downUntil.Load() }
-
-// succeeded and failed feed the passive health.
-func (u *provider) succeeded() { u.fails.Store(0) }
-
-func (u *provider) failed(now time.Time) {
-	if u.fails.Add(1) >= failThreshold {
-		u.downUntil.Store(now.Add(coolDown).UnixNano())
-		u.fails.Store(0)
-	}
+	return &provider{cfg: u, key: key, client: &http.Client{Transport: tr}}, nil
 }
 
 // routes maps a model to the upstreams that serve it.
 type routes struct {
+	byName   map[string]*provider
 	exact    map[string][]*provider
 	patterns []patternRoute
-	all      []*provider
 }
 
 type patternRoute struct {
@@ -76,25 +56,60 @@ type patternRoute struct {
 	ups     []*provider
 }
 
-func newRoutes(ups []*provider) *routes {
-	r := &routes{exact: map[string][]*provider{}, all: ups}
-	byPattern := map[string]int{}
-	for _, u := range ups {
-		for _, m := range u.cfg.Models {
-			if !strings.ContainsAny(m, `*?[\`) {
-				r.exact[m] = append(r.exact[m], u)
-				continue
-			}
-			i, ok := byPattern[m]
-			if !ok {
-				i = len(r.patterns)
-				byPattern[m] = i
-				r.patterns = append(r.patterns, patternRoute{pattern: m})
-			}
-			r.patterns[i].ups = append(r.patterns[i].ups, u)
+// newRoutes builds the routes of p's upstreams. An upstream whose entry
+// is the same as in old keeps its provider (its connections); one whose
+// credential cannot be read keeps old's provider, or is left out, and is
+// reported in the error.
+func newRoutes(p *policy.Policy, old *routes) (*routes, error) {
+	r := &routes{byName: map[string]*provider{}, exact: map[string][]*provider{}}
+	var errs []error
+	for _, name := range p.UpstreamNames() {
+		u, _ := p.Upstream(name)
+		prev := old.provider(name)
+		if prev != nil && reflect.DeepEqual(prev.cfg, u) {
+			r.add(prev)
+			continue
 		}
+		pv, err := newProvider(u)
+		if err != nil {
+			errs = append(errs, err)
+			if prev != nil {
+				r.add(prev)
+			}
+			continue
+		}
+		r.add(pv)
 	}
-	return r
+	if len(errs) > 0 {
+		return r, fmt.Errorf("%d upstream(s) not (re)built: %v", len(errs), errs)
+	}
+	return r, nil
+}
+
+func (r *routes) add(pv *provider) {
+	r.byName[pv.cfg.Name] = pv
+	for _, m := range pv.cfg.Models {
+		if !strings.ContainsAny(m, `*?[\`) {
+			r.exact[m] = append(r.exact[m], pv)
+			continue
+		}
+		i := 0
+		for i < len(r.patterns) && r.patterns[i].pattern != m {
+			i++
+		}
+		if i == len(r.patterns) {
+			r.patterns = append(r.patterns, patternRoute{pattern: m})
+		}
+		r.patterns[i].ups = append(r.patterns[i].ups, pv)
+	}
+}
+
+// provider returns the upstream called name, nil for none (or a nil r).
+func (r *routes) provider(name string) *provider {
+	if r == nil {
+		return nil
+	}
+	return r.byName[name]
 }
 
 // lookup returns the upstreams serving model and the route's name (the
@@ -122,21 +137,21 @@ func (r *routes) exactModels() []string {
 	return out
 }
 
-// order returns up to n upstreams to try, in order: the healthy ones
-// first, each drawn at random in proportion to its weight (so load
-// balances by weight and a failover goes elsewhere), then those cooling
-// down after failures, as a last resort.
-func order(ups []*provider, n int, now time.Time) []*provider {
+// order returns up to n upstreams to try, in order: those whose breaker
+// is not open first (broken reports it), each drawn at random in
+// proportion to its weight, so load balances by weight and a failover goes
+// elsewhere; then those whose breaker is open, as a last resort.
+func order(ups []*provider, n int, broken func(*provider) bool) []*provider {
 	if len(ups) == 1 {
 		return ups
 	}
 	healthy := make([]*provider, 0, len(ups))
 	var down []*provider
 	for _, u := range ups {
-		if u.healthy(now) {
-			healthy = append(healthy, u)
-		} else {
+		if broken(u) {
 			down = append(down, u)
+		} else {
+			healthy = append(healthy, u)
 		}
 	}
 	out := make([]*provider, 0, min(n, len(ups)))

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/policy"
 )
 
 // TestScanRequestAndIncludeUsage: the top-level members are found
@@ -101,32 +102,42 @@ func TestKeysFileNamesEveryProblem(t *testing.T) {
 // environment variable, never the configuration.
 func TestConfigErrorsNameTheSetting(t *testing.T) {
 	c := DefaultConfig()
-	c.Upstreams = []Upstream{
-		{Name: "a", BaseURL: "ftp://x", Models: []string{"["}, APIKeyEnv: "SLUICE_TEST_SURELY_UNSET"},
-		{Name: "a", BaseURL: "https://api.example.com/v1", Timeout: time.Second, ResponseHeaderTimeout: time.Minute},
-	}
 	c.Usage.Sink = "carrier-pigeon"
 	c.MaxAttempts = 0
-	c.SharedUpstreams.KeyPrefix = ""
 	c.SharedUpstreams.RedisTimeout = time.Minute
 	err := c.Validate()
-	for _, want := range []string{"services.gateway.keys_file", "upstreams[0].base_url", "upstreams[0].models[0]",
-		"upstreams[0].api_key_env: environment variable SLUICE_TEST_SURELY_UNSET", "upstreams[1].name", "upstreams[1].models",
-		"upstreams[1].response_header_timeout", "usage.sink", "max_attempts",
-		"services.gateway.shared_upstreams.key_prefix: must be 1..200 bytes", "services.gateway.shared_upstreams.redis_timeout: 1m0s is outside 1ms..10s"} {
+	for _, want := range []string{"usage.sink", "max_attempts", "shared_upstreams.redis_timeout: 1m0s is outside 1ms..10s"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate = %v, want it to name %s", err, want)
 		}
 	}
+}
+
+// TestUpstreamCredentials: an upstream's API key is read from the
+// environment variable or the file its policy entry names, never from the
+// policy itself; one that cannot be read keeps the gateway from starting,
+// naming the upstream and the setting.
+func TestUpstreamCredentials(t *testing.T) {
 	t.Setenv("SLUICE_TEST_PROVIDER_KEY", "sk-provider")
 	key := filepath.Join(t.TempDir(), "key")
 	if err := os.WriteFile(key, []byte("sk-from-file\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	for env, file := range map[string]string{"SLUICE_TEST_PROVIDER_KEY": "", "": key} {
-		u := Upstream{APIKeyEnv: env, APIKeyFile: file}
-		if got, err := u.credential(); err != nil || !strings.HasPrefix(got, "sk-") || strings.ContainsAny(got, "\n ") {
-			t.Errorf("credential from env %q file %q: %q %v", env, file, got, err)
+		pv, err := newProvider(policy.Upstream{Name: "u", APIKeyEnv: env, APIKeyFile: file})
+		if err != nil || !strings.HasPrefix(pv.key, "sk-") || strings.ContainsAny(pv.key, "\n ") {
+			t.Errorf("credential from env %q file %q: %v %v", env, file, pv, err)
 		}
+	}
+	tg := testConfig(t, Upstream{Name: "openai", BaseURL: "https://api.example.com/v1", Models: []string{"*"}})
+	tg.policy = "upstreams:\n  openai: {api_key_env: SLUICE_TEST_SURELY_UNSET}\n"
+	keys, err := frontend.OpenKeys(writeKeys(t), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := tg.parsePolicy(t)
+	_, err = New(tg.Config, Deps{Keys: keys, Policy: func() *policy.Policy { return p }, Guards: NewGuards(nil, "", "test", nil, nil)})
+	if err == nil || !strings.Contains(err.Error(), "upstreams.openai.api_key_env: environment variable SLUICE_TEST_SURELY_UNSET") {
+		t.Fatalf("New with an unreadable credential: %v", err)
 	}
 }

@@ -16,42 +16,41 @@ import (
 // relayStream passes an SSE answer on event by event, each flushed as
 // soon as its closing blank line arrives (an event is held only until it
 // is whole, never across events), reads the usage it reports, removes the
-// usage chunk the gateway asked for (strip), and counts the generated
-// text in case no usage comes. It reports to mc what the stream used:
+// usage chunk the gateway asked for (call.stripUsage), and counts the
+// generated text in case no usage comes. It reports what the stream used:
 // the provider's usage, or the prompt's count plus the text counted so
 // far when the stream ended without one — cut by the client, the
 // provider, a timeout or shutdown.
-func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.Response, up *provider, c *call, mc *middleware.Call, strip bool, fam estimate.Family, prompt int64) {
+func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, fam estimate.Family, prompt int64) {
 	rc := http.NewResponseController(w)
 	_ = rc.Flush() // the headers now: clients start their timers on them
-	st := &streamState{w: w, rc: rc, strip: strip, fam: fam, max: s.cfg.MaxStreamEventBytes}
+	st := &streamState{w: w, rc: rc, strip: c.stripUsage(), fam: fam, max: s.cfg.MaxStreamEventBytes}
 	readErr := st.run(resp.Body)
 
 	switch {
 	case (readErr != nil || st.clientGone) && s.hardStop.Err() != nil:
 		// Cut by the end of the shutdown drain (which also closes the
 		// client's connection): not the provider's failure.
-		mc.SetAttribute("cancelled", "shutdown")
-		c.outcome = "cancelled"
+		c.mc.SetAttribute("cancelled", codeShutdown)
+		c.end("", codeShutdown)
 	case st.clientGone || r.Context().Err() != nil:
-		mc.SetAttribute("cancelled", "client")
-		c.outcome = "cancelled"
-	case readErr != nil && isTimeout(readErr):
-		mc.SetOutcome(schemas.OutcomeTimeout)
-		mc.SetAttribute("stream", "cut")
-		c.outcome = "timeout"
+		c.mc.SetAttribute("cancelled", "client")
+		c.end("", codeClientClosed)
 	case readErr != nil:
-		mc.SetOutcome(schemas.OutcomeError)
-		mc.SetAttribute("stream", "cut")
-		c.outcome = "upstream_error"
-		up.failed(s.now())
+		c.mc.SetAttribute("stream", "cut")
+		if isTimeout(readErr) {
+			c.end(schemas.OutcomeTimeout, "upstream_timeout")
+		} else {
+			c.end(schemas.OutcomeError, codeStreamCut)
+		}
 	}
 	if st.usage != nil {
-		c.usage, c.source = st.usage.usage(), "reported"
+		c.usage, c.source = st.usage.usage(), usageReported
 	} else {
-		c.usage, c.source = middleware.Usage{PromptTokens: prompt, CompletionTokens: st.counted, Counted: true}, "counted"
+		c.usage, c.source = middleware.Usage{PromptTokens: prompt, CompletionTokens: st.counted, Counted: true}, usageCounted
 	}
-	mc.Report(c.usage)
+	c.mc.Report(c.usage)
+	c.end(schemas.OutcomeOK, "")
 }
 
 // streamState is one stream being relayed.

@@ -9,18 +9,13 @@ import (
 )
 
 // openUsageAPI builds GET /v1/usage (internal/usageapi) when it
-// is enabled, reading the flags under the Checker's prefix unless
-// usage_api.key_prefix names another, and follows its policy file until
-// ctx ends or closeAPI is called. It returns a nil API when disabled.
+// is enabled, and follows the policy file until ctx ends or closeAPI is
+// called. It returns a nil API when disabled.
 func openUsageAPI(ctx context.Context, cfg Config, env platform.Env) (api *usageapi.API, closeAPI func(), err error) {
 	if !cfg.UsageAPI.Enabled {
 		return nil, func() {}, nil
 	}
-	uc := cfg.UsageAPI
-	if uc.KeyPrefix == "" {
-		uc.KeyPrefix = cfg.Checker.KeyPrefix
-	}
-	a, err := usageapi.Open(uc, env, env.Logger.With("component", "usage-api"))
+	a, err := usageapi.Open(cfg.UsageAPI, env, env.Logger.With("component", "usage-api"))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -10,16 +10,15 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/internal/usageapi"
+	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // Config is the ingest service's section of the Sluice configuration.
 type Config struct {
-	Listen             string        `yaml:"listen" help:"address of the events API (POST /v1/events)"`
-	KeysFile           string        `yaml:"keys_file" help:"YAML file of gateway API keys (id, sha256, tenants), re-read when it changes"`
-	KeysReloadInterval time.Duration `yaml:"keys_reload_interval" help:"how often the keys file is checked for changes"`
-	AllowAnonymous     bool          `yaml:"allow_anonymous" help:"accept requests without an API key when no keys_file is set (development only)"`
+	Listen         string              `yaml:"listen" help:"address of the events API (POST /v1/events)"`
+	GatewayKeys    platform.FileSource `yaml:"gateway_keys" help:"the keys gateways present to ingest (id, sha256, tenants each may send for)"`
+	AllowAnonymous bool                `yaml:"allow_anonymous" help:"accept requests without an API key when no gateway_keys.file is set (development only)"`
 
 	MaxBodyBytes         int64         `yaml:"max_body_bytes" help:"largest request body in bytes, after gzip decoding (413 above)"`
 	HotRouteMaxBodyBytes int64         `yaml:"hot_route_max_body_bytes" help:"POST /v1/events requests in HTTP/1.1's plainest form (a Content-Length body up to this many bytes; no chunking, Expect or Upgrade; no Connection header but keep-alive) are read and answered by Sluice's own connection loop, which costs about a quarter less CPU per one-event request than net/http's; everything else, and the rest of its connection, goes to net/http. 0: net/http serves everything. At most 1048576"`
@@ -28,7 +27,7 @@ type Config struct {
 	MaxEventAge          time.Duration `yaml:"max_event_age" help:"events whose time is further in the past are rejected (0: no limit)"`
 	MaxEventFuture       time.Duration `yaml:"max_event_future" help:"events whose time is further in the future are rejected, naming this limit (0: no limit beyond the schema's cap at 2105-12-31T23:59:59Z, where ClickHouse DateTime ends)"`
 
-	Topic           string        `yaml:"topic" help:"Kafka topic usage events are produced to"`
+	Topic           string        `yaml:"usage_topic" help:"Kafka topic usage events are produced to"`
 	InflightEvents  int           `yaml:"inflight_events" help:"events produced but not yet acknowledged, across all requests; beyond it requests get 503"`
 	ProduceTimeout  time.Duration `yaml:"produce_timeout" help:"how long a request waits for the broker's acknowledgement before answering 503"`
 	DeliveryTimeout time.Duration `yaml:"delivery_timeout" help:"how long the producer keeps retrying one record before failing it"`
@@ -57,7 +56,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Listen:                "127.0.0.1:8080",
-		KeysReloadInterval:    5 * time.Second,
+		GatewayKeys:           platform.FileSource{Reload: 5 * time.Second},
 		MaxBodyBytes:          8 << 20,
 		HotRouteMaxBodyBytes:  64 << 10,
 		DecodeMemoryBytes:     256 << 20,
@@ -76,16 +75,8 @@ func DefaultConfig() Config {
 		DedupWindow:           10 * time.Minute,
 		DedupMaxIDs:           500_000,
 		ShutdownTimeout:       15 * time.Second,
-		UsageAPI:              defaultUsageAPI(),
+		UsageAPI:              usageapi.DefaultConfig(),
 	}
-}
-
-// defaultUsageAPI is the usage API's defaults with the enforcer's default
-// flag prefix: ingest runs no Checker whose prefix it could take.
-func defaultUsageAPI() usageapi.Config {
-	c := usageapi.DefaultConfig()
-	c.KeyPrefix = flags.DefaultPrefix
-	return c
 }
 
 // Validate checks every field and names the limit it crossed.
@@ -93,79 +84,76 @@ func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		bad("services.ingest.listen: %q is not host:port", c.Listen)
+		bad("listen: %q is not host:port", c.Listen)
 	}
-	if c.KeysFile == "" && !c.AllowAnonymous {
-		bad("services.ingest.keys_file: is required (or set services.ingest.allow_anonymous: true for development)")
+	if c.GatewayKeys.File == "" && !c.AllowAnonymous {
+		bad("gateway_keys.file: is required (or set allow_anonymous: true for development)")
 	}
-	if c.KeysReloadInterval < 100*time.Millisecond {
-		bad("services.ingest.keys_reload_interval: %s is below the minimum 100ms", c.KeysReloadInterval)
+	if err := c.GatewayKeys.Validate("gateway_keys"); err != nil {
+		errs = append(errs, err)
 	}
 	if c.MaxBodyBytes < 1024 || c.MaxBodyBytes > 1<<30 {
-		bad("services.ingest.max_body_bytes: %d is outside 1024..1073741824", c.MaxBodyBytes)
+		bad("max_body_bytes: %d is outside 1024..1073741824", c.MaxBodyBytes)
 	}
 	if c.HotRouteMaxBodyBytes < 0 || c.HotRouteMaxBodyBytes > 1<<20 {
-		bad("services.ingest.hot_route_max_body_bytes: %d is outside 0..1048576", c.HotRouteMaxBodyBytes)
+		bad("hot_route_max_body_bytes: %d is outside 0..1048576", c.HotRouteMaxBodyBytes)
 	}
 	if c.DecodeMemoryBytes < decodeCostFactor*c.MaxBodyBytes || c.DecodeMemoryBytes > 1<<40 {
-		bad("services.ingest.decode_memory_bytes: %d is outside %d (3 × max_body_bytes, so that one largest request fits)..1099511627776", c.DecodeMemoryBytes, decodeCostFactor*c.MaxBodyBytes)
+		bad("decode_memory_bytes: %d is outside %d (3 × max_body_bytes, so that one largest request fits)..1099511627776", c.DecodeMemoryBytes, decodeCostFactor*c.MaxBodyBytes)
 	}
 	if c.MaxEventsPerRequest < 1 || c.MaxEventsPerRequest > 100_000 {
-		bad("services.ingest.max_events_per_request: %d is outside 1..100000", c.MaxEventsPerRequest)
+		bad("max_events_per_request: %d is outside 1..100000", c.MaxEventsPerRequest)
 	}
 	if c.MaxEventAge < 0 || c.MaxEventFuture < 0 {
-		bad("services.ingest.max_event_age, services.ingest.max_event_future: must not be negative (0 disables)")
+		bad("max_event_age, services.ingest.max_event_future: must not be negative (0 disables)")
 	}
 	if c.Topic == "" {
-		bad("services.ingest.topic: is required")
+		bad("topic: is required")
 	}
 	if c.InflightEvents < c.MaxEventsPerRequest {
-		bad("services.ingest.inflight_events: %d is below services.ingest.max_events_per_request (%d); a full request could never be admitted", c.InflightEvents, c.MaxEventsPerRequest)
+		bad("inflight_events: %d is below services.ingest.max_events_per_request (%d); a full request could never be admitted", c.InflightEvents, c.MaxEventsPerRequest)
 	}
 	if c.InflightEvents > 10_000_000 {
-		bad("services.ingest.inflight_events: %d is above the maximum 10000000", c.InflightEvents)
+		bad("inflight_events: %d is above the maximum 10000000", c.InflightEvents)
 	}
 	if c.ProduceTimeout <= 0 {
-		bad("services.ingest.produce_timeout: must be positive")
+		bad("produce_timeout: must be positive")
 	}
 	if c.DeliveryTimeout < c.ProduceTimeout {
-		bad("services.ingest.delivery_timeout: %s is below services.ingest.produce_timeout (%s)", c.DeliveryTimeout, c.ProduceTimeout)
+		bad("delivery_timeout: %s is below services.ingest.produce_timeout (%s)", c.DeliveryTimeout, c.ProduceTimeout)
 	}
 	if c.RetryAfter < time.Second {
-		bad("services.ingest.retry_after: %s is below the minimum 1s (Retry-After counts whole seconds)", c.RetryAfter)
+		bad("retry_after: %s is below the minimum 1s (Retry-After counts whole seconds)", c.RetryAfter)
 	}
 	if c.Linger < 0 || c.Linger > time.Second {
-		bad("services.ingest.linger: %s is outside 0..1s", c.Linger)
+		bad("linger: %s is outside 0..1s", c.Linger)
 	}
 	if _, err := codec(c.Compression); err != nil {
-		bad("services.ingest.compression: %v", err)
+		bad("compression: %v", err)
 	}
 	if c.SmallRequestMaxEvents < 0 || c.SmallRequestMaxEvents > 1000 {
-		bad("services.ingest.small_request_max_events: %d is outside 0..1000", c.SmallRequestMaxEvents)
+		bad("small_request_max_events: %d is outside 0..1000", c.SmallRequestMaxEvents)
 	}
 	if c.SmallRequestLinger < 0 || c.SmallRequestLinger > c.Linger {
-		bad("services.ingest.small_request_linger: %s is outside 0..linger (%s)", c.SmallRequestLinger, c.Linger)
+		bad("small_request_linger: %s is outside 0..linger (%s)", c.SmallRequestLinger, c.Linger)
 	}
 	if c.SmallRequestCompression != "" {
 		if _, err := codec(c.SmallRequestCompression); err != nil {
-			bad("services.ingest.small_request_compression: %v", err)
+			bad("small_request_compression: %v", err)
 		}
 	}
 	if c.DedupWindow <= 0 {
-		bad("services.ingest.dedup_window: must be positive")
+		bad("dedup_window: must be positive")
 	}
 	if c.DedupMaxIDs < 1000 || c.DedupMaxIDs > 100_000_000 {
-		bad("services.ingest.dedup_max_ids: %d is outside 1000..100000000", c.DedupMaxIDs)
+		bad("dedup_max_ids: %d is outside 1000..100000000", c.DedupMaxIDs)
 	}
 	if c.ShutdownTimeout <= 0 {
-		bad("services.ingest.shutdown_timeout: must be positive")
+		bad("shutdown_timeout: must be positive")
 	}
 	if c.UsageAPI.Enabled {
-		if err := c.UsageAPI.Validate("services.ingest.usage_api"); err != nil {
+		if err := c.UsageAPI.Validate("usage_api"); err != nil {
 			errs = append(errs, err)
-		}
-		if c.UsageAPI.KeyPrefix == "" {
-			bad("services.ingest.usage_api.key_prefix: is required (the enforcer's key_prefix)")
 		}
 	}
 	return errors.Join(errs...)

@@ -14,7 +14,7 @@ func TestSmallRequestMaxEventsIsValidated(t *testing.T) {
 		c.AllowAnonymous = true
 		c.SmallRequestMaxEvents = n
 		err := c.Validate()
-		if err == nil || !strings.Contains(err.Error(), "services.ingest.small_request_max_events: ") || !strings.Contains(err.Error(), "0..1000") {
+		if err == nil || !strings.Contains(err.Error(), "small_request_max_events: ") || !strings.Contains(err.Error(), "0..1000") {
 			t.Errorf("%d: %v, want an error naming small_request_max_events and 0..1000", n, err)
 		}
 	}
@@ -35,10 +35,10 @@ func TestSmallRequestProducerIsValidated(t *testing.T) {
 		set  func(*Config)
 		want string
 	}{
-		{"negative linger", func(c *Config) { c.SmallRequestLinger = -time.Millisecond }, "services.ingest.small_request_linger: -1ms is outside 0..linger (5ms)"},
-		{"linger above linger", func(c *Config) { c.SmallRequestLinger = 6 * time.Millisecond }, "services.ingest.small_request_linger: 6ms is outside 0..linger (5ms)"},
-		{"unknown codec", func(c *Config) { c.SmallRequestCompression = "brotli" }, `services.ingest.small_request_compression: "brotli" is not one of lz4, zstd, snappy, gzip, none`},
-		{"unknown codec for all", func(c *Config) { c.Compression = "lz5" }, `services.ingest.compression: "lz5" is not one of`},
+		{"negative linger", func(c *Config) { c.SmallRequestLinger = -time.Millisecond }, "small_request_linger: -1ms is outside 0..linger (5ms)"},
+		{"linger above linger", func(c *Config) { c.SmallRequestLinger = 6 * time.Millisecond }, "small_request_linger: 6ms is outside 0..linger (5ms)"},
+		{"unknown codec", func(c *Config) { c.SmallRequestCompression = "brotli" }, `small_request_compression: "brotli" is not one of lz4, zstd, snappy, gzip, none`},
+		{"unknown codec for all", func(c *Config) { c.Compression = "lz5" }, `compression: "lz5" is not one of`},
 	} {
 		c := DefaultConfig()
 		c.AllowAnonymous = true

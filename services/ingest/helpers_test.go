@@ -49,7 +49,7 @@ func startIngest(t testing.TB, edit func(*Config), extra ...kgo.Opt) *testInstan
 	cfg := DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Topic = itest.Unique(t, "ingest_")
-	cfg.KeysFile = writeKeys(t, fmt.Sprintf("keys:\n  - {id: gw-any, sha256: %s, tenants: [\"*\"]}\n  - {id: gw-acme, sha256: %s, tenants: [acme]}\n",
+	cfg.GatewayKeys.File = writeKeys(t, fmt.Sprintf("keys:\n  - {id: gw-any, sha256: %s, tenants: [\"*\"]}\n  - {id: gw-acme, sha256: %s, tenants: [acme]}\n",
 		sha(testKey), sha(testScopedKey)))
 	cfg.MaxEventAge = 0
 	if edit != nil {

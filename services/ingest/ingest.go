@@ -101,7 +101,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, started func(addr st
 	// drains the in-flight requests and flushes the producer.
 	g, gctx := errgroup.WithContext(ctx)
 	if s.keys != nil {
-		g.Go(func() error { s.keys.Watch(gctx, cfg.KeysReloadInterval); return nil })
+		g.Go(func() error { s.keys.Watch(gctx, cfg.GatewayKeys.Reload); return nil })
 	}
 	g.Go(func() error {
 		if err := serve(ln); !errors.Is(err, http.ErrServerClosed) {

@@ -113,8 +113,8 @@ func newServer(ctx context.Context, cfg Config, env platform.Env, extra ...kgo.O
 	s.m = newMetrics(func() float64 { return float64(s.budget.used.Load()) },
 		func() float64 { return float64(s.decodeMem.used.Load()) },
 		hotCount((*hotroute.Server).Served), hotCount((*hotroute.Server).HandedOff))
-	if cfg.KeysFile != "" {
-		f, err := apikey.Open(cfg.KeysFile, env.Logger, func(err error) {
+	if cfg.GatewayKeys.File != "" {
+		f, err := apikey.Open(cfg.GatewayKeys.File, env.Logger, func(err error) {
 			if err != nil {
 				s.m.keyReloads.WithLabelValues("error").Inc()
 			} else {
@@ -233,7 +233,7 @@ func (s *server) usageTenant(r *http.Request) (string, int, string) {
 		tenant = only
 	}
 	if !ident.Allows(tenant) {
-		return "", http.StatusForbidden, fmt.Sprintf("Key %s may not read tenant %q (its tenants in services.ingest.keys_file).", ident.ID, tenant)
+		return "", http.StatusForbidden, fmt.Sprintf("Key %s may not read tenant %q (its tenants in services.ingest.gateway_keys.file).", ident.ID, tenant)
 	}
 	return tenant, 0, ""
 }

@@ -13,9 +13,7 @@ import (
 
 // Config is the reconciler's section of the configuration.
 type Config struct {
-	PolicyFile      string        `yaml:"policy_file" help:"quota policy file (timezones, quotas, prices)"`
-	PolicyReload    time.Duration `yaml:"policy_reload" help:"how often the policy file is checked for changes"`
-	SignalsTopic    string        `yaml:"signals_topic" help:"topic reconciliation_drift signals are published to (the alerter's services.alerter.topic)"`
+	SignalsTopic    string        `yaml:"signals_topic" help:"topic reconciliation_drift signals are published to (the alerter's services.alerter.signals_topic)"`
 	At              string        `yaml:"at" help:"local time of day (HH:MM) at which each tenant's previous day is reconciled, in the tenant's zone"`
 	Hourly          bool          `yaml:"hourly" help:"also audit every closed hour (hourly_tokens and minute rollups) once it settled, so drift in the open day shows within the hour instead of after the next nightly run"`
 	CheckInterval   time.Duration `yaml:"check_interval" help:"how often the schedule is checked for due tenants"`
@@ -25,14 +23,12 @@ type Config struct {
 	MaxObservations int           `yaml:"max_observations" help:"how often a period that keeps changing is re-read before it is left for the next run"`
 	TenantLookback  time.Duration `yaml:"tenant_lookback" help:"tenants with events this far back are reconciled even when the policy does not name them"`
 	JobTimeout      time.Duration `yaml:"job_timeout" help:"deadline for one tenant's nightly jobs"`
-	ShutdownGrace   time.Duration `yaml:"shutdown_grace" help:"how long an in-flight job may run on after shutdown begins"`
+	ShutdownGrace   time.Duration `yaml:"shutdown_timeout" help:"how long an in-flight job may run on after shutdown begins"`
 }
 
 // DefaultConfig reconciles at 00:30 local time, after a 15-minute settle.
 func DefaultConfig() Config {
 	return Config{
-		PolicyFile:      "policy.yaml",
-		PolicyReload:    10 * time.Second,
 		SignalsTopic:    schemas.TopicSignalsV1,
 		At:              "00:30",
 		Hourly:          true,
@@ -51,45 +47,39 @@ func DefaultConfig() Config {
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	if strings.TrimSpace(c.PolicyFile) == "" {
-		bad("reconciler.policy_file: is required (the quota policy file)")
-	}
-	if c.PolicyReload < time.Second {
-		bad("reconciler.policy_reload: %s is below the minimum of 1s", c.PolicyReload)
-	}
 	if strings.TrimSpace(c.SignalsTopic) == "" {
-		bad("reconciler.signals_topic: is required (the topic the alerter reads, %s by default)", schemas.TopicSignalsV1)
+		bad("signals_topic: is required (the topic the alerter reads, %s by default)", schemas.TopicSignalsV1)
 	}
 	at, err := schedule.ParseTimeOfDay(c.At)
 	if err != nil {
-		bad("reconciler.at: %v", err)
+		bad("at: %v", err)
 	}
 	if c.CheckInterval < time.Second || c.CheckInterval > time.Hour {
-		bad("reconciler.check_interval: %s is outside 1s..1h", c.CheckInterval)
+		bad("check_interval: %s is outside 1s..1h", c.CheckInterval)
 	}
 	if c.Settle < 0 || c.Settle > 24*time.Hour {
-		bad("reconciler.settle: %s is outside 0..24h", c.Settle)
+		bad("settle: %s is outside 0..24h", c.Settle)
 	}
 	if err == nil && time.Duration(at.Hour)*time.Hour+time.Duration(at.Minute)*time.Minute < c.Settle {
-		bad("reconciler.at: %s is earlier than reconciler.settle (%s) after midnight; the day would not be auditable yet", c.At, c.Settle)
+		bad("at: %s is earlier than settle (%s) after midnight; the day would not be auditable yet", c.At, c.Settle)
 	}
 	if c.RepairThreshold < 0 || c.RepairThreshold > 1 {
-		bad("reconciler.repair_threshold: %v is outside 0..1", c.RepairThreshold)
+		bad("repair_threshold: %v is outside 0..1", c.RepairThreshold)
 	}
 	if c.ConfirmDelay < 0 || c.ConfirmDelay > 5*time.Minute {
-		bad("reconciler.confirm_delay: %s is outside 0..5m", c.ConfirmDelay)
+		bad("confirm_delay: %s is outside 0..5m", c.ConfirmDelay)
 	}
 	if c.MaxObservations < 2 || c.MaxObservations > 10 {
-		bad("reconciler.max_observations: %d is outside 2..10", c.MaxObservations)
+		bad("max_observations: %d is outside 2..10", c.MaxObservations)
 	}
 	if c.TenantLookback < 0 {
-		bad("reconciler.tenant_lookback: %s must not be negative", c.TenantLookback)
+		bad("tenant_lookback: %s must not be negative", c.TenantLookback)
 	}
 	if c.JobTimeout < time.Second {
-		bad("reconciler.job_timeout: %s is below the minimum of 1s", c.JobTimeout)
+		bad("job_timeout: %s is below the minimum of 1s", c.JobTimeout)
 	}
 	if c.ShutdownGrace < 0 {
-		bad("reconciler.shutdown_grace: %s must not be negative", c.ShutdownGrace)
+		bad("shutdown_timeout: %s must not be negative", c.ShutdownGrace)
 	}
 	return errors.Join(errs...)
 }

@@ -17,6 +17,7 @@ package reconciler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -48,7 +49,10 @@ func run(ctx context.Context, cfg Config, env platform.Env, clock schedule.Clock
 	if err != nil {
 		return fmt.Errorf("reconciler: %w", err)
 	}
-	watcher, err := policy.NewWatcher(cfg.PolicyFile, cfg.PolicyReload, log)
+	if env.Policy.File == "" {
+		return errors.New("reconciler: policy.file is required: the reconciler audits the quotas and prices it names")
+	}
+	watcher, err := policy.NewWatcher(env.Policy.File, env.Policy.Reload, log)
 	if err != nil {
 		return fmt.Errorf("reconciler: %w", err)
 	}
@@ -107,6 +111,6 @@ func run(ctx context.Context, cfg Config, env platform.Env, clock schedule.Clock
 		}
 		return nil
 	})
-	log.Info("reconciler started", "at", at.String(), "settle", cfg.Settle, "policy_file", cfg.PolicyFile)
+	log.Info("reconciler started", "at", at.String(), "settle", cfg.Settle, "policy_file", env.Policy.File)
 	return g.Wait()
 }

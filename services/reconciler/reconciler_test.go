@@ -30,12 +30,11 @@ func TestConfigValidateNamesFieldAndLimit(t *testing.T) {
 	c.At = "25:00"
 	c.RepairThreshold = 2
 	c.MaxObservations = 1
-	c.PolicyFile = ""
 	err := c.Validate()
 	if err == nil {
 		t.Fatal("bad config accepted")
 	}
-	for _, want := range []string{"reconciler.at", "reconciler.repair_threshold: 2 is outside 0..1", "reconciler.max_observations: 1 is outside 2..10", "reconciler.policy_file"} {
+	for _, want := range []string{"at: ", "repair_threshold: 2 is outside 0..1", "max_observations: 1 is outside 2..10"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
@@ -94,7 +93,6 @@ func TestServiceRepairsOnScheduleAndSignals(t *testing.T) {
 	startMs := time.Now().Add(-time.Second).UnixMilli()
 
 	cfg := DefaultConfig()
-	cfg.PolicyFile = polPath
 	cfg.SignalsTopic = signals
 	// The drift signal is signed: the enforcer and alerter refuse others.
 	sigAuth := itest.SignalAuth(t)
@@ -102,7 +100,7 @@ func TestServiceRepairsOnScheduleAndSignals(t *testing.T) {
 	cfg.ConfirmDelay = 50 * time.Millisecond
 	reg := prometheus.NewRegistry()
 	env := platform.Env{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: reg, Health: ops.NewHealth(), Kafka: kcfg, ClickHouse: chcfg,
-		SignalAuth: sigAuth}
+		SignalAuth: sigAuth, Policy: platform.FileSource{File: polPath, Reload: time.Second}}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {

@@ -70,7 +70,9 @@ type Config struct {
 	// it the Checker drops the set and resyncs everything instead.
 	MaxPending int `yaml:"max_pending" help:"tenants queued for refetch before a full resync is cheaper"`
 	// KeyPrefix is the flags layout's prefix; it must match the enforcer's.
-	KeyPrefix string `yaml:"key_prefix" help:"Redis key prefix of the flags (must match the enforcer)"`
+	// It is not a YAML setting: a Sluice service derives it from its
+	// redis.key_prefix, the one prefix the whole deployment agrees on.
+	KeyPrefix string `yaml:"-"`
 }
 
 // DefaultConfig returns the defaults: stale after 10 s, resync every 30 s,

@@ -341,6 +341,10 @@ func (g *Guard) Stats() Stats {
 	return Stats{Queue: g.queue.Stats(), InFlight: g.gate.InFlight(), Breaker: g.breaker.Stats(), Level: g.degrader.Level(), Load: g.degrader.Load()}
 }
 
+// BreakerState is the state of the upstream's breaker: a gateway tries an
+// upstream whose breaker is open after the others of its model.
+func (g *Guard) BreakerState() State { return g.breaker.Stats().State }
+
 // InFlightOf is the number of requests tenant has on this upstream,
 // waiting or in flight; 0 without a tenant limit.
 func (g *Guard) InFlightOf(tenant string) int {

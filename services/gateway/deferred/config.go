@@ -5,15 +5,20 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/schemas"
 )
 
 // Config is services.gateway.deferred.
 type Config struct {
-	Enabled        bool          `yaml:"enabled" help:"accept deferred requests (Prefer: respond-async) and serve GET /v1/tasks/{id}; see docs/deferred.md"`
-	TopicPrefix    string        `yaml:"topic_prefix" help:"deferred tasks wait in the topics <topic_prefix>.critical, .high, .normal and .low"`
-	Group          string        `yaml:"group" help:"consumer group of the gateways that run deferred tasks"`
-	KeyPrefix      string        `yaml:"key_prefix" help:"prefix of the Redis keys of task states, results and the per-class counts"`
+	Enabled     bool   `yaml:"enabled" help:"accept deferred requests (Prefer: respond-async) and serve GET /v1/tasks/{id}; see docs/deferred.md"`
+	TopicPrefix string `yaml:"topic_prefix" help:"deferred tasks wait in the topics <topic_prefix>.critical, .high, .normal and .low"`
+	// Consumer is the group of the gateways that run deferred tasks.
+	kafkaconn.Consumer `yaml:"consumer"`
+	// KeyPrefix is where task states, results and the per-class counts
+	// live in Redis: not a setting, the gateway derives it from
+	// redis.key_prefix; tests may set it.
+	KeyPrefix      string        `yaml:"-"`
 	Workers        int           `yaml:"workers" help:"deferred tasks this gateway runs at once; 0 accepts tasks but runs none (other gateways of the group do)"`
 	Buffer         int           `yaml:"buffer" help:"tasks of one class held in memory waiting for a worker; the class's topic is paused while it is full"`
 	MaxPending     int           `yaml:"max_pending" help:"accepted, unfinished tasks per class across the fleet; a submission beyond is refused 429 deferred_queue_full"`
@@ -31,8 +36,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		TopicPrefix:    "sluice.deferred.v1",
-		Group:          "sluice-deferred",
-		KeyPrefix:      "sluice:deferred:",
+		Consumer:       kafkaconn.Consumer{Group: "sluice-deferred", SessionTimeout: 45 * time.Second},
 		Workers:        4,
 		Buffer:         64,
 		MaxPending:     10_000,
@@ -55,11 +59,8 @@ func (c Config) Validate(p string) error {
 	if c.TopicPrefix == "" || len(c.TopicPrefix) > 200 {
 		bad("topic_prefix: must be 1..200 bytes")
 	}
-	if c.Group == "" {
-		bad("group: is required")
-	}
-	if c.KeyPrefix == "" {
-		bad("key_prefix: is required")
+	if err := c.Consumer.Validate(p + "consumer"); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Workers < 0 || c.Workers > 1000 {
 		bad("workers: %d is outside 0..1000", c.Workers)
@@ -97,19 +98,18 @@ func (c Config) Validate(p string) error {
 	return errors.Join(errs...)
 }
 
-// Classes are the priority classes in the order a Worker serves them.
-var Classes = [4]schemas.Priority{schemas.PriorityCritical, schemas.PriorityHigh, schemas.PriorityNormal, schemas.PriorityLow}
+// Classes are the priority classes in the order a Worker serves them:
+// schemas.Priorities, highest first.
+var Classes = func() (out [schemas.NumPriorities]schemas.Priority) {
+	for i, p := range schemas.Priorities {
+		out[len(out)-1-i] = p
+	}
+	return out
+}()
 
 // classIndex is p's place in Classes; the empty priority (the tenant's
 // default) waits as normal.
-func classIndex(p schemas.Priority) int {
-	for i, c := range Classes {
-		if c == p {
-			return i
-		}
-	}
-	return 2
-}
+func classIndex(p schemas.Priority) int { return schemas.NumPriorities - 1 - p.OrDefault().Index() }
 
 // Topic is the topic of class p's tasks.
 func (c Config) Topic(p schemas.Priority) string {

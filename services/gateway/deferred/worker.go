@@ -105,6 +105,7 @@ func NewWorker(cfg Config, kcfg kafkaconn.Config, rdb redis.UniversalClient, exe
 	}
 	cl, err := kafkaconn.NewClient(kcfg,
 		kgo.ConsumerGroup(cfg.Group),
+		kgo.SessionTimeout(cfg.SessionTimeout),
 		kgo.ConsumeTopics(cfg.Topics()...),
 		// Offsets are committed up to the first unfinished task only.
 		kgo.DisableAutoCommit(),

@@ -30,7 +30,7 @@ func main() {
 	flag.StringVar(&cfg.SignalsTopic, "signals", cfg.SignalsTopic, "signals topic")
 	flag.StringVar(&cfg.AdminTopic, "admin", cfg.AdminTopic, "admin topic")
 	flag.StringVar(&cfg.Group, "group", cfg.Group, "consumer group")
-	flag.StringVar(&cfg.PolicyFile, "policy", cfg.PolicyFile, "policy file")
+	policyFile := flag.String("policy", "policy.yaml", "policy file")
 	flag.IntVar(&cfg.BatchEvents, "batch", cfg.BatchEvents, "batch events")
 	flag.DurationVar(&cfg.FlushInterval, "flush", 200*time.Millisecond, "flush interval")
 	flag.DurationVar(&cfg.SessionTimeout, "session-timeout", 6*time.Second, "group session timeout")
@@ -45,7 +45,7 @@ func main() {
 	c := chconn.Defaults()
 	c.Addr, c.Database = *chAddr, *db
 	env := platform.Env{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})), Kafka: k, ClickHouse: c,
-		SignalAuth: signalauth.Config{Keys: strings.Split(*keys, ",")}}
+		SignalAuth: signalauth.Config{Keys: strings.Split(*keys, ",")}, Policy: platform.FileSource{File: *policyFile, Reload: platform.DefaultReload}}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()

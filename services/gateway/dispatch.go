@@ -1,0 +1,246 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/concurrency"
+	"github.com/sluicehq/sluice/sdk/go/estimate"
+	"github.com/sluicehq/sluice/sdk/go/priority"
+	"github.com/sluicehq/sluice/sdk/go/upstream"
+)
+
+// exchange is what dispatch got for a call: an upstream's answer, or why
+// there is none.
+type exchange struct {
+	// resp is the answer of provider, for model; done releases the
+	// attempt's context once the answer is relayed; permit is the
+	// upstream guard's admission of the call.
+	resp     *http.Response
+	done     func()
+	provider *provider
+	model    string
+	permit   upstream.Permit
+
+	// Without an answer: refused is the last guard refusal (when every
+	// upstream that could serve the call refused it before a call), err
+	// the last attempt's error.
+	refused *priority.Decision
+	err     error
+}
+
+// dispatch is the proxy's second stage: it tries models in order (the one
+// asked for, then its fallbacks) and, for each, up to max_attempts of its
+// upstreams, each through the upstream's guard (queue, concurrency limit,
+// degradation, breaker, reserved shares). A connection failure, a timeout
+// before the answer, 429 or 5xx moves on to the next upstream; a guard
+// refusal that a cheaper model can answer (a broken or degraded upstream)
+// moves on to the next model. It returns the first answer worth relaying.
+func (s *Server) dispatch(ctx context.Context, in http.Header, c *call, models []string, est estimate.Estimate) exchange {
+	ex := exchange{model: c.req.Model}
+	for mi, model := range models {
+		ups := c.ups
+		if mi > 0 {
+			if ups, _ = s.routes.Load().lookup(model); ups == nil {
+				continue
+			}
+		}
+		fallback, stop := s.tryModel(ctx, in, c, model, ups, est, &ex)
+		if stop || !fallback {
+			break
+		}
+	}
+	return ex
+}
+
+// tryModel tries model on its upstreams ups. It fills ex with an answer,
+// or with the last refusal or error; fallback says every refusal was one a
+// cheaper model may answer, stop that the call must end here (an answer,
+// or a client gone).
+func (s *Server) tryModel(ctx context.Context, in http.Header, c *call, model string, ups []*provider, est estimate.Estimate, ex *exchange) (fallback, stop bool) {
+	body := s.bodyFor(c, model)
+	cands := order(ups, s.cfg.MaxAttempts, s.broken)
+	for i, u := range cands {
+		var p upstream.Permit
+		if g := s.guards.Of(u.cfg.Name); g != nil {
+			gp, d := g.Acquire(ctx, upstream.Request{Tenant: c.caller.Tenant, Priority: c.priority, Deadline: c.deadline, Tokens: est.Prompt + est.Completion})
+			if !d.Admitted() {
+				ex.refused, fallback = &d, d.Reason == priority.BreakerOpen || d.Reason == priority.Degraded
+				s.m.guardRefusals.WithLabelValues(u.cfg.Name, d.Reason.String()).Inc()
+				if d.Reason == priority.Canceled || !fallback {
+					// A client gone, or a saturated upstream: a cheaper
+					// model is no answer to a full queue.
+					return false, true
+				}
+				continue // another upstream of the model may take it
+			}
+			p = gp
+		}
+		c.attempts++
+		c.upstream, ex.provider, ex.model = u.cfg.Name, u, model
+		resp, done, err := s.attempt(ctx, u, strings.TrimPrefix(c.endpoint, "/v1"), body, c.requestID, in)
+		last := i == len(cands)-1
+		if err != nil {
+			p.Settle(0) // no answer: no tokens spent
+			p.Release(outcomeOf(0, err, ctx.Err() != nil))
+			ex.err = err
+			if ctx.Err() != nil {
+				return false, true // the client went away: nothing to fail over for
+			}
+			if !last {
+				s.m.failovers.WithLabelValues(u.cfg.Name).Inc()
+			}
+			continue
+		}
+		if retryable(resp.StatusCode) {
+			if !last {
+				p.Settle(0)
+				p.Release(concurrency.Failure)
+				s.m.failovers.WithLabelValues(u.cfg.Name).Inc()
+				_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+				resp.Body.Close()
+				done()
+				continue
+			}
+		}
+		ex.resp, ex.done, ex.permit = resp, done, p
+		return false, true
+	}
+	return fallback, false
+}
+
+// broken reports whether u's breaker is open: dispatch tries it after the
+// other upstreams of its model.
+func (s *Server) broken(u *provider) bool {
+	g := s.guards.Of(u.cfg.Name)
+	return g != nil && g.BreakerState() == upstream.Open
+}
+
+// bodyFor is the body to send for model: the request's, asking for model
+// when it is a fallback, and for the usage chunk of a stream whose client
+// did not ask for it (the gateway needs it and removes it from what the
+// client receives).
+func (s *Server) bodyFor(c *call, model string) []byte {
+	body := c.body
+	if model != c.req.Model {
+		body = withModel(body, c.req, model)
+	}
+	if c.stripUsage() {
+		rq, _ := scanRequest(body)
+		body = withIncludeUsage(body, rq)
+	}
+	return body
+}
+
+// stripUsage reports whether the gateway asks c's stream for the usage
+// chunk its client did not ask for, and removes it from the relay.
+func (c *call) stripUsage() bool {
+	return c.req.Stream && !c.req.IncludeUsage && (c.ep == estimate.ChatCompletions || c.ep == estimate.Completions)
+}
+
+// answerNoExchange answers a call dispatch got no answer for: every
+// upstream that could serve it refused it on the request path (the guard's
+// 429 or 503), the client went away, or the providers failed or timed out.
+func (s *Server) answerNoExchange(w http.ResponseWriter, r *http.Request, c *call, st *settlement, ex exchange) {
+	c.source = usageNone
+	switch {
+	case c.attempts == 0 && ex.refused != nil:
+		c.mc.SetAttribute("refused_by", ex.refused.Reason.String())
+		st.status = ex.refused.Status()
+		if ex.refused.Reason == priority.Canceled {
+			c.end(schemas.OutcomeRejected, codeClientClosed)
+			return
+		}
+		priority.WriteRefusal(w, *ex.refused)
+		c.end(schemas.OutcomeRejected, ex.refused.Reason.String())
+	case r.Context().Err() != nil:
+		c.end("", codeClientClosed) // nothing to fail over for, nobody's failure
+	case isTimeout(ex.err):
+		st.status = http.StatusGatewayTimeout
+		writeError(w, st.status, "timeout", "upstream_timeout", fmt.Sprintf("The model provider (%s) did not answer in time.", c.upstream))
+		c.end(schemas.OutcomeTimeout, "upstream_timeout")
+	default:
+		st.status = http.StatusBadGateway
+		writeError(w, st.status, "api_error", "upstream_unavailable", fmt.Sprintf("The model provider (%s) could not be reached.", c.upstream))
+		c.end(schemas.OutcomeError, "upstream_unavailable")
+	}
+}
+
+// attempt sends one request to u. done releases the attempt's context
+// once its answer has been relayed.
+func (s *Server) attempt(ctx context.Context, u *provider, suffix string, body []byte, requestID string, in http.Header) (*http.Response, func(), error) {
+	actx, cancel := context.WithTimeout(ctx, u.cfg.Timeout)
+	stop := context.AfterFunc(s.hardStop, cancel) // shutdown's end cuts every call
+	done := func() { stop(); cancel() }
+	req, err := http.NewRequestWithContext(actx, http.MethodPost, u.cfg.BaseURL+suffix, bytes.NewReader(body))
+	if err != nil {
+		done()
+		return nil, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "sluice-gateway")
+	req.Header.Set(headerRequestID, requestID)
+	if u.key != "" {
+		req.Header.Set("Authorization", "Bearer "+u.key)
+	}
+	for _, k := range []string{"Accept", "Openai-Beta"} {
+		if v := in.Get(k); v != "" {
+			req.Header.Set(k, v)
+		}
+	}
+	start := time.Now()
+	resp, err := u.client.Do(req)
+	elapsed := time.Since(start).Seconds()
+	if err != nil {
+		result := "error"
+		if isTimeout(err) {
+			result = "timeout"
+		}
+		if ctx.Err() == nil {
+			s.m.upstream.WithLabelValues(u.cfg.Name, result).Observe(elapsed)
+		}
+		done()
+		return nil, nil, err
+	}
+	result := "ok"
+	switch {
+	case resp.StatusCode == http.StatusTooManyRequests:
+		result = "status_429"
+	case resp.StatusCode >= 500:
+		result = "status_5xx"
+	case resp.StatusCode >= 400:
+		result = "status_4xx"
+	}
+	s.m.upstream.WithLabelValues(u.cfg.Name, result).Observe(elapsed)
+	return resp, done, nil
+}
+
+// retryable says whether another upstream may do better than this answer:
+// the provider's rate limit or a failure on its side.
+func retryable(status int) bool {
+	switch status {
+	case http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusBadGateway,
+		http.StatusServiceUnavailable, http.StatusGatewayTimeout, 529:
+		return true
+	}
+	return false
+}
+
+func isTimeout(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

@@ -1,0 +1,207 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/estimate"
+	"github.com/sluicehq/sluice/sdk/go/priority"
+	"github.com/sluicehq/sluice/sdk/go/ratelimit"
+)
+
+// Headers a caller may send that the gateway reads.
+const (
+	headerRequestID = "X-Request-Id"
+)
+
+// serveAPI is the first stage of a request, intake: it names the request,
+// authenticates its key, reads and checks its body, model and priority,
+// then hands the call to the middleware (flags, estimate, settlement),
+// which runs the proxy's stages (proxy.go). Every refusal here is answered
+// before anything is metered.
+func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
+	s.inflight.Add(1)
+	defer s.inflight.Done()
+	s.m.inflight.Inc()
+	defer s.m.inflight.Dec()
+	rw := &recorder{ResponseWriter: w, start: s.now()}
+	c := &call{endpoint: r.URL.Path, start: rw.start, route: "unknown"}
+	c.ep, _ = estimate.EndpointOf(r.URL.Path)
+	c.requestID = r.Header.Get(headerRequestID)
+	if !validID(c.requestID) {
+		c.requestID = "req_" + randomHex(16)
+	}
+	rw.Header().Set(headerRequestID, c.requestID)
+	defer s.finish(rw, c)
+
+	if !s.intake(rw, r, c) {
+		return
+	}
+	if deferralRequested(r) {
+		s.deferRequest(rw, r, c)
+		return
+	}
+	c.eventID = c.requestID
+	if s.reused(c.caller.Tenant, c.requestID) {
+		// Sluice deduplicates events by id: a second call under the same
+		// id would go unmetered. It gets a fresh one.
+		c.eventID = c.requestID + "." + randomHex(4)
+		s.m.idReuses.Inc()
+	}
+	r.Body = io.NopCloser(bytes.NewReader(c.body)) // the middleware reads it again to estimate
+	s.api.ServeHTTP(rw, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
+}
+
+// intake fills c from r — caller, body, model and its route, priority
+// class, deadline, user — or refuses r and returns false.
+func (s *Server) intake(w http.ResponseWriter, r *http.Request, c *call) bool {
+	if c.caller = s.callerOf(r); c.caller == nil {
+		c.badRequest(w, http.StatusUnauthorized, "invalid_api_key", badKeyMessage)
+		return false
+	}
+	body, err := readBody(w, r, s.cfg.MaxBodyBytes)
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			c.badRequest(w, http.StatusRequestEntityTooLarge, "request_too_large",
+				fmt.Sprintf("The request body exceeds this gateway's limit of %d bytes (services.gateway.max_body_bytes).", s.cfg.MaxBodyBytes))
+			return false
+		}
+		c.badRequest(w, http.StatusBadRequest, "body_unreadable", "The request body could not be read.")
+		return false
+	}
+	c.body = body
+	if c.req, err = scanRequest(body); err != nil {
+		c.badRequest(w, http.StatusBadRequest, "invalid_json", "We could not parse the JSON body of your request: "+err.Error())
+		return false
+	}
+	return s.intakeModel(w, c) && s.intakeClass(w, r, c)
+}
+
+// intakeModel checks the model c asks for: named, one the key may use,
+// and one some upstream serves (c.ups, c.route).
+func (s *Server) intakeModel(w http.ResponseWriter, c *call) bool {
+	model := c.req.Model
+	if model == "" || len(model) > schemas.MaxModelLen {
+		c.badParam(w, http.StatusBadRequest, "model", "missing_model",
+			fmt.Sprintf("You must provide a model parameter (1 to %d bytes).", schemas.MaxModelLen))
+		return false
+	}
+	c.ups, c.route = s.routes.Load().lookup(model)
+	switch {
+	case !c.caller.MayUse(model):
+		c.badParam(w, http.StatusForbidden, "model", "model_not_allowed",
+			fmt.Sprintf("The API key %s may not use the model `%s`; GET /v1/models lists the models it may use.", c.caller.KeyID, model))
+		return false
+	case c.ups == nil:
+		c.route = "unknown"
+		c.badParam(w, http.StatusNotFound, "model", "model_not_found",
+			fmt.Sprintf("The model `%s` does not exist or is not served by this gateway.", model))
+		return false
+	}
+	return true
+}
+
+// intakeClass sets c's priority class, deadline and end user.
+func (s *Server) intakeClass(w http.ResponseWriter, r *http.Request, c *call) bool {
+	var err error
+	if c.priority, err = s.classOf(c.caller, r.Header.Get(priority.Header)); err != nil {
+		if errors.Is(err, priority.ErrRaiseNotAllowed) {
+			c.refuse(w, http.StatusForbidden, ratelimit.Error{Type: "permission_denied", Code: "priority_not_allowed",
+				Message: fmt.Sprintf("%v. The API key %s may only lower its priority; ask for may_set_priority in the gateway's keys file.", err, c.caller.KeyID)}, 0)
+			return false
+		}
+		c.badRequest(w, http.StatusBadRequest, "invalid_priority", err.Error()+".")
+		return false
+	}
+	if c.deadline, err = priority.DeadlineOf(r.Header.Get(priority.TimeoutHeader), c.start); err != nil {
+		c.badRequest(w, http.StatusBadRequest, "invalid_timeout", err.Error()+".")
+		return false
+	}
+	c.user = c.caller.User
+	if c.user == "" && len(c.req.User) <= schemas.MaxStringLen {
+		c.user = c.req.User
+	}
+	return true
+}
+
+// classOf is the class c's request runs under: the key's or its tenant's
+// policy class, moved by the X-Sluice-Priority header (Caller.PriorityOf).
+func (s *Server) classOf(c *frontend.Caller, header string) (schemas.Priority, error) {
+	var tenantClass schemas.Priority
+	tenantClass = s.policy().Tenant(c.Tenant).Class()
+	return c.PriorityOf(tenantClass, header)
+}
+
+// reused reports whether tenant sent requestID before (as far as the
+// bounded memory reaches).
+func (s *Server) reused(tenant, requestID string) bool {
+	s.idsMu.Lock()
+	defer s.idsMu.Unlock()
+	return s.ids.Seen(tenant + "\x00" + requestID)
+}
+
+// readBody reads at most limit bytes of r's body.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	if r.ContentLength > limit {
+		return nil, &http.MaxBytesError{Limit: limit}
+	}
+	return io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+}
+
+// validID reports whether a client's x-request-id can be an event id:
+// 1 to 128 bytes of printable ASCII without spaces.
+func validID(id string) bool {
+	if id == "" || len(id) > schemas.MaxIDLen-9 { // room for a ".xxxxxxxx" suffix on reuse
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] <= ' ' || id[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// authenticate returns r's caller, or answers 401 and returns nil. A
+// deferred task's run is authenticated as its key (deferred.go).
+func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) *frontend.Caller {
+	c := s.callerOf(r)
+	if c == nil {
+		writeError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", badKeyMessage)
+	}
+	return c
+}
+
+// badKeyMessage answers a request without a known tenant key.
+const badKeyMessage = "Incorrect API key provided. Send a Sluice gateway key as Authorization: Bearer <key>."
+
+// callerOf returns the tenant key r authenticates with (a deferred task's
+// run: its key), nil for none.
+func (s *Server) callerOf(r *http.Request) *frontend.Caller {
+	if c := deferredCaller(r.Context()); c != nil {
+		return c
+	}
+	key, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return s.keys.Authenticate(strings.TrimSpace(key))
+}
+
+// writeError answers an OpenAI error body.
+func writeError(w http.ResponseWriter, status int, typ, code, msg string) {
+	ratelimit.WriteError(w, status, ratelimit.Error{Type: typ, Code: code, Message: msg}, 0)
+}

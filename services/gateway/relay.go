@@ -1,0 +1,107 @@
+package gateway
+
+import (
+	"encoding/json"
+	"io"
+	"mime"
+	"net/http"
+	"strconv"
+
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/estimate"
+	"github.com/sluicehq/sluice/sdk/go/middleware"
+)
+
+// relay is the proxy's third stage: it passes the upstream's answer to the
+// client — the headers a client of the provider reads, the status, the
+// body (streams event by event, relayStream) — and reads what the call
+// used: the provider's usage, or the text it generated, counted, when it
+// reports none. What it read goes to the middleware (Report) for the
+// settlement.
+func (s *Server) relay(w http.ResponseWriter, r *http.Request, c *call, st *settlement, ex exchange, est estimate.Estimate, estOK bool) {
+	resp := ex.resp
+	if id := resp.Header.Get(headerRequestID); id != "" && len(id) <= schemas.MaxAttributeValueLen && validID(id) {
+		c.upstreamID = id
+		c.mc.SetAttribute("upstream_request_id", id)
+	}
+	h := w.Header()
+	for _, k := range []string{"Content-Type", "Cache-Control", "Openai-Processing-Ms", "Openai-Version", "Retry-After"} {
+		if v := resp.Header.Get(k); v != "" {
+			h.Set(k, v)
+		}
+	}
+	st.status = resp.StatusCode
+	w.WriteHeader(st.status)
+	if st.status/100 != 2 {
+		// The provider refused or failed: relayed as it is, settled at
+		// zero tokens (nothing billed), outcome error from 500 on.
+		c.source = usageNone
+		_, _ = io.Copy(w, io.LimitReader(resp.Body, s.cfg.MaxResponseBytes))
+		if st.status >= 500 {
+			c.end(schemas.OutcomeError, "upstream_"+strconv.Itoa(st.status))
+		} else {
+			c.end(schemas.OutcomeOK, "upstream_"+strconv.Itoa(st.status))
+		}
+		return
+	}
+	fam := estimate.FamilyOf(ex.model)
+	var prompt int64
+	if estOK {
+		prompt = est.PromptTokens // counted, without the estimate's margin
+	}
+	if ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); ct == "text/event-stream" {
+		s.relayStream(w, r, resp, c, fam, prompt)
+		return
+	}
+	s.relayWhole(w, r, c, resp, fam, prompt)
+}
+
+// relayWhole relays a non-streamed answer and reads its usage.
+func (s *Server) relayWhole(w http.ResponseWriter, r *http.Request, c *call, resp *http.Response, fam estimate.Family, prompt int64) {
+	data, err := io.ReadAll(io.LimitReader(resp.Body, s.cfg.MaxResponseBytes+1))
+	if int64(len(data)) > s.cfg.MaxResponseBytes {
+		// Too long to search for usage: relayed, settled at the estimate.
+		c.source = usageEstimate
+		if _, err := w.Write(data); err == nil {
+			_, _ = io.Copy(w, resp.Body)
+		}
+		c.end(schemas.OutcomeOK, "")
+		return
+	}
+	if _, werr := w.Write(data); werr != nil && r.Context().Err() != nil {
+		c.mc.SetAttribute("cancelled", "client")
+		c.end("", codeClientClosed)
+	}
+	if err != nil && s.hardStop.Err() != nil {
+		// Cut by the end of the shutdown drain: settled at the estimate,
+		// not as the provider's failure.
+		c.mc.SetAttribute("cancelled", codeShutdown)
+		c.source = usageEstimate
+		c.end("", codeShutdown)
+		return
+	}
+	if err != nil {
+		// The answer broke off: no usage to read, and the provider's
+		// bill for it unknown; settled as a failed call.
+		c.source = usageNone
+		if isTimeout(err) {
+			c.end(schemas.OutcomeTimeout, "upstream_timeout")
+		} else {
+			c.end(schemas.OutcomeError, codeStreamCut)
+		}
+		return
+	}
+	var d doc
+	if json.Unmarshal(data, &d) != nil {
+		c.source = usageEstimate // a 2xx that is not JSON: settled at the estimate
+		c.end(schemas.OutcomeOK, "")
+		return
+	}
+	if u := d.reported(); u != nil {
+		c.usage, c.source = u.usage(), usageReported
+	} else {
+		c.usage, c.source = middleware.Usage{PromptTokens: prompt, CompletionTokens: d.count(fam), Counted: true}, usageCounted
+	}
+	c.mc.Report(c.usage)
+	c.end(schemas.OutcomeOK, "")
+}

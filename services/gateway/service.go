@@ -1,0 +1,280 @@
+// Package gateway is `sluice gateway`: an OpenAI-compatible reverse proxy
+// that a team puts in front of its providers, Sluice's own customer of the
+// SDK. It authenticates callers by tenant API key (hashed in a keys file),
+// routes each request by model to the policy's upstreams that serve it
+// (balanced by weight, failing over on connection errors, timeouts, 429
+// and 5xx, each upstream behind its guard), and meters every call exactly:
+//
+//   - the flag Checker refuses tenants the enforcer stopped, in OpenAI's
+//     429/503 format naming the limit (sdk/go/middleware);
+//   - an estimate of each call is emitted before it runs and settled with
+//     the provider's usage after it (the same event id: the request's
+//     x-request-id);
+//   - non-streamed answers settle from their `usage`; streams are relayed
+//     event by event as they arrive, and when the client did not ask for
+//     stream_options.include_usage the gateway asks for it and removes the
+//     extra usage chunk from what the client receives; a provider that
+//     reports no usage is counted by the gateway (attribute usage=counted);
+//   - a client that goes away cancels the upstream call, which is settled
+//     with what it generated; upstream errors and timeouts are events with
+//     their outcome and latency, for the aggregator's error and slow-call
+//     breakers; cached and reasoning tokens are carried where reported;
+//   - the policy's limits (sdk/go/admission, through internal/frontend's
+//     Admitter) are asked before the upstream call with the estimate, and
+//     settled after.
+//
+// A request is handled in stages, one file each, in the order they run:
+// intake.go, then the middleware's flags and estimate, then proxy.go's
+// admit (admit.go), dispatch (dispatch.go), relay (relay.go, stream.go)
+// and settle.
+//
+// Usage events go to ingest over HTTP or straight to Kafka through the
+// SDK's Emitter. On shutdown the gateway stops accepting, lets requests in
+// flight finish (streams included) up to shutdown_timeout, cuts and
+// settles the rest, and only then flushes the Emitter; `sluice run` and
+// `sluice demo` stop ingest after the gateway so those last events land.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/httpserver"
+	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/sdk/go/checker"
+)
+
+// Options are what a hosting program adds to the configuration.
+type Options struct {
+	// WrapAdmitter, when not nil, wraps the admission the gateway builds
+	// from the policy: a host that watches the decisions (the demo's live
+	// view counts them per tenant) passes them through.
+	WrapAdmitter func(frontend.Admitter) frontend.Admitter
+	// Started, when not nil, learns the address the API listens on.
+	Started func(addr string)
+	// Guards, when not nil, are the upstream guards the gateway follows
+	// the policy file with (a host that shows their state, as the demo
+	// does); otherwise it builds its own. Either way only with a policy
+	// file (services.gateway.admission.policy_file).
+	Guards *Guards
+}
+
+// ProcessID names this process in the fleet's shared counts: the
+// gateway's name, the host and the process id.
+func ProcessID(name string) string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s/%s/%d", name, host, os.Getpid())
+}
+
+// Run serves the gateway on cfg.Listen until ctx is cancelled, then shuts
+// down as the package documentation says.
+func Run(ctx context.Context, cfg Config, env platform.Env) error {
+	return RunWith(ctx, cfg, env, Options{})
+}
+
+// RunWith is Run with options.
+func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) error {
+	if env.Logger == nil || env.Metrics == nil || env.Health == nil {
+		env = env.Named("gateway")
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	log := env.Logger
+	switch {
+	case env.Policy.File == "":
+		return errors.New("gateway: policy.file is required: the upstreams the gateway calls are defined in it (upstreams:)")
+	case env.TenantKeys.File == "":
+		return errors.New("gateway: tenant_keys.file is required: the tenants' API keys (see services/gateway/README.md)")
+	}
+	rdb := redisconn.NewClient(env.Redis)
+	defer rdb.Close()
+	pol, err := openPolicy(cfg, env, opts)
+	if err != nil {
+		return err
+	}
+	defer pol.close()
+	tasks, runTasks, stopTasks, err := startDeferred(ctx, cfg, env, rdb, log)
+	if err != nil {
+		return err
+	}
+	defer stopTasks()
+	var s *Server // the reload callback runs only from Watch, once s is set
+	keys, err := frontend.OpenKeys(env.TenantKeys.File, log, func(err error) { s.keyReloaded(err) })
+	if err != nil {
+		return fmt.Errorf("tenant_keys.%w", err)
+	}
+	chkCfg := cfg.Checker
+	chkCfg.KeyPrefix = env.Redis.Prefix(redisconn.FlagKeys)
+	chk, err := checker.New(rdb, chkCfg, log.With("component", "checker"))
+	if err != nil {
+		return err
+	}
+	usage, closeUsage, err := openUsageAPI(ctx, cfg, env)
+	if err != nil {
+		return fmt.Errorf("services.gateway.%w", err)
+	}
+	defer closeUsage()
+	em, closeSender, err := frontend.NewEmitter(cfg.Usage.EventSink, "gateway", env)
+	if err != nil {
+		return err
+	}
+	if em == nil {
+		env.Logger.Warn("services.gateway.usage.sink is none: calls are not metered")
+	}
+	deps := pol.deps
+	deps.Checker, deps.Emitter, deps.Logger, deps.Metrics, deps.Keys = chk, em, log, env.Metrics, keys
+	deps.Tasks, deps.Usage = tasks, usage
+	s, err = New(cfg, deps)
+	if err != nil {
+		frontend.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
+		return err
+	}
+	defer s.m.unregister(env.Metrics)
+	pol.apply = append(pol.apply, s.ApplyPolicy)
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		frontend.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
+		return fmt.Errorf("gateway: listen on %s: %w (set services.gateway.listen to a free address)", cfg.Listen, err)
+	}
+	return serve(ctx, cfg, env, opts, s, ln, pol, chk, runTasks, func() {
+		// Only now, with every request settled, do the events leave.
+		frontend.CloseEmitter(context.Background(), em, closeSender, cfg.Usage.FlushTimeout, log)
+	})
+}
+
+// serve runs s on ln, with what follows it — the policy, the keys file,
+// the Checker, the deferred tasks' worker — until ctx ends, then shuts
+// down: requests in flight finish (then are cut and settled), flushed
+// (after, closes the Emitter), and the Checker stops last.
+func serve(ctx context.Context, cfg Config, env platform.Env, opts Options, s *Server, ln net.Listener, pol *policyParts, chk *checker.Checker,
+	runTasks func(context.Context, *Server) error, after func()) error {
+	log := env.Logger
+	env.Health.AddReadiness("gateway", func(context.Context) error {
+		if s.closing.Load() {
+			return errors.New("shutting down")
+		}
+		return nil
+	})
+	defer env.Health.RemoveReadiness("gateway")
+	srv := httpserver.New(s, cfg.HTTP, log)
+	log.Info("OpenAI-compatible gateway listening", "addr", ln.Addr().String(), "upstreams", len(s.routes.Load().byName), "usage_sink", cfg.Usage.Sink)
+	if opts.Started != nil {
+		opts.Started(ln.Addr().String())
+	}
+
+	// The Checker outlives the server: requests still finishing are
+	// checked against current flags until the last one returns.
+	chkCtx, stopChecker := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopChecker()
+	chkDone := make(chan struct{})
+	go func() { defer close(chkDone); _ = chk.Run(chkCtx) }()
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return pol.follow(gctx) })
+	g.Go(func() error { s.keys.Watch(gctx, env.TenantKeys.Reload); return nil })
+	if runTasks != nil {
+		g.Go(func() error { return runTasks(gctx, s) })
+	}
+	g.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("gateway: serve: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		err := s.shutdown(srv, cfg.ShutdownTimeout)
+		after()
+		stopChecker()
+		<-chkDone
+		log.Info("gateway stopped")
+		return err
+	})
+	return g.Wait()
+}
+
+// policyParts are what the gateway builds from the policy file: admission
+// (wrapped by Options.WrapAdmitter when given), the tenants' soft
+// per-minute quotas and the upstreams' guards, in deps for New; apply
+// gives each a reloaded policy, follow follows the file until its context
+// ends, close releases them in the reverse order.
+type policyParts struct {
+	w       *policy.Watcher
+	deps    Deps
+	apply   []func(*policy.Policy)
+	closers []func()
+}
+
+func (p *policyParts) close() {
+	for i := len(p.closers) - 1; i >= 0; i-- {
+		p.closers[i]()
+	}
+}
+
+func (p *policyParts) follow(ctx context.Context) error {
+	_ = p.w.Follow(ctx, func(pol *policy.Policy) {
+		for _, f := range p.apply {
+			f(pol)
+		}
+	})
+	return nil
+}
+
+// openPolicy reads the policy file and builds the parts it drives; on an
+// error everything built is closed.
+func openPolicy(cfg Config, env platform.Env, opts Options) (p *policyParts, err error) {
+	log := env.Logger
+	p = &policyParts{}
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
+	// One policy file for admission, the tenants' classes, the upstreams,
+	// their guards and the fallbacks, followed by one watcher.
+	if p.w, err = policy.NewWatcher(env.Policy.File, env.Policy.Reload, log.With("component", "policy")); err != nil {
+		return nil, fmt.Errorf("gateway: policy.file: %w", err)
+	}
+	p.deps.Policy = p.w.Current
+	limits, err := frontend.NewLimits(cfg.Admission, p.w.Current(), "gateway", true, env, log.With("component", "admission"))
+	if err != nil {
+		return nil, err
+	}
+	p.closers = append(p.closers, limits.Close)
+	p.apply = append(p.apply, limits.Apply)
+	p.deps.Admitter, p.deps.Soft = limits.Admit, limits.Soft
+	if opts.WrapAdmitter != nil {
+		p.deps.Admitter = opts.WrapAdmitter(p.deps.Admitter)
+	}
+	guards := opts.Guards
+	if guards == nil {
+		// A client of its own: the shared counts bound each call by its
+		// context, which must reach the socket.
+		grdb := redisconn.NewClient(env.Redis, redisconn.ContextTimeouts())
+		p.closers = append(p.closers, func() { grdb.Close() })
+		guards = NewGuards(grdb, env.Redis.Prefix(redisconn.UpstreamKeys), ProcessID(cfg.Name), log.With("component", "upstream"), nil)
+		guards.SetRedisTimeout(cfg.SharedUpstreams.RedisTimeout)
+	}
+	p.closers = append(p.closers, guards.Close)
+	if err := guards.Update(p.w.Current()); err != nil {
+		return nil, err
+	}
+	p.apply = append(p.apply, func(pol *policy.Policy) {
+		if err := guards.Update(pol); err != nil {
+			log.Error("the reloaded policy's upstreams were not all applied; the previous guards stay for those", "err", err)
+		}
+	})
+	p.deps.Guards = guards
+	return p, nil
+}
