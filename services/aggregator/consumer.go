@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/schemas/eventjson"
 	"github.com/sluicehq/sluice/services/aggregator/internal/chstore"
+	"github.com/sluicehq/sluice/services/aggregator/internal/faults"
 	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
 )
 
@@ -414,7 +415,12 @@ func (a *aggregator) flushAll(ctx context.Context) error {
 		// wait for the store (an outage there would switch it off), and
 		// their ids are deterministic, so the re-publication that follows
 		// a crash before the write is folded by every consumer.
-		if err := a.retry(ctx, "produce signals", -1, func() error { return a.cl.ProduceSync(ctx, recs...).FirstErr() }); err != nil {
+		if err := a.retry(ctx, "produce signals", -1, func() error {
+			if err := faults.At(ctx, faults.Produce); err != nil {
+				return err
+			}
+			return a.cl.ProduceSync(ctx, recs...).FirstErr()
+		}); err != nil {
 			// Only a cancelled ctx gets here. Nothing of these batches is
 			// committed, so the next owner re-reads and re-signals them.
 			for _, r := range jobs {
