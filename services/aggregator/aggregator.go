@@ -34,6 +34,17 @@
 // signals of a batch that a crash kept from ClickHouse are published again,
 // with the same ids, when its events are re-read: consumers fold them.
 //
+// A flush cut short in step 1 — its deadline passed: a stop (SIGTERM), a
+// revoke's flush past shutdown_grace, a partition-count refresh with Kafka
+// slow — keeps what it drained: the next flush publishes it again, then
+// hands it to the writer ahead of anything newer (counted in
+// sluice_aggregator_flushes_cut_short_total). A writer commits only the
+// batches it was handed, so no commit passes an event whose rows and
+// signals were not handed to it; a write or commit that fails is retried
+// by the writer or re-done by the next flush, and a process killed at any
+// step leaves the offset before what ClickHouse lacks (TestFlushFaults
+// lands a failure, a SIGTERM and a SIGKILL on each step).
+//
 // On assignment, before fetching starts, the instance replays from
 // ClickHouse every distinct event id of the partition's tenants: those
 // stored for the partition below the committed offset, and theirs stored
