@@ -42,6 +42,12 @@ type core struct {
 	signals  *prometheus.CounterVec
 	restored prometheus.Counter
 	leader   prometheus.Gauge
+	// offsets tracks the signal offsets handled and durable in Redis, for
+	// commits (commit.go); leaseHolder is the lease value last seen (a
+	// string), which names the leader whose commits a follower follows.
+	offsets     *signalOffsets
+	leaseHolder atomic.Value
+
 	// lag observes, for each signal that changed a flag, the wall time
 	// from the usage event that caused it to the change: the part of the
 	// enforcement lag before the flag write (flush_interval adds the rest).
@@ -63,8 +69,10 @@ func newCore(cfg Config, rdb redis.UniversalClient, pw *policy.Watcher, log *slo
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_enforcer_signal_lag_seconds",
 			Help:    "Enforcement lag: from the time of the usage event a signal was computed from (the gateway's clock) to the enforcer changing a flag for it (the flag write follows within flush_interval). Signals that changed no flag are not observed.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)})}
+	c.offsets = newSignalOffsets()
 	c.writer = flagwriter.New(rdb, c.table, flagwriter.Config{KeyPrefix: cfg.KeyPrefix, FlushInterval: cfg.FlushInterval,
-		FlagTTL: cfg.FlagTTL, HeartbeatEvery: cfg.HeartbeatEvery, MaxDirty: cfg.MaxDirty, BatchTenants: cfg.BatchTenants}, log)
+		FlagTTL: cfg.FlagTTL, HeartbeatEvery: cfg.HeartbeatEvery, MaxDirty: cfg.MaxDirty, BatchTenants: cfg.BatchTenants,
+		OnFlush: c.offsets.onFlush}, log)
 	c.publishFailModes(pw.Current())
 	return c
 }

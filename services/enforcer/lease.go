@@ -185,6 +185,9 @@ func (c *core) leaseAttempt(ctx context.Context, rdb redis.UniversalClient, st *
 	if err == nil {
 		err = perr
 	}
+	if err == nil && holder != "" {
+		c.leaseHolder.Store(holder)
+	}
 	switch {
 	case err == nil && got:
 		g.Until = sent.Add(ttl - leaseMargin(ttl))

@@ -20,6 +20,7 @@ func (c *core) collectors() []prometheus.Collector {
 		c.restored,
 		c.leader,
 		c.lag,
+		c.offsets.errors,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_enforcer_flag_writes_total",
 			Help: "Pipelined Redis round trips that wrote flags."}, stat(func(f, _, _ int64) int64 { return f })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_enforcer_flag_write_errors_total",

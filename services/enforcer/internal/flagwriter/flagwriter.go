@@ -60,6 +60,11 @@ type Config struct {
 	HeartbeatEvery time.Duration
 	MaxDirty       int // dirty tenants held; beyond it, a full rewrite replaces them
 	BatchTenants   int // tenants per pipelined MULTI
+	// OnFlush, if set, is called as each flush begins; the function it
+	// returns is called if that flush succeeded. Everything marked dirty
+	// before the call is then in Redis: the enforcer commits the signal
+	// offsets it had applied by then.
+	OnFlush func() (flushed func())
 }
 
 // Writer writes flags; MarkDirty is safe for concurrent use.
@@ -313,6 +318,21 @@ func (w *Writer) heartbeat(ctx context.Context) {
 
 // Flush writes what is dirty now. It reports whether Redis took it.
 func (w *Writer) Flush(ctx context.Context) bool {
+	var flushed func()
+	if w.cfg.OnFlush != nil {
+		flushed = w.cfg.OnFlush()
+	}
+	ok := w.flush(ctx)
+	if ok && flushed != nil {
+		flushed()
+	}
+	return ok
+}
+
+// flush is Flush without the OnFlush calls. A flush with nothing dirty
+// succeeds: whatever was marked before it was written by an earlier flush
+// that succeeded, or is part of the full rewrite a failed one scheduled.
+func (w *Writer) flush(ctx context.Context) bool {
 	w.mu.Lock()
 	full, fmDirty := w.full, w.fmDirty
 	var tenants []string
