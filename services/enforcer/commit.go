@@ -45,6 +45,7 @@ const commitEvery = time.Second
 // handled, what of it is durable in Redis, and what is committed.
 type signalOffsets struct {
 	mu        sync.Mutex
+	assigned  map[int32]bool            // the partitions the group gives this replica now
 	applied   map[int32]kgo.EpochOffset // after the last record handled
 	durable   map[int32]kgo.EpochOffset // applied as the last successful flush began
 	committed map[int32]int64
@@ -55,17 +56,30 @@ type signalOffsets struct {
 }
 
 func newSignalOffsets() *signalOffsets {
-	return &signalOffsets{applied: map[int32]kgo.EpochOffset{}, durable: map[int32]kgo.EpochOffset{}, committed: map[int32]int64{},
+	return &signalOffsets{assigned: map[int32]bool{}, applied: map[int32]kgo.EpochOffset{}, durable: map[int32]kgo.EpochOffset{}, committed: map[int32]int64{},
 		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_enforcer_signal_commit_errors_total",
 			Help: "Commits of signal offsets (made once their flags are in Redis) that Kafka refused; the next one commits again, and a restart meanwhile re-reads the signals since the last commit."})}
 }
 
 // handled records that every record of partition p before next was
-// handled (applied to the table, its tenants marked dirty).
+// handled (applied to the table, its tenants marked dirty). Records of a
+// partition revoked while they were handled are not recorded: no commit
+// may follow for a partition another member owns.
 func (o *signalOffsets) handled(p int32, next int64, epoch int32) {
 	o.mu.Lock()
-	o.applied[p] = kgo.EpochOffset{Epoch: epoch, Offset: next}
+	if o.assigned[p] {
+		o.applied[p] = kgo.EpochOffset{Epoch: epoch, Offset: next}
+	}
 	o.mu.Unlock()
+}
+
+// assign records partitions the group gave this replica.
+func (o *signalOffsets) assign(parts []int32) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, p := range parts {
+		o.assigned[p] = true
+	}
 }
 
 // onFlush is the flag writer's OnFlush: what is handled now is durable
@@ -127,6 +141,7 @@ func (o *signalOffsets) forget(parts []int32) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, p := range parts {
+		delete(o.assigned, p)
 		delete(o.applied, p)
 		delete(o.durable, p)
 		delete(o.committed, p)
@@ -137,7 +152,8 @@ func (o *signalOffsets) forget(parts []int32) {
 // partitions assigned.
 func (o *signalOffsets) groupCallbacks(topic string) []kgo.Opt {
 	drop := func(_ context.Context, _ *kgo.Client, parts map[string][]int32) { o.forget(parts[topic]) }
-	return []kgo.Opt{kgo.DisableAutoCommit(), kgo.OnPartitionsRevoked(drop), kgo.OnPartitionsLost(drop)}
+	return []kgo.Opt{kgo.DisableAutoCommit(), kgo.OnPartitionsRevoked(drop), kgo.OnPartitionsLost(drop),
+		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, parts map[string][]int32) { o.assign(parts[topic]) })}
 }
 
 // runCommits commits durable signal offsets every commitEvery until ctx

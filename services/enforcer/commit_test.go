@@ -87,6 +87,7 @@ func TestSignalIsCommittedOnlyOnceItsFlagIsWritten(t *testing.T) {
 // group nor than it handled itself, and nobody backwards.
 func TestCommittableOffsets(t *testing.T) {
 	o := newSignalOffsets()
+	o.assign([]int32{0, 1})
 	o.handled(0, 5, 1)
 	flushed := o.onFlush() // a flush begins with offset 5 handled
 	o.handled(0, 9, 1)     // handled while it runs: not covered
@@ -112,6 +113,7 @@ func TestCommittableOffsets(t *testing.T) {
 		t.Fatalf("follower behind its last commit: %v, want nothing (never backwards)", got)
 	}
 	o.forget([]int32{0, 1})
+	o.handled(1, 25, 1) // records of a revoked partition handled late
 	if got := o.followerCommittable(map[int32]int64{0: 100, 1: 100}); len(got) != 0 {
 		t.Fatalf("after the partitions were revoked: %v, want nothing", got)
 	}
