@@ -385,3 +385,61 @@ func (p *holdingProxy) upstream(c, up net.Conn) {
 		}
 	}
 }
+
+// The lease and its fence key share a slot, so that one script takes the
+// lease and grants versions on a Redis Cluster too; a leader elected there
+// writes fenced flags.
+func TestLeaseAndFenceOnRedisCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs the Redis Cluster")
+	}
+	rc := itest.RedisCluster(t)
+	cfg := testConfig(t)
+	cfg.LeaderLease = time.Second
+	rdb := testRedis(t, rc, cfg.KeyPrefix)
+	ctx := context.Background()
+	lease := leaseKey(cfg.KeyPrefix)
+	fence, err := fenceKey(lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		t.Fatalf("client %T is not a cluster client", rdb)
+	}
+	a, _ := cl.ClusterKeySlot(ctx, lease).Result()
+	b, _ := cl.ClusterKeySlot(ctx, fence).Result()
+	if a != b {
+		t.Fatalf("lease %s on slot %d, fence %s on slot %d", lease, a, fence, b)
+	}
+	c := startReplica(t, cfg, "clustered", rdb, rdb)
+	itest.Eventually(t, within, "the replica leads on the cluster", c.writer.Leading)
+	c.handle(exhausted("spread", "gpt-4o"), time.Now())
+	keys := flags.Layout{Prefix: cfg.KeyPrefix}
+	itest.Eventually(t, within, "its flag written", func() bool {
+		v, _ := rdb.HGet(ctx, keys.TenantKey("spread"), "gpt-4o").Result()
+		return strings.Contains(v, "daily_tokens")
+	})
+	g, _ := rdb.Get(ctx, fence).Int64()
+	if v, _ := rdb.HGet(ctx, keys.TenantKey("spread"), flags.VersionField).Int64(); v <= 0 || v > g {
+		t.Fatalf("flag version %d, want within the granted ceiling %d", v, g)
+	}
+}
+
+// fenceKey follows the Redis Cluster hash-tag rules for every prefix, and
+// refuses one whose braces form no tag, naming the setting.
+func TestFenceKeySharesTheLeaseSlot(t *testing.T) {
+	for prefix, want := range map[string]string{
+		"sluice:flags:": "sluice:flags:leader:fence{sluice:flags:leader}",
+		"{sluice}:f:":   "{sluice}:f:leader:fence",
+	} {
+		if got, err := fenceKey(leaseKey(prefix)); err != nil || got != want {
+			t.Errorf("prefix %q: %q %v, want %q", prefix, got, err, want)
+		}
+	}
+	for _, prefix := range []string{"a{b:", "a}b:", "a{}b:"} {
+		if _, err := fenceKey(leaseKey(prefix)); err == nil || !strings.Contains(err.Error(), "enforcer.key_prefix") {
+			t.Errorf("prefix %q: %v, want an error naming enforcer.key_prefix", prefix, err)
+		}
+	}
+}
