@@ -34,6 +34,17 @@
 // signals of a batch that a crash kept from ClickHouse are published again,
 // with the same ids, when its events are re-read: consumers fold them.
 //
+// A flush cut short in step 1 — its deadline passed: a stop (SIGTERM), a
+// revoke's flush past shutdown_timeout, a partition-count refresh with Kafka
+// slow — keeps what it drained: the next flush publishes it again, then
+// hands it to the writer ahead of anything newer (counted in
+// sluice_aggregator_flushes_cut_short_total). A writer commits only the
+// batches it was handed, so no commit passes an event whose rows and
+// signals were not handed to it; a write or commit that fails is retried
+// by the writer or re-done by the next flush, and a process killed at any
+// step leaves the offset before what ClickHouse lacks (TestFlushFaults
+// lands a failure, a SIGTERM and a SIGKILL on each step).
+//
 // On assignment, before fetching starts, the instance replays from
 // ClickHouse every distinct event id of the partition's tenants: those
 // stored for the partition below the committed offset, and theirs stored
@@ -172,7 +183,7 @@ type Config struct {
 	// ClickHouse (aggregator_snapshots), so that a restart loads it and
 	// replays only the events stored since, instead of a month and a half
 	// of them. A graceful stop also snapshots every partition at its
-	// final committed offset, as far as shutdown_grace allows, so that a
+	// final committed offset, as far as shutdown_timeout allows, so that a
 	// rolling restart replays nothing. The default, one minute, bounds what
 	// a restart after a crash replays to a minute of the partition's events:
 	// about 1,200,000 events at 20,000 events/s on one partition, ~10 s of
@@ -186,7 +197,7 @@ type Config struct {
 	// keys of most deployments both are negligible.
 	SnapshotInterval time.Duration `yaml:"snapshot_interval" help:"snapshot each partition's state into ClickHouse this often, and at a graceful stop, so a restart loads it and replays only the events stored since; 0 turns snapshots off (a restart replays from the start of the previous month)"`
 	WriteTimeout     time.Duration `yaml:"write_timeout" help:"longest one ClickHouse write attempt may take before it is abandoned and retried"`
-	ShutdownGrace    time.Duration `yaml:"shutdown_timeout" help:"time allowed to flush and commit on shutdown, then to snapshot the partitions (a snapshot not stored in time is left out: its partition's next owner replays since the previous one)"`
+	ShutdownTimeout  time.Duration `yaml:"shutdown_timeout" help:"time allowed to flush and commit on shutdown, then to snapshot the partitions (a snapshot not stored in time is left out: its partition's next owner replays since the previous one)"`
 
 	Hysteresis        float64       `yaml:"hysteresis" help:"percentage points below a tier before it is left"`
 	PredictionHorizon time.Duration `yaml:"prediction_horizon" help:"signal exhaustion predicted sooner than this"`
@@ -224,7 +235,7 @@ func DefaultConfig() Config {
 		RetryMax:           30 * time.Second,
 		StoreInterval:      500 * time.Millisecond,
 		WriteTimeout:       20 * time.Second,
-		ShutdownGrace:      20 * time.Second,
+		ShutdownTimeout:    20 * time.Second,
 		SnapshotInterval:   time.Minute,
 		Hysteresis:         o.Hysteresis,
 		PredictionHorizon:  o.Horizon,
@@ -272,8 +283,8 @@ func (c Config) Validate() error {
 	if c.RetryMin <= 0 || c.RetryMax < c.RetryMin || c.RetryMax > 10*time.Minute {
 		bad("retry_min, retry_max: need 0 < retry_min <= retry_max <= 10m (got %v, %v)", c.RetryMin, c.RetryMax)
 	}
-	if c.ShutdownGrace < time.Second || c.ShutdownGrace > 10*time.Minute {
-		bad("shutdown_timeout: %v is outside 1s..10m", c.ShutdownGrace)
+	if c.ShutdownTimeout < time.Second || c.ShutdownTimeout > 10*time.Minute {
+		bad("shutdown_timeout: %v is outside 1s..10m", c.ShutdownTimeout)
 	}
 	if c.Hysteresis < 0 || c.Hysteresis > 50 {
 		bad("hysteresis: %v is outside 0..50 percentage points", c.Hysteresis)
@@ -324,7 +335,7 @@ func (a *aggregator) modelFolded(tenant, model string, maxModels int, first bool
 }
 
 // Run consumes until ctx is cancelled, then flushes and commits what it
-// holds (within ShutdownGrace) and leaves the group.
+// holds (within ShutdownTimeout) and leaves the group.
 func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -406,7 +417,7 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 		defer stop()
 		log.Info("aggregator consuming", "topic", cfg.Topic, "group", cfg.Group, "policy_file", env.Policy.File)
 		a.loop(gctx)
-		return a.shutdown(cfg.ShutdownGrace)
+		return a.shutdown(cfg.ShutdownTimeout)
 	})
 	return g.Wait()
 }

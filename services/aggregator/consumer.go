@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/schemas/eventjson"
 	"github.com/sluicehq/sluice/services/aggregator/internal/chstore"
+	"github.com/sluicehq/sluice/services/aggregator/internal/faults"
 	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
 )
 
@@ -90,6 +91,10 @@ type partition struct {
 	pending  int // events processed since the last flush, counted or not
 	w        *writer
 	reroutes []*kgo.Record // records to produce to their tenant's home partition before the next commit
+	// unsent holds the jobs drained by flushes cut short before their
+	// records were published, oldest first: the next flush publishes them
+	// again and hands them to the writer before anything newer (flushAll).
+	unsent []*job
 	// count is the partition count the last batch was drained under; 0
 	// before the first. A batch under the current count is queued even
 	// with nothing new, so that the partition hands over (handover.go).
@@ -210,7 +215,7 @@ func (a *aggregator) evictIdle() {
 		// an evicted tenant is later rebuilt from ClickHouse, and events
 		// still in the batch or the writer's queue (a late event for a
 		// closed hour, say) would be missing from that rebuild.
-		if idle, _ := p.w.status(); idle && p.snap == nil && p.next == p.enqueued && (p.batch == nil || len(p.batch.Events) == 0) && !p.state.Pending() {
+		if idle, _ := p.w.status(); idle && p.snap == nil && len(p.unsent) == 0 && p.next == p.enqueued && (p.batch == nil || len(p.batch.Events) == 0) && !p.state.Pending() {
 			if n := p.state.EvictIdle(); n > 0 {
 				a.m.evictions.Add(float64(n))
 			}
@@ -388,49 +393,43 @@ func (a *aggregator) policyChanged(pol *policy.Policy) {
 // flushAll flushes every partition with something pending: it publishes
 // the signals of all of them, then hands each partition's rows to its
 // writer, which stores them in ClickHouse and then commits.
+//
+// A flush cut short (ctx ended while publishing: a stop, a revoke past
+// shutdown_timeout, a partition-count refresh's timeout) keeps what it
+// drained in each partition's unsent jobs, and the next flush publishes
+// them again before anything newer and hands them over in order. The
+// writer commits only the offsets of jobs it was handed, so no commit
+// passes an event whose rows and signals were not handed to it; if no
+// later flush succeeds (the stop's own runs out of grace too), nothing
+// past the last stored batch is committed and the next owner re-reads it.
 func (a *aggregator) flushAll(ctx context.Context) error {
-	ids := make([]int32, 0, len(a.parts))
-	for id := range a.parts {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	type ready struct {
-		p *partition
-		j *job
-	}
-	var jobs []ready
-	var recs []*kgo.Record
-	for _, id := range ids {
-		p := a.parts[id]
-		if j := a.drain(p); j != nil {
-			jobs = append(jobs, ready{p, j})
-			recs = append(a.signalRecords(recs, j.b), j.reroutes...)
-		}
-	}
+	parts, recs := a.drainAll()
 	if len(recs) > 0 {
 		// Records found off their tenant's home partition go there before
 		// the offset past them is committed (route.go).
 		// Signals go out before ClickHouse is written: enforcement must not
 		// wait for the store (an outage there would switch it off), and
 		// their ids are deterministic, so the re-publication that follows
-		// a crash before the write is folded by every consumer.
-		if err := a.retry(ctx, "produce signals", -1, func() error { return a.cl.ProduceSync(ctx, recs...).FirstErr() }); err != nil {
-			// Only a cancelled ctx gets here. Nothing of these batches is
-			// committed, so the next owner re-reads and re-signals them.
-			for _, r := range jobs {
-				r.j.b.Reset()
-				batchPool.Put(r.j.b)
+		// a crash before the write, or a flush cut short, is folded by
+		// every consumer.
+		if err := a.retry(ctx, "produce signals", -1, func() error {
+			if err := faults.At(ctx, faults.Produce); err != nil {
+				return err
+			}
+			return a.cl.ProduceSync(ctx, recs...).FirstErr()
+		}); err != nil {
+			// Only an ended ctx gets here. The batches stay unsent, so
+			// nothing of them or after them is committed, and the poll
+			// loop's next flush is due at once.
+			a.m.flushesCut.Inc()
+			if a.since.IsZero() {
+				a.since = time.Now()
 			}
 			return err
 		}
 	}
-	for _, r := range jobs {
-		for i := range r.j.b.Signals {
-			a.m.signals.WithLabelValues(string(r.j.b.Signals[i].Kind)).Inc()
-		}
-		r.p.enqueued = r.j.next
-		r.p.pending = 0
-		a.enqueue(r.p.w, r.j)
+	for _, p := range parts {
+		a.handOver(p)
 	}
 	a.since = time.Time{}
 	if now := time.Now(); now.Sub(a.sizedAt) >= stateSizeEvery {
@@ -438,6 +437,48 @@ func (a *aggregator) flushAll(ctx context.Context) error {
 		a.countState()
 	}
 	return nil
+}
+
+// drainAll drains every partition into its unsent jobs. It returns the
+// partitions with unsent jobs, in partition order, and the records those
+// jobs publish: signals and re-routed records, oldest job first.
+func (a *aggregator) drainAll() ([]*partition, []*kgo.Record) {
+	ids := make([]int32, 0, len(a.parts))
+	for id := range a.parts {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	var parts []*partition
+	var recs []*kgo.Record
+	for _, id := range ids {
+		p := a.parts[id]
+		if j := a.drain(p); j != nil {
+			p.unsent = append(p.unsent, j)
+		}
+		if len(p.unsent) == 0 {
+			continue
+		}
+		parts = append(parts, p)
+		for _, j := range p.unsent {
+			recs = append(a.signalRecords(recs, j.b), j.reroutes...)
+		}
+	}
+	return parts, recs
+}
+
+// handOver gives p's unsent jobs, whose records are published, to its
+// writer in the order they were drained.
+func (a *aggregator) handOver(p *partition) {
+	for i, j := range p.unsent {
+		for k := range j.b.Signals {
+			a.m.signals.WithLabelValues(string(j.b.Signals[k].Kind)).Inc()
+		}
+		p.enqueued = j.next
+		a.enqueue(p.w, j)
+		p.unsent[i] = nil
+	}
+	p.unsent = p.unsent[:0]
+	p.pending = 0
 }
 
 // stateSizeEvery is how often flushAll refreshes the state-size gauges.
@@ -478,7 +519,7 @@ func (a *aggregator) drain(p *partition) *job {
 	}
 	_, recommit := p.w.status()
 	n := a.nparts.Load()
-	if p.next == p.enqueued && !recommit && !p.state.Pending() && p.count == n && !a.snapshotDue(p) {
+	if p.next == p.drainedTo() && !recommit && !p.state.Pending() && p.count == n && !a.snapshotDue(p) {
 		return nil
 	}
 	p.count = n
@@ -507,6 +548,15 @@ func (a *aggregator) drain(p *partition) *job {
 	j := &job{b: b, reroutes: reroutes, next: p.committable(), epoch: p.epoch, count: n, rows: len(b.Events) + len(b.Minutes) + len(b.Quotas) + len(b.Signals)}
 	a.snapshot(p, j)
 	return j
+}
+
+// drainedTo is the offset after the last event p drained: that of its
+// newest unsent job, or else of what its writer was handed.
+func (p *partition) drainedTo() int64 {
+	if n := len(p.unsent); n > 0 {
+		return p.unsent[n-1].next
+	}
+	return p.enqueued
 }
 
 // signalRecords appends b's signals as records for the signals topic.
@@ -675,7 +725,7 @@ func resumeOffsets(ctx context.Context, adm *kadm.Client, group, topic string, p
 func (a *aggregator) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	fctx, cancel := context.WithTimeout(ctx, a.cfg.ShutdownGrace)
+	fctx, cancel := context.WithTimeout(ctx, a.cfg.ShutdownTimeout)
 	defer cancel()
 	if err := a.flushAll(fctx); err != nil {
 		a.log.Warn("flush on revoke failed; the next owner re-reads from the last commit", "err", err)

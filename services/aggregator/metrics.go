@@ -24,6 +24,7 @@ type metrics struct {
 	restoreSeconds                                prometheus.Histogram
 	unwritten                                     prometheus.Gauge
 	fetchPauses                                   prometheus.Counter
+	flushesCut                                    prometheus.Counter
 	modelsCapped                                  prometheus.Counter
 	handoverWaits                                 *prometheus.HistogramVec
 	snapshots, snapshotFallbacks                  *prometheus.CounterVec
@@ -68,12 +69,13 @@ func newMetrics(reg prometheus.Registerer, w *policy.Watcher) *metrics {
 		restores:          prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_restored_tenants_total", Help: "Tenants rebuilt from ClickHouse before their event was counted: evicted tenants that sent again, and tenants whose home partition moved when the topic gained partitions."}),
 		restoreSeconds:    prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_aggregator_restore_seconds", Help: "Time to rebuild a returning evicted tenant from ClickHouse, retries included.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
 		unwritten:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_aggregator_unwritten_rows", Help: "Rows whose signals are published but which ClickHouse has not stored yet (their offsets are not committed)."}),
+		flushesCut:        prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_flushes_cut_short_total", Help: "Flushes whose signals and re-routed records could not be published before their deadline (a stop, a revoke past shutdown_timeout, a partition-count refresh): their batches are kept and published by the next flush, and nothing past them is committed meanwhile."}),
 		fetchPauses:       prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_fetch_pauses_total", Help: "Times fetching paused because max_unwritten_rows rows waited for ClickHouse."}),
 		handoverWaits:     prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_aggregator_handover_wait_seconds", Help: "How long a partition waited at a moved tenant's first event for the tenant's old home to commit under the new partition count, by result: handed_over, or timeout (restored from what ClickHouse held; see docs/scaling.md).", Buckets: prometheus.ExponentialBuckets(0.1, 2, 12)}, []string{"result"}),
 		modelsCapped:      prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_models_capped_total", Help: "Events counted under model \"other\" because their tenant already counts max_models models on their own (policy max_models); no tenant label on purpose, the aggregator logs each such tenant once."}),
 	}
 	reloadFailures := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_aggregator_policy_reload_failures_total", Help: "Policy reloads rejected; the previous policy stays in force."}, func() float64 { return float64(w.Failures.Load()) })
-	for _, c := range []prometheus.Collector{events, m.late, m.signals, m.lag, m.series, m.ids, m.writeRows, m.writeSeconds, m.rebuildSeconds, m.writeErrors, m.commitErrors, m.rebuildEvents, m.evictions, m.restores, m.restoreSeconds, m.heldNow, m.reevaluations, m.adminInvalid, m.adminRefused, m.adminUnsigned, m.unwritten, m.fetchPauses, m.modelsCapped, m.handoverWaits, m.snapshots, m.snapshotFallbacks, m.snapshotSeconds, m.snapshotPause, m.snapshotsDropped, reloadFailures} {
+	for _, c := range []prometheus.Collector{events, m.late, m.signals, m.lag, m.series, m.ids, m.writeRows, m.writeSeconds, m.rebuildSeconds, m.writeErrors, m.commitErrors, m.rebuildEvents, m.evictions, m.restores, m.restoreSeconds, m.heldNow, m.reevaluations, m.adminInvalid, m.adminRefused, m.adminUnsigned, m.unwritten, m.fetchPauses, m.flushesCut, m.modelsCapped, m.handoverWaits, m.snapshots, m.snapshotFallbacks, m.snapshotSeconds, m.snapshotPause, m.snapshotsDropped, reloadFailures} {
 		// A second aggregator in one process (tests) shares the registry.
 		_ = reg.Register(c)
 	}

@@ -69,7 +69,7 @@ var restartModels = [4]string{"gpt-4o", "gpt-4o-mini", "claude-3-5-sonnet", "o1"
 // gracefully: scale_aggregator_graceful_stop_seconds_<n>keys is the stop
 // (final flush, then the snapshot at the committed offset that spares the
 // next start any replay), scale_aggregator_graceful_stop_snapshots_<n>keys
-// the snapshots it stored (1; 0 when shutdown_grace, 20 s, could not fit
+// the snapshots it stored (1; 0 when shutdown_timeout, 20 s, could not fit
 // it).
 // Sizes 100,000 and 1,000,000
 // keys; SLUICE_SCALE_MAX_KEYS lowers the largest.
@@ -253,7 +253,7 @@ FROM numbers(%d)`, monthStart.Unix(), int64(now.Sub(monthStart).Seconds())-3600,
 	// starts from the snapshot the first one left at its committed offset,
 	// reads one more event, and is stopped gracefully. The stop snapshots
 	// the partition at its committed offset, so that the next start
-	// replays nothing, if shutdown_grace (default 20 s) allows.
+	// replays nothing, if shutdown_timeout (default 20 s) allows.
 	r = runInProcess(b, e, e.ch.Addr, func(c *aggregator.Config) {
 		c.SessionTimeout = aggregator.DefaultConfig().SessionTimeout
 		c.SnapshotInterval = time.Hour

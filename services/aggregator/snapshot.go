@@ -224,7 +224,7 @@ func (a *aggregator) dropFrozen(parts []int32) {
 // one per core.
 //
 // It returns when every snapshot is stored, or when ctx (what is left of
-// shutdown_grace) ends: the stop does not overrun its grace. A snapshot
+// shutdown_timeout) ends: the stop does not overrun its grace. A snapshot
 // cut short is harmless: a restart loads only complete snapshots, and the
 // older ones are dropped only after a newer one is stored. A partition
 // whose encoding is abandoned stays frozen (p.snap), so that nothing else
@@ -267,7 +267,7 @@ func (a *aggregator) finalSnapshots(ctx context.Context) {
 	select {
 	case <-all:
 	case <-ctx.Done():
-		a.log.Warn("shutdown_grace ran out before every partition's snapshot was stored at the stop; the next owners of the others replay since their last snapshots", "partitions", ids)
+		a.log.Warn("shutdown_timeout ran out before every partition's snapshot was stored at the stop; the next owners of the others replay since their last snapshots", "partitions", ids)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/services/aggregator/internal/chstore"
+	"github.com/sluicehq/sluice/services/aggregator/internal/faults"
 	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
 )
 
@@ -197,6 +198,9 @@ func (a *aggregator) runWriter(w *writer) {
 		if err := a.retry(w.ctx, "clickhouse write", w.part, func() error {
 			ctx, cancel := context.WithTimeout(w.ctx, a.cfg.WriteTimeout)
 			defer cancel()
+			if err := faults.At(ctx, faults.Write); err != nil {
+				return err
+			}
 			return a.store.Write(ctx, batches...)
 		}); err != nil {
 			return
@@ -298,7 +302,10 @@ func (a *aggregator) release(n int) {
 // the events; the next flush of this partition commits again.
 func (a *aggregator) commit(ctx context.Context, part int32, j *job) error {
 	commit := map[string]map[int32]kgo.EpochOffset{a.cfg.Topic: {part: {Epoch: j.epoch, Offset: j.next}}}
-	cerr := kafkaconn.CommitSync(a.withCommitMetadata(ctx, part, j.count), a.cl, commit)
+	cerr := faults.At(ctx, faults.Commit)
+	if cerr == nil {
+		cerr = kafkaconn.CommitSync(a.withCommitMetadata(ctx, part, j.count), a.cl, commit)
+	}
 	if cerr != nil {
 		a.m.commitErrors.Inc()
 		a.log.Warn("offset commit refused; the next flush commits again", "partition", part, "offset", j.next, "err", cerr)

@@ -30,7 +30,7 @@ import (
 
 // Run consumes signals and notifies until ctx is cancelled, then stops
 // consuming, flushes the alerts held for grouping and sends what is queued
-// within cfg.ShutdownDrain. Its loops share one errgroup: the first that
+// within cfg.ShutdownTimeout. Its loops share one errgroup: the first that
 // fails stops the others, and Run returns that error.
 func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	env = env.Named("alerter")
@@ -91,12 +91,12 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	env.Logger.Info("alerter running", "topic", cfg.Topic, "group", cfg.Group, "state_topic", cfg.stateTopic(), "channels", p.dispatch.Channels())
 	g, ctx := errgroup.WithContext(ctx)
 	// The dispatcher outlives ctx: it drains its queues for
-	// cfg.ShutdownDrain once the tick loop, the engine's only deliverer, has
+	// cfg.ShutdownTimeout once the tick loop, the engine's only deliverer, has
 	// flushed what it held for grouping. Its context is ctx's values without
 	// ctx's cancellation; runTicks cancels it.
 	dctx, stopDispatch := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopDispatch()
-	g.Go(func() error { return p.dispatch.Run(dctx, cfg.ShutdownDrain) })
+	g.Go(func() error { return p.dispatch.Run(dctx, cfg.ShutdownTimeout) })
 	g.Go(func() error {
 		defer stopDispatch()
 		p.runTicks(ctx, cfg.Tick)

@@ -45,8 +45,8 @@ type Config struct {
 	// IncidentListMax bounds the tenants an incident message names.
 	IncidentListMax int `yaml:"incident_list_max" help:"tenants named in one incident message; the rest are counted"`
 
-	Tick          time.Duration `yaml:"tick" help:"how often pending, resolving and grouped alerts are advanced"`
-	ShutdownDrain time.Duration `yaml:"shutdown_timeout" help:"time allowed at shutdown to send queued notifications"`
+	Tick            time.Duration `yaml:"tick" help:"how often pending, resolving and grouped alerts are advanced"`
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout" help:"time allowed at shutdown to send queued notifications"`
 
 	Rules engine.Config `yaml:"rules"`
 
@@ -121,7 +121,7 @@ func DefaultConfig() Config {
 		Language:        "en",
 		IncidentListMax: 50,
 		Tick:            time.Second,
-		ShutdownDrain:   10 * time.Second,
+		ShutdownTimeout: 10 * time.Second,
 		Rules:           engine.DefaultConfig(),
 		Alertmanager:    AlertmanagerConfig{Hold: 5 * time.Minute, Delivery: am},
 	}
@@ -149,8 +149,8 @@ func (c Config) Validate() error {
 	if c.Tick < 10*time.Millisecond || c.Tick > time.Minute {
 		add("tick: %v is outside 10ms..1m", c.Tick)
 	}
-	if c.ShutdownDrain <= 0 {
-		add("shutdown_timeout: %v must be positive", c.ShutdownDrain)
+	if c.ShutdownTimeout <= 0 {
+		add("shutdown_timeout: %v must be positive", c.ShutdownTimeout)
 	}
 	if err := c.Rules.Validate(); err != nil {
 		add("rules: %w", err)

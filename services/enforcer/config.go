@@ -37,20 +37,20 @@ type Config struct {
 	// KeyPrefix is the flags' Redis prefix: not a setting, Run derives it
 	// from redis.key_prefix (the one prefix Checkers and the enforcer
 	// share); tests may set it.
-	KeyPrefix      string        `yaml:"-"`
-	FlushInterval  time.Duration `yaml:"flush_interval" help:"how long flag changes wait to be coalesced into one Redis round trip"`
-	FlagTTL        time.Duration `yaml:"flag_ttl" help:"lifetime of a flag the enforcer stops refreshing (a dead enforcer blocks no one longer)"`
-	HeartbeatEvery time.Duration `yaml:"heartbeat_every" help:"period of the heartbeat Checkers judge staleness by"`
-	TickEvery      time.Duration `yaml:"tick_every" help:"period of the clock that closes, half-opens and expires breakers"`
-	MaxDirty       int           `yaml:"max_dirty" help:"tenants waiting for a flag write; beyond it one full rewrite replaces them"`
-	BatchTenants   int           `yaml:"batch_tenants" help:"tenants per pipelined Redis write"`
-	DedupSignals   int           `yaml:"dedup_signals" help:"signal ids remembered to drop redeliveries"`
-	Recover        bool          `yaml:"recover" help:"rebuild quota breakers from ClickHouse on start"`
-	AdminTopic     string        `yaml:"admin_topic" help:"compacted topic of operator actions every replica reads whole (sluice.admin.v1)"`
-	ReplicaID      string        `yaml:"replica_id" help:"this replica's name, unique among enforcers sharing a redis.key_prefix: required when several run; it names the replica's own signals consumer group (consumer.group-replica_id) and its leader lease. Empty: one replica, group consumer.group, lease named by the host name"`
-	LeaderLease    time.Duration `yaml:"leader_lease" help:"lease in Redis that lets one replica write flags; when the leader dies another replica takes over within it"`
-	ShutdownGrace  time.Duration `yaml:"shutdown_timeout" help:"time allowed for the last flag write on shutdown"`
-	Admin          AdminConfig   `yaml:"admin"`
+	KeyPrefix       string        `yaml:"-"`
+	FlushInterval   time.Duration `yaml:"flush_interval" help:"how long flag changes wait to be coalesced into one Redis round trip"`
+	FlagTTL         time.Duration `yaml:"flag_ttl" help:"lifetime of a flag the enforcer stops refreshing (a dead enforcer blocks no one longer)"`
+	HeartbeatEvery  time.Duration `yaml:"heartbeat_every" help:"period of the heartbeat Checkers judge staleness by"`
+	TickEvery       time.Duration `yaml:"tick_every" help:"period of the clock that closes, half-opens and expires breakers"`
+	MaxDirty        int           `yaml:"max_dirty" help:"tenants waiting for a flag write; beyond it one full rewrite replaces them"`
+	BatchTenants    int           `yaml:"batch_tenants" help:"tenants per pipelined Redis write"`
+	DedupSignals    int           `yaml:"dedup_signals" help:"signal ids remembered to drop redeliveries"`
+	Recover         bool          `yaml:"recover" help:"rebuild quota breakers from ClickHouse on start"`
+	AdminTopic      string        `yaml:"admin_topic" help:"compacted topic of operator actions every replica reads whole (sluice.admin.v1)"`
+	ReplicaID       string        `yaml:"replica_id" help:"this replica's name, unique among enforcers sharing a redis.key_prefix: required when several run; it names the replica's own signals consumer group (consumer.group-replica_id) and its leader lease. Empty: one replica, group consumer.group, lease named by the host name"`
+	LeaderLease     time.Duration `yaml:"leader_lease" help:"lease in Redis that lets one replica write flags; when the leader dies another replica takes over within it"`
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout" help:"time allowed for the last flag write on shutdown"`
+	Admin           AdminConfig   `yaml:"admin"`
 }
 
 // AdminConfig configures the admin HTTP API.
@@ -80,9 +80,9 @@ func DefaultConfig() Config {
 		AdminTopic:     schemas.TopicAdminV1,
 		// Well under the Checkers' default max_staleness (10s), so a
 		// failover does not make them apply fail modes.
-		LeaderLease:   3 * time.Second,
-		ShutdownGrace: 5 * time.Second,
-		Admin:         AdminConfig{Listen: "127.0.0.1:9471", HTTP: httpserver.Defaults()},
+		LeaderLease:     3 * time.Second,
+		ShutdownTimeout: 5 * time.Second,
+		Admin:           AdminConfig{Listen: "127.0.0.1:9471", HTTP: httpserver.Defaults()},
 	}
 }
 
@@ -98,7 +98,7 @@ func (c Config) Validate() error {
 	between("flag_ttl", c.FlagTTL, 3*time.Second, 24*time.Hour)
 	between("heartbeat_every", c.HeartbeatEvery, 50*time.Millisecond, time.Minute)
 	between("tick_every", c.TickEvery, 10*time.Millisecond, time.Minute)
-	between("shutdown_timeout", c.ShutdownGrace, 100*time.Millisecond, 5*time.Minute)
+	between("shutdown_timeout", c.ShutdownTimeout, 100*time.Millisecond, 5*time.Minute)
 	if c.HeartbeatEvery*3 > c.FlagTTL {
 		errs = append(errs, fmt.Errorf("heartbeat_every: %v must be at most a third of flag_ttl (%v)", c.HeartbeatEvery, c.FlagTTL))
 	}

@@ -12,7 +12,9 @@ import (
 // ends, starting once recovery is done (or recoveryWait has passed; see
 // recovery.go for why). Fetch errors are logged and retried by the client:
 // the consumer group and its committed offsets, not this loop, decide what
-// is read again after a failure.
+// is read again after a failure. Each partition's progress is recorded
+// once its records are handled; it is committed only once their flags
+// are in Redis (commit.go).
 func (c *core) consume(ctx context.Context, kc *kgo.Client, recovered <-chan struct{}) error {
 	if !awaitRecovery(ctx, recovered, recoveryWait, c.log) {
 		return nil
@@ -25,7 +27,15 @@ func (c *core) consume(ctx context.Context, kc *kgo.Client, recovered <-chan str
 				c.log.Warn("enforcer: fetch error", "topic", t, "partition", p, "err", err)
 			}
 		})
-		fs.EachRecord(func(r *kgo.Record) { c.handleSignalRecord(r, now) })
+		fs.EachPartition(func(p kgo.FetchTopicPartition) {
+			for _, r := range p.Records {
+				c.handleSignalRecord(r, now)
+			}
+			if n := len(p.Records); n > 0 {
+				last := p.Records[n-1]
+				c.offsets.handled(p.Partition, last.Offset+1, last.LeaderEpoch)
+			}
+		})
 	}
 	return nil
 }

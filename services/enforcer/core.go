@@ -42,6 +42,12 @@ type core struct {
 	signals  *prometheus.CounterVec
 	restored prometheus.Counter
 	leader   prometheus.Gauge
+	// offsets tracks the signal offsets handled and durable in Redis, for
+	// commits (commit.go); leaseHolder is the lease value last seen (a
+	// string), which names the leader whose commits a follower follows.
+	offsets     *signalOffsets
+	leaseHolder atomic.Value
+
 	// lag observes, for each signal that changed a flag, the wall time
 	// from the usage event that caused it to the change: the part of the
 	// enforcement lag before the flag write (flush_interval adds the rest).
@@ -63,15 +69,17 @@ func newCore(cfg Config, rdb redis.UniversalClient, pw *policy.Watcher, log *slo
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_enforcer_signal_lag_seconds",
 			Help:    "Enforcement lag: from the time of the usage event a signal was computed from (the gateway's clock) to the enforcer changing a flag for it (the flag write follows within flush_interval). Signals that changed no flag are not observed.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)})}
+	c.offsets = newSignalOffsets()
 	c.writer = flagwriter.New(rdb, c.table, flagwriter.Config{KeyPrefix: cfg.KeyPrefix, FlushInterval: cfg.FlushInterval,
-		FlagTTL: cfg.FlagTTL, HeartbeatEvery: cfg.HeartbeatEvery, MaxDirty: cfg.MaxDirty, BatchTenants: cfg.BatchTenants}, log)
+		FlagTTL: cfg.FlagTTL, HeartbeatEvery: cfg.HeartbeatEvery, MaxDirty: cfg.MaxDirty, BatchTenants: cfg.BatchTenants,
+		OnFlush: c.offsets.onFlush}, log)
 	c.publishFailModes(pw.Current())
 	return c
 }
 
 // runWriter first takes the flags already in Redis as the floor of the
 // table (restoreFloor), then writes flags until ctx ends, and makes a last
-// write within cfg.ShutdownGrace so that changes accepted before shutdown
+// write within cfg.ShutdownTimeout so that changes accepted before shutdown
 // reach Redis. Nothing — not a flag, not the heartbeat — is written before
 // the floor is in the table: the writer's first act is a full rewrite from
 // the table, and a table without what Redis holds would delete every
@@ -90,7 +98,7 @@ func (c *core) runWriterAfterFloor(ctx context.Context, floored chan<- struct{})
 	if floored != nil {
 		close(floored)
 	}
-	return c.writer.Run(ctx, c.cfg.ShutdownGrace)
+	return c.writer.Run(ctx, c.cfg.ShutdownTimeout)
 }
 
 // restore merges stored flags into the table (breaker.Table.Restore).

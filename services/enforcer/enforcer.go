@@ -25,7 +25,7 @@ import (
 )
 
 // Run runs the enforcer until ctx is cancelled or a part of it fails, then
-// writes the last flags and stops within cfg.ShutdownGrace.
+// writes the last flags and stops within cfg.ShutdownTimeout.
 //
 // Run is the wiring: it opens the clients, registers metrics and readiness
 // checks, and starts the core (core.go), its recovery (recovery.go), the
@@ -69,14 +69,14 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	} else if replica, err = os.Hostname(); err != nil || replica == "" {
 		return fmt.Errorf("services.enforcer.replica_id: empty and the host name is unknown (%v); set it", err)
 	}
-	kc, err := openSignals(ctx, cfg, group, env)
+	c := newCore(cfg, rdb, pw, log)
+	c.auth = auth
+	kc, err := openSignals(ctx, cfg, group, env, c.offsets.groupCallbacks(cfg.SignalsTopic)...)
 	if err != nil {
 		return err
 	}
 	defer leaveGroup(kc)
 
-	c := newCore(cfg, rdb, pw, log)
-	c.auth = auth
 	// Silent until the lease says otherwise (lease.go).
 	c.writer.SetLeading(false)
 	as, err := openAdminState(ctx, cfg, env, c)
@@ -134,25 +134,27 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	g.Go(func() error { return c.runClock(ctx) })
 	g.Go(func() error { return pw.Follow(ctx, c.publishFailModes) })
 	g.Go(func() error { return c.consume(ctx, kc, recovered) })
+	g.Go(func() error { return c.runCommits(ctx, kc, writerDone) })
 	if srv != nil {
 		g.Go(srv.serve)
-		g.Go(func() error { return srv.shutdownOnDone(ctx, cfg.ShutdownGrace) })
+		g.Go(func() error { return srv.shutdownOnDone(ctx, cfg.ShutdownTimeout) })
 	}
 	return g.Wait()
 }
 
 // openSignals returns a client of consumer group group on the signals
-// topic, creating the topic if the cluster lacks it.
-func openSignals(ctx context.Context, cfg Config, group string, env platform.Env) (*kgo.Client, error) {
-	kc, err := kafkaconn.NewClient(env.Kafka,
+// topic, creating the topic if the cluster lacks it. extra are the
+// group's commit options (commit.go: no auto-commit).
+func openSignals(ctx context.Context, cfg Config, group string, env platform.Env, extra ...kgo.Opt) (*kgo.Client, error) {
+	kc, err := kafkaconn.NewClient(env.Kafka, append([]kgo.Opt{
 		// With replica_id set, every replica reads every signal (its own
 		// group): each holds the whole state, so that any of them can take
 		// the lead (lease.go).
 		kgo.ConsumerGroup(group),
 		kgo.ConsumeTopics(cfg.SignalsTopic),
 		kgo.SessionTimeout(cfg.SessionTimeout),
-		kgo.FetchMaxWait(100*time.Millisecond),
-	)
+		kgo.FetchMaxWait(100 * time.Millisecond),
+	}, extra...)...)
 	if err != nil {
 		return nil, err
 	}

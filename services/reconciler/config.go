@@ -23,7 +23,7 @@ type Config struct {
 	MaxObservations int           `yaml:"max_observations" help:"how often a period that keeps changing is re-read before it is left for the next run"`
 	TenantLookback  time.Duration `yaml:"tenant_lookback" help:"tenants with events this far back are reconciled even when the policy does not name them"`
 	JobTimeout      time.Duration `yaml:"job_timeout" help:"deadline for one tenant's nightly jobs"`
-	ShutdownGrace   time.Duration `yaml:"shutdown_timeout" help:"how long an in-flight job may run on after shutdown begins"`
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout" help:"how long an in-flight job may run on after shutdown begins"`
 }
 
 // DefaultConfig reconciles at 00:30 local time, after a 15-minute settle.
@@ -39,7 +39,7 @@ func DefaultConfig() Config {
 		MaxObservations: 3,
 		TenantLookback:  72 * time.Hour,
 		JobTimeout:      30 * time.Minute,
-		ShutdownGrace:   30 * time.Second,
+		ShutdownTimeout: 30 * time.Second,
 	}
 }
 
@@ -78,8 +78,8 @@ func (c Config) Validate() error {
 	if c.JobTimeout < time.Second {
 		bad("job_timeout: %s is below the minimum of 1s", c.JobTimeout)
 	}
-	if c.ShutdownGrace < 0 {
-		bad("shutdown_timeout: %s must not be negative", c.ShutdownGrace)
+	if c.ShutdownTimeout < 0 {
+		bad("shutdown_timeout: %s must not be negative", c.ShutdownTimeout)
 	}
 	return errors.Join(errs...)
 }

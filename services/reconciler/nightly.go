@@ -39,7 +39,7 @@ type nightly struct {
 	store   Store
 	auditor Auditor
 	m       *metrics
-	// jobCtx outlives the service's context by cfg.ShutdownGrace, so a job
+	// jobCtx outlives the service's context by cfg.ShutdownTimeout, so a job
 	// half-way through its repairs finishes rather than leaving a run
 	// record missing; every job and price sync runs under it.
 	jobCtx context.Context

@@ -33,7 +33,7 @@ import (
 )
 
 // Run reconciles on schedule until ctx ends. A job running when ctx ends
-// gets cfg.ShutdownGrace to finish before it is cancelled.
+// gets cfg.ShutdownTimeout to finish before it is cancelled.
 func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	return run(ctx, cfg, env, schedule.RealClock)
 }
@@ -89,7 +89,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, clock schedule.Clock
 	// One group, one cancellation: the policy follower and the scheduler
 	// stop with ctx. The scheduler returns once its current tenant's run
 	// is over, which ends jobCtx; the grace member cuts that run short if
-	// it outlasts cfg.ShutdownGrace.
+	// it outlasts cfg.ShutdownTimeout.
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return watcher.Follow(gctx, n.syncPrices) })
 	g.Go(func() error {
@@ -102,7 +102,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, clock schedule.Clock
 		case <-jobCtx.Done():
 			return nil
 		}
-		t := time.NewTimer(cfg.ShutdownGrace)
+		t := time.NewTimer(cfg.ShutdownTimeout)
 		defer t.Stop()
 		select {
 		case <-t.C:

@@ -116,3 +116,33 @@ def test_stale_view_follows_fail_modes_and_keeps_blacklists(rdb: redis.Redis, pr
         eventually("fresh", lambda: c.check("strict", "gpt-4o").allowed, within=5)
     finally:
         c.close()
+
+
+def test_a_tombstone_reads_as_no_flags_and_versions_only_grow(rdb: redis.Redis, started) -> None:  # type: ignore[no-untyped-def]
+    """The enforcer fences its writes by version (docs/flags.md,
+    "Versions"): a lifted tenant keeps its hash with ``@v`` alone for a
+    while, and a new leader whose clock is behind the old one's still
+    writes higher versions. The Checker reads the tombstone as "no flags",
+    on an announcement and on a resync, and keeps the newest view."""
+    c, layout = started
+    now_ms = int(time.time() * 1000)
+    ahead_us = (now_ms + 3_600_000) * 1000  # the previous leader's clock ran an hour ahead
+    f = fl.Flag("open", "quota", "daily_tokens", "day", until_ms=now_ms + 60_000, limit=1000, used=1000)
+    write(rdb, layout, "acme", ahead_us, {"gpt-4o": f})
+    eventually("the earlier leader's flag seen", lambda: not c.check("acme", "gpt-4o").allowed)
+    # The new leader's first write is granted a version above it.
+    write(rdb, layout, "acme", ahead_us + 1, {"gpt-4o": f, "claude": f})
+    eventually("the new leader's flag seen", lambda: not c.check("acme", "claude").allowed)
+    # Lifted: the tombstone, announced.
+    write(rdb, layout, "acme", ahead_us + 2, {})
+    assert rdb.hgetall(layout.tenant_key("acme")) == {fl.VERSION_FIELD.encode(): str(ahead_us + 2).encode()}
+    eventually("the tombstone lifts the tenant", lambda: c.check("acme", "gpt-4o").allowed and c.tenants() == 0)
+    # Flagged again, then a tombstone nobody announced: the resync lifts it.
+    write(rdb, layout, "acme", ahead_us + 3, {"gpt-4o": f})
+    eventually("flagged again", lambda: not c.check("acme", "gpt-4o").allowed)
+    rdb.hset(layout.tenant_key("acme"), mapping={fl.VERSION_FIELD: str(ahead_us + 4)})
+    rdb.hdel(layout.tenant_key("acme"), "gpt-4o")
+    n = c.resyncs
+    rdb.publish(layout.channel(), fl.format_change(fl.FAILMODE_TENANT, ahead_us + 5))  # forces a resync
+    eventually("a resync", lambda: c.resyncs > n)
+    assert c.check("acme", "gpt-4o").allowed and c.tenants() == 0

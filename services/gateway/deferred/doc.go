@@ -34,10 +34,19 @@
 //
 // # Running and retrying
 //
-// A Worker claims a task in Redis before it runs it: a lease (Lease) with
-// its owner, so that a task whose partition moved to another gateway
-// during a rebalance does not run twice at once; a task whose gateway
-// died mid-run is taken over when the lease ends. The Executor runs the
+// A Worker claims a task in Redis before it runs it: a lease (Lease) for
+// one run, named by a random run token, so that a task does not run twice
+// at once — whether its partition moved to another gateway during a
+// rebalance, or moved away and back to the same one, whose record of it
+// is then read again: the claim refuses a running task to anyone without
+// its run's token (the same gateway too), only that token puts it back,
+// and a Worker never starts a task id it runs already. A task whose
+// gateway died mid-run is taken over when the lease ends. A Worker keeps
+// only records of the partitions the group assigns it now: a rebalance
+// waits until what a poll fetched is buffered (kgo.BlockRebalanceOnPoll),
+// so a revocation drops every record of its partitions, and none arrives
+// after it to recreate their state and commit offsets another gateway
+// owns. The Executor runs the
 // task as a request of the tenant's key (still in the keys file, else the
 // task fails) with its priority; an answer 429 or 503 (a limit, a
 // breaker, a saturated upstream) is not the result but "no capacity now":

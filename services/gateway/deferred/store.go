@@ -2,6 +2,8 @@ package deferred
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -94,57 +96,89 @@ func (s *store) forget(ctx context.Context, t *Task) {
 
 // claim answers.
 const (
-	claimed  = 0 // runs is the run's number
+	claimed  = 0 // run is the run's number
 	finished = 1 // succeeded or failed already
-	leased   = 2 // another gateway runs it until the returned time
+	leased   = 2 // a run holds it until the returned time
 	gone     = 3 // no state: expired, or never accepted
 )
 
-// claimScript marks a task running for ARGV[2] (owner) until ARGV[3]
-// (ms), unless it is finished, unknown, or held by another owner whose
-// lease has not ended (ARGV[1] is now in ms). It answers {code, value}.
+// claimResult is a claim's answer: its code, the run's number (claimed)
+// or when the holding run's lease ends (leased), and the run's token.
+type claimResult struct {
+	code  int
+	run   int64
+	until time.Time
+	token string
+}
+
+// claimScript marks a task running for run token ARGV[4] of owner ARGV[2]
+// until ARGV[3] (ms), unless it is finished, unknown, or running under
+// another token whose lease has not ended (ARGV[1] is now in ms) — whoever
+// asks, its own gateway included: a task is run by one run at a time. A
+// claim with the running token (the same claim sent again after an answer
+// was lost) answers that run again. It answers {code, value}.
 var claimScript = redis.NewScript(`
-local v = redis.call('HMGET', KEYS[1], 'status', 'owner', 'lease_until')
+local v = redis.call('HMGET', KEYS[1], 'status', 'token', 'lease_until', 'runs')
 if not v[1] then return {3, 0} end
 if v[1] == 'succeeded' or v[1] == 'failed' then return {1, 0} end
-if v[1] == 'running' and v[2] ~= ARGV[2] and tonumber(v[3] or '0') > tonumber(ARGV[1]) then
+if v[1] == 'running' and v[2] == ARGV[4] then return {0, tonumber(v[4] or '0')} end
+if v[1] == 'running' and tonumber(v[3] or '0') > tonumber(ARGV[1]) then
   return {2, tonumber(v[3])}
 end
 local runs = redis.call('HINCRBY', KEYS[1], 'runs', 1)
-redis.call('HSET', KEYS[1], 'status', 'running', 'owner', ARGV[2], 'lease_until', ARGV[3], 'started', ARGV[1])
+redis.call('HSET', KEYS[1], 'status', 'running', 'owner', ARGV[2], 'token', ARGV[4], 'lease_until', ARGV[3], 'started', ARGV[1])
 return {0, runs}`)
 
-func (s *store) claim(ctx context.Context, id, owner string, now time.Time) (code int, value int64, err error) {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	v, err := claimScript.Run(ctx, s.rdb, []string{s.taskKey(id)}, now.UnixMilli(), owner, now.Add(s.cfg.Lease).UnixMilli()).Int64Slice()
-	if err != nil {
-		return 0, 0, fmt.Errorf("deferred: claim %s: %w", id, err)
-	}
-	if len(v) != 2 {
-		return 0, 0, fmt.Errorf("deferred: claim %s: unexpected answer %v", id, v)
-	}
-	return int(v[0]), v[1], nil
+// newRunToken returns a fresh run token.
+func newRunToken() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
-// releaseScript puts a task ARGV[1] (owner) runs back in the queue:
-// ARGV[2] is 1 when a run was refused (a retry) and 0 when it was cut
-// by a shutdown; ARGV[3] and ARGV[4] say why.
+// claim claims task id for the run of owner with token, leased until
+// now+Lease. A claim sent again with the same token (its answer was lost)
+// gets the same run.
+func (s *store) claim(ctx context.Context, id, owner, token string, now time.Time) (claimResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	v, err := claimScript.Run(ctx, s.rdb, []string{s.taskKey(id)}, now.UnixMilli(), owner, now.Add(s.cfg.Lease).UnixMilli(), token).Int64Slice()
+	if err != nil {
+		return claimResult{}, fmt.Errorf("deferred: claim %s: %w", id, err)
+	}
+	if len(v) != 2 {
+		return claimResult{}, fmt.Errorf("deferred: claim %s: unexpected answer %v", id, v)
+	}
+	r := claimResult{code: int(v[0]), token: token}
+	switch r.code {
+	case claimed:
+		r.run = v[1]
+	case leased:
+		r.until = time.UnixMilli(v[1])
+	}
+	return r, nil
+}
+
+// releaseScript puts back in the queue a task its run ARGV[1] (token)
+// holds: ARGV[2] is 1 when the run was refused (a retry) and 0 when it was
+// cut by a shutdown; ARGV[3] and ARGV[4] say why. Another run's token
+// changes nothing.
 var releaseScript = redis.NewScript(`
-local v = redis.call('HMGET', KEYS[1], 'status', 'owner')
+local v = redis.call('HMGET', KEYS[1], 'status', 'token')
 if v[1] ~= 'running' or v[2] ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'status', 'queued', 'owner', '', 'lease_until', 0, 'error_code', ARGV[3], 'error', ARGV[4])
+redis.call('HSET', KEYS[1], 'status', 'queued', 'owner', '', 'token', '', 'lease_until', 0, 'error_code', ARGV[3], 'error', ARGV[4])
 redis.call('HINCRBY', KEYS[1], 'retries', tonumber(ARGV[2]))
 return 1`)
 
-func (s *store) release(ctx context.Context, id, owner string, retry bool, code, msg string) error {
+// release puts task id back in the queue if run token holds it.
+func (s *store) release(ctx context.Context, id, token string, retry bool, code, msg string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	r := 0
 	if retry {
 		r = 1
 	}
-	if err := releaseScript.Run(ctx, s.rdb, []string{s.taskKey(id)}, owner, r, code, msg).Err(); err != nil {
+	if err := releaseScript.Run(ctx, s.rdb, []string{s.taskKey(id)}, token, r, code, msg).Err(); err != nil {
 		return fmt.Errorf("deferred: put %s back: %w", id, err)
 	}
 	return nil
@@ -157,7 +191,7 @@ func (s *store) release(ctx context.Context, id, owner string, retry bool, code,
 var finishScript = redis.NewScript(`
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st or st == 'succeeded' or st == 'failed' then return 0 end
-redis.call('HSET', KEYS[1], 'status', ARGV[1], 'finished', ARGV[2], 'owner', '', 'lease_until', 0,
+redis.call('HSET', KEYS[1], 'status', ARGV[1], 'finished', ARGV[2], 'owner', '', 'token', '', 'lease_until', 0,
   'code', ARGV[4], 'content_type', ARGV[5], 'body', ARGV[6], 'error_code', ARGV[7], 'error', ARGV[8])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1`)

@@ -52,6 +52,13 @@ type Worker struct {
 	buf    [len(Classes)][]*item
 	parts  map[topicPart]*partState
 	paused [len(Classes)]bool
+	// assigned is the partitions the group gives this Worker now: records
+	// of any other are dropped (see add). running is the ids of the tasks
+	// this Worker runs now: a task is never started twice at once, even
+	// when its partition was taken away and given back and its record read
+	// again meanwhile.
+	assigned map[topicPart]bool
+	running  map[string]bool
 }
 
 type topicPart struct {
@@ -85,6 +92,10 @@ type item struct {
 	ps        *partState
 	off       int64
 	notBefore time.Time
+	// token is the run token of the claim in progress: kept when a claim
+	// fails (its answer may have been lost after Redis granted it), new
+	// for each run.
+	token string
 }
 
 // NewWorker returns a Worker of cfg's group that runs tasks with exec.
@@ -99,7 +110,8 @@ func NewWorker(cfg Config, kcfg kafkaconn.Config, rdb redis.UniversalClient, exe
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	w := &Worker{cfg: cfg, kcfg: kcfg, store: newStore(rdb, cfg), exec: exec, log: log, m: m,
-		owner: hex.EncodeToString(b[:]), now: time.Now, class: map[string]int{}, parts: map[topicPart]*partState{}}
+		owner: hex.EncodeToString(b[:]), now: time.Now, class: map[string]int{}, parts: map[topicPart]*partState{},
+		assigned: map[topicPart]bool{}, running: map[string]bool{}}
 	for i, p := range Classes {
 		w.class[cfg.Topic(p)] = i
 	}
@@ -111,6 +123,11 @@ func NewWorker(cfg Config, kcfg kafkaconn.Config, rdb redis.UniversalClient, exe
 		kgo.DisableAutoCommit(),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchMaxPartitionBytes(int32(cfg.MaxTaskBytes+64<<10)),
+		// No rebalance between a poll and the buffering of what it
+		// fetched (poll): a revocation then finds every record of its
+		// partitions buffered, and drops them.
+		kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, got map[string][]int32) { w.assign(got) }),
 		kgo.OnPartitionsRevoked(func(ctx context.Context, cl *kgo.Client, lost map[string][]int32) {
 			// Also called while the client closes, with ctx cancelled.
 			w.drop(context.WithoutCancel(ctx), lost, true)
@@ -146,8 +163,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	pollCtx, stopPoll := context.WithCancel(ctx)
 	defer stopPoll()
-	fetched := make(chan kgo.Fetches)
-	go w.poll(pollCtx, fetched)
+	fetched := make(chan polled)
+	polling := make(chan struct{})
+	go func() { defer close(polling); w.poll(pollCtx, fetched) }()
 	runCtx, cut := context.WithCancel(context.WithoutCancel(ctx))
 	defer cut()
 	ends := make(chan done, w.cfg.Workers)
@@ -160,8 +178,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		next := w.dispatch(runCtx, &running, ends)
 		wake.Reset(time.Until(next))
 		select {
-		case fs := <-fetched:
-			w.add(fs)
+		case p := <-fetched:
+			w.add(p.fs)
+			close(p.added)
 		case d := <-ends:
 			running--
 			w.end(d)
@@ -172,6 +191,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 	}
 	stopPoll()
+	<-polling
 	drain := time.NewTimer(w.cfg.Drain)
 	defer drain.Stop()
 	for running > 0 {
@@ -190,9 +210,20 @@ func (w *Worker) Run(ctx context.Context) error {
 	return nil
 }
 
+// polled is one poll's records, and the channel closed once they are
+// buffered.
+type polled struct {
+	fs    kgo.Fetches
+	added chan struct{}
+}
+
 // poll fetches records while ctx lives; paused class topics fetch
-// nothing.
-func (w *Worker) poll(ctx context.Context, out chan<- kgo.Fetches) {
+// nothing. A rebalance waits until what a poll fetched is buffered (the
+// client blocks it from the poll's return to AllowRebalance), so its
+// revocation drops every record of the partitions it takes away, and no
+// record of theirs arrives after it.
+func (w *Worker) poll(ctx context.Context, out chan<- polled) {
+	defer w.cl.AllowRebalance()
 	for {
 		fs := w.cl.PollRecords(ctx, w.cfg.Buffer)
 		if ctx.Err() != nil {
@@ -201,10 +232,28 @@ func (w *Worker) poll(ctx context.Context, out chan<- kgo.Fetches) {
 		fs.EachError(func(topic string, part int32, err error) {
 			w.log.Warn("deferred: fetching tasks failed; retrying", "topic", topic, "partition", part, "err", err)
 		})
+		p := polled{fs: fs, added: make(chan struct{})}
 		select {
-		case out <- fs:
+		case out <- p:
 		case <-ctx.Done():
 			return
+		}
+		select {
+		case <-p.added:
+		case <-ctx.Done():
+			return
+		}
+		w.cl.AllowRebalance()
+	}
+}
+
+// assign records partitions the group gave this Worker.
+func (w *Worker) assign(got map[string][]int32) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for topic, parts := range got {
+		for _, p := range parts {
+			w.assigned[topicPart{topic, p}] = true
 		}
 	}
 }
@@ -219,6 +268,11 @@ func (w *Worker) add(fs kgo.Fetches) {
 			return
 		}
 		tp := topicPart{r.Topic, r.Partition}
+		if !w.assigned[tp] {
+			// Its partition is not this Worker's (any more): its state
+			// must not come back, nor its commits.
+			return
+		}
 		ps := w.parts[tp]
 		if ps == nil {
 			ps = &partState{pending: map[int64]struct{}{}, next: r.Offset, committed: -1}
@@ -283,6 +337,7 @@ func (w *Worker) dispatch(ctx context.Context, running *int, ends chan<- done) t
 			break
 		}
 		*running++
+		w.running[it.task.ID] = true
 		go func() { ends <- w.run(ctx, it) }()
 	}
 	pause := w.flowLocked()
@@ -296,9 +351,14 @@ func (w *Worker) dispatch(ctx context.Context, running *int, ends chan<- done) t
 
 // takeLocked removes and returns the first ready task of the highest
 // class that has one, lowering next to the earliest retry time it passes.
+// A task this Worker runs already waits (its record read again after its
+// partition came back): it is started once that run ended.
 func (w *Worker) takeLocked(now time.Time, next *time.Time) *item {
 	for c := range w.buf {
 		for i, it := range w.buf[c] {
+			if w.running[it.task.ID] {
+				continue
+			}
 			if it.notBefore.After(now) {
 				if it.notBefore.Before(*next) {
 					*next = it.notBefore
@@ -316,16 +376,25 @@ func (w *Worker) takeLocked(now time.Time, next *time.Time) *item {
 func (w *Worker) run(ctx context.Context, it *item) done {
 	t := it.task
 	now := w.now()
-	code, v, err := w.store.claim(ctx, t.ID, w.owner, now)
-	switch {
-	case err != nil:
+	if it.token == "" {
+		it.token = newRunToken()
+	}
+	c, err := w.store.claim(ctx, t.ID, w.owner, it.token, now)
+	if err != nil {
+		// Keep the token: Redis may have granted the claim whose answer
+		// was lost, and the same claim again gets that run.
 		w.log.Warn("deferred: cannot claim a task; retrying", "task", t.ID, "err", err)
 		return done{it: it, again: now.Add(w.cfg.RetryMin)}
-	case code == finished || code == gone:
-		return done{it: it}
-	case code == leased:
-		return done{it: it, again: time.UnixMilli(v)}
 	}
+	token := it.token
+	it.token = "" // the next run claims with a new one
+	switch c.code {
+	case finished, gone:
+		return done{it: it}
+	case leased:
+		return done{it: it, again: c.until}
+	}
+	v := c.run
 	deadline := t.Created.Add(w.cfg.MaxWait)
 	if !now.Before(deadline) {
 		w.m.count(it.class, "expired")
@@ -335,7 +404,7 @@ func (w *Worker) run(ctx context.Context, it *item) done {
 	if ctx.Err() != nil {
 		// Cut by the end of the drain: back to the queue, for whichever
 		// gateway reads the partition next.
-		if err := w.store.release(context.WithoutCancel(ctx), t.ID, w.owner, false, "shutdown", "the gateway running it shut down; it runs again"); err != nil {
+		if err := w.store.release(context.WithoutCancel(ctx), t.ID, token, false, "shutdown", "the gateway running it shut down; it runs again"); err != nil {
 			w.log.Warn("deferred: a task cut by the shutdown could not be put back; it runs again when its lease ends", "task", t.ID, "err", err)
 		}
 		return done{it: it, again: w.now()}
@@ -345,7 +414,7 @@ func (w *Worker) run(ctx context.Context, it *item) done {
 		if again.Before(deadline) {
 			w.m.count(it.class, "retried")
 			msg := fmt.Sprintf("run %d was answered %d; it runs again after %v", v, o.Result.Status, max(o.Retry, w.cfg.RetryMin))
-			if err := w.store.release(ctx, t.ID, w.owner, true, "retrying", msg); err != nil {
+			if err := w.store.release(ctx, t.ID, token, true, "retrying", msg); err != nil {
 				w.log.Warn("deferred: a refused task could not be put back", "task", t.ID, "err", err)
 			}
 			return done{it: it, again: again}
@@ -378,6 +447,7 @@ func (w *Worker) finish(it *item, res *Result, code, msg string) done {
 func (w *Worker) end(d done) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	delete(w.running, d.it.task.ID)
 	if d.it.ps.revoked {
 		return // its partition moved: the new owner reads it again
 	}
@@ -475,6 +545,7 @@ func (w *Worker) drop(ctx context.Context, lost map[string][]int32, commit bool)
 	for topic, parts := range lost {
 		for _, p := range parts {
 			tp := topicPart{topic, p}
+			delete(w.assigned, tp)
 			if ps := w.parts[tp]; ps != nil {
 				ps.revoked = true
 				delete(w.parts, tp)

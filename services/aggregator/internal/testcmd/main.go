@@ -5,12 +5,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -19,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/services/aggregator"
+	"github.com/sluicehq/sluice/services/aggregator/internal/faults"
 )
 
 func main() {
@@ -35,7 +39,11 @@ func main() {
 	flag.DurationVar(&cfg.FlushInterval, "flush", 200*time.Millisecond, "flush interval")
 	flag.DurationVar(&cfg.SessionTimeout, "session-timeout", 6*time.Second, "group session timeout")
 	flag.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", cfg.SnapshotInterval, "snapshot interval (0: off)")
+	flag.DurationVar(&cfg.ShutdownTimeout, "shutdown-grace", cfg.ShutdownTimeout, "shutdown grace (also the deadline of a flush on revoke)")
 	keys := flag.String("signal-keys", "", "signal_auth keys, key_id:secret[,…]")
+	fault := flag.String("fault", "", "step:mode:n — at the n-th time a flush reaches step (produce, write, commit), "+
+		"fail it once (fail), send this process SIGTERM and cut the step short (term), SIGKILL this process (kill), "+
+		"or block the step until its deadline (stall; only steps with a deadline are counted)")
 	flag.Parse()
 
 	k := kafkaconn.Defaults()
@@ -49,8 +57,71 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	if *fault != "" {
+		h, err := faultHook(ctx, *fault)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "aggregator:", err)
+			os.Exit(2)
+		}
+		faults.Set(h)
+	}
 	if err := aggregator.Run(ctx, cfg, env); err != nil {
 		fmt.Fprintln(os.Stderr, "aggregator:", err)
 		os.Exit(1)
 	}
+}
+
+// faultHook parses -fault step:mode:n into the hook that acts at the n-th
+// time a flush reaches step. root is the process's context, cancelled by
+// SIGTERM.
+func faultHook(root context.Context, spec string) (faults.Hook, error) {
+	parts := strings.Split(spec, ":")
+	if len(parts) != 3 {
+		return nil, fmt.Errorf("-fault %q: want step:mode:n", spec)
+	}
+	step, mode := faults.Step(parts[0]), parts[1]
+	n, err := strconv.Atoi(parts[2])
+	if err != nil || n < 1 {
+		return nil, fmt.Errorf("-fault %q: n must be a positive integer", spec)
+	}
+	switch mode {
+	case "fail", "term", "kill", "stall":
+	default:
+		return nil, fmt.Errorf("-fault %q: mode must be fail, term, kill or stall", spec)
+	}
+	var mu sync.Mutex
+	calls := 0
+	return func(ctx context.Context, at faults.Step) error {
+		if at != step {
+			return nil
+		}
+		if _, ok := ctx.Deadline(); mode == "stall" && !ok {
+			return nil
+		}
+		mu.Lock()
+		calls++
+		hit := calls == n
+		mu.Unlock()
+		if !hit {
+			return nil
+		}
+		fmt.Fprintf(os.Stderr, "testcmd: fault %s at %s\n", mode, at)
+		switch mode {
+		case "fail":
+			return errors.New("injected failure")
+		case "kill":
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		case "stall":
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		// term: the step is cut short by the stop it triggers.
+		_ = syscall.Kill(os.Getpid(), syscall.SIGTERM)
+		<-root.Done()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return errors.New("cut short by SIGTERM")
+	}, nil
 }

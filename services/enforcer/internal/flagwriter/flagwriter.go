@@ -12,23 +12,27 @@
 // The same writes work on one Redis and on a Redis Cluster: no command and
 // no transaction spans two hash slots. Each hash (a tenant's flags, the
 // fail modes) is replaced whole by one script call on its own key, so a
-// reader never sees half of it — or, when its fields are those this writer
-// last wrote there (a refresh), by one HSET of them all and a PEXPIRE,
-// which a reader sees just as whole for half of Redis's CPU; a batch
-// as a whole is not atomic, and need
-// not be, because Checkers read per tenant. The version key and the pub/sub
+// reader never sees half of it — when its fields are those this writer
+// last wrote there (a refresh), by one HSET of them all and a PEXPIRE
+// without the DEL, which a reader sees just as whole; a batch as a whole
+// is not atomic, and need not be, because Checkers read per tenant. The version key and the pub/sub
 // announcements follow only once every hash of the batch is written, so a
 // Checker that refetches on an announcement reads what it announces (in a
 // cluster the hashes are on other nodes than the announcement, and a
 // pipeline's commands to different nodes run concurrently).
+//
+// Every hash write is fenced: it carries a version the leader lease
+// orders across replicas, and Redis refuses it when the hash holds a newer
+// one, so a leader paused past its lease cannot undo its successor's
+// writes, and Checkers never see a new leader's version go back (fence.go).
 package flagwriter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"log/slog"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -56,6 +60,11 @@ type Config struct {
 	HeartbeatEvery time.Duration
 	MaxDirty       int // dirty tenants held; beyond it, a full rewrite replaces them
 	BatchTenants   int // tenants per pipelined MULTI
+	// OnFlush, if set, is called as each flush begins; the function it
+	// returns is called if that flush succeeded. Everything marked dirty
+	// before the call is then in Redis: the enforcer commits the signal
+	// offsets it had applied by then.
+	OnFlush func() (flushed func())
 }
 
 // Writer writes flags; MarkDirty is safe for concurrent use.
@@ -87,13 +96,21 @@ type Writer struct {
 	// only): a tenant rewritten with the same fields needs no DEL.
 	written map[string]uint64
 	sigSeed maphash.Seed
-	version int64
+	version int64 // of the last batch; guarded by grantMu
 	down    bool
 
+	// grant is the range of versions and the deadline the leader lease
+	// allows (fence.go); newest the highest version used or found in
+	// Redis, which the lease grants the next range above.
+	grantMu sync.Mutex
+	grant   Grant
+	newest  int64
+
 	// Flushes counts batches written (a pipeline of hashes, then one of
-	// announcements); Errors counts failed ones.
-	Flushes, Errors, FullRewrites int64
-	statMu                        sync.Mutex
+	// announcements); Errors counts failed ones; Fenced counts hash writes
+	// Redis refused because it held a newer version (fence.go).
+	Flushes, Errors, FullRewrites, Fenced int64
+	statMu                                sync.Mutex
 }
 
 // New returns a writer; Run does the work.
@@ -148,6 +165,14 @@ func (w *Writer) SetFailModes(m map[string]string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.failModes, w.fmDirty = m, true
+}
+
+// FencedWrites returns how many hash writes Redis refused for holding a
+// newer version (fence.go).
+func (w *Writer) FencedWrites() int64 {
+	w.statMu.Lock()
+	defer w.statMu.Unlock()
+	return w.Fenced
 }
 
 // Stats returns the flush counters.
@@ -262,9 +287,13 @@ func (w *Writer) refreshing() bool {
 // Redis that lost its data (the epoch key is gone) and schedules a full
 // rewrite.
 func (w *Writer) heartbeat(ctx context.Context) {
+	now := time.Now()
+	if !w.mayWrite(now) {
+		// A lapsed lead must not tell Checkers the flags are fresh.
+		return
+	}
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatEvery)
 	defer cancel()
-	now := time.Now()
 	var exists *redis.IntCmd
 	_, err := w.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		exists = p.Exists(ctx, w.keys.Prefix+"epoch")
@@ -289,6 +318,21 @@ func (w *Writer) heartbeat(ctx context.Context) {
 
 // Flush writes what is dirty now. It reports whether Redis took it.
 func (w *Writer) Flush(ctx context.Context) bool {
+	var flushed func()
+	if w.cfg.OnFlush != nil {
+		flushed = w.cfg.OnFlush()
+	}
+	ok := w.flush(ctx)
+	if ok && flushed != nil {
+		flushed()
+	}
+	return ok
+}
+
+// flush is Flush without the OnFlush calls. A flush with nothing dirty
+// succeeds: whatever was marked before it was written by an earlier flush
+// that succeeded, or is part of the full rewrite a failed one scheduled.
+func (w *Writer) flush(ctx context.Context) bool {
 	w.mu.Lock()
 	full, fmDirty := w.full, w.fmDirty
 	var tenants []string
@@ -343,6 +387,10 @@ func (w *Writer) Flush(ctx context.Context) bool {
 		// Keep everything for the next attempt; a full rewrite covers it
 		// whatever happened to the pipeline halfway.
 		w.full, w.fmDirty = true, w.fmDirty || fmDirty
+		if errors.Is(err, errNotLeading) {
+			// Not Redis's fault: the next lead rewrites everything.
+			return false
+		}
 		if !w.down {
 			w.log.Warn("enforcer: flag write failed; keeping state and retrying", "tenants", len(tenants), "err", err)
 		}
@@ -376,9 +424,9 @@ func (w *Writer) withLeftovers(ctx context.Context, tenants []string) []string {
 	return tenants
 }
 
-// scriptOnly makes every hash write take the script, as before the light
-// path for unchanged fields: BenchmarkScaleEnforcer sets it
-// (SLUICE_ENFORCER_SCRIPT_ONLY=1) to measure both with the same binary.
+// scriptOnly makes every hash write replace the hash (DEL first), as
+// before the light path for unchanged fields: BenchmarkScaleEnforcer sets
+// it (SLUICE_ENFORCER_SCRIPT_ONLY=1) to measure both with the same binary.
 var scriptOnly bool
 
 // fieldSig is a signature of the set of fields of a tenant's hash: the
@@ -391,82 +439,98 @@ func (w *Writer) fieldSig(fl map[string]*flags.Flag) uint64 {
 	return sig
 }
 
-func (w *Writer) nextVersion() int64 {
-	v := time.Now().UnixMicro()
-	if v <= w.version {
-		v = w.version + 1
-	}
-	w.version = v
-	return v
+// hashWrite is one writeHash call: no fields leaves a tombstone (or
+// nothing, where there was no hash).
+type hashWrite struct {
+	key    string
+	tenant string // "" for the fail-mode hash
+	args   []any  // ttl ms, version, same-fields flag, then field, value, …
 }
 
-// replaceHash replaces the hash KEYS[1] whole: DEL, then HSET of the
-// field/value pairs ARGV[2..] (in chunks that fit Lua's stack), then
-// PEXPIRE ARGV[1] ms unless it is 0. One script on one key is atomic and
-// stays in one hash slot, unlike a MULTI over several tenants.
-var replaceHash = redis.NewScript(`
-redis.call('DEL', KEYS[1])
-for i = 2, #ARGV, 1000 do
-  redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
-end
-if #ARGV > 1 and tonumber(ARGV[1]) > 0 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[1])
-end
-return 1`)
-
-// hashWrite is one replaceHash call: no fields deletes the key.
-type hashWrite struct {
-	key  string
-	args []any // ttl ms, then field, value, …
-	// sameFields marks a hash whose fields are those it had when this
-	// writer last wrote it (the refresh of an unchanged tenant): an HSET of
-	// every field and a PEXPIRE replace it as well as the script does: a
-	// refresh of 1,000,000 tenants costs Redis half the CPU, the write
-	// itself ~7 µs instead of ~28 (bench/README.md, "Growth curves"). A reader
-	// sees the old values or the new ones, since one HSET sets them all.
-	sameFields bool
+// sameFields marks a hash whose fields are those it had when this writer
+// last wrote it (the refresh of an unchanged tenant): writeHash then
+// skips the DEL. A refresh of 1,000,000 tenants cost Redis half the CPU
+// that way before the script took the version check (bench/README.md,
+// "Growth curves").
+func hashArgs(ttl string, version int64, sameFields bool, pairs int) []any {
+	same := "0"
+	if sameFields {
+		same = "1"
+	}
+	args := make([]any, 0, 3+2*pairs)
+	return append(args, ttl, version, same)
 }
 
 // replace runs the hash writes (and sets the epoch key when epoch is
-// non-empty) in one pipeline. A node that has not seen the script yet
-// (NOSCRIPT: a fresh or restarted Redis) gets the whole pipeline again
-// with the script's text; each write is a full replace, so the repeat
-// changes nothing that had succeeded.
-func (w *Writer) replace(ctx context.Context, writes []hashWrite, epoch string) error {
-	run := func(bySHA bool) ([]redis.Cmder, error) {
-		return w.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			if epoch != "" {
-				p.Set(ctx, w.keys.Prefix+"epoch", epoch, 0)
-			}
-			for _, hw := range writes {
-				if hw.sameFields {
-					p.HSet(ctx, hw.key, hw.args[1:]...)
-					p.PExpire(ctx, hw.key, w.cfg.FlagTTL)
-					continue
-				}
-				if bySHA {
-					replaceHash.EvalSha(ctx, p, []string{hw.key}, hw.args...)
-				} else {
-					replaceHash.Eval(ctx, p, []string{hw.key}, hw.args...)
-				}
-			}
-			return nil
-		})
+// non-empty) in one pipeline and returns each write's command. The writes
+// a node refused with NOSCRIPT (a fresh or restarted Redis that has not
+// seen the script yet) are sent again with the script's text, and only
+// they: one sent twice would be refused the second time as not newer.
+func (w *Writer) replace(ctx context.Context, writes []hashWrite, epoch string) ([]redis.Cmder, error) {
+	cmds, err := w.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		if epoch != "" {
+			p.Set(ctx, w.keys.Prefix+"epoch", epoch, 0)
+		}
+		for _, hw := range writes {
+			writeHash.EvalSha(ctx, p, []string{hw.key}, hw.args...)
+		}
+		return nil
+	})
+	if epoch != "" && len(cmds) > 0 {
+		if cerr := cmds[0].Err(); cerr != nil && err == nil {
+			err = cerr
+		}
+		cmds = cmds[1:]
 	}
-	cmds, err := run(true)
-	if err != nil && slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return redis.HasErrorPrefix(c.Err(), "NOSCRIPT") }) {
-		_, err = run(false)
+	var again []int
+	for i, c := range cmds {
+		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			again = append(again, i)
+		}
 	}
-	return err
+	if len(again) == 0 || len(cmds) != len(writes) {
+		return cmds, err
+	}
+	retried, err := w.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, i := range again {
+			writeHash.Eval(ctx, p, []string{writes[i].key}, writes[i].args...)
+		}
+		return nil
+	})
+	for k, i := range again {
+		if k < len(retried) {
+			cmds[i] = retried[k]
+		}
+	}
+	if err == nil {
+		for _, c := range cmds {
+			if c.Err() != nil {
+				return cmds, c.Err()
+			}
+		}
+	}
+	return cmds, err
 }
 
 // batchTimeout bounds one batch's pipelines (the hashes, then the
 // announcements): an unreachable Redis fails the flush within it.
 const batchTimeout = 10 * time.Second
 
+// batch is one pipeline's worth of a write: its hash writes, and what the
+// writer remembers of them once Redis took them.
+type batch struct {
+	version int64
+	writes  []hashWrite
+	epoch   string
+	present []string
+	sigs    []uint64 // of present
+	gone    []string
+	tenants []string // announced
+	failMod bool     // the fail-mode hash is in writes
+}
+
 func (w *Writer) write(ctx context.Context, tenants []string, full, fmDirty bool, failModes map[string]string) error {
-	ttl := strconv.FormatInt(w.cfg.FlagTTL.Milliseconds(), 10)
-	batch := max(w.cfg.BatchTenants, 1)
+	batchSize := max(w.cfg.BatchTenants, 1)
 	first := true
 	for first || len(tenants) > 0 {
 		// Each batch caps its flags' Until from its own start: a full
@@ -474,87 +538,151 @@ func (w *Writer) write(ctx context.Context, tenants []string, full, fmDirty bool
 		// instant for the whole write its last batches went out already
 		// expired (bench/README.md, "Growth curves").
 		now := time.Now()
-		n := min(len(tenants), batch)
-		part := tenants[:n]
+		if !w.mayWrite(now) {
+			return errNotLeading
+		}
+		version, ok := w.nextVersion(now)
+		if !ok {
+			return errNotLeading
+		}
+		n := min(len(tenants), batchSize)
+		b := w.buildBatch(tenants[:n], now, version, full, first && full, first && fmDirty, failModes)
 		tenants = tenants[n:]
-		version := w.nextVersion()
-		var present, gone []string
-		var sigs []uint64 // of present
-		writes := make([]hashWrite, 0, len(part)+1)
-		var epoch string
-		if first && full {
-			epoch = strconv.FormatInt(now.UnixMilli(), 10)
-		}
-		if first && fmDirty {
-			args := make([]any, 0, 1+2*len(failModes))
-			args = append(args, "0") // no expiry: known after the enforcer died
-			for t, m := range failModes {
-				args = append(args, t, m)
-			}
-			writes = append(writes, hashWrite{key: w.keys.FailModeKey(), args: args})
-		}
-		for _, t := range part {
-			fl := w.src.Flags(t, now, w.cfg.FlagTTL)
-			args := make([]any, 0, 3+2*len(fl))
-			args = append(args, ttl)
-			same := false
-			if len(fl) > 0 {
-				args = append(args, flags.VersionField, version)
-				for field, f := range fl {
-					args = append(args, field, flags.Encode(f))
-				}
-				sig := w.fieldSig(fl)
-				// Not in a full rewrite: that one also repairs whatever
-				// else happened to Redis (another writer, lost data).
-				prev, ok := w.written[t]
-				same = !full && ok && prev == sig && !scriptOnly
-				present, sigs = append(present, t), append(sigs, sig)
-			} else {
-				gone = append(gone, t)
-			}
-			writes = append(writes, hashWrite{key: w.keys.TenantKey(t), args: args, sameFields: same})
-		}
-		// Each batch has its own deadline: one for the whole write made a
-		// full rewrite of 100,000 tenants on a busy machine fail every
-		// time, however healthy Redis was.
-		bctx, cancel := context.WithTimeout(ctx, batchTimeout)
-		err := w.replace(bctx, writes, epoch)
-		if err == nil {
-			// Announced only once every hash above is in place.
-			_, err = w.rdb.Pipelined(bctx, func(p redis.Pipeliner) error {
-				if len(part) > 0 {
-					p.Set(ctx, w.keys.VersionKey(), version, 0)
-				}
-				if first && fmDirty {
-					p.Publish(ctx, w.keys.Channel(), flags.FormatChange(flags.FailModeTenant, version))
-				}
-				for _, t := range part {
-					p.Publish(ctx, w.keys.Channel(), flags.FormatChange(t, version))
-				}
-				return nil
-			})
-		}
-		cancel()
-		w.statMu.Lock()
-		w.Flushes++
-		if err != nil {
-			w.Errors++
-		} else if full && first {
-			w.FullRewrites++
-		}
-		w.statMu.Unlock()
-		if err != nil {
-			return fmt.Errorf("write %d tenants: %w", len(part), err)
-		}
-		for i, t := range present {
-			w.written[t] = sigs[i]
-		}
-		for _, t := range gone {
-			delete(w.written, t)
+		if err := w.sendBatch(ctx, b); err != nil {
+			return err
 		}
 		first = false
 	}
 	return nil
+}
+
+// buildBatch reads part's flags from the source at now into the hash
+// writes of one batch under version; with epoch the batch marks a full
+// rewrite, with failMode it also writes the fail-mode hash.
+func (w *Writer) buildBatch(part []string, now time.Time, version int64, full, epoch, failMode bool, failModes map[string]string) *batch {
+	ttl := strconv.FormatInt(w.cfg.FlagTTL.Milliseconds(), 10)
+	b := &batch{version: version, tenants: part, failMod: failMode, writes: make([]hashWrite, 0, len(part)+1)}
+	if epoch {
+		b.epoch = strconv.FormatInt(now.UnixMilli(), 10)
+	}
+	if failMode {
+		args := hashArgs("0", version, false, len(failModes)) // no expiry: known after the enforcer died
+		for t, m := range failModes {
+			args = append(args, t, m)
+		}
+		b.writes = append(b.writes, hashWrite{key: w.keys.FailModeKey(), args: args})
+	}
+	for _, t := range part {
+		fl := w.src.Flags(t, now, w.cfg.FlagTTL)
+		same := false
+		var sig uint64
+		if len(fl) > 0 {
+			sig = w.fieldSig(fl)
+			// Not in a full rewrite: that one also repairs whatever
+			// else happened to Redis (another writer, lost data).
+			prev, ok := w.written[t]
+			same = !full && ok && prev == sig && !scriptOnly
+			b.present, b.sigs = append(b.present, t), append(b.sigs, sig)
+		} else {
+			b.gone = append(b.gone, t)
+		}
+		args := hashArgs(ttl, version, same, len(fl))
+		for field, f := range fl {
+			args = append(args, field, flags.Encode(f))
+		}
+		b.writes = append(b.writes, hashWrite{key: w.keys.TenantKey(t), tenant: t, args: args})
+	}
+	return b
+}
+
+// sendBatch writes b's hashes, then — only once every one of them is in
+// place — raises the version key and announces them. A write refused for
+// an older version (fenced) stops the writer: errNotLeading.
+func (w *Writer) sendBatch(ctx context.Context, b *batch) error {
+	// Each batch has its own deadline: one for the whole write made a
+	// full rewrite of 100,000 tenants on a busy machine fail every
+	// time, however healthy Redis was.
+	bctx, cancel := w.batchContext(ctx)
+	defer cancel()
+	cmds, err := w.replace(bctx, b.writes, b.epoch)
+	refused := false
+	if err == nil {
+		refused = w.checkFence(cmds, b)
+	}
+	if err == nil {
+		err = w.announce(bctx, b)
+	}
+	w.statMu.Lock()
+	w.Flushes++
+	if err != nil {
+		w.Errors++
+	} else if b.epoch != "" {
+		w.FullRewrites++
+	}
+	w.statMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("write %d tenants: %w", len(b.tenants), err)
+	}
+	if refused {
+		return errNotLeading
+	}
+	for i, t := range b.present {
+		w.written[t] = b.sigs[i]
+	}
+	for _, t := range b.gone {
+		delete(w.written, t)
+	}
+	return nil
+}
+
+// checkFence reads each hash write's answer and reports whether any was
+// refused for an older version (counted, logged, and the writer stops).
+func (w *Writer) checkFence(cmds []redis.Cmder, b *batch) bool {
+	refused := false
+	for i, c := range cmds {
+		ok, held, err := scriptResult(c)
+		if err != nil || ok || i >= len(b.writes) {
+			continue
+		}
+		refused = true
+		// Not what this writer holds: let the next rewrite decide.
+		delete(w.written, b.writes[i].tenant)
+		w.fenced(b.writes[i].tenant, held)
+	}
+	return refused
+}
+
+// announce raises the version key to b's version and publishes a change
+// per tenant of b (and of the fail modes). A version key found higher is
+// a newer writer's: the lease raises this writer's next grant above it.
+func (w *Writer) announce(ctx context.Context, b *batch) error {
+	// By its text, not its SHA: a NOSCRIPT would mean sending the
+	// announcements twice, and a Checker resyncs on each fail-mode one.
+	// The script is a few lines, and Redis caches what EVAL compiles.
+	cmds, err := w.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		if len(b.tenants) > 0 {
+			raiseVersion.Eval(ctx, p, []string{w.keys.VersionKey()}, b.version)
+		}
+		if b.failMod {
+			p.Publish(ctx, w.keys.Channel(), flags.FormatChange(flags.FailModeTenant, b.version))
+		}
+		for _, t := range b.tenants {
+			p.Publish(ctx, w.keys.Channel(), flags.FormatChange(t, b.version))
+		}
+		return nil
+	})
+	if err == nil && len(b.tenants) > 0 {
+		if c, ok := cmds[0].(*redis.Cmd); ok {
+			if s, _ := c.Text(); s != "" {
+				if v, perr := strconv.ParseInt(s, 10, 64); perr == nil && v > b.version {
+					w.grantMu.Lock()
+					w.newest = max(w.newest, v)
+					w.grantMu.Unlock()
+				}
+			}
+		}
+	}
+	return err
 }
 
 // Stored is one tenant's flags as Redis holds them.
@@ -585,6 +713,12 @@ func (w *Writer) ReadStored(ctx context.Context) ([]Stored, error) {
 		return nil, fmt.Errorf("scan flags: %w", err)
 	}
 	var out []Stored
+	var newest int64 // the highest version read: the lease grants above it
+	defer func() {
+		w.grantMu.Lock()
+		w.newest = max(w.newest, newest)
+		w.grantMu.Unlock()
+	}()
 	for len(keys) > 0 {
 		n := min(len(keys), max(w.cfg.BatchTenants, 1))
 		part := keys[:n]
@@ -608,6 +742,7 @@ func (w *Writer) ReadStored(ctx context.Context) ([]Stored, error) {
 				if field == flags.VersionField {
 					if us, err := strconv.ParseInt(v, 10, 64); err == nil && us > 0 {
 						st.Written = time.UnixMicro(us)
+						newest = max(newest, us)
 					}
 					continue
 				}
