@@ -35,7 +35,7 @@ type Config struct {
 	Database string   `yaml:"database" help:"database holding Sluice's tables"`
 	// Cluster names the ClickHouse cluster (remote_servers) the tables are
 	// replicated over; empty is the single-server layout.
-	Cluster string `yaml:"cluster" help:"ClickHouse cluster (a name in the servers' remote_servers) to replicate Sluice's tables over: sluice migrate creates the database and tables ON CLUSTER with Replicated engines under replication_path, and inserts are deduplicated across replicas (docs/scaling.md); empty: plain tables on one server"`
+	Cluster string `yaml:"cluster" help:"ClickHouse cluster (a name in the servers' remote_servers) to replicate Sluice's tables over: sluice migrate creates the database and tables on every server of addrs with Replicated engines under replication_path, and a retried insert is deduplicated across replicas (docs/scaling.md); empty: plain tables on one server"`
 	// Sharded splits the tenant-keyed tables over the cluster's shards.
 	Sharded bool `yaml:"sharded" help:"with cluster: the cluster has several shards; the tables keyed by tenant are created as <table>_local on every shard with a Distributed table <table> over them, sharded by tenant; prices, snapshots and the migration ledger are replicated whole to every server"`
 	// ReplicationPath is the ZooKeeper path of each replicated table.

@@ -175,8 +175,8 @@ func RedisHA(t testing.TB) redisconn.Config {
 func RedisSentinel(t testing.TB) redisconn.Config {
 	t.Helper()
 	c := redisconn.Defaults()
-	c.Sentinel.Addrs = addrs("SLUICE_REDIS_SENTINEL_ADDRS", "127.0.0.1:26479,127.0.0.1:26480,127.0.0.1:26481")
-	c.Sentinel.Master = addr("SLUICE_REDIS_SENTINEL_MASTER", "sluice")
+	c.Sentinel.Addrs = addrs("SLUICE_ITEST_REDIS_SENTINEL_ADDRS", "127.0.0.1:26479,127.0.0.1:26480,127.0.0.1:26481")
+	c.Sentinel.Master = addr("SLUICE_ITEST_REDIS_SENTINEL_MASTER", "sluice")
 	requireAll(t, EngineRedisSentinel, c.Sentinel.Addrs)
 	return c
 }
