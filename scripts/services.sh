@@ -595,6 +595,8 @@ up_kafka_cluster() {
 start_ha_node() {
 	local p=$1 d=$DIR/redis-ha/$1
 	mkdir -p "$d"
+	# A stale pid file would pass for the new daemon before it writes its own.
+	rm -f "$RUN/redis-ha-$p.pid"
 	redis-server --bind 127.0.0.1 --port "$p" --daemonize yes \
 		--cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
 		--cluster-replica-validity-factor 0 \
@@ -660,6 +662,7 @@ up_redis_ha() {
 start_sentinel_data() {
 	local p=$1 d=$DIR/redis-sentinel/$1 primary=$2
 	mkdir -p "$d"
+	rm -f "$RUN/redis-sentinel-$p.pid"
 	local args=(--bind 127.0.0.1 --port "$p" --daemonize yes
 		--pidfile "$RUN/redis-sentinel-$p.pid" --logfile "$LOG/redis-sentinel-$p.log" --dir "$d"
 		--save "" --appendonly no --protected-mode yes)
@@ -673,6 +676,7 @@ start_sentinel_data() {
 start_sentinel() {
 	local p=$1 d=$DIR/redis-sentinel/$1
 	mkdir -p "$d"
+	rm -f "$RUN/redis-sentinel-$p.pid"
 	if [[ ! -s $d/sentinel.conf ]]; then
 		cat >"$d/sentinel.conf" <<SENT
 bind 127.0.0.1
