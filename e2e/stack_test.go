@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -23,6 +24,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/migrations/migrationtest"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/itest"
@@ -51,6 +53,16 @@ type stackOptions struct {
 	// RedisCluster puts the flags on the services script's Redis Cluster
 	// (redis.cluster, redis.addrs) instead of the single Redis.
 	RedisCluster bool
+	// RedisHA puts them on its Redis Cluster with a replica per master.
+	RedisHA bool
+	// ClickHouse is a database on a ClickHouse cluster
+	// (itest.ClickHouseCluster) instead of one on the single server: the
+	// migrations are applied in its layout and every service gets its
+	// clickhouse.addrs and clickhouse.cluster.
+	ClickHouse *chconn.Config
+	// KafkaReplicationFactor is kafka.replication_factor for the topics
+	// the stack and its services create (0: the shared broker's 1).
+	KafkaReplicationFactor int16
 	// ScopedTenant is the only tenant the scoped ingest key may report.
 	ScopedTenant string
 	// Extra flags for every service process.
@@ -114,13 +126,33 @@ func newStack(t testing.TB, opts stackOptions) *stack {
 	defer cancel()
 	s := &stack{t: t, dir: t.TempDir(), procs: map[string]*proc{}, extra: opts.Extra}
 
-	s.ch, s.conn = migrationtest.Open(t)
+	if opts.ClickHouse != nil {
+		s.ch = *opts.ClickHouse
+		if _, err := migrations.ApplyConfig(ctx, s.ch, slog.New(slog.DiscardHandler)); err != nil {
+			t.Fatal(err)
+		}
+		conn, err := chconn.Open(ctx, s.ch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		s.conn = conn
+	} else {
+		s.ch, s.conn = migrationtest.Open(t)
+	}
 	s.chAddr = orDefault(opts.ClickHouseAddr, s.ch.Addr)
 
 	kc := itest.Kafka(t)
 	s.kafka = orDefault(opts.KafkaBrokers, strings.Join(kc.Brokers, ","))
-	if opts.RedisCluster {
+	if opts.KafkaReplicationFactor != 0 {
+		kc.ReplicationFactor = opts.KafkaReplicationFactor
+		s.extra = append([]string{fmt.Sprintf("-kafka.replication_factor=%d", opts.KafkaReplicationFactor)}, s.extra...)
+	}
+	if opts.RedisCluster || opts.RedisHA {
 		rc := itest.RedisCluster(t)
+		if opts.RedisHA {
+			rc = itest.RedisHA(t)
+		}
 		s.redisCluster = rc.Addrs
 		s.rdb = redisconn.NewClient(rc)
 	} else {
@@ -243,7 +275,7 @@ func (s *stack) args(opsAddr string) []string {
 		"-config=" + filepath.Join(s.dir, "sluice.yaml"),
 		"-ops.listen=" + opsAddr,
 		"-kafka.brokers=" + s.kafka, "-kafka.partitions=4",
-		"-clickhouse.addr=" + s.chAddr, "-clickhouse.database=" + s.ch.Database,
+		"-clickhouse.database=" + s.ch.Database,
 		"-policy.file=" + s.policyPath, "-policy.reload=500ms",
 		"-redis.key_prefix=" + s.redisPrefix,
 		// Only a gateway or authz process reads it; tests that start one
@@ -285,6 +317,11 @@ func (s *stack) args(opsAddr string) []string {
 		"-services.authz.name=" + s.prefix + "authz",
 		"-services.authz.usage.usage_topic=" + s.topic,
 		"-shutdown_timeout=10s",
+	}
+	if s.ch.Cluster != "" {
+		a = append(a, "-clickhouse.addrs="+strings.Join(s.ch.Addrs, ","), "-clickhouse.cluster="+s.ch.Cluster)
+	} else {
+		a = append(a, "-clickhouse.addr="+s.chAddr)
 	}
 	if len(s.redisCluster) > 0 {
 		a = append(a, "-redis.cluster=true", "-redis.addrs="+strings.Join(s.redisCluster, ","))

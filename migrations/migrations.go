@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
 	"path"
 	"regexp"
 	"sort"
@@ -29,6 +30,8 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/sluicehq/sluice/platform/chconn"
 )
 
 //go:embed sql/*.sql
@@ -130,51 +133,228 @@ ENGINE = ReplacingMergeTree()
 ORDER BY version`
 
 // Apply runs every migration not yet recorded in schema_migrations, in
-// order, and returns the versions it applied. A migration is recorded only
-// after all its statements succeeded; statements use IF NOT EXISTS (or add
-// one column each, skipped when it exists: see addColumn), so a migration
-// interrupted half-way is safe to run again.
+// order, and returns the versions it applied, in the single-server layout
+// on conn. A migration is recorded only after all its statements
+// succeeded; statements use IF NOT EXISTS (or add one column each, skipped
+// when it exists: see addColumn), so a migration interrupted half-way is
+// safe to run again.
 func Apply(ctx context.Context, conn driver.Conn, log *slog.Logger) ([]int, error) {
+	return applyServers(ctx, []server{{conn: conn}}, Layout{}, log)
+}
+
+// ApplyConfig applies the migrations as c asks: on the one server of c in
+// the single-server layout, or, with c.Cluster, on every server of
+// c.Servers() in the cluster layout (Layout), each with its own ledger.
+// Every server must be up: one that is not fails the run, naming it, and
+// a later run completes it. It returns the versions applied on any server.
+func ApplyConfig(ctx context.Context, c chconn.Config, log *slog.Logger) ([]int, error) {
+	addrs := []string{""}
+	if c.Cluster != "" {
+		addrs = c.Servers()
+	}
+	var servers []server
+	defer func() {
+		for _, s := range servers {
+			s.conn.Close()
+		}
+	}()
+	for _, a := range addrs {
+		one := c
+		if a != "" {
+			one.Addrs, one.Addr = nil, a
+		}
+		conn, err := chconn.Open(ctx, one)
+		if err != nil {
+			return nil, fmt.Errorf("migrations: %w", err)
+		}
+		srv := server{addr: a, conn: conn}
+		if c.Cluster != "" {
+			if srv.shard, err = shardOf(ctx, conn, c.Cluster, a); err != nil {
+				conn.Close()
+				return nil, fmt.Errorf("migrations: server %s: %w", a, err)
+			}
+		}
+		servers = append(servers, srv)
+	}
+	return applyServers(ctx, servers, LayoutOf(c), log)
+}
+
+// shardOf returns the shard of the server at addr in cluster, as the
+// server's own remote_servers say, and checks that it knows the cluster:
+// a typo in clickhouse.cluster would otherwise surface only as a
+// Distributed table that cannot be read. A server whose address the
+// cluster names otherwise (a host name for an IP, say) is a shard of its
+// own: it gets every replicated ALTER too, which its ADD COLUMN check
+// makes harmless.
+func shardOf(ctx context.Context, conn driver.Conn, cluster, addr string) (int, error) {
+	host, port, _ := net.SplitHostPort(addr)
+	rows, err := conn.Query(ctx, "SELECT shard_num, host_name, host_address, toString(port) FROM system.clusters WHERE cluster = ?", cluster)
+	if err != nil {
+		return 0, fmt.Errorf("look up cluster %s: %w", cluster, err)
+	}
+	defer rows.Close()
+	known, shard := false, -1
+	for rows.Next() {
+		var (
+			num                  uint32
+			name, address, port2 string
+		)
+		if err := rows.Scan(&num, &name, &address, &port2); err != nil {
+			return 0, err
+		}
+		known = true
+		if port2 == port && (name == host || address == host) {
+			shard = int(num)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	if !known {
+		return 0, fmt.Errorf("clickhouse.cluster: the server has no cluster %q in its remote_servers", cluster)
+	}
+	if shard < 0 {
+		shardless++
+		shard = -shardless
+	}
+	return shard, nil
+}
+
+// shardless numbers the servers shardOf could not place (negative).
+var shardless int
+
+// server is one ClickHouse server migrations are applied to.
+type server struct {
+	addr    string // "" in the single-server layout
+	conn    driver.Conn
+	shard   int // its shard in the cluster (0 in the single-server layout)
+	applied map[int]string
+}
+
+func (s server) name() string {
+	if s.addr == "" {
+		return "clickhouse"
+	}
+	return s.addr
+}
+
+// columnArrival bounds the wait, on a replica after the first, for a
+// column another replica's ALTER added to a replicated table.
+const columnArrival = time.Minute
+
+func applyServers(ctx context.Context, servers []server, layout Layout, log *slog.Logger) ([]int, error) {
 	all, err := Load()
 	if err != nil {
 		return nil, err
 	}
-	if err := conn.Exec(ctx, createLedger); err != nil {
-		return nil, fmt.Errorf("migrations: create schema_migrations: %w", err)
-	}
-	applied, err := Applied(ctx, conn)
+	steps, err := layout.Rewrite(all)
 	if err != nil {
 		return nil, err
 	}
+	for i := range servers {
+		s := &servers[i]
+		if err := s.conn.Exec(ctx, createLedger); err != nil {
+			return nil, fmt.Errorf("migrations: %s: create schema_migrations: %w", s.name(), err)
+		}
+		if s.applied, err = Applied(ctx, s.conn); err != nil {
+			return nil, err
+		}
+	}
 	var done []int
-	for _, m := range all {
-		if sum, ok := applied[m.Version]; ok {
-			if sum != m.Checksum {
-				return done, fmt.Errorf("migrations: %03d_%s changed after it was applied (checksum %s, recorded %s); never edit an applied migration, add a new one", m.Version, m.Name, m.Checksum[:12], sum[:12])
+	for k, m := range all {
+		var pending []*server
+		for i := range servers {
+			s := &servers[i]
+			if sum, ok := s.applied[m.Version]; ok {
+				if sum != m.Checksum {
+					return done, fmt.Errorf("migrations: %03d_%s changed after it was applied (checksum %s, recorded %s); never edit an applied migration, add a new one", m.Version, m.Name, m.Checksum[:12], sum[:12])
+				}
+				continue
 			}
+			pending = append(pending, s)
+		}
+		if len(pending) == 0 {
 			continue
 		}
-		for i, stmt := range m.Statements {
-			if err := execIdempotent(ctx, conn, stmt); err != nil {
-				return done, fmt.Errorf("migrations: %03d_%s statement %d: %w", m.Version, m.Name, i+1, err)
+		for i, st := range steps[k] {
+			ran := map[int]bool{} // shards whose replicated table took the step
+			for n, s := range pending {
+				first := n == 0
+				if st.Scope == OncePerShard {
+					first = !ran[s.shard]
+					ran[s.shard] = true
+				}
+				if err := runStep(ctx, s.conn, st, first); err != nil {
+					where := ""
+					if s.addr != "" {
+						where = " on " + s.addr
+					}
+					return done, fmt.Errorf("migrations: %03d_%s step %d%s: %w", m.Version, m.Name, i+1, where, err)
+				}
 			}
 		}
-		// Batches, not INSERT ... VALUES: on 18.16 an Exec with literal
-		// values hangs until its deadline.
-		b, err := conn.PrepareBatch(ctx, "INSERT INTO schema_migrations (version, name, checksum, applied_at)")
-		if err != nil {
-			return done, fmt.Errorf("migrations: record %03d: %w", m.Version, err)
+		for _, s := range pending {
+			// Batches, not INSERT ... VALUES: on 18.16 an Exec with
+			// literal values hangs until its deadline.
+			b, err := s.conn.PrepareBatch(ctx, "INSERT INTO schema_migrations (version, name, checksum, applied_at)")
+			if err != nil {
+				return done, fmt.Errorf("migrations: record %03d on %s: %w", m.Version, s.name(), err)
+			}
+			if err := b.Append(uint32(m.Version), m.Name, m.Checksum, time.Now().UTC()); err != nil {
+				return done, fmt.Errorf("migrations: record %03d on %s: %w", m.Version, s.name(), err)
+			}
+			if err := b.Send(); err != nil {
+				return done, fmt.Errorf("migrations: record %03d on %s: %w", m.Version, s.name(), err)
+			}
+			if s.addr == "" {
+				log.Info("migration applied", "version", m.Version, "name", m.Name)
+			} else {
+				log.Info("migration applied", "version", m.Version, "name", m.Name, "server", s.addr)
+			}
 		}
-		if err := b.Append(uint32(m.Version), m.Name, m.Checksum, time.Now().UTC()); err != nil {
-			return done, fmt.Errorf("migrations: record %03d: %w", m.Version, err)
-		}
-		if err := b.Send(); err != nil {
-			return done, fmt.Errorf("migrations: record %03d: %w", m.Version, err)
-		}
-		log.Info("migration applied", "version", m.Version, "name", m.Name)
 		done = append(done, m.Version)
 	}
 	return done, nil
+}
+
+// runStep runs one step on one server. A step altering a replicated table
+// runs on the first server of its scope that applies the migration only
+// (first); on the others replication brings it, and an ADD COLUMN is
+// waited for so that the statements after it find the column.
+func runStep(ctx context.Context, conn driver.Conn, st Step, first bool) error {
+	if st.Scope == OnEveryServer || first {
+		return execIdempotent(ctx, conn, st.SQL)
+	}
+	table, column, ok := addedColumn(st.SQL)
+	if !ok {
+		return nil
+	}
+	deadline := time.Now().Add(columnArrival)
+	for {
+		has, err := hasColumn(ctx, conn, table, column)
+		if err != nil {
+			return err
+		}
+		if has {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("column %s.%s added on another replica has not arrived here after %s (is replication running? system.replication_queue)", table, column, columnArrival)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func hasColumn(ctx context.Context, conn driver.Conn, table, column string) (bool, error) {
+	var n uint64
+	if err := conn.QueryRow(ctx, "SELECT count() FROM system.columns WHERE database = currentDatabase() AND table = ? AND name = ?", table, column).Scan(&n); err != nil {
+		return false, fmt.Errorf("look up column %s.%s: %w", table, column, err)
+	}
+	return n > 0, nil
 }
 
 // addColumn is the one form a statement adding a column may take:
@@ -201,12 +381,9 @@ func addedColumn(stmt string) (table, column string, ok bool) {
 // the table has already is skipped (see addColumn).
 func execIdempotent(ctx context.Context, conn driver.Conn, stmt string) error {
 	if table, column, ok := addedColumn(stmt); ok {
-		var n uint64
-		if err := conn.QueryRow(ctx, "SELECT count() FROM system.columns WHERE database = currentDatabase() AND table = ? AND name = ?", table, column).Scan(&n); err != nil {
-			return fmt.Errorf("look up column %s.%s: %w", table, column, err)
-		}
-		if n > 0 {
-			return nil
+		has, err := hasColumn(ctx, conn, table, column)
+		if err != nil || has {
+			return err
 		}
 	}
 	return conn.Exec(ctx, stmt)

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # services.sh — the real backing services Sluice's tests and `make run` use:
 # Apache Kafka (KRaft, one combined broker+controller), ClickHouse, Redis, a
-# 3-master Redis Cluster and Alertmanager. Everything listens on loopback on
-# non-default ports, and all data, logs, pid files and downloaded artifacts
-# live under one folder ($SLUICE_SERVICES_DIR, default .services/ in the
-# repository).
+# 3-master Redis Cluster and Alertmanager; and the engines run as clusters
+# (docs/scaling.md): ZooKeeper with two replicated ClickHouse 18.16 servers,
+# three Kafka brokers, a Redis Cluster with a replica per master, and a Redis
+# primary with a replica under three Sentinels. Everything listens on
+# loopback on non-default ports, and all data, logs, pid files and
+# downloaded artifacts live under one folder ($SLUICE_SERVICES_DIR, default
+# .services/ in the repository).
 #
-#   scripts/services.sh up [kafka|clickhouse|redis|redis-cluster|alertmanager ...]
+#   scripts/services.sh up [kafka|clickhouse|redis|redis-cluster|alertmanager|
+#                           zookeeper|clickhouse-cluster|kafka-cluster|redis-ha|redis-sentinel ...]
 #   scripts/services.sh down | status | logs [service] | env | install [service|nginx ...] | reset
 #
 # `up` and `install` also install the tools tests start themselves (kcat,
@@ -44,11 +48,35 @@ REDIS_TLS_PORT=${SLUICE_REDIS_TLS_PORT:-16380}
 REDIS_CLUSTER_PORT=${SLUICE_REDIS_CLUSTER_PORT:-17001}
 REDIS_CLUSTER_PORTS=("$REDIS_CLUSTER_PORT" "$((REDIS_CLUSTER_PORT + 1))" "$((REDIS_CLUSTER_PORT + 2))")
 ALERTMANAGER_PORT=${SLUICE_ALERTMANAGER_PORT:-19093}
+# The engine clusters (docs/scaling.md), each on ports of its own:
+# ZooKeeper for the replicated ClickHouse (18.16 has no ClickHouse Keeper);
+ZOOKEEPER_PORT=${SLUICE_ZOOKEEPER_PORT:-12181}
+# two ClickHouse servers, native protocol on these two consecutive ports,
+# HTTP on port - 1000 and interserver (replication) on port + 10;
+CLICKHOUSE_CLUSTER_PORT=${SLUICE_CLICKHOUSE_CLUSTER_PORT:-19201}
+CLICKHOUSE_CLUSTER_PORTS=("$CLICKHOUSE_CLUSTER_PORT" "$((CLICKHOUSE_CLUSTER_PORT + 1))")
+# three combined KRaft broker+controllers, clients on these three ports,
+# the controller listeners on port + 10;
+KAFKA_CLUSTER_PORT=${SLUICE_KAFKA_CLUSTER_PORT:-19101}
+KAFKA_CLUSTER_PORTS=("$KAFKA_CLUSTER_PORT" "$((KAFKA_CLUSTER_PORT + 1))" "$((KAFKA_CLUSTER_PORT + 2))")
+# a Redis Cluster of three masters and three replicas on six ports (bus +10000);
+REDIS_HA_PORT=${SLUICE_REDIS_HA_PORT:-17101}
+REDIS_HA_PORTS=()
+for ((i = 0; i < 6; i++)); do REDIS_HA_PORTS+=("$((REDIS_HA_PORT + i))"); done
+# a Redis primary on this port, its replica on port + 1, and three Sentinels
+# watching them (master name sluice) on SENTINEL_PORT .. + 2.
+REDIS_SENTINEL_DATA_PORT=${SLUICE_REDIS_SENTINEL_DATA_PORT:-16479}
+REDIS_SENTINEL_DATA_PORTS=("$REDIS_SENTINEL_DATA_PORT" "$((REDIS_SENTINEL_DATA_PORT + 1))")
+REDIS_SENTINEL_PORT=${SLUICE_REDIS_SENTINEL_PORT:-26479}
+REDIS_SENTINEL_PORTS=("$REDIS_SENTINEL_PORT" "$((REDIS_SENTINEL_PORT + 1))" "$((REDIS_SENTINEL_PORT + 2))")
+REDIS_SENTINEL_MASTER=sluice
 # The nginx binary the forward-auth tests start (install_test_tools).
 NGINX_BIN=${SLUICE_NGINX_BIN:-/usr/sbin/nginx}
 READY_TIMEOUT=${SLUICE_READY_TIMEOUT:-120}
 
-ALL_SERVICES=(kafka clickhouse redis redis-cluster alertmanager)
+ALL_SERVICES=(kafka clickhouse redis redis-cluster alertmanager zookeeper clickhouse-cluster kafka-cluster redis-ha redis-sentinel)
+# Services made of several processes, each with a pid file NAME-PORT.pid.
+MULTI_SERVICES=(clickhouse-cluster kafka-cluster redis-ha redis-sentinel)
 
 say() { printf '[services] %s\n' "$*" >&2; }
 die() { printf '[services] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -143,8 +171,11 @@ install_kafka() {
 install_tools() {
 	case $1 in
 	kafka) install_kafka ;;
-	clickhouse) apt_install clickhouse-server clickhouse-client ;;
-	redis | redis-cluster) apt_install redis-server ;;
+	clickhouse | clickhouse-cluster) apt_install clickhouse-server clickhouse-client ;;
+	redis | redis-cluster | redis-ha) apt_install redis-server ;;
+	redis-sentinel) apt_install redis-server ;;
+	kafka-cluster) install_kafka ;;
+	zookeeper) install_zookeeper ;;
 	alertmanager) apt_install prometheus-alertmanager ;;
 	nginx) install_nginx ;;
 	esac
@@ -343,6 +374,403 @@ stop_redis_cluster() {
 	for p in "${REDIS_CLUSTER_PORTS[@]}"; do stop_one "redis-cluster-$p"; done
 }
 
+# ---------------------------------------------------------------------------
+# The engine clusters (docs/scaling.md). Each process has a pid file
+# <service>-<port>.pid and a log <service>-<port>.log; `up` starts the
+# processes that are not running and reuses the rest, so after a test's
+# kill -9 of one node, `up <service>` brings just that node back.
+
+multi_alive() { pid_alive "$1-$2" && port_open "$2"; }
+
+# start_daemon NAME CMD...: runs CMD detached with its output in the log of
+# NAME and its pid in NAME.pid.
+start_daemon() {
+	local name=$1
+	shift
+	setsid nohup "$@" >>"$LOG/$name.out" 2>&1 </dev/null &
+	echo $! >"$RUN/$name.pid"
+}
+
+# free_or_die SERVICE PORT...: each port must be free (a node of ours that
+# is down leaves its port free).
+free_or_die() {
+	local s=$1 p
+	shift
+	for p in "$@"; do
+		port_open "$p" && die "port $p for $s is taken by a process this script did not start; stop it or move $s's ports (README: services)"
+	done
+	return 0
+}
+
+zookeeper_libs() { echo "$CACHE/zookeeper-libs"; }
+
+install_zookeeper() {
+	command -v java >/dev/null || apt_install openjdk-17-jre-headless
+	command -v mvn >/dev/null || apt_install maven
+	local libs stamp
+	libs=$(zookeeper_libs)
+	stamp=$libs/.pom-$(sha256sum "$ROOT/deploy/zookeeper/pom.xml" | cut -c1-16)
+	[[ -f $stamp ]] && return 0
+	say "resolving ZooKeeper jars from Maven Central into $libs"
+	rm -rf "$libs" && mkdir -p "$libs"
+	mvn -q -B -f "$ROOT/deploy/zookeeper/pom.xml" dependency:copy-dependencies \
+		-DoutputDirectory="$libs" >"$LOG/zookeeper-maven.log" 2>&1 ||
+		die "Maven could not resolve ZooKeeper; read $LOG/zookeeper-maven.log"
+	touch "$stamp"
+}
+
+# ZooKeeper: one standalone server for the ClickHouse replicas' metadata
+# (replication log, deduplication block ids, distributed DDL queue). Its
+# admin HTTP server is off (it would take port 8080).
+start_zookeeper() {
+	local d=$DIR/zookeeper
+	mkdir -p "$d/data"
+	cat >"$d/zoo.cfg" <<ZOO
+tickTime=1000
+initLimit=10
+syncLimit=5
+dataDir=$d/data
+clientPort=$ZOOKEEPER_PORT
+clientPortAddress=127.0.0.1
+maxClientCnxns=200
+admin.enableServer=false
+4lw.commands.whitelist=ruok,srvr,mntr
+autopurge.snapRetainCount=3
+autopurge.purgeInterval=1
+ZOO
+	start_daemon zookeeper java -Xms64m -Xmx256m -XX:+UseSerialGC -Djava.awt.headless=true \
+		-Dzookeeper.admin.enableServer=false \
+		-Dorg.slf4j.simpleLogger.defaultLogLevel=warn -Dorg.slf4j.simpleLogger.logFile="$LOG/zookeeper.log" \
+		-cp "$(zookeeper_libs)/*" org.apache.zookeeper.server.quorum.QuorumPeerMain "$d/zoo.cfg"
+	wait_ready zookeeper "$LOG/zookeeper.out" zookeeper_ready
+}
+
+zookeeper_ready() {
+	port_open "$ZOOKEEPER_PORT" || return 1
+	exec 3<>"/dev/tcp/127.0.0.1/$ZOOKEEPER_PORT"
+	# ruok answers imok even while the server cannot serve; srvr does not.
+	printf 'srvr' >&3
+	local answer
+	answer=$(timeout 2 cat <&3 || true)
+	exec 3>&-
+	[[ $answer == *"Mode: standalone"* ]]
+}
+
+# The ClickHouse cluster: two 18.16 servers, each with its own folder
+# $DIR/clickhouse-cluster/<port> (config, data, logs), replicas of the
+# clusters in deploy/clickhouse/cluster.xml. Data is kept across restarts:
+# a replica killed and started again catches up from the other through
+# ZooKeeper and the interserver port.
+start_ch_node() {
+	local i=$1 p=${CLICKHOUSE_CLUSTER_PORTS[$1]}
+	local d=$DIR/clickhouse-cluster/$p
+	mkdir -p "$d"/{data,tmp,user_files,format_schemas,log,conf/config.d}
+	sed -e "s#@DATA@#$d#g" -e "s#@CONF@#$d/conf#g" \
+		-e "s#@TCP_PORT@#$p#g" -e "s#@HTTP_PORT@#$((p - 1000))#g" \
+		"$ROOT/deploy/clickhouse/config.xml" >"$d/conf/config.xml"
+	# The sharded layout's reads by tenant need distributed_product_mode
+	# local in the user's profile (docs/scaling.md).
+	sed -e 's#<load_balancing>random</load_balancing>#&<distributed_product_mode>local</distributed_product_mode>#' \
+		"$ROOT/deploy/clickhouse/users.xml" >"$d/conf/users.xml"
+	sed -e "s#@INTERSERVER_PORT@#$((p + 10))#g" -e "s#@ZK_PORT@#$ZOOKEEPER_PORT#g" \
+		-e "s#@REPLICA@#ch$((i + 1))#g" -e "s#@SHARDED_SHARD@#0$((i + 1))#g" \
+		-e "s#@CH1_PORT@#${CLICKHOUSE_CLUSTER_PORTS[0]}#g" -e "s#@CH2_PORT@#${CLICKHOUSE_CLUSTER_PORTS[1]}#g" \
+		"$ROOT/deploy/clickhouse/cluster.xml" >"$d/conf/config.d/cluster.xml"
+	ln -sf "$d/log/clickhouse-server.err.log" "$LOG/clickhouse-cluster-$p.log"
+	(cd "$d" && exec setsid nohup clickhouse-server --config-file="$d/conf/config.xml" \
+		>>"$LOG/clickhouse-cluster-$p.out" 2>&1 </dev/null) &
+	echo $! >"$RUN/clickhouse-cluster-$p.pid"
+}
+
+ch_node_ready() { clickhouse-client --host 127.0.0.1 --port "$1" --query "SELECT count() FROM system.zookeeper WHERE path = '/'"; }
+
+up_clickhouse_cluster() {
+	local i p started=()
+	for i in "${!CLICKHOUSE_CLUSTER_PORTS[@]}"; do
+		p=${CLICKHOUSE_CLUSTER_PORTS[$i]}
+		multi_alive clickhouse-cluster "$p" && continue
+		free_or_die clickhouse-cluster "$p" "$((p - 1000))" "$((p + 10))"
+		((${#started[@]})) || install_tools clickhouse-cluster
+		say "starting clickhouse-cluster replica ch$((i + 1)) on 127.0.0.1:$p"
+		start_ch_node "$i"
+		started+=("$p")
+	done
+	for p in "${started[@]}"; do
+		wait_ready "clickhouse-cluster-$p" "$LOG/clickhouse-cluster-$p.out" ch_node_ready "$p"
+	done
+	((${#started[@]})) || say "clickhouse-cluster already running on 127.0.0.1:${CLICKHOUSE_CLUSTER_PORTS[0]},${CLICKHOUSE_CLUSTER_PORTS[1]} (reused)"
+}
+
+# The Kafka cluster: three combined broker+controller nodes (node ids 1-3)
+# with a static controller quorum, each with its own folder
+# $DIR/kafka-cluster/<port>. Topics default to replication factor 3 and
+# min.insync.replicas 2, the internal topics too. Data is kept across
+# restarts: a broker killed and started again catches up from the others.
+start_kafka_node() {
+	local i=$1 p=${KAFKA_CLUSTER_PORTS[$1]}
+	local d=$DIR/kafka-cluster/$p props voters="" j
+	props=$d/server.properties
+	mkdir -p "$d/data" "$LOG/kafka-cluster-$p"
+	for j in "${!KAFKA_CLUSTER_PORTS[@]}"; do
+		voters+="${voters:+,}$((j + 1))@127.0.0.1:$((KAFKA_CLUSTER_PORTS[j] + 10))"
+	done
+	cat >"$props" <<PROPS
+process.roles=broker,controller
+node.id=$((i + 1))
+controller.quorum.voters=$voters
+listeners=PLAINTEXT://127.0.0.1:$p,CONTROLLER://127.0.0.1:$((p + 10))
+advertised.listeners=PLAINTEXT://127.0.0.1:$p
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs=$d/data
+num.partitions=4
+default.replication.factor=3
+min.insync.replicas=2
+unclean.leader.election.enable=false
+offsets.topic.replication.factor=3
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=3
+transaction.state.log.min.isr=2
+share.coordinator.state.topic.replication.factor=3
+share.coordinator.state.topic.min.isr=2
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=true
+log.retention.hours=24
+num.network.threads=2
+num.io.threads=2
+background.threads=2
+PROPS
+	local cp="$(kafka_libs)/*"
+	local jopts=(-Xms128m -Xmx384m -XX:+UseG1GC -Djava.awt.headless=true
+		-Dkafka.logs.dir="$LOG/kafka-cluster-$p" -Dlog4j2.configurationFile="$ROOT/deploy/kafka/log4j2.properties")
+	if [[ ! -f $d/data/meta.properties ]]; then
+		java "${jopts[@]}" -cp "$cp" kafka.tools.StorageTool format -t "$(kafka_cluster_id)" -c "$props" \
+			>>"$LOG/kafka-cluster-$p.out" 2>&1 || die "formatting Kafka storage of $p failed; read $LOG/kafka-cluster-$p.out"
+	fi
+	: >"$LOG/kafka-cluster-$p/kafka.log"
+	ln -sf "$LOG/kafka-cluster-$p/kafka.log" "$LOG/kafka-cluster-$p.log"
+	start_daemon "kafka-cluster-$p" java "${jopts[@]}" -cp "$cp" kafka.Kafka "$props"
+}
+
+# kafka_cluster_id: the cluster's id, made once and kept beside the nodes.
+kafka_cluster_id() {
+	local f=$DIR/kafka-cluster/cluster-id
+	if [[ ! -s $f ]]; then
+		mkdir -p "$DIR/kafka-cluster"
+		java -cp "$(kafka_libs)/*" kafka.tools.StorageTool random-uuid 2>>"$LOG/kafka-cluster.out" >"$f" ||
+			die "kafka-cluster: no cluster id; read $LOG/kafka-cluster.out"
+	fi
+	cat "$f"
+}
+
+kafka_node_ready() { port_open "$1" && grep -q "Kafka Server started" "$LOG/kafka-cluster-$1/kafka.log"; }
+
+up_kafka_cluster() {
+	local i p started=()
+	for i in "${!KAFKA_CLUSTER_PORTS[@]}"; do
+		p=${KAFKA_CLUSTER_PORTS[$i]}
+		multi_alive kafka-cluster "$p" && continue
+		free_or_die kafka-cluster "$p" "$((p + 10))"
+		((${#started[@]})) || install_tools kafka-cluster
+		say "starting kafka-cluster broker $((i + 1)) on 127.0.0.1:$p"
+		start_kafka_node "$i"
+		started+=("$p")
+	done
+	# The brokers wait for a controller quorum (two of three), so they are
+	# started together and waited for afterwards.
+	for p in "${started[@]}"; do
+		wait_ready "kafka-cluster-$p" "$LOG/kafka-cluster-$p.out" kafka_node_ready "$p"
+	done
+	((${#started[@]})) || say "kafka-cluster already running on 127.0.0.1:${KAFKA_CLUSTER_PORTS[0]}-${KAFKA_CLUSTER_PORTS[2]} (reused)"
+}
+
+# The Redis Cluster with replicas: six cluster-enabled redis-server
+# processes, three masters and a replica of each, created once with
+# redis-cli --cluster create --cluster-replicas 1. No persistence, as for
+# the other Redis: a node killed and started again rejoins (nodes.conf
+# stays) empty, as a replica of whichever node took its slots over.
+# cluster-node-timeout is 2 s, so a dead master's replica is promoted
+# within about 2-4 s.
+start_ha_node() {
+	local p=$1 d=$DIR/redis-ha/$1
+	mkdir -p "$d"
+	# A stale pid file would pass for the new daemon before it writes its own.
+	rm -f "$RUN/redis-ha-$p.pid"
+	redis-server --bind 127.0.0.1 --port "$p" --daemonize yes \
+		--cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+		--cluster-replica-validity-factor 0 \
+		--pidfile "$RUN/redis-ha-$p.pid" --logfile "$LOG/redis-ha-$p.log" --dir "$d" \
+		--save "" --appendonly no --protected-mode yes ||
+		die "redis-ha node $p failed to start; read $LOG/redis-ha-$p.log"
+	local i
+	for i in $(seq 50); do [[ -s $RUN/redis-ha-$p.pid ]] && break; sleep 0.1; done
+	wait_ready "redis-ha-$p" "$LOG/redis-ha-$p.log" redis-cli -p "$p" ping
+}
+
+# redis_ha_ok: every node sees a healthy cluster of six with three masters.
+redis_ha_ok() {
+	local p masters
+	for p in "${REDIS_HA_PORTS[@]}"; do
+		[[ $(cluster_info "$p" cluster_state) == ok && $(cluster_info "$p" cluster_known_nodes) == 6 ]] || return 1
+	done
+	masters=$(redis-cli -p "${REDIS_HA_PORTS[0]}" cluster nodes 2>/dev/null | grep -v fail | grep -c master)
+	[[ $masters == 3 ]]
+}
+
+up_redis_ha() {
+	local p started=0
+	for p in "${REDIS_HA_PORTS[@]}"; do
+		pid_alive "redis-ha-$p" && port_open "$p" && continue
+		free_or_die redis-ha "$p" "$((p + 10000))"
+		((started)) || install_tools redis-ha
+		say "starting redis-ha node on 127.0.0.1:$p"
+		start_ha_node "$p"
+		started=1
+	done
+	if redis_ha_ok; then
+		((started)) && say "redis-ha ready" || say "redis-ha already running on 127.0.0.1:${REDIS_HA_PORTS[0]}-${REDIS_HA_PORTS[5]} (reused)"
+		return 0
+	fi
+	local fresh=1
+	for p in "${REDIS_HA_PORTS[@]}"; do
+		[[ $(cluster_info "$p" cluster_known_nodes) == 1 && $(cluster_info "$p" cluster_slots_assigned) == 0 ]] || fresh=0
+	done
+	if ((fresh)); then
+		say "redis-ha: creating the cluster (3 masters, a replica each)"
+		local nodes=()
+		for p in "${REDIS_HA_PORTS[@]}"; do nodes+=("127.0.0.1:$p"); done
+		redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes \
+			>>"$LOG/redis-ha-create.log" 2>&1 ||
+			die "redis-cli --cluster create failed; read $LOG/redis-ha-create.log"
+	fi
+	local deadline=$((SECONDS + READY_TIMEOUT))
+	until redis_ha_ok; do
+		((SECONDS < deadline)) || die "redis-ha: the nodes on ${REDIS_HA_PORTS[*]} do not form one healthy cluster (redis-cli -p ${REDIS_HA_PORTS[0]} cluster nodes); \`$0 down\` and remove $DIR/redis-ha to make a new one"
+		sleep 0.5
+	done
+	say "redis-ha ready"
+}
+
+# Redis with Sentinel: a primary and a replica (no persistence) and three
+# Sentinels (quorum 2, down-after 2 s, failover timeout 10 s) under the
+# master name "sluice". Sentinels rewrite their own configuration files
+# (kept under $DIR/redis-sentinel), so after a failover they keep
+# following the new primary; a data node restarted by `up` starts as a
+# replica of the primary the Sentinels name, or, when none answers (first
+# start), of the first data port.
+start_sentinel_data() {
+	local p=$1 d=$DIR/redis-sentinel/$1 primary=$2
+	mkdir -p "$d"
+	rm -f "$RUN/redis-sentinel-$p.pid"
+	local args=(--bind 127.0.0.1 --port "$p" --daemonize yes
+		--pidfile "$RUN/redis-sentinel-$p.pid" --logfile "$LOG/redis-sentinel-$p.log" --dir "$d"
+		--save "" --appendonly no --protected-mode yes)
+	[[ $primary != "127.0.0.1:$p" ]] && args+=(--replicaof 127.0.0.1 "${primary##*:}")
+	redis-server "${args[@]}" || die "redis-sentinel data node $p failed to start; read $LOG/redis-sentinel-$p.log"
+	local i
+	for i in $(seq 50); do [[ -s $RUN/redis-sentinel-$p.pid ]] && break; sleep 0.1; done
+	wait_ready "redis-sentinel-$p" "$LOG/redis-sentinel-$p.log" redis-cli -p "$p" ping
+}
+
+start_sentinel() {
+	local p=$1 d=$DIR/redis-sentinel/$1
+	mkdir -p "$d"
+	rm -f "$RUN/redis-sentinel-$p.pid"
+	if [[ ! -s $d/sentinel.conf ]]; then
+		cat >"$d/sentinel.conf" <<SENT
+bind 127.0.0.1
+port $p
+protected-mode no
+dir $d
+sentinel monitor $REDIS_SENTINEL_MASTER 127.0.0.1 ${REDIS_SENTINEL_DATA_PORTS[0]} 2
+sentinel down-after-milliseconds $REDIS_SENTINEL_MASTER 2000
+sentinel failover-timeout $REDIS_SENTINEL_MASTER 10000
+sentinel parallel-syncs $REDIS_SENTINEL_MASTER 1
+SENT
+	fi
+	redis-server "$d/sentinel.conf" --sentinel --daemonize yes \
+		--pidfile "$RUN/redis-sentinel-$p.pid" --logfile "$LOG/redis-sentinel-$p.log" ||
+		die "sentinel $p failed to start; read $LOG/redis-sentinel-$p.log"
+	local i
+	for i in $(seq 50); do [[ -s $RUN/redis-sentinel-$p.pid ]] && break; sleep 0.1; done
+	wait_ready "redis-sentinel-$p" "$LOG/redis-sentinel-$p.log" redis-cli -p "$p" ping
+}
+
+# sentinel_primary prints the primary host:port a running Sentinel names.
+sentinel_primary() {
+	local p out
+	for p in "${REDIS_SENTINEL_PORTS[@]}"; do
+		out=$(redis-cli -p "$p" sentinel get-master-addr-by-name "$REDIS_SENTINEL_MASTER" 2>/dev/null | tr -d '\r' | paste -sd: -)
+		[[ -n $out && $out != *:*:* ]] && { echo "$out"; return 0; }
+	done
+	return 1
+}
+
+redis_sentinel_ok() {
+	local primary role p n
+	primary=$(sentinel_primary) || return 1
+	role=$(redis-cli -p "${primary##*:}" role 2>/dev/null | head -1 | tr -d '\r')
+	[[ $role == master ]] || return 1
+	n=$(redis-cli -p "${primary##*:}" info replication 2>/dev/null | tr -d '\r' | sed -n 's/^connected_slaves://p')
+	[[ $n == 1 ]] || return 1
+	for p in "${REDIS_SENTINEL_PORTS[@]}"; do
+		n=$(redis-cli -p "$p" sentinel master "$REDIS_SENTINEL_MASTER" 2>/dev/null | tr -d '\r' | sed -n '/^num-other-sentinels$/{n;p}')
+		[[ $n == 2 ]] || return 1
+	done
+}
+
+up_redis_sentinel() {
+	local p started=0 primary
+	install_tools redis-sentinel
+	primary=$(sentinel_primary) || primary=127.0.0.1:${REDIS_SENTINEL_DATA_PORTS[0]}
+	for p in "${REDIS_SENTINEL_DATA_PORTS[@]}"; do
+		pid_alive "redis-sentinel-$p" && port_open "$p" && continue
+		free_or_die redis-sentinel "$p"
+		say "starting redis-sentinel data node on 127.0.0.1:$p"
+		start_sentinel_data "$p" "$primary"
+		started=1
+	done
+	for p in "${REDIS_SENTINEL_PORTS[@]}"; do
+		pid_alive "redis-sentinel-$p" && port_open "$p" && continue
+		free_or_die redis-sentinel "$p"
+		say "starting sentinel on 127.0.0.1:$p"
+		start_sentinel "$p"
+		started=1
+	done
+	local deadline=$((SECONDS + READY_TIMEOUT))
+	until redis_sentinel_ok; do
+		((SECONDS < deadline)) || die "redis-sentinel: no healthy primary with a replica under three Sentinels (redis-cli -p ${REDIS_SENTINEL_PORTS[0]} sentinel master $REDIS_SENTINEL_MASTER); \`$0 down\` and remove $DIR/redis-sentinel to start again"
+		sleep 0.5
+	done
+	((started)) && say "redis-sentinel ready (primary $(sentinel_primary))" ||
+		say "redis-sentinel already running (primary $(sentinel_primary), Sentinels on 127.0.0.1:${REDIS_SENTINEL_PORTS[0]}-${REDIS_SENTINEL_PORTS[2]}) (reused)"
+}
+
+# multi_ports SERVICE prints the ports of a multi-process service.
+multi_ports() {
+	case $1 in
+	clickhouse-cluster) echo "${CLICKHOUSE_CLUSTER_PORTS[*]}" ;;
+	kafka-cluster) echo "${KAFKA_CLUSTER_PORTS[*]}" ;;
+	redis-ha) echo "${REDIS_HA_PORTS[*]}" ;;
+	redis-sentinel) echo "${REDIS_SENTINEL_DATA_PORTS[*]} ${REDIS_SENTINEL_PORTS[*]}" ;;
+	esac
+}
+
+stop_multi() {
+	local p
+	for p in $(multi_ports "$1"); do stop_one "$1-$p"; done
+}
+
+multi_ok() {
+	local s=$1 p
+	case $s in
+	redis-ha) redis_ha_ok ;;
+	redis-sentinel) redis_sentinel_ok ;;
+	*) for p in $(multi_ports "$s"); do multi_alive "$s" "$p" || return 1; done ;;
+	esac
+}
+
 start_alertmanager() {
 	local d=$DIR/alertmanager
 	mkdir -p "$d/data"
@@ -370,6 +798,11 @@ service_port() {
 	redis) echo "$REDIS_PORT" ;;
 	redis-cluster) echo "$REDIS_CLUSTER_PORT" ;;
 	alertmanager) echo "$ALERTMANAGER_PORT" ;;
+	zookeeper) echo "$ZOOKEEPER_PORT" ;;
+	clickhouse-cluster) echo "$CLICKHOUSE_CLUSTER_PORT" ;;
+	kafka-cluster) echo "$KAFKA_CLUSTER_PORT" ;;
+	redis-ha) echo "$REDIS_HA_PORT" ;;
+	redis-sentinel) echo "$REDIS_SENTINEL_PORT" ;;
 	*) die "unknown service '$1' (known: ${ALL_SERVICES[*]})" ;;
 	esac
 }
@@ -377,10 +810,18 @@ service_port() {
 up_one() {
 	local s=$1 port
 	port=$(service_port "$s")
-	if [[ $s == redis-cluster ]]; then
-		up_redis_cluster
+	case $s in
+	redis-cluster) up_redis_cluster; return 0 ;;
+	clickhouse-cluster)
+		# The replicas need ZooKeeper.
+		up_one zookeeper
+		up_clickhouse_cluster
 		return 0
-	fi
+		;;
+	kafka-cluster) up_kafka_cluster; return 0 ;;
+	redis-ha) up_redis_ha; return 0 ;;
+	redis-sentinel) up_redis_sentinel; return 0 ;;
+	esac
 	if pid_alive "$s" && port_open "$port"; then
 		case $s in
 		kafka)
@@ -477,8 +918,15 @@ cmd_up() {
 
 cmd_down() {
 	local s
-	for s in "${ALL_SERVICES[@]}"; do
-		if [[ $s == redis-cluster ]]; then stop_redis_cluster; else stop_one "$s"; fi
+	# Reverse order: the ClickHouse replicas before their ZooKeeper.
+	local i
+	for ((i = ${#ALL_SERVICES[@]} - 1; i >= 0; i--)); do
+		s=${ALL_SERVICES[$i]}
+		case $s in
+		redis-cluster) stop_redis_cluster ;;
+		clickhouse-cluster | kafka-cluster | redis-ha | redis-sentinel) stop_multi "$s" ;;
+		*) stop_one "$s" ;;
+		esac
 	done
 	local left
 	left=$(leftovers)
@@ -501,6 +949,17 @@ cmd_status() {
 			fi
 			continue
 		fi
+		case $s in
+		clickhouse-cluster | kafka-cluster | redis-ha | redis-sentinel)
+			if multi_ok "$s" 2>/dev/null; then
+				printf '%-13s up    127.0.0.1:%s\n' "$s" "$(multi_ports "$s" | tr ' ' ',')"
+			else
+				printf '%-13s down\n' "$s"
+				rc=1
+			fi
+			continue
+			;;
+		esac
 		if pid_alive "$s" && port_open "$port"; then
 			printf '%-13s up    127.0.0.1:%s (pid %s)\n' "$s" "$port" "$(cat "$RUN/$s.pid")"
 		else
@@ -527,7 +986,24 @@ cmd_logs() {
 		done
 		return
 	fi
+	case $s in
+	clickhouse-cluster | kafka-cluster | redis-ha | redis-sentinel)
+		local p
+		for p in $(multi_ports "$s"); do
+			printf '==> %s <==\n' "$LOG/$s-$p.log"
+			tail -n 40 "$LOG/$s-$p.log"
+		done
+		return
+		;;
+	esac
 	tail -n 100 "$LOG/$s.log"
+}
+
+# join_addrs PORT... prints 127.0.0.1:PORT,127.0.0.1:PORT...
+join_addrs() {
+	local out="" p
+	for p in "$@"; do out+="${out:+,}127.0.0.1:$p"; done
+	echo "$out"
 }
 
 # env prints the addresses in the SLUICE_* variables the services and tests read.
@@ -546,6 +1022,13 @@ SLUICE_ITEST_REDIS_TLS_CA_FILE=$SECRETS/tls/ca.pem
 SLUICE_ITEST_REDIS_USER=$REDIS_ACL_USER
 SLUICE_ITEST_REDIS_PASSWORD_FILE=$SECRETS/redis-password
 SLUICE_NGINX_BIN=$NGINX_BIN
+SLUICE_ZOOKEEPER_ADDR=127.0.0.1:$ZOOKEEPER_PORT
+SLUICE_CLICKHOUSE_CLUSTER_ADDRS=127.0.0.1:${CLICKHOUSE_CLUSTER_PORTS[0]},127.0.0.1:${CLICKHOUSE_CLUSTER_PORTS[1]}
+SLUICE_KAFKA_CLUSTER_BROKERS=127.0.0.1:${KAFKA_CLUSTER_PORTS[0]},127.0.0.1:${KAFKA_CLUSTER_PORTS[1]},127.0.0.1:${KAFKA_CLUSTER_PORTS[2]}
+SLUICE_REDIS_HA_ADDRS=$(join_addrs "${REDIS_HA_PORTS[@]}")
+SLUICE_ITEST_REDIS_SENTINEL_ADDRS=$(join_addrs "${REDIS_SENTINEL_PORTS[@]}")
+SLUICE_ITEST_REDIS_SENTINEL_MASTER=$REDIS_SENTINEL_MASTER
+SLUICE_SERVICES_DIR=$DIR
 EOF
 }
 
@@ -561,9 +1044,9 @@ install)
 	for s in "${@:-${ALL_SERVICES[@]}}"; do install_tools "$s"; done
 	install_test_tools
 	;;
-reset) cmd_down; rm -rf "$DIR"/{kafka,clickhouse,redis,redis-cluster,alertmanager,log,run} ;;
+reset) cmd_down; rm -rf "$DIR"/{kafka,clickhouse,redis,redis-cluster,alertmanager,zookeeper,clickhouse-cluster,kafka-cluster,redis-ha,redis-sentinel,log,run} ;;
 *)
-	sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
 	exit 2
 	;;
 esac

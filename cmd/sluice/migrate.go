@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/pricetable"
@@ -53,19 +54,15 @@ func applyMigrations(ctx context.Context, ch chconn.Config, log *slog.Logger) er
 		if lastErr = chconn.EnsureDatabase(ctx, ch); lastErr == nil {
 			break
 		}
-		log.Warn("waiting for ClickHouse", "addr", ch.Addr, "err", lastErr)
+		log.Warn("waiting for ClickHouse", "addr", strings.Join(ch.Servers(), ","), "err", lastErr)
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("migrate: ClickHouse at %s not reachable: %w", ch.Addr, lastErr)
+			return fmt.Errorf("migrate: ClickHouse at %s not reachable: %w", strings.Join(ch.Servers(), ","), lastErr)
 		case <-time.After(time.Second):
 		}
 	}
-	conn, err := chconn.Open(ctx, ch)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	applied, err := migrations.Apply(ctx, conn, log)
+	// On a cluster (clickhouse.cluster), every server of clickhouse.addrs.
+	applied, err := migrations.ApplyConfig(ctx, ch, log)
 	if err != nil {
 		return err
 	}

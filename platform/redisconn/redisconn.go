@@ -1,6 +1,7 @@
 // Package redisconn builds the go-redis client the enforcer and the gateway
-// Checker use for enforcement flags: a client of one Redis, or of a Redis
-// Cluster when redis.cluster is set (docs/scaling.md). Either way callers
+// Checker use for enforcement flags: a client of one Redis, of a Redis
+// Cluster when redis.cluster is set, or of the primary that Redis Sentinels
+// name when redis.sentinel.master is set (docs/scaling.md). Either way callers
 // get a redis.UniversalClient and must keep every multi-key command within
 // one hash slot (sdk/go/flags puts each tenant's keys under a hash tag).
 package redisconn
@@ -37,6 +38,9 @@ type Config struct {
 	// (Prefix). Everything sharing a Redis and a prefix shares its flags,
 	// limits and counts, so a test or a second deployment takes its own.
 	KeyPrefix string `yaml:"key_prefix" help:"prefix of every Redis key Sluice uses (flags, admission counters, shared upstream counts, deferred tasks), each use under a part of its own: <prefix>flags:, <prefix>adm:, <prefix>up:, <prefix>deferred:"`
+	// Sentinel, with a master name, replaces Addr by the primary the
+	// Sentinels name, followed across failovers.
+	Sentinel Sentinel `yaml:"sentinel"`
 }
 
 // The parts of the key space under Config.KeyPrefix, one per use. Their
@@ -62,6 +66,21 @@ const DefaultKeyPrefix = "sluice:"
 // Prefix is the key prefix of part (FlagKeys, AdmissionKeys, ...).
 func (c Config) Prefix(part string) string { return c.KeyPrefix + part }
 
+// Sentinel finds a single-primary Redis through Redis Sentinel: the client
+// asks the Sentinels for the primary of Master, connects to it, and moves
+// to the new primary when they fail over (go-redis's FailoverClient). TLS,
+// username and password (redis.tls, redis.username, redis.password) are
+// the data nodes'; the Sentinels' own password is separate.
+type Sentinel struct {
+	Master       string             `yaml:"master" help:"Sentinel master name of the Redis primary; set, redis.addr is ignored and the client follows the primary the Sentinels name, across failovers"`
+	Addrs        []string           `yaml:"addrs" help:"Sentinel addresses host:port, comma separated (with sentinel.master)"`
+	Password     tlsconfig.Password `yaml:"password" help:"password of the Sentinels themselves (requirepass of sentinel.conf; prefer password_file)"`
+	PasswordFile string             `yaml:"password_file" help:"file holding the Sentinels' password"`
+}
+
+// Enabled reports whether the client goes through Sentinels.
+func (s Sentinel) Enabled() bool { return s.Master != "" }
+
 // Defaults points at the services script's Redis.
 func Defaults() Config {
 	return Config{Addr: "127.0.0.1:16379", DialTimeout: 2 * time.Second, PoolSize: 16, KeyPrefix: DefaultKeyPrefix}
@@ -83,6 +102,26 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("redis.key_prefix: %q must be 1..200 bytes (default %q)", c.KeyPrefix, DefaultKeyPrefix))
 	}
 	switch {
+	case c.Sentinel.Enabled():
+		if c.Cluster {
+			errs = append(errs, errors.New("redis.sentinel.master: set with redis.cluster=true; a Redis Cluster fails over by itself, Sentinel is for a single primary"))
+		}
+		if len(c.Sentinel.Addrs) == 0 {
+			errs = append(errs, fmt.Errorf("redis.sentinel.addrs: empty, but redis.sentinel.master is %q: name the Sentinels", c.Sentinel.Master))
+		}
+		for i, a := range c.Sentinel.Addrs {
+			if _, _, err := net.SplitHostPort(a); err != nil {
+				errs = append(errs, fmt.Errorf("redis.sentinel.addrs[%d]: %q is not host:port", i, a))
+			}
+		}
+		if len(c.Addrs) > 0 {
+			errs = append(errs, errors.New("redis.addrs: set with redis.sentinel.master; the Sentinels name the primary"))
+		}
+		if _, err := tlsconfig.Secret("redis.sentinel.password", c.Sentinel.Password, c.Sentinel.PasswordFile); err != nil {
+			errs = append(errs, err)
+		}
+	case len(c.Sentinel.Addrs) > 0:
+		errs = append(errs, errors.New("redis.sentinel.addrs: set without redis.sentinel.master (the name the Sentinels monitor the primary under)"))
 	case !c.Cluster:
 		if _, _, err := net.SplitHostPort(c.Addr); err != nil {
 			errs = append(errs, fmt.Errorf("redis.addr: %q is not host:port", c.Addr))
@@ -125,9 +164,10 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// NewClient returns a client for c: a *redis.Client, or a
-// *redis.ClusterClient when c.Cluster is set. It does not connect until
-// first use.
+// NewClient returns a client for c: a *redis.Client, a
+// *redis.ClusterClient when c.Cluster is set, or a *redis.Client that
+// follows the Sentinels' primary (redis.NewFailoverClient) when
+// c.Sentinel.Master is set. It does not connect until first use.
 //
 // A TLS file or password file that cannot be read (Validate reports it at
 // start-up; it can still vanish afterwards) does not panic and does not
@@ -154,8 +194,29 @@ func NewClient(c Config, opts ...ClientOption) redis.UniversalClient {
 		o.ContextTimeoutEnabled = co.contextTimeouts
 		return redis.NewClient(o)
 	}
+	if c.Sentinel.Enabled() {
+		spass, err := tlsconfig.Secret("redis.sentinel.password", c.Sentinel.Password, c.Sentinel.PasswordFile)
+		if err != nil {
+			return redis.NewClient(&redis.Options{Addr: c.Addr, MaxRetries: -1, ContextTimeoutEnabled: co.contextTimeouts,
+				Dialer: func(context.Context, string, string) (net.Conn, error) { return nil, fmt.Errorf("redis: %w", err) }})
+		}
+		return redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName:            c.Sentinel.Master,
+			SentinelAddrs:         c.Sentinel.Addrs,
+			SentinelPassword:      spass,
+			Username:              o.Username,
+			Password:              o.Password,
+			DB:                    o.DB,
+			DialTimeout:           o.DialTimeout,
+			PoolSize:              o.PoolSize,
+			TLSConfig:             o.TLSConfig,
+			ReadTimeout:           o.ReadTimeout,
+			WriteTimeout:          o.WriteTimeout,
+			ContextTimeoutEnabled: co.contextTimeouts,
+		})
+	}
 	if c.Cluster {
-		return redis.NewClusterClient(&redis.ClusterOptions{
+		cc := redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs:                 c.Seeds(),
 			Username:              o.Username,
 			Password:              o.Password,
@@ -165,10 +226,39 @@ func NewClient(c Config, opts ...ClientOption) redis.UniversalClient {
 			ReadTimeout:           o.ReadTimeout,
 			WriteTimeout:          o.WriteTimeout,
 			ContextTimeoutEnabled: co.contextTimeouts,
+			// go-redis re-reads the slot map only on MOVED or when it is
+			// older than this (60 s by default); a master's failover
+			// answers nothing but refused connections until then.
+			ClusterStateReloadInterval: 10 * time.Second,
 		})
+		cc.OnNewNode(func(n *redis.Client) { n.AddHook(reloadOnDialError{cc}) })
+		return cc
 	}
 	o.ContextTimeoutEnabled = co.contextTimeouts
 	return redis.NewClient(o)
+}
+
+// reloadOnDialError re-reads a Redis Cluster's slot map when a node cannot
+// be dialled: a master killed and replaced by its replica leaves every
+// command for its slots failing on the dead address until the client
+// learns the new map (measured: 45 s and more with go-redis's defaults;
+// TestFaultRedisMasterKill in e2e). go-redis coalesces the reloads.
+type reloadOnDialError struct{ cc *redis.ClusterClient }
+
+func (h reloadOnDialError) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := next(ctx, network, addr)
+		if err != nil {
+			h.cc.ReloadState(context.Background())
+		}
+		return conn, err
+	}
+}
+
+func (reloadOnDialError) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (reloadOnDialError) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // ClientOption adjusts a client NewClient makes beyond what Config says.

@@ -7,11 +7,19 @@
 // (totals, not deltas), versioned by the Kafka offset it covers, so writing
 // the same batch twice — a retry after a timeout, a replay after a crash —
 // changes nothing a FINAL or argMax read sees.
+//
+// A retried Write sends the same bytes as the attempt before it (the
+// batches' Stamp, attributes in key order): on a replicated cluster
+// (clickhouse.cluster) ClickHouse deduplicates an insert by its blocks'
+// hashes, so a batch retried on another replica after the first died
+// mid-insert is stored once, not only read once. ClickHouse 18.16 has no
+// insert_deduplication_token; identical bytes are what it recognises.
 package chstore
 
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -40,6 +48,9 @@ type Batch struct {
 	// encoded already (the aggregator encodes them once for Kafka and for
 	// signals_log).
 	Payloads [][]byte
+	// Stamp is the ingested_at / updated_at of the rows, set by the first
+	// Write of the batch and kept by its retries (see the package doc).
+	Stamp time.Time
 }
 
 // Reset empties b, keeping its buffers.
@@ -50,6 +61,7 @@ func (b *Batch) Reset() {
 	b.Rows.Reset()
 	b.Events, b.Signals, b.Payloads = b.Events[:0], b.Signals[:0], b.Payloads[:0]
 	b.Version = 0
+	b.Stamp = time.Time{}
 }
 
 // CostFunc prices one event, as the aggregator's state does.
@@ -89,7 +101,20 @@ const insertSignals = `INSERT INTO signals_log (id, kind, time, tenant, model, q
 // one write of several batches leaves what writing them one by one would.
 // It is idempotent.
 func (s *Store) Write(ctx context.Context, batches ...*Batch) error {
-	now := time.Now().UTC().Truncate(time.Second)
+	if len(batches) == 0 {
+		return nil
+	}
+	// One stamp for every row, the first batch's: a retry of the same
+	// batches writes the same bytes.
+	now := batches[0].Stamp
+	if now.IsZero() {
+		now = time.Now().UTC().Truncate(time.Second)
+	}
+	for _, b := range batches {
+		if b.Stamp.IsZero() {
+			b.Stamp = now
+		}
+	}
 	var nEvents, nSignals int
 	for _, b := range batches {
 		nEvents, nSignals = nEvents+len(b.Events), nSignals+len(b.Signals)
@@ -293,11 +318,15 @@ func attrs(m map[string]string) (keys, vals []string) {
 	if len(m) == 0 {
 		return noStrings, noStrings
 	}
+	// In key order, not the map's: a retried insert must be the same bytes.
 	keys = make([]string, 0, len(m))
-	vals = make([]string, 0, len(m))
-	for k, v := range m {
+	for k := range m {
 		keys = append(keys, k)
-		vals = append(vals, v)
+	}
+	sort.Strings(keys)
+	vals = make([]string, len(keys))
+	for i, k := range keys {
+		vals[i] = m[k]
 	}
 	return keys, vals
 }
