@@ -85,6 +85,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"maps"
+	"math"
 	"sort"
 	"time"
 
@@ -295,6 +296,30 @@ func (p *Policy) TenantIDs() []string {
 	return ids
 }
 
+// AlertTiers lists, ascending, every alert tier some tenant of the file
+// (or the defaults, for tenants it does not name) uses: what a view that
+// filters quotas by tier offers. A nil p has the built-in tiers.
+func (p *Policy) AlertTiers() []int {
+	if p == nil {
+		return DefaultAlertTiers()
+	}
+	seen := map[int]bool{}
+	for _, t := range p.defaults.AlertTiers {
+		seen[t] = true
+	}
+	for _, t := range p.tenants {
+		for _, tier := range t.AlertTiers {
+			seen[tier] = true
+		}
+	}
+	out := make([]int, 0, len(seen))
+	for t := range seen {
+		out = append(out, t)
+	}
+	sort.Ints(out)
+	return out
+}
+
 // Channels returns the alert channel definitions, a copy the caller may
 // keep or change.
 func (p *Policy) Channels() Channels { return p.channels.clone() }
@@ -302,12 +327,29 @@ func (p *Policy) Channels() Channels { return p.channels.clone() }
 // Price returns the price of model in force at time at: the latest entry
 // whose EffectiveFrom is not after at.
 func (p *Policy) Price(model string, at time.Time) (Price, bool) {
-	list := p.prices[model]
-	i := sort.Search(len(list), func(i int) bool { return list[i].EffectiveFrom.After(at) })
-	if i == 0 {
-		return Price{}, false
+	pr, ok, _, _ := p.PriceSpan(model, at.Unix())
+	return pr, ok
+}
+
+// PriceSpan is the one price lookup: the price of model in force at ts
+// (Unix seconds), and the span [from, until) of seconds over which that
+// answer holds, so that a caller pricing many events may keep it until an
+// event falls outside. ok is false when no price is in force at ts; from
+// and until then bound the span without one. A nil p has no prices.
+func (p *Policy) PriceSpan(model string, ts int64) (pr Price, ok bool, from, until int64) {
+	from, until = math.MinInt64, math.MaxInt64
+	if p == nil {
+		return Price{}, false, from, until
 	}
-	return list[i-1], true
+	list := p.prices[model]
+	i := sort.Search(len(list), func(i int) bool { return list[i].EffectiveFrom.Unix() > ts })
+	if i < len(list) {
+		until = list[i].EffectiveFrom.Unix()
+	}
+	if i == 0 {
+		return Price{}, false, from, until
+	}
+	return list[i-1], true, list[i-1].EffectiveFrom.Unix(), until
 }
 
 // Prices returns every price entry, by model then date.

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -101,5 +102,41 @@ fallbacks:
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not name %q:\n%v", want, err)
 		}
+	}
+}
+
+// TestAlertTiersAndPriceSpan: the tiers a view filters by are every
+// tenant's and the defaults', once each, ascending; a price is in force
+// from its effective date until the next one's, and the span says so.
+func TestAlertTiersAndPriceSpan(t *testing.T) {
+	p, err := Parse([]byte(`
+tenants:
+  a: {alert_tiers: [50, 100]}
+  b: {alert_tiers: [80, 95]}
+prices:
+  - {model: m, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 1, completion: 2}
+  - {model: m, currency: USD, effective_from: 2026-06-01T00:00:00Z, prompt: 3, completion: 4}
+`), "p.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.AlertTiers(); fmt.Sprint(got) != "[50 70 80 90 95 100]" {
+		t.Errorf("tiers %v", got)
+	}
+	if got := (*Policy)(nil).AlertTiers(); fmt.Sprint(got) != "[70 90 100]" {
+		t.Errorf("tiers without a policy %v", got)
+	}
+	jan, jun := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Unix(), time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC).Unix()
+	if _, ok, _, until := p.PriceSpan("m", jan-1); ok || until != jan {
+		t.Errorf("before the first price: ok %v until %d", ok, until)
+	}
+	if pr, ok, from, until := p.PriceSpan("m", jan+5); !ok || pr.Prompt != 1 || from != jan || until != jun {
+		t.Errorf("in the first span: %+v %v [%d, %d)", pr, ok, from, until)
+	}
+	if pr, ok, from, _ := p.PriceSpan("m", jun); !ok || pr.Prompt != 3 || from != jun {
+		t.Errorf("at the second price's date: %+v %v from %d", pr, ok, from)
+	}
+	if pr, ok := p.Price("m", time.Unix(jun+1, 0)); !ok || pr.Completion != 4 {
+		t.Errorf("Price: %+v %v", pr, ok)
 	}
 }

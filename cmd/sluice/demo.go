@@ -19,12 +19,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
-
 	"github.com/sluicehq/sluice/demo/dashboard"
 	"github.com/sluicehq/sluice/demo/loadgen"
 	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/internal/quotastatus"
+	"github.com/sluicehq/sluice/internal/quotastatus/chstate"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/lifecycle"
@@ -212,7 +212,7 @@ func (d *demoRun) run(ctx context.Context, cfg *Config, log *slog.Logger) error 
 		return err
 	}
 	defer conn.Close()
-	src := &demoSource{conn: conn, checker: chk, gen: gen, alertmanager: cfg.Services.Alerter.Alertmanager.URL, admissions: admCounts,
+	src := &demoSource{status: quotastatus.New(chstate.New(conn), nil, nil), checker: chk, gen: gen, alertmanager: cfg.Services.Alerter.Alertmanager.URL, admissions: admCounts,
 		guards: guards, moves: moves, tenants: d.tenants, milestones: d.milestones, since: time.Now()}
 
 	// Ctrl-C stops the load first, then the gateway (its streams finish
@@ -389,7 +389,7 @@ func isTerminal(f *os.File) bool {
 // ClickHouse, the gateway's Checker and admission, the load generator and
 // Alertmanager.
 type demoSource struct {
-	conn         driver.Conn
+	status       *quotastatus.Service
 	checker      *checker.Checker
 	gen          *loadgen.Generator
 	alertmanager string
@@ -447,47 +447,22 @@ func (s *demoSource) Upstreams() []dashboard.Upstream {
 	return out
 }
 
-const currentQuotas = `
-SELECT tenant, model, quota, period,
-       argMax(used, version), argMax(quota_limit, version),
-       argMax(rate_per_minute, version), argMax(predicted_exhaustion, version),
-       argMax(predicted_earliest, version), argMax(predicted_latest, version), argMax(prediction_basis, version)
-FROM quota_state
-WHERE period_end > now()
-GROUP BY tenant, model, quota, period, period_start`
-
+// Rows reads each demo tenant's worst quota (closest to its limit, with
+// its rate and predicted exhaustion) from the one read model of quota
+// state (internal/quotastatus, as the console and GET /v1/usage read it),
+// and what the gateway and the load generator did for it.
 func (s *demoSource) Rows(ctx context.Context) ([]dashboard.Row, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	rows, err := s.conn.Query(ctx, currentQuotas)
+	all, err := s.status.Overview(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	// Per tenant, the quota closest to its limit is the one to watch.
 	best := map[string]dashboard.Row{}
-	for rows.Next() {
-		var r dashboard.Row
-		var exh, lo, hi time.Time
-		if err := rows.Scan(&r.Tenant, &r.Model, &r.Quota, &r.Period, &r.Used, &r.Limit, &r.RatePerMinute, &exh,
-			&lo, &hi, &r.ExhaustionBasis); err != nil {
-			return nil, err
+	for _, st := range all {
+		if q := st.Worst(); q != nil {
+			best[st.Tenant] = quotaRow(st.Tenant, q)
 		}
-		if exh.Unix() > 0 {
-			r.Exhaustion = exh
-			if lo.Unix() > 0 {
-				r.ExhaustionEarliest = lo
-			}
-			if hi.Unix() > 0 {
-				r.ExhaustionLatest = hi
-			}
-		}
-		if cur, ok := best[r.Tenant]; !ok || r.UsedPercent() > cur.UsedPercent() {
-			best[r.Tenant] = r
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
 	}
 	alerts := s.alerts(ctx)
 	out := make([]dashboard.Row, 0, len(best))
@@ -513,6 +488,19 @@ func (s *demoSource) Rows(ctx context.Context) ([]dashboard.Row, error) {
 	}
 	s.milestones.Observe(out, time.Now())
 	return out, nil
+}
+
+// quotaRow is the live view's row of tenant's quota q.
+func quotaRow(tenant string, q *quotastatus.Quota) dashboard.Row {
+	r := dashboard.Row{Tenant: tenant, Model: q.Model, Quota: string(q.Quota), Period: string(q.Period), Used: q.Used, Limit: q.Limit,
+		RatePerMinute: q.RatePerMinute, ExhaustionBasis: q.PredictionBasis}
+	for dst, src := range map[*time.Time]*time.Time{&r.Exhaustion: q.PredictedExhaustion, &r.ExhaustionEarliest: q.PredictedEarliest,
+		&r.ExhaustionLatest: q.PredictedLatest} {
+		if src != nil {
+			*dst = *src
+		}
+	}
+	return r
 }
 
 // alerts returns the firing alerts per tenant as "alertname/severity".

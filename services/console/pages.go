@@ -20,14 +20,12 @@ import (
 
 	"github.com/sluicehq/sluice/internal/quotastatus"
 	"github.com/sluicehq/sluice/internal/quotastatus/chstate"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/flags"
 	"github.com/sluicehq/sluice/services/console/svgchart"
 	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 )
-
-// hotPercent is the use from which a quota is highlighted.
-const hotPercent = 90
 
 // readTimeout bounds the reads of one page.
 const readTimeout = 10 * time.Second
@@ -35,11 +33,12 @@ const readTimeout = 10 * time.Second
 // parsePages parses each page with the shared layout.
 func parsePages() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
-		"pct":     func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) + "%" },
-		"num":     svgchart.Compact,
-		"bar":     func(v float64) string { return strconv.FormatFloat(math.Max(0, math.Min(v, 100)), 'f', 1, 64) },
-		"clock":   func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 MST") },
-		"hot":     func(v float64) bool { return v >= hotPercent },
+		"pct":   func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) + "%" },
+		"num":   svgchart.Compact,
+		"bar":   func(v float64) string { return strconv.FormatFloat(math.Max(0, math.Min(v, 100)), 'f', 1, 64) },
+		"clock": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 MST") },
+		// A quota is highlighted from the tier whose alerts are warnings.
+		"hot":     func(v float64) bool { return v >= policy.WarningTier },
 		"in":      func(now time.Time, t *time.Time) string { return until(now, t) },
 		"inT":     func(now, t time.Time) string { return until(now, &t) },
 		"sortURL": sortURL,
@@ -145,7 +144,7 @@ func (s *server) overview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	pg := overviewPage{Sort: q.Get("sort"), Order: q.Get("order"), Plan: q.Get("plan"), Tiers: []int{0, 70, 90, 100}, Now: s.now().UTC()}
+	pg := overviewPage{Sort: q.Get("sort"), Order: q.Get("order"), Plan: q.Get("plan"), Tiers: s.tiers(), Now: s.now().UTC()}
 	if _, ok := sortKeys[pg.Sort]; !ok {
 		pg.Sort = "used"
 	}
@@ -691,4 +690,14 @@ func finish(t tile, ser svgchart.Series, metric string, format func(float64) str
 	c := svgchart.Chart{Title: t.Name, Series: []svgchart.Series{ser}}
 	t.Chart, t.Points, t.Max = c.SVG(), c.PointCount(), maxOf(ser)
 	return t
+}
+
+// tiers are the tiers the overview filters by: any (0), then every alert
+// tier the policy's tenants use (the built-in ones without a policy).
+func (s *server) tiers() []int {
+	var p *policy.Policy
+	if s.policy != nil {
+		p = s.policy.Current()
+	}
+	return append([]int{0}, p.AlertTiers()...)
 }

@@ -443,7 +443,7 @@ func (a *admitter) Admit(_ context.Context, req frontend.AdmitRequest) frontend.
 // rejected, and an admitted call is settled with its usage once.
 func TestFlagsAndAdmission(t *testing.T) {
 	adm := &admitter{}
-	g := startGateway(t, oneUpstream(t, mock(t, mockllm.Options{})), Deps{Checker: refusing{}, Admitter: adm})
+	g := startGateway(t, oneUpstream(t, mock(t, mockllm.Options{})), Deps{Checker: refusing{}, Limits: &frontend.Limits{Admit: adm}})
 	resp, body := post(t, g.url, "/v1/chat/completions", "sk-acme", `{"model":"gpt-4o","messages":[{"role":"user","content":"x"}]}`)
 	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "7" || !strings.Contains(body, "tokens_per_minute") {
 		t.Errorf("flag refusal: %d Retry-After %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
@@ -456,7 +456,7 @@ func TestFlagsAndAdmission(t *testing.T) {
 	if ev := g.settlement(t, "adm-refused"); ev.Outcome != schemas.OutcomeRejected || ev.TotalTokens() != 0 || ev.Attributes["refused_by"] != "admission" {
 		t.Errorf("admission refusal settled as %+v", ev)
 	}
-	g2 := startGateway(t, oneUpstream(t, mock(t, mockllm.Options{})), Deps{Admitter: adm})
+	g2 := startGateway(t, oneUpstream(t, mock(t, mockllm.Options{})), Deps{Limits: &frontend.Limits{Admit: adm}})
 	resp, body = post(t, g2.url, "/v1/chat/completions", "sk-boss", `{"model":"gpt-4o","max_tokens":9,"messages":[{"role":"user","content":"x"}]}`,
 		"X-Request-Id", "adm-ok", "X-Sluice-Priority", "low")
 	if resp.StatusCode != 200 {

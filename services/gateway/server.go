@@ -34,8 +34,11 @@ type Deps struct {
 	Checker middleware.Decider
 	// Emitter receives the usage events; nil meters nothing.
 	Emitter middleware.Emitter
-	// Admitter, when not nil, is asked before every upstream call.
-	Admitter frontend.Admitter
+	// Limits, when not nil, are the policy's limits: Admit is asked before
+	// every upstream call, Soft (when not nil) decides whether a tenant
+	// past a soft per-minute quota (policy.SoftLimitRules) is served by
+	// the fallback model instead of the one asked for.
+	Limits *frontend.Limits
 	// Logger receives the access log and errors; nil means slog.Default.
 	Logger *slog.Logger
 	// Metrics receives the gateway's series; nil registers none.
@@ -56,10 +59,6 @@ type Deps struct {
 	// before each attempt), following the policy (Guards.Update) as the
 	// host applies it; required.
 	Guards *Guards
-	// Soft, when not nil, checks the tenants' soft per-minute quotas
-	// (policy.SoftLimitRules): a request it refuses is served by the
-	// policy's fallback model instead of the one asked for.
-	Soft frontend.Admitter
 }
 
 // Server is the gateway's HTTP handler.
@@ -103,9 +102,12 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{cfg: cfg, log: log, admitter: deps.Admitter, policy: deps.Policy, guards: deps.Guards, soft: deps.Soft, tasks: deps.Tasks, m: newMetrics(),
+	s := &Server{cfg: cfg, log: log, policy: deps.Policy, guards: deps.Guards, tasks: deps.Tasks, m: newMetrics(),
 		ids: fifo.NewSet[string](cfg.RequestIDMemory), now: time.Now}
 	s.hardStop, s.stopAll = context.WithCancel(context.Background())
+	if deps.Limits != nil {
+		s.admitter, s.soft = deps.Limits.Admit, deps.Limits.Soft
+	}
 	if v, ok := deps.Checker.(flagView); ok {
 		s.m.view = v
 	}

@@ -253,10 +253,10 @@ func openPolicy(cfg Config, env platform.Env, opts Options) (p *policyParts, err
 	}
 	p.closers = append(p.closers, limits.Close)
 	p.apply = append(p.apply, limits.Apply)
-	p.deps.Admitter, p.deps.Soft = limits.Admit, limits.Soft
 	if opts.WrapAdmitter != nil {
-		p.deps.Admitter = opts.WrapAdmitter(p.deps.Admitter)
+		limits.Admit = opts.WrapAdmitter(limits.Admit)
 	}
+	p.deps.Limits = limits
 	guards := opts.Guards
 	if guards == nil {
 		// A client of its own: the shared counts bound each call by its

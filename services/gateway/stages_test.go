@@ -126,7 +126,7 @@ func TestAdmitRefusesOrRegistersItsSettlement(t *testing.T) {
 		}
 		return frontend.Admission{Settle: func(s frontend.Settlement) { settled = append(settled, s) }}
 	})
-	g := startGateway(t, tg, Deps{Admitter: adm})
+	g := startGateway(t, tg, Deps{Limits: &frontend.Limits{Admit: adm}})
 	est := estimate.Estimate{Prompt: 10, Completion: 5}
 
 	w, c := httptest.NewRecorder(), stagedCall(t, g, "gpt-4o")

@@ -489,16 +489,8 @@ func (s *Series) completeMinutes(m int64) {
 
 func (s *Series) cost(p *Partition, ts, prompt, completion, cached int64) float64 {
 	if s.priceFor != p.pol || ts < s.priceFrom || ts >= s.priceEnd {
-		s.priceFor, s.priceOK = p.pol, false
-		s.priceFrom, s.priceEnd = math.MinInt64, math.MaxInt64
-		list := p.price[s.model]
-		i := sort.Search(len(list), func(i int) bool { return list[i].EffectiveFrom.Unix() > ts })
-		if i < len(list) {
-			s.priceEnd = list[i].EffectiveFrom.Unix()
-		}
-		if i > 0 {
-			s.price, s.priceOK, s.priceFrom = list[i-1], true, list[i-1].EffectiveFrom.Unix()
-		}
+		s.priceFor = p.pol
+		s.price, s.priceOK, s.priceFrom, s.priceEnd = p.pol.PriceSpan(s.model, ts)
 	}
 	if !s.priceOK {
 		return 0
@@ -510,12 +502,11 @@ func (s *Series) cost(p *Partition, ts, prompt, completion, cached int64) float6
 // folded into the OtherModel bucket, which must cost what their real model
 // costs so the tenant's budget stays exact.
 func (p *Partition) costOf(model string, ts, prompt, completion, cached int64) float64 {
-	list := p.price[model]
-	i := sort.Search(len(list), func(i int) bool { return list[i].EffectiveFrom.Unix() > ts })
-	if i == 0 {
+	pr, ok, _, _ := p.pol.PriceSpan(model, ts)
+	if !ok {
 		return 0
 	}
-	return list[i-1].Cost(prompt, completion, cached)
+	return pr.Cost(prompt, completion, cached)
 }
 
 // windowRate returns tokens and requests per minute over the last minutes

@@ -141,10 +141,9 @@ type Stats struct {
 
 // Partition is the state of one partition.
 type Partition struct {
-	id    int32
-	opt   Options
-	pol   *policy.Policy
-	price map[string][]policy.Price
+	id  int32
+	opt Options
+	pol *policy.Policy
 
 	tenants map[string]*tenant
 
@@ -248,12 +247,6 @@ func (p *Partition) SetPolicy(pol *policy.Policy) {
 		return
 	}
 	p.pol = pol
-	p.price = map[string][]policy.Price{}
-	if pol != nil {
-		for _, pr := range pol.Prices() { // sorted by model, then date
-			p.price[pr.Model] = append(p.price[pr.Model], pr)
-		}
-	}
 }
 
 // Reevaluate makes pol the policy in force and re-evaluates at once every
