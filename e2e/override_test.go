@@ -101,3 +101,38 @@ func TestOverrideResolvesTheAlertAndLiftsTheBlock(t *testing.T) {
 	}
 	s.requireAlive()
 }
+
+// TestRaisedLimitLiftsTheBlock: a tenant blocked at 100% of its hourly
+// quota sends nothing more; raising its limit in the policy file lifts the
+// block (the aggregator re-evaluates it at once, the enforcer closes the
+// quota breaker) with no new usage from the tenant.
+func TestRaisedLimitLiftsTheBlock(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end suite: needs the real services")
+	}
+	t.Parallel()
+	tenant := "e2e-raised-" + randomKey()[7:15]
+	const model = "gpt-4o-mini"
+	s := newStack(t, stackOptions{Policy: policyYAML(map[string]int{tenant: 1000})})
+	s.startAll("ingest", "aggregator", "enforcer")
+	g := newGateway(t, s, tenant)
+	g.shift.Store(int64(clockShift()))
+
+	if a := g.chat(t, tenant, model, 1050); a.status != http.StatusOK {
+		t.Fatalf("chat: status %d: %s", a.status, a.body)
+	}
+	g.flush(t)
+	itest.EventuallyNoError(t, waitTimeout, "gateway Checker refuses", func() error {
+		if d := g.checker.Check(tenant, model, "key-"+tenant); d.Allowed() {
+			return fmt.Errorf("still allowed")
+		}
+		return nil
+	})
+	s.writePolicy(policyYAML(map[string]int{tenant: 100000}))
+	itest.EventuallyNoError(t, waitTimeout, "gateway serves again under the raised limit", func() error {
+		if d := g.checker.Check(tenant, model, "key-"+tenant); !d.Allowed() {
+			return fmt.Errorf("still refused: %+v", d.Flag)
+		}
+		return nil
+	})
+}
