@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/adminapi"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/sdk/go/checker"
 	"github.com/sluicehq/sluice/sdk/go/flags"
-	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 )
 
 // heldUpstream answers every call 500; while hold is set, only once

@@ -14,13 +14,13 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/sluicehq/sluice/adminapi"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 )
 
 // The server side of these tests decodes into the API's own types, strictly,
 // so a flag that stops reaching its field fails here; the client against
-// the enforcer's real handler is tested in services/enforcer/adminapi.
+// the enforcer's real handler is tested in adminapi.
 func TestAdminSendsAuthenticatedActionAndPrintsAnswer(t *testing.T) {
 	var got adminapi.Request
 	var path, auth string

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/services/enforcer/adminapi"
+	"github.com/sluicehq/sluice/adminapi"
 )
 
 // cookieName names the session cookie.

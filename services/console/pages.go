@@ -18,13 +18,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/adminapi"
 	"github.com/sluicehq/sluice/internal/quotastatus"
 	"github.com/sluicehq/sluice/internal/quotastatus/chstate"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/flags"
 	"github.com/sluicehq/sluice/services/console/svgchart"
-	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 )
 
 // readTimeout bounds the reads of one page.

@@ -16,9 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/adminapi"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/itest"
-	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 )
 
 // selfSigned writes a fresh self-signed certificate for 127.0.0.1 and its

@@ -21,10 +21,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/adminapi"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 )
 
 // Config is the enforcer's section of the configuration.

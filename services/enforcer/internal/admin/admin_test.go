@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/services/enforcer/adminapi"
+	"github.com/sluicehq/sluice/adminapi"
 )
 
 func TestNormalizeNamesEveryBadFieldAndLimit(t *testing.T) {

@@ -1,4 +1,4 @@
-package adminapi_test
+package admin_test
 
 import (
 	"context"
@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/adminapi"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/flags"
-	"github.com/sluicehq/sluice/services/enforcer/adminapi"
 	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
 	"github.com/sluicehq/sluice/services/enforcer/internal/audit"
 	"github.com/sluicehq/sluice/services/enforcer/internal/breaker"
