@@ -148,9 +148,10 @@ type rawUpstream struct {
 // defaultUpstream is what an upstreams entry gets for what it does not
 // say: weight 1; a 10-minute call, 60 s to the first token, 5 s to
 // connect; no concurrency limit (a concurrency section without a limit
-// starts at 100 within 1..1000); seed 003's queue (1,000 waiting, 30 s)
-// and levels (50/70/90%, retry after 30 s); seed 000's breaker (10
-// failures in a row or half of the calls, open 30 s, 5 probes).
+// starts at 100 within 1..1000); a priority queue of 1,000 waiting for at
+// most 30 s; degradation levels at 50/70/90% load, retry after 30 s; a
+// breaker that opens for 30 s on 10 failures in a row or half of the
+// calls failing, then lets 5 probes through (docs/priority.md).
 var defaultUpstream = Upstream{Weight: 1, Timeout: 10 * time.Minute, ResponseHeaderTimeout: 60 * time.Second, ConnectTimeout: 5 * time.Second,
 	Mode: ModeFixed, Limit: UnlimitedConcurrency, Min: 1, Max: UnlimitedConcurrency, MaxWaiting: 1000, MaxWait: 30 * time.Second,
 	Levels: [3]float64{0.5, 0.7, 0.9}, DegradedRetryAfter: 30 * time.Second,
@@ -187,7 +188,7 @@ func (v *validator) upstreams(raw map[string]rawUpstream) map[string]Upstream {
 			u.Limit, u.Max = 100, 1000
 			if m := c.Mode; m != "" {
 				if m != ModeFixed && m != ModeThreshold && m != ModeGradient {
-					v.fail(p+".concurrency.mode", "%q is not one of fixed, threshold (seed 003's rule), gradient", m)
+					v.fail(p+".concurrency.mode", "%q is not one of fixed, threshold (step on latency and error thresholds), gradient", m)
 				}
 				u.Mode = m
 			}

@@ -59,7 +59,7 @@ fallbacks:
 	local, _ := p.Upstream("local")
 	if local.Weight != 1 || local.Timeout != 10*time.Minute || local.Mode != ModeFixed || local.Limit != UnlimitedConcurrency ||
 		local.ConsecutiveFailures != 10 || local.OpenFor != 30*time.Second || local.Reserved != nil {
-		t.Errorf("an entry that says only where it is gets no concurrency limit and seed 000's breaker: %+v", local)
+		t.Errorf("an entry that says only where it is gets no concurrency limit and the default breaker: %+v", local)
 	}
 	if _, ok := p.Upstream("other"); ok || len(p.UpstreamNames()) != 2 {
 		t.Errorf("names: %v", p.UpstreamNames())

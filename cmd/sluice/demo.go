@@ -195,7 +195,7 @@ func (d *demoRun) run(ctx context.Context, cfg *Config, log *slog.Logger) error 
 	// policy's limits (trial's trial-tpm refuses before the upstream),
 	// through the counts the live view shows.
 	admCounts := newAdmissionCounts()
-	host.gateway.WrapAdmitter = admCounts.wrap
+	host.gateway = append(host.gateway, gateway.WithAdmitterWrap(admCounts.wrap))
 	// The guards of the policy's upstreams (premium: gpt-4o), which the
 	// gateway follows the policy with and the live view shows.
 	grdb := redisconn.NewClient(cfg.Redis, redisconn.ContextTimeouts())
@@ -204,7 +204,7 @@ func (d *demoRun) run(ctx context.Context, cfg *Config, log *slog.Logger) error 
 	guards := gateway.NewGuards(grdb, cfg.Redis.Prefix(redisconn.UpstreamKeys), gateway.ProcessID("demo-gateway"),
 		log.With("component", "upstream"), moves.moved)
 	defer guards.Close()
-	host.gateway.Guards = guards
+	host.gateway = append(host.gateway, gateway.WithGuards(guards))
 	gen := d.gen
 
 	conn, err := chconn.Open(ctx, cfg.ClickHouse)

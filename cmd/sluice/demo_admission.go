@@ -17,7 +17,7 @@ const demoAdmissionWait = 50 * time.Millisecond
 
 // admissionCounts counts per tenant what admission decided in the demo's
 // `sluice gateway`, for the live view: it wraps the gateway's Admitter
-// (gateway.Options.WrapAdmitter), passing every request on and counting
+// (gateway.WithAdmitterWrap), passing every request on and counting
 // the answers (flag refusals never reach admission and are not counted).
 type admissionCounts struct {
 	next frontend.Admitter

@@ -58,17 +58,18 @@ func defaultServiceConfigs() ServiceConfigs {
 // hostOptions are what a hosting program (the demo) adds to the services
 // at run time: observers and shared parts, never settings.
 type hostOptions struct {
-	gateway gateway.Options
+	gateway []gateway.Option
 }
 
 // service is one runnable part of Sluice. Every service package exposes
-// Run(ctx, cfg, env); this table adapts them to the root configuration.
+// New(cfg, env, options…) returning a platform.Service; this table adapts
+// them to the root configuration.
 type service struct {
 	name  string
 	about string
 	// section returns the service's configuration section, to validate.
-	section func(c *Config) validator
-	run     func(ctx context.Context, c *Config, env platform.Env, host hostOptions) error
+	section    func(c *Config) validator
+	newService func(c *Config, env platform.Env, host hostOptions) (*platform.Service, error)
 	// needs says which backing services the service uses with c: the
 	// process connects to (and, for Kafka, may start) only what its
 	// services need. writesClickHouse services get the migrations first.
@@ -105,32 +106,32 @@ var services = []service{
 		stopsAfter: []string{"gateway", "authz"},
 		section:    func(c *Config) validator { return c.Services.Ingest },
 		needs:      always(needs{kafka: true}),
-		run: func(ctx context.Context, c *Config, env platform.Env, _ hostOptions) error {
-			return ingest.Run(ctx, c.Services.Ingest, env)
+		newService: func(c *Config, env platform.Env, _ hostOptions) (*platform.Service, error) {
+			return ingest.New(c.Services.Ingest, env)
 		}},
 	{name: "aggregator", signals: true, about: "usage events → rates, totals, predictions, tiers → ClickHouse and signals",
 		section: func(c *Config) validator { return c.Services.Aggregator },
 		needs:   always(needs{kafka: true, writesClickHouse: true, policy: true}),
-		run: func(ctx context.Context, c *Config, env platform.Env, _ hostOptions) error {
-			return aggregator.Run(ctx, c.Services.Aggregator, env)
+		newService: func(c *Config, env platform.Env, _ hostOptions) (*platform.Service, error) {
+			return aggregator.New(c.Services.Aggregator, env)
 		}},
 	{name: "enforcer", signals: true, about: "signals → breakers → Redis flags for the gateway Checker; admin API",
 		section: func(c *Config) validator { return c.Services.Enforcer },
 		needs:   always(needs{kafka: true, writesClickHouse: true}),
-		run: func(ctx context.Context, c *Config, env platform.Env, _ hostOptions) error {
-			return enforcer.Run(ctx, c.Services.Enforcer, env)
+		newService: func(c *Config, env platform.Env, _ hostOptions) (*platform.Service, error) {
+			return enforcer.New(c.Services.Enforcer, env)
 		}},
 	{name: "alerter", signals: true, about: "signals → Alertmanager, DingTalk and Slack notifications",
 		section: func(c *Config) validator { return c.Services.Alerter },
 		needs:   always(needs{kafka: true}),
-		run: func(ctx context.Context, c *Config, env platform.Env, _ hostOptions) error {
-			return alerter.Run(ctx, c.Services.Alerter, env)
+		newService: func(c *Config, env platform.Env, _ hostOptions) (*platform.Service, error) {
+			return alerter.New(c.Services.Alerter, env)
 		}},
 	{name: "reconciler", signals: true, about: "nightly audit of counters against raw events; drift repair and alerts",
 		section: func(c *Config) validator { return c.Services.Reconciler },
 		needs:   always(needs{kafka: true, writesClickHouse: true, policy: true}),
-		run: func(ctx context.Context, c *Config, env platform.Env, _ hostOptions) error {
-			return reconciler.Run(ctx, c.Services.Reconciler, env)
+		newService: func(c *Config, env platform.Env, _ hostOptions) (*platform.Service, error) {
+			return reconciler.New(c.Services.Reconciler, env)
 		}},
 	{name: "gateway", optIn: true, about: "OpenAI-compatible proxy in front of the providers: flags, metering, usage events (only when named)",
 		section: func(c *Config) validator { return c.Services.Gateway },
@@ -138,20 +139,20 @@ var services = []service{
 			g := c.Services.Gateway
 			return needs{kafka: g.Usage.Sink == frontend.SinkKafka || g.Deferred.Enabled}
 		},
-		run: func(ctx context.Context, c *Config, env platform.Env, host hostOptions) error {
-			return gateway.RunWith(ctx, c.Services.Gateway, env, host.gateway)
+		newService: func(c *Config, env platform.Env, host hostOptions) (*platform.Service, error) {
+			return gateway.New(c.Services.Gateway, env, host.gateway...)
 		}},
 	{name: "authz", optIn: true, about: "forward-auth endpoint for nginx, Envoy, Traefik, Kong, APISIX: flags and admission per request (only when named)",
 		section: func(c *Config) validator { return c.Services.Authz },
 		needs:   func(c *Config) needs { return needs{kafka: c.Services.Authz.Usage.Sink == frontend.SinkKafka} },
-		run: func(ctx context.Context, c *Config, env platform.Env, _ hostOptions) error {
-			return authz.Run(ctx, c.Services.Authz, env)
+		newService: func(c *Config, env platform.Env, _ hostOptions) (*platform.Service, error) {
+			return authz.New(c.Services.Authz, env)
 		}},
 	{name: "console", optIn: true, about: "web console for operators: quotas, charts, flags and admin actions, pipeline health (only when named)",
 		section: func(c *Config) validator { return c.Services.Console },
 		needs:   always(needs{}),
-		run: func(ctx context.Context, c *Config, env platform.Env, _ hostOptions) error {
-			return console.Run(ctx, c.Services.Console, env)
+		newService: func(c *Config, env platform.Env, _ hostOptions) (*platform.Service, error) {
+			return console.New(c.Services.Console, env)
 		}},
 }
 
@@ -272,7 +273,13 @@ func preparePipeline(ctx context.Context, cfg *Config, names []string, host *hos
 				after = append(after, a)
 			}
 		}
-		p.tasks = append(p.tasks, lifecycle.Task{Name: s.name, StopsAfter: after, Run: func(ctx context.Context) error { return s.run(ctx, cfg, senv, *host) }})
+		p.tasks = append(p.tasks, lifecycle.Task{Name: s.name, StopsAfter: after, Run: func(ctx context.Context) error {
+			svc, err := s.newService(cfg, senv, *host)
+			if err != nil {
+				return err
+			}
+			return svc.Run(ctx)
+		}})
 	}
 	return p, nil
 }

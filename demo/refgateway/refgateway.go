@@ -1,5 +1,7 @@
 // Package refgateway is a minimal LLM gateway built on the Sluice SDK, the
-// reference for integrators and what the demo and end-to-end tests drive:
+// reference for integrators writing their own gateway and what the SDK's
+// end-to-end test (e2e/gateway_test.go) drives — the demo runs `sluice
+// gateway` instead:
 // it authenticates a caller's API key to a tenant, asks the flag Checker
 // (through the SDK middleware) whether the tenant may call the model — a
 // local map lookup, no network call — proxies the request to an

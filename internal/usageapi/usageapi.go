@@ -1,8 +1,8 @@
 // Package usageapi is GET /v1/usage, the tenants' own view of their quotas:
 // each quota and limit with what the period used, what remains, when it
 // resets and when it is predicted to run out, plus the flags stopping the
-// tenant — what a tenant's developers need to pace themselves (seed 000's
-// quota query API). `sluice gateway` serves it to callers with a tenant
+// tenant — what a tenant's developers need to pace themselves, without asking
+// the platform team. `sluice gateway` serves it to callers with a tenant
 // key, ingest to callers with an ingest key, each authenticating by its own
 // keys file and naming the tenant (Authenticator).
 //

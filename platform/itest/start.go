@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/platform"
 )
 
 // Start runs a service's Run function in the background, the way tests
@@ -34,4 +36,40 @@ func Start(t testing.TB, name string, run func(ctx context.Context) error) (stop
 	}
 	t.Cleanup(stop)
 	return stop
+}
+
+// StartService starts svc as every host does (platform.Service.Start),
+// failing t when it does not serve within a minute, and stops it when the
+// test ends (within 30 s, the error it stopped with reported). It returns
+// svc, whose Addr is where its API listens.
+func StartService(t testing.TB, svc *platform.Service, err error) *platform.Service {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("new service: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := svc.Start(ctx); err != nil {
+		t.Fatalf("start %s: %v", svc.Name(), err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := svc.Stop(ctx); err != nil {
+			t.Errorf("%s: %v", svc.Name(), err)
+		}
+	})
+	return svc
+}
+
+// RunService runs svc in the background without waiting for it to serve
+// (for a test that starts a service whose backing services are down, or
+// waits for what it checks anyway), and returns the function that stops it,
+// as Start does.
+func RunService(t testing.TB, svc *platform.Service, err error) (stop func()) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("new service: %v", err)
+	}
+	return Start(t, svc.Name(), svc.Run)
 }

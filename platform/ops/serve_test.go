@@ -1,4 +1,4 @@
-package ops
+package ops_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/ops"
 )
 
 // TestServeCutsOffSlowClients: the operational endpoints are often exposed
@@ -24,7 +25,7 @@ func TestServeCutsOffSlowClients(t *testing.T) {
 	done := make(chan error, 1)
 	timeouts := httpserver.Timeouts{ReadHeader: 200 * time.Millisecond, Read: 300 * time.Millisecond, Write: 300 * time.Millisecond, Idle: 300 * time.Millisecond}
 	go func() {
-		done <- ServeListener(ctx, ln, timeouts, NewRegistry(), NewHealth(), slog.New(slog.DiscardHandler))
+		done <- ops.ServeListener(ctx, ln, timeouts, ops.NewRegistry(), ops.NewHealth(), slog.New(slog.DiscardHandler))
 	}()
 	defer func() {
 		cancel()

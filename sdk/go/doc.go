@@ -24,7 +24,7 @@
 //     load-driven degradation, per-tenant concurrency and the priority
 //     queue, behind one Acquire; priority holds the classes, the queue
 //     and the degradation levels, concurrency the in-flight limits and
-//     their adaptive algorithms (seed 003's rule and a gradient), shared
+//     their adaptive algorithms (a threshold step rule and a gradient), shared
 //     across processes through Redis where the upstream is.
 //
 // The SDK lives in the root module (github.com/sluicehq/sluice) but links

@@ -148,6 +148,7 @@ import (
 	"github.com/sluicehq/sluice/internal/pricetable"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/chconn"
+	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/policy"
@@ -334,12 +335,21 @@ func (a *aggregator) modelFolded(tenant, model string, maxModels int, first bool
 	}
 }
 
-// Run consumes until ctx is cancelled, then flushes and commits what it
-// holds (within ShutdownTimeout) and leaves the group.
-func Run(ctx context.Context, cfg Config, env platform.Env) error {
+// New returns the aggregator of cfg in env. Once started it consumes until
+// stopped, then flushes and commits what it holds (within ShutdownTimeout)
+// and leaves the group. It has no API of its own (Addr is "").
+func New(cfg Config, env platform.Env) (*platform.Service, error) {
 	if err := cfg.Validate(); err != nil {
-		return err
+		return nil, config.Under("services.aggregator", err)
 	}
+	return platform.NewService("aggregator", func(ctx context.Context, ready func(string)) error {
+		return run(ctx, cfg, env, ready)
+	}), nil
+}
+
+// run consumes until ctx ends; ready is called once the group is joined
+// and the readiness checks are registered.
+func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr string)) error {
 	env = env.Named("aggregator")
 	log := env.Logger
 	// The signing key first: a start that cannot sign its signals is
@@ -413,6 +423,7 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	})
 	g.Go(func() error { return prices.RetryFailed(gctx) })
 	g.Go(func() error { return a.followAdmin(gctx, time.Second) })
+	ready("")
 	g.Go(func() error {
 		defer stop()
 		log.Info("aggregator consuming", "topic", cfg.Topic, "group", cfg.Group, "policy_file", env.Policy.File)

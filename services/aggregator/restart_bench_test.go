@@ -34,7 +34,7 @@ defaults:
 var restartModels = [4]string{"gpt-4o", "gpt-4o-mini", "claude-3-5-sonnet", "o1"}
 
 // BenchmarkProcessRestart measures the restart of a whole aggregator
-// process (aggregator.Run, in this process) over n tenant × model keys with
+// process (aggregator.New and Start, in this process) over n tenant × model keys with
 // a month of history, from the start of Run until the partition is
 // restored and until the aggregator consumes again (an event produced
 // after the start is committed). It seeds what a previous run would leave:

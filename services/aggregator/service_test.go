@@ -63,14 +63,20 @@ func runInProcess(t testing.TB, e *env, chAddr string, mutate func(*aggregator.C
 	reg := prometheus.NewRegistry()
 	envp := platform.Env{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), Metrics: reg, Health: ops.NewHealth(), Kafka: e.kafka, ClickHouse: ch,
 		SignalAuth: testSignalAuth, Policy: platform.FileSource{File: e.policy, Reload: 100 * time.Millisecond}}
+	svc, err := aggregator.New(cfg, envp)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- aggregator.Run(ctx, cfg, envp) }()
-	var once sync.Once
-	var err error
+	go func() { done <- svc.Run(ctx) }()
+	var (
+		once    sync.Once
+		stopErr error
+	)
 	r := &running{reg: reg, stop: func() error {
-		once.Do(func() { cancel(); err = <-done })
-		return err
+		once.Do(func() { cancel(); stopErr = <-done })
+		return stopErr
 	}}
 	t.Cleanup(func() { _ = r.stop() })
 	return r

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/policy"
@@ -28,11 +29,21 @@ import (
 	"github.com/sluicehq/sluice/services/alerter/notify"
 )
 
-// Run consumes signals and notifies until ctx is cancelled, then stops
-// consuming, flushes the alerts held for grouping and sends what is queued
-// within cfg.ShutdownTimeout. Its loops share one errgroup: the first that
-// fails stops the others, and Run returns that error.
-func Run(ctx context.Context, cfg Config, env platform.Env) error {
+// New returns the alerter of cfg in env. Once started it consumes signals
+// and notifies until stopped, then stops consuming, flushes the alerts held
+// for grouping and sends what is queued within cfg.ShutdownTimeout. Its
+// loops share one errgroup: the first that fails stops the others, and the
+// service stops with that error. It has no API of its own (Addr is "").
+func New(cfg Config, env platform.Env) (*platform.Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, config.Under("services.alerter", err)
+	}
+	return platform.NewService("alerter", func(ctx context.Context, ready func(string)) error {
+		return run(ctx, cfg, env, ready)
+	}), nil
+}
+
+func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr string)) error {
 	env = env.Named("alerter")
 	var watcher *policy.Watcher
 	if env.Policy.File != "" {
@@ -106,6 +117,7 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	if watcher != nil {
 		g.Go(func() error { return watcher.Follow(ctx, p.applyPolicy) })
 	}
+	ready("")
 	err = g.Wait()
 	env.Logger.Info("alerter stopped")
 	return err

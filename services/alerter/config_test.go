@@ -64,8 +64,12 @@ func TestThePolicyIsLoadedWithTheChannelKindsChecks(t *testing.T) {
 	}
 	env := testEnv()
 	env.Policy = platform.FileSource{File: path, Reload: time.Second}
-	err := Run(context.Background(), DefaultConfig(), env)
+	svc, err := New(DefaultConfig(), env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = svc.Start(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "policy.yaml:4: channels.dingtalk.ops.webhook") {
-		t.Fatalf("Run = %v, want the bad webhook named with its line", err)
+		t.Fatalf("Start = %v, want the bad webhook named with its line", err)
 	}
 }

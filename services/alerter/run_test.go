@@ -57,7 +57,9 @@ func TestRunFromKafkaToAlertmanager(t *testing.T) {
 		return b
 	}
 
-	itest.Start(t, "Run", func(ctx context.Context) error { return Run(ctx, cfg, env) })
+	svc, err := New(cfg, env)
+
+	itest.RunService(t, svc, err)
 
 	now := time.Now().UTC()
 	produce([]byte(`{"not": "a signal"`))

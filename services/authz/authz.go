@@ -70,8 +70,10 @@ type Server struct {
 	now     func() time.Time
 }
 
-// New builds a Server for cfg (which must validate) with deps.
-func New(cfg Config, deps Deps) (*Server, error) {
+// NewServer builds the Server of cfg (which must validate) with deps: the
+// handler the service serves, which an embedding host or a test can serve
+// itself.
+func NewServer(cfg Config, deps Deps) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

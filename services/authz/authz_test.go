@@ -112,7 +112,7 @@ func (f *fakeAdmitter) last(t *testing.T) frontend.AdmitRequest {
 func newServer(t *testing.T, cfg Config, deps Deps) *httptest.Server {
 	t.Helper()
 	deps.Logger = slog.New(slog.DiscardHandler)
-	s, err := New(cfg, deps)
+	s, err := NewServer(cfg, deps)
 	if err != nil {
 		t.Fatal(err)
 	}

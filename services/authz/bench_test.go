@@ -63,7 +63,7 @@ func benchEndpoint(b *testing.B, exact bool) string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	s, err := New(DefaultConfig(), Deps{Checker: chk, Admitter: frontend.LimiterAdmitter{L: lim}, Keys: kf, Logger: log})
+	s, err := NewServer(DefaultConfig(), Deps{Checker: chk, Admitter: frontend.LimiterAdmitter{L: lim}, Keys: kf, Logger: log})
 	if err != nil {
 		b.Fatal(err)
 	}

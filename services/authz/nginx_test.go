@@ -353,19 +353,8 @@ func TestNginxForwardAuth(t *testing.T) {
 // address.
 func startService(t *testing.T, cfg Config, env platform.Env) string {
 	t.Helper()
-	addr, failed := make(chan string, 1), make(chan error, 1)
-	itest.Start(t, "authz", func(ctx context.Context) error {
-		err := RunWith(ctx, cfg, env, Options{Started: func(a string) { addr <- a }})
-		failed <- err
-		return err
-	})
-	select {
-	case a := <-addr:
-		return a
-	case err := <-failed:
-		t.Fatalf("the authz service did not start: %v", err)
-	}
-	return ""
+	svc, err := New(cfg, env)
+	return itest.StartService(t, svc, err).Addr()
 }
 
 // chat sends a chat completion with key, naming model in X-Sluice-Model.

@@ -12,31 +12,28 @@ import (
 
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/sdk/go/checker"
 )
 
-// Options are what a hosting program adds to the configuration.
-type Options struct {
-	// Started, when not nil, learns the address the endpoint listens on.
-	Started func(addr string)
+// New returns the authz service of cfg in env. Once started it serves the
+// endpoint on cfg.Listen (its Addr) until stopped, then stops accepting and
+// lets checks in flight finish within cfg.ShutdownTimeout.
+func New(cfg Config, env platform.Env) (*platform.Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, config.Under("services.authz", err)
+	}
+	return platform.NewService("authz", func(ctx context.Context, ready func(string)) error {
+		return run(ctx, cfg, env, ready)
+	}), nil
 }
 
-// Run serves the endpoint on cfg.Listen until ctx is cancelled, then stops
-// accepting and lets checks in flight finish within cfg.ShutdownTimeout.
-func Run(ctx context.Context, cfg Config, env platform.Env) error {
-	return RunWith(ctx, cfg, env, Options{})
-}
-
-// RunWith is Run with options.
-func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) error {
+func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr string)) error {
 	if env.Logger == nil || env.Metrics == nil || env.Health == nil {
 		env = env.Named("authz")
-	}
-	if err := cfg.Validate(); err != nil {
-		return err
 	}
 	log := env.Logger
 	deps := Deps{Logger: log, Metrics: env.Metrics}
@@ -82,7 +79,7 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	if em != nil {
 		deps.Emitter = em
 	}
-	s, err = New(cfg, deps)
+	s, err = NewServer(cfg, deps)
 	if err != nil {
 		frontend.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
 		return err
@@ -104,9 +101,7 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	srv := httpserver.New(s, cfg.HTTP, log)
 	log.Info("forward-auth endpoint listening", "addr", ln.Addr().String(), "path", cfg.Path,
 		"tenant_keys", env.TenantKeys.File != "", "admission", env.Policy.File != "")
-	if opts.Started != nil {
-		opts.Started(ln.Addr().String())
-	}
+	ready(ln.Addr().String())
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { _ = chk.Run(gctx); return nil })

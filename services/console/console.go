@@ -47,6 +47,7 @@ import (
 	"github.com/sluicehq/sluice/internal/usageapi"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/chconn"
+	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
@@ -55,23 +56,19 @@ import (
 //go:embed templates/*.html static/*
 var assets embed.FS
 
-// Options are what a hosting program adds to the configuration.
-type Options struct {
-	// Started, when not nil, learns the address the console listens on.
-	Started func(addr string)
-}
-
-// Run serves the console until ctx is cancelled.
-func Run(ctx context.Context, cfg Config, env platform.Env) error {
-	return RunWith(ctx, cfg, env, Options{})
-}
-
-// RunWith is Run with options.
-func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) error {
-	env = env.Named("console")
+// New returns the console of cfg in env; once started it serves on
+// cfg.Listen (its Addr) until stopped.
+func New(cfg Config, env platform.Env) (*platform.Service, error) {
 	if err := cfg.Validate(); err != nil {
-		return err
+		return nil, config.Under("services.console", err)
 	}
+	return platform.NewService("console", func(ctx context.Context, ready func(string)) error {
+		return run(ctx, cfg, env, ready)
+	}), nil
+}
+
+func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr string)) error {
+	env = env.Named("console")
 	log := env.Logger
 	var pw *policy.Watcher
 	if env.Policy.File != "" {
@@ -124,9 +121,7 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 		log.Warn("console: plain HTTP on a non-loopback address; admin tokens typed into the login form cross the network in clear text (set services.console.tls_cert_file and tls_key_file)", "addr", cfg.Listen)
 	}
 	log.Info("web console listening", "url", scheme+"://"+ln.Addr().String())
-	if opts.Started != nil {
-		opts.Started(ln.Addr().String())
-	}
+	ready(ln.Addr().String())
 	g, gctx := errgroup.WithContext(ctx)
 	if pw != nil {
 		g.Go(func() error { return pw.Run(gctx) })

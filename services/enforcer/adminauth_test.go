@@ -49,7 +49,8 @@ func TestForgedAdminRecordsAreRefused(t *testing.T) {
 		cfg.Admin.Listen = closedAddr(t)
 		reg := prometheus.NewRegistry()
 		env := platform.Env{Logger: quietLog(), Metrics: reg, Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: sigAuth}.Named("test")
-		stop := itest.Start(t, "Run", func(ctx context.Context) error { return Run(ctx, cfg, env) })
+		svc, err := New(cfg, env)
+		stop := itest.RunService(t, svc, err)
 		cl, err := adminapi.NewClient("http://"+cfg.Admin.Listen, "tok", nil)
 		if err != nil {
 			t.Fatal(err)

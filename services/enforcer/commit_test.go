@@ -45,7 +45,8 @@ func TestSignalIsCommittedOnlyOnceItsFlagIsWritten(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	env := platform.Env{Logger: quietLog(), Metrics: reg, Kafka: kc, ClickHouse: itest.ClickHouse(t), Redis: viaLine, SignalAuth: sigAuth}.Named("test")
 	start := time.Now().UnixMilli()
-	stopFirst := itest.Start(t, "first enforcer", func(ctx context.Context) error { return Run(ctx, cfg, env) })
+	svc, err := New(cfg, env)
+	stopFirst := itest.RunService(t, svc, err)
 	itest.Eventually(t, within, "the first enforcer's first full rewrite", func() bool {
 		e, _ := rdb.Get(ctx, keys.Prefix+"epoch").Int64()
 		return e >= start
@@ -75,7 +76,8 @@ func TestSignalIsCommittedOnlyOnceItsFlagIsWritten(t *testing.T) {
 	// The same replica starts again, Redis back.
 	line.Restore()
 	env.Redis, env.Metrics = rc, prometheus.NewRegistry()
-	itest.Start(t, "second enforcer", func(ctx context.Context) error { return Run(ctx, cfg, env) })
+	svc, err = New(cfg, env)
+	itest.RunService(t, svc, err)
 	itest.Eventually(t, within, "the error-ratio breaker enforced after the restart", func() bool {
 		v, _ := rdb.HGet(ctx, keys.TenantKey(tenant), "gpt-4o").Result()
 		return strings.Contains(v, string(flags.KindErrorRatio))

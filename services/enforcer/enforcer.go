@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/chconn"
+	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/redisconn"
@@ -27,7 +28,8 @@ import (
 // Run runs the enforcer until ctx is cancelled or a part of it fails, then
 // writes the last flags and stops within cfg.ShutdownTimeout.
 //
-// Run is the wiring: it opens the clients, registers metrics and readiness
+// New returns the enforcer of cfg in env; its Addr is the admin API's
+// address ("" when the API is off). run is the wiring: it opens the clients, registers metrics and readiness
 // checks, and starts the core (core.go), its recovery (recovery.go), the
 // leader lease that decides whether this replica writes (lease.go), the
 // admin topic reader (adminstate.go, started once the flags in Redis are
@@ -38,10 +40,16 @@ import (
 // writes no flag. They then share one errgroup: the first to fail cancels
 // the others, and its error is Run's; the deferred closes run after all of
 // them have returned, so the last flag write still has its Redis client.
-func Run(ctx context.Context, cfg Config, env platform.Env) error {
+func New(cfg Config, env platform.Env) (*platform.Service, error) {
 	if err := cfg.Validate(); err != nil {
-		return err
+		return nil, config.Under("services.enforcer", err)
 	}
+	return platform.NewService("enforcer", func(ctx context.Context, ready func(string)) error {
+		return run(ctx, cfg, env, ready)
+	}), nil
+}
+
+func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr string)) error {
 	env = env.Named("enforcer")
 	log := env.Logger
 
@@ -138,6 +146,9 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	if srv != nil {
 		g.Go(srv.serve)
 		g.Go(func() error { return srv.shutdownOnDone(ctx, cfg.ShutdownTimeout) })
+		ready(srv.ln.Addr().String())
+	} else {
+		ready("")
 	}
 	return g.Wait()
 }

@@ -430,16 +430,16 @@ func TestLeaseAndFenceOnRedisCluster(t *testing.T) {
 // refuses one whose braces form no tag, naming the setting.
 func TestFenceKeySharesTheLeaseSlot(t *testing.T) {
 	for prefix, want := range map[string]string{
-		"sluice:flags:": "sluice:flags:leader:fence{sluice:flags:leader}",
-		"{sluice}:f:":   "{sluice}:f:leader:fence",
+		"acme:flags:": "acme:flags:leader:fence{acme:flags:leader}",
+		"{sluice}:f:": "{sluice}:f:leader:fence",
 	} {
 		if got, err := fenceKey(leaseKey(prefix)); err != nil || got != want {
 			t.Errorf("prefix %q: %q %v, want %q", prefix, got, err, want)
 		}
 	}
 	for _, prefix := range []string{"a{b:", "a}b:", "a{}b:"} {
-		if _, err := fenceKey(leaseKey(prefix)); err == nil || !strings.Contains(err.Error(), "enforcer.key_prefix") {
-			t.Errorf("prefix %q: %v, want an error naming enforcer.key_prefix", prefix, err)
+		if _, err := fenceKey(leaseKey(prefix)); err == nil || !strings.Contains(err.Error(), "redis.key_prefix") {
+			t.Errorf("prefix %q: %v, want an error naming redis.key_prefix", prefix, err)
 		}
 	}
 }

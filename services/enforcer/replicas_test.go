@@ -45,7 +45,8 @@ func TestTwoReplicasShareAdminStateAndOneWrites(t *testing.T) {
 		cfg.ReplicaID = id
 		cfg.Admin.Listen = closedAddr(t)
 		env := platform.Env{Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: sigAuth}.Named("test-" + id)
-		stop := itest.Start(t, "enforcer "+id, func(ctx context.Context) error { return Run(ctx, cfg, env) })
+		svc, err := New(cfg, env)
+		stop := itest.RunService(t, svc, err)
 		cl, err := adminapi.NewClient("http://"+cfg.Admin.Listen, "tok", nil)
 		if err != nil {
 			t.Fatal(err)

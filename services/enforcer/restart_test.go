@@ -82,7 +82,8 @@ func TestRestartWithoutClickHouseKeepsEveryFlag(t *testing.T) {
 	chc.DialTimeout = time.Second
 	env := platform.Env{Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: itest.SignalAuth(t)}.Named("test")
 	restarted := time.Now().UnixMilli()
-	itest.Start(t, "Run", func(ctx context.Context) error { return Run(ctx, cfg, env) })
+	svc, err := New(cfg, env)
+	itest.RunService(t, svc, err)
 	// Its first full rewrite sets the epoch; everything it wrote then is in
 	// Redis once a heartbeat after it is.
 	itest.Eventually(t, within, "the restarted enforcer's first full rewrite", func() bool {

@@ -61,7 +61,8 @@ func TestRunConsumesSignalsAndRecoversState(t *testing.T) {
 	signer := itest.Signer(t, sigAuth)
 	env := platform.Env{Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: sigAuth,
 		Policy: platform.FileSource{File: policyFile, Reload: 100 * time.Millisecond}}.Named("test")
-	itest.Start(t, "Run", func(ctx context.Context) error { return Run(ctx, cfg, env) })
+	svc, err := New(cfg, env)
+	itest.RunService(t, svc, err)
 	keys := flags.Layout{Prefix: cfg.KeyPrefix}
 	hasFlag := func(tenant, field, want string) func() bool {
 		return func() bool {

@@ -37,7 +37,8 @@ func TestForgedPeriodResetDoesNotLiftBreaker(t *testing.T) {
 	signer := itest.Signer(t, sigAuth)
 	reg := prometheus.NewRegistry()
 	env := platform.Env{Logger: quietLog(), Metrics: reg, Kafka: kc, ClickHouse: itest.ClickHouse(t), Redis: rc, SignalAuth: sigAuth}.Named("test")
-	itest.Start(t, "Run", func(ctx context.Context) error { return Run(ctx, cfg, env) })
+	svc, err := New(cfg, env)
+	itest.RunService(t, svc, err)
 
 	prod, err := kafkaconn.NewClient(kc, kgo.AllowAutoTopicCreation())
 	if err != nil {

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -42,19 +41,8 @@ tenants:
 	cfg.Admission.MaxWait = time.Second
 	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(), Redis: itest.Redis(t),
 		Policy: platform.FileSource{File: pol, Reload: time.Second}, TenantKeys: platform.FileSource{File: writeKeys(t), Reload: time.Second}}
-	addr, failed := make(chan string, 1), make(chan error, 1)
-	itest.Start(t, "gateway", func(ctx context.Context) error {
-		err := RunWith(ctx, cfg.Config, env, Options{Started: func(a string) { addr <- a }})
-		failed <- err
-		return err
-	})
-	var url string
-	select {
-	case a := <-addr:
-		url = "http://" + a
-	case err := <-failed:
-		t.Fatalf("the gateway did not start: %v", err)
-	}
+	svc, err := New(cfg.Config, env)
+	url := "http://" + itest.StartService(t, svc, err).Addr()
 	body := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`
 	if resp, b := post(t, url, "/v1/chat/completions", "sk-acme", body); resp.StatusCode != http.StatusOK {
 		t.Fatalf("first call: %d %s", resp.StatusCode, b)

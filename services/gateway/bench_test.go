@@ -74,7 +74,7 @@ func benchGateway(b *testing.B) (direct, proxied string, em *emitter.Emitter, se
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv, err := New(cfg.Config, Deps{Checker: chk, Emitter: em, Logger: log, Keys: keys, Policy: func() *policy.Policy { return p }, Guards: guards})
+	srv, err := NewServer(cfg.Config, Deps{Checker: chk, Emitter: em, Logger: log, Keys: keys, Policy: func() *policy.Policy { return p }, Guards: guards})
 	if err != nil {
 		b.Fatal(err)
 	}

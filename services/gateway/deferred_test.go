@@ -47,27 +47,23 @@ func deferredConfig(t *testing.T, cfg testGateway) testGateway {
 	return cfg
 }
 
-// runGateway runs `sluice gateway` (RunWith) with cfg in front of
-// upstream until the returned stop is called; it returns its URL.
+// runGateway runs `sluice gateway` with cfg in front of upstream until the
+// returned stop is called; it returns its URL.
 func runGateway(t *testing.T, cfg testGateway, upstream string) (url string, stop func()) {
 	t.Helper()
 	cfg.ups = []Upstream{{Name: "mock", BaseURL: upstream + "/v1", Models: []string{"*"}}}
 	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(),
 		Redis: itest.Redis(t), Kafka: itest.Kafka(t), TenantKeys: platform.FileSource{File: writeKeys(t), Reload: time.Second},
 		Policy: platform.FileSource{File: cfg.writePolicy(t), Reload: time.Second}}
-	addr, failed := make(chan string, 1), make(chan error, 1)
-	stop = itest.Start(t, "gateway", func(ctx context.Context) error {
-		err := RunWith(ctx, cfg.Config, env, Options{Started: func(a string) { addr <- a }})
-		failed <- err
-		return err
-	})
-	select {
-	case a := <-addr:
-		return "http://" + a, stop
-	case err := <-failed:
-		t.Fatalf("the gateway did not start: %v", err)
+	svc, err := New(cfg.Config, env)
+	itest.StartService(t, svc, err)
+	return "http://" + svc.Addr(), func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := svc.Stop(ctx); err != nil {
+			t.Errorf("gateway: %v", err)
+		}
 	}
-	return "", nil
 }
 
 // getTask reads a task's state through GET /v1/tasks/{id}.

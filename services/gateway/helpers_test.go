@@ -169,7 +169,7 @@ func startGateway(t *testing.T, tg testGateway, deps Deps) *gw {
 			t.Fatal(err)
 		}
 	}
-	srv, err := New(tg.Config, deps)
+	srv, err := NewServer(tg.Config, deps)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -136,7 +136,7 @@ func TestUpstreamCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := tg.parsePolicy(t)
-	_, err = New(tg.Config, Deps{Keys: keys, Policy: func() *policy.Policy { return p }, Guards: NewGuards(nil, "", "test", nil, nil)})
+	_, err = NewServer(tg.Config, Deps{Keys: keys, Policy: func() *policy.Policy { return p }, Guards: NewGuards(nil, "", "test", nil, nil)})
 	if err == nil || !strings.Contains(err.Error(), "upstreams.openai.api_key_env: environment variable SLUICE_TEST_SURELY_UNSET") {
 		t.Fatalf("New with an unreadable credential: %v", err)
 	}

@@ -48,26 +48,33 @@ import (
 
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/sdk/go/checker"
 )
 
-// Options are what a hosting program adds to the configuration.
-type Options struct {
-	// WrapAdmitter, when not nil, wraps the admission the gateway builds
-	// from the policy: a host that watches the decisions (the demo's live
-	// view counts them per tenant) passes them through.
-	WrapAdmitter func(frontend.Admitter) frontend.Admitter
-	// Started, when not nil, learns the address the API listens on.
-	Started func(addr string)
-	// Guards, when not nil, are the upstream guards the gateway follows
-	// the policy file with (a host that shows their state, as the demo
-	// does); otherwise it builds its own. Either way only with a policy
-	// file (services.gateway.admission.policy_file).
-	Guards *Guards
+// Option adds to a gateway what its hosting program gives: observers and
+// shared parts, never settings.
+type Option func(*options)
+
+type options struct {
+	wrapAdmitter func(frontend.Admitter) frontend.Admitter
+	guards       *Guards
 }
+
+// WithAdmitterWrap wraps the admission the gateway builds from the policy:
+// a host that watches the decisions (the demo's live view counts them per
+// tenant) passes them through.
+func WithAdmitterWrap(wrap func(frontend.Admitter) frontend.Admitter) Option {
+	return func(o *options) { o.wrapAdmitter = wrap }
+}
+
+// WithGuards makes g the upstream guards the gateway follows the policy
+// with (a host that shows their state, as the demo does); otherwise it
+// builds its own.
+func WithGuards(g *Guards) Option { return func(o *options) { o.guards = g } }
 
 // ProcessID names this process in the fleet's shared counts: the
 // gateway's name, the host and the process id.
@@ -76,19 +83,25 @@ func ProcessID(name string) string {
 	return fmt.Sprintf("%s/%s/%d", name, host, os.Getpid())
 }
 
-// Run serves the gateway on cfg.Listen until ctx is cancelled, then shuts
-// down as the package documentation says.
-func Run(ctx context.Context, cfg Config, env platform.Env) error {
-	return RunWith(ctx, cfg, env, Options{})
+// New returns the gateway service of cfg in env. Once started it serves on
+// cfg.Listen (its Addr) until stopped, then shuts down as the package
+// documentation says.
+func New(cfg Config, env platform.Env, opts ...Option) (*platform.Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, config.Under("services.gateway", err)
+	}
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return platform.NewService("gateway", func(ctx context.Context, ready func(string)) error {
+		return run(ctx, cfg, env, o, ready)
+	}), nil
 }
 
-// RunWith is Run with options.
-func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) error {
+func run(ctx context.Context, cfg Config, env platform.Env, opts options, ready func(addr string)) error {
 	if env.Logger == nil || env.Metrics == nil || env.Health == nil {
 		env = env.Named("gateway")
-	}
-	if err := cfg.Validate(); err != nil {
-		return err
 	}
 	log := env.Logger
 	switch {
@@ -135,7 +148,7 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	deps := pol.deps
 	deps.Checker, deps.Emitter, deps.Logger, deps.Metrics, deps.Keys = chk, em, log, env.Metrics, keys
 	deps.Tasks, deps.Usage = tasks, usage
-	s, err = New(cfg, deps)
+	s, err = NewServer(cfg, deps)
 	if err != nil {
 		frontend.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
 		return err
@@ -147,7 +160,7 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 		frontend.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
 		return fmt.Errorf("gateway: listen on %s: %w (set services.gateway.listen to a free address)", cfg.Listen, err)
 	}
-	return serve(ctx, cfg, env, opts, s, ln, pol, chk, runTasks, func() {
+	return serve(ctx, cfg, env, ready, s, ln, pol, chk, runTasks, func() {
 		// Only now, with every request settled, do the events leave.
 		frontend.CloseEmitter(context.Background(), em, closeSender, cfg.Usage.FlushTimeout, log)
 	})
@@ -157,7 +170,7 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 // the Checker, the deferred tasks' worker — until ctx ends, then shuts
 // down: requests in flight finish (then are cut and settled), flushed
 // (after, closes the Emitter), and the Checker stops last.
-func serve(ctx context.Context, cfg Config, env platform.Env, opts Options, s *Server, ln net.Listener, pol *policyParts, chk *checker.Checker,
+func serve(ctx context.Context, cfg Config, env platform.Env, ready func(string), s *Server, ln net.Listener, pol *policyParts, chk *checker.Checker,
 	runTasks func(context.Context, *Server) error, after func()) error {
 	log := env.Logger
 	env.Health.AddReadiness("gateway", func(context.Context) error {
@@ -169,9 +182,7 @@ func serve(ctx context.Context, cfg Config, env platform.Env, opts Options, s *S
 	defer env.Health.RemoveReadiness("gateway")
 	srv := httpserver.New(s, cfg.HTTP, log)
 	log.Info("OpenAI-compatible gateway listening", "addr", ln.Addr().String(), "upstreams", len(s.routes.Load().byName), "usage_sink", cfg.Usage.Sink)
-	if opts.Started != nil {
-		opts.Started(ln.Addr().String())
-	}
+	ready(ln.Addr().String())
 
 	// The Checker outlives the server: requests still finishing are
 	// checked against current flags until the last one returns.
@@ -205,7 +216,7 @@ func serve(ctx context.Context, cfg Config, env platform.Env, opts Options, s *S
 }
 
 // policyParts are what the gateway builds from the policy file: admission
-// (wrapped by Options.WrapAdmitter when given), the tenants' soft
+// (wrapped by WithAdmitterWrap's function when given), the tenants' soft
 // per-minute quotas and the upstreams' guards, in deps for New; apply
 // gives each a reloaded policy, follow follows the file until its context
 // ends, close releases them in the reverse order.
@@ -233,7 +244,7 @@ func (p *policyParts) follow(ctx context.Context) error {
 
 // openPolicy reads the policy file and builds the parts it drives; on an
 // error everything built is closed.
-func openPolicy(cfg Config, env platform.Env, opts Options) (p *policyParts, err error) {
+func openPolicy(cfg Config, env platform.Env, opts options) (p *policyParts, err error) {
 	log := env.Logger
 	p = &policyParts{}
 	defer func() {
@@ -253,11 +264,11 @@ func openPolicy(cfg Config, env platform.Env, opts Options) (p *policyParts, err
 	}
 	p.closers = append(p.closers, limits.Close)
 	p.apply = append(p.apply, limits.Apply)
-	if opts.WrapAdmitter != nil {
-		limits.Admit = opts.WrapAdmitter(limits.Admit)
+	if opts.wrapAdmitter != nil {
+		limits.Admit = opts.wrapAdmitter(limits.Admit)
 	}
 	p.deps.Limits = limits
-	guards := opts.Guards
+	guards := opts.guards
 	if guards == nil {
 		// A client of its own: the shared counts bound each call by its
 		// context, which must reach the socket.

@@ -60,39 +60,14 @@ func startIngest(t testing.TB, edit func(*Config), extra ...kgo.Opt) *testInstan
 	if testing.Verbose() {
 		env.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	addr := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, cfg, env, func(a string) { addr <- a }, extra...) }()
-	select {
-	case a := <-addr:
-		inst.url = "http://" + a
-	case err := <-done:
-		cancel()
-		t.Fatalf("ingest did not start: %v", err)
-	case <-time.After(60 * time.Second):
-		cancel()
-		t.Fatal("ingest did not start within 60s")
-	}
-	stopped := false
+	svc, err := New(cfg, env, WithProducerOptions(extra...))
+	itest.StartService(t, svc, err)
+	inst.url = "http://" + svc.Addr()
 	inst.stop = func() error {
-		if stopped {
-			return nil
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			return err
-		case <-time.After(60 * time.Second):
-			return fmt.Errorf("ingest did not stop within 60s")
-		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		return svc.Stop(ctx)
 	}
-	t.Cleanup(func() {
-		if err := inst.stop(); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
 	return inst
 }
 

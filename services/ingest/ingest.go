@@ -25,21 +25,42 @@ import (
 
 	"github.com/sluicehq/sluice/internal/usageapi"
 	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/httpserver/hotroute"
 )
 
-// Run serves the events API on cfg.Listen until ctx is cancelled, then
-// shuts down gracefully within cfg.ShutdownTimeout: readiness turns false,
-// the listener closes, in-flight requests finish (each waits for its
-// broker acknowledgements), and the producer flushes.
-func Run(ctx context.Context, cfg Config, env platform.Env) error {
-	return run(ctx, cfg, env, nil)
+// New returns the ingest service of cfg in env. Once started it serves the
+// events API on cfg.Listen (its Addr) until stopped, then shuts down
+// gracefully within cfg.ShutdownTimeout: readiness turns false, the
+// listener closes, in-flight requests finish (each waits for its broker
+// acknowledgements), and the producer flushes.
+func New(cfg Config, env platform.Env, opts ...Option) (*platform.Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, config.Under("services.ingest", err)
+	}
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return platform.NewService("ingest", func(ctx context.Context, ready func(string)) error {
+		return run(ctx, cfg, env, ready, o.kafka...)
+	}), nil
 }
 
-// run is Run with extra producer options and a hook that learns the bound
-// address, for tests.
-func run(ctx context.Context, cfg Config, env platform.Env, started func(addr string), extra ...kgo.Opt) error {
+// Option adds to an ingest service what its host (a test) gives.
+type Option func(*options)
+
+type options struct{ kafka []kgo.Opt }
+
+// WithProducerOptions adds franz-go options to the producers (a test's
+// dialer through a proxy it can cut).
+func WithProducerOptions(o ...kgo.Opt) Option {
+	return func(x *options) { x.kafka = append(x.kafka, o...) }
+}
+
+// run serves until ctx ends; ready learns the bound address.
+func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr string), extra ...kgo.Opt) error {
 	if env.Logger == nil || env.Metrics == nil || env.Health == nil {
 		// The hosting process normally names the env; a bare one (a test,
 		// an embedding program) gets defaults.
@@ -93,9 +114,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, started func(addr st
 		serve, stop = hot.Serve, hot.Shutdown
 	}
 	env.Logger.Info("events API listening", "addr", ln.Addr().String(), "topic", cfg.Topic)
-	if started != nil {
-		started(ln.Addr().String())
-	}
+	ready(ln.Addr().String())
 	// One group, one cancellation: the server, the keys file poller and
 	// the shutdown member. When ctx ends, or the server fails, shutdown
 	// drains the in-flight requests and flushes the producer.

@@ -25,6 +25,7 @@ import (
 
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/chconn"
+	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/policy"
@@ -32,18 +33,31 @@ import (
 	"github.com/sluicehq/sluice/services/reconciler/schedule"
 )
 
-// Run reconciles on schedule until ctx ends. A job running when ctx ends
-// gets cfg.ShutdownTimeout to finish before it is cancelled.
-func Run(ctx context.Context, cfg Config, env platform.Env) error {
-	return run(ctx, cfg, env, schedule.RealClock)
+// New returns the reconciler of cfg in env. Once started it reconciles on
+// schedule until stopped; a job running then gets cfg.ShutdownTimeout to
+// finish before it is cancelled. It has no API of its own (Addr is "").
+func New(cfg Config, env platform.Env, opts ...Option) (*platform.Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, config.Under("services.reconciler", err)
+	}
+	clock := schedule.Clock(schedule.RealClock)
+	for _, o := range opts {
+		o(&clock)
+	}
+	return platform.NewService("reconciler", func(ctx context.Context, ready func(string)) error {
+		return run(ctx, cfg, env, clock, ready)
+	}), nil
 }
 
-func run(ctx context.Context, cfg Config, env platform.Env, clock schedule.Clock) error {
+// Option adds to a reconciler what its host (a test) gives.
+type Option func(*schedule.Clock)
+
+// WithClock runs the schedule on clock instead of the wall clock.
+func WithClock(clock schedule.Clock) Option { return func(c *schedule.Clock) { *c = clock } }
+
+func run(ctx context.Context, cfg Config, env platform.Env, clock schedule.Clock, ready func(addr string)) error {
 	env = env.Named("reconciler")
 	log := env.Logger
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
 	at, _ := schedule.ParseTimeOfDay(cfg.At)
 	auth, err := signalauth.Open(env.SignalAuth, log)
 	if err != nil {
@@ -112,5 +126,6 @@ func run(ctx context.Context, cfg Config, env platform.Env, clock schedule.Clock
 		return nil
 	})
 	log.Info("reconciler started", "at", at.String(), "settle", cfg.Settle, "policy_file", env.Policy.File)
+	ready("")
 	return g.Wait()
 }

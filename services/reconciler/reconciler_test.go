@@ -101,22 +101,8 @@ func TestServiceRepairsOnScheduleAndSignals(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	env := platform.Env{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: reg, Health: ops.NewHealth(), Kafka: kcfg, ClickHouse: chcfg,
 		SignalAuth: sigAuth, Policy: platform.FileSource{File: polPath, Reload: time.Second}}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- run(runCtx, cfg, env, fixedClock{now: time.Date(2026, 10, 15, 0, 31, 0, 0, day.Location())})
-	}()
-	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run returned %v after cancel, want nil", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("Run did not stop within 30s of cancel")
-		}
-	}()
+	svc, err := New(cfg, env, WithClock(fixedClock{now: time.Date(2026, 10, 15, 0, 31, 0, 0, day.Location())}))
+	itest.StartService(t, svc, err)
 
 	itest.EventuallyNoError(t, 60*time.Second, "the daily counter repaired to 500", func() error {
 		var used float64

@@ -127,7 +127,8 @@ func BenchmarkAdmissionExact(b *testing.B) {
 	}), "admission_exact_allocs")
 }
 
-// seed000SlidingWindow is seed 000's per-user token window: trim the sorted
+// seed000SlidingWindow is the textbook per-user token window Sluice's
+// windows are measured against (bench/README.md): trim the sorted
 // set to the window, read every entry back, sum the token counts encoded in
 // the members, refuse when used + requested > limit, else add the request.
 var seed000SlidingWindow = redis.NewScript(`
@@ -152,7 +153,7 @@ redis.call('EXPIRE', key, math.floor(window_size / 1000) + 60)
 return {1, current_usage + tokens_this_request, limit}
 `)
 
-// seed002TokenBucket is seed 002's token bucket: start full at burst,
+// seed002TokenBucket is the textbook token bucket, the other baseline: start full at burst,
 // refill at rate per second up to burst, take one token or answer the
 // retry-after ceil(deficit / rate).
 var seed002TokenBucket = redis.NewScript(`
@@ -187,7 +188,7 @@ return {allowed, math.floor(tokens), retry_after}
 `)
 
 // BenchmarkAdmissionSeed000SlidingWindow measures
-// admission_seed000_sliding_window_ns (p50, p99): seed 000's sorted-set
+// admission_seed000_sliding_window_ns (p50, p99): the baseline sorted-set
 // window, one EVALSHA per request on the same Redis, 64 tenants' keys, 60 s
 // window, 400 tokens a request, a limit that never refuses. Its cost grows
 // with the entries in the window (each call reads them all); the figure is
@@ -215,7 +216,7 @@ func BenchmarkAdmissionSeed000SlidingWindow(b *testing.B) {
 }
 
 // BenchmarkAdmissionSeed002TokenBucket measures
-// admission_seed002_token_bucket_ns (p50, p99): seed 002's token bucket,
+// admission_seed002_token_bucket_ns (p50, p99): the baseline token bucket,
 // one EVALSHA per request on the same Redis, 64 tenants' keys.
 func BenchmarkAdmissionSeed002TokenBucket(b *testing.B) {
 	prefix := testPrefix(b)

@@ -199,7 +199,7 @@ func BenchmarkTenantHash(b *testing.B) {
 	b.ReportMetric(float64(elapsed.Nanoseconds())/float64(b.N), "checker_tenant_hash_ns")
 }
 
-// luaSlidingWindow is the per-request check of seed 000's design: trim the
+// luaSlidingWindow is the per-request check the Checker replaces: trim the
 // window, read every entry, sum it, and admit by adding one — a round trip
 // to Redis and O(entries) work per request.
 var luaSlidingWindow = redis.NewScript(`

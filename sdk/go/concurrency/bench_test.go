@@ -72,7 +72,7 @@ func BenchmarkAdaptiveGradient(b *testing.B) {
 }
 
 // BenchmarkAdaptiveThreshold reports adaptive_threshold_adjustments_to_settle
-// and adaptive_threshold_final_limit: seed 003's rule with its thresholds
+// and adaptive_threshold_final_limit: the Threshold rule with its default thresholds
 // (2 s, 500 ms, 10%, 1%; ×0.8, ×1.2 every 10 s over 60 s), base latency
 // 400 ms so that the upstream at capacity is under the 500 ms "fast"
 // threshold.

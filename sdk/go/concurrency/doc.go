@@ -4,7 +4,7 @@
 // A Limiter counts calls in flight against a limit that an Algorithm sets:
 //
 //   - Fixed: a constant limit.
-//   - Threshold: seed 003's rule, applied to concurrency. Over a sliding
+//   - Threshold: a step rule on latency and error thresholds. Over a sliding
 //     window (60 s) it is re-evaluated at a fixed interval (10 s): an
 //     average latency above 2 s or more than 10% errors multiplies the
 //     limit by 0.8, not below a minimum; an average latency below 500 ms

@@ -11,7 +11,7 @@ import (
 type config struct {
 	initial, min, max int
 
-	// Threshold (seed 003).
+	// Threshold.
 	window, every        time.Duration
 	slowAbove, fastBelow time.Duration
 	errorsAbove          float64
@@ -63,7 +63,7 @@ func MinLimit(n int) Opt { return bothOpt(func(c *config) { c.min = n }) }
 func MaxLimit(n int) Opt { return bothOpt(func(c *config) { c.max = n }) }
 
 // ErrorsAbove is the error ratio over which the limit is decreased
-// (default 0.10, seed 003), in both algorithms.
+// (default 0.10), in both algorithms.
 func ErrorsAbove(r float64) Opt { return bothOpt(func(c *config) { c.errorsAbove = r }) }
 
 // Window is the span of calls the threshold rule averages over (default

@@ -17,7 +17,8 @@ type bucket struct {
 	latency       time.Duration // sum over successful and failed calls
 }
 
-// Threshold is seed 003's adaptive rule applied to a concurrency limit.
+// Threshold is a step rule on latency and error thresholds applied to a
+// concurrency limit.
 // Calls are summed per AdjustEvery interval; at the end of each interval
 // the rule looks at the Window that just ended (the last Window/AdjustEvery
 // intervals):
@@ -47,7 +48,7 @@ type Threshold struct {
 	adjustments int
 }
 
-// NewThreshold returns seed 003's rule with the defaults (initial limit
+// NewThreshold returns the rule with the defaults (initial limit
 // 20, between 1 and 1000; 60 s window adjusted every 10 s; 2 s and 500 ms
 // latency thresholds, 10% and 1% error thresholds; factors 0.8 and 1.2)
 // changed by opts.

@@ -33,7 +33,7 @@ func newThreshold(t *testing.T, opts ...ThresholdOpt) *Threshold {
 	return th
 }
 
-// TestThresholdSlowAnswersShrinkEveryTenSeconds: seed 003 — an average
+// TestThresholdSlowAnswersShrinkEveryTenSeconds: an average
 // latency above 2 s multiplies the limit by 0.8 at each 10 s adjustment,
 // never between adjustments, and never below the minimum.
 func TestThresholdSlowAnswersShrinkEveryTenSeconds(t *testing.T) {
@@ -71,7 +71,7 @@ func TestThresholdRecoversWhenTheWindowIsFastAgain(t *testing.T) {
 	}
 }
 
-// TestThresholdBoundaries pins seed 003's comparisons: strictly above 2 s
+// TestThresholdBoundaries pins the rule's comparisons: strictly above 2 s
 // or 10% errors shrinks, strictly below 500 ms and 1% errors grows, the
 // band between holds.
 func TestThresholdBoundaries(t *testing.T) {

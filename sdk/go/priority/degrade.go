@@ -12,7 +12,7 @@ import (
 // Level is a degradation level: which classes an upstream still admits.
 type Level uint8
 
-// The levels (seed 003).
+// The levels, from serving everyone to serving critical calls only.
 const (
 	// Normal operation: every class is admitted.
 	LevelNone Level = iota
@@ -72,7 +72,7 @@ type degraderOpt func(*Degrader)
 func (o degraderOpt) applyDegrader(d *Degrader) { o(d) }
 
 // Thresholds are the loads above which levels 1, 2 and 3 apply (default
-// 0.5, 0.7, 0.9: seed 003's 50/70/90%).
+// 0.5, 0.7, 0.9).
 func Thresholds(l1, l2, l3 float64) DegraderOpt {
 	return degraderOpt(func(d *Degrader) { d.above = [3]float64{l1, l2, l3} })
 }
@@ -84,7 +84,8 @@ func Hysteresis(h float64) DegraderOpt {
 }
 
 // DegradedRetryAfter is the Retry-After of a degraded refusal (default
-// 30 s, seed 003's retry_after).
+// 30 s: long enough for a surge to pass, short enough for a batch job to
+// resume the same minute).
 func DegradedRetryAfter(r time.Duration) DegraderOpt {
 	return degraderOpt(func(d *Degrader) { d.retryAfter = r })
 }

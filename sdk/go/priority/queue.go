@@ -64,7 +64,7 @@ func (realClock) AfterFunc(d time.Duration, f func()) interface{ Stop() bool } {
 //
 // Bounds:
 //
-//   - at most MaxWaiting requests wait (default 1,000, seed 003). When
+//   - at most MaxWaiting requests wait (default 1,000). When
 //     full, a newcomer evicts the newest request of the lowest class
 //     waiting, if that class is below its own; otherwise the newcomer is
 //     refused (QueueFull). So a class is shed only while no lower class

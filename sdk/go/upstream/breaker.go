@@ -40,9 +40,9 @@ func (s State) String() string {
 // calls the upstream through this gateway process. It opens when any of
 // these holds:
 //
-//   - ConsecutiveFailures calls in a row failed (default 10, seed 000);
+//   - ConsecutiveFailures calls in a row failed (default 10);
 //   - of at least MinRequests calls (default 20) in the last Window
-//     (default 1 min), ErrorRatio or more failed (default 0.5, seed 000);
+//     (default 1 min), ErrorRatio or more failed (default 0.5);
 //   - of as many calls, SlowRatio or more took SlowCall or longer
 //     (defaults 0.5 and 10 s, the policy's slow-call breaker defaults).
 //

@@ -30,7 +30,7 @@ func call(b *Breaker, latency time.Duration, o concurrency.Outcome) bool {
 	return ok
 }
 
-// TestBreakerOpensAfterTenConsecutiveFailures: seed 000 — ten failures in
+// TestBreakerOpensAfterTenConsecutiveFailures: by default ten failures in
 // a row open the breaker for 30 s; nine do not, and a success in between
 // starts the count again.
 func TestBreakerOpensAfterTenConsecutiveFailures(t *testing.T) {
@@ -60,7 +60,7 @@ func TestBreakerOpensAfterTenConsecutiveFailures(t *testing.T) {
 }
 
 // TestBreakerOpensOnRatios: half of at least 20 calls failing in the
-// window opens it (seed 000's 50%), as do half of them being slow; fewer
+// window opens it (the default ErrorRatio), as do half of them being slow; fewer
 // than 20 calls never do.
 func TestBreakerOpensOnRatios(t *testing.T) {
 	t.Run("errors", func(t *testing.T) {

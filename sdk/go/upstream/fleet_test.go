@@ -61,8 +61,8 @@ func wantState(t *testing.T, b *Breaker, st State, openFor time.Duration) {
 }
 
 // TestFleetBreakerCountsProbesAcrossGateways: nine consecutive failures
-// in gateway A leave the upstream's breaker closed; the tenth (seed 000)
-// opens it for the fleet; gateway B, which saw none, follows. After the open time the fleet sends 5 probes in
+// in gateway A leave the upstream's breaker closed; the tenth (the
+// default ConsecutiveFailures) opens it for the fleet; gateway B, which saw none, follows. After the open time the fleet sends 5 probes in
 // all, whichever gateway sends them; one failed probe reopens both for
 // twice as long, twice in a row (30 s, 60 s, 120 s); 5 successful probes
 // from both gateways close it for both and reset the open time.

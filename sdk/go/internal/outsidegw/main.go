@@ -58,7 +58,12 @@ func run(redisAddr, prefix string) error {
 	if err != nil {
 		return err
 	}
-	go func() { _ = chk.Run(ctx) }()
+	// The checker stops before the client closes (defers run last first),
+	// so no refresh is cut off by a closing pool.
+	chkCtx, stopChecker := context.WithCancel(ctx)
+	checkerDone := make(chan struct{})
+	go func() { defer close(checkerDone); _ = chk.Run(chkCtx) }()
+	defer func() { stopChecker(); <-checkerDone }()
 	for !chk.Synced() {
 		select {
 		case <-ctx.Done():

@@ -65,7 +65,11 @@ func main() {
 		}
 		faults.Set(h)
 	}
-	if err := aggregator.Run(ctx, cfg, env); err != nil {
+	svc, err := aggregator.New(cfg, env)
+	if err == nil {
+		err = svc.Run(ctx)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "aggregator:", err)
 		os.Exit(1)
 	}
