@@ -560,7 +560,7 @@ func TestDocsCarryTheVerifyFunction(t *testing.T) {
 	if start < 0 || !bytes.Contains(doc, src[start:]) {
 		t.Fatal("docs/webhooks.md does not carry verify.go's Verify verbatim; copy it from func Verify( to the end of the file")
 	}
-	imports := src[bytes.Index(src, []byte("import (")):bytes.Index(src, []byte(")\n"))+2]
+	imports := src[bytes.Index(src, []byte("import (")) : bytes.Index(src, []byte(")\n"))+2]
 	if !bytes.Contains(doc, imports) {
 		t.Fatal("docs/webhooks.md does not carry verify.go's imports")
 	}
