@@ -120,7 +120,7 @@ var services = []service{
 		run: func(ctx context.Context, c *Config, env platform.Env, _ hostOptions) error {
 			return enforcer.Run(ctx, c.Services.Enforcer, env)
 		}},
-	{name: "alerter", signals: true, about: "signals → Alertmanager, DingTalk and Slack notifications",
+	{name: "alerter", signals: true, about: "signals → Alertmanager, DingTalk, Feishu, WeCom, Slack and webhook notifications",
 		section: func(c *Config) validator { return c.Services.Alerter },
 		needs:   always(needs{kafka: true}),
 		run: func(ctx context.Context, c *Config, env platform.Env, _ hostOptions) error {
