@@ -443,21 +443,32 @@ func TestVerifyRefusesForgeriesAndReplays(t *testing.T) {
 		t.Fatalf("a good delivery among other signatures, at the window's edge, refused: %v", err)
 	}
 	wrongKey, _ := Key("another-secret-of-enough-bytes")
-	cases := map[string]error{
-		"tampered body":   Verify(secret, header(id, now.Unix(), good), append(bytes.Clone(body), ' '), now, replay),
-		"other id":        Verify(secret, header("ffffffffffffffffffffffffffffffff", now.Unix(), good), body, now, replay),
-		"wrong secret":    Verify(secret, header(id, now.Unix(), Sign(wrongKey, id, now.Unix(), body)), body, now, replay),
-		"replayed later":  Verify(secret, header(id, now.Unix(), good), body, now.Add(replay+time.Second), replay),
-		"from the future": Verify(secret, header(id, now.Unix()+400, Sign(key, id, now.Unix()+400, body)), body, now, replay),
-		"no signature":    Verify(secret, header(id, now.Unix(), ""), body, now, replay),
-		"v2 scheme":       Verify(secret, header(id, now.Unix(), "v2,"+strings.TrimPrefix(good, "v1,")), body, now, replay),
-		"bad timestamp":   Verify(secret, http.Header{HeaderID: {id}, HeaderTimestamp: {"soon"}, HeaderSignature: {good}}, body, now, replay),
+	noSig, replayed, badTS := "no valid signature", "outside the replay window", "not Unix seconds"
+	cases := map[string]struct {
+		err  error
+		want string
+	}{
+		"tampered body":   {Verify(secret, header(id, now.Unix(), good), append(bytes.Clone(body), ' '), now, replay), noSig},
+		"other id":        {Verify(secret, header("ffffffffffffffffffffffffffffffff", now.Unix(), good), body, now, replay), noSig},
+		"wrong secret":    {Verify(secret, header(id, now.Unix(), Sign(wrongKey, id, now.Unix(), body)), body, now, replay), noSig},
+		"other timestamp": {Verify(secret, header(id, now.Unix()+1, good), body, now, replay), noSig},
+		"replayed later":  {Verify(secret, header(id, now.Unix(), good), body, now.Add(replay+time.Second), replay), replayed},
+		"from the future": {Verify(secret, header(id, now.Unix()+400, Sign(key, id, now.Unix()+400, body)), body, now, replay), replayed},
+		"no signature":    {Verify(secret, header(id, now.Unix(), ""), body, now, replay), "missing"},
+		"v2 scheme":       {Verify(secret, header(id, now.Unix(), "v2,"+strings.TrimPrefix(good, "v1,")), body, now, replay), noSig},
+		"bad timestamp":   {verifyErr(secret, header(id, now.Unix(), good), HeaderTimestamp, "soon", body, now), badTS},
 	}
-	for name, err := range cases {
-		if err == nil {
-			t.Errorf("%s: accepted", name)
+	for name, c := range cases {
+		if c.err == nil || !strings.Contains(c.err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error saying %q", name, c.err, c.want)
 		}
 	}
+}
+
+// verifyErr is Verify of header with key set to value.
+func verifyErr(secret string, header http.Header, key, value string, body []byte, now time.Time) error {
+	header.Set(key, value)
+	return Verify(secret, header, body, now, replay)
 }
 
 func itoa(n int64) string { b, _ := json.Marshal(n); return string(b) }
@@ -563,6 +574,39 @@ func TestDocsCarryTheVerifyFunction(t *testing.T) {
 	imports := src[bytes.Index(src, []byte("import (")) : bytes.Index(src, []byte(")\n"))+2]
 	if !bytes.Contains(doc, imports) {
 		t.Fatal("docs/webhooks.md does not carry verify.go's imports")
+	}
+}
+
+// TestTheDocumentedTestVector: docs/webhooks.md gives receivers a test
+// vector; Verify accepts it and Sign produces it (a Python hmac computed
+// the same value independently).
+func TestTheDocumentedTestVector(t *testing.T) {
+	const (
+		sec  = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwC2hRzmQy2vE="
+		id   = "577a6aa1cf96ce71f96a131f195ae3b2"
+		ts   = 1773480413
+		body = `{"schema":"sluice.alerts.v1","id":"577a6aa1cf96ce71f96a131f195ae3b2"}`
+		sig  = "v1,vZgKqV5aipNvrJWXOLB40Ng9zWEtPnNYp2Yuk+5Epz0="
+	)
+	key, err := Key(sec)
+	if err != nil || Sign(key, id, ts, []byte(body)) != sig {
+		t.Fatalf("Sign = %s (%v), want %s", Sign(key, id, ts, []byte(body)), err, sig)
+	}
+	h := http.Header{}
+	h.Set(HeaderID, id)
+	h.Set(HeaderTimestamp, "1773480413")
+	h.Set(HeaderSignature, sig)
+	if err := Verify(sec, h, []byte(body), time.Unix(ts, 0), replay); err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile("../../../docs/webhooks.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{sec, id, "1773480413", body, sig} {
+		if !bytes.Contains(doc, []byte("`"+v+"`")) {
+			t.Errorf("docs/webhooks.md lacks the test vector's %s", v)
+		}
 	}
 }
 
