@@ -25,9 +25,9 @@ func (kind) Name() string { return "webhook" }
 
 // Delivery: receivers are the customers' own services, not a chat with a
 // documented limit, so 600 a minute with a burst of 20; and more patience
-// than a chat robot needs, 8 attempts from 1s up to 1m apart (about four
-// minutes in all), since a missed billing event costs more than a missed
-// chat line.
+// than a chat robot needs: 8 attempts, the back-off doubling from 1s up to
+// 1m (one to two minutes of waiting in all, with jitter), since a missed
+// billing event costs more than a missed chat line.
 func (kind) Delivery() notify.ChannelConfig {
 	c := notify.DefaultChannelConfig()
 	c.RatePerMinute, c.Burst = 600, 20

@@ -575,6 +575,12 @@ func TestDocsCarryTheVerifyFunction(t *testing.T) {
 	if !bytes.Contains(doc, imports) {
 		t.Fatal("docs/webhooks.md does not carry verify.go's imports")
 	}
+	// The example delivery is valid against the schema.
+	_, example, ok := bytes.Cut(doc, []byte("```json\n"))
+	example, _, _ = bytes.Cut(example, []byte("```"))
+	if err := validate(compileSchema(t), example); !ok || err != nil {
+		t.Fatalf("docs/webhooks.md's example delivery: %v", err)
+	}
 }
 
 // TestTheDocumentedTestVector: docs/webhooks.md gives receivers a test
