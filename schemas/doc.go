@@ -107,7 +107,9 @@
 //
 // [JSONSchemaFS] ships usage-event.v1.json, signal.v1.json and
 // cloudevent-usage.v1.json (draft 2020-12), and [JSONSchema] returns one by
-// name. They express the same rules as the Go code, including patterns,
+// name; alert-webhook.v1.json beside them describes what the alerter's
+// webhook channel kind sends, and the webhook package's tests hold its
+// payloads to it. They express the same rules as the Go code, including patterns,
 // bounds, enums, required fields and date-time formats, and a test holds
 // both to the same verdicts on a corpus of documents. What JSON Schema
 // cannot say is checked only in Go, and each schema's description lists it:

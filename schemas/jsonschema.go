@@ -27,6 +27,11 @@ const (
 	// CloudEvent as eventjson.DecodeCloudEvent accepts it. It refers to
 	// JSONSchemaUsageEventV1, so a validator needs both.
 	JSONSchemaCloudEventUsageV1 = "cloudevent-usage.v1.json"
+	// JSONSchemaAlertWebhookV1 describes the body the alerter's webhook
+	// channel kind POSTs (package services/alerter/webhook, whose tests
+	// hold its payloads to it; docs/webhooks.md). It stands alone, so a
+	// receiver needs only this file.
+	JSONSchemaAlertWebhookV1 = "alert-webhook.v1.json"
 )
 
 // JSONSchema returns the schema document with the given name, one of the

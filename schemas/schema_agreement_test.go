@@ -18,7 +18,7 @@ import (
 func TestJSONSchemaFiles(t *testing.T) {
 	schematest.LoadSchemas(t)
 	entries, err := fs.ReadDir(schemas.JSONSchemaFS, "jsonschema")
-	if err != nil || len(entries) != 3 {
+	if err != nil || len(entries) != 4 {
 		t.Fatalf("embedded schemas: %v, %v", entries, err)
 	}
 	for _, e := range entries {

@@ -121,7 +121,7 @@ var services = []service{
 		newService: func(c *Config, env platform.Env, _ hostOptions) (*platform.Service, error) {
 			return enforcer.New(c.Services.Enforcer, env)
 		}},
-	{name: "alerter", signals: true, about: "signals → Alertmanager, DingTalk and Slack notifications",
+	{name: "alerter", signals: true, about: "signals → Alertmanager, DingTalk, Feishu, WeCom, Slack and webhook notifications",
 		section: func(c *Config) validator { return c.Services.Alerter },
 		needs:   always(needs{kafka: true}),
 		newService: func(c *Config, env platform.Env, _ hostOptions) (*platform.Service, error) {

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -28,21 +29,25 @@ import (
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/alerter/notify"
+	"github.com/sluicehq/sluice/services/alerter/webhook"
 )
 
 const robotSecret = "SECtest0123456789"
 
-// receiver stands in for a DingTalk robot or a Slack webhook: it records
-// what arrives, checks DingTalk signatures, and can fail the first requests
-// with a 500.
+// receiver stands in for a DingTalk robot, a Slack webhook, a Feishu bot,
+// a WeCom robot or a webhook endpoint: it records what arrives, checks
+// signatures (DingTalk's, Feishu's, the webhook kind's) as the real ones
+// do, and can fail the first requests with a 500.
 type receiver struct {
-	kind string // "dingtalk" or "slack"
+	kind string // "dingtalk", "slack", "feishu", "wecom" or "webhook"
 	mu   sync.Mutex
 	fail int
 	// titles holds the message titles, in arrival order.
 	titles []string
 	bodies []string
 	errs   []string
+	// events holds the event ids of webhook deliveries, in arrival order.
+	events []string
 	srv    *httptest.Server
 }
 
@@ -54,8 +59,15 @@ func newReceiver(t *testing.T, kind string) *receiver {
 }
 
 func (r *receiver) url() string {
-	if r.kind == "dingtalk" {
+	switch r.kind {
+	case "dingtalk":
 		return r.srv.URL + "/robot/send?access_token=tok"
+	case "feishu":
+		return r.srv.URL + "/open-apis/bot/v2/hook/tok"
+	case "wecom":
+		return r.srv.URL + "/cgi-bin/webhook/send?key=tok"
+	case "webhook":
+		return r.srv.URL + "/hooks/sluice"
 	}
 	return r.srv.URL + "/services/T0/B0/x"
 }
@@ -91,6 +103,75 @@ func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.titles = append(r.titles, p.Markdown.Title)
 		r.bodies = append(r.bodies, p.Markdown.Text)
 		_, _ = w.Write([]byte(`{"errcode":0,"errmsg":"ok"}`))
+	case "feishu":
+		var p struct {
+			Timestamp, Sign string
+			MsgType         string `json:"msg_type"`
+			Card            struct {
+				Header struct {
+					Title struct{ Tag, Content string }
+				}
+				Elements []struct{ Tag, Content string }
+			}
+		}
+		_ = json.Unmarshal(body, &p)
+		mac := hmac.New(sha256.New, []byte(p.Timestamp+"\n"+robotSecret)) // Feishu: the string is the key
+		if p.Sign == "" || p.Sign != base64.StdEncoding.EncodeToString(mac.Sum(nil)) {
+			r.errs = append(r.errs, "bad signature")
+			_, _ = w.Write([]byte(`{"code":19021,"msg":"sign match fail or timestamp is not within one hour from current time"}`))
+			return
+		}
+		if p.MsgType != "interactive" || p.Card.Header.Title.Tag != "plain_text" || len(p.Card.Elements) == 0 || p.Card.Elements[0].Tag != "markdown" {
+			r.errs = append(r.errs, "bad payload: "+string(body))
+			_, _ = w.Write([]byte(`{"code":9499,"msg":"Bad Request"}`))
+			return
+		}
+		r.titles = append(r.titles, p.Card.Header.Title.Content)
+		r.bodies = append(r.bodies, p.Card.Elements[0].Content)
+		_, _ = w.Write([]byte(`{"code":0,"msg":"success","data":{}}`))
+	case "wecom":
+		var p struct {
+			MsgType      string `json:"msgtype"`
+			TemplateCard struct {
+				CardType  string `json:"card_type"`
+				MainTitle struct {
+					Title string `json:"title"`
+				} `json:"main_title"`
+				SubTitleText string `json:"sub_title_text"`
+				CardAction   struct {
+					Type int    `json:"type"`
+					URL  string `json:"url"`
+				} `json:"card_action"`
+			} `json:"template_card"`
+		}
+		c := &p.TemplateCard
+		if req.URL.Query().Get("key") != "tok" || json.Unmarshal(body, &p) != nil || p.MsgType != "template_card" ||
+			c.CardType != "text_notice" || c.MainTitle.Title == "" || c.CardAction.Type != 1 || c.CardAction.URL == "" {
+			r.errs = append(r.errs, "bad request: "+string(body))
+			_, _ = w.Write([]byte(`{"errcode":40058,"errmsg":"invalid"}`))
+			return
+		}
+		r.titles = append(r.titles, c.MainTitle.Title)
+		r.bodies = append(r.bodies, c.SubTitleText)
+		_, _ = w.Write([]byte(`{"errcode":0,"errmsg":"ok"}`))
+	case "webhook":
+		if err := webhook.Verify(robotSecret, req.Header, body, time.Now(), 5*time.Minute); err != nil {
+			r.errs = append(r.errs, err.Error())
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return
+		}
+		var p webhook.Payload
+		if err := json.Unmarshal(body, &p); err != nil || p.ID != req.Header.Get(webhook.HeaderID) || len(p.Events) == 0 {
+			r.errs = append(r.errs, "bad payload: "+string(body))
+			http.Error(w, "bad", http.StatusBadRequest)
+			return
+		}
+		r.titles = append(r.titles, p.Title)
+		r.bodies = append(r.bodies, p.Text)
+		for _, e := range p.Events {
+			r.events = append(r.events, e.ID)
+		}
+		w.WriteHeader(http.StatusNoContent)
 	default:
 		var p struct {
 			Text   string `json:"text"`
@@ -114,6 +195,13 @@ func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.bodies = append(r.bodies, strings.Join(text, "\n"))
 		_, _ = w.Write([]byte("ok"))
 	}
+}
+
+// eventIDs returns the event ids a webhook receiver got, in arrival order.
+func (r *receiver) eventIDs() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.events)
 }
 
 func (r *receiver) got() (titles, bodies, errs []string) {

@@ -40,18 +40,30 @@ func TestChannelDefinitionsAndDeliveryAreCheckedByKind(t *testing.T) {
 		"slack":    {"noc": {"webhook": "hooks.slack.com/x"}},
 		"dingtalk": {"ops": {"webhook": "https://oapi.dingtalk.com/robot/send?access_token=x", "secrte": "SEC"}},
 		"pager":    {"x": {}},
+		"webhook":  {"billing": {"url": "https://billing.example/hooks?token=TOKEN4711", "secret": "SHORTSECRET"}, "crm": {"url": "https://crm.example/x"}},
+		"feishu":   {"ops": {"webhook": "https://open.feishu.cn/open-apis/bot/v2/hook/x", "secret": "s", "at": "all"}},
+		"wecom":    {"ops": {"webhook": "https://qyapi.weixin.qq.com/cgi-bin/webhook/send?token=KEY4711"}},
 	}
 	c.Delivery = map[string]notify.ChannelConfig{"slack": {Burst: -1}, "teams": {}}
 	err := c.Validate()
 	for _, want := range []string{
 		`channels.slack.noc.webhook: has no scheme and host`,
 		"channels.dingtalk.ops.secrte: unknown setting; this kind takes webhook, secret",
-		`channels.pager.x: unknown channel kind "pager"; the alerter knows dingtalk, slack`,
+		`channels.pager.x: unknown channel kind "pager"; the alerter knows dingtalk, feishu, slack, webhook, wecom`,
+		"channels.webhook.billing.secret: a key of 11 bytes is too short",
+		"channels.webhook.crm.secret: is required",
+		"channels.feishu.ops.at: unknown setting; this kind takes webhook, secret",
+		"channels.wecom.ops.webhook: has no key parameter",
 		"delivery.slack.burst: -1 must be at least 1",
 		"delivery.teams: unknown channel kind",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not say %q:\n%v", want, err)
+		}
+	}
+	for _, secret := range []string{"TOKEN4711", "SHORTSECRET", "KEY4711"} {
+		if strings.Contains(err.Error(), secret) {
+			t.Errorf("the error quotes a credential (%s):\n%v", secret, err)
 		}
 	}
 }

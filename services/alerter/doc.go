@@ -2,10 +2,11 @@
 // notifications: it consumes sluice.signals.v1, keeps one alert per tenant ×
 // model × period × rule in its engine (pending → firing → resolved), and
 // delivers to Alertmanager (v2 API) and to direct channels of the kinds
-// registered in kinds.go (DingTalk robots, Slack webhooks), routed per
-// tenant by the quota policy's channels plus the operator channels of its
-// own configuration. README.md describes the layout and how to add a
-// channel kind.
+// registered in kinds.go (DingTalk robots, Feishu bots, WeCom robots, Slack
+// webhooks, and signed JSON webhooks for customers' own systems, described
+// in docs/webhooks.md), routed per tenant by the quota policy's channels
+// plus the operator channels of its own configuration. README.md describes
+// the layout and how to add a channel kind.
 //
 // # Rules
 //

@@ -3,7 +3,10 @@ package alerter
 import (
 	"github.com/sluicehq/sluice/services/alerter/channel"
 	"github.com/sluicehq/sluice/services/alerter/dingtalk"
+	"github.com/sluicehq/sluice/services/alerter/feishu"
 	"github.com/sluicehq/sluice/services/alerter/slack"
+	"github.com/sluicehq/sluice/services/alerter/webhook"
+	"github.com/sluicehq/sluice/services/alerter/wecom"
 )
 
 // channelKinds are the direct channel kinds the alerter delivers to, the
@@ -12,5 +15,8 @@ import (
 // (see README.md, "Adding a channel kind").
 var channelKinds = channel.MustRegistry(
 	dingtalk.Kind,
+	feishu.Kind,
 	slack.Kind,
+	webhook.Kind,
+	wecom.Kind,
 )

@@ -24,12 +24,15 @@ import (
 )
 
 // crashRig runs `sluice run alerter` as a process against the real Kafka,
-// a unique signals topic and group, and DingTalk and Slack stand-ins, so
-// that a test can kill it with SIGKILL and start it again.
+// a unique signals topic and group, and stand-ins for every direct channel
+// kind (DingTalk, Slack, Feishu, WeCom and a webhook endpoint), so that a
+// test can kill it with SIGKILL and start it again.
 type crashRig struct {
 	t         *testing.T
 	tenant    string
 	ding, sl  *receiver
+	fs, wc    *receiver
+	hook      *receiver
 	bin, conf string
 	dir       string
 	cl        *kgo.Client
@@ -51,7 +54,8 @@ func newCrashRig(t *testing.T, rules string) *crashRig {
 	}
 	kcfg := itest.Kafka(t)
 	topic := itest.Unique(t, "signals_")
-	r := &crashRig{t: t, tenant: itest.Unique(t, "crash_"), ding: newReceiver(t, "dingtalk"), sl: newReceiver(t, "slack"), dir: t.TempDir()}
+	r := &crashRig{t: t, tenant: itest.Unique(t, "crash_"), ding: newReceiver(t, "dingtalk"), sl: newReceiver(t, "slack"),
+		fs: newReceiver(t, "feishu"), wc: newReceiver(t, "wecom"), hook: newReceiver(t, "webhook"), dir: t.TempDir()}
 	r.bin = filepath.Join(r.dir, "sluice")
 	if out, err := exec.Command("go", "build", "-o", r.bin, "github.com/sluicehq/sluice/cmd/sluice").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
@@ -66,12 +70,16 @@ services:
     signals_topic: %q
     consumer: {group: %q, session_timeout: 6s}
     tick: 50ms
-    default_channels: [dingtalk:ops, slack:noc]
+    default_channels: [dingtalk:ops, slack:noc, feishu:ops, wecom:ops, webhook:ops]
     channels:
       dingtalk: {ops: {webhook: %q, secret: %q}}
       slack: {noc: {webhook: %q}}
+      feishu: {ops: {webhook: %q, secret: %q}}
+      wecom: {ops: {webhook: %q, msgtype: template_card, card_url: "https://ops.example/sluice"}}
+      webhook: {ops: {url: %q, secret: %q}}
     rules: %s
-`, kcfg.Brokers[0], testSignalAuth.Keys[0], topic, topic, r.ding.url(), robotSecret, r.sl.url(), rules)
+`, kcfg.Brokers[0], testSignalAuth.Keys[0], topic, topic, r.ding.url(), robotSecret, r.sl.url(),
+		r.fs.url(), robotSecret, r.wc.url(), r.hook.url(), robotSecret, rules)
 	if err := os.WriteFile(r.conf, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -189,10 +197,13 @@ func (r *crashRig) produce(s *schemas.Signal) {
 	}
 }
 
-// waitFor waits until both receivers hold every title.
+// receivers are the stand-ins of every channel the rig's alerter notifies.
+func (r *crashRig) receivers() []*receiver { return []*receiver{r.ding, r.sl, r.fs, r.wc, r.hook} }
+
+// waitFor waits until every receiver holds every title.
 func (r *crashRig) waitFor(within time.Duration, what string, titles ...string) {
 	r.t.Helper()
-	for _, rc := range []*receiver{r.ding, r.sl} {
+	for _, rc := range r.receivers() {
 		itest.Eventually(r.t, within, rc.kind+": "+what, func() bool {
 			got, _, _ := rc.got()
 			for _, want := range titles {
@@ -206,11 +217,15 @@ func (r *crashRig) waitFor(within time.Duration, what string, titles ...string) 
 }
 
 // exactlyOnce checks that each receiver got want, each title once, in any
-// order (one tick may notify several alerts, in key order).
+// order (one tick may notify several alerts, in key order), and that the
+// webhook endpoint saw no event id twice.
 func (r *crashRig) exactlyOnce(want ...string) {
 	r.t.Helper()
 	want = slices.Sorted(slices.Values(want))
-	for _, rc := range []*receiver{r.ding, r.sl} {
+	if ids := r.hook.eventIDs(); len(slices.Compact(slices.Sorted(slices.Values(ids)))) != len(ids) || len(ids) != len(want) {
+		r.t.Errorf("webhook event ids %v: want %d, none twice", ids, len(want))
+	}
+	for _, rc := range r.receivers() {
 		got, _, errs := rc.got()
 		slices.Sort(got)
 		if len(errs) > 0 {
@@ -231,11 +246,12 @@ func (r *crashRig) exhaustion(at time.Time, lead time.Duration, like *schemas.Si
 }
 
 // TestKill9AndRestartSendsNothingTwice crashes the alerter process with
-// SIGKILL after it notified two alerts on a DingTalk robot and a Slack
-// webhook, restarts it, and checks that the restart announces nothing
-// again, that an alert whose condition ends after the restart resolves
-// (once) rather than being forgotten or re-announced, and that each
-// notification reached each receiver exactly once.
+// SIGKILL after it notified two alerts on a DingTalk robot, a Slack
+// webhook, a Feishu bot, a WeCom robot and a webhook endpoint, restarts
+// it, and checks that the restart announces nothing again, that an alert
+// whose condition ends after the restart resolves (once) rather than being
+// forgotten or re-announced, and that each notification reached each
+// receiver exactly once (the webhook endpoint: no event id twice).
 func TestKill9AndRestartSendsNothingTwice(t *testing.T) {
 	r := newCrashRig(t, "{pending_for: 0s, resolve_after: 0s, group_wait: 0s}")
 	tier := tierSignal(r.tenant, 70, 90, time.Now().UTC())
@@ -272,10 +288,10 @@ func TestKill9DuringGroupWaitLosesNothing(t *testing.T) {
 	r.produce(tierSignal(r.tenant, 70, 90, time.Now().UTC()))
 	// The alert's state and one held notification per channel.
 	itest.Eventually(t, 30*time.Second, "the alert and its held notifications stored", func() bool {
-		return first.metric("sluice_alerter_state_writes_total") >= 3
+		return first.metric("sluice_alerter_state_writes_total") >= float64(1+len(r.receivers()))
 	})
 	r.kill9(first)
-	for _, rc := range []*receiver{r.ding, r.sl} {
+	for _, rc := range r.receivers() {
 		if got, _, _ := rc.got(); len(got) > 0 {
 			t.Fatalf("%s was notified before the kill (%v): group_wait passed before it, the test proves nothing", rc.kind, got)
 		}

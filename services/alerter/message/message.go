@@ -1,8 +1,8 @@
 // Package message renders alerts as text with text/template: titles and
-// bodies for DingTalk (markdown) and Slack (mrkdwn), and Alertmanager's
-// summary and description annotations. English and Chinese defaults are
-// built in; an operator overrides any template by defining it again in
-// <dir>/<language>.tmpl.
+// bodies for DingTalk, Feishu and WeCom (markdown), Slack (mrkdwn) and
+// webhooks (plain text), and Alertmanager's summary and description
+// annotations. English and Chinese defaults are built in; an operator
+// overrides any template by defining it again in <dir>/<language>.tmpl.
 //
 // Every value that comes from events or signals (tenant, model, reason,
 // quota and breaker names, attributes) reaches the templates already escaped
@@ -43,11 +43,13 @@ type Flavor string
 
 // The markups.
 const (
-	// Markdown is DingTalk's (standard) markdown.
+	// Markdown is DingTalk's (standard) markdown, which Feishu cards and
+	// WeCom robots read too.
 	Markdown Flavor = "markdown"
 	// Slack is Slack's mrkdwn.
 	Slack Flavor = "slack"
-	// Plain is text without markup, for Alertmanager annotations.
+	// Plain is text without markup, for Alertmanager annotations, Feishu
+	// card headers and webhook payloads.
 	Plain Flavor = "plain"
 )
 
@@ -113,7 +115,7 @@ func New(fallback, dir string, links Links, maxListed int) (*Renderer, error) {
 		Status: alert.StatusFiring, Tier: 90, Used: 90, Limit: 100}
 	for lang, t := range r.langs {
 		for _, n := range []int{1, 2} {
-			for _, f := range []Flavor{Markdown, Slack} {
+			for _, f := range []Flavor{Markdown, Slack, Plain} {
 				m := alert.Message{Alerts: slices.Repeat([]alert.Alert{sample}, n)}
 				d := r.data(&m, f)
 				for _, name := range []string{"title", "text"} {
@@ -222,14 +224,17 @@ func (r *Renderer) view(a *alert.Alert, f Flavor) View {
 //     documents; without < no mention (<!channel>, <@U…>) or link
 //     (<https://…|text>) can be written. Slack has no escape for *, _ and
 //     ~, which only change emphasis;
-//   - Markdown (DingTalk): [ ] ( ) < > ` * # | ! \ become their full-width
-//     forms, which look alike but are no syntax (DingTalk honours neither
-//     backslash escapes nor entities reliably). An underscore stays when it
+//   - Markdown (DingTalk, Feishu cards, WeCom): [ ] ( ) < > ` * # | ! \
+//     become their full-width forms, which look alike but are no syntax
+//     (DingTalk honours neither backslash escapes nor entities reliably);
+//     without < no Feishu <at id=all> or WeCom <@userid> mention and no
+//     <font> can be written. An underscore stays when it
 //     has a letter or digit on both sides, where Markdown does not read it
 //     as emphasis, so names like monthly_tokens or acme_prod are shown as
 //     they are; any other underscore becomes full-width too;
-//   - Plain (Alertmanager annotations): nothing more; the receiver that
-//     renders them escapes for its own markup.
+//   - Plain (Alertmanager annotations, webhook payloads, Feishu card
+//     headers): nothing more; the receiver that renders them escapes for
+//     its own markup (a Feishu plain_text header is not read as markup).
 func Escape(f Flavor, s string) string {
 	clean := true
 	for _, c := range s {

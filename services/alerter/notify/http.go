@@ -47,11 +47,20 @@ func PostJSON(ctx context.Context, c *http.Client, receiver, url, contentType st
 	if err != nil {
 		return nil, Permanent(err)
 	}
+	return Post(ctx, c, receiver, url, http.Header{"Content-Type": {contentType}}, body)
+}
+
+// Post POSTs body to url with header, for a receiver that signs the exact
+// bytes it sends (the webhook kind); otherwise it is PostJSON, with the
+// same answers and the same care never to quote url.
+func Post(ctx context.Context, c *http.Client, receiver, url string, header http.Header, body []byte) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return nil, Permanent(fmt.Errorf("%s: the URL cannot make a request (URL withheld: it may carry credentials)", receiver))
 	}
-	req.Header.Set("Content-Type", contentType)
+	for k, vs := range header {
+		req.Header[http.CanonicalHeaderKey(k)] = vs
+	}
 	resp, err := c.Do(req)
 	if err != nil {
 		// *url.Error quotes the whole URL; keep only what went wrong.
