@@ -65,7 +65,8 @@ type Server struct {
 	policy  func() *policy.Policy // nil: no policy
 	log     *slog.Logger
 	m       *metrics
-	sub     string // cfg.Path + "/"
+	sub     string            // cfg.Path + "/"
+	lower   map[string]string // the configured header names in lower case (gRPC checks)
 	closing atomic.Bool
 	now     func() time.Time
 }
@@ -80,7 +81,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		log = slog.Default()
 	}
 	s := &Server{cfg: cfg, dec: deps.Checker, admit: deps.Admitter, em: deps.Emitter, keys: deps.Keys, policy: deps.Policy, log: log, m: newMetrics(),
-		sub: cfg.Path + "/", now: time.Now}
+		sub: cfg.Path + "/", lower: lowerNames(cfg.Headers), now: time.Now}
 	if s.dec == nil {
 		s.dec = allowAll{}
 	}

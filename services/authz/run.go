@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform"
@@ -22,9 +24,13 @@ import (
 type Options struct {
 	// Started, when not nil, learns the address the endpoint listens on.
 	Started func(addr string)
+	// GRPCStarted, when not nil, learns the address the gRPC service
+	// listens on (with grpc.listen set).
+	GRPCStarted func(addr string)
 }
 
-// Run serves the endpoint on cfg.Listen until ctx is cancelled, then stops
+// Run serves the endpoint on cfg.Listen, and Envoy's ext_authz gRPC service
+// on cfg.GRPC.Listen when it is set, until ctx is cancelled, then stops
 // accepting and lets checks in flight finish within cfg.ShutdownTimeout.
 func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	return RunWith(ctx, cfg, env, Options{})
@@ -94,6 +100,18 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 		frontend.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
 		return fmt.Errorf("authz: listen on %s: %w (set services.authz.listen to a free address)", cfg.Listen, err)
 	}
+	var (
+		gs  *grpcService
+		gln net.Listener
+	)
+	if cfg.GRPC.Listen != "" {
+		if gln, err = net.Listen("tcp", cfg.GRPC.Listen); err != nil {
+			_ = ln.Close()
+			frontend.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
+			return fmt.Errorf("authz: listen on %s: %w (set services.authz.grpc.listen to a free address, or empty for no gRPC service)", cfg.GRPC.Listen, err)
+		}
+		gs = s.newGRPCService()
+	}
 	env.Health.AddReadiness("authz", func(context.Context) error {
 		if s.closing.Load() {
 			return errors.New("shutting down")
@@ -104,6 +122,12 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 	srv := httpserver.New(s, cfg.HTTP, log)
 	log.Info("forward-auth endpoint listening", "addr", ln.Addr().String(), "path", cfg.Path,
 		"tenant_keys", env.TenantKeys.File != "", "admission", env.Policy.File != "")
+	if gs != nil {
+		log.Info("ext_authz gRPC service listening", "addr", gln.Addr().String(), "service", AuthorizationService)
+		if opts.GRPCStarted != nil {
+			opts.GRPCStarted(gln.Addr().String())
+		}
+	}
 	if opts.Started != nil {
 		opts.Started(ln.Addr().String())
 	}
@@ -122,14 +146,30 @@ func RunWith(ctx context.Context, cfg Config, env platform.Env, opts Options) er
 		}
 		return nil
 	})
+	if gs != nil {
+		g.Go(func() error {
+			// Serve returns nil once stopped, ErrServerStopped when the
+			// stop came first.
+			if err := gs.srv.Serve(gln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				return fmt.Errorf("authz: serve gRPC: %w", err)
+			}
+			return nil
+		})
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		s.closing.Store(true)
 		sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 		defer cancel()
+		// Both front ends drain at once, within the same shutdown_timeout.
+		var stopped sync.WaitGroup
+		if gs != nil {
+			stopped.Go(func() { gs.stop(sctx) })
+		}
 		if err := srv.Shutdown(sctx); err != nil {
 			_ = srv.Close()
 		}
+		stopped.Wait()
 		// Only now, with every check answered, do the refusal events leave.
 		frontend.CloseEmitter(context.Background(), em, closeSender, cfg.Usage.FlushTimeout, log)
 		log.Info("forward-auth endpoint stopped")
