@@ -119,7 +119,7 @@ func headerOpts(t *testing.T, opts []*corev3.HeaderValueOption) map[string]strin
 	t.Helper()
 	m := map[string]string{}
 	for _, o := range opts {
-		if o.GetAppendAction() != corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD || o.GetAppend() != nil {
+		if o.GetAppendAction() != corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD {
 			t.Errorf("header %s: append action %v, want OVERWRITE_IF_EXISTS_OR_ADD", o.GetHeader().GetKey(), o.GetAppendAction())
 		}
 		k := o.GetHeader().GetKey()
