@@ -65,7 +65,8 @@ type Server struct {
 	policy  func() *policy.Policy // nil: no policy
 	log     *slog.Logger
 	m       *metrics
-	sub     string // cfg.Path + "/"
+	sub     string            // cfg.Path + "/"
+	lower   map[string]string // the configured header names in lower case (gRPC checks)
 	closing atomic.Bool
 	now     func() time.Time
 }
@@ -82,7 +83,7 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 		log = slog.Default()
 	}
 	s := &Server{cfg: cfg, dec: deps.Checker, admit: deps.Admitter, em: deps.Emitter, keys: deps.Keys, policy: deps.Policy, log: log, m: newMetrics(),
-		sub: cfg.Path + "/", now: time.Now}
+		sub: cfg.Path + "/", lower: lowerNames(cfg.Headers), now: time.Now}
 	if s.dec == nil {
 		s.dec = allowAll{}
 	}
@@ -143,35 +144,83 @@ type refusal struct {
 	by     string
 }
 
-func (s *Server) check(w http.ResponseWriter, r *http.Request) {
+// Transports a check arrives on: the label of the checks metrics.
+const (
+	transportHTTP = "http"
+	transportGRPC = "grpc"
+)
+
+// headerSource is a check's request headers, looked up by the names the
+// configuration gives (Headers): http.Header for the HTTP endpoint, Envoy's
+// lower-cased header map for the gRPC service.
+type headerSource interface {
+	Get(name string) string
+}
+
+// request is what a front end hands the decision: the headers of the
+// request to decide, where its estimate headers are read, and the path
+// admission may scope limits by.
+type request struct {
+	headers headerSource
+	// estimates is where the estimate headers are read: the request's
+	// headers on the HTTP endpoint (the proxy sets or clears them), the
+	// route's context extensions over gRPC (see grpcRequest).
+	estimates headerSource
+	// endpoint is the original request's path without its query, "" when
+	// the front end does not know it.
+	endpoint string
+}
+
+// verdict is a decided check, for a front end to answer in its own terms.
+type verdict struct {
+	// status is 200 or the refusal's HTTP status.
+	status int
+	// header holds a refusal's answer headers (Content-Type, Retry-After,
+	// x-ratelimit-*, WWW-Authenticate); nil when allowed.
+	header http.Header
+	// body is a refusal's OpenAI error body; nil when allowed.
+	body []byte
+	// limits are the admission rules' numbers of an allowed check, for
+	// its x-ratelimit-* headers.
+	limits []ratelimit.Limit
+	// call is who called, for the headers an allowed check adds upstream.
+	call call
+}
+
+// allowed reports whether the check lets the request through.
+func (v *verdict) allowed() bool { return v.status == http.StatusOK }
+
+// decide is the one decision both front ends answer with: who calls (key
+// or headers), the flags, then admission; it emits the refusal's usage
+// event, counts the check under transport and logs refusals.
+func (s *Server) decide(ctx context.Context, req request, transport string) verdict {
 	start := s.now()
-	c, ref := s.identify(r)
+	c, ref := s.identify(req)
 	if ref != nil {
 		cw := newCapture()
 		if ref.status == http.StatusUnauthorized {
 			cw.h.Set("WWW-Authenticate", `Bearer realm="sluice"`)
 		}
 		ratelimit.WriteError(cw, ref.status, ref.err, ref.retry)
-		s.deny(w, cw, &c, ref.by, start)
-		return
+		return s.deny(ctx, cw, &c, ref.by, transport, start)
 	}
 	if d := s.dec.Check(c.tenant, c.model, c.keyID); !d.Allowed() {
 		cw := newCapture()
 		middleware.Refuse(cw, d, c.tenant, c.model, start)
 		if f := d.Flag; f != nil {
 			// The flag's reason is the operator's note: logs only.
-			s.log.LogAttrs(r.Context(), slog.LevelInfo, "flag refused a request", slog.String("tenant", c.tenant),
+			s.log.LogAttrs(ctx, slog.LevelInfo, "flag refused a request", slog.String("tenant", c.tenant),
 				slog.String("model", c.model), slog.String("api_key_id", c.keyID), slog.String("kind", string(f.Kind)),
-				slog.String("quota", f.Quota), slog.String("reason", f.Reason))
+				slog.String("quota", f.Quota), slog.String("reason", f.Reason), slog.String("transport", transport))
 		}
 		if s.em != nil {
 			s.emit(middleware.RefusalEvent(d, c.tenant, c.model, c.keyID, c.endpoint, s.cfg.Name, start), &c)
 		}
-		s.deny(w, cw, &c, byFlags, start)
-		return
+		return s.deny(ctx, cw, &c, byFlags, transport, start)
 	}
+	var limits []ratelimit.Limit
 	if s.admit != nil {
-		adm := s.admit.Admit(r.Context(), frontend.AdmitRequest{Tenant: c.tenant, Model: c.model, User: c.user, APIKeyID: c.keyID,
+		adm := s.admit.Admit(ctx, frontend.AdmitRequest{Tenant: c.tenant, Model: c.model, User: c.user, APIKeyID: c.keyID,
 			Endpoint: c.endpoint, Priority: c.priority, EstimatePrompt: c.prompt, EstimateCompletion: c.completion, Estimated: true})
 		// adm.Settle is deliberately never called: the answer's tokens
 		// never pass here, so the estimate stands (see the package doc).
@@ -190,20 +239,40 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 					Endpoint: c.endpoint, Gateway: s.cfg.Name}, f.Rule, st, start)
 				s.emit(&ev, &c)
 			}
-			s.deny(w, cw, &c, byAdmission, start)
-			return
+			return s.deny(ctx, cw, &c, byAdmission, transport, start)
 		}
-		for _, l := range adm.Limits {
-			ratelimit.SetHeaders(w.Header(), l)
-		}
+		limits = adm.Limits
 	}
+	s.m.observe(transport, http.StatusOK, byAllowed, s.now().Sub(start))
+	return verdict{status: http.StatusOK, limits: limits, call: c}
+}
+
+// check is the HTTP front end: it answers the verdict with its status,
+// headers and body, the body repeated in HeaderError.
+func (s *Server) check(w http.ResponseWriter, r *http.Request) {
+	endpoint := strings.TrimPrefix(r.URL.Path, s.cfg.Path)
+	if endpoint == "" {
+		endpoint, _, _ = strings.Cut(headerValue(r.Header, s.cfg.Headers.URI), "?")
+	}
+	v := s.decide(r.Context(), request{headers: r.Header, estimates: r.Header, endpoint: endpoint}, transportHTTP)
 	h := w.Header()
-	h.Set(s.cfg.Headers.Tenant, c.tenant)
-	if c.keyID != "" {
-		h.Set(s.cfg.Headers.KeyID, c.keyID)
+	if !v.allowed() {
+		for k, vals := range v.header {
+			h[k] = vals
+		}
+		h.Set(HeaderError, asciiJSON(bytes.TrimSpace(v.body)))
+		w.WriteHeader(v.status)
+		_, _ = w.Write(v.body)
+		return
+	}
+	for _, l := range v.limits {
+		ratelimit.SetHeaders(h, l)
+	}
+	h.Set(s.cfg.Headers.Tenant, v.call.tenant)
+	if v.call.keyID != "" {
+		h.Set(s.cfg.Headers.KeyID, v.call.keyID)
 	}
 	w.WriteHeader(http.StatusOK)
-	s.m.observe(http.StatusOK, byAllowed, s.now().Sub(start))
 }
 
 // emit sends the usage event of a refused check, with the caller's user
@@ -214,33 +283,27 @@ func (s *Server) emit(ev *schemas.UsageEvent, c *call) {
 	_ = s.em.Emit(ev)
 }
 
-// deny answers the refusal written into cw, with its body repeated in
-// HeaderError, and records it.
-func (s *Server) deny(w http.ResponseWriter, cw *capture, c *call, by string, start time.Time) {
-	h := w.Header()
-	for k, v := range cw.h {
-		h[k] = v
-	}
-	body := cw.body.Bytes()
-	h.Set(HeaderError, asciiJSON(bytes.TrimSpace(body)))
-	w.WriteHeader(cw.status)
-	_, _ = w.Write(body)
-	s.m.observe(cw.status, by, s.now().Sub(start))
+// deny turns the refusal written into cw into a verdict, and records it.
+func (s *Server) deny(ctx context.Context, cw *capture, c *call, by, transport string, start time.Time) verdict {
+	v := verdict{status: cw.status, header: cw.h, body: cw.body.Bytes(), call: *c}
+	s.m.observe(transport, v.status, by, s.now().Sub(start))
 	if by != byFlags {
-		s.log.LogAttrs(context.Background(), slog.LevelInfo, "refused a request", slog.String("tenant", c.tenant),
-			slog.String("model", c.model), slog.String("api_key_id", c.keyID), slog.Int("status", cw.status),
-			slog.String("by", by), slog.String("error", h.Get(HeaderError)))
+		s.log.LogAttrs(ctx, slog.LevelInfo, "refused a request", slog.String("tenant", c.tenant),
+			slog.String("model", c.model), slog.String("api_key_id", c.keyID), slog.Int("status", v.status),
+			slog.String("by", by), slog.String("transport", transport), slog.String("error", string(bytes.TrimSpace(v.body))))
 	}
+	return v
 }
 
 // identify reads who calls which model from the request's headers, and
 // what admission debits.
-func (s *Server) identify(r *http.Request) (call, *refusal) {
+func (s *Server) identify(req request) (call, *refusal) {
 	hn := s.cfg.Headers
+	hs := req.headers
 	var c call
 	var caller *frontend.Caller
 	if s.keys != nil {
-		key := strings.TrimSpace(r.Header.Get(hn.Key))
+		key := strings.TrimSpace(hs.Get(hn.Key))
 		if len(key) > 7 && strings.EqualFold(key[:7], "bearer ") {
 			key = strings.TrimSpace(key[7:])
 		}
@@ -250,17 +313,17 @@ func (s *Server) identify(r *http.Request) (call, *refusal) {
 		}
 		c.tenant, c.keyID, c.user, c.priority = caller.Tenant, caller.KeyID, caller.User, caller.Priority
 	} else {
-		c.tenant, c.keyID = r.Header.Get(hn.Tenant), r.Header.Get(hn.KeyID)
+		c.tenant, c.keyID = hs.Get(hn.Tenant), hs.Get(hn.KeyID)
 		if c.tenant == "" {
 			return c, &refusal{status: http.StatusUnauthorized, by: byKey, err: ratelimit.Error{Type: "invalid_request_error", Code: "missing_tenant",
 				Message: fmt.Sprintf("The request names no tenant in %s; the proxy in front of Sluice sets it once it has authenticated the caller.", hn.Tenant)}}
 		}
 	}
 	if hn.Model != "" {
-		c.model = r.Header.Get(hn.Model)
+		c.model = hs.Get(hn.Model)
 	}
 	if c.user == "" && hn.User != "" {
-		c.user = r.Header.Get(hn.User)
+		c.user = hs.Get(hn.User)
 	}
 	if ref := s.checkFields(&c); ref != nil {
 		return c, ref
@@ -273,12 +336,12 @@ func (s *Server) identify(r *http.Request) (call, *refusal) {
 		param := "model"
 		return c, &refusal{status: http.StatusForbidden, by: byKey, err: ratelimit.Error{Type: "invalid_request_error", Code: "model_not_allowed", Message: msg, Param: &param}}
 	}
-	if caller != nil || headerValue(r, hn.Priority) != "" {
+	if asked := headerValue(hs, hn.Priority); caller != nil || asked != "" {
 		var tenantClass schemas.Priority
 		if s.policy != nil {
 			tenantClass = s.policy().Tenant(c.tenant).Class()
 		}
-		p, err := caller.PriorityOf(tenantClass, headerValue(r, hn.Priority))
+		p, err := caller.PriorityOf(tenantClass, asked)
 		switch {
 		case errors.Is(err, priority.ErrRaiseNotAllowed):
 			return c, &refusal{status: http.StatusForbidden, by: byKey, err: ratelimit.Error{Type: "permission_denied", Code: "priority_not_allowed",
@@ -288,18 +351,15 @@ func (s *Server) identify(r *http.Request) (call, *refusal) {
 		}
 		c.priority = p
 	}
-	c.endpoint = strings.TrimPrefix(r.URL.Path, s.cfg.Path)
-	if c.endpoint == "" {
-		c.endpoint, _, _ = strings.Cut(headerValue(r, hn.URI), "?")
-	}
+	c.endpoint = req.endpoint
 	if len(c.endpoint) > schemas.MaxStringLen {
 		c.endpoint = c.endpoint[:schemas.MaxStringLen]
 	}
 	var ref *refusal
-	if c.prompt, ref = s.estimate(r, hn.EstimatePromptTokens, s.cfg.DefaultPromptTokens); ref != nil {
+	if c.prompt, ref = s.estimate(req.estimates, hn.EstimatePromptTokens, s.cfg.DefaultPromptTokens); ref != nil {
 		return c, ref
 	}
-	c.completion, ref = s.estimate(r, hn.EstimateCompletionTokens, s.cfg.DefaultCompletionTokens)
+	c.completion, ref = s.estimate(req.estimates, hn.EstimateCompletionTokens, s.cfg.DefaultCompletionTokens)
 	return c, ref
 }
 
@@ -325,8 +385,8 @@ func (s *Server) checkFields(c *call) *refusal {
 }
 
 // estimate reads the tokens header name gives, def when it is absent.
-func (s *Server) estimate(r *http.Request, name string, def int64) (int64, *refusal) {
-	v := headerValue(r, name)
+func (s *Server) estimate(hs headerSource, name string, def int64) (int64, *refusal) {
+	v := headerValue(hs, name)
 	if v == "" {
 		return def, nil
 	}
@@ -338,11 +398,12 @@ func (s *Server) estimate(r *http.Request, name string, def int64) (int64, *refu
 	return n, nil
 }
 
-func headerValue(r *http.Request, name string) string {
+// headerValue is the header name gives, "" when the setting is empty.
+func headerValue(hs headerSource, name string) string {
 	if name == "" {
 		return ""
 	}
-	return r.Header.Get(name)
+	return hs.Get(name)
 }
 
 func badRequest(code, msg string) *refusal {

@@ -20,6 +20,8 @@ type Config struct {
 
 	Headers Headers `yaml:"headers"`
 
+	GRPC GRPC `yaml:"grpc"`
+
 	DefaultPromptTokens     int64 `yaml:"default_prompt_tokens" help:"prompt tokens admission debits for a request that carries no estimate header (forward-auth never sees the body)"`
 	DefaultCompletionTokens int64 `yaml:"default_completion_tokens" help:"completion tokens admission debits for a request that carries no estimate header"`
 	MaxEstimateTokens       int64 `yaml:"max_estimate_tokens" help:"largest estimate a request's estimate headers may give (each); above it the request is answered 400"`
@@ -45,6 +47,17 @@ type Headers struct {
 
 	EstimatePromptTokens     string `yaml:"estimate_prompt_tokens" help:"header with the prompt tokens to debit (else default_prompt_tokens); set it in the proxy, not from the client"`
 	EstimateCompletionTokens string `yaml:"estimate_completion_tokens" help:"header with the completion tokens to debit (else default_completion_tokens)"`
+}
+
+// GRPC is the Envoy ext_authz gRPC service (envoy.service.auth.v3.Authorization)
+// that answers the same checks as the HTTP endpoint, for Envoy's gRPC mode
+// and Istio's CUSTOM authorization (docs/forward-auth.md).
+type GRPC struct {
+	Listen string `yaml:"listen" help:"address of Envoy's ext_authz gRPC service (envoy.service.auth.v3.Authorization, with the gRPC health service) answering the same checks as the HTTP endpoint; empty: off"`
+	// TrustEstimateHeaders: Envoy's gRPC mode without allowed_headers, and
+	// Istio always, send the check every header the client sent, so the
+	// estimate headers are read from the route's context extensions only.
+	TrustEstimateHeaders bool `yaml:"trust_estimate_headers" help:"also read the estimate headers from the request's headers (a route's context_extensions still win); only when the proxy sets or clears them before ext_authz, since Envoy's gRPC mode and Istio pass on what the client sent"`
 }
 
 // DefaultConfig returns the defaults.
@@ -80,6 +93,13 @@ func (c Config) Validate() error {
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		bad("listen: %q is not host:port", c.Listen)
+	}
+	if c.GRPC.Listen != "" {
+		if _, p, err := net.SplitHostPort(c.GRPC.Listen); err != nil {
+			bad("grpc.listen: %q is not host:port (or empty: no gRPC service)", c.GRPC.Listen)
+		} else if c.GRPC.Listen == c.Listen && p != "0" {
+			bad("grpc.listen: %q is already listen (the HTTP endpoint's): give the gRPC service a port of its own", c.GRPC.Listen)
+		}
 	}
 	if c.Name == "" || len(c.Name) > schemas.MaxStringLen {
 		bad("name: must be 1..%d bytes", schemas.MaxStringLen)

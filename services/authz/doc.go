@@ -6,6 +6,16 @@
 // no body, and forwards only when the answer is 2xx; otherwise it answers
 // the client with the endpoint's status, headers and body.
 //
+// With grpc.listen set it also serves Envoy's own gRPC authorization API
+// (envoy.service.auth.v3.Authorization, go-control-plane's types) and the
+// gRPC health service, for ext_authz in gRPC mode and Istio's CUSTOM
+// authorization: the same decision (Server.decide) answered as an
+// OkHttpResponse (the caller's tenant and key id set upstream, the
+// rate-limit headers added for the client) or a DeniedHttpResponse (the
+// status, headers and OpenAI body below). Over gRPC the route's context
+// extensions win over the request's headers, and the estimates are read
+// from them only (grpc.trust_estimate_headers reads the headers too).
+//
 // The endpoint answers, for the tenant, model and key the request names:
 //
 //   - 200 when the flags (sdk/go/checker, in memory) and admission

@@ -14,8 +14,8 @@ import (
 // series (sluice_admission_*) say which limit refused.
 type metrics struct {
 	checks     *prometheus.CounterVec
-	allowed    prometheus.Counter // checks{200, allowed}, looked up once
-	duration   prometheus.Histogram
+	allowed    [2]prometheus.Counter  // checks{transport, 200, allowed}, looked up once: http, grpc
+	duration   [2]prometheus.Observer // check_seconds{transport}: http, grpc
 	keyReloads *prometheus.CounterVec
 	all        metricset.Set
 }
@@ -24,29 +24,36 @@ func newMetrics() *metrics {
 	m := &metrics{
 		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_authz_checks_total",
-			Help: "Forward-auth checks answered, by HTTP status and by what decided: allowed, flags, admission, key (unknown key, no tenant, model or priority not allowed), request (a header out of bounds).",
-		}, []string{"status", "by"}),
-		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "sluice_authz_check_seconds",
-			Help:    "Time from reading a check's headers to its answer (admission's Redis round trip included, the network to the proxy not).",
-			Buckets: []float64{1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2},
-		}),
+			Help: "Forward-auth checks answered, by transport (http: the HTTP endpoint; grpc: Envoy's ext_authz gRPC service), by HTTP status and by what decided: allowed, flags, admission, key (unknown key, no tenant, model or priority not allowed), request (a header out of bounds).",
+		}, []string{"transport", "status", "by"}),
 		keyReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_authz_key_reloads_total", Help: "Reloads of the tenant keys file, by result (ok, error).",
 		}, []string{"result"}),
 	}
-	m.allowed = m.checks.WithLabelValues("200", byAllowed)
-	m.all = metricset.Set{m.checks, m.duration, m.keyReloads}
+	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "sluice_authz_check_seconds",
+		Help:    "Time from reading a check's headers to its decision, by transport (admission's Redis round trip included, the network to the proxy not).",
+		Buckets: []float64{1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2},
+	}, []string{"transport"})
+	for i, t := range []string{transportHTTP, transportGRPC} {
+		m.allowed[i] = m.checks.WithLabelValues(t, "200", byAllowed)
+		m.duration[i] = duration.WithLabelValues(t)
+	}
+	m.all = metricset.Set{m.checks, duration, m.keyReloads}
 	return m
 }
 
-func (m *metrics) observe(status int, by string, took time.Duration) {
-	if by == byAllowed {
-		m.allowed.Inc()
-	} else {
-		m.checks.WithLabelValues(strconv.Itoa(status), by).Inc()
+func (m *metrics) observe(transport string, status int, by string, took time.Duration) {
+	i := 0
+	if transport == transportGRPC {
+		i = 1
 	}
-	m.duration.Observe(took.Seconds())
+	if by == byAllowed {
+		m.allowed[i].Inc()
+	} else {
+		m.checks.WithLabelValues(transport, strconv.Itoa(status), by).Inc()
+	}
+	m.duration[i].Observe(took.Seconds())
 }
 
 // keyReloaded counts a reload of the keys file.

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform"
@@ -20,18 +22,34 @@ import (
 )
 
 // New returns the authz service of cfg in env. Once started it serves the
-// endpoint on cfg.Listen (its Addr) until stopped, then stops accepting and
+// endpoint on cfg.Listen (its Addr), and Envoy's ext_authz gRPC service on
+// cfg.GRPC.Listen when it is set, until stopped, then stops accepting and
 // lets checks in flight finish within cfg.ShutdownTimeout.
-func New(cfg Config, env platform.Env) (*platform.Service, error) {
+func New(cfg Config, env platform.Env, opts ...Option) (*platform.Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, config.Under("services.authz", err)
 	}
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	return platform.NewService("authz", func(ctx context.Context, ready func(string)) error {
-		return run(ctx, cfg, env, ready)
+		return run(ctx, cfg, env, o, ready)
 	}), nil
 }
 
-func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr string)) error {
+// Option adds to an authz service what its host (a test) gives.
+type Option func(*options)
+
+type options struct{ grpcListening func(addr string) }
+
+// WithGRPCListening has f learn the address the gRPC service listens on
+// (with grpc.listen set), before the service is ready.
+func WithGRPCListening(f func(addr string)) Option {
+	return func(o *options) { o.grpcListening = f }
+}
+
+func run(ctx context.Context, cfg Config, env platform.Env, opts options, ready func(addr string)) error {
 	if env.Logger == nil || env.Metrics == nil || env.Health == nil {
 		env = env.Named("authz")
 	}
@@ -91,6 +109,18 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 		frontend.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
 		return fmt.Errorf("authz: listen on %s: %w (set services.authz.listen to a free address)", cfg.Listen, err)
 	}
+	var (
+		gs  *grpcService
+		gln net.Listener
+	)
+	if cfg.GRPC.Listen != "" {
+		if gln, err = net.Listen("tcp", cfg.GRPC.Listen); err != nil {
+			_ = ln.Close()
+			frontend.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
+			return fmt.Errorf("authz: listen on %s: %w (set services.authz.grpc.listen to a free address, or empty for no gRPC service)", cfg.GRPC.Listen, err)
+		}
+		gs = s.newGRPCService()
+	}
 	env.Health.AddReadiness("authz", func(context.Context) error {
 		if s.closing.Load() {
 			return errors.New("shutting down")
@@ -101,6 +131,12 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 	srv := httpserver.New(s, cfg.HTTP, log)
 	log.Info("forward-auth endpoint listening", "addr", ln.Addr().String(), "path", cfg.Path,
 		"tenant_keys", env.TenantKeys.File != "", "admission", env.Policy.File != "")
+	if gs != nil {
+		log.Info("ext_authz gRPC service listening", "addr", gln.Addr().String(), "service", AuthorizationService)
+		if opts.grpcListening != nil {
+			opts.grpcListening(gln.Addr().String())
+		}
+	}
 	ready(ln.Addr().String())
 
 	g, gctx := errgroup.WithContext(ctx)
@@ -117,14 +153,30 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 		}
 		return nil
 	})
+	if gs != nil {
+		g.Go(func() error {
+			// Serve returns nil once stopped, ErrServerStopped when the
+			// stop came first.
+			if err := gs.srv.Serve(gln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				return fmt.Errorf("authz: serve gRPC: %w", err)
+			}
+			return nil
+		})
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		s.closing.Store(true)
 		sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 		defer cancel()
+		// Both front ends drain at once, within the same shutdown_timeout.
+		var stopped sync.WaitGroup
+		if gs != nil {
+			stopped.Go(func() { gs.stop(sctx) })
+		}
 		if err := srv.Shutdown(sctx); err != nil {
 			_ = srv.Close()
 		}
+		stopped.Wait()
 		// Only now, with every check answered, do the refusal events leave.
 		frontend.CloseEmitter(context.Background(), em, closeSender, cfg.Usage.FlushTimeout, log)
 		log.Info("forward-auth endpoint stopped")
