@@ -12,7 +12,7 @@ type metrics struct {
 	held, released, tooFarAhead                   prometheus.Counter
 	heldNow                                       prometheus.Gauge
 	adminInvalid                                  prometheus.Counter
-	adminRefused, adminUnsigned                   prometheus.Counter
+	adminRefused, adminUnsigned, adminReplayed    prometheus.Counter
 	wrongSchema, rerouted                         prometheus.Counter
 	signals                                       *prometheus.CounterVec
 	lag                                           *prometheus.GaugeVec
@@ -64,6 +64,7 @@ func newMetrics(reg prometheus.Registerer, w *policy.Watcher) *metrics {
 		adminInvalid:      prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_admin_invalid_total", Help: "Admin topic records that did not decode or validate; their action is not applied to tiers."}),
 		adminRefused:      prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_admin_unauthenticated_total", Help: "Admin topic records refused because they are unsigned or badly signed (signal_auth); their action is not applied to tiers."}),
 		adminUnsigned:     prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_admin_unsigned_total", Help: "Unsigned admin records applied under signal_auth.accept_unsigned_state (a migration)."}),
+		adminReplayed:     prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_admin_replayed_total", Help: "Admin topic records refused because their version is older than their scope's (a replay of a superseded action); their action is not applied to tiers."}),
 		reevaluations:     prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_policy_reevaluations_total", Help: "Policy reloads and operator overrides applied to every tenant in memory at once (tiers, signals, quota_state)."}),
 		restores:          prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_restored_tenants_total", Help: "Tenants rebuilt from ClickHouse before their event was counted: evicted tenants that sent again, and tenants whose home partition moved when the topic gained partitions."}),
 		restoreSeconds:    prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_aggregator_restore_seconds", Help: "Time to rebuild a returning evicted tenant from ClickHouse, retries included.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
@@ -73,7 +74,7 @@ func newMetrics(reg prometheus.Registerer, w *policy.Watcher) *metrics {
 		modelsCapped:      prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_models_capped_total", Help: "Events counted under model \"other\" because their tenant already counts max_models models on their own (policy max_models); no tenant label on purpose, the aggregator logs each such tenant once."}),
 	}
 	reloadFailures := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_aggregator_policy_reload_failures_total", Help: "Policy reloads rejected; the previous policy stays in force."}, func() float64 { return float64(w.Failures.Load()) })
-	for _, c := range []prometheus.Collector{events, m.late, m.signals, m.lag, m.series, m.ids, m.writeRows, m.writeSeconds, m.rebuildSeconds, m.writeErrors, m.commitErrors, m.rebuildEvents, m.evictions, m.restores, m.restoreSeconds, m.heldNow, m.reevaluations, m.adminInvalid, m.adminRefused, m.adminUnsigned, m.unwritten, m.fetchPauses, m.modelsCapped, m.handoverWaits, m.snapshots, m.snapshotFallbacks, m.snapshotSeconds, m.snapshotPause, m.snapshotsDropped, reloadFailures} {
+	for _, c := range []prometheus.Collector{events, m.late, m.signals, m.lag, m.series, m.ids, m.writeRows, m.writeSeconds, m.rebuildSeconds, m.writeErrors, m.commitErrors, m.rebuildEvents, m.evictions, m.restores, m.restoreSeconds, m.heldNow, m.reevaluations, m.adminInvalid, m.adminRefused, m.adminUnsigned, m.adminReplayed, m.unwritten, m.fetchPauses, m.modelsCapped, m.handoverWaits, m.snapshots, m.snapshotFallbacks, m.snapshotSeconds, m.snapshotPause, m.snapshotsDropped, reloadFailures} {
 		// A second aggregator in one process (tests) shares the registry.
 		_ = reg.Register(c)
 	}
