@@ -165,7 +165,11 @@ func (l *Log) tombstone(key string, unsigned bool) Result {
 
 // State returns what is in force for scope (lifted and expired states
 // included; nil if nothing was applied or a version-0 tombstone lifted it).
+// A nil log holds nothing.
 func (l *Log) State(name string) *schemas.AdminState {
+	if l == nil {
+		return nil
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if s := l.scopes[name]; s != nil {
@@ -175,8 +179,11 @@ func (l *Log) State(name string) *schemas.AdminState {
 }
 
 // Each calls f with every scope's state in force (not nil), in no order.
-// f must not call l.
+// f must not call l. A nil log holds nothing.
 func (l *Log) Each(f func(st *schemas.AdminState)) {
+	if l == nil {
+		return
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, s := range l.scopes {
@@ -218,6 +225,9 @@ func (l *Log) Records(topic string, st *schemas.AdminState) ([]*kgo.Record, erro
 
 // Version returns the version of scope in force (0 for none).
 func (l *Log) Version(name string) uint64 {
+	if l == nil {
+		return 0
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if s := l.scopes[name]; s != nil {
