@@ -2,6 +2,7 @@ package tally
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -163,5 +164,109 @@ tenants:
 	}
 	if on, clear := count(t0.Add(15*time.Minute), 3, 30000); on < 1 || clear != 0 {
 		t.Fatalf("fast again: %d predictions, %d clears; want it announced again", on, clear)
+	}
+}
+
+// noticeRecorder is the alerter's output: every notice of one alert key's
+// rule and quota (resends aside), with the simulated time it left.
+type noticeRecorder struct {
+	now     *time.Time
+	quota   schemas.QuotaKind
+	notices []string
+}
+
+func (r *noticeRecorder) Deliver(_ string, m alert.Message) {
+	for _, a := range m.Alerts {
+		if a.Key.Rule == alert.RuleExhaustionPredicted && a.Key.Quota == string(r.quota) && !m.Resend {
+			r.notices = append(r.notices, fmt.Sprintf("%s %s %s", r.now.Format("15:04:05"), a.Status, a.Severity))
+		}
+	}
+}
+
+// TestRunawaysMonthlyPredictionDoesNotFlap drives the demo's runaway
+// through the aggregator's state and the alerter's engine: 12 calls a
+// second of 463 tokens use up its 500,000-token hour in 90 s, after which
+// the gateway refuses it and every refused call is a rejected event of no
+// tokens, for 20 minutes. Its 5,000,000-token month is predicted to run
+// out within the first 15 s (the demo's promise); after that the forecast
+// swings as the pace collapses — which sent four exhaustion_predicted
+// signals for the month within 30 s, each an alert update. A change is
+// news only when it leaves the announced prediction's uncertainty and
+// holds (predictionDwell): no two signals for the month come within a
+// minute of each other, a withdrawn prediction is not announced again
+// while the tenant stays blocked, and the month's alert fires once and
+// resolves at most once.
+func TestRunawaysMonthlyPredictionDoesNotFlap(t *testing.T) {
+	p := New(0, DefaultOptions())
+	p.SetPolicy(mustPolicy(t, `
+tenants:
+  acme:
+    models:
+      "*": {hourly_tokens: 500000, monthly_tokens: 5000000}
+`))
+	cfg := engine.DefaultConfig()
+	cfg.PendingFor, cfg.GroupWait = 5*time.Second, 0 // the demo's
+	var now time.Time
+	rec := &noticeRecorder{now: &now, quota: schemas.QuotaMonthlyTokens}
+	e, err := engine.New(cfg, func(string) engine.Route {
+		return engine.Route{Channels: []string{engine.AlertmanagerChannel}, Language: "en", Location: time.UTC}
+	}, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := t0.Add(35 * time.Second)
+	var off, used int64
+	var monthly []schemas.Signal
+	for sec := 0; sec < 20*60; sec++ {
+		at := start.Add(time.Duration(sec) * time.Second)
+		for range 12 {
+			off++
+			call := ev(fmt.Sprint("r", off), at, 463, 0)
+			if used >= 500000 {
+				call.PromptTokens, call.Outcome = 0, schemas.OutcomeRejected
+			}
+			used += call.PromptTokens
+			p.Apply(call, off)
+		}
+		p.SetClock(at)
+		now = at.Add(time.Second)
+		for _, s := range p.TakeSignals() {
+			if s.Kind == schemas.SignalExhaustionPredicted && s.Model == "*" && s.Quota == schemas.QuotaMonthlyTokens {
+				monthly = append(monthly, s)
+			}
+			e.Observe(&s, now)
+		}
+		e.Tick(now)
+	}
+	var lines []string
+	for _, s := range monthly {
+		lines = append(lines, fmt.Sprintf("+%v %s %v", s.Time.Sub(start), s.Attributes[schemas.AttrState], s.PredictedExhaustion.Sub(s.Time)))
+	}
+	t.Logf("monthly predictions: %q; alert notices: %q", lines, rec.notices)
+	if len(monthly) == 0 || monthly[0].Time.Sub(start) > 15*time.Second {
+		t.Fatalf("the month is not predicted within 15 s of the runaway's first call: %q", lines)
+	}
+	cleared := false
+	for i, s := range monthly {
+		if i > 0 && s.Time.Sub(monthly[i-1].Time) < time.Minute {
+			t.Errorf("monthly prediction changed twice within a minute: %q", lines)
+		}
+		if s.Attributes[schemas.AttrState] == schemas.StateClear {
+			cleared = true
+		} else if cleared {
+			t.Errorf("a withdrawn prediction announced again while the tenant stays blocked: %q", lines)
+		}
+	}
+	firing, resolved := 0, 0
+	for _, n := range rec.notices {
+		switch {
+		case strings.Contains(n, string(alert.StatusFiring)):
+			firing++
+		case strings.Contains(n, string(alert.StatusResolved)):
+			resolved++
+		}
+	}
+	if firing > 1 || resolved > 1 {
+		t.Errorf("the month's alert churned: %q", rec.notices)
 	}
 }
