@@ -24,6 +24,7 @@ type quotaState struct {
 
 	tier        int
 	crossings   int32 // tier crossings this period, part of signal ids
+	fromTier    int   // the tier before the last crossing (AnnounceRestored)
 	exhausted   bool
 	exhaustions int32 // times exhausted this period (again after a raised limit), part of signal ids
 
@@ -56,7 +57,7 @@ type quotaState struct {
 }
 
 func (q *quotaState) resetPeriod() {
-	q.tier, q.crossings, q.exhausted, q.exhaustions = 0, 0, false, 0
+	q.tier, q.crossings, q.fromTier, q.exhausted, q.exhaustions = 0, 0, 0, false, 0
 	q.predicted, q.predAt, q.predLo, q.predHi, q.basis, q.exhaustedAt = false, 0, 0, 0, "", 0
 }
 
@@ -122,7 +123,7 @@ func (s *Series) evalQuota(q *quotaState, ts, offset int64, p *Partition) {
 	nt := policy.NextTier(s.t.tiers, pct, q.tier, p.opt.Hysteresis)
 	if nt != q.tier {
 		prev := q.tier
-		q.tier = nt
+		q.tier, q.fromTier = nt, prev
 		q.crossings++
 		sig := s.base(schemas.SignalTierCrossed, q, b, ts, offset, used)
 		sig.PreviousTier = prev
