@@ -50,7 +50,9 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	}
 	cl, err := kafkaconn.NewClient(env.Kafka,
 		kgo.ConsumerGroup(cfg.Group),
-		kgo.ConsumeTopics(cfg.Topic),
+		// No topic yet: the group is joined once the state store exists
+		// (AddConsumeTopics below), or an assignment could reach restore
+		// before it and consume without the alerts' state.
 		kgo.SessionTimeout(cfg.SessionTimeout),
 		// Offsets are committed by persist, only once the alert states the
 		// signals before them produced are on the state topic.
@@ -85,6 +87,7 @@ func Run(ctx context.Context, cfg Config, env platform.Env) error {
 	p.cl = cl
 	p.store = &stateStore{topic: cfg.stateTopic(), kcfg: env.Kafka, cl: cl, log: env.Logger, partitions: stateParts,
 		auth: p.auth.For(signalauth.AlerterState), refused: p.stateRefused, unsigned: p.stateUnsigned}
+	cl.AddConsumeTopics(cfg.Topic)
 	env.Health.AddReadiness("alerter-kafka", kafkaconn.Ready(cl))
 	defer env.Health.RemoveReadiness("alerter-kafka")
 
