@@ -12,12 +12,15 @@ import (
 )
 
 // TestLimitLoweredDuringOutageBlocksOnReturn: what the restored state says
-// is announced and enforced. With every aggregator stopped, acme's hourly
-// limit is lowered below what it already used, and globex's override
-// (which kept it under its limit) expires. When the aggregator returns,
-// its rebuilt state has both at 100% — reached with no tier crossing,
-// since the replay counted them under the new limits from the start — and
-// a real enforcer must block both within 5 s of the return.
+// is announced, so that it is enforced. With every aggregator stopped,
+// acme's hourly limit is lowered below what it already used, and globex's
+// override (which kept it under its limit) expires. When the aggregator
+// returns, its rebuilt state has both at 100% — reached with no tier
+// crossing, since the replay counted them under the new limits from the
+// start — and within 5 s of the return it must publish, for each, the hard
+// quota_exhausted the enforcer blocks on (and the tier_crossed to 100 the
+// alerter pages on), and quota_state must say tier 100. (The whole chain
+// to the flag: e2e.)
 func TestLimitLoweredDuringOutageBlocksOnReturn(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
@@ -42,7 +45,7 @@ func TestLimitLoweredDuringOutageBlocksOnReturn(t *testing.T) {
 		t.Fatal(err)
 	}
 	run := runInProcess(t, e, e.ch.Addr, nil)
-	flagged := runEnforcer(t, e)
+	w := watchSignals(t, e)
 	now := time.Now().UTC()
 	produce(t, e, []schemas.UsageEvent{
 		{ID: "a1", Time: now, Tenant: "acme", Model: "gpt-4o", PromptTokens: 11000},
@@ -58,8 +61,20 @@ func TestLimitLoweredDuringOutageBlocksOnReturn(t *testing.T) {
 	}
 	itest.Eventually(t, 60*time.Second, "acme's use stored", stored("acme", 11000))
 	itest.Eventually(t, 60*time.Second, "globex's use stored", stored("globex", 11000))
-	if flagged("acme") || flagged("globex") {
-		t.Fatal("blocked before the outage")
+	exhausted := func(tenant string) func(*schemas.Signal) bool {
+		return func(s *schemas.Signal) bool {
+			return s.Kind == schemas.SignalQuotaExhausted && s.Tenant == tenant && s.Model == "*" && s.Quota == schemas.QuotaHourlyTokens &&
+				s.Mode == schemas.ModeHard && s.Limit == 10000
+		}
+	}
+	at100 := func(tenant string) func(*schemas.Signal) bool {
+		return func(s *schemas.Signal) bool {
+			return s.Kind == schemas.SignalTierCrossed && s.Tenant == tenant && s.Model == "*" && s.Quota == schemas.QuotaHourlyTokens &&
+				s.Tier == 100 && s.Direction == schemas.DirectionUp
+		}
+	}
+	if w.has(exhausted("acme"))() || w.has(exhausted("globex"))() {
+		t.Fatal("exhausted before the outage")
 	}
 	if err := run.stop(); err != nil {
 		t.Fatal(err)
@@ -71,6 +86,17 @@ func TestLimitLoweredDuringOutageBlocksOnReturn(t *testing.T) {
 
 	runInProcess(t, e, e.ch.Addr, nil)
 	produce(t, e, []schemas.UsageEvent{{ID: "a2", Time: time.Now().UTC(), Tenant: "acme", Model: "gpt-4o", PromptTokens: 100}})
-	itest.Eventually(t, 5*time.Second, "acme blocked after the aggregator returned", func() bool { return flagged("acme") })
-	itest.Eventually(t, 5*time.Second, "globex blocked after the aggregator returned", func() bool { return flagged("globex") })
+	for _, tenant := range []string{"acme", "globex"} {
+		itest.Eventually(t, 5*time.Second, tenant+"'s quota_exhausted after the aggregator returned", w.has(exhausted(tenant)))
+		if !w.has(at100(tenant))() {
+			t.Errorf("no tier_crossed to 100 for %s after the return", tenant)
+		}
+		itest.Eventually(t, 5*time.Second, tenant+"'s quota_state at tier 100 under the limit of 10000", func() bool {
+			var limit float64
+			var tier uint16
+			err := e.conn.QueryRow(context.Background(), `SELECT quota_limit, tier FROM quota_state FINAL
+				WHERE tenant = ? AND model = '*' AND quota = 'hourly_tokens' ORDER BY period_start DESC LIMIT 1`, tenant).Scan(&limit, &tier)
+			return err == nil && limit == 10000 && tier == 100
+		})
+	}
 }
