@@ -234,7 +234,7 @@ func TestLiteLLMProxy(t *testing.T) {
 	if c := res.Capped; c == nil || c.Status != 429 || !strings.Contains(c.Message, "Rate limit reached for rule capped-tpm (tenant=ll-capped): limit 150 total_tokens per 1m0s") || res.CappedAllowed < 1 {
 		t.Errorf("ll-capped: %d calls allowed, then %+v; want at least one allowed, then a 429 naming rule capped-tpm", res.CappedAllowed, c)
 	}
-	if f := res.Flagged; f == nil || f.Status != 429 || !strings.Contains(f.Message, "Tenant ll-flagged has reached its tokens_per_minute limit on all models: used 1400 of 1000 this minute") {
+	if f := res.Flagged; f == nil || f.Status != 429 || !strings.Contains(f.Message, "Tenant ll-flagged has reached its tokens_per_minute limit on all models: used at least 1400 of 1000 this minute") {
 		t.Errorf("ll-flagged: %+v; want a 429 naming tokens_per_minute", f)
 	}
 

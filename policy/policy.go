@@ -76,6 +76,20 @@
 // names, and the reconciler credits models without counter rows of their
 // own to "other".
 //
+// # Periods and timezones
+//
+// Hourly, daily and monthly quotas (and the budget, per month) run over
+// periods of the tenant's timezone, which PeriodBounds computes for the
+// aggregator, the reconciler and the read model alike. Across a DST or
+// other offset change: an hour is real elapsed time, at most 60 minutes,
+// starting on the local whole hour — New York's fall-back has two 01:00
+// hours of 60 minutes each, its spring-forward goes from 01:00 EST to
+// 03:00 EDT; only a change by other than whole hours or at other than a
+// whole local hour (Lord Howe's 30 minutes) leaves a shorter hour. A day
+// and a month are the local calendar's: a DST day is 23 or 25 hours, and
+// a day whose midnight does not exist (Santiago, Havana) starts at the
+// change.
+//
 // Lookups are read-only after Parse: a *Policy is immutable and safe for
 // concurrent use, which is what lets the Watcher swap it atomically.
 package policy
@@ -401,32 +415,211 @@ func (t *Tenant) Quotas(model string) []Quota {
 	return out
 }
 
-// PeriodBounds returns the calendar period containing t in loc: the start of
-// its minute, hour, day or month, and the start of the next one. Days and
-// months follow the zone's calendar, so a DST day is 23 or 25 hours long and
-// a month ends at local midnight.
+// PeriodBounds returns the period containing t in loc: [start, end) with
+// start ≤ t < end. Consecutive periods are contiguous and never overlap, in
+// every zone of the tz database and across every offset change (a test
+// walks them all). What a period is across a change:
+//
+//   - minute: the UTC minute (every zone in use has a whole-minute offset,
+//     so it is also the local minute).
+//   - hour: real elapsed time, never more than 60 minutes, starting where
+//     the local clock shows a whole hour. When the clock moves, the hour
+//     in which it moves ends at the change: New York's fall-back has two
+//     01:00 hours, each 60 real minutes (EDT, then EST), and its
+//     spring-forward goes from the 01:00 EST hour straight to the 03:00
+//     EDT hour; a change that is not a whole number of hours or does not
+//     fall on a whole local hour (Lord Howe's 30 minutes) leaves one
+//     shorter hour on each side. Two real hours never count against one
+//     hourly quota.
+//   - day: the local calendar day, from the first instant the local clock
+//     shows that date to the first instant it shows the next one, so a
+//     DST day is 23 or 25 hours, and a day whose midnight is skipped
+//     (Santiago, Havana) starts at the change (01:00). A fall-back that
+//     takes the clock back across midnight keeps the repeated stretch in
+//     the later day: a day never restarts.
+//   - month: likewise, from the first instant of the 1st to the first
+//     instant of the next month's 1st, in the local calendar.
+//
+// time.Date is not used for the bounds: on an ambiguous or skipped local
+// time its choice of offset is unspecified, which put periods entirely
+// before or after the instant they were asked for.
 func PeriodBounds(period schemas.Period, t time.Time, loc *time.Location) (start, end time.Time) {
 	if loc == nil {
 		loc = time.UTC
 	}
-	lt := t.In(loc)
 	switch period {
 	case schemas.PeriodMinute:
-		start = lt.Truncate(time.Minute)
-		return start, start.Add(time.Minute)
+		start = t.Truncate(time.Minute)
+		return start.In(loc), start.Add(time.Minute).In(loc)
 	case schemas.PeriodHour:
-		// Truncate works on absolute time, which is right for zones with
-		// whole-hour offsets; for others (e.g. +05:45) go through the clock.
-		start = time.Date(lt.Year(), lt.Month(), lt.Day(), lt.Hour(), 0, 0, 0, loc)
-		return start, start.Add(time.Hour)
-	case schemas.PeriodDay:
-		start = time.Date(lt.Year(), lt.Month(), lt.Day(), 0, 0, 0, 0, loc)
-		return start, time.Date(lt.Year(), lt.Month(), lt.Day()+1, 0, 0, 0, 0, loc)
-	case schemas.PeriodMonth:
-		start = time.Date(lt.Year(), lt.Month(), 1, 0, 0, 0, 0, loc)
-		return start, time.Date(lt.Year(), lt.Month()+1, 1, 0, 0, 0, 0, loc)
+		return clockBounds(t, loc, time.Hour)
+	case schemas.PeriodDay, schemas.PeriodMonth:
+		return calendarBounds(period, t, loc)
 	}
 	panic(fmt.Sprintf("policy: unknown period %q", period))
+}
+
+// maxZoneWalk bounds how many zone changes the period functions step over
+// in one window; no zone changes more than a few times a month.
+const maxZoneWalk = 64
+
+// maxOffset bounds any UTC offset the tz database has (±15:56 in history):
+// an instant at which the local clock shows w lies within maxOffset of w
+// read as UTC.
+const maxOffset = 26 * time.Hour
+
+func earlier(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func offsetAt(u time.Time, loc *time.Location) int {
+	_, off := u.In(loc).Zone()
+	return off
+}
+
+// wallOf returns what loc's clock shows at u, as a UTC time.
+func wallOf(u time.Time, loc *time.Location) time.Time {
+	return u.UTC().Add(time.Duration(offsetAt(u, loc)) * time.Second)
+}
+
+// offsetRun is a stretch of time during which loc's UTC offset is off.
+type offsetRun struct {
+	start, end time.Time
+	off        int
+}
+
+// offsetRuns appends to out the runs of constant UTC offset that make up
+// [lo, hi) (the first starts at lo and the last ends at hi whatever their
+// real extent).
+func offsetRuns(out []offsetRun, loc *time.Location, lo, hi time.Time) []offsetRun {
+	for at := lo; at.Before(hi) && len(out) < maxZoneWalk; {
+		off := offsetAt(at, loc)
+		end := runEnd(loc, at, off, hi)
+		out = append(out, offsetRun{at, end, off})
+		at = end
+	}
+	return out
+}
+
+// runEnd returns the first instant in (at, hi] at which loc's offset is no
+// longer off, or hi. Time.ZoneBounds gives the candidates; each is checked
+// against the offsets themselves, because ZoneBounds is not exact past a
+// zone's last explicit transition (Go 1.26 ends the last zone of a leap
+// year a day early, and zone bounds there may be a year's start or end
+// with no change at all).
+func runEnd(loc *time.Location, at time.Time, off int, hi time.Time) time.Time {
+	for range maxZoneWalk {
+		_, e := at.In(loc).ZoneBounds()
+		switch {
+		case e.IsZero() || !e.Before(hi):
+			if offsetAt(hi, loc) == off {
+				return hi
+			}
+			return firstChange(loc, at, hi, off)
+		case !e.After(at):
+			// ZoneBounds ended the zone before at (the leap-year slip):
+			// that zone runs to the end of the UTC year, at most a day on.
+			e = earlier(at.UTC().Truncate(24*time.Hour).Add(24*time.Hour), hi)
+			if offsetAt(e, loc) != off {
+				return firstChange(loc, at, e, off)
+			}
+			at = e
+			continue
+		}
+		if offsetAt(e.Add(-time.Nanosecond), loc) != off {
+			return firstChange(loc, at, e, off) // the zone ended earlier than said
+		}
+		if offsetAt(e, loc) != off {
+			return e
+		}
+		at = e // a new zone with the same offset (a name, a DST flag or a year)
+	}
+	return hi
+}
+
+// firstChange bisects (at, x] for the instant loc's offset stops being off,
+// given that it is off at at and not at x.
+func firstChange(loc *time.Location, at, x time.Time, off int) time.Time {
+	for x.Sub(at) > time.Nanosecond {
+		mid := at.Add(x.Sub(at) / 2)
+		if offsetAt(mid, loc) == off {
+			at = mid
+		} else {
+			x = mid
+		}
+	}
+	return x
+}
+
+// clockBounds returns the unit (an hour) containing t: from the latest
+// instant at or before t at which the local clock shows a whole unit, or
+// the offset changed, to the next such instant.
+func clockBounds(t time.Time, loc *time.Location, unit time.Duration) (start, end time.Time) {
+	var buf [4]offsetRun
+	for _, r := range offsetRuns(buf[:0], loc, t.Add(-unit), t.Add(unit+time.Nanosecond)) {
+		if t.Before(r.start) || !t.Before(r.end) {
+			continue
+		}
+		offset := time.Duration(r.off) * time.Second
+		start = t.UTC().Add(offset).Truncate(unit).Add(-offset)
+		return later(start, r.start).In(loc), earlier(start.Add(unit), r.end).In(loc)
+	}
+	panic("policy: no offset run contains the instant") // offsetRuns covers the window
+}
+
+// calendarBounds returns the local day or month containing t. Its label
+// is the latest date the local clock has shown up to t (a clock set back
+// across midnight does not reopen the previous day); it starts at the
+// first instant the clock showed that date and ends at the first instant
+// it shows the next period's first date.
+func calendarBounds(period schemas.Period, t time.Time, loc *time.Location) (start, end time.Time) {
+	// One window holds every offset that matters: the last 2×maxOffset
+	// before t (a zone that ended then may have shown a later clock than
+	// t's zone shows now), the period's start and its end, each within
+	// maxOffset of its clock reading.
+	span := 24*time.Hour + maxOffset
+	if period == schemas.PeriodMonth {
+		span = 31*24*time.Hour + maxOffset
+	}
+	var buf [8]offsetRun
+	runs := offsetRuns(buf[:0], loc, t.Add(-span-maxOffset), t.Add(span))
+	latest := wallOf(t, loc)
+	for _, r := range runs {
+		if r.start.After(t) {
+			break
+		}
+		last := earlier(r.end.Add(-time.Nanosecond), t)
+		latest = later(latest, last.UTC().Add(time.Duration(r.off)*time.Second))
+	}
+	y, m, d := latest.Date()
+	var from, next time.Time
+	if period == schemas.PeriodDay {
+		from, next = time.Date(y, m, d, 0, 0, 0, 0, time.UTC), time.Date(y, m, d+1, 0, 0, 0, 0, time.UTC)
+	} else {
+		from, next = time.Date(y, m, 1, 0, 0, 0, 0, time.UTC), time.Date(y, m+1, 1, 0, 0, 0, 0, time.UTC)
+	}
+	return firstShowing(runs, from, t).In(loc), firstShowing(runs, next, t).In(loc)
+}
+
+// firstShowing returns the first instant of runs at which the clock shows
+// wall or later; def if none does (calendarBounds' window always holds it).
+func firstShowing(runs []offsetRun, wall, def time.Time) time.Time {
+	for _, r := range runs {
+		if at := later(r.start, wall.Add(-time.Duration(r.off)*time.Second)); at.Before(r.end) {
+			return at
+		}
+	}
+	return def
 }
 
 // DefaultTenant is the policy of a tenant when no policy file is loaded:

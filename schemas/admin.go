@@ -3,6 +3,7 @@ package schemas
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -13,8 +14,18 @@ import (
 // produces to it (acks=all) before it answers, so an action survives any
 // replica or restart; every enforcer replica reads the whole topic to
 // build its admin state, and the aggregator reads it so that an override
-// changes tiers, signals and alerts, not only flags. A record with a nil
-// value (a tombstone) lifts the action of its key.
+// changes tiers, signals and alerts, not only flags.
+//
+// Each record carries one version of a scope's action ([AdminState.Version],
+// one above the previous version of the scope; a lift is a version too,
+// with Lifted set), and its record key is derived from the scope and the
+// version under the signing key (signalauth's RecordKey), never the scope
+// itself: compaction then cannot be made to drop a signed action by a
+// tombstone someone else produced. Readers keep the highest version of
+// each scope and refuse an older one (a replay). A nil value (a tombstone)
+// only lets compaction drop a superseded version; in records written by a
+// release without versions, where the key is [AdminState.Key], it lifts
+// that key's action.
 const TopicAdminV1 = "sluice.admin.v1"
 
 // SchemaAdminV1 is the [HeaderSchema] value of an admin state record.
@@ -61,6 +72,16 @@ type AdminState struct {
 	Actor string `json:"actor,omitempty"`
 	// Time is when the action was taken.
 	Time time.Time `json:"time"`
+	// Version orders the records of one scope (Key): the writer gives each
+	// new action or lift of a scope its previous version plus one, and
+	// readers refuse a record older than the version they hold, so a
+	// genuine record replayed after it was superseded changes nothing. 0 is
+	// a record written before versions existed.
+	Version uint64 `json:"version,omitempty"`
+	// Lifted says the record lifts the scope's action (an unblacklist, a
+	// reset of a manual breaker, a cleared override): it is in force
+	// nowhere, and its version stands against replays of what it lifted.
+	Lifted bool `json:"lifted,omitempty"`
 }
 
 // Key is the compaction key of the action: one record per kind and scope,
@@ -74,14 +95,21 @@ func (a *AdminState) Key() string {
 	return a.Tenant + "\x00" + string(a.Kind) + "\x00" + scope + "\x00" + string(a.Quota)
 }
 
+// VersionKey is the logical key of this version of the action: Key and
+// Version, from which its record key is derived.
+func (a *AdminState) VersionKey() string {
+	return a.Key() + "\x00v" + strconv.FormatUint(a.Version, 10)
+}
+
 // AdminKeyTenant returns the tenant of an [AdminState.Key].
 func AdminKeyTenant(key string) string {
 	t, _, _ := strings.Cut(key, "\x00")
 	return t
 }
 
-// Active reports whether the action applies at now.
-func (a *AdminState) Active(now time.Time) bool { return now.Before(a.Until) }
+// Active reports whether the action applies at now: not lifted, not
+// expired.
+func (a *AdminState) Active(now time.Time) bool { return !a.Lifted && now.Before(a.Until) }
 
 // Validate names the field and the rule of each problem.
 func (a *AdminState) Validate() error {

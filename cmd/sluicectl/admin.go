@@ -64,6 +64,11 @@ var adminVerbs = map[string]adminVerb{
 	"unoverride":  {summary: "clear a temporary quota limit (-model, -quota)", action: adminapi.ActionClearOverride, fields: []string{"model", "quota"}},
 }
 
+// expiresHelp is -expires's help: it has no default, on purpose — an
+// operator action that lasted until someone remembered it would outlive
+// its reason.
+const expiresHelp = "required by trip, blacklist and override: how long the change lasts, e.g. 2h or 72h (at most 90 days), or an RFC 3339 time; there is no default"
+
 func adminUsage() string {
 	names := make([]string, 0, len(adminVerbs))
 	for n := range adminVerbs {
@@ -73,7 +78,17 @@ func adminUsage() string {
 	var b strings.Builder
 	b.WriteString("usage: sluicectl admin <verb> [flags]\n\nverbs:\n")
 	for _, n := range names {
-		fmt.Fprintf(&b, "  %-12s %s\n", n, adminVerbs[n].summary)
+		v := adminVerbs[n]
+		fmt.Fprintf(&b, "  %-12s %s\n", n, v.summary)
+		if v.list == nil {
+			// A change without these is refused before it is sent: say so
+			// up front, -expires above all (every operator action expires).
+			req := "-tenant, -reason"
+			if slices.Contains(v.fields, "expires") {
+				req += " and -expires"
+			}
+			fmt.Fprintf(&b, "  %-12s   requires %s\n", "", req)
+		}
 	}
 	b.WriteString("\nThe enforcer's address and token come from -url/-token or SLUICE_ADMIN_URL/SLUICE_ADMIN_TOKEN.")
 	return b.String()
@@ -124,7 +139,7 @@ func runAdminTo(ctx context.Context, args []string, out io.Writer) error {
 	kind := fs.String("kind", "", "breaker kind to reset: quota, rate, error_ratio, slow_call, manual, blacklist")
 	quota := fs.String("quota", "", "quota: "+quotaNames())
 	limit := fs.String("limit", "", "temporary limit (0 stops spend, e.g. a leaked key)")
-	expires := fs.String("expires", "", "how long the change lasts, e.g. 2h or 72h (at most 90 days), or an RFC 3339 time")
+	expires := fs.String("expires", "", expiresHelp)
 	timeout := fs.Duration("timeout", 15*time.Second, "request timeout")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err

@@ -122,3 +122,35 @@ func TestAdminTrustsCAFile(t *testing.T) {
 		t.Fatalf("missing CA file: %v, want it named", err)
 	}
 }
+
+// TestAdminHelpSaysWhatAChangeRequires: trip, blacklist and override are
+// refused without -expires; the usage and -expires's own help say so
+// before anyone runs them.
+func TestAdminHelpSaysWhatAChangeRequires(t *testing.T) {
+	usage := adminUsage()
+	lines := strings.Split(usage, "\n")
+	for i, l := range lines {
+		verb := strings.Fields(l)
+		if len(verb) == 0 || adminVerbs[verb[0]].summary == "" || !strings.HasPrefix(l, "  "+verb[0]) {
+			continue
+		}
+		v := adminVerbs[verb[0]]
+		if v.list != nil {
+			continue
+		}
+		want := "requires -tenant, -reason"
+		for _, f := range v.fields {
+			if f == "expires" {
+				want += " and -expires"
+			}
+		}
+		if i+1 >= len(lines) || !strings.Contains(lines[i+1], want) {
+			t.Errorf("usage of %s does not say %q:\n%s", verb[0], want, usage)
+		}
+	}
+	for _, verb := range []string{"trip", "blacklist", "override"} {
+		if !strings.Contains(expiresHelp, verb) || !strings.Contains(expiresHelp, "required") {
+			t.Errorf("-expires's help %q does not say %s requires it", expiresHelp, verb)
+		}
+	}
+}

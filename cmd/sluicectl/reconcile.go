@@ -154,14 +154,16 @@ func auditDate(period schemas.Period, at string, loc *time.Location, now time.Ti
 	lt := now.In(loc)
 	if period == schemas.PeriodHour {
 		if at == "" {
+			// The start: an hour may be shorter than 60 minutes across an
+			// offset change (policy.PeriodBounds).
 			start, _ := policy.PeriodBounds(schemas.PeriodHour, now.Add(-time.Hour), loc)
-			return start.Add(30 * time.Minute), nil
+			return start, nil
 		}
 		t, err := time.ParseInLocation("2006-01-02T15", at, loc)
 		if err != nil {
 			return time.Time{}, fmt.Errorf("at: %q is not an hour YYYY-MM-DDTHH (for example 2026-11-30T14) in the tenant's zone", at)
 		}
-		return t.Add(30 * time.Minute), nil
+		return t, nil
 	}
 	if at == "" {
 		if period == schemas.PeriodMonth {

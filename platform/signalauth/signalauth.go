@@ -27,11 +27,17 @@
 // upgrade: records written before they were signed are refused too, unless
 // [Config.AcceptUnsignedState] admits them during a migration ([Auth.Admit]).
 //
-// What it does not do: it does not stop a replay of a genuine record (the
-// consumers drop repeated signal ids and stale periods for signals; an
-// admin action lapses at its expiry, but a replayed genuine lift of an
-// action lifts a later action of the same scope), and it does not hide
-// records from readers. It depends on nothing but franz-go's record type,
+// Compaction does not read signatures: it keeps the last record of each
+// record key, whoever produced it, so on the compacted topics an unsigned
+// tombstone that every reader refuses would still delete the signed record
+// of its key. Their records are therefore keyed by [Auth.RecordKey], a MAC
+// of the logical key that no one without a key of the ring can compute
+// (see that method for what that does and does not protect).
+//
+// What it does not do: it does not stop a replay of a genuine record by
+// itself (the consumers drop repeated signal ids and stale periods for
+// signals; admin records carry a per-scope version their readers track,
+// see internal/adminlog), and it does not hide records from readers. It depends on nothing but franz-go's record type,
 // so it adds no server dependency to whoever imports it.
 package signalauth
 
@@ -324,6 +330,77 @@ func Reason(err error) string {
 		return "not_configured"
 	}
 	return "bad_signature"
+}
+
+// recordKeyPrefix starts every derived record key, so that it can never
+// equal a logical key written before keys were derived (admin keys start
+// with a tenant, alert keys with a tenant or a NUL byte).
+const recordKeyPrefix = "\x00k1."
+
+// RecordKey returns the record key under which a compacted stream stores
+// the record of logical: a fixed prefix and the hex HMAC-SHA256 of
+// logical, under the sign key, in a domain of the stream's own (distinct
+// from its signatures'). Kafka's compaction keeps the last record of each
+// record key whoever produced it; with the logical key as the record key
+// (tenant, kind, scope) anyone able to produce could write a tombstone
+// that readers refuse but compaction obeys, deleting a signed blacklist.
+// A producer who holds no key of the ring and cannot read the topic cannot
+// compute or copy this key; one who can read the topic can copy it, which
+// is why the docs (docs/scaling.md) give the ACLs that keep WRITE on these
+// topics to Sluice's own principals and READ to its services. With mode
+// off (or a nil a) it is logical itself.
+func (a *Auth) RecordKey(logical []byte) []byte {
+	if a == nil || a.off {
+		return append([]byte(nil), logical...)
+	}
+	return recordKeyWith(a.keys[a.signID], a.stream, logical)
+}
+
+// RecordKeys returns every record key a record of logical may have been
+// written under: its RecordKey under each key of the ring (a record keeps
+// the key it was written with across a rotation) and logical itself (a
+// release that did not derive keys). A writer deleting logical's record
+// writes a tombstone of each, so no older copy survives compaction.
+func (a *Auth) RecordKeys(logical []byte) [][]byte {
+	out := [][]byte{append([]byte(nil), logical...)}
+	if a == nil || a.off {
+		return out
+	}
+	for _, secret := range a.keys {
+		out = append(out, recordKeyWith(secret, a.stream, logical))
+	}
+	return out
+}
+
+// RecordKeyMatches reports whether r's key is logical's RecordKey under
+// the key that signed r (its key id header). Mode off compares with
+// logical itself.
+func (a *Auth) RecordKeyMatches(r *kgo.Record, logical []byte) bool {
+	if a == nil {
+		return false
+	}
+	if a.off {
+		return string(r.Key) == string(logical)
+	}
+	var kid []byte
+	for _, h := range r.Headers {
+		if h.Key == HeaderKeyID {
+			kid = h.Value
+		}
+	}
+	secret, ok := a.keys[string(kid)]
+	return ok && hmac.Equal(r.Key, recordKeyWith(secret, a.stream, logical))
+}
+
+func recordKeyWith(secret []byte, stream Stream, logical []byte) []byte {
+	m := hmac.New(sha256.New, secret)
+	writeField(m, []byte(string(stream)+"#record-key"))
+	writeField(m, logical)
+	sum := m.Sum(nil)
+	out := make([]byte, len(recordKeyPrefix)+hex.EncodedLen(len(sum)))
+	copy(out, recordKeyPrefix)
+	hex.Encode(out[len(recordKeyPrefix):], sum)
+	return out
 }
 
 func macWith(secret []byte, stream Stream, kid string, key, schema, value []byte) []byte {

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluicehq/sluice/internal/adminlog"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/schemas"
@@ -33,20 +34,22 @@ import (
 // clock, and at every usage record). Trips and blacklists are the
 // enforcer's alone: they are flags, not quotas.
 //
-// Records are signed by the enforcer (signalauth.AdminActions, the
-// signal_auth key ring) and verified here as there: a forged override
-// could raise a tenant's quota past what the policy allows, or a forged
-// tombstone lift one that stops a leaked key's spend. Unsigned and badly
-// signed records, tombstones included, are refused and counted
-// (sluice_aggregator_admin_unauthenticated_total) and leave their key's
-// action as it was; signal_auth.accept_unsigned_state admits unsigned ones
-// during a migration.
+// Records are read as the enforcer reads them (internal/adminlog): signed
+// by the enforcer (signalauth.AdminActions, the signal_auth key ring) and
+// verified here, since a forged override could raise a tenant's quota past
+// what the policy allows, or a forged lift drop one that stops a leaked
+// key's spend; versioned per scope, since a replayed genuine override
+// would raise it again after it was lifted. Unsigned and badly signed
+// records, tombstones included, are refused and counted
+// (sluice_aggregator_admin_unauthenticated_total), and so are versions
+// older than their scope's (sluice_aggregator_admin_replayed_total); each
+// leaves its scope's action as it was. signal_auth.accept_unsigned_state
+// admits unsigned ones during a migration.
 
 // adminFollower holds the admin topic's current records.
 type adminFollower struct {
-	cl     *kgo.Client
-	auth   *signalauth.Auth
-	states map[string]*schemas.AdminState // by record key
+	cl      *kgo.Client
+	actions *adminlog.Log
 	// refused counts refused records, for the log's rate limit.
 	refused int64
 }
@@ -69,7 +72,7 @@ func newAdminFollower(ctx context.Context, kc kafkaconn.Config, topic string, au
 		cl.Close()
 		return nil, fmt.Errorf("admin topic %s: %w", topic, err)
 	}
-	return &adminFollower{cl: cl, auth: auth.For(signalauth.AdminActions), states: map[string]*schemas.AdminState{}}, nil
+	return &adminFollower{cl: cl, actions: adminlog.New(auth.For(signalauth.AdminActions))}, nil
 }
 
 // catchUp reads the topic up to the end offsets it has now.
@@ -99,61 +102,56 @@ func (f *adminFollower) catchUp(ctx context.Context, topic string, apply func(*k
 	return nil
 }
 
-// adminRecord folds one admin record into the follower's state and returns the
-// tenant it concerns ("" when it concerns no quota). Called with a.mu held
-// once the consumer runs.
+// adminRecord folds one admin record into the follower's state and returns
+// the tenant whose overrides it changed ("" when it changed none). Called
+// with a.mu held once the consumer runs.
 func (a *aggregator) adminRecord(r *kgo.Record) string {
 	f := a.admin
-	unsigned, err := f.auth.Admit(r)
-	if err != nil {
-		a.m.adminRefused.Inc()
+	res := f.actions.Apply(r)
+	switch res.Outcome {
+	case adminlog.Unauthenticated, adminlog.Replayed, adminlog.Invalid:
+		reason := string(res.Outcome)
+		switch res.Outcome {
+		case adminlog.Unauthenticated:
+			a.m.adminRefused.Inc()
+			reason = signalauth.Reason(res.Err)
+		case adminlog.Replayed:
+			a.m.adminReplayed.Inc()
+		default:
+			a.m.adminInvalid.Inc()
+		}
 		// The first ten, then every thousandth: forgeries must not bury the log.
 		if f.refused++; f.refused <= 10 || f.refused%1000 == 0 {
-			a.log.Warn("refusing an unauthenticated admin record; the action of its key stays as it was", "reason", signalauth.Reason(err),
-				"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "refused_so_far", f.refused)
+			a.log.Warn("refusing an admin record; the action of its scope stays as it was", "result", res.Outcome, "reason", reason,
+				"err", res.Err, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "refused_so_far", f.refused)
 		}
 		return ""
+	case adminlog.Ignored:
+		return ""
 	}
-	if unsigned {
+	if res.Unsigned {
 		a.m.adminUnsigned.Inc()
 		a.log.Warn("applying an unsigned admin record (signal_auth.accept_unsigned_state); re-issue its action through the admin API so that it is signed",
 			"topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
 	}
-	key := string(r.Key)
-	tenant := schemas.AdminKeyTenant(key)
-	old := f.states[key]
-	if r.Value == nil {
-		delete(f.states, key)
-		if old == nil || old.Kind != schemas.AdminOverride {
-			return ""
-		}
-		return tenant
-	}
-	st, err := schemas.DecodeAdminState(r.Value)
-	if err != nil {
-		a.m.adminInvalid.Inc()
-		a.log.Warn("skipping an invalid admin record; the action it carries is not applied to tiers", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
+	isOverride := func(st *schemas.AdminState) bool { return st != nil && st.Kind == schemas.AdminOverride }
+	if !isOverride(res.State) && !isOverride(res.Previous) {
 		return ""
 	}
-	f.states[key] = st
-	if st.Kind != schemas.AdminOverride && (old == nil || old.Kind != schemas.AdminOverride) {
-		return ""
-	}
-	return st.Tenant
+	return schemas.AdminKeyTenant(res.Scope)
 }
 
-// overridesOf returns tenant's overrides in force at now, in key order.
+// overridesOf returns tenant's overrides in force at now, in scope order.
 func (a *aggregator) overridesOf(tenant string, now time.Time) []tally.Override {
-	keys := make([]string, 0)
-	for k, st := range a.admin.states {
+	var in []*schemas.AdminState
+	a.admin.actions.Each(func(st *schemas.AdminState) {
 		if st.Kind == schemas.AdminOverride && st.Tenant == tenant && st.Active(now) {
-			keys = append(keys, k)
+			in = append(in, st)
 		}
-	}
-	sort.Strings(keys)
-	out := make([]tally.Override, 0, len(keys))
-	for _, k := range keys {
-		st := a.admin.states[k]
+	})
+	sort.Slice(in, func(i, j int) bool { return in[i].Key() < in[j].Key() })
+	out := make([]tally.Override, 0, len(in))
+	for _, st := range in {
 		out = append(out, tally.Override{Model: st.Model, Quota: st.Quota, Limit: st.Limit, Until: st.Until})
 	}
 	return out
@@ -163,11 +161,11 @@ func (a *aggregator) overridesOf(tenant string, now time.Time) []tally.Override 
 // Called with a.mu held (or before the consumer starts).
 func (a *aggregator) installOverrides(st *tally.Partition, now time.Time) {
 	tenants := map[string]bool{}
-	for _, s := range a.admin.states {
+	a.admin.actions.Each(func(s *schemas.AdminState) {
 		if s.Kind == schemas.AdminOverride {
 			tenants[s.Tenant] = true
 		}
-	}
+	})
 	for tn := range tenants {
 		st.SetOverrides(tn, a.overridesOf(tn, now))
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluicehq/sluice/internal/adminlog"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
@@ -144,4 +145,75 @@ func TestAdminOverridesReachTiers(t *testing.T) {
 	put(override("acme", 10000, time.Now().Add(2*time.Second)), false)
 	itest.Eventually(t, 5*time.Second, "acme's tier down under a short override", w.count(2, tierOf("acme", 0, schemas.DirectionDown)))
 	itest.Eventually(t, 10*time.Second, "acme back at 100% when the override expired", w.count(3, tierOf("acme", 100, schemas.DirectionUp)))
+}
+
+// TestReplayedAdminOverrideIsRefused: a genuine signed override copied
+// back onto the admin topic after it was lifted must not raise the quota
+// again. The aggregator refuses the older version and counts it: the next
+// genuine override (1,200) takes acme from 100% down to tier 70, where an
+// applied replay (10,000, tier 0) would have made it go up to 70.
+func TestReplayedAdminOverrideIsRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	e := setup(t)
+	adminTopic := itest.Unique(t, "admin_")
+	writePolicy(t, e.policy, "defaults:\n  models:\n    \"*\": {hourly_tokens: 1000}\n")
+	cl, err := kafkaconn.NewClient(e.kafka)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	compact := "compact"
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := kadm.NewClient(cl).CreateTopics(ctx, 1, -1, map[string]*string{"cleanup.policy": &compact}, adminTopic); err != nil {
+		t.Fatal(err)
+	}
+	// What the enforcer's admin API writes: each action the next version
+	// of its scope, signed, under a derived key.
+	writer := adminlog.New(itest.Signer(t, testSignalAuth).For(signalauth.AdminActions))
+	publish := func(st *schemas.AdminState) []*kgo.Record {
+		t.Helper()
+		recs, err := writer.Records(adminTopic, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range recs {
+			writer.Apply(r)
+		}
+		return recs
+	}
+	override := func(limit float64) *schemas.AdminState {
+		return &schemas.AdminState{Kind: schemas.AdminOverride, Tenant: "acme", Model: "*", Quota: schemas.QuotaHourlyTokens,
+			Limit: limit, Until: time.Now().Add(time.Hour), Actor: "test", Time: time.Now().UTC()}
+	}
+
+	run := runInProcess(t, e, e.ch.Addr, func(c *aggregator.Config) { c.AdminTopic = adminTopic })
+	w := watchSignals(t, e)
+	produce(t, e, []schemas.UsageEvent{{ID: "a1", Time: time.Now().UTC(), Tenant: "acme", Model: "gpt-4o", PromptTokens: 1000}})
+	itest.Eventually(t, 60*time.Second, "acme at 100% of its hourly quota", w.has(tierOf("acme", 100, schemas.DirectionUp)))
+
+	genuine := publish(override(10000))[0]
+	itest.Eventually(t, 10*time.Second, "acme's tier down under the override", w.has(tierOf("acme", 0, schemas.DirectionDown)))
+	lift := override(0)
+	lift.Lifted, lift.Until = true, time.Now()
+	publish(lift)
+	itest.Eventually(t, 10*time.Second, "acme back at 100% once it was lifted", w.count(2, tierOf("acme", 100, schemas.DirectionUp)))
+
+	replay := &kgo.Record{Topic: adminTopic, Key: genuine.Key, Value: genuine.Value, Headers: genuine.Headers}
+	if err := cl.ProduceSync(ctx, replay).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	itest.Eventually(t, 10*time.Second, "the replay counted", func() bool { return run.metric(t, "sluice_aggregator_admin_replayed_total", "") == 1 })
+	publish(override(1200))
+	itest.Eventually(t, 10*time.Second, "acme at tier 70 under the 1,200 override", w.has(func(s *schemas.Signal) bool {
+		return s.Kind == schemas.SignalTierCrossed && s.Tenant == "acme" && s.Model == "*" && s.Quota == schemas.QuotaHourlyTokens && s.Tier == 70
+	}))
+	if w.has(tierOf("acme", 70, schemas.DirectionUp))() || w.count(2, tierOf("acme", 0, schemas.DirectionDown))() {
+		t.Fatal("the replayed override raised acme's quota again")
+	}
 }

@@ -120,8 +120,22 @@
 // Quota overrides written by the enforcer's admin API to the compacted
 // admin_topic (sluice.admin.v1) replace a quota's limit in the state too,
 // so tiers, signals, quota_state and alerts follow the override, its lift
-// (a tombstone) and its expiry at once; see admin.go. The topic is read to
-// its end before the group is joined.
+// and its expiry at once; see admin.go. The topic is read to its end
+// before the group is joined.
+//
+// # What a restore announces
+//
+// A restored state (rebuilt from ClickHouse or a snapshot, or a tenant
+// restored after eviction) replays its events without signals, under the
+// policy and overrides in force now. A limit lowered, or an override that
+// expired, while no aggregator ran puts a tenant at 100% with no crossing
+// to announce, and nothing would block it. So after every restore the
+// state's tier and exhaustion are compared with what quota_state says was
+// announced for each open period, and where the limit differs from the
+// one announced under (or nothing was announced), the difference goes out
+// as tier_crossed and quota_exhausted signals with the partition's first
+// flush (restore.go, tally.AnnounceRestored;
+// sluice_aggregator_restore_announcements_total counts them).
 //
 // # Bounded state
 //

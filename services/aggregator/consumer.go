@@ -656,6 +656,7 @@ func (a *aggregator) restorePartition(ctx context.Context, id int32, before int6
 		a.m.rebuildSeconds.Observe(time.Since(start).Seconds())
 		a.m.rebuildEvents.Add(float64(n))
 		a.log.Info("partition assigned and restored from a snapshot", "partition", id, "resume_offset", before, "events_replayed", n, "took", time.Since(start).Round(time.Millisecond))
+		a.announceRestored(ctx, id, st, before)
 		return a.assignedPartition(id, st, before, n)
 	}
 	var st *tally.Partition
@@ -683,6 +684,7 @@ func (a *aggregator) restorePartition(ctx context.Context, id int32, before int6
 	a.m.rebuildSeconds.Observe(time.Since(start).Seconds())
 	a.m.rebuildEvents.Add(float64(n))
 	a.log.Info("partition assigned and rebuilt", "partition", id, "resume_offset", before, "events_replayed", n, "took", time.Since(start).Round(time.Millisecond))
+	a.announceRestored(ctx, id, st, before)
 	return a.assignedPartition(id, st, before, n)
 }
 

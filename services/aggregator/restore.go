@@ -43,7 +43,10 @@ type pendingRestore struct {
 	done chan struct{} // closed once events or err is set
 	// Set by the restore's goroutine before done is closed.
 	events []restoredEvent
-	err    error
+	// announced is what quota_state says was announced for the tenant's
+	// open periods (see announceRestored).
+	announced map[tally.AnnouncedKey]tally.Announced
+	err       error
 }
 
 // parkedEvent is an event waiting for its tenant's restore.
@@ -83,11 +86,36 @@ func (a *aggregator) startRestore(p *partition, ev *schemas.UsageEvent, part int
 			_, err := a.store.ReplayTenant(ctx, id, r.tenant, r.offset, func(ev *schemas.UsageEvent, off int64) {
 				r.events = append(r.events, restoredEvent{ev: *ev, offset: off})
 			})
+			if err == nil {
+				r.announced, err = a.store.Announced(ctx, r.tenant, time.Now())
+			}
 			return err
 		})
 		close(r.done)
 		a.kickPoll()
 	}()
+}
+
+// announceRestored has a partition state just restored (rebuilt from
+// ClickHouse or from a snapshot) announce what it says that was not
+// announced before (tally.AnnounceRestored): a limit lowered, or an
+// override expired, while no aggregator ran puts tenants at 100% with no
+// tier crossing, so without this nothing would block them. quota_state
+// holds what the previous owners announced; reading it is retried like the
+// rebuild. The signals go out with the partition's first flush.
+func (a *aggregator) announceRestored(ctx context.Context, id int32, st *tally.Partition, offset int64) {
+	var announced map[tally.AnnouncedKey]tally.Announced
+	if err := a.retry(ctx, "read the announced quota state from clickhouse", id, func() error {
+		var err error
+		announced, err = a.store.Announced(ctx, "", time.Now())
+		return err
+	}); err != nil {
+		return // the client is closing: the partition is not used
+	}
+	if n := st.AnnounceRestored("", announced, offset); n > 0 {
+		a.m.restoreAnnouncements.Add(float64(n))
+		a.log.Info("restored quota state differs from what was announced; announcing it", "partition", id, "signals", n)
+	}
 }
 
 // committable is the offset p may commit: the next to read, or the first
@@ -148,6 +176,13 @@ func (a *aggregator) finishRestore(p *partition, r *pendingRestore) {
 		return nil
 	})
 	a.m.restoreSeconds.Observe(time.Since(r.start).Seconds())
+	if n := p.state.AnnounceRestored(r.tenant, r.announced, r.offset); n > 0 {
+		a.m.restoreAnnouncements.Add(float64(n))
+		a.log.Info("restored tenant's quota state differs from what was announced; announcing it", "partition", p.id, "tenant", r.tenant, "signals", n)
+		if a.since.IsZero() {
+			a.since = time.Now()
+		}
+	}
 	for i := range r.parked {
 		pe := &r.parked[i]
 		p.state.SetClock(pe.ref)

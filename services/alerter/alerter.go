@@ -61,7 +61,9 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 	}
 	cl, err := kafkaconn.NewClient(env.Kafka,
 		kgo.ConsumerGroup(cfg.Group),
-		kgo.ConsumeTopics(cfg.Topic),
+		// No topic yet: the group is joined once the state store exists
+		// (AddConsumeTopics below), or an assignment could reach restore
+		// before it and consume without the alerts' state.
 		kgo.SessionTimeout(cfg.SessionTimeout),
 		// Offsets are committed by persist, only once the alert states the
 		// signals before them produced are on the state topic.
@@ -96,6 +98,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 	p.cl = cl
 	p.store = &stateStore{topic: cfg.stateTopic(), kcfg: env.Kafka, cl: cl, log: env.Logger, partitions: stateParts,
 		auth: p.auth.For(signalauth.AlerterState), refused: p.stateRefused, unsigned: p.stateUnsigned}
+	cl.AddConsumeTopics(cfg.Topic)
 	env.Health.AddReadiness("alerter-kafka", kafkaconn.Ready(cl))
 	defer env.Health.RemoveReadiness("alerter-kafka")
 
@@ -344,8 +347,13 @@ type pipeline struct {
 	unauthentic  prometheus.Counter
 	unauthenticN atomic.Int64
 
-	partMu     sync.Mutex
-	tenantPart map[string]int32
+	// tenantPart is the signals partition of the tenants the engine holds
+	// state of, and of those seen since the last prune (see
+	// rememberPartition); partPruneAt is the size that prunes it next.
+	partMu           sync.Mutex
+	tenantPart       map[string]int32
+	partPruneAt      int
+	partitionsPruned prometheus.Counter
 
 	// Persistence (Run only; nil in tests that drive the engine): see
 	// persist.
@@ -530,9 +538,7 @@ func (p *pipeline) handle(r *kgo.Record, now time.Time) {
 		return
 	}
 	p.signals.WithLabelValues(string(sig.Kind)).Inc()
-	p.partMu.Lock()
-	p.tenantPart[sig.Tenant] = r.Partition
-	p.partMu.Unlock()
+	p.rememberPartition(sig.Tenant, r.Partition)
 	p.engine.Observe(&sig, now)
 }
 
@@ -594,7 +600,9 @@ func (p *pipeline) registerMetrics(reg prometheus.Registerer) error {
 		Help: "Unsigned state topic records used on load under signal_auth.accept_unsigned_state (a migration)."})
 	p.commitFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_alerter_offset_commit_failures_total",
 		Help: "Failed commits of signal offsets."})
-	cs := []prometheus.Collector{p.signals, p.invalid, p.unauthentic, p.stateWrites, p.stateFailures, p.stateRestored, p.stateRefused, p.stateUnsigned, p.commitFailures,
+	p.partitionsPruned = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_alerter_tenant_partitions_pruned_total",
+		Help: "Tenants whose signals partition was forgotten because the alerter held no alert state of them (a bound under tenant churn)."})
+	cs := []prometheus.Collector{p.signals, p.partitionsPruned, p.invalid, p.unauthentic, p.stateWrites, p.stateFailures, p.stateRestored, p.stateRefused, p.stateUnsigned, p.commitFailures,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_alerter_alerts", Help: "Alerts tracked, by state.",
 			ConstLabels: prometheus.Labels{"state": "pending"}}, stat(func(s engine.Stats) float64 { return float64(s.Pending) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_alerter_alerts", Help: "Alerts tracked, by state.",
@@ -626,4 +634,50 @@ func RegisterMetrics(reg prometheus.Registerer) error {
 		return err
 	}
 	return p.registerMetrics(reg)
+}
+
+// minPartitionPrune is the size below which the tenants' partitions are
+// never pruned (see rememberPartition).
+const minPartitionPrune = 1024
+
+// rememberPartition records the signals partition of tenant, where its
+// alert state is written. The map would otherwise keep every tenant that
+// ever sent a signal. Policy: it holds the tenants the engine holds state
+// of (Engine.Tenants, which rules.max_alerts bounds) plus those seen since
+// the last prune; when it reaches twice the size the last prune left (at
+// least minPartitionPrune), the tenants the engine holds nothing of are
+// dropped — a later signal of theirs records them again before the engine
+// sees it. So its size stays under 2 × max(tenants with state,
+// minPartitionPrune / 2) and nothing is refused.
+func (p *pipeline) rememberPartition(tenant string, part int32) {
+	p.partMu.Lock()
+	p.tenantPart[tenant] = part
+	full := len(p.tenantPart) >= max(p.partPruneAt, minPartitionPrune)
+	p.partMu.Unlock()
+	if full {
+		p.prunePartitions()
+	}
+}
+
+// prunePartitions drops the partitions of tenants the engine holds nothing
+// of. It runs under persistMu, so that a save in progress, whose changes
+// TakeDirty already took from the engine, never loses its tenants'
+// partitions; when a save is in progress it leaves the pruning to the
+// next signal.
+func (p *pipeline) prunePartitions() {
+	if !p.persistMu.TryLock() {
+		return
+	}
+	defer p.persistMu.Unlock()
+	keep := p.engine.Tenants()
+	p.partMu.Lock()
+	defer p.partMu.Unlock()
+	before := len(p.tenantPart)
+	for t := range p.tenantPart {
+		if _, ok := keep[t]; !ok {
+			delete(p.tenantPart, t)
+		}
+	}
+	p.partPruneAt = 2 * len(p.tenantPart)
+	p.partitionsPruned.Add(float64(before - len(p.tenantPart)))
 }

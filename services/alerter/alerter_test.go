@@ -449,3 +449,43 @@ func TestPoisonRecordsAreCountedAndSkipped(t *testing.T) {
 		t.Fatalf("invalid count %v, want 4", got)
 	}
 }
+
+// TestTenantPartitionsStayBoundedUnderTenantChurn: the alerter remembers
+// the signals partition of a tenant only while it holds state of it (a
+// tracked alert, a change not yet written, a held notice); signals of
+// 20,000 passing tenants that leave no alert do not grow that memory past
+// its floor, and the tenants with alerts keep their partition, so their
+// state is still written where their new owner restores it.
+func TestTenantPartitionsStayBoundedUnderTenantChurn(t *testing.T) {
+	p, _, _ := setup(t, func(c *Config) { c.Rules.MaxAlerts = 100 })
+	prefix := itest.Unique(t, "churn_")
+	now := time.Now().UTC()
+	var alerted []string
+	for i := range 20 {
+		tenant := fmt.Sprintf("%s_alert_%d", prefix, i)
+		alerted = append(alerted, tenant)
+		r := signed(t, tierSignal(tenant, 0, 90, now))
+		r.Partition = 3
+		p.handle(r, now)
+	}
+	for i := range 20000 {
+		s := tierSignal(fmt.Sprintf("%s_%05d", prefix, i), 70, 0, now) // down to tier 0: nothing to alert on
+		if i%2 == 0 {
+			s.Kind, s.Tier, s.PreviousTier, s.Direction = schemas.SignalLateEvent, 0, 0, "" // never alerted on
+		}
+		r := signed(t, s)
+		r.Partition = int32(i % 4)
+		p.handle(r, now)
+	}
+	p.partMu.Lock()
+	n := len(p.tenantPart)
+	p.partMu.Unlock()
+	if n > minPartitionPrune {
+		t.Errorf("%d tenant partitions remembered after 20,020 tenants signalled and 20 have alerts, want at most %d", n, minPartitionPrune)
+	}
+	for _, tenant := range alerted {
+		if part, ok := p.partitionOf(tenant); !ok || part != 3 {
+			t.Errorf("tenant %s with an alert: partition %d, %v; want 3", tenant, part, ok)
+		}
+	}
+}

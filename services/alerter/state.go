@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,7 +39,11 @@ const DefaultStateTopic = "sluice.alerter.state.v1"
 // was notified, or a forged deletion that makes the next replica page
 // again) or have a channel post any text (a forged held notification is
 // sent as it is). A refused record is skipped and counted and the key keeps
-// its last authentic state. State written by a release that did not sign
+// its last authentic state. Record keys are derived from the alert key
+// under the signing key (signalauth's RecordKey): compaction keeps the
+// last record of each record key whoever wrote it, so with the alert key
+// itself a forged tombstone, refused on load, would still make the broker
+// drop the genuine state. State written by a release that did not sign
 // is refused too unless signal_auth.accept_unsigned_state is on (a
 // migration: otherwise a restart after the upgrade forgets what was
 // notified, and may notify a firing alert once more).
@@ -161,7 +164,16 @@ func (s *stateStore) load(ctx context.Context, parts []int32) ([]restored, error
 		return nil, err
 	}
 	defer rd.Close()
-	latest := map[string]restored{}
+	// live holds the last record of every record key; a state written
+	// before and after a key rotation (or a release that did not derive
+	// keys) has several, and the last one read of its alert key wins.
+	type entry struct {
+		logical string
+		got     restored
+		seq     int
+	}
+	live := map[string]entry{}
+	seq := 0
 	for len(want) > 0 {
 		fs := rd.PollFetches(ctx)
 		if ctx.Err() != nil {
@@ -183,42 +195,59 @@ func (s *stateStore) load(ctx context.Context, parts []int32) ([]restored, error
 			}
 			key := string(r.Key)
 			if r.Value == nil {
-				delete(latest, key)
+				delete(live, key)
 				return
 			}
-			var (
-				v   int
-				err error
-				got = restored{part: r.Partition}
-			)
-			if strings.HasPrefix(key, heldPrefix) {
-				got.held = new(engine.Held)
-				err = json.Unmarshal(r.Value, got.held)
-				v = got.held.V
-			} else {
-				got.rec = new(engine.Record)
-				err = json.Unmarshal(r.Value, got.rec)
-				v = got.rec.V
+			if logical, got, ok := s.decode(r); ok {
+				seq++
+				live[key] = entry{logical, got, seq}
 			}
-			if err != nil || v != engine.RecordVersion {
-				if n := s.undecodable.Add(1); n <= 10 || n%1000 == 0 {
-					s.log.Warn("alert state record skipped", "partition", r.Partition, "offset", r.Offset, "version", v, "err", err)
-				}
-				return
-			}
-			latest[key] = got
 		})
+	}
+	latest := map[string]entry{}
+	for _, e := range live {
+		if l, ok := latest[e.logical]; !ok || e.seq > l.seq {
+			latest[e.logical] = e
+		}
 	}
 	out := make([]restored, 0, len(latest))
 	s.heldMu.Lock()
 	defer s.heldMu.Unlock()
-	for _, r := range latest {
-		out = append(out, r)
-		if r.held != nil {
-			s.markHeld(r.part, r.held.Channel)
+	for _, e := range latest {
+		out = append(out, e.got)
+		if e.got.held != nil {
+			s.markHeld(e.got.part, e.got.held.Channel)
 		}
 	}
 	return out, nil
+}
+
+// decode returns the alert state or held notifications r carries and its
+// logical key (the alert key, or heldPrefix and the channel); ok is false
+// for a record it skipped (logged and counted).
+func (s *stateStore) decode(r *kgo.Record) (logical string, got restored, ok bool) {
+	var v int
+	var err error
+	got.part = r.Partition
+	// The key no longer says which of the two a record is: an alert state
+	// always names its tenant, held notifications never do.
+	got.rec = new(engine.Record)
+	if err = json.Unmarshal(r.Value, got.rec); err == nil {
+		v, logical = got.rec.V, got.rec.Key.String()
+		if got.rec.Key.Tenant == "" {
+			got.rec, got.held = nil, new(engine.Held)
+			if err = json.Unmarshal(r.Value, got.held); err == nil {
+				v, logical = got.held.V, heldPrefix+got.held.Channel
+			}
+		}
+	}
+	if err != nil || v != engine.RecordVersion {
+		if n := s.undecodable.Add(1); n <= 10 || n%1000 == 0 {
+			s.log.Warn("alert state record skipped", "partition", r.Partition, "offset", r.Offset, "version", v, "err", err)
+		}
+		return "", restored{}, false
+	}
+	return logical, got, true
 }
 
 // authentic reports whether load may use r (see stateStore), and counts
@@ -243,12 +272,23 @@ func (s *stateStore) authentic(r *kgo.Record) bool {
 	return true
 }
 
-// record returns the signed state record of key (a nil value deletes it)
-// on partition part.
-func (s *stateStore) record(part int32, key string, value []byte) *kgo.Record {
-	r := s.auth.Record(s.topic, []byte(key), value)
-	r.Partition = part
-	return r
+// records returns the signed records that store value as the state of
+// logical (an alert key, or heldPrefix and a channel) on partition part,
+// under its derived record key; for a nil value, the tombstones that
+// delete it under every record key it may have been written with (each
+// key of the ring, and logical itself for a release that did not derive
+// keys), so that no older copy comes back on load.
+func (s *stateStore) records(part int32, logical string, value []byte) []*kgo.Record {
+	keys := [][]byte{s.auth.RecordKey([]byte(logical))}
+	if value == nil {
+		keys = s.auth.RecordKeys([]byte(logical))
+	}
+	out := make([]*kgo.Record, len(keys))
+	for i, k := range keys {
+		out[i] = s.auth.Record(s.topic, k, value)
+		out[i].Partition = part
+	}
+	return out
 }
 
 func (s *stateStore) markHeld(part int32, ch string) {
@@ -293,7 +333,7 @@ func (s *stateStore) save(ctx context.Context, changes []engine.Change, held []e
 				return 0, fmt.Errorf("alert state %s: %w", c.Key.String(), err)
 			}
 		}
-		recs = append(recs, s.record(part, c.Key.String(), value))
+		recs = append(recs, s.records(part, c.Key.String(), value)...)
 	}
 	var now map[int32]map[string]bool
 	if heldChanged {
@@ -319,14 +359,14 @@ func (s *stateStore) save(ctx context.Context, changes []engine.Change, held []e
 					now[part] = map[string]bool{}
 				}
 				now[part][h.Channel] = true
-				recs = append(recs, s.record(part, heldPrefix+h.Channel, value))
+				recs = append(recs, s.records(part, heldPrefix+h.Channel, value)...)
 			}
 		}
 		s.heldMu.Lock()
 		for part, chans := range s.held {
 			for ch := range chans {
 				if !now[part][ch] {
-					recs = append(recs, s.record(part, heldPrefix+ch, nil))
+					recs = append(recs, s.records(part, heldPrefix+ch, nil)...)
 				}
 			}
 		}

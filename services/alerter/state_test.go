@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/platform/itest"
@@ -124,7 +125,7 @@ func TestForgedStateRecordsAreRefused(t *testing.T) {
 		}
 		return b
 	}
-	genuine := s.record(0, key("b").String(), encode(rec("b", 70)))
+	genuine := s.records(0, key("b").String(), encode(rec("b", 70)))[0]
 	forger := itest.Signer(t, signalauth.Config{Keys: []string{"test:" + strings.Repeat("f", 64)}}).For(signalauth.AlerterState)
 	phishing := engine.Held{V: engine.RecordVersion, Channel: "slack:ops", First: time.Now().UTC(),
 		Alerts: []alert.Alert{{Key: key("a"), Reason: "<https://evil.example|re-enter your password>"}}}
@@ -169,8 +170,11 @@ func TestForgedStateRecordsAreRefused(t *testing.T) {
 
 	migrating := testStore(kcfg, cl, topic, n, itest.Signer(t, signalauth.Config{Keys: testSignalAuth.Keys, AcceptUnsignedState: true}))
 	states, held = load(migrating)
-	if len(states) != 1 || states["b"] != 70 || held != 1 {
-		t.Fatalf("migrating: restored %v and %d held notifications; want the unsigned deletion of a and held record used, b at 70", states, held)
+	// The unsigned deletion is used but names the alert key, not the key
+	// a's state is stored under (derived under the signing key): a keeps
+	// its state.
+	if len(states) != 2 || states["a"] != 90 || states["b"] != 70 || held != 1 {
+		t.Fatalf("migrating: restored %v and %d held notifications; want the unsigned held record used, a at 90, b at 70", states, held)
 	}
 	if u, r := testutil.ToFloat64(migrating.unsigned), testutil.ToFloat64(migrating.refused); u != float64(len(unsigned)) || r != float64(len(badlySigned)) {
 		t.Errorf("migrating: %v unsigned used, %v refused; want %d and %d", u, r, len(unsigned), len(badlySigned))
@@ -194,4 +198,77 @@ func signalsTopic(t *testing.T, partitions int32) (kafkaconn.Config, *kgo.Client
 		t.Fatal(err)
 	}
 	return kcfg, cl, signals
+}
+
+// TestForgedTombstoneAndCompactionKeepAlertState: load refuses an
+// unsigned deletion, but the broker's compaction keeps the last record of
+// each key whoever wrote it. A forger's tombstone of an alert's key
+// followed by a real compaction must leave its state on the topic: a
+// restarted alerter then still knows the alert was notified, and does not
+// page again.
+func TestForgedTombstoneAndCompactionKeepAlertState(t *testing.T) {
+	kcfg, cl, signals := signalsTopic(t, 1)
+	ctx := context.Background()
+	topic := signals + ".state"
+	adm := kadm.NewClient(cl)
+	v := func(s string) *string { return &s }
+	// Compacted as aggressively as the broker allows (see waitCompacted).
+	if _, err := adm.CreateTopic(ctx, 1, 1, map[string]*string{"cleanup.policy": v("compact"), "segment.ms": v("100"),
+		"min.cleanable.dirty.ratio": v("0.001"), "delete.retention.ms": v("0"), "min.compaction.lag.ms": v("0"),
+		"max.compaction.lag.ms": v("100")}, topic); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = adm.DeleteTopics(context.Background(), topic) })
+	n, err := ensureStateTopic(ctx, cl, kcfg, signals, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := testStore(kcfg, cl, topic, n, testSigner)
+	produce := func(key string, value []byte) {
+		t.Helper()
+		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: 0, Key: []byte(key), Value: value}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	canary := itest.Unique(t, "canary-")
+	produce(canary, []byte("1"))
+	k := alert.Key{Tenant: itest.Unique(t, "acme-"), Model: "*", Rule: alert.RuleQuotaTier}
+	if _, err := s.save(ctx, []engine.Change{{Key: k, Record: &engine.Record{V: engine.RecordVersion, Key: k, Level: 100, Firing: true, Delivered: true}}},
+		nil, false, func(string) (int32, bool) { return 0, true }); err != nil {
+		t.Fatal(err)
+	}
+	produce(k.String(), nil) // the forger's tombstone
+	produce(canary, []byte("2"))
+	itest.Eventually(t, 90*time.Second, "the broker compacting "+topic, func() bool {
+		produce("roll", []byte("x"))
+		n := 0
+		rd, err := kafkaconn.NewClient(kcfg, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {0: kgo.NewOffset().AtStart()}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rd.Close()
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		for rctx.Err() == nil {
+			for _, r := range rd.PollFetches(rctx).Records() {
+				if string(r.Key) == canary {
+					n++
+				}
+				if string(r.Key) == "roll" {
+					cancel()
+				}
+			}
+		}
+		return n == 1
+	})
+	got, err := s.load(ctx, []int32{0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range got {
+		if r.rec != nil && r.rec.Key == k && r.rec.Level == 100 && r.rec.Delivered {
+			return
+		}
+	}
+	t.Fatalf("the notified alert's state is gone after a forged tombstone and compaction: %+v", got)
 }

@@ -14,10 +14,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluicehq/sluice/internal/adminlog"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
-	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
 )
 
@@ -29,21 +29,27 @@ import (
 // back from Kafka after a restart without ClickHouse; admin_audit stays
 // the audit trail.
 //
-// Every record is signed (signalauth.AdminActions, the signal_auth key
-// ring): a record anyone could produce to the topic would otherwise lift a
-// blacklist or a manual breaker, or raise a quota. Unsigned and badly
-// signed records — tombstones included — are refused, counted and logged,
-// and leave the action of their key as it was; under
-// signal_auth.accept_unsigned_state (a migration from a release that did
-// not sign) unsigned ones are applied and counted apart.
+// internal/adminlog decides what a record does: records are signed
+// (signalauth.AdminActions) and unsigned or badly signed ones, tombstones
+// included, are refused, counted and logged, leaving their scope's action
+// as it was (under signal_auth.accept_unsigned_state, a migration,
+// unsigned ones are applied and counted apart); each carries its scope's
+// version and an older version than the one in force is refused as a
+// replay; record keys are derived under the signing key, so a forged
+// tombstone cannot make compaction drop an action.
 type adminState struct {
 	c     *core
 	kc    *kgo.Client
 	topic string
 	log   *slog.Logger
 	auth  *signalauth.Auth
+	// actions decides what each record does (internal/adminlog).
+	actions *adminlog.Log
 	// refused counts refused records, for the log's rate limit.
 	refused atomic.Int64
+	// pubMu serializes Publish, so that this replica never gives one
+	// version of a scope twice.
+	pubMu sync.Mutex
 
 	mu      sync.Mutex
 	applied map[int32]int64 // next offset to apply, by partition
@@ -90,7 +96,8 @@ func openAdminState(ctx context.Context, cfg Config, env platform.Env, c *core) 
 		kc.Close()
 		return nil, fmt.Errorf("services.enforcer.admin_topic: create %s: %w", cfg.AdminTopic, err)
 	}
-	a := &adminState{c: c, kc: kc, topic: cfg.AdminTopic, log: c.log, auth: c.auth.For(signalauth.AdminActions),
+	auth := c.auth.For(signalauth.AdminActions)
+	a := &adminState{c: c, kc: kc, topic: cfg.AdminTopic, log: c.log, auth: auth, actions: adminlog.New(auth),
 		applied: map[int32]int64{}, wake: make(chan struct{}), target: map[int32]int64{}, caught: make(chan struct{}),
 		records: newAdminMetrics(),
 		unsigned: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_enforcer_admin_records_unsigned_total",
@@ -140,60 +147,54 @@ func (a *adminState) run(ctx context.Context) error {
 		})
 		now := time.Now()
 		fs.EachRecord(func(r *kgo.Record) {
-			if !a.authentic(r) {
-				a.advance(r.Partition, r.Offset)
-				return
-			}
-			var st *schemas.AdminState
-			if r.Value != nil {
-				var err error
-				if st, err = schemas.DecodeAdminState(r.Value); err != nil {
-					a.records.WithLabelValues("invalid").Inc()
-					a.log.Warn("enforcer: skipping an invalid admin record", "key", fmt.Sprintf("%q", r.Key), "offset", r.Offset, "err", err)
-				} else if st.Key() != string(r.Key) {
-					a.records.WithLabelValues("invalid").Inc()
-					a.log.Warn("enforcer: skipping an admin record whose key is not its state's", "key", fmt.Sprintf("%q", r.Key), "offset", r.Offset)
-					st = nil
-				}
-				if st == nil {
-					a.advance(r.Partition, r.Offset)
-					return
-				}
-			}
-			tenant, changed := admin.ApplyRecord(a.c.table, string(r.Key), st, now)
-			if st != nil && st.Active(now) {
-				a.records.WithLabelValues("applied").Inc()
-			} else {
-				a.records.WithLabelValues("lifted").Inc()
-			}
-			if changed && tenant != "" {
-				a.c.writer.MarkDirty(tenant)
-			}
+			a.apply(r, now)
 			a.advance(r.Partition, r.Offset)
 		})
 	}
 	return nil
 }
 
-// authentic reports whether r may be applied (see adminState), and
-// counts and logs it when not: the first ten refusals, then every
-// thousandth, so a flood of forgeries cannot bury the log.
-func (a *adminState) authentic(r *kgo.Record) bool {
-	unsigned, err := a.auth.Admit(r)
-	if err != nil {
-		a.records.WithLabelValues("unauthenticated").Inc()
+// apply folds one record into the breaker table (see adminState).
+func (a *adminState) apply(r *kgo.Record, now time.Time) {
+	res := a.actions.Apply(r)
+	switch res.Outcome {
+	case adminlog.Unauthenticated, adminlog.Replayed, adminlog.Invalid:
+		a.records.WithLabelValues(string(res.Outcome)).Inc()
+		// The first ten, then every thousandth: a flood of forgeries or
+		// replays must not bury the log.
 		if n := a.refused.Add(1); n <= 10 || n%1000 == 0 {
-			a.log.Warn("enforcer: refusing an unauthenticated admin record; the action of its key stays as it was",
-				"reason", signalauth.Reason(err), "key", fmt.Sprintf("%q", r.Key), "offset", r.Offset, "refused_so_far", n)
+			a.log.Warn("enforcer: refusing an admin record; the action of its scope stays as it was", "result", res.Outcome,
+				"reason", reason(res), "scope", fmt.Sprintf("%q", res.Scope), "offset", r.Offset, "refused_so_far", n)
 		}
-		return false
+		return
+	case adminlog.Ignored:
+		return
 	}
-	if unsigned {
+	if res.Unsigned {
 		a.unsigned.Inc()
 		a.log.Warn("enforcer: applying an unsigned admin record (signal_auth.accept_unsigned_state); re-issue its action through the admin API so that it is signed",
-			"key", fmt.Sprintf("%q", r.Key), "offset", r.Offset)
+			"scope", fmt.Sprintf("%q", res.Scope), "offset", r.Offset)
 	}
-	return true
+	tenant, changed := admin.ApplyRecord(a.c.table, res.Scope, res.State, now)
+	if res.State != nil && res.State.Active(now) {
+		a.records.WithLabelValues("applied").Inc()
+	} else {
+		a.records.WithLabelValues("lifted").Inc()
+	}
+	if changed && tenant != "" {
+		a.c.writer.MarkDirty(tenant)
+	}
+}
+
+// reason labels why adminlog refused a record, for the log.
+func reason(res adminlog.Result) string {
+	if res.Outcome == adminlog.Unauthenticated {
+		return signalauth.Reason(res.Err)
+	}
+	if res.Err != nil {
+		return res.Err.Error()
+	}
+	return string(res.Outcome)
 }
 
 func (a *adminState) advance(p int32, off int64) {
@@ -207,20 +208,29 @@ func (a *adminState) advance(p int32, off int64) {
 	a.wake = make(chan struct{})
 }
 
-// Publish produces recs signed (acks=all, idempotent: franz-go's defaults) and
-// returns once the broker acknowledged them and this replica applied
-// them, so the admin API answers with the action in force.
+// Publish produces recs signed, each as the next version of its scope
+// (acks=all, idempotent: franz-go's defaults), and returns once the broker
+// acknowledged them and this replica applied them, so the admin API
+// answers with the action in force. It first applies the topic up to its
+// current end, so that its versions follow those other replicas wrote.
 func (a *adminState) Publish(ctx context.Context, recs []admin.Record) error {
-	krs := make([]*kgo.Record, 0, len(recs))
+	a.pubMu.Lock()
+	defer a.pubMu.Unlock()
+	if err := a.catchUpNow(ctx); err != nil {
+		return fmt.Errorf("reading %s before writing to it: %w", a.topic, err)
+	}
+	var krs []*kgo.Record
+	want := map[string]uint64{}
 	for _, r := range recs {
-		var v []byte // nil: a tombstone, which lifts the key's action
-		if r.State != nil {
-			var err error
-			if v, err = schemas.EncodeAdminState(r.State); err != nil {
-				return err
-			}
+		if r.State == nil {
+			return fmt.Errorf("admin record %q: no state (a lift is a state with lifted set)", r.Key)
 		}
-		krs = append(krs, a.auth.Record(a.topic, []byte(r.Key), v))
+		rs, err := a.actions.Records(a.topic, r.State)
+		if err != nil {
+			return err
+		}
+		krs = append(krs, rs...)
+		want[r.State.Key()] = r.State.Version
 	}
 	res := a.kc.ProduceSync(ctx, krs...)
 	if err := res.FirstErr(); err != nil {
@@ -231,7 +241,28 @@ func (a *adminState) Publish(ctx context.Context, recs []admin.Record) error {
 			return fmt.Errorf("acknowledged by the broker but not yet applied here: %w", err)
 		}
 	}
+	for scope, v := range want {
+		if got := a.actions.Version(scope); got != v {
+			return fmt.Errorf("admin action on %q: another replica wrote version %d of its scope at the same time as this version %d; list the scope and retry", scope, got, v)
+		}
+	}
 	return nil
+}
+
+// catchUpNow waits until this replica applied every record the topic holds
+// now.
+func (a *adminState) catchUpNow(ctx context.Context) error {
+	ends, err := kafkaconn.EndOffsets(ctx, kadm.NewClient(a.kc), a.topic)
+	if err != nil {
+		return err
+	}
+	var werr error
+	ends.Each(func(o kadm.ListedOffset) {
+		if werr == nil && o.Err == nil && o.Offset > 0 {
+			werr = a.waitApplied(ctx, o.Partition, o.Offset-1)
+		}
+	})
+	return werr
 }
 
 func (a *adminState) waitApplied(ctx context.Context, p int32, off int64) error {
@@ -255,5 +286,5 @@ func (a *adminState) close() { a.kc.Close() }
 // newAdminMetrics is the counter of admin topic records.
 func newAdminMetrics() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_enforcer_admin_records_total",
-		Help: "Records of the admin topic read by this replica, by result (applied, lifted, invalid, unauthenticated: unsigned or badly signed, refused)."}, []string{"result"})
+		Help: "Records of the admin topic read by this replica, by result (applied, lifted, invalid, unauthenticated: unsigned or badly signed, refused; replayed: a version older than its scope's, refused)."}, []string{"result"})
 }

@@ -22,7 +22,7 @@ type Config struct {
 
 	MaxBodyBytes         int64         `yaml:"max_body_bytes" help:"largest request body in bytes, after gzip decoding (413 above)"`
 	HotRouteMaxBodyBytes int64         `yaml:"hot_route_max_body_bytes" help:"POST /v1/events requests in HTTP/1.1's plainest form (a Content-Length body up to this many bytes; no chunking, Expect or Upgrade; no Connection header but keep-alive) are read and answered by Sluice's own connection loop, which costs about a quarter less CPU per one-event request than net/http's; everything else, and the rest of its connection, goes to net/http. 0: net/http serves everything. At most 1048576"`
-	DecodeMemoryBytes    int64         `yaml:"decode_memory_bytes" help:"memory all requests being read and decoded may hold together, in bytes; a body is charged three times its decoded size as it arrives, and a request that does not fit gets 503 with Retry-After. At least 3 × max_body_bytes"`
+	DecodeMemoryBytes    int64         `yaml:"decode_memory_bytes" help:"memory all requests being read and decoded may allocate together, in bytes: each gzip inflater, every array a body is read into (under twice its decoded size) and the decoder's copy, charged before they are allocated; a request that does not fit gets 503 with Retry-After. At least 3 × max_body_bytes + 64 KiB. What the process holds beyond it: services/ingest/README.md"`
 	MaxEventsPerRequest  int           `yaml:"max_events_per_request" help:"most events one request may carry (413 above)"`
 	MaxEventAge          time.Duration `yaml:"max_event_age" help:"events whose time is further in the past are rejected (0: no limit)"`
 	MaxEventFuture       time.Duration `yaml:"max_event_future" help:"events whose time is further in the future are rejected, naming this limit (0: no limit beyond the schema's cap at 2105-12-31T23:59:59Z, where ClickHouse DateTime ends)"`
@@ -98,8 +98,8 @@ func (c Config) Validate() error {
 	if c.HotRouteMaxBodyBytes < 0 || c.HotRouteMaxBodyBytes > 1<<20 {
 		bad("hot_route_max_body_bytes: %d is outside 0..1048576", c.HotRouteMaxBodyBytes)
 	}
-	if c.DecodeMemoryBytes < decodeCostFactor*c.MaxBodyBytes || c.DecodeMemoryBytes > 1<<40 {
-		bad("decode_memory_bytes: %d is outside %d (3 × max_body_bytes, so that one largest request fits)..1099511627776", c.DecodeMemoryBytes, decodeCostFactor*c.MaxBodyBytes)
+	if least := decodeCostFactor*c.MaxBodyBytes + decodeOverhead; c.DecodeMemoryBytes < least || c.DecodeMemoryBytes > 1<<40 {
+		bad("decode_memory_bytes: %d is outside %d (3 × max_body_bytes + 64 KiB, so that one largest request fits)..1099511627776", c.DecodeMemoryBytes, least)
 	}
 	if c.MaxEventsPerRequest < 1 || c.MaxEventsPerRequest > 100_000 {
 		bad("max_events_per_request: %d is outside 1..100000", c.MaxEventsPerRequest)

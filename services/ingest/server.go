@@ -58,10 +58,18 @@ type server struct {
 	now     func() time.Time
 }
 
-// decodeCostFactor is what one decoded body byte costs in memory while a
-// request is handled: the body buffer (up to twice its content while it
-// grows) and the decoder's one copy that the events' strings share.
+// decodeCostFactor bounds what one decoded body byte costs in memory while
+// a request is handled: the arrays the body is read into (less than twice
+// its content, all of them charged as payload.ReadBody allocates them) and
+// the decoder's one copy that the events' strings share (charged before
+// decoding). With decodeOverhead (a gzip body's inflater) it is the least
+// decode_memory_bytes may be per max_body_bytes, so that one largest
+// request fits.
 const decodeCostFactor = 3
+
+// decodeOverhead is what a request is charged beyond its body's bytes:
+// the gzip inflater (payload.InflaterBytes), rounded up.
+const decodeOverhead = 64 << 10
 
 // budget counts a bounded resource shared by all requests: events produced
 // and not yet acknowledged (budget), or bytes of bodies being decoded
@@ -284,17 +292,20 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, http.StatusUnsupportedMediaType, err.Error())
 		return
 	}
-	// Every decoded byte is charged decodeCostFactor times against
-	// decode_memory_bytes before it is read, and the charge is returned
-	// when the request is done (this defer runs last): parallel gzip bombs
-	// get 503, not the process's memory.
+	// What the request allocates to read and decode its body is charged
+	// against decode_memory_bytes before it is allocated — the gzip
+	// inflater and every array the body is read into (payload.ReadBody),
+	// then the decoder's copy — and the charge is returned when the
+	// request is done (this defer runs last): parallel gzip bombs get 503,
+	// not the process's memory. services/ingest/README.md says what else
+	// the process holds.
 	var held int64
 	defer func() { s.decodeMem.release(held) }()
 	reserve := func(n int64) bool {
-		if !s.decodeMem.tryAcquire(n * decodeCostFactor) {
+		if !s.decodeMem.tryAcquire(n) {
 			return false
 		}
-		held += n * decodeCostFactor
+		held += n
 		return true
 	}
 	buf, _ := s.bodies.Get().(*bytes.Buffer)
@@ -314,6 +325,10 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.requestError(w, err)
+		return
+	}
+	if !reserve(int64(buf.Len())) { // the decoder's copy
+		s.unavailable(w, "decode_memory", fmt.Sprintf("ingest is decoding as much as services.ingest.decode_memory_bytes = %d allows; retry later", s.cfg.DecodeMemoryBytes))
 		return
 	}
 	batch, _ := s.batches.Get().(*payload.Batch)

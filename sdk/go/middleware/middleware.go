@@ -381,7 +381,9 @@ func message(d checker.Decision, tenant, model string, retry time.Duration) stri
 	case flags.KindQuota, flags.KindRate:
 		s := fmt.Sprintf("Tenant %s has reached its %s limit on %s", tenant, f.Quota, on)
 		if f.Limit > 0 || f.Used > 0 {
-			s += fmt.Sprintf(": used %s of %s", num(f.Used), num(f.Limit))
+			// The flag's used is the count when the enforcer wrote it (the
+			// crossing); calls in flight then add to it.
+			s += fmt.Sprintf(": used at least %s of %s", num(f.Used), num(f.Limit))
 		}
 		if f.Period != "" {
 			s += " this " + f.Period

@@ -520,7 +520,9 @@ def _message(d: FlagDecision, tenant: str, retry: float) -> str:
     if f.kind in ("quota", "rate"):
         s = f"Tenant {tenant} has reached its {f.quota} limit on {on}"
         if f.limit > 0 or f.used > 0:
-            s += f": used {_num(f.used)} of {_num(f.limit)}"
+            # The flag's used is the count when the enforcer wrote it (the
+            # crossing); calls in flight then add to it.
+            s += f": used at least {_num(f.used)} of {_num(f.limit)}"
         if f.period:
             s += " this " + f.period
         if f.resets_at_ms:

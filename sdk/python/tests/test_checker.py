@@ -55,7 +55,7 @@ def test_a_quota_flag_refuses_and_is_answered_as_the_go_middleware_does(rdb: red
     r = refusal(d, "acme", "gpt-4o")
     assert r.status == 429
     assert r.body["error"]["code"] == "insufficient_quota"
-    assert r.message.startswith("Tenant acme has reached its hourly_tokens limit on all models: used 1050 of 1000 this hour; it resets at ")
+    assert r.message.startswith("Tenant acme has reached its hourly_tokens limit on all models: used at least 1050 of 1000 this hour; it resets at ")
     assert "INC-42" not in str(r.body), "the reason is the operator's note, never shown to the client"
     assert r.headers["x-ratelimit-limit-tokens"] == "1000" and r.headers["x-ratelimit-remaining-tokens"] == "0"
     assert 1790 <= int(r.headers["Retry-After"]) <= 1800

@@ -113,6 +113,28 @@ func (e *Engine) Forget(owned func(tenant string) bool) {
 	}
 }
 
+// Tenants returns the tenants the engine holds anything of: tracked
+// alerts, changes TakeDirty has not taken yet, and notifications held for
+// grouping. The alerter remembers the signals partition of these tenants
+// only (where their state is written).
+func (e *Engine) Tenants() map[string]struct{} {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make(map[string]struct{}, len(e.alerts))
+	for k := range e.alerts {
+		out[k.Tenant] = struct{}{}
+	}
+	for k := range e.dirty {
+		out[k.Tenant] = struct{}{}
+	}
+	for _, g := range e.groups {
+		for _, a := range g.alerts {
+			out[a.Key.Tenant] = struct{}{}
+		}
+	}
+	return out
+}
+
 // Stats returns the current counts.
 func (e *Engine) Stats() Stats {
 	e.mu.Lock()

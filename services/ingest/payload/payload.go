@@ -94,20 +94,35 @@ func FormatOf(contentType string) (Format, error) {
 
 var gzipReaders sync.Pool
 
+// InflaterBytes is what one gzip reader holds while it decodes: the
+// inflater's 32 KiB window, its Huffman tables and its input buffer
+// (49,760 bytes measured with Go 1.26), rounded up. ReadBody reserves it
+// for every gzip body, so many small compressed requests at once are
+// charged too, not only what they expand to.
+const InflaterBytes = 52 << 10
+
 // ReadBody reads r, decoding it as contentEncoding ("", "identity" or
 // "gzip"), into buf. It fails with a *LimitError once more than maxBytes
 // bytes arrive after decoding, without reading further, so a compressed
 // bomb costs at most maxBytes of memory.
 //
-// reserve, if not nil, is asked for memory before the decoded bytes come
-// in, a chunk at a time, with the number of decoded bytes the chunk covers;
-// when it refuses, ReadBody stops and returns ErrBusy. That lets the caller
-// bound the memory of all requests together, charging a gzip body by what
-// it expands to and a small body little.
+// reserve, if not nil, is asked for memory before it is used, in bytes of
+// memory (not of body): InflaterBytes for a gzip body, then each array
+// the body is read into — the part of buf's pooled capacity as it fills,
+// and every larger array in full when the body outgrows it (the smaller
+// one stays allocated until the collector frees it, so it stays charged).
+// Arrays grow by doubling up to maxBytes and never past it, so a body of
+// n bytes is charged less than 2n + InflaterBytes. When reserve
+// refuses, ReadBody stops and returns ErrBusy. That lets the caller bound
+// the memory of all requests together, charging a gzip body by what it
+// expands to and a small body little.
 func ReadBody(r io.Reader, contentEncoding string, maxBytes int64, buf *bytes.Buffer, reserve func(n int64) bool) error {
 	switch strings.ToLower(strings.TrimSpace(contentEncoding)) {
 	case "", "identity":
 	case "gzip", "x-gzip":
+		if reserve != nil && !reserve(InflaterBytes) {
+			return ErrBusy
+		}
 		zr, _ := gzipReaders.Get().(*gzip.Reader)
 		var err error
 		if zr == nil {
@@ -123,17 +138,7 @@ func ReadBody(r io.Reader, contentEncoding string, maxBytes int64, buf *bytes.Bu
 	default:
 		return &UnsupportedError{Msg: fmt.Sprintf("Content-Encoding %q is not supported; send gzip or identity", contentEncoding)}
 	}
-	// Both readers in one allocation.
-	rd := &struct {
-		res reservingReader
-		lim io.LimitedReader
-	}{}
-	if reserve != nil {
-		rd.res = reservingReader{r: r, reserve: reserve, limit: maxBytes}
-		r = &rd.res
-	}
-	rd.lim = io.LimitedReader{R: r, N: maxBytes + 1}
-	n, err := buf.ReadFrom(&rd.lim)
+	n, err := readReserving(r, buf, maxBytes, reserve)
 	if errors.Is(err, ErrBusy) {
 		return ErrBusy
 	}
@@ -153,45 +158,65 @@ func ReadBody(r io.Reader, contentEncoding string, maxBytes int64, buf *bytes.Bu
 // decoding as much as its budget allows (HTTP 503 with Retry-After).
 var ErrBusy = errors.New("payload: decode memory budget exhausted")
 
-// One reservation covers as many decoded bytes as are already covered,
-// between minReserve and maxReserve: a typical 30 KiB batch costs two small
-// reservations, a large body one per 256 KiB, and no body is charged much
-// more than it holds.
+// One reservation of a pooled array's capacity covers as many bytes as are
+// already covered, between minReserve and maxReserve: a typical 30 KiB
+// batch costs two small reservations, a large body one per 256 KiB, and no
+// body is charged much more than it holds. minReserve is also the first
+// array a body without a pooled one gets.
 const (
 	minReserve = 16 << 10
 	maxReserve = 256 << 10
 )
 
-// reservingReader reserves memory before letting decoded bytes through.
-// Reservations stop at limit (max_body_bytes): the one byte past it that
-// tells ReadBody the body is too large is never stored.
-type reservingReader struct {
-	r        io.Reader
-	reserve  func(int64) bool
-	limit    int64
-	granted  int64 // decoded bytes covered by reservations
-	consumed int64
-}
-
-func (rr *reservingReader) Read(p []byte) (int, error) {
-	if rr.granted >= rr.limit {
-		n, err := rr.r.Read(p)
-		rr.consumed += int64(n)
-		return n, err
+// readReserving reads r into buf (reset, its capacity reused) until EOF,
+// or until it holds max bytes and one more is found (it then reports
+// max+1, the byte itself not stored, so no array outgrows max), reserving
+// memory as ReadBody describes. It returns how many bytes it read.
+func readReserving(r io.Reader, buf *bytes.Buffer, max64 int64, reserve func(int64) bool) (int64, error) {
+	b := buf.AvailableBuffer()
+	covered := int64(cap(b)) // bytes of b's capacity reserved
+	if reserve != nil {
+		covered = 0
 	}
-	if rr.consumed >= rr.granted {
-		n := min(max(rr.granted, minReserve), maxReserve, rr.limit-rr.granted)
-		if !rr.reserve(n) {
-			return 0, ErrBusy
+	var err error
+	for err == nil && int64(len(b)) < max64 {
+		if len(b) == cap(b) {
+			// A new array, in full: min(2 × the old, max).
+			n := min(max(2*int64(cap(b)), minReserve), max64)
+			if reserve != nil && !reserve(n) {
+				return int64(len(b)), ErrBusy
+			}
+			nb := make([]byte, len(b), n)
+			copy(nb, b)
+			b, covered = nb, n
 		}
-		rr.granted += n
+		if int64(len(b)) >= covered {
+			// More of a pooled array's capacity.
+			n := min(max(covered, minReserve), maxReserve, int64(cap(b))-covered)
+			if !reserve(n) {
+				return int64(len(b)), ErrBusy
+			}
+			covered += n
+		}
+		var n int
+		n, err = r.Read(b[len(b):min(int64(cap(b)), covered, max64)])
+		b = b[:len(b)+n]
 	}
-	if room := rr.granted - rr.consumed; int64(len(p)) > room {
-		p = p[:room]
+	*buf = *bytes.NewBuffer(b)
+	read := int64(len(b))
+	if err == nil {
+		// max bytes in: is there one more?
+		var one [1]byte
+		var n int
+		for n == 0 && err == nil {
+			n, err = r.Read(one[:])
+		}
+		read += int64(n)
 	}
-	n, err := rr.r.Read(p)
-	rr.consumed += int64(n)
-	return n, err
+	if err == io.EOF {
+		err = nil
+	}
+	return read, err
 }
 
 // SyntaxError is a body that cannot be framed into events (HTTP 400).

@@ -71,7 +71,10 @@ func DueHour(tenant string, now time.Time, loc *time.Location, settle time.Durat
 	if start.Unix() == last {
 		return Job{}, last, false
 	}
-	return Job{Tenant: tenant, Period: schemas.PeriodHour, At: start.Add(30 * time.Minute)}, start.Unix(), true
+	// At is the hour's start: an hour may be shorter than 60 minutes when the
+	// zone's offset changes (see policy.PeriodBounds), so start+30m may not
+	// be inside it.
+	return Job{Tenant: tenant, Period: schemas.PeriodHour, At: start}, start.Unix(), true
 }
 
 // Clock is the scheduler's time source, replaced in tests.

@@ -445,6 +445,49 @@ func (s *Store) PartitionCounts(ctx context.Context) ([]int, error) {
 	return out, rows.Err()
 }
 
+// announcedQuery reads, from quota_state as last written (argMax by
+// version, like FINAL), the open quota periods that were announced above
+// tier 0 or exhausted; every other period was announced at tier 0.
+const announcedQuery = `SELECT tenant, model, quota, toUInt32(period_start) AS ps,
+	argMax(tier, version) AS t, argMax(used, version) >= argMax(quota_limit, version) AS x, argMax(quota_limit, version) AS l
+FROM quota_state
+WHERE period_end > ?%s
+GROUP BY tenant, model, quota, period_start
+HAVING t > 0 OR x`
+
+// Announced returns what the quota_state rows say was announced for the
+// quota periods still open at now (of tenant only, when not empty): the
+// baseline tally.Partition.AnnounceRestored compares a restored state
+// with. The aggregator writes a flush's rows after producing its signals,
+// so a row never claims more than was announced.
+func (s *Store) Announced(ctx context.Context, tenant string, now time.Time) (map[tally.AnnouncedKey]tally.Announced, error) {
+	query, args := fmt.Sprintf(announcedQuery, ""), []any{now.UTC()}
+	if tenant != "" {
+		query, args = fmt.Sprintf(announcedQuery, " AND tenant = ?"), append(args, tenant)
+	}
+	rows, err := s.conn.Query(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("quota_state: announced tiers: %w", err)
+	}
+	defer rows.Close()
+	out := map[tally.AnnouncedKey]tally.Announced{}
+	for rows.Next() {
+		var (
+			k         tally.AnnouncedKey
+			ps        uint32
+			tier      uint16
+			exhausted uint8
+			limit     float64
+		)
+		if err := rows.Scan(&k.Tenant, &k.Model, &k.Quota, &ps, &tier, &exhausted, &limit); err != nil {
+			return nil, fmt.Errorf("quota_state: announced tiers: %w", err)
+		}
+		k.PeriodStart = int64(ps)
+		out[k] = tally.Announced{Tier: int(tier), Exhausted: exhausted != 0, Limit: limit}
+	}
+	return out, rows.Err()
+}
+
 func (s *Store) scan(ctx context.Context, query string, fn func(ev *schemas.UsageEvent, offset int64)) (int, error) {
 	rows, err := s.conn.Query(ctx, query)
 	if err != nil {

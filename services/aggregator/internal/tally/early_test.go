@@ -162,3 +162,68 @@ tenants:
 		t.Fatalf("fast again: %d predictions, %d clears; want it announced again", on, clear)
 	}
 }
+
+// TestRunawaysMonthlyPredictionDoesNotFlap drives the demo's runaway
+// through the aggregator's state: 12 calls a second of 463 tokens use up
+// its 500,000-token hour in 90 s, after which the gateway refuses it and
+// every refused call is a rejected event of no tokens, for 20 minutes. Its
+// 5,000,000-token month is predicted to run out within the first 15 s (the
+// demo's promise); after that the forecast swings as the pace collapses —
+// which sent four exhaustion_predicted signals for the month within 30 s,
+// each a console line and an alert update. A change is news only when it
+// leaves the announced prediction's uncertainty and holds
+// (predictionDwell): no two signals for the month come within a minute of
+// each other, and a withdrawn prediction is not announced again while the
+// tenant stays blocked.
+func TestRunawaysMonthlyPredictionDoesNotFlap(t *testing.T) {
+	p := New(0, DefaultOptions())
+	p.SetPolicy(mustPolicy(t, `
+tenants:
+  acme:
+    models:
+      "*": {hourly_tokens: 500000, monthly_tokens: 5000000}
+`))
+	start := t0.Add(35 * time.Second)
+	var off, used int64
+	var monthly []schemas.Signal
+	for sec := 0; sec < 20*60; sec++ {
+		at := start.Add(time.Duration(sec) * time.Second)
+		for range 12 {
+			off++
+			call := ev(fmt.Sprint("r", off), at, 463, 0)
+			if used >= 500000 {
+				call.PromptTokens, call.Outcome = 0, schemas.OutcomeRejected
+			}
+			used += call.PromptTokens
+			p.Apply(call, off)
+		}
+		p.SetClock(at)
+		for _, s := range p.TakeSignals() {
+			if s.Kind == schemas.SignalExhaustionPredicted && s.Model == "*" && s.Quota == schemas.QuotaMonthlyTokens {
+				if err := s.Validate(); err != nil {
+					t.Fatal(err)
+				}
+				monthly = append(monthly, s)
+			}
+		}
+	}
+	var lines []string
+	for _, s := range monthly {
+		lines = append(lines, fmt.Sprintf("+%v %s %v", s.Time.Sub(start), s.Attributes[schemas.AttrState], s.PredictedExhaustion.Sub(s.Time)))
+	}
+	t.Logf("monthly predictions: %q", lines)
+	if len(monthly) == 0 || monthly[0].Time.Sub(start) > 15*time.Second {
+		t.Fatalf("the month is not predicted within 15 s of the runaway's first call: %q", lines)
+	}
+	cleared := false
+	for i, s := range monthly {
+		if i > 0 && s.Time.Sub(monthly[i-1].Time) < time.Minute {
+			t.Errorf("monthly prediction changed twice within a minute: %q", lines)
+		}
+		if s.Attributes[schemas.AttrState] == schemas.StateClear {
+			cleared = true
+		} else if cleared {
+			t.Errorf("a withdrawn prediction announced again while the tenant stays blocked: %q", lines)
+		}
+	}
+}

@@ -24,6 +24,7 @@ type quotaState struct {
 
 	tier        int
 	crossings   int32 // tier crossings this period, part of signal ids
+	fromTier    int   // the tier before the last crossing (AnnounceRestored)
 	exhausted   bool
 	exhaustions int32 // times exhausted this period (again after a raised limit), part of signal ids
 
@@ -33,6 +34,10 @@ type quotaState struct {
 	predicted bool
 	rung      int8
 	announced int64
+	// changing is the event second from which a change that is not urgent
+	// (a later prediction, a withdrawal) has held without a break; 0 when
+	// none is pending. It is news only once it held predictionDwell.
+	changing int64
 	// predAt is when the quota is predicted to run out, unix seconds; 0 =
 	// no prediction within the period. Once the quota is used up it is
 	// exhaustedAt, never a time ahead: "runs out at" a future time for a
@@ -52,7 +57,7 @@ type quotaState struct {
 }
 
 func (q *quotaState) resetPeriod() {
-	q.tier, q.crossings, q.exhausted, q.exhaustions = 0, 0, false, 0
+	q.tier, q.crossings, q.fromTier, q.exhausted, q.exhaustions = 0, 0, 0, false, 0
 	q.predicted, q.predAt, q.predLo, q.predHi, q.basis, q.exhaustedAt = false, 0, 0, 0, "", 0
 }
 
@@ -118,7 +123,7 @@ func (s *Series) evalQuota(q *quotaState, ts, offset int64, p *Partition) {
 	nt := policy.NextTier(s.t.tiers, pct, q.tier, p.opt.Hysteresis)
 	if nt != q.tier {
 		prev := q.tier
-		q.tier = nt
+		q.tier, q.fromTier = nt, prev
 		q.crossings++
 		sig := s.base(schemas.SignalTierCrossed, q, b, ts, offset, used)
 		sig.PreviousTier = prev
@@ -222,14 +227,8 @@ func (s *Series) predict(ts, offset int64, p *Partition) {
 		est, ok := s.forecastExhaustion(q.q.Unit == schemas.UnitCurrency, q.q.Limit-settled)
 		q.rate = est.rate
 		q.predAt, q.predLo, q.predHi, q.basis = 0, 0, 0, ""
-		if !ok {
-			if q.predicted {
-				s.announcePrediction(q, b, ts, offset, used, p, false)
-			}
-			continue
-		}
 		left := float64(b.end-now) / 60
-		if est.mins <= left {
+		if ok && est.mins <= left {
 			q.predAt = now + int64(est.mins*60)
 			q.predLo = now + int64(est.earliest*60)
 			if est.latest <= left {
@@ -237,22 +236,89 @@ func (s *Series) predict(ts, offset int64, p *Partition) {
 			}
 			q.basis = est.basis
 		}
-		// Announced within the horizon (and the period); cleared only
-		// once a quarter beyond it, so that a prediction hovering at the
-		// period's end does not flap.
-		window := math.Min(p.opt.Horizon.Minutes(), left)
-		switch r := rungOf(time.Duration(est.mins * float64(time.Minute))); {
-		case est.mins <= window && (!q.predicted || r < q.rung || r > q.rung+1 || now >= q.announced):
-			// News: a first prediction, one at least a rung sooner, one
-			// two rungs later (the alerter may lower its severity or
-			// clear), or one whose announced time passed without the
-			// quota running out.
-			q.rung, q.announced = r, q.predAt
+		switch s.predictionNews(q, est, ok, now, math.Min(p.opt.Horizon.Minutes(), left)) {
+		case newsOn:
+			q.rung, q.announced = rungOf(time.Duration(est.mins*float64(time.Minute))), q.predAt
 			s.announcePrediction(q, b, ts, offset, used, p, true)
-		case q.predicted && est.mins > window*1.25:
+		case newsOff:
 			s.announcePrediction(q, b, ts, offset, used, p, false)
 		}
 	}
+}
+
+// News a prediction may be.
+const (
+	newsNone = iota
+	newsOn   // announce the prediction in q
+	newsOff  // withdraw the prediction announced
+)
+
+// predictionDwell is how many seconds of event time a change that is not
+// urgent must hold before it is announced: a forecast that swings with
+// each minute of a tenant that was just blocked must not page on every
+// swing (issue 31: four signals in 30 s for one monthly quota).
+const predictionDwell = 60
+
+// predictionNews decides whether the estimate est (ok false: none) is news
+// against what was announced for q, with hysteresis on range and time:
+//
+//   - A first prediction within the horizon (window, in minutes) is news
+//     at once: a runaway must be predicted within seconds.
+//   - A prediction that moved sooner is news at once when it is at least a
+//     rung sooner and the announced time is later than its latest
+//     plausible time (the alerter may raise its severity); so is one whose
+//     announced time passed without the quota running out.
+//   - A prediction that moved later is news when it is at least two rungs
+//     later and the announced time is earlier than its earliest plausible
+//     time — the announcement is no longer within the uncertainty — and
+//     that held for predictionDwell.
+//   - The prediction is withdrawn when there is no estimate, or even its
+//     earliest plausible time lies beyond a quarter past the horizon, and
+//     that held for predictionDwell.
+//
+// A change within the announced prediction's uncertainty is no news.
+func (s *Series) predictionNews(q *quotaState, est estimate, ok bool, now int64, window float64) int {
+	if !q.predicted {
+		q.changing = 0
+		if ok && est.mins <= window {
+			return newsOn
+		}
+		return newsNone
+	}
+	r := rungOf(time.Duration(est.mins * float64(time.Minute)))
+	var urgent, change bool
+	switch {
+	case !ok || est.earliest > window*1.25:
+		change = true
+	case est.mins > window:
+		// Between the horizon and a quarter past it: neither news nor a
+		// withdrawal, so that a prediction at the horizon's edge holds.
+	case now >= q.announced:
+		urgent = true
+	case r < q.rung && q.predHi != 0 && q.predHi < q.announced:
+		urgent = true
+	case r > q.rung+1 && q.predLo > q.announced:
+		change = true
+	}
+	if urgent {
+		q.changing = 0
+		return newsOn
+	}
+	if !change {
+		q.changing = 0
+		return newsNone
+	}
+	if q.changing == 0 {
+		q.changing = now
+	}
+	if now-q.changing < predictionDwell {
+		return newsNone
+	}
+	q.changing = 0
+	if !ok || est.mins > window {
+		return newsOff
+	}
+	return newsOn
 }
 
 // predictionRungs are the lead times, in minutes, at which a prediction
@@ -277,7 +343,7 @@ func rungOf(lead time.Duration) int8 {
 // carries the attribute state=clear. Both carry the uncertainty as
 // attributes (schemas.AttrPredicted*).
 func (s *Series) announcePrediction(q *quotaState, b bound, ts, offset int64, used float64, p *Partition, on bool) {
-	q.predicted = on
+	q.predicted, q.changing = on, 0
 	sig := s.base(schemas.SignalExhaustionPredicted, q, b, ts, offset, used)
 	at := q.predAt
 	if at == 0 {

@@ -11,7 +11,8 @@ import (
 )
 
 // Record is what an action puts on the admin topic (schemas.TopicAdminV1):
-// State is the action now in force for Key, nil for a tombstone (lifted).
+// State is the action now in force for Key, Lifted for a lift (the
+// publisher gives it its version; see internal/adminlog).
 type Record struct {
 	Key   string
 	State *schemas.AdminState
@@ -27,7 +28,13 @@ type Record struct {
 func RecordsOf(action adminapi.Action, req adminapi.Request, actor string, now time.Time) (recs []Record, local bool) {
 	st := &schemas.AdminState{Tenant: req.Tenant, Model: req.Model, APIKeyID: req.APIKeyID, Until: req.ExpiresAt,
 		Reason: req.Reason, Actor: actor, Time: now}
-	tomb := func(s *schemas.AdminState) Record { return Record{Key: s.Key()} }
+	// A lift is a version of the scope too, so that it stands against a
+	// replay of what it lifts; it expires at once.
+	tomb := func(s *schemas.AdminState) Record {
+		l := *s
+		l.Lifted, l.Until = true, now
+		return Record{Key: s.Key(), State: &l}
+	}
 	switch action {
 	case adminapi.ActionTrip:
 		st.Kind = schemas.AdminTrip
@@ -61,10 +68,13 @@ func RecordsOf(action adminapi.Action, req adminapi.Request, actor string, now t
 }
 
 // ApplyRecord folds one admin topic record into table at now and returns
-// the tenant it concerns and whether flags may have changed. A state past
-// its Until lifts its key like a tombstone: a newer record replaced any
-// older one of the key, and an expired action is in force nowhere.
-// Records are applied in topic order, which is action order per key.
+// the tenant it concerns and whether flags may have changed. key is the
+// scope (schemas.AdminState.Key); st is what is now in force for it (nil
+// when a tombstone of a record without versions lifted it). A lifted state,
+// or one past its Until, lifts the scope's action: a newer version
+// replaced any older one of the scope, and an expired action is in force
+// nowhere. internal/adminlog decides which records get here, in version
+// order per scope.
 func ApplyRecord(table *breaker.Table, key string, st *schemas.AdminState, now time.Time) (string, bool) {
 	if st != nil && st.Active(now) {
 		switch st.Kind {
