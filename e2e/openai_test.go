@@ -195,10 +195,13 @@ FROM usage_events WHERE tenant = 'py-capped' AND api_key_id = 'py-capped' AND ou
 }
 
 // settled returns tenant's settled calls (the latest event of each id,
-// when it is not an estimate): prompt and completion tokens.
+// when it is not an estimate) by the x-request-id the client sent (the
+// event's request_id attribute; its id is the gateway's): prompt and
+// completion tokens.
 func (s *stack) settled(ctx context.Context, tenant string) (map[string][2]int64, error) {
 	rows, err := s.conn.Query(ctx, `
-SELECT id, argMax(prompt_tokens, kafka_offset), argMax(completion_tokens, kafka_offset), argMax(estimated, kafka_offset)
+SELECT argMax(attribute_values[indexOf(attribute_keys, 'request_id')], kafka_offset),
+       argMax(prompt_tokens, kafka_offset), argMax(completion_tokens, kafka_offset), argMax(estimated, kafka_offset)
 FROM usage_events WHERE tenant = ? GROUP BY id`, tenant)
 	if err != nil {
 		return nil, err

@@ -95,6 +95,11 @@ func (c *Config) env() platform.Env {
 
 // renamed lists the settings renamed when the configuration was unified:
 // each is refused at start with its new name (README, "Upgrade notes").
+// removed lists the settings that went without a successor, and why.
+var removed = map[string]string{
+	"services.gateway.request_id_memory": "usage event ids are built by the gateway, so a client reusing an x-request-id no longer needs catching",
+}
+
 var renamed = map[string]string{
 	"policy_file":    "policy.file",
 	"shutdown_grace": "shutdown_timeout",
@@ -166,7 +171,7 @@ func loadConfig(args []string) (Config, []string, error) {
 func loadConfigWith(cfg *Config, args []string, lookupEnv func(string) (string, bool)) (Config, []string, error) {
 	fs := flag.NewFlagSet("sluice", flag.ContinueOnError)
 	fs.SetOutput(os.Stderr)
-	if err := config.Load(cfg, config.Options{Args: args, FlagSet: fs, LookupEnv: lookupEnv, Renamed: renamed}); err != nil {
+	if err := config.Load(cfg, config.Options{Args: args, FlagSet: fs, LookupEnv: lookupEnv, Renamed: renamed, Removed: removed}); err != nil {
 		return *cfg, nil, err
 	}
 	return *cfg, fs.Args(), nil

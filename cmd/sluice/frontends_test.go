@@ -94,7 +94,7 @@ func TestGatewayAndAuthzInOneProcess(t *testing.T) {
 	var settled, refused bool
 	for _, ev := range usageEventsIn(t, cfg.Kafka, topic) {
 		switch {
-		case ev.Gateway == g.Name && ev.ID == "fe-call-1" && !ev.Estimated && ev.Outcome == schemas.OutcomeOK && ev.Tenant == "proxied":
+		case ev.Gateway == g.Name && ev.Attributes["request_id"] == "fe-call-1" && !ev.Estimated && ev.Outcome == schemas.OutcomeOK && ev.Tenant == "proxied":
 			settled = true
 		case ev.Gateway == a.Name && ev.Tenant == "checked" && ev.Outcome == schemas.OutcomeRejected:
 			refused = true

@@ -217,14 +217,15 @@ func demoPolicyAt(t *testing.T, dir, url string) string {
 	return writeFile(t, dir, "demo-policy.yaml", strings.ReplaceAll(string(src), "http://"+demoUpstreamAddr, url))
 }
 
-// settlementsIn reads topic from its start to its end and returns the ids
-// of the settlements (events that are not estimates) it holds.
+// settlementsIn reads topic from its start to its end and returns the
+// request ids (attribute request_id, the client's x-request-id) of the
+// settlements (events that are not estimates) it holds.
 func settlementsIn(t *testing.T, kc kafkaconn.Config, topic string) map[string]bool {
 	t.Helper()
 	out := map[string]bool{}
 	for _, ev := range usageEventsIn(t, kc, topic) {
 		if !ev.Estimated {
-			out[ev.ID] = true
+			out[ev.Attributes["request_id"]] = true
 		}
 	}
 	return out

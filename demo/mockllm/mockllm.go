@@ -91,6 +91,12 @@ type Options struct {
 	Capacity       int
 	Latency        time.Duration
 	CapacityModels []string
+	// Served, when set, learns the endpoint and the model of each request
+	// the mock answers, as its decoder read them: Go's encoding/json,
+	// which decodes escapes in member names, keeps the last of two members
+	// of one name and matches names ignoring case. The provider's own log
+	// of what it served, for tests of what the gateway let through.
+	Served func(endpoint, model string)
 }
 
 // Handler serves the mock API with the default Options (usage in every
@@ -231,6 +237,13 @@ func text(raw json.RawMessage) string {
 	return ""
 }
 
+// served reports a request answered to opts.Served.
+func (m *mock) served(r *http.Request, model string) {
+	if m.opts.Served != nil {
+		m.opts.Served(r.URL.Path, model)
+	}
+}
+
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 8<<20)).Decode(v); err != nil {
 		writeError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error())
@@ -259,6 +272,7 @@ func (m *mock) chat(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
+	m.served(r, req.Model)
 	if req.Model == "" || len(req.Messages) == 0 {
 		writeError(w, http.StatusBadRequest, "model and messages are required")
 		return
@@ -432,6 +446,7 @@ func (m *mock) completions(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
+	m.served(r, req.Model)
 	texts, ids, ok := prompts(req.Prompt)
 	if req.Model == "" || !ok {
 		writeError(w, http.StatusBadRequest, "model and prompt are required")
@@ -472,6 +487,7 @@ func (m *mock) embeddings(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
+	m.served(r, req.Model)
 	texts, ids, ok := prompts(req.Input)
 	if req.Model == "" || !ok {
 		writeError(w, http.StatusBadRequest, "model and input are required")
@@ -517,6 +533,7 @@ func (m *mock) responses(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
+	m.served(r, req.Model)
 	var contents []string
 	var one string
 	if json.Unmarshal(req.Input, &one) == nil {

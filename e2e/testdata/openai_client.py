@@ -2,8 +2,8 @@
 
 Run by e2e/openai_test.go with OPENAI_BASE_URL (the gateway's /v1),
 SLUICE_KEY (a tenant key) and SLUICE_CAPPED_KEY (a key of a tenant the
-flags refuse). Each call carries its own x-request-id, which becomes the
-usage event id; the script prints, as one JSON object, what the client
+flags refuse). Each call carries its own x-request-id, which the usage
+event keeps as attribute request_id (its id is the gateway's); the script prints, as one JSON object, what the client
 saw for every call (the usage where the client received one) so that the
 test can compare it with what Sluice stored. A failed check exits 1 with
 the reason.

@@ -56,6 +56,9 @@ type Options struct {
 	// renamed setting would otherwise get (or, in the environment,
 	// nothing at all).
 	Renamed map[string]string
+	// Removed maps settings that no longer exist and have no successor to
+	// why they went; Load refuses them the same way.
+	Removed map[string]string
 }
 
 // Load fills dst, a pointer to a struct holding its defaults, from the YAML
@@ -100,7 +103,7 @@ func Load(dst any, opts Options) error {
 		}
 	}
 	configPath := fs.String("config", "", "YAML configuration file (env "+opts.EnvPrefix+"_CONFIG)")
-	if err := renamedFlag(opts.Args, opts.Renamed); err != nil {
+	if err := renamedFlag(opts.Args, opts.Renamed, opts.Removed); err != nil {
 		return err
 	}
 	if err := fs.Parse(opts.Args); err != nil {
@@ -111,11 +114,11 @@ func Load(dst any, opts Options) error {
 	if path == "" {
 		path, _ = opts.LookupEnv(opts.EnvPrefix + "_CONFIG")
 	}
-	if err := renamedEnv(opts.EnvPrefix, opts.LookupEnv, opts.Renamed); err != nil {
+	if err := renamedEnv(opts.EnvPrefix, opts.LookupEnv, opts.Renamed, opts.Removed); err != nil {
 		return err
 	}
 	if path != "" {
-		if err := loadYAML(path, dst, opts.Renamed); err != nil {
+		if err := loadYAML(path, dst, opts.Renamed, opts.Removed); err != nil {
 			return err
 		}
 	}
@@ -145,12 +148,12 @@ func Load(dst any, opts Options) error {
 	return nil
 }
 
-func loadYAML(path string, dst any, renamed map[string]string) error {
+func loadYAML(path string, dst any, renamed, removed map[string]string) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("config: read %s: %w", path, err)
 	}
-	if err := renamedYAML(path, data, renamed); err != nil {
+	if err := renamedYAML(path, data, renamed, removed); err != nil {
 		return err
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -13,8 +14,13 @@ func renamedError(where, old, now string) error {
 	return fmt.Errorf("config: %s: %s was renamed to %s; use the new name (see the upgrade notes in README.md)", where, old, now)
 }
 
-// renamedFlag refuses a command-line flag of a renamed setting.
-func renamedFlag(args []string, renamed map[string]string) error {
+// removedError says why a setting is gone.
+func removedError(where, old, why string) error {
+	return fmt.Errorf("config: %s: %s was removed: %s; delete it (see the upgrade notes in README.md)", where, old, why)
+}
+
+// renamedFlag refuses a command-line flag of a renamed or removed setting.
+func renamedFlag(args []string, renamed, removed map[string]string) error {
 	for _, a := range args {
 		if a == "--" || !strings.HasPrefix(a, "-") {
 			continue
@@ -23,6 +29,9 @@ func renamedFlag(args []string, renamed map[string]string) error {
 		if now, ok := renamed[name]; ok {
 			return renamedError("flag", "-"+name, "-"+now)
 		}
+		if why, ok := removed[name]; ok {
+			return removedError("flag", "-"+name, why)
+		}
 	}
 	return nil
 }
@@ -30,7 +39,12 @@ func renamedFlag(args []string, renamed map[string]string) error {
 // renamedEnv refuses the environment variable of a renamed setting: the
 // loader ignores unknown variables (tools and tests share the prefix),
 // so without this a renamed variable would silently stop applying.
-func renamedEnv(prefix string, lookup func(string) (string, bool), renamed map[string]string) error {
+func renamedEnv(prefix string, lookup func(string) (string, bool), renamed, removed map[string]string) error {
+	for _, old := range slices.Sorted(maps.Keys(removed)) {
+		if _, ok := lookup(envName(prefix, old)); ok {
+			return removedError("environment", envName(prefix, old), removed[old])
+		}
+	}
 	olds := make([]string, 0, len(renamed))
 	for old := range renamed {
 		olds = append(olds, old)
@@ -48,8 +62,8 @@ func renamedEnv(prefix string, lookup func(string) (string, bool), renamed map[s
 }
 
 // renamedYAML refuses a renamed setting in the YAML file, naming its line.
-func renamedYAML(path string, data []byte, renamed map[string]string) error {
-	if len(renamed) == 0 {
+func renamedYAML(path string, data []byte, renamed, removed map[string]string) error {
+	if len(renamed)+len(removed) == 0 {
 		return nil
 	}
 	var doc yaml.Node
@@ -70,6 +84,10 @@ func renamedYAML(path string, data []byte, renamed map[string]string) error {
 			}
 			if now, ok := renamed[p]; ok {
 				found = renamedError(fmt.Sprintf("%s line %d", path, k.Line), p, now)
+				return
+			}
+			if why, ok := removed[p]; ok {
+				found = removedError(fmt.Sprintf("%s line %d", path, k.Line), p, why)
 				return
 			}
 			walk(n.Content[i+1], p)

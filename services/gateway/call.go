@@ -28,7 +28,7 @@ type call struct {
 	route     string
 	ups       []*provider
 	requestID string // the x-request-id answered
-	eventID   string // usage event id (the request id unless it was reused)
+	eventID   string // usage event id, the gateway's (eventIDFor)
 	priority  schemas.Priority
 	deadline  time.Time // the caller's (priority.TimeoutHeader); zero: none
 	user      string
@@ -141,9 +141,7 @@ func fillEvent(r *http.Request, ev *schemas.UsageEvent) {
 		return
 	}
 	ev.ID, ev.User, ev.Priority = c.eventID, c.user, c.priority
-	if c.eventID != c.requestID {
-		ev.Attributes = map[string]string{"request_id": c.requestID}
-	}
+	ev.Attributes = map[string]string{"request_id": c.requestID}
 }
 
 // finish records the access log line and the metrics of a request.

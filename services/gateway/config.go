@@ -23,7 +23,6 @@ type Config struct {
 	MaxResponseBytes    int64 `yaml:"max_response_bytes" help:"largest non-streamed answer searched for usage, in bytes; a longer one is relayed whole and settled at its estimate"`
 	MaxStreamEventBytes int   `yaml:"max_stream_event_bytes" help:"largest streamed (SSE) event held and searched for usage, in bytes; a longer one is relayed as it arrives"`
 	MaxAttempts         int   `yaml:"max_attempts" help:"upstreams tried for one request: a connection failure, a timeout before the answer, 429 or 5xx moves on to the next upstream of the model"`
-	RequestIDMemory     int   `yaml:"request_id_memory" help:"x-request-id values remembered per gateway to catch a client reusing one (its event then gets a fresh id, the request id an attribute); 0 remembers none"`
 
 	// FrontEnd is the HTTP server, shutdown, flags, admission and usage
 	// settings the gateway shares with services/authz; usage adds
@@ -56,7 +55,6 @@ func DefaultConfig() Config {
 		MaxResponseBytes:    32 << 20,
 		MaxStreamEventBytes: 1 << 20,
 		MaxAttempts:         2,
-		RequestIDMemory:     100_000,
 		FrontEnd:            fe,
 		SharedUpstreams:     defaultSharedUpstreams(),
 		Deferred:            deferred.DefaultConfig(),
@@ -95,9 +93,6 @@ func (c Config) Validate() error {
 	}
 	if c.MaxAttempts < 1 || c.MaxAttempts > 10 {
 		bad("max_attempts: %d is outside 1..10", c.MaxAttempts)
-	}
-	if c.RequestIDMemory < 0 || c.RequestIDMemory > 10_000_000 {
-		bad("request_id_memory: %d is outside 0..10000000", c.RequestIDMemory)
 	}
 	if err := c.FrontEnd.Validate(""); err != nil {
 		errs = append(errs, err)

@@ -382,23 +382,33 @@ func TestKeysModelsAndPriority(t *testing.T) {
 	}
 }
 
-// TestReusedRequestIDGetsAFreshEventID: Sluice deduplicates events by id,
-// so a client sending one x-request-id twice would have its second call
-// go unmetered; the gateway gives that call a fresh event id and keeps
-// the request id as an attribute.
-func TestReusedRequestIDGetsAFreshEventID(t *testing.T) {
-	g := startGateway(t, oneUpstream(t, mock(t, mockllm.Options{})), Deps{})
-	for range 2 {
-		post(t, g.url, "/v1/chat/completions", "sk-acme", `{"model":"gpt-4o","max_tokens":3,"messages":[{"role":"user","content":"x"}]}`, "X-Request-Id", "same")
-	}
-	var settled []schemas.UsageEvent
-	for _, ev := range g.sink.Events() {
-		if !ev.Estimated {
-			settled = append(settled, ev)
+// TestEventIDsAreTheGatewaysNotTheClients: Sluice deduplicates events,
+// and admission marks settlements, by event id, so an id a client chose
+// would let a second call under it — the same client again, another
+// tenant, the same client at another gateway — go unmetered. Every call
+// gets an id the gateway makes; the client's x-request-id is answered back
+// and kept as attribute request_id.
+func TestEventIDsAreTheGatewaysNotTheClients(t *testing.T) {
+	up := oneUpstream(t, mock(t, mockllm.Options{}))
+	a, b := startGateway(t, up, Deps{}), startGateway(t, up, Deps{})
+	for _, call := range []struct{ url, key string }{{a.url, "sk-acme"}, {a.url, "sk-acme"}, {a.url, "sk-mini-only"}, {b.url, "sk-acme"}} {
+		resp, body := post(t, call.url, "/v1/chat/completions", call.key, `{"model":"gpt-4o-mini","max_tokens":3,"messages":[{"role":"user","content":"x"}]}`, "X-Request-Id", "same")
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Request-Id") != "same" {
+			t.Fatalf("%s: %d %s, x-request-id %q", call.key, resp.StatusCode, body, resp.Header.Get("X-Request-Id"))
 		}
 	}
-	if len(settled) != 2 || settled[0].ID != "same" || settled[1].ID == "same" || settled[1].Attributes["request_id"] != "same" || settled[1].CompletionTokens != 3 {
-		t.Fatalf("settlements %+v: want the second under a fresh id with request_id=same", settled)
+	ids := map[string]bool{}
+	for _, ev := range append(a.sink.Events(), b.sink.Events()...) {
+		if ev.Estimated {
+			continue
+		}
+		if ev.ID == "same" || ids[ev.ID] || ev.Attributes["request_id"] != "same" || ev.CompletionTokens != 3 {
+			t.Fatalf("settlement %+v: want a fresh gateway id (seen: %v) and request_id=same", ev, ids)
+		}
+		ids[ev.ID] = true
+	}
+	if len(ids) != 4 {
+		t.Fatalf("%d settlements, want 4", len(ids))
 	}
 }
 
@@ -466,7 +476,7 @@ func TestFlagsAndAdmission(t *testing.T) {
 	defer adm.mu.Unlock()
 	last := adm.asked[len(adm.asked)-1]
 	if last.Tenant != "acme" || last.Model != "gpt-4o" || last.APIKeyID != "boss" || last.Endpoint != "/v1/chat/completions" ||
-		last.Priority != schemas.PriorityLow || !last.Estimated || last.EstimateCompletion != 9 || last.EstimatePrompt == 0 || last.EventID != "adm-ok" {
+		last.Priority != schemas.PriorityLow || !last.Estimated || last.EstimateCompletion != 9 || last.EstimatePrompt == 0 || last.EventID != g2.settlement(t, "adm-ok").ID {
 		t.Errorf("admission asked %+v", last)
 	}
 	if len(adm.settled) != 1 || adm.settled[0].Usage.CompletionTokens != 9 || adm.settled[0].Outcome != schemas.OutcomeOK || adm.settled[0].Status != 200 {

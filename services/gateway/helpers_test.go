@@ -12,12 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/emitter/emittertest"
-	"go.yaml.in/yaml/v3"
 )
 
 // Test keys: each secret is "sk-" + its id.
@@ -179,16 +180,19 @@ func startGateway(t *testing.T, tg testGateway, deps Deps) *gw {
 }
 
 // settlement returns the settlement of the call with event id id.
-func (g *gw) settlement(t *testing.T, id string) schemas.UsageEvent {
+// settlement is the one settlement of the call the client sent with
+// x-request-id requestID (the event's request_id attribute; the event's
+// own id is the gateway's).
+func (g *gw) settlement(t *testing.T, requestID string) schemas.UsageEvent {
 	t.Helper()
 	var found []schemas.UsageEvent
 	for _, ev := range g.sink.Events() {
-		if ev.ID == id && !ev.Estimated {
+		if ev.Attributes["request_id"] == requestID && !ev.Estimated {
 			found = append(found, ev)
 		}
 	}
 	if len(found) != 1 {
-		t.Fatalf("%d settlements with id %s, want 1; events: %+v", len(found), id, g.sink.Events())
+		t.Fatalf("%d settlements with request id %s, want 1; events: %+v", len(found), requestID, g.sink.Events())
 	}
 	return found[0]
 }

@@ -50,13 +50,7 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 		s.deferRequest(rw, r, c)
 		return
 	}
-	c.eventID = c.requestID
-	if s.reused(c.caller.Tenant, c.requestID) {
-		// Sluice deduplicates events by id: a second call under the same
-		// id would go unmetered. It gets a fresh one.
-		c.eventID = c.requestID + "." + randomHex(4)
-		s.m.idReuses.Inc()
-	}
+	c.eventID = eventIDFor(r, c.requestID)
 	r.Body = io.NopCloser(bytes.NewReader(c.body)) // the middleware reads it again to estimate
 	s.api.ServeHTTP(rw, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
 }
@@ -142,12 +136,17 @@ func (s *Server) classOf(c *frontend.Caller, header string) (schemas.Priority, e
 	return c.PriorityOf(tenantClass, header)
 }
 
-// reused reports whether tenant sent requestID before (as far as the
-// bounded memory reaches).
-func (s *Server) reused(tenant, requestID string) bool {
-	s.idsMu.Lock()
-	defer s.idsMu.Unlock()
-	return s.ids.Seen(tenant + "\x00" + requestID)
+// eventIDFor is the usage event id of a call: built by the gateway, never
+// the client's x-request-id. Sluice deduplicates events, and admission
+// marks settlements, by id: an id a client chose could be chosen again —
+// by another tenant, or at another gateway replica — and that call would
+// go unmetered. A deferred task's run keeps the request id the gateway
+// made for it (<task id>-<run>).
+func eventIDFor(r *http.Request, requestID string) string {
+	if deferredCaller(r.Context()) != nil {
+		return requestID
+	}
+	return "evt_" + randomHex(16)
 }
 
 // readBody reads at most limit bytes of r's body.
@@ -158,10 +157,11 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 	return io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 }
 
-// validID reports whether a client's x-request-id can be an event id:
-// 1 to 128 bytes of printable ASCII without spaces.
+// validID reports whether a client's x-request-id is kept (answered back,
+// sent upstream, recorded as the event's request_id attribute): 1 to 128
+// bytes of printable ASCII without spaces.
 func validID(id string) bool {
-	if id == "" || len(id) > schemas.MaxIDLen-9 { // room for a ".xxxxxxxx" suffix on reuse
+	if id == "" || len(id) > schemas.MaxIDLen {
 		return false
 	}
 	for i := 0; i < len(id); i++ {

@@ -21,7 +21,6 @@ type metrics struct {
 	failovers  *prometheus.CounterVec
 	inflight   prometheus.Gauge
 	keyReloads *prometheus.CounterVec
-	idReuses   prometheus.Counter
 	// The upstream guards and fallbacks.
 	guardRefusals *prometheus.CounterVec
 	fallbacks     *prometheus.CounterVec
@@ -75,10 +74,6 @@ func newMetrics() *metrics {
 		keyReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_gateway_key_reloads_total", Help: "Reloads of the tenant keys file, by result (ok, error).",
 		}, []string{"result"}),
-		idReuses: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sluice_gateway_request_id_reuses_total",
-			Help: "Requests whose x-request-id this gateway had seen for the same tenant; their events got a fresh id.",
-		}),
 		guardRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_gateway_upstream_refusals_total",
 			Help: "Attempts an upstream's guard refused before the call, by upstream and reason (queue_full, shed, deadline, expired, tenant_concurrency, degraded, breaker_open, class_share).",
@@ -113,7 +108,7 @@ func newMetrics() *metrics {
 		}
 		return 0
 	})
-	m.all = metricset.Set{m.requests, m.upstream, m.ttfb, m.tokens, m.usage, m.failovers, m.inflight, m.keyReloads, m.idReuses, m.guardRefusals, m.fallbacks, m.softOver, flagsAge, flagsStale}
+	m.all = metricset.Set{m.requests, m.upstream, m.ttfb, m.tokens, m.usage, m.failovers, m.inflight, m.keyReloads, m.guardRefusals, m.fallbacks, m.softOver, flagsAge, flagsStale}
 	return m
 }
 

@@ -1,9 +1,11 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"unicode"
 )
 
 // request is what the gateway reads from a body before it proxies it:
@@ -30,8 +32,19 @@ const maxScanDepth = 128
 
 // scanRequest reads body's top-level members. It checks the JSON only as
 // far as it must to find their ends, and never panics on any input.
+//
+// What the gateway decides on must be what the provider reads, and
+// providers' decoders disagree on the edges of JSON: all of them decode
+// escapes in member names (`"mod\u0065l"` is "model"), Python's keep the
+// last of two members of one name, Go's also match names ignoring case
+// ("Model", or "MAX_TOKENS", is max_tokens). So scanRequest decodes
+// names, and refuses a body that names a top-level member twice (compared
+// ignoring case) or spells one the gateway or the estimator reads in
+// another case: such a body would be authorised, routed or estimated as
+// one request and served as another.
 func scanRequest(body []byte) (request, error) {
 	req := request{soStart: -1, soEnd: -1}
+	var names memberNames
 	i := ws(body, 0)
 	if i >= len(body) || body[i] != '{' {
 		return req, errNotObject
@@ -48,7 +61,13 @@ func scanRequest(body []byte) (request, error) {
 		if err != nil {
 			return req, err
 		}
-		key := body[i+1 : kEnd-1]
+		key, err := memberName(body[i:kEnd])
+		if err != nil {
+			return req, err
+		}
+		if err := names.add(key); err != nil {
+			return req, err
+		}
 		i = ws(body, kEnd)
 		if i >= len(body) || body[i] != ':' {
 			return req, fmt.Errorf("invalid JSON at byte %d: want ':'", i)
@@ -66,6 +85,11 @@ func scanRequest(body []byte) (request, error) {
 			}
 			req.modelStart, req.modelEnd = vStart, vEnd
 		case "stream":
+			// Only a JSON boolean: a lax provider reads "true" or 1 as a
+			// stream, which the gateway would then relay as a plain answer.
+			if v := string(val); v != "true" && v != "false" && v != "null" {
+				return req, errors.New("stream: must be true or false")
+			}
 			req.Stream = string(val) == "true"
 		case "user":
 			_ = json.Unmarshal(val, &req.User) // not a string: ignored, the provider answers it
@@ -127,6 +151,85 @@ func withIncludeUsage(body []byte, req request) []byte {
 	out = append(out, body[:req.soStart]...)
 	out = append(out, val...)
 	return append(out, body[req.soEnd:]...)
+}
+
+// memberName is the decoded name of the member whose quoted name is
+// quoted (escapes are rare: only then is anything allocated).
+func memberName(quoted []byte) ([]byte, error) {
+	name := quoted[1 : len(quoted)-1]
+	if bytes.IndexByte(name, '\\') < 0 {
+		return name, nil
+	}
+	var s string
+	if err := json.Unmarshal(quoted, &s); err != nil {
+		return nil, fmt.Errorf("invalid JSON: member name %s: %v", quoted, err)
+	}
+	return []byte(s), nil
+}
+
+// readMembers are the top-level members the gateway or the estimator
+// (sdk/go/estimate) read: a body may not spell them in another case.
+var readMembers = []string{"model", "stream", "stream_options", "user", "max_tokens", "max_completion_tokens", "max_output_tokens",
+	"n", "best_of", "messages", "tools", "functions", "prompt", "suffix", "input", "instructions"}
+
+// memberNames are the top-level member names of a body seen so far.
+type memberNames struct {
+	list [][]byte            // while few: compared pairwise
+	set  map[string]struct{} // beyond maxListedNames: folded names
+}
+
+// maxListedNames bounds the pairwise comparisons: a body of many members
+// costs a map, not a quadratic scan.
+const maxListedNames = 32
+
+// add records name, or refuses it as a duplicate or a miscased member the
+// gateway reads.
+func (m *memberNames) add(name []byte) error {
+	for _, r := range readMembers {
+		if len(name) >= len(r) && bytes.EqualFold(name, []byte(r)) && string(name) != r {
+			return fmt.Errorf("member %q is %q spelt in another case; providers disagree on whether they are one member, so send %q", name, r, r)
+		}
+	}
+	if m.set == nil && len(m.list) < maxListedNames {
+		for _, seen := range m.list {
+			if bytes.EqualFold(seen, name) {
+				return duplicateMember(name)
+			}
+		}
+		m.list = append(m.list, name)
+		return nil
+	}
+	if m.set == nil {
+		m.set = make(map[string]struct{}, 2*maxListedNames)
+		for _, seen := range m.list {
+			m.set[foldName(seen)] = struct{}{}
+		}
+	}
+	f := foldName(name)
+	if _, dup := m.set[f]; dup {
+		return duplicateMember(name)
+	}
+	m.set[f] = struct{}{}
+	return nil
+}
+
+func duplicateMember(name []byte) error {
+	return fmt.Errorf("member %q appears twice (names compared after decoding escapes, ignoring case); providers disagree on which one counts, so send each member once", name)
+}
+
+// foldName maps name to one spelling per case-insensitive class, as
+// bytes.EqualFold compares: each rune becomes the least of its Unicode
+// simple-folding orbit (so "K", "k" and the Kelvin sign all map to "K").
+func foldName(name []byte) string {
+	out := make([]rune, 0, len(name))
+	for _, r := range string(name) {
+		least := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			least = min(least, f)
+		}
+		out = append(out, least)
+	}
+	return string(out)
 }
 
 func ws(b []byte, i int) int {

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,6 +60,39 @@ func TestScanRequestAndIncludeUsage(t *testing.T) {
 		if _, err := scanRequest([]byte(bad)); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+// TestScanRequestRefusesAmbiguousNames: names are decoded; a top-level
+// member named twice (ignoring case, as Go decoders match, the Kelvin sign
+// included), or one the gateway reads spelt in another case, is refused —
+// among a few members or many.
+func TestScanRequestRefusesAmbiguousNames(t *testing.T) {
+	if req, err := scanRequest([]byte(`{"mod\u0065l":"gpt-4o","stre\u0061m":true,"\u0075ser":"u"}`)); err != nil || req.Model != "gpt-4o" || !req.Stream || req.User != "u" {
+		t.Fatalf("escaped names: %+v %v", req, err)
+	}
+	many := strings.Builder{}
+	for i := range 100 {
+		fmt.Fprintf(&many, `"k%d":1,`, i)
+	}
+	for _, body := range []string{
+		`{"model":"a","mod\u0065l":"b"}`,
+		`{"model":"a","MODEL":"b"}`,
+		`{"Model":"a"}`,
+		`{"model":"a","max_tokens":1,"Max_Tokens":9}`,
+		`{"model":"a","temperature":1,"temperature":2}`,
+		`{"model":"a","\u212aey":1,"key":2}`,
+		`{"model":"a","stream":"true"}`,
+		`{"model":"a","stream":1}`,
+		`{"model":"a",` + many.String() + `"K99":2}`,
+		`{"model":"a",` + many.String() + `"mod\u0065l":"b"}`,
+	} {
+		if _, err := scanRequest([]byte(body)); err == nil {
+			t.Errorf("%.60s… accepted", body)
+		}
+	}
+	if _, err := scanRequest([]byte(`{"model":"a",` + many.String() + `"k100":2}`)); err != nil {
+		t.Errorf("100 distinct members: %v", err)
 	}
 }
 

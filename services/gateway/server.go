@@ -12,7 +12,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluicehq/sluice/internal/fifo"
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/internal/keyfile"
 	"github.com/sluicehq/sluice/internal/usageapi"
@@ -80,9 +79,6 @@ type Server struct {
 	api  http.Handler // auth, then the middleware, then the proxy
 	mux  *http.ServeMux
 
-	idsMu sync.Mutex
-	ids   *fifo.Set[string]
-
 	// inflight counts requests being served, so shutdown can wait for
 	// their settlements; hardStop cancels every upstream call when the
 	// drain time is over.
@@ -104,8 +100,7 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{cfg: cfg, log: log, policy: deps.Policy, guards: deps.Guards, tasks: deps.Tasks, m: newMetrics(),
-		ids: fifo.NewSet[string](cfg.RequestIDMemory), now: time.Now}
+	s := &Server{cfg: cfg, log: log, policy: deps.Policy, guards: deps.Guards, tasks: deps.Tasks, m: newMetrics(), now: time.Now}
 	s.hardStop, s.stopAll = context.WithCancel(context.Background())
 	if deps.Limits != nil {
 		s.admitter, s.soft = deps.Limits.Admit, deps.Limits.Soft

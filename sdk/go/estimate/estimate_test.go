@@ -195,6 +195,34 @@ func TestParseEscapesCountAsTheirText(t *testing.T) {
 	}
 }
 
+// TestParseDecodesEscapedNames: a provider decodes escapes in member
+// names, so `"m\u0065ssages"` is the messages and `"max_tok\u0065ns"` the
+// output bound; a body spelling them so must estimate as the plain one,
+// not as an empty request of one token. A bound named twice counts at its
+// largest (providers keep the last one, which may be either).
+func TestParseDecodesEscapedNames(t *testing.T) {
+	text := strings.Repeat("many words to count here ", 400)
+	plain := `{"model":"gpt-4o","messages":[{"role":"user","content":"` + text + `"}],"max_tokens":50000}`
+	want, err := Parse(ChatCompletions, []byte(plain), DefaultLimits())
+	if err != nil || want.PromptTokens < 1000 {
+		t.Fatalf("plain: %+v %v", want, err)
+	}
+	for _, body := range []string{
+		`{"model":"gpt-4o","m\u0065ssages":[{"role":"user","content":"` + text + `"}],"max_tok\u0065ns":50000}`,
+		`{"model":"gpt-4o","messages":[{"r\u006fle":"user","\u0063ontent":"` + text + `"}],"max_tokens":50000}`,
+		`{"model":"gpt-4o","max_tokens":50000,"messages":[{"role":"user","content":"` + text + `"}],"max_tokens":1}`,
+		`{"model":"gpt-4o","max_tokens":1,"messages":[{"role":"user","content":"` + text + `"}],"max_tokens":50000}`,
+	} {
+		got, err := Parse(ChatCompletions, []byte(body), DefaultLimits())
+		if err != nil || got.PromptTokens != want.PromptTokens || got.MaxOutputTokens != 50000 {
+			t.Errorf("%.80s…: %d prompt tokens, max output %d (%v); want %d and 50000", body, got.PromptTokens, got.MaxOutputTokens, err, want.PromptTokens)
+		}
+	}
+	if _, err := Parse(ChatCompletions, []byte(`{"model":"m","mess\u00":[]}`), DefaultLimits()); err == nil {
+		t.Error("a bad escape in a name was accepted")
+	}
+}
+
 func TestParseCompletionsAndEmbeddings(t *testing.T) {
 	req, err := Parse(Completions, readRequest(t, "completions_ids.json"), DefaultLimits())
 	if err != nil {

@@ -153,6 +153,8 @@ type parser struct {
 	ep     Endpoint
 	c      counter
 	images int
+	// keyBuf holds the last key read with escapes, decoded.
+	keyBuf []byte
 }
 
 func (p *parser) errorf(format string, args ...any) error {
@@ -212,17 +214,19 @@ func (p *parser) top() (Request, error) {
 			req.Model, err = p.stringValue()
 		case "stream":
 			req.Stream, err = p.boolValue()
+		// A member named twice is counted at its largest: providers keep
+		// the last, and the estimate must not be the smaller of the two.
 		case "max_tokens":
-			maxTokens, err = p.intValue()
+			maxTokens, err = p.maxInt(maxTokens)
 		case "max_completion_tokens":
-			maxCompletion, err = p.intValue()
+			maxCompletion, err = p.maxInt(maxCompletion)
 		case "max_output_tokens":
-			maxOutput, err = p.intValue()
+			maxOutput, err = p.maxInt(maxOutput)
 		case "n":
-			n, err = p.intValue()
+			n, err = p.maxInt(n)
 		case "best_of":
 			if p.ep == Completions {
-				bestOf, err = p.intValue()
+				bestOf, err = p.maxInt(bestOf)
 			} else {
 				err = p.skip()
 			}
@@ -342,8 +346,9 @@ func (p *parser) element(first bool) (more bool, err error) {
 	return true, nil
 }
 
-// key reads an object key. Keys with escapes are returned as written
-// (escaped), which only means a key spelt with escapes is not recognised.
+// key reads an object key, decoded: a provider reads `"m\u0065ssages"`
+// as messages, so the estimate must too, or a body could spell its
+// prompt so that it is not counted.
 func (p *parser) key() ([]byte, error) {
 	if err := p.expect('"'); err != nil {
 		return nil, err
@@ -352,7 +357,25 @@ func (p *parser) key() ([]byte, error) {
 	if err := p.skipString(); err != nil {
 		return nil, err
 	}
-	return p.buf[start : p.pos-1], nil
+	raw := p.buf[start : p.pos-1]
+	if !containsByte(raw, '\\') {
+		return raw, nil
+	}
+	p.keyBuf = p.keyBuf[:0]
+	for i := 0; i < len(raw); {
+		if raw[i] != '\\' {
+			p.keyBuf = append(p.keyBuf, raw[i])
+			i++
+			continue
+		}
+		r, n, err := p.escape(start + i)
+		if err != nil {
+			return nil, err
+		}
+		p.keyBuf = utf8.AppendRune(p.keyBuf, r)
+		i += n
+	}
+	return p.keyBuf, nil
 }
 
 // items counts an array of chat messages or Responses input items: each
@@ -689,6 +712,13 @@ func (p *parser) intValue() (int64, error) {
 		}
 	}
 	return min(v, 1<<40), nil
+}
+
+// maxInt reads an integer value (intValue) and returns the larger of it
+// and was.
+func (p *parser) maxInt(was int64) (int64, error) {
+	v, err := p.intValue()
+	return max(was, v), err
 }
 
 func (p *parser) literal(lit string) error {
