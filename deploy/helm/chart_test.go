@@ -1,12 +1,21 @@
 package helm
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"flag"
 	"fmt"
+	"math/big"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
-		"slices"
+	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -60,6 +69,7 @@ var scenarios = []scenario{
 		"clickhouse-credentials": {"password": "example"},
 		"redis-credentials":      {"password": "example"},
 		"sluice-signal-keys":     {"signal-keys": "# rotated by the platform team\nk9:00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n"},
+		"clickhouse-ca":          {"ca.crt": testCA()},
 		"sluice-gateway-keys":    {"keys.yaml": "keys:\n  - {id: gw, sha256: 3f8a2ab6f0b4c4b1f37e4d9a3f2b66c3f3e0f4ac7cf5b0f0f0a6f3b0a8d5e2c1, tenants: [\"*\"]}\n"},
 	}},
 	{file: "ci/edge-values.yaml", existing: map[string]map[string]string{
@@ -69,6 +79,26 @@ var scenarios = []scenario{
 		"sluice-usage-key": {"key": "example-edge-usage-key"},
 		"openai-key":       {"OPENAI_API_KEY": "sk-example"},
 	}},
+}
+
+// -dump DIR writes each scenario's rendered templates to DIR/<scenario>/,
+// as helm template would print them, for reading.
+var dumpDir = flag.String("dump", "", "write each scenario's rendered templates under this folder")
+
+// testCA is a self-signed CA certificate in PEM, standing in for an
+// operator's (the binary parses a ca_file at start).
+func testCA() string {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		panic(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, IsCA: true, BasicConstraintsValid: true,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		panic(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
 }
 
 var (
@@ -349,6 +379,21 @@ func (r *release) mount(t *testing.T, what string, spec corev1.PodSpec, c corev1
 					r.write(t, dir, it.Path, val)
 				}
 			}
+		case v.Secret != nil:
+			data := r.secretData(t, what, v.Secret.SecretName)
+			items := v.Secret.Items
+			if len(items) == 0 {
+				for _, k := range keys(data) {
+					items = append(items, corev1.KeyToPath{Key: k, Path: k})
+				}
+			}
+			for _, it := range items {
+				val, ok := data[it.Key]
+				if !ok {
+					t.Fatalf("%s: volume %s wants key %s of Secret %s, which has %v", what, v.Name, it.Key, v.Secret.SecretName, keys(data))
+				}
+				r.write(t, dir, it.Path, val)
+			}
 		case v.EmptyDir != nil:
 		default:
 			t.Fatalf("%s: volume %s is of a kind this test does not lay out", what, v.Name)
@@ -421,7 +466,65 @@ func (r *release) mount(t *testing.T, what string, spec corev1.PodSpec, c corev1
 		t.Fatalf("%s: sluice %s does not load the configuration the chart gives it: %v\nsluice.yaml:\n%s", what, c.Args[0], err, r.configMapText(spec))
 	}
 	p.cfg, p.names = cfg, names
+	// Every file a setting the process reads names is one the chart
+	// mounted: the shared sections', and its own services' (another
+	// service's section is not read).
+	for _, f := range fileSettings(reflect.ValueOf(cfg), "") {
+		if svc, ok := strings.CutPrefix(f[0], "services."); ok {
+			if name, _, _ := strings.Cut(svc, "."); !slices.Contains(names, name) {
+				continue
+			}
+		}
+		if !strings.HasPrefix(f[1], root+"/") {
+			t.Errorf("%s: %s names %s, which no volume of the pod holds", what, f[0], f[1])
+		} else if _, err := os.Stat(f[1]); err != nil {
+			t.Errorf("%s: %s: %v", what, f[0], err)
+		}
+	}
 	return p
+}
+
+// fileSettings lists the settings of v that name a file or folder (their
+// YAML name is file, *_file or *_dir) and are set: [path, value] pairs.
+func fileSettings(v reflect.Value, prefix string) [][2]string {
+	var out [][2]string
+	switch v.Kind() {
+	case reflect.Struct:
+		for i := range v.NumField() {
+			f := v.Type().Field(i)
+			if !f.IsExported() {
+				continue
+			}
+			name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+			p := prefix
+			if name != "" && name != "-" {
+				if p != "" {
+					p += "."
+				}
+				p += name
+			}
+			if f.Type.Kind() == reflect.String && (name == "file" || strings.HasSuffix(name, "_file") || strings.HasSuffix(name, "_dir")) {
+				if s := v.Field(i).String(); s != "" {
+					out = append(out, [2]string{p, s})
+				}
+				continue
+			}
+			out = append(out, fileSettings(v.Field(i), p)...)
+		}
+	case reflect.Pointer:
+		if !v.IsNil() {
+			out = append(out, fileSettings(v.Elem(), prefix)...)
+		}
+	case reflect.Map:
+		for _, k := range v.MapKeys() {
+			out = append(out, fileSettings(v.MapIndex(k), prefix+"."+fmt.Sprint(k.Interface()))...)
+		}
+	case reflect.Slice:
+		for i := range v.Len() {
+			out = append(out, fileSettings(v.Index(i), fmt.Sprintf("%s[%d]", prefix, i))...)
+		}
+	}
+	return out
 }
 
 func (r *release) write(t *testing.T, dir, name string, data []byte) {
@@ -487,6 +590,17 @@ func TestChartRendersEveryDocumentedCombination(t *testing.T) {
 			files, err := render(t, readValues(t, sc.file))
 			if err != nil {
 				t.Fatalf("render %s: %v", sc.file, err)
+			}
+			if *dumpDir != "" {
+				for name, text := range files {
+					path := filepath.Join(*dumpDir, strings.TrimSuffix(filepath.Base(sc.file), "-values.yaml"), name)
+					if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+						t.Fatal(err)
+					}
+					if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+						t.Fatal(err)
+					}
+				}
 			}
 			r := decode(t, sc, files)
 			r.check(t)
