@@ -1265,14 +1265,18 @@ func TestChartRefusesWhatCannotRun(t *testing.T) {
 		{"gateway without its usage key", set(base(), "gateway.enabled", true), "usageKey.key:"},
 		{"gateway without an ingest", set(set(set(base(), "gateway.enabled", true), "usageKey.key", "k"), "ingest.enabled", false), "gateway.usage.ingestURL:"},
 		{"console without an admin API", set(set(base(), "console.enabled", true), "enforcer.admin.enabled", false), "console.adminURL:"},
-		{"unknown migrations mode", set(base(), "migrations.mode", "init"), "migrations.mode:"},
-		{"unknown anti-affinity", set(base(), "podDefaults.antiAffinity", "sometimes"), "antiAffinity:"},
+		{"unknown migrations mode", set(base(), "migrations.mode", "init"), "migrations.mode:|/migrations/mode"},
+		{"unknown anti-affinity", set(base(), "podDefaults.antiAffinity", "sometimes"), "antiAffinity:|/podDefaults/antiAffinity"},
 		{"HPA without a CPU request", set(set(base(), "ingest.autoscaling.enabled", true), "ingest.resources.requests.cpu", nil), "ingest.resources.requests.cpu:"},
+		{"a misspelt value", set(base(), "ingest.replica", 3), "replica"},
+		{"a misspelt service value", set(base(), "aggregator.antiAfinity", "none"), "antiAfinity"},
+		{"a short signing key", set(base(), "signalAuth.keys", []any{map[string]any{"id": "k", "secret": "short"}}), "/signalAuth/keys/0/secret"},
 		{"existing secret without its key", set(base(), "clickhouse.existingSecret", map[string]any{"name": "ch", "key": ""}), "clickhouse.existingSecret.key:"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := render(t, tc.vals)
+			t.Logf("refused: %v", err)
 			if err == nil || !slices.ContainsFunc(strings.Split(tc.want, "|"), func(w string) bool { return strings.Contains(err.Error(), w) }) {
 				t.Errorf("render = %v, want an error naming %q", err, tc.want)
 			}
