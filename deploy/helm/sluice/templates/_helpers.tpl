@@ -121,23 +121,6 @@ projected volume source; "path" is the file under the secrets folder. */}}
 {{- include "sluice.secretSourceIn" (merge (dict "secret" (include "sluice.fullname" .root)) .) -}}
 {{- end -}}
 
-{{/* The names of the enabled components, one per line. */}}
-{{- define "sluice.enabled" -}}
-{{- range $name := splitList " " (include "sluice.allComponents" .) -}}
-{{- if (index $.Values $name).enabled }}
-{{ $name }}
-{{- end -}}
-{{- end -}}
-{{- end -}}
-
-{{- define "sluice.enabledList" -}}
-{{- $out := list -}}
-{{- range $name := splitList " " (include "sluice.allComponents" .) -}}
-{{- if (index $.Values $name).enabled -}}{{- $out = append $out $name -}}{{- end -}}
-{{- end -}}
-{{- toJson $out -}}
-{{- end -}}
-
 {{/* Whether a component runs and uses signal_auth (signs or verifies). */}}
 {{- define "sluice.signs" -}}
 {{- if has . (list "aggregator" "enforcer" "alerter" "reconciler") }}true{{ end -}}
