@@ -61,7 +61,7 @@ func defaultConfig() Config {
 		Kafka:           kafkaconn.Defaults(),
 		ClickHouse:      chconn.Defaults(),
 		Redis:           redisconn.Defaults(),
-		ShutdownTimeout: 15 * time.Second,
+		ShutdownTimeout: 35 * time.Second,
 		Migrate:         true,
 		Policy:          platform.FileSource{Reload: platform.DefaultReload},
 		TenantKeys:      platform.FileSource{Reload: 5 * time.Second},

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform"
@@ -83,6 +84,10 @@ type service struct {
 	// stopsAfter names services that, when they run in the same process,
 	// must have stopped before this one is asked to (lifecycle.Task.StopsAfter).
 	stopsAfter []string
+	// shutdown is how long the service may take to stop with c: the
+	// process's shutdown_timeout must cover it, or the process would cut
+	// the service's last flush short.
+	shutdown func(c *Config) time.Duration
 }
 
 // needs are the backing services and shared files a service uses.
@@ -99,7 +104,8 @@ func always(n needs) func(*Config) needs { return func(*Config) needs { return n
 
 // services lists, in data-flow order, what `sluice run` can start.
 var services = []service{
-	{name: "ingest", about: "HTTP API for gateways → Kafka sluice.usage.v1",
+	{name: "ingest", shutdown: func(c *Config) time.Duration { return c.Services.Ingest.ShutdownTimeout },
+		about: "HTTP API for gateways → Kafka sluice.usage.v1",
 		// A gateway or authz in this process flushes its last usage
 		// events into ingest as it stops: ingest must still be there to
 		// take them.
@@ -109,31 +115,38 @@ var services = []service{
 		newService: func(c *Config, env platform.Env, _ hostOptions) (*platform.Service, error) {
 			return ingest.New(c.Services.Ingest, env)
 		}},
-	{name: "aggregator", signals: true, about: "usage events → rates, totals, predictions, tiers → ClickHouse and signals",
+	{name: "aggregator", shutdown: func(c *Config) time.Duration { return c.Services.Aggregator.ShutdownTimeout },
+		signals: true, about: "usage events → rates, totals, predictions, tiers → ClickHouse and signals",
 		section: func(c *Config) validator { return c.Services.Aggregator },
 		needs:   always(needs{kafka: true, writesClickHouse: true, policy: true}),
 		newService: func(c *Config, env platform.Env, _ hostOptions) (*platform.Service, error) {
 			return aggregator.New(c.Services.Aggregator, env)
 		}},
-	{name: "enforcer", signals: true, about: "signals → breakers → Redis flags for the gateway Checker; admin API",
+	{name: "enforcer", shutdown: func(c *Config) time.Duration { return c.Services.Enforcer.ShutdownTimeout },
+		signals: true, about: "signals → breakers → Redis flags for the gateway Checker; admin API",
 		section: func(c *Config) validator { return c.Services.Enforcer },
 		needs:   always(needs{kafka: true, writesClickHouse: true}),
 		newService: func(c *Config, env platform.Env, _ hostOptions) (*platform.Service, error) {
 			return enforcer.New(c.Services.Enforcer, env)
 		}},
-	{name: "alerter", signals: true, about: "signals → Alertmanager, DingTalk, Feishu, WeCom, Slack and webhook notifications",
+	{name: "alerter", shutdown: func(c *Config) time.Duration { return c.Services.Alerter.ShutdownTimeout },
+		signals: true, about: "signals → Alertmanager, DingTalk, Feishu, WeCom, Slack and webhook notifications",
 		section: func(c *Config) validator { return c.Services.Alerter },
 		needs:   always(needs{kafka: true}),
 		newService: func(c *Config, env platform.Env, _ hostOptions) (*platform.Service, error) {
 			return alerter.New(c.Services.Alerter, env)
 		}},
-	{name: "reconciler", signals: true, about: "nightly audit of counters against raw events; drift repair and alerts",
+	{name: "reconciler", shutdown: func(c *Config) time.Duration { return c.Services.Reconciler.ShutdownTimeout },
+		signals: true, about: "nightly audit of counters against raw events; drift repair and alerts",
 		section: func(c *Config) validator { return c.Services.Reconciler },
 		needs:   always(needs{kafka: true, writesClickHouse: true, policy: true}),
 		newService: func(c *Config, env platform.Env, _ hostOptions) (*platform.Service, error) {
 			return reconciler.New(c.Services.Reconciler, env)
 		}},
-	{name: "gateway", optIn: true, about: "OpenAI-compatible proxy in front of the providers: flags, metering, usage events (only when named)",
+	{name: "gateway", shutdown: func(c *Config) time.Duration {
+		return c.Services.Gateway.ShutdownTimeout + c.Services.Gateway.Usage.FlushTimeout
+	},
+		optIn: true, about: "OpenAI-compatible proxy in front of the providers: flags, metering, usage events (only when named)",
 		section: func(c *Config) validator { return c.Services.Gateway },
 		needs: func(c *Config) needs {
 			g := c.Services.Gateway
@@ -142,13 +155,17 @@ var services = []service{
 		newService: func(c *Config, env platform.Env, host hostOptions) (*platform.Service, error) {
 			return gateway.New(c.Services.Gateway, env, host.gateway...)
 		}},
-	{name: "authz", optIn: true, about: "forward-auth endpoint for nginx, Envoy, Traefik, Kong, APISIX: flags and admission per request (only when named)",
+	{name: "authz", shutdown: func(c *Config) time.Duration {
+		return c.Services.Authz.ShutdownTimeout + c.Services.Authz.Usage.FlushTimeout
+	},
+		optIn: true, about: "forward-auth endpoint for nginx, Envoy, Traefik, Kong, APISIX: flags and admission per request (only when named)",
 		section: func(c *Config) validator { return c.Services.Authz },
 		needs:   func(c *Config) needs { return needs{kafka: c.Services.Authz.Usage.Sink == frontend.SinkKafka} },
 		newService: func(c *Config, env platform.Env, _ hostOptions) (*platform.Service, error) {
 			return authz.New(c.Services.Authz, env)
 		}},
-	{name: "console", optIn: true, about: "web console for operators: quotas, charts, flags and admin actions, pipeline health (only when named)",
+	{name: "console", shutdown: func(*Config) time.Duration { return 5 * time.Second },
+		optIn: true, about: "web console for operators: quotas, charts, flags and admin actions, pipeline health (only when named)",
 		section: func(c *Config) validator { return c.Services.Console },
 		needs:   always(needs{}),
 		newService: func(c *Config, env platform.Env, _ hostOptions) (*platform.Service, error) {
@@ -182,6 +199,9 @@ func chooseServices(cfg *Config, names []string) ([]service, error) {
 	if len(chosen) == 0 {
 		return nil, errors.New("no services to run")
 	}
+	if name, need := shutdownNeed(cfg, chosen); need > cfg.ShutdownTimeout {
+		errs = append(errs, fmt.Errorf("shutdown_timeout: %v is shorter than the %v the %s needs to stop (its shutdown_timeout, and those of the services that stop before it in this process); the process would cut its last flush short, so raise shutdown_timeout", cfg.ShutdownTimeout, need, name))
+	}
 	// The key ring is read now, not when the services start: a missing or
 	// bad key refuses the start before anything runs.
 	if slices.ContainsFunc(chosen, func(s service) bool { return s.signals }) {
@@ -190,6 +210,36 @@ func chooseServices(cfg *Config, names []string) ([]service, error) {
 		}
 	}
 	return chosen, errors.Join(errs...)
+}
+
+// shutdownNeed is the longest a process of the chosen services takes to
+// stop, and the service whose stop ends last: a service stopping after
+// others (stopsAfter) starts its own stop only once they have stopped.
+func shutdownNeed(cfg *Config, chosen []service) (string, time.Duration) {
+	byName := map[string]service{}
+	for _, s := range chosen {
+		byName[s.name] = s
+	}
+	var need func(s service) time.Duration
+	need = func(s service) time.Duration { // stopsAfter has no cycles (lifecycle checks)
+		var before time.Duration
+		for _, a := range s.stopsAfter {
+			if o, ok := byName[a]; ok {
+				before = max(before, need(o))
+			}
+		}
+		return before + s.shutdown(cfg)
+	}
+	var (
+		last    string
+		longest time.Duration
+	)
+	for _, s := range chosen {
+		if d := need(s); d > longest {
+			last, longest = s.name, d
+		}
+	}
+	return last, longest
 }
 
 func runServices(ctx context.Context, cfg Config, names []string) error {
@@ -261,9 +311,15 @@ func preparePipeline(ctx context.Context, cfg *Config, names []string, host *hos
 	p.env = cfg.env()
 	p.env.Logger, p.env.Metrics, p.env.Health = log, reg, ops.NewHealth()
 	opsCfg := cfg.Ops
-	p.tasks = []lifecycle.Task{{Name: "ops", Run: func(ctx context.Context) error {
+	// The operational endpoints stop last: /metrics and /healthz answer
+	// while the services drain, and the last flush's metrics can be read.
+	opsTask := lifecycle.Task{Name: "ops", Run: func(ctx context.Context) error {
 		return ops.Serve(ctx, opsCfg, reg, p.env.Health, log)
-	}}}
+	}}
+	for _, s := range chosen {
+		opsTask.StopsAfter = append(opsTask.StopsAfter, s.name)
+	}
+	p.tasks = []lifecycle.Task{opsTask}
 	for _, s := range chosen {
 		p.env.Health.Expect(s.name)
 		senv := p.env.Named(s.name)

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 )
 
 // testKey is a signal_auth key for the sections that sign or verify.
@@ -125,5 +126,33 @@ func TestSignalAuthIsRequiredWhereSignalsAre(t *testing.T) {
 	cfg.Services.Ingest.AllowAnonymous = true
 	if _, err := chooseServices(&cfg, []string{"ingest"}); err != nil {
 		t.Errorf("ingest alone without a key: %v", err)
+	}
+}
+
+// TestShutdownTimeoutCoversTheServices: the process's shutdown_timeout
+// must leave each service its own (and a service stopping after others,
+// as ingest after a gateway in the same process, theirs too): a shorter
+// one would cut the aggregator's last flush or the reconciler's job short.
+// The defaults fit every service.
+func TestShutdownTimeoutCoversTheServices(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.Policy.File = "policy.yaml"
+	cfg.SignalAuth.Mode = "off"
+	cfg.Services.Ingest.AllowAnonymous = true
+	if _, err := chooseServices(&cfg, []string{"ingest", "aggregator", "enforcer", "alerter", "reconciler"}); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	cfg.ShutdownTimeout = 15 * time.Second
+	if _, err := chooseServices(&cfg, []string{"reconciler"}); err == nil || !strings.Contains(err.Error(), "shutdown_timeout: 15s is shorter than the 30s the reconciler needs") {
+		t.Errorf("reconciler under 15s: %v", err)
+	}
+	cfg.ShutdownTimeout = 20 * time.Second
+	cfg.Services.Gateway.ShutdownTimeout, cfg.Services.Gateway.Usage.FlushTimeout = 4*time.Second, time.Second
+	if _, err := chooseServices(&cfg, []string{"ingest", "gateway"}); err != nil {
+		t.Errorf("gateway 5s then ingest 15s under 20s: %v", err)
+	}
+	cfg.Services.Gateway.ShutdownTimeout = 5 * time.Second
+	if _, err := chooseServices(&cfg, []string{"ingest", "gateway"}); err == nil || !strings.Contains(err.Error(), "21s the ingest needs") {
+		t.Errorf("gateway 6s then ingest 15s under 20s: %v", err)
 	}
 }
