@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -25,7 +28,7 @@ import (
 
 	// The typed configurations the shipped Envoy files name in "@type",
 	// so protojson can resolve them (an unknown type fails the decode).
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
+	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/lua/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 )
@@ -372,5 +375,87 @@ func TestIstioExampleMatchesTheService(t *testing.T) {
 	}
 	if p.Grpc.FailOpen || p.Grpc.StatusOnError != "503" || p.Grpc.Timeout == "" {
 		t.Errorf("provider: want failOpen false, statusOnError 503 and a timeout: %+v", *p.Grpc)
+	}
+}
+
+// TestEnvoyHTTPExampleStripsClientEstimates plays the shipped HTTP-mode
+// Envoy configuration's header handling on a client that sends its own
+// estimate headers (0, to turn a token limit into a request limit): the
+// header_mutation filter runs before ext_authz, each route overwrites or
+// removes both estimate headers, and what ext_authz then forwards makes
+// the service debit the route's estimate or its own default — never the
+// client's.
+func TestEnvoyHTTPExampleStripsClientEstimates(t *testing.T) {
+	b := decodeEnvoy(t, envoyHTTPFile)
+	hcm := unpack(t, b.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig(), &hcmv3.HttpConnectionManager{})
+	order := map[string]int{}
+	for i, f := range hcm.GetHttpFilters() {
+		order[f.GetName()] = i + 1
+	}
+	if order["envoy.filters.http.header_mutation"] == 0 || order["envoy.filters.http.header_mutation"] > order["envoy.filters.http.ext_authz"] {
+		t.Fatalf("the header_mutation filter must run before ext_authz: %v", order)
+	}
+	ea := unpack(t, hcm.GetHttpFilters()[order["envoy.filters.http.ext_authz"]-1].GetTypedConfig(), &extauthzv3.ExtAuthz{})
+	d := DefaultConfig()
+	d.DefaultPromptTokens, d.DefaultCompletionTokens = 700, 300
+	adm := &fakeAdmitter{}
+	s, err := NewServer(d, Deps{Admitter: adm, Keys: testKeys(t), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	estimates := []string{strings.ToLower(d.Headers.EstimatePromptTokens), strings.ToLower(d.Headers.EstimateCompletionTokens)}
+	routes := 0
+	for _, vh := range hcm.GetRouteConfig().GetVirtualHosts() {
+		for _, r := range vh.GetRoutes() {
+			routes++
+			prefix := r.GetMatch().GetPrefix()
+			client := map[string]string{"authorization": "Bearer sk-acme", "x-sluice-model": "gpt-4o", estimates[0]: "0", estimates[1]: "0"}
+			per, ok := r.GetTypedPerFilterConfig()["envoy.filters.http.header_mutation"]
+			if !ok {
+				t.Errorf("route %s: no header_mutation, so the client's estimates reach the check", prefix)
+				continue
+			}
+			want := map[string]int64{estimates[0]: d.DefaultPromptTokens, estimates[1]: d.DefaultCompletionTokens}
+			touched := map[string]bool{}
+			for _, m := range unpack(t, per, &headermutationv3.HeaderMutationPerRoute{}).GetMutations().GetRequestMutations() {
+				switch {
+				case m.GetRemove() != "":
+					delete(client, m.GetRemove())
+					touched[m.GetRemove()] = true
+				case m.GetAppend() != nil:
+					h := m.GetAppend().GetHeader()
+					if slices.Contains(estimates, h.GetKey()) && m.GetAppend().GetAppendAction() != corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD {
+						t.Errorf("route %s: %s is appended beside the client's, not overwritten", prefix, h.GetKey())
+					}
+					client[h.GetKey()] = h.GetValue()
+					touched[h.GetKey()] = true
+					if v, err := strconv.ParseInt(h.GetValue(), 10, 64); err == nil {
+						want[h.GetKey()] = v
+					}
+				}
+			}
+			for _, e := range estimates {
+				if !touched[e] {
+					t.Errorf("route %s leaves the client's %s as it came", prefix, e)
+				}
+			}
+			// What ext_authz forwards of the request to the service.
+			req := httptest.NewRequest(http.MethodPost, ea.GetHttpService().GetPathPrefix()+prefix+"x", nil)
+			for k, v := range client {
+				if k == "authorization" || listMatches(t, ea.GetAllowedHeaders(), k) {
+					req.Header.Set(k, v)
+				}
+			}
+			rec := httptest.NewRecorder()
+			s.ServeHTTP(rec, req)
+			got := adm.last(t)
+			if rec.Code != http.StatusOK || got.EstimatePrompt != want[estimates[0]] || got.EstimateCompletion != want[estimates[1]] {
+				t.Errorf("route %s: %d, debited %d+%d; want 200 and %d+%d (the route's or the service's, not the client's 0)",
+					prefix, rec.Code, got.EstimatePrompt, got.EstimateCompletion, want[estimates[0]], want[estimates[1]])
+			}
+		}
+	}
+	if routes == 0 {
+		t.Fatal("no routes")
 	}
 }

@@ -34,6 +34,25 @@ func TestDocsShowTheTestedNginxConfiguration(t *testing.T) {
 	}
 }
 
+// httpFilter is what the test reads of one of Envoy's HTTP filters.
+type httpFilter struct {
+	Name        string `yaml:"name"`
+	TypedConfig struct {
+		AllowedHeaders matcher `yaml:"allowed_headers"`
+		HTTPService    struct {
+			ServerURI struct {
+				URI string `yaml:"uri"`
+			} `yaml:"server_uri"`
+			PathPrefix string `yaml:"path_prefix"`
+			Response   struct {
+				Upstream  matcher `yaml:"allowed_upstream_headers"`
+				OnSuccess matcher `yaml:"allowed_client_headers_on_success"`
+				Client    matcher `yaml:"allowed_client_headers"`
+			} `yaml:"authorization_response"`
+		} `yaml:"http_service"`
+	} `yaml:"typed_config"`
+}
+
 func TestEnvoyExampleMatchesTheDefaults(t *testing.T) {
 	var doc struct {
 		StaticResources struct {
@@ -41,23 +60,7 @@ func TestEnvoyExampleMatchesTheDefaults(t *testing.T) {
 				FilterChains []struct {
 					Filters []struct {
 						TypedConfig struct {
-							HTTPFilters []struct {
-								Name        string `yaml:"name"`
-								TypedConfig struct {
-									AllowedHeaders matcher `yaml:"allowed_headers"`
-									HTTPService    struct {
-										ServerURI struct {
-											URI string `yaml:"uri"`
-										} `yaml:"server_uri"`
-										PathPrefix string `yaml:"path_prefix"`
-										Response   struct {
-											Upstream  matcher `yaml:"allowed_upstream_headers"`
-											OnSuccess matcher `yaml:"allowed_client_headers_on_success"`
-											Client    matcher `yaml:"allowed_client_headers"`
-										} `yaml:"authorization_response"`
-									} `yaml:"http_service"`
-								} `yaml:"typed_config"`
-							} `yaml:"http_filters"`
+							HTTPFilters []httpFilter `yaml:"http_filters"`
 						} `yaml:"typed_config"`
 					} `yaml:"filters"`
 				} `yaml:"filter_chains"`
@@ -67,10 +70,12 @@ func TestEnvoyExampleMatchesTheDefaults(t *testing.T) {
 	if err := yaml.Unmarshal([]byte(readFile(t, "../../deploy/envoy/sluice-ext-authz.yaml")), &doc); err != nil {
 		t.Fatal(err)
 	}
-	f := doc.StaticResources.Listeners[0].FilterChains[0].Filters[0].TypedConfig.HTTPFilters[0]
-	if f.Name != "envoy.filters.http.ext_authz" {
-		t.Fatalf("the first HTTP filter is %q", f.Name)
+	filters := doc.StaticResources.Listeners[0].FilterChains[0].Filters[0].TypedConfig.HTTPFilters
+	i := slices.IndexFunc(filters, func(f httpFilter) bool { return f.Name == "envoy.filters.http.ext_authz" })
+	if i < 0 {
+		t.Fatal("no ext_authz filter")
 	}
+	f := filters[i]
 	c, d := f.TypedConfig, DefaultConfig()
 	if c.HTTPService.PathPrefix != d.Path || !strings.HasSuffix(c.HTTPService.ServerURI.URI, ":"+port(t, d.Listen)) {
 		t.Errorf("Envoy asks %s%s; the endpoint's defaults are port %s, path %s", c.HTTPService.ServerURI.URI, c.HTTPService.PathPrefix, port(t, d.Listen), d.Path)
