@@ -335,6 +335,15 @@ func (v *validator) scope(path string, rs *rawScope, tenantLevel bool) admission
 			}
 		case "upstream":
 			s.Upstream = val
+			// In a policy that defines upstreams (one `sluice gateway`
+			// routes with), the gateway admits an upstream-scoped limit
+			// with the upstream it chose for the call: a name that is no
+			// upstream — a typo, or a model — would never count a call.
+			// Without upstreams the scope is the model (forward-auth).
+			if _, ok := v.upstreamNames[val]; len(v.upstreamNames) > 0 && val != admission.Each && !ok {
+				v.fail(dp, "%q is no upstream of upstreams (%s); a limit scoped by upstream counts the calls the gateway sends to that upstream, so name one, or \"*\" for each",
+					val, strings.Join(sortedKeys(v.upstreamNames), ", "))
+			}
 		case "tenant":
 			if tenantLevel {
 				v.fail(dp, "a tenant's, plan's or the defaults' limits count per tenant already; scope.tenant belongs in the top-level limits")

@@ -166,6 +166,8 @@ func Parse(data []byte, filename string, opts ...Option) (*Policy, error) {
 		return nil, fmt.Errorf("policy: %s: %w", filename, err)
 	}
 	v := &validator{file: filename, root: &root}
+	// Upstreams first: the limits scoped by one are checked against them.
+	v.upstreamNames = v.upstreams(raw.Upstreams)
 
 	// Layers: builtin <- defaults <- the tenant's plan (or the defaults'
 	// plan) <- the tenant.
@@ -184,7 +186,7 @@ func Parse(data []byte, filename string, opts ...Option) (*Policy, error) {
 	p := &Policy{defaults: *effDefaults, tenants: map[string]*Tenant{}, prices: map[string][]Price{}, source: filename,
 		fingerprint: fingerprintOf(data)}
 	p.limits = v.limits("limits", raw.Limits, nil, false)
-	p.upstreams = v.upstreams(raw.Upstreams)
+	p.upstreams = v.upstreamNames
 	p.fallbacks = v.fallbacks(raw.Fallbacks)
 	if len(raw.Tenants) > MaxTenants {
 		v.fail("tenants", "has %d tenants, at most %d are allowed", len(raw.Tenants), MaxTenants)
@@ -263,6 +265,9 @@ type validator struct {
 	file     string
 	root     *yaml.Node
 	problems []Problem
+	// upstreamNames are the upstreams the file defines, for the limits
+	// scoped by upstream (scope).
+	upstreamNames map[string]Upstream
 }
 
 func (v *validator) fail(path, format string, args ...any) {

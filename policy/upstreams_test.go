@@ -105,6 +105,36 @@ fallbacks:
 	}
 }
 
+// TestUpstreamScopeNamesAnUpstream: in a policy that defines upstreams,
+// a limit scoped by upstream must name one of them (or "*"): the gateway
+// admits it with the upstream it chose, so a typo or a model name would
+// never count a call. Without upstreams (a forward-auth deployment) the
+// scope is the model, as before.
+func TestUpstreamScopeNamesAnUpstream(t *testing.T) {
+	ups := "upstreams:\n  openai-main: {base_url: \"http://x/v1\", models: [\"*\"]}\n"
+	_, err := Parse([]byte(ups+`
+limits:
+  typo: {scope: {upstream: openai-mian}, unit: requests, token_bucket: {rate: 1}}
+  each: {scope: {upstream: "*"}, unit: requests, token_bucket: {rate: 1}}
+  fine: {scope: {upstream: openai-main}, unit: requests, token_bucket: {rate: 1}}
+tenants:
+  acme:
+    limits:
+      model-name: {scope: {upstream: gpt-4o}, unit: requests, token_bucket: {rate: 1}}
+`), "p.yaml")
+	for _, want := range []string{"limits.typo.scope.upstream: \"openai-mian\" is no upstream of upstreams (openai-main)", "tenants.acme.limits.model-name.scope.upstream: \"gpt-4o\""} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v does not say %q", err, want)
+		}
+	}
+	if err != nil && (strings.Contains(err.Error(), "limits.each") || strings.Contains(err.Error(), "limits.fine")) {
+		t.Errorf("a good scope refused: %v", err)
+	}
+	if _, err := Parse([]byte("limits:\n  m: {scope: {upstream: gpt-4o}, unit: requests, token_bucket: {rate: 1}}\n"), "p.yaml"); err != nil {
+		t.Errorf("without upstreams, an upstream scope (the model) refused: %v", err)
+	}
+}
+
 // TestAlertTiersAndPriceSpan: the tiers a view filters by are every
 // tenant's and the defaults', once each, ascending; a price is in force
 // from its effective date until the next one's, and the span says so.

@@ -28,6 +28,10 @@ type AdmitRequest struct {
 	Tenant, Model, User, APIKeyID string
 	// Endpoint is the path called (/v1/chat/completions …).
 	Endpoint string
+	// Upstream is the upstream a routing front end chose for this attempt
+	// (Limits.Route); empty before routing, where a rule scoped by
+	// upstream reads it as the model.
+	Upstream string
 	// Priority is the request's class: the key's default, or what the
 	// caller chose when its key may choose.
 	Priority schemas.Priority

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice/platform"
@@ -23,7 +25,7 @@ type LimiterAdmitter struct{ L *admission.Limiter }
 // Admit implements Admitter.
 func (a LimiterAdmitter) Admit(ctx context.Context, req AdmitRequest) Admission {
 	t, err := a.L.Admit(ctx, admission.Request{ID: req.EventID, Tenant: req.Tenant, Model: req.Model, User: req.User,
-		Key: req.APIKeyID, Endpoint: req.Endpoint, Priority: req.Priority,
+		Key: req.APIKeyID, Endpoint: req.Endpoint, Upstream: req.Upstream, Priority: req.Priority,
 		PromptTokens: req.EstimatePrompt, CompletionTokens: req.EstimateCompletion})
 	if err != nil {
 		// A request the limiter cannot judge names the bound it broke.
@@ -72,31 +74,107 @@ func (c AdmissionConfig) Validate(p string) error {
 }
 
 // Limits are the policy's limits a front end checks on the request path:
-// the hard ones before each call (Admit) and, when asked for, the tenants'
-// soft one-minute quotas (Soft), each on counters of its own. Apply keeps
-// both in step with a reloaded policy.
+// the hard ones before each call (Admit) and, for a front end that routes
+// (sluice gateway), the hard ones scoped by model or upstream once it has
+// chosen where the call goes (Route), and the tenants' soft one-minute
+// quotas (Soft), each on counters of its own. Apply keeps them in step
+// with a reloaded policy.
 type Limits struct {
-	// Admit checks the hard limits; Soft, when not nil, the soft quotas.
-	Admit, Soft Admitter
+	// Admit checks the hard limits — for a routing front end only those
+	// not scoped by model or upstream; Route, when not nil, those, with
+	// the model and upstream of each attempt; Soft, when not nil, the soft
+	// quotas.
+	Admit, Route, Soft Admitter
 
-	hard, soft *admission.Limiter
-	closers    []func()
-	log        *slog.Logger
+	hard, route, soft *admission.Limiter
+	closers           []func()
+	log               *slog.Logger
+}
+
+// RouteScoped reports whether a rule counts by model or upstream: a
+// routing front end admits it only once it knows which model and upstream
+// serve the call (a fallback model, another upstream), so that the rules
+// of what is served are charged, not those of what was asked for.
+func RouteScoped(r admission.Rule) bool { return r.Scope.Model != "" || r.Scope.Upstream != "" }
+
+// UpstreamScoped names the rules of rs scoped by upstream, which only a
+// routing front end can count: forward-auth never learns the upstream a
+// call goes to, so it logs them at start as not applied.
+func UpstreamScoped(rs *admission.Rules) []string {
+	var out []string
+	add := func(list []admission.Rule) {
+		for _, r := range list {
+			if r.Scope.Upstream != "" && !slices.Contains(out, r.Name) {
+				out = append(out, r.Name)
+			}
+		}
+	}
+	add(rs.Shared)
+	add(rs.Default.Rules)
+	for _, id := range slices.Sorted(maps.Keys(rs.Tenants)) {
+		add(rs.Tenants[id].Rules)
+	}
+	return out
+}
+
+// splitRules parts rs into the rules a routing front end admits before
+// routing and those it admits per attempt (RouteScoped); each tenant keeps
+// its fail mode in both.
+func splitRules(rs *admission.Rules) (before, route *admission.Rules) {
+	before = &admission.Rules{Tenants: make(map[string]admission.TenantRules, len(rs.Tenants))}
+	route = &admission.Rules{Tenants: make(map[string]admission.TenantRules, len(rs.Tenants))}
+	part := func(list []admission.Rule) (b, r []admission.Rule) {
+		for _, x := range list {
+			if RouteScoped(x) {
+				r = append(r, x)
+			} else {
+				b = append(b, x)
+			}
+		}
+		return b, r
+	}
+	before.Shared, route.Shared = part(rs.Shared)
+	for id, tr := range rs.Tenants {
+		b, r := part(tr.Rules)
+		before.Tenants[id], route.Tenants[id] = admission.TenantRules{Rules: b, FailMode: tr.FailMode}, admission.TenantRules{Rules: r, FailMode: tr.FailMode}
+	}
+	b, r := part(rs.Default.Rules)
+	before.Default, route.Default = admission.TenantRules{Rules: b, FailMode: rs.Default.FailMode}, admission.TenantRules{Rules: r, FailMode: rs.Default.FailMode}
+	return before, route
 }
 
 // NewLimits builds the Limits of policy p on env's Redis (clients of their
 // own: admission's wait bound needs context timeouts on the socket); the
 // hard limits' metrics are labelled with service (ServiceMetrics), the
-// soft quotas' are not registered (their series would collide with the
-// hard limits'). withSoft asks for the soft quotas too.
-func NewLimits(c AdmissionConfig, p *policy.Policy, service string, withSoft bool, env platform.Env, log *slog.Logger) (*Limits, error) {
+// route and soft limiters' are not registered (their series would collide
+// with the hard limits'). routed is for a front end that chooses the
+// model and upstream of each call (sluice gateway): it gets Route and
+// Soft too.
+//
+// The route rules count on the same Redis keys under the same prefix as
+// they would in one limiter (a rule instance's key is its name and scope),
+// so a gateway and a forward-auth endpoint sharing a policy share counts.
+func NewLimits(c AdmissionConfig, p *policy.Policy, service string, routed bool, env platform.Env, log *slog.Logger) (*Limits, error) {
 	l := &Limits{log: log}
-	hard, closeHard, err := newLimiter(c, p.AdmissionRules(), env.Redis.Prefix(redisconn.AdmissionKeys), env, log, admission.WithRegisterer(ServiceMetrics(env, service)))
+	rules := p.AdmissionRules()
+	var routeRules *admission.Rules
+	if routed {
+		rules, routeRules = splitRules(rules)
+	}
+	prefix := env.Redis.Prefix(redisconn.AdmissionKeys)
+	hard, closeHard, err := newLimiter(c, rules, prefix, env, log, admission.WithRegisterer(ServiceMetrics(env, service)))
 	if err != nil {
 		return nil, err
 	}
 	l.hard, l.Admit, l.closers = hard, LimiterAdmitter{L: hard}, []func(){closeHard}
-	if withSoft {
+	if routed {
+		route, closeRoute, err := newLimiter(c, routeRules, prefix, env, log)
+		if err != nil {
+			l.Close()
+			return nil, err
+		}
+		l.route, l.Route = route, LimiterAdmitter{L: route}
+		l.closers = append(l.closers, closeRoute)
 		soft, closeSoft, err := newLimiter(c, p.SoftLimitRules(), env.Redis.Prefix(redisconn.SoftLimitKeys), env, log)
 		if err != nil {
 			l.Close()
@@ -111,7 +189,13 @@ func NewLimits(c AdmissionConfig, p *policy.Policy, service string, withSoft boo
 // Apply gives the limiters the rules of a reloaded policy; rules that do
 // not apply are logged and the previous ones stay.
 func (l *Limits) Apply(p *policy.Policy) {
-	ReloadRules(l.hard, (*policy.Policy).AdmissionRules, "admission", l.log)(p)
+	if l.route != nil {
+		before, route := splitRules(p.AdmissionRules())
+		ReloadRules(l.hard, func(*policy.Policy) *admission.Rules { return before }, "admission", l.log)(p)
+		ReloadRules(l.route, func(*policy.Policy) *admission.Rules { return route }, "admission (per route)", l.log)(p)
+	} else {
+		ReloadRules(l.hard, (*policy.Policy).AdmissionRules, "admission", l.log)(p)
+	}
 	if l.soft != nil {
 		ReloadRules(l.soft, (*policy.Policy).SoftLimitRules, "soft quotas", l.log)(p)
 	}

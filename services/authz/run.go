@@ -67,6 +67,11 @@ func run(ctx context.Context, cfg Config, env platform.Env, opts options, ready 
 			return fmt.Errorf("authz: %w", err)
 		}
 		defer limits.Close()
+		if p := w.Current(); len(p.UpstreamNames()) > 0 {
+			if names := frontend.UpstreamScoped(p.AdmissionRules()); len(names) > 0 {
+				log.Warn("limits scoped by upstream are not applied here: forward-auth never learns the upstream a call goes to (sluice gateway applies them)", "limits", names)
+			}
+		}
 		deps.Admitter, deps.Policy = limits.Admit, w.Current
 		follow = func(ctx context.Context) error { return w.Follow(ctx, limits.Apply) }
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/schemas"
@@ -23,13 +24,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, c *call, est esti
 			ratelimit.SetHeaders(w.Header(), l)
 		}
 		if f := adm.Refused; f != nil {
-			c.mc.SetAttribute("refused_by", "admission")
-			c.source = usageNone
-			st.status = f.Status
-			if st.status < 400 || st.status > 599 {
-				st.status = http.StatusTooManyRequests
-			}
-			c.refuse(w, st.status, f.Error, f.RetryAfter)
+			refuseAdmission(w, c, st, f)
 			return nil, false
 		}
 		st.add(adm.Settle)
@@ -37,6 +32,37 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, c *call, est esti
 	models, settleSoft := s.modelsFor(r.Context(), c, est, estOK)
 	st.add(settleSoft)
 	return models, true
+}
+
+// refuseAdmission answers c with admission's refusal f.
+func refuseAdmission(w http.ResponseWriter, c *call, st *settlement, f *frontend.Refusal) {
+	c.mc.SetAttribute("refused_by", "admission")
+	c.source = usageNone
+	st.status = f.Status
+	if st.status < 400 || st.status > 599 {
+		st.status = http.StatusTooManyRequests
+	}
+	c.refuse(w, st.status, f.Error, f.RetryAfter)
+}
+
+// admitRoute asks the rules scoped by model or upstream (Limits.Route)
+// whether c may go to u as model, once dispatch has chosen them: a
+// fallback model's rules, an upstream account's, are charged for the calls
+// they serve, and the attempt's own id keeps its settlement apart from the
+// call's other attempts. settle is nil when no such rules are configured;
+// refused, when not nil, is why c may not go there.
+func (s *Server) admitRoute(ctx context.Context, w http.ResponseWriter, c *call, u *provider, model string, est estimate.Estimate, estOK bool) (
+	settle func(frontend.Settlement), refused *frontend.Refusal) {
+	if s.route == nil {
+		return nil, nil
+	}
+	req := admitRequest(c, est, estOK)
+	req.Model, req.Upstream, req.EventID = model, u.cfg.Name, c.eventID+"/"+strconv.Itoa(c.attempts+1)
+	adm := s.route.Admit(ctx, req)
+	for _, l := range adm.Limits {
+		ratelimit.SetHeaders(w.Header(), l)
+	}
+	return adm.Settle, adm.Refused
 }
 
 // modelsFor lists the models that may serve c, in order: the one asked
@@ -81,6 +107,7 @@ func (s *Server) modelsFor(ctx context.Context, c *call, est estimate.Estimate, 
 type settlement struct {
 	c        *call
 	est      estimate.Estimate
+	estOK    bool // est came from the body (else the defaults)
 	status   int
 	settles  []func(frontend.Settlement)
 	exchange *exchange // the answer relayed, nil without one

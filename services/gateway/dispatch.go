@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/concurrency"
 	"github.com/sluicehq/sluice/sdk/go/estimate"
@@ -31,10 +32,12 @@ type exchange struct {
 	permit   upstream.Permit
 
 	// Without an answer: refused is the last guard refusal (when every
-	// upstream that could serve the call refused it before a call), err
-	// the last attempt's error.
-	refused *priority.Decision
-	err     error
+	// upstream that could serve the call refused it before a call),
+	// admission the last refusal of the rules scoped by model or upstream,
+	// err the last attempt's error.
+	refused   *priority.Decision
+	admission *frontend.Refusal
+	err       error
 }
 
 // dispatch is the proxy's second stage: it tries models in order (the one
@@ -44,7 +47,7 @@ type exchange struct {
 // before the answer, 429 or 5xx moves on to the next upstream; a guard
 // refusal that a cheaper model can answer (a broken or degraded upstream)
 // moves on to the next model. It returns the first answer worth relaying.
-func (s *Server) dispatch(ctx context.Context, in http.Header, c *call, models []string, est estimate.Estimate) exchange {
+func (s *Server) dispatch(ctx context.Context, w http.ResponseWriter, in http.Header, c *call, models []string, st *settlement) exchange {
 	ex := exchange{model: c.req.Model}
 	for mi, model := range models {
 		ups := c.ups
@@ -53,7 +56,7 @@ func (s *Server) dispatch(ctx context.Context, in http.Header, c *call, models [
 				continue
 			}
 		}
-		fallback, stop := s.tryModel(ctx, in, c, model, ups, est, &ex)
+		fallback, stop := s.tryModel(ctx, w, in, c, model, ups, st, &ex)
 		if stop || !fallback {
 			break
 		}
@@ -65,7 +68,8 @@ func (s *Server) dispatch(ctx context.Context, in http.Header, c *call, models [
 // or with the last refusal or error; fallback says every refusal was one a
 // cheaper model may answer, stop that the call must end here (an answer,
 // or a client gone).
-func (s *Server) tryModel(ctx context.Context, in http.Header, c *call, model string, ups []*provider, est estimate.Estimate, ex *exchange) (fallback, stop bool) {
+func (s *Server) tryModel(ctx context.Context, w http.ResponseWriter, in http.Header, c *call, model string, ups []*provider, st *settlement, ex *exchange) (fallback, stop bool) {
+	est := st.est
 	body := s.bodyFor(c, model)
 	cands := order(ups, s.cfg.MaxAttempts, s.broken)
 	for i, u := range cands {
@@ -84,13 +88,23 @@ func (s *Server) tryModel(ctx context.Context, in http.Header, c *call, model st
 			}
 			p = gp
 		}
+		settleRoute, refusal := s.admitRoute(ctx, w, c, u, model, est, st.estOK)
+		if refusal != nil {
+			// Another upstream of the model may have room under its own
+			// limit; a cheaper model is no answer to a hard limit.
+			p.Settle(0)
+			p.Release(concurrency.Ignored)
+			ex.admission = refusal
+			continue
+		}
 		c.attempts++
 		c.upstream, ex.provider, ex.model = u.cfg.Name, u, model
-		resp, done, err := s.attempt(ctx, u, strings.TrimPrefix(c.endpoint, "/v1"), body, c.requestID, in)
+		resp, done, err := s.attempt(callContext(ctx, c), u, strings.TrimPrefix(c.endpoint, "/v1"), body, c.requestID, in)
 		last := i == len(cands)-1
 		if err != nil {
 			p.Settle(0) // no answer: no tokens spent
 			p.Release(outcomeOf(0, err, ctx.Err() != nil))
+			settleAttempt(settleRoute, 0, err)
 			ex.err = err
 			if ctx.Err() != nil {
 				return false, true // the client went away: nothing to fail over for
@@ -104,6 +118,7 @@ func (s *Server) tryModel(ctx context.Context, in http.Header, c *call, model st
 			if !last {
 				p.Settle(0)
 				p.Release(concurrency.Failure)
+				settleAttempt(settleRoute, resp.StatusCode, nil)
 				s.m.failovers.WithLabelValues(u.cfg.Name).Inc()
 				_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 				resp.Body.Close()
@@ -112,9 +127,37 @@ func (s *Server) tryModel(ctx context.Context, in http.Header, c *call, model st
 			}
 		}
 		ex.resp, ex.done, ex.permit = resp, done, p
+		st.add(settleRoute) // settled with what the call used
 		return false, true
 	}
 	return fallback, false
+}
+
+// callContext is the context of c's call to a provider. A plain answer is
+// read to its end whatever the client does — the provider bills a call
+// it received, and only its answer says how much, so a client that
+// disconnects cannot make its call unmetered — bounded by the upstream's
+// timeout and the shutdown. A stream is cut with its client: cutting it
+// stops the generation, and what was relayed until then is counted.
+func callContext(ctx context.Context, c *call) context.Context {
+	if c.req.Stream {
+		return ctx
+	}
+	return context.WithoutCancel(ctx)
+}
+
+// settleAttempt settles an attempt that got no answer worth relaying
+// against the rules scoped by its model and upstream: the request was
+// sent, no tokens were spent.
+func settleAttempt(settle func(frontend.Settlement), status int, err error) {
+	if settle == nil {
+		return
+	}
+	set := frontend.Settlement{Status: status, Outcome: schemas.OutcomeError}
+	if isTimeout(err) {
+		set.Outcome = schemas.OutcomeTimeout
+	}
+	settle(set)
 }
 
 // broken reports whether u's breaker is open: dispatch tries it after the
@@ -152,6 +195,8 @@ func (c *call) stripUsage() bool {
 func (s *Server) answerNoExchange(w http.ResponseWriter, r *http.Request, c *call, st *settlement, ex exchange) {
 	c.source = usageNone
 	switch {
+	case c.attempts == 0 && ex.admission != nil:
+		refuseAdmission(w, c, st, ex.admission)
 	case c.attempts == 0 && ex.refused != nil:
 		c.mc.SetAttribute("refused_by", ex.refused.Reason.String())
 		st.status = ex.refused.Status()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,8 +17,10 @@ import (
 	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/checker"
+	"github.com/sluicehq/sluice/sdk/go/emitter/emittertest"
 	"github.com/sluicehq/sluice/sdk/go/flags"
 	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 )
@@ -536,5 +539,94 @@ func TestShutdownFinishesThenCutsAndSettles(t *testing.T) {
 	wg.Wait()
 	if !strings.Contains(bodies["finishes"].String(), "[DONE]") {
 		t.Errorf("the stream that ended during the drain was cut: %q", bodies["finishes"])
+	}
+}
+
+// TestClientLeavingAPlainCallIsMeteredWithTheProvidersUsage: a client
+// that disconnects from a non-streamed call — before the provider
+// answers, or while its answer is read — cannot make the call unmetered:
+// the gateway reads the provider's answer to its end and settles the
+// provider's usage, and the call ends as cut by its client (outcome empty,
+// cancelled=client), not as the provider's failure.
+func TestClientLeavingAPlainCallIsMeteredWithTheProvidersUsage(t *testing.T) {
+	for _, when := range []string{"before the answer", "during the answer"} {
+		t.Run(when, func(t *testing.T) {
+			release, upstreamCut := make(chan struct{}), make(chan struct{}, 1)
+			received := make(chan struct{}, 1)
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				received <- struct{}{}
+				const answer = `{"id":"x","object":"chat.completion","model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"done"}}],"usage":{"prompt_tokens":1234,"completion_tokens":567,"total_tokens":1801}}`
+				if when == "during the answer" {
+					w.Header().Set("Content-Type", "application/json")
+					_, _ = w.Write([]byte(answer[:20]))
+					w.(http.Flusher).Flush()
+				}
+				select {
+				case <-release:
+				case <-r.Context().Done():
+					upstreamCut <- struct{}{} // the gateway gave the call up
+					return
+				}
+				if when == "during the answer" {
+					_, _ = w.Write([]byte(answer[20:]))
+					return
+				}
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write([]byte(answer))
+			}))
+			defer up.Close()
+			tg := oneUpstream(t, up.URL+"/v1")
+			p := tg.parsePolicy(t)
+			keys, err := frontend.OpenKeys(writeKeys(t), slog.New(slog.DiscardHandler), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sink := &emittertest.Recorder{}
+			guards := NewGuards(nil, "", "test", nil, nil)
+			t.Cleanup(guards.Close)
+			if err := guards.Update(p); err != nil {
+				t.Fatal(err)
+			}
+			srv, err := NewServer(tg.Config, Deps{Emitter: sink, Keys: keys, Policy: func() *policy.Policy { return p }, Guards: guards, Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			clientGone := make(chan struct{})
+			hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				go func() { <-r.Context().Done(); close(clientGone) }()
+				srv.ServeHTTP(w, r)
+			}))
+			defer hs.Close()
+
+			ctx, cancel := context.WithCancel(context.Background())
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, hs.URL+"/v1/chat/completions",
+				strings.NewReader(`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`))
+			req.Header.Set("Authorization", "Bearer sk-acme")
+			req.Header.Set("X-Request-Id", "left")
+			go func() {
+				<-received
+				cancel() // the client hangs up
+			}()
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+			<-clientGone // the gateway has seen the client leave
+			close(release)
+			select {
+			case <-upstreamCut:
+				t.Fatal("the gateway cut the provider's call when the client left: its usage is lost")
+			default:
+			}
+			itest.Eventually(t, 10*time.Second, "settlement", func() bool { return len(sink.Events()) == 2 })
+			var ev schemas.UsageEvent
+			for _, e := range sink.Events() {
+				if !e.Estimated {
+					ev = e
+				}
+			}
+			if ev.PromptTokens != 1234 || ev.CompletionTokens != 567 || ev.Attributes["cancelled"] != "client" || ev.Outcome == schemas.OutcomeError {
+				t.Errorf("settlement %+v: want the provider's 1234+567 tokens, cancelled=client, not an error", ev)
+			}
+		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -13,9 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
+	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/itest/checkertest"
 	"github.com/sluicehq/sluice/platform/redisconn"
@@ -289,5 +293,114 @@ func TestSoftQuotaFlagServesTheFallback(t *testing.T) {
 	}
 	if chk.Over("acme", "gpt-4o-mini", "acme") != nil || chk.Over("trial", "gpt-4o", "mini-only") != nil {
 		t.Error("the soft flag on acme's gpt-4o applies to another model or tenant")
+	}
+}
+
+// routeLimits builds the gateway's admission (frontend.NewLimits, as
+// `sluice gateway` does) for cfg's policy on the test Redis under a
+// prefix of the test's own.
+func routeLimits(t *testing.T, cfg testGateway) *frontend.Limits {
+	t.Helper()
+	rc := itest.Redis(t)
+	rc.KeyPrefix = itest.Unique(t, "sluice_test_gwroute:") + ":"
+	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: prometheus.NewRegistry(), Redis: rc}
+	limits, err := frontend.NewLimits(frontend.DefaultAdmission(), cfg.parsePolicy(t), "gateway", true, env, env.Logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(limits.Close)
+	return limits
+}
+
+// TestUpstreamScopedLimitsCountWhatEachUpstreamServes: a limit scoped by
+// an upstream (a provider account's requests per minute) counts the calls
+// the gateway sends there, once it has chosen the upstream: with two
+// accounts of one request a minute each, two calls are served, one by
+// each, and the third is refused with 429 naming a limit.
+func TestUpstreamScopedLimitsCountWhatEachUpstreamServes(t *testing.T) {
+	up := mock(t, mockllm.Options{})
+	cfg := testConfig(t, Upstream{Name: "acct-a", BaseURL: up, Models: []string{"gpt-4o"}}, Upstream{Name: "acct-b", BaseURL: up, Models: []string{"gpt-4o"}})
+	cfg.policy = `
+limits:
+  acct-a-rpm: {scope: {upstream: acct-a}, unit: requests, sliding_window: {length: 1m, limit: 1}, exact: true}
+  acct-b-rpm: {scope: {upstream: acct-b}, unit: requests, sliding_window: {length: 1m, limit: 1}, exact: true}
+`
+	g := startGateway(t, cfg, Deps{Limits: routeLimits(t, cfg)})
+	served := map[string]int{}
+	for i := range 3 {
+		resp, body := post(t, g.url, "/v1/chat/completions", "sk-acme", `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`, "X-Request-Id", fmt.Sprint("acct-", i))
+		switch {
+		case i < 2 && resp.StatusCode == http.StatusOK:
+			served[g.settlement(t, fmt.Sprint("acct-", i)).Provider]++
+		case i == 2 && resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("Retry-After") != "" && strings.Contains(body, "-rpm"):
+		default:
+			t.Fatalf("call %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	if served["acct-a"] != 1 || served["acct-b"] != 1 {
+		t.Errorf("served %v, want one call by each account", served)
+	}
+}
+
+// TestFallbackChargesTheServedModelsLimits: a call a fallback model serves
+// is charged to the served model's limits, not the requested one's.
+// acme may make one gpt-4o and one gpt-4o-mini call a minute; past a soft
+// quota its gpt-4o call is served by gpt-4o-mini, which uses mini's one
+// call: a gpt-4o call still passes once the soft flag is gone, and a
+// gpt-4o-mini call is refused.
+func TestFallbackChargesTheServedModelsLimits(t *testing.T) {
+	cfg := testConfig(t, Upstream{Name: "mock", BaseURL: mock(t, mockllm.Options{}), Models: []string{"gpt-4o", "gpt-4o-mini"}})
+	cfg.policy = `
+fallbacks:
+  gpt-4o: [gpt-4o-mini]
+tenants:
+  acme:
+    limits:
+      big-rpm: {scope: {model: gpt-4o}, unit: requests, sliding_window: {length: 1m, limit: 1}, exact: true}
+      mini-rpm: {scope: {model: gpt-4o-mini}, unit: requests, sliding_window: {length: 1m, limit: 1}, exact: true}
+`
+	rdb := redisconn.NewClient(itest.Redis(t))
+	t.Cleanup(func() { rdb.Close() })
+	ccfg := checker.DefaultConfig()
+	ccfg.KeyPrefix = itest.Unique(t, "sluice_test_gwflags:") + ":"
+	ccfg.ResyncInterval = time.Second
+	chk := checkertest.Start(t, rdb, ccfg)
+	g := startGateway(t, cfg, Deps{Checker: chk, Limits: routeLimits(t, cfg)})
+	chat := func(model, id string) (*http.Response, string) {
+		return post(t, g.url, "/v1/chat/completions", "sk-acme", `{"model":"`+model+`","messages":[{"role":"user","content":"hi"}]}`, "X-Request-Id", id)
+	}
+
+	layout := flags.Layout{Prefix: ccfg.KeyPrefix}
+	setSoft := func(on bool, version int) {
+		ctx := context.Background()
+		end := time.Now().Add(time.Hour)
+		f := &flags.Flag{State: flags.StateSoft, Kind: flags.KindQuota, Quota: "monthly_tokens", Period: "month", Limit: 1000, Used: 1200, Until: end, ResetsAt: end}
+		if _, err := rdb.TxPipelined(ctx, func(pl redis.Pipeliner) error {
+			if on {
+				pl.HSet(ctx, layout.TenantKey("acme"), flags.VersionField, version, "gpt-4o", flags.Encode(f))
+				pl.PExpire(ctx, layout.TenantKey("acme"), time.Hour)
+			} else {
+				pl.Del(ctx, layout.TenantKey("acme"))
+			}
+			pl.Set(ctx, layout.VersionKey(), version, 0)
+			pl.Publish(ctx, layout.Channel(), flags.FormatChange("acme", int64(version)))
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		itest.Eventually(t, 30*time.Second, "the Checker reads the soft flag's change", func() bool { return (chk.Over("acme", "gpt-4o", "acme") != nil) == on })
+	}
+	t.Cleanup(func() { rdb.Del(context.Background(), layout.TenantKey("acme"), layout.VersionKey()) })
+
+	setSoft(true, 1)
+	if resp, b := chat("gpt-4o", "fallback"); resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderServedModel) != "gpt-4o-mini" {
+		t.Fatalf("past the soft quota: %d %s, served %q; want 200 from gpt-4o-mini", resp.StatusCode, b, resp.Header.Get(HeaderServedModel))
+	}
+	setSoft(false, 2)
+	if resp, b := chat("gpt-4o", "big"); resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderServedModel) != "gpt-4o" {
+		t.Fatalf("gpt-4o after the fallback call: %d %s; want 200 (the fallback call was not gpt-4o's)", resp.StatusCode, b)
+	}
+	if resp, b := chat("gpt-4o-mini", "mini"); resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(b, "mini-rpm") {
+		t.Fatalf("gpt-4o-mini after the fallback call: %d %s; want 429 naming mini-rpm (the fallback call was mini's)", resp.StatusCode, b)
 	}
 }

@@ -26,14 +26,14 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 	c := callFrom(r.Context())
 	c.mc = middleware.CallFrom(r.Context()) // never nil on the API paths
 	est, estOK := c.mc.Estimate()
-	st := &settlement{c: c, est: est}
+	st := &settlement{c: c, est: est, estOK: estOK}
 	defer st.run()
 
 	models, ok := s.admit(w, r, c, est, estOK, st)
 	if !ok {
 		return
 	}
-	ex := s.dispatch(r.Context(), r.Header, c, models, est)
+	ex := s.dispatch(r.Context(), w, r.Header, c, models, st)
 	s.served(w, c, ex)
 	if ex.resp == nil {
 		s.answerNoExchange(w, r, c, st, ex)

@@ -68,10 +68,14 @@ func (s *Server) relayWhole(w http.ResponseWriter, r *http.Request, c *call, res
 		c.end(schemas.OutcomeOK, "")
 		return
 	}
-	if _, werr := w.Write(data); werr != nil && r.Context().Err() != nil {
+	if r.Context().Err() != nil {
+		// The client left: its answer is read all the same (callContext)
+		// and metered with the provider's usage, and the call ends as
+		// cut by its client, which no breaker counts against the provider.
 		c.mc.SetAttribute("cancelled", "client")
 		c.end("", codeClientClosed)
 	}
+	_, _ = w.Write(data)
 	if err != nil && s.hardStop.Err() != nil {
 		// Cut by the end of the shutdown drain: settled at the estimate,
 		// not as the provider's failure.

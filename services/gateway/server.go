@@ -68,6 +68,7 @@ type Server struct {
 	routes   atomic.Pointer[routes]
 	est      *estimate.Estimator
 	admitter frontend.Admitter
+	route    frontend.Admitter // nil: no rules scoped by model or upstream are admitted per attempt
 	tasks    *deferred.Queue
 	policy   func() *policy.Policy
 	guards   *Guards
@@ -103,7 +104,7 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 	s := &Server{cfg: cfg, log: log, policy: deps.Policy, guards: deps.Guards, tasks: deps.Tasks, m: newMetrics(), now: time.Now}
 	s.hardStop, s.stopAll = context.WithCancel(context.Background())
 	if deps.Limits != nil {
-		s.admitter, s.soft = deps.Limits.Admit, deps.Limits.Soft
+		s.admitter, s.route, s.soft = deps.Limits.Admit, deps.Limits.Route, deps.Limits.Soft
 	}
 	if v, ok := deps.Checker.(flagView); ok {
 		s.m.view = v

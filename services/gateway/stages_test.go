@@ -182,7 +182,7 @@ fallbacks:
 	// does, the call fails over to the second.
 	for range 5 {
 		c := stagedCall(t, g, "gpt-4o")
-		ex := g.dispatch(context.Background(), http.Header{}, c, []string{"gpt-4o"}, est)
+		ex := g.dispatch(context.Background(), httptest.NewRecorder(), http.Header{}, c, []string{"gpt-4o"}, &settlement{c: c, est: est})
 		if ex.resp == nil || ex.resp.StatusCode != 200 || ex.provider.cfg.Name != "second" || c.attempts < 1 {
 			t.Fatalf("failover: status %d from %s after %d attempts", ex.resp.StatusCode, ex.provider.cfg.Name, c.attempts)
 		}
@@ -196,7 +196,7 @@ fallbacks:
 
 	// premium fails once and its breaker opens; then o3 is served by o3-mini.
 	c := stagedCall(t, g, "o3")
-	ex := g.dispatch(context.Background(), http.Header{}, c, []string{"o3", "o3-mini"}, est)
+	ex := g.dispatch(context.Background(), httptest.NewRecorder(), http.Header{}, c, []string{"o3", "o3-mini"}, &settlement{c: c, est: est})
 	if ex.resp == nil || ex.resp.StatusCode != http.StatusBadGateway || ex.model != "o3" {
 		t.Fatalf("premium's failure is relayed when it is the last upstream: %+v", ex)
 	}
@@ -204,7 +204,7 @@ fallbacks:
 	ex.done()
 	ex.permit.Release(outcomeOf(ex.resp.StatusCode, nil, false))
 	c = stagedCall(t, g, "o3")
-	ex = g.dispatch(context.Background(), http.Header{}, c, []string{"o3", "o3-mini"}, est)
+	ex = g.dispatch(context.Background(), httptest.NewRecorder(), http.Header{}, c, []string{"o3", "o3-mini"}, &settlement{c: c, est: est})
 	if ex.resp == nil || ex.model != "o3-mini" || ex.provider.cfg.Name != "cheap" {
 		t.Fatalf("with premium's breaker open: %+v, want o3-mini on cheap", ex)
 	}
@@ -214,7 +214,7 @@ fallbacks:
 
 	// Without a fallback the guard's refusal comes back, and nobody was called.
 	c = stagedCall(t, g, "o3")
-	ex = g.dispatch(context.Background(), http.Header{}, c, []string{"o3"}, est)
+	ex = g.dispatch(context.Background(), httptest.NewRecorder(), http.Header{}, c, []string{"o3"}, &settlement{c: c, est: est})
 	if ex.resp != nil || ex.refused == nil || ex.refused.Reason != priority.BreakerOpen || c.attempts != 0 {
 		t.Fatalf("no fallback: %+v after %d attempts, want the breaker's refusal", ex, c.attempts)
 	}
