@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/platform/itest"
@@ -46,6 +47,50 @@ func litellmPython(t testing.TB) string {
 	return abs
 }
 
+// litellmConfig is the proxy configuration docs/litellm.md shows (its
+// first yaml block), so that the documented configuration is the one that
+// runs: its models pointed at upstream with gpt-4o beside gpt-4o-mini,
+// the test's custom_auth, and the Sluice callback only with hook.
+func litellmConfig(t testing.TB, upstream string, hook bool) []byte {
+	t.Helper()
+	doc, err := os.ReadFile("../docs/litellm.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(doc), "```yaml\n")
+	block, _, ok2 := strings.Cut(block, "```")
+	if !ok || !ok2 {
+		t.Fatal("docs/litellm.md shows no yaml block")
+	}
+	var cfg map[string]any
+	if err := yaml.Unmarshal([]byte(block), &cfg); err != nil {
+		t.Fatalf("docs/litellm.md's configuration: %v", err)
+	}
+	models, _ := cfg["model_list"].([]any)
+	if len(models) != 1 {
+		t.Fatalf("docs/litellm.md's configuration lists %d models, want its one gpt-4o-mini", len(models))
+	}
+	mini := models[0].(map[string]any)
+	params := mini["litellm_params"].(map[string]any)
+	params["api_base"] = upstream + "/v1"
+	big := map[string]any{"model_name": "gpt-4o", "litellm_params": map[string]any{"model": "openai/gpt-4o", "api_base": upstream + "/v1", "api_key": params["api_key"]}}
+	cfg["model_list"] = append(models, big)
+	general, _ := cfg["general_settings"].(map[string]any)
+	if general == nil {
+		general = map[string]any{}
+	}
+	general["custom_auth"] = "custom_auth.user_api_key_auth"
+	cfg["general_settings"] = general
+	if !hook {
+		delete(cfg, "litellm_settings")
+	}
+	out, err := yaml.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 // litellmProxy is one LiteLLM proxy process in front of the mock provider.
 type litellmProxy struct {
 	addr string
@@ -70,21 +115,13 @@ func startLiteLLM(t testing.TB, py, dir, upstream string, hook bool, env []strin
 	if err := os.WriteFile(filepath.Join(dir, "custom_auth.py"), auth, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var cfg strings.Builder
-	cfg.WriteString("model_list:\n")
-	for _, m := range []string{"gpt-4o-mini", "gpt-4o"} {
-		fmt.Fprintf(&cfg, "  - model_name: %s\n    litellm_params: {model: openai/%s, api_base: %q, api_key: sk-mock}\n", m, m, upstream+"/v1")
-	}
-	// LiteLLM refuses to start without a strong master key; the test's
-	// clients use the keys of custom_auth.py.
-	fmt.Fprintf(&cfg, "general_settings:\n  master_key: %s\n  custom_auth: custom_auth.user_api_key_auth\n", randomKey()+randomKey()[7:])
-	if hook {
-		cfg.WriteString("litellm_settings:\n  callbacks: sluice_metering.litellm.proxy_handler\n")
-	}
 	cfgPath := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(cfgPath, []byte(cfg.String()), 0o600); err != nil {
+	if err := os.WriteFile(cfgPath, litellmConfig(t, upstream, hook), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// The documented master key's variable: LiteLLM refuses to start
+	// without a strong one. The test's clients use custom_auth.py's keys.
+	env = append(env, "LITELLM_MASTER_KEY="+randomKey()+randomKey()[7:], "OPENAI_API_KEY=sk-mock")
 	p := &litellmProxy{addr: freeAddr(t), log: filepath.Join(dir, "litellm.log"), done: make(chan struct{})}
 	logf, err := os.Create(p.log)
 	if err != nil {

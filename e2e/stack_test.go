@@ -36,7 +36,7 @@ import (
 // Deadlines of the waits: generous, because the suites share two cores
 // with the services and with other packages' tests.
 const (
-	readyTimeout = 90 * time.Second
+	readyTimeout = 5 * time.Minute
 	waitTimeout  = 60 * time.Second
 )
 

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -131,4 +132,64 @@ func scrape(t *testing.T, url string) map[string]float64 {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// TestGatewayAloneNeedsNeitherKafkaNorClickHouse: the README's minimal
+// `sluice run -config sluice.yaml gateway` — its configuration as the
+// README shows it, with this machine's addresses — starts and proxies
+// while ClickHouse is unreachable and no Kafka is named: it migrates
+// nothing and starts no broker, and meters to its ingest.
+func TestGatewayAloneNeedsNeitherKafkaNorClickHouse(t *testing.T) {
+	itest.QuietRedisLogs()
+	dir := t.TempDir()
+	up := httptest.NewServer(mockllm.Handler())
+	defer up.Close()
+	var events atomic.Int64
+	ingest := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") == "Bearer sk-ingest" {
+			events.Add(1)
+			w.WriteHeader(http.StatusAccepted)
+			return
+		}
+		w.WriteHeader(http.StatusUnauthorized)
+	}))
+	defer ingest.Close()
+	listen, rc := freeAddr(t), itest.Redis(t)
+	policy := writeFile(t, dir, "policy.yaml", upstreamPolicy(up.URL))
+	keys := writeFile(t, dir, "gateway-keys.yaml", "keys:\n"+frontend.KeyLine("app", "sk-app", "acme", nil))
+	key := writeFile(t, dir, "sluice-ingest-key", "sk-ingest")
+	// The README's sluice.yaml, then where this machine's services are.
+	conf := writeFile(t, dir, "sluice.yaml", fmt.Sprintf(`
+policy: {file: %s}
+tenant_keys: {file: %s}
+services:
+  gateway:
+    listen: %s
+    usage: {ingest_url: %s, ingest_api_key_file: %s}
+redis: {addr: %q, key_prefix: %q}
+clickhouse: {addr: %q}
+ops: {listen: %q}
+`, policy, keys, listen, ingest.URL, key, rc.Addr, itest.Unique(t, "sluice_test_alone:")+":", closedAddr(t), freeAddr(t)))
+	cfg := defaultConfig()
+	cfg, _, err := loadConfigWith(&cfg, []string{"-config", conf}, func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.Migrate || len(cfg.Kafka.Brokers) != 0 || cfg.Embedded.Enabled {
+		t.Fatalf("the minimal configuration changed: migrate %t, brokers %v, embedded %t", cfg.Migrate, cfg.Kafka.Brokers, cfg.Embedded.Enabled)
+	}
+	stop := runPipeline(t, &cfg, []string{"gateway"}, slog.New(slog.DiscardHandler), listen)
+	defer stop()
+	resp, body := itest.Send(t, http.MethodPost, "http://"+listen+"/v1/chat/completions", `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`,
+		"Authorization", "Bearer sk-app")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("call through the gateway alone: %d %s", resp.StatusCode, body)
+	}
+	itest.Eventually(t, 30*time.Second, "the call's events at ingest", func() bool { return events.Load() >= 1 })
+}
+
+// closedAddr is a loopback address nothing listens on.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	return freeAddr(t) // freed at once: nothing listens there
 }

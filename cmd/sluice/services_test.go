@@ -68,6 +68,9 @@ func TestRenamedSettingsAreRefusedWithTheirNewName(t *testing.T) {
 		{name: "flag", args: []string{"-services.enforcer.key_prefix=x:"}, want: "-services.enforcer.key_prefix was renamed to -redis.key_prefix"},
 		{name: "environment", env: map[string]string{"SLUICE_SERVICES_ALERTER_SHUTDOWN_DRAIN": "5s"},
 			want: "SLUICE_SERVICES_ALERTER_SHUTDOWN_DRAIN was renamed to SLUICE_SERVICES_ALERTER_SHUTDOWN_TIMEOUT"},
+		{name: "removed", yaml: "services:\n  gateway:\n    request_id_memory: 10\n", want: "services.gateway.request_id_memory was removed: usage event ids are built by the gateway", line: "line 3"},
+		{name: "removed flag", args: []string{"-services.gateway.request_id_memory=10"}, want: "-services.gateway.request_id_memory was removed"},
+		{name: "removed environment", env: map[string]string{"SLUICE_SERVICES_GATEWAY_REQUEST_ID_MEMORY": "10"}, want: "SLUICE_SERVICES_GATEWAY_REQUEST_ID_MEMORY was removed"},
 	} {
 		args := c.args
 		if c.yaml != "" {

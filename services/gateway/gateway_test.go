@@ -630,3 +630,57 @@ func TestClientLeavingAPlainCallIsMeteredWithTheProvidersUsage(t *testing.T) {
 		})
 	}
 }
+
+// TestModelsListsWhatPatternUpstreamsServe: under `models: ["*"]` (the
+// README's configuration) or a pattern such as text-embedding-3-*,
+// GET /v1/models lists the models the upstream itself lists that its
+// patterns match and the key may use — not nothing — asking the upstream
+// at most once per catalogTTL.
+func TestModelsListsWhatPatternUpstreamsServe(t *testing.T) {
+	var asked atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/models" || r.Header.Get("Authorization") != "Bearer up-key" {
+			http.Error(w, "no", http.StatusNotFound)
+			return
+		}
+		asked.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"object":"list","data":[{"id":"gpt-4o"},{"id":"gpt-4o-mini"},{"id":"text-embedding-3-large"},{"id":"dall-e-3"}]}`)
+	}))
+	defer up.Close()
+	t.Setenv("SLUICE_TEST_UP_KEY", "up-key")
+	cfg := testConfig(t,
+		Upstream{Name: "chat", BaseURL: up.URL + "/v1", Models: []string{"gpt-*"}},
+		Upstream{Name: "embed", BaseURL: up.URL + "/v1", Models: []string{"text-embedding-3-*"}})
+	cfg.policy = "upstreams:\n  chat: {api_key_env: SLUICE_TEST_UP_KEY}\n  embed: {api_key_env: SLUICE_TEST_UP_KEY}\n"
+	g := startGateway(t, cfg, Deps{})
+	list := func(key string) string {
+		req, _ := http.NewRequest(http.MethodGet, g.url+"/v1/models", nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var l struct {
+			Data []struct{ ID string } `json:"data"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&l); err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, m := range l.Data {
+			ids = append(ids, m.ID)
+		}
+		return strings.Join(ids, ",")
+	}
+	if got := list("sk-acme"); got != "gpt-4o,gpt-4o-mini,text-embedding-3-large" {
+		t.Errorf("acme's /v1/models: %s", got)
+	}
+	if got := list("sk-mini-only"); got != "gpt-4o-mini,text-embedding-3-small" {
+		t.Errorf("mini-only's /v1/models: %s", got)
+	}
+	if n := asked.Load(); n != 2 {
+		t.Errorf("the upstreams were asked %d times for two lists of two upstreams each, want 2 (cached)", n)
+	}
+}

@@ -404,3 +404,41 @@ tenants:
 		t.Fatalf("gpt-4o-mini after the fallback call: %d %s; want 429 naming mini-rpm (the fallback call was mini's)", resp.StatusCode, b)
 	}
 }
+
+// TestRateLimitHeadersOnEveryAnswerALimitAppliesTo: with a limit on the
+// tenant, its answers carry OpenAI's x-ratelimit-* headers whatever they
+// are — served, the provider's error, refused by the limit — and a tenant
+// no limit applies to gets none.
+func TestRateLimitHeadersOnEveryAnswerALimitAppliesTo(t *testing.T) {
+	failing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, `{"error":{"message":"down"}}`, http.StatusInternalServerError)
+	}))
+	defer failing.Close()
+	cfg := testConfig(t, Upstream{Name: "mock", BaseURL: mock(t, mockllm.Options{}), Models: []string{"gpt-4o"}},
+		Upstream{Name: "broken", BaseURL: failing.URL + "/v1", Models: []string{"o3"}})
+	cfg.policy = `
+tenants:
+  acme:
+    limits:
+      acme-rpm: {unit: requests, sliding_window: {length: 1m, limit: 2}, exact: true}
+`
+	g := startGateway(t, cfg, Deps{Limits: routeLimits(t, cfg)})
+	for _, c := range []struct {
+		key, model string
+		status     int
+		headers    bool
+	}{
+		{"sk-acme", "gpt-4o", http.StatusOK, true},
+		{"sk-acme", "o3", http.StatusInternalServerError, true},
+		{"sk-acme", "gpt-4o", http.StatusTooManyRequests, true},
+		{"sk-mini-only", "gpt-4o-mini", http.StatusNotFound, false}, // no upstream serves it, no limit
+	} {
+		resp, body := post(t, g.url, "/v1/chat/completions", c.key, `{"model":"`+c.model+`","messages":[{"role":"user","content":"hi"}]}`)
+		if resp.StatusCode != c.status {
+			t.Fatalf("%s %s: %d %s, want %d", c.key, c.model, resp.StatusCode, body, c.status)
+		}
+		if got := resp.Header.Get("X-Ratelimit-Limit-Requests") != ""; got != c.headers {
+			t.Errorf("%s %s (%d): x-ratelimit-limit-requests present %t, want %t: %v", c.key, c.model, c.status, got, c.headers, resp.Header)
+		}
+	}
+}

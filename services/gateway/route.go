@@ -17,9 +17,10 @@ import (
 // provider is one upstream of the policy (policy.Upstream), ready to call:
 // its credential read and its HTTP client built.
 type provider struct {
-	cfg    policy.Upstream
-	key    string // the provider's API key; empty for none
-	client *http.Client
+	cfg     policy.Upstream
+	key     string // the provider's API key; empty for none
+	client  *http.Client
+	catalog catalog // the upstream's own model list, for /v1/models
 }
 
 func newProvider(u policy.Upstream) (*provider, error) {
