@@ -316,7 +316,8 @@ func (s *stack) args(opsAddr string) []string {
 		// Nor the forward-auth endpoint's.
 		"-services.authz.name=" + s.prefix + "authz",
 		"-services.authz.usage.usage_topic=" + s.topic,
-		"-shutdown_timeout=10s",
+		// The process's shutdown_timeout covers each service's own (35 s by
+		// default); stop kills what outlasts 45 s.
 	}
 	if s.ch.Cluster != "" {
 		a = append(a, "-clickhouse.addrs="+strings.Join(s.ch.Addrs, ","), "-clickhouse.cluster="+s.ch.Cluster)
@@ -408,7 +409,7 @@ func (s *stack) kill9(name string) {
 }
 
 // stop asks a service to shut down (SIGTERM) and kills it when it does not
-// finish within 30 s.
+// finish within 45 s (its process's shutdown_timeout, 35 s, and a margin).
 func (p *proc) stop() {
 	if !p.alive() {
 		return
@@ -416,7 +417,7 @@ func (p *proc) stop() {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
-	case <-time.After(30 * time.Second):
+	case <-time.After(45 * time.Second):
 		_ = p.cmd.Process.Kill()
 		<-p.done
 	}
