@@ -138,9 +138,11 @@ func (s *Server) tryModel(ctx context.Context, w http.ResponseWriter, in http.He
 // it received, and only its answer says how much, so a client that
 // disconnects cannot make its call unmetered — bounded by the upstream's
 // timeout and the shutdown. A stream is cut with its client: cutting it
-// stops the generation, and what was relayed until then is counted.
+// stops the generation, and what was relayed until then is counted. A
+// deferred task's run has no client: it is cut when its worker stops, and
+// the task runs again on another gateway.
 func callContext(ctx context.Context, c *call) context.Context {
-	if c.req.Stream {
+	if c.req.Stream || deferredCaller(ctx) != nil {
 		return ctx
 	}
 	return context.WithoutCancel(ctx)

@@ -50,6 +50,10 @@ const (
 	HeaderSignature = "webhook-signature"
 )
 
+// UserAgent names the alerter in every delivery's User-Agent header, so a
+// receiver's logs tell its deliveries from other traffic.
+const UserAgent = "sluice-alerter"
+
 // MinKeyBytes is the shortest signing key accepted: a guessable key would
 // let anyone forge alerts to the receiver.
 const MinKeyBytes = 16
@@ -267,7 +271,7 @@ func (s *Sender) Send(ctx context.Context, m alert.Message) error {
 	}
 	h := http.Header{
 		"Content-Type":  {"application/json"},
-		"User-Agent":    {"sluice-alerter"},
+		"User-Agent":    {UserAgent},
 		HeaderID:        {p.ID},
 		HeaderTimestamp: {strconv.FormatInt(ts, 10)},
 		HeaderSignature: {strings.Join(sigs, " ")},

@@ -185,7 +185,7 @@ func TestDeliveryIsSignedAndMatchesTheDocumentedFormat(t *testing.T) {
 		t.Fatalf("deliveries %d, refused: %v", len(got), errs)
 	}
 	d := got[0]
-	if ua := d.header.Get("User-Agent"); ua != "sluice-alerter" {
+	if ua := d.header.Get("User-Agent"); ua != UserAgent {
 		t.Errorf("User-Agent %q", ua)
 	}
 	if sigs := strings.Fields(d.header.Get(HeaderSignature)); len(sigs) != 1 || !strings.HasPrefix(sigs[0], "v1,") {
