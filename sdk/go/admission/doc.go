@@ -172,7 +172,13 @@
 //     Redis's last word on the instance (remaining / gateways). Its debits,
 //     and settlements of the tickets it admitted, are kept and sent to
 //     Redis as corrections (adjust.lua) once it is back, before the
-//     Limiter trusts Redis again: reconciled, not forgotten.
+//     Limiter trusts Redis again: reconciled, not forgotten. Redis is back
+//     when it takes those corrections, not when it answers PING: one that
+//     answers PING and refuses scripts (a Cluster master down, OOM under
+//     noeviction, a READONLY replica, an ACL without EVAL) stays
+//     unreachable, and the local limiter keeps its state through every
+//     failed attempt; it starts again from Redis only when Redis has
+//     answered an admission of the instance since.
 //   - FailClosed: refused, Path PathUnavailable, HTTP 503 with the cause.
 //
 // Leases already held keep being spent. Settlements that cannot reach

@@ -40,6 +40,10 @@ type options struct {
 	settleTTL     time.Duration
 	reg           prometheus.Registerer
 	log           *slog.Logger
+	// onTick, when set, runs after every iteration of the background
+	// loop: tests wait on it to know a probe and a flush have run, rather
+	// than sleeping.
+	onTick func()
 }
 
 func defaultOptions() options {
@@ -125,6 +129,9 @@ func WithSettleTTL(d time.Duration) Option { return func(o *options) { o.settleT
 
 // WithRegisterer registers the Limiter's metrics on reg.
 func WithRegisterer(reg prometheus.Registerer) Option { return func(o *options) { o.reg = reg } }
+
+// withTickHook sets options.onTick (tests only).
+func withTickHook(f func()) Option { return func(o *options) { o.onTick = f } }
 
 // WithLogger logs Redis going away and coming back.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }

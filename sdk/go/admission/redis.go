@@ -380,26 +380,34 @@ func (l *Limiter) run() {
 		case <-tick.C:
 		case <-l.kick:
 		}
-		ctx := context.Background()
-		now := l.now()
-		l.coarse.Store(now)
-		l.expireLeases(now, false)
-		if l.down.Load() {
-			if err := l.probe(ctx); err != nil {
-				continue
-			}
+		l.step(&lastSweep)
+		if l.o.onTick != nil {
+			l.o.onTick()
 		}
-		if err := l.flushPending(ctx); err != nil {
-			l.markDown(err)
-			continue
+	}
+}
+
+// step is one iteration of run.
+func (l *Limiter) step(lastSweep *int64) {
+	ctx := context.Background()
+	now := l.now()
+	l.coarse.Store(now)
+	l.expireLeases(now, false)
+	if l.down.Load() {
+		if err := l.probe(ctx); err != nil {
+			return
 		}
-		if l.down.CompareAndSwap(true, false) {
-			l.o.log.Info("admission: Redis is back; local debits reconciled")
-		}
-		if now-lastSweep > int64(l.o.idle)/4 {
-			l.sweep(now)
-			lastSweep = now
-		}
+	}
+	if err := l.flushPending(ctx); err != nil {
+		l.markDown(err)
+		return
+	}
+	if l.down.CompareAndSwap(true, false) {
+		l.o.log.Info("admission: Redis is back; local debits reconciled")
+	}
+	if now-*lastSweep > int64(l.o.idle)/4 {
+		l.sweep(now)
+		*lastSweep = now
 	}
 }
 

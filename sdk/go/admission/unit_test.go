@@ -276,3 +276,34 @@ func TestSecondLimiterOnOneRegistryIsAnError(t *testing.T) {
 	}
 	other.Close()
 }
+
+// TestLocalLimiterLastsUntilRedisSpeaksAgain: handing the local debits to
+// a flush does not refill the local limiter; a new word from Redis (an
+// admission it answered) is what the next outage starts from.
+func TestLocalLimiterLastsUntilRedisSpeaksAgain(t *testing.T) {
+	l := localLimiter(2)
+	in := newInstance(&rule{Rule: Rule{Name: "w", Unit: Requests, Algorithm: SlidingWindow, Limit: 100, Window: time.Minute}, gran: 1000}, "k", Scope{}, 0)
+	in.noteReply(10, 1000, 0)
+	now := int64(time.Hour)
+	take := func() (n int) {
+		for {
+			if ok, _, _ := in.localTake(l, 1, now); !ok {
+				return n
+			}
+			n++
+		}
+	}
+	if n := take(); n != 5 {
+		t.Fatalf("admitted %d locally, want 5", n)
+	}
+	for range 3 {
+		in.takePending() // a flush that Redis refused
+		if n := take(); n != 0 {
+			t.Fatalf("admitted %d more after a flush was tried, want 0", n)
+		}
+	}
+	in.noteReply(40, 1000, now) // Redis answered an admission: 40 left
+	if n := take(); n != 20 {
+		t.Fatalf("admitted %d from Redis's new word, want 20", n)
+	}
+}
