@@ -72,6 +72,10 @@
 //	settle marker    string  <instance key>:settled:<request id> = "1",
 //	                       PEXPIRE WithSettleTTL (10 min); one per slot group
 //	                       of a settlement
+//	batch marker     string  <instance key>:adj:<batch id>.<n> = "1",
+//	                       PEXPIRE WithSettleTTL; one per call of a batch
+//	                       of background corrections (lease rests,
+//	                       refunds, local debits), n its place in the batch
 //
 // All times are Redis's own (TIME in the scripts), so gateways' clocks do
 // not matter.
@@ -84,9 +88,10 @@
 // states its KEYS and ARGV layout and its reply. admit.lua checks every
 // instance it is given and only then debits them (plus any lease granted),
 // so a refusal by the last rule leaves no debit on the first. adjust.lua
-// applies signed corrections without a check, optionally guarded by a
-// marker key for idempotency. Both run with EVALSHA, falling back to EVAL
-// when Redis does not have them cached (redis.Script).
+// applies signed corrections without a check, guarded by a marker key for
+// idempotency (optional in the script; this package sends every call with
+// one). Both run with EVALSHA, falling back to EVAL when Redis does not
+// have them cached (redis.Script).
 //
 // # Redis Cluster
 //
@@ -181,8 +186,14 @@
 //     answered an admission of the instance since.
 //   - FailClosed: refused, Path PathUnavailable, HTTP 503 with the cause.
 //
-// Leases already held keep being spent. Settlements that cannot reach
-// Redis are queued with their request id and replayed exactly once.
+// Leases already held keep being spent. Every correction goes to Redis
+// in a call guarded by a marker (a settlement's, or its batch's), and a
+// call Redis did not answer is queued and sent again exactly as it was,
+// marker included: on a Cluster only the calls of the masters that
+// failed. So a call Redis applied but whose reply came after the bound is
+// applied once, as long as its retry comes within WithSettleTTL (the
+// markers' life). Calls that failed are retried before any newer
+// correction is sealed into a call.
 //
 // Memory is bounded: WithMaxInstances rule instances and as many request
 // shapes (beyond them requests are still decided by Redis, without leases,

@@ -2,6 +2,8 @@ package admission
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -39,6 +41,11 @@ type Limiter struct {
 	renewDone chan struct{}
 	closed    atomic.Bool
 	closeOne  sync.Once
+
+	// nonce and seq make the ids of marker keys (newID): random per
+	// Limiter, so that no two gateways' ids meet.
+	nonce string
+	seq   atomic.Uint64
 }
 
 // ErrBacklogFull is returned by Settle when Redis is unreachable and the
@@ -60,7 +67,7 @@ func New(client redis.UniversalClient, rules *Rules, opts ...Option) (*Limiter, 
 	}
 	l := &Limiter{client: client, o: o, base: time.Now(), leased: map[*instance]struct{}{},
 		renewQ: make(chan *instance, renewQueue), kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
-		renewDone: make(chan struct{})}
+		renewDone: make(chan struct{}), nonce: randomNonce()}
 	switch c := client.(type) {
 	case *redis.Client:
 		if !c.Options().ContextTimeoutEnabled {
@@ -87,6 +94,13 @@ func New(client redis.UniversalClient, rules *Rules, opts ...Option) (*Limiter, 
 	go l.run()
 	go l.renewer()
 	return l, nil
+}
+
+// randomNonce returns 96 random bits in hex.
+func randomNonce() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 func (o *options) validate() error {

@@ -123,8 +123,9 @@ func WithMaxInstances(n int) Option { return func(o *options) { o.maxInstances =
 // so its caller may retry.
 func WithMaxPending(n int) Option { return func(o *options) { o.maxPending = n } }
 
-// WithSettleTTL is how long Redis remembers that a request id was settled
-// (default 10 min): a retried Settle within it is not applied twice.
+// WithSettleTTL is how long Redis remembers that a settlement or a batch
+// of corrections was applied (default 10 min; the life of their marker
+// keys): a retry within it is not applied twice.
 func WithSettleTTL(d time.Duration) Option { return func(o *options) { o.settleTTL = d } }
 
 // WithRegisterer registers the Limiter's metrics on reg.

@@ -2,8 +2,6 @@ package admission
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"sync/atomic"
 )
 
@@ -80,33 +78,41 @@ func (t *Ticket) Settle(ctx context.Context, u Usage) error {
 	}
 	if len(remote) > 0 {
 		if t.id == "" {
-			t.id = newID()
+			t.id = l.newID()
 		}
-		if l.down.Load() {
-			if !l.pend.deferSettle(l, t.id, remote) {
-				atomic.StoreUint32(&t.state, 0)
-				return ErrBacklogFull
-			}
-			l.m.settles.WithLabelValues("deferred").Inc()
-		} else if err := l.settleRedis(ctx, t.id, remote); err != nil {
-			// The call may or may not have been applied; the deferred
-			// replay carries the same id, so it is applied once either way.
-			if ctx.Err() == nil {
-				l.markDown(err)
-			}
-			if !l.pend.deferSettle(l, t.id, remote) {
-				atomic.StoreUint32(&t.state, 0)
-				return ErrBacklogFull
-			}
-			l.m.settles.WithLabelValues("deferred").Inc()
+		if err := l.settleRemote(ctx, t.id, remote); err != nil {
+			atomic.StoreUint32(&t.state, 0)
+			return err
 		}
 	}
 	atomic.StoreUint32(&t.state, 2)
 	return nil
 }
 
-func newID() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+// settleRemote applies a ticket's Redis corrections, one marked call per
+// slot group (<first instance key>:settled:<id>), within WithMaxWait; the
+// calls Redis did not answer are queued as they are, so whether or not
+// they had been applied, they are applied once.
+func (l *Limiter) settleRemote(ctx context.Context, id string, remote []adjustment) error {
+	calls := l.seal(remote, func(first string, _ int) string { return first + ":settled:" + id })
+	for i := range calls {
+		calls[i].settle = true
+	}
+	if !l.down.Load() {
+		wctx, cancel := context.WithTimeout(ctx, l.o.maxWait)
+		failed, err := l.applyMarked(wctx, calls)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() == nil {
+			l.markDown(err)
+		}
+		calls = failed
+	}
+	if !l.pend.queue(l, calls) {
+		return ErrBacklogFull
+	}
+	l.m.settles.WithLabelValues("deferred").Inc()
+	return nil
 }
