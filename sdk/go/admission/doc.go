@@ -200,8 +200,11 @@
 // and without a persistent local limit while Redis is away); WithMaxPending
 // corrections waiting for Redis, merged per instance and granule (beyond
 // it a correction is dropped and counted, and Settle reports
-// ErrBacklogFull). Instances unused for WithIdleTTL are forgotten after
-// returning their leases.
+// ErrBacklogFull: that settlement's Redis corrections are lost, counted in
+// sluice_admission_settlements_total{result="failed"} and logged, unless
+// the caller settles the ticket again, which applies them once and its
+// in-memory corrections not again). Instances unused for WithIdleTTL are
+// forgotten after returning their leases.
 //
 // # Answers
 //

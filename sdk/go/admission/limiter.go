@@ -46,11 +46,15 @@ type Limiter struct {
 	// Limiter, so that no two gateways' ids meet.
 	nonce string
 	seq   atomic.Uint64
+
+	// Failed settlements so far, as of the last log, and when it was.
+	settleFails, settleLogged, settleLogAt atomic.Int64
 }
 
 // ErrBacklogFull is returned by Settle when Redis is unreachable and the
-// queue of corrections waiting for it is full (WithMaxPending): the ticket
-// stays unsettled and Settle may be called again.
+// queue of corrections waiting for it is full (WithMaxPending): the
+// ticket's Redis corrections are not applied (the Limiter counts and logs
+// that), and calling Settle again applies them once.
 var ErrBacklogFull = errors.New("admission: Redis is unreachable and the pending corrections are full")
 
 // New returns a Limiter enforcing rules through client, which may be a

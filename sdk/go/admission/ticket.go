@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"sync/atomic"
+	"time"
 )
 
 // Ticket is the outcome of one Admit: the Decision, and what Settle needs
@@ -22,8 +23,19 @@ type Ticket struct {
 	atMs               int64  // Redis clock of the debit
 	leaseMs            int64  // Redis clock of the oldest lease spent
 	leased, local      uint64 // instances debited from a lease / the local limiter
-	state              uint32 // 0 open, 1 settling, 2 settled
+	state              uint32 // ticketOpen ... ticketRemoteLeft
 }
+
+// The states of a Ticket.
+const (
+	ticketOpen uint32 = iota
+	ticketSettling
+	ticketSettled
+	// ticketRemoteLeft: the in-memory corrections (leases, the local
+	// limiter) were applied, the Redis ones neither applied nor queued
+	// (ErrBacklogFull); a retry sends only those.
+	ticketRemoteLeft
+)
 
 // Allowed reports whether the request may go upstream.
 func (t *Ticket) Allowed() bool { return t.Decision.Allowed }
@@ -38,8 +50,13 @@ func (t *Ticket) Allowed() bool { return t.Decision.Allowed }
 // Corrections of leased rules are applied to the lease in memory; the
 // others go to Redis within WithMaxWait. If Redis does not answer in time
 // the corrections are queued and applied, once, when it is back; Settle
-// then returns nil, unless the queue is full (ErrBacklogFull), in which
-// case the ticket stays unsettled.
+// then returns nil, unless the queue is full (ErrBacklogFull). Then the
+// Redis corrections are not applied: the Limiter counts the failure
+// (sluice_admission_settlements_total{result="failed"}) and logs it (at
+// most every few seconds), so a caller with nowhere to report the error
+// may ignore it; one that can wait may call Settle again, with the same
+// usage, which sends only the Redis corrections (the in-memory ones
+// were applied the first time) and applies none of them twice.
 func (t *Ticket) Settle(ctx context.Context, u Usage) error {
 	if !t.Decision.Allowed || t.l == nil || t.set == nil {
 		return nil
@@ -47,9 +64,32 @@ func (t *Ticket) Settle(ctx context.Context, u Usage) error {
 	if u.PromptTokens < 0 || u.CompletionTokens < 0 {
 		u.PromptTokens, u.CompletionTokens = max(u.PromptTokens, 0), max(u.CompletionTokens, 0)
 	}
-	if !atomic.CompareAndSwapUint32(&t.state, 0, 1) {
-		return nil
+	inMemory := true
+	if !atomic.CompareAndSwapUint32(&t.state, ticketOpen, ticketSettling) {
+		if !atomic.CompareAndSwapUint32(&t.state, ticketRemoteLeft, ticketSettling) {
+			return nil // settled, or being settled by another goroutine
+		}
+		inMemory = false
 	}
+	l := t.l
+	remote := t.corrections(u, inMemory)
+	if len(remote) > 0 {
+		if t.id == "" {
+			t.id = l.newID()
+		}
+		if err := l.settleRemote(ctx, t.id, remote); err != nil {
+			atomic.StoreUint32(&t.state, ticketRemoteLeft)
+			l.settleFailed(t.id, err)
+			return err
+		}
+	}
+	atomic.StoreUint32(&t.state, ticketSettled)
+	return nil
+}
+
+// corrections returns the ticket's Redis corrections for usage u, having
+// applied the in-memory ones (leases, the local limiter) when inMemory.
+func (t *Ticket) corrections(u Usage, inMemory bool) []adjustment {
 	l := t.l
 	now := l.now()
 	var remote []adjustment
@@ -61,13 +101,18 @@ func (t *Ticket) Settle(ctx context.Context, u Usage) error {
 		bit := uint64(1) << uint(i)
 		switch {
 		case t.leased&bit != 0:
+			if !inMemory {
+				continue
+			}
 			if d < 0 {
 				in.refundLeased(l, -d, t.leaseMs)
 			} else if ok, _ := in.tryLease(d, now); !ok {
 				l.pend.add(l, in, d, -1)
 			}
 		case t.local&bit != 0:
-			in.localAdjust(l, d, now)
+			if inMemory {
+				in.localAdjust(l, d, now)
+			}
 		default:
 			at := int64(-1)
 			if in.r.gran > 0 {
@@ -76,17 +121,7 @@ func (t *Ticket) Settle(ctx context.Context, u Usage) error {
 			remote = append(remote, adjustment{in: in, at: at, delta: d})
 		}
 	}
-	if len(remote) > 0 {
-		if t.id == "" {
-			t.id = l.newID()
-		}
-		if err := l.settleRemote(ctx, t.id, remote); err != nil {
-			atomic.StoreUint32(&t.state, 0)
-			return err
-		}
-	}
-	atomic.StoreUint32(&t.state, 2)
-	return nil
+	return remote
 }
 
 // settleRemote applies a ticket's Redis corrections, one marked call per
@@ -115,4 +150,26 @@ func (l *Limiter) settleRemote(ctx context.Context, id string, remote []adjustme
 	}
 	l.m.settles.WithLabelValues("deferred").Inc()
 	return nil
+}
+
+// settleLogEvery spaces the logs of failed settlements: in an outage long
+// enough to fill the backlog every settlement fails.
+const settleLogEvery = 10 * time.Second
+
+// settleFailed counts a settlement whose Redis corrections could neither
+// be applied nor queued, and logs it (at most once per settleLogEvery,
+// with the number since the last log): callers on the request path
+// usually have nowhere to report Settle's error, and a lost correction
+// must not go unnoticed.
+func (l *Limiter) settleFailed(id string, err error) {
+	l.m.settles.WithLabelValues("failed").Inc()
+	n := l.settleFails.Add(1)
+	now := l.now()
+	last := l.settleLogAt.Load()
+	if last != 0 && now-last < int64(settleLogEvery) || !l.settleLogAt.CompareAndSwap(last, now) {
+		return
+	}
+	l.o.log.Error("admission: settlements failed: their corrections of the estimates are not in Redis; "+
+		"they apply if the same tickets are settled again, else raise WithMaxPending (or find why Redis is away)",
+		"failed", n-l.settleLogged.Swap(n), "request_id", id, "err", err)
 }
