@@ -273,7 +273,7 @@ func TestClusterSettleExactlyOnceOnEveryMaster(t *testing.T) {
 	// group's own slot, so on each of the three masters.
 	markerMasters := map[string]bool{}
 	for _, k := range []string{tpmKey, bucketKey, promptKey} {
-		n, err := c.Exists(ctx, k+":settled:"+tk.id).Result()
+		n, err := c.Exists(ctx, k+":settled:"+tk.settleID()).Result()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -69,9 +69,10 @@
 //	sliding window   hash  <granule index> = units debited in that granule
 //	                       (index = Redis ms / granule length);
 //	                       PEXPIRE = window + one granule + 1 s
-//	settle marker    string  <instance key>:settled:<request id> = "1",
+//	settle marker    string  <instance key>:settled:<settlement id> = "1",
 //	                       PEXPIRE WithSettleTTL (10 min); one per slot group
-//	                       of a settlement
+//	                       of a settlement; the id is the admission's own
+//	                       (<Limiter nonce>.<sequence>), never Request.ID
 //	batch marker     string  <instance key>:adj:<batch id>.<n> = "1",
 //	                       PEXPIRE WithSettleTTL; one per call of a batch
 //	                       of background corrections (lease rests,
@@ -115,9 +116,13 @@
 //
 // Admit debits the estimate. Ticket.Settle charges or refunds the
 // difference with the real usage, once: the ticket records that it ran,
-// and corrections sent to Redis carry the request id in a marker, so a
-// retried Settle (also from a copy of the ticket, or a replay after a
-// timeout) is applied once. A refund of a window goes to the granule the
+// and corrections sent to Redis carry an id of the admission in a marker,
+// so a retried Settle (also from a copy of the ticket, or a replay after a
+// timeout) is applied once. That id is made by the Limiter (a random
+// nonce of its own and a sequence number), not taken from Request.ID:
+// client-chosen ids repeat across tenants, gateways and retries, and a
+// marker keyed by one made a request's settlement pass for another's and
+// be skipped. A refund of a window goes to the granule the
 // estimate was debited in, and is dropped once that granule has left the
 // window; a charge goes to the current granule.
 //

@@ -574,6 +574,7 @@ func (l *Limiter) admitSlow(ctx context.Context, t *Ticket, req *Request, leased
 	}
 	t.leased = leased
 	t.atMs = res.nowMs
+	t.seq = l.seq.Add(1)
 	t.Decision.Allowed, t.Decision.Path = true, PathRedis
 	l.allowed(t, now, false)
 }

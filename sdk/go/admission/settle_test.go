@@ -60,6 +60,45 @@ func TestLostReplyOfACorrectionIsAppliedOnce(t *testing.T) {
 	}
 }
 
+// TestSameRequestIDFromTwoTenantsSettlesBoth: request ids come from
+// clients; two tenants (and one tenant reusing an id, and two gateways
+// seeing one id) must each have their settlement applied on every rule,
+// the shared rules first in the request included.
+func TestSameRequestIDFromTwoTenantsSettlesBoth(t *testing.T) {
+	prefix := testPrefix(t)
+	c := testClient(t, "")
+	platform := window("platform-tpm", TotalTokens, 10_000_000, time.Hour)
+	tpm := window("tpm", TotalTokens, 1_000_000, time.Hour)
+	rules := &Rules{Shared: []Rule{platform}, Default: TenantRules{Rules: []Rule{tpm}}}
+	gw1 := newTestLimiter(t, c, rules, WithPrefix(prefix))
+	gw2 := newTestLimiter(t, c, rules, WithPrefix(prefix))
+	ctx := context.Background()
+	settle := func(l *Limiter, tenant, id string) {
+		t.Helper()
+		tk := mustAdmit(t, l, Request{ID: id, Tenant: tenant, Model: "m", PromptTokens: 10})
+		if !tk.Allowed() || tk.Decision.Path != PathRedis {
+			t.Fatalf("%s %s: %+v", tenant, id, tk.Decision)
+		}
+		// Estimated 10, used 50,000: a charge of 49,990.
+		if err := tk.Settle(ctx, Usage{PromptTokens: 40_000, CompletionTokens: 10_000}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	settle(gw1, "acme", "req-1")
+	settle(gw1, "beta", "req-1") // another tenant, the same id
+	settle(gw1, "acme", "req-1") // the same tenant reusing it
+	settle(gw2, "acme", "req-1") // another gateway
+	for key, want := range map[string]int64{
+		sharedKey(prefix, platform, Scope{}):    4 * 50_000,
+		tenantKey(prefix, tpm, "acme", Scope{}): 3 * 50_000,
+		tenantKey(prefix, tpm, "beta", Scope{}): 50_000,
+	} {
+		if got := windowUsed(t, c, key); got != want {
+			t.Errorf("%s holds %d, want %d: a settlement was skipped as a duplicate of another request's", key, got, want)
+		}
+	}
+}
+
 // TestSettleRetryAfterBacklogFullAppliesNothingTwice: a ticket admitted
 // partly from a lease and partly by Redis is settled while Redis is away
 // and the backlog is full. Settle says so, and is counted and logged; its

@@ -2,6 +2,7 @@ package admission
 
 import (
 	"context"
+	"strconv"
 	"sync/atomic"
 	"time"
 )
@@ -10,15 +11,18 @@ import (
 // to correct the estimate once the call is over. Keep the Ticket Admit
 // returned and settle that variable: Settle records on it that it ran, so
 // calling it again (a retry, a deferred cleanup after an explicit settle)
-// applies nothing twice. Corrections that went to Redis are also keyed by
-// the request id there (WithSettleTTL), so a copy of the ticket settled a
-// second time does not apply them twice either.
+// applies nothing twice. Corrections that went to Redis are also keyed
+// there by an id of this admission (WithSettleTTL), so a copy of the
+// ticket settled a second time does not apply them twice either.
 type Ticket struct {
 	Decision Decision
 
-	l                  *Limiter
-	set                *matchSet
-	id                 string
+	l   *Limiter
+	set *matchSet
+	id  string // Request.ID, for logs
+	// seq numbers an admission Redis decided at its Limiter: with the
+	// Limiter's nonce, the id of its settlement's markers (settleID).
+	seq                uint64
 	prompt, completion int64
 	atMs               int64  // Redis clock of the debit
 	leaseMs            int64  // Redis clock of the oldest lease spent
@@ -74,10 +78,7 @@ func (t *Ticket) Settle(ctx context.Context, u Usage) error {
 	l := t.l
 	remote := t.corrections(u, inMemory)
 	if len(remote) > 0 {
-		if t.id == "" {
-			t.id = l.newID()
-		}
-		if err := l.settleRemote(ctx, t.id, remote); err != nil {
+		if err := l.settleRemote(ctx, t.settleID(), remote); err != nil {
 			atomic.StoreUint32(&t.state, ticketRemoteLeft)
 			l.settleFailed(t.id, err)
 			return err
@@ -122,6 +123,19 @@ func (t *Ticket) corrections(u Usage, inMemory bool) []adjustment {
 		}
 	}
 	return remote
+}
+
+// settleID is the id of the ticket's settlement markers: made by the
+// Limiter for this admission, never the client's request id, which other
+// tenants, other gateways and the same tenant again may use too (and then
+// a settlement would be skipped as a duplicate of another's).
+func (t *Ticket) settleID() string {
+	if t.seq == 0 {
+		// Only an admission Redis decided has Redis corrections, and
+		// admitSlow numbers those; this is a safety net.
+		t.seq = t.l.seq.Add(1)
+	}
+	return t.l.nonce + "." + strconv.FormatUint(t.seq, 36)
 }
 
 // settleRemote applies a ticket's Redis corrections, one marked call per
