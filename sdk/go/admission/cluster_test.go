@@ -508,3 +508,78 @@ func (h hooks) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 	}
 	return next
 }
+
+// clockAhead is a hook that reports admit.lua's Redis time (now_ms) as
+// ahead by ms: a master whose clock is ahead of the others'.
+type clockAhead struct {
+	sha string
+	ms  int64
+}
+
+func (h clockAhead) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h clockAhead) shift(cmd redis.Cmder) {
+	c, ok := cmd.(*redis.Cmd)
+	if !ok || c.Err() != nil || len(c.Args()) < 2 || (c.Args()[1] != h.sha && c.Args()[1] != AdmitScript) {
+		return
+	}
+	if v, ok := c.Val().([]any); ok && len(v) > 1 {
+		if now, ok := v[1].(int64); ok {
+			v[1] = now + h.ms
+		}
+	}
+}
+
+func (h clockAhead) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.shift(cmd)
+		return err
+	}
+}
+
+func (h clockAhead) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			h.shift(c)
+		}
+		return err
+	}
+}
+
+// TestClusterSettleRefundsEachGroupAtItsOwnTime: a request's rules live on
+// two masters, and the first one's clock is an hour ahead of the second's
+// (each script reads its own server's TIME). The refund of each rule's
+// window must go to the granule that rule was debited in, by its own
+// master's clock; the first master's time is nothing to the second's
+// window.
+func TestClusterSettleRefundsEachGroupAtItsOwnTime(t *testing.T) {
+	plain := clusterClient(t)
+	prefix := clusterPrefix(t, plain)
+	rs := onDistinctMasters(t, plain, func(r Rule) string { return tenantKey(prefix, r, "acme", Scope{}) },
+		window("ahead", TotalTokens, 1_000_000, 10*time.Minute),
+		window("behind", TotalTokens, 1_000_000, 10*time.Minute))
+	ahead, behind := tenantKey(prefix, rs[0], "acme", Scope{}), tenantKey(prefix, rs[1], "acme", Scope{})
+	aheadMaster := masterOf(t, plain, ahead)
+	c := faultyClusterClient(t, func(addr string) redis.Hook {
+		if addr == aheadMaster {
+			return clockAhead{sha: redis.NewScript(AdmitScript).Hash(), ms: time.Hour.Milliseconds()}
+		}
+		return nil
+	})
+	l := newTestLimiter(t, c, &Rules{Default: TenantRules{Rules: rs}}, WithPrefix(prefix))
+	tk := mustAdmit(t, l, Request{ID: "r1", Tenant: "acme", Model: "m", PromptTokens: 400})
+	if !tk.Allowed() || tk.Decision.Path != PathRedis {
+		t.Fatalf("refused: %+v", tk.Decision)
+	}
+	if err := tk.Settle(context.Background(), Usage{PromptTokens: 100}); err != nil {
+		t.Fatal(err)
+	}
+	// The first master's refund went by the time it reported (the hook's
+	// lie stands for its clock, not for where it stored the debit): only
+	// the second master's window tells.
+	if got := windowUsed(t, plain, behind); got != 100 {
+		t.Fatalf("the window on the second master holds %d after a refund of 300 of 400, want 100", got)
+	}
+}

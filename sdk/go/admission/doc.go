@@ -110,7 +110,9 @@
 // standalone Redis, the refusing rule is seen before any debit). A refund
 // Redis does not take is queued and retried like any pending correction,
 // and until then errs on the side of refusing. Settlement sends one marker
-// per slot group, so it is exactly once in every slot.
+// per slot group, so it is exactly once in every slot, and a window's
+// refund goes to the granule of its own master's clock (each script reads
+// its server's TIME; masters' clocks need not agree).
 //
 // # Estimate then settle
 //

@@ -573,7 +573,7 @@ func (l *Limiter) admitSlow(ctx context.Context, t *Ticket, req *Request, leased
 		return
 	}
 	t.leased = leased
-	t.atMs = res.nowMs
+	t.atMs, t.atMsBy = res.nowMs, res.byInst
 	t.seq = l.seq.Add(1)
 	t.Decision.Allowed, t.Decision.Path = true, PathRedis
 	l.allowed(t, now, false)

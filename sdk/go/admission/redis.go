@@ -108,6 +108,11 @@ type admitResult struct {
 	refused        int // set position of the refusing instance, -1 if none
 	avail, retryMs int64
 	nowMs          int64
+	// byInst is each instance's Redis time (by set position) when the
+	// request went to more than one slot group: on a Cluster every master
+	// has its own clock, and a window's refund must go to the granule its
+	// own master debited.
+	byInst []int64
 }
 
 // admitRedis runs admit.lua for every instance not covered by a lease.
@@ -192,12 +197,18 @@ func (l *Limiter) admitRedis(ctx context.Context, t *Ticket, req *Request, lease
 		}
 		return res, nil
 	}
+	if len(calls) > 1 {
+		res.byInst = make([]int64, len(set.insts))
+	}
 	for ci, r := range replies {
 		for j, pos := range calls[ci].idx {
 			in := set.insts[pos]
 			in.noteReply(r[2+3*j], r[4+3*j], now)
 			if g := r[3+3*j]; g > 0 {
 				in.addLease(l, g, r[1], now)
+			}
+			if res.byInst != nil {
+				res.byInst[pos] = r[1]
 			}
 		}
 	}

@@ -24,10 +24,18 @@ type Ticket struct {
 	// Limiter's nonce, the id of its settlement's markers (settleID).
 	seq                uint64
 	prompt, completion int64
-	atMs               int64  // Redis clock of the debit
-	leaseMs            int64  // Redis clock of the oldest lease spent
-	leased, local      uint64 // instances debited from a lease / the local limiter
-	state              uint32 // ticketOpen ... ticketRemoteLeft
+	atMs               int64 // Redis clock of the debit
+	// atMsBy, when set, is each instance's Redis clock of its debit
+	// (several slot groups on a Cluster: several clocks).
+	atMsBy []int64
+	// leaseMs is the Redis clock of the oldest lease spent (leases of
+	// several instances, maybe of several masters): a refund to its
+	// granule is never later than the one the lease was debited in, so
+	// the window may count the units a little longer, never forget them
+	// early.
+	leaseMs       int64
+	leased, local uint64 // instances debited from a lease / the local limiter
+	state         uint32 // ticketOpen ... ticketRemoteLeft
 }
 
 // The states of a Ticket.
@@ -117,7 +125,11 @@ func (t *Ticket) corrections(u Usage, inMemory bool) []adjustment {
 		default:
 			at := int64(-1)
 			if in.r.gran > 0 {
-				at = t.atMs / in.r.gran
+				ms := t.atMs
+				if t.atMsBy != nil {
+					ms = t.atMsBy[i]
+				}
+				at = ms / in.r.gran
 			}
 			remote = append(remote, adjustment{in: in, at: at, delta: d})
 		}
