@@ -143,9 +143,21 @@
 // Redis when the lease expires (WithLeaseTTL, 1 s, at most a quarter of a
 // window), when a window's lease is renewed in a later granule (to the
 // granule it was debited in), and on Close. One renewal per instance is in
-// flight at a time; instances not busy enough to fill a lease of two
-// requests take none, and so do Exact rules, rules with a Reserve, and
-// rules whose cap is below 4 units.
+// flight at a time. Exact rules, rules with a Reserve, and rules whose cap
+// is below 4 units take no lease.
+//
+// A lease holds at least two requests' units (and 4). An instance that
+// admits that much within the horizon gets about a horizon's worth; a
+// slower one that admits it within the lease's life (WithLeaseTTL) gets a
+// lease of just two requests, renewed as it is spent; a slower one still
+// takes none and every admission of it goes to Redis, as an Exact rule's
+// would. With the defaults (1 s lease life, for windows of 4 s and more),
+// measured on one gateway against the real Redis: a requests rule is
+// served from leases from 4 requests a second per gateway (18 of 20
+// admissions at 5/s; none at 3/s), a total-tokens rule with estimates of
+// 500 tokens from 2 to 3 requests a second (6 of 12 at 3/s, 46 of 48 at
+// 12/s; none at 1/s). Sized from the 100 ms horizon alone, leases started
+// only from about 40 and 20 requests a second.
 //
 // The bound. A lease is debited before it is spent, so Redis never counts
 // less than was admitted at the time it was admitted; what a lease adds is

@@ -139,7 +139,11 @@ func (in *instance) refundLeased(l *Limiter, n, leaseMs int64) {
 
 // leaseWant returns the lease to ask for with a request of n units: about
 // leaseHorizon of the observed rate, capped by the rule's maxLease, and 0
-// when the instance is not busy enough for a lease to pay.
+// when the instance is not busy enough for a lease to pay. A lease must
+// hold two requests (and minLease units) to pay; an instance too slow to
+// fill that in leaseHorizon gets it if it fills it within the lease's
+// life: 100 ms of 3 to 12 requests a second is less than two requests,
+// and those instances would otherwise always run exact.
 func (in *instance) leaseWant(l *Limiter, n, now int64) int64 {
 	if in.r.maxLease == 0 || in.transient || l.closed.Load() {
 		return 0
@@ -158,9 +162,14 @@ func (in *instance) leaseWant(l *Limiter, n, now int64) int64 {
 	}
 	rate := in.rate
 	in.mu.Unlock()
+	least := max(2*n, minLease)
+	w := int64(rate * l.o.leaseHorizon.Seconds())
+	if w < least && rate*float64(in.leaseTTL(l))/1e9 >= float64(least) {
+		w = least
+	}
 	// What the gateway holds stays within maxLease: that is the bound.
-	w := min(int64(rate*l.o.leaseHorizon.Seconds()), in.r.maxLease-in.leaseLeft.Load())
-	if w < 2*n || w < minLease {
+	w = min(w, in.r.maxLease-in.leaseLeft.Load())
+	if w < least {
 		return 0
 	}
 	return w
