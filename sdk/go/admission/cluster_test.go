@@ -273,7 +273,7 @@ func TestClusterSettleExactlyOnceOnEveryMaster(t *testing.T) {
 	// group's own slot, so on each of the three masters.
 	markerMasters := map[string]bool{}
 	for _, k := range []string{tpmKey, bucketKey, promptKey} {
-		n, err := c.Exists(ctx, k+":settled:"+tk.id).Result()
+		n, err := c.Exists(ctx, k+":settled:"+tk.settleID()).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -404,5 +404,182 @@ func TestClusterExactRuleNeverOverAdmits(t *testing.T) {
 	}
 	if n+more != rpm {
 		t.Fatalf("%d admitted in the race and %d after it, want %d in all", n, more, rpm)
+	}
+}
+
+// faultyClusterClient is clusterClient with a hook on every node's client,
+// built by hook from the node's address.
+func faultyClusterClient(t testing.TB, hook func(addr string) redis.Hook) *redis.ClusterClient {
+	t.Helper()
+	rc := itest.RedisCluster(t)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.Seeds(), ContextTimeoutEnabled: true,
+		DialTimeout: time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, PoolSize: 64})
+	c.OnNewNode(func(n *redis.Client) {
+		if h := hook(n.Options().Addr); h != nil {
+			n.AddHook(h)
+		}
+	})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestClusterFlushRetriesOnlyTheSlotsThatFailed: the local debits of a
+// fail-open tenant whose rules live on three masters are sent back in one
+// flush; on one master the call is applied but its reply lost, on another
+// it never arrives, on the third it succeeds. The retry must apply the
+// second master's debits and nothing else again.
+func TestClusterFlushRetriesOnlyTheSlotsThatFailed(t *testing.T) {
+	plain := clusterClient(t)
+	prefix := clusterPrefix(t, plain)
+	rs := onDistinctMasters(t, plain, func(r Rule) string { return tenantKey(prefix, r, "acme", Scope{}) },
+		window("lost-reply", TotalTokens, 1_000_000, time.Hour),
+		window("not-sent", TotalTokens, 1_000_000, time.Hour),
+		window("fine", TotalTokens, 1_000_000, time.Hour))
+	keys := make([]string, len(rs))
+	faults := map[string]*scriptFaults{}
+	admits := map[string]*scriptFaults{}
+	for i, r := range rs {
+		keys[i] = tenantKey(prefix, r, "acme", Scope{})
+		m := masterOf(t, plain, keys[i])
+		faults[m], admits[m] = newScriptFaults(AdjustScript), newScriptFaults(AdmitScript)
+	}
+	c := faultyClusterClient(t, func(addr string) redis.Hook {
+		if faults[addr] == nil {
+			return nil
+		}
+		return hooks{admits[addr], faults[addr]}
+	})
+	ticks := newTickWaiter()
+	l := newTestLimiter(t, c, &Rules{Default: TenantRules{Rules: rs}}, WithPrefix(prefix), WithMaxWait(time.Second),
+		WithProbeInterval(5*time.Millisecond), withTickHook(ticks.hook))
+	req := Request{Tenant: "acme", Model: "m", PromptTokens: 100}
+	if d := mustAdmit(t, l, req).Decision; !d.Allowed || d.Path != PathRedis {
+		t.Fatalf("before the faults: %+v", d)
+	}
+
+	// Every script fails without reaching Redis: the tenant is admitted
+	// locally and its debits wait.
+	for _, f := range faults {
+		f.arm(refuse, -1)
+	}
+	for _, f := range admits {
+		f.arm(refuse, -1)
+	}
+	for i := range 5 {
+		if d := mustAdmit(t, l, req).Decision; !d.Allowed || d.Path != PathLocal {
+			t.Fatalf("local admission %d: %+v", i, d)
+		}
+	}
+	ticks.wait(t, 2)
+
+	// Scripts run again, but the next flush meets one fault per master.
+	for _, f := range admits {
+		f.arm(passThrough, 0)
+	}
+	faults[masterOf(t, plain, keys[0])].arm(loseReply, 1)
+	faults[masterOf(t, plain, keys[1])].arm(refuse, 1)
+	faults[masterOf(t, plain, keys[2])].arm(passThrough, 0)
+	itest.Eventually(t, 10*time.Second, "the local debits flushed", func() bool {
+		s := l.Stats()
+		return !s.Down && s.Pending == 0
+	})
+	for i, k := range keys {
+		if got := windowUsed(t, plain, k); got != 600 {
+			t.Errorf("%s (%s) holds %d, want 600: 100 through Redis and 500 admitted locally", rs[i].Name, masterOf(t, plain, k), got)
+		}
+	}
+}
+
+// hooks chains go-redis hooks.
+type hooks []redis.Hook
+
+func (h hooks) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h hooks) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	for i := len(h) - 1; i >= 0; i-- {
+		next = h[i].ProcessHook(next)
+	}
+	return next
+}
+
+func (h hooks) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	for i := len(h) - 1; i >= 0; i-- {
+		next = h[i].ProcessPipelineHook(next)
+	}
+	return next
+}
+
+// clockAhead is a hook that reports admit.lua's Redis time (now_ms) as
+// ahead by ms: a master whose clock is ahead of the others'.
+type clockAhead struct {
+	sha string
+	ms  int64
+}
+
+func (h clockAhead) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h clockAhead) shift(cmd redis.Cmder) {
+	c, ok := cmd.(*redis.Cmd)
+	if !ok || c.Err() != nil || len(c.Args()) < 2 || (c.Args()[1] != h.sha && c.Args()[1] != AdmitScript) {
+		return
+	}
+	if v, ok := c.Val().([]any); ok && len(v) > 1 {
+		if now, ok := v[1].(int64); ok {
+			v[1] = now + h.ms
+		}
+	}
+}
+
+func (h clockAhead) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.shift(cmd)
+		return err
+	}
+}
+
+func (h clockAhead) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			h.shift(c)
+		}
+		return err
+	}
+}
+
+// TestClusterSettleRefundsEachGroupAtItsOwnTime: a request's rules live on
+// two masters, and the first one's clock is an hour ahead of the second's
+// (each script reads its own server's TIME). The refund of each rule's
+// window must go to the granule that rule was debited in, by its own
+// master's clock; the first master's time is nothing to the second's
+// window.
+func TestClusterSettleRefundsEachGroupAtItsOwnTime(t *testing.T) {
+	plain := clusterClient(t)
+	prefix := clusterPrefix(t, plain)
+	rs := onDistinctMasters(t, plain, func(r Rule) string { return tenantKey(prefix, r, "acme", Scope{}) },
+		window("ahead", TotalTokens, 1_000_000, 10*time.Minute),
+		window("behind", TotalTokens, 1_000_000, 10*time.Minute))
+	ahead, behind := tenantKey(prefix, rs[0], "acme", Scope{}), tenantKey(prefix, rs[1], "acme", Scope{})
+	aheadMaster := masterOf(t, plain, ahead)
+	c := faultyClusterClient(t, func(addr string) redis.Hook {
+		if addr == aheadMaster {
+			return clockAhead{sha: redis.NewScript(AdmitScript).Hash(), ms: time.Hour.Milliseconds()}
+		}
+		return nil
+	})
+	l := newTestLimiter(t, c, &Rules{Default: TenantRules{Rules: rs}}, WithPrefix(prefix))
+	tk := mustAdmit(t, l, Request{ID: "r1", Tenant: "acme", Model: "m", PromptTokens: 400})
+	if !tk.Allowed() || tk.Decision.Path != PathRedis {
+		t.Fatalf("refused: %+v", tk.Decision)
+	}
+	if err := tk.Settle(context.Background(), Usage{PromptTokens: 100}); err != nil {
+		t.Fatal(err)
+	}
+	// The first master's refund went by the time it reported (the hook's
+	// lie stands for its clock, not for where it stored the debit): only
+	// the second master's window tells.
+	if got := windowUsed(t, plain, behind); got != 100 {
+		t.Fatalf("the window on the second master holds %d after a refund of 300 of 400, want 100", got)
 	}
 }

@@ -139,7 +139,11 @@ func (in *instance) refundLeased(l *Limiter, n, leaseMs int64) {
 
 // leaseWant returns the lease to ask for with a request of n units: about
 // leaseHorizon of the observed rate, capped by the rule's maxLease, and 0
-// when the instance is not busy enough for a lease to pay.
+// when the instance is not busy enough for a lease to pay. A lease must
+// hold two requests (and minLease units) to pay; an instance too slow to
+// fill that in leaseHorizon gets it if it fills it within the lease's
+// life: 100 ms of 3 to 12 requests a second is less than two requests,
+// and those instances would otherwise always run exact.
 func (in *instance) leaseWant(l *Limiter, n, now int64) int64 {
 	if in.r.maxLease == 0 || in.transient || l.closed.Load() {
 		return 0
@@ -158,9 +162,14 @@ func (in *instance) leaseWant(l *Limiter, n, now int64) int64 {
 	}
 	rate := in.rate
 	in.mu.Unlock()
+	least := max(2*n, minLease)
+	w := int64(rate * l.o.leaseHorizon.Seconds())
+	if w < least && rate*float64(in.leaseTTL(l))/1e9 >= float64(least) {
+		w = least
+	}
 	// What the gateway holds stays within maxLease: that is the bound.
-	w := min(int64(rate*l.o.leaseHorizon.Seconds()), in.r.maxLease-in.leaseLeft.Load())
-	if w < 2*n || w < minLease {
+	w = min(w, in.r.maxLease-in.leaseLeft.Load())
+	if w < least {
 		return 0
 	}
 	return w
@@ -263,7 +272,12 @@ func (in *instance) noteReply(remaining, resetMs, now int64) {
 // localState is the in-memory limiter of the fail-open mode: the rule with
 // its limit (and rate) divided by the gateway count.
 type localState struct {
-	valid  bool
+	valid bool
+	// word is the resetAt of the Redis reply the state was built from. The
+	// state lasts until Redis gives a newer word on the instance, which it
+	// only does once it takes scripts again: not when a probe finds it
+	// answering PING, nor when a flush is tried (and fails).
+	word   int64
 	tokens float64
 	last   int64
 	win    [Granules + 2]struct{ g, n int64 }
@@ -283,10 +297,10 @@ func (in *instance) localTake(l *Limiter, n, now int64) (ok bool, avail int64, r
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	s := &in.loc
-	if !s.valid {
+	if word := in.resetAt.Load(); !s.valid || s.word != word {
 		// Start from Redis's last word, shared out, so an outage does not
 		// hand out a fresh limit on top of what is already spent.
-		s.valid, s.last, s.tokens = true, now, float64(limit)
+		s.valid, s.word, s.last, s.tokens = true, word, now, float64(limit)
 		s.win = [Granules + 2]struct{ g, n int64 }{}
 		if rem := in.remaining.Load(); rem >= 0 {
 			s.tokens = float64((rem + int64(l.o.gateways) - 1) / int64(l.o.gateways))
@@ -383,13 +397,16 @@ func (in *instance) winUsed(now int64) (used int64, oldestExit time.Duration) {
 	return used, oldestExit
 }
 
-// takePending hands the local debits to reconciliation and forgets the
-// local limiter, so the next outage starts again from Redis's word.
+// takePending hands the local debits to reconciliation. The local limiter
+// stays as it is: whether the flush succeeds or not, it is what this
+// gateway knows until Redis answers an admission of the instance again
+// (localState.word); forgetting it at every flush let a Redis that answers
+// PING but refuses scripts hand out a fresh share every probe interval.
 func (in *instance) takePending() int64 {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	p := in.pending
-	in.pending, in.inPending, in.loc.valid = 0, false, false
+	in.pending, in.inPending = 0, false
 	return p
 }
 

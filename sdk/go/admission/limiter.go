@@ -2,6 +2,8 @@ package admission
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -39,11 +41,20 @@ type Limiter struct {
 	renewDone chan struct{}
 	closed    atomic.Bool
 	closeOne  sync.Once
+
+	// nonce and seq make the ids of marker keys (newID): random per
+	// Limiter, so that no two gateways' ids meet.
+	nonce string
+	seq   atomic.Uint64
+
+	// Failed settlements so far, as of the last log, and when it was.
+	settleFails, settleLogged, settleLogAt atomic.Int64
 }
 
 // ErrBacklogFull is returned by Settle when Redis is unreachable and the
-// queue of corrections waiting for it is full (WithMaxPending): the ticket
-// stays unsettled and Settle may be called again.
+// queue of corrections waiting for it is full (WithMaxPending): the
+// ticket's Redis corrections are not applied (the Limiter counts and logs
+// that), and calling Settle again applies them once.
 var ErrBacklogFull = errors.New("admission: Redis is unreachable and the pending corrections are full")
 
 // New returns a Limiter enforcing rules through client, which may be a
@@ -60,7 +71,7 @@ func New(client redis.UniversalClient, rules *Rules, opts ...Option) (*Limiter, 
 	}
 	l := &Limiter{client: client, o: o, base: time.Now(), leased: map[*instance]struct{}{},
 		renewQ: make(chan *instance, renewQueue), kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
-		renewDone: make(chan struct{})}
+		renewDone: make(chan struct{}), nonce: randomNonce()}
 	switch c := client.(type) {
 	case *redis.Client:
 		if !c.Options().ContextTimeoutEnabled {
@@ -87,6 +98,13 @@ func New(client redis.UniversalClient, rules *Rules, opts ...Option) (*Limiter, 
 	go l.run()
 	go l.renewer()
 	return l, nil
+}
+
+// randomNonce returns 96 random bits in hex.
+func randomNonce() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 func (o *options) validate() error {
@@ -555,7 +573,8 @@ func (l *Limiter) admitSlow(ctx context.Context, t *Ticket, req *Request, leased
 		return
 	}
 	t.leased = leased
-	t.atMs = res.nowMs
+	t.atMs, t.atMsBy = res.nowMs, res.byInst
+	t.seq = l.seq.Add(1)
 	t.Decision.Allowed, t.Decision.Path = true, PathRedis
 	l.allowed(t, now, false)
 }

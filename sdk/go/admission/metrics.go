@@ -94,7 +94,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		settles: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_admission_settlements_total",
-			Help: "Ticket settlements: applied, duplicate (a retry Redis had already applied), deferred (Redis unreachable; applied when it is back).",
+			Help: "Ticket settlements: applied and duplicate (a retry Redis had already applied) per slot group, deferred (Redis unreachable; applied when it is back), failed (neither applied nor queued: the backlog was full; lost unless the ticket is settled again).",
 		}, []string{"result"}),
 		reconciled: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_admission_reconciled_units_total",

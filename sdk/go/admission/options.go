@@ -40,6 +40,10 @@ type options struct {
 	settleTTL     time.Duration
 	reg           prometheus.Registerer
 	log           *slog.Logger
+	// onTick, when set, runs after every iteration of the background
+	// loop: tests wait on it to know a probe and a flush have run, rather
+	// than sleeping.
+	onTick func()
 }
 
 func defaultOptions() options {
@@ -119,12 +123,16 @@ func WithMaxInstances(n int) Option { return func(o *options) { o.maxInstances =
 // so its caller may retry.
 func WithMaxPending(n int) Option { return func(o *options) { o.maxPending = n } }
 
-// WithSettleTTL is how long Redis remembers that a request id was settled
-// (default 10 min): a retried Settle within it is not applied twice.
+// WithSettleTTL is how long Redis remembers that a settlement or a batch
+// of corrections was applied (default 10 min; the life of their marker
+// keys): a retry within it is not applied twice.
 func WithSettleTTL(d time.Duration) Option { return func(o *options) { o.settleTTL = d } }
 
 // WithRegisterer registers the Limiter's metrics on reg.
 func WithRegisterer(reg prometheus.Registerer) Option { return func(o *options) { o.reg = reg } }
+
+// withTickHook sets options.onTick (tests only).
+func withTickHook(f func()) Option { return func(o *options) { o.onTick = f } }
 
 // WithLogger logs Redis going away and coming back.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }

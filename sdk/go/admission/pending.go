@@ -9,12 +9,19 @@ import (
 // refunds that could not be sent, settlements made while Redis was
 // unreachable, and (through the instances listed in insts) the local
 // limiter's debits. It is bounded by WithMaxPending; see there.
+//
+// Corrections wait open (adj, insts: merged per instance and granule)
+// until a flush seals them into marked calls; a sealed call is sent again
+// exactly as it is, marker included, until Redis answers it, so a call
+// Redis applied but whose reply was lost (a timeout, one master of a
+// Cluster failing) is not applied twice. Settlements are sealed from the
+// start, with their ticket's marker.
 type pending struct {
-	mu      sync.Mutex
-	max     int
-	adj     map[adjKey]*adjustment
-	insts   map[*instance]struct{}
-	settles []deferredSettle
+	mu    sync.Mutex
+	max   int
+	adj   map[adjKey]*adjustment
+	insts map[*instance]struct{}
+	calls []markedCall
 }
 
 type adjKey struct {
@@ -23,16 +30,13 @@ type adjKey struct {
 }
 
 // adjustment is one signed correction of one instance; at is the window
-// granule a refund belongs to (-1: the current one).
+// granule a refund belongs to (-1: the current one). local marks the
+// local limiter's debits, for the reconciled-units metric.
 type adjustment struct {
 	in    *instance
 	at    int64
 	delta int64
-}
-
-type deferredSettle struct {
-	id   string
-	adjs []adjustment
+	local bool
 }
 
 func (p *pending) init(max int) {
@@ -44,10 +48,10 @@ func (p *pending) init(max int) {
 func (p *pending) len() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.adj) + len(p.insts) + len(p.settles)
+	return p.lenLocked()
 }
 
-func (p *pending) fullLocked() bool { return len(p.adj)+len(p.insts)+len(p.settles) >= p.max }
+func (p *pending) lenLocked() int { return len(p.adj) + len(p.insts) + len(p.calls) }
 
 // add queues a correction, merging it with one for the same instance and
 // granule; it reports false (and counts the drop) when the queue is full.
@@ -65,7 +69,7 @@ func (p *pending) add(l *Limiter, in *instance, delta, at int64) bool {
 		a.delta += delta
 		return true
 	}
-	if p.fullLocked() {
+	if p.lenLocked() >= p.max {
 		l.m.dropped.Inc()
 		return false
 	}
@@ -82,73 +86,70 @@ func (p *pending) addInstance(in *instance) {
 	p.mu.Unlock()
 }
 
-func (p *pending) deferSettle(l *Limiter, id string, adjs []adjustment) bool {
+// queue adds sealed calls (a settlement, refunds Redis did not take) whole
+// or not at all; it reports false (and counts the drop) when they do not
+// fit.
+func (p *pending) queue(l *Limiter, calls []markedCall) bool {
+	if len(calls) == 0 {
+		return true
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.fullLocked() {
+	if p.lenLocked()+len(calls) > p.max {
 		l.m.dropped.Inc()
 		return false
 	}
-	p.settles = append(p.settles, deferredSettle{id: id, adjs: adjs})
+	p.calls = append(p.calls, calls...)
 	return true
 }
 
-// flush sends every pending correction to Redis. What Redis did not take
-// stays queued and the error is returned.
+// requeue puts back sealed calls Redis did not answer, ahead of the
+// others; they are never dropped, since they were counted against the
+// bound when first queued (sealing never makes more entries than it
+// takes).
+func (p *pending) requeue(calls []markedCall) {
+	if len(calls) == 0 {
+		return
+	}
+	p.mu.Lock()
+	p.calls = append(calls, p.calls...)
+	p.mu.Unlock()
+}
+
+// flush sends what waits to Redis: first the sealed calls, as they are;
+// only once Redis has answered all of them are the open corrections
+// sealed (with a marker of a new batch) and sent. What Redis did not
+// answer stays queued and the error is returned.
 func (p *pending) flush(ctx context.Context, l *Limiter) error {
 	p.mu.Lock()
-	adj, insts, settles := p.adj, p.insts, p.settles
-	p.adj, p.insts, p.settles = map[adjKey]*adjustment{}, map[*instance]struct{}{}, nil
+	sealed := p.calls
+	p.calls = nil
 	p.mu.Unlock()
+	if err := p.send(ctx, l, sealed); err != nil {
+		return err
+	}
 
+	p.mu.Lock()
+	adj, insts := p.adj, p.insts
+	p.adj, p.insts = map[adjKey]*adjustment{}, map[*instance]struct{}{}
+	p.mu.Unlock()
 	list := make([]adjustment, 0, len(adj)+len(insts))
-	var local int64
 	for _, a := range adj {
 		list = append(list, *a)
 	}
 	for in := range insts {
 		if d := in.takePending(); d != 0 {
-			list = append(list, adjustment{in: in, at: -1, delta: d})
-			local += max(d, 0)
+			list = append(list, adjustment{in: in, at: -1, delta: d, local: true})
 		}
 	}
-	if len(list) > 0 {
-		if err := l.adjust(ctx, list); err != nil {
-			for _, a := range list {
-				p.readd(a)
-			}
-			p.requeueSettles(settles)
-			return err
-		}
-		l.m.reconciled.Add(float64(local))
-	}
-	for i, s := range settles {
-		if err := l.settleRedis(ctx, s.id, s.adjs); err != nil {
-			p.requeueSettles(settles[i:])
-			return err
-		}
-	}
-	return nil
+	return p.send(ctx, l, l.seal(list, batchMarker(l.newID())))
 }
 
-// readd puts back a correction Redis did not take; it is never dropped,
-// since it was counted against the bound when first queued.
-func (p *pending) readd(a adjustment) {
-	k := adjKey{a.in.key, a.at}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if b := p.adj[k]; b != nil {
-		b.delta += a.delta
-		return
+func (p *pending) send(ctx context.Context, l *Limiter, calls []markedCall) error {
+	if len(calls) == 0 {
+		return nil
 	}
-	p.adj[k] = &a
-}
-
-func (p *pending) requeueSettles(s []deferredSettle) {
-	if len(s) == 0 {
-		return
-	}
-	p.mu.Lock()
-	p.settles = append(s, p.settles...)
-	p.mu.Unlock()
+	failed, err := l.applyMarked(ctx, calls)
+	p.requeue(failed)
+	return err
 }

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -42,7 +43,9 @@ type scriptCall struct {
 // runScripts runs calls of one script in one round trip: a single call with
 // EVALSHA falling back to EVAL, several in a pipeline (on a Cluster client
 // the pipeline goes to each node in parallel) with the calls that met
-// NOSCRIPT sent again with EVAL.
+// NOSCRIPT sent again with EVAL. Each command carries its own outcome (on
+// a Cluster one master may fail while the others answer); the error is
+// the first of them.
 func (l *Limiter) runScripts(ctx context.Context, s *redis.Script, calls []scriptCall) ([]*redis.Cmd, error) {
 	l.m.c.roundTrips.Add(1)
 	if len(calls) == 1 {
@@ -61,21 +64,25 @@ func (l *Limiter) runScripts(ctx context.Context, s *redis.Script, calls []scrip
 	}
 	var retry []int
 	for i, c := range cmds {
-		if e := c.Err(); e != nil {
-			if !isNoScript(e) {
-				return cmds, e
-			}
+		if e := c.Err(); e != nil && isNoScript(e) {
 			retry = append(retry, i)
 		}
 	}
-	l.m.c.roundTrips.Add(1)
-	_, err = l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, i := range retry {
-			cmds[i] = s.Eval(ctx, p, calls[i].keys, calls[i].args...)
+	if len(retry) > 0 {
+		l.m.c.roundTrips.Add(1)
+		_, _ = l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, i := range retry {
+				cmds[i] = s.Eval(ctx, p, calls[i].keys, calls[i].args...)
+			}
+			return nil
+		})
+	}
+	for _, c := range cmds {
+		if e := c.Err(); e != nil {
+			return cmds, e
 		}
-		return nil
-	})
-	return cmds, err
+	}
+	return cmds, nil
 }
 
 func isNoScript(err error) bool {
@@ -101,6 +108,11 @@ type admitResult struct {
 	refused        int // set position of the refusing instance, -1 if none
 	avail, retryMs int64
 	nowMs          int64
+	// byInst is each instance's Redis time (by set position) when the
+	// request went to more than one slot group: on a Cluster every master
+	// has its own clock, and a window's refund must go to the granule its
+	// own master debited.
+	byInst []int64
 }
 
 // admitRedis runs admit.lua for every instance not covered by a lease.
@@ -178,13 +190,15 @@ func (l *Limiter) admitRedis(ctx context.Context, t *Ticket, req *Request, lease
 			}
 		}
 		if len(back) > 0 {
-			if err := l.adjust(wctx, back); err != nil {
-				for _, a := range back {
-					l.pend.add(l, a.in, a.delta, a.at)
-				}
-			}
+			// What Redis did not answer is sent again with the same
+			// markers; if the queue is full it is dropped and counted.
+			failed, _ := l.applyMarked(wctx, l.seal(back, batchMarker(l.newID())))
+			l.pend.queue(l, failed)
 		}
 		return res, nil
+	}
+	if len(calls) > 1 {
+		res.byInst = make([]int64, len(set.insts))
 	}
 	for ci, r := range replies {
 		for j, pos := range calls[ci].idx {
@@ -193,14 +207,39 @@ func (l *Limiter) admitRedis(ctx context.Context, t *Ticket, req *Request, lease
 			if g := r[3+3*j]; g > 0 {
 				in.addLease(l, g, r[1], now)
 			}
+			if res.byInst != nil {
+				res.byInst[pos] = r[1]
+			}
 		}
 	}
 	return res, nil
 }
 
-// adjust runs adjust.lua without a marker for a batch of corrections.
-func (l *Limiter) adjust(ctx context.Context, list []adjustment) error {
-	var calls []scriptCall
+// markedCall is one adjust.lua call guarded by its marker key (KEYS[1]):
+// corrections of instances of one slot, applied at most once whatever
+// happens to the reply, and sent again exactly as they are until Redis
+// answers.
+type markedCall struct {
+	slot   uint16
+	marker string
+	adjs   []adjustment
+	settle bool // a ticket's settlement, for the metrics
+}
+
+// markerFunc names the marker of a call from its first instance key (whose
+// hash tag it shares) and its position in the batch.
+type markerFunc func(first string, n int) string
+
+// batchMarker marks the calls of a batch of background corrections:
+// <first instance key>:adj:<batch id>.<n>.
+func batchMarker(id string) markerFunc {
+	return func(first string, n int) string { return first + ":adj:" + id + "." + strconv.Itoa(n) }
+}
+
+// seal groups corrections into marked calls: one per slot (on a
+// standalone Redis, one in all) of at most maxKeysPerCall instances.
+func (l *Limiter) seal(list []adjustment, marker markerFunc) []markedCall {
+	var calls []markedCall
 	for _, a := range list {
 		if a.delta == 0 {
 			continue
@@ -209,65 +248,87 @@ func (l *Limiter) adjust(ctx context.Context, list []adjustment) error {
 		if !l.cluster {
 			slot = 0
 		}
-		// Find an open call for the slot with room left.
-		var c *scriptCall
+		var c *markedCall
 		for i := range calls {
-			if calls[i].slot == slot && len(calls[i].keys) < maxKeysPerCall {
+			if calls[i].slot == slot && len(calls[i].adjs) < maxKeysPerCall {
 				c = &calls[i]
 				break
 			}
 		}
 		if c == nil {
-			calls = append(calls, scriptCall{slot: slot, args: []any{0, 0}})
+			calls = append(calls, markedCall{slot: slot, marker: marker(a.in.key, len(calls))})
 			c = &calls[len(calls)-1]
 		}
-		r := a.in.r
-		c.keys = append(c.keys, a.in.key)
-		c.args = append(c.args, r.kind, r.argLimit, r.argRate, r.argGran, a.delta, a.at)
+		c.adjs = append(c.adjs, a)
 	}
-	if len(calls) == 0 {
-		return nil
-	}
-	for i := range calls {
-		calls[i].args[1] = len(calls[i].keys)
-	}
-	_, err := l.runScripts(ctx, adjustScript, calls)
-	return err
+	return calls
 }
 
-// settleRedis applies a ticket's corrections with the request id as marker,
-// one marker per slot group, so a retry applies nothing twice.
-func (l *Limiter) settleRedis(ctx context.Context, id string, list []adjustment) error {
-	var calls []scriptCall
+// maxCallsPerTrip bounds the marked calls one round trip carries.
+const maxCallsPerTrip = 256
+
+// applyMarked runs marked calls, maxCallsPerTrip a round trip, and returns
+// those Redis did not answer (with the first error): a failure of one
+// master leaves the calls the others answered applied, and only the
+// failed ones come back to be sent again. A call Redis answered with 0
+// had been applied before (a reply lost after the bound).
+func (l *Limiter) applyMarked(ctx context.Context, calls []markedCall) ([]markedCall, error) {
 	ttl := l.o.settleTTL.Milliseconds()
-	for _, a := range list {
-		var c *scriptCall
-		calls, c = l.group(calls, a.in.slot, []any{ttl, 0})
-		if len(c.keys) == 0 {
-			// The marker shares the hash tag of the group's first key.
-			c.keys = append(c.keys, a.in.key+":settled:"+id)
+	for start := 0; start < len(calls); start += maxCallsPerTrip {
+		chunk := calls[start:min(start+maxCallsPerTrip, len(calls))]
+		sc := make([]scriptCall, len(chunk))
+		for i, c := range chunk {
+			sc[i] = scriptCall{slot: c.slot, keys: make([]string, 0, 1+len(c.adjs)), args: make([]any, 0, 2+6*len(c.adjs))}
+			sc[i].keys = append(sc[i].keys, c.marker)
+			sc[i].args = append(sc[i].args, ttl, len(c.adjs))
+			for _, a := range c.adjs {
+				r := a.in.r
+				sc[i].keys = append(sc[i].keys, a.in.key)
+				sc[i].args = append(sc[i].args, r.kind, r.argLimit, r.argRate, r.argGran, a.delta, a.at)
+			}
 		}
-		r := a.in.r
-		c.keys = append(c.keys, a.in.key)
-		c.args = append(c.args, r.kind, r.argLimit, r.argRate, r.argGran, a.delta, a.at)
+		cmds, err := l.runScripts(ctx, adjustScript, sc)
+		var failed []markedCall
+		for i, c := range chunk {
+			if cmds[i].Err() != nil {
+				failed = append(failed, c)
+				continue
+			}
+			l.answered(c, cmds[i].Val())
+		}
+		if err != nil {
+			return append(failed, calls[start+len(chunk):]...), err
+		}
 	}
-	for i := range calls {
-		calls[i].args[1] = len(calls[i].keys) - 1
-	}
-	wctx, cancel := context.WithTimeout(ctx, l.o.maxWait)
-	defer cancel()
-	cmds, err := l.runScripts(wctx, adjustScript, calls)
-	if err != nil {
-		return err
-	}
-	for _, c := range cmds {
-		if v, _ := c.Int64(); v == 1 {
+	return nil, nil
+}
+
+// answered counts a marked call Redis answered: 1 applied now, 0 applied
+// before.
+func (l *Limiter) answered(c markedCall, reply any) {
+	applied, _ := reply.(int64)
+	if c.settle {
+		if applied == 1 {
 			l.m.settles.WithLabelValues("applied").Inc()
 		} else {
 			l.m.settles.WithLabelValues("duplicate").Inc()
 		}
 	}
-	return nil
+	var local int64
+	for _, a := range c.adjs {
+		if a.local {
+			local += max(a.delta, 0)
+		}
+	}
+	if local > 0 {
+		l.m.reconciled.Add(float64(local))
+	}
+}
+
+// newID returns an id no other batch or settlement of any gateway has:
+// this Limiter's random nonce and a sequence number.
+func (l *Limiter) newID() string {
+	return l.nonce + "." + strconv.FormatUint(l.seq.Add(1), 36)
 }
 
 // renewSoon asks the renewer to top up in's lease before it runs out, so
@@ -380,26 +441,34 @@ func (l *Limiter) run() {
 		case <-tick.C:
 		case <-l.kick:
 		}
-		ctx := context.Background()
-		now := l.now()
-		l.coarse.Store(now)
-		l.expireLeases(now, false)
-		if l.down.Load() {
-			if err := l.probe(ctx); err != nil {
-				continue
-			}
+		l.step(&lastSweep)
+		if l.o.onTick != nil {
+			l.o.onTick()
 		}
-		if err := l.flushPending(ctx); err != nil {
-			l.markDown(err)
-			continue
+	}
+}
+
+// step is one iteration of run.
+func (l *Limiter) step(lastSweep *int64) {
+	ctx := context.Background()
+	now := l.now()
+	l.coarse.Store(now)
+	l.expireLeases(now, false)
+	if l.down.Load() {
+		if err := l.probe(ctx); err != nil {
+			return
 		}
-		if l.down.CompareAndSwap(true, false) {
-			l.o.log.Info("admission: Redis is back; local debits reconciled")
-		}
-		if now-lastSweep > int64(l.o.idle)/4 {
-			l.sweep(now)
-			lastSweep = now
-		}
+	}
+	if err := l.flushPending(ctx); err != nil {
+		l.markDown(err)
+		return
+	}
+	if l.down.CompareAndSwap(true, false) {
+		l.o.log.Info("admission: Redis is back; local debits reconciled")
+	}
+	if now-*lastSweep > int64(l.o.idle)/4 {
+		l.sweep(now)
+		*lastSweep = now
 	}
 }
 

@@ -8,8 +8,12 @@ import (
 
 // Request is what admission needs to know about one call before it is made.
 type Request struct {
-	// ID makes settlement idempotent: use the usage event's id. When empty,
-	// Admit makes one up if the ticket needs Redis to settle.
+	// ID names the request in logs (the usage event's id, say); it need
+	// not be unique. Settlement does not rest on it: its markers in Redis
+	// carry an id Admit makes for each admission (random per Limiter, then
+	// a sequence number), so an id a client chose, reused by a tenant or
+	// shared by tenants or gateways, cannot make one request's settlement
+	// pass for another's.
 	ID       string
 	Tenant   string
 	Model    string

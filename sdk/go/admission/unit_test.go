@@ -276,3 +276,81 @@ func TestSecondLimiterOnOneRegistryIsAnError(t *testing.T) {
 	}
 	other.Close()
 }
+
+// leaseAtPace feeds an instance of r admissions of n units at perSecond
+// (on the instance's own clock, no waiting) as the Redis path does, and
+// returns the lease the last one would ask for.
+func leaseAtPace(l *Limiter, r Rule, n int64, perSecond float64) int64 {
+	c := compileRule(r, true, l.o.leaseFraction, l.m)
+	in := newInstance(c, "k", Scope{}, 1)
+	now := int64(1)
+	var want int64
+	for range 50 {
+		now += int64(float64(time.Second) / perSecond)
+		want = in.leaseWant(l, n, now)
+		in.units.Add(n)
+	}
+	return want
+}
+
+// TestLeasesAtAFewRequestsPerSecond: an instance a gateway admits a few
+// requests a second on, too slow to fill a lease in the 100 ms horizon,
+// still takes one, sized from the lease's life; slower ones run exact.
+func TestLeasesAtAFewRequestsPerSecond(t *testing.T) {
+	l := localLimiter(1)
+	rpm := Rule{Name: "rpm", Unit: Requests, Algorithm: SlidingWindow, Limit: 60_000, Window: time.Minute}
+	tpm := Rule{Name: "tpm", Unit: TotalTokens, Algorithm: SlidingWindow, Limit: 10_000_000, Window: time.Minute}
+	for _, tc := range []struct {
+		what      string
+		r         Rule
+		n         int64
+		perSecond float64
+		lease     bool
+	}{
+		{"requests rule, 3/s", rpm, 1, 3, false},
+		{"requests rule, 5/s", rpm, 1, 5, true},
+		{"requests rule, 12/s", rpm, 1, 12, true},
+		{"tokens rule, 1/s of 500", tpm, 500, 1, false},
+		{"tokens rule, 3/s of 500", tpm, 500, 3, true},
+		{"tokens rule, 12/s of 500", tpm, 500, 12, true},
+	} {
+		w := leaseAtPace(l, tc.r, tc.n, tc.perSecond)
+		if (w > 0) != tc.lease {
+			t.Errorf("%s: lease of %d, want a lease: %v", tc.what, w, tc.lease)
+		}
+		if w > 0 && w < 2*tc.n {
+			t.Errorf("%s: lease of %d holds less than two requests of %d", tc.what, w, tc.n)
+		}
+	}
+}
+
+// TestLocalLimiterLastsUntilRedisSpeaksAgain: handing the local debits to
+// a flush does not refill the local limiter; a new word from Redis (an
+// admission it answered) is what the next outage starts from.
+func TestLocalLimiterLastsUntilRedisSpeaksAgain(t *testing.T) {
+	l := localLimiter(2)
+	in := newInstance(&rule{Rule: Rule{Name: "w", Unit: Requests, Algorithm: SlidingWindow, Limit: 100, Window: time.Minute}, gran: 1000}, "k", Scope{}, 0)
+	in.noteReply(10, 1000, 0)
+	now := int64(time.Hour)
+	take := func() (n int) {
+		for {
+			if ok, _, _ := in.localTake(l, 1, now); !ok {
+				return n
+			}
+			n++
+		}
+	}
+	if n := take(); n != 5 {
+		t.Fatalf("admitted %d locally, want 5", n)
+	}
+	for range 3 {
+		in.takePending() // a flush that Redis refused
+		if n := take(); n != 0 {
+			t.Fatalf("admitted %d more after a flush was tried, want 0", n)
+		}
+	}
+	in.noteReply(40, 1000, now) // Redis answered an admission: 40 left
+	if n := take(); n != 20 {
+		t.Fatalf("admitted %d from Redis's new word, want 20", n)
+	}
+}

@@ -24,7 +24,7 @@ import (
 // agree.
 //
 // Each acquire is one script call (one round trip); each release one
-// HINCRBY. The limit is this process's Algorithm's: every process observes
+// too. The limit is this process's Algorithm's: every process observes
 // the same upstream, so their adaptive limits agree closely without
 // sharing more. When Redis cannot be reached an acquire falls back to
 // counting this process alone against the limit (fail open: the fleet may
@@ -34,6 +34,7 @@ type Shared struct {
 	rdb         redis.UniversalClient
 	countsKey   string
 	leasesKey   string
+	releasedKey string
 	id          string
 	alg         Algorithm
 	ttl         time.Duration
@@ -45,8 +46,15 @@ type Shared struct {
 	localOnly   atomic.Int64 // slots taken while Redis was unreachable
 	fleet       atomic.Int64 // the fleet's count as last seen
 	unreleased  atomic.Int64 // releases Redis has not seen yet
+	// releases numbers the releases sent to Redis; each records its
+	// number there (releasedKey), so a renewal can tell whether a release
+	// raced the count it read (see renewScript).
+	releases    atomic.Int64
 	redisErrors atomic.Int64
 	mu          sync.Mutex // serialises Observe and the store of its limit
+	// beforeRenew, when set, runs between a renewal's reading of the
+	// slots held and its script (tests play interleavings with it).
+	beforeRenew func()
 }
 
 // SharedOpt configures a Shared.
@@ -98,19 +106,23 @@ func NewShared(rdb redis.UniversalClient, prefix, upstream, id string, alg Algor
 	// The hash tag keeps both keys on one Redis Cluster slot, as the
 	// script needs.
 	base := prefix + "{" + upstream + "}:"
-	s.countsKey, s.leasesKey = base+"inflight", base+"leases"
+	s.countsKey, s.leasesKey, s.releasedKey = base+"inflight", base+"leases", base+"released"
 	s.limit.Store(int64(alg.Limit()))
 	return s, nil
 }
 
-// acquireScript drops the counts of processes whose lease expired, then
-// takes a slot for ARGV[1] if the fleet holds fewer than ARGV[2], renewing
-// its lease for ARGV[3] ms. It answers {taken (0/1), fleet count after}.
+// acquireScript drops the counts (and release numbers, KEYS[3]) of
+// processes whose lease expired, then takes a slot for ARGV[1] if the
+// fleet holds fewer than ARGV[2], renewing its lease for ARGV[3] ms. It
+// answers {taken (0/1), fleet count after}.
 var acquireScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
-for i = 1, #dead do redis.call('HDEL', KEYS[1], dead[i]) end
+for i = 1, #dead do
+  redis.call('HDEL', KEYS[1], dead[i])
+  redis.call('HDEL', KEYS[3], dead[i])
+end
 if #dead > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now) end
 local total = 0
 local vals = redis.call('HVALS', KEYS[1])
@@ -125,22 +137,40 @@ return {1, total + 1}`)
 
 // releaseScript returns ARGV[2] slots of ARGV[1]; a count that reaches
 // zero (or below, when the lease had lapsed and another process dropped
-// the count) is removed.
+// the count) is removed. ARGV[3] > 0 is the release's number, recorded in
+// KEYS[2] (the highest seen) for renewScript; ARGV[4] is the lease time in
+// ms.
 var releaseScript = redis.NewScript(`
 local n = redis.call('HINCRBY', KEYS[1], ARGV[1], -tonumber(ARGV[2]))
 if n <= 0 then redis.call('HDEL', KEYS[1], ARGV[1]) end
+local seq = tonumber(ARGV[3])
+if seq > 0 then
+  if seq > tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') then
+    redis.call('HSET', KEYS[2], ARGV[1], seq)
+  end
+  redis.call('PEXPIRE', KEYS[2], 2 * tonumber(ARGV[4]))
+end
 return n`)
 
 // renewScript renews ARGV[1]'s lease for ARGV[3] ms and, if its count was
 // dropped while the lease had lapsed (a long pause), restores it to
-// ARGV[2], this process's own count of slots held.
+// ARGV[2], this process's own count of slots held as read when ARGV[4]
+// releases had been sent. The count is absent after a release took it to
+// zero too; so it is restored only if the last release Redis recorded
+// (KEYS[3]) is that very one, or none is recorded (the record is dropped
+// with the count): a release that landed after the count was read would
+// otherwise come back as a slot nobody holds, and one still on its way
+// when it was read would be taken twice.
 var renewScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[3])
 redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
 if not redis.call('HGET', KEYS[1], ARGV[1]) and tonumber(ARGV[2]) > 0 then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  local seen = redis.call('HGET', KEYS[3], ARGV[1])
+  if not seen or tonumber(seen) == tonumber(ARGV[4]) then
+    redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  end
 end
 redis.call('PEXPIRE', KEYS[1], 2 * ttl)
 redis.call('PEXPIRE', KEYS[2], 2 * ttl)
@@ -159,7 +189,7 @@ func (s *Shared) TryAcquire() bool {
 	limit := s.limit.Load()
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
-	res, err := acquireScript.Run(ctx, s.rdb, []string{s.countsKey, s.leasesKey}, s.id, limit, s.ttl.Milliseconds()).Int64Slice()
+	res, err := acquireScript.Run(ctx, s.rdb, []string{s.countsKey, s.leasesKey, s.releasedKey}, s.id, limit, s.ttl.Milliseconds()).Int64Slice()
 	if err != nil || len(res) != 2 {
 		if err == nil {
 			err = fmt.Errorf("acquire script answered %v", res)
@@ -190,8 +220,11 @@ func (s *Shared) Release(latency time.Duration, o Outcome) {
 	if lo := s.localOnly.Load(); lo > 0 && s.localOnly.CompareAndSwap(lo, lo-1) {
 		// A slot Redis never counted.
 	} else {
+		// Numbered after the local count went down: a renewal that read
+		// the count before this release also read a smaller number.
+		seq := s.releases.Add(1)
 		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-		err := releaseScript.Run(ctx, s.rdb, []string{s.countsKey}, s.id, 1).Err()
+		err := releaseScript.Run(ctx, s.rdb, []string{s.countsKey, s.releasedKey}, s.id, 1, seq, s.ttl.Milliseconds()).Err()
 		cancel()
 		if err != nil {
 			s.fail(fmt.Errorf("concurrency: shared release for %s: %w", s.countsKey, err))
@@ -242,6 +275,7 @@ func (s *Shared) Run(ctx context.Context) error {
 			p := s.rdb.TxPipeline()
 			p.HDel(c, s.countsKey, s.id)
 			p.ZRem(c, s.leasesKey, s.id)
+			p.HDel(c, s.releasedKey, s.id)
 			if _, err := p.Exec(c); err != nil {
 				s.fail(fmt.Errorf("concurrency: shared shutdown for %s: %w", s.countsKey, err))
 			}
@@ -256,17 +290,26 @@ func (s *Shared) renew(ctx context.Context) {
 	c, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	if n := s.unreleased.Load(); n > 0 {
-		if err := releaseScript.Run(c, s.rdb, []string{s.countsKey}, s.id, n).Err(); err != nil {
+		// No number: these releases were numbered when first sent, and
+		// a renewal does not restore a count until a later release
+		// records a number again.
+		if err := releaseScript.Run(c, s.rdb, []string{s.countsKey, s.releasedKey}, s.id, n, 0, s.ttl.Milliseconds()).Err(); err != nil {
 			s.fail(fmt.Errorf("concurrency: shared release retry for %s: %w", s.countsKey, err))
 			return
 		}
 		s.unreleased.Add(-n)
 	}
+	// The number first, then the count: Release lowers the count first,
+	// then numbers itself.
+	seq := s.releases.Load()
 	counted := s.local.Load() - s.localOnly.Load()
 	if counted <= 0 {
 		return
 	}
-	if err := renewScript.Run(c, s.rdb, []string{s.countsKey, s.leasesKey}, s.id, counted, s.ttl.Milliseconds()).Err(); err != nil {
+	if s.beforeRenew != nil {
+		s.beforeRenew()
+	}
+	if err := renewScript.Run(c, s.rdb, []string{s.countsKey, s.leasesKey, s.releasedKey}, s.id, counted, s.ttl.Milliseconds(), seq).Err(); err != nil {
 		s.fail(fmt.Errorf("concurrency: shared lease renewal for %s: %w", s.countsKey, err))
 	}
 }

@@ -130,3 +130,45 @@ func TestSharedFailsOpenWithoutRedis(t *testing.T) {
 		t.Fatalf("%d errors counted, %d reported; want 4 acquires", s.RedisErrors(), len(errs))
 	}
 }
+
+// TestSharedRenewRacingAReleaseRestoresNoPhantomSlot: Run's renewal reads
+// how many slots this process holds, and a release that drives the count
+// to zero lands before the renewal's script runs (the hook plays that
+// interleaving). The renewal must not restore the slot that was just
+// released: the other gateway gets every slot.
+func TestSharedRenewRacingAReleaseRestoresNoPhantomSlot(t *testing.T) {
+	rdb, a, b := sharedPair(t, 2)
+	take(t, a, 1)
+	a.beforeRenew = func() { a.Release(time.Millisecond, Success) }
+	a.renew(context.Background())
+	if n, err := rdb.HGet(context.Background(), a.countsKey, "gw-a").Int(); err != redis.Nil {
+		t.Fatalf("gw-a's count in Redis after its only slot was released: %d (%v), want none", n, err)
+	}
+	take(t, b, 2)
+	if a.Local() != 0 {
+		t.Fatalf("a holds %d", a.Local())
+	}
+}
+
+// TestSharedRenewRestoresADroppedCount: a process whose lease lapsed (a
+// long pause) had its count dropped by another's acquire; its next renewal
+// counts its slots again.
+func TestSharedRenewRestoresADroppedCount(t *testing.T) {
+	rdb, a, b := sharedPair(t, 3)
+	take(t, a, 2)
+	a.Release(time.Millisecond, Success)
+	take(t, a, 1)
+	ctx := context.Background()
+	// What another process's acquire does to a lapsed lease.
+	rdb.HDel(ctx, a.countsKey, "gw-a")
+	rdb.ZRem(ctx, a.leasesKey, "gw-a")
+	rdb.HDel(ctx, a.releasedKey, "gw-a")
+	a.renew(ctx)
+	if n, err := rdb.HGet(ctx, a.countsKey, "gw-a").Int(); err != nil || n != 2 {
+		t.Fatalf("gw-a's count after the renewal: %d (%v), want its 2 slots", n, err)
+	}
+	take(t, b, 1)
+	if b.TryAcquire() {
+		t.Fatal("granted a fourth slot of 3")
+	}
+}
