@@ -26,9 +26,12 @@ import (
 // deadline — its gateway died, or the call reporting it failed — is free
 // again for any gateway, so a lost probe cannot hold the breaker
 // half-open; a result that comes after its deadline counts for nothing
-// unless it is a failure, which still reopens the breaker. Times are the
-// callers' clocks: open times and deadlines are tens of seconds or more,
-// far above the skew of NTP-synchronised hosts.
+// unless it is a failure, which still reopens the breaker. Each state
+// change also zeroes taken, the count that gateways of an earlier release
+// keep instead, so that they go on working beside this one during a
+// rolling upgrade. Times are the callers' clocks: open times and
+// deadlines are tens of seconds or more, far above the skew of
+// NTP-synchronised hosts.
 type Fleet struct {
 	rdb     redis.UniversalClient
 	keys    []string // the state hash, the probes in flight
@@ -76,7 +79,7 @@ local h = KEYS[1]
 if tonumber(redis.call('HGET', h, 'state') or '0') == 0 then
   local b = tonumber(ARGV[3])
   redis.call('HINCRBY', h, 'round', 1)
-  redis.call('HSET', h, 'state', 1, 'until', tonumber(ARGV[1]) + b, 'backoff', b, 'passed', 0)
+  redis.call('HSET', h, 'state', 1, 'until', tonumber(ARGV[1]) + b, 'backoff', b, 'passed', 0, 'taken', 0)
   redis.call('DEL', KEYS[2])
 end` + fleetAnswer)
 
@@ -92,7 +95,7 @@ local st = tonumber(v[1] or '0')
 local passed = tonumber(v[3] or '0')
 if st == 1 and now >= tonumber(v[2] or '0') then
   st, passed = 2, 0
-  redis.call('HSET', h, 'state', 2, 'passed', 0)
+  redis.call('HSET', h, 'state', 2, 'passed', 0, 'taken', 0)
   redis.call('DEL', p)
 end
 local id = 0
@@ -122,10 +125,10 @@ if tonumber(v[1] or '0') == 2 and tonumber(v[3] or '0') == tonumber(ARGV[3]) the
   if ARGV[4] == 'fail' then
     local b = math.min(2 * tonumber(v[2] or '0'), tonumber(ARGV[7]))
     redis.call('HINCRBY', h, 'round', 1)
-    redis.call('HSET', h, 'state', 1, 'until', tonumber(ARGV[1]) + b, 'backoff', b, 'passed', 0)
+    redis.call('HSET', h, 'state', 1, 'until', tonumber(ARGV[1]) + b, 'backoff', b, 'passed', 0, 'taken', 0)
     redis.call('DEL', p)
   elseif held and ARGV[4] == 'ok' and redis.call('HINCRBY', h, 'passed', 1) >= tonumber(ARGV[5]) then
-    redis.call('HSET', h, 'state', 0, 'backoff', tonumber(ARGV[6]), 'passed', 0)
+    redis.call('HSET', h, 'state', 0, 'backoff', tonumber(ARGV[6]), 'passed', 0, 'taken', 0)
     redis.call('DEL', p)
   end
 end` + fleetAnswer)
