@@ -419,7 +419,8 @@ func (u Upstream) Algorithm() (concurrency.Algorithm, error) {
 // that need Redis (a shared gate and a fleet-wide breaker, which the
 // gateway adds for a Shared upstream, and reserved shares, which always
 // count fleet-wide): the algorithm, the tenant
-// share, the queue bounds, the degradation levels and the breaker.
+// share, the queue bounds, the degradation levels and the breaker (whose
+// probes are timed by the upstream's timeout).
 func (u Upstream) GuardOptions() ([]upstream.Opt, error) {
 	alg, err := u.Algorithm()
 	if err != nil {
@@ -429,8 +430,10 @@ func (u Upstream) GuardOptions() ([]upstream.Opt, error) {
 		upstream.Limit(alg),
 		upstream.QueueOptions(priority.MaxWaiting(u.MaxWaiting), priority.MaxWait(u.MaxWait)),
 		upstream.DegraderOptions(priority.Thresholds(u.Levels[0], u.Levels[1], u.Levels[2]), priority.DegradedRetryAfter(u.DegradedRetryAfter)),
+		// A probe is one attempt, bounded by the upstream's timeout: past
+		// it (and a margin) a fleet-wide breaker hands the probe out again.
 		upstream.BreakerOptions(upstream.ConsecutiveFailures(u.ConsecutiveFailures), upstream.ErrorRatio(u.ErrorRatio),
-			upstream.OpenTime(u.OpenFor, u.MaxOpenFor), upstream.Probes(u.Probes)),
+			upstream.OpenTime(u.OpenFor, u.MaxOpenFor), upstream.Probes(u.Probes), upstream.ProbeTimeout(u.Timeout)),
 	}
 	if u.TenantShare > 0 {
 		opts = append(opts, upstream.TenantShare(u.TenantShare))

@@ -95,12 +95,12 @@ func (g *Gateway) Handler() http.Handler {
 		// The default configuration is valid by construction.
 		g.Estimator, _ = estimate.New(estimate.DefaultConfig())
 	}
-	check := middleware.New(g.Checker, func(r *http.Request) (string, string, string, bool) {
+	check := middleware.New(g.Checker, func(r *http.Request) (middleware.Identity, bool) {
 		info, _ := r.Context().Value(ctxKey{}).(*requestInfo)
 		if info == nil {
-			return "", "", "", false
+			return middleware.Identity{}, false
 		}
-		return info.caller.Tenant, info.model, info.caller.APIKeyID, true
+		return middleware.Identity{Tenant: info.caller.Tenant, Model: info.model, APIKeyID: info.caller.APIKeyID}, true
 	}, middleware.WithClock(g.Now), middleware.WithEmitter(g.Emitter, g.Name),
 		middleware.WithEstimates(g.Estimator), middleware.WithEstimateEvents(!g.NoEstimates),
 		middleware.WithAdmission(g.Admission))

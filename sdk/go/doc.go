@@ -9,7 +9,9 @@
 //     503 naming the limit, and, given an Emitter, emits a rejected usage
 //     event for each refusal so that refusals are counted; with an
 //     Estimator it emits an estimate of each call before it runs and the
-//     settlement with the real usage after;
+//     settlement with the real usage after, and with an admission Limiter
+//     it checks the limits for the caller its Identify function names
+//     (tenant, model, key, user and priority class);
 //   - estimate counts a request's prompt tokens from its OpenAI body and
 //     adds the expected completion (the request's bound or a learned
 //     per-tenant × model ratio);

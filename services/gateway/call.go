@@ -126,12 +126,12 @@ func callFrom(ctx context.Context) *call {
 
 // identify tells the middleware who calls which model; requests without a
 // call (never on the API paths) pass unchecked.
-func identify(r *http.Request) (tenant, model, apiKeyID string, ok bool) {
+func identify(r *http.Request) (middleware.Identity, bool) {
 	c := callFrom(r.Context())
 	if c == nil {
-		return "", "", "", false
+		return middleware.Identity{}, false
 	}
-	return c.caller.Tenant, c.req.Model, c.caller.KeyID, true
+	return middleware.Identity{Tenant: c.caller.Tenant, Model: c.req.Model, APIKeyID: c.caller.KeyID}, true
 }
 
 // fillEvent gives every usage event of a call its id, user and priority.

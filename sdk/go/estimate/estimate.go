@@ -47,7 +47,10 @@
 // observed ratio already includes. Learned and default completions, and
 // the prompt, are padded by Config.Margin (15% by default); a request's
 // own bound is not, since nothing can exceed it. Embeddings have no
-// completion.
+// completion. Every figure saturates instead of overflowing, and Prompt +
+// Completion stays within int64: a max_tokens near 2^63 estimates as the
+// largest count, which any limit refuses, never as a wrapped-around
+// small one.
 //
 // # Memory
 //
@@ -110,6 +113,10 @@ const (
 	DefaultMaxKeys             = 100_000
 )
 
+// MaxImageTokens bounds Limits.ImageTokens: with the images a body can
+// hold, images × ImageTokens then stays far within int64.
+const MaxImageTokens = 1 << 20
+
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
 	return Config{Limits: DefaultLimits(), Margin: DefaultMargin, DefaultRatio: DefaultRatio, Alpha: DefaultAlpha,
@@ -156,7 +163,7 @@ func (c *Config) fill() error {
 	}
 	check(c.Limits.MaxBodyBytes > 0, "max_body_bytes %d must be positive", c.Limits.MaxBodyBytes)
 	check(c.Limits.MaxDepth > 0 && c.Limits.MaxDepth <= 1000, "max_depth %d must be 1 to 1000", c.Limits.MaxDepth)
-	check(c.Limits.ImageTokens > 0, "image_tokens %d must be positive", c.Limits.ImageTokens)
+	check(c.Limits.ImageTokens > 0 && c.Limits.ImageTokens <= MaxImageTokens, "image_tokens %d must be 1 to %d", c.Limits.ImageTokens, MaxImageTokens)
 	check(c.Margin >= 0 && c.Margin <= 10, "margin %g must be 0 to 10 (NoMargin for none)", c.Margin)
 	check(c.DefaultRatio > 0 && c.DefaultRatio <= c.MaxRatio, "default_ratio %g must be above 0 and at most max_ratio %g", c.DefaultRatio, c.MaxRatio)
 	check(c.Alpha > 0 && c.Alpha <= 1, "alpha %g must be above 0 and at most 1", c.Alpha)
@@ -194,7 +201,12 @@ func (s Source) String() string {
 	return "none"
 }
 
-// Estimate is what a request is expected to use.
+// Estimate is what a request is expected to use. Its figures saturate
+// instead of overflowing: a bound near 2^63 (max_tokens of
+// 9223372036854775807 times n) gives the largest figure, so that any
+// limit refuses it, and Prompt + Completion never exceeds math.MaxInt64
+// (Completion gives way), so that a caller adding them — Total,
+// admission — cannot wrap around to a small debit.
 type Estimate struct {
 	// Request is what the body says, with the counted prompt.
 	Request
@@ -206,8 +218,9 @@ type Estimate struct {
 	Source Source
 }
 
-// Total is Prompt + Completion, the figure to debit.
-func (e Estimate) Total() int64 { return e.Prompt + e.Completion }
+// Total is Prompt + Completion, the figure to debit, saturated at
+// math.MaxInt64 (an Estimate built elsewhere may exceed it).
+func (e Estimate) Total() int64 { return addSat(e.Prompt, e.Completion) }
 
 // Estimator estimates requests and learns completion ratios. It is safe
 // for concurrent use.
@@ -246,14 +259,16 @@ func (e *Estimator) Estimate(tenant string, ep Endpoint, body []byte) (Estimate,
 
 // Complete turns a parsed request into an estimate: the margin on the
 // prompt and the completion from the request's bound or tenant × model's
-// ratio.
+// ratio. A request built by hand rather than by Parse may carry any
+// figures: negative ones count as 0, and the arithmetic saturates (see
+// Estimate).
 func (e *Estimator) Complete(tenant string, req Request) Estimate {
 	m := 1 + e.cfg.Margin
 	est := Estimate{Request: req, Prompt: ceil(float64(req.PromptTokens) * m)}
 	switch {
 	case req.Endpoint == Embeddings:
 	case req.MaxOutputTokens > 0:
-		est.Completion, est.Source = req.MaxOutputTokens*req.Choices, SourceRequest
+		est.Completion, est.Source = mulSat(req.MaxOutputTokens, max(1, req.Choices)), SourceRequest
 	default:
 		ratio, learned := e.Ratio(tenant, req.Model)
 		est.Source = SourceDefault
@@ -263,10 +278,42 @@ func (e *Estimator) Complete(tenant string, req Request) Estimate {
 		c := min(float64(req.PromptTokens)*ratio, float64(e.cfg.MaxCompletionTokens))
 		est.Completion = ceil(c * m)
 	}
+	est.Completion = min(est.Completion, math.MaxInt64-est.Prompt)
 	return est
 }
 
-func ceil(x float64) int64 { return int64(math.Ceil(x - 1e-9)) }
+// ceil rounds a non-negative figure up to a count, 0 for a negative one
+// and math.MaxInt64 for one beyond it (converting such a float to int64
+// is undefined in Go and gives math.MinInt64 on amd64).
+func ceil(x float64) int64 {
+	c := math.Ceil(x - 1e-9)
+	switch {
+	case !(c > 0): // also NaN
+		return 0
+	case c >= math.MaxInt64: // float64(math.MaxInt64) is 2^63
+		return math.MaxInt64
+	}
+	return int64(c)
+}
+
+// addSat is a + b saturated at the bounds of int64.
+func addSat(a, b int64) int64 {
+	switch {
+	case b > 0 && a > math.MaxInt64-b:
+		return math.MaxInt64
+	case b < 0 && a < math.MinInt64-b:
+		return math.MinInt64
+	}
+	return a + b
+}
+
+// mulSat is a × b for positive counts, saturated at math.MaxInt64.
+func mulSat(a, b int64) int64 {
+	if a > math.MaxInt64/b {
+		return math.MaxInt64
+	}
+	return a * b
+}
 
 // Observe learns from one settled request of tenant on model: the ratio of
 // its completion to its prompt tokens moves Alpha of the way towards this

@@ -477,3 +477,53 @@ func TestEndpointOf(t *testing.T) {
 		t.Error("/v1/models has no prompt")
 	}
 }
+
+// TestEstimatesSaturateInsteadOfOverflowing: bounds near 2^63 — a
+// request's max_tokens of 9223372036854775807 times n, a prompt count a
+// caller of Complete passes, a configured cap — give the largest figure,
+// never one that wrapped around to a negative or tiny number (which
+// admission would refuse as invalid or, worse, debit as 1), and Prompt +
+// Completion (Total, what admission adds up) stays within int64.
+func TestEstimatesSaturateInsteadOfOverflowing(t *testing.T) {
+	e, err := New(Config{MaxCompletionTokens: math.MaxInt64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(name string, est Estimate, minTotal int64) {
+		t.Helper()
+		if est.Prompt < 0 || est.Completion < 0 || est.Total() < minTotal || est.Prompt > math.MaxInt64-est.Completion {
+			t.Errorf("%s: prompt %d + completion %d = %d, want both non-negative, a total of at least %d, and no overflow",
+				name, est.Prompt, est.Completion, est.Total(), minTotal)
+		}
+	}
+	for _, b := range []string{
+		`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":9223372036854775807}`,
+		`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":9223372036854775807,"n":128}`,
+		`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":9223372036854775808,"n":2}`,
+		`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":99999999999999999999999999999}`,
+	} {
+		est, err := e.Estimate("acme", ChatCompletions, []byte(b))
+		if err != nil {
+			t.Fatalf("%s: %v", b, err)
+		}
+		check(b, est, 1<<40)
+	}
+	for name, req := range map[string]Request{
+		"max_tokens 2^63-1 × 2":     {Endpoint: ChatCompletions, PromptTokens: 10, MaxOutputTokens: math.MaxInt64, Choices: 2},
+		"max_tokens 2^62 × 128":     {Endpoint: ChatCompletions, PromptTokens: 10, MaxOutputTokens: 1 << 62, Choices: 128},
+		"max_tokens 2^63-1":         {Endpoint: ChatCompletions, PromptTokens: 1000, MaxOutputTokens: math.MaxInt64, Choices: 1},
+		"prompt 2^63-1":             {Endpoint: ChatCompletions, PromptTokens: math.MaxInt64, Choices: 1},
+		"prompt 2^63-1, max_tokens": {Endpoint: ChatCompletions, PromptTokens: math.MaxInt64, MaxOutputTokens: math.MaxInt64, Choices: 1},
+		"embeddings prompt 2^63-1":  {Endpoint: Embeddings, PromptTokens: math.MaxInt64, Choices: 1},
+	} {
+		check(name, e.Complete("acme", req), 1<<40)
+	}
+	if got := (Estimate{Prompt: math.MaxInt64, Completion: 5}).Total(); got != math.MaxInt64 {
+		t.Errorf("Total of 2^63-1 + 5 = %d, want it saturated at 2^63-1", got)
+	}
+	// An image cost no gateway could mean is refused, since images ×
+	// image_tokens would overflow.
+	if _, err := New(Config{Limits: Limits{ImageTokens: math.MaxInt64 / 2}}); err == nil || !strings.Contains(err.Error(), "image_tokens") {
+		t.Errorf("image_tokens 2^62 accepted (%v)", err)
+	}
+}

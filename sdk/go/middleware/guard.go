@@ -14,7 +14,8 @@ import (
 
 // GuardFunc picks the upstream.Guard a request goes through and what the
 // Guard needs to know of it (tenant, priority class, deadline): a gateway
-// keeps one Guard per upstream and chooses by model or route. ok false
+// keeps one Guard per upstream and chooses by model or route. An empty
+// Tenant or Priority in the upstream.Request is the Identity's. ok false
 // (or a nil Guard) lets the request through unguarded.
 type GuardFunc func(r *http.Request, tenant, model string) (g *upstream.Guard, req upstream.Request, ok bool)
 
@@ -44,6 +45,9 @@ func (m *mw) guarded(w http.ResponseWriter, r *http.Request, base *schemas.Usage
 	}
 	if req.Tenant == "" {
 		req.Tenant = tenant
+	}
+	if req.Priority == "" {
+		req.Priority = base.Priority // the Identity's class, else WithEventFields'
 	}
 	p, d := g.Acquire(r.Context(), req)
 	if d.Admitted() {

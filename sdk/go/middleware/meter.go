@@ -61,7 +61,12 @@ func WithEstimates(est *estimate.Estimator) Option { return func(m *mw) { m.est 
 
 // WithAdmission checks every metered request (WithEstimates is required:
 // the estimate is what admission debits) with l before the handler runs,
-// after the flags: a request the flags refuse costs no Redis call. A
+// after the flags: a request the flags refuse costs no Redis call. The
+// request admission judges carries the Identity's user and priority (or,
+// when the Identity leaves them empty, those WithEventFields sets), so
+// rules scoped to users and reserves open to high and critical requests
+// apply. An estimate near the largest count (a max_tokens of 2^63-1) is
+// debited as such, and refused by any limit. A
 // refused request is answered by admission.WriteRefusal (429 or 503 with
 // Retry-After and an OpenAI-style body naming the rule) and emitted as a
 // refusal event; an admitted one carries OpenAI's x-ratelimit-* headers
@@ -197,7 +202,8 @@ func probeKind(d checker.Decision) string {
 // the half-open flag's kind when the request is a probe: the settlement
 // carries it as flags.ProbeAttribute, so that the aggregator judges the
 // half-open breaker by its probes.
-func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, tenant, model, key, probe string) {
+func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, id Identity, probe string) {
+	tenant, model, key := id.Tenant, id.Model, id.APIKeyID
 	ep, ok := estimate.EndpointOf(r.URL.Path)
 	if !ok {
 		next.ServeHTTP(w, r)
@@ -236,7 +242,8 @@ func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, te
 	if len(endpoint) > schemas.MaxStringLen {
 		endpoint = endpoint[:schemas.MaxStringLen]
 	}
-	base := schemas.UsageEvent{ID: c.id, Tenant: tenant, Model: model, APIKeyID: key, Endpoint: endpoint, Gateway: m.gateway}
+	base := schemas.UsageEvent{ID: c.id, Tenant: tenant, Model: model, APIKeyID: key, Endpoint: endpoint, Gateway: m.gateway,
+		User: id.User, Priority: id.priority()}
 	if m.fields != nil {
 		m.applyFields(r, &base)
 		if base.ID == "" {
@@ -244,34 +251,9 @@ func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, te
 		}
 		c.id = base.ID
 	}
-	var ticket *admission.Ticket
-	if m.adm != nil {
-		// Admission runs after the flags (a flag refusal costs no Redis
-		// call) and before the estimate event: a refused request is not
-		// metered as a call, it is one refusal event.
-		t, err := m.adm.Admit(r.Context(), admission.Request{ID: base.ID, Tenant: tenant, Model: model, Key: key,
-			Endpoint: endpoint, PromptTokens: c.est.Prompt, CompletionTokens: c.est.Completion})
-		switch {
-		case err != nil:
-			// A request admission cannot judge (it names the bound it
-			// broke): answer it as the bad request it is.
-			ratelimit.WriteError(w, http.StatusBadRequest, ratelimit.Error{Type: "invalid_request_error", Code: "admission_refused", Message: err.Error()}, 0)
-			return
-		case !t.Allowed():
-			if m.log != nil {
-				m.log.LogAttrs(r.Context(), slog.LevelInfo, "sluice refused a request before the call",
-					slog.String("tenant", tenant), slog.String("model", model), slog.String("api_key_id", key),
-					slog.String("rule", t.Decision.Rule), slog.Int64("limit", t.Decision.Limit))
-			}
-			if m.emitRefusals {
-				ev := AdmissionRefusalEvent(base, t.Decision.Rule, admission.Status(t.Decision), m.now())
-				_ = m.emitter.Emit(&ev)
-			}
-			admission.WriteRefusal(w, t.Decision)
-			return
-		}
-		admission.WriteHeaders(w.Header(), t.Decision)
-		ticket = &t
+	ticket, refused := m.admitted(w, r, c, &base)
+	if refused {
+		return
 	}
 	permit, refused := m.guarded(w, r, &base, tenant, model, ticket)
 	if refused {
@@ -306,6 +288,49 @@ func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, te
 	}()
 	next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
 	settle(false)
+}
+
+// admitted runs admission (WithAdmission) for the metered call c, whose
+// events' common part is base. refused true means the refusal was
+// answered and the handler must not run; otherwise ticket is the debit to
+// settle (nil without admission).
+//
+// Admission runs after the flags (a flag refusal costs no Redis call) and
+// before the estimate event: a refused request is not metered as a call,
+// it is one refusal event. The user and priority are the events' (the
+// Identity's, else WithEventFields'), so that user-scoped rules and
+// reserves apply to what is metered. The estimate's Prompt + Completion
+// cannot overflow (package estimate saturates), so no rule can be
+// debited a wrapped-around figure.
+func (m *mw) admitted(w http.ResponseWriter, r *http.Request, c *Call, base *schemas.UsageEvent) (ticket *admission.Ticket, refused bool) {
+	if m.adm == nil {
+		return nil, false
+	}
+	t, err := m.adm.Admit(r.Context(), admission.Request{ID: base.ID, Tenant: base.Tenant, Model: base.Model, Key: base.APIKeyID,
+		User: base.User, Priority: base.Priority, Endpoint: base.Endpoint,
+		PromptTokens: c.est.Prompt, CompletionTokens: c.est.Completion})
+	switch {
+	case err != nil:
+		// A request admission cannot judge (it names the bound it broke):
+		// answer it as the bad request it is.
+		ratelimit.WriteError(w, http.StatusBadRequest, ratelimit.Error{Type: "invalid_request_error", Code: "admission_refused", Message: err.Error()}, 0)
+		return nil, true
+	case !t.Allowed():
+		if m.log != nil {
+			m.log.LogAttrs(r.Context(), slog.LevelInfo, "sluice refused a request before the call",
+				slog.String("tenant", base.Tenant), slog.String("model", base.Model), slog.String("api_key_id", base.APIKeyID),
+				slog.String("user", base.User), slog.String("priority", string(base.Priority)),
+				slog.String("rule", t.Decision.Rule), slog.Int64("limit", t.Decision.Limit))
+		}
+		if m.emitRefusals {
+			ev := AdmissionRefusalEvent(*base, t.Decision.Rule, admission.Status(t.Decision), m.now())
+			_ = m.emitter.Emit(&ev)
+		}
+		admission.WriteRefusal(w, t.Decision)
+		return nil, true
+	}
+	admission.WriteHeaders(w.Header(), t.Decision)
+	return &t, false
 }
 
 // settle emits c's settlement (see WithEstimates for the rules) and

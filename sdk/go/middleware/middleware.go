@@ -25,6 +25,14 @@
 // when it returns, two events with one id, each exactly once — see
 // WithEstimates for what a settlement carries on errors, cancellations,
 // panics and streams.
+//
+// The gateway's Identify function says who calls, as an Identity: the
+// tenant, the model and the API key id, and where the gateway knows them
+// the end user and the priority class. The flags are checked for the
+// tenant, model and key; admission (WithAdmission) judges the request
+// with all five, so rules scoped to users and reserves kept for high and
+// critical requests apply; and the usage events carry the same user and
+// priority.
 package middleware
 
 import (
@@ -51,17 +59,74 @@ type Decider interface {
 	Check(tenant, model, apiKeyID string) checker.Decision
 }
 
+// Identity is who calls which model, as the gateway's Identify function
+// tells the middleware after authenticating the request.
+type Identity struct {
+	// Tenant is the caller's tenant, whose flags and limits apply.
+	Tenant string
+	// Model is the model asked for; empty takes the body's (WithEstimates).
+	Model string
+	// APIKeyID identifies the caller's API key (an id, never the key).
+	APIKeyID string
+	// User is the tenant's end user when the gateway knows one (OpenAI's
+	// user, a header the gateway trusts): admission's user-scoped rules
+	// count it, and the usage events carry it. It must fit the event's
+	// limits (schemas.MaxStringLen). Empty: no user, and rules scoped to
+	// users do not apply.
+	User string
+	// Priority is the request's class (the tenant's or key's, as the
+	// gateway decides): admission opens a rule's reserve (admission.Rule's
+	// Reserve) to high and critical requests only, a Guard orders its
+	// queue by it unless the GuardFunc gives another, and the usage events
+	// carry it. Empty, or a name that is no class, is normal and leaves
+	// the events' priority empty.
+	Priority schemas.Priority
+}
+
+// priority is id's class, or empty when it names none.
+func (id Identity) priority() schemas.Priority {
+	if id.Priority.Valid() {
+		return id.Priority
+	}
+	return ""
+}
+
 // Identify extracts who is calling which model. ok false lets the request
 // through unchecked (for example a health probe).
-type Identify func(r *http.Request) (tenant, model, apiKeyID string, ok bool)
+type Identify func(r *http.Request) (id Identity, ok bool)
+
+// IdentityHeaders names the request headers an Identify function reads,
+// for gateways whose authentication sets them. A client must not be able
+// to set them itself: the gateway removes what the client sent and writes
+// its own. An empty name is not read.
+type IdentityHeaders struct {
+	Tenant, Model, Key, User, Priority string
+}
+
+// Identify returns the Identify function that reads h. A request without
+// the tenant header passes unchecked; a priority header that names no
+// class (schemas.ParsePriority) counts as none.
+func (h IdentityHeaders) Identify() Identify {
+	get := func(r *http.Request, name string) string {
+		if name == "" {
+			return ""
+		}
+		return r.Header.Get(name)
+	}
+	return func(r *http.Request) (Identity, bool) {
+		id := Identity{Tenant: get(r, h.Tenant), Model: get(r, h.Model), APIKeyID: get(r, h.Key), User: get(r, h.User)}
+		if v := get(r, h.Priority); v != "" {
+			id.Priority, _ = schemas.ParsePriority(v)
+		}
+		return id, id.Tenant != ""
+	}
+}
 
 // HeaderIdentify reads the tenant, model and API key id from request
-// headers, for gateways that set them after authentication.
+// headers, for gateways that set them after authentication; IdentityHeaders
+// reads the user and priority too.
 func HeaderIdentify(tenantHeader, modelHeader, keyHeader string) Identify {
-	return func(r *http.Request) (string, string, string, bool) {
-		t := r.Header.Get(tenantHeader)
-		return t, r.Header.Get(modelHeader), r.Header.Get(keyHeader), t != ""
-	}
+	return IdentityHeaders{Tenant: tenantHeader, Model: modelHeader, Key: keyHeader}.Identify()
 }
 
 // Option adjusts the middleware.
@@ -128,7 +193,9 @@ type mw struct {
 // metered call (once, before the estimate, so both carry the same
 // fields), and each refusal event. It may set ID, User, Priority,
 // SessionID, Provider and Attributes; the tenant, model, key, endpoint,
-// gateway, times, tokens, status and outcome are the middleware's. An ID
+// gateway, times, tokens, status and outcome are the middleware's, and so
+// are the user and priority when the Identity gives them (admission
+// counts the same ones: the Identity's, else what f set). An ID
 // it sets becomes the metered call's id (Call.ID) and must be a valid
 // event id, unique per call: a repeated id is deduplicated by Sluice,
 // so the later call would go uncounted. Refusal events keep their own
@@ -150,15 +217,16 @@ func New(d Decider, id Identify, opts ...Option) func(http.Handler) http.Handler
 	m.emitRefusals = m.emitRefusals && m.emitter != nil // WithEmitter(nil, …) emits nothing
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			tenant, model, key, ok := m.id(r)
+			id, ok := m.id(r)
 			if !ok {
 				next.ServeHTTP(w, r)
 				return
 			}
+			tenant, model, key := id.Tenant, id.Model, id.APIKeyID
 			d := m.d.Check(tenant, model, key)
 			if d.Allowed() {
 				if m.est != nil {
-					m.meter(w, r, next, tenant, model, key, probeKind(d))
+					m.meter(w, r, next, id, probeKind(d))
 					return
 				}
 				next.ServeHTTP(w, r)
@@ -173,6 +241,7 @@ func New(d Decider, id Identify, opts ...Option) func(http.Handler) http.Handler
 			now := m.now()
 			if m.emitRefusals {
 				ev := RefusalEvent(d, tenant, model, key, r.URL.Path, m.gateway, now)
+				ev.User, ev.Priority = id.User, id.priority()
 				if m.fields != nil {
 					id := ev.ID
 					m.applyFields(r, ev)
@@ -228,6 +297,12 @@ func (m *mw) applyFields(r *http.Request, ev *schemas.UsageEvent) {
 	own := *ev
 	m.fields(r, ev)
 	ev.Time, ev.Tenant, ev.Model, ev.APIKeyID, ev.Endpoint, ev.Gateway = own.Time, own.Tenant, own.Model, own.APIKeyID, own.Endpoint, own.Gateway
+	if own.User != "" {
+		ev.User = own.User
+	}
+	if own.Priority != "" {
+		ev.Priority = own.Priority
+	}
 	ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens = own.PromptTokens, own.CompletionTokens, own.CachedTokens
 	ev.Status, ev.Outcome, ev.LatencyMS, ev.Estimated = own.Status, own.Outcome, own.LatencyMS, own.Estimated
 }

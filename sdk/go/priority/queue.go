@@ -77,6 +77,14 @@ func (realClock) AfterFunc(d time.Duration, f func()) interface{ Stop() bool } {
 //     when the estimate exceeds the deadline. A request that still waits
 //     until its deadline is refused then (Expired), never later.
 //
+// No wake-up is lost: a slot released while a newcomer is between its
+// failed try and joining the queue is taken by the newcomer's own retry
+// once it is queued, and every refusal (expiry, shedding, cancellation)
+// hands out any slot that is free while others wait. So no interleaving
+// leaves a free slot beside a waiting request until the next call ends
+// (TestQueueReleaseBeforeTheNewcomerQueuesIsNotLost,
+// TestQueueEveryWaiterProgressesUnderRace).
+//
 // Refusals carry 503 semantics and a Retry-After (see Decision).
 type Queue struct {
 	gate       Gate
@@ -105,6 +113,11 @@ type Queue struct {
 	// slots other processes also free; polling says a retry is armed.
 	pollEvery time.Duration
 	polling   bool
+
+	// beforePush, when set by a test, runs in Acquire with q.mu held after
+	// the newcomer found no free slot and before it joins the queue: the
+	// window in which a release would find no one to wake.
+	beforePush func()
 }
 
 // turn is a whole turn in the per-mille units of shares and credit.
@@ -230,6 +243,10 @@ func (p Permit) ReleaseAt(now time.Time, o concurrency.Outcome) {
 	} else {
 		q.gate.Release(held, o)
 	}
+	// The slot is back before nwait is read, and Acquire counts a
+	// newcomer in nwait before it tries the Gate again: so either this
+	// load sees the newcomer and dispatches, or the newcomer's own
+	// dispatch finds the slot. Neither can miss it.
 	if q.nwait.Load() > 0 {
 		q.mu.Lock()
 		q.dispatch()
@@ -277,11 +294,22 @@ func (q *Queue) Acquire(ctx context.Context, c schemas.Priority, deadline time.T
 		q.refuse(victim, Shed, now)
 	}
 	w := &waiter{class: c, enq: now, ready: make(chan struct{}, 1)}
+	if q.beforePush != nil {
+		q.beforePush()
+	}
 	q.push(w)
-	w.timer = q.clock.AfterFunc(deadline.Sub(now), func() { q.expire(w) })
-	if q.pollEvery > 0 && !q.polling {
-		q.polling = true
-		q.clock.AfterFunc(q.pollEvery, q.poll)
+	// A slot released since TryAcquire failed found no one waiting
+	// (ReleaseAt dispatches only when nwait > 0), so it may be free now.
+	// Now that w is counted in nwait, every later release dispatches;
+	// this dispatch catches the earlier ones. It may admit w at once, or
+	// a waiter the rules put before it.
+	q.dispatch()
+	if w.state == waiting {
+		w.timer = q.clock.AfterFunc(deadline.Sub(now), func() { q.expire(w) })
+		if q.pollEvery > 0 && !q.polling {
+			q.polling = true
+			q.clock.AfterFunc(q.pollEvery, q.poll)
+		}
 	}
 	q.mu.Unlock()
 
@@ -472,6 +500,10 @@ func (q *Queue) refuse(w *waiter, r Reason, now time.Time) {
 		w.timer.Stop()
 	}
 	w.ready <- struct{}{}
+	// Hand out any slot that is free while others wait: a Gate may gain
+	// capacity without a Release (a limit raised, slots counted
+	// elsewhere), and every change of the queue is a chance to settle it.
+	q.dispatch()
 }
 
 func (q *Queue) push(w *waiter) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -427,5 +428,135 @@ func TestQueueFastPathDoesNotAllocate(t *testing.T) {
 		p.Release(concurrency.Success)
 	}); n != 0 {
 		t.Fatalf("%v allocations per admit and release", n)
+	}
+}
+
+// TestQueueReleaseBeforeTheNewcomerQueuesIsNotLost: the only slot is
+// released after a newcomer found it taken and before the newcomer joined
+// the queue (the hook puts the release exactly there). The release then
+// finds no one waiting to hand the slot to, so the newcomer itself must
+// take it once it is queued, at once, not at its deadline (which the
+// manual clock never reaches: only the test's context, a failure guard,
+// would end the wait).
+func TestQueueReleaseBeforeTheNewcomerQueuesIsNotLost(t *testing.T) {
+	f := newFixture(t, 1)
+	holder := f.hold(t, 1)[0]
+	hooked := 0
+	f.q.beforePush = func() {
+		if hooked++; hooked == 1 {
+			holder.Release(concurrency.Success) // no one waits yet: nothing to wake
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	p, d := f.q.Acquire(ctx, Normal, time.Time{})
+	if hooked != 1 {
+		t.Fatalf("the hook ran %d times, want once: the newcomer did not take the queue's slow path", hooked)
+	}
+	if !d.Admitted() {
+		t.Fatalf("the newcomer was not admitted although the slot was free (%d of %d taken): %+v — the release was lost",
+			f.gate.InFlight(), f.gate.Limit(), d)
+	}
+	p.Release(concurrency.Success)
+	if f.gate.InFlight() != 0 || f.q.Waiting() != 0 || f.clock.Pending() != 0 {
+		t.Fatalf("in flight %d, waiting %d, timers %d after the call", f.gate.InFlight(), f.q.Waiting(), f.clock.Pending())
+	}
+}
+
+// growingGate is a Gate whose capacity a test raises without any Release,
+// as a Gate counting slots elsewhere may.
+type growingGate struct{ limit, inflight atomic.Int64 }
+
+func (g *growingGate) TryAcquire() bool {
+	for {
+		n := g.inflight.Load()
+		if n >= g.limit.Load() {
+			return false
+		}
+		if g.inflight.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+func (g *growingGate) Release(time.Duration, concurrency.Outcome) { g.inflight.Add(-1) }
+func (g *growingGate) Limit() int                                 { return int(g.limit.Load()) }
+func (g *growingGate) InFlight() int                              { return int(g.inflight.Load()) }
+
+// TestQueueExpiryHandsOutAFreeSlot: a slot became free without a
+// Release (the Gate grew); when a waiter expires, the queue hands the
+// free slot to the next waiter instead of leaving it queued beside a free
+// slot until some other call ends.
+func TestQueueExpiryHandsOutAFreeSlot(t *testing.T) {
+	clock := manualclock.New(t0)
+	gate := &growingGate{}
+	gate.limit.Store(1)
+	q, err := NewQueue(gate, WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{q: q, clock: clock}
+	f.hold(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	out := make(chan result, 2)
+	f.enqueue(t, ctx, "soon", High, t0.Add(100*time.Millisecond), out)
+	f.enqueue(t, ctx, "later", Normal, time.Time{}, out)
+	gate.limit.Store(2)
+	clock.Advance(100 * time.Millisecond)
+	got := map[string]result{}
+	for range 2 {
+		r := <-out // both answer, in either order
+		got[r.id] = r
+	}
+	if d := got["soon"].d; d.Reason != Expired {
+		t.Fatalf("soon: %+v, want expired", d)
+	}
+	r := got["later"]
+	if !r.d.Admitted() {
+		t.Fatalf("later: %+v, want admitted to the free slot when soon expired", r.d)
+	}
+	r.p.Release(concurrency.Success)
+}
+
+// TestQueueEveryWaiterProgressesUnderRace: goroutines of random classes
+// take and release a few slots as fast as they can, from as many
+// goroutines as slots plus one (where a lost wake-up stalls everyone at
+// once) to many. No deadline can rescue a lost wake-up (the manual clock
+// never moves), so every request must be admitted by the slots the
+// others release; the test's context is only a failure guard against a
+// queue that stalls.
+func TestQueueEveryWaiterProgressesUnderRace(t *testing.T) {
+	for _, c := range []struct{ slots, workers, rounds int }{{1, 2, 5000}, {2, 3, 3000}, {3, 32, 300}} {
+		t.Run(fmt.Sprintf("%d slots %d workers", c.slots, c.workers), func(t *testing.T) {
+			f := newFixture(t, c.slots, MaxWaiting(c.workers))
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			var admitted atomic.Int64
+			var wg sync.WaitGroup
+			for w := range c.workers {
+				wg.Go(func() {
+					for i := range c.rounds {
+						class := schemas.Priorities[(w+i)%schemas.NumPriorities]
+						p, d := f.q.Acquire(ctx, class, time.Time{})
+						if !d.Admitted() {
+							t.Errorf("worker %d round %d (%s): %+v; waiting %d, %d of %d slots taken", w, i, class, d,
+								f.q.Waiting(), f.gate.InFlight(), f.gate.Limit())
+							cancel() // the queue stalled: end the others' waits too
+							return
+						}
+						admitted.Add(1)
+						runtime.Gosched()
+						p.Release(concurrency.Success)
+					}
+				})
+			}
+			wg.Wait()
+			if n, want := admitted.Load(), int64(c.workers*c.rounds); n != want {
+				t.Fatalf("%d of %d requests admitted", n, want)
+			}
+			if f.gate.InFlight() != 0 || f.q.Waiting() != 0 {
+				t.Fatalf("in flight %d, waiting %d after the load", f.gate.InFlight(), f.q.Waiting())
+			}
+		})
 	}
 }

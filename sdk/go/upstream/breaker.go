@@ -53,7 +53,11 @@ func (s State) String() string {
 //
 // With FleetWide the state is shared through Redis by every gateway
 // process (see Fleet). A fleet-wide breaker holds its lock while it asks
-// Redis for a probe, which happens only once its open time is over.
+// Redis for a probe, which happens only once its open time is over. Each
+// fleet probe has a deadline, ProbeTimeout plus ProbeMargin after it was
+// handed out: a probe whose result has not reached Redis by then (its
+// gateway died, or the call reporting it failed) is handed out again, so
+// no lost probe holds the fleet half-open.
 // Safe for concurrent use.
 type Breaker struct {
 	consecutive      int
@@ -70,6 +74,7 @@ type Breaker struct {
 	fleet            *Fleet
 	fleetPoll        time.Duration
 	onFleetError     func(error)
+	probeTimeout     time.Duration
 
 	mu       sync.Mutex
 	state    State
@@ -88,6 +93,16 @@ type Breaker struct {
 	round       int64
 	nextAsk     time.Time
 	fleetErrors int
+	// held is the fleet probes of round this process was handed and has
+	// not reported, oldest first; Record reports the oldest (the calls are
+	// alike, and each id only frees or counts one place).
+	held []int64
+	// elsewhere: half-open with the fleet's probes out in other
+	// processes, as of the last answer from Redis; elsewhereDue: when
+	// they are past their deadline, after which a process that lost Redis
+	// probes on its own.
+	elsewhere    bool
+	elsewhereDue time.Time
 }
 
 // breakerBuckets divides Window; the ratios lag by at most one bucket.
@@ -135,6 +150,27 @@ func OpenTime(first, max time.Duration) BreakerOpt {
 // must succeed to close it (default 5).
 func Probes(n int) BreakerOpt { return breakerOpt(func(b *Breaker) { b.probes = n }) }
 
+// ProbeTimeout is the longest a probe call may take: the upstream call's
+// own timeout (default 10 min, the policy's default upstream timeout;
+// 1 s to 24 h; 0 keeps the default). A fleet-wide breaker frees a probe
+// whose result has not come ProbeTimeout + ProbeMargin after it was
+// handed out, for any gateway to take: a shorter value recovers sooner
+// from a gateway that died holding probes, one shorter than the calls
+// lets a slow probe's place be taken by a second probe. A process that
+// follows the fleet's half-open breaker and loses Redis probes on its
+// own once the same deadline has passed since Redis last answered it.
+func ProbeTimeout(d time.Duration) BreakerOpt {
+	return breakerOpt(func(b *Breaker) {
+		if d != 0 {
+			b.probeTimeout = d
+		}
+	})
+}
+
+// ProbeMargin is added to ProbeTimeout for a fleet probe's deadline: the
+// time to report a result to Redis and the clock skew between gateways.
+const ProbeMargin = 30 * time.Second
+
 // FleetWide shares the breaker's state with every gateway process through
 // f (see Fleet): a process that trips opens the fleet's breaker, probes
 // are counted fleet-wide, and Run (Guard.Run runs it) follows
@@ -171,7 +207,7 @@ func OnStateChange(f func(from, to State, why string)) BreakerOpt {
 func NewBreaker(opts ...BreakerOpt) (*Breaker, error) {
 	b := &Breaker{consecutive: 10, errorRatio: 0.5, slowCall: 10 * time.Second, slowRatio: 0.5,
 		minRequests: 20, window: time.Minute, openFor: 30 * time.Second, maxOpen: 10 * time.Minute, probes: 5, now: time.Now,
-		fleetPoll: time.Second}
+		fleetPoll: time.Second, probeTimeout: 10 * time.Minute}
 	for _, o := range opts {
 		o.applyBreaker(b)
 	}
@@ -196,6 +232,9 @@ func NewBreaker(opts ...BreakerOpt) (*Breaker, error) {
 	}
 	if b.now == nil {
 		errs = append(errs, errors.New("BreakerClock: must not be nil"))
+	}
+	if b.probeTimeout < time.Second || b.probeTimeout > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("ProbeTimeout: %v is outside 1s..24h", b.probeTimeout))
 	}
 	if b.fleetPoll < 10*time.Millisecond || b.fleetPoll > time.Minute {
 		errs = append(errs, fmt.Errorf("FleetWide: poll %v is outside 10ms..1m", b.fleetPoll))
@@ -232,6 +271,12 @@ func (b *Breaker) Allow() (probe, ok bool, retryAfter time.Duration) {
 	}
 	if b.state == Open {
 		b.set(HalfOpen, fmt.Sprintf("open time %v over; %d probes decide", b.backoff, b.probes))
+		b.left, b.passed = b.probes, 0
+	}
+	if b.elsewhere && !now.Before(b.elsewhereDue) {
+		// Redis is away and the probes other processes held are past
+		// their deadline: this process probes on its own.
+		b.elsewhere = false
 		b.left, b.passed = b.probes, 0
 	}
 	if b.left > 0 {
@@ -330,6 +375,7 @@ func (b *Breaker) bucket(now time.Time) *breakerBucket {
 
 func (b *Breaker) open(now time.Time, why string) {
 	b.until = now.Add(b.backoff)
+	b.elsewhere = false
 	b.trips++
 	b.set(Open, fmt.Sprintf("%s; open for %v", why, b.backoff))
 	if b.fleet != nil {
@@ -350,7 +396,7 @@ func (b *Breaker) fleetTTL() time.Duration { return 2*b.maxOpen + time.Minute }
 func (b *Breaker) fleetFailed(err error) {
 	b.fleetErrors++
 	if b.onFleetError != nil {
-		b.onFleetError(fmt.Errorf("upstream: fleet breaker %s: %w", b.fleet.key, err))
+		b.onFleetError(fmt.Errorf("upstream: fleet breaker %s: %w", b.fleet.keys[0], err))
 	}
 }
 
@@ -361,14 +407,20 @@ func (b *Breaker) allowFleet(now time.Time) (probe, ok bool, retry time.Duration
 	if now.Before(b.nextAsk) {
 		return false, false, b.nextAsk.Sub(now), true
 	}
-	granted, fs, err := b.fleet.probe(now, b.fleetTTL(), b.probes)
+	id, fs, err := b.fleet.probe(now, b.fleetTTL(), b.probes, b.probeTimeout+ProbeMargin)
 	if err != nil {
 		b.fleetFailed(err)
 		return false, false, 0, false
 	}
 	b.adopt(fs, now)
 	switch {
-	case granted:
+	case id > 0:
+		if len(b.held) >= b.probes {
+			// Probes this process never reported: past their deadline
+			// the fleet handed them out again, so the oldest id is stale.
+			b.held = b.held[1:]
+		}
+		b.held = append(b.held, id)
 		return true, true, 0, true
 	case b.state == Closed:
 		return false, true, 0, true
@@ -390,7 +442,11 @@ func (b *Breaker) recordFleet(now time.Time, bad bool, o concurrency.Outcome) bo
 	case bad:
 		result = "fail"
 	}
-	fs, err := b.fleet.result(now, b.fleetTTL(), b.round, result, b.probes, b.openFor, b.maxOpen)
+	var id int64
+	if len(b.held) > 0 {
+		id, b.held = b.held[0], b.held[1:]
+	}
+	fs, err := b.fleet.result(now, b.fleetTTL(), b.round, id, result, b.probes, b.openFor, b.maxOpen)
 	if err != nil {
 		b.fleetFailed(err)
 		return false
@@ -401,6 +457,9 @@ func (b *Breaker) recordFleet(now time.Time, bad bool, o concurrency.Outcome) bo
 
 // adopt makes this process follow the fleet's state.
 func (b *Breaker) adopt(fs fleetState, now time.Time) {
+	if fs.round != b.round || fs.state != HalfOpen {
+		b.held = b.held[:0] // the probes of a round that is over
+	}
 	b.round = fs.round
 	switch fs.state {
 	case Closed:
@@ -418,8 +477,15 @@ func (b *Breaker) adopt(fs fleetState, now time.Time) {
 		if b.state != HalfOpen {
 			// The fleet hands out the probes; none are left here.
 			b.left, b.passed = 0, 0
+			b.elsewhere = true
 			b.set(HalfOpen, "the fleet's breaker is half-open")
 		}
+		if b.elsewhere {
+			b.elsewhereDue = now.Add(b.probeTimeout + ProbeMargin)
+		}
+	}
+	if fs.state != HalfOpen {
+		b.elsewhere = false
 	}
 }
 
@@ -464,6 +530,7 @@ func (b *Breaker) sync() {
 
 func (b *Breaker) close() {
 	b.backoff, b.inRow = b.openFor, 0
+	b.elsewhere = false
 	clear(b.buckets[:])
 	b.curStart = time.Time{}
 	b.set(Closed, fmt.Sprintf("%d probes succeeded", b.probes))

@@ -167,11 +167,12 @@ func TestBreakerProbesAndBackOff(t *testing.T) {
 }
 
 func TestBreakerOptionsAreValidated(t *testing.T) {
-	_, err := NewBreaker(Probes(0), OpenTime(time.Minute, time.Second), ErrorRatio(2))
+	_, err := NewBreaker(Probes(0), OpenTime(time.Minute, time.Second), ErrorRatio(2), ProbeTimeout(time.Millisecond))
 	if err == nil {
 		t.Fatal("invalid options accepted")
 	}
-	for _, want := range []string{"Probes: 0 is outside 1..1000", "OpenTime: 1m0s must be positive and at most the cap 1s", "ErrorRatio: 2 is outside 0..1"} {
+	for _, want := range []string{"Probes: 0 is outside 1..1000", "OpenTime: 1m0s must be positive and at most the cap 1s", "ErrorRatio: 2 is outside 0..1",
+		"ProbeTimeout: 1ms is outside 1s..24h"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}

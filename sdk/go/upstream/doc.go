@@ -29,6 +29,8 @@
 // For an upstream the whole fleet shares, concurrency.Shared counts its
 // calls in flight across gateway processes in Redis (SharedGate), and
 // Fleet shares its breaker — open together, probes counted fleet-wide,
-// a growing back-off when they fail (BreakerOptions(FleetWide(…))).
-// Guard.Run does their background work.
+// a growing back-off when they fail (BreakerOptions(FleetWide(…))), and
+// each probe due back by a deadline (ProbeTimeout plus ProbeMargin) after
+// which it is handed out again, so a gateway that dies holding probes
+// cannot hold the fleet half-open. Guard.Run does their background work.
 package upstream

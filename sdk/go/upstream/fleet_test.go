@@ -16,32 +16,49 @@ import (
 // fleetPair returns two gateway processes' breakers of one upstream,
 // sharing its state in the real Redis, on one manual clock. Each has its
 // own Fleet on its own Redis client, as two processes would: nothing but
-// Redis connects them.
-func fleetPair(t *testing.T) (*manualclock.Clock, *Breaker, *Breaker) {
+// Redis connects them. A failed Redis call fails the test.
+func fleetPair(t *testing.T, opts ...BreakerOpt) (*manualclock.Clock, *Breaker, *Breaker) {
+	t.Helper()
+	clock, mk := fleetGateways(t)
+	fail := OnFleetError(func(err error) { t.Errorf("fleet error: %v", err) })
+	a, _ := mk(append([]BreakerOpt{fail}, opts...)...)
+	b, _ := mk(append([]BreakerOpt{fail}, opts...)...)
+	return clock, a, b
+}
+
+// fleetGateways returns a manual clock and a maker of gateway processes'
+// breakers of one upstream on it, sharing the upstream's state in the
+// real Redis under a prefix of the test's own; each breaker comes with
+// its own Redis client, which the test may close to cut it off.
+func fleetGateways(t *testing.T) (*manualclock.Clock, func(opts ...BreakerOpt) (*Breaker, redis.UniversalClient)) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("needs Redis")
 	}
-	cfg := itest.Redis(t)
+	return fleetGatewaysOn(t, itest.Redis(t))
+}
+
+// fleetGatewaysOn is fleetGateways on the Redis (or Redis Cluster) cfg.
+func fleetGatewaysOn(t *testing.T, cfg redisconn.Config) (*manualclock.Clock, func(opts ...BreakerOpt) (*Breaker, redis.UniversalClient)) {
+	t.Helper()
 	prefix := itest.Unique(t, "sluice:test:")
 	t.Cleanup(func() {
 		rdb := redisconn.NewClient(cfg)
 		defer rdb.Close()
-		for _, k := range rdb.Keys(context.Background(), prefix+"*").Val() {
-			rdb.Del(context.Background(), k)
-		}
+		// By name: KEYS on a Cluster client would ask one node only.
+		key := prefix + "{acct-1}:breaker"
+		rdb.Del(context.Background(), key, key+":probes")
 	})
 	clock := manualclock.New(t0)
-	mk := func() *Breaker {
+	return clock, func(opts ...BreakerOpt) (*Breaker, redis.UniversalClient) {
 		rdb := redisconn.NewClient(cfg)
 		t.Cleanup(func() { rdb.Close() })
 		f, err := NewFleet(rdb, prefix, "acct-1", 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return newBreaker(t, clock, FleetWide(f, 0), OnFleetError(func(err error) { t.Errorf("fleet error: %v", err) }))
+		return newBreaker(t, clock, append([]BreakerOpt{FleetWide(f, 0)}, opts...)...), rdb
 	}
-	return clock, mk(), mk()
 }
 
 func probes(t *testing.T, b *Breaker, n int) {
@@ -138,5 +155,158 @@ func TestFleetBreakerWorksAloneWithoutRedis(t *testing.T) {
 	wantState(t, b, Closed, 30*time.Second)
 	if b.Stats().FleetErrors == 0 {
 		t.Fatal("failed Redis calls were not counted")
+	}
+}
+
+// TestFleetBreakerDeadProbeHolderDoesNotWedgeIt: gateway A takes every
+// probe of the fleet's half-open breaker and dies without reporting any.
+// Gateway B is refused while those probes may still be running, and
+// once their deadline (the default probe timeout and its margin) has
+// passed it probes itself and closes the breaker for the fleet; it is
+// never refused forever. On a Redis Cluster too, where the state and the
+// probes in flight must share a slot.
+func TestFleetBreakerDeadProbeHolderDoesNotWedgeIt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Redis")
+	}
+	for name, cfg := range map[string]func(testing.TB) redisconn.Config{"redis": itest.Redis, "cluster": itest.RedisCluster} {
+		t.Run(name, func(t *testing.T) {
+			clock, mk := fleetGatewaysOn(t, cfg(t))
+			fail := OnFleetError(func(err error) { t.Errorf("fleet error: %v", err) })
+			a, _ := mk(fail)
+			b, _ := mk(fail)
+			deadProbeHolder(t, clock, a, b)
+		})
+	}
+}
+
+func deadProbeHolder(t *testing.T, clock *manualclock.Clock, a, b *Breaker) {
+	t.Helper()
+	for range 10 {
+		call(a, time.Millisecond, concurrency.Failure)
+	}
+	b.sync()
+	wantState(t, b, Open, 30*time.Second)
+	clock.Advance(30 * time.Second)
+	probes(t, a, 5) // and gateway A is gone: no result ever comes
+
+	for _, after := range []time.Duration{time.Second, time.Minute, 9 * time.Minute} {
+		clock.Advance(after) // 10m1s in all: the probes may still run
+		if _, ok, _ := b.Allow(); ok {
+			t.Fatalf("gateway B was let through while A's probes may still run")
+		}
+	}
+	clock.Advance(time.Minute) // 11m1s after A took them: past their deadline
+	for i := range 5 {
+		if p, ok, retry := b.Allow(); !ok || !p {
+			t.Fatalf("probe %d of gateway B refused (retry %v) 11 minutes after a dead gateway took the probes: the breaker is wedged half-open", i+1, retry)
+		}
+	}
+	for range 5 {
+		b.Record(true, time.Millisecond, concurrency.Success)
+	}
+	wantState(t, b, Closed, 30*time.Second)
+	if p, ok, _ := b.Allow(); !ok || p {
+		t.Fatal("gateway B does not pass calls after its probes closed the fleet's breaker")
+	}
+}
+
+// TestFleetBreakerFreesAProbeAtItsDeadline: with a probe timeout of 1 min,
+// the probes gateway A took and never reported are free again exactly
+// 1 min + ProbeMargin after A took them, not a millisecond sooner; A's
+// successes reported after that count for nothing (their places are
+// gateway B's now), and B's close the breaker.
+func TestFleetBreakerFreesAProbeAtItsDeadline(t *testing.T) {
+	clock, a, b := fleetPair(t, ProbeTimeout(time.Minute))
+	for range 10 {
+		call(a, time.Millisecond, concurrency.Failure)
+	}
+	b.sync()
+	clock.Advance(30 * time.Second)
+	probes(t, a, 5)
+	clock.Advance(time.Minute + ProbeMargin - time.Millisecond)
+	if _, ok, _ := a.Allow(); ok { // asks the fleet
+		t.Fatal("a probe was handed out again before its deadline")
+	}
+	clock.Advance(time.Millisecond)
+	probes(t, b, 5) // B asks the fleet for the first time
+	if _, ok, _ := a.Allow(); ok {
+		t.Fatal("a sixth probe was handed out")
+	}
+	for range 5 {
+		a.Record(true, time.Millisecond, concurrency.Success) // too late
+	}
+	b.sync()
+	wantState(t, b, HalfOpen, 30*time.Second)
+	for range 5 {
+		b.Record(true, time.Millisecond, concurrency.Success)
+	}
+	wantState(t, b, Closed, 30*time.Second)
+	a.sync()
+	wantState(t, a, Closed, 30*time.Second)
+}
+
+// TestFleetBreakerProbeWhoseResultIsLost: gateway A takes every probe and
+// its calls reporting them to Redis fail (A is cut off from Redis; it
+// decides on its own meanwhile, as documented). The fleet does not wait
+// for those reports forever: after the probes' deadline gateway B probes
+// and closes the fleet's breaker.
+func TestFleetBreakerProbeWhoseResultIsLost(t *testing.T) {
+	clock, mk := fleetGateways(t)
+	a, rdbA := mk(OnFleetError(func(error) {}), ProbeTimeout(time.Minute))
+	b, _ := mk(OnFleetError(func(err error) { t.Errorf("gateway B: fleet error: %v", err) }), ProbeTimeout(time.Minute))
+	for range 10 {
+		call(a, time.Millisecond, concurrency.Failure)
+	}
+	b.sync()
+	clock.Advance(30 * time.Second)
+	probes(t, a, 5)
+	_ = rdbA.Close()
+	for range 5 {
+		a.Record(true, time.Millisecond, concurrency.Success)
+	}
+	if a.Stats().FleetErrors == 0 {
+		t.Fatal("gateway A's reports reached Redis; the test needs them lost")
+	}
+	if _, ok, _ := b.Allow(); ok {
+		t.Fatal("gateway B probed while A's probes were within their deadline")
+	}
+	clock.Advance(time.Minute + ProbeMargin)
+	probes(t, b, 5)
+	for range 5 {
+		b.Record(true, time.Millisecond, concurrency.Success)
+	}
+	wantState(t, b, Closed, 30*time.Second)
+}
+
+// TestFleetBreakerAloneAfterRedisIsLostInHalfOpen: gateway B follows the
+// fleet's half-open breaker, whose probes gateway A holds, when B loses
+// Redis. B cannot learn what became of those probes, so it waits for
+// their deadline and then probes on its own, as a breaker without Redis
+// does, instead of refusing the upstream for as long as Redis is away.
+func TestFleetBreakerAloneAfterRedisIsLostInHalfOpen(t *testing.T) {
+	clock, mk := fleetGateways(t)
+	a, _ := mk(OnFleetError(func(err error) { t.Errorf("gateway A: fleet error: %v", err) }), ProbeTimeout(time.Minute))
+	b, rdbB := mk(OnFleetError(func(error) {}), ProbeTimeout(time.Minute))
+	for range 10 {
+		call(a, time.Millisecond, concurrency.Failure)
+	}
+	clock.Advance(30 * time.Second)
+	probes(t, a, 5)
+	b.sync()
+	wantState(t, b, HalfOpen, 30*time.Second)
+	_ = rdbB.Close()
+	clock.Advance(time.Minute + ProbeMargin - time.Millisecond)
+	if _, ok, _ := b.Allow(); ok {
+		t.Fatal("gateway B probed alone while the fleet's probes were within their deadline")
+	}
+	clock.Advance(time.Millisecond)
+	probes(t, b, 5)
+	for range 5 {
+		b.Record(true, time.Millisecond, concurrency.Success)
+	}
+	wantState(t, b, Closed, 30*time.Second)
+	if b.Stats().FleetErrors == 0 {
+		t.Fatal("gateway B reached Redis; the test needs it cut off")
 	}
 }
