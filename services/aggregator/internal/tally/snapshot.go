@@ -95,6 +95,7 @@ type StateCopy struct {
 	series            int // len(Partition.series): the range of idRec.series
 	ids               []rememberedID
 	counters          []seriesCounters // every series', in one block without pointers
+	rates             []rateEntry      // their non-empty rate cells
 	// The blocks the tenants' series, quotas and windows are cut from,
 	// kept for reuse.
 	seriesBlock []seriesCopy
@@ -132,14 +133,16 @@ type seriesCopy struct {
 
 // seriesCounters is every counter of a Series that a snapshot holds, by
 // value and without a pointer, so that the copy of a million series is a
-// memory copy into one block the garbage collector does not scan. A field
+// memory copy into one block the garbage collector does not scan — but
+// for the rate ring, mostly empty, whose non-empty cells go to a block of
+// their own (StateCopy.rates). A field
 // added to Series that a snapshot must hold goes here (or into
 // seriesCopy), into copySeries, encodeSeries and Series.decode, with
 // SnapshotVersion raised.
 type seriesCounters struct {
 	per               [3][2]period
 	settled           [3]period
-	rate              [rateWindow]rateCell
+	rate              [2]int32 // the series' non-empty rate cells: StateCopy.rates[rate[0]:rate[1]]
 	roll              [rollupSlots]rollup
 	holtTok, holtCost forecast.Holt
 	lastMin, minTok   int64
@@ -155,11 +158,25 @@ type seriesCounters struct {
 
 // copySeries copies s's counters into c field by field: a composite
 // literal would be built on the stack and copied again.
-func (c *seriesCounters) copySeries(s *Series) {
-	c.per, c.settled, c.rate, c.roll = s.per, s.settled, s.rate, s.roll
+func (c *seriesCounters) copySeries(s *Series, rates []rateEntry) []rateEntry {
+	c.rate[0] = int32(len(rates))
+	for i := range s.rate {
+		if s.rate[i] != (rateCell{}) {
+			rates = append(rates, rateEntry{int32(i), s.rate[i]})
+		}
+	}
+	c.rate[1] = int32(len(rates))
+	c.per, c.settled, c.roll = s.per, s.settled, s.roll
 	c.holtTok, c.holtCost, c.lastMin, c.minTok, c.minCost = s.holtTok, s.holtCost, s.lastMin, s.minTok, s.minCost
 	c.early, c.health, c.probes, c.spike = s.early, s.health, s.probes, s.spike
 	c.lateHour, c.prevDirty, c.predictDue, c.other = s.lateHour, s.prevDirty, s.predictDue, s.other
+	return rates
+}
+
+// rateEntry is a non-empty cell of a series' rate ring, by index.
+type rateEntry struct {
+	i    int32
+	cell rateCell
 }
 
 // SnapshotCopy returns a copy of everything Snapshot encodes, taken under
@@ -204,61 +221,59 @@ func (p *Partition) SnapshotCopy(reuse *StateCopy) (*StateCopy, error) {
 		c.ids = append(c.ids, rememberedID{k, p.dedup[k]})
 	}
 
-	// The series, their quotas and windows each in one block: a handful of
-	// allocations instead of millions.
-	nSeries, nQuotas, nCells, nWins := 0, 0, 0, 0
+	// The series, their quotas and windows each in one block (a handful of
+	// allocations instead of millions), in one pass over the state: the
+	// blocks of the copy reused are as large as the state was then, and
+	// grow when it has grown.
+	if reuse == nil {
+		// A first copy: size the blocks in a pass of its own rather than
+		// grow them, copying, as the state is walked.
+		nSeries, nQuotas, nCells, nWins := 0, 0, 0, 0
+		for _, t := range p.tenants {
+			for _, s := range t.order {
+				nSeries++
+				nQuotas += len(s.quotas)
+				if s.win != nil {
+					nWins++
+					nCells += len(s.win.cells)
+				}
+			}
+		}
+		c.counters, c.seriesBlock = make([]seriesCounters, 0, nSeries), make([]seriesCopy, 0, nSeries)
+		c.quotaBlock, c.winBlock, c.cellBlock = make([]quotaState, 0, nQuotas), make([]secWindow, 0, nWins), make([]secCell, 0, nCells)
+		c.tenants = make([]tenantCopy, 0, len(p.tenants))
+	}
+	c.counters, c.rates = c.counters[:0], c.rates[:0]
+	series, quotas, wins, cells := c.seriesBlock[:0], c.quotaBlock[:0], c.winBlock[:0], c.cellBlock[:0]
+	c.tenants = c.tenants[:0]
 	for _, t := range p.tenants {
+		c.tenants = append(c.tenants, tenantCopy{id: t.id, bounds: t.bounds, wm: t.wm, off: t.off, started: t.started, capped: t.capped})
+		ct := &c.tenants[len(c.tenants)-1]
+		from := len(series)
 		for _, s := range t.order {
 			if len(s.removed) > 0 {
 				return nil, errRemovedQuota
 			}
-			nSeries++
-			nQuotas += len(s.quotas)
-			if s.win != nil {
-				nWins++
-				nCells += len(s.win.cells)
+			if len(c.counters) == cap(c.counters) {
+				c.counters = slices.Grow(c.counters, max(1024, len(c.counters)/2))
 			}
-		}
-	}
-	c.counters = grow(c.counters, nSeries)
-	c.seriesBlock = grow(c.seriesBlock, nSeries)
-	c.quotaBlock = grow(c.quotaBlock, nQuotas)
-	c.winBlock = grow(c.winBlock, nWins)
-	c.cellBlock = grow(c.cellBlock, nCells)
-	series, quotas, wins, cells := c.seriesBlock, c.quotaBlock, c.winBlock, c.cellBlock
-	c.tenants = grow(c.tenants, len(p.tenants))[:0]
-	n := 0
-	for _, t := range p.tenants {
-		c.tenants = append(c.tenants, tenantCopy{id: t.id, bounds: t.bounds, wm: t.wm, off: t.off, started: t.started, capped: t.capped})
-		ct := &c.tenants[len(c.tenants)-1]
-		ct.series, series = series[:len(t.order):len(t.order)], series[len(t.order):]
-		for k, s := range t.order {
-			c.counters[n].copySeries(s)
-			n++
-			cs := &ct.series[k]
-			cs.idx, cs.model, cs.win = s.idx, s.model, nil
-			cs.quotas, quotas = quotas[:len(s.quotas):len(s.quotas)], quotas[len(s.quotas):]
-			copy(cs.quotas, s.quotas)
+			c.counters = c.counters[:len(c.counters)+1]
+			c.rates = c.counters[len(c.counters)-1].copySeries(s, c.rates)
+			q := len(quotas)
+			quotas = append(quotas, s.quotas...)
+			cs := seriesCopy{idx: s.idx, model: s.model, quotas: quotas[q:len(quotas):len(quotas)]}
 			if s.win != nil {
-				w := &wins[0]
-				wins = wins[1:]
-				w.tok, w.req = s.win.tok, s.win.req
-				w.cells, cells = cells[:len(s.win.cells):len(s.win.cells)], cells[len(s.win.cells):]
-				copy(w.cells, s.win.cells)
-				cs.win = w
+				k := len(cells)
+				cells = append(cells, s.win.cells...)
+				wins = append(wins, secWindow{cells: cells[k:len(cells):len(cells)], tok: s.win.tok, req: s.win.req})
+				cs.win = &wins[len(wins)-1]
 			}
+			series = append(series, cs)
 		}
+		ct.series = series[from:len(series):len(series)]
 	}
+	c.seriesBlock, c.quotaBlock, c.winBlock, c.cellBlock = series, quotas, wins, cells
 	return c, nil
-}
-
-// grow returns s with length n, reusing its array when it is large
-// enough; what it holds is overwritten by the caller.
-func grow[T any](s []T, n int) []T {
-	if cap(s) >= n {
-		return s[:n]
-	}
-	return make([]T, n)
 }
 
 // Snapshot appends the snapshot of the copied state to dst under the
@@ -343,7 +358,7 @@ func (c *StateCopy) Snapshot(dst []byte, fp string) ([]byte, error) {
 			s := &t.series[k]
 			ord[s.idx] = next
 			next++
-			encodeSeries(&e, s, &c.counters[first[ti]+k])
+			encodeSeries(&e, s, &c.counters[first[ti]+k], c.rates)
 		}
 	}
 
@@ -364,7 +379,7 @@ func (c *StateCopy) Snapshot(dst []byte, fp string) ([]byte, error) {
 	return e.b, nil
 }
 
-func encodeSeries(e *enc, s *seriesCopy, c *seriesCounters) {
+func encodeSeries(e *enc, s *seriesCopy, c *seriesCounters, rates []rateEntry) {
 	e.str(s.model)
 	e.bool(c.other)
 	for k := range 3 {
@@ -375,20 +390,13 @@ func encodeSeries(e *enc, s *seriesCopy, c *seriesCounters) {
 	}
 	// The rate ring is sparse (a cell per minute with events in the last
 	// hour): only its non-empty cells, by index.
-	used := 0
-	for i := range c.rate {
-		if c.rate[i] != (rateCell{}) {
-			used++
-		}
-	}
-	e.u(uint64(used))
-	for i := range c.rate {
-		if cell := &c.rate[i]; *cell != (rateCell{}) {
-			e.u(uint64(i))
-			e.i(int64(cell.min))
-			e.i(int64(cell.req))
-			e.i(cell.tok)
-		}
+	own := rates[c.rate[0]:c.rate[1]]
+	e.u(uint64(len(own)))
+	for _, r := range own {
+		e.u(uint64(r.i))
+		e.i(int64(r.cell.min))
+		e.i(int64(r.cell.req))
+		e.i(r.cell.tok)
 	}
 	for i := range c.roll {
 		r := &c.roll[i]
