@@ -22,7 +22,7 @@ PY_STAMP := $(VENV)/.deps-$(shell cat $(PY_LOCK) sdk/python/pyproject.toml | cks
 export SLUICE_CHDB_PYTHON ?= $(CURDIR)/$(VENV)/bin/python
 export SLUICE_OPENAI_PYTHON ?= $(CURDIR)/$(VENV)/bin/python
 
-.PHONY: help run test unit e2e pytest bench lint build services services-down pyenv chdb clean
+.PHONY: help run test unit e2e pytest bench bench-again lint build services services-down pyenv chdb clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -46,10 +46,24 @@ e2e: services pyenv ## the end-to-end, fault and bad-input suites alone (also pa
 unit: ## tests that need no service (-short)
 	$(GO) test -short -count=1 $(PKGS)
 
-bench: services ## every benchmark; writes bench/results.json and prints a table
+# make bench runs the packages' benchmarks one package at a time (go test
+# -bench over many packages runs several test binaries at once) and records
+# beside each figure what else the machine ran meanwhile; cmd/benchreport
+# and bench/README.md say how. bench-again reruns some of them
+# (BENCH_PKGS, BENCH: go test's -bench pattern) and merges their figures
+# into bench/results.json, keeping the others.
+BENCH      ?= .
+BENCH_PKGS ?= $(PKGS)
+
+bench: services ## every benchmark, one package at a time; writes bench/results.json and prints a table
 	mkdir -p bench
-	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(PKGS) | tee bench/raw.txt
-	$(GO) run ./cmd/benchreport -in bench/raw.txt -out bench/results.json
+	st=0; $(GO) run ./cmd/benchreport run -raw bench/raw.txt -bench '$(BENCH)' $(PKGS) || st=$$?; \
+	$(GO) run ./cmd/benchreport -in bench/raw.txt -out bench/results.json; exit $$st
+
+bench-again: services ## some benchmarks again (BENCH_PKGS=./schemas/ BENCH=DecodeSignal), merged into bench/results.json
+	mkdir -p bench
+	st=0; $(GO) run ./cmd/benchreport run -raw bench/raw-again.txt -bench '$(BENCH)' $(BENCH_PKGS) || st=$$?; \
+	$(GO) run ./cmd/benchreport -merge -in bench/raw-again.txt -out bench/results.json; exit $$st
 
 lint: ## go vet and staticcheck over every module
 	$(GO) vet $(PKGS)

@@ -15,8 +15,9 @@
 //   - schemas/framing finds the events of a batch body (a JSON array or
 //     NDJSON) without decoding them.
 //
-// Signals are few, and [EncodeSignal] and [DecodeSignal] live here, on top
-// of encoding/json.
+// Signals are fewer, and [EncodeSignal] (encoding/json) and [DecodeSignal]
+// (a small hand-written walker, held to encoding/json's verdicts by the
+// tests) live here.
 //
 // # Usage event v1
 //

@@ -7,12 +7,17 @@ import (
 	"github.com/sluicehq/sluice/schemas/internal/schematest"
 )
 
+// FuzzDecodeSignal checks that DecodeSignal agrees with the reference
+// walker (encoding/json's Decoder under the same judges), that what it
+// accepts the JSON Schema accepts, and that what it accepts encodes and
+// decodes again.
 func FuzzDecodeSignal(f *testing.F) {
 	for _, tc := range schematest.SignalCorpus {
 		f.Add([]byte(tc.Doc))
 	}
 	_, signal, _ := schematest.LoadSchemas(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
+		checkAgainstReference(t, data)
 		var s schemas.Signal
 		err := schemas.DecodeSignal(data, &s)
 		if err != nil {

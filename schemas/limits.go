@@ -67,11 +67,11 @@ const (
 	// problems are enough to fix the sender.
 	MaxProblemsPerEvent = 20
 
-	// MaxNesting is how deeply the usage event decoders follow nested arrays
-	// and objects (inside fields they are going to reject anyway) before they
-	// give up with a SyntaxError; it bounds the work and stack a hostile input
-	// can cause. DecodeSignal relies on encoding/json's own bound, because
-	// signals come from inside Sluice.
+	// MaxNesting is how deeply the decoders follow nested arrays and objects
+	// (inside fields they are going to reject or, in a signal, skip) before
+	// they give up with a SyntaxError; it bounds the work and stack a hostile
+	// input can cause. It applies to DecodeSignal too, whose walker used to
+	// be encoding/json's (bound 10,000).
 	MaxNesting = 512
 )
 

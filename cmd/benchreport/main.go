@@ -1,6 +1,24 @@
-// Command benchreport turns `go test -bench` output into bench/results.json:
-// a flat JSON object of result key → number, plus cores, go_version and
-// commit, and prints a readable table.
+// Command benchreport runs the benchmarks of `make bench` and turns their
+// output into bench/results.json.
+//
+// `benchreport run [flags] packages...` builds the test binary of every
+// package that has benchmarks, then runs them one package at a time (go
+// test -bench over many packages would run up to GOMAXPROCS of them at
+// once, competing for the same cores and services), copying the output to
+// -raw. After each benchmark's result line it writes a window line: what
+// the machine did meanwhile — wall seconds, cores busy, the benchmark
+// binary's share, other processes' share, cores stolen by the hypervisor,
+// runnable threads, load average — and one more for each package's whole
+// run.
+//
+// `benchreport -in raw.txt -out results.json` reads that output (or plain
+// `go test -bench` output) and writes a flat JSON object of result key →
+// number, plus cores, go_version, commit, and conditions: the windows, each
+// naming the figures its benchmark reported, so that every figure says what
+// else ran beside it. With -merge it replaces only the figures of this
+// run in an existing file, keeping the others and their windows: the way
+// a rerun of one package updates a whole run's file. It prints a readable
+// table.
 //
 // A figure becomes a key when a benchmark reports it with
 // b.ReportMetric(value, "<key>"), the unit being the key itself
@@ -13,6 +31,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -29,16 +48,29 @@ import (
 var keyPattern = regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)+$`)
 
 // parse reads benchmark output and returns every key-shaped metric. When a
-// key is reported twice (two -count runs), the last value wins.
-func parse(r io.Reader) (map[string]float64, error) {
+// key is reported twice (two -count runs), the last value wins. Window
+// lines (benchreport run) come back in order, each with the keys of the
+// result line just before it; a package's window names none.
+func parse(r io.Reader) (map[string]float64, []Window, error) {
 	out := map[string]float64{}
+	var windows []Window
+	var last []string // keys of the last result line, until its window
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
+		if w, ok := readWindow(sc.Text()); ok {
+			if w.Benchmark != "" {
+				w.Figures = last
+			}
+			last = nil
+			windows = append(windows, w)
+			continue
+		}
 		f := strings.Fields(sc.Text())
 		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") {
 			continue
 		}
+		last = nil
 		// f[1] is the iteration count; then value/unit pairs.
 		for i := 2; i+1 < len(f); i += 2 {
 			v, err := strconv.ParseFloat(f[i], 64)
@@ -47,10 +79,55 @@ func parse(r io.Reader) (map[string]float64, error) {
 			}
 			if keyPattern.MatchString(f[i+1]) {
 				out[f[i+1]] = v
+				last = append(last, f[i+1])
 			}
 		}
 	}
-	return out, sc.Err()
+	return out, windows, sc.Err()
+}
+
+// merge puts the figures and windows of a new run into the results of an
+// earlier one: the new figures replace the old, old windows lose the
+// figures a new one now names (and go when none is left), and the package
+// windows of the packages run again go.
+func merge(old map[string]any, figures map[string]float64, windows []Window) (map[string]float64, []Window) {
+	all := map[string]float64{}
+	for k, v := range old {
+		if f, ok := v.(float64); ok && keyPattern.MatchString(k) && k != "go_version" {
+			all[k] = f
+		}
+	}
+	var oldWindows []Window
+	if raw, err := json.Marshal(old["conditions"]); err == nil {
+		_ = json.Unmarshal(raw, &oldWindows)
+	}
+	rerun := map[string]bool{}
+	for _, w := range windows {
+		rerun[w.Package] = true
+	}
+	var kept []Window
+	for _, w := range oldWindows {
+		if w.Benchmark == "" {
+			if !rerun[w.Package] {
+				kept = append(kept, w)
+			}
+			continue
+		}
+		var left []string
+		for _, k := range w.Figures {
+			if _, replaced := figures[k]; !replaced {
+				left = append(left, k)
+			}
+		}
+		if len(left) > 0 {
+			w.Figures = left
+			kept = append(kept, w)
+		}
+	}
+	for k, v := range figures {
+		all[k] = v
+	}
+	return all, append(kept, windows...)
 }
 
 // descriptions reads "| key | description |" rows from bench/README.md.
@@ -74,9 +151,17 @@ func descriptions(path string) map[string]string {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "run" {
+		if err := runMain(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "benchreport:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	in := flag.String("in", "-", "benchmark output to read (- for stdin)")
 	outPath := flag.String("out", "bench/results.json", "results file to write")
 	readme := flag.String("readme", "bench/README.md", "file describing each key")
+	mergeOld := flag.Bool("merge", false, "replace only this run's figures (and their windows) in an existing -out file")
 	flag.Parse()
 
 	var r io.Reader = os.Stdin
@@ -89,7 +174,7 @@ func main() {
 		defer f.Close()
 		r = f
 	}
-	figures, err := parse(r)
+	figures, windows, err := parse(r)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchreport:", err)
 		os.Exit(1)
@@ -98,17 +183,33 @@ func main() {
 		fmt.Fprintln(os.Stderr, "benchreport: no result keys found; did the benchmarks run (not -short)?")
 		os.Exit(1)
 	}
+	commit := gitCommit()
+	if *mergeOld {
+		data, err := os.ReadFile(*outPath)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "benchreport: -merge:", err)
+			os.Exit(1)
+		}
+		var old map[string]any
+		if err := json.Unmarshal(data, &old); err != nil {
+			fmt.Fprintln(os.Stderr, "benchreport: -merge:", *outPath, err)
+			os.Exit(1)
+		}
+		figures, windows = merge(old, figures, windows)
+		if c, ok := old["commit"].(string); ok {
+			commit = c // the whole run's; each window names its own
+		}
+	}
 	results := map[string]any{}
 	for k, v := range figures {
 		results[k] = v
 	}
 	results["cores"] = runtime.NumCPU()
 	results["go_version"] = runtime.Version()
-	commit := "unknown"
-	if b, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
-		commit = strings.TrimSpace(string(b))
-	}
 	results["commit"] = commit
+	if len(windows) > 0 {
+		results["conditions"] = windows
+	}
 	data, _ := json.MarshalIndent(results, "", "  ")
 	if err := os.WriteFile(*outPath, append(data, '\n'), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, "benchreport:", err)
@@ -116,14 +217,38 @@ func main() {
 	}
 
 	desc := descriptions(*readme)
+	beside := map[string]Window{}
+	for _, w := range windows {
+		for _, k := range w.Figures {
+			beside[k] = w
+		}
+	}
 	keys := make([]string, 0, len(figures))
 	for k := range figures {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	fmt.Printf("\n%-44s %16s  %s\n", "result", "value", "what was measured")
+	fmt.Printf("\n%-44s %16s %6s %6s  %s\n", "result", "value", "other", "steal", "what was measured (other, steal: cores busy with other processes, and stolen, while it ran)")
 	for _, k := range keys {
-		fmt.Printf("%-44s %16.6g  %s\n", k, figures[k], desc[k])
+		other, steal := "", ""
+		if w, ok := beside[k]; ok {
+			other, steal = fmt.Sprintf("%.2f", w.OtherCores), fmt.Sprintf("%.2f", w.StealCores)
+		}
+		fmt.Printf("%-44s %16.6g %6s %6s  %s\n", k, figures[k], other, steal, desc[k])
 	}
 	fmt.Printf("\n%d figures, %d cores, %s, commit %s → %s\n", len(keys), runtime.NumCPU(), runtime.Version(), commit, *outPath)
+}
+
+// gitCommit is the checkout's short commit, with "+dirty" when it has
+// uncommitted changes, or "unknown".
+func gitCommit() string {
+	b, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "unknown"
+	}
+	c := strings.TrimSpace(string(b))
+	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(bytes.TrimSpace(st)) > 0 {
+		c += "+dirty"
+	}
+	return c
 }

@@ -111,12 +111,17 @@ type partition struct {
 	// (snappedAt).
 	snapAt   time.Time
 	snapNext int64
-	// snap is the snapshot being encoded from the state, off the poll
-	// loop (snapshot.go): until it is done the state is frozen — its
-	// partition is not fetched and the poll loop leaves the state alone.
-	// snapLen is the last snapshot's size, to size the next one's buffer.
-	snap    *snapTask
-	snapLen int
+	// snap is the snapshot whose copy of the state is being taken, off
+	// the poll loop (snapshot.go): until the copy is taken the state is
+	// frozen — its partition is not fetched and the poll loop leaves the
+	// state alone. inflight is the snapshot being encoded from its copy
+	// and stored, while the partition flows; snapCopy the last copy, whose
+	// memory the next one reuses; snapLen the last snapshot's size, to
+	// size the next one's buffer.
+	snap     *snapTask
+	inflight *snapTask
+	snapCopy *tally.StateCopy
+	snapLen  int
 }
 
 func newAggregator(cfg Config, env platform.Env, w *policy.Watcher) *aggregator {

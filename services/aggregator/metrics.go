@@ -29,7 +29,7 @@ type metrics struct {
 	modelsCapped                                  prometheus.Counter
 	handoverWaits                                 *prometheus.HistogramVec
 	snapshots, snapshotFallbacks                  *prometheus.CounterVec
-	snapshotSeconds, snapshotPause                prometheus.Histogram
+	snapshotSeconds, snapshotPause, snapshotCopy  prometheus.Histogram
 	snapshotsDropped                              prometheus.Counter
 }
 
@@ -58,7 +58,8 @@ func newMetrics(reg prometheus.Registerer, w *policy.Watcher) *metrics {
 		commitErrors:         prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_commit_errors_total", Help: "Offset commits refused (the events are re-read by the next owner)."}),
 		snapshots:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_aggregator_snapshots_total", Help: "Partition state snapshots by result: stored in ClickHouse, failed to store, or skipped (state not snapshottable at that flush)."}, []string{"result"}),
 		snapshotFallbacks:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_aggregator_snapshot_fallbacks_total", Help: "Partitions rebuilt in full instead of from a snapshot, by reason: none stored, mismatch (format or policy), corrupt, repartitioned (the topic gained partitions), error (ClickHouse)."}, []string{"reason"}),
-		snapshotSeconds:      prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_aggregator_snapshot_seconds", Help: "Time to encode a partition's state snapshot, off the poll loop: the partition (only it) is not fetched meanwhile.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
+		snapshotSeconds:      prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_aggregator_snapshot_seconds", Help: "Time to encode a partition's state snapshot from its copy, off the poll loop: the partition is fetched meanwhile.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
+		snapshotCopy:         prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_aggregator_snapshot_copy_seconds", Help: "Time to copy a partition's state for its snapshot, off the poll loop: the partition (only it) is not fetched meanwhile.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
 		snapshotPause:        prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_aggregator_snapshot_pause_seconds", Help: "Time the poll loop (every partition of the instance) spends starting a partition's snapshot.", Buckets: prometheus.ExponentialBuckets(0.00001, 4, 12)}),
 		snapshotsDropped:     prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_snapshots_dropped_total", Help: "Superseded partition snapshots deleted from ClickHouse once a newer one was stored and its offset committed."}),
 		rebuildEvents:        prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_rebuild_events_total", Help: "Distinct events replayed from ClickHouse to rebuild state."}),
@@ -78,7 +79,7 @@ func newMetrics(reg prometheus.Registerer, w *policy.Watcher) *metrics {
 		flushesCut:           prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_flushes_cut_short_total", Help: "Flushes whose signals and re-routed records could not be published before their deadline (a stop, a revoke past shutdown_timeout, a partition-count refresh): their batches are kept and published by the next flush, and nothing past them is committed meanwhile."}),
 	}
 	reloadFailures := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_aggregator_policy_reload_failures_total", Help: "Policy reloads rejected; the previous policy stays in force."}, func() float64 { return float64(w.Failures.Load()) })
-	for _, c := range []prometheus.Collector{events, m.late, m.signals, m.lag, m.series, m.ids, m.writeRows, m.writeSeconds, m.rebuildSeconds, m.writeErrors, m.commitErrors, m.rebuildEvents, m.evictions, m.restores, m.restoreSeconds, m.heldNow, m.reevaluations, m.adminInvalid, m.adminRefused, m.adminUnsigned, m.adminReplayed, m.restoreAnnouncements, m.unwritten, m.fetchPauses, m.modelsCapped, m.handoverWaits, m.snapshots, m.snapshotFallbacks, m.snapshotSeconds, m.snapshotPause, m.snapshotsDropped, m.flushesCut, reloadFailures} {
+	for _, c := range []prometheus.Collector{events, m.late, m.signals, m.lag, m.series, m.ids, m.writeRows, m.writeSeconds, m.rebuildSeconds, m.writeErrors, m.commitErrors, m.rebuildEvents, m.evictions, m.restores, m.restoreSeconds, m.heldNow, m.reevaluations, m.adminInvalid, m.adminRefused, m.adminUnsigned, m.adminReplayed, m.restoreAnnouncements, m.unwritten, m.fetchPauses, m.modelsCapped, m.handoverWaits, m.snapshots, m.snapshotFallbacks, m.snapshotSeconds, m.snapshotCopy, m.snapshotPause, m.snapshotsDropped, m.flushesCut, reloadFailures} {
 		// A second aggregator in one process (tests) shares the registry.
 		_ = reg.Register(c)
 	}

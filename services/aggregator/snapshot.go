@@ -17,21 +17,39 @@ import (
 // Snapshots (services.aggregator.snapshot_interval).
 //
 // Every interval a partition's state is snapshotted right after a drain
-// (snapshot) and stored by its writer after the batches it covers and
-// before their offset is committed (writer.go, storeSnapshot); once an
-// offset at or past it is committed, the older snapshots of the partition
-// are dropped (a restart at the committed offset no longer needs them;
-// until then, a refused commit leaves the previous one in use).
+// (snapshot). A goroutine of its own copies what the snapshot holds
+// (tally.Partition.SnapshotCopy: a memory copy of the counters, about
+// 2.8 KB per tenant × model key with its quotas, into the previous copy)
+// while the partition is frozen — not fetched, its state left alone by
+// the poll loop (process, drain, evictIdle skip it; a policy reload or an
+// override waits for the copy to end) — and thawed by the first poll
+// after the copy (thawSnapshots). It then encodes the copy (about 5.5 s
+// per 1,000,000 keys), which the partition no longer waits for: it goes
+// on being fetched, aggregated and signalled from. The instance's other
+// partitions never wait. The copy is exactly the state at the drained
+// offset j.next, and the snapshot is stored at that offset. The copy is
+// kept for the next snapshot to reuse: allocating it afresh every
+// interval cost more than copying (zeroed memory, page faults and the
+// garbage collector's assists), at the price of holding it between
+// snapshots.
 //
-// The encoding (about 5.5 s per 1,000,000 tenant × model keys) runs on a
-// goroutine of its own, not in the poll loop: the partition is frozen
-// meanwhile — not fetched, its state left alone by the poll loop
-// (process, drain, evictIdle skip it; a policy reload or an override
-// waits for the encoding to end) — and thawed by the first poll after it
-// ends (thawSnapshots). So the snapshot is exactly the state at the
-// drained offset, no copy of the state is made, and the instance's other
-// partitions keep flowing; only the snapshotted partition's events wait,
-// for as long as its own state takes to encode.
+// The partition's writer stores it (writer.go, takeSnapshot and
+// storePending) once it is encoded and the batches it covers are stored —
+// they are, since it rides on the job of that drain — before or after
+// their offset is committed, whichever comes first: storage and commits
+// of the later batches do not wait for the encoding. Once an offset at or
+// past a stored snapshot's is committed, the older snapshots of the
+// partition are dropped (a restart at the committed offset no longer
+// needs them; until then a restart loads the newest snapshot at or below
+// its committed offset, so a snapshot stored above it is never loaded
+// early). One snapshot at a time is in flight per partition (inflight);
+// once it is stored or given up (reapSnapshots), the next may be taken.
+// A snapshot that is not stored — the copy or the encoding failed,
+// ClickHouse refused it, the writer stopped first — advances nothing: no
+// older snapshot is dropped, and the partition's snapNext goes back, so
+// that the next interval, or the stop, takes another even if no event
+// arrives.
+//
 // A newly assigned partition loads the newest snapshot at or below its
 // committed offset taken under the policy in force, and replays only the
 // events stored since; with no such snapshot, or a damaged one, or after
@@ -96,18 +114,41 @@ func snappedAt(before int64, replayed int) int64 {
 	return before
 }
 
-// snapTask is a snapshot being encoded from a frozen partition state.
+// snapTask is a snapshot in flight: a copy of a partition's state, taken
+// while the partition is frozen, encoded, then stored by its writer.
 type snapTask struct {
-	done chan struct{} // closed when data or err is set
-	fp   string        // the policy fingerprint it is taken under
-	data []byte
-	err  error
-	took time.Duration
+	fp         string // the policy fingerprint it is taken under
+	next, prev int64  // the offset it covers, and the partition's snapNext before it
+
+	copied chan struct{}    // closed when copy is taken (or err set): the partition may thaw
+	copy   *tally.StateCopy // reused by the next snapshot once the encoding has ended
+	done   chan struct{}    // closed when data, size, err and took are set
+	data   []byte           // the encoding, until the writer stored it
+	size   int
+	err    error
+	took   time.Duration
+
+	settled chan struct{} // closed by finish, when stored is set
+	once    sync.Once
+	stored  bool
+}
+
+func newSnapTask(fp string, next, prev int64) *snapTask {
+	return &snapTask{fp: fp, next: next, prev: prev, copied: make(chan struct{}), done: make(chan struct{}), settled: make(chan struct{})}
+}
+
+// finish records whether the snapshot was stored and lets the poll loop
+// reap it; only the first call counts.
+func (t *snapTask) finish(stored bool) {
+	t.once.Do(func() {
+		t.stored = stored
+		close(t.settled)
+	})
 }
 
 // snapshotDue reports whether p's state should be snapshotted at the next
 // flush: the interval has passed, events were read since the last
-// snapshot, none is being encoded, no tenant is being restored (its events
+// snapshot, none is in flight, no tenant is being restored (its events
 // are parked, not in the state) and the partition does not wait for a
 // hand-over.
 func (a *aggregator) snapshotDue(p *partition) bool {
@@ -116,9 +157,9 @@ func (a *aggregator) snapshotDue(p *partition) bool {
 
 // snapshotWanted reports whether p's state, as it stands, is worth a
 // snapshot and may be taken: snapshots are on, events were read since the
-// last one, none is being encoded, and every event read is in the state.
+// last one, none is in flight, and every event read is in the state.
 func (a *aggregator) snapshotWanted(p *partition) bool {
-	return a.cfg.SnapshotInterval > 0 && p.snap == nil && p.next > p.snapNext &&
+	return a.cfg.SnapshotInterval > 0 && p.snap == nil && p.inflight == nil && p.next > p.snapNext &&
 		len(p.restoring) == 0 && p.parked == 0 && a.waiting[p.id] == nil
 }
 
@@ -135,12 +176,12 @@ func (a *aggregator) snapshotsDue() bool {
 
 // snapshot attaches a snapshot of p's state to j when one is due. The
 // state has just been drained, so it holds exactly the events below
-// j.next; it is frozen (p.snap, p's fetching paused) and encoded on a
-// goroutine, and the writer stores it once encoded, after j's rows and
-// before the commit, so a snapshot never covers an event ClickHouse
-// lacks. None is taken while tenants are being restored (their events
-// are parked, not in the state) or while the policy in force is not yet
-// the state's.
+// j.next; it is frozen (p.snap, p's fetching paused) while a goroutine
+// copies it, then thawed while the same goroutine encodes the copy, and
+// the writer stores it once encoded, after j's rows, so a snapshot never
+// covers an event ClickHouse lacks. None is taken while tenants are being
+// restored (their events are parked, not in the state) or while the
+// policy in force is not yet the state's.
 func (a *aggregator) snapshot(p *partition, j *job) {
 	if !a.snapshotDue(p) || j.next != p.next {
 		return
@@ -150,25 +191,34 @@ func (a *aggregator) snapshot(p *partition, j *job) {
 		return
 	}
 	start := time.Now()
+	task := newSnapTask(pol.Fingerprint(), j.next, p.snapNext)
 	p.snapAt, p.snapNext = start, j.next
-	task := &snapTask{done: make(chan struct{}), fp: pol.Fingerprint()}
 	a.cl.PauseFetchPartitions(map[string][]int32{a.cfg.Topic: {p.id}})
-	p.snap, j.snap = task, task
-	st, size := p.state, p.snapLen+p.snapLen/8
+	p.snap, p.inflight, j.snap = task, task, task
+	st, spare, size := p.state, p.snapCopy, p.snapLen+p.snapLen/8
+	p.snapCopy = nil // the copy's memory is in use until the encoding ends
 	go func() {
 		begin := time.Now()
-		task.data, task.err = st.Snapshot(make([]byte, 0, size), task.fp)
-		task.took = time.Since(begin)
-		close(task.done)
+		task.copy, task.err = st.SnapshotCopy(spare)
+		a.m.snapshotCopy.Observe(time.Since(begin).Seconds())
+		close(task.copied)
 		a.kickPoll() // thaw the partition without waiting out the poll
+		if task.err == nil {
+			begin = time.Now()
+			task.data, task.err = task.copy.Snapshot(make([]byte, 0, size), task.fp)
+			task.size, task.took = len(task.data), time.Since(begin)
+			a.m.snapshotSeconds.Observe(task.took.Seconds())
+		}
+		close(task.done)
 	}()
 	a.m.snapshotPause.Observe(time.Since(start).Seconds())
 }
 
-// thawSnapshots resumes fetching every partition whose snapshot is
-// encoded, from the offset its state reached. The caller holds mu and
-// runs on the poll goroutine after a poll and before AllowRebalance
-// (SetOffsets wants no revoke running).
+// thawSnapshots resumes fetching every partition whose state's copy is
+// taken, from the offset its state reached, then reaps the snapshots
+// stored or given up. The caller holds mu and runs on the poll goroutine
+// after a poll and before AllowRebalance (SetOffsets wants no revoke
+// running).
 func (a *aggregator) thawSnapshots() {
 	for id, p := range a.parts {
 		t := p.snap
@@ -176,42 +226,96 @@ func (a *aggregator) thawSnapshots() {
 			continue
 		}
 		select {
-		case <-t.done:
+		case <-t.copied:
 		default:
 			continue
 		}
 		p.snap = nil
-		a.m.snapshotSeconds.Observe(t.took.Seconds())
-		if t.err != nil {
-			a.m.snapshots.WithLabelValues("skipped").Inc()
-			a.log.Warn("partition state not snapshotted; the next interval tries again", "partition", id, "err", t.err)
-		} else {
-			p.snapLen = len(t.data)
-		}
 		a.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{a.cfg.Topic: {id: {Epoch: -1, Offset: p.next}}})
 		a.cl.ResumeFetchPartitions(map[string][]int32{a.cfg.Topic: {id}})
 	}
+	a.reapSnapshots()
 }
 
-// settle waits until p's state is no longer being encoded, for the rare
+// reapSnapshots ends the snapshots in flight that were stored or given up,
+// so that the next may be taken. One not stored gives its offset back:
+// snapNext returns to what it was, and the next interval (or the stop)
+// snapshots the partition again even if no event arrives. The caller holds
+// mu.
+func (a *aggregator) reapSnapshots() {
+	for id, p := range a.parts {
+		t := p.inflight
+		if t == nil || p.snap == t {
+			continue // none, or still frozen for its copy
+		}
+		select {
+		case <-t.settled:
+		default:
+			continue
+		}
+		p.inflight = nil
+		select {
+		case <-t.done: // the encoding no longer reads the copy
+			p.snapCopy = t.copy
+		default: // given up by a stopped writer while still encoding
+		}
+		t.copy = nil
+		if t.err != nil {
+			a.m.snapshots.WithLabelValues("skipped").Inc()
+			a.log.Warn("partition state not snapshotted; the next interval tries again", "partition", id, "err", t.err)
+		} else if t.size > 0 {
+			p.snapLen = t.size
+		}
+		if !t.stored && p.snapNext == t.next {
+			p.snapNext = t.prev
+		}
+	}
+}
+
+// settle waits until p's state is no longer being copied, for the rare
 // changes that cannot wait for the thaw (a policy reload, an operator
-// override). The caller holds mu; the encoding does not take it.
+// override). The caller holds mu; the copy does not take it.
 func (p *partition) settle() {
 	if p.snap != nil {
-		<-p.snap.done
+		<-p.snap.copied
 	}
 }
 
 // dropFrozen un-pauses the partitions of parts that were frozen for a
-// snapshot, as they leave this instance, so that a later assignment
-// fetches them. The caller holds mu.
+// snapshot's copy, as they leave this instance, so that a later assignment
+// fetches them, and forgets their snapshots in flight (their writers,
+// stopped, store nothing more). The caller holds mu.
 func (a *aggregator) dropFrozen(parts []int32) {
 	for _, id := range parts {
-		if p := a.parts[id]; p != nil && p.snap != nil {
-			p.snap = nil
-			a.cl.ResumeFetchPartitions(map[string][]int32{a.cfg.Topic: {id}})
+		if p := a.parts[id]; p != nil {
+			if p.snap != nil {
+				p.snap = nil
+				a.cl.ResumeFetchPartitions(map[string][]int32{a.cfg.Topic: {id}})
+			}
+			p.inflight = nil
 		}
 	}
+}
+
+// awaitSnapshots waits, at a graceful stop, until the snapshots in flight
+// are stored or given up (their writers still run), or ctx ends, then
+// reaps them. The caller holds mu; neither the copies, the encodings nor
+// the writers take it.
+func (a *aggregator) awaitSnapshots(ctx context.Context) {
+	for _, p := range a.parts {
+		if t := p.inflight; t != nil {
+			select {
+			case <-t.settled:
+			case <-ctx.Done():
+			}
+			select {
+			case <-t.copied:
+				p.snap = nil // no poll thaws it any more; the stop resumes nothing
+			default:
+			}
+		}
+	}
+	a.reapSnapshots()
 }
 
 // finalSnapshots snapshots, at a graceful stop, every partition whose
@@ -220,8 +324,9 @@ func (a *aggregator) dropFrozen(parts []int32) {
 // it a rolling restart replays up to snapshot_interval of events per
 // partition (a minute of a busy partition is millions of events and tens
 // of seconds). The caller holds mu, has stopped the poll loop and waited
-// for the writers, so the states stand still; the encodings run at most
-// one per core.
+// for the writers' queues, so the states stand still; the snapshots still
+// in flight are stored (or given up) first; the encodings run at most one
+// per core, from the states themselves (no copy: nothing moves them).
 //
 // It returns when every snapshot is stored, or when ctx (what is left of
 // shutdown_timeout) ends: the stop does not overrun its grace. A snapshot
@@ -233,6 +338,7 @@ func (a *aggregator) finalSnapshots(ctx context.Context) {
 	if a.cfg.SnapshotInterval <= 0 {
 		return
 	}
+	a.awaitSnapshots(ctx)
 	pol := a.watcher.Current()
 	ids := make([]int32, 0, len(a.parts))
 	for id, p := range a.parts {
@@ -248,7 +354,7 @@ func (a *aggregator) finalSnapshots(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, id := range ids {
 		p := a.parts[id]
-		task := &snapTask{done: make(chan struct{}), fp: pol.Fingerprint()}
+		task := newSnapTask(pol.Fingerprint(), p.next, p.snapNext)
 		p.snap = task
 		wg.Add(1)
 		go func() {
@@ -276,7 +382,11 @@ func (a *aggregator) finalSnapshots(ctx context.Context) {
 // committed).
 func (a *aggregator) storeFinalSnapshot(ctx context.Context, p *partition, fp string) {
 	begin := time.Now()
-	data, err := p.state.Snapshot(make([]byte, 0, p.snapLen+p.snapLen/8), fp)
+	cp, err := p.state.SnapshotCopy(p.snapCopy) // into the last copy's memory, as the interval's snapshots
+	var data []byte
+	if err == nil {
+		data, err = cp.Snapshot(make([]byte, 0, p.snapLen+p.snapLen/8), fp)
+	}
 	a.m.snapshotSeconds.Observe(time.Since(begin).Seconds())
 	if err == nil {
 		err = a.store.WriteSnapshot(ctx, p.id, p.next, tally.SnapshotVersion, fp, data)

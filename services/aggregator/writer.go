@@ -25,7 +25,7 @@ type job struct {
 	count    int32 // the partition count it was drained under, committed as metadata (handover.go)
 	rows     int
 	// snap, if set, is the snapshot of the partition's state covering the
-	// events below next, being encoded (snapshot.go).
+	// events below next, encoded from a copy (snapshot.go).
 	snap *snapTask
 }
 
@@ -61,8 +61,11 @@ type writer struct {
 	commitFailed bool
 	// stale is the offset of the newest snapshot stored whose older
 	// snapshots are not dropped yet: they go once an offset at or past
-	// it is committed. Only the writer's goroutine uses it.
-	stale int64
+	// it is committed. pending is a snapshot whose batches are stored and
+	// whose encoding had not ended when they were: it is stored as soon as
+	// it is encoded. Only the writer's goroutine uses them.
+	stale   int64
+	pending *snapTask
 }
 
 func closedChan() chan struct{} {
@@ -147,10 +150,16 @@ func (a *aggregator) stop(w *writer) {
 
 func (a *aggregator) runWriter(w *writer) {
 	defer func() {
+		if w.pending != nil {
+			w.pending.finish(false) // a stopped writer stores nothing more
+		}
 		w.mu.Lock()
 		n := 0
 		for _, j := range w.queue {
 			n += j.rows
+			if j.snap != nil {
+				j.snap.finish(false) // its rows are not stored: neither is it
+			}
 		}
 		w.queue = nil
 		w.mu.Unlock()
@@ -161,14 +170,21 @@ func (a *aggregator) runWriter(w *writer) {
 	var jobs []*job
 	var batches []*chstore.Batch
 	for {
+		a.storePending(w)
 		w.mu.Lock()
 		n := len(w.queue)
 		w.mu.Unlock()
 		if n == 0 {
+			var encoded chan struct{} // nil: none pending, never ready
+			if w.pending != nil {
+				encoded = w.pending.done
+			}
 			select {
 			case <-w.ctx.Done():
 				return
 			case <-w.wake:
+				continue
+			case <-encoded:
 				continue
 			}
 		}
@@ -207,9 +223,8 @@ func (a *aggregator) runWriter(w *writer) {
 		}
 		a.m.writeRows.Observe(float64(rows))
 		a.m.writeSeconds.Observe(time.Since(start).Seconds())
-		if off, ok := a.storeSnapshot(w, jobs); ok {
-			w.stale = off
-		}
+		a.takeSnapshot(w, jobs)
+		a.storePending(w) // before the commit, if it is encoded already
 		cerr := a.commit(w.ctx, w.part, end)
 		if cerr == nil && w.stale > 0 && end.next >= w.stale {
 			a.dropStaleSnapshots(w)
@@ -231,38 +246,60 @@ func (a *aggregator) runWriter(w *writer) {
 	}
 }
 
-// storeSnapshot stores the newest snapshot among jobs, whose rows are
-// stored, before their offset is committed, waiting for its encoding to
-// end; it reports the offset the stored snapshot covers. A failure is not
-// retried: the next interval takes another, and a restart meanwhile uses
-// an older one or rebuilds in full.
-func (a *aggregator) storeSnapshot(w *writer, jobs []*job) (int64, bool) {
+// takeSnapshot makes the newest snapshot among jobs, whose rows are
+// stored, the writer's pending one. One snapshot is in flight per
+// partition at a time, so there is no other; one left over would be given
+// up.
+func (a *aggregator) takeSnapshot(w *writer, jobs []*job) {
 	for i := len(jobs) - 1; i >= 0; i-- {
-		j := jobs[i]
-		if j.snap == nil {
-			continue
+		if t := jobs[i].snap; t != nil {
+			if w.pending != nil && w.pending != t {
+				w.pending.finish(false)
+			}
+			w.pending = t
+			return
 		}
-		select {
-		case <-j.snap.done:
-		case <-w.ctx.Done():
-			return 0, false
-		}
-		if j.snap.err != nil {
-			return 0, false // counted and logged by the thaw
-		}
-		ctx, cancel := context.WithTimeout(w.ctx, max(a.cfg.WriteTimeout, time.Minute))
-		err := a.store.WriteSnapshot(ctx, w.part, j.next, tally.SnapshotVersion, j.snap.fp, j.snap.data)
-		cancel()
-		if err != nil {
-			a.m.snapshots.WithLabelValues("failed").Inc()
-			a.log.Warn("partition snapshot not stored; the next interval takes another", "partition", w.part, "offset", j.next, "err", err)
-			return 0, false
-		}
-		a.m.snapshots.WithLabelValues("stored").Inc()
-		a.log.Debug("partition snapshot stored", "partition", w.part, "offset", j.next, "bytes", len(j.snap.data))
-		return j.next, true
 	}
-	return 0, false
+}
+
+// storePending stores the pending snapshot if it is encoded, and drops
+// the snapshots it supersedes if its offset is committed already (the
+// commit after the next batch drops them otherwise). Its rows are stored.
+// A failure is not retried: the snapshot is given up (reapSnapshots), the
+// next interval takes another, and a restart meanwhile uses an older one
+// or rebuilds in full.
+func (a *aggregator) storePending(w *writer) {
+	t := w.pending
+	if t == nil {
+		return
+	}
+	select {
+	case <-t.done:
+	default:
+		return
+	}
+	w.pending = nil
+	if t.err != nil {
+		t.finish(false) // counted and logged by reapSnapshots
+		return
+	}
+	ctx, cancel := context.WithTimeout(w.ctx, max(a.cfg.WriteTimeout, time.Minute))
+	err := a.store.WriteSnapshot(ctx, w.part, t.next, tally.SnapshotVersion, t.fp, t.data)
+	cancel()
+	t.data = nil
+	if err != nil {
+		a.m.snapshots.WithLabelValues("failed").Inc()
+		a.log.Warn("partition snapshot not stored; the next interval takes another", "partition", w.part, "offset", t.next, "err", err)
+		t.finish(false)
+		return
+	}
+	a.m.snapshots.WithLabelValues("stored").Inc()
+	a.log.Debug("partition snapshot stored", "partition", w.part, "offset", t.next, "bytes", t.size)
+	w.stale = t.next
+	t.finish(true)
+	if off, ok := w.committed(); ok && off >= t.next {
+		a.dropStaleSnapshots(w)
+	}
 }
 
 // dropStaleSnapshots drops the partition's snapshots older than the

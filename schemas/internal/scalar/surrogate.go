@@ -8,7 +8,7 @@ const LoneSurrogateReason = `contains a lone UTF-16 surrogate escape; pair \uD80
 // LoneSurrogate reports whether lit, a well-formed JSON string literal
 // quotes included, has a lone surrogate escape. encoding/json would turn it
 // into U+FFFD without a word.
-func LoneSurrogate(lit []byte) bool {
+func LoneSurrogate(lit string) bool {
 	for i := 0; i+5 < len(lit); i++ {
 		if lit[i] != '\\' {
 			continue
@@ -35,9 +35,9 @@ func LoneSurrogate(lit []byte) bool {
 func isLow(r rune) bool { return r >= 0xDC00 && r <= 0xDFFF }
 
 // hex4 reads four hex digits, which a well-formed literal has after \u.
-func hex4(b []byte) rune {
+func hex4(b string) rune {
 	var r rune
-	for _, c := range b {
+	for _, c := range []byte(b) {
 		switch {
 		case c >= '0' && c <= '9':
 			c -= '0'

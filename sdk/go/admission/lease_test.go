@@ -237,3 +237,42 @@ func TestCachedRefusalKeepsRedisRetryAfter(t *testing.T) {
 		t.Fatalf("Retry-After %q for a refusal Redis gave about an hour", rec.Header().Get("Retry-After"))
 	}
 }
+
+// TestRecentMatchSets: a lease hit finds its request shape's match set in
+// generation.recent, without the shard's lock; a set the idle sweep
+// removed is not handed out from there again, and two shapes that share a
+// recent slot each get their own set.
+func TestRecentMatchSets(t *testing.T) {
+	l := newTestLimiter(t, testClient(t, ""), benchRules(false), WithPrefix(testPrefix(t)))
+	g := l.gen.Load()
+	now := l.now()
+	req := Request{Tenant: "tenant-a", Model: "gpt-4o"}
+	first, err := l.lookup(g, &req, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := l.lookup(g, &req, now); again != first {
+		t.Fatal("the same shape got another match set")
+	}
+	var k reqKey
+	g.shape(&req, &k)
+	h := g.hash(&k)
+	if g.recent[(h>>32)&(recentSlots-1)].Load() != first {
+		t.Fatal("the match set is not in recent")
+	}
+	// A set in the same recent slot with another shape is not taken for it.
+	other := Request{Tenant: "tenant-b", Model: "gpt-4o"}
+	g.recent[(h>>32)&(recentSlots-1)].Store(first)
+	if s, _ := l.lookup(g, &other, now); s == first {
+		t.Fatal("another shape's match set was handed out from recent")
+	}
+	// Swept as idle: gone from the shard, and not handed out from recent.
+	g.recent[(h>>32)&(recentSlots-1)].Store(first)
+	l.sweep(now + int64(time.Hour))
+	if !first.gone.Load() {
+		t.Fatal("a swept match set is not marked gone")
+	}
+	if s, _ := l.lookup(g, &req, now+int64(time.Hour)); s == first || s == nil {
+		t.Fatal("a swept match set was handed out from recent")
+	}
+}

@@ -1,13 +1,16 @@
 package tally
 
 import (
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"math"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/policy"
@@ -55,28 +58,257 @@ var (
 // fingerprint fp (any string that changes whenever the policy does). Take
 // it right after a Drain whose rows were written, with nothing pending
 // and no restore in progress: it refuses otherwise, because rows not yet
-// written would be lost to a restart that loads it.
+// written would be lost to a restart that loads it. It is SnapshotCopy
+// followed by the copy's Snapshot: one encoding, whoever calls it.
 func (p *Partition) Snapshot(dst []byte, fp string) ([]byte, error) {
-	if p.Pending() || len(p.minutes) > 0 || len(p.repairs) > 0 || len(p.quotaRepairs) > 0 || p.restoring {
-		return dst, errors.New("tally: snapshot with rows or signals pending; drain and write them first")
+	c, err := p.SnapshotCopy(nil)
+	if err != nil {
+		return dst, err
 	}
+	return c.Snapshot(dst, fp)
+}
+
+// snapshotReady reports why the state cannot be snapshotted as it stands,
+// or nil.
+func (p *Partition) snapshotReady() error {
+	if p.Pending() || len(p.minutes) > 0 || len(p.repairs) > 0 || len(p.quotaRepairs) > 0 || p.restoring {
+		return errors.New("tally: snapshot with rows or signals pending; drain and write them first")
+	}
+	return nil
+}
+
+// errRemovedQuota: a snapshot is refused while a quota the policy dropped
+// still waits for the re-evaluation that takes its tier down.
+var errRemovedQuota = errors.New("tally: snapshot while a removed quota waits for its re-evaluation; take it after Reevaluate")
+
+// StateCopy is a copy of everything a snapshot of a Partition holds, taken
+// by SnapshotCopy, for Snapshot to encode while the partition moves on.
+// It shares nothing the partition changes later.
+type StateCopy struct {
+	id                int32
+	seed              uint64
+	wm, lastScan, now int64
+	overrides         map[string][]Override
+	evicted           []evictedTenant
+	held              []heldEvent
+	tenants           []tenantCopy
+	series            int // len(Partition.series): the range of idRec.series
+	ids               []rememberedID
+	counters          []seriesCounters // every series', in one block without pointers
+	rates             []rateEntry      // their non-empty rate cells
+	// The blocks the tenants' series, quotas and windows are cut from,
+	// kept for reuse.
+	seriesBlock []seriesCopy
+	quotaBlock  []quotaState
+	winBlock    []secWindow
+	cellBlock   []secCell
+}
+
+type evictedTenant struct {
+	key uint64
+	at  int64
+}
+
+type rememberedID struct {
+	key uint64
+	rec idRec
+}
+
+type tenantCopy struct {
+	id              string
+	bounds          [3][2]bound
+	wm, off         int64
+	started, capped bool
+	series          []seriesCopy
+}
+
+// seriesCopy is a Series as a snapshot holds it: its counters (by index in
+// StateCopy.counters), model, quotas and one-minute window.
+type seriesCopy struct {
+	idx    int32 // in Partition.series
+	model  string
+	quotas []quotaState
+	win    *secWindow
+}
+
+// seriesCounters is every counter of a Series that a snapshot holds, by
+// value and without a pointer, so that the copy of a million series is a
+// memory copy into one block the garbage collector does not scan — but
+// for the rate ring, mostly empty, whose non-empty cells go to a block of
+// their own (StateCopy.rates). A field
+// added to Series that a snapshot must hold goes here (or into
+// seriesCopy), into copySeries, encodeSeries and Series.decode, with
+// SnapshotVersion raised.
+type seriesCounters struct {
+	per               [3][2]period
+	settled           [3]period
+	rate              [2]int32 // the series' non-empty rate cells: StateCopy.rates[rate[0]:rate[1]]
+	roll              [rollupSlots]rollup
+	holtTok, holtCost forecast.Holt
+	lastMin, minTok   int64
+	minCost           float64
+	early             earlyRate
+	health            [2]healthWindow
+	probes            [2]probeTally
+	spike             spikeState
+	lateHour          int64
+	prevDirty         [3]bool
+	predictDue, other bool
+}
+
+// copySeries copies s's counters into c field by field: a composite
+// literal would be built on the stack and copied again.
+func (c *seriesCounters) copySeries(s *Series, rates []rateEntry) []rateEntry {
+	c.rate[0] = int32(len(rates))
+	for i := range s.rate {
+		if s.rate[i] != (rateCell{}) {
+			rates = append(rates, rateEntry{int32(i), s.rate[i]})
+		}
+	}
+	c.rate[1] = int32(len(rates))
+	c.per, c.settled, c.roll = s.per, s.settled, s.roll
+	c.holtTok, c.holtCost, c.lastMin, c.minTok, c.minCost = s.holtTok, s.holtCost, s.lastMin, s.minTok, s.minCost
+	c.early, c.health, c.probes, c.spike = s.early, s.health, s.probes, s.spike
+	c.lateHour, c.prevDirty, c.predictDue, c.other = s.lateHour, s.prevDirty, s.predictDue, s.other
+	return rates
+}
+
+// rateEntry is a non-empty cell of a series' rate ring, by index.
+type rateEntry struct {
+	i    int32
+	cell rateCell
+}
+
+// SnapshotCopy returns a copy of everything Snapshot encodes, taken under
+// the same conditions, for the copy's Snapshot to encode while p moves on:
+// the aggregator takes it on its poll loop and encodes it on a goroutine
+// of its own while the partition keeps consuming. The copy is a memory
+// copy of the counters (no encoding, no sorting: the copy's Snapshot does
+// those); the copy's Snapshot is byte for byte p's at the time of the
+// copy.
+//
+// reuse, if not nil, is an earlier copy whose Snapshot has returned and
+// which nothing uses any more: its memory is reused where it is large
+// enough. Allocating the copy afresh every interval costs more than the
+// copy itself (zeroed memory, page faults, and the garbage collector's
+// assists the allocation triggers), so a caller that snapshots
+// periodically keeps its last copy — at the price of holding it, about
+// 2.8 KB per key (1.9 KB of counters per series, and the quotas), between
+// snapshots.
+func (p *Partition) SnapshotCopy(reuse *StateCopy) (*StateCopy, error) {
+	if err := p.snapshotReady(); err != nil {
+		return nil, err
+	}
+	c := reuse
+	if c == nil {
+		c = &StateCopy{}
+	}
+	c.id, c.seed, c.wm, c.lastScan, c.now, c.series = p.id, p.seed, p.wm, p.lastScan, p.now, len(p.series)
+	c.overrides = nil
+	if len(p.overrides) > 0 {
+		c.overrides = make(map[string][]Override, len(p.overrides))
+		for tn, ovs := range p.overrides {
+			c.overrides[tn] = slices.Clone(ovs)
+		}
+	}
+	c.evicted = c.evicted[:0]
+	for k, at := range p.evicted {
+		c.evicted = append(c.evicted, evictedTenant{k, at})
+	}
+	c.held = slices.Clone(p.held) // held events own their attribute maps, which nothing changes
+	c.ids = c.ids[:0]
+	for k := range p.idOrder.All() {
+		c.ids = append(c.ids, rememberedID{k, p.dedup[k]})
+	}
+
+	// The series, their quotas and windows each in one block (a handful of
+	// allocations instead of millions), in one pass over the state: the
+	// blocks of the copy reused are as large as the state was then, and
+	// grow when it has grown.
+	if reuse == nil {
+		// A first copy: size the blocks in a pass of its own rather than
+		// grow them, copying, as the state is walked.
+		nSeries, nQuotas, nCells, nWins := 0, 0, 0, 0
+		for _, t := range p.tenants {
+			for _, s := range t.order {
+				nSeries++
+				nQuotas += len(s.quotas)
+				if s.win != nil {
+					nWins++
+					nCells += len(s.win.cells)
+				}
+			}
+		}
+		c.counters, c.seriesBlock = make([]seriesCounters, 0, nSeries), make([]seriesCopy, 0, nSeries)
+		c.quotaBlock, c.winBlock, c.cellBlock = make([]quotaState, 0, nQuotas), make([]secWindow, 0, nWins), make([]secCell, 0, nCells)
+		c.tenants = make([]tenantCopy, 0, len(p.tenants))
+	}
+	c.counters, c.rates = c.counters[:0], c.rates[:0]
+	series, quotas, wins, cells := c.seriesBlock[:0], c.quotaBlock[:0], c.winBlock[:0], c.cellBlock[:0]
+	c.tenants = c.tenants[:0]
+	for _, t := range p.tenants {
+		c.tenants = append(c.tenants, tenantCopy{id: t.id, bounds: t.bounds, wm: t.wm, off: t.off, started: t.started, capped: t.capped})
+		ct := &c.tenants[len(c.tenants)-1]
+		from := len(series)
+		for _, s := range t.order {
+			if len(s.removed) > 0 {
+				return nil, errRemovedQuota
+			}
+			if len(c.counters) == cap(c.counters) {
+				c.counters = slices.Grow(c.counters, max(1024, len(c.counters)/2))
+			}
+			c.counters = c.counters[:len(c.counters)+1]
+			c.rates = c.counters[len(c.counters)-1].copySeries(s, c.rates)
+			q := len(quotas)
+			quotas = append(quotas, s.quotas...)
+			cs := seriesCopy{idx: s.idx, model: s.model, quotas: quotas[q:len(quotas):len(quotas)]}
+			if s.win != nil {
+				k := len(cells)
+				cells = append(cells, s.win.cells...)
+				wins = append(wins, secWindow{cells: cells[k:len(cells):len(cells)], tok: s.win.tok, req: s.win.req})
+				cs.win = &wins[len(wins)-1]
+			}
+			series = append(series, cs)
+		}
+		ct.series = series[from:len(series):len(series)]
+	}
+	c.seriesBlock, c.quotaBlock, c.winBlock, c.cellBlock = series, quotas, wins, cells
+	return c, nil
+}
+
+// Snapshot appends the snapshot of the copied state to dst under the
+// policy fingerprint fp; see Partition.Snapshot. It may be called more
+// than once, from any one goroutine at a time.
+func (c *StateCopy) Snapshot(dst []byte, fp string) ([]byte, error) {
+	slices.SortFunc(c.evicted, func(a, b evictedTenant) int { return cmp.Compare(a.key, b.key) })
+	// The counters follow the tenants' series in the order they were
+	// copied: sort an index of the tenants, not the tenants.
+	order := make([]int, len(c.tenants))
+	first := make([]int, len(c.tenants)) // index in counters of each tenant's first series
+	n := 0
+	for i := range c.tenants {
+		order[i], first[i] = i, n
+		n += len(c.tenants[i].series)
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(c.tenants[a].id, c.tenants[b].id) })
+
 	e := enc{b: dst}
 	start := len(dst)
 	e.b = append(e.b, snapshotMagic...)
 	e.u(SnapshotVersion)
 	e.str(fp)
-	e.i(int64(p.id))
-	e.b = binary.LittleEndian.AppendUint64(e.b, p.seed)
-	e.i(p.wm)
-	e.i(p.lastScan)
-	e.i(p.now)
+	e.i(int64(c.id))
+	e.b = binary.LittleEndian.AppendUint64(e.b, c.seed)
+	e.i(c.wm)
+	e.i(c.lastScan)
+	e.i(c.now)
 
-	ovs := sortedKeys(p.overrides)
+	ovs := sortedKeys(c.overrides)
 	e.u(uint64(len(ovs)))
 	for _, id := range ovs {
 		e.str(id)
-		e.u(uint64(len(p.overrides[id])))
-		for _, o := range p.overrides[id] {
+		e.u(uint64(len(c.overrides[id])))
+		for _, o := range c.overrides[id] {
 			e.str(o.Model)
 			e.str(string(o.Quota))
 			e.f(o.Limit)
@@ -84,38 +316,32 @@ func (p *Partition) Snapshot(dst []byte, fp string) ([]byte, error) {
 		}
 	}
 
-	ev := make([]uint64, 0, len(p.evicted))
-	for k := range p.evicted {
-		ev = append(ev, k)
-	}
-	sort.Slice(ev, func(i, j int) bool { return ev[i] < ev[j] })
-	e.u(uint64(len(ev)))
-	for _, k := range ev {
-		e.u(k)
-		e.i(p.evicted[k])
+	e.u(uint64(len(c.evicted)))
+	for _, ev := range c.evicted {
+		e.u(ev.key)
+		e.i(ev.at)
 	}
 
-	e.u(uint64(len(p.held)))
-	for i := range p.held {
-		js, err := json.Marshal(&p.held[i].ev)
+	e.u(uint64(len(c.held)))
+	for i := range c.held {
+		js, err := json.Marshal(&c.held[i].ev)
 		if err != nil {
 			return dst, fmt.Errorf("tally: snapshot of a held event: %w", err)
 		}
 		e.bytes(js)
-		e.i(p.held[i].offset)
+		e.i(c.held[i].offset)
 	}
 
 	// ord numbers the series in the order they are written, for the
 	// remembered ids' references; -1: a freed slot (evicted tenant).
-	ord := make([]int32, len(p.series))
+	ord := make([]int32, c.series)
 	for i := range ord {
 		ord[i] = -1
 	}
 	next := int32(0)
-	ids := sortedKeys(p.tenants)
-	e.u(uint64(len(ids)))
-	for _, id := range ids {
-		t := p.tenants[id]
+	e.u(uint64(len(c.tenants)))
+	for _, ti := range order {
+		t := &c.tenants[ti]
 		e.str(t.id)
 		for k := range 3 {
 			for j := range 2 {
@@ -127,22 +353,20 @@ func (p *Partition) Snapshot(dst []byte, fp string) ([]byte, error) {
 		e.i(t.off)
 		e.bool(t.started)
 		e.bool(t.capped)
-		e.u(uint64(len(t.order)))
-		for _, s := range t.order {
-			if len(s.removed) > 0 {
-				return dst, errors.New("tally: snapshot while a removed quota waits for its re-evaluation; take it after Reevaluate")
-			}
+		e.u(uint64(len(t.series)))
+		for k := range t.series {
+			s := &t.series[k]
 			ord[s.idx] = next
 			next++
-			s.encode(&e)
+			encodeSeries(&e, s, &c.counters[first[ti]+k], c.rates)
 		}
 	}
 
 	// The remembered ids, oldest first, so Load rebuilds the FIFO.
-	e.u(uint64(p.idOrder.Len()))
-	for k := range p.idOrder.All() {
-		r := p.dedup[k]
-		e.b = binary.LittleEndian.AppendUint64(e.b, k)
+	e.u(uint64(len(c.ids)))
+	for _, id := range c.ids {
+		r := &id.rec
+		e.b = binary.LittleEndian.AppendUint64(e.b, id.key)
 		e.i(int64(ord[r.series]))
 		e.i(r.ts)
 		e.i(int64(r.prompt))
@@ -155,33 +379,27 @@ func (p *Partition) Snapshot(dst []byte, fp string) ([]byte, error) {
 	return e.b, nil
 }
 
-func (s *Series) encode(e *enc) {
+func encodeSeries(e *enc, s *seriesCopy, c *seriesCounters, rates []rateEntry) {
 	e.str(s.model)
-	e.bool(s.other)
+	e.bool(c.other)
 	for k := range 3 {
 		for j := range 2 {
-			e.period(s.per[k][j])
+			e.period(c.per[k][j])
 		}
-		e.period(s.settled[k])
+		e.period(c.settled[k])
 	}
 	// The rate ring is sparse (a cell per minute with events in the last
 	// hour): only its non-empty cells, by index.
-	used := 0
-	for _, c := range s.rate {
-		if c != (rateCell{}) {
-			used++
-		}
+	own := rates[c.rate[0]:c.rate[1]]
+	e.u(uint64(len(own)))
+	for _, r := range own {
+		e.u(uint64(r.i))
+		e.i(int64(r.cell.min))
+		e.i(int64(r.cell.req))
+		e.i(r.cell.tok)
 	}
-	e.u(uint64(used))
-	for i, c := range s.rate {
-		if c != (rateCell{}) {
-			e.u(uint64(i))
-			e.i(int64(c.min))
-			e.i(int64(c.req))
-			e.i(c.tok)
-		}
-	}
-	for _, r := range s.roll {
+	for i := range c.roll {
+		r := &c.roll[i]
 		e.i(r.min)
 		for _, v := range [...]int64{r.req, r.prompt, r.completion, r.cached, r.errs, r.slow} {
 			e.i(v)
@@ -189,24 +407,24 @@ func (s *Series) encode(e *enc) {
 		e.f(r.cost)
 		e.bool(r.dirty)
 	}
-	for _, h := range [2]forecast.Holt{s.holtTok, s.holtCost} {
+	for _, h := range [2]*forecast.Holt{&c.holtTok, &c.holtCost} {
 		level, trend, dev, n := h.State()
 		e.f(level)
 		e.f(trend)
 		e.f(dev)
 		e.i(int64(n))
 	}
-	e.i(s.lastMin)
-	e.i(s.minTok)
-	e.f(s.minCost)
-	e.i(s.early.first)
-	e.i(s.early.last)
-	e.i(s.early.next)
-	e.i(int64(s.early.req))
-	for _, c := range s.early.done {
-		e.i(c.tok)
-		e.f(c.cost)
-		e.i(int64(c.req))
+	e.i(c.lastMin)
+	e.i(c.minTok)
+	e.f(c.minCost)
+	e.i(c.early.first)
+	e.i(c.early.last)
+	e.i(c.early.next)
+	e.i(int64(c.early.req))
+	for _, d := range c.early.done {
+		e.i(d.tok)
+		e.f(d.cost)
+		e.i(int64(d.req))
 	}
 	e.u(uint64(len(s.quotas)))
 	for i := range s.quotas {
@@ -228,7 +446,7 @@ func (s *Series) encode(e *enc) {
 		e.f(q.rate)
 		e.i(q.rateUntil)
 	}
-	for _, h := range s.health {
+	for _, h := range c.health {
 		e.i(h.start)
 		e.i(h.end)
 		e.i(int64(h.req))
@@ -236,12 +454,12 @@ func (s *Series) encode(e *enc) {
 		e.bool(h.fired)
 		e.bool(h.firing)
 	}
-	for _, pr := range s.probes {
+	for _, pr := range c.probes {
 		e.i(pr.last)
 		e.i(pr.failedAt)
 		e.i(int64(pr.passed))
 	}
-	sp := &s.spike
+	sp := &c.spike
 	e.i(sp.min)
 	e.i(sp.tok)
 	e.i(int64(sp.req))
@@ -254,19 +472,19 @@ func (s *Series) encode(e *enc) {
 	} else {
 		e.bool(true)
 		e.u(uint64(len(s.win.cells)))
-		for _, c := range s.win.cells {
-			e.i(c.sec)
-			e.i(c.tok)
-			e.i(c.req)
+		for _, cell := range s.win.cells {
+			e.i(cell.sec)
+			e.i(cell.tok)
+			e.i(cell.req)
 		}
 		e.i(s.win.tok)
 		e.i(s.win.req)
 	}
-	e.i(s.lateHour)
-	for _, d := range s.prevDirty {
+	e.i(c.lateHour)
+	for _, d := range c.prevDirty {
 		e.bool(d)
 	}
-	e.bool(s.predictDue)
+	e.bool(c.predictDue)
 }
 
 // Load returns the state of partition id stored in data by Snapshot, under

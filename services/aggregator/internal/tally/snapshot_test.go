@@ -274,3 +274,212 @@ func signalFingerprints(sigs []schemas.Signal) []string {
 	}
 	return out
 }
+
+// TestSnapshotCopyIsTheStateAtTheCopy: a copy taken at any cut encodes to
+// exactly the snapshot of the state at that cut, whatever the state does
+// afterwards — events counted, held events released, overrides set and
+// lifted, tenants evicted and restored, a policy reload — and while it
+// does it: the copy is encoded on another goroutine as the original moves
+// on (go test -race checks that they share nothing that is written).
+func TestSnapshotCopyIsTheStateAtTheCopy(t *testing.T) {
+	pol := mustPolicy(t, anomalyPolicy)
+	reload := mustPolicy(t, "defaults:\n  timezone: UTC\n")
+	opt := DefaultOptions()
+	opt.SpikeMinTokens = 1000
+	evs, clocks := snapshotTrace()
+	for _, cut := range []int{1, 700, 2100, 3000} {
+		orig := New(0, opt)
+		orig.SetPolicy(pol)
+		var rows Rows
+		step := func(i int) {
+			orig.SetClock(clocks[i])
+			orig.Apply(evs[i], int64(i))
+			orig.TakeSignals()
+			rows.Reset()
+			orig.Drain(&rows)
+		}
+		for i := range cut {
+			step(i)
+		}
+		orig.SetOverrides("acme", []Override{{Model: "*", Quota: schemas.QuotaMonthlyTokens, Limit: 50, Until: clocks[cut].Add(48 * time.Hour)}})
+		orig.TakeSignals()
+		rows.Reset()
+		orig.Drain(&rows)
+		want, err := orig.Snapshot(nil, "fp")
+		if err != nil {
+			t.Fatalf("cut %d: %v", cut, err)
+		}
+		cp, err := orig.SnapshotCopy(nil)
+		if err != nil {
+			t.Fatalf("cut %d: %v", cut, err)
+		}
+		done := make(chan []byte)
+		go func() {
+			got, err := cp.Snapshot(nil, "fp")
+			if err != nil {
+				t.Errorf("cut %d: snapshot of the copy: %v", cut, err)
+			}
+			done <- got
+		}()
+		// The original moves on meanwhile.
+		orig.SetOverrides("acme", nil)
+		for i := cut; i < min(cut+500, len(evs)); i++ {
+			step(i)
+		}
+		orig.SetClock(clocks[len(clocks)-1].Add(72 * time.Hour))
+		orig.EvictIdle()
+		orig.Reevaluate(reload)
+		orig.TakeSignals()
+		rows.Reset()
+		orig.Drain(&rows)
+		if got := <-done; !bytes.Equal(got, want) {
+			t.Fatalf("cut %d: the copy's snapshot differs from the state's at the copy (%d and %d bytes)", cut, len(got), len(want))
+		}
+		if again, err := cp.Snapshot(nil, "fp"); err != nil || !bytes.Equal(again, want) {
+			t.Fatalf("cut %d: the copy's second snapshot differs (%v)", cut, err)
+		}
+		if now, err := orig.Snapshot(nil, "fp"); err == nil && bytes.Equal(now, want) {
+			t.Fatalf("cut %d: the state did not move after the copy; the test proves nothing", cut)
+		}
+	}
+}
+
+// TestSnapshotCopyRefusedWhenSnapshotIs: SnapshotCopy refuses what
+// Snapshot refuses: rows or signals pending.
+func TestSnapshotCopyRefusedWhenSnapshotIs(t *testing.T) {
+	p := New(0, DefaultOptions())
+	p.SetPolicy(mustPolicy(t, anomalyPolicy))
+	evs, _ := snapshotTrace()
+	p.Apply(evs[0], 0)
+	if _, err := p.SnapshotCopy(nil); err == nil {
+		t.Fatal("copy taken with rows pending")
+	}
+	if _, err := p.Snapshot(nil, "fp"); err == nil {
+		t.Fatal("snapshot taken with rows pending")
+	}
+}
+
+// TestSnapshotCopySharesNothing: after the copy, every map, slice and
+// value of the state is overwritten in place, and the copy still encodes
+// the state as it was: a tenant evicted, an event held, an override, the
+// trace's quotas, windows and remembered ids.
+func TestSnapshotCopySharesNothing(t *testing.T) {
+	pol := mustPolicy(t, anomalyPolicy)
+	opt := DefaultOptions()
+	opt.SpikeMinTokens = 1000
+	p := New(0, opt)
+	p.SetPolicy(pol)
+	evs, clocks := snapshotTrace()
+	quiet := ev("q1", clocks[0], 10, 10)
+	quiet.Tenant = "quiet"
+	p.SetClock(clocks[0])
+	p.Apply(quiet, 0)
+	for i := range 2100 {
+		p.SetClock(clocks[i])
+		p.Apply(evs[i], int64(i+1))
+	}
+	p.SetOverrides("acme", []Override{{Model: "*", Quota: schemas.QuotaMonthlyTokens, Limit: 50, Until: clocks[2100].Add(48 * time.Hour)}})
+	p.TakeSignals()
+	p.Drain(&Rows{})
+	p.EvictIdle()
+	if !p.Evicted("quiet") || p.Held() == 0 || len(p.dedup) == 0 || len(p.overrides) == 0 {
+		t.Fatalf("the state lacks what the test needs: evicted %v, held %d, ids %d, overrides %d", p.Evicted("quiet"), p.Held(), len(p.dedup), len(p.overrides))
+	}
+	want, err := p.Snapshot(nil, "fp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, err := p.SnapshotCopy(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scribble(p)
+	if now, _ := p.Snapshot(nil, "fp"); bytes.Equal(now, want) {
+		t.Fatal("scribble changed nothing the snapshot holds; the test proves nothing")
+	}
+	if got, err := cp.Snapshot(nil, "fp"); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("the copy's snapshot changed with the state (%v)", err)
+	}
+}
+
+// scribble overwrites, in place, every piece of p's state that a shallow
+// copy could share: maps, slices and what they hold.
+func scribble(p *Partition) {
+	for _, t := range p.tenants {
+		t.wm, t.off = -7, -7
+		for _, s := range t.order {
+			for i := range s.quotas {
+				s.quotas[i].tier, s.quotas[i].predAt, s.quotas[i].basis = 777, -7, "scribbled"
+			}
+			if s.win != nil {
+				for i := range s.win.cells {
+					s.win.cells[i].tok = -7
+				}
+				s.win.tok = -7
+			}
+			s.rate[0].tok, s.roll[0].req, s.lastMin = -7, -7, -7
+		}
+	}
+	for k, r := range p.dedup {
+		r.ts, r.cost = -7, -7
+		p.dedup[k] = r
+	}
+	for k := range p.evicted {
+		p.evicted[k] = -7
+	}
+	for _, ovs := range p.overrides {
+		for i := range ovs {
+			ovs[i].Limit = -7
+		}
+	}
+	for i := range p.held {
+		p.held[i].offset = -7
+	}
+	for range p.idOrder.Len() {
+		k, _ := p.idOrder.Pop()
+		p.idOrder.Push(k ^ 1)
+	}
+}
+
+// TestSnapshotCopyReuse: a copy taken into an earlier copy's memory — of a
+// larger state, then of a smaller one, after the earlier copy was encoded
+// — encodes exactly the state at the new copy.
+func TestSnapshotCopyReuse(t *testing.T) {
+	pol := mustPolicy(t, anomalyPolicy)
+	opt := DefaultOptions()
+	opt.SpikeMinTokens = 1000
+	evs, clocks := snapshotTrace()
+	build := func(n int) *Partition {
+		p := New(0, opt)
+		p.SetPolicy(pol)
+		var rows Rows
+		for i := range n {
+			p.SetClock(clocks[i])
+			p.Apply(evs[i], int64(i))
+			p.TakeSignals()
+			rows.Reset()
+			p.Drain(&rows)
+		}
+		return p
+	}
+	var spare *StateCopy
+	for _, n := range []int{300, 3000, 50, 2000} {
+		p := build(n)
+		want, err := p.Snapshot(nil, "fp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := p.SnapshotCopy(spare)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if spare != nil && c != spare {
+			t.Fatal("the copy was not taken into the memory given")
+		}
+		got, err := c.Snapshot(nil, "fp")
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("%d events: the reused copy's snapshot differs from the state's (%v)", n, err)
+		}
+		spare = c
+	}
+}
