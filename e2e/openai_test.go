@@ -196,11 +196,12 @@ FROM usage_events WHERE tenant = 'py-capped' AND api_key_id = 'py-capped' AND ou
 
 // settled returns tenant's settled calls (the latest event of each id,
 // when it is not an estimate) by the x-request-id the client sent (the
-// event's request_id attribute; its id is the gateway's): prompt and
+// event's request_id attribute; its id is the gateway's) — by its id for
+// producers that set no such attribute (the LiteLLM hook): prompt and
 // completion tokens.
 func (s *stack) settled(ctx context.Context, tenant string) (map[string][2]int64, error) {
 	rows, err := s.conn.Query(ctx, `
-SELECT argMax(attribute_values[indexOf(attribute_keys, 'request_id')], kafka_offset),
+SELECT argMax(if(has(attribute_keys, 'request_id'), attribute_values[indexOf(attribute_keys, 'request_id')], id), kafka_offset),
        argMax(prompt_tokens, kafka_offset), argMax(completion_tokens, kafka_offset), argMax(estimated, kafka_offset)
 FROM usage_events WHERE tenant = ? GROUP BY id`, tenant)
 	if err != nil {
