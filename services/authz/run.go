@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"sync"
@@ -56,25 +57,11 @@ func run(ctx context.Context, cfg Config, env platform.Env, opts options, ready 
 	log := env.Logger
 	deps := Deps{Logger: log, Metrics: env.Metrics}
 
-	var follow func(context.Context) error
-	if env.Policy.File != "" {
-		w, err := policy.NewWatcher(env.Policy.File, env.Policy.Reload, log.With("component", "policy"))
-		if err != nil {
-			return fmt.Errorf("authz: policy.file: %w", err)
-		}
-		limits, err := frontend.NewLimits(cfg.Admission, w.Current(), "authz", false, env, log.With("component", "admission"))
-		if err != nil {
-			return fmt.Errorf("authz: %w", err)
-		}
-		defer limits.Close()
-		if p := w.Current(); len(p.UpstreamNames()) > 0 {
-			if names := frontend.UpstreamScoped(p.AdmissionRules()); len(names) > 0 {
-				log.Warn("limits scoped by upstream are not applied here: forward-auth never learns the upstream a call goes to (sluice gateway applies them)", "limits", names)
-			}
-		}
-		deps.Admitter, deps.Policy = limits.Admit, w.Current
-		follow = func(ctx context.Context) error { return w.Follow(ctx, limits.Apply) }
+	follow, closeLimits, err := admissionFromPolicy(cfg, env, log, &deps)
+	if err != nil {
+		return err
 	}
+	defer closeLimits()
 	rdb := redisconn.NewClient(env.Redis)
 	defer rdb.Close()
 	chkCfg := cfg.Checker
@@ -109,21 +96,13 @@ func run(ctx context.Context, cfg Config, env platform.Env, opts options, ready 
 	}
 	defer s.m.all.Unregister(env.Metrics)
 
-	ln, err := net.Listen("tcp", cfg.Listen)
+	ln, gln, err := listen(cfg)
 	if err != nil {
 		frontend.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
-		return fmt.Errorf("authz: listen on %s: %w (set services.authz.listen to a free address)", cfg.Listen, err)
+		return err
 	}
-	var (
-		gs  *grpcService
-		gln net.Listener
-	)
-	if cfg.GRPC.Listen != "" {
-		if gln, err = net.Listen("tcp", cfg.GRPC.Listen); err != nil {
-			_ = ln.Close()
-			frontend.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
-			return fmt.Errorf("authz: listen on %s: %w (set services.authz.grpc.listen to a free address, or empty for no gRPC service)", cfg.GRPC.Listen, err)
-		}
+	var gs *grpcService
+	if gln != nil {
 		gs = s.newGRPCService()
 	}
 	env.Health.AddReadiness("authz", func(context.Context) error {
@@ -188,4 +167,45 @@ func run(ctx context.Context, cfg Config, env platform.Env, opts options, ready 
 		return nil
 	})
 	return g.Wait()
+}
+
+// admissionFromPolicy sets deps' admitter and policy from env's policy
+// file, when there is one: follow follows the file (nil without one),
+// closeLimits releases admission.
+func admissionFromPolicy(cfg Config, env platform.Env, log *slog.Logger, deps *Deps) (follow func(context.Context) error, closeLimits func(), err error) {
+	closeLimits = func() {}
+	if env.Policy.File == "" {
+		return nil, closeLimits, nil
+	}
+	w, err := policy.NewWatcher(env.Policy.File, env.Policy.Reload, log.With("component", "policy"))
+	if err != nil {
+		return nil, closeLimits, fmt.Errorf("authz: policy.file: %w", err)
+	}
+	limits, err := frontend.NewLimits(cfg.Admission, w.Current(), "authz", false, env, log.With("component", "admission"))
+	if err != nil {
+		return nil, closeLimits, fmt.Errorf("authz: %w", err)
+	}
+	if p := w.Current(); len(p.UpstreamNames()) > 0 {
+		if names := frontend.UpstreamScoped(p.AdmissionRules()); len(names) > 0 {
+			log.Warn("limits scoped by upstream are not applied here: forward-auth never learns the upstream a call goes to (sluice gateway applies them)", "limits", names)
+		}
+	}
+	deps.Admitter, deps.Policy = limits.Admit, w.Current
+	return func(ctx context.Context) error { return w.Follow(ctx, limits.Apply) }, limits.Close, nil
+}
+
+// listen opens the HTTP listener and, with grpc.listen set, the gRPC one
+// (nil otherwise).
+func listen(cfg Config) (ln, gln net.Listener, err error) {
+	if ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, nil, fmt.Errorf("authz: listen on %s: %w (set services.authz.listen to a free address)", cfg.Listen, err)
+	}
+	if cfg.GRPC.Listen == "" {
+		return ln, nil, nil
+	}
+	if gln, err = net.Listen("tcp", cfg.GRPC.Listen); err != nil {
+		_ = ln.Close()
+		return nil, nil, fmt.Errorf("authz: listen on %s: %w (set services.authz.grpc.listen to a free address, or empty for no gRPC service)", cfg.GRPC.Listen, err)
+	}
+	return ln, gln, nil
 }

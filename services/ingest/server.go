@@ -358,25 +358,7 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) {
 	}
 
 	res := s.produce(r.Context(), batch.Events)
-	switch {
-	case res.budgetExhausted:
-		s.unavailable(w, "budget", fmt.Sprintf("too many events are waiting for the broker (inflight_events = %d); retry later", s.cfg.InflightEvents))
-		return
-	case res.timedOut:
-		s.unavailable(w, "produce_timeout", fmt.Sprintf("the broker did not acknowledge the events within produce_timeout = %s; retry later, acknowledged ones will be recognised as duplicates", s.cfg.ProduceTimeout))
-		return
-	case res.err != nil:
-		s.unavailable(w, "produce_error", "the broker did not acknowledge every event; retry later, acknowledged ones will be recognised as duplicates")
-		return
-	case res.inFlightElsewhere > 0:
-		s.unavailable(w, "in_flight_duplicate", "another request is producing events with the same id; retry later")
-		return
-	case res.canceled:
-		// The client is most likely gone, but a proxy in between may still
-		// relay the answer: it must never be an implicit 200, which a sender
-		// would take for an acknowledgement of events the broker may not
-		// have. Acknowledged ones are recognised as duplicates on retry.
-		s.unavailable(w, "canceled", "the request was cancelled before the broker acknowledged every event; retry, acknowledged ones will be recognised as duplicates")
+	if s.produceFailed(w, res) {
 		return
 	}
 	s.m.accepted.Add(float64(res.produced))
@@ -388,6 +370,33 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.replyAccepted(w, len(batch.Events), res.duplicates)
+}
+
+// produceFailed answers a request whose events the broker did not all
+// acknowledge (503 with the reason) and reports whether it did.
+func (s *server) produceFailed(w http.ResponseWriter, res produceResult) bool {
+	switch {
+	case res.budgetExhausted:
+		s.unavailable(w, "budget", fmt.Sprintf("too many events are waiting for the broker (inflight_events = %d); retry later", s.cfg.InflightEvents))
+		return true
+	case res.timedOut:
+		s.unavailable(w, "produce_timeout", fmt.Sprintf("the broker did not acknowledge the events within produce_timeout = %s; retry later, acknowledged ones will be recognised as duplicates", s.cfg.ProduceTimeout))
+		return true
+	case res.err != nil:
+		s.unavailable(w, "produce_error", "the broker did not acknowledge every event; retry later, acknowledged ones will be recognised as duplicates")
+		return true
+	case res.inFlightElsewhere > 0:
+		s.unavailable(w, "in_flight_duplicate", "another request is producing events with the same id; retry later")
+		return true
+	case res.canceled:
+		// The client is most likely gone, but a proxy in between may still
+		// relay the answer: it must never be an implicit 200, which a sender
+		// would take for an acknowledgement of events the broker may not
+		// have. Acknowledged ones are recognised as duplicates on retry.
+		s.unavailable(w, "canceled", "the request was cancelled before the broker acknowledged every event; retry, acknowledged ones will be recognised as duplicates")
+		return true
+	}
+	return false
 }
 
 // replyAccepted answers 202 with the same body reply would encode for a

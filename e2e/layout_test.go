@@ -1,0 +1,100 @@
+package e2e
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// maxFuncLines is the longest a non-test function may be: past it a
+// reader loses the thread, and the function has stages that want names.
+const maxFuncLines = 120
+
+// TestLayoutKeepsItsRules walks the module's Go files and fails on what
+// the request-path re-cut removed and a later change could bring back:
+// a non-test function over maxFuncLines lines, a package under
+// services/<a> importing one under services/<b> (what two services share
+// belongs in a package made for sharing), or a second package named
+// gateway.
+func TestLayoutKeepsItsRules(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const module = "github.com/sluicehq/sluice/"
+	gatewayPackages := map[string]bool{}
+	files := 0
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "vendor" || name == "node_modules") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		rel, _ := filepath.Rel(root, path)
+		rel = filepath.ToSlash(rel)
+		fset := token.NewFileSet()
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		files++
+		if f.Name.Name == "gateway" {
+			gatewayPackages[filepath.Dir(rel)] = true
+		}
+		for _, decl := range f.Decls {
+			fn, ok := decl.(*ast.FuncDecl)
+			if !ok || fn.Body == nil {
+				continue
+			}
+			if n := fset.Position(fn.End()).Line - fset.Position(fn.Pos()).Line + 1; n > maxFuncLines {
+				t.Errorf("%s:%d: func %s is %d lines; split it into named stages of at most %d", rel, fset.Position(fn.Pos()).Line, fn.Name.Name, n, maxFuncLines)
+			}
+		}
+		own := serviceOf(rel)
+		for _, imp := range f.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			if !strings.HasPrefix(p, module) {
+				continue
+			}
+			if other := serviceOf(strings.TrimPrefix(p, module)); own != "" && other != "" && other != own {
+				t.Errorf("%s imports %s: a service imports no other service; move what both need into a package made for sharing", rel, p)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files < 100 {
+		t.Fatalf("read %d Go files under %s; the walk missed the module", files, root)
+	}
+	if len(gatewayPackages) > 1 {
+		t.Errorf("packages named gateway in %v; one name, one thing", gatewayPackages)
+	}
+}
+
+// serviceOf is the service a module-relative path belongs to
+// (services/<name>/...), or "".
+func serviceOf(rel string) string {
+	rest, ok := strings.CutPrefix(rel, "services/")
+	if !ok {
+		return ""
+	}
+	name, _, _ := strings.Cut(rest, "/")
+	if strings.HasSuffix(name, ".go") {
+		return ""
+	}
+	return name
+}
