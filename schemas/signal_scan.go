@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"math/bits"
 
+	"github.com/sluicehq/sluice/schemas/internal/jsontext"
+
 	"github.com/sluicehq/sluice/schemas/internal/scalar"
 )
 
@@ -98,20 +100,7 @@ func (w *walker) syntaxError(msg string) *SyntaxError {
 }
 
 // skipWS skips the four whitespace bytes JSON allows.
-func (w *walker) skipWS() {
-	// Compact JSON has no whitespace between tokens: check that first.
-	if w.pos < len(w.s) && w.s[w.pos] > ' ' {
-		return
-	}
-	for w.pos < len(w.s) {
-		switch w.s[w.pos] {
-		case ' ', '\t', '\n', '\r':
-			w.pos++
-		default:
-			return
-		}
-	}
-}
+func (w *walker) skipWS() { w.pos = jsontext.SkipWS(w.s, w.pos) }
 
 // skipValue checks the value at the cursor and moves past it. depth is the
 // nesting of that value (the signal object is 1); past MaxNesting it gives
@@ -197,7 +186,10 @@ func (w *walker) skipString() *SyntaxError {
 		// The common case: printable ASCII up to the closing quote, eight
 		// bytes at a time while they last.
 		for i+8 <= len(s) {
-			if m := stringStops(load64(s, i)); m != 0 {
+			// A byte outside ASCII stops the run too: the string is then
+			// decoded (unquote) rather than sliced.
+			word := jsontext.Load64(s, i)
+			if m := jsontext.StringStops(word) | word&jsontext.HighBits; m != 0 {
 				i += bits.TrailingZeros64(m) >> 3
 				break
 			}
@@ -228,7 +220,7 @@ func (w *walker) skipString() *SyntaxError {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 				i += 2
 			case 'u':
-				if i+6 > len(s) || !isHex(s[i+2]) || !isHex(s[i+3]) || !isHex(s[i+4]) || !isHex(s[i+5]) {
+				if i+6 > len(s) || !jsontext.IsHex(s[i+2]) || !jsontext.IsHex(s[i+3]) || !jsontext.IsHex(s[i+4]) || !jsontext.IsHex(s[i+5]) {
 					w.pos = i
 					return w.syntaxError(`invalid \u escape; write four hex digits, like \u00e9`)
 				}
@@ -251,76 +243,16 @@ func unquote(lit string) string {
 	return v
 }
 
-const (
-	lowBits  = 0x0101010101010101
-	highBits = 0x8080808080808080
-)
-
-// load64 reads eight bytes of s from i, little-endian; the compiler turns it
-// into one load.
-func load64(s string, i int) uint64 {
-	s = s[i : i+8]
-	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
-		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
-}
-
-// stringStops sets the high bit of each byte of w that ends the fast path of
-// a string: a quote, a backslash, a control character or a byte outside
-// ASCII. Bytes above the lowest marked one may be marked falsely (a borrow
-// runs upwards), so the caller uses only the lowest mark.
-func stringStops(w uint64) uint64 {
-	q := w ^ (lowBits * '"')
-	b := w ^ (lowBits * '\\')
-	return ((q-lowBits)&^q | (b-lowBits)&^b | (w-lowBits*0x20)&^w | w) & highBits
-}
-
-func isHex(c byte) bool {
-	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'
-}
-
 // skipNumber checks the number at the cursor against JSON's grammar and
 // moves past it.
 func (w *walker) skipNumber() *SyntaxError {
-	s, i := w.s, w.pos
-	if i < len(s) && s[i] == '-' {
-		i++
-	}
-	switch {
-	case i < len(s) && s[i] == '0':
-		i++
-	case i < len(s) && s[i] >= '1' && s[i] <= '9':
-		i = skipDigits(s, i)
-	default:
-		w.pos = i
+	if c := w.s[w.pos]; c != '-' && (c < '0' || c > '9') {
 		return w.syntaxError("invalid value; expected a string, number, object, array, true, false or null")
 	}
-	if i < len(s) && s[i] == '.' {
-		j := i + 1
-		if i = skipDigits(s, j); i == j {
-			w.pos = i
-			return w.syntaxError("invalid number: a digit must follow the decimal point")
-		}
+	end, problem := jsontext.Number(w.s, w.pos)
+	w.pos = end
+	if problem != "" {
+		return w.syntaxError(problem)
 	}
-	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
-		i++
-		if i < len(s) && (s[i] == '+' || s[i] == '-') {
-			i++
-		}
-		j := i
-		if i = skipDigits(s, j); i == j {
-			w.pos = i
-			return w.syntaxError("invalid number: a digit must follow the exponent")
-		}
-	}
-	w.pos = i
 	return nil
-}
-
-// skipDigits returns the offset of the first byte of s at or after i that
-// is not an ASCII digit.
-func skipDigits(s string, i int) int {
-	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-		i++
-	}
-	return i
 }

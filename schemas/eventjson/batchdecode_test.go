@@ -3,7 +3,6 @@ package eventjson
 import (
 	"bytes"
 	"fmt"
-	"math/bits"
 	"strings"
 	"testing"
 
@@ -216,36 +215,6 @@ func TestRecycledMapsStartEmpty(t *testing.T) {
 	d.Recycle(nil)
 	if len(d.maps) != 0 {
 		t.Fatalf("kept a map of %d entries or a nil map", len(big))
-	}
-}
-
-// TestStringStops checks the SWAR stop detector against the lookup table:
-// for every byte value at every position, the lowest marked byte must be
-// the first byte the table marks.
-func TestStringStops(t *testing.T) {
-	fill := []byte("abcdefgh")
-	for pos := range 8 {
-		for v := range 256 {
-			for _, before := range []byte{'a', 0xC3, 0x7F, 0x20} {
-				w := bytes.Repeat([]byte{before}, 8)
-				copy(w[pos+1:], fill[pos+1:])
-				w[pos] = byte(v)
-				want := 8
-				for i, c := range w {
-					if strSpecial[c] {
-						want = i
-						break
-					}
-				}
-				got := 8
-				if m := stringStops(load64(string(w), 0)); m != 0 {
-					got = bits.TrailingZeros64(m) / 8
-				}
-				if got != want {
-					t.Fatalf("word %q: first stop at %d, want %d", w, got, want)
-				}
-			}
-		}
 	}
 }
 

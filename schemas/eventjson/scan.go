@@ -6,6 +6,8 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
+	"github.com/sluicehq/sluice/schemas/internal/jsontext"
+
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/schemas/internal/scalar"
 )
@@ -33,20 +35,7 @@ func (d *scanner) syntaxError(msg string) *schemas.SyntaxError {
 }
 
 // skipWS skips the four whitespace bytes JSON allows.
-func (d *scanner) skipWS() {
-	// Compact JSON has no whitespace between tokens: check that first.
-	if d.pos < len(d.s) && d.s[d.pos] > ' ' {
-		return
-	}
-	for d.pos < len(d.s) {
-		switch d.s[d.pos] {
-		case ' ', '\t', '\n', '\r':
-			d.pos++
-		default:
-			return
-		}
-	}
-}
+func (d *scanner) skipWS() { d.pos = jsontext.SkipWS(d.s, d.pos) }
 
 // startObject skips whitespace up to the object a whole input must be;
 // what names the object and send says what to send instead of nothing.
@@ -102,8 +91,8 @@ func (d *scanner) readString() (val, bad string, err *schemas.SyntaxError) {
 			}
 			break
 		}
-		w := load64(s, i)
-		if m := stringStops(w); m != 0 {
+		w := jsontext.Load64(s, i)
+		if m := jsontext.StringStops(w); m != 0 {
 			k := uint(bits.TrailingZeros64(m)) &^ 7 // bit offset of the stop byte
 			seen |= w & (1<<k - 1)
 			i += int(k >> 3)
@@ -114,34 +103,11 @@ func (d *scanner) readString() (val, bad string, err *schemas.SyntaxError) {
 	}
 	if i < len(s) && s[i] == '"' {
 		d.pos = i + 1
-		d.ascii = seen&highBits == 0
+		d.ascii = seen&jsontext.HighBits == 0
 		return s[start:i], "", nil
 	}
 	d.ascii = false
 	return d.readEscaped(start, i)
-}
-
-const (
-	lowBits  = 0x0101010101010101
-	highBits = 0x8080808080808080
-)
-
-// load64 reads eight bytes of s from i, little-endian; the compiler turns it
-// into one load.
-func load64(s string, i int) uint64 {
-	s = s[i : i+8]
-	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
-		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
-}
-
-// stringStops sets the high bit of each byte of w that strSpecial marks: a
-// quote, a backslash or a control character. Bytes above the lowest marked
-// one may be marked falsely (a borrow runs upwards), so callers use only
-// the lowest mark.
-func stringStops(w uint64) uint64 {
-	q := w ^ (lowBits * '"')
-	b := w ^ (lowBits * '\\')
-	return ((q-lowBits)&^q | (b-lowBits)&^b | (w-lowBits*0x20)&^w) & highBits
 }
 
 // readEscaped finishes a string that contains escapes (or is broken), from
@@ -259,53 +225,13 @@ func hex4(s string, i, end int) (rune, bool) {
 // readNumber reads the number at the cursor, checks it against JSON's
 // grammar and returns its text.
 func (d *scanner) readNumber() (string, *schemas.SyntaxError) {
-	s, start := d.s, d.pos
-	i := start
-	if i < len(s) && s[i] == '-' {
-		i++
+	start := d.pos
+	end, problem := jsontext.Number(d.s, start)
+	d.pos = end
+	if problem != "" {
+		return "", d.syntaxError(problem)
 	}
-	switch {
-	case i < len(s) && s[i] == '0':
-		i++
-		if i < len(s) && s[i] >= '0' && s[i] <= '9' {
-			d.pos = i
-			return "", d.syntaxError("invalid number: JSON does not allow leading zeros")
-		}
-	case i < len(s) && s[i] >= '1' && s[i] <= '9':
-		i = skipDigits(s, i)
-	default:
-		d.pos = i
-		return "", d.syntaxError("invalid number; JSON numbers look like 0, -12 or 1.5e3")
-	}
-	if i < len(s) && s[i] == '.' {
-		j := i + 1
-		if i = skipDigits(s, j); i == j {
-			d.pos = i
-			return "", d.syntaxError("invalid number: a digit must follow the decimal point")
-		}
-	}
-	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
-		i++
-		if i < len(s) && (s[i] == '+' || s[i] == '-') {
-			i++
-		}
-		j := i
-		if i = skipDigits(s, j); i == j {
-			d.pos = i
-			return "", d.syntaxError("invalid number: a digit must follow the exponent")
-		}
-	}
-	d.pos = i
-	return s[start:i], nil
-}
-
-// skipDigits returns the offset of the first byte of s at or after i that
-// is not an ASCII digit.
-func skipDigits(s string, i int) int {
-	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-		i++
-	}
-	return i
+	return d.s[start:end], nil
 }
 
 // readLiteral reads true, false or null at the cursor and returns its first
