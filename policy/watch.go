@@ -47,7 +47,7 @@ func NewWatcher(path string, interval time.Duration, log *slog.Logger, opts ...O
 	if interval <= 0 {
 		interval = 2 * time.Second
 	}
-	w := &Watcher{path: path, interval: interval, log: log, sum: sha256.Sum256(data), updates: make(chan *Policy, 1), opts: opts}
+	w := &Watcher{path: path, interval: interval, log: log, sum: sourceSum(path, data), updates: make(chan *Policy, 1), opts: opts}
 	w.cur.Store(p)
 	return w, nil
 }
@@ -127,7 +127,7 @@ func (w *Watcher) Reload() bool {
 		w.failed(err.Error())
 		return false
 	}
-	sum := sha256.Sum256(data)
+	sum := sourceSum(w.path, data)
 	if bytes.Equal(sum[:], w.sum[:]) {
 		return false
 	}
@@ -151,6 +151,24 @@ func (w *Watcher) Reload() bool {
 		w.log.Info("policy reloaded", "file", w.path, "tenants", len(p.tenants))
 	}
 	return true
+}
+
+// sourceSum hashes the policy document and the prices_file it names, so
+// that a new prices file (`sluicectl prices import`) reloads the policy as
+// an edit of the policy does. An unreadable prices file hashes as absent:
+// the parse that follows reports it.
+func sourceSum(path string, data []byte) [32]byte {
+	h := sha256.New()
+	h.Write(data)
+	if pf, err := PricesFileOf(data, path); err == nil && pf != "" {
+		if prices, err := os.ReadFile(pf); err == nil {
+			h.Write([]byte{0})
+			h.Write(prices)
+		}
+	}
+	var sum [32]byte
+	copy(sum[:], h.Sum(nil))
+	return sum
 }
 
 func (w *Watcher) failed(msg string) {
