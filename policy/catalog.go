@@ -26,9 +26,9 @@ var builtinCatalog []byte
 const BuiltinCatalogName = "policy/prices/catalog.yaml (built in)"
 
 // MaxPricePerMillion bounds every price of a catalog or policy, per million
-// tokens: far above any list price, it catches a price per token or per
-// thousand written where a price per million belongs.
-const MaxPricePerMillion = 10000.0
+// tokens: a thousand dollars a token, far above any list price, so that
+// an exponent typo fails the load instead of overflowing a budget.
+const MaxPricePerMillion = 1e9
 
 // CatalogTokenTypes are the token types a catalog entry may price.
 var CatalogTokenTypes = []string{"input", "cached_input", "cache_write", "output", "reasoning"}

@@ -53,9 +53,9 @@ func TestCatalogProblemsNameFieldAndLimit(t *testing.T) {
 		want      []string
 	}{
 		{"negative", "version: 1\ncurrency: USD\nas_of: 2026-12-01\nsources: {x: https://x}\nprices:\n  - {model: m, input: 1, output: -2}\n",
-			[]string{"prices.0.output", "-2", "0..10000"}},
-		{"too high", "version: 1\ncurrency: USD\nas_of: 2026-12-01\nsources: {x: https://x}\nprices:\n  - {model: m, input: 20000, output: 1}\n",
-			[]string{"prices.0.input", "0..10000"}},
+			[]string{"prices.0.output", "-2", "0..1e+09"}},
+		{"too high", "version: 1\ncurrency: USD\nas_of: 2026-12-01\nsources: {x: https://x}\nprices:\n  - {model: m, input: 2e9, output: 1}\n",
+			[]string{"prices.0.input", "0..1e+09"}},
 		{"undated", "version: 1\ncurrency: USD\nsources: {x: https://x}\nprices:\n  - {model: m, input: 1, output: 1}\n",
 			[]string{"as_of", "YYYY-MM-DD"}},
 		{"unsourced", "version: 1\ncurrency: USD\nas_of: 2026-12-01\nprices:\n  - {model: m, input: 1, output: 1}\n",
