@@ -222,3 +222,32 @@ tenants:
 		t.Errorf("err = %v; want unpriced_price.prompt named", err)
 	}
 }
+
+// TestWatcherReloadsWhenAMissingPricesFileAppears: a policy edited to
+// name a prices file not written yet fails to reload (the old policy
+// stays); writing the file then reloads it without touching the policy.
+func TestWatcherReloadsWhenAMissingPricesFileAppears(t *testing.T) {
+	path := writePolicyWithPrices(t, "tenants: {}\n", testPricesFile)
+	w, err := NewWatcher(path, time.Hour, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("prices_file: later.yaml\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if w.Reload() || w.LastError() == "" {
+		t.Fatal("a policy naming a missing prices file was installed")
+	}
+	if w.Reload() {
+		t.Fatal("reloaded with nothing changed")
+	}
+	if err := os.WriteFile(filepath.Join(filepath.Dir(path), "later.yaml"), []byte(testPricesFile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if !w.Reload() {
+		t.Fatalf("the prices file appeared but the policy did not reload (last error %s)", w.LastError())
+	}
+	if _, ok := w.Current().Price("house-model", time.Date(2026, 12, 15, 0, 0, 0, 0, time.UTC)); !ok {
+		t.Error("house-model unpriced after the reload")
+	}
+}
