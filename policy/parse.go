@@ -55,6 +55,10 @@ type rawPolicy struct {
 	Tenants  map[string]rawTenant `yaml:"tenants"`
 	Limits   map[string]rawLimit  `yaml:"limits"`
 	Prices   []rawPrice           `yaml:"prices"`
+	// PriceCatalog, PricesFile and UnpricedPrice: see "Prices".
+	PriceCatalog  string            `yaml:"price_catalog"`
+	PricesFile    string            `yaml:"prices_file"`
+	UnpricedPrice *rawUnpricedPrice `yaml:"unpriced_price"`
 	// Upstreams and Fallbacks are the request path in front of each
 	// upstream: see upstreams.go.
 	Upstreams map[string]rawUpstream `yaml:"upstreams"`
@@ -72,6 +76,7 @@ type rawTenant struct {
 	Priority        string              `yaml:"priority"`
 	BurstMultiplier *float64            `yaml:"burst_multiplier"`
 	MaxModels       *int                `yaml:"max_models"`
+	Unpriced        string              `yaml:"unpriced"`
 	Budget          *rawBudget          `yaml:"budget"`
 	Models          map[string]rawModel `yaml:"models"`
 	Limits          map[string]rawLimit `yaml:"limits"`
@@ -108,6 +113,13 @@ type rawBreaker struct {
 	HalfOpenProbes *int           `yaml:"half_open_probes"`
 }
 
+type rawUnpricedPrice struct {
+	Currency   string  `yaml:"currency"`
+	Prompt     float64 `yaml:"prompt"`
+	Completion float64 `yaml:"completion"`
+	Cached     float64 `yaml:"cached"`
+}
+
 type rawPrice struct {
 	Model         string    `yaml:"model"`
 	Currency      string    `yaml:"currency"`
@@ -127,6 +139,7 @@ var builtin = Tenant{
 	Priority:        schemas.PriorityNormal,
 	BurstMultiplier: 1,
 	MaxModels:       DefaultMaxModels,
+	Unpriced:        UnpricedFallback,
 	Models:          map[string]ModelQuota{},
 	Limits:          map[string]Limit{},
 	Breakers: Breakers{
@@ -183,8 +196,7 @@ func Parse(data []byte, filename string, opts ...Option) (*Policy, error) {
 			v.fail("defaults.plan", "plan %q is not defined under plans%s", name, definedPlans(plans))
 		}
 	}
-	p := &Policy{defaults: *effDefaults, tenants: map[string]*Tenant{}, prices: map[string][]Price{}, source: filename,
-		fingerprint: fingerprintOf(data)}
+	p := &Policy{defaults: *effDefaults, tenants: map[string]*Tenant{}, source: filename}
 	p.limits = v.limits("limits", raw.Limits, nil, false)
 	p.upstreams = v.upstreamNames
 	p.fallbacks = v.fallbacks(raw.Fallbacks)
@@ -214,6 +226,7 @@ func Parse(data []byte, filename string, opts ...Option) (*Policy, error) {
 		t.ID = id
 		p.tenants[id] = t
 	}
+	inline := map[string][]Price{}
 	for i, rp := range raw.Prices {
 		path := fmt.Sprintf("prices.%d", i)
 		if rp.Model == "" {
@@ -225,22 +238,16 @@ func Parse(data []byte, filename string, opts ...Option) (*Policy, error) {
 		if rp.EffectiveFrom.IsZero() {
 			v.fail(path+".effective_from", "is required (RFC 3339 time)")
 		}
-		for name, x := range map[string]float64{"prompt": rp.Prompt, "completion": rp.Completion, "cached": rp.Cached} {
-			if x < 0 {
-				v.fail(path+"."+name, "price %v must not be negative", x)
-			}
-		}
-		p.prices[rp.Model] = append(p.prices[rp.Model], Price{Model: rp.Model, Currency: rp.Currency, EffectiveFrom: rp.EffectiveFrom.UTC(),
+		v.price(path+".prompt", rp.Prompt)
+		v.price(path+".completion", rp.Completion)
+		v.price(path+".cached", rp.Cached)
+		inline[rp.Model] = append(inline[rp.Model], Price{Model: rp.Model, Currency: rp.Currency, EffectiveFrom: rp.EffectiveFrom.UTC(),
 			Prompt: rp.Prompt, Completion: rp.Completion, Cached: rp.Cached})
 	}
-	for model, list := range p.prices {
-		sort.SliceStable(list, func(i, j int) bool { return list[i].EffectiveFrom.Before(list[j].EffectiveFrom) })
-		for i := 1; i < len(list); i++ {
-			if list[i].EffectiveFrom.Equal(list[i-1].EffectiveFrom) {
-				v.fail("prices", "model %s has two prices effective from %s", model, list[i].EffectiveFrom.Format(time.RFC3339))
-			}
-		}
-	}
+	v.sortPrices("prices", inline)
+	p.prices, p.pricesFile = v.layeredPrices(raw, filename, inline)
+	p.fingerprint = fingerprintOf(data, p.pricesFile.data)
+	p.fallback = v.unpricedPrice(raw.UnpricedPrice)
 	checked := []*Tenant{defaults}
 	for _, name := range sortedKeys(plans) {
 		checked = append(checked, plans[name])
@@ -375,6 +382,13 @@ func (v *validator) tenant(path string, raw rawTenant, base *Tenant) *Tenant {
 		t.FailMode = FailMode(raw.FailMode)
 	default:
 		v.fail(path+".fail_mode", "%q is not one of open, closed", raw.FailMode)
+	}
+	switch UnpricedAction(raw.Unpriced) {
+	case "":
+	case UnpricedFallback, UnpricedRefuse:
+		t.Unpriced = UnpricedAction(raw.Unpriced)
+	default:
+		v.fail(path+".unpriced", "%q is not one of fallback, refuse", raw.Unpriced)
 	}
 	if raw.AlertTiers != nil {
 		t.AlertTiers = raw.AlertTiers

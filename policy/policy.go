@@ -76,6 +76,29 @@
 // names, and the reconciler credits models without counter rows of their
 // own to "other".
 //
+// # Prices
+//
+// Costs come from three layers of prices, per model and date
+// (effective_from): the built-in catalog (prices/catalog.yaml: public list
+// prices, dated and with their sources named; price_catalog: none leaves
+// it out), then the catalog-format file prices_file names (relative to
+// the policy file; `sluicectl prices import` writes it, and the Watcher
+// reloads the policy when it changes), then the policy's own prices:
+// section. The one precedence rule: per model, the highest layer that
+// names the model prices it alone — all of that layer's dated entries
+// for the model replace all of the lower layers' — and models it does not
+// name keep the lower layers' prices. So a contract price in prices:
+// overrides the catalog's list price, and a model the catalog lacks is
+// added by naming it.
+//
+// A model without a price in force is counted at unpriced_price (0 when
+// the file sets none), and the aggregator raises an alert once per model.
+// unpriced (defaults, plans, tenants; default fallback) decides the
+// request path: fallback serves the call; refuse has the gateway refuse
+// calls of unpriced models for tenants with a budget (UnpricedRefusal).
+// Reports list unpriced usage on lines of their own (currency
+// "(unpriced)").
+//
 // # Periods and timezones
 //
 // Hourly, daily and monthly quotas (and the budget, per month) run over
@@ -146,9 +169,13 @@ type Policy struct {
 	// upstreams and fallbacks: see upstreams.go.
 	upstreams map[string]Upstream
 	fallbacks map[string][]string
-	prices    map[string][]Price // by model, ordered by EffectiveFrom
-	channels  Channels
-	source    string
+	prices    map[string][]Price // by model, ordered by EffectiveFrom; see "Prices"
+	// pricesFile is the prices_file the prices came from, if any.
+	pricesFile pricesFile
+	// fallback is unpriced_price, nil when the file sets none.
+	fallback *Price
+	channels Channels
+	source   string
 	// fingerprint: see Fingerprint.
 	fingerprint string
 }
@@ -167,8 +194,11 @@ type Tenant struct {
 	// MaxModels is how many distinct models are counted on their own; see
 	// "Model cardinality".
 	MaxModels int
-	Budget    *Budget
-	Models    map[string]ModelQuota
+	// Unpriced is what the gateway does with a call of a model without a
+	// price; see "Prices".
+	Unpriced UnpricedAction
+	Budget   *Budget
+	Models   map[string]ModelQuota
 	// Limits are the tenant's admission limits by name, merged from the
 	// defaults and its plan (see LimitList and Policy.AdmissionRules).
 	Limits   map[string]Limit
@@ -232,6 +262,13 @@ type Price struct {
 	Prompt        float64
 	Completion    float64
 	Cached        float64
+	// CacheWrite is the price of prompt tokens written to the provider's
+	// cache where it bills them apart, and Reasoning that of reasoning
+	// tokens where billed apart from output; 0 when not. Catalog data
+	// only so far: usage events carry neither count, so Cost leaves them
+	// out (reasoning tokens arrive inside completion tokens).
+	CacheWrite float64
+	Reasoning  float64
 }
 
 // Cost returns the price of the given token counts: uncached prompt
@@ -283,9 +320,17 @@ func (p *Policy) Source() string { return p.source }
 // only reused under a policy with the same fingerprint.
 func (p *Policy) Fingerprint() string { return p.fingerprint }
 
-func fingerprintOf(data []byte) string {
-	sum := sha256.Sum256(data)
-	return hex.EncodeToString(sum[:])
+// fingerprintOf hashes the policy document and the prices file it names:
+// a new price changes costs, so state kept under the old prices must not
+// be reused.
+func fingerprintOf(data, prices []byte) string {
+	h := sha256.New()
+	h.Write(data)
+	if prices != nil {
+		h.Write([]byte{0})
+		h.Write(prices)
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // Tenant returns the effective policy of a tenant. It is never nil: a tenant
@@ -367,19 +412,7 @@ func (p *Policy) PriceSpan(model string, ts int64) (pr Price, ok bool, from, unt
 }
 
 // Prices returns every price entry, by model then date.
-func (p *Policy) Prices() []Price {
-	var out []Price
-	for _, list := range p.prices {
-		out = append(out, list...)
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Model != out[j].Model {
-			return out[i].Model < out[j].Model
-		}
-		return out[i].EffectiveFrom.Before(out[j].EffectiveFrom)
-	})
-	return out
-}
+func (p *Policy) Prices() []Price { return sortedPrices(p.prices) }
 
 // ModeFor returns the mode that applies to model: the model's own, else the
 // tenant's.

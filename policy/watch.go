@@ -1,9 +1,7 @@
 package policy
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"log/slog"
 	"os"
 	"sync"
@@ -23,9 +21,13 @@ type Watcher struct {
 	log      *slog.Logger
 	cur      atomic.Pointer[Policy]
 	mu       sync.Mutex // serialises reloads; guards sum
-	sum      [32]byte
-	updates  chan *Policy
-	opts     []Option
+	sum      string     // fingerprintOf the content last parsed
+	// prices is the prices file of the content sum covers: the policy
+	// in force's, or the one a broken reload named (so that providing
+	// the missing file reloads). Guarded by mu.
+	prices  string
+	updates chan *Policy
+	opts    []Option
 
 	lastErr atomic.Pointer[string]
 	// Reloads and Failures count reload attempts, for metrics.
@@ -47,7 +49,7 @@ func NewWatcher(path string, interval time.Duration, log *slog.Logger, opts ...O
 	if interval <= 0 {
 		interval = 2 * time.Second
 	}
-	w := &Watcher{path: path, interval: interval, log: log, sum: sha256.Sum256(data), updates: make(chan *Policy, 1), opts: opts}
+	w := &Watcher{path: path, interval: interval, log: log, sum: p.Fingerprint(), prices: p.PricesFile(), updates: make(chan *Policy, 1), opts: opts}
 	w.cur.Store(p)
 	return w, nil
 }
@@ -127,18 +129,23 @@ func (w *Watcher) Reload() bool {
 		w.failed(err.Error())
 		return false
 	}
-	sum := sha256.Sum256(data)
-	if bytes.Equal(sum[:], w.sum[:]) {
+	sum := sourceSum(data, w.prices)
+	if sum == w.sum {
 		return false
 	}
 	w.Reloads.Add(1)
 	p, err := Parse(data, w.path, w.opts...)
 	if err != nil {
 		w.sum = sum // do not re-log the same broken content every poll
+		if pf, perr := PricesFileOf(data, w.path); perr == nil {
+			w.prices = pf
+			w.sum = sourceSum(data, pf)
+		}
 		w.failed(err.Error())
 		return false
 	}
-	w.sum = sum
+	// The prices the parse read, not a second reading that may be newer.
+	w.sum, w.prices = p.Fingerprint(), p.PricesFile()
 	empty := ""
 	w.lastErr.Store(&empty)
 	w.cur.Store(p)
@@ -151,6 +158,21 @@ func (w *Watcher) Reload() bool {
 		w.log.Info("policy reloaded", "file", w.path, "tenants", len(p.tenants))
 	}
 	return true
+}
+
+// sourceSum is the fingerprint data would parse to with the prices file
+// pricesFile as it is now, so that a new prices file (`sluicectl prices
+// import`) reloads the policy as an edit of the policy does. The path is
+// the policy's last parse's, not data parsed again at every poll: a
+// document that changes prices_file changes data, and its parse reads the
+// new file. An unreadable prices file hashes as absent: the parse that
+// follows reports it.
+func sourceSum(data []byte, pricesFile string) string {
+	var prices []byte
+	if pricesFile != "" {
+		prices, _ = os.ReadFile(pricesFile)
+	}
+	return fingerprintOf(data, prices)
 }
 
 func (w *Watcher) failed(msg string) {

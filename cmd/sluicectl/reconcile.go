@@ -123,6 +123,7 @@ func runReconcile(ctx context.Context, args []string) error {
 	opt := cfg.Services.Reconciler.AuditOptions()
 	opt.DryRun = cfg.DryRun
 	opt.Log = log
+	opt.Unpriced = pol.UnpricedPrice
 	a := audit.New(conn, pub, opt)
 	bar := progress.New(os.Stderr, "reconcile", len(tenants), progress.Options{Terminal: progress.IsTerminal(os.Stderr), Log: log})
 	var (

@@ -55,9 +55,8 @@ func Load(ctx context.Context, conn driver.Conn, pol *policy.Policy) (Events, er
 			return nil, fmt.Errorf("usage_events: %w", err)
 		}
 		e.Tokens = int64(p + c)
-		if pr, ok := pol.Price(e.Model, e.At); ok {
-			e.Cost = pr.Cost(int64(p), int64(c), int64(ca))
-		}
+		pr, _, _, _ := pol.CostSpan(e.Model, e.At.Unix()) // as the aggregator counts it
+		e.Cost = pr.Cost(int64(p), int64(c), int64(ca))
 		out[e.Tenant+"/"+e.ID] = e
 	}
 	if err := rows.Err(); err != nil {

@@ -146,14 +146,13 @@ func (a *aggregator) kafkaOptions() []kgo.Opt {
 	}
 }
 
-// costFunc prices events with the policy in force, for minute repairs.
+// costFunc prices events with the policy in force, for minute repairs,
+// as the tally does: an unpriced model at the unpriced_price.
 func (a *aggregator) costFunc() chstore.CostFunc {
 	pol := a.watcher.Current()
 	return func(model string, at time.Time, prompt, completion, cached int64) float64 {
-		if pr, ok := pol.Price(model, at); ok {
-			return pr.Cost(prompt, completion, cached)
-		}
-		return 0
+		pr, _, _, _ := pol.CostSpan(model, at.Unix())
+		return pr.Cost(prompt, completion, cached)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/estimate"
 	"github.com/sluicehq/sluice/sdk/go/priority"
@@ -100,6 +101,11 @@ func (s *Server) intakeModel(w http.ResponseWriter, c *call) bool {
 		c.route = "unknown"
 		c.badParam(w, http.StatusNotFound, "model", "model_not_found",
 			fmt.Sprintf("The model `%s` does not exist or is not served by this gateway.", model))
+		return false
+	case s.policy().Refuses(c.caller.Tenant, model, s.now().Unix()):
+		// A money budget cannot hold against spend nobody priced
+		// (policy "Prices", unpriced: refuse).
+		c.badParam(w, http.StatusForbidden, "model", "model_unpriced", policy.UnpricedRefusal(c.caller.Tenant, model))
 		return false
 	}
 	return true

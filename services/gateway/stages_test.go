@@ -296,3 +296,28 @@ func TestSettlementGivesBackWhatTheCallUsed(t *testing.T) {
 		}
 	}
 }
+
+// TestIntakeRefusesUnpricedModelsForRefuseTenantsWithABudget: a tenant
+// with a money budget and unpriced: refuse gets 403 model_unpriced,
+// naming the model and the setting, for a model without a price, and is
+// served a priced one; under unpriced: fallback the same call passes.
+func TestIntakeRefusesUnpricedModelsForRefuseTenantsWithABudget(t *testing.T) {
+	const priced = "price_catalog: none\nprices:\n  - {model: house, currency: USD, effective_from: 2020-01-01T00:00:00Z, prompt: 1, completion: 2}\n"
+	for _, tc := range []struct {
+		unpriced, model string
+		refused         bool
+	}{{"refuse", "mystery", true}, {"refuse", "house", false}, {"fallback", "mystery", false}} {
+		tg := testConfig(t, Upstream{Name: "mock", BaseURL: "http://127.0.0.1:1/v1", Models: []string{"*"}})
+		tg.policy = priced + "tenants:\n  acme: {unpriced: " + tc.unpriced + ", budget: {amount: 10, currency: USD}}\n"
+		g := startGateway(t, tg, Deps{})
+		w, c := httptest.NewRecorder(), &call{}
+		passed := g.intake(w, apiRequest("sk-acme", `{"model":"`+tc.model+`"}`), c)
+		if passed == tc.refused {
+			t.Errorf("unpriced: %s, model %s: passed %v, want refused %v (%d %s)", tc.unpriced, tc.model, passed, tc.refused, w.Code, w.Body)
+			continue
+		}
+		if tc.refused && (w.Code != 403 || errorCode(t, w) != "model_unpriced" || !strings.Contains(w.Body.String(), "unpriced: refuse")) {
+			t.Errorf("refusal %d %s, want 403 model_unpriced naming unpriced: refuse", w.Code, w.Body)
+		}
+	}
+}

@@ -94,6 +94,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, clock schedule.Clock
 	opt := cfg.AuditOptions()
 	opt.Now = clock.Now
 	opt.Log = log
+	opt.Unpriced = func() (policy.Price, bool) { return watcher.Current().UnpricedPrice() }
 	n := &nightly{cfg: cfg, clock: clock, log: log, policy: watcher, store: clickHouse{conn},
 		auditor: audit.New(conn, &KafkaPublisher{Client: cl, Topic: cfg.SignalsTopic, Auth: auth}, opt), m: m, jobCtx: jobCtx}
 	n.syncPrices(watcher.Current())

@@ -470,3 +470,24 @@ func TestConfigValidateNamesFieldAndLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestUnpricedModelSignalNotifies: the aggregator's unpriced-model signal
+// (an anomaly with detector and type unpriced_model, tally.unpricedEvent)
+// becomes a warning alert of its own variant, so operators learn a model
+// is being counted without a price.
+func TestUnpricedModelSignalNotifies(t *testing.T) {
+	cfg := testConfig()
+	e, rec := newEngine(t, cfg, nil)
+	e.Observe(&schemas.Signal{ID: "unpriced-mystery", Kind: schemas.SignalAnomaly, Time: t0, Tenant: "acme", Model: "mystery",
+		Reason:     "model mystery has no price",
+		Attributes: map[string]string{"detector": "unpriced_model", "type": "unpriced_model", "state": "firing"}}, t0)
+	tickThrough(e, t0, t0.Add(2*time.Minute))
+	got := rec.take(false)
+	if len(got) == 0 {
+		t.Fatal("no notification for the unpriced model")
+	}
+	a := got[0].msg.Alerts[0]
+	if a.Key.Rule != alert.RuleAnomaly || a.Key.Variant != "unpriced_model" || a.Key.Model != "mystery" || a.Severity != alert.SeverityWarning {
+		t.Errorf("alert %+v, want anomaly/unpriced_model warning for model mystery", a)
+	}
+}

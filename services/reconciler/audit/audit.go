@@ -130,6 +130,11 @@ type Options struct {
 	Now func() time.Time
 	// Log receives warnings about unsettled cells; nil means slog.Default.
 	Log *slog.Logger
+	// Unpriced is the policy in force's unpriced_price (a reload may change
+	// it), at which the aggregator counts models without a price; the
+	// truth's cost adds it for the unpriced events so the two agree. nil:
+	// unpriced events cost 0.
+	Unpriced func() (policy.Price, bool)
 }
 
 // Auditor runs jobs against one ClickHouse database.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -448,5 +449,40 @@ func TestSettlementAcrossMidnightIsNotDrift(t *testing.T) {
 	var used float64
 	if err := conn.QueryRow(ctx, "SELECT used FROM quota_state FINAL WHERE tenant = 'night' AND quota = 'daily_tokens'").Scan(&used); err != nil || used != 20 {
 		t.Errorf("daily counter after the audit = %v, %v; want it left at 20", used, err)
+	}
+}
+
+// TestBudgetTruthCountsUnpricedAtTheUnpricedPrice: the aggregator counts
+// a model without a price at the policy's unpriced_price, so the audit's
+// truth must too, or every budget with unpriced usage would "drift" back
+// to the SQL's 0 each night. Here claude-x loses its price and
+// unpriced_price has its figures: the budget is the same, and correct.
+func TestBudgetTruthCountsUnpricedAtTheUnpricedPrice(t *testing.T) {
+	conn := db(t)
+	ctx := context.Background()
+	pol := mustPolicy(t, strings.Replace(acmePolicy,
+		"  - {model: claude-x, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 3, completion: 15, cached: 0.3}\n",
+		"unpriced_price: {currency: USD, prompt: 3, completion: 15, cached: 0.3}\n", 1))
+	if _, ok := pol.Price("claude-x", utc("2026-10-20T00:00:00Z")); ok {
+		t.Fatal("claude-x still priced")
+	}
+	tn := pol.Tenant("acme")
+	insertEvents(t, conn, "acme", acmeEvents...)
+	insertPrices(t, conn, pol)
+	now := utc("2026-11-02T00:00:00Z")
+	job := Job{Tenant: tn, Period: schemas.PeriodMonth, At: utc("2026-10-20T00:00:00Z")}
+	start, end := job.Bounds()
+	const cost = 0.0214885 // as in TestMonthlyBudgetDriftUsesPrices
+	insertQuotas(t, conn, "acme", 3,
+		quotaFixture{"*", schemas.QuotaBudget, schemas.PeriodMonth, start, end, cost, 500, "currency", "hard"},
+	)
+	a := New(conn, nil, Options{Settle: 15 * time.Minute, ConfirmDelay: 50 * time.Millisecond, DryRun: true,
+		Now: func() time.Time { return now }, Unpriced: pol.UnpricedPrice})
+	res, err := a.Reconcile(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := byKey(res.Rows)["*|budget|month|2026-09-30T16:00:00Z"]; math.Abs(b.Truth-cost) > 1e-12 || b.Drifted {
+		t.Errorf("budget row = %+v, want truth %v and no drift", b, cost)
 	}
 }

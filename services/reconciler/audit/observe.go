@@ -98,13 +98,13 @@ func (a *Auditor) observe(ctx context.Context, job Job, start, end time.Time) (m
 			return nil, err
 		}
 	}
-	tr, err := readTruth(ctx, a.conn, t.ID, start, end, day)
+	tr, err := readTruth(ctx, a.conn, t.ID, start, end, day, a.opt.Unpriced)
 	if err != nil {
 		return nil, err
 	}
 	cells := quotaCells(t, quotas, qrows, start, end, tr)
 	if job.Period == schemas.PeriodDay {
-		mtr, err := readTruth(ctx, a.conn, t.ID, mStart, mEnd, false)
+		mtr, err := readTruth(ctx, a.conn, t.ID, mStart, mEnd, false, a.opt.Unpriced)
 		if err != nil {
 			return nil, err
 		}
@@ -188,11 +188,23 @@ func quotaCells(t *policy.Tenant, quotas map[string]bool, qrows []quotaRow, star
 // with the price period containing its time. %s is the bucket.
 var truthSQL = `
 SELECT model, %s AS bucket, count(), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens),
-       countIf(outcome IN ('error', 'timeout')), sum(cost)
+       countIf(outcome IN ('error', 'timeout')), sum(cost),
+       sumIf(prompt_tokens, priced = 0), sumIf(completion_tokens, priced = 0), sumIf(cached_tokens, priced = 0)
 FROM (` + costquery.EventsBetween() + `)
 GROUP BY model, bucket`
 
-func readTruth(ctx context.Context, conn driver.Conn, tenant string, start, end time.Time, perMinute bool) (truth, error) {
+// readTruth reads the truth of tenant's usage in [start, end), by model
+// and minute (perMinute) or over the whole range. unpriced is the policy's
+// unpriced_price, nil when none: the cost of unpriced events is computed
+// here from their token sums (Price.Cost is linear), as the aggregator
+// counts them, since the SQL prices them at 0.
+func readTruth(ctx context.Context, conn driver.Conn, tenant string, start, end time.Time, perMinute bool, unpriced func() (policy.Price, bool)) (truth, error) {
+	var fallback *policy.Price
+	if unpriced != nil {
+		if pr, ok := unpriced(); ok {
+			fallback = &pr
+		}
+	}
 	bucket := "toStartOfMinute(time)"
 	args := costquery.BetweenArgs(tenant, start, end)
 	if !perMinute {
@@ -207,12 +219,16 @@ func readTruth(ctx context.Context, conn driver.Conn, tenant string, start, end 
 	out := truth{}
 	for rows.Next() {
 		var (
-			model string
-			at    time.Time
-			u     usage
+			model         string
+			at            time.Time
+			u             usage
+			up, uc, ucach uint64
 		)
-		if err := rows.Scan(&model, &at, &u.requests, &u.prompt, &u.completion, &u.cached, &u.errors, &u.cost); err != nil {
+		if err := rows.Scan(&model, &at, &u.requests, &u.prompt, &u.completion, &u.cached, &u.errors, &u.cost, &up, &uc, &ucach); err != nil {
 			return nil, fmt.Errorf("audit: scan usage_events: %w", err)
+		}
+		if fallback != nil && up+uc > 0 {
+			u.cost += fallback.Cost(int64(up), int64(uc), int64(ucach))
 		}
 		if out[model] == nil {
 			out[model] = map[int64]usage{}

@@ -40,6 +40,23 @@ func currencyName(c string) string {
 	return c
 }
 
+// costText is a line's cost for people: usage no price covered is its own
+// line, and its cost reads "unpriced", never a 0 a reader would take for
+// free (the pipeline counted it at the policy's unpriced_price, if any:
+// policy package, "Prices").
+func costText(l Line, format string) string {
+	if l.Currency == "" {
+		if format == "csv" {
+			return ""
+		}
+		return "unpriced"
+	}
+	if format == "csv" {
+		return num(l.Cost)
+	}
+	return fmt.Sprintf("%.6f", l.Cost)
+}
+
 func writeTable(w io.Writer, months []*Month) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	for i, m := range months {
@@ -49,8 +66,8 @@ func writeTable(w io.Writer, months []*Month) error {
 		fmt.Fprintf(tw, "tenant %s, %s (%s)\n", m.Tenant, m.Month, m.Zone)
 		fmt.Fprintln(tw, "MODEL\tCURRENCY\tREQUESTS\tPROMPT\tCOMPLETION\tCACHED\tTOTAL TOKENS\tCOST\tUNPRICED\t")
 		for _, l := range append(append([]Line{}, m.Lines...), m.Totals...) {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%.6f\t%d\t\n", l.Model, currencyName(l.Currency), l.Requests, l.PromptTokens,
-				l.CompletionTokens, l.CachedTokens, l.TotalTokens, l.Cost, l.UnpricedRequests)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t\n", l.Model, currencyName(l.Currency), l.Requests, l.PromptTokens,
+				l.CompletionTokens, l.CachedTokens, l.TotalTokens, costText(l, "table"), l.UnpricedRequests)
 		}
 		if len(m.Overages) > 0 {
 			fmt.Fprintln(tw, "SOFT-QUOTA OVERAGE\tQUOTA\tPERIOD START\tUSED\tLIMIT\tOVERAGE\tUNIT\t")
@@ -82,7 +99,7 @@ func writeCSV(w io.Writer, months []*Month) error {
 		}{{"usage", m.Lines}, {"total", m.Totals}} {
 			for _, l := range set.lines {
 				if err := cw.Write([]string{m.Tenant, m.Month, m.Zone, set.kind, l.Model, l.Currency, u(l.Requests), u(l.PromptTokens),
-					u(l.CompletionTokens), u(l.CachedTokens), u(l.TotalTokens), num(l.Cost), u(l.UnpricedRequests), "", "", "", "", "", "", ""}); err != nil {
+					u(l.CompletionTokens), u(l.CachedTokens), u(l.TotalTokens), costText(l, "csv"), u(l.UnpricedRequests), "", "", "", "", "", "", ""}); err != nil {
 					return err
 				}
 			}

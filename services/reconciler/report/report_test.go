@@ -18,7 +18,9 @@ import (
 	"github.com/sluicehq/sluice/policy"
 )
 
+// The catalog is left out: the figures are the fixture's own prices.
 const fixturePolicy = `
+price_catalog: none
 tenants:
   acme:
     timezone: Asia/Shanghai
@@ -171,6 +173,16 @@ func TestMonthlyReportMatchesHandTotals(t *testing.T) {
 	if !strings.Contains(tbl.String(), "0.029250") || !strings.Contains(tbl.String(), "100000") {
 		t.Errorf("table lacks the gpt-4o cost or the overage:\n%s", tbl.String())
 	}
+	// Unpriced usage is a line of its own whose cost says so, not a 0.
+	var mysteryLine string
+	for _, l := range strings.Split(tbl.String(), "\n") {
+		if strings.Contains(l, "mystery") {
+			mysteryLine = l
+		}
+	}
+	if !strings.Contains(mysteryLine, "(unpriced)") || !strings.Contains(mysteryLine, "unpriced ") || strings.Contains(mysteryLine, "0.000000") {
+		t.Errorf("table's mystery line %q: want currency (unpriced) and cost unpriced, not 0.000000", mysteryLine)
+	}
 	recs, err := csv.NewReader(&csvOut).ReadAll()
 	if err != nil {
 		t.Fatal(err)
@@ -179,6 +191,9 @@ func TestMonthlyReportMatchesHandTotals(t *testing.T) {
 	for _, r := range recs[1:] {
 		if r[3] == "total" && r[5] == "USD" {
 			found = r[6] == "6" && r[11] == "0.07965"
+		}
+		if r[4] == "mystery" && (r[5] != "" || r[11] != "" || r[12] != "1") {
+			t.Errorf("csv mystery row %v: want no currency, an empty cost and 1 unpriced request", r)
 		}
 	}
 	if !found {

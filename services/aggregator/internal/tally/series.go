@@ -487,26 +487,23 @@ func (s *Series) completeMinutes(m int64) {
 	s.predictDue = true
 }
 
-func (s *Series) cost(p *Partition, ts, prompt, completion, cached int64) float64 {
+// cost prices tokens of the series' model at ts, at the policy's
+// unpriced_price when no price is in force (policy.CostSpan); priced says
+// which.
+func (s *Series) cost(p *Partition, ts, prompt, completion, cached int64) (cost float64, priced bool) {
 	if s.priceFor != p.pol || ts < s.priceFrom || ts >= s.priceEnd {
 		s.priceFor = p.pol
-		s.price, s.priceOK, s.priceFrom, s.priceEnd = p.pol.PriceSpan(s.model, ts)
+		s.price, s.priceOK, s.priceFrom, s.priceEnd = p.pol.CostSpan(s.model, ts)
 	}
-	if !s.priceOK {
-		return 0
-	}
-	return s.price.Cost(prompt, completion, cached)
+	return s.price.Cost(prompt, completion, cached), s.priceOK
 }
 
 // costOf prices tokens of model at ts without a series' cache: for events
 // folded into the OtherModel bucket, which must cost what their real model
 // costs so the tenant's budget stays exact.
-func (p *Partition) costOf(model string, ts, prompt, completion, cached int64) float64 {
-	pr, ok, _, _ := p.pol.PriceSpan(model, ts)
-	if !ok {
-		return 0
-	}
-	return pr.Cost(prompt, completion, cached)
+func (p *Partition) costOf(model string, ts, prompt, completion, cached int64) (cost float64, priced bool) {
+	pr, ok, _, _ := p.pol.CostSpan(model, ts)
+	return pr.Cost(prompt, completion, cached), ok
 }
 
 // windowRate returns tokens and requests per minute over the last minutes

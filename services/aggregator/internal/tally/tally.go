@@ -134,6 +134,9 @@ type Stats struct {
 	// Folded counts events counted under OtherModel for a tenant beyond
 	// its max_models.
 	Folded int64
+	// Unpriced counts events of a model without a price at their time
+	// (counted at the policy's unpriced_price).
+	Unpriced int64
 	// EvictedSeries and RestoredTenants count EvictIdle's and Restore's
 	// work.
 	EvictedSeries, RestoredTenants int64
@@ -179,6 +182,10 @@ type Partition struct {
 	// (override.go); ovNext is the earliest Until among them, unix seconds.
 	overrides map[string][]Override
 	ovNext    int64
+
+	// unpriced holds the models an unpriced-model alert was raised for
+	// (unpriced.go), at most maxUnpricedModels.
+	unpriced map[string]struct{}
 
 	replay       bool
 	signals      []schemas.Signal
@@ -445,10 +452,14 @@ func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 	if p.opt.SlowCallMS > 0 && ev.LatencyMS >= p.opt.SlowCallMS {
 		rec.flags |= flagSlow
 	}
+	var priced bool
 	if folded {
-		rec.cost = p.costOf(ev.Model, ts, ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens)
+		rec.cost, priced = p.costOf(ev.Model, ts, ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens)
 	} else {
-		rec.cost = s.cost(p, ts, ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens)
+		rec.cost, priced = s.cost(p, ts, ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens)
+	}
+	if !priced {
+		p.unpricedEvent(t, ev, offset)
 	}
 	late := p.add(s, &rec, 1, offset)
 	if late && !seen {
