@@ -148,15 +148,21 @@ type Rule struct {
 	// Reserve is the fraction of Limit that only critical and high
 	// priority requests may use (0 ≤ Reserve ≤ MaxReserve).
 	Reserve float64
+	// Wait is, per priority class (schemas.Priority.Index), how long
+	// Limiter.Acquire may hold a request this rule refuses for the rule to
+	// admit it (0 ≤ Wait ≤ MaxRuleWait); 0, the default, refuses at once.
+	Wait [schemas.NumPriorities]time.Duration
 }
 
 // Limits on rule values, each named in the error that enforces it.
 const (
-	MaxLimit     = int64(1) << 50
-	MaxWindow    = 31 * 24 * time.Hour
-	MinWindow    = time.Millisecond
-	MaxRate      = 1e12
-	MaxReserve   = 0.9
+	MaxLimit   = int64(1) << 50
+	MaxWindow  = 31 * 24 * time.Hour
+	MinWindow  = time.Millisecond
+	MaxRate    = 1e12
+	MaxReserve = 0.9
+	// MaxRuleWait bounds Rule.Wait.
+	MaxRuleWait  = time.Hour
 	MaxNameBytes = 128
 	MaxValueLen  = 256
 	// MaxRulesPerRequest bounds the rules that may apply to one request.
@@ -194,6 +200,11 @@ func (r *Rule) Validate() error {
 	}
 	if !(r.Reserve >= 0 && r.Reserve <= MaxReserve) {
 		bad("reserve", "%v is outside 0..%v", r.Reserve, MaxReserve)
+	}
+	for i, w := range r.Wait {
+		if w < 0 || w > MaxRuleWait {
+			bad("wait."+string(schemas.Priorities[i]), "%s is outside 0..%s", w, MaxRuleWait)
+		}
 	}
 	for _, d := range r.Scope.dims() {
 		if len(*d.v) > MaxValueLen {

@@ -35,7 +35,9 @@ type Ticket struct {
 	// early.
 	leaseMs       int64
 	leased, local uint64 // instances debited from a lease / the local limiter
-	state         uint32 // ticketOpen ... ticketRemoteLeft
+	// refusedBy is the instance that refused, for Acquire.
+	refusedBy *instance
+	state     uint32 // ticketOpen ... ticketRemoteLeft
 }
 
 // The states of a Ticket.
