@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -10,6 +11,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/admission"
 )
 
@@ -41,12 +43,16 @@ type Limit struct {
 	// Reserve is the share of the limit only critical and high priority
 	// requests may use.
 	Reserve float64
+	// Wait is, per priority class (schemas.Priority.Index), how long a
+	// request the limit refuses may wait for it to admit it; 0 (the
+	// default for every class) refuses at once. See admission.Rule.Wait.
+	Wait [schemas.NumPriorities]time.Duration
 }
 
 // Rule returns the admission rule of l for a tenant whose burst_multiplier
 // is burstMultiplier (1 for the top-level limits).
 func (l Limit) Rule(burstMultiplier float64) admission.Rule {
-	r := admission.Rule{Name: l.Name, Scope: l.Scope, Unit: l.Unit, Algorithm: l.Algorithm, Exact: l.Exact, Reserve: l.Reserve}
+	r := admission.Rule{Name: l.Name, Scope: l.Scope, Unit: l.Unit, Algorithm: l.Algorithm, Exact: l.Exact, Reserve: l.Reserve, Wait: l.Wait}
 	switch l.Algorithm {
 	case admission.TokenBucket:
 		r.Rate = l.Rate / l.Per.Seconds()
@@ -177,7 +183,10 @@ type rawLimit struct {
 	SlidingWindow *rawWindow `yaml:"sliding_window"`
 	Exact         *bool      `yaml:"exact"`
 	Reserve       *float64   `yaml:"reserve"`
-	Disabled      bool       `yaml:"disabled"`
+	// Wait maps priority classes to how long their requests may wait
+	// (merged class by class over the inherited limit's).
+	Wait     map[string]time.Duration `yaml:"wait"`
+	Disabled bool                     `yaml:"disabled"`
 }
 
 type rawBucket struct {
@@ -298,10 +307,28 @@ func (v *validator) limits(path string, raw map[string]rawLimit, base map[string
 		if rl.Reserve != nil {
 			l.Reserve = *rl.Reserve
 		}
+		v.limitWait(lp+".wait", &l, rl.Wait)
 		v.checkLimit(lp, l, rl)
 		out[name] = l
 	}
 	return out
+}
+
+// limitWait sets the classes' waits raw names on l.
+func (v *validator) limitWait(path string, l *Limit, raw map[string]time.Duration) {
+	for _, class := range slices.Sorted(maps.Keys(raw)) {
+		p := schemas.Priority(class)
+		if !p.Valid() {
+			v.fail(path+"."+class, "is not a priority class (%s)", schemas.PriorityNames)
+			continue
+		}
+		d := raw[class]
+		if d < 0 || d > admission.MaxRuleWait {
+			v.fail(path+"."+class, "%s is outside 0..%s (how long a request of the class may wait for the limit to admit it)", d, admission.MaxRuleWait)
+			continue
+		}
+		l.Wait[p.Index()] = d
+	}
 }
 
 func (v *validator) scope(path string, rs *rawScope, tenantLevel bool) admission.Scope {

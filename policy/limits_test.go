@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/admission"
 )
 
@@ -297,5 +298,51 @@ tenants:
 	}
 	if d := admit("tiny", 100); !d.Allowed {
 		t.Fatalf("100 tokens against a burst of 100: %+v", d)
+	}
+}
+
+// TestLimitWaitMergesByClass: a limit's wait names the classes that may
+// wait and for how long, a tenant overriding one class keeps the plan's
+// others, and a class or a duration out of range names its line.
+func TestLimitWaitMergesByClass(t *testing.T) {
+	doc := `
+plans:
+  batch:
+    limits:
+      rpm:
+        unit: requests
+        token_bucket: {rate: 60, per: 1m}
+        wait: {low: 30s, normal: 2s}
+tenants:
+  acme:
+    plan: batch
+    limits:
+      rpm:
+        wait: {normal: 0s, high: 1s}
+`
+	p, err := Parse([]byte(doc), "wait.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := ruleNamed(t, p.AdmissionRules().Tenants["acme"].Rules, "rpm")
+	want := [schemas.NumPriorities]time.Duration{30 * time.Second, 0, time.Second, 0} // low, normal, high, critical
+	if r.Wait != want {
+		t.Fatalf("acme's rpm waits %v, want %v (low from the plan, normal and high its own)", r.Wait, want)
+	}
+	_, err = Parse([]byte(`limits:
+  rpm:
+    unit: requests
+    token_bucket: {rate: 1}
+    wait:
+      batch: 1s
+      low: 2h
+`), "badwait.yaml")
+	for _, w := range []string{
+		"badwait.yaml:6: limits.rpm.wait.batch: is not a priority class",
+		"badwait.yaml:7: limits.rpm.wait.low: 2h0m0s is outside 0..1h0m0s",
+	} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("error lacks %q:\n%v", w, err)
+		}
 	}
 }

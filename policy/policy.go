@@ -47,7 +47,12 @@
 // sliding_window {length, limit}. A bucket without burst gets rate ×
 // burst_multiplier of the tenant it belongs to (1 at top level): that is
 // what burst_multiplier does. exact: true takes no local lease; reserve is
-// the share of the limit only critical and high priority requests may use.
+// the share of the limit only critical and high priority requests may use;
+// wait maps priority classes to how long a request of the class that the
+// limit refuses may wait for it to admit it (at most admission.MaxRuleWait;
+// every class refuses at once unless named, merged class by class), which
+// suits batch traffic (low) and not interactive traffic, which a 429 with
+// Retry-After serves better.
 // AdmissionRules turns the policy into the rules of sdk/go/admission,
 // adding each tenant's hard tokens_per_minute and requests_per_minute
 // quotas as one-minute sliding windows so that the request path enforces
