@@ -600,7 +600,7 @@ func (l *Limiter) admitSlow(ctx context.Context, t *Ticket, req *Request, leased
 		return
 	}
 	t.leased = leased
-	t.atMs, t.atMsBy = res.nowMs, res.byInst
+	t.atMs, t.atMsBy, t.periods = res.nowMs, res.byInst, res.periods
 	t.seq = l.seq.Add(1)
 	t.Decision.Allowed, t.Decision.Path = true, PathRedis
 	l.allowed(t, now, false)
