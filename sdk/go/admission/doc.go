@@ -37,6 +37,12 @@
 //     the last Window, so it may refuse up to one granule early and never
 //     admits more than Limit in any true window of that length. A
 //     refusal's retry-after is when enough of the oldest granules leave.
+//   - CalendarPeriod: at most Limit units in each period of the rule's
+//     Calendar (package policy: an hour, day or month of the tenant's time
+//     zone), one counter per instance and period, so a per-user monthly
+//     quota costs one hash field per user. The period comes from the
+//     gateway's clock (scripts know no time zones); a refusal's
+//     retry-after is the period's end. It runs exact.
 //
 // Rules.Shared are rules no tenant owns (a platform-wide TPM, a provider
 // account's RPM, a per-user limit across tenants); Rules.Tenants[id] and
@@ -69,6 +75,10 @@
 //	sliding window   hash  <granule index> = units debited in that granule
 //	                       (index = Redis ms / granule length);
 //	                       PEXPIRE = window + one granule + 1 s
+//	calendar period  hash  <period id> = units debited in that period
+//	                       (id = its start in Unix ms; older periods'
+//	                       fields are deleted when met); PEXPIRE = to
+//	                       the period's end + 1 s, never shortened
 //	settle marker    string  <instance key>:settled:<settlement id> = "1",
 //	                       PEXPIRE WithSettleTTL (10 min); one per slot group
 //	                       of a settlement; the id is the admission's own
