@@ -47,7 +47,9 @@ func BenchmarkPeriodQuotaMemory(b *testing.B) {
 	defer unlinkPrefix(b, c, prefix)
 	r := compileRule(Rule{Name: "user-monthly", Scope: Scope{User: Each}, Unit: TotalTokens, Algorithm: CalendarPeriod,
 		Limit: 2_000_000, Calendar: utcMonths{}}, false, 0, mustMetrics(b))
-	keyOf := func(i int) string { return instanceKey(prefix, r, Scope{Tenant: "acme", User: "user-" + strconv.Itoa(i)}) }
+	keyOf := func(i int) string {
+		return instanceKey(prefix, r, Scope{Tenant: "acme", User: "user-" + strconv.Itoa(i)})
+	}
 	if err := admitScript.Load(ctx, c).Err(); err != nil {
 		b.Fatal(err)
 	}
@@ -74,7 +76,9 @@ func BenchmarkPeriodQuotaMemory(b *testing.B) {
 	// The same quota as a 30-day window: a field per active granule.
 	w := compileRule(Rule{Name: "user-30d", Scope: Scope{User: Each}, Unit: TotalTokens, Algorithm: SlidingWindow,
 		Limit: 2_000_000, Window: 30 * 24 * time.Hour}, false, 0, mustMetrics(b))
-	winKey := func(i int) string { return instanceKey(prefix, w, Scope{Tenant: "acme", User: "user-" + strconv.Itoa(i)}) }
+	winKey := func(i int) string {
+		return instanceKey(prefix, w, Scope{Tenant: "acme", User: "user-" + strconv.Itoa(i)})
+	}
 	now := time.Now().UnixMilli() / w.gran
 	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range 1000 {
