@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -10,6 +11,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/admission"
 )
 
@@ -33,20 +35,26 @@ type Limit struct {
 	Per      time.Duration
 	Burst    int64
 	BurstSet bool
-	// Sliding window: at most Max units in any Length.
+	// Sliding window: at most Max units in any Length. Calendar period:
+	// at most Max units in each Period of the tenant's time zone.
 	Length time.Duration
 	Max    int64
+	Period schemas.Period
 	// Exact runs the limit without local leases (money, low limits).
 	Exact bool
 	// Reserve is the share of the limit only critical and high priority
 	// requests may use.
 	Reserve float64
+	// Wait is, per priority class (schemas.Priority.Index), how long a
+	// request the limit refuses may wait for it to admit it; 0 (the
+	// default for every class) refuses at once. See admission.Rule.Wait.
+	Wait [schemas.NumPriorities]time.Duration
 }
 
 // Rule returns the admission rule of l for a tenant whose burst_multiplier
 // is burstMultiplier (1 for the top-level limits).
 func (l Limit) Rule(burstMultiplier float64) admission.Rule {
-	r := admission.Rule{Name: l.Name, Scope: l.Scope, Unit: l.Unit, Algorithm: l.Algorithm, Exact: l.Exact, Reserve: l.Reserve}
+	r := admission.Rule{Name: l.Name, Scope: l.Scope, Unit: l.Unit, Algorithm: l.Algorithm, Exact: l.Exact, Reserve: l.Reserve, Wait: l.Wait}
 	switch l.Algorithm {
 	case admission.TokenBucket:
 		r.Rate = l.Rate / l.Per.Seconds()
@@ -56,8 +64,23 @@ func (l Limit) Rule(burstMultiplier float64) admission.Rule {
 		}
 	case admission.SlidingWindow:
 		r.Window, r.Limit = l.Length, l.Max
+	case admission.CalendarPeriod:
+		r.Limit, r.Calendar = l.Max, PeriodCalendar{Period: l.Period, Location: time.UTC}
 	}
 	return r
+}
+
+// PeriodCalendar is the calendar of a period limit: PeriodBounds of
+// Period in Location (the tenant's time zone; UTC for the top-level
+// limits, which no tenant owns).
+type PeriodCalendar struct {
+	Period   schemas.Period
+	Location *time.Location
+}
+
+// Bounds implements admission.Calendar.
+func (c PeriodCalendar) Bounds(t time.Time) (start, end time.Time) {
+	return PeriodBounds(c.Period, t, c.Location)
 }
 
 // Limits returns the top-level limits (rules no single tenant owns),
@@ -108,7 +131,11 @@ func (p *Policy) AdmissionRules() *admission.Rules {
 func (t *Tenant) admissionRules() admission.TenantRules {
 	tr := admission.TenantRules{FailMode: admission.FailMode(t.FailMode)}
 	for _, l := range t.LimitList() {
-		tr.Rules = append(tr.Rules, l.Rule(t.BurstMultiplier))
+		r := l.Rule(t.BurstMultiplier)
+		if r.Algorithm == admission.CalendarPeriod && t.Location != nil {
+			r.Calendar = PeriodCalendar{Period: l.Period, Location: t.Location}
+		}
+		tr.Rules = append(tr.Rules, r)
 	}
 	tr.Rules = append(tr.Rules, t.quotaRules(Hard, QuotaRulePrefix)...)
 	return tr
@@ -175,15 +202,26 @@ type rawLimit struct {
 	Unit          string     `yaml:"unit"`
 	TokenBucket   *rawBucket `yaml:"token_bucket"`
 	SlidingWindow *rawWindow `yaml:"sliding_window"`
+	Period        *rawPeriod `yaml:"period"`
 	Exact         *bool      `yaml:"exact"`
 	Reserve       *float64   `yaml:"reserve"`
-	Disabled      bool       `yaml:"disabled"`
+	// Wait maps priority classes to how long their requests may wait
+	// (merged class by class over the inherited limit's).
+	Wait     map[string]time.Duration `yaml:"wait"`
+	Disabled bool                     `yaml:"disabled"`
 }
 
 type rawBucket struct {
 	Rate  *float64       `yaml:"rate"`
 	Per   *time.Duration `yaml:"per"`
 	Burst *int64         `yaml:"burst"`
+}
+
+// rawPeriod is a calendar period limit: at most limit units per every
+// (hour, day or month of the tenant's time zone).
+type rawPeriod struct {
+	Every *string `yaml:"every"`
+	Limit *int64  `yaml:"limit"`
 }
 
 type rawWindow struct {
@@ -258,12 +296,27 @@ func (v *validator) limits(path string, raw map[string]rawLimit, base map[string
 		switch {
 		case rl.TokenBucket != nil && rl.SlidingWindow != nil:
 			v.fail(lp, "set token_bucket or sliding_window, not both")
+		case rl.Period != nil && (rl.TokenBucket != nil || rl.SlidingWindow != nil):
+			v.fail(lp, "set one of token_bucket, sliding_window or period")
+		case rl.Period != nil:
+			if l.Algorithm != admission.CalendarPeriod && (rl.Period.Every == nil || rl.Period.Limit == nil) {
+				v.fail(lp+".period", "needs every (hour, day or month) and limit")
+			}
+			if l.Algorithm != admission.CalendarPeriod {
+				l.Algorithm, l.Rate, l.Per, l.Burst, l.BurstSet, l.Length, l.Max = admission.CalendarPeriod, 0, 0, 0, false, 0, 0
+			}
+			if rl.Period.Every != nil {
+				l.Period = schemas.Period(*rl.Period.Every)
+			}
+			if rl.Period.Limit != nil {
+				l.Max = *rl.Period.Limit
+			}
 		case rl.TokenBucket != nil:
 			if l.Algorithm != admission.TokenBucket && rl.TokenBucket.Rate == nil {
 				v.fail(lp+".token_bucket.rate", "is required (units per per, per defaulting to 1s)")
 			}
 			if l.Algorithm != admission.TokenBucket {
-				l.Algorithm, l.Length, l.Max = admission.TokenBucket, 0, 0
+				l.Algorithm, l.Length, l.Max, l.Period = admission.TokenBucket, 0, 0, ""
 				l.Rate, l.Per, l.Burst, l.BurstSet = 0, time.Second, 0, false
 			}
 			b := rl.TokenBucket
@@ -281,7 +334,7 @@ func (v *validator) limits(path string, raw map[string]rawLimit, base map[string
 				v.fail(lp+".sliding_window.limit", "is required (most units in any length; 0 refuses every request)")
 			}
 			if l.Algorithm != admission.SlidingWindow {
-				l.Algorithm, l.Rate, l.Per, l.Burst, l.BurstSet = admission.SlidingWindow, 0, 0, 0, false
+				l.Algorithm, l.Rate, l.Per, l.Burst, l.BurstSet, l.Period = admission.SlidingWindow, 0, 0, 0, false, ""
 				l.Length, l.Max = time.Minute, 0
 			}
 			w := rl.SlidingWindow
@@ -298,10 +351,28 @@ func (v *validator) limits(path string, raw map[string]rawLimit, base map[string
 		if rl.Reserve != nil {
 			l.Reserve = *rl.Reserve
 		}
+		v.limitWait(lp+".wait", &l, rl.Wait)
 		v.checkLimit(lp, l, rl)
 		out[name] = l
 	}
 	return out
+}
+
+// limitWait sets the classes' waits raw names on l.
+func (v *validator) limitWait(path string, l *Limit, raw map[string]time.Duration) {
+	for _, class := range slices.Sorted(maps.Keys(raw)) {
+		p := schemas.Priority(class)
+		if !p.Valid() {
+			v.fail(path+"."+class, "is not a priority class (%s)", schemas.PriorityNames)
+			continue
+		}
+		d := raw[class]
+		if d < 0 || d > admission.MaxRuleWait {
+			v.fail(path+"."+class, "%s is outside 0..%s (how long a request of the class may wait for the limit to admit it)", d, admission.MaxRuleWait)
+			continue
+		}
+		l.Wait[p.Index()] = d
+	}
 }
 
 func (v *validator) scope(path string, rs *rawScope, tenantLevel bool) admission.Scope {
@@ -402,8 +473,19 @@ func (v *validator) checkLimit(lp string, l Limit, rl rawLimit) {
 		if l.Max < 0 || l.Max > admission.MaxLimit {
 			v.fail(at("sliding_window.limit", w.Limit != nil), "limit %d is outside 0..%d", l.Max, admission.MaxLimit)
 		}
+	case admission.CalendarPeriod:
+		pr := rl.Period
+		if pr == nil {
+			pr = &rawPeriod{}
+		}
+		if l.Period != schemas.PeriodHour && l.Period != schemas.PeriodDay && l.Period != schemas.PeriodMonth {
+			v.fail(at("period.every", pr.Every != nil), "%q is not hour, day or month", l.Period)
+		}
+		if l.Max < 0 || l.Max > admission.MaxLimit {
+			v.fail(at("period.limit", pr.Limit != nil), "limit %d is outside 0..%d", l.Max, admission.MaxLimit)
+		}
 	default:
-		v.fail(lp, "needs token_bucket {rate, per, burst} or sliding_window {length, limit}")
+		v.fail(lp, "needs token_bucket {rate, per, burst}, sliding_window {length, limit} or period {every, limit}")
 	}
 	if !(l.Reserve >= 0 && l.Reserve <= admission.MaxReserve) {
 		v.fail(at("reserve", rl.Reserve != nil), "%v is outside 0..%v (the share only critical and high priority requests may use)", l.Reserve, admission.MaxReserve)

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/admission"
 )
 
@@ -297,5 +298,130 @@ tenants:
 	}
 	if d := admit("tiny", 100); !d.Allowed {
 		t.Fatalf("100 tokens against a burst of 100: %+v", d)
+	}
+}
+
+// TestLimitWaitMergesByClass: a limit's wait names the classes that may
+// wait and for how long, a tenant overriding one class keeps the plan's
+// others, and a class or a duration out of range names its line.
+func TestLimitWaitMergesByClass(t *testing.T) {
+	doc := `
+plans:
+  batch:
+    limits:
+      rpm:
+        unit: requests
+        token_bucket: {rate: 60, per: 1m}
+        wait: {low: 30s, normal: 2s}
+tenants:
+  acme:
+    plan: batch
+    limits:
+      rpm:
+        wait: {normal: 0s, high: 1s}
+`
+	p, err := Parse([]byte(doc), "wait.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := ruleNamed(t, p.AdmissionRules().Tenants["acme"].Rules, "rpm")
+	want := [schemas.NumPriorities]time.Duration{30 * time.Second, 0, time.Second, 0} // low, normal, high, critical
+	if r.Wait != want {
+		t.Fatalf("acme's rpm waits %v, want %v (low from the plan, normal and high its own)", r.Wait, want)
+	}
+	_, err = Parse([]byte(`limits:
+  rpm:
+    unit: requests
+    token_bucket: {rate: 1}
+    wait:
+      batch: 1s
+      low: 2h
+`), "badwait.yaml")
+	for _, w := range []string{
+		"badwait.yaml:6: limits.rpm.wait.batch: is not a priority class",
+		"badwait.yaml:7: limits.rpm.wait.low: 2h0m0s is outside 0..1h0m0s",
+	} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("error lacks %q:\n%v", w, err)
+		}
+	}
+}
+
+// TestPeriodLimitPerUserInTheTenantsZone: a period limit is a calendar
+// period rule whose periods are the tenant's (PeriodBounds in its zone),
+// and through a real Limiter each user has a quota of their own.
+func TestPeriodLimitPerUserInTheTenantsZone(t *testing.T) {
+	doc := `
+tenants:
+  acme:
+    timezone: America/New_York
+    limits:
+      user-monthly:
+        scope: {user: "*"}
+        unit: total_tokens
+        period: {every: month, limit: 1000}
+`
+	p, err := Parse([]byte(doc), "period.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := p.AdmissionRules()
+	r := ruleNamed(t, rs.Tenants["acme"].Rules, "user-monthly")
+	if r.Algorithm != admission.CalendarPeriod || r.Limit != 1000 || r.Scope.User != admission.Each || r.Calendar == nil {
+		t.Fatalf("user-monthly: %+v", r)
+	}
+	ny, _ := time.LoadLocation("America/New_York")
+	at := time.Date(2026, 3, 31, 23, 30, 0, 0, ny) // April already in UTC
+	s, e := r.Calendar.Bounds(at)
+	ws, we := PeriodBounds(schemas.PeriodMonth, at, ny)
+	if !s.Equal(ws) || !e.Equal(we) || s.Month() != time.March {
+		t.Fatalf("periods %s..%s, want New York's March %s..%s", s, e, ws, we)
+	}
+
+	rc := itest.Redis(t)
+	c := redis.NewClient(&redis.Options{Addr: rc.Addr, ContextTimeoutEnabled: true})
+	defer c.Close()
+	prefix := itest.Unique(t, "sluice:adm:") + ":"
+	l, err := admission.New(c, rs, admission.WithPrefix(prefix), admission.WithMaxWait(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	defer func() { // the counters would live until the month ends
+		for _, k := range c.Keys(ctx, prefix+"*").Val() {
+			c.Del(ctx, k)
+		}
+	}()
+	for _, step := range []struct {
+		user   string
+		tokens int64
+		ok     bool
+	}{{"bob", 800, true}, {"bob", 300, false}, {"alice", 1000, true}, {"bob", 200, true}} {
+		tk, err := l.Admit(ctx, admission.Request{Tenant: "acme", User: step.user, PromptTokens: step.tokens})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tk.Allowed() != step.ok {
+			t.Fatalf("%s asking %d tokens: %+v, want allowed %v", step.user, step.tokens, tk.Decision, step.ok)
+		}
+	}
+
+	_, err = Parse([]byte(`limits:
+  m:
+    unit: total_tokens
+    period: {every: week, limit: 5}
+  n:
+    unit: requests
+    period: {every: day, limit: 5}
+    sliding_window: {length: 1m, limit: 5}
+`), "badperiod.yaml")
+	for _, w := range []string{
+		"badperiod.yaml:4: limits.m.period.every: \"week\" is not hour, day or month",
+		"badperiod.yaml:5: limits.n: set one of token_bucket, sliding_window or period",
+	} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("error lacks %q:\n%v", w, err)
+		}
 	}
 }

@@ -43,11 +43,19 @@
 // provider account —, tenant (top level only), model, user, key, endpoint,
 // each a value or "*" for one counter per distinct value), a unit
 // (requests, prompt_tokens, completion_tokens, total_tokens) and one
-// algorithm: token_bucket {rate, per (default 1s), burst} or
-// sliding_window {length, limit}. A bucket without burst gets rate ×
+// algorithm: token_bucket {rate, per (default 1s), burst},
+// sliding_window {length, limit} or period {every: hour|day|month, limit}
+// (at most limit units in each period of the tenant's time zone, one
+// counter per scope and period: with scope {user: "*"} a per-user monthly
+// quota whose Redis state does not grow with the month's traffic). A bucket without burst gets rate ×
 // burst_multiplier of the tenant it belongs to (1 at top level): that is
 // what burst_multiplier does. exact: true takes no local lease; reserve is
-// the share of the limit only critical and high priority requests may use.
+// the share of the limit only critical and high priority requests may use;
+// wait maps priority classes to how long a request of the class that the
+// limit refuses may wait for it to admit it (at most admission.MaxRuleWait;
+// every class refuses at once unless named, merged class by class), which
+// suits batch traffic (low) and not interactive traffic, which a 429 with
+// Retry-After serves better.
 // AdmissionRules turns the policy into the rules of sdk/go/admission,
 // adding each tenant's hard tokens_per_minute and requests_per_minute
 // quotas as one-minute sliding windows so that the request path enforces

@@ -45,6 +45,9 @@ type AdmitRequest struct {
 	// EventID is the call's usage event id, shared by its estimate and
 	// settlement events, for an admission that records its debits.
 	EventID string
+	// Deadline is the caller's own deadline (zero: none): a request that
+	// may wait for a limit never waits past it.
+	Deadline time.Time
 }
 
 // Admission is an Admitter's answer.

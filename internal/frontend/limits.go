@@ -24,9 +24,12 @@ type LimiterAdmitter struct{ L *admission.Limiter }
 
 // Admit implements Admitter.
 func (a LimiterAdmitter) Admit(ctx context.Context, req AdmitRequest) Admission {
-	t, err := a.L.Admit(ctx, admission.Request{ID: req.EventID, Tenant: req.Tenant, Model: req.Model, User: req.User,
+	// Acquire is Admit unless the refusing rule lets the request's class
+	// wait (a limit's wait in the policy): then it waits, up to the
+	// caller's deadline, for the rule to admit it.
+	t, err := a.L.Acquire(ctx, admission.Request{ID: req.EventID, Tenant: req.Tenant, Model: req.Model, User: req.User,
 		Key: req.APIKeyID, Endpoint: req.Endpoint, Upstream: req.Upstream, Priority: req.Priority,
-		PromptTokens: req.EstimatePrompt, CompletionTokens: req.EstimateCompletion})
+		PromptTokens: req.EstimatePrompt, CompletionTokens: req.EstimateCompletion, Deadline: req.Deadline})
 	if err != nil {
 		// A request the limiter cannot judge names the bound it broke.
 		e := admission.Error(admission.Decision{})
@@ -52,11 +55,18 @@ func (a LimiterAdmitter) Admit(ctx context.Context, req AdmitRequest) Admission 
 type AdmissionConfig struct {
 	MaxWait  time.Duration `yaml:"max_wait" help:"longest an admission waits for Redis; past it the tenant's fail mode decides (open: a local limiter, closed: 503)"`
 	Gateways int           `yaml:"gateways" help:"gateway processes sharing the limits: a fail-open tenant gets limit/gateways per process while Redis is away"`
+	// MaxWaiters bounds the requests waiting for a limit whose policy
+	// lets their class wait (a limit's wait); see admission.WithMaxWaiters.
+	MaxWaiters int `yaml:"max_waiters" help:"requests this process holds at most while they wait for a limit whose policy lets their class wait (a limit's wait:); when that many wait, a refused request is answered 429 at once; 0: none waits"`
 }
+
+// maxWaiters bounds admission.max_waiters: each waiter holds a request's
+// goroutine and body in memory.
+const maxWaiters = 100_000
 
 // DefaultAdmission returns the admission defaults.
 func DefaultAdmission() AdmissionConfig {
-	return AdmissionConfig{MaxWait: 5 * time.Millisecond, Gateways: 1}
+	return AdmissionConfig{MaxWait: 5 * time.Millisecond, Gateways: 1, MaxWaiters: admission.DefaultMaxWaiters}
 }
 
 // Validate checks c as the section at p (admission. for example), naming
@@ -69,6 +79,9 @@ func (c AdmissionConfig) Validate(p string) error {
 	}
 	if c.Gateways < 1 || c.Gateways > 10_000 {
 		bad(p+"gateways: %d is outside 1..10000", c.Gateways)
+	}
+	if c.MaxWaiters < 0 || c.MaxWaiters > maxWaiters {
+		bad(p+"max_waiters: %d is outside 0..%d", c.MaxWaiters, maxWaiters)
 	}
 	return errors.Join(errs...)
 }
@@ -223,7 +236,7 @@ func ReloadRules(lim *admission.Limiter, rules func(*policy.Policy) *admission.R
 func newLimiter(c AdmissionConfig, rules *admission.Rules, prefix string, env platform.Env, log *slog.Logger, opts ...admission.Option) (*admission.Limiter, func(), error) {
 	rdb := redisconn.NewClient(env.Redis, redisconn.ContextTimeouts())
 	lim, err := admission.New(rdb, rules, append([]admission.Option{admission.WithPrefix(prefix), admission.WithMaxWait(c.MaxWait),
-		admission.WithGatewayCount(c.Gateways), admission.WithLogger(log)}, opts...)...)
+		admission.WithGatewayCount(c.Gateways), admission.WithMaxWaiters(c.MaxWaiters), admission.WithLogger(log)}, opts...)...)
 	if err != nil {
 		rdb.Close()
 		return nil, nil, fmt.Errorf("admission: %w", err)

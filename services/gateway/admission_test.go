@@ -55,3 +55,53 @@ tenants:
 		t.Fatalf("the upstream saw %d calls; the refused one must not reach it", n)
 	}
 }
+
+// TestLowPriorityWaitsForAPolicyLimit: a limit whose policy lets low
+// priority wait holds a low request the bucket refuses until it refills,
+// and the upstream serves it; a normal request (no wait for its class) and
+// a low one whose caller's deadline is before the refill get the 429 at
+// once.
+func TestLowPriorityWaitsForAPolicyLimit(t *testing.T) {
+	var upstreamCalls atomic.Int64
+	mockUp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		upstreamCalls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"c1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`)
+	}))
+	t.Cleanup(mockUp.Close)
+	cfg := oneUpstream(t, mockUp.URL+"/v1")
+	cfg.Listen = "127.0.0.1:0"
+	cfg.policy = `
+tenants:
+  acme:
+    limits:
+      acme-rps:
+        unit: requests
+        token_bucket: {rate: 1, per: 2s, burst: 1}
+        exact: true
+        wait: {low: 30s}
+`
+	pol := cfg.writePolicy(t)
+	cfg.Admission.MaxWait = time.Second
+	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(), Redis: itest.Redis(t),
+		Policy: platform.FileSource{File: pol, Reload: time.Second}, TenantKeys: platform.FileSource{File: writeKeys(t), Reload: time.Second}}
+	svc, err := New(cfg.Config, env)
+	url := "http://" + itest.StartService(t, svc, err).Addr()
+	body := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`
+	if resp, b := post(t, url, "/v1/chat/completions", "sk-acme", body); resp.StatusCode != http.StatusOK {
+		t.Fatalf("first call: %d %s", resp.StatusCode, b)
+	}
+	if resp, b := post(t, url, "/v1/chat/completions", "sk-acme", body, "X-Sluice-Priority", "low", "X-Sluice-Timeout-Ms", "100"); resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("a low call due in 100 ms on a bucket refilling in 2 s: %d %s; want 429 at once", resp.StatusCode, b)
+	}
+	if resp, b := post(t, url, "/v1/chat/completions", "sk-acme", body, "X-Sluice-Priority", "low"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("a low call that may wait 30 s: %d %s; want 200 once the bucket refilled", resp.StatusCode, b)
+	}
+	resp, b := post(t, url, "/v1/chat/completions", "sk-acme", body)
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(b, "acme-rps") {
+		t.Fatalf("a normal call on the emptied bucket: %d %s; want 429 at once naming acme-rps", resp.StatusCode, b)
+	}
+	if n := upstreamCalls.Load(); n != 2 {
+		t.Fatalf("the upstream saw %d calls, want 2 (the first and the low one that waited)", n)
+	}
+}

@@ -75,7 +75,7 @@ type softFlags interface {
 func admitRequest(c *call, est estimate.Estimate, estOK bool) frontend.AdmitRequest {
 	return frontend.AdmitRequest{Tenant: c.caller.Tenant, Model: c.req.Model, User: c.user, APIKeyID: c.caller.KeyID,
 		Endpoint: c.endpoint, Priority: c.priority, EstimatePrompt: est.Prompt, EstimateCompletion: est.Completion,
-		Estimated: estOK, EventID: c.eventID}
+		Estimated: estOK, EventID: c.eventID, Deadline: c.deadline}
 }
 
 // cancelled ends c as cut before it completed: by its client (ctx ended)

@@ -37,6 +37,12 @@
 //     the last Window, so it may refuse up to one granule early and never
 //     admits more than Limit in any true window of that length. A
 //     refusal's retry-after is when enough of the oldest granules leave.
+//   - CalendarPeriod: at most Limit units in each period of the rule's
+//     Calendar (package policy: an hour, day or month of the tenant's time
+//     zone), one counter per instance and period, so a per-user monthly
+//     quota costs one hash field per user. The period comes from the
+//     gateway's clock (scripts know no time zones); a refusal's
+//     retry-after is the period's end. It runs exact.
 //
 // Rules.Shared are rules no tenant owns (a platform-wide TPM, a provider
 // account's RPM, a per-user limit across tenants); Rules.Tenants[id] and
@@ -69,6 +75,10 @@
 //	sliding window   hash  <granule index> = units debited in that granule
 //	                       (index = Redis ms / granule length);
 //	                       PEXPIRE = window + one granule + 1 s
+//	calendar period  hash  <period id> = units debited in that period
+//	                       (id = its start in Unix ms; older periods'
+//	                       fields are deleted when met); PEXPIRE = to
+//	                       the period's end + 1 s, never shortened
 //	settle marker    string  <instance key>:settled:<settlement id> = "1",
 //	                       PEXPIRE WithSettleTTL (10 min); one per slot group
 //	                       of a settlement; the id is the admission's own
@@ -225,6 +235,27 @@
 // in-memory corrections not again). Instances unused for WithIdleTTL are
 // forgotten after returning their leases.
 //
+// # Waiting (Acquire)
+//
+// Admit refuses at once. Acquire (the gateway's and the middleware's
+// call) is Admit for a request that may wait: when the refusing rule's
+// Wait gives the request's class a wait (none by default: batch classes
+// suit it, interactive ones are better served by a 429 and Retry-After),
+// the request waits, at most until the earliest of that wait,
+// Request.Deadline and its context's deadline, for the rule to admit it;
+// then it is admitted or gets the refusal as Admit would have given it.
+// Waiters queue per rule instance, most important class first, then by
+// arrival. They never poll: one timer per instance fires at the refusal's
+// retry-after, retries the waiters in order (one Admit each) until one is
+// refused again, and that refusal's retry-after sets the next wake-up;
+// the waiters whose deadline comes before it are refused then, not held
+// to it. So waiting costs Redis one call per wake-up and one per
+// admission, never one per waiter per tick. A request whose deadline is
+// before the first retry-after is refused at once, as is one that finds
+// WithMaxWaiters (1,000) requests waiting. Only refusals a wait can end
+// wait: not Redis being unreachable, nor a request larger than the limit.
+// Each retry is an admission decision in the metrics, like any other.
+//
 // # Answers
 //
 // A Decision names the refusing rule exactly (name, scope values, unit,
@@ -249,7 +280,9 @@
 // sluice_admission_fail_mode_decisions_total{mode,result},
 // sluice_admission_redis_roundtrips_total, sluice_admission_redis_errors_total,
 // sluice_admission_settlements_total{result},
-// sluice_admission_reconciled_units_total and
-// sluice_admission_reconcile_dropped_total. deploy/prometheus/rules
+// sluice_admission_reconciled_units_total,
+// sluice_admission_reconcile_dropped_total, sluice_admission_waiters,
+// sluice_admission_wait_seconds{class,result} and
+// sluice_admission_wait_skipped_total{reason=full|deadline}. deploy/prometheus/rules
 // alerts on a denial rate above 5% over 5 minutes.
 package admission

@@ -98,9 +98,12 @@ func Error(d Decision) ratelimit.Error {
 
 func message(d Decision) string {
 	per := ""
-	if d.Algorithm == SlidingWindow {
+	switch d.Algorithm {
+	case SlidingWindow:
 		per = fmt.Sprintf("%d %s per %s", d.Limit, d.Unit, d.Window)
-	} else {
+	case CalendarPeriod:
+		per = fmt.Sprintf("%d %s per calendar period", d.Limit, d.Unit)
+	default:
 		per = fmt.Sprintf("%d %s burst, refilling %s per second", d.Limit, d.Unit, strconv.FormatFloat(d.Rate, 'f', -1, 64))
 	}
 	if d.Never {

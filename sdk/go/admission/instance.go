@@ -321,6 +321,19 @@ func (in *instance) localTake(l *Limiter, n, now int64) (ok bool, avail int64, r
 			return false, avail, retry
 		}
 		s.tokens -= float64(n)
+	case CalendarPeriod:
+		// The limit's share for this gateway, as of Redis's last word;
+		// it does not start again at a period's end before Redis is back
+		// (refusing more, never admitting more).
+		if float64(n) > s.tokens {
+			avail = int64(math.Max(s.tokens, 0))
+			if n <= limit {
+				_, end := in.r.Calendar.Bounds(time.Now())
+				retry = time.Until(end)
+			}
+			return false, avail, retry
+		}
+		s.tokens -= float64(n)
 	case SlidingWindow:
 		used, oldestExit := in.winUsed(now)
 		if used+n > limit {
@@ -345,7 +358,7 @@ func (in *instance) localAdjust(l *Limiter, delta, now int64) {
 	defer in.mu.Unlock()
 	if in.loc.valid {
 		switch in.r.Algorithm {
-		case TokenBucket:
+		case TokenBucket, CalendarPeriod:
 			in.loc.tokens = math.Min(float64(limit), in.loc.tokens-float64(delta))
 		case SlidingWindow:
 			in.winAdd(now, delta)

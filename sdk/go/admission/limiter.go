@@ -49,6 +49,9 @@ type Limiter struct {
 
 	// Failed settlements so far, as of the last log, and when it was.
 	settleFails, settleLogged, settleLogAt atomic.Int64
+
+	// wq holds the requests Acquire keeps waiting.
+	wq waitQueue
 }
 
 // ErrBacklogFull is returned by Settle when Redis is unreachable and the
@@ -90,6 +93,7 @@ func New(client redis.UniversalClient, rules *Rules, opts ...Option) (*Limiter, 
 		return nil, err
 	}
 	l.m = m
+	l.wq.keys = map[string]*waitKey{}
 	l.pend.init(o.maxPending)
 	l.coarse.Store(l.now())
 	if err := l.SetRules(rules); err != nil {
@@ -123,6 +127,9 @@ func (o *options) validate() error {
 	}
 	if o.maxInstances < 1 || o.maxPending < 1 {
 		errs = append(errs, errors.New("admission: max instances and max pending must be at least 1"))
+	}
+	if o.maxWaiters < 0 {
+		errs = append(errs, fmt.Errorf("admission: max waiters %d must not be negative", o.maxWaiters))
 	}
 	if o.prefix == "" || strings.ContainsAny(o.prefix, "{}") {
 		errs = append(errs, fmt.Errorf("admission: prefix %q must be non-empty and hold no braces (they would change the hash tag)", o.prefix))
@@ -593,7 +600,7 @@ func (l *Limiter) admitSlow(ctx context.Context, t *Ticket, req *Request, leased
 		return
 	}
 	t.leased = leased
-	t.atMs, t.atMsBy = res.nowMs, res.byInst
+	t.atMs, t.atMsBy, t.periods = res.nowMs, res.byInst, res.periods
 	t.seq = l.seq.Add(1)
 	t.Decision.Allowed, t.Decision.Path = true, PathRedis
 	l.allowed(t, now, false)
@@ -610,6 +617,7 @@ func (l *Limiter) undoLeases(t *Ticket, leased uint64) {
 
 func (l *Limiter) refuse(t *Ticket, path Path, in *instance, nd, avail int64, retry time.Duration, never bool) {
 	r := in.r
+	t.refusedBy = in
 	t.Decision = Decision{Path: path, Rule: r.Name, Scope: in.scope, Unit: r.Unit, Algorithm: r.Algorithm,
 		Limit: r.Limit, Window: r.Window, Rate: r.Rate, Requested: nd, Available: avail, RetryAfter: retry, Never: never}
 	h := Headroom{Limit: r.Limit, Remaining: avail, Reset: retry}
@@ -723,6 +731,7 @@ func (l *Limiter) Close() error {
 	l.closeOne.Do(func() {
 		l.closed.Store(true)
 		close(l.stop)
+		l.refuseWaiters()
 	})
 	<-l.done
 	if n := l.pend.len(); n > 0 {

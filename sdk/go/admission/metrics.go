@@ -22,6 +22,9 @@ type metrics struct {
 	settles     *prometheus.CounterVec // result
 	reconciled  prometheus.Counter
 	dropped     prometheus.Counter
+	waiters     prometheus.Gauge
+	waitSeconds *prometheus.HistogramVec // class, result
+	waitSkipped *prometheus.CounterVec   // reason
 
 	durLease, durRedis, durOther prometheus.Observer
 
@@ -104,6 +107,19 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sluice_admission_reconcile_dropped_total",
 			Help: "Corrections dropped because the pending queue was full (WithMaxPending).",
 		}),
+		waiters: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_admission_waiters",
+			Help: "Requests Acquire holds now, waiting for a rule that refused them to admit them (at most WithMaxWaiters).",
+		}),
+		waitSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sluice_admission_wait_seconds",
+			Help:    "How long requests waited in Acquire for a rule to admit them, by priority class and result (admitted, refused: their deadline came first).",
+			Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300},
+		}, []string{"class", "result"}),
+		waitSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_admission_wait_skipped_total",
+			Help: "Requests a rule let wait that were refused at once: full (WithMaxWaiters were waiting), deadline (their deadline came before the rule's retry-after).",
+		}, []string{"reason"}),
 		rules: map[string]*ruleMetrics{},
 	}
 	m.durLease = m.duration.WithLabelValues("lease")
@@ -111,7 +127,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.durOther = m.duration.WithLabelValues("other")
 	if reg != nil {
 		for _, c := range []prometheus.Collector{countersCollector{&m.c}, m.byRule, m.duration, m.leases, m.leaseUnits, m.failMode,
-			m.redisErrors, m.settles, m.reconciled, m.dropped} {
+			m.redisErrors, m.settles, m.reconciled, m.dropped, m.waiters, m.waitSeconds, m.waitSkipped} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("admission: register metrics: %w (Limiters sharing a registry need each a label value of its own: register through prometheus.WrapRegistererWith)", err)
 			}

@@ -23,6 +23,7 @@ const (
 	DefaultMaxInstances  = 100_000
 	DefaultMaxPending    = 100_000
 	DefaultSettleTTL     = 10 * time.Minute
+	DefaultMaxWaiters    = 1000
 )
 
 type options struct {
@@ -38,6 +39,7 @@ type options struct {
 	maxInstances  int
 	maxPending    int
 	settleTTL     time.Duration
+	maxWaiters    int
 	reg           prometheus.Registerer
 	log           *slog.Logger
 	// onTick, when set, runs after every iteration of the background
@@ -60,6 +62,7 @@ func defaultOptions() options {
 		maxInstances:  DefaultMaxInstances,
 		maxPending:    DefaultMaxPending,
 		settleTTL:     DefaultSettleTTL,
+		maxWaiters:    DefaultMaxWaiters,
 		log:           slog.New(slog.DiscardHandler),
 	}
 }
@@ -127,6 +130,12 @@ func WithMaxPending(n int) Option { return func(o *options) { o.maxPending = n }
 // of corrections was applied (default 10 min; the life of their marker
 // keys): a retry within it is not applied twice.
 func WithSettleTTL(d time.Duration) Option { return func(o *options) { o.settleTTL = d } }
+
+// WithMaxWaiters bounds the requests Acquire keeps waiting at once
+// (default DefaultMaxWaiters; 0: none waits). When it is full a request a
+// rule refuses is refused at once, as by Admit, and counted in
+// sluice_admission_wait_skipped_total{reason="full"}.
+func WithMaxWaiters(n int) Option { return func(o *options) { o.maxWaiters = n } }
 
 // WithRegisterer registers the Limiter's metrics on reg.
 func WithRegisterer(reg prometheus.Registerer) Option { return func(o *options) { o.reg = reg } }

@@ -59,8 +59,8 @@ func (p *pending) add(l *Limiter, in *instance, delta, at int64) bool {
 	if delta == 0 {
 		return true
 	}
-	if delta > 0 || in.r.gran == 0 {
-		at = -1 // charges go to the current granule; buckets have none
+	if delta > 0 || !in.r.dated() {
+		at = -1 // charges go to the current granule or period; buckets have none
 	}
 	k := adjKey{in.key, at}
 	p.mu.Lock()

@@ -113,6 +113,9 @@ type admitResult struct {
 	// has its own clock, and a window's refund must go to the granule its
 	// own master debited.
 	byInst []int64
+	// periods is, by set position, the period id each calendar period
+	// rule debited (nil without such rules).
+	periods []int64
 }
 
 // admitRedis runs admit.lua for every instance not covered by a lease.
@@ -126,6 +129,8 @@ func (l *Limiter) admitRedis(ctx context.Context, t *Ticket, req *Request, lease
 		}
 	}()
 	needs := make([]int64, len(set.insts))
+	wall := time.Now()
+	var periods []int64
 	for i, in := range set.insts {
 		if leased&(1<<uint(i)) != 0 {
 			continue
@@ -140,7 +145,14 @@ func (l *Limiter) admitRedis(ctx context.Context, t *Ticket, req *Request, lease
 		var c *scriptCall
 		calls, c = l.group(calls, in.slot, []any{0})
 		c.keys = append(c.keys, in.key)
-		c.args = append(c.args, in.r.kind, in.r.argLimit, in.r.argRate, in.r.argGran, nd, want, in.r.floor(req.Priority))
+		rate, gran, id := in.r.args(wall)
+		if id >= 0 {
+			if periods == nil {
+				periods = make([]int64, len(set.insts))
+			}
+			periods[i] = id
+		}
+		c.args = append(c.args, in.r.kind, in.r.argLimit, rate, gran, nd, want, in.r.floor(req.Priority))
 		c.idx = append(c.idx, i)
 	}
 	for i := range calls {
@@ -152,7 +164,7 @@ func (l *Limiter) admitRedis(ctx context.Context, t *Ticket, req *Request, lease
 	if err != nil {
 		return admitResult{}, err
 	}
-	res := admitResult{refused: -1}
+	res := admitResult{refused: -1, periods: periods}
 	replies := make([][]int64, len(calls))
 	for ci, cmd := range cmds {
 		r, err := cmd.Int64Slice()
@@ -185,6 +197,8 @@ func (l *Limiter) admitRedis(ctx context.Context, t *Ticket, req *Request, lease
 				at := int64(-1)
 				if in.r.gran > 0 {
 					at = r[1] / in.r.gran
+				} else if periods != nil && in.r.period != nil {
+					at = periods[pos]
 				}
 				back = append(back, adjustment{in: in, at: at, delta: -(needs[pos] + r[3+3*j])})
 			}
@@ -274,6 +288,7 @@ const maxCallsPerTrip = 256
 // had been applied before (a reply lost after the bound).
 func (l *Limiter) applyMarked(ctx context.Context, calls []markedCall) ([]markedCall, error) {
 	ttl := l.o.settleTTL.Milliseconds()
+	wall := time.Now()
 	for start := 0; start < len(calls); start += maxCallsPerTrip {
 		chunk := calls[start:min(start+maxCallsPerTrip, len(calls))]
 		sc := make([]scriptCall, len(chunk))
@@ -284,7 +299,8 @@ func (l *Limiter) applyMarked(ctx context.Context, calls []markedCall) ([]marked
 			for _, a := range c.adjs {
 				r := a.in.r
 				sc[i].keys = append(sc[i].keys, a.in.key)
-				sc[i].args = append(sc[i].args, r.kind, r.argLimit, r.argRate, r.argGran, a.delta, a.at)
+				rate, gran, _ := r.args(wall)
+				sc[i].args = append(sc[i].args, r.kind, r.argLimit, rate, gran, a.delta, a.at)
 			}
 		}
 		cmds, err := l.runScripts(ctx, adjustScript, sc)

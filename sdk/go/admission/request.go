@@ -31,6 +31,9 @@ type Request struct {
 	// corrected by Ticket.Settle.
 	PromptTokens     int64
 	CompletionTokens int64
+	// Deadline is the caller's own deadline (zero: none): Acquire never
+	// holds the request past it, nor past ctx's.
+	Deadline time.Time
 }
 
 func (r *Request) upstream() string {

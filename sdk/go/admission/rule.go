@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/schemas"
@@ -56,7 +58,20 @@ const (
 	// SlidingWindow admits at most Limit units in any Window; see the
 	// package documentation for its granules.
 	SlidingWindow
+	// CalendarPeriod admits at most Limit units in each period of the
+	// rule's Calendar (an hour, a day, a month in the tenant's time
+	// zone): one counter per instance and period, whatever the period's
+	// length, where a sliding window of a month keeps a granule per
+	// 12 hours. It runs exact (no leases).
+	CalendarPeriod
 )
+
+// Calendar cuts time into a CalendarPeriod rule's periods: Bounds returns
+// the period containing t. Package policy's is PeriodBounds in the
+// tenant's time zone.
+type Calendar interface {
+	Bounds(t time.Time) (start, end time.Time)
+}
 
 func (a Algorithm) String() string {
 	switch a {
@@ -64,6 +79,8 @@ func (a Algorithm) String() string {
 		return "token_bucket"
 	case SlidingWindow:
 		return "sliding_window"
+	case CalendarPeriod:
+		return "calendar_period"
 	}
 	return fmt.Sprintf("algorithm(%d)", a)
 }
@@ -142,21 +159,29 @@ type Rule struct {
 	Window time.Duration
 	// Rate is a bucket's refill in units per second.
 	Rate float64
+	// Calendar gives a CalendarPeriod rule its periods.
+	Calendar Calendar
 	// Exact disables local leases for the rule: every admission it applies
 	// to is decided by Redis. Use it for low limits and for money.
 	Exact bool
 	// Reserve is the fraction of Limit that only critical and high
 	// priority requests may use (0 ≤ Reserve ≤ MaxReserve).
 	Reserve float64
+	// Wait is, per priority class (schemas.Priority.Index), how long
+	// Limiter.Acquire may hold a request this rule refuses for the rule to
+	// admit it (0 ≤ Wait ≤ MaxRuleWait); 0, the default, refuses at once.
+	Wait [schemas.NumPriorities]time.Duration
 }
 
 // Limits on rule values, each named in the error that enforces it.
 const (
-	MaxLimit     = int64(1) << 50
-	MaxWindow    = 31 * 24 * time.Hour
-	MinWindow    = time.Millisecond
-	MaxRate      = 1e12
-	MaxReserve   = 0.9
+	MaxLimit   = int64(1) << 50
+	MaxWindow  = 31 * 24 * time.Hour
+	MinWindow  = time.Millisecond
+	MaxRate    = 1e12
+	MaxReserve = 0.9
+	// MaxRuleWait bounds Rule.Wait.
+	MaxRuleWait  = time.Hour
 	MaxNameBytes = 128
 	MaxValueLen  = 256
 	// MaxRulesPerRequest bounds the rules that may apply to one request.
@@ -189,11 +214,20 @@ func (r *Rule) Validate() error {
 		if r.Window < MinWindow || r.Window > MaxWindow {
 			bad("window", "%s is outside %s..%s", r.Window, MinWindow, MaxWindow)
 		}
+	case CalendarPeriod:
+		if r.Calendar == nil {
+			bad("calendar", "a calendar_period rule needs one (its periods)")
+		}
 	default:
-		bad("algorithm", "must be token_bucket or sliding_window")
+		bad("algorithm", "must be token_bucket, sliding_window or calendar_period")
 	}
 	if !(r.Reserve >= 0 && r.Reserve <= MaxReserve) {
 		bad("reserve", "%v is outside 0..%v", r.Reserve, MaxReserve)
+	}
+	for i, w := range r.Wait {
+		if w < 0 || w > MaxRuleWait {
+			bad("wait."+string(schemas.Priorities[i]), "%s is outside 0..%s", w, MaxRuleWait)
+		}
 	}
 	for _, d := range r.Scope.dims() {
 		if len(*d.v) > MaxValueLen {
@@ -288,10 +322,45 @@ type rule struct {
 	// maxLease is the most units one gateway may hold as a lease of one
 	// instance of this rule; 0 runs the rule exact.
 	maxLease int64
-	// Arguments of the scripts that do not change per request.
+	// Arguments of the scripts that do not change per request (but a
+	// period rule's rate and granule: see args).
 	argLimit, argRate, argGran string
+	period                     *periodCache // CalendarPeriod only
 	m                          *ruleMetrics
 }
+
+// periodCache keeps a period rule's current period, so that Bounds runs
+// once per period rather than per admission.
+type periodCache struct {
+	mu         sync.Mutex
+	start, end time.Time
+	args       [2]string // start and end in Unix ms
+	id         int64     // start in Unix ms
+}
+
+// args returns the scripts' rate and granule arguments of r at now: a
+// period rule's are its current period's id (its start, Unix ms, also
+// returned as id) and its end (Unix ms), by the gateway's clock and the
+// rule's calendar; the period an admission debited is the one it sent,
+// and its refunds go there (Ticket.periods).
+func (r *rule) args(now time.Time) (rate, gran string, id int64) {
+	if r.period == nil {
+		return r.argRate, r.argGran, -1
+	}
+	c := r.period
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.args[0] == "" || now.Before(c.start) || !now.Before(c.end) {
+		c.start, c.end = r.Calendar.Bounds(now)
+		c.id = c.start.UnixMilli()
+		c.args = [2]string{strconv.FormatInt(c.id, 10), strconv.FormatInt(c.end.UnixMilli(), 10)}
+	}
+	return c.args[0], c.args[1], c.id
+}
+
+// dated reports whether r's refunds go to where they were debited (a
+// window's granule, a period), not to the present.
+func (r *rule) dated() bool { return r.gran > 0 || r.period != nil }
 
 func compileRule(r Rule, shared bool, leaseFraction float64, m *metrics) *rule {
 	c := &rule{Rule: r, shared: shared}
@@ -306,11 +375,16 @@ func compileRule(r Rule, shared bool, leaseFraction float64, m *metrics) *rule {
 		c.gran = max(r.Window.Milliseconds()/Granules, 1)
 		c.argRate = fmt.Sprint(r.Window.Milliseconds())
 		c.argGran = fmt.Sprint(c.gran)
+	case CalendarPeriod:
+		c.kind = "p"
+		c.period = &periodCache{}
 	}
 	c.argLimit = fmt.Sprint(r.Limit)
 	// A lease is granted under the floor of the request that renewed it,
-	// so a rule with a reserve runs exact to keep the reserve exact.
-	if !r.Exact && r.Reserve == 0 {
+	// so a rule with a reserve runs exact to keep the reserve exact. A
+	// period rule runs exact: a lease could carry units across the
+	// period's end.
+	if !r.Exact && r.Reserve == 0 && r.Algorithm != CalendarPeriod {
 		c.maxLease = int64(math.Floor(float64(r.Limit) * leaseFraction))
 		if c.maxLease < minLease {
 			c.maxLease = 0

@@ -35,7 +35,12 @@ type Ticket struct {
 	// early.
 	leaseMs       int64
 	leased, local uint64 // instances debited from a lease / the local limiter
-	state         uint32 // ticketOpen ... ticketRemoteLeft
+	// periods is, by set position, the period each calendar period rule
+	// debited (nil without such rules): its refunds go there.
+	periods []int64
+	// refusedBy is the instance that refused, for Acquire.
+	refusedBy *instance
+	state     uint32 // ticketOpen ... ticketRemoteLeft
 }
 
 // The states of a Ticket.
@@ -124,12 +129,15 @@ func (t *Ticket) corrections(u Usage, inMemory bool) []adjustment {
 			}
 		default:
 			at := int64(-1)
-			if in.r.gran > 0 {
+			switch {
+			case in.r.gran > 0:
 				ms := t.atMs
 				if t.atMsBy != nil {
 					ms = t.atMsBy[i]
 				}
 				at = ms / in.r.gran
+			case in.r.period != nil && t.periods != nil:
+				at = t.periods[i]
 			}
 			remote = append(remote, adjustment{in: in, at: at, delta: d})
 		}

@@ -71,7 +71,10 @@ func WithEstimates(est *estimate.Estimator) Option { return func(m *mw) { m.est 
 // Retry-After and an OpenAI-style body naming the rule) and emitted as a
 // refusal event; an admitted one carries OpenAI's x-ratelimit-* headers
 // and its ticket is settled with the settlement's tokens when the handler
-// returns, exactly once. A nil l turns admission off.
+// returns, exactly once. Admission runs through Limiter.Acquire: a request
+// refused by a rule that lets its class wait (admission.Rule.Wait) waits,
+// at most until the request's context ends, for the rule to admit it. A
+// nil l turns admission off.
 func WithAdmission(l *admission.Limiter) Option { return func(m *mw) { m.adm = l } }
 
 // WithEstimateEvents turns the estimate event WithEstimates sends before
@@ -306,7 +309,7 @@ func (m *mw) admitted(w http.ResponseWriter, r *http.Request, c *Call, base *sch
 	if m.adm == nil {
 		return nil, false
 	}
-	t, err := m.adm.Admit(r.Context(), admission.Request{ID: base.ID, Tenant: base.Tenant, Model: base.Model, Key: base.APIKeyID,
+	t, err := m.adm.Acquire(r.Context(), admission.Request{ID: base.ID, Tenant: base.Tenant, Model: base.Model, Key: base.APIKeyID,
 		User: base.User, Priority: base.Priority, Endpoint: base.Endpoint,
 		PromptTokens: c.est.Prompt, CompletionTokens: c.est.Completion})
 	switch {

@@ -11,15 +11,20 @@
 -- ARGV[2]  n, the number of rule instances
 -- then 6 values per instance; instance i starts at ARGV[3 + (i-1)*6] and
 -- its key is KEYS[i] (KEYS[i+1] with a marker):
---   kind     "b" token bucket, "w" sliding window
---   limit    bucket: burst; window: limit
---   rate     bucket: refill in units per ms; window: length in ms
---   granule  bucket: 0; window: granule length in ms
+--   kind     "b" token bucket, "w" sliding window, "p" calendar period
+--   limit    bucket: burst; window and period: limit
+--   rate     bucket: refill in units per ms; window: length in ms;
+--            period: the current period's id (start, Unix ms)
+--   granule  bucket: 0; window: granule length in ms; period: the
+--            current period's end (Unix ms)
 --   delta    units: > 0 charges, < 0 refunds
 --   at       window refunds: the granule index the refunded units were
 --            debited in (-1: the current granule). A refund never takes a
 --            granule below 0 and is dropped once that granule has left
 --            the window. Charges always go to the current granule.
+--            Periods likewise: a refund goes to the period id at (-1:
+--            the current one) while its field exists, a charge to the
+--            current period.
 --
 -- A bucket is refilled to now first; a refund never lifts it above its
 -- burst, a charge may take it below 0 (a debt later requests wait for).
@@ -53,6 +58,27 @@ for i = 1, n do
       tokens = math.min(limit, tokens - delta)
       redis.call('HSET', key, 't', string.format('%.6f', tokens), 'ts', string.format('%.3f', now))
       redis.call('PEXPIRE', key, math.ceil((limit - tokens) / rate) + 1000)
+    elseif kind == 'p' then
+      if delta > 0 then
+        redis.call('HINCRBY', key, ARGV[b + 2], string.format('%d', delta))
+        local ttl = math.max(1, math.ceil(tonumber(ARGV[b + 3]) - now)) + 1000
+        local cur = redis.call('PTTL', key)
+        if cur < 0 or cur < ttl then
+          redis.call('PEXPIRE', key, ttl)
+        end
+      else
+        local f = ARGV[b + 2]
+        if at >= 0 then f = ARGV[b + 5] end
+        local u = tonumber(redis.call('HGET', key, f))
+        if u ~= nil then
+          local left = u - math.min(u, -delta)
+          if left > 0 then
+            redis.call('HSET', key, f, string.format('%d', left))
+          else
+            redis.call('HDEL', key, f)
+          end
+        end
+      end
     else
       local gran = tonumber(ARGV[b + 3])
       local cur = math.floor(now / gran)

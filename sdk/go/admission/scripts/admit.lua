@@ -3,14 +3,21 @@
 -- package documentation of sdk/go/admission ("Scripts").
 --
 -- KEYS[i]  state of rule instance i: a token bucket hash {t = tokens,
---          ts = ms of the last update} or a sliding window hash
---          {<granule index> = units debited in that granule}.
+--          ts = ms of the last update}, a sliding window hash
+--          {<granule index> = units debited in that granule} or a
+--          calendar period hash {<period id> = units debited in that
+--          period}: one field, the current period's (older ones are
+--          deleted when met).
 -- ARGV[1]  n, the number of rules (= #KEYS)
 -- then 7 values per rule; rule i starts at ARGV[2 + (i-1)*7]:
---   kind     "b" token bucket, "w" sliding window
---   limit    bucket: burst (capacity); window: most units in one window
---   rate     bucket: refill in units per ms; window: length in ms
---   granule  bucket: 0; window: granule length in ms
+--   kind     "b" token bucket, "w" sliding window, "p" calendar period
+--   limit    bucket: burst (capacity); window: most units in one window;
+--            period: most units in one period
+--   rate     bucket: refill in units per ms; window: length in ms;
+--            period: the current period's id, its start in Unix ms (the
+--            caller's clock and calendar: periods follow a time zone)
+--   granule  bucket: 0; window: granule length in ms; period: the
+--            current period's end in Unix ms
 --   need     units this request debits (at least 1)
 --   want     further units the caller asks for as a local lease (0: none)
 --   floor    units this request must leave untouched (a priority reserve)
@@ -29,6 +36,16 @@ local n = tonumber(ARGV[1])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local st = {}
+
+-- A period's hash lives until its period ends (and 1 s more); a gateway
+-- whose clock is behind never shortens the life another gave it.
+local function expire_at(key, end_ms)
+  local ttl = math.max(1, math.ceil(end_ms - now)) + 1000
+  local cur = redis.call('PTTL', key)
+  if cur < 0 or cur < ttl then
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
 
 for i = 1, n do
   local b = 2 + (i - 1) * 7
@@ -52,6 +69,30 @@ for i = 1, n do
       return {0, math.floor(now), i, math.floor(math.max(avail, 0)), retry}
     end
     st[i] = tokens
+  elseif kind == 'p' then
+    local id = tonumber(ARGV[b + 2])
+    local h = redis.call('HGETALL', key)
+    local used, dead = 0, {}
+    for j = 1, #h, 2 do
+      local g = tonumber(h[j])
+      if g == id then
+        used = tonumber(h[j + 1])
+      elseif g < id then
+        dead[#dead + 1] = h[j]
+      end
+    end
+    if #dead > 0 then
+      redis.call('HDEL', key, unpack(dead))
+    end
+    local avail = limit - used - floor
+    if need > avail then
+      local retry = -1
+      if need <= limit - floor then
+        retry = math.max(1, math.ceil(tonumber(ARGV[b + 3]) - now))
+      end
+      return {0, math.floor(now), i, math.floor(math.max(avail, 0)), retry}
+    end
+    st[i] = used
   else
     local gran = tonumber(ARGV[b + 3])
     local oldest = math.floor((now - rate) / gran)
@@ -112,6 +153,14 @@ for i = 1, n do
     out[#out + 1] = math.floor(math.max(tokens, 0))
     out[#out + 1] = grant
     out[#out + 1] = full
+  elseif kind == 'p' then
+    local used, ends = st[i], tonumber(ARGV[b + 3])
+    local grant = math.max(0, math.min(want, limit - floor - used - need))
+    redis.call('HINCRBY', key, ARGV[b + 2], string.format('%d', need + grant))
+    expire_at(key, ends)
+    out[#out + 1] = math.max(0, limit - used - need - grant)
+    out[#out + 1] = grant
+    out[#out + 1] = math.max(0, math.ceil(ends - now))
   else
     local gran = tonumber(ARGV[b + 3])
     local used = st[i]

@@ -1,0 +1,108 @@
+package admission
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// movingHours is a calendar of hours read shift ahead: moving shift on by
+// an hour makes the next period the current one, which is how a test gets
+// past a period's end without waiting for it. (Its periods start after
+// now, so the rule's period cache asks it every time.)
+type movingHours struct{ shift atomic.Int64 }
+
+func (c *movingHours) Bounds(t time.Time) (start, end time.Time) {
+	s := t.Add(time.Duration(c.shift.Load())).Truncate(time.Hour)
+	return s, s.Add(time.Hour)
+}
+
+func periodRule(c Calendar) Rule {
+	return Rule{Name: "monthly", Scope: Scope{User: Each}, Unit: TotalTokens, Algorithm: CalendarPeriod, Limit: 1000, Calendar: c}
+}
+
+func periodFields(t *testing.T, c redis.UniversalClient, key string) map[string]string {
+	t.Helper()
+	h, err := c.HGetAll(context.Background(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// TestCalendarPeriodQuotaPerUser: a per-user period quota keeps one
+// counter per user (one hash field, expiring with the period), debits the
+// estimate and settles it to the actual, refuses past the limit until the
+// period ends, and starts again from zero in the next period, where the
+// previous period's field is deleted and a late refund to it is dropped.
+func TestCalendarPeriodQuotaPerUser(t *testing.T) {
+	prefix := testPrefix(t)
+	c := testClient(t, "")
+	ctx := context.Background()
+	cal := &movingHours{}
+	cal.shift.Store(int64(time.Hour))
+	// Without the refusal cache: it keeps a refusal no longer than its
+	// retry-after, the period's real end, which the test's jump ignores.
+	l := newTestLimiter(t, c, &Rules{Default: TenantRules{Rules: []Rule{periodRule(cal)}}}, WithPrefix(prefix), WithRefusalCache(0))
+	bob := Request{Tenant: "acme", User: "bob", PromptTokens: 500, CompletionTokens: 100}
+	key := tenantKey(prefix, periodRule(nil), "acme", Scope{User: "bob"})
+	start, end := cal.Bounds(time.Now())
+	id := start.UnixMilli()
+
+	tk := mustAdmit(t, l, bob)
+	if !tk.Allowed() {
+		t.Fatalf("first request refused: %+v", tk.Decision)
+	}
+	if h := periodFields(t, c, key); len(h) != 1 || h[itoa(id)] != "600" {
+		t.Fatalf("bob's counter after a 600-token estimate: %v, want {%d: 600}", h, id)
+	}
+	if ttl := c.PTTL(ctx, key).Val(); ttl <= 0 || ttl > time.Until(end)+time.Second+100*time.Millisecond {
+		t.Fatalf("bob's counter expires in %s, want by the period's end (+1 s), %s from now", ttl, time.Until(end))
+	}
+	if err := tk.Settle(ctx, Usage{PromptTokens: 250, CompletionTokens: 50}); err != nil {
+		t.Fatal(err)
+	}
+	if h := periodFields(t, c, key); h[itoa(id)] != "300" {
+		t.Fatalf("bob's counter after settling 300 actual: %v, want 300", h)
+	}
+	big := bob
+	big.PromptTokens, big.CompletionTokens = 600, 100
+	late := mustAdmit(t, l, big)
+	if !late.Allowed() {
+		t.Fatalf("700 more tokens (1000 in all) refused: %+v", late.Decision)
+	}
+	d := mustAdmit(t, l, Request{Tenant: "acme", User: "bob", PromptTokens: 1}).Decision
+	if d.Allowed || d.Rule != "monthly" || d.Scope.User != "bob" || d.Available != 0 || d.Algorithm != CalendarPeriod {
+		t.Fatalf("bob past his quota: %+v, want refused by monthly with nothing available", d)
+	}
+	if d.RetryAfter <= 0 || d.RetryAfter > time.Until(end)+time.Second {
+		t.Fatalf("retry after %s, want by the period's end (%s)", d.RetryAfter, time.Until(end))
+	}
+	if tk := mustAdmit(t, l, Request{Tenant: "acme", User: "alice", PromptTokens: 900}); !tk.Allowed() {
+		t.Fatalf("alice has a counter of her own: %+v", tk.Decision)
+	}
+
+	// The next period: the same key, a fresh count, the old field gone.
+	cal.shift.Store(int64(2 * time.Hour))
+	nextID, _ := cal.Bounds(time.Now())
+	if tk := mustAdmit(t, l, Request{Tenant: "acme", User: "bob", PromptTokens: 1000}); !tk.Allowed() {
+		t.Fatalf("the whole quota in the next period refused: %+v", tk.Decision)
+	}
+	if h := periodFields(t, c, key); len(h) != 1 || h[itoa(nextID.UnixMilli())] != "1000" {
+		t.Fatalf("bob's counter in the next period: %v, want only {%d: 1000}", h, nextID.UnixMilli())
+	}
+	// The previous period's 700-token estimate settles at 100: its refund
+	// belongs to a period that is over, and must not lift the new one.
+	if err := late.Settle(ctx, Usage{PromptTokens: 100}); err != nil {
+		t.Fatal(err)
+	}
+	if h := periodFields(t, c, key); len(h) != 1 || h[itoa(nextID.UnixMilli())] != "1000" {
+		t.Fatalf("after a late refund to the previous period: %v, want {%d: 1000} untouched", h, nextID.UnixMilli())
+	}
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
