@@ -186,8 +186,9 @@ fallbacks:
 	}
 }
 
-// guardGauge is the value of the guards' gauge name for upstream.
-func guardGauge(t *testing.T, m *metrics, name, upstream string) float64 {
+// guardGauge is the value of the guards' gauge name for upstream (and,
+// for the queue length, class).
+func guardGauge(t *testing.T, m *metrics, name, upstream string, class ...string) float64 {
 	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(guardCollector{m})
@@ -200,13 +201,15 @@ func guardGauge(t *testing.T, m *metrics, name, upstream string) float64 {
 			continue
 		}
 		for _, s := range f.GetMetric() {
+			labels := map[string]string{}
 			for _, l := range s.GetLabel() {
-				if l.GetName() == "upstream" && l.GetValue() == upstream {
-					return s.GetGauge().GetValue()
-				}
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["upstream"] == upstream && (len(class) == 0 || labels["class"] == class[0]) {
+				return s.GetGauge().GetValue()
 			}
 		}
 	}
-	t.Fatalf("no %s{upstream=%q}", name, upstream)
+	t.Fatalf("no %s{upstream=%q} %v", name, upstream, class)
 	return 0
 }
