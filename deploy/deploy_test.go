@@ -230,10 +230,27 @@ type panel struct {
 	Panels  []panel `json:"panels"`
 	Targets []struct {
 		Expr string `json:"expr"`
+		// RawSQL is a ClickHouse panel's query (per-user figures come from
+		// ClickHouse, never from Prometheus labels).
+		RawSQL string `json:"rawSql"`
 	} `json:"targets"`
 }
 
+// dashboardQueries returns the dashboards' PromQL queries; sqlQueries
+// returns their ClickHouse ones.
 func dashboardQueries(t *testing.T) []query {
+	t.Helper()
+	qs, _ := dashboardTargets(t)
+	return qs
+}
+
+func sqlQueries(t *testing.T) []query {
+	t.Helper()
+	_, qs := dashboardTargets(t)
+	return qs
+}
+
+func dashboardTargets(t *testing.T) (promql, sql []query) {
 	t.Helper()
 	files, _ := filepath.Glob("grafana/dashboards/*.json")
 	var qs []query
@@ -256,19 +273,24 @@ func dashboardQueries(t *testing.T) []query {
 			for _, p := range ps {
 				walk(p.Panels)
 				for _, tg := range p.Targets {
+					if tg.RawSQL != "" {
+						sql = append(sql, query{f + ": " + p.Title, tg.RawSQL})
+						continue
+					}
 					qs = append(qs, query{f + ": " + p.Title, tg.Expr})
 				}
 			}
 		}
 		walk(d.Panels)
 	}
-	// The four dashboards the deployment promises.
-	for _, uid := range []string{"sluice-pipeline", "sluice-quotas", "sluice-enforcement", "sluice-alerts"} {
+	sort.Slice(sql, func(i, j int) bool { return sql[i].where < sql[j].where })
+	// The dashboards the deployment promises.
+	for _, uid := range []string{"sluice-pipeline", "sluice-quotas", "sluice-enforcement", "sluice-alerts", "sluice-traffic"} {
 		if !uids[uid] {
 			t.Errorf("no dashboard %s in grafana/dashboards", uid)
 		}
 	}
-	return qs
+	return qs, sql
 }
 
 // TestQueriesNameOnlyRegisteredMetrics: a dashboard panel or a rule that

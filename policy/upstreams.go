@@ -78,6 +78,17 @@ type Upstream struct {
 	// apply; DegradedRetryAfter is a degraded refusal's Retry-After.
 	Levels             [3]float64
 	DegradedRetryAfter time.Duration
+	// Hysteresis is how far below a level's threshold the load must fall
+	// before the level is left.
+	Hysteresis float64
+	// DegradedActions say what a request a level refuses gets, per level
+	// 1, 2, 3: DegradeFallback or DegradeRefuse.
+	DegradedActions [3]string
+	// FollowResources: when the gateway samples its CPU and memory
+	// (services.gateway.resource_degradation), this upstream's levels
+	// follow them too. Off for a fallback upstream that must stay open
+	// while the process is busy.
+	FollowResources bool
 	// The upstream breaker.
 	ConsecutiveFailures int
 	ErrorRatio          float64
@@ -129,6 +140,9 @@ type rawUpstream struct {
 	Degradation struct {
 		Levels     []float64      `yaml:"levels"`
 		RetryAfter *time.Duration `yaml:"retry_after"`
+		Hysteresis *float64       `yaml:"hysteresis"`
+		Actions    []string       `yaml:"actions"`
+		Resources  *bool          `yaml:"resources"`
 	} `yaml:"degradation"`
 	Breaker struct {
 		ConsecutiveFailures *int           `yaml:"consecutive_failures"`
@@ -154,8 +168,29 @@ type rawUpstream struct {
 // calls failing, then lets 5 probes through (docs/priority.md).
 var defaultUpstream = Upstream{Weight: 1, Timeout: 10 * time.Minute, ResponseHeaderTimeout: 60 * time.Second, ConnectTimeout: 5 * time.Second,
 	Mode: ModeFixed, Limit: UnlimitedConcurrency, Min: 1, Max: UnlimitedConcurrency, MaxWaiting: 1000, MaxWait: 30 * time.Second,
-	Levels: [3]float64{0.5, 0.7, 0.9}, DegradedRetryAfter: 30 * time.Second,
+	Levels: [3]float64{0.5, 0.7, 0.9}, DegradedRetryAfter: 30 * time.Second, Hysteresis: 0.05,
+	DegradedActions: [3]string{DegradeFallback, DegradeFallback, DegradeFallback}, FollowResources: true,
 	ConsecutiveFailures: 10, ErrorRatio: 0.5, OpenFor: 30 * time.Second, MaxOpenFor: 10 * time.Minute, Probes: 5}
+
+// What a request a degradation level refuses gets (degradation.actions).
+const (
+	// DegradeFallback serves it with the asked model's fallback models
+	// (fallbacks:) when it has any, else refuses it.
+	DegradeFallback = "fallback"
+	// DegradeRefuse refuses it (429, or 503 at level 3) without trying
+	// the fallback models; another upstream of the model may still serve
+	// it.
+	DegradeRefuse = "refuse"
+)
+
+// DegradedAction is the action of degradation level l (1..3); level 0
+// refuses nothing and reads as DegradeFallback.
+func (u Upstream) DegradedAction(l int) string {
+	if l < 1 || l > 3 {
+		return DegradeFallback
+	}
+	return u.DegradedActions[l-1]
+}
 
 // UnlimitedConcurrency is the concurrency limit of an upstream whose entry
 // sets none: in effect no limit, so that its queue never fills and its
@@ -228,6 +263,7 @@ func (v *validator) upstreams(raw map[string]rawUpstream) map[string]Upstream {
 				v.fail(p+".degradation.retry_after", "%s is outside 1s..1h", u.DegradedRetryAfter)
 			}
 		}
+		v.degradation(p, r, &u)
 		b := r.Breaker
 		set(&u.ConsecutiveFailures, b.ConsecutiveFailures)
 		set(&u.Probes, b.Probes)
@@ -429,7 +465,8 @@ func (u Upstream) GuardOptions() ([]upstream.Opt, error) {
 	opts := []upstream.Opt{
 		upstream.Limit(alg),
 		upstream.QueueOptions(priority.MaxWaiting(u.MaxWaiting), priority.MaxWait(u.MaxWait)),
-		upstream.DegraderOptions(priority.Thresholds(u.Levels[0], u.Levels[1], u.Levels[2]), priority.DegradedRetryAfter(u.DegradedRetryAfter)),
+		upstream.DegraderOptions(priority.Thresholds(u.Levels[0], u.Levels[1], u.Levels[2]), priority.DegradedRetryAfter(u.DegradedRetryAfter),
+			priority.Hysteresis(u.Hysteresis)),
 		// A probe is one attempt, bounded by the upstream's timeout: past
 		// it (and a margin) a fleet-wide breaker hands the probe out again.
 		upstream.BreakerOptions(upstream.ConsecutiveFailures(u.ConsecutiveFailures), upstream.ErrorRatio(u.ErrorRatio),
@@ -439,4 +476,30 @@ func (u Upstream) GuardOptions() ([]upstream.Opt, error) {
 		opts = append(opts, upstream.TenantShare(u.TenantShare))
 	}
 	return opts, nil
+}
+
+// degradation reads an entry's degradation hysteresis and actions (its
+// levels and retry_after are read with the rest).
+func (v *validator) degradation(p string, r rawUpstream, u *Upstream) {
+	if r.Degradation.Resources != nil {
+		u.FollowResources = *r.Degradation.Resources
+	}
+	if h := r.Degradation.Hysteresis; h != nil {
+		u.Hysteresis = *h
+		if !(u.Hysteresis >= 0 && u.Hysteresis < u.Levels[0]) {
+			v.fail(p+".degradation.hysteresis", "%v is outside 0..the first level (%v): a level is left only below its threshold by this much", u.Hysteresis, u.Levels[0])
+		}
+	}
+	if a := r.Degradation.Actions; a != nil {
+		if len(a) != 3 {
+			v.fail(p+".degradation.actions", "%v: want one action per level 1, 2, 3, e.g. [fallback, fallback, refuse]", a)
+			return
+		}
+		for i, act := range a {
+			if act != DegradeFallback && act != DegradeRefuse {
+				v.fail(fmt.Sprintf("%s.degradation.actions.%d", p, i), "%q is not one of fallback (the model's fallbacks serve it), refuse", act)
+			}
+			u.DegradedActions[i] = act
+		}
+	}
 }

@@ -26,7 +26,7 @@ upstreams:
     concurrency: {mode: threshold, limit: 40, min: 5, max: 200}
     tenant_share: 0.5
     queue: {max_waiting: 200, max_wait: 5s}
-    degradation: {levels: [0.6, 0.8, 0.95], retry_after: 10s}
+    degradation: {levels: [0.6, 0.8, 0.95], retry_after: 10s, hysteresis: 0.1, actions: [fallback, refuse, refuse], resources: false}
     breaker: {consecutive_failures: 10, open_for: 30s}
     reserved: {unit: requests, capacity: 600, saturation: 0.7, shares: {critical: 0.5, high: 0.2}}
   local: {base_url: "http://10.0.0.5:8000/v1", models: ["*"]}
@@ -56,7 +56,13 @@ fallbacks:
 	if opts, err := u.GuardOptions(); err != nil || len(opts) < 5 {
 		t.Errorf("guard options: %d, %v", len(opts), err)
 	}
+	if u.Hysteresis != 0.1 || u.DegradedAction(1) != DegradeFallback || u.DegradedAction(2) != DegradeRefuse || u.FollowResources {
+		t.Errorf("openai's degradation: hysteresis %v, actions %v, resources %v", u.Hysteresis, u.DegradedActions, u.FollowResources)
+	}
 	local, _ := p.Upstream("local")
+	if local.Hysteresis != 0.05 || local.DegradedActions != [3]string{DegradeFallback, DegradeFallback, DegradeFallback} || !local.FollowResources {
+		t.Errorf("default degradation: hysteresis %v, actions %v, resources %v", local.Hysteresis, local.DegradedActions, local.FollowResources)
+	}
 	if local.Weight != 1 || local.Timeout != 10*time.Minute || local.Mode != ModeFixed || local.Limit != UnlimitedConcurrency ||
 		local.ConsecutiveFailures != 10 || local.OpenFor != 30*time.Second || local.Reserved != nil {
 		t.Errorf("an entry that says only where it is gets no concurrency limit and the default breaker: %+v", local)
@@ -82,7 +88,7 @@ upstreams:
     response_header_timeout: 2s
     concurrency: {mode: adaptive, limit: 500, max: 100}
     tenant_share: 2
-    degradation: {levels: [0.9, 0.5, 0.7]}
+    degradation: {levels: [0.9, 0.5, 0.7], hysteresis: 0.6, actions: [fallback, defer, refuse]}
     reserved: {unit: tokens, saturation: 0, shares: {vip: 0.5, critical: 0.7, high: 0.6}}
 fallbacks:
   gpt-4o: [gpt-4o]
@@ -96,6 +102,7 @@ fallbacks:
 		"upstreams.u.models.0: \"[\" is not a valid pattern", "upstreams.u.weight: 2000 is outside 0..1000",
 		"upstreams.u.response_header_timeout: 2s is longer than its timeout (1s)",
 		"upstreams.u.concurrency.mode", "upstreams.u.concurrency: limit 500", "upstreams.u.tenant_share", "upstreams.u.degradation.levels",
+		"upstreams.u.degradation.hysteresis: 0.6 is outside 0..the first level (0.5)", `upstreams.u.degradation.actions.1: "defer" is not one of fallback`,
 		"upstreams.u.reserved.unit", "upstreams.u.reserved.saturation", "upstreams.u.reserved.shares.vip", "upstreams.u.reserved.shares: the shares add up to 1.3",
 		"fallbacks.gpt-4o.0", "fallbacks.o3: lists 0 models",
 	} {

@@ -27,7 +27,10 @@
 //     queue, behind one Acquire; priority holds the classes, the queue
 //     and the degradation levels, concurrency the in-flight limits and
 //     their adaptive algorithms (a threshold step rule and a gradient), shared
-//     across processes through Redis where the upstream is.
+//     across processes through Redis where the upstream is;
+//   - resource samples the process's CPU and memory use (against the
+//     container's cgroup v2 limits) in the background, for degradation
+//     levels that follow them too (upstream.LoadFunc).
 //
 // The SDK lives in the root module (github.com/sluicehq/sluice) but links
 // nothing server-only: no ClickHouse driver, no embedded Kafka broker, no

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/internal/fifo"
+	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
@@ -31,6 +32,9 @@ type core struct {
 	table  *breaker.Table
 	writer *flagwriter.Writer
 	policy *policy.Watcher
+	// redisPing checks the flags' Redis for sluice_redis_up (nil: no
+	// Redis, no series).
+	redisPing func(context.Context) error
 	// auth verifies each signal record before it is applied; nil refuses
 	// them all (signalauth.Auth.Verify), so an unwired core fails closed.
 	auth         *signalauth.Auth
@@ -69,6 +73,9 @@ func newCore(cfg Config, rdb redis.UniversalClient, pw *policy.Watcher, log *slo
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_enforcer_signal_lag_seconds",
 			Help:    "Enforcement lag: from the time of the usage event a signal was computed from (the gateway's clock) to the enforcer changing a flag for it (the flag write follows within flush_interval). Signals that changed no flag are not observed.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)})}
+	if rdb != nil {
+		c.redisPing = redisconn.Ready(rdb)
+	}
 	c.offsets = newSignalOffsets()
 	c.writer = flagwriter.New(rdb, c.table, flagwriter.Config{KeyPrefix: cfg.KeyPrefix, FlushInterval: cfg.FlushInterval,
 		FlagTTL: cfg.FlagTTL, HeartbeatEvery: cfg.HeartbeatEvery, MaxDirty: cfg.MaxDirty, BatchTenants: cfg.BatchTenants,

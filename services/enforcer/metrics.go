@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -34,6 +35,7 @@ func (c *core) collectors() []prometheus.Collector {
 			Help: "Tenants with at least one open or half-open breaker."}, func() float64 { return float64(len(c.table.Tenants())) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_enforcer_soft_overage_signals_total",
 			Help: "Soft-quota overage signals recorded (not blocked)."}, c.table.Overage),
+		redisconn.NewUp("enforcer", c.redisPing),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_enforcer_policy_reload_failures_total",
 			Help: "Policy reloads rejected as invalid; the previous policy stays in force."},
 			func() float64 { return float64(c.policy.Failures.Load()) }),

@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice/internal/usageapi"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/resource"
 	"github.com/sluicehq/sluice/services/gateway/deferred"
 )
 
@@ -31,6 +32,9 @@ type Config struct {
 
 	SharedUpstreams SharedUpstreamsConfig `yaml:"shared_upstreams"`
 	Deferred        deferred.Config       `yaml:"deferred"`
+	// ResourceDegradation adds the process's CPU and memory to what the
+	// upstreams' degradation levels follow (docs/priority.md).
+	ResourceDegradation resource.Config `yaml:"resource_degradation"`
 	// UsageAPI is GET /v1/usage for the callers' tenants.
 	UsageAPI usageapi.Config `yaml:"usage_api"`
 }
@@ -58,6 +62,7 @@ func DefaultConfig() Config {
 		FrontEnd:            fe,
 		SharedUpstreams:     defaultSharedUpstreams(),
 		Deferred:            deferred.DefaultConfig(),
+		ResourceDegradation: resource.DefaultConfig(),
 		UsageAPI:            usageapi.DefaultConfig(),
 	}
 }
@@ -98,6 +103,9 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if err := c.Deferred.Validate("deferred."); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.ResourceDegradation.Validate("resource_degradation."); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/concurrency"
 	"github.com/sluicehq/sluice/sdk/go/estimate"
@@ -77,9 +78,16 @@ func (s *Server) tryModel(ctx context.Context, w http.ResponseWriter, in http.He
 		if g := s.guards.Of(u.cfg.Name); g != nil {
 			gp, d := g.Acquire(ctx, upstream.Request{Tenant: c.caller.Tenant, Priority: c.priority, Deadline: c.deadline, Tokens: est.Prompt + est.Completion})
 			if !d.Admitted() {
-				ex.refused, fallback = &d, d.Reason == priority.BreakerOpen || d.Reason == priority.Degraded
+				ex.refused = &d
 				s.m.guardRefusals.WithLabelValues(u.cfg.Name, d.Reason.String()).Inc()
-				if d.Reason == priority.Canceled || !fallback {
+				switch d.Reason {
+				case priority.BreakerOpen:
+					fallback = true
+				case priority.Degraded:
+					// The level's action: a cheaper model, or a refusal
+					// (another upstream of the model may still serve it).
+					fallback = u.cfg.DegradedAction(int(d.Level)) == policy.DegradeFallback
+				default:
 					// A client gone, or a saturated upstream: a cheaper
 					// model is no answer to a full queue.
 					return false, true

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/sdk/go/concurrency"
+	"github.com/sluicehq/sluice/sdk/go/resource"
 	"github.com/sluicehq/sluice/sdk/go/upstream"
 )
 
@@ -44,6 +45,24 @@ type Guards struct {
 	// redisTimeout bounds each Redis call of a shared upstream's counts
 	// (0: the packages' default, 100 ms).
 	redisTimeout time.Duration
+	// resources, when not nil, is the process's CPU and memory use: each
+	// Guard's degradation follows the higher of it and the upstream's own
+	// load.
+	resources *resource.Sampler
+}
+
+// FollowResources makes the degradation of the Guards built from now on
+// follow the process's CPU and memory use as sampled by rs too, for the
+// upstreams whose policy entry does not opt out (degradation.resources:
+// false); call it before the first Update. It runs rs's sampling until
+// Close.
+func (s *Guards) FollowResources(rs *resource.Sampler) {
+	s.resources = rs
+	s.wg.Go(func() {
+		_ = rs.Run(s.ctx, func(err error) {
+			s.log.Warn("resource degradation: sampling failed; the last sample stays", "err", err)
+		})
+	})
 }
 
 // SetRedisTimeout bounds each Redis call of the shared upstreams' counts
@@ -147,6 +166,11 @@ func (s *Guards) build(u policy.Upstream) (*upstream.Guard, error) {
 		}
 	}
 	opts = append(opts, upstream.OnLimitChange(onLimit))
+	if rs := s.resources; rs != nil && u.FollowResources {
+		// One atomic load per request: the sampler reads the system in
+		// the background.
+		opts = append(opts, upstream.LoadFunc(func(l upstream.Load) float64 { return max(upstream.DefaultLoad(l), rs.Load()) }))
+	}
 	if u.Shared && s.rdb != nil {
 		alg, err := u.Algorithm()
 		if err != nil {

@@ -1,10 +1,13 @@
 package gateway
 
 import (
+	"context"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/metricset"
 )
 
@@ -28,7 +31,11 @@ type metrics struct {
 	// view is the flag view the staleness gauges read (the Checker); nil
 	// reads as fresh (a Decider without a view, or none).
 	view flagView
-	all  metricset.Set
+	// guards are the upstreams' Guards whose queues and levels are read
+	// at scrape time (nil: none).
+	guards *Guards
+	redis  *redisconn.Up
+	all    metricset.Set
 }
 
 // flagView is what the gateway's flag-staleness gauges read from its
@@ -38,7 +45,9 @@ type flagView interface {
 	Stale() bool
 }
 
-func newMetrics() *metrics {
+// newMetrics returns the gateway's series; redisPing (nil: none) checks
+// its Redis for sluice_redis_up.
+func newMetrics(redisPing func(context.Context) error) *metrics {
 	latency := []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -108,8 +117,47 @@ func newMetrics() *metrics {
 		}
 		return 0
 	})
-	m.all = metricset.Set{m.requests, m.upstream, m.ttfb, m.tokens, m.usage, m.failovers, m.inflight, m.keyReloads, m.guardRefusals, m.fallbacks, m.softOver, flagsAge, flagsStale}
+	m.redis = redisconn.NewUp("gateway", redisPing)
+	m.all = metricset.Set{m.requests, m.upstream, m.ttfb, m.tokens, m.usage, m.failovers, m.inflight, m.keyReloads, m.guardRefusals, m.fallbacks, m.softOver, flagsAge, flagsStale,
+		guardCollector{m}, m.redis}
 	return m
+}
+
+// The upstream guards' state, one series per guarded upstream (the
+// policy's upstreams: a bounded set the operator names).
+var (
+	queueDesc = prometheus.NewDesc("sluice_gateway_upstream_queue_length",
+		"Requests waiting in an upstream's priority queue in this gateway, by upstream and priority class.", []string{"upstream", "class"}, nil)
+	levelDesc = prometheus.NewDesc("sluice_gateway_degradation_level",
+		"An upstream's degradation level in this gateway (0: everything admitted; 1, 2, 3: low, then normal, then high refused or degraded), by upstream.", []string{"upstream"}, nil)
+	loadDesc = prometheus.NewDesc("sluice_gateway_upstream_load",
+		"The load an upstream's degradation level follows (0-1: its calls in flight and waiting against its room, or the process's CPU or memory when resource degradation is on and higher), by upstream.", []string{"upstream"}, nil)
+)
+
+// guardCollector reads the Guards' Stats at scrape time: nothing is
+// counted on the request path for it.
+type guardCollector struct{ m *metrics }
+
+func (c guardCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- queueDesc
+	ch <- levelDesc
+	ch <- loadDesc
+}
+
+func (c guardCollector) Collect(ch chan<- prometheus.Metric) {
+	gs := c.m.guards
+	for _, name := range gs.Names() {
+		g := gs.Of(name)
+		if g == nil {
+			continue // dropped by a reload since Names
+		}
+		st := g.Stats()
+		for i, class := range schemas.Priorities {
+			ch <- prometheus.MustNewConstMetric(queueDesc, prometheus.GaugeValue, float64(st.Queue.Waiting[i]), name, string(class))
+		}
+		ch <- prometheus.MustNewConstMetric(levelDesc, prometheus.GaugeValue, float64(st.Level), name)
+		ch <- prometheus.MustNewConstMetric(loadDesc, prometheus.GaugeValue, st.Load, name)
+	}
 }
 
 func (m *metrics) register(r prometheus.Registerer) error { return m.all.Register(r) }
@@ -119,4 +167,4 @@ func (m *metrics) unregister(r prometheus.Registerer) { m.all.Unregister(r) }
 // RegisterMetrics registers the gateway's collectors on reg as New does,
 // with no flag view (they read zero): for what lists the series a Sluice
 // process exports, such as the check of deploy/'s dashboards and rules.
-func RegisterMetrics(reg prometheus.Registerer) error { return newMetrics().register(reg) }
+func RegisterMetrics(reg prometheus.Registerer) error { return newMetrics(nil).register(reg) }

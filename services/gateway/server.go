@@ -58,6 +58,10 @@ type Deps struct {
 	// before each attempt), following the policy (Guards.Update) as the
 	// host applies it; required.
 	Guards *Guards
+	// RedisPing, when not nil, checks the gateway's Redis (flags,
+	// admission) at each scrape for sluice_redis_up{client="gateway"};
+	// nil exports no such series.
+	RedisPing func(context.Context) error
 }
 
 // Server is the gateway's HTTP handler.
@@ -101,7 +105,8 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{cfg: cfg, log: log, policy: deps.Policy, guards: deps.Guards, tasks: deps.Tasks, m: newMetrics(), now: time.Now}
+	s := &Server{cfg: cfg, log: log, policy: deps.Policy, guards: deps.Guards, tasks: deps.Tasks, m: newMetrics(deps.RedisPing), now: time.Now}
+	s.m.guards = deps.Guards
 	s.hardStop, s.stopAll = context.WithCancel(context.Background())
 	if deps.Limits != nil {
 		s.admitter, s.route, s.soft = deps.Limits.Admit, deps.Limits.Route, deps.Limits.Soft

@@ -53,6 +53,7 @@ import (
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/sdk/go/checker"
+	"github.com/sluicehq/sluice/sdk/go/resource"
 )
 
 // Option adds to a gateway what its hosting program gives: observers and
@@ -147,7 +148,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, opts options, ready 
 	}
 	deps := pol.deps
 	deps.Checker, deps.Emitter, deps.Logger, deps.Metrics, deps.Keys = chk, em, log, env.Metrics, keys
-	deps.Tasks, deps.Usage = tasks, usage
+	deps.Tasks, deps.Usage, deps.RedisPing = tasks, usage, redisconn.Ready(rdb)
 	s, err = NewServer(cfg, deps)
 	if err != nil {
 		frontend.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
@@ -276,6 +277,9 @@ func openPolicy(cfg Config, env platform.Env, opts options) (p *policyParts, err
 		p.closers = append(p.closers, func() { grdb.Close() })
 		guards = NewGuards(grdb, env.Redis.Prefix(redisconn.UpstreamKeys), ProcessID(cfg.Name), log.With("component", "upstream"), nil)
 		guards.SetRedisTimeout(cfg.SharedUpstreams.RedisTimeout)
+	}
+	if rc := cfg.ResourceDegradation; rc.Enabled {
+		guards.FollowResources(resource.NewSampler(resource.System{}, rc, nil))
 	}
 	p.closers = append(p.closers, guards.Close)
 	if err := guards.Update(p.w.Current()); err != nil {
