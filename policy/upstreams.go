@@ -82,7 +82,7 @@ type Upstream struct {
 	// before the level is left.
 	Hysteresis float64
 	// DegradedActions say what a request a level refuses gets, per level
-	// 1, 2, 3: DegradeFallback or DegradeRefuse.
+	// 1, 2, 3: DegradeFallback, DegradeRefuse or DegradeDefer.
 	DegradedActions [3]string
 	// FollowResources: when the gateway samples its CPU and memory
 	// (services.gateway.resource_degradation), this upstream's levels
@@ -181,6 +181,12 @@ const (
 	// the fallback models; another upstream of the model may still serve
 	// it.
 	DegradeRefuse = "refuse"
+	// DegradeDefer queues it as a deferred task (202 with the task, run
+	// when capacity allows, as Prefer: respond-async does) when the
+	// gateway takes deferred requests, it does not stream and every
+	// upstream of its model is at a level refusing its class with this
+	// action; otherwise it is refused.
+	DegradeDefer = "defer"
 )
 
 // DegradedAction is the action of degradation level l (1..3); level 0
@@ -496,8 +502,8 @@ func (v *validator) degradation(p string, r rawUpstream, u *Upstream) {
 			return
 		}
 		for i, act := range a {
-			if act != DegradeFallback && act != DegradeRefuse {
-				v.fail(fmt.Sprintf("%s.degradation.actions.%d", p, i), "%q is not one of fallback (the model's fallbacks serve it), refuse", act)
+			if act != DegradeFallback && act != DegradeRefuse && act != DegradeDefer {
+				v.fail(fmt.Sprintf("%s.degradation.actions.%d", p, i), "%q is not one of fallback (the model's fallbacks serve it), refuse, defer (queued as a deferred task)", act)
 			}
 			u.DegradedActions[i] = act
 		}

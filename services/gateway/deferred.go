@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 	"github.com/sluicehq/sluice/services/gateway/deferred"
@@ -41,6 +42,29 @@ func deferralRequested(r *http.Request) bool {
 		}
 	}
 	return false
+}
+
+// degradedDeferral reports whether c is to be queued as a deferred task
+// because its upstreams are degraded (degradation.actions: defer): the
+// gateway takes deferred requests, c does not stream nor is a task's run
+// (which the worker retries instead), and every upstream of its model is
+// guarded and at a level that refuses c's class with the defer action.
+// Decided before the call is metered, as a Prefer: respond-async is.
+func (s *Server) degradedDeferral(r *http.Request, c *call) bool {
+	if s.tasks == nil || c.req.Stream || deferredCaller(r.Context()) != nil || len(c.ups) == 0 {
+		return false
+	}
+	for _, u := range c.ups {
+		g := s.guards.Of(u.cfg.Name)
+		if g == nil {
+			return false
+		}
+		l := g.Level()
+		if l.Admits(c.priority) || u.cfg.DegradedAction(int(l)) != policy.DegradeDefer {
+			return false
+		}
+	}
+	return true
 }
 
 // deferRequest queues the checked call c as a task and answers 202.

@@ -47,7 +47,7 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 	if !s.intake(rw, r, c) {
 		return
 	}
-	if deferralRequested(r) {
+	if deferralRequested(r) || s.degradedDeferral(r, c) {
 		s.deferRequest(rw, r, c)
 		return
 	}

@@ -129,7 +129,7 @@ var (
 	queueDesc = prometheus.NewDesc("sluice_gateway_upstream_queue_length",
 		"Requests waiting in an upstream's priority queue in this gateway, by upstream and priority class.", []string{"upstream", "class"}, nil)
 	levelDesc = prometheus.NewDesc("sluice_gateway_degradation_level",
-		"An upstream's degradation level in this gateway (0: everything admitted; 1, 2, 3: low, then normal, then high refused or degraded), by upstream.", []string{"upstream"}, nil)
+		"An upstream's degradation level in this gateway (0: every class admitted; 1: high and critical only; 2: critical only; 3: nothing), by upstream.", []string{"upstream"}, nil)
 	loadDesc = prometheus.NewDesc("sluice_gateway_upstream_load",
 		"The load an upstream's degradation level follows (0-1: its calls in flight and waiting against its room, or the process's CPU or memory when resource degradation is on and higher), by upstream.", []string{"upstream"}, nil)
 )

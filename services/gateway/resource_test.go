@@ -3,7 +3,10 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"log/slog"
 	"net/http"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -12,12 +15,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/priority"
 	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 	"github.com/sluicehq/sluice/sdk/go/resource"
 	"github.com/sluicehq/sluice/sdk/go/upstream"
+	"github.com/sluicehq/sluice/services/gateway/deferred"
 )
 
 // fakeResources is a process whose CPU and memory use the test sets: each
@@ -212,4 +218,76 @@ func guardGauge(t *testing.T, m *metrics, name, upstream string, class ...string
 	}
 	t.Fatalf("no %s{upstream=%q} %v", name, upstream, class)
 	return 0
+}
+
+// TestResourceDegradationDefersLowPriority: premium's level-1 action is
+// defer. At 55% CPU a low-priority request sent without Prefer:
+// respond-async is answered 202 with a task instead of a refusal, while a
+// high one is served at once. The task's run meets the degraded upstream
+// (a run is never deferred again) and is retried; once the CPU falls
+// under the level, it runs and succeeds on gpt-4o, metered as an
+// ordinary call.
+func TestResourceDegradationDefersLowPriority(t *testing.T) {
+	const yaml = `
+tenants:
+  acme: {priority: low}
+upstreams:
+  premium:
+    degradation: {actions: [defer, defer, refuse], retry_after: 1s}
+`
+	cfg := deferredConfig(t, testConfig(t, Upstream{Name: "premium", BaseURL: mock(t, mockllm.Options{}), Models: []string{"gpt-4o"}}))
+	cfg.policy = yaml
+	f := newFakeResources()
+	guards, s, p := resourceGuards(t, string(cfg.policyYAML(t)), f)
+	rdb := redisconn.NewClient(itest.Redis(t))
+	t.Cleanup(func() { rdb.Close() })
+	q, err := deferred.NewQueue(context.Background(), cfg.Deferred, itest.Kafka(t), rdb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(q.Close)
+	g := startGateway(t, cfg, Deps{Policy: func() *policy.Policy { return p }, Guards: guards, Tasks: q})
+	w, err := deferred.NewWorker(cfg.Deferred, itest.Kafka(t), rdb, func(ctx context.Context, task *deferred.Task, run int) deferred.Outcome {
+		return g.RunTask(ctx, task, run, cfg.Deferred.MaxResultBytes)
+	}, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	f.step(t, s, 0.55, 0.1)
+	// No call has met premium's guard since the CPU rose: the deferral
+	// reads the level from the load now.
+	resp, b := post(t, g.url, "/v1/chat/completions", "sk-acme", `{"model":"gpt-4o","messages":[{"role":"user","content":"later"}]}`)
+	var task struct{ ID, Status string }
+	if resp.StatusCode != http.StatusAccepted || json.Unmarshal([]byte(b), &task) != nil || task.ID == "" || task.Status != "queued" {
+		t.Fatalf("low at 55%% CPU with action defer: %d %s; want 202 with a queued task", resp.StatusCode, b)
+	}
+	if resp, b := post(t, g.url, "/v1/chat/completions", "sk-boss", `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`); resp.StatusCode != http.StatusOK {
+		t.Fatalf("high at 55%% CPU: %d %s; want 200 at once", resp.StatusCode, b)
+	}
+	itest.Start(t, "deferred worker", w.Run)
+	itest.EventuallyNoError(t, time.Minute, "the task's first run refused by the degraded upstream", func() error {
+		if _, st := getTask(t, g.url, "sk-acme", task.ID); st["runs"] == nil || st["runs"].(float64) < 1 || st["status"] != "queued" {
+			return fmt.Errorf("%v", st)
+		}
+		return nil
+	})
+	f.step(t, s, 0.30, 0.1)
+	itest.EventuallyNoError(t, time.Minute, "the task done once the CPU fell", func() error {
+		if code, st := getTask(t, g.url, "sk-acme", task.ID); st["status"] != "succeeded" {
+			return fmt.Errorf("%d %v", code, st)
+		}
+		return nil
+	})
+	if ev := g.settlement(t, task.ID+"-"+strconv.Itoa(lastRun(t, g, task.ID))); ev.Model != "gpt-4o" || ev.Outcome != schemas.OutcomeOK || ev.Priority != schemas.PriorityLow {
+		t.Fatalf("settlement of the deferred run: %+v", ev)
+	}
+}
+
+// lastRun is the number of task id's last run.
+func lastRun(t *testing.T, g *gw, id string) int {
+	t.Helper()
+	_, st := getTask(t, g.url, "sk-acme", id)
+	n, _ := st["runs"].(float64)
+	return int(n)
 }

@@ -341,6 +341,13 @@ func (g *Guard) Stats() Stats {
 	return Stats{Queue: g.queue.Stats(), InFlight: g.gate.InFlight(), Breaker: g.breaker.Stats(), Level: g.degrader.Level(), Load: g.degrader.Load()}
 }
 
+// Level updates the degradation level from the current load, as Acquire
+// does, and returns it: for a gateway deciding before the call whether a
+// request its level would refuse is better queued for later (a level read
+// from the last Acquire would stay degraded while every request is
+// queued).
+func (g *Guard) Level() priority.Level { return g.degrader.Update(g.load(g.currentLoad())) }
+
 // BreakerState is the state of the upstream's breaker: a gateway tries an
 // upstream whose breaker is open after the others of its model.
 func (g *Guard) BreakerState() State { return g.breaker.Stats().State }
