@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/platform/itest"
 )
 
 // movingHours is a calendar of hours read shift ahead: moving shift on by
@@ -106,3 +108,41 @@ func TestCalendarPeriodQuotaPerUser(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// TestCalendarPeriodFailsOpenLocallyThenReconciles: with Redis cut, a
+// period quota is enforced by the local limiter at this gateway's share
+// of what Redis last said was left, refusing until the period's end; once
+// Redis is back the local debits are in the period's counter.
+func TestCalendarPeriodFailsOpenLocallyThenReconciles(t *testing.T) {
+	prefix := testPrefix(t)
+	direct := testClient(t, "")
+	proxy := itest.NewProxy(t, direct.Options().Addr)
+	c := testClient(t, proxy.Addr())
+	cal := &movingHours{}
+	rule := periodRule(cal)
+	rule.Limit = 10_000
+	l := newTestLimiter(t, c, &Rules{Default: TenantRules{Rules: []Rule{rule}, FailMode: FailOpen}},
+		WithPrefix(prefix), WithGatewayCount(2), WithMaxWait(time.Second))
+	key := tenantKey(prefix, rule, "acme", Scope{User: "bob"})
+	start, end := cal.Bounds(time.Now())
+	req := Request{Tenant: "acme", User: "bob", PromptTokens: 1000}
+	if d := mustAdmit(t, l, req).Decision; !d.Allowed || d.Path != PathRedis {
+		t.Fatalf("before the cut: %+v", d)
+	}
+	proxy.Cut()
+	// Redis said 9,000 were left: this gateway's share is 4,500.
+	for i := range 4 {
+		if d := mustAdmit(t, l, req).Decision; !d.Allowed || d.Path != PathLocal {
+			t.Fatalf("local admission %d: %+v", i, d)
+		}
+	}
+	d := mustAdmit(t, l, req).Decision
+	if d.Allowed || d.Path != PathLocal || d.Rule != "monthly" || d.RetryAfter <= 0 || d.RetryAfter > time.Until(end)+time.Second {
+		t.Fatalf("5th local admission: %+v, want the local limiter's refusal until the period's end", d)
+	}
+	proxy.Restore()
+	field := itoa(start.UnixMilli())
+	itest.Eventually(t, 10*time.Second, "the local debits reconciled into the period's counter", func() bool {
+		return periodFields(t, direct, key)[field] == "5000" && !l.Stats().Down
+	})
+}

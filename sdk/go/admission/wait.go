@@ -46,6 +46,7 @@ type waiter struct {
 	start    time.Time
 	deadline time.Time
 	last     Ticket // the latest refusal, answered when it stops waiting
+	key      string // the instance it waits for; guarded by waitQueue.mu
 	out      chan Ticket
 }
 
@@ -60,7 +61,9 @@ func (w *waiter) before(o *waiter) bool {
 // and that rule lets the request's class wait (Rule.Wait), Acquire holds
 // it until the rule admits it, in priority order with the other waiters
 // of that rule instance, or until its deadline — the earliest of the
-// rule's wait for the class, req.Deadline and ctx's deadline — and then
+// rule's wait for the class, req.Deadline and ctx's deadline; a request
+// that another rule refuses when it is retried waits for that one, within
+// the same deadline — and then
 // returns the admission or the refusal (the usual 429). A request whose
 // deadline comes before the refusal's retry-after is refused at once, as
 // is one that finds WithMaxWaiters requests waiting. Without a rule that
@@ -91,7 +94,7 @@ func (l *Limiter) Acquire(ctx context.Context, req Request) (Ticket, error) {
 	case <-ctx.Done():
 		// Unless a wake-up holds it now (its outcome comes then), the
 		// caller gone ends the wait with the last refusal.
-		if l.dequeue(w, t.refusedBy.key) {
+		if l.dequeue(w) {
 			l.answer(w, w.last)
 		}
 		return <-w.out, nil
@@ -142,6 +145,7 @@ func (l *Limiter) enqueue(w *waiter, key string, wake time.Time, fresh bool) boo
 		k = &waitKey{key: key}
 		q.keys[key] = k
 	}
+	w.key = key
 	k.insert(w)
 	if !k.busy {
 		l.schedule(k, wake)
@@ -172,12 +176,13 @@ func (l *Limiter) schedule(k *waitKey, wake time.Time) {
 	k.timer = time.AfterFunc(time.Until(wake), func() { l.wakeUp(k) })
 }
 
-// dequeue takes w off key's waiters; false if a wake-up already took it.
-func (l *Limiter) dequeue(w *waiter, key string) bool {
+// dequeue takes w off its key's waiters; false if a wake-up already took
+// it.
+func (l *Limiter) dequeue(w *waiter) bool {
 	q := &l.wq
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	k := q.keys[key]
+	k := q.keys[w.key]
 	if k == nil {
 		return false
 	}

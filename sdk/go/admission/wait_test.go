@@ -236,3 +236,41 @@ func TestAcquireCostsNoRedisCallPerWaiterPerTick(t *testing.T) {
 		t.Fatalf("%d script calls for %d waiters, want at most %d", calls, waiters, 4*waiters)
 	}
 }
+
+// A waiter that a wake-up finds refused by another rule waits for that
+// one, and its caller giving up still ends its wait at once.
+func TestAcquireFollowsTheRuleThatRefusesAndStopsWhenTheCallerLeaves(t *testing.T) {
+	prefix := testPrefix(t)
+	bucket := waitBucket(300*time.Millisecond, time.Minute, 0)
+	// Its retry-after (40 s) is within the deadline the first refusal set
+	// (the bucket's wait, a minute).
+	daily := Rule{Name: "daily", Unit: Requests, Algorithm: SlidingWindow, Limit: 1, Window: 40 * time.Second, Exact: true}
+	daily.Wait[schemas.PriorityLow.Index()] = time.Hour
+	l := newTestLimiter(t, testClient(t, ""), &Rules{Default: TenantRules{Rules: []Rule{bucket, daily}}}, WithPrefix(prefix))
+	low := Request{Tenant: "acme", Priority: schemas.PriorityLow}
+	if tk := mustAdmit(t, l, low); !tk.Allowed() {
+		t.Fatalf("first request refused: %+v", tk.Decision)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan Ticket, 1)
+	go func() {
+		tk, _ := l.Acquire(ctx, low)
+		done <- tk
+	}()
+	dailyKey := tenantKey(prefix, daily, "acme", Scope{})
+	itest.Eventually(t, 10*time.Second, "the waiter moves to the daily window once the bucket refilled", func() bool {
+		l.wq.mu.Lock()
+		defer l.wq.mu.Unlock()
+		k := l.wq.keys[dailyKey]
+		return k != nil && len(k.ws) == 1
+	})
+	cancel()
+	select {
+	case tk := <-done:
+		if tk.Allowed() || tk.Decision.Rule != "daily" {
+			t.Fatalf("the cancelled waiter: %+v, want daily's refusal", tk.Decision)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the cancelled waiter is still held (until daily's wake-up, 40 s away)")
+	}
+}
