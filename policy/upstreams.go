@@ -31,6 +31,18 @@ const (
 	ModeGradient  = "gradient"
 )
 
+// Dialects an upstream speaks: the API its base URL serves, which decides
+// the gateway routes it is called from. A request is routed, and fails
+// over or falls back, only to upstreams of its route's dialect.
+const (
+	// DialectOpenAI is OpenAI's API (chat completions, completions,
+	// embeddings, responses), and every provider compatible with it.
+	DialectOpenAI = "openai"
+	// DialectAnthropic is Anthropic's Messages API (/v1/messages), called
+	// with x-api-key and anthropic-version.
+	DialectAnthropic = "anthropic"
+)
+
 // Units a reserved share counts in.
 const (
 	ReserveConcurrency = "concurrency"
@@ -43,9 +55,12 @@ const (
 type Upstream struct {
 	// Name names the upstream in usage events (provider), logs and metrics.
 	Name string
-	// BaseURL is the provider's OpenAI-compatible base URL with its
-	// version path (https://api.openai.com/v1).
+	// BaseURL is the provider's base URL with its version path
+	// (https://api.openai.com/v1, https://api.anthropic.com/v1).
 	BaseURL string
+	// Dialect is the API BaseURL speaks: DialectOpenAI (the default) or
+	// DialectAnthropic.
+	Dialect string
 	// APIKeyEnv or APIKeyFile names where the provider's API key is: an
 	// environment variable or a file of the gateway's host (never the key
 	// itself); neither is an upstream that needs none.
@@ -106,6 +121,7 @@ type Reserved struct {
 
 type rawUpstream struct {
 	BaseURL               string         `yaml:"base_url"`
+	Dialect               string         `yaml:"dialect"`
 	APIKeyEnv             string         `yaml:"api_key_env"`
 	APIKeyFile            string         `yaml:"api_key_file"`
 	Models                []string       `yaml:"models"`
@@ -152,7 +168,7 @@ type rawUpstream struct {
 // most 30 s; degradation levels at 50/70/90% load, retry after 30 s; a
 // breaker that opens for 30 s on 10 failures in a row or half of the
 // calls failing, then lets 5 probes through (docs/priority.md).
-var defaultUpstream = Upstream{Weight: 1, Timeout: 10 * time.Minute, ResponseHeaderTimeout: 60 * time.Second, ConnectTimeout: 5 * time.Second,
+var defaultUpstream = Upstream{Dialect: DialectOpenAI, Weight: 1, Timeout: 10 * time.Minute, ResponseHeaderTimeout: 60 * time.Second, ConnectTimeout: 5 * time.Second,
 	Mode: ModeFixed, Limit: UnlimitedConcurrency, Min: 1, Max: UnlimitedConcurrency, MaxWaiting: 1000, MaxWait: 30 * time.Second,
 	Levels: [3]float64{0.5, 0.7, 0.9}, DegradedRetryAfter: 30 * time.Second,
 	ConsecutiveFailures: 10, ErrorRatio: 0.5, OpenFor: 30 * time.Second, MaxOpenFor: 10 * time.Minute, Probes: 5}
@@ -267,9 +283,16 @@ func (v *validator) upstreams(raw map[string]rawUpstream) map[string]Upstream {
 // serves.
 func (v *validator) upstreamRoute(p string, r rawUpstream, u *Upstream) {
 	if b, err := url.Parse(r.BaseURL); err != nil || (b.Scheme != "http" && b.Scheme != "https") || b.Host == "" {
-		v.fail(p+".base_url", "%q is not an http(s) URL; give the provider's OpenAI-compatible base URL with its version path, e.g. https://api.openai.com/v1", r.BaseURL)
+		v.fail(p+".base_url", "%q is not an http(s) URL; give the provider's base URL with its version path, e.g. https://api.openai.com/v1", r.BaseURL)
 	}
 	u.BaseURL = strings.TrimRight(r.BaseURL, "/")
+	switch r.Dialect {
+	case "":
+	case DialectOpenAI, DialectAnthropic:
+		u.Dialect = r.Dialect
+	default:
+		v.fail(p+".dialect", "%q is not one of openai (the default: OpenAI's API and those compatible with it), anthropic (Anthropic's Messages API)", r.Dialect)
+	}
 	if r.APIKeyEnv != "" && r.APIKeyFile != "" {
 		v.fail(p, "set api_key_env or api_key_file, not both")
 	}

@@ -30,6 +30,7 @@ upstreams:
     breaker: {consecutive_failures: 10, open_for: 30s}
     reserved: {unit: requests, capacity: 600, saturation: 0.7, shares: {critical: 0.5, high: 0.2}}
   local: {base_url: "http://10.0.0.5:8000/v1", models: ["*"]}
+  claude: {base_url: "https://api.anthropic.com/v1", dialect: anthropic, models: ["claude-*"]}
 fallbacks:
   gpt-4o: [gpt-4o-mini, gpt-4.1-nano]
 `), "p.yaml")
@@ -56,12 +57,15 @@ fallbacks:
 	if opts, err := u.GuardOptions(); err != nil || len(opts) < 5 {
 		t.Errorf("guard options: %d, %v", len(opts), err)
 	}
+	if claude, _ := p.Upstream("claude"); claude.Dialect != DialectAnthropic || u.Dialect != DialectOpenAI {
+		t.Errorf("dialects: claude %q, openai %q (the default)", claude.Dialect, u.Dialect)
+	}
 	local, _ := p.Upstream("local")
 	if local.Weight != 1 || local.Timeout != 10*time.Minute || local.Mode != ModeFixed || local.Limit != UnlimitedConcurrency ||
 		local.ConsecutiveFailures != 10 || local.OpenFor != 30*time.Second || local.Reserved != nil {
 		t.Errorf("an entry that says only where it is gets no concurrency limit and the default breaker: %+v", local)
 	}
-	if _, ok := p.Upstream("other"); ok || len(p.UpstreamNames()) != 2 {
+	if _, ok := p.Upstream("other"); ok || len(p.UpstreamNames()) != 3 {
 		t.Errorf("names: %v", p.UpstreamNames())
 	}
 	if fb := p.Fallbacks("gpt-4o"); len(fb) != 2 || fb[0] != "gpt-4o-mini" || p.Fallbacks("gpt-4o-mini") != nil {
@@ -74,6 +78,7 @@ func TestUpstreamsBadInputNamesFieldAndLimit(t *testing.T) {
 upstreams:
   u:
     base_url: ftp://x
+    dialect: gemini
     api_key_env: A
     api_key_file: /a
     models: ["["]
@@ -92,7 +97,7 @@ fallbacks:
 		t.Fatal("accepted")
 	}
 	for _, want := range []string{
-		"upstreams.u.base_url: \"ftp://x\" is not an http(s) URL", "upstreams.u: set api_key_env or api_key_file, not both",
+		"upstreams.u.base_url: \"ftp://x\" is not an http(s) URL", "upstreams.u.dialect: \"gemini\" is not one of openai", "upstreams.u: set api_key_env or api_key_file, not both",
 		"upstreams.u.models.0: \"[\" is not a valid pattern", "upstreams.u.weight: 2000 is outside 0..1000",
 		"upstreams.u.response_header_timeout: 2s is longer than its timeout (1s)",
 		"upstreams.u.concurrency.mode", "upstreams.u.concurrency: limit 500", "upstreams.u.tenant_share", "upstreams.u.degradation.levels",
