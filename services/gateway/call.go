@@ -24,6 +24,7 @@ type call struct {
 	req       request
 	body      []byte
 	endpoint  string
+	dialect   string // the API of the route called (policy.Dialect*)
 	ep        estimate.Endpoint
 	route     string
 	ups       []*provider
@@ -44,6 +45,9 @@ type call struct {
 	usage      middleware.Usage
 	source     usageSource
 	upstreamID string
+	// relaying is set once the upstream's answer is being relayed: from
+	// then on what is written is the provider's, not the gateway's.
+	relaying bool
 
 	// How the call ended (end): the usage event's outcome, empty while it
 	// runs and for a call whose client left (nobody's failure), and the

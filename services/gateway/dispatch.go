@@ -52,7 +52,7 @@ func (s *Server) dispatch(ctx context.Context, w http.ResponseWriter, in http.He
 	for mi, model := range models {
 		ups := c.ups
 		if mi > 0 {
-			if ups, _ = s.routes.Load().lookup(model); ups == nil {
+			if ups, _ = s.routes.Load().lookup(c.dialect, model); ups == nil {
 				continue
 			}
 		}
@@ -235,14 +235,7 @@ func (s *Server) attempt(ctx context.Context, u *provider, suffix string, body [
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "sluice-gateway")
 	req.Header.Set(headerRequestID, requestID)
-	if u.key != "" {
-		req.Header.Set("Authorization", "Bearer "+u.key)
-	}
-	for _, k := range []string{"Accept", "Openai-Beta"} {
-		if v := in.Get(k); v != "" {
-			req.Header.Set(k, v)
-		}
-	}
+	setUpstreamAuth(req, u, in)
 	start := time.Now()
 	resp, err := u.client.Do(req)
 	elapsed := time.Since(start).Seconds()

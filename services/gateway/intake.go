@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/estimate"
 	"github.com/sluicehq/sluice/sdk/go/priority"
@@ -33,8 +34,13 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 	defer s.inflight.Done()
 	s.m.inflight.Inc()
 	defer s.m.inflight.Dec()
-	rw := &recorder{ResponseWriter: w, start: s.now()}
-	c := &call{endpoint: r.URL.Path, start: rw.start, route: "unknown"}
+	c := &call{endpoint: r.URL.Path, start: s.now(), route: "unknown", dialect: dialectOf(r.URL.Path)}
+	if c.dialect == policy.DialectAnthropic {
+		aw := &anthropicWriter{ResponseWriter: w, c: c, now: s.now}
+		defer aw.finish() // after the access log: it writes the held error
+		w = aw
+	}
+	rw := &recorder{ResponseWriter: w, start: c.start}
 	c.ep, _ = estimate.EndpointOf(r.URL.Path)
 	c.requestID = r.Header.Get(headerRequestID)
 	if !validID(c.requestID) {
@@ -90,7 +96,7 @@ func (s *Server) intakeModel(w http.ResponseWriter, c *call) bool {
 			fmt.Sprintf("You must provide a model parameter (1 to %d bytes).", schemas.MaxModelLen))
 		return false
 	}
-	c.ups, c.route = s.routes.Load().lookup(model)
+	c.ups, c.route = s.routes.Load().lookup(c.dialect, model)
 	switch {
 	case !c.caller.MayUse(model):
 		c.badParam(w, http.StatusForbidden, "model", "model_not_allowed",
@@ -189,7 +195,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) *frontend.
 }
 
 // badKeyMessage answers a request without a known tenant key.
-const badKeyMessage = "Incorrect API key provided. Send a Sluice gateway key as Authorization: Bearer <key>."
+const badKeyMessage = "Incorrect API key provided. Send a Sluice gateway key as Authorization: Bearer <key> (or x-api-key: <key>)."
 
 // callerOf returns the tenant key r authenticates with (a deferred task's
 // run: its key), nil for none.
@@ -198,6 +204,9 @@ func (s *Server) callerOf(r *http.Request) *frontend.Caller {
 		return c
 	}
 	key, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if key == "" {
+		key = r.Header.Get("X-Api-Key") // Anthropic's clients send their key so
+	}
 	return s.keys.Authenticate(strings.TrimSpace(key))
 }
 

@@ -1,0 +1,260 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/demo/mockllm"
+	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/ratelimit"
+)
+
+// upstreamAnthropicKey is the provider's credential the tests' gateways
+// hold; the mock refuses any other.
+const upstreamAnthropicKey = "sk-ant-upstream"
+
+// charges is the mock provider's log of what it billed.
+type charges struct {
+	mu  sync.Mutex
+	all []mockllm.Charge
+}
+
+func (c *charges) add(ch mockllm.Charge) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.all = append(c.all, ch)
+}
+
+func (c *charges) list() []mockllm.Charge {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]mockllm.Charge(nil), c.all...)
+}
+
+// anthropicGateway is a gateway with an Anthropic upstream (the mock, for
+// claude-*) beside an OpenAI one (for gpt-*), and the mock's bill.
+func anthropicGateway(t *testing.T, opts mockllm.Options, deps Deps) (*gw, *charges) {
+	t.Helper()
+	bill := &charges{}
+	opts.AnthropicKey, opts.Charged = upstreamAnthropicKey, bill.add
+	t.Setenv("SLUICE_TEST_ANTHROPIC_KEY", upstreamAnthropicKey)
+	tg := testConfig(t,
+		Upstream{Name: "anthropic", BaseURL: mock(t, opts), Dialect: policy.DialectAnthropic, APIKeyEnv: "SLUICE_TEST_ANTHROPIC_KEY", Models: []string{"claude-*"}},
+		Upstream{Name: "openai", BaseURL: mock(t, mockllm.Options{}), Models: []string{"gpt-*"}})
+	return startGateway(t, tg, deps), bill
+}
+
+// postAnthropic sends body to path as Anthropic's clients do: the tenant
+// key in x-api-key, with anthropic-version.
+func postAnthropic(t *testing.T, url, path, key, body string, header ...string) (*http.Response, string) {
+	t.Helper()
+	return itest.Send(t, http.MethodPost, url+path, body, append([]string{"X-Api-Key", key, "Anthropic-Version", "2023-06-01",
+		"Content-Type", "application/json"}, header...)...)
+}
+
+// wantCharged checks that the settlement carries the mock's bill token
+// type by token type (Anthropic's input leaves the cache out; the event's
+// prompt counts all of it).
+func wantCharged(t *testing.T, what string, ev schemas.UsageEvent, ch mockllm.Charge) {
+	t.Helper()
+	if ev.PromptTokens != ch.Input+ch.CacheRead+ch.CacheWrite || ev.CachedTokens != ch.CacheRead ||
+		ev.CacheWriteTokens != ch.CacheWrite || ev.CompletionTokens != ch.Output {
+		t.Errorf("%s: settled prompt %d (cache read %d, write %d), completion %d; the provider billed input %d, cache read %d, cache write %d, output %d",
+			what, ev.PromptTokens, ev.CachedTokens, ev.CacheWriteTokens, ev.CompletionTokens, ch.Input, ch.CacheRead, ch.CacheWrite, ch.Output)
+	}
+}
+
+// TestAnthropicMessagesMeteredAsBilled: /v1/messages, authenticated by
+// the tenant's key in x-api-key, reaches the Anthropic upstream with the
+// upstream's own key, and each call — plain, streamed, with the prompt
+// cache read and written — is settled with what the provider billed, token
+// type by token type; the provider's answer reaches the client unchanged.
+func TestAnthropicMessagesMeteredAsBilled(t *testing.T) {
+	g, bill := anthropicGateway(t, mockllm.Options{}, Deps{})
+	long := strings.Repeat("z", 4*3000)
+	for i, tc := range []struct {
+		name, body string
+		cache      bool
+	}{
+		{"plain", `{"model":"claude-sonnet-4-5","max_tokens":12,"messages":[{"role":"user","content":"hello there"}]}`, false},
+		{"cached", `{"model":"claude-sonnet-4-5","max_tokens":20,"system":[{"type":"text","text":"` + long +
+			`","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":"and now?"}]}`, true},
+		{"stream", `{"model":"claude-haiku-4-5","max_tokens":9,"stream":true,"messages":[{"role":"user","content":"stream it"}]}`, false},
+		{"stream cached", `{"model":"claude-haiku-4-5","max_tokens":7,"stream":true,"system":[{"type":"text","text":"` + long +
+			`","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":"go"}]}`, true},
+	} {
+		id := "anth-" + strings.ReplaceAll(tc.name, " ", "-")
+		resp, body := postAnthropic(t, g.url, "/v1/messages", "sk-acme", tc.body, "X-Request-Id", id)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", tc.name, resp.StatusCode, body)
+		}
+		if strings.Contains(tc.name, "stream") != strings.Contains(body, "event: message_delta") {
+			t.Errorf("%s: the provider's answer was not relayed as it is: %s", tc.name, body)
+		}
+		got := bill.list()
+		if len(got) != i+1 || got[i].Key != upstreamAnthropicKey {
+			t.Fatalf("%s: the provider billed %+v; want one more call, with the upstream's key", tc.name, got)
+		}
+		ch := got[i]
+		if tc.cache != (ch.CacheRead > 0 && ch.CacheWrite > 0) {
+			t.Fatalf("%s: the mock billed %+v; the test wants the cache used exactly when the request asks", tc.name, ch)
+		}
+		ev := g.settlement(t, id)
+		wantCharged(t, tc.name, ev, ch)
+		if ev.Provider != "anthropic" || ev.Endpoint != "/v1/messages" || ev.Tenant != "acme" || ev.Outcome != schemas.OutcomeOK ||
+			ev.Attributes["usage"] != "" || ev.Attributes["upstream_request_id"] != "" && !strings.HasPrefix(ev.Attributes["upstream_request_id"], "req_") {
+			t.Errorf("%s: settlement %+v", tc.name, ev)
+		}
+	}
+	// count_tokens is passed through and bills nothing.
+	before := len(g.sink.Events())
+	resp, body := postAnthropic(t, g.url, "/v1/messages/count_tokens", "sk-acme",
+		`{"model":"claude-sonnet-4-5","messages":[{"role":"user","content":"hello there"}]}`)
+	if resp.StatusCode != 200 || !strings.Contains(body, `"input_tokens":`+itoa(mockllm.PromptTokens("hello there"))) {
+		t.Errorf("count_tokens: %d %s", resp.StatusCode, body)
+	}
+	if n := len(g.sink.Events()); n != before {
+		t.Errorf("count_tokens emitted %d usage events; it bills nothing", n-before)
+	}
+}
+
+func itoa(n int64) string { b, _ := json.Marshal(n); return string(b) }
+
+// TestAnthropicRoutesStayInTheirDialect: a Claude model is not served on
+// OpenAI's routes nor an OpenAI model on Anthropic's (no upstream of the
+// route's dialect serves it), and the gateway's refusals on Anthropic's
+// route are Anthropic's error shape.
+func TestAnthropicRoutesStayInTheirDialect(t *testing.T) {
+	g, bill := anthropicGateway(t, mockllm.Options{}, Deps{})
+	resp, body := post(t, g.url, "/v1/chat/completions", "sk-acme", `{"model":"claude-sonnet-4-5","messages":[{"role":"user","content":"x"}]}`)
+	if resp.StatusCode != http.StatusNotFound || !strings.Contains(body, "model_not_found") {
+		t.Errorf("claude on chat completions: %d %s", resp.StatusCode, body)
+	}
+	for _, tc := range []struct {
+		key, body string
+		status    int
+		typ       string
+	}{
+		{"sk-acme", `{"model":"gpt-4o","max_tokens":5,"messages":[{"role":"user","content":"x"}]}`, http.StatusNotFound, "not_found_error"},
+		{"sk-nobody", `{"model":"claude-sonnet-4-5","max_tokens":5,"messages":[{"role":"user","content":"x"}]}`, http.StatusUnauthorized, "authentication_error"},
+		{"sk-mini-only", `{"model":"claude-sonnet-4-5","max_tokens":5,"messages":[{"role":"user","content":"x"}]}`, http.StatusForbidden, "permission_error"},
+		{"sk-acme", `{"model":"claude-sonnet-4-5","model":"x"}`, http.StatusBadRequest, "invalid_request_error"},
+	} {
+		resp, body := postAnthropic(t, g.url, "/v1/messages", tc.key, tc.body)
+		var e struct {
+			Type  string `json:"type"`
+			Error struct{ Type, Message string }
+		}
+		if err := json.Unmarshal([]byte(body), &e); err != nil || resp.StatusCode != tc.status || e.Type != "error" ||
+			e.Error.Type != tc.typ || e.Error.Message == "" {
+			t.Errorf("%s %s: %d %s; want %d with Anthropic's error %s", tc.key, tc.body, resp.StatusCode, body, tc.status, tc.typ)
+		}
+	}
+	if got := bill.list(); len(got) != 0 {
+		t.Errorf("the Anthropic upstream billed %+v for calls the gateway refused", got)
+	}
+}
+
+// anthropicAdmitter refuses every call as over a tokens-per-minute limit,
+// and records what it was asked.
+type anthropicAdmitter struct {
+	mu    sync.Mutex
+	asked []frontend.AdmitRequest
+}
+
+func (a *anthropicAdmitter) Admit(_ context.Context, req frontend.AdmitRequest) frontend.Admission {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.asked = append(a.asked, req)
+	return frontend.Admission{Refused: &frontend.Refusal{Status: 429, RetryAfter: 4 * time.Second, Error: ratelimit.Error{Type: ratelimit.TypeTokens,
+		Code: ratelimit.CodeRateLimitExceeded, Message: "Tenant acme has reached its acme-tpm limit of 100 tokens per minute."}},
+		Limits: []ratelimit.Limit{{Unit: ratelimit.Tokens, Limit: 100, Remaining: 0, Reset: 4 * time.Second}}}
+}
+
+// TestAnthropicRefusalsAreAnthropics: a flag's and admission's refusals on
+// /v1/messages are 429 with Anthropic's rate_limit_error naming the
+// limit, Retry-After and anthropic-ratelimit-* headers (what Anthropic's
+// SDKs read to raise RateLimitError), and admission is asked with the
+// estimate of the Anthropic request (its prompt, its max_tokens).
+func TestAnthropicRefusalsAreAnthropics(t *testing.T) {
+	req := `{"model":"claude-sonnet-4-5","max_tokens":321,"system":"be brief","messages":[{"role":"user","content":"what is a token bucket?"}]}`
+	g, _ := anthropicGateway(t, mockllm.Options{}, Deps{Checker: refusing{}})
+	resp, body := postAnthropic(t, g.url, "/v1/messages", "sk-acme", req)
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "7" ||
+		!strings.Contains(body, `"type":"rate_limit_error"`) || !strings.Contains(body, "tokens_per_minute") || strings.Contains(body, `"code"`) {
+		t.Errorf("flag refusal: %d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	adm := &anthropicAdmitter{}
+	g2, bill := anthropicGateway(t, mockllm.Options{}, Deps{Limits: &frontend.Limits{Admit: adm}})
+	at := time.Now()
+	resp, body = postAnthropic(t, g2.url, "/v1/messages", "sk-acme", req, "X-Request-Id", "anth-refused")
+	reset, err := time.Parse(time.RFC3339, resp.Header.Get("Anthropic-Ratelimit-Tokens-Reset"))
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "4" || !strings.Contains(body, `"type":"rate_limit_error"`) ||
+		!strings.Contains(body, "acme-tpm") || resp.Header.Get("Anthropic-Ratelimit-Tokens-Limit") != "100" ||
+		resp.Header.Get("Anthropic-Ratelimit-Tokens-Remaining") != "0" || resp.Header.Get("X-Ratelimit-Limit-Tokens") != "" ||
+		err != nil || reset.Before(at.Add(2*time.Second)) || reset.After(at.Add(time.Minute)) {
+		t.Errorf("admission refusal: %d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	if len(adm.asked) != 1 || adm.asked[0].EstimatePrompt <= 0 || adm.asked[0].EstimateCompletion != 321 || adm.asked[0].Endpoint != "/v1/messages" {
+		t.Errorf("admission asked %+v; want the request's prompt estimated and its max_tokens", adm.asked)
+	}
+	if ev := g2.settlement(t, "anth-refused"); ev.Outcome != schemas.OutcomeRejected || ev.TotalTokens() != 0 {
+		t.Errorf("refusal settled as %+v", ev)
+	}
+	if got := bill.list(); len(got) != 0 {
+		t.Errorf("the provider billed %+v for refused calls", got)
+	}
+}
+
+// TestAnthropicStreamCutByTheClient: a client that leaves an Anthropic
+// stream cuts the provider's call; the settlement has the prompt and its
+// cache parts exactly as the provider billed them (message_start carried
+// them) and the output relayed until the cut, counted with the gateway's
+// tokenizer, an approximation of the provider's (the mock bills a word a
+// token; the gateway counts the words it relayed differently), so it is
+// held only to at least a token per delta read and less than the whole
+// answer.
+func TestAnthropicStreamCutByTheClient(t *testing.T) {
+	g, bill := anthropicGateway(t, mockllm.Options{ChunkDelay: 20 * time.Millisecond}, Deps{})
+	long := strings.Repeat("q", 4*3000)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	resp, rd := openStream(t, ctx, g.url, "/v1/messages", "sk-acme",
+		`{"model":"claude-sonnet-4-5","max_tokens":30,"stream":true,"system":[{"type":"text","text":"`+long+
+			`","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":"go on"}]}`,
+		"X-Request-Id", "anth-cut", "X-Api-Key", "sk-acme", "Anthropic-Version", "2023-06-01", "Authorization", "")
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	deltas := 0
+	for deltas < 3 {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(line, "event: content_block_delta") {
+			deltas++
+		}
+	}
+	cancel()
+	resp.Body.Close()
+	itest.Eventually(t, 10*time.Second, "the provider's bill of the cut stream", func() bool { return len(bill.list()) == 1 })
+	itest.Eventually(t, 10*time.Second, "the settlement", func() bool { return len(g.sink.Events()) == 2 })
+	ch, ev := bill.list()[0], g.settlement(t, "anth-cut")
+	if !ch.Cut || ch.Output >= 30 {
+		t.Fatalf("the mock billed %+v; the test needs a stream cut before its end", ch)
+	}
+	if ev.PromptTokens != ch.Input+ch.CacheRead+ch.CacheWrite || ev.CachedTokens != ch.CacheRead || ev.CacheWriteTokens != ch.CacheWrite ||
+		ev.CompletionTokens < 3 || ev.CompletionTokens >= 30 ||
+		ev.Attributes["cancelled"] != "client" || ev.Attributes["usage"] != "counted" || ev.Outcome == schemas.OutcomeError {
+		t.Errorf("settlement %+v; the provider billed %+v", ev, ch)
+	}
+}
