@@ -3,7 +3,11 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -256,5 +260,98 @@ func TestAnthropicStreamCutByTheClient(t *testing.T) {
 		ev.CompletionTokens < 3 || ev.CompletionTokens >= 30 ||
 		ev.Attributes["cancelled"] != "client" || ev.Attributes["usage"] != "counted" || ev.Outcome == schemas.OutcomeError {
 		t.Errorf("settlement %+v; the provider billed %+v", ev, ch)
+	}
+}
+
+// anthropicPython returns an interpreter with Anthropic's official client
+// (the test virtualenv: sdk/python/requirements-test.txt pins it),
+// skipping the test when there is none — failing it under CI=true.
+func anthropicPython(t *testing.T) string {
+	t.Helper()
+	py := os.Getenv("SLUICE_ANTHROPIC_PYTHON")
+	if py == "" {
+		py = filepath.Join(itest.ServicesDir(t), "venv", "bin", "python")
+	}
+	// find_spec, not an import: importing the client takes seconds here.
+	if err := exec.Command(py, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('anthropic') is None)").Run(); err != nil {
+		msg := fmt.Sprintf("python with the anthropic package (%s): %v; run `make pyenv`", py, err)
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return py
+}
+
+// TestOfficialAnthropicClient: Anthropic's Python client, unchanged,
+// against the gateway in front of the mock provider: plain, cached and
+// streamed messages work as the client expects and each is settled with
+// the usage the client saw, which is what the provider billed, token type
+// by token type; a stream the client leaves is settled with the prompt as
+// billed and the output relayed, counted; count_tokens answers; a tenant
+// the flags refuse raises the client's own RateLimitError naming the limit.
+func TestOfficialAnthropicClient(t *testing.T) {
+	py := anthropicPython(t)
+	g, bill := anthropicGateway(t, mockllm.Options{ChunkDelay: 10 * time.Millisecond}, Deps{})
+	refusingGW, _ := anthropicGateway(t, mockllm.Options{}, Deps{Checker: refusing{}})
+	cmd := exec.Command(py, "testdata/anthropic_client.py")
+	cmd.Env = append(os.Environ(), "GW_URL="+g.url, "GW_REFUSING_URL="+refusingGW.url, "SLUICE_KEY=sk-acme",
+		"NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("the Anthropic client script failed: %v\n%s\n%s", err, stderr.String(), out)
+	}
+	var res struct {
+		Usage       map[string]anthropicUsage `json:"usage"`
+		Text        string                    `json:"text"`
+		CutDeltas   int                       `json:"cut_deltas"`
+		CountTokens int64                     `json:"count_tokens"`
+		Refused     *struct {
+			Status        int
+			Type, Message string
+			RetryAfter    string `json:"retry_after"`
+		} `json:"refused"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	for _, id := range []string{"py-plain", "py-cached", "py-stream"} {
+		u, ok := res.Usage[id]
+		if !ok {
+			t.Fatalf("the client saw no usage for %s: %s", id, out)
+		}
+		ev := g.settlement(t, id)
+		if want := u.usage(); ev.PromptTokens != want.PromptTokens || ev.CachedTokens != want.CachedTokens ||
+			ev.CacheWriteTokens != want.CacheWriteTokens || ev.CompletionTokens != want.CompletionTokens || ev.Attributes["usage"] != "" {
+			t.Errorf("%s: settled %+v; the client saw %+v", id, ev, u)
+		}
+	}
+	if c := res.Usage["py-cached"]; c.CacheReadInputTokens == 0 || c.CacheCreationInputTokens == 0 {
+		t.Errorf("the cached call read or wrote no cache: %+v", c)
+	}
+	if res.Text == "" || res.CutDeltas != 3 || res.CountTokens != mockllm.PromptTokens("hello there") {
+		t.Errorf("client results: %s", out)
+	}
+	itest.Eventually(t, 10*time.Second, "the cut stream's bill and settlement", func() bool {
+		n := 0
+		for _, ev := range g.sink.Events() {
+			if ev.Attributes["request_id"] == "py-cut" && !ev.Estimated {
+				n++
+			}
+		}
+		return len(bill.list()) == 4 && n == 1
+	})
+	ch, ev := bill.list()[3], g.settlement(t, "py-cut")
+	if !ch.Cut || ev.PromptTokens != ch.Input || ev.CompletionTokens < 3 || ev.CompletionTokens >= 30 ||
+		ev.Attributes["cancelled"] != "client" || ev.Attributes["usage"] != "counted" {
+		t.Errorf("cut stream settled %+v; the provider billed %+v", ev, ch)
+	}
+	for i, id := range []string{"py-plain", "py-cached", "py-stream"} {
+		wantCharged(t, id, g.settlement(t, id), bill.list()[i])
+	}
+	if r := res.Refused; r == nil || r.Status != 429 || r.Type != "rate_limit_error" || !strings.Contains(r.Message, "tokens_per_minute") || r.RetryAfter != "7" {
+		t.Errorf("the refused call raised %+v; want RateLimitError, 429, rate_limit_error naming the limit, retry-after 7", r)
 	}
 }
