@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/itest"
@@ -117,6 +119,13 @@ func TestAnthropicMessagesMeteredAsBilled(t *testing.T) {
 			ev.Attributes["usage"] != "" || ev.Attributes["upstream_request_id"] != "" && !strings.HasPrefix(ev.Attributes["upstream_request_id"], "req_") {
 			t.Errorf("%s: settlement %+v", tc.name, ev)
 		}
+	}
+	var written int64
+	for _, ch := range bill.list() {
+		written += ch.CacheWrite
+	}
+	if got := testutil.ToFloat64(g.m.tokens.WithLabelValues("enterprise", "claude-*", "cache_write")); written == 0 || got != float64(written) {
+		t.Errorf("sluice_gateway_tokens_total{kind=cache_write} is %v; the provider billed %d cache writes", got, written)
 	}
 	// count_tokens is passed through and bills nothing.
 	before := len(g.sink.Events())

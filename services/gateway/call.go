@@ -170,7 +170,7 @@ func (s *Server) finish(rw *recorder, c *call) {
 	}
 	if c.source.billed() {
 		for kind, n := range map[string]int64{"prompt": c.usage.PromptTokens, "completion": c.usage.CompletionTokens,
-			"cached": c.usage.CachedTokens, "reasoning": c.usage.ReasoningTokens} {
+			"cached": c.usage.CachedTokens, "cache_write": c.usage.CacheWriteTokens, "reasoning": c.usage.ReasoningTokens} {
 			if n > 0 {
 				s.m.tokens.WithLabelValues(class, c.route, kind).Add(float64(n))
 			}
