@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"maps"
 	"net/url"
 	"path"
 	"slices"
@@ -41,7 +42,16 @@ const (
 	// DialectAnthropic is Anthropic's Messages API (/v1/messages), called
 	// with x-api-key and anthropic-version.
 	DialectAnthropic = "anthropic"
+	// DialectAzure is Azure OpenAI: OpenAI's API under deployment URLs
+	// (<base_url>/deployments/<deployment>/chat/completions?api-version=),
+	// called with api-key. It serves OpenAI's routes: its requests and
+	// answers are OpenAI's.
+	DialectAzure = "azure"
 )
+
+// DefaultAzureAPIVersion is the api-version of an azure upstream that
+// names none: a generally available version of Azure OpenAI's data plane.
+const DefaultAzureAPIVersion = "2024-10-21"
 
 // Units a reserved share counts in.
 const (
@@ -58,9 +68,14 @@ type Upstream struct {
 	// BaseURL is the provider's base URL with its version path
 	// (https://api.openai.com/v1, https://api.anthropic.com/v1).
 	BaseURL string
-	// Dialect is the API BaseURL speaks: DialectOpenAI (the default) or
-	// DialectAnthropic.
+	// Dialect is the API BaseURL speaks: DialectOpenAI (the default),
+	// DialectAnthropic or DialectAzure.
 	Dialect string
+	// APIVersion and Deployments are an azure upstream's: the api-version
+	// of its calls, and the deployment serving each model (a model it does
+	// not name is served by the deployment of the same name).
+	APIVersion  string
+	Deployments map[string]string
 	// APIKeyEnv or APIKeyFile names where the provider's API key is: an
 	// environment variable or a file of the gateway's host (never the key
 	// itself); neither is an upstream that needs none.
@@ -120,15 +135,17 @@ type Reserved struct {
 }
 
 type rawUpstream struct {
-	BaseURL               string         `yaml:"base_url"`
-	Dialect               string         `yaml:"dialect"`
-	APIKeyEnv             string         `yaml:"api_key_env"`
-	APIKeyFile            string         `yaml:"api_key_file"`
-	Models                []string       `yaml:"models"`
-	Weight                int            `yaml:"weight"`
-	Timeout               *time.Duration `yaml:"timeout"`
-	ResponseHeaderTimeout *time.Duration `yaml:"response_header_timeout"`
-	ConnectTimeout        *time.Duration `yaml:"connect_timeout"`
+	BaseURL               string            `yaml:"base_url"`
+	Dialect               string            `yaml:"dialect"`
+	APIVersion            string            `yaml:"api_version"`
+	Deployments           map[string]string `yaml:"deployments"`
+	APIKeyEnv             string            `yaml:"api_key_env"`
+	APIKeyFile            string            `yaml:"api_key_file"`
+	Models                []string          `yaml:"models"`
+	Weight                int               `yaml:"weight"`
+	Timeout               *time.Duration    `yaml:"timeout"`
+	ResponseHeaderTimeout *time.Duration    `yaml:"response_header_timeout"`
+	ConnectTimeout        *time.Duration    `yaml:"connect_timeout"`
 
 	Shared      *bool `yaml:"shared"`
 	Concurrency *struct {
@@ -288,10 +305,28 @@ func (v *validator) upstreamRoute(p string, r rawUpstream, u *Upstream) {
 	u.BaseURL = strings.TrimRight(r.BaseURL, "/")
 	switch r.Dialect {
 	case "":
-	case DialectOpenAI, DialectAnthropic:
+	case DialectOpenAI, DialectAnthropic, DialectAzure:
 		u.Dialect = r.Dialect
 	default:
-		v.fail(p+".dialect", "%q is not one of openai (the default: OpenAI's API and those compatible with it), anthropic (Anthropic's Messages API)", r.Dialect)
+		v.fail(p+".dialect", "%q is not one of openai (the default: OpenAI's API and those compatible with it), anthropic (Anthropic's Messages API), azure (Azure OpenAI's deployment URLs)", r.Dialect)
+	}
+	if (r.APIVersion != "" || len(r.Deployments) > 0) && u.Dialect != DialectAzure {
+		v.fail(p, "api_version and deployments are an azure upstream's (dialect: azure), not %s's", u.Dialect)
+	}
+	if u.Dialect == DialectAzure {
+		u.APIVersion = DefaultAzureAPIVersion
+		if r.APIVersion != "" {
+			u.APIVersion = r.APIVersion
+		}
+		if len(u.APIVersion) > 32 || strings.ContainsAny(u.APIVersion, "&#?/ ") {
+			v.fail(p+".api_version", "%q is not an api-version (at most 32 bytes, e.g. 2024-10-21)", u.APIVersion)
+		}
+		for m, d := range r.Deployments {
+			if d == "" || len(d) > 64 || strings.ContainsAny(d, "/?#%& ") {
+				v.fail(p+".deployments."+m, "%q is not a deployment name (1..64 bytes, no /?#%%& or spaces)", d)
+			}
+		}
+		u.Deployments = maps.Clone(r.Deployments)
 	}
 	if r.APIKeyEnv != "" && r.APIKeyFile != "" {
 		v.fail(p, "set api_key_env or api_key_file, not both")

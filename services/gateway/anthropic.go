@@ -43,26 +43,6 @@ func dialectOf(path string) string {
 	return policy.DialectOpenAI
 }
 
-// setUpstreamAuth sets the headers that authenticate the gateway to u and
-// the client's headers u's API reads: never the client's credential.
-func setUpstreamAuth(req *http.Request, u *provider, in http.Header) {
-	pass := []string{"Accept", "Openai-Beta"}
-	if u.cfg.Dialect == policy.DialectAnthropic {
-		if u.key != "" {
-			req.Header.Set("X-Api-Key", u.key)
-		}
-		req.Header.Set("Anthropic-Version", anthropicVersion)
-		pass = []string{"Accept", "Anthropic-Version", "Anthropic-Beta"}
-	} else if u.key != "" {
-		req.Header.Set("Authorization", "Bearer "+u.key)
-	}
-	for _, k := range pass {
-		if v := in.Get(k); v != "" {
-			req.Header.Set(k, v)
-		}
-	}
-}
-
 // anthropicUsage is the usage block of Anthropic's messages, of
 // message_start's message and of message_delta. input_tokens leaves the
 // cache out: the prompt billed is the three input counts together.
@@ -329,7 +309,7 @@ func (s *Server) serveCountTokens(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	u := order(c.ups, 1, s.broken)[0]
-	resp, done, err := s.attempt(r.Context(), u, strings.TrimPrefix(pathCountTokens, "/v1"), c.body, c.requestID, r.Header)
+	resp, done, err := s.attempt(r.Context(), u, u.url(strings.TrimPrefix(pathCountTokens, "/v1"), c.req.Model), c.body, c.requestID, r.Header)
 	if err != nil {
 		writeError(aw, http.StatusBadGateway, "api_error", "upstream_unavailable", fmt.Sprintf("The model provider (%s) could not be reached.", u.cfg.Name))
 		return

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/concurrency"
 	"github.com/sluicehq/sluice/sdk/go/estimate"
@@ -99,7 +100,7 @@ func (s *Server) tryModel(ctx context.Context, w http.ResponseWriter, in http.He
 		}
 		c.attempts++
 		c.upstream, ex.provider, ex.model = u.cfg.Name, u, model
-		resp, done, err := s.attempt(callContext(ctx, c), u, strings.TrimPrefix(c.endpoint, "/v1"), body, c.requestID, in)
+		resp, done, err := s.attempt(callContext(ctx, c), u, u.url(strings.TrimPrefix(c.endpoint, "/v1"), model), body, c.requestID, in)
 		last := i == len(cands)-1
 		if err != nil {
 			p.Settle(0) // no answer: no tokens spent
@@ -221,13 +222,13 @@ func (s *Server) answerNoExchange(w http.ResponseWriter, r *http.Request, c *cal
 	}
 }
 
-// attempt sends one request to u. done releases the attempt's context
+// attempt sends one request to u, at target. done releases the attempt's context
 // once its answer has been relayed.
-func (s *Server) attempt(ctx context.Context, u *provider, suffix string, body []byte, requestID string, in http.Header) (*http.Response, func(), error) {
+func (s *Server) attempt(ctx context.Context, u *provider, target string, body []byte, requestID string, in http.Header) (*http.Response, func(), error) {
 	actx, cancel := context.WithTimeout(ctx, u.cfg.Timeout)
 	stop := context.AfterFunc(s.hardStop, cancel) // shutdown's end cuts every call
 	done := func() { stop(); cancel() }
-	req, err := http.NewRequestWithContext(actx, http.MethodPost, u.cfg.BaseURL+suffix, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(actx, http.MethodPost, target, bytes.NewReader(body))
 	if err != nil {
 		done()
 		return nil, nil, err
@@ -261,6 +262,30 @@ func (s *Server) attempt(ctx context.Context, u *provider, suffix string, body [
 	}
 	s.m.upstream.WithLabelValues(u.cfg.Name, result).Observe(elapsed)
 	return resp, done, nil
+}
+
+// setUpstreamAuth sets the headers that authenticate the gateway to u in
+// its dialect (Authorization: Bearer, Anthropic's x-api-key and
+// anthropic-version, Azure's api-key) and the client's headers u's API
+// reads: never the client's credential.
+func setUpstreamAuth(req *http.Request, u *provider, in http.Header) {
+	pass := []string{"Accept", "Openai-Beta"}
+	if u.cfg.Dialect == policy.DialectAnthropic {
+		if u.key != "" {
+			req.Header.Set("X-Api-Key", u.key)
+		}
+		req.Header.Set("Anthropic-Version", anthropicVersion)
+		pass = []string{"Accept", "Anthropic-Version", "Anthropic-Beta"}
+	} else if u.cfg.Dialect == policy.DialectAzure && u.key != "" {
+		req.Header.Set("Api-Key", u.key)
+	} else if u.key != "" {
+		req.Header.Set("Authorization", "Bearer "+u.key)
+	}
+	for _, k := range pass {
+		if v := in.Get(k); v != "" {
+			req.Header.Set(k, v)
+		}
+	}
 }
 
 // retryable says whether another upstream may do better than this answer:

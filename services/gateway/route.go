@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"path"
 	"reflect"
 	"strings"
@@ -43,6 +44,20 @@ func newProvider(u policy.Upstream) (*provider, error) {
 		DisableCompression: true,
 	}
 	return &provider{cfg: u, key: key, client: &http.Client{Transport: tr}}, nil
+}
+
+// url is where to send a call of operation suffix (/chat/completions)
+// for model: under the base URL, or, for an azure upstream, under the
+// model's deployment with the upstream's api-version.
+func (p *provider) url(suffix, model string) string {
+	if p.cfg.Dialect != policy.DialectAzure {
+		return p.cfg.BaseURL + suffix
+	}
+	dep := p.cfg.Deployments[model]
+	if dep == "" {
+		dep = model
+	}
+	return p.cfg.BaseURL + "/deployments/" + url.PathEscape(dep) + suffix + "?api-version=" + url.QueryEscape(p.cfg.APIVersion)
 }
 
 // routes maps a model to the upstreams that serve it, in each dialect:
@@ -95,10 +110,14 @@ func newRoutes(p *policy.Policy, old *routes) (*routes, error) {
 
 func (r *routes) add(pv *provider) {
 	r.byName[pv.cfg.Name] = pv
-	d := r.byDialect[pv.cfg.Dialect]
+	dialect := pv.cfg.Dialect
+	if dialect == policy.DialectAzure {
+		dialect = policy.DialectOpenAI // OpenAI's API under other URLs
+	}
+	d := r.byDialect[dialect]
 	if d == nil {
 		d = &modelRoutes{exact: map[string][]*provider{}}
-		r.byDialect[pv.cfg.Dialect] = d
+		r.byDialect[dialect] = d
 	}
 	for _, m := range pv.cfg.Models {
 		if !strings.ContainsAny(m, `*?[\`) {

@@ -1,0 +1,58 @@
+package gateway
+
+import (
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/sluicehq/sluice/demo/mockllm"
+)
+
+// TestAzureUpstreamServesOpenAIRoutes: an upstream of dialect azure
+// serves OpenAI's routes at Azure OpenAI's deployment URLs — the model's
+// deployment from the policy, else the deployment named as the model,
+// with the upstream's api-version and its key in api-key — and each call
+// is metered with the usage Azure answers, reasoning tokens included.
+func TestAzureUpstreamServesOpenAIRoutes(t *testing.T) {
+	var mu sync.Mutex
+	var served []string
+	base := mock(t, mockllm.Options{AzureKey: "azure-upstream-key", Served: func(endpoint, _ string) {
+		mu.Lock()
+		defer mu.Unlock()
+		served = append(served, endpoint)
+	}})
+	t.Setenv("SLUICE_TEST_AZURE_KEY", "azure-upstream-key")
+	tg := testConfig(t, Upstream{Name: "azure", BaseURL: strings.TrimSuffix(base, "/v1") + "/openai", Models: []string{"gpt-4o", "o3-mini", "text-embedding-3-small"}})
+	tg.policy = `
+upstreams:
+  azure: {dialect: azure, api_key_env: SLUICE_TEST_AZURE_KEY, deployments: {gpt-4o: prod-4o}}
+`
+	g := startGateway(t, tg, Deps{})
+	for _, tc := range []struct {
+		path, body, deployment    string
+		prompt, completion, reaso int64
+	}{
+		{"/v1/chat/completions", `{"model":"gpt-4o","max_tokens":7,"messages":[{"role":"user","content":"hi there"}]}`,
+			"/openai/deployments/prod-4o/chat/completions", mockllm.PromptTokens("hi there"), 7, 0},
+		{"/v1/chat/completions", `{"model":"o3-mini","max_completion_tokens":40,"messages":[{"role":"user","content":"think"}]}`,
+			"/openai/deployments/o3-mini/chat/completions", mockllm.PromptTokens("think"), 40, 20},
+		{"/v1/embeddings", `{"model":"text-embedding-3-small","input":["alpha","beta gamma"]}`,
+			"/openai/deployments/text-embedding-3-small/embeddings", 2 + 3, 0, 0},
+	} {
+		id := "az-" + strings.ReplaceAll(tc.deployment, "/", "_")
+		resp, body := post(t, g.url, tc.path, "sk-acme", tc.body, "X-Request-Id", id)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", tc.deployment, resp.StatusCode, body)
+		}
+		mu.Lock()
+		last := served[len(served)-1]
+		mu.Unlock()
+		if last != tc.deployment {
+			t.Errorf("Azure served %s, want %s", last, tc.deployment)
+		}
+		ev := g.settlement(t, id)
+		if ev.PromptTokens != tc.prompt || ev.CompletionTokens != tc.completion || ev.ReasoningTokens != tc.reaso || ev.Provider != "azure" {
+			t.Errorf("%s: settlement %+v, want %d prompt, %d completion (%d reasoning)", tc.deployment, ev, tc.prompt, tc.completion, tc.reaso)
+		}
+	}
+}
