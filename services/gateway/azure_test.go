@@ -1,11 +1,13 @@
 package gateway
 
 import (
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
+	"github.com/sluicehq/sluice/platform/itest"
 )
 
 // TestAzureUpstreamServesOpenAIRoutes: an upstream of dialect azure
@@ -54,5 +56,44 @@ upstreams:
 		if ev.PromptTokens != tc.prompt || ev.CompletionTokens != tc.completion || ev.ReasoningTokens != tc.reaso || ev.Provider != "azure" {
 			t.Errorf("%s: settlement %+v, want %d prompt, %d completion (%d reasoning)", tc.deployment, ev, tc.prompt, tc.completion, tc.reaso)
 		}
+	}
+}
+
+// TestAzureClientURLs: Azure OpenAI's clients reach the gateway at
+// deployment URLs with their key in api-key; the deployment is the model
+// routed, authorised and metered (whatever model the body names, as Azure
+// serves the deployment), and the upstream is asked for it.
+func TestAzureClientURLs(t *testing.T) {
+	var mu sync.Mutex
+	var served []string
+	g := startGateway(t, oneUpstream(t, mock(t, mockllm.Options{Served: func(endpoint, model string) {
+		mu.Lock()
+		defer mu.Unlock()
+		served = append(served, endpoint+" "+model)
+	}})), Deps{})
+	azure := func(key, deployment, body, id string) (int, string) {
+		resp, b := itest.Send(t, http.MethodPost, g.url+"/openai/deployments/"+deployment+"/chat/completions?api-version=2024-10-21", body,
+			"Api-Key", key, "Content-Type", "application/json", "X-Request-Id", id)
+		return resp.StatusCode, b
+	}
+	for _, tc := range []struct{ id, body string }{
+		{"az-nomodel", `{"max_tokens":5,"messages":[{"role":"user","content":"hi there"}]}`},
+		{"az-othermodel", `{"model":"gpt-4o-mini","max_tokens":5,"messages":[{"role":"user","content":"hi there"}]}`},
+	} {
+		if code, b := azure("sk-acme", "gpt-4o", tc.body, tc.id); code != 200 {
+			t.Fatalf("%s: %d %s", tc.id, code, b)
+		}
+		mu.Lock()
+		last := served[len(served)-1]
+		mu.Unlock()
+		if last != "/v1/chat/completions gpt-4o" {
+			t.Errorf("%s: the upstream served %q, want the deployment's model gpt-4o", tc.id, last)
+		}
+		if ev := g.settlement(t, tc.id); ev.Model != "gpt-4o" || ev.PromptTokens != mockllm.PromptTokens("hi there") || ev.CompletionTokens != 5 {
+			t.Errorf("%s: settlement %+v", tc.id, ev)
+		}
+	}
+	if code, b := azure("sk-mini-only", "gpt-4o", `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"x"}]}`, "az-denied"); code != http.StatusForbidden {
+		t.Errorf("a key without gpt-4o, asking for the gpt-4o deployment: %d %s; want 403", code, b)
 	}
 }

@@ -22,6 +22,7 @@ import (
 type call struct {
 	caller    *frontend.Caller
 	req       request
+	bodyModel string // the model the body names; req.Model is the one routed
 	body      []byte
 	endpoint  string
 	dialect   string // the API of the route called (policy.Dialect*)

@@ -100,7 +100,7 @@ func (s *Server) tryModel(ctx context.Context, w http.ResponseWriter, in http.He
 		}
 		c.attempts++
 		c.upstream, ex.provider, ex.model = u.cfg.Name, u, model
-		resp, done, err := s.attempt(callContext(ctx, c), u, u.url(strings.TrimPrefix(c.endpoint, "/v1"), model), body, c.requestID, in)
+		resp, done, err := s.attempt(callContext(ctx, c), u, u.url(c.operation(), model), body, c.requestID, in)
 		last := i == len(cands)-1
 		if err != nil {
 			p.Settle(0) // no answer: no tokens spent
@@ -132,6 +132,17 @@ func (s *Server) tryModel(ctx context.Context, w http.ResponseWriter, in http.He
 		return false, true
 	}
 	return fallback, false
+}
+
+// operation is the path of c's operation under an upstream's base URL
+// (/chat/completions): its endpoint's, whichever URL the client used (an
+// Azure client's names its deployment too); a path the estimator does
+// not know is passed as it is, without /v1.
+func (c *call) operation() string {
+	if c.ep != 0 {
+		return strings.TrimPrefix(c.ep.String(), "/v1")
+	}
+	return strings.TrimPrefix(c.endpoint, "/v1")
 }
 
 // callContext is the context of c's call to a provider. A plain answer is
@@ -176,7 +187,7 @@ func (s *Server) broken(u *provider) bool {
 // client receives).
 func (s *Server) bodyFor(c *call, model string) []byte {
 	body := c.body
-	if model != c.req.Model {
+	if model != c.bodyModel {
 		body = withModel(body, c.req, model)
 	}
 	if c.stripUsage() {

@@ -84,6 +84,12 @@ func (s *Server) intake(w http.ResponseWriter, r *http.Request, c *call) bool {
 		c.badRequest(w, http.StatusBadRequest, "invalid_json", "We could not parse the JSON body of your request: "+err.Error())
 		return false
 	}
+	c.bodyModel = c.req.Model
+	if d, ok := azureDeployment(r.URL.Path); ok {
+		// Azure serves the deployment its URL names, whatever the body
+		// says: so does the gateway (the deployment is the model's name).
+		c.req.Model = d
+	}
 	return s.intakeModel(w, c) && s.intakeClass(w, r, c)
 }
 
@@ -195,7 +201,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) *frontend.
 }
 
 // badKeyMessage answers a request without a known tenant key.
-const badKeyMessage = "Incorrect API key provided. Send a Sluice gateway key as Authorization: Bearer <key> (or x-api-key: <key>)."
+const badKeyMessage = "Incorrect API key provided. Send a Sluice gateway key as Authorization: Bearer <key> (or x-api-key: or api-key: <key>)."
 
 // callerOf returns the tenant key r authenticates with (a deferred task's
 // run: its key), nil for none.
@@ -207,10 +213,27 @@ func (s *Server) callerOf(r *http.Request) *frontend.Caller {
 	if key == "" {
 		key = r.Header.Get("X-Api-Key") // Anthropic's clients send their key so
 	}
+	if key == "" {
+		key = r.Header.Get("Api-Key") // and Azure OpenAI's so
+	}
 	return s.keys.Authenticate(strings.TrimSpace(key))
 }
 
 // writeError answers an OpenAI error body.
 func writeError(w http.ResponseWriter, status int, typ, code, msg string) {
 	ratelimit.WriteError(w, status, ratelimit.Error{Type: typ, Code: code, Message: msg}, 0)
+}
+
+// azurePrefix begins Azure OpenAI's deployment URLs, which the gateway
+// serves to Azure's clients: /openai/deployments/<deployment>/<operation>.
+const azurePrefix = "/openai/deployments/"
+
+// azureDeployment returns the deployment an Azure OpenAI URL names.
+func azureDeployment(path string) (string, bool) {
+	rest, ok := strings.CutPrefix(path, azurePrefix)
+	if !ok {
+		return "", false
+	}
+	d, _, ok := strings.Cut(rest, "/")
+	return d, ok && d != ""
 }
