@@ -272,18 +272,19 @@ func TestAnthropicStreamCutByTheClient(t *testing.T) {
 	}
 }
 
-// anthropicPython returns an interpreter with Anthropic's official client
-// (the test virtualenv: sdk/python/requirements-test.txt pins it),
+// pythonWith returns an interpreter of the test virtualenv
+// (sdk/python/requirements-test.txt pins its packages) that has package,
 // skipping the test when there is none — failing it under CI=true.
-func anthropicPython(t *testing.T) string {
+// SLUICE_TEST_PYTHON names another interpreter.
+func pythonWith(t *testing.T, pkg string) string {
 	t.Helper()
-	py := os.Getenv("SLUICE_ANTHROPIC_PYTHON")
+	py := os.Getenv("SLUICE_TEST_PYTHON")
 	if py == "" {
 		py = filepath.Join(itest.ServicesDir(t), "venv", "bin", "python")
 	}
-	// find_spec, not an import: importing the client takes seconds here.
-	if err := exec.Command(py, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('anthropic') is None)").Run(); err != nil {
-		msg := fmt.Sprintf("python with the anthropic package (%s): %v; run `make pyenv`", py, err)
+	// find_spec, not an import: importing the clients takes seconds here.
+	if err := exec.Command(py, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)", pkg).Run(); err != nil {
+		msg := fmt.Sprintf("python with the %s package (%s): %v; run `make pyenv`", pkg, py, err)
 		if os.Getenv("CI") == "true" {
 			t.Fatal(msg)
 		}
@@ -300,7 +301,7 @@ func anthropicPython(t *testing.T) string {
 // billed and the output relayed, counted; count_tokens answers; a tenant
 // the flags refuse raises the client's own RateLimitError naming the limit.
 func TestOfficialAnthropicClient(t *testing.T) {
-	py := anthropicPython(t)
+	py := pythonWith(t, "anthropic")
 	g, bill := anthropicGateway(t, mockllm.Options{ChunkDelay: 10 * time.Millisecond}, Deps{})
 	refusingGW, _ := anthropicGateway(t, mockllm.Options{}, Deps{Checker: refusing{}})
 	cmd := exec.Command(py, "testdata/anthropic_client.py")

@@ -1,7 +1,10 @@
 package gateway
 
 import (
+	"encoding/json"
 	"net/http"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -95,5 +98,47 @@ func TestAzureClientURLs(t *testing.T) {
 	}
 	if code, b := azure("sk-mini-only", "gpt-4o", `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"x"}]}`, "az-denied"); code != http.StatusForbidden {
 		t.Errorf("a key without gpt-4o, asking for the gpt-4o deployment: %d %s; want 403", code, b)
+	}
+}
+
+// TestOfficialOpenAIClientAzureMode: the openai Python client's Azure mode
+// (AzureOpenAI), unchanged, against the gateway: chat plain and streamed
+// and embeddings at deployment URLs with the key in api-key, each settled
+// with the usage the client saw; a tenant the flags refuse raises the
+// client's RateLimitError naming the limit, with Retry-After.
+func TestOfficialOpenAIClientAzureMode(t *testing.T) {
+	py := pythonWith(t, "openai")
+	g := startGateway(t, oneUpstream(t, mock(t, mockllm.Options{StreamUsage: mockllm.UsageWhenAsked})), Deps{})
+	refusingGW := startGateway(t, oneUpstream(t, mock(t, mockllm.Options{})), Deps{Checker: refusing{}})
+	cmd := exec.Command(py, "testdata/azure_client.py")
+	cmd.Env = append(os.Environ(), "GW_URL="+g.url, "GW_REFUSING_URL="+refusingGW.url, "SLUICE_KEY=sk-acme",
+		"NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("the Azure client script failed: %v\n%s\n%s", err, stderr.String(), out)
+	}
+	var res struct {
+		Usage   map[string][2]int64 `json:"usage"`
+		Refused *struct {
+			Status     int    `json:"status"`
+			Message    string `json:"message"`
+			RetryAfter string `json:"retry_after"`
+		} `json:"refused"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if len(res.Usage) != 3 {
+		t.Fatalf("the client saw usage for %d calls, want 3: %s", len(res.Usage), out)
+	}
+	for id, u := range res.Usage {
+		if ev := g.settlement(t, id); ev.PromptTokens != u[0] || ev.CompletionTokens != u[1] || ev.Attributes["usage"] != "" {
+			t.Errorf("%s: settled %+v; the client saw %v", id, ev, u)
+		}
+	}
+	if r := res.Refused; r == nil || r.Status != 429 || !strings.Contains(r.Message, "tokens_per_minute") || r.RetryAfter != "7" {
+		t.Errorf("the refused call raised %+v; want RateLimitError, 429 naming the limit, Retry-After 7", r)
 	}
 }
