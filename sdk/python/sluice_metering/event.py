@@ -102,7 +102,7 @@ class UsageEvent:
             p.append(f"model: must be 1 to {MAX_MODEL_LEN} bytes of printable ASCII")
         elif self.model == "*" or self.model.startswith("@"):
             p.append('model: "*" and names beginning with "@" are reserved')
-        ok = set()
+        ok: set[str] = set()
         for name in ("prompt_tokens", "completion_tokens", "cached_tokens", "cache_write_tokens", "reasoning_tokens"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_TOKENS_PER_EVENT:
