@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"maps"
 	"net/url"
 	"path"
 	"slices"
@@ -31,6 +32,27 @@ const (
 	ModeGradient  = "gradient"
 )
 
+// Dialects an upstream speaks: the API its base URL serves, which decides
+// the gateway routes it is called from. A request is routed, and fails
+// over or falls back, only to upstreams of its route's dialect.
+const (
+	// DialectOpenAI is OpenAI's API (chat completions, completions,
+	// embeddings, responses), and every provider compatible with it.
+	DialectOpenAI = "openai"
+	// DialectAnthropic is Anthropic's Messages API (/v1/messages), called
+	// with x-api-key and anthropic-version.
+	DialectAnthropic = "anthropic"
+	// DialectAzure is Azure OpenAI: OpenAI's API under deployment URLs
+	// (<base_url>/deployments/<deployment>/chat/completions?api-version=),
+	// called with api-key. It serves OpenAI's routes: its requests and
+	// answers are OpenAI's.
+	DialectAzure = "azure"
+)
+
+// DefaultAzureAPIVersion is the api-version of an azure upstream that
+// names none: a generally available version of Azure OpenAI's data plane.
+const DefaultAzureAPIVersion = "2024-10-21"
+
 // Units a reserved share counts in.
 const (
 	ReserveConcurrency = "concurrency"
@@ -43,9 +65,17 @@ const (
 type Upstream struct {
 	// Name names the upstream in usage events (provider), logs and metrics.
 	Name string
-	// BaseURL is the provider's OpenAI-compatible base URL with its
-	// version path (https://api.openai.com/v1).
+	// BaseURL is the provider's base URL with its version path
+	// (https://api.openai.com/v1, https://api.anthropic.com/v1).
 	BaseURL string
+	// Dialect is the API BaseURL speaks: DialectOpenAI (the default),
+	// DialectAnthropic or DialectAzure.
+	Dialect string
+	// APIVersion and Deployments are an azure upstream's: the api-version
+	// of its calls, and the deployment serving each model (a model it does
+	// not name is served by the deployment of the same name).
+	APIVersion  string
+	Deployments map[string]string
 	// APIKeyEnv or APIKeyFile names where the provider's API key is: an
 	// environment variable or a file of the gateway's host (never the key
 	// itself); neither is an upstream that needs none.
@@ -116,14 +146,17 @@ type Reserved struct {
 }
 
 type rawUpstream struct {
-	BaseURL               string         `yaml:"base_url"`
-	APIKeyEnv             string         `yaml:"api_key_env"`
-	APIKeyFile            string         `yaml:"api_key_file"`
-	Models                []string       `yaml:"models"`
-	Weight                int            `yaml:"weight"`
-	Timeout               *time.Duration `yaml:"timeout"`
-	ResponseHeaderTimeout *time.Duration `yaml:"response_header_timeout"`
-	ConnectTimeout        *time.Duration `yaml:"connect_timeout"`
+	BaseURL               string            `yaml:"base_url"`
+	Dialect               string            `yaml:"dialect"`
+	APIVersion            string            `yaml:"api_version"`
+	Deployments           map[string]string `yaml:"deployments"`
+	APIKeyEnv             string            `yaml:"api_key_env"`
+	APIKeyFile            string            `yaml:"api_key_file"`
+	Models                []string          `yaml:"models"`
+	Weight                int               `yaml:"weight"`
+	Timeout               *time.Duration    `yaml:"timeout"`
+	ResponseHeaderTimeout *time.Duration    `yaml:"response_header_timeout"`
+	ConnectTimeout        *time.Duration    `yaml:"connect_timeout"`
 
 	Shared      *bool `yaml:"shared"`
 	Concurrency *struct {
@@ -166,7 +199,7 @@ type rawUpstream struct {
 // most 30 s; degradation levels at 50/70/90% load, retry after 30 s; a
 // breaker that opens for 30 s on 10 failures in a row or half of the
 // calls failing, then lets 5 probes through (docs/priority.md).
-var defaultUpstream = Upstream{Weight: 1, Timeout: 10 * time.Minute, ResponseHeaderTimeout: 60 * time.Second, ConnectTimeout: 5 * time.Second,
+var defaultUpstream = Upstream{Dialect: DialectOpenAI, Weight: 1, Timeout: 10 * time.Minute, ResponseHeaderTimeout: 60 * time.Second, ConnectTimeout: 5 * time.Second,
 	Mode: ModeFixed, Limit: UnlimitedConcurrency, Min: 1, Max: UnlimitedConcurrency, MaxWaiting: 1000, MaxWait: 30 * time.Second,
 	Levels: [3]float64{0.5, 0.7, 0.9}, DegradedRetryAfter: 30 * time.Second, Hysteresis: 0.05,
 	DegradedActions: [3]string{DegradeFallback, DegradeFallback, DegradeFallback}, FollowResources: true,
@@ -309,9 +342,34 @@ func (v *validator) upstreams(raw map[string]rawUpstream) map[string]Upstream {
 // serves.
 func (v *validator) upstreamRoute(p string, r rawUpstream, u *Upstream) {
 	if b, err := url.Parse(r.BaseURL); err != nil || (b.Scheme != "http" && b.Scheme != "https") || b.Host == "" {
-		v.fail(p+".base_url", "%q is not an http(s) URL; give the provider's OpenAI-compatible base URL with its version path, e.g. https://api.openai.com/v1", r.BaseURL)
+		v.fail(p+".base_url", "%q is not an http(s) URL; give the provider's base URL with its version path, e.g. https://api.openai.com/v1", r.BaseURL)
 	}
 	u.BaseURL = strings.TrimRight(r.BaseURL, "/")
+	switch r.Dialect {
+	case "":
+	case DialectOpenAI, DialectAnthropic, DialectAzure:
+		u.Dialect = r.Dialect
+	default:
+		v.fail(p+".dialect", "%q is not one of openai (the default: OpenAI's API and those compatible with it), anthropic (Anthropic's Messages API), azure (Azure OpenAI's deployment URLs)", r.Dialect)
+	}
+	if (r.APIVersion != "" || len(r.Deployments) > 0) && u.Dialect != DialectAzure {
+		v.fail(p, "api_version and deployments are an azure upstream's (dialect: azure), not %s's", u.Dialect)
+	}
+	if u.Dialect == DialectAzure {
+		u.APIVersion = DefaultAzureAPIVersion
+		if r.APIVersion != "" {
+			u.APIVersion = r.APIVersion
+		}
+		if len(u.APIVersion) > 32 || strings.ContainsAny(u.APIVersion, "&#?/ ") {
+			v.fail(p+".api_version", "%q is not an api-version (at most 32 bytes, e.g. 2024-10-21)", u.APIVersion)
+		}
+		for m, d := range r.Deployments {
+			if d == "" || len(d) > 64 || strings.ContainsAny(d, "/?#%& ") {
+				v.fail(p+".deployments."+m, "%q is not a deployment name (1..64 bytes, no /?#%%& or spaces)", d)
+			}
+		}
+		u.Deployments = maps.Clone(r.Deployments)
+	}
 	if r.APIKeyEnv != "" && r.APIKeyFile != "" {
 		v.fail(p, "set api_key_env or api_key_file, not both")
 	}

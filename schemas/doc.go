@@ -114,7 +114,7 @@
 // bounds, enums, required fields and date-time formats, and a test holds
 // both to the same verdicts on a corpus of documents. What JSON Schema
 // cannot say is checked only in Go, and each schema's description lists it:
-// comparisons between fields (cached_tokens <= prompt_tokens, data.id equal
+// comparisons between fields (cached_tokens + cache_write_tokens <= prompt_tokens, data.id equal
 // to the envelope's id), lengths in bytes (JSON Schema counts characters;
 // they agree for ASCII), duplicate keys and invalid Unicode.
 package schemas

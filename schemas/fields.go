@@ -7,7 +7,8 @@ package schemas
 // (see [UsageEvent.ValidateFields]).
 type EventField uint32
 
-// The fields of usage event v1, in the order of the UsageEvent struct.
+// The fields of usage event v1: the order of the UsageEvent struct up to
+// FieldRequestedModel, then the fields added since, oldest first.
 const (
 	FieldID EventField = 1 << iota
 	FieldTime
@@ -29,6 +30,8 @@ const (
 	FieldGateway
 	FieldAttributes
 	FieldRequestedModel
+	FieldCacheWriteTokens
+	FieldReasoningTokens
 )
 
 // RequiredEventFields are the fields a usage event must carry. Validation
@@ -41,7 +44,7 @@ var eventFieldNames = [...]string{
 	"id", "time", "tenant", "model", "prompt_tokens", "completion_tokens",
 	"user", "api_key_id", "provider", "endpoint", "cached_tokens", "status",
 	"outcome", "latency_ms", "priority", "session_id", "estimated", "gateway",
-	"attributes", "requested_model",
+	"attributes", "requested_model", "cache_write_tokens", "reasoning_tokens",
 }
 
 // EventFieldNamed returns the field with JSON name name, or 0 if usage
@@ -90,6 +93,10 @@ func EventFieldNamed(name string) EventField {
 		return FieldAttributes
 	case "requested_model":
 		return FieldRequestedModel
+	case "cache_write_tokens":
+		return FieldCacheWriteTokens
+	case "reasoning_tokens":
+		return FieldReasoningTokens
 	}
 	return 0
 }

@@ -19,8 +19,8 @@ const (
 	// MaxModelLen is the maximum length of a model name in bytes.
 	MaxModelLen = 128
 
-	// MaxTokensPerEvent bounds PromptTokens, CompletionTokens and
-	// CachedTokens of one event. No single request comes near a billion
+	// MaxTokensPerEvent bounds each token count of one event (PromptTokens,
+	// CompletionTokens, CachedTokens, CacheWriteTokens, ReasoningTokens). No single request comes near a billion
 	// tokens, so a larger value is a bug (a counter sent instead of a delta, a
 	// unit mix-up) and is refused before it can exhaust a quota.
 	MaxTokensPerEvent = 1_000_000_000

@@ -102,9 +102,23 @@ type UsageEvent struct {
 	// most MaxStringLen bytes.
 	Endpoint string `json:"endpoint,omitempty"`
 
-	// CachedTokens is the part of PromptTokens served from the provider's
-	// prompt cache, which is usually priced lower. 0 to PromptTokens.
+	// CachedTokens is the part of PromptTokens read from the provider's
+	// prompt cache (OpenAI's cached_tokens, Anthropic's
+	// cache_read_input_tokens, Gemini's cachedContentTokenCount), which is
+	// priced far below input. 0 to PromptTokens.
 	CachedTokens int64 `json:"cached_tokens,omitempty"`
+
+	// CacheWriteTokens is the part of PromptTokens written to the
+	// provider's prompt cache (Anthropic's cache_creation_input_tokens),
+	// which is priced above input. CachedTokens plus CacheWriteTokens is at
+	// most PromptTokens: both are input tokens, so token quotas that count
+	// PromptTokens count them once.
+	CacheWriteTokens int64 `json:"cache_write_tokens,omitempty"`
+
+	// ReasoningTokens is the part of CompletionTokens the model spent
+	// reasoning (OpenAI's reasoning_tokens, Gemini's thoughtsTokenCount):
+	// billed as output but not returned. 0 to CompletionTokens.
+	ReasoningTokens int64 `json:"reasoning_tokens,omitempty"`
 
 	// Status is the HTTP status code the gateway answered with: 0 (unknown)
 	// or 100 to 599. Error-ratio breakers read it together with Outcome.
@@ -153,8 +167,9 @@ type UsageEvent struct {
 }
 
 // TotalTokens returns PromptTokens plus CompletionTokens, the number that
-// token quotas count. CachedTokens is not added: cached tokens are already
-// part of PromptTokens.
+// token quotas count. CachedTokens, CacheWriteTokens and ReasoningTokens
+// are not added: they are already part of PromptTokens or
+// CompletionTokens.
 func (e *UsageEvent) TotalTokens() int64 {
 	return e.PromptTokens + e.CompletionTokens
 }

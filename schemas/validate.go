@@ -22,8 +22,10 @@ import (
 //   - tenant: 1 to MaxTenantLen bytes of [A-Za-z0-9._:-].
 //   - model: 1 to MaxModelLen bytes of printable ASCII (0x20–0x7E), not
 //     the reserved name "*" and not beginning with "@" (see [CheckEventModel]).
-//   - prompt_tokens, completion_tokens, cached_tokens: 0 to
-//     MaxTokensPerEvent, and cached_tokens at most prompt_tokens.
+//   - prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens,
+//     reasoning_tokens: 0 to MaxTokensPerEvent; cached_tokens +
+//     cache_write_tokens at most prompt_tokens, reasoning_tokens at most
+//     completion_tokens.
 //   - status: 0 (unknown) or MinStatus to MaxStatus.
 //   - outcome, priority: empty or one of the defined constants.
 //   - latency_ms: 0 to MaxLatencyMS.
@@ -83,6 +85,25 @@ func (e *UsageEvent) ValidateFields(errs *ValidationError, prefix string, skip E
 			errs.Add(prefix, "cached_tokens", fmt.Sprintf(
 				"is %d but prompt_tokens is %d; cached tokens are part of prompt_tokens, so cached_tokens must not exceed it",
 				e.CachedTokens, e.PromptTokens))
+		}
+	}
+	if skip&FieldCacheWriteTokens == 0 {
+		if r := checkTokens(e.CacheWriteTokens); r != "" {
+			errs.Add(prefix, "cache_write_tokens", r)
+		} else if skip&(FieldPromptTokens|FieldCachedTokens) == 0 && e.PromptTokens >= 0 && e.CachedTokens >= 0 &&
+			e.CachedTokens <= e.PromptTokens && e.CacheWriteTokens > e.PromptTokens-e.CachedTokens {
+			errs.Add(prefix, "cache_write_tokens", fmt.Sprintf(
+				"is %d but prompt_tokens is %d and cached_tokens %d; cache reads and writes are both part of prompt_tokens, so cached_tokens + cache_write_tokens must not exceed it",
+				e.CacheWriteTokens, e.PromptTokens, e.CachedTokens))
+		}
+	}
+	if skip&FieldReasoningTokens == 0 {
+		if r := checkTokens(e.ReasoningTokens); r != "" {
+			errs.Add(prefix, "reasoning_tokens", r)
+		} else if e.ReasoningTokens > e.CompletionTokens && skip&FieldCompletionTokens == 0 && e.CompletionTokens >= 0 {
+			errs.Add(prefix, "reasoning_tokens", fmt.Sprintf(
+				"is %d but completion_tokens is %d; reasoning tokens are part of completion_tokens, so reasoning_tokens must not exceed it",
+				e.ReasoningTokens, e.CompletionTokens))
 		}
 	}
 	if skip&FieldStatus == 0 && e.Status != 0 && (e.Status < MinStatus || e.Status > MaxStatus) {

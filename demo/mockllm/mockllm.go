@@ -2,9 +2,10 @@
 // end-to-end tests and the gateway's tests and benchmarks. It answers
 // chat completions (text, tool calls, streams), legacy completions,
 // embeddings (float or base64) and the Responses API (plain and
-// streamed), each with a deterministic, realistic usage block — cached
-// prompt tokens for long prompts and reasoning tokens for o-series models
-// included — so that a gateway in front of it can be checked to meter
+// streamed), and Anthropic's Messages API (anthropic.go), each with a
+// deterministic, realistic usage block — cached prompt tokens for long
+// prompts, reasoning tokens for o-series models, Anthropic's cache reads
+// and writes included — so that a gateway in front of it can be checked to meter
 // exactly what a real provider would bill.
 //
 // How a stream reports usage is Options.StreamUsage: always (the default
@@ -97,6 +98,15 @@ type Options struct {
 	// of one name and matches names ignoring case. The provider's own log
 	// of what it served, for tests of what the gateway let through.
 	Served func(endpoint, model string)
+	// AzureKey, when set, is the only api-key Azure OpenAI's deployment
+	// routes accept (401 otherwise); any key when empty.
+	AzureKey string
+	// AnthropicKey, when set, is the only x-api-key the Anthropic routes
+	// accept (401 authentication_error otherwise); any key when empty.
+	AnthropicKey string
+	// Charged, when set, learns what each Anthropic call was billed,
+	// token type by token type: the provider's own log of its bill.
+	Charged func(Charge)
 }
 
 // Handler serves the mock API with the default Options (usage in every
@@ -113,6 +123,13 @@ func New(opts Options) http.Handler {
 	mux.HandleFunc("POST /v1/completions", m.completions)
 	mux.HandleFunc("POST /v1/embeddings", m.embeddings)
 	mux.HandleFunc("POST /v1/responses", m.responses)
+	// Azure OpenAI: the same operations under deployment URLs, with
+	// api-key and api-version (Served learns the deployment in the path).
+	for op, h := range map[string]http.HandlerFunc{"chat/completions": m.chat, "completions": m.completions, "embeddings": m.embeddings} {
+		mux.HandleFunc("POST /openai/deployments/{deployment}/"+op, m.azure(h))
+	}
+	mux.HandleFunc("POST /v1/messages", m.anthropicMessages)
+	mux.HandleFunc("POST /v1/messages/count_tokens", m.anthropicCountTokens)
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"object":"list","data":[{"id":"gpt-4o","object":"model"},{"id":"gpt-4o-mini","object":"model"}]}`))
@@ -648,4 +665,20 @@ func ParseUsage(contentType string, body []byte) (Usage, bool) {
 		return Usage{}, false
 	}
 	return *resp.Usage, true
+}
+
+// azure serves h as Azure OpenAI does: only with an api-key (opts.AzureKey
+// when set) and an api-version.
+func (m *mock) azure(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if key := r.Header.Get("Api-Key"); key == "" || (m.opts.AzureKey != "" && key != m.opts.AzureKey) {
+			writeError(w, http.StatusUnauthorized, "Access denied due to invalid subscription key or wrong API endpoint.")
+			return
+		}
+		if r.URL.Query().Get("api-version") == "" {
+			writeError(w, http.StatusNotFound, "Resource not found: api-version is missing")
+			return
+		}
+		h(w, r)
+	}
 }

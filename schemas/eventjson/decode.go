@@ -161,6 +161,10 @@ func (d *scanner) decodeField(ev *schemas.UsageEvent, f schemas.EventField, errs
 		return d.intField(&ev.CompletionTokens, true, schemas.MaxTokensPerEvent, "schemas.MaxTokensPerEvent")
 	case schemas.FieldCachedTokens:
 		return d.intField(&ev.CachedTokens, false, schemas.MaxTokensPerEvent, "schemas.MaxTokensPerEvent")
+	case schemas.FieldCacheWriteTokens:
+		return d.intField(&ev.CacheWriteTokens, false, schemas.MaxTokensPerEvent, "schemas.MaxTokensPerEvent")
+	case schemas.FieldReasoningTokens:
+		return d.intField(&ev.ReasoningTokens, false, schemas.MaxTokensPerEvent, "schemas.MaxTokensPerEvent")
 	case schemas.FieldLatencyMS:
 		return d.intField(&ev.LatencyMS, false, schemas.MaxLatencyMS, "schemas.MaxLatencyMS")
 	case schemas.FieldStatus:

@@ -70,7 +70,7 @@ func TestDecodeTestdata(t *testing.T) {
 		ID: "01HZX3Q8J5W1K8S9V2M4N6P7R1", Time: time.Date(2024, 5, 1, 12, 0, 0, 123456789, time.UTC),
 		Tenant: "acme.eu:team-7", Model: "claude-3-5-sonnet@20240620", PromptTokens: 5000, CompletionTokens: 800,
 		User: "user-42", APIKeyID: "key_7f3a9c", Provider: "anthropic", Endpoint: "/v1/messages",
-		CachedTokens: 4096, Status: 200, Outcome: schemas.OutcomeOK, LatencyMS: 9120, Priority: schemas.PriorityHigh,
+		CachedTokens: 4096, CacheWriteTokens: 512, ReasoningTokens: 300, Status: 200, Outcome: schemas.OutcomeOK, LatencyMS: 9120, Priority: schemas.PriorityHigh,
 		SessionID: "agent-task-9", Gateway: "gw-eu-1",
 		Attributes: map[string]string{"team": "search", "feature": "summarize", "region": "eu-west-1"},
 	}

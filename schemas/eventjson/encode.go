@@ -39,6 +39,8 @@ func AppendUsageEventJSON(dst []byte, ev *schemas.UsageEvent) []byte {
 	dst = appendOptString(dst, `,"provider":`, ev.Provider)
 	dst = appendOptString(dst, `,"endpoint":`, ev.Endpoint)
 	dst = appendOptInt(dst, `,"cached_tokens":`, ev.CachedTokens)
+	dst = appendOptInt(dst, `,"cache_write_tokens":`, ev.CacheWriteTokens)
+	dst = appendOptInt(dst, `,"reasoning_tokens":`, ev.ReasoningTokens)
 	dst = appendOptInt(dst, `,"status":`, int64(ev.Status))
 	dst = appendOptString(dst, `,"outcome":`, string(ev.Outcome))
 	dst = appendOptInt(dst, `,"latency_ms":`, ev.LatencyMS)

@@ -22,8 +22,10 @@ import (
 type call struct {
 	caller    *frontend.Caller
 	req       request
+	bodyModel string // the model the body names; req.Model is the one routed
 	body      []byte
 	endpoint  string
+	dialect   string // the API of the route called (policy.Dialect*)
 	ep        estimate.Endpoint
 	route     string
 	ups       []*provider
@@ -44,6 +46,9 @@ type call struct {
 	usage      middleware.Usage
 	source     usageSource
 	upstreamID string
+	// relaying is set once the upstream's answer is being relayed: from
+	// then on what is written is the provider's, not the gateway's.
+	relaying bool
 
 	// How the call ended (end): the usage event's outcome, empty while it
 	// runs and for a call whose client left (nobody's failure), and the
@@ -166,7 +171,7 @@ func (s *Server) finish(rw *recorder, c *call) {
 	}
 	if c.source.billed() {
 		for kind, n := range map[string]int64{"prompt": c.usage.PromptTokens, "completion": c.usage.CompletionTokens,
-			"cached": c.usage.CachedTokens, "reasoning": c.usage.ReasoningTokens} {
+			"cached": c.usage.CachedTokens, "cache_write": c.usage.CacheWriteTokens, "reasoning": c.usage.ReasoningTokens} {
 			if n > 0 {
 				s.m.tokens.WithLabelValues(class, c.route, kind).Add(float64(n))
 			}

@@ -53,7 +53,7 @@ func (s *Server) dispatch(ctx context.Context, w http.ResponseWriter, in http.He
 	for mi, model := range models {
 		ups := c.ups
 		if mi > 0 {
-			if ups, _ = s.routes.Load().lookup(model); ups == nil {
+			if ups, _ = s.routes.Load().lookup(c.dialect, model); ups == nil {
 				continue
 			}
 		}
@@ -107,7 +107,7 @@ func (s *Server) tryModel(ctx context.Context, w http.ResponseWriter, in http.He
 		}
 		c.attempts++
 		c.upstream, ex.provider, ex.model = u.cfg.Name, u, model
-		resp, done, err := s.attempt(callContext(ctx, c), u, strings.TrimPrefix(c.endpoint, "/v1"), body, c.requestID, in)
+		resp, done, err := s.attempt(callContext(ctx, c), u, u.url(c.operation(), model), body, c.requestID, in)
 		last := i == len(cands)-1
 		if err != nil {
 			p.Settle(0) // no answer: no tokens spent
@@ -139,6 +139,17 @@ func (s *Server) tryModel(ctx context.Context, w http.ResponseWriter, in http.He
 		return false, true
 	}
 	return fallback, false
+}
+
+// operation is the path of c's operation under an upstream's base URL
+// (/chat/completions): its endpoint's, whichever URL the client used (an
+// Azure client's names its deployment too); a path the estimator does
+// not know is passed as it is, without /v1.
+func (c *call) operation() string {
+	if c.ep != 0 {
+		return strings.TrimPrefix(c.ep.String(), "/v1")
+	}
+	return strings.TrimPrefix(c.endpoint, "/v1")
 }
 
 // callContext is the context of c's call to a provider. A plain answer is
@@ -183,7 +194,7 @@ func (s *Server) broken(u *provider) bool {
 // client receives).
 func (s *Server) bodyFor(c *call, model string) []byte {
 	body := c.body
-	if model != c.req.Model {
+	if model != c.bodyModel {
 		body = withModel(body, c.req, model)
 	}
 	if c.stripUsage() {
@@ -229,13 +240,13 @@ func (s *Server) answerNoExchange(w http.ResponseWriter, r *http.Request, c *cal
 	}
 }
 
-// attempt sends one request to u. done releases the attempt's context
+// attempt sends one request to u, at target. done releases the attempt's context
 // once its answer has been relayed.
-func (s *Server) attempt(ctx context.Context, u *provider, suffix string, body []byte, requestID string, in http.Header) (*http.Response, func(), error) {
+func (s *Server) attempt(ctx context.Context, u *provider, target string, body []byte, requestID string, in http.Header) (*http.Response, func(), error) {
 	actx, cancel := context.WithTimeout(ctx, u.cfg.Timeout)
 	stop := context.AfterFunc(s.hardStop, cancel) // shutdown's end cuts every call
 	done := func() { stop(); cancel() }
-	req, err := http.NewRequestWithContext(actx, http.MethodPost, u.cfg.BaseURL+suffix, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(actx, http.MethodPost, target, bytes.NewReader(body))
 	if err != nil {
 		done()
 		return nil, nil, err
@@ -243,14 +254,7 @@ func (s *Server) attempt(ctx context.Context, u *provider, suffix string, body [
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "sluice-gateway")
 	req.Header.Set(headerRequestID, requestID)
-	if u.key != "" {
-		req.Header.Set("Authorization", "Bearer "+u.key)
-	}
-	for _, k := range []string{"Accept", "Openai-Beta"} {
-		if v := in.Get(k); v != "" {
-			req.Header.Set(k, v)
-		}
-	}
+	setUpstreamAuth(req, u, in)
 	start := time.Now()
 	resp, err := u.client.Do(req)
 	elapsed := time.Since(start).Seconds()
@@ -276,6 +280,30 @@ func (s *Server) attempt(ctx context.Context, u *provider, suffix string, body [
 	}
 	s.m.upstream.WithLabelValues(u.cfg.Name, result).Observe(elapsed)
 	return resp, done, nil
+}
+
+// setUpstreamAuth sets the headers that authenticate the gateway to u in
+// its dialect (Authorization: Bearer, Anthropic's x-api-key and
+// anthropic-version, Azure's api-key) and the client's headers u's API
+// reads: never the client's credential.
+func setUpstreamAuth(req *http.Request, u *provider, in http.Header) {
+	pass := []string{"Accept", "Openai-Beta"}
+	if u.cfg.Dialect == policy.DialectAnthropic {
+		if u.key != "" {
+			req.Header.Set("X-Api-Key", u.key)
+		}
+		req.Header.Set("Anthropic-Version", anthropicVersion)
+		pass = []string{"Accept", "Anthropic-Version", "Anthropic-Beta"}
+	} else if u.cfg.Dialect == policy.DialectAzure && u.key != "" {
+		req.Header.Set("Api-Key", u.key)
+	} else if u.key != "" {
+		req.Header.Set("Authorization", "Bearer "+u.key)
+	}
+	for _, k := range pass {
+		if v := in.Get(k); v != "" {
+			req.Header.Set(k, v)
+		}
+	}
 }
 
 // retryable says whether another upstream may do better than this answer:

@@ -62,8 +62,8 @@ func TestNonStreamedUsageIsExact(t *testing.T) {
 			ev.Outcome != schemas.OutcomeOK || ev.Status != 200 || ev.Gateway != "gw-test" || ev.Attributes["usage"] != "" {
 			t.Errorf("%s: settlement %+v, want %d prompt (%d cached), %d completion", tc.path, ev, tc.prompt, tc.cached, tc.completion)
 		}
-		if r := ev.Attributes["reasoning_tokens"]; (tc.reasoning > 0) != (r != "") || (r != "" && r != fmt.Sprint(tc.reasoning)) {
-			t.Errorf("%s: reasoning_tokens %q, want %d", tc.path, r, tc.reasoning)
+		if ev.ReasoningTokens != tc.reasoning {
+			t.Errorf("%s: reasoning_tokens %d, want %d", tc.path, ev.ReasoningTokens, tc.reasoning)
 		}
 	}
 	var estimates int

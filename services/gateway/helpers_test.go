@@ -49,6 +49,7 @@ func writeKeys(t testing.TB) string {
 // in testGateway.policy under the same name).
 type Upstream struct {
 	Name, BaseURL                  string
+	Dialect, APIKeyEnv             string
 	Models                         []string
 	Weight                         int
 	Timeout, ResponseHeaderTimeout time.Duration
@@ -97,6 +98,12 @@ func (tg testGateway) policyYAML(t testing.TB) []byte {
 		e["base_url"], e["models"] = u.BaseURL, u.Models
 		if u.Weight > 0 {
 			e["weight"] = u.Weight
+		}
+		if u.Dialect != "" {
+			e["dialect"] = u.Dialect
+		}
+		if u.APIKeyEnv != "" {
+			e["api_key_env"] = u.APIKeyEnv
 		}
 		if u.Timeout > 0 {
 			e["timeout"] = u.Timeout.String()

@@ -34,8 +34,13 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 	defer s.inflight.Done()
 	s.m.inflight.Inc()
 	defer s.m.inflight.Dec()
-	rw := &recorder{ResponseWriter: w, start: s.now()}
-	c := &call{endpoint: r.URL.Path, start: rw.start, route: "unknown"}
+	c := &call{endpoint: r.URL.Path, start: s.now(), route: "unknown", dialect: dialectOf(r.URL.Path)}
+	if c.dialect == policy.DialectAnthropic {
+		aw := &anthropicWriter{ResponseWriter: w, c: c, now: s.now}
+		defer aw.finish() // after the access log: it writes the held error
+		w = aw
+	}
+	rw := &recorder{ResponseWriter: w, start: c.start}
 	c.ep, _ = estimate.EndpointOf(r.URL.Path)
 	c.requestID = r.Header.Get(headerRequestID)
 	if !validID(c.requestID) {
@@ -79,6 +84,12 @@ func (s *Server) intake(w http.ResponseWriter, r *http.Request, c *call) bool {
 		c.badRequest(w, http.StatusBadRequest, "invalid_json", "We could not parse the JSON body of your request: "+err.Error())
 		return false
 	}
+	c.bodyModel = c.req.Model
+	if d, ok := azureDeployment(r.URL.Path); ok {
+		// Azure serves the deployment its URL names, whatever the body
+		// says: so does the gateway (the deployment is the model's name).
+		c.req.Model = d
+	}
 	return s.intakeModel(w, c) && s.intakeClass(w, r, c)
 }
 
@@ -91,7 +102,7 @@ func (s *Server) intakeModel(w http.ResponseWriter, c *call) bool {
 			fmt.Sprintf("You must provide a model parameter (1 to %d bytes).", schemas.MaxModelLen))
 		return false
 	}
-	c.ups, c.route = s.routes.Load().lookup(model)
+	c.ups, c.route = s.routes.Load().lookup(c.dialect, model)
 	switch {
 	case !c.caller.MayUse(model):
 		c.badParam(w, http.StatusForbidden, "model", "model_not_allowed",
@@ -195,7 +206,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) *frontend.
 }
 
 // badKeyMessage answers a request without a known tenant key.
-const badKeyMessage = "Incorrect API key provided. Send a Sluice gateway key as Authorization: Bearer <key>."
+const badKeyMessage = "Incorrect API key provided. Send a Sluice gateway key as Authorization: Bearer <key> (or x-api-key: or api-key: <key>)."
 
 // callerOf returns the tenant key r authenticates with (a deferred task's
 // run: its key), nil for none.
@@ -204,10 +215,30 @@ func (s *Server) callerOf(r *http.Request) *frontend.Caller {
 		return c
 	}
 	key, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if key == "" {
+		key = r.Header.Get("X-Api-Key") // Anthropic's clients send their key so
+	}
+	if key == "" {
+		key = r.Header.Get("Api-Key") // and Azure OpenAI's so
+	}
 	return s.keys.Authenticate(strings.TrimSpace(key))
 }
 
 // writeError answers an OpenAI error body.
 func writeError(w http.ResponseWriter, status int, typ, code, msg string) {
 	ratelimit.WriteError(w, status, ratelimit.Error{Type: typ, Code: code, Message: msg}, 0)
+}
+
+// azurePrefix begins Azure OpenAI's deployment URLs, which the gateway
+// serves to Azure's clients: /openai/deployments/<deployment>/<operation>.
+const azurePrefix = "/openai/deployments/"
+
+// azureDeployment returns the deployment an Azure OpenAI URL names.
+func azureDeployment(path string) (string, bool) {
+	rest, ok := strings.CutPrefix(path, azurePrefix)
+	if !ok {
+		return "", false
+	}
+	d, _, ok := strings.Cut(rest, "/")
+	return d, ok && d != ""
 }

@@ -66,7 +66,7 @@ func newMetrics(redisPing func(context.Context) error) *metrics {
 		}, []string{"endpoint", "stream"}),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_gateway_tokens_total",
-			Help: "Tokens settled, by tenant class, model route and kind (prompt, completion, cached, reasoning; cached is part of prompt, reasoning of completion).",
+			Help: "Tokens settled, by tenant class, model route and kind (prompt, completion, cached, cache_write, reasoning; cached and cache_write are parts of prompt, reasoning of completion).",
 		}, []string{"class", "model", "kind"}),
 		usage: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_gateway_usage_source_total",

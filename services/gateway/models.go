@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 
 	"github.com/sluicehq/sluice/sdk/go/ratelimit"
@@ -39,7 +40,7 @@ func (s *Server) listModels(w http.ResponseWriter, r *http.Request) {
 	names = slices.Compact(names)
 	data := make([]modelObject, 0, len(names))
 	for _, m := range names {
-		if ups, _ := s.routes.Load().lookup(m); ups != nil && caller.MayUse(m) && !strings.ContainsAny(m, `*?[\`) {
+		if ups, _ := s.routes.Load().lookup(policy.DialectOpenAI, m); ups != nil && caller.MayUse(m) && !strings.ContainsAny(m, `*?[\`) {
 			data = append(data, modelObject{ID: m, Object: "model", OwnedBy: "sluice"})
 		}
 	}
@@ -54,7 +55,7 @@ func (s *Server) getModel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	m := r.PathValue("model")
-	if ups, _ := s.routes.Load().lookup(m); ups == nil || !caller.MayUse(m) {
+	if ups, _ := s.routes.Load().lookup(policy.DialectOpenAI, m); ups == nil || !caller.MayUse(m) {
 		param := "model"
 		ratelimit.WriteError(w, http.StatusNotFound, ratelimit.Error{Type: "invalid_request_error", Code: "model_not_found",
 			Message: fmt.Sprintf("The model `%s` does not exist or this API key may not use it.", m), Param: &param}, 0)

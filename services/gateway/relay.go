@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/estimate"
 	"github.com/sluicehq/sluice/sdk/go/middleware"
@@ -25,12 +26,13 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, c *call, st *sett
 		c.mc.SetAttribute("upstream_request_id", id)
 	}
 	h := w.Header()
-	for _, k := range []string{"Content-Type", "Cache-Control", "Openai-Processing-Ms", "Openai-Version", "Retry-After"} {
+	for _, k := range []string{"Content-Type", "Cache-Control", "Openai-Processing-Ms", "Openai-Version", "Retry-After", "Request-Id"} {
 		if v := resp.Header.Get(k); v != "" {
 			h.Set(k, v)
 		}
 	}
 	st.status = resp.StatusCode
+	c.relaying = true
 	w.WriteHeader(st.status)
 	if st.status/100 != 2 {
 		// The provider refused or failed: relayed as it is, settled at
@@ -95,17 +97,30 @@ func (s *Server) relayWhole(w http.ResponseWriter, r *http.Request, c *call, res
 		}
 		return
 	}
-	var d doc
-	if json.Unmarshal(data, &d) != nil {
+	u, src, ok := usageOfWhole(c.dialect, data, fam, prompt)
+	if !ok {
 		c.source = usageEstimate // a 2xx that is not JSON: settled at the estimate
 		c.end(schemas.OutcomeOK, "")
 		return
 	}
-	if u := d.reported(); u != nil {
-		c.usage, c.source = u.usage(), usageReported
-	} else {
-		c.usage, c.source = middleware.Usage{PromptTokens: prompt, CompletionTokens: d.count(fam), Counted: true}, usageCounted
-	}
+	c.usage, c.source = u, src
 	c.mc.Report(c.usage)
 	c.end(schemas.OutcomeOK, "")
+}
+
+// usageOfWhole reads the usage of a whole answer in dialect: the
+// provider's, or prompt and the generated text counted when it reports
+// none. ok is false for an answer that is not JSON.
+func usageOfWhole(dialect string, data []byte, fam estimate.Family, prompt int64) (middleware.Usage, usageSource, bool) {
+	if dialect == policy.DialectAnthropic {
+		return anthropicWhole(data, fam, prompt)
+	}
+	var d doc
+	if json.Unmarshal(data, &d) != nil {
+		return middleware.Usage{}, usageEstimate, false
+	}
+	if u := d.reported(); u != nil {
+		return u.usage(), usageReported, true
+	}
+	return middleware.Usage{PromptTokens: prompt, CompletionTokens: d.count(fam), Counted: true}, usageCounted, true
 }

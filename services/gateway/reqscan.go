@@ -118,9 +118,21 @@ func scanRequest(body []byte) (request, error) {
 }
 
 // withModel returns body asking for model instead of the one it names
-// (a fallback), the rest unchanged; req is body's scan.
+// (a fallback, an Azure deployment), the rest unchanged; req is body's
+// scan.
 func withModel(body []byte, req request, model string) []byte {
 	val, _ := json.Marshal(model)
+	if req.modelEnd == 0 {
+		// The body names no model (an Azure client's, whose URL names the
+		// deployment): the member is inserted first.
+		i := ws(body, 0) + 1
+		out := make([]byte, 0, len(body)+len(val)+10)
+		out = append(append(append(out, body[:i]...), `"model":`...), val...)
+		if ws(body, i) < len(body) && body[ws(body, i)] != '}' {
+			out = append(out, ',')
+		}
+		return append(out, body[i:]...)
+	}
 	out := make([]byte, 0, len(body)+len(val))
 	out = append(out, body[:req.modelStart]...)
 	out = append(out, val...)

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"path"
 	"reflect"
 	"strings"
@@ -45,9 +46,29 @@ func newProvider(u policy.Upstream) (*provider, error) {
 	return &provider{cfg: u, key: key, client: &http.Client{Transport: tr}}, nil
 }
 
-// routes maps a model to the upstreams that serve it.
+// url is where to send a call of operation suffix (/chat/completions)
+// for model: under the base URL, or, for an azure upstream, under the
+// model's deployment with the upstream's api-version.
+func (p *provider) url(suffix, model string) string {
+	if p.cfg.Dialect != policy.DialectAzure {
+		return p.cfg.BaseURL + suffix
+	}
+	dep := p.cfg.Deployments[model]
+	if dep == "" {
+		dep = model
+	}
+	return p.cfg.BaseURL + "/deployments/" + url.PathEscape(dep) + suffix + "?api-version=" + url.QueryEscape(p.cfg.APIVersion)
+}
+
+// routes maps a model to the upstreams that serve it, in each dialect:
+// a request is routed only to upstreams that speak its route's API.
 type routes struct {
-	byName   map[string]*provider
+	byName    map[string]*provider
+	byDialect map[string]*modelRoutes
+}
+
+// modelRoutes are the routes of one dialect.
+type modelRoutes struct {
 	exact    map[string][]*provider
 	patterns []patternRoute
 }
@@ -62,7 +83,7 @@ type patternRoute struct {
 // credential cannot be read keeps old's provider, or is left out, and is
 // reported in the error.
 func newRoutes(p *policy.Policy, old *routes) (*routes, error) {
-	r := &routes{byName: map[string]*provider{}, exact: map[string][]*provider{}}
+	r := &routes{byName: map[string]*provider{}, byDialect: map[string]*modelRoutes{}}
 	var errs []error
 	for _, name := range p.UpstreamNames() {
 		u, _ := p.Upstream(name)
@@ -89,19 +110,28 @@ func newRoutes(p *policy.Policy, old *routes) (*routes, error) {
 
 func (r *routes) add(pv *provider) {
 	r.byName[pv.cfg.Name] = pv
+	dialect := pv.cfg.Dialect
+	if dialect == policy.DialectAzure {
+		dialect = policy.DialectOpenAI // OpenAI's API under other URLs
+	}
+	d := r.byDialect[dialect]
+	if d == nil {
+		d = &modelRoutes{exact: map[string][]*provider{}}
+		r.byDialect[dialect] = d
+	}
 	for _, m := range pv.cfg.Models {
 		if !strings.ContainsAny(m, `*?[\`) {
-			r.exact[m] = append(r.exact[m], pv)
+			d.exact[m] = append(d.exact[m], pv)
 			continue
 		}
 		i := 0
-		for i < len(r.patterns) && r.patterns[i].pattern != m {
+		for i < len(d.patterns) && d.patterns[i].pattern != m {
 			i++
 		}
-		if i == len(r.patterns) {
-			r.patterns = append(r.patterns, patternRoute{pattern: m})
+		if i == len(d.patterns) {
+			d.patterns = append(d.patterns, patternRoute{pattern: m})
 		}
-		r.patterns[i].ups = append(r.patterns[i].ups, pv)
+		d.patterns[i].ups = append(d.patterns[i].ups, pv)
 	}
 }
 
@@ -113,15 +143,23 @@ func (r *routes) provider(name string) *provider {
 	return r.byName[name]
 }
 
-// lookup returns the upstreams serving model and the route's name (the
-// model for an exact route, the pattern otherwise), which labels metrics
-// without letting callers invent label values. An exact route wins; among
-// patterns, the first listed that matches.
-func (r *routes) lookup(model string) ([]*provider, string) {
-	if ups, ok := r.exact[model]; ok {
+// lookup returns the upstreams of dialect serving model and the route's
+// name (the model for an exact route, the pattern otherwise), which
+// labels metrics without letting callers invent label values. An exact
+// route wins; among patterns, the first listed that matches. The empty
+// dialect is OpenAI's, the policy's default.
+func (r *routes) lookup(dialect, model string) ([]*provider, string) {
+	if dialect == "" {
+		dialect = policy.DialectOpenAI
+	}
+	d := r.byDialect[dialect]
+	if d == nil {
+		return nil, ""
+	}
+	if ups, ok := d.exact[model]; ok {
 		return ups, model
 	}
-	for _, p := range r.patterns {
+	for _, p := range d.patterns {
 		if ok, _ := path.Match(p.pattern, model); ok {
 			return p.ups, p.pattern
 		}
@@ -129,10 +167,15 @@ func (r *routes) lookup(model string) ([]*provider, string) {
 	return nil, ""
 }
 
-// exactModels lists the models named exactly by some upstream.
+// exactModels lists the models named exactly by some upstream of
+// OpenAI's dialect (what GET /v1/models lists).
 func (r *routes) exactModels() []string {
-	out := make([]string, 0, len(r.exact))
-	for m := range r.exact {
+	d := r.byDialect[policy.DialectOpenAI]
+	if d == nil {
+		return nil
+	}
+	out := make([]string, 0, len(d.exact))
+	for m := range d.exact {
 		out = append(out, m)
 	}
 	return out

@@ -166,6 +166,11 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 	for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"} {
 		mux.HandleFunc("POST "+p, s.serveAPI)
 	}
+	for _, op := range []string{"chat/completions", "completions", "embeddings"} {
+		mux.HandleFunc("POST "+azurePrefix+"{deployment}/"+op, s.serveAPI)
+	}
+	mux.HandleFunc("POST "+pathMessages, s.serveAPI)
+	mux.HandleFunc("POST "+pathCountTokens, s.serveCountTokens)
 	mux.HandleFunc("GET /v1/tasks/{id}", s.getTask)
 	mux.HandleFunc("GET /v1/models", s.listModels)
 	if deps.Usage != nil {
@@ -184,7 +189,7 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url",
-			fmt.Sprintf("This gateway serves POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses and GET /v1/models and /v1/usage, not %s %s.", r.Method, r.URL.Path))
+			fmt.Sprintf("This gateway serves POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, Anthropic's /v1/messages, Azure OpenAI's /openai/deployments/{deployment}/chat/completions, /completions and /embeddings, and GET /v1/models and /v1/usage, not %s %s.", r.Method, r.URL.Path))
 	})
 	s.mux = mux
 	return s, nil

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/estimate"
 	"github.com/sluicehq/sluice/sdk/go/middleware"
@@ -24,7 +25,8 @@ import (
 func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, fam estimate.Family, prompt int64) {
 	rc := http.NewResponseController(w)
 	_ = rc.Flush() // the headers now: clients start their timers on them
-	st := &streamState{w: w, rc: rc, strip: c.stripUsage(), fam: fam, max: s.cfg.MaxStreamEventBytes}
+	st := &streamState{w: w, rc: rc, strip: c.stripUsage(), fam: fam, max: s.cfg.MaxStreamEventBytes,
+		anthropic: c.dialect == policy.DialectAnthropic}
 	readErr := st.run(resp.Body)
 
 	switch {
@@ -44,9 +46,16 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			c.end(schemas.OutcomeError, codeStreamCut)
 		}
 	}
-	if st.usage != nil {
-		c.usage, c.source = st.usage.usage(), usageReported
-	} else {
+	switch {
+	case st.reported != nil && st.final:
+		c.usage, c.source = *st.reported, usageReported
+	case st.reported != nil:
+		// The provider reported the prompt (Anthropic's message_start) but
+		// the stream ended before the output's count: the text relayed
+		// until then is counted.
+		c.usage, c.source = *st.reported, usageCounted
+		c.usage.CompletionTokens, c.usage.Counted = max(c.usage.CompletionTokens, st.counted), true
+	default:
 		c.usage, c.source = middleware.Usage{PromptTokens: prompt, CompletionTokens: st.counted, Counted: true}, usageCounted
 	}
 	c.mc.Report(c.usage)
@@ -55,15 +64,17 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 
 // streamState is one stream being relayed.
 type streamState struct {
-	w     http.ResponseWriter
-	rc    *http.ResponseController
-	strip bool
-	fam   estimate.Family
-	max   int
+	w         http.ResponseWriter
+	rc        *http.ResponseController
+	strip     bool
+	fam       estimate.Family
+	max       int
+	anthropic bool // Anthropic's events (anthropicEvent), not OpenAI's
 
-	event       []byte // the current event, held until its blank line
-	passthrough bool   // the current event outgrew max: relayed as it comes
-	usage       *wireUsage
+	event       []byte            // the current event, held until its blank line
+	passthrough bool              // the current event outgrew max: relayed as it comes
+	reported    *middleware.Usage // what the provider reported so far
+	final       bool              // reported is the call's whole usage
 	counted     int64
 	clientGone  bool
 }
@@ -129,11 +140,14 @@ func (st *streamState) endEvent() bool {
 	ev := st.event
 	st.event = st.event[:0]
 	drop := false
-	if data := eventData(ev); len(data) > 0 && data[0] == '{' {
+	if data := eventData(ev); len(data) > 0 && data[0] == '{' && st.anthropic {
+		st.anthropicEvent(data)
+	} else if len(data) > 0 && data[0] == '{' {
 		var d doc
 		if json.Unmarshal(data, &d) == nil {
 			if u := d.reported(); u != nil {
-				st.usage = u
+				usage := u.usage()
+				st.reported, st.final = &usage, true
 				// The chunk the gateway asked for carries usage and no
 				// choices; a provider that puts usage on a chunk with
 				// content keeps it there, and the client gets it all.

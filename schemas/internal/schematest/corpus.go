@@ -143,6 +143,13 @@ var UsageCorpus = []Case{
 	{Name: "latency negative", Doc: Ev("latency_ms", "-1")},
 	{Name: "user too long", Doc: Ev("user", Q(strings.Repeat("u", 257)))},
 	{Name: "gateway too long", Doc: Ev("gateway", Q(strings.Repeat("g", 300)))},
+	{Name: "token types (cache read, cache write, reasoning)", Doc: Ev("cached_tokens", "700", "cache_write_tokens", "500",
+		"reasoning_tokens", "350"), Valid: true},
+	{Name: "token types null", Doc: Ev("cache_write_tokens", "null", "reasoning_tokens", "null"), Valid: true},
+	{Name: "negative cache write", Doc: Ev("cache_write_tokens", "-1")},
+	{Name: "reasoning too many", Doc: Ev("reasoning_tokens", "1000000001", "completion_tokens", "1000000000")},
+	{Name: "reasoning not an integer", Doc: Ev("reasoning_tokens", "1.5")},
+	{Name: "cache write a string", Doc: Ev("cache_write_tokens", Q("5"))},
 	{Name: "requested model (a fallback served)", Doc: Ev("requested_model", Q("gpt-4o")), Valid: true},
 	{Name: "requested model empty or null", Doc: Ev("requested_model", `""`, "user", "null"), Valid: true},
 	{Name: "requested model null", Doc: Ev("requested_model", "null"), Valid: true},
@@ -191,6 +198,9 @@ var UsageCorpus = []Case{
 
 	// Rejected by Go only: rules JSON Schema cannot express.
 	{Name: "cached above prompt", Doc: Ev("cached_tokens", "1201"), GoOnly: "comparison between two fields"},
+	{Name: "cache read and write above prompt", Doc: Ev("cached_tokens", "700", "cache_write_tokens", "501"), GoOnly: "comparison between two fields"},
+	{Name: "cache write above prompt", Doc: Ev("cache_write_tokens", "1201"), GoOnly: "comparison between two fields"},
+	{Name: "reasoning above completion", Doc: Ev("reasoning_tokens", "351"), GoOnly: "comparison between two fields"},
 	{Name: "duplicate key", Doc: strings.Replace(Ev(), `"id":"evt-1"`, `"id":"evt-1","id":"evt-2"`, 1), GoOnly: "duplicate keys"},
 	{Name: "lone surrogate", Doc: Ev("user", Q(`\ud800`)), GoOnly: "valid Unicode"},
 	{Name: "bytes not characters", Doc: Ev("user", Q(strings.Repeat("é", 200))), GoOnly: "lengths in bytes"},

@@ -276,6 +276,33 @@ func TestParseResponses(t *testing.T) {
 	}
 }
 
+// TestParseAnthropicMessages: Anthropic's system (a string or blocks),
+// each message's text blocks and the tools count; an image block counts
+// as an image, its base64 data and the ids of tool results not as text.
+func TestParseAnthropicMessages(t *testing.T) {
+	body := []byte(`{"model":"claude-sonnet-4-5","max_tokens":1024,"stream":true,
+	"system":[{"type":"text","text":"You are terse.","cache_control":{"type":"ephemeral"}}],
+	"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgoAAAANSUhEUgAAAAEAAAAB"}},
+		{"type":"text","text":"What is in the picture?"}]},
+		{"role":"assistant","content":"A cat."},
+		{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_01A09q90qw90lq917835lq9","content":"42"}]}],
+	"temperature":0.2}`)
+	req, err := Parse(AnthropicMessages, body, DefaultLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fam := FamilyOf("claude-sonnet-4-5")
+	want := textTokens(fam, "You are terse.", "user", "What is in the picture?", "assistant", "A cat.", "user", "42") +
+		3*perMessage + replyPriming + DefaultImageTokens
+	if req.MaxOutputTokens != 1024 || !req.Stream || req.Images != 1 || req.PromptTokens != want {
+		t.Fatalf("%+v, want %d prompt tokens, max 1024, one image", req, want)
+	}
+	req, err = Parse(AnthropicMessages, []byte(`{"model":"claude-haiku-4-5","system":"Be brief.","messages":[],"max_tokens":5}`), DefaultLimits())
+	if err != nil || req.PromptTokens != textTokens(FamilyOf("claude-haiku-4-5"), "Be brief.")+replyPriming {
+		t.Fatalf("string system: %+v %v", req, err)
+	}
+}
+
 // TestParseOnlyReadsTheEndpointsFields: the same key means nothing on
 // another endpoint (a chat body's "input" is not its prompt).
 func TestParseOnlyReadsTheEndpointsFields(t *testing.T) {
@@ -468,6 +495,7 @@ func TestEndpointOf(t *testing.T) {
 	for path, want := range map[string]Endpoint{
 		"/v1/chat/completions": ChatCompletions, "/openai/deployments/gpt4o/chat/completions": ChatCompletions,
 		"/v1/completions": Completions, "/v1/embeddings/": Embeddings, "/v1/responses": Responses,
+		"/v1/messages": AnthropicMessages,
 	} {
 		if got, ok := EndpointOf(path); !ok || got != want {
 			t.Errorf("EndpointOf(%q) = %v %v, want %v", path, got, ok, want)

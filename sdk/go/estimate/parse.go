@@ -25,6 +25,10 @@ const (
 	// Responses is POST /v1/responses: input (a string or items),
 	// instructions and tools.
 	Responses
+	// AnthropicMessages is Anthropic's POST /v1/messages: messages (text
+	// or content blocks), system (a string or blocks) and tools, with
+	// max_tokens; an image or document block counts as ImageTokens.
+	AnthropicMessages
 )
 
 // String returns the endpoint's path.
@@ -38,6 +42,8 @@ func (e Endpoint) String() string {
 		return "/v1/embeddings"
 	case Responses:
 		return "/v1/responses"
+	case AnthropicMessages:
+		return "/v1/messages"
 	}
 	return "unknown"
 }
@@ -56,6 +62,8 @@ func EndpointOf(path string) (e Endpoint, ok bool) {
 		return Embeddings, true
 	case strings.HasSuffix(path, "/responses"):
 		return Responses, true
+	case strings.HasSuffix(path, "/messages"):
+		return AnthropicMessages, true
 	}
 	return 0, false
 }
@@ -231,14 +239,14 @@ func (p *parser) top() (Request, error) {
 				err = p.skip()
 			}
 		case "messages":
-			if p.ep == ChatCompletions {
+			if p.ep == ChatCompletions || p.ep == AnthropicMessages {
 				err = p.items()
 				p.c.f.exact += replyPriming
 			} else {
 				err = p.skip()
 			}
 		case "tools", "functions":
-			if p.ep == ChatCompletions || p.ep == Responses {
+			if p.ep == ChatCompletions || p.ep == Responses || p.ep == AnthropicMessages {
 				err = p.schema()
 			} else {
 				err = p.skip()
@@ -265,6 +273,12 @@ func (p *parser) top() (Request, error) {
 		case "instructions":
 			if p.ep == Responses {
 				err = p.text()
+			} else {
+				err = p.skip()
+			}
+		case "system":
+			if p.ep == AnthropicMessages {
+				err = p.content()
 			} else {
 				err = p.skip()
 			}
@@ -468,6 +482,15 @@ func (p *parser) contentMember(key []byte) error {
 	case "image_url":
 		p.images++
 		return p.skip()
+	case "source":
+		if p.ep == AnthropicMessages { // an image or a document's data
+			p.images++
+			return p.skip()
+		}
+	case "tool_use_id", "signature":
+		if p.ep == AnthropicMessages {
+			return p.skip()
+		}
 	case "type", "id", "call_id", "detail", "url", "file_id", "file_data", "data",
 		"format", "input_audio", "file", "audio", "status", "encrypted_content":
 		return p.skip()

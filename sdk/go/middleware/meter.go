@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
@@ -83,10 +82,13 @@ func WithEstimateEvents(on bool) Option { return func(m *mw) { m.noEstimateEvent
 
 // Usage is what the provider reported for a call.
 type Usage struct {
-	PromptTokens, CompletionTokens, CachedTokens int64
+	// PromptTokens counts every input token billed: CachedTokens (read
+	// from the prompt cache) and CacheWriteTokens (written to it) are
+	// parts of it, as in the usage event.
+	PromptTokens, CompletionTokens, CachedTokens, CacheWriteTokens int64
 	// ReasoningTokens is the part of CompletionTokens the model spent
-	// reasoning, where the provider reports it; the settlement carries it
-	// as attribute reasoning_tokens (the event has no field for it).
+	// reasoning, where the provider reports it (the event's
+	// reasoning_tokens).
 	ReasoningTokens int64
 	// Counted marks tokens the gateway counted itself because the provider
 	// reported none (a stream without a usage chunk, a provider without
@@ -176,7 +178,7 @@ func (c *Call) SetOutcome(o schemas.Outcome) {
 
 // SetAttribute adds an attribute to the settlement (the upstream's
 // attempts, why a call ended). The middleware's own attributes (usage,
-// cancelled, reasoning_tokens, flags.ProbeAttribute) win over one of the
+// cancelled, flags.ProbeAttribute) win over one of the
 // same name. Keys and values must fit the event's limits
 // (schemas.MaxAttributes and the lengths it names) or the settlement is
 // invalid and dropped.
@@ -403,9 +405,8 @@ func (m *mw) settle(ctx context.Context, c *Call, base schemas.UsageEvent, statu
 	case reported:
 		ev.PromptTokens, ev.CompletionTokens = clampTokens(u.PromptTokens), clampTokens(u.CompletionTokens)
 		ev.CachedTokens = min(clampTokens(u.CachedTokens), ev.PromptTokens)
-		if u.ReasoningTokens > 0 {
-			attrs["reasoning_tokens"] = strconv.FormatInt(min(clampTokens(u.ReasoningTokens), ev.CompletionTokens), 10)
-		}
+		ev.CacheWriteTokens = min(clampTokens(u.CacheWriteTokens), ev.PromptTokens-ev.CachedTokens)
+		ev.ReasoningTokens = min(clampTokens(u.ReasoningTokens), ev.CompletionTokens)
 		if u.Counted {
 			attrs["usage"] = "counted"
 		}

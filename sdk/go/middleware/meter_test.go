@@ -308,10 +308,12 @@ func TestEventFieldsAndCallDetails(t *testing.T) {
 		{"reasoning and counted", func(w http.ResponseWriter, r *http.Request) {
 			c := CallFrom(r.Context())
 			c.SetAttribute("attempts", "2")
-			c.Report(Usage{PromptTokens: 40, CompletionTokens: 30, ReasoningTokens: 12, Counted: true})
+			c.Report(Usage{PromptTokens: 40, CompletionTokens: 30, CachedTokens: 10, CacheWriteTokens: 35, ReasoningTokens: 12, Counted: true})
 		}, func(s schemas.UsageEvent) bool {
+			// The cache write is held to what the cache read leaves of the prompt.
 			return s.PromptTokens == 40 && s.CompletionTokens == 30 && s.Outcome == schemas.OutcomeOK &&
-				s.Attributes["reasoning_tokens"] == "12" && s.Attributes["usage"] == "counted" &&
+				s.CachedTokens == 10 && s.CacheWriteTokens == 30 &&
+				s.ReasoningTokens == 12 && s.Attributes["usage"] == "counted" &&
 				s.Attributes["attempts"] == "2" && s.Attributes["team"] == "search"
 		}},
 		{"upstream timeout", func(w http.ResponseWriter, r *http.Request) {

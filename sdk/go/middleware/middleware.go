@@ -304,6 +304,7 @@ func (m *mw) applyFields(r *http.Request, ev *schemas.UsageEvent) {
 		ev.Priority = own.Priority
 	}
 	ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens = own.PromptTokens, own.CompletionTokens, own.CachedTokens
+	ev.CacheWriteTokens, ev.ReasoningTokens = own.CacheWriteTokens, own.ReasoningTokens
 	ev.Status, ev.Outcome, ev.LatencyMS, ev.Estimated = own.Status, own.Outcome, own.LatencyMS, own.Estimated
 }
 

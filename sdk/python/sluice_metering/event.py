@@ -72,6 +72,8 @@ class UsageEvent:
     provider: str = ""
     endpoint: str = ""
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
     status: int = 0
     outcome: str = ""
     latency_ms: int = 0
@@ -100,12 +102,21 @@ class UsageEvent:
             p.append(f"model: must be 1 to {MAX_MODEL_LEN} bytes of printable ASCII")
         elif self.model == "*" or self.model.startswith("@"):
             p.append('model: "*" and names beginning with "@" are reserved')
-        for name in ("prompt_tokens", "completion_tokens", "cached_tokens"):
+        ok: set[str] = set()
+        for name in ("prompt_tokens", "completion_tokens", "cached_tokens", "cache_write_tokens", "reasoning_tokens"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_TOKENS_PER_EVENT:
                 p.append(f"{name}: must be an integer from 0 to {MAX_TOKENS_PER_EVENT}")
-        if isinstance(self.cached_tokens, int) and isinstance(self.prompt_tokens, int) and self.cached_tokens > self.prompt_tokens:
+            else:
+                ok.add(name)
+        # Cache reads and writes are both part of the prompt, reasoning part of the completion.
+        if {"cached_tokens", "prompt_tokens"} <= ok and self.cached_tokens > self.prompt_tokens:
             p.append("cached_tokens: must not exceed prompt_tokens")
+        elif {"cached_tokens", "prompt_tokens", "cache_write_tokens"} <= ok and \
+                self.cached_tokens + self.cache_write_tokens > self.prompt_tokens:
+            p.append("cache_write_tokens: cached_tokens + cache_write_tokens must not exceed prompt_tokens")
+        if {"reasoning_tokens", "completion_tokens"} <= ok and self.reasoning_tokens > self.completion_tokens:
+            p.append("reasoning_tokens: must not exceed completion_tokens")
         if self.status != 0 and not 100 <= self.status <= 599:
             p.append("status: must be 0 (unknown) or 100 to 599")
         if self.outcome and self.outcome not in OUTCOMES:
@@ -138,7 +149,8 @@ class UsageEvent:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
         }
-        for name in ("user", "api_key_id", "provider", "endpoint", "cached_tokens", "status", "outcome",
+        for name in ("user", "api_key_id", "provider", "endpoint", "cached_tokens", "cache_write_tokens",
+                     "reasoning_tokens", "status", "outcome",
                      "latency_ms", "priority", "session_id", "estimated", "gateway"):
             v = getattr(self, name)
             if v:

@@ -35,3 +35,14 @@ def test_every_bad_field_is_named() -> None:
         ev.validate()
     fields = {p.split(":")[0] for p in e.value.problems}
     assert fields == {"id", "tenant", "model", "completion_tokens", "cached_tokens", "status", "outcome", "attributes"}
+
+
+def test_token_types_are_parts_of_prompt_and_completion() -> None:
+    ev = UsageEvent(tenant="acme", model="claude", prompt_tokens=1200, completion_tokens=350, cached_tokens=700,
+                    cache_write_tokens=500, reasoning_tokens=350)
+    ev.validate()
+    assert ev.to_dict()["cache_write_tokens"] == 500 and ev.to_dict()["reasoning_tokens"] == 350
+    ev.cache_write_tokens, ev.reasoning_tokens = 501, 351
+    with pytest.raises(ValidationError) as e:
+        ev.validate()
+    assert {p.split(":")[0] for p in e.value.problems} == {"cache_write_tokens", "reasoning_tokens"}

@@ -81,7 +81,7 @@ func New(conn driver.Conn, cost func() CostFunc, slowCallMS int64) *Store {
 }
 
 const insertEvents = `INSERT INTO usage_events (id, time, time_ms, tenant, model, prompt_tokens, completion_tokens, cached_tokens,
- user, api_key_id, provider, endpoint, status, outcome, latency_ms, priority, session_id, estimated, gateway, requested_model,
+ cache_write_tokens, reasoning_tokens, user, api_key_id, provider, endpoint, status, outcome, latency_ms, priority, session_id, estimated, gateway, requested_model,
  attribute_keys, attribute_values, kafka_partition, kafka_offset, ingested_at)`
 
 const insertMinutes = `INSERT INTO usage_minute (tenant, model, minute, requests, prompt_tokens, completion_tokens,
@@ -267,6 +267,7 @@ func eventColumns(batches []*Batch, n int, now time.Time) []any {
 		times, ingested                                         = make([]time.Time, n), make([]time.Time, n)
 		ms, status                                              = make([]uint16, n), make([]uint16, n)
 		prompt, completion, cached                              = make([]uint64, n), make([]uint64, n), make([]uint64, n)
+		cacheWrite, reasoning                                   = make([]uint64, n), make([]uint64, n)
 		latency                                                 = make([]uint32, n)
 		est                                                     = make([]uint8, n)
 		attrKeys, attrVals                                      = make([][]string, n), make([][]string, n)
@@ -279,6 +280,7 @@ func eventColumns(batches []*Batch, n int, now time.Time) []any {
 			e := &b.Events[k]
 			ids[i], times[i], ms[i], tenants[i], models[i] = e.ID, e.Time.UTC(), uint16(e.Time.Nanosecond()/1e6), e.Tenant, e.Model
 			prompt[i], completion[i], cached[i] = uint64(e.PromptTokens), uint64(e.CompletionTokens), uint64(e.CachedTokens)
+			cacheWrite[i], reasoning[i] = uint64(e.CacheWriteTokens), uint64(e.ReasoningTokens)
 			users[i], keys[i], providers[i], endpoints[i] = e.User, e.APIKeyID, e.Provider, e.Endpoint
 			status[i], outcomes[i], latency[i], priorities[i], sessions[i] = uint16(e.Status), string(e.Outcome), uint32(e.LatencyMS), string(e.Priority), e.SessionID
 			if e.Estimated {
@@ -290,7 +292,7 @@ func eventColumns(batches []*Batch, n int, now time.Time) []any {
 			i++
 		}
 	}
-	return []any{ids, times, ms, tenants, models, prompt, completion, cached, users, keys, providers, endpoints,
+	return []any{ids, times, ms, tenants, models, prompt, completion, cached, cacheWrite, reasoning, users, keys, providers, endpoints,
 		status, outcomes, latency, priorities, sessions, est, gateways, requested, attrKeys, attrVals, parts, offs, ingested}
 }
 

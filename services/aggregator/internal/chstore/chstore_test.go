@@ -132,6 +132,31 @@ func TestOneWriteOfSeveralBatches(t *testing.T) {
 	check("SELECT tenant, toFloat64(count()) FROM usage_events GROUP BY tenant", map[string]float64{"acme": 2, "beta": 1})
 }
 
+// TestTokenTypesStored: the cache read, the cache write and the reasoning
+// tokens an event carries reach usage_events, each in its own column, so
+// that reports can price each token type.
+func TestTokenTypesStored(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn := migratedDB(t, ctx)
+	s := New(conn, func() CostFunc { return nil }, 1000)
+	at := time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)
+	ev := schemas.UsageEvent{ID: "t1", Time: at, Tenant: "acme", Model: "claude", PromptTokens: 1200, CompletionTokens: 350,
+		CachedTokens: 700, CacheWriteTokens: 500, ReasoningTokens: 120}
+	if err := s.Write(ctx, &Batch{Version: 1, Events: []Event{{UsageEvent: ev, Offset: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	var prompt, completion, read, write, reasoning uint64
+	if err := conn.QueryRow(ctx, "SELECT prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, reasoning_tokens FROM usage_events WHERE id = 't1'").
+		Scan(&prompt, &completion, &read, &write, &reasoning); err != nil {
+		t.Fatal(err)
+	}
+	if prompt != 1200 || completion != 350 || read != 700 || write != 500 || reasoning != 120 {
+		t.Errorf("stored prompt %d completion %d cache read %d cache write %d reasoning %d, want 1200 350 700 500 120",
+			prompt, completion, read, write, reasoning)
+	}
+}
+
 // migratedDB opens a fresh ClickHouse database with the migrations applied.
 func migratedDB(t testing.TB, ctx context.Context) driver.Conn {
 	t.Helper()

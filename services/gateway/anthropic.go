@@ -1,0 +1,325 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/sdk/go/estimate"
+	"github.com/sluicehq/sluice/sdk/go/middleware"
+	"github.com/sluicehq/sluice/sdk/go/ratelimit"
+)
+
+// Anthropic's Messages API, passed through natively: the body goes to an
+// upstream of dialect anthropic as the client sent it, the answer comes
+// back as the provider sent it, and the gateway reads the usage Anthropic
+// reports (usage in a message; message_start and message_delta in a
+// stream). Only the gateway's own answers change shape: its refusals are
+// written as OpenAI errors everywhere in the request path (the flags,
+// admission, guards, intake), and anthropicWriter rewrites them into
+// Anthropic's error body and rate-limit headers, so that Anthropic's
+// SDKs raise their own errors (a 429 their RateLimitError).
+
+// Paths of Anthropic's API the gateway serves.
+const (
+	pathMessages    = "/v1/messages"
+	pathCountTokens = "/v1/messages/count_tokens"
+)
+
+// anthropicVersion is the anthropic-version sent to an upstream when the
+// client sent none: the API's only stable version.
+const anthropicVersion = "2023-06-01"
+
+// dialectOf is the dialect of the API a request path belongs to.
+func dialectOf(path string) string {
+	if path == pathMessages || path == pathCountTokens {
+		return policy.DialectAnthropic
+	}
+	return policy.DialectOpenAI
+}
+
+// anthropicUsage is the usage block of Anthropic's messages, of
+// message_start's message and of message_delta. input_tokens leaves the
+// cache out: the prompt billed is the three input counts together.
+type anthropicUsage struct {
+	InputTokens              int64 `json:"input_tokens"`
+	OutputTokens             int64 `json:"output_tokens"`
+	CacheCreationInputTokens int64 `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     int64 `json:"cache_read_input_tokens"`
+}
+
+func (u *anthropicUsage) usage() middleware.Usage {
+	return middleware.Usage{PromptTokens: u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens,
+		CompletionTokens: u.OutputTokens, CachedTokens: u.CacheReadInputTokens, CacheWriteTokens: u.CacheCreationInputTokens}
+}
+
+// anthropicDoc is the part of a message, or of one streamed event, that
+// says what was used or generated.
+type anthropicDoc struct {
+	Type    string          `json:"type"`
+	Usage   *anthropicUsage `json:"usage"`
+	Message *struct {
+		Usage *anthropicUsage `json:"usage"`
+	} `json:"message"`
+	Content      []anthropicBlock `json:"content"`
+	ContentBlock *anthropicBlock  `json:"content_block"`
+	Delta        *struct {
+		Text        string `json:"text"`
+		Thinking    string `json:"thinking"`
+		PartialJSON string `json:"partial_json"`
+	} `json:"delta"`
+}
+
+type anthropicBlock struct {
+	Text     string          `json:"text"`
+	Thinking string          `json:"thinking"`
+	Name     string          `json:"name"`
+	Input    json.RawMessage `json:"input"`
+}
+
+// count returns the tokens of the text d generated, with fam's weights.
+func (d *anthropicDoc) count(fam estimate.Family) int64 {
+	var n int64
+	add := func(s string) {
+		if s != "" {
+			n += estimate.Count(fam, s)
+		}
+	}
+	blocks := d.Content
+	if d.ContentBlock != nil {
+		blocks = append(blocks, *d.ContentBlock)
+	}
+	for _, b := range blocks {
+		add(b.Text)
+		add(b.Thinking)
+		add(b.Name)
+		if len(b.Input) > 2 { // a tool call's arguments; {} at a block's start
+			add(string(b.Input))
+		}
+	}
+	if d.Delta != nil {
+		add(d.Delta.Text)
+		add(d.Delta.Thinking)
+		add(d.Delta.PartialJSON)
+	}
+	return n
+}
+
+// anthropicWhole reads the usage of a whole message: the provider's, or
+// prompt and the generated text counted when it reports none. ok is false
+// for an answer that is not JSON.
+func anthropicWhole(data []byte, fam estimate.Family, prompt int64) (u middleware.Usage, src usageSource, ok bool) {
+	var d anthropicDoc
+	if json.Unmarshal(data, &d) != nil {
+		return u, usageEstimate, false
+	}
+	if d.Usage != nil {
+		return d.Usage.usage(), usageReported, true
+	}
+	return middleware.Usage{PromptTokens: prompt, CompletionTokens: d.count(fam), Counted: true}, usageCounted, true
+}
+
+// anthropicEvent reads one event of an Anthropic stream: message_start
+// gives the prompt (and the cache) and the first output count,
+// message_delta the cumulative output (and, from newer API versions, the
+// input again), and the deltas the text to count should the stream end
+// before message_delta.
+func (st *streamState) anthropicEvent(data []byte) {
+	var d anthropicDoc
+	if json.Unmarshal(data, &d) != nil {
+		return
+	}
+	switch d.Type {
+	case "message_start":
+		if d.Message != nil && d.Message.Usage != nil {
+			u := d.Message.Usage.usage()
+			st.reported = &u
+		}
+	case "message_delta":
+		if d.Usage == nil {
+			break
+		}
+		if st.reported == nil {
+			st.reported = &middleware.Usage{}
+		}
+		st.reported.CompletionTokens = d.Usage.OutputTokens
+		if in := d.Usage.usage(); in.PromptTokens > 0 {
+			st.reported.PromptTokens, st.reported.CachedTokens, st.reported.CacheWriteTokens =
+				in.PromptTokens, in.CachedTokens, in.CacheWriteTokens
+		}
+		st.final = true
+	default:
+		st.counted += d.count(st.fam)
+	}
+}
+
+// anthropicWriter answers the gateway's own errors on Anthropic's routes
+// in Anthropic's shape: an error the gateway writes (c.relaying unset) is
+// held and rewritten by finish; the upstream's answers pass unchanged.
+// On every answer it turns OpenAI's x-ratelimit-* headers into
+// Anthropic's anthropic-ratelimit-*.
+type anthropicWriter struct {
+	http.ResponseWriter
+	c           *call
+	now         func() time.Time
+	held        int // the status of a held error; 0 when none
+	body        bytes.Buffer
+	wroteHeader bool
+}
+
+// maxHeldError bounds a held error body: the gateway's are a few hundred
+// bytes; beyond this the rest is dropped (the message is cut, not lost).
+const maxHeldError = 16 << 10
+
+func (w *anthropicWriter) WriteHeader(code int) {
+	if w.wroteHeader || w.held != 0 {
+		return
+	}
+	if code >= 400 && !w.c.relaying {
+		w.held = code
+		return
+	}
+	w.wroteHeader = true
+	anthropicRateHeaders(w.Header(), w.now())
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *anthropicWriter) Write(b []byte) (int, error) {
+	if !w.wroteHeader && w.held == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.held != 0 {
+		w.body.Write(b[:min(len(b), max(0, maxHeldError-w.body.Len()))])
+		return len(b), nil
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush flushes a relayed answer; a held error waits for finish.
+func (w *anthropicWriter) Flush() {
+	if w.held != 0 {
+		return
+	}
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap returns the wrapped writer, for http.ResponseController.
+func (w *anthropicWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// finish writes the held error as Anthropic's error body, with the held
+// status and message (which names the limit that refused).
+func (w *anthropicWriter) finish() {
+	if w.held == 0 {
+		return
+	}
+	var b ratelimit.Body
+	msg := http.StatusText(w.held)
+	if json.Unmarshal(w.body.Bytes(), &b) == nil && b.Error.Message != "" {
+		msg = b.Error.Message
+	}
+	h := w.Header()
+	anthropicRateHeaders(h, w.now())
+	h.Set("Content-Type", "application/json")
+	h.Del("Content-Length")
+	w.wroteHeader = true
+	w.ResponseWriter.WriteHeader(w.held)
+	out, _ := json.Marshal(anthropicError{Type: "error", Error: anthropicErrorBody{Type: anthropicErrorType(w.held), Message: msg}})
+	_, _ = w.ResponseWriter.Write(out)
+}
+
+type anthropicError struct {
+	Type  string             `json:"type"`
+	Error anthropicErrorBody `json:"error"`
+}
+
+type anthropicErrorBody struct {
+	Type    string `json:"type"`
+	Message string `json:"message"`
+}
+
+// anthropicErrorType is the error type Anthropic's API gives status.
+func anthropicErrorType(status int) string {
+	switch status {
+	case http.StatusBadRequest:
+		return "invalid_request_error"
+	case http.StatusUnauthorized:
+		return "authentication_error"
+	case http.StatusForbidden:
+		return "permission_error"
+	case http.StatusNotFound:
+		return "not_found_error"
+	case http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case http.StatusServiceUnavailable, 529:
+		return "overloaded_error"
+	case http.StatusGatewayTimeout:
+		return "timeout_error"
+	}
+	if status < 500 {
+		return "invalid_request_error"
+	}
+	return "api_error"
+}
+
+// anthropicRateHeaders replaces OpenAI's x-ratelimit-* headers in h by
+// Anthropic's: anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset},
+// the reset an RFC 3339 time rather than a duration.
+func anthropicRateHeaders(h http.Header, now time.Time) {
+	for _, unit := range []string{"requests", "tokens"} {
+		limit, remaining, reset := "X-Ratelimit-Limit-"+unit, "X-Ratelimit-Remaining-"+unit, "X-Ratelimit-Reset-"+unit
+		if v := h.Get(limit); v != "" {
+			h.Set("Anthropic-Ratelimit-"+unit+"-Limit", v)
+		}
+		if v := h.Get(remaining); v != "" {
+			h.Set("Anthropic-Ratelimit-"+unit+"-Remaining", v)
+		}
+		if d, err := time.ParseDuration(h.Get(reset)); err == nil {
+			h.Set("Anthropic-Ratelimit-"+unit+"-Reset", now.Add(d).UTC().Format(time.RFC3339))
+		}
+		h.Del(limit)
+		h.Del(remaining)
+		h.Del(reset)
+	}
+}
+
+// serveCountTokens passes POST /v1/messages/count_tokens to an upstream
+// of dialect anthropic, authenticated and routed like a message but not
+// metered: counting tokens is free at Anthropic and bills none.
+func (s *Server) serveCountTokens(w http.ResponseWriter, r *http.Request) {
+	s.inflight.Add(1)
+	defer s.inflight.Done()
+	c := &call{endpoint: r.URL.Path, start: s.now(), route: "unknown", dialect: policy.DialectAnthropic}
+	aw := &anthropicWriter{ResponseWriter: w, c: c, now: s.now}
+	defer aw.finish()
+	c.requestID = r.Header.Get(headerRequestID)
+	if !validID(c.requestID) {
+		c.requestID = "req_" + randomHex(16)
+	}
+	aw.Header().Set(headerRequestID, c.requestID)
+	if !s.intake(aw, r, c) {
+		return
+	}
+	u := order(c.ups, 1, s.broken)[0]
+	resp, done, err := s.attempt(r.Context(), u, u.url(strings.TrimPrefix(pathCountTokens, "/v1"), c.req.Model), c.body, c.requestID, r.Header)
+	if err != nil {
+		writeError(aw, http.StatusBadGateway, "api_error", "upstream_unavailable", fmt.Sprintf("The model provider (%s) could not be reached.", u.cfg.Name))
+		return
+	}
+	defer done()
+	defer resp.Body.Close()
+	c.relaying = true
+	if v := resp.Header.Get("Content-Type"); v != "" {
+		aw.Header().Set("Content-Type", v)
+	}
+	aw.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(aw, io.LimitReader(resp.Body, s.cfg.MaxResponseBytes))
+}
