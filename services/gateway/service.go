@@ -147,7 +147,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, opts options, ready 
 	}
 	deps := pol.deps
 	deps.Checker, deps.Emitter, deps.Logger, deps.Metrics, deps.Keys = chk, em, log, env.Metrics, keys
-	deps.Tasks, deps.Usage = tasks, usage
+	deps.Tasks, deps.Usage, deps.Tracing = tasks, usage, env.Tracing
 	s, err = NewServer(cfg, deps)
 	if err != nil {
 		frontend.CloseEmitter(context.Background(), em, closeSender, time.Second, log)
