@@ -3,7 +3,7 @@
 // structured logging (logging), Kafka, ClickHouse and Redis client
 // construction (kafkaconn, chconn, redisconn) with one TLS and password
 // setting shared by all three (tlsconfig), Prometheus metrics with
-// /healthz and /readyz (ops), graceful shutdown of a group of services
+// /healthz and /readyz (ops), OpenTelemetry tracing (tracing), graceful shutdown of a group of services
 // (lifecycle), and access to the real backing services from integration
 // tests (itest).
 //

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 
@@ -20,7 +21,8 @@ import (
 )
 
 // Span is one received span, its ids in hex as W3C traceparent writes
-// them.
+// them. Attrs holds its string attributes (lists of strings joined with
+// commas), Ints its integer ones.
 type Span struct {
 	Name     string
 	Service  string // the resource's service.name
@@ -115,8 +117,16 @@ func convert(sp *tracepb.Span, service, scope string) Span {
 func strAttrs(kvs []*commonpb.KeyValue) map[string]string {
 	out := map[string]string{}
 	for _, kv := range kvs {
-		if v, ok := kv.GetValue().GetValue().(*commonpb.AnyValue_StringValue); ok {
+		switch v := kv.GetValue().GetValue().(type) {
+		case *commonpb.AnyValue_StringValue:
 			out[kv.GetKey()] = v.StringValue
+		case *commonpb.AnyValue_ArrayValue:
+			// A list of strings, joined with commas.
+			var parts []string
+			for _, e := range v.ArrayValue.GetValues() {
+				parts = append(parts, e.GetStringValue())
+			}
+			out[kv.GetKey()] = strings.Join(parts, ",")
 		}
 	}
 	return out

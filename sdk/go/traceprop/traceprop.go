@@ -124,3 +124,19 @@ func Inject(ctx context.Context, rec *kgo.Record) {
 func RecordContext(ctx context.Context, rec *kgo.Record) context.Context {
 	return w3c.Extract(ctx, recordCarrier{rec})
 }
+
+// EventHeaders returns the headers of ev's record: base, plus the trace
+// context ev carries (its traceparent and tracestate attributes) when it
+// carries one — then in a copy, base being shared between records.
+func EventHeaders(base []kgo.RecordHeader, ev *schemas.UsageEvent) []kgo.RecordHeader {
+	tp := ev.Attributes[TraceParent]
+	if tp == "" {
+		return base
+	}
+	out := append(make([]kgo.RecordHeader, 0, len(base)+2), base...)
+	out = append(out, kgo.RecordHeader{Key: TraceParent, Value: []byte(tp)})
+	if ts := ev.Attributes[TraceState]; ts != "" {
+		out = append(out, kgo.RecordHeader{Key: TraceState, Value: []byte(ts)})
+	}
+	return out
+}
