@@ -3,7 +3,7 @@
 // structured logging (logging), Kafka, ClickHouse and Redis client
 // construction (kafkaconn, chconn, redisconn) with one TLS and password
 // setting shared by all three (tlsconfig), Prometheus metrics with
-// /healthz and /readyz (ops), graceful shutdown of a group of services
+// /healthz and /readyz (ops), OpenTelemetry tracing (tracing), graceful shutdown of a group of services
 // (lifecycle), and access to the real backing services from integration
 // tests (itest).
 //
@@ -16,6 +16,8 @@ import (
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
@@ -32,6 +34,11 @@ type Env struct {
 	Metrics prometheus.Registerer
 	// Health receives the service's readiness checks.
 	Health *ops.Health
+	// Tracing is the process's tracer provider (the root tracing
+	// section, platform/tracing): OpenTelemetry's no-op one when tracing
+	// is off, which services detect (sdk/go/traceprop.On) to skip
+	// tracing altogether.
+	Tracing trace.TracerProvider
 	// Kafka, ClickHouse and Redis say where the shared backing services are.
 	Kafka      kafkaconn.Config
 	ClickHouse chconn.Config
@@ -71,6 +78,9 @@ func (env Env) Named(service string) Env {
 	}
 	if env.Health == nil {
 		env.Health = ops.NewHealth()
+	}
+	if env.Tracing == nil {
+		env.Tracing = noop.NewTracerProvider()
 	}
 	return env
 }

@@ -87,6 +87,9 @@
 // ("sluice.usage.v1") and [TopicSignalsV1] ("sluice.signals.v1"), and every
 // record also names its schema in the Kafka header [HeaderSchema]
 // ("schema"), so that a consumer reading two topics knows what it holds.
+// Records may also carry the W3C trace context headers traceparent and
+// tracestate (sdk/go/traceprop, docs/tracing.md): optional, advisory and
+// unsigned, they never change how a record is counted or enforced.
 //
 // Additive changes keep v1: a new optional field, a raised limit, a new
 // signal kind. Producers may send the new field only after the consumers

@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/platform/ops"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
+	"github.com/sluicehq/sluice/platform/tracing"
 )
 
 // Config is the whole process configuration: the shared sections first,
@@ -25,6 +26,7 @@ import (
 type Config struct {
 	Log        logging.Config   `yaml:"log"`
 	Ops        ops.Config       `yaml:"ops"`
+	Tracing    tracing.Config   `yaml:"tracing"`
 	Kafka      kafkaconn.Config `yaml:"kafka"`
 	ClickHouse chconn.Config    `yaml:"clickhouse"`
 	Redis      redisconn.Config `yaml:"redis"`
@@ -58,6 +60,7 @@ func defaultConfig() Config {
 	c := Config{
 		Log:             logging.Defaults(),
 		Ops:             ops.Defaults(),
+		Tracing:         tracing.Defaults(),
 		Kafka:           kafkaconn.Defaults(),
 		ClickHouse:      chconn.Defaults(),
 		Redis:           redisconn.Defaults(),
@@ -74,7 +77,7 @@ func defaultConfig() Config {
 // Validate checks every shared section and reports all problems at once;
 // the services' sections are checked when a service is chosen.
 func (c *Config) Validate() error {
-	errs := []error{c.Log.Validate(), c.Ops.Validate(), c.Kafka.Validate(), c.ClickHouse.Validate(), c.Redis.Validate(), c.SignalAuth.Validate(),
+	errs := []error{c.Log.Validate(), c.Ops.Validate(), c.Tracing.Validate(), c.Kafka.Validate(), c.ClickHouse.Validate(), c.Redis.Validate(), c.SignalAuth.Validate(),
 		c.Policy.Validate("policy"), c.TenantKeys.Validate("tenant_keys")}
 	if c.Embedded.Enabled && len(c.Kafka.Brokers) > 0 {
 		errs = append(errs, errors.New("embedded_kafka.enabled: set together with kafka.brokers; use one or the other"))

@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/platform/ops"
 	"github.com/sluicehq/sluice/platform/signalauth"
+	"github.com/sluicehq/sluice/platform/tracing"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/aggregator"
 	"github.com/sluicehq/sluice/services/alerter"
@@ -307,9 +308,23 @@ func preparePipeline(ctx context.Context, cfg *Config, names []string, host *hos
 			return nil, err
 		}
 	}
+	tp, err := tracing.New(cfg.Tracing)
+	if err != nil {
+		p.close()
+		return nil, err
+	}
+	// Cleanups run once every service has stopped: the spans of their
+	// last work are exported then.
+	p.cleanup = append(p.cleanup, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.Tracing.Timeout)
+		defer cancel()
+		if err := tp.Shutdown(ctx); err != nil {
+			log.Warn("tracing: the last spans were not all exported", "err", err)
+		}
+	})
 	reg := ops.NewRegistry()
 	p.env = cfg.env()
-	p.env.Logger, p.env.Metrics, p.env.Health = log, reg, ops.NewHealth()
+	p.env.Logger, p.env.Metrics, p.env.Health, p.env.Tracing = log, reg, ops.NewHealth(), tp
 	opsCfg := cfg.Ops
 	// The operational endpoints stop last: /metrics and /healthz answer
 	// while the services drain, and the last flush's metrics can be read.

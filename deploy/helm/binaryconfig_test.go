@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/platform/ops"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
+	"github.com/sluicehq/sluice/platform/tracing"
 	"github.com/sluicehq/sluice/services/aggregator"
 	"github.com/sluicehq/sluice/services/alerter"
 	"github.com/sluicehq/sluice/services/authz"
@@ -43,6 +44,7 @@ import (
 type binaryConfig struct {
 	Log        logging.Config   `yaml:"log"`
 	Ops        ops.Config       `yaml:"ops"`
+	Tracing    tracing.Config   `yaml:"tracing"`
 	Kafka      kafkaconn.Config `yaml:"kafka"`
 	ClickHouse chconn.Config    `yaml:"clickhouse"`
 	Redis      redisconn.Config `yaml:"redis"`
@@ -77,6 +79,7 @@ func defaultBinaryConfig() binaryConfig {
 	c := binaryConfig{
 		Log:             logging.Defaults(),
 		Ops:             ops.Defaults(),
+		Tracing:         tracing.Defaults(),
 		Kafka:           kafkaconn.Defaults(),
 		ClickHouse:      chconn.Defaults(),
 		Redis:           redisconn.Defaults(),
@@ -101,7 +104,7 @@ func defaultBinaryConfig() binaryConfig {
 
 // Validate is cmd/sluice's Config.Validate: the shared sections.
 func (c *binaryConfig) Validate() error {
-	errs := []error{c.Log.Validate(), c.Ops.Validate(), c.Kafka.Validate(), c.ClickHouse.Validate(), c.Redis.Validate(), c.SignalAuth.Validate(),
+	errs := []error{c.Log.Validate(), c.Ops.Validate(), c.Tracing.Validate(), c.Kafka.Validate(), c.ClickHouse.Validate(), c.Redis.Validate(), c.SignalAuth.Validate(),
 		c.Policy.Validate("policy"), c.TenantKeys.Validate("tenant_keys")}
 	if c.Embedded.Enabled && len(c.Kafka.Brokers) > 0 {
 		errs = append(errs, errors.New("embedded_kafka.enabled: set together with kafka.brokers; use one or the other"))

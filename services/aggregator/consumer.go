@@ -13,12 +13,14 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/schemas/eventjson"
+	"github.com/sluicehq/sluice/sdk/go/traceprop"
 	"github.com/sluicehq/sluice/services/aggregator/internal/chstore"
 	"github.com/sluicehq/sluice/services/aggregator/internal/faults"
 	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
@@ -33,6 +35,8 @@ type aggregator struct {
 	cl      *kgo.Client
 	admin   *adminFollower
 	auth    *signalauth.Auth // signs every signal record
+	// tracer is nil when tracing is off (tracing.go).
+	tracer trace.Tracer
 
 	// mu guards parts. The poll loop holds it while processing a poll; the
 	// rebalance callbacks (which franz-go runs only between polls, given
@@ -91,6 +95,9 @@ type partition struct {
 	pending  int // events processed since the last flush, counted or not
 	w        *writer
 	reroutes []*kgo.Record // records to produce to their tenant's home partition before the next commit
+	// traces holds, for each signal raised and not drained yet, the span
+	// context of the event that raised it (tracing.go); nil when none.
+	traces map[string]trace.SpanContext
 	// unsent holds the jobs drained by flushes cut short before their
 	// records were published, oldest first: the next flush publishes them
 	// again and hands them to the writer before anything newer (flushAll).
@@ -125,8 +132,12 @@ type partition struct {
 }
 
 func newAggregator(cfg Config, env platform.Env, w *policy.Watcher) *aggregator {
-	return &aggregator{cfg: cfg, log: env.Logger, m: newMetrics(env.Metrics, w), watcher: w, parts: map[int32]*partition{},
+	a := &aggregator{cfg: cfg, log: env.Logger, m: newMetrics(env.Metrics, w), watcher: w, parts: map[int32]*partition{},
 		room: make(chan struct{}, 1), pastCounts: map[int]bool{}, waiting: map[int32]*handoverWait{}, commitCounts: map[int32]int32{}, restored: make(chan struct{}, 1)}
+	if traceprop.On(env.Tracing) {
+		a.tracer = traceprop.Tracer(env.Tracing, "aggregator")
+	}
+	return a
 }
 
 func (a *aggregator) kafkaOptions() []kgo.Opt {
@@ -326,7 +337,13 @@ func (a *aggregator) process(ctx context.Context, ftp kgo.FetchTopicPartition) {
 				// Its restore is still running: the event waits with it.
 				pr.park(p, ev, rec.Partition, rec.Offset, ref)
 			default:
-				if r := a.count(p, ev, rec.Partition, rec.Offset, ref); r == tally.Evicted {
+				var r tally.Result
+				if a.tracer != nil {
+					r = a.countTraced(p, rec, ev, ref)
+				} else {
+					r = a.count(p, ev, rec.Partition, rec.Offset, ref)
+				}
+				if r == tally.Evicted {
 					// Rebuilt off the poll loop (restore.go); the tenant's
 					// events wait, every other tenant's keep flowing.
 					a.startRestore(p, ev, rec.Partition, rec.Offset, ref)
@@ -546,6 +563,7 @@ func (a *aggregator) drain(p *partition) *job {
 		}
 		b.Signals = append(b.Signals, sg)
 		b.Payloads = append(b.Payloads, v)
+		a.traceSignal(p, b, &sg)
 	}
 	// Versions grow per tenant across partitions: see chstore.VersionShift.
 	b.Version = uint64(n)<<chstore.VersionShift | uint64(p.next)
@@ -567,7 +585,9 @@ func (p *partition) drainedTo() int64 {
 func (a *aggregator) signalRecords(recs []*kgo.Record, b *chstore.Batch) []*kgo.Record {
 	for i := range b.Signals {
 		s := &b.Signals[i]
-		recs = append(recs, a.auth.Record(a.cfg.SignalsTopic, []byte(s.Tenant), b.Payloads[i]))
+		rec := a.auth.Record(a.cfg.SignalsTopic, []byte(s.Tenant), b.Payloads[i])
+		injectSignal(rec, b, i)
+		recs = append(recs, rec)
 	}
 	return recs
 }

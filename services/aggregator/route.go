@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/traceprop"
 )
 
 // Direct producers and the home partition (docs/producers.md).
@@ -128,11 +129,17 @@ var schemaUsageV1 = []byte(schemas.SchemaUsageV1)
 
 // reroute queues rec for its tenant's home partition.
 func (a *aggregator) reroute(p *partition, rec *kgo.Record, tenant string, home int32) {
-	p.reroutes = append(p.reroutes, &kgo.Record{Topic: a.cfg.Topic, Partition: home, Key: []byte(tenant), Value: rec.Value,
-		Headers: []kgo.RecordHeader{
-			{Key: schemas.HeaderSchema, Value: schemaUsageV1},
-			{Key: HeaderReroutedFrom, Value: []byte(strconv.Itoa(int(rec.Partition)) + "/" + strconv.FormatInt(rec.Offset, 10))},
-		}})
+	hs := []kgo.RecordHeader{
+		{Key: schemas.HeaderSchema, Value: schemaUsageV1},
+		{Key: HeaderReroutedFrom, Value: []byte(strconv.Itoa(int(rec.Partition)) + "/" + strconv.FormatInt(rec.Offset, 10))},
+	}
+	// The event's trace context goes with it (docs/tracing.md).
+	for _, h := range rec.Headers {
+		if h.Key == traceprop.TraceParent || h.Key == traceprop.TraceState {
+			hs = append(hs, h)
+		}
+	}
+	p.reroutes = append(p.reroutes, &kgo.Record{Topic: a.cfg.Topic, Partition: home, Key: []byte(tenant), Value: rec.Value, Headers: hs})
 	a.m.rerouted.Inc()
 }
 

@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice/internal/fifo"
 	"github.com/sluicehq/sluice/platform/redisconn"
@@ -17,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/flags"
+	"github.com/sluicehq/sluice/sdk/go/traceprop"
 	"github.com/sluicehq/sluice/services/enforcer/internal/breaker"
 	"github.com/sluicehq/sluice/services/enforcer/internal/flagwriter"
 )
@@ -39,6 +42,9 @@ type core struct {
 	// them all (signalauth.Auth.Verify), so an unwired core fails closed.
 	auth         *signalauth.Auth
 	unauthenticN atomic.Int64 // refused records, for log sampling
+	// tracer is nil when tracing is off; on, a signal whose record
+	// carries a trace context is applied in a span of that trace.
+	tracer trace.Tracer
 
 	dedupMu sync.Mutex
 	seen    *fifo.Set[string] // recent signal ids; guarded by dedupMu
@@ -181,27 +187,30 @@ func (c *core) duplicate(id string) bool {
 	return c.seen.Seen(id)
 }
 
-// handle folds one decoded signal in; flags are written by the next flush.
-func (c *core) handle(s *schemas.Signal, now time.Time) {
+// handle folds one decoded signal in; flags are written by the next
+// flush. It returns what became of the signal (the result label of
+// sluice_enforcer_signals_total).
+func (c *core) handle(s *schemas.Signal, now time.Time) string {
 	if c.duplicate(s.ID) {
 		c.signals.WithLabelValues("duplicate").Inc()
-		return
+		return "duplicate"
 	}
 	res := c.table.Apply(s, c.policy.Current().Tenant(s.Tenant), now)
+	result := "no_change"
 	switch {
 	case res.Stale:
-		c.signals.WithLabelValues("stale").Inc()
+		result = "stale"
 		c.log.Debug("enforcer: stale signal ignored", "kind", s.Kind, "tenant", s.Tenant, "model", s.Model, "time", s.Time, "period_end", s.PeriodEnd)
 	case res.SoftOverage:
-		c.signals.WithLabelValues("soft_overage").Inc()
+		result = "soft_overage"
 		c.log.Info("soft quota overage recorded", "tenant", s.Tenant, "model", s.Model, "quota", s.Quota, "used", s.Used, "limit", s.Limit)
 	case len(res.Changed) > 0:
-		c.signals.WithLabelValues("changed").Inc()
+		result = "changed"
 		c.lag.Observe(max(0, now.Sub(s.Time).Seconds()))
 		c.writer.MarkDirty(res.Changed...)
-	default:
-		c.signals.WithLabelValues("no_change").Inc()
 	}
+	c.signals.WithLabelValues(result).Inc()
+	return result
 }
 
 // handleSignalRecord applies one record of the signals topic if its
@@ -219,19 +228,43 @@ func (c *core) handleSignalRecord(r *kgo.Record, now time.Time) {
 		}
 		return
 	}
+	if c.tracer != nil {
+		if ctx := traceprop.RecordContext(context.Background(), r); trace.SpanContextFromContext(ctx).IsValid() {
+			c.handleTraced(ctx, r, now)
+			return
+		}
+	}
 	c.handleRecord(r.Value, now)
+}
+
+// handleTraced applies r in a span that is a child of the trace context
+// its record carries (the aggregator's span for the event that raised
+// the signal): the flag it changes is written by the next flush.
+func (c *core) handleTraced(ctx context.Context, r *kgo.Record, now time.Time) {
+	_, span := c.tracer.Start(ctx, "enforcer apply signal", trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.Int64("messaging.kafka.offset", r.Offset), attribute.Int("messaging.destination.partition.id", int(r.Partition))))
+	defer span.End()
+	var s schemas.Signal
+	if schemas.DecodeSignal(r.Value, &s) != nil {
+		span.SetAttributes(attribute.String("sluice.result", c.handleRecord(r.Value, now))) // counts and logs it
+		return
+	}
+	span.SetAttributes(attribute.String(traceprop.AttrTenant, s.Tenant), attribute.String("sluice.signal.kind", string(s.Kind)),
+		attribute.String("sluice.signal.id", s.ID), attribute.String("sluice.signal.quota", string(s.Quota)))
+	span.SetAttributes(attribute.String("sluice.result", c.handle(&s, now)))
 }
 
 // handleRecord decodes one record's value; bad records are logged and
 // skipped, never fatal: one malformed producer must not stop enforcement.
-func (c *core) handleRecord(value []byte, now time.Time) {
+// It returns what became of the signal.
+func (c *core) handleRecord(value []byte, now time.Time) string {
 	var s schemas.Signal
 	if err := schemas.DecodeSignal(value, &s); err != nil {
 		c.signals.WithLabelValues("invalid").Inc()
 		c.log.Warn("enforcer: skipping undecodable signal", "err", err)
-		return
+		return "invalid"
 	}
-	c.handle(&s, now)
+	return c.handle(&s, now)
 }
 
 func (c *core) tick(now time.Time) {

@@ -22,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/sdk/go/traceprop"
 	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
 )
 
@@ -79,6 +80,9 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 	}
 	c := newCore(cfg, rdb, pw, log)
 	c.auth = auth
+	if traceprop.On(env.Tracing) {
+		c.tracer = traceprop.Tracer(env.Tracing, "enforcer")
+	}
 	kc, err := openSignals(ctx, cfg, group, env, c.offsets.groupCallbacks(cfg.SignalsTopic)...)
 	if err != nil {
 		return err

@@ -15,11 +15,14 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/itest/checkertest"
+	"github.com/sluicehq/sluice/platform/tracing"
+	"github.com/sluicehq/sluice/platform/tracing/tracingtest"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/emitter"
@@ -41,8 +44,8 @@ func (d *discard) Send(_ context.Context, evs []schemas.UsageEvent) ([]emitter.R
 
 // benchGateway starts the mock provider and the gateway in front of it,
 // with a real Checker (the shared Redis, a key prefix of its own) and a
-// real Emitter (into discard).
-func benchGateway(b *testing.B) (direct, proxied string, em *emitter.Emitter, sent *discard) {
+// real Emitter (into discard), tracing with tp (nil: off).
+func benchGateway(b *testing.B, tp trace.TracerProvider) (direct, proxied string, em *emitter.Emitter, sent *discard) {
 	b.Helper()
 	up := httptest.NewServer(mockllm.New(mockllm.Options{StreamUsage: mockllm.UsageWhenAsked}))
 	b.Cleanup(up.Close)
@@ -74,7 +77,7 @@ func benchGateway(b *testing.B) (direct, proxied string, em *emitter.Emitter, se
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv, err := NewServer(cfg.Config, Deps{Checker: chk, Emitter: em, Logger: log, Keys: keys, Policy: func() *policy.Policy { return p }, Guards: guards})
+	srv, err := NewServer(cfg.Config, Deps{Checker: chk, Emitter: em, Logger: log, Keys: keys, Policy: func() *policy.Policy { return p }, Guards: guards, Tracing: tp})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -118,7 +121,7 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 	if testing.Short() {
 		b.Skip("uses the real Redis; skipped with -short")
 	}
-	direct, proxied, _, _ := benchGateway(b)
+	direct, proxied, _, _ := benchGateway(b, nil)
 	var dPlain, pPlain, dTTFB, pTTFB []time.Duration
 	b.ResetTimer()
 	for b.Loop() {
@@ -139,6 +142,62 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 	b.ReportMetric((itest.Percentile(pTTFB, .99)-itest.Percentile(dTTFB, .99)).Seconds()*1e3, "gateway_stream_ttfb_added_p99_ms")
 }
 
+// BenchmarkGatewayTracing measures what tracing adds to a call through
+// the gateway: two gateways in one run, one with tracing off (the
+// default) and one recording every call (sample_ratio 1, a server span
+// and its admission and dispatch children) and exporting to an
+// in-process OTLP receiver, called alternately one client at a time with
+// plain chat completions; and the CPU each adds per 1,000 calls from 32
+// concurrent clients.
+func BenchmarkGatewayTracing(b *testing.B) {
+	if testing.Short() {
+		b.Skip("uses the real Redis; skipped with -short")
+	}
+	rcv := tracingtest.NewReceiver(b)
+	tc := tracing.Defaults()
+	tc.Enabled, tc.Endpoint, tc.Interval = true, rcv.URL, 100*time.Millisecond
+	tp, err := tracing.New(tc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	_, off, _, _ := benchGateway(b, nil)
+	_, on, _, _ := benchGateway(b, tp)
+	var tOff, tOn []time.Duration
+	b.ResetTimer()
+	for b.Loop() {
+		_, d := benchCall(b, off, benchChat, "sk-acme")
+		_, p := benchCall(b, on, benchChat, "sk-acme")
+		tOff, tOn = append(tOff, d), append(tOn, p)
+	}
+	cpu := func(base string) time.Duration {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		cpu0 := cpuTime()
+		for range 32 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for next.Add(1) <= 2000 {
+					benchCall(b, base, benchChat, "sk-acme")
+				}
+			}()
+		}
+		wg.Wait()
+		return cpuTime() - cpu0
+	}
+	cpuOff, cpuOn := cpu(off), cpu(on)
+	b.StopTimer()
+	b.ReportMetric(itest.Percentile(tOff, .5).Seconds()*1e3, "gateway_tracing_off_p50_ms")
+	b.ReportMetric(itest.Percentile(tOn, .5).Seconds()*1e3, "gateway_tracing_on_p50_ms")
+	b.ReportMetric((itest.Percentile(tOn, .5)-itest.Percentile(tOff, .5)).Seconds()*1e6, "gateway_tracing_added_p50_us")
+	b.ReportMetric((itest.Percentile(tOn, .99)-itest.Percentile(tOff, .99)).Seconds()*1e6, "gateway_tracing_added_p99_us")
+	b.ReportMetric(float64((cpuOn-cpuOff).Microseconds())/2000, "gateway_tracing_cpu_ms_per_1k_requests")
+	if len(rcv.Spans()) == 0 {
+		b.Fatal("the traced gateway exported no span")
+	}
+}
+
 // BenchmarkGatewayThroughput drives the gateway with 32 concurrent
 // clients (plain chat completions, the Checker and the Emitter on) and
 // reports the requests per second it sustains and the CPU it adds per
@@ -149,7 +208,7 @@ func BenchmarkGatewayThroughput(b *testing.B) {
 	if testing.Short() {
 		b.Skip("uses the real Redis; skipped with -short")
 	}
-	direct, proxied, em, sent := benchGateway(b)
+	direct, proxied, em, sent := benchGateway(b, nil)
 	const clients = 32
 	run := func(base, key string, n int) (time.Duration, time.Duration) {
 		var next atomic.Int64

@@ -7,11 +7,15 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/estimate"
 	"github.com/sluicehq/sluice/sdk/go/middleware"
 	"github.com/sluicehq/sluice/sdk/go/ratelimit"
+	"github.com/sluicehq/sluice/sdk/go/traceprop"
 )
 
 // call is one API request as the gateway handles it, in the request's
@@ -40,8 +44,12 @@ type call struct {
 	// until the flags let the call through.
 	mc *middleware.Call
 
+	// span is the call's server span; nil when tracing is off.
+	span trace.Span
+
 	// Filled while the call runs.
 	upstream   string
+	served     string // the model that served the call, once one did
 	attempts   int
 	usage      middleware.Usage
 	source     usageSource
@@ -147,6 +155,43 @@ func fillEvent(r *http.Request, ev *schemas.UsageEvent) {
 	}
 	ev.ID, ev.User, ev.Priority = c.eventID, c.user, c.priority
 	ev.Attributes = map[string]string{"request_id": c.requestID}
+	if c.span != nil {
+		// The event carries the call's trace to ingest and the aggregator.
+		traceprop.Stamp(r.Context(), ev.Attributes)
+	}
+}
+
+// startSpan starts c's server span, a child of the trace context the
+// caller sent if any, and returns r with it in its context.
+func (s *Server) startSpan(r *http.Request, c *call) *http.Request {
+	ctx := traceprop.FromHTTP(r.Context(), r.Header)
+	ctx, c.span = s.tracer.Start(ctx, traceprop.Operation(c.endpoint), trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithTimestamp(c.start), trace.WithAttributes(attribute.String(traceprop.AttrRequestID, c.requestID)))
+	return r.WithContext(ctx)
+}
+
+// endSpan records how c ended on its span and ends it.
+func (c *call) endSpan(status int) {
+	tc := traceprop.Call{Path: c.endpoint, Provider: c.upstream, RequestModel: c.req.Model, ResponseModel: c.served,
+		EventID: c.eventID, Billed: c.source.billed(), InputTokens: c.usage.PromptTokens, OutputTokens: c.usage.CompletionTokens,
+		Outcome: string(c.outcome), Status: status, Code: c.code}
+	if c.caller != nil {
+		tc.Tenant, tc.APIKeyID = c.caller.Tenant, c.caller.KeyID
+	}
+	if c.req.Model != "" {
+		c.span.SetName(traceprop.SpanName(c.endpoint, c.req.Model))
+	}
+	tc.End(c.span)
+}
+
+// stage starts a child span of c's for one stage of the proxy and returns
+// what ends it; nothing when tracing is off.
+func (s *Server) stage(ctx context.Context, c *call, name string) func() {
+	if c.span == nil {
+		return func() {}
+	}
+	_, span := s.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindInternal))
+	return func() { span.End() }
 }
 
 // finish records the access log line and the metrics of a request.
@@ -200,6 +245,12 @@ func (s *Server) finish(rw *recorder, c *call) {
 	}
 	if c.eventID != c.requestID && c.eventID != "" {
 		attrs = append(attrs, slog.String("event_id", c.eventID))
+	}
+	if c.span != nil {
+		c.endSpan(status)
+		if sc := c.span.SpanContext(); sc.IsValid() {
+			attrs = append(attrs, slog.String("trace_id", sc.TraceID().String()))
+		}
 	}
 	// Never the prompt or the answer: an access log is read by more
 	// people than the conversations it describes.

@@ -47,6 +47,9 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 		c.requestID = "req_" + randomHex(16)
 	}
 	rw.Header().Set(headerRequestID, c.requestID)
+	if s.tracer != nil {
+		r = s.startSpan(r, c)
+	}
 	defer s.finish(rw, c)
 
 	if !s.intake(rw, r, c) {

@@ -29,11 +29,15 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 	st := &settlement{c: c, est: est, estOK: estOK}
 	defer st.run()
 
+	endAdmit := s.stage(r.Context(), c, "sluice.admit")
 	models, ok := s.admit(w, r, c, est, estOK, st)
+	endAdmit()
 	if !ok {
 		return
 	}
+	endDispatch := s.stage(r.Context(), c, "sluice.dispatch")
 	ex := s.dispatch(r.Context(), w, r.Header, c, models, st)
+	endDispatch()
 	s.served(w, c, ex)
 	if ex.resp == nil {
 		s.answerNoExchange(w, r, c, st, ex)
@@ -55,6 +59,7 @@ func (s *Server) served(w http.ResponseWriter, c *call, ex exchange) {
 		s.m.fallbacks.WithLabelValues(c.route, ex.model).Inc()
 	}
 	if c.attempts > 0 {
+		c.served = ex.model
 		w.Header().Set(HeaderServedModel, ex.model)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/internal/keyfile"
@@ -22,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/sdk/go/estimate"
 	"github.com/sluicehq/sluice/sdk/go/flags"
 	"github.com/sluicehq/sluice/sdk/go/middleware"
+	"github.com/sluicehq/sluice/sdk/go/traceprop"
 	"github.com/sluicehq/sluice/services/gateway/deferred"
 )
 
@@ -62,6 +64,10 @@ type Deps struct {
 	// admission) at each scrape for sluice_redis_up{client="gateway"};
 	// nil exports no such series.
 	RedisPing func(context.Context) error
+	// Tracing, when not nil nor OpenTelemetry's no-op provider, records a
+	// server span per API call (docs/tracing.md) and stamps its context on
+	// the call's usage events.
+	Tracing trace.TracerProvider
 }
 
 // Server is the gateway's HTTP handler.
@@ -82,7 +88,10 @@ type Server struct {
 	over func(tenant, model, apiKeyID string) *flags.Flag
 	m    *metrics
 	api  http.Handler // auth, then the middleware, then the proxy
-	mux  *http.ServeMux
+	// tracer is nil when tracing is off: the request path then skips it
+	// without a call.
+	tracer trace.Tracer
+	mux    *http.ServeMux
 
 	// inflight counts requests being served, so shutdown can wait for
 	// their settlements; hardStop cancels every upstream call when the
@@ -108,6 +117,9 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 	s := &Server{cfg: cfg, log: log, policy: deps.Policy, guards: deps.Guards, tasks: deps.Tasks, m: newMetrics(deps.RedisPing), now: time.Now}
 	s.m.guards = deps.Guards
 	s.hardStop, s.stopAll = context.WithCancel(context.Background())
+	if traceprop.On(deps.Tracing) {
+		s.tracer = traceprop.Tracer(deps.Tracing, "gateway")
+	}
 	if deps.Limits != nil {
 		s.admitter, s.route, s.soft = deps.Limits.Admit, deps.Limits.Route, deps.Limits.Soft
 	}

@@ -148,7 +148,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, opts options, ready 
 	}
 	deps := pol.deps
 	deps.Checker, deps.Emitter, deps.Logger, deps.Metrics, deps.Keys = chk, em, log, env.Metrics, keys
-	deps.Tasks, deps.Usage, deps.RedisPing = tasks, usage, redisconn.Ready(rdb)
+	deps.Tasks, deps.Usage, deps.RedisPing, deps.Tracing = tasks, usage, redisconn.Ready(rdb), env.Tracing
 	s, err = NewServer(cfg, deps)
 	if err != nil {
 		frontend.CloseEmitter(context.Background(), em, closeSender, time.Second, log)

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/itest"
@@ -45,6 +46,13 @@ type testInstance struct {
 // stops it when the test ends.
 func startIngest(t testing.TB, edit func(*Config), extra ...kgo.Opt) *testInstance {
 	t.Helper()
+	return startTracedIngest(t, nil, edit, extra...)
+}
+
+// startTracedIngest is startIngest with tp as the process's tracer
+// provider (nil: tracing off).
+func startTracedIngest(t testing.TB, tp trace.TracerProvider, edit func(*Config), extra ...kgo.Opt) *testInstance {
+	t.Helper()
 	kc := itest.Kafka(t)
 	cfg := DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
@@ -56,7 +64,7 @@ func startIngest(t testing.TB, edit func(*Config), extra ...kgo.Opt) *testInstan
 		edit(&cfg)
 	}
 	inst := &testInstance{topic: cfg.Topic, kafka: kc, health: ops.NewHealth(), reg: prometheus.NewRegistry()}
-	env := platform.Env{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: inst.reg, Health: inst.health, Kafka: kc}
+	env := platform.Env{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: inst.reg, Health: inst.health, Kafka: kc, Tracing: tp}
 	if testing.Verbose() {
 		env.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}

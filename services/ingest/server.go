@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice/internal/usageapi"
 	"github.com/sluicehq/sluice/platform"
@@ -22,6 +25,7 @@ import (
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/schemas/eventjson"
+	"github.com/sluicehq/sluice/sdk/go/traceprop"
 	"github.com/sluicehq/sluice/services/ingest/apikey"
 	"github.com/sluicehq/sluice/services/ingest/dedup"
 	"github.com/sluicehq/sluice/services/ingest/payload"
@@ -56,6 +60,9 @@ type server struct {
 	batches sync.Pool // *payload.Batch
 	header  []kgo.RecordHeader
 	now     func() time.Time
+	// tracer is nil when tracing is off; then the records carry only the
+	// schema header.
+	tracer trace.Tracer
 }
 
 // decodeCostFactor bounds what one decoded body byte costs in memory while
@@ -109,6 +116,9 @@ func newServer(ctx context.Context, cfg Config, env platform.Env, extra ...kgo.O
 		decodeMem: budget{limit: cfg.DecodeMemoryBytes},
 		header:    []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaUsageV1)}},
 		now:       time.Now,
+	}
+	if traceprop.On(env.Tracing) {
+		s.tracer = traceprop.Tracer(env.Tracing, "ingest")
 	}
 	hotCount := func(count func(*hotroute.Server) uint64) func() float64 {
 		return func() float64 {
@@ -357,7 +367,11 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	res := s.produce(r.Context(), batch.Events)
+	ctx := r.Context()
+	if s.tracer != nil {
+		ctx = traceprop.FromHTTP(ctx, r.Header)
+	}
+	res := s.produce(ctx, batch.Events)
 	if s.produceFailed(w, res) {
 		return
 	}
@@ -475,6 +489,43 @@ type tracker struct {
 	oneMark [1]dedup.Mark
 	oneRec  [1]kgo.Record
 	oneVal  [oneValueBytes]byte
+
+	// spans are the events' ingest spans, ended once the broker answered
+	// (tracing on only).
+	spans []trace.Span
+}
+
+// headers returns the headers of ev's record: the schema header and, when
+// tracing is on, the context of an ingest span for ev, a child of the
+// trace context ev carries (its call's, stamped by the gateway) or else of
+// the request's (ctx).
+func (t *tracker) headers(ctx context.Context, ev *schemas.UsageEvent) []kgo.RecordHeader {
+	s := t.s
+	if s.tracer == nil {
+		return s.header
+	}
+	ctx, span := s.tracer.Start(traceprop.EventContext(ctx, ev), "ingest usage event", trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(attribute.String(traceprop.AttrTenant, ev.Tenant), attribute.String(traceprop.AttrEventID, ev.ID),
+			attribute.Bool("sluice.estimated", ev.Estimated)))
+	t.spans = append(t.spans, span)
+	rec := kgo.Record{Headers: s.header}
+	traceprop.Inject(ctx, &rec)
+	return rec.Headers
+}
+
+// endSpans ends the events' spans with the request's outcome.
+func (t *tracker) endSpans(res *produceResult) {
+	for _, span := range t.spans {
+		switch {
+		case res.err != nil:
+			span.SetStatus(codes.Error, res.err.Error())
+		case res.timedOut:
+			span.SetStatus(codes.Error, "produce_timeout")
+		case res.canceled:
+			span.SetStatus(codes.Error, "canceled")
+		}
+		span.End()
+	}
 }
 
 // oneValueBytes holds a typical event's JSON (~400 bytes with a few
@@ -566,7 +617,7 @@ func (s *server) produce(ctx context.Context, events []schemas.UsageEvent) produ
 		buf := eventjson.AppendUsageEventJSON(t.oneVal[:0], ev)
 		end := len(buf)
 		buf = append(buf, ev.Tenant...)
-		t.oneRec[0] = kgo.Record{Key: buf[end:], Value: buf[:end:end], Headers: s.header}
+		t.oneRec[0] = kgo.Record{Key: buf[end:], Value: buf[:end:end], Headers: t.headers(ctx, ev)}
 		t.recs = t.oneRec[:]
 	} else {
 		// One buffer and one record slice per request.
@@ -583,7 +634,7 @@ func (s *server) produce(ctx context.Context, events []schemas.UsageEvent) produ
 		t.recs = make([]kgo.Record, n)
 		prev := 0
 		for j, ev := range fresh {
-			t.recs[j] = kgo.Record{Key: []byte(ev.Tenant), Value: buf[prev:ends[j]:ends[j]], Headers: s.header}
+			t.recs[j] = kgo.Record{Key: []byte(ev.Tenant), Value: buf[prev:ends[j]:ends[j]], Headers: t.headers(ctx, ev)}
 			prev = ends[j]
 		}
 	}
@@ -624,6 +675,9 @@ func (s *server) produce(ctx context.Context, events []schemas.UsageEvent) produ
 		res.timedOut = true
 	case <-ctx.Done():
 		res.canceled = true
+	}
+	if t.spans != nil {
+		t.endSpans(&res)
 	}
 	return res
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/schemas/eventjson"
+	"github.com/sluicehq/sluice/sdk/go/traceprop"
 )
 
 // KafkaSender produces events straight to the usage topic, for gateways
@@ -71,7 +72,9 @@ func (s *KafkaSender) Send(ctx context.Context, events []schemas.UsageEvent) ([]
 	recs := make([]kgo.Record, len(events))
 	prev := 0
 	for i := range events {
-		recs[i] = kgo.Record{Key: []byte(events[i].Tenant), Value: buf[prev:ends[i]:ends[i]], Headers: s.header}
+		// An event stamped with its call's trace context (sdk/go/traceprop)
+		// takes it into its record's headers, for the aggregator's span.
+		recs[i] = kgo.Record{Key: []byte(events[i].Tenant), Value: buf[prev:ends[i]:ends[i]], Headers: traceprop.EventHeaders(s.header, &events[i])}
 		prev = ends[i]
 		s.cl.Produce(ctx, &recs[i], func(_ *kgo.Record, err error) {
 			mu.Lock()

@@ -124,3 +124,62 @@ func readIDs(t *testing.T, ctx context.Context, kc kafkaconn.Config, topic strin
 	}
 	return counts
 }
+
+// TestKafkaSenderCarriesTheTraceContext: an event stamped with its call's
+// trace context (attribute traceparent, sdk/go/traceprop) is produced with
+// traceparent and tracestate headers beside the schema header; an event
+// without one keeps the schema header alone.
+func TestKafkaSenderCarriesTheTraceContext(t *testing.T) {
+	kc := itest.Kafka(t)
+	topic := itest.Unique(t, "emitter_trace_")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin, err := kafkaconn.NewClient(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := kafkaconn.EnsureTopics(ctx, admin, kc, topic); err != nil {
+		t.Fatal(err)
+	}
+	sender, err := NewKafkaSender(topic, kgo.SeedBrokers(kc.Brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sender.Close()
+	const parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	traced := *event("traced")
+	traced.Attributes = map[string]string{"traceparent": parent, "tracestate": "vendor=x"}
+	if rej, err := sender.Send(ctx, []schemas.UsageEvent{traced, *event("plain")}); err != nil || len(rej) > 0 {
+		t.Fatalf("send: %v %v", rej, err)
+	}
+	cl, err := kafkaconn.NewClient(kc, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	headers := map[string]map[string]string{}
+	for len(headers) < 2 {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("reading %s: %v", topic, ctx.Err())
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			var ev schemas.UsageEvent
+			if err := json.Unmarshal(r.Value, &ev); err != nil {
+				t.Fatal(err)
+			}
+			hs := map[string]string{}
+			for _, h := range r.Headers {
+				hs[h.Key] = string(h.Value)
+			}
+			headers[ev.ID] = hs
+		})
+	}
+	if h := headers["traced"]; h["traceparent"] != parent || h["tracestate"] != "vendor=x" || h[schemas.HeaderSchema] != schemas.SchemaUsageV1 || len(h) != 3 {
+		t.Errorf("traced event's headers %v", h)
+	}
+	if h := headers["plain"]; len(h) != 1 || h[schemas.HeaderSchema] != schemas.SchemaUsageV1 {
+		t.Errorf("plain event's headers %v", h)
+	}
+}

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/admission"
 	"github.com/sluicehq/sluice/sdk/go/checker"
@@ -114,6 +116,10 @@ type Call struct {
 	served   string
 	outcome  schemas.Outcome
 	attrs    map[string]string
+
+	// settled is the settlement once emitted, for the call's span
+	// (WithTracing); nil for a call refused before it ran.
+	settled *schemas.UsageEvent
 }
 
 type callKey struct{}
@@ -256,6 +262,11 @@ func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, id
 		}
 		c.id = base.ID
 	}
+	var span trace.Span
+	if m.tracer != nil {
+		r, span = m.startSpan(r, &base)
+		defer func() { endSpan(span, c, base) }()
+	}
 	ticket, refused := m.admitted(w, r, c, &base)
 	if refused {
 		return
@@ -279,6 +290,7 @@ func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, id
 		}
 		settled = true
 		ev := m.settle(r.Context(), c, base, sw.status, panicked)
+		c.settled = &ev
 		permit.Release(guardOutcome(ev))
 		if ticket != nil {
 			// The client may be gone; the correction must still land.

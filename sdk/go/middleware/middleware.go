@@ -46,6 +46,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/admission"
 	"github.com/sluicehq/sluice/sdk/go/checker"
@@ -185,6 +187,7 @@ type mw struct {
 
 	fields func(r *http.Request, ev *schemas.UsageEvent) // WithEventFields
 	guard  GuardFunc                                     // WithGuard
+	tracer trace.Tracer                                  // WithTracing; nil: off
 }
 
 // WithEventFields lets the gateway fill in what it knows about a request

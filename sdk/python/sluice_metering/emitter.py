@@ -44,7 +44,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .event import UsageEvent
+from .event import UsageEvent, stamp_trace
 
 log = logging.getLogger("sluice_metering.emitter")
 
@@ -243,7 +243,11 @@ class Emitter:
 
         Raises ValidationError for an invalid event, BufferFull when the
         event was dropped because the buffer is full, Closed after close.
+        An event emitted while an OpenTelemetry span is current (and
+        opentelemetry-api installed) gets its trace context in
+        ``ev.attributes`` (event.stamp_trace), unless it has one already.
         """
+        ev.attributes = stamp_trace(ev.attributes)
         try:
             ev.validate()
         except Exception:

@@ -54,6 +54,35 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+try:  # opentelemetry-api is optional: without it, events carry no trace context.
+    from opentelemetry import trace as _otel_trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    _W3C: TraceContextTextMapPropagator | None = TraceContextTextMapPropagator()
+except ImportError:  # pragma: no cover - exercised only without the package
+    _W3C = None
+
+TRACE_PARENT = "traceparent"
+"""The attribute (and Kafka record header) carrying an event's W3C trace
+context, as the Go SDK's traceprop writes it (docs/tracing.md)."""
+
+
+def stamp_trace(attributes: dict[str, str]) -> dict[str, str]:
+    """Return attributes with the W3C context (traceparent, tracestate) of
+    the OpenTelemetry span current in the caller, so that ingest, the
+    aggregator and the enforcer continue the caller's trace
+    (docs/tracing.md). Returns attributes itself, unchanged, when
+    opentelemetry-api is not installed, no valid span is current, or they
+    already carry a traceparent; otherwise a copy."""
+    if _W3C is None or TRACE_PARENT in attributes:
+        return attributes
+    if not _otel_trace.get_current_span().get_span_context().is_valid:
+        return attributes
+    out = dict(attributes)
+    _W3C.inject(out)
+    return out
+
+
 @dataclass
 class UsageEvent:
     """One usage event v1. Required: tenant, model, prompt and completion

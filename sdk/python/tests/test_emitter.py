@@ -161,3 +161,28 @@ def test_async_emitter(ingest: FakeIngest) -> None:
 
     asyncio.run(run())
     assert len(ingest.ids()) == 5
+
+
+def test_events_carry_the_callers_trace(ingest: FakeIngest) -> None:
+    """An event emitted inside an OpenTelemetry span carries the span's W3C
+    context (attribute traceparent), which ingest puts on its Kafka record;
+    one emitted outside any span carries none, and one that has a
+    traceparent keeps it."""
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    sc = SpanContext(trace_id=0x4BF92F3577B34DA6A3CE929D0E0E4736, span_id=0x00F067AA0BA902B7, is_remote=False,
+                     trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    e = Emitter(ingest.url, "sk-ingest", batch_size=10, flush_interval=5)
+    own = ev(3)
+    own.attributes = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    with trace.use_span(NonRecordingSpan(sc)):
+        e.emit(ev(1))
+        e.emit(own)
+    e.emit(ev(2))
+    e.flush(timeout=10)
+    sent = {x["id"]: x for _, b in ingest.batches for x in b}
+    assert sent["e-1"]["attributes"] == {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    assert "attributes" not in sent["e-2"]
+    assert sent["e-3"]["attributes"] == {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    e.close()

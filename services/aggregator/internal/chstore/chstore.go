@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
@@ -48,6 +49,10 @@ type Batch struct {
 	// encoded already (the aggregator encodes them once for Kafka and for
 	// signals_log).
 	Payloads [][]byte
+	// Traces, when it has one entry per signal, holds the trace context
+	// each signal's record carries (the aggregator's span for the event
+	// that raised it; zero for none). Empty when tracing is off.
+	Traces []trace.SpanContext
 	// Stamp is the ingested_at / updated_at of the rows, set by the first
 	// Write of the batch and kept by its retries (see the package doc).
 	Stamp time.Time
@@ -59,7 +64,7 @@ func (b *Batch) Reset() {
 		b.Events[i] = Event{} // drop references to decoded records
 	}
 	b.Rows.Reset()
-	b.Events, b.Signals, b.Payloads = b.Events[:0], b.Signals[:0], b.Payloads[:0]
+	b.Events, b.Signals, b.Payloads, b.Traces = b.Events[:0], b.Signals[:0], b.Payloads[:0], b.Traces[:0]
 	b.Version = 0
 	b.Stamp = time.Time{}
 }
