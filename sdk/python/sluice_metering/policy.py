@@ -61,11 +61,15 @@ _TENANT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 _UNITS = ("requests", "prompt_tokens", "completion_tokens", "total_tokens")
 _QUOTAS = ("monthly_tokens", "daily_tokens", "hourly_tokens", "tokens_per_minute", "requests_per_minute")
 # The fields Go's decoder knows (it rejects any other); only some matter here.
-_TOP_FIELDS = {"defaults", "plans", "tenants", "limits", "prices", "upstreams", "fallbacks", "channels"}
+_TOP_FIELDS = {"defaults", "plans", "tenants", "limits", "prices", "upstreams", "fallbacks", "channels",
+               "price_catalog", "prices_file", "unpriced_price"}
 _TENANT_FIELDS = {"plan", "timezone", "mode", "fail_mode", "alert_tiers", "channels", "priority", "burst_multiplier",
-                  "max_models", "budget", "models", "limits", "breakers"}
+                  "max_models", "budget", "models", "limits", "breakers", "unpriced"}
 _MODEL_FIELDS = set(_QUOTAS) | {"mode"}
-_LIMIT_FIELDS = {"scope", "unit", "token_bucket", "sliding_window", "exact", "reserve", "disabled"}
+# wait: classes that may wait for a refusing limit — this SDK refuses at once
+# (the safe side); period: calendar limits, which this SDK cannot enforce, so
+# a policy with one is refused rather than applied without it.
+_LIMIT_FIELDS = {"scope", "unit", "token_bucket", "sliding_window", "exact", "reserve", "disabled", "wait", "period"}
 _BUCKET_FIELDS = {"rate", "per", "burst"}
 _WINDOW_FIELDS = {"length", "limit"}
 _SECOND_NS = 1_000_000_000
@@ -369,6 +373,9 @@ class _Validator:
             if name.startswith(QUOTA_RULE_PREFIX):
                 self.fail(lp, f'names starting with "{QUOTA_RULE_PREFIX}" are reserved for the rules derived from '
                               "tokens_per_minute and requests_per_minute")
+            if rl.get("period") is not None:
+                self.fail(lp + ".period", "calendar period limits are enforced by the Go SDK and sluice gateway only; "
+                                          "this SDK would admit without them (use a sliding_window here)")
             if rl.get("disabled") is not None and self.boolean(lp + ".disabled", rl["disabled"]):
                 out.pop(name, None)
                 continue

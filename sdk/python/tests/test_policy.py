@@ -45,6 +45,7 @@ limits:
   c: {unit: requests}
   "quota:x": {unit: requests, sliding_window: {limit: 1}}
   d: {unit: requests, sliding_window: {length: 1x, limit: 1}, colour: red}
+  e: {unit: total_tokens, scope: {user: "*"}, period: {every: month, limit: 1000000}}
 plans:
   pro: {plan: free}
 defaults:
@@ -65,6 +66,7 @@ tenants:
                  'limits.quota:x: names starting with "quota:" are reserved',
                  "limits.d.sliding_window.length: invalid duration '1x'",
                  "limits.d.colour: unknown field",
+                 "limits.e.period: calendar period limits are enforced by the Go SDK and sluice gateway only",
                  "plans.pro.plan: a plan cannot take another plan",
                  "defaults.burst_multiplier: 500 is outside 1..100",
                  "defaults.models.*.tokens_per_minute: -1 is outside 0..",
@@ -84,3 +86,13 @@ def test_parse_duration_is_gos(s: str, ns: int) -> None:
 def test_parse_duration_rejects(s: str) -> None:
     with pytest.raises(ValueError):
         policy.parse_duration(s)
+
+
+def test_a_limits_wait_is_accepted_and_refuses_at_once() -> None:
+    """wait: lets classes wait in the Go SDK; here the rule loads and refuses
+    without waiting, the safe side."""
+    p = policy.parse("""
+limits:
+  rpm: {unit: requests, sliding_window: {length: 1m, limit: 10}, wait: {low: 30s}}
+""", "wait.yaml")
+    assert [r.name for r in p.admission_rules().shared] == ["rpm"]
