@@ -100,7 +100,8 @@
 // added by naming it.
 //
 // A model without a price in force is counted at unpriced_price (0 when
-// the file sets none), and the aggregator raises an alert once per model.
+// the file sets none), and the aggregator raises an alert once per model
+// where money is counted (a tenant with a budget, or unpriced_price set).
 // unpriced (defaults, plans, tenants; default fallback) decides the
 // request path: fallback serves the call; refuse has the gateway refuse
 // calls of unpriced models for tenants with a budget (UnpricedRefusal).
