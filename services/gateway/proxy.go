@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"context"
 	"net/http"
 	"strconv"
 
@@ -81,20 +80,4 @@ func admitRequest(c *call, est estimate.Estimate, estOK bool) frontend.AdmitRequ
 	return frontend.AdmitRequest{Tenant: c.caller.Tenant, Model: c.req.Model, User: c.user, APIKeyID: c.caller.KeyID,
 		Endpoint: c.endpoint, Priority: c.priority, EstimatePrompt: est.Prompt, EstimateCompletion: est.Completion,
 		Estimated: estOK, EventID: c.eventID, Deadline: c.deadline}
-}
-
-// cancelled ends c as cut before it completed: by its client (ctx ended)
-// or by the end of the shutdown drain. Neither is the provider's failure,
-// so no outcome an error-ratio breaker would count.
-func (s *Server) cancelled(ctx context.Context, c *call) {
-	switch {
-	case s.hardStop.Err() != nil:
-		c.mc.SetAttribute("cancelled", codeShutdown)
-		c.end("", codeShutdown)
-	default:
-		if ctx.Err() != nil {
-			c.mc.SetAttribute("cancelled", "client")
-		}
-		c.end("", codeClientClosed)
-	}
 }
