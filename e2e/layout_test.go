@@ -5,6 +5,7 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -22,28 +23,13 @@ const maxFuncLines = 120
 // belongs in a package made for sharing), or a second package named
 // gateway.
 func TestLayoutKeepsItsRules(t *testing.T) {
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
 	const module = "github.com/sluicehq/sluice/"
 	gatewayPackages := map[string]bool{}
 	files := 0
-	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "vendor" || name == "node_modules") {
-				return filepath.SkipDir
-			}
+	walkModule(t, func(path, rel string) error {
+		if !strings.HasSuffix(rel, ".go") || strings.HasSuffix(rel, "_test.go") {
 			return nil
 		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		rel, _ := filepath.Rel(root, path)
-		rel = filepath.ToSlash(rel)
 		fset := token.NewFileSet()
 		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
 		if err != nil {
@@ -74,11 +60,8 @@ func TestLayoutKeepsItsRules(t *testing.T) {
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if files < 100 {
-		t.Fatalf("read %d Go files under %s; the walk missed the module", files, root)
+		t.Fatalf("read %d Go files; the walk missed the module", files)
 	}
 	if len(gatewayPackages) > 1 {
 		t.Errorf("packages named gateway in %v; one name, one thing", gatewayPackages)
@@ -97,4 +80,35 @@ func serviceOf(rel string) string {
 		return ""
 	}
 	return name
+}
+
+// walkModule calls fn with the path and the module-relative slash path of
+// every file of the module, leaving out hidden folders (.services, .git),
+// testdata, vendor and node_modules; an error of fn ends the walk and the
+// test.
+func walkModule(t *testing.T, fn func(path, rel string) error) {
+	t.Helper()
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		t.Fatalf("module root %s: %v", root, err)
+	}
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "vendor" || name == "node_modules") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		rel, _ := filepath.Rel(root, path)
+		return fn(path, filepath.ToSlash(rel))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
