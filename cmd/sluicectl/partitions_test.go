@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 
@@ -33,6 +35,23 @@ func TestPartitionsRaisesATopicsCount(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = kadm.NewClient(cl).DeleteTopics(context.Background(), topic) })
+	// A broker answers CreateTopics and CreatePartitions before its
+	// metadata lists the change: each step is checked once it is listed,
+	// as an operator's next command would be.
+	listed := func(n int) {
+		t.Helper()
+		itest.EventuallyNoError(t, time.Minute, fmt.Sprintf("the topic listed with %d partitions", n), func() error {
+			td, err := kadm.NewClient(cl).ListTopics(ctx, topic)
+			if err != nil {
+				return err
+			}
+			if tp, ok := td[topic]; !ok || tp.Err != nil || len(tp.Partitions) != n {
+				return fmt.Errorf("listed as %+v", td[topic])
+			}
+			return nil
+		})
+	}
+	listed(2)
 	run := func(args ...string) (string, error) {
 		var out bytes.Buffer
 		err := runPartitionsTo(ctx, append([]string{"-kafka.brokers", strings.Join(kc.Brokers, ","), "-topic", topic}, args...), &out)
@@ -44,10 +63,7 @@ func TestPartitionsRaisesATopicsCount(t *testing.T) {
 	if out, err := run("-count", "4"); err != nil || !strings.Contains(out, "4 partitions (was 2)") {
 		t.Fatalf("raise: %q, %v", out, err)
 	}
-	td, err := kadm.NewClient(cl).ListTopics(ctx, topic)
-	if err != nil || len(td[topic].Partitions) != 4 {
-		t.Fatalf("the topic has %d partitions after the raise (%v), want 4", len(td[topic].Partitions), err)
-	}
+	listed(4)
 	if _, err := run("-count", "3"); err == nil || !strings.Contains(err.Error(), "3 is below the 4 partitions") {
 		t.Fatalf("lowering: %v", err)
 	}
