@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -36,7 +38,7 @@ func TestDemoShowsTheRunawaysPredictionEarly(t *testing.T) {
 
 	cfg := demoConfig()
 	cfg.Kafka, cfg.Redis, cfg.ClickHouse = kc, rc, ch
-	cfg.Policy.File = filepath.Join("..", "..", "deploy", "demo", "policy.yaml")
+	cfg.Policy.File = demoPolicyAwayFromTheHourEnd(t, time.Now())
 	cfg.Ops.Listen = freeAddr(t)
 	sv := &cfg.Services
 	cfg.Redis.KeyPrefix = itest.Unique(t, "demopredict") + ":"
@@ -100,6 +102,34 @@ func TestDemoShowsTheRunawaysPredictionEarly(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// demoPolicyAwayFromTheHourEnd writes the demo's policy with the runaway's
+// time zone chosen so that its hourly quota's period does not end during
+// the run: near the end of a UTC hour the period would reset before the
+// runaway could exhaust it, and rightly no prediction would show. From
+// minute 45 on, the runaway's hours follow Asia/Kolkata (UTC+05:30), whose
+// hours end at half past UTC's.
+func demoPolicyAwayFromTheHourEnd(t *testing.T, now time.Time) string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "..", "deploy", "demo", "policy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	zone := "UTC"
+	if now.UTC().Minute() >= 45 {
+		zone = "Asia/Kolkata"
+	}
+	const runaway = "  runaway:\n    plan: starter\n"
+	if !bytes.Contains(raw, []byte(runaway)) {
+		t.Fatalf("deploy/demo/policy.yaml no longer declares the runaway as %q", runaway)
+	}
+	raw = bytes.Replace(raw, []byte(runaway), []byte(runaway+"    timezone: "+zone+"\n"), 1)
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 type errNotYet string

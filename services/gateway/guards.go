@@ -66,8 +66,9 @@ func (s *Guards) FollowResources(rs *resource.Sampler) {
 }
 
 // SetRedisTimeout bounds each Redis call of the shared upstreams' counts
-// of the Guards built from now on (services.gateway.admission.
-// shared_upstreams.redis_timeout); call it before the first Update.
+// and fleet-wide breakers of the Guards built from now on
+// (services.gateway.admission.shared_upstreams.redis_timeout); call it
+// before the first Update.
 func (s *Guards) SetRedisTimeout(d time.Duration) { s.redisTimeout = d }
 
 type guardEntry struct {
@@ -187,7 +188,7 @@ func (s *Guards) build(u policy.Upstream) (*upstream.Guard, error) {
 		if err != nil {
 			return nil, err
 		}
-		fleet, err := upstream.NewFleet(s.rdb, s.prefix, name, 0)
+		fleet, err := upstream.NewFleet(s.rdb, s.prefix, name, s.redisTimeout)
 		if err != nil {
 			return nil, err
 		}

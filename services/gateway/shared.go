@@ -13,7 +13,7 @@ import (
 type SharedUpstreamsConfig struct {
 	// RedisTimeout bounds each Redis call of a shared upstream's counts;
 	// past it this process counts alone until Redis answers.
-	RedisTimeout time.Duration `yaml:"redis_timeout" help:"longest one Redis call of a shared upstream's counts (calls in flight, reserved shares) may take; past it the gateway counts that upstream's calls in this process alone until Redis answers again"`
+	RedisTimeout time.Duration `yaml:"redis_timeout" help:"longest one Redis call of a shared upstream's counts (calls in flight, reserved shares, the fleet-wide breaker) may take; past it the gateway counts that upstream's calls in this process alone until Redis answers again"`
 }
 
 func defaultSharedUpstreams() SharedUpstreamsConfig {

@@ -56,8 +56,11 @@ func (s State) String() string {
 // Redis for a probe, which happens only once its open time is over. Each
 // fleet probe has a deadline, ProbeTimeout plus ProbeMargin after it was
 // handed out: a probe whose result has not reached Redis by then (its
-// gateway died, or the call reporting it failed) is handed out again, so
-// no lost probe holds the fleet half-open.
+// gateway died, or every call reporting it failed) is handed out again,
+// so no lost probe holds the fleet half-open. A report that fails is
+// sent again by Run, off the request path, until it is past that
+// deadline: one slow Redis answer must not leave the fleet half-open,
+// refusing every call, for the probes' whole deadline.
 // Safe for concurrent use.
 type Breaker struct {
 	consecutive      int
@@ -103,7 +106,22 @@ type Breaker struct {
 	// probes on its own.
 	elsewhere    bool
 	elsewhereDue time.Time
+	// unsent is the probe results whose report to Redis failed, oldest
+	// first, which Run sends again (see recordFleet).
+	unsent []unsentResult
 }
+
+// unsentResult is a probe's result the fleet has not received.
+type unsentResult struct {
+	at        time.Time // when the probe ended
+	round, id int64
+	result    string
+}
+
+// maxUnsent bounds Breaker.unsent. When it is full the oldest result is
+// dropped: its probe's place is freed at the probe's deadline anyway, and
+// a newer failure of the same round reopens the breaker as well.
+const maxUnsent = 64
 
 // breakerBuckets divides Window; the ratios lag by at most one bucket.
 const breakerBuckets = 10
@@ -449,10 +467,37 @@ func (b *Breaker) recordFleet(now time.Time, bad bool, o concurrency.Outcome) bo
 	fs, err := b.fleet.result(now, b.fleetTTL(), b.round, id, result, b.probes, b.openFor, b.maxOpen)
 	if err != nil {
 		b.fleetFailed(err)
+		if len(b.unsent) == maxUnsent {
+			b.unsent = b.unsent[1:]
+		}
+		b.unsent = append(b.unsent, unsentResult{at: now, round: b.round, id: id, result: result})
 		return false
 	}
 	b.adopt(fs, now)
 	return true
+}
+
+// resend reports the unsent probe results again, oldest first, stopping
+// at the first that fails. A result is reported as of when its probe
+// ended, so the fleet judges it against the probe's deadline as it would
+// have then; one past that deadline is dropped (the fleet has freed its
+// place). The fleet ignores a result of a round that is over, so a late
+// one cannot undo what happened since.
+func (b *Breaker) resend(now time.Time) {
+	for len(b.unsent) > 0 {
+		r := b.unsent[0]
+		if now.Sub(r.at) >= b.probeTimeout+ProbeMargin {
+			b.unsent = b.unsent[1:]
+			continue
+		}
+		fs, err := b.fleet.result(r.at, b.fleetTTL(), r.round, r.id, r.result, b.probes, b.openFor, b.maxOpen)
+		if err != nil {
+			b.fleetFailed(err)
+			return
+		}
+		b.unsent = b.unsent[1:]
+		b.adopt(fs, now)
+	}
 }
 
 // adopt makes this process follow the fleet's state.
@@ -491,8 +536,9 @@ func (b *Breaker) adopt(fs fleetState, now time.Time) {
 
 // Run follows the fleet's state every poll until ctx ends, so that a
 // process that saw no failure itself opens with the fleet, and closes
-// when the fleet's probes succeeded elsewhere. Without FleetWide it
-// returns at once. It returns nil; Redis errors go to OnFleetError.
+// when the fleet's probes succeeded elsewhere; each poll first sends again
+// the probe results whose report failed. Without FleetWide it returns at
+// once. It returns nil; Redis errors go to OnFleetError.
 func (b *Breaker) Run(ctx context.Context) error {
 	if b.fleet == nil {
 		return nil
@@ -509,11 +555,13 @@ func (b *Breaker) Run(ctx context.Context) error {
 	}
 }
 
-// sync reads the fleet's state once and follows it.
+// sync sends the unsent probe results, then reads the fleet's state once
+// and follows it.
 func (b *Breaker) sync() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.now()
+	b.resend(now)
 	fs, err := b.fleet.read(now, b.fleetTTL())
 	if err != nil {
 		b.fleetFailed(err)

@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -277,6 +278,72 @@ func TestFleetBreakerProbeWhoseResultIsLost(t *testing.T) {
 		b.Record(true, time.Millisecond, concurrency.Success)
 	}
 	wantState(t, b, Closed, 30*time.Second)
+}
+
+// TestFleetBreakerSendsALostResultAgain: gateway A holds every probe of
+// the fleet's half-open breaker, and its calls reporting their results
+// fail (Redis answered too late). Until A reaches Redis again the fleet
+// stays half-open; then A's next poll sends the results it could not,
+// without a new call: a failed probe reopens the fleet's breaker for
+// twice the open time, and in the next round A's successful probes close
+// it — gateway B follows both, instead of refusing every call until the
+// probes' deadline frees their places.
+func TestFleetBreakerSendsALostResultAgain(t *testing.T) {
+	clock, mk := fleetGateways(t)
+	a, rdbA := mk(OnFleetError(func(error) {}))
+	b, _ := mk(OnFleetError(func(err error) { t.Errorf("gateway B: fleet error: %v", err) }))
+	cut := &cutHook{}
+	rdbA.AddHook(cut)
+	for range 10 {
+		call(a, time.Millisecond, concurrency.Failure)
+	}
+	for round, want := range []State{Open, Closed} {
+		clock.Advance(b.Stats().OpenFor)
+		probes(t, a, 5)
+		cut.set(true)
+		outcome := concurrency.Failure
+		if want == Closed {
+			outcome = concurrency.Success
+		}
+		for range 5 {
+			a.Record(true, time.Millisecond, outcome)
+		}
+		b.sync()
+		wantState(t, b, HalfOpen, 30*time.Second*time.Duration(1+round))
+		if _, ok, _ := b.Allow(); ok {
+			t.Fatalf("round %d: gateway B probed while A's probes were within their deadline", round)
+		}
+		cut.set(false)
+		a.sync()
+		b.sync()
+		if want == Open {
+			wantState(t, b, Open, 60*time.Second)
+		} else {
+			wantState(t, b, Closed, 30*time.Second)
+		}
+	}
+}
+
+// cutHook fails every Redis call of a client while it is set, as a Redis
+// that answers after the caller's timeout would.
+type cutHook struct{ cut atomic.Bool }
+
+func (h *cutHook) set(v bool) { h.cut.Store(v) }
+
+func (h *cutHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *cutHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.cut.Load() {
+			cmd.SetErr(context.DeadlineExceeded)
+			return context.DeadlineExceeded
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *cutHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // TestFleetBreakerAloneAfterRedisIsLostInHalfOpen: gateway B follows the
