@@ -112,8 +112,12 @@ type Upstream struct {
 	// before the level is left.
 	Hysteresis float64
 	// DegradedActions say what a request a level refuses gets, per level
-	// 1, 2, 3: DegradeFallback, DegradeRefuse or DegradeDefer.
+	// 1, 2, 3: DegradeFallback, DegradeRefuse, DegradeDefer or
+	// DegradeShorten.
 	DegradedActions [3]string
+	// ShortenTo is the output cap (max_tokens) of a request a level with
+	// DegradeShorten serves shortened.
+	ShortenTo int64
 	// FollowResources: when the gateway samples its CPU and memory
 	// (services.gateway.resource_degradation), this upstream's levels
 	// follow them too. Off for a fallback upstream that must stay open
@@ -175,6 +179,7 @@ type rawUpstream struct {
 		RetryAfter *time.Duration `yaml:"retry_after"`
 		Hysteresis *float64       `yaml:"hysteresis"`
 		Actions    []string       `yaml:"actions"`
+		MaxTokens  *int64         `yaml:"max_tokens"`
 		Resources  *bool          `yaml:"resources"`
 	} `yaml:"degradation"`
 	Breaker struct {
@@ -196,13 +201,14 @@ type rawUpstream struct {
 // say: weight 1; a 10-minute call, 60 s to the first token, 5 s to
 // connect; no concurrency limit (a concurrency section without a limit
 // starts at 100 within 1..1000); a priority queue of 1,000 waiting for at
-// most 30 s; degradation levels at 50/70/90% load, retry after 30 s; a
+// most 30 s; degradation levels at 50/70/90% load, retry after 30 s,
+// shortened outputs capped at 512 tokens; a
 // breaker that opens for 30 s on 10 failures in a row or half of the
 // calls failing, then lets 5 probes through (docs/priority.md).
 var defaultUpstream = Upstream{Dialect: DialectOpenAI, Weight: 1, Timeout: 10 * time.Minute, ResponseHeaderTimeout: 60 * time.Second, ConnectTimeout: 5 * time.Second,
 	Mode: ModeFixed, Limit: UnlimitedConcurrency, Min: 1, Max: UnlimitedConcurrency, MaxWaiting: 1000, MaxWait: 30 * time.Second,
 	Levels: [3]float64{0.5, 0.7, 0.9}, DegradedRetryAfter: 30 * time.Second, Hysteresis: 0.05,
-	DegradedActions: [3]string{DegradeFallback, DegradeFallback, DegradeFallback}, FollowResources: true,
+	DegradedActions: [3]string{DegradeFallback, DegradeFallback, DegradeFallback}, ShortenTo: 512, FollowResources: true,
 	ConsecutiveFailures: 10, ErrorRatio: 0.5, OpenFor: 30 * time.Second, MaxOpenFor: 10 * time.Minute, Probes: 5}
 
 // What a request a degradation level refuses gets (degradation.actions).
@@ -220,6 +226,12 @@ const (
 	// upstream of its model is at a level refusing its class with this
 	// action; otherwise it is refused.
 	DegradeDefer = "defer"
+	// DegradeShorten serves it with its output capped at the entry's
+	// degradation.max_tokens (lowered, or set where the request sets
+	// none): a shorter answer costs the upstream less time and the
+	// tenant fewer tokens than a refusal costs the caller (seed 003).
+	// The answer says so in its X-Sluice-Max-Tokens header.
+	DegradeShorten = "shorten"
 )
 
 // DegradedAction is the action of degradation level l (1..3); level 0
@@ -539,6 +551,15 @@ func (u Upstream) GuardOptions() ([]upstream.Opt, error) {
 	if u.TenantShare > 0 {
 		opts = append(opts, upstream.TenantShare(u.TenantShare))
 	}
+	var shorten []priority.Level
+	for i, act := range u.DegradedActions {
+		if act == DegradeShorten {
+			shorten = append(shorten, priority.Level(i+1))
+		}
+	}
+	if shorten != nil {
+		opts = append(opts, upstream.ShortenAt(shorten...))
+	}
 	return opts, nil
 }
 
@@ -560,10 +581,19 @@ func (v *validator) degradation(p string, r rawUpstream, u *Upstream) {
 			return
 		}
 		for i, act := range a {
-			if act != DegradeFallback && act != DegradeRefuse && act != DegradeDefer {
-				v.fail(fmt.Sprintf("%s.degradation.actions.%d", p, i), "%q is not one of fallback (the model's fallbacks serve it), refuse, defer (queued as a deferred task)", act)
+			if act != DegradeFallback && act != DegradeRefuse && act != DegradeDefer && act != DegradeShorten {
+				v.fail(fmt.Sprintf("%s.degradation.actions.%d", p, i), "%q is not one of fallback (the model's fallbacks serve it), refuse, defer (queued as a deferred task), shorten (served with max_tokens capped)", act)
 			}
 			u.DegradedActions[i] = act
 		}
 	}
+	if m := r.Degradation.MaxTokens; m != nil {
+		u.ShortenTo = *m
+		if u.ShortenTo < 1 || u.ShortenTo > MaxShortenTo {
+			v.fail(p+".degradation.max_tokens", "%d is outside 1..%d", u.ShortenTo, MaxShortenTo)
+		}
+	}
 }
+
+// MaxShortenTo bounds degradation.max_tokens.
+const MaxShortenTo = 1_000_000

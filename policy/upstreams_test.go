@@ -98,7 +98,7 @@ upstreams:
     response_header_timeout: 2s
     concurrency: {mode: adaptive, limit: 500, max: 100}
     tenant_share: 2
-    degradation: {levels: [0.9, 0.5, 0.7], hysteresis: 0.6, actions: [fallback, later, refuse]}
+    degradation: {levels: [0.9, 0.5, 0.7], hysteresis: 0.6, actions: [fallback, later, refuse], max_tokens: 0}
     reserved: {unit: tokens, saturation: 0, shares: {vip: 0.5, critical: 0.7, high: 0.6}}
 fallbacks:
   gpt-4o: [gpt-4o]
@@ -113,6 +113,7 @@ fallbacks:
 		"upstreams.u.response_header_timeout: 2s is longer than its timeout (1s)",
 		"upstreams.u.concurrency.mode", "upstreams.u.concurrency: limit 500", "upstreams.u.tenant_share", "upstreams.u.degradation.levels",
 		"upstreams.u.degradation.hysteresis: 0.6 is outside 0..the first level (0.5)", `upstreams.u.degradation.actions.1: "later" is not one of fallback`,
+		"upstreams.u.degradation.max_tokens: 0 is outside 1..1000000",
 		"upstreams.u.reserved.unit", "upstreams.u.reserved.saturation", "upstreams.u.reserved.shares.vip", "upstreams.u.reserved.shares: the shares add up to 1.3",
 		"fallbacks.gpt-4o.0", "fallbacks.o3: lists 0 models",
 	} {

@@ -31,6 +31,9 @@ type exchange struct {
 	provider *provider
 	model    string
 	permit   upstream.Permit
+	// shortenedTo is the output cap a degradation level served the call
+	// with (action shorten), 0 when it went as asked.
+	shortenedTo int64
 
 	// Without an answer: refused is the last guard refusal (when every
 	// upstream that could serve the call refused it before a call),
@@ -96,7 +99,14 @@ func (s *Server) tryModel(ctx context.Context, w http.ResponseWriter, in http.He
 			}
 			p = gp
 		}
-		settleRoute, refusal := s.admitRoute(ctx, w, c, u, model, est, st.estOK)
+		sent, shortenedTo, callEst := body, int64(0), est
+		if p.Shortened() {
+			if sent, shortenedTo, callEst = s.shorten(c, u, body, est); sent == nil {
+				p.Release(concurrency.Ignored)
+				continue
+			}
+		}
+		settleRoute, refusal := s.admitRoute(ctx, w, c, u, model, callEst, st.estOK)
 		if refusal != nil {
 			// Another upstream of the model may have room under its own
 			// limit; a cheaper model is no answer to a hard limit.
@@ -107,7 +117,7 @@ func (s *Server) tryModel(ctx context.Context, w http.ResponseWriter, in http.He
 		}
 		c.attempts++
 		c.upstream, ex.provider, ex.model = u.cfg.Name, u, model
-		resp, done, err := s.attempt(callContext(ctx, c), u, u.url(c.operation(), model), body, c.requestID, in)
+		resp, done, err := s.attempt(callContext(ctx, c), u, u.url(c.operation(), model), sent, c.requestID, in)
 		last := i == len(cands)-1
 		if err != nil {
 			p.Settle(0) // no answer: no tokens spent
@@ -134,11 +144,28 @@ func (s *Server) tryModel(ctx context.Context, w http.ResponseWriter, in http.He
 				continue
 			}
 		}
-		ex.resp, ex.done, ex.permit = resp, done, p
+		ex.resp, ex.done, ex.permit, ex.shortenedTo = resp, done, p, shortenedTo
 		st.add(settleRoute) // settled with what the call used
 		return false, true
 	}
 	return fallback, false
+}
+
+// shorten caps the output of a call a degradation level of u admits only
+// shortened (degradation action shorten): the body to send, the cap, and
+// the estimate with its completion capped as well. A body that cannot be
+// re-encoded (scanRequest has read it, so only in theory) gives nil: the
+// upstream is passed over.
+func (s *Server) shorten(c *call, u *provider, body []byte, est estimate.Estimate) ([]byte, int64, estimate.Estimate) {
+	limit := u.cfg.ShortenTo
+	out, err := withMaxTokens(body, c.dialect, c.operation(), limit)
+	if err != nil {
+		s.log.Warn("degradation: cannot shorten the request; passing the upstream over", "upstream", u.cfg.Name, "err", err)
+		return nil, 0, est
+	}
+	s.m.shortened.WithLabelValues(u.cfg.Name).Inc()
+	est.Completion = min(est.Completion, limit)
+	return out, limit, est
 }
 
 // operation is the path of c's operation under an upstream's base URL

@@ -27,6 +27,7 @@ type metrics struct {
 	// The upstream guards and fallbacks.
 	guardRefusals *prometheus.CounterVec
 	fallbacks     *prometheus.CounterVec
+	shortened     *prometheus.CounterVec
 	softOver      prometheus.Counter
 	// view is the flag view the staleness gauges read (the Checker); nil
 	// reads as fresh (a Decider without a view, or none).
@@ -91,6 +92,10 @@ func newMetrics(redisPing func(context.Context) error) *metrics {
 			Name: "sluice_gateway_fallbacks_total",
 			Help: "Calls served by a cheaper fallback model than the one asked for, by the asked model's route and the model that served.",
 		}, []string{"model", "served"}),
+		shortened: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_gateway_shortened_total",
+			Help: "Calls a degradation level served with their output capped (degradation action shorten), by upstream.",
+		}, []string{"upstream"}),
 		softOver: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_gateway_soft_limit_fallbacks_total",
 			Help: "Requests of tenants past a soft quota (a period quota or budget through the enforcer's soft flag, a per-minute one checked here), sent to the fallback model first.",
@@ -118,7 +123,7 @@ func newMetrics(redisPing func(context.Context) error) *metrics {
 		return 0
 	})
 	m.redis = redisconn.NewUp("gateway", redisPing)
-	m.all = metricset.Set{m.requests, m.upstream, m.ttfb, m.tokens, m.usage, m.failovers, m.inflight, m.keyReloads, m.guardRefusals, m.fallbacks, m.softOver, flagsAge, flagsStale,
+	m.all = metricset.Set{m.requests, m.upstream, m.ttfb, m.tokens, m.usage, m.failovers, m.inflight, m.keyReloads, m.guardRefusals, m.fallbacks, m.shortened, m.softOver, flagsAge, flagsStale,
 		guardCollector{m}, m.redis}
 	return m
 }

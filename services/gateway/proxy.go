@@ -61,6 +61,11 @@ func (s *Server) served(w http.ResponseWriter, c *call, ex exchange) {
 		c.served = ex.model
 		w.Header().Set(HeaderServedModel, ex.model)
 	}
+	if ex.shortenedTo > 0 {
+		limit := strconv.FormatInt(ex.shortenedTo, 10)
+		w.Header().Set(HeaderMaxTokens, limit)
+		c.mc.SetAttribute("shortened_to", limit)
+	}
 }
 
 // HeaderServedModel names, on every answer an upstream gave, the model

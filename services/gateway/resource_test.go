@@ -291,3 +291,53 @@ func lastRun(t *testing.T, g *gw, id string) int {
 	n, _ := st["runs"].(float64)
 	return int(n)
 }
+
+// TestResourceDegradationShortensLowPriority: premium's level-1 action
+// is shorten with degradation.max_tokens 16. At 55% CPU a low-priority
+// request asking for 200 tokens is served by gpt-4o itself, not refused
+// and not sent to a fallback, with its output capped at 16 (the mock
+// answers as many completion tokens as it is allowed), the cap named in
+// X-Sluice-Max-Tokens and counted in sluice_gateway_shortened_total; a
+// high one at the same load is served whole.
+func TestResourceDegradationShortensLowPriority(t *testing.T) {
+	base := mock(t, mockllm.Options{})
+	const yaml = `
+tenants:
+  acme: {priority: low}
+upstreams:
+  premium:
+    degradation: {actions: [shorten, refuse, refuse], max_tokens: 16}
+`
+	cfg := testConfig(t, Upstream{Name: "premium", BaseURL: base, Models: []string{"gpt-4o"}})
+	cfg.policy = yaml
+	f := newFakeResources()
+	guards, s, p := resourceGuards(t, string(cfg.policyYAML(t)), f)
+	g := startGateway(t, cfg, Deps{Policy: func() *policy.Policy { return p }, Guards: guards})
+	chat := func(key string) (*http.Response, int64) {
+		t.Helper()
+		resp, body := post(t, g.url, "/v1/chat/completions", key, `{"model":"gpt-4o","max_tokens":200,"messages":[{"role":"user","content":"hi"}]}`)
+		var ans struct {
+			Usage struct {
+				CompletionTokens int64 `json:"completion_tokens"`
+			} `json:"usage"`
+		}
+		if resp.StatusCode != http.StatusOK || json.Unmarshal([]byte(body), &ans) != nil {
+			t.Fatalf("%s at 55%% CPU: %d %s; want 200", key, resp.StatusCode, body)
+		}
+		return resp, ans.Usage.CompletionTokens
+	}
+
+	f.step(t, s, 0.55, 0.1)
+	resp, completion := chat("sk-acme") // acme: low
+	if completion != 16 || resp.Header.Get(HeaderMaxTokens) != "16" || resp.Header.Get(HeaderServedModel) != "gpt-4o" {
+		t.Fatalf("low at level 1 (shorten): %d completion tokens, %s %q, served %q; want 16, capped at 16 by gpt-4o",
+			completion, HeaderMaxTokens, resp.Header.Get(HeaderMaxTokens), resp.Header.Get(HeaderServedModel))
+	}
+	resp, completion = chat("sk-boss") // boss: high
+	if completion != 200 || resp.Header.Get(HeaderMaxTokens) != "" {
+		t.Fatalf("high at level 1: %d completion tokens, %s %q; want 200, not capped", completion, HeaderMaxTokens, resp.Header.Get(HeaderMaxTokens))
+	}
+	if got := testutil.ToFloat64(g.m.shortened.WithLabelValues("premium")); got != 1 {
+		t.Errorf("sluice_gateway_shortened_total{upstream=premium} = %v, want 1", got)
+	}
+}

@@ -71,6 +71,9 @@ type Guard struct {
 	load        func(Load) float64
 	clock       priority.Clock
 	reserve     *Reserve // nil: no reserved shares
+	// shortenAt marks the degradation levels (1..3, at index level-1)
+	// that admit the classes they refuse with a shortened output.
+	shortenAt [3]bool
 }
 
 type guardConfig struct {
@@ -84,6 +87,7 @@ type guardConfig struct {
 	clock        priority.Clock
 	onLimit      func(old, new int)
 	reserve      *Reserve
+	shortenAt    [3]bool
 	errs         []error
 }
 
@@ -150,6 +154,23 @@ func TenantLimit(f func(tenant string, upstreamLimit int) int) Opt {
 // released (its queue wait included).
 func Reserved(r *Reserve) Opt { return opt(func(c *guardConfig) { c.reserve = r }) }
 
+// ShortenAt makes degradation levels (1..3) admit the classes they
+// refuse, to be served with a shorter output instead (seed 003's "shorten
+// max_tokens" degradation): the Permit says so (Permit.Shortened) and the
+// caller must cap the call's output before it sends it. Such a call still
+// waits in the queue and counts against the concurrency limit.
+func ShortenAt(levels ...priority.Level) Opt {
+	return opt(func(c *guardConfig) {
+		for _, l := range levels {
+			if l < 1 || l > 3 {
+				c.errs = append(c.errs, fmt.Errorf("ShortenAt: level %d is outside 1..3", l))
+				continue
+			}
+			c.shortenAt[l-1] = true
+		}
+	})
+}
+
 // LoadFunc replaces DefaultLoad, for gateways that weigh other signals.
 func LoadFunc(f func(Load) float64) Opt { return opt(func(c *guardConfig) { c.load = f }) }
 
@@ -179,7 +200,7 @@ func New(name string, opts ...Opt) (*Guard, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("upstream.New %q: %w", name, err)
 	}
-	g := &Guard{name: name, gate: c.gate, tenantLimit: c.tenantLimit, load: c.load, clock: c.clock, reserve: c.reserve}
+	g := &Guard{name: name, gate: c.gate, tenantLimit: c.tenantLimit, load: c.load, clock: c.clock, reserve: c.reserve, shortenAt: c.shortenAt}
 	if g.gate == nil {
 		lopts := []concurrency.LimiterOpt{concurrency.Clock(c.clock.Now)}
 		if c.onLimit != nil {
@@ -235,11 +256,18 @@ type Permit struct {
 	tenant string
 	probe  bool
 	hold   Hold
+	// shortened: a degradation level admitted the call only with a
+	// shorter output (ShortenAt).
+	shortened bool
 }
 
 // Probe reports whether the call is one of the half-open breaker's
 // probes.
 func (p Permit) Probe() bool { return p.probe }
+
+// Shortened reports whether a degradation level admitted the call only
+// with a shorter output (ShortenAt): the caller must cap its output.
+func (p Permit) Shortened() bool { return p.shortened }
 
 // Settle tells a reserved share counted in tokens (Reserved with
 // ReserveTokens) what the call used, in place of the estimate Acquire
@@ -281,11 +309,15 @@ func (g *Guard) Acquire(ctx context.Context, r Request) (Permit, priority.Decisi
 	if !ok {
 		return Permit{}, priority.Decision{Reason: priority.BreakerOpen, Priority: r.Priority, RetryAfter: max(time.Second, retry)}
 	}
+	var shortened bool
 	if !probe {
 		// A probe passes a degraded level: the breaker closes only through
 		// probes, and it has bounded them already.
 		if d, ok := g.degrader.Check(r.Priority); !ok {
-			return Permit{}, d
+			if !g.shortenAt[d.Level-1] {
+				return Permit{}, d
+			}
+			shortened = true
 		}
 	}
 	if g.tenants != nil {
@@ -319,7 +351,7 @@ func (g *Guard) Acquire(ctx context.Context, r Request) (Permit, priority.Decisi
 		g.breaker.Record(probe, 0, concurrency.Ignored)
 		return Permit{}, d
 	}
-	return Permit{g: g, qp: qp, tenant: r.Tenant, probe: probe, hold: hold}, d
+	return Permit{g: g, qp: qp, tenant: r.Tenant, probe: probe, hold: hold, shortened: shortened}, d
 }
 
 func (g *Guard) currentLoad() Load {

@@ -3,6 +3,7 @@ package upstream
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -283,5 +284,34 @@ func TestGuardAdaptiveLimitFollowsSeed003(t *testing.T) {
 	last := changes[len(changes)-1]
 	if last[1] != 10 || last[0] >= 10 || float64(last[1]) > float64(last[0])*1.2+1 {
 		t.Fatalf("the last change %v is not a ×1.2 step up to 10", last)
+	}
+}
+
+// TestGuardShortensInsteadOfRefusing: with level 1 set to shorten, a
+// low request that level 1 refuses is admitted with Shortened set (the
+// caller caps its output), a critical one passes whole, and level 2,
+// which does not shorten, still refuses a normal request.
+func TestGuardShortensInsteadOfRefusing(t *testing.T) {
+	var load atomic.Uint64 // float64 bits
+	setLoad := func(f float64) { load.Store(math.Float64bits(f)) }
+	g := newGuard(t, ShortenAt(priority.Level1), LoadFunc(func(Load) float64 { return math.Float64frombits(load.Load()) }))
+	ctx := context.Background()
+	setLoad(0.6) // level 1
+	p, d := g.Acquire(ctx, Request{Tenant: "a", Priority: schemas.PriorityLow})
+	if !d.Admitted() || !p.Shortened() {
+		t.Fatalf("low at level 1: %+v, shortened %v; want admitted shortened", d, p.Shortened())
+	}
+	p.Release(concurrency.Success)
+	p, d = g.Acquire(ctx, Request{Tenant: "a", Priority: schemas.PriorityCritical})
+	if !d.Admitted() || p.Shortened() {
+		t.Fatalf("critical at level 1: %+v, shortened %v; want admitted whole", d, p.Shortened())
+	}
+	p.Release(concurrency.Success)
+	setLoad(0.8) // level 2
+	if _, d := g.Acquire(ctx, Request{Tenant: "a", Priority: schemas.PriorityNormal}); d.Reason != priority.Degraded || d.Level != priority.Level2 {
+		t.Fatalf("normal at level 2: %+v, want refused as degraded", d)
+	}
+	if _, err := New("u", ShortenAt(0)); err == nil {
+		t.Fatal("ShortenAt(0) accepted; want an error naming the level range")
 	}
 }
