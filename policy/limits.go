@@ -53,19 +53,27 @@ type Limit struct {
 
 // Rule returns the admission rule of l for a tenant whose burst_multiplier
 // is burstMultiplier (1 for the top-level limits).
+//
+// A limit counting cost states its amounts in the price table's currency
+// (limit: 50 is 50 USD); the rule counts millionths of it
+// (admission.CostScale), the unit the gateway prices calls in.
 func (l Limit) Rule(burstMultiplier float64) admission.Rule {
 	r := admission.Rule{Name: l.Name, Scope: l.Scope, Unit: l.Unit, Algorithm: l.Algorithm, Exact: l.Exact, Reserve: l.Reserve, Wait: l.Wait}
+	scale := int64(1)
+	if l.Unit == admission.Cost {
+		scale = admission.CostScale
+	}
 	switch l.Algorithm {
 	case admission.TokenBucket:
-		r.Rate = l.Rate / l.Per.Seconds()
-		r.Limit = l.Burst
+		r.Rate = l.Rate / l.Per.Seconds() * float64(scale)
+		r.Limit = l.Burst * scale
 		if !l.BurstSet {
-			r.Limit = int64(math.Ceil(l.Rate * max(burstMultiplier, 1)))
+			r.Limit = int64(math.Ceil(l.Rate*max(burstMultiplier, 1))) * scale
 		}
 	case admission.SlidingWindow:
-		r.Window, r.Limit = l.Length, l.Max
+		r.Window, r.Limit = l.Length, l.Max*scale
 	case admission.CalendarPeriod:
-		r.Limit, r.Calendar = l.Max, PeriodCalendar{Period: l.Period, Location: time.UTC}
+		r.Limit, r.Calendar = l.Max*scale, PeriodCalendar{Period: l.Period, Location: time.UTC}
 	}
 	return r
 }
@@ -287,11 +295,11 @@ func (v *validator) limits(path string, raw map[string]rawLimit, base map[string
 		if rl.Unit != "" {
 			u, ok := admission.ParseUnit(rl.Unit)
 			if !ok {
-				v.fail(lp+".unit", "%q is not one of requests, prompt_tokens, completion_tokens, total_tokens", rl.Unit)
+				v.fail(lp+".unit", "%q is not one of requests, prompt_tokens, completion_tokens, total_tokens, cost", rl.Unit)
 			}
 			l.Unit = u
 		} else if !inherited {
-			v.fail(lp+".unit", "is required (requests, prompt_tokens, completion_tokens or total_tokens)")
+			v.fail(lp+".unit", "is required (requests, prompt_tokens, completion_tokens, total_tokens or cost)")
 		}
 		switch {
 		case rl.TokenBucket != nil && rl.SlidingWindow != nil:
@@ -347,6 +355,10 @@ func (v *validator) limits(path string, raw map[string]rawLimit, base map[string
 		}
 		if rl.Exact != nil {
 			l.Exact = *rl.Exact
+		} else if l.Unit == admission.Cost && !inherited {
+			// Money is counted exactly unless the file says otherwise: a
+			// lease would let a gateway spend past the budget by its size.
+			l.Exact = true
 		}
 		if rl.Reserve != nil {
 			l.Reserve = *rl.Reserve
@@ -444,23 +456,28 @@ func (v *validator) checkLimit(lp string, l Limit, rl rawLimit) {
 		}
 		return lp
 	}
+	// A cost limit is in currency and counted in millionths of it.
+	maxLimit, maxRate := int64(admission.MaxLimit), float64(admission.MaxRate)
+	if l.Unit == admission.Cost {
+		maxLimit, maxRate = maxLimit/admission.CostScale, maxRate/admission.CostScale
+	}
 	switch l.Algorithm {
 	case admission.TokenBucket:
 		b := rl.TokenBucket
 		if b == nil {
 			b = &rawBucket{}
 		}
-		if !(l.Rate > 0 && l.Rate <= admission.MaxRate) {
-			v.fail(at("token_bucket.rate", b.Rate != nil), "rate %v is outside (0, %g] (units per per)", l.Rate, admission.MaxRate)
+		if !(l.Rate > 0 && l.Rate <= maxRate) {
+			v.fail(at("token_bucket.rate", b.Rate != nil), "rate %v is outside (0, %g] (units per per)", l.Rate, maxRate)
 		}
 		if l.Per < time.Millisecond || l.Per > admission.MaxWindow {
 			v.fail(at("token_bucket.per", b.Per != nil), "per %s is outside 1ms..%s", l.Per, admission.MaxWindow)
 		}
-		if l.BurstSet && (l.Burst < 0 || l.Burst > admission.MaxLimit) {
-			v.fail(at("token_bucket.burst", b.Burst != nil), "burst %d is outside 0..%d", l.Burst, admission.MaxLimit)
+		if l.BurstSet && (l.Burst < 0 || l.Burst > maxLimit) {
+			v.fail(at("token_bucket.burst", b.Burst != nil), "burst %d is outside 0..%d", l.Burst, maxLimit)
 		}
-		if !l.BurstSet && l.Rate*MaxBurst > float64(admission.MaxLimit) {
-			v.fail(at("token_bucket.rate", b.Rate != nil), "rate %v times burst_multiplier may exceed %d; set burst", l.Rate, admission.MaxLimit)
+		if !l.BurstSet && l.Rate*MaxBurst > float64(maxLimit) {
+			v.fail(at("token_bucket.rate", b.Rate != nil), "rate %v times burst_multiplier may exceed %d; set burst", l.Rate, maxLimit)
 		}
 	case admission.SlidingWindow:
 		w := rl.SlidingWindow
@@ -470,8 +487,8 @@ func (v *validator) checkLimit(lp string, l Limit, rl rawLimit) {
 		if l.Length < admission.MinWindow || l.Length > admission.MaxWindow {
 			v.fail(at("sliding_window.length", w.Length != nil), "length %s is outside %s..%s", l.Length, admission.MinWindow, admission.MaxWindow)
 		}
-		if l.Max < 0 || l.Max > admission.MaxLimit {
-			v.fail(at("sliding_window.limit", w.Limit != nil), "limit %d is outside 0..%d", l.Max, admission.MaxLimit)
+		if l.Max < 0 || l.Max > maxLimit {
+			v.fail(at("sliding_window.limit", w.Limit != nil), "limit %d is outside 0..%d", l.Max, maxLimit)
 		}
 	case admission.CalendarPeriod:
 		pr := rl.Period
@@ -481,8 +498,8 @@ func (v *validator) checkLimit(lp string, l Limit, rl rawLimit) {
 		if l.Period != schemas.PeriodHour && l.Period != schemas.PeriodDay && l.Period != schemas.PeriodMonth {
 			v.fail(at("period.every", pr.Every != nil), "%q is not hour, day or month", l.Period)
 		}
-		if l.Max < 0 || l.Max > admission.MaxLimit {
-			v.fail(at("period.limit", pr.Limit != nil), "limit %d is outside 0..%d", l.Max, admission.MaxLimit)
+		if l.Max < 0 || l.Max > maxLimit {
+			v.fail(at("period.limit", pr.Limit != nil), "limit %d is outside 0..%d", l.Max, maxLimit)
 		}
 	default:
 		v.fail(lp, "needs token_bucket {rate, per, burst}, sliding_window {length, limit} or period {every, limit}")

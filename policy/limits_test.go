@@ -425,3 +425,39 @@ tenants:
 		}
 	}
 }
+
+// TestCostLimitIsInCurrencyAndExact: a limit counting cost states its
+// amounts in currency and becomes a rule counting millionths of it, run
+// exactly (no leases) unless the file says otherwise; an amount past
+// what the millionths can hold is refused naming the field.
+func TestCostLimitIsInCurrencyAndExact(t *testing.T) {
+	p, err := Parse([]byte(`
+limits:
+  team-hourly: {scope: {tenant: "*"}, unit: cost, sliding_window: {length: 1h, limit: 20}}
+  team-bucket: {scope: {tenant: "*"}, unit: cost, token_bucket: {rate: 2, per: 1m, burst: 5}, exact: false}
+tenants:
+  acme:
+    limits:
+      key-monthly: {scope: {key: "*"}, unit: cost, period: {every: month, limit: 50}}
+`), "cost.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := p.AdmissionRules()
+	if r := ruleNamed(t, rs.Tenants["acme"].Rules, "key-monthly"); r.Unit != admission.Cost || r.Limit != 50*admission.CostScale || !r.Exact {
+		t.Fatalf("key-monthly: %+v, want cost, limit 50,000,000 millionths, exact", r)
+	}
+	if r := ruleNamed(t, rs.Shared, "team-hourly"); r.Limit != 20*admission.CostScale || !r.Exact {
+		t.Fatalf("team-hourly: %+v, want limit 20,000,000, exact", r)
+	}
+	if r := ruleNamed(t, rs.Shared, "team-bucket"); r.Limit != 5*admission.CostScale || r.Rate != 2.0/60*admission.CostScale || r.Exact {
+		t.Fatalf("team-bucket: %+v, want burst 5,000,000, rate %v per second, leased as the file says", r, 2.0/60*admission.CostScale)
+	}
+	_, err = Parse([]byte(`
+limits:
+  huge: {unit: cost, sliding_window: {length: 1h, limit: 2000000000}}
+`), "huge.yaml")
+	if err == nil || !strings.Contains(err.Error(), "limits.huge.sliding_window.limit: limit 2000000000 is outside 0..1125899906") {
+		t.Fatalf("a cost limit past the millionths' range: %v", err)
+	}
+}

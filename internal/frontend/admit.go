@@ -80,6 +80,9 @@ type Refusal struct {
 // Settlement is the end of an admitted call.
 type Settlement struct {
 	Usage middleware.Usage
+	// Model is the model that served the call (a fallback's, say); empty
+	// means the one admitted. Rules counting cost price Usage at its price.
+	Model string
 	// Outcome and Status are the usage event's.
 	Outcome schemas.Outcome
 	Status  int

@@ -6,30 +6,41 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"net/http"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/sdk/go/admission"
+	"github.com/sluicehq/sluice/sdk/go/middleware"
 )
 
 // LimiterAdmitter answers the gateway's admission hook with
 // sdk/go/admission: the policy's limits (and its hard one-minute quotas)
 // checked in one Redis round trip or from local leases before the call,
 // the estimate settled with what the call used after it.
-type LimiterAdmitter struct{ L *admission.Limiter }
+type LimiterAdmitter struct {
+	L *admission.Limiter
+	// Cost prices a call for the rules that count cost, in
+	// admission.Cost units; nil prices every call at 0.
+	Cost func(model string, u middleware.Usage) int64
+}
 
 // Admit implements Admitter.
 func (a LimiterAdmitter) Admit(ctx context.Context, req AdmitRequest) Admission {
+	// The worst case: the prompt's estimate and max_tokens (the
+	// completion's estimate is the request's cap when it sets one).
+	worst := a.cost(req.Model, middleware.Usage{PromptTokens: req.EstimatePrompt, CompletionTokens: req.EstimateCompletion})
 	// Acquire is Admit unless the refusing rule lets the request's class
 	// wait (a limit's wait in the policy): then it waits, up to the
 	// caller's deadline, for the rule to admit it.
 	t, err := a.L.Acquire(ctx, admission.Request{ID: req.EventID, Tenant: req.Tenant, Model: req.Model, User: req.User,
 		Key: req.APIKeyID, Endpoint: req.Endpoint, Upstream: req.Upstream, Priority: req.Priority,
-		PromptTokens: req.EstimatePrompt, CompletionTokens: req.EstimateCompletion, Deadline: req.Deadline})
+		PromptTokens: req.EstimatePrompt, CompletionTokens: req.EstimateCompletion, Cost: worst, Deadline: req.Deadline})
 	if err != nil {
 		// A request the limiter cannot judge names the bound it broke.
 		e := admission.Error(admission.Decision{})
@@ -41,9 +52,30 @@ func (a LimiterAdmitter) Admit(ctx context.Context, req AdmitRequest) Admission 
 		return Admission{Limits: admission.Headers(d), Refused: &Refusal{Status: admission.Status(d), Error: admission.Error(d), RetryAfter: admission.RetryAfter(d), Rule: d.Rule}}
 	}
 	return Admission{Limits: admission.Headers(d), Settle: func(s Settlement) {
+		model := s.Model
+		if model == "" {
+			model = req.Model
+		}
 		// The client may be gone; the correction must still land.
-		_ = t.Settle(context.WithoutCancel(ctx), admission.Usage{PromptTokens: s.Usage.PromptTokens, CompletionTokens: s.Usage.CompletionTokens})
+		_ = t.Settle(context.WithoutCancel(ctx), admission.Usage{PromptTokens: s.Usage.PromptTokens, CompletionTokens: s.Usage.CompletionTokens,
+			Cost: a.cost(model, s.Usage)})
 	}}
+}
+
+func (a LimiterAdmitter) cost(model string, u middleware.Usage) int64 {
+	if a.Cost == nil {
+		return 0
+	}
+	return a.Cost(model, u)
+}
+
+// CostOf is what a call of model that used u costs at p's price in force
+// now (the unpriced_price for a model without one), in admission.Cost
+// units, rounded up: the price lookup and formula the pipeline counts
+// money with (policy.Policy.CostSpan, policy.Price.Cost).
+func CostOf(p *policy.Policy, model string, u middleware.Usage, now time.Time) int64 {
+	pr, _, _, _ := p.CostSpan(model, now.Unix())
+	return int64(math.Ceil(pr.Cost(u.PromptTokens, u.CompletionTokens, u.CachedTokens) * admission.CostScale))
 }
 
 // AdmissionConfig tunes how a front end checks the policy's limits before
@@ -102,6 +134,14 @@ type Limits struct {
 	hard, route, soft *admission.Limiter
 	closers           []func()
 	log               *slog.Logger
+	// pol is the policy in force, whose prices the rules counting cost
+	// use (Apply replaces it).
+	pol atomic.Pointer[policy.Policy]
+}
+
+// cost prices a call at the policy in force.
+func (l *Limits) cost(model string, u middleware.Usage) int64 {
+	return CostOf(l.pol.Load(), model, u, time.Now())
 }
 
 // RouteScoped reports whether a rule counts by model or upstream: a
@@ -169,6 +209,7 @@ func splitRules(rs *admission.Rules) (before, route *admission.Rules) {
 // so a gateway and a forward-auth endpoint sharing a policy share counts.
 func NewLimits(c AdmissionConfig, p *policy.Policy, service string, routed bool, env platform.Env, log *slog.Logger) (*Limits, error) {
 	l := &Limits{log: log}
+	l.pol.Store(p)
 	rules := p.AdmissionRules()
 	var routeRules *admission.Rules
 	if routed {
@@ -179,21 +220,21 @@ func NewLimits(c AdmissionConfig, p *policy.Policy, service string, routed bool,
 	if err != nil {
 		return nil, err
 	}
-	l.hard, l.Admit, l.closers = hard, LimiterAdmitter{L: hard}, []func(){closeHard}
+	l.hard, l.Admit, l.closers = hard, LimiterAdmitter{L: hard, Cost: l.cost}, []func(){closeHard}
 	if routed {
 		route, closeRoute, err := newLimiter(c, routeRules, prefix, env, log)
 		if err != nil {
 			l.Close()
 			return nil, err
 		}
-		l.route, l.Route = route, LimiterAdmitter{L: route}
+		l.route, l.Route = route, LimiterAdmitter{L: route, Cost: l.cost}
 		l.closers = append(l.closers, closeRoute)
 		soft, closeSoft, err := newLimiter(c, p.SoftLimitRules(), env.Redis.Prefix(redisconn.SoftLimitKeys), env, log)
 		if err != nil {
 			l.Close()
 			return nil, err
 		}
-		l.soft, l.Soft = soft, LimiterAdmitter{L: soft}
+		l.soft, l.Soft = soft, LimiterAdmitter{L: soft, Cost: l.cost}
 		l.closers = append(l.closers, closeSoft)
 	}
 	return l, nil
@@ -202,6 +243,7 @@ func NewLimits(c AdmissionConfig, p *policy.Policy, service string, routed bool,
 // Apply gives the limiters the rules of a reloaded policy; rules that do
 // not apply are logged and the previous ones stay.
 func (l *Limits) Apply(p *policy.Policy) {
+	l.pol.Store(p)
 	if l.route != nil {
 		before, route := splitRules(p.AdmissionRules())
 		ReloadRules(l.hard, func(*policy.Policy) *admission.Rules { return before }, "admission", l.log)(p)

@@ -142,7 +142,7 @@ func (c *call) cut() bool { return c.code == codeClientClosed || c.code == codeS
 // settlement is what an admitted call used, for an Admitter's Settle:
 // status is the one answered.
 func (c *call) settlement(status int, est estimate.Estimate) frontend.Settlement {
-	set := frontend.Settlement{Status: status, Outcome: schemas.OutcomeOK}
+	set := frontend.Settlement{Status: status, Outcome: schemas.OutcomeOK, Model: c.served}
 	switch {
 	case c.outcome == schemas.OutcomeTimeout:
 		set.Outcome = schemas.OutcomeTimeout

@@ -100,17 +100,36 @@ func message(d Decision) string {
 	per := ""
 	switch d.Algorithm {
 	case SlidingWindow:
-		per = fmt.Sprintf("%d %s per %s", d.Limit, d.Unit, d.Window)
+		per = fmt.Sprintf("%s per %s", quantity(d.Limit, d.Unit), d.Window)
 	case CalendarPeriod:
-		per = fmt.Sprintf("%d %s per calendar period", d.Limit, d.Unit)
+		per = fmt.Sprintf("%s per calendar period", quantity(d.Limit, d.Unit))
 	default:
-		per = fmt.Sprintf("%d %s burst, refilling %s per second", d.Limit, d.Unit, strconv.FormatFloat(d.Rate, 'f', -1, 64))
+		per = fmt.Sprintf("%s burst, refilling %s per second", quantity(d.Limit, d.Unit), strconv.FormatFloat(d.Rate, 'f', -1, 64))
 	}
 	if d.Never {
-		return fmt.Sprintf("Request too large for rule %s (%s): limit %s, requested %d.", d.Rule, d.Scope, per, d.Requested)
+		return fmt.Sprintf("Request too large for rule %s (%s): limit %s, requested %s.", d.Rule, d.Scope, per, amount(d.Requested, d.Unit))
 	}
-	return fmt.Sprintf("Rate limit reached for rule %s (%s): limit %s, available %d, requested %d. Please try again in %s.",
-		d.Rule, d.Scope, per, d.Available, d.Requested, ratelimit.FormatReset(d.RetryAfter))
+	return fmt.Sprintf("Rate limit reached for rule %s (%s): limit %s, available %s, requested %s. Please try again in %s.",
+		d.Rule, d.Scope, per, amount(d.Available, d.Unit), amount(d.Requested, d.Unit), ratelimit.FormatReset(d.RetryAfter))
+}
+
+// quantity is n units of u as a message says it: "5000 total_tokens",
+// "12.5 in cost" (money in the price table's currency).
+func quantity(n int64, u Unit) string {
+	if u == Cost {
+		return amount(n, u) + " in cost"
+	}
+	return fmt.Sprintf("%d %s", n, u)
+}
+
+// amount is n in u's own terms: money as currency with cents (Cost
+// counts millionths, shown without trailing zeros), anything else as the
+// integer it is.
+func amount(n int64, u Unit) string {
+	if u == Cost {
+		return strconv.FormatFloat(float64(n)/CostScale, 'f', -1, 64)
+	}
+	return strconv.FormatInt(n, 10)
 }
 
 func scopeMap(s Scope) map[string]string {

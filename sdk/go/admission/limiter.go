@@ -463,15 +463,15 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (t Ticket, err error) 
 	if sampled {
 		start = l.now()
 	}
-	if req.PromptTokens < 0 || req.CompletionTokens < 0 {
-		return t, fmt.Errorf("admission: estimated tokens must not be negative (prompt %d, completion %d)", req.PromptTokens, req.CompletionTokens)
+	if req.PromptTokens < 0 || req.CompletionTokens < 0 || req.Cost < 0 {
+		return t, fmt.Errorf("admission: estimated tokens and cost must not be negative (prompt %d, completion %d, cost %d)", req.PromptTokens, req.CompletionTokens, req.Cost)
 	}
 	g := l.gen.Load()
 	set, err := l.lookup(g, &req, start)
 	if err != nil {
 		return t, err
 	}
-	t.l, t.set, t.id, t.prompt, t.completion = l, set, req.ID, req.PromptTokens, req.CompletionTokens
+	t.l, t.set, t.id, t.est = l, set, req.ID, req.estimate()
 	n := len(set.insts)
 	if n == 0 {
 		t.Decision.Allowed = true
@@ -487,7 +487,7 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (t Ticket, err error) 
 		if in.r.maxLease == 0 {
 			continue
 		}
-		ok, left := in.tryLease(need(in.r.Unit, req.PromptTokens, req.CompletionTokens), start)
+		ok, left := in.tryLease(need(in.r.Unit, req.estimate()), start)
 		if !ok {
 			continue
 		}
@@ -526,7 +526,7 @@ func (l *Limiter) allowed(t *Ticket, now int64, leaseHit bool) {
 	var rq, tk Headroom
 	for _, in := range t.set.insts {
 		if !leaseHit {
-			in.units.Add(need(in.r.Unit, t.prompt, t.completion))
+			in.units.Add(need(in.r.Unit, t.est))
 		}
 		in.touch(now)
 		in.r.m.allowed.Inc()
@@ -558,7 +558,7 @@ func (l *Limiter) admitSlow(ctx context.Context, t *Ticket, req *Request, leased
 			if leased&(1<<uint(i)) != 0 {
 				continue
 			}
-			nd := need(in.r.Unit, req.PromptTokens, req.CompletionTokens)
+			nd := need(in.r.Unit, req.estimate())
 			if until := in.blockUntil.Load(); until > now && nd >= in.blockNeed.Load() && in.r.floor(req.Priority) >= in.blockFloor.Load() {
 				l.undoLeases(t, leased)
 				l.refuse(t, PathCached, in, nd, in.blockAvail.Load(), time.Duration(max(in.blockRetryAt.Load()-now, until-now)), in.blockNever.Load())
@@ -581,7 +581,7 @@ func (l *Limiter) admitSlow(ctx context.Context, t *Ticket, req *Request, leased
 	if res.refused >= 0 {
 		l.undoLeases(t, leased)
 		in := set.insts[res.refused]
-		nd := need(in.r.Unit, req.PromptTokens, req.CompletionTokens)
+		nd := need(in.r.Unit, req.estimate())
 		retry := time.Duration(res.retryMs) * time.Millisecond
 		never := res.retryMs < 0
 		if l.o.refusalCache > 0 {
@@ -610,7 +610,7 @@ func (l *Limiter) admitSlow(ctx context.Context, t *Ticket, req *Request, leased
 func (l *Limiter) undoLeases(t *Ticket, leased uint64) {
 	for i, in := range t.set.insts {
 		if leased&(1<<uint(i)) != 0 {
-			in.giveBack(l, need(in.r.Unit, t.prompt, t.completion))
+			in.giveBack(l, need(in.r.Unit, t.est))
 		}
 	}
 }
@@ -645,7 +645,7 @@ func (l *Limiter) failMode(t *Ticket, req *Request, leased uint64, now int64, ca
 		if leased&(1<<uint(i)) != 0 {
 			continue
 		}
-		nd := need(in.r.Unit, req.PromptTokens, req.CompletionTokens)
+		nd := need(in.r.Unit, req.estimate())
 		ok, avail, retry := in.localTake(l, nd, now)
 		if ok {
 			local |= 1 << uint(i)
@@ -653,7 +653,7 @@ func (l *Limiter) failMode(t *Ticket, req *Request, leased uint64, now int64, ca
 		}
 		for j, other := range set.insts {
 			if local&(1<<uint(j)) != 0 {
-				other.localUndo(l, need(other.r.Unit, req.PromptTokens, req.CompletionTokens), now)
+				other.localUndo(l, need(other.r.Unit, req.estimate()), now)
 			}
 		}
 		l.undoLeases(t, leased)

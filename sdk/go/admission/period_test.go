@@ -146,3 +146,36 @@ func TestCalendarPeriodFailsOpenLocallyThenReconciles(t *testing.T) {
 		return periodFields(t, direct, key)[field] == "5000" && !l.Stats().Down
 	})
 }
+
+// TestCostRuleRefusesTheCallWhoseWorstCaseCrossesTheBudget: a key's
+// monthly budget of $1 counted in Cost (millionths of the currency),
+// exact. A call whose worst case is $0.60 passes; a second one of $0.60
+// would cross the budget and is refused before it is made; once the
+// first settles at what it really cost ($0.20), the second fits.
+func TestCostRuleRefusesTheCallWhoseWorstCaseCrossesTheBudget(t *testing.T) {
+	prefix := testPrefix(t)
+	c := testClient(t, "")
+	ctx := context.Background()
+	budget := Rule{Name: "key-budget", Scope: Scope{Key: Each}, Unit: Cost, Algorithm: CalendarPeriod, Limit: 1 * CostScale,
+		Calendar: &movingHours{}, Exact: true}
+	l := newTestLimiter(t, c, &Rules{Default: TenantRules{Rules: []Rule{budget}}}, WithPrefix(prefix), WithRefusalCache(0))
+	call := Request{Tenant: "acme", Key: "k1", PromptTokens: 1000, CompletionTokens: 4000, Cost: 600_000}
+
+	first := mustAdmit(t, l, call)
+	if !first.Allowed() {
+		t.Fatalf("a $0.60 call against a $1 budget refused: %+v", first.Decision)
+	}
+	d := mustAdmit(t, l, call).Decision
+	if d.Allowed || d.Rule != "key-budget" || d.Unit != Cost || d.Available != 400_000 {
+		t.Fatalf("a second $0.60 call: %+v, want refused by key-budget with $0.40 (400000) available", d)
+	}
+	if tk := mustAdmit(t, l, Request{Tenant: "acme", Key: "k2", Cost: 900_000}); !tk.Allowed() {
+		t.Fatalf("another key has a budget of its own: %+v", tk.Decision)
+	}
+	if err := first.Settle(ctx, Usage{PromptTokens: 1000, CompletionTokens: 500, Cost: 200_000}); err != nil {
+		t.Fatal(err)
+	}
+	if tk := mustAdmit(t, l, call); !tk.Allowed() {
+		t.Fatalf("$0.60 after the first settled at $0.20: %+v, want admitted ($0.80 of $1)", tk.Decision)
+	}
+}

@@ -135,7 +135,7 @@ func (l *Limiter) admitRedis(ctx context.Context, t *Ticket, req *Request, lease
 		if leased&(1<<uint(i)) != 0 {
 			continue
 		}
-		nd := need(in.r.Unit, req.PromptTokens, req.CompletionTokens)
+		nd := need(in.r.Unit, req.estimate())
 		needs[i] = nd
 		var want int64
 		if in.r.maxLease > 0 && !in.transient && in.renewing.CompareAndSwap(false, true) {

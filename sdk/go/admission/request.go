@@ -31,6 +31,14 @@ type Request struct {
 	// corrected by Ticket.Settle.
 	PromptTokens     int64
 	CompletionTokens int64
+	// Cost is the call's estimated cost in Cost units (millionths of the
+	// price table's currency), debited from the rules that count Cost
+	// and corrected by Ticket.Settle: a caller that prices calls sets it
+	// from the same estimate as the tokens, at the model's price (sluice
+	// gateway: the prompt's estimate and max_tokens), so that a call
+	// whose worst case would cross a money limit is refused before it is
+	// made. Zero debits the least amount, 1.
+	Cost int64
 	// Deadline is the caller's own deadline (zero: none): Acquire never
 	// holds the request past it, nor past ctx's.
 	Deadline time.Time
@@ -43,23 +51,40 @@ func (r *Request) upstream() string {
 	return r.Model
 }
 
-// Usage is what a call really spent.
+func (r *Request) estimate() amounts {
+	return amounts{prompt: r.PromptTokens, completion: r.CompletionTokens, cost: r.Cost}
+}
+
+// Usage is what a call really spent: its tokens and, for the rules that
+// count Cost, its cost in Cost units.
 type Usage struct {
 	PromptTokens     int64
 	CompletionTokens int64
+	Cost             int64
 }
 
 // actual returns the units a call that spent u counts against unit.
 func (u Usage) actual(unit Unit) int64 {
-	switch unit {
-	case Requests:
+	if unit == Requests {
 		return 1
-	case PromptTokens:
-		return u.PromptTokens
-	case CompletionTokens:
-		return u.CompletionTokens
 	}
-	return u.PromptTokens + u.CompletionTokens
+	return amounts{prompt: u.PromptTokens, completion: u.CompletionTokens, cost: u.Cost}.of(unit)
+}
+
+// amounts is what one call counts, estimated or spent, in each unit but
+// requests.
+type amounts struct{ prompt, completion, cost int64 }
+
+func (a amounts) of(u Unit) int64 {
+	switch u {
+	case PromptTokens:
+		return a.prompt
+	case CompletionTokens:
+		return a.completion
+	case Cost:
+		return a.cost
+	}
+	return a.prompt + a.completion
 }
 
 // Path says how a decision was reached.

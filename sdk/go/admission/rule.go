@@ -16,16 +16,23 @@ import (
 type Unit uint8
 
 // The units. A request debits 1 request, its estimated prompt tokens, its
-// estimated completion tokens, or both (total tokens) from every rule that
-// applies to it.
+// estimated completion tokens, both (total tokens), or its estimated cost
+// from every rule that applies to it.
 const (
 	Requests Unit = iota + 1
 	PromptTokens
 	CompletionTokens
 	TotalTokens
+	// Cost counts money in millionths of the price table's currency
+	// (CostScale per unit): Request.Cost before the call, Usage.Cost
+	// after it.
+	Cost
 )
 
-var unitNames = [...]string{"", "requests", "prompt_tokens", "completion_tokens", "total_tokens"}
+// CostScale is how many of Cost's units make one unit of currency.
+const CostScale = 1_000_000
+
+var unitNames = [...]string{"", "requests", "prompt_tokens", "completion_tokens", "total_tokens", "cost"}
 
 func (u Unit) String() string {
 	if int(u) < len(unitNames) && u > 0 {
@@ -199,8 +206,8 @@ func (r *Rule) Validate() error {
 	if r.Name == "" || len(r.Name) > MaxNameBytes {
 		bad("name", "must be 1..%d bytes", MaxNameBytes)
 	}
-	if r.Unit < Requests || r.Unit > TotalTokens {
-		bad("unit", "must be requests, prompt_tokens, completion_tokens or total_tokens")
+	if r.Unit < Requests || r.Unit > Cost {
+		bad("unit", "must be requests, prompt_tokens, completion_tokens, total_tokens or cost")
 	}
 	if r.Limit < 0 || r.Limit > MaxLimit {
 		bad("limit", "%d is outside 0..%d", r.Limit, MaxLimit)
@@ -447,19 +454,11 @@ func (r *rule) instanceScope(req *Request, tenant string) Scope {
 
 // need returns the units req debits from a rule counting u: at least 1, so
 // that an exhausted rule refuses even a request that estimates nothing.
-func need(u Unit, prompt, completion int64) int64 {
-	var n int64
-	switch u {
-	case Requests:
+func need(u Unit, a amounts) int64 {
+	if u == Requests {
 		return 1
-	case PromptTokens:
-		n = prompt
-	case CompletionTokens:
-		n = completion
-	case TotalTokens:
-		n = prompt + completion
 	}
-	return max(n, 1)
+	return max(a.of(u), 1)
 }
 
 func formatFloat(f float64) string { return fmt.Sprintf("%.17g", f) }

@@ -23,7 +23,7 @@ type Ticket struct {
 	// seq numbers an admission Redis decided at its Limiter: with the
 	// Limiter's nonce, the id of its settlement's markers (settleID).
 	seq                uint64
-	prompt, completion int64
+	est amounts // what Admit debited, per unit
 	atMs               int64 // Redis clock of the debit
 	// atMsBy, when set, is each instance's Redis clock of its debit
 	// (several slot groups on a Cluster: several clocks).
@@ -78,9 +78,7 @@ func (t *Ticket) Settle(ctx context.Context, u Usage) error {
 	if !t.Decision.Allowed || t.l == nil || t.set == nil {
 		return nil
 	}
-	if u.PromptTokens < 0 || u.CompletionTokens < 0 {
-		u.PromptTokens, u.CompletionTokens = max(u.PromptTokens, 0), max(u.CompletionTokens, 0)
-	}
+	u.PromptTokens, u.CompletionTokens, u.Cost = max(u.PromptTokens, 0), max(u.CompletionTokens, 0), max(u.Cost, 0)
 	inMemory := true
 	if !atomic.CompareAndSwapUint32(&t.state, ticketOpen, ticketSettling) {
 		if !atomic.CompareAndSwapUint32(&t.state, ticketRemoteLeft, ticketSettling) {
@@ -108,7 +106,7 @@ func (t *Ticket) corrections(u Usage, inMemory bool) []adjustment {
 	now := l.now()
 	var remote []adjustment
 	for i, in := range t.set.insts {
-		d := u.actual(in.r.Unit) - need(in.r.Unit, t.prompt, t.completion)
+		d := u.actual(in.r.Unit) - need(in.r.Unit, t.est)
 		if d == 0 {
 			continue
 		}

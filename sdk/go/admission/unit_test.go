@@ -80,12 +80,13 @@ func TestRuleMatching(t *testing.T) {
 
 func TestNeedIsAtLeastOne(t *testing.T) {
 	for _, tc := range []struct {
-		u    Unit
-		p, c int64
-		want int64
-	}{{Requests, 500, 500, 1}, {PromptTokens, 0, 9, 1}, {CompletionTokens, 3, 9, 9}, {TotalTokens, 3, 9, 12}} {
-		if got := need(tc.u, tc.p, tc.c); got != tc.want {
-			t.Errorf("need(%s, %d, %d) = %d, want %d", tc.u, tc.p, tc.c, got, tc.want)
+		u          Unit
+		p, c, cost int64
+		want       int64
+	}{{Requests, 500, 500, 7, 1}, {PromptTokens, 0, 9, 7, 1}, {CompletionTokens, 3, 9, 7, 9}, {TotalTokens, 3, 9, 7, 12},
+		{Cost, 3, 9, 2_500_000, 2_500_000}, {Cost, 3, 9, 0, 1}} {
+		if got := need(tc.u, amounts{tc.p, tc.c, tc.cost}); got != tc.want {
+			t.Errorf("need(%s, %d, %d, cost %d) = %d, want %d", tc.u, tc.p, tc.c, tc.cost, got, tc.want)
 		}
 	}
 }

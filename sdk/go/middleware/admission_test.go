@@ -247,3 +247,37 @@ func TestAdmissionUserFromEventFields(t *testing.T) {
 		t.Fatalf("events' users %q … %q, want carol (WithEventFields) … dave (the Identity)", first.User, last.User)
 	}
 }
+
+// TestAdmissionPricesCallsForACostRule: with WithCost, a rule counting
+// cost ($0.15 here, in millionths) is debited each call's worst case —
+// its max_tokens at the price — and settled at what the answer cost, so
+// two calls that could each cost $0.10 pass (each really cost $0.0005),
+// and a third whose worst case would cross what is left is refused
+// before the handler runs, naming the rule.
+func TestAdmissionPricesCallsForACostRule(t *testing.T) {
+	l := limiterWith(t, admission.Rule{Name: "key-budget", Scope: admission.Scope{Key: admission.Each}, Unit: admission.Cost,
+		Algorithm: admission.SlidingWindow, Limit: 150_000, Window: time.Hour, Exact: true})
+	perCompletionToken := func(model string, u Usage) int64 { return u.CompletionTokens * 100 } // $100 per million
+	calls := 0
+	h := New(fixed{}, callerIdentity, WithClock(func() time.Time { return now }), WithEmitter(&emittertest.Recorder{}, "gw-1"),
+		WithEstimates(newEstimator(t)), WithAdmission(l), WithCost(perCompletionToken))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls++
+		CallFrom(r.Context()).Report(Usage{PromptTokens: 10, CompletionTokens: 5})
+	}))
+	do := func(maxTokens string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, callerRequest("", "", `{"model":"gpt-4o-mini","max_tokens":`+maxTokens+`,"messages":[{"role":"user","content":"hi"}]}`))
+		return rec
+	}
+	for i := range 2 {
+		if rec := do("1000"); rec.Code != http.StatusOK {
+			t.Fatalf("call %d of at most $0.10: %d %s", i+1, rec.Code, rec.Body)
+		}
+	}
+	if rec := do("1500"); rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), "key-budget") {
+		t.Fatalf("a call of at most $0.15 with $0.149 left: %d %s; want 429 naming key-budget", rec.Code, rec.Body)
+	}
+	if calls != 2 {
+		t.Fatalf("the handler ran %d times, want 2", calls)
+	}
+}

@@ -78,6 +78,22 @@ func WithEstimates(est *estimate.Estimator) Option { return func(m *mw) { m.est 
 // nil l turns admission off.
 func WithAdmission(l *admission.Limiter) Option { return func(m *mw) { m.adm = l } }
 
+// WithCost prices each metered call for the admission rules that count
+// cost (admission.Cost: millionths of the price table's currency): its
+// worst case from the estimate (prompt and max_tokens) before the call,
+// what the settlement's usage cost after it, each for the model that
+// served. Without it a rule counting cost debits the least amount, 1,
+// per call — set it whenever the policy has money limits.
+func WithCost(f func(model string, u Usage) int64) Option { return func(m *mw) { m.cost = f } }
+
+// costOf is what u of model costs by WithCost, 0 without it.
+func (m *mw) costOf(model string, u Usage) int64 {
+	if m.cost == nil {
+		return 0
+	}
+	return m.cost(model, u)
+}
+
 // WithEstimateEvents turns the estimate event WithEstimates sends before
 // each call on or off (default on); the settlement is sent either way.
 func WithEstimateEvents(on bool) Option { return func(m *mw) { m.noEstimateEvents = !on } }
@@ -294,7 +310,9 @@ func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, id
 		permit.Release(guardOutcome(ev))
 		if ticket != nil {
 			// The client may be gone; the correction must still land.
-			_ = ticket.Settle(context.WithoutCancel(r.Context()), admission.Usage{PromptTokens: ev.PromptTokens, CompletionTokens: ev.CompletionTokens})
+			_ = ticket.Settle(context.WithoutCancel(r.Context()), admission.Usage{PromptTokens: ev.PromptTokens, CompletionTokens: ev.CompletionTokens,
+				Cost: m.costOf(ev.Model, Usage{PromptTokens: ev.PromptTokens, CompletionTokens: ev.CompletionTokens, CachedTokens: ev.CachedTokens,
+					CacheWriteTokens: ev.CacheWriteTokens, ReasoningTokens: ev.ReasoningTokens})})
 		}
 	}
 	defer func() {
@@ -325,7 +343,8 @@ func (m *mw) admitted(w http.ResponseWriter, r *http.Request, c *Call, base *sch
 	}
 	t, err := m.adm.Acquire(r.Context(), admission.Request{ID: base.ID, Tenant: base.Tenant, Model: base.Model, Key: base.APIKeyID,
 		User: base.User, Priority: base.Priority, Endpoint: base.Endpoint,
-		PromptTokens: c.est.Prompt, CompletionTokens: c.est.Completion})
+		PromptTokens: c.est.Prompt, CompletionTokens: c.est.Completion,
+		Cost: m.costOf(base.Model, Usage{PromptTokens: c.est.Prompt, CompletionTokens: c.est.Completion})})
 	switch {
 	case err != nil:
 		// A request admission cannot judge (it names the bound it broke):

@@ -181,9 +181,10 @@ type mw struct {
 	emitRefusals  bool
 	refusalEvents *bool // set by WithRefusalEvents; overrides the default
 
-	est              *estimate.Estimator // WithEstimates: meter allowed requests
-	adm              *admission.Limiter  // WithAdmission: check limits before the call
-	noEstimateEvents bool                // WithEstimateEvents(false)
+	est              *estimate.Estimator               // WithEstimates: meter allowed requests
+	adm              *admission.Limiter                // WithAdmission: check limits before the call
+	cost             func(model string, u Usage) int64 // WithCost: prices calls for cost rules
+	noEstimateEvents bool                              // WithEstimateEvents(false)
 
 	fields func(r *http.Request, ev *schemas.UsageEvent) // WithEventFields
 	guard  GuardFunc                                     // WithGuard

@@ -383,7 +383,10 @@ class _Validator:
             lim = replace(out[name], name=name) if inherited else _Limit(name=name)
             if rl.get("scope") is not None:
                 lim.scope = self.scope(lp + ".scope", rl["scope"], tenant_level)
-            if rl.get("unit"):
+            if rl.get("unit") == "cost":
+                self.fail(lp + ".unit", "limits counting cost are enforced by the Go SDK and sluice gateway only, which "
+                                        "price calls; this SDK would admit without them")
+            elif rl.get("unit"):
                 if rl["unit"] not in _UNITS:
                     self.fail(lp + ".unit", f"{rl['unit']!r} is not one of requests, prompt_tokens, completion_tokens, total_tokens")
                 lim.unit = str(rl["unit"])

@@ -46,6 +46,7 @@ limits:
   "quota:x": {unit: requests, sliding_window: {limit: 1}}
   d: {unit: requests, sliding_window: {length: 1x, limit: 1}, colour: red}
   e: {unit: total_tokens, scope: {user: "*"}, period: {every: month, limit: 1000000}}
+  f: {unit: cost, scope: {key: "*"}, sliding_window: {length: 1h, limit: 5}}
 plans:
   pro: {plan: free}
 defaults:
@@ -67,6 +68,7 @@ tenants:
                  "limits.d.sliding_window.length: invalid duration '1x'",
                  "limits.d.colour: unknown field",
                  "limits.e.period: calendar period limits are enforced by the Go SDK and sluice gateway only",
+                 "limits.f.unit: limits counting cost are enforced by the Go SDK and sluice gateway only",
                  "plans.pro.plan: a plan cannot take another plan",
                  "defaults.burst_multiplier: 500 is outside 1..100",
                  "defaults.models.*.tokens_per_minute: -1 is outside 0..",
