@@ -244,7 +244,7 @@ type rawScope struct {
 	bad    string
 }
 
-var scopeDims = []string{"global", "upstream", "tenant", "model", "user", "key", "endpoint"}
+var scopeDims = []string{"global", "upstream", "tenant", "model", "user", "key", "endpoint", "session", "organization"}
 
 func (s *rawScope) UnmarshalYAML(n *yaml.Node) error {
 	switch n.Kind {
@@ -440,6 +440,13 @@ func (v *validator) scope(path string, rs *rawScope, tenantLevel bool) admission
 			s.Key = val
 		case "endpoint":
 			s.Endpoint = val
+		case "session":
+			s.Session = val
+		case "organization":
+			if tenantLevel {
+				v.fail(dp, "a tenant belongs to one organization; scope.organization belongs in the top-level limits")
+			}
+			s.Organization = val
 		default:
 			v.fail(dp, "unknown dimension (use %s)", strings.Join(scopeDims, ", "))
 		}

@@ -461,3 +461,41 @@ limits:
 		t.Fatalf("a cost limit past the millionths' range: %v", err)
 	}
 }
+
+// TestSessionAndOrganizationScopes: a top-level limit scoped by
+// organization counts the tenants that name that organization together,
+// a session scope counts each agent session, and a tenant's own limit
+// cannot be scoped by organization (a tenant belongs to one).
+func TestSessionAndOrganizationScopes(t *testing.T) {
+	p, err := Parse([]byte(`
+limits:
+  org: {scope: {organization: "*"}, unit: requests, sliding_window: {limit: 10}}
+defaults:
+  limits:
+    per-session: {scope: {session: "*"}, unit: total_tokens, sliding_window: {limit: 1000}}
+tenants:
+  acme: {organization: corp}
+  beta: {organization: corp}
+`), "org.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := ruleNamed(t, p.AdmissionRules().Shared, "org"); r.Scope.Organization != admission.Each {
+		t.Fatalf("org: %+v", r)
+	}
+	if r := ruleNamed(t, p.AdmissionRules().Tenants["acme"].Rules, "per-session"); r.Scope.Session != admission.Each {
+		t.Fatalf("per-session: %+v", r)
+	}
+	if o := p.OrganizationOf("beta"); o != "corp" || p.OrganizationOf("nobody") != "" {
+		t.Fatalf("beta's organization %q, an unnamed tenant's %q; want corp and none", o, p.OrganizationOf("nobody"))
+	}
+	_, err = Parse([]byte(`
+tenants:
+  acme:
+    limits:
+      x: {scope: {organization: corp}, unit: requests, sliding_window: {limit: 1}}
+`), "bad.yaml")
+	if err == nil || !strings.Contains(err.Error(), "tenants.acme.limits.x.scope.organization: a tenant belongs to one organization") {
+		t.Fatalf("an organization scope in a tenant's limits: %v", err)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/admission"
 )
 
 // Problem is one thing wrong in a policy file.
@@ -68,6 +69,7 @@ type rawPolicy struct {
 
 type rawTenant struct {
 	Plan            string              `yaml:"plan"`
+	Organization    string              `yaml:"organization"`
 	Timezone        string              `yaml:"timezone"`
 	Mode            string              `yaml:"mode"`
 	FailMode        string              `yaml:"fail_mode"`
@@ -364,6 +366,12 @@ func (v *validator) tenant(path string, raw rawTenant, base *Tenant) *Tenant {
 	}
 	if raw.Plan != "" {
 		t.Plan = raw.Plan
+	}
+	if raw.Organization != "" {
+		t.Organization = raw.Organization
+		if len(t.Organization) > admission.MaxValueLen {
+			v.fail(path+".organization", "is longer than %d bytes", admission.MaxValueLen)
+		}
 	}
 	if raw.Timezone != "" {
 		loc, err := time.LoadLocation(raw.Timezone)

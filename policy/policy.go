@@ -41,9 +41,13 @@
 // to gets counters of its own (the tenant is implied in the scope). A
 // limit has a scope (global, or any of upstream — a model or a named
 // provider account —, tenant (top level only), model, user, key, endpoint,
-// each a value or "*" for one counter per distinct value), a unit
-// (requests, prompt_tokens, completion_tokens, total_tokens) and one
-// algorithm: token_bucket {rate, per (default 1s), burst},
+// session (the X-Sluice-Session header: an agent session), organization
+// (top level only: the organization: a tenant belongs to, so that one
+// limit caps an organisation's teams together), each a value or "*" for
+// one counter per distinct value), a unit (requests, prompt_tokens,
+// completion_tokens, total_tokens, or cost: money in the price table's
+// currency, each call debited its worst case at the model's price before
+// it is made, exact unless the file says otherwise) and one algorithm: token_bucket {rate, per (default 1s), burst},
 // sliding_window {length, limit} or period {every: hour|day|month, limit}
 // (at most limit units in each period of the tenant's time zone, one
 // counter per scope and period: with scope {user: "*"} a per-user monthly
@@ -191,8 +195,11 @@ type Policy struct {
 
 // Tenant is one tenant's effective policy: its own settings over the defaults.
 type Tenant struct {
-	ID              string
-	Plan            string
+	ID   string
+	Plan string
+	// Organization is the organisation the tenant (a team) belongs to:
+	// limits scoped by organization count its tenants together.
+	Organization    string
 	Location        *time.Location
 	Mode            Mode
 	FailMode        FailMode
@@ -340,6 +347,19 @@ func fingerprintOf(data, prices []byte) string {
 		h.Write(prices)
 	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// OrganizationOf is the organization tenant id belongs to (the defaults'
+// for a tenant the file does not name); empty for none or a nil p. It
+// copies nothing: admission asks it on every call.
+func (p *Policy) OrganizationOf(id string) string {
+	if p == nil {
+		return ""
+	}
+	if t, ok := p.tenants[id]; ok {
+		return t.Organization
+	}
+	return p.defaults.Organization
 }
 
 // Tenant returns the effective policy of a tenant. It is never nil: a tenant

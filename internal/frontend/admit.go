@@ -26,6 +26,9 @@ type Admitter interface {
 // AdmitRequest is what an admission decision is made on.
 type AdmitRequest struct {
 	Tenant, Model, User, APIKeyID string
+	// Session is the agent session or conversation the call belongs to
+	// (the usage event's session_id), for limits scoped by session.
+	Session string
 	// Endpoint is the path called (/v1/chat/completions …).
 	Endpoint string
 	// Upstream is the upstream a routing front end chose for this attempt

@@ -25,21 +25,25 @@ import (
 // the estimate settled with what the call used after it.
 type LimiterAdmitter struct {
 	L *admission.Limiter
-	// Cost prices a call for the rules that count cost, in
-	// admission.Cost units; nil prices every call at 0.
-	Cost func(model string, u middleware.Usage) int64
+	// Policy is the policy in force: its prices price calls for the rules
+	// that count cost (CostOf), and its tenants' organizations fill the
+	// organization dimension. Nil prices every call at 0 and knows no
+	// organization.
+	Policy func() *policy.Policy
 }
 
 // Admit implements Admitter.
 func (a LimiterAdmitter) Admit(ctx context.Context, req AdmitRequest) Admission {
 	// The worst case: the prompt's estimate and max_tokens (the
 	// completion's estimate is the request's cap when it sets one).
-	worst := a.cost(req.Model, middleware.Usage{PromptTokens: req.EstimatePrompt, CompletionTokens: req.EstimateCompletion})
+	pol := a.policy()
+	worst := CostOf(pol, req.Model, middleware.Usage{PromptTokens: req.EstimatePrompt, CompletionTokens: req.EstimateCompletion}, time.Now())
 	// Acquire is Admit unless the refusing rule lets the request's class
 	// wait (a limit's wait in the policy): then it waits, up to the
 	// caller's deadline, for the rule to admit it.
 	t, err := a.L.Acquire(ctx, admission.Request{ID: req.EventID, Tenant: req.Tenant, Model: req.Model, User: req.User,
 		Key: req.APIKeyID, Endpoint: req.Endpoint, Upstream: req.Upstream, Priority: req.Priority,
+		Session: req.Session, Organization: pol.OrganizationOf(req.Tenant),
 		PromptTokens: req.EstimatePrompt, CompletionTokens: req.EstimateCompletion, Cost: worst, Deadline: req.Deadline})
 	if err != nil {
 		// A request the limiter cannot judge names the bound it broke.
@@ -58,15 +62,15 @@ func (a LimiterAdmitter) Admit(ctx context.Context, req AdmitRequest) Admission 
 		}
 		// The client may be gone; the correction must still land.
 		_ = t.Settle(context.WithoutCancel(ctx), admission.Usage{PromptTokens: s.Usage.PromptTokens, CompletionTokens: s.Usage.CompletionTokens,
-			Cost: a.cost(model, s.Usage)})
+			Cost: CostOf(a.policy(), model, s.Usage, time.Now())})
 	}}
 }
 
-func (a LimiterAdmitter) cost(model string, u middleware.Usage) int64 {
-	if a.Cost == nil {
-		return 0
+func (a LimiterAdmitter) policy() *policy.Policy {
+	if a.Policy == nil {
+		return nil
 	}
-	return a.Cost(model, u)
+	return a.Policy()
 }
 
 // CostOf is what a call of model that used u costs at p's price in force
@@ -134,15 +138,13 @@ type Limits struct {
 	hard, route, soft *admission.Limiter
 	closers           []func()
 	log               *slog.Logger
-	// pol is the policy in force, whose prices the rules counting cost
-	// use (Apply replaces it).
+	// pol is the policy in force, whose prices and organizations the
+	// admitters use (Apply replaces it).
 	pol atomic.Pointer[policy.Policy]
 }
 
-// cost prices a call at the policy in force.
-func (l *Limits) cost(model string, u middleware.Usage) int64 {
-	return CostOf(l.pol.Load(), model, u, time.Now())
-}
+// policy is the policy in force.
+func (l *Limits) policy() *policy.Policy { return l.pol.Load() }
 
 // RouteScoped reports whether a rule counts by model or upstream: a
 // routing front end admits it only once it knows which model and upstream
@@ -220,21 +222,21 @@ func NewLimits(c AdmissionConfig, p *policy.Policy, service string, routed bool,
 	if err != nil {
 		return nil, err
 	}
-	l.hard, l.Admit, l.closers = hard, LimiterAdmitter{L: hard, Cost: l.cost}, []func(){closeHard}
+	l.hard, l.Admit, l.closers = hard, LimiterAdmitter{L: hard, Policy: l.policy}, []func(){closeHard}
 	if routed {
 		route, closeRoute, err := newLimiter(c, routeRules, prefix, env, log)
 		if err != nil {
 			l.Close()
 			return nil, err
 		}
-		l.route, l.Route = route, LimiterAdmitter{L: route, Cost: l.cost}
+		l.route, l.Route = route, LimiterAdmitter{L: route, Policy: l.policy}
 		l.closers = append(l.closers, closeRoute)
 		soft, closeSoft, err := newLimiter(c, p.SoftLimitRules(), env.Redis.Prefix(redisconn.SoftLimitKeys), env, log)
 		if err != nil {
 			l.Close()
 			return nil, err
 		}
-		l.soft, l.Soft = soft, LimiterAdmitter{L: soft, Cost: l.cost}
+		l.soft, l.Soft = soft, LimiterAdmitter{L: soft, Policy: l.policy}
 		l.closers = append(l.closers, closeSoft)
 	}
 	return l, nil

@@ -38,6 +38,7 @@ type call struct {
 	priority  schemas.Priority
 	deadline  time.Time // the caller's (priority.TimeoutHeader); zero: none
 	user      string
+	session   string // HeaderSession: the agent session or conversation
 	start     time.Time
 
 	// mc is the middleware's metered call (estimate and settlement); nil
@@ -153,7 +154,7 @@ func fillEvent(r *http.Request, ev *schemas.UsageEvent) {
 	if c == nil {
 		return
 	}
-	ev.ID, ev.User, ev.Priority = c.eventID, c.user, c.priority
+	ev.ID, ev.User, ev.Priority, ev.SessionID = c.eventID, c.user, c.priority, c.session
 	ev.Attributes = map[string]string{"request_id": c.requestID}
 	if c.span != nil {
 		// The event carries the call's trace to ingest and the aggregator.

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -27,30 +28,14 @@ import (
 // ($0.90) and passes; the tenant's other key carries on with a budget
 // of its own.
 func TestCostBudgetRefusesTheCallWhoseMaxTokensWouldCrossIt(t *testing.T) {
-	var upstreamCalls atomic.Int64
-	mockUp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		upstreamCalls.Add(1)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"id":"c1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":500,"total_tokens":505}}`)
-	}))
-	t.Cleanup(mockUp.Close)
-	cfg := oneUpstream(t, mockUp.URL+"/v1")
-	cfg.Listen = "127.0.0.1:0"
-	cfg.policy = `
+	url, upstreamCalls := costGateway(t, 500, `
 prices:
   - {model: gpt-4o-mini, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 0, completion: 1000}
 tenants:
   acme:
     limits:
       key-budget: {scope: {key: "*"}, unit: cost, period: {every: month, limit: 1}}
-`
-	pol := cfg.writePolicy(t)
-	cfg.Admission.MaxWait = time.Second
-	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(), Redis: itest.Redis(t),
-		Policy: platform.FileSource{File: pol, Reload: time.Second}, TenantKeys: platform.FileSource{File: writeKeys(t), Reload: time.Second}}
-	env.Redis.KeyPrefix = itest.Unique(t, "costbudget") + ":"
-	svc, err := New(cfg.Config, env)
-	url := "http://" + itest.StartService(t, svc, err).Addr()
+`)
 	call := func(key string, maxTokens string) (*http.Response, string) {
 		return post(t, url, "/v1/chat/completions", key, `{"model":"gpt-4o-mini","max_tokens":`+maxTokens+`,"messages":[{"role":"user","content":"hi"}]}`)
 	}
@@ -71,4 +56,86 @@ tenants:
 	if resp, b := call("sk-boss", "700"); resp.StatusCode != http.StatusOK {
 		t.Fatalf("acme's other key: %d %s; want its own budget", resp.StatusCode, b)
 	}
+}
+
+// TestBudgetsAtEveryLevel: money budgets at five levels, each a limit
+// counting cost — the organisation corp ($5, over its teams acme and
+// trial together), the team acme ($4), each key ($3), each end user ($2)
+// and each agent session ($1, X-Sluice-Session). Every call may cost $1
+// and costs $1. Each level refuses at its own limit, 429 naming its
+// budget, while its siblings carry on: another session of the same
+// user, another user of the same key, another key of the same team, and
+// the other team of the organisation until the organisation is spent.
+func TestBudgetsAtEveryLevel(t *testing.T) {
+	url, _ := costGateway(t, 1000, `
+prices:
+  - {model: gpt-4o-mini, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 0, completion: 1000}
+limits:
+  org-budget: {scope: {organization: "*"}, unit: cost, period: {every: month, limit: 5}}
+defaults:
+  limits:
+    key-budget: {scope: {key: "*"}, unit: cost, period: {every: month, limit: 3}}
+    user-budget: {scope: {user: "*"}, unit: cost, period: {every: month, limit: 2}}
+    session-budget: {scope: {session: "*"}, unit: cost, period: {every: month, limit: 1}}
+tenants:
+  acme:
+    organization: corp
+    limits:
+      team-budget: {unit: cost, period: {every: month, limit: 4}}
+  trial:
+    organization: corp
+`)
+	for i, step := range []struct {
+		key, user, session string
+		refusedBy          string // "" for 200
+	}{
+		{"sk-boss", "u1", "s1", ""},
+		{"sk-boss", "u1", "s1", "session-budget"},
+		{"sk-boss", "u1", "s2", ""}, // another session of u1
+		{"sk-boss", "u1", "s3", "user-budget"},
+		{"sk-boss", "u2", "s4", ""}, // another user of the key
+		{"sk-boss", "u3", "s5", "key-budget"},
+		{"sk-acme", "", "s6", ""}, // another key of the team (its user is batch)
+		{"sk-acme", "", "s7", "team-budget"},
+		{"sk-mini-only", "", "s8", ""}, // the organisation's other team
+		{"sk-mini-only", "", "s9", "org-budget"},
+	} {
+		body := `{"model":"gpt-4o-mini","max_tokens":1000,"messages":[{"role":"user","content":"hi"}]`
+		if step.user != "" {
+			body += `,"user":"` + step.user + `"`
+		}
+		resp, b := post(t, url, "/v1/chat/completions", step.key, body+"}", HeaderSession, step.session)
+		switch {
+		case step.refusedBy == "" && resp.StatusCode != http.StatusOK:
+			t.Fatalf("call %d (%s, user %q, session %s): %d %s; want 200", i+1, step.key, step.user, step.session, resp.StatusCode, b)
+		case step.refusedBy != "" && (resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(b, "rule "+step.refusedBy+" ")):
+			t.Fatalf("call %d (%s, user %q, session %s): %d %s; want 429 naming %s", i+1, step.key, step.user, step.session, resp.StatusCode, b, step.refusedBy)
+		}
+	}
+}
+
+// costGateway starts a gateway whose one upstream answers every call
+// with completion completion tokens, with the policy pol's limits checked
+// on the real Redis under a prefix of the test's own. It returns the
+// gateway's URL and the count of calls the upstream saw.
+func costGateway(t *testing.T, completion int, pol string) (string, *atomic.Int64) {
+	t.Helper()
+	var upstreamCalls atomic.Int64
+	answer := fmt.Sprintf(`{"id":"c1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":%d,"total_tokens":%d}}`, completion, completion+5)
+	mockUp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		upstreamCalls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, answer)
+	}))
+	t.Cleanup(mockUp.Close)
+	cfg := oneUpstream(t, mockUp.URL+"/v1")
+	cfg.Listen = "127.0.0.1:0"
+	cfg.policy = pol
+	file := cfg.writePolicy(t)
+	cfg.Admission.MaxWait = time.Second
+	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(), Redis: itest.Redis(t),
+		Policy: platform.FileSource{File: file, Reload: time.Second}, TenantKeys: platform.FileSource{File: writeKeys(t), Reload: time.Second}}
+	env.Redis.KeyPrefix = itest.Unique(t, "costbudget") + ":"
+	svc, err := New(cfg.Config, env)
+	return "http://" + itest.StartService(t, svc, err).Addr(), &upstreamCalls
 }

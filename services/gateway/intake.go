@@ -145,8 +145,18 @@ func (s *Server) intakeClass(w http.ResponseWriter, r *http.Request, c *call) bo
 	if c.user == "" && len(c.req.User) <= schemas.MaxStringLen {
 		c.user = c.req.User
 	}
+	if c.session = r.Header.Get(HeaderSession); len(c.session) > schemas.MaxStringLen {
+		c.badRequest(w, http.StatusBadRequest, "invalid_session", fmt.Sprintf("%s: %d bytes is longer than %d.", HeaderSession, len(c.session), schemas.MaxStringLen))
+		return false
+	}
 	return true
 }
+
+// HeaderSession names the agent session or conversation a call belongs
+// to: the usage event's session_id, and the session limits scoped by
+// session count (a budget per agent task, say). At most
+// schemas.MaxStringLen bytes.
+const HeaderSession = "X-Sluice-Session"
 
 // classOf is the class c's request runs under: the key's or its tenant's
 // policy class, moved by the X-Sluice-Priority header (Caller.PriorityOf).

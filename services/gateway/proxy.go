@@ -82,7 +82,7 @@ type softFlags interface {
 
 // admitRequest is what the admission hooks decide c on.
 func admitRequest(c *call, est estimate.Estimate, estOK bool) frontend.AdmitRequest {
-	return frontend.AdmitRequest{Tenant: c.caller.Tenant, Model: c.req.Model, User: c.user, APIKeyID: c.caller.KeyID,
+	return frontend.AdmitRequest{Tenant: c.caller.Tenant, Model: c.req.Model, User: c.user, APIKeyID: c.caller.KeyID, Session: c.session,
 		Endpoint: c.endpoint, Priority: c.priority, EstimatePrompt: est.Prompt, EstimateCompletion: est.Completion,
 		Estimated: estOK, EventID: c.eventID, Deadline: c.deadline}
 }

@@ -232,7 +232,7 @@ type setShard struct {
 
 // reqKey is a request's shape: everything that decides which rule
 // instances count it.
-type reqKey struct{ tenant, model, user, key, endpoint, upstream string }
+type reqKey struct{ tenant, model, user, key, endpoint, upstream, session, organization string }
 
 // matchSet is the rule instances that count requests of one shape, shared
 // rules first, in rule order.
@@ -254,6 +254,8 @@ const (
 	dimUser
 	dimKey
 	dimEndpoint
+	dimSession
+	dimOrganization
 )
 
 // shape sets k to req's shape: the tenant (whose rules apply) and the
@@ -277,13 +279,19 @@ func (g *generation) shape(req *Request, k *reqKey) {
 	if g.used&dimEndpoint != 0 {
 		k.endpoint = req.Endpoint
 	}
+	if g.used&dimSession != 0 {
+		k.session = req.Session
+	}
+	if g.used&dimOrganization != 0 {
+		k.organization = req.Organization
+	}
 }
 
 // hash hashes the fields of a shape that rules look at.
 func (g *generation) hash(k *reqKey) uint64 {
 	h := maphash.String(g.seed, k.tenant)
 	if g.used&^dimTenant != 0 {
-		for _, f := range [...]string{k.upstream, k.model, k.user, k.key, k.endpoint} {
+		for _, f := range [...]string{k.upstream, k.model, k.user, k.key, k.endpoint, k.session, k.organization} {
 			h = h*0x9E3779B97F4A7C15 ^ maphash.String(g.seed, f)
 		}
 	}
@@ -345,7 +353,8 @@ func (l *Limiter) build(g *generation, req *Request, k reqKey, h uint64, sh *set
 	if !cache {
 		return s, nil
 	}
-	s.key = reqKey{strings.Clone(k.tenant), strings.Clone(k.model), strings.Clone(k.user), strings.Clone(k.key), strings.Clone(k.endpoint), strings.Clone(k.upstream)}
+	s.key = reqKey{strings.Clone(k.tenant), strings.Clone(k.model), strings.Clone(k.user), strings.Clone(k.key), strings.Clone(k.endpoint), strings.Clone(k.upstream),
+		strings.Clone(k.session), strings.Clone(k.organization)}
 	sh.mu.Lock()
 	for old := sh.m[h]; old != nil; old = old.next {
 		if old.key == k {
@@ -396,7 +405,8 @@ func (l *Limiter) unref(g *generation, s *matchSet) {
 }
 
 func cloneScope(s Scope) Scope {
-	return Scope{strings.Clone(s.Upstream), strings.Clone(s.Tenant), strings.Clone(s.Model), strings.Clone(s.User), strings.Clone(s.Key), strings.Clone(s.Endpoint)}
+	return Scope{strings.Clone(s.Upstream), strings.Clone(s.Tenant), strings.Clone(s.Model), strings.Clone(s.User), strings.Clone(s.Key), strings.Clone(s.Endpoint),
+		strings.Clone(s.Session), strings.Clone(s.Organization)}
 }
 
 // instanceKey is the Redis key of one rule instance; see Layout.

@@ -20,6 +20,11 @@ type Request struct {
 	User     string
 	Key      string // API key id
 	Endpoint string
+	// Session is the agent session or conversation the call belongs to,
+	// and Organization the tenant's organisation, for rules scoped by
+	// them; empty when the caller has none.
+	Session      string
+	Organization string
 	// Upstream is the provider account (or deployment) the call goes to;
 	// empty means the model.
 	Upstream string

@@ -113,18 +113,28 @@ type Scope struct {
 	// Key is the API key id.
 	Key      string
 	Endpoint string
+	// Session is the agent session or conversation (the usage event's
+	// session_id); Organization the organisation the tenant belongs to,
+	// whose budget caps its tenants together.
+	Session      string
+	Organization string
 }
 
+// numDims is how many dimensions a Scope has.
+const numDims = 8
+
 // dims lists the dimensions in their fixed order (the order of instance
-// keys and messages), with their short names.
-func (s *Scope) dims() [6]struct {
+// keys and messages), with their short names. New dimensions go last, so
+// that the keys of rules without them stay as they were.
+func (s *Scope) dims() [numDims]struct {
 	name string
 	v    *string
 } {
-	return [6]struct {
+	return [numDims]struct {
 		name string
 		v    *string
-	}{{"upstream", &s.Upstream}, {"tenant", &s.Tenant}, {"model", &s.Model}, {"user", &s.User}, {"key", &s.Key}, {"endpoint", &s.Endpoint}}
+	}{{"upstream", &s.Upstream}, {"tenant", &s.Tenant}, {"model", &s.Model}, {"user", &s.User}, {"key", &s.Key}, {"endpoint", &s.Endpoint},
+		{"session", &s.Session}, {"organization", &s.Organization}}
 }
 
 // Global reports whether the scope has no dimension.
@@ -418,7 +428,7 @@ func (r *rule) appliesTo(req *Request) bool {
 	s := &r.Scope
 	return dimMatch(s.Upstream, req.upstream()) && (!r.shared || dimMatch(s.Tenant, req.Tenant)) &&
 		dimMatch(s.Model, req.Model) && dimMatch(s.User, req.User) && dimMatch(s.Key, req.Key) &&
-		dimMatch(s.Endpoint, req.Endpoint)
+		dimMatch(s.Endpoint, req.Endpoint) && dimMatch(s.Session, req.Session) && dimMatch(s.Organization, req.Organization)
 }
 
 func dimMatch(rule, v string) bool {
@@ -446,6 +456,8 @@ func (r *rule) instanceScope(req *Request, tenant string) Scope {
 	fill(&s.User, req.User)
 	fill(&s.Key, req.Key)
 	fill(&s.Endpoint, req.Endpoint)
+	fill(&s.Session, req.Session)
+	fill(&s.Organization, req.Organization)
 	if !r.shared {
 		s.Tenant = tenant
 	}

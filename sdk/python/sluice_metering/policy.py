@@ -64,7 +64,7 @@ _QUOTAS = ("monthly_tokens", "daily_tokens", "hourly_tokens", "tokens_per_minute
 _TOP_FIELDS = {"defaults", "plans", "tenants", "limits", "prices", "upstreams", "fallbacks", "channels",
                "price_catalog", "prices_file", "unpriced_price"}
 _TENANT_FIELDS = {"plan", "timezone", "mode", "fail_mode", "alert_tiers", "channels", "priority", "burst_multiplier",
-                  "max_models", "budget", "models", "limits", "breakers", "unpriced"}
+                  "max_models", "budget", "models", "limits", "breakers", "unpriced", "organization"}
 _MODEL_FIELDS = set(_QUOTAS) | {"mode"}
 # wait: classes that may wait for a refusing limit — this SDK refuses at once
 # (the safe side); period: calendar limits, which this SDK cannot enforce, so
@@ -441,6 +441,10 @@ class _Validator:
             if d == "global":
                 if len(raw) > 1:
                     self.fail(dp, "global cannot be combined with other dimensions (leave them out for one global counter)")
+                continue
+            if d in ("session", "organization"):
+                self.fail(dp, f"limits scoped by {d} are enforced by the Go SDK and sluice gateway only; "
+                              "this SDK would admit without them")
                 continue
             if d not in DIMS:
                 self.fail(dp, f"unknown dimension (use global, {', '.join(DIMS)})")

@@ -47,6 +47,7 @@ limits:
   d: {unit: requests, sliding_window: {length: 1x, limit: 1}, colour: red}
   e: {unit: total_tokens, scope: {user: "*"}, period: {every: month, limit: 1000000}}
   f: {unit: cost, scope: {key: "*"}, sliding_window: {length: 1h, limit: 5}}
+  g: {unit: requests, scope: {session: "*"}, sliding_window: {length: 1h, limit: 5}}
 plans:
   pro: {plan: free}
 defaults:
@@ -69,6 +70,7 @@ tenants:
                  "limits.d.colour: unknown field",
                  "limits.e.period: calendar period limits are enforced by the Go SDK and sluice gateway only",
                  "limits.f.unit: limits counting cost are enforced by the Go SDK and sluice gateway only",
+                 "limits.g.scope.session: limits scoped by session are enforced by the Go SDK and sluice gateway only",
                  "plans.pro.plan: a plan cannot take another plan",
                  "defaults.burst_multiplier: 500 is outside 1..100",
                  "defaults.models.*.tokens_per_minute: -1 is outside 0..",
