@@ -29,6 +29,16 @@ func (a *adminState) Key(id string) *controlplane.Key { return a.keys.Key(id) }
 // Keys returns the keys of tenant ("" every tenant).
 func (a *adminState) Keys(tenant string) []*controlplane.Key { return a.keys.Keys(tenant) }
 
+// Synced returns once the records present at start are applied.
+func (a *adminState) Synced(ctx context.Context) error {
+	select {
+	case <-a.caughtUp():
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // PutKey writes k as the version after read (0: a new key) and returns
 // once the broker acknowledged it and this replica applied it. It refuses
 // with controlplane.ErrStale a change that read an older version than the

@@ -25,6 +25,9 @@ type KeyStore interface {
 	// once it is in force on this replica; a change that read an older
 	// version than the one in force is refused with controlplane.ErrStale.
 	PutKey(ctx context.Context, k *controlplane.Key, read uint64, request string) error
+	// Synced returns once the store holds every record the topic held when
+	// the replica started, or ctx's error: before, a key would be missing.
+	Synced(ctx context.Context) error
 }
 
 // KeyAuditReader reads a key's audit trail; *audit.Log is the real one.
@@ -46,16 +49,33 @@ type keyDetails struct {
 }
 
 func (a *API) keyRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("GET "+adminapi.PathKeys, a.listKeys)
-	mux.HandleFunc("POST "+adminapi.PathKeys, a.issueKey)
-	mux.HandleFunc("GET "+adminapi.PathKey, func(w http.ResponseWriter, r *http.Request) {
+	route := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, a.synced(h)) }
+	route("GET "+adminapi.PathKeys, a.listKeys)
+	route("POST "+adminapi.PathKeys, a.issueKey)
+	route("GET "+adminapi.PathKey, func(w http.ResponseWriter, r *http.Request) {
 		if k := a.visibleKey(w, r); k != nil {
 			writeJSON(w, http.StatusOK, adminapi.KeyResponse{Key: k.API()})
 		}
 	})
-	mux.HandleFunc("POST "+adminapi.PathKeyRotate, a.rotateKey)
-	mux.HandleFunc("POST "+adminapi.PathKeyRevoke, a.revokeKey)
-	mux.HandleFunc("GET "+adminapi.PathKeyAudit, a.keyTrail)
+	route("POST "+adminapi.PathKeyRotate, a.rotateKey)
+	route("POST "+adminapi.PathKeyRevoke, a.revokeKey)
+	route("GET "+adminapi.PathKeyAudit, a.keyTrail)
+}
+
+// synced holds a key request until the replica has read the admin topic
+// as far as it was at start (a restarted replica would otherwise answer
+// 404 for a key it has not read yet, or issue an id that exists), for up
+// to 10 s, then answers 503.
+func (a *API) synced(next http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		defer cancel()
+		if err := a.keys.Synced(ctx); err != nil {
+			writeError(w, http.StatusServiceUnavailable, "admin topic: not yet read to its end after a start; retry: "+err.Error())
+			return
+		}
+		next(w, r)
+	})
 }
 
 func (a *API) listKeys(w http.ResponseWriter, r *http.Request) {
