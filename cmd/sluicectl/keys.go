@@ -55,6 +55,9 @@ func runKeysTo(ctx context.Context, args []string, out io.Writer) error {
 		return flag.ErrHelp
 	}
 	verb, rest := args[0], args[1:]
+	if verb != "issue" && verb != "list" && verb != "rotate" && verb != "revoke" {
+		return fmt.Errorf("keys: unknown verb %q; the verbs are issue, list, rotate and revoke (sluicectl keys help)", verb)
+	}
 	var id string
 	if (verb == "rotate" || verb == "revoke") && len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
 		id, rest = rest[0], rest[1:]
@@ -80,7 +83,7 @@ func runKeysTo(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("keys: -o: %q is not text or json", f.out)
 	}
 	if (verb == "rotate" || verb == "revoke") && id == "" {
-		return fmt.Errorf("keys %s: the key id is required: sluicectl keys %s <id> -version N -reason ...", verb, verb)
+		return fmt.Errorf("keys %s: the key id is required (sluicectl keys %s <id> -version N -reason WHY)", verb, verb)
 	}
 	client, err := connect()
 	if err != nil {
@@ -124,7 +127,7 @@ func keysCall(ctx context.Context, c *adminapi.Client, verb, id string, f keysFl
 		k, err := c.RevokeKey(ctx, id, adminapi.RevokeKeyRequest{Version: f.version, Reason: f.reason})
 		return adminapi.KeyResponse{Key: k}, err
 	}
-	return nil, fmt.Errorf("unknown verb %q\n\n%s", verb, keysUsage)
+	return nil, fmt.Errorf("unknown verb %q", verb)
 }
 
 func splitList(s string) []string {
