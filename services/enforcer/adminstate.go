@@ -283,5 +283,5 @@ func (a *adminState) close() { a.kc.Close() }
 // newAdminMetrics is the counter of admin topic records.
 func newAdminMetrics() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_enforcer_admin_records_total",
-		Help: "Records of the admin topic read by this replica, by result (applied, lifted, invalid, unauthenticated: unsigned or badly signed, refused; replayed: a version older than its scope's, refused)."}, []string{"result"})
+		Help: "Records of the admin topic read by this replica, by result (applied, lifted, invalid, unauthenticated: unsigned or badly signed, refused; replayed: a version older than its scope's, refused; key_applied, key_stale, key_invalid, key_unauthenticated, key_ignored: the control plane's API key records, docs/controlplane.md)."}, []string{"result"})
 }
