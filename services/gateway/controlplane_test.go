@@ -7,12 +7,14 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/adminapi"
+	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/chconn"
@@ -206,7 +208,8 @@ func TestKeysOfTheAdminAPIReachEveryGatewayWithinTheBound(t *testing.T) {
 
 // TestAKeyIDInTheFileAndTheAPIIsAConflictNotAnOverride: the admin API
 // issues a key under an id the keys file has; no gateway accepts the API's
-// key, the file's key keeps working, and the conflict is counted.
+// key, the file's key keeps working, and the conflict is counted until a
+// reload of the file removes its entry.
 func TestAKeyIDInTheFileAndTheAPIIsAConflictNotAnOverride(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs Kafka, ClickHouse and Redis")
@@ -225,6 +228,21 @@ func TestAKeyIDInTheFileAndTheAPIIsAConflictNotAnOverride(t *testing.T) {
 	}
 	if got := status(t, gw, "sk-acme"); got != http.StatusOK {
 		t.Fatalf("the file's key acme: %d; want 200", got)
+	}
+	// The file's entry removed, its next reload ends the conflict: the
+	// API's key is accepted, the file's secret no longer.
+	keys := "keys:\n" + frontend.KeyLine("boss", "sk-boss", "acme", nil)
+	if err := os.WriteFile(f.genv.TenantKeys.File, []byte(keys), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	itest.Eventually(t, 30*time.Second, "the reloaded keys file ending the conflict", func() bool {
+		return gaugeValue(t, reg, "sluice_gateway_key_conflicts") == 0
+	})
+	if got := status(t, gw, dup.Secret); got != http.StatusOK {
+		t.Fatalf("the API's key once the file no longer has its id: %d; want 200", got)
+	}
+	if got := status(t, gw, "sk-acme"); got != http.StatusUnauthorized {
+		t.Fatalf("the removed file key: %d; want 401", got)
 	}
 }
 
