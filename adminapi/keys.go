@@ -32,6 +32,10 @@ const (
 	ActionKeyIssue  Action = "key.issue"
 	ActionKeyRotate Action = "key.rotate"
 	ActionKeyRevoke Action = "key.revoke"
+	// ActionKeyRefused marks, under the request id of a change already
+	// audited, that the change was then refused (a stale version, the admin
+	// topic unavailable): the trail shows it as an attempt (AuditEntry.Refused).
+	ActionKeyRefused Action = "key.refused"
 )
 
 // Roles a Token may have.
@@ -147,6 +151,10 @@ type AuditEntry struct {
 	// Version is the record's version after the change.
 	Version uint64   `json:"version,omitempty"`
 	Changes []Change `json:"changes"`
+	// Refused: the change was audited, then refused (not in force); Error
+	// says why.
+	Refused bool   `json:"refused,omitempty"`
+	Error   string `json:"error,omitempty"`
 }
 
 // AuditResponse answers GET PathKeyAudit, oldest first.

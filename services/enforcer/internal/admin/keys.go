@@ -242,6 +242,14 @@ func (a *API) putKey(w http.ResponseWriter, r *http.Request, action adminapi.Act
 		return false
 	}
 	if err := a.keys.PutKey(ctx, after, read, e.RequestID); err != nil {
+		// The audit entry is written: mark it refused, so that the trail
+		// does not show a change that is not in force. Best effort: if
+		// this write fails too, the trail shows the attempt as made.
+		refused := e
+		refused.Action, refused.Reason = string(adminapi.ActionKeyRefused), err.Error()
+		if werr := a.audit.Write(ctx, refused); werr != nil {
+			a.log.Warn("admin: could not mark a refused key change in the audit log", "request_id", e.RequestID, "err", werr)
+		}
 		if errors.Is(err, controlplane.ErrStale) {
 			writeError(w, http.StatusConflict, "version: "+err.Error()+"; read the key again and retry")
 			return false
@@ -269,15 +277,24 @@ func (a *API) keyTrail(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "audit log: "+err.Error())
 		return
 	}
+	refused := map[string]string{}
+	for _, e := range entries {
+		if e.Action == string(adminapi.ActionKeyRefused) {
+			refused[e.RequestID] = e.Reason
+		}
+	}
 	out := []adminapi.AuditEntry{}
 	for _, e := range entries {
-		if !strings.HasPrefix(e.Action, "key.") || e.Tenant != k.Tenant {
+		if !strings.HasPrefix(e.Action, "key.") || e.Action == string(adminapi.ActionKeyRefused) || e.Tenant != k.Tenant {
 			continue
 		}
 		var d keyDetails
 		_ = json.Unmarshal([]byte(e.Details), &d)
 		out = append(out, adminapi.AuditEntry{Time: e.Time, Actor: e.Actor, Action: adminapi.Action(e.Action), Tenant: e.Tenant,
 			APIKeyID: e.APIKeyID, Reason: e.Reason, RequestID: e.RequestID, Version: d.Version, Changes: d.Changes})
+		if why, ok := refused[e.RequestID]; ok {
+			out[len(out)-1].Refused, out[len(out)-1].Error = true, why
+		}
 	}
 	writeJSON(w, http.StatusOK, adminapi.AuditResponse{Entries: out})
 }

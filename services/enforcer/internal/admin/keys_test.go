@@ -24,6 +24,9 @@ import (
 type memKeys struct {
 	mu   sync.Mutex
 	keys map[string]controlplane.Key
+	// failNext refuses the next PutKey with it: a change that passed the
+	// API's own version check and lost on the topic.
+	failNext error
 }
 
 func (m *memKeys) Key(id string) *controlplane.Key {
@@ -50,6 +53,10 @@ func (m *memKeys) Keys(tenant string) []*controlplane.Key {
 func (m *memKeys) PutKey(_ context.Context, k *controlplane.Key, read uint64, _ string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if err := m.failNext; err != nil {
+		m.failNext = nil
+		return err
+	}
 	if cur := m.keys[k.ID]; cur.Version != read {
 		return fmt.Errorf("%w: at %d, read %d", controlplane.ErrStale, cur.Version, read)
 	}
@@ -76,15 +83,21 @@ func (t trail) ByKey(_ context.Context, id string) ([]audit.Entry, error) {
 // keyServer serves the key routes with an operator, a viewer and a tenant
 // admin of tenant "blue"; it returns a client per role.
 func keyServer(t *testing.T) (op, viewer, blue *adminapi.Client) {
+	op, viewer, blue, _ = keyServerStore(t)
+	return op, viewer, blue
+}
+
+func keyServerStore(t *testing.T) (op, viewer, blue *adminapi.Client, store *memKeys) {
 	t.Helper()
 	aud := &memAudit{}
+	store = &memKeys{keys: map[string]controlplane.Key{}}
 	tokens := []adminapi.Token{
 		{Name: "ops", SHA256: adminapi.HashToken("op-token")},
 		{Name: "auditor", SHA256: adminapi.HashToken("viewer-token"), Role: adminapi.RoleViewer},
 		{Name: "blue-admin", SHA256: adminapi.HashToken("blue-token"), Role: adminapi.RoleTenantAdmin, Tenant: "blue"},
 	}
 	api := admin.New(breaker.NewTable(), func(...string) {}, aud, tokens, time.Minute, slog.New(slog.NewTextHandler(io.Discard, nil))).
-		WithKeys(&memKeys{keys: map[string]controlplane.Key{}}, trail{aud})
+		WithKeys(store, trail{aud})
 	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(srv.Close)
 	client := func(tok string) *adminapi.Client {
@@ -94,7 +107,7 @@ func keyServer(t *testing.T) (op, viewer, blue *adminapi.Client) {
 		}
 		return c
 	}
-	return client("op-token"), client("viewer-token"), client("blue-token")
+	return client("op-token"), client("viewer-token"), client("blue-token"), store
 }
 
 func wantStatus(t *testing.T, what string, err error, status int) {
@@ -189,4 +202,46 @@ func TestIssueNamesEveryBadFieldAndItsLimit(t *testing.T) {
 	}
 	_, err = op.RotateKey(context.Background(), "nope", adminapi.RotateKeyRequest{Version: 1, Overlap: "9999h", Reason: "r"})
 	wantStatus(t, "rotating an unknown key", err, http.StatusNotFound)
+}
+
+// The audit trail lists every change with its actor, version and diff; a
+// change audited and then refused on the topic is listed as refused, not
+// as in force.
+func TestTheAuditTrailShowsEachChangeAndMarksRefusedOnes(t *testing.T) {
+	op, _, _, store := keyServerStore(t)
+	ctx := context.Background()
+	k, err := op.IssueKey(ctx, adminapi.IssueKeyRequest{Tenant: "red", Models: []string{"*"}, Reason: "onboard"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.failNext = fmt.Errorf("%w: another replica wrote version 2 first", controlplane.ErrStale)
+	_, err = op.RevokeKey(ctx, k.Key.ID, adminapi.RevokeKeyRequest{Version: 1, Reason: "lost the race"})
+	wantStatus(t, "revoke that lost on the topic", err, http.StatusConflict)
+	if _, err := op.RevokeKey(ctx, k.Key.ID, adminapi.RevokeKeyRequest{Version: 1, Reason: "leaked"}); err != nil {
+		t.Fatal(err)
+	}
+	trail, err := op.KeyAudit(ctx, k.Key.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(trail) != 3 {
+		t.Fatalf("trail %+v; want issue, the refused revoke, the revoke", trail)
+	}
+	issue, lost, revoke := trail[0], trail[1], trail[2]
+	if issue.Action != adminapi.ActionKeyIssue || issue.Actor != "ops" || issue.Version != 1 || issue.Refused {
+		t.Errorf("issue entry %+v", issue)
+	}
+	if lost.Action != adminapi.ActionKeyRevoke || !lost.Refused || !strings.Contains(lost.Error, "another replica") {
+		t.Errorf("refused entry %+v; want marked refused with its reason", lost)
+	}
+	if revoke.Refused || revoke.Version != 2 || revoke.Reason != "leaked" || len(revoke.Changes) == 0 {
+		t.Errorf("revoke entry %+v", revoke)
+	}
+	changed := map[string]string{}
+	for _, c := range revoke.Changes {
+		changed[c.Field] = c.To
+	}
+	if changed["revoked"] != "true" {
+		t.Errorf("revoke's diff %+v does not show revoked: true", revoke.Changes)
+	}
 }
