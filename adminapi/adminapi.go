@@ -13,6 +13,7 @@ package adminapi
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"time"
 
 	"github.com/sluicehq/sluice/schemas"
@@ -247,6 +248,29 @@ type Token struct {
 	Name string `yaml:"name" help:"who uses the token; recorded as the audit actor"`
 	// SHA256 is the hex SHA-256 of the token (`printf %s TOKEN | sha256sum`).
 	SHA256 string `yaml:"sha256" help:"hex SHA-256 of the bearer token (printf %s TOKEN | sha256sum)"`
+	// Role is RoleOperator (empty), RoleTenantAdmin or RoleViewer.
+	Role string `yaml:"role" help:"operator (empty: everything), tenant_admin (the API keys of tenant only) or viewer (read only)"`
+	// Tenant binds a RoleTenantAdmin token to one tenant; required for it,
+	// refused for the other roles.
+	Tenant string `yaml:"tenant" help:"the one tenant a tenant_admin token manages; only for role tenant_admin"`
+}
+
+// Validate names the bad field of the token at where (e.g.
+// "admin.tokens[2]").
+func (t Token) Validate(where string) error {
+	switch t.Role {
+	case "", RoleOperator, RoleViewer:
+		if t.Tenant != "" {
+			return fmt.Errorf("%s.tenant: only a tenant_admin token is bound to a tenant (role is %q)", where, t.Role)
+		}
+	case RoleTenantAdmin:
+		if t.Tenant == "" {
+			return fmt.Errorf("%s.tenant: required for role tenant_admin (the tenant whose keys it manages)", where)
+		}
+	default:
+		return fmt.Errorf("%s.role: %q is not operator, tenant_admin or viewer", where, t.Role)
+	}
+	return nil
 }
 
 // HashToken returns the hex SHA-256 of a token, the form Token.SHA256 holds.

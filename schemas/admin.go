@@ -31,6 +31,13 @@ const TopicAdminV1 = "sluice.admin.v1"
 // SchemaAdminV1 is the [HeaderSchema] value of an admin state record.
 const SchemaAdminV1 = TopicAdminV1
 
+// SchemaControlPlaneV1 is the [HeaderSchema] value of a control-plane
+// record on [TopicAdminV1] (an API key managed at runtime; see
+// internal/controlplane). Readers of operator actions skip such records by
+// this header, before verifying them: they are signed in a MAC domain of
+// their own, so an operator action's signature never verifies one.
+const SchemaControlPlaneV1 = "sluice.controlplane.v1"
+
 // AdminKind is what an operator action does.
 type AdminKind string
 

@@ -129,9 +129,7 @@ func runAdminTo(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("admin: unknown verb %q\n\n%s", verb, adminUsage())
 	}
 	fs := flag.NewFlagSet("admin "+verb, flag.ContinueOnError)
-	base := fs.String("url", envOr("SLUICE_ADMIN_URL", "http://127.0.0.1:9471"), "enforcer admin API base URL")
-	token := fs.String("token", os.Getenv("SLUICE_ADMIN_TOKEN"), "admin bearer token (prefer SLUICE_ADMIN_TOKEN)")
-	caFile := fs.String("ca-file", os.Getenv("SLUICE_ADMIN_CA_FILE"), "PEM CA certificate(s) to trust for an https -url with a private or self-signed certificate (SLUICE_ADMIN_CA_FILE)")
+	connect := adminConnFlags(fs, "admin")
 	tenant := fs.String("tenant", "", "tenant")
 	reason := fs.String("reason", "", "why (required for changes; recorded in the audit log)")
 	model := fs.String("model", "", `model ("*" or empty: every model)`)
@@ -144,16 +142,9 @@ func runAdminTo(ctx context.Context, args []string, out io.Writer) error {
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
-	if *token == "" {
-		return errors.New("admin: -token (or SLUICE_ADMIN_TOKEN) is required")
-	}
-	hc, err := adminapi.TrustingClient(*caFile)
+	client, err := connect()
 	if err != nil {
-		return fmt.Errorf("admin: -ca-file: %w", err)
-	}
-	client, err := adminapi.NewClient(*base, *token, hc)
-	if err != nil {
-		return fmt.Errorf("admin: -url/-token: %w", err)
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
@@ -178,6 +169,30 @@ func runAdminTo(ctx context.Context, args []string, out io.Writer) error {
 	}
 	_, err = out.Write(append(b, '\n'))
 	return err
+}
+
+// adminConnFlags defines on fs the flags that reach the admin API (-url,
+// -token, -ca-file, each with its environment variable) and returns the
+// function that builds the client from them once fs is parsed; cmd names
+// the command in errors.
+func adminConnFlags(fs *flag.FlagSet, cmd string) func() (*adminapi.Client, error) {
+	base := fs.String("url", envOr("SLUICE_ADMIN_URL", "http://127.0.0.1:9471"), "enforcer admin API base URL")
+	token := fs.String("token", os.Getenv("SLUICE_ADMIN_TOKEN"), "admin bearer token (prefer SLUICE_ADMIN_TOKEN)")
+	caFile := fs.String("ca-file", os.Getenv("SLUICE_ADMIN_CA_FILE"), "PEM CA certificate(s) to trust for an https -url with a private or self-signed certificate (SLUICE_ADMIN_CA_FILE)")
+	return func() (*adminapi.Client, error) {
+		if *token == "" {
+			return nil, errors.New(cmd + ": -token (or SLUICE_ADMIN_TOKEN) is required")
+		}
+		hc, err := adminapi.TrustingClient(*caFile)
+		if err != nil {
+			return nil, fmt.Errorf("%s: -ca-file: %w", cmd, err)
+		}
+		client, err := adminapi.NewClient(*base, *token, hc)
+		if err != nil {
+			return nil, fmt.Errorf("%s: -url/-token: %w", cmd, err)
+		}
+		return client, nil
+	}
 }
 
 // adminFlags are the command-line values an action's request is built from.

@@ -103,8 +103,13 @@ func New(auth *signalauth.Auth) *Log {
 // version derive to under the key that signed it.
 var ErrStaleKey = errors.New("record key is not the key of its state's scope and version")
 
-// Apply folds r, read in topic order, into the log.
+// Apply folds r, read in topic order, into the log. A control-plane record
+// (schemas.SchemaControlPlaneV1, an API key) shares the topic and is
+// Ignored here: internal/controlplane reads it.
 func (l *Log) Apply(r *kgo.Record) Result {
+	if signalauth.SchemaOf(r) == schemas.SchemaControlPlaneV1 {
+		return Result{Outcome: Ignored}
+	}
 	unsigned, err := l.auth.Admit(r)
 	if err != nil {
 		return Result{Outcome: Unauthenticated, Err: err}

@@ -55,6 +55,22 @@ type Caller struct {
 
 	models   []string // exact names and patterns
 	anyModel bool
+	// endpoints are the URL paths (or path.Match patterns) the key may
+	// call; nil is every endpoint. Only control-plane keys have them.
+	endpoints []string
+}
+
+// MayCall reports whether the key may call the endpoint at urlPath.
+func (c *Caller) MayCall(urlPath string) bool {
+	if c == nil || c.endpoints == nil {
+		return true
+	}
+	for _, e := range c.endpoints {
+		if ok, _ := path.Match(e, urlPath); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // Models lists the model names and patterns the key may use; any is true

@@ -106,6 +106,15 @@ func Parse[E any, P Entries[E], T any](data []byte, build func(where string, e *
 	return set, nil
 }
 
+// NewSet returns a Set whose hashes[i] authenticates as vals[i], named
+// ids[i], for keys that come from elsewhere than a keys file (the control
+// plane's, internal/controlplane): they share Authenticate's constant-time
+// scan. Unlike Parse it checks nothing; such keys are validated where they
+// are written. One id may have several hashes (a rotation's overlap).
+func NewSet[T any](ids []string, hashes [][sha256.Size]byte, vals []*T) *Set[T] {
+	return &Set[T]{ids: ids, hashes: hashes, vals: vals}
+}
+
 // keyStackBytes holds any key a client sends on the stack while it is
 // hashed; a longer one is copied to the heap.
 const keyStackBytes = 256

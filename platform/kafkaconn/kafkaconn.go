@@ -168,6 +168,23 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, c Config, topics ...strin
 	return nil
 }
 
+// EnsureCompactedTopic creates topic, if missing, as the state topics are
+// (the admin topic): compacted, one partition — one record per key is the
+// topic's whole meaning, and one partition keeps every record in one order
+// that each reader replays alike.
+func EnsureCompactedTopic(ctx context.Context, cl *kgo.Client, c Config, topic string) error {
+	adm := kadm.NewClient(cl)
+	compact := "compact"
+	resp, err := adm.CreateTopics(ctx, 1, c.ReplicationFactor, TopicConfigs(ctx, adm, c, map[string]*string{"cleanup.policy": &compact}), topic)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		return fmt.Errorf("kafka: create compacted topic %s: %w", topic, err)
+	}
+	return nil
+}
+
 // MinInsyncReplicas is the min.insync.replicas Sluice sets on a topic it
 // creates with replication factor rf when the brokers' own setting is
 // brokerMinISR, or 0 to leave the broker's setting in force.

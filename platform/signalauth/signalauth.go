@@ -97,6 +97,11 @@ const (
 	// AlerterState are the records of the alerter's state topic, signed
 	// and read by the alerter.
 	AlerterState Stream = "sluice-alerter-state-auth-v1"
+	// ControlPlane are the control-plane records (API keys) of the admin
+	// topic, signed by the enforcer's admin API and read by the enforcer
+	// and the gateways. A domain of their own keeps an operator action's
+	// signature from ever verifying as a key record, and the reverse.
+	ControlPlane Stream = "sluice-controlplane-auth-v1"
 )
 
 var keyIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
@@ -232,6 +237,8 @@ func (a *Auth) Record(topic string, key, value []byte) *kgo.Record {
 		r.Headers = []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaSignalsV1)}}
 	case AdminActions:
 		r.Headers = []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaAdminV1)}}
+	case ControlPlane:
+		r.Headers = []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaControlPlaneV1)}}
 	}
 	a.Sign(r)
 	return r
@@ -312,7 +319,9 @@ func (a *Auth) Verify(r *kgo.Record) error {
 // signal.
 func (a *Auth) Admit(r *kgo.Record) (unsigned bool, err error) {
 	err = a.Verify(r)
-	if errors.Is(err, ErrUnsigned) && a.acceptUnsigned && a.stream != Signals {
+	// Control-plane records were signed from their first release: none is
+	// admitted unsigned.
+	if errors.Is(err, ErrUnsigned) && a.acceptUnsigned && a.stream != Signals && a.stream != ControlPlane {
 		return true, nil
 	}
 	return false, err
@@ -421,6 +430,11 @@ func writeField(h hash.Hash, b []byte) {
 	h.Write(n[:])
 	h.Write(b)
 }
+
+// SchemaOf returns r's schema header (schemas.HeaderSchema), empty for
+// none, so that a reader of a topic two streams share can tell them apart
+// before verifying.
+func SchemaOf(r *kgo.Record) string { return string(schemaOf(r.Headers)) }
 
 func schemaOf(hs []kgo.RecordHeader) []byte {
 	for _, h := range hs {

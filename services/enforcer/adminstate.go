@@ -11,10 +11,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/internal/adminlog"
+	"github.com/sluicehq/sluice/internal/controlplane"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
@@ -45,6 +45,9 @@ type adminState struct {
 	auth  *signalauth.Auth
 	// actions decides what each record does (internal/adminlog).
 	actions *adminlog.Log
+	// keys holds the control-plane records (API keys) the topic carries
+	// beside the operator actions (internal/controlplane).
+	keys *controlplane.Log
 	// refused counts refused records, for the log's rate limit.
 	refused atomic.Int64
 	// pubMu serializes Publish, so that this replica never gives one
@@ -81,23 +84,12 @@ func openAdminState(ctx context.Context, cfg Config, env platform.Env, c *core) 
 	if err != nil {
 		return nil, err
 	}
-	compact := "compact"
-	adm := kadm.NewClient(kc)
-	resp, err := adm.CreateTopics(ctx, 1, env.Kafka.ReplicationFactor,
-		kafkaconn.TopicConfigs(ctx, adm, env.Kafka, map[string]*string{"cleanup.policy": &compact}), cfg.AdminTopic)
-	if err == nil {
-		for _, r := range resp.Sorted() {
-			if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
-				err = r.Err
-			}
-		}
-	}
-	if err != nil {
+	if err := kafkaconn.EnsureCompactedTopic(ctx, kc, env.Kafka, cfg.AdminTopic); err != nil {
 		kc.Close()
-		return nil, fmt.Errorf("services.enforcer.admin_topic: create %s: %w", cfg.AdminTopic, err)
+		return nil, fmt.Errorf("services.enforcer.admin_topic: %w", err)
 	}
 	auth := c.auth.For(signalauth.AdminActions)
-	a := &adminState{c: c, kc: kc, topic: cfg.AdminTopic, log: c.log, auth: auth, actions: adminlog.New(auth),
+	a := &adminState{c: c, kc: kc, topic: cfg.AdminTopic, log: c.log, auth: auth, actions: adminlog.New(auth), keys: controlplane.NewLog(c.auth),
 		applied: map[int32]int64{}, wake: make(chan struct{}), target: map[int32]int64{}, caught: make(chan struct{}),
 		records: newAdminMetrics(),
 		unsigned: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_enforcer_admin_records_unsigned_total",
@@ -154,8 +146,13 @@ func (a *adminState) run(ctx context.Context) error {
 	return nil
 }
 
-// apply folds one record into the breaker table (see adminState).
+// apply folds one record into the breaker table (see adminState), or a
+// control-plane record into the keys.
 func (a *adminState) apply(r *kgo.Record, now time.Time) {
+	if controlplane.IsRecord(r) {
+		a.applyKey(r)
+		return
+	}
 	res := a.actions.Apply(r)
 	switch res.Outcome {
 	case adminlog.Unauthenticated, adminlog.Replayed, adminlog.Invalid:
@@ -286,5 +283,5 @@ func (a *adminState) close() { a.kc.Close() }
 // newAdminMetrics is the counter of admin topic records.
 func newAdminMetrics() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_enforcer_admin_records_total",
-		Help: "Records of the admin topic read by this replica, by result (applied, lifted, invalid, unauthenticated: unsigned or badly signed, refused; replayed: a version older than its scope's, refused)."}, []string{"result"})
+		Help: "Records of the admin topic read by this replica, by result (applied, lifted, invalid, unauthenticated: unsigned or badly signed, refused; replayed: a version older than its scope's, refused; key_applied, key_stale, key_invalid, key_unauthenticated, key_ignored: the control plane's API key records, docs/controlplane.md)."}, []string{"result"})
 }

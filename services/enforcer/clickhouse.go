@@ -23,3 +23,12 @@ func (l *lazyClickHouse) Write(ctx context.Context, e audit.Entry) error {
 	}
 	return audit.New(conn).Write(ctx, e)
 }
+
+// ByKey reads an API key's audit trail.
+func (l *lazyClickHouse) ByKey(ctx context.Context, apiKeyID string) ([]audit.Entry, error) {
+	conn, err := l.Get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return audit.New(conn).ByKey(ctx, apiKeyID)
+}

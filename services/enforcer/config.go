@@ -145,6 +145,9 @@ func (c Config) Validate() error {
 		if len(t.SHA256) != 64 {
 			errs = append(errs, fmt.Errorf("admin.tokens[%d].sha256: must be 64 hex digits (printf %%s TOKEN | sha256sum)", i))
 		}
+		if err := t.Validate(fmt.Sprintf("admin.tokens[%d]", i)); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

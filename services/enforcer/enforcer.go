@@ -200,7 +200,7 @@ type adminServer struct {
 
 // listenAdmin binds the admin API, or returns nil when it is disabled (no
 // address, or no tokens: an API nobody can call is not served).
-func listenAdmin(cfg Config, c *core, aud admin.Auditor, pub admin.Publisher, log *slog.Logger) (*adminServer, error) {
+func listenAdmin(cfg Config, c *core, aud *lazyClickHouse, as *adminState, log *slog.Logger) (*adminServer, error) {
 	if cfg.Admin.Listen == "" {
 		return nil, nil
 	}
@@ -217,7 +217,14 @@ func listenAdmin(cfg Config, c *core, aud admin.Auditor, pub admin.Publisher, lo
 		ln.Close()
 		return nil, err
 	}
-	api := admin.New(c.table, c.writer.MarkDirty, aud, cfg.Admin.Tokens, cfg.FlagTTL, log).WithPublisher(pub)
+	var auditor admin.Auditor
+	if aud != nil {
+		auditor = aud
+	}
+	api := admin.New(c.table, c.writer.MarkDirty, auditor, cfg.Admin.Tokens, cfg.FlagTTL, log)
+	if as != nil {
+		api.WithPublisher(as).WithKeys(as, aud)
+	}
 	srv := httpserver.New(api.Handler(), cfg.Admin.HTTP, log)
 	if tlsCfg != nil {
 		// Tokens and operator actions cross the network: with a

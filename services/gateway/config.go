@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/frontend"
@@ -25,6 +26,11 @@ type Config struct {
 	MaxStreamEventBytes int   `yaml:"max_stream_event_bytes" help:"largest streamed (SSE) event held and searched for usage, in bytes; a longer one is relayed as it arrives"`
 	MaxAttempts         int   `yaml:"max_attempts" help:"upstreams tried for one request: a connection failure, a timeout before the answer, 429 or 5xx moves on to the next upstream of the model"`
 
+	// AdminTopic, when set, is the admin topic the gateway follows for the
+	// API keys issued through the enforcer's admin API, beside
+	// tenant_keys.file (docs/controlplane.md).
+	AdminTopic string `yaml:"admin_topic" help:"compacted admin topic to follow for API keys issued, rotated and revoked through the enforcer's admin API (sluice.admin.v1, as services.enforcer.admin_topic), accepted beside tenant_keys.file; needs kafka and signal_auth. Empty: tenant_keys.file only"`
+
 	// FrontEnd is the HTTP server, shutdown, flags, admission and usage
 	// settings the gateway shares with services/authz; usage adds
 	// estimate_events to the sink.
@@ -38,6 +44,9 @@ type Config struct {
 	// UsageAPI is GET /v1/usage for the callers' tenants.
 	UsageAPI usageapi.Config `yaml:"usage_api"`
 }
+
+// maxTopicLen is Kafka's longest topic name.
+const maxTopicLen = 249
 
 // UsageConfig says where usage events go, and whether calls are metered
 // with an estimate before they run.
@@ -98,6 +107,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxAttempts < 1 || c.MaxAttempts > 10 {
 		bad("max_attempts: %d is outside 1..10", c.MaxAttempts)
+	}
+	if len(c.AdminTopic) > maxTopicLen || strings.ContainsAny(c.AdminTopic, " /\t\n") {
+		bad("admin_topic: %q must be a Kafka topic name of at most %d characters", c.AdminTopic, maxTopicLen)
 	}
 	if err := c.FrontEnd.Validate(""); err != nil {
 		errs = append(errs, err)

@@ -158,18 +158,13 @@ func deferredCaller(ctx context.Context) *frontend.Caller {
 // priority and the request id <task id>-<run>, through the same path as
 // a client's request, and returns the answer, bounded by limit bytes.
 func (s *Server) RunTask(ctx context.Context, t *deferred.Task, run int, limit int) deferred.Outcome {
-	var caller *frontend.Caller
-	for _, c := range s.keys.Keys().Values() {
-		if c.KeyID == t.KeyID && c.Tenant == t.Tenant {
-			cp := *c
-			caller = &cp
-			break
-		}
-	}
-	if caller == nil {
+	found := s.keyByID(t.Tenant, t.KeyID)
+	if found == nil {
 		return deferred.Outcome{ErrorCode: "key_revoked",
-			Error: fmt.Sprintf("the API key %s of tenant %s is no longer in the gateway's keys file; the task did not run", t.KeyID, t.Tenant)}
+			Error: fmt.Sprintf("the API key %s of tenant %s is no longer in the gateway's keys file nor valid in the admin API; the task did not run", t.KeyID, t.Tenant)}
 	}
+	cp := *found
+	caller := &cp
 	caller.Priority, caller.MaySetPriority = t.Priority, false
 	req, err := http.NewRequestWithContext(context.WithValue(ctx, deferredCallerKey{}, caller), http.MethodPost, t.Endpoint, bytes.NewReader(t.Body))
 	if err != nil {

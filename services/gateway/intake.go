@@ -71,6 +71,11 @@ func (s *Server) intake(w http.ResponseWriter, r *http.Request, c *call) bool {
 		c.badRequest(w, http.StatusUnauthorized, "invalid_api_key", badKeyMessage)
 		return false
 	}
+	if !c.caller.MayCall(r.URL.Path) {
+		c.badRequest(w, http.StatusForbidden, "endpoint_not_allowed",
+			fmt.Sprintf("The API key %s may not call %s; its endpoints are set where it was issued (the admin API).", c.caller.KeyID, r.URL.Path))
+		return false
+	}
 	body, err := readBody(w, r, s.cfg.MaxBodyBytes)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
@@ -234,7 +239,25 @@ func (s *Server) callerOf(r *http.Request) *frontend.Caller {
 	if key == "" {
 		key = r.Header.Get("Api-Key") // and Azure OpenAI's so
 	}
-	return s.keys.Authenticate(strings.TrimSpace(key))
+	key = strings.TrimSpace(key)
+	if c := s.keys.Authenticate(key); c != nil || s.topic == nil {
+		return c
+	}
+	return s.topic.Authenticate(key, s.now())
+}
+
+// keyByID returns the caller of key id of tenant, from the keys file or
+// the admin API's keys, or nil when neither accepts it now.
+func (s *Server) keyByID(tenant, id string) *frontend.Caller {
+	for _, c := range s.keys.Keys().Values() {
+		if c.KeyID == id && c.Tenant == tenant {
+			return c
+		}
+	}
+	if s.topic == nil {
+		return nil
+	}
+	return s.topic.ByID(tenant, id, s.now())
 }
 
 // writeError answers an OpenAI error body.

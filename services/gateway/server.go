@@ -47,6 +47,9 @@ type Deps struct {
 	// Keys authenticates the callers (tenant_keys.file, which Run opens);
 	// required.
 	Keys *keyfile.File[frontend.Caller]
+	// TopicKeys, when not nil, are the keys issued through the admin API,
+	// accepted beside Keys (services.gateway.admin_topic).
+	TopicKeys *frontend.TopicKeys
 	// Tasks, when not nil, accepts deferred requests and answers
 	// GET /v1/tasks/{id} (deferred.go).
 	Tasks *deferred.Queue
@@ -75,6 +78,7 @@ type Server struct {
 	cfg      Config
 	log      *slog.Logger
 	keys     *keyfile.File[frontend.Caller]
+	topic    *frontend.TopicKeys // nil: the keys file only
 	routes   atomic.Pointer[routes]
 	est      *estimate.Estimator
 	admitter frontend.Admitter
@@ -134,7 +138,7 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 			return nil, fmt.Errorf("gateway: register metrics: %w", err)
 		}
 	}
-	s.keys = deps.Keys
+	s.keys, s.topic = deps.Keys, deps.TopicKeys
 	if s.keys == nil {
 		return nil, errors.New("gateway: no tenant keys (Deps.Keys)")
 	}

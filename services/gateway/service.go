@@ -46,11 +46,16 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/internal/controlplane"
 	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/internal/keyfile"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/sdk/go/checker"
 	"github.com/sluicehq/sluice/sdk/go/resource"
@@ -123,11 +128,22 @@ func run(ctx context.Context, cfg Config, env platform.Env, opts options, ready 
 		return err
 	}
 	defer stopTasks()
-	var s *Server // the reload callback runs only from Watch, once s is set
-	keys, err := frontend.OpenKeys(env.TenantKeys.File, log, func(err error) { s.keyReloaded(err) })
+	var s *Server                     // the reload callback runs only from Watch, once s is set
+	var topicKeys *frontend.TopicKeys // set before the keys file is watched
+	keys, err := frontend.OpenKeys(env.TenantKeys.File, log, func(err error) {
+		s.keyReloaded(err)
+		if topicKeys != nil && err == nil {
+			topicKeys.Refresh() // a conflict may have come or gone
+		}
+	})
 	if err != nil {
 		return fmt.Errorf("tenant_keys.%w", err)
 	}
+	topicKeys, stopKeys, err := followKeys(ctx, cfg, env, keys)
+	if err != nil {
+		return err
+	}
+	defer stopKeys()
 	chkCfg := cfg.Checker
 	chkCfg.KeyPrefix = env.Redis.Prefix(redisconn.FlagKeys)
 	chk, err := checker.New(rdb, chkCfg, log.With("component", "checker"))
@@ -147,7 +163,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, opts options, ready 
 		env.Logger.Warn("services.gateway.usage.sink is none: calls are not metered")
 	}
 	deps := pol.deps
-	deps.Checker, deps.Emitter, deps.Logger, deps.Metrics, deps.Keys = chk, em, log, env.Metrics, keys
+	deps.Checker, deps.Emitter, deps.Logger, deps.Metrics, deps.Keys, deps.TopicKeys = chk, em, log, env.Metrics, keys, topicKeys
 	deps.Tasks, deps.Usage, deps.RedisPing, deps.Tracing = tasks, usage, redisconn.Ready(rdb), env.Tracing
 	s, err = NewServer(cfg, deps)
 	if err != nil {
@@ -165,6 +181,52 @@ func run(ctx context.Context, cfg Config, env platform.Env, opts options, ready 
 		// Only now, with every request settled, do the events leave.
 		frontend.CloseEmitter(context.Background(), em, closeSender, cfg.Usage.FlushTimeout, log)
 	})
+}
+
+// followKeys follows cfg.AdminTopic for the keys issued through the admin
+// API, when set: it reads the topic to its end first, so that a restarted
+// gateway serves every key issued before, then follows it until stop is
+// called. Without an admin topic it returns nil keys and a no-op stop.
+func followKeys(ctx context.Context, cfg Config, env platform.Env, file *keyfile.File[frontend.Caller]) (*frontend.TopicKeys, func(), error) {
+	if cfg.AdminTopic == "" {
+		return nil, func() {}, nil
+	}
+	log := env.Logger.With("component", "controlplane")
+	auth, err := signalauth.Open(env.SignalAuth, log)
+	if err != nil {
+		return nil, nil, fmt.Errorf("signal_auth: %w", err)
+	}
+	var keys *frontend.TopicKeys
+	f, err := controlplane.NewFollower(ctx, env.Kafka, cfg.AdminTopic, auth, log, func() { keys.Refresh() })
+	if err != nil {
+		return nil, nil, fmt.Errorf("services.gateway.admin_topic: %w", err)
+	}
+	keys = frontend.NewTopicKeys(f.Log(), file.Keys, log)
+	cs := []prometheus.Collector{f.Collector(), keys.Collector()}
+	for i, c := range cs {
+		if err := env.Metrics.Register(c); err != nil {
+			for _, r := range cs[:i] {
+				env.Metrics.Unregister(r)
+			}
+			f.Close()
+			return nil, nil, fmt.Errorf("gateway: metrics: %w", err)
+		}
+	}
+	stop := func() {
+		for _, c := range cs {
+			env.Metrics.Unregister(c)
+		}
+		f.Close()
+	}
+	if err := f.CatchUp(ctx); err != nil {
+		stop()
+		return nil, nil, fmt.Errorf("services.gateway.admin_topic: %w", err)
+	}
+	log.Info("following the admin API's keys", "topic", cfg.AdminTopic, "keys", len(f.Log().Keys("")), "conflicts", keys.Conflicts())
+	fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() { defer close(done); _ = f.Run(fctx) }()
+	return keys, func() { cancel(); <-done; stop() }, nil
 }
 
 // serve runs s on ln, with what follows it — the policy, the keys file,

@@ -19,12 +19,11 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/adminapi"
+	"github.com/sluicehq/sluice/internal/controlplane"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/flags"
 	"github.com/sluicehq/sluice/services/enforcer/internal/audit"
@@ -53,6 +52,10 @@ type API struct {
 	log    *slog.Logger
 	now    func() time.Time
 	ttl    time.Duration
+	// keys and keyAudit serve the API key routes (keys.go); nil keys
+	// serves none.
+	keys     KeyStore
+	keyAudit KeyAuditReader
 }
 
 // New returns the API. notify is told which tenants' flags changed.
@@ -77,6 +80,9 @@ func (a *API) Handler() http.Handler {
 	for _, act := range adminapi.Actions() {
 		mux.HandleFunc("POST "+act.Path(), func(w http.ResponseWriter, r *http.Request) { a.act(w, r, act) })
 	}
+	if a.keys != nil {
+		a.keyRoutes(mux)
+	}
 	return a.authenticate(mux)
 }
 
@@ -89,19 +95,53 @@ func (a *API) authenticate(next http.Handler) http.Handler {
 			return
 		}
 		sum := adminapi.HashToken(tok)
-		actor := ""
+		var who *principal
 		for _, t := range a.tokens {
 			if subtle.ConstantTimeCompare([]byte(sum), []byte(strings.ToLower(t.SHA256))) == 1 {
-				actor = t.Name
+				who = &principal{name: t.Name, role: t.Role, tenant: t.Tenant}
 			}
 		}
-		if actor == "" {
+		if who == nil {
 			writeError(w, http.StatusUnauthorized, "authorization: unknown token")
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), actorKey{}, actor)))
+		if msg := who.refuses(r); msg != "" {
+			writeError(w, http.StatusForbidden, msg)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), actorKey{}, who)))
 	})
 }
+
+// principal is who a token is: the actor the audit log records, its role
+// (adminapi.Role*; empty is an operator) and a tenant admin's tenant.
+type principal struct {
+	name, role, tenant string
+}
+
+// refuses says why the role may not make request r at all, or "". Which
+// tenant's keys a tenant admin may touch is checked by each key route
+// (keys.go), once it knows the key.
+func (p *principal) refuses(r *http.Request) string {
+	switch p.role {
+	case adminapi.RoleViewer:
+		if r.Method != http.MethodGet {
+			return "authorization: token " + p.name + " is a viewer: it reads and changes nothing"
+		}
+	case adminapi.RoleTenantAdmin:
+		if r.URL.Path != adminapi.PathKeys && !strings.HasPrefix(r.URL.Path, adminapi.PathKeys+"/") {
+			return "authorization: token " + p.name + " administers tenant " + p.tenant + "'s API keys only (" + adminapi.PathKeys + ")"
+		}
+	}
+	return ""
+}
+
+// mayTouch reports whether p may see and change tenant's records.
+func (p *principal) mayTouch(tenant string) bool {
+	return p.role != adminapi.RoleTenantAdmin || p.tenant == tenant
+}
+
+func principalOf(r *http.Request) *principal { return r.Context().Value(actorKey{}).(*principal) }
 
 type actorKey struct{}
 
@@ -157,20 +197,8 @@ func breakersOf(bs []breaker.Breaker) []adminapi.Breaker {
 }
 
 func (a *API) act(w http.ResponseWriter, r *http.Request, action adminapi.Action) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, adminapi.MaxBodyBytes+1))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "body: "+err.Error())
-		return
-	}
-	if len(body) > adminapi.MaxBodyBytes {
-		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body: larger than the limit of %d bytes", adminapi.MaxBodyBytes))
-		return
-	}
 	var req adminapi.Request
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		writeError(w, http.StatusBadRequest, "body: "+err.Error())
+	if !decodeBody(w, r, &req) {
 		return
 	}
 	precise := a.now().UTC()
@@ -180,7 +208,7 @@ func (a *API) act(w http.ResponseWriter, r *http.Request, action adminapi.Action
 		return
 	}
 	details, _ := json.Marshal(req)
-	e := audit.Entry{Time: now, Actor: r.Context().Value(actorKey{}).(string), Action: string(action), Tenant: req.Tenant,
+	e := audit.Entry{Time: now, Actor: principalOf(r).name, Action: string(action), Tenant: req.Tenant,
 		Model: req.Model, APIKeyID: req.APIKeyID, Reason: req.Reason, ExpiresAt: req.ExpiresAt,
 		Details: string(details), RequestID: requestID(precise)}
 	actx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
@@ -217,14 +245,34 @@ func (a *API) act(w http.ResponseWriter, r *http.Request, action adminapi.Action
 		Breakers: breakersOf(a.table.Breakers(req.Tenant))})
 }
 
+// decodeBody decodes r's JSON body into v, refusing unknown fields and a
+// body over adminapi.MaxBodyBytes; it answers the error itself and returns
+// false when it fails.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	body, err := io.ReadAll(io.LimitReader(r.Body, adminapi.MaxBodyBytes+1))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "body: "+err.Error())
+		return false
+	}
+	if len(body) > adminapi.MaxBodyBytes {
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body: larger than the limit of %d bytes", adminapi.MaxBodyBytes))
+		return false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeError(w, http.StatusBadRequest, "body: "+err.Error())
+		return false
+	}
+	return true
+}
+
 // requestID sorts by time, so that replay order is action order.
 func requestID(now time.Time) string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	return fmt.Sprintf("%020d-%s", now.UnixNano(), hex.EncodeToString(b[:]))
 }
-
-var tenantRE = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,` + strconv.Itoa(schemas.MaxTenantLen) + `}$`)
 
 // quotaChoices lists the quota kinds for error messages, from the one table
 // of kinds (schemas), so that a new kind is named without editing this file.
@@ -241,7 +289,7 @@ var quotaChoices = func() string {
 // ExpiresIn into ExpiresAt. Errors name every bad field and its limit.
 func Normalize(req *adminapi.Request, action adminapi.Action, now time.Time) error {
 	var errs []error
-	if !tenantRE.MatchString(req.Tenant) {
+	if !controlplane.ValidTenant(req.Tenant) {
 		errs = append(errs, fmt.Errorf("tenant: %q must be 1..%d characters of [A-Za-z0-9._:-]", req.Tenant, schemas.MaxTenantLen))
 	}
 	if req.Model == "" {
@@ -253,8 +301,8 @@ func Normalize(req *adminapi.Request, action adminapi.Action, now time.Time) err
 	if len(req.APIKeyID) > schemas.MaxStringLen {
 		errs = append(errs, fmt.Errorf("api_key_id: longer than the limit of %d bytes", schemas.MaxStringLen))
 	}
-	if strings.TrimSpace(req.Reason) == "" || len(req.Reason) > adminapi.MaxReasonLen {
-		errs = append(errs, fmt.Errorf("reason: required, 1..%d bytes (the audit log says why)", adminapi.MaxReasonLen))
+	if err := checkReason(req.Reason); err != nil {
+		errs = append(errs, err)
 	}
 	if req.ExpiresIn != "" {
 		d, err := time.ParseDuration(req.ExpiresIn)

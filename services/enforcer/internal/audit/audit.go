@@ -54,8 +54,18 @@ func (l *Log) Write(ctx context.Context, e Entry) error {
 
 // Since returns the entries from since on, oldest first.
 func (l *Log) Since(ctx context.Context, since time.Time) ([]Entry, error) {
+	return l.query(ctx, "time >= toDateTime(?)", since.Unix())
+}
+
+// ByKey returns the entries of API key apiKeyID (its actions and its
+// control-plane changes), oldest first.
+func (l *Log) ByKey(ctx context.Context, apiKeyID string) ([]Entry, error) {
+	return l.query(ctx, "api_key_id = ?", apiKeyID)
+}
+
+func (l *Log) query(ctx context.Context, where string, arg any) ([]Entry, error) {
 	rows, err := l.conn.Query(ctx, `SELECT time, actor, action, tenant, model, api_key_id, reason, expires_at, details, request_id
-FROM admin_audit WHERE time >= toDateTime(?) ORDER BY time, request_id`, since.Unix())
+FROM admin_audit WHERE `+where+` ORDER BY time, request_id`, arg)
 	if err != nil {
 		return nil, fmt.Errorf("audit: query: %w", err)
 	}

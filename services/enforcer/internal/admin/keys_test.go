@@ -1,0 +1,247 @@
+package admin_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/adminapi"
+	"github.com/sluicehq/sluice/internal/controlplane"
+	"github.com/sluicehq/sluice/services/enforcer/internal/admin"
+	"github.com/sluicehq/sluice/services/enforcer/internal/audit"
+	"github.com/sluicehq/sluice/services/enforcer/internal/breaker"
+)
+
+// memKeys stands in for the admin topic: versions checked as PutKey does.
+type memKeys struct {
+	mu   sync.Mutex
+	keys map[string]controlplane.Key
+	// failNext refuses the next PutKey with it: a change that passed the
+	// API's own version check and lost on the topic.
+	failNext error
+}
+
+func (m *memKeys) Key(id string) *controlplane.Key {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if k, ok := m.keys[id]; ok {
+		return &k
+	}
+	return nil
+}
+
+func (m *memKeys) Keys(tenant string) []*controlplane.Key {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []*controlplane.Key
+	for _, k := range m.keys {
+		if tenant == "" || k.Tenant == tenant {
+			out = append(out, &k)
+		}
+	}
+	return out
+}
+
+func (m *memKeys) PutKey(_ context.Context, k *controlplane.Key, read uint64, _ string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.failNext; err != nil {
+		m.failNext = nil
+		return err
+	}
+	if cur := m.keys[k.ID]; cur.Version != read {
+		return fmt.Errorf("%w: at %d, read %d", controlplane.ErrStale, cur.Version, read)
+	}
+	k.Version = read + 1
+	m.keys[k.ID] = *k
+	return nil
+}
+
+func (m *memKeys) Synced(context.Context) error { return nil }
+
+// ByKey reads the audit entries memAudit kept.
+type trail struct{ *memAudit }
+
+func (t trail) ByKey(_ context.Context, id string) ([]audit.Entry, error) {
+	var out []audit.Entry
+	for _, e := range t.all() {
+		if e.APIKeyID == id {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+// keyServer serves the key routes with an operator, a viewer and a tenant
+// admin of tenant "blue"; it returns a client per role.
+func keyServer(t *testing.T) (op, viewer, blue *adminapi.Client) {
+	op, viewer, blue, _ = keyServerStore(t)
+	return op, viewer, blue
+}
+
+func keyServerStore(t *testing.T) (op, viewer, blue *adminapi.Client, store *memKeys) {
+	t.Helper()
+	aud := &memAudit{}
+	store = &memKeys{keys: map[string]controlplane.Key{}}
+	tokens := []adminapi.Token{
+		{Name: "ops", SHA256: adminapi.HashToken("op-token")},
+		{Name: "auditor", SHA256: adminapi.HashToken("viewer-token"), Role: adminapi.RoleViewer},
+		{Name: "blue-admin", SHA256: adminapi.HashToken("blue-token"), Role: adminapi.RoleTenantAdmin, Tenant: "blue"},
+	}
+	api := admin.New(breaker.NewTable(), func(...string) {}, aud, tokens, time.Minute, slog.New(slog.NewTextHandler(io.Discard, nil))).
+		WithKeys(store, trail{aud})
+	srv := httptest.NewServer(api.Handler())
+	t.Cleanup(srv.Close)
+	client := func(tok string) *adminapi.Client {
+		c, err := adminapi.NewClient(srv.URL, tok, srv.Client())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	return client("op-token"), client("viewer-token"), client("blue-token"), store
+}
+
+func wantStatus(t *testing.T, what string, err error, status int) {
+	t.Helper()
+	var e *adminapi.Error
+	if !errors.As(err, &e) || e.StatusCode != status {
+		t.Errorf("%s: %v; want %d", what, err, status)
+	}
+}
+
+// A tenant admin manages its own tenant's keys and cannot list, read or
+// change another tenant's; a viewer reads and changes nothing.
+func TestTenantAdminSeesOnlyItsTenantAndViewerOnlyReads(t *testing.T) {
+	op, viewer, blue := keyServer(t)
+	ctx := context.Background()
+	red, err := op.IssueKey(ctx, adminapi.IssueKeyRequest{Tenant: "red", Models: []string{"*"}, Reason: "onboard red"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := blue.IssueKey(ctx, adminapi.IssueKeyRequest{Tenant: "blue", Models: []string{"gpt-4o"}, Reason: "blue's own"})
+	if err != nil {
+		t.Fatalf("tenant admin issuing for its tenant: %v", err)
+	}
+
+	_, err = blue.IssueKey(ctx, adminapi.IssueKeyRequest{Tenant: "red", Models: []string{"*"}, Reason: "x"})
+	wantStatus(t, "tenant admin issuing for another tenant", err, http.StatusForbidden)
+	keys, err := blue.Keys(ctx, "")
+	if err != nil || len(keys) != 1 || keys[0].ID != own.Key.ID {
+		t.Errorf("tenant admin's list: %+v, %v; want its own key only", keys, err)
+	}
+	_, err = blue.Keys(ctx, "red")
+	wantStatus(t, "tenant admin listing another tenant", err, http.StatusForbidden)
+	_, err = blue.Key(ctx, red.Key.ID)
+	wantStatus(t, "tenant admin reading another tenant's key", err, http.StatusNotFound)
+	_, err = blue.KeyAudit(ctx, red.Key.ID)
+	wantStatus(t, "tenant admin reading another tenant's audit", err, http.StatusNotFound)
+	_, err = blue.RevokeKey(ctx, red.Key.ID, adminapi.RevokeKeyRequest{Version: 1, Reason: "x"})
+	wantStatus(t, "tenant admin revoking another tenant's key", err, http.StatusNotFound)
+	_, err = blue.RotateKey(ctx, red.Key.ID, adminapi.RotateKeyRequest{Version: 1, Reason: "x"})
+	wantStatus(t, "tenant admin rotating another tenant's key", err, http.StatusNotFound)
+	_, err = blue.Breakers(ctx, "")
+	wantStatus(t, "tenant admin listing the fleet's breakers", err, http.StatusForbidden)
+	if k, err := op.Key(ctx, red.Key.ID); err != nil || k.Revoked || k.Version != 1 {
+		t.Errorf("red's key after the tenant admin's attempts: %+v, %v", k, err)
+	}
+
+	if all, err := viewer.Keys(ctx, ""); err != nil || len(all) != 2 {
+		t.Errorf("viewer's list: %+v, %v; want both keys", all, err)
+	}
+	_, err = viewer.RevokeKey(ctx, red.Key.ID, adminapi.RevokeKeyRequest{Version: 1, Reason: "x"})
+	wantStatus(t, "viewer revoking", err, http.StatusForbidden)
+	_, err = viewer.IssueKey(ctx, adminapi.IssueKeyRequest{Tenant: "red", Models: []string{"*"}, Reason: "x"})
+	wantStatus(t, "viewer issuing", err, http.StatusForbidden)
+}
+
+// A change carries the version it read: one that read an older version is
+// refused with 409, so two operators cannot overwrite each other.
+func TestAChangeThatReadAnOlderVersionIsRefused(t *testing.T) {
+	op, _, _ := keyServer(t)
+	ctx := context.Background()
+	k, err := op.IssueKey(ctx, adminapi.IssueKeyRequest{Tenant: "red", Models: []string{"*"}, Reason: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := op.RotateKey(ctx, k.Key.ID, adminapi.RotateKeyRequest{Version: 1, Reason: "first operator"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = op.RevokeKey(ctx, k.Key.ID, adminapi.RevokeKeyRequest{Version: 1, Reason: "second operator, who read version 1"})
+	wantStatus(t, "revoke of version 1 after a rotation", err, http.StatusConflict)
+	_, err = op.RevokeKey(ctx, k.Key.ID, adminapi.RevokeKeyRequest{Reason: "no version"})
+	wantStatus(t, "revoke without a version", err, http.StatusBadRequest)
+	if got, _ := op.Key(ctx, k.Key.ID); got.Revoked || got.Version != 2 {
+		t.Fatalf("after the stale revocation: %+v", got)
+	}
+	_, err = op.IssueKey(ctx, adminapi.IssueKeyRequest{ID: k.Key.ID, Tenant: "red", Models: []string{"*"}, Reason: "r"})
+	wantStatus(t, "issue under an existing id", err, http.StatusConflict)
+}
+
+// A refused request names every bad field and its limit.
+func TestIssueNamesEveryBadFieldAndItsLimit(t *testing.T) {
+	op, _, _ := keyServer(t)
+	_, err := op.IssueKey(context.Background(), adminapi.IssueKeyRequest{ID: "has space", Tenant: "bad tenant!",
+		Models: nil, Endpoints: []string{"chat"}, ExpiresIn: "40000h", Reason: ""})
+	var e *adminapi.Error
+	if !errors.As(err, &e) || e.StatusCode != http.StatusBadRequest {
+		t.Fatalf("%v; want 400", err)
+	}
+	for _, want := range []string{"id:", "1..64", "tenant:", "models: required", "endpoints[0]:", "expires_at:", "beyond the limit", "reason: required", "1..500"} {
+		if !strings.Contains(e.Message, want) {
+			t.Errorf("message %q does not mention %q", e.Message, want)
+		}
+	}
+	_, err = op.RotateKey(context.Background(), "nope", adminapi.RotateKeyRequest{Version: 1, Overlap: "9999h", Reason: "r"})
+	wantStatus(t, "rotating an unknown key", err, http.StatusNotFound)
+}
+
+// The audit trail lists every change with its actor, version and diff; a
+// change audited and then refused on the topic is listed as refused, not
+// as in force.
+func TestTheAuditTrailShowsEachChangeAndMarksRefusedOnes(t *testing.T) {
+	op, _, _, store := keyServerStore(t)
+	ctx := context.Background()
+	k, err := op.IssueKey(ctx, adminapi.IssueKeyRequest{Tenant: "red", Models: []string{"*"}, Reason: "onboard"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.failNext = fmt.Errorf("%w: another replica wrote version 2 first", controlplane.ErrStale)
+	_, err = op.RevokeKey(ctx, k.Key.ID, adminapi.RevokeKeyRequest{Version: 1, Reason: "lost the race"})
+	wantStatus(t, "revoke that lost on the topic", err, http.StatusConflict)
+	if _, err := op.RevokeKey(ctx, k.Key.ID, adminapi.RevokeKeyRequest{Version: 1, Reason: "leaked"}); err != nil {
+		t.Fatal(err)
+	}
+	trail, err := op.KeyAudit(ctx, k.Key.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(trail) != 3 {
+		t.Fatalf("trail %+v; want issue, the refused revoke, the revoke", trail)
+	}
+	issue, lost, revoke := trail[0], trail[1], trail[2]
+	if issue.Action != adminapi.ActionKeyIssue || issue.Actor != "ops" || issue.Version != 1 || issue.Refused {
+		t.Errorf("issue entry %+v", issue)
+	}
+	if lost.Action != adminapi.ActionKeyRevoke || !lost.Refused || !strings.Contains(lost.Error, "another replica") {
+		t.Errorf("refused entry %+v; want marked refused with its reason", lost)
+	}
+	if revoke.Refused || revoke.Version != 2 || revoke.Reason != "leaked" || len(revoke.Changes) == 0 {
+		t.Errorf("revoke entry %+v", revoke)
+	}
+	changed := map[string]string{}
+	for _, c := range revoke.Changes {
+		changed[c.Field] = c.To
+	}
+	if changed["revoked"] != "true" {
+		t.Errorf("revoke's diff %+v does not show revoked: true", revoke.Changes)
+	}
+}

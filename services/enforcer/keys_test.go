@@ -1,0 +1,85 @@
+package enforcer
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/controlplane"
+	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/itest"
+)
+
+// Two replicas that read the same version of a key and change it at the
+// same time: the topic keeps one change, every replica agrees on which,
+// and the other writer is told its change was refused as stale — no lost
+// update, whichever replica each operator reached.
+func TestConcurrentKeyChangesOnTwoReplicasEndWithOneRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Kafka and Redis")
+	}
+	kc := itest.Kafka(t)
+	cfg := testConfig(t)
+	env := platform.Env{Logger: quietLog(), Kafka: kc, SignalAuth: itest.SignalAuth(t)}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	replica := func() *adminState {
+		c := newCore(cfg, nil, testWatcher(t), quietLog())
+		c.auth = itest.Signer(t, env.SignalAuth)
+		as, err := openAdminState(ctx, cfg, env, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(as.close)
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = as.run(ctx) }()
+		return as
+	}
+	a, b := replica(), replica()
+	now := time.Now().UTC()
+	key := func(name string) *controlplane.Key {
+		return &controlplane.Key{ID: "k1", Tenant: "acme", Name: name, SHA256: controlplane.HashSecret("s"), Models: []string{"*"},
+			CreatedAt: now, CreatedBy: "ops", UpdatedAt: now, UpdatedBy: "ops"}
+	}
+	if err := a.PutKey(ctx, key("issued"), 0, "r0"); err != nil {
+		t.Fatal(err)
+	}
+	itest.Eventually(t, within, "replica b reading the issued key", func() bool { return b.Key("k1") != nil })
+
+	for round := range 5 {
+		read := a.Key("k1").Version
+		errs := make([]error, 2)
+		var race sync.WaitGroup
+		for i, r := range []*adminState{a, b} {
+			race.Add(1)
+			go func() {
+				defer race.Done()
+				errs[i] = r.PutKey(ctx, key([]string{"by-a", "by-b"}[i]), read, []string{"ra", "rb"}[i]+string(rune('0'+round)))
+			}()
+		}
+		race.Wait()
+		won := 0
+		for _, err := range errs {
+			switch {
+			case err == nil:
+				won++
+			case !errors.Is(err, controlplane.ErrStale):
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		if won != 1 {
+			t.Fatalf("round %d: %d changes of version %d accepted (%v); want exactly one", round, won, read+1, errs)
+		}
+		winner := "by-a"
+		if errs[0] != nil {
+			winner = "by-b"
+		}
+		itest.Eventually(t, within, "both replicas holding the accepted change", func() bool {
+			ka, kb := a.Key("k1"), b.Key("k1")
+			return ka.Version == read+1 && kb.Version == read+1 && ka.Name == winner && kb.Name == winner
+		})
+	}
+}
