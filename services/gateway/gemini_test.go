@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -296,5 +298,56 @@ func TestOfficialGeminiClient(t *testing.T) {
 	if r := res.Refused; r == nil || !r.ClientError || r.Code != 429 || r.Status != "RESOURCE_EXHAUSTED" ||
 		!strings.Contains(r.Message, "tokens_per_minute") || r.RetryAfter != "7" {
 		t.Errorf("the refused call raised %+v; want ClientError, 429, RESOURCE_EXHAUSTED naming the limit, retry-after 7", r)
+	}
+}
+
+// TestGeminiFallsBackWithinItsDialect: when the asked Gemini model's
+// upstream fails its breaker opens, and the call falls back to the first
+// fallback a Gemini upstream serves — skipping an OpenAI model the policy
+// lists before it — called under the fallback model's own URL and
+// metered as that model; the OpenAI upstream is never called.
+func TestGeminiFallsBackWithinItsDialect(t *testing.T) {
+	var dead, openaiCalls atomic.Int64
+	down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		dead.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"error":{"code":503,"message":"The model is overloaded.","status":"UNAVAILABLE"}}`))
+	}))
+	t.Cleanup(down.Close)
+	bill := &charges{}
+	t.Setenv("SLUICE_TEST_GEMINI_KEY", upstreamGeminiKey)
+	live := strings.TrimSuffix(mock(t, mockllm.Options{GeminiKey: upstreamGeminiKey, Charged: bill.add}), "/v1") + "/v1beta"
+	tg := testConfig(t,
+		Upstream{Name: "g-dead", BaseURL: down.URL + "/v1beta", Dialect: policy.DialectGemini, APIKeyEnv: "SLUICE_TEST_GEMINI_KEY", Models: []string{"gemini-2.5-pro"}},
+		Upstream{Name: "g-live", BaseURL: live, Dialect: policy.DialectGemini, APIKeyEnv: "SLUICE_TEST_GEMINI_KEY", Models: []string{"gemini-2.5-flash"}},
+		Upstream{Name: "openai", BaseURL: mock(t, mockllm.Options{Served: func(string, string) { openaiCalls.Add(1) }}), Models: []string{"gpt-*"}})
+	tg.policy = `
+upstreams:
+  g-dead: {breaker: {consecutive_failures: 1, error_ratio: 0, open_for: 1m}}
+fallbacks:
+  gemini-2.5-pro: [gpt-4o-mini, gemini-2.5-flash]
+`
+	g := startGateway(t, tg, Deps{})
+	const body = `{"contents":[{"role":"user","parts":[{"text":"hello"}]}],"generationConfig":{"maxOutputTokens":5}}`
+	resp, out := postGemini(t, g.url, "/v1beta/models/gemini-2.5-pro:generateContent", "sk-acme", body)
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(out, `"UNAVAILABLE"`) || dead.Load() != 1 {
+		t.Fatalf("the only upstream's failure: %d %s after %d calls; want Google's 503 relayed", resp.StatusCode, out, dead.Load())
+	}
+	resp, out = postGemini(t, g.url, "/v1beta/models/gemini-2.5-pro:generateContent", "sk-acme", body, "X-Request-Id", "gem-fallback")
+	if resp.StatusCode != 200 || resp.Header.Get(HeaderServedModel) != "gemini-2.5-flash" || dead.Load() != 1 {
+		t.Fatalf("with g-dead's breaker open: %d %v %s (g-dead called %d times); want gemini-2.5-flash on g-live", resp.StatusCode, resp.Header, out, dead.Load())
+	}
+	got := bill.list()
+	if len(got) != 1 || got[0].Model != "gemini-2.5-flash" {
+		t.Fatalf("g-live billed %+v; want one call of the fallback model", got)
+	}
+	ev := g.settlement(t, "gem-fallback")
+	wantGeminiCharged(t, "fallback", ev, got[0])
+	if ev.Provider != "g-live" || ev.Model != "gemini-2.5-flash" || ev.RequestedModel != "gemini-2.5-pro" {
+		t.Errorf("settlement %+v; want provider g-live, the fallback model served for the one asked", ev)
+	}
+	if n := openaiCalls.Load(); n != 0 {
+		t.Errorf("the OpenAI upstream was called %d times for a Gemini request", n)
 	}
 }
