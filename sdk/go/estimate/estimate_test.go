@@ -376,7 +376,7 @@ func TestParseRefusesWhatItCannotBound(t *testing.T) {
 }
 
 func FuzzParse(f *testing.F) {
-	for _, name := range []string{"chat_tools.json", "chat_plain.json", "completions_ids.json", "embeddings.json", "responses.json"} {
+	for _, name := range []string{"chat_tools.json", "chat_plain.json", "completions_ids.json", "embeddings.json", "responses.json", "gemini.json"} {
 		b, err := os.ReadFile(filepath.Join("testdata/requests", name))
 		if err != nil {
 			f.Fatal(err)
@@ -385,7 +385,7 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Add([]byte(`{"input":[[1,2],[3]],"prompt":"\ud83d\ude00"}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		for _, ep := range []Endpoint{ChatCompletions, Completions, Embeddings, Responses} {
+		for _, ep := range []Endpoint{ChatCompletions, Completions, Embeddings, Responses, AnthropicMessages, GeminiGenerateContent} {
 			req, err := Parse(ep, body, DefaultLimits())
 			if err == nil && (req.PromptTokens < 0 || req.Choices < 1 || req.Choices > MaxChoices || req.MaxOutputTokens < 0) {
 				t.Fatalf("%v: %+v", ep, req)

@@ -293,27 +293,8 @@ func (p *parser) top() (Request, error) {
 			} else {
 				err = p.skip()
 			}
-		// Gemini's JSON takes each field in lowerCamelCase or as the
-		// proto's snake_case name; both are read.
-		case "contents":
-			if p.ep == GeminiGenerateContent {
-				err = p.items()
-				p.c.f.exact += replyPriming
-			} else {
-				err = p.skip()
-			}
-		case "systemInstruction", "system_instruction":
-			if p.ep == GeminiGenerateContent {
-				err = p.content()
-			} else {
-				err = p.skip()
-			}
-		case "generationConfig", "generation_config":
-			if p.ep == GeminiGenerateContent {
-				maxOutput, n, err = p.generationConfig(maxOutput, n)
-			} else {
-				err = p.skip()
-			}
+		case "contents", "systemInstruction", "system_instruction", "generationConfig", "generation_config":
+			maxOutput, n, err = p.geminiMember(key, maxOutput, n)
 		default:
 			err = p.skip()
 		}
@@ -333,6 +314,25 @@ func (p *parser) top() (Request, error) {
 		req.MaxOutputTokens, req.Choices = 0, 1
 	}
 	return req, nil
+}
+
+// geminiMember reads a top-level member of a Gemini request (skipped on
+// other endpoints): the contents, the system instruction, or the output
+// bounds in generationConfig, given their values so far. Gemini's JSON
+// takes each name in lowerCamelCase or as the proto's snake_case; both
+// are read.
+func (p *parser) geminiMember(key []byte, maxOutput, n int64) (int64, int64, error) {
+	if p.ep != GeminiGenerateContent {
+		return maxOutput, n, p.skip()
+	}
+	switch string(key) {
+	case "contents":
+		p.c.f.exact += replyPriming
+		return maxOutput, n, p.items()
+	case "generationConfig", "generation_config":
+		return p.generationConfig(maxOutput, n)
+	}
+	return maxOutput, n, p.content() // systemInstruction
 }
 
 // generationConfig reads Gemini's generationConfig: maxOutputTokens and
