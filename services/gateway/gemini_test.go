@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/itest"
@@ -101,6 +103,11 @@ func TestGeminiGenerateContentMeteredAsBilled(t *testing.T) {
 		if ev.Provider != "gemini" || ev.Model != ch.Model || ev.Tenant != "acme" || ev.Outcome != schemas.OutcomeOK || ev.Attributes["usage"] != "" {
 			t.Errorf("%s: settlement %+v", tc.name, ev)
 		}
+	}
+	// One endpoint label for every model and method: the path's model
+	// must not multiply the series.
+	if got := testutil.ToFloat64(g.m.requests.WithLabelValues("enterprise", "gemini-*", "/v1/models/{model}:generateContent", "200")); got != 4 {
+		t.Errorf("sluice_gateway_requests_total for Gemini's endpoint is %v, want 4", got)
 	}
 }
 

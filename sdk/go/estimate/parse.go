@@ -52,7 +52,7 @@ func (e Endpoint) String() string {
 	case AnthropicMessages:
 		return "/v1/messages"
 	case GeminiGenerateContent:
-		return ":generateContent"
+		return "/v1/models/{model}:generateContent" // both methods, either version
 	}
 	return "unknown"
 }
