@@ -358,3 +358,42 @@ fallbacks:
 		t.Errorf("the OpenAI upstream was called %d times for a Gemini request", n)
 	}
 }
+
+// TestGeminiArrayStreamLeftByItsClientIsMeteredWhole: Gemini's JSON-array
+// stream is relayed once whole, so a client that leaves it before then
+// does not cut the provider's call: the gateway reads the answer to its
+// end and settles the provider's usage, as for a plain call, rather than
+// nothing.
+func TestGeminiArrayStreamLeftByItsClientIsMeteredWhole(t *testing.T) {
+	started := make(chan struct{}, 1)
+	g, bill := geminiGateway(t, mockllm.Options{ChunkDelay: 20 * time.Millisecond, Served: func(string, string) {
+		select {
+		case started <- struct{}{}:
+		default:
+		}
+	}}, Deps{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-started // the provider is generating: the client leaves
+		cancel()
+	}()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/models/gemini-2.5-flash:streamGenerateContent",
+		strings.NewReader(`{"contents":[{"role":"user","parts":[{"text":"go on"}]}],"generationConfig":{"maxOutputTokens":20}}`))
+	req.Header.Set("X-Goog-Api-Key", "sk-acme")
+	req.Header.Set("X-Request-Id", "gem-array-left")
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+	}
+	itest.Eventually(t, 10*time.Second, "the provider's bill and the settlement", func() bool {
+		return len(bill.list()) == 1 && len(g.sink.Events()) == 2
+	})
+	ch, ev := bill.list()[0], g.settlement(t, "gem-array-left")
+	if ch.Cut || ch.Output != 20 {
+		t.Fatalf("the mock billed %+v; want the whole answer generated", ch)
+	}
+	wantGeminiCharged(t, "array stream left", ev, ch)
+	if ev.Attributes["cancelled"] != "client" || ev.Attributes["usage"] != "" {
+		t.Errorf("settlement %+v; want the provider's usage, cancelled by the client", ev)
+	}
+}
