@@ -160,13 +160,11 @@ func (c *call) operation() string {
 // it received, and only its answer says how much, so a client that
 // disconnects cannot make its call unmetered — bounded by the upstream's
 // timeout and the shutdown. A stream is cut with its client: cutting it
-// stops the generation, and what was relayed until then is counted.
-// Gemini's JSON-array stream is relayed whole (relayWhole), so it is read
-// to its end like a plain answer. A deferred task's run has no client: it
-// is cut when its worker stops, and the task runs again on another
-// gateway.
+// stops the generation, and what was relayed until then is counted. A
+// deferred task's run has no client: it is cut when its worker stops, and
+// the task runs again on another gateway.
 func callContext(ctx context.Context, c *call) context.Context {
-	if (c.req.Stream && (c.dialect != policy.DialectGemini || c.sse)) || deferredCaller(ctx) != nil {
+	if c.req.Stream || deferredCaller(ctx) != nil {
 		return ctx
 	}
 	return context.WithoutCancel(ctx)

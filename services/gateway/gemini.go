@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -249,4 +251,90 @@ func googleStatus(status int) string {
 		return "FAILED_PRECONDITION"
 	}
 	return "INTERNAL"
+}
+
+// relayGeminiArray relays Gemini's default stream, a JSON array of
+// responses sent as they are generated: the bytes pass to the client as
+// they arrive (flushed at each read), and each element, once whole, is
+// read for its usage and text as an SSE event would be (geminiEvent). An
+// element longer than max_stream_event_bytes, or a body that is not an
+// array, is passed on unread from there. It ends like relayStream.
+func (s *Server) relayGeminiArray(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, fam estimate.Family, prompt int64) {
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+	st := &streamState{w: w, rc: rc, fam: fam, max: s.cfg.MaxStreamEventBytes, dialect: c.dialect}
+	src := &arraySource{r: resp.Body, st: st}
+	err := src.elements()
+	if err == nil && !st.clientGone {
+		// The rest (the closing bracket, or what was not read as elements).
+		src.unbounded = true
+		_, err = io.Copy(io.Discard, src)
+	}
+	if errors.Is(err, errClientGone) {
+		err = nil
+	}
+	s.endStream(r, c, st, err, prompt)
+}
+
+// errClientGone and errElementTooLarge stop arraySource's reader: the
+// client left, or an element outgrew the bound.
+var (
+	errClientGone      = errors.New("the client went away")
+	errElementTooLarge = errors.New("stream element too large")
+)
+
+// arraySource reads an upstream's JSON-array stream, passing every byte
+// read to the client at once; n counts the bytes read since the last
+// element ended, bounded by st.max until unbounded.
+type arraySource struct {
+	r         io.Reader
+	st        *streamState
+	n         int
+	unbounded bool
+}
+
+func (a *arraySource) Read(p []byte) (int, error) {
+	if !a.unbounded && a.n > a.st.max {
+		return 0, errElementTooLarge
+	}
+	n, err := a.r.Read(p)
+	if n > 0 {
+		a.n += n
+		if !a.st.write(p[:n], true) {
+			return n, errClientGone
+		}
+	}
+	return n, err
+}
+
+// elements reads the array element by element; nil when the rest is to
+// be passed on unread (its end, a body that is not an array, an element
+// too large), else the read error (io.EOF: the stream ended early).
+func (a *arraySource) elements() error {
+	dec := json.NewDecoder(a)
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
+		return a.unread(err)
+	}
+	for dec.More() {
+		var el json.RawMessage
+		if err := dec.Decode(&el); err != nil {
+			return a.unread(err)
+		}
+		a.n = 0
+		a.st.geminiEvent(el)
+	}
+	return nil
+}
+
+// unread says what a decoding error means: the reader's own errors stop
+// the relay; JSON the decoder cannot follow leaves the rest unread.
+func (a *arraySource) unread(err error) error {
+	var syntax *json.SyntaxError
+	switch {
+	case err == nil, errors.Is(err, errElementTooLarge), errors.As(err, &syntax):
+		return nil
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return io.EOF
+	}
+	return err
 }

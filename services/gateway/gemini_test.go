@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -19,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/estimate"
 )
 
 // upstreamGeminiKey is the provider's credential the tests' gateways
@@ -359,41 +362,79 @@ fallbacks:
 	}
 }
 
-// TestGeminiArrayStreamLeftByItsClientIsMeteredWhole: Gemini's JSON-array
-// stream is relayed once whole, so a client that leaves it before then
-// does not cut the provider's call: the gateway reads the answer to its
-// end and settles the provider's usage, as for a plain call, rather than
-// nothing.
-func TestGeminiArrayStreamLeftByItsClientIsMeteredWhole(t *testing.T) {
-	started := make(chan struct{}, 1)
-	g, bill := geminiGateway(t, mockllm.Options{ChunkDelay: 20 * time.Millisecond, Served: func(string, string) {
-		select {
-		case started <- struct{}{}:
-		default:
-		}
-	}}, Deps{})
+// TestGeminiArrayStreamRelayedAsItComes: Gemini's default stream, a
+// JSON array, reaches the client element by element as the provider sends
+// it (the client reads three before the answer is over), and a client that
+// leaves it cuts the provider's call, settled like an SSE stream: the
+// prompt as the provider reported it and the output relayed until the cut.
+func TestGeminiArrayStreamRelayedAsItComes(t *testing.T) {
+	g, bill := geminiGateway(t, mockllm.Options{ChunkDelay: 20 * time.Millisecond}, Deps{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go func() {
-		<-started // the provider is generating: the client leaves
-		cancel()
-	}()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/models/gemini-2.5-flash:streamGenerateContent",
-		strings.NewReader(`{"contents":[{"role":"user","parts":[{"text":"go on"}]}],"generationConfig":{"maxOutputTokens":20}}`))
-	req.Header.Set("X-Goog-Api-Key", "sk-acme")
-	req.Header.Set("X-Request-Id", "gem-array-left")
-	if resp, err := http.DefaultClient.Do(req); err == nil {
-		resp.Body.Close()
+	resp, rd := openStream(t, ctx, g.url, "/v1/models/gemini-2.5-flash:streamGenerateContent", "",
+		`{"contents":[{"role":"user","parts":[{"text":"go on"}]}],"generationConfig":{"maxOutputTokens":20}}`,
+		"X-Request-Id", "gem-array-cut", "X-Goog-Api-Key", "sk-acme", "Authorization", "")
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
 	}
+	var read strings.Builder
+	buf := make([]byte, 512)
+	for strings.Count(read.String(), `"responseId"`) < 3 {
+		n, err := rd.Read(buf)
+		read.Write(buf[:n])
+		if err != nil {
+			t.Fatalf("%v after %q", err, read.String())
+		}
+	}
+	if !strings.HasPrefix(read.String(), "[{") {
+		t.Fatalf("the stream does not begin as Gemini's array: %.80q", read.String())
+	}
+	cancel()
+	resp.Body.Close()
 	itest.Eventually(t, 10*time.Second, "the provider's bill and the settlement", func() bool {
 		return len(bill.list()) == 1 && len(g.sink.Events()) == 2
 	})
-	ch, ev := bill.list()[0], g.settlement(t, "gem-array-left")
-	if ch.Cut || ch.Output != 20 {
-		t.Fatalf("the mock billed %+v; want the whole answer generated", ch)
+	ch, ev := bill.list()[0], g.settlement(t, "gem-array-cut")
+	if !ch.Cut || ch.Output >= 20 {
+		t.Fatalf("the mock billed %+v; want the stream cut before its end", ch)
 	}
-	wantGeminiCharged(t, "array stream left", ev, ch)
-	if ev.Attributes["cancelled"] != "client" || ev.Attributes["usage"] != "" {
-		t.Errorf("settlement %+v; want the provider's usage, cancelled by the client", ev)
+	if ev.PromptTokens != ch.Input || ev.CompletionTokens < 3 || ev.CompletionTokens >= 20 ||
+		ev.Attributes["cancelled"] != "client" || ev.Attributes["usage"] != "counted" || ev.Outcome == schemas.OutcomeError {
+		t.Errorf("settlement %+v; the provider billed %+v", ev, ch)
+	}
+}
+
+// TestGeminiArrayRelayIsByteForByte: the array relay passes the body on
+// unchanged whatever it holds, reads the usage of elements within the
+// bound, and leaves an element beyond it — and everything after — unread
+// rather than hold it, as the SSE relay does with an outsized event.
+func TestGeminiArrayRelayIsByteForByte(t *testing.T) {
+	final := `{"candidates":[{"content":{"parts":[{"text":"ok"}]},"finishReason":"STOP"}],"usageMetadata":{"promptTokenCount":7,"candidatesTokenCount":2,"totalTokenCount":9}}`
+	big := `{"candidates":[{"content":{"parts":[{"text":"` + strings.Repeat("x", 300) + `"}]}}]}`
+	for _, tc := range []struct {
+		name, body string
+		reported   bool
+	}{
+		{"small", "[" + final + "]", true},
+		{"spaced", " [\r\n" + final + "\r\n,\r\n" + final + "\r\n]\r\n", true},
+		{"outsized first", "[" + big + ",\r\n" + final + "]", false},
+		{"not an array", final, false},
+	} {
+		w := httptest.NewRecorder()
+		st := &streamState{w: w, rc: http.NewResponseController(w), fam: estimate.Other, max: 200, dialect: policy.DialectGemini}
+		// A byte a read, as a slow provider sends: the bound is checked
+		// between reads.
+		src := &arraySource{r: iotest.OneByteReader(strings.NewReader(tc.body)), st: st}
+		err := src.elements()
+		src.unbounded = true
+		if _, cerr := io.Copy(io.Discard, src); err == nil {
+			err = cerr
+		}
+		if err != nil || w.Body.String() != tc.body || (st.reported != nil) != tc.reported || st.final != tc.reported {
+			t.Errorf("%s: err %v, relayed %q, usage %+v (final %v)", tc.name, err, w.Body.String(), st.reported, st.final)
+		}
+		if tc.reported && (st.reported.PromptTokens != 7 || st.reported.CompletionTokens != 2) {
+			t.Errorf("%s: usage %+v", tc.name, st.reported)
+		}
 	}
 }

@@ -55,6 +55,10 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, c *call, st *sett
 		s.relayStream(w, r, resp, c, fam, prompt)
 		return
 	}
+	if c.dialect == policy.DialectGemini && c.req.Stream {
+		s.relayGeminiArray(w, r, resp, c, fam, prompt)
+		return
+	}
 	s.relayWhole(w, r, c, resp, fam, prompt)
 }
 

@@ -26,8 +26,12 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 	rc := http.NewResponseController(w)
 	_ = rc.Flush() // the headers now: clients start their timers on them
 	st := &streamState{w: w, rc: rc, strip: c.stripUsage(), fam: fam, max: s.cfg.MaxStreamEventBytes, dialect: c.dialect}
-	readErr := st.run(resp.Body)
+	s.endStream(r, c, st, st.run(resp.Body), prompt)
+}
 
+// endStream ends c's stream, relayed by st until readErr (nil at its
+// normal end): how it ended, and what it used.
+func (s *Server) endStream(r *http.Request, c *call, st *streamState, readErr error, prompt int64) {
 	switch {
 	case (readErr != nil || st.clientGone) && s.hardStop.Err() != nil:
 		// Cut by the end of the shutdown drain (which also closes the
