@@ -12,7 +12,7 @@ import (
 // Google's Gemini API, mocked: POST /v1beta/models/{model}:generateContent
 // and :streamGenerateContent (Server Sent Events with ?alt=sse, a JSON
 // array of responses otherwise), answered in Gemini's format with its
-// usageMetadata. A request must carry x-goog-api-key (Options.GeminiKey
+// usageMetadata, and :countTokens. A request must carry x-goog-api-key (Options.GeminiKey
 // when set). What each call was billed goes to Options.Charged: Input is
 // promptTokenCount (the cached content included, as Gemini counts it),
 // CacheRead cachedContentTokenCount, Output candidatesTokenCount and
@@ -73,7 +73,7 @@ func (m *mock) geminiPrompt(w http.ResponseWriter, r *http.Request) (model, meth
 		return "", "", u, false
 	}
 	model, method = target[:i], target[i+1:]
-	if method != "generateContent" && method != "streamGenerateContent" {
+	if method != "generateContent" && method != "streamGenerateContent" && method != "countTokens" {
 		googleErr(w, http.StatusNotFound, "NOT_FOUND", "no such method: "+method)
 		return "", "", u, false
 	}
@@ -136,6 +136,10 @@ func geminiResponse(model, id, text string, final bool, u GeminiUsage) map[strin
 func (m *mock) gemini(w http.ResponseWriter, r *http.Request) {
 	model, method, u, ok := m.geminiPrompt(w, r)
 	if !ok {
+		return
+	}
+	if method == "countTokens" { // free: nothing charged
+		writeJSON(w, map[string]int64{"totalTokens": u.PromptTokenCount})
 		return
 	}
 	id := m.id("resp")

@@ -2,13 +2,9 @@ package gateway
 
 import (
 	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
-	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/sdk/go/estimate"
 	"github.com/sluicehq/sluice/sdk/go/middleware"
 )
@@ -215,37 +211,4 @@ func anthropicRateHeaders(h http.Header, now time.Time) {
 		h.Del(remaining)
 		h.Del(reset)
 	}
-}
-
-// serveCountTokens passes POST /v1/messages/count_tokens to an upstream
-// of dialect anthropic, authenticated and routed like a message but not
-// metered: counting tokens is free at Anthropic and bills none.
-func (s *Server) serveCountTokens(w http.ResponseWriter, r *http.Request) {
-	s.inflight.Add(1)
-	defer s.inflight.Done()
-	c := &call{endpoint: r.URL.Path, start: s.now(), route: "unknown", dialect: policy.DialectAnthropic}
-	aw := newNativeWriter(w, c, s.now)
-	defer aw.finish()
-	c.requestID = r.Header.Get(headerRequestID)
-	if !validID(c.requestID) {
-		c.requestID = "req_" + randomHex(16)
-	}
-	aw.Header().Set(headerRequestID, c.requestID)
-	if !s.intake(aw, r, c) {
-		return
-	}
-	u := order(c.ups, 1, s.broken)[0]
-	resp, done, err := s.attempt(r.Context(), u, u.url(strings.TrimPrefix(pathCountTokens, "/v1"), c.req.Model), c.body, c.requestID, r.Header)
-	if err != nil {
-		writeError(aw, http.StatusBadGateway, "api_error", "upstream_unavailable", fmt.Sprintf("The model provider (%s) could not be reached.", u.cfg.Name))
-		return
-	}
-	defer done()
-	defer resp.Body.Close()
-	c.relaying = true
-	if v := resp.Header.Get("Content-Type"); v != "" {
-		aw.Header().Set("Content-Type", v)
-	}
-	aw.WriteHeader(resp.StatusCode)
-	_, _ = io.Copy(aw, io.LimitReader(resp.Body, s.cfg.MaxResponseBytes))
 }

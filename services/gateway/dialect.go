@@ -3,6 +3,8 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"time"
 
@@ -124,4 +126,38 @@ func (w *nativeWriter) finish() {
 	w.wroteHeader = true
 	w.ResponseWriter.WriteHeader(w.held)
 	_, _ = w.ResponseWriter.Write(w.shape.errorBody(w.held, msg))
+}
+
+// serveCountTokens passes a native dialect's token count (Anthropic's
+// POST /v1/messages/count_tokens, Gemini's models/{model}:countTokens) to
+// an upstream of the dialect, authenticated and routed like a generation
+// but not metered: counting tokens is free at both and bills none.
+func (s *Server) serveCountTokens(w http.ResponseWriter, r *http.Request) {
+	s.inflight.Add(1)
+	defer s.inflight.Done()
+	c := &call{endpoint: r.URL.Path, start: s.now(), route: "unknown", dialect: dialectOf(r.URL.Path)}
+	aw := newNativeWriter(w, c, s.now)
+	defer aw.finish()
+	c.requestID = r.Header.Get(headerRequestID)
+	if !validID(c.requestID) {
+		c.requestID = "req_" + randomHex(16)
+	}
+	aw.Header().Set(headerRequestID, c.requestID)
+	if !s.intake(aw, r, c) {
+		return
+	}
+	u := order(c.ups, 1, s.broken)[0]
+	resp, done, err := s.attempt(r.Context(), u, u.url(c.operation(), c.req.Model), c.body, c.requestID, r.Header)
+	if err != nil {
+		writeError(aw, http.StatusBadGateway, "api_error", "upstream_unavailable", fmt.Sprintf("The model provider (%s) could not be reached.", u.cfg.Name))
+		return
+	}
+	defer done()
+	defer resp.Body.Close()
+	c.relaying = true
+	if v := resp.Header.Get("Content-Type"); v != "" {
+		aw.Header().Set("Content-Type", v)
+	}
+	aw.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(aw, io.LimitReader(resp.Body, s.cfg.MaxResponseBytes))
 }

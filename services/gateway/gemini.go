@@ -38,10 +38,12 @@ func isGeminiPath(path string) bool {
 	return false
 }
 
-// Gemini's generation methods, the part of the path after the model.
+// Gemini's methods the gateway serves, the part of the path after the
+// model: the two that generate, and the token count (not metered).
 const (
 	geminiGenerate = "generateContent"
 	geminiStream   = "streamGenerateContent"
+	geminiCount    = "countTokens"
 )
 
 // geminiTarget returns the model and the method a Gemini path names
@@ -62,18 +64,24 @@ func geminiTarget(path string) (model, method string, ok bool) {
 		return "", "", false
 	}
 	model, method = rest[:i], rest[i+1:]
-	return model, method, method == geminiGenerate || method == geminiStream
+	return model, method, method == geminiGenerate || method == geminiStream || method == geminiCount
 }
 
 // serveGemini serves a Gemini path: a generation method goes through the
-// API's stages like any call (serveAPI); another (countTokens,
-// embedContent, …) is answered 404 in Google's shape.
+// API's stages like any call (serveAPI), countTokens is passed through
+// unmetered (serveCountTokens); another (embedContent, …) is answered 404
+// in Google's shape.
 func (s *Server) serveGemini(w http.ResponseWriter, r *http.Request) {
-	if _, _, ok := geminiTarget(r.URL.Path); !ok {
+	_, method, ok := geminiTarget(r.URL.Path)
+	if ok && method == geminiCount {
+		s.serveCountTokens(w, r)
+		return
+	}
+	if !ok {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusNotFound)
 		_, _ = w.Write(geminiShape{}.errorBody(http.StatusNotFound,
-			"This gateway serves Gemini's /v1/models/{model}:generateContent and :streamGenerateContent (or /v1beta/…), not "+r.URL.Path+"."))
+			"This gateway serves Gemini's /v1/models/{model}:generateContent, :streamGenerateContent and :countTokens (or /v1beta/…), not "+r.URL.Path+"."))
 		return
 	}
 	s.serveAPI(w, r)

@@ -134,7 +134,8 @@ func TestGeminiRoutesStayInTheirDialect(t *testing.T) {
 		{"/v1beta/models/gemini-2.5-flash:generateContent?key=sk-nobody", "", ok, http.StatusUnauthorized, "UNAUTHENTICATED"},
 		{"/v1beta/models/gemini-2.5-flash:generateContent", "sk-mini-only", ok, http.StatusForbidden, "PERMISSION_DENIED"},
 		{"/v1beta/models/gemini-2.5-flash:generateContent", "sk-acme", `{"contents":[],"contents":[]}`, http.StatusBadRequest, "INVALID_ARGUMENT"},
-		{"/v1beta/models/gemini-2.5-flash:countTokens", "sk-acme", ok, http.StatusNotFound, "NOT_FOUND"},
+		{"/v1beta/models/gemini-2.5-flash:embedContent", "sk-acme", ok, http.StatusNotFound, "NOT_FOUND"},
+		{"/v1beta/models/gpt-4o:countTokens", "sk-acme", ok, http.StatusNotFound, "NOT_FOUND"},
 	} {
 		resp, body := postGemini(t, g.url, tc.path, tc.key, tc.body)
 		var e struct {
@@ -150,6 +151,14 @@ func TestGeminiRoutesStayInTheirDialect(t *testing.T) {
 	}
 	if got := bill.list(); len(got) != 0 {
 		t.Errorf("the Gemini upstream billed %+v for calls the gateway refused", got)
+	}
+	// countTokens reaches the upstream (with its key) and meters nothing.
+	resp, body = postGemini(t, g.url, "/v1/models/gemini-2.5-flash:countTokens", "sk-acme", `{"contents":[{"parts":[{"text":"hello there"}]}]}`)
+	if resp.StatusCode != 200 || !strings.Contains(body, `"totalTokens":`+itoa(mockllm.PromptTokens("hello there"))) {
+		t.Errorf("countTokens: %d %s", resp.StatusCode, body)
+	}
+	if n := len(g.sink.Events()); n != 0 {
+		t.Errorf("countTokens and the refused calls emitted %d usage events", n)
 	}
 }
 
@@ -240,8 +249,9 @@ func TestGeminiStreamCutByTheClient(t *testing.T) {
 // thinking, and streamed calls work as the client expects and each is
 // settled with the usage the client saw, which is what the provider
 // billed, token type by token type; a stream the client leaves is settled
-// with the prompt as billed and the output relayed; a tenant the flags
-// refuse raises the client's own ClientError, code 429, naming the limit.
+// with the prompt as billed and the output relayed; count_tokens answers
+// unmetered; a tenant the flags refuse raises the client's own
+// ClientError, code 429, naming the limit.
 func TestOfficialGeminiClient(t *testing.T) {
 	py := pythonWith(t, "google.genai")
 	g, bill := geminiGateway(t, mockllm.Options{ChunkDelay: 10 * time.Millisecond}, Deps{})
@@ -256,10 +266,11 @@ func TestOfficialGeminiClient(t *testing.T) {
 		t.Fatalf("the google-genai client script failed: %v\n%s\n%s", err, stderr.String(), out)
 	}
 	var res struct {
-		Usage     map[string]mockllm.GeminiUsage `json:"usage"`
-		Text      string                         `json:"text"`
-		CutChunks int                            `json:"cut_chunks"`
-		Refused   *struct {
+		Usage       map[string]mockllm.GeminiUsage `json:"usage"`
+		Text        string                         `json:"text"`
+		CutChunks   int                            `json:"cut_chunks"`
+		CountTokens int64                          `json:"count_tokens"`
+		Refused     *struct {
 			Code        int
 			Status      string
 			Message     string
@@ -285,7 +296,7 @@ func TestOfficialGeminiClient(t *testing.T) {
 	if c := res.Usage["py-cached"]; c.CachedContentTokenCount == 0 || c.ThoughtsTokenCount == 0 {
 		t.Errorf("the cached call read no cache or had no thoughts: %+v", c)
 	}
-	if res.Text == "" || res.CutChunks != 3 {
+	if res.Text == "" || res.CutChunks != 3 || res.CountTokens != mockllm.PromptTokens("hello there") {
 		t.Errorf("client results: %s", out)
 	}
 	itest.Eventually(t, 10*time.Second, "the cut stream's bill and settlement", func() bool {

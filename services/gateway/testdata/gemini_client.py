@@ -2,7 +2,8 @@
 
 Prints, as JSON, the usage metadata the client saw for each call (keyed by
 the x-request-id sent), the streamed text, how many chunks it read of the
-stream it cut, and the error a refused call raised. Environment: GW_URL,
+stream it cut, the token count countTokens answered, and the error a
+refused call raised. Environment: GW_URL,
 GW_REFUSING_URL (a gateway whose flags refuse every tenant) and SLUICE_KEY
 (a tenant key of both).
 """
@@ -70,6 +71,7 @@ def main() -> None:
             break
     stream.close()  # closing the generator closes its response: the client cuts the stream
     out["cut_chunks"] = chunks
+    out["count_tokens"] = client.models.count_tokens(model="gemini-2.5-flash", contents="hello there").total_tokens
 
     refusing = client_of(os.environ["GW_REFUSING_URL"], key)
     try:
