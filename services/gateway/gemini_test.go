@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/iotest"
@@ -446,6 +447,49 @@ func TestGeminiArrayRelayIsByteForByte(t *testing.T) {
 		}
 		if tc.reported && (st.reported.PromptTokens != 7 || st.reported.CompletionTokens != 2) {
 			t.Errorf("%s: usage %+v", tc.name, st.reported)
+		}
+	}
+}
+
+// TestGeminiTenantKeyNeverReachesTheProvider: whichever way the tenant's
+// key came — x-goog-api-key, ?key= or Bearer — the provider sees only the
+// upstream's key in x-goog-api-key: no ?key= in its URL (alt=sse alone
+// for an SSE stream), no Authorization header.
+func TestGeminiTenantKeyNeverReachesTheProvider(t *testing.T) {
+	type seen struct{ query, goog, auth string }
+	var mu sync.Mutex
+	var got []seen
+	h := mockllm.New(mockllm.Options{GeminiKey: upstreamGeminiKey})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, seen{r.URL.RawQuery, r.Header.Get("X-Goog-Api-Key"), r.Header.Get("Authorization")})
+		mu.Unlock()
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(up.Close)
+	t.Setenv("SLUICE_TEST_GEMINI_KEY", upstreamGeminiKey)
+	g := startGateway(t, testConfig(t, Upstream{Name: "gemini", BaseURL: up.URL + "/v1beta", Dialect: policy.DialectGemini,
+		APIKeyEnv: "SLUICE_TEST_GEMINI_KEY", Models: []string{"gemini-*"}}), Deps{})
+	const body = `{"contents":[{"role":"user","parts":[{"text":"x"}]}],"generationConfig":{"maxOutputTokens":3}}`
+	for _, tc := range []struct {
+		path   string
+		header []string
+		query  string
+	}{
+		{"/v1/models/gemini-2.5-flash:generateContent", []string{"X-Goog-Api-Key", "sk-acme"}, ""},
+		{"/v1/models/gemini-2.5-flash:generateContent?key=sk-acme", nil, ""},
+		{"/v1/models/gemini-2.5-flash:streamGenerateContent?key=sk-acme&alt=sse", nil, "alt=sse"},
+		{"/v1beta/models/gemini-2.5-flash:generateContent", []string{"Authorization", "Bearer sk-acme"}, ""},
+	} {
+		mu.Lock()
+		got = nil
+		mu.Unlock()
+		resp, out := postGemini(t, g.url, tc.path, "", body, tc.header...)
+		mu.Lock()
+		s := got
+		mu.Unlock()
+		if resp.StatusCode != 200 || len(s) != 1 || s[0].query != tc.query || s[0].goog != upstreamGeminiKey || s[0].auth != "" {
+			t.Errorf("%s %v: %d %.100s; the provider saw %+v", tc.path, tc.header, resp.StatusCode, out, s)
 		}
 	}
 }
