@@ -78,7 +78,7 @@ services: ## start Kafka, ClickHouse, Redis, the Redis Cluster and Alertmanager 
 services-down: ## stop every service the script started
 	$(SERVICES) down
 
-pyenv: $(PY_STAMP) ## the test virtualenv: the hashed lock (chdb, openai, anthropic, LiteLLM, pytest) and the Python SDK, editable
+pyenv: $(PY_STAMP) ## the test virtualenv: the hashed lock (chdb, openai, anthropic, google-genai, LiteLLM, pytest) and the Python SDK, editable
 
 chdb: pyenv ## the test virtualenv (old name of pyenv)
 

@@ -47,6 +47,11 @@ const (
 	// called with api-key. It serves OpenAI's routes: its requests and
 	// answers are OpenAI's.
 	DialectAzure = "azure"
+	// DialectGemini is Google's Gemini API
+	// (<base_url>/models/<model>:generateContent and
+	// :streamGenerateContent), called with x-goog-api-key; its base URL
+	// carries the version (https://generativelanguage.googleapis.com/v1beta).
+	DialectGemini = "gemini"
 )
 
 // DefaultAzureAPIVersion is the api-version of an azure upstream that
@@ -69,7 +74,7 @@ type Upstream struct {
 	// (https://api.openai.com/v1, https://api.anthropic.com/v1).
 	BaseURL string
 	// Dialect is the API BaseURL speaks: DialectOpenAI (the default),
-	// DialectAnthropic or DialectAzure.
+	// DialectAnthropic, DialectAzure or DialectGemini.
 	Dialect string
 	// APIVersion and Deployments are an azure upstream's: the api-version
 	// of its calls, and the deployment serving each model (a model it does
@@ -359,10 +364,10 @@ func (v *validator) upstreamRoute(p string, r rawUpstream, u *Upstream) {
 	u.BaseURL = strings.TrimRight(r.BaseURL, "/")
 	switch r.Dialect {
 	case "":
-	case DialectOpenAI, DialectAnthropic, DialectAzure:
+	case DialectOpenAI, DialectAnthropic, DialectAzure, DialectGemini:
 		u.Dialect = r.Dialect
 	default:
-		v.fail(p+".dialect", "%q is not one of openai (the default: OpenAI's API and those compatible with it), anthropic (Anthropic's Messages API), azure (Azure OpenAI's deployment URLs)", r.Dialect)
+		v.fail(p+".dialect", "%q is not one of openai (the default: OpenAI's API and those compatible with it), anthropic (Anthropic's Messages API), azure (Azure OpenAI's deployment URLs), gemini (Google's Gemini API)", r.Dialect)
 	}
 	if (r.APIVersion != "" || len(r.Deployments) > 0) && u.Dialect != DialectAzure {
 		v.fail(p, "api_version and deployments are an azure upstream's (dialect: azure), not %s's", u.Dialect)

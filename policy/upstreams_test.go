@@ -32,6 +32,7 @@ upstreams:
   local: {base_url: "http://10.0.0.5:8000/v1", models: ["*"]}
   claude: {base_url: "https://api.anthropic.com/v1", dialect: anthropic, models: ["claude-*"]}
   azure: {base_url: "https://acme.openai.azure.com/openai", dialect: azure, models: [gpt-4o], deployments: {gpt-4o: prod-4o}}
+  google: {base_url: "https://generativelanguage.googleapis.com/v1beta/", dialect: gemini, models: ["gemini-*"]}
 fallbacks:
   gpt-4o: [gpt-4o-mini, gpt-4.1-nano]
 `), "p.yaml")
@@ -67,6 +68,9 @@ fallbacks:
 	if az, _ := p.Upstream("azure"); az.Dialect != DialectAzure || az.APIVersion != DefaultAzureAPIVersion || az.Deployments["gpt-4o"] != "prod-4o" {
 		t.Errorf("azure: %+v", az)
 	}
+	if g, _ := p.Upstream("google"); g.Dialect != DialectGemini || g.BaseURL != "https://generativelanguage.googleapis.com/v1beta" {
+		t.Errorf("gemini: %+v", g)
+	}
 	local, _ := p.Upstream("local")
 	if local.Hysteresis != 0.05 || local.DegradedActions != [3]string{DegradeFallback, DegradeFallback, DegradeFallback} || !local.FollowResources {
 		t.Errorf("default degradation: hysteresis %v, actions %v, resources %v", local.Hysteresis, local.DegradedActions, local.FollowResources)
@@ -75,7 +79,7 @@ fallbacks:
 		local.ConsecutiveFailures != 10 || local.OpenFor != 30*time.Second || local.Reserved != nil {
 		t.Errorf("an entry that says only where it is gets no concurrency limit and the default breaker: %+v", local)
 	}
-	if _, ok := p.Upstream("other"); ok || len(p.UpstreamNames()) != 4 {
+	if _, ok := p.Upstream("other"); ok || len(p.UpstreamNames()) != 5 {
 		t.Errorf("names: %v", p.UpstreamNames())
 	}
 	if fb := p.Fallbacks("gpt-4o"); len(fb) != 2 || fb[0] != "gpt-4o-mini" || p.Fallbacks("gpt-4o-mini") != nil {
@@ -88,7 +92,7 @@ func TestUpstreamsBadInputNamesFieldAndLimit(t *testing.T) {
 upstreams:
   u:
     base_url: ftp://x
-    dialect: gemini
+    dialect: vertex
     api_version: "2024-10-21"
     api_key_env: A
     api_key_file: /a
@@ -108,7 +112,7 @@ fallbacks:
 		t.Fatal("accepted")
 	}
 	for _, want := range []string{
-		"upstreams.u.base_url: \"ftp://x\" is not an http(s) URL", "upstreams.u.dialect: \"gemini\" is not one of openai", "upstreams.u: api_version and deployments are an azure upstream's", "upstreams.u: set api_key_env or api_key_file, not both",
+		"upstreams.u.base_url: \"ftp://x\" is not an http(s) URL", "upstreams.u.dialect: \"vertex\" is not one of openai", "upstreams.u: api_version and deployments are an azure upstream's", "upstreams.u: set api_key_env or api_key_file, not both",
 		"upstreams.u.models.0: \"[\" is not a valid pattern", "upstreams.u.weight: 2000 is outside 0..1000",
 		"upstreams.u.response_header_timeout: 2s is longer than its timeout (1s)",
 		"upstreams.u.concurrency.mode", "upstreams.u.concurrency: limit 500", "upstreams.u.tenant_share", "upstreams.u.degradation.levels",

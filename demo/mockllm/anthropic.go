@@ -17,12 +17,15 @@ import (
 
 // Charge is what the mock billed for one call, by token type, as the
 // provider's usage reports it (Anthropic's input_tokens leave the cache
-// out).
+// out; Gemini's promptTokenCount counts it).
 type Charge struct {
 	Endpoint, Model string
-	// Key is the x-api-key the call came with.
+	// Key is the x-api-key (Gemini: x-goog-api-key) the call came with.
 	Key                                  string
 	Input, Output, CacheRead, CacheWrite int64
+	// Reasoning is Gemini's thoughtsTokenCount, billed as output beside
+	// Output.
+	Reasoning int64
 	// Cut marks a stream its client left before its end.
 	Cut bool
 }

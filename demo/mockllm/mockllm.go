@@ -2,10 +2,11 @@
 // end-to-end tests and the gateway's tests and benchmarks. It answers
 // chat completions (text, tool calls, streams), legacy completions,
 // embeddings (float or base64) and the Responses API (plain and
-// streamed), and Anthropic's Messages API (anthropic.go), each with a
+// streamed), Anthropic's Messages API (anthropic.go) and Gemini's
+// generateContent (gemini.go), each with a
 // deterministic, realistic usage block — cached prompt tokens for long
 // prompts, reasoning tokens for o-series models, Anthropic's cache reads
-// and writes included — so that a gateway in front of it can be checked to meter
+// and writes, Gemini's cached content and thoughts included — so that a gateway in front of it can be checked to meter
 // exactly what a real provider would bill.
 //
 // How a stream reports usage is Options.StreamUsage: always (the default
@@ -104,8 +105,12 @@ type Options struct {
 	// AnthropicKey, when set, is the only x-api-key the Anthropic routes
 	// accept (401 authentication_error otherwise); any key when empty.
 	AnthropicKey string
-	// Charged, when set, learns what each Anthropic call was billed,
-	// token type by token type: the provider's own log of its bill.
+	// GeminiKey, when set, is the only x-goog-api-key (or ?key=) the
+	// Gemini routes accept (403 PERMISSION_DENIED otherwise); any key
+	// when empty.
+	GeminiKey string
+	// Charged, when set, learns what each Anthropic or Gemini call was
+	// billed, token type by token type: the provider's own log of its bill.
 	Charged func(Charge)
 }
 
@@ -130,6 +135,8 @@ func New(opts Options) http.Handler {
 	}
 	mux.HandleFunc("POST /v1/messages", m.anthropicMessages)
 	mux.HandleFunc("POST /v1/messages/count_tokens", m.anthropicCountTokens)
+	mux.HandleFunc("POST /v1beta/models/{target}", m.gemini)
+	mux.HandleFunc("POST /v1/models/{target}", m.gemini)
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"object":"list","data":[{"id":"gpt-4o","object":"model"},{"id":"gpt-4o-mini","object":"model"}]}`))

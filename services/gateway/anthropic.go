@@ -1,18 +1,12 @@
 package gateway
 
 import (
-	"bytes"
 	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
-	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/sdk/go/estimate"
 	"github.com/sluicehq/sluice/sdk/go/middleware"
-	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 )
 
 // Anthropic's Messages API, passed through natively: the body goes to an
@@ -21,7 +15,7 @@ import (
 // reports (usage in a message; message_start and message_delta in a
 // stream). Only the gateway's own answers change shape: its refusals are
 // written as OpenAI errors everywhere in the request path (the flags,
-// admission, guards, intake), and anthropicWriter rewrites them into
+// admission, guards, intake), and nativeWriter (dialect.go) rewrites them into
 // Anthropic's error body and rate-limit headers, so that Anthropic's
 // SDKs raise their own errors (a 429 their RateLimitError).
 
@@ -34,14 +28,6 @@ const (
 // anthropicVersion is the anthropic-version sent to an upstream when the
 // client sent none: the API's only stable version.
 const anthropicVersion = "2023-06-01"
-
-// dialectOf is the dialect of the API a request path belongs to.
-func dialectOf(path string) string {
-	if path == pathMessages || path == pathCountTokens {
-		return policy.DialectAnthropic
-	}
-	return policy.DialectOpenAI
-}
 
 // anthropicUsage is the usage block of Anthropic's messages, of
 // message_start's message and of message_delta. input_tokens leaves the
@@ -158,81 +144,17 @@ func (st *streamState) anthropicEvent(data []byte) {
 	}
 }
 
-// anthropicWriter answers the gateway's own errors on Anthropic's routes
-// in Anthropic's shape: an error the gateway writes (c.relaying unset) is
-// held and rewritten by finish; the upstream's answers pass unchanged.
-// On every answer it turns OpenAI's x-ratelimit-* headers into
-// Anthropic's anthropic-ratelimit-*.
-type anthropicWriter struct {
-	http.ResponseWriter
-	c           *call
-	now         func() time.Time
-	held        int // the status of a held error; 0 when none
-	body        bytes.Buffer
-	wroteHeader bool
+// anthropicShape writes the gateway's errors on Anthropic's routes as
+// Anthropic's error body, and turns OpenAI's x-ratelimit-* headers into
+// Anthropic's anthropic-ratelimit-* on every answer.
+type anthropicShape struct{}
+
+func (anthropicShape) errorBody(status int, msg string) []byte {
+	out, _ := json.Marshal(anthropicError{Type: "error", Error: anthropicErrorBody{Type: anthropicErrorType(status), Message: msg}})
+	return out
 }
 
-// maxHeldError bounds a held error body: the gateway's are a few hundred
-// bytes; beyond this the rest is dropped (the message is cut, not lost).
-const maxHeldError = 16 << 10
-
-func (w *anthropicWriter) WriteHeader(code int) {
-	if w.wroteHeader || w.held != 0 {
-		return
-	}
-	if code >= 400 && !w.c.relaying {
-		w.held = code
-		return
-	}
-	w.wroteHeader = true
-	anthropicRateHeaders(w.Header(), w.now())
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *anthropicWriter) Write(b []byte) (int, error) {
-	if !w.wroteHeader && w.held == 0 {
-		w.WriteHeader(http.StatusOK)
-	}
-	if w.held != 0 {
-		w.body.Write(b[:min(len(b), max(0, maxHeldError-w.body.Len()))])
-		return len(b), nil
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-// Flush flushes a relayed answer; a held error waits for finish.
-func (w *anthropicWriter) Flush() {
-	if w.held != 0 {
-		return
-	}
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
-}
-
-// Unwrap returns the wrapped writer, for http.ResponseController.
-func (w *anthropicWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// finish writes the held error as Anthropic's error body, with the held
-// status and message (which names the limit that refused).
-func (w *anthropicWriter) finish() {
-	if w.held == 0 {
-		return
-	}
-	var b ratelimit.Body
-	msg := http.StatusText(w.held)
-	if json.Unmarshal(w.body.Bytes(), &b) == nil && b.Error.Message != "" {
-		msg = b.Error.Message
-	}
-	h := w.Header()
-	anthropicRateHeaders(h, w.now())
-	h.Set("Content-Type", "application/json")
-	h.Del("Content-Length")
-	w.wroteHeader = true
-	w.ResponseWriter.WriteHeader(w.held)
-	out, _ := json.Marshal(anthropicError{Type: "error", Error: anthropicErrorBody{Type: anthropicErrorType(w.held), Message: msg}})
-	_, _ = w.ResponseWriter.Write(out)
-}
+func (anthropicShape) headers(h http.Header, now time.Time) { anthropicRateHeaders(h, now) }
 
 type anthropicError struct {
 	Type  string             `json:"type"`
@@ -289,37 +211,4 @@ func anthropicRateHeaders(h http.Header, now time.Time) {
 		h.Del(remaining)
 		h.Del(reset)
 	}
-}
-
-// serveCountTokens passes POST /v1/messages/count_tokens to an upstream
-// of dialect anthropic, authenticated and routed like a message but not
-// metered: counting tokens is free at Anthropic and bills none.
-func (s *Server) serveCountTokens(w http.ResponseWriter, r *http.Request) {
-	s.inflight.Add(1)
-	defer s.inflight.Done()
-	c := &call{endpoint: r.URL.Path, start: s.now(), route: "unknown", dialect: policy.DialectAnthropic}
-	aw := &anthropicWriter{ResponseWriter: w, c: c, now: s.now}
-	defer aw.finish()
-	c.requestID = r.Header.Get(headerRequestID)
-	if !validID(c.requestID) {
-		c.requestID = "req_" + randomHex(16)
-	}
-	aw.Header().Set(headerRequestID, c.requestID)
-	if !s.intake(aw, r, c) {
-		return
-	}
-	u := order(c.ups, 1, s.broken)[0]
-	resp, done, err := s.attempt(r.Context(), u, u.url(strings.TrimPrefix(pathCountTokens, "/v1"), c.req.Model), c.body, c.requestID, r.Header)
-	if err != nil {
-		writeError(aw, http.StatusBadGateway, "api_error", "upstream_unavailable", fmt.Sprintf("The model provider (%s) could not be reached.", u.cfg.Name))
-		return
-	}
-	defer done()
-	defer resp.Body.Close()
-	c.relaying = true
-	if v := resp.Header.Get("Content-Type"); v != "" {
-		aw.Header().Set("Content-Type", v)
-	}
-	aw.WriteHeader(resp.StatusCode)
-	_, _ = io.Copy(aw, io.LimitReader(resp.Body, s.cfg.MaxResponseBytes))
 }

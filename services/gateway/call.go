@@ -30,6 +30,7 @@ type call struct {
 	body      []byte
 	endpoint  string
 	dialect   string // the API of the route called (policy.Dialect*)
+	sse       bool   // a Gemini stream asked for as Server Sent Events (?alt=sse)
 	ep        estimate.Endpoint
 	route     string
 	ups       []*provider

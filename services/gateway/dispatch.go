@@ -173,6 +173,9 @@ func (s *Server) shorten(c *call, u *provider, body []byte, est estimate.Estimat
 // Azure client's names its deployment too); a path the estimator does
 // not know is passed as it is, without /v1.
 func (c *call) operation() string {
+	if c.dialect == policy.DialectGemini {
+		return geminiOperation(c.endpoint, c.sse)
+	}
 	if c.ep != 0 {
 		return strings.TrimPrefix(c.ep.String(), "/v1")
 	}
@@ -221,7 +224,7 @@ func (s *Server) broken(u *provider) bool {
 // client receives).
 func (s *Server) bodyFor(c *call, model string) []byte {
 	body := c.body
-	if model != c.bodyModel {
+	if model != c.bodyModel && c.dialect != policy.DialectGemini { // Gemini's model is in the URL
 		body = withModel(body, c.req, model)
 	}
 	if c.stripUsage() {
@@ -311,7 +314,7 @@ func (s *Server) attempt(ctx context.Context, u *provider, target string, body [
 
 // setUpstreamAuth sets the headers that authenticate the gateway to u in
 // its dialect (Authorization: Bearer, Anthropic's x-api-key and
-// anthropic-version, Azure's api-key) and the client's headers u's API
+// anthropic-version, Azure's api-key, Google's x-goog-api-key) and the client's headers u's API
 // reads: never the client's credential.
 func setUpstreamAuth(req *http.Request, u *provider, in http.Header) {
 	pass := []string{"Accept", "Openai-Beta"}
@@ -323,6 +326,8 @@ func setUpstreamAuth(req *http.Request, u *provider, in http.Header) {
 		pass = []string{"Accept", "Anthropic-Version", "Anthropic-Beta"}
 	} else if u.cfg.Dialect == policy.DialectAzure && u.key != "" {
 		req.Header.Set("Api-Key", u.key)
+	} else if u.cfg.Dialect == policy.DialectGemini && u.key != "" {
+		req.Header.Set("X-Goog-Api-Key", u.key)
 	} else if u.key != "" {
 		req.Header.Set("Authorization", "Bearer "+u.key)
 	}

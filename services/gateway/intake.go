@@ -35,10 +35,9 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 	s.m.inflight.Inc()
 	defer s.m.inflight.Dec()
 	c := &call{endpoint: r.URL.Path, start: s.now(), route: "unknown", dialect: dialectOf(r.URL.Path)}
-	if c.dialect == policy.DialectAnthropic {
-		aw := &anthropicWriter{ResponseWriter: w, c: c, now: s.now}
-		defer aw.finish() // after the access log: it writes the held error
-		w = aw
+	if nw := newNativeWriter(w, c, s.now); nw != nil {
+		defer nw.finish() // after the access log: it writes the held error
+		w = nw
 	}
 	rw := &recorder{ResponseWriter: w, start: c.start}
 	c.ep, _ = estimate.EndpointOf(r.URL.Path)
@@ -97,6 +96,11 @@ func (s *Server) intake(w http.ResponseWriter, r *http.Request, c *call) bool {
 		// Azure serves the deployment its URL names, whatever the body
 		// says: so does the gateway (the deployment is the model's name).
 		c.req.Model = d
+	}
+	if model, method, ok := geminiTarget(r.URL.Path); ok {
+		// Gemini's path names the model and whether to stream.
+		c.req.Model, c.req.Stream = model, method == geminiStream
+		c.sse = c.req.Stream && r.URL.Query().Get("alt") == "sse"
 	}
 	return s.intakeModel(w, c) && s.intakeClass(w, r, c)
 }
@@ -224,7 +228,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) *frontend.
 }
 
 // badKeyMessage answers a request without a known tenant key.
-const badKeyMessage = "Incorrect API key provided. Send a Sluice gateway key as Authorization: Bearer <key> (or x-api-key: or api-key: <key>)."
+const badKeyMessage = "Incorrect API key provided. Send a Sluice gateway key as Authorization: Bearer <key> (or x-api-key:, api-key: or x-goog-api-key: <key>)."
 
 // callerOf returns the tenant key r authenticates with (a deferred task's
 // run: its key), nil for none.
@@ -238,6 +242,12 @@ func (s *Server) callerOf(r *http.Request) *frontend.Caller {
 	}
 	if key == "" {
 		key = r.Header.Get("Api-Key") // and Azure OpenAI's so
+	}
+	if key == "" {
+		key = r.Header.Get("X-Goog-Api-Key") // and Google's so,
+	}
+	if key == "" && isGeminiPath(r.URL.Path) {
+		key = r.URL.Query().Get("key") // or in the URL, on Gemini's paths only
 	}
 	key = strings.TrimSpace(key)
 	if c := s.keys.Authenticate(key); c != nil || s.topic == nil {

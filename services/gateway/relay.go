@@ -55,6 +55,10 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, c *call, st *sett
 		s.relayStream(w, r, resp, c, fam, prompt)
 		return
 	}
+	if c.dialect == policy.DialectGemini && c.req.Stream {
+		s.relayGeminiArray(w, r, resp, c, fam, prompt)
+		return
+	}
 	s.relayWhole(w, r, c, resp, fam, prompt)
 }
 
@@ -112,8 +116,11 @@ func (s *Server) relayWhole(w http.ResponseWriter, r *http.Request, c *call, res
 // provider's, or prompt and the generated text counted when it reports
 // none. ok is false for an answer that is not JSON.
 func usageOfWhole(dialect string, data []byte, fam estimate.Family, prompt int64) (middleware.Usage, usageSource, bool) {
-	if dialect == policy.DialectAnthropic {
+	switch dialect {
+	case policy.DialectAnthropic:
 		return anthropicWhole(data, fam, prompt)
+	case policy.DialectGemini:
+		return geminiWhole(data, fam, prompt)
 	}
 	var d doc
 	if json.Unmarshal(data, &d) != nil {

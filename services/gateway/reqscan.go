@@ -182,7 +182,9 @@ func memberName(quoted []byte) ([]byte, error) {
 // readMembers are the top-level members the gateway or the estimator
 // (sdk/go/estimate) read: a body may not spell them in another case.
 var readMembers = []string{"model", "stream", "stream_options", "user", "max_tokens", "max_completion_tokens", "max_output_tokens",
-	"n", "best_of", "messages", "tools", "functions", "prompt", "suffix", "input", "instructions"}
+	"n", "best_of", "messages", "tools", "functions", "prompt", "suffix", "input", "instructions",
+	// Gemini's, in both of the spellings its API reads.
+	"contents", "systemInstruction", "system_instruction", "generationConfig", "generation_config"}
 
 // memberNames are the top-level member names of a body seen so far.
 type memberNames struct {

@@ -47,10 +47,15 @@ func newProvider(u policy.Upstream) (*provider, error) {
 }
 
 // url is where to send a call of operation suffix (/chat/completions)
-// for model: under the base URL, or, for an azure upstream, under the
-// model's deployment with the upstream's api-version.
+// for model: under the base URL, for an azure upstream under the model's
+// deployment with the upstream's api-version, for a gemini one under the
+// model (suffix is then the method, :generateContent).
 func (p *provider) url(suffix, model string) string {
-	if p.cfg.Dialect != policy.DialectAzure {
+	switch p.cfg.Dialect {
+	case policy.DialectGemini:
+		return geminiURL(p.cfg.BaseURL, model, suffix)
+	case policy.DialectAzure:
+	default:
 		return p.cfg.BaseURL + suffix
 	}
 	dep := p.cfg.Deployments[model]

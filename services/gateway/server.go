@@ -187,6 +187,9 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 	}
 	mux.HandleFunc("POST "+pathMessages, s.serveAPI)
 	mux.HandleFunc("POST "+pathCountTokens, s.serveCountTokens)
+	for _, p := range geminiPrefixes {
+		mux.HandleFunc("POST "+p+"{target}", s.serveGemini)
+	}
 	mux.HandleFunc("GET /v1/tasks/{id}", s.getTask)
 	mux.HandleFunc("GET /v1/models", s.listModels)
 	if deps.Usage != nil {
@@ -205,7 +208,7 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url",
-			fmt.Sprintf("This gateway serves POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, Anthropic's /v1/messages, Azure OpenAI's /openai/deployments/{deployment}/chat/completions, /completions and /embeddings, and GET /v1/models and /v1/usage, not %s %s.", r.Method, r.URL.Path))
+			fmt.Sprintf("This gateway serves POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, Anthropic's /v1/messages, Gemini's /v1/models/{model}:generateContent and :streamGenerateContent (or /v1beta/…), Azure OpenAI's /openai/deployments/{deployment}/chat/completions, /completions and /embeddings, and GET /v1/models and /v1/usage, not %s %s.", r.Method, r.URL.Path))
 	})
 	s.mux = mux
 	return s, nil

@@ -25,10 +25,13 @@ import (
 func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, fam estimate.Family, prompt int64) {
 	rc := http.NewResponseController(w)
 	_ = rc.Flush() // the headers now: clients start their timers on them
-	st := &streamState{w: w, rc: rc, strip: c.stripUsage(), fam: fam, max: s.cfg.MaxStreamEventBytes,
-		anthropic: c.dialect == policy.DialectAnthropic}
-	readErr := st.run(resp.Body)
+	st := &streamState{w: w, rc: rc, strip: c.stripUsage(), fam: fam, max: s.cfg.MaxStreamEventBytes, dialect: c.dialect}
+	s.endStream(r, c, st, st.run(resp.Body), prompt)
+}
 
+// endStream ends c's stream, relayed by st until readErr (nil at its
+// normal end): how it ended, and what it used.
+func (s *Server) endStream(r *http.Request, c *call, st *streamState, readErr error, prompt int64) {
 	switch {
 	case (readErr != nil || st.clientGone) && s.hardStop.Err() != nil:
 		// Cut by the end of the shutdown drain (which also closes the
@@ -50,9 +53,10 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 	case st.reported != nil && st.final:
 		c.usage, c.source = *st.reported, usageReported
 	case st.reported != nil:
-		// The provider reported the prompt (Anthropic's message_start) but
-		// the stream ended before the output's count: the text relayed
-		// until then is counted.
+		// The provider reported the prompt (Anthropic's message_start) or
+		// the usage so far (Gemini's every event) but the stream ended
+		// before the output's final count: the output is the larger of the
+		// provider's last count and the text relayed, counted.
 		c.usage, c.source = *st.reported, usageCounted
 		c.usage.CompletionTokens, c.usage.Counted = max(c.usage.CompletionTokens, st.counted), true
 	default:
@@ -64,12 +68,12 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 
 // streamState is one stream being relayed.
 type streamState struct {
-	w         http.ResponseWriter
-	rc        *http.ResponseController
-	strip     bool
-	fam       estimate.Family
-	max       int
-	anthropic bool // Anthropic's events (anthropicEvent), not OpenAI's
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	strip   bool
+	fam     estimate.Family
+	max     int
+	dialect string // whose events: OpenAI's, Anthropic's (anthropicEvent), Gemini's (geminiEvent)
 
 	event       []byte            // the current event, held until its blank line
 	passthrough bool              // the current event outgrew max: relayed as it comes
@@ -140,9 +144,14 @@ func (st *streamState) endEvent() bool {
 	ev := st.event
 	st.event = st.event[:0]
 	drop := false
-	if data := eventData(ev); len(data) > 0 && data[0] == '{' && st.anthropic {
+	data := eventData(ev)
+	switch {
+	case len(data) == 0 || data[0] != '{':
+	case st.dialect == policy.DialectAnthropic:
 		st.anthropicEvent(data)
-	} else if len(data) > 0 && data[0] == '{' {
+	case st.dialect == policy.DialectGemini:
+		st.geminiEvent(data)
+	default:
 		var d doc
 		if json.Unmarshal(data, &d) == nil {
 			if u := d.reported(); u != nil {

@@ -303,6 +303,45 @@ func TestParseAnthropicMessages(t *testing.T) {
 	}
 }
 
+// TestParseGeminiGenerateContent: Gemini's systemInstruction, each
+// content's text parts (a function call's name and arguments too) and
+// the tools count, in either of the JSON spellings Google's API reads; an
+// inline image counts as an image, its base64 data and MIME type not as
+// text; generationConfig.maxOutputTokens and candidateCount bound the
+// output. Escaped names and a bound named twice are read as the provider
+// reads them, so they cannot shrink the estimate (issue 30).
+func TestParseGeminiGenerateContent(t *testing.T) {
+	body := `{"systemInstruction":{"parts":[{"text":"You are terse."}]},
+	"contents":[{"role":"user","parts":[{"inlineData":{"mimeType":"image/png","data":"iVBORw0KGgoAAAANSUhEUgAAAAEAAAAB"}},
+		{"text":"What is in the picture?"}]},
+		{"role":"model","parts":[{"functionCall":{"name":"look","args":{"q":"cat"}},"thoughtSignature":"c2lnbmF0dXJl"}]}],
+	"tools":[{"functionDeclarations":[{"name":"look","description":"Looks."}]}],
+	"generationConfig":{"temperature":0.2,"maxOutputTokens":300,"candidateCount":2}}`
+	fam := FamilyOf("")
+	want := textTokens(fam, "You are terse.", "user", "What is in the picture?", "model", "look", "q", "cat") +
+		2*perMessage + replyPriming + DefaultImageTokens + textTokens(fam, "functionDeclarations", "name", "look", "description", "Looks.")
+	req, err := Parse(GeminiGenerateContent, []byte(body), DefaultLimits())
+	if err != nil || req.MaxOutputTokens != 300 || req.Choices != 2 || req.Images != 1 || req.PromptTokens != want {
+		t.Fatalf("%+v %v; want %d prompt tokens, max 300, 2 candidates, one image", req, err, want)
+	}
+	text := strings.Repeat("many words to count here ", 400)
+	plain, err := Parse(GeminiGenerateContent, []byte(`{"contents":[{"role":"user","parts":[{"text":"`+text+`"}]}],"generationConfig":{"maxOutputTokens":50000}}`), DefaultLimits())
+	if err != nil || plain.PromptTokens < 1000 || plain.MaxOutputTokens != 50000 {
+		t.Fatalf("plain: %+v %v", plain, err)
+	}
+	for _, b := range []string{
+		`{"cont\u0065nts":[{"role":"user","p\u0061rts":[{"t\u0065xt":"` + text + `"}]}],"generationConfig":{"maxOutputTok\u0065ns":50000}}`,
+		`{"contents":[{"role":"user","parts":[{"text":"` + text + `"}]}],"generation_config":{"max_output_tokens":50000}}`,
+		`{"contents":[{"role":"user","parts":[{"text":"` + text + `"}]}],"generationConfig":{"maxOutputTokens":50000,"maxOutputTokens":1}}`,
+		`{"generationConfig":{"maxOutputTokens":1},"contents":[{"role":"user","parts":[{"text":"` + text + `"}]}],"generationConfig":{"maxOutputTokens":50000}}`,
+	} {
+		got, err := Parse(GeminiGenerateContent, []byte(b), DefaultLimits())
+		if err != nil || got.PromptTokens != plain.PromptTokens || got.MaxOutputTokens != 50000 {
+			t.Errorf("%.90s…: %d prompt tokens, max output %d (%v); want %d and 50000", b, got.PromptTokens, got.MaxOutputTokens, err, plain.PromptTokens)
+		}
+	}
+}
+
 // TestParseOnlyReadsTheEndpointsFields: the same key means nothing on
 // another endpoint (a chat body's "input" is not its prompt).
 func TestParseOnlyReadsTheEndpointsFields(t *testing.T) {
@@ -337,7 +376,7 @@ func TestParseRefusesWhatItCannotBound(t *testing.T) {
 }
 
 func FuzzParse(f *testing.F) {
-	for _, name := range []string{"chat_tools.json", "chat_plain.json", "completions_ids.json", "embeddings.json", "responses.json"} {
+	for _, name := range []string{"chat_tools.json", "chat_plain.json", "completions_ids.json", "embeddings.json", "responses.json", "gemini.json"} {
 		b, err := os.ReadFile(filepath.Join("testdata/requests", name))
 		if err != nil {
 			f.Fatal(err)
@@ -346,7 +385,7 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Add([]byte(`{"input":[[1,2],[3]],"prompt":"\ud83d\ude00"}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		for _, ep := range []Endpoint{ChatCompletions, Completions, Embeddings, Responses} {
+		for _, ep := range []Endpoint{ChatCompletions, Completions, Embeddings, Responses, AnthropicMessages, GeminiGenerateContent} {
 			req, err := Parse(ep, body, DefaultLimits())
 			if err == nil && (req.PromptTokens < 0 || req.Choices < 1 || req.Choices > MaxChoices || req.MaxOutputTokens < 0) {
 				t.Fatalf("%v: %+v", ep, req)
@@ -496,6 +535,7 @@ func TestEndpointOf(t *testing.T) {
 		"/v1/chat/completions": ChatCompletions, "/openai/deployments/gpt4o/chat/completions": ChatCompletions,
 		"/v1/completions": Completions, "/v1/embeddings/": Embeddings, "/v1/responses": Responses,
 		"/v1/messages": AnthropicMessages,
+		"/v1beta/models/gemini-2.5-flash:generateContent": GeminiGenerateContent, "/v1beta/models/gemini-2.5-pro:streamGenerateContent": GeminiGenerateContent,
 	} {
 		if got, ok := EndpointOf(path); !ok || got != want {
 			t.Errorf("EndpointOf(%q) = %v %v, want %v", path, got, ok, want)

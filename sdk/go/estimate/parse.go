@@ -29,6 +29,13 @@ const (
 	// or content blocks), system (a string or blocks) and tools, with
 	// max_tokens; an image or document block counts as ImageTokens.
 	AnthropicMessages
+	// GeminiGenerateContent is Gemini's POST
+	// /v1beta/models/{model}:generateContent and :streamGenerateContent:
+	// contents (each a content's parts), systemInstruction and tools, with
+	// generationConfig.maxOutputTokens and candidateCount; the model is in
+	// the path, not the body. An inlineData or fileData part counts as
+	// ImageTokens.
+	GeminiGenerateContent
 )
 
 // String returns the endpoint's path.
@@ -44,6 +51,8 @@ func (e Endpoint) String() string {
 		return "/v1/responses"
 	case AnthropicMessages:
 		return "/v1/messages"
+	case GeminiGenerateContent:
+		return "/v1/models/{model}:generateContent" // both methods, either version
 	}
 	return "unknown"
 }
@@ -64,6 +73,8 @@ func EndpointOf(path string) (e Endpoint, ok bool) {
 		return Responses, true
 	case strings.HasSuffix(path, "/messages"):
 		return AnthropicMessages, true
+	case strings.HasSuffix(path, ":generateContent"), strings.HasSuffix(path, ":streamGenerateContent"):
+		return GeminiGenerateContent, true
 	}
 	return 0, false
 }
@@ -246,7 +257,7 @@ func (p *parser) top() (Request, error) {
 				err = p.skip()
 			}
 		case "tools", "functions":
-			if p.ep == ChatCompletions || p.ep == Responses || p.ep == AnthropicMessages {
+			if p.ep != Completions && p.ep != Embeddings {
 				err = p.schema()
 			} else {
 				err = p.skip()
@@ -282,6 +293,8 @@ func (p *parser) top() (Request, error) {
 			} else {
 				err = p.skip()
 			}
+		case "contents", "systemInstruction", "system_instruction", "generationConfig", "generation_config":
+			maxOutput, n, err = p.geminiMember(key, maxOutput, n)
 		default:
 			err = p.skip()
 		}
@@ -301,6 +314,55 @@ func (p *parser) top() (Request, error) {
 		req.MaxOutputTokens, req.Choices = 0, 1
 	}
 	return req, nil
+}
+
+// geminiMember reads a top-level member of a Gemini request (skipped on
+// other endpoints): the contents, the system instruction, or the output
+// bounds in generationConfig, given their values so far. Gemini's JSON
+// takes each name in lowerCamelCase or as the proto's snake_case; both
+// are read.
+func (p *parser) geminiMember(key []byte, maxOutput, n int64) (int64, int64, error) {
+	if p.ep != GeminiGenerateContent {
+		return maxOutput, n, p.skip()
+	}
+	switch string(key) {
+	case "contents":
+		p.c.f.exact += replyPriming
+		return maxOutput, n, p.items()
+	case "generationConfig", "generation_config":
+		return p.generationConfig(maxOutput, n)
+	}
+	return maxOutput, n, p.content() // systemInstruction
+}
+
+// generationConfig reads Gemini's generationConfig: maxOutputTokens and
+// candidateCount (either spelling, each at its largest when named twice),
+// given their values so far; the rest is skipped.
+func (p *parser) generationConfig(maxOutput, n int64) (int64, int64, error) {
+	if p.peek() != '{' {
+		return maxOutput, n, p.skip() // not an object: the upstream will refuse it
+	}
+	p.pos++
+	if err := p.enter(); err != nil {
+		return maxOutput, n, err
+	}
+	for first := true; ; first = false {
+		key, more, err := p.member(first)
+		if err != nil || !more {
+			return maxOutput, n, err
+		}
+		switch string(key) {
+		case "maxOutputTokens", "max_output_tokens":
+			maxOutput, err = p.maxInt(maxOutput)
+		case "candidateCount", "candidate_count":
+			n, err = p.maxInt(n)
+		default:
+			err = p.skip()
+		}
+		if err != nil {
+			return maxOutput, n, err
+		}
+	}
 }
 
 // enter goes one level deeper into arrays and objects.
@@ -489,6 +551,15 @@ func (p *parser) contentMember(key []byte) error {
 		}
 	case "tool_use_id", "signature":
 		if p.ep == AnthropicMessages {
+			return p.skip()
+		}
+	case "inlineData", "inline_data", "fileData":
+		if p.ep == GeminiGenerateContent { // media, by value or by URI
+			p.images++
+			return p.skip()
+		}
+	case "thoughtSignature", "thought_signature", "mimeType", "mime_type":
+		if p.ep == GeminiGenerateContent {
 			return p.skip()
 		}
 	case "type", "id", "call_id", "detail", "url", "file_id", "file_data", "data",

@@ -259,6 +259,14 @@ func (m *mw) meter(w http.ResponseWriter, r *http.Request, next http.Handler, id
 
 	c := &Call{id: newID(), start: m.now(), probe: probe}
 	c.est, c.estErr = m.est.Estimate(tenant, ep, body)
+	if c.estErr == nil && c.est.Model == "" && model != "" {
+		// The model is named by the path, not the body (Gemini's routes,
+		// Azure's deployments): the ratio to read, and later to learn
+		// (Observe below), is that model's, not one shared by them all.
+		req := c.est.Request
+		req.Model = model
+		c.est = m.est.Complete(tenant, req)
+	}
 	if model == "" {
 		model = c.est.Model
 	}
@@ -442,7 +450,8 @@ func (m *mw) settle(ctx context.Context, c *Call, base schemas.UsageEvent, statu
 			attrs["usage"] = "counted"
 		}
 		if ok && !u.Counted {
-			// Keyed by the body's model, which is what Estimate looks up.
+			// Keyed by the model the estimate read the ratio of: the
+			// body's, or the identity's when the body names none.
 			m.est.Observe(base.Tenant, c.est.Model, u.PromptTokens, u.CompletionTokens)
 		}
 	case ok && c.estErr == nil:

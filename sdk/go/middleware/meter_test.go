@@ -105,6 +105,39 @@ func TestEstimateThenSettle(t *testing.T) {
 	}
 }
 
+// TestPathModelsLearnTheirOwnRatio: a body that names no model (Gemini's,
+// whose model is in the path) is estimated with the ratio learned for the
+// identity's model, and its usage teaches that model's ratio, not one
+// shared by every such body.
+func TestPathModelsLearnTheirOwnRatio(t *testing.T) {
+	const path, body = "/v1beta/models/gemini-2.5-pro:generateContent", `{"contents":[{"role":"user","parts":[{"text":"hello there, how are you?"}]}]}`
+	s, est := &emittertest.Recorder{}, newEstimator(t)
+	h := metered(t, fixed{}, est, s, func(w http.ResponseWriter, r *http.Request) {
+		CallFrom(r.Context()).Report(Usage{PromptTokens: 10, CompletionTokens: 400})
+		w.WriteHeader(http.StatusOK)
+	})
+	send := func(model string) schemas.UsageEvent {
+		req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+		req.Header.Set("X-Tenant", "acme")
+		req.Header.Set("X-Model", model)
+		n := len(s.Events())
+		h.ServeHTTP(httptest.NewRecorder(), req)
+		return s.Events()[n]
+	}
+	first := send("gemini-2.5-pro")
+	if r, ok := est.Ratio("acme", "gemini-2.5-pro"); !ok {
+		t.Fatalf("ratio %v %v; want one learned for gemini-2.5-pro", r, ok)
+	}
+	if _, ok := est.Ratio("acme", ""); ok {
+		t.Error("the ratio was learned for the empty model, shared by every body without one")
+	}
+	again, other := send("gemini-2.5-pro"), send("gemini-2.5-flash")
+	if !again.Estimated || again.CompletionTokens <= first.CompletionTokens || other.CompletionTokens != first.CompletionTokens {
+		t.Errorf("estimated completions: %d at first, %d after the ratio was learned, %d for another model; want the learned ratio read for its model only",
+			first.CompletionTokens, again.CompletionTokens, other.CompletionTokens)
+	}
+}
+
 // TestSettlementOnEveryEnding: errors, a client that went away, a panic
 // and a handler that reports nothing all settle exactly once, with the
 // tokens and outcome documented on WithEstimates.
