@@ -44,8 +44,41 @@ func withMaxTokens(body []byte, dialect, operation string, limit int64) ([]byte,
 	if err := json.Unmarshal(body, &members); err != nil {
 		return nil, err
 	}
+	if dialect == policy.DialectGemini {
+		// Gemini caps the output inside generationConfig (which its
+		// decoders also read as generation_config).
+		name := "generationConfig"
+		if _, ok := members["generation_config"]; ok {
+			name = "generation_config"
+		}
+		cfg := []byte("{}")
+		if v, ok := members[name]; ok && string(v) != "null" {
+			cfg = v
+		}
+		capped, err := capMembers(cfg, []string{"maxOutputTokens", "max_output_tokens"}, limit)
+		if err != nil {
+			return nil, err
+		}
+		members[name] = capped
+		return json.Marshal(members)
+	}
+	return capMembersOf(members, outputCaps(dialect, operation), limit)
+}
+
+// capMembers is capMembersOf on the JSON object obj.
+func capMembers(obj []byte, names []string, limit int64) ([]byte, error) {
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(obj, &members); err != nil {
+		return nil, err
+	}
+	return capMembersOf(members, names, limit)
+}
+
+// capMembersOf lowers each of names that members set above limit (or to
+// anything but a number) to it, or adds the first when none is set, and
+// encodes the result.
+func capMembersOf(members map[string]json.RawMessage, names []string, limit int64) ([]byte, error) {
 	capped := json.RawMessage(strconv.FormatInt(limit, 10))
-	names := outputCaps(dialect, operation)
 	set := false
 	for _, name := range names {
 		v, ok := members[name]

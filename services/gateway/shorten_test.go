@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"reflect"
 	"testing"
 
 	"github.com/sluicehq/sluice/policy"
@@ -30,6 +31,10 @@ func TestWithMaxTokensCapsEachDialectsMember(t *testing.T) {
 			map[string]any{"max_tokens": 16.0}},
 		{"anthropic", policy.DialectAnthropic, "/messages", `{"model":"m","max_tokens":1024,"messages":[]}`,
 			map[string]any{"max_tokens": 16.0}},
+		{"gemini", policy.DialectGemini, "", `{"contents":[],"generationConfig":{"maxOutputTokens":2048,"temperature":0.5}}`,
+			map[string]any{"generationConfig": map[string]any{"maxOutputTokens": 16.0, "temperature": 0.5}}},
+		{"gemini without a config", policy.DialectGemini, "", `{"contents":[]}`,
+			map[string]any{"generationConfig": map[string]any{"maxOutputTokens": 16.0}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := withMaxTokens([]byte(tc.body), tc.dialect, tc.op, 16)
@@ -42,12 +47,12 @@ func TestWithMaxTokensCapsEachDialectsMember(t *testing.T) {
 			}
 			_ = json.Unmarshal([]byte(tc.body), &in)
 			for k, v := range tc.want {
-				if got[k] != v {
+				if !reflect.DeepEqual(got[k], v) {
 					t.Errorf("%s = %v, want %v (body %s)", k, got[k], v, out)
 				}
 			}
 			for k, v := range in {
-				if _, capped := tc.want[k]; !capped && k != "messages" && got[k] != v {
+				if _, capped := tc.want[k]; !capped && !reflect.DeepEqual(got[k], v) {
 					t.Errorf("%s changed: %v, want %v", k, got[k], v)
 				}
 			}
