@@ -40,6 +40,9 @@ type Limit struct {
 	Length time.Duration
 	Max    int64
 	Period schemas.Period
+	// AnchorDay starts a monthly period on that day of the month (a
+	// billing day, 1..31; 0 is the 1st).
+	AnchorDay int
 	// Exact runs the limit without local leases (money, low limits).
 	Exact bool
 	// Reserve is the share of the limit only critical and high priority
@@ -73,21 +76,30 @@ func (l Limit) Rule(burstMultiplier float64) admission.Rule {
 	case admission.SlidingWindow:
 		r.Window, r.Limit = l.Length, l.Max*scale
 	case admission.CalendarPeriod:
-		r.Limit, r.Calendar = l.Max*scale, PeriodCalendar{Period: l.Period, Location: time.UTC}
+		r.Limit, r.Calendar = l.Max*scale, PeriodCalendar{Period: l.Period, Location: time.UTC, WeekStart: time.Monday, AnchorDay: l.AnchorDay}
 	}
 	return r
 }
 
 // PeriodCalendar is the calendar of a period limit: PeriodBounds of
 // Period in Location (the tenant's time zone; UTC for the top-level
-// limits, which no tenant owns).
+// limits, which no tenant owns), its weeks from WeekStart (the tenant's
+// first weekday), its months from AnchorDay when set (a billing day).
 type PeriodCalendar struct {
-	Period   schemas.Period
-	Location *time.Location
+	Period    schemas.Period
+	Location  *time.Location
+	WeekStart time.Weekday
+	AnchorDay int
 }
 
 // Bounds implements admission.Calendar.
 func (c PeriodCalendar) Bounds(t time.Time) (start, end time.Time) {
+	switch {
+	case c.Period == schemas.PeriodWeek:
+		return WeekBounds(t, c.Location, c.WeekStart)
+	case c.Period == schemas.PeriodMonth && c.AnchorDay > 1:
+		return AnchoredMonthBounds(t, c.Location, c.AnchorDay)
+	}
 	return PeriodBounds(c.Period, t, c.Location)
 }
 
@@ -141,7 +153,7 @@ func (t *Tenant) admissionRules() admission.TenantRules {
 	for _, l := range t.LimitList() {
 		r := l.Rule(t.BurstMultiplier)
 		if r.Algorithm == admission.CalendarPeriod && t.Location != nil {
-			r.Calendar = PeriodCalendar{Period: l.Period, Location: t.Location}
+			r.Calendar = PeriodCalendar{Period: l.Period, Location: t.Location, WeekStart: t.WeekStart, AnchorDay: l.AnchorDay}
 		}
 		tr.Rules = append(tr.Rules, r)
 	}
@@ -228,8 +240,9 @@ type rawBucket struct {
 // rawPeriod is a calendar period limit: at most limit units per every
 // (hour, day or month of the tenant's time zone).
 type rawPeriod struct {
-	Every *string `yaml:"every"`
-	Limit *int64  `yaml:"limit"`
+	Every     *string `yaml:"every"`
+	Limit     *int64  `yaml:"limit"`
+	AnchorDay *int    `yaml:"anchor_day"`
 }
 
 type rawWindow struct {
@@ -308,7 +321,7 @@ func (v *validator) limits(path string, raw map[string]rawLimit, base map[string
 			v.fail(lp, "set one of token_bucket, sliding_window or period")
 		case rl.Period != nil:
 			if l.Algorithm != admission.CalendarPeriod && (rl.Period.Every == nil || rl.Period.Limit == nil) {
-				v.fail(lp+".period", "needs every (hour, day or month) and limit")
+				v.fail(lp+".period", "needs every (hour, day, week or month) and limit")
 			}
 			if l.Algorithm != admission.CalendarPeriod {
 				l.Algorithm, l.Rate, l.Per, l.Burst, l.BurstSet, l.Length, l.Max = admission.CalendarPeriod, 0, 0, 0, false, 0, 0
@@ -318,6 +331,9 @@ func (v *validator) limits(path string, raw map[string]rawLimit, base map[string
 			}
 			if rl.Period.Limit != nil {
 				l.Max = *rl.Period.Limit
+			}
+			if rl.Period.AnchorDay != nil {
+				l.AnchorDay = *rl.Period.AnchorDay
 			}
 		case rl.TokenBucket != nil:
 			if l.Algorithm != admission.TokenBucket && rl.TokenBucket.Rate == nil {
@@ -502,8 +518,11 @@ func (v *validator) checkLimit(lp string, l Limit, rl rawLimit) {
 		if pr == nil {
 			pr = &rawPeriod{}
 		}
-		if l.Period != schemas.PeriodHour && l.Period != schemas.PeriodDay && l.Period != schemas.PeriodMonth {
-			v.fail(at("period.every", pr.Every != nil), "%q is not hour, day or month", l.Period)
+		if l.Period != schemas.PeriodHour && l.Period != schemas.PeriodDay && l.Period != schemas.PeriodWeek && l.Period != schemas.PeriodMonth {
+			v.fail(at("period.every", pr.Every != nil), "%q is not hour, day, week or month", l.Period)
+		}
+		if l.AnchorDay != 0 && (l.Period != schemas.PeriodMonth || l.AnchorDay < 1 || l.AnchorDay > 31) {
+			v.fail(at("period.anchor_day", pr.AnchorDay != nil), "%d: a monthly period's first day of the month, 1..31 (a month too short for it begins on its last day)", l.AnchorDay)
 		}
 		if l.Max < 0 || l.Max > maxLimit {
 			v.fail(at("period.limit", pr.Limit != nil), "limit %d is outside 0..%d", l.Max, maxLimit)

@@ -410,14 +410,14 @@ tenants:
 	_, err = Parse([]byte(`limits:
   m:
     unit: total_tokens
-    period: {every: week, limit: 5}
+    period: {every: fortnight, limit: 5}
   n:
     unit: requests
     period: {every: day, limit: 5}
     sliding_window: {length: 1m, limit: 5}
 `), "badperiod.yaml")
 	for _, w := range []string{
-		"badperiod.yaml:4: limits.m.period.every: \"week\" is not hour, day or month",
+		"badperiod.yaml:4: limits.m.period.every: \"fortnight\" is not hour, day, week or month",
 		"badperiod.yaml:5: limits.n: set one of token_bucket, sliding_window or period",
 	} {
 		if err == nil || !strings.Contains(err.Error(), w) {

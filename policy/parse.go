@@ -70,6 +70,7 @@ type rawPolicy struct {
 type rawTenant struct {
 	Plan            string              `yaml:"plan"`
 	Organization    string              `yaml:"organization"`
+	WeekStart       string              `yaml:"week_start"`
 	Timezone        string              `yaml:"timezone"`
 	Mode            string              `yaml:"mode"`
 	FailMode        string              `yaml:"fail_mode"`
@@ -132,8 +133,13 @@ type rawPrice struct {
 }
 
 // builtin is what a file that says nothing gets.
+// weekdays reads week_start.
+var weekdays = map[string]time.Weekday{"monday": time.Monday, "tuesday": time.Tuesday, "wednesday": time.Wednesday,
+	"thursday": time.Thursday, "friday": time.Friday, "saturday": time.Saturday, "sunday": time.Sunday}
+
 var builtin = Tenant{
 	Location:        time.UTC,
+	WeekStart:       time.Monday,
 	Mode:            Hard,
 	FailMode:        FailOpen,
 	AlertTiers:      DefaultAlertTiers(),
@@ -366,6 +372,13 @@ func (v *validator) tenant(path string, raw rawTenant, base *Tenant) *Tenant {
 	}
 	if raw.Plan != "" {
 		t.Plan = raw.Plan
+	}
+	if raw.WeekStart != "" {
+		if d, ok := weekdays[strings.ToLower(raw.WeekStart)]; ok {
+			t.WeekStart = d
+		} else {
+			v.fail(path+".week_start", "%q is not a day of the week (monday … sunday)", raw.WeekStart)
+		}
 	}
 	if raw.Organization != "" {
 		t.Organization = raw.Organization

@@ -294,3 +294,80 @@ func TestPeriodBoundsAtTheReportedDSTCases(t *testing.T) {
 		}
 	}
 }
+
+// TestWeekAndBillingDayPeriods: a limit's weekly period runs from the
+// tenant's first weekday (Monday by default) and a monthly one with
+// anchor_day from that day of the month, in the tenant's zone and across
+// its clock changes: New York's week of the spring-forward is 167 real
+// hours, Kolkata's Sunday weeks end at Sunday midnight there, London's
+// billing month from the 15th spans the autumn change (one hour longer),
+// and an anchor of the 31st starts February's period on the 28th.
+func TestWeekAndBillingDayPeriods(t *testing.T) {
+	p, err := Parse([]byte(`
+tenants:
+  ny:
+    timezone: America/New_York
+    limits:
+      weekly: {unit: total_tokens, period: {every: week, limit: 100}}
+  kol:
+    timezone: Asia/Kolkata
+    week_start: sunday
+    limits:
+      weekly: {unit: total_tokens, period: {every: week, limit: 100}}
+  lon:
+    timezone: Europe/London
+    limits:
+      billing: {unit: cost, period: {every: month, anchor_day: 15, limit: 100}}
+      end-of-month: {unit: cost, period: {every: month, anchor_day: 31, limit: 100}}
+`), "periods.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := p.AdmissionRules()
+	zone := func(name string) *time.Location {
+		l, err := time.LoadLocation(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	ny, kol, lon := zone("America/New_York"), zone("Asia/Kolkata"), zone("Europe/London")
+	for _, tc := range []struct {
+		tenant, rule string
+		at           time.Time
+		start, end   time.Time
+	}{
+		{"ny", "weekly", time.Date(2026, 3, 8, 12, 0, 0, 0, ny), time.Date(2026, 3, 2, 0, 0, 0, 0, ny), time.Date(2026, 3, 9, 0, 0, 0, 0, ny)},
+		{"kol", "weekly", time.Date(2026, 12, 5, 23, 59, 0, 0, kol), time.Date(2026, 11, 29, 0, 0, 0, 0, kol), time.Date(2026, 12, 6, 0, 0, 0, 0, kol)},
+		{"kol", "weekly", time.Date(2026, 12, 6, 0, 0, 0, 0, kol), time.Date(2026, 12, 6, 0, 0, 0, 0, kol), time.Date(2026, 12, 13, 0, 0, 0, 0, kol)},
+		{"lon", "billing", time.Date(2026, 11, 1, 9, 0, 0, 0, lon), time.Date(2026, 10, 15, 0, 0, 0, 0, lon), time.Date(2026, 11, 15, 0, 0, 0, 0, lon)},
+		{"lon", "billing", time.Date(2026, 10, 14, 23, 59, 0, 0, lon), time.Date(2026, 9, 15, 0, 0, 0, 0, lon), time.Date(2026, 10, 15, 0, 0, 0, 0, lon)},
+		{"lon", "end-of-month", time.Date(2026, 3, 10, 0, 0, 0, 0, lon), time.Date(2026, 2, 28, 0, 0, 0, 0, lon), time.Date(2026, 3, 31, 0, 0, 0, 0, lon)},
+	} {
+		r := ruleNamed(t, rs.Tenants[tc.tenant].Rules, tc.rule)
+		s, e := r.Calendar.Bounds(tc.at)
+		if !s.Equal(tc.start) || !e.Equal(tc.end) {
+			t.Errorf("%s %s at %s: %s .. %s, want %s .. %s", tc.tenant, tc.rule, tc.at, s, e, tc.start, tc.end)
+		}
+	}
+	if s, e := WeekBounds(time.Date(2026, 3, 8, 12, 0, 0, 0, ny), ny, time.Monday); e.Sub(s) != 167*time.Hour {
+		t.Errorf("New York's spring-forward week lasts %s, want 167h", e.Sub(s))
+	}
+	if s, e := AnchoredMonthBounds(time.Date(2026, 11, 1, 9, 0, 0, 0, lon), lon, 15); e.Sub(s) != (31*24+1)*time.Hour {
+		t.Errorf("London's billing month over the autumn change lasts %s, want 745h", e.Sub(s))
+	}
+	_, err = Parse([]byte(`
+tenants:
+  x:
+    week_start: someday
+    limits:
+      a: {unit: requests, period: {every: day, anchor_day: 3, limit: 1}}
+      b: {unit: requests, period: {every: month, anchor_day: 32, limit: 1}}
+`), "bad.yaml")
+	for _, want := range []string{`tenants.x.week_start: "someday" is not a day of the week`, "tenants.x.limits.a.period.anchor_day: 3: a monthly period's",
+		"tenants.x.limits.b.period.anchor_day: 32"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v does not name %q", err, want)
+		}
+	}
+}

@@ -48,10 +48,14 @@
 // completion_tokens, total_tokens, or cost: money in the price table's
 // currency, each call debited its worst case at the model's price before
 // it is made, exact unless the file says otherwise) and one algorithm: token_bucket {rate, per (default 1s), burst},
-// sliding_window {length, limit} or period {every: hour|day|month, limit}
-// (at most limit units in each period of the tenant's time zone, one
-// counter per scope and period: with scope {user: "*"} a per-user monthly
-// quota whose Redis state does not grow with the month's traffic). A bucket without burst gets rate ×
+// sliding_window {length, limit} or period {every: hour|day|week|month,
+// limit} (at most limit units in each period of the tenant's time zone,
+// one counter per scope and period: with scope {user: "*"} a per-user
+// monthly quota whose Redis state does not grow with the month's
+// traffic; weeks begin on the tenant's week_start, Monday by default, and
+// anchor_day: 15 makes a month run from the 15th, a billing day). A
+// rolling budget of N days is a sliding_window of that length (168h for
+// seven days, up to 31 days). A bucket without burst gets rate ×
 // burst_multiplier of the tenant it belongs to (1 at top level): that is
 // what burst_multiplier does. exact: true takes no local lease; reserve is
 // the share of the limit only critical and high priority requests may use;
@@ -199,7 +203,10 @@ type Tenant struct {
 	Plan string
 	// Organization is the organisation the tenant (a team) belongs to:
 	// limits scoped by organization count its tenants together.
-	Organization    string
+	Organization string
+	// WeekStart is the first day of the tenant's weeks (week_start;
+	// Monday, as in ISO 8601, by default).
+	WeekStart       time.Weekday
 	Location        *time.Location
 	Mode            Mode
 	FailMode        FailMode
@@ -517,6 +524,8 @@ func PeriodBounds(period schemas.Period, t time.Time, loc *time.Location) (start
 		return clockBounds(t, loc, time.Hour)
 	case schemas.PeriodDay, schemas.PeriodMonth:
 		return calendarBounds(period, t, loc)
+	case schemas.PeriodWeek:
+		return WeekBounds(t, loc, time.Monday)
 	}
 	panic(fmt.Sprintf("policy: unknown period %q", period))
 }
@@ -645,14 +654,62 @@ func clockBounds(t time.Time, loc *time.Location, unit time.Duration) (start, en
 // first instant the clock showed that date and ends at the first instant
 // it shows the next period's first date.
 func calendarBounds(period schemas.Period, t time.Time, loc *time.Location) (start, end time.Time) {
+	if period == schemas.PeriodDay {
+		return datedBounds(t, loc, 24*time.Hour, func(y int, m time.Month, d int) (from, next time.Time) {
+			return time.Date(y, m, d, 0, 0, 0, 0, time.UTC), time.Date(y, m, d+1, 0, 0, 0, 0, time.UTC)
+		})
+	}
+	return datedBounds(t, loc, 31*24*time.Hour, func(y int, m time.Month, _ int) (from, next time.Time) {
+		return time.Date(y, m, 1, 0, 0, 0, 0, time.UTC), time.Date(y, m+1, 1, 0, 0, 0, 0, time.UTC)
+	})
+}
+
+// WeekBounds returns the local calendar week containing t that begins on
+// first (time.Monday for ISO 8601 weeks), by the rules of PeriodBounds'
+// days: from the first instant the clock shows its first date to the
+// first instant it shows the next week's.
+func WeekBounds(t time.Time, loc *time.Location, first time.Weekday) (start, end time.Time) {
+	if loc == nil {
+		loc = time.UTC
+	}
+	return datedBounds(t, loc, 7*24*time.Hour, func(y int, m time.Month, d int) (from, next time.Time) {
+		day := time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
+		from = day.AddDate(0, 0, -((int(day.Weekday()) - int(first) + 7) % 7))
+		return from, from.AddDate(0, 0, 7)
+	})
+}
+
+// AnchoredMonthBounds returns the local billing month containing t that
+// begins on day anchor (1..31) of each month, by the rules of
+// PeriodBounds' months: from the 15th to the next 15th, say. In a month
+// too short for the anchor it begins on the month's last day.
+func AnchoredMonthBounds(t time.Time, loc *time.Location, anchor int) (start, end time.Time) {
+	if loc == nil {
+		loc = time.UTC
+	}
+	on := func(y int, m time.Month) time.Time {
+		last := time.Date(y, m+1, 0, 0, 0, 0, 0, time.UTC).Day()
+		return time.Date(y, m, min(anchor, last), 0, 0, 0, 0, time.UTC)
+	}
+	return datedBounds(t, loc, 32*24*time.Hour, func(y int, m time.Month, d int) (from, next time.Time) {
+		if from = on(y, m); time.Date(y, m, d, 0, 0, 0, 0, time.UTC).Before(from) {
+			from = on(y, m-1)
+		}
+		return from, on(from.Year(), from.Month()+1)
+	})
+}
+
+// datedBounds returns the local period containing t whose first and next
+// period's first dates dates computes (as UTC midnights) from the latest
+// date the local clock has shown up to t; span is at least the period's
+// length. It starts at the first instant the clock showed its first date
+// and ends at the first instant it shows the next period's.
+func datedBounds(t time.Time, loc *time.Location, span time.Duration, dates func(y int, m time.Month, d int) (from, next time.Time)) (start, end time.Time) {
 	// One window holds every offset that matters: the last 2×maxOffset
 	// before t (a zone that ended then may have shown a later clock than
 	// t's zone shows now), the period's start and its end, each within
 	// maxOffset of its clock reading.
-	span := 24*time.Hour + maxOffset
-	if period == schemas.PeriodMonth {
-		span = 31*24*time.Hour + maxOffset
-	}
+	span += maxOffset
 	var buf [8]offsetRun
 	runs := offsetRuns(buf[:0], loc, t.Add(-span-maxOffset), t.Add(span))
 	latest := wallOf(t, loc)
@@ -663,13 +720,7 @@ func calendarBounds(period schemas.Period, t time.Time, loc *time.Location) (sta
 		last := earlier(r.end.Add(-time.Nanosecond), t)
 		latest = later(latest, last.UTC().Add(time.Duration(r.off)*time.Second))
 	}
-	y, m, d := latest.Date()
-	var from, next time.Time
-	if period == schemas.PeriodDay {
-		from, next = time.Date(y, m, d, 0, 0, 0, 0, time.UTC), time.Date(y, m, d+1, 0, 0, 0, 0, time.UTC)
-	} else {
-		from, next = time.Date(y, m, 1, 0, 0, 0, 0, time.UTC), time.Date(y, m+1, 1, 0, 0, 0, 0, time.UTC)
-	}
+	from, next := dates(latest.Date())
 	return firstShowing(runs, from, t).In(loc), firstShowing(runs, next, t).In(loc)
 }
 

@@ -421,10 +421,12 @@ func periodRank(p schemas.Period) int {
 		return 1
 	case schemas.PeriodDay:
 		return 2
-	case schemas.PeriodMonth:
+	case schemas.PeriodWeek:
 		return 3
+	case schemas.PeriodMonth:
+		return 4
 	}
-	return 4
+	return 5
 }
 
 // ErrBadTenant is returned for a tenant name no tenant can have; every

@@ -64,7 +64,7 @@ _QUOTAS = ("monthly_tokens", "daily_tokens", "hourly_tokens", "tokens_per_minute
 _TOP_FIELDS = {"defaults", "plans", "tenants", "limits", "prices", "upstreams", "fallbacks", "channels",
                "price_catalog", "prices_file", "unpriced_price"}
 _TENANT_FIELDS = {"plan", "timezone", "mode", "fail_mode", "alert_tiers", "channels", "priority", "burst_multiplier",
-                  "max_models", "budget", "models", "limits", "breakers", "unpriced", "organization"}
+                  "max_models", "budget", "models", "limits", "breakers", "unpriced", "organization", "week_start"}
 _MODEL_FIELDS = set(_QUOTAS) | {"mode"}
 # wait: classes that may wait for a refusing limit — this SDK refuses at once
 # (the safe side); period: calendar limits, which this SDK cannot enforce, so
