@@ -11,7 +11,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/adminapi"
-	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/schemas"
@@ -83,20 +82,11 @@ func waitCompacted(t *testing.T, kc kafkaconn.Config, prod *kgo.Client, topic, c
 // compacted the topic, and Redis lost every flag (both enforcers down past
 // the flag TTL), a fresh enforcer enforces both from the topic.
 func TestForgedTombstoneAndCompactionRemoveNoAdminAction(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs Kafka, ClickHouse and Redis")
-	}
-	kc, rc, chc := itest.Kafka(t), itest.Redis(t), itest.ClickHouse(t)
-	testClickHouse(t, chc)
+	a := newAdminTest(t)
+	kc, rc, cfg := a.env.Kafka, a.env.Redis, a.cfg
+	rdb := a.rdb
 	ctx := context.Background()
-	cfg := testConfig(t)
-	cfg.Group = itest.Unique(t, "enforcer_")
-	cfg.SignalsTopic = itest.Unique(t, "signals_")
-	cfg.HeartbeatEvery, cfg.LeaderLease = 500*time.Millisecond, time.Second
-	cfg.Admin.Tokens = []adminapi.Token{{Name: "ops", SHA256: adminapi.HashToken("tok")}}
-	rdb := testRedis(t, rc, cfg.KeyPrefix)
 	ch := startChecker(t, rc, cfg.KeyPrefix, 10*time.Second)
-	sigAuth := itest.SignalAuth(t)
 	prod := createCompactingTopic(t, kc, cfg.AdminTopic)
 	produce := func(key string, value []byte) {
 		t.Helper()
@@ -109,21 +99,7 @@ func TestForgedTombstoneAndCompactionRemoveNoAdminAction(t *testing.T) {
 	canary := itest.Unique(t, "canary-")
 	produce(canary, []byte("1"))
 
-	start := func() (*adminapi.Client, *prometheus.Registry, func()) {
-		cfg := cfg
-		cfg.Admin.Listen = closedAddr(t)
-		reg := prometheus.NewRegistry()
-		env := platform.Env{Logger: quietLog(), Metrics: reg, Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: sigAuth}.Named("test")
-		svc, err := New(cfg, env)
-		stop := itest.RunService(t, svc, err)
-		cl, err := adminapi.NewClient("http://"+cfg.Admin.Listen, "tok", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		itest.EventuallyNoError(t, within, "admin API up", func() error { _, err := cl.Breakers(ctx, ""); return err })
-		return cl, reg, stop
-	}
-	cl, _, stop := start()
+	cl, _, stop := a.start(t)
 	blocked, capped := itest.Unique(t, "bl-"), itest.Unique(t, "ov-")
 	zero := 0.0
 	if _, err := cl.Blacklist(ctx, adminapi.Request{Tenant: blocked, Reason: "fraud", ExpiresIn: "48h"}); err != nil {
@@ -155,7 +131,7 @@ func TestForgedTombstoneAndCompactionRemoveNoAdminAction(t *testing.T) {
 	// Both enforcers down longer than the flag TTL: Redis holds nothing.
 	stop()
 	_ = flags.ScanKeys(ctx, rdb, cfg.KeyPrefix+"*", func(k string) { rdb.Del(ctx, k) })
-	start()
+	a.start(t)
 	// A new Checker: the first one still remembers the flags Redis lost.
 	enforced("after compaction and a restart with no flags", startChecker(t, rc, cfg.KeyPrefix, 10*time.Second))
 }
@@ -196,34 +172,10 @@ func mustClient(t *testing.T, kc kafkaconn.Config, opts ...kgo.Opt) *kgo.Client 
 // enforcer, and a restarted one reading the whole topic, refuse the copy
 // as a replay and count it; the override stays cleared.
 func TestReplayedAdminRecordIsRefused(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs Kafka, ClickHouse and Redis")
-	}
-	kc, rc, chc := itest.Kafka(t), itest.Redis(t), itest.ClickHouse(t)
-	testClickHouse(t, chc)
+	a := newAdminTest(t)
+	kc, cfg := a.env.Kafka, a.cfg
 	ctx := context.Background()
-	cfg := testConfig(t)
-	cfg.Group = itest.Unique(t, "enforcer_")
-	cfg.SignalsTopic = itest.Unique(t, "signals_")
-	cfg.HeartbeatEvery, cfg.LeaderLease = 500*time.Millisecond, time.Second
-	cfg.Admin.Tokens = []adminapi.Token{{Name: "ops", SHA256: adminapi.HashToken("tok")}}
-	testRedis(t, rc, cfg.KeyPrefix)
-	sigAuth := itest.SignalAuth(t)
-	start := func() (*adminapi.Client, *prometheus.Registry, func()) {
-		cfg := cfg
-		cfg.Admin.Listen = closedAddr(t)
-		reg := prometheus.NewRegistry()
-		env := platform.Env{Logger: quietLog(), Metrics: reg, Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: sigAuth}.Named("test")
-		svc, err := New(cfg, env)
-		stop := itest.RunService(t, svc, err)
-		cl, err := adminapi.NewClient("http://"+cfg.Admin.Listen, "tok", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		itest.EventuallyNoError(t, within, "admin API up", func() error { _, err := cl.Breakers(ctx, ""); return err })
-		return cl, reg, stop
-	}
-	cl, reg, stop := start()
+	cl, reg, stop := a.start(t)
 	tenant := itest.Unique(t, "promo-")
 	raised := 5e9
 	req := adminapi.Request{Tenant: tenant, Model: "*", Quota: schemas.QuotaMonthlyTokens, Limit: &raised, Reason: "promotion", ExpiresIn: "2000h"}
@@ -276,7 +228,7 @@ func TestReplayedAdminRecordIsRefused(t *testing.T) {
 	}
 	check("running", reg)
 	stop()
-	cl, reg, _ = start()
+	cl, reg, _ = a.start(t)
 	itest.Eventually(t, within, "restarted enforcer applied the sentinel", func() bool {
 		bs, err := cl.Breakers(ctx, tenant)
 		return err == nil && len(bs) == 1

@@ -29,11 +29,8 @@ func TestSignalIsCommittedOnlyOnceItsFlagIsWritten(t *testing.T) {
 	}
 	kc, rc := itest.Kafka(t), itest.Redis(t)
 	ctx := context.Background()
-	cfg := testConfig(t)
-	cfg.Group = itest.Unique(t, "enforcer_")
-	cfg.SignalsTopic = itest.Unique(t, "signals_")
-	cfg.Admin.Listen = ""
-	cfg.Recover = false
+	cfg := serviceTestConfig(t)
+	cfg.Admin.Listen, cfg.Recover = "", false
 	cfg.LeaderLease, cfg.HeartbeatEvery = time.Second, 200*time.Millisecond
 	rdb := testRedis(t, rc, cfg.KeyPrefix)
 	keys := flags.Layout{Prefix: cfg.KeyPrefix}

@@ -27,11 +27,8 @@ func TestForgedPeriodResetDoesNotLiftBreaker(t *testing.T) {
 	}
 	kc, rc := itest.Kafka(t), itest.Redis(t)
 	ctx := context.Background()
-	cfg := testConfig(t)
-	cfg.Group = itest.Unique(t, "enforcer_")
-	cfg.SignalsTopic = itest.Unique(t, "signals_")
-	cfg.Admin.Listen = ""
-	cfg.Recover = false
+	cfg := serviceTestConfig(t)
+	cfg.Admin.Listen, cfg.Recover = "", false
 	rdb := testRedis(t, rc, cfg.KeyPrefix)
 	sigAuth := itest.SignalAuth(t)
 	signer := itest.Signer(t, sigAuth)
