@@ -7,8 +7,6 @@ import (
 	"maps"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,10 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/internal/frontend"
-	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/itest"
-	"github.com/sluicehq/sluice/platform/ops"
-	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/sdk/go/checker"
 	"github.com/sluicehq/sluice/sdk/go/flags"
 	"github.com/sluicehq/sluice/sdk/go/ratelimit"
@@ -441,20 +436,6 @@ func TestGRPCGracefulStop(t *testing.T) {
 	}
 }
 
-const grpcPolicy = `
-tenants:
-  acme:
-    limits:
-      acme-tpm: {unit: total_tokens, sliding_window: {length: 1m, limit: 1000000}, exact: true}
-  trial:
-    limits:
-      trial-rpm: {unit: requests, sliding_window: {length: 1m, limit: 2}, exact: true}
-  strict:
-    fail_mode: closed
-    limits:
-      strict-rpm: {unit: requests, sliding_window: {length: 1m, limit: 1000}, exact: true}
-`
-
 // TestGRPCExtAuthz runs `sluice run authz` with grpc.listen set, on the
 // real Redis (the enforcer's flags, admission's counters) behind a proxy
 // the test can cut, with the test keys file, and asks it as Envoy does:
@@ -465,36 +446,12 @@ tenants:
 // closed gets 503 and the one that fails open 200. The health service
 // answers SERVING, and the service stops cleanly.
 func TestGRPCExtAuthz(t *testing.T) {
-	rc := itest.Redis(t)
-	itest.QuietRedisLogs()
-	rdb := redisconn.NewClient(rc)
-	t.Cleanup(func() { rdb.Close() })
-	t.Cleanup(func() {
-		ctx := context.Background()
-		_ = flags.ScanKeys(ctx, rdb, rc.KeyPrefix+"*", func(k string) { rdb.Del(ctx, k) })
-	})
-	layout := flags.Layout{Prefix: rc.Prefix(redisconn.FlagKeys)}
+	env, proxy := liveEnv(t)
+	reg := env.Metrics.(*prometheus.Registry)
 	ctx := context.Background()
-	if err := rdb.HSet(ctx, layout.TenantKey("blocked"), flags.VersionField, 1, flags.AllModels,
-		flags.Encode(&flags.Flag{State: flags.StateBlacklist, Kind: flags.KindBlacklist, Until: time.Now().Add(time.Hour), Reason: "case 4411"})).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := rdb.Set(ctx, layout.VersionKey(), 1, 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	policyFile := filepath.Join(t.TempDir(), "policy.yaml")
-	if err := os.WriteFile(policyFile, []byte(grpcPolicy), 0o644); err != nil {
-		t.Fatal(err)
-	}
-
 	cfg := DefaultConfig()
 	cfg.Listen, cfg.GRPC.Listen = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Admission.MaxWait = 200 * time.Millisecond
-	proxy := itest.NewProxy(t, rc.Addr)
-	reg := prometheus.NewRegistry()
-	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: reg, Health: ops.NewHealth(), Redis: rc,
-		Policy: platform.FileSource{File: policyFile, Reload: time.Second}, TenantKeys: platform.FileSource{File: testKeysFile(t), Reload: time.Second}}
-	env.Redis.Addr = proxy.Addr()
 
 	var addr string // learnt before the service is ready
 	svc, err := New(cfg, env, WithGRPCListening(func(a string) { addr = a }))
