@@ -153,20 +153,25 @@ ensure_certs() {
 	) >>"$LOG/openssl.log" 2>&1 || die "openssl could not make the test certificates; read $LOG/openssl.log"
 }
 
-install_kafka() {
+# install_jars LABEL POM LIBS resolves the jars of the Maven project POM
+# into the folder LIBS, once per content of POM (a stamp of its hash),
+# installing Java and Maven first when they are missing.
+install_jars() {
+	local label=$1 pom=$2 libs=$3 stamp log
 	command -v java >/dev/null || apt_install openjdk-17-jre-headless
 	command -v mvn >/dev/null || apt_install maven
-	local libs stamp
-	libs=$(kafka_libs)
-	stamp=$libs/.pom-$(sha256sum "$ROOT/deploy/kafka/pom.xml" | cut -c1-16)
+	stamp=$libs/.pom-$(sha256sum "$pom" | cut -c1-16)
 	[[ -f $stamp ]] && return 0
-	say "resolving Kafka jars from Maven Central into $libs"
+	log=$LOG/${label,,}-maven.log
+	say "resolving $label jars from Maven Central into $libs"
 	rm -rf "$libs" && mkdir -p "$libs"
-	mvn -q -B -f "$ROOT/deploy/kafka/pom.xml" dependency:copy-dependencies \
-		-DoutputDirectory="$libs" >"$LOG/kafka-maven.log" 2>&1 ||
-		die "Maven could not resolve Kafka; read $LOG/kafka-maven.log"
+	mvn -q -B -f "$pom" dependency:copy-dependencies \
+		-DoutputDirectory="$libs" >"$log" 2>&1 ||
+		die "Maven could not resolve $label; read $log"
 	touch "$stamp"
 }
+
+install_kafka() { install_jars Kafka "$ROOT/deploy/kafka/pom.xml" "$(kafka_libs)"; }
 
 install_tools() {
 	case $1 in
@@ -412,20 +417,7 @@ free_or_die() {
 
 zookeeper_libs() { echo "$CACHE/zookeeper-libs"; }
 
-install_zookeeper() {
-	command -v java >/dev/null || apt_install openjdk-17-jre-headless
-	command -v mvn >/dev/null || apt_install maven
-	local libs stamp
-	libs=$(zookeeper_libs)
-	stamp=$libs/.pom-$(sha256sum "$ROOT/deploy/zookeeper/pom.xml" | cut -c1-16)
-	[[ -f $stamp ]] && return 0
-	say "resolving ZooKeeper jars from Maven Central into $libs"
-	rm -rf "$libs" && mkdir -p "$libs"
-	mvn -q -B -f "$ROOT/deploy/zookeeper/pom.xml" dependency:copy-dependencies \
-		-DoutputDirectory="$libs" >"$LOG/zookeeper-maven.log" 2>&1 ||
-		die "Maven could not resolve ZooKeeper; read $LOG/zookeeper-maven.log"
-	touch "$stamp"
-}
+install_zookeeper() { install_jars ZooKeeper "$ROOT/deploy/zookeeper/pom.xml" "$(zookeeper_libs)"; }
 
 # ZooKeeper: one standalone server for the ClickHouse replicas' metadata
 # (replication log, deduplication block ids, distributed DDL queue). Its
