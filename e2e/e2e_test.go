@@ -123,12 +123,7 @@ func TestEndToEnd(t *testing.T) {
 		}
 		return nil
 	})
-	itest.EventuallyNoError(t, waitTimeout, "gateway Checker refuses", func() error {
-		if d := g.checker.Check(tenant, model, "key-"+tenant); d.Allowed() {
-			return fmt.Errorf("still allowed")
-		}
-		return nil
-	})
+	g.waitRefused(t, tenant, model)
 	a := g.chat(t, tenant, model, 10)
 	if a.status != http.StatusTooManyRequests {
 		t.Fatalf("over quota: gateway answered %d, want 429: %s", a.status, a.body)

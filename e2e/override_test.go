@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
@@ -26,17 +25,9 @@ func TestOverrideResolvesTheAlertAndLiftsTheBlock(t *testing.T) {
 	const model = "gpt-4o-mini"
 	ctx := context.Background()
 
-	if a := g.chat(t, tenant, model, 1050); a.status != http.StatusOK {
-		t.Fatalf("chat: status %d: %s", a.status, a.body)
-	}
-	g.flush(t)
+	g.spend(t, tenant, model, 1050)
 	s.waitAlert(t, tenant, "SluiceQuotaTier", "100")
-	itest.EventuallyNoError(t, waitTimeout, "gateway Checker refuses", func() error {
-		if d := g.checker.Check(tenant, model, "key-"+tenant); d.Allowed() {
-			return fmt.Errorf("still allowed")
-		}
-		return nil
-	})
+	g.waitRefused(t, tenant, model)
 
 	// On failure, show what the aggregator said: the signals tell whether
 	// the override reached the tiers.
@@ -101,16 +92,8 @@ func TestRaisedLimitLiftsTheBlock(t *testing.T) {
 	s, g, tenant := oneTenantStack(t, "e2e-raised-", 1000, nil, "ingest", "aggregator", "enforcer")
 	const model = "gpt-4o-mini"
 
-	if a := g.chat(t, tenant, model, 1050); a.status != http.StatusOK {
-		t.Fatalf("chat: status %d: %s", a.status, a.body)
-	}
-	g.flush(t)
-	itest.EventuallyNoError(t, waitTimeout, "gateway Checker refuses", func() error {
-		if d := g.checker.Check(tenant, model, "key-"+tenant); d.Allowed() {
-			return fmt.Errorf("still allowed")
-		}
-		return nil
-	})
+	g.spend(t, tenant, model, 1050)
+	g.waitRefused(t, tenant, model)
 	s.writePolicy(policyYAML(map[string]int{tenant: 100000}))
 	itest.EventuallyNoError(t, waitTimeout, "gateway serves again under the raised limit", func() error {
 		if d := g.checker.Check(tenant, model, "key-"+tenant); !d.Allowed() {

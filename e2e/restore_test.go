@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
@@ -21,10 +20,7 @@ func TestLimitLoweredDuringAggregatorOutageBlocksOnReturn(t *testing.T) {
 	s, g, tenant := oneTenantStack(t, "e2e-lowered-", 20000, nil, "ingest", "aggregator", "enforcer")
 	const model = "gpt-4o-mini"
 
-	if a := g.chat(t, tenant, model, 11000); a.status != http.StatusOK {
-		t.Fatalf("chat: status %d: %s", a.status, a.body)
-	}
-	g.flush(t)
+	g.spend(t, tenant, model, 11000)
 	// Stored and committed before the stop: the restart rebuilds it from
 	// ClickHouse instead of reading it again from Kafka.
 	itest.EventuallyNoError(t, waitTimeout, "the tenant's use in quota_state", func() error {
