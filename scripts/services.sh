@@ -484,21 +484,32 @@ start_ch_node() {
 
 ch_node_ready() { clickhouse-client --host 127.0.0.1 --port "$1" --query "SELECT count() FROM system.zookeeper WHERE path = '/'"; }
 
-up_clickhouse_cluster() {
-	local i p started=()
-	for i in "${!CLICKHOUSE_CLUSTER_PORTS[@]}"; do
-		p=${CLICKHOUSE_CLUSTER_PORTS[$i]}
-		multi_alive clickhouse-cluster "$p" && continue
-		free_or_die clickhouse-cluster "$p" "$((p - 1000))" "$((p + 10))"
-		((${#started[@]})) || install_tools clickhouse-cluster
-		say "starting clickhouse-cluster replica ch$((i + 1)) on 127.0.0.1:$p"
-		start_ch_node "$i"
+up_clickhouse_cluster() { up_nodes clickhouse-cluster start_ch_node ch_node_ready "-1000 10" "${CLICKHOUSE_CLUSTER_PORTS[@]}"; }
+
+# up_nodes NAME START READY OFFSETS PORT... starts each node of the cluster
+# NAME that does not run — START I starts node I, whose port is the I-th
+# PORT and which needs PORT plus each of OFFSETS free — and then waits until
+# READY PORT says each started node serves. The nodes all start before any
+# is waited for: Kafka's brokers wait for a controller quorum of two.
+up_nodes() {
+	local name=$1 start=$2 ready=$3 offsets=$4
+	shift 4
+	local ports=("$@") i p o free started=()
+	for i in "${!ports[@]}"; do
+		p=${ports[$i]}
+		multi_alive "$name" "$p" && continue
+		free=("$p")
+		for o in $offsets; do free+=("$((p + o))"); done
+		free_or_die "$name" "${free[@]}"
+		((${#started[@]})) || install_tools "$name"
+		say "starting $name node $((i + 1)) on 127.0.0.1:$p"
+		"$start" "$i"
 		started+=("$p")
 	done
 	for p in "${started[@]}"; do
-		wait_ready "clickhouse-cluster-$p" "$LOG/clickhouse-cluster-$p.out" ch_node_ready "$p"
+		wait_ready "$name-$p" "$LOG/$name-$p.out" "$ready" "$p"
 	done
-	((${#started[@]})) || say "clickhouse-cluster already running on 127.0.0.1:${CLICKHOUSE_CLUSTER_PORTS[0]},${CLICKHOUSE_CLUSTER_PORTS[1]} (reused)"
+	((${#started[@]})) || say "$name already running on 127.0.0.1:${ports[0]}-${ports[-1]} (reused)"
 }
 
 # The Kafka cluster: three combined broker+controller nodes (node ids 1-3)
@@ -566,24 +577,7 @@ kafka_cluster_id() {
 
 kafka_node_ready() { port_open "$1" && grep -q "Kafka Server started" "$LOG/kafka-cluster-$1/kafka.log"; }
 
-up_kafka_cluster() {
-	local i p started=()
-	for i in "${!KAFKA_CLUSTER_PORTS[@]}"; do
-		p=${KAFKA_CLUSTER_PORTS[$i]}
-		multi_alive kafka-cluster "$p" && continue
-		free_or_die kafka-cluster "$p" "$((p + 10))"
-		((${#started[@]})) || install_tools kafka-cluster
-		say "starting kafka-cluster broker $((i + 1)) on 127.0.0.1:$p"
-		start_kafka_node "$i"
-		started+=("$p")
-	done
-	# The brokers wait for a controller quorum (two of three), so they are
-	# started together and waited for afterwards.
-	for p in "${started[@]}"; do
-		wait_ready "kafka-cluster-$p" "$LOG/kafka-cluster-$p.out" kafka_node_ready "$p"
-	done
-	((${#started[@]})) || say "kafka-cluster already running on 127.0.0.1:${KAFKA_CLUSTER_PORTS[0]}-${KAFKA_CLUSTER_PORTS[2]} (reused)"
-}
+up_kafka_cluster() { up_nodes kafka-cluster start_kafka_node kafka_node_ready 10 "${KAFKA_CLUSTER_PORTS[@]}"; }
 
 # The Redis Cluster with replicas: six cluster-enabled redis-server
 # processes, three masters and a replica of each, created once with
