@@ -90,24 +90,7 @@ func TestApplyOnReplicatedCluster(t *testing.T) {
 	cfg := itest.ClickHouseCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	all, err := migrations.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, err := migrations.ApplyConfig(ctx, cfg, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(first) != len(all) {
-		t.Fatalf("first run applied %v, want all %d", first, len(all))
-	}
-	second, err := migrations.ApplyConfig(ctx, cfg, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(second) != 0 {
-		t.Fatalf("second run applied %v, want nothing", second)
-	}
+	all := applyTwice(ctx, t, cfg)
 	conns := openEach(t, cfg)
 	for i, conn := range conns {
 		e := engines(t, conn, cfg.Database)
@@ -156,6 +139,27 @@ func TestApplyOnReplicatedCluster(t *testing.T) {
 	})
 }
 
+// applyTwice applies every migration to cfg's cluster twice: the first
+// run applies them all, the second nothing. It returns them.
+func applyTwice(ctx context.Context, t *testing.T, cfg chconn.Config) []migrations.Migration {
+	t.Helper()
+	all, err := migrations.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := migrations.ApplyConfig(ctx, cfg, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first) != len(all) {
+		t.Fatalf("first run applied %v, want all %d", first, len(all))
+	}
+	if again, err := migrations.ApplyConfig(ctx, cfg, quiet); err != nil || len(again) != 0 {
+		t.Fatalf("second run applied %v, %v; want nothing", again, err)
+	}
+	return all
+}
+
 // TestApplyOnShardedCluster applies every migration to the same two
 // servers as two shards (clickhouse.sharded) twice: tables keyed by tenant
 // are Distributed over <table>_local, prices and snapshots replicated to
@@ -168,12 +172,7 @@ func TestApplyOnShardedCluster(t *testing.T) {
 	cfg := itest.ClickHouseSharded(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if _, err := migrations.ApplyConfig(ctx, cfg, quiet); err != nil {
-		t.Fatal(err)
-	}
-	if again, err := migrations.ApplyConfig(ctx, cfg, quiet); err != nil || len(again) != 0 {
-		t.Fatalf("second run applied %v, %v; want nothing", again, err)
-	}
+	applyTwice(ctx, t, cfg)
 	conns := openEach(t, cfg)
 	for i, conn := range conns {
 		e := engines(t, conn, cfg.Database)

@@ -25,8 +25,6 @@ import (
 
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/itest"
-	"github.com/sluicehq/sluice/sdk/go/checker"
-	"github.com/sluicehq/sluice/sdk/go/flags"
 	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 )
 
@@ -164,12 +162,7 @@ func deniedGRPC(t *testing.T, resp *authv3.CheckResponse, status int, grpcCode c
 // and admission is asked the same thing — one decision, two front ends.
 func TestGRPCAnswersAsTheHTTPEndpoint(t *testing.T) {
 	until := time.Now().Add(time.Hour)
-	dec := fakeDecider{
-		"blocked": {Outcome: checker.Refused, Flag: &flags.Flag{State: flags.StateBlacklist, Kind: flags.KindBlacklist, Until: until, Reason: "fraud case 17"}},
-		"spent": {Outcome: checker.Refused, Flag: &flags.Flag{State: flags.StateOpen, Kind: flags.KindQuota, Quota: "daily_tokens", Period: "day",
-			Used: 1200, Limit: 1000, Until: until, ResetsAt: until}},
-		"strict": {Outcome: checker.RefusedStale},
-	}
+	dec := refusingDecider(until, "fraud case 17")
 	adm := &fakeAdmitter{}
 	reg := prometheus.NewRegistry()
 	s, err := NewServer(DefaultConfig(), Deps{Checker: dec, Admitter: adm, Keys: testKeys(t), Logger: slog.New(slog.DiscardHandler), Metrics: reg})
@@ -527,7 +520,7 @@ func TestGRPCExtAuthz(t *testing.T) {
 	proxy.Restore()
 
 	// The metrics carry the transport.
-	if n := counterValue(t, reg, "sluice_authz_checks_total", map[string]string{"transport": "grpc", "status": "429", "by": "admission"}); n != 1 {
+	if n := itest.CounterValue(t, reg, "sluice_authz_checks_total", map[string]string{"transport": "grpc", "status": "429", "by": "admission"}); n != 1 {
 		t.Fatalf("sluice_authz_checks_total{transport=grpc,status=429,by=admission} = %v, want 1", n)
 	}
 
@@ -538,31 +531,6 @@ func TestGRPCExtAuthz(t *testing.T) {
 		conn.Close()
 		t.Fatal("the gRPC port still accepts connections after the service stopped")
 	}
-}
-
-// counterValue is the value of the counter name with labels in reg.
-func counterValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-					continue metrics
-				}
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	t.Fatalf("no %s%v", name, labels)
-	return 0
 }
 
 // TestGRPCConfigErrorsNameTheSetting: grpc.listen is validated like listen.

@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/ops"
 	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/sdk/go/checker"
 	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
@@ -67,4 +68,16 @@ func liveEnv(t *testing.T) (platform.Env, *itest.Proxy) {
 		Policy: platform.FileSource{File: policyFile, Reload: time.Second}, TenantKeys: platform.FileSource{File: testKeysFile(t), Reload: time.Second}}
 	env.Redis.Addr = proxy.Addr()
 	return env, proxy
+}
+
+// refusingDecider is the flags' decisions the refusal tests answer: tenant
+// "blocked" blacklisted (for reason), "spent" over its daily tokens, both
+// until until, and "strict" refused because its flags are stale.
+func refusingDecider(until time.Time, reason string) fakeDecider {
+	return fakeDecider{
+		"blocked": {Outcome: checker.Refused, Flag: &flags.Flag{State: flags.StateBlacklist, Kind: flags.KindBlacklist, Until: until, Reason: reason}},
+		"spent": {Outcome: checker.Refused, Flag: &flags.Flag{State: flags.StateOpen, Kind: flags.KindQuota, Quota: "daily_tokens", Period: "day",
+			Used: 1200, Limit: 1000, Until: until, ResetsAt: until}},
+		"strict": {Outcome: checker.RefusedStale},
+	}
 }

@@ -89,7 +89,7 @@ func TestForgedAdminRecordsAreRefused(t *testing.T) {
 	itest.Eventually(t, within, "the sentinel trip enforced", func() bool { return ch.Check(tenant, "sentinel", "").Outcome == checker.Refused })
 	check := func(when string, reg *prometheus.Registry) {
 		t.Helper()
-		if n := counter(t, reg, "sluice_enforcer_admin_records_total", "result", "unauthenticated"); n != float64(len(forged)) {
+		if n := itest.CounterValue(t, reg, "sluice_enforcer_admin_records_total", map[string]string{"result": "unauthenticated"}); n != float64(len(forged)) {
 			t.Errorf("%s: unauthenticated admin records %v, want %d", when, n, len(forged))
 		}
 		if !blacklisted(tenant) {
@@ -105,7 +105,7 @@ func TestForgedAdminRecordsAreRefused(t *testing.T) {
 	stop()
 	cl, reg, _ = a.start(t)
 	itest.Eventually(t, within, "restarted enforcer read the admin topic", func() bool {
-		return counter(t, reg, "sluice_enforcer_admin_records_total", "result", "applied") >= 2
+		return itest.CounterValue(t, reg, "sluice_enforcer_admin_records_total", map[string]string{"result": "applied"}) >= 2
 	})
 	check("restarted", reg)
 

@@ -18,62 +18,6 @@ import (
 	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
-// createCompactingTopic creates topic compacted as aggressively as the
-// broker allows: segments roll every 100 ms, any dirty ratio is worth a
-// pass, tombstones go at once. The broker's cleaner then compacts within
-// its back-off (15 s by default) of a segment roll.
-func createCompactingTopic(t *testing.T, kc kafkaconn.Config, topic string) *kgo.Client {
-	t.Helper()
-	cl, err := kafkaconn.NewClient(kc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	adm := kadm.NewClient(cl)
-	s := func(v string) *string { return &v }
-	ctx := context.Background()
-	if _, err := adm.CreateTopic(ctx, 1, 1, map[string]*string{"cleanup.policy": s("compact"), "segment.ms": s("100"),
-		"min.cleanable.dirty.ratio": s("0.001"), "delete.retention.ms": s("0"), "min.compaction.lag.ms": s("0"),
-		"max.compaction.lag.ms": s("100")}, topic); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = adm.DeleteTopics(context.Background(), topic) })
-	return cl
-}
-
-// waitCompacted produces a record every half second (so the active
-// segment rolls) until the broker's cleaner removed the first of the two
-// records keyed canary: everything produced before the second was then
-// compacted.
-func waitCompacted(t *testing.T, kc kafkaconn.Config, prod *kgo.Client, topic, canary string) {
-	t.Helper()
-	ctx := context.Background()
-	itest.Eventually(t, 90*time.Second, "the broker compacting "+topic, func() bool {
-		if err := prod.ProduceSync(ctx, &kgo.Record{Topic: topic, Key: []byte("roll"), Value: []byte("x")}).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-		rd, err := kafkaconn.NewClient(kc, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rd.Close()
-		n := 0
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		for rctx.Err() == nil {
-			for _, r := range rd.PollFetches(rctx).Records() {
-				if string(r.Key) == canary {
-					n++
-				}
-				if string(r.Key) == "roll" {
-					cancel() // the roll records come after both canaries
-				}
-			}
-		}
-		return n == 1
-	})
-}
-
 // TestForgedTombstoneAndCompactionRemoveNoAdminAction: readers refuse an
 // unsigned tombstone, but Kafka's compaction does not read signatures: it
 // keeps the last record of each key. A forger who produces tombstones with
@@ -87,7 +31,7 @@ func TestForgedTombstoneAndCompactionRemoveNoAdminAction(t *testing.T) {
 	rdb := a.rdb
 	ctx := context.Background()
 	ch := startChecker(t, rc, cfg.KeyPrefix, 10*time.Second)
-	prod := createCompactingTopic(t, kc, cfg.AdminTopic)
+	prod := itest.CompactingTopic(t, kc, cfg.AdminTopic)
 	produce := func(key string, value []byte) {
 		t.Helper()
 		r := &kgo.Record{Topic: cfg.AdminTopic, Key: []byte(key), Value: value,
@@ -126,7 +70,7 @@ func TestForgedTombstoneAndCompactionRemoveNoAdminAction(t *testing.T) {
 	produce((&schemas.AdminState{Kind: schemas.AdminBlacklist, Tenant: blocked, Model: flags.AllModels}).Key(), nil)
 	produce((&schemas.AdminState{Kind: schemas.AdminOverride, Tenant: capped, Model: "*", Quota: schemas.QuotaDailyTokens}).Key(), nil)
 	produce(canary, []byte("2"))
-	waitCompacted(t, kc, prod, cfg.AdminTopic, canary)
+	itest.WaitCompacted(t, kc, prod, cfg.AdminTopic, canary)
 
 	// Both enforcers down longer than the flag TTL: Redis holds nothing.
 	stop()
@@ -222,7 +166,7 @@ func TestReplayedAdminRecordIsRefused(t *testing.T) {
 		if n := overrides(); n != 0 {
 			t.Errorf("%s: the replayed override is in force again (%d overrides)", when, n)
 		}
-		if n := counter(t, reg, "sluice_enforcer_admin_records_total", "result", "replayed"); n != 1 {
+		if n := itest.CounterValue(t, reg, "sluice_enforcer_admin_records_total", map[string]string{"result": "replayed"}); n != 1 {
 			t.Errorf("%s: %v replayed admin records counted, want 1", when, n)
 		}
 	}

@@ -66,7 +66,7 @@ func TestSignalIsCommittedOnlyOnceItsFlagIsWritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	itest.Eventually(t, within, "the anomaly handled", func() bool {
-		return counter(t, reg, "sluice_enforcer_signals_total", "result", "changed") >= 1
+		return itest.CounterValue(t, reg, "sluice_enforcer_signals_total", map[string]string{"result": "changed"}) >= 1
 	})
 	stopFirst()
 
