@@ -59,22 +59,33 @@ func clockShift() time.Duration {
 	return 0
 }
 
+// oneTenantStack is the set-up of a test of one tenant against the real
+// services, run beside the other such tests: a tenant of its own (named
+// prefix and a random part) with an hourly quota of hourlyTokens, a stack
+// with the extra flags running services, and the reference gateway for
+// the tenant, moved clear of an hour boundary.
+func oneTenantStack(t *testing.T, prefix string, hourlyTokens int, extra []string, services ...string) (*stack, *referenceGateway, string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("end-to-end suite: needs the real services")
+	}
+	t.Parallel()
+	tenant := prefix + randomKey()[7:15]
+	s := newStack(t, stackOptions{Policy: policyYAML(map[string]int{tenant: hourlyTokens}), Extra: extra})
+	s.startAll(services...)
+	g := newGateway(t, s, tenant)
+	g.shift.Store(int64(clockShift()))
+	return s, g, tenant
+}
+
 // TestEndToEnd drives one tenant through the reference gateway past 70, 90
 // and 100% of an hourly quota and checks what a user depends on: the alerts
 // in Alertmanager, the quota flag in Redis, a 429 with Retry-After naming
 // the limit at the gateway, counters equal to the raw events, and that the
 // next hour's usage lifts the block.
 func TestEndToEnd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("end-to-end suite: needs the real services")
-	}
-	t.Parallel()
-	tenant := "e2e-happy-" + randomKey()[7:15]
+	s, g, tenant := oneTenantStack(t, "e2e-happy-", 1000, nil, "ingest", "aggregator", "enforcer", "alerter")
 	const model = "gpt-4o-mini"
-	s := newStack(t, stackOptions{Policy: policyYAML(map[string]int{tenant: 1000})})
-	s.startAll("ingest", "aggregator", "enforcer", "alerter")
-	g := newGateway(t, s, tenant)
-	g.shift.Store(int64(clockShift()))
 	ctx := context.Background()
 
 	step := func(tokens int64, wantUsed float64, tier string) {
@@ -112,12 +123,7 @@ func TestEndToEnd(t *testing.T) {
 		}
 		return nil
 	})
-	itest.EventuallyNoError(t, waitTimeout, "gateway Checker refuses", func() error {
-		if d := g.checker.Check(tenant, model, "key-"+tenant); d.Allowed() {
-			return fmt.Errorf("still allowed")
-		}
-		return nil
-	})
+	g.waitRefused(t, tenant, model)
 	a := g.chat(t, tenant, model, 10)
 	if a.status != http.StatusTooManyRequests {
 		t.Fatalf("over quota: gateway answered %d, want 429: %s", a.status, a.body)

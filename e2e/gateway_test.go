@@ -138,6 +138,28 @@ func (g *referenceGateway) chat(t testing.TB, tenant, model string, total int64)
 }
 
 // flush waits until the Emitter has handed every usage event to ingest.
+// spend makes one call of tenant's to model costing total tokens, which
+// must be served, and flushes its usage event.
+func (g *referenceGateway) spend(t testing.TB, tenant, model string, total int64) {
+	t.Helper()
+	if a := g.chat(t, tenant, model, total); a.status != http.StatusOK {
+		t.Fatalf("chat: status %d: %s", a.status, a.body)
+	}
+	g.flush(t)
+}
+
+// waitRefused waits until the gateway's Checker refuses tenant's calls
+// to model.
+func (g *referenceGateway) waitRefused(t testing.TB, tenant, model string) {
+	t.Helper()
+	itest.EventuallyNoError(t, waitTimeout, "gateway Checker refuses", func() error {
+		if d := g.checker.Check(tenant, model, "key-"+tenant); d.Allowed() {
+			return fmt.Errorf("still allowed")
+		}
+		return nil
+	})
+}
+
 func (g *referenceGateway) flush(t testing.TB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)

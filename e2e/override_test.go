@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
@@ -21,31 +20,14 @@ import (
 // quota alert resolves in Alertmanager, and the gateway serves again — with
 // no new usage from the tenant (a refused tenant sends none).
 func TestOverrideResolvesTheAlertAndLiftsTheBlock(t *testing.T) {
-	if testing.Short() {
-		t.Skip("end-to-end suite: needs the real services")
-	}
-	t.Parallel()
-	tenant := "e2e-override-" + randomKey()[7:15]
-	const model = "gpt-4o-mini"
 	// An alert resolves once its condition stayed clear for resolve_after.
-	s := newStack(t, stackOptions{Policy: policyYAML(map[string]int{tenant: 1000}),
-		Extra: []string{"-services.alerter.rules.resolve_after=1s"}})
-	s.startAll("ingest", "aggregator", "enforcer", "alerter")
-	g := newGateway(t, s, tenant)
-	g.shift.Store(int64(clockShift()))
+	s, g, tenant := oneTenantStack(t, "e2e-override-", 1000, []string{"-services.alerter.rules.resolve_after=1s"}, "ingest", "aggregator", "enforcer", "alerter")
+	const model = "gpt-4o-mini"
 	ctx := context.Background()
 
-	if a := g.chat(t, tenant, model, 1050); a.status != http.StatusOK {
-		t.Fatalf("chat: status %d: %s", a.status, a.body)
-	}
-	g.flush(t)
+	g.spend(t, tenant, model, 1050)
 	s.waitAlert(t, tenant, "SluiceQuotaTier", "100")
-	itest.EventuallyNoError(t, waitTimeout, "gateway Checker refuses", func() error {
-		if d := g.checker.Check(tenant, model, "key-"+tenant); d.Allowed() {
-			return fmt.Errorf("still allowed")
-		}
-		return nil
-	})
+	g.waitRefused(t, tenant, model)
 
 	// On failure, show what the aggregator said: the signals tell whether
 	// the override reached the tiers.
@@ -107,27 +89,11 @@ func TestOverrideResolvesTheAlertAndLiftsTheBlock(t *testing.T) {
 // block (the aggregator re-evaluates it at once, the enforcer closes the
 // quota breaker) with no new usage from the tenant.
 func TestRaisedLimitLiftsTheBlock(t *testing.T) {
-	if testing.Short() {
-		t.Skip("end-to-end suite: needs the real services")
-	}
-	t.Parallel()
-	tenant := "e2e-raised-" + randomKey()[7:15]
+	s, g, tenant := oneTenantStack(t, "e2e-raised-", 1000, nil, "ingest", "aggregator", "enforcer")
 	const model = "gpt-4o-mini"
-	s := newStack(t, stackOptions{Policy: policyYAML(map[string]int{tenant: 1000})})
-	s.startAll("ingest", "aggregator", "enforcer")
-	g := newGateway(t, s, tenant)
-	g.shift.Store(int64(clockShift()))
 
-	if a := g.chat(t, tenant, model, 1050); a.status != http.StatusOK {
-		t.Fatalf("chat: status %d: %s", a.status, a.body)
-	}
-	g.flush(t)
-	itest.EventuallyNoError(t, waitTimeout, "gateway Checker refuses", func() error {
-		if d := g.checker.Check(tenant, model, "key-"+tenant); d.Allowed() {
-			return fmt.Errorf("still allowed")
-		}
-		return nil
-	})
+	g.spend(t, tenant, model, 1050)
+	g.waitRefused(t, tenant, model)
 	s.writePolicy(policyYAML(map[string]int{tenant: 100000}))
 	itest.EventuallyNoError(t, waitTimeout, "gateway serves again under the raised limit", func() error {
 		if d := g.checker.Check(tenant, model, "key-"+tenant); !d.Allowed() {

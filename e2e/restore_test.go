@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
@@ -18,21 +17,10 @@ import (
 // aggregator's return (before, nothing blocked it until an enforcer
 // restart).
 func TestLimitLoweredDuringAggregatorOutageBlocksOnReturn(t *testing.T) {
-	if testing.Short() {
-		t.Skip("end-to-end suite: needs the real services")
-	}
-	t.Parallel()
-	tenant := "e2e-lowered-" + randomKey()[7:15]
+	s, g, tenant := oneTenantStack(t, "e2e-lowered-", 20000, nil, "ingest", "aggregator", "enforcer")
 	const model = "gpt-4o-mini"
-	s := newStack(t, stackOptions{Policy: policyYAML(map[string]int{tenant: 20000})})
-	s.startAll("ingest", "aggregator", "enforcer")
-	g := newGateway(t, s, tenant)
-	g.shift.Store(int64(clockShift()))
 
-	if a := g.chat(t, tenant, model, 11000); a.status != http.StatusOK {
-		t.Fatalf("chat: status %d: %s", a.status, a.body)
-	}
-	g.flush(t)
+	g.spend(t, tenant, model, 11000)
 	// Stored and committed before the stop: the restart rebuilds it from
 	// ClickHouse instead of reading it again from Kafka.
 	itest.EventuallyNoError(t, waitTimeout, "the tenant's use in quota_state", func() error {

@@ -86,29 +86,7 @@ func count(t *testing.T, conn driver.Conn, q string, args ...any) uint64 {
 // replica reaches the other, and the same batch inserted again on the
 // other replica — a retry after a failover — is not stored twice.
 func TestApplyOnReplicatedCluster(t *testing.T) {
-	itest.LockEngine(t, itest.EngineClickHouse, false)
-	cfg := itest.ClickHouseCluster(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	all, err := migrations.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, err := migrations.ApplyConfig(ctx, cfg, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(first) != len(all) {
-		t.Fatalf("first run applied %v, want all %d", first, len(all))
-	}
-	second, err := migrations.ApplyConfig(ctx, cfg, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(second) != 0 {
-		t.Fatalf("second run applied %v, want nothing", second)
-	}
-	conns := openEach(t, cfg)
+	ctx, cfg, conns, all := migratedCluster(t, itest.ClickHouseCluster)
 	for i, conn := range conns {
 		e := engines(t, conn, cfg.Database)
 		for _, name := range []string{"usage_events", "usage_minute", "quota_state", "tier_transitions", "signals_log", "admin_audit", "reconciliation_runs", "prices", "aggregator_snapshots"} {
@@ -156,6 +134,34 @@ func TestApplyOnReplicatedCluster(t *testing.T) {
 	})
 }
 
+// migratedCluster is the set-up of a cluster test: with the ClickHouse
+// engines locked, a database of the test's own on cluster's servers, every
+// migration applied to it twice — the first run applies them all, the
+// second nothing — and a connection to each server. It returns the
+// migrations too.
+func migratedCluster(t *testing.T, cluster func(testing.TB) chconn.Config) (context.Context, chconn.Config, []driver.Conn, []migrations.Migration) {
+	t.Helper()
+	itest.LockEngine(t, itest.EngineClickHouse, false)
+	cfg := cluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	all, err := migrations.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := migrations.ApplyConfig(ctx, cfg, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first) != len(all) {
+		t.Fatalf("first run applied %v, want all %d", first, len(all))
+	}
+	if again, err := migrations.ApplyConfig(ctx, cfg, quiet); err != nil || len(again) != 0 {
+		t.Fatalf("second run applied %v, %v; want nothing", again, err)
+	}
+	return ctx, cfg, openEach(t, cfg), all
+}
+
 // TestApplyOnShardedCluster applies every migration to the same two
 // servers as two shards (clickhouse.sharded) twice: tables keyed by tenant
 // are Distributed over <table>_local, prices and snapshots replicated to
@@ -164,17 +170,7 @@ func TestApplyOnReplicatedCluster(t *testing.T) {
 // subquery of the same table, the report views) reads them whole from
 // either server.
 func TestApplyOnShardedCluster(t *testing.T) {
-	itest.LockEngine(t, itest.EngineClickHouse, false)
-	cfg := itest.ClickHouseSharded(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if _, err := migrations.ApplyConfig(ctx, cfg, quiet); err != nil {
-		t.Fatal(err)
-	}
-	if again, err := migrations.ApplyConfig(ctx, cfg, quiet); err != nil || len(again) != 0 {
-		t.Fatalf("second run applied %v, %v; want nothing", again, err)
-	}
-	conns := openEach(t, cfg)
+	ctx, cfg, conns, _ := migratedCluster(t, itest.ClickHouseSharded)
 	for i, conn := range conns {
 		e := engines(t, conn, cfg.Database)
 		for _, name := range []string{"usage_events", "usage_minute", "quota_state", "signals_log", "admin_audit", "reconciliation_runs", "tier_transitions"} {

@@ -153,20 +153,25 @@ ensure_certs() {
 	) >>"$LOG/openssl.log" 2>&1 || die "openssl could not make the test certificates; read $LOG/openssl.log"
 }
 
-install_kafka() {
+# install_jars LABEL POM LIBS resolves the jars of the Maven project POM
+# into the folder LIBS, once per content of POM (a stamp of its hash),
+# installing Java and Maven first when they are missing.
+install_jars() {
+	local label=$1 pom=$2 libs=$3 stamp log
 	command -v java >/dev/null || apt_install openjdk-17-jre-headless
 	command -v mvn >/dev/null || apt_install maven
-	local libs stamp
-	libs=$(kafka_libs)
-	stamp=$libs/.pom-$(sha256sum "$ROOT/deploy/kafka/pom.xml" | cut -c1-16)
+	stamp=$libs/.pom-$(sha256sum "$pom" | cut -c1-16)
 	[[ -f $stamp ]] && return 0
-	say "resolving Kafka jars from Maven Central into $libs"
+	log=$LOG/${label,,}-maven.log
+	say "resolving $label jars from Maven Central into $libs"
 	rm -rf "$libs" && mkdir -p "$libs"
-	mvn -q -B -f "$ROOT/deploy/kafka/pom.xml" dependency:copy-dependencies \
-		-DoutputDirectory="$libs" >"$LOG/kafka-maven.log" 2>&1 ||
-		die "Maven could not resolve Kafka; read $LOG/kafka-maven.log"
+	mvn -q -B -f "$pom" dependency:copy-dependencies \
+		-DoutputDirectory="$libs" >"$log" 2>&1 ||
+		die "Maven could not resolve $label; read $log"
 	touch "$stamp"
 }
+
+install_kafka() { install_jars Kafka "$ROOT/deploy/kafka/pom.xml" "$(kafka_libs)"; }
 
 install_tools() {
 	case $1 in
@@ -294,19 +299,27 @@ redis_secure() {
 # redis-cluster-<port>.log. Like the single Redis it keeps no data across a
 # restart (the enforcer rewrites its flags); nodes.conf survives, so a
 # restarted node rejoins the cluster it belonged to.
-cluster_node_alive() { pid_alive "redis-cluster-$1" && port_open "$1"; }
+start_cluster_node() { start_redis_node redis-cluster "$1" 5000; }
 
-start_cluster_node() {
-	local p=$1 d=$DIR/redis-cluster/$1
+# start_redis_node NAME PORT NODE_TIMEOUT_MS [ARG...] starts one
+# cluster-enabled redis-server of the cluster NAME, without persistence:
+# folder $DIR/NAME/PORT, pid file NAME-PORT.pid, log NAME-PORT.log; the
+# ARGs are more redis-server options.
+start_redis_node() {
+	local name=$1 p=$2 timeout=$3
+	shift 3
+	local d=$DIR/$name/$p
 	mkdir -p "$d"
+	# A stale pid file would pass for the new daemon before it writes its own.
+	rm -f "$RUN/$name-$p.pid"
 	redis-server --bind 127.0.0.1 --port "$p" --daemonize yes \
-		--cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000 \
-		--pidfile "$RUN/redis-cluster-$p.pid" --logfile "$LOG/redis-cluster-$p.log" --dir "$d" \
+		--cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout "$timeout" "$@" \
+		--pidfile "$RUN/$name-$p.pid" --logfile "$LOG/$name-$p.log" --dir "$d" \
 		--save "" --appendonly no --protected-mode yes ||
-		die "redis-cluster node $p failed to start; read $LOG/redis-cluster-$p.log"
+		die "$name node $p failed to start; read $LOG/$name-$p.log"
 	local i
-	for i in $(seq 50); do [[ -s $RUN/redis-cluster-$p.pid ]] && break; sleep 0.1; done
-	wait_ready "redis-cluster-$p" "$LOG/redis-cluster-$p.log" redis-cli -p "$p" ping
+	for i in $(seq 50); do [[ -s $RUN/$name-$p.pid ]] && break; sleep 0.1; done
+	wait_ready "$name-$p" "$LOG/$name-$p.log" redis-cli -p "$p" ping
 }
 
 # cluster_info PORT FIELD prints one field of CLUSTER INFO of a node.
@@ -321,52 +334,52 @@ cluster_ok() {
 	done
 }
 
-# up_redis_cluster starts the nodes that are not running, creates the
-# cluster once (all three nodes empty and alone), and waits until every
-# node reports cluster_state:ok. It is idempotent: running nodes are
-# reused and a formed cluster is never created again.
-up_redis_cluster() {
-	local p started=0
-	for p in "${REDIS_CLUSTER_PORTS[@]}"; do
-		if cluster_node_alive "$p"; then
-			continue
-		fi
-		if port_open "$p" || port_open "$((p + 10000))"; then
-			die "port $p or its cluster bus port $((p + 10000)) for redis-cluster is taken by a process this script did not start; stop it or set SLUICE_REDIS_CLUSTER_PORT"
-		fi
-		((started)) || install_tools redis-cluster
-		say "starting redis-cluster node on 127.0.0.1:$p"
-		start_cluster_node "$p"
+up_redis_cluster() { up_redis_nodes redis-cluster start_cluster_node cluster_ok 0 "${REDIS_CLUSTER_PORTS[@]}"; }
+
+# up_redis_nodes NAME START OK REPLICAS PORT... starts the nodes of the
+# Redis Cluster NAME that are not running (START PORT starts one), creates
+# the cluster once (all its nodes empty and alone) with REPLICAS replicas
+# per master, and waits until OK says every node sees it healthy. It is
+# idempotent: running nodes are reused and a formed cluster is never
+# created again.
+up_redis_nodes() {
+	local name=$1 start=$2 ok=$3 replicas=$4
+	shift 4
+	local ports=("$@") p started=0
+	for p in "${ports[@]}"; do
+		multi_alive "$name" "$p" && continue
+		free_or_die "$name" "$p" "$((p + 10000))"
+		((started)) || install_tools "$name"
+		say "starting $name node on 127.0.0.1:$p"
+		"$start" "$p"
 		started=1
 	done
-	if cluster_ok; then
-		if ((started)); then
-			say "redis-cluster ready"
-		else
-			say "redis-cluster already running on 127.0.0.1:${REDIS_CLUSTER_PORTS[0]}-${REDIS_CLUSTER_PORTS[2]} (reused)"
-		fi
+	if "$ok"; then
+		((started)) && say "$name ready" || say "$name already running on 127.0.0.1:${ports[0]}-${ports[-1]} (reused)"
 		return 0
 	fi
 	local fresh=1
-	for p in "${REDIS_CLUSTER_PORTS[@]}"; do
+	for p in "${ports[@]}"; do
 		[[ $(cluster_info "$p" cluster_known_nodes) == 1 && $(cluster_info "$p" cluster_slots_assigned) == 0 ]] || fresh=0
 	done
 	if ((fresh)); then
-		say "redis-cluster: creating the cluster (3 masters, no replicas)"
+		local masters=$((${#ports[@]} / (replicas + 1))) each="no replicas"
+		((replicas == 0)) || each="$replicas replica each"
+		say "$name: creating the cluster ($masters masters, $each)"
 		local nodes=()
-		for p in "${REDIS_CLUSTER_PORTS[@]}"; do nodes+=("127.0.0.1:$p"); done
-		redis-cli --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes \
-			>>"$LOG/redis-cluster-create.log" 2>&1 ||
-			die "redis-cli --cluster create failed; read $LOG/redis-cluster-create.log"
+		for p in "${ports[@]}"; do nodes+=("127.0.0.1:$p"); done
+		redis-cli --cluster create "${nodes[@]}" --cluster-replicas "$replicas" --cluster-yes \
+			>>"$LOG/$name-create.log" 2>&1 ||
+			die "redis-cli --cluster create failed; read $LOG/$name-create.log"
 	fi
 	# Restarted nodes, or a just-created cluster, agree within a few
 	# seconds of gossip.
 	local deadline=$((SECONDS + READY_TIMEOUT))
-	until cluster_ok; do
-		((SECONDS < deadline)) || die "redis-cluster: the nodes on ${REDIS_CLUSTER_PORTS[*]} do not form one healthy cluster (redis-cli -p ${REDIS_CLUSTER_PORTS[0]} cluster info); \`$0 down\` and remove $DIR/redis-cluster to make a new one"
+	until "$ok"; do
+		((SECONDS < deadline)) || die "$name: the nodes on ${ports[*]} do not form one healthy cluster (redis-cli -p ${ports[0]} cluster nodes); \`$0 down\` and remove $DIR/$name to make a new one"
 		sleep 0.5
 	done
-	say "redis-cluster ready"
+	say "$name ready"
 }
 
 stop_redis_cluster() {
@@ -404,20 +417,7 @@ free_or_die() {
 
 zookeeper_libs() { echo "$CACHE/zookeeper-libs"; }
 
-install_zookeeper() {
-	command -v java >/dev/null || apt_install openjdk-17-jre-headless
-	command -v mvn >/dev/null || apt_install maven
-	local libs stamp
-	libs=$(zookeeper_libs)
-	stamp=$libs/.pom-$(sha256sum "$ROOT/deploy/zookeeper/pom.xml" | cut -c1-16)
-	[[ -f $stamp ]] && return 0
-	say "resolving ZooKeeper jars from Maven Central into $libs"
-	rm -rf "$libs" && mkdir -p "$libs"
-	mvn -q -B -f "$ROOT/deploy/zookeeper/pom.xml" dependency:copy-dependencies \
-		-DoutputDirectory="$libs" >"$LOG/zookeeper-maven.log" 2>&1 ||
-		die "Maven could not resolve ZooKeeper; read $LOG/zookeeper-maven.log"
-	touch "$stamp"
-}
+install_zookeeper() { install_jars ZooKeeper "$ROOT/deploy/zookeeper/pom.xml" "$(zookeeper_libs)"; }
 
 # ZooKeeper: one standalone server for the ClickHouse replicas' metadata
 # (replication log, deduplication block ids, distributed DDL queue). Its
@@ -484,21 +484,32 @@ start_ch_node() {
 
 ch_node_ready() { clickhouse-client --host 127.0.0.1 --port "$1" --query "SELECT count() FROM system.zookeeper WHERE path = '/'"; }
 
-up_clickhouse_cluster() {
-	local i p started=()
-	for i in "${!CLICKHOUSE_CLUSTER_PORTS[@]}"; do
-		p=${CLICKHOUSE_CLUSTER_PORTS[$i]}
-		multi_alive clickhouse-cluster "$p" && continue
-		free_or_die clickhouse-cluster "$p" "$((p - 1000))" "$((p + 10))"
-		((${#started[@]})) || install_tools clickhouse-cluster
-		say "starting clickhouse-cluster replica ch$((i + 1)) on 127.0.0.1:$p"
-		start_ch_node "$i"
+up_clickhouse_cluster() { up_nodes clickhouse-cluster start_ch_node ch_node_ready "-1000 10" "${CLICKHOUSE_CLUSTER_PORTS[@]}"; }
+
+# up_nodes NAME START READY OFFSETS PORT... starts each node of the cluster
+# NAME that does not run — START I starts node I, whose port is the I-th
+# PORT and which needs PORT plus each of OFFSETS free — and then waits until
+# READY PORT says each started node serves. The nodes all start before any
+# is waited for: Kafka's brokers wait for a controller quorum of two.
+up_nodes() {
+	local name=$1 start=$2 ready=$3 offsets=$4
+	shift 4
+	local ports=("$@") i p o free started=()
+	for i in "${!ports[@]}"; do
+		p=${ports[$i]}
+		multi_alive "$name" "$p" && continue
+		free=("$p")
+		for o in $offsets; do free+=("$((p + o))"); done
+		free_or_die "$name" "${free[@]}"
+		((${#started[@]})) || install_tools "$name"
+		say "starting $name node $((i + 1)) on 127.0.0.1:$p"
+		"$start" "$i"
 		started+=("$p")
 	done
 	for p in "${started[@]}"; do
-		wait_ready "clickhouse-cluster-$p" "$LOG/clickhouse-cluster-$p.out" ch_node_ready "$p"
+		wait_ready "$name-$p" "$LOG/$name-$p.out" "$ready" "$p"
 	done
-	((${#started[@]})) || say "clickhouse-cluster already running on 127.0.0.1:${CLICKHOUSE_CLUSTER_PORTS[0]},${CLICKHOUSE_CLUSTER_PORTS[1]} (reused)"
+	((${#started[@]})) || say "$name already running on 127.0.0.1:${ports[0]}-${ports[-1]} (reused)"
 }
 
 # The Kafka cluster: three combined broker+controller nodes (node ids 1-3)
@@ -566,24 +577,7 @@ kafka_cluster_id() {
 
 kafka_node_ready() { port_open "$1" && grep -q "Kafka Server started" "$LOG/kafka-cluster-$1/kafka.log"; }
 
-up_kafka_cluster() {
-	local i p started=()
-	for i in "${!KAFKA_CLUSTER_PORTS[@]}"; do
-		p=${KAFKA_CLUSTER_PORTS[$i]}
-		multi_alive kafka-cluster "$p" && continue
-		free_or_die kafka-cluster "$p" "$((p + 10))"
-		((${#started[@]})) || install_tools kafka-cluster
-		say "starting kafka-cluster broker $((i + 1)) on 127.0.0.1:$p"
-		start_kafka_node "$i"
-		started+=("$p")
-	done
-	# The brokers wait for a controller quorum (two of three), so they are
-	# started together and waited for afterwards.
-	for p in "${started[@]}"; do
-		wait_ready "kafka-cluster-$p" "$LOG/kafka-cluster-$p.out" kafka_node_ready "$p"
-	done
-	((${#started[@]})) || say "kafka-cluster already running on 127.0.0.1:${KAFKA_CLUSTER_PORTS[0]}-${KAFKA_CLUSTER_PORTS[2]} (reused)"
-}
+up_kafka_cluster() { up_nodes kafka-cluster start_kafka_node kafka_node_ready 10 "${KAFKA_CLUSTER_PORTS[@]}"; }
 
 # The Redis Cluster with replicas: six cluster-enabled redis-server
 # processes, three masters and a replica of each, created once with
@@ -592,21 +586,7 @@ up_kafka_cluster() {
 # stays) empty, as a replica of whichever node took its slots over.
 # cluster-node-timeout is 2 s, so a dead master's replica is promoted
 # within about 2-4 s.
-start_ha_node() {
-	local p=$1 d=$DIR/redis-ha/$1
-	mkdir -p "$d"
-	# A stale pid file would pass for the new daemon before it writes its own.
-	rm -f "$RUN/redis-ha-$p.pid"
-	redis-server --bind 127.0.0.1 --port "$p" --daemonize yes \
-		--cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
-		--cluster-replica-validity-factor 0 \
-		--pidfile "$RUN/redis-ha-$p.pid" --logfile "$LOG/redis-ha-$p.log" --dir "$d" \
-		--save "" --appendonly no --protected-mode yes ||
-		die "redis-ha node $p failed to start; read $LOG/redis-ha-$p.log"
-	local i
-	for i in $(seq 50); do [[ -s $RUN/redis-ha-$p.pid ]] && break; sleep 0.1; done
-	wait_ready "redis-ha-$p" "$LOG/redis-ha-$p.log" redis-cli -p "$p" ping
-}
+start_ha_node() { start_redis_node redis-ha "$1" 2000 --cluster-replica-validity-factor 0; }
 
 # redis_ha_ok: every node sees a healthy cluster of six with three masters.
 redis_ha_ok() {
@@ -618,39 +598,7 @@ redis_ha_ok() {
 	[[ $masters == 3 ]]
 }
 
-up_redis_ha() {
-	local p started=0
-	for p in "${REDIS_HA_PORTS[@]}"; do
-		pid_alive "redis-ha-$p" && port_open "$p" && continue
-		free_or_die redis-ha "$p" "$((p + 10000))"
-		((started)) || install_tools redis-ha
-		say "starting redis-ha node on 127.0.0.1:$p"
-		start_ha_node "$p"
-		started=1
-	done
-	if redis_ha_ok; then
-		((started)) && say "redis-ha ready" || say "redis-ha already running on 127.0.0.1:${REDIS_HA_PORTS[0]}-${REDIS_HA_PORTS[5]} (reused)"
-		return 0
-	fi
-	local fresh=1
-	for p in "${REDIS_HA_PORTS[@]}"; do
-		[[ $(cluster_info "$p" cluster_known_nodes) == 1 && $(cluster_info "$p" cluster_slots_assigned) == 0 ]] || fresh=0
-	done
-	if ((fresh)); then
-		say "redis-ha: creating the cluster (3 masters, a replica each)"
-		local nodes=()
-		for p in "${REDIS_HA_PORTS[@]}"; do nodes+=("127.0.0.1:$p"); done
-		redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes \
-			>>"$LOG/redis-ha-create.log" 2>&1 ||
-			die "redis-cli --cluster create failed; read $LOG/redis-ha-create.log"
-	fi
-	local deadline=$((SECONDS + READY_TIMEOUT))
-	until redis_ha_ok; do
-		((SECONDS < deadline)) || die "redis-ha: the nodes on ${REDIS_HA_PORTS[*]} do not form one healthy cluster (redis-cli -p ${REDIS_HA_PORTS[0]} cluster nodes); \`$0 down\` and remove $DIR/redis-ha to make a new one"
-		sleep 0.5
-	done
-	say "redis-ha ready"
-}
+up_redis_ha() { up_redis_nodes redis-ha start_ha_node redis_ha_ok 1 "${REDIS_HA_PORTS[@]}"; }
 
 # Redis with Sentinel: a primary and a replica (no persistence) and three
 # Sentinels (quorum 2, down-after 2 s, failover timeout 10 s) under the

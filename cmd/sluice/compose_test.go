@@ -7,6 +7,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/internal/sluiceconfig"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/services/ingest/apikey"
 )
@@ -66,7 +67,7 @@ func TestComposeFileIsComplete(t *testing.T) {
 	}
 	// Every variable of every sluice container must load into the real
 	// configuration.
-	cfg := defaultConfig()
+	cfg := sluiceconfig.Defaults()
 	known := map[string]bool{}
 	collectEnvNames(&cfg, known)
 	for name, s := range f.Services {
@@ -87,11 +88,11 @@ func TestComposeFileIsComplete(t *testing.T) {
 		v, ok := env[k]
 		return strings.ReplaceAll(v, "/etc/sluice", "../../deploy/compose"), ok
 	}
-	ccfg := defaultConfig()
-	if _, _, err := loadConfigWith(&ccfg, nil, lookup); err != nil {
+	ccfg := sluiceconfig.Defaults()
+	if _, err := sluiceconfig.Load(&ccfg, nil, lookup); err != nil {
 		t.Fatalf("compose configuration: %v", err)
 	}
-	if _, err := chooseServices(&ccfg, nil); err != nil {
+	if _, err := sluiceconfig.Choose(&ccfg, nil); err != nil {
 		t.Fatalf("compose configuration does not validate: %v", err)
 	}
 	if _, err := policy.Load(ccfg.Policy.File); err != nil {
@@ -109,14 +110,14 @@ func TestComposeFileIsComplete(t *testing.T) {
 	if _, ok := con.DependsOn["sluice"]; !ok {
 		t.Error("sluice-console does not wait for sluice")
 	}
-	consoleCfg := defaultConfig()
-	if _, _, err := loadConfigWith(&consoleCfg, nil, func(k string) (string, bool) {
+	consoleCfg := sluiceconfig.Defaults()
+	if _, err := sluiceconfig.Load(&consoleCfg, nil, func(k string) (string, bool) {
 		v, ok := con.Environment[k]
 		return strings.ReplaceAll(v, "/etc/sluice", "../../deploy/compose"), ok
 	}); err != nil {
 		t.Fatalf("sluice-console configuration: %v", err)
 	}
-	if _, err := chooseServices(&consoleCfg, []string{"console"}); err != nil {
+	if _, err := sluiceconfig.Choose(&consoleCfg, []string{"console"}); err != nil {
 		t.Fatalf("sluice-console configuration does not validate: %v", err)
 	}
 	if consoleCfg.ClickHouse.Addr != ccfg.ClickHouse.Addr || consoleCfg.Redis.Addr != ccfg.Redis.Addr || consoleCfg.Policy.File != ccfg.Policy.File {
@@ -155,8 +156,8 @@ func TestComposeFileIsComplete(t *testing.T) {
 
 // collectEnvNames lists the SLUICE_* names the config loader accepts, by
 // asking it: every flag it registers has an env twin.
-func collectEnvNames(cfg *Config, out map[string]bool) {
-	_, _, _ = loadConfigWith(cfg, []string{}, func(name string) (string, bool) {
+func collectEnvNames(cfg *sluiceconfig.Config, out map[string]bool) {
+	_, _ = sluiceconfig.Load(cfg, []string{}, func(name string) (string, bool) {
 		out[name] = true
 		return "", false
 	})

@@ -24,6 +24,7 @@ import (
 	"github.com/sluicehq/sluice/adminapi"
 	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/internal/sluiceconfig"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/lifecycle"
 	"github.com/sluicehq/sluice/platform/redisconn"
@@ -78,7 +79,7 @@ type consoleStack struct {
 	adminToken               string
 	ingestKey, runawayKey    string
 	prefix                   string
-	cfg                      Config
+	cfg                      sluiceconfig.Config
 }
 
 func startConsoleStack(t *testing.T) *consoleStack {
@@ -88,7 +89,7 @@ func startConsoleStack(t *testing.T) *consoleStack {
 	up := httptest.NewServer(mockllm.New(mockllm.Options{}))
 	t.Cleanup(up.Close)
 
-	cfg := defaultConfig()
+	cfg := sluiceconfig.Defaults()
 	cfg.Kafka, cfg.Redis, cfg.ClickHouse = kc, rc, ch
 	cfg.Log.Format = "text"
 	cfg.Ops.Listen = freeAddr(t)
@@ -496,7 +497,7 @@ func eval[T any](p *page, expr string) T {
 	return v
 }
 
-func redisClient(t *testing.T, cfg Config) redis.UniversalClient {
+func redisClient(t *testing.T, cfg sluiceconfig.Config) redis.UniversalClient {
 	t.Helper()
 	rdb := redisconn.NewClient(cfg.Redis)
 	t.Cleanup(func() { rdb.Close() })

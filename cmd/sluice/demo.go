@@ -26,6 +26,7 @@ import (
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/internal/quotastatus"
 	"github.com/sluicehq/sluice/internal/quotastatus/chstate"
+	"github.com/sluicehq/sluice/internal/sluiceconfig"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/lifecycle"
@@ -75,8 +76,8 @@ const (
 // demoConfig is the default configuration with the demo's own choices: a
 // separate ClickHouse database and Redis prefix, the demo policy, quick
 // alert timings, loopback ports.
-func demoConfig() Config {
-	c := defaultConfig()
+func demoConfig() sluiceconfig.Config {
+	c := sluiceconfig.Defaults()
 	c.Log.Format = "text"
 	c.ClickHouse.Database = "sluice_demo"
 	c.Policy.File = filepath.Join("deploy", "demo", "policy.yaml")
@@ -105,7 +106,7 @@ func envOr(name, def string) string {
 // fresh demo database each time, so the story replays from zero.
 func demo(ctx context.Context, args []string) error {
 	cfg := demoConfig()
-	cfg, _, err := loadConfigWith(&cfg, args, os.LookupEnv)
+	_, err := sluiceconfig.Load(&cfg, args, os.LookupEnv)
 	if err != nil {
 		return err
 	}
@@ -158,7 +159,7 @@ func newDemoRun(gatewayAddr, upstreamAddr string, tenants []loadgen.Tenant, out 
 
 // run runs the pipeline, the gateway, the mock upstream, the load and the
 // live view until ctx ends.
-func (d *demoRun) run(ctx context.Context, cfg *Config, log *slog.Logger) error {
+func (d *demoRun) run(ctx context.Context, cfg *sluiceconfig.Config, log *slog.Logger) error {
 	keysFile, ingestKey, err := writeDemoKeys()
 	if err != nil {
 		return err
@@ -253,7 +254,7 @@ var demoServices = []string{"ingest", "aggregator", "enforcer", "alerter", "reco
 // configureGateway configures `sluice gateway` for the demo: the tenants' keys
 // (only their hashes are written), the mock LLM as the one upstream of
 // every model, the run's flag prefix, and ingest with the run's key.
-func (d *demoRun) configureGateway(c *Config, dir, ingestKey string) error {
+func (d *demoRun) configureGateway(c *sluiceconfig.Config, dir, ingestKey string) error {
 	g := &c.Services.Gateway
 	g.Listen, g.Name = d.gateway, "demo-gateway"
 	var keys strings.Builder
@@ -350,7 +351,7 @@ func writeDemoKeys() (path, key string, err error) {
 // demoAdminToken turns the enforcer's admin API on for the run, with a
 // fresh random token the console's login takes (printed with its URL),
 // unless admin tokens are already configured.
-func demoAdminToken(c *Config) (string, error) {
+func demoAdminToken(c *sluiceconfig.Config) (string, error) {
 	if len(c.Services.Enforcer.Admin.Tokens) > 0 {
 		return "(one of services.enforcer.admin.tokens)", nil
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/demo/loadgen"
 	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/internal/sluiceconfig"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/policy"
@@ -175,7 +176,7 @@ func TestLiveViewCountsAdmissions(t *testing.T) {
 // the gateway builds them from cfg's policy (frontend.NewLimits), on the
 // real Redis under a prefix of the test's own, and follows the policy
 // file until the test ends.
-func demoLimits(t *testing.T, cfg *Config) *admission.Limiter {
+func demoLimits(t *testing.T, cfg *sluiceconfig.Config) *admission.Limiter {
 	t.Helper()
 	cfg.Redis = itest.Redis(t)
 	log := slog.New(slog.DiscardHandler)

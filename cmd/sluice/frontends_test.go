@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/internal/sluiceconfig"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/schemas"
 )
@@ -170,8 +171,8 @@ redis: {addr: %q, key_prefix: %q}
 clickhouse: {addr: %q}
 ops: {listen: %q}
 `, policy, keys, listen, ingest.URL, key, rc.Addr, itest.Unique(t, "sluice_test_alone:")+":", closedAddr(t), freeAddr(t)))
-	cfg := defaultConfig()
-	cfg, _, err := loadConfigWith(&cfg, []string{"-config", conf}, func(string) (string, bool) { return "", false })
+	cfg := sluiceconfig.Defaults()
+	_, err := sluiceconfig.Load(&cfg, []string{"-config", conf}, func(string) (string, bool) { return "", false })
 	if err != nil {
 		t.Fatal(err)
 	}

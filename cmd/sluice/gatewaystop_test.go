@@ -24,6 +24,7 @@ import (
 
 	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/internal/sluiceconfig"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/lifecycle"
@@ -137,7 +138,7 @@ func TestStoppingTheGatewayUnderLoadLosesNoUsage(t *testing.T) {
 // run` does, waits until every address of listens accepts connections,
 // and returns what stops them as Ctrl-C does and waits until they have,
 // failing t if they stop with an error, or not within 90 s.
-func runPipeline(t *testing.T, cfg *Config, names []string, log *slog.Logger, listens ...string) (stop func()) {
+func runPipeline(t *testing.T, cfg *sluiceconfig.Config, names []string, log *slog.Logger, listens ...string) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -181,9 +182,9 @@ func runPipeline(t *testing.T, cfg *Config, names []string, log *slog.Logger, li
 // the test's Kafka and Redis, free ports for ops and ingest, ingest
 // writing to topic and knowing one key, and the usage sink that sends to
 // that ingest with that key, for a gateway or authz of the process.
-func withIngest(t *testing.T, dir, topic string) (Config, frontend.EventSink) {
+func withIngest(t *testing.T, dir, topic string) (sluiceconfig.Config, frontend.EventSink) {
 	t.Helper()
-	cfg := defaultConfig()
+	cfg := sluiceconfig.Defaults()
 	cfg.Kafka = itest.Kafka(t)
 	cfg.Redis = itest.Redis(t)
 	cfg.Migrate = false

@@ -22,6 +22,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/sluiceconfig"
 	"github.com/sluicehq/sluice/platform/lifecycle"
 )
 
@@ -81,9 +82,9 @@ func run(ctx context.Context, args []string) error {
 	case "demo":
 		return demo(ctx, args[1:])
 	case "services":
-		names := make([]string, 0, len(services))
-		for _, s := range services {
-			names = append(names, fmt.Sprintf("%-11s %s", s.name, s.about))
+		names := make([]string, 0, len(sluiceconfig.Services))
+		for _, s := range sluiceconfig.Services {
+			names = append(names, fmt.Sprintf("%-11s %s", s.Name, s.About))
 		}
 		sort.Strings(names)
 		fmt.Println(strings.Join(names, "\n"))

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/pricetable"
+	"github.com/sluicehq/sluice/internal/sluiceconfig"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/logging"
@@ -21,7 +22,7 @@ import (
 // into the prices table, so a deployment that migrates first (Docker
 // Compose's sluice-migrate) prices usage from its first event; the
 // aggregator and the reconciler keep the table in step afterwards.
-func migrate(ctx context.Context, cfg Config) error {
+func migrate(ctx context.Context, cfg sluiceconfig.Config) error {
 	log := logging.New(cfg.Log, os.Stderr)
 	if err := applyMigrations(ctx, cfg.ClickHouse, log); err != nil {
 		return err

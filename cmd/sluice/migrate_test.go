@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/sluicehq/sluice/internal/sluiceconfig"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/itest"
 )
@@ -17,7 +18,7 @@ func TestMigrateCopiesThePolicyPrices(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs ClickHouse")
 	}
-	cfg := defaultConfig()
+	cfg := sluiceconfig.Defaults()
 	cfg.ClickHouse = itest.ClickHouse(t)
 	cfg.Log.Level = "warn"
 	cfg.Policy.File = filepath.Join(t.TempDir(), "policy.yaml")

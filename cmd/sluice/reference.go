@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/sluicehq/sluice/internal/sluiceconfig"
 	"github.com/sluicehq/sluice/platform/config"
 )
 
@@ -14,7 +15,7 @@ import (
 // drift from the code and leaves out no setting, YAML-only ones included
 // (docs/configuration.md is this output; a test compares them).
 func writeReference(w io.Writer) error {
-	cfg := defaultConfig()
+	cfg := sluiceconfig.Defaults()
 	settings, err := config.Describe(&cfg, "SLUICE")
 	if err != nil {
 		return err

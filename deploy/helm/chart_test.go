@@ -43,6 +43,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluicehq/sluice/internal/frontend"
+	"github.com/sluicehq/sluice/internal/sluiceconfig"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/services/ingest/apikey"
 )
@@ -199,6 +200,19 @@ func decode(t *testing.T, sc scenario, files map[string]string) *release {
 	if len(docs) == 0 {
 		t.Fatal("nothing rendered")
 	}
+	// Each kind the chart renders, decoded into Kubernetes' own type and
+	// filed by name.
+	sinks := map[string]func(name string) manifest{
+		"apps/v1 Deployment":                     into(r.deployments),
+		"apps/v1 StatefulSet":                    into(r.statefulSets),
+		"v1 Service":                             into(r.services),
+		"v1 ConfigMap":                           into(r.configMaps),
+		"v1 Secret":                              into(r.secrets),
+		"v1 ServiceAccount":                      into(r.accounts),
+		"policy/v1 PodDisruptionBudget":          into(r.pdbs),
+		"autoscaling/v2 HorizontalPodAutoscaler": into(r.hpas),
+		"batch/v1 Job":                           into(r.jobs),
+	}
 	seen := map[string]bool{}
 	for _, doc := range docs {
 		var head struct {
@@ -216,42 +230,12 @@ func decode(t *testing.T, sc scenario, files map[string]string) *release {
 			t.Errorf("%s rendered twice", key)
 		}
 		seen[key] = true
-		var obj interface {
-			GetName() string
-			GetLabels() map[string]string
-		}
-		switch head.APIVersion + " " + head.Kind {
-		case "apps/v1 Deployment":
-			o := &appsv1.Deployment{}
-			obj, r.deployments[head.Metadata.Name] = o, o
-		case "apps/v1 StatefulSet":
-			o := &appsv1.StatefulSet{}
-			obj, r.statefulSets[head.Metadata.Name] = o, o
-		case "v1 Service":
-			o := &corev1.Service{}
-			obj, r.services[head.Metadata.Name] = o, o
-		case "v1 ConfigMap":
-			o := &corev1.ConfigMap{}
-			obj, r.configMaps[head.Metadata.Name] = o, o
-		case "v1 Secret":
-			o := &corev1.Secret{}
-			obj, r.secrets[head.Metadata.Name] = o, o
-		case "v1 ServiceAccount":
-			o := &corev1.ServiceAccount{}
-			obj, r.accounts[head.Metadata.Name] = o, o
-		case "policy/v1 PodDisruptionBudget":
-			o := &policyv1.PodDisruptionBudget{}
-			obj, r.pdbs[head.Metadata.Name] = o, o
-		case "autoscaling/v2 HorizontalPodAutoscaler":
-			o := &autoscalingv2.HorizontalPodAutoscaler{}
-			obj, r.hpas[head.Metadata.Name] = o, o
-		case "batch/v1 Job":
-			o := &batchv1.Job{}
-			obj, r.jobs[head.Metadata.Name] = o, o
-		default:
+		file, ok := sinks[head.APIVersion+" "+head.Kind]
+		if !ok {
 			t.Errorf("%s: a kind this test does not decode; add its Go type", key)
 			continue
 		}
+		obj := file(head.Metadata.Name)
 		if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
 			t.Errorf("%s does not decode strictly into its Kubernetes type: %v\n%s", key, err, doc)
 			continue
@@ -274,6 +258,25 @@ func decode(t *testing.T, sc scenario, files map[string]string) *release {
 		}
 	}
 	return r
+}
+
+// manifest is what the test reads of every decoded object.
+type manifest interface {
+	GetName() string
+	GetLabels() map[string]string
+}
+
+// into returns a function that files a new object of one kind under its
+// name in byName, for its manifest to be decoded into.
+func into[T any, P interface {
+	*T
+	manifest
+}](byName map[string]P) func(name string) manifest {
+	return func(name string) manifest {
+		o := P(new(T))
+		byName[name] = o
+		return o
+	}
 }
 
 // workload is a Deployment's or StatefulSet's pods.
@@ -318,7 +321,7 @@ type pod struct {
 	root    string
 	env     map[string]string
 	args    []string
-	cfg     binaryConfig
+	cfg     sluiceconfig.Config
 	names   []string
 	rewrite *strings.Replacer
 }
@@ -626,7 +629,7 @@ func (r *release) check(t *testing.T) {
 	}
 	byComponent := map[string]workload{}
 	for _, w := range ws {
-		if _, ok := binaryServiceTable[w.component]; !ok {
+		if _, ok := sluiceconfig.Lookup(w.component); !ok {
 			t.Errorf("%s: component %q is not a sluice service", w.name, w.component)
 		}
 		byComponent[w.component] = w
@@ -725,7 +728,7 @@ func listenPort(t *testing.T, what, setting, addr string) int32 {
 }
 
 // apiListen is the service's own listener, if it has one.
-func apiListen(cfg *binaryConfig, component string) (setting, addr string) {
+func apiListen(cfg *sluiceconfig.Config, component string) (setting, addr string) {
 	switch component {
 	case "ingest":
 		return "services.ingest.listen", cfg.Services.Ingest.Listen
@@ -749,7 +752,7 @@ func (r *release) checkPod(t *testing.T, w workload, c corev1.Container, p *pod)
 	if !slices.Equal(p.names, []string{w.component}) {
 		t.Errorf("%s: runs services %v, want just %s", what, p.names, w.component)
 	}
-	if err := chooseServices(&p.cfg, p.names); err != nil {
+	if _, err := sluiceconfig.Choose(&p.cfg, p.names); err != nil {
 		t.Errorf("%s: sluice run %v would refuse to start: %v", what, p.names, err)
 	}
 	if p.cfg.Embedded.Enabled {
@@ -875,7 +878,7 @@ func (r *release) checkPod(t *testing.T, w workload, c corev1.Container, p *pod)
 			}
 		}
 	}
-	if binaryServiceTable[w.component].signals == false && cfg.SignalAuth.KeyFile != "" {
+	if svc, _ := sluiceconfig.Lookup(w.component); !svc.Signals && cfg.SignalAuth.KeyFile != "" {
 		t.Errorf("%s: the signing keys are mounted into the %s, which neither signs nor verifies", what, w.component)
 	}
 	if w.component != "gateway" && w.component != "authz" && cfg.TenantKeys.File != "" {
@@ -899,30 +902,19 @@ func (r *release) checkPod(t *testing.T, w workload, c corev1.Container, p *pod)
 	}
 }
 
-// serviceBudget is how long a service's own shutdown may take with cfg.
-func serviceBudget(cfg *binaryConfig, component string) time.Duration {
-	s := cfg.Services
-	switch component {
-	case "ingest":
-		return s.Ingest.ShutdownTimeout
-	case "aggregator":
-		return s.Aggregator.ShutdownTimeout
-	case "enforcer":
-		return s.Enforcer.ShutdownTimeout
-	case "alerter":
-		return s.Alerter.ShutdownTimeout
-	case "reconciler":
-		return s.Reconciler.ShutdownTimeout
-	case "gateway":
-		b := s.Gateway.ShutdownTimeout + s.Gateway.Usage.FlushTimeout
-		if s.Gateway.Deferred.Enabled {
-			b = max(b, s.Gateway.Deferred.Drain)
-		}
-		return b
-	case "authz":
-		return s.Authz.ShutdownTimeout + s.Authz.Usage.FlushTimeout
+// serviceBudget is how long a service's own shutdown may take with cfg:
+// the binary's own figure, and for a gateway running deferred tasks at
+// least their drain.
+func serviceBudget(cfg *sluiceconfig.Config, component string) time.Duration {
+	svc, ok := sluiceconfig.Lookup(component)
+	if !ok {
+		return 0
 	}
-	return 0
+	b := svc.Shutdown(cfg)
+	if g := cfg.Services.Gateway; component == "gateway" && g.Deferred.Enabled {
+		b = max(b, g.Deferred.Drain)
+	}
+	return b
 }
 
 // checkServices: every Service selects one workload's pods and sends to
@@ -1005,7 +997,7 @@ func (r *release) resolve(t *testing.T, ws map[string]workload, raw string) (wor
 // checkWiring follows what one service tells of another: the console's
 // admin API and metrics, the front ends' ingest and key.
 func (r *release) checkWiring(t *testing.T, ws map[string]workload) {
-	cfgOf := func(component string) *binaryConfig {
+	cfgOf := func(component string) *sluiceconfig.Config {
 		w := ws[component]
 		p := r.mount(t, w.name, w.pod.Spec, w.pod.Spec.Containers[0], w.podNames(1)[0])
 		return &p.cfg
@@ -1162,7 +1154,7 @@ func (r *release) checkAutoscalers(t *testing.T, ws map[string]workload) {
 // checkMigrations: exactly one way migrates — the hook Job (with copies of
 // what it reads, made before it) or the services themselves.
 func (r *release) checkMigrations(t *testing.T, ws map[string]workload) {
-	var anyCfg *binaryConfig
+	var anyCfg *sluiceconfig.Config
 	for _, comp := range []string{"aggregator", "enforcer", "reconciler", "ingest", "gateway", "authz", "console", "alerter"} {
 		if w, ok := ws[comp]; ok {
 			p := r.mount(t, w.name, w.pod.Spec, w.pod.Spec.Containers[0], w.podNames(1)[0])

@@ -11,6 +11,7 @@
 package httpserver
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -39,18 +40,10 @@ func Defaults() Timeouts {
 // withDefaults fills every zero field from Defaults.
 func (t Timeouts) withDefaults() Timeouts {
 	d := Defaults()
-	if t.ReadHeader == 0 {
-		t.ReadHeader = d.ReadHeader
-	}
-	if t.Read == 0 {
-		t.Read = d.Read
-	}
-	if t.Write == 0 {
-		t.Write = d.Write
-	}
-	if t.Idle == 0 {
-		t.Idle = d.Idle
-	}
+	t.ReadHeader = cmp.Or(t.ReadHeader, d.ReadHeader)
+	t.Read = cmp.Or(t.Read, d.Read)
+	t.Write = cmp.Or(t.Write, d.Write)
+	t.Idle = cmp.Or(t.Idle, d.Idle)
 	return t
 }
 

@@ -1,7 +1,6 @@
 package itest
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -91,9 +90,7 @@ func requireAll(t testing.TB, service string, hostports []string) {
 // holds the engine lock (LockEngine) first.
 func ClickHouseCluster(t testing.TB) chconn.Config {
 	t.Helper()
-	c := chconn.Defaults()
-	c.Addrs = addrs("SLUICE_CLICKHOUSE_CLUSTER_ADDRS", "127.0.0.1:19201,127.0.0.1:19202")
-	c.Addr = c.Addrs[0]
+	c := clusterServers()
 	c.Cluster = ClickHouseReplicatedCluster
 	return clusterDatabase(t, c)
 }
@@ -103,46 +100,28 @@ func ClickHouseCluster(t testing.TB) chconn.Config {
 // names the servers' sharded_shard macro).
 func ClickHouseSharded(t testing.TB) chconn.Config {
 	t.Helper()
-	c := chconn.Defaults()
-	c.Addrs = addrs("SLUICE_CLICKHOUSE_CLUSTER_ADDRS", "127.0.0.1:19201,127.0.0.1:19202")
-	c.Addr = c.Addrs[0]
+	c := clusterServers()
 	c.Cluster = ClickHouseShardedCluster
 	c.Sharded = true
 	c.ReplicationPath = "/clickhouse/tables/{sharded_shard}/{database}/{table}"
 	return clusterDatabase(t, c)
 }
 
+// clusterServers is the default configuration on the services script's
+// two ClickHouse cluster servers.
+func clusterServers() chconn.Config {
+	c := chconn.Defaults()
+	c.Addrs = addrs("SLUICE_CLICKHOUSE_CLUSTER_ADDRS", "127.0.0.1:19201,127.0.0.1:19202")
+	c.Addr = c.Addrs[0]
+	return c
+}
+
+// clusterDatabase gives c, on the cluster's servers, a database of the
+// test's own (testDatabase).
 func clusterDatabase(t testing.TB, c chconn.Config) chconn.Config {
 	t.Helper()
 	requireAll(t, EngineClickHouse, c.Addrs)
-	c.Database = Unique(t, "t_")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := chconn.EnsureDatabase(ctx, c); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if os.Getenv("SLUICE_KEEP_TEST_DB") == "1" {
-			t.Logf("keeping ClickHouse database %s", c.Database)
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		for _, a := range c.Addrs {
-			one := c
-			one.Addrs, one.Addr = nil, a
-			conn, err := chconn.Open(ctx, one)
-			if err != nil {
-				t.Logf("drop test database %s on %s: %v", c.Database, a, err)
-				continue
-			}
-			if err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+c.Database); err != nil {
-				t.Logf("drop test database %s on %s: %v", c.Database, a, err)
-			}
-			conn.Close()
-		}
-	})
-	return c
+	return testDatabase(t, c)
 }
 
 // KafkaCluster returns the configuration of the services script's three

@@ -87,12 +87,21 @@ func ClickHouse(t testing.TB) chconn.Config {
 	c := chconn.Defaults()
 	c.Addr = addr("SLUICE_CLICKHOUSE_ADDR", c.Addr)
 	Require(t, "clickhouse", c.Addr)
+	return testDatabase(t, c)
+}
+
+// testDatabase gives c a database of the test's own, created now and
+// dropped from each of c's servers when t ends (kept when
+// SLUICE_KEEP_TEST_DB=1, for looking at a failure).
+func testDatabase(t testing.TB, c chconn.Config) chconn.Config {
+	t.Helper()
 	c.Database = Unique(t, "t_")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := chconn.EnsureDatabase(ctx, c); err != nil {
 		t.Fatal(err)
 	}
+	servers := c.Servers()
 	t.Cleanup(func() {
 		if os.Getenv("SLUICE_KEEP_TEST_DB") == "1" {
 			t.Logf("keeping ClickHouse database %s", c.Database)
@@ -102,14 +111,18 @@ func ClickHouse(t testing.TB) chconn.Config {
 		// thousands of parts; dropping it took longer than 30 s once.
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		conn, err := chconn.Open(ctx, c)
-		if err != nil {
-			t.Logf("drop test database %s: %v", c.Database, err)
-			return
-		}
-		defer conn.Close()
-		if err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+c.Database); err != nil {
-			t.Logf("drop test database %s: %v", c.Database, err)
+		for _, a := range servers {
+			one := c
+			one.Addrs, one.Addr = nil, a
+			conn, err := chconn.Open(ctx, one)
+			if err != nil {
+				t.Logf("drop test database %s on %s: %v", c.Database, a, err)
+				continue
+			}
+			if err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+c.Database); err != nil {
+				t.Logf("drop test database %s on %s: %v", c.Database, a, err)
+			}
+			conn.Close()
 		}
 	})
 	return c

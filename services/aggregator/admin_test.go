@@ -37,6 +37,32 @@ func tierOf(tenant string, tier int, dir schemas.Direction) func(*schemas.Signal
 	}
 }
 
+// adminTopicSetup is the set-up of a test of overrides on the admin
+// topic: the services (setup), a policy of 1,000 hourly tokens for every
+// model, a compacted admin topic of the test's own, and a client to
+// produce to it.
+func adminTopicSetup(t *testing.T) (e *env, adminTopic string, cl *kgo.Client) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	e = setup(t)
+	adminTopic = itest.Unique(t, "admin_")
+	writePolicy(t, e.policy, "defaults:\n  models:\n    \"*\": {hourly_tokens: 1000}\n")
+	cl, err := kafkaconn.NewClient(e.kafka)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	compact := "compact"
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := kadm.NewClient(cl).CreateTopics(ctx, 1, -1, map[string]*string{"cleanup.policy": &compact}, adminTopic); err != nil {
+		t.Fatal(err)
+	}
+	return e, adminTopic, cl
+}
+
 // TestAdminOverridesReachTiers: quota overrides on the admin topic change
 // tiers, signals and quota_state, not only flags: one written before the
 // aggregator starts is in force from the first event; one written while it
@@ -44,23 +70,7 @@ func tierOf(tenant string, tier int, dir schemas.Direction) func(*schemas.Signal
 // alert); a tombstone lifts it and its expiry ends it, each re-evaluating
 // the tenant at once, with no new usage.
 func TestAdminOverridesReachTiers(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
-	e := setup(t)
-	adminTopic := itest.Unique(t, "admin_")
-	writePolicy(t, e.policy, "defaults:\n  models:\n    \"*\": {hourly_tokens: 1000}\n")
-	cl, err := kafkaconn.NewClient(e.kafka)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	compact := "compact"
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := kadm.NewClient(cl).CreateTopics(ctx, 1, -1, map[string]*string{"cleanup.policy": &compact}, adminTopic); err != nil {
-		t.Fatal(err)
-	}
+	e, adminTopic, cl := adminTopicSetup(t)
 	// The enforcer's admin API signs what it writes (signal_auth).
 	signer := itest.Signer(t, testSignalAuth).For(signalauth.AdminActions)
 	encode := func(st *schemas.AdminState) []byte {
@@ -153,23 +163,9 @@ func TestAdminOverridesReachTiers(t *testing.T) {
 // genuine override (1,200) takes acme from 100% down to tier 70, where an
 // applied replay (10,000, tier 0) would have made it go up to 70.
 func TestReplayedAdminOverrideIsRefused(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
-	e := setup(t)
-	adminTopic := itest.Unique(t, "admin_")
-	writePolicy(t, e.policy, "defaults:\n  models:\n    \"*\": {hourly_tokens: 1000}\n")
-	cl, err := kafkaconn.NewClient(e.kafka)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	compact := "compact"
+	e, adminTopic, cl := adminTopicSetup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if _, err := kadm.NewClient(cl).CreateTopics(ctx, 1, -1, map[string]*string{"cleanup.policy": &compact}, adminTopic); err != nil {
-		t.Fatal(err)
-	}
 	// What the enforcer's admin API writes: each action the next version
 	// of its scope, signed, under a derived key.
 	writer := adminlog.New(itest.Signer(t, testSignalAuth).For(signalauth.AdminActions))

@@ -12,7 +12,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/platform/itest"
@@ -210,15 +209,7 @@ func TestForgedTombstoneAndCompactionKeepAlertState(t *testing.T) {
 	kcfg, cl, signals := signalsTopic(t, 1)
 	ctx := context.Background()
 	topic := signals + ".state"
-	adm := kadm.NewClient(cl)
-	v := func(s string) *string { return &s }
-	// Compacted as aggressively as the broker allows (see waitCompacted).
-	if _, err := adm.CreateTopic(ctx, 1, 1, map[string]*string{"cleanup.policy": v("compact"), "segment.ms": v("100"),
-		"min.cleanable.dirty.ratio": v("0.001"), "delete.retention.ms": v("0"), "min.compaction.lag.ms": v("0"),
-		"max.compaction.lag.ms": v("100")}, topic); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = adm.DeleteTopics(context.Background(), topic) })
+	itest.CompactingTopic(t, kcfg, topic)
 	n, err := ensureStateTopic(ctx, cl, kcfg, signals, topic)
 	if err != nil {
 		t.Fatal(err)
@@ -239,28 +230,7 @@ func TestForgedTombstoneAndCompactionKeepAlertState(t *testing.T) {
 	}
 	produce(k.String(), nil) // the forger's tombstone
 	produce(canary, []byte("2"))
-	itest.Eventually(t, 90*time.Second, "the broker compacting "+topic, func() bool {
-		produce("roll", []byte("x"))
-		n := 0
-		rd, err := kafkaconn.NewClient(kcfg, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {0: kgo.NewOffset().AtStart()}}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rd.Close()
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		for rctx.Err() == nil {
-			for _, r := range rd.PollFetches(rctx).Records() {
-				if string(r.Key) == canary {
-					n++
-				}
-				if string(r.Key) == "roll" {
-					cancel()
-				}
-			}
-		}
-		return n == 1
-	})
+	itest.WaitCompacted(t, kcfg, cl, topic, canary)
 	got, err := s.load(ctx, []int32{0})
 	if err != nil {
 		t.Fatal(err)

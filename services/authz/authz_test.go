@@ -19,7 +19,6 @@ import (
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/checker"
 	"github.com/sluicehq/sluice/sdk/go/emitter/emittertest"
-	"github.com/sluicehq/sluice/sdk/go/flags"
 	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 )
 
@@ -249,12 +248,7 @@ func TestEnvoyPathAndEstimates(t *testing.T) {
 // X-Sluice-Error; admission is not asked about what the flags refused.
 func TestRefusalsInOpenAIFormat(t *testing.T) {
 	until := time.Now().Add(time.Hour)
-	dec := fakeDecider{
-		"blocked": {Outcome: checker.Refused, Flag: &flags.Flag{State: flags.StateBlacklist, Kind: flags.KindBlacklist, Until: until, Reason: "fraud case 17"}},
-		"spent": {Outcome: checker.Refused, Flag: &flags.Flag{State: flags.StateOpen, Kind: flags.KindQuota, Quota: "daily_tokens", Period: "day",
-			Used: 1200, Limit: 1000, Until: until, ResetsAt: until}},
-		"strict": {Outcome: checker.RefusedStale},
-	}
+	dec := refusingDecider(until, "fraud case 17")
 	adm := &fakeAdmitter{}
 	hs := newServer(t, DefaultConfig(), Deps{Checker: dec, Admitter: adm, Keys: testKeys(t)})
 
@@ -328,12 +322,7 @@ func TestConfigErrorsNameTheSetting(t *testing.T) {
 // a tenant is known or for a bad header, emit none.
 func TestRefusedChecksEmitRejectedEvents(t *testing.T) {
 	until := time.Now().Add(time.Hour)
-	dec := fakeDecider{
-		"blocked": {Outcome: checker.Refused, Flag: &flags.Flag{State: flags.StateBlacklist, Kind: flags.KindBlacklist, Until: until}},
-		"spent": {Outcome: checker.Refused, Flag: &flags.Flag{State: flags.StateOpen, Kind: flags.KindQuota, Quota: "daily_tokens", Period: "day",
-			Used: 1200, Limit: 1000, Until: until, ResetsAt: until}},
-		"strict": {Outcome: checker.RefusedStale},
-	}
+	dec := refusingDecider(until, "")
 	adm := &fakeAdmitter{}
 	em := &emittertest.Recorder{}
 	cfg := DefaultConfig()

@@ -7,8 +7,6 @@ import (
 	"maps"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,12 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/internal/frontend"
-	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/itest"
-	"github.com/sluicehq/sluice/platform/ops"
-	"github.com/sluicehq/sluice/platform/redisconn"
-	"github.com/sluicehq/sluice/sdk/go/checker"
-	"github.com/sluicehq/sluice/sdk/go/flags"
 	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 )
 
@@ -169,12 +162,7 @@ func deniedGRPC(t *testing.T, resp *authv3.CheckResponse, status int, grpcCode c
 // and admission is asked the same thing — one decision, two front ends.
 func TestGRPCAnswersAsTheHTTPEndpoint(t *testing.T) {
 	until := time.Now().Add(time.Hour)
-	dec := fakeDecider{
-		"blocked": {Outcome: checker.Refused, Flag: &flags.Flag{State: flags.StateBlacklist, Kind: flags.KindBlacklist, Until: until, Reason: "fraud case 17"}},
-		"spent": {Outcome: checker.Refused, Flag: &flags.Flag{State: flags.StateOpen, Kind: flags.KindQuota, Quota: "daily_tokens", Period: "day",
-			Used: 1200, Limit: 1000, Until: until, ResetsAt: until}},
-		"strict": {Outcome: checker.RefusedStale},
-	}
+	dec := refusingDecider(until, "fraud case 17")
 	adm := &fakeAdmitter{}
 	reg := prometheus.NewRegistry()
 	s, err := NewServer(DefaultConfig(), Deps{Checker: dec, Admitter: adm, Keys: testKeys(t), Logger: slog.New(slog.DiscardHandler), Metrics: reg})
@@ -441,20 +429,6 @@ func TestGRPCGracefulStop(t *testing.T) {
 	}
 }
 
-const grpcPolicy = `
-tenants:
-  acme:
-    limits:
-      acme-tpm: {unit: total_tokens, sliding_window: {length: 1m, limit: 1000000}, exact: true}
-  trial:
-    limits:
-      trial-rpm: {unit: requests, sliding_window: {length: 1m, limit: 2}, exact: true}
-  strict:
-    fail_mode: closed
-    limits:
-      strict-rpm: {unit: requests, sliding_window: {length: 1m, limit: 1000}, exact: true}
-`
-
 // TestGRPCExtAuthz runs `sluice run authz` with grpc.listen set, on the
 // real Redis (the enforcer's flags, admission's counters) behind a proxy
 // the test can cut, with the test keys file, and asks it as Envoy does:
@@ -465,36 +439,12 @@ tenants:
 // closed gets 503 and the one that fails open 200. The health service
 // answers SERVING, and the service stops cleanly.
 func TestGRPCExtAuthz(t *testing.T) {
-	rc := itest.Redis(t)
-	itest.QuietRedisLogs()
-	rdb := redisconn.NewClient(rc)
-	t.Cleanup(func() { rdb.Close() })
-	t.Cleanup(func() {
-		ctx := context.Background()
-		_ = flags.ScanKeys(ctx, rdb, rc.KeyPrefix+"*", func(k string) { rdb.Del(ctx, k) })
-	})
-	layout := flags.Layout{Prefix: rc.Prefix(redisconn.FlagKeys)}
+	env, proxy := liveEnv(t)
+	reg := env.Metrics.(*prometheus.Registry)
 	ctx := context.Background()
-	if err := rdb.HSet(ctx, layout.TenantKey("blocked"), flags.VersionField, 1, flags.AllModels,
-		flags.Encode(&flags.Flag{State: flags.StateBlacklist, Kind: flags.KindBlacklist, Until: time.Now().Add(time.Hour), Reason: "case 4411"})).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := rdb.Set(ctx, layout.VersionKey(), 1, 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	policyFile := filepath.Join(t.TempDir(), "policy.yaml")
-	if err := os.WriteFile(policyFile, []byte(grpcPolicy), 0o644); err != nil {
-		t.Fatal(err)
-	}
-
 	cfg := DefaultConfig()
 	cfg.Listen, cfg.GRPC.Listen = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Admission.MaxWait = 200 * time.Millisecond
-	proxy := itest.NewProxy(t, rc.Addr)
-	reg := prometheus.NewRegistry()
-	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: reg, Health: ops.NewHealth(), Redis: rc,
-		Policy: platform.FileSource{File: policyFile, Reload: time.Second}, TenantKeys: platform.FileSource{File: testKeysFile(t), Reload: time.Second}}
-	env.Redis.Addr = proxy.Addr()
 
 	var addr string // learnt before the service is ready
 	svc, err := New(cfg, env, WithGRPCListening(func(a string) { addr = a }))
@@ -570,7 +520,7 @@ func TestGRPCExtAuthz(t *testing.T) {
 	proxy.Restore()
 
 	// The metrics carry the transport.
-	if n := counterValue(t, reg, "sluice_authz_checks_total", map[string]string{"transport": "grpc", "status": "429", "by": "admission"}); n != 1 {
+	if n := itest.CounterValue(t, reg, "sluice_authz_checks_total", map[string]string{"transport": "grpc", "status": "429", "by": "admission"}); n != 1 {
 		t.Fatalf("sluice_authz_checks_total{transport=grpc,status=429,by=admission} = %v, want 1", n)
 	}
 
@@ -581,31 +531,6 @@ func TestGRPCExtAuthz(t *testing.T) {
 		conn.Close()
 		t.Fatal("the gRPC port still accepts connections after the service stopped")
 	}
-}
-
-// counterValue is the value of the counter name with labels in reg.
-func counterValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-					continue metrics
-				}
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	t.Fatalf("no %s%v", name, labels)
-	return 0
 }
 
 // TestGRPCConfigErrorsNameTheSetting: grpc.listen is validated like listen.

@@ -4,10 +4,8 @@ package authz
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -21,16 +19,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/itest"
-	"github.com/sluicehq/sluice/platform/ops"
-	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // snippetFile is the nginx configuration docs/forward-auth.md shows and
@@ -188,20 +181,6 @@ func (u *upstreamSeen) all() []string {
 	return append([]string(nil), u.tenants...)
 }
 
-const nginxPolicy = `
-tenants:
-  acme:
-    limits:
-      acme-tpm: {unit: total_tokens, sliding_window: {length: 1m, limit: 1000000}, exact: true}
-  trial:
-    limits:
-      trial-rpm: {unit: requests, sliding_window: {length: 1m, limit: 2}, exact: true}
-  strict:
-    fail_mode: closed
-    limits:
-      strict-rpm: {unit: requests, sliding_window: {length: 1m, limit: 1000}, exact: true}
-`
-
 // TestNginxForwardAuth runs the real nginx with deploy/nginx's
 // configuration in front of the mock upstream, asking the authz service
 // (keys file, flags and admission on the real Redis) before each call: an
@@ -213,13 +192,10 @@ tenants:
 // that fails open is still served. Each refusal of the flags or admission
 // reaches ingest (here a recording stand-in) as a rejected usage event.
 func TestNginxForwardAuth(t *testing.T) {
-	rc := itest.Redis(t)
-	itest.QuietRedisLogs()
 	seen := &upstreamSeen{}
 	up := httptest.NewServer(seen.wrap(mockllm.Handler()))
 	t.Cleanup(up.Close)
 
-	// The flags: tenant "blocked" is blacklisted, as the enforcer writes it.
 	cfg := DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Admission.MaxWait = 200 * time.Millisecond
@@ -227,31 +203,8 @@ func TestNginxForwardAuth(t *testing.T) {
 	ingest := httptest.NewServer(ing)
 	t.Cleanup(ingest.Close)
 	cfg.Usage.Sink, cfg.Usage.IngestURL, cfg.Usage.FlushInterval = frontend.SinkIngest, ingest.URL, 10*time.Millisecond
-	policyFile := filepath.Join(t.TempDir(), "policy.yaml")
-	if err := os.WriteFile(policyFile, []byte(nginxPolicy), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	rdb := redisconn.NewClient(rc)
-	t.Cleanup(func() { rdb.Close() })
-	layout := flags.Layout{Prefix: rc.Prefix(redisconn.FlagKeys)}
-	t.Cleanup(func() {
-		ctx := context.Background()
-		_ = flags.ScanKeys(ctx, rdb, rc.KeyPrefix+"*", func(k string) { rdb.Del(ctx, k) })
-	})
-	ctx := context.Background()
-	if err := rdb.HSet(ctx, layout.TenantKey("blocked"), flags.VersionField, 1, flags.AllModels,
-		flags.Encode(&flags.Flag{State: flags.StateBlacklist, Kind: flags.KindBlacklist, Until: time.Now().Add(time.Hour), Reason: "case 4411"})).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := rdb.Set(ctx, layout.VersionKey(), 1, 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-
 	// The service reaches Redis through a proxy the test can cut.
-	proxy := itest.NewProxy(t, rc.Addr)
-	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(), Redis: rc,
-		Policy: platform.FileSource{File: policyFile, Reload: time.Second}, TenantKeys: platform.FileSource{File: testKeysFile(t), Reload: time.Second}}
-	env.Redis.Addr = proxy.Addr()
+	env, proxy := liveEnv(t)
 	authzAddr := startService(t, cfg, env)
 	base := "http://" + startNginx(t, authzAddr, strings.TrimPrefix(up.URL, "http://"))
 

@@ -10,7 +10,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/adminapi"
-	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
@@ -28,37 +27,13 @@ import (
 // reading the whole topic, refuses them again. The admin API's own
 // actions, signed with the shared key, take effect.
 func TestForgedAdminRecordsAreRefused(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs Kafka, ClickHouse and Redis")
-	}
-	kc, rc, chc := itest.Kafka(t), itest.Redis(t), itest.ClickHouse(t)
-	testClickHouse(t, chc)
+	a := newAdminTest(t)
+	kc, rc, cfg := a.env.Kafka, a.env.Redis, a.cfg
 	ctx := context.Background()
-	cfg := testConfig(t)
-	cfg.Group = itest.Unique(t, "enforcer_")
-	cfg.SignalsTopic = itest.Unique(t, "signals_")
-	cfg.HeartbeatEvery, cfg.LeaderLease = 500*time.Millisecond, time.Second
-	cfg.Admin.Tokens = []adminapi.Token{{Name: "ops", SHA256: adminapi.HashToken("tok")}}
-	testRedis(t, rc, cfg.KeyPrefix)
 	ch := startChecker(t, rc, cfg.KeyPrefix, 10*time.Second)
-	sigAuth := itest.SignalAuth(t)
-	signer := itest.Signer(t, sigAuth)
+	signer := itest.Signer(t, a.env.SignalAuth)
 
-	start := func() (*adminapi.Client, *prometheus.Registry, func()) {
-		cfg := cfg
-		cfg.Admin.Listen = closedAddr(t)
-		reg := prometheus.NewRegistry()
-		env := platform.Env{Logger: quietLog(), Metrics: reg, Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: sigAuth}.Named("test")
-		svc, err := New(cfg, env)
-		stop := itest.RunService(t, svc, err)
-		cl, err := adminapi.NewClient("http://"+cfg.Admin.Listen, "tok", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		itest.EventuallyNoError(t, within, "admin API up", func() error { _, err := cl.Breakers(ctx, ""); return err })
-		return cl, reg, stop
-	}
-	cl, reg, stop := start()
+	cl, reg, stop := a.start(t)
 
 	tenant, victim := itest.Unique(t, "fraud-"), itest.Unique(t, "victim-")
 	if _, err := cl.Blacklist(ctx, adminapi.Request{Tenant: tenant, Reason: "fraud", ExpiresIn: "1h"}); err != nil {
@@ -114,7 +89,7 @@ func TestForgedAdminRecordsAreRefused(t *testing.T) {
 	itest.Eventually(t, within, "the sentinel trip enforced", func() bool { return ch.Check(tenant, "sentinel", "").Outcome == checker.Refused })
 	check := func(when string, reg *prometheus.Registry) {
 		t.Helper()
-		if n := counter(t, reg, "sluice_enforcer_admin_records_total", "result", "unauthenticated"); n != float64(len(forged)) {
+		if n := itest.CounterValue(t, reg, "sluice_enforcer_admin_records_total", map[string]string{"result": "unauthenticated"}); n != float64(len(forged)) {
 			t.Errorf("%s: unauthenticated admin records %v, want %d", when, n, len(forged))
 		}
 		if !blacklisted(tenant) {
@@ -128,9 +103,9 @@ func TestForgedAdminRecordsAreRefused(t *testing.T) {
 
 	// A restart reads the whole topic again.
 	stop()
-	cl, reg, _ = start()
+	cl, reg, _ = a.start(t)
 	itest.Eventually(t, within, "restarted enforcer read the admin topic", func() bool {
-		return counter(t, reg, "sluice_enforcer_admin_records_total", "result", "applied") >= 2
+		return itest.CounterValue(t, reg, "sluice_enforcer_admin_records_total", map[string]string{"result": "applied"}) >= 2
 	})
 	check("restarted", reg)
 

@@ -11,69 +11,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/adminapi"
-	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/checker"
 	"github.com/sluicehq/sluice/sdk/go/flags"
 )
-
-// createCompactingTopic creates topic compacted as aggressively as the
-// broker allows: segments roll every 100 ms, any dirty ratio is worth a
-// pass, tombstones go at once. The broker's cleaner then compacts within
-// its back-off (15 s by default) of a segment roll.
-func createCompactingTopic(t *testing.T, kc kafkaconn.Config, topic string) *kgo.Client {
-	t.Helper()
-	cl, err := kafkaconn.NewClient(kc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	adm := kadm.NewClient(cl)
-	s := func(v string) *string { return &v }
-	ctx := context.Background()
-	if _, err := adm.CreateTopic(ctx, 1, 1, map[string]*string{"cleanup.policy": s("compact"), "segment.ms": s("100"),
-		"min.cleanable.dirty.ratio": s("0.001"), "delete.retention.ms": s("0"), "min.compaction.lag.ms": s("0"),
-		"max.compaction.lag.ms": s("100")}, topic); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = adm.DeleteTopics(context.Background(), topic) })
-	return cl
-}
-
-// waitCompacted produces a record every half second (so the active
-// segment rolls) until the broker's cleaner removed the first of the two
-// records keyed canary: everything produced before the second was then
-// compacted.
-func waitCompacted(t *testing.T, kc kafkaconn.Config, prod *kgo.Client, topic, canary string) {
-	t.Helper()
-	ctx := context.Background()
-	itest.Eventually(t, 90*time.Second, "the broker compacting "+topic, func() bool {
-		if err := prod.ProduceSync(ctx, &kgo.Record{Topic: topic, Key: []byte("roll"), Value: []byte("x")}).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-		rd, err := kafkaconn.NewClient(kc, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rd.Close()
-		n := 0
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		for rctx.Err() == nil {
-			for _, r := range rd.PollFetches(rctx).Records() {
-				if string(r.Key) == canary {
-					n++
-				}
-				if string(r.Key) == "roll" {
-					cancel() // the roll records come after both canaries
-				}
-			}
-		}
-		return n == 1
-	})
-}
 
 // TestForgedTombstoneAndCompactionRemoveNoAdminAction: readers refuse an
 // unsigned tombstone, but Kafka's compaction does not read signatures: it
@@ -83,21 +26,12 @@ func waitCompacted(t *testing.T, kc kafkaconn.Config, prod *kgo.Client, topic, c
 // compacted the topic, and Redis lost every flag (both enforcers down past
 // the flag TTL), a fresh enforcer enforces both from the topic.
 func TestForgedTombstoneAndCompactionRemoveNoAdminAction(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs Kafka, ClickHouse and Redis")
-	}
-	kc, rc, chc := itest.Kafka(t), itest.Redis(t), itest.ClickHouse(t)
-	testClickHouse(t, chc)
+	a := newAdminTest(t)
+	kc, rc, cfg := a.env.Kafka, a.env.Redis, a.cfg
+	rdb := a.rdb
 	ctx := context.Background()
-	cfg := testConfig(t)
-	cfg.Group = itest.Unique(t, "enforcer_")
-	cfg.SignalsTopic = itest.Unique(t, "signals_")
-	cfg.HeartbeatEvery, cfg.LeaderLease = 500*time.Millisecond, time.Second
-	cfg.Admin.Tokens = []adminapi.Token{{Name: "ops", SHA256: adminapi.HashToken("tok")}}
-	rdb := testRedis(t, rc, cfg.KeyPrefix)
 	ch := startChecker(t, rc, cfg.KeyPrefix, 10*time.Second)
-	sigAuth := itest.SignalAuth(t)
-	prod := createCompactingTopic(t, kc, cfg.AdminTopic)
+	prod := itest.CompactingTopic(t, kc, cfg.AdminTopic)
 	produce := func(key string, value []byte) {
 		t.Helper()
 		r := &kgo.Record{Topic: cfg.AdminTopic, Key: []byte(key), Value: value,
@@ -109,21 +43,7 @@ func TestForgedTombstoneAndCompactionRemoveNoAdminAction(t *testing.T) {
 	canary := itest.Unique(t, "canary-")
 	produce(canary, []byte("1"))
 
-	start := func() (*adminapi.Client, *prometheus.Registry, func()) {
-		cfg := cfg
-		cfg.Admin.Listen = closedAddr(t)
-		reg := prometheus.NewRegistry()
-		env := platform.Env{Logger: quietLog(), Metrics: reg, Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: sigAuth}.Named("test")
-		svc, err := New(cfg, env)
-		stop := itest.RunService(t, svc, err)
-		cl, err := adminapi.NewClient("http://"+cfg.Admin.Listen, "tok", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		itest.EventuallyNoError(t, within, "admin API up", func() error { _, err := cl.Breakers(ctx, ""); return err })
-		return cl, reg, stop
-	}
-	cl, _, stop := start()
+	cl, _, stop := a.start(t)
 	blocked, capped := itest.Unique(t, "bl-"), itest.Unique(t, "ov-")
 	zero := 0.0
 	if _, err := cl.Blacklist(ctx, adminapi.Request{Tenant: blocked, Reason: "fraud", ExpiresIn: "48h"}); err != nil {
@@ -150,12 +70,12 @@ func TestForgedTombstoneAndCompactionRemoveNoAdminAction(t *testing.T) {
 	produce((&schemas.AdminState{Kind: schemas.AdminBlacklist, Tenant: blocked, Model: flags.AllModels}).Key(), nil)
 	produce((&schemas.AdminState{Kind: schemas.AdminOverride, Tenant: capped, Model: "*", Quota: schemas.QuotaDailyTokens}).Key(), nil)
 	produce(canary, []byte("2"))
-	waitCompacted(t, kc, prod, cfg.AdminTopic, canary)
+	itest.WaitCompacted(t, kc, prod, cfg.AdminTopic, canary)
 
 	// Both enforcers down longer than the flag TTL: Redis holds nothing.
 	stop()
 	_ = flags.ScanKeys(ctx, rdb, cfg.KeyPrefix+"*", func(k string) { rdb.Del(ctx, k) })
-	start()
+	a.start(t)
 	// A new Checker: the first one still remembers the flags Redis lost.
 	enforced("after compaction and a restart with no flags", startChecker(t, rc, cfg.KeyPrefix, 10*time.Second))
 }
@@ -196,34 +116,10 @@ func mustClient(t *testing.T, kc kafkaconn.Config, opts ...kgo.Opt) *kgo.Client 
 // enforcer, and a restarted one reading the whole topic, refuse the copy
 // as a replay and count it; the override stays cleared.
 func TestReplayedAdminRecordIsRefused(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs Kafka, ClickHouse and Redis")
-	}
-	kc, rc, chc := itest.Kafka(t), itest.Redis(t), itest.ClickHouse(t)
-	testClickHouse(t, chc)
+	a := newAdminTest(t)
+	kc, cfg := a.env.Kafka, a.cfg
 	ctx := context.Background()
-	cfg := testConfig(t)
-	cfg.Group = itest.Unique(t, "enforcer_")
-	cfg.SignalsTopic = itest.Unique(t, "signals_")
-	cfg.HeartbeatEvery, cfg.LeaderLease = 500*time.Millisecond, time.Second
-	cfg.Admin.Tokens = []adminapi.Token{{Name: "ops", SHA256: adminapi.HashToken("tok")}}
-	testRedis(t, rc, cfg.KeyPrefix)
-	sigAuth := itest.SignalAuth(t)
-	start := func() (*adminapi.Client, *prometheus.Registry, func()) {
-		cfg := cfg
-		cfg.Admin.Listen = closedAddr(t)
-		reg := prometheus.NewRegistry()
-		env := platform.Env{Logger: quietLog(), Metrics: reg, Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: sigAuth}.Named("test")
-		svc, err := New(cfg, env)
-		stop := itest.RunService(t, svc, err)
-		cl, err := adminapi.NewClient("http://"+cfg.Admin.Listen, "tok", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		itest.EventuallyNoError(t, within, "admin API up", func() error { _, err := cl.Breakers(ctx, ""); return err })
-		return cl, reg, stop
-	}
-	cl, reg, stop := start()
+	cl, reg, stop := a.start(t)
 	tenant := itest.Unique(t, "promo-")
 	raised := 5e9
 	req := adminapi.Request{Tenant: tenant, Model: "*", Quota: schemas.QuotaMonthlyTokens, Limit: &raised, Reason: "promotion", ExpiresIn: "2000h"}
@@ -270,13 +166,13 @@ func TestReplayedAdminRecordIsRefused(t *testing.T) {
 		if n := overrides(); n != 0 {
 			t.Errorf("%s: the replayed override is in force again (%d overrides)", when, n)
 		}
-		if n := counter(t, reg, "sluice_enforcer_admin_records_total", "result", "replayed"); n != 1 {
+		if n := itest.CounterValue(t, reg, "sluice_enforcer_admin_records_total", map[string]string{"result": "replayed"}); n != 1 {
 			t.Errorf("%s: %v replayed admin records counted, want 1", when, n)
 		}
 	}
 	check("running", reg)
 	stop()
-	cl, reg, _ = start()
+	cl, reg, _ = a.start(t)
 	itest.Eventually(t, within, "restarted enforcer applied the sentinel", func() bool {
 		bs, err := cl.Breakers(ctx, tenant)
 		return err == nil && len(bs) == 1

@@ -29,11 +29,8 @@ func TestSignalIsCommittedOnlyOnceItsFlagIsWritten(t *testing.T) {
 	}
 	kc, rc := itest.Kafka(t), itest.Redis(t)
 	ctx := context.Background()
-	cfg := testConfig(t)
-	cfg.Group = itest.Unique(t, "enforcer_")
-	cfg.SignalsTopic = itest.Unique(t, "signals_")
-	cfg.Admin.Listen = ""
-	cfg.Recover = false
+	cfg := serviceTestConfig(t)
+	cfg.Admin.Listen, cfg.Recover = "", false
 	cfg.LeaderLease, cfg.HeartbeatEvery = time.Second, 200*time.Millisecond
 	rdb := testRedis(t, rc, cfg.KeyPrefix)
 	keys := flags.Layout{Prefix: cfg.KeyPrefix}
@@ -69,7 +66,7 @@ func TestSignalIsCommittedOnlyOnceItsFlagIsWritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	itest.Eventually(t, within, "the anomaly handled", func() bool {
-		return counter(t, reg, "sluice_enforcer_signals_total", "result", "changed") >= 1
+		return itest.CounterValue(t, reg, "sluice_enforcer_signals_total", map[string]string{"result": "changed"}) >= 1
 	})
 	stopFirst()
 

@@ -134,9 +134,7 @@ func TestNewLeaderBehindThePreviousClockIsHeard(t *testing.T) {
 		t.Skip("needs Redis")
 	}
 	rc := itest.Redis(t)
-	cfg := testConfig(t)
-	cfg.LeaderLease = time.Second
-	rdb := testRedis(t, rc, cfg.KeyPrefix)
+	cfg, rdb, _, _ := leaseTest(t, rc)
 	keys := flags.Layout{Prefix: cfg.KeyPrefix}
 	ctx := context.Background()
 	const tenant = "skewed"
@@ -178,15 +176,8 @@ func TestSameReplicaIDNeverLeadsTwice(t *testing.T) {
 		t.Skip("needs Redis")
 	}
 	rc := itest.Redis(t)
-	cfg := testConfig(t)
-	cfg.LeaderLease = time.Second
-	rdb := testRedis(t, rc, cfg.KeyPrefix)
+	cfg, rdb, lease, fence := leaseTest(t, rc)
 	ctx := context.Background()
-	lease := leaseKey(cfg.KeyPrefix)
-	fence, err := fenceKey(lease)
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	first := startReplica(t, cfg, "same", rdb, rdb)
 	itest.Eventually(t, within, "the first process leads", first.writer.Leading)
@@ -216,6 +207,22 @@ func TestSameReplicaIDNeverLeadsTwice(t *testing.T) {
 			t.Fatalf("the lease went from %q to %q", owner, v)
 		}
 	}
+}
+
+// leaseTest is the set-up of a test of the leader lease on rc: a
+// configuration whose lease changes hands within a second, a client whose
+// keys go with the test, and the lease's key and its fence's.
+func leaseTest(t *testing.T, rc redisconn.Config) (cfg Config, rdb redis.UniversalClient, lease, fence string) {
+	t.Helper()
+	cfg = testConfig(t)
+	cfg.LeaderLease = time.Second
+	rdb = testRedis(t, rc, cfg.KeyPrefix)
+	lease = leaseKey(cfg.KeyPrefix)
+	fence, err := fenceKey(lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, rdb, lease, fence
 }
 
 // pipelineWatch is a go-redis hook that records, once armed, when a
@@ -394,15 +401,8 @@ func TestLeaseAndFenceOnRedisCluster(t *testing.T) {
 		t.Skip("needs the Redis Cluster")
 	}
 	rc := itest.RedisCluster(t)
-	cfg := testConfig(t)
-	cfg.LeaderLease = time.Second
-	rdb := testRedis(t, rc, cfg.KeyPrefix)
+	cfg, rdb, lease, fence := leaseTest(t, rc)
 	ctx := context.Background()
-	lease := leaseKey(cfg.KeyPrefix)
-	fence, err := fenceKey(lease)
-	if err != nil {
-		t.Fatal(err)
-	}
 	cl, ok := rdb.(*redis.ClusterClient)
 	if !ok {
 		t.Fatalf("client %T is not a cluster client", rdb)

@@ -11,10 +11,13 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/sluicehq/sluice/adminapi"
 	"github.com/sluicehq/sluice/migrations"
+	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/itest/checkertest"
@@ -172,4 +175,58 @@ func exhausted(tenant, model string) *schemas.Signal {
 		Time: now, Tenant: tenant, Model: model, Quota: schemas.QuotaDailyTokens, Period: schemas.PeriodDay,
 		PeriodStart: now.Add(-time.Hour), PeriodEnd: now.Add(time.Hour), Used: 1000, Limit: 1000, Unit: schemas.UnitTokens,
 		Mode: schemas.ModeHard}
+}
+
+// serviceTestConfig is testConfig for a test that runs whole enforcers:
+// their own consumer group and signals topic too.
+func serviceTestConfig(t testing.TB) Config {
+	cfg := testConfig(t)
+	cfg.Group = itest.Unique(t, "enforcer_")
+	cfg.SignalsTopic = itest.Unique(t, "signals_")
+	return cfg
+}
+
+// adminTest is the set-up of a test that runs whole enforcers against
+// the real services and acts through their admin API: a configuration of
+// its own (consumer group, signals and admin topics, key prefix), a lease
+// that changes hands within a second, the admin token "tok", and a client
+// of the test's Redis keys.
+type adminTest struct {
+	cfg Config
+	env platform.Env // Kafka, ClickHouse, Redis and signing keys
+	rdb redis.UniversalClient
+}
+
+func newAdminTest(t *testing.T) *adminTest {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs Kafka, ClickHouse and Redis")
+	}
+	a := &adminTest{cfg: serviceTestConfig(t)}
+	a.cfg.HeartbeatEvery, a.cfg.LeaderLease = 500*time.Millisecond, time.Second
+	a.cfg.Admin.Tokens = []adminapi.Token{{Name: "ops", SHA256: adminapi.HashToken("tok")}}
+	a.env = platform.Env{Kafka: itest.Kafka(t), ClickHouse: itest.ClickHouse(t), Redis: itest.Redis(t), SignalAuth: itest.SignalAuth(t)}
+	testClickHouse(t, a.env.ClickHouse)
+	a.rdb = testRedis(t, a.env.Redis, a.cfg.KeyPrefix)
+	return a
+}
+
+// start runs an enforcer with its admin API on a fresh port and its own
+// metrics registry; it returns a client of that API once the API answers,
+// the registry, and the enforcer's stop. Called again after a stop, it is
+// the same enforcer restarted.
+func (a *adminTest) start(t *testing.T) (*adminapi.Client, *prometheus.Registry, func()) {
+	t.Helper()
+	cfg, env := a.cfg, a.env
+	cfg.Admin.Listen = closedAddr(t)
+	reg := prometheus.NewRegistry()
+	env.Logger, env.Metrics = quietLog(), reg
+	svc, err := New(cfg, env.Named("test"))
+	stop := itest.RunService(t, svc, err)
+	cl, err := adminapi.NewClient("http://"+cfg.Admin.Listen, "tok", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	itest.EventuallyNoError(t, within, "admin API up", func() error { _, err := cl.Breakers(context.Background(), ""); return err })
+	return cl, reg, stop
 }

@@ -44,10 +44,8 @@ func TestRunConsumesSignalsAndRecoversState(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cfg := testConfig(t)
+	cfg := serviceTestConfig(t)
 	rdb := testRedis(t, rc, cfg.KeyPrefix)
-	cfg.Group = itest.Unique(t, "enforcer_")
-	cfg.SignalsTopic = itest.Unique(t, "signals_")
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	cfg.Admin.Listen = ln.Addr().String()
 	ln.Close()

@@ -27,11 +27,8 @@ func TestForgedPeriodResetDoesNotLiftBreaker(t *testing.T) {
 	}
 	kc, rc := itest.Kafka(t), itest.Redis(t)
 	ctx := context.Background()
-	cfg := testConfig(t)
-	cfg.Group = itest.Unique(t, "enforcer_")
-	cfg.SignalsTopic = itest.Unique(t, "signals_")
-	cfg.Admin.Listen = ""
-	cfg.Recover = false
+	cfg := serviceTestConfig(t)
+	cfg.Admin.Listen, cfg.Recover = "", false
 	rdb := testRedis(t, rc, cfg.KeyPrefix)
 	sigAuth := itest.SignalAuth(t)
 	signer := itest.Signer(t, sigAuth)
@@ -91,7 +88,7 @@ func TestForgedPeriodResetDoesNotLiftBreaker(t *testing.T) {
 	produce(copied)
 
 	itest.Eventually(t, within, "three forged resets counted", func() bool {
-		return counter(t, reg, "sluice_enforcer_signals_total", "result", "unauthenticated") == 3
+		return itest.CounterValue(t, reg, "sluice_enforcer_signals_total", map[string]string{"result": "unauthenticated"}) == 3
 	})
 	// A signed signal behind them on the same partition: once its flag is
 	// written, anything the forged ones could have changed is written too.
@@ -104,30 +101,7 @@ func TestForgedPeriodResetDoesNotLiftBreaker(t *testing.T) {
 	// The same reset, signed with the shared key, lifts it.
 	produce(signer.Record(cfg.SignalsTopic, []byte(tenant), reset()))
 	itest.Eventually(t, within, "signed period_reset lifts the breaker", func() bool { return flag("gpt-4o") == "" })
-	if n := counter(t, reg, "sluice_enforcer_signals_total", "result", "unauthenticated"); n != 3 {
+	if n := itest.CounterValue(t, reg, "sluice_enforcer_signals_total", map[string]string{"result": "unauthenticated"}); n != 3 {
 		t.Errorf("unauthenticated signals %v, want 3", n)
 	}
-}
-
-// counter returns the value of the counter name{label=value} in reg, 0
-// when it has no such series.
-func counter(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == label && lp.GetValue() == value {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }

@@ -22,27 +22,12 @@ import (
 // call over acme's one-request-per-minute rule is answered 429 naming the
 // rule, and the upstream never sees it.
 func TestPolicyLimitsRefuseBeforeTheUpstream(t *testing.T) {
-	var upstreamCalls atomic.Int64
-	mockUp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		upstreamCalls.Add(1)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"id":"c1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`)
-	}))
-	t.Cleanup(mockUp.Close)
-	cfg := oneUpstream(t, mockUp.URL+"/v1")
-	cfg.Listen = "127.0.0.1:0"
-	cfg.policy = `
+	url, upstreamCalls := admissionGateway(t, `
 tenants:
   acme:
     limits:
       acme-rpm: {unit: requests, sliding_window: {length: 1m, limit: 1}, exact: true}
-`
-	pol := cfg.writePolicy(t)
-	cfg.Admission.MaxWait = time.Second
-	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(), Redis: itest.Redis(t),
-		Policy: platform.FileSource{File: pol, Reload: time.Second}, TenantKeys: platform.FileSource{File: writeKeys(t), Reload: time.Second}}
-	svc, err := New(cfg.Config, env)
-	url := "http://" + itest.StartService(t, svc, err).Addr()
+`)
 	body := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`
 	if resp, b := post(t, url, "/v1/chat/completions", "sk-acme", body); resp.StatusCode != http.StatusOK {
 		t.Fatalf("first call: %d %s", resp.StatusCode, b)
@@ -62,16 +47,7 @@ tenants:
 // a low one whose caller's deadline is before the refill get the 429 at
 // once.
 func TestLowPriorityWaitsForAPolicyLimit(t *testing.T) {
-	var upstreamCalls atomic.Int64
-	mockUp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		upstreamCalls.Add(1)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"id":"c1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`)
-	}))
-	t.Cleanup(mockUp.Close)
-	cfg := oneUpstream(t, mockUp.URL+"/v1")
-	cfg.Listen = "127.0.0.1:0"
-	cfg.policy = `
+	url, upstreamCalls := admissionGateway(t, `
 tenants:
   acme:
     limits:
@@ -80,13 +56,7 @@ tenants:
         token_bucket: {rate: 1, per: 2s, burst: 1}
         exact: true
         wait: {low: 30s}
-`
-	pol := cfg.writePolicy(t)
-	cfg.Admission.MaxWait = time.Second
-	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(), Redis: itest.Redis(t),
-		Policy: platform.FileSource{File: pol, Reload: time.Second}, TenantKeys: platform.FileSource{File: writeKeys(t), Reload: time.Second}}
-	svc, err := New(cfg.Config, env)
-	url := "http://" + itest.StartService(t, svc, err).Addr()
+`)
 	body := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`
 	if resp, b := post(t, url, "/v1/chat/completions", "sk-acme", body); resp.StatusCode != http.StatusOK {
 		t.Fatalf("first call: %d %s", resp.StatusCode, b)
@@ -104,4 +74,27 @@ tenants:
 	if n := upstreamCalls.Load(); n != 2 {
 		t.Fatalf("the upstream saw %d calls, want 2 (the first and the low one that waited)", n)
 	}
+}
+
+// admissionGateway runs a gateway in front of an upstream that answers
+// every chat call, admitting each call by the limits of policyYAML (a wait
+// of at most a second); it returns the gateway's URL and the count of the
+// calls that reached the upstream.
+func admissionGateway(t *testing.T, policyYAML string) (string, *atomic.Int64) {
+	t.Helper()
+	var upstreamCalls atomic.Int64
+	mockUp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		upstreamCalls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"c1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`)
+	}))
+	t.Cleanup(mockUp.Close)
+	cfg := oneUpstream(t, mockUp.URL+"/v1")
+	cfg.Listen = "127.0.0.1:0"
+	cfg.policy = policyYAML
+	cfg.Admission.MaxWait = time.Second
+	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(), Redis: itest.Redis(t),
+		Policy: platform.FileSource{File: cfg.writePolicy(t), Reload: time.Second}, TenantKeys: platform.FileSource{File: writeKeys(t), Reload: time.Second}}
+	svc, err := New(cfg.Config, env)
+	return "http://" + itest.StartService(t, svc, err).Addr(), &upstreamCalls
 }

@@ -193,6 +193,15 @@ redis.call('PEXPIRE', key, expiration)
 return {allowed, math.floor(tokens), retry_after}
 `)
 
+// tenantKeys are the keys of benchTenants under prefix.
+func tenantKeys(prefix string) []string {
+	keys := make([]string, len(benchTenants))
+	for i, t := range benchTenants {
+		keys[i] = prefix + t
+	}
+	return keys
+}
+
 // BenchmarkAdmissionSeed000SlidingWindow measures
 // admission_seed000_sliding_window_ns (p50, p99): the baseline sorted-set
 // window, one EVALSHA per request on the same Redis, 64 tenants' keys, 60 s
@@ -200,13 +209,9 @@ return {allowed, math.floor(tokens), retry_after}
 // with the entries in the window (each call reads them all); the figure is
 // for this run's length.
 func BenchmarkAdmissionSeed000SlidingWindow(b *testing.B) {
-	prefix := testPrefix(b)
 	c := testClient(b, "")
 	ctx := context.Background()
-	keys := make([]string, len(benchTenants))
-	for i, t := range benchTenants {
-		keys[i] = prefix + "seed000:" + t
-	}
+	keys := tenantKeys(testPrefix(b) + "seed000:")
 	var seq int
 	op := func(i int) {
 		seq++
@@ -225,13 +230,9 @@ func BenchmarkAdmissionSeed000SlidingWindow(b *testing.B) {
 // admission_seed002_token_bucket_ns (p50, p99): the baseline token bucket,
 // one EVALSHA per request on the same Redis, 64 tenants' keys.
 func BenchmarkAdmissionSeed002TokenBucket(b *testing.B) {
-	prefix := testPrefix(b)
 	c := testClient(b, "")
 	ctx := context.Background()
-	keys := make([]string, len(benchTenants))
-	for i, t := range benchTenants {
-		keys[i] = prefix + "seed002:" + t
-	}
+	keys := tenantKeys(testPrefix(b) + "seed002:")
 	op := func(i int) {
 		r, err := seed002TokenBucket.Run(ctx, c, []string{keys[i&63]}, 1<<36, 1<<40, time.Now().UnixMilli(), 90_000_000).Int64Slice()
 		if err != nil {

@@ -140,16 +140,22 @@ func TestSlotGroupsRefundOnPartialRefusal(t *testing.T) {
 	}
 }
 
+// refusalCacheLimiter is the limiter of the refusal cache's tests —
+// tenants' 100 tokens an hour, refusals remembered for a minute — and a
+// request of acme's for n prompt tokens to it.
+func refusalCacheLimiter(t *testing.T) (*Limiter, func(n int64) Decision) {
+	t.Helper()
+	tpm := window("tpm", TotalTokens, 100, time.Hour)
+	l := newTestLimiter(t, testClient(t, ""), &Rules{Default: TenantRules{Rules: []Rule{tpm}}}, WithPrefix(testPrefix(t)), WithRefusalCache(time.Minute))
+	return l, func(n int64) Decision {
+		return mustAdmit(t, l, Request{Tenant: "acme", Model: "m", PromptTokens: n}).Decision
+	}
+}
+
 // TestRefusalCacheSparesRedis: right after Redis refused a request, one at
 // least as large is refused from memory; a smaller one still asks Redis.
 func TestRefusalCacheSparesRedis(t *testing.T) {
-	prefix := testPrefix(t)
-	c := testClient(t, "")
-	tpm := window("tpm", TotalTokens, 100, time.Hour)
-	l := newTestLimiter(t, c, &Rules{Default: TenantRules{Rules: []Rule{tpm}}}, WithPrefix(prefix), WithRefusalCache(time.Minute))
-	req := func(n int64) Decision {
-		return mustAdmit(t, l, Request{Tenant: "acme", Model: "m", PromptTokens: n}).Decision
-	}
+	l, req := refusalCacheLimiter(t)
 	if d := req(90); !d.Allowed {
 		t.Fatalf("90 of 100: %+v", d)
 	}
@@ -207,13 +213,7 @@ func TestSetRulesReturnsLeasesAndKeepsCounters(t *testing.T) {
 // when the cache entry ends, which is sooner), and how much is available,
 // so Retry-After does not invite retries that are sure to fail.
 func TestCachedRefusalKeepsRedisRetryAfter(t *testing.T) {
-	prefix := testPrefix(t)
-	c := testClient(t, "")
-	tpm := window("tpm", TotalTokens, 100, time.Hour)
-	l := newTestLimiter(t, c, &Rules{Default: TenantRules{Rules: []Rule{tpm}}}, WithPrefix(prefix), WithRefusalCache(time.Minute))
-	req := func(n int64) Decision {
-		return mustAdmit(t, l, Request{Tenant: "acme", Model: "m", PromptTokens: n}).Decision
-	}
+	_, req := refusalCacheLimiter(t)
 	if d := req(90); !d.Allowed {
 		t.Fatalf("90 of 100: %+v", d)
 	}

@@ -70,43 +70,32 @@ func (cc countersCollector) Collect(ch chan<- prometheus.Metric) {
 // it is not nil.
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
-		byRule: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_admission_rule_decisions_total",
-			Help: "Per rule: requests it admitted (allowed) and requests it refused (refused).",
-		}, []string{"rule", "result"}),
+		byRule: counterVec("sluice_admission_rule_decisions_total",
+			"Per rule: requests it admitted (allowed) and requests it refused (refused).",
+			"rule", "result"),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "sluice_admission_duration_seconds",
 			Help:    "Time Admit took, by path: lease (memory only), redis (one round trip), other (cached refusal, fail mode, no rule).",
 			Buckets: []float64{1e-7, 2.5e-7, 1e-6, 1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2},
 		}, []string{"path"}),
-		leases: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_admission_leases_total",
-			Help: "Local leases taken from Redis and returned to it (their unused rest).",
-		}, []string{"event"}),
-		leaseUnits: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_admission_lease_units_total",
-			Help: "Units (requests or tokens) taken as leases and returned unused.",
-		}, []string{"event"}),
-		failMode: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_admission_fail_mode_decisions_total",
-			Help: "Decisions made while Redis was unreachable, by the tenant's fail mode and the result.",
-		}, []string{"mode", "result"}),
-		redisErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sluice_admission_redis_errors_total",
-			Help: "Redis calls that failed or exceeded the wait bound.",
-		}),
-		settles: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_admission_settlements_total",
-			Help: "Ticket settlements: applied and duplicate (a retry Redis had already applied) per slot group, deferred (Redis unreachable; applied when it is back), failed (neither applied nor queued: the backlog was full; lost unless the ticket is settled again).",
-		}, []string{"result"}),
-		reconciled: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sluice_admission_reconciled_units_total",
-			Help: "Units debited locally while Redis was unreachable and sent to Redis once it was back.",
-		}),
-		dropped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sluice_admission_reconcile_dropped_total",
-			Help: "Corrections dropped because the pending queue was full (WithMaxPending).",
-		}),
+		leases: counterVec("sluice_admission_leases_total",
+			"Local leases taken from Redis and returned to it (their unused rest).",
+			"event"),
+		leaseUnits: counterVec("sluice_admission_lease_units_total",
+			"Units (requests or tokens) taken as leases and returned unused.",
+			"event"),
+		failMode: counterVec("sluice_admission_fail_mode_decisions_total",
+			"Decisions made while Redis was unreachable, by the tenant's fail mode and the result.",
+			"mode", "result"),
+		redisErrors: counter("sluice_admission_redis_errors_total",
+			"Redis calls that failed or exceeded the wait bound."),
+		settles: counterVec("sluice_admission_settlements_total",
+			"Ticket settlements: applied and duplicate (a retry Redis had already applied) per slot group, deferred (Redis unreachable; applied when it is back), failed (neither applied nor queued: the backlog was full; lost unless the ticket is settled again).",
+			"result"),
+		reconciled: counter("sluice_admission_reconciled_units_total",
+			"Units debited locally while Redis was unreachable and sent to Redis once it was back."),
+		dropped: counter("sluice_admission_reconcile_dropped_total",
+			"Corrections dropped because the pending queue was full (WithMaxPending)."),
 		waiters: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sluice_admission_waiters",
 			Help: "Requests Acquire holds now, waiting for a rule that refused them to admit them (at most WithMaxWaiters).",
@@ -116,10 +105,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "How long requests waited in Acquire for a rule to admit them, by priority class and result (admitted, refused: their deadline came first).",
 			Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300},
 		}, []string{"class", "result"}),
-		waitSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_admission_wait_skipped_total",
-			Help: "Requests a rule let wait that were refused at once: full (WithMaxWaiters were waiting), deadline (their deadline came before the rule's retry-after).",
-		}, []string{"reason"}),
+		waitSkipped: counterVec("sluice_admission_wait_skipped_total",
+			"Requests a rule let wait that were refused at once: full (WithMaxWaiters were waiting), deadline (their deadline came before the rule's retry-after).",
+			"reason"),
 		rules: map[string]*ruleMetrics{},
 	}
 	m.durLease = m.duration.WithLabelValues("lease")
@@ -134,6 +122,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// counterVec is a counter of name with help, by labels.
+func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+}
+
+// counter is a counter of name with help.
+func counter(name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
 }
 
 func (m *metrics) rule(name string) *ruleMetrics {

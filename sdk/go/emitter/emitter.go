@@ -18,6 +18,7 @@
 package emitter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -130,27 +131,13 @@ func DefaultConfig() Config {
 
 func (c *Config) fill() error {
 	d := DefaultConfig()
-	if c.MaxBufferedEvents == 0 {
-		c.MaxBufferedEvents = d.MaxBufferedEvents
-	}
-	if c.MaxBufferedBytes == 0 {
-		c.MaxBufferedBytes = d.MaxBufferedBytes
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = d.BatchSize
-	}
-	if c.FlushInterval == 0 {
-		c.FlushInterval = d.FlushInterval
-	}
-	if c.SendTimeout == 0 {
-		c.SendTimeout = d.SendTimeout
-	}
-	if c.MinBackoff == 0 {
-		c.MinBackoff = d.MinBackoff
-	}
-	if c.MaxBackoff == 0 {
-		c.MaxBackoff = d.MaxBackoff
-	}
+	c.MaxBufferedEvents = cmp.Or(c.MaxBufferedEvents, d.MaxBufferedEvents)
+	c.MaxBufferedBytes = cmp.Or(c.MaxBufferedBytes, d.MaxBufferedBytes)
+	c.BatchSize = cmp.Or(c.BatchSize, d.BatchSize)
+	c.FlushInterval = cmp.Or(c.FlushInterval, d.FlushInterval)
+	c.SendTimeout = cmp.Or(c.SendTimeout, d.SendTimeout)
+	c.MinBackoff = cmp.Or(c.MinBackoff, d.MinBackoff)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, d.MaxBackoff)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

@@ -66,6 +66,7 @@
 package estimate
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -125,36 +126,20 @@ func DefaultConfig() Config {
 
 func (c *Config) fill() error {
 	d := DefaultConfig()
-	if c.Limits.MaxBodyBytes == 0 {
-		c.Limits.MaxBodyBytes = d.Limits.MaxBodyBytes
-	}
-	if c.Limits.MaxDepth == 0 {
-		c.Limits.MaxDepth = d.Limits.MaxDepth
-	}
-	if c.Limits.ImageTokens == 0 {
-		c.Limits.ImageTokens = d.Limits.ImageTokens
-	}
+	c.Limits.MaxBodyBytes = cmp.Or(c.Limits.MaxBodyBytes, d.Limits.MaxBodyBytes)
+	c.Limits.MaxDepth = cmp.Or(c.Limits.MaxDepth, d.Limits.MaxDepth)
+	c.Limits.ImageTokens = cmp.Or(c.Limits.ImageTokens, d.Limits.ImageTokens)
 	switch {
 	case c.Margin == 0:
 		c.Margin = d.Margin
 	case c.Margin == NoMargin:
 		c.Margin = 0
 	}
-	if c.DefaultRatio == 0 {
-		c.DefaultRatio = d.DefaultRatio
-	}
-	if c.Alpha == 0 {
-		c.Alpha = d.Alpha
-	}
-	if c.MaxRatio == 0 {
-		c.MaxRatio = d.MaxRatio
-	}
-	if c.MaxCompletionTokens == 0 {
-		c.MaxCompletionTokens = d.MaxCompletionTokens
-	}
-	if c.MaxKeys == 0 {
-		c.MaxKeys = d.MaxKeys
-	}
+	c.DefaultRatio = cmp.Or(c.DefaultRatio, d.DefaultRatio)
+	c.Alpha = cmp.Or(c.Alpha, d.Alpha)
+	c.MaxRatio = cmp.Or(c.MaxRatio, d.MaxRatio)
+	c.MaxCompletionTokens = cmp.Or(c.MaxCompletionTokens, d.MaxCompletionTokens)
+	c.MaxKeys = cmp.Or(c.MaxKeys, d.MaxKeys)
 	var errs []error
 	check := func(ok bool, format string, args ...any) {
 		if !ok {

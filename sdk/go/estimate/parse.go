@@ -214,12 +214,6 @@ func (p *parser) expect(b byte) error {
 func (p *parser) top() (Request, error) {
 	req := Request{Endpoint: p.ep, Choices: 1}
 	var maxTokens, maxCompletion, maxOutput, n, bestOf int64
-	if err := p.expect('{'); err != nil {
-		return req, err
-	}
-	if err := p.enter(); err != nil {
-		return req, err
-	}
 	for first := true; ; first = false {
 		key, more, err := p.member(first)
 		if err != nil {
@@ -373,11 +367,24 @@ func (p *parser) enter() error {
 	return nil
 }
 
-// member moves to the next member of an object whose '{' was consumed
-// (first: no member read yet): it returns the key (valid until the next
-// read) positioned at the value, or more false after the closing '}',
-// which also leaves the level entered for the object.
+// open consumes the '{' or '[' that begins a value and enters its level.
+func (p *parser) open(b byte) error {
+	if err := p.expect(b); err != nil {
+		return err
+	}
+	return p.enter()
+}
+
+// member moves to the next member of the object at hand: first past its
+// '{' (entering its level), then past each ','. It returns the key (valid
+// until the next read) positioned at the value, or more false after the
+// closing '}', which also leaves the level entered for the object.
 func (p *parser) member(first bool) (key []byte, more bool, err error) {
+	if first {
+		if err := p.open('{'); err != nil {
+			return nil, false, err
+		}
+	}
 	switch p.peek() {
 	case '}':
 		p.pos++
@@ -399,9 +406,15 @@ func (p *parser) member(first bool) (key []byte, more bool, err error) {
 	return key, true, p.expect(':')
 }
 
-// element moves to the next element of an array whose '[' was consumed,
-// or returns more false after the closing ']' (leaving its level).
+// element moves to the next element of the array at hand: first past its
+// '[' (entering its level), then past each ','; it returns more false
+// after the closing ']' (leaving the level).
 func (p *parser) element(first bool) (more bool, err error) {
+	if first {
+		if err := p.open('['); err != nil {
+			return false, err
+		}
+	}
 	switch p.peek() {
 	case ']':
 		p.pos++
@@ -460,10 +473,6 @@ func (p *parser) items() error {
 	if p.peek() != '[' {
 		return p.skip() // not an array: the upstream will refuse it
 	}
-	p.pos++
-	if err := p.enter(); err != nil {
-		return err
-	}
 	for first := true; ; first = false {
 		if more, err := p.element(first); err != nil || !more {
 			return err
@@ -484,14 +493,15 @@ func (p *parser) content() error { return p.walk(contentText) }
 // OpenAI renders the JSON schema into the prompt with its names.
 func (p *parser) schema() error { return p.walk(schemaText) }
 
-// walkMode says which members of an object walk counts: a message's
-// content or a tool's schema. A mode rather than a callback keeps the
-// walk free of allocations.
+// walkMode says what walk counts of a value: a message's content, a
+// tool's schema, or nothing (the value is only moved past). A mode rather
+// than a callback keeps the walk free of allocations.
 type walkMode uint8
 
 const (
 	contentText walkMode = iota
 	schemaText
+	skipValue
 )
 
 // walk counts one JSON value: strings through text, arrays element by
@@ -500,12 +510,12 @@ const (
 func (p *parser) walk(mode walkMode) error {
 	switch p.peek() {
 	case '"':
+		if mode == skipValue {
+			p.pos++
+			return p.skipString()
+		}
 		return p.text()
 	case '[':
-		p.pos++
-		if err := p.enter(); err != nil {
-			return err
-		}
 		for first := true; ; first = false {
 			if more, err := p.element(first); err != nil || !more {
 				return err
@@ -515,20 +525,19 @@ func (p *parser) walk(mode walkMode) error {
 			}
 		}
 	case '{':
-		p.pos++
-		if err := p.enter(); err != nil {
-			return err
-		}
 		for first := true; ; first = false {
 			key, more, err := p.member(first)
 			if err != nil || !more {
 				return err
 			}
-			if mode == schemaText {
+			switch mode {
+			case schemaText:
 				p.countKey(key)
 				err = p.walk(mode)
-			} else {
+			case contentText:
 				err = p.contentMember(key)
+			default:
+				err = p.walk(mode)
 			}
 			if err != nil {
 				return err
@@ -589,10 +598,6 @@ func (p *parser) prompt(level int) error {
 	case '[':
 		if level >= 2 {
 			return p.skip()
-		}
-		p.pos++
-		if err := p.enter(); err != nil {
-			return err
 		}
 		for first := true; ; first = false {
 			if more, err := p.element(first); err != nil || !more {
@@ -867,35 +872,8 @@ func (p *parser) number() error {
 // skip moves past any value.
 func (p *parser) skip() error {
 	switch p.peek() {
-	case '"':
-		p.pos++
-		return p.skipString()
-	case '{':
-		p.pos++
-		if err := p.enter(); err != nil {
-			return err
-		}
-		for first := true; ; first = false {
-			if _, more, err := p.member(first); err != nil || !more {
-				return err
-			}
-			if err := p.skip(); err != nil {
-				return err
-			}
-		}
-	case '[':
-		p.pos++
-		if err := p.enter(); err != nil {
-			return err
-		}
-		for first := true; ; first = false {
-			if more, err := p.element(first); err != nil || !more {
-				return err
-			}
-			if err := p.skip(); err != nil {
-				return err
-			}
-		}
+	case '"', '{', '[':
+		return p.walk(skipValue)
 	case 't':
 		return p.literal("true")
 	case 'f':

@@ -34,9 +34,10 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Generator
 from dataclasses import dataclass, field, replace
 from importlib import resources
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 import redis
 import redis.asyncio
@@ -849,8 +850,30 @@ class _Core:
         self.give_back(debits, {k: v for k, v in settles.items() if k not in done})
 
 
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One Redis step of a flow: a script over calls (bounded by max_wait
+    unless bound is False), or, with script None, a ping."""
+
+    script: Any = None
+    calls: list[_Call] = field(default_factory=list)
+    bound: bool = True
+
+
+_PING = _Step()
+
+# A flow is what one operation does, written once for Limiter and
+# AsyncLimiter: a generator that yields each Redis step, is sent the step's
+# replies or thrown what it raised, and returns the operation's result.
+# Limiter drives flows with blocking calls, AsyncLimiter with awaits.
+_Flow = Generator[_Step, Any, _T]
+
+
 class _LimiterBase:
-    """What Limiter and AsyncLimiter share apart from their Redis calls."""
+    """What Limiter and AsyncLimiter share apart from how they call Redis."""
 
     def __init__(self, client: Any, rules: Rules | None, cluster: bool, **opts: Any) -> None:
         self._core = _Core(rules, cluster=cluster, **opts)
@@ -871,6 +894,67 @@ class _LimiterBase:
     def pending(self) -> int:
         """Corrections waiting for Redis."""
         return self._core.pending_len()
+
+    def _recover_flow(self) -> _Flow[None]:
+        # A probe, then the pending corrections, unbounded: they are sent
+        # off the request's path.
+        core = self._core
+        core.last_probe = time.monotonic()
+        try:
+            yield _PING
+        except Exception as e:  # noqa: BLE001 - stays down until a probe succeeds
+            return core.probe_failed(e)
+        debits, settles = core.take_pending()
+        done: set[str] = set()
+        try:
+            yield _Step(self._adjust, core.adjust_calls(debits), bound=False)
+            debits = []
+            for rid, remote in settles.items():
+                yield _Step(self._adjust, core.settle_calls(rid, remote), bound=False)
+                done.add(rid)
+        except Exception as e:  # noqa: BLE001
+            return core.reconcile_failed(e, debits, settles, done)
+        core.recovered()
+
+    def _admit_flow(self, req: Request) -> _Flow[Ticket]:
+        core = self._core
+        t, fail_mode = core.start(req)
+        if not t.insts:
+            return t
+        if core.probe_due():
+            yield from self._recover_flow()
+        if core.down:
+            core.fail_mode(t, fail_mode)
+            return t
+        calls = core.admit_calls(t.insts, t.needs, req)
+        try:
+            back = core.interpret(t, calls, (yield _Step(self._admit, calls)))
+        except Exception as e:  # noqa: BLE001
+            return core.admit_failed(e, t, fail_mode)
+        if back:
+            try:
+                yield _Step(self._adjust, core.adjust_calls(back))
+            except Exception as e:  # noqa: BLE001
+                core.refund_failed(e, back)
+        return t
+
+    def _settle_flow(self, t: Ticket, prompt_tokens: int, completion_tokens: int) -> _Flow[None]:
+        core = self._core
+        remote = core.settle_plan(t, prompt_tokens, completion_tokens)
+        if not remote:
+            return
+        if core.down:
+            return core.defer_settle(t, remote)
+        try:
+            yield _Step(self._adjust, core.settle_calls(t.id, remote))
+        except Exception as e:  # noqa: BLE001
+            core.settle_failed(e, t, remote)
+
+    def _flush_flow(self) -> _Flow[bool]:
+        if self._core.pending_len():
+            self._core.down = True
+            yield from self._recover_flow()
+        return self._core.pending_len() == 0
 
 
 def _tighter(cur: Headroom, h: Headroom) -> Headroom:
@@ -901,73 +985,37 @@ class Limiter(_LimiterBase):
                          gateway_count=gateway_count, settle_ttl=settle_ttl, probe_interval=probe_interval,
                          max_pending=max_pending, max_instances=max_instances)
 
-    def _run(self, s: Any, calls: list[_Call]) -> list[Any]:
-        return [s(keys=c.keys, args=c.args) for c in calls]
-
-    def _recover(self) -> None:
-        core = self._core
-        core.last_probe = time.monotonic()
-        try:
-            self._rdb.ping()
-        except Exception as e:  # noqa: BLE001 - stays down until a probe succeeds
-            return core.probe_failed(e)
-        debits, settles = core.take_pending()
-        done: set[str] = set()
-        try:
-            self._run(self._adjust, core.adjust_calls(debits))
-            debits = []
-            for rid, remote in settles.items():
-                self._run(self._adjust, core.settle_calls(rid, remote))
-                done.add(rid)
-        except Exception as e:  # noqa: BLE001
-            return core.reconcile_failed(e, debits, settles, done)
-        core.recovered()
+    def _drive(self, flow: _Flow[_T]) -> _T:
+        reply: Any = None
+        err: Exception | None = None
+        while True:
+            try:
+                step = flow.send(reply) if err is None else flow.throw(err)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            reply, err = None, None
+            try:
+                if step.script is None:
+                    reply = self._rdb.ping()
+                else:
+                    reply = [step.script(keys=c.keys, args=c.args) for c in step.calls]
+            except Exception as e:  # noqa: BLE001 - the flow decides
+                err = e
 
     def admit(self, req: Request) -> Ticket:
         """Decide whether req may go upstream; a refusal is a Decision with
         allowed False. Raises ValueError for a request it cannot judge."""
-        core = self._core
-        t, fail_mode = core.start(req)
-        if not t.insts:
-            return t
-        if core.probe_due():
-            self._recover()
-        if core.down:
-            core.fail_mode(t, fail_mode)
-            return t
-        calls = core.admit_calls(t.insts, t.needs, req)
-        try:
-            back = core.interpret(t, calls, self._run(self._admit, calls))
-        except Exception as e:  # noqa: BLE001
-            return core.admit_failed(e, t, fail_mode)
-        if back:
-            try:
-                self._run(self._adjust, core.adjust_calls(back))
-            except Exception as e:  # noqa: BLE001
-                core.refund_failed(e, back)
-        return t
+        return self._drive(self._admit_flow(req))
 
     def settle(self, t: Ticket, prompt_tokens: int, completion_tokens: int) -> None:
         """Charge or refund the difference between the estimate and what the
         call spent, once. Raises BacklogFull when Redis is unreachable and
         the pending corrections are full."""
-        core = self._core
-        remote = core.settle_plan(t, prompt_tokens, completion_tokens)
-        if not remote:
-            return
-        if core.down:
-            return core.defer_settle(t, remote)
-        try:
-            self._run(self._adjust, core.settle_calls(t.id, remote))
-        except Exception as e:  # noqa: BLE001
-            core.settle_failed(e, t, remote)
+        self._drive(self._settle_flow(t, prompt_tokens, completion_tokens))
 
     def flush(self) -> bool:
         """Send pending corrections now; True when none is left."""
-        if self._core.pending_len():
-            self._core.down = True
-            self._recover()
-        return self._core.pending_len() == 0
+        return self._drive(self._flush_flow())
 
 
 class AsyncLimiter(_LimiterBase):
@@ -981,84 +1029,52 @@ class AsyncLimiter(_LimiterBase):
                          max_wait=max_wait, gateway_count=gateway_count, settle_ttl=settle_ttl,
                          probe_interval=probe_interval, max_pending=max_pending, max_instances=max_instances)
 
-    async def _run(self, s: Any, calls: list[_Call], bound: bool = True) -> list[Any]:
+    async def _run(self, step: _Step) -> Any:
         # The common case, one Redis (or one slot), is awaited directly and
         # bounded by asyncio.timeout where there is one (3.11+): gather and
         # wait_for each wrap the call in a task, which the hook in LiteLLM
         # paid on every request.
+        s, calls = step.script, step.calls
+        if s is None:
+            return await asyncio.wait_for(self._rdb.ping(), self._core.max_wait)
+
         async def all_calls() -> list[Any]:
             if len(calls) == 1:
                 return [await s(keys=calls[0].keys, args=calls[0].args)]
             return list(await asyncio.gather(*(s(keys=c.keys, args=c.args) for c in calls)))
 
-        if not bound:
+        if not step.bound:
             return await all_calls()
         if _timeout is not None:
             async with _timeout(self._core.max_wait):
                 return await all_calls()
         return await asyncio.wait_for(all_calls(), self._core.max_wait)
 
-    async def _recover(self) -> None:
-        core = self._core
-        core.last_probe = time.monotonic()
-        try:
-            await asyncio.wait_for(self._rdb.ping(), core.max_wait)
-        except Exception as e:  # noqa: BLE001 - stays down until a probe succeeds
-            return core.probe_failed(e)
-        debits, settles = core.take_pending()
-        done: set[str] = set()
-        try:
-            await self._run(self._adjust, core.adjust_calls(debits), bound=False)
-            debits = []
-            for rid, remote in settles.items():
-                await self._run(self._adjust, core.settle_calls(rid, remote), bound=False)
-                done.add(rid)
-        except Exception as e:  # noqa: BLE001
-            return core.reconcile_failed(e, debits, settles, done)
-        core.recovered()
+    async def _drive(self, flow: _Flow[_T]) -> _T:
+        reply: Any = None
+        err: Exception | None = None
+        while True:
+            try:
+                step = flow.send(reply) if err is None else flow.throw(err)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            reply, err = None, None
+            try:
+                reply = await self._run(step)
+            except Exception as e:  # noqa: BLE001 - the flow decides
+                err = e
 
     async def admit(self, req: Request) -> Ticket:
         """See Limiter.admit."""
-        core = self._core
-        t, fail_mode = core.start(req)
-        if not t.insts:
-            return t
-        if core.probe_due():
-            await self._recover()
-        if core.down:
-            core.fail_mode(t, fail_mode)
-            return t
-        calls = core.admit_calls(t.insts, t.needs, req)
-        try:
-            back = core.interpret(t, calls, await self._run(self._admit, calls))
-        except Exception as e:  # noqa: BLE001
-            return core.admit_failed(e, t, fail_mode)
-        if back:
-            try:
-                await self._run(self._adjust, core.adjust_calls(back))
-            except Exception as e:  # noqa: BLE001
-                core.refund_failed(e, back)
-        return t
+        return await self._drive(self._admit_flow(req))
 
     async def settle(self, t: Ticket, prompt_tokens: int, completion_tokens: int) -> None:
         """See Limiter.settle."""
-        core = self._core
-        remote = core.settle_plan(t, prompt_tokens, completion_tokens)
-        if not remote:
-            return
-        if core.down:
-            return core.defer_settle(t, remote)
-        try:
-            await self._run(self._adjust, core.settle_calls(t.id, remote))
-        except Exception as e:  # noqa: BLE001
-            core.settle_failed(e, t, remote)
+        await self._drive(self._settle_flow(t, prompt_tokens, completion_tokens))
 
     async def flush(self) -> bool:
         """See Limiter.flush."""
-        if self._core.pending_len():
-            self._core.down = True
-            await self._recover()
-        return self._core.pending_len() == 0
+        return await self._drive(self._flush_flow())
 
 
 def client(url: str, max_wait: float = 0.05) -> redis.Redis:

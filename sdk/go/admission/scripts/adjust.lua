@@ -41,6 +41,20 @@ local n = tonumber(ARGV[2])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 
+-- A refund takes units back from field f of key, never below 0; a field
+-- left at 0 goes.
+local function refund(key, f, units)
+  local u = tonumber(redis.call('HGET', key, f))
+  if u ~= nil then
+    local left = u - math.min(u, units)
+    if left > 0 then
+      redis.call('HSET', key, f, string.format('%d', left))
+    else
+      redis.call('HDEL', key, f)
+    end
+  end
+end
+
 for i = 1, n do
   local b = 3 + (i - 1) * 6
   local kind, limit, rate = ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
@@ -61,6 +75,7 @@ for i = 1, n do
     elseif kind == 'p' then
       if delta > 0 then
         redis.call('HINCRBY', key, ARGV[b + 2], string.format('%d', delta))
+        -- As admit.lua's expire_at: a period's hash lives until its end.
         local ttl = math.max(1, math.ceil(tonumber(ARGV[b + 3]) - now)) + 1000
         local cur = redis.call('PTTL', key)
         if cur < 0 or cur < ttl then
@@ -69,15 +84,7 @@ for i = 1, n do
       else
         local f = ARGV[b + 2]
         if at >= 0 then f = ARGV[b + 5] end
-        local u = tonumber(redis.call('HGET', key, f))
-        if u ~= nil then
-          local left = u - math.min(u, -delta)
-          if left > 0 then
-            redis.call('HSET', key, f, string.format('%d', left))
-          else
-            redis.call('HDEL', key, f)
-          end
-        end
+        refund(key, f, -delta)
       end
     else
       local gran = tonumber(ARGV[b + 3])
@@ -89,16 +96,7 @@ for i = 1, n do
         local g = cur
         if at >= 0 then g = at end
         if g >= math.floor((now - rate) / gran) then
-          local f = string.format('%d', g)
-          local u = tonumber(redis.call('HGET', key, f))
-          if u ~= nil then
-            local left = u - math.min(u, -delta)
-            if left > 0 then
-              redis.call('HSET', key, f, string.format('%d', left))
-            else
-              redis.call('HDEL', key, f)
-            end
-          end
+          refund(key, string.format('%d', g), -delta)
         end
       end
     end

@@ -47,6 +47,44 @@ local function expire_at(key, end_ms)
   end
 end
 
+-- The reply of rule i refusing need: the units it has available and the
+-- ms until need fits, retry() (-1 when it never fits: need > limit - floor).
+local function refused(i, need, avail, limit, floor, retry)
+  local ms = -1
+  if need <= limit - floor then
+    ms = retry()
+  end
+  return {0, math.floor(now), i, math.floor(math.max(avail, 0)), ms}
+end
+
+-- Fields of expired granules or periods go as they are met.
+local function drop(key, dead)
+  if #dead > 0 then
+    redis.call('HDEL', key, unpack(dead))
+  end
+end
+
+-- The ms until need fits in a sliding window whose hash is h: the oldest
+-- granules leave first; granule g stops counting at (g+1)*gran + length.
+local function window_retry(h, oldest, gran, length, need, avail)
+  local live = {}
+  for j = 1, #h, 2 do
+    local g = tonumber(h[j])
+    if g >= oldest then
+      live[#live + 1] = {g, tonumber(h[j + 1])}
+    end
+  end
+  table.sort(live, function(x, y) return x[1] < y[1] end)
+  local freed = 0
+  for _, e in ipairs(live) do
+    freed = freed + e[2]
+    if need <= avail + freed then
+      return math.max(0, math.ceil((e[1] + 1) * gran + length - now))
+    end
+  end
+  return -1
+end
+
 for i = 1, n do
   local b = 2 + (i - 1) * 7
   local kind, limit, rate = ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
@@ -62,11 +100,7 @@ for i = 1, n do
     end
     local avail = tokens - floor
     if need > avail then
-      local retry = -1
-      if need <= limit - floor then
-        retry = math.ceil((need - avail) / rate)
-      end
-      return {0, math.floor(now), i, math.floor(math.max(avail, 0)), retry}
+      return refused(i, need, avail, limit, floor, function() return math.ceil((need - avail) / rate) end)
     end
     st[i] = tokens
   elseif kind == 'p' then
@@ -81,16 +115,10 @@ for i = 1, n do
         dead[#dead + 1] = h[j]
       end
     end
-    if #dead > 0 then
-      redis.call('HDEL', key, unpack(dead))
-    end
+    drop(key, dead)
     local avail = limit - used - floor
     if need > avail then
-      local retry = -1
-      if need <= limit - floor then
-        retry = math.max(1, math.ceil(tonumber(ARGV[b + 3]) - now))
-      end
-      return {0, math.floor(now), i, math.floor(math.max(avail, 0)), retry}
+      return refused(i, need, avail, limit, floor, function() return math.max(1, math.ceil(tonumber(ARGV[b + 3]) - now)) end)
     end
     st[i] = used
   else
@@ -105,33 +133,10 @@ for i = 1, n do
         used = used + tonumber(h[j + 1])
       end
     end
-    if #dead > 0 then
-      redis.call('HDEL', key, unpack(dead))
-    end
+    drop(key, dead)
     local avail = limit - used - floor
     if need > avail then
-      local retry = -1
-      if need <= limit - floor then
-        -- The oldest granules leave first; granule g stops counting at
-        -- (g+1)*gran + length.
-        local live = {}
-        for j = 1, #h, 2 do
-          local g = tonumber(h[j])
-          if g >= oldest then
-            live[#live + 1] = {g, tonumber(h[j + 1])}
-          end
-        end
-        table.sort(live, function(x, y) return x[1] < y[1] end)
-        local freed = 0
-        for _, e in ipairs(live) do
-          freed = freed + e[2]
-          if need <= avail + freed then
-            retry = math.max(0, math.ceil((e[1] + 1) * gran + rate - now))
-            break
-          end
-        end
-      end
-      return {0, math.floor(now), i, math.floor(math.max(avail, 0)), retry}
+      return refused(i, need, avail, limit, floor, function() return window_retry(h, oldest, gran, rate, need, avail) end)
     end
     st[i] = used
   end
