@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -82,11 +83,21 @@ tenants:
 // calls that reached the upstream.
 func admissionGateway(t *testing.T, policyYAML string) (string, *atomic.Int64) {
 	t.Helper()
+	return limitsGateway(t, 1, policyYAML)
+}
+
+// limitsGateway starts a gateway whose one upstream answers every call
+// with completion completion tokens, with policyYAML's limits checked on
+// the real Redis under a prefix of the test's own. It returns the
+// gateway's URL and the count of calls the upstream saw.
+func limitsGateway(t *testing.T, completion int, policyYAML string) (string, *atomic.Int64) {
+	t.Helper()
 	var upstreamCalls atomic.Int64
+	answer := fmt.Sprintf(`{"id":"c1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":%d,"total_tokens":%d}}`, completion, completion+5)
 	mockUp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		upstreamCalls.Add(1)
 		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"id":"c1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`)
+		_, _ = io.WriteString(w, answer)
 	}))
 	t.Cleanup(mockUp.Close)
 	cfg := oneUpstream(t, mockUp.URL+"/v1")

@@ -1,21 +1,9 @@
 package gateway
 
 import (
-	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
-	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/sluicehq/sluice/platform"
-	"github.com/sluicehq/sluice/platform/itest"
-	"github.com/sluicehq/sluice/platform/ops"
 )
 
 // TestCostBudgetRefusesTheCallWhoseMaxTokensWouldCrossIt: each key of
@@ -28,7 +16,7 @@ import (
 // ($0.90) and passes; the tenant's other key carries on with a budget
 // of its own.
 func TestCostBudgetRefusesTheCallWhoseMaxTokensWouldCrossIt(t *testing.T) {
-	url, upstreamCalls := costGateway(t, 500, `
+	url, upstreamCalls := limitsGateway(t, 500, `
 prices:
   - {model: gpt-4o-mini, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 0, completion: 1000}
 tenants:
@@ -67,7 +55,7 @@ tenants:
 // user, another user of the same key, another key of the same team, and
 // the other team of the organisation until the organisation is spent.
 func TestBudgetsAtEveryLevel(t *testing.T) {
-	url, _ := costGateway(t, 1000, `
+	url, _ := limitsGateway(t, 1000, `
 prices:
   - {model: gpt-4o-mini, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 0, completion: 1000}
 limits:
@@ -112,30 +100,4 @@ tenants:
 			t.Fatalf("call %d (%s, user %q, session %s): %d %s; want 429 naming %s", i+1, step.key, step.user, step.session, resp.StatusCode, b, step.refusedBy)
 		}
 	}
-}
-
-// costGateway starts a gateway whose one upstream answers every call
-// with completion completion tokens, with the policy pol's limits checked
-// on the real Redis under a prefix of the test's own. It returns the
-// gateway's URL and the count of calls the upstream saw.
-func costGateway(t *testing.T, completion int, pol string) (string, *atomic.Int64) {
-	t.Helper()
-	var upstreamCalls atomic.Int64
-	answer := fmt.Sprintf(`{"id":"c1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":%d,"total_tokens":%d}}`, completion, completion+5)
-	mockUp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		upstreamCalls.Add(1)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, answer)
-	}))
-	t.Cleanup(mockUp.Close)
-	cfg := oneUpstream(t, mockUp.URL+"/v1")
-	cfg.Listen = "127.0.0.1:0"
-	cfg.policy = pol
-	file := cfg.writePolicy(t)
-	cfg.Admission.MaxWait = time.Second
-	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(), Redis: itest.Redis(t),
-		Policy: platform.FileSource{File: file, Reload: time.Second}, TenantKeys: platform.FileSource{File: writeKeys(t), Reload: time.Second}}
-	env.Redis.KeyPrefix = itest.Unique(t, "costbudget") + ":"
-	svc, err := New(cfg.Config, env)
-	return "http://" + itest.StartService(t, svc, err).Addr(), &upstreamCalls
 }
