@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluicehq/sluice/sdk/go/estimate"
 	"github.com/sluicehq/sluice/sdk/go/middleware"
+	"github.com/sluicehq/sluice/sdk/go/providerusage"
 )
 
 // Anthropic's Messages API, passed through natively: the body goes to an
@@ -29,28 +30,13 @@ const (
 // client sent none: the API's only stable version.
 const anthropicVersion = "2023-06-01"
 
-// anthropicUsage is the usage block of Anthropic's messages, of
-// message_start's message and of message_delta. input_tokens leaves the
-// cache out: the prompt billed is the three input counts together.
-type anthropicUsage struct {
-	InputTokens              int64 `json:"input_tokens"`
-	OutputTokens             int64 `json:"output_tokens"`
-	CacheCreationInputTokens int64 `json:"cache_creation_input_tokens"`
-	CacheReadInputTokens     int64 `json:"cache_read_input_tokens"`
-}
-
-func (u *anthropicUsage) usage() middleware.Usage {
-	return middleware.Usage{PromptTokens: u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens,
-		CompletionTokens: u.OutputTokens, CachedTokens: u.CacheReadInputTokens, CacheWriteTokens: u.CacheCreationInputTokens}
-}
-
 // anthropicDoc is the part of a message, or of one streamed event, that
 // says what was used or generated.
 type anthropicDoc struct {
-	Type    string          `json:"type"`
-	Usage   *anthropicUsage `json:"usage"`
+	Type    string                   `json:"type"`
+	Usage   *providerusage.Anthropic `json:"usage"`
 	Message *struct {
-		Usage *anthropicUsage `json:"usage"`
+		Usage *providerusage.Anthropic `json:"usage"`
 	} `json:"message"`
 	Content      []anthropicBlock `json:"content"`
 	ContentBlock *anthropicBlock  `json:"content_block"`
@@ -105,7 +91,7 @@ func anthropicWhole(data []byte, fam estimate.Family, prompt int64) (u middlewar
 		return u, usageEstimate, false
 	}
 	if d.Usage != nil {
-		return d.Usage.usage(), usageReported, true
+		return d.Usage.Usage(), usageReported, true
 	}
 	return middleware.Usage{PromptTokens: prompt, CompletionTokens: d.count(fam), Counted: true}, usageCounted, true
 }
@@ -123,7 +109,7 @@ func (st *streamState) anthropicEvent(data []byte) {
 	switch d.Type {
 	case "message_start":
 		if d.Message != nil && d.Message.Usage != nil {
-			u := d.Message.Usage.usage()
+			u := d.Message.Usage.Usage()
 			st.reported = &u
 		}
 	case "message_delta":
@@ -134,7 +120,7 @@ func (st *streamState) anthropicEvent(data []byte) {
 			st.reported = &middleware.Usage{}
 		}
 		st.reported.CompletionTokens = d.Usage.OutputTokens
-		if in := d.Usage.usage(); in.PromptTokens > 0 {
+		if in := d.Usage.Usage(); in.PromptTokens > 0 {
 			st.reported.PromptTokens, st.reported.CachedTokens, st.reported.CacheWriteTokens =
 				in.PromptTokens, in.CachedTokens, in.CacheWriteTokens
 		}

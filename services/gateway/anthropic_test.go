@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/providerusage"
 	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 )
 
@@ -314,10 +315,10 @@ func TestOfficialAnthropicClient(t *testing.T) {
 		t.Fatalf("the Anthropic client script failed: %v\n%s\n%s", err, stderr.String(), out)
 	}
 	var res struct {
-		Usage       map[string]anthropicUsage `json:"usage"`
-		Text        string                    `json:"text"`
-		CutDeltas   int                       `json:"cut_deltas"`
-		CountTokens int64                     `json:"count_tokens"`
+		Usage       map[string]providerusage.Anthropic `json:"usage"`
+		Text        string                             `json:"text"`
+		CutDeltas   int                                `json:"cut_deltas"`
+		CountTokens int64                              `json:"count_tokens"`
 		Refused     *struct {
 			Status        int
 			Type, Message string
@@ -333,7 +334,7 @@ func TestOfficialAnthropicClient(t *testing.T) {
 			t.Fatalf("the client saw no usage for %s: %s", id, out)
 		}
 		ev := g.settlement(t, id)
-		if want := u.usage(); ev.PromptTokens != want.PromptTokens || ev.CachedTokens != want.CachedTokens ||
+		if want := u.Usage(); ev.PromptTokens != want.PromptTokens || ev.CachedTokens != want.CachedTokens ||
 			ev.CacheWriteTokens != want.CacheWriteTokens || ev.CompletionTokens != want.CompletionTokens || ev.Attributes["usage"] != "" {
 			t.Errorf("%s: settled %+v; the client saw %+v", id, ev, u)
 		}

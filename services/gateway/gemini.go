@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/sdk/go/estimate"
 	"github.com/sluicehq/sluice/sdk/go/middleware"
+	"github.com/sluicehq/sluice/sdk/go/providerusage"
 )
 
 // Google's Gemini API, passed through natively (dialect.go):
@@ -103,24 +104,6 @@ func geminiURL(base, model, op string) string {
 	return base + "/models/" + url.PathEscape(model) + op
 }
 
-// geminiUsage is Gemini's usageMetadata. promptTokenCount includes the
-// cached content; the thoughts are billed as output beside the candidates,
-// and a tool's results as input beside the prompt.
-type geminiUsage struct {
-	PromptTokenCount        int64 `json:"promptTokenCount"`
-	CandidatesTokenCount    int64 `json:"candidatesTokenCount"`
-	CachedContentTokenCount int64 `json:"cachedContentTokenCount"`
-	ThoughtsTokenCount      int64 `json:"thoughtsTokenCount"`
-	ToolUsePromptTokenCount int64 `json:"toolUsePromptTokenCount"`
-	TotalTokenCount         int64 `json:"totalTokenCount"`
-}
-
-func (u *geminiUsage) usage() middleware.Usage {
-	return middleware.Usage{PromptTokens: u.PromptTokenCount + u.ToolUsePromptTokenCount,
-		CompletionTokens: u.CandidatesTokenCount + u.ThoughtsTokenCount,
-		CachedTokens:     u.CachedContentTokenCount, ReasoningTokens: u.ThoughtsTokenCount}
-}
-
 // geminiDoc is a GenerateContentResponse, whole or one event of a stream:
 // what it generated and what it used.
 type geminiDoc struct {
@@ -136,7 +119,7 @@ type geminiDoc struct {
 		} `json:"content"`
 		FinishReason string `json:"finishReason"`
 	} `json:"candidates"`
-	UsageMetadata *geminiUsage `json:"usageMetadata"`
+	UsageMetadata *providerusage.Gemini `json:"usageMetadata"`
 }
 
 // count returns the tokens of the text d generated, with fam's weights.
@@ -180,7 +163,7 @@ func geminiWhole(data []byte, fam estimate.Family, prompt int64) (u middleware.U
 		docs = []geminiDoc{d}
 	}
 	var counted int64
-	var last *geminiUsage
+	var last *providerusage.Gemini
 	for i := range docs {
 		counted += docs[i].count(fam)
 		if docs[i].UsageMetadata != nil {
@@ -188,7 +171,7 @@ func geminiWhole(data []byte, fam estimate.Family, prompt int64) (u middleware.U
 		}
 	}
 	if last != nil {
-		return last.usage(), usageReported, true
+		return last.Usage(), usageReported, true
 	}
 	return middleware.Usage{PromptTokens: prompt, CompletionTokens: counted, Counted: true}, usageCounted, true
 }
@@ -202,7 +185,7 @@ func (st *streamState) geminiEvent(data []byte) {
 		return
 	}
 	if d.UsageMetadata != nil {
-		u := d.UsageMetadata.usage()
+		u := d.UsageMetadata.Usage()
 		st.reported = &u
 	}
 	st.final = st.final || (d.finished() && d.UsageMetadata != nil)

@@ -127,7 +127,7 @@ func usageOfWhole(dialect string, data []byte, fam estimate.Family, prompt int64
 		return middleware.Usage{}, usageEstimate, false
 	}
 	if u := d.reported(); u != nil {
-		return u.usage(), usageReported, true
+		return u.Usage(), usageReported, true
 	}
 	return middleware.Usage{PromptTokens: prompt, CompletionTokens: d.count(fam), Counted: true}, usageCounted, true
 }

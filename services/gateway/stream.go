@@ -155,7 +155,7 @@ func (st *streamState) endEvent() bool {
 		var d doc
 		if json.Unmarshal(data, &d) == nil {
 			if u := d.reported(); u != nil {
-				usage := u.usage()
+				usage := u.Usage()
 				st.reported, st.final = &usage, true
 				// The chunk the gateway asked for carries usage and no
 				// choices; a provider that puts usage on a chunk with

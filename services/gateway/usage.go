@@ -4,53 +4,14 @@ import (
 	"encoding/json"
 
 	"github.com/sluicehq/sluice/sdk/go/estimate"
-	"github.com/sluicehq/sluice/sdk/go/middleware"
+	"github.com/sluicehq/sluice/sdk/go/providerusage"
 )
-
-// wireUsage is OpenAI's usage block in both of its shapes: chat
-// completions, completions and embeddings (prompt/completion tokens with
-// their details) and the Responses API (input/output tokens).
-type wireUsage struct {
-	PromptTokens     int64 `json:"prompt_tokens"`
-	CompletionTokens int64 `json:"completion_tokens"`
-	InputTokens      int64 `json:"input_tokens"`
-	OutputTokens     int64 `json:"output_tokens"`
-
-	PromptDetails     *cachedDetails    `json:"prompt_tokens_details"`
-	InputDetails      *cachedDetails    `json:"input_tokens_details"`
-	CompletionDetails *reasoningDetails `json:"completion_tokens_details"`
-	OutputDetails     *reasoningDetails `json:"output_tokens_details"`
-}
-
-type cachedDetails struct {
-	CachedTokens int64 `json:"cached_tokens"`
-}
-
-type reasoningDetails struct {
-	ReasoningTokens int64 `json:"reasoning_tokens"`
-}
-
-// usage converts either shape to what the middleware settles.
-func (u *wireUsage) usage() middleware.Usage {
-	out := middleware.Usage{PromptTokens: u.PromptTokens + u.InputTokens, CompletionTokens: u.CompletionTokens + u.OutputTokens}
-	for _, d := range []*cachedDetails{u.PromptDetails, u.InputDetails} {
-		if d != nil {
-			out.CachedTokens += d.CachedTokens
-		}
-	}
-	for _, d := range []*reasoningDetails{u.CompletionDetails, u.OutputDetails} {
-		if d != nil {
-			out.ReasoningTokens += d.ReasoningTokens
-		}
-	}
-	return out
-}
 
 // doc is the part of an answer, or of one streamed event, that says what
 // was used or generated: usage where the provider reports it, and the
 // generated text to count where it does not.
 type doc struct {
-	Usage   *wireUsage `json:"usage"`
+	Usage   *providerusage.OpenAI `json:"usage"`
 	Choices []struct {
 		Text    string   `json:"text"`
 		Message *message `json:"message"`
@@ -90,7 +51,7 @@ type outputItem struct {
 
 // reported returns the usage doc carries, if any: its own or that of the
 // response it wraps (response.completed and its kin).
-func (d *doc) reported() *wireUsage {
+func (d *doc) reported() *providerusage.OpenAI {
 	if d.Usage != nil {
 		return d.Usage
 	}

@@ -336,12 +336,8 @@ func (p *parser) generationConfig(maxOutput, n int64) (int64, int64, error) {
 	if p.peek() != '{' {
 		return maxOutput, n, p.skip() // not an object: the upstream will refuse it
 	}
-	p.pos++
-	if err := p.enter(); err != nil {
-		return maxOutput, n, err
-	}
 	for first := true; ; first = false {
-		key, more, err := p.member(first)
+		key, more, err := p.member(first) // the first opens the object
 		if err != nil || !more {
 			return maxOutput, n, err
 		}
