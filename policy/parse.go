@@ -118,6 +118,9 @@ type rawUnpricedPrice struct {
 	Prompt     float64 `yaml:"prompt"`
 	Completion float64 `yaml:"completion"`
 	Cached     float64 `yaml:"cached"`
+	// CacheWrite and Reasoning default to Prompt and Completion: see Price.
+	CacheWrite *float64 `yaml:"cache_write"`
+	Reasoning  *float64 `yaml:"reasoning"`
 }
 
 type rawPrice struct {
@@ -127,6 +130,9 @@ type rawPrice struct {
 	Prompt        float64   `yaml:"prompt"`
 	Completion    float64   `yaml:"completion"`
 	Cached        float64   `yaml:"cached"`
+	// CacheWrite and Reasoning default to Prompt and Completion: see Price.
+	CacheWrite *float64 `yaml:"cache_write"`
+	Reasoning  *float64 `yaml:"reasoning"`
 }
 
 // builtin is what a file that says nothing gets.
@@ -242,7 +248,9 @@ func Parse(data []byte, filename string, opts ...Option) (*Policy, error) {
 		v.price(path+".completion", rp.Completion)
 		v.price(path+".cached", rp.Cached)
 		inline[rp.Model] = append(inline[rp.Model], Price{Model: rp.Model, Currency: rp.Currency, EffectiveFrom: rp.EffectiveFrom.UTC(),
-			Prompt: rp.Prompt, Completion: rp.Completion, Cached: rp.Cached})
+			Prompt: rp.Prompt, Completion: rp.Completion, Cached: rp.Cached,
+			CacheWrite: v.priceOr(path+".cache_write", rp.CacheWrite, rp.Prompt),
+			Reasoning:  v.priceOr(path+".reasoning", rp.Reasoning, rp.Completion)})
 	}
 	v.sortPrices("prices", inline)
 	p.prices, p.pricesFile = v.layeredPrices(raw, filename, inline)

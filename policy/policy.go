@@ -99,6 +99,15 @@
 // overrides the catalog's list price, and a model the catalog lacks is
 // added by naming it.
 //
+// Each token type of an event is charged at its own price (Price.Cost):
+// input (prompt tokens neither read from nor written to the cache),
+// cached input read, cache write, output (completion tokens that are not
+// reasoning) and reasoning. An entry that leaves cache_write out bills
+// cache writes at its input price and one that leaves reasoning out bills
+// reasoning at its output price, as the providers do when they do not
+// bill them apart; the catalog's cached_input defaults to input too,
+// while the prices: section's cached defaults to 0.
+//
 // A model without a price in force is counted at unpriced_price (0 when
 // the file sets none), and the aggregator raises an alert once per model
 // where money is counted (a tenant with a budget, or unpriced_price set).
@@ -263,37 +272,65 @@ type Quota struct {
 	Mode   Mode
 }
 
-// Price is a model's price per million tokens from EffectiveFrom on.
+// Price is a model's price per million tokens from EffectiveFrom on, one
+// figure per token type of usage event v1.
 type Price struct {
 	Model         string
 	Currency      string
 	EffectiveFrom time.Time
-	Prompt        float64
-	Completion    float64
-	Cached        float64
-	// CacheWrite is the price of prompt tokens written to the provider's
-	// cache where it bills them apart, and Reasoning that of reasoning
-	// tokens where billed apart from output; 0 when not. Catalog data
-	// only so far: usage events carry neither count, so Cost leaves them
-	// out (reasoning tokens arrive inside completion tokens).
+	// Prompt prices uncached input tokens and Completion output tokens
+	// other than reasoning.
+	Prompt     float64
+	Completion float64
+	// Cached prices input tokens read from the provider's prompt cache.
+	Cached float64
+	// CacheWrite prices input tokens written to the provider's cache and
+	// Reasoning the output tokens a model spent reasoning. A catalog or
+	// policy entry that leaves them out bills them as the provider does
+	// then: cache writes at Prompt, reasoning at Completion.
 	CacheWrite float64
 	Reasoning  float64
 }
 
-// Cost returns the price of the given token counts: uncached prompt
-// tokens at the prompt rate, cached prompt tokens at the cached rate and
-// completion tokens at the completion rate, per million. Cached tokens
-// count at most up to the prompt tokens (the schema rejects more, but a
-// stored row is priced the same way whatever wrote it).
+// Tokens are one event's token counts by type, as usage event v1 carries
+// them: Cached and CacheWrite are parts of Prompt, Reasoning a part of
+// Completion (see schemas.UsageEvent).
+type Tokens struct {
+	Prompt, Completion, Cached, CacheWrite, Reasoning int64
+}
+
+// TokensOf returns the token counts of ev.
+func TokensOf(ev *schemas.UsageEvent) Tokens {
+	return Tokens{Prompt: ev.PromptTokens, Completion: ev.CompletionTokens, Cached: ev.CachedTokens,
+		CacheWrite: ev.CacheWriteTokens, Reasoning: ev.ReasoningTokens}
+}
+
+// Split returns the disjoint parts of t that the price types apply to:
+// input (uncached, unwritten prompt tokens), cached reads, cache writes,
+// output (completion less reasoning) and reasoning. A part never exceeds
+// what contains it — cached tokens at most the prompt tokens, cache
+// writes at most what the reads leave, reasoning at most the completion —
+// so a stored row is priced the same way whatever wrote it (the schema
+// rejects more).
+func (t Tokens) Split() (input, cached, write, output, reasoning int64) {
+	cached = min(t.Cached, t.Prompt)
+	write = min(t.CacheWrite, t.Prompt-cached)
+	reasoning = min(t.Reasoning, t.Completion)
+	return t.Prompt - cached - write, cached, write, t.Completion - reasoning, reasoning
+}
+
+// Cost returns the price of t: each token type at its own price per
+// million (see Tokens.Split).
 //
-// This is the one Go price formula: the aggregator's costs use it, and the
-// SQL of the reports (migration 041's usage_priced view and
-// services/reconciler/costquery) computes the same figure, in the same
-// order of operations, which TestViewCostEqualsPriceCost in costquery
-// checks on ClickHouse.
-func (p Price) Cost(promptTokens, completionTokens, cachedTokens int64) float64 {
-	cached := min(cachedTokens, promptTokens)
-	return (float64(promptTokens-cached)*p.Prompt + float64(cached)*p.Cached + float64(completionTokens)*p.Completion) / 1e6
+// This is the one Go price formula: the aggregator's costs and budgets
+// use it, and the SQL of the reports and of the reconciler's audit (the
+// usage_priced view of migration 053 and services/reconciler/costquery)
+// computes the same figure, in the same order of operations, which
+// TestViewCostEqualsPriceCost in costquery checks on ClickHouse.
+func (p Price) Cost(t Tokens) float64 {
+	input, cached, write, output, reasoning := t.Split()
+	return (float64(input)*p.Prompt + float64(cached)*p.Cached + float64(write)*p.CacheWrite +
+		float64(output)*p.Completion + float64(reasoning)*p.Reasoning) / 1e6
 }
 
 // Channels holds the alert channel definitions by kind, then by name:

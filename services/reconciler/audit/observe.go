@@ -189,7 +189,8 @@ func quotaCells(t *policy.Tenant, quotas map[string]bool, qrows []quotaRow, star
 var truthSQL = `
 SELECT model, %s AS bucket, count(), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens),
        countIf(outcome IN ('error', 'timeout')), sum(cost),
-       sumIf(prompt_tokens, priced = 0), sumIf(completion_tokens, priced = 0), sumIf(cached_tokens, priced = 0)
+       sumIf(prompt_tokens, priced = 0), sumIf(completion_tokens, priced = 0), sumIf(cached_tokens, priced = 0),
+       sumIf(cache_write_tokens, priced = 0), sumIf(reasoning_tokens, priced = 0)
 FROM (` + costquery.EventsBetween() + `)
 GROUP BY model, bucket`
 
@@ -219,16 +220,18 @@ func readTruth(ctx context.Context, conn driver.Conn, tenant string, start, end 
 	out := truth{}
 	for rows.Next() {
 		var (
-			model         string
-			at            time.Time
-			u             usage
-			up, uc, ucach uint64
+			model                        string
+			at                           time.Time
+			u                            usage
+			up, uc, ucach, uwrite, ureas uint64
 		)
-		if err := rows.Scan(&model, &at, &u.requests, &u.prompt, &u.completion, &u.cached, &u.errors, &u.cost, &up, &uc, &ucach); err != nil {
+		if err := rows.Scan(&model, &at, &u.requests, &u.prompt, &u.completion, &u.cached, &u.errors, &u.cost,
+			&up, &uc, &ucach, &uwrite, &ureas); err != nil {
 			return nil, fmt.Errorf("audit: scan usage_events: %w", err)
 		}
 		if fallback != nil && up+uc > 0 {
-			u.cost += fallback.Cost(int64(up), int64(uc), int64(ucach))
+			u.cost += fallback.Cost(policy.Tokens{Prompt: int64(up), Completion: int64(uc), Cached: int64(ucach),
+				CacheWrite: int64(uwrite), Reasoning: int64(ureas)})
 		}
 		if out[model] == nil {
 			out[model] = map[int64]usage{}

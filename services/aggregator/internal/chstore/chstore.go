@@ -26,6 +26,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
 )
@@ -70,7 +71,7 @@ func (b *Batch) Reset() {
 }
 
 // CostFunc prices one event, as the aggregator's state does.
-type CostFunc func(model string, at time.Time, prompt, completion, cached int64) float64
+type CostFunc func(model string, at time.Time, tok policy.Tokens) float64
 
 // Store writes to and reads from one ClickHouse database.
 type Store struct {
@@ -344,6 +345,7 @@ func attrs(m map[string]string) (keys, vals []string) {
 const distinctEvents = `SELECT id, tenant,
  argMax(model, kafka_offset), argMax(time, kafka_offset), argMax(time_ms, kafka_offset),
  argMax(prompt_tokens, kafka_offset), argMax(completion_tokens, kafka_offset), argMax(cached_tokens, kafka_offset),
+ argMax(cache_write_tokens, kafka_offset), argMax(reasoning_tokens, kafka_offset),
  argMax(status, kafka_offset), argMax(outcome, kafka_offset), argMax(latency_ms, kafka_offset),
  argMax(estimated, kafka_offset), max(kafka_offset) AS off
 FROM usage_events
@@ -364,6 +366,7 @@ ORDER BY off`
 const tenantEvents = `SELECT id, tenant,
  argMax(model, kafka_offset), argMax(time, kafka_offset), argMax(time_ms, kafka_offset),
  argMax(prompt_tokens, kafka_offset), argMax(completion_tokens, kafka_offset), argMax(cached_tokens, kafka_offset),
+ argMax(cache_write_tokens, kafka_offset), argMax(reasoning_tokens, kafka_offset),
  argMax(status, kafka_offset), argMax(outcome, kafka_offset), argMax(latency_ms, kafka_offset),
  argMax(estimated, kafka_offset), max(kafka_offset) AS off
 FROM usage_events
@@ -507,16 +510,19 @@ func (s *Store) scan(ctx context.Context, query string, fn func(ev *schemas.Usag
 			ev                         schemas.UsageEvent
 			tms, status                uint16
 			prompt, completion, cached uint64
+			cacheWrite, reasoning      uint64
 			latency                    uint32
 			outcome                    string
 			est                        uint8
 			off                        int64
 		)
-		if err := rows.Scan(&ev.ID, &ev.Tenant, &ev.Model, &ev.Time, &tms, &prompt, &completion, &cached, &status, &outcome, &latency, &est, &off); err != nil {
+		if err := rows.Scan(&ev.ID, &ev.Tenant, &ev.Model, &ev.Time, &tms, &prompt, &completion, &cached, &cacheWrite, &reasoning,
+			&status, &outcome, &latency, &est, &off); err != nil {
 			return n, fmt.Errorf("read events: scan: %w", err)
 		}
 		ev.Time = ev.Time.UTC().Add(time.Duration(tms) * time.Millisecond)
 		ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens = int64(prompt), int64(completion), int64(cached)
+		ev.CacheWriteTokens, ev.ReasoningTokens = int64(cacheWrite), int64(reasoning)
 		ev.Status, ev.Outcome, ev.LatencyMS, ev.Estimated = int(status), schemas.Outcome(outcome), int64(latency), est == 1
 		fn(&ev, off)
 		n++
@@ -555,7 +561,7 @@ func (s *Store) recompute(ctx context.Context, repairs []tally.LateMinute) ([]ta
 				row.SlowCalls++
 			}
 			if cost != nil {
-				row.Cost += cost(ev.Model, ev.Time, ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens)
+				row.Cost += cost(ev.Model, ev.Time, policy.TokensOf(ev))
 			}
 		})
 		if err != nil {
@@ -593,7 +599,7 @@ func (s *Store) recomputeQuotas(ctx context.Context, repairs []tally.QuotaRow) (
 				r.Used++
 			case "currency":
 				if cost != nil {
-					r.Used += cost(ev.Model, ev.Time, ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens)
+					r.Used += cost(ev.Model, ev.Time, policy.TokensOf(ev))
 				}
 			default:
 				r.Used += float64(ev.PromptTokens + ev.CompletionTokens)

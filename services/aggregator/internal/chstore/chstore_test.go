@@ -155,6 +155,15 @@ func TestTokenTypesStored(t *testing.T) {
 		t.Errorf("stored prompt %d completion %d cache read %d cache write %d reasoning %d, want 1200 350 700 500 120",
 			prompt, completion, read, write, reasoning)
 	}
+	// A rebuild from ClickHouse sees every type, so that a restarted
+	// aggregator prices the event as the one that first counted it.
+	var got []schemas.UsageEvent
+	if _, err := s.Replay(ctx, 0, 2, func(e *schemas.UsageEvent, _ int64) { got = append(got, *e) }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].CachedTokens != 700 || got[0].CacheWriteTokens != 500 || got[0].ReasoningTokens != 120 {
+		t.Errorf("replayed %+v, want the one event with 700 cache read, 500 cache write and 120 reasoning tokens", got)
+	}
 }
 
 // migratedDB opens a fresh ClickHouse database with the migrations applied.

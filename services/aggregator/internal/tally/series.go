@@ -490,20 +490,20 @@ func (s *Series) completeMinutes(m int64) {
 // cost prices tokens of the series' model at ts, at the policy's
 // unpriced_price when no price is in force (policy.CostSpan); priced says
 // which.
-func (s *Series) cost(p *Partition, ts, prompt, completion, cached int64) (cost float64, priced bool) {
+func (s *Series) cost(p *Partition, ts int64, tok policy.Tokens) (cost float64, priced bool) {
 	if s.priceFor != p.pol || ts < s.priceFrom || ts >= s.priceEnd {
 		s.priceFor = p.pol
 		s.price, s.priceOK, s.priceFrom, s.priceEnd = p.pol.CostSpan(s.model, ts)
 	}
-	return s.price.Cost(prompt, completion, cached), s.priceOK
+	return s.price.Cost(tok), s.priceOK
 }
 
 // costOf prices tokens of model at ts without a series' cache: for events
 // folded into the OtherModel bucket, which must cost what their real model
 // costs so the tenant's budget stays exact.
-func (p *Partition) costOf(model string, ts, prompt, completion, cached int64) (cost float64, priced bool) {
+func (p *Partition) costOf(model string, ts int64, tok policy.Tokens) (cost float64, priced bool) {
 	pr, ok, _, _ := p.pol.CostSpan(model, ts)
-	return pr.Cost(prompt, completion, cached), ok
+	return pr.Cost(tok), ok
 }
 
 // windowRate returns tokens and requests per minute over the last minutes

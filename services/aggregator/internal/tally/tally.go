@@ -454,9 +454,9 @@ func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 	}
 	var priced bool
 	if folded {
-		rec.cost, priced = p.costOf(ev.Model, ts, ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens)
+		rec.cost, priced = p.costOf(ev.Model, ts, policy.TokensOf(ev))
 	} else {
-		rec.cost, priced = s.cost(p, ts, ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens)
+		rec.cost, priced = s.cost(p, ts, policy.TokensOf(ev))
 	}
 	if !priced {
 		p.unpricedEvent(t, ev, offset)

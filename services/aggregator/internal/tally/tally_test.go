@@ -266,6 +266,31 @@ func TestCostUsesPriceInForce(t *testing.T) {
 	// Budget 10 USD: the first event alone (12 USD) exhausted it.
 }
 
+// TestCostChargesEachTokenType: the budget counts an event with every
+// token type at each type's own price — cache reads, cache writes and
+// reasoning apart from plain input and output — and a settlement takes
+// the estimate's cost back whole.
+func TestCostChargesEachTokenType(t *testing.T) {
+	p := New(0, DefaultOptions())
+	p.SetPolicy(mustPolicy(t, strings.Replace(testPolicy, "cached: 2.5}", "cached: 2.5, cache_write: 6.25, reasoning: 30}", 1)))
+	at := time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC)
+	est := ev("a", at, 50_000, 50_000)
+	est.Estimated = true
+	p.Apply(est, 0)
+	// 1,000 plain input, 2,000 cache reads, 3,000 cache writes, 4,000
+	// plain output, 5,000 reasoning.
+	e := ev("a", at, 6000, 9000)
+	e.CachedTokens, e.CacheWriteTokens, e.ReasoningTokens = 2000, 3000, 5000
+	p.Apply(e, 1)
+	want := (1000*5 + 2000*2.5 + 3000*6.25 + 4000*20 + 5000*30) / 1e6
+	for _, model := range []string{"gpt-4o", "*"} {
+		tok, _, cost, _, _ := p.Totals("acme", model, "month")
+		if tok != 15000 || math.Abs(cost-want) > 1e-12 {
+			t.Errorf("%s month: %d tokens costing %v; want 15000 tokens costing %v", model, tok, cost, want)
+		}
+	}
+}
+
 func TestSlidingRatesAndRateExceeded(t *testing.T) {
 	p := newPart(t)
 	for m := 0; m < 10; m++ {
