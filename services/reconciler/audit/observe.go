@@ -20,6 +20,7 @@ import (
 // usage is what the raw events say about one model in one bucket of time.
 type usage struct {
 	requests, prompt, completion, cached, errors uint64
+	cacheWrite, reasoning                        uint64
 	cost                                         float64
 }
 
@@ -28,11 +29,20 @@ func (u *usage) add(o usage) {
 	u.prompt += o.prompt
 	u.completion += o.completion
 	u.cached += o.cached
+	u.cacheWrite += o.cacheWrite
+	u.reasoning += o.reasoning
 	u.errors += o.errors
 	u.cost += o.cost
 }
 
 func (u usage) tokens() uint64 { return u.prompt + u.completion }
+
+// counts are the counts a usage_minute row must agree with the events on:
+// requests and every token type (errors follow breaker settings the
+// audit does not check, and cost is compared with a tolerance).
+func (u usage) counts() [6]uint64 {
+	return [6]uint64{u.requests, u.prompt, u.completion, u.cached, u.cacheWrite, u.reasoning}
+}
 
 // truth holds the raw-event totals of one tenant over the job's range, per
 // model and per bucket start (a minute for day jobs, the whole range for
@@ -188,7 +198,7 @@ func quotaCells(t *policy.Tenant, quotas map[string]bool, qrows []quotaRow, star
 // with the price period containing its time. %s is the bucket.
 var truthSQL = `
 SELECT model, %s AS bucket, count(), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens),
-       countIf(outcome IN ('error', 'timeout')), sum(cost),
+       sum(cache_write_tokens), sum(reasoning_tokens), countIf(outcome IN ('error', 'timeout')), sum(cost),
        sumIf(prompt_tokens, priced = 0), sumIf(completion_tokens, priced = 0), sumIf(cached_tokens, priced = 0),
        sumIf(cache_write_tokens, priced = 0), sumIf(reasoning_tokens, priced = 0)
 FROM (` + costquery.EventsBetween() + `)
@@ -225,7 +235,7 @@ func readTruth(ctx context.Context, conn driver.Conn, tenant string, start, end 
 			u                            usage
 			up, uc, ucach, uwrite, ureas uint64
 		)
-		if err := rows.Scan(&model, &at, &u.requests, &u.prompt, &u.completion, &u.cached, &u.errors, &u.cost,
+		if err := rows.Scan(&model, &at, &u.requests, &u.prompt, &u.completion, &u.cached, &u.cacheWrite, &u.reasoning, &u.errors, &u.cost,
 			&up, &uc, &ucach, &uwrite, &ureas); err != nil {
 			return nil, fmt.Errorf("audit: scan usage_events: %w", err)
 		}
@@ -287,7 +297,8 @@ type minuteRow struct {
 
 func readUsageMinute(ctx context.Context, conn driver.Conn, tenant string, start, end time.Time) ([]minuteRow, error) {
 	rows, err := conn.Query(ctx, `
-SELECT model, minute, requests, prompt_tokens, completion_tokens, cached_tokens, errors, slow_calls, cost, version
+SELECT model, minute, requests, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, reasoning_tokens,
+       errors, slow_calls, cost, version
 FROM usage_minute FINAL
 WHERE tenant = ? AND minute >= ? AND minute < ?`, tenant, start.UTC(), end.UTC())
 	if err != nil {
@@ -297,8 +308,8 @@ WHERE tenant = ? AND minute >= ? AND minute < ?`, tenant, start.UTC(), end.UTC()
 	var out []minuteRow
 	for rows.Next() {
 		var r minuteRow
-		if err := rows.Scan(&r.model, &r.minute, &r.u.requests, &r.u.prompt, &r.u.completion, &r.u.cached, &r.u.errors,
-			&r.slowCalls, &r.cost, &r.version); err != nil {
+		if err := rows.Scan(&r.model, &r.minute, &r.u.requests, &r.u.prompt, &r.u.completion, &r.u.cached,
+			&r.u.cacheWrite, &r.u.reasoning, &r.u.errors, &r.slowCalls, &r.cost, &r.version); err != nil {
 			return nil, fmt.Errorf("audit: scan usage_minute: %w", err)
 		}
 		out = append(out, r)

@@ -53,7 +53,7 @@ version, updated_at)`)
 	}
 	if len(minutes) > 0 {
 		b, err := a.conn.PrepareBatch(ctx, `INSERT INTO usage_minute (tenant, model, minute, requests, prompt_tokens,
-completion_tokens, cached_tokens, errors, slow_calls, cost, version, updated_at)`)
+completion_tokens, cached_tokens, cache_write_tokens, reasoning_tokens, errors, slow_calls, cost, version, updated_at)`)
 		if err != nil {
 			return fmt.Errorf("audit: repair usage_minute: %w", err)
 		}
@@ -70,7 +70,7 @@ completion_tokens, cached_tokens, errors, slow_calls, cost, version, updated_at)
 				errs, slow, version = m.u.errors, m.slowCalls, m.version+1
 			}
 			if err := b.Append(t.ID, c.row.Model, c.row.PeriodStart, u.requests, u.prompt, u.completion, u.cached,
-				errs, slow, u.cost, version, now); err != nil {
+				u.cacheWrite, u.reasoning, errs, slow, u.cost, version, now); err != nil {
 				_ = b.Abort()
 				return fmt.Errorf("audit: repair usage_minute: %w", err)
 			}

@@ -91,7 +91,7 @@ const insertEvents = `INSERT INTO usage_events (id, time, time_ms, tenant, model
  attribute_keys, attribute_values, kafka_partition, kafka_offset, ingested_at)`
 
 const insertMinutes = `INSERT INTO usage_minute (tenant, model, minute, requests, prompt_tokens, completion_tokens,
- cached_tokens, errors, slow_calls, cost, version, updated_at)`
+ cached_tokens, cache_write_tokens, reasoning_tokens, errors, slow_calls, cost, version, updated_at)`
 
 const insertQuotas = `INSERT INTO quota_state (tenant, model, quota, period, period_start, period_end, used, quota_limit,
  unit, mode, tier, rate_per_minute, predicted_exhaustion, predicted_earliest, predicted_latest, prediction_basis,
@@ -308,14 +308,16 @@ func minuteColumns(rows []tally.MinuteRow, version []uint64, now time.Time) []an
 	tenants, models := make([]string, n), make([]string, n)
 	minutes, updated := make([]time.Time, n), make([]time.Time, n)
 	req, prompt, completion, cached, errs, slow, versions := make([]uint64, n), make([]uint64, n), make([]uint64, n), make([]uint64, n), make([]uint64, n), make([]uint64, n), make([]uint64, n)
+	cacheWrite, reasoning := make([]uint64, n), make([]uint64, n)
 	cost := make([]float64, n)
 	for i := range rows {
 		m := &rows[i]
 		tenants[i], models[i], minutes[i] = m.Tenant, m.Model, m.Minute
 		req[i], prompt[i], completion[i], cached[i], errs[i], slow[i] = m.Requests, m.PromptTokens, m.CompletionTokens, m.CachedTokens, m.Errors, m.SlowCalls
+		cacheWrite[i], reasoning[i] = m.CacheWriteTokens, m.ReasoningTokens
 		cost[i], versions[i], updated[i] = m.Cost, version[i], now
 	}
-	return []any{tenants, models, minutes, req, prompt, completion, cached, errs, slow, cost, versions, updated}
+	return []any{tenants, models, minutes, req, prompt, completion, cached, cacheWrite, reasoning, errs, slow, cost, versions, updated}
 }
 
 // noStrings is the attribute columns' value for an event without
@@ -554,6 +556,8 @@ func (s *Store) recompute(ctx context.Context, repairs []tally.LateMinute) ([]ta
 			row.PromptTokens += uint64(ev.PromptTokens)
 			row.CompletionTokens += uint64(ev.CompletionTokens)
 			row.CachedTokens += uint64(ev.CachedTokens)
+			row.CacheWriteTokens += uint64(ev.CacheWriteTokens)
+			row.ReasoningTokens += uint64(ev.ReasoningTokens)
 			if ev.Outcome == schemas.OutcomeError || ev.Outcome == schemas.OutcomeTimeout || ev.Status >= 500 {
 				row.Errors++
 			}

@@ -133,8 +133,9 @@ func TestOneWriteOfSeveralBatches(t *testing.T) {
 }
 
 // TestTokenTypesStored: the cache read, the cache write and the reasoning
-// tokens an event carries reach usage_events, each in its own column, so
-// that reports can price each token type.
+// tokens an event carries reach usage_events, and a minute's rollup
+// usage_minute, each in its own column, so that reports can price each
+// token type.
 func TestTokenTypesStored(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -143,8 +144,19 @@ func TestTokenTypesStored(t *testing.T) {
 	at := time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)
 	ev := schemas.UsageEvent{ID: "t1", Time: at, Tenant: "acme", Model: "claude", PromptTokens: 1200, CompletionTokens: 350,
 		CachedTokens: 700, CacheWriteTokens: 500, ReasoningTokens: 120}
-	if err := s.Write(ctx, &Batch{Version: 1, Events: []Event{{UsageEvent: ev, Offset: 1}}}); err != nil {
+	b := &Batch{Version: 1, Events: []Event{{UsageEvent: ev, Offset: 1}}}
+	b.Rows.Minutes = []tally.MinuteRow{{Tenant: "acme", Model: "claude", Minute: at, Requests: 1, PromptTokens: 1200, CompletionTokens: 350,
+		CachedTokens: 700, CacheWriteTokens: 500, ReasoningTokens: 120}}
+	if err := s.Write(ctx, b); err != nil {
 		t.Fatal(err)
+	}
+	var minRead, minWrite, minReasoning uint64
+	if err := conn.QueryRow(ctx, "SELECT cached_tokens, cache_write_tokens, reasoning_tokens FROM usage_minute FINAL WHERE tenant = 'acme'").
+		Scan(&minRead, &minWrite, &minReasoning); err != nil {
+		t.Fatal(err)
+	}
+	if minRead != 700 || minWrite != 500 || minReasoning != 120 {
+		t.Errorf("usage_minute cache read %d cache write %d reasoning %d, want 700 500 120", minRead, minWrite, minReasoning)
 	}
 	var prompt, completion, read, write, reasoning uint64
 	if err := conn.QueryRow(ctx, "SELECT prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, reasoning_tokens FROM usage_events WHERE id = 't1'").

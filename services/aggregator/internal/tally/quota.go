@@ -383,7 +383,10 @@ type MinuteRow struct {
 	Minute                                   time.Time
 	Requests, PromptTokens, CompletionTokens uint64
 	CachedTokens, Errors, SlowCalls          uint64
-	Cost                                     float64
+	// CacheWriteTokens and ReasoningTokens are parts of PromptTokens and
+	// CompletionTokens, as CachedTokens is.
+	CacheWriteTokens, ReasoningTokens uint64
+	Cost                              float64
 }
 
 // QuotaRow is usage against one quota in one period, for quota_state.

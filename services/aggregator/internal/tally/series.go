@@ -222,6 +222,7 @@ type rateCell struct {
 type rollup struct {
 	min                                         int64
 	req, prompt, completion, cached, errs, slow int64
+	cacheWrite, reasoning                       int64
 	cost                                        float64
 	dirty                                       bool
 }
@@ -457,6 +458,8 @@ func (s *Series) addMinute(r *idRec, sign int64, p *Partition) {
 	rl.prompt += int64(r.prompt) * sign
 	rl.completion += int64(r.completion) * sign
 	rl.cached += int64(r.cached) * sign
+	rl.cacheWrite += int64(r.cacheWrite) * sign
+	rl.reasoning += int64(r.reasoning) * sign
 	if r.flags&flagError != 0 {
 		rl.errs += sign
 	}
@@ -545,6 +548,7 @@ func (rl *rollup) row(s *Series) MinuteRow {
 		Tenant: s.t.id, Model: s.model, Minute: time.Unix(rl.min*60, 0).UTC(),
 		Requests: clampU(rl.req), PromptTokens: clampU(rl.prompt), CompletionTokens: clampU(rl.completion),
 		CachedTokens: clampU(rl.cached), Errors: clampU(rl.errs), SlowCalls: clampU(rl.slow), Cost: math.Max(rl.cost, 0),
+		CacheWriteTokens: clampU(rl.cacheWrite), ReasoningTokens: clampU(rl.reasoning),
 	}
 }
 

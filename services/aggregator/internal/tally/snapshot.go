@@ -40,7 +40,9 @@ import (
 
 // SnapshotVersion is the format version Snapshot writes and Load accepts.
 // Change it with any change to what the state holds.
-const SnapshotVersion = 1
+//
+// 2: remembered ids and rollups hold cache-write and reasoning tokens.
+const SnapshotVersion = 2
 
 // snapshotMagic starts every snapshot.
 const snapshotMagic = "SLTSNAP"
@@ -372,6 +374,8 @@ func (c *StateCopy) Snapshot(dst []byte, fp string) ([]byte, error) {
 		e.i(int64(r.prompt))
 		e.i(int64(r.completion))
 		e.i(int64(r.cached))
+		e.i(int64(r.cacheWrite))
+		e.i(int64(r.reasoning))
 		e.u(uint64(r.flags))
 		e.f(r.cost)
 	}
@@ -401,7 +405,7 @@ func encodeSeries(e *enc, s *seriesCopy, c *seriesCounters, rates []rateEntry) {
 	for i := range c.roll {
 		r := &c.roll[i]
 		e.i(r.min)
-		for _, v := range [...]int64{r.req, r.prompt, r.completion, r.cached, r.errs, r.slow} {
+		for _, v := range [...]int64{r.req, r.prompt, r.completion, r.cached, r.cacheWrite, r.reasoning, r.errs, r.slow} {
 			e.i(v)
 		}
 		e.f(r.cost)
@@ -578,7 +582,8 @@ func Load(id int32, opt Options, pol *policy.Policy, fp string, data []byte) (*P
 	for n := d.count(); n > 0 && d.err == nil; n-- {
 		k := d.u64()
 		o := d.i()
-		r := idRec{ts: d.i(), prompt: int32(d.i()), completion: int32(d.i()), cached: int32(d.i()), flags: uint8(d.u()), cost: d.f()}
+		r := idRec{ts: d.i(), prompt: int32(d.i()), completion: int32(d.i()), cached: int32(d.i()), cacheWrite: int32(d.i()),
+			reasoning: int32(d.i()), flags: uint8(d.u()), cost: d.f()}
 		switch {
 		case o >= 0 && o < int64(len(p.series)):
 			r.series = int32(o) // Load created the series in the order Snapshot wrote them
@@ -620,7 +625,7 @@ func (s *Series) decode(d *dec) error {
 	for i := range s.roll {
 		r := &s.roll[i]
 		r.min = d.i()
-		r.req, r.prompt, r.completion, r.cached, r.errs, r.slow = d.i(), d.i(), d.i(), d.i(), d.i(), d.i()
+		r.req, r.prompt, r.completion, r.cached, r.cacheWrite, r.reasoning, r.errs, r.slow = d.i(), d.i(), d.i(), d.i(), d.i(), d.i(), d.i(), d.i()
 		r.cost = d.f()
 		r.dirty = d.bool()
 	}

@@ -210,11 +210,13 @@ type heldEvent struct {
 // idRec is what one counted event contributed, so a settlement can take it
 // back. Token counts fit in int32 after the schema's per-event limit (1e9).
 type idRec struct {
-	series                     int32
-	ts                         int64
-	prompt, completion, cached int32
-	flags                      uint8
-	cost                       float64
+	series int32
+	// cacheWrite sits here, in what would be padding before ts.
+	cacheWrite                            int32
+	ts                                    int64
+	prompt, completion, cached, reasoning int32
+	flags                                 uint8
+	cost                                  float64
 }
 
 const (
@@ -439,6 +441,8 @@ func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 		prompt:     int32(ev.PromptTokens),
 		completion: int32(ev.CompletionTokens),
 		cached:     int32(ev.CachedTokens),
+		cacheWrite: int32(ev.CacheWriteTokens),
+		reasoning:  int32(ev.ReasoningTokens),
 	}
 	if ev.Estimated {
 		rec.flags |= flagEstimated

@@ -268,25 +268,51 @@ func TestCostUsesPriceInForce(t *testing.T) {
 
 // TestCostChargesEachTokenType: the budget counts an event with every
 // token type at each type's own price — cache reads, cache writes and
-// reasoning apart from plain input and output — and a settlement takes
-// the estimate's cost back whole.
+// reasoning apart from plain input and output — and the minute rollup
+// carries each type; a settlement takes its estimate back whole, every
+// type included, also after the state went through a snapshot.
 func TestCostChargesEachTokenType(t *testing.T) {
 	p := New(0, DefaultOptions())
 	p.SetPolicy(mustPolicy(t, strings.Replace(testPolicy, "cached: 2.5}", "cached: 2.5, cache_write: 6.25, reasoning: 30}", 1)))
 	at := time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC)
 	est := ev("a", at, 50_000, 50_000)
 	est.Estimated = true
+	est.CachedTokens, est.CacheWriteTokens, est.ReasoningTokens = 40_000, 7_000, 20_000
 	p.Apply(est, 0)
+	p.TakeSignals()
+	p.Drain(&Rows{})
+	snap, err := p.Snapshot(nil, "fp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := Load(0, DefaultOptions(), p.pol, "fp", snap)
+	if err != nil {
+		t.Fatal(err)
+	}
 	// 1,000 plain input, 2,000 cache reads, 3,000 cache writes, 4,000
 	// plain output, 5,000 reasoning.
 	e := ev("a", at, 6000, 9000)
 	e.CachedTokens, e.CacheWriteTokens, e.ReasoningTokens = 2000, 3000, 5000
-	p.Apply(e, 1)
 	want := (1000*5 + 2000*2.5 + 3000*6.25 + 4000*20 + 5000*30) / 1e6
-	for _, model := range []string{"gpt-4o", "*"} {
-		tok, _, cost, _, _ := p.Totals("acme", model, "month")
-		if tok != 15000 || math.Abs(cost-want) > 1e-12 {
-			t.Errorf("%s month: %d tokens costing %v; want 15000 tokens costing %v", model, tok, cost, want)
+	for name, p := range map[string]*Partition{"state": p, "state loaded from a snapshot": l} {
+		p.Apply(e, 1)
+		for _, model := range []string{"gpt-4o", "*"} {
+			tok, _, cost, _, _ := p.Totals("acme", model, "month")
+			if tok != 15000 || math.Abs(cost-want) > 1e-12 {
+				t.Errorf("%s, %s month: %d tokens costing %v; want 15000 tokens costing %v", name, model, tok, cost, want)
+			}
+		}
+		var rows Rows
+		p.Drain(&rows)
+		var m MinuteRow
+		for _, r := range rows.Minutes {
+			if r.Model == "gpt-4o" {
+				m = r
+			}
+		}
+		if m.PromptTokens != 6000 || m.CachedTokens != 2000 || m.CacheWriteTokens != 3000 || m.ReasoningTokens != 5000 ||
+			math.Abs(m.Cost-want) > 1e-12 {
+			t.Errorf("%s, minute rollup %+v: want 6000 prompt, 2000 cache read, 3000 cache write, 5000 reasoning tokens costing %v", name, m, want)
 		}
 	}
 }
