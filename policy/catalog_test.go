@@ -308,3 +308,58 @@ prices:
 		t.Errorf("clamped parts: cost %v, want %v", got, want)
 	}
 }
+
+// TestBilledEquivalentQuotas: count: billed makes an entry's hourly,
+// daily and monthly token quotas count billed-equivalent tokens (each
+// type weighted by its price over the input price), never
+// tokens_per_minute; count merges like mode and is validated at load.
+func TestBilledEquivalentQuotas(t *testing.T) {
+	p, err := Parse([]byte(`price_catalog: none
+defaults:
+  models:
+    "*": {monthly_tokens: 1000, tokens_per_minute: 100, count: billed}
+tenants:
+  acme:
+    models:
+      "*": {daily_tokens: 500}
+      gpt-x: {monthly_tokens: 10}
+  plain:
+    models:
+      "*": {count: total}
+prices:
+  - {model: gpt-x, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 2, completion: 8, cached: 0.5, cache_write: 2.5, reasoning: 8}
+`), "p.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	billed := func(tenant, model string) map[string]bool {
+		out := map[string]bool{}
+		for _, q := range p.Tenant(tenant).Quotas(model) {
+			out[string(q.Name)] = q.Billed
+		}
+		return out
+	}
+	if got := billed("acme", "*"); !got["monthly_tokens"] || !got["daily_tokens"] || got["tokens_per_minute"] {
+		t.Errorf("acme *: billed %v; want monthly and daily billed (inherited count), tokens_per_minute not", got)
+	}
+	if got := billed("acme", "gpt-x"); got["monthly_tokens"] {
+		t.Errorf("acme gpt-x: billed %v; want total (the entry does not inherit from *)", got)
+	}
+	if got := billed("plain", "*"); got["monthly_tokens"] {
+		t.Errorf("plain *: billed %v; want total (count: total overrides the defaults)", got)
+	}
+	pr, _ := p.Price("gpt-x", time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
+	// 1,000 plain input + 2,000 reads at 0.25 + 3,000 writes at 1.25 +
+	// 4,000 output and 5,000 reasoning at 4.
+	tok := Tokens{Prompt: 6000, Cached: 2000, CacheWrite: 3000, Completion: 9000, Reasoning: 5000}
+	if got, want := pr.BilledTokens(tok), 1000+2000*0.25+3000*1.25+9000*4.0; math.Abs(got-want) > 1e-9 {
+		t.Errorf("billed-equivalent tokens %v, want %v", got, want)
+	}
+	if got := (Price{}).BilledTokens(tok); got != 15000 {
+		t.Errorf("billed-equivalent tokens without an input price %v, want the 15000 total", got)
+	}
+	_, err = Parse([]byte("tenants:\n  acme:\n    models:\n      \"*\": {monthly_tokens: 1, count: weighted}\n"), "bad.yaml")
+	if err == nil || !strings.Contains(err.Error(), "tenants.acme.models.*.count") || !strings.Contains(err.Error(), "total, billed") {
+		t.Errorf("count: weighted: error %v, want one naming tenants.acme.models.*.count and total, billed", err)
+	}
+}

@@ -101,6 +101,7 @@ type rawModel struct {
 	TokensPerMinute   *int64 `yaml:"tokens_per_minute"`
 	RequestsPerMinute *int64 `yaml:"requests_per_minute"`
 	Mode              string `yaml:"mode"`
+	Count             string `yaml:"count"`
 }
 
 type rawBreaker struct {
@@ -470,6 +471,13 @@ func (v *validator) tenant(path string, raw rawTenant, base *Tenant) *Tenant {
 		}
 		if q.Mode != "" {
 			mq.Mode = v.mode(mp+".mode", q.Mode)
+		}
+		switch TokenCount(q.Count) {
+		case "":
+		case CountTotal, CountBilled:
+			mq.Count = TokenCount(q.Count)
+		default:
+			v.fail(mp+".count", "%q is not one of total, billed", q.Count)
 		}
 		t.Models[model] = mq
 	}

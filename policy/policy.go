@@ -117,6 +117,24 @@
 // Reports list unpriced usage on lines of their own (currency
 // "(unpriced)").
 //
+// # Billed-equivalent tokens
+//
+// A token quota counts prompt plus completion tokens by default (count:
+// total). With count: billed on a models.<key> entry (merged like mode),
+// the entry's hourly_tokens, daily_tokens and monthly_tokens count
+// billed-equivalent tokens instead: each token type weighted by its
+// price relative to the model's input price in force at the event
+// (Price.BilledTokens) — a cache read at 0.1 of input counts 0.1, a
+// cache write at 1.25 counts 1.25, an output token at 4 counts 4. So a
+// quota of a million billed tokens is what a million uncached input
+// tokens would cost, whatever the mix. A model without an input price
+// (unpriced, without an unpriced_price) counts its total tokens.
+// tokens_per_minute always counts total tokens: it is a rate of traffic,
+// checked on the request path too. The aggregator counts, the reconciler
+// audits and quota_state records billed quotas in billed-equivalent
+// tokens (unit tokens); the exhaustion prediction runs on the token rate
+// scaled by the period's billed-to-total ratio.
+//
 // # Periods and timezones
 //
 // Hourly, daily and monthly quotas (and the budget, per month) run over
@@ -239,7 +257,23 @@ type ModelQuota struct {
 	RequestsPerMinute int64
 	// Mode overrides the tenant's mode for this model; empty inherits it.
 	Mode Mode
+	// Count is what the hourly, daily and monthly token quotas of the
+	// entry count; empty is CountTotal. See "Billed-equivalent tokens".
+	Count TokenCount
 }
+
+// TokenCount is what a token quota counts.
+type TokenCount string
+
+const (
+	// CountTotal counts prompt plus completion tokens, whatever their
+	// type (UsageEvent.TotalTokens). The default.
+	CountTotal TokenCount = "total"
+	// CountBilled counts billed-equivalent tokens: each token type
+	// weighted by its price relative to the model's input price
+	// (Price.BilledTokens).
+	CountBilled TokenCount = "billed"
+)
 
 // Breakers holds the thresholds of the health breakers a tenant gets.
 type Breakers struct {
@@ -270,6 +304,9 @@ type Quota struct {
 	Limit  float64
 	Unit   schemas.Unit
 	Mode   Mode
+	// Billed: the quota counts billed-equivalent tokens (CountBilled);
+	// only hourly, daily and monthly token quotas do.
+	Billed bool
 }
 
 // Price is a model's price per million tokens from EffectiveFrom on, one
@@ -331,6 +368,18 @@ func (p Price) Cost(t Tokens) float64 {
 	input, cached, write, output, reasoning := t.Split()
 	return (float64(input)*p.Prompt + float64(cached)*p.Cached + float64(write)*p.CacheWrite +
 		float64(output)*p.Completion + float64(reasoning)*p.Reasoning) / 1e6
+}
+
+// BilledTokens returns t in billed-equivalent tokens: each token type
+// weighted by its price relative to the input price, which is Cost over
+// the input price per token. A price without an input price (an unpriced
+// model without unpriced_price, a free model) has no weights: t counts
+// its total tokens. See "Billed-equivalent tokens".
+func (p Price) BilledTokens(t Tokens) float64 {
+	if !(p.Prompt > 0) {
+		return float64(t.Prompt + t.Completion)
+	}
+	return p.Cost(t) * 1e6 / p.Prompt
 }
 
 // Channels holds the alert channel definitions by kind, then by name:
@@ -478,7 +527,8 @@ func (t *Tenant) Quotas(model string) []Quota {
 		mode := t.ModeFor(model)
 		add := func(kind schemas.QuotaKind, limit int64) {
 			if limit > 0 {
-				out = append(out, Quota{Name: kind, Period: kind.Period(), Limit: float64(limit), Unit: kind.Unit(), Mode: mode})
+				billed := q.Count == CountBilled && kind.Unit() == schemas.UnitTokens && kind.Period() != schemas.PeriodMinute
+				out = append(out, Quota{Name: kind, Period: kind.Period(), Limit: float64(limit), Unit: kind.Unit(), Mode: mode, Billed: billed})
 			}
 		}
 		add(schemas.QuotaMonthlyTokens, q.MonthlyTokens)

@@ -27,6 +27,7 @@ type cell struct {
 	minute      *minuteRow // existing usage_minute row, nil if missing
 	truth       usage
 	minuteCell  bool // a per-minute usage_minute cell
+	billed      bool // a token quota counting billed-equivalent tokens
 	// summary is a model's usage_minute day total: it is signalled, and
 	// repaired through its minutes.
 	summary bool

@@ -22,6 +22,7 @@ type usage struct {
 	requests, prompt, completion, cached, errors uint64
 	cacheWrite, reasoning                        uint64
 	cost                                         float64
+	billed                                       float64 // billed-equivalent tokens
 }
 
 func (u *usage) add(o usage) {
@@ -33,6 +34,7 @@ func (u *usage) add(o usage) {
 	u.reasoning += o.reasoning
 	u.errors += o.errors
 	u.cost += o.cost
+	u.billed += o.billed
 }
 
 func (u usage) tokens() uint64 { return u.prompt + u.completion }
@@ -170,6 +172,7 @@ func quotaCells(t *policy.Tenant, quotas map[string]bool, qrows []quotaRow, star
 					cells[k] = &cell{row: Row{Model: m, Quota: string(q.Name), Period: string(q.Period), PeriodStart: s, PeriodEnd: e,
 						Unit: string(q.Unit), Mode: string(q.Mode), Limit: q.Limit}}
 				}
+				cells[k].billed = q.Billed
 				ps = e
 			}
 		}
@@ -178,8 +181,11 @@ func quotaCells(t *policy.Tenant, quotas map[string]bool, qrows []quotaRow, star
 		u := tr.sum(c.row.Model, c.row.PeriodStart, c.row.PeriodEnd)
 		c.truth = u
 		c.row.Truth = float64(u.tokens())
-		if c.row.Quota == string(schemas.QuotaBudget) {
+		switch {
+		case c.row.Quota == string(schemas.QuotaBudget):
 			c.row.Truth = u.cost
+		case c.billed:
+			c.row.Truth = u.billed
 		}
 		if c.quota == nil && c.row.Truth == 0 {
 			delete(cells, k) // nothing counted, nothing used: nothing to compare
@@ -198,7 +204,7 @@ func quotaCells(t *policy.Tenant, quotas map[string]bool, qrows []quotaRow, star
 // with the price period containing its time. %s is the bucket.
 var truthSQL = `
 SELECT model, %s AS bucket, count(), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens),
-       sum(cache_write_tokens), sum(reasoning_tokens), countIf(outcome IN ('error', 'timeout')), sum(cost),
+       sum(cache_write_tokens), sum(reasoning_tokens), countIf(outcome IN ('error', 'timeout')), sum(cost), sumIf(billed, priced = 1),
        sumIf(prompt_tokens, priced = 0), sumIf(completion_tokens, priced = 0), sumIf(cached_tokens, priced = 0),
        sumIf(cache_write_tokens, priced = 0), sumIf(reasoning_tokens, priced = 0)
 FROM (` + costquery.EventsBetween() + `)
@@ -235,13 +241,18 @@ func readTruth(ctx context.Context, conn driver.Conn, tenant string, start, end 
 			u                            usage
 			up, uc, ucach, uwrite, ureas uint64
 		)
-		if err := rows.Scan(&model, &at, &u.requests, &u.prompt, &u.completion, &u.cached, &u.cacheWrite, &u.reasoning, &u.errors, &u.cost,
+		if err := rows.Scan(&model, &at, &u.requests, &u.prompt, &u.completion, &u.cached, &u.cacheWrite, &u.reasoning, &u.errors, &u.cost, &u.billed,
 			&up, &uc, &ucach, &uwrite, &ureas); err != nil {
 			return nil, fmt.Errorf("audit: scan usage_events: %w", err)
 		}
+		// Unpriced events: Price.Cost and BilledTokens are linear, so the
+		// sums weigh as the events would one by one.
+		unpriced := policy.Tokens{Prompt: int64(up), Completion: int64(uc), Cached: int64(ucach), CacheWrite: int64(uwrite), Reasoning: int64(ureas)}
 		if fallback != nil && up+uc > 0 {
-			u.cost += fallback.Cost(policy.Tokens{Prompt: int64(up), Completion: int64(uc), Cached: int64(ucach),
-				CacheWrite: int64(uwrite), Reasoning: int64(ureas)})
+			u.cost += fallback.Cost(unpriced)
+			u.billed += fallback.BilledTokens(unpriced)
+		} else {
+			u.billed += float64(up + uc)
 		}
 		if out[model] == nil {
 			out[model] = map[int64]usage{}

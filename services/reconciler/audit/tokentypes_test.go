@@ -12,13 +12,15 @@ import (
 
 // TestTokenTypesInTruthAndMinuteRepair: the audit's truth prices every
 // token type at its own price — a priced model's, and an unpriced one's
-// at unpriced_price — and a usage_minute row that lacks an event's cache
-// writes or reasoning tokens is drift, repaired with them.
+// at unpriced_price — for budgets and for quotas that count
+// billed-equivalent tokens, and a usage_minute row that lacks an event's
+// cache writes or reasoning tokens is drift, repaired with them.
 func TestTokenTypesInTruthAndMinuteRepair(t *testing.T) {
 	conn := db(t)
 	ctx := context.Background()
-	pol := mustPolicy(t, strings.Replace(acmePolicy, "prompt: 3, completion: 15, cached: 0.3}",
-		"prompt: 3, completion: 15, cached: 0.3, cache_write: 3.75, reasoning: 20}", 1)+
+	pol := mustPolicy(t, strings.Replace(strings.Replace(acmePolicy, "prompt: 3, completion: 15, cached: 0.3}",
+		"prompt: 3, completion: 15, cached: 0.3, cache_write: 3.75, reasoning: 20}", 1),
+		"        monthly_tokens: 10000000\n", "        monthly_tokens: 10000000\n        count: billed\n", 1)+
 		"unpriced_price: {currency: USD, prompt: 10, completion: 30, cached: 1, cache_write: 12, reasoning: 40}\n")
 	tn := pol.Tenant("acme")
 	at := utc("2026-10-14T03:15:00Z") // in the Shanghai day of 2026-10-14
@@ -66,12 +68,20 @@ func TestTokenTypesInTruthAndMinuteRepair(t *testing.T) {
 	month := Job{Tenant: tn, Period: schemas.PeriodMonth, At: at}
 	start, end := month.Bounds()
 	cost := (1000*3+2000*0.3+3000*3.75+4000*15+5000*20)/1e6 + (1000*10+2000*1+3000*12+4000*30+5000*40)/1e6
-	insertQuotas(t, conn, "acme", 3, quotaFixture{"*", schemas.QuotaBudget, schemas.PeriodMonth, start, end, cost, 500, "currency", "hard"})
+	// Billed-equivalent: claude-x's cost over its input price, mystery's
+	// at unpriced_price's, per token.
+	billed := (1000*3+2000*0.3+3000*3.75+4000*15+5000*20)/3. + (1000*10+2000*1+3000*12+4000*30+5000*40)/10.
+	insertQuotas(t, conn, "acme", 3,
+		quotaFixture{"*", schemas.QuotaBudget, schemas.PeriodMonth, start, end, cost, 500, "currency", "hard"},
+		quotaFixture{"*", schemas.QuotaMonthlyTokens, schemas.PeriodMonth, start, end, billed, 10000000, "tokens", "hard"})
 	res, err = a.Reconcile(ctx, month)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if b := byKey(res.Rows)["*|budget|month|2026-09-30T16:00:00Z"]; math.Abs(b.Truth-cost) > 1e-12 || b.Drifted {
 		t.Errorf("budget row = %+v, want truth %v (each token type at its price) and no drift", b, cost)
+	}
+	if q := byKey(res.Rows)["*|monthly_tokens|month|2026-09-30T16:00:00Z"]; math.Abs(q.Truth-billed) > 1e-9 || q.Drifted {
+		t.Errorf("billed monthly_tokens row = %+v, want truth %v billed-equivalent tokens (not the 30000 total) and no drift", q, billed)
 	}
 }

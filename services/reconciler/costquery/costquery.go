@@ -27,7 +27,7 @@ import "time"
 
 // Columns are the columns Events returns, in order.
 const Columns = "tenant, model, id, time, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, reasoning_tokens, " +
-	"total_tokens, outcome, estimated, priced, currency, cost"
+	"total_tokens, outcome, estimated, priced, currency, cost, billed"
 
 // Version orders the rows of one (tenant, id): a settlement (estimated =
 // 0) beats any estimate, and among equals the higher Kafka offset (the
@@ -65,6 +65,14 @@ const CostExpr = `if(toUInt32(effective_from) = 0, 0.,
     + toFloat64(least(cache_write_tokens, toUInt64(prompt_tokens - least(cached_tokens, prompt_tokens)))) * cache_write_per_million
     + toFloat64(completion_tokens - least(reasoning_tokens, completion_tokens)) * completion_per_million
     + toFloat64(least(reasoning_tokens, completion_tokens)) * reasoning_per_million) / 1000000.)`
+
+// BilledExpr is policy.Price.BilledTokens of one event joined with its
+// price span, in the same order of operations: the cost over the input
+// price per token, or the total tokens where no input price is in force
+// (unpriced: the caller weighs those at unpriced_price, as the aggregator
+// does). Quotas with count: billed are audited against it.
+const BilledExpr = `if(toUInt32(effective_from) = 0 OR NOT (prompt_per_million > 0), toFloat64(prompt_tokens + completion_tokens),
+   ` + CostExpr + ` * 1000000. / prompt_per_million)`
 
 // Distinct returns a query of one row per (tenant, id) among the
 // usage_events rows that satisfy pre (a condition over usage_events
@@ -105,7 +113,8 @@ func Events(pre, post string) string {
 	return `SELECT tenant, model, id, time, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, reasoning_tokens,
        prompt_tokens + completion_tokens AS total_tokens, outcome, estimated,
        ` + PricedExpr + ` AS priced, currency,
-       ` + CostExpr + ` AS cost
+       ` + CostExpr + ` AS cost,
+       ` + BilledExpr + ` AS billed
 FROM
 (
     SELECT tenant, model, id, time, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, reasoning_tokens,

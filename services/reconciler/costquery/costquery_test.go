@@ -148,8 +148,9 @@ cached_tokens, cache_write_tokens, reasoning_tokens, outcome, estimated, kafka_p
 		}
 	}
 	for name, q := range map[string]string{
-		"usage_priced view": "SELECT id, priced, currency, cost FROM usage_priced WHERE tenant = ?",
-		"costquery.Events":  "SELECT id, priced, currency, cost FROM (" + costquery.Events("tenant = ?", "1") + ")",
+		// The view has no billed column: -1 skips that check.
+		"usage_priced view": "SELECT id, priced, currency, cost, -1. FROM usage_priced WHERE tenant = ?",
+		"costquery.Events":  "SELECT id, priced, currency, cost, billed FROM (" + costquery.Events("tenant = ?", "1") + ")",
 	} {
 		t.Run(name, func(t *testing.T) { compare(t, ctx, conn, q, pol, want) })
 	}
@@ -167,9 +168,9 @@ func compare(t *testing.T, ctx context.Context, conn driver.Conn, query string, 
 		var (
 			id, currency string
 			isPriced     uint8
-			cost         float64
+			cost, billed float64
 		)
-		if err := rows.Scan(&id, &isPriced, &currency, &cost); err != nil {
+		if err := rows.Scan(&id, &isPriced, &currency, &cost, &billed); err != nil {
 			t.Fatal(err)
 		}
 		e, ok := want[id]
@@ -192,6 +193,10 @@ func compare(t *testing.T, ctx context.Context, conn driver.Conn, query string, 
 			if goCost := pr.Cost(tok); cost != goCost {
 				t.Errorf("%s %s at %s (%+v): SQL cost %v, policy.Price.Cost %v",
 					id, e.model, e.at.Format(time.RFC3339), tok, cost, goCost)
+			}
+			if goBilled := pr.BilledTokens(tok); billed != -1 && billed != goBilled {
+				t.Errorf("%s %s at %s (%+v): SQL billed-equivalent tokens %v, policy.Price.BilledTokens %v",
+					id, e.model, e.at.Format(time.RFC3339), tok, billed, goBilled)
 			}
 		}
 	}

@@ -70,8 +70,9 @@ func (b *Batch) Reset() {
 	b.Stamp = time.Time{}
 }
 
-// CostFunc prices one event, as the aggregator's state does.
-type CostFunc func(model string, at time.Time, tok policy.Tokens) float64
+// CostFunc prices one event, as the aggregator's state does, and weighs
+// it into billed-equivalent tokens with the same price.
+type CostFunc func(model string, at time.Time, tok policy.Tokens) (cost, billed float64)
 
 // Store writes to and reads from one ClickHouse database.
 type Store struct {
@@ -565,7 +566,8 @@ func (s *Store) recompute(ctx context.Context, repairs []tally.LateMinute) ([]ta
 				row.SlowCalls++
 			}
 			if cost != nil {
-				row.Cost += cost(ev.Model, ev.Time, policy.TokensOf(ev))
+				c, _ := cost(ev.Model, ev.Time, policy.TokensOf(ev))
+				row.Cost += c
 			}
 		})
 		if err != nil {
@@ -603,10 +605,16 @@ func (s *Store) recomputeQuotas(ctx context.Context, repairs []tally.QuotaRow) (
 				r.Used++
 			case "currency":
 				if cost != nil {
-					r.Used += cost(ev.Model, ev.Time, policy.TokensOf(ev))
+					c, _ := cost(ev.Model, ev.Time, policy.TokensOf(ev))
+					r.Used += c
 				}
 			default:
-				r.Used += float64(ev.PromptTokens + ev.CompletionTokens)
+				if r.Billed && cost != nil {
+					_, b := cost(ev.Model, ev.Time, policy.TokensOf(ev))
+					r.Used += b
+				} else {
+					r.Used += float64(ev.PromptTokens + ev.CompletionTokens)
+				}
 			}
 		})
 		if err != nil {

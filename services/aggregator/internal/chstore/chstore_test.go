@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
 )
@@ -190,4 +191,47 @@ func migratedDB(t testing.TB, ctx context.Context) driver.Conn {
 		t.Fatal(err)
 	}
 	return conn
+}
+
+// TestQuotaRepairWeighsBilledQuotas: a closed period's quota row
+// recomputed from the raw events counts billed-equivalent tokens for a
+// quota that counts them, total tokens for one that does not.
+func TestQuotaRepairWeighsBilledQuotas(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn := migratedDB(t, ctx)
+	// Cache reads at a quarter of the input price: prompt 1000 with 800
+	// read, completion 100 at four times input.
+	weigh := func(_ string, _ time.Time, tok policy.Tokens) (float64, float64) {
+		return 0, float64(tok.Prompt-tok.Cached) + float64(tok.Cached)*0.25 + float64(tok.Completion)*4
+	}
+	s := New(conn, func() CostFunc { return weigh }, 1000)
+	at := time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)
+	b := &Batch{Version: 1, Events: []Event{{UsageEvent: schemas.UsageEvent{ID: "q1", Time: at, Tenant: "acme", Model: "m",
+		PromptTokens: 1000, CachedTokens: 800, CompletionTokens: 100}, Offset: 1}}}
+	hour := at.Truncate(time.Hour)
+	for _, billed := range []bool{true, false} {
+		b.Rows.QuotaRepairs = append(b.Rows.QuotaRepairs, tally.QuotaRow{Tenant: "acme", Model: map[bool]string{true: "*", false: "m"}[billed],
+			Quota: "hourly_tokens", Period: "hour", PeriodStart: hour, PeriodEnd: hour.Add(time.Hour), Unit: "tokens", Mode: "hard", Billed: billed})
+	}
+	if err := s.Write(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := conn.Query(ctx, "SELECT model, used FROM quota_state FINAL WHERE tenant = 'acme'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	used := map[string]float64{}
+	for rows.Next() {
+		var m string
+		var u float64
+		if err := rows.Scan(&m, &u); err != nil {
+			t.Fatal(err)
+		}
+		used[m] = u
+	}
+	if used["*"] != 200+800*0.25+100*4 || used["m"] != 1100 {
+		t.Errorf("recomputed used %v, want * 800 (billed-equivalent) and m 1100 (total)", used)
+	}
 }

@@ -71,7 +71,21 @@ func (q *quotaState) of(pp *period) float64 {
 	case schemas.UnitRequests:
 		return float64(pp.requests)
 	}
+	if q.q.Billed {
+		return pp.billed
+	}
 	return float64(pp.tokens)
+}
+
+// tokenScale is what one token of the token rate counts in q: the
+// settled period's billed-to-total ratio for a billed quota (the pace of
+// billed-equivalent tokens at the period's mix so far), 1 otherwise.
+func (s *Series) tokenScale(q *quotaState) float64 {
+	st := &s.settled[q.kind]
+	if !q.q.Billed || st.tokens <= 0 || st.billed <= 0 {
+		return 1
+	}
+	return st.billed / float64(st.tokens)
 }
 
 // base fills what every quota signal of s carries.
@@ -224,7 +238,9 @@ func (s *Series) predict(ts, offset int64, p *Partition) {
 			q.predAt, q.predLo, q.predHi, q.predicted = q.exhaustedAt, q.exhaustedAt, q.exhaustedAt, false
 			continue
 		}
-		est, ok := s.forecastExhaustion(q.q.Unit == schemas.UnitCurrency, q.q.Limit-settled)
+		scale := s.tokenScale(q)
+		est, ok := s.forecastExhaustion(q.q.Unit == schemas.UnitCurrency, (q.q.Limit-settled)/scale)
+		est.rate *= scale
 		q.rate = est.rate
 		q.predAt, q.predLo, q.predHi, q.basis = 0, 0, 0, ""
 		left := float64(b.end-now) / 60
@@ -403,6 +419,9 @@ type QuotaRow struct {
 	// period); PredictionBasis is BasisRates or BasisForecast.
 	PredictedEarliest, PredictedLatest time.Time
 	PredictionBasis                    string
+	// Billed: Used counts billed-equivalent tokens (policy.Quota.Billed),
+	// so a recompute from raw events must weigh them the same way.
+	Billed bool
 }
 
 // LateMinute names a minute an event arrived for after its rollup left
@@ -486,7 +505,7 @@ func (s *Series) quotaRow(q *quotaState, j int) QuotaRow {
 		if r.Rate == 0 && q.q.Unit == schemas.UnitTokens {
 			// The forecast needs a few minutes of history; until then show
 			// the observed pace so a fresh burst is visible at once.
-			r.Rate = s.observedTokenRate()
+			r.Rate = s.observedTokenRate() * s.tokenScale(q)
 		}
 		if q.predAt != 0 {
 			r.PredictedExhaustion = time.Unix(q.predAt, 0).UTC()

@@ -211,6 +211,9 @@ func (t *tenant) evaluate(s *Series, ts, offset int64, p *Partition) {
 type period struct {
 	tokens, requests int64
 	cost             float64
+	// billed is tokens in billed-equivalent tokens (policy, "Billed-
+	// equivalent tokens"), which quotas with count: billed read.
+	billed float64
 }
 
 type rateCell struct {
@@ -351,7 +354,7 @@ func (s *Series) setQuotas(qs []quotaSpec) (changed bool) {
 
 func (s *Series) addPeriods(r *idRec, sign int64, p *Partition) {
 	tok := (int64(r.prompt) + int64(r.completion)) * sign
-	cost := r.cost * float64(sign)
+	cost, billed := r.cost*float64(sign), r.billed*float64(sign)
 	for k := range 3 {
 		b := &s.t.bounds[k]
 		var pp *period
@@ -370,11 +373,13 @@ func (s *Series) addPeriods(r *idRec, sign int64, p *Partition) {
 		pp.tokens += tok
 		pp.requests += sign
 		pp.cost += cost
+		pp.billed += billed
 		if pp == &s.per[k][0] && r.flags&flagEstimated == 0 {
 			st := &s.settled[k]
 			st.tokens += tok
 			st.requests += sign
 			st.cost += cost
+			st.billed += billed
 		}
 	}
 }
@@ -491,22 +496,23 @@ func (s *Series) completeMinutes(m int64) {
 }
 
 // cost prices tokens of the series' model at ts, at the policy's
-// unpriced_price when no price is in force (policy.CostSpan); priced says
-// which.
-func (s *Series) cost(p *Partition, ts int64, tok policy.Tokens) (cost float64, priced bool) {
+// unpriced_price when no price is in force (policy.CostSpan), and weighs
+// them into billed-equivalent tokens with the same price; priced says
+// whether a price was in force.
+func (s *Series) cost(p *Partition, ts int64, tok policy.Tokens) (cost, billed float64, priced bool) {
 	if s.priceFor != p.pol || ts < s.priceFrom || ts >= s.priceEnd {
 		s.priceFor = p.pol
 		s.price, s.priceOK, s.priceFrom, s.priceEnd = p.pol.CostSpan(s.model, ts)
 	}
-	return s.price.Cost(tok), s.priceOK
+	return s.price.Cost(tok), s.price.BilledTokens(tok), s.priceOK
 }
 
-// costOf prices tokens of model at ts without a series' cache: for events
-// folded into the OtherModel bucket, which must cost what their real model
-// costs so the tenant's budget stays exact.
-func (p *Partition) costOf(model string, ts int64, tok policy.Tokens) (cost float64, priced bool) {
+// costOf is cost without a series' cache: for events folded into the
+// OtherModel bucket, which must cost what their real model costs so the
+// tenant's budget stays exact.
+func (p *Partition) costOf(model string, ts int64, tok policy.Tokens) (cost, billed float64, priced bool) {
 	pr, ok, _, _ := p.pol.CostSpan(model, ts)
-	return pr.Cost(tok), ok
+	return pr.Cost(tok), pr.BilledTokens(tok), ok
 }
 
 // windowRate returns tokens and requests per minute over the last minutes
@@ -575,7 +581,7 @@ func (s *Series) repairPeriod(k int, ts int64, p *Partition) {
 		p.quotaRepairs = append(p.quotaRepairs, QuotaRow{
 			Tenant: s.t.id, Model: s.model, Quota: string(q.q.Name), Period: string(q.q.Period),
 			PeriodStart: time.Unix(b.start, 0).UTC(), PeriodEnd: time.Unix(b.end, 0).UTC(),
-			Limit: q.q.Limit, Unit: string(q.q.Unit), Mode: string(q.q.Mode),
+			Limit: q.q.Limit, Unit: string(q.q.Unit), Mode: string(q.q.Mode), Billed: q.q.Billed,
 		})
 	}
 }

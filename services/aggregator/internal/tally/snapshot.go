@@ -41,7 +41,8 @@ import (
 // SnapshotVersion is the format version Snapshot writes and Load accepts.
 // Change it with any change to what the state holds.
 //
-// 2: remembered ids and rollups hold cache-write and reasoning tokens.
+// 2: remembered ids and rollups hold cache-write and reasoning tokens,
+// remembered ids and periods billed-equivalent tokens.
 const SnapshotVersion = 2
 
 // snapshotMagic starts every snapshot.
@@ -378,6 +379,7 @@ func (c *StateCopy) Snapshot(dst []byte, fp string) ([]byte, error) {
 		e.i(int64(r.reasoning))
 		e.u(uint64(r.flags))
 		e.f(r.cost)
+		e.f(r.billed)
 	}
 	e.b = binary.LittleEndian.AppendUint32(e.b, crc32.ChecksumIEEE(e.b[start:]))
 	return e.b, nil
@@ -583,7 +585,7 @@ func Load(id int32, opt Options, pol *policy.Policy, fp string, data []byte) (*P
 		k := d.u64()
 		o := d.i()
 		r := idRec{ts: d.i(), prompt: int32(d.i()), completion: int32(d.i()), cached: int32(d.i()), cacheWrite: int32(d.i()),
-			reasoning: int32(d.i()), flags: uint8(d.u()), cost: d.f()}
+			reasoning: int32(d.i()), flags: uint8(d.u()), cost: d.f(), billed: d.f()}
 		switch {
 		case o >= 0 && o < int64(len(p.series)):
 			r.series = int32(o) // Load created the series in the order Snapshot wrote them
@@ -703,7 +705,7 @@ func (e *enc) bool(v bool) {
 		e.b = append(e.b, 0)
 	}
 }
-func (e *enc) period(v period) { e.i(v.tokens); e.i(v.requests); e.f(v.cost) }
+func (e *enc) period(v period) { e.i(v.tokens); e.i(v.requests); e.f(v.cost); e.f(v.billed) }
 
 // dec reads what enc wrote. The first error sticks (later reads return
 // zeros), so a decoder checks err once per record.
@@ -793,7 +795,9 @@ func (d *dec) bool() bool {
 	return v != 0
 }
 
-func (d *dec) period() period { return period{tokens: d.i(), requests: d.i(), cost: d.f()} }
+func (d *dec) period() period {
+	return period{tokens: d.i(), requests: d.i(), cost: d.f(), billed: d.f()}
+}
 
 // Policy returns the policy the state applies (SetPolicy's latest).
 func (p *Partition) Policy() *policy.Policy { return p.pol }

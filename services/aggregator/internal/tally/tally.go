@@ -217,6 +217,7 @@ type idRec struct {
 	prompt, completion, cached, reasoning int32
 	flags                                 uint8
 	cost                                  float64
+	billed                                float64 // billed-equivalent tokens
 }
 
 const (
@@ -458,9 +459,9 @@ func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 	}
 	var priced bool
 	if folded {
-		rec.cost, priced = p.costOf(ev.Model, ts, policy.TokensOf(ev))
+		rec.cost, rec.billed, priced = p.costOf(ev.Model, ts, policy.TokensOf(ev))
 	} else {
-		rec.cost, priced = s.cost(p, ts, policy.TokensOf(ev))
+		rec.cost, rec.billed, priced = s.cost(p, ts, policy.TokensOf(ev))
 	}
 	if !priced {
 		p.unpricedEvent(t, ev, offset)

@@ -700,3 +700,40 @@ func TestMinuteQuotasAreSlidingWindows(t *testing.T) {
 		until = sg.PeriodEnd
 	}
 }
+
+// TestBilledQuotaCountsBilledEquivalentTokens: a quota with count: billed
+// counts each token type at its price over the input price, so cheap
+// cache reads leave it room that total tokens would have used up; a
+// total quota beside it counts every token.
+func TestBilledQuotaCountsBilledEquivalentTokens(t *testing.T) {
+	p := New(0, DefaultOptions())
+	p.SetPolicy(mustPolicy(t, `
+tenants:
+  acme:
+    models:
+      "*": {monthly_tokens: 10000, count: billed}
+      gpt-x: {monthly_tokens: 10000}
+prices:
+  - {model: gpt-x, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 2, completion: 8, cached: 0.5}
+`))
+	// 1,000 plain input, 9,000 cache reads at a quarter, 1,000 output at
+	// four times the input price: 7,250 billed-equivalent, 11,000 total.
+	e := &schemas.UsageEvent{ID: "a", Time: t0, Tenant: "acme", Model: "gpt-x", PromptTokens: 10000, CachedTokens: 9000, CompletionTokens: 1000}
+	p.Apply(e, 0)
+	var exhausted []string
+	for _, s := range kinds(p.TakeSignals(), schemas.SignalQuotaExhausted) {
+		exhausted = append(exhausted, s.Model+"/"+string(s.Quota))
+	}
+	if strings.Join(exhausted, ",") != "gpt-x/monthly_tokens" {
+		t.Errorf("exhausted %v, want gpt-x/monthly_tokens only (11,000 total tokens; * counts 7,250 billed)", exhausted)
+	}
+	var rows Rows
+	p.Drain(&rows)
+	used := map[string]float64{}
+	for _, r := range rows.Quotas {
+		used[r.Model] = r.Used
+	}
+	if used["*"] != 7250 || used["gpt-x"] != 11000 {
+		t.Errorf("quota_state used %v, want * 7250 (billed) and gpt-x 11000 (total)", used)
+	}
+}
