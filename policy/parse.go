@@ -442,49 +442,52 @@ func (v *validator) tenant(path string, raw rawTenant, base *Tenant) *Tenant {
 		t.Budget = &Budget{Amount: raw.Budget.Amount, Currency: raw.Budget.Currency}
 	}
 	for model, q := range raw.Models {
-		mp := path + ".models." + model
-		if model == "" || len(model) > 128 {
-			v.fail(mp, "model name must be 1..128 bytes")
-		}
-		// Field by field over the base's entry for the same model key: a
-		// tenant that sets only hourly_tokens for "*" keeps the defaults'
-		// monthly_tokens for "*" (0 removes an inherited quota).
-		mq := base.Models[model]
-		for _, f := range []struct {
-			kind schemas.QuotaKind
-			raw  *int64
-			dst  *int64
-		}{
-			{schemas.QuotaMonthlyTokens, q.MonthlyTokens, &mq.MonthlyTokens},
-			{schemas.QuotaDailyTokens, q.DailyTokens, &mq.DailyTokens},
-			{schemas.QuotaHourlyTokens, q.HourlyTokens, &mq.HourlyTokens},
-			{schemas.QuotaTokensPerMinute, q.TokensPerMinute, &mq.TokensPerMinute},
-			{schemas.QuotaRequestsPerMinute, q.RequestsPerMinute, &mq.RequestsPerMinute},
-		} {
-			if f.raw == nil {
-				continue
-			}
-			if x := *f.raw; x < 0 || x > MaxQuotaTokens {
-				v.fail(mp+"."+string(f.kind), "%d is outside 0..%d (0 removes the quota, also one inherited from defaults)", x, MaxQuotaTokens)
-			}
-			*f.dst = *f.raw
-		}
-		if q.Mode != "" {
-			mq.Mode = v.mode(mp+".mode", q.Mode)
-		}
-		switch TokenCount(q.Count) {
-		case "":
-		case CountTotal, CountBilled:
-			mq.Count = TokenCount(q.Count)
-		default:
-			v.fail(mp+".count", "%q is not one of total, billed", q.Count)
-		}
-		t.Models[model] = mq
+		t.Models[model] = v.modelQuota(path+".models."+model, model, q, base.Models[model])
 	}
 	t.Limits = v.limits(path+".limits", raw.Limits, base.Limits, true)
 	t.Breakers.ErrorRatio = v.breaker(path+".breakers.error_ratio", raw.Breakers.ErrorRatio, base.Breakers.ErrorRatio)
 	t.Breakers.SlowCall = v.breaker(path+".breakers.slow_call", raw.Breakers.SlowCall, base.Breakers.SlowCall)
 	return &t
+}
+
+// modelQuota lays the file's models.<model> entry q over the inherited
+// entry mq, field by field: a tenant that sets only hourly_tokens for "*"
+// keeps the defaults' monthly_tokens for "*" (0 removes an inherited
+// quota).
+func (v *validator) modelQuota(mp, model string, q rawModel, mq ModelQuota) ModelQuota {
+	if model == "" || len(model) > 128 {
+		v.fail(mp, "model name must be 1..128 bytes")
+	}
+	for _, f := range []struct {
+		kind schemas.QuotaKind
+		raw  *int64
+		dst  *int64
+	}{
+		{schemas.QuotaMonthlyTokens, q.MonthlyTokens, &mq.MonthlyTokens},
+		{schemas.QuotaDailyTokens, q.DailyTokens, &mq.DailyTokens},
+		{schemas.QuotaHourlyTokens, q.HourlyTokens, &mq.HourlyTokens},
+		{schemas.QuotaTokensPerMinute, q.TokensPerMinute, &mq.TokensPerMinute},
+		{schemas.QuotaRequestsPerMinute, q.RequestsPerMinute, &mq.RequestsPerMinute},
+	} {
+		if f.raw == nil {
+			continue
+		}
+		if x := *f.raw; x < 0 || x > MaxQuotaTokens {
+			v.fail(mp+"."+string(f.kind), "%d is outside 0..%d (0 removes the quota, also one inherited from defaults)", x, MaxQuotaTokens)
+		}
+		*f.dst = *f.raw
+	}
+	if q.Mode != "" {
+		mq.Mode = v.mode(mp+".mode", q.Mode)
+	}
+	switch TokenCount(q.Count) {
+	case "":
+	case CountTotal, CountBilled:
+		mq.Count = TokenCount(q.Count)
+	default:
+		v.fail(mp+".count", "%q is not one of total, billed", q.Count)
+	}
+	return mq
 }
 
 func (v *validator) mode(path, s string) Mode {
