@@ -56,13 +56,17 @@ func TestTokenTypesInTruthAndMinuteRepair(t *testing.T) {
 			t.Errorf("%s minute without cache writes and reasoning = %+v, want drifted and repaired", model, r)
 		}
 	}
-	var write, reasoning uint64
-	if err := conn.QueryRow(ctx, "SELECT cache_write_tokens, reasoning_tokens FROM usage_minute FINAL WHERE tenant = 'acme' AND model = '*'").
-		Scan(&write, &reasoning); err != nil {
-		t.Fatal(err)
-	}
-	if write != 6000 || reasoning != 10000 {
-		t.Errorf("repaired tenant-wide minute: cache write %d, reasoning %d; want 6000, 10000", write, reasoning)
+	for _, table := range []string{"usage_minute", "quota_state"} {
+		// quota_state: the day's missing daily_tokens counter, written by
+		// the repair.
+		var write, reasoning uint64
+		if err := conn.QueryRow(ctx, "SELECT cache_write_tokens, reasoning_tokens FROM "+table+" FINAL WHERE tenant = 'acme' AND model = '*' LIMIT 1").
+			Scan(&write, &reasoning); err != nil {
+			t.Fatal(table, err)
+		}
+		if write != 6000 || reasoning != 10000 {
+			t.Errorf("repaired tenant-wide %s row: cache write %d, reasoning %d; want 6000, 10000", table, write, reasoning)
+		}
 	}
 
 	month := Job{Tenant: tn, Period: schemas.PeriodMonth, At: at}

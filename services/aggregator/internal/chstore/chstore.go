@@ -94,7 +94,8 @@ const insertEvents = `INSERT INTO usage_events (id, time, time_ms, tenant, model
 const insertMinutes = `INSERT INTO usage_minute (tenant, model, minute, requests, prompt_tokens, completion_tokens,
  cached_tokens, cache_write_tokens, reasoning_tokens, errors, slow_calls, cost, version, updated_at)`
 
-const insertQuotas = `INSERT INTO quota_state (tenant, model, quota, period, period_start, period_end, used, quota_limit,
+const insertQuotas = `INSERT INTO quota_state (tenant, model, quota, period, period_start, period_end, used,
+ cached_tokens, cache_write_tokens, reasoning_tokens, quota_limit,
  unit, mode, tier, rate_per_minute, predicted_exhaustion, predicted_earliest, predicted_latest, prediction_basis,
  version, updated_at)`
 
@@ -165,7 +166,8 @@ func (s *Store) Write(ctx context.Context, batches ...*Batch) error {
 			return fmt.Errorf("quota_state: prepare: %w", err)
 		}
 		for i, q := range quotas.quotas {
-			if err := batch.Append(q.Tenant, q.Model, q.Quota, q.Period, q.PeriodStart, q.PeriodEnd, q.Used, q.Limit,
+			if err := batch.Append(q.Tenant, q.Model, q.Quota, q.Period, q.PeriodStart, q.PeriodEnd, q.Used,
+				q.CachedTokens, q.CacheWriteTokens, q.ReasoningTokens, q.Limit,
 				q.Unit, q.Mode, q.Tier, q.Rate, orEpoch(q.PredictedExhaustion), orEpoch(q.PredictedEarliest), orEpoch(q.PredictedLatest),
 				q.PredictionBasis, quotas.versions[i], now); err != nil {
 				batch.Abort()
@@ -595,11 +597,14 @@ func (s *Store) recomputeQuotas(ctx context.Context, repairs []tally.QuotaRow) (
 		}
 		seen[k] = true
 		cond := fmt.Sprintf("tenant = '%s' AND time >= toDateTime(%d) AND time < toDateTime(%d)", quote(r.Tenant), r.PeriodStart.Unix(), r.PeriodEnd.Unix())
-		r.Used = 0
+		r.Used, r.CachedTokens, r.CacheWriteTokens, r.ReasoningTokens = 0, 0, 0, 0
 		_, err := s.scan(ctx, fmt.Sprintf(distinctEvents, cond), func(ev *schemas.UsageEvent, _ int64) {
 			if r.Model != "*" && ev.Model != r.Model {
 				return
 			}
+			r.CachedTokens += uint64(ev.CachedTokens)
+			r.CacheWriteTokens += uint64(ev.CacheWriteTokens)
+			r.ReasoningTokens += uint64(ev.ReasoningTokens)
 			switch r.Unit {
 			case "requests":
 				r.Used++

@@ -217,7 +217,7 @@ func TestQuotaRepairWeighsBilledQuotas(t *testing.T) {
 	if err := s.Write(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := conn.Query(ctx, "SELECT model, used FROM quota_state FINAL WHERE tenant = 'acme'")
+	rows, err := conn.Query(ctx, "SELECT model, used, cached_tokens FROM quota_state FINAL WHERE tenant = 'acme'")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,10 +226,14 @@ func TestQuotaRepairWeighsBilledQuotas(t *testing.T) {
 	for rows.Next() {
 		var m string
 		var u float64
-		if err := rows.Scan(&m, &u); err != nil {
+		var cached uint64
+		if err := rows.Scan(&m, &u, &cached); err != nil {
 			t.Fatal(err)
 		}
 		used[m] = u
+		if cached != 800 {
+			t.Errorf("recomputed %s row: cache read %d, want 800", m, cached)
+		}
 	}
 	if used["*"] != 200+800*0.25+100*4 || used["m"] != 1100 {
 		t.Errorf("recomputed used %v, want * 800 (billed-equivalent) and m 1100 (total)", used)

@@ -422,6 +422,9 @@ type QuotaRow struct {
 	// Billed: Used counts billed-equivalent tokens (policy.Quota.Billed),
 	// so a recompute from raw events must weigh them the same way.
 	Billed bool
+	// CachedTokens, CacheWriteTokens and ReasoningTokens are the token
+	// types of the period's usage of the model key, whatever the unit.
+	CachedTokens, CacheWriteTokens, ReasoningTokens uint64
 }
 
 // LateMinute names a minute an event arrived for after its rollup left
@@ -495,7 +498,9 @@ func (p *Partition) ClearDirty() {
 func (s *Series) quotaRow(q *quotaState, j int) QuotaRow {
 	b := s.t.bounds[q.kind][j]
 	used := math.Max(s.used(q, j), 0)
+	pp := &s.per[q.kind][j]
 	r := QuotaRow{
+		CachedTokens: clampU(pp.cached), CacheWriteTokens: clampU(pp.cacheWrite), ReasoningTokens: clampU(pp.reasoning),
 		Tenant: s.t.id, Model: s.model, Quota: string(q.q.Name), Period: string(q.q.Period),
 		PeriodStart: time.Unix(b.start, 0).UTC(), PeriodEnd: time.Unix(b.end, 0).UTC(),
 		Used: used, Limit: q.q.Limit, Unit: string(q.q.Unit), Mode: string(q.q.Mode),

@@ -214,6 +214,9 @@ type period struct {
 	// billed is tokens in billed-equivalent tokens (policy, "Billed-
 	// equivalent tokens"), which quotas with count: billed read.
 	billed float64
+	// cached, cacheWrite and reasoning are the token types among tokens,
+	// which quota_state rows carry.
+	cached, cacheWrite, reasoning int64
 }
 
 type rateCell struct {
@@ -374,6 +377,9 @@ func (s *Series) addPeriods(r *idRec, sign int64, p *Partition) {
 		pp.requests += sign
 		pp.cost += cost
 		pp.billed += billed
+		pp.cached += int64(r.cached) * sign
+		pp.cacheWrite += int64(r.cacheWrite) * sign
+		pp.reasoning += int64(r.reasoning) * sign
 		if pp == &s.per[k][0] && r.flags&flagEstimated == 0 {
 			st := &s.settled[k]
 			st.tokens += tok

@@ -42,7 +42,8 @@ import (
 // Change it with any change to what the state holds.
 //
 // 2: remembered ids and rollups hold cache-write and reasoning tokens,
-// remembered ids and periods billed-equivalent tokens.
+// remembered ids and periods billed-equivalent tokens, periods the token
+// types.
 const SnapshotVersion = 2
 
 // snapshotMagic starts every snapshot.
@@ -705,7 +706,15 @@ func (e *enc) bool(v bool) {
 		e.b = append(e.b, 0)
 	}
 }
-func (e *enc) period(v period) { e.i(v.tokens); e.i(v.requests); e.f(v.cost); e.f(v.billed) }
+func (e *enc) period(v period) {
+	e.i(v.tokens)
+	e.i(v.requests)
+	e.f(v.cost)
+	e.f(v.billed)
+	e.i(v.cached)
+	e.i(v.cacheWrite)
+	e.i(v.reasoning)
+}
 
 // dec reads what enc wrote. The first error sticks (later reads return
 // zeros), so a decoder checks err once per record.
@@ -796,7 +805,7 @@ func (d *dec) bool() bool {
 }
 
 func (d *dec) period() period {
-	return period{tokens: d.i(), requests: d.i(), cost: d.f(), billed: d.f()}
+	return period{tokens: d.i(), requests: d.i(), cost: d.f(), billed: d.f(), cached: d.i(), cacheWrite: d.i(), reasoning: d.i()}
 }
 
 // Policy returns the policy the state applies (SetPolicy's latest).

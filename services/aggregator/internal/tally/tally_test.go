@@ -314,6 +314,15 @@ func TestCostChargesEachTokenType(t *testing.T) {
 			math.Abs(m.Cost-want) > 1e-12 {
 			t.Errorf("%s, minute rollup %+v: want 6000 prompt, 2000 cache read, 3000 cache write, 5000 reasoning tokens costing %v", name, m, want)
 		}
+		for _, q := range rows.Quotas {
+			if q.CachedTokens != 2000 || q.CacheWriteTokens != 3000 || q.ReasoningTokens != 5000 {
+				t.Errorf("%s, quota_state row %s/%s: cache read %d, cache write %d, reasoning %d; want 2000, 3000, 5000",
+					name, q.Model, q.Quota, q.CachedTokens, q.CacheWriteTokens, q.ReasoningTokens)
+			}
+		}
+		if len(rows.Quotas) == 0 {
+			t.Errorf("%s: no quota_state rows", name)
+		}
 	}
 }
 
