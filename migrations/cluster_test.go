@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -238,6 +239,7 @@ func TestClusterLayoutRunsOnCurrentClickHouse(t *testing.T) {
 			t.Fatal(err)
 		}
 		dir := t.TempDir()
+		var unseen []string // columns of ALTERs chdb cannot run
 		for i, m := range all {
 			var b strings.Builder
 			for _, st := range steps[i] {
@@ -246,6 +248,15 @@ func TestClusterLayoutRunsOnCurrentClickHouse(t *testing.T) {
 					// replicated table, so it stays read-only and
 					// refuses an ALTER; the statement is the
 					// single-server one, which the plain check runs.
+					if c := addColumn.FindStringSubmatch(st.SQL); c != nil {
+						unseen = append(unseen, c[1])
+					}
+					continue
+				}
+				if readsAny(st.SQL, unseen) {
+					// A view over such a column cannot be created
+					// here; views are not rewritten by a layout, and the
+					// plain check creates this one.
 					continue
 				}
 				b.WriteString(st.SQL + ";\n")
@@ -264,6 +275,24 @@ func TestClusterLayoutRunsOnCurrentClickHouse(t *testing.T) {
 		}
 		t.Logf("%s: %s", l.Cluster, out)
 	}
+}
+
+var (
+	addColumn  = regexp.MustCompile(`(?is)^\s*ALTER\s+TABLE\s+\w+\s+ADD\s+COLUMN\s+(\w+)\s`)
+	createView = regexp.MustCompile(`(?is)^\s*CREATE\s+VIEW\s`)
+)
+
+// readsAny reports whether stmt creates a view that names one of columns.
+func readsAny(stmt string, columns []string) bool {
+	if !createView.MatchString(stmt) {
+		return false
+	}
+	for _, c := range columns {
+		if regexp.MustCompile(`\b` + c + `\b`).MatchString(stmt) {
+			return true
+		}
+	}
+	return false
 }
 
 // chdbClusterConfig gives chdb what the cluster layouts name: a keeper

@@ -125,7 +125,15 @@ func ParseCatalog(data []byte, filename string) (*Catalog, error) {
 		if rp.CachedInput != nil {
 			pr.Cached = *rp.CachedInput
 		}
-		pr.CacheWrite, pr.Reasoning = deref(rp.CacheWrite), deref(rp.Reasoning)
+		// Not listed: the provider bills cache writes as input and
+		// reasoning as output (see the catalog's header).
+		pr.CacheWrite, pr.Reasoning = pr.Prompt, pr.Completion
+		if rp.CacheWrite != nil {
+			pr.CacheWrite = *rp.CacheWrite
+		}
+		if rp.Reasoning != nil {
+			pr.Reasoning = *rp.Reasoning
+		}
 		c.prices[rp.Model] = append(c.prices[rp.Model], pr)
 	}
 	v.sortPrices("prices", c.prices)
@@ -175,6 +183,16 @@ func (v *validator) catalogPrices(path string, rp rawCatalogPrice) {
 			v.price(path+"."+CatalogTokenTypes[i], *x)
 		}
 	}
+}
+
+// priceOr checks the optional price x and returns it, or def when it is
+// not set.
+func (v *validator) priceOr(path string, x *float64, def float64) float64 {
+	if x == nil {
+		return def
+	}
+	v.price(path, *x)
+	return *x
 }
 
 // price checks one price per million tokens.

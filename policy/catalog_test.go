@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -204,8 +205,8 @@ tenants:
 	}
 	ts := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC).Unix()
 	pr, priced, _, _ := p.CostSpan("mystery", ts)
-	if priced || pr.Cost(1e6, 1e6, 0) != 40 {
-		t.Errorf("unpriced model: priced %v, cost of 1M+1M %v; want false, 40 (the unpriced_price)", priced, pr.Cost(1e6, 1e6, 0))
+	if c := pr.Cost(Tokens{Prompt: 1e6, Completion: 1e6}); priced || c != 40 {
+		t.Errorf("unpriced model: priced %v, cost of 1M+1M %v; want false, 40 (the unpriced_price)", priced, c)
 	}
 	for _, c := range []struct {
 		tenant, model string
@@ -249,5 +250,116 @@ func TestWatcherReloadsWhenAMissingPricesFileAppears(t *testing.T) {
 	}
 	if _, ok := w.Current().Price("house-model", time.Date(2026, 12, 15, 0, 0, 0, 0, time.UTC)); !ok {
 		t.Error("house-model unpriced after the reload")
+	}
+}
+
+// TestCostChargesEachTokenType: an event with every token type costs
+// exactly the sum of each type times its own price, whichever layer the
+// price came from; a layer that leaves cache_write or reasoning out bills
+// them at input and output, and parts larger than what contains them are
+// clamped.
+func TestCostChargesEachTokenType(t *testing.T) {
+	dir := t.TempDir()
+	cat := `version: 1
+currency: USD
+as_of: 2026-12-01
+sources: {test: here}
+prices:
+  - {model: full, input: 3, cached_input: 0.3, cache_write: 3.75, output: 15, reasoning: 20}
+  - {model: plain, input: 2, output: 8}
+`
+	if err := os.WriteFile(filepath.Join(dir, "prices.yaml"), []byte(cat), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Parse([]byte(`price_catalog: none
+prices_file: prices.yaml
+unpriced_price: {currency: USD, prompt: 10, completion: 30, cached: 1, cache_write: 12, reasoning: 40}
+prices:
+  - {model: inline, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 1, completion: 4, cached: 0.1, cache_write: 1.25, reasoning: 6}
+  - {model: inline-plain, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 1, completion: 4, cached: 0.1}
+`), filepath.Join(dir, "policy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 1,000 uncached input, 2,000 cached reads, 3,000 cache writes, 4,000
+	// plain output and 5,000 reasoning tokens.
+	tok := Tokens{Prompt: 6000, Cached: 2000, CacheWrite: 3000, Completion: 9000, Reasoning: 5000}
+	ts := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC).Unix()
+	for _, c := range []struct {
+		model string
+		want  float64
+	}{
+		{"full", (1000*3 + 2000*0.3 + 3000*3.75 + 4000*15 + 5000*20) / 1e6},
+		{"plain", (1000*2 + 2000*2 + 3000*2 + 4000*8 + 5000*8) / 1e6},
+		{"inline", (1000*1 + 2000*0.1 + 3000*1.25 + 4000*4 + 5000*6) / 1e6},
+		{"inline-plain", (1000*1 + 2000*0.1 + 3000*1 + 4000*4 + 5000*4) / 1e6},
+		{"mystery", (1000*10 + 2000*1 + 3000*12 + 4000*30 + 5000*40) / 1e6},
+	} {
+		pr, _, _, _ := p.CostSpan(c.model, ts)
+		if got := pr.Cost(tok); math.Abs(got-c.want) > 1e-12 {
+			t.Errorf("%s: cost %v, want %v (%+v)", c.model, got, c.want, pr)
+		}
+	}
+	full, _, _, _ := p.CostSpan("full", ts)
+	// More cached and written than prompt, more reasoning than completion:
+	// reads first, writes get what is left, reasoning at most the output.
+	over := Tokens{Prompt: 100, Cached: 80, CacheWrite: 50, Completion: 10, Reasoning: 30}
+	if got, want := full.Cost(over), (0*3+80*0.3+20*3.75+0*15+10*20)/1e6; math.Abs(got-want) > 1e-15 {
+		t.Errorf("clamped parts: cost %v, want %v", got, want)
+	}
+}
+
+// TestBilledEquivalentQuotas: count: billed makes an entry's hourly,
+// daily and monthly token quotas count billed-equivalent tokens (each
+// type weighted by its price over the input price), never
+// tokens_per_minute; count merges like mode and is validated at load.
+func TestBilledEquivalentQuotas(t *testing.T) {
+	p, err := Parse([]byte(`price_catalog: none
+defaults:
+  models:
+    "*": {monthly_tokens: 1000, tokens_per_minute: 100, count: billed}
+tenants:
+  acme:
+    models:
+      "*": {daily_tokens: 500}
+      gpt-x: {monthly_tokens: 10}
+  plain:
+    models:
+      "*": {count: total}
+prices:
+  - {model: gpt-x, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 2, completion: 8, cached: 0.5, cache_write: 2.5, reasoning: 8}
+`), "p.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	billed := func(tenant, model string) map[string]bool {
+		out := map[string]bool{}
+		for _, q := range p.Tenant(tenant).Quotas(model) {
+			out[string(q.Name)] = q.Billed
+		}
+		return out
+	}
+	if got := billed("acme", "*"); !got["monthly_tokens"] || !got["daily_tokens"] || got["tokens_per_minute"] {
+		t.Errorf("acme *: billed %v; want monthly and daily billed (inherited count), tokens_per_minute not", got)
+	}
+	if got := billed("acme", "gpt-x"); got["monthly_tokens"] {
+		t.Errorf("acme gpt-x: billed %v; want total (the entry does not inherit from *)", got)
+	}
+	if got := billed("plain", "*"); got["monthly_tokens"] {
+		t.Errorf("plain *: billed %v; want total (count: total overrides the defaults)", got)
+	}
+	pr, _ := p.Price("gpt-x", time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
+	// 1,000 plain input + 2,000 reads at 0.25 + 3,000 writes at 1.25 +
+	// 4,000 output and 5,000 reasoning at 4.
+	tok := Tokens{Prompt: 6000, Cached: 2000, CacheWrite: 3000, Completion: 9000, Reasoning: 5000}
+	if got, want := pr.BilledTokens(tok), 1000+2000*0.25+3000*1.25+9000*4.0; math.Abs(got-want) > 1e-9 {
+		t.Errorf("billed-equivalent tokens %v, want %v", got, want)
+	}
+	if got := (Price{}).BilledTokens(tok); got != 15000 {
+		t.Errorf("billed-equivalent tokens without an input price %v, want the 15000 total", got)
+	}
+	_, err = Parse([]byte("tenants:\n  acme:\n    models:\n      \"*\": {monthly_tokens: 1, count: weighted}\n"), "bad.yaml")
+	if err == nil || !strings.Contains(err.Error(), "tenants.acme.models.*.count") || !strings.Contains(err.Error(), "total, billed") {
+		t.Errorf("count: weighted: error %v, want one naming tenants.acme.models.*.count and total, billed", err)
 	}
 }

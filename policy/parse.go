@@ -104,6 +104,7 @@ type rawModel struct {
 	TokensPerMinute   *int64 `yaml:"tokens_per_minute"`
 	RequestsPerMinute *int64 `yaml:"requests_per_minute"`
 	Mode              string `yaml:"mode"`
+	Count             string `yaml:"count"`
 }
 
 type rawBreaker struct {
@@ -121,6 +122,9 @@ type rawUnpricedPrice struct {
 	Prompt     float64 `yaml:"prompt"`
 	Completion float64 `yaml:"completion"`
 	Cached     float64 `yaml:"cached"`
+	// CacheWrite and Reasoning default to Prompt and Completion: see Price.
+	CacheWrite *float64 `yaml:"cache_write"`
+	Reasoning  *float64 `yaml:"reasoning"`
 }
 
 type rawPrice struct {
@@ -130,6 +134,9 @@ type rawPrice struct {
 	Prompt        float64   `yaml:"prompt"`
 	Completion    float64   `yaml:"completion"`
 	Cached        float64   `yaml:"cached"`
+	// CacheWrite and Reasoning default to Prompt and Completion: see Price.
+	CacheWrite *float64 `yaml:"cache_write"`
+	Reasoning  *float64 `yaml:"reasoning"`
 }
 
 // builtin is what a file that says nothing gets.
@@ -250,7 +257,9 @@ func Parse(data []byte, filename string, opts ...Option) (*Policy, error) {
 		v.price(path+".completion", rp.Completion)
 		v.price(path+".cached", rp.Cached)
 		inline[rp.Model] = append(inline[rp.Model], Price{Model: rp.Model, Currency: rp.Currency, EffectiveFrom: rp.EffectiveFrom.UTC(),
-			Prompt: rp.Prompt, Completion: rp.Completion, Cached: rp.Cached})
+			Prompt: rp.Prompt, Completion: rp.Completion, Cached: rp.Cached,
+			CacheWrite: v.priceOr(path+".cache_write", rp.CacheWrite, rp.Prompt),
+			Reasoning:  v.priceOr(path+".reasoning", rp.Reasoning, rp.Completion)})
 	}
 	v.sortPrices("prices", inline)
 	p.prices, p.pricesFile = v.layeredPrices(raw, filename, inline)
@@ -454,42 +463,52 @@ func (v *validator) tenant(path string, raw rawTenant, base *Tenant) *Tenant {
 		t.Budget = &Budget{Amount: raw.Budget.Amount, Currency: raw.Budget.Currency}
 	}
 	for model, q := range raw.Models {
-		mp := path + ".models." + model
-		if model == "" || len(model) > 128 {
-			v.fail(mp, "model name must be 1..128 bytes")
-		}
-		// Field by field over the base's entry for the same model key: a
-		// tenant that sets only hourly_tokens for "*" keeps the defaults'
-		// monthly_tokens for "*" (0 removes an inherited quota).
-		mq := base.Models[model]
-		for _, f := range []struct {
-			kind schemas.QuotaKind
-			raw  *int64
-			dst  *int64
-		}{
-			{schemas.QuotaMonthlyTokens, q.MonthlyTokens, &mq.MonthlyTokens},
-			{schemas.QuotaDailyTokens, q.DailyTokens, &mq.DailyTokens},
-			{schemas.QuotaHourlyTokens, q.HourlyTokens, &mq.HourlyTokens},
-			{schemas.QuotaTokensPerMinute, q.TokensPerMinute, &mq.TokensPerMinute},
-			{schemas.QuotaRequestsPerMinute, q.RequestsPerMinute, &mq.RequestsPerMinute},
-		} {
-			if f.raw == nil {
-				continue
-			}
-			if x := *f.raw; x < 0 || x > MaxQuotaTokens {
-				v.fail(mp+"."+string(f.kind), "%d is outside 0..%d (0 removes the quota, also one inherited from defaults)", x, MaxQuotaTokens)
-			}
-			*f.dst = *f.raw
-		}
-		if q.Mode != "" {
-			mq.Mode = v.mode(mp+".mode", q.Mode)
-		}
-		t.Models[model] = mq
+		t.Models[model] = v.modelQuota(path+".models."+model, model, q, base.Models[model])
 	}
 	t.Limits = v.limits(path+".limits", raw.Limits, base.Limits, true)
 	t.Breakers.ErrorRatio = v.breaker(path+".breakers.error_ratio", raw.Breakers.ErrorRatio, base.Breakers.ErrorRatio)
 	t.Breakers.SlowCall = v.breaker(path+".breakers.slow_call", raw.Breakers.SlowCall, base.Breakers.SlowCall)
 	return &t
+}
+
+// modelQuota lays the file's models.<model> entry q over the inherited
+// entry mq, field by field: a tenant that sets only hourly_tokens for "*"
+// keeps the defaults' monthly_tokens for "*" (0 removes an inherited
+// quota).
+func (v *validator) modelQuota(mp, model string, q rawModel, mq ModelQuota) ModelQuota {
+	if model == "" || len(model) > 128 {
+		v.fail(mp, "model name must be 1..128 bytes")
+	}
+	for _, f := range []struct {
+		kind schemas.QuotaKind
+		raw  *int64
+		dst  *int64
+	}{
+		{schemas.QuotaMonthlyTokens, q.MonthlyTokens, &mq.MonthlyTokens},
+		{schemas.QuotaDailyTokens, q.DailyTokens, &mq.DailyTokens},
+		{schemas.QuotaHourlyTokens, q.HourlyTokens, &mq.HourlyTokens},
+		{schemas.QuotaTokensPerMinute, q.TokensPerMinute, &mq.TokensPerMinute},
+		{schemas.QuotaRequestsPerMinute, q.RequestsPerMinute, &mq.RequestsPerMinute},
+	} {
+		if f.raw == nil {
+			continue
+		}
+		if x := *f.raw; x < 0 || x > MaxQuotaTokens {
+			v.fail(mp+"."+string(f.kind), "%d is outside 0..%d (0 removes the quota, also one inherited from defaults)", x, MaxQuotaTokens)
+		}
+		*f.dst = *f.raw
+	}
+	if q.Mode != "" {
+		mq.Mode = v.mode(mp+".mode", q.Mode)
+	}
+	switch TokenCount(q.Count) {
+	case "":
+	case CountTotal, CountBilled:
+		mq.Count = TokenCount(q.Count)
+	default:
+		v.fail(mp+".count", "%q is not one of total, billed", q.Count)
+	}
+	return mq
 }
 
 func (v *validator) mode(path, s string) Mode {

@@ -107,6 +107,15 @@
 // overrides the catalog's list price, and a model the catalog lacks is
 // added by naming it.
 //
+// Each token type of an event is charged at its own price (Price.Cost):
+// input (prompt tokens neither read from nor written to the cache),
+// cached input read, cache write, output (completion tokens that are not
+// reasoning) and reasoning. An entry that leaves cache_write out bills
+// cache writes at its input price and one that leaves reasoning out bills
+// reasoning at its output price, as the providers do when they do not
+// bill them apart; the catalog's cached_input defaults to input too,
+// while the prices: section's cached defaults to 0.
+//
 // A model without a price in force is counted at unpriced_price (0 when
 // the file sets none), and the aggregator raises an alert once per model
 // where money is counted (a tenant with a budget, or unpriced_price set).
@@ -115,6 +124,24 @@
 // calls of unpriced models for tenants with a budget (UnpricedRefusal).
 // Reports list unpriced usage on lines of their own (currency
 // "(unpriced)").
+//
+// # Billed-equivalent tokens
+//
+// A token quota counts prompt plus completion tokens by default (count:
+// total). With count: billed on a models.<key> entry (merged like mode),
+// the entry's hourly_tokens, daily_tokens and monthly_tokens count
+// billed-equivalent tokens instead: each token type weighted by its
+// price relative to the model's input price in force at the event
+// (Price.BilledTokens) — a cache read at 0.1 of input counts 0.1, a
+// cache write at 1.25 counts 1.25, an output token at 4 counts 4. So a
+// quota of a million billed tokens is what a million uncached input
+// tokens would cost, whatever the mix. A model without an input price
+// (unpriced, without an unpriced_price) counts its total tokens.
+// tokens_per_minute always counts total tokens: it is a rate of traffic,
+// checked on the request path too. The aggregator counts, the reconciler
+// audits and quota_state records billed quotas in billed-equivalent
+// tokens (unit tokens); the exhaustion prediction runs on the token rate
+// scaled by the period's billed-to-total ratio.
 //
 // # Periods and timezones
 //
@@ -244,7 +271,23 @@ type ModelQuota struct {
 	RequestsPerMinute int64
 	// Mode overrides the tenant's mode for this model; empty inherits it.
 	Mode Mode
+	// Count is what the hourly, daily and monthly token quotas of the
+	// entry count; empty is CountTotal. See "Billed-equivalent tokens".
+	Count TokenCount
 }
+
+// TokenCount is what a token quota counts.
+type TokenCount string
+
+const (
+	// CountTotal counts prompt plus completion tokens, whatever their
+	// type (UsageEvent.TotalTokens). The default.
+	CountTotal TokenCount = "total"
+	// CountBilled counts billed-equivalent tokens: each token type
+	// weighted by its price relative to the model's input price
+	// (Price.BilledTokens).
+	CountBilled TokenCount = "billed"
+)
 
 // Breakers holds the thresholds of the health breakers a tenant gets.
 type Breakers struct {
@@ -275,39 +318,82 @@ type Quota struct {
 	Limit  float64
 	Unit   schemas.Unit
 	Mode   Mode
+	// Billed: the quota counts billed-equivalent tokens (CountBilled);
+	// only hourly, daily and monthly token quotas do.
+	Billed bool
 }
 
-// Price is a model's price per million tokens from EffectiveFrom on.
+// Price is a model's price per million tokens from EffectiveFrom on, one
+// figure per token type of usage event v1.
 type Price struct {
 	Model         string
 	Currency      string
 	EffectiveFrom time.Time
-	Prompt        float64
-	Completion    float64
-	Cached        float64
-	// CacheWrite is the price of prompt tokens written to the provider's
-	// cache where it bills them apart, and Reasoning that of reasoning
-	// tokens where billed apart from output; 0 when not. Catalog data
-	// only so far: usage events carry neither count, so Cost leaves them
-	// out (reasoning tokens arrive inside completion tokens).
+	// Prompt prices uncached input tokens and Completion output tokens
+	// other than reasoning.
+	Prompt     float64
+	Completion float64
+	// Cached prices input tokens read from the provider's prompt cache.
+	Cached float64
+	// CacheWrite prices input tokens written to the provider's cache and
+	// Reasoning the output tokens a model spent reasoning. A catalog or
+	// policy entry that leaves them out bills them as the provider does
+	// then: cache writes at Prompt, reasoning at Completion.
 	CacheWrite float64
 	Reasoning  float64
 }
 
-// Cost returns the price of the given token counts: uncached prompt
-// tokens at the prompt rate, cached prompt tokens at the cached rate and
-// completion tokens at the completion rate, per million. Cached tokens
-// count at most up to the prompt tokens (the schema rejects more, but a
-// stored row is priced the same way whatever wrote it).
+// Tokens are one event's token counts by type, as usage event v1 carries
+// them: Cached and CacheWrite are parts of Prompt, Reasoning a part of
+// Completion (see schemas.UsageEvent).
+type Tokens struct {
+	Prompt, Completion, Cached, CacheWrite, Reasoning int64
+}
+
+// TokensOf returns the token counts of ev.
+func TokensOf(ev *schemas.UsageEvent) Tokens {
+	return Tokens{Prompt: ev.PromptTokens, Completion: ev.CompletionTokens, Cached: ev.CachedTokens,
+		CacheWrite: ev.CacheWriteTokens, Reasoning: ev.ReasoningTokens}
+}
+
+// Split returns the disjoint parts of t that the price types apply to:
+// input (uncached, unwritten prompt tokens), cached reads, cache writes,
+// output (completion less reasoning) and reasoning. A part never exceeds
+// what contains it — cached tokens at most the prompt tokens, cache
+// writes at most what the reads leave, reasoning at most the completion —
+// so a stored row is priced the same way whatever wrote it (the schema
+// rejects more).
+func (t Tokens) Split() (input, cached, write, output, reasoning int64) {
+	cached = min(t.Cached, t.Prompt)
+	write = min(t.CacheWrite, t.Prompt-cached)
+	reasoning = min(t.Reasoning, t.Completion)
+	return t.Prompt - cached - write, cached, write, t.Completion - reasoning, reasoning
+}
+
+// Cost returns the price of t: each token type at its own price per
+// million (see Tokens.Split).
 //
-// This is the one Go price formula: the aggregator's costs use it, and the
-// SQL of the reports (migration 041's usage_priced view and
-// services/reconciler/costquery) computes the same figure, in the same
-// order of operations, which TestViewCostEqualsPriceCost in costquery
-// checks on ClickHouse.
-func (p Price) Cost(promptTokens, completionTokens, cachedTokens int64) float64 {
-	cached := min(cachedTokens, promptTokens)
-	return (float64(promptTokens-cached)*p.Prompt + float64(cached)*p.Cached + float64(completionTokens)*p.Completion) / 1e6
+// This is the one Go price formula: the aggregator's costs and budgets
+// use it, and the SQL of the reports and of the reconciler's audit (the
+// usage_priced view of migration 053 and services/reconciler/costquery)
+// computes the same figure, in the same order of operations, which
+// TestViewCostEqualsPriceCost in costquery checks on ClickHouse.
+func (p Price) Cost(t Tokens) float64 {
+	input, cached, write, output, reasoning := t.Split()
+	return (float64(input)*p.Prompt + float64(cached)*p.Cached + float64(write)*p.CacheWrite +
+		float64(output)*p.Completion + float64(reasoning)*p.Reasoning) / 1e6
+}
+
+// BilledTokens returns t in billed-equivalent tokens: each token type
+// weighted by its price relative to the input price, which is Cost over
+// the input price per token. A price without an input price (an unpriced
+// model without unpriced_price, a free model) has no weights: t counts
+// its total tokens. See "Billed-equivalent tokens".
+func (p Price) BilledTokens(t Tokens) float64 {
+	if !(p.Prompt > 0) {
+		return float64(t.Prompt + t.Completion)
+	}
+	return p.Cost(t) * 1e6 / p.Prompt
 }
 
 // Channels holds the alert channel definitions by kind, then by name:
@@ -468,7 +554,8 @@ func (t *Tenant) Quotas(model string) []Quota {
 		mode := t.ModeFor(model)
 		add := func(kind schemas.QuotaKind, limit int64) {
 			if limit > 0 {
-				out = append(out, Quota{Name: kind, Period: kind.Period(), Limit: float64(limit), Unit: kind.Unit(), Mode: mode})
+				billed := q.Count == CountBilled && kind.Unit() == schemas.UnitTokens && kind.Period() != schemas.PeriodMinute
+				out = append(out, Quota{Name: kind, Period: kind.Period(), Limit: float64(limit), Unit: kind.Unit(), Mode: mode, Billed: billed})
 			}
 		}
 		add(schemas.QuotaMonthlyTokens, q.MonthlyTokens)

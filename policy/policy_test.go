@@ -72,7 +72,7 @@ func TestPriceEffectiveDates(t *testing.T) {
 	if _, ok := p.Price("gpt-4o", time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)); ok {
 		t.Fatal("no price before the first effective date")
 	}
-	if c := after.Cost(1_000_000, 1_000_000, 500_000); c != 0.5*2.0+0.5*1.0+8 {
+	if c := after.Cost(Tokens{Prompt: 1_000_000, Completion: 1_000_000, Cached: 500_000}); c != 0.5*2.0+0.5*1.0+8 {
 		t.Fatalf("cost = %v", c)
 	}
 }

@@ -67,7 +67,9 @@ func (v *validator) unpricedPrice(raw *rawUnpricedPrice) *Price {
 	v.price("unpriced_price.prompt", raw.Prompt)
 	v.price("unpriced_price.completion", raw.Completion)
 	v.price("unpriced_price.cached", raw.Cached)
-	return &Price{Model: "(unpriced)", Currency: raw.Currency, Prompt: raw.Prompt, Completion: raw.Completion, Cached: raw.Cached}
+	return &Price{Model: "(unpriced)", Currency: raw.Currency, Prompt: raw.Prompt, Completion: raw.Completion, Cached: raw.Cached,
+		CacheWrite: v.priceOr("unpriced_price.cache_write", raw.CacheWrite, raw.Prompt),
+		Reasoning:  v.priceOr("unpriced_price.reasoning", raw.Reasoning, raw.Completion)}
 }
 
 // UnpricedPrice returns the policy's unpriced_price, the price the

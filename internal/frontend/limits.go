@@ -79,7 +79,8 @@ func (a LimiterAdmitter) policy() *policy.Policy {
 // money with (policy.Policy.CostSpan, policy.Price.Cost).
 func CostOf(p *policy.Policy, model string, u middleware.Usage, now time.Time) int64 {
 	pr, _, _, _ := p.CostSpan(model, now.Unix())
-	return int64(math.Ceil(pr.Cost(u.PromptTokens, u.CompletionTokens, u.CachedTokens) * admission.CostScale))
+	return int64(math.Ceil(pr.Cost(policy.Tokens{Prompt: u.PromptTokens, Completion: u.CompletionTokens, Cached: u.CachedTokens,
+		CacheWrite: u.CacheWriteTokens, Reasoning: u.ReasoningTokens}) * admission.CostScale))
 }
 
 // AdmissionConfig tunes how a front end checks the policy's limits before

@@ -25,6 +25,7 @@ type key struct {
 type entry struct {
 	currency                   string
 	prompt, completion, cached float64
+	cacheWrite, reasoning      float64
 }
 
 // Sync inserts every policy price the table lacks or holds with different
@@ -34,7 +35,8 @@ type entry struct {
 func Sync(ctx context.Context, conn driver.Conn, prices []policy.Price, now time.Time) (int, error) {
 	rows, err := conn.Query(ctx, `
 SELECT model, effective_from, argMax(currency, inserted_at), argMax(prompt_per_million, inserted_at),
-       argMax(completion_per_million, inserted_at), argMax(cached_per_million, inserted_at)
+       argMax(completion_per_million, inserted_at), argMax(cached_per_million, inserted_at),
+       argMax(cache_write_per_million, inserted_at), argMax(reasoning_per_million, inserted_at)
 FROM prices GROUP BY model, effective_from`)
 	if err != nil {
 		return 0, fmt.Errorf("pricetable: read prices: %w", err)
@@ -46,7 +48,7 @@ FROM prices GROUP BY model, effective_from`)
 			at time.Time
 			e  entry
 		)
-		if err := rows.Scan(&m, &at, &e.currency, &e.prompt, &e.completion, &e.cached); err != nil {
+		if err := rows.Scan(&m, &at, &e.currency, &e.prompt, &e.completion, &e.cached, &e.cacheWrite, &e.reasoning); err != nil {
 			rows.Close()
 			return 0, fmt.Errorf("pricetable: scan prices: %w", err)
 		}
@@ -58,7 +60,7 @@ FROM prices GROUP BY model, effective_from`)
 	}
 	var missing []policy.Price
 	for _, p := range prices {
-		want := entry{p.Currency, p.Prompt, p.Completion, p.Cached}
+		want := entry{p.Currency, p.Prompt, p.Completion, p.Cached, p.CacheWrite, p.Reasoning}
 		if got, ok := have[key{p.Model, p.EffectiveFrom.Unix()}]; !ok || got != want {
 			missing = append(missing, p)
 		}
@@ -67,12 +69,13 @@ FROM prices GROUP BY model, effective_from`)
 		return 0, nil
 	}
 	b, err := conn.PrepareBatch(ctx, `INSERT INTO prices (model, currency, effective_from, prompt_per_million,
-completion_per_million, cached_per_million, note, inserted_at)`)
+completion_per_million, cached_per_million, cache_write_per_million, reasoning_per_million, note, inserted_at)`)
 	if err != nil {
 		return 0, fmt.Errorf("pricetable: insert prices: %w", err)
 	}
 	for _, p := range missing {
-		if err := b.Append(p.Model, p.Currency, p.EffectiveFrom, p.Prompt, p.Completion, p.Cached, "from quota policy", now); err != nil {
+		if err := b.Append(p.Model, p.Currency, p.EffectiveFrom, p.Prompt, p.Completion, p.Cached, p.CacheWrite, p.Reasoning,
+			"from quota policy", now); err != nil {
 			_ = b.Abort()
 			return 0, fmt.Errorf("pricetable: insert price of %s from %s: %w", p.Model, p.EffectiveFrom.Format(time.RFC3339), err)
 		}

@@ -50,6 +50,10 @@ type Quota struct {
 	// Period is the length of its counting period; Unit what it counts.
 	Period schemas.Period `json:"period"`
 	Unit   schemas.Unit   `json:"unit"`
+	// Count is "billed" for a token quota that counts billed-equivalent
+	// tokens (the policy's count: billed): Limit, Used and the rate are
+	// then in those. Empty for total tokens and the other units.
+	Count string `json:"count,omitempty"`
 	// Mode is hard (calls are refused at the limit) or soft (overage is
 	// recorded for billing).
 	Mode schemas.Mode `json:"mode"`
@@ -360,14 +364,21 @@ func build(tenant string, rows []Quota, fl []Flag, refused int64, p *policy.Poli
 	if p != nil {
 		t := p.Tenant(tenant)
 		st.Plan = t.Plan
+		billed := map[key]bool{}
 		for model := range t.Models {
 			for _, pq := range t.Quotas(model) {
+				billed[key{model, pq.Name}] = pq.Billed
 				if have[key{model, pq.Name}] {
 					continue
 				}
 				start, end := policy.PeriodBounds(pq.Period, now, t.Location)
 				st.Quotas = append(st.Quotas, Quota{Model: model, Quota: pq.Name, Period: pq.Period, Unit: pq.Unit,
 					Mode: pq.Mode, Limit: pq.Limit, PeriodStart: start.UTC(), ResetsAt: end.UTC()})
+			}
+		}
+		for i := range st.Quotas {
+			if q := &st.Quotas[i]; billed[key{q.Model, q.Quota}] {
+				q.Count = string(policy.CountBilled)
 			}
 		}
 	}

@@ -51,7 +51,7 @@ tenants:
   runaway:
     plan: starter
     models:
-      "*": {hourly_tokens: 500000}
+      "*": {hourly_tokens: 500000, count: billed}
       gpt-4o: {requests_per_minute: 60}
 `
 
@@ -93,6 +93,13 @@ func TestTenantMergesStoredQuotasWithThePolicys(t *testing.T) {
 		q := st.Quotas[i]
 		if q.Model != w.model || q.Quota != w.quota || q.Used != w.used {
 			t.Errorf("quota %d: got %s/%s used %v, want %s/%s used %v", i, q.Model, q.Quota, q.Used, w.model, w.quota, w.used)
+		}
+	}
+	// count: billed (the tenant's "*" entry) marks its token quotas,
+	// stored or not; the others count total tokens.
+	for i, want := range []string{"billed", "billed", "billed", ""} {
+		if st.Quotas[i].Count != want {
+			t.Errorf("quota %d (%s/%s): count %q, want %q", i, st.Quotas[i].Model, st.Quotas[i].Quota, st.Quotas[i].Count, want)
 		}
 	}
 	h := st.Quotas[0]

@@ -41,7 +41,8 @@ type Events map[string]Event
 // prices it with pol.
 func Load(ctx context.Context, conn driver.Conn, pol *policy.Policy) (Events, error) {
 	rows, err := conn.Query(ctx, `SELECT tenant, id, argMax(model, kafka_offset), argMax(time, kafka_offset),
- argMax(prompt_tokens, kafka_offset), argMax(completion_tokens, kafka_offset), argMax(cached_tokens, kafka_offset)
+ argMax(prompt_tokens, kafka_offset), argMax(completion_tokens, kafka_offset), argMax(cached_tokens, kafka_offset),
+ argMax(cache_write_tokens, kafka_offset), argMax(reasoning_tokens, kafka_offset)
  FROM usage_events GROUP BY tenant, id`)
 	if err != nil {
 		return nil, fmt.Errorf("usage_events: %w", err)
@@ -50,13 +51,13 @@ func Load(ctx context.Context, conn driver.Conn, pol *policy.Policy) (Events, er
 	out := Events{}
 	for rows.Next() {
 		var e Event
-		var p, c, ca uint64
-		if err := rows.Scan(&e.Tenant, &e.ID, &e.Model, &e.At, &p, &c, &ca); err != nil {
+		var p, c, ca, cw, re uint64
+		if err := rows.Scan(&e.Tenant, &e.ID, &e.Model, &e.At, &p, &c, &ca, &cw, &re); err != nil {
 			return nil, fmt.Errorf("usage_events: %w", err)
 		}
 		e.Tokens = int64(p + c)
 		pr, _, _, _ := pol.CostSpan(e.Model, e.At.Unix()) // as the aggregator counts it
-		e.Cost = pr.Cost(int64(p), int64(c), int64(ca))
+		e.Cost = pr.Cost(policy.Tokens{Prompt: int64(p), Completion: int64(c), Cached: int64(ca), CacheWrite: int64(cw), Reasoning: int64(re)})
 		out[e.Tenant+"/"+e.ID] = e
 	}
 	if err := rows.Err(); err != nil {

@@ -161,9 +161,9 @@ func (a *aggregator) kafkaOptions() []kgo.Opt {
 // as the tally does: an unpriced model at the unpriced_price.
 func (a *aggregator) costFunc() chstore.CostFunc {
 	pol := a.watcher.Current()
-	return func(model string, at time.Time, prompt, completion, cached int64) float64 {
+	return func(model string, at time.Time, tok policy.Tokens) (cost, billed float64) {
 		pr, _, _, _ := pol.CostSpan(model, at.Unix())
-		return pr.Cost(prompt, completion, cached)
+		return pr.Cost(tok), pr.BilledTokens(tok)
 	}
 }
 

@@ -65,7 +65,9 @@ _TOP_FIELDS = {"defaults", "plans", "tenants", "limits", "prices", "upstreams", 
                "price_catalog", "prices_file", "unpriced_price"}
 _TENANT_FIELDS = {"plan", "timezone", "mode", "fail_mode", "alert_tiers", "channels", "priority", "burst_multiplier",
                   "max_models", "budget", "models", "limits", "breakers", "unpriced", "organization", "week_start"}
-_MODEL_FIELDS = set(_QUOTAS) | {"mode"}
+# count: what the entry's token quotas count (total or billed-equivalent
+# tokens); the aggregator counts them, this SDK only validates it.
+_MODEL_FIELDS = set(_QUOTAS) | {"mode", "count"}
 # wait: classes that may wait for a refusing limit — this SDK refuses at once
 # (the safe side); period: calendar limits, which this SDK cannot enforce, so
 # a policy with one is refused rather than applied without it.
@@ -351,6 +353,10 @@ class _Validator:
                 if k == "mode":
                     if x:
                         q["mode"] = self.mode(mp + ".mode", x)
+                    continue
+                if k == "count":
+                    if x not in ("", None, "total", "billed"):
+                        self.fail(mp + ".count", f"{x!r} is not one of total, billed")
                     continue
                 n = self.integer(f"{mp}.{k}", x)
                 if n is None:

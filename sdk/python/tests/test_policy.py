@@ -80,6 +80,14 @@ tenants:
         assert want in got, f"missing {want!r} in:\n{got}"
 
 
+def test_count_of_token_quotas_is_validated_like_go() -> None:
+    ok = policy.parse('tenants:\n  acme:\n    models:\n      "*": {monthly_tokens: 10, count: billed}\n', "ok.yaml")
+    assert ok is not None
+    with pytest.raises(policy.PolicyError) as e:
+        policy.parse('tenants:\n  acme:\n    models:\n      "*": {monthly_tokens: 10, count: weighted}\n', "bad.yaml")
+    assert "tenants.acme.models.*.count: 'weighted' is not one of total, billed" in "\n".join(e.value.problems)
+
+
 @pytest.mark.parametrize("s,ns", [("1m", 60 * 10**9), ("1h30m", 5400 * 10**9), ("1.5s", 1_500_000_000), ("500ms", 500_000_000),
                                   ("0", 0), ("2h45m0.5s", (9900 * 10**9) + 500_000_000), ("1µs", 1000), ("-1s", -10**9)])
 def test_parse_duration_is_gos(s: str, ns: int) -> None:

@@ -27,6 +27,7 @@ type cell struct {
 	minute      *minuteRow // existing usage_minute row, nil if missing
 	truth       usage
 	minuteCell  bool // a per-minute usage_minute cell
+	billed      bool // a token quota counting billed-equivalent tokens
 	// summary is a model's usage_minute day total: it is signalled, and
 	// repaired through its minutes.
 	summary bool
@@ -88,8 +89,8 @@ func (a *Auditor) minuteCells(cells map[string]*cell, tr truth, mrows []minuteRo
 		c := &cell{minute: r, truth: tu, minuteCell: true, row: Row{Model: k.model, Quota: UsageMinuteQuota, Period: string(schemas.PeriodMinute),
 			PeriodStart: at, PeriodEnd: at.Add(time.Minute), Unit: "tokens",
 			Counter: float64(cu.tokens()), Truth: float64(tu.tokens())}}
-		c.drifted = cu.requests != tu.requests || cu.prompt != tu.prompt || cu.completion != tu.completion || cu.cached != tu.cached
-		c.fingerprint = fmt.Sprintf("%d/%d/%d/%d|%d/%d/%d/%d", cu.requests, cu.prompt, cu.completion, cu.cached, tu.requests, tu.prompt, tu.completion, tu.cached)
+		c.drifted = cu.counts() != tu.counts()
+		c.fingerprint = fmt.Sprintf("%v|%v", cu.counts(), tu.counts())
 		cells["m|"+k.model+"|"+strconv.FormatInt(k.at, 10)] = c
 
 		s := summaries[k.model]

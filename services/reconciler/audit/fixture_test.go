@@ -29,6 +29,7 @@ type event struct {
 	time                       time.Time
 	model                      string
 	prompt, completion, cached uint64
+	cacheWrite, reasoning      uint64
 	offset                     int64
 	estimated                  bool
 }
@@ -44,7 +45,7 @@ func insertEvents(t testing.TB, conn driver.Conn, tenant string, evs ...event) {
 func writeEvents(conn driver.Conn, tenant string, evs ...event) error {
 	ctx := context.Background()
 	b, err := conn.PrepareBatch(ctx, `INSERT INTO usage_events (id, time, tenant, model, prompt_tokens, completion_tokens,
-cached_tokens, outcome, estimated, kafka_partition, kafka_offset, ingested_at)`)
+cached_tokens, cache_write_tokens, reasoning_tokens, outcome, estimated, kafka_partition, kafka_offset, ingested_at)`)
 	if err != nil {
 		return err
 	}
@@ -53,7 +54,7 @@ cached_tokens, outcome, estimated, kafka_partition, kafka_offset, ingested_at)`)
 		if e.estimated {
 			est = 1
 		}
-		if err := b.Append(e.id, e.time, tenant, e.model, e.prompt, e.completion, e.cached, "ok", est, int32(0), e.offset, time.Now()); err != nil {
+		if err := b.Append(e.id, e.time, tenant, e.model, e.prompt, e.completion, e.cached, e.cacheWrite, e.reasoning, "ok", est, int32(0), e.offset, time.Now()); err != nil {
 			return err
 		}
 	}
@@ -77,7 +78,7 @@ func aggregate(evs []event) map[string]map[time.Time]usage {
 				out[model] = map[time.Time]usage{}
 			}
 			u := out[model][m]
-			u.add(usage{requests: 1, prompt: e.prompt, completion: e.completion, cached: e.cached})
+			u.add(usage{requests: 1, prompt: e.prompt, completion: e.completion, cached: e.cached, cacheWrite: e.cacheWrite, reasoning: e.reasoning})
 			out[model][m] = u
 		}
 	}
@@ -109,12 +110,13 @@ func insertMinutes(t testing.TB, conn driver.Conn, tenant string, version uint64
 
 func writeMinutes(conn driver.Conn, tenant string, version uint64, rows ...minuteFixture) error {
 	b, err := conn.PrepareBatch(context.Background(), `INSERT INTO usage_minute (tenant, model, minute, requests, prompt_tokens,
-completion_tokens, cached_tokens, errors, slow_calls, cost, version, updated_at)`)
+completion_tokens, cached_tokens, cache_write_tokens, reasoning_tokens, errors, slow_calls, cost, version, updated_at)`)
 	if err != nil {
 		return err
 	}
 	for _, r := range rows {
-		if err := b.Append(tenant, r.model, r.minute, r.u.requests, r.u.prompt, r.u.completion, r.u.cached, uint64(0), uint64(0), 0., version, time.Now()); err != nil {
+		if err := b.Append(tenant, r.model, r.minute, r.u.requests, r.u.prompt, r.u.completion, r.u.cached, r.u.cacheWrite, r.u.reasoning,
+			uint64(0), uint64(0), 0., version, time.Now()); err != nil {
 			return err
 		}
 	}

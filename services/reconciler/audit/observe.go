@@ -20,7 +20,9 @@ import (
 // usage is what the raw events say about one model in one bucket of time.
 type usage struct {
 	requests, prompt, completion, cached, errors uint64
+	cacheWrite, reasoning                        uint64
 	cost                                         float64
+	billed                                       float64 // billed-equivalent tokens
 }
 
 func (u *usage) add(o usage) {
@@ -28,11 +30,21 @@ func (u *usage) add(o usage) {
 	u.prompt += o.prompt
 	u.completion += o.completion
 	u.cached += o.cached
+	u.cacheWrite += o.cacheWrite
+	u.reasoning += o.reasoning
 	u.errors += o.errors
 	u.cost += o.cost
+	u.billed += o.billed
 }
 
 func (u usage) tokens() uint64 { return u.prompt + u.completion }
+
+// counts are the counts a usage_minute row must agree with the events on:
+// requests and every token type (errors follow breaker settings the
+// audit does not check, and cost is compared with a tolerance).
+func (u usage) counts() [6]uint64 {
+	return [6]uint64{u.requests, u.prompt, u.completion, u.cached, u.cacheWrite, u.reasoning}
+}
 
 // truth holds the raw-event totals of one tenant over the job's range, per
 // model and per bucket start (a minute for day jobs, the whole range for
@@ -160,6 +172,7 @@ func quotaCells(t *policy.Tenant, quotas map[string]bool, qrows []quotaRow, star
 					cells[k] = &cell{row: Row{Model: m, Quota: string(q.Name), Period: string(q.Period), PeriodStart: s, PeriodEnd: e,
 						Unit: string(q.Unit), Mode: string(q.Mode), Limit: q.Limit}}
 				}
+				cells[k].billed = q.Billed
 				ps = e
 			}
 		}
@@ -168,8 +181,11 @@ func quotaCells(t *policy.Tenant, quotas map[string]bool, qrows []quotaRow, star
 		u := tr.sum(c.row.Model, c.row.PeriodStart, c.row.PeriodEnd)
 		c.truth = u
 		c.row.Truth = float64(u.tokens())
-		if c.row.Quota == string(schemas.QuotaBudget) {
+		switch {
+		case c.row.Quota == string(schemas.QuotaBudget):
 			c.row.Truth = u.cost
+		case c.billed:
+			c.row.Truth = u.billed
 		}
 		if c.quota == nil && c.row.Truth == 0 {
 			delete(cells, k) // nothing counted, nothing used: nothing to compare
@@ -188,8 +204,9 @@ func quotaCells(t *policy.Tenant, quotas map[string]bool, qrows []quotaRow, star
 // with the price period containing its time. %s is the bucket.
 var truthSQL = `
 SELECT model, %s AS bucket, count(), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens),
-       countIf(outcome IN ('error', 'timeout')), sum(cost),
-       sumIf(prompt_tokens, priced = 0), sumIf(completion_tokens, priced = 0), sumIf(cached_tokens, priced = 0)
+       sum(cache_write_tokens), sum(reasoning_tokens), countIf(outcome IN ('error', 'timeout')), sum(cost), sumIf(billed, priced = 1),
+       sumIf(prompt_tokens, priced = 0), sumIf(completion_tokens, priced = 0), sumIf(cached_tokens, priced = 0),
+       sumIf(cache_write_tokens, priced = 0), sumIf(reasoning_tokens, priced = 0)
 FROM (` + costquery.EventsBetween() + `)
 GROUP BY model, bucket`
 
@@ -219,16 +236,23 @@ func readTruth(ctx context.Context, conn driver.Conn, tenant string, start, end 
 	out := truth{}
 	for rows.Next() {
 		var (
-			model         string
-			at            time.Time
-			u             usage
-			up, uc, ucach uint64
+			model                        string
+			at                           time.Time
+			u                            usage
+			up, uc, ucach, uwrite, ureas uint64
 		)
-		if err := rows.Scan(&model, &at, &u.requests, &u.prompt, &u.completion, &u.cached, &u.errors, &u.cost, &up, &uc, &ucach); err != nil {
+		if err := rows.Scan(&model, &at, &u.requests, &u.prompt, &u.completion, &u.cached, &u.cacheWrite, &u.reasoning, &u.errors, &u.cost, &u.billed,
+			&up, &uc, &ucach, &uwrite, &ureas); err != nil {
 			return nil, fmt.Errorf("audit: scan usage_events: %w", err)
 		}
+		// Unpriced events: Price.Cost and BilledTokens are linear, so the
+		// sums weigh as the events would one by one.
+		unpriced := policy.Tokens{Prompt: int64(up), Completion: int64(uc), Cached: int64(ucach), CacheWrite: int64(uwrite), Reasoning: int64(ureas)}
 		if fallback != nil && up+uc > 0 {
-			u.cost += fallback.Cost(int64(up), int64(uc), int64(ucach))
+			u.cost += fallback.Cost(unpriced)
+			u.billed += fallback.BilledTokens(unpriced)
+		} else {
+			u.billed += float64(up + uc)
 		}
 		if out[model] == nil {
 			out[model] = map[int64]usage{}
@@ -284,7 +308,8 @@ type minuteRow struct {
 
 func readUsageMinute(ctx context.Context, conn driver.Conn, tenant string, start, end time.Time) ([]minuteRow, error) {
 	rows, err := conn.Query(ctx, `
-SELECT model, minute, requests, prompt_tokens, completion_tokens, cached_tokens, errors, slow_calls, cost, version
+SELECT model, minute, requests, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, reasoning_tokens,
+       errors, slow_calls, cost, version
 FROM usage_minute FINAL
 WHERE tenant = ? AND minute >= ? AND minute < ?`, tenant, start.UTC(), end.UTC())
 	if err != nil {
@@ -294,8 +319,8 @@ WHERE tenant = ? AND minute >= ? AND minute < ?`, tenant, start.UTC(), end.UTC()
 	var out []minuteRow
 	for rows.Next() {
 		var r minuteRow
-		if err := rows.Scan(&r.model, &r.minute, &r.u.requests, &r.u.prompt, &r.u.completion, &r.u.cached, &r.u.errors,
-			&r.slowCalls, &r.cost, &r.version); err != nil {
+		if err := rows.Scan(&r.model, &r.minute, &r.u.requests, &r.u.prompt, &r.u.completion, &r.u.cached,
+			&r.u.cacheWrite, &r.u.reasoning, &r.u.errors, &r.slowCalls, &r.cost, &r.version); err != nil {
 			return nil, fmt.Errorf("audit: scan usage_minute: %w", err)
 		}
 		out = append(out, r)

@@ -24,7 +24,7 @@ func (a *Auditor) repair(ctx context.Context, t *policy.Tenant, cells []*cell, n
 	}
 	if len(quotas) > 0 {
 		b, err := a.conn.PrepareBatch(ctx, `INSERT INTO quota_state (tenant, model, quota, period, period_start, period_end, used,
-quota_limit, unit, mode, tier, rate_per_minute, predicted_exhaustion, predicted_earliest, predicted_latest, prediction_basis,
+cached_tokens, cache_write_tokens, reasoning_tokens, quota_limit, unit, mode, tier, rate_per_minute, predicted_exhaustion, predicted_earliest, predicted_latest, prediction_basis,
 version, updated_at)`)
 		if err != nil {
 			return fmt.Errorf("audit: repair quota_state: %w", err)
@@ -41,7 +41,7 @@ version, updated_at)`)
 				rate, predicted, earliest, latest, basis, version = q.rate, q.predicted, q.earliest, q.latest, q.basis, q.version+1
 			}
 			if err := b.Append(t.ID, r.Model, r.Quota, r.Period, r.PeriodStart, r.PeriodEnd, r.Truth,
-				r.Limit, r.Unit, r.Mode, uint16(policy.TierReached(t.AlertTiers, policy.Percent(r.Truth, r.Limit))), rate,
+				c.truth.cached, c.truth.cacheWrite, c.truth.reasoning, r.Limit, r.Unit, r.Mode, uint16(policy.TierReached(t.AlertTiers, policy.Percent(r.Truth, r.Limit))), rate,
 				predicted, earliest, latest, basis, version, now); err != nil {
 				_ = b.Abort()
 				return fmt.Errorf("audit: repair quota_state: %w", err)
@@ -53,7 +53,7 @@ version, updated_at)`)
 	}
 	if len(minutes) > 0 {
 		b, err := a.conn.PrepareBatch(ctx, `INSERT INTO usage_minute (tenant, model, minute, requests, prompt_tokens,
-completion_tokens, cached_tokens, errors, slow_calls, cost, version, updated_at)`)
+completion_tokens, cached_tokens, cache_write_tokens, reasoning_tokens, errors, slow_calls, cost, version, updated_at)`)
 		if err != nil {
 			return fmt.Errorf("audit: repair usage_minute: %w", err)
 		}
@@ -70,7 +70,7 @@ completion_tokens, cached_tokens, errors, slow_calls, cost, version, updated_at)
 				errs, slow, version = m.u.errors, m.slowCalls, m.version+1
 			}
 			if err := b.Append(t.ID, c.row.Model, c.row.PeriodStart, u.requests, u.prompt, u.completion, u.cached,
-				errs, slow, u.cost, version, now); err != nil {
+				u.cacheWrite, u.reasoning, errs, slow, u.cost, version, now); err != nil {
 				_ = b.Abort()
 				return fmt.Errorf("audit: repair usage_minute: %w", err)
 			}

@@ -1,6 +1,6 @@
 // Package costquery builds the one SQL query that prices usage events, so
 // the reconciler's budget audit and the cost reports compute cost the same
-// way as the usage_priced view (migration 046): each distinct event joined
+// way as the usage_priced view (migrations 046 and 052): each distinct event joined
 // with the price span containing its time.
 //
 // # Distinct events
@@ -26,7 +26,8 @@ package costquery
 import "time"
 
 // Columns are the columns Events returns, in order.
-const Columns = "tenant, model, id, time, prompt_tokens, completion_tokens, cached_tokens, total_tokens, outcome, estimated, priced, currency, cost"
+const Columns = "tenant, model, id, time, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, reasoning_tokens, " +
+	"total_tokens, outcome, estimated, priced, currency, cost, billed"
 
 // Version orders the rows of one (tenant, id): a settlement (estimated =
 // 0) beats any estimate, and among equals the higher Kafka offset (the
@@ -48,27 +49,42 @@ const SettleMargin = 24 * time.Hour
 const PricedExpr = `toUInt8(toUInt32(effective_from) != 0)`
 
 // CostExpr is the cost of one event joined with its price span: 0 when
-// unpriced (see PricedExpr), otherwise policy.Price.Cost's formula in the
-// same order of operations, so SQL and Go agree to the last bit. The
-// usage_priced view (migration 046) spells the same expressions (a
-// migration cannot import a Go constant, and an applied migration may not
-// change); TestCostExprIsTheViews keeps the texts equal and
+// unpriced (see PricedExpr), otherwise policy.Price.Cost's formula — each
+// token type at its own price, each part clamped as Tokens.Split clamps
+// it — in the same order of operations, so SQL and Go agree to the last
+// bit. The usage_priced view (migration 052) spells the same expressions
+// (a migration cannot import a Go constant, and an applied migration may
+// not change); TestCostExprIsTheViews keeps the texts equal and
 // TestViewCostEqualsPriceCost checks the figures against the Go code.
+// toUInt64 keeps least's arguments of one type: a difference of UInt64s
+// is signed.
 const CostExpr = `if(toUInt32(effective_from) = 0, 0.,
-   (toFloat64(prompt_tokens - least(cached_tokens, prompt_tokens)) * prompt_per_million
+   (toFloat64(prompt_tokens - least(cached_tokens, prompt_tokens)
+              - least(cache_write_tokens, toUInt64(prompt_tokens - least(cached_tokens, prompt_tokens)))) * prompt_per_million
     + toFloat64(least(cached_tokens, prompt_tokens)) * cached_per_million
-    + toFloat64(completion_tokens) * completion_per_million) / 1000000.)`
+    + toFloat64(least(cache_write_tokens, toUInt64(prompt_tokens - least(cached_tokens, prompt_tokens)))) * cache_write_per_million
+    + toFloat64(completion_tokens - least(reasoning_tokens, completion_tokens)) * completion_per_million
+    + toFloat64(least(reasoning_tokens, completion_tokens)) * reasoning_per_million) / 1000000.)`
+
+// BilledExpr is policy.Price.BilledTokens of one event joined with its
+// price span, in the same order of operations: the cost over the input
+// price per token, or the total tokens where no input price is in force
+// (unpriced: the caller weighs those at unpriced_price, as the aggregator
+// does). Quotas with count: billed are audited against it.
+const BilledExpr = `if(toUInt32(effective_from) = 0 OR NOT (prompt_per_million > 0), toFloat64(prompt_tokens + completion_tokens),
+   ` + CostExpr + ` * 1000000. / prompt_per_million)`
 
 // Distinct returns a query of one row per (tenant, id) among the
 // usage_events rows that satisfy pre (a condition over usage_events
 // columns, with ? placeholders), the version Version picks, with the
 // columns tenant, id, model, time, prompt_tokens, completion_tokens,
-// cached_tokens, outcome, estimated. The collapsed columns get other names
+// cached_tokens, cache_write_tokens, reasoning_tokens, outcome, estimated. The collapsed columns get other names
 // inside the GROUP BY: an alias equal to a column name would make
 // argMax(time, ...) refer to itself.
 func Distinct(pre string) string {
 	return `SELECT tenant, id, d_model AS model, d_time AS time, d_prompt AS prompt_tokens, d_completion AS completion_tokens,
-       d_cached AS cached_tokens, d_outcome AS outcome, d_estimated AS estimated
+       d_cached AS cached_tokens, d_cache_write AS cache_write_tokens, d_reasoning AS reasoning_tokens,
+       d_outcome AS outcome, d_estimated AS estimated
 FROM
 (
     SELECT tenant, id,
@@ -77,6 +93,8 @@ FROM
            argMax(prompt_tokens, ` + Version + `) AS d_prompt,
            argMax(completion_tokens, ` + Version + `) AS d_completion,
            argMax(cached_tokens, ` + Version + `) AS d_cached,
+           argMax(cache_write_tokens, ` + Version + `) AS d_cache_write,
+           argMax(reasoning_tokens, ` + Version + `) AS d_reasoning,
            argMax(outcome, ` + Version + `) AS d_outcome,
            argMax(estimated, ` + Version + `) AS d_estimated
     FROM usage_events
@@ -92,13 +110,15 @@ FROM
 // priced = 0, currency "" and cost 0. Placeholders bind in text order:
 // pre's, then post's.
 func Events(pre, post string) string {
-	return `SELECT tenant, model, id, time, prompt_tokens, completion_tokens, cached_tokens,
+	return `SELECT tenant, model, id, time, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, reasoning_tokens,
        prompt_tokens + completion_tokens AS total_tokens, outcome, estimated,
        ` + PricedExpr + ` AS priced, currency,
-       ` + CostExpr + ` AS cost
+       ` + CostExpr + ` AS cost,
+       ` + BilledExpr + ` AS billed
 FROM
 (
-    SELECT tenant, model, id, time, prompt_tokens, completion_tokens, cached_tokens, outcome, estimated
+    SELECT tenant, model, id, time, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, reasoning_tokens,
+           outcome, estimated
     FROM (` + Distinct(pre) + `)
     WHERE ` + post + `
 ) AS e

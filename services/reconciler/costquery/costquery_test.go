@@ -17,11 +17,11 @@ import (
 	"github.com/sluicehq/sluice/services/reconciler/costquery"
 )
 
-// TestCostExprIsTheViews: the usage_priced view (migration 046) and
+// TestCostExprIsTheViews: the usage_priced view (migration 052) and
 // costquery collapse events and compute cost with the same expression
 // text.
 func TestCostExprIsTheViews(t *testing.T) {
-	view, err := fs.ReadFile(migrations.FS(), "046_usage_priced_distinct_across_days.sql")
+	view, err := fs.ReadFile(migrations.FS(), "052_usage_priced_token_types.sql")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +31,7 @@ func TestCostExprIsTheViews(t *testing.T) {
 	}
 	for _, expr := range []string{costquery.PricedExpr + " AS priced", costquery.CostExpr + " AS cost", costquery.Distinct("1")} {
 		if !strings.Contains(squash(string(view)), squash(expr)) {
-			t.Errorf("migration 046's usage_priced does not compute %s", expr)
+			t.Errorf("migration 052's usage_priced does not compute %s", expr)
 		}
 	}
 }
@@ -43,7 +43,7 @@ func TestCostExprIsTheViews(t *testing.T) {
 const policyV1 = `
 prices:
   - {model: gpt-4o, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 2.5, completion: 10, cached: 1.25}
-  - {model: gpt-4o, currency: USD, effective_from: 2026-11-15T00:00:00Z, prompt: 2, completion: 8, cached: 1}
+  - {model: gpt-4o, currency: USD, effective_from: 2026-11-15T00:00:00Z, prompt: 2, completion: 8, cached: 1, cache_write: 2.5, reasoning: 11}
   - {model: gpt-4o, currency: USD, effective_from: 2026-11-20T12:00:00Z, prompt: 9, completion: 9, cached: 9}
   - {model: mini, currency: EUR, effective_from: 2026-11-15T00:00:00Z, prompt: 0.15, completion: 0.6, cached: 0.075}
 `
@@ -54,6 +54,7 @@ type event struct {
 	id, model    string
 	at           time.Time
 	p, c, cached int64
+	write, reas  int64 // cache_write_tokens, reasoning_tokens
 	offset       int64
 	estimated    uint8
 	superseded   bool // an older version of an id: FINAL drops it
@@ -66,7 +67,9 @@ type event struct {
 // event's time: around each price change, with cached tokens (none, some,
 // all, and more than the prompt, which only a direct insert can store),
 // for an unpriced model and time, after a corrected price, and for a
-// settled estimate.
+// settled estimate; and with every token type at once (cache writes and
+// reasoning priced apart or, where the entry leaves them out, at input
+// and output), each type at its own price.
 func TestViewCostEqualsPriceCost(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -89,8 +92,12 @@ func TestViewCostEqualsPriceCost(t *testing.T) {
 	change1 := time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC)
 	change2 := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
 	var evs []event
-	add := func(model string, at time.Time, p, c, cached int64) {
-		evs = append(evs, event{id: fmt.Sprintf("e%03d", len(evs)), model: model, at: at, p: p, c: c, cached: cached, offset: int64(len(evs) + 1)})
+	add := func(model string, at time.Time, p, c, cached int64, more ...int64) {
+		e := event{id: fmt.Sprintf("e%03d", len(evs)), model: model, at: at, p: p, c: c, cached: cached, offset: int64(len(evs) + 1)}
+		if len(more) == 2 {
+			e.write, e.reas = more[0], more[1]
+		}
+		evs = append(evs, e)
 	}
 	for _, at := range []time.Time{
 		time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), // the first price's first second
@@ -106,6 +113,11 @@ func TestViewCostEqualsPriceCost(t *testing.T) {
 			add(model, at, 10, 5, 25)             // more cached than prompt
 			add(model, at, 0, 0, 0)               // an empty call
 			add(model, at, 999_999_937, 1_000, 7) // near the per-event limit
+			// Every token type: reads, writes, plain input, reasoning and
+			// plain output.
+			add(model, at, 6000, 9000, 2000, 3000, 5000)
+			add(model, at, 100, 10, 80, 50, 30) // writes and reasoning beyond what holds them
+			add(model, at, 5000, 700, 0, 5000, 700)
 		}
 	}
 	// An estimate settled by a later event with the same id: only the
@@ -115,12 +127,13 @@ func TestViewCostEqualsPriceCost(t *testing.T) {
 		event{id: "est", model: "gpt-4o", at: change1.Add(time.Hour), p: 1234, c: 567, cached: 89, offset: 10_001})
 
 	b, err := conn.PrepareBatch(ctx, `INSERT INTO usage_events (id, time, tenant, model, prompt_tokens, completion_tokens,
-cached_tokens, outcome, estimated, kafka_partition, kafka_offset, ingested_at)`)
+cached_tokens, cache_write_tokens, reasoning_tokens, outcome, estimated, kafka_partition, kafka_offset, ingested_at)`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range evs {
-		if err := b.Append(e.id, e.at, "acme", e.model, uint64(e.p), uint64(e.c), uint64(e.cached), "ok", e.estimated, int32(0), e.offset, e.at); err != nil {
+		if err := b.Append(e.id, e.at, "acme", e.model, uint64(e.p), uint64(e.c), uint64(e.cached), uint64(e.write), uint64(e.reas),
+			"ok", e.estimated, int32(0), e.offset, e.at); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -135,8 +148,9 @@ cached_tokens, outcome, estimated, kafka_partition, kafka_offset, ingested_at)`)
 		}
 	}
 	for name, q := range map[string]string{
-		"usage_priced view": "SELECT id, priced, currency, cost FROM usage_priced WHERE tenant = ?",
-		"costquery.Events":  "SELECT id, priced, currency, cost FROM (" + costquery.Events("tenant = ?", "1") + ")",
+		// The view has no billed column: -1 skips that check.
+		"usage_priced view": "SELECT id, priced, currency, cost, -1. FROM usage_priced WHERE tenant = ?",
+		"costquery.Events":  "SELECT id, priced, currency, cost, billed FROM (" + costquery.Events("tenant = ?", "1") + ")",
 	} {
 		t.Run(name, func(t *testing.T) { compare(t, ctx, conn, q, pol, want) })
 	}
@@ -154,9 +168,9 @@ func compare(t *testing.T, ctx context.Context, conn driver.Conn, query string, 
 		var (
 			id, currency string
 			isPriced     uint8
-			cost         float64
+			cost, billed float64
 		)
-		if err := rows.Scan(&id, &isPriced, &currency, &cost); err != nil {
+		if err := rows.Scan(&id, &isPriced, &currency, &cost, &billed); err != nil {
 			t.Fatal(err)
 		}
 		e, ok := want[id]
@@ -175,9 +189,14 @@ func compare(t *testing.T, ctx context.Context, conn driver.Conn, query string, 
 			priced++
 			// Bit for bit: both sides do the same float operations in the
 			// same order.
-			if goCost := pr.Cost(e.p, e.c, e.cached); cost != goCost {
-				t.Errorf("%s %s at %s (prompt %d, completion %d, cached %d): SQL cost %v, policy.Price.Cost %v",
-					id, e.model, e.at.Format(time.RFC3339), e.p, e.c, e.cached, cost, goCost)
+			tok := policy.Tokens{Prompt: e.p, Completion: e.c, Cached: e.cached, CacheWrite: e.write, Reasoning: e.reas}
+			if goCost := pr.Cost(tok); cost != goCost {
+				t.Errorf("%s %s at %s (%+v): SQL cost %v, policy.Price.Cost %v",
+					id, e.model, e.at.Format(time.RFC3339), tok, cost, goCost)
+			}
+			if goBilled := pr.BilledTokens(tok); billed != -1 && billed != goBilled {
+				t.Errorf("%s %s at %s (%+v): SQL billed-equivalent tokens %v, policy.Price.BilledTokens %v",
+					id, e.model, e.at.Format(time.RFC3339), tok, billed, goBilled)
 			}
 		}
 	}

@@ -64,10 +64,10 @@ func writeTable(w io.Writer, months []*Month) error {
 			fmt.Fprintln(tw)
 		}
 		fmt.Fprintf(tw, "tenant %s, %s (%s)\n", m.Tenant, m.Month, m.Zone)
-		fmt.Fprintln(tw, "MODEL\tCURRENCY\tREQUESTS\tPROMPT\tCOMPLETION\tCACHED\tTOTAL TOKENS\tCOST\tUNPRICED\t")
+		fmt.Fprintln(tw, "MODEL\tCURRENCY\tREQUESTS\tPROMPT\tCOMPLETION\tCACHED\tCACHE WRITE\tREASONING\tTOTAL TOKENS\tCOST\tUNPRICED\t")
 		for _, l := range append(append([]Line{}, m.Lines...), m.Totals...) {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t\n", l.Model, currencyName(l.Currency), l.Requests, l.PromptTokens,
-				l.CompletionTokens, l.CachedTokens, l.TotalTokens, costText(l, "table"), l.UnpricedRequests)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t\n", l.Model, currencyName(l.Currency), l.Requests, l.PromptTokens,
+				l.CompletionTokens, l.CachedTokens, l.CacheWriteTokens, l.ReasoningTokens, l.TotalTokens, costText(l, "table"), l.UnpricedRequests)
 		}
 		if len(m.Overages) > 0 {
 			fmt.Fprintln(tw, "SOFT-QUOTA OVERAGE\tQUOTA\tPERIOD START\tUSED\tLIMIT\tOVERAGE\tUNIT\t")
@@ -84,7 +84,7 @@ func num(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 
 // CSVHeader is the first row Write prints in csv format.
 var CSVHeader = []string{"tenant", "month", "zone", "kind", "model", "currency", "requests", "prompt_tokens", "completion_tokens",
-	"cached_tokens", "total_tokens", "cost", "unpriced_requests", "quota", "period", "period_start", "unit", "used", "limit", "overage"}
+	"cached_tokens", "cache_write_tokens", "reasoning_tokens", "total_tokens", "cost", "unpriced_requests", "quota", "period", "period_start", "unit", "used", "limit", "overage"}
 
 func writeCSV(w io.Writer, months []*Month) error {
 	cw := csv.NewWriter(w)
@@ -99,13 +99,13 @@ func writeCSV(w io.Writer, months []*Month) error {
 		}{{"usage", m.Lines}, {"total", m.Totals}} {
 			for _, l := range set.lines {
 				if err := cw.Write([]string{m.Tenant, m.Month, m.Zone, set.kind, l.Model, l.Currency, u(l.Requests), u(l.PromptTokens),
-					u(l.CompletionTokens), u(l.CachedTokens), u(l.TotalTokens), costText(l, "csv"), u(l.UnpricedRequests), "", "", "", "", "", "", ""}); err != nil {
+					u(l.CompletionTokens), u(l.CachedTokens), u(l.CacheWriteTokens), u(l.ReasoningTokens), u(l.TotalTokens), costText(l, "csv"), u(l.UnpricedRequests), "", "", "", "", "", "", ""}); err != nil {
 					return err
 				}
 			}
 		}
 		for _, o := range m.Overages {
-			if err := cw.Write([]string{m.Tenant, m.Month, m.Zone, "overage", o.Model, "", "", "", "", "", "", "", "",
+			if err := cw.Write([]string{m.Tenant, m.Month, m.Zone, "overage", o.Model, "", "", "", "", "", "", "", "", "", "",
 				o.Quota, o.Period, o.PeriodStart.Format(time.RFC3339), o.Unit, num(o.Used), num(o.Limit), num(o.Overage)}); err != nil {
 				return err
 			}

@@ -21,12 +21,16 @@ import (
 // Line is one model's usage and cost in one currency; a Totals line has
 // Model "TOTAL". Currency is empty for usage no price covered.
 type Line struct {
-	Model            string  `json:"model"`
-	Currency         string  `json:"currency"`
-	Requests         uint64  `json:"requests"`
-	PromptTokens     uint64  `json:"prompt_tokens"`
-	CompletionTokens uint64  `json:"completion_tokens"`
-	CachedTokens     uint64  `json:"cached_tokens"`
+	Model            string `json:"model"`
+	Currency         string `json:"currency"`
+	Requests         uint64 `json:"requests"`
+	PromptTokens     uint64 `json:"prompt_tokens"`
+	CompletionTokens uint64 `json:"completion_tokens"`
+	CachedTokens     uint64 `json:"cached_tokens"`
+	// CacheWriteTokens and ReasoningTokens, like CachedTokens, are parts
+	// of PromptTokens and CompletionTokens, priced apart (policy.Price).
+	CacheWriteTokens uint64  `json:"cache_write_tokens"`
+	ReasoningTokens  uint64  `json:"reasoning_tokens"`
 	TotalTokens      uint64  `json:"total_tokens"`
 	Cost             float64 `json:"cost"`
 	// UnpricedRequests counts events that no price covered; their cost
@@ -80,8 +84,8 @@ func Monthly(ctx context.Context, conn driver.Conn, tenant, month string, loc *t
 	}
 	m := &Month{Tenant: tenant, Month: month, Zone: start.Location().String(), Start: start, End: end, Lines: []Line{}, Totals: []Line{}, Overages: []Overage{}}
 	rows, err := conn.Query(ctx, `
-SELECT model, currency, count(), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens), sum(total_tokens),
-       sum(cost), countIf(priced = 0)
+SELECT model, currency, count(), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens),
+       sum(cache_write_tokens), sum(reasoning_tokens), sum(total_tokens), sum(cost), countIf(priced = 0)
 FROM (`+costquery.EventsBetween()+`)
 GROUP BY model, currency
 ORDER BY model, currency`, costquery.BetweenArgs(tenant, start, end)...)
@@ -92,7 +96,7 @@ ORDER BY model, currency`, costquery.BetweenArgs(tenant, start, end)...)
 	for rows.Next() {
 		var l Line
 		if err := rows.Scan(&l.Model, &l.Currency, &l.Requests, &l.PromptTokens, &l.CompletionTokens, &l.CachedTokens,
-			&l.TotalTokens, &l.Cost, &l.UnpricedRequests); err != nil {
+			&l.CacheWriteTokens, &l.ReasoningTokens, &l.TotalTokens, &l.Cost, &l.UnpricedRequests); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("report: scan usage: %w", err)
 		}
@@ -106,6 +110,8 @@ ORDER BY model, currency`, costquery.BetweenArgs(tenant, start, end)...)
 		t.PromptTokens += l.PromptTokens
 		t.CompletionTokens += l.CompletionTokens
 		t.CachedTokens += l.CachedTokens
+		t.CacheWriteTokens += l.CacheWriteTokens
+		t.ReasoningTokens += l.ReasoningTokens
 		t.TotalTokens += l.TotalTokens
 		t.Cost += l.Cost
 		t.UnpricedRequests += l.UnpricedRequests

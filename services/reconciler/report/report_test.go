@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/csv"
 	"encoding/json"
+	"fmt"
 	"io"
 	"math"
 	"strings"
@@ -187,12 +188,17 @@ func TestMonthlyReportMatchesHandTotals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	col := map[string]int{}
+	for i, name := range recs[0] {
+		col[name] = i
+	}
+	costCol, unpricedCol := col["cost"], col["unpriced_requests"]
 	var found bool
 	for _, r := range recs[1:] {
 		if r[3] == "total" && r[5] == "USD" {
-			found = r[6] == "6" && r[11] == "0.07965"
+			found = r[6] == "6" && r[costCol] == "0.07965"
 		}
-		if r[4] == "mystery" && (r[5] != "" || r[11] != "" || r[12] != "1") {
+		if r[4] == "mystery" && (r[5] != "" || r[costCol] != "" || r[unpricedCol] != "1") {
 			t.Errorf("csv mystery row %v: want no currency, an empty cost and 1 unpriced request", r)
 		}
 	}
@@ -260,5 +266,78 @@ func TestViewsMatchHandTotals(t *testing.T) {
 	}
 	if overage != 100000+400 {
 		t.Errorf("soft_quota_overage total %v, want 100400 (November's monthly and October's soft daily)", overage)
+	}
+}
+
+// TestTokenTypesPricedApart: the report, usage_daily and usage_monthly
+// carry cache reads, cache writes and reasoning tokens, and an event with
+// every token type costs exactly each type times its own price: the
+// policy's, or input and output where the entry leaves cache writes and
+// reasoning out.
+func TestTokenTypesPricedApart(t *testing.T) {
+	ctx := context.Background()
+	_, conn := migrationtest.Open(t)
+	pol, err := policy.Parse([]byte(`
+price_catalog: none
+prices:
+  - {model: claude-x, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 3, completion: 15, cached: 0.3, cache_write: 3.75, reasoning: 20}
+  - {model: o-x, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 2, completion: 8, cached: 0.5}
+`), "types.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pricetable.Sync(ctx, conn, pol.Prices(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	b, err := conn.PrepareBatch(ctx, `INSERT INTO usage_events (id, time, tenant, model, prompt_tokens, completion_tokens,
+cached_tokens, cache_write_tokens, reasoning_tokens, outcome, estimated, kafka_partition, kafka_offset, ingested_at)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := utc("2026-11-10T10:00:00Z")
+	// 1,000 plain input, 2,000 cache reads, 3,000 cache writes, 4,000
+	// plain output, 5,000 reasoning.
+	for i, model := range []string{"claude-x", "o-x"} {
+		if err := b.Append(fmt.Sprint("t", i), at, "types", model, uint64(6000), uint64(9000), uint64(2000), uint64(3000), uint64(5000),
+			"ok", uint8(0), int32(0), int64(i+1), at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]float64{
+		"claude-x": (1000*3 + 2000*0.3 + 3000*3.75 + 4000*15 + 5000*20) / 1e6,
+		"o-x":      (1000*2 + 2000*0.5 + 3000*2 + 4000*8 + 5000*8) / 1e6,
+	}
+	m, err := Monthly(ctx, conn, "types", "2026-11", time.UTC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Lines) != 2 {
+		t.Fatalf("report lines %+v, want one per model", m.Lines)
+	}
+	for _, l := range m.Lines {
+		if l.CachedTokens != 2000 || l.CacheWriteTokens != 3000 || l.ReasoningTokens != 5000 || l.TotalTokens != 15000 || !near(l.Cost, want[l.Model]) {
+			t.Errorf("report line %+v: want 2000 cached, 3000 cache-write, 5000 reasoning, 15000 total tokens, cost %v", l, want[l.Model])
+		}
+	}
+	if tot := m.Totals[0]; tot.CacheWriteTokens != 6000 || tot.ReasoningTokens != 10000 {
+		t.Errorf("report total %+v: want 6000 cache-write and 10000 reasoning tokens", tot)
+	}
+	for _, view := range []string{"usage_daily", "usage_monthly"} {
+		for model, cost := range want {
+			var (
+				cached, write, reasoning uint64
+				got                      float64
+			)
+			if err := conn.QueryRow(ctx, `SELECT toUInt64(sum(cached_tokens)), toUInt64(sum(cache_write_tokens)), toUInt64(sum(reasoning_tokens)), sum(cost)
+FROM `+view+` WHERE tenant = 'types' AND model = ?`, model).Scan(&cached, &write, &reasoning, &got); err != nil {
+				t.Fatal(err)
+			}
+			if cached != 2000 || write != 3000 || reasoning != 5000 || !near(got, cost) {
+				t.Errorf("%s %s: cached %d, cache-write %d, reasoning %d, cost %v; want 2000, 3000, 5000, %v", view, model, cached, write, reasoning, got, cost)
+			}
+		}
 	}
 }

@@ -40,6 +40,17 @@ def main() -> int:
     s.query("INSERT INTO usage_events (id, time, tenant, model, prompt_tokens, completion_tokens, cached_tokens, estimated, kafka_offset) VALUES "
             "('x', toDateTime('2026-11-29 23:59:50','UTC'), 'night','gpt-4o',1000,1000,0,1,6),"
             "('x', toDateTime('2026-11-30 00:00:20','UTC'), 'night','gpt-4o',100,50,0,0,7)")
+    # Every token type, priced apart (migrations 051, 052): 1,000 plain
+    # input, 2,000 cache reads, 3,000 cache writes, 4,000 plain output,
+    # 5,000 reasoning; the gpt-4o rows above, written without the new
+    # prices, bill cache writes and reasoning at prompt and completion.
+    s.query("INSERT INTO prices (model, currency, effective_from, prompt_per_million, completion_per_million, cached_per_million, "
+            "cache_write_per_million, reasoning_per_million, note, inserted_at) VALUES "
+            "('claude-x','USD',toDateTime('2026-01-01 00:00:00','UTC'),3,15,0.3,3.75,20,'',now())")
+    s.query("INSERT INTO usage_events (id, time, tenant, model, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, "
+            "reasoning_tokens, kafka_offset) VALUES "
+            "('t1', toDateTime('2026-11-10 10:00:00','UTC'), 'types','claude-x',6000,9000,2000,3000,5000,8),"
+            "('t2', toDateTime('2026-11-10 10:00:00','UTC'), 'types','gpt-4o',6000,9000,2000,3000,5000,9)")
     s.query("INSERT INTO quota_state (tenant, model, quota, period, period_start, used, quota_limit, mode, version) VALUES "
             "('acme','gpt-4o','monthly_tokens','month',toDateTime('2026-11-01 00:00:00','UTC'),2100,2000,'soft',1)")
     checks = {
@@ -49,10 +60,16 @@ def main() -> int:
         "SELECT toString(sum(unpriced_requests)) FROM usage_daily WHERE tenant = 'acme'": "1",
         "SELECT toString(round(sum(cost), 9)) FROM usage_daily WHERE day = toDate('2026-11-15') AND model = 'gpt-4o'": "0.007",
         "SELECT toString(sum(overage)) FROM soft_quota_overage": "100",
-        "SELECT toString(count()) FROM price_periods": "2",
+        "SELECT toString(count()) FROM price_periods": "3",
+        # 1000*3 + 2000*0.3 + 3000*3.75 + 4000*15 + 5000*20, per million
+        "SELECT toString(round(sum(cost), 9)) FROM usage_monthly WHERE tenant = 'types' AND model = 'claude-x'": "0.17485",
+        # the first gpt-4o price: 1000*2.5 + 2000*1.25 + 3000*2.5 + 4000*10 + 5000*10
+        "SELECT toString(round(sum(cost), 9)) FROM usage_daily WHERE tenant = 'types' AND model = 'gpt-4o'": "0.1025",
+        "SELECT toString(sum(cached_tokens)) || ' ' || toString(sum(cache_write_tokens)) || ' ' || toString(sum(reasoning_tokens)) "
+        "|| ' ' || toString(sum(total_tokens)) FROM usage_monthly WHERE tenant = 'types'": "4000 6000 10000 30000",
         # a0 predates gpt-4o's first price: kept, unpriced (migration 045)
         "SELECT toString(count()) FROM usage_priced WHERE priced = 0": "2",
-        "SELECT toString(count()) FROM usage_priced WHERE tenant != 'night'": "4",
+        "SELECT toString(count()) FROM usage_priced WHERE tenant NOT IN ('night', 'types')": "4",
         "SELECT toString(count()) || ' ' || toString(sum(total_tokens)) FROM usage_priced WHERE tenant = 'night'": "1 150",
         "SELECT toString(day) FROM usage_daily WHERE tenant = 'night'": "2026-11-30",
     }

@@ -26,6 +26,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
 )
@@ -69,8 +70,9 @@ func (b *Batch) Reset() {
 	b.Stamp = time.Time{}
 }
 
-// CostFunc prices one event, as the aggregator's state does.
-type CostFunc func(model string, at time.Time, prompt, completion, cached int64) float64
+// CostFunc prices one event, as the aggregator's state does, and weighs
+// it into billed-equivalent tokens with the same price.
+type CostFunc func(model string, at time.Time, tok policy.Tokens) (cost, billed float64)
 
 // Store writes to and reads from one ClickHouse database.
 type Store struct {
@@ -90,9 +92,10 @@ const insertEvents = `INSERT INTO usage_events (id, time, time_ms, tenant, model
  attribute_keys, attribute_values, kafka_partition, kafka_offset, ingested_at)`
 
 const insertMinutes = `INSERT INTO usage_minute (tenant, model, minute, requests, prompt_tokens, completion_tokens,
- cached_tokens, errors, slow_calls, cost, version, updated_at)`
+ cached_tokens, cache_write_tokens, reasoning_tokens, errors, slow_calls, cost, version, updated_at)`
 
-const insertQuotas = `INSERT INTO quota_state (tenant, model, quota, period, period_start, period_end, used, quota_limit,
+const insertQuotas = `INSERT INTO quota_state (tenant, model, quota, period, period_start, period_end, used,
+ cached_tokens, cache_write_tokens, reasoning_tokens, quota_limit,
  unit, mode, tier, rate_per_minute, predicted_exhaustion, predicted_earliest, predicted_latest, prediction_basis,
  version, updated_at)`
 
@@ -163,7 +166,8 @@ func (s *Store) Write(ctx context.Context, batches ...*Batch) error {
 			return fmt.Errorf("quota_state: prepare: %w", err)
 		}
 		for i, q := range quotas.quotas {
-			if err := batch.Append(q.Tenant, q.Model, q.Quota, q.Period, q.PeriodStart, q.PeriodEnd, q.Used, q.Limit,
+			if err := batch.Append(q.Tenant, q.Model, q.Quota, q.Period, q.PeriodStart, q.PeriodEnd, q.Used,
+				q.CachedTokens, q.CacheWriteTokens, q.ReasoningTokens, q.Limit,
 				q.Unit, q.Mode, q.Tier, q.Rate, orEpoch(q.PredictedExhaustion), orEpoch(q.PredictedEarliest), orEpoch(q.PredictedLatest),
 				q.PredictionBasis, quotas.versions[i], now); err != nil {
 				batch.Abort()
@@ -307,14 +311,16 @@ func minuteColumns(rows []tally.MinuteRow, version []uint64, now time.Time) []an
 	tenants, models := make([]string, n), make([]string, n)
 	minutes, updated := make([]time.Time, n), make([]time.Time, n)
 	req, prompt, completion, cached, errs, slow, versions := make([]uint64, n), make([]uint64, n), make([]uint64, n), make([]uint64, n), make([]uint64, n), make([]uint64, n), make([]uint64, n)
+	cacheWrite, reasoning := make([]uint64, n), make([]uint64, n)
 	cost := make([]float64, n)
 	for i := range rows {
 		m := &rows[i]
 		tenants[i], models[i], minutes[i] = m.Tenant, m.Model, m.Minute
 		req[i], prompt[i], completion[i], cached[i], errs[i], slow[i] = m.Requests, m.PromptTokens, m.CompletionTokens, m.CachedTokens, m.Errors, m.SlowCalls
+		cacheWrite[i], reasoning[i] = m.CacheWriteTokens, m.ReasoningTokens
 		cost[i], versions[i], updated[i] = m.Cost, version[i], now
 	}
-	return []any{tenants, models, minutes, req, prompt, completion, cached, errs, slow, cost, versions, updated}
+	return []any{tenants, models, minutes, req, prompt, completion, cached, cacheWrite, reasoning, errs, slow, cost, versions, updated}
 }
 
 // noStrings is the attribute columns' value for an event without
@@ -344,6 +350,7 @@ func attrs(m map[string]string) (keys, vals []string) {
 const distinctEvents = `SELECT id, tenant,
  argMax(model, kafka_offset), argMax(time, kafka_offset), argMax(time_ms, kafka_offset),
  argMax(prompt_tokens, kafka_offset), argMax(completion_tokens, kafka_offset), argMax(cached_tokens, kafka_offset),
+ argMax(cache_write_tokens, kafka_offset), argMax(reasoning_tokens, kafka_offset),
  argMax(status, kafka_offset), argMax(outcome, kafka_offset), argMax(latency_ms, kafka_offset),
  argMax(estimated, kafka_offset), max(kafka_offset) AS off
 FROM usage_events
@@ -364,6 +371,7 @@ ORDER BY off`
 const tenantEvents = `SELECT id, tenant,
  argMax(model, kafka_offset), argMax(time, kafka_offset), argMax(time_ms, kafka_offset),
  argMax(prompt_tokens, kafka_offset), argMax(completion_tokens, kafka_offset), argMax(cached_tokens, kafka_offset),
+ argMax(cache_write_tokens, kafka_offset), argMax(reasoning_tokens, kafka_offset),
  argMax(status, kafka_offset), argMax(outcome, kafka_offset), argMax(latency_ms, kafka_offset),
  argMax(estimated, kafka_offset), max(kafka_offset) AS off
 FROM usage_events
@@ -507,16 +515,19 @@ func (s *Store) scan(ctx context.Context, query string, fn func(ev *schemas.Usag
 			ev                         schemas.UsageEvent
 			tms, status                uint16
 			prompt, completion, cached uint64
+			cacheWrite, reasoning      uint64
 			latency                    uint32
 			outcome                    string
 			est                        uint8
 			off                        int64
 		)
-		if err := rows.Scan(&ev.ID, &ev.Tenant, &ev.Model, &ev.Time, &tms, &prompt, &completion, &cached, &status, &outcome, &latency, &est, &off); err != nil {
+		if err := rows.Scan(&ev.ID, &ev.Tenant, &ev.Model, &ev.Time, &tms, &prompt, &completion, &cached, &cacheWrite, &reasoning,
+			&status, &outcome, &latency, &est, &off); err != nil {
 			return n, fmt.Errorf("read events: scan: %w", err)
 		}
 		ev.Time = ev.Time.UTC().Add(time.Duration(tms) * time.Millisecond)
 		ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens = int64(prompt), int64(completion), int64(cached)
+		ev.CacheWriteTokens, ev.ReasoningTokens = int64(cacheWrite), int64(reasoning)
 		ev.Status, ev.Outcome, ev.LatencyMS, ev.Estimated = int(status), schemas.Outcome(outcome), int64(latency), est == 1
 		fn(&ev, off)
 		n++
@@ -548,6 +559,8 @@ func (s *Store) recompute(ctx context.Context, repairs []tally.LateMinute) ([]ta
 			row.PromptTokens += uint64(ev.PromptTokens)
 			row.CompletionTokens += uint64(ev.CompletionTokens)
 			row.CachedTokens += uint64(ev.CachedTokens)
+			row.CacheWriteTokens += uint64(ev.CacheWriteTokens)
+			row.ReasoningTokens += uint64(ev.ReasoningTokens)
 			if ev.Outcome == schemas.OutcomeError || ev.Outcome == schemas.OutcomeTimeout || ev.Status >= 500 {
 				row.Errors++
 			}
@@ -555,7 +568,8 @@ func (s *Store) recompute(ctx context.Context, repairs []tally.LateMinute) ([]ta
 				row.SlowCalls++
 			}
 			if cost != nil {
-				row.Cost += cost(ev.Model, ev.Time, ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens)
+				c, _ := cost(ev.Model, ev.Time, policy.TokensOf(ev))
+				row.Cost += c
 			}
 		})
 		if err != nil {
@@ -583,20 +597,29 @@ func (s *Store) recomputeQuotas(ctx context.Context, repairs []tally.QuotaRow) (
 		}
 		seen[k] = true
 		cond := fmt.Sprintf("tenant = '%s' AND time >= toDateTime(%d) AND time < toDateTime(%d)", quote(r.Tenant), r.PeriodStart.Unix(), r.PeriodEnd.Unix())
-		r.Used = 0
+		r.Used, r.CachedTokens, r.CacheWriteTokens, r.ReasoningTokens = 0, 0, 0, 0
 		_, err := s.scan(ctx, fmt.Sprintf(distinctEvents, cond), func(ev *schemas.UsageEvent, _ int64) {
 			if r.Model != "*" && ev.Model != r.Model {
 				return
 			}
+			r.CachedTokens += uint64(ev.CachedTokens)
+			r.CacheWriteTokens += uint64(ev.CacheWriteTokens)
+			r.ReasoningTokens += uint64(ev.ReasoningTokens)
 			switch r.Unit {
 			case "requests":
 				r.Used++
 			case "currency":
 				if cost != nil {
-					r.Used += cost(ev.Model, ev.Time, ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens)
+					c, _ := cost(ev.Model, ev.Time, policy.TokensOf(ev))
+					r.Used += c
 				}
 			default:
-				r.Used += float64(ev.PromptTokens + ev.CompletionTokens)
+				if r.Billed && cost != nil {
+					_, b := cost(ev.Model, ev.Time, policy.TokensOf(ev))
+					r.Used += b
+				} else {
+					r.Used += float64(ev.PromptTokens + ev.CompletionTokens)
+				}
 			}
 		})
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/aggregator/internal/tally"
 )
@@ -133,8 +134,9 @@ func TestOneWriteOfSeveralBatches(t *testing.T) {
 }
 
 // TestTokenTypesStored: the cache read, the cache write and the reasoning
-// tokens an event carries reach usage_events, each in its own column, so
-// that reports can price each token type.
+// tokens an event carries reach usage_events, and a minute's rollup
+// usage_minute, each in its own column, so that reports can price each
+// token type.
 func TestTokenTypesStored(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -143,8 +145,19 @@ func TestTokenTypesStored(t *testing.T) {
 	at := time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)
 	ev := schemas.UsageEvent{ID: "t1", Time: at, Tenant: "acme", Model: "claude", PromptTokens: 1200, CompletionTokens: 350,
 		CachedTokens: 700, CacheWriteTokens: 500, ReasoningTokens: 120}
-	if err := s.Write(ctx, &Batch{Version: 1, Events: []Event{{UsageEvent: ev, Offset: 1}}}); err != nil {
+	b := &Batch{Version: 1, Events: []Event{{UsageEvent: ev, Offset: 1}}}
+	b.Rows.Minutes = []tally.MinuteRow{{Tenant: "acme", Model: "claude", Minute: at, Requests: 1, PromptTokens: 1200, CompletionTokens: 350,
+		CachedTokens: 700, CacheWriteTokens: 500, ReasoningTokens: 120}}
+	if err := s.Write(ctx, b); err != nil {
 		t.Fatal(err)
+	}
+	var minRead, minWrite, minReasoning uint64
+	if err := conn.QueryRow(ctx, "SELECT cached_tokens, cache_write_tokens, reasoning_tokens FROM usage_minute FINAL WHERE tenant = 'acme'").
+		Scan(&minRead, &minWrite, &minReasoning); err != nil {
+		t.Fatal(err)
+	}
+	if minRead != 700 || minWrite != 500 || minReasoning != 120 {
+		t.Errorf("usage_minute cache read %d cache write %d reasoning %d, want 700 500 120", minRead, minWrite, minReasoning)
 	}
 	var prompt, completion, read, write, reasoning uint64
 	if err := conn.QueryRow(ctx, "SELECT prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, reasoning_tokens FROM usage_events WHERE id = 't1'").
@@ -154,6 +167,15 @@ func TestTokenTypesStored(t *testing.T) {
 	if prompt != 1200 || completion != 350 || read != 700 || write != 500 || reasoning != 120 {
 		t.Errorf("stored prompt %d completion %d cache read %d cache write %d reasoning %d, want 1200 350 700 500 120",
 			prompt, completion, read, write, reasoning)
+	}
+	// A rebuild from ClickHouse sees every type, so that a restarted
+	// aggregator prices the event as the one that first counted it.
+	var got []schemas.UsageEvent
+	if _, err := s.Replay(ctx, 0, 2, func(e *schemas.UsageEvent, _ int64) { got = append(got, *e) }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].CachedTokens != 700 || got[0].CacheWriteTokens != 500 || got[0].ReasoningTokens != 120 {
+		t.Errorf("replayed %+v, want the one event with 700 cache read, 500 cache write and 120 reasoning tokens", got)
 	}
 }
 
@@ -169,4 +191,51 @@ func migratedDB(t testing.TB, ctx context.Context) driver.Conn {
 		t.Fatal(err)
 	}
 	return conn
+}
+
+// TestQuotaRepairWeighsBilledQuotas: a closed period's quota row
+// recomputed from the raw events counts billed-equivalent tokens for a
+// quota that counts them, total tokens for one that does not.
+func TestQuotaRepairWeighsBilledQuotas(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn := migratedDB(t, ctx)
+	// Cache reads at a quarter of the input price: prompt 1000 with 800
+	// read, completion 100 at four times input.
+	weigh := func(_ string, _ time.Time, tok policy.Tokens) (float64, float64) {
+		return 0, float64(tok.Prompt-tok.Cached) + float64(tok.Cached)*0.25 + float64(tok.Completion)*4
+	}
+	s := New(conn, func() CostFunc { return weigh }, 1000)
+	at := time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)
+	b := &Batch{Version: 1, Events: []Event{{UsageEvent: schemas.UsageEvent{ID: "q1", Time: at, Tenant: "acme", Model: "m",
+		PromptTokens: 1000, CachedTokens: 800, CompletionTokens: 100}, Offset: 1}}}
+	hour := at.Truncate(time.Hour)
+	for _, billed := range []bool{true, false} {
+		b.Rows.QuotaRepairs = append(b.Rows.QuotaRepairs, tally.QuotaRow{Tenant: "acme", Model: map[bool]string{true: "*", false: "m"}[billed],
+			Quota: "hourly_tokens", Period: "hour", PeriodStart: hour, PeriodEnd: hour.Add(time.Hour), Unit: "tokens", Mode: "hard", Billed: billed})
+	}
+	if err := s.Write(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := conn.Query(ctx, "SELECT model, used, cached_tokens FROM quota_state FINAL WHERE tenant = 'acme'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	used := map[string]float64{}
+	for rows.Next() {
+		var m string
+		var u float64
+		var cached uint64
+		if err := rows.Scan(&m, &u, &cached); err != nil {
+			t.Fatal(err)
+		}
+		used[m] = u
+		if cached != 800 {
+			t.Errorf("recomputed %s row: cache read %d, want 800", m, cached)
+		}
+	}
+	if used["*"] != 200+800*0.25+100*4 || used["m"] != 1100 {
+		t.Errorf("recomputed used %v, want * 800 (billed-equivalent) and m 1100 (total)", used)
+	}
 }

@@ -71,7 +71,21 @@ func (q *quotaState) of(pp *period) float64 {
 	case schemas.UnitRequests:
 		return float64(pp.requests)
 	}
+	if q.q.Billed {
+		return pp.billed
+	}
 	return float64(pp.tokens)
+}
+
+// tokenScale is what one token of the token rate counts in q: the
+// settled period's billed-to-total ratio for a billed quota (the pace of
+// billed-equivalent tokens at the period's mix so far), 1 otherwise.
+func (s *Series) tokenScale(q *quotaState) float64 {
+	st := &s.settled[q.kind]
+	if !q.q.Billed || st.tokens <= 0 || st.billed <= 0 {
+		return 1
+	}
+	return st.billed / float64(st.tokens)
 }
 
 // base fills what every quota signal of s carries.
@@ -224,7 +238,9 @@ func (s *Series) predict(ts, offset int64, p *Partition) {
 			q.predAt, q.predLo, q.predHi, q.predicted = q.exhaustedAt, q.exhaustedAt, q.exhaustedAt, false
 			continue
 		}
-		est, ok := s.forecastExhaustion(q.q.Unit == schemas.UnitCurrency, q.q.Limit-settled)
+		scale := s.tokenScale(q)
+		est, ok := s.forecastExhaustion(q.q.Unit == schemas.UnitCurrency, (q.q.Limit-settled)/scale)
+		est.rate *= scale
 		q.rate = est.rate
 		q.predAt, q.predLo, q.predHi, q.basis = 0, 0, 0, ""
 		left := float64(b.end-now) / 60
@@ -383,7 +399,10 @@ type MinuteRow struct {
 	Minute                                   time.Time
 	Requests, PromptTokens, CompletionTokens uint64
 	CachedTokens, Errors, SlowCalls          uint64
-	Cost                                     float64
+	// CacheWriteTokens and ReasoningTokens are parts of PromptTokens and
+	// CompletionTokens, as CachedTokens is.
+	CacheWriteTokens, ReasoningTokens uint64
+	Cost                              float64
 }
 
 // QuotaRow is usage against one quota in one period, for quota_state.
@@ -400,6 +419,12 @@ type QuotaRow struct {
 	// period); PredictionBasis is BasisRates or BasisForecast.
 	PredictedEarliest, PredictedLatest time.Time
 	PredictionBasis                    string
+	// Billed: Used counts billed-equivalent tokens (policy.Quota.Billed),
+	// so a recompute from raw events must weigh them the same way.
+	Billed bool
+	// CachedTokens, CacheWriteTokens and ReasoningTokens are the token
+	// types of the period's usage of the model key, whatever the unit.
+	CachedTokens, CacheWriteTokens, ReasoningTokens uint64
 }
 
 // LateMinute names a minute an event arrived for after its rollup left
@@ -473,7 +498,9 @@ func (p *Partition) ClearDirty() {
 func (s *Series) quotaRow(q *quotaState, j int) QuotaRow {
 	b := s.t.bounds[q.kind][j]
 	used := math.Max(s.used(q, j), 0)
+	pp := &s.per[q.kind][j]
 	r := QuotaRow{
+		CachedTokens: clampU(pp.cached), CacheWriteTokens: clampU(pp.cacheWrite), ReasoningTokens: clampU(pp.reasoning),
 		Tenant: s.t.id, Model: s.model, Quota: string(q.q.Name), Period: string(q.q.Period),
 		PeriodStart: time.Unix(b.start, 0).UTC(), PeriodEnd: time.Unix(b.end, 0).UTC(),
 		Used: used, Limit: q.q.Limit, Unit: string(q.q.Unit), Mode: string(q.q.Mode),
@@ -483,7 +510,7 @@ func (s *Series) quotaRow(q *quotaState, j int) QuotaRow {
 		if r.Rate == 0 && q.q.Unit == schemas.UnitTokens {
 			// The forecast needs a few minutes of history; until then show
 			// the observed pace so a fresh burst is visible at once.
-			r.Rate = s.observedTokenRate()
+			r.Rate = s.observedTokenRate() * s.tokenScale(q)
 		}
 		if q.predAt != 0 {
 			r.PredictedExhaustion = time.Unix(q.predAt, 0).UTC()

@@ -211,6 +211,12 @@ func (t *tenant) evaluate(s *Series, ts, offset int64, p *Partition) {
 type period struct {
 	tokens, requests int64
 	cost             float64
+	// billed is tokens in billed-equivalent tokens (policy, "Billed-
+	// equivalent tokens"), which quotas with count: billed read.
+	billed float64
+	// cached, cacheWrite and reasoning are the token types among tokens,
+	// which quota_state rows carry.
+	cached, cacheWrite, reasoning int64
 }
 
 type rateCell struct {
@@ -222,6 +228,7 @@ type rateCell struct {
 type rollup struct {
 	min                                         int64
 	req, prompt, completion, cached, errs, slow int64
+	cacheWrite, reasoning                       int64
 	cost                                        float64
 	dirty                                       bool
 }
@@ -350,7 +357,7 @@ func (s *Series) setQuotas(qs []quotaSpec) (changed bool) {
 
 func (s *Series) addPeriods(r *idRec, sign int64, p *Partition) {
 	tok := (int64(r.prompt) + int64(r.completion)) * sign
-	cost := r.cost * float64(sign)
+	cost, billed := r.cost*float64(sign), r.billed*float64(sign)
 	for k := range 3 {
 		b := &s.t.bounds[k]
 		var pp *period
@@ -369,11 +376,16 @@ func (s *Series) addPeriods(r *idRec, sign int64, p *Partition) {
 		pp.tokens += tok
 		pp.requests += sign
 		pp.cost += cost
+		pp.billed += billed
+		pp.cached += int64(r.cached) * sign
+		pp.cacheWrite += int64(r.cacheWrite) * sign
+		pp.reasoning += int64(r.reasoning) * sign
 		if pp == &s.per[k][0] && r.flags&flagEstimated == 0 {
 			st := &s.settled[k]
 			st.tokens += tok
 			st.requests += sign
 			st.cost += cost
+			st.billed += billed
 		}
 	}
 }
@@ -457,6 +469,8 @@ func (s *Series) addMinute(r *idRec, sign int64, p *Partition) {
 	rl.prompt += int64(r.prompt) * sign
 	rl.completion += int64(r.completion) * sign
 	rl.cached += int64(r.cached) * sign
+	rl.cacheWrite += int64(r.cacheWrite) * sign
+	rl.reasoning += int64(r.reasoning) * sign
 	if r.flags&flagError != 0 {
 		rl.errs += sign
 	}
@@ -488,22 +502,23 @@ func (s *Series) completeMinutes(m int64) {
 }
 
 // cost prices tokens of the series' model at ts, at the policy's
-// unpriced_price when no price is in force (policy.CostSpan); priced says
-// which.
-func (s *Series) cost(p *Partition, ts, prompt, completion, cached int64) (cost float64, priced bool) {
+// unpriced_price when no price is in force (policy.CostSpan), and weighs
+// them into billed-equivalent tokens with the same price; priced says
+// whether a price was in force.
+func (s *Series) cost(p *Partition, ts int64, tok policy.Tokens) (cost, billed float64, priced bool) {
 	if s.priceFor != p.pol || ts < s.priceFrom || ts >= s.priceEnd {
 		s.priceFor = p.pol
 		s.price, s.priceOK, s.priceFrom, s.priceEnd = p.pol.CostSpan(s.model, ts)
 	}
-	return s.price.Cost(prompt, completion, cached), s.priceOK
+	return s.price.Cost(tok), s.price.BilledTokens(tok), s.priceOK
 }
 
-// costOf prices tokens of model at ts without a series' cache: for events
-// folded into the OtherModel bucket, which must cost what their real model
-// costs so the tenant's budget stays exact.
-func (p *Partition) costOf(model string, ts, prompt, completion, cached int64) (cost float64, priced bool) {
+// costOf is cost without a series' cache: for events folded into the
+// OtherModel bucket, which must cost what their real model costs so the
+// tenant's budget stays exact.
+func (p *Partition) costOf(model string, ts int64, tok policy.Tokens) (cost, billed float64, priced bool) {
 	pr, ok, _, _ := p.pol.CostSpan(model, ts)
-	return pr.Cost(prompt, completion, cached), ok
+	return pr.Cost(tok), pr.BilledTokens(tok), ok
 }
 
 // windowRate returns tokens and requests per minute over the last minutes
@@ -545,6 +560,7 @@ func (rl *rollup) row(s *Series) MinuteRow {
 		Tenant: s.t.id, Model: s.model, Minute: time.Unix(rl.min*60, 0).UTC(),
 		Requests: clampU(rl.req), PromptTokens: clampU(rl.prompt), CompletionTokens: clampU(rl.completion),
 		CachedTokens: clampU(rl.cached), Errors: clampU(rl.errs), SlowCalls: clampU(rl.slow), Cost: math.Max(rl.cost, 0),
+		CacheWriteTokens: clampU(rl.cacheWrite), ReasoningTokens: clampU(rl.reasoning),
 	}
 }
 
@@ -571,7 +587,7 @@ func (s *Series) repairPeriod(k int, ts int64, p *Partition) {
 		p.quotaRepairs = append(p.quotaRepairs, QuotaRow{
 			Tenant: s.t.id, Model: s.model, Quota: string(q.q.Name), Period: string(q.q.Period),
 			PeriodStart: time.Unix(b.start, 0).UTC(), PeriodEnd: time.Unix(b.end, 0).UTC(),
-			Limit: q.q.Limit, Unit: string(q.q.Unit), Mode: string(q.q.Mode),
+			Limit: q.q.Limit, Unit: string(q.q.Unit), Mode: string(q.q.Mode), Billed: q.q.Billed,
 		})
 	}
 }

@@ -40,7 +40,11 @@ import (
 
 // SnapshotVersion is the format version Snapshot writes and Load accepts.
 // Change it with any change to what the state holds.
-const SnapshotVersion = 1
+//
+// 2: remembered ids and rollups hold cache-write and reasoning tokens,
+// remembered ids and periods billed-equivalent tokens, periods the token
+// types.
+const SnapshotVersion = 2
 
 // snapshotMagic starts every snapshot.
 const snapshotMagic = "SLTSNAP"
@@ -372,8 +376,11 @@ func (c *StateCopy) Snapshot(dst []byte, fp string) ([]byte, error) {
 		e.i(int64(r.prompt))
 		e.i(int64(r.completion))
 		e.i(int64(r.cached))
+		e.i(int64(r.cacheWrite))
+		e.i(int64(r.reasoning))
 		e.u(uint64(r.flags))
 		e.f(r.cost)
+		e.f(r.billed)
 	}
 	e.b = binary.LittleEndian.AppendUint32(e.b, crc32.ChecksumIEEE(e.b[start:]))
 	return e.b, nil
@@ -401,7 +408,7 @@ func encodeSeries(e *enc, s *seriesCopy, c *seriesCounters, rates []rateEntry) {
 	for i := range c.roll {
 		r := &c.roll[i]
 		e.i(r.min)
-		for _, v := range [...]int64{r.req, r.prompt, r.completion, r.cached, r.errs, r.slow} {
+		for _, v := range [...]int64{r.req, r.prompt, r.completion, r.cached, r.cacheWrite, r.reasoning, r.errs, r.slow} {
 			e.i(v)
 		}
 		e.f(r.cost)
@@ -578,7 +585,8 @@ func Load(id int32, opt Options, pol *policy.Policy, fp string, data []byte) (*P
 	for n := d.count(); n > 0 && d.err == nil; n-- {
 		k := d.u64()
 		o := d.i()
-		r := idRec{ts: d.i(), prompt: int32(d.i()), completion: int32(d.i()), cached: int32(d.i()), flags: uint8(d.u()), cost: d.f()}
+		r := idRec{ts: d.i(), prompt: int32(d.i()), completion: int32(d.i()), cached: int32(d.i()), cacheWrite: int32(d.i()),
+			reasoning: int32(d.i()), flags: uint8(d.u()), cost: d.f(), billed: d.f()}
 		switch {
 		case o >= 0 && o < int64(len(p.series)):
 			r.series = int32(o) // Load created the series in the order Snapshot wrote them
@@ -620,7 +628,7 @@ func (s *Series) decode(d *dec) error {
 	for i := range s.roll {
 		r := &s.roll[i]
 		r.min = d.i()
-		r.req, r.prompt, r.completion, r.cached, r.errs, r.slow = d.i(), d.i(), d.i(), d.i(), d.i(), d.i()
+		r.req, r.prompt, r.completion, r.cached, r.cacheWrite, r.reasoning, r.errs, r.slow = d.i(), d.i(), d.i(), d.i(), d.i(), d.i(), d.i(), d.i()
 		r.cost = d.f()
 		r.dirty = d.bool()
 	}
@@ -698,7 +706,15 @@ func (e *enc) bool(v bool) {
 		e.b = append(e.b, 0)
 	}
 }
-func (e *enc) period(v period) { e.i(v.tokens); e.i(v.requests); e.f(v.cost) }
+func (e *enc) period(v period) {
+	e.i(v.tokens)
+	e.i(v.requests)
+	e.f(v.cost)
+	e.f(v.billed)
+	e.i(v.cached)
+	e.i(v.cacheWrite)
+	e.i(v.reasoning)
+}
 
 // dec reads what enc wrote. The first error sticks (later reads return
 // zeros), so a decoder checks err once per record.
@@ -788,7 +804,9 @@ func (d *dec) bool() bool {
 	return v != 0
 }
 
-func (d *dec) period() period { return period{tokens: d.i(), requests: d.i(), cost: d.f()} }
+func (d *dec) period() period {
+	return period{tokens: d.i(), requests: d.i(), cost: d.f(), billed: d.f(), cached: d.i(), cacheWrite: d.i(), reasoning: d.i()}
+}
 
 // Policy returns the policy the state applies (SetPolicy's latest).
 func (p *Partition) Policy() *policy.Policy { return p.pol }

@@ -210,11 +210,14 @@ type heldEvent struct {
 // idRec is what one counted event contributed, so a settlement can take it
 // back. Token counts fit in int32 after the schema's per-event limit (1e9).
 type idRec struct {
-	series                     int32
-	ts                         int64
-	prompt, completion, cached int32
-	flags                      uint8
-	cost                       float64
+	series int32
+	// cacheWrite sits here, in what would be padding before ts.
+	cacheWrite                            int32
+	ts                                    int64
+	prompt, completion, cached, reasoning int32
+	flags                                 uint8
+	cost                                  float64
+	billed                                float64 // billed-equivalent tokens
 }
 
 const (
@@ -439,6 +442,8 @@ func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 		prompt:     int32(ev.PromptTokens),
 		completion: int32(ev.CompletionTokens),
 		cached:     int32(ev.CachedTokens),
+		cacheWrite: int32(ev.CacheWriteTokens),
+		reasoning:  int32(ev.ReasoningTokens),
 	}
 	if ev.Estimated {
 		rec.flags |= flagEstimated
@@ -454,9 +459,9 @@ func (p *Partition) Apply(ev *schemas.UsageEvent, offset int64) Result {
 	}
 	var priced bool
 	if folded {
-		rec.cost, priced = p.costOf(ev.Model, ts, ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens)
+		rec.cost, rec.billed, priced = p.costOf(ev.Model, ts, policy.TokensOf(ev))
 	} else {
-		rec.cost, priced = s.cost(p, ts, ev.PromptTokens, ev.CompletionTokens, ev.CachedTokens)
+		rec.cost, rec.billed, priced = s.cost(p, ts, policy.TokensOf(ev))
 	}
 	if !priced {
 		p.unpricedEvent(t, ev, offset)

@@ -266,6 +266,66 @@ func TestCostUsesPriceInForce(t *testing.T) {
 	// Budget 10 USD: the first event alone (12 USD) exhausted it.
 }
 
+// TestCostChargesEachTokenType: the budget counts an event with every
+// token type at each type's own price — cache reads, cache writes and
+// reasoning apart from plain input and output — and the minute rollup
+// carries each type; a settlement takes its estimate back whole, every
+// type included, also after the state went through a snapshot.
+func TestCostChargesEachTokenType(t *testing.T) {
+	p := New(0, DefaultOptions())
+	p.SetPolicy(mustPolicy(t, strings.Replace(testPolicy, "cached: 2.5}", "cached: 2.5, cache_write: 6.25, reasoning: 30}", 1)))
+	at := time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC)
+	est := ev("a", at, 50_000, 50_000)
+	est.Estimated = true
+	est.CachedTokens, est.CacheWriteTokens, est.ReasoningTokens = 40_000, 7_000, 20_000
+	p.Apply(est, 0)
+	p.TakeSignals()
+	p.Drain(&Rows{})
+	snap, err := p.Snapshot(nil, "fp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := Load(0, DefaultOptions(), p.pol, "fp", snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 1,000 plain input, 2,000 cache reads, 3,000 cache writes, 4,000
+	// plain output, 5,000 reasoning.
+	e := ev("a", at, 6000, 9000)
+	e.CachedTokens, e.CacheWriteTokens, e.ReasoningTokens = 2000, 3000, 5000
+	want := (1000*5 + 2000*2.5 + 3000*6.25 + 4000*20 + 5000*30) / 1e6
+	for name, p := range map[string]*Partition{"state": p, "state loaded from a snapshot": l} {
+		p.Apply(e, 1)
+		for _, model := range []string{"gpt-4o", "*"} {
+			tok, _, cost, _, _ := p.Totals("acme", model, "month")
+			if tok != 15000 || math.Abs(cost-want) > 1e-12 {
+				t.Errorf("%s, %s month: %d tokens costing %v; want 15000 tokens costing %v", name, model, tok, cost, want)
+			}
+		}
+		var rows Rows
+		p.Drain(&rows)
+		var m MinuteRow
+		for _, r := range rows.Minutes {
+			if r.Model == "gpt-4o" {
+				m = r
+			}
+		}
+		if m.PromptTokens != 6000 || m.CachedTokens != 2000 || m.CacheWriteTokens != 3000 || m.ReasoningTokens != 5000 ||
+			math.Abs(m.Cost-want) > 1e-12 {
+			t.Errorf("%s, minute rollup %+v: want 6000 prompt, 2000 cache read, 3000 cache write, 5000 reasoning tokens costing %v", name, m, want)
+		}
+		for _, q := range rows.Quotas {
+			if q.CachedTokens != 2000 || q.CacheWriteTokens != 3000 || q.ReasoningTokens != 5000 {
+				t.Errorf("%s, quota_state row %s/%s: cache read %d, cache write %d, reasoning %d; want 2000, 3000, 5000",
+					name, q.Model, q.Quota, q.CachedTokens, q.CacheWriteTokens, q.ReasoningTokens)
+			}
+		}
+		if len(rows.Quotas) == 0 {
+			t.Errorf("%s: no quota_state rows", name)
+		}
+	}
+}
+
 func TestSlidingRatesAndRateExceeded(t *testing.T) {
 	p := newPart(t)
 	for m := 0; m < 10; m++ {
@@ -647,5 +707,42 @@ func TestMinuteQuotasAreSlidingWindows(t *testing.T) {
 			t.Fatalf("rate_exceeded at %v while the throttle until %v still ran: %+v", sg.Time, until, sg)
 		}
 		until = sg.PeriodEnd
+	}
+}
+
+// TestBilledQuotaCountsBilledEquivalentTokens: a quota with count: billed
+// counts each token type at its price over the input price, so cheap
+// cache reads leave it room that total tokens would have used up; a
+// total quota beside it counts every token.
+func TestBilledQuotaCountsBilledEquivalentTokens(t *testing.T) {
+	p := New(0, DefaultOptions())
+	p.SetPolicy(mustPolicy(t, `
+tenants:
+  acme:
+    models:
+      "*": {monthly_tokens: 10000, count: billed}
+      gpt-x: {monthly_tokens: 10000}
+prices:
+  - {model: gpt-x, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 2, completion: 8, cached: 0.5}
+`))
+	// 1,000 plain input, 9,000 cache reads at a quarter, 1,000 output at
+	// four times the input price: 7,250 billed-equivalent, 11,000 total.
+	e := &schemas.UsageEvent{ID: "a", Time: t0, Tenant: "acme", Model: "gpt-x", PromptTokens: 10000, CachedTokens: 9000, CompletionTokens: 1000}
+	p.Apply(e, 0)
+	var exhausted []string
+	for _, s := range kinds(p.TakeSignals(), schemas.SignalQuotaExhausted) {
+		exhausted = append(exhausted, s.Model+"/"+string(s.Quota))
+	}
+	if strings.Join(exhausted, ",") != "gpt-x/monthly_tokens" {
+		t.Errorf("exhausted %v, want gpt-x/monthly_tokens only (11,000 total tokens; * counts 7,250 billed)", exhausted)
+	}
+	var rows Rows
+	p.Drain(&rows)
+	used := map[string]float64{}
+	for _, r := range rows.Quotas {
+		used[r.Model] = r.Used
+	}
+	if used["*"] != 7250 || used["gpt-x"] != 11000 {
+		t.Errorf("quota_state used %v, want * 7250 (billed) and gpt-x 11000 (total)", used)
 	}
 }
