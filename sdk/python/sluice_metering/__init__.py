@@ -11,6 +11,8 @@ The same contracts as the Go SDK (module github.com/sluicehq/sluice):
   scripts of sdk/go/admission (docs/admission.md);
 - ``sluice_metering.policy``: the policy file's admission rules, the Go policy
   package's AdmissionRules (docs/python-sdk.md);
+- ``sluice_metering.usage``: what a provider's answer says it used (OpenAI,
+  Azure, Anthropic, Gemini), read as the Go SDK's providerusage reads it;
 - ``sluice_metering.litellm``: a LiteLLM proxy hook built on the above
   (docs/litellm.md).
 """
