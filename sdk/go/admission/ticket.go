@@ -22,9 +22,9 @@ type Ticket struct {
 	id  string // Request.ID, for logs
 	// seq numbers an admission Redis decided at its Limiter: with the
 	// Limiter's nonce, the id of its settlement's markers (settleID).
-	seq                uint64
-	est amounts // what Admit debited, per unit
-	atMs               int64 // Redis clock of the debit
+	seq  uint64
+	est  amounts // what Admit debited, per unit
+	atMs int64   // Redis clock of the debit
 	// atMsBy, when set, is each instance's Redis clock of its debit
 	// (several slot groups on a Cluster: several clocks).
 	atMsBy []int64
