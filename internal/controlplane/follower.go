@@ -3,13 +3,11 @@ package controlplane
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/platform/kafkaconn"
@@ -58,27 +56,8 @@ func (f *Follower) Collector() prometheus.Collector { return f.records }
 // once: a process that serves only after it returns knows every key issued
 // before it started.
 func (f *Follower) CatchUp(ctx context.Context) error {
-	ends, err := kafkaconn.EndOffsets(ctx, kadm.NewClient(f.cl), f.topic)
-	if err != nil {
+	if err := kafkaconn.ReadToEnd(ctx, f.cl, f.topic, func(r *kgo.Record) { f.apply(r) }); err != nil {
 		return err
-	}
-	remaining := map[int32]int64{}
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Offset > 0 {
-			remaining[o.Partition] = o.Offset
-		}
-	})
-	for len(remaining) > 0 {
-		fs := f.cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("reading %s to its end: %w", f.topic, err)
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			f.apply(r)
-			if end, ok := remaining[r.Partition]; ok && r.Offset+1 >= end {
-				delete(remaining, r.Partition)
-			}
-		})
 	}
 	if f.onChange != nil {
 		f.onChange()

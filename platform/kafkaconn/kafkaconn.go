@@ -274,6 +274,36 @@ func Ready(cl *kgo.Client) func(context.Context) error {
 	}
 }
 
+// ReadToEnd polls cl, a client consuming topic, handing each record to
+// apply, until it has read every partition up to the end offsets the
+// topic has when it is called: a follower of a compacted topic (the admin
+// topic's overrides, API keys) knows all of it before it serves.
+func ReadToEnd(ctx context.Context, cl *kgo.Client, topic string, apply func(*kgo.Record)) error {
+	ends, err := EndOffsets(ctx, kadm.NewClient(cl), topic)
+	if err != nil {
+		return err
+	}
+	remaining := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			remaining[o.Partition] = o.Offset
+		}
+	})
+	for len(remaining) > 0 {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("kafka: reading %s to its end: %w", topic, err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			apply(r)
+			if end, ok := remaining[r.Partition]; ok && r.Offset+1 >= end {
+				delete(remaining, r.Partition)
+			}
+		})
+	}
+	return nil
+}
+
 // EndOffsets lists topic's end offsets. A topic created a moment ago (here
 // or by another service starting beside this one) can be unknown to the
 // broker that answers until metadata has propagated, so it retries on

@@ -8,8 +8,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/internal/adminlog"
@@ -62,44 +60,11 @@ func newAdminFollower(ctx context.Context, kc kafkaconn.Config, topic string, au
 	if err != nil {
 		return nil, err
 	}
-	adm := kadm.NewClient(cl)
-	compact := "compact"
-	resp, err := adm.CreateTopics(ctx, 1, kc.ReplicationFactor, kafkaconn.TopicConfigs(ctx, adm, kc, map[string]*string{"cleanup.policy": &compact}), topic)
-	if err == nil {
-		err = resp.Error()
-	}
-	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+	if err := kafkaconn.EnsureCompactedTopic(ctx, cl, kc, topic); err != nil {
 		cl.Close()
-		return nil, fmt.Errorf("admin topic %s: %w", topic, err)
+		return nil, fmt.Errorf("admin topic: %w", err)
 	}
 	return &adminFollower{cl: cl, actions: adminlog.New(auth.For(signalauth.AdminActions))}, nil
-}
-
-// catchUp reads the topic up to the end offsets it has now.
-func (f *adminFollower) catchUp(ctx context.Context, topic string, apply func(*kgo.Record)) error {
-	ends, err := kafkaconn.EndOffsets(ctx, kadm.NewClient(f.cl), topic)
-	if err != nil {
-		return err
-	}
-	remaining := map[int32]int64{}
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Offset > 0 {
-			remaining[o.Partition] = o.Offset
-		}
-	})
-	for len(remaining) > 0 {
-		fs := f.cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			apply(r)
-			if end, ok := remaining[r.Partition]; ok && r.Offset+1 >= end {
-				delete(remaining, r.Partition)
-			}
-		})
-	}
-	return nil
 }
 
 // adminRecord folds one admin record into the follower's state and returns

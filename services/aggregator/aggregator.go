@@ -395,7 +395,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 		return fmt.Errorf("aggregator: %w", err)
 	}
 	defer a.admin.cl.Close()
-	if err := a.admin.catchUp(ctx, cfg.AdminTopic, func(r *kgo.Record) { a.adminRecord(r) }); err != nil {
+	if err := kafkaconn.ReadToEnd(ctx, a.admin.cl, cfg.AdminTopic, func(r *kgo.Record) { a.adminRecord(r) }); err != nil {
 		return fmt.Errorf("aggregator: read admin topic %s: %w", cfg.AdminTopic, err)
 	}
 	cl, err := kafkaconn.NewClient(env.Kafka, a.kafkaOptions()...)

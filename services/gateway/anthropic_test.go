@@ -40,6 +40,29 @@ func (c *charges) add(ch mockllm.Charge) {
 	c.all = append(c.all, ch)
 }
 
+// wantCutStreamCounted waits for the client scripts' fourth call, the
+// stream py-cut that the client cuts after a few chunks, to be billed by
+// the mock provider and settled, and checks the settlement: the prompt
+// the provider billed, the output the gateway relayed (counted by it, a
+// few tokens of the thirty asked for), marked cancelled by the client.
+func wantCutStreamCounted(t *testing.T, g *gw, bill *charges) {
+	t.Helper()
+	itest.Eventually(t, 10*time.Second, "the cut stream's bill and settlement", func() bool {
+		n := 0
+		for _, ev := range g.sink.Events() {
+			if ev.Attributes["request_id"] == "py-cut" && !ev.Estimated {
+				n++
+			}
+		}
+		return len(bill.list()) == 4 && n == 1
+	})
+	ch, ev := bill.list()[3], g.settlement(t, "py-cut")
+	if !ch.Cut || ev.PromptTokens != ch.Input || ev.CompletionTokens < 3 || ev.CompletionTokens >= 30 ||
+		ev.Attributes["cancelled"] != "client" || ev.Attributes["usage"] != "counted" {
+		t.Errorf("cut stream settled %+v; the provider billed %+v", ev, ch)
+	}
+}
+
 func (c *charges) list() []mockllm.Charge {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -345,20 +368,7 @@ func TestOfficialAnthropicClient(t *testing.T) {
 	if res.Text == "" || res.CutDeltas != 3 || res.CountTokens != mockllm.PromptTokens("hello there") {
 		t.Errorf("client results: %s", out)
 	}
-	itest.Eventually(t, 10*time.Second, "the cut stream's bill and settlement", func() bool {
-		n := 0
-		for _, ev := range g.sink.Events() {
-			if ev.Attributes["request_id"] == "py-cut" && !ev.Estimated {
-				n++
-			}
-		}
-		return len(bill.list()) == 4 && n == 1
-	})
-	ch, ev := bill.list()[3], g.settlement(t, "py-cut")
-	if !ch.Cut || ev.PromptTokens != ch.Input || ev.CompletionTokens < 3 || ev.CompletionTokens >= 30 ||
-		ev.Attributes["cancelled"] != "client" || ev.Attributes["usage"] != "counted" {
-		t.Errorf("cut stream settled %+v; the provider billed %+v", ev, ch)
-	}
+	wantCutStreamCounted(t, g, bill)
 	for i, id := range []string{"py-plain", "py-cached", "py-stream"} {
 		wantCharged(t, id, g.settlement(t, id), bill.list()[i])
 	}

@@ -300,20 +300,7 @@ func TestOfficialGeminiClient(t *testing.T) {
 	if res.Text == "" || res.CutChunks != 3 || res.CountTokens != mockllm.PromptTokens("hello there") {
 		t.Errorf("client results: %s", out)
 	}
-	itest.Eventually(t, 10*time.Second, "the cut stream's bill and settlement", func() bool {
-		n := 0
-		for _, ev := range g.sink.Events() {
-			if ev.Attributes["request_id"] == "py-cut" && !ev.Estimated {
-				n++
-			}
-		}
-		return len(bill.list()) == 4 && n == 1
-	})
-	ch, ev := bill.list()[3], g.settlement(t, "py-cut")
-	if !ch.Cut || ev.PromptTokens != ch.Input || ev.CompletionTokens < 3 || ev.CompletionTokens >= 30 ||
-		ev.Attributes["cancelled"] != "client" || ev.Attributes["usage"] != "counted" {
-		t.Errorf("cut stream settled %+v; the provider billed %+v", ev, ch)
-	}
+	wantCutStreamCounted(t, g, bill)
 	for i, id := range ids {
 		wantGeminiCharged(t, id, g.settlement(t, id), bill.list()[i])
 	}
