@@ -81,6 +81,12 @@ func (l Limit) Rule(burstMultiplier float64) admission.Rule {
 	return r
 }
 
+// PeriodWeek is a limit's calendar week (period: {every: week}): in the
+// tenant's time zone, from its week_start (Monday, as in ISO 8601, unless
+// it says). Only admission counts weekly periods; the pipeline's quotas
+// and signals know hours, days and months (schemas.Period).
+const PeriodWeek schemas.Period = "week"
+
 // PeriodCalendar is the calendar of a period limit: PeriodBounds of
 // Period in Location (the tenant's time zone; UTC for the top-level
 // limits, which no tenant owns), its weeks from WeekStart (the tenant's
@@ -95,7 +101,7 @@ type PeriodCalendar struct {
 // Bounds implements admission.Calendar.
 func (c PeriodCalendar) Bounds(t time.Time) (start, end time.Time) {
 	switch {
-	case c.Period == schemas.PeriodWeek:
+	case c.Period == PeriodWeek:
 		return WeekBounds(t, c.Location, c.WeekStart)
 	case c.Period == schemas.PeriodMonth && c.AnchorDay > 1:
 		return AnchoredMonthBounds(t, c.Location, c.AnchorDay)
@@ -518,7 +524,7 @@ func (v *validator) checkLimit(lp string, l Limit, rl rawLimit) {
 		if pr == nil {
 			pr = &rawPeriod{}
 		}
-		if l.Period != schemas.PeriodHour && l.Period != schemas.PeriodDay && l.Period != schemas.PeriodWeek && l.Period != schemas.PeriodMonth {
+		if l.Period != schemas.PeriodHour && l.Period != schemas.PeriodDay && l.Period != PeriodWeek && l.Period != schemas.PeriodMonth {
 			v.fail(at("period.every", pr.Every != nil), "%q is not hour, day, week or month", l.Period)
 		}
 		if l.AnchorDay != 0 && (l.Period != schemas.PeriodMonth || l.AnchorDay < 1 || l.AnchorDay > 31) {

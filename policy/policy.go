@@ -611,7 +611,7 @@ func PeriodBounds(period schemas.Period, t time.Time, loc *time.Location) (start
 		return clockBounds(t, loc, time.Hour)
 	case schemas.PeriodDay, schemas.PeriodMonth:
 		return calendarBounds(period, t, loc)
-	case schemas.PeriodWeek:
+	case PeriodWeek:
 		return WeekBounds(t, loc, time.Monday)
 	}
 	panic(fmt.Sprintf("policy: unknown period %q", period))

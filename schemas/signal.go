@@ -260,9 +260,6 @@ const (
 	PeriodHour Period = "hour"
 	// PeriodDay is a calendar day of the tenant's time zone.
 	PeriodDay Period = "day"
-	// PeriodWeek is a calendar week of the tenant's time zone, from its
-	// first weekday (Monday, as ISO 8601 has it, unless the tenant says).
-	PeriodWeek Period = "week"
 	// PeriodMonth is a calendar month of the tenant's time zone.
 	PeriodMonth Period = "month"
 )
@@ -270,7 +267,7 @@ const (
 // Valid reports whether p is a defined period.
 func (p Period) Valid() bool {
 	switch p {
-	case PeriodMinute, PeriodHour, PeriodDay, PeriodWeek, PeriodMonth:
+	case PeriodMinute, PeriodHour, PeriodDay, PeriodMonth:
 		return true
 	}
 	return false

@@ -432,12 +432,10 @@ func periodRank(p schemas.Period) int {
 		return 1
 	case schemas.PeriodDay:
 		return 2
-	case schemas.PeriodWeek:
-		return 3
 	case schemas.PeriodMonth:
-		return 4
+		return 3
 	}
-	return 5
+	return 4
 }
 
 // ErrBadTenant is returned for a tenant name no tenant can have; every
