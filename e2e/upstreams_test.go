@@ -190,13 +190,13 @@ tenants:
 	keys := "keys:\n" + frontend.KeyLine("vip", "sk-vip", "e2e-vip", nil) +
 		frontend.KeyLine("batch", "sk-batch", "e2e-batch", nil) + frontend.KeyLine("plain", "sk-plain", "e2e-plain", nil)
 	writeFileT(t, filepath.Join(s.dir, "gateway-keys.yaml"), keys)
-	s.appendConfig(fmt.Sprintf(`
+	s.appendConfig(`
   gateway:
     usage: {sink: none}
     # A stall of the shared test machine must not send the shared counts
     # to their per-process fallback: the test counts across processes.
     shared_upstreams: {redis_timeout: 5s}
-`))
+`)
 	gws := [2]string{freeAddr(t), freeAddr(t)}
 	ps := [2]*proc{s.spawnAs("gateway-1", "gateway", "-services.gateway.listen="+gws[0]),
 		s.spawnAs("gateway-2", "gateway", "-services.gateway.listen="+gws[1])}

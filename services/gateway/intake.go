@@ -170,9 +170,7 @@ const HeaderSession = "X-Sluice-Session"
 // classOf is the class c's request runs under: the key's or its tenant's
 // policy class, moved by the X-Sluice-Priority header (Caller.PriorityOf).
 func (s *Server) classOf(c *frontend.Caller, header string) (schemas.Priority, error) {
-	var tenantClass schemas.Priority
-	tenantClass = s.policy().Tenant(c.Tenant).Class()
-	return c.PriorityOf(tenantClass, header)
+	return c.PriorityOf(s.policy().Tenant(c.Tenant).Class(), header)
 }
 
 // eventIDFor is the usage event id of a call: built by the gateway, never
