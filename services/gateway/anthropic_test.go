@@ -40,6 +40,23 @@ func (c *charges) add(ch mockllm.Charge) {
 	c.all = append(c.all, ch)
 }
 
+// runClientScript runs a provider's official Python client script
+// against gateway g (and refusing, whose flags refuse the tenant) and
+// returns what it printed: its JSON report.
+func runClientScript(t *testing.T, py, script string, g, refusing *gw) []byte {
+	t.Helper()
+	cmd := exec.Command(py, script)
+	cmd.Env = append(os.Environ(), "GW_URL="+g.url, "GW_REFUSING_URL="+refusing.url, "SLUICE_KEY=sk-acme",
+		"NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("the client script %s failed: %v\n%s\n%s", script, err, stderr.String(), out)
+	}
+	return out
+}
+
 // wantCutStreamCounted waits for the client scripts' fourth call, the
 // stream py-cut that the client cuts after a few chunks, to be billed by
 // the mock provider and settled, and checks the settlement: the prompt
@@ -328,15 +345,7 @@ func TestOfficialAnthropicClient(t *testing.T) {
 	py := pythonWith(t, "anthropic")
 	g, bill := anthropicGateway(t, mockllm.Options{ChunkDelay: 10 * time.Millisecond}, Deps{})
 	refusingGW, _ := anthropicGateway(t, mockllm.Options{}, Deps{Checker: refusing{}})
-	cmd := exec.Command(py, "testdata/anthropic_client.py")
-	cmd.Env = append(os.Environ(), "GW_URL="+g.url, "GW_REFUSING_URL="+refusingGW.url, "SLUICE_KEY=sk-acme",
-		"NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("the Anthropic client script failed: %v\n%s\n%s", err, stderr.String(), out)
-	}
+	out := runClientScript(t, py, "testdata/anthropic_client.py", g, refusingGW)
 	var res struct {
 		Usage       map[string]providerusage.Anthropic `json:"usage"`
 		Text        string                             `json:"text"`

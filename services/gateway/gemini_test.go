@@ -6,8 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -257,15 +255,7 @@ func TestOfficialGeminiClient(t *testing.T) {
 	py := pythonWith(t, "google.genai")
 	g, bill := geminiGateway(t, mockllm.Options{ChunkDelay: 10 * time.Millisecond}, Deps{})
 	refusingGW, _ := geminiGateway(t, mockllm.Options{}, Deps{Checker: refusing{}})
-	cmd := exec.Command(py, "testdata/gemini_client.py")
-	cmd.Env = append(os.Environ(), "GW_URL="+g.url, "GW_REFUSING_URL="+refusingGW.url, "SLUICE_KEY=sk-acme",
-		"NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("the google-genai client script failed: %v\n%s\n%s", err, stderr.String(), out)
-	}
+	out := runClientScript(t, py, "testdata/gemini_client.py", g, refusingGW)
 	var res struct {
 		Usage       map[string]mockllm.GeminiUsage `json:"usage"`
 		Text        string                         `json:"text"`
