@@ -41,12 +41,16 @@ func (c *charges) add(ch mockllm.Charge) {
 }
 
 // runClientScript runs a provider's official Python client script
-// against gateway g (and refusing, whose flags refuse the tenant) and
-// returns what it printed: its JSON report.
-func runClientScript(t *testing.T, py, script string, g, refusing *gw) []byte {
+// against a gateway in front of the mock provider (and a second one whose
+// flags refuse the tenant), both made by newGateway, and decodes the JSON
+// report the script prints into R. It returns the report, the first
+// gateway and what the mock billed through it.
+func runClientScript[R any](t *testing.T, py, script string, newGateway func(*testing.T, mockllm.Options, Deps) (*gw, *charges)) (R, *gw, *charges) {
 	t.Helper()
+	g, bill := newGateway(t, mockllm.Options{ChunkDelay: 10 * time.Millisecond}, Deps{})
+	refusingGW, _ := newGateway(t, mockllm.Options{}, Deps{Checker: refusing{}})
 	cmd := exec.Command(py, script)
-	cmd.Env = append(os.Environ(), "GW_URL="+g.url, "GW_REFUSING_URL="+refusing.url, "SLUICE_KEY=sk-acme",
+	cmd.Env = append(os.Environ(), "GW_URL="+g.url, "GW_REFUSING_URL="+refusingGW.url, "SLUICE_KEY=sk-acme",
 		"NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -54,7 +58,11 @@ func runClientScript(t *testing.T, py, script string, g, refusing *gw) []byte {
 	if err != nil {
 		t.Fatalf("the client script %s failed: %v\n%s\n%s", script, err, stderr.String(), out)
 	}
-	return out
+	var res R
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	return res, g, bill
 }
 
 // wantCutStreamCounted waits for the client scripts' fourth call, the
@@ -279,30 +287,10 @@ func TestAnthropicRefusalsAreAnthropics(t *testing.T) {
 func TestAnthropicStreamCutByTheClient(t *testing.T) {
 	g, bill := anthropicGateway(t, mockllm.Options{ChunkDelay: 20 * time.Millisecond}, Deps{})
 	long := strings.Repeat("q", 4*3000)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	resp, rd := openStream(t, ctx, g.url, "/v1/messages", "sk-acme",
+	ch, ev := cutStream(t, g, bill, "/v1/messages", "event: content_block_delta",
 		`{"model":"claude-sonnet-4-5","max_tokens":30,"stream":true,"system":[{"type":"text","text":"`+long+
 			`","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":"go on"}]}`,
 		"X-Request-Id", "anth-cut", "X-Api-Key", "sk-acme", "Anthropic-Version", "2023-06-01", "Authorization", "")
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
-	deltas := 0
-	for deltas < 3 {
-		line, err := rd.ReadString('\n')
-		if err != nil {
-			t.Fatal(err)
-		}
-		if strings.HasPrefix(line, "event: content_block_delta") {
-			deltas++
-		}
-	}
-	cancel()
-	resp.Body.Close()
-	itest.Eventually(t, 10*time.Second, "the provider's bill of the cut stream", func() bool { return len(bill.list()) == 1 })
-	itest.Eventually(t, 10*time.Second, "the settlement", func() bool { return len(g.sink.Events()) == 2 })
-	ch, ev := bill.list()[0], g.settlement(t, "anth-cut")
 	if !ch.Cut || ch.Output >= 30 {
 		t.Fatalf("the mock billed %+v; the test needs a stream cut before its end", ch)
 	}
@@ -343,10 +331,7 @@ func pythonWith(t *testing.T, pkg string) string {
 // the flags refuse raises the client's own RateLimitError naming the limit.
 func TestOfficialAnthropicClient(t *testing.T) {
 	py := pythonWith(t, "anthropic")
-	g, bill := anthropicGateway(t, mockllm.Options{ChunkDelay: 10 * time.Millisecond}, Deps{})
-	refusingGW, _ := anthropicGateway(t, mockllm.Options{}, Deps{Checker: refusing{}})
-	out := runClientScript(t, py, "testdata/anthropic_client.py", g, refusingGW)
-	var res struct {
+	type report struct {
 		Usage       map[string]providerusage.Anthropic `json:"usage"`
 		Text        string                             `json:"text"`
 		CutDeltas   int                                `json:"cut_deltas"`
@@ -357,13 +342,11 @@ func TestOfficialAnthropicClient(t *testing.T) {
 			RetryAfter    string `json:"retry_after"`
 		} `json:"refused"`
 	}
-	if err := json.Unmarshal(out, &res); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
+	res, g, bill := runClientScript[report](t, py, "testdata/anthropic_client.py", anthropicGateway)
 	for _, id := range []string{"py-plain", "py-cached", "py-stream"} {
 		u, ok := res.Usage[id]
 		if !ok {
-			t.Fatalf("the client saw no usage for %s: %s", id, out)
+			t.Fatalf("the client saw no usage for %s: %+v", id, res)
 		}
 		ev := g.settlement(t, id)
 		if want := u.Usage(); ev.PromptTokens != want.PromptTokens || ev.CachedTokens != want.CachedTokens ||
@@ -375,7 +358,7 @@ func TestOfficialAnthropicClient(t *testing.T) {
 		t.Errorf("the cached call read or wrote no cache: %+v", c)
 	}
 	if res.Text == "" || res.CutDeltas != 3 || res.CountTokens != mockllm.PromptTokens("hello there") {
-		t.Errorf("client results: %s", out)
+		t.Errorf("client results: %+v", res)
 	}
 	wantCutStreamCounted(t, g, bill)
 	for i, id := range []string{"py-plain", "py-cached", "py-stream"} {

@@ -210,29 +210,9 @@ func TestGeminiRefusalsAreGoogles(t *testing.T) {
 // and less than the whole answer.
 func TestGeminiStreamCutByTheClient(t *testing.T) {
 	g, bill := geminiGateway(t, mockllm.Options{ChunkDelay: 20 * time.Millisecond}, Deps{})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	resp, rd := openStream(t, ctx, g.url, "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse", "",
+	ch, ev := cutStream(t, g, bill, "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse", "data: ",
 		`{"cachedContent":"cachedContents/abc","contents":[{"role":"user","parts":[{"text":"go on"}]}],"generationConfig":{"maxOutputTokens":30,"thinkingConfig":{"thinkingBudget":50}}}`,
 		"X-Request-Id", "gem-cut", "X-Goog-Api-Key", "sk-acme", "Authorization", "")
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
-	events := 0
-	for events < 3 {
-		line, err := rd.ReadString('\n')
-		if err != nil {
-			t.Fatal(err)
-		}
-		if strings.HasPrefix(line, "data: ") {
-			events++
-		}
-	}
-	cancel()
-	resp.Body.Close()
-	itest.Eventually(t, 10*time.Second, "the provider's bill of the cut stream", func() bool { return len(bill.list()) == 1 })
-	itest.Eventually(t, 10*time.Second, "the settlement", func() bool { return len(g.sink.Events()) == 2 })
-	ch, ev := bill.list()[0], g.settlement(t, "gem-cut")
 	if !ch.Cut || ch.Output >= 30 || ch.CacheRead == 0 || ch.Reasoning != 50 {
 		t.Fatalf("the mock billed %+v; the test needs a stream with cached content and thoughts cut before its end", ch)
 	}
@@ -253,10 +233,7 @@ func TestGeminiStreamCutByTheClient(t *testing.T) {
 // ClientError, code 429, naming the limit.
 func TestOfficialGeminiClient(t *testing.T) {
 	py := pythonWith(t, "google.genai")
-	g, bill := geminiGateway(t, mockllm.Options{ChunkDelay: 10 * time.Millisecond}, Deps{})
-	refusingGW, _ := geminiGateway(t, mockllm.Options{}, Deps{Checker: refusing{}})
-	out := runClientScript(t, py, "testdata/gemini_client.py", g, refusingGW)
-	var res struct {
+	type report struct {
 		Usage       map[string]mockllm.GeminiUsage `json:"usage"`
 		Text        string                         `json:"text"`
 		CutChunks   int                            `json:"cut_chunks"`
@@ -269,14 +246,12 @@ func TestOfficialGeminiClient(t *testing.T) {
 			ClientError bool   `json:"client_error"`
 		} `json:"refused"`
 	}
-	if err := json.Unmarshal(out, &res); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
+	res, g, bill := runClientScript[report](t, py, "testdata/gemini_client.py", geminiGateway)
 	ids := []string{"py-plain", "py-cached", "py-stream"}
 	for _, id := range ids {
 		u, ok := res.Usage[id]
 		if !ok {
-			t.Fatalf("the client saw no usage for %s: %s", id, out)
+			t.Fatalf("the client saw no usage for %s: %+v", id, res)
 		}
 		ev := g.settlement(t, id)
 		if ev.PromptTokens != u.PromptTokenCount || ev.CachedTokens != u.CachedContentTokenCount || ev.ReasoningTokens != u.ThoughtsTokenCount ||
@@ -288,7 +263,7 @@ func TestOfficialGeminiClient(t *testing.T) {
 		t.Errorf("the cached call read no cache or had no thoughts: %+v", c)
 	}
 	if res.Text == "" || res.CutChunks != 3 || res.CountTokens != mockllm.PromptTokens("hello there") {
-		t.Errorf("client results: %s", out)
+		t.Errorf("client results: %+v", res)
 	}
 	wantCutStreamCounted(t, g, bill)
 	for i, id := range ids {

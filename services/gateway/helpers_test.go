@@ -14,6 +14,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/policy"
@@ -223,4 +224,39 @@ func openStream(t *testing.T, ctx context.Context, url, path, key, body string, 
 		t.Fatal(err)
 	}
 	return resp, bufio.NewReader(resp.Body)
+}
+
+// cutStream opens a streamed call (header as openStream takes it, which
+// must name its X-Request-Id), reads three lines that start with
+// eventPrefix, leaves the call as a client that gives up would, and
+// returns what the mock provider billed for it and the settlement the
+// gateway emitted: the pair a cut-stream test compares.
+func cutStream(t *testing.T, g *gw, bill *charges, path, eventPrefix, body string, header ...string) (mockllm.Charge, schemas.UsageEvent) {
+	t.Helper()
+	requestID := ""
+	for i := 0; i+1 < len(header); i += 2 {
+		if header[i] == "X-Request-Id" {
+			requestID = header[i+1]
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	resp, rd := openStream(t, ctx, g.url, path, "", body, header...)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	for events := 0; events < 3; {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(line, eventPrefix) {
+			events++
+		}
+	}
+	cancel()
+	resp.Body.Close()
+	itest.Eventually(t, 10*time.Second, "the provider's bill of the cut stream", func() bool { return len(bill.list()) == 1 })
+	itest.Eventually(t, 10*time.Second, "the settlement", func() bool { return len(g.sink.Events()) == 2 })
+	return bill.list()[0], g.settlement(t, requestID)
 }
