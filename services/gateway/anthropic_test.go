@@ -343,17 +343,7 @@ func TestOfficialAnthropicClient(t *testing.T) {
 		} `json:"refused"`
 	}
 	res, g, bill := runClientScript[report](t, py, "testdata/anthropic_client.py", anthropicGateway)
-	for _, id := range []string{"py-plain", "py-cached", "py-stream"} {
-		u, ok := res.Usage[id]
-		if !ok {
-			t.Fatalf("the client saw no usage for %s: %+v", id, res)
-		}
-		ev := g.settlement(t, id)
-		if want := u.Usage(); ev.PromptTokens != want.PromptTokens || ev.CachedTokens != want.CachedTokens ||
-			ev.CacheWriteTokens != want.CacheWriteTokens || ev.CompletionTokens != want.CompletionTokens || ev.Attributes["usage"] != "" {
-			t.Errorf("%s: settled %+v; the client saw %+v", id, ev, u)
-		}
-	}
+	wantSettledAsTheClientSaw(t, g, clientUsages(res.Usage), "py-plain", "py-cached", "py-stream")
 	if c := res.Usage["py-cached"]; c.CacheReadInputTokens == 0 || c.CacheCreationInputTokens == 0 {
 		t.Errorf("the cached call read or wrote no cache: %+v", c)
 	}

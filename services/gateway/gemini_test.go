@@ -21,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/estimate"
+	"github.com/sluicehq/sluice/sdk/go/providerusage"
 )
 
 // upstreamGeminiKey is the provider's credential the tests' gateways
@@ -234,10 +235,10 @@ func TestGeminiStreamCutByTheClient(t *testing.T) {
 func TestOfficialGeminiClient(t *testing.T) {
 	py := pythonWith(t, "google.genai")
 	type report struct {
-		Usage       map[string]mockllm.GeminiUsage `json:"usage"`
-		Text        string                         `json:"text"`
-		CutChunks   int                            `json:"cut_chunks"`
-		CountTokens int64                          `json:"count_tokens"`
+		Usage       map[string]providerusage.Gemini `json:"usage"`
+		Text        string                          `json:"text"`
+		CutChunks   int                             `json:"cut_chunks"`
+		CountTokens int64                           `json:"count_tokens"`
 		Refused     *struct {
 			Code        int
 			Status      string
@@ -248,17 +249,7 @@ func TestOfficialGeminiClient(t *testing.T) {
 	}
 	res, g, bill := runClientScript[report](t, py, "testdata/gemini_client.py", geminiGateway)
 	ids := []string{"py-plain", "py-cached", "py-stream"}
-	for _, id := range ids {
-		u, ok := res.Usage[id]
-		if !ok {
-			t.Fatalf("the client saw no usage for %s: %+v", id, res)
-		}
-		ev := g.settlement(t, id)
-		if ev.PromptTokens != u.PromptTokenCount || ev.CachedTokens != u.CachedContentTokenCount || ev.ReasoningTokens != u.ThoughtsTokenCount ||
-			ev.CompletionTokens != u.CandidatesTokenCount+u.ThoughtsTokenCount || ev.Attributes["usage"] != "" {
-			t.Errorf("%s: settled %+v; the client saw %+v", id, ev, u)
-		}
-	}
+	wantSettledAsTheClientSaw(t, g, clientUsages(res.Usage), ids...)
 	if c := res.Usage["py-cached"]; c.CachedContentTokenCount == 0 || c.ThoughtsTokenCount == 0 {
 		t.Errorf("the cached call read no cache or had no thoughts: %+v", c)
 	}

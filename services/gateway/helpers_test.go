@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/emitter/emittertest"
+	"github.com/sluicehq/sluice/sdk/go/middleware"
 )
 
 // Test keys: each secret is "sk-" + its id.
@@ -259,4 +260,35 @@ func cutStream(t *testing.T, g *gw, bill *charges, path, eventPrefix, body strin
 	itest.Eventually(t, 10*time.Second, "the provider's bill of the cut stream", func() bool { return len(bill.list()) == 1 })
 	itest.Eventually(t, 10*time.Second, "the settlement", func() bool { return len(g.sink.Events()) == 2 })
 	return bill.list()[0], g.settlement(t, requestID)
+}
+
+// clientUsages is the usage an official client reported per call, in
+// Sluice's token types.
+func clientUsages[T any, P interface {
+	*T
+	Usage() middleware.Usage
+}](seen map[string]T) map[string]middleware.Usage {
+	out := make(map[string]middleware.Usage, len(seen))
+	for id, u := range seen {
+		out[id] = P(&u).Usage()
+	}
+	return out
+}
+
+// wantSettledAsTheClientSaw checks that each call ids names was settled
+// with the usage its client saw, token type by token type, and not as an
+// estimate or a count of the gateway's own.
+func wantSettledAsTheClientSaw(t *testing.T, g *gw, seen map[string]middleware.Usage, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		want, ok := seen[id]
+		if !ok {
+			t.Fatalf("the client saw no usage for %s: %+v", id, seen)
+		}
+		ev := g.settlement(t, id)
+		if ev.PromptTokens != want.PromptTokens || ev.CachedTokens != want.CachedTokens || ev.CacheWriteTokens != want.CacheWriteTokens ||
+			ev.CompletionTokens != want.CompletionTokens || ev.ReasoningTokens != want.ReasoningTokens || ev.Attributes["usage"] != "" {
+			t.Errorf("%s: settled %+v; the client saw %+v", id, ev, want)
+		}
+	}
 }
