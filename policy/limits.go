@@ -159,7 +159,11 @@ func (t *Tenant) admissionRules() admission.TenantRules {
 	for _, l := range t.LimitList() {
 		r := l.Rule(t.BurstMultiplier)
 		if r.Algorithm == admission.CalendarPeriod && t.Location != nil {
-			r.Calendar = PeriodCalendar{Period: l.Period, Location: t.Location, WeekStart: t.WeekStart, AnchorDay: l.AnchorDay}
+			cal := t.Calendar(l.Period)
+			if l.AnchorDay != 0 {
+				cal.AnchorDay = l.AnchorDay // the limit's own billing day
+			}
+			r.Calendar = cal
 		}
 		tr.Rules = append(tr.Rules, r)
 	}

@@ -71,6 +71,7 @@ type rawTenant struct {
 	Plan            string              `yaml:"plan"`
 	Organization    string              `yaml:"organization"`
 	WeekStart       string              `yaml:"week_start"`
+	BillingDay      *int                `yaml:"billing_day"`
 	Timezone        string              `yaml:"timezone"`
 	Mode            string              `yaml:"mode"`
 	FailMode        string              `yaml:"fail_mode"`
@@ -147,6 +148,7 @@ var weekdays = map[string]time.Weekday{"monday": time.Monday, "tuesday": time.Tu
 var builtin = Tenant{
 	Location:        time.UTC,
 	WeekStart:       time.Monday,
+	BillingDay:      1,
 	Mode:            Hard,
 	FailMode:        FailOpen,
 	AlertTiers:      DefaultAlertTiers(),
@@ -387,6 +389,12 @@ func (v *validator) tenant(path string, raw rawTenant, base *Tenant) *Tenant {
 			t.WeekStart = d
 		} else {
 			v.fail(path+".week_start", "%q is not a day of the week (monday … sunday)", raw.WeekStart)
+		}
+	}
+	if raw.BillingDay != nil {
+		t.BillingDay = *raw.BillingDay
+		if t.BillingDay < 1 || t.BillingDay > 31 {
+			v.fail(path+".billing_day", "%d: the day of the month the tenant's months begin on, 1..31 (a month too short for it begins on its last day)", t.BillingDay)
 		}
 	}
 	if raw.Organization != "" {

@@ -319,6 +319,12 @@ tenants:
     limits:
       billing: {unit: cost, period: {every: month, anchor_day: 15, limit: 100}}
       end-of-month: {unit: cost, period: {every: month, anchor_day: 31, limit: 100}}
+  billed-20th:
+    timezone: Europe/London
+    billing_day: 20
+    limits:
+      monthly: {unit: cost, period: {every: month, limit: 100}}
+      own: {unit: cost, period: {every: month, anchor_day: 15, limit: 100}}
 `), "periods.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -343,12 +349,20 @@ tenants:
 		{"lon", "billing", time.Date(2026, 11, 1, 9, 0, 0, 0, lon), time.Date(2026, 10, 15, 0, 0, 0, 0, lon), time.Date(2026, 11, 15, 0, 0, 0, 0, lon)},
 		{"lon", "billing", time.Date(2026, 10, 14, 23, 59, 0, 0, lon), time.Date(2026, 9, 15, 0, 0, 0, 0, lon), time.Date(2026, 10, 15, 0, 0, 0, 0, lon)},
 		{"lon", "end-of-month", time.Date(2026, 3, 10, 0, 0, 0, 0, lon), time.Date(2026, 2, 28, 0, 0, 0, 0, lon), time.Date(2026, 3, 31, 0, 0, 0, 0, lon)},
+		// A tenant's billing_day starts its month limits unless a limit
+		// names its own anchor_day.
+		{"billed-20th", "monthly", time.Date(2026, 3, 19, 0, 0, 0, 0, lon), time.Date(2026, 2, 20, 0, 0, 0, 0, lon), time.Date(2026, 3, 20, 0, 0, 0, 0, lon)},
+		{"billed-20th", "own", time.Date(2026, 3, 19, 0, 0, 0, 0, lon), time.Date(2026, 3, 15, 0, 0, 0, 0, lon), time.Date(2026, 4, 15, 0, 0, 0, 0, lon)},
 	} {
 		r := ruleNamed(t, rs.Tenants[tc.tenant].Rules, tc.rule)
 		s, e := r.Calendar.Bounds(tc.at)
 		if !s.Equal(tc.start) || !e.Equal(tc.end) {
 			t.Errorf("%s %s at %s: %s .. %s, want %s .. %s", tc.tenant, tc.rule, tc.at, s, e, tc.start, tc.end)
 		}
+	}
+	// ... and its quotas' and budget's months, which the pipeline counts.
+	if s, e := p.Tenant("billed-20th").PeriodBounds(schemas.PeriodMonth, time.Date(2026, 10, 25, 0, 0, 0, 0, lon)); !s.Equal(time.Date(2026, 10, 20, 0, 0, 0, 0, lon)) || e.Sub(s) != (31*24+1)*time.Hour {
+		t.Errorf("billed-20th's month of October 25th: %s .. %s, want from October 20th, 745h long", s, e)
 	}
 	if s, e := WeekBounds(time.Date(2026, 3, 8, 12, 0, 0, 0, ny), ny, time.Monday); e.Sub(s) != 167*time.Hour {
 		t.Errorf("New York's spring-forward week lasts %s, want 167h", e.Sub(s))
@@ -360,12 +374,13 @@ tenants:
 tenants:
   x:
     week_start: someday
+    billing_day: 0
     limits:
       a: {unit: requests, period: {every: day, anchor_day: 3, limit: 1}}
       b: {unit: requests, period: {every: month, anchor_day: 32, limit: 1}}
 `), "bad.yaml")
 	for _, want := range []string{`tenants.x.week_start: "someday" is not a day of the week`, "tenants.x.limits.a.period.anchor_day: 3: a monthly period's",
-		"tenants.x.limits.b.period.anchor_day: 32"} {
+		"tenants.x.limits.b.period.anchor_day: 32", "tenants.x.billing_day: 0: the day of the month"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v does not name %q", err, want)
 		}

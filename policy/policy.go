@@ -32,6 +32,16 @@
 // inherited block of the same algorithm and replaces one of the other);
 // {disabled: true} drops an inherited limit.
 //
+// # Billing day
+//
+// billing_day: 15 (a tenant field, 1 by default) makes every month of the
+// tenant run from the 15th at midnight of its time zone: its monthly
+// quotas and budget as the aggregator counts, predicts and alerts them,
+// the reconciler's month audit (run on the night the month ends), reports
+// and its monthly admission limits (unless a limit sets its own
+// anchor_day). A month too short for the day begins on its last day.
+// Tenant.PeriodBounds is the one place that rule lives.
+//
 // # Limits and plans
 //
 // limits (top level) are admission rules no single tenant owns: a
@@ -53,7 +63,8 @@
 // one counter per scope and period: with scope {user: "*"} a per-user
 // monthly quota whose Redis state does not grow with the month's
 // traffic; weeks begin on the tenant's week_start, Monday by default, and
-// anchor_day: 15 makes a month run from the 15th, a billing day). A
+// a month on the tenant's billing_day, or the limit's own anchor_day:
+// 15 makes a month run from the 15th). A
 // rolling budget of N days is a sliding_window of that length (168h for
 // seven days, up to 31 days). A bucket without burst gets rate ×
 // burst_multiplier of the tenant it belongs to (1 at top level): that is
@@ -233,7 +244,12 @@ type Tenant struct {
 	Organization string
 	// WeekStart is the first day of the tenant's weeks (week_start;
 	// Monday, as in ISO 8601, by default).
-	WeekStart       time.Weekday
+	WeekStart time.Weekday
+	// BillingDay is the day of the month the tenant's months begin on
+	// (billing_day; 1, the calendar month, by default): its monthly
+	// quotas, budget, month limits and reports count from it. A month too
+	// short for it begins on its last day.
+	BillingDay      int
 	Location        *time.Location
 	Mode            Mode
 	FailMode        FailMode
@@ -255,7 +271,28 @@ type Tenant struct {
 	Breakers Breakers
 }
 
-// Budget is a currency budget per calendar month in the tenant's timezone.
+// Calendar is the calendar the tenant counts period in: its time zone,
+// its first weekday and, for months, its billing day.
+func (t *Tenant) Calendar(period schemas.Period) PeriodCalendar {
+	c := PeriodCalendar{Period: period, Location: t.Location, WeekStart: t.WeekStart}
+	if c.Location == nil {
+		c.Location = time.UTC
+	}
+	if period == schemas.PeriodMonth {
+		c.AnchorDay = t.BillingDay
+	}
+	return c
+}
+
+// PeriodBounds is the period of the tenant's calendar that contains at:
+// what every counter of the tenant's quotas, its reconciliation and its
+// reports take as the period's bounds.
+func (t *Tenant) PeriodBounds(period schemas.Period, at time.Time) (start, end time.Time) {
+	return t.Calendar(period).Bounds(at)
+}
+
+// Budget is a currency budget per month (from the tenant's billing day)
+// in the tenant's timezone.
 type Budget struct {
 	Amount   float64
 	Currency string

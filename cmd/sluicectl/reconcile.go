@@ -132,7 +132,7 @@ func runReconcile(ctx context.Context, args []string) error {
 	)
 	for _, id := range tenants {
 		t := pol.Tenant(id)
-		at, err := auditDate(cfg.Period, cfg.At, t.Location, time.Now())
+		at, err := auditDate(cfg.Period, cfg.At, t, time.Now())
 		if err != nil {
 			return err
 		}
@@ -149,9 +149,11 @@ func runReconcile(ctx context.Context, args []string) error {
 	return errors.Join(errs...)
 }
 
-// auditDate turns --at into an instant inside the period to audit; empty
-// means the last closed day or month in loc.
-func auditDate(period schemas.Period, at string, loc *time.Location, now time.Time) (time.Time, error) {
+// auditDate turns --at into an instant inside tenant t's period to audit;
+// empty means the last closed hour, day or month (from its billing day)
+// in its zone. A month YYYY-MM is the month that begins in it.
+func auditDate(period schemas.Period, at string, t *policy.Tenant, now time.Time) (time.Time, error) {
+	loc := t.Calendar(period).Location
 	lt := now.In(loc)
 	if period == schemas.PeriodHour {
 		if at == "" {
@@ -160,23 +162,26 @@ func auditDate(period schemas.Period, at string, loc *time.Location, now time.Ti
 			start, _ := policy.PeriodBounds(schemas.PeriodHour, now.Add(-time.Hour), loc)
 			return start, nil
 		}
-		t, err := time.ParseInLocation("2006-01-02T15", at, loc)
+		h, err := time.ParseInLocation("2006-01-02T15", at, loc)
 		if err != nil {
 			return time.Time{}, fmt.Errorf("at: %q is not an hour YYYY-MM-DDTHH (for example 2026-11-30T14) in the tenant's zone", at)
 		}
-		return t, nil
+		return h, nil
 	}
 	if at == "" {
 		if period == schemas.PeriodMonth {
-			return time.Date(lt.Year(), lt.Month()-1, 15, 12, 0, 0, 0, loc), nil
+			start, _ := t.PeriodBounds(schemas.PeriodMonth, now)
+			return time.Date(start.Year(), start.Month(), start.Day()-1, 12, 0, 0, 0, loc), nil
 		}
 		return time.Date(lt.Year(), lt.Month(), lt.Day()-1, 12, 0, 0, 0, loc), nil
 	}
-	if t, err := time.ParseInLocation(time.DateOnly, at, loc); err == nil {
-		return time.Date(t.Year(), t.Month(), t.Day(), 12, 0, 0, 0, loc), nil
+	if d, err := time.ParseInLocation(time.DateOnly, at, loc); err == nil {
+		return time.Date(d.Year(), d.Month(), d.Day(), 12, 0, 0, 0, loc), nil
 	}
-	if t, err := time.ParseInLocation("2006-01", at, loc); err == nil && period == schemas.PeriodMonth {
-		return time.Date(t.Year(), t.Month(), 15, 12, 0, 0, 0, loc), nil
+	if m, err := time.ParseInLocation("2006-01", at, loc); err == nil && period == schemas.PeriodMonth {
+		// The noon of the month's last day is in the period that begins in
+		// it, whatever the billing day.
+		return time.Date(m.Year(), m.Month()+1, 0, 12, 0, 0, 0, loc), nil
 	}
 	return time.Time{}, fmt.Errorf("at: %q is not a date YYYY-MM-DD (or a month YYYY-MM with -period month)", at)
 }

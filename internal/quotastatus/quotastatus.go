@@ -371,7 +371,7 @@ func build(tenant string, rows []Quota, fl []Flag, refused int64, p *policy.Poli
 				if have[key{model, pq.Name}] {
 					continue
 				}
-				start, end := policy.PeriodBounds(pq.Period, now, t.Location)
+				start, end := t.PeriodBounds(pq.Period, now)
 				st.Quotas = append(st.Quotas, Quota{Model: model, Quota: pq.Name, Period: pq.Period, Unit: pq.Unit,
 					Mode: pq.Mode, Limit: pq.Limit, PeriodStart: start.UTC(), ResetsAt: end.UTC()})
 			}

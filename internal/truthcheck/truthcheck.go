@@ -145,7 +145,7 @@ func QuotaState(ctx context.Context, conn driver.Conn, ev Events, pol *policy.Po
 			if q.Unit != schemas.UnitTokens || (q.Period != schemas.PeriodHour && q.Period != schemas.PeriodDay && q.Period != schemas.PeriodMonth) {
 				continue
 			}
-			s, _ := policy.PeriodBounds(q.Period, e.At, tn.Location)
+			s, _ := tn.PeriodBounds(q.Period, e.At)
 			k := e.Tenant + "/" + string(q.Name) + "/" + s.UTC().Format(time.RFC3339)
 			if !seen[k] && !missing[k] {
 				missing[k] = true

@@ -54,7 +54,8 @@ func Tenants(ctx context.Context, conn driver.Conn, pol *policy.Policy, since ti
 	}
 	out := make([]schedule.Tenant, 0, len(ids))
 	for id := range ids {
-		out = append(out, schedule.Tenant{ID: id, Location: pol.Tenant(id).Location})
+		t := pol.Tenant(id)
+		out = append(out, schedule.Tenant{ID: id, Location: t.Location, BillingDay: t.BillingDay})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil

@@ -64,7 +64,8 @@ _QUOTAS = ("monthly_tokens", "daily_tokens", "hourly_tokens", "tokens_per_minute
 _TOP_FIELDS = {"defaults", "plans", "tenants", "limits", "prices", "upstreams", "fallbacks", "channels",
                "price_catalog", "prices_file", "unpriced_price"}
 _TENANT_FIELDS = {"plan", "timezone", "mode", "fail_mode", "alert_tiers", "channels", "priority", "burst_multiplier",
-                  "max_models", "budget", "models", "limits", "breakers", "unpriced", "organization", "week_start"}
+                  "max_models", "budget", "models", "limits", "breakers", "unpriced", "organization", "week_start",
+                  "billing_day"}
 # count: what the entry's token quotas count (total or billed-equivalent
 # tokens); the aggregator counts them, this SDK only validates it.
 _MODEL_FIELDS = set(_QUOTAS) | {"mode", "count"}

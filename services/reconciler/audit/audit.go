@@ -68,7 +68,7 @@ type Job struct {
 
 // Bounds returns the job's period [start, end) in the tenant's zone.
 func (j Job) Bounds() (start, end time.Time) {
-	return policy.PeriodBounds(j.Period, j.At, j.Tenant.Location)
+	return j.Tenant.PeriodBounds(j.Period, j.At)
 }
 
 // Row is one comparison of a counter with the truth.

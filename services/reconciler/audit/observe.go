@@ -105,7 +105,7 @@ func (a *Auditor) observe(ctx context.Context, job Job, start, end time.Time) (m
 	var monthRows []quotaRow
 	var mStart, mEnd time.Time
 	if job.Period == schemas.PeriodDay {
-		mStart, mEnd = policy.PeriodBounds(schemas.PeriodMonth, start, t.Location)
+		mStart, mEnd = t.PeriodBounds(schemas.PeriodMonth, start)
 		if monthRows, err = readQuotaState(ctx, a.conn, t.ID, []string{string(schemas.PeriodMonth)}, mStart, mEnd); err != nil {
 			return nil, err
 		}
@@ -166,7 +166,7 @@ func quotaCells(t *policy.Tenant, quotas map[string]bool, qrows []quotaRow, star
 				continue
 			}
 			for ps := start; ps.Before(end); {
-				s, e := policy.PeriodBounds(q.Period, ps, t.Location)
+				s, e := t.PeriodBounds(q.Period, ps)
 				k := qkey(m, string(q.Name), s)
 				if cells[k] == nil {
 					cells[k] = &cell{row: Row{Model: m, Quota: string(q.Name), Period: string(q.Period), PeriodStart: s, PeriodEnd: e,

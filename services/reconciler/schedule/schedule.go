@@ -41,14 +41,14 @@ type Job struct {
 	At     time.Time
 }
 
-// Due returns the jobs due at now for a tenant in loc whose last nightly
-// run was for local date last ("2006-01-02", empty if never), and the
-// local date this run stands for. Nothing is due before the time of day,
-// or when today's run was done.
-func Due(tenant string, now time.Time, loc *time.Location, at TimeOfDay, last string) (jobs []Job, date string) {
-	if loc == nil {
-		loc = time.UTC
-	}
+// Due returns the jobs due at now for tenant t whose last nightly run
+// was for local date last ("2006-01-02", empty if never), and the local
+// date this run stands for. Nothing is due before the time of day, or
+// when today's run was done. The month job runs on the first day of the
+// tenant's month (its billing day) and audits the month that ended.
+func Due(tenant Tenant, now time.Time, at TimeOfDay, last string) (jobs []Job, date string) {
+	t := policy.Tenant{ID: tenant.ID, Location: tenant.Location, BillingDay: tenant.BillingDay}
+	loc := t.Calendar(schemas.PeriodDay).Location
 	lt := now.In(loc)
 	date = lt.Format(time.DateOnly)
 	dueAt := time.Date(lt.Year(), lt.Month(), lt.Day(), at.Hour, at.Minute, 0, 0, loc)
@@ -56,9 +56,10 @@ func Due(tenant string, now time.Time, loc *time.Location, at TimeOfDay, last st
 		return nil, date
 	}
 	// Noon of the previous day is inside it whatever DST does.
-	jobs = append(jobs, Job{Tenant: tenant, Period: schemas.PeriodDay, At: time.Date(lt.Year(), lt.Month(), lt.Day()-1, 12, 0, 0, 0, loc)})
-	if lt.Day() == 1 {
-		jobs = append(jobs, Job{Tenant: tenant, Period: schemas.PeriodMonth, At: time.Date(lt.Year(), lt.Month()-1, 15, 12, 0, 0, 0, loc)})
+	yesterday := time.Date(lt.Year(), lt.Month(), lt.Day()-1, 12, 0, 0, 0, loc)
+	jobs = append(jobs, Job{Tenant: t.ID, Period: schemas.PeriodDay, At: yesterday})
+	if monthStart, _ := t.PeriodBounds(schemas.PeriodMonth, lt); monthStart.Format(time.DateOnly) == date {
+		jobs = append(jobs, Job{Tenant: t.ID, Period: schemas.PeriodMonth, At: yesterday})
 	}
 	return jobs, date
 }
@@ -91,10 +92,12 @@ func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) 
 // RealClock is the wall clock.
 var RealClock Clock = realClock{}
 
-// Tenant is a tenant to schedule and its zone.
+// Tenant is a tenant to schedule, its zone and its billing day (the
+// first day of its months; 0 or 1: the calendar month).
 type Tenant struct {
-	ID       string
-	Location *time.Location
+	ID         string
+	Location   *time.Location
+	BillingDay int
 }
 
 // Scheduler runs due jobs every Interval until its context ends.
@@ -132,7 +135,7 @@ func (s *Scheduler) Check(ctx context.Context) (int, error) {
 			return ran, ctx.Err()
 		}
 		now := s.Clock.Now()
-		jobs, date := Due(t.ID, now, t.Location, s.At, s.done[t.ID])
+		jobs, date := Due(t, now, s.At, s.done[t.ID])
 		nightly := len(jobs) > 0
 		var hour int64
 		if s.Hourly {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/schemas"
 )
 
 type fakeClock struct{ now time.Time }
@@ -32,7 +33,7 @@ func TestEachTenantRunsAtItsOwnLocalTime(t *testing.T) {
 	var got []Job
 	s := &Scheduler{At: TimeOfDay{0, 30}, Interval: time.Minute, Clock: clock, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Tenants: func(context.Context) ([]Tenant, error) {
-			return []Tenant{{"acme", shanghai}, {"utc-co", time.UTC}}, nil
+			return []Tenant{{ID: "acme", Location: shanghai}, {ID: "utc-co", Location: time.UTC}}, nil
 		},
 		Run: func(_ context.Context, jobs []Job) error { got = append(got, jobs...); return nil },
 	}
@@ -76,7 +77,7 @@ func TestFailedRunIsRetried(t *testing.T) {
 	clock := &fakeClock{now: time.Date(2026, 11, 10, 3, 0, 0, 0, time.UTC)}
 	calls := 0
 	s := &Scheduler{At: TimeOfDay{0, 30}, Interval: time.Minute, Clock: clock, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Tenants: func(context.Context) ([]Tenant, error) { return []Tenant{{"a", time.UTC}}, nil },
+		Tenants: func(context.Context) ([]Tenant, error) { return []Tenant{{ID: "a", Location: time.UTC}}, nil },
 		Run: func(context.Context, []Job) error {
 			calls++
 			if calls == 1 {
@@ -103,7 +104,7 @@ func TestEachClosedHourIsAuditedOnce(t *testing.T) {
 	var got []Job
 	s := &Scheduler{At: TimeOfDay{0, 30}, Interval: time.Minute, Clock: clock, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Hourly: true, Settle: 15 * time.Minute,
-		Tenants: func(context.Context) ([]Tenant, error) { return []Tenant{{"k", kathmandu}}, nil },
+		Tenants: func(context.Context) ([]Tenant, error) { return []Tenant{{ID: "k", Location: kathmandu}}, nil },
 		Run:     func(_ context.Context, jobs []Job) error { got = append(got, jobs...); return nil },
 	}
 	ctx := context.Background()
@@ -132,5 +133,26 @@ func TestEachClosedHourIsAuditedOnce(t *testing.T) {
 	_, _ = s.Check(ctx)
 	if h := hours(); len(h) != 1 || h[0] != "15:00" || len(got) != 1 {
 		t.Fatalf("16:29: jobs %+v (hours %v), want the 15:00 hour only", got, h)
+	}
+}
+
+// TestMonthJobRunsOnTheBillingDay: a tenant billed from the 15th has its
+// month audited on the night of the 15th — the month from the 15th of
+// the last — and no month job on the 1st.
+func TestMonthJobRunsOnTheBillingDay(t *testing.T) {
+	ny, _ := time.LoadLocation("America/New_York")
+	tenant := Tenant{ID: "acme", Location: ny, BillingDay: 15}
+	at := TimeOfDay{Hour: 0, Minute: 30}
+	if jobs, _ := Due(tenant, time.Date(2026, 3, 1, 1, 0, 0, 0, ny), at, ""); len(jobs) != 1 || jobs[0].Period != schemas.PeriodDay {
+		t.Errorf("on March 1st: %+v; want the day job alone", jobs)
+	}
+	jobs, _ := Due(tenant, time.Date(2026, 3, 15, 1, 0, 0, 0, ny), at, "")
+	if len(jobs) != 2 || jobs[1].Period != schemas.PeriodMonth {
+		t.Fatalf("on March 15th: %+v; want the day job and the month job", jobs)
+	}
+	cal := policy.Tenant{Location: ny, BillingDay: 15}
+	start, end := cal.PeriodBounds(jobs[1].Period, jobs[1].At)
+	if !start.Equal(time.Date(2026, 2, 15, 0, 0, 0, 0, ny)) || !end.Equal(time.Date(2026, 3, 15, 0, 0, 0, 0, ny)) {
+		t.Errorf("the month job covers %v..%v; want February 15th..March 15th", start, end)
 	}
 }

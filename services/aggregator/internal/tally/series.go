@@ -51,10 +51,12 @@ type tenant struct {
 	models map[string]*Series
 	order  []*Series // all first, then by first appearance: a deterministic order
 
-	pol   *policy.Policy
-	tp    *policy.Tenant
-	loc   *time.Location
-	tiers []int
+	pol *policy.Policy
+	tp  *policy.Tenant
+	loc *time.Location
+	// billingDay starts the tenant's months (policy.Tenant.BillingDay).
+	billingDay int
+	tiers      []int
 
 	bounds  [3][2]bound // kind × (current, previous)
 	wm      int64       // latest event time, unix seconds
@@ -81,14 +83,15 @@ func (t *tenant) refresh(pol *policy.Policy, p *Partition) (changed bool) {
 	if loc == nil {
 		loc = time.UTC
 	}
-	if t.loc != nil && t.loc.String() != loc.String() && t.started {
-		// A new time zone moves the boundaries; totals so far stay with the
-		// period that contains the latest event.
+	moved := t.loc != nil && (t.loc.String() != loc.String() || t.billingDay != t.tp.BillingDay)
+	t.loc, t.billingDay = loc, t.tp.BillingDay
+	if moved && t.started {
+		// A new time zone or billing day moves the boundaries; totals so
+		// far stay with the period that contains the latest event.
 		for k := range 3 {
-			t.bounds[k][0] = boundsOf(k, t.wm, loc)
+			t.bounds[k][0] = t.boundsOf(k, t.wm)
 		}
 	}
-	t.loc = loc
 	tiers := append([]int(nil), t.tp.AlertTiers...)
 	sort.Ints(tiers)
 	changed = !slices.Equal(tiers, t.tiers)
@@ -137,8 +140,11 @@ func (t *tenant) maxModels() int {
 	return t.tp.MaxModels
 }
 
-func boundsOf(kind int, ts int64, loc *time.Location) bound {
-	s, e := policy.PeriodBounds(periodNames[kind], time.Unix(ts, 0), loc)
+// boundsOf is the period of kind that contains ts in the tenant's
+// calendar (its zone and billing day).
+func (t *tenant) boundsOf(kind int, ts int64) bound {
+	cal := policy.Tenant{Location: t.loc, BillingDay: t.billingDay}
+	s, e := cal.PeriodBounds(periodNames[kind], time.Unix(ts, 0))
 	return bound{s.Unix(), e.Unix()}
 }
 
@@ -147,7 +153,7 @@ func boundsOf(kind int, ts int64, loc *time.Location) bound {
 func (t *tenant) advance(ts, offset int64, p *Partition) {
 	if !t.started {
 		for k := range 3 {
-			t.bounds[k][0] = boundsOf(k, ts, t.loc)
+			t.bounds[k][0] = t.boundsOf(k, ts)
 		}
 		t.started, t.wm = true, ts
 		return
@@ -175,7 +181,7 @@ func (t *tenant) advance(ts, offset int64, p *Partition) {
 			}
 		}
 		t.bounds[k][1] = t.bounds[k][0]
-		t.bounds[k][0] = boundsOf(k, ts, t.loc)
+		t.bounds[k][0] = t.boundsOf(k, ts)
 		for _, s := range t.order {
 			s.per[k][1], s.per[k][0] = s.per[k][0], period{}
 			s.settled[k] = period{}
@@ -582,7 +588,7 @@ func (s *Series) repairPeriod(k int, ts int64, p *Partition) {
 			continue
 		}
 		if b.end == 0 {
-			b = boundsOf(k, ts, s.t.loc)
+			b = s.t.boundsOf(k, ts)
 		}
 		p.quotaRepairs = append(p.quotaRepairs, QuotaRow{
 			Tenant: s.t.id, Model: s.model, Quota: string(q.q.Name), Period: string(q.q.Period),

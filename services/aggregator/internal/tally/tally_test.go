@@ -746,3 +746,50 @@ prices:
 		t.Errorf("quota_state used %v, want * 7250 (billed) and gpt-x 11000 (total)", used)
 	}
 }
+
+// TestMonthsBeginOnTheTenantsBillingDay: a tenant billed from the 15th in
+// New York counts its monthly quota and budget from the 15th's local
+// midnight — across the start of daylight saving time (March 8th, 2026)
+// — resets both there and not on the 1st, and signals carry those bounds.
+func TestMonthsBeginOnTheTenantsBillingDay(t *testing.T) {
+	p := New(0, DefaultOptions())
+	p.SetPolicy(mustPolicy(t, `
+tenants:
+  acme:
+    timezone: America/New_York
+    billing_day: 15
+    budget: {amount: 10, currency: USD}
+    models:
+      "*": {monthly_tokens: 1000}
+prices:
+  - {model: gpt-4o, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 2.5, completion: 10}
+`))
+	ny, _ := time.LoadLocation("America/New_York")
+	p.Apply(ev("a", time.Date(2026, 2, 20, 12, 0, 0, 0, ny), 100, 0), 0)
+	p.Apply(ev("b", time.Date(2026, 3, 1, 12, 0, 0, 0, ny), 200, 0), 1) // the calendar month changes: the billing month does not
+	_, _, _, start, _ := p.Totals("acme", "*", "month")
+	if want := time.Date(2026, 2, 15, 0, 0, 0, 0, ny); !start.Equal(want) || totals(t, p, "*", "month") != 300 {
+		t.Fatalf("on March 1st the month began %v with %d tokens; want %v (the billing day, EST) with 300", start, totals(t, p, "*", "month"), want)
+	}
+	for _, s := range kinds(p.TakeSignals(), schemas.SignalPeriodReset) {
+		if s.Quota == schemas.QuotaMonthlyTokens || s.Quota == schemas.QuotaBudget {
+			t.Errorf("the 1st reset %s", s.Quota)
+		}
+	}
+	p.Apply(ev("c", time.Date(2026, 3, 14, 23, 59, 0, 0, ny), 1, 0), 2)
+	p.Apply(ev("d", time.Date(2026, 3, 15, 0, 0, 0, 0, ny), 7, 0), 3)
+	_, _, _, start, _ = p.Totals("acme", "*", "month")
+	if want := time.Date(2026, 3, 15, 0, 0, 0, 0, ny); !start.Equal(want) || start.UTC().Hour() != 4 || totals(t, p, "*", "month") != 7 {
+		t.Fatalf("on March 15th the month began %v (%v UTC) with %d tokens; want local midnight, EDT (04:00 UTC), with 7", start, start.UTC(), totals(t, p, "*", "month"))
+	}
+	var reset []string
+	for _, s := range kinds(p.TakeSignals(), schemas.SignalPeriodReset) {
+		reset = append(reset, string(s.Quota))
+		if !s.PeriodStart.Equal(start) || !s.PeriodEnd.Equal(time.Date(2026, 4, 15, 0, 0, 0, 0, ny)) {
+			t.Errorf("%s reset for %v..%v; want the billing month %v..April 15th", s.Quota, s.PeriodStart, s.PeriodEnd, start)
+		}
+	}
+	if fmt.Sprint(reset) != "[monthly_tokens budget]" {
+		t.Errorf("the billing day reset %v; want the monthly quota and the budget", reset)
+	}
+}
