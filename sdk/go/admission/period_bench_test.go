@@ -33,14 +33,7 @@ func (utcMonths) Bounds(t time.Time) (start, end time.Time) {
 // window keeps one field per 12-hour granule a user was active in: 1,000
 // keys of a user active in every granule, by MEMORY USAGE.
 func BenchmarkPeriodQuotaMemory(b *testing.B) {
-	users := 1_000_000
-	if v := os.Getenv("SLUICE_ADMISSION_BENCH_USERS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1000 {
-			b.Fatalf("SLUICE_ADMISSION_BENCH_USERS=%q: want a number of at least 1000", v)
-		}
-		users = n
-	}
+	users := benchUsers(b)
 	ctx := context.Background()
 	c := testClient(b, "")
 	prefix := itest.Unique(b, "sluice:adm:bench:") + ":"
@@ -93,6 +86,20 @@ func BenchmarkPeriodQuotaMemory(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.ReportMetric(meanMemoryUsage(b, c, 1000, winKey), "admission_month_window_bytes_per_active_user")
+}
+
+// benchUsers is SLUICE_ADMISSION_BENCH_USERS, the end users of the
+// memory benchmarks: 1,000,000 by default.
+func benchUsers(b *testing.B) int {
+	v := os.Getenv("SLUICE_ADMISSION_BENCH_USERS")
+	if v == "" {
+		return 1_000_000
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1000 {
+		b.Fatalf("SLUICE_ADMISSION_BENCH_USERS=%q: want a number of at least 1000", v)
+	}
+	return n
 }
 
 func mustMetrics(b *testing.B) *metrics {
