@@ -39,13 +39,13 @@ func parsePages() (map[string]*template.Template, error) {
 		"bar":   func(v float64) string { return strconv.FormatFloat(math.Max(0, math.Min(v, 100)), 'f', 1, 64) },
 		"clock": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 MST") },
 		// A quota is highlighted from the tier whose alerts are warnings.
-		"hot":     func(v float64) bool { return v >= policy.WarningTier },
-		"in":      func(now time.Time, t *time.Time) string { return until(now, t) },
-		"inT":     func(now, t time.Time) string { return until(now, &t) },
-		"sortURL": sortURL,
+		"hot":       func(v float64) bool { return v >= policy.WarningTier },
+		"in":        func(now time.Time, t *time.Time) string { return until(now, t) },
+		"inT":       func(now, t time.Time) string { return until(now, &t) },
+		"sortURL":   sortURL,
 		"tenantURL": tenantURL,
 		"keyURL":    keyURL,
-		"rateNum": func(v float64) string { return svgchart.Compact(v) },
+		"rateNum":   func(v float64) string { return svgchart.Compact(v) },
 	}
 	names, err := fs.Glob(assets, "templates/*.html")
 	if err != nil {
