@@ -77,9 +77,12 @@ func testOutputDir(t *testing.T) string {
 type consoleStack struct {
 	console, gateway, ingest string
 	adminToken               string
-	ingestKey, runawayKey    string
-	prefix                   string
-	cfg                      sluiceconfig.Config
+	// otherToken is a second operator's, for changes made behind the
+	// browser's back.
+	otherToken            string
+	ingestKey, runawayKey string
+	prefix                string
+	cfg                   sluiceconfig.Config
 }
 
 func startConsoleStack(t *testing.T) *consoleStack {
@@ -94,7 +97,7 @@ func startConsoleStack(t *testing.T) *consoleStack {
 	cfg.Log.Format = "text"
 	cfg.Ops.Listen = freeAddr(t)
 	cfg.SignalAuth = itest.SignalAuth(t)
-	s := &consoleStack{prefix: itest.Unique(t, "console") + ":", adminToken: "sk-admin-" + itest.Unique(t, ""),
+	s := &consoleStack{prefix: itest.Unique(t, "console") + ":", adminToken: "sk-admin-" + itest.Unique(t, ""), otherToken: "sk-admin-other-" + itest.Unique(t, ""),
 		ingestKey: "sk-ingest-" + itest.Unique(t, ""), runawayKey: "sk-ingest-runaway-" + itest.Unique(t, "")}
 	usage, signals, admin := itest.Unique(t, "console_usage"), itest.Unique(t, "console_signals"), itest.Unique(t, "console_admin")
 	sv := &cfg.Services
@@ -108,9 +111,12 @@ func startConsoleStack(t *testing.T) *consoleStack {
 	sv.Aggregator.FlushInterval = 100 * time.Millisecond
 	sv.Enforcer.SignalsTopic, sv.Enforcer.Group, sv.Enforcer.AdminTopic = signals, itest.Unique(t, "console_enf"), admin
 	sv.Enforcer.Admin.Listen = freeAddr(t)
-	sv.Enforcer.Admin.Tokens = []adminapi.Token{{Name: "browser-test", SHA256: adminapi.HashToken(s.adminToken)}}
+	sv.Enforcer.Admin.Tokens = []adminapi.Token{{Name: "browser-test", SHA256: adminapi.HashToken(s.adminToken)},
+		{Name: "other-operator", SHA256: adminapi.HashToken(s.otherToken)}}
 	g := &sv.Gateway
 	g.Listen, g.Name = freeAddr(t), s.prefix+"gateway"
+	// The gateway accepts the keys the console issues.
+	g.AdminTopic = admin
 	var keys strings.Builder
 	keys.WriteString("keys:\n")
 	for _, tn := range demoTenants {
@@ -302,20 +308,7 @@ func TestConsoleInABrowser(t *testing.T) {
 		return st.RefusedLastHour == 2
 	})
 
-	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(chromium), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
-		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 1000))
-	defer cancelAlloc()
-	browser, cancelBrowser := chromedp.NewContext(alloc)
-	defer cancelBrowser()
-	// The first call starts the browser and must have no deadline of its
-	// own (chromedp.Run); every step after it gets one.
-	if err := chromedp.Do(browser); err != nil {
-		t.Fatalf("starting %s: %v", chromium, err)
-	}
-	b := &page{t: t, ctx: browser, out: out}
+	b := openBrowser(t, chromium, out)
 
 	// Overview: runaway's hourly quota is highlighted, acme's are not.
 	b.do("overview", chromedp.Navigate(s.console+"/"), chromedp.WaitVisible(chromedp.ID("quotas")))
@@ -435,6 +428,26 @@ func TestConsoleInABrowser(t *testing.T) {
 			eval[int](b, `+(document.querySelector('#counted svg')?.dataset.points || 0)`) > 0
 	})
 	b.shot("pipeline.png")
+}
+
+// openBrowser starts a headless chromium for the test (ended with it) and
+// returns its tab.
+func openBrowser(t *testing.T, chromium, out string) *page {
+	t.Helper()
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(chromium), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 1000))
+	t.Cleanup(cancelAlloc)
+	browser, cancelBrowser := chromedp.NewContext(alloc)
+	t.Cleanup(cancelBrowser)
+	// The first call starts the browser and must have no deadline of its
+	// own (chromedp.Run); every step after it gets one.
+	if err := chromedp.Do(browser); err != nil {
+		t.Fatalf("starting %s: %v", chromium, err)
+	}
+	return &page{t: t, ctx: browser, out: out}
 }
 
 // page drives one browser tab for a test, each step under its own
