@@ -114,15 +114,14 @@ func TestConsoleKeysInABrowser(t *testing.T) {
 	b.do("the stale refusal", chromedp.WaitVisible(chromedp.CSS(revoke+` .form-error`)))
 	stale := b.text(chromedp.ID("form-revoke-" + keyID))
 	b.shot("keys-stale.png")
-	if status != http.StatusConflict || !strings.Contains(stale, "changed by other-operator") || !strings.Contains(stale, "Reload the page") {
+	if status != http.StatusConflict || !strings.Contains(stale, "changed by other-operator") || !strings.Contains(stale, "This page is reloaded") {
 		t.Errorf("the stale revoke: status %d, the form says %q", status, stale)
 	}
 
-	// From the reloaded page the revoke is made; the gateway refuses the key.
-	b.do("vip's page again", chromedp.Navigate(s.console+"/tenants/vip"), chromedp.WaitVisible(chromedp.ID("key-table")))
-	b.do("revoke", chromedp.Click(chromedp.CSS(`tr[data-key="`+keyID+`"] details:nth-of-type(2) summary`)),
-		chromedp.SendKeys(chromedp.CSS(revoke+` input[name=reason]`), "browser test: leaked"),
-		chromedp.Click(chromedp.CSS(revoke+` button[type=submit]`)), chromedp.WaitVisible(chromedp.ID("done")))
+	// The refused page shows the key as it is now, its forms carrying the
+	// new version, the reason kept: submitted again, the revoke is made and
+	// the gateway refuses the key.
+	b.do("revoke again", chromedp.Click(chromedp.CSS(revoke+` button[type=submit]`)), chromedp.WaitVisible(chromedp.ID("done")))
 	if state := eval[string](b, `document.querySelector('#key-table tr[data-key="`+keyID+`"]').dataset.state`); state != "revoked" {
 		t.Errorf("after the revoke the key is %q", state)
 	}
@@ -150,4 +149,24 @@ func TestConsoleKeysInABrowser(t *testing.T) {
 	if len(recent) != 3 || recent[0] != "key.revoke "+keyID {
 		t.Errorf("vip's recent key changes: %v; want the three, the revocation first", recent)
 	}
+
+	// A tenant administrator of vip manages vip's keys and sees no other
+	// tenant; a viewer sees the keys and no form.
+	b.do("log out", chromedp.Click(chromedp.CSS(`form[action="/logout"] button`)), chromedp.WaitVisible(chromedp.CSS(`a[href="/login"]`)))
+	b.do("log in as vip's administrator", chromedp.Navigate(s.console+"/login"), chromedp.WaitVisible(chromedp.ID("token")),
+		chromedp.SendKeys(chromedp.ID("token"), s.tenantAdminToken), chromedp.Click(chromedp.ID("login")), chromedp.WaitVisible(chromedp.ID("form-issue")))
+	if loc := eval[string](b, `location.pathname`); loc != "/tenants/vip" || eval[bool](b, `!!document.getElementById("form-trip")`) {
+		t.Errorf("vip's administrator lands on %s, or is offered the breaker forms", loc)
+	}
+	status = b.submit("acme's page as vip's administrator", chromedp.Navigate(s.console+"/tenants/acme"))
+	if status != http.StatusForbidden {
+		t.Errorf("vip's administrator reading acme's page: %d, want 403", status)
+	}
+	b.do("log out", chromedp.Click(chromedp.CSS(`form[action="/logout"] button`)), chromedp.WaitVisible(chromedp.CSS(`a[href="/login"]`)))
+	b.do("log in as a viewer", chromedp.Navigate(s.console+"/login?next=/tenants/vip"), chromedp.WaitVisible(chromedp.ID("token")),
+		chromedp.SendKeys(chromedp.ID("token"), s.viewerToken), chromedp.Click(chromedp.ID("login")), chromedp.WaitVisible(chromedp.ID("key-table")))
+	if n := eval[int](b, `document.querySelectorAll("#key-table tr[data-key]").length`); n != 1 || eval[int](b, `document.querySelectorAll("main form").length`) != 0 {
+		t.Errorf("a viewer sees %d keys (want 1) or forms", n)
+	}
+	b.shot("keys-viewer.png")
 }

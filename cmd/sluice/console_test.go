@@ -79,10 +79,12 @@ type consoleStack struct {
 	adminToken               string
 	// otherToken is a second operator's, for changes made behind the
 	// browser's back.
-	otherToken            string
-	ingestKey, runawayKey string
-	prefix                string
-	cfg                   sluiceconfig.Config
+	otherToken string
+	// viewerToken and tenantAdminToken (of vip) have those roles.
+	viewerToken, tenantAdminToken string
+	ingestKey, runawayKey         string
+	prefix                        string
+	cfg                           sluiceconfig.Config
 }
 
 func startConsoleStack(t *testing.T) *consoleStack {
@@ -98,6 +100,7 @@ func startConsoleStack(t *testing.T) *consoleStack {
 	cfg.Ops.Listen = freeAddr(t)
 	cfg.SignalAuth = itest.SignalAuth(t)
 	s := &consoleStack{prefix: itest.Unique(t, "console") + ":", adminToken: "sk-admin-" + itest.Unique(t, ""), otherToken: "sk-admin-other-" + itest.Unique(t, ""),
+		viewerToken: "sk-viewer-" + itest.Unique(t, ""), tenantAdminToken: "sk-vip-admin-" + itest.Unique(t, ""),
 		ingestKey: "sk-ingest-" + itest.Unique(t, ""), runawayKey: "sk-ingest-runaway-" + itest.Unique(t, "")}
 	usage, signals, admin := itest.Unique(t, "console_usage"), itest.Unique(t, "console_signals"), itest.Unique(t, "console_admin")
 	sv := &cfg.Services
@@ -112,7 +115,9 @@ func startConsoleStack(t *testing.T) *consoleStack {
 	sv.Enforcer.SignalsTopic, sv.Enforcer.Group, sv.Enforcer.AdminTopic = signals, itest.Unique(t, "console_enf"), admin
 	sv.Enforcer.Admin.Listen = freeAddr(t)
 	sv.Enforcer.Admin.Tokens = []adminapi.Token{{Name: "browser-test", SHA256: adminapi.HashToken(s.adminToken)},
-		{Name: "other-operator", SHA256: adminapi.HashToken(s.otherToken)}}
+		{Name: "other-operator", SHA256: adminapi.HashToken(s.otherToken)},
+		{Name: "auditor", SHA256: adminapi.HashToken(s.viewerToken), Role: adminapi.RoleViewer},
+		{Name: "vip-admin", SHA256: adminapi.HashToken(s.tenantAdminToken), Role: adminapi.RoleTenantAdmin, Tenant: "vip"}}
 	g := &sv.Gateway
 	g.Listen, g.Name = freeAddr(t), s.prefix+"gateway"
 	// The gateway accepts the keys the console issues.

@@ -192,7 +192,7 @@ func (s *server) revokeKey(w http.ResponseWriter, r *http.Request) {
 	}
 	s.log.Info("console: API key revoked", "tenant", tenant, "key", id, "version", k.Version)
 	done := fmt.Sprintf("Key %s revoked (version %d): every gateway refuses it within seconds.", id, k.Version)
-	http.Redirect(w, r, tenantURL(tenant)+"?done="+url.QueryEscape(done)+"#keys", http.StatusSeeOther)
+	http.Redirect(w, r, tenantURL(tenant)+"?done="+url.QueryEscape(done), http.StatusSeeOther)
 }
 
 // keyRefusal is refusal for a change of key id that read version: when
@@ -204,7 +204,11 @@ func (s *server) keyRefusal(ctx context.Context, sess *session, form, id string,
 		return fs
 	}
 	if k, kerr := sess.client.Key(ctx, id); kerr == nil && k.Version != read {
-		fs.Errors = []string{fmt.Sprintf("Key %s was changed by %s at %s since you loaded the page (it is at version %d, your page read version %d). Reload the page to see the change, then decide again.",
+		// The page rendered with this refusal reads the key anew, so its
+		// forms carry the new version: submitting again is a decision made
+		// on what the key is now.
+		fs.Errors = []string{fmt.Sprintf("Key %s was changed by %s at %s since you loaded the page (it is at version %d, your page read version %d), so nothing was done. "+
+			"This page is reloaded and shows the key as it is now: check the change, then submit again if you still mean it.",
 			id, k.UpdatedBy, k.UpdatedAt.UTC().Format("2006-01-02 15:04:05 MST"), k.Version, read)}
 	}
 	return fs

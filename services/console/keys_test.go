@@ -395,7 +395,7 @@ func TestAStaleRevokeSaysWhoChangedTheKeySince(t *testing.T) {
 	}
 	rec := c.do(ck, http.MethodPost, "/tenants/blue/keys/"+id+"/revoke", url.Values{"version": {"1"}, "reason": {"leaked"}})
 	body := rec.Body.String()
-	if rec.Code != http.StatusConflict || !strings.Contains(body, "was changed by alice") || !strings.Contains(body, "Reload the page") ||
+	if rec.Code != http.StatusConflict || !strings.Contains(body, "was changed by alice") || !strings.Contains(body, "This page is reloaded") ||
 		!strings.Contains(body, `<details open><summary>Revoke</summary>`) || !strings.Contains(body, `value="leaked"`) {
 		t.Fatalf("stale revoke: %d\n%s", rec.Code, body)
 	}
