@@ -36,13 +36,7 @@ func (p *page) submit(what string, steps ...chromedp.Action[chromedp.Void]) int6
 // the key; the key's audit trail shows the issue, the rotation and the
 // revocation with who, why and the diff.
 func TestConsoleKeysInABrowser(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs the services and a browser")
-	}
-	chromium := chromiumPath(t)
-	out := testOutputDir(t)
-	s := startConsoleStack(t)
-	b := openBrowser(t, chromium, out)
+	s, b := consoleInABrowser(t)
 	const chatBody = `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`
 
 	b.do("log in", chromedp.Navigate(s.console+"/login?next=/tenants/vip"), chromedp.WaitVisible(chromedp.ID("token")),

@@ -287,12 +287,7 @@ func linesOf(st usageAnswer) []quotaLine {
 // pipeline page filled from the services' metrics. Screenshots of each
 // page, at desktop and phone widths, are left in the test output folder.
 func TestConsoleInABrowser(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs the services and a browser")
-	}
-	chromium := chromiumPath(t)
-	out := testOutputDir(t)
-	s := startConsoleStack(t)
+	s, b := consoleInABrowser(t)
 	s.sendDemoUsage(t, time.Now().UTC())
 
 	// The pipeline counted the usage: the tenant's own ingest key reads it.
@@ -312,8 +307,6 @@ func TestConsoleInABrowser(t *testing.T) {
 		st, _ := usageOf(t, s.gateway, "sk-demo-trial", "")
 		return st.RefusedLastHour == 2
 	})
-
-	b := openBrowser(t, chromium, out)
 
 	// Overview: runaway's hourly quota is highlighted, acme's are not.
 	b.do("overview", chromedp.Navigate(s.console+"/"), chromedp.WaitVisible(chromedp.ID("quotas")))
@@ -435,10 +428,17 @@ func TestConsoleInABrowser(t *testing.T) {
 	b.shot("pipeline.png")
 }
 
-// openBrowser starts a headless chromium for the test (ended with it) and
-// returns its tab.
-func openBrowser(t *testing.T, chromium, out string) *page {
+// consoleInABrowser starts the console's arrangement (startConsoleStack)
+// and a headless chromium, both ended with the test, and returns the
+// stack and the browser's tab. It skips in -short mode.
+func consoleInABrowser(t *testing.T) (*consoleStack, *page) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("needs the services and a browser")
+	}
+	chromium := chromiumPath(t)
+	out := testOutputDir(t)
+	s := startConsoleStack(t)
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
 		chromedp.ExecPath(chromium), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
 		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
@@ -452,7 +452,7 @@ func openBrowser(t *testing.T, chromium, out string) *page {
 	if err := chromedp.Do(browser); err != nil {
 		t.Fatalf("starting %s: %v", chromium, err)
 	}
-	return &page{t: t, ctx: browser, out: out}
+	return s, &page{t: t, ctx: browser, out: out}
 }
 
 // page drives one browser tab for a test, each step under its own
