@@ -86,6 +86,17 @@ func TestConsoleKeysInABrowser(t *testing.T) {
 		t.Errorf("vip's keys: %v (or the page shows the secret); want [%s active 1]", rows, keyID)
 	}
 
+	// On a phone the keys, their forms open, fit the screen.
+	b.do("vip's keys on a phone", chromedp.EmulateViewport(390, 844), chromedp.Reload(), chromedp.WaitVisible(chromedp.ID("key-table")),
+		chromedp.Click(chromedp.CSS(`tr[data-key="`+keyID+`"] details:nth-of-type(1) summary`)),
+		chromedp.Click(chromedp.CSS(`tr[data-key="`+keyID+`"] details:nth-of-type(2) summary`)))
+	overflow := eval[int](b, `document.documentElement.scrollWidth - window.innerWidth`)
+	b.shot("keys-phone.png")
+	if overflow > 0 {
+		t.Errorf("at 390 px vip's page is %d px wider than the screen", overflow)
+	}
+	b.do("desktop again", chromedp.EmulateViewport(1280, 1000), chromedp.Navigate(s.console+"/tenants/vip"), chromedp.WaitVisible(chromedp.ID("key-table")))
+
 	// The gateway serves the key at once.
 	itest.Eventually(t, 10*time.Second, "the gateway serves the issued key", func() bool {
 		code, _ := chat(t, s.gateway+"/v1/chat/completions", secret, chatBody)

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -299,7 +300,11 @@ func (s *server) tenantAudit(w http.ResponseWriter, r *http.Request) {
 		}
 		pg.Entries = append(pg.Entries, es...)
 	}
-	slices.SortStableFunc(pg.Entries, func(a, b adminapi.AuditEntry) int { return b.Time.Compare(a.Time) })
+	// The trail's times are whole seconds; request ids sort by the precise
+	// time within one.
+	slices.SortStableFunc(pg.Entries, func(a, b adminapi.AuditEntry) int {
+		return cmp.Or(b.Time.Compare(a.Time), strings.Compare(b.RequestID, a.RequestID))
+	})
 	pg.Entries = pg.Entries[:min(len(pg.Entries), auditEntries)]
 	s.render(w, r, "audit", http.StatusOK, pg)
 }

@@ -471,3 +471,34 @@ func TestRefusalMapsEachMessageToItsInput(t *testing.T) {
 		t.Errorf("unreachable API: %+v", f)
 	}
 }
+
+func TestAKeysStateSaysWhetherItIsAccepted(t *testing.T) {
+	now := time.Now()
+	for want, k := range map[string]adminapi.Key{
+		keyActive:   {ExpiresAt: now.Add(time.Hour), PreviousFingerprint: "sha256:old", PreviousUntil: now.Add(-time.Second)},
+		keyRotating: {PreviousFingerprint: "sha256:old", PreviousUntil: now.Add(time.Minute)},
+		keyExpired:  {ExpiresAt: now},
+		keyRevoked:  {Revoked: true, ExpiresAt: now.Add(-time.Hour)},
+	} {
+		if got := viewKey(k, now).State; got != want {
+			t.Errorf("%+v: %s, want %s", k, got, want)
+		}
+	}
+}
+
+// Every key form is refused from another site before any handler.
+func TestKeyFormsRefuseCrossSitePosts(t *testing.T) {
+	c := newKeyConsole(t)
+	ck := c.login("op-token")
+	for _, p := range []string{"/tenants/blue/keys", "/tenants/blue/keys/k1/rotate", "/tenants/blue/keys/k1/revoke"} {
+		req := httptest.NewRequest(http.MethodPost, p, strings.NewReader("models=*&reason=x&version=1"))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Sec-Fetch-Site", "cross-site")
+		req.AddCookie(ck)
+		rec := httptest.NewRecorder()
+		c.h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusForbidden || c.admin.count() != 0 {
+			t.Errorf("cross-site post to %s: %d", p, rec.Code)
+		}
+	}
+}
