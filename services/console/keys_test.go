@@ -52,6 +52,17 @@ func (f *fakeAdmin) handler() http.Handler {
 	mux.HandleFunc("GET "+adminapi.PathBreakers, func(w http.ResponseWriter, r *http.Request) {
 		reply(w, 200, adminapi.BreakersResponse{Breakers: []adminapi.Breaker{}})
 	})
+	for _, a := range adminapi.Actions() {
+		mux.HandleFunc("POST "+a.Path(), func(w http.ResponseWriter, r *http.Request) {
+			var req adminapi.Request
+			_ = json.NewDecoder(r.Body).Decode(&req)
+			if d, err := time.ParseDuration(req.ExpiresIn); req.ExpiresIn != "" && (err != nil || d <= 0) {
+				refuse(w, 400, fmt.Sprintf("expires_in: %q is not a positive duration such as 2h\nreason: required", req.ExpiresIn))
+				return
+			}
+			reply(w, 200, adminapi.ActionResponse{RequestID: "r1", Action: a, Breakers: []adminapi.Breaker{}})
+		})
+	}
 	mux.HandleFunc("GET "+adminapi.PathKeys, func(w http.ResponseWriter, r *http.Request) {
 		out := []adminapi.Key{}
 		for _, k := range f.snapshot() {
@@ -500,5 +511,31 @@ func TestKeyFormsRefuseCrossSitePosts(t *testing.T) {
 		if rec.Code != http.StatusForbidden || c.admin.count() != 0 {
 			t.Errorf("cross-site post to %s: %d", p, rec.Code)
 		}
+	}
+}
+
+// The breaker and override forms come back in place too, the choices and
+// the typed values kept; a role that may not act is refused plainly.
+func TestARefusedActionIsShownInPlace(t *testing.T) {
+	c := newKeyConsole(t)
+	ck := c.login("op-token")
+	rec := c.do(ck, http.MethodPost, "/tenants/blue/act", url.Values{"action": {"breaker.trip"}, "model": {"*"}, "key": {"k1"}, "expires": {"soon"}, "reason": {"stop"}})
+	body := rec.Body.String()
+	if rec.Code != http.StatusUnprocessableEntity {
+		t.Fatalf("refused trip: %d\n%s", rec.Code, body)
+	}
+	for _, want := range []string{`<option selected>*</option>`, `<input name="key" value="k1">`,
+		`<input name="expires" required value="soon"></label><span class="field-error" role="alert">expires_in: &#34;soon&#34;`,
+		`<input name="reason" required maxlength="500" value="stop"></label><span class="field-error" role="alert">reason: required`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the trip form lacks %s", want)
+		}
+	}
+	rec = c.do(ck, http.MethodPost, "/tenants/blue/act", url.Values{"action": {"override.set"}, "quota": {"hourly_tokens"}, "limit": {"lots"}, "expires": {"1h"}, "reason": {"x"}})
+	if body := rec.Body.String(); rec.Code != http.StatusUnprocessableEntity || !strings.Contains(body, `value="lots"></label><span class="field-error" role="alert">limit: &#34;lots&#34; is not a number`) {
+		t.Errorf("an override with a limit that is no number: %d\n%s", rec.Code, body)
+	}
+	if rec := c.do(c.login("viewer-token"), http.MethodPost, "/tenants/blue/act", url.Values{"action": {"breaker.trip"}, "reason": {"x"}, "expires": {"1h"}}); rec.Code != http.StatusForbidden {
+		t.Errorf("a viewer's trip: %d, want 403", rec.Code)
 	}
 }

@@ -322,7 +322,6 @@ type tenantPage struct {
 	Kinds      []flags.Kind
 	Actions    map[string]adminapi.Action
 	Done       string
-	Error      string
 	ChartError string
 	Now        time.Time
 	// Who is the session's token; CanAct: it may change breakers and
@@ -363,7 +362,7 @@ func (s *server) showTenant(w http.ResponseWriter, r *http.Request, form formSta
 		return
 	}
 	now := s.now().UTC()
-	pg := tenantPage{Status: st, Now: now, Done: r.URL.Query().Get("done"), Error: r.URL.Query().Get("error"),
+	pg := tenantPage{Status: st, Now: now, Done: r.URL.Query().Get("done"),
 		Quotas: schemas.QuotaKinds(), Kinds: []flags.Kind{flags.KindQuota, flags.KindRate, flags.KindErrorRatio, flags.KindSlowCall, flags.KindManual, flags.KindBlacklist},
 		Actions: map[string]adminapi.Action{"trip": adminapi.ActionTrip, "reset": adminapi.ActionReset, "blacklist": adminapi.ActionBlacklist,
 			"unblacklist": adminapi.ActionUnblacklist, "override": adminapi.ActionSetOverride, "unoverride": adminapi.ActionClearOverride},
@@ -548,7 +547,8 @@ func minTime(a, b time.Time) time.Time {
 }
 
 // act posts one admin action to the enforcer with the session's token and
-// comes back to the tenant page saying what happened.
+// comes back to the tenant page saying what happened; a refused action's
+// form is shown again in place (formState).
 func (s *server) act(w http.ResponseWriter, r *http.Request) {
 	tenant := r.PathValue("tenant")
 	back := "/tenants/" + url.PathEscape(tenant)
@@ -560,6 +560,10 @@ func (s *server) act(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, adminapi.MaxBodyBytes)
 	if err := r.ParseForm(); err != nil {
 		s.fail(w, r, http.StatusBadRequest, "The form could not be read: "+err.Error())
+		return
+	}
+	if !sess.mayAct() {
+		s.fail(w, r, http.StatusForbidden, fmt.Sprintf("Your token (%s, %s) may not trip, reset, blacklist or override.", sess.who.Name, sess.who.Role))
 		return
 	}
 	f := r.PostForm
@@ -576,7 +580,8 @@ func (s *server) act(w http.ResponseWriter, r *http.Request) {
 	if v := strings.TrimSpace(f.Get("limit")); v != "" {
 		l, err := strconv.ParseFloat(v, 64)
 		if err != nil {
-			http.Redirect(w, r, back+"?error="+url.QueryEscape(fmt.Sprintf("limit: %q is not a number", v)), http.StatusSeeOther)
+			s.showTenant(w, r, formState{Name: string(action), Values: f, Status: http.StatusUnprocessableEntity,
+				Fields: map[string][]string{"limit": {fmt.Sprintf("limit: %q is not a number", v)}}})
 			return
 		}
 		req.Limit = &l
@@ -585,12 +590,16 @@ func (s *server) act(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	res, err := sess.client.Do(ctx, action, req)
 	if err != nil {
-		http.Redirect(w, r, back+"?error="+url.QueryEscape(err.Error()), http.StatusSeeOther)
+		s.showTenant(w, r, refusal(string(action), f, err, actInputs))
 		return
 	}
 	s.log.Info("console: admin action done", "action", action, "tenant", tenant, "request_id", res.RequestID)
 	http.Redirect(w, r, back+"?done="+url.QueryEscape(fmt.Sprintf("%s done (audit request %s)", action, res.RequestID)), http.StatusSeeOther)
 }
+
+// actInputs are the action forms' inputs, by the admin API's field names.
+var actInputs = map[string]string{"model": "model", "api_key_id": "key", "kind": "kind", "quota": "quota", "limit": "limit",
+	"expires_at": "expires", "expires_in": "expires", "reason": "reason"}
 
 // tile is one figure of the pipeline page.
 type tile struct {
