@@ -28,7 +28,21 @@ const (
 	PathFlags = "/admin/v1/flags"
 	// PathOverrides lists temporary quota overrides: OverridesResponse.
 	PathOverrides = "/admin/v1/overrides"
+	// PathWhoAmI answers who the caller's token is: WhoAmIResponse. Every
+	// role may read it, so a front end (the console) can show each role
+	// only what it may do.
+	PathWhoAmI = "/admin/v1/whoami"
 )
+
+// WhoAmIResponse answers GET PathWhoAmI.
+type WhoAmIResponse struct {
+	// Name is the actor the audit trail records for the token.
+	Name string `json:"name"`
+	// Role is RoleOperator, RoleTenantAdmin or RoleViewer (never empty).
+	Role string `json:"role"`
+	// Tenant is a RoleTenantAdmin token's tenant; empty for the others.
+	Tenant string `json:"tenant,omitempty"`
+}
 
 // Action is one change an operator can make. Its value is what the audit
 // log (admin_audit.action) records, so existing values must never change:

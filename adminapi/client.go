@@ -95,6 +95,13 @@ func (e *Error) Error() string {
 	return "admin API: " + e.Status + ": " + e.Message
 }
 
+// WhoAmI returns who the token is: its name, role and tenant.
+func (c *Client) WhoAmI(ctx context.Context) (WhoAmIResponse, error) {
+	var r WhoAmIResponse
+	err := c.get(ctx, PathWhoAmI, "", &r)
+	return r, err
+}
+
 // Breakers lists open and half-open breakers; tenant "" lists every tenant's.
 func (c *Client) Breakers(ctx context.Context, tenant string) ([]Breaker, error) {
 	var r BreakersResponse

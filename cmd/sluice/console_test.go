@@ -77,9 +77,14 @@ func testOutputDir(t *testing.T) string {
 type consoleStack struct {
 	console, gateway, ingest string
 	adminToken               string
-	ingestKey, runawayKey    string
-	prefix                   string
-	cfg                      sluiceconfig.Config
+	// otherToken is a second operator's, for changes made behind the
+	// browser's back.
+	otherToken string
+	// viewerToken and tenantAdminToken (of vip) have those roles.
+	viewerToken, tenantAdminToken string
+	ingestKey, runawayKey         string
+	prefix                        string
+	cfg                           sluiceconfig.Config
 }
 
 func startConsoleStack(t *testing.T) *consoleStack {
@@ -94,7 +99,8 @@ func startConsoleStack(t *testing.T) *consoleStack {
 	cfg.Log.Format = "text"
 	cfg.Ops.Listen = freeAddr(t)
 	cfg.SignalAuth = itest.SignalAuth(t)
-	s := &consoleStack{prefix: itest.Unique(t, "console") + ":", adminToken: "sk-admin-" + itest.Unique(t, ""),
+	s := &consoleStack{prefix: itest.Unique(t, "console") + ":", adminToken: "sk-admin-" + itest.Unique(t, ""), otherToken: "sk-admin-other-" + itest.Unique(t, ""),
+		viewerToken: "sk-viewer-" + itest.Unique(t, ""), tenantAdminToken: "sk-vip-admin-" + itest.Unique(t, ""),
 		ingestKey: "sk-ingest-" + itest.Unique(t, ""), runawayKey: "sk-ingest-runaway-" + itest.Unique(t, "")}
 	usage, signals, admin := itest.Unique(t, "console_usage"), itest.Unique(t, "console_signals"), itest.Unique(t, "console_admin")
 	sv := &cfg.Services
@@ -108,9 +114,14 @@ func startConsoleStack(t *testing.T) *consoleStack {
 	sv.Aggregator.FlushInterval = 100 * time.Millisecond
 	sv.Enforcer.SignalsTopic, sv.Enforcer.Group, sv.Enforcer.AdminTopic = signals, itest.Unique(t, "console_enf"), admin
 	sv.Enforcer.Admin.Listen = freeAddr(t)
-	sv.Enforcer.Admin.Tokens = []adminapi.Token{{Name: "browser-test", SHA256: adminapi.HashToken(s.adminToken)}}
+	sv.Enforcer.Admin.Tokens = []adminapi.Token{{Name: "browser-test", SHA256: adminapi.HashToken(s.adminToken)},
+		{Name: "other-operator", SHA256: adminapi.HashToken(s.otherToken)},
+		{Name: "auditor", SHA256: adminapi.HashToken(s.viewerToken), Role: adminapi.RoleViewer},
+		{Name: "vip-admin", SHA256: adminapi.HashToken(s.tenantAdminToken), Role: adminapi.RoleTenantAdmin, Tenant: "vip"}}
 	g := &sv.Gateway
 	g.Listen, g.Name = freeAddr(t), s.prefix+"gateway"
+	// The gateway accepts the keys the console issues.
+	g.AdminTopic = admin
 	var keys strings.Builder
 	keys.WriteString("keys:\n")
 	for _, tn := range demoTenants {
@@ -276,12 +287,7 @@ func linesOf(st usageAnswer) []quotaLine {
 // pipeline page filled from the services' metrics. Screenshots of each
 // page, at desktop and phone widths, are left in the test output folder.
 func TestConsoleInABrowser(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs the services and a browser")
-	}
-	chromium := chromiumPath(t)
-	out := testOutputDir(t)
-	s := startConsoleStack(t)
+	s, b := consoleInABrowser(t)
 	s.sendDemoUsage(t, time.Now().UTC())
 
 	// The pipeline counted the usage: the tenant's own ingest key reads it.
@@ -301,21 +307,6 @@ func TestConsoleInABrowser(t *testing.T) {
 		st, _ := usageOf(t, s.gateway, "sk-demo-trial", "")
 		return st.RefusedLastHour == 2
 	})
-
-	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(chromium), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
-		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 1000))
-	defer cancelAlloc()
-	browser, cancelBrowser := chromedp.NewContext(alloc)
-	defer cancelBrowser()
-	// The first call starts the browser and must have no deadline of its
-	// own (chromedp.Run); every step after it gets one.
-	if err := chromedp.Do(browser); err != nil {
-		t.Fatalf("starting %s: %v", chromium, err)
-	}
-	b := &page{t: t, ctx: browser, out: out}
 
 	// Overview: runaway's hourly quota is highlighted, acme's are not.
 	b.do("overview", chromedp.Navigate(s.console+"/"), chromedp.WaitVisible(chromedp.ID("quotas")))
@@ -435,6 +426,33 @@ func TestConsoleInABrowser(t *testing.T) {
 			eval[int](b, `+(document.querySelector('#counted svg')?.dataset.points || 0)`) > 0
 	})
 	b.shot("pipeline.png")
+}
+
+// consoleInABrowser starts the console's arrangement (startConsoleStack)
+// and a headless chromium, both ended with the test, and returns the
+// stack and the browser's tab. It skips in -short mode.
+func consoleInABrowser(t *testing.T) (*consoleStack, *page) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs the services and a browser")
+	}
+	chromium := chromiumPath(t)
+	out := testOutputDir(t)
+	s := startConsoleStack(t)
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(chromium), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 1000))
+	t.Cleanup(cancelAlloc)
+	browser, cancelBrowser := chromedp.NewContext(alloc)
+	t.Cleanup(cancelBrowser)
+	// The first call starts the browser and must have no deadline of its
+	// own (chromedp.Run); every step after it gets one.
+	if err := chromedp.Do(browser); err != nil {
+		t.Fatalf("starting %s: %v", chromium, err)
+	}
+	return s, &page{t: t, ctx: browser, out: out}
 }
 
 // page drives one browser tab for a test, each step under its own

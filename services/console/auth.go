@@ -21,10 +21,29 @@ const cookieName = "sluice_console"
 const maxSessions = 1000
 
 // session is one logged-in operator: the admin token they typed, kept in
-// memory only, and the client that acts with it.
+// memory only, the client that acts with it, and who the enforcer says
+// the token is (its role decides what the pages offer; the enforcer
+// enforces it anyway).
 type session struct {
 	client  *adminapi.Client
+	who     adminapi.WhoAmIResponse
 	expires time.Time
+}
+
+// mayAct reports whether the session may see and change the fleet's
+// breakers, flags and overrides: operators only.
+func (s *session) mayAct() bool { return s.who.Role == adminapi.RoleOperator }
+
+// maySee reports whether the session may see tenant's page: a tenant
+// administrator sees its own tenant only.
+func (s *session) maySee(tenant string) bool {
+	return s.who.Role != adminapi.RoleTenantAdmin || s.who.Tenant == tenant
+}
+
+// mayChangeKeys reports whether the session may issue, rotate and revoke
+// tenant's API keys.
+func (s *session) mayChangeKeys(tenant string) bool {
+	return s.who.Role == adminapi.RoleOperator || (s.who.Role == adminapi.RoleTenantAdmin && s.who.Tenant == tenant)
 }
 
 // sessions are the console's logins, by random id.
@@ -42,7 +61,7 @@ func newSessions(ttl time.Duration, maxN int) *sessions {
 }
 
 // add stores a session and returns its id.
-func (ss *sessions) add(c *adminapi.Client) string {
+func (ss *sessions) add(c *adminapi.Client, who adminapi.WhoAmIResponse) string {
 	var b [32]byte
 	_, _ = rand.Read(b[:])
 	id := hex.EncodeToString(b[:])
@@ -57,7 +76,7 @@ func (ss *sessions) add(c *adminapi.Client) string {
 		}
 		delete(ss.m, oldest)
 	}
-	ss.m[id] = session{client: c, expires: ss.now().Add(ss.ttl)}
+	ss.m[id] = session{client: c, who: who, expires: ss.now().Add(ss.ttl)}
 	return id
 }
 
@@ -114,8 +133,8 @@ type loginPage struct {
 	Next, Error string
 }
 
-// login checks the token against the enforcer's admin API (a listing it
-// answers only to a known token) and opens a session.
+// login checks the token against the enforcer's admin API, which says who
+// it is, and opens a session.
 func (s *server) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
 	token := r.PostFormValue("token")
@@ -131,9 +150,8 @@ func (s *server) login(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	// "-" is no tenant's name: the answer is empty, and refused for an
-	// unknown token.
-	if _, err := c.Overrides(ctx, "-"); err != nil {
+	who, err := c.WhoAmI(ctx)
+	if err != nil {
 		var ae *adminapi.Error
 		msg := fmt.Sprintf("The enforcer's admin API at %s did not answer (%v); is the enforcer running with admin.listen?", s.adminURL, err)
 		status := http.StatusBadGateway
@@ -143,7 +161,10 @@ func (s *server) login(w http.ResponseWriter, r *http.Request) {
 		s.render(w, r, "login", status, loginPage{Next: next, Error: msg})
 		return
 	}
-	id := s.sessions.add(c)
+	id := s.sessions.add(c, who)
+	if who.Role == adminapi.RoleTenantAdmin && next == "/" {
+		next = tenantURL(who.Tenant)
+	}
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: id, Path: "/", HttpOnly: true, Secure: s.secure,
 		SameSite: http.SameSiteStrictMode, MaxAge: int(s.cfg.SessionTTL.Seconds())})
 	http.Redirect(w, r, next, http.StatusSeeOther)

@@ -13,7 +13,7 @@ import (
 // Config is the console's section of the configuration (services.console).
 type Config struct {
 	Listen      string              `yaml:"listen" help:"address of the web console (its own listener; the console runs only when named: sluice run ... console, or sluice demo)"`
-	AdminURL    string              `yaml:"admin_url" help:"the enforcer's admin API, through which every console action (trip, reset, blacklist, override) goes, authenticated by the operator's admin token and audited there"`
+	AdminURL    string              `yaml:"admin_url" help:"the enforcer's admin API, through which every console action (trip, reset, blacklist, override; issue, rotate, revoke API keys) goes, authenticated by the operator's admin token and audited there"`
 	AdminCAFile string              `yaml:"admin_ca_file" help:"PEM CA certificate(s) to trust for an https admin_url with a private certificate"`
 	MetricsURLs []string            `yaml:"metrics_urls" help:"Prometheus /metrics endpoints of the services the pipeline page reads (ingest, aggregator, enforcer); empty: this process's own metrics"`
 	SampleEvery time.Duration       `yaml:"sample_every" help:"how often the pipeline page's metrics are sampled"`

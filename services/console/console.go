@@ -25,6 +25,12 @@
 // token (adminapi.Client), so it is authenticated, validated and audited
 // there exactly as `sluicectl admin` is, under the operator's name. Forms
 // are protected against cross-site posting (http.CrossOriginProtection).
+//
+// A tenant's page also manages its API keys (keys.go): issue (the secret
+// shown once, in the form's own answer), rotate and revoke with the
+// version the page read, and each key's audit trail. What a page offers
+// follows the token's role, which the login asks the enforcer for. A form
+// the admin API refuses is shown again in place (forms.go).
 package console
 
 import (
@@ -174,6 +180,11 @@ func (s *server) Handler() http.Handler {
 	mux.HandleFunc("GET /{$}", s.overview)
 	mux.HandleFunc("GET /tenants/{tenant}", s.tenant)
 	mux.HandleFunc("POST /tenants/{tenant}/act", s.act)
+	mux.HandleFunc("POST /tenants/{tenant}/keys", s.issueKey)
+	mux.HandleFunc("GET /tenants/{tenant}/keys/{id}", s.keyPage)
+	mux.HandleFunc("POST /tenants/{tenant}/keys/{id}/rotate", s.rotateKey)
+	mux.HandleFunc("POST /tenants/{tenant}/keys/{id}/revoke", s.revokeKey)
+	mux.HandleFunc("GET /tenants/{tenant}/audit", s.tenantAudit)
 	mux.HandleFunc("GET /pipeline", s.pipeline)
 	mux.HandleFunc("GET /login", s.loginForm)
 	mux.HandleFunc("POST /login", s.login)

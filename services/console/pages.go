@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/adminapi"
+	"github.com/sluicehq/sluice/internal/controlplane"
 	"github.com/sluicehq/sluice/internal/quotastatus"
 	"github.com/sluicehq/sluice/internal/quotastatus/chstate"
 	"github.com/sluicehq/sluice/policy"
@@ -38,14 +39,13 @@ func parsePages() (map[string]*template.Template, error) {
 		"bar":   func(v float64) string { return strconv.FormatFloat(math.Max(0, math.Min(v, 100)), 'f', 1, 64) },
 		"clock": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 MST") },
 		// A quota is highlighted from the tier whose alerts are warnings.
-		"hot":     func(v float64) bool { return v >= policy.WarningTier },
-		"in":      func(now time.Time, t *time.Time) string { return until(now, t) },
-		"inT":     func(now, t time.Time) string { return until(now, &t) },
-		"sortURL": sortURL,
-		"tenantURL": func(t string) string {
-			return "/tenants/" + url.PathEscape(t)
-		},
-		"rateNum": func(v float64) string { return svgchart.Compact(v) },
+		"hot":       func(v float64) bool { return v >= policy.WarningTier },
+		"in":        func(now time.Time, t *time.Time) string { return until(now, t) },
+		"inT":       func(now, t time.Time) string { return until(now, &t) },
+		"sortURL":   sortURL,
+		"tenantURL": tenantURL,
+		"keyURL":    keyURL,
+		"rateNum":   func(v float64) string { return svgchart.Compact(v) },
 	}
 	names, err := fs.Glob(assets, "templates/*.html")
 	if err != nil {
@@ -65,6 +65,9 @@ func parsePages() (map[string]*template.Template, error) {
 	}
 	return out, nil
 }
+
+// tenantURL is tenant's page.
+func tenantURL(tenant string) string { return "/tenants/" + url.PathEscape(tenant) }
 
 // page is what the layout needs besides a page's own data.
 type page struct {
@@ -88,6 +91,13 @@ func (s *server) render(w http.ResponseWriter, r *http.Request, name string, sta
 		p.Title, p.Refresh = "Pipeline", 10
 	case loginPage:
 		p.Title = "Log in"
+	case secretPage:
+		p.Title, p.Nav = "The secret of key "+v.Key.ID, "overview"
+	case auditPage:
+		p.Title, p.Nav = "Key changes of "+v.Tenant, "overview"
+		if v.Key != nil {
+			p.Title = "Key " + v.Key.ID
+		}
 	}
 	var buf bytes.Buffer
 	if err := s.pages[name].Execute(&buf, p); err != nil {
@@ -153,7 +163,11 @@ func (s *server) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	pg.Tier, _ = strconv.Atoi(q.Get("tier"))
 	plans := map[string]bool{}
+	sess := s.sessions.get(r)
 	for _, st := range all {
+		if sess != nil && !sess.maySee(st.Tenant) {
+			continue
+		}
 		if st.Plan != "" {
 			plans[st.Plan] = true
 		}
@@ -308,13 +322,34 @@ type tenantPage struct {
 	Kinds      []flags.Kind
 	Actions    map[string]adminapi.Action
 	Done       string
-	Error      string
 	ChartError string
 	Now        time.Time
+	// Who is the session's token; CanAct: it may change breakers and
+	// overrides (operators); CanKeys: it may change this tenant's keys.
+	Who             adminapi.WhoAmIResponse
+	CanAct, CanKeys bool
+	Keys            []keyView
+	// KeysError says why the keys could not be listed.
+	KeysError string
+	// Form is a refused form shown again in place.
+	Form formState
+	// IssueID is the key id the issue form carries (issueKey).
+	IssueID string
 }
 
 func (s *server) tenant(w http.ResponseWriter, r *http.Request) {
+	s.showTenant(w, r, formState{})
+}
+
+// showTenant renders tenant's page, with form shown again in place when
+// the admin API refused it (its status is the page's).
+func (s *server) showTenant(w http.ResponseWriter, r *http.Request, form formState) {
 	tenant := r.PathValue("tenant")
+	sess := s.sessions.get(r)
+	if sess != nil && !sess.maySee(tenant) {
+		s.fail(w, r, http.StatusForbidden, fmt.Sprintf("Your token (%s) administers tenant %s only.", sess.who.Name, sess.who.Tenant))
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
 	defer cancel()
 	st, err := s.status.Tenant(ctx, tenant)
@@ -327,10 +362,11 @@ func (s *server) tenant(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := s.now().UTC()
-	pg := tenantPage{Status: st, Now: now, Done: r.URL.Query().Get("done"), Error: r.URL.Query().Get("error"),
+	pg := tenantPage{Status: st, Now: now, Done: r.URL.Query().Get("done"),
 		Quotas: schemas.QuotaKinds(), Kinds: []flags.Kind{flags.KindQuota, flags.KindRate, flags.KindErrorRatio, flags.KindSlowCall, flags.KindManual, flags.KindBlacklist},
 		Actions: map[string]adminapi.Action{"trip": adminapi.ActionTrip, "reset": adminapi.ActionReset, "blacklist": adminapi.ActionBlacklist,
-			"unblacklist": adminapi.ActionUnblacklist, "override": adminapi.ActionSetOverride, "unoverride": adminapi.ActionClearOverride}}
+			"unblacklist": adminapi.ActionUnblacklist, "override": adminapi.ActionSetOverride, "unoverride": adminapi.ActionClearOverride},
+		Form: form, IssueID: cmp.Or(form.Value("issue", "id"), controlplane.NewID())}
 	models := map[string]bool{flags.AllModels: true}
 	for _, q := range st.Quotas {
 		models[q.Model] = true
@@ -355,15 +391,25 @@ func (s *server) tenant(w http.ResponseWriter, r *http.Request) {
 		pg.Models = append(pg.Models, m)
 	}
 	sort.Strings(pg.Models)
-	if sess := s.sessions.get(r); sess != nil {
-		pg.LoggedIn = true
-		if pg.Breakers, err = sess.client.Breakers(ctx, tenant); err != nil {
-			pg.AdminError = err.Error()
-		} else if pg.Overrides, err = sess.client.Overrides(ctx, tenant); err != nil {
-			pg.AdminError = err.Error()
+	if sess != nil {
+		pg.LoggedIn, pg.Who, pg.CanAct, pg.CanKeys = true, sess.who, sess.mayAct(), sess.mayChangeKeys(tenant)
+		// A tenant administrator may not read the fleet's breakers and
+		// overrides; the enforcer would refuse it.
+		if sess.who.Role != adminapi.RoleTenantAdmin {
+			if pg.Breakers, err = sess.client.Breakers(ctx, tenant); err != nil {
+				pg.AdminError = err.Error()
+			} else if pg.Overrides, err = sess.client.Overrides(ctx, tenant); err != nil {
+				pg.AdminError = err.Error()
+			}
+		}
+		if pg.Keys, err = keysOf(ctx, sess, tenant, now); err != nil {
+			pg.KeysError = err.Error()
+			if ae := (*adminapi.Error)(nil); errors.As(err, &ae) && ae.StatusCode == http.StatusNotFound {
+				pg.KeysError = "this enforcer serves no API keys: they need services.enforcer.admin_topic (docs/controlplane.md)"
+			}
 		}
 	}
-	s.render(w, r, "tenant", http.StatusOK, pg)
+	s.render(w, r, "tenant", cmp.Or(form.Status, http.StatusOK), pg)
 }
 
 // charts draws, for each model key with quotas, its use over the period
@@ -501,7 +547,8 @@ func minTime(a, b time.Time) time.Time {
 }
 
 // act posts one admin action to the enforcer with the session's token and
-// comes back to the tenant page saying what happened.
+// comes back to the tenant page saying what happened; a refused action's
+// form is shown again in place (formState).
 func (s *server) act(w http.ResponseWriter, r *http.Request) {
 	tenant := r.PathValue("tenant")
 	back := "/tenants/" + url.PathEscape(tenant)
@@ -513,6 +560,10 @@ func (s *server) act(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, adminapi.MaxBodyBytes)
 	if err := r.ParseForm(); err != nil {
 		s.fail(w, r, http.StatusBadRequest, "The form could not be read: "+err.Error())
+		return
+	}
+	if !sess.mayAct() {
+		s.fail(w, r, http.StatusForbidden, fmt.Sprintf("Your token (%s, %s) may not trip, reset, blacklist or override.", sess.who.Name, sess.who.Role))
 		return
 	}
 	f := r.PostForm
@@ -529,7 +580,8 @@ func (s *server) act(w http.ResponseWriter, r *http.Request) {
 	if v := strings.TrimSpace(f.Get("limit")); v != "" {
 		l, err := strconv.ParseFloat(v, 64)
 		if err != nil {
-			http.Redirect(w, r, back+"?error="+url.QueryEscape(fmt.Sprintf("limit: %q is not a number", v)), http.StatusSeeOther)
+			s.showTenant(w, r, formState{Name: string(action), Values: f, Status: http.StatusUnprocessableEntity,
+				Fields: map[string][]string{"limit": {fmt.Sprintf("limit: %q is not a number", v)}}})
 			return
 		}
 		req.Limit = &l
@@ -538,12 +590,16 @@ func (s *server) act(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	res, err := sess.client.Do(ctx, action, req)
 	if err != nil {
-		http.Redirect(w, r, back+"?error="+url.QueryEscape(err.Error()), http.StatusSeeOther)
+		s.showTenant(w, r, refusal(string(action), f, err, actInputs))
 		return
 	}
 	s.log.Info("console: admin action done", "action", action, "tenant", tenant, "request_id", res.RequestID)
 	http.Redirect(w, r, back+"?done="+url.QueryEscape(fmt.Sprintf("%s done (audit request %s)", action, res.RequestID)), http.StatusSeeOther)
 }
+
+// actInputs are the action forms' inputs, by the admin API's field names.
+var actInputs = map[string]string{"model": "model", "api_key_id": "key", "kind": "kind", "quota": "quota", "limit": "limit",
+	"expires_at": "expires", "expires_in": "expires", "reason": "reason"}
 
 // tile is one figure of the pipeline page.
 type tile struct {

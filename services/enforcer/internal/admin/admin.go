@@ -9,6 +9,7 @@ package admin
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -77,6 +78,11 @@ func (a *API) Handler() http.Handler {
 	mux.HandleFunc("GET "+adminapi.PathBreakers, a.listBreakers)
 	mux.HandleFunc("GET "+adminapi.PathFlags, a.listFlags)
 	mux.HandleFunc("GET "+adminapi.PathOverrides, a.listOverrides)
+	mux.HandleFunc("GET "+adminapi.PathWhoAmI, func(w http.ResponseWriter, r *http.Request) {
+		p := principalOf(r)
+		role := cmp.Or(p.role, adminapi.RoleOperator)
+		writeJSON(w, http.StatusOK, adminapi.WhoAmIResponse{Name: p.name, Role: role, Tenant: p.tenant})
+	})
 	for _, act := range adminapi.Actions() {
 		mux.HandleFunc("POST "+act.Path(), func(w http.ResponseWriter, r *http.Request) { a.act(w, r, act) })
 	}
@@ -129,6 +135,9 @@ func (p *principal) refuses(r *http.Request) string {
 			return "authorization: token " + p.name + " is a viewer: it reads and changes nothing"
 		}
 	case adminapi.RoleTenantAdmin:
+		if r.URL.Path == adminapi.PathWhoAmI {
+			return ""
+		}
 		if r.URL.Path != adminapi.PathKeys && !strings.HasPrefix(r.URL.Path, adminapi.PathKeys+"/") {
 			return "authorization: token " + p.name + " administers tenant " + p.tenant + "'s API keys only (" + adminapi.PathKeys + ")"
 		}

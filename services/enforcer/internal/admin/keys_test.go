@@ -245,3 +245,18 @@ func TestTheAuditTrailShowsEachChangeAndMarksRefusedOnes(t *testing.T) {
 		t.Errorf("revoke's diff %+v does not show revoked: true", revoke.Changes)
 	}
 }
+
+// Every role may ask who its token is (the console shows each role only
+// what it may do), a tenant admin included.
+func TestEveryRoleReadsWhoItIs(t *testing.T) {
+	op, viewer, blue := keyServer(t)
+	for c, want := range map[*adminapi.Client]adminapi.WhoAmIResponse{
+		op:     {Name: "ops", Role: adminapi.RoleOperator},
+		viewer: {Name: "auditor", Role: adminapi.RoleViewer},
+		blue:   {Name: "blue-admin", Role: adminapi.RoleTenantAdmin, Tenant: "blue"},
+	} {
+		if got, err := c.WhoAmI(context.Background()); err != nil || got != want {
+			t.Errorf("whoami: %+v, %v; want %+v", got, err, want)
+		}
+	}
+}
