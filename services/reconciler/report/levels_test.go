@@ -136,6 +136,34 @@ func TestReportsPerLevel(t *testing.T) {
 		t.Errorf("corp's report: tenants %v, zones %q, %s .. %s", org.Tenants, org.Zone, org.Start.UTC(), org.End.UTC())
 	}
 
+	// docs/finance.md's query per key gives the report's lines.
+	rows, err := conn.Query(ctx, `
+SELECT api_key_id, model, currency, count() AS requests, sum(total_tokens) AS tokens,
+       round(sum(cost), 6) AS cost, countIf(priced = 0) AS unpriced
+FROM usage_priced
+WHERE tenant = 'ny'
+  AND toMonday(toDate(time, 'America/New_York')) = toDate('2026-10-26')
+GROUP BY api_key_id, model, currency
+ORDER BY api_key_id, model, currency`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fromSQL []Line
+	for rows.Next() {
+		var l Line
+		if err := rows.Scan(&l.Group, &l.Model, &l.Currency, &l.Requests, &l.TotalTokens, &l.Cost, &l.UnpricedRequests); err != nil {
+			t.Fatal(err)
+		}
+		fromSQL = append(fromSQL, l)
+	}
+	rows.Close()
+	for i, l := range byKey.Lines {
+		if len(fromSQL) != len(byKey.Lines) || fromSQL[i].Group != l.Group || fromSQL[i].Requests != l.Requests || fromSQL[i].TotalTokens != l.TotalTokens ||
+			!near(fromSQL[i].Cost, l.Cost) || fromSQL[i].UnpricedRequests != l.UnpricedRequests {
+			t.Fatalf("docs/finance.md's query per key: %+v, want the report's %+v", fromSQL, byKey.Lines)
+		}
+	}
+
 	// Each format shows the level and the unpriced lines as such.
 	var tbl, out bytes.Buffer
 	if err := Write(&tbl, "table", []*Report{byKey, org}); err != nil {
