@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -97,12 +98,19 @@ tenants:
 			body += `,"user":"` + step.user + `"`
 		}
 		resp, b := post(t, url, "/v1/chat/completions", step.key, body+"}", HeaderSession, step.session)
-		switch {
-		case step.refusedBy == "" && resp.StatusCode != http.StatusOK:
-			t.Fatalf("call %d (%s, user %q, session %s): %d %s; want 200", i+1, step.key, step.user, step.session, resp.StatusCode, b)
-		case step.refusedBy != "" && (resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(b, "rule "+step.refusedBy+" ")):
-			t.Fatalf("call %d (%s, user %q, session %s): %d %s; want 429 naming %s", i+1, step.key, step.user, step.session, resp.StatusCode, b, step.refusedBy)
-		}
+		wantBudget(t, fmt.Sprintf("call %d (%s, user %q, session %s)", i+1, step.key, step.user, step.session), resp, b, step.refusedBy)
+	}
+}
+
+// wantBudget fails the test unless resp answered the call (refusedBy "")
+// or refused it with a 429 naming the budget refusedBy.
+func wantBudget(t *testing.T, call string, resp *http.Response, body, refusedBy string) {
+	t.Helper()
+	switch {
+	case refusedBy == "" && resp.StatusCode != http.StatusOK:
+		t.Fatalf("%s: %d %s; want 200", call, resp.StatusCode, body)
+	case refusedBy != "" && (resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(body, "rule "+refusedBy+" ")):
+		t.Fatalf("%s: %d %s; want 429 naming %s", call, resp.StatusCode, body, refusedBy)
 	}
 }
 
@@ -146,12 +154,7 @@ tenants:
 			shift.Store(int64(2 * time.Hour))
 		}
 		resp, b := call(step.key)
-		switch {
-		case step.refusedBy == "" && resp.StatusCode != http.StatusOK:
-			t.Fatalf("call %d (%s): %d %s; want 200", i+1, step.key, resp.StatusCode, b)
-		case step.refusedBy != "" && (resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(b, "rule "+step.refusedBy+" ")):
-			t.Fatalf("call %d (%s): %d %s; want 429 naming %s", i+1, step.key, resp.StatusCode, b, step.refusedBy)
-		}
+		wantBudget(t, fmt.Sprintf("call %d (%s)", i+1, step.key), resp, b, step.refusedBy)
 	}
 	if n := upstreamCalls.Load(); n != 5 {
 		t.Fatalf("the upstream saw %d calls, want the 5 admitted", n)
