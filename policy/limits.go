@@ -43,6 +43,9 @@ type Limit struct {
 	// AnchorDay starts a monthly period on that day of the month (a
 	// billing day, 1..31; 0 is the 1st).
 	AnchorDay int
+	// ExpiresAt ends a one-off period (PeriodOnce): the limit counts from
+	// the start until then and no longer applies after.
+	ExpiresAt time.Time
 	// Exact runs the limit without local leases (money, low limits).
 	Exact bool
 	// Reserve is the share of the limit only critical and high priority
@@ -76,9 +79,20 @@ func (l Limit) Rule(burstMultiplier float64) admission.Rule {
 	case admission.SlidingWindow:
 		r.Window, r.Limit = l.Length, l.Max*scale
 	case admission.CalendarPeriod:
-		r.Limit, r.Calendar = l.Max*scale, PeriodCalendar{Period: l.Period, Location: time.UTC, WeekStart: time.Monday, AnchorDay: l.AnchorDay}
+		r.Limit, r.Calendar, r.Expires = l.Max*scale, l.calendar(&Tenant{Location: time.UTC, WeekStart: time.Monday}), l.ExpiresAt
 	}
 	return r
+}
+
+// calendar is l's PeriodCalendar in its owner's calendar (zone, first
+// weekday, billing day), with the limit's own anchor_day and expiry.
+func (l Limit) calendar(owner *Tenant) PeriodCalendar {
+	c := owner.Calendar(l.Period)
+	if l.AnchorDay != 0 {
+		c.AnchorDay = l.AnchorDay // the limit's own billing day
+	}
+	c.ExpiresAt = l.ExpiresAt
+	return c
 }
 
 // PeriodWeek is a limit's calendar week (period: {every: week}): in the
@@ -87,20 +101,34 @@ func (l Limit) Rule(burstMultiplier float64) admission.Rule {
 // and signals know hours, days and months (schemas.Period).
 const PeriodWeek schemas.Period = "week"
 
+// PeriodOnce is a limit's one-off period (period: {every: once,
+// expires_at: RFC 3339}): a budget that is not periodic, "a key may spend
+// $50 until Friday". It counts from whenever until expires_at, and then
+// no longer applies (admission.Rule.Expires); its counters in Redis
+// expire with it. Like weeks, only admission knows it.
+const PeriodOnce schemas.Period = "once"
+
 // PeriodCalendar is the calendar of a period limit: PeriodBounds of
 // Period in Location (the tenant's time zone; UTC for the top-level
 // limits, which no tenant owns), its weeks from WeekStart (the tenant's
-// first weekday), its months from AnchorDay when set (a billing day).
+// first weekday), its months from AnchorDay when set (a billing day); a
+// one-off period (PeriodOnce) is one period, from the Unix epoch to
+// ExpiresAt, whatever t.
 type PeriodCalendar struct {
 	Period    schemas.Period
 	Location  *time.Location
 	WeekStart time.Weekday
 	AnchorDay int
+	ExpiresAt time.Time
 }
 
 // Bounds implements admission.Calendar.
 func (c PeriodCalendar) Bounds(t time.Time) (start, end time.Time) {
 	switch {
+	case c.Period == PeriodOnce:
+		// One period whatever t, so that moving expires_at on a reload
+		// keeps what was spent (the period's id is its start).
+		return time.Unix(0, 0).In(c.ExpiresAt.Location()), c.ExpiresAt
 	case c.Period == PeriodWeek:
 		return WeekBounds(t, c.Location, c.WeekStart)
 	case c.Period == schemas.PeriodMonth && c.AnchorDay > 1:
@@ -159,11 +187,7 @@ func (t *Tenant) admissionRules() admission.TenantRules {
 	for _, l := range t.LimitList() {
 		r := l.Rule(t.BurstMultiplier)
 		if r.Algorithm == admission.CalendarPeriod && t.Location != nil {
-			cal := t.Calendar(l.Period)
-			if l.AnchorDay != 0 {
-				cal.AnchorDay = l.AnchorDay // the limit's own billing day
-			}
-			r.Calendar = cal
+			r.Calendar = l.calendar(t)
 		}
 		tr.Rules = append(tr.Rules, r)
 	}
@@ -248,11 +272,13 @@ type rawBucket struct {
 }
 
 // rawPeriod is a calendar period limit: at most limit units per every
-// (hour, day or month of the tenant's time zone).
+// (hour, day, week or month of the tenant's time zone), or once until
+// expires_at (RFC 3339).
 type rawPeriod struct {
 	Every     *string `yaml:"every"`
 	Limit     *int64  `yaml:"limit"`
 	AnchorDay *int    `yaml:"anchor_day"`
+	ExpiresAt *string `yaml:"expires_at"`
 }
 
 type rawWindow struct {
@@ -331,19 +357,29 @@ func (v *validator) limits(path string, raw map[string]rawLimit, base map[string
 			v.fail(lp, "set one of token_bucket, sliding_window or period")
 		case rl.Period != nil:
 			if l.Algorithm != admission.CalendarPeriod && (rl.Period.Every == nil || rl.Period.Limit == nil) {
-				v.fail(lp+".period", "needs every (hour, day, week or month) and limit")
+				v.fail(lp+".period", "needs every (hour, day, week, month, or once with expires_at) and limit")
 			}
 			if l.Algorithm != admission.CalendarPeriod {
 				l.Algorithm, l.Rate, l.Per, l.Burst, l.BurstSet, l.Length, l.Max = admission.CalendarPeriod, 0, 0, 0, false, 0, 0
 			}
 			if rl.Period.Every != nil {
 				l.Period = schemas.Period(*rl.Period.Every)
+				if l.Period != PeriodOnce {
+					l.ExpiresAt = time.Time{} // an inherited one-off budget made periodic
+				}
 			}
 			if rl.Period.Limit != nil {
 				l.Max = *rl.Period.Limit
 			}
 			if rl.Period.AnchorDay != nil {
 				l.AnchorDay = *rl.Period.AnchorDay
+			}
+			if rl.Period.ExpiresAt != nil {
+				at, err := time.Parse(time.RFC3339, *rl.Period.ExpiresAt)
+				if err != nil {
+					v.fail(lp+".period.expires_at", "%q is not an RFC 3339 time (for example 2026-12-04T18:00:00Z, or with the zone's offset, 2026-12-04T18:00:00+01:00)", *rl.Period.ExpiresAt)
+				}
+				l.ExpiresAt = at
 			}
 		case rl.TokenBucket != nil:
 			if l.Algorithm != admission.TokenBucket && rl.TokenBucket.Rate == nil {
@@ -528,8 +564,14 @@ func (v *validator) checkLimit(lp string, l Limit, rl rawLimit) {
 		if pr == nil {
 			pr = &rawPeriod{}
 		}
-		if l.Period != schemas.PeriodHour && l.Period != schemas.PeriodDay && l.Period != PeriodWeek && l.Period != schemas.PeriodMonth {
-			v.fail(at("period.every", pr.Every != nil), "%q is not hour, day, week or month", l.Period)
+		if l.Period != schemas.PeriodHour && l.Period != schemas.PeriodDay && l.Period != PeriodWeek && l.Period != schemas.PeriodMonth && l.Period != PeriodOnce {
+			v.fail(at("period.every", pr.Every != nil), "%q is not hour, day, week, month or once", l.Period)
+		}
+		switch {
+		case l.Period == PeriodOnce && l.ExpiresAt.IsZero() && pr.ExpiresAt == nil:
+			v.fail(lp+".period.expires_at", "is required with every: once (RFC 3339: when the one-off budget ends)")
+		case l.Period != PeriodOnce && !l.ExpiresAt.IsZero():
+			v.fail(at("period.expires_at", pr.ExpiresAt != nil), "only a one-off period (every: once) expires; a periodic one starts again each period")
 		}
 		if l.AnchorDay != 0 && (l.Period != schemas.PeriodMonth || l.AnchorDay < 1 || l.AnchorDay > 31) {
 			v.fail(at("period.anchor_day", pr.AnchorDay != nil), "%d: a monthly period's first day of the month, 1..31 (a month too short for it begins on its last day)", l.AnchorDay)

@@ -417,7 +417,7 @@ tenants:
     sliding_window: {length: 1m, limit: 5}
 `), "badperiod.yaml")
 	for _, w := range []string{
-		"badperiod.yaml:4: limits.m.period.every: \"fortnight\" is not hour, day, week or month",
+		"badperiod.yaml:4: limits.m.period.every: \"fortnight\" is not hour, day, week, month or once",
 		"badperiod.yaml:5: limits.n: set one of token_bucket, sliding_window or period",
 	} {
 		if err == nil || !strings.Contains(err.Error(), w) {

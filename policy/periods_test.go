@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/admission"
 )
 
 // tzZone is one zone of the tz database as one loader reads it.
@@ -381,6 +382,63 @@ tenants:
 `), "bad.yaml")
 	for _, want := range []string{`tenants.x.week_start: "someday" is not a day of the week`, "tenants.x.limits.a.period.anchor_day: 3: a monthly period's",
 		"tenants.x.limits.b.period.anchor_day: 32", "tenants.x.billing_day: 0: the day of the month"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v does not name %q", err, want)
+		}
+	}
+}
+
+// TestOneOffPeriod: period every: once with expires_at is one period
+// that ends at expires_at whatever the time (so its counter keeps what
+// was spent), and its rule expires then (admission.Rule.Expires); a
+// tenant making an inherited one-off budget periodic drops the expiry.
+// expires_at is required with once, must be RFC 3339, and belongs to
+// once alone, each error naming the field.
+func TestOneOffPeriod(t *testing.T) {
+	p, err := Parse([]byte(`
+defaults:
+  limits:
+    promo: {scope: {key: "*"}, unit: cost, period: {every: once, limit: 50, expires_at: "2026-12-04T18:00:00+01:00"}}
+tenants:
+  paris: {timezone: Europe/Paris}
+  steady:
+    limits:
+      promo: {period: {every: month}}
+`), "once.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := p.AdmissionRules()
+	friday := time.Date(2026, 12, 4, 17, 0, 0, 0, time.UTC)
+	for _, tr := range []struct {
+		name  string
+		rules []admission.Rule
+	}{{"paris", rs.Tenants["paris"].Rules}, {"defaults", rs.Default.Rules}} {
+		r := ruleNamed(t, tr.rules, "promo")
+		if !r.Expires.Equal(friday) || r.Limit != 50*admission.CostScale || r.Algorithm != admission.CalendarPeriod {
+			t.Errorf("%s: promo %+v, want $50 expiring at %s", tr.name, r, friday)
+		}
+		for _, at := range []time.Time{friday.Add(-30 * 24 * time.Hour), friday.Add(-time.Second), friday.Add(time.Hour)} {
+			if s, e := r.Calendar.Bounds(at); s.UnixMilli() != 0 || !e.Equal(friday) {
+				t.Errorf("%s: promo's period at %s: %s .. %s, want the epoch .. %s", tr.name, at, s, e, friday)
+			}
+		}
+	}
+	if r := ruleNamed(t, rs.Tenants["steady"].Rules, "promo"); !r.Expires.IsZero() {
+		t.Errorf("steady's monthly promo expires at %s, want never", r.Expires)
+	}
+
+	_, err = Parse([]byte(`
+limits:
+  a: {unit: cost, period: {every: once, limit: 5}}
+  b: {unit: cost, period: {every: once, limit: 5, expires_at: "next friday"}}
+  c: {unit: cost, period: {every: month, limit: 5, expires_at: "2026-12-04T18:00:00Z"}}
+  d: {unit: cost, period: {every: fortnight, limit: 5}}
+`), "bad.yaml")
+	for _, want := range []string{"limits.a.period.expires_at: is required with every: once",
+		`limits.b.period.expires_at: "next friday" is not an RFC 3339 time`,
+		"limits.c.period.expires_at: only a one-off period (every: once) expires",
+		`limits.d.period.every: "fortnight" is not hour, day, week, month or once`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v does not name %q", err, want)
 		}

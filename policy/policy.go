@@ -64,7 +64,10 @@
 // monthly quota whose Redis state does not grow with the month's
 // traffic; weeks begin on the tenant's week_start, Monday by default, and
 // a month on the tenant's billing_day, or the limit's own anchor_day:
-// 15 makes a month run from the 15th). A
+// 15 makes a month run from the 15th), or period {every: once, limit,
+// expires_at: RFC 3339} (a one-off budget: one period until expires_at,
+// after which the limit no longer applies and its Redis counter is gone;
+// PeriodOnce). A
 // rolling budget of N days is a sliding_window of that length (168h for
 // seven days, up to 31 days). A bucket without burst gets rate ×
 // burst_multiplier of the tenant it belongs to (1 at top level): that is

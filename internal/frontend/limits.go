@@ -205,12 +205,12 @@ func splitRules(rs *admission.Rules) (before, route *admission.Rules) {
 // route and soft limiters' are not registered (their series would collide
 // with the hard limits'). routed is for a front end that chooses the
 // model and upstream of each call (sluice gateway): it gets Route and
-// Soft too.
+// Soft too. opts go to every limiter (a test's admission.WithClock).
 //
 // The route rules count on the same Redis keys under the same prefix as
 // they would in one limiter (a rule instance's key is its name and scope),
 // so a gateway and a forward-auth endpoint sharing a policy share counts.
-func NewLimits(c AdmissionConfig, p *policy.Policy, service string, routed bool, env platform.Env, log *slog.Logger) (*Limits, error) {
+func NewLimits(c AdmissionConfig, p *policy.Policy, service string, routed bool, env platform.Env, log *slog.Logger, opts ...admission.Option) (*Limits, error) {
 	l := &Limits{log: log}
 	l.pol.Store(p)
 	rules := p.AdmissionRules()
@@ -219,20 +219,20 @@ func NewLimits(c AdmissionConfig, p *policy.Policy, service string, routed bool,
 		rules, routeRules = splitRules(rules)
 	}
 	prefix := env.Redis.Prefix(redisconn.AdmissionKeys)
-	hard, closeHard, err := newLimiter(c, rules, prefix, env, log, admission.WithRegisterer(ServiceMetrics(env, service)))
+	hard, closeHard, err := newLimiter(c, rules, prefix, env, log, append(opts, admission.WithRegisterer(ServiceMetrics(env, service)))...)
 	if err != nil {
 		return nil, err
 	}
 	l.hard, l.Admit, l.closers = hard, LimiterAdmitter{L: hard, Policy: l.policy}, []func(){closeHard}
 	if routed {
-		route, closeRoute, err := newLimiter(c, routeRules, prefix, env, log)
+		route, closeRoute, err := newLimiter(c, routeRules, prefix, env, log, opts...)
 		if err != nil {
 			l.Close()
 			return nil, err
 		}
 		l.route, l.Route = route, LimiterAdmitter{L: route, Policy: l.policy}
 		l.closers = append(l.closers, closeRoute)
-		soft, closeSoft, err := newLimiter(c, p.SoftLimitRules(), env.Redis.Prefix(redisconn.SoftLimitKeys), env, log)
+		soft, closeSoft, err := newLimiter(c, p.SoftLimitRules(), env.Redis.Prefix(redisconn.SoftLimitKeys), env, log, opts...)
 		if err != nil {
 			l.Close()
 			return nil, err

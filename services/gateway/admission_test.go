@@ -90,7 +90,7 @@ func admissionGateway(t *testing.T, policyYAML string) (string, *atomic.Int64) {
 // with completion completion tokens, with policyYAML's limits checked on
 // the real Redis under a prefix of the test's own. It returns the
 // gateway's URL and the count of calls the upstream saw.
-func limitsGateway(t *testing.T, completion int, policyYAML string) (string, *atomic.Int64) {
+func limitsGateway(t *testing.T, completion int, policyYAML string, opts ...Option) (string, *atomic.Int64) {
 	t.Helper()
 	var upstreamCalls atomic.Int64
 	answer := fmt.Sprintf(`{"id":"c1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":%d,"total_tokens":%d}}`, completion, completion+5)
@@ -106,6 +106,6 @@ func limitsGateway(t *testing.T, completion int, policyYAML string) (string, *at
 	cfg.Admission.MaxWait = time.Second
 	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(), Redis: itest.Redis(t),
 		Policy: platform.FileSource{File: cfg.writePolicy(t), Reload: time.Second}, TenantKeys: platform.FileSource{File: writeKeys(t), Reload: time.Second}}
-	svc, err := New(cfg.Config, env)
+	svc, err := New(cfg.Config, env, opts...)
 	return "http://" + itest.StartService(t, svc, err).Addr(), &upstreamCalls
 }

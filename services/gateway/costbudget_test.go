@@ -1,9 +1,14 @@
 package gateway
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/sdk/go/admission"
 )
 
 // TestCostBudgetRefusesTheCallWhoseMaxTokensWouldCrossIt: each key of
@@ -93,11 +98,65 @@ tenants:
 			body += `,"user":"` + step.user + `"`
 		}
 		resp, b := post(t, url, "/v1/chat/completions", step.key, body+"}", HeaderSession, step.session)
-		switch {
-		case step.refusedBy == "" && resp.StatusCode != http.StatusOK:
-			t.Fatalf("call %d (%s, user %q, session %s): %d %s; want 200", i+1, step.key, step.user, step.session, resp.StatusCode, b)
-		case step.refusedBy != "" && (resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(b, "rule "+step.refusedBy+" ")):
-			t.Fatalf("call %d (%s, user %q, session %s): %d %s; want 429 naming %s", i+1, step.key, step.user, step.session, resp.StatusCode, b, step.refusedBy)
+		wantBudget(t, fmt.Sprintf("call %d (%s, user %q, session %s)", i+1, step.key, step.user, step.session), resp, b, step.refusedBy)
+	}
+}
+
+// wantBudget fails the test unless resp answered the call (refusedBy "")
+// or refused it with a 429 naming the budget refusedBy.
+func wantBudget(t *testing.T, call string, resp *http.Response, body, refusedBy string) {
+	t.Helper()
+	switch {
+	case refusedBy == "" && resp.StatusCode != http.StatusOK:
+		t.Fatalf("%s: %d %s; want 200", call, resp.StatusCode, body)
+	case refusedBy != "" && (resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(body, "rule "+refusedBy+" ")):
+		t.Fatalf("%s: %d %s; want 429 naming %s", call, resp.StatusCode, body, refusedBy)
+	}
+}
+
+// TestOneOffBudgetExpires: each key of acme may spend $2 once, until an
+// hour from now (period every: once, expires_at), and $3 in any day (a
+// sliding window). Calls cost $1. The key's third call is refused, 429
+// naming the one-off budget, while another key carries on. Once the
+// gateway's admission clock passes expires_at (moved, not waited for) the
+// one-off budget no longer applies: the key's calls follow the daily
+// limit alone, which refuses in turn.
+func TestOneOffBudgetExpires(t *testing.T) {
+	var shift atomic.Int64
+	clock := func() time.Time { return time.Now().Add(time.Duration(shift.Load())) }
+	expires := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	url, upstreamCalls := limitsGateway(t, 1000, `
+prices:
+  - {model: gpt-4o-mini, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 0, completion: 1000}
+tenants:
+  acme:
+    limits:
+      promo: {scope: {key: "*"}, unit: cost, period: {every: once, limit: 2, expires_at: "`+expires+`"}}
+      daily: {scope: {key: "*"}, unit: cost, sliding_window: {length: 24h, limit: 3}}
+`, WithAdmissionOptions(admission.WithClock(clock)))
+	call := func(key string) (*http.Response, string) {
+		return post(t, url, "/v1/chat/completions", key, `{"model":"gpt-4o-mini","max_tokens":1000,"messages":[{"role":"user","content":"hi"}]}`)
+	}
+	for i, step := range []struct {
+		key       string
+		refusedBy string // "" for 200
+		after     bool   // the clock past expires_at
+	}{
+		{"sk-acme", "", false},
+		{"sk-acme", "", false},
+		{"sk-acme", "promo", false},
+		{"sk-boss", "", false}, // another key's budget
+		{"sk-acme", "", true},  // the one-off budget is over: $3 a day left to follow
+		{"sk-acme", "daily", true},
+		{"sk-boss", "", true},
+	} {
+		if step.after {
+			shift.Store(int64(2 * time.Hour))
 		}
+		resp, b := call(step.key)
+		wantBudget(t, fmt.Sprintf("call %d (%s)", i+1, step.key), resp, b, step.refusedBy)
+	}
+	if n := upstreamCalls.Load(); n != 5 {
+		t.Fatalf("the upstream saw %d calls, want the 5 admitted", n)
 	}
 }

@@ -57,6 +57,7 @@ import (
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/sdk/go/admission"
 	"github.com/sluicehq/sluice/sdk/go/checker"
 	"github.com/sluicehq/sluice/sdk/go/resource"
 )
@@ -68,6 +69,7 @@ type Option func(*options)
 type options struct {
 	wrapAdmitter func(frontend.Admitter) frontend.Admitter
 	guards       *Guards
+	admission    []admission.Option
 }
 
 // WithAdmitterWrap wraps the admission the gateway builds from the policy:
@@ -75,6 +77,13 @@ type options struct {
 // tenant) passes them through.
 func WithAdmitterWrap(wrap func(frontend.Admitter) frontend.Admitter) Option {
 	return func(o *options) { o.wrapAdmitter = wrap }
+}
+
+// WithAdmissionOptions passes opts to the gateway's admission limiters: a
+// test moves their clock (admission.WithClock) past a period's end or a
+// one-off budget's expiry.
+func WithAdmissionOptions(opts ...admission.Option) Option {
+	return func(o *options) { o.admission = append(o.admission, opts...) }
 }
 
 // WithGuards makes g the upstream guards the gateway follows the policy
@@ -321,7 +330,7 @@ func openPolicy(cfg Config, env platform.Env, opts options) (p *policyParts, err
 		return nil, fmt.Errorf("gateway: policy.file: %w", err)
 	}
 	p.deps.Policy = p.w.Current
-	limits, err := frontend.NewLimits(cfg.Admission, p.w.Current(), "gateway", true, env, log.With("component", "admission"))
+	limits, err := frontend.NewLimits(cfg.Admission, p.w.Current(), "gateway", true, env, log.With("component", "admission"), opts.admission...)
 	if err != nil {
 		return nil, err
 	}

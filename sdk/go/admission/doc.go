@@ -41,8 +41,9 @@
 //     Calendar (package policy: an hour, day or month of the tenant's time
 //     zone), one counter per instance and period, so a per-user monthly
 //     quota costs one hash field per user. The period comes from the
-//     gateway's clock (scripts know no time zones); a refusal's
-//     retry-after is the period's end. It runs exact.
+//     gateway's clock (scripts know no time zones; WithClock); a refusal's
+//     retry-after is the period's end. It runs exact. With Expires set it
+//     is one-off: from Expires on it applies to no request.
 //
 // Rules.Shared are rules no tenant owns (a platform-wide TPM, a provider
 // account's RPM, a per-user limit across tenants); Rules.Tenants[id] and

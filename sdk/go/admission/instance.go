@@ -328,8 +328,9 @@ func (in *instance) localTake(l *Limiter, n, now int64) (ok bool, avail int64, r
 		if float64(n) > s.tokens {
 			avail = int64(math.Max(s.tokens, 0))
 			if n <= limit {
-				_, end := in.r.Calendar.Bounds(time.Now())
-				retry = time.Until(end)
+				now := l.o.clock()
+				_, end := in.r.Calendar.Bounds(now)
+				retry = end.Sub(now)
 			}
 			return false, avail, retry
 		}

@@ -24,6 +24,10 @@ type Limiter struct {
 	m       *metrics
 	base    time.Time
 	gen     atomic.Pointer[generation]
+	// rulesMu serialises rule changes (SetRules, expiries); rules is the
+	// last set, expired rules and all, which an expiry filters again.
+	rulesMu sync.Mutex
+	rules   *Rules
 
 	// coarse is l.now() as of the last background tick or Redis-path
 	// admission, for the lease path.
@@ -140,6 +144,10 @@ func (o *options) validate() error {
 // SetRules replaces the rules, for a policy reload. Leases and local debits
 // of the previous rules go back to Redis; counters in Redis carry over for
 // rules whose name, scope, algorithm and unit did not change.
+//
+// Rules that have expired (Rule.Expires) by the Limiter's clock are left
+// out; the first Admit at or after the next expiry sets the rules again
+// without the rule that expired.
 func (l *Limiter) SetRules(rules *Rules) error {
 	if rules == nil {
 		rules = &Rules{}
@@ -147,7 +155,28 @@ func (l *Limiter) SetRules(rules *Rules) error {
 	if err := rules.Validate(); err != nil {
 		return err
 	}
-	g := &generation{seed: maphash.MakeSeed(), insts: map[string]*instance{}, tenants: map[string]*tenantRules{}}
+	l.rulesMu.Lock()
+	defer l.rulesMu.Unlock()
+	l.rules = rules
+	l.install(rules)
+	return nil
+}
+
+// expire sets the rules again once g, the current generation, holds a
+// rule that has expired.
+func (l *Limiter) expire(g *generation) {
+	l.rulesMu.Lock()
+	defer l.rulesMu.Unlock()
+	if l.gen.Load() == g {
+		l.install(l.rules)
+	}
+}
+
+// install makes a generation of the rules of rules active now and swaps
+// it in; rulesMu is held.
+func (l *Limiter) install(all *Rules) {
+	rules, next := all.activeAt(l.o.clock())
+	g := &generation{seed: maphash.MakeSeed(), insts: map[string]*instance{}, tenants: map[string]*tenantRules{}, expires: next}
 	for i := range g.sets {
 		g.sets[i].m = map[uint64]*matchSet{}
 	}
@@ -186,7 +215,6 @@ func (l *Limiter) SetRules(rules *Rules) error {
 	if old := l.gen.Swap(g); old != nil {
 		l.retireAll(old)
 	}
-	return nil
 }
 
 // generation is the state built from one set of rules.
@@ -198,6 +226,9 @@ type generation struct {
 	// used has a bit per dimension some rule looks at (dims order); the
 	// others are left out of request shapes.
 	used uint8
+	// expires is the earliest Rule.Expires among the rules (zero if none
+	// expires): from then on a new generation leaves that rule out.
+	expires time.Time
 
 	sets  [setShards]setShard
 	nsets atomic.Int64
@@ -477,6 +508,10 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (t Ticket, err error) 
 		return t, fmt.Errorf("admission: estimated tokens and cost must not be negative (prompt %d, completion %d, cost %d)", req.PromptTokens, req.CompletionTokens, req.Cost)
 	}
 	g := l.gen.Load()
+	if !g.expires.IsZero() && !l.o.clock().Before(g.expires) {
+		l.expire(g)
+		g = l.gen.Load()
+	}
 	set, err := l.lookup(g, &req, start)
 	if err != nil {
 		return t, err

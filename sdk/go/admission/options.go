@@ -42,6 +42,7 @@ type options struct {
 	maxWaiters    int
 	reg           prometheus.Registerer
 	log           *slog.Logger
+	clock         func() time.Time
 	// onTick, when set, runs after every iteration of the background
 	// loop: tests wait on it to know a probe and a flush have run, rather
 	// than sleeping.
@@ -64,6 +65,7 @@ func defaultOptions() options {
 		settleTTL:     DefaultSettleTTL,
 		maxWaiters:    DefaultMaxWaiters,
 		log:           slog.New(slog.DiscardHandler),
+		clock:         time.Now,
 	}
 }
 
@@ -145,3 +147,9 @@ func withTickHook(f func()) Option { return func(o *options) { o.onTick = f } }
 
 // WithLogger logs Redis going away and coming back.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
+
+// WithClock makes clock the wall clock the Limiter cuts calendar periods
+// with and ends rules that expire (Rule.Expires) by (time.Now by
+// default): a test moves it past a period's end or an expiry rather than
+// waiting for it. Token buckets and sliding windows keep Redis's clock.
+func WithClock(clock func() time.Time) Option { return func(o *options) { o.clock = clock } }

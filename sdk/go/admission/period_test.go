@@ -179,3 +179,58 @@ func TestCostRuleRefusesTheCallWhoseWorstCaseCrossesTheBudget(t *testing.T) {
 		t.Fatalf("$0.60 after the first settled at $0.20: %+v, want admitted ($0.80 of $1)", tk.Decision)
 	}
 }
+
+// until is a one-off calendar: one period from the epoch to end.
+type until struct{ end time.Time }
+
+func (c until) Bounds(time.Time) (start, end time.Time) { return time.UnixMilli(0), c.end }
+
+// TestOneOffRuleExpires: a key's one-off budget of $2 (Expires an hour
+// ahead) counts until its expiry: it refuses the call that would cross it,
+// with a retry-after by the expiry, and its counter expires with it in
+// Redis. Once the Limiter's clock passes the expiry the rule applies to
+// no call, and the key's calls follow its other limit (a day's sliding
+// window of $4), which refuses in turn.
+func TestOneOffRuleExpires(t *testing.T) {
+	prefix := testPrefix(t)
+	c := testClient(t, "")
+	ctx := context.Background()
+	var shift atomic.Int64
+	clock := func() time.Time { return time.Now().Add(time.Duration(shift.Load())) }
+	expires := time.Now().Add(time.Hour)
+	once := Rule{Name: "key-once", Scope: Scope{Key: Each}, Unit: Cost, Algorithm: CalendarPeriod, Limit: 2 * CostScale,
+		Calendar: until{expires}, Expires: expires, Exact: true}
+	daily := Rule{Name: "key-daily", Scope: Scope{Key: Each}, Unit: Cost, Algorithm: SlidingWindow, Limit: 4 * CostScale, Window: 24 * time.Hour, Exact: true}
+	l := newTestLimiter(t, c, &Rules{Default: TenantRules{Rules: []Rule{once, daily}}}, WithPrefix(prefix), WithRefusalCache(0), WithClock(clock))
+	call := Request{Tenant: "acme", Key: "k1", Cost: CostScale}
+
+	for i := range 2 {
+		if tk := mustAdmit(t, l, call); !tk.Allowed() {
+			t.Fatalf("call %d of $1 against a $2 one-off budget: %+v", i+1, tk.Decision)
+		}
+	}
+	d := mustAdmit(t, l, call).Decision
+	if d.Allowed || d.Rule != "key-once" || d.RetryAfter <= 0 || d.RetryAfter > time.Hour {
+		t.Fatalf("a third $1: %+v, want refused by key-once until its expiry", d)
+	}
+	key := tenantKey(prefix, once, "acme", Scope{Key: "k1"})
+	if ttl := c.PTTL(ctx, key).Val(); ttl < 59*time.Minute || ttl > time.Hour+time.Second {
+		t.Fatalf("the one-off counter expires in %s, want with the budget (an hour, + 1 s)", ttl)
+	}
+	if tk := mustAdmit(t, l, Request{Tenant: "acme", Key: "k2", Cost: 2 * CostScale}); !tk.Allowed() {
+		t.Fatalf("another key has a budget of its own: %+v", tk.Decision)
+	}
+
+	shift.Store(int64(2 * time.Hour))
+	for i := range 2 {
+		if tk := mustAdmit(t, l, call); !tk.Allowed() {
+			t.Fatalf("call %d after the expiry: %+v, want the one-off budget no longer applied", i+1, tk.Decision)
+		}
+	}
+	if d := mustAdmit(t, l, call).Decision; d.Allowed || d.Rule != "key-daily" {
+		t.Fatalf("a fifth $1 of the day: %+v, want refused by key-daily", d)
+	}
+	if h := periodFields(t, c, key); h["0"] != "2000000" {
+		t.Fatalf("the one-off counter after its expiry: %v, want its $2 untouched (no call counted)", h)
+	}
+}

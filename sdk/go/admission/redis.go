@@ -129,7 +129,7 @@ func (l *Limiter) admitRedis(ctx context.Context, t *Ticket, req *Request, lease
 		}
 	}()
 	needs := make([]int64, len(set.insts))
-	wall := time.Now()
+	wall := l.o.clock()
 	var periods []int64
 	for i, in := range set.insts {
 		if leased&(1<<uint(i)) != 0 {
@@ -288,7 +288,7 @@ const maxCallsPerTrip = 256
 // had been applied before (a reply lost after the bound).
 func (l *Limiter) applyMarked(ctx context.Context, calls []markedCall) ([]markedCall, error) {
 	ttl := l.o.settleTTL.Milliseconds()
-	wall := time.Now()
+	wall := l.o.clock()
 	for start := 0; start < len(calls); start += maxCallsPerTrip {
 		chunk := calls[start:min(start+maxCallsPerTrip, len(calls))]
 		sc := make([]scriptCall, len(chunk))

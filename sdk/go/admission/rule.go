@@ -178,6 +178,12 @@ type Rule struct {
 	Rate float64
 	// Calendar gives a CalendarPeriod rule its periods.
 	Calendar Calendar
+	// Expires, when set, ends a CalendarPeriod rule: a one-off budget
+	// ("$50 until Friday") whose calendar has one period ending at
+	// Expires, so its counters expire with it. From Expires on (by the
+	// Limiter's clock, WithClock) the rule applies to no request; the
+	// others still do.
+	Expires time.Time
 	// Exact disables local leases for the rule: every admission it applies
 	// to is decided by Redis. Use it for low limits and for money.
 	Exact bool
@@ -237,6 +243,9 @@ func (r *Rule) Validate() error {
 		}
 	default:
 		bad("algorithm", "must be token_bucket, sliding_window or calendar_period")
+	}
+	if !r.Expires.IsZero() && r.Algorithm != CalendarPeriod {
+		bad("expires", "only a calendar_period rule expires (its counters expire with its one period)")
 	}
 	if !(r.Reserve >= 0 && r.Reserve <= MaxReserve) {
 		bad("reserve", "%v is outside 0..%v", r.Reserve, MaxReserve)
@@ -319,6 +328,34 @@ func (rs *Rules) Validate() error {
 		errs = append(errs, fmt.Errorf("default: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// activeAt returns the rules of rs that apply at now (those whose Expires
+// is not past) and the earliest expiry among them (zero if none expires).
+func (rs *Rules) activeAt(now time.Time) (active *Rules, next time.Time) {
+	keep := func(list []Rule) []Rule {
+		var out []Rule
+		for _, r := range list {
+			if r.Expires.IsZero() {
+				out = append(out, r)
+				continue
+			}
+			if !now.Before(r.Expires) {
+				continue
+			}
+			if next.IsZero() || r.Expires.Before(next) {
+				next = r.Expires
+			}
+			out = append(out, r)
+		}
+		return out
+	}
+	active = &Rules{Shared: keep(rs.Shared), Tenants: make(map[string]TenantRules, len(rs.Tenants)),
+		Default: TenantRules{Rules: keep(rs.Default.Rules), FailMode: rs.Default.FailMode}}
+	for id, tr := range rs.Tenants {
+		active.Tenants[id] = TenantRules{Rules: keep(tr.Rules), FailMode: tr.FailMode}
+	}
+	return active, next
 }
 
 func checkFailMode(m FailMode) error {

@@ -381,8 +381,9 @@ class _Validator:
                 self.fail(lp, f'names starting with "{QUOTA_RULE_PREFIX}" are reserved for the rules derived from '
                               "tokens_per_minute and requests_per_minute")
             if rl.get("period") is not None:
-                self.fail(lp + ".period", "calendar period limits are enforced by the Go SDK and sluice gateway only; "
-                                          "this SDK would admit without them (use a sliding_window here)")
+                self.fail(lp + ".period", "calendar period limits, and one-off budgets (every: once with expires_at), are "
+                                          "enforced by the Go SDK and sluice gateway only; this SDK would admit without "
+                                          "them (use a sliding_window here)")
             if rl.get("disabled") is not None and self.boolean(lp + ".disabled", rl["disabled"]):
                 out.pop(name, None)
                 continue

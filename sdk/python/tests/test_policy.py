@@ -48,6 +48,7 @@ limits:
   e: {unit: total_tokens, scope: {user: "*"}, period: {every: month, limit: 1000000}}
   f: {unit: cost, scope: {key: "*"}, sliding_window: {length: 1h, limit: 5}}
   g: {unit: requests, scope: {session: "*"}, sliding_window: {length: 1h, limit: 5}}
+  h: {unit: total_tokens, scope: {key: "*"}, period: {every: once, limit: 1000, expires_at: "2026-12-04T18:00:00Z"}}
 plans:
   pro: {plan: free}
 defaults:
@@ -68,7 +69,9 @@ tenants:
                  'limits.quota:x: names starting with "quota:" are reserved',
                  "limits.d.sliding_window.length: invalid duration '1x'",
                  "limits.d.colour: unknown field",
-                 "limits.e.period: calendar period limits are enforced by the Go SDK and sluice gateway only",
+                 "limits.e.period: calendar period limits, and one-off budgets (every: once with expires_at), are enforced "
+                 "by the Go SDK and sluice gateway only",
+                 "limits.h.period: calendar period limits, and one-off budgets",
                  "limits.f.unit: limits counting cost are enforced by the Go SDK and sluice gateway only",
                  "limits.g.scope.session: limits scoped by session are enforced by the Go SDK and sluice gateway only",
                  "plans.pro.plan: a plan cannot take another plan",

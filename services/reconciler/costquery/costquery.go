@@ -1,6 +1,6 @@
 // Package costquery builds the one SQL query that prices usage events, so
 // the reconciler's budget audit and the cost reports compute cost the same
-// way as the usage_priced view (migrations 046 and 052): each distinct event joined
+// way as the usage_priced view (migrations 046, 052 and 055): each distinct event joined
 // with the price span containing its time.
 //
 // # Distinct events
@@ -27,7 +27,7 @@ import "time"
 
 // Columns are the columns Events returns, in order.
 const Columns = "tenant, model, id, time, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, reasoning_tokens, " +
-	"total_tokens, outcome, estimated, priced, currency, cost, billed"
+	"total_tokens, outcome, estimated, priced, currency, cost, billed, user, api_key_id, session_id"
 
 // Version orders the rows of one (tenant, id): a settlement (estimated =
 // 0) beats any estimate, and among equals the higher Kafka offset (the
@@ -52,7 +52,7 @@ const PricedExpr = `toUInt8(toUInt32(effective_from) != 0)`
 // unpriced (see PricedExpr), otherwise policy.Price.Cost's formula — each
 // token type at its own price, each part clamped as Tokens.Split clamps
 // it — in the same order of operations, so SQL and Go agree to the last
-// bit. The usage_priced view (migration 052) spells the same expressions
+// bit. The usage_priced view (migration 055) spells the same expressions
 // (a migration cannot import a Go constant, and an applied migration may
 // not change); TestCostExprIsTheViews keeps the texts equal and
 // TestViewCostEqualsPriceCost checks the figures against the Go code.
@@ -78,13 +78,15 @@ const BilledExpr = `if(toUInt32(effective_from) = 0 OR NOT (prompt_per_million >
 // usage_events rows that satisfy pre (a condition over usage_events
 // columns, with ? placeholders), the version Version picks, with the
 // columns tenant, id, model, time, prompt_tokens, completion_tokens,
-// cached_tokens, cache_write_tokens, reasoning_tokens, outcome, estimated. The collapsed columns get other names
+// cached_tokens, cache_write_tokens, reasoning_tokens, outcome, estimated,
+// user, api_key_id, session_id (the levels a report groups by below the
+// tenant). The collapsed columns get other names
 // inside the GROUP BY: an alias equal to a column name would make
 // argMax(time, ...) refer to itself.
 func Distinct(pre string) string {
 	return `SELECT tenant, id, d_model AS model, d_time AS time, d_prompt AS prompt_tokens, d_completion AS completion_tokens,
        d_cached AS cached_tokens, d_cache_write AS cache_write_tokens, d_reasoning AS reasoning_tokens,
-       d_outcome AS outcome, d_estimated AS estimated
+       d_outcome AS outcome, d_estimated AS estimated, d_user AS user, d_key AS api_key_id, d_session AS session_id
 FROM
 (
     SELECT tenant, id,
@@ -96,7 +98,10 @@ FROM
            argMax(cache_write_tokens, ` + Version + `) AS d_cache_write,
            argMax(reasoning_tokens, ` + Version + `) AS d_reasoning,
            argMax(outcome, ` + Version + `) AS d_outcome,
-           argMax(estimated, ` + Version + `) AS d_estimated
+           argMax(estimated, ` + Version + `) AS d_estimated,
+           argMax(user, ` + Version + `) AS d_user,
+           argMax(api_key_id, ` + Version + `) AS d_key,
+           argMax(session_id, ` + Version + `) AS d_session
     FROM usage_events
     WHERE ` + pre + `
     GROUP BY tenant, id
@@ -114,11 +119,11 @@ func Events(pre, post string) string {
        prompt_tokens + completion_tokens AS total_tokens, outcome, estimated,
        ` + PricedExpr + ` AS priced, currency,
        ` + CostExpr + ` AS cost,
-       ` + BilledExpr + ` AS billed
+       ` + BilledExpr + ` AS billed, user, api_key_id, session_id
 FROM
 (
     SELECT tenant, model, id, time, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, reasoning_tokens,
-           outcome, estimated
+           outcome, estimated, user, api_key_id, session_id
     FROM (` + Distinct(pre) + `)
     WHERE ` + post + `
 ) AS e

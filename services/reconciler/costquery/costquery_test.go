@@ -17,11 +17,11 @@ import (
 	"github.com/sluicehq/sluice/services/reconciler/costquery"
 )
 
-// TestCostExprIsTheViews: the usage_priced view (migration 052) and
+// TestCostExprIsTheViews: the usage_priced view (migration 055) and
 // costquery collapse events and compute cost with the same expression
 // text.
 func TestCostExprIsTheViews(t *testing.T) {
-	view, err := fs.ReadFile(migrations.FS(), "052_usage_priced_token_types.sql")
+	view, err := fs.ReadFile(migrations.FS(), "055_usage_priced_levels.sql")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +31,7 @@ func TestCostExprIsTheViews(t *testing.T) {
 	}
 	for _, expr := range []string{costquery.PricedExpr + " AS priced", costquery.CostExpr + " AS cost", costquery.Distinct("1")} {
 		if !strings.Contains(squash(string(view)), squash(expr)) {
-			t.Errorf("migration 052's usage_priced does not compute %s", expr)
+			t.Errorf("migration 055's usage_priced does not compute %s", expr)
 		}
 	}
 }

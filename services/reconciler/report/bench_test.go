@@ -17,10 +17,10 @@ SELECT concat('z', toString(number)), toDateTime('2026-11-01 00:00:00', 'UTC') +
 FROM system.numbers LIMIT 1000000`); err != nil {
 		b.Fatal(err)
 	}
-	loc := pol.Tenant("acme").Location
+	acme := pol.Tenant("acme")
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		m, err := Monthly(ctx, conn, "acme", "2026-11", loc)
+		m, err := Build(ctx, conn, acme, ByTenant, november)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -39,6 +39,33 @@ type ev struct {
 	offset                int64
 	estimated             uint8
 	ingested              string
+	// key, user and session: the levels below the tenant (levels_test.go).
+	key, user, session string
+}
+
+// insertEvents writes evs into usage_events, each ingested a second after
+// its time unless it says when.
+func insertEvents(t testing.TB, conn driver.Conn, evs []ev) {
+	t.Helper()
+	ctx := context.Background()
+	b, err := conn.PrepareBatch(ctx, `INSERT INTO usage_events (id, time, tenant, model, prompt_tokens, completion_tokens,
+cached_tokens, outcome, estimated, kafka_partition, kafka_offset, ingested_at, api_key_id, user, session_id)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range evs {
+		ing := utc(e.at).Add(time.Second)
+		if e.ingested != "" {
+			ing = utc(e.ingested)
+		}
+		if err := b.Append(e.id, utc(e.at), e.tenant, e.model, e.p, e.c, e.cached, "ok", e.estimated, int32(0), e.offset, ing,
+			e.key, e.user, e.session); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func utc(s string) time.Time {
@@ -52,19 +79,19 @@ func utc(s string) time.Time {
 // The November 2026 fixture. acme's month is Shanghai's: [10-31T16:00Z,
 // 11-30T16:00Z). gpt-4o's price changes at 11-15T00:00Z.
 var fixture = []ev{
-	{"acme", "a1", "2026-10-31T17:00:00Z", "gpt-4o", 1000, 1000, 0, 1, 0, ""},                    // Nov 1 in Shanghai; old price: 0.0125
-	{"acme", "a2", "2026-11-14T23:59:59Z", "gpt-4o", 2000, 500, 1000, 2, 0, ""},                  // last second of the old price: 0.00875
-	{"acme", "a3", "2026-11-15T00:00:00Z", "gpt-4o", 2000, 500, 1000, 3, 0, ""},                  // first second of the new price: 0.007
-	{"acme", "a3", "2026-11-15T00:00:00Z", "gpt-4o", 2000, 500, 1000, 9, 0, ""},                  // a retry of a3
-	{"acme", "a4", "2026-11-20T10:00:00Z", "gpt-4o", 100, 100, 0, 12, 0, "2026-12-05T00:00:00Z"}, // late: arrived in December; 0.001
-	{"acme", "a5", "2026-11-10T00:00:00Z", "claude-x", 10000, 2000, 5000, 4, 0, ""},              // 0.0465
-	{"acme", "a6", "2026-11-11T00:00:00Z", "claude-x", 100, 100, 0, 10, 1, ""},                   // estimate ...
-	{"acme", "a6", "2026-11-11T00:00:00Z", "claude-x", 300, 200, 0, 11, 0, ""},                   // ... settled: 0.0039
-	{"acme", "a7", "2026-11-05T00:00:00Z", "mystery", 50, 50, 0, 5, 0, ""},                       // no price
-	{"acme", "x1", "2026-10-31T15:59:59Z", "gpt-4o", 1000000, 0, 0, 6, 0, ""},                    // Oct 31 in Shanghai
-	{"acme", "x2", "2026-11-30T16:00:00Z", "gpt-4o", 1000000, 0, 0, 7, 0, ""},                    // Dec 1 in Shanghai
-	{"beta", "b1", "2026-11-03T00:00:00Z", "gpt-4o", 1000, 0, 0, 1, 0, ""},                       // 0.0025
-	{"beta", "b0", "2026-10-31T17:00:00Z", "gpt-4o", 1000, 0, 0, 2, 0, ""},                       // October in UTC
+	{"acme", "a1", "2026-10-31T17:00:00Z", "gpt-4o", 1000, 1000, 0, 1, 0, "", "", "", ""},                    // Nov 1 in Shanghai; old price: 0.0125
+	{"acme", "a2", "2026-11-14T23:59:59Z", "gpt-4o", 2000, 500, 1000, 2, 0, "", "", "", ""},                  // last second of the old price: 0.00875
+	{"acme", "a3", "2026-11-15T00:00:00Z", "gpt-4o", 2000, 500, 1000, 3, 0, "", "", "", ""},                  // first second of the new price: 0.007
+	{"acme", "a3", "2026-11-15T00:00:00Z", "gpt-4o", 2000, 500, 1000, 9, 0, "", "", "", ""},                  // a retry of a3
+	{"acme", "a4", "2026-11-20T10:00:00Z", "gpt-4o", 100, 100, 0, 12, 0, "2026-12-05T00:00:00Z", "", "", ""}, // late: arrived in December; 0.001
+	{"acme", "a5", "2026-11-10T00:00:00Z", "claude-x", 10000, 2000, 5000, 4, 0, "", "", "", ""},              // 0.0465
+	{"acme", "a6", "2026-11-11T00:00:00Z", "claude-x", 100, 100, 0, 10, 1, "", "", "", ""},                   // estimate ...
+	{"acme", "a6", "2026-11-11T00:00:00Z", "claude-x", 300, 200, 0, 11, 0, "", "", "", ""},                   // ... settled: 0.0039
+	{"acme", "a7", "2026-11-05T00:00:00Z", "mystery", 50, 50, 0, 5, 0, "", "", "", ""},                       // no price
+	{"acme", "x1", "2026-10-31T15:59:59Z", "gpt-4o", 1000000, 0, 0, 6, 0, "", "", "", ""},                    // Oct 31 in Shanghai
+	{"acme", "x2", "2026-11-30T16:00:00Z", "gpt-4o", 1000000, 0, 0, 7, 0, "", "", "", ""},                    // Dec 1 in Shanghai
+	{"beta", "b1", "2026-11-03T00:00:00Z", "gpt-4o", 1000, 0, 0, 1, 0, "", "", "", ""},                       // 0.0025
+	{"beta", "b0", "2026-10-31T17:00:00Z", "gpt-4o", 1000, 0, 0, 2, 0, "", "", "", ""},                       // October in UTC
 }
 
 func setup(t testing.TB) (driver.Conn, *policy.Policy) {
@@ -81,23 +108,7 @@ func setup(t testing.TB) (driver.Conn, *policy.Policy) {
 	if n, err := pricetable.Sync(ctx, conn, pol.Prices(), time.Now()); err != nil || n != 0 {
 		t.Fatalf("second price sync wrote %d rows, %v; want 0", n, err)
 	}
-	b, err := conn.PrepareBatch(ctx, `INSERT INTO usage_events (id, time, tenant, model, prompt_tokens, completion_tokens,
-cached_tokens, outcome, estimated, kafka_partition, kafka_offset, ingested_at)`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range fixture {
-		ing := utc(e.at).Add(time.Second)
-		if e.ingested != "" {
-			ing = utc(e.ingested)
-		}
-		if err := b.Append(e.id, utc(e.at), e.tenant, e.model, e.p, e.c, e.cached, "ok", e.estimated, int32(0), e.offset, ing); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := b.Send(); err != nil {
-		t.Fatal(err)
-	}
+	insertEvents(t, conn, fixture)
 	shanghai, _ := time.LoadLocation("Asia/Shanghai")
 	nov := time.Date(2026, 11, 1, 0, 0, 0, 0, shanghai)
 	q, err := conn.PrepareBatch(ctx, `INSERT INTO quota_state (tenant, model, quota, period, period_start, period_end, used,
@@ -127,12 +138,14 @@ quota_limit, unit, mode, version, updated_at)`)
 	return conn, pol
 }
 
+var november = Period{Kind: "month", At: "2026-11"}
+
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-12 }
 
 func TestMonthlyReportMatchesHandTotals(t *testing.T) {
 	conn, pol := setup(t)
 	ctx := context.Background()
-	m, err := Monthly(ctx, conn, "acme", "2026-11", pol.Tenant("acme").Location)
+	m, err := Build(ctx, conn, pol.Tenant("acme"), ByTenant, november)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,14 +173,14 @@ func TestMonthlyReportMatchesHandTotals(t *testing.T) {
 	if len(m.Overages) != 1 || m.Overages[0].Overage != 100000 || m.Overages[0].Model != "gpt-4o" || m.Overages[0].Quota != "monthly_tokens" {
 		t.Errorf("overages %+v, want gpt-4o monthly_tokens 100000 over (latest version only, soft only, November only)", m.Overages)
 	}
-	if m.Start != time.Date(2026, 11, 1, 0, 0, 0, 0, pol.Tenant("acme").Location) {
+	if !m.Start.Equal(time.Date(2026, 11, 1, 0, 0, 0, 0, pol.Tenant("acme").Location)) || m.Zone != "Asia/Shanghai" {
 		t.Errorf("month starts %v", m.Start)
 	}
 
 	// The same report in each format carries the same figures.
 	var tbl, csvOut, jsonOut bytes.Buffer
 	for f, w := range map[string]*bytes.Buffer{"table": &tbl, "csv": &csvOut, "json": &jsonOut} {
-		if err := Write(w, f, []*Month{m}); err != nil {
+		if err := Write(w, f, []*Report{m}); err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}
 	}
@@ -205,7 +218,7 @@ func TestMonthlyReportMatchesHandTotals(t *testing.T) {
 	if !found {
 		t.Errorf("csv has no USD total of 6 requests costing 0.07965:\n%s", csvOut.String())
 	}
-	var back []Month
+	var back []Report
 	if err := json.Unmarshal(jsonOut.Bytes(), &back); err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +233,7 @@ func TestMonthlyReportMatchesHandTotals(t *testing.T) {
 func TestExportListsEveryTenantWithItsOwnMonth(t *testing.T) {
 	conn, pol := setup(t)
 	ctx := context.Background()
-	start, end, _ := ParseMonth("2026-11", time.UTC)
+	start, end, _ := november.Bounds(&policy.Tenant{})
 	tenants, err := Tenants(ctx, conn, start, end)
 	if err != nil {
 		t.Fatal(err)
@@ -228,7 +241,7 @@ func TestExportListsEveryTenantWithItsOwnMonth(t *testing.T) {
 	if strings.Join(tenants, ",") != "acme,beta" {
 		t.Fatalf("tenants %v, want acme,beta", tenants)
 	}
-	m, err := Monthly(ctx, conn, "beta", "2026-11", pol.Tenant("beta").Location)
+	m, err := Build(ctx, conn, pol.Tenant("beta"), ByTenant, november)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +323,7 @@ cached_tokens, cache_write_tokens, reasoning_tokens, outcome, estimated, kafka_p
 		"claude-x": (1000*3 + 2000*0.3 + 3000*3.75 + 4000*15 + 5000*20) / 1e6,
 		"o-x":      (1000*2 + 2000*0.5 + 3000*2 + 4000*8 + 5000*8) / 1e6,
 	}
-	m, err := Monthly(ctx, conn, "types", "2026-11", time.UTC)
+	m, err := Build(ctx, conn, &policy.Tenant{ID: "types"}, ByTenant, november)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,6 +351,25 @@ FROM `+view+` WHERE tenant = 'types' AND model = ?`, model).Scan(&cached, &write
 			if cached != 2000 || write != 3000 || reasoning != 5000 || !near(got, cost) {
 				t.Errorf("%s %s: cached %d, cache-write %d, reasoning %d, cost %v; want 2000, 3000, 5000, %v", view, model, cached, write, reasoning, got, cost)
 			}
+		}
+	}
+}
+
+// TestMonthIsTheTenantsBillingMonth: -month 2026-02 of a tenant billed
+// from the 20th is its month from February 20th, in its zone, as its
+// quotas and limits count it; of a calendar tenant, February.
+func TestMonthIsTheTenantsBillingMonth(t *testing.T) {
+	ny, _ := time.LoadLocation("America/New_York")
+	for _, tc := range []struct {
+		billingDay int
+		start, end time.Time
+	}{
+		{20, time.Date(2026, 2, 20, 0, 0, 0, 0, ny), time.Date(2026, 3, 20, 0, 0, 0, 0, ny)},
+		{1, time.Date(2026, 2, 1, 0, 0, 0, 0, ny), time.Date(2026, 3, 1, 0, 0, 0, 0, ny)},
+	} {
+		start, end, err := Period{Kind: "month", At: "2026-02"}.Bounds(&policy.Tenant{Location: ny, BillingDay: tc.billingDay})
+		if err != nil || !start.Equal(tc.start) || !end.Equal(tc.end) {
+			t.Errorf("billing day %d: %v .. %v (%v); want %v .. %v", tc.billingDay, start, end, err, tc.start, tc.end)
 		}
 	}
 }
