@@ -28,6 +28,14 @@ type Overlay struct {
 // Empty reports whether o defines nothing.
 func (o Overlay) Empty() bool { return len(o.Tenants) == 0 && len(o.Plans) == 0 }
 
+// equal reports whether o and x define the same sections.
+func (o Overlay) equal(x Overlay) bool {
+	eq := func(a, b map[string]json.RawMessage) bool {
+		return maps.EqualFunc(a, b, func(x, y json.RawMessage) bool { return bytes.Equal(x, y) })
+	}
+	return eq(o.Tenants, x.Tenants) && eq(o.Plans, x.Plans)
+}
+
 // Canonical returns section (JSON or YAML of one tenant or plan section) as
 // compact JSON with sorted keys, the form records hold and comparisons use,
 // or an error naming what is wrong with it.

@@ -33,6 +33,8 @@ type Watcher struct {
 	// and plans laid over it (SetOverlay); guarded by mu.
 	data    []byte
 	overlay Overlay
+	// name names data in errors: the file's path, or FromData's name.
+	name string
 
 	conflicts atomic.Pointer[[]string]
 
@@ -56,7 +58,7 @@ func NewWatcher(path string, interval time.Duration, log *slog.Logger, opts ...O
 	if interval <= 0 {
 		interval = 2 * time.Second
 	}
-	w := &Watcher{path: path, interval: interval, log: log, sum: p.Fingerprint(), prices: p.PricesFile(), updates: make(chan *Policy, 1), opts: opts, data: data}
+	w := &Watcher{path: path, interval: interval, log: log, sum: p.Fingerprint(), prices: p.PricesFile(), updates: make(chan *Policy, 1), opts: opts, data: data, name: path}
 	w.cur.Store(p)
 	w.conflicts.Store(&[]string{})
 	return w, nil
@@ -69,6 +71,21 @@ func Static(p *Policy) *Watcher {
 	w.cur.Store(p)
 	w.conflicts.Store(&[]string{})
 	return w
+}
+
+// FromData returns a watcher of a policy given as data (named name in
+// errors) rather than a file: it never reloads, and lays an overlay over
+// data (SetOverlay) as NewWatcher's does over its file. A service without
+// a policy file serves the built-in defaults this way.
+func FromData(data []byte, name string, opts ...Option) (*Watcher, error) {
+	p, err := Parse(data, name, opts...)
+	if err != nil {
+		return nil, err
+	}
+	w := &Watcher{updates: make(chan *Policy, 1), opts: opts, data: data, name: name}
+	w.cur.Store(p)
+	w.conflicts.Store(&[]string{})
+	return w, nil
 }
 
 // Current returns the policy in force.
@@ -176,7 +193,7 @@ func (w *Watcher) Reload() bool {
 func (w *Watcher) SetOverlay(o Overlay) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.data == nil {
+	if w.data == nil || o.equal(w.overlay) {
 		return false
 	}
 	w.overlay = o
@@ -193,7 +210,7 @@ func (w *Watcher) Check(o Overlay) error {
 	if data == nil {
 		return nil
 	}
-	_, _, err := Overlaid(data, w.path, o, w.opts...)
+	_, _, err := Overlaid(data, w.name, o, w.opts...)
 	return err
 }
 
@@ -215,7 +232,7 @@ func (w *Watcher) Conflicts() []string { return slices.Clone(*w.conflicts.Load()
 func (w *Watcher) install(data []byte, o Overlay, parsed *Policy) bool {
 	p, conflicts, err := parsed, []string(nil), error(nil)
 	if p == nil || !o.Empty() {
-		p, conflicts, err = Overlaid(data, w.path, o, w.opts...)
+		p, conflicts, err = Overlaid(data, w.name, o, w.opts...)
 	}
 	if conflicts == nil {
 		conflicts = []string{}
