@@ -7,6 +7,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluicehq/sluice/adminapi"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
@@ -130,3 +132,12 @@ func (l *Log) Overlay() policy.Overlay {
 // HasSections reports whether r holds a tenant or a plan: a reader whose
 // policy follows them lays the log's Overlay over its file when one applies.
 func (r *Record) HasSections() bool { return r.Kind == KindTenant || r.Kind == KindPlan }
+
+// PolicyConflicts is service's gauge of the tenants and plans that both
+// the policy file and the admin API define, differently, as w last found
+// them (policy.Watcher.Conflicts).
+func PolicyConflicts(service string, w *policy.Watcher) prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_" + service + "_policy_conflicts",
+		Help: "Tenants and plans both the policy file and the admin API define, differently: the file's definition is in force until they agree or one goes (docs/controlplane.md)."},
+		func() float64 { return float64(len(w.Conflicts())) })
+}

@@ -208,7 +208,7 @@ func followKeys(ctx context.Context, cfg Config, env platform.Env, file *keyfile
 		return nil, nil, fmt.Errorf("services.gateway.admin_topic: %w", err)
 	}
 	keys = frontend.NewTopicKeys(f.Log(), file.Keys, log)
-	cs := []prometheus.Collector{f.Collector(), keys.Collector()}
+	cs := []prometheus.Collector{f.Collector(), keys.Collector(), controlplane.PolicyConflicts("gateway", pw)}
 	for i, c := range cs {
 		if err := env.Metrics.Register(c); err != nil {
 			for _, r := range cs[:i] {
