@@ -130,4 +130,25 @@ func TestTenantsOfTheAdminAPIReachTheGatewayWithinTheBound(t *testing.T) {
 	if c := trail[1].Changes; len(c) != 1 || c[0].Field != "limits" || !strings.Contains(c[0].From, "1000") || !strings.Contains(c[0].To, `"limit":1`) {
 		t.Fatalf("the lowering's diff: %+v; want limits from 1000 to 1", c)
 	}
+
+	// Restarted, the enforcer and the gateway find the tenant, its plan
+	// and its key on the topic: the key served, the timezone change kept.
+	if err := gw.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := enf.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, admin = f.enforcer()
+	gw, _ = f.gateway()
+	got, err := admin.Section(ctx, adminapi.KindTenant, "newco")
+	if err != nil || got.Version != 3 || !strings.Contains(string(got.Body), "timezone") {
+		t.Fatalf("newco after restarts: %+v, %v; want version 3 with its timezone", got, err)
+	}
+	if _, err := admin.Section(ctx, adminapi.KindPlan, "starter"); err != nil {
+		t.Fatalf("the plan after restarts: %v", err)
+	}
+	if code := status(t, gw, key.Secret); code != http.StatusOK && code != http.StatusTooManyRequests {
+		t.Fatalf("newco's key after restarts: %d; want it authenticated", code)
+	}
 }
