@@ -75,7 +75,7 @@ func TestPolicyDiffShowsAHandEditAndApplyMakesItLive(t *testing.T) {
 	if err := os.WriteFile(file, []byte(edited), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	itest.Eventually(t, 10*time.Second, "the enforcer reporting the conflict", func() bool { return gauge(t, reg, "sluice_enforcer_policy_conflicts") == 1 })
+	itest.Eventually(t, 10*time.Second, "the enforcer reporting the conflict", func() bool { return itest.GaugeValue(t, reg, "sluice_enforcer_policy_conflicts") == 1 })
 	var diff struct {
 		Differences []struct {
 			Kind    string            `json:"kind"`
@@ -96,19 +96,5 @@ func TestPolicyDiffShowsAHandEditAndApplyMakesItLive(t *testing.T) {
 	if got := run("diff"); !strings.Contains(got, "no differences") {
 		t.Fatalf("diff after applying the edit:\n%s", got)
 	}
-	itest.Eventually(t, 10*time.Second, "the conflict resolved", func() bool { return gauge(t, reg, "sluice_enforcer_policy_conflicts") == 0 })
-}
-
-func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	return -1
+	itest.Eventually(t, 10*time.Second, "the conflict resolved", func() bool { return itest.GaugeValue(t, reg, "sluice_enforcer_policy_conflicts") == 0 })
 }

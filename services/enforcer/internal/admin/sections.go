@@ -60,8 +60,8 @@ func (a *API) sectionRoutes(mux *http.ServeMux) {
 				writeJSON(w, http.StatusOK, adminapi.SectionResponse{Section: s.API()})
 			}
 		})
-		route("PUT "+k.ItemPath(), a.updateSection)
-		route("DELETE "+k.ItemPath(), a.deleteSection)
+		route("PUT "+k.ItemPath(), a.changeSection)
+		route("DELETE "+k.ItemPath(), a.changeSection)
 		route("GET "+k.AuditPath(), a.sectionTrail)
 	}
 }
@@ -131,7 +131,9 @@ func (a *API) createSection(w http.ResponseWriter, r *http.Request, k adminapi.S
 	}
 }
 
-func (a *API) updateSection(w http.ResponseWriter, r *http.Request, k adminapi.SectionKind) {
+// changeSection updates (PUT: UpdateSectionRequest) or deletes (DELETE:
+// DeleteSectionRequest, a subset of it) the tenant or plan the path names.
+func (a *API) changeSection(w http.ResponseWriter, r *http.Request, k adminapi.SectionKind) {
 	var req adminapi.UpdateSectionRequest
 	if !decodeBody(w, r, &req) {
 		return
@@ -140,34 +142,24 @@ func (a *API) updateSection(w http.ResponseWriter, r *http.Request, k adminapi.S
 	if cur == nil || !a.freshVersion(w, string(k), cur.Name, k.ItemPath(), cur.Version, req.Version) {
 		return
 	}
+	del := r.Method == http.MethodDelete
 	body, err := sectionBody(req.Body)
+	if del && len(req.Body) > 0 {
+		err = errors.New("body: a deletion takes none")
+	}
 	if err := errors.Join(err, checkReason(req.Reason)); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	next := *cur
-	next.Body, next.UpdatedAt, next.UpdatedBy = body, a.now().UTC(), principalOf(r).name
-	if a.putSection(w, r, k, k.Action("update"), cur, &next, req.Version, req.Reason) {
-		writeJSON(w, http.StatusOK, adminapi.SectionResponse{Section: next.API()})
+	next.UpdatedAt, next.UpdatedBy = a.now().UTC(), principalOf(r).name
+	verb := "update"
+	if del {
+		next.Deleted, verb = true, "delete"
+	} else {
+		next.Body = body
 	}
-}
-
-func (a *API) deleteSection(w http.ResponseWriter, r *http.Request, k adminapi.SectionKind) {
-	var req adminapi.DeleteSectionRequest
-	if !decodeBody(w, r, &req) {
-		return
-	}
-	cur := a.visibleSection(w, r, k)
-	if cur == nil || !a.freshVersion(w, string(k), cur.Name, k.ItemPath(), cur.Version, req.Version) {
-		return
-	}
-	if err := checkReason(req.Reason); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	next := *cur
-	next.Deleted, next.UpdatedAt, next.UpdatedBy = true, a.now().UTC(), principalOf(r).name
-	if a.putSection(w, r, k, k.Action("delete"), cur, &next, req.Version, req.Reason) {
+	if a.putSection(w, r, k, k.Action(verb), cur, &next, req.Version, req.Reason) {
 		writeJSON(w, http.StatusOK, adminapi.SectionResponse{Section: next.API()})
 	}
 }
