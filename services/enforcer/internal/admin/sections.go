@@ -184,9 +184,6 @@ func (a *API) putSection(w http.ResponseWriter, r *http.Request, k adminapi.Sect
 		writeError(w, http.StatusBadRequest, err.Error())
 		return false
 	}
-	if before != nil && before.Deleted {
-		before = nil
-	}
 	details, _ := json.Marshal(keyDetails{Version: read + 1, Changes: controlplane.SectionDiff(before, after)})
 	e := audit.Entry{Actor: principalOf(r).name, Action: string(action), Tenant: after.Name, Reason: reason, Details: string(details)}
 	return a.auditedPut(w, r, e, k.Action("refused"), string(k)+" "+after.Name, func(ctx context.Context, request string) error {
