@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -97,4 +100,35 @@ func TestPolicyDiffShowsAHandEditAndApplyMakesItLive(t *testing.T) {
 		t.Fatalf("diff after applying the edit:\n%s", got)
 	}
 	itest.Eventually(t, 10*time.Second, "the conflict resolved", func() bool { return itest.GaugeValue(t, reg, "sluice_enforcer_policy_conflicts") == 0 })
+}
+
+// apply carries the version diff read, and a record changed since (409)
+// is reported as refused, not overwritten.
+func TestPolicyApplyCarriesTheVersionItReadAndReportsAStaleOne(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(file, []byte("tenants:\n  acme: {timezone: Europe/Paris}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var sent adminapi.UpdateSectionRequest
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodGet && r.URL.Path == adminapi.KindTenant.Path():
+			_ = json.NewEncoder(w).Encode(adminapi.SectionsResponse{Sections: []adminapi.Section{{Name: "acme", Body: json.RawMessage(`{}`), Version: 7}}})
+		case r.Method == http.MethodGet:
+			_ = json.NewEncoder(w).Encode(adminapi.SectionsResponse{Sections: []adminapi.Section{}})
+		default:
+			_ = json.NewDecoder(r.Body).Decode(&sent)
+			w.WriteHeader(http.StatusConflict)
+			_, _ = io.WriteString(w, `{"error":{"message":"version: tenant \"acme\" is at version 8, the change read version 7"}}`)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	var out bytes.Buffer
+	err := runPolicyTo(context.Background(), []string{"apply", "-policy", file, "-url", srv.URL, "-token", "t"}, &out)
+	if err == nil || !strings.Contains(err.Error(), "version 8") || !strings.Contains(out.String(), "0 change(s) applied, 1 refused") {
+		t.Fatalf("apply over a stale read: %v\n%s", err, out.String())
+	}
+	if sent.Version != 7 || !strings.Contains(string(sent.Body), "Europe/Paris") {
+		t.Fatalf("apply sent %+v; want the file's section at the version read, 7", sent)
+	}
 }
