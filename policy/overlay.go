@@ -163,3 +163,23 @@ func mappingChild(n *yaml.Node, key string) *yaml.Node {
 	n.Content = append(n.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: key}, v)
 	return v
 }
+
+// withoutSection returns the document data without its section where.name
+// (where is tenants or plans).
+func withoutSection(data []byte, where, name string) ([]byte, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	if root.Kind != yaml.DocumentNode || len(root.Content) == 0 || root.Content[0].Kind != yaml.MappingNode {
+		return data, nil // defines no section to take out
+	}
+	m := mappingChild(root.Content[0], where)
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == name {
+			m.Content = append(m.Content[:i], m.Content[i+2:]...)
+			break
+		}
+	}
+	return yaml.Marshal(&root)
+}

@@ -85,6 +85,11 @@ func TestWatcherOverlayKeepsTheLastGoodPolicy(t *testing.T) {
 	if w.Check(bad) == nil {
 		t.Fatal("Check must refuse a plan that does not exist")
 	}
+	// A record of a tenant the file defines is checked in the file's place.
+	badFiled := Overlay{Tenants: map[string]json.RawMessage{"filed": json.RawMessage(`{"fail_mode":"shut"}`)}}
+	if err := w.Check(badFiled); err == nil || !strings.Contains(err.Error(), "tenants.filed.fail_mode") {
+		t.Fatalf("Check of a bad record of a tenant the file defines: %v; want tenants.filed.fail_mode named", err)
+	}
 	if w.SetOverlay(bad) || !slices.Contains(w.Current().TenantIDs(), "api") || w.LastError() == "" {
 		t.Fatalf("an invalid overlay must keep the last good policy and say why (last error %q)", w.LastError())
 	}

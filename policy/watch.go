@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -210,8 +211,23 @@ func (w *Watcher) Check(o Overlay) error {
 	if data == nil {
 		return nil
 	}
-	_, _, err := Overlaid(data, w.name, o, w.opts...)
-	return err
+	_, conflicts, err := Overlaid(data, w.name, o, w.opts...)
+	if err != nil {
+		return err
+	}
+	// A record the file also defines, differently, is not in force (the
+	// file's is), but it must be valid in the file's place all the same.
+	for _, c := range conflicts {
+		where, name, _ := strings.Cut(c, ".")
+		without, err := withoutSection(data, where, name)
+		if err != nil {
+			return err
+		}
+		if _, _, err := Overlaid(without, w.name, o, w.opts...); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Overlay returns the overlay last set.
