@@ -1,10 +1,7 @@
 package adminapi
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -209,9 +206,5 @@ func (c *Client) KeyAudit(ctx context.Context, id string) ([]AuditEntry, error) 
 }
 
 func (c *Client) post(ctx context.Context, path string, req, out any) error {
-	body, err := json.Marshal(req)
-	if err != nil {
-		return fmt.Errorf("adminapi: %s: %w", path, err)
-	}
-	return c.call(ctx, http.MethodPost, c.url(path, ""), bytes.NewReader(body), out)
+	return c.send(ctx, http.MethodPost, path, req, out)
 }

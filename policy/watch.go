@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +30,14 @@ type Watcher struct {
 	prices  string
 	updates chan *Policy
 	opts    []Option
+	// data is the file content in force, overlay the admin API's tenants
+	// and plans laid over it (SetOverlay); guarded by mu.
+	data    []byte
+	overlay Overlay
+	// name names data in errors: the file's path, or FromData's name.
+	name string
+
+	conflicts atomic.Pointer[[]string]
 
 	lastErr atomic.Pointer[string]
 	// Reloads and Failures count reload attempts, for metrics.
@@ -49,8 +59,9 @@ func NewWatcher(path string, interval time.Duration, log *slog.Logger, opts ...O
 	if interval <= 0 {
 		interval = 2 * time.Second
 	}
-	w := &Watcher{path: path, interval: interval, log: log, sum: p.Fingerprint(), prices: p.PricesFile(), updates: make(chan *Policy, 1), opts: opts}
+	w := &Watcher{path: path, interval: interval, log: log, sum: p.Fingerprint(), prices: p.PricesFile(), updates: make(chan *Policy, 1), opts: opts, data: data, name: path}
 	w.cur.Store(p)
+	w.conflicts.Store(&[]string{})
 	return w, nil
 }
 
@@ -59,7 +70,23 @@ func NewWatcher(path string, interval time.Duration, log *slog.Logger, opts ...O
 func Static(p *Policy) *Watcher {
 	w := &Watcher{updates: make(chan *Policy, 1)}
 	w.cur.Store(p)
+	w.conflicts.Store(&[]string{})
 	return w
+}
+
+// FromData returns a watcher of a policy given as data (named name in
+// errors) rather than a file: it never reloads, and lays an overlay over
+// data (SetOverlay) as NewWatcher's does over its file. A service without
+// a policy file serves the built-in defaults this way.
+func FromData(data []byte, name string, opts ...Option) (*Watcher, error) {
+	p, err := Parse(data, name, opts...)
+	if err != nil {
+		return nil, err
+	}
+	w := &Watcher{updates: make(chan *Policy, 1), opts: opts, data: data, name: name}
+	w.cur.Store(p)
+	w.conflicts.Store(&[]string{})
+	return w, nil
 }
 
 // Current returns the policy in force.
@@ -146,6 +173,96 @@ func (w *Watcher) Reload() bool {
 	}
 	// The prices the parse read, not a second reading that may be newer.
 	w.sum, w.prices = p.Fingerprint(), p.PricesFile()
+	if !w.install(data, w.overlay, p) {
+		// The file parses alone but not with the records: keep the
+		// file's own content for the next overlay, the policy as it was.
+		w.data = data
+		return false
+	}
+	if w.log != nil {
+		w.log.Info("policy reloaded", "file", w.path, "tenants", len(w.Current().tenants))
+	}
+	return true
+}
+
+// SetOverlay lays o (the admin API's tenants and plans) over the file in
+// force and installs the result as Reload does; a merge that does not
+// validate keeps the policy in force, logs why and keeps it for LastError,
+// and a tenant both define differently is reported (Conflicts). It reports
+// whether a new policy was installed. A Static watcher has no file to lay
+// o over and ignores it.
+func (w *Watcher) SetOverlay(o Overlay) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.data == nil || o.equal(w.overlay) {
+		return false
+	}
+	w.overlay = o
+	return w.install(w.data, o, nil)
+}
+
+// Check returns why o laid over the file in force would not validate (each
+// problem naming its field), or nil: the admin API checks a change with it
+// before making it.
+func (w *Watcher) Check(o Overlay) error {
+	w.mu.Lock()
+	data := w.data
+	w.mu.Unlock()
+	if data == nil {
+		return nil
+	}
+	_, conflicts, err := Overlaid(data, w.name, o, w.opts...)
+	if err != nil {
+		return err
+	}
+	// A record the file also defines, differently, is not in force (the
+	// file's is), but it must be valid in the file's place all the same.
+	for _, c := range conflicts {
+		where, name, _ := strings.Cut(c, ".")
+		without, err := withoutSection(data, where, name)
+		if err != nil {
+			return err
+		}
+		if _, _, err := Overlaid(without, w.name, o, w.opts...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Overlay returns the overlay last set.
+func (w *Watcher) Overlay() Overlay {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.overlay
+}
+
+// Conflicts returns the tenants and plans ("tenants.NAME", "plans.NAME")
+// that both the file and the overlay define, differently, at the last
+// install: the file's definition is the one in force.
+func (w *Watcher) Conflicts() []string { return slices.Clone(*w.conflicts.Load()) }
+
+// install makes data with o current and publishes it; with mu held.
+// parsed, when not nil, is data parsed alone, which serves as is when o is
+// empty.
+func (w *Watcher) install(data []byte, o Overlay, parsed *Policy) bool {
+	p, conflicts, err := parsed, []string(nil), error(nil)
+	if p == nil || !o.Empty() {
+		p, conflicts, err = Overlaid(data, w.name, o, w.opts...)
+	}
+	if conflicts == nil {
+		conflicts = []string{}
+	}
+	if err != nil {
+		w.failed("with the admin API's tenants and plans: " + err.Error())
+		return false
+	}
+	w.data = data
+	w.conflicts.Store(&conflicts)
+	if len(conflicts) > 0 && w.log != nil {
+		w.log.Error("tenants or plans defined both in the policy file and through the admin API, differently: the file's definition is in force; make them equal (sluicectl policy apply) or remove one (docs/controlplane.md)",
+			"file", w.path, "conflicts", conflicts)
+	}
 	empty := ""
 	w.lastErr.Store(&empty)
 	w.cur.Store(p)
@@ -154,9 +271,6 @@ func (w *Watcher) Reload() bool {
 	default:
 	}
 	w.updates <- p
-	if w.log != nil {
-		w.log.Info("policy reloaded", "file", w.path, "tenants", len(p.tenants))
-	}
 	return true
 }
 

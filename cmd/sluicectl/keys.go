@@ -7,7 +7,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -96,12 +95,7 @@ func runKeysTo(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("keys %s: %w", verb, err)
 	}
 	if f.out == "json" {
-		b, err := json.MarshalIndent(answer, "", "  ")
-		if err != nil {
-			return err
-		}
-		_, err = out.Write(append(b, '\n'))
-		return err
+		return writeJSONTo(out, answer)
 	}
 	return writeKeysText(out, answer)
 }

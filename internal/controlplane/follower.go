@@ -15,7 +15,8 @@ import (
 )
 
 // Follower keeps a Log current from the admin topic for a process that
-// only reads it (a gateway): it reads the whole topic from its start,
+// only reads it (a gateway: its keys, and the tenants and plans laid over
+// its policy): it reads the whole topic from its start,
 // outside any consumer group, since every reader needs every record.
 type Follower struct {
 	cl       *kgo.Client
@@ -42,7 +43,7 @@ func NewFollower(ctx context.Context, kc kafkaconn.Config, topic string, auth *s
 	}
 	return &Follower{cl: cl, topic: topic, log: NewLog(auth), logger: logger, onChange: onChange,
 		records: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_records_total",
-			Help: "Control-plane records (API keys) of the admin topic read by this process, by result (applied; stale, unauthenticated, invalid: refused; ignored: operator actions and tombstones)."},
+			Help: "Control-plane records (API keys, tenants, plans) of the admin topic read by this process, by result (applied; stale, unauthenticated, invalid: refused; ignored: operator actions and tombstones)."},
 			[]string{"result"})}, nil
 }
 

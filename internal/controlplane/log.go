@@ -17,8 +17,8 @@ import (
 // Kind is what a Record holds.
 type Kind string
 
-// KindKey is a Record holding an API key. Tenants, plans and quotas are
-// meant to be kinds of their own, each with its field in Record.
+// KindKey is a Record holding an API key; KindTenant and KindPlan hold a
+// Section.
 const KindKey Kind = "key"
 
 // Record is the value of a control-plane record on the admin topic
@@ -26,6 +26,8 @@ const KindKey Kind = "key"
 type Record struct {
 	Kind Kind `json:"kind"`
 	Key  *Key `json:"key,omitempty"`
+	// Section is the tenant (KindTenant) or plan (KindPlan).
+	Section *Section `json:"section,omitempty"`
 	// Request is the id of the change that wrote this version. Two writers
 	// that read the same version write records of the same version under
 	// different record keys; readers keep the first in topic order, and a
@@ -33,11 +35,30 @@ type Record struct {
 	Request string `json:"request"`
 }
 
-// ID names the record's subject among all records: kind and id.
-func (r *Record) ID() string { return string(r.Kind) + "/" + r.Key.ID }
+// ID names the record's subject among all records: kind and id (or name).
+func (r *Record) ID() string {
+	if r.Key != nil {
+		return string(r.Kind) + "/" + r.Key.ID
+	}
+	return string(r.Kind) + "/" + r.Section.Name
+}
 
 // Version is the record's version.
-func (r *Record) Version() uint64 { return r.Key.Version }
+func (r *Record) Version() uint64 {
+	if r.Key != nil {
+		return r.Key.Version
+	}
+	return r.Section.Version
+}
+
+// SetVersion makes r the version v of its subject.
+func (r *Record) SetVersion(v uint64) {
+	if r.Key != nil {
+		r.Key.Version = v
+	} else {
+		r.Section.Version = v
+	}
+}
 
 // versionKey is the logical key of this version, from which its record key
 // is derived under the signing key (signalauth.RecordKey): a producer
@@ -48,13 +69,19 @@ func (r *Record) versionKey() string {
 }
 
 func (r *Record) validate() error {
-	if r.Kind != KindKey || r.Key == nil {
-		return fmt.Errorf("control-plane record: kind %q without its record; this release knows kind key", r.Kind)
+	switch {
+	case r.Kind == KindKey && r.Key != nil && r.Section == nil:
+	case r.HasSections() && r.Section != nil && r.Key == nil:
+	default:
+		return fmt.Errorf("control-plane record: kind %q without its record; this release knows kinds key, tenant and plan", r.Kind)
 	}
-	if r.Key.Version == 0 {
+	if r.Version() == 0 {
 		return errors.New("control-plane record: version 0; versions start at 1")
 	}
-	return r.Key.Validate()
+	if r.Key != nil {
+		return r.Key.Validate()
+	}
+	return r.Section.Validate()
 }
 
 // Outcome is what Apply did with a record.
@@ -174,6 +201,17 @@ func (l *Log) Records(topic string, rec *Record) ([]*kgo.Record, error) {
 // Tombstone returns a signed tombstone of record key, for a writer whose
 // record lost to another of the same version.
 func (l *Log) Tombstone(topic string, key []byte) *kgo.Record { return l.auth.Record(topic, key, nil) }
+
+// Version returns the version in force of subject id (Record.ID), 0 for
+// none: a change must have read it.
+func (l *Log) Version(id string) uint64 {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if cur := l.recs[id]; cur != nil {
+		return cur.rec.Version()
+	}
+	return 0
+}
 
 // InForce reports whether the record in force for id has record key key:
 // whether the writer of key won.

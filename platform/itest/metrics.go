@@ -35,3 +35,19 @@ func CounterValue(t testing.TB, g prometheus.Gatherer, name string, labels map[s
 	}
 	return 0
 }
+
+// GaugeValue returns the value of the unlabelled gauge name in g, or -1
+// when g has no such single series.
+func GaugeValue(t testing.TB, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return -1
+}

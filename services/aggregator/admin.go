@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/internal/adminlog"
+	"github.com/sluicehq/sluice/internal/controlplane"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/schemas"
@@ -48,6 +49,10 @@ import (
 type adminFollower struct {
 	cl      *kgo.Client
 	actions *adminlog.Log
+	// cp holds the control-plane records; sections is set when a tenant
+	// or plan among them changed since the policy's overlay was last set.
+	cp       *controlplane.Log
+	sections bool
 	// refused counts refused records, for the log's rate limit.
 	refused int64
 }
@@ -64,7 +69,7 @@ func newAdminFollower(ctx context.Context, kc kafkaconn.Config, topic string, au
 		cl.Close()
 		return nil, fmt.Errorf("admin topic: %w", err)
 	}
-	return &adminFollower{cl: cl, actions: adminlog.New(auth.For(signalauth.AdminActions))}, nil
+	return &adminFollower{cl: cl, actions: adminlog.New(auth.For(signalauth.AdminActions)), cp: controlplane.NewLog(auth)}, nil
 }
 
 // adminRecord folds one admin record into the follower's state and returns
@@ -72,6 +77,13 @@ func newAdminFollower(ctx context.Context, kc kafkaconn.Config, topic string, au
 // with a.mu held once the consumer runs.
 func (a *aggregator) adminRecord(r *kgo.Record) string {
 	f := a.admin
+	if controlplane.IsRecord(r) {
+		// Refused ones are the enforcer's and gateways' to count and log.
+		if res := f.cp.Apply(r); res.Outcome == controlplane.Applied && res.Record.HasSections() {
+			f.sections = true
+		}
+		return ""
+	}
 	res := f.actions.Apply(r)
 	switch res.Outcome {
 	case adminlog.Unauthenticated, adminlog.Replayed, adminlog.Invalid:
@@ -166,6 +178,16 @@ func (a *aggregator) markPending() {
 	}
 }
 
+// followSections lays the admin API's tenants and plans over the policy
+// file when they changed. SetOverlay only publishes: the partitions get the
+// policy from Watcher.Follow, as a reload of the file, so a.mu may be held.
+func (a *aggregator) followSections() {
+	if a.admin.sections {
+		a.admin.sections = false
+		a.watcher.SetOverlay(a.admin.cp.Overlay())
+	}
+}
+
 // followAdmin follows the admin topic until ctx ends and, every tick,
 // moves each partition's reference clock to now so that overrides expire
 // on time even for a tenant that sends nothing.
@@ -193,6 +215,7 @@ func (a *aggregator) followAdmin(ctx context.Context, tick time.Duration) error 
 			}
 		})
 		a.overridesChanged(tenants)
+		a.followSections()
 		if now := time.Now(); !now.Before(next) {
 			next = now.Add(tick)
 			for _, p := range a.parts {

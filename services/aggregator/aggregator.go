@@ -398,6 +398,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 	if err := kafkaconn.ReadToEnd(ctx, a.admin.cl, cfg.AdminTopic, func(r *kgo.Record) { a.adminRecord(r) }); err != nil {
 		return fmt.Errorf("aggregator: read admin topic %s: %w", cfg.AdminTopic, err)
 	}
+	a.followSections() // the tenants and plans in force before any partition
 	cl, err := kafkaconn.NewClient(env.Kafka, a.kafkaOptions()...)
 	if err != nil {
 		return fmt.Errorf("aggregator: %w", err)

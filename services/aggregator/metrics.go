@@ -3,6 +3,7 @@ package aggregator
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/internal/controlplane"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -79,7 +80,7 @@ func newMetrics(reg prometheus.Registerer, w *policy.Watcher) *metrics {
 		flushesCut:           prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_aggregator_flushes_cut_short_total", Help: "Flushes whose signals and re-routed records could not be published before their deadline (a stop, a revoke past shutdown_timeout, a partition-count refresh): their batches are kept and published by the next flush, and nothing past them is committed meanwhile."}),
 	}
 	reloadFailures := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_aggregator_policy_reload_failures_total", Help: "Policy reloads rejected; the previous policy stays in force."}, func() float64 { return float64(w.Failures.Load()) })
-	for _, c := range []prometheus.Collector{events, m.late, m.signals, m.lag, m.series, m.ids, m.writeRows, m.writeSeconds, m.rebuildSeconds, m.writeErrors, m.commitErrors, m.rebuildEvents, m.evictions, m.restores, m.restoreSeconds, m.heldNow, m.reevaluations, m.adminInvalid, m.adminRefused, m.adminUnsigned, m.adminReplayed, m.restoreAnnouncements, m.unwritten, m.fetchPauses, m.modelsCapped, m.handoverWaits, m.snapshots, m.snapshotFallbacks, m.snapshotSeconds, m.snapshotCopy, m.snapshotPause, m.snapshotsDropped, m.flushesCut, reloadFailures} {
+	for _, c := range []prometheus.Collector{events, m.late, m.signals, m.lag, m.series, m.ids, m.writeRows, m.writeSeconds, m.rebuildSeconds, m.writeErrors, m.commitErrors, m.rebuildEvents, m.evictions, m.restores, m.restoreSeconds, m.heldNow, m.reevaluations, m.adminInvalid, m.adminRefused, m.adminUnsigned, m.adminReplayed, m.restoreAnnouncements, m.unwritten, m.fetchPauses, m.modelsCapped, m.handoverWaits, m.snapshots, m.snapshotFallbacks, m.snapshotSeconds, m.snapshotCopy, m.snapshotPause, m.snapshotsDropped, m.flushesCut, reloadFailures, controlplane.PolicyConflicts("aggregator", w)} {
 		// A second aggregator in one process (tests) shares the registry.
 		_ = reg.Register(c)
 	}

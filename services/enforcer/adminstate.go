@@ -138,20 +138,26 @@ func (a *adminState) run(ctx context.Context) error {
 			}
 		})
 		now := time.Now()
+		sections := false
 		fs.EachRecord(func(r *kgo.Record) {
-			a.apply(r, now)
+			sections = a.apply(r, now) || sections
 			a.advance(r.Partition, r.Offset)
 		})
+		if sections {
+			// Once per poll, not per record: a replica reading thousands
+			// of tenants at start parses the policy once per batch.
+			a.c.policy.SetOverlay(a.keys.Overlay())
+		}
 	}
 	return nil
 }
 
 // apply folds one record into the breaker table (see adminState), or a
-// control-plane record into the keys.
-func (a *adminState) apply(r *kgo.Record, now time.Time) {
+// control-plane record into the keys, tenants and plans; it reports
+// whether a tenant or plan changed.
+func (a *adminState) apply(r *kgo.Record, now time.Time) bool {
 	if controlplane.IsRecord(r) {
-		a.applyKey(r)
-		return
+		return a.applyKey(r)
 	}
 	res := a.actions.Apply(r)
 	switch res.Outcome {
@@ -163,9 +169,9 @@ func (a *adminState) apply(r *kgo.Record, now time.Time) {
 			a.log.Warn("enforcer: refusing an admin record; the action of its scope stays as it was", "result", res.Outcome,
 				"reason", reason(res), "scope", fmt.Sprintf("%q", res.Scope), "offset", r.Offset, "refused_so_far", n)
 		}
-		return
+		return false
 	case adminlog.Ignored:
-		return
+		return false
 	}
 	if res.Unsigned {
 		a.unsigned.Inc()
@@ -181,6 +187,7 @@ func (a *adminState) apply(r *kgo.Record, now time.Time) {
 	if changed && tenant != "" {
 		a.c.writer.MarkDirty(tenant)
 	}
+	return false
 }
 
 // reason labels why adminlog refused a record, for the log.

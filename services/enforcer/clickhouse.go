@@ -32,3 +32,12 @@ func (l *lazyClickHouse) ByKey(ctx context.Context, apiKeyID string) ([]audit.En
 	}
 	return audit.New(conn).ByKey(ctx, apiKeyID)
 }
+
+// ByTenant reads a tenant's (or plan's) audit trail.
+func (l *lazyClickHouse) ByTenant(ctx context.Context, tenant string) ([]audit.Entry, error) {
+	conn, err := l.Get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return audit.New(conn).ByTenant(ctx, tenant)
+}

@@ -223,7 +223,7 @@ func listenAdmin(cfg Config, c *core, aud *lazyClickHouse, as *adminState, log *
 	}
 	api := admin.New(c.table, c.writer.MarkDirty, auditor, cfg.Admin.Tokens, cfg.FlagTTL, log)
 	if as != nil {
-		api.WithPublisher(as).WithKeys(as, aud)
+		api.WithPublisher(as).WithKeys(as, aud).WithSections(as, aud)
 	}
 	srv := httpserver.New(api.Handler(), cfg.Admin.HTTP, log)
 	if tlsCfg != nil {
@@ -262,11 +262,9 @@ func (s *adminServer) shutdownOnDone(ctx context.Context, grace time.Duration) e
 // built-in defaults when there is none. A broken file refuses the start.
 func loadPolicy(src platform.FileSource, log *slog.Logger) (*policy.Watcher, error) {
 	if src.File == "" {
-		p, err := policy.Parse([]byte("{}\n"), "(built-in defaults)")
-		if err != nil {
-			return nil, err
-		}
-		return policy.Static(p), nil
+		// Data rather than Static: the admin API's tenants and plans are
+		// laid over the defaults as they would be over a file.
+		return policy.FromData([]byte("{}\n"), "(built-in defaults)")
 	}
 	w, err := policy.NewWatcher(src.File, src.Reload, log)
 	if err != nil {

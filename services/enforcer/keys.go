@@ -7,20 +7,25 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/internal/controlplane"
+	"github.com/sluicehq/sluice/policy"
 )
 
-// applyKey folds a control-plane record (an API key) into the replica's
-// keys; the gateways follow the same records themselves.
-func (a *adminState) applyKey(r *kgo.Record) {
+// applyKey folds a control-plane record (an API key, a tenant, a plan)
+// into the replica's log, and reports whether it changed a tenant or plan
+// (the policy's overlay); the gateways follow the same records themselves.
+func (a *adminState) applyKey(r *kgo.Record) (sections bool) {
 	res := a.keys.Apply(r)
 	a.records.WithLabelValues("key_" + string(res.Outcome)).Inc()
 	switch res.Outcome {
+	case controlplane.Applied:
+		return res.Record.HasSections()
 	case controlplane.Stale, controlplane.Unauthenticated, controlplane.Invalid:
 		if n := a.refused.Add(1); n <= 10 || n%1000 == 0 {
 			a.log.Warn("enforcer: refusing a control-plane record; its key stays as it was", "result", res.Outcome,
 				"err", res.Err, "offset", r.Offset, "refused_so_far", n)
 		}
 	}
+	return false
 }
 
 // Key returns key id as this replica holds it, or nil.
@@ -40,26 +45,50 @@ func (a *adminState) Synced(ctx context.Context) error {
 }
 
 // PutKey writes k as the version after read (0: a new key) and returns
-// once the broker acknowledged it and this replica applied it. It refuses
-// with controlplane.ErrStale a change that read an older version than the
-// one in force — on this replica after reading the topic to its end, or
-// on the topic, when another replica wrote the same version first (the
-// losing record is then tombstoned).
+// once the broker acknowledged it and this replica applied it; see put.
 func (a *adminState) PutKey(ctx context.Context, k *controlplane.Key, read uint64, request string) error {
+	return a.put(ctx, &controlplane.Record{Kind: controlplane.KindKey, Key: k, Request: request}, read)
+}
+
+// Section returns the tenant or plan name as this replica holds it, or nil.
+func (a *adminState) Section(kind controlplane.Kind, name string) *controlplane.Section {
+	return a.keys.Section(kind, name)
+}
+
+// Sections returns the tenants or plans in force.
+func (a *adminState) Sections(kind controlplane.Kind) []*controlplane.Section {
+	return a.keys.Sections(kind)
+}
+
+// PutSection writes s as the version after read (0: none yet) of a
+// tenant or plan; see put.
+func (a *adminState) PutSection(ctx context.Context, kind controlplane.Kind, s *controlplane.Section, read uint64, request string) error {
+	return a.put(ctx, &controlplane.Record{Kind: kind, Section: s, Request: request}, read)
+}
+
+// CheckOverlay returns why the policy file with o laid over it would not
+// validate, or nil.
+func (a *adminState) CheckOverlay(o policy.Overlay) error { return a.c.policy.Check(o) }
+
+// Overlay returns the tenants and plans in force on this replica.
+func (a *adminState) Overlay() policy.Overlay { return a.keys.Overlay() }
+
+// put writes rec as the version after read and returns once the broker
+// acknowledged it and this replica applied it. It refuses with
+// controlplane.ErrStale a change that read an older version than the one
+// in force — on this replica after reading the topic to its end, or on
+// the topic, when another replica wrote the same version first (the losing
+// record is then tombstoned).
+func (a *adminState) put(ctx context.Context, rec *controlplane.Record, read uint64) error {
 	a.pubMu.Lock()
 	defer a.pubMu.Unlock()
 	if err := a.catchUpNow(ctx); err != nil {
 		return fmt.Errorf("reading %s before writing to it: %w", a.topic, err)
 	}
-	var cur uint64
-	if in := a.keys.Key(k.ID); in != nil {
-		cur = in.Version
+	if cur := a.keys.Version(rec.ID()); cur != read {
+		return fmt.Errorf("%w: %s is at version %d, the change read version %d", controlplane.ErrStale, rec.ID(), cur, read)
 	}
-	if cur != read {
-		return fmt.Errorf("%w: key %s is at version %d, the change read version %d", controlplane.ErrStale, k.ID, cur, read)
-	}
-	k.Version = read + 1
-	rec := &controlplane.Record{Kind: controlplane.KindKey, Key: k, Request: request}
+	rec.SetVersion(read + 1)
 	krs, err := a.keys.Records(a.topic, rec)
 	if err != nil {
 		return err
@@ -77,7 +106,7 @@ func (a *adminState) PutKey(ctx context.Context, k *controlplane.Key, read uint6
 		// Another replica's change of the same version came first: ours
 		// is refused by every reader; the tombstone lets compaction drop it.
 		_ = a.kc.ProduceSync(ctx, a.keys.Tombstone(a.topic, krs[0].Key)).FirstErr()
-		return fmt.Errorf("%w: another change of key %s was written at the same time", controlplane.ErrStale, k.ID)
+		return fmt.Errorf("%w: another change of %s was written at the same time", controlplane.ErrStale, rec.ID())
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package enforcer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/internal/controlplane"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/policy"
 )
 
 // Two replicas that read the same version of a key and change it at the
@@ -20,25 +22,8 @@ func TestConcurrentKeyChangesOnTwoReplicasEndWithOneRefused(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs Kafka and Redis")
 	}
-	kc := itest.Kafka(t)
-	cfg := testConfig(t)
-	env := platform.Env{Logger: quietLog(), Kafka: kc, SignalAuth: itest.SignalAuth(t)}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	replica := func() *adminState {
-		c := newCore(cfg, nil, testWatcher(t), quietLog())
-		c.auth = itest.Signer(t, env.SignalAuth)
-		as, err := openAdminState(ctx, cfg, env, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(as.close)
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = as.run(ctx) }()
-		return as
-	}
-	a, b := replica(), replica()
+	ctx := context.Background()
+	a, b := twoReplicas(t, testWatcher)
 	now := time.Now().UTC()
 	key := func(name string) *controlplane.Key {
 		return &controlplane.Key{ID: "k1", Tenant: "acme", Name: name, SHA256: controlplane.HashSecret("s"), Models: []string{"*"},
@@ -82,4 +67,58 @@ func TestConcurrentKeyChangesOnTwoReplicasEndWithOneRefused(t *testing.T) {
 			return ka.Version == read+1 && kb.Version == read+1 && ka.Name == winner && kb.Name == winner
 		})
 	}
+}
+
+// A tenant written through one replica reaches both replicas' policy: its
+// fail mode is what each enforces, laid over the file (policy.Overlay).
+func TestTenantRecordsReachEveryReplicasPolicy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Kafka")
+	}
+	ctx := context.Background()
+	a, b := twoReplicas(t, func(t testing.TB) *policy.Watcher {
+		pw, err := policy.FromData([]byte(testPolicyYAML), "test.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pw
+	})
+	now := time.Now().UTC()
+	s := &controlplane.Section{Name: "newco", Body: json.RawMessage(`{"fail_mode":"closed"}`), CreatedAt: now, CreatedBy: "ops", UpdatedAt: now, UpdatedBy: "ops"}
+	if err := a.CheckOverlay(policy.Overlay{Tenants: map[string]json.RawMessage{"newco": json.RawMessage(`{"fail_mode":"shut"}`)}}); err == nil {
+		t.Fatal("CheckOverlay accepted fail_mode shut")
+	}
+	if err := a.PutSection(ctx, controlplane.KindTenant, s, 0, "r1"); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*adminState{a, b} {
+		itest.Eventually(t, within, "newco's fail mode in the replica's policy", func() bool {
+			return r.c.policy.Current().Tenant("newco").FailMode == policy.FailClosed
+		})
+	}
+}
+
+// twoReplicas returns two enforcer replicas' admin states on one admin
+// topic of the test's own, each with a policy of its own from watcher,
+// running until the test ends.
+func twoReplicas(t *testing.T, watcher func(testing.TB) *policy.Watcher) (a, b *adminState) {
+	kc := itest.Kafka(t)
+	cfg := testConfig(t)
+	env := platform.Env{Logger: quietLog(), Kafka: kc, SignalAuth: itest.SignalAuth(t)}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	replica := func() *adminState {
+		c := newCore(cfg, nil, watcher(t), quietLog())
+		c.auth = itest.Signer(t, env.SignalAuth)
+		as, err := openAdminState(ctx, cfg, env, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(as.close)
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = as.run(ctx) }()
+		return as
+	}
+	return replica(), replica()
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/internal/controlplane"
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
 )
@@ -39,6 +40,7 @@ func (c *core) collectors() []prometheus.Collector {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_enforcer_policy_reload_failures_total",
 			Help: "Policy reloads rejected as invalid; the previous policy stays in force."},
 			func() float64 { return float64(c.policy.Failures.Load()) }),
+		controlplane.PolicyConflicts("enforcer", c.policy),
 	}
 }
 

@@ -27,9 +27,9 @@ type Config struct {
 	MaxAttempts         int   `yaml:"max_attempts" help:"upstreams tried for one request: a connection failure, a timeout before the answer, 429 or 5xx moves on to the next upstream of the model"`
 
 	// AdminTopic, when set, is the admin topic the gateway follows for the
-	// API keys issued through the enforcer's admin API, beside
-	// tenant_keys.file (docs/controlplane.md).
-	AdminTopic string `yaml:"admin_topic" help:"compacted admin topic to follow for API keys issued, rotated and revoked through the enforcer's admin API (sluice.admin.v1, as services.enforcer.admin_topic), accepted beside tenant_keys.file; needs kafka and signal_auth. Empty: tenant_keys.file only"`
+	// API keys, tenants and plans made through the enforcer's admin API,
+	// beside tenant_keys.file and policy.file (docs/controlplane.md).
+	AdminTopic string `yaml:"admin_topic" help:"compacted admin topic to follow for the API keys (accepted beside tenant_keys.file), tenants and plans (laid over policy.file) managed through the enforcer's admin API (sluice.admin.v1, as services.enforcer.admin_topic); needs kafka and signal_auth. Empty: tenant_keys.file and policy.file only"`
 
 	// FrontEnd is the HTTP server, shutdown, flags, admission and usage
 	// settings the gateway shares with services/authz; usage adds

@@ -222,7 +222,7 @@ func TestAKeyIDInTheFileAndTheAPIIsAConflictNotAnOverride(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	itest.Eventually(t, propagation, "the conflict counted", func() bool { return gaugeValue(t, reg, "sluice_gateway_key_conflicts") == 1 })
+	itest.Eventually(t, propagation, "the conflict counted", func() bool { return itest.GaugeValue(t, reg, "sluice_gateway_key_conflicts") == 1 })
 	if got := status(t, gw, dup.Secret); got != http.StatusUnauthorized {
 		t.Fatalf("the API's key under the file's id: %d; want 401", got)
 	}
@@ -236,7 +236,7 @@ func TestAKeyIDInTheFileAndTheAPIIsAConflictNotAnOverride(t *testing.T) {
 		t.Fatal(err)
 	}
 	itest.Eventually(t, 30*time.Second, "the reloaded keys file ending the conflict", func() bool {
-		return gaugeValue(t, reg, "sluice_gateway_key_conflicts") == 0
+		return itest.GaugeValue(t, reg, "sluice_gateway_key_conflicts") == 0
 	})
 	if got := status(t, gw, dup.Secret); got != http.StatusOK {
 		t.Fatalf("the API's key once the file no longer has its id: %d; want 200", got)
@@ -244,18 +244,4 @@ func TestAKeyIDInTheFileAndTheAPIIsAConflictNotAnOverride(t *testing.T) {
 	if got := status(t, gw, "sk-acme"); got != http.StatusUnauthorized {
 		t.Fatalf("the removed file key: %d; want 401", got)
 	}
-}
-
-func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	return -1
 }

@@ -148,7 +148,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, opts options, ready 
 	if err != nil {
 		return fmt.Errorf("tenant_keys.%w", err)
 	}
-	topicKeys, stopKeys, err := followKeys(ctx, cfg, env, keys)
+	topicKeys, stopKeys, err := followKeys(ctx, cfg, env, keys, pol.w)
 	if err != nil {
 		return err
 	}
@@ -192,11 +192,13 @@ func run(ctx context.Context, cfg Config, env platform.Env, opts options, ready 
 	})
 }
 
-// followKeys follows cfg.AdminTopic for the keys issued through the admin
-// API, when set: it reads the topic to its end first, so that a restarted
-// gateway serves every key issued before, then follows it until stop is
-// called. Without an admin topic it returns nil keys and a no-op stop.
-func followKeys(ctx context.Context, cfg Config, env platform.Env, file *keyfile.File[frontend.Caller]) (*frontend.TopicKeys, func(), error) {
+// followKeys follows cfg.AdminTopic for the keys, tenants and plans made
+// through the admin API, when set: it reads the topic to its end first, so
+// that a restarted gateway serves every key and tenant made before, then
+// follows it until stop is called, laying the tenants and plans over the
+// policy file (pw.SetOverlay). Without an admin topic it returns nil keys
+// and a no-op stop.
+func followKeys(ctx context.Context, cfg Config, env platform.Env, file *keyfile.File[frontend.Caller], pw *policy.Watcher) (*frontend.TopicKeys, func(), error) {
 	if cfg.AdminTopic == "" {
 		return nil, func() {}, nil
 	}
@@ -206,12 +208,16 @@ func followKeys(ctx context.Context, cfg Config, env platform.Env, file *keyfile
 		return nil, nil, fmt.Errorf("signal_auth: %w", err)
 	}
 	var keys *frontend.TopicKeys
-	f, err := controlplane.NewFollower(ctx, env.Kafka, cfg.AdminTopic, auth, log, func() { keys.Refresh() })
+	var f *controlplane.Follower
+	f, err = controlplane.NewFollower(ctx, env.Kafka, cfg.AdminTopic, auth, log, func() {
+		keys.Refresh()
+		pw.SetOverlay(f.Log().Overlay()) // a no-op unless a tenant or plan changed
+	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("services.gateway.admin_topic: %w", err)
 	}
 	keys = frontend.NewTopicKeys(f.Log(), file.Keys, log)
-	cs := []prometheus.Collector{f.Collector(), keys.Collector()}
+	cs := []prometheus.Collector{f.Collector(), keys.Collector(), controlplane.PolicyConflicts("gateway", pw)}
 	for i, c := range cs {
 		if err := env.Metrics.Register(c); err != nil {
 			for _, r := range cs[:i] {
@@ -231,7 +237,8 @@ func followKeys(ctx context.Context, cfg Config, env platform.Env, file *keyfile
 		stop()
 		return nil, nil, fmt.Errorf("services.gateway.admin_topic: %w", err)
 	}
-	log.Info("following the admin API's keys", "topic", cfg.AdminTopic, "keys", len(f.Log().Keys("")), "conflicts", keys.Conflicts())
+	log.Info("following the admin API's keys, tenants and plans", "topic", cfg.AdminTopic, "keys", len(f.Log().Keys("")), "conflicts", keys.Conflicts(),
+		"tenants", len(f.Log().Sections(controlplane.KindTenant)), "policy_conflicts", pw.Conflicts())
 	fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	go func() { defer close(done); _ = f.Run(fctx) }()

@@ -57,6 +57,10 @@ type API struct {
 	// serves none.
 	keys     KeyStore
 	keyAudit KeyAuditReader
+	// sections and sectionAudit serve the tenant and plan routes
+	// (sections.go); nil sections serves none.
+	sections     SectionStore
+	sectionAudit SectionAuditReader
 }
 
 // New returns the API. notify is told which tenants' flags changed.
@@ -88,6 +92,9 @@ func (a *API) Handler() http.Handler {
 	}
 	if a.keys != nil {
 		a.keyRoutes(mux)
+	}
+	if a.sections != nil {
+		a.sectionRoutes(mux)
 	}
 	return a.authenticate(mux)
 }
@@ -138,8 +145,12 @@ func (p *principal) refuses(r *http.Request) string {
 		if r.URL.Path == adminapi.PathWhoAmI {
 			return ""
 		}
+		tenants := adminapi.KindTenant.Path()
+		if r.Method == http.MethodGet && (r.URL.Path == tenants || strings.HasPrefix(r.URL.Path, tenants+"/")) {
+			return "" // its own tenant only: each route checks (sections.go)
+		}
 		if r.URL.Path != adminapi.PathKeys && !strings.HasPrefix(r.URL.Path, adminapi.PathKeys+"/") {
-			return "authorization: token " + p.name + " administers tenant " + p.tenant + "'s API keys only (" + adminapi.PathKeys + ")"
+			return "authorization: token " + p.name + " administers tenant " + p.tenant + "'s API keys only (" + adminapi.PathKeys + "), and reads its tenant (" + tenants + ")"
 		}
 	}
 	return ""

@@ -49,7 +49,7 @@ type keyDetails struct {
 }
 
 func (a *API) keyRoutes(mux *http.ServeMux) {
-	route := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, a.synced(h)) }
+	route := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, a.syncedOn(a.keys.Synced, h)) }
 	route("GET "+adminapi.PathKeys, a.listKeys)
 	route("POST "+adminapi.PathKeys, a.issueKey)
 	route("GET "+adminapi.PathKey, func(w http.ResponseWriter, r *http.Request) {
@@ -62,15 +62,15 @@ func (a *API) keyRoutes(mux *http.ServeMux) {
 	route("GET "+adminapi.PathKeyAudit, a.keyTrail)
 }
 
-// synced holds a key request until the replica has read the admin topic
-// as far as it was at start (a restarted replica would otherwise answer
-// 404 for a key it has not read yet, or issue an id that exists), for up
-// to 10 s, then answers 503.
-func (a *API) synced(next http.HandlerFunc) http.Handler {
+// syncedOn holds a control-plane request until the replica has read the
+// admin topic as far as it was at start (synced returns; a restarted
+// replica would otherwise answer 404 for a key or tenant it has not read
+// yet, or create one that exists), for up to 10 s, then answers 503.
+func (a *API) syncedOn(synced func(context.Context) error, next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 		defer cancel()
-		if err := a.keys.Synced(ctx); err != nil {
+		if err := synced(ctx); err != nil {
 			writeError(w, http.StatusServiceUnavailable, "admin topic: not yet read to its end after a start; retry: "+err.Error())
 			return
 		}
@@ -214,52 +214,71 @@ func (a *API) revokeKey(w http.ResponseWriter, r *http.Request) {
 // fresh answers 409 and returns false when the change read another version
 // than the one in force: another operator changed the key since.
 func (a *API) fresh(w http.ResponseWriter, cur *controlplane.Key, read uint64) bool {
+	return a.freshVersion(w, "key", cur.ID, adminapi.PathKey, cur.Version, read)
+}
+
+// freshVersion answers 400 for a change without the version it read, 409
+// for one that read another version than cur, and returns false for both;
+// route is the GET that reads what (kind, id).
+func (a *API) freshVersion(w http.ResponseWriter, kind, id, route string, cur, read uint64) bool {
 	if read == 0 {
-		writeError(w, http.StatusBadRequest, "version: required; the version of the key you read (GET "+adminapi.KeyPath(adminapi.PathKey, cur.ID)+")")
+		writeError(w, http.StatusBadRequest, "version: required; the version of the "+kind+" you read (GET "+route+")")
 		return false
 	}
-	if read != cur.Version {
-		writeError(w, http.StatusConflict, fmt.Sprintf("version: key %q is at version %d, the change read version %d; read it again and retry", cur.ID, cur.Version, read))
+	if read != cur {
+		writeError(w, http.StatusConflict, fmt.Sprintf("version: %s %q is at version %d, the change read version %d; read it again and retry", kind, id, cur, read))
 		return false
 	}
 	return true
 }
 
 // putKey audits the change from before to after, then writes after as the
-// version after read; it answers the error itself and returns false when
-// either fails. Audited first, as every action: a change that cannot be
-// audited is not made.
+// version after read (auditedPut).
 func (a *API) putKey(w http.ResponseWriter, r *http.Request, action adminapi.Action, before, after *controlplane.Key, read uint64, reason string) bool {
-	precise := a.now().UTC()
 	details, _ := json.Marshal(keyDetails{Version: read + 1, Changes: controlplane.Diff(before, after)})
-	e := audit.Entry{Time: precise.Truncate(time.Second), Actor: principalOf(r).name, Action: string(action), Tenant: after.Tenant,
-		APIKeyID: after.ID, Reason: reason, ExpiresAt: after.ExpiresAt, Details: string(details), RequestID: requestID(precise)}
+	e := audit.Entry{Actor: principalOf(r).name, Action: string(action), Tenant: after.Tenant,
+		APIKeyID: after.ID, Reason: reason, ExpiresAt: after.ExpiresAt, Details: string(details)}
+	return a.auditedPut(w, r, e, adminapi.ActionKeyRefused, "key "+after.ID, func(ctx context.Context, request string) error {
+		return a.keys.PutKey(ctx, after, read, request)
+	})
+}
+
+// auditedPut writes audit entry e (its time and request id set here), then
+// makes the control-plane change put under that request id; it answers the
+// error itself and returns false when either fails. Audited first, as
+// every action: a change that cannot be audited is not made. A change
+// refused after its entry was written is marked with an entry of action
+// refused and the same request id. what names the record in messages.
+func (a *API) auditedPut(w http.ResponseWriter, r *http.Request, e audit.Entry, refused adminapi.Action, what string,
+	put func(ctx context.Context, request string) error) bool {
+	precise := a.now().UTC()
+	e.Time, e.RequestID = precise.Truncate(time.Second), requestID(precise)
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	if err := a.audit.Write(ctx, e); err != nil {
-		a.log.Error("admin: audit write failed; key change refused", "action", action, "err", err)
+		a.log.Error("admin: audit write failed; control-plane change refused", "action", e.Action, "err", err)
 		writeError(w, http.StatusServiceUnavailable, "audit log unavailable, so the change was not made: "+err.Error())
 		return false
 	}
-	if err := a.keys.PutKey(ctx, after, read, e.RequestID); err != nil {
+	if err := put(ctx, e.RequestID); err != nil {
 		// The audit entry is written: mark it refused, so that the trail
 		// does not show a change that is not in force. Best effort: if
 		// this write fails too, the trail shows the attempt as made.
-		refused := e
-		refused.Action, refused.Reason = string(adminapi.ActionKeyRefused), err.Error()
-		if werr := a.audit.Write(ctx, refused); werr != nil {
-			a.log.Warn("admin: could not mark a refused key change in the audit log", "request_id", e.RequestID, "err", werr)
+		mark := e
+		mark.Action, mark.Reason = string(refused), err.Error()
+		if werr := a.audit.Write(ctx, mark); werr != nil {
+			a.log.Warn("admin: could not mark a refused control-plane change in the audit log", "request_id", e.RequestID, "err", werr)
 		}
 		if errors.Is(err, controlplane.ErrStale) {
-			writeError(w, http.StatusConflict, "version: "+err.Error()+"; read the key again and retry")
+			writeError(w, http.StatusConflict, "version: "+err.Error()+"; read it again and retry")
 			return false
 		}
-		a.log.Error("admin: publishing a key change failed", "action", action, "key", after.ID, "err", err)
-		writeError(w, http.StatusServiceUnavailable, "admin topic: "+err.Error()+"; the change may not be in force (GET the key to see), retry")
+		a.log.Error("admin: publishing a control-plane change failed", "action", e.Action, "record", what, "err", err)
+		writeError(w, http.StatusServiceUnavailable, "admin topic: "+err.Error()+"; the change may not be in force (GET it to see), retry")
 		return false
 	}
-	a.log.Info("admin key change", "actor", e.Actor, "action", action, "tenant", after.Tenant, "key", after.ID,
-		"version", after.Version, "reason", reason, "request_id", e.RequestID)
+	a.log.Info("admin control-plane change", "actor", e.Actor, "action", e.Action, "tenant", e.Tenant, "record", what,
+		"reason", e.Reason, "request_id", e.RequestID)
 	return true
 }
 
@@ -277,15 +296,22 @@ func (a *API) keyTrail(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "audit log: "+err.Error())
 		return
 	}
+	writeJSON(w, http.StatusOK, adminapi.AuditResponse{Entries: trailOf(entries, "key.", adminapi.ActionKeyRefused, k.Tenant)})
+}
+
+// trailOf returns the entries of actions prefix* of tenant as the API
+// shows them, each change refused after it was audited (an entry of action
+// refused with its request id) marked so.
+func trailOf(entries []audit.Entry, prefix string, refusedAction adminapi.Action, tenant string) []adminapi.AuditEntry {
 	refused := map[string]string{}
 	for _, e := range entries {
-		if e.Action == string(adminapi.ActionKeyRefused) {
+		if e.Action == string(refusedAction) {
 			refused[e.RequestID] = e.Reason
 		}
 	}
 	out := []adminapi.AuditEntry{}
 	for _, e := range entries {
-		if !strings.HasPrefix(e.Action, "key.") || e.Action == string(adminapi.ActionKeyRefused) || e.Tenant != k.Tenant {
+		if !strings.HasPrefix(e.Action, prefix) || e.Action == string(refusedAction) || e.Tenant != tenant {
 			continue
 		}
 		var d keyDetails
@@ -296,7 +322,7 @@ func (a *API) keyTrail(w http.ResponseWriter, r *http.Request) {
 			out[len(out)-1].Refused, out[len(out)-1].Error = true, why
 		}
 	}
-	writeJSON(w, http.StatusOK, adminapi.AuditResponse{Entries: out})
+	return out
 }
 
 // checkReason requires the audit trail's why.

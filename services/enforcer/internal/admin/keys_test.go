@@ -80,7 +80,18 @@ func (t trail) ByKey(_ context.Context, id string) ([]audit.Entry, error) {
 	return out, nil
 }
 
-// keyServer serves the key routes with an operator, a viewer and a tenant
+// ByTenant reads the audit entries memAudit kept of a tenant or plan.
+func (t trail) ByTenant(_ context.Context, name string) ([]audit.Entry, error) {
+	var out []audit.Entry
+	for _, e := range t.all() {
+		if e.Tenant == name {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+// keyServer serves the key (and tenant and plan) routes with an operator, a viewer and a tenant
 // admin of tenant "blue"; it returns a client per role.
 func keyServer(t *testing.T) (op, viewer, blue *adminapi.Client) {
 	op, viewer, blue, _ = keyServerStore(t)
@@ -97,7 +108,7 @@ func keyServerStore(t *testing.T) (op, viewer, blue *adminapi.Client, store *mem
 		{Name: "blue-admin", SHA256: adminapi.HashToken("blue-token"), Role: adminapi.RoleTenantAdmin, Tenant: "blue"},
 	}
 	api := admin.New(breaker.NewTable(), func(...string) {}, aud, tokens, time.Minute, slog.New(slog.NewTextHandler(io.Discard, nil))).
-		WithKeys(store, trail{aud})
+		WithKeys(store, trail{aud}).WithSections(&memSections{recs: map[string]controlplane.Section{}}, trail{aud})
 	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(srv.Close)
 	client := func(tok string) *adminapi.Client {

@@ -63,6 +63,13 @@ func (l *Log) ByKey(ctx context.Context, apiKeyID string) ([]Entry, error) {
 	return l.query(ctx, "api_key_id = ?", apiKeyID)
 }
 
+// ByTenant returns the entries of tenant (its actions and its
+// control-plane changes; a plan's, whose name the tenant column holds),
+// oldest first.
+func (l *Log) ByTenant(ctx context.Context, tenant string) ([]Entry, error) {
+	return l.query(ctx, "tenant = ?", tenant)
+}
+
 func (l *Log) query(ctx context.Context, where string, arg any) ([]Entry, error) {
 	rows, err := l.conn.Query(ctx, `SELECT time, actor, action, tenant, model, api_key_id, reason, expires_at, details, request_id
 FROM admin_audit WHERE `+where+` ORDER BY time, request_id`, arg)

@@ -1,0 +1,46 @@
+package aggregator_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/controlplane"
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/aggregator"
+)
+
+// TestTenantRecordsReachThePipelineQuotas: a tenant defined through the
+// admin API (a tenant record on the admin topic, as the enforcer writes
+// it) replaces the file's defaults for that tenant within 5 s: acme, at
+// 100% of the defaults' 1,000 hourly tokens, goes down to tier 0 under its
+// record's 10,000, with no new usage.
+func TestTenantRecordsReachThePipelineQuotas(t *testing.T) {
+	e, adminTopic, cl := adminTopicSetup(t)
+	run := runInProcess(t, e, e.ch.Addr, func(c *aggregator.Config) { c.AdminTopic = adminTopic })
+	w := watchSignals(t, e)
+	produce(t, e, []schemas.UsageEvent{{ID: "a1", Time: time.Now().UTC(), Tenant: "acme", Model: "gpt-4o", PromptTokens: 1000}})
+	itest.Eventually(t, 60*time.Second, "acme at 100% of the defaults' hourly quota", w.has(tierOf("acme", 100, schemas.DirectionUp)))
+
+	now := time.Now().UTC()
+	rec := &controlplane.Record{Kind: controlplane.KindTenant, Request: "r1", Section: &controlplane.Section{Name: "acme",
+		Body:      json.RawMessage(`{"models":{"*":{"hourly_tokens":10000}}}`),
+		CreatedAt: now, CreatedBy: "ops", UpdatedAt: now, UpdatedBy: "ops", Version: 1}}
+	recs, err := controlplane.NewLog(itest.Signer(t, testSignalAuth)).Records(adminTopic, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	itest.Eventually(t, 5*time.Second, "acme's tier down under its tenant record", w.has(tierOf("acme", 0, schemas.DirectionDown)))
+	t.Logf("tenant record to tier signal: %s", time.Since(start))
+	if n := run.metric(t, "sluice_aggregator_policy_conflicts", ""); n != 0 {
+		t.Errorf("policy conflicts %v; want 0 (the file does not define acme)", n)
+	}
+}
