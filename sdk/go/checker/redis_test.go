@@ -141,3 +141,61 @@ func TestFollowsRedisResyncsAndFailsPerTenantWhenCut(t *testing.T) {
 	close(stopBeat)
 	<-beatDone
 }
+
+// A Checker takes flag_ttl from the key the enforcer writes, at every
+// resync; a value out of bounds, or no key (an older enforcer), leaves
+// what it had. With the real Run: after the enforcer's last heartbeat a
+// quota flag whose Until is an hour ahead lapses once the view is stale
+// and flag_ttl (3 s, published) has passed since that beat, not before.
+func TestStaleViewLapsesQuotaFlagByPublishedFlagTTL(t *testing.T) {
+	rcfg := itest.Redis(t)
+	prefix := itest.Unique(t, "sluice_test:") + ":"
+	rdb := redisconn.NewClient(rcfg)
+	defer rdb.Close()
+	cleanup(t, rdb, prefix)
+	enf := &fakeEnforcer{rdb: rdb, keys: flags.Layout{Prefix: prefix}}
+	ctx := context.Background()
+	cfg := DefaultConfig()
+	cfg.KeyPrefix = prefix
+	cfg.MaxStaleness = 500 * time.Millisecond
+	c, err := New(rdb, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		value string
+		want  time.Duration
+	}{{"", flags.DefaultFlagTTL}, {"7000", 7 * time.Second}, {"12", 7 * time.Second}, {"soon", 7 * time.Second}, {"3000", 3 * time.Second}} {
+		if tc.value != "" {
+			rdb.Set(ctx, enf.keys.TTLKey(), tc.value, 0)
+		}
+		if err := c.resyncOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := time.Duration(c.flagTTL.Load()); got != tc.want {
+			t.Fatalf("ttl key %q: flag ttl %v, want %v", tc.value, got, tc.want)
+		}
+	}
+
+	until := time.Now().Add(time.Hour)
+	enf.set(t, "initech", map[string]*flags.Flag{flags.AllModels: {State: flags.StateOpen, Kind: flags.KindQuota, Quota: "monthly_tokens", Until: until, ResetsAt: until}})
+	if err := enf.beat(); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(rctx) }()
+	defer func() { cancel(); <-done }()
+	itest.Eventually(t, 30*time.Second, "the flag loaded", func() bool { return !c.Check("initech", "m", "").Allowed() })
+	// The enforcer dies: its heartbeat key goes, nothing else changes.
+	rdb.Del(ctx, enf.keys.HeartbeatKey())
+	lastBeat := time.Unix(0, c.lastFresh.Load())
+	itest.Eventually(t, 30*time.Second, "a stale view", c.Stale)
+	if d := c.Check("initech", "m", ""); d.Outcome != Refused && time.Since(lastBeat) < 3*time.Second {
+		t.Fatalf("quota flag on a view stale for less than flag_ttl: %+v, want refused", d)
+	}
+	itest.Eventually(t, 30*time.Second, "the quota flag lapsed", func() bool { return c.Check("initech", "m", "").Allowed() })
+	if since := time.Since(lastBeat); since < 3*time.Second {
+		t.Fatalf("the quota flag lapsed %v after the last beat, before flag_ttl (3s)", since)
+	}
+}
