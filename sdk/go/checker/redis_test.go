@@ -51,6 +51,31 @@ func (e *fakeEnforcer) beat() error {
 	return e.rdb.Set(context.Background(), e.keys.HeartbeatKey(), time.Now().UnixMilli(), 3*time.Second).Err()
 }
 
+// testEnforcer returns the real Redis's configuration and a fakeEnforcer
+// writing to it under a prefix of the test's own, removed at its end.
+func testEnforcer(t *testing.T) (redisconn.Config, *fakeEnforcer) {
+	rcfg := itest.Redis(t)
+	prefix := itest.Unique(t, "sluice_test:") + ":"
+	rdb := redisconn.NewClient(rcfg)
+	t.Cleanup(func() { rdb.Close() })
+	cleanup(t, rdb, prefix)
+	return rcfg, &fakeEnforcer{rdb: rdb, keys: flags.Layout{Prefix: prefix}}
+}
+
+// staleFastChecker is a Checker of rdb under prefix that turns stale
+// half a second after the enforcer's last sign of life.
+func staleFastChecker(t *testing.T, rdb redis.UniversalClient, prefix string) *Checker {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.KeyPrefix = prefix
+	cfg.MaxStaleness = 500 * time.Millisecond
+	c, err := New(rdb, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func cleanup(t testing.TB, rdb redis.UniversalClient, prefix string) {
 	t.Cleanup(func() {
 		ctx := context.Background()
@@ -59,12 +84,8 @@ func cleanup(t testing.TB, rdb redis.UniversalClient, prefix string) {
 }
 
 func TestFollowsRedisResyncsAndFailsPerTenantWhenCut(t *testing.T) {
-	rcfg := itest.Redis(t)
-	prefix := itest.Unique(t, "sluice_test:") + ":"
-	direct := redisconn.NewClient(rcfg)
-	defer direct.Close()
-	cleanup(t, direct, prefix)
-	enf := &fakeEnforcer{rdb: direct, keys: flags.Layout{Prefix: prefix}}
+	rcfg, enf := testEnforcer(t)
+	direct, prefix := enf.rdb, enf.keys.Prefix
 	until := time.Now().Add(time.Hour)
 	// A flag that exists before the Checker starts must be found by the
 	// initial resync.
@@ -79,13 +100,7 @@ func TestFollowsRedisResyncsAndFailsPerTenantWhenCut(t *testing.T) {
 	pcfg.Addr = proxy.Addr()
 	rdb := redisconn.NewClient(pcfg)
 	defer rdb.Close()
-	cfg := DefaultConfig()
-	cfg.KeyPrefix = prefix
-	cfg.MaxStaleness = 500 * time.Millisecond
-	c, err := New(rdb, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := staleFastChecker(t, rdb, prefix)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = c.Run(ctx) }()
@@ -148,20 +163,10 @@ func TestFollowsRedisResyncsAndFailsPerTenantWhenCut(t *testing.T) {
 // quota flag whose Until is an hour ahead lapses once the view is stale
 // and flag_ttl (3 s, published) has passed since that beat, not before.
 func TestStaleViewLapsesQuotaFlagByPublishedFlagTTL(t *testing.T) {
-	rcfg := itest.Redis(t)
-	prefix := itest.Unique(t, "sluice_test:") + ":"
-	rdb := redisconn.NewClient(rcfg)
-	defer rdb.Close()
-	cleanup(t, rdb, prefix)
-	enf := &fakeEnforcer{rdb: rdb, keys: flags.Layout{Prefix: prefix}}
+	_, enf := testEnforcer(t)
+	rdb, prefix := enf.rdb, enf.keys.Prefix
 	ctx := context.Background()
-	cfg := DefaultConfig()
-	cfg.KeyPrefix = prefix
-	cfg.MaxStaleness = 500 * time.Millisecond
-	c, err := New(rdb, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := staleFastChecker(t, rdb, prefix)
 	for _, tc := range []struct {
 		value string
 		want  time.Duration

@@ -11,7 +11,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/platform/itest"
-	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
@@ -21,12 +20,9 @@ import (
 // because its flags did not change. A refresh that did nothing would let
 // the keys expire within one flag_ttl.
 func TestSpreadRefreshKeepsEveryFlag(t *testing.T) {
-	rdb := redisconn.NewClient(itest.Redis(t))
-	defer rdb.Close()
-	prefix := itest.Unique(t, "sluice_test_") + ":"
+	rdb, prefix := testRedis(t)
 	keys := flags.Layout{Prefix: prefix}
 	ctx := context.Background()
-	t.Cleanup(func() { _ = flags.ScanKeys(ctx, rdb, prefix+"*", func(k string) { rdb.Del(ctx, k) }) })
 	const n, ttl = 500, 3 * time.Second
 	src := newFlagged(n)
 	cfg := Config{KeyPrefix: prefix, FlushInterval: 5 * time.Millisecond, FlagTTL: ttl,
@@ -85,12 +81,9 @@ func TestSpreadRefreshKeepsEveryFlag(t *testing.T) {
 // and a refresh that finds a key gone (deleted by hand) writes it back
 // and announces it.
 func TestRefreshAnnouncesOnlyChanges(t *testing.T) {
-	rdb := redisconn.NewClient(itest.Redis(t))
-	defer rdb.Close()
-	prefix := itest.Unique(t, "sluice_test_") + ":"
+	rdb, prefix := testRedis(t)
 	keys := flags.Layout{Prefix: prefix}
 	ctx := context.Background()
-	t.Cleanup(func() { _ = flags.ScanKeys(ctx, rdb, prefix+"*", func(k string) { rdb.Del(ctx, k) }) })
 	sub := rdb.Subscribe(ctx, keys.Channel())
 	defer sub.Close()
 	if _, err := sub.Receive(ctx); err != nil {
