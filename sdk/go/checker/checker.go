@@ -732,8 +732,9 @@ var rebuildShards bool
 
 // replaceInPlace installs the updates of names, all in shard table old,
 // without copying the shard, when each of them replaces the view of a
-// tenant old already holds with a view that still has flags — what the
-// enforcer's periodic refresh announces for every flagged tenant. It
+// tenant old already holds with a view that still has flags — what a
+// burst of changes to flagged tenants brings (and what older enforcers'
+// periodic refresh announced for every flagged tenant). It
 // reports false, having changed nothing, when a tenant is new or loses
 // its flags: the caller then rebuilds the shard. The caller holds c.mu.
 func (c *Checker) replaceInPlace(old *table, names []string, updates map[string]*tenantView, stale bool) bool {
