@@ -33,7 +33,7 @@ func TestAdminActionsAreAuditedAndEnforced(t *testing.T) {
 	ch := startChecker(t, rc, cfg.KeyPrefix, 10*time.Second)
 
 	const token = "s3cret-token"
-	api := admin.New(c.table, c.writer.MarkDirty, audit.New(conn), []adminapi.Token{{Name: "alice", SHA256: adminapi.HashToken(token)}}, cfg.FlagTTL, quietLog())
+	api := admin.New(c.table, c.writer.MarkDirty, audit.New(conn), []adminapi.Token{{Name: "alice", SHA256: adminapi.HashToken(token)}}, quietLog())
 	srv := httptest.NewServer(api.Handler())
 	defer srv.Close()
 	client := func(tok string) *adminapi.Client {

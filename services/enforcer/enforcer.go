@@ -221,7 +221,7 @@ func listenAdmin(cfg Config, c *core, aud *lazyClickHouse, as *adminState, log *
 	if aud != nil {
 		auditor = aud
 	}
-	api := admin.New(c.table, c.writer.MarkDirty, auditor, cfg.Admin.Tokens, cfg.FlagTTL, log)
+	api := admin.New(c.table, c.writer.MarkDirty, auditor, cfg.Admin.Tokens, log)
 	if as != nil {
 		api.WithPublisher(as).WithKeys(as, aud).WithSections(as, aud)
 	}

@@ -8,14 +8,18 @@
 // enforcer dead), each tenant falls back to its fail mode: "open" keeps
 // serving (honouring the flags still known), "closed" refuses. While the
 // view is stale, manual breakers and blacklists stay in force past their
-// Until: the enforcer caps every flag's Until a minute ahead and rewrites
-// it while it lives, so a gateway cut off from Redis would otherwise let a
-// leaked key through a minute into the outage. For the same reason they are
-// kept when a resync during staleness finds their hash expired (Redis
-// reachable, enforcer dead); the first resync on a fresh view drops them if
-// Redis no longer holds them. Breakers tied to traffic
-// (quota, rate, error ratio, slow call) still lapse, so that a dead enforcer
-// cannot leave a tenant blocked for ever.
+// Until, and are kept when a resync during staleness finds their hash
+// expired (Redis reachable, enforcer dead): a gateway cut off from the
+// enforcer must not let a leaked key through a minute into the outage. The
+// first resync on a fresh view drops them if Redis no longer holds them.
+// Breakers tied to traffic (quota, rate, error ratio, slow call) lapse at
+// their Until, and while the view is stale also flag_ttl after the
+// enforcer's last sign of life, so that a dead enforcer blocks no one
+// longer than flag_ttl: the enforcer writes each flag's own end as its
+// Until (a quota's period end, hours ahead) and never rewrites an
+// unchanged flag, so Until alone would not end them (docs/flags.md,
+// "Heartbeat and staleness"). flag_ttl is what the enforcer wrote under
+// the layout's TTLKey, read at every resync; flags.DefaultFlagTTL before.
 //
 // Before the first full resync the Checker knows no flag and no tenant's
 // fail mode. It then answers as a fresh view with no flags (every request
@@ -31,6 +35,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -269,7 +274,11 @@ type Checker struct {
 	// the whole lookup on some hosts.
 	clock     atomic.Int64
 	lastFresh atomic.Int64 // unix ns of the last sign of a live enforcer
-	synced    atomic.Bool
+	// flagTTL is the enforcer's flag_ttl in ns (see the package
+	// documentation): a stale view drops traffic-tied flags at
+	// lastFresh + flagTTL.
+	flagTTL atomic.Int64
+	synced  atomic.Bool
 
 	mu sync.Mutex // serialises writers of the shards
 
@@ -303,6 +312,7 @@ func New(rdb redis.UniversalClient, cfg Config, log *slog.Logger) (*Checker, err
 	c.failModes.Store(&fm)
 	c.lastFresh.Store(time.Now().UnixNano())
 	c.clock.Store(time.Now().UnixNano())
+	c.flagTTL.Store(int64(flags.DefaultFlagTTL))
 	return c, nil
 }
 
@@ -352,16 +362,16 @@ func (c *Checker) refuseStale(tenant string) (Decision, bool) {
 func (c *Checker) checkView(tv *tenantView, model, apiKeyID string, stale bool) Decision {
 	var live [maxScopes]*entry
 	n := 0
-	now := c.clock.Load()
+	now, lapse := c.clock.Load(), c.lapse(stale)
 	if apiKeyID != "" && tv.keys != nil {
-		if e := tv.keys[apiKeyID]; e != nil && !e.soft && e.live(now, stale) {
+		if e := tv.keys[apiKeyID]; e != nil && !e.soft && e.live(now, lapse, stale) {
 			live[n] = e
 			n++
 		}
 	}
 	for i := range tv.models {
 		e := &tv.models[i]
-		if (e.scope == model || e.scope == flags.AllModels) && !e.soft && e.live(now, stale) && n < maxScopes {
+		if (e.scope == model || e.scope == flags.AllModels) && !e.soft && e.live(now, lapse, stale) && n < maxScopes {
 			live[n] = e
 			n++
 		}
@@ -407,23 +417,40 @@ func (c *Checker) Over(tenant, model, apiKeyID string) *flags.Flag {
 		return nil
 	}
 	now, stale := c.clock.Load(), c.stale.Load()
-	if e := tv.keys[apiKeyID]; apiKeyID != "" && e != nil && e.soft && e.live(now, stale) {
+	lapse := c.lapse(stale)
+	if e := tv.keys[apiKeyID]; apiKeyID != "" && e != nil && e.soft && e.live(now, lapse, stale) {
 		return e.flag
 	}
 	for i := range tv.models {
 		e := &tv.models[i]
-		if (e.scope == model || e.scope == flags.AllModels) && e.soft && e.live(now, stale) {
+		if (e.scope == model || e.scope == flags.AllModels) && e.soft && e.live(now, lapse, stale) {
 			return e.flag
 		}
 	}
 	return nil
 }
 
-// live reports whether e applies at now (unix ns). An expired flag means the
-// enforcer stopped refreshing it; an operator's decision is kept anyway
-// while the view is stale, because then the missing refresh says nothing.
-func (e *entry) live(now int64, stale bool) bool {
-	return e.untilNS == 0 || now < e.untilNS || (stale && e.sticky)
+// live reports whether e applies at now (unix ns): until its Until, and
+// while the view is stale until lapseNS too; an operator's decision is kept
+// anyway while the view is stale, because then the enforcer's silence says
+// nothing about it.
+//
+// lapseNS is when a stale view drops traffic-tied flags (see lapse).
+func (e *entry) live(now, lapseNS int64, stale bool) bool {
+	if stale && e.sticky {
+		return true
+	}
+	return (e.untilNS == 0 || now < e.untilNS) && now < lapseNS
+}
+
+// lapse is the instant (unix ns) after which a view stale or not drops its
+// traffic-tied flags: flag_ttl after the enforcer's last sign of life when
+// stale, never when fresh.
+func (c *Checker) lapse(stale bool) int64 {
+	if !stale {
+		return math.MaxInt64
+	}
+	return c.lastFresh.Load() + c.flagTTL.Load()
 }
 
 func (c *Checker) failMode(tenant string) FailMode {
@@ -705,8 +732,9 @@ var rebuildShards bool
 
 // replaceInPlace installs the updates of names, all in shard table old,
 // without copying the shard, when each of them replaces the view of a
-// tenant old already holds with a view that still has flags — what the
-// enforcer's periodic refresh announces for every flagged tenant. It
+// tenant old already holds with a view that still has flags — what a
+// burst of changes to flagged tenants brings (and what older enforcers'
+// periodic refresh announced for every flagged tenant). It
 // reports false, having changed nothing, when a tenant is new or loses
 // its flags: the caller then rebuilds the shard. The caller holds c.mu.
 func (c *Checker) replaceInPlace(old *table, names []string, updates map[string]*tenantView, stale bool) bool {

@@ -287,9 +287,61 @@ func TestProbesSurviveRebuild(t *testing.T) {
 	}
 }
 
-// TestOperatorFlagsOutliveUntilWhileStale: the enforcer caps every flag's
-// Until a minute ahead; a gateway cut off from Redis must keep a blacklist
-// or manual breaker past it, while breakers tied to traffic lapse.
+// TestStaleViewLapsesTrafficFlagsFlagTTLAfterLastBeat: the enforcer
+// writes a quota flag's own end as its Until (an hour ahead here) and no
+// longer rewrites it, so a fresh view keeps it for as long as the enforcer
+// lives, and a stale one (the enforcer died) drops it flag_ttl after the
+// enforcer's last sign of life: a dead enforcer blocks no one longer than
+// flag_ttl. Manual breakers keep their stale-view rule.
+func TestStaleViewLapsesTrafficFlagsFlagTTLAfterLastBeat(t *testing.T) {
+	c := newTestChecker(t)
+	c.failModes.Store(&map[string]FailMode{"*": FailOpen})
+	now := time.Now()
+	until := now.Add(time.Hour)
+	install(c, "initech", 1, map[string]*flags.Flag{flags.AllModels: {State: flags.StateOpen, Kind: flags.KindQuota, Quota: "monthly_tokens", Until: until, ResetsAt: until}})
+	install(c, "globex", 1, map[string]*flags.Flag{flags.AllModels: {State: flags.StateOpen, Kind: flags.KindManual}})
+
+	// Fresh, 50 minutes on: the flag written once is still in force.
+	c.lastFresh.Store(now.Add(50 * time.Minute).UnixNano())
+	c.clock.Store(now.Add(50 * time.Minute).UnixNano())
+	if d := c.Check("initech", "m", ""); d.Outcome != Refused || d.Stale {
+		t.Fatalf("quota flag an hour long on a fresh view 50 minutes on: %+v, want refused", d)
+	}
+	if d := c.Over("initech", "m", ""); d != nil {
+		t.Fatalf("Over of a hard quota: %+v, want nil", d)
+	}
+
+	// The last beat at +50 min; stale since; flag_ttl is 60 s by default.
+	lastBeat := now.Add(50 * time.Minute)
+	c.lastFresh.Store(lastBeat.UnixNano())
+	c.stale.Store(true)
+	c.clock.Store(lastBeat.Add(flags.DefaultFlagTTL - time.Millisecond).UnixNano())
+	if d := c.Check("initech", "m", ""); d.Outcome != Refused || !d.Stale {
+		t.Fatalf("quota flag on a stale view just under flag_ttl after the last beat: %+v, want refused", d)
+	}
+	c.clock.Store(lastBeat.Add(flags.DefaultFlagTTL).UnixNano())
+	if d := c.Check("initech", "m", ""); !d.Allowed() {
+		t.Fatalf("quota flag on a stale view flag_ttl after the last beat: %+v, want lapsed", d)
+	}
+	if d := c.Check("globex", "m", ""); d.Outcome != Refused {
+		t.Fatalf("manual breaker on a stale view: %+v, want refused", d)
+	}
+	// The flag_ttl the enforcer published counts, not the default.
+	c.flagTTL.Store(int64(10 * time.Minute))
+	if d := c.Check("initech", "m", ""); d.Outcome != Refused {
+		t.Fatalf("quota flag on a stale view 60 s after the last beat, flag_ttl 10m: %+v, want refused", d)
+	}
+	// Fresh again (the enforcer is back): the flag applies until its Until.
+	c.lastFresh.Store(lastBeat.Add(flags.DefaultFlagTTL).UnixNano())
+	c.stale.Store(false)
+	if d := c.Check("initech", "m", ""); d.Outcome != Refused {
+		t.Fatalf("quota flag on a fresh view again: %+v, want refused", d)
+	}
+}
+
+// TestOperatorFlagsOutliveUntilWhileStale: a gateway cut off from Redis
+// must keep a blacklist or manual breaker past its Until (older enforcers
+// capped it a minute ahead), while breakers tied to traffic lapse.
 func TestOperatorFlagsOutliveUntilWhileStale(t *testing.T) {
 	c := newTestChecker(t)
 	c.failModes.Store(&map[string]FailMode{"*": FailOpen})

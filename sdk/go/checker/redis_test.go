@@ -51,6 +51,31 @@ func (e *fakeEnforcer) beat() error {
 	return e.rdb.Set(context.Background(), e.keys.HeartbeatKey(), time.Now().UnixMilli(), 3*time.Second).Err()
 }
 
+// testEnforcer returns the real Redis's configuration and a fakeEnforcer
+// writing to it under a prefix of the test's own, removed at its end.
+func testEnforcer(t *testing.T) (redisconn.Config, *fakeEnforcer) {
+	rcfg := itest.Redis(t)
+	prefix := itest.Unique(t, "sluice_test:") + ":"
+	rdb := redisconn.NewClient(rcfg)
+	t.Cleanup(func() { rdb.Close() })
+	cleanup(t, rdb, prefix)
+	return rcfg, &fakeEnforcer{rdb: rdb, keys: flags.Layout{Prefix: prefix}}
+}
+
+// staleFastChecker is a Checker of rdb under prefix that turns stale
+// half a second after the enforcer's last sign of life.
+func staleFastChecker(t *testing.T, rdb redis.UniversalClient, prefix string) *Checker {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.KeyPrefix = prefix
+	cfg.MaxStaleness = 500 * time.Millisecond
+	c, err := New(rdb, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func cleanup(t testing.TB, rdb redis.UniversalClient, prefix string) {
 	t.Cleanup(func() {
 		ctx := context.Background()
@@ -59,12 +84,8 @@ func cleanup(t testing.TB, rdb redis.UniversalClient, prefix string) {
 }
 
 func TestFollowsRedisResyncsAndFailsPerTenantWhenCut(t *testing.T) {
-	rcfg := itest.Redis(t)
-	prefix := itest.Unique(t, "sluice_test:") + ":"
-	direct := redisconn.NewClient(rcfg)
-	defer direct.Close()
-	cleanup(t, direct, prefix)
-	enf := &fakeEnforcer{rdb: direct, keys: flags.Layout{Prefix: prefix}}
+	rcfg, enf := testEnforcer(t)
+	direct, prefix := enf.rdb, enf.keys.Prefix
 	until := time.Now().Add(time.Hour)
 	// A flag that exists before the Checker starts must be found by the
 	// initial resync.
@@ -79,13 +100,7 @@ func TestFollowsRedisResyncsAndFailsPerTenantWhenCut(t *testing.T) {
 	pcfg.Addr = proxy.Addr()
 	rdb := redisconn.NewClient(pcfg)
 	defer rdb.Close()
-	cfg := DefaultConfig()
-	cfg.KeyPrefix = prefix
-	cfg.MaxStaleness = 500 * time.Millisecond
-	c, err := New(rdb, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := staleFastChecker(t, rdb, prefix)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = c.Run(ctx) }()
@@ -140,4 +155,52 @@ func TestFollowsRedisResyncsAndFailsPerTenantWhenCut(t *testing.T) {
 	itest.Eventually(t, 30*time.Second, "fresh again", func() bool { return !c.Stale() })
 	close(stopBeat)
 	<-beatDone
+}
+
+// A Checker takes flag_ttl from the key the enforcer writes, at every
+// resync; a value out of bounds, or no key (an older enforcer), leaves
+// what it had. With the real Run: after the enforcer's last heartbeat a
+// quota flag whose Until is an hour ahead lapses once the view is stale
+// and flag_ttl (3 s, published) has passed since that beat, not before.
+func TestStaleViewLapsesQuotaFlagByPublishedFlagTTL(t *testing.T) {
+	_, enf := testEnforcer(t)
+	rdb, prefix := enf.rdb, enf.keys.Prefix
+	ctx := context.Background()
+	c := staleFastChecker(t, rdb, prefix)
+	for _, tc := range []struct {
+		value string
+		want  time.Duration
+	}{{"", flags.DefaultFlagTTL}, {"7000", 7 * time.Second}, {"12", 7 * time.Second}, {"soon", 7 * time.Second}, {"3000", 3 * time.Second}} {
+		if tc.value != "" {
+			rdb.Set(ctx, enf.keys.TTLKey(), tc.value, 0)
+		}
+		if err := c.resyncOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := time.Duration(c.flagTTL.Load()); got != tc.want {
+			t.Fatalf("ttl key %q: flag ttl %v, want %v", tc.value, got, tc.want)
+		}
+	}
+
+	until := time.Now().Add(time.Hour)
+	enf.set(t, "initech", map[string]*flags.Flag{flags.AllModels: {State: flags.StateOpen, Kind: flags.KindQuota, Quota: "monthly_tokens", Until: until, ResetsAt: until}})
+	if err := enf.beat(); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(rctx) }()
+	defer func() { cancel(); <-done }()
+	itest.Eventually(t, 30*time.Second, "the flag loaded", func() bool { return !c.Check("initech", "m", "").Allowed() })
+	// The enforcer dies: its heartbeat key goes, nothing else changes.
+	rdb.Del(ctx, enf.keys.HeartbeatKey())
+	lastBeat := time.Unix(0, c.lastFresh.Load())
+	itest.Eventually(t, 30*time.Second, "a stale view", c.Stale)
+	if d := c.Check("initech", "m", ""); d.Outcome != Refused && time.Since(lastBeat) < 3*time.Second {
+		t.Fatalf("quota flag on a view stale for less than flag_ttl: %+v, want refused", d)
+	}
+	itest.Eventually(t, 30*time.Second, "the quota flag lapsed", func() bool { return c.Check("initech", "m", "").Allowed() })
+	if since := time.Since(lastBeat); since < 3*time.Second {
+		t.Fatalf("the quota flag lapsed %v after the last beat, before flag_ttl (3s)", since)
+	}
 }

@@ -254,6 +254,7 @@ func (c *Checker) resyncOnce(ctx context.Context) error {
 		return err
 	}
 	c.failModes.Store(&modes)
+	c.readFlagTTL(ctx)
 	// Liveness first: apply keeps operator flags Redis no longer holds only
 	// while the view is stale (no enforcer), not once one is back.
 	if n, err := c.rdb.Exists(ctx, c.keys.HeartbeatKey()).Result(); err == nil && n == 1 {
@@ -261,6 +262,23 @@ func (c *Checker) resyncOnce(ctx context.Context) error {
 	}
 	c.apply(updates, v0, true)
 	return nil
+}
+
+// readFlagTTL takes the enforcer's flag_ttl from Redis. A missing key (an
+// enforcer from before it was written) leaves what the Checker had, the
+// default at first; so does a value out of bounds, logged, and a failed
+// read, which the resync's other reads report.
+func (c *Checker) readFlagTTL(ctx context.Context) {
+	v, err := c.rdb.Get(ctx, c.keys.TTLKey()).Result()
+	if err != nil {
+		return
+	}
+	d, err := flags.ParseTTL(v)
+	if err != nil {
+		c.log.Warn("checker: ignoring the enforcer's flag ttl; keeping the previous one", "err", err, "flag_ttl", time.Duration(c.flagTTL.Load()).String())
+		return
+	}
+	c.flagTTL.Store(int64(d))
 }
 
 // Resyncs returns how many full resyncs completed.

@@ -88,8 +88,8 @@ func fingerprint(h uint64) uint8 {
 // once built: a writer that adds or removes a tenant builds a new table and
 // swaps the shard's pointer, so readers take no lock. A writer that only
 // replaces the view of a tenant already there stores the new view into its
-// slot (see set): with a million flagged tenants the enforcer's refresh
-// announces about 500 tenants every 5 ms, spread over every shard, and
+// slot (see set): with a million flagged tenants the refresh of enforcers
+// before issue 37 announced about 500 tenants every 5 ms, spread over every shard, and
 // copying each shard they touch cost the Checker 22 s of CPU per 20 s
 // refresh already at 100,000 (bench/README.md, "Growth curves"). fps and views are parallel
 // arrays; a slot is empty when its fingerprint is 0. At most half the slots

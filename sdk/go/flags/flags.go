@@ -12,9 +12,11 @@
 //	sluice:flags:{tenant}      hash; field = model, "*" (every model) or
 //	                           "@key:<api key id>"; value = Encode(flag);
 //	                           field "@v" = the tenant's version.
-//	                           The key has a PEXPIRE; each value has its own
-//	                           Until that readers enforce, because Redis 7.0
-//	                           has no per-field TTL.
+//	                           The key has a PEXPIRE (flag_ttl) the enforcer
+//	                           renews while it lives; each value has its own
+//	                           Until (the breaker's own end, not capped) that
+//	                           readers enforce, because Redis 7.0 has no
+//	                           per-field TTL.
 //	sluice:flags:version       string; the version of the latest write batch.
 //	                           Versions strictly increase across tenants (the
 //	                           enforcer's clock in unix µs, bumped as needed).
@@ -26,6 +28,10 @@
 //	sluice:flags:failmode      hash tenant -> "open"|"closed" (field "*" is
 //	                           the default); no expiry, so a Checker knows
 //	                           each tenant's fail mode after the enforcer died.
+//	sluice:flags:ttl           string, the enforcer's flag_ttl in ms; no
+//	                           expiry: a reader with a stale view drops
+//	                           traffic-tied flags flag_ttl after the
+//	                           enforcer's last sign of life.
 //
 // Model names beginning with "@" are reserved by this layout.
 //
@@ -94,6 +100,33 @@ func (l Layout) HeartbeatKey() string { return l.Prefix + "heartbeat" }
 
 // FailModeKey is the hash of tenant fail modes.
 func (l Layout) FailModeKey() string { return l.Prefix + "failmode" }
+
+// TTLKey holds the enforcer's flag_ttl in milliseconds: how long after
+// the enforcer's last sign of life a reader keeps its traffic-tied flags
+// (docs/flags.md, "Heartbeat and staleness"). It has no expiry, so a
+// reader knows it after the enforcer died.
+func (l Layout) TTLKey() string { return l.Prefix + "ttl" }
+
+// DefaultFlagTTL is the enforcer's default flag_ttl: what a reader assumes
+// before it read TTLKey (or when no enforcer wrote it, as before it
+// existed).
+const DefaultFlagTTL = time.Minute
+
+// ParseTTL reads the value of TTLKey; it refuses anything that is not a
+// whole number of milliseconds within the enforcer's flag_ttl bounds
+// (3 s to 24 h), so a stray value never makes flags lapse at once or
+// never.
+func ParseTTL(v string) (time.Duration, error) {
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("flag ttl %q: not a whole number of milliseconds", v)
+	}
+	d := time.Duration(ms) * time.Millisecond
+	if d < 3*time.Second || d > 24*time.Hour {
+		return 0, fmt.Errorf("flag ttl %v: outside 3s..24h", d)
+	}
+	return d, nil
+}
 
 // TenantFromKey is the inverse of TenantKey.
 func (l Layout) TenantFromKey(key string) (string, bool) {

@@ -11,7 +11,11 @@ tenant follows its fail mode from ``<prefix>failmode`` (its field, else
 ``*``, else ``default_fail_mode``): ``open`` keeps serving with the flags
 still known, ``closed`` refuses. Manual breakers and blacklists stay in
 force past their ``until`` while the view is stale, and also when a resync
-during staleness finds their hash gone; traffic breakers lapse. Before the
+during staleness finds their hash gone; traffic breakers lapse at their
+``until``, and while the view is stale also flag_ttl after the enforcer's
+last sign of life (the enforcer writes each flag's own end as ``until``, a
+quota's period end, and renews nothing a dead enforcer would stop; flag_ttl
+is read from ``<prefix>ttl`` at every resync, 60 s until then). Before the
 first resync the Checker counts as fresh for ``max_staleness`` after it
 started (everything allowed), then as stale with the default fail mode;
 ``synced`` reports the first resync.
@@ -47,9 +51,13 @@ class _Entry:
     # resync does not hand out a fresh set of probes.
     probes: list[int] | None = None
 
-    def live(self, now_ms: int, stale: bool) -> bool:
+    def live(self, now_ms: int, stale: bool, lapsed: bool) -> bool:
+        """In force at now_ms; lapsed: the view has been stale for flag_ttl
+        since the enforcer's last sign of life, which ends traffic flags."""
+        if stale and self.sticky:
+            return True
         u = self.flag.until_ms
-        return u == 0 or now_ms < u or (stale and self.sticky)
+        return (u == 0 or now_ms < u) and not lapsed
 
 
 @dataclass
@@ -127,6 +135,7 @@ class Checker:
         self._views: dict[str, _View] = {}
         self._fail_modes: dict[str, str] = {}
         self._last_fresh = time.monotonic()
+        self._flag_ttl = fl.DEFAULT_FLAG_TTL
         self._was_stale = False
         self._synced = threading.Event()
         self._lock = threading.Lock()  # writers of _views
@@ -168,15 +177,16 @@ class Checker:
         if v is None:
             return FlagDecision(stale=stale)
         now_ms = int(time.time() * 1000)
+        lapsed = stale and time.monotonic() - self._last_fresh >= self._flag_ttl
         live: list[_Entry] = []
         # A soft flag (a soft quota past its limit) refuses nothing.
         if api_key_id:
             e = v.keys.get(api_key_id)
-            if e is not None and e.flag.state != "soft" and e.live(now_ms, stale):
+            if e is not None and e.flag.state != "soft" and e.live(now_ms, stale, lapsed):
                 live.append(e)
         for scope in (model, fl.ALL_MODELS):
             e = v.models.get(scope)
-            if e is not None and e.flag.state != "soft" and e.live(now_ms, stale) and e not in live:
+            if e is not None and e.flag.state != "soft" and e.live(now_ms, stale, lapsed) and e not in live:
                 live.append(e)
         if not live:
             return FlagDecision(stale=stale)
@@ -355,6 +365,7 @@ class Checker:
                 m = m.decode() if isinstance(m, bytes) else str(m)
                 if m in ("open", "closed"):
                     modes[t] = m
+            self._read_flag_ttl()
             updates = self._fetch(self._scan_tenants())
             self._fail_modes = modes
             # Liveness first: operator flags Redis no longer holds are kept
@@ -369,6 +380,17 @@ class Checker:
         if not self._synced.is_set():
             self._synced.set()
             log.info("checker: first resync done; %d tenants with flags", len(self._views))
+
+    def _read_flag_ttl(self) -> None:
+        """The enforcer's flag_ttl; no key (an older enforcer) or a bad
+        value keeps the one the Checker had."""
+        raw = self._rdb.get(self._layout.ttl_key())
+        if raw is None:
+            return
+        try:
+            self._flag_ttl = fl.parse_ttl(raw.decode() if isinstance(raw, bytes) else str(raw))
+        except fl.FlagError as e:
+            log.warning("checker: ignoring the enforcer's flag ttl, keeping %.1fs: %s", self._flag_ttl, e)
 
     def _apply(self, updates: dict[str, _View | None], keep_newer_than: int, full: bool) -> None:
         with self._lock:

@@ -1,8 +1,8 @@
 """The Redis layout of enforcement flags (docs/flags.md; Go: sdk/go/flags).
 
 Keys under a prefix (``sluice:flags:`` by default): ``{<tenant>}`` a hash of
-the tenant's flags, ``version``, ``changes`` (pub/sub), ``heartbeat`` and
-``failmode``. A flag value is 12 ``;``-separated elements, the reason last.
+the tenant's flags, ``version``, ``changes`` (pub/sub), ``heartbeat``,
+``failmode`` and ``ttl`` (the enforcer's flag_ttl in ms). A flag value is 12 ``;``-separated elements, the reason last.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ KEY_FIELD_PREFIX = "@key:"
 ALL_MODELS = "*"
 HEARTBEAT_TENANT = "@heartbeat"
 FAILMODE_TENANT = "@failmode"
+# The enforcer's default flag_ttl, in seconds: what a reader assumes until
+# it read the ``ttl`` key (docs/flags.md, "Heartbeat and staleness").
+DEFAULT_FLAG_TTL = 60.0
 
 STATES = ("open", "half_open", "blacklist", "throttle", "soft")  # soft refuses nothing (docs/flags.md)
 KINDS = ("quota", "rate", "error_ratio", "slow_call", "manual", "blacklist")
@@ -43,6 +46,9 @@ class Layout:
 
     def failmode_key(self) -> str:
         return self.prefix + "failmode"
+
+    def ttl_key(self) -> str:
+        return self.prefix + "ttl"
 
     def tenant_from_key(self, key: str) -> str | None:
         head = self.prefix + "{"
@@ -128,6 +134,18 @@ def decode(v: str) -> Flag:
     if errs:
         raise FlagError("; ".join(errs))
     return f
+
+
+def parse_ttl(v: str) -> float:
+    """The ``ttl`` key's value (whole milliseconds, 3 s to 24 h, the
+    enforcer's bounds for flag_ttl) in seconds."""
+    try:
+        ms = int(v)
+    except ValueError:
+        raise FlagError(f'flag ttl "{v}": not a whole number of milliseconds') from None
+    if not 3_000 <= ms <= 86_400_000:
+        raise FlagError(f"flag ttl {ms}ms: outside 3s..24h")
+    return ms / 1000
 
 
 def parse_change(msg: str) -> tuple[str, int]:

@@ -146,3 +146,43 @@ def test_a_tombstone_reads_as_no_flags_and_versions_only_grow(rdb: redis.Redis, 
     rdb.publish(layout.channel(), fl.format_change(fl.FAILMODE_TENANT, ahead_us + 5))  # forces a resync
     eventually("a resync", lambda: c.resyncs > n)
     assert c.check("acme", "gpt-4o").allowed and c.tenants() == 0
+
+
+def test_a_stale_view_drops_a_quota_flag_flag_ttl_after_the_last_beat(rdb: redis.Redis, prefix: str) -> None:
+    """The enforcer writes a quota flag's own end as its until (an hour
+    ahead here) and renews nothing else: once it is gone, a traffic flag
+    lapses flag_ttl (read from ``<prefix>ttl``: 3 s) after its last sign of
+    life, so a dead enforcer blocks no one longer (docs/flags.md)."""
+    layout = fl.Layout(prefix)
+    until = int(time.time() * 1000) + 3_600_000
+    write(rdb, layout, "initech", 1, {"*": fl.Flag("open", "quota", quota="monthly_tokens", until_ms=until, resets_at_ms=until)})
+    rdb.set(layout.ttl_key(), "3000")
+    rdb.set(layout.heartbeat_key(), "1", px=500)  # the enforcer's last beat
+    c = Checker(rdb, key_prefix=prefix, max_staleness=0.3, resync_interval=1).start()
+    try:
+        assert c.wait_synced(10)
+        started = time.monotonic()
+        assert c.check("initech", "gpt-4o").outcome == REFUSED
+        eventually("stale", c.stale)
+        eventually("the quota flag lapsed", lambda: c.check("initech", "gpt-4o").allowed)
+        assert time.monotonic() - started >= 3 - 0.5 - 0.3, "lapsed before flag_ttl after the last beat"
+        assert c.check("initech", "gpt-4o").stale
+    finally:
+        c.close()
+
+
+def test_a_fresh_view_keeps_a_quota_flag_to_its_until(rdb: redis.Redis, started) -> None:  # type: ignore[no-untyped-def]
+    c, layout = started
+    until = int(time.time() * 1000) + 3_600_000
+    write(rdb, layout, "initech", 1, {"*": fl.Flag("open", "quota", quota="monthly_tokens", until_ms=until, resets_at_ms=until)})
+    eventually("the flag loaded", lambda: not c.check("initech", "gpt-4o").allowed)
+    c._flag_ttl = 0.001  # the stale-view lapse must not touch a fresh view
+    d = c.check("initech", "gpt-4o")
+    assert d.outcome == REFUSED and not d.stale
+
+
+def test_flag_ttl_values_out_of_bounds_are_refused() -> None:
+    assert fl.parse_ttl("60000") == 60.0
+    for bad in ("12", "soon", "86400001"):
+        with pytest.raises(fl.FlagError):
+            fl.parse_ttl(bad)

@@ -52,7 +52,6 @@ type API struct {
 	tokens []adminapi.Token
 	log    *slog.Logger
 	now    func() time.Time
-	ttl    time.Duration
 	// keys and keyAudit serve the API key routes (keys.go); nil keys
 	// serves none.
 	keys     KeyStore
@@ -64,8 +63,8 @@ type API struct {
 }
 
 // New returns the API. notify is told which tenants' flags changed.
-func New(table *breaker.Table, notify func(tenants ...string), aud Auditor, tokens []adminapi.Token, flagTTL time.Duration, log *slog.Logger) *API {
-	return &API{table: table, notify: notify, audit: aud, tokens: tokens, log: log, now: time.Now, ttl: flagTTL}
+func New(table *breaker.Table, notify func(tenants ...string), aud Auditor, tokens []adminapi.Token, log *slog.Logger) *API {
+	return &API{table: table, notify: notify, audit: aud, tokens: tokens, log: log, now: time.Now}
 }
 
 // WithPublisher makes the API share its actions through p (the admin
@@ -191,13 +190,12 @@ func (a *API) listOverrides(w http.ResponseWriter, r *http.Request) {
 
 func (a *API) listFlags(w http.ResponseWriter, r *http.Request) {
 	want := r.URL.Query().Get("tenant")
-	now := a.now()
 	out := []adminapi.Flag{}
 	for _, t := range a.table.Tenants() {
 		if want != "" && t != want {
 			continue
 		}
-		for field, f := range a.table.Flags(t, now, a.ttl) {
+		for field, f := range a.table.Flags(t) {
 			out = append(out, adminapi.FlagOf(t, field, f))
 		}
 	}

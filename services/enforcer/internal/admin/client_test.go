@@ -51,7 +51,7 @@ func server(t *testing.T) (*adminapi.Client, *breaker.Table, *memAudit, *httptes
 	table := breaker.NewTable()
 	aud := &memAudit{}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	api := admin.New(table, func(...string) {}, aud, []adminapi.Token{{Name: "alice", SHA256: adminapi.HashToken(token)}}, time.Minute, log)
+	api := admin.New(table, func(...string) {}, aud, []adminapi.Token{{Name: "alice", SHA256: adminapi.HashToken(token)}}, log)
 	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(srv.Close)
 	cl, err := adminapi.NewClient(srv.URL+"/", token, srv.Client())

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/sluicehq/sluice/adminapi"
 	"github.com/sluicehq/sluice/internal/controlplane"
@@ -107,7 +106,7 @@ func keyServerStore(t *testing.T) (op, viewer, blue *adminapi.Client, store *mem
 		{Name: "auditor", SHA256: adminapi.HashToken("viewer-token"), Role: adminapi.RoleViewer},
 		{Name: "blue-admin", SHA256: adminapi.HashToken("blue-token"), Role: adminapi.RoleTenantAdmin, Tenant: "blue"},
 	}
-	api := admin.New(breaker.NewTable(), func(...string) {}, aud, tokens, time.Minute, slog.New(slog.NewTextHandler(io.Discard, nil))).
+	api := admin.New(breaker.NewTable(), func(...string) {}, aud, tokens, slog.New(slog.NewTextHandler(io.Discard, nil))).
 		WithKeys(store, trail{aud}).WithSections(&memSections{recs: map[string]controlplane.Section{}}, trail{aud})
 	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(srv.Close)

@@ -656,9 +656,14 @@ func severity(b *Breaker) int {
 }
 
 // Flags returns the flags of tenant, one per scope (the most severe
-// breaker), with Until capped at now+ttl so that a dead enforcer's flags
-// lapse: the enforcer rewrites them before then while it lives.
-func (t *Table) Flags(tenant string, now time.Time, ttl time.Duration) map[string]*flags.Flag {
+// breaker), each with its breaker's own end as Until (zero for none). It
+// is not capped by flag_ttl: an unchanged breaker reads the same every
+// time, so the writer's refresh renews the keys' expiry without rewriting
+// or announcing anything, and a dead enforcer's flags lapse in gateways by
+// the heartbeat instead (docs/flags.md, "Heartbeat and staleness").
+// RetryAfter stays zero: Until says the same, and a value computed from
+// the time of writing would go stale in a flag that is not rewritten.
+func (t *Table) Flags(tenant string) map[string]*flags.Flag {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	m := t.breakers[tenant]
@@ -673,21 +678,9 @@ func (t *Table) Flags(tenant string, now time.Time, ttl time.Duration) map[strin
 		}
 	}
 	out := make(map[string]*flags.Flag, len(best))
-	cap := now.Add(ttl)
 	for scope, b := range best {
-		until := b.Until
-		if until.IsZero() || until.After(cap) {
-			until = cap
-		}
-		f := &flags.Flag{State: b.State, Kind: b.Kind, Quota: b.Quota, Period: b.Period, Until: until,
+		out[scope] = &flags.Flag{State: b.State, Kind: b.Kind, Quota: b.Quota, Period: b.Period, Until: b.Until,
 			Limit: b.Limit, Used: b.Used, ResetsAt: b.ResetsAt, Probes: b.Probes, Reason: b.Reason}
-		if b.ResetsAt.IsZero() && b.State != flags.StateHalfOpen {
-			f.RetryAfter = b.Until.Sub(now)
-			if f.RetryAfter < 0 {
-				f.RetryAfter = 0
-			}
-		}
-		out[scope] = f
 	}
 	return out
 }
@@ -697,10 +690,11 @@ func (t *Table) Flags(tenant string, now time.Time, ttl time.Duration) map[strin
 // it, from the hash's version). The flags in Redis are the enforcement in
 // force, so a restarted enforcer takes them as its floor before it writes
 // anything: a restart must never lower enforcement, whatever ClickHouse can
-// tell it. A flag's Until is capped by the flag TTL, so the breaker's own
-// end is rebuilt from what the flag carries: the period end (ResetsAt) of a
-// quota or rate breaker, write time + RetryAfter for manual, blacklist and
-// open health breakers, else Until. A breaker already in the table wins
+// tell it. The breaker's own end is rebuilt from what the flag carries:
+// the period end (ResetsAt) of a quota or rate breaker, else write time +
+// RetryAfter (what enforcers that capped Until at flag_ttl wrote for
+// manual, blacklist and open health breakers), else Until (the breaker's
+// own end, as enforcers write it now). A breaker already in the table wins
 // (it is newer than Redis); a flag already over is skipped. Only the most
 // severe breaker of each scope has a flag, so one hidden under it is not
 // restored: it comes back from ClickHouse (quota) or lapses (rate, health).

@@ -46,12 +46,14 @@ func TestHardQuotaOpensUntilPeriodEndWithoutHalfOpen(t *testing.T) {
 	if len(res.Changed) != 1 {
 		t.Fatalf("result %+v", res)
 	}
-	f := tb.Flags("acme", t0, time.Minute)["*"]
+	f := tb.Flags("acme")["*"]
 	if f == nil || f.State != flags.StateOpen || f.Kind != flags.KindQuota || f.Quota != "monthly_tokens" || !f.ResetsAt.Equal(end) || f.Limit != 1000 {
 		t.Fatalf("flag %+v", f)
 	}
-	if !f.Until.Equal(t0.Add(time.Minute)) {
-		t.Fatalf("flag until %v not capped by the TTL", f.Until)
+	// The breaker's own end, not capped: an unchanged flag reads the same
+	// at every refresh, which then rewrites and announces nothing.
+	if !f.Until.Equal(end) || f.RetryAfter != 0 {
+		t.Fatalf("flag until %v, retry after %v; want the period end %v and no hint", f.Until, f.RetryAfter, end)
 	}
 	// Still open just before the boundary, closed (not half-open) after.
 	tb.Tick(end.Add(-time.Second), p.Tenant)
@@ -91,13 +93,13 @@ func TestSoftQuotaRecordsOverageAndNeverBlocks(t *testing.T) {
 	if !res.SoftOverage || len(res.Changed) != 1 || tb.Overage() != 1 {
 		t.Fatalf("soft quota: %+v breakers=%v", res, tb.Breakers(""))
 	}
-	f := tb.Flags("acme", t0, 2*time.Hour)["gpt-4o"]
+	f := tb.Flags("acme")["gpt-4o"]
 	if f == nil || f.State != flags.StateSoft || f.Kind != flags.KindQuota || !f.ResetsAt.Equal(end) || f.Quota != string(schemas.QuotaMonthlyTokens) {
 		t.Fatalf("soft quota's flag: %+v, want state soft until the period ends", f)
 	}
 	tb.Apply(&schemas.Signal{Kind: schemas.SignalRateExceeded, Time: t0, Tenant: "acme", Model: "gpt-4o", Quota: schemas.QuotaTokensPerMinute,
 		Period: schemas.PeriodMinute, PeriodEnd: t0.Add(40 * time.Second), Used: 150, Limit: 100, Mode: schemas.ModeHard}, p.Tenant("acme"), t0)
-	if f := tb.Flags("acme", t0, time.Minute)["gpt-4o"]; f == nil || f.State != flags.StateThrottle {
+	if f := tb.Flags("acme")["gpt-4o"]; f == nil || f.State != flags.StateThrottle {
 		t.Fatalf("a hard rate refusal on the soft flag's scope: %+v, want the throttle written", f)
 	}
 	tb.Apply(&schemas.Signal{Kind: schemas.SignalPeriodReset, Tenant: "acme", Model: "gpt-4o", Quota: schemas.QuotaMonthlyTokens}, p.Tenant("acme"), t0)
@@ -114,7 +116,7 @@ func TestRateWindowThrottlesUntilWindowEnd(t *testing.T) {
 	s := &schemas.Signal{Kind: schemas.SignalRateExceeded, Time: t0, Tenant: "acme", Model: "*", Quota: schemas.QuotaTokensPerMinute,
 		Period: schemas.PeriodMinute, PeriodEnd: t0.Add(40 * time.Second), Used: 150, Limit: 100}
 	tb.Apply(s, p.Tenant("acme"), t0)
-	f := tb.Flags("acme", t0, time.Minute)["*"]
+	f := tb.Flags("acme")["*"]
 	if f == nil || f.State != flags.StateThrottle || !f.ResetsAt.Equal(t0.Add(40*time.Second)) {
 		t.Fatalf("flag %+v", f)
 	}
@@ -191,27 +193,27 @@ func TestManualBlacklistAndOverrides(t *testing.T) {
 	tb.Trip("acme", "*", "incident 42", "alice", t0.Add(time.Hour), t0)
 	tb.Blacklist("acme", "", "fraud", "bob", t0.Add(2*time.Hour), t0)
 	tb.Blacklist("acme", "k1", "leaked", "bob", t0.Add(2*time.Hour), t0)
-	fl := tb.Flags("acme", t0, time.Minute)
+	fl := tb.Flags("acme")
 	if fl["*"].Kind != flags.KindBlacklist {
 		t.Fatalf("blacklist must win over manual on one scope: %+v", fl["*"])
 	}
 	if fl[flags.KeyField("k1")] == nil || fl[flags.KeyField("k1")].State != flags.StateBlacklist {
 		t.Fatalf("key blacklist missing: %+v", fl)
 	}
-	if !tb.Unblacklist("acme", "") || tb.Flags("acme", t0, time.Minute)["*"].Kind != flags.KindManual {
+	if !tb.Unblacklist("acme", "") || tb.Flags("acme")["*"].Kind != flags.KindManual {
 		t.Fatal("unblacklist did not uncover the manual breaker")
 	}
-	if !tb.Reset("acme", "*", "") || tb.Flags("acme", t0, time.Minute)["*"] != nil {
+	if !tb.Reset("acme", "*", "") || tb.Flags("acme")["*"] != nil {
 		t.Fatal("reset did not close the manual breaker")
 	}
 
 	// A leaked key: the model's quota goes to zero now, until the override ends.
 	tb.SetOverride(Override{Tenant: "acme", Model: "gpt-4o", Quota: "daily_tokens", Limit: 0, Until: t0.Add(time.Hour), Reason: "leak"}, t0)
-	if f := tb.Flags("acme", t0, time.Minute)["gpt-4o"]; f == nil || f.Kind != flags.KindQuota || f.Limit != 0 {
+	if f := tb.Flags("acme")["gpt-4o"]; f == nil || f.Kind != flags.KindQuota || f.Limit != 0 {
 		t.Fatalf("zero override: %+v", f)
 	}
 	tb.Tick(t0.Add(time.Hour), p.Tenant)
-	if tb.Flags("acme", t0.Add(time.Hour), time.Minute)["gpt-4o"] != nil || len(tb.Overrides("")) != 0 {
+	if tb.Flags("acme")["gpt-4o"] != nil || len(tb.Overrides("")) != 0 {
 		t.Fatal("zero override outlived its expiry")
 	}
 	// A promotion: a raised limit keeps the quota breaker shut below it.
@@ -259,16 +261,16 @@ func TestOverrideBelowCurrentUseBlocksAtOnce(t *testing.T) {
 	tb.Apply(&schemas.Signal{Kind: schemas.SignalTierCrossed, Direction: schemas.DirectionUp, Tier: 70, Tenant: "acme", Model: "*",
 		Quota: schemas.QuotaMonthlyTokens, Period: schemas.PeriodMonth, PeriodEnd: end, Used: 750, Limit: 1000}, p.Tenant("acme"), t0)
 	tb.SetOverride(Override{Tenant: "acme", Model: "*", Quota: "monthly_tokens", Limit: 500, Until: t0.Add(time.Hour), Reason: "promo over"}, t0)
-	f := tb.Flags("acme", t0, time.Minute)["*"]
+	f := tb.Flags("acme")["*"]
 	if f == nil || f.Kind != flags.KindQuota || f.Limit != 500 || f.Used != 750 {
 		t.Fatalf("override at 50%% for a tenant at 75%%: flag %+v, want a quota breaker now", f)
 	}
 	// Set above the use, an override does not block.
 	tb.SetOverride(Override{Tenant: "acme", Model: "gpt-4o", Quota: "monthly_tokens", Limit: 900, Until: t0.Add(time.Hour)}, t0)
-	if tb.Flags("acme", t0, time.Minute)["gpt-4o"] != nil {
+	if tb.Flags("acme")["gpt-4o"] != nil {
 		t.Fatal("override above unknown use blocked")
 	}
-	if !tb.ClearOverride("acme", "*", "monthly_tokens") || tb.Flags("acme", t0, time.Minute)["*"] != nil {
+	if !tb.ClearOverride("acme", "*", "monthly_tokens") || tb.Flags("acme")["*"] != nil {
 		t.Fatal("clearing the override left its breaker")
 	}
 }

@@ -14,7 +14,9 @@ import (
 	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
-func fenceRedis(t *testing.T) (redis.UniversalClient, string) {
+// testRedis is a client of the real Redis and a prefix of the test's own,
+// whose keys are removed when the test ends.
+func testRedis(t *testing.T) (redis.UniversalClient, string) {
 	t.Helper()
 	rdb := redisconn.NewClient(itest.Redis(t))
 	t.Cleanup(func() { rdb.Close() })
@@ -36,7 +38,7 @@ func fenceWriter(rdb redis.UniversalClient, prefix string, src Source) *Writer {
 // the hash keeps the newer writer's flags, the refusal is counted, and
 // the stale writer stops writing.
 func TestOlderWriterIsFenced(t *testing.T) {
-	rdb, prefix := fenceRedis(t)
+	rdb, prefix := testRedis(t)
 	ctx := context.Background()
 	key := flags.Layout{Prefix: prefix}.TenantKey("acme")
 	now := time.Now().UnixMicro()
@@ -78,7 +80,7 @@ func TestOlderWriterIsFenced(t *testing.T) {
 // flag_ttl — so that an older writer cannot bring the flags back, and a
 // rewrite of the tombstone does not keep it for ever.
 func TestLiftLeavesATombstone(t *testing.T) {
-	rdb, prefix := fenceRedis(t)
+	rdb, prefix := testRedis(t)
 	ctx := context.Background()
 	key := flags.Layout{Prefix: prefix}.TenantKey("acme")
 	src := &mutableFlags{}
@@ -121,7 +123,7 @@ func TestLiftLeavesATombstone(t *testing.T) {
 // Past its grant's deadline (the lease, less a margin, from the renewal's
 // send time) a writer sends nothing: no flag, no heartbeat.
 func TestNothingIsSentPastTheGrant(t *testing.T) {
-	rdb, prefix := fenceRedis(t)
+	rdb, prefix := testRedis(t)
 	ctx := context.Background()
 	keys := flags.Layout{Prefix: prefix}
 	src := &mutableFlags{}
@@ -141,7 +143,7 @@ func TestNothingIsSentPastTheGrant(t *testing.T) {
 // the writes are sent again by their text, only those, so that none is
 // refused as not newer than itself and the writer keeps leading.
 func TestNoScriptResendsOnlyWhatWasRefused(t *testing.T) {
-	rdb, prefix := fenceRedis(t)
+	rdb, prefix := testRedis(t)
 	ctx := context.Background()
 	src := &mutableFlags{}
 	src.set("one", "*")

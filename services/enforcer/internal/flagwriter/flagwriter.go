@@ -2,19 +2,29 @@
 // sdk/go/flags, coalescing changes: tenants whose flags changed join a
 // bounded dirty set that is flushed every few milliseconds as two
 // pipelines per batch (the hashes, then the announcements), so a burst of
-// signals costs a handful of round trips. It also refreshes every flag
-// before its TTL lapses — a slice at each flush, spread over the first half
-// of each flag_ttl/3, so that a hundred thousand flagged tenants never hold
-// up a changed flag behind one long rewrite — beats the heartbeat Checkers use to judge
-// staleness, publishes tenants' fail modes, and rewrites everything after
-// Redis was unreachable or lost its data.
+// signals costs a handful of round trips. It also renews every flagged
+// tenant's key before its expiry (flag_ttl) lapses — a slice at each flush,
+// spread over the first half of each flag_ttl/3, so that a hundred thousand
+// flagged tenants never hold up a changed flag behind one long refresh —
+// beats the heartbeat Checkers use to judge staleness, publishes tenants'
+// fail modes and its flag_ttl, and rewrites everything after Redis was
+// unreachable or lost its data.
+//
+// A flag's Until is its breaker's own end, so a refresh of a tenant whose
+// flags did not change finds the same values it wrote: it renews the key
+// with one PEXPIRE and announces nothing, and Checkers refetch nothing. A
+// Checker whose view goes stale (the enforcer died) drops traffic-tied
+// flags flag_ttl after the enforcer's last heartbeat instead of at a
+// capped Until (docs/flags.md, "Heartbeat and staleness"); the keys still
+// expire flag_ttl after the last refresh, so Redis holds nothing a dead
+// enforcer left for longer.
 //
 // The same writes work on one Redis and on a Redis Cluster: no command and
 // no transaction spans two hash slots. Each hash (a tenant's flags, the
 // fail modes) is replaced whole by one script call on its own key, so a
 // reader never sees half of it — when its fields are those this writer
-// last wrote there (a refresh), by one HSET of them all and a PEXPIRE
-// without the DEL, which a reader sees just as whole; a batch as a whole
+// last wrote there, by one HSET of them all and a PEXPIRE without the DEL,
+// which a reader sees just as whole; a batch as a whole
 // is not atomic, and need not be, because Checkers read per tenant. The version key and the pub/sub
 // announcements follow only once every hash of the batch is written, so a
 // Checker that refetches on an announcement reads what it announces (in a
@@ -45,9 +55,10 @@ import (
 
 // Source is where the writer reads the flags it writes.
 type Source interface {
-	// Flags returns tenant's flags by field, with Until capped at now+ttl;
-	// nil when the tenant has none.
-	Flags(tenant string, now time.Time, ttl time.Duration) map[string]*flags.Flag
+	// Flags returns tenant's flags by field, each with its own end as
+	// Until (not capped: an unchanged flag must read the same at every
+	// refresh); nil when the tenant has none.
+	Flags(tenant string) map[string]*flags.Flag
 	// Tenants lists every tenant that has flags.
 	Tenants() []string
 }
@@ -56,7 +67,7 @@ type Source interface {
 type Config struct {
 	KeyPrefix      string
 	FlushInterval  time.Duration // how long changes may wait to be coalesced
-	FlagTTL        time.Duration // lifetime of a flag a dead enforcer leaves behind
+	FlagTTL        time.Duration // lifetime of the keys and, in Checkers, of the traffic flags a dead enforcer leaves behind
 	HeartbeatEvery time.Duration
 	MaxDirty       int // dirty tenants held; beyond it, a full rewrite replaces them
 	BatchTenants   int // tenants per pipelined MULTI
@@ -92,9 +103,10 @@ type Writer struct {
 	fmDirty    bool
 
 	// written is the tenants that have a hash in Redis, each with the
-	// signature of its fields (fieldSig) as last written (flush goroutine
-	// only): a tenant rewritten with the same fields needs no DEL.
-	written map[string]uint64
+	// signatures of what this writer last wrote there (flush goroutine
+	// only): a tenant written again with the same fields needs no DEL,
+	// with the same values no write at all.
+	written map[string]hashSig
 	sigSeed maphash.Seed
 	version int64 // of the last batch; guarded by grantMu
 	down    bool
@@ -116,7 +128,7 @@ type Writer struct {
 // New returns a writer; Run does the work.
 func New(rdb redis.UniversalClient, src Source, cfg Config, log *slog.Logger) *Writer {
 	w := &Writer{rdb: rdb, src: src, cfg: cfg, keys: flags.Layout{Prefix: cfg.KeyPrefix}, log: log,
-		dirty: map[string]struct{}{}, written: map[string]uint64{}, sigSeed: maphash.MakeSeed(), full: true}
+		dirty: map[string]struct{}{}, written: map[string]hashSig{}, sigSeed: maphash.MakeSeed(), full: true}
 	w.leading.Store(true)
 	return w
 }
@@ -221,13 +233,21 @@ func (w *Writer) Run(ctx context.Context, grace time.Duration) error {
 	}
 }
 
-// beginRefresh starts a refresh of every flag, which runs every
-// flag_ttl/3: rewriting a tenant extends its flags' Until and its key's
-// expiry, and announces it so that Checkers read the new Until. The
-// tenants are queued and every flush takes a slice of them, sized so that
-// the queue is empty after about flag_ttl/6: each flag is rewritten at
-// most flag_ttl/3 + flag_ttl/6 after the last time, half its lifetime.
-// A pending full rewrite covers everything, so nothing is queued then.
+// beginRefresh starts a refresh of every flagged tenant, which runs every
+// flag_ttl/3: a tenant whose flags read as this writer last wrote them
+// (the common case: Until is the breaker's own end, not a cap that moves)
+// gets its key's expiry renewed, nothing else and no announcement; any
+// other is rewritten and announced, which repairs whatever a lost write
+// left behind. The tenants are queued and every flush takes a slice of
+// them, sized so that the queue is empty after about flag_ttl/6: each key
+// is renewed at most flag_ttl/3 + flag_ttl/6 after the last time, half its
+// lifetime. A pending full rewrite covers everything, so nothing is queued
+// then.
+//
+// A refresh used to rewrite and announce every flagged tenant, because
+// Until was capped at flag_ttl ahead: at 100,000 flagged tenants 100,000
+// announcements every 20 s, and as many HGETALLs from every gateway
+// (bench/README.md, "Growth curves").
 //
 // If the previous refresh is not done (Redis slower than the refresh
 // needs), its rest — the tenants rewritten longest ago — heads the new
@@ -237,7 +257,7 @@ func (w *Writer) Run(ctx context.Context, grace time.Duration) error {
 // tenants a refresh at 125% of flag_ttl/3 (measured on a loaded 2-core
 // machine) left 250,000 behind and became a full rewrite every time.
 //
-// Before, a refresh was one full rewrite of every tenant in one flush:
+// Before that, a refresh was one full rewrite of every tenant in one flush:
 // 100,000 flagged tenants took 11 s on a busy 2-core machine, beyond
 // the write's deadline, so it failed and was retried whole, and the flags
 // lapsed (bench/README.md, "Growth curves").
@@ -298,6 +318,10 @@ func (w *Writer) heartbeat(ctx context.Context) {
 	_, err := w.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		exists = p.Exists(ctx, w.keys.Prefix+"epoch")
 		p.Set(ctx, w.keys.HeartbeatKey(), now.UnixMilli(), 3*w.cfg.HeartbeatEvery)
+		// Every beat, not once: a Redis that lost its data, or a key
+		// someone deleted, has it back within a second, and Checkers need
+		// it most when the enforcer is gone.
+		p.Set(ctx, w.keys.TTLKey(), w.cfg.FlagTTL.Milliseconds(), 0)
 		p.Publish(ctx, w.keys.Channel(), flags.FormatChange(flags.HeartbeatTenant, now.UnixMilli()))
 		return nil
 	})
@@ -429,12 +453,19 @@ func (w *Writer) withLeftovers(ctx context.Context, tenants []string) []string {
 // it (SLUICE_ENFORCER_SCRIPT_ONLY=1) to measure both with the same binary.
 var scriptOnly bool
 
-// fieldSig is a signature of the set of fields of a tenant's hash: the
-// XOR of their hashes (fields are distinct, so none cancels another).
-func (w *Writer) fieldSig(fl map[string]*flags.Flag) uint64 {
-	sig := uint64(len(fl))
-	for field := range fl {
-		sig ^= maphash.String(w.sigSeed, field)
+// hashSig is what the writer remembers of a tenant hash it wrote: a
+// signature of its set of fields and one of its fields with their values,
+// each the XOR of the parts' hashes (fields are distinct, so none cancels
+// another).
+type hashSig struct{ fields, content uint64 }
+
+// sigOf returns the signatures of a tenant hash of the encoded values by
+// field.
+func (w *Writer) sigOf(values map[string]string) hashSig {
+	sig := hashSig{fields: uint64(len(values)), content: uint64(len(values))}
+	for field, v := range values {
+		sig.fields ^= maphash.String(w.sigSeed, field)
+		sig.content ^= maphash.String(w.sigSeed, field+"\x00"+v)
 	}
 	return sig
 }
@@ -523,20 +554,21 @@ type batch struct {
 	writes  []hashWrite
 	epoch   string
 	present []string
-	sigs    []uint64 // of present
+	sigs    []hashSig // of present
 	gone    []string
-	tenants []string // announced
-	failMod bool     // the fail-mode hash is in writes
+	tenants []string // written, and announced
+	// touched are tenants whose flags read as last written: their keys'
+	// expiry is renewed, nothing written, nothing announced.
+	touched []string
+	failMod bool // the fail-mode hash is in writes
 }
 
 func (w *Writer) write(ctx context.Context, tenants []string, full, fmDirty bool, failModes map[string]string) error {
 	batchSize := max(w.cfg.BatchTenants, 1)
 	first := true
 	for first || len(tenants) > 0 {
-		// Each batch caps its flags' Until from its own start: a full
-		// rewrite of a million tenants outlasts flag_ttl, and with one
-		// instant for the whole write its last batches went out already
-		// expired (bench/README.md, "Growth curves").
+		// Each batch asks the lease from its own start: a full rewrite
+		// of a million tenants can outlast the lease.
 		now := time.Now()
 		if !w.mayWrite(now) {
 			return errNotLeading
@@ -561,7 +593,7 @@ func (w *Writer) write(ctx context.Context, tenants []string, full, fmDirty bool
 // rewrite, with failMode it also writes the fail-mode hash.
 func (w *Writer) buildBatch(part []string, now time.Time, version int64, full, epoch, failMode bool, failModes map[string]string) *batch {
 	ttl := strconv.FormatInt(w.cfg.FlagTTL.Milliseconds(), 10)
-	b := &batch{version: version, tenants: part, failMod: failMode, writes: make([]hashWrite, 0, len(part)+1)}
+	b := &batch{version: version, failMod: failMode, writes: make([]hashWrite, 0, len(part)+1)}
 	if epoch {
 		b.epoch = strconv.FormatInt(now.UnixMilli(), 10)
 	}
@@ -573,26 +605,65 @@ func (w *Writer) buildBatch(part []string, now time.Time, version int64, full, e
 		b.writes = append(b.writes, hashWrite{key: w.keys.FailModeKey(), args: args})
 	}
 	for _, t := range part {
-		fl := w.src.Flags(t, now, w.cfg.FlagTTL)
+		fl := w.src.Flags(t)
+		values := make(map[string]string, len(fl))
+		for field, f := range fl {
+			values[field] = flags.Encode(f)
+		}
 		same := false
-		var sig uint64
-		if len(fl) > 0 {
-			sig = w.fieldSig(fl)
+		if len(values) > 0 {
+			sig := w.sigOf(values)
 			// Not in a full rewrite: that one also repairs whatever
 			// else happened to Redis (another writer, lost data).
 			prev, ok := w.written[t]
-			same = !full && ok && prev == sig && !scriptOnly
+			if !full && ok && prev == sig && !unchangedRewritten {
+				b.touched = append(b.touched, t)
+				continue
+			}
+			same = !full && ok && prev.fields == sig.fields && !scriptOnly
 			b.present, b.sigs = append(b.present, t), append(b.sigs, sig)
 		} else {
 			b.gone = append(b.gone, t)
 		}
-		args := hashArgs(ttl, version, same, len(fl))
-		for field, f := range fl {
-			args = append(args, field, flags.Encode(f))
+		args := hashArgs(ttl, version, same, len(values))
+		for field, v := range values {
+			args = append(args, field, v)
 		}
 		b.writes = append(b.writes, hashWrite{key: w.keys.TenantKey(t), tenant: t, args: args})
+		b.tenants = append(b.tenants, t)
 	}
 	return b
+}
+
+// unchangedRewritten makes every refresh rewrite and announce unchanged
+// tenants too, as when Until was capped at flag_ttl ahead and moved at
+// every refresh: BenchmarkScaleEnforcer sets it
+// (SLUICE_ENFORCER_REWRITE_UNCHANGED=1) to measure both with one binary.
+var unchangedRewritten bool
+
+// touch renews the expiry of the keys of tenants whose flags did not
+// change, in one pipeline, and returns those whose key was gone (deleted
+// by hand, evicted, or expired while Redis was out of reach): they need a
+// real write. A PEXPIRE is not fenced, and need not be: it changes no
+// field, and a deposed leader's can only keep a key flag_ttl longer.
+func (w *Writer) touch(ctx context.Context, tenants []string) ([]string, error) {
+	cmds := make([]*redis.BoolCmd, len(tenants))
+	_, err := w.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, t := range tenants {
+			cmds[i] = p.PExpire(ctx, w.keys.TenantKey(t), w.cfg.FlagTTL)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	var missing []string
+	for i, c := range cmds {
+		if !c.Val() {
+			missing = append(missing, tenants[i])
+		}
+	}
+	return missing, nil
 }
 
 // sendBatch writes b's hashes, then — only once every one of them is in
@@ -604,12 +675,20 @@ func (w *Writer) sendBatch(ctx context.Context, b *batch) error {
 	// time, however healthy Redis was.
 	bctx, cancel := w.batchContext(ctx)
 	defer cancel()
-	cmds, err := w.replace(bctx, b.writes, b.epoch)
+	var err error
 	refused := false
-	if err == nil {
-		refused = w.checkFence(cmds, b)
+	if len(b.writes) > 0 || b.epoch != "" {
+		var cmds []redis.Cmder
+		cmds, err = w.replace(bctx, b.writes, b.epoch)
+		if err == nil {
+			refused = w.checkFence(cmds, b)
+		}
 	}
-	if err == nil {
+	var missing []string
+	if err == nil && len(b.touched) > 0 {
+		missing, err = w.touch(bctx, b.touched)
+	}
+	if err == nil && (len(b.tenants) > 0 || b.failMod) {
 		err = w.announce(bctx, b)
 	}
 	w.statMu.Lock()
@@ -631,6 +710,12 @@ func (w *Writer) sendBatch(ctx context.Context, b *batch) error {
 	}
 	for _, t := range b.gone {
 		delete(w.written, t)
+	}
+	if len(missing) > 0 {
+		for _, t := range missing {
+			delete(w.written, t) // so that the next write is a whole one
+		}
+		w.MarkDirty(missing...)
 	}
 	return nil
 }
