@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -138,16 +137,6 @@ func gubernatorBinary(b *testing.B) string {
 	return bin
 }
 
-func freePort(b *testing.B) string {
-	b.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // gubernatorDaemon starts one gubernator daemon, configured by its GUBER_
 // environment as its README and example.conf say: gRPC and HTTP on
 // loopback, member-list discovery with itself as the known node (a
@@ -156,10 +145,10 @@ func freePort(b *testing.B) string {
 func gubernatorDaemon(b *testing.B) (string, int) {
 	b.Helper()
 	bin := gubernatorBinary(b)
-	grpcAddr, ml := freePort(b), freePort(b)
+	grpcAddr, ml := itest.FreeAddr(b), itest.FreeAddr(b)
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(),
-		"GUBER_GRPC_ADDRESS="+grpcAddr, "GUBER_ADVERTISE_ADDRESS="+grpcAddr, "GUBER_HTTP_ADDRESS="+freePort(b),
+		"GUBER_GRPC_ADDRESS="+grpcAddr, "GUBER_ADVERTISE_ADDRESS="+grpcAddr, "GUBER_HTTP_ADDRESS="+itest.FreeAddr(b),
 		"GUBER_PEER_DISCOVERY_TYPE=member-list", "GUBER_MEMBERLIST_ADDRESS="+ml, "GUBER_MEMBERLIST_BIND_ADDRESS="+ml,
 		"GUBER_MEMBERLIST_KNOWN_NODES="+ml, "GUBER_LOG_LEVEL=warn", "OTEL_TRACES_EXPORTER=none")
 	log, err := os.Create(filepath.Join(b.TempDir(), "gubernator.log"))
