@@ -8,9 +8,10 @@
 //
 // It is a module of its own so that gubernator's large dependency tree
 // (etcd, Kubernetes client, memberlist, OpenTelemetry exporters) stays out
-// of Sluice's go.mod: it requires Sluice through a replace of the
-// checkout, and builds gubernator's daemon from its cmd/gubernator (the
-// tool directive) to run it as its own process, as its README deploys it.
-// Run it from this folder with GOWORK=off (the checkout's go.work lists
-// only the main module); `make bench` does.
+// of Sluice's go.mod: it requires gubernator for its gRPC client and
+// Sluice through a replace of the checkout. gubernator's daemon is built
+// apart, with gubernator's own go.mod (go install ...@v2.13.0), and run as
+// its own process, as its README deploys it. Run the benchmark from this
+// folder with GOWORK=off (the checkout's go.work lists only the main
+// module); `make bench` and `make bench-peers` do.
 package gubernatorbench
