@@ -3,6 +3,9 @@ package gubernatorbench
 import (
 	"context"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"testing"
 	"time"
@@ -112,7 +115,9 @@ func measure(b *testing.B, genCPU float64, open, tight load, mk func(rules) side
 	b.Helper()
 	s := mk(openRules)
 	drive(b, s, load{keys: open.keys, clients: open.clients, dur: 500 * time.Millisecond}) // connections, scripts, leases
+	stop := profile(b, s)
 	r := drive(b, s, open)
+	stop()
 	checkRun(b, s, r)
 	f := figures{perSec: float64(r.decisions) / r.wall.Seconds()}
 	client := max(float64(r.ownCPU)-genCPU*float64(r.decisions), 0)
@@ -168,5 +173,37 @@ func checkRun(b *testing.B, s side, r result) {
 	}
 	if r.errs > 0 || r.failed > 0 {
 		b.Fatalf("%s: %d errors and %d fail-mode decisions of %d", s.name, r.errs, r.failed, r.decisions)
+	}
+}
+
+// profile, when SLUICE_PEER_BENCH_PROFILE names a folder, profiles s's open
+// run into it: this process with runtime/pprof (<side>.client.pprof) and
+// the server with perf record, if perf is installed
+// (<side>.server.perf.data; `perf report -i` reads it). The returned
+// function stops both.
+func profile(b *testing.B, s side) (stop func()) {
+	dir := os.Getenv("SLUICE_PEER_BENCH_PROFILE")
+	if dir == "" {
+		return func() {}
+	}
+	f, err := os.Create(filepath.Join(dir, s.name+".client.pprof"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	perf := exec.Command("perf", "record", "-F", "499", "-g", "-o", filepath.Join(dir, s.name+".server.perf.data"), "-p", strconv.Itoa(s.server))
+	if err := perf.Start(); err != nil {
+		b.Logf("no server profile: %v", err)
+		perf = nil
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+		if perf != nil {
+			_ = perf.Process.Signal(os.Interrupt)
+			_ = perf.Wait()
+		}
 	}
 }
