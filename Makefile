@@ -22,7 +22,7 @@ PY_STAMP := $(VENV)/.deps-$(shell cat $(PY_LOCK) sdk/python/pyproject.toml | cks
 export SLUICE_CHDB_PYTHON ?= $(CURDIR)/$(VENV)/bin/python
 export SLUICE_OPENAI_PYTHON ?= $(CURDIR)/$(VENV)/bin/python
 
-.PHONY: help run test unit e2e pytest bench bench-again lint build services services-down pyenv chdb clean
+.PHONY: help run test unit e2e pytest bench bench-again bench-peers lint build services services-down pyenv chdb clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -54,11 +54,26 @@ unit: ## tests that need no service (-short)
 # into bench/results.json, keeping the others.
 BENCH      ?= .
 BENCH_PKGS ?= $(PKGS)
+# Peers measured side by side with Sluice (bench/peers/<name>) are modules
+# of their own, so that their dependencies stay out of Sluice's go.mod:
+# benchreport runs each from its folder without the workspace
+# (GOWORK=off), into bench/raw-peer-<name>.txt, after Sluice's own
+# packages. bench-peers runs them alone and merges their figures.
+BENCH_PEERS ?= bench/peers/gubernator
+RUN_PEERS = rm -f bench/raw-peer-*.txt; for m in $(BENCH_PEERS); do \
+	  (cd $$m && GOWORK=off $(GO) run github.com/sluicehq/sluice/cmd/benchreport run \
+	    -raw $(CURDIR)/bench/raw-peer-$$(basename $$m).txt -bench '$(BENCH)' ./...) || st=$$?; done
 
-bench: services ## every benchmark, one package at a time; writes bench/results.json and prints a table
+bench: services ## every benchmark, one package at a time, then the peers'; writes bench/results.json and prints a table
 	mkdir -p bench
 	st=0; $(GO) run ./cmd/benchreport run -raw bench/raw.txt -bench '$(BENCH)' $(PKGS) || st=$$?; \
-	$(GO) run ./cmd/benchreport -in bench/raw.txt -out bench/results.json; exit $$st
+	$(RUN_PEERS); \
+	cat bench/raw.txt $$(ls bench/raw-peer-*.txt 2>/dev/null) | $(GO) run ./cmd/benchreport -in - -out bench/results.json; exit $$st
+
+bench-peers: services ## the peers' benchmarks alone (BENCH_PEERS, BENCH), merged into bench/results.json
+	mkdir -p bench
+	st=0; $(RUN_PEERS); \
+	cat /dev/null $$(ls bench/raw-peer-*.txt 2>/dev/null) | $(GO) run ./cmd/benchreport -merge -in - -out bench/results.json; exit $$st
 
 bench-again: services ## some benchmarks again (BENCH_PKGS=./schemas/ BENCH=DecodeSignal), merged into bench/results.json
 	mkdir -p bench

@@ -244,7 +244,7 @@ type usage struct {
 func (m *meter) sample() usage {
 	u := usage{at: time.Now(), cpu: map[string]time.Duration{}, alloc: map[string]float64{}}
 	for _, p := range m.procs {
-		c, err := procCPU(p.pid)
+		c, err := itest.ProcCPU(p.pid)
 		if err != nil {
 			m.b.Fatalf("%s: %v", p.component, err)
 		}
@@ -384,27 +384,6 @@ func (m *meter) committedLag(ctx context.Context) (int64, error) {
 		lag += max(o.Offset-at, 0)
 	})
 	return lag, nil
-}
-
-// procCPU is the user plus system CPU time of a process, all its threads.
-func procCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the command (which may hold spaces) in parentheses:
-	// state is field 3, utime 14 and stime 15.
-	i := strings.LastIndexByte(string(b), ')')
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the command", pid, len(f))
-	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: utime %q stime %q", pid, f[11], f[12])
-	}
-	return ticks(ut + st), nil
 }
 
 // machineTimes is the CPU time of every core since boot, from /proc/stat:

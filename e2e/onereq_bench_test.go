@@ -408,7 +408,7 @@ func (o *oneReqOps) sample() map[string]float64 {
 func sampleCPU(b *testing.B, procs []oneReqProc) map[string]time.Duration {
 	out := make(map[string]time.Duration, len(procs))
 	for _, p := range procs {
-		c, err := procCPU(p.pid)
+		c, err := itest.ProcCPU(p.pid)
 		if err != nil {
 			b.Fatalf("%s: %v", p.component, err)
 		}

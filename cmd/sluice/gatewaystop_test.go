@@ -275,12 +275,7 @@ func usageEventsIn(t *testing.T, kc kafkaconn.Config, topic string) []schemas.Us
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return itest.FreeAddr(t)
 }
 
 func writeFile(t *testing.T, dir, name, content string) string {

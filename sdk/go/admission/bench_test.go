@@ -1,7 +1,6 @@
 package admission
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -332,22 +331,6 @@ func overshootMain() int {
 	return 0
 }
 
-// maxWindowSum is the most tokens admitted in any span of length w.
-func maxWindowSum(events [][2]int64, w time.Duration) int64 {
-	slices.SortFunc(events, func(a, b [2]int64) int { return cmp.Compare(a[0], b[0]) })
-	var best, sum int64
-	j := 0
-	for i := range events {
-		sum += events[i][1]
-		for events[i][0]-events[j][0] >= int64(w) {
-			sum -= events[j][1]
-			j++
-		}
-		best = max(best, sum)
-	}
-	return best
-}
-
 func envDuration(name string, def time.Duration) time.Duration {
 	if d, err := time.ParseDuration(os.Getenv(name)); err == nil && d > 0 {
 		return d
@@ -409,7 +392,7 @@ func BenchmarkAdmissionOvershoot(b *testing.B) {
 				}
 				all := runOvershoot(b, overshootConfig{Addr: addr, Prefix: testPrefix(b), Limit: sc.limit, Window: w, Lease: lease,
 					Goroutines: 4, StartNs: time.Now().Add(2 * time.Second).UnixNano(), Duration: dur}, gateways)
-				worst := maxWindowSum(all.Events, w)
+				worst := itest.MostInSpan(all.Events, w)
 				over := float64(max(worst-sc.limit, 0)) / float64(sc.limit)
 				k := "admission_overshoot_" + sc.key + mode
 				b.ReportMetric(over, k+"_ratio")
