@@ -386,18 +386,27 @@ func (m *meter) committedLag(ctx context.Context) (int64, error) {
 	return lag, nil
 }
 
-// procCPU is the user plus system CPU time of a process, all its threads.
-func procCPU(pid int) (time.Duration, error) {
+// procStat is /proc/<pid>/stat's fields after the command (which may hold
+// spaces, in parentheses): f[0] is field 3 (state), f[1] the parent's pid,
+// f[11] and f[12] utime and stime.
+func procStat(pid int) ([]string, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	// Fields after the command (which may hold spaces) in parentheses:
-	// state is field 3, utime 14 and stime 15.
 	i := strings.LastIndexByte(string(b), ')')
 	f := strings.Fields(string(b[i+1:]))
 	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the command", pid, len(f))
+		return nil, fmt.Errorf("/proc/%d/stat: %d fields after the command", pid, len(f))
+	}
+	return f, nil
+}
+
+// procCPU is the user plus system CPU time of a process, all its threads.
+func procCPU(pid int) (time.Duration, error) {
+	f, err := procStat(pid)
+	if err != nil {
+		return 0, err
 	}
 	ut, err1 := strconv.ParseInt(f[11], 10, 64)
 	st, err2 := strconv.ParseInt(f[12], 10, 64)
@@ -670,6 +679,29 @@ func envInt(b *testing.B, name string, def, lo, hi int) int {
 	return n
 }
 
+// envInts reads a comma-separated list of integers, each from lo to hi,
+// from the environment (def when unset).
+func envInts(b *testing.B, name, def string, lo, hi int) []int {
+	var out []int
+	for _, f := range strings.Split(orDefault(os.Getenv(name), def), ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < lo || n > hi {
+			b.Fatalf("%s: %q is not a whole number from %d to %d", name, f, lo, hi)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// loadavg is /proc/loadavg's three load averages ("" when unreadable).
+func loadavg() string {
+	la, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	return strings.Join(strings.Fields(string(la))[:3], " ")
+}
+
 // envDuration reads a duration setting of a benchmark from the environment.
 func envDuration(b *testing.B, name string, def time.Duration) time.Duration {
 	v := os.Getenv(name)
@@ -708,4 +740,38 @@ func TestBacklogGrowthIgnoresTheSawtooth(t *testing.T) {
 			t.Errorf("%d s, growing by %.1f%% of the rate a second: slope %.0f events/s, grew = %v, want %v", c.seconds, 100*c.trend, s, got, c.grew)
 		}
 	}
+}
+
+// procTreeCPU is the CPU time (procCPU) of pid and of every process
+// descending from it: a server's worker processes with it.
+func procTreeCPU(pid int) (time.Duration, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	children := map[int][]int{}
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		f, err := procStat(child)
+		if err != nil {
+			continue // exited since the listing
+		}
+		if parent, err := strconv.Atoi(f[1]); err == nil {
+			children[parent] = append(children[parent], child)
+		}
+	}
+	var sum time.Duration
+	for todo := []int{pid}; len(todo) > 0; {
+		p := todo[len(todo)-1]
+		todo = append(todo[:len(todo)-1], children[p]...)
+		c, err := procCPU(p)
+		if err != nil && p == pid {
+			return 0, err
+		}
+		sum += c
+	}
+	return sum, nil
 }
