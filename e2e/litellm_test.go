@@ -60,7 +60,9 @@ type litellmRun struct {
 	// (docs.litellm.ai/docs/proxy/prod) says for throughput: workers
 	// (--num_workers) one per core of this machine, debug logging off
 	// (set_verbose: false, json_logs: true, LITELLM_LOG=ERROR) and
-	// request_timeout 600. Without it: one worker and the default logging,
+	// request_timeout 600; and a worker health check of 60 s instead of
+	// uvicorn's 5 s (startLiteLLM says why). Without it: one worker and
+	// the default logging,
 	// whose log the tests show when they fail.
 	production bool
 }
@@ -151,8 +153,12 @@ func startLiteLLM(t testing.TB, py, dir, upstream string, run litellmRun) *litel
 	env := append(slices.Clip(run.env), "LITELLM_MASTER_KEY="+randomKey()+randomKey()[7:], "OPENAI_API_KEY=sk-mock")
 	workers := 1
 	if run.production {
+		// TIMEOUT_WORKER_HEALTHCHECK is --timeout_worker_healthcheck:
+		// uvicorn kills a worker that misses its health check for 5 s,
+		// and one still importing LiteLLM on a loaded 2-core machine (load
+		// average 20) missed it, was restarted, and missed it again.
 		workers = runtime.NumCPU()
-		env = append(env, "LITELLM_LOG=ERROR")
+		env = append(env, "LITELLM_LOG=ERROR", "TIMEOUT_WORKER_HEALTHCHECK=60")
 	}
 	p := &litellmProxy{addr: freeAddr(t), log: filepath.Join(dir, "litellm.log"), done: make(chan struct{})}
 	logf, err := os.Create(p.log)
