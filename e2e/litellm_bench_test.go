@@ -326,11 +326,14 @@ func gvlCPU(b *testing.B, pid int) time.Duration {
 }
 
 // Floors of the ratios' denominators, below which a figure is within the
-// run's resolution: /proc counts CPU in 10 ms ticks, and an added latency
-// under 50 µs is noise between two runs.
+// run's resolution: /proc counts CPU in 10 ms ticks, a median added under
+// 50 µs is noise between two runs, and so is a 99th percentile added
+// under 1 ms on a shared machine (it came out negative: the direct run's
+// own tail was longer).
 const (
-	gvlCPUFloor   = 10 * time.Millisecond
-	gvlAddedFloor = 50 * time.Microsecond
+	gvlCPUFloor      = 10 * time.Millisecond
+	gvlAddedP50Floor = 50 * time.Microsecond
+	gvlAddedP99Floor = time.Millisecond
 )
 
 // gvlReport publishes one point: each side's raw figures, and the ratios,
@@ -351,8 +354,8 @@ func gvlReport(b *testing.B, point string, direct, gw, ll gvlPoint) {
 	pre := "gateway_vs_litellm_" + point + "_"
 	b.ReportMetric(gw.rps/ll.rps, pre+"rps_ratio")
 	b.ReportMetric(perReq(ll)/perReq(gw), pre+"rps_per_core_ratio")
-	b.ReportMetric(max(l50, gvlAddedFloor).Seconds()/max(g50, gvlAddedFloor).Seconds(), pre+"added_p50_ratio")
-	b.ReportMetric(max(l99, gvlAddedFloor).Seconds()/max(g99, gvlAddedFloor).Seconds(), pre+"added_p99_ratio")
+	b.ReportMetric(max(l50, gvlAddedP50Floor).Seconds()/max(g50, gvlAddedP50Floor).Seconds(), pre+"added_p50_ratio")
+	b.ReportMetric(max(l99, gvlAddedP99Floor).Seconds()/max(g99, gvlAddedP99Floor).Seconds(), pre+"added_p99_ratio")
 	fmt.Printf("  %-20s gateway %8.0f/s %7.0f µs CPU/req +%.2f/+%.2f ms | LiteLLM %6.0f/s %7.0f µs CPU/req +%.2f/+%.2f ms\n", point,
 		gw.rps, perReq(gw)*1e6, ms(g50), ms(g99), ll.rps, perReq(ll)*1e6, ms(l50), ms(l99))
 }
