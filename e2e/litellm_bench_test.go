@@ -132,7 +132,8 @@ type gvlPoint struct {
 //   - LiteLLM as its production guide recommends for throughput
 //     (litellmRun.production: a worker per core), metering with Sluice's
 //     hook (its own spend tracking needs Postgres);
-//   - `sluice gateway` with its defaults, usage events to ingest;
+//   - `sluice gateway` with its defaults but the hook's 50 ms admission
+//     wait, usage events to ingest;
 //   - two modes: metered (no limit), and limited (gvlLimits on both, the
 //     hook's admission against the gateway's);
 //   - two providers (gvlLatencies) and a sweep of concurrent clients,
