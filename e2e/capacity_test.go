@@ -649,6 +649,29 @@ func envInt(b *testing.B, name string, def, lo, hi int) int {
 	return n
 }
 
+// envInts reads a comma-separated list of integers, each from lo to hi,
+// from the environment (def when unset).
+func envInts(b *testing.B, name, def string, lo, hi int) []int {
+	var out []int
+	for _, f := range strings.Split(orDefault(os.Getenv(name), def), ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < lo || n > hi {
+			b.Fatalf("%s: %q is not a whole number from %d to %d", name, f, lo, hi)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// loadavg is /proc/loadavg's three load averages ("" when unreadable).
+func loadavg() string {
+	la, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	return strings.Join(strings.Fields(string(la))[:3], " ")
+}
+
 // envDuration reads a duration setting of a benchmark from the environment.
 func envDuration(b *testing.B, name string, def time.Duration) time.Duration {
 	v := os.Getenv(name)
@@ -687,4 +710,38 @@ func TestBacklogGrowthIgnoresTheSawtooth(t *testing.T) {
 			t.Errorf("%d s, growing by %.1f%% of the rate a second: slope %.0f events/s, grew = %v, want %v", c.seconds, 100*c.trend, s, got, c.grew)
 		}
 	}
+}
+
+// procTreeCPU is the CPU time (itest.ProcCPU) of pid and of every process
+// descending from it: a server's worker processes with it.
+func procTreeCPU(pid int) (time.Duration, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	children := map[int][]int{}
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		f, err := itest.ProcStat(child)
+		if err != nil {
+			continue // exited since the listing
+		}
+		if parent, err := strconv.Atoi(f[1]); err == nil {
+			children[parent] = append(children[parent], child)
+		}
+	}
+	var sum time.Duration
+	for todo := []int{pid}; len(todo) > 0; {
+		p := todo[len(todo)-1]
+		todo = append(todo[:len(todo)-1], children[p]...)
+		c, err := itest.ProcCPU(p)
+		if err != nil && p == pid {
+			return 0, err
+		}
+		sum += c
+	}
+	return sum, nil
 }

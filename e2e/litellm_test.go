@@ -9,6 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -47,11 +50,29 @@ func litellmPython(t testing.TB) string {
 	return abs
 }
 
+// litellmRun says how startLiteLLM runs a proxy.
+type litellmRun struct {
+	// hook makes Sluice's hook (sluice_metering.litellm) the proxy's
+	// callback, configured by env.
+	hook bool
+	env  []string
+	// production runs the proxy as LiteLLM's production guide
+	// (docs.litellm.ai/docs/proxy/prod) says for throughput: workers
+	// (--num_workers) one per core of this machine, debug logging off
+	// (set_verbose: false, json_logs: true, LITELLM_LOG=ERROR) and
+	// request_timeout 600; and a worker health check of 60 s instead of
+	// uvicorn's 5 s (startLiteLLM says why). Without it: one worker and
+	// the default logging,
+	// whose log the tests show when they fail.
+	production bool
+}
+
 // litellmConfig is the proxy configuration docs/litellm.md shows (its
 // first yaml block), so that the documented configuration is the one that
 // runs: its models pointed at upstream with gpt-4o beside gpt-4o-mini,
-// the test's custom_auth, and the Sluice callback only with hook.
-func litellmConfig(t testing.TB, upstream string, hook bool) []byte {
+// the test's custom_auth, the Sluice callback only with run.hook, and
+// the production guide's litellm_settings with run.production.
+func litellmConfig(t testing.TB, upstream string, run litellmRun) []byte {
 	t.Helper()
 	doc, err := os.ReadFile("../docs/litellm.md")
 	if err != nil {
@@ -81,8 +102,16 @@ func litellmConfig(t testing.TB, upstream string, hook bool) []byte {
 	}
 	general["custom_auth"] = "custom_auth.user_api_key_auth"
 	cfg["general_settings"] = general
-	if !hook {
+	if !run.hook {
 		delete(cfg, "litellm_settings")
+	}
+	if run.production {
+		settings, _ := cfg["litellm_settings"].(map[string]any)
+		if settings == nil {
+			settings = map[string]any{}
+		}
+		settings["set_verbose"], settings["json_logs"], settings["request_timeout"] = false, true, 600
+		cfg["litellm_settings"] = settings
 	}
 	out, err := yaml.Marshal(cfg)
 	if err != nil {
@@ -101,9 +130,9 @@ type litellmProxy struct {
 
 // startLiteLLM runs the real LiteLLM proxy (the `litellm` command of the
 // virtualenv) with its local model-cost map, so it needs no network, in
-// front of upstream; with hook, Sluice's hook (sluice_metering.litellm) is its
-// callback, configured by env. Keys come from testdata/litellm/custom_auth.py.
-func startLiteLLM(t testing.TB, py, dir, upstream string, hook bool, env []string) *litellmProxy {
+// front of upstream, as run says. Keys come from
+// testdata/litellm/custom_auth.py.
+func startLiteLLM(t testing.TB, py, dir, upstream string, run litellmRun) *litellmProxy {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -116,19 +145,28 @@ func startLiteLLM(t testing.TB, py, dir, upstream string, hook bool, env []strin
 		t.Fatal(err)
 	}
 	cfgPath := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(cfgPath, litellmConfig(t, upstream, hook), 0o600); err != nil {
+	if err := os.WriteFile(cfgPath, litellmConfig(t, upstream, run), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	// The documented master key's variable: LiteLLM refuses to start
 	// without a strong one. The test's clients use custom_auth.py's keys.
-	env = append(env, "LITELLM_MASTER_KEY="+randomKey()+randomKey()[7:], "OPENAI_API_KEY=sk-mock")
+	env := append(slices.Clip(run.env), "LITELLM_MASTER_KEY="+randomKey()+randomKey()[7:], "OPENAI_API_KEY=sk-mock")
+	workers := 1
+	if run.production {
+		// TIMEOUT_WORKER_HEALTHCHECK is --timeout_worker_healthcheck:
+		// uvicorn kills a worker that misses its health check for 5 s,
+		// and one still importing LiteLLM on a loaded 2-core machine (load
+		// average 20) missed it, was restarted, and missed it again.
+		workers = runtime.NumCPU()
+		env = append(env, "LITELLM_LOG=ERROR", "TIMEOUT_WORKER_HEALTHCHECK=60")
+	}
 	p := &litellmProxy{addr: freeAddr(t), log: filepath.Join(dir, "litellm.log"), done: make(chan struct{})}
 	logf, err := os.Create(p.log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	host, port, _ := strings.Cut(p.addr, ":")
-	p.cmd = exec.Command(filepath.Join(filepath.Dir(py), "litellm"), "--config", cfgPath, "--host", host, "--port", port, "--num_workers", "1")
+	p.cmd = exec.Command(filepath.Join(filepath.Dir(py), "litellm"), "--config", cfgPath, "--host", host, "--port", port, "--num_workers", strconv.Itoa(workers))
 	p.cmd.Dir = dir
 	p.cmd.Env = append(os.Environ(), append([]string{"LITELLM_LOCAL_MODEL_COST_MAP=True", "LITELLM_TELEMETRY=False",
 		"NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost"}, env...)...)
@@ -239,7 +277,7 @@ func TestLiteLLMProxy(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	proxy := startLiteLLM(t, py, filepath.Join(s.dir, "litellm"), up.URL, true, sluiceHookEnv(t, s, ""))
+	proxy := startLiteLLM(t, py, filepath.Join(s.dir, "litellm"), up.URL, litellmRun{hook: true, env: sluiceHookEnv(t, s, "")})
 
 	cmd := exec.Command(py, "testdata/litellm/client.py")
 	cmd.Env = append(os.Environ(), "OPENAI_BASE_URL=http://"+proxy.addr+"/v1", "NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost")

@@ -96,14 +96,7 @@ func BenchmarkOneEventRequests(b *testing.B) {
 	if testing.Short() {
 		b.Skip("end-to-end benchmark: needs the real services")
 	}
-	var conns []int
-	for _, f := range strings.Split(orDefault(os.Getenv("SLUICE_ONEREQ_CONNS"), oneReqConns), ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 || n > 4096 {
-			b.Fatalf("SLUICE_ONEREQ_CONNS: %q is not a connection count from 1 to 4096", f)
-		}
-		conns = append(conns, n)
-	}
+	conns := envInts(b, "SLUICE_ONEREQ_CONNS", oneReqConns, 1, 4096)
 	measure := envDuration(b, "SLUICE_ONEREQ_FOR", oneReqFor)
 	profDir := os.Getenv("SLUICE_ONEREQ_PROFILE_DIR")
 	extra := []string{"-services.ingest.inflight_events=200000"}
@@ -383,9 +376,7 @@ func runOneEventLoad(b *testing.B, s *stack, procs []oneReqProc, ops *oneReqOps,
 		r.perRequest[name] = (v - counters0[name]) / float64(count)
 	}
 	r.otherCores, r.stealCores = machine1.cores(machine0, ours, elapsed)
-	if la, err := os.ReadFile("/proc/loadavg"); err == nil {
-		r.load = strings.Join(strings.Fields(string(la))[:3], " ")
-	}
+	r.load = loadavg()
 	return r
 }
 

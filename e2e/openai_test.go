@@ -223,7 +223,7 @@ FROM usage_events WHERE tenant = ? GROUP BY id`, tenant)
 	return out, rows.Err()
 }
 
-func writeFileT(t *testing.T, path, content string) {
+func writeFileT(t testing.TB, path, content string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
 		t.Fatal(err)

@@ -131,23 +131,66 @@ func merge(old map[string]any, figures map[string]float64, windows []Window) (ma
 }
 
 // descriptions reads "| key | description |" rows from bench/README.md.
-func descriptions(path string) map[string]string {
+// A row may describe a family of keys with placeholders in angle brackets
+// (`gateway_vs_litellm_<mode>_<latency>_c<N>_rps_ratio`): each stands for
+// one or more lower-case words joined by underscores, so that a benchmark
+// reporting a figure per point of a sweep documents it once.
+func descriptions(path string) func(key string) string {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil
+		return func(string) string { return "" }
 	}
-	out := map[string]string{}
+	exact := map[string]string{}
+	type family struct {
+		re   *regexp.Regexp
+		desc string
+	}
+	var families []family
 	for _, line := range strings.Split(string(data), "\n") {
 		cells := strings.Split(line, "|")
 		if len(cells) < 4 {
 			continue
 		}
 		key := strings.Trim(strings.TrimSpace(cells[1]), "`")
+		desc := strings.TrimSpace(cells[2])
 		if keyPattern.MatchString(key) {
-			out[key] = strings.TrimSpace(cells[2])
+			exact[key] = desc
+			continue
+		}
+		if re := templateKey(key); re != nil {
+			families = append(families, family{re, desc})
 		}
 	}
-	return out
+	return func(key string) string {
+		if d, ok := exact[key]; ok {
+			return d
+		}
+		for _, f := range families {
+			if f.re.MatchString(key) {
+				return f.desc
+			}
+		}
+		return ""
+	}
+}
+
+var placeholder = regexp.MustCompile(`<[A-Za-z]+>`)
+
+// templateKey turns a key with placeholders into the pattern of the keys it
+// stands for, or nil when s is not such a key.
+func templateKey(s string) *regexp.Regexp {
+	if !placeholder.MatchString(s) || !keyPattern.MatchString(placeholder.ReplaceAllString(s, "x")) {
+		return nil
+	}
+	var b strings.Builder
+	last := 0
+	for _, m := range placeholder.FindAllStringIndex(s, -1) {
+		b.WriteString(regexp.QuoteMeta(s[last:m[0]]))
+		b.WriteString(`[a-z0-9]+(?:_[a-z0-9]+)*?`)
+		last = m[1]
+	}
+	b.WriteString(regexp.QuoteMeta(s[last:]))
+	return regexp.MustCompile("^" + b.String() + "$")
 }
 
 func main() {
@@ -234,7 +277,7 @@ func main() {
 		if w, ok := beside[k]; ok {
 			other, steal = fmt.Sprintf("%.2f", w.OtherCores), fmt.Sprintf("%.2f", w.StealCores)
 		}
-		fmt.Printf("%-44s %16.6g %6s %6s  %s\n", k, figures[k], other, steal, desc[k])
+		fmt.Printf("%-44s %16.6g %6s %6s  %s\n", k, figures[k], other, steal, desc(k))
 	}
 	fmt.Printf("\n%d figures, %d cores, %s, commit %s → %s\n", len(keys), runtime.NumCPU(), runtime.Version(), commit, *outPath)
 }

@@ -112,3 +112,28 @@ func TestWindow(t *testing.T) {
 		t.Errorf("sampleMachine read nothing: %+v", s)
 	}
 }
+
+// A README row with placeholders documents every key of its family, and
+// an exact row still wins over a family that also matches.
+func TestDescriptionsOfKeyFamilies(t *testing.T) {
+	path := t.TempDir() + "/README.md"
+	readme := "| key | what |\n|---|---|\n" +
+		"| `gateway_vs_litellm_<mode>_<latency>_c<N>_rps_ratio` | requests/s, gateway over LiteLLM |\n" +
+		"| `gateway_vs_litellm_limited_instant_c8_rps_ratio` | the exact row |\n" +
+		"| `ingest_events_per_sec` | events/s |\n"
+	if err := os.WriteFile(path, []byte(readme), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	desc := descriptions(path)
+	for key, want := range map[string]string{
+		"gateway_vs_litellm_metered_200ms_c64_rps_ratio":  "requests/s, gateway over LiteLLM",
+		"gateway_vs_litellm_limited_instant_c8_rps_ratio": "the exact row",
+		"ingest_events_per_sec":                           "events/s",
+		"gateway_vs_litellm_metered_200ms_c64_cpu_ratio":  "",
+		"gateway_vs_litellm_metered_200ms_64_rps_ratio":   "",
+	} {
+		if got := desc(key); got != want {
+			t.Errorf("description of %s = %q, want %q", key, got, want)
+		}
+	}
+}
