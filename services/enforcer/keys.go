@@ -3,6 +3,7 @@ package enforcer
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -18,6 +19,9 @@ func (a *adminState) applyKey(r *kgo.Record) (sections bool) {
 	a.records.WithLabelValues("key_" + string(res.Outcome)).Inc()
 	switch res.Outcome {
 	case controlplane.Applied:
+		if k := res.Record.Key; k != nil && k.Revoked {
+			a.blacklistRevoked(k)
+		}
 		return res.Record.HasSections()
 	case controlplane.Stale, controlplane.Unauthenticated, controlplane.Invalid:
 		if n := a.refused.Add(1); n <= 10 || n%1000 == 0 {
@@ -26,6 +30,21 @@ func (a *adminState) applyKey(r *kgo.Record) (sections bool) {
 		}
 	}
 	return false
+}
+
+// blacklistRevoked blacklists a revoked key in the flags, for good: the
+// gateways that follow the admin topic refuse it by its record, and every
+// other reader of the flags — the Go and Python SDKs' Checkers, the
+// LiteLLM hook, forward-auth — refuses it within a flag write, as it does
+// a key an operator blacklisted. Every replica applies the same record,
+// so whichever leads writes the flag; a restart replays it from the topic.
+func (a *adminState) blacklistRevoked(k *controlplane.Key) {
+	at := k.RevokedAt
+	if at.IsZero() {
+		at = time.Now()
+	}
+	a.c.table.Blacklist(k.Tenant, k.ID, "API key "+k.ID+" revoked", k.UpdatedBy, time.Time{}, at)
+	a.c.writer.MarkDirty(k.Tenant)
 }
 
 // Key returns key id as this replica holds it, or nil.

@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/sdk/go/flags"
 )
 
 // Two replicas that read the same version of a key and change it at the
@@ -121,4 +122,41 @@ func twoReplicas(t *testing.T, watcher func(testing.TB) *policy.Watcher) (a, b *
 		return as
 	}
 	return replica(), replica()
+}
+
+// A key revoked through one replica is blacklisted in every replica's
+// flags (field @key:<id>, no end), so that the SDKs' Checkers and the
+// LiteLLM hook, which read flags and not key records, refuse it too.
+func TestARevokedKeyIsBlacklistedInTheFlags(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Kafka and Redis")
+	}
+	ctx := context.Background()
+	a, b := twoReplicas(t, testWatcher)
+	now := time.Now().UTC()
+	k := &controlplane.Key{ID: "k-leaked", Tenant: "acme", Name: "ci", SHA256: controlplane.HashSecret("s"), Models: []string{"*"},
+		CreatedAt: now, CreatedBy: "ops", UpdatedAt: now, UpdatedBy: "ops"}
+	if err := a.PutKey(ctx, k, 0, "issue"); err != nil {
+		t.Fatal(err)
+	}
+	itest.Eventually(t, within, "replica b reading the issued key", func() bool { return b.Key(k.ID) != nil })
+	for _, r := range []*adminState{a, b} {
+		if f := r.c.table.Flags("acme")[flags.KeyField(k.ID)]; f != nil {
+			t.Fatalf("a key in use is flagged: %+v", f)
+		}
+	}
+	revoked := *a.Key(k.ID)
+	revoked.Revoked, revoked.RevokedAt, revoked.UpdatedBy = true, time.Now().UTC(), "security"
+	if err := a.PutKey(ctx, &revoked, revoked.Version, "revoke"); err != nil {
+		t.Fatal(err)
+	}
+	for name, r := range map[string]*adminState{"a": a, "b": b} {
+		itest.Eventually(t, within, "replica "+name+" blacklisting the revoked key", func() bool {
+			f := r.c.table.Flags("acme")[flags.KeyField(k.ID)]
+			return f != nil && f.Kind == flags.KindBlacklist && f.State == flags.StateBlacklist && f.Until.IsZero()
+		})
+	}
+	if f := a.c.table.Flags("acme")[flags.AllModels]; f != nil {
+		t.Errorf("revoking a key flagged the whole tenant: %+v", f)
+	}
 }
