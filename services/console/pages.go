@@ -94,7 +94,7 @@ func (s *server) render(w http.ResponseWriter, r *http.Request, name string, sta
 	case secretPage:
 		p.Title, p.Nav = "The secret of key "+v.Key.ID, "overview"
 	case auditPage:
-		p.Title, p.Nav = "Key changes of "+v.Tenant, "overview"
+		p.Title, p.Nav = "Changes of "+v.Tenant, "overview"
 		if v.Key != nil {
 			p.Title = "Key " + v.Key.ID
 		}
@@ -140,12 +140,25 @@ type overviewPage struct {
 	Plans       []string
 	Tiers       []int
 	Now         time.Time
+	// CanCreate: the session may create tenants (operators), from
+	// PlanChoices (PlansError says why they could not be listed).
+	CanCreate   bool
+	PlanChoices []planChoice
+	PlansError  string
+	// Form is a refused create form shown again in place.
+	Form formState
 }
 
 // sortKeys are the overview's sortable columns, with their default order.
 var sortKeys = map[string]string{"tenant": "asc", "used": "desc", "tier": "desc", "rate": "desc", "exhaustion": "asc", "refused": "desc"}
 
 func (s *server) overview(w http.ResponseWriter, r *http.Request) {
+	s.showOverview(w, r, formState{})
+}
+
+// showOverview renders the overview, with the create form shown again in
+// place when the admin API refused it (its status is the page's).
+func (s *server) showOverview(w http.ResponseWriter, r *http.Request, form formState) {
 	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
 	defer cancel()
 	all, err := s.status.Overview(ctx)
@@ -154,7 +167,7 @@ func (s *server) overview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	pg := overviewPage{Sort: q.Get("sort"), Order: q.Get("order"), Plan: q.Get("plan"), Tiers: s.tiers(), Now: s.now().UTC()}
+	pg := overviewPage{Sort: q.Get("sort"), Order: q.Get("order"), Plan: q.Get("plan"), Tiers: s.tiers(), Now: s.now().UTC(), Form: form}
 	if _, ok := sortKeys[pg.Sort]; !ok {
 		pg.Sort = "used"
 	}
@@ -197,7 +210,13 @@ func (s *server) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	sort.Strings(pg.Plans)
 	sortRows(pg.Rows, pg.Sort, pg.Order == "desc")
-	s.render(w, r, "overview", http.StatusOK, pg)
+	if sess != nil && sess.mayAct() {
+		pg.CanCreate = true
+		if pg.PlanChoices, err = s.planChoices(ctx, sess); err != nil {
+			pg.PlansError = err.Error()
+		}
+	}
+	s.render(w, r, "overview", cmp.Or(form.Status, http.StatusOK), pg)
 }
 
 func sortRows(rows []overviewRow, key string, desc bool) {
@@ -335,6 +354,8 @@ type tenantPage struct {
 	Form formState
 	// IssueID is the key id the issue form carries (issueKey).
 	IssueID string
+	// Section is the tenant's definition (tenants.go); logged in only.
+	Section tenantSection
 }
 
 func (s *server) tenant(w http.ResponseWriter, r *http.Request) {
@@ -402,6 +423,7 @@ func (s *server) showTenant(w http.ResponseWriter, r *http.Request, form formSta
 				pg.AdminError = err.Error()
 			}
 		}
+		pg.Section = s.sectionOf(ctx, sess, tenant, form)
 		if pg.Keys, err = keysOf(ctx, sess, tenant, now); err != nil {
 			pg.KeysError = err.Error()
 			if ae := (*adminapi.Error)(nil); errors.As(err, &ae) && ae.StatusCode == http.StatusNotFound {
