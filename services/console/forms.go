@@ -76,7 +76,9 @@ func refusal(name string, values url.Values, err error, inputs map[string]string
 // The lines of a policy.Error: its header, then "FILE:LINE: FIELD: message".
 var (
 	problemsHeader = regexp.MustCompile(`^policy: \d+ problem\(s\):$`)
-	problemLine    = regexp.MustCompile(`^\S+:\d+: (\S+: .*)$`)
+	// The enforcer's file name has spaces ("policy.yaml with the admin
+	// API's tenants and plans").
+	problemLine = regexp.MustCompile(`^.+?:\d+: (\S+: .*)$`)
 )
 
 // inputOf finds the input of field, or of the nearest dotted parent it

@@ -114,7 +114,7 @@ func (f *fakeAdmin) putSection(w http.ResponseWriter, r *http.Request, k adminap
 	if len(problems) > 0 {
 		msg := fmt.Sprintf("policy: %d problem(s):", len(problems))
 		for _, p := range problems {
-			msg += "\n  policy.yaml:1: " + p
+			msg += "\n  policy.yaml with the admin API's tenants and plans:1: " + p
 		}
 		refuse(w, 400, msg)
 		return
@@ -187,7 +187,7 @@ func TestATenantIsCreatedFromAPlanWithRefusalsInPlace(t *testing.T) {
 	rec := c.do(ck, http.MethodPost, "/tenants", form)
 	body := rec.Body.String()
 	if rec.Code != http.StatusUnprocessableEntity || !strings.Contains(body, `<label>Time zone (IANA, such as Europe/Berlin; empty: UTC) <input name="timezone" value="Mars/Olympus"></label><span class="field-error" role="alert">tenants.green.timezone: unknown timezone`) ||
-		!strings.Contains(body, `name="monthly_tokens" inputmode="numeric" value="1000000"`) || strings.Contains(body, "policy.yaml:1") {
+		!strings.Contains(body, `name="monthly_tokens" inputmode="numeric" value="1000000"`) || strings.Contains(body, "tenants and plans:1") {
 		t.Fatalf("a bad time zone: %d\n%s", rec.Code, body)
 	}
 	form.Set("monthly_tokens", "lots")
