@@ -21,7 +21,8 @@ import (
 // edits monthly_tokens and a limit (an unknown unit refused in place
 // first); `sluice gateway` enforces the lowered limit; an edit from a page
 // older than a change made through the API meanwhile is refused in place
-// saying who made it; the tenant's changes page shows every change.
+// saying who made it, the form then showing the tenant as it is now; the
+// tenant's changes page shows every change.
 func TestConsoleTenantsInABrowser(t *testing.T) {
 	s, b := consoleInABrowser(t)
 	ctx := context.Background()
@@ -118,9 +119,13 @@ func TestConsoleTenantsInABrowser(t *testing.T) {
 	if status != http.StatusConflict || !strings.Contains(stale, "changed by other-operator") || !strings.Contains(stale, "This page is reloaded") {
 		t.Errorf("the stale edit: status %d, the form says %q", status, stale)
 	}
-	// The refused page carries the version now in force: submitted again,
-	// the edit is made.
-	b.do("edit again", chromedp.Click(chromedp.CSS(edit+` button[type=submit]`)), chromedp.WaitVisible(chromedp.ID("done")))
+	// The refused page shows newco as it is now, with the version in
+	// force: the edit made again on it is made.
+	if now := eval[string](b, `document.querySelector("#form-section input[name=monthly_tokens]").value`); now != "400000" {
+		t.Errorf("after the stale refusal the form shows monthly_tokens %q, want the other operator's 400000", now)
+	}
+	b.do("edit again", chromedp.SetValue(chromedp.CSS(edit+` input[name=daily_tokens]`), "100000"),
+		chromedp.Click(chromedp.CSS(edit+` button[type=submit]`)), chromedp.WaitVisible(chromedp.ID("done")))
 	if done := b.text(chromedp.ID("done")); !strings.Contains(done, "(version 4)") {
 		t.Errorf("after the second edit the page says %q", done)
 	}

@@ -208,7 +208,7 @@ func (s *server) keyRefusal(ctx context.Context, sess *session, form, id string,
 		// The page rendered with this refusal reads the key anew, so its
 		// forms carry the new version: submitting again is a decision made
 		// on what the key is now.
-		fs.Errors = []string{staleMessage("Key "+id, k.UpdatedBy, k.UpdatedAt, k.Version, read, "the key")}
+		fs.Errors = []string{staleMessage("Key "+id, k.UpdatedBy, k.UpdatedAt, k.Version, read, "the key as it is now")}
 	}
 	return fs
 }
@@ -217,7 +217,7 @@ func (s *server) keyRefusal(ctx context.Context, sess *session, form, id string,
 // read it: by whom, when, and the versions.
 func staleMessage(what, by string, at time.Time, now, read uint64, shows string) string {
 	return fmt.Sprintf("%s was changed by %s at %s since you loaded the page (it is at version %d, your page read version %d), so nothing was done. "+
-		"This page is reloaded and shows %s as it is now: check the change, then submit again if you still mean it.",
+		"This page is reloaded and shows %s: check the change, then submit again if you still mean it.",
 		what, by, at.UTC().Format("2006-01-02 15:04:05 MST"), now, read, shows)
 }
 

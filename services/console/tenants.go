@@ -145,7 +145,10 @@ func (s *server) sectionOf(ctx context.Context, sess *session, tenant string, fo
 		ts.Body = indented(ts.Record.Body)
 	}
 	ts.CanEdit = sess.mayAct() && ts.Record != nil && ts.File == ""
-	if form.Is(formSection) {
+	// A stale form shows the settings as they are now, not what was
+	// typed over an older version: submitting it again would undo the
+	// other change unseen.
+	if form.Is(formSection) && form.Status != http.StatusConflict {
 		ts.Form = ts.Form.typed(form.Values)
 	}
 	return ts
@@ -361,7 +364,8 @@ func (s *server) updateTenant(w http.ResponseWriter, r *http.Request) {
 		fs := refusal(formSection, f, err, sectionInputs(tenant))
 		if fs.Status == http.StatusConflict {
 			if now, nerr := sess.client.Section(ctx, adminapi.KindTenant, tenant); nerr == nil && now.Version != read {
-				fs.Errors = []string{staleMessage("Tenant "+tenant, now.UpdatedBy, now.UpdatedAt, now.Version, read, "its settings")}
+				fs.Errors = []string{staleMessage("Tenant "+tenant, now.UpdatedBy, now.UpdatedAt, now.Version, read,
+					"its settings as they are now (what you typed is not kept, so that nothing of the other change is undone unseen)")}
 			}
 		}
 		s.showTenant(w, r, fs)

@@ -211,7 +211,8 @@ func TestATenantIsCreatedFromAPlanWithRefusalsInPlace(t *testing.T) {
 
 // An operator edits a record tenant's quotas and limits with the version
 // the page read: refusals in place, a stale page told who changed the
-// tenant, the record's trail on the tenant's changes page.
+// tenant and shown its settings as they are now (not what was typed over
+// the older version), the record's trail on the tenant's changes page.
 func TestATenantsQuotasAndLimitsAreEditedWithTheVersionRead(t *testing.T) {
 	c := newKeyConsole(t)
 	ck := c.login("op-token")
@@ -247,7 +248,7 @@ func TestATenantsQuotasAndLimitsAreEditedWithTheVersionRead(t *testing.T) {
 	rec = c.do(ck, http.MethodPost, "/tenants/blue/section", edit)
 	body = rec.Body.String()
 	if rec.Code != http.StatusConflict || !strings.Contains(body, "Tenant blue was changed by alice") || !strings.Contains(body, `name="version" value="3"`) ||
-		!strings.Contains(body, `value="stale"`) {
+		!strings.Contains(body, `value="stale"`) || !strings.Contains(body, `name="monthly_tokens" inputmode="numeric" value="400"`) {
 		t.Fatalf("a stale edit: %d\n%s", rec.Code, body)
 	}
 	trail := c.do(ck, http.MethodGet, "/tenants/blue/audit", nil).Body.String()
