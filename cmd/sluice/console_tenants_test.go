@@ -15,8 +15,8 @@ import (
 )
 
 // TestConsoleTenantsInABrowser manages a tenant record from the console in
-// a headless Chromium against the real services: the overview offers the
-// file's plans and the records'; a bad time zone comes back next to its
+// a headless Chromium against the real services: the create form (linked
+// from the overview) offers the file's plans and the records'; a bad time zone comes back next to its
 // input (422, input kept); the tenant is created from a plan; its page
 // edits monthly_tokens and a limit (an unknown unit refused in place
 // first); `sluice gateway` enforces the lowered limit; an edit from a page
@@ -38,7 +38,7 @@ func TestConsoleTenantsInABrowser(t *testing.T) {
 	const create = `#form-create-tenant`
 	b.do("log in", chromedp.Navigate(s.console+"/login"), chromedp.WaitVisible(chromedp.ID("token")),
 		chromedp.SendKeys(chromedp.ID("token"), s.adminToken), chromedp.Click(chromedp.ID("login")),
-		chromedp.WaitVisible(chromedp.CSS(create)))
+		chromedp.WaitVisible(chromedp.ID("new-tenant")), chromedp.Click(chromedp.ID("new-tenant")), chromedp.WaitVisible(chromedp.CSS(create)))
 	plans := eval[[]string](b, `[...document.querySelectorAll("#form-create-tenant select[name=plan] option")].map(o => o.textContent)`)
 	if got := strings.Join(plans, "|"); !strings.Contains(got, "starter (policy file)") || !strings.Contains(got, "gold (admin API)") {
 		t.Errorf("the plans offered: %q; want the file's starter and the records' gold", plans)

@@ -26,7 +26,8 @@
 // there exactly as `sluicectl admin` is, under the operator's name. Forms
 // are protected against cross-site posting (http.CrossOriginProtection).
 //
-// The overview creates a tenant from a plan, and a tenant's page edits the
+// An operator creates a tenant from a plan (/new-tenant, linked from the
+// overview), and a tenant's page edits the
 // quotas and limits of a tenant the admin API defines (tenants.go).
 // A tenant's page also manages its API keys (keys.go): issue (the secret
 // shown once, in the form's own answer), rotate and revoke with the
@@ -185,6 +186,7 @@ func (s *server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", s.overview)
 	mux.HandleFunc("GET /tenants/{tenant}", s.tenant)
+	mux.HandleFunc("GET "+newTenantPath, s.newTenant)
 	mux.HandleFunc("POST /tenants", s.createTenant)
 	mux.HandleFunc("POST /tenants/{tenant}/section", s.updateTenant)
 	mux.HandleFunc("POST /tenants/{tenant}/act", s.act)

@@ -91,6 +91,8 @@ func (s *server) render(w http.ResponseWriter, r *http.Request, name string, sta
 		p.Title, p.Refresh = "Pipeline", 10
 	case loginPage:
 		p.Title = "Log in"
+	case newTenantPage:
+		p.Title, p.Nav = "Create a tenant", "overview"
 	case secretPage:
 		p.Title, p.Nav = "The secret of key "+v.Key.ID, "overview"
 	case auditPage:
@@ -140,25 +142,14 @@ type overviewPage struct {
 	Plans       []string
 	Tiers       []int
 	Now         time.Time
-	// CanCreate: the session may create tenants (operators), from
-	// PlanChoices (PlansError says why they could not be listed).
-	CanCreate   bool
-	PlanChoices []planChoice
-	PlansError  string
-	// Form is a refused create form shown again in place.
-	Form formState
+	// CanCreate: the session may create tenants (operators).
+	CanCreate bool
 }
 
 // sortKeys are the overview's sortable columns, with their default order.
 var sortKeys = map[string]string{"tenant": "asc", "used": "desc", "tier": "desc", "rate": "desc", "exhaustion": "asc", "refused": "desc"}
 
 func (s *server) overview(w http.ResponseWriter, r *http.Request) {
-	s.showOverview(w, r, formState{})
-}
-
-// showOverview renders the overview, with the create form shown again in
-// place when the admin API refused it (its status is the page's).
-func (s *server) showOverview(w http.ResponseWriter, r *http.Request, form formState) {
 	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
 	defer cancel()
 	all, err := s.status.Overview(ctx)
@@ -167,7 +158,7 @@ func (s *server) showOverview(w http.ResponseWriter, r *http.Request, form formS
 		return
 	}
 	q := r.URL.Query()
-	pg := overviewPage{Sort: q.Get("sort"), Order: q.Get("order"), Plan: q.Get("plan"), Tiers: s.tiers(), Now: s.now().UTC(), Form: form}
+	pg := overviewPage{Sort: q.Get("sort"), Order: q.Get("order"), Plan: q.Get("plan"), Tiers: s.tiers(), Now: s.now().UTC()}
 	if _, ok := sortKeys[pg.Sort]; !ok {
 		pg.Sort = "used"
 	}
@@ -210,13 +201,8 @@ func (s *server) showOverview(w http.ResponseWriter, r *http.Request, form formS
 	}
 	sort.Strings(pg.Plans)
 	sortRows(pg.Rows, pg.Sort, pg.Order == "desc")
-	if sess != nil && sess.mayAct() {
-		pg.CanCreate = true
-		if pg.PlanChoices, err = s.planChoices(ctx, sess); err != nil {
-			pg.PlansError = err.Error()
-		}
-	}
-	s.render(w, r, "overview", cmp.Or(form.Status, http.StatusOK), pg)
+	pg.CanCreate = sess != nil && sess.mayAct()
+	s.render(w, r, "overview", http.StatusOK, pg)
 }
 
 func sortRows(rows []overviewRow, key string, desc bool) {

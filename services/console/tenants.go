@@ -20,11 +20,14 @@ import (
 	"github.com/sluicehq/sluice/schemas"
 )
 
-// Tenant records (docs/controlplane.md, "Tenants and plans"): the overview
-// creates one from a plan, a tenant's page edits its quotas and limits,
+// Tenant records (docs/controlplane.md, "Tenants and plans"): a page linked
+// from the overview creates one from a plan, a tenant's page edits its quotas and limits,
 // and its audit page shows the record's trail beside its keys'. Every
 // change goes to the admin API with the session's token; a refusal comes
 // back in place through formState, as the key forms' do.
+
+// newTenantPath is the create form's page.
+const newTenantPath = "/new-tenant"
 
 // The forms of this file, by formState name.
 const (
@@ -296,12 +299,50 @@ func (s *server) operatorForm(w http.ResponseWriter, r *http.Request, back strin
 	return sess, true
 }
 
+// newTenantPage is the create form's page: a page of its own, since the
+// overview reloads itself every few seconds and would lose what is typed.
+type newTenantPage struct {
+	// Plans are the plans in force (PlansError says why they could not
+	// be listed).
+	Plans      []planChoice
+	PlansError string
+	// Form is a refused create form shown again in place.
+	Form formState
+}
+
+// newTenant shows the create form, to operators.
+func (s *server) newTenant(w http.ResponseWriter, r *http.Request) {
+	sess := s.sessions.get(r)
+	if sess == nil {
+		http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.Path), http.StatusSeeOther)
+		return
+	}
+	if !sess.mayAct() {
+		s.fail(w, r, http.StatusForbidden, fmt.Sprintf("Your token (%s, %s) may not create tenants: operators do.", sess.who.Name, sess.who.Role))
+		return
+	}
+	s.showNewTenant(w, r, sess, formState{})
+}
+
+// showNewTenant renders the create form, with form shown again in place
+// when it was refused (its status is the page's).
+func (s *server) showNewTenant(w http.ResponseWriter, r *http.Request, sess *session, form formState) {
+	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	defer cancel()
+	pg := newTenantPage{Form: form}
+	var err error
+	if pg.Plans, err = s.planChoices(ctx, sess); err != nil {
+		pg.PlansError = err.Error()
+	}
+	s.render(w, r, "newtenant", cmp.Or(form.Status, http.StatusOK), pg)
+}
+
 // createTenant creates a tenant from a plan with its first settings. A
 // plan of the records is copied into it (from), and the tenant takes the
 // plan either way (its plan field), so that a later change of the plan
 // reaches it.
 func (s *server) createTenant(w http.ResponseWriter, r *http.Request) {
-	sess, ok := s.operatorForm(w, r, "/")
+	sess, ok := s.operatorForm(w, r, newTenantPath)
 	if !ok {
 		return
 	}
@@ -309,7 +350,7 @@ func (s *server) createTenant(w http.ResponseWriter, r *http.Request) {
 	name, plan := strings.TrimSpace(f.Get("name")), strings.TrimSpace(f.Get("plan"))
 	body, bad := laidOver(nil, f, false, formCreateTenant)
 	if bad != nil {
-		s.showOverview(w, r, *bad)
+		s.showNewTenant(w, r, sess, *bad)
 		return
 	}
 	req := adminapi.CreateSectionRequest{Name: name, Body: body, Reason: strings.TrimSpace(f.Get("reason"))}
@@ -327,7 +368,7 @@ func (s *server) createTenant(w http.ResponseWriter, r *http.Request) {
 	}
 	t, err := sess.client.CreateSection(ctx, adminapi.KindTenant, req)
 	if err != nil {
-		s.showOverview(w, r, refusal(formCreateTenant, f, err, sectionInputs(name)))
+		s.showNewTenant(w, r, sess, refusal(formCreateTenant, f, err, sectionInputs(name)))
 		return
 	}
 	s.log.Info("console: tenant created", "tenant", t.Name, "plan", plan, "version", t.Version)

@@ -169,7 +169,8 @@ func (f *fakeAdmin) tenantRecord(name string) adminapi.Section {
 	return f.sections[adminapi.KindTenant][name]
 }
 
-// An operator creates a tenant from a plan on the overview: the plans of
+// An operator creates a tenant from a plan (a page the overview links, as
+// the overview reloads itself): the plans of
 // the file and of the records are offered; a bad time zone comes back next
 // to its input with what was typed kept; the tenant takes the plan (a
 // record plan is also copied into it, from).
@@ -177,7 +178,10 @@ func TestATenantIsCreatedFromAPlanWithRefusalsInPlace(t *testing.T) {
 	c := newKeyConsole(t)
 	ck := c.login("op-token")
 	c.admin.sections[adminapi.KindPlan]["gold"] = adminapi.Section{Name: "gold", Body: json.RawMessage(`{"priority":"high"}`), Version: 1}
-	page := c.do(ck, http.MethodGet, "/", nil).Body.String()
+	if !strings.Contains(c.do(ck, http.MethodGet, "/", nil).Body.String(), `<a href="/new-tenant" id="new-tenant">`) {
+		t.Error("the overview does not link the create form")
+	}
+	page := c.do(ck, http.MethodGet, "/new-tenant", nil).Body.String()
 	for _, want := range []string{`id="form-create-tenant"`, `<option value="starter">starter (policy file)</option>`, `<option value="gold">gold (admin API)</option>`} {
 		if !strings.Contains(page, want) {
 			t.Errorf("the overview lacks %s:\n%s", want, page)
@@ -275,8 +279,11 @@ func TestTenantFormsFollowThePrecedenceRuleAndRoles(t *testing.T) {
 		if strings.Contains(page, `id="form-section"`) || !strings.Contains(page, "Defined through the admin API: version 1") {
 			t.Errorf("%s on blue's page:\n%s", tok, page)
 		}
-		if strings.Contains(c.do(ck, http.MethodGet, "/", nil).Body.String(), `id="form-create-tenant"`) {
+		if strings.Contains(c.do(ck, http.MethodGet, "/", nil).Body.String(), `id="new-tenant"`) {
 			t.Errorf("%s is offered the create form", tok)
+		}
+		if rec := c.do(ck, http.MethodGet, "/new-tenant", nil); rec.Code != http.StatusForbidden {
+			t.Errorf("%s's create form: %d", tok, rec.Code)
 		}
 		if rec := c.do(ck, http.MethodPost, "/tenants/blue/section", url.Values{"version": {"1"}, "reason": {"x"}}); rec.Code != http.StatusForbidden {
 			t.Errorf("%s's edit: %d", tok, rec.Code)
