@@ -160,15 +160,19 @@ func (s *server) sectionOf(ctx context.Context, sess *session, tenant string, fo
 // formOf fills the edit form from a record's section.
 func formOf(rec adminapi.Section) sectionForm {
 	var b struct {
-		Models   map[string]map[string]json.Number `json:"models"`
-		Budget   map[string]any                    `json:"budget"`
-		Timezone string                            `json:"timezone"`
-		Limits   json.RawMessage                   `json:"limits"`
+		Models   map[string]map[string]any `json:"models"`
+		Budget   map[string]any            `json:"budget"`
+		Timezone string                    `json:"timezone"`
+		Limits   json.RawMessage           `json:"limits"`
 	}
-	_ = json.Unmarshal(rec.Body, &b)
+	_ = decodeNumbers(rec.Body, &b)
 	f := sectionForm{Version: rec.Version, Timezone: b.Timezone}
 	for _, q := range quotaFields {
-		f.Quotas = append(f.Quotas, quotaInput{Name: string(q), Value: b.Models["*"][string(q)].String()})
+		v := ""
+		if x, ok := b.Models["*"][string(q)]; ok {
+			v = fmt.Sprint(x)
+		}
+		f.Quotas = append(f.Quotas, quotaInput{Name: string(q), Value: v})
 	}
 	if v, ok := b.Budget["amount"]; ok {
 		f.BudgetAmount = fmt.Sprint(v)
@@ -210,7 +214,7 @@ func indented(raw json.RawMessage) string {
 func laidOver(body json.RawMessage, v url.Values, limits bool, form string) (json.RawMessage, *formState) {
 	sec := map[string]any{}
 	if len(body) > 0 {
-		if err := json.Unmarshal(body, &sec); err != nil {
+		if err := decodeNumbers(body, &sec); err != nil {
 			return nil, &formState{Name: form, Values: v, Status: http.StatusBadGateway, Errors: []string{"the section read is not JSON: " + err.Error()}}
 		}
 	}
@@ -267,6 +271,14 @@ func laidOver(body json.RawMessage, v url.Values, limits bool, form string) (jso
 	}
 	out, _ := json.Marshal(sec)
 	return out, nil
+}
+
+// decodeNumbers decodes a section's JSON keeping its numbers as they are
+// written (json.Number): a quota is an integer, and written back as one.
+func decodeNumbers(raw json.RawMessage, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	return dec.Decode(v)
 }
 
 // setOrDelete sets m[k] to v, or deletes it when v is empty.

@@ -293,3 +293,25 @@ func TestTenantFormsFollowThePrecedenceRuleAndRoles(t *testing.T) {
 		}
 	}
 }
+
+// The edit form writes the whole section: what it does not show (other
+// models' quotas, a mode, channels, priority) is kept, and integers stay
+// integers, however large.
+func TestATenantEditKeepsWhatTheFormDoesNotShow(t *testing.T) {
+	c := newKeyConsole(t)
+	ck := c.login("op-token")
+	c.admin.sections[adminapi.KindTenant]["blue"] = adminapi.Section{Name: "blue", Version: 1, UpdatedBy: "ops",
+		Body: json.RawMessage(`{"channels":["ops"],"models":{"*":{"mode":"soft","monthly_tokens":1000000000000000},"gpt-4o":{"daily_tokens":20000000}},"priority":"high","timezone":"Asia/Tokyo"}`)}
+	page := c.do(ck, http.MethodGet, "/tenants/blue", nil).Body.String()
+	if !strings.Contains(page, `name="monthly_tokens" inputmode="numeric" value="1000000000000000"`) || !strings.Contains(page, `name="timezone" value="Asia/Tokyo"`) {
+		t.Fatalf("blue's form:\n%s", page)
+	}
+	edit := url.Values{"version": {"1"}, "monthly_tokens": {"900000000000001"}, "hourly_tokens": {"5_000"}, "timezone": {"Asia/Tokyo"}, "reason": {"r"}}
+	if rec := c.do(ck, http.MethodPost, "/tenants/blue/section", edit); rec.Code != http.StatusSeeOther {
+		t.Fatalf("edit: %d\n%s", rec.Code, rec.Body.String())
+	}
+	want := `{"channels":["ops"],"models":{"*":{"hourly_tokens":5000,"mode":"soft","monthly_tokens":900000000000001},"gpt-4o":{"daily_tokens":20000000}},"priority":"high","timezone":"Asia/Tokyo"}`
+	if got := string(c.admin.tenantRecord("blue").Body); got != want {
+		t.Errorf("blue after the edit:\n%s\nwant\n%s", got, want)
+	}
+}
