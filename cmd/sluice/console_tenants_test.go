@@ -130,6 +130,15 @@ func TestConsoleTenantsInABrowser(t *testing.T) {
 		t.Errorf("after the second edit the page says %q", done)
 	}
 
+	// On a phone the settings form fits the screen.
+	b.do("newco on a phone", chromedp.EmulateViewport(390, 844), chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(edit)))
+	overflow := eval[int](b, `document.documentElement.scrollWidth - window.innerWidth`)
+	b.shot("tenants-phone.png")
+	if overflow > 0 {
+		t.Errorf("at 390 px newco's page is %d px wider than the screen", overflow)
+	}
+	b.do("desktop again", chromedp.EmulateViewport(1280, 1000))
+
 	// The changes page: every change, who, why, the version and the diff.
 	b.do("newco's changes", chromedp.Navigate(s.console+"/tenants/newco/audit"), chromedp.WaitVisible(chromedp.ID("audit")))
 	trail := eval[[]string](b, `[...document.querySelectorAll("#audit tbody tr[data-action]")].map(r => r.dataset.action + " v" + r.dataset.version + " " +
