@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -99,10 +100,18 @@ func TestConsoleTenantsInABrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	const chatBody = `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`
+	var codes []int
+	refusal := ""
 	itest.Eventually(t, 10*time.Second, "the gateway refuses newco's second request of the minute", func() bool {
-		code, _ := chat(t, s.gateway+"/v1/chat/completions", key.Secret, chatBody)
+		code, answer := chat(t, s.gateway+"/v1/chat/completions", key.Secret, chatBody)
+		codes, refusal = append(codes, code), answer
 		return code == http.StatusTooManyRequests
 	})
+	// The key was served (once the gateway had it), then refused by the
+	// limit the console set.
+	if !slices.Contains(codes, http.StatusOK) || !strings.Contains(refusal, `"rule":"newco-rpm"`) {
+		t.Errorf("newco's calls answered %v, the last %.300s; want one served, then refused by newco-rpm", codes, refusal)
+	}
 
 	// Another operator changes newco while the page shows version 2: the
 	// page's edit is refused in place, saying who changed it.
