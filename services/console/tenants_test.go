@@ -315,3 +315,16 @@ func TestATenantEditKeepsWhatTheFormDoesNotShow(t *testing.T) {
 		t.Errorf("blue after the edit:\n%s\nwant\n%s", got, want)
 	}
 }
+
+// A section's refusal quotes the policy's problems after the enforcer's
+// file and line: each goes to the input of its field or nearest parent,
+// without the file, and the header goes nowhere.
+func TestRefusalPutsPolicyProblemsByTheirInputs(t *testing.T) {
+	err := &adminapi.Error{StatusCode: 400, Message: "policy: 3 problem(s):\n  p.yaml with the admin API's tenants and plans:4: tenants.x.limits.rpm.sliding_window.limit: is required\n" +
+		"  p.yaml with the admin API's tenants and plans:9: tenants.x.priority: \"urgent\" is not a priority\nreason: required"}
+	f := refusal(formSection, url.Values{}, err, sectionInputs("x"))
+	if f.Err(formSection, "limits") != "tenants.x.limits.rpm.sliding_window.limit: is required" || f.Err(formSection, "reason") != "reason: required" ||
+		strings.Join(f.FormErrors(formSection), "|") != `tenants.x.priority: "urgent" is not a priority` {
+		t.Errorf("%+v", f)
+	}
+}
