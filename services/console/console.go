@@ -26,6 +26,9 @@
 // there exactly as `sluicectl admin` is, under the operator's name. Forms
 // are protected against cross-site posting (http.CrossOriginProtection).
 //
+// An operator creates a tenant from a plan (/new-tenant, linked from the
+// overview), and a tenant's page edits the
+// quotas and limits of a tenant the admin API defines (tenants.go).
 // A tenant's page also manages its API keys (keys.go): issue (the secret
 // shown once, in the form's own answer), rotate and revoke with the
 // version the page read, and each key's audit trail. What a page offers
@@ -101,14 +104,15 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 		gatherer = g
 	}
 	s, err := newServer(cfg, deps{
-		status:   usageapi.NewService(ch, rdb, env.Redis.Prefix(redisconn.FlagKeys), pw),
-		ch:       ch,
-		policy:   pw,
-		admin:    hc,
-		sampler:  newSampler(cfg.MetricsURLs, gatherer, maxSamples),
-		log:      log,
-		secure:   tlsCfg != nil,
-		adminURL: cfg.AdminURL,
+		status:     usageapi.NewService(ch, rdb, env.Redis.Prefix(redisconn.FlagKeys), pw),
+		ch:         ch,
+		policy:     pw,
+		policyFile: env.Policy.File,
+		admin:      hc,
+		sampler:    newSampler(cfg.MetricsURLs, gatherer, maxSamples),
+		log:        log,
+		secure:     tlsCfg != nil,
+		adminURL:   cfg.AdminURL,
 	})
 	if err != nil {
 		return err
@@ -145,13 +149,16 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 
 // deps are what a server reads from and acts through.
 type deps struct {
-	status   *quotastatus.Service
-	ch       *chconn.Lazy
-	policy   *policy.Watcher // nil: no policy file
-	admin    *http.Client    // nil: http.DefaultClient
-	adminURL string
-	sampler  *sampler
-	log      *slog.Logger
+	status *quotastatus.Service
+	ch     *chconn.Lazy
+	policy *policy.Watcher // nil: no policy file
+	// policyFile is the file policy reads ("": none): its tenants and
+	// plans are the ones the console does not edit.
+	policyFile string
+	admin      *http.Client // nil: http.DefaultClient
+	adminURL   string
+	sampler    *sampler
+	log        *slog.Logger
 	// secure marks the session cookie Secure (served over TLS).
 	secure bool
 }
@@ -179,6 +186,9 @@ func (s *server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", s.overview)
 	mux.HandleFunc("GET /tenants/{tenant}", s.tenant)
+	mux.HandleFunc("GET "+newTenantPath, s.newTenant)
+	mux.HandleFunc("POST /tenants", s.createTenant)
+	mux.HandleFunc("POST /tenants/{tenant}/section", s.updateTenant)
 	mux.HandleFunc("POST /tenants/{tenant}/act", s.act)
 	mux.HandleFunc("POST /tenants/{tenant}/keys", s.issueKey)
 	mux.HandleFunc("GET /tenants/{tenant}/keys/{id}", s.keyPage)

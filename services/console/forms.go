@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 
 	"github.com/sluicehq/sluice/adminapi"
@@ -53,18 +54,46 @@ func refusal(name string, values url.Values, err error, inputs map[string]string
 		msg = ae.Error()
 	}
 	for _, line := range strings.Split(msg, "\n") {
-		if line = strings.TrimSpace(line); line == "" {
+		if line = strings.TrimSpace(line); line == "" || problemsHeader.MatchString(line) {
 			continue
+		}
+		// A section's refusal quotes the policy's problems, each after the
+		// enforcer's file and line, which mean nothing to the form.
+		if m := problemLine.FindStringSubmatch(line); m != nil {
+			line = m[1]
 		}
 		field, _, _ := strings.Cut(line, ":")
 		field, _, _ = strings.Cut(field, "[")
-		if in, ok := inputs[field]; ok {
+		if in, ok := inputOf(inputs, field); ok {
 			f.Fields[in] = append(f.Fields[in], line)
 		} else {
 			f.Errors = append(f.Errors, line)
 		}
 	}
 	return f
+}
+
+// The lines of a policy.Error: its header, then "FILE:LINE: FIELD: message".
+var (
+	problemsHeader = regexp.MustCompile(`^policy: \d+ problem\(s\):$`)
+	// The enforcer's file name has spaces ("policy.yaml with the admin
+	// API's tenants and plans").
+	problemLine = regexp.MustCompile(`^.+?:\d+: (\S+: .*)$`)
+)
+
+// inputOf finds the input of field, or of the nearest dotted parent it
+// has (tenants.x.limits.rpm.unit is the limits input's).
+func inputOf(inputs map[string]string, field string) (string, bool) {
+	for {
+		if in, ok := inputs[field]; ok {
+			return in, true
+		}
+		i := strings.LastIndexByte(field, '.')
+		if i < 0 {
+			return "", false
+		}
+		field = field[:i]
+	}
 }
 
 // Value is what the user typed into input of form, when form is the one

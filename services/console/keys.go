@@ -208,14 +208,21 @@ func (s *server) keyRefusal(ctx context.Context, sess *session, form, id string,
 		// The page rendered with this refusal reads the key anew, so its
 		// forms carry the new version: submitting again is a decision made
 		// on what the key is now.
-		fs.Errors = []string{fmt.Sprintf("Key %s was changed by %s at %s since you loaded the page (it is at version %d, your page read version %d), so nothing was done. "+
-			"This page is reloaded and shows the key as it is now: check the change, then submit again if you still mean it.",
-			id, k.UpdatedBy, k.UpdatedAt.UTC().Format("2006-01-02 15:04:05 MST"), k.Version, read)}
+		fs.Errors = []string{staleMessage("Key "+id, k.UpdatedBy, k.UpdatedAt, k.Version, read, "the key as it is now")}
 	}
 	return fs
 }
 
-// auditPage is a key's audit trail, or a tenant's recent key changes.
+// staleMessage says that what (a key, a tenant) changed since the page
+// read it: by whom, when, and the versions.
+func staleMessage(what, by string, at time.Time, now, read uint64, shows string) string {
+	return fmt.Sprintf("%s was changed by %s at %s since you loaded the page (it is at version %d, your page read version %d), so nothing was done. "+
+		"This page is reloaded and shows %s: check the change, then submit again if you still mean it.",
+		what, by, at.UTC().Format("2006-01-02 15:04:05 MST"), now, read, shows)
+}
+
+// auditPage is a key's audit trail, or a tenant's recent changes (its
+// record's and its keys').
 type auditPage struct {
 	Tenant string
 	// Key is the key whose trail this is; nil for the tenant's.
@@ -278,7 +285,8 @@ const (
 	auditEntries = 100
 )
 
-// tenantAudit shows a tenant's recent key changes, newest first.
+// tenantAudit shows a tenant's recent changes, newest first: its record's
+// (its settings) and its keys'.
 func (s *server) tenantAudit(w http.ResponseWriter, r *http.Request) {
 	tenant := r.PathValue("tenant")
 	sess := s.auditSession(w, r, tenant)
@@ -291,6 +299,11 @@ func (s *server) tenantAudit(w http.ResponseWriter, r *http.Request) {
 	keys, err := keysOf(ctx, sess, tenant, s.now())
 	if err != nil {
 		pg.Error = err.Error()
+	}
+	if es, err := tenantTrail(ctx, sess, tenant); err != nil {
+		pg.Error = err.Error()
+	} else {
+		pg.Entries = es
 	}
 	for _, k := range keys[:min(len(keys), auditKeys)] {
 		es, err := sess.client.KeyAudit(ctx, k.ID)

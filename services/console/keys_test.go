@@ -11,7 +11,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"path"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -32,15 +34,20 @@ type fakeAdmin struct {
 	keys   map[string]adminapi.Key
 	trail  map[string][]adminapi.AuditEntry
 	issued int
+	// sections are the tenant and plan records (tenants_test.go), by
+	// kind and name; strail their audit trails, by kind and name.
+	sections map[adminapi.SectionKind]map[string]adminapi.Section
+	strail   map[string][]adminapi.AuditEntry
 }
 
 func newFakeAdmin() *fakeAdmin {
-	return &fakeAdmin{keys: map[string]adminapi.Key{}, trail: map[string][]adminapi.AuditEntry{}, tokens: map[string]adminapi.WhoAmIResponse{
-		"op-token":     {Name: "ops", Role: adminapi.RoleOperator},
-		"alice-token":  {Name: "alice", Role: adminapi.RoleOperator},
-		"viewer-token": {Name: "auditor", Role: adminapi.RoleViewer},
-		"blue-token":   {Name: "blue-admin", Role: adminapi.RoleTenantAdmin, Tenant: "blue"},
-	}}
+	return &fakeAdmin{keys: map[string]adminapi.Key{}, trail: map[string][]adminapi.AuditEntry{}, strail: map[string][]adminapi.AuditEntry{},
+		sections: map[adminapi.SectionKind]map[string]adminapi.Section{adminapi.KindTenant: {}, adminapi.KindPlan: {}}, tokens: map[string]adminapi.WhoAmIResponse{
+			"op-token":     {Name: "ops", Role: adminapi.RoleOperator},
+			"alice-token":  {Name: "alice", Role: adminapi.RoleOperator},
+			"viewer-token": {Name: "auditor", Role: adminapi.RoleViewer},
+			"blue-token":   {Name: "blue-admin", Role: adminapi.RoleTenantAdmin, Tenant: "blue"},
+		}}
 }
 
 func (f *fakeAdmin) handler() http.Handler {
@@ -63,6 +70,7 @@ func (f *fakeAdmin) handler() http.Handler {
 			reply(w, 200, adminapi.ActionResponse{RequestID: "r1", Action: a, Breakers: []adminapi.Breaker{}})
 		})
 	}
+	f.sectionRoutes(mux)
 	mux.HandleFunc("GET "+adminapi.PathKeys, func(w http.ResponseWriter, r *http.Request) {
 		out := []adminapi.Key{}
 		for _, k := range f.snapshot() {
@@ -268,7 +276,12 @@ func newKeyConsole(t *testing.T) *keyConsole {
 	api := httptest.NewServer(fa.handler())
 	t.Cleanup(api.Close)
 	var logs bytes.Buffer
-	s, err := newServer(DefaultConfig(), deps{log: slog.New(slog.NewTextHandler(&logs, nil)), sampler: newSampler(nil, nil, 10),
+	// The policy file defines red and the plans starter and pro.
+	file := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(file, []byte(testPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := newServer(DefaultConfig(), deps{log: slog.New(slog.NewTextHandler(&logs, nil)), sampler: newSampler(nil, nil, 10), policyFile: file,
 		adminURL: api.URL, status: quotastatus.New(memState{tenants: []string{"blue", "red"}}, nil, nil),
 		// Nothing listens there: the charts say so, the rest renders.
 		ch: chconn.NewLazy(chconn.Config{Addr: "127.0.0.1:1"})})

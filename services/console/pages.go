@@ -91,10 +91,12 @@ func (s *server) render(w http.ResponseWriter, r *http.Request, name string, sta
 		p.Title, p.Refresh = "Pipeline", 10
 	case loginPage:
 		p.Title = "Log in"
+	case newTenantPage:
+		p.Title, p.Nav = "Create a tenant", "overview"
 	case secretPage:
 		p.Title, p.Nav = "The secret of key "+v.Key.ID, "overview"
 	case auditPage:
-		p.Title, p.Nav = "Key changes of "+v.Tenant, "overview"
+		p.Title, p.Nav = "Changes of "+v.Tenant, "overview"
 		if v.Key != nil {
 			p.Title = "Key " + v.Key.ID
 		}
@@ -140,6 +142,8 @@ type overviewPage struct {
 	Plans       []string
 	Tiers       []int
 	Now         time.Time
+	// CanCreate: the session may create tenants (operators).
+	CanCreate bool
 }
 
 // sortKeys are the overview's sortable columns, with their default order.
@@ -197,6 +201,7 @@ func (s *server) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	sort.Strings(pg.Plans)
 	sortRows(pg.Rows, pg.Sort, pg.Order == "desc")
+	pg.CanCreate = sess != nil && sess.mayAct()
 	s.render(w, r, "overview", http.StatusOK, pg)
 }
 
@@ -335,6 +340,8 @@ type tenantPage struct {
 	Form formState
 	// IssueID is the key id the issue form carries (issueKey).
 	IssueID string
+	// Section is the tenant's definition (tenants.go); logged in only.
+	Section tenantSection
 }
 
 func (s *server) tenant(w http.ResponseWriter, r *http.Request) {
@@ -402,6 +409,7 @@ func (s *server) showTenant(w http.ResponseWriter, r *http.Request, form formSta
 				pg.AdminError = err.Error()
 			}
 		}
+		pg.Section = s.sectionOf(ctx, sess, tenant, form)
 		if pg.Keys, err = keysOf(ctx, sess, tenant, now); err != nil {
 			pg.KeysError = err.Error()
 			if ae := (*adminapi.Error)(nil); errors.As(err, &ae) && ae.StatusCode == http.StatusNotFound {
