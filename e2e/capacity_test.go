@@ -244,7 +244,7 @@ type usage struct {
 func (m *meter) sample() usage {
 	u := usage{at: time.Now(), cpu: map[string]time.Duration{}, alloc: map[string]float64{}}
 	for _, p := range m.procs {
-		c, err := procCPU(p.pid)
+		c, err := itest.PidCPU(p.pid)
 		if err != nil {
 			m.b.Fatalf("%s: %v", p.component, err)
 		}
@@ -386,27 +386,6 @@ func (m *meter) committedLag(ctx context.Context) (int64, error) {
 	return lag, nil
 }
 
-// procCPU is the user plus system CPU time of a process, all its threads.
-func procCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the command (which may hold spaces) in parentheses:
-	// state is field 3, utime 14 and stime 15.
-	i := strings.LastIndexByte(string(b), ')')
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the command", pid, len(f))
-	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: utime %q stime %q", pid, f[11], f[12])
-	}
-	return ticks(ut + st), nil
-}
-
 // machineTimes is the CPU time of every core since boot, from /proc/stat:
 // busy (user, nice, system, irq, softirq) and stolen (steal: time this
 // virtual machine was ready to run but its hypervisor ran another).
@@ -426,9 +405,9 @@ func machineCPU(b *testing.B) machineTimes {
 		switch i {
 		case 4, 5: // idle, iowait
 		case 8:
-			t.steal = ticks(n)
+			t.steal = itest.Ticks(n)
 		default:
-			t.busy += ticks(n)
+			t.busy += itest.Ticks(n)
 		}
 	}
 	return t
@@ -441,9 +420,6 @@ func (t machineTimes) cores(before machineTimes, ours, wall time.Duration) (othe
 	steal = max((t.steal-before.steal).Seconds()/wall.Seconds(), 0)
 	return other, steal
 }
-
-// ticks converts clock ticks of /proc (USER_HZ, 100 on Linux) to time.
-func ticks(n int64) time.Duration { return time.Duration(n) * 10 * time.Millisecond }
 
 // prober runs the load at one rate and judges whether the pipeline
 // sustains it.
