@@ -93,6 +93,10 @@ const (
 //     the CPU table's keys under e2e_max_sustained_: the table over that
 //     run, where the cores go at the highest rate.
 //
+// SLUICE_E2E_BENCH_SEARCH=0 stops after the CPU table (at
+// SLUICE_E2E_BENCH_RATE events/s), to profile the services at a given rate
+// without the search.
+//
 // SLUICE_E2E_BENCH_PROFILE_DIR=<dir> also writes, during the CPU table's
 // interval, a CPU profile and the allocations of each Go service to
 // <dir>/<service>.{cpu,allocs}.pprof (read them with go tool pprof).
@@ -145,6 +149,9 @@ func BenchmarkPipelineCapacity(b *testing.B) {
 		b.Logf("cost run: %d batches refused", n)
 	}
 
+	if os.Getenv("SLUICE_E2E_BENCH_SEARCH") == "0" {
+		return // the CPU table (and its profiles) only: at a rate of one's choosing, in a minute
+	}
 	// The search for the highest sustained rate.
 	p := &prober{s: s, g: g, m: m, tenants: loadTenants, sfx: sfx}
 	best := p.search(costRate, probeFor)
