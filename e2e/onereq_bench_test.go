@@ -454,26 +454,23 @@ func (o *oneReqOps) sample() map[string]float64 {
 
 // sampleSwitches reads every charged process's context switches.
 func sampleSwitches(b *testing.B, procs []oneReqProc) map[string]itest.Switches {
-	out := make(map[string]itest.Switches, len(procs))
-	for _, p := range procs {
-		s, err := itest.ContextSwitches(p.pid)
-		if err != nil {
-			b.Fatalf("%s: %v", p.component, err)
-		}
-		out[p.component] = s
-	}
-	return out
+	return sampleProcs(b, procs, itest.ContextSwitches)
 }
 
 // sampleCPU reads every charged process's CPU time.
 func sampleCPU(b *testing.B, procs []oneReqProc) map[string]time.Duration {
-	out := make(map[string]time.Duration, len(procs))
+	return sampleProcs(b, procs, itest.PidCPU)
+}
+
+// sampleProcs reads one figure of every charged process.
+func sampleProcs[T any](b *testing.B, procs []oneReqProc, read func(pid int) (T, error)) map[string]T {
+	out := make(map[string]T, len(procs))
 	for _, p := range procs {
-		c, err := itest.PidCPU(p.pid)
+		v, err := read(p.pid)
 		if err != nil {
 			b.Fatalf("%s: %v", p.component, err)
 		}
-		out[p.component] = c
+		out[p.component] = v
 	}
 	return out
 }

@@ -3,7 +3,6 @@ package chstore
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -57,7 +56,7 @@ const (
 // (default 9,375) change the events stored and the events per write.
 // Each variant stores into a database of its own.
 func BenchmarkClickHouseCost(b *testing.B) {
-	rows, block := costEnv(b, "SLUICE_CH_COST_ROWS", 1_000_000), costEnv(b, "SLUICE_CH_COST_BLOCK", costBlock)
+	rows, block := itest.EnvCount(b, "SLUICE_CH_COST_ROWS", 1_000_000), itest.EnvCount(b, "SLUICE_CH_COST_BLOCK", costBlock)
 	pid, err := itest.ServicePID("clickhouse")
 	if err != nil {
 		b.Fatalf("ClickHouse's CPU cannot be charged: %v", err)
@@ -107,18 +106,6 @@ defaults:
 			cancel()
 		}
 	}
-}
-
-func costEnv(b *testing.B, name string, def int) int {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		b.Fatalf("%s=%q: want a positive count", name, v)
-	}
-	return n
 }
 
 func countEvents(bs []*Batch) int {
