@@ -93,7 +93,9 @@ const (
 //     the CPU table's keys under e2e_max_sustained_: the table over that
 //     run, where the cores go at the highest rate.
 //
-// SLUICE_E2E_BENCH_SEARCH=0 stops after the CPU table (at
+// SLUICE_E2E_BENCH_HOLD_AT=<events/s> skips the search and holds that
+// rate (then 10% lower, as after a search), to check one rate over the
+// whole hold. SLUICE_E2E_BENCH_SEARCH=0 stops after the CPU table (at
 // SLUICE_E2E_BENCH_RATE events/s), to profile the services at a given rate
 // without the search.
 //
@@ -154,7 +156,10 @@ func BenchmarkPipelineCapacity(b *testing.B) {
 	}
 	// The search for the highest sustained rate.
 	p := &prober{s: s, g: g, m: m, tenants: loadTenants, sfx: sfx}
-	best := p.search(costRate, probeFor)
+	best := envInt(b, "SLUICE_E2E_BENCH_HOLD_AT", 0, 0, 1_000_000)
+	if best == 0 {
+		best = p.search(costRate, probeFor)
+	}
 	var held probeResult
 	for try := 0; try < capHoldTries && best > 0; try++ {
 		held = p.run(best, holdFor)
