@@ -93,6 +93,12 @@ const (
 //     the CPU table's keys under e2e_max_sustained_: the table over that
 //     run, where the cores go at the highest rate.
 //
+// SLUICE_E2E_BENCH_HOLD_AT=<events/s> skips the search and holds that
+// rate (then 10% lower, as after a search), to check one rate over the
+// whole hold. SLUICE_E2E_BENCH_SEARCH=0 stops after the CPU table (at
+// SLUICE_E2E_BENCH_RATE events/s), to profile the services at a given rate
+// without the search.
+//
 // SLUICE_E2E_BENCH_PROFILE_DIR=<dir> also writes, during the CPU table's
 // interval, a CPU profile and the allocations of each Go service to
 // <dir>/<service>.{cpu,allocs}.pprof (read them with go tool pprof).
@@ -145,9 +151,15 @@ func BenchmarkPipelineCapacity(b *testing.B) {
 		b.Logf("cost run: %d batches refused", n)
 	}
 
+	if os.Getenv("SLUICE_E2E_BENCH_SEARCH") == "0" {
+		return // the CPU table (and its profiles) only: at a rate of one's choosing, in a minute
+	}
 	// The search for the highest sustained rate.
 	p := &prober{s: s, g: g, m: m, tenants: loadTenants, sfx: sfx}
-	best := p.search(costRate, probeFor)
+	best := envInt(b, "SLUICE_E2E_BENCH_HOLD_AT", 0, 0, 1_000_000)
+	if best == 0 {
+		best = p.search(costRate, probeFor)
+	}
 	var held probeResult
 	for try := 0; try < capHoldTries && best > 0; try++ {
 		held = p.run(best, holdFor)
@@ -405,9 +417,9 @@ func machineCPU(b *testing.B) machineTimes {
 		switch i {
 		case 4, 5: // idle, iowait
 		case 8:
-			t.steal = ticks(n)
+			t.steal = itest.Ticks(n)
 		default:
-			t.busy += ticks(n)
+			t.busy += itest.Ticks(n)
 		}
 	}
 	return t
@@ -420,9 +432,6 @@ func (t machineTimes) cores(before machineTimes, ours, wall time.Duration) (othe
 	steal = max((t.steal-before.steal).Seconds()/wall.Seconds(), 0)
 	return other, steal
 }
-
-// ticks converts clock ticks of /proc (USER_HZ, 100 on Linux) to time.
-func ticks(n int64) time.Duration { return time.Duration(n) * 10 * time.Millisecond }
 
 // prober runs the load at one rate and judges whether the pipeline
 // sustains it.

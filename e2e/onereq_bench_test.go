@@ -69,6 +69,7 @@ const (
 //   - ingest_one_event_client_cpu_us_per_request: the same for this process, the load generator.
 //   - ingest_one_event_cpu_us_per_request: the sum of the three.
 //   - ingest_one_event_cpu_bound_requests_per_sec: the rate at which that sum would fill every core of the machine.
+//   - ingest_one_event_<server|broker|client>_voluntary_switches_per_request, ..._involuntary_switches_per_request: context switches of every thread of the process (/proc/<pid>/task/*/status) per request: a thread that blocked, and one the scheduler took the core from.
 //   - ingest_one_event_other_cores: cores busy meanwhile with other processes (the machine's state).
 //   - ingest_one_event_steal_cores: cores stolen meanwhile by the hypervisor (/proc/stat steal).
 //   - ingest_one_event_connections: the concurrency the figures are of.
@@ -92,6 +93,10 @@ const (
 // -services.ingest.small_request_compression=none) to compare settings, and
 // SLUICE_ONEREQ_SLUICE_BIN names another sluice binary for ingest (a
 // build of another commit) to compare commits.
+// SLUICE_ONEREQ_INGEST_GOMAXPROCS sets ingest's GOMAXPROCS in the shared
+// layout (the pinned one runs 1 anyway), and SLUICE_ONEREQ_PINNED=0 skips
+// the pinned layout, to compare settings of the shared one in half the
+// time.
 func BenchmarkOneEventRequests(b *testing.B) {
 	if testing.Short() {
 		b.Skip("end-to-end benchmark: needs the real services")
@@ -114,7 +119,7 @@ func BenchmarkOneEventRequests(b *testing.B) {
 		defer func(own string) { sluiceBin = own }(sluiceBin)
 		sluiceBin = bin
 	}
-	ingest := s.start("ingest")
+	ingest := startOneEventIngest(b, s)
 	broker, err := itest.ServicePID("kafka")
 	if err != nil {
 		b.Fatalf("the broker's CPU cannot be charged: %v", err)
@@ -132,7 +137,7 @@ func BenchmarkOneEventRequests(b *testing.B) {
 	b.ResetTimer()
 	shared := sweepOneEvent(b, s, procs, ops, conns, measure, sfx, profDir, "")
 	var pinned oneReqResult
-	if runtime.NumCPU() >= 2 {
+	if runtime.NumCPU() >= 2 && os.Getenv("SLUICE_ONEREQ_PINNED") != "0" {
 		// The same processes again, ingest on a core of its own (its Go
 		// runtime follows the affinity: GOMAXPROCS 1 within a second) and
 		// the broker and this load generator on another.
@@ -159,6 +164,34 @@ func BenchmarkOneEventRequests(b *testing.B) {
 	if pinned.rate > 0 {
 		reportOneEvent(b, pinned, procs, "ingest_one_event_pinned_")
 	}
+}
+
+// startOneEventIngest starts the ingest process, with the Go runtime's
+// GOMAXPROCS set to SLUICE_ONEREQ_INGEST_GOMAXPROCS when that is given
+// (to measure what fewer Ps save when ingest shares the cores with the
+// broker; the default is the runtime's, one P per core).
+func startOneEventIngest(b *testing.B, s *stack) *proc {
+	v := os.Getenv("SLUICE_ONEREQ_INGEST_GOMAXPROCS")
+	if v == "" {
+		return s.start("ingest")
+	}
+	if n, err := strconv.Atoi(v); err != nil || n < 1 || n > 1024 {
+		b.Fatalf("SLUICE_ONEREQ_INGEST_GOMAXPROCS=%q: want a count of Ps from 1 to 1024", v)
+	}
+	// The child inherits this process's environment; ours keeps the
+	// GOMAXPROCS its runtime started with whatever the variable says.
+	old, had := os.LookupEnv("GOMAXPROCS")
+	if err := os.Setenv("GOMAXPROCS", v); err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		if had {
+			_ = os.Setenv("GOMAXPROCS", old)
+		} else {
+			_ = os.Unsetenv("GOMAXPROCS")
+		}
+	}()
+	return s.start("ingest")
 }
 
 // pinOneEventLayout puts the server (procs[0]) on the first CPU this
@@ -238,6 +271,9 @@ func reportOneEvent(b *testing.B, best oneReqResult, procs []oneReqProc, prefix 
 	b.ReportMetric(ms(best.p99), prefix+"p99_ms")
 	for _, p := range procs {
 		b.ReportMetric(best.cpuPerRequest[p.component], prefix+p.component+"_cpu_us_per_request")
+		sw := best.switchesPerRequest[p.component]
+		b.ReportMetric(float64(sw.Voluntary)/1000, prefix+p.component+"_voluntary_switches_per_request")
+		b.ReportMetric(float64(sw.Involuntary)/1000, prefix+p.component+"_involuntary_switches_per_request")
 	}
 	b.ReportMetric(best.total(), prefix+"cpu_us_per_request")
 	b.ReportMetric(float64(runtime.NumCPU())*1e6/best.total(), prefix+"cpu_bound_requests_per_sec")
@@ -263,10 +299,13 @@ type oneReqResult struct {
 	rate          float64
 	p50, p99      time.Duration
 	cpuPerRequest map[string]float64 // µs per request by component
-	perRequest    map[string]float64 // the ingest process's counters per request
-	otherCores    float64
-	stealCores    float64
-	load          string // /proc/loadavg at the end
+	// switchesPerRequest is each component's context switches per 1,000
+	// requests.
+	switchesPerRequest map[string]itest.Switches
+	perRequest         map[string]float64 // the ingest process's counters per request
+	otherCores         float64
+	stealCores         float64
+	load               string // /proc/loadavg at the end
 }
 
 func (r oneReqResult) total() float64 {
@@ -282,9 +321,13 @@ func (r oneReqResult) String() string {
 	if v := r.perRequest["sluice_ingest_produce_requests_total"]; v > 0 {
 		perProduce = fmt.Sprintf("%.1f", 1/v)
 	}
-	return fmt.Sprintf("%7.0f requests/s, p50 %.2f ms, p99 %.2f ms, CPU µs/request: server %.1f, broker %.1f, client %.1f, total %.1f (%.0f requests/s on %d cores); server allocs/request %.1f (%.0f B); records/produce request %s; other processes %.2f cores; stolen %.2f cores; load average %s",
+	sw := func(c string) string {
+		s := r.switchesPerRequest[c]
+		return fmt.Sprintf("%s %.2f+%.2f", c, float64(s.Voluntary)/1000, float64(s.Involuntary)/1000)
+	}
+	return fmt.Sprintf("%7.0f requests/s, p50 %.2f ms, p99 %.2f ms, CPU µs/request: server %.1f, broker %.1f, client %.1f, total %.1f (%.0f requests/s on %d cores); context switches/request (voluntary+involuntary): %s, %s, %s; server allocs/request %.1f (%.0f B); records/produce request %s; other processes %.2f cores; stolen %.2f cores; load average %s",
 		r.rate, ms(r.p50), ms(r.p99), r.cpuPerRequest["server"], r.cpuPerRequest["broker"], r.cpuPerRequest["client"],
-		r.total(), float64(runtime.NumCPU())*1e6/r.total(), runtime.NumCPU(),
+		r.total(), float64(runtime.NumCPU())*1e6/r.total(), runtime.NumCPU(), sw("server"), sw("broker"), sw("client"),
 		r.perRequest["go_memstats_mallocs_total"], r.perRequest["go_memstats_alloc_bytes_total"], perProduce, r.otherCores, r.stealCores, r.load)
 }
 
@@ -333,7 +376,7 @@ func runOneEventLoad(b *testing.B, s *stack, procs []oneReqProc, ops *oneReqOps,
 		}()
 	}
 	time.Sleep(oneReqWarmup) // a warm-up, not an assertion: nothing is measured yet
-	cpu0, machine0, counters0 := sampleCPU(b, procs), machineCPU(b), ops.sample()
+	cpu0, machine0, counters0, sw0 := sampleCPU(b, procs), machineCPU(b), ops.sample(), sampleSwitches(b, procs)
 	t0 := time.Now()
 	from.Store(t0.UnixNano())
 	var profiles sync.WaitGroup
@@ -352,7 +395,7 @@ func runOneEventLoad(b *testing.B, s *stack, procs []oneReqProc, ops *oneReqOps,
 	time.Sleep(d)
 	stop.Store(true)
 	elapsed := time.Since(t0)
-	cpu1, machine1, counters1 := sampleCPU(b, procs), machineCPU(b), ops.sample()
+	cpu1, machine1, counters1, sw1 := sampleCPU(b, procs), machineCPU(b), ops.sample(), sampleSwitches(b, procs)
 	count := answered.Load()
 	wg.Wait()
 	profiles.Wait()
@@ -364,12 +407,17 @@ func runOneEventLoad(b *testing.B, s *stack, procs []oneReqProc, ops *oneReqOps,
 	}
 	slices.Sort(latencies)
 	pct := func(p float64) time.Duration { return latencies[min(len(latencies)-1, int(p*float64(len(latencies))))] }
-	r := oneReqResult{conns: n, rate: float64(count) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99), cpuPerRequest: map[string]float64{}}
+	r := oneReqResult{conns: n, rate: float64(count) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99), cpuPerRequest: map[string]float64{}, switchesPerRequest: map[string]itest.Switches{}}
 	var ours time.Duration
 	for _, p := range procs {
 		used := cpu1[p.component] - cpu0[p.component]
 		ours += used
 		r.cpuPerRequest[p.component] = float64(used.Microseconds()) / float64(count)
+		// Per 1,000 requests, to keep the figures integers.
+		r.switchesPerRequest[p.component] = itest.Switches{
+			Voluntary:   (sw1[p.component].Voluntary - sw0[p.component].Voluntary) * 1000 / count,
+			Involuntary: (sw1[p.component].Involuntary - sw0[p.component].Involuntary) * 1000 / count,
+		}
 	}
 	r.perRequest = map[string]float64{}
 	for name, v := range counters1 {
@@ -395,15 +443,25 @@ func (o *oneReqOps) sample() map[string]float64 {
 	return out
 }
 
+// sampleSwitches reads every charged process's context switches.
+func sampleSwitches(b *testing.B, procs []oneReqProc) map[string]itest.Switches {
+	return sampleProcs(b, procs, itest.ContextSwitches)
+}
+
 // sampleCPU reads every charged process's CPU time.
 func sampleCPU(b *testing.B, procs []oneReqProc) map[string]time.Duration {
-	out := make(map[string]time.Duration, len(procs))
+	return sampleProcs(b, procs, itest.ProcCPU)
+}
+
+// sampleProcs reads one figure of every charged process.
+func sampleProcs[T any](b *testing.B, procs []oneReqProc, read func(pid int) (T, error)) map[string]T {
+	out := make(map[string]T, len(procs))
 	for _, p := range procs {
-		c, err := itest.ProcCPU(p.pid)
+		v, err := read(p.pid)
 		if err != nil {
 			b.Fatalf("%s: %v", p.component, err)
 		}
-		out[p.component] = c
+		out[p.component] = v
 	}
 	return out
 }

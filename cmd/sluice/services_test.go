@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/internal/sluiceconfig"
+	"github.com/sluicehq/sluice/sdk/go/traceprop"
 )
 
 // TestNoBrokersIsAnErrorNotADevelopmentBroker: with kafka.brokers empty
@@ -21,5 +22,23 @@ func TestNoBrokersIsAnErrorNotADevelopmentBroker(t *testing.T) {
 	_, err := preparePipeline(context.Background(), &cfg, []string{"ingest"}, &hostOptions{}, slog.New(slog.DiscardHandler))
 	if err == nil || !strings.Contains(err.Error(), "kafka.brokers: empty") || !strings.Contains(err.Error(), "embedded_kafka.enabled") {
 		t.Fatalf("sluice run ingest without brokers: %v, want an error naming kafka.brokers", err)
+	}
+}
+
+// TestTracingOffMeansNoSpans: with tracing off (the default) the services
+// are given the no-op provider itself, so they skip starting spans per
+// event; with a wrapper they took the traced path at every event.
+func TestTracingOffMeansNoSpans(t *testing.T) {
+	cfg := sluiceconfig.Defaults()
+	cfg.Services.Ingest.AllowAnonymous = true
+	cfg.Migrate = false
+	cfg.Kafka.Brokers = []string{"127.0.0.1:1"} // not dialled: nothing starts
+	p, err := preparePipeline(context.Background(), &cfg, []string{"ingest"}, &hostOptions{}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	if traceprop.On(p.env.Tracing) {
+		t.Fatalf("tracing.enabled is false, but the services' provider %T counts as on", p.env.Tracing)
 	}
 }

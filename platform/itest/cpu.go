@@ -8,9 +8,6 @@ import (
 	"time"
 )
 
-// clockTick is the unit of /proc's CPU times (USER_HZ, 100 on Linux).
-const clockTick = 10 * time.Millisecond
-
 // ProcStat is /proc/<pid>/stat's fields after the command (which may hold
 // spaces, in parentheses): f[0] is field 3 (state), f[1] the parent's pid,
 // f[11] and f[12] utime and stime.
@@ -40,5 +37,5 @@ func ProcCPU(pid int) (time.Duration, error) {
 	if err1 != nil || err2 != nil {
 		return 0, fmt.Errorf("/proc/%d/stat: utime %q stime %q", pid, f[11], f[12])
 	}
-	return time.Duration(ut+st) * clockTick, nil
+	return Ticks(ut + st), nil
 }

@@ -35,6 +35,22 @@ func ScaleSizes(t testing.TB, sizes ...int) []int {
 	return out
 }
 
+// EnvCount returns the positive count in the environment variable name,
+// or def when it is unset; anything else fails t. Benchmarks take their
+// sizes from it (SLUICE_CH_COST_ROWS=100000) to run longer or shorter.
+func EnvCount(t testing.TB, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive number", name, v)
+	}
+	return n
+}
+
 // ProcessCPU is the CPU time the process has used, user and system.
 func ProcessCPU() time.Duration {
 	var ru syscall.Rusage

@@ -3,10 +3,8 @@ package aggregator_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"runtime"
 	"runtime/debug"
-	"strconv"
 	"testing"
 	"time"
 
@@ -94,17 +92,7 @@ func BenchmarkProcessRestart(b *testing.B) {
 	}
 }
 
-func envInt(b *testing.B, name string, def int) int {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		b.Fatalf("%s=%q: want a positive number", name, v)
-	}
-	return n
-}
+func envInt(b *testing.B, name string, def int) int { return itest.EnvCount(b, name, def) }
 
 func processRestart(b *testing.B, n, perKey, tail int) {
 	b.StopTimer()
