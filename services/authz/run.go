@@ -105,11 +105,14 @@ func run(ctx context.Context, cfg Config, env platform.Env, opts options, ready 
 	if gln != nil {
 		gs = s.newGRPCService()
 	}
-	env.Health.AddReadiness("authz", func(context.Context) error {
+	env.Health.AddReadiness("authz", func(ctx context.Context) error {
 		if s.closing.Load() {
 			return errors.New("shutting down")
 		}
-		return nil
+		// Until the Checker's first full read of the flags it knows no
+		// tenant the enforcer stopped: a started or restarted authz takes
+		// no traffic before it does (docs/flags.md).
+		return chk.Ready(ctx)
 	})
 	defer env.Health.RemoveReadiness("authz")
 	srv := httpserver.New(s, cfg.HTTP, log)

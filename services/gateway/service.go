@@ -252,11 +252,14 @@ func followKeys(ctx context.Context, cfg Config, env platform.Env, file *keyfile
 func serve(ctx context.Context, cfg Config, env platform.Env, ready func(string), s *Server, ln net.Listener, pol *policyParts, chk *checker.Checker,
 	runTasks func(context.Context, *Server) error, after func()) error {
 	log := env.Logger
-	env.Health.AddReadiness("gateway", func(context.Context) error {
+	env.Health.AddReadiness("gateway", func(ctx context.Context) error {
 		if s.closing.Load() {
 			return errors.New("shutting down")
 		}
-		return nil
+		// Until the Checker's first full read of the flags it knows no
+		// tenant the enforcer stopped: a started or restarted gateway takes
+		// no traffic before it does (docs/flags.md).
+		return chk.Ready(ctx)
 	})
 	defer env.Health.RemoveReadiness("gateway")
 	srv := httpserver.New(s, cfg.HTTP, log)
