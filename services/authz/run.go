@@ -109,10 +109,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, opts options, ready 
 		if s.closing.Load() {
 			return errors.New("shutting down")
 		}
-		// Until the Checker's first full read of the flags it knows no
-		// tenant the enforcer stopped: a started or restarted authz takes
-		// no traffic before it does (docs/flags.md).
-		return chk.Ready(ctx)
+		return chk.Ready(ctx) // no traffic before the flags are known (see the gateway's)
 	})
 	defer env.Health.RemoveReadiness("authz")
 	srv := httpserver.New(s, cfg.HTTP, log)
