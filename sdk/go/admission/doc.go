@@ -90,7 +90,8 @@
 //	                       refunds, local debits), n its place in the batch
 //
 // All times are Redis's own (TIME in the scripts), so gateways' clocks do
-// not matter.
+// not matter. (A test may pass the scripts a time of its own instead,
+// WithScriptClock, to move past a rolling budget's days.)
 //
 // # Scripts
 //

@@ -43,6 +43,9 @@ type options struct {
 	reg           prometheus.Registerer
 	log           *slog.Logger
 	clock         func() time.Time
+	// scriptClock, when set, is the time the scripts use instead of
+	// Redis's TIME (WithScriptClock).
+	scriptClock func() time.Time
 	// onTick, when set, runs after every iteration of the background
 	// loop: tests wait on it to know a probe and a flush have run, rather
 	// than sleeping.
@@ -153,3 +156,15 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
 // default): a test moves it past a period's end or an expiry rather than
 // waiting for it. Token buckets and sliding windows keep Redis's clock.
 func WithClock(clock func() time.Time) Option { return func(o *options) { o.clock = clock } }
+
+// WithScriptClock makes the scripts read clock instead of Redis's TIME,
+// which token buckets, sliding windows and the expiry of period counters
+// follow: a test moves it past a rolling budget's seven days rather than
+// waiting for them. Production leaves it unset: Redis's clock is the one
+// every gateway shares, whatever their own clocks say. Leases and the
+// refusal cache still keep the Limiter's monotonic clock, so a test that
+// moves this clock uses rules without leases (exact rules, or
+// WithLeaseFraction(0)) and WithRefusalCache(0).
+func WithScriptClock(clock func() time.Time) Option {
+	return func(o *options) { o.scriptClock = clock }
+}

@@ -48,6 +48,14 @@ type scriptCall struct {
 // the first of them.
 func (l *Limiter) runScripts(ctx context.Context, s *redis.Script, calls []scriptCall) ([]*redis.Cmd, error) {
 	l.m.c.roundTrips.Add(1)
+	if l.o.scriptClock != nil {
+		// The scripts' optional last argument: the time to use instead of
+		// Redis's (WithScriptClock).
+		ms := l.o.scriptClock().UnixMilli()
+		for i := range calls {
+			calls[i].args = append(calls[i].args[:len(calls[i].args):len(calls[i].args)], ms)
+		}
+	}
 	if len(calls) == 1 {
 		c := s.Run(ctx, l.client, calls[0].keys, calls[0].args...)
 		return []*redis.Cmd{c}, c.Err()

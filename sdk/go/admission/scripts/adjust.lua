@@ -25,6 +25,8 @@
 --            Periods likewise: a refund goes to the period id at (-1:
 --            the current one) while its field exists, a charge to the
 --            current period.
+-- ARGV[3 + n*6], optional: the time to use instead of Redis's TIME, Unix
+--          ms (as in admit.lua)
 --
 -- A bucket is refilled to now first; a refund never lifts it above its
 -- burst, a charge may take it below 0 (a debt later requests wait for).
@@ -38,8 +40,11 @@ if ttl > 0 then
   first = 2
 end
 local n = tonumber(ARGV[2])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local now = tonumber(ARGV[3 + n * 6])
+if now == nil then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+end
 
 -- A refund takes units back from field f of key, never below 0; a field
 -- left at 0 goes.

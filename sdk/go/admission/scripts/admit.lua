@@ -21,6 +21,9 @@
 --   need     units this request debits (at least 1)
 --   want     further units the caller asks for as a local lease (0: none)
 --   floor    units this request must leave untouched (a priority reserve)
+-- ARGV[2 + n*7], optional: the time to use instead of Redis's TIME, Unix
+--          ms (tests move it past a window's length; production never
+--          passes it, so every gateway shares Redis's clock)
 --
 -- Every rule is checked before any is debited, so a refusal by rule i
 -- leaves no debit anywhere (expired window granules are deleted on the way:
@@ -33,8 +36,11 @@
 -- Reply, rule i refuses:     {0, now_ms, i, available, retry_ms}
 --   retry_ms   ms until need fits; -1 if it never fits (need > limit - floor)
 local n = tonumber(ARGV[1])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local now = tonumber(ARGV[2 + n * 7])
+if now == nil then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+end
 local st = {}
 
 -- A period's hash lives until its period ends (and 1 s more); a gateway
