@@ -162,65 +162,81 @@ tenants:
 	}
 }
 
-// TestRollingBudgetCountsSevenDaysOfElapsedTime: each key of acme may
-// spend $2 in any seven days (a sliding_window of 168h: a rolling
-// budget). Calls cost $1. In New York, whose clocks spring forward during
-// the week, in Kolkata and in London alike, a dollar leaves the budget
-// 168 hours after it was spent, at the end of its granule (1/60 of the
-// window, 2.8 h) — the instant the refusal's Retry-After names. It is
-// elapsed time, not the same local time a week on (167 hours later in New
-// York). The gateway's and the scripts' clock is moved, not waited for
+// TestBudgetsResetAtTheirInstantsInThreeZones: each key of acme may
+// spend $2 a week (from Monday), a billing month (from the 15th) or any
+// seven days (a sliding_window of 168h: a rolling budget), in New York,
+// whose clocks spring forward on March 8th, in Kolkata and in London.
+// Calls cost $1. Two dollars spent from Tuesday March 3rd, a third call is
+// refused with a Retry-After naming the budget's reset, refused still a
+// second before it, and admitted at it: midnight of Monday the 9th and of
+// the 15th, local time, for the week and the month, whose next period
+// then holds the whole $2; for the rolling budget, the moment the first
+// dollar leaves: 168 hours after it was spent, at the end of its granule
+// (1/60 of the window, 2.8 h), while the second dollar still counts. That
+// is elapsed time, not the same local time a week on (167 hours later in
+// New York). The gateway's and the scripts' clock is moved, not waited for
 // (and refusals are not cached: the cache keeps them by the real clock).
-func TestRollingBudgetCountsSevenDaysOfElapsedTime(t *testing.T) {
-	t0 := time.Date(2026, 3, 5, 15, 0, 0, 0, time.UTC) // New York springs forward on the 8th
+func TestBudgetsResetAtTheirInstantsInThreeZones(t *testing.T) {
+	t0 := time.Date(2026, 3, 3, 15, 0, 0, 0, time.UTC)
 	const length, gran = 168 * time.Hour, 168 * time.Hour / admission.Granules
-	// The first dollar's granule ends at the next multiple of gran (Unix
-	// time); it leaves the window length later.
-	reset := time.UnixMilli((t0.UnixMilli()/gran.Milliseconds() + 1) * gran.Milliseconds()).Add(length).UTC()
+	rollingReset := time.UnixMilli((t0.UnixMilli()/gran.Milliseconds() + 1) * gran.Milliseconds()).Add(length)
 	for _, zone := range []string{"America/New_York", "Asia/Kolkata", "Europe/London"} {
-		t.Run(zone, func(t *testing.T) {
-			loc, err := time.LoadLocation(zone)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var at atomic.Int64
-			clock := func() time.Time { return time.Unix(0, at.Load()) }
-			url, _ := limitsGateway(t, 1000, `
+		loc, err := time.LoadLocation(zone)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range []struct {
+			name, limit string
+			reset       time.Time
+			periodic    bool // the next period holds the whole budget
+		}{
+			{"weekly", "period: {every: week, limit: 2}", time.Date(2026, 3, 9, 0, 0, 0, 0, loc), true},
+			{"billing", "period: {every: month, anchor_day: 15, limit: 2}", time.Date(2026, 3, 15, 0, 0, 0, 0, loc), true},
+			{"rolling", "sliding_window: {length: 168h, limit: 2}", rollingReset, false},
+		} {
+			t.Run(zone+"/"+b.name, func(t *testing.T) {
+				var at atomic.Int64
+				clock := func() time.Time { return time.Unix(0, at.Load()) }
+				url, _ := limitsGateway(t, 1000, `
 prices:
   - {model: gpt-4o-mini, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 0, completion: 1000}
 tenants:
   acme:
     timezone: `+zone+`
     limits:
-      rolling: {scope: {key: "*"}, unit: cost, sliding_window: {length: 168h, limit: 2}}
+      `+b.name+`: {scope: {key: "*"}, unit: cost, `+b.limit+`}
 `, WithAdmissionOptions(admission.WithClock(clock), admission.WithScriptClock(clock), admission.WithRefusalCache(0)))
-			localWeekOn := t0.In(loc).AddDate(0, 0, 7)
-			for i, step := range []struct {
-				at        time.Time
-				refusedBy string // "" for 200
-			}{
-				{t0, ""},
-				{t0.Add(24 * time.Hour), ""},
-				{t0.Add(48 * time.Hour), "rolling"},
-				{localWeekOn, "rolling"},
-				{reset.Add(-time.Second), "rolling"},
-				{reset, ""},                         // the first dollar has left
-				{reset.Add(time.Second), "rolling"}, // the second is still in
-			} {
-				at.Store(step.at.UnixNano())
-				resp, b := post(t, url, "/v1/chat/completions", "sk-acme", `{"model":"gpt-4o-mini","max_tokens":1000,"messages":[{"role":"user","content":"hi"}]}`)
-				wantBudget(t, fmt.Sprintf("call %d at %s", i+1, step.at.In(loc)), resp, b, step.refusedBy)
-				if i != 2 {
-					continue
+				after := b.name // the call a second after the reset
+				if b.periodic {
+					after = ""
 				}
-				retry, err := strconv.Atoi(resp.Header.Get("Retry-After"))
-				if named := step.at.Add(time.Duration(retry) * time.Second); err != nil || named.Before(reset) || named.After(reset.Add(time.Second)) {
-					t.Fatalf("Retry-After %q at %s names %s; want the first dollar's leaving, %s", resp.Header.Get("Retry-After"), step.at, named, reset)
+				for i, step := range []struct {
+					at        time.Time
+					refusedBy string // "" for 200
+				}{
+					{t0, ""},
+					{t0.Add(24 * time.Hour), ""},
+					{t0.Add(48 * time.Hour), b.name},
+					{b.reset.Add(-time.Second), b.name},
+					{b.reset, ""},
+					{b.reset.Add(time.Second), after},
+				} {
+					at.Store(step.at.UnixNano())
+					resp, body := post(t, url, "/v1/chat/completions", "sk-acme", `{"model":"gpt-4o-mini","max_tokens":1000,"messages":[{"role":"user","content":"hi"}]}`)
+					wantBudget(t, fmt.Sprintf("call %d at %s", i+1, step.at.In(loc)), resp, body, step.refusedBy)
+					if i != 2 {
+						continue
+					}
+					retry, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+					if named := step.at.Add(time.Duration(retry) * time.Second); err != nil || named.Before(b.reset) || named.After(b.reset.Add(time.Second)) {
+						t.Fatalf("Retry-After %q at %s names %s; want the reset, %s", resp.Header.Get("Retry-After"), step.at, named, b.reset)
+					}
 				}
-			}
-			if zone == "America/New_York" && localWeekOn.Sub(t0) != 167*time.Hour {
-				t.Fatalf("New York's same local time a week on is %s later; the test means it to be 167h", localWeekOn.Sub(t0))
-			}
-		})
+			})
+		}
+	}
+	ny, _ := time.LoadLocation("America/New_York")
+	if weekOn := t0.In(ny).AddDate(0, 0, 7); weekOn.Sub(t0) != 167*time.Hour || !weekOn.Before(rollingReset.Add(-time.Second)) {
+		t.Fatalf("New York's same local time a week on is %s later; the rolling case means it to be 167h, before the reset", weekOn.Sub(t0))
 	}
 }
