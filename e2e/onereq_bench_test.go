@@ -93,8 +93,9 @@ const (
 // -services.ingest.small_request_compression=none) to compare settings, and
 // SLUICE_ONEREQ_SLUICE_BIN names another sluice binary for ingest (a
 // build of another commit) to compare commits.
-// SLUICE_ONEREQ_INGEST_GOMAXPROCS sets ingest's GOMAXPROCS in the shared
-// layout (the pinned one runs 1 anyway), and SLUICE_ONEREQ_PINNED=0 skips
+// SLUICE_ONEREQ_INGEST_GOMAXPROCS=N sets ingest's GOMAXPROCS in the shared
+// layout (the pinned one runs 1 anyway) and reports that layout as
+// ingest_one_event_gomaxprocsN_*, and SLUICE_ONEREQ_PINNED=0 skips
 // the pinned layout, to compare settings of the shared one in half the
 // time.
 func BenchmarkOneEventRequests(b *testing.B) {
@@ -160,7 +161,14 @@ func BenchmarkOneEventRequests(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	reportOneEvent(b, shared, procs, "ingest_one_event_")
+	// A run with ingest's GOMAXPROCS set reports under keys of its own,
+	// so results.json keeps the default run's beside it (what fewer Ps
+	// save, measured as a before and an after).
+	prefix := "ingest_one_event_"
+	if v := os.Getenv("SLUICE_ONEREQ_INGEST_GOMAXPROCS"); v != "" {
+		prefix = "ingest_one_event_gomaxprocs" + v + "_"
+	}
+	reportOneEvent(b, shared, procs, prefix)
 	if pinned.rate > 0 {
 		reportOneEvent(b, pinned, procs, "ingest_one_event_pinned_")
 	}
