@@ -3,6 +3,7 @@ package policy
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -117,5 +118,54 @@ func BenchmarkOverlaid10kTenants(b *testing.B) {
 		if _, _, err := Overlaid([]byte(overlayFile), "p.yaml", o); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// FileSections are the file's own sections as of the last reload: an edit
+// on disk shows once reloaded, a content that does not parse leaves them
+// as they were, and records laid over the file are not among them.
+func TestWatcherFileSectionsFollowReloads(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.yaml")
+	if err := os.WriteFile(path, []byte(overlayFile), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWatcher(path, time.Hour, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.SetOverlay(Overlay{Tenants: map[string]json.RawMessage{"api": json.RawMessage(`{"plan":"gold"}`)}})
+	names := func() string {
+		o, err := w.FileSections()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(slices.Sorted(maps.Keys(o.Tenants)), ",") + "|" + strings.Join(slices.Sorted(maps.Keys(o.Plans)), ",")
+	}
+	if got := names(); got != "filed|gold" {
+		t.Fatalf("sections of the file as loaded: %s", got)
+	}
+	if err := os.WriteFile(path, []byte(overlayFile+"  other: {plan: gold}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(); got != "filed|gold" {
+		t.Fatalf("before the reload: %s", got)
+	}
+	if !w.Reload() {
+		t.Fatal("the edit did not reload")
+	}
+	if got := names(); got != "filed,other|gold" {
+		t.Fatalf("after the reload: %s", got)
+	}
+	if o, _ := w.FileSections(); string(o.Tenants["other"]) != `{"plan":"gold"}` {
+		t.Fatalf("other's section: %s", o.Tenants["other"])
+	}
+	if err := os.WriteFile(path, []byte("tenants: [broken"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if w.Reload() || names() != "filed,other|gold" {
+		t.Fatalf("a broken file must leave the sections in force: %s", names())
+	}
+	if o, err := Static(&Policy{}).FileSections(); err != nil || !o.Empty() {
+		t.Fatalf("a static watcher's file sections: %+v, %v", o, err)
 	}
 }

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"os"
@@ -36,6 +37,9 @@ type Watcher struct {
 	overlay Overlay
 	// name names data in errors: the file's path, or FromData's name.
 	name string
+	// fileSecs are data's own tenants and plans (setData), so that a
+	// reader of them (the console, on every tenant page) reads no file.
+	fileSecs atomic.Pointer[fileSections]
 
 	conflicts atomic.Pointer[[]string]
 
@@ -59,7 +63,8 @@ func NewWatcher(path string, interval time.Duration, log *slog.Logger, opts ...O
 	if interval <= 0 {
 		interval = 2 * time.Second
 	}
-	w := &Watcher{path: path, interval: interval, log: log, sum: p.Fingerprint(), prices: p.PricesFile(), updates: make(chan *Policy, 1), opts: opts, data: data, name: path}
+	w := &Watcher{path: path, interval: interval, log: log, sum: p.Fingerprint(), prices: p.PricesFile(), updates: make(chan *Policy, 1), opts: opts, name: path}
+	w.setData(data)
 	w.cur.Store(p)
 	w.conflicts.Store(&[]string{})
 	return w, nil
@@ -83,7 +88,8 @@ func FromData(data []byte, name string, opts ...Option) (*Watcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &Watcher{updates: make(chan *Policy, 1), opts: opts, data: data, name: name}
+	w := &Watcher{updates: make(chan *Policy, 1), opts: opts, name: name}
+	w.setData(data)
 	w.cur.Store(p)
 	w.conflicts.Store(&[]string{})
 	return w, nil
@@ -176,7 +182,7 @@ func (w *Watcher) Reload() bool {
 	if !w.install(data, w.overlay, p) {
 		// The file parses alone but not with the records: keep the
 		// file's own content for the next overlay, the policy as it was.
-		w.data = data
+		w.setData(data)
 		return false
 	}
 	if w.log != nil {
@@ -230,6 +236,35 @@ func (w *Watcher) Check(o Overlay) error {
 	return nil
 }
 
+// FileSections returns the tenants and plans the file in force defines
+// (SectionsOf of its content), as of the last reload: computed once per
+// change of the file, not per call. The maps are shared: do not modify
+// them. A Static watcher has no file and returns none.
+func (w *Watcher) FileSections() (Overlay, error) {
+	if f := w.fileSecs.Load(); f != nil {
+		return f.sections, f.err
+	}
+	return Overlay{}, nil
+}
+
+// fileSections is SectionsOf of one content of the file.
+type fileSections struct {
+	sections Overlay
+	err      error
+}
+
+// setData makes data the file's content in force, with its sections;
+// with mu held (or before w is shared).
+func (w *Watcher) setData(data []byte) {
+	if w.data != nil && bytes.Equal(w.data, data) && w.fileSecs.Load() != nil {
+		w.data = data
+		return
+	}
+	w.data = data
+	o, err := SectionsOf(data)
+	w.fileSecs.Store(&fileSections{sections: o, err: err})
+}
+
 // Overlay returns the overlay last set.
 func (w *Watcher) Overlay() Overlay {
 	w.mu.Lock()
@@ -257,7 +292,7 @@ func (w *Watcher) install(data []byte, o Overlay, parsed *Policy) bool {
 		w.failed("with the admin API's tenants and plans: " + err.Error())
 		return false
 	}
-	w.data = data
+	w.setData(data)
 	w.conflicts.Store(&conflicts)
 	if len(conflicts) > 0 && w.log != nil {
 		w.log.Error("tenants or plans defined both in the policy file and through the admin API, differently: the file's definition is in force; make them equal (sluicectl policy apply) or remove one (docs/controlplane.md)",

@@ -104,15 +104,14 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 		gatherer = g
 	}
 	s, err := newServer(cfg, deps{
-		status:     usageapi.NewService(ch, rdb, env.Redis.Prefix(redisconn.FlagKeys), pw),
-		ch:         ch,
-		policy:     pw,
-		policyFile: env.Policy.File,
-		admin:      hc,
-		sampler:    newSampler(cfg.MetricsURLs, gatherer, maxSamples),
-		log:        log,
-		secure:     tlsCfg != nil,
-		adminURL:   cfg.AdminURL,
+		status:   usageapi.NewService(ch, rdb, env.Redis.Prefix(redisconn.FlagKeys), pw),
+		ch:       ch,
+		policy:   pw,
+		admin:    hc,
+		sampler:  newSampler(cfg.MetricsURLs, gatherer, maxSamples),
+		log:      log,
+		secure:   tlsCfg != nil,
+		adminURL: cfg.AdminURL,
 	})
 	if err != nil {
 		return err
@@ -151,14 +150,14 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 type deps struct {
 	status *quotastatus.Service
 	ch     *chconn.Lazy
-	policy *policy.Watcher // nil: no policy file
-	// policyFile is the file policy reads ("": none): its tenants and
-	// plans are the ones the console does not edit.
-	policyFile string
-	admin      *http.Client // nil: http.DefaultClient
-	adminURL   string
-	sampler    *sampler
-	log        *slog.Logger
+	// policy is the policy file's watcher (nil: no policy file); the
+	// tenants and plans of its file are the ones the console does not
+	// edit.
+	policy   *policy.Watcher
+	admin    *http.Client // nil: http.DefaultClient
+	adminURL string
+	sampler  *sampler
+	log      *slog.Logger
 	// secure marks the session cookie Secure (served over TLS).
 	secure bool
 }
