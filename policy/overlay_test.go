@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -189,5 +190,113 @@ func TestWatcherFileSectionsFollowReloads(t *testing.T) {
 	}
 	if o, err := Static(&Policy{}).FileSections(); err != nil || !o.Empty() {
 		t.Fatalf("a static watcher's file sections: %+v, %v", o, err)
+	}
+}
+
+// The records decoded apart and validated with the file make the policy
+// the whole document merged as YAML and parsed makes, and a merge that
+// does not validate fails with that document's errors, line for line.
+func TestOverlaidDecodedApartIsTheMergedDocument(t *testing.T) {
+	file := overlayFile + `channels:
+  ops: {type: webhook, url: "https://hooks.example/ops"}
+defaults:
+  models:
+    "*": {monthly_tokens: 1000000}
+`
+	rec := func(kv ...string) map[string]json.RawMessage {
+		m := map[string]json.RawMessage{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = json.RawMessage(kv[i+1])
+		}
+		return m
+	}
+	for _, c := range []struct {
+		name string
+		file string
+		o    Overlay
+	}{
+		{"valid", file, Overlay{
+			Tenants: rec("api", `{"plan":"silver","timezone":"Asia/Tokyo","channels":["ops"],"alert_tiers":[50,80],"models":{"*":{"daily_tokens":5}}}`,
+				"filed", `{"plan":"gold"}`, "other", `{"budget":{"amount":10,"currency":"EUR"},"limits":{"rpm":{"unit":"requests","sliding_window":{"length":"1m","limit":3}}}}`,
+				"nulled", `null`),
+			Plans: rec("silver", `{"mode":"soft","models":{"*":{"monthly_tokens":7}}}`, "gold", `{"mode":"soft"}`)}},
+		{"no tenants or plans in the file", "defaults:\n  mode: soft\n", Overlay{Tenants: rec("a", `{"plan":"p"}`), Plans: rec("p", `{}`)}},
+		{"an empty file", "", Overlay{Tenants: rec("a", `{"timezone":"Europe/Paris"}`)}},
+		{"tenants: left empty", "tenants:\nplans:\n", Overlay{Tenants: rec("a", `{}`)}},
+		{"a merge key in the file", "limits:\n  a: &l {unit: requests, sliding_window: {length: 1m, limit: 3}}\n  b:\n    <<: *l\n", Overlay{Tenants: rec("a", `{}`)}},
+		{"an unknown field", file, Overlay{Tenants: rec("a", `{"plan":"gold"}`, "b", `{"colour":"red"}`)}},
+		{"a bad timezone and a missing plan", file, Overlay{Tenants: rec("a", `{"timezone":"Mars/Olympus"}`, "b", `{"plan":"platinum"}`)}},
+		{"not an object", file, Overlay{Tenants: rec("a", `5`)}},
+		{"empty", file, Overlay{Tenants: rec("a", ``)}},
+		{"a duplicate key", file, Overlay{Tenants: rec("a", `{"plan":"gold","plan":"gold"}`)}},
+		{"a bad name", file, Overlay{Tenants: rec("no spaces", `{}`)}},
+		{"a plan taking a plan", file, Overlay{Plans: rec("p", `{"plan":"gold"}`)}},
+		{"an unknown channel", file, Overlay{Tenants: rec("a", `{"channels":["pager"]}`)}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sections, err := SectionsOf([]byte(c.file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			laid, wantConflicts := recordsToLay(c.o, sections)
+			want, wantErr := mergedYAML([]byte(c.file), "p.yaml", laid)
+			// Apart, the merge finds something wrong exactly when the
+			// document does (a merge key aside).
+			_, apartErr := mergedDecoded([]byte(c.file), "p.yaml", laid, nil, options{})
+			if (apartErr == nil) != (wantErr == nil && !strings.Contains(c.file, "<<")) {
+				t.Fatalf("decoded apart: %v; the merged document: %v", apartErr, wantErr)
+			}
+			got, conflicts, err := Overlaid([]byte(c.file), "p.yaml", c.o)
+			if fmt.Sprint(err) != fmt.Sprint(wantErr) {
+				t.Fatalf("error:\n%v\nwant the merged document's:\n%v", err, wantErr)
+			}
+			if !slices.Equal(conflicts, wantConflicts) {
+				t.Errorf("conflicts %v, want %v", conflicts, wantConflicts)
+			}
+			if wantErr != nil {
+				return
+			}
+			want.fingerprint = got.fingerprint
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("the policy differs from the merged document's:\n%+v\nwant\n%+v", got, want)
+			}
+		})
+	}
+}
+
+// A watcher's merge decodes only the records that changed, and the
+// policies it makes share nothing a reader could change under the next.
+func TestWatcherOverlayDecodesChangedRecordsAlike(t *testing.T) {
+	w, err := FromData([]byte(overlayFile), "p.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Overlay{Tenants: map[string]json.RawMessage{
+		"a": json.RawMessage(`{"plan":"gold","alert_tiers":[10,20],"channels":["alertmanager"]}`),
+		"b": json.RawMessage(`{"timezone":"Asia/Tokyo"}`),
+	}}
+	if !w.SetOverlay(o) {
+		t.Fatal(w.LastError())
+	}
+	first := w.Current()
+	first.tenants["a"].AlertTiers[0] = 99
+	first.tenants["a"].Channels[0] = "changed"
+	o2 := Overlay{Tenants: maps.Clone(o.Tenants)}
+	o2.Tenants["b"] = json.RawMessage(`{"timezone":"Europe/Paris"}`)
+	if !w.SetOverlay(o2) {
+		t.Fatal(w.LastError())
+	}
+	want, _, err := Overlaid([]byte(overlayFile), "p.yaml", o2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := w.Current(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("the watcher's merge:\n%+v\nwant\n%+v", got, want)
+	}
+	if a := w.Current().Tenant("a"); a.AlertTiers[0] != 10 || a.Channels[0] != "alertmanager" {
+		t.Fatalf("a changed through the previous policy: %v %v", a.AlertTiers, a.Channels)
+	}
+	if first.Fingerprint() == w.Current().Fingerprint() {
+		t.Fatal("two overlays with one fingerprint")
 	}
 }

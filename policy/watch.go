@@ -40,6 +40,8 @@ type Watcher struct {
 	// fileSecs are data's own tenants and plans (setData), so that a
 	// reader of them (the console, on every tenant page) reads no file.
 	fileSecs atomic.Pointer[fileSections]
+	// records are the overlay's records as the last merge decoded them.
+	records recordCache
 
 	conflicts atomic.Pointer[[]string]
 
@@ -64,7 +66,7 @@ func NewWatcher(path string, interval time.Duration, log *slog.Logger, opts ...O
 		interval = 2 * time.Second
 	}
 	w := &Watcher{path: path, interval: interval, log: log, sum: p.Fingerprint(), prices: p.PricesFile(), updates: make(chan *Policy, 1), opts: opts, name: path}
-	w.setData(data)
+	w.setData(data, w.sectionsOf(data))
 	w.cur.Store(p)
 	w.conflicts.Store(&[]string{})
 	return w, nil
@@ -89,7 +91,7 @@ func FromData(data []byte, name string, opts ...Option) (*Watcher, error) {
 		return nil, err
 	}
 	w := &Watcher{updates: make(chan *Policy, 1), opts: opts, name: name}
-	w.setData(data)
+	w.setData(data, w.sectionsOf(data))
 	w.cur.Store(p)
 	w.conflicts.Store(&[]string{})
 	return w, nil
@@ -182,7 +184,7 @@ func (w *Watcher) Reload() bool {
 	if !w.install(data, w.overlay, p) {
 		// The file parses alone but not with the records: keep the
 		// file's own content for the next overlay, the policy as it was.
-		w.setData(data)
+		w.setData(data, w.sectionsOf(data))
 		return false
 	}
 	if w.log != nil {
@@ -213,11 +215,12 @@ func (w *Watcher) SetOverlay(o Overlay) bool {
 func (w *Watcher) Check(o Overlay) error {
 	w.mu.Lock()
 	data := w.data
+	f := w.fileSecs.Load()
 	w.mu.Unlock()
 	if data == nil {
 		return nil
 	}
-	_, conflicts, err := Overlaid(data, w.name, o, w.opts...)
+	_, conflicts, err := w.overlaid(data, o, f)
 	if err != nil {
 		return err
 	}
@@ -253,16 +256,31 @@ type fileSections struct {
 	err      error
 }
 
-// setData makes data the file's content in force, with its sections;
-// with mu held (or before w is shared).
-func (w *Watcher) setData(data []byte) {
-	if w.data != nil && bytes.Equal(w.data, data) && w.fileSecs.Load() != nil {
-		w.data = data
-		return
+// sectionsOf returns data's sections: those of the file in force when
+// data is its content, else computed.
+func (w *Watcher) sectionsOf(data []byte) *fileSections {
+	if f := w.fileSecs.Load(); f != nil && bytes.Equal(w.data, data) {
+		return f
 	}
-	w.data = data
 	o, err := SectionsOf(data)
-	w.fileSecs.Store(&fileSections{sections: o, err: err})
+	return &fileSections{sections: o, err: err}
+}
+
+// setData makes data, whose sections are f, the file's content in force;
+// with mu held (or before w is shared).
+func (w *Watcher) setData(data []byte, f *fileSections) {
+	w.data = data
+	w.fileSecs.Store(f)
+}
+
+// overlaid is Overlaid of data with o, from data's sections f and the
+// records the watcher's last merge decoded.
+func (w *Watcher) overlaid(data []byte, o Overlay, f *fileSections) (*Policy, []string, error) {
+	var file *Overlay
+	if f.err == nil {
+		file = &f.sections
+	}
+	return overlaid(data, w.name, o, file, &w.records, w.opts...)
 }
 
 // Overlay returns the overlay last set.
@@ -281,9 +299,10 @@ func (w *Watcher) Conflicts() []string { return slices.Clone(*w.conflicts.Load()
 // parsed, when not nil, is data parsed alone, which serves as is when o is
 // empty.
 func (w *Watcher) install(data []byte, o Overlay, parsed *Policy) bool {
+	f := w.sectionsOf(data)
 	p, conflicts, err := parsed, []string(nil), error(nil)
 	if p == nil || !o.Empty() {
-		p, conflicts, err = Overlaid(data, w.name, o, w.opts...)
+		p, conflicts, err = w.overlaid(data, o, f)
 	}
 	if conflicts == nil {
 		conflicts = []string{}
@@ -292,7 +311,7 @@ func (w *Watcher) install(data []byte, o Overlay, parsed *Policy) bool {
 		w.failed("with the admin API's tenants and plans: " + err.Error())
 		return false
 	}
-	w.setData(data)
+	w.setData(data, f)
 	w.conflicts.Store(&conflicts)
 	if len(conflicts) > 0 && w.log != nil {
 		w.log.Error("tenants or plans defined both in the policy file and through the admin API, differently: the file's definition is in force; make them equal (sluicectl policy apply) or remove one (docs/controlplane.md)",
