@@ -290,7 +290,7 @@ func newKeyConsole(t *testing.T) *keyConsole {
 		t.Fatal(err)
 	}
 	s, err := newServer(DefaultConfig(), deps{log: slog.New(slog.NewTextHandler(&logs, nil)), sampler: newSampler(nil, nil, 10), policy: pw,
-		adminURL: api.URL, status: quotastatus.New(memState{tenants: []string{"blue", "red"}}, nil, nil),
+		adminURL: api.URL, status: quotastatus.New(memState{tenants: []string{"blue", "red"}}, nil, pw.Current),
 		// Nothing listens there: the charts say so, the rest renders.
 		ch: chconn.NewLazy(chconn.Config{Addr: "127.0.0.1:1"})})
 	if err != nil {
