@@ -210,11 +210,30 @@ defaults:
 		}
 		return m
 	}
+	example, err := os.ReadFile("testdata/example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every section of the example again as a record of another name:
+	// limits, budgets, breakers, periods, channels and plans of records.
+	copies := Overlay{Tenants: map[string]json.RawMessage{}, Plans: map[string]json.RawMessage{}}
+	sections, err := SectionsOf(example)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range sections.Tenants {
+		copies.Tenants["copy-"+name] = body
+	}
+	for name, body := range sections.Plans {
+		copies.Plans["copy-"+name] = body
+		copies.Tenants["of-copy-"+name] = json.RawMessage(`{"plan":"copy-` + name + `"}`)
+	}
 	for _, c := range []struct {
 		name string
 		file string
 		o    Overlay
 	}{
+		{"the example's sections", string(example), copies},
 		{"valid", file, Overlay{
 			Tenants: rec("api", `{"plan":"silver","timezone":"Asia/Tokyo","channels":["ops"],"alert_tiers":[50,80],"models":{"*":{"daily_tokens":5}}}`,
 				"filed", `{"plan":"gold"}`, "other", `{"budget":{"amount":10,"currency":"EUR"},"limits":{"rpm":{"unit":"requests","sliding_window":{"length":"1m","limit":3}}}}`,
