@@ -2,10 +2,16 @@ package policy
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
+	"sync"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -96,31 +102,56 @@ func SectionsOf(data []byte) (Overlay, error) {
 // records the file also defines with a different section: the file's is
 // in force for them.
 func Overlaid(data []byte, filename string, o Overlay, opts ...Option) (p *Policy, conflicts []string, err error) {
+	return overlaid(data, filename, o, nil, nil, opts...)
+}
+
+// overlaid is Overlaid with data's own sections when known (file; nil:
+// computed) and the records decoded by an earlier call (cache; nil: none).
+//
+// A change of one tenant among thousands must not cost a parse of them
+// all: the records are decoded on their own (by the cache, once per
+// content) and validated with the file as one document. Only when that
+// finds anything wrong is the document merged as YAML and parsed whole,
+// which places each problem on its line of the merged document as before.
+func overlaid(data []byte, filename string, o Overlay, file *Overlay, cache *recordCache, opts ...Option) (*Policy, []string, error) {
 	if o.Empty() {
-		p, err = Parse(data, filename, opts...)
+		p, err := Parse(data, filename, opts...)
 		return p, nil, err
 	}
-	file, err := SectionsOf(data)
+	if file == nil {
+		f, err := SectionsOf(data)
+		if err != nil {
+			return nil, nil, err
+		}
+		file = &f
+	}
+	laid, conflicts := recordsToLay(o, *file)
+	p, err := mergedDecoded(data, filename, laid, cache, newOptions(opts))
 	if err != nil {
-		return nil, nil, err
+		p, err = mergedYAML(data, filename, laid, opts...)
 	}
-	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err != nil {
-		return nil, nil, fmt.Errorf("policy: %s: %w", filename, err)
+	if err != nil {
+		return nil, conflicts, err
 	}
-	if root.Kind != yaml.DocumentNode || len(root.Content) == 0 {
-		root = yaml.Node{Kind: yaml.DocumentNode, Content: []*yaml.Node{{Kind: yaml.MappingNode, Tag: "!!map"}}}
-	}
-	doc := root.Content[0]
-	if doc.Kind != yaml.MappingNode { // an empty file
-		*doc = yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
-	}
+	p.fingerprint = overlaidFingerprint(data, laid, p.pricesFile.data)
+	return p, conflicts, nil
+}
+
+// laidRecord is a record laid over the file: where is tenants or plans.
+type laidRecord struct {
+	where, name string
+	body        json.RawMessage
+}
+
+// recordsToLay returns o's records the file does not define, plans first
+// and each kind by name, and the conflicts: the records the file defines
+// differently.
+func recordsToLay(o Overlay, file Overlay) (laid []laidRecord, conflicts []string) {
 	for _, s := range []struct {
 		where    string
 		records  map[string]json.RawMessage
 		fileDefs map[string]json.RawMessage
 	}{{"plans", o.Plans, file.Plans}, {"tenants", o.Tenants, file.Tenants}} {
-		var into *yaml.Node
 		for _, name := range slices.Sorted(maps.Keys(s.records)) {
 			body := s.records[name]
 			if def, ok := s.fileDefs[name]; ok {
@@ -129,22 +160,159 @@ func Overlaid(data []byte, filename string, o Overlay, opts ...Option) (p *Polic
 				}
 				continue
 			}
-			var n yaml.Node
-			if err := yaml.Unmarshal(body, &n); err != nil || len(n.Content) == 0 {
-				return nil, conflicts, fmt.Errorf("policy: %s.%s (admin API record): not a section: %v", s.where, name, err)
-			}
-			if into == nil {
-				into = mappingChild(doc, s.where)
-			}
-			into.Content = append(into.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: name}, n.Content[0])
+			laid = append(laid, laidRecord{where: s.where, name: name, body: body})
 		}
+	}
+	return laid, conflicts
+}
+
+// mergedDecoded is the policy of data with laid added to its tenants and
+// plans, decoded apart and validated together, or an error when anything
+// is wrong: what is wrong is then for mergedYAML to say. A file with a
+// merge key ("<<") is left to mergedYAML too: adding a tenants or plans
+// key beside a merged one is what the YAML merge does to it.
+func mergedDecoded(data []byte, filename string, laid []laidRecord, cache *recordCache, o options) (*Policy, error) {
+	if bytes.Contains(data, []byte("<<")) {
+		return nil, errors.New("a merge key")
+	}
+	var raw rawPolicy
+	if err := decodeStrict(data, &raw); err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	if raw.Tenants == nil {
+		raw.Tenants = map[string]rawTenant{}
+	}
+	if raw.Plans == nil {
+		raw.Plans = map[string]rawTenant{}
+	}
+	prev, seen := cache.begin(len(laid))
+	for _, r := range laid {
+		rt, err := decodeRecord(prev, seen, r)
+		if err != nil {
+			return nil, err
+		}
+		if r.where == "plans" {
+			raw.Plans[r.name] = rt
+		} else {
+			raw.Tenants[r.name] = rt
+		}
+	}
+	cache.end(seen)
+	return build(raw, nil, filename+" with the admin API's tenants and plans", o)
+}
+
+// mergedYAML lays laid over data as YAML and parses the document that
+// makes: the way to the errors of a merge that does not validate, each on
+// its line of that document.
+func mergedYAML(data []byte, filename string, laid []laidRecord, opts ...Option) (*Policy, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, fmt.Errorf("policy: %s: %w", filename, err)
+	}
+	if root.Kind != yaml.DocumentNode || len(root.Content) == 0 {
+		root = yaml.Node{Kind: yaml.DocumentNode, Content: []*yaml.Node{{Kind: yaml.MappingNode, Tag: "!!map"}}}
+	}
+	doc := root.Content[0]
+	if doc.Kind != yaml.MappingNode { // an empty file
+		*doc = yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
+	}
+	into := map[string]*yaml.Node{}
+	for _, r := range laid {
+		var n yaml.Node
+		if err := yaml.Unmarshal(r.body, &n); err != nil || len(n.Content) == 0 {
+			return nil, fmt.Errorf("policy: %s.%s (admin API record): not a section: %v", r.where, r.name, err)
+		}
+		if into[r.where] == nil {
+			into[r.where] = mappingChild(doc, r.where)
+		}
+		m := into[r.where]
+		m.Content = append(m.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: r.name}, n.Content[0])
 	}
 	merged, err := yaml.Marshal(&root)
 	if err != nil {
-		return nil, conflicts, fmt.Errorf("policy: %s with the admin API's records: %w", filename, err)
+		return nil, fmt.Errorf("policy: %s with the admin API's records: %w", filename, err)
 	}
-	p, err = Parse(merged, filename+" with the admin API's tenants and plans", opts...)
-	return p, conflicts, err
+	return Parse(merged, filename+" with the admin API's tenants and plans", opts...)
+}
+
+// overlaidFingerprint is the fingerprint of data with laid over it and the
+// prices file prices: each record's place, name and bytes, length-prefixed
+// so that no two overlays hash alike.
+func overlaidFingerprint(data []byte, laid []laidRecord, prices []byte) string {
+	h := sha256.New()
+	h.Write(data)
+	var n [8]byte
+	for _, r := range laid {
+		for _, part := range [][]byte{[]byte(r.where), []byte(r.name), r.body} {
+			binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+			h.Write(n[:])
+			h.Write(part)
+		}
+	}
+	if prices != nil {
+		h.Write([]byte{0})
+		h.Write(prices)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// recordCache keeps each record's decoded section with its bytes, so that
+// a change of one record among thousands decodes that one. It holds the
+// records of the last merge only. A nil cache decodes every time.
+type recordCache struct {
+	mu   sync.Mutex
+	last map[recordKey]decodedRecord
+}
+
+// recordKey names a record: where is tenants or plans.
+type recordKey struct{ where, name string }
+
+type decodedRecord struct {
+	body json.RawMessage
+	raw  rawTenant
+}
+
+// begin starts a merge of n records: prev is what the last merge kept
+// (never modified after, so read without the lock), seen collects this
+// one's for end.
+func (c *recordCache) begin(n int) (prev, seen map[recordKey]decodedRecord) {
+	if c == nil {
+		return nil, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.last, make(map[recordKey]decodedRecord, n)
+}
+
+// end keeps seen, the records of a merge that decoded them all.
+func (c *recordCache) end(seen map[recordKey]decodedRecord) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	c.last = seen
+	c.mu.Unlock()
+}
+
+// decodeRecord returns r's section decoded, from prev when it holds r
+// with the same bytes, and notes it in seen (when not nil). The slices
+// the validator hands on to the policy are copied: policies built from
+// one decoding share none of them.
+func decodeRecord(prev, seen map[recordKey]decodedRecord, r laidRecord) (rawTenant, error) {
+	key := recordKey{r.where, r.name}
+	d, ok := prev[key]
+	if !ok || !bytes.Equal(d.body, r.body) {
+		d = decodedRecord{body: r.body}
+		if err := decodeStrict(r.body, &d.raw); err != nil {
+			return rawTenant{}, err
+		}
+	}
+	if seen != nil {
+		seen[key] = d
+	}
+	rt := d.raw
+	rt.AlertTiers, rt.Channels = slices.Clone(rt.AlertTiers), slices.Clone(rt.Channels)
+	return rt, nil
 }
 
 // mappingChild returns the mapping under key of mapping n, made (or made a

@@ -184,18 +184,35 @@ var (
 // Parse parses and validates a policy document. filename is used in error
 // messages only. Every problem is reported, each with its line and field.
 func Parse(data []byte, filename string, opts ...Option) (*Policy, error) {
-	o := newOptions(opts)
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
 		return nil, fmt.Errorf("policy: %s: %w", filename, err)
 	}
 	var raw rawPolicy
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&raw); err != nil && !errors.Is(err, io.EOF) {
+	if err := decodeStrict(data, &raw); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("policy: %s: %w", filename, err)
 	}
-	v := &validator{file: filename, root: &root}
+	p, err := build(raw, &root, filename, newOptions(opts))
+	if err != nil {
+		return nil, err
+	}
+	p.fingerprint = fingerprintOf(data, p.pricesFile.data)
+	return p, nil
+}
+
+// decodeStrict decodes the first document of data into v, refusing a
+// field v does not have.
+func decodeStrict(data []byte, v any) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	return dec.Decode(v)
+}
+
+// build validates raw, decoded from a document whose nodes are root, and
+// makes the policy of it, without its fingerprint. root only places the
+// problems: a nil root gives each line 0.
+func build(raw rawPolicy, root *yaml.Node, filename string, o options) (*Policy, error) {
+	v := &validator{file: filename, root: root}
 	// Upstreams first: the limits scoped by one are checked against them.
 	v.upstreamNames = v.upstreams(raw.Upstreams)
 
@@ -265,7 +282,6 @@ func Parse(data []byte, filename string, opts ...Option) (*Policy, error) {
 	}
 	v.sortPrices("prices", inline)
 	p.prices, p.pricesFile = v.layeredPrices(raw, filename, inline)
-	p.fingerprint = fingerprintOf(data, p.pricesFile.data)
 	p.fallback = v.unpricedPrice(raw.UnpricedPrice)
 	checked := []*Tenant{defaults}
 	for _, name := range sortedKeys(plans) {
@@ -304,6 +320,9 @@ func (v *validator) fail(path, format string, args ...any) {
 // in a field that is absent points at its parent.
 func (v *validator) line(path string) int {
 	n := v.root
+	if n == nil {
+		return 0
+	}
 	if n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
 		n = n.Content[0]
 	}

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"os"
@@ -36,6 +37,11 @@ type Watcher struct {
 	overlay Overlay
 	// name names data in errors: the file's path, or FromData's name.
 	name string
+	// fileSecs are data's own tenants and plans (setData), so that a
+	// reader of them (the console, on every tenant page) reads no file.
+	fileSecs atomic.Pointer[fileSections]
+	// records are the overlay's records as the last merge decoded them.
+	records recordCache
 
 	conflicts atomic.Pointer[[]string]
 
@@ -59,7 +65,8 @@ func NewWatcher(path string, interval time.Duration, log *slog.Logger, opts ...O
 	if interval <= 0 {
 		interval = 2 * time.Second
 	}
-	w := &Watcher{path: path, interval: interval, log: log, sum: p.Fingerprint(), prices: p.PricesFile(), updates: make(chan *Policy, 1), opts: opts, data: data, name: path}
+	w := &Watcher{path: path, interval: interval, log: log, sum: p.Fingerprint(), prices: p.PricesFile(), updates: make(chan *Policy, 1), opts: opts, name: path}
+	w.setData(data, w.sectionsOf(data))
 	w.cur.Store(p)
 	w.conflicts.Store(&[]string{})
 	return w, nil
@@ -83,7 +90,8 @@ func FromData(data []byte, name string, opts ...Option) (*Watcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &Watcher{updates: make(chan *Policy, 1), opts: opts, data: data, name: name}
+	w := &Watcher{updates: make(chan *Policy, 1), opts: opts, name: name}
+	w.setData(data, w.sectionsOf(data))
 	w.cur.Store(p)
 	w.conflicts.Store(&[]string{})
 	return w, nil
@@ -176,7 +184,7 @@ func (w *Watcher) Reload() bool {
 	if !w.install(data, w.overlay, p) {
 		// The file parses alone but not with the records: keep the
 		// file's own content for the next overlay, the policy as it was.
-		w.data = data
+		w.setData(data, w.sectionsOf(data))
 		return false
 	}
 	if w.log != nil {
@@ -207,11 +215,12 @@ func (w *Watcher) SetOverlay(o Overlay) bool {
 func (w *Watcher) Check(o Overlay) error {
 	w.mu.Lock()
 	data := w.data
+	f := w.fileSecs.Load()
 	w.mu.Unlock()
 	if data == nil {
 		return nil
 	}
-	_, conflicts, err := Overlaid(data, w.name, o, w.opts...)
+	_, conflicts, err := w.overlaid(data, o, f)
 	if err != nil {
 		return err
 	}
@@ -230,6 +239,50 @@ func (w *Watcher) Check(o Overlay) error {
 	return nil
 }
 
+// FileSections returns the tenants and plans the file in force defines
+// (SectionsOf of its content), as of the last reload: computed once per
+// change of the file, not per call. The maps are shared: do not modify
+// them. A Static watcher has no file and returns none.
+func (w *Watcher) FileSections() (Overlay, error) {
+	if f := w.fileSecs.Load(); f != nil {
+		return f.sections, f.err
+	}
+	return Overlay{}, nil
+}
+
+// fileSections is SectionsOf of one content of the file.
+type fileSections struct {
+	sections Overlay
+	err      error
+}
+
+// sectionsOf returns data's sections: those of the file in force when
+// data is its content, else computed.
+func (w *Watcher) sectionsOf(data []byte) *fileSections {
+	if f := w.fileSecs.Load(); f != nil && bytes.Equal(w.data, data) {
+		return f
+	}
+	o, err := SectionsOf(data)
+	return &fileSections{sections: o, err: err}
+}
+
+// setData makes data, whose sections are f, the file's content in force;
+// with mu held (or before w is shared).
+func (w *Watcher) setData(data []byte, f *fileSections) {
+	w.data = data
+	w.fileSecs.Store(f)
+}
+
+// overlaid is Overlaid of data with o, from data's sections f and the
+// records the watcher's last merge decoded.
+func (w *Watcher) overlaid(data []byte, o Overlay, f *fileSections) (*Policy, []string, error) {
+	var file *Overlay
+	if f.err == nil {
+		file = &f.sections
+	}
+	return overlaid(data, w.name, o, file, &w.records, w.opts...)
+}
+
 // Overlay returns the overlay last set.
 func (w *Watcher) Overlay() Overlay {
 	w.mu.Lock()
@@ -246,9 +299,10 @@ func (w *Watcher) Conflicts() []string { return slices.Clone(*w.conflicts.Load()
 // parsed, when not nil, is data parsed alone, which serves as is when o is
 // empty.
 func (w *Watcher) install(data []byte, o Overlay, parsed *Policy) bool {
+	f := w.sectionsOf(data)
 	p, conflicts, err := parsed, []string(nil), error(nil)
 	if p == nil || !o.Empty() {
-		p, conflicts, err = Overlaid(data, w.name, o, w.opts...)
+		p, conflicts, err = w.overlaid(data, o, f)
 	}
 	if conflicts == nil {
 		conflicts = []string{}
@@ -257,7 +311,7 @@ func (w *Watcher) install(data []byte, o Overlay, parsed *Policy) bool {
 		w.failed("with the admin API's tenants and plans: " + err.Error())
 		return false
 	}
-	w.data = data
+	w.setData(data, f)
 	w.conflicts.Store(&conflicts)
 	if len(conflicts) > 0 && w.log != nil {
 		w.log.Error("tenants or plans defined both in the policy file and through the admin API, differently: the file's definition is in force; make them equal (sluicectl policy apply) or remove one (docs/controlplane.md)",

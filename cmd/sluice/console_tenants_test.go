@@ -74,6 +74,12 @@ func TestConsoleTenantsInABrowser(t *testing.T) {
 	if err != nil || !strings.Contains(string(rec.Body), `"plan":"starter"`) || !strings.Contains(string(rec.Body), `"monthly_tokens":1000000`) {
 		t.Fatalf("newco's record: %s, %v", rec.Body, err)
 	}
+	// Without use yet, newco's quota table shows its record's quotas, not
+	// the file's: the console lays the records over its policy file.
+	itest.Eventually(t, 10*time.Second, "newco's quota table shows its record's monthly_tokens", func() bool {
+		b.do("newco's page again", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(edit)))
+		return eval[string](b, `document.querySelector('tr[data-model="*"][data-quota="monthly_tokens"]')?.dataset.limit || ""`) == "1e+06"
+	})
 
 	// An unknown unit in a limit: refused next to the limits, kept.
 	limits := `{"newco-rpm": {"unit": "calls", "sliding_window": {"length": "1m", "limit": 1}, "exact": true}}`

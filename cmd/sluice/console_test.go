@@ -132,6 +132,8 @@ func startConsoleStack(t *testing.T) *consoleStack {
 	g.Usage.Sink = frontend.SinkNone
 	sv.Console.Listen = freeAddr(t)
 	sv.Console.AdminURL = "http://" + sv.Enforcer.Admin.Listen
+	// The console lays the records over its policy file, as the gateway.
+	sv.Console.AdminTopic = admin
 	sv.Console.SampleEvery = time.Second
 	s.console, s.gateway, s.ingest, s.cfg = "http://"+sv.Console.Listen, "http://"+g.Listen, "http://"+sv.Ingest.Listen, cfg
 

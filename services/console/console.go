@@ -16,7 +16,10 @@
 //     counted per minute from ClickHouse.
 //
 // The quota figures come from quotastatus, the read model the tenants'
-// usage API (GET /v1/usage) reads too, so the console and the API agree.
+// usage API (GET /v1/usage) reads too, so the console and the API agree;
+// with services.console.admin_topic the console follows the admin API's
+// tenants and plans and lays them over its policy file as the gateways do,
+// so that a tenant without use yet shows the quotas in force.
 //
 // Reading needs no login. Acting does: an operator logs in with an admin
 // API token, which the console checks against the enforcer and keeps only
@@ -52,6 +55,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/adminapi"
+	"github.com/sluicehq/sluice/internal/controlplane"
 	"github.com/sluicehq/sluice/internal/quotastatus"
 	"github.com/sluicehq/sluice/internal/usageapi"
 	"github.com/sluicehq/sluice/platform"
@@ -59,6 +63,7 @@ import (
 	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/redisconn"
+	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -79,13 +84,9 @@ func New(cfg Config, env platform.Env) (*platform.Service, error) {
 func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr string)) error {
 	env = env.Named("console")
 	log := env.Logger
-	var pw *policy.Watcher
-	if env.Policy.File != "" {
-		w, err := policy.NewWatcher(env.Policy.File, env.Policy.Reload, log)
-		if err != nil {
-			return fmt.Errorf("policy.file: %w", err)
-		}
-		pw = w
+	pw, err := policyOf(cfg, env)
+	if err != nil {
+		return err
 	}
 	hc, err := adminapi.TrustingClient(cfg.AdminCAFile)
 	if err != nil {
@@ -104,15 +105,14 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 		gatherer = g
 	}
 	s, err := newServer(cfg, deps{
-		status:     usageapi.NewService(ch, rdb, env.Redis.Prefix(redisconn.FlagKeys), pw),
-		ch:         ch,
-		policy:     pw,
-		policyFile: env.Policy.File,
-		admin:      hc,
-		sampler:    newSampler(cfg.MetricsURLs, gatherer, maxSamples),
-		log:        log,
-		secure:     tlsCfg != nil,
-		adminURL:   cfg.AdminURL,
+		status:   usageapi.NewService(ch, rdb, env.Redis.Prefix(redisconn.FlagKeys), pw),
+		ch:       ch,
+		policy:   pw,
+		admin:    hc,
+		sampler:  newSampler(cfg.MetricsURLs, gatherer, maxSamples),
+		log:      log,
+		secure:   tlsCfg != nil,
+		adminURL: cfg.AdminURL,
 	})
 	if err != nil {
 		return err
@@ -136,6 +136,9 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 	if pw != nil {
 		g.Go(func() error { return pw.Run(gctx) })
 	}
+	if cfg.AdminTopic != "" {
+		g.Go(func() error { followRecords(gctx, cfg, env, pw); return nil })
+	}
 	g.Go(func() error { s.sampler.run(gctx, cfg.SampleEvery, log); return nil })
 	g.Go(func() error { s.sessions.expireLoop(gctx, time.Minute); return nil })
 	g.Go(func() error {
@@ -147,18 +150,66 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 	return g.Wait()
 }
 
+// policyOf returns the watcher of the policy file, nil without one; with
+// an admin topic, of the built-in defaults when there is no file, for the
+// records to be laid over.
+func policyOf(cfg Config, env platform.Env) (*policy.Watcher, error) {
+	if env.Policy.File != "" {
+		w, err := policy.NewWatcher(env.Policy.File, env.Policy.Reload, env.Logger)
+		if err != nil {
+			return nil, fmt.Errorf("policy.file: %w", err)
+		}
+		return w, nil
+	}
+	if cfg.AdminTopic == "" {
+		return nil, nil
+	}
+	return policy.FromData([]byte("{}\n"), "(built-in defaults)")
+}
+
+// followRecords lays the admin topic's tenants and plans over pw until ctx
+// ends, so that the quota tables show the policy in force. Unlike a
+// gateway, the console serves before it has read the topic, and serves on
+// if it cannot: an operator needs its pages most when something is down,
+// and until the records are read a tenant without use shows the file's
+// quotas, as without the setting.
+func followRecords(ctx context.Context, cfg Config, env platform.Env, pw *policy.Watcher) {
+	log := env.Logger.With("component", "controlplane")
+	auth, err := signalauth.Open(env.SignalAuth, log)
+	if err != nil {
+		log.Error("console: not following the admin topic: signal_auth", "err", err)
+		return
+	}
+	var f *controlplane.Follower
+	f, err = controlplane.NewFollower(ctx, env.Kafka, cfg.AdminTopic, auth, log, func() {
+		pw.SetOverlay(f.Log().Overlay()) // a no-op unless a tenant or plan changed
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			log.Error("console: not following the admin topic: the quota tables show the policy file's quotas for tenants without use", "topic", cfg.AdminTopic, "err", err)
+		}
+		return
+	}
+	defer f.Close()
+	if err := f.CatchUp(ctx); err != nil && ctx.Err() == nil {
+		log.Warn("console: reading the admin topic", "topic", cfg.AdminTopic, "err", err)
+	}
+	log.Info("console: following the admin API's tenants and plans", "topic", cfg.AdminTopic, "conflicts", pw.Conflicts())
+	_ = f.Run(ctx)
+}
+
 // deps are what a server reads from and acts through.
 type deps struct {
 	status *quotastatus.Service
 	ch     *chconn.Lazy
-	policy *policy.Watcher // nil: no policy file
-	// policyFile is the file policy reads ("": none): its tenants and
-	// plans are the ones the console does not edit.
-	policyFile string
-	admin      *http.Client // nil: http.DefaultClient
-	adminURL   string
-	sampler    *sampler
-	log        *slog.Logger
+	// policy is the policy file's watcher (nil: no policy file); the
+	// tenants and plans of its file are the ones the console does not
+	// edit.
+	policy   *policy.Watcher
+	admin    *http.Client // nil: http.DefaultClient
+	adminURL string
+	sampler  *sampler
+	log      *slog.Logger
 	// secure marks the session cookie Secure (served over TLS).
 	secure bool
 }

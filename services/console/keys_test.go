@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/adminapi"
 	"github.com/sluicehq/sluice/internal/quotastatus"
 	"github.com/sluicehq/sluice/platform/chconn"
+	"github.com/sluicehq/sluice/policy"
 )
 
 // fakeAdmin stands in for the enforcer's admin API: the key routes with
@@ -268,6 +269,9 @@ type keyConsole struct {
 	h     http.Handler
 	admin *fakeAdmin
 	log   *bytes.Buffer
+	// file is the policy file, policy its watcher (reloaded by hand).
+	file   string
+	policy *policy.Watcher
 }
 
 func newKeyConsole(t *testing.T) *keyConsole {
@@ -281,14 +285,18 @@ func newKeyConsole(t *testing.T) *keyConsole {
 	if err := os.WriteFile(file, []byte(testPolicy), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s, err := newServer(DefaultConfig(), deps{log: slog.New(slog.NewTextHandler(&logs, nil)), sampler: newSampler(nil, nil, 10), policyFile: file,
-		adminURL: api.URL, status: quotastatus.New(memState{tenants: []string{"blue", "red"}}, nil, nil),
+	pw, err := policy.NewWatcher(file, time.Hour, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newServer(DefaultConfig(), deps{log: slog.New(slog.NewTextHandler(&logs, nil)), sampler: newSampler(nil, nil, 10), policy: pw,
+		adminURL: api.URL, status: quotastatus.New(memState{tenants: []string{"blue", "red"}}, nil, pw.Current),
 		// Nothing listens there: the charts say so, the rest renders.
 		ch: chconn.NewLazy(chconn.Config{Addr: "127.0.0.1:1"})})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &keyConsole{t: t, h: s.Handler(), admin: fa, log: &logs}
+	return &keyConsole{t: t, h: s.Handler(), admin: fa, log: &logs, file: file, policy: pw}
 }
 
 // login returns the session cookie of token.

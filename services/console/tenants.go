@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,16 +51,13 @@ func sectionInputs(tenant string) map[string]string {
 }
 
 // fileSections are the tenants and plans the console's policy file
-// defines, each in policy.Canonical form; empty without a file.
+// defines, each in policy.Canonical form; empty without a file. They are
+// the watcher's, computed at its last reload: a page reads no file.
 func (s *server) fileSections() (policy.Overlay, error) {
-	if s.policyFile == "" {
+	if s.policy == nil {
 		return policy.Overlay{}, nil
 	}
-	data, err := os.ReadFile(s.policyFile)
-	if err != nil {
-		return policy.Overlay{}, err
-	}
-	return policy.SectionsOf(data)
+	return s.policy.FileSections()
 }
 
 // planChoice is a plan the create form offers.

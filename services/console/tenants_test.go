@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -326,5 +327,38 @@ func TestRefusalPutsPolicyProblemsByTheirInputs(t *testing.T) {
 	if f.Err(formSection, "limits") != "tenants.x.limits.rpm.sliding_window.limit: is required" || f.Err(formSection, "reason") != "reason: required" ||
 		strings.Join(f.FormErrors(formSection), "|") != `tenants.x.priority: "urgent" is not a priority` {
 		t.Errorf("%+v", f)
+	}
+}
+
+// A tenant page takes the file's tenants from the policy watcher, not from
+// a read of the file: with the file gone the pages still know red as the
+// file's, and a file that comes to define a record tenant makes it
+// read-only once the watcher reloads, not before.
+func TestTenantPagesFollowTheWatchersFileNotTheDisk(t *testing.T) {
+	c := newKeyConsole(t)
+	op := c.login("op-token")
+	c.do(op, http.MethodPost, "/tenants", url.Values{"name": {"blue"}, "reason": {"onboarding"}})
+	if err := os.Remove(c.file); err != nil {
+		t.Fatal(err)
+	}
+	page := c.do(op, http.MethodGet, "/tenants/red", nil).Body.String()
+	if !strings.Contains(page, "Defined in the policy file; edit the file") || strings.Contains(page, "reading the policy file") {
+		t.Fatalf("red with its file removed after the load:\n%s", page)
+	}
+	if !strings.Contains(c.do(op, http.MethodGet, "/new-tenant", nil).Body.String(), `<option value="starter">starter (policy file)</option>`) {
+		t.Error("the create form lost the file's plans with the file removed after the load")
+	}
+	if err := os.WriteFile(c.file, []byte(testPolicy+"  blue:\n    plan: starter\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if page := c.do(op, http.MethodGet, "/tenants/blue", nil).Body.String(); !strings.Contains(page, `id="form-section"`) {
+		t.Fatalf("blue before the watcher reloads the edited file is still the record's:\n%s", page)
+	}
+	if !c.policy.Reload() {
+		t.Fatal("the edited file did not reload")
+	}
+	page = c.do(op, http.MethodGet, "/tenants/blue", nil).Body.String()
+	if !strings.Contains(page, "Defined in the policy file; edit the file") || strings.Contains(page, `id="form-section"`) {
+		t.Fatalf("blue once the file defines it:\n%s", page)
 	}
 }

@@ -1,0 +1,90 @@
+package console
+
+import (
+	"context"
+	"encoding/json"
+	"html"
+	"net/http"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/controlplane"
+	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/platform/itest"
+)
+
+var monthlyLimitRE = regexp.MustCompile(`data-model="\*" data-quota="monthly_tokens" data-used="[^"]*" data-limit="([^"]*)"`)
+
+// monthlyLimit is the limit tenant's page shows for monthly_tokens of all
+// models, "" for none.
+func (c *keyConsole) monthlyLimit(tenant string) string {
+	c.t.Helper()
+	m := monthlyLimitRE.FindStringSubmatch(c.do(nil, http.MethodGet, "/tenants/"+tenant, nil).Body.String())
+	if m == nil {
+		return ""
+	}
+	return html.UnescapeString(m[1])
+}
+
+// Review finding: a tenant that exists only as an admin API record and
+// has no use yet showed the policy file's defaults in the console's quota
+// table, the console's policy being the file's alone. Following the admin
+// topic (admin_topic), the console lays the records over its file as the
+// gateways do, and the table shows the record's quotas: the policy in
+// force.
+func TestARecordTenantWithoutUseShowsItsRecordsQuotas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Kafka")
+	}
+	kc, sa := itest.Kafka(t), itest.SignalAuth(t)
+	topic := itest.Unique(t, "console_admin_")
+	prod := itest.CompactingTopic(t, kc, topic)
+	c := newKeyConsole(t)
+	if err := os.WriteFile(c.file, []byte(testPolicy+"defaults:\n  models:\n    \"*\":\n      monthly_tokens: 777\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if !c.policy.Reload() {
+		t.Fatal(c.policy.LastError())
+	}
+	if got := c.monthlyLimit("green"); got != "777" {
+		t.Fatalf("green, of no file nor record: monthly limit %q; want the defaults' 777", got)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		followRecords(ctx, Config{AdminTopic: topic}, platform.Env{Kafka: kc, SignalAuth: sa, Logger: itest.Logger(t)}, c.policy)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+
+	now := time.Now().UTC()
+	recs, err := controlplane.NewLog(itest.Signer(t, sa)).Records(topic, &controlplane.Record{Kind: controlplane.KindTenant, Request: "r1",
+		Section: &controlplane.Section{Name: "green", Body: json.RawMessage(`{"models":{"*":{"monthly_tokens":1000000}}}`),
+			CreatedAt: now, CreatedBy: "ops", UpdatedAt: now, UpdatedBy: "ops", Version: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := prod.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	itest.Eventually(t, 30*time.Second, "green's record laid over the console's policy", func() bool { return c.monthlyLimit("green") != "777" })
+	if got := c.monthlyLimit("green"); got != "1e+06" {
+		t.Fatalf("green, a record without use: monthly limit %q; want the record's 1e+06", got)
+	}
+}
+
+func TestAdminTopicMustBeATopicName(t *testing.T) {
+	c := DefaultConfig()
+	c.AdminTopic = "not a topic"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "admin_topic") {
+		t.Fatalf("admin_topic %q: %v; want an error naming admin_topic", c.AdminTopic, err)
+	}
+	c.AdminTopic = "sluice.admin.v1"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
