@@ -4,7 +4,7 @@
 // v1.4.1-0.20260122083618-3fb702589d36: the module proxy serves no tagged
 // release), the rate-limit service Envoy's rate-limit filter calls: the
 // gubernator comparison's rules, keys and closed-loop load
-// (bench/peers/gubernator) against each, decisions per core, p50/p99
+// (bench/peers/gubernator, bench/sidebyside) against each, decisions per core, p50/p99
 // latency and overshoot as the load generator counts it
 // (BenchmarkAdmissionVsEnvoyRatelimit; bench/README.md, "Admission against
 // the Envoy ratelimit service").
@@ -15,9 +15,9 @@
 // requires) and Sluice through a replace of the checkout. The service is
 // built apart, with its own go.mod (go install ...@version), and run as its
 // own process, configured by its environment and a runtime directory of
-// descriptor YAML, as its README runs it. The load generator and the
-// figures are the gubernator module's, repeated here rather than shared:
-// see bench/README.md. Run the benchmark from this folder with GOWORK=off
-// (the checkout's go.work lists only the main module); `make bench` and
-// `make bench-peers` do.
+// descriptor YAML, as its README runs it. The rules, the load generator and
+// the figures are bench/sidebyside's, which the gubernator module uses
+// too. Run the benchmark from this folder with GOWORK=off (the checkout's
+// go.work lists only the main module); `make bench` and `make bench-peers`
+// do.
 package envoyratelimitbench

@@ -19,110 +19,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sluicehq/sluice/bench/sidebyside"
 	"github.com/sluicehq/sluice/platform/itest"
-	"github.com/sluicehq/sluice/sdk/go/admission"
 )
-
-// rules are the two limits every request is checked against, per key: a
-// window of windowLimit requests per window, and a bucket that never
-// refuses at these loads (its cost is what is measured). They are the
-// gubernator comparison's (bench/peers/gubernator).
-type rules struct {
-	windowLimit int64
-	window      time.Duration
-}
-
-const (
-	bucketBurst  = int64(1) << 40
-	bucketPeriod = time.Minute // the bucket refills bucketBurst per bucketPeriod
-)
-
-func keyName(k int) string { return "key-" + strconv.Itoa(k) }
-
-// sluiceSide is Sluice's admission over the shared Redis: one Limiter (one
-// gateway), both rules a tenant's, exact or leased — the gubernator
-// module's Sluice side, measured again in this run so that the ratios
-// compare two sides under the same load.
-func sluiceSide(b *testing.B, name string, ru rules, exact bool, clients int) side {
-	b.Helper()
-	c, pid := sharedRedis(b, clients+2)
-	prefix := itest.Unique(b, "sluice:adm:") + ":"
-	b.Cleanup(func() { deletePrefix(c, prefix) })
-	l, err := admission.New(c, &admission.Rules{Default: admission.TenantRules{Rules: []admission.Rule{
-		{Name: "window", Unit: admission.Requests, Algorithm: admission.SlidingWindow, Limit: ru.windowLimit, Window: ru.window, Exact: exact},
-		{Name: "bucket", Unit: admission.Requests, Algorithm: admission.TokenBucket, Limit: bucketBurst,
-			Rate: float64(bucketBurst) / bucketPeriod.Seconds(), Exact: exact},
-	}}}, admission.WithPrefix(prefix), admission.WithMaxWait(time.Second))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = l.Close() })
-	return side{
-		name: name, servers: []int{pid},
-		commands: func() int64 { return redisCommands(c) },
-		decide: func(ctx context.Context, k int) (bool, bool, error) {
-			tk, err := l.Admit(ctx, admission.Request{Tenant: keyName(k), Model: "m"})
-			if err != nil {
-				return false, false, err
-			}
-			p := tk.Decision.Path
-			return tk.Allowed(), p == admission.PathLocal || p == admission.PathUnavailable, nil
-		},
-	}
-}
-
-// sharedRedis is a client of the services script's Redis and its pid.
-func sharedRedis(b *testing.B, pool int) (*redis.Client, int) {
-	b.Helper()
-	rc := itest.Redis(b)
-	c := redis.NewClient(&redis.Options{Addr: rc.Addr, ContextTimeoutEnabled: true, PoolSize: pool})
-	b.Cleanup(func() { c.Close() })
-	pid, err := redisPid(c)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return c, pid
-}
-
-func deletePrefix(c *redis.Client, prefix string) {
-	ctx := context.Background()
-	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		c.Del(ctx, iter.Val())
-	}
-}
-
-// infoField is one field of a section of Redis's INFO.
-func infoField(c *redis.Client, section, field string) (int64, error) {
-	info, err := c.Info(context.Background(), section).Result()
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
-			return strconv.ParseInt(v, 10, 64)
-		}
-	}
-	return 0, fmt.Errorf("INFO %s has no %s", section, field)
-}
-
-// redisPid is the pid of the Redis c talks to, which runs on this machine
-// (the services script's): its CPU is read from /proc.
-func redisPid(c *redis.Client) (int, error) {
-	pid, err := infoField(c, "server", "process_id")
-	if err != nil {
-		return 0, err
-	}
-	if _, err := os.Stat(fmt.Sprintf("/proc/%d/stat", pid)); err != nil {
-		return 0, fmt.Errorf("redis pid %d is not on this machine: %w", pid, err)
-	}
-	return int(pid), nil
-}
-
-func redisCommands(c *redis.Client) int64 {
-	n, _ := infoField(c, "stats", "total_commands_processed")
-	return n
-}
 
 // EnvoyRatelimitVersion is the version measured: the module proxy serves
 // github.com/envoyproxy/ratelimit only as pseudo-versions of its main
@@ -194,7 +93,7 @@ func envoyLimit(n int64) int64 { return min(n, math.MaxUint32) }
 // and the bucket, which the service cannot express (no token bucket), as
 // what it can: a fixed one-minute window that never refuses, so that each
 // decision still checks and counts two limits.
-func envoyConfig(b *testing.B, open, tight rules) string {
+func envoyConfig(b *testing.B) string {
 	b.Helper()
 	var s strings.Builder
 	fmt.Fprintf(&s, "domain: %s\ndescriptors:\n", envoyDomain)
@@ -203,9 +102,9 @@ func envoyConfig(b *testing.B, open, tight rules) string {
 		limit int64
 		unit  string
 	}{
-		{openKey, open.windowLimit, envoyUnit(b, open.window)},
-		{tightKey, tight.windowLimit, envoyUnit(b, tight.window)},
-		{bucketKey, bucketBurst, envoyUnit(b, bucketPeriod)},
+		{openKey, sidebyside.OpenRules.WindowLimit, envoyUnit(b, sidebyside.OpenRules.Window)},
+		{tightKey, sidebyside.TightRules.WindowLimit, envoyUnit(b, sidebyside.TightRules.Window)},
+		{bucketKey, sidebyside.BucketBurst, envoyUnit(b, sidebyside.BucketPeriod)},
 	} {
 		fmt.Fprintf(&s, "  - key: %s\n    rate_limit:\n      unit: %s\n      requests_per_unit: %d\n", d.key, d.unit, envoyLimit(d.limit))
 	}
@@ -227,21 +126,21 @@ type envoyMode struct {
 // loopback, logs at warn, and the defaults otherwise (pool of 10 Redis
 // connections, fixed-window Redis limiter, no local cache, no pipelining
 // window). Its keys go when the benchmark ends.
-func envoyService(b *testing.B, m envoyMode, open, tight rules) envoyProcess {
+func envoyService(b *testing.B, m envoyMode) envoyProcess {
 	b.Helper()
 	bin := envoyBinary(b)
-	rc, redisPid := sharedRedis(b, 2)
+	rc, redisPid := sidebyside.SharedRedis(b, 2)
 	root := b.TempDir()
 	cfgDir := filepath.Join(root, "ratelimit", "config")
 	if err := os.MkdirAll(cfgDir, 0o755); err != nil {
 		b.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(cfgDir, "bench.yaml"), []byte(envoyConfig(b, open, tight)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(cfgDir, "bench.yaml"), []byte(envoyConfig(b)), 0o644); err != nil {
 		b.Fatal(err)
 	}
 	grpcAddr := itest.FreeAddr(b)
 	prefix := itest.Unique(b, "envoyrl:") + ":"
-	b.Cleanup(func() { deletePrefix(rc, prefix) })
+	b.Cleanup(func() { sidebyside.DeletePrefix(rc, prefix) })
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(),
 		"USE_STATSD=false", "LOG_LEVEL=warn",
@@ -316,27 +215,34 @@ func envoyRequest(windowKey, key string) *rls.RateLimitRequest {
 
 // envoySide sends each decision to the service as one ShouldRateLimit
 // call of two descriptors, as Envoy's rate-limit filter does (gRPC, one
-// connection). Like gubernator's, and unlike Sluice's Admit, the two
-// limits are not all-or-nothing: the service counts a hit in both
-// counters whatever either answers (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT
-// is off by default).
-func envoySide(b *testing.B, name string, p envoyProcess, windowKey string) side {
+// connection): the window of the rules (the open or the tight one, which
+// the configuration holds both of) and the bucket. Like gubernator's, and
+// unlike Sluice's Admit, the two limits are not all-or-nothing: the
+// service counts a hit in both counters whatever either answers
+// (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT is off by default). Its answer
+// names no window (a unit second's reset is always 1 s), so the overshoot
+// reads the window from the load generator's clock.
+func envoySide(b *testing.B, name string, p envoyProcess, ru sidebyside.Rules) sidebyside.Side {
 	b.Helper()
+	windowKey := openKey
+	if ru == sidebyside.TightRules {
+		windowKey = tightKey
+	}
 	c, conn := envoyClient(b, p.addr)
 	b.Cleanup(func() { conn.Close() })
 	scope := itest.Unique(b, "")
-	return side{
-		name: name, servers: p.pids, alignedWindow: true,
-		commands: func() int64 { return redisCommands(p.redis) },
-		decide: func(ctx context.Context, k int) (bool, bool, error) {
-			resp, err := c.ShouldRateLimit(ctx, envoyRequest(windowKey, scope+keyName(k)))
+	return sidebyside.Side{
+		Name: name, Servers: p.pids, Window: sidebyside.FixedAligned,
+		Commands: func() int64 { return sidebyside.RedisCommands(p.redis) },
+		Decide: func(ctx context.Context, k int) (bool, int64, bool, error) {
+			resp, err := c.ShouldRateLimit(ctx, envoyRequest(windowKey, scope+sidebyside.KeyName(k)))
 			if err != nil {
-				return false, false, err
+				return false, 0, false, err
 			}
 			if len(resp.Statuses) != 2 {
-				return false, false, errors.New("the Envoy ratelimit service answered " + strconv.Itoa(len(resp.Statuses)) + " of 2 descriptors")
+				return false, 0, false, errors.New("the Envoy ratelimit service answered " + strconv.Itoa(len(resp.Statuses)) + " of 2 descriptors")
 			}
-			return resp.OverallCode == rls.RateLimitResponse_OK, false, nil
+			return resp.OverallCode == rls.RateLimitResponse_OK, 0, false, nil
 		},
 	}
 }
