@@ -59,7 +59,7 @@ BENCH_PKGS ?= $(PKGS)
 # benchreport runs each from its folder without the workspace
 # (GOWORK=off), into bench/raw-peer-<name>.txt, after Sluice's own
 # packages. bench-peers runs them alone and merges their figures.
-BENCH_PEERS ?= bench/peers/gubernator
+BENCH_PEERS ?= bench/peers/gubernator bench/peers/envoyratelimit
 RUN_PEERS = rm -f bench/raw-peer-*.txt; for m in $(BENCH_PEERS); do \
 	  (cd $$m && GOWORK=off $(GO) run github.com/sluicehq/sluice/cmd/benchreport run \
 	    -raw $(CURDIR)/bench/raw-peer-$$(basename $$m).txt -bench '$(BENCH)' ./...) || st=$$?; done

@@ -11,7 +11,9 @@
 // of Sluice's go.mod: it requires gubernator for its gRPC client and
 // Sluice through a replace of the checkout. gubernator's daemon is built
 // apart, with gubernator's own go.mod (go install ...@v2.13.0), and run as
-// its own process, as its README deploys it. Run the benchmark from this
-// folder with GOWORK=off (the checkout's go.work lists only the main
-// module); `make bench` and `make bench-peers` do.
+// its own process, as its README deploys it. The rules, the load generator
+// and the figures are bench/sidebyside's, shared with the other peers'
+// modules so that every peer is measured the same way. Run the benchmark
+// from this folder with GOWORK=off (the checkout's go.work lists only the
+// main module); `make bench` and `make bench-peers` do.
 package gubernatorbench

@@ -4,7 +4,6 @@ go 1.26.0
 
 require (
 	github.com/gubernator-io/gubernator/v2 v2.13.0
-	github.com/redis/go-redis/v9 v9.23.0
 	github.com/sluicehq/sluice v0.0.0-00010101000000-000000000000
 )
 
@@ -71,6 +70,7 @@ require (
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
+	github.com/redis/go-redis/v9 v9.23.0 // indirect
 	github.com/sean-/seed v0.0.0-20170313163322-e2103e2c3529 // indirect
 	github.com/segmentio/asm v1.2.1 // indirect
 	github.com/segmentio/fasthash v1.0.2 // indirect

@@ -8,107 +8,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	guber "github.com/gubernator-io/gubernator/v2"
-	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/bench/sidebyside"
 	"github.com/sluicehq/sluice/platform/itest"
-	"github.com/sluicehq/sluice/sdk/go/admission"
 )
-
-// rules are the two limits every request is checked against, per key: a
-// window of windowLimit requests per window, and a bucket that never
-// refuses at these loads (its cost is what is measured).
-type rules struct {
-	windowLimit int64
-	window      time.Duration
-}
-
-const (
-	bucketBurst  = int64(1) << 40
-	bucketPeriod = time.Minute // the bucket refills bucketBurst per bucketPeriod
-)
-
-func keyName(k int) string { return "key-" + strconv.Itoa(k) }
-
-// sluiceSide is Sluice's admission over the shared Redis: one Limiter (one
-// gateway), both rules a tenant's, exact or leased.
-func sluiceSide(b *testing.B, name string, ru rules, exact bool, clients int) side {
-	b.Helper()
-	rc := itest.Redis(b)
-	c := redis.NewClient(&redis.Options{Addr: rc.Addr, ContextTimeoutEnabled: true, PoolSize: clients + 2})
-	b.Cleanup(func() { c.Close() })
-	prefix := itest.Unique(b, "sluice:adm:") + ":"
-	b.Cleanup(func() { deletePrefix(c, prefix) })
-	l, err := admission.New(c, &admission.Rules{Default: admission.TenantRules{Rules: []admission.Rule{
-		{Name: "window", Unit: admission.Requests, Algorithm: admission.SlidingWindow, Limit: ru.windowLimit, Window: ru.window, Exact: exact},
-		{Name: "bucket", Unit: admission.Requests, Algorithm: admission.TokenBucket, Limit: bucketBurst,
-			Rate: float64(bucketBurst) / bucketPeriod.Seconds(), Exact: exact},
-	}}}, admission.WithPrefix(prefix), admission.WithMaxWait(time.Second))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = l.Close() })
-	pid, err := redisPid(c)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return side{
-		name: name, server: pid,
-		commands: func() int64 { return redisCommands(c) },
-		decide: func(ctx context.Context, k int) (bool, int64, bool, error) {
-			tk, err := l.Admit(ctx, admission.Request{Tenant: keyName(k), Model: "m"})
-			if err != nil {
-				return false, 0, false, err
-			}
-			p := tk.Decision.Path
-			return tk.Allowed(), 0, p == admission.PathLocal || p == admission.PathUnavailable, nil
-		},
-	}
-}
-
-func deletePrefix(c *redis.Client, prefix string) {
-	ctx := context.Background()
-	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		c.Del(ctx, iter.Val())
-	}
-}
-
-// infoField is one field of a section of Redis's INFO.
-func infoField(c *redis.Client, section, field string) (int64, error) {
-	info, err := c.Info(context.Background(), section).Result()
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
-			return strconv.ParseInt(v, 10, 64)
-		}
-	}
-	return 0, fmt.Errorf("INFO %s has no %s", section, field)
-}
-
-// redisPid is the pid of the Redis c talks to, which runs on this machine
-// (the services script's): its CPU is read from /proc.
-func redisPid(c *redis.Client) (int, error) {
-	pid, err := infoField(c, "server", "process_id")
-	if err != nil {
-		return 0, err
-	}
-	if _, err := os.Stat(fmt.Sprintf("/proc/%d/stat", pid)); err != nil {
-		return 0, fmt.Errorf("redis pid %d is not on this machine: %w", pid, err)
-	}
-	return int(pid), nil
-}
-
-func redisCommands(c *redis.Client) int64 {
-	n, _ := infoField(c, "stats", "total_commands_processed")
-	return n
-}
 
 // GubernatorVersion is the release measured, built from the module proxy
 // with its own go.mod (go install ...@version): in this module its
@@ -189,21 +96,21 @@ func gubernatorDaemon(b *testing.B) (string, int) {
 // as its LEAKY_BUCKET (burst limit, leaking limit per duration). Unlike
 // Sluice's Admit, the two are not all-or-nothing: a hit refused by one is
 // still counted by the other.
-func gubernatorSide(b *testing.B, name, addr string, pid int, ru rules, behavior guber.Behavior) side {
+func gubernatorSide(b *testing.B, name, addr string, pid int, ru sidebyside.Rules, behavior guber.Behavior) sidebyside.Side {
 	b.Helper()
 	c, err := guber.DialV1Server(addr, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
 	scope := itest.Unique(b, "")
-	return side{
-		name: name, server: pid, fixedWindow: true,
-		decide: func(ctx context.Context, k int) (bool, int64, bool, error) {
-			key := scope + keyName(k)
+	return sidebyside.Side{
+		Name: name, Servers: []int{pid}, Window: sidebyside.FixedReset,
+		Decide: func(ctx context.Context, k int) (bool, int64, bool, error) {
+			key := scope + sidebyside.KeyName(k)
 			resp, err := c.GetRateLimits(ctx, &guber.GetRateLimitsReq{Requests: []*guber.RateLimitReq{
-				{Name: "window", UniqueKey: key, Hits: 1, Limit: ru.windowLimit, Duration: ru.window.Milliseconds(),
+				{Name: "window", UniqueKey: key, Hits: 1, Limit: ru.WindowLimit, Duration: ru.Window.Milliseconds(),
 					Algorithm: guber.Algorithm_TOKEN_BUCKET, Behavior: behavior},
-				{Name: "bucket", UniqueKey: key, Hits: 1, Limit: bucketBurst, Duration: bucketPeriod.Milliseconds(),
+				{Name: "bucket", UniqueKey: key, Hits: 1, Limit: sidebyside.BucketBurst, Duration: sidebyside.BucketPeriod.Milliseconds(),
 					Algorithm: guber.Algorithm_LEAKY_BUCKET, Behavior: behavior},
 			}})
 			if err != nil {

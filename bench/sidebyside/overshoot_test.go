@@ -1,4 +1,4 @@
-package gubernatorbench
+package sidebyside
 
 import (
 	"testing"
@@ -6,9 +6,9 @@ import (
 )
 
 // TestOvershootCountsWhatTheLimiterCertainlyAdmitted: the overshoot the
-// comparison reports counts an admission in a span only when its request
-// was sent and answered within it, and a fixed window by the window the
-// limiter named.
+// comparisons report counts an admission in a span only when its request
+// was sent and answered within it, a fixed window by the window the
+// limiter named, and a clock-aligned one only when both ends lie in it.
 func TestOvershootCountsWhatTheLimiterCertainlyAdmitted(t *testing.T) {
 	ms := int64(time.Millisecond)
 	// Key 0: 3 admissions inside 100 ms, then one whose answer was read
@@ -28,5 +28,16 @@ func TestOvershootCountsWhatTheLimiterCertainlyAdmitted(t *testing.T) {
 	}
 	if got := fixedOvershoot(events, 1); got != 1 {
 		t.Errorf("fixed overshoot %v, want 1 (2 admissions in key 0's windows, limit 1)", got)
+	}
+	// Aligned 100 ms windows: key 0 has 3 certain admissions in [0, 100 ms);
+	// the 4th was answered in the next window and counts in neither.
+	if got := alignedOvershoot(events, 2, 100*time.Millisecond); got != 0.5 {
+		t.Errorf("aligned overshoot %v, want 0.5 (3 certain admissions in one window, limit 2)", got)
+	}
+	if got := alignedOvershoot(events, 3, 100*time.Millisecond); got != 0 {
+		t.Errorf("aligned overshoot %v, want 0: the 4th answer was read in the next window", got)
+	}
+	if got := alignedOvershoot(events, 1, 10*time.Millisecond); got != 0 {
+		t.Errorf("aligned overshoot %v, want 0: in 10 ms windows no key has 2 certain admissions in one", got)
 	}
 }
