@@ -4,9 +4,11 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -31,47 +33,24 @@ func TestApplyTwiceOnClickHouse18(t *testing.T) {
 	}
 	defer conn.Close()
 
-	all, err := migrations.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, err := migrations.Apply(ctx, conn, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(first) != len(all) {
-		t.Fatalf("first run applied %v, want all %d migrations", first, len(all))
-	}
 	tables := func() string {
-		rows, err := conn.Query(ctx, "SELECT name, engine FROM system.tables WHERE database = ? ORDER BY name", cfg.Database)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
 		var b strings.Builder
-		for rows.Next() {
-			var name, engine string
-			if err := rows.Scan(&name, &engine); err != nil {
-				t.Fatal(err)
-			}
-			b.WriteString(name + ":" + engine + " ")
+		e := engines(t, conn, cfg.Database)
+		for _, n := range slices.Sorted(maps.Keys(e)) {
+			b.WriteString(n + ":" + e[n] + " ")
 		}
 		return b.String()
 	}
-	before := tables()
-	for _, want := range []string{"usage_events:ReplacingMergeTree", "usage_minute:", "quota_state:", "tier_transitions:",
-		"signals_log:", "admin_audit:MergeTree", "reconciliation_runs:", "prices:", "schema_migrations:"} {
-		if !strings.Contains(before, want) {
-			t.Errorf("table %s missing after migrate; have %s", want, before)
+	var before string
+	all := applyTwice(t, func() ([]int, error) { return migrations.Apply(ctx, conn, quiet) }, func() {
+		before = tables()
+		for _, want := range []string{"usage_events:ReplacingMergeTree", "usage_minute:", "quota_state:", "tier_transitions:",
+			"signals_log:", "admin_audit:MergeTree", "reconciliation_runs:", "prices:", "schema_migrations:"} {
+			if !strings.Contains(before, want) {
+				t.Errorf("table %s missing after migrate; have %s", want, before)
+			}
 		}
-	}
-	second, err := migrations.Apply(ctx, conn, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(second) != 0 {
-		t.Fatalf("second run applied %v, want nothing", second)
-	}
+	})
 	if after := tables(); after != before {
 		t.Fatalf("second run changed tables:\nbefore %s\nafter  %s", before, after)
 	}
@@ -82,6 +61,29 @@ func TestApplyTwiceOnClickHouse18(t *testing.T) {
 	if len(applied) != len(all) {
 		t.Fatalf("schema_migrations records %d versions, want %d", len(applied), len(all))
 	}
+}
+
+// applyTwice applies every migration through apply, then, after between,
+// again: the first run must apply them all, the second nothing. It returns
+// the migrations.
+func applyTwice(t *testing.T, apply func() ([]int, error), between func()) []migrations.Migration {
+	t.Helper()
+	all, err := migrations.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := apply()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first) != len(all) {
+		t.Fatalf("first run applied %v, want all %d migrations", first, len(all))
+	}
+	between()
+	if again, err := apply(); err != nil || len(again) != 0 {
+		t.Fatalf("second run applied %v, %v; want nothing", again, err)
+	}
+	return all
 }
 
 // TestChangedMigrationIsRefused: editing an applied file must stop the
