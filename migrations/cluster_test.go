@@ -294,6 +294,8 @@ const chdbClusterConfig = `<clickhouse>
 </clickhouse>
 `
 
+// chdbPython returns the Python interpreter with chdb (`make chdb`, or
+// SLUICE_CHDB_PYTHON); without one the test skips, and fails in CI.
 func chdbPython(t *testing.T) string {
 	t.Helper()
 	py := os.Getenv("SLUICE_CHDB_PYTHON")

@@ -5,9 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -120,18 +118,7 @@ func TestChangedMigrationIsRefused(t *testing.T) {
 // embedded current ClickHouse, twice. The Python interpreter with chdb comes
 // from `make chdb` (.services/venv) or SLUICE_CHDB_PYTHON.
 func TestMigrationsRunOnCurrentClickHouse(t *testing.T) {
-	py := os.Getenv("SLUICE_CHDB_PYTHON")
-	if py == "" {
-		py = filepath.Join("..", ".services", "venv", "bin", "python")
-	}
-	if _, err := os.Stat(py); err != nil {
-		msg := "chdb interpreter " + py + " missing; run `make chdb`"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	out, err := exec.Command(py, "chdb_check.py", "sql").CombinedOutput()
+	out, err := exec.Command(chdbPython(t), "chdb_check.py", "sql").CombinedOutput()
 	if err != nil {
 		t.Fatalf("chdb check failed: %v\n%s", err, out)
 	}
