@@ -1,7 +1,6 @@
 package adminapi
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -130,11 +129,7 @@ func (c *Client) Do(ctx context.Context, action Action, req Request) (ActionResp
 	if path == "" {
 		return r, fmt.Errorf("adminapi: unknown action %q", action)
 	}
-	body, err := json.Marshal(req)
-	if err != nil {
-		return r, fmt.Errorf("adminapi: %s: %w", action, err)
-	}
-	err = c.call(ctx, http.MethodPost, c.url(path, ""), bytes.NewReader(body), &r)
+	err := c.post(ctx, path, req, &r)
 	return r, err
 }
 

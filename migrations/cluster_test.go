@@ -146,20 +146,7 @@ func migratedCluster(t *testing.T, cluster func(testing.TB) chconn.Config) (cont
 	cfg := cluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
-	all, err := migrations.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, err := migrations.ApplyConfig(ctx, cfg, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(first) != len(all) {
-		t.Fatalf("first run applied %v, want all %d", first, len(all))
-	}
-	if again, err := migrations.ApplyConfig(ctx, cfg, quiet); err != nil || len(again) != 0 {
-		t.Fatalf("second run applied %v, %v; want nothing", again, err)
-	}
+	all := applyTwice(t, func() ([]int, error) { return migrations.ApplyConfig(ctx, cfg, quiet) }, func() {})
 	return ctx, cfg, openEach(t, cfg), all
 }
 
@@ -307,6 +294,8 @@ const chdbClusterConfig = `<clickhouse>
 </clickhouse>
 `
 
+// chdbPython returns the Python interpreter with chdb (`make chdb`, or
+// SLUICE_CHDB_PYTHON); without one the test skips, and fails in CI.
 func chdbPython(t *testing.T) string {
 	t.Helper()
 	py := os.Getenv("SLUICE_CHDB_PYTHON")

@@ -4,9 +4,9 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"os"
+	"maps"
 	"os/exec"
-	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -31,47 +31,24 @@ func TestApplyTwiceOnClickHouse18(t *testing.T) {
 	}
 	defer conn.Close()
 
-	all, err := migrations.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, err := migrations.Apply(ctx, conn, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(first) != len(all) {
-		t.Fatalf("first run applied %v, want all %d migrations", first, len(all))
-	}
 	tables := func() string {
-		rows, err := conn.Query(ctx, "SELECT name, engine FROM system.tables WHERE database = ? ORDER BY name", cfg.Database)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
 		var b strings.Builder
-		for rows.Next() {
-			var name, engine string
-			if err := rows.Scan(&name, &engine); err != nil {
-				t.Fatal(err)
-			}
-			b.WriteString(name + ":" + engine + " ")
+		e := engines(t, conn, cfg.Database)
+		for _, n := range slices.Sorted(maps.Keys(e)) {
+			b.WriteString(n + ":" + e[n] + " ")
 		}
 		return b.String()
 	}
-	before := tables()
-	for _, want := range []string{"usage_events:ReplacingMergeTree", "usage_minute:", "quota_state:", "tier_transitions:",
-		"signals_log:", "admin_audit:MergeTree", "reconciliation_runs:", "prices:", "schema_migrations:"} {
-		if !strings.Contains(before, want) {
-			t.Errorf("table %s missing after migrate; have %s", want, before)
+	var before string
+	all := applyTwice(t, func() ([]int, error) { return migrations.Apply(ctx, conn, quiet) }, func() {
+		before = tables()
+		for _, want := range []string{"usage_events:ReplacingMergeTree", "usage_minute:", "quota_state:", "tier_transitions:",
+			"signals_log:", "admin_audit:MergeTree", "reconciliation_runs:", "prices:", "schema_migrations:"} {
+			if !strings.Contains(before, want) {
+				t.Errorf("table %s missing after migrate; have %s", want, before)
+			}
 		}
-	}
-	second, err := migrations.Apply(ctx, conn, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(second) != 0 {
-		t.Fatalf("second run applied %v, want nothing", second)
-	}
+	})
 	if after := tables(); after != before {
 		t.Fatalf("second run changed tables:\nbefore %s\nafter  %s", before, after)
 	}
@@ -82,6 +59,29 @@ func TestApplyTwiceOnClickHouse18(t *testing.T) {
 	if len(applied) != len(all) {
 		t.Fatalf("schema_migrations records %d versions, want %d", len(applied), len(all))
 	}
+}
+
+// applyTwice applies every migration through apply, then, after between,
+// again: the first run must apply them all, the second nothing. It returns
+// the migrations.
+func applyTwice(t *testing.T, apply func() ([]int, error), between func()) []migrations.Migration {
+	t.Helper()
+	all, err := migrations.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := apply()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first) != len(all) {
+		t.Fatalf("first run applied %v, want all %d migrations", first, len(all))
+	}
+	between()
+	if again, err := apply(); err != nil || len(again) != 0 {
+		t.Fatalf("second run applied %v, %v; want nothing", again, err)
+	}
+	return all
 }
 
 // TestChangedMigrationIsRefused: editing an applied file must stop the
@@ -118,18 +118,7 @@ func TestChangedMigrationIsRefused(t *testing.T) {
 // embedded current ClickHouse, twice. The Python interpreter with chdb comes
 // from `make chdb` (.services/venv) or SLUICE_CHDB_PYTHON.
 func TestMigrationsRunOnCurrentClickHouse(t *testing.T) {
-	py := os.Getenv("SLUICE_CHDB_PYTHON")
-	if py == "" {
-		py = filepath.Join("..", ".services", "venv", "bin", "python")
-	}
-	if _, err := os.Stat(py); err != nil {
-		msg := "chdb interpreter " + py + " missing; run `make chdb`"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	out, err := exec.Command(py, "chdb_check.py", "sql").CombinedOutput()
+	out, err := exec.Command(chdbPython(t), "chdb_check.py", "sql").CombinedOutput()
 	if err != nil {
 		t.Fatalf("chdb check failed: %v\n%s", err, out)
 	}

@@ -241,8 +241,9 @@ tenants:
 	}
 	rc := itest.Redis(t)
 	c := redis.NewClient(&redis.Options{Addr: rc.Addr, ContextTimeoutEnabled: true})
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
 	prefix := itest.Unique(t, "sluice:adm:") + ":"
+	itest.DropKeysAtEnd(t, c, prefix) // the counters would live until the month ends
 	t.Cleanup(func() {
 		ctx := context.Background()
 		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
@@ -380,19 +381,15 @@ tenants:
 
 	rc := itest.Redis(t)
 	c := redis.NewClient(&redis.Options{Addr: rc.Addr, ContextTimeoutEnabled: true})
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
 	prefix := itest.Unique(t, "sluice:adm:") + ":"
+	itest.DropKeysAtEnd(t, c, prefix) // the counters would live until the month ends
 	l, err := admission.New(c, rs, admission.WithPrefix(prefix), admission.WithMaxWait(2*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
 	ctx := context.Background()
-	defer func() { // the counters would live until the month ends
-		for _, k := range c.Keys(ctx, prefix+"*").Val() {
-			c.Del(ctx, k)
-		}
-	}()
 	for _, step := range []struct {
 		user   string
 		tokens int64

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -433,20 +434,8 @@ func (v *validator) tenant(path string, raw rawTenant, base *Tenant) *Tenant {
 	if raw.Mode != "" {
 		t.Mode = v.mode(path+".mode", raw.Mode)
 	}
-	switch FailMode(raw.FailMode) {
-	case "":
-	case FailOpen, FailClosed:
-		t.FailMode = FailMode(raw.FailMode)
-	default:
-		v.fail(path+".fail_mode", "%q is not one of open, closed", raw.FailMode)
-	}
-	switch UnpricedAction(raw.Unpriced) {
-	case "":
-	case UnpricedFallback, UnpricedRefuse:
-		t.Unpriced = UnpricedAction(raw.Unpriced)
-	default:
-		v.fail(path+".unpriced", "%q is not one of fallback, refuse", raw.Unpriced)
-	}
+	oneOf(v, path+".fail_mode", raw.FailMode, &t.FailMode, FailOpen, FailClosed)
+	oneOf(v, path+".unpriced", raw.Unpriced, &t.Unpriced, UnpricedFallback, UnpricedRefuse)
 	if raw.AlertTiers != nil {
 		t.AlertTiers = raw.AlertTiers
 		for i, tier := range raw.AlertTiers {
@@ -528,14 +517,26 @@ func (v *validator) modelQuota(mp, model string, q rawModel, mq ModelQuota) Mode
 	if q.Mode != "" {
 		mq.Mode = v.mode(mp+".mode", q.Mode)
 	}
-	switch TokenCount(q.Count) {
-	case "":
-	case CountTotal, CountBilled:
-		mq.Count = TokenCount(q.Count)
-	default:
-		v.fail(mp+".count", "%q is not one of total, billed", q.Count)
-	}
+	oneOf(v, mp+".count", q.Count, &mq.Count, CountTotal, CountBilled)
 	return mq
+}
+
+// oneOf sets *dst to raw when raw is one of allowed and names the choices
+// at path when it is none; an empty raw leaves *dst as it is (inherited or
+// the default).
+func oneOf[T ~string](v *validator, path, raw string, dst *T, allowed ...T) {
+	if raw == "" {
+		return
+	}
+	if slices.Contains(allowed, T(raw)) {
+		*dst = T(raw)
+		return
+	}
+	names := make([]string, len(allowed))
+	for i, a := range allowed {
+		names[i] = string(a)
+	}
+	v.fail(path, "%q is not one of %s", raw, strings.Join(names, ", "))
 }
 
 func (v *validator) mode(path, s string) Mode {

@@ -7,7 +7,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -39,76 +38,45 @@ The enforcer's address and token come from -url/-token or SLUICE_ADMIN_URL/SLUIC
 
 func runKeys(ctx context.Context, args []string) error { return runKeysTo(ctx, args, os.Stdout) }
 
-// keysFlags are the keys command's flags; each verb uses some of them.
+// keysFlags are the keys command's own flags; each verb uses some of them.
 type keysFlags struct {
-	out, tenant, id, name, models, endpoints, expires, overlap, reason string
-	version                                                            uint64
+	tenant, id, name, models, endpoints, expires, overlap string
 }
 
+var keyVerbs = []string{"issue", "list", "rotate", "revoke"}
+
 func runKeysTo(ctx context.Context, args []string, out io.Writer) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "help" {
-		fmt.Fprintln(os.Stderr, keysUsage)
-		if len(args) == 0 {
-			return errors.New("keys: a verb is required")
-		}
-		return flag.ErrHelp
-	}
-	verb, rest := args[0], args[1:]
-	if verb != "issue" && verb != "list" && verb != "rotate" && verb != "revoke" {
-		return fmt.Errorf("keys: unknown verb %q; the verbs are issue, list, rotate and revoke (sluicectl keys help)", verb)
-	}
-	var id string
-	if (verb == "rotate" || verb == "revoke") && len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
-		id, rest = rest[0], rest[1:]
-	}
-	fs := flag.NewFlagSet("keys "+verb, flag.ContinueOnError)
-	connect := adminConnFlags(fs, "keys")
 	var f keysFlags
-	fs.StringVar(&f.out, "o", "text", "output: text or json")
-	fs.StringVar(&f.tenant, "tenant", "", "tenant (issue: required; list: filter)")
-	fs.StringVar(&f.id, "id", "", "issue: the key id (default: one is made up)")
-	fs.StringVar(&f.name, "name", "", "issue: a name for people")
-	fs.StringVar(&f.models, "models", "", `issue: comma-separated models or patterns the key may call, or "*"`)
-	fs.StringVar(&f.endpoints, "endpoints", "", "issue: comma-separated URL paths the key may call (default: every endpoint)")
-	fs.StringVar(&f.expires, "expires", "", "issue: when the key ends, a duration (720h) or an RFC 3339 time (default: never)")
-	fs.StringVar(&f.overlap, "overlap", "", "rotate: how long the old secret stays valid, e.g. 24h (default: it stops at once)")
-	fs.Uint64Var(&f.version, "version", 0, "rotate, revoke: the key's version you read (list shows it)")
-	fs.StringVar(&f.reason, "reason", "", "why (required for changes; recorded in the audit trail)")
-	timeout := fs.Duration("timeout", 15*time.Second, "request timeout")
-	if err := fs.Parse(rest); err != nil {
-		return err
-	}
-	if f.out != "text" && f.out != "json" {
-		return fmt.Errorf("keys: -o: %q is not text or json", f.out)
-	}
-	if (verb == "rotate" || verb == "revoke") && id == "" {
-		return fmt.Errorf("keys %s: the key id is required (sluicectl keys %s <id> -version N -reason WHY)", verb, verb)
-	}
-	client, err := connect()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
-	answer, err := keysCall(ctx, client, verb, id, f)
-	if err != nil {
-		return fmt.Errorf("keys %s: %w", verb, err)
-	}
-	if f.out == "json" {
-		return writeJSONTo(out, answer)
-	}
-	return writeKeysText(out, answer)
+	named := func(verb string) bool { return verb == "rotate" || verb == "revoke" }
+	return runRecordCommand(ctx, recordCommand{name: "keys", usage: keysUsage, verbs: keyVerbs, takesName: named,
+		versionHelp: "rotate, revoke: the key's version you read (list shows it)",
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&f.tenant, "tenant", "", "tenant (issue: required; list: filter)")
+			fs.StringVar(&f.id, "id", "", "issue: the key id (default: one is made up)")
+			fs.StringVar(&f.name, "name", "", "issue: a name for people")
+			fs.StringVar(&f.models, "models", "", `issue: comma-separated models or patterns the key may call, or "*"`)
+			fs.StringVar(&f.endpoints, "endpoints", "", "issue: comma-separated URL paths the key may call (default: every endpoint)")
+			fs.StringVar(&f.expires, "expires", "", "issue: when the key ends, a duration (720h) or an RFC 3339 time (default: never)")
+			fs.StringVar(&f.overlap, "overlap", "", "rotate: how long the old secret stays valid, e.g. 24h (default: it stops at once)")
+		},
+		request: func(verb, id string, rf recordFlags) (recordCall, error) {
+			if named(verb) && id == "" {
+				return nil, fmt.Errorf("the key id is required (sluicectl keys %s <id> -version N -reason WHY)", verb)
+			}
+			return func(ctx context.Context, c *adminapi.Client) (any, error) { return keysCall(ctx, c, verb, id, f, rf) }, nil
+		},
+		text: writeKeysText}, args, out)
 }
 
 // keysCall performs verb and returns the API's answer.
-func keysCall(ctx context.Context, c *adminapi.Client, verb, id string, f keysFlags) (any, error) {
+func keysCall(ctx context.Context, c *adminapi.Client, verb, id string, f keysFlags, rf recordFlags) (any, error) {
 	switch verb {
 	case "list":
 		keys, err := c.Keys(ctx, f.tenant)
 		return adminapi.KeysResponse{Keys: keys}, err
 	case "issue":
 		req := adminapi.IssueKeyRequest{ID: f.id, Tenant: f.tenant, Name: f.name, Models: splitList(f.models),
-			Endpoints: splitList(f.endpoints), Reason: f.reason}
+			Endpoints: splitList(f.endpoints), Reason: rf.reason}
 		if at, err := time.Parse(time.RFC3339, f.expires); err == nil {
 			req.ExpiresAt = at
 		} else {
@@ -116,9 +84,9 @@ func keysCall(ctx context.Context, c *adminapi.Client, verb, id string, f keysFl
 		}
 		return c.IssueKey(ctx, req)
 	case "rotate":
-		return c.RotateKey(ctx, id, adminapi.RotateKeyRequest{Version: f.version, Overlap: f.overlap, Reason: f.reason})
+		return c.RotateKey(ctx, id, adminapi.RotateKeyRequest{Version: rf.version, Overlap: f.overlap, Reason: rf.reason})
 	case "revoke":
-		k, err := c.RevokeKey(ctx, id, adminapi.RevokeKeyRequest{Version: f.version, Reason: f.reason})
+		k, err := c.RevokeKey(ctx, id, adminapi.RevokeKeyRequest{Version: rf.version, Reason: rf.reason})
 		return adminapi.KeyResponse{Key: k}, err
 	}
 	return nil, fmt.Errorf("unknown verb %q", verb)

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -50,71 +49,40 @@ version is refused (another operator changed it since).
 -o json prints the API's answer as JSON (default: text).
 The enforcer's address and token come from -url/-token or SLUICE_ADMIN_URL/SLUICE_ADMIN_TOKEN.`
 
+// sectionsFlags are the tenants and plans commands' own flags.
 type sectionsFlags struct {
-	out, body, file, from, reason string
-	version                       uint64
+	body, file, from string
 }
 
 var sectionVerbs = []string{"list", "get", "create", "update", "delete", "audit"}
 
 func runSectionsTo(ctx context.Context, kind adminapi.SectionKind, args []string, out io.Writer) error {
-	cmd := string(kind) + "s"
-	if len(args) == 0 || args[0] == "-h" || args[0] == "help" {
-		from := ""
-		if kind == adminapi.KindTenant {
-			from = " [-from PLAN]: starts from the plan's section"
-		}
-		fmt.Fprintf(os.Stderr, sectionsUsage+"\n", kind, from)
-		if len(args) == 0 {
-			return errors.New(cmd + ": a verb is required")
-		}
-		return flag.ErrHelp
+	from := ""
+	if kind == adminapi.KindTenant {
+		from = " [-from PLAN]: starts from the plan's section"
 	}
-	verb, rest := args[0], args[1:]
-	if !slices.Contains(sectionVerbs, verb) {
-		return fmt.Errorf("%s: unknown verb %q; the verbs are %s (sluicectl %s help)", cmd, verb, strings.Join(sectionVerbs, ", "), cmd)
-	}
-	var name string
-	if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
-		name, rest = rest[0], rest[1:]
-	}
-	fs := flag.NewFlagSet(cmd+" "+verb, flag.ContinueOnError)
-	connect := adminConnFlags(fs, cmd)
 	var f sectionsFlags
-	fs.StringVar(&f.out, "o", "text", "output: text or json")
-	fs.StringVar(&f.body, "body", "", "create, update: the section, JSON or YAML")
-	fs.StringVar(&f.file, "file", "", "create, update: a file holding the section, JSON or YAML")
-	fs.StringVar(&f.from, "from", "", "tenants create: the plan to start from")
-	fs.Uint64Var(&f.version, "version", 0, "update, delete: the version you read (get or list shows it)")
-	fs.StringVar(&f.reason, "reason", "", "why (required for changes; recorded in the audit trail)")
-	timeout := fs.Duration("timeout", 15*time.Second, "request timeout")
-	if err := fs.Parse(rest); err != nil {
-		return err
-	}
-	if f.out != "text" && f.out != "json" {
-		return fmt.Errorf("%s: -o: %q is not text or json", cmd, f.out)
-	}
-	if verb != "list" && name == "" {
-		return fmt.Errorf("%s %s: the name is required (sluicectl %s %s NAME ...)", cmd, verb, cmd, verb)
-	}
-	body, err := sectionFlagBody(f)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", cmd, verb, err)
-	}
-	client, err := connect()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
-	answer, err := sectionsCall(ctx, client, kind, verb, name, body, f)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", cmd, verb, err)
-	}
-	if f.out == "json" {
-		return writeJSONTo(out, answer)
-	}
-	return writeSectionsText(out, answer)
+	return runRecordCommand(ctx, recordCommand{name: string(kind) + "s", usage: fmt.Sprintf(sectionsUsage, kind, from),
+		verbs: sectionVerbs, takesName: func(string) bool { return true },
+		versionHelp: "update, delete: the version you read (get or list shows it)",
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&f.body, "body", "", "create, update: the section, JSON or YAML")
+			fs.StringVar(&f.file, "file", "", "create, update: a file holding the section, JSON or YAML")
+			fs.StringVar(&f.from, "from", "", "tenants create: the plan to start from")
+		},
+		request: func(verb, name string, rf recordFlags) (recordCall, error) {
+			if verb != "list" && name == "" {
+				return nil, fmt.Errorf("the name is required (sluicectl %ss %s NAME ...)", kind, verb)
+			}
+			body, err := sectionFlagBody(f)
+			if err != nil {
+				return nil, err
+			}
+			return func(ctx context.Context, c *adminapi.Client) (any, error) {
+				return sectionsCall(ctx, c, kind, verb, name, body, f.from, rf)
+			}, nil
+		},
+		text: writeSectionsText}, args, out)
 }
 
 // sectionFlagBody reads -body or -file.
@@ -139,7 +107,7 @@ func sectionFlagBody(f sectionsFlags) (json.RawMessage, error) {
 	return c, nil
 }
 
-func sectionsCall(ctx context.Context, c *adminapi.Client, kind adminapi.SectionKind, verb, name string, body json.RawMessage, f sectionsFlags) (any, error) {
+func sectionsCall(ctx context.Context, c *adminapi.Client, kind adminapi.SectionKind, verb, name string, body json.RawMessage, from string, f recordFlags) (any, error) {
 	one := func(s adminapi.Section, err error) (any, error) { return adminapi.SectionResponse{Section: s}, err }
 	switch verb {
 	case "list":
@@ -148,7 +116,7 @@ func sectionsCall(ctx context.Context, c *adminapi.Client, kind adminapi.Section
 	case "get":
 		return one(c.Section(ctx, kind, name))
 	case "create":
-		return one(c.CreateSection(ctx, kind, adminapi.CreateSectionRequest{Name: name, From: f.from, Body: body, Reason: f.reason}))
+		return one(c.CreateSection(ctx, kind, adminapi.CreateSectionRequest{Name: name, From: from, Body: body, Reason: f.reason}))
 	case "update":
 		return one(c.UpdateSection(ctx, kind, name, adminapi.UpdateSectionRequest{Version: f.version, Body: body, Reason: f.reason}))
 	case "delete":

@@ -223,34 +223,50 @@ func (l *Log) InForce(id string, key []byte) bool {
 }
 
 // Key returns a copy of key id, or nil.
-func (l *Log) Key(id string) *Key {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	if e := l.recs[string(KindKey)+"/"+id]; e != nil {
-		k := *e.rec.Key
-		return &k
-	}
-	return nil
-}
+func (l *Log) Key(id string) *Key { return copyOf(l, string(KindKey)+"/"+id, keyOf) }
 
 // Keys returns copies of the keys of tenant ("" every tenant), revoked
 // ones included, sorted by tenant and id.
 func (l *Log) Keys(tenant string) []*Key {
+	return copiesOf(l, KindKey, keyOf, func(k *Key) bool { return tenant == "" || k.Tenant == tenant },
+		func(a, b *Key) bool {
+			if a.Tenant != b.Tenant {
+				return a.Tenant < b.Tenant
+			}
+			return a.ID < b.ID
+		})
+}
+
+func keyOf(r *Record) *Key { return r.Key }
+
+// copyOf returns a copy of what body finds in the record id (kind/name),
+// or nil: readers get copies, so that the log's records change only
+// under its lock, whatever kind of record they are.
+func copyOf[T any](l *Log, id string, body func(*Record) *T) *T {
 	l.mu.RLock()
-	out := []*Key{}
+	defer l.mu.RUnlock()
+	if e := l.recs[id]; e != nil {
+		if v := body(e.rec); v != nil {
+			c := *v
+			return &c
+		}
+	}
+	return nil
+}
+
+// copiesOf returns copies of what body finds in the records of kind that
+// keep accepts, sorted by less.
+func copiesOf[T any](l *Log, kind Kind, body func(*Record) *T, keep func(*T) bool, less func(a, b *T) bool) []*T {
+	l.mu.RLock()
+	out := []*T{}
 	for _, e := range l.recs {
-		if e.rec.Kind == KindKey && (tenant == "" || e.rec.Key.Tenant == tenant) {
-			k := *e.rec.Key
-			out = append(out, &k)
+		if e.rec.Kind == kind && keep(body(e.rec)) {
+			c := *body(e.rec)
+			out = append(out, &c)
 		}
 	}
 	l.mu.RUnlock()
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Tenant != out[j].Tenant {
-			return out[i].Tenant < out[j].Tenant
-		}
-		return out[i].ID < out[j].ID
-	})
+	sort.Slice(out, func(i, j int) bool { return less(out[i], out[j]) })
 	return out
 }
 

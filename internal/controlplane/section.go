@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -91,30 +90,17 @@ func SectionDiff(before, after *Section) []adminapi.Change {
 // Section returns a copy of the tenant or plan name (kind KindTenant or
 // KindPlan), deleted or not, or nil.
 func (l *Log) Section(kind Kind, name string) *Section {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	if e := l.recs[string(kind)+"/"+name]; e != nil && e.rec.Section != nil {
-		s := *e.rec.Section
-		return &s
-	}
-	return nil
+	return copyOf(l, string(kind)+"/"+name, sectionOf)
 }
 
 // Sections returns copies of the tenants or plans in force (not deleted),
 // sorted by name.
 func (l *Log) Sections(kind Kind) []*Section {
-	l.mu.RLock()
-	out := []*Section{}
-	for _, e := range l.recs {
-		if e.rec.Kind == kind && !e.rec.Section.Deleted {
-			s := *e.rec.Section
-			out = append(out, &s)
-		}
-	}
-	l.mu.RUnlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
+	return copiesOf(l, kind, sectionOf, func(s *Section) bool { return !s.Deleted },
+		func(a, b *Section) bool { return a.Name < b.Name })
 }
+
+func sectionOf(r *Record) *Section { return r.Section }
 
 // Overlay returns the tenants and plans in force, for a policy.Watcher to
 // lay over its file.

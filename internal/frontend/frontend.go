@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/sdk/go/checker"
+	"github.com/sluicehq/sluice/sdk/go/middleware"
 )
 
 // FrontEnd is what every request-path front end of Sluice configures
@@ -80,3 +81,17 @@ func (f FrontEnd[U]) Validate(p string) error {
 func ServiceMetrics(env platform.Env, service string) prometheus.Registerer {
 	return prometheus.WrapRegistererWith(prometheus.Labels{"service": service}, env.Metrics)
 }
+
+// OrAllowAll returns d, or, for a nil d, a Decider that allows every call:
+// a front end without a Checker (no flags configured) refuses no one by
+// them.
+func OrAllowAll(d middleware.Decider) middleware.Decider {
+	if d == nil {
+		return allowAll{}
+	}
+	return d
+}
+
+type allowAll struct{}
+
+func (allowAll) Check(string, string, string) checker.Decision { return checker.Decision{} }

@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/redisconn"
@@ -137,6 +139,18 @@ func Redis(t testing.TB) redisconn.Config {
 	c.KeyPrefix = Unique(t, "sluice_test:") + ":"
 	Require(t, "redis", c.Addr)
 	return c
+}
+
+// DropKeysAtEnd deletes every key of rdb under prefix when t ends: keys
+// that expire late (a month's counters) or never would otherwise pile up
+// in the shared Redis, test run after test run.
+func DropKeysAtEnd(t testing.TB, rdb redis.UniversalClient, prefix string) {
+	t.Cleanup(func() {
+		ctx := context.Background()
+		for _, k := range rdb.Keys(ctx, prefix+"*").Val() {
+			rdb.Del(ctx, k)
+		}
+	})
 }
 
 // RedisCluster returns the configuration of the real 3-master Redis Cluster

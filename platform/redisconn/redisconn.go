@@ -178,64 +178,44 @@ func NewClient(c Config, opts ...ClientOption) redis.UniversalClient {
 	for _, opt := range opts {
 		opt(&co)
 	}
-	o, err := c.options()
+	u, err := c.options()
 	if err != nil {
-		o = &redis.Options{
-			Addr: c.Addr,
-			Dialer: func(context.Context, string, string) (net.Conn, error) {
-				return nil, fmt.Errorf("redis: %w", err)
-			},
-			MaxRetries: -1,
-		}
-		if c.Cluster {
-			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Seeds(), Dialer: o.Dialer, MaxRetries: -1,
-				ContextTimeoutEnabled: co.contextTimeouts})
-		}
-		o.ContextTimeoutEnabled = co.contextTimeouts
-		return redis.NewClient(o)
+		return failing(c, err, c.Cluster, co)
 	}
+	// One set of options, converted for each kind of client, so that a
+	// setting cannot reach one kind and miss another.
+	u.ContextTimeoutEnabled = co.contextTimeouts
 	if c.Sentinel.Enabled() {
 		spass, err := tlsconfig.Secret("redis.sentinel.password", c.Sentinel.Password, c.Sentinel.PasswordFile)
 		if err != nil {
-			return redis.NewClient(&redis.Options{Addr: c.Addr, MaxRetries: -1, ContextTimeoutEnabled: co.contextTimeouts,
-				Dialer: func(context.Context, string, string) (net.Conn, error) { return nil, fmt.Errorf("redis: %w", err) }})
+			return failing(c, err, false, co)
 		}
-		return redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName:            c.Sentinel.Master,
-			SentinelAddrs:         c.Sentinel.Addrs,
-			SentinelPassword:      spass,
-			Username:              o.Username,
-			Password:              o.Password,
-			DB:                    o.DB,
-			DialTimeout:           o.DialTimeout,
-			PoolSize:              o.PoolSize,
-			TLSConfig:             o.TLSConfig,
-			ReadTimeout:           o.ReadTimeout,
-			WriteTimeout:          o.WriteTimeout,
-			ContextTimeoutEnabled: co.contextTimeouts,
-		})
+		u.Addrs, u.MasterName, u.SentinelPassword = c.Sentinel.Addrs, c.Sentinel.Master, spass
+		return redis.NewFailoverClient(u.Failover())
 	}
 	if c.Cluster {
-		cc := redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                 c.Seeds(),
-			Username:              o.Username,
-			Password:              o.Password,
-			DialTimeout:           o.DialTimeout,
-			PoolSize:              o.PoolSize,
-			TLSConfig:             o.TLSConfig,
-			ReadTimeout:           o.ReadTimeout,
-			WriteTimeout:          o.WriteTimeout,
-			ContextTimeoutEnabled: co.contextTimeouts,
-			// go-redis re-reads the slot map only on MOVED or when it is
-			// older than this (60 s by default); a master's failover
-			// answers nothing but refused connections until then.
-			ClusterStateReloadInterval: 10 * time.Second,
-		})
+		u.Addrs = c.Seeds()
+		o := u.Cluster()
+		// go-redis re-reads the slot map only on MOVED or when it is
+		// older than this (60 s by default); a master's failover
+		// answers nothing but refused connections until then.
+		o.ClusterStateReloadInterval = 10 * time.Second
+		cc := redis.NewClusterClient(o)
 		cc.OnNewNode(func(n *redis.Client) { n.AddHook(reloadOnDialError{cc}) })
 		return cc
 	}
-	o.ContextTimeoutEnabled = co.contextTimeouts
-	return redis.NewClient(o)
+	return redis.NewClient(u.Simple())
+}
+
+// failing returns a client whose every command fails with err: a cluster
+// client when cluster is set, a single one otherwise.
+func failing(c Config, err error, cluster bool, co clientOptions) redis.UniversalClient {
+	dial := func(context.Context, string, string) (net.Conn, error) { return nil, fmt.Errorf("redis: %w", err) }
+	if cluster {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Seeds(), Dialer: dial, MaxRetries: -1,
+			ContextTimeoutEnabled: co.contextTimeouts})
+	}
+	return redis.NewClient(&redis.Options{Addr: c.Addr, Dialer: dial, MaxRetries: -1, ContextTimeoutEnabled: co.contextTimeouts})
 }
 
 // reloadOnDialError re-reads a Redis Cluster's slot map when a node cannot
@@ -275,7 +255,7 @@ type clientOptions struct {
 // would otherwise hold a request past WithMaxWait.
 func ContextTimeouts() ClientOption { return func(o *clientOptions) { o.contextTimeouts = true } }
 
-func (c Config) options() (*redis.Options, error) {
+func (c Config) options() (*redis.UniversalOptions, error) {
 	pass, err := tlsconfig.Secret("redis.password", c.Password, c.PasswordFile)
 	if err != nil {
 		return nil, err
@@ -287,8 +267,8 @@ func (c Config) options() (*redis.Options, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &redis.Options{
-		Addr:        c.Addr,
+	return &redis.UniversalOptions{
+		Addrs:       []string{c.Addr},
 		Username:    c.Username,
 		Password:    pass,
 		DB:          c.DB,

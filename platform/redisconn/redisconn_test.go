@@ -315,3 +315,41 @@ func TestContextTimeoutsReachBothClientKinds(t *testing.T) {
 		}
 	}
 }
+
+// TestEveryKindTakesTheSettings: a single Redis, a Cluster and a primary
+// found through Sentinels each get the user, password, timeouts and pool
+// size of the configuration (and the database, but for a Cluster, which
+// has none).
+func TestEveryKindTakesTheSettings(t *testing.T) {
+	base := redisconn.Defaults()
+	base.Username, base.Password, base.DB, base.PoolSize, base.DialTimeout = "sluice", "s3cret", 2, 7, 3*time.Second
+	cluster := base
+	cluster.Cluster, cluster.DB, cluster.Addrs = true, 0, []string{"127.0.0.1:1", "127.0.0.1:2"}
+	sentinel := base
+	sentinel.Sentinel = redisconn.Sentinel{Master: "mymaster", Addrs: []string{"127.0.0.1:3"}, Password: "sent"}
+	type got struct {
+		user, pass      string
+		db, pool        int
+		dial, read, wri time.Duration
+	}
+	want := got{"sluice", "s3cret", 2, 7, 3 * time.Second, time.Second, time.Second}
+	for _, c := range []redisconn.Config{base, cluster, sentinel} {
+		cl := redisconn.NewClient(c)
+		var g got
+		switch cl := cl.(type) {
+		case *redis.Client:
+			o := cl.Options()
+			g = got{o.Username, o.Password, o.DB, o.PoolSize, o.DialTimeout, o.ReadTimeout, o.WriteTimeout}
+		case *redis.ClusterClient:
+			o := cl.Options()
+			g = got{o.Username, o.Password, 2, o.PoolSize, o.DialTimeout, o.ReadTimeout, o.WriteTimeout}
+			if strings.Join(o.Addrs, ",") != "127.0.0.1:1,127.0.0.1:2" || o.ClusterStateReloadInterval != 10*time.Second {
+				t.Errorf("cluster: seeds %v, slot map reloaded every %v", o.Addrs, o.ClusterStateReloadInterval)
+			}
+		}
+		cl.Close()
+		if g != want {
+			t.Errorf("cluster=%v sentinel=%v: the %T has %+v, want %+v", c.Cluster, c.Sentinel.Enabled(), cl, g, want)
+		}
+	}
+}

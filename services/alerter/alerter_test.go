@@ -247,6 +247,13 @@ channels:
 	if mutate != nil {
 		mutate(&cfg)
 	}
+	return runningPipeline(t, cfg, w), ding, sl
+}
+
+// runningPipeline returns the pipeline of cfg and w, its dispatcher
+// running until t ends.
+func runningPipeline(t *testing.T, cfg Config, w *policy.Watcher) *pipeline {
+	t.Helper()
 	p, err := newPipeline(cfg, testEnv(), w)
 	if err != nil {
 		t.Fatal(err)
@@ -255,7 +262,7 @@ channels:
 	done := make(chan struct{})
 	go func() { _ = p.dispatch.Run(ctx, 10*time.Second); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return p, ding, sl
+	return p
 }
 
 var sigSeq int

@@ -1,7 +1,6 @@
 package alerter
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -43,14 +42,7 @@ channels:
 	}
 	cfg := DefaultConfig()
 	cfg.Rules.GroupWait = 0
-	p, err := newPipeline(cfg, testEnv(), w)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = p.dispatch.Run(ctx, 10*time.Second); close(done) }()
-	defer func() { cancel(); <-done }()
+	p := runningPipeline(t, cfg, w)
 
 	now := time.Now().UTC()
 	for _, tenant := range []string{acme, globex, initech} {

@@ -19,7 +19,6 @@ import (
 	"github.com/sluicehq/sluice/internal/keyfile"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/sdk/go/checker"
 	"github.com/sluicehq/sluice/sdk/go/middleware"
 	"github.com/sluicehq/sluice/sdk/go/priority"
 	"github.com/sluicehq/sluice/sdk/go/ratelimit"
@@ -82,11 +81,8 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{cfg: cfg, dec: deps.Checker, admit: deps.Admitter, em: deps.Emitter, keys: deps.Keys, policy: deps.Policy, log: log, m: newMetrics(),
+	s := &Server{cfg: cfg, dec: frontend.OrAllowAll(deps.Checker), admit: deps.Admitter, em: deps.Emitter, keys: deps.Keys, policy: deps.Policy, log: log, m: newMetrics(),
 		sub: cfg.Path + "/", lower: lowerNames(cfg.Headers), now: time.Now}
-	if s.dec == nil {
-		s.dec = allowAll{}
-	}
 	if deps.Metrics != nil {
 		if err := s.m.all.Register(deps.Metrics); err != nil {
 			return nil, fmt.Errorf("authz: register metrics: %w", err)
@@ -94,10 +90,6 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 	}
 	return s, nil
 }
-
-type allowAll struct{}
-
-func (allowAll) Check(string, string, string) checker.Decision { return checker.Decision{} }
 
 // ServeHTTP answers checks on the endpoint's path (any method, any path
 // below it: Envoy appends the original path) and the probes. The path is

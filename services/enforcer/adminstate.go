@@ -236,6 +236,21 @@ func (a *adminState) Publish(ctx context.Context, recs []admin.Record) error {
 		krs = append(krs, rs...)
 		want[r.State.Key()] = r.State.Version
 	}
+	if err := a.produceApplied(ctx, krs); err != nil {
+		return err
+	}
+	for scope, v := range want {
+		if got := a.actions.Version(scope); got != v {
+			return fmt.Errorf("admin action on %q: another replica wrote version %d of its scope at the same time as this version %d; list the scope and retry", scope, got, v)
+		}
+	}
+	return nil
+}
+
+// produceApplied produces krs and returns once the broker acknowledged
+// them and this replica applied them, so that a change is answered in
+// force.
+func (a *adminState) produceApplied(ctx context.Context, krs []*kgo.Record) error {
 	res := a.kc.ProduceSync(ctx, krs...)
 	if err := res.FirstErr(); err != nil {
 		return fmt.Errorf("produce to %s: %w", a.topic, err)
@@ -243,11 +258,6 @@ func (a *adminState) Publish(ctx context.Context, recs []admin.Record) error {
 	for _, r := range res {
 		if err := a.waitApplied(ctx, r.Record.Partition, r.Record.Offset); err != nil {
 			return fmt.Errorf("acknowledged by the broker but not yet applied here: %w", err)
-		}
-	}
-	for scope, v := range want {
-		if got := a.actions.Version(scope); got != v {
-			return fmt.Errorf("admin action on %q: another replica wrote version %d of its scope at the same time as this version %d; list the scope and retry", scope, got, v)
 		}
 	}
 	return nil

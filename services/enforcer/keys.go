@@ -112,14 +112,8 @@ func (a *adminState) put(ctx context.Context, rec *controlplane.Record, read uin
 	if err != nil {
 		return err
 	}
-	res := a.kc.ProduceSync(ctx, krs...)
-	if err := res.FirstErr(); err != nil {
-		return fmt.Errorf("produce to %s: %w", a.topic, err)
-	}
-	for _, r := range res {
-		if err := a.waitApplied(ctx, r.Record.Partition, r.Record.Offset); err != nil {
-			return fmt.Errorf("acknowledged by the broker but not yet applied here: %w", err)
-		}
+	if err := a.produceApplied(ctx, krs); err != nil {
+		return err
 	}
 	if !a.keys.InForce(rec.ID(), krs[0].Key) {
 		// Another replica's change of the same version came first: ours

@@ -1,10 +1,7 @@
 package gateway
 
 import (
-	"encoding/json"
 	"net/http"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -108,18 +105,7 @@ func TestAzureClientURLs(t *testing.T) {
 // client's RateLimitError naming the limit, with Retry-After.
 func TestOfficialOpenAIClientAzureMode(t *testing.T) {
 	py := pythonWith(t, "openai")
-	g := startGateway(t, oneUpstream(t, mock(t, mockllm.Options{StreamUsage: mockllm.UsageWhenAsked})), Deps{})
-	refusingGW := startGateway(t, oneUpstream(t, mock(t, mockllm.Options{})), Deps{Checker: refusing{}})
-	cmd := exec.Command(py, "testdata/azure_client.py")
-	cmd.Env = append(os.Environ(), "GW_URL="+g.url, "GW_REFUSING_URL="+refusingGW.url, "SLUICE_KEY=sk-acme",
-		"NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("the Azure client script failed: %v\n%s\n%s", err, stderr.String(), out)
-	}
-	var res struct {
+	type report struct {
 		Usage   map[string][2]int64 `json:"usage"`
 		Refused *struct {
 			Status     int    `json:"status"`
@@ -127,11 +113,12 @@ func TestOfficialOpenAIClientAzureMode(t *testing.T) {
 			RetryAfter string `json:"retry_after"`
 		} `json:"refused"`
 	}
-	if err := json.Unmarshal(out, &res); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
+	res, g, _ := runClientScript[report](t, py, "testdata/azure_client.py", func(t *testing.T, o mockllm.Options, d Deps) (*gw, *charges) {
+		o.StreamUsage = mockllm.UsageWhenAsked
+		return startGateway(t, oneUpstream(t, mock(t, o)), d), nil
+	})
 	if len(res.Usage) != 3 {
-		t.Fatalf("the client saw usage for %d calls, want 3: %s", len(res.Usage), out)
+		t.Fatalf("the client saw usage for %d calls, want 3: %+v", len(res.Usage), res)
 	}
 	for id, u := range res.Usage {
 		if ev := g.settlement(t, id); ev.PromptTokens != u[0] || ev.CompletionTokens != u[1] || ev.Attributes["usage"] != "" {

@@ -150,12 +150,11 @@ func TestDeferredTaskOutlivesAGatewayRestart(t *testing.T) {
 	}
 }
 
-// TestDeferredRunsThroughTheRequestPath: a deferred request is checked
-// like any other before it is queued (stream refused, a key's model
-// rules, the priority header), runs with the key's tenant, priority and
-// the event id <task>-<run>, and is metered as an ordinary call.
-func TestDeferredRunsThroughTheRequestPath(t *testing.T) {
-	cfg := deferredConfig(t, oneUpstream(t, mock(t, mockllm.Options{})))
+// deferredGateway starts a gateway of cfg (deferredConfig) with deps and
+// a deferred task queue, and returns it with a worker running its tasks,
+// for the caller to start when the test wants tasks to run.
+func deferredGateway(t *testing.T, cfg testGateway, deps Deps) (*gw, *deferred.Worker) {
+	t.Helper()
 	rdb := redisconn.NewClient(itest.Redis(t))
 	t.Cleanup(func() { rdb.Close() })
 	q, err := deferred.NewQueue(context.Background(), cfg.Deferred, itest.Kafka(t), rdb, nil)
@@ -163,13 +162,24 @@ func TestDeferredRunsThroughTheRequestPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(q.Close)
-	g := startGateway(t, cfg, Deps{Tasks: q})
+	deps.Tasks = q
+	g := startGateway(t, cfg, deps)
 	w, err := deferred.NewWorker(cfg.Deferred, itest.Kafka(t), rdb, func(ctx context.Context, task *deferred.Task, run int) deferred.Outcome {
 		return g.RunTask(ctx, task, run, cfg.Deferred.MaxResultBytes)
 	}, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return g, w
+}
+
+// TestDeferredRunsThroughTheRequestPath: a deferred request is checked
+// like any other before it is queued (stream refused, a key's model
+// rules, the priority header), runs with the key's tenant, priority and
+// the event id <task>-<run>, and is metered as an ordinary call.
+func TestDeferredRunsThroughTheRequestPath(t *testing.T) {
+	cfg := deferredConfig(t, oneUpstream(t, mock(t, mockllm.Options{})))
+	g, w := deferredGateway(t, cfg, Deps{})
 	itest.Start(t, "deferred worker", w.Run)
 
 	stream := `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"x"}]}`

@@ -251,12 +251,7 @@ upstreams:
 func TestSoftQuotaFlagServesTheFallback(t *testing.T) {
 	cfg := testConfig(t, Upstream{Name: "mock", BaseURL: mock(t, mockllm.Options{}), Models: []string{"gpt-4o", "gpt-4o-mini"}})
 	cfg.policy = "fallbacks:\n  gpt-4o: [gpt-4o-mini]\n"
-	rdb := redisconn.NewClient(itest.Redis(t))
-	t.Cleanup(func() { rdb.Close() })
-	ccfg := checker.DefaultConfig()
-	ccfg.KeyPrefix = itest.Unique(t, "sluice_test_gwflags:") + ":"
-	ccfg.ResyncInterval = time.Second
-	chk := checkertest.Start(t, rdb, ccfg)
+	chk, setSoft := softFlagChecker(t)
 	g := startGateway(t, cfg, Deps{Checker: chk})
 	chat := func(id string) (*http.Response, string) {
 		return post(t, g.url, "/v1/chat/completions", "sk-acme", `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`, "X-Request-Id", id)
@@ -265,22 +260,7 @@ func TestSoftQuotaFlagServesTheFallback(t *testing.T) {
 		t.Fatalf("before the soft flag: %d %s %v", resp.StatusCode, b, resp.Header)
 	}
 
-	layout := flags.Layout{Prefix: ccfg.KeyPrefix}
-	end := time.Now().Add(time.Hour)
-	f := &flags.Flag{State: flags.StateSoft, Kind: flags.KindQuota, Quota: "monthly_tokens", Period: "month",
-		Limit: 1000, Used: 1200, Until: end, ResetsAt: end}
-	ctx := context.Background()
-	if _, err := rdb.TxPipelined(ctx, func(pl redis.Pipeliner) error {
-		pl.HSet(ctx, layout.TenantKey("acme"), flags.VersionField, 1, "gpt-4o", flags.Encode(f))
-		pl.PExpire(ctx, layout.TenantKey("acme"), time.Hour)
-		pl.Set(ctx, layout.VersionKey(), 1, 0)
-		pl.Publish(ctx, layout.Channel(), flags.FormatChange("acme", 1))
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rdb.Del(context.Background(), layout.TenantKey("acme"), layout.VersionKey()) })
-	itest.Eventually(t, 30*time.Second, "the Checker reads the soft flag", func() bool { return chk.Over("acme", "gpt-4o", "acme") != nil })
+	setSoft(true, 1)
 	if d := chk.Check("acme", "gpt-4o", "acme"); !d.Allowed() {
 		t.Fatalf("a soft flag refused: %+v", d)
 	}
@@ -293,6 +273,42 @@ func TestSoftQuotaFlagServesTheFallback(t *testing.T) {
 	}
 	if chk.Over("acme", "gpt-4o-mini", "acme") != nil || chk.Over("trial", "gpt-4o", "mini-only") != nil {
 		t.Error("the soft flag on acme's gpt-4o applies to another model or tenant")
+	}
+}
+
+// softFlagChecker returns a Checker on the test Redis and a function that
+// raises (on) or lifts acme's soft monthly-quota flag on gpt-4o at flag
+// version version, as the enforcer writes it, and waits until the Checker
+// has the change.
+func softFlagChecker(t *testing.T) (*checker.Checker, func(on bool, version int)) {
+	t.Helper()
+	rdb := redisconn.NewClient(itest.Redis(t))
+	t.Cleanup(func() { rdb.Close() })
+	ccfg := checker.DefaultConfig()
+	ccfg.KeyPrefix = itest.Unique(t, "sluice_test_gwflags:") + ":"
+	ccfg.ResyncInterval = time.Second
+	chk := checkertest.Start(t, rdb, ccfg)
+	layout := flags.Layout{Prefix: ccfg.KeyPrefix}
+	t.Cleanup(func() { rdb.Del(context.Background(), layout.TenantKey("acme"), layout.VersionKey()) })
+	return chk, func(on bool, version int) {
+		t.Helper()
+		ctx := context.Background()
+		end := time.Now().Add(time.Hour)
+		f := &flags.Flag{State: flags.StateSoft, Kind: flags.KindQuota, Quota: "monthly_tokens", Period: "month", Limit: 1000, Used: 1200, Until: end, ResetsAt: end}
+		if _, err := rdb.TxPipelined(ctx, func(pl redis.Pipeliner) error {
+			if on {
+				pl.HSet(ctx, layout.TenantKey("acme"), flags.VersionField, version, "gpt-4o", flags.Encode(f))
+				pl.PExpire(ctx, layout.TenantKey("acme"), time.Hour)
+			} else {
+				pl.Del(ctx, layout.TenantKey("acme"))
+			}
+			pl.Set(ctx, layout.VersionKey(), version, 0)
+			pl.Publish(ctx, layout.Channel(), flags.FormatChange("acme", int64(version)))
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		itest.Eventually(t, 30*time.Second, "the Checker reads the soft flag's change", func() bool { return (chk.Over("acme", "gpt-4o", "acme") != nil) == on })
 	}
 }
 
@@ -359,38 +375,11 @@ tenants:
       big-rpm: {scope: {model: gpt-4o}, unit: requests, sliding_window: {length: 1m, limit: 1}, exact: true}
       mini-rpm: {scope: {model: gpt-4o-mini}, unit: requests, sliding_window: {length: 1m, limit: 1}, exact: true}
 `
-	rdb := redisconn.NewClient(itest.Redis(t))
-	t.Cleanup(func() { rdb.Close() })
-	ccfg := checker.DefaultConfig()
-	ccfg.KeyPrefix = itest.Unique(t, "sluice_test_gwflags:") + ":"
-	ccfg.ResyncInterval = time.Second
-	chk := checkertest.Start(t, rdb, ccfg)
+	chk, setSoft := softFlagChecker(t)
 	g := startGateway(t, cfg, Deps{Checker: chk, Limits: routeLimits(t, cfg)})
 	chat := func(model, id string) (*http.Response, string) {
 		return post(t, g.url, "/v1/chat/completions", "sk-acme", `{"model":"`+model+`","messages":[{"role":"user","content":"hi"}]}`, "X-Request-Id", id)
 	}
-
-	layout := flags.Layout{Prefix: ccfg.KeyPrefix}
-	setSoft := func(on bool, version int) {
-		ctx := context.Background()
-		end := time.Now().Add(time.Hour)
-		f := &flags.Flag{State: flags.StateSoft, Kind: flags.KindQuota, Quota: "monthly_tokens", Period: "month", Limit: 1000, Used: 1200, Until: end, ResetsAt: end}
-		if _, err := rdb.TxPipelined(ctx, func(pl redis.Pipeliner) error {
-			if on {
-				pl.HSet(ctx, layout.TenantKey("acme"), flags.VersionField, version, "gpt-4o", flags.Encode(f))
-				pl.PExpire(ctx, layout.TenantKey("acme"), time.Hour)
-			} else {
-				pl.Del(ctx, layout.TenantKey("acme"))
-			}
-			pl.Set(ctx, layout.VersionKey(), version, 0)
-			pl.Publish(ctx, layout.Channel(), flags.FormatChange("acme", int64(version)))
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		itest.Eventually(t, 30*time.Second, "the Checker reads the soft flag's change", func() bool { return (chk.Over("acme", "gpt-4o", "acme") != nil) == on })
-	}
-	t.Cleanup(func() { rdb.Del(context.Background(), layout.TenantKey("acme"), layout.VersionKey()) })
 
 	setSoft(true, 1)
 	if resp, b := chat("gpt-4o", "fallback"); resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderServedModel) != "gpt-4o-mini" {

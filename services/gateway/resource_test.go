@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"strconv"
 	"sync"
@@ -16,14 +15,12 @@ import (
 
 	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/platform/itest"
-	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/priority"
 	"github.com/sluicehq/sluice/sdk/go/ratelimit"
 	"github.com/sluicehq/sluice/sdk/go/resource"
 	"github.com/sluicehq/sluice/sdk/go/upstream"
-	"github.com/sluicehq/sluice/services/gateway/deferred"
 )
 
 // fakeResources is a process whose CPU and memory use the test sets: each
@@ -239,20 +236,7 @@ upstreams:
 	cfg.policy = yaml
 	f := newFakeResources()
 	guards, s, p := resourceGuards(t, string(cfg.policyYAML(t)), f)
-	rdb := redisconn.NewClient(itest.Redis(t))
-	t.Cleanup(func() { rdb.Close() })
-	q, err := deferred.NewQueue(context.Background(), cfg.Deferred, itest.Kafka(t), rdb, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(q.Close)
-	g := startGateway(t, cfg, Deps{Policy: func() *policy.Policy { return p }, Guards: guards, Tasks: q})
-	w, err := deferred.NewWorker(cfg.Deferred, itest.Kafka(t), rdb, func(ctx context.Context, task *deferred.Task, run int) deferred.Outcome {
-		return g.RunTask(ctx, task, run, cfg.Deferred.MaxResultBytes)
-	}, slog.New(slog.DiscardHandler), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, w := deferredGateway(t, cfg, Deps{Policy: func() *policy.Policy { return p }, Guards: guards})
 
 	f.step(t, s, 0.55, 0.1)
 	// No call has met premium's guard since the CPU rose: the deferral

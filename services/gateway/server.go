@@ -158,10 +158,7 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 		return nil, err
 	}
 	s.est = est
-	dec := deps.Checker
-	if dec == nil {
-		dec = allowAll{}
-	}
+	dec := frontend.OrAllowAll(deps.Checker)
 	opts := []middleware.Option{
 		middleware.WithEstimates(est),
 		middleware.WithEstimateEvents(cfg.Usage.EstimateEvents),
@@ -242,10 +239,6 @@ func isNilEmitter(e middleware.Emitter) bool {
 	em, ok := e.(*emitter.Emitter)
 	return ok && em == nil
 }
-
-type allowAll struct{}
-
-func (allowAll) Check(string, string, string) checker.Decision { return checker.Decision{} }
 
 // ServeHTTP serves the API.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }

@@ -56,42 +56,56 @@ func (s *Store) Quotas(ctx context.Context, tenant string, now time.Time) ([]quo
 	if tenant != "" {
 		filter, args = "AND tenant = ?", append(args, tenant)
 	}
-	rows, err := s.conn.Query(ctx, fmt.Sprintf(quotasQuery, filter), args...)
+	return query(ctx, s.conn, "quota_state", fmt.Sprintf(quotasQuery, filter), args, scanQuota)
+}
+
+func scanQuota(rows driver.Rows) (quotastatus.TenantQuota, error) {
+	var (
+		r                 quotastatus.TenantQuota
+		quota, period     string
+		unit, mode        string
+		tier              uint16
+		pred, upd, pe, ps time.Time
+		lo, hi            time.Time
+	)
+	if err := rows.Scan(&r.Tenant, &r.Model, &quota, &period, &ps, &pe, &r.Used, &r.Limit, &unit, &mode, &tier,
+		&r.RatePerMinute, &pred, &lo, &hi, &r.PredictionBasis, &upd); err != nil {
+		return r, err
+	}
+	r.Quota.Quota, r.Period, r.Unit, r.Mode = schemas.QuotaKind(quota), schemas.Period(period), schemas.Unit(unit), schemas.Mode(mode)
+	r.Tier, r.PeriodStart, r.ResetsAt = int(tier), ps.UTC(), pe.UTC()
+	// The aggregator stores "no prediction" as the epoch.
+	if pred.Unix() > 0 {
+		r.PredictedExhaustion = utcOrNil(pred)
+		r.PredictedEarliest, r.PredictedLatest = utcOrNil(lo), utcOrNil(hi)
+	} else {
+		r.PredictionBasis = ""
+	}
+	if upd.Unix() > 0 {
+		u := upd.UTC()
+		r.UpdatedAt = &u
+	}
+	return r, nil
+}
+
+// query runs q and scans each of its rows with scan, naming table in its
+// errors: the reads of this package differ only in their SQL and columns.
+func query[T any](ctx context.Context, conn driver.Conn, table, q string, args []any, scan func(driver.Rows) (T, error)) ([]T, error) {
+	rows, err := conn.Query(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("quota_state: %w", err)
+		return nil, fmt.Errorf("%s: %w", table, err)
 	}
 	defer rows.Close()
-	var out []quotastatus.TenantQuota
+	var out []T
 	for rows.Next() {
-		var (
-			r                 quotastatus.TenantQuota
-			quota, period     string
-			unit, mode        string
-			tier              uint16
-			pred, upd, pe, ps time.Time
-			lo, hi            time.Time
-		)
-		if err := rows.Scan(&r.Tenant, &r.Model, &quota, &period, &ps, &pe, &r.Used, &r.Limit, &unit, &mode, &tier,
-			&r.RatePerMinute, &pred, &lo, &hi, &r.PredictionBasis, &upd); err != nil {
-			return nil, fmt.Errorf("quota_state: %w", err)
+		v, err := scan(rows)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", table, err)
 		}
-		r.Quota.Quota, r.Period, r.Unit, r.Mode = schemas.QuotaKind(quota), schemas.Period(period), schemas.Unit(unit), schemas.Mode(mode)
-		r.Tier, r.PeriodStart, r.ResetsAt = int(tier), ps.UTC(), pe.UTC()
-		// The aggregator stores "no prediction" as the epoch.
-		if pred.Unix() > 0 {
-			r.PredictedExhaustion = utcOrNil(pred)
-			r.PredictedEarliest, r.PredictedLatest = utcOrNil(lo), utcOrNil(hi)
-		} else {
-			r.PredictionBasis = ""
-		}
-		if upd.Unix() > 0 {
-			u := upd.UTC()
-			r.UpdatedAt = &u
-		}
-		out = append(out, r)
+		out = append(out, v)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("quota_state: %w", err)
+		return nil, fmt.Errorf("%s: %w", table, err)
 	}
 	return out, nil
 }
@@ -157,29 +171,21 @@ func (m Minute) Value(unit schemas.Unit) float64 {
 // Minutes returns a tenant's per-minute usage in [from, to), every model
 // and the "*" total, ordered by model then minute.
 func (s *Store) Minutes(ctx context.Context, tenant string, from, to time.Time) ([]Minute, error) {
-	rows, err := s.conn.Query(ctx, `
+	return query(ctx, s.conn, "usage_minute", `
 SELECT model, minute, rq, tk, cs FROM (
   SELECT model, minute, argMax(requests, version) AS rq,
          argMax(prompt_tokens + completion_tokens, version) AS tk, argMax(cost, version) AS cs
   FROM usage_minute
   WHERE tenant = ? AND minute >= toDateTime(?) AND minute < toDateTime(?)
   GROUP BY model, minute
-) ORDER BY model, minute`, tenant, from.Unix(), to.Unix())
-	if err != nil {
-		return nil, fmt.Errorf("usage_minute: %w", err)
-	}
-	defer rows.Close()
-	var out []Minute
-	for rows.Next() {
-		var m Minute
-		var rq, tk uint64
-		if err := rows.Scan(&m.Model, &m.Minute, &rq, &tk, &m.Cost); err != nil {
-			return nil, fmt.Errorf("usage_minute: %w", err)
-		}
-		m.Minute, m.Requests, m.Tokens = m.Minute.UTC(), float64(rq), float64(tk)
-		out = append(out, m)
-	}
-	return out, rows.Err()
+) ORDER BY model, minute`, []any{tenant, from.Unix(), to.Unix()},
+		func(rows driver.Rows) (Minute, error) {
+			var m Minute
+			var rq, tk uint64
+			err := rows.Scan(&m.Model, &m.Minute, &rq, &tk, &m.Cost)
+			m.Minute, m.Requests, m.Tokens = m.Minute.UTC(), float64(rq), float64(tk)
+			return m, err
+		})
 }
 
 // Signal is one signal of the signals log, as the console lists a tenant's
@@ -195,52 +201,36 @@ type Signal struct {
 
 // Signals returns a tenant's latest signals, newest first, at most limit.
 func (s *Store) Signals(ctx context.Context, tenant string, limit int) ([]Signal, error) {
-	rows, err := s.conn.Query(ctx, `
+	return query(ctx, s.conn, "signals_log", `
 SELECT DISTINCT id, time, kind, model, quota, tier, used, quota_limit, reason
-FROM signals_log WHERE tenant = ? ORDER BY time DESC, id LIMIT ?`, tenant, limit)
-	if err != nil {
-		return nil, fmt.Errorf("signals_log: %w", err)
-	}
-	defer rows.Close()
-	var out []Signal
-	for rows.Next() {
-		var (
-			sg       Signal
-			id, kind string
-			tier     uint16
-		)
-		if err := rows.Scan(&id, &sg.Time, &kind, &sg.Model, &sg.Quota, &tier, &sg.Used, &sg.Limit, &sg.Reason); err != nil {
-			return nil, fmt.Errorf("signals_log: %w", err)
-		}
-		sg.Time, sg.Kind, sg.Tier = sg.Time.UTC(), schemas.SignalKind(kind), int(tier)
-		out = append(out, sg)
-	}
-	return out, rows.Err()
+FROM signals_log WHERE tenant = ? ORDER BY time DESC, id LIMIT ?`, []any{tenant, limit},
+		func(rows driver.Rows) (Signal, error) {
+			var (
+				sg       Signal
+				id, kind string
+				tier     uint16
+			)
+			err := rows.Scan(&id, &sg.Time, &kind, &sg.Model, &sg.Quota, &tier, &sg.Used, &sg.Limit, &sg.Reason)
+			sg.Time, sg.Kind, sg.Tier = sg.Time.UTC(), schemas.SignalKind(kind), int(tier)
+			return sg, err
+		})
 }
 
 // Throughput returns, per minute in [from, to), the requests and tokens
 // counted for every tenant together (the "*" rows of usage_minute).
 func (s *Store) Throughput(ctx context.Context, from, to time.Time) ([]Minute, error) {
-	rows, err := s.conn.Query(ctx, `
+	return query(ctx, s.conn, "usage_minute", `
 SELECT minute, sum(rq), sum(tk) FROM (
   SELECT tenant, minute, argMax(requests, version) AS rq, argMax(prompt_tokens + completion_tokens, version) AS tk
   FROM usage_minute
   WHERE model = '*' AND minute >= toDateTime(?) AND minute < toDateTime(?)
   GROUP BY tenant, minute
-) GROUP BY minute ORDER BY minute`, from.Unix(), to.Unix())
-	if err != nil {
-		return nil, fmt.Errorf("usage_minute: %w", err)
-	}
-	defer rows.Close()
-	var out []Minute
-	for rows.Next() {
-		var m Minute
-		var rq, tk uint64
-		if err := rows.Scan(&m.Minute, &rq, &tk); err != nil {
-			return nil, fmt.Errorf("usage_minute: %w", err)
-		}
-		m.Model, m.Minute, m.Requests, m.Tokens = "*", m.Minute.UTC(), float64(rq), float64(tk)
-		out = append(out, m)
-	}
-	return out, rows.Err()
+) GROUP BY minute ORDER BY minute`, []any{from.Unix(), to.Unix()},
+		func(rows driver.Rows) (Minute, error) {
+			m := Minute{Model: "*"}
+			var rq, tk uint64
+			err := rows.Scan(&m.Minute, &rq, &tk)
+			m.Minute, m.Requests, m.Tokens = m.Minute.UTC(), float64(rq), float64(tk)
+			return m, err
+		})
 }

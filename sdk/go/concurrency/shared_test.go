@@ -24,12 +24,7 @@ func sharedPair(t *testing.T, limit int, opts ...SharedOpt) (redis.UniversalClie
 	rdb := redisconn.NewClient(itest.Redis(t))
 	t.Cleanup(func() { rdb.Close() })
 	prefix := itest.Unique(t, "sluice:test:")
-	t.Cleanup(func() {
-		ctx := context.Background()
-		for _, k := range rdb.Keys(ctx, prefix+"*").Val() {
-			rdb.Del(ctx, k)
-		}
-	})
+	itest.DropKeysAtEnd(t, rdb, prefix)
 	mk := func(id string) *Shared {
 		s, err := NewShared(rdb, prefix, "acct-1", id, Fixed(limit), opts...)
 		if err != nil {

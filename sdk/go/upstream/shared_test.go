@@ -23,11 +23,7 @@ func TestGuardsShareAnUpstreamThroughRedis(t *testing.T) {
 	rdb := redisconn.NewClient(itest.Redis(t))
 	t.Cleanup(func() { rdb.Close() })
 	prefix := itest.Unique(t, "sluice:test:")
-	t.Cleanup(func() {
-		for _, k := range rdb.Keys(context.Background(), prefix+"*").Val() {
-			rdb.Del(context.Background(), k)
-		}
-	})
+	itest.DropKeysAtEnd(t, rdb, prefix)
 	guard := func(id string) *Guard {
 		s, err := concurrency.NewShared(rdb, prefix, "acct", id, concurrency.Fixed(1))
 		if err != nil {

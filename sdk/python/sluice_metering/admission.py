@@ -34,10 +34,10 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field, replace
 from importlib import resources
-from typing import Any, TypeVar, Union
+from typing import Any, Generic, TypeVar, Union
 
 import redis
 import redis.asyncio
@@ -872,6 +872,29 @@ _PING = _Step()
 _Flow = Generator[_Step, Any, _T]
 
 
+class _Run(Generic[_T]):
+    """A flow being driven, what both drivers share: iterating gives each
+    step of the flow, after which the driver sets reply, or error to what
+    the step raised; result is the flow's once the iteration ends."""
+
+    def __init__(self, flow: _Flow[_T]) -> None:
+        self._flow = flow
+        self.reply: Any = None
+        self.error: Exception | None = None
+        self.result: _T
+
+    def __iter__(self) -> Iterator[_Step]:
+        while True:
+            reply, err = self.reply, self.error
+            self.reply, self.error = None, None
+            try:
+                step = self._flow.send(reply) if err is None else self._flow.throw(err)
+            except StopIteration as done:
+                self.result = done.value
+                return
+            yield step
+
+
 class _LimiterBase:
     """What Limiter and AsyncLimiter share apart from how they call Redis."""
 
@@ -985,22 +1008,19 @@ class Limiter(_LimiterBase):
                          gateway_count=gateway_count, settle_ttl=settle_ttl, probe_interval=probe_interval,
                          max_pending=max_pending, max_instances=max_instances)
 
+    def _run(self, step: _Step) -> Any:
+        if step.script is None:
+            return self._rdb.ping()
+        return [step.script(keys=c.keys, args=c.args) for c in step.calls]
+
     def _drive(self, flow: _Flow[_T]) -> _T:
-        reply: Any = None
-        err: Exception | None = None
-        while True:
+        run = _Run(flow)
+        for step in run:
             try:
-                step = flow.send(reply) if err is None else flow.throw(err)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            reply, err = None, None
-            try:
-                if step.script is None:
-                    reply = self._rdb.ping()
-                else:
-                    reply = [step.script(keys=c.keys, args=c.args) for c in step.calls]
+                run.reply = self._run(step)
             except Exception as e:  # noqa: BLE001 - the flow decides
-                err = e
+                run.error = e
+        return run.result
 
     def admit(self, req: Request) -> Ticket:
         """Decide whether req may go upstream; a refusal is a Decision with
@@ -1051,18 +1071,13 @@ class AsyncLimiter(_LimiterBase):
         return await asyncio.wait_for(all_calls(), self._core.max_wait)
 
     async def _drive(self, flow: _Flow[_T]) -> _T:
-        reply: Any = None
-        err: Exception | None = None
-        while True:
+        run = _Run(flow)
+        for step in run:
             try:
-                step = flow.send(reply) if err is None else flow.throw(err)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            reply, err = None, None
-            try:
-                reply = await self._run(step)
+                run.reply = await self._run(step)
             except Exception as e:  # noqa: BLE001 - the flow decides
-                err = e
+                run.error = e
+        return run.result
 
     async def admit(self, req: Request) -> Ticket:
         """See Limiter.admit."""

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice/services/alerter/alert"
 	"github.com/sluicehq/sluice/services/alerter/message"
+	"github.com/sluicehq/sluice/services/alerter/message/messagetest"
 	"github.com/sluicehq/sluice/services/alerter/notify"
 )
 
@@ -62,18 +63,23 @@ func (r *robot) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"errcode": 0, "errmsg": "ok"})
 }
 
-func renderer(t *testing.T) *message.Renderer {
-	t.Helper()
-	r, err := message.New("en", "", message.Links{}, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
+func renderer(t *testing.T) *message.Renderer { return messagetest.Renderer(t, message.Links{}) }
 
 func sample() alert.Message {
 	return alert.Message{Alerts: []alert.Alert{{Key: alert.Key{Tenant: "acme", Model: "*", Period: "day", Quota: "daily_tokens", Rule: alert.RuleQuotaTier},
 		Status: alert.StatusFiring, Severity: alert.SeverityCritical, Tier: 100, Used: 1000, Limit: 1000, Unit: "tokens", Language: "zh"}}}
+}
+
+// start returns a Sender to rb, signing with secret.
+func start(t *testing.T, rb *robot, secret string) *Sender {
+	t.Helper()
+	srv := httptest.NewServer(rb)
+	t.Cleanup(srv.Close)
+	s, err := New(srv.URL+"/robot/send?access_token=tok", secret, renderer(t), srv.Client())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 func TestSignMatchesDingTalksAlgorithm(t *testing.T) {
@@ -87,12 +93,7 @@ func TestSignMatchesDingTalksAlgorithm(t *testing.T) {
 
 func TestSendsASignedMarkdownMessage(t *testing.T) {
 	rb := &robot{}
-	srv := httptest.NewServer(rb)
-	defer srv.Close()
-	s, err := New(srv.URL+"/robot/send?access_token=tok", secret, renderer(t), srv.Client())
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := start(t, rb, secret)
 	if err := s.Send(context.Background(), sample()); err != nil {
 		t.Fatal(err)
 	}
@@ -108,10 +109,7 @@ func TestSendsASignedMarkdownMessage(t *testing.T) {
 }
 
 func TestWrongSecretIsAPermanentError(t *testing.T) {
-	rb := &robot{}
-	srv := httptest.NewServer(rb)
-	defer srv.Close()
-	s, _ := New(srv.URL+"/robot/send?access_token=tok", "wrong", renderer(t), srv.Client())
+	s := start(t, &robot{}, "wrong")
 	err := s.Send(context.Background(), sample())
 	if err == nil || !notify.IsPermanent(err) || !strings.Contains(err.Error(), "310000") {
 		t.Fatalf("want a permanent errcode error, got %v", err)
@@ -119,10 +117,7 @@ func TestWrongSecretIsAPermanentError(t *testing.T) {
 }
 
 func TestRateLimitedRobotAsksToRetryLater(t *testing.T) {
-	rb := &robot{errcode: errcodeTooFast}
-	srv := httptest.NewServer(rb)
-	defer srv.Close()
-	s, _ := New(srv.URL+"/robot/send?access_token=tok", secret, renderer(t), srv.Client())
+	s := start(t, &robot{errcode: errcodeTooFast}, secret)
 	err := s.Send(context.Background(), sample())
 	if err == nil || notify.IsPermanent(err) {
 		t.Fatalf("errcode 130101 must be retryable, got %v", err)
@@ -130,10 +125,7 @@ func TestRateLimitedRobotAsksToRetryLater(t *testing.T) {
 }
 
 func TestServerErrorsAreRetriedByTheDispatcher(t *testing.T) {
-	rb := &robot{fail: 2}
-	srv := httptest.NewServer(rb)
-	defer srv.Close()
-	s, _ := New(srv.URL+"/robot/send?access_token=tok", secret, renderer(t), srv.Client())
+	s := start(t, &robot{fail: 2}, secret)
 	err := s.Send(context.Background(), sample())
 	if err == nil || notify.IsPermanent(err) {
 		t.Fatalf("a 500 must be retryable, got %v", err)

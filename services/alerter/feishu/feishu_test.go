@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/services/alerter/alert"
 	"github.com/sluicehq/sluice/services/alerter/channel"
 	"github.com/sluicehq/sluice/services/alerter/message"
+	"github.com/sluicehq/sluice/services/alerter/message/messagetest"
 	"github.com/sluicehq/sluice/services/alerter/notify"
 )
 
@@ -78,12 +79,7 @@ func (b *bot) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func renderer(t *testing.T) *message.Renderer {
-	t.Helper()
-	r, err := message.New("en", "", message.Links{Runbook: "https://rb.example/{rule}"}, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
+	return messagetest.Renderer(t, message.Links{Runbook: "https://rb.example/{rule}"})
 }
 
 func sample(lang string) alert.Message {

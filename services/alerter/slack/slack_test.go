@@ -11,16 +11,12 @@ import (
 
 	"github.com/sluicehq/sluice/services/alerter/alert"
 	"github.com/sluicehq/sluice/services/alerter/message"
+	"github.com/sluicehq/sluice/services/alerter/message/messagetest"
 	"github.com/sluicehq/sluice/services/alerter/notify"
 )
 
 func renderer(t *testing.T) *message.Renderer {
-	t.Helper()
-	r, err := message.New("en", "", message.Links{Runbook: "https://rb.example/{rule}"}, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
+	return messagetest.Renderer(t, message.Links{Runbook: "https://rb.example/{rule}"})
 }
 
 func sample() alert.Message {

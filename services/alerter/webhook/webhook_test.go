@@ -29,6 +29,7 @@ import (
 	"github.com/sluicehq/sluice/services/alerter/alert"
 	"github.com/sluicehq/sluice/services/alerter/channel"
 	"github.com/sluicehq/sluice/services/alerter/message"
+	"github.com/sluicehq/sluice/services/alerter/message/messagetest"
 	"github.com/sluicehq/sluice/services/alerter/notify"
 )
 
@@ -137,12 +138,7 @@ func validate(sch *jsonschema.Schema, body []byte) error {
 }
 
 func renderer(t *testing.T) *message.Renderer {
-	t.Helper()
-	r, err := message.New("en", "", message.Links{Dashboard: "https://grafana.example/d/sluice?tenant={tenant}"}, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
+	return messagetest.Renderer(t, message.Links{Dashboard: "https://grafana.example/d/sluice?tenant={tenant}"})
 }
 
 var (

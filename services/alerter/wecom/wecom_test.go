@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/services/alerter/alert"
 	"github.com/sluicehq/sluice/services/alerter/channel"
 	"github.com/sluicehq/sluice/services/alerter/message"
+	"github.com/sluicehq/sluice/services/alerter/message/messagetest"
 	"github.com/sluicehq/sluice/services/alerter/notify"
 )
 
@@ -78,15 +79,6 @@ func (rb *robot) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rb.answer(w, 0, "ok")
 }
 
-func renderer(t *testing.T, links message.Links) *message.Renderer {
-	t.Helper()
-	r, err := message.New("en", "", links, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
-
 func sample(tenant, lang string) alert.Alert {
 	return alert.Alert{Key: alert.Key{Tenant: tenant, Model: "<@all>", Period: "month", Quota: "budget", Rule: alert.RuleQuotaTier},
 		Status: alert.StatusFiring, Severity: alert.SeverityWarning, Tier: 90, Used: 90, Limit: 100, Unit: "currency", Language: lang}
@@ -96,7 +88,7 @@ func start(t *testing.T, rb *robot, msgtype, cardURL string, links message.Links
 	t.Helper()
 	srv := httptest.NewServer(rb)
 	t.Cleanup(srv.Close)
-	s, err := New(srv.URL+"/cgi-bin/webhook/send?key=k-123", msgtype, cardURL, renderer(t, links), srv.Client())
+	s, err := New(srv.URL+"/cgi-bin/webhook/send?key=k-123", msgtype, cardURL, messagetest.Renderer(t, links), srv.Client())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -109,13 +109,9 @@ func (s *Series) announceRestored(q *quotaState, prior map[AnnouncedKey]Announce
 		p.emit(sig)
 	}
 	if q.exhausted && !was.Exhausted {
-		sig := s.base(schemas.SignalQuotaExhausted, q, b, ts, offset, used)
 		// The id an exhaustion counted live would have had.
-		sig.ID = s.id(sig.Kind, q, b.start)
-		if q.exhaustions > 1 {
-			sig.ID = s.id(sig.Kind, q, b.start, strconv.Itoa(int(q.exhaustions)))
-		}
-		sig.Reason = string(q.q.Name) + " exhausted (" + string(q.q.Mode) + "), found after a restore under the limit now in force"
+		sig := s.exhaustion(q, b, ts, offset, used)
+		sig.Reason += ", found after a restore under the limit now in force"
 		p.emit(sig)
 	}
 	if q.tier != was.Tier || q.exhausted != was.Exhausted {

@@ -114,6 +114,19 @@ func (s *Series) id(kind schemas.SignalKind, q *quotaState, start int64, extra .
 	return schemas.SignalID(parts...)
 }
 
+// exhaustion is the signal of q's latest exhaustion in b. Its id counts
+// the exhaustions of the period (the first keeps the id without the
+// count), so that one after a raised limit is not a replay of the first.
+func (s *Series) exhaustion(q *quotaState, b bound, ts, offset int64, used float64) schemas.Signal {
+	sig := s.base(schemas.SignalQuotaExhausted, q, b, ts, offset, used)
+	sig.ID = s.id(sig.Kind, q, b.start)
+	if q.exhaustions > 1 {
+		sig.ID = s.id(sig.Kind, q, b.start, strconv.Itoa(int(q.exhaustions)))
+	}
+	sig.Reason = string(q.q.Name) + " exhausted (" + string(q.q.Mode) + ")"
+	return sig
+}
+
 func (s *Series) periodReset(q *quotaState, ts, offset int64) schemas.Signal {
 	b := s.t.bounds[q.kind][0]
 	sig := s.base(schemas.SignalPeriodReset, q, b, ts, offset, 0)
@@ -175,13 +188,7 @@ func (s *Series) evalQuota(q *quotaState, ts, offset int64, p *Partition) {
 	if used >= q.q.Limit && !q.exhausted {
 		q.exhausted = true
 		q.exhaustions++
-		sig := s.base(schemas.SignalQuotaExhausted, q, b, ts, offset, used)
-		sig.ID = s.id(sig.Kind, q, b.start)
-		if q.exhaustions > 1 {
-			sig.ID = s.id(sig.Kind, q, b.start, strconv.Itoa(int(q.exhaustions)))
-		}
-		sig.Reason = string(q.q.Name) + " exhausted (" + string(q.q.Mode) + ")"
-		p.emit(sig)
+		p.emit(s.exhaustion(q, b, ts, offset, used))
 	}
 }
 

@@ -147,11 +147,8 @@ func (a *API) issueKey(w http.ResponseWriter, r *http.Request) {
 
 func (a *API) rotateKey(w http.ResponseWriter, r *http.Request) {
 	var req adminapi.RotateKeyRequest
-	if !decodeBody(w, r, &req) {
-		return
-	}
-	cur := a.visibleKey(w, r)
-	if cur == nil || !a.fresh(w, cur, req.Version) {
+	cur := a.keyToChange(w, r, &req, func() uint64 { return req.Version })
+	if cur == nil {
 		return
 	}
 	now := a.now().UTC()
@@ -191,11 +188,8 @@ func (a *API) rotateKey(w http.ResponseWriter, r *http.Request) {
 
 func (a *API) revokeKey(w http.ResponseWriter, r *http.Request) {
 	var req adminapi.RevokeKeyRequest
-	if !decodeBody(w, r, &req) {
-		return
-	}
-	cur := a.visibleKey(w, r)
-	if cur == nil || !a.fresh(w, cur, req.Version) {
+	cur := a.keyToChange(w, r, &req, func() uint64 { return req.Version })
+	if cur == nil {
 		return
 	}
 	if err := checkReason(req.Reason); err != nil {
@@ -209,6 +203,20 @@ func (a *API) revokeKey(w http.ResponseWriter, r *http.Request) {
 	if a.putKey(w, r, adminapi.ActionKeyRevoke, cur, &next, req.Version, req.Reason) {
 		writeJSON(w, http.StatusOK, adminapi.KeyResponse{Key: next.API()})
 	}
+}
+
+// keyToChange decodes into req a change of the key the path names and
+// returns the key, or nil once it has answered: a bad body, no key the
+// caller may see, or another version in force than the change read.
+func (a *API) keyToChange(w http.ResponseWriter, r *http.Request, req any, read func() uint64) *controlplane.Key {
+	if !decodeBody(w, r, req) {
+		return nil
+	}
+	cur := a.visibleKey(w, r)
+	if cur == nil || !a.fresh(w, cur, read()) {
+		return nil
+	}
+	return cur
 }
 
 // fresh answers 409 and returns false when the change read another version
