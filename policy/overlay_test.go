@@ -67,7 +67,10 @@ func TestOverlaidNamesTheRecordsBadField(t *testing.T) {
 	}
 }
 
-func TestWatcherOverlayKeepsTheLastGoodPolicy(t *testing.T) {
+// overlayWatcher watches overlayFile, written to a file of its own (its
+// path returned for tests that edit it), reloaded only when told.
+func overlayWatcher(t *testing.T) (string, *Watcher) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "p.yaml")
 	if err := os.WriteFile(path, []byte(overlayFile), 0o600); err != nil {
 		t.Fatal(err)
@@ -76,6 +79,11 @@ func TestWatcherOverlayKeepsTheLastGoodPolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return path, w
+}
+
+func TestWatcherOverlayKeepsTheLastGoodPolicy(t *testing.T) {
+	path, w := overlayWatcher(t)
 	good := Overlay{Tenants: map[string]json.RawMessage{"api": json.RawMessage(`{"plan":"gold"}`)}}
 	if !w.SetOverlay(good) || !slices.Contains(w.Current().TenantIDs(), "api") {
 		t.Fatal("a valid overlay must be installed")
@@ -148,14 +156,7 @@ func BenchmarkOverlaid(b *testing.B) {
 // on disk shows once reloaded, a content that does not parse leaves them
 // as they were, and records laid over the file are not among them.
 func TestWatcherFileSectionsFollowReloads(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "p.yaml")
-	if err := os.WriteFile(path, []byte(overlayFile), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	w, err := NewWatcher(path, time.Hour, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	path, w := overlayWatcher(t)
 	w.SetOverlay(Overlay{Tenants: map[string]json.RawMessage{"api": json.RawMessage(`{"plan":"gold"}`)}})
 	names := func() string {
 		o, err := w.FileSections()

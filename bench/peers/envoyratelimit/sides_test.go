@@ -30,28 +30,6 @@ import (
 // the ones it was tested with.
 const EnvoyRatelimitVersion = "v1.4.1-0.20260122083618-3fb702589d36"
 
-// envoyBinary builds the service's command (src/service_cmd) once per
-// version into the user's cache folder, outside the checkout, and returns
-// its path.
-func envoyBinary(b *testing.B) string {
-	b.Helper()
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		b.Fatal(err)
-	}
-	dir := filepath.Join(cache, "sluice-bench", "envoy-ratelimit-"+EnvoyRatelimitVersion)
-	bin := filepath.Join(dir, "service_cmd")
-	if _, err := os.Stat(bin); err == nil {
-		return bin
-	}
-	cmd := exec.Command("go", "install", "github.com/envoyproxy/ratelimit/src/service_cmd@"+EnvoyRatelimitVersion)
-	cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOWORK=off")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		b.Fatalf("building the Envoy ratelimit service %s: %v\n%s", EnvoyRatelimitVersion, err, out)
-	}
-	return bin
-}
-
 // envoyDomain is the descriptor configuration's domain, and the descriptor
 // keys of its three limits: the window of the open load and of the tight
 // load (one configuration serves both, the service reading it once), and
@@ -128,7 +106,7 @@ type envoyMode struct {
 // window). Its keys go when the benchmark ends.
 func envoyService(b *testing.B, m envoyMode) envoyProcess {
 	b.Helper()
-	bin := envoyBinary(b)
+	bin := sidebyside.PeerBinary(b, "envoy-ratelimit", "github.com/envoyproxy/ratelimit/src/service_cmd", EnvoyRatelimitVersion)
 	rc, redisPid := sidebyside.SharedRedis(b, 2)
 	root := b.TempDir()
 	cfgDir := filepath.Join(root, "ratelimit", "config")

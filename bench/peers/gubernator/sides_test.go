@@ -23,27 +23,6 @@ import (
 // start (OpenTelemetry schema URLs in conflict).
 const GubernatorVersion = "v2.13.0"
 
-// gubernatorBinary builds gubernator's daemon once per version into the
-// user's cache folder and returns its path.
-func gubernatorBinary(b *testing.B) string {
-	b.Helper()
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		b.Fatal(err)
-	}
-	dir := filepath.Join(cache, "sluice-bench", "gubernator-"+GubernatorVersion)
-	bin := filepath.Join(dir, "gubernator")
-	if _, err := os.Stat(bin); err == nil {
-		return bin
-	}
-	cmd := exec.Command("go", "install", "github.com/gubernator-io/gubernator/v2/cmd/gubernator@"+GubernatorVersion)
-	cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOWORK=off")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		b.Fatalf("building gubernator %s: %v\n%s", GubernatorVersion, err, out)
-	}
-	return bin
-}
-
 // gubernatorDaemon starts one gubernator daemon, configured by its GUBER_
 // environment as its README and example.conf say: gRPC and HTTP on
 // loopback, member-list discovery with itself as the known node (a
@@ -51,7 +30,7 @@ func gubernatorBinary(b *testing.B) string {
 // core), tracing off. It returns its gRPC address and pid.
 func gubernatorDaemon(b *testing.B) (string, int) {
 	b.Helper()
-	bin := gubernatorBinary(b)
+	bin := sidebyside.PeerBinary(b, "gubernator", "github.com/gubernator-io/gubernator/v2/cmd/gubernator", GubernatorVersion)
 	grpcAddr, ml := itest.FreeAddr(b), itest.FreeAddr(b)
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(),
