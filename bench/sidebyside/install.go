@@ -31,3 +31,31 @@ func PeerBinary(b *testing.B, name, pkg, version string) string {
 	}
 	return bin
 }
+
+// StartPeer starts the peer's binary bin with env added to this process's
+// environment, its output in a log file of the benchmark's, and stops it
+// when the benchmark ends (the log is shown if the benchmark failed). It
+// returns the process, whose pid charges the peer's CPU.
+func StartPeer(b *testing.B, bin string, env ...string) *os.Process {
+	b.Helper()
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), env...)
+	log, err := os.Create(filepath.Join(b.TempDir(), filepath.Base(bin)+".log"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		log.Close()
+		if b.Failed() {
+			out, _ := os.ReadFile(log.Name())
+			b.Logf("%s's log:\n%s", filepath.Base(bin), out)
+		}
+	})
+	return cmd.Process
+}

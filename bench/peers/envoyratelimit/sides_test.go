@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -119,33 +118,14 @@ func envoyService(b *testing.B, m envoyMode) envoyProcess {
 	grpcAddr := itest.FreeAddr(b)
 	prefix := itest.Unique(b, "envoyrl:") + ":"
 	b.Cleanup(func() { sidebyside.DeletePrefix(rc, prefix) })
-	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(),
-		"USE_STATSD=false", "LOG_LEVEL=warn",
-		"RUNTIME_ROOT="+root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_APPDIRECTORY=config",
-		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+rc.Options().Addr, "CACHE_KEY_PREFIX="+prefix)
+	env := []string{"USE_STATSD=false", "LOG_LEVEL=warn",
+		"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_APPDIRECTORY=config",
+		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + rc.Options().Addr, "CACHE_KEY_PREFIX=" + prefix}
 	for name, addr := range map[string]string{"GRPC_": grpcAddr, "": itest.FreeAddr(b), "DEBUG_": itest.FreeAddr(b)} {
 		host, port, _ := strings.Cut(addr, ":")
-		cmd.Env = append(cmd.Env, name+"HOST="+host, name+"PORT="+port)
+		env = append(env, name+"HOST="+host, name+"PORT="+port)
 	}
-	cmd.Env = append(cmd.Env, m.env...)
-	log, err := os.Create(filepath.Join(b.TempDir(), "envoy-ratelimit.log"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		log.Close()
-		if b.Failed() {
-			out, _ := os.ReadFile(log.Name())
-			b.Logf("Envoy ratelimit service's log:\n%s", out)
-		}
-	})
+	proc := sidebyside.StartPeer(b, bin, append(env, m.env...)...)
 	c, conn := envoyClient(b, grpcAddr)
 	defer conn.Close()
 	itest.EventuallyNoError(b, 30*time.Second, "the Envoy ratelimit service answering with its configuration", func() error {
@@ -160,7 +140,7 @@ func envoyService(b *testing.B, m envoyMode) envoyProcess {
 		}
 		return nil
 	})
-	return envoyProcess{addr: grpcAddr, pids: []int{cmd.Process.Pid, redisPid}, redis: rc}
+	return envoyProcess{addr: grpcAddr, pids: []int{proc.Pid, redisPid}, redis: rc}
 }
 
 // envoyProcess is a running service: its gRPC address, the pids of the

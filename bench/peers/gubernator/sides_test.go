@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -32,24 +29,10 @@ func gubernatorDaemon(b *testing.B) (string, int) {
 	b.Helper()
 	bin := sidebyside.PeerBinary(b, "gubernator", "github.com/gubernator-io/gubernator/v2/cmd/gubernator", GubernatorVersion)
 	grpcAddr, ml := itest.FreeAddr(b), itest.FreeAddr(b)
-	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(),
+	proc := sidebyside.StartPeer(b, bin,
 		"GUBER_GRPC_ADDRESS="+grpcAddr, "GUBER_ADVERTISE_ADDRESS="+grpcAddr, "GUBER_HTTP_ADDRESS="+itest.FreeAddr(b),
 		"GUBER_PEER_DISCOVERY_TYPE=member-list", "GUBER_MEMBERLIST_ADDRESS="+ml, "GUBER_MEMBERLIST_BIND_ADDRESS="+ml,
 		"GUBER_MEMBERLIST_KNOWN_NODES="+ml, "GUBER_LOG_LEVEL=warn", "OTEL_TRACES_EXPORTER=none")
-	log, err := os.Create(filepath.Join(b.TempDir(), "gubernator.log"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		log.Close()
-	})
 	c, err := guber.DialV1Server(grpcAddr, nil)
 	if err != nil {
 		b.Fatal(err)
@@ -66,7 +49,7 @@ func gubernatorDaemon(b *testing.B) (string, int) {
 		}
 		return nil
 	})
-	return grpcAddr, cmd.Process.Pid
+	return grpcAddr, proc.Pid
 }
 
 // gubernatorSide sends each decision to the daemon as one GetRateLimits
