@@ -878,8 +878,14 @@ func (r *release) checkPod(t *testing.T, w workload, c corev1.Container, p *pod)
 			}
 		}
 	}
-	if svc, _ := sluiceconfig.Lookup(w.component); !svc.Signals && cfg.SignalAuth.KeyFile != "" {
+	// A gateway or console following the admin topic verifies its signed
+	// records: it needs the brokers and the keys.
+	follows := (w.component == "gateway" && cfg.Services.Gateway.AdminTopic != "") || (w.component == "console" && cfg.Services.Console.AdminTopic != "")
+	if svc, _ := sluiceconfig.Lookup(w.component); !svc.Signals && !follows && cfg.SignalAuth.KeyFile != "" {
 		t.Errorf("%s: the signing keys are mounted into the %s, which neither signs nor verifies", what, w.component)
+	}
+	if follows && (cfg.SignalAuth.KeyFile == "" || len(cfg.Kafka.Brokers) == 0) {
+		t.Errorf("%s: follows the admin topic without the signing keys (%q) or the brokers (%v) its records need", what, cfg.SignalAuth.KeyFile, cfg.Kafka.Brokers)
 	}
 	if w.component != "gateway" && w.component != "authz" && cfg.TenantKeys.File != "" {
 		t.Errorf("%s: the tenant keys are mounted into the %s, which does not read them", what, w.component)
