@@ -37,8 +37,9 @@ func TestDemoKeysLoad(t *testing.T) {
 
 // TestDemoGatewayConfiguration: the demo's `sluice gateway` section
 // validates, its keys file lets each load-generator tenant in under its
-// own tenant, and the gateway sends usage to the demo's ingest with the
-// key ingest knows.
+// own tenant, the gateway sends usage to the demo's ingest with the key
+// ingest knows, and the gateway and console follow the enforcer's admin
+// topic.
 func TestDemoGatewayConfiguration(t *testing.T) {
 	cfg := demoConfig()
 	dir := t.TempDir()
@@ -66,5 +67,9 @@ func TestDemoGatewayConfiguration(t *testing.T) {
 	key, _ := os.ReadFile(cfg.Services.Gateway.Usage.IngestAPIKeyFile)
 	if string(key) != "sk-ingest-demo\n" {
 		t.Errorf("ingest key %q", key)
+	}
+	// Keys and tenants made at runtime reach the demo's gateway and console.
+	if a := cfg.Services.Enforcer.AdminTopic; a == "" || cfg.Services.Gateway.AdminTopic != a || cfg.Services.Console.AdminTopic != a {
+		t.Errorf("the gateway follows %q and the console %q; want the enforcer's admin topic %q", cfg.Services.Gateway.AdminTopic, cfg.Services.Console.AdminTopic, a)
 	}
 }
