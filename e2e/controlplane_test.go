@@ -39,7 +39,7 @@ func TestControlPlaneSurvivesRestartingEveryService(t *testing.T) {
 	services := []string{"ingest", "aggregator", "enforcer", "alerter"}
 	startAll := func() {
 		s.startAll(services...)
-		s.waitReady(s.spawnAs("gateway", "gateway", "-services.gateway.listen="+gw, "-services.gateway.admin_topic="+s.admin,
+		s.waitReady(s.spawnAs("gateway", "gateway", "-services.gateway.listen="+gw, "-services.gateway.follow_admin",
 			"-services.gateway.usage.sink=kafka"))
 	}
 	startAll()

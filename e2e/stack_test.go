@@ -277,31 +277,24 @@ func (s *stack) args(opsAddr string) []string {
 		"-clickhouse.database=" + s.ch.Database,
 		"-policy.file=" + s.policyPath, "-policy.reload=500ms",
 		"-redis.key_prefix=" + s.redisPrefix,
+		"-topics.usage=" + s.topic, "-topics.signals=" + s.signals, "-topics.admin=" + s.admin,
 		// Only a gateway or authz process reads it; tests that start one
 		// write it first.
 		"-tenant_keys.file=" + filepath.Join(s.dir, "gateway-keys.yaml"),
 		"-signal_auth.key_file=" + filepath.Join(s.dir, "signal-keys"),
 		"-services.ingest.listen=" + s.ingestAddr,
 		"-services.ingest.gateway_keys.file=" + filepath.Join(s.dir, "keys.yaml"),
-		"-services.ingest.usage_topic=" + s.topic,
 		// The period-reset test stamps events an hour ahead.
 		"-services.ingest.max_event_future=2h",
-		"-services.aggregator.usage_topic=" + s.topic,
 		"-services.aggregator.consumer.group=" + s.groups["aggregator"],
-		"-services.aggregator.signals_topic=" + s.signals,
-		"-services.aggregator.admin_topic=" + s.admin,
 		// The period-reset test stamps events an hour ahead; without this the
 		// aggregator holds them (uncounted) until their time comes.
 		"-services.aggregator.max_event_future=2h",
 		"-services.aggregator.flush_interval=100ms",
 		"-services.aggregator.consumer.session_timeout=6s",
 		"-services.enforcer.consumer.group=" + s.groups["enforcer"],
-		"-services.enforcer.signals_topic=" + s.signals,
-		"-services.enforcer.admin_topic=" + s.admin,
 		"-services.enforcer.admin.listen=" + s.adminAddr,
 		"-services.alerter.consumer.group=" + s.groups["alerter"],
-		"-services.alerter.signals_topic=" + s.signals,
-		"-services.reconciler.signals_topic=" + s.signals,
 		"-services.alerter.alertmanager.url=" + s.alertmgr,
 		"-services.alerter.rules.pending_for=1s",
 		"-services.alerter.rules.group_wait=0s",
@@ -309,12 +302,10 @@ func (s *stack) args(opsAddr string) []string {
 		// The stack runs no gateway service, but its shared defaults must
 		// not be left for one to meet another deployment's.
 		"-services.gateway.name=" + s.prefix + "gateway",
-		"-services.gateway.usage.usage_topic=" + s.topic,
 		"-services.gateway.deferred.topic_prefix=" + s.topic + "_deferred",
 		"-services.gateway.deferred.consumer.group=" + s.topic + "_deferred",
 		// Nor the forward-auth endpoint's.
 		"-services.authz.name=" + s.prefix + "authz",
-		"-services.authz.usage.usage_topic=" + s.topic,
 		// The process's shutdown_timeout covers each service's own (35 s by
 		// default); stop kills what outlasts 45 s.
 	}

@@ -43,6 +43,9 @@ type Env struct {
 	Kafka      kafkaconn.Config
 	ClickHouse chconn.Config
 	Redis      redisconn.Config
+	// Topics names the Kafka topics the services share (the root topics
+	// section); a service reads its topics here, not from its own section.
+	Topics Topics
 	// Policy is the quota policy file every service follows (the root
 	// policy section): tenants, quotas, limits, upstreams, channels.
 	Policy FileSource

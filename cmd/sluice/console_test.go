@@ -102,17 +102,17 @@ func startConsoleStack(t *testing.T) *consoleStack {
 	s := &consoleStack{prefix: itest.Unique(t, "console") + ":", adminToken: "sk-admin-" + itest.Unique(t, ""), otherToken: "sk-admin-other-" + itest.Unique(t, ""),
 		viewerToken: "sk-viewer-" + itest.Unique(t, ""), tenantAdminToken: "sk-vip-admin-" + itest.Unique(t, ""),
 		ingestKey: "sk-ingest-" + itest.Unique(t, ""), runawayKey: "sk-ingest-runaway-" + itest.Unique(t, "")}
-	usage, signals, admin := itest.Unique(t, "console_usage"), itest.Unique(t, "console_signals"), itest.Unique(t, "console_admin")
+	cfg.Topics = itest.Topics(t)
 	sv := &cfg.Services
 	cfg.Redis.KeyPrefix = s.prefix
-	sv.Ingest.Listen, sv.Ingest.Topic = freeAddr(t), usage
+	sv.Ingest.Listen = freeAddr(t)
 	// One key for the gateway (every tenant), one that reports runaway only:
 	// runaway's own key for ingest's usage API.
 	sv.Ingest.GatewayKeys.File = writeFile(t, dir, "ingest-keys.yaml", fmt.Sprintf("keys:\n  - {id: gw, sha256: %s, tenants: [\"*\"]}\n  - {id: runaway-direct, sha256: %s, tenants: [runaway]}\n",
 		sha(s.ingestKey), sha(s.runawayKey)))
-	sv.Aggregator.Topic, sv.Aggregator.Group, sv.Aggregator.SignalsTopic, sv.Aggregator.AdminTopic = usage, itest.Unique(t, "console_agg"), signals, admin
+	sv.Aggregator.Group = itest.Unique(t, "console_agg")
 	sv.Aggregator.FlushInterval = 100 * time.Millisecond
-	sv.Enforcer.SignalsTopic, sv.Enforcer.Group, sv.Enforcer.AdminTopic = signals, itest.Unique(t, "console_enf"), admin
+	sv.Enforcer.Group = itest.Unique(t, "console_enf")
 	sv.Enforcer.Admin.Listen = freeAddr(t)
 	sv.Enforcer.Admin.Tokens = []adminapi.Token{{Name: "browser-test", SHA256: adminapi.HashToken(s.adminToken)},
 		{Name: "other-operator", SHA256: adminapi.HashToken(s.otherToken)},
@@ -121,7 +121,7 @@ func startConsoleStack(t *testing.T) *consoleStack {
 	g := &sv.Gateway
 	g.Listen, g.Name = freeAddr(t), s.prefix+"gateway"
 	// The gateway accepts the keys the console issues.
-	g.AdminTopic = admin
+	g.FollowAdmin = true
 	var keys strings.Builder
 	keys.WriteString("keys:\n")
 	for _, tn := range demoTenants {
@@ -133,7 +133,7 @@ func startConsoleStack(t *testing.T) *consoleStack {
 	sv.Console.Listen = freeAddr(t)
 	sv.Console.AdminURL = "http://" + sv.Enforcer.Admin.Listen
 	// The console lays the records over its policy file, as the gateway.
-	sv.Console.AdminTopic = admin
+	sv.Console.FollowAdmin = true
 	sv.Console.SampleEvery = time.Second
 	s.console, s.gateway, s.ingest, s.cfg = "http://"+sv.Console.Listen, "http://"+g.Listen, "http://"+sv.Ingest.Listen, cfg
 

@@ -90,8 +90,7 @@ func demoConfig() sluiceconfig.Config {
 	// Keys, tenants and plans made with sluicectl or the console reach the
 	// demo's gateway and console at once, as in a deployment that follows
 	// the admin topic.
-	c.Services.Gateway.AdminTopic = c.Services.Enforcer.AdminTopic
-	c.Services.Console.AdminTopic = c.Services.Enforcer.AdminTopic
+	c.Services.Gateway.FollowAdmin, c.Services.Console.FollowAdmin = true, true
 	c.Services.Alerter.Alertmanager.URL = envOr("SLUICE_ALERTMANAGER_URL", "http://127.0.0.1:19093")
 	// Tiers must hold this long before they notify; short enough to watch.
 	c.Services.Alerter.Rules.PendingFor = 5 * time.Second

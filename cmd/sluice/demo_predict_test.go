@@ -42,14 +42,12 @@ func TestDemoShowsTheRunawaysPredictionEarly(t *testing.T) {
 	cfg.Ops.Listen = freeAddr(t)
 	sv := &cfg.Services
 	cfg.Redis.KeyPrefix = itest.Unique(t, "demopredict") + ":"
-	usage, signals, admin := itest.Unique(t, "demo_usage"), itest.Unique(t, "demo_signals"), itest.Unique(t, "demo_admin")
-	sv.Ingest.Listen, sv.Ingest.Topic = freeAddr(t), usage
-	sv.Aggregator.Topic, sv.Aggregator.Group, sv.Aggregator.SignalsTopic, sv.Aggregator.AdminTopic = usage, itest.Unique(t, "demo_agg"), signals, admin
-	sv.Enforcer.SignalsTopic, sv.Enforcer.Group, sv.Enforcer.AdminTopic = signals, itest.Unique(t, "demo_enf"), admin
+	cfg.Topics = itest.Topics(t)
+	sv.Ingest.Listen = freeAddr(t)
+	sv.Aggregator.Group = itest.Unique(t, "demo_agg")
+	sv.Enforcer.Group = itest.Unique(t, "demo_enf")
 	sv.Enforcer.Admin.Listen = freeAddr(t)
-	sv.Alerter.Topic, sv.Alerter.Group, sv.Alerter.Alertmanager.URL = signals, itest.Unique(t, "demo_alerter"), amSrv.URL
-	sv.Reconciler.SignalsTopic = signals
-	sv.Gateway.Usage.Topic = usage
+	sv.Alerter.Group, sv.Alerter.Alertmanager.URL = itest.Unique(t, "demo_alerter"), amSrv.URL
 	sv.Gateway.Deferred.Group, sv.Gateway.Deferred.TopicPrefix = itest.Unique(t, "demo_deferred"), itest.Unique(t, "demo_deferred")
 	sv.Console.Listen = freeAddr(t)
 

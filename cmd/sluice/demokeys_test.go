@@ -69,7 +69,7 @@ func TestDemoGatewayConfiguration(t *testing.T) {
 		t.Errorf("ingest key %q", key)
 	}
 	// Keys and tenants made at runtime reach the demo's gateway and console.
-	if a := cfg.Services.Enforcer.AdminTopic; a == "" || cfg.Services.Gateway.AdminTopic != a || cfg.Services.Console.AdminTopic != a {
-		t.Errorf("the gateway follows %q and the console %q; want the enforcer's admin topic %q", cfg.Services.Gateway.AdminTopic, cfg.Services.Console.AdminTopic, a)
+	if !cfg.Services.Gateway.FollowAdmin || !cfg.Services.Console.FollowAdmin {
+		t.Errorf("the gateway follows the admin topic: %v, the console: %v; want both to follow it", cfg.Services.Gateway.FollowAdmin, cfg.Services.Console.FollowAdmin)
 	}
 }

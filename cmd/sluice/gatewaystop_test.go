@@ -191,7 +191,8 @@ func withIngest(t *testing.T, dir, topic string) (sluiceconfig.Config, frontend.
 	cfg.Log.Format = "text"
 	cfg.Ops.Listen = freeAddr(t)
 	cfg.Services.Ingest.Listen = freeAddr(t)
-	cfg.Services.Ingest.Topic = topic
+	cfg.Topics = itest.Topics(t)
+	cfg.Topics.Usage = topic
 	key := "sk-ingest-" + itest.Unique(t, "")
 	sum := sha256.Sum256([]byte(key))
 	cfg.Services.Ingest.GatewayKeys.File = writeFile(t, dir, "ingest-keys.yaml", "keys:\n  - {id: frontend, sha256: "+hex.EncodeToString(sum[:])+", tenants: [\"*\"]}\n")

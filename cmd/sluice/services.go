@@ -16,7 +16,6 @@ import (
 	"github.com/sluicehq/sluice/platform/logging"
 	"github.com/sluicehq/sluice/platform/ops"
 	"github.com/sluicehq/sluice/platform/tracing"
-	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/aggregator"
 	"github.com/sluicehq/sluice/services/alerter"
 	"github.com/sluicehq/sluice/services/authz"
@@ -108,7 +107,7 @@ func preparePipeline(ctx context.Context, cfg *sluiceconfig.Config, names []stri
 		if dir != "" {
 			dir, _ = filepath.Abs(dir)
 		}
-		cluster, addrs, err := devbroker.Start(cfg.Embedded.Port, dir, schemas.TopicUsageV1, schemas.TopicSignalsV1)
+		cluster, addrs, err := devbroker.Start(cfg.Embedded.Port, dir, cfg.Topics.Usage, cfg.Topics.Signals)
 		if err != nil {
 			return nil, err
 		}

@@ -36,11 +36,10 @@ func TestOneTraceFromCallToFlag(t *testing.T) {
 	cfg.SignalAuth = itest.SignalAuth(t)
 	cfg.Redis.KeyPrefix = itest.Unique(t, "traced") + ":"
 	cfg.Tracing.Enabled, cfg.Tracing.Endpoint, cfg.Tracing.Interval = true, rcv.URL, 100*time.Millisecond
-	signals, admin := itest.Unique(t, "traced_signals"), itest.Unique(t, "traced_admin")
 	sv := &cfg.Services
-	sv.Aggregator.Topic, sv.Aggregator.Group, sv.Aggregator.SignalsTopic, sv.Aggregator.AdminTopic = sv.Ingest.Topic, itest.Unique(t, "traced_agg"), signals, admin
+	sv.Aggregator.Group = itest.Unique(t, "traced_agg")
 	sv.Aggregator.FlushInterval = 100 * time.Millisecond
-	sv.Enforcer.SignalsTopic, sv.Enforcer.Group, sv.Enforcer.AdminTopic = signals, itest.Unique(t, "traced_enf"), admin
+	sv.Enforcer.Group = itest.Unique(t, "traced_enf")
 	g := &sv.Gateway
 	g.Listen, g.Name = freeAddr(t), cfg.Redis.KeyPrefix+"gateway"
 	g.Usage.EventSink = sink

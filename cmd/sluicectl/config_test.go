@@ -23,6 +23,7 @@ embedded_kafka: {port: 19192}
 shutdown_timeout: 15s
 migrate: true
 policy: {file: /etc/sluice/policy.yaml}
+topics: {signals: drift.v1}
 services:
   ingest:
     listen: 0.0.0.0:8080
@@ -30,7 +31,6 @@ services:
     consumer: {group: sluice-aggregator}
   reconciler:
     at: "01:00"
-    signals_topic: drift.v1
 `
 
 func writeConfig(t *testing.T, body string) string {
@@ -72,8 +72,8 @@ func TestSluicectlReadsTheServicesConfig(t *testing.T) {
 	// The reconciler's own settings are the services' services.reconciler
 	// section: sluicectl reconcile once read a top-level reconciler
 	// section no services configuration has, and ignored the operator's.
-	if r := rec.Services.Reconciler; r.At != "01:00" || r.SignalsTopic != "drift.v1" {
-		t.Errorf("reconcile took at %q, signals_topic %q; want services.reconciler's 01:00 and drift.v1", r.At, r.SignalsTopic)
+	if r := rec.Services.Reconciler; r.At != "01:00" || rec.Topics.Signals != "drift.v1" {
+		t.Errorf("reconcile took at %q, topics.signals %q; want services.reconciler's 01:00 and drift.v1", r.At, rec.Topics.Signals)
 	}
 	if rec.ClickHouse.Database != "other" || rec.ClickHouse.Addr != "ch.internal:9000" {
 		t.Errorf("reconcile clickhouse %s/%s, want the flag's database over the file's address", rec.ClickHouse.Addr, rec.ClickHouse.Database)

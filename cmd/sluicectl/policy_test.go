@@ -49,11 +49,10 @@ func TestPolicyDiffShowsAHandEditAndApplyMakesItLive(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := enforcer.DefaultConfig()
-	cfg.Group, cfg.SignalsTopic = itest.Unique(t, "enforcer_"), itest.Unique(t, "sluice_test_signals_")
-	cfg.AdminTopic, cfg.ReplicaID, cfg.Admin.Listen = itest.Unique(t, "sluice_test_admin_"), "test", "127.0.0.1:0"
+	cfg.Group, cfg.ReplicaID, cfg.Admin.Listen = itest.Unique(t, "enforcer_"), "test", "127.0.0.1:0"
 	cfg.Admin.Tokens = []adminapi.Token{{Name: "ops", SHA256: adminapi.HashToken("op-token")}}
 	reg := prometheus.NewRegistry()
-	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Kafka: itest.Kafka(t), ClickHouse: chc, Redis: itest.Redis(t),
+	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Kafka: itest.Kafka(t), Topics: itest.Topics(t), ClickHouse: chc, Redis: itest.Redis(t),
 		SignalAuth: itest.SignalAuth(t), Metrics: reg, Health: ops.NewHealth(), Policy: platform.FileSource{File: file, Reload: 200 * time.Millisecond}}
 	svc, err := enforcer.New(cfg, env.Named("enforcer"))
 	enf := itest.StartService(t, svc, err)

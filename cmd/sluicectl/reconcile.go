@@ -35,6 +35,7 @@ type reconcileConfig struct {
 	Log        logging.Config    `yaml:"log"`
 	ClickHouse chconn.Config     `yaml:"clickhouse"`
 	Kafka      kafkaconn.Config  `yaml:"kafka"`
+	Topics     platform.Topics   `yaml:"topics"`
 	SignalAuth signalauth.Config `yaml:"signal_auth"`
 	// Services holds the reconciler's own section, services.reconciler,
 	// as the services read it.
@@ -49,7 +50,7 @@ type reconcileConfig struct {
 }
 
 func (c *reconcileConfig) Validate() error {
-	errs := []error{c.Log.Validate(), c.ClickHouse.Validate(), c.Kafka.Validate(), c.SignalAuth.Validate(),
+	errs := []error{c.Log.Validate(), c.ClickHouse.Validate(), c.Kafka.Validate(), c.Topics.Check("signals"), c.SignalAuth.Validate(),
 		config.Under("services.reconciler", c.Services.Reconciler.Validate())}
 	if c.Period != schemas.PeriodHour && c.Period != schemas.PeriodDay && c.Period != schemas.PeriodMonth {
 		errs = append(errs, fmt.Errorf("period: %q is not one of hour, day, month", c.Period))
@@ -60,7 +61,7 @@ func (c *reconcileConfig) Validate() error {
 // loadReconcileConfig reads the flags, the environment and the shared
 // sections of SLUICE_CONFIG (see loadConfig).
 func loadReconcileConfig(args []string) (reconcileConfig, error) {
-	cfg := reconcileConfig{Log: logging.Defaults(), ClickHouse: chconn.Defaults(), Kafka: kafkaconn.Defaults(), Period: schemas.PeriodDay}
+	cfg := reconcileConfig{Log: logging.Defaults(), ClickHouse: chconn.Defaults(), Kafka: kafkaconn.Defaults(), Topics: platform.DefaultTopics(), Period: schemas.PeriodDay}
 	cfg.Services.Reconciler = reconciler.DefaultConfig()
 	cfg.Log.Format = "text"
 	fs := flag.NewFlagSet("sluicectl reconcile", flag.ContinueOnError)
@@ -97,7 +98,7 @@ func runReconcile(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		pub = &reconciler.KafkaPublisher{Client: cl, Topic: cfg.Services.Reconciler.SignalsTopic, Auth: auth}
+		pub = &reconciler.KafkaPublisher{Client: cl, Topic: cfg.Topics.Signals, Auth: auth}
 	} else if !cfg.DryRun {
 		log.Warn("no kafka.brokers configured: drift is repaired and recorded but no reconciliation_drift signal is sent")
 	}

@@ -880,7 +880,7 @@ func (r *release) checkPod(t *testing.T, w workload, c corev1.Container, p *pod)
 	}
 	// A gateway or console following the admin topic verifies its signed
 	// records: it needs the brokers and the keys.
-	follows := (w.component == "gateway" && cfg.Services.Gateway.AdminTopic != "") || (w.component == "console" && cfg.Services.Console.AdminTopic != "")
+	follows := (w.component == "gateway" && cfg.Services.Gateway.FollowAdmin) || (w.component == "console" && cfg.Services.Console.FollowAdmin)
 	if svc, _ := sluiceconfig.Lookup(w.component); !svc.Signals && !follows && cfg.SignalAuth.KeyFile != "" {
 		t.Errorf("%s: the signing keys are mounted into the %s, which neither signs nor verifies", what, w.component)
 	}

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/platform"
-	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/emitter"
 )
 
@@ -19,11 +18,10 @@ import (
 // and how the Emitter buffers them (NewEmitter builds it). services/authz
 // sends its refusal events with one.
 type EventSink struct {
-	Sink             string        `yaml:"sink" help:"where usage events go: ingest (HTTP, ingest_url), kafka (straight to topic with the root kafka settings) or none (metering off)"`
+	Sink             string        `yaml:"sink" help:"where usage events go: ingest (HTTP, ingest_url), kafka (straight to topics.usage with the root kafka settings) or none (metering off)"`
 	IngestURL        string        `yaml:"ingest_url" help:"base URL of Sluice's ingest API"`
 	IngestAPIKeyFile string        `yaml:"ingest_api_key_file" help:"file holding the key ingest knows this gateway by (see services.ingest.keys_file)"`
 	IngestAPIKeyEnv  string        `yaml:"ingest_api_key_env" help:"environment variable holding that key, instead of a file"`
-	Topic            string        `yaml:"usage_topic" help:"usage topic, for sink kafka"`
 	BufferEvents     int           `yaml:"buffer_events" help:"events held while Sluice is slow or away; beyond it new events are dropped and counted (sluice_emitter_dropped_events_total)"`
 	FlushInterval    time.Duration `yaml:"flush_interval" help:"how long an event may wait for a batch to fill"`
 	FlushTimeout     time.Duration `yaml:"flush_timeout" help:"on shutdown, after the requests in flight, how long buffered events get to reach Sluice"`
@@ -42,7 +40,6 @@ func DefaultEventSink() EventSink {
 	return EventSink{
 		Sink:          SinkIngest,
 		IngestURL:     "http://127.0.0.1:8080",
-		Topic:         schemas.TopicUsageV1,
 		BufferEvents:  100_000,
 		FlushInterval: 200 * time.Millisecond,
 		FlushTimeout:  5 * time.Second,
@@ -65,11 +62,7 @@ func (u EventSink) Validate(p string) error {
 		if _, err := u.ingestKey(); err != nil {
 			bad(p+".%w", err)
 		}
-	case SinkKafka:
-		if u.Topic == "" {
-			bad("%s.usage_topic: is required for sink kafka", p)
-		}
-	case SinkNone:
+	case SinkKafka, SinkNone:
 	default:
 		bad(p+".sink: %q is not one of ingest, kafka, none", u.Sink)
 	}
@@ -130,11 +123,14 @@ func NewEmitter(cfg EventSink, service string, env platform.Env) (*emitter.Emitt
 		if len(env.Kafka.Brokers) == 0 {
 			return nil, nil, errors.New("usage.sink kafka: kafka.brokers is empty; name the brokers or use sink ingest")
 		}
+		if err := env.Topics.Check("usage"); err != nil {
+			return nil, nil, fmt.Errorf("usage.sink kafka: %w", err)
+		}
 		kopts, err := env.Kafka.Options()
 		if err != nil {
 			return nil, nil, err
 		}
-		ks, err := emitter.NewKafkaSender(cfg.Topic, kopts...)
+		ks, err := emitter.NewKafkaSender(env.Topics.Usage, kopts...)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -37,6 +37,7 @@ type Config struct {
 	Kafka      kafkaconn.Config `yaml:"kafka"`
 	ClickHouse chconn.Config    `yaml:"clickhouse"`
 	Redis      redisconn.Config `yaml:"redis"`
+	Topics     platform.Topics  `yaml:"topics"`
 	// Embedded configures franz-go's in-process broker, a development
 	// substitute for Kafka that runs only when asked for by name (sluice
 	// demo and make run ask): no broker is ever started because
@@ -73,6 +74,7 @@ func Defaults() Config {
 		Kafka:           kafkaconn.Defaults(),
 		ClickHouse:      chconn.Defaults(),
 		Redis:           redisconn.Defaults(),
+		Topics:          platform.DefaultTopics(),
 		ShutdownTimeout: 35 * time.Second,
 		Migrate:         true,
 		Policy:          platform.FileSource{Reload: platform.DefaultReload},
@@ -86,7 +88,7 @@ func Defaults() Config {
 // Validate checks every shared section and reports all problems at once;
 // the services' sections are checked when a service is chosen.
 func (c *Config) Validate() error {
-	errs := []error{c.Log.Validate(), c.Ops.Validate(), c.Tracing.Validate(), c.Kafka.Validate(), c.ClickHouse.Validate(), c.Redis.Validate(), c.SignalAuth.Validate(),
+	errs := []error{c.Log.Validate(), c.Ops.Validate(), c.Tracing.Validate(), c.Kafka.Validate(), c.ClickHouse.Validate(), c.Redis.Validate(), c.Topics.Validate(), c.SignalAuth.Validate(),
 		c.Policy.Validate("policy"), c.TenantKeys.Validate("tenant_keys")}
 	if c.Embedded.Enabled && len(c.Kafka.Brokers) > 0 {
 		errs = append(errs, errors.New("embedded_kafka.enabled: set together with kafka.brokers; use one or the other"))
@@ -102,7 +104,7 @@ func (c *Config) Validate() error {
 
 // Env is the shared part of what every service's Run receives.
 func (c *Config) Env() platform.Env {
-	return platform.Env{Kafka: c.Kafka, ClickHouse: c.ClickHouse, Redis: c.Redis, SignalAuth: c.SignalAuth, Policy: c.Policy, TenantKeys: c.TenantKeys}
+	return platform.Env{Kafka: c.Kafka, ClickHouse: c.ClickHouse, Redis: c.Redis, Topics: c.Topics, SignalAuth: c.SignalAuth, Policy: c.Policy, TenantKeys: c.TenantKeys}
 }
 
 // renamed lists the settings renamed when the configuration was unified:
@@ -110,6 +112,8 @@ func (c *Config) Env() platform.Env {
 // removed lists the settings that went without a successor, and why.
 var removed = map[string]string{
 	"services.gateway.request_id_memory": "usage event ids are built by the gateway, so a client reusing an x-request-id no longer needs catching",
+	"services.gateway.admin_topic":       "the admin topic is the root topics.admin; set services.gateway.follow_admin: true to follow it",
+	"services.console.admin_topic":       "the admin topic is the root topics.admin; set services.console.follow_admin: true to follow it",
 }
 
 var renamed = map[string]string{
@@ -118,7 +122,8 @@ var renamed = map[string]string{
 
 	"services.ingest.keys_file":             "services.ingest.gateway_keys.file",
 	"services.ingest.keys_reload_interval":  "services.ingest.gateway_keys.reload",
-	"services.ingest.topic":                 "services.ingest.usage_topic",
+	"services.ingest.topic":                 "topics.usage",
+	"services.ingest.usage_topic":           "topics.usage",
 	"services.ingest.usage_api.policy_file": "policy.file",
 	"services.ingest.usage_api.key_prefix":  "redis.key_prefix",
 
@@ -126,17 +131,23 @@ var renamed = map[string]string{
 	"services.aggregator.policy_reload":   "policy.reload",
 	"services.aggregator.group":           "services.aggregator.consumer.group",
 	"services.aggregator.session_timeout": "services.aggregator.consumer.session_timeout",
-	"services.aggregator.topic":           "services.aggregator.usage_topic",
+	"services.aggregator.topic":           "topics.usage",
+	"services.aggregator.usage_topic":     "topics.usage",
+	"services.aggregator.signals_topic":   "topics.signals",
+	"services.aggregator.admin_topic":     "topics.admin",
 	"services.aggregator.shutdown_grace":  "services.aggregator.shutdown_timeout",
 
 	"services.enforcer.policy_file":     "policy.file",
+	"services.enforcer.signals_topic":   "topics.signals",
+	"services.enforcer.admin_topic":     "topics.admin",
 	"services.enforcer.policy_reload":   "policy.reload",
 	"services.enforcer.consumer_group":  "services.enforcer.consumer.group",
 	"services.enforcer.session_timeout": "services.enforcer.consumer.session_timeout",
 	"services.enforcer.key_prefix":      "redis.key_prefix",
 	"services.enforcer.shutdown_grace":  "services.enforcer.shutdown_timeout",
 
-	"services.alerter.topic":           "services.alerter.signals_topic",
+	"services.alerter.topic":           "topics.signals",
+	"services.alerter.signals_topic":   "topics.signals",
 	"services.alerter.group":           "services.alerter.consumer.group",
 	"services.alerter.session_timeout": "services.alerter.consumer.session_timeout",
 	"services.alerter.policy_file":     "policy.file",
@@ -144,6 +155,7 @@ var renamed = map[string]string{
 	"services.alerter.shutdown_drain":  "services.alerter.shutdown_timeout",
 
 	"services.reconciler.policy_file":    "policy.file",
+	"services.reconciler.signals_topic":  "topics.signals",
 	"services.reconciler.policy_reload":  "policy.reload",
 	"services.reconciler.shutdown_grace": "services.reconciler.shutdown_timeout",
 
@@ -155,7 +167,8 @@ var renamed = map[string]string{
 	"services.gateway.admission.policy_reload":     "policy.reload",
 	"services.gateway.admission.key_prefix":        "redis.key_prefix",
 	"services.gateway.shared_upstreams.key_prefix": "redis.key_prefix",
-	"services.gateway.usage.topic":                 "services.gateway.usage.usage_topic",
+	"services.gateway.usage.topic":                 "topics.usage",
+	"services.gateway.usage.usage_topic":           "topics.usage",
 	"services.gateway.deferred.group":              "services.gateway.deferred.consumer.group",
 	"services.gateway.deferred.key_prefix":         "redis.key_prefix",
 	"services.gateway.usage_api.policy_file":       "policy.file",
@@ -167,7 +180,8 @@ var renamed = map[string]string{
 	"services.authz.admission.policy_file":   "policy.file",
 	"services.authz.admission.policy_reload": "policy.reload",
 	"services.authz.admission.key_prefix":    "redis.key_prefix",
-	"services.authz.usage.topic":             "services.authz.usage.usage_topic",
+	"services.authz.usage.topic":             "topics.usage",
+	"services.authz.usage.usage_topic":       "topics.usage",
 
 	"services.console.policy_file": "policy.file",
 	"services.console.key_prefix":  "redis.key_prefix",

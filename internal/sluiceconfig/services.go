@@ -121,7 +121,7 @@ var Services = []Service{
 		Section: func(c *Config) Validator { return c.Services.Gateway },
 		Needs: func(c *Config) Needs {
 			g := c.Services.Gateway
-			return Needs{Kafka: g.Usage.Sink == frontend.SinkKafka || g.Deferred.Enabled}
+			return Needs{Kafka: g.Usage.Sink == frontend.SinkKafka || g.Deferred.Enabled || g.FollowAdmin}
 		}},
 	{Name: "authz", Shutdown: func(c *Config) time.Duration {
 		return c.Services.Authz.ShutdownTimeout + c.Services.Authz.Usage.FlushTimeout
@@ -132,7 +132,7 @@ var Services = []Service{
 	{Name: "console", Shutdown: func(*Config) time.Duration { return 5 * time.Second },
 		OptIn: true, About: "web console for operators: quotas, charts, flags and admin actions, pipeline health (only when named)",
 		Section: func(c *Config) Validator { return c.Services.Console },
-		Needs:   always(Needs{})},
+		Needs:   func(c *Config) Needs { return Needs{Kafka: c.Services.Console.FollowAdmin} }},
 }
 
 // Lookup returns the service named name.

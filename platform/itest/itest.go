@@ -23,6 +23,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/redisconn"
@@ -67,6 +68,14 @@ func Unique(t testing.TB, prefix string) string {
 }
 
 var nonWord = regexp.MustCompile(`[^A-Za-z0-9]+`)
+
+// Topics returns usage, signals and admin topics of the test's own, so that
+// no test reads another's records or a deployment's (the root topics
+// section, as a service's platform.Env carries it).
+func Topics(t testing.TB) platform.Topics {
+	t.Helper()
+	return platform.Topics{Usage: Unique(t, "usage_"), Signals: Unique(t, "signals_"), Admin: Unique(t, "admin_")}
+}
 
 // Kafka returns the configuration of the real broker.
 func Kafka(t testing.TB) kafkaconn.Config {

@@ -14,7 +14,6 @@ import (
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/aggregator"
 )
 
 // count polls briefly and reports whether at least n signals match pred.
@@ -47,7 +46,7 @@ func adminTopicSetup(t *testing.T) (e *env, adminTopic string, cl *kgo.Client) {
 		t.Skip("integration test")
 	}
 	e = setup(t)
-	adminTopic = itest.Unique(t, "admin_")
+	adminTopic = e.admin
 	writePolicy(t, e.policy, "defaults:\n  models:\n    \"*\": {hourly_tokens: 1000}\n")
 	cl, err := kafkaconn.NewClient(e.kafka)
 	if err != nil {
@@ -105,7 +104,7 @@ func TestAdminOverridesReachTiers(t *testing.T) {
 	// Written before the aggregator starts.
 	put(override("pre", 10000, time.Now().Add(time.Hour)), false)
 
-	run := runInProcess(t, e, e.ch.Addr, func(c *aggregator.Config) { c.AdminTopic = adminTopic })
+	run := runInProcess(t, e, e.ch.Addr, nil)
 	w := watchSignals(t, e)
 	now := time.Now().UTC()
 	produce(t, e, []schemas.UsageEvent{
@@ -188,7 +187,7 @@ func TestReplayedAdminOverrideIsRefused(t *testing.T) {
 			Limit: limit, Until: time.Now().Add(time.Hour), Actor: "test", Time: time.Now().UTC()}
 	}
 
-	run := runInProcess(t, e, e.ch.Addr, func(c *aggregator.Config) { c.AdminTopic = adminTopic })
+	run := runInProcess(t, e, e.ch.Addr, nil)
 	w := watchSignals(t, e)
 	produce(t, e, []schemas.UsageEvent{{ID: "a1", Time: time.Now().UTC(), Tenant: "acme", Model: "gpt-4o", PromptTokens: 1000}})
 	itest.Eventually(t, 60*time.Second, "acme at 100% of its hourly quota", w.has(tierOf("acme", 100, schemas.DirectionUp)))

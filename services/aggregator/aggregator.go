@@ -118,7 +118,7 @@
 // # Operator overrides
 //
 // Quota overrides written by the enforcer's admin API to the compacted
-// admin_topic (sluice.admin.v1) replace a quota's limit in the state too,
+// admin topic (topics.admin, sluice.admin.v1) replace a quota's limit in the state too,
 // so tiers, signals, quota_state and alerts follow the override, its lift
 // and its expiry at once; see admin.go. The topic is read to its end
 // before the group is joined.
@@ -176,9 +176,6 @@ type Config struct {
 	// Consumer is the group the aggregator instances share the usage
 	// topic's partitions in.
 	kafkaconn.Consumer `yaml:"consumer"`
-	Topic              string        `yaml:"usage_topic" help:"usage events topic"`
-	SignalsTopic       string        `yaml:"signals_topic" help:"topic the signals are produced to"`
-	AdminTopic         string        `yaml:"admin_topic" help:"compacted topic of operator actions (the enforcer's admin API writes it); quota overrides on it change tiers, signals and quota_state"`
 	BatchEvents        int           `yaml:"batch_events" help:"flush a partition's batch at this many events (also the poll size)"`
 	FlushInterval      time.Duration `yaml:"flush_interval" help:"flush pending batches at least this often"`
 	// MaxUnwrittenRows bounds what a ClickHouse outage may pile up in
@@ -240,9 +237,6 @@ func DefaultConfig() Config {
 	o := tally.DefaultOptions()
 	return Config{
 		Consumer:           kafkaconn.Consumer{Group: "sluice-aggregator", SessionTimeout: 45 * time.Second},
-		Topic:              schemas.TopicUsageV1,
-		SignalsTopic:       schemas.TopicSignalsV1,
-		AdminTopic:         schemas.TopicAdminV1,
 		BatchEvents:        50_000,
 		FlushInterval:      time.Second,
 		MaxUnwrittenRows:   1_000_000,
@@ -270,12 +264,6 @@ func (c Config) Validate() error {
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if err := c.Consumer.Validate("consumer"); err != nil {
 		errs = append(errs, err)
-	}
-	if c.Topic == "" || c.SignalsTopic == "" || c.Topic == c.SignalsTopic {
-		bad("usage_topic, signals_topic: both required and different (got %q, %q)", c.Topic, c.SignalsTopic)
-	}
-	if c.AdminTopic == "" || c.AdminTopic == c.Topic || c.AdminTopic == c.SignalsTopic {
-		bad("admin_topic: required and different from usage_topic and signals_topic (got %q)", c.AdminTopic)
 	}
 	if c.BatchEvents < 1 || c.BatchEvents > 1_000_000 {
 		bad("batch_events: %d is outside 1..1000000", c.BatchEvents)
@@ -356,6 +344,9 @@ func New(cfg Config, env platform.Env) (*platform.Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, config.Under("services.aggregator", err)
 	}
+	if err := env.Topics.Validate(); err != nil {
+		return nil, fmt.Errorf("aggregator: %w", err)
+	}
 	return platform.NewService("aggregator", func(ctx context.Context, ready func(string)) error {
 		return run(ctx, cfg, env, ready)
 	}), nil
@@ -391,12 +382,12 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 	a.store = chstore.New(conn, a.costFunc, cfg.SlowCallMS)
 	// The operator overrides in force, read to the end before the group is
 	// joined: no partition is rebuilt or evaluated without them.
-	if a.admin, err = newAdminFollower(ctx, env.Kafka, cfg.AdminTopic, auth); err != nil {
+	if a.admin, err = newAdminFollower(ctx, env.Kafka, env.Topics.Admin, auth); err != nil {
 		return fmt.Errorf("aggregator: %w", err)
 	}
 	defer a.admin.cl.Close()
-	if err := kafkaconn.ReadToEnd(ctx, a.admin.cl, cfg.AdminTopic, func(r *kgo.Record) { a.adminRecord(r) }); err != nil {
-		return fmt.Errorf("aggregator: read admin topic %s: %w", cfg.AdminTopic, err)
+	if err := kafkaconn.ReadToEnd(ctx, a.admin.cl, env.Topics.Admin, func(r *kgo.Record) { a.adminRecord(r) }); err != nil {
+		return fmt.Errorf("aggregator: read admin topic %s: %w", env.Topics.Admin, err)
 	}
 	a.followSections() // the tenants and plans in force before any partition
 	cl, err := kafkaconn.NewClient(env.Kafka, a.kafkaOptions()...)
@@ -404,7 +395,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 		return fmt.Errorf("aggregator: %w", err)
 	}
 	a.cl = cl
-	if err := kafkaconn.EnsureTopics(ctx, cl, env.Kafka, cfg.Topic, cfg.SignalsTopic); err != nil {
+	if err := kafkaconn.EnsureTopics(ctx, cl, env.Kafka, env.Topics.Usage, env.Topics.Signals); err != nil {
 		cl.Close()
 		return fmt.Errorf("aggregator: %w", err)
 	}
@@ -441,7 +432,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 	ready("")
 	g.Go(func() error {
 		defer stop()
-		log.Info("aggregator consuming", "topic", cfg.Topic, "group", cfg.Group, "policy_file", env.Policy.File)
+		log.Info("aggregator consuming", "topic", env.Topics.Usage, "group", cfg.Group, "policy_file", env.Policy.File)
 		a.loop(gctx)
 		return a.shutdown(cfg.ShutdownTimeout)
 	})

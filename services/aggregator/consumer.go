@@ -28,6 +28,7 @@ import (
 
 type aggregator struct {
 	cfg     Config
+	topics  platform.Topics
 	log     *slog.Logger
 	m       *metrics
 	watcher *policy.Watcher
@@ -132,7 +133,7 @@ type partition struct {
 }
 
 func newAggregator(cfg Config, env platform.Env, w *policy.Watcher) *aggregator {
-	a := &aggregator{cfg: cfg, log: env.Logger, m: newMetrics(env.Metrics, w), watcher: w, parts: map[int32]*partition{},
+	a := &aggregator{cfg: cfg, topics: env.Topics, log: env.Logger, m: newMetrics(env.Metrics, w), watcher: w, parts: map[int32]*partition{},
 		room: make(chan struct{}, 1), pastCounts: map[int]bool{}, waiting: map[int32]*handoverWait{}, commitCounts: map[int32]int32{}, restored: make(chan struct{}, 1)}
 	if traceprop.On(env.Tracing) {
 		a.tracer = traceprop.Tracer(env.Tracing, "aggregator")
@@ -143,7 +144,7 @@ func newAggregator(cfg Config, env platform.Env, w *policy.Watcher) *aggregator 
 func (a *aggregator) kafkaOptions() []kgo.Opt {
 	return []kgo.Opt{
 		kgo.ConsumerGroup(a.cfg.Group),
-		kgo.ConsumeTopics(a.cfg.Topic),
+		kgo.ConsumeTopics(a.topics.Usage),
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.DisableAutoCommit(),
 		kgo.SessionTimeout(a.cfg.SessionTimeout),
@@ -585,7 +586,7 @@ func (p *partition) drainedTo() int64 {
 func (a *aggregator) signalRecords(recs []*kgo.Record, b *chstore.Batch) []*kgo.Record {
 	for i := range b.Signals {
 		s := &b.Signals[i]
-		rec := a.auth.Record(a.cfg.SignalsTopic, []byte(s.Tenant), b.Payloads[i])
+		rec := a.auth.Record(a.topics.Signals, []byte(s.Tenant), b.Payloads[i])
 		injectSignal(rec, b, i)
 		recs = append(recs, rec)
 	}
@@ -614,7 +615,7 @@ func (a *aggregator) retry(ctx context.Context, what string, part int32, fn func
 // franz-go starts fetching it: the distinct events stored below the offset
 // consumption resumes from.
 func (a *aggregator) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
-	parts := assigned[a.cfg.Topic]
+	parts := assigned[a.topics.Usage]
 	if len(parts) == 0 {
 		return
 	}
@@ -635,7 +636,7 @@ func (a *aggregator) onAssigned(ctx context.Context, cl *kgo.Client, assigned ma
 	var resume map[int32]int64
 	_ = a.retry(ctx, "fetch committed offsets", -1, func() error {
 		var err error
-		resume, err = resumeOffsets(ctx, adm, a.cfg.Group, a.cfg.Topic, parts)
+		resume, err = resumeOffsets(ctx, adm, a.cfg.Group, a.topics.Usage, parts)
 		return err
 	})
 	// The partitions are restored concurrently, at most one per core: a
@@ -756,9 +757,9 @@ func (a *aggregator) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[s
 	if err := a.flushAll(fctx); err != nil {
 		a.log.Warn("flush on revoke failed; the next owner re-reads from the last commit", "err", err)
 	}
-	a.dropHandovers(revoked[a.cfg.Topic])
-	a.dropFrozen(revoked[a.cfg.Topic])
-	for _, id := range revoked[a.cfg.Topic] {
+	a.dropHandovers(revoked[a.topics.Usage])
+	a.dropFrozen(revoked[a.topics.Usage])
+	for _, id := range revoked[a.topics.Usage] {
 		if p := a.parts[id]; p != nil {
 			if err := p.w.wait(fctx); err != nil {
 				a.log.Warn("partition revoked before ClickHouse stored its rows; the next owner re-reads from the last commit", "partition", id, "err", err)
@@ -776,9 +777,9 @@ func (a *aggregator) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[s
 func (a *aggregator) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.dropHandovers(lost[a.cfg.Topic])
-	a.dropFrozen(lost[a.cfg.Topic])
-	for _, id := range lost[a.cfg.Topic] {
+	a.dropHandovers(lost[a.topics.Usage])
+	a.dropFrozen(lost[a.topics.Usage])
+	for _, id := range lost[a.topics.Usage] {
 		if p := a.parts[id]; p != nil {
 			a.stop(p.w)
 			p.dropRestores()
@@ -786,5 +787,5 @@ func (a *aggregator) onLost(_ context.Context, _ *kgo.Client, lost map[string][]
 		delete(a.parts, id)
 		a.m.lag.DeleteLabelValues(fmt.Sprint(id))
 	}
-	a.log.Warn("partitions lost", "partitions", lost[a.cfg.Topic])
+	a.log.Warn("partitions lost", "partitions", lost[a.topics.Usage])
 }

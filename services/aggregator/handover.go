@@ -104,7 +104,7 @@ func (a *aggregator) withCommitMetadata(ctx context.Context, part, n int32) cont
 	meta := commitMetadata(n)
 	return kgo.PreCommitFnContext(ctx, func(req *kmsg.OffsetCommitRequest) error {
 		for i := range req.Topics {
-			if req.Topics[i].Topic != a.cfg.Topic {
+			if req.Topics[i].Topic != a.topics.Usage {
 				continue
 			}
 			for j := range req.Topics[i].Partitions {
@@ -136,8 +136,8 @@ func (a *aggregator) handedOver(from []int32, n int32) bool {
 func (a *aggregator) awaitHandover(p *partition, tenant string, from []int32, offset int64) {
 	n := a.nparts.Load()
 	a.waiting[p.id] = &handoverWait{tenant: tenant, from: from, count: n, offset: offset, since: time.Now()}
-	a.cl.PauseFetchPartitions(map[string][]int32{a.cfg.Topic: {p.id}})
-	a.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{a.cfg.Topic: {p.id: {Epoch: -1, Offset: offset}}})
+	a.cl.PauseFetchPartitions(map[string][]int32{a.topics.Usage: {p.id}})
+	a.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{a.topics.Usage: {p.id: {Epoch: -1, Offset: offset}}})
 	a.log.Info("partition waits for a moved tenant's old home to store what it counted under the old partition count",
 		"partition", p.id, "tenant", tenant, "old_homes", from, "partitions", n, "offset", offset)
 }
@@ -180,7 +180,7 @@ func (a *aggregator) readCommitCounts(ctx context.Context) map[int32]int32 {
 	}
 	out := map[int32]int32{}
 	offs.Each(func(o kadm.OffsetResponse) {
-		if o.Topic == a.cfg.Topic && o.Err == nil {
+		if o.Topic == a.topics.Usage && o.Err == nil {
 			out[o.Partition] = commitCount(o.Metadata)
 		}
 	})
@@ -215,9 +215,9 @@ func (a *aggregator) resumeHandovers(counts map[int32]int32) {
 				"partition", id, "tenant", w.tenant, "old_homes", w.from, "partitions", w.count, "waited", time.Since(w.since).Round(time.Second))
 		}
 		if p := a.parts[id]; p != nil {
-			a.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{a.cfg.Topic: {id: {Epoch: -1, Offset: p.next}}})
+			a.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{a.topics.Usage: {id: {Epoch: -1, Offset: p.next}}})
 		}
-		a.cl.ResumeFetchPartitions(map[string][]int32{a.cfg.Topic: {id}})
+		a.cl.ResumeFetchPartitions(map[string][]int32{a.topics.Usage: {id}})
 	}
 }
 
@@ -228,7 +228,7 @@ func (a *aggregator) dropHandovers(parts []int32) {
 	for _, id := range parts {
 		if a.waiting[id] != nil {
 			delete(a.waiting, id)
-			a.cl.ResumeFetchPartitions(map[string][]int32{a.cfg.Topic: {id}})
+			a.cl.ResumeFetchPartitions(map[string][]int32{a.topics.Usage: {id}})
 		}
 	}
 }

@@ -51,16 +51,17 @@ func TestNotReadyWhileRestoringAssignedPartitions(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := DefaultConfig()
-	cfg.Topic, cfg.Group = itest.Unique(t, "usage_"), itest.Unique(t, "agg_")
+	cfg.Group = itest.Unique(t, "agg_")
+	topics := itest.Topics(t)
 	cl, err := kafkaconn.NewClient(kafka)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	if err := kafkaconn.EnsureTopics(ctx, cl, kafka, cfg.Topic); err != nil {
+	if err := kafkaconn.EnsureTopics(ctx, cl, kafka, topics.Usage); err != nil {
 		t.Fatal(err)
 	}
-	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth()}
+	env := platform.Env{Logger: slog.New(slog.DiscardHandler), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(), Topics: topics}
 	a := newAggregator(cfg, env, watcher)
 	a.admin = &adminFollower{}
 	a.store = chstore.New(conn, a.costFunc, cfg.SlowCallMS)
@@ -77,7 +78,7 @@ func TestNotReadyWhileRestoringAssignedPartitions(t *testing.T) {
 	assigned := make(chan struct{})
 	go func() {
 		defer close(assigned)
-		a.onAssigned(ctx, cl, map[string][]int32{cfg.Topic: {0, 1}})
+		a.onAssigned(ctx, cl, map[string][]int32{topics.Usage: {0, 1}})
 	}()
 	itest.Eventually(t, 30*time.Second, "not ready while the assigned partitions are restored", func() bool {
 		err := a.partitionsReady(ctx)

@@ -50,7 +50,7 @@ func homePartition(tenant string, n int) int32 {
 // (re-routing) and keys everything else by its key, as ingest does.
 func (a *aggregator) partitioner() kgo.Partitioner {
 	return kgo.BasicConsistentPartitioner(func(topic string) func(*kgo.Record, int) int {
-		if topic == a.cfg.Topic {
+		if topic == a.topics.Usage {
 			return func(r *kgo.Record, _ int) int { return int(r.Partition) }
 		}
 		return func(r *kgo.Record, n int) int { return keyHasher.Partition(r, n) }
@@ -72,13 +72,13 @@ func (a *aggregator) home(tenant string) (int32, bool) {
 func (a *aggregator) refreshPartitions(ctx context.Context, adm *kadm.Client) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	tds, err := adm.ListTopics(ctx, a.cfg.Topic)
+	tds, err := adm.ListTopics(ctx, a.topics.Usage)
 	if err != nil {
 		return err
 	}
-	td, ok := tds[a.cfg.Topic]
+	td, ok := tds[a.topics.Usage]
 	if !ok || td.Err != nil {
-		return fmt.Errorf("topic %s: metadata: %v", a.cfg.Topic, td.Err)
+		return fmt.Errorf("topic %s: metadata: %v", a.topics.Usage, td.Err)
 	}
 	n := int32(len(td.Partitions))
 	if old := a.nparts.Load(); old > 0 && old != n {
@@ -99,7 +99,7 @@ func (a *aggregator) refreshPartitions(ctx context.Context, adm *kadm.Client) er
 			// to the next flush.
 			_ = a.flushAll(ctx)
 		}
-		a.log.Info("usage topic partition count", "topic", a.cfg.Topic, "partitions", n, "before", old)
+		a.log.Info("usage topic partition count", "topic", a.topics.Usage, "partitions", n, "before", old)
 		if old > 0 {
 			// Tenants whose home moved are rebuilt on their new home from
 			// what the old one stored (mayHaveMoved); the consumer learns
@@ -139,7 +139,7 @@ func (a *aggregator) reroute(p *partition, rec *kgo.Record, tenant string, home 
 			hs = append(hs, h)
 		}
 	}
-	p.reroutes = append(p.reroutes, &kgo.Record{Topic: a.cfg.Topic, Partition: home, Key: []byte(tenant), Value: rec.Value, Headers: hs})
+	p.reroutes = append(p.reroutes, &kgo.Record{Topic: a.topics.Usage, Partition: home, Key: []byte(tenant), Value: rec.Value, Headers: hs})
 	a.m.rerouted.Inc()
 }
 

@@ -51,7 +51,7 @@ type running struct {
 func runInProcess(t testing.TB, e *env, chAddr string, mutate func(*aggregator.Config)) *running {
 	t.Helper()
 	cfg := aggregator.DefaultConfig()
-	cfg.Topic, cfg.SignalsTopic, cfg.AdminTopic, cfg.Group = e.topic, e.signals, e.admin, e.group
+	cfg.Group = e.group
 	cfg.FlushInterval, cfg.SessionTimeout = 100*time.Millisecond, 6*time.Second
 	cfg.RetryMin, cfg.RetryMax = 50*time.Millisecond, 300*time.Millisecond
 	if mutate != nil {
@@ -62,6 +62,7 @@ func runInProcess(t testing.TB, e *env, chAddr string, mutate func(*aggregator.C
 	ch.DialTimeout = time.Second
 	reg := prometheus.NewRegistry()
 	envp := platform.Env{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), Metrics: reg, Health: ops.NewHealth(), Kafka: e.kafka, ClickHouse: ch,
+		Topics:     platform.Topics{Usage: e.topic, Signals: e.signals, Admin: e.admin},
 		SignalAuth: testSignalAuth, Policy: platform.FileSource{File: e.policy, Reload: 100 * time.Millisecond}}
 	svc, err := aggregator.New(cfg, envp)
 	if err != nil {

@@ -193,7 +193,7 @@ func (a *aggregator) snapshot(p *partition, j *job) {
 	start := time.Now()
 	task := newSnapTask(pol.Fingerprint(), j.next, p.snapNext)
 	p.snapAt, p.snapNext = start, j.next
-	a.cl.PauseFetchPartitions(map[string][]int32{a.cfg.Topic: {p.id}})
+	a.cl.PauseFetchPartitions(map[string][]int32{a.topics.Usage: {p.id}})
 	p.snap, p.inflight, j.snap = task, task, task
 	st, spare, size := p.state, p.snapCopy, p.snapLen+p.snapLen/8
 	p.snapCopy = nil // the copy's memory is in use until the encoding ends
@@ -231,8 +231,8 @@ func (a *aggregator) thawSnapshots() {
 			continue
 		}
 		p.snap = nil
-		a.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{a.cfg.Topic: {id: {Epoch: -1, Offset: p.next}}})
-		a.cl.ResumeFetchPartitions(map[string][]int32{a.cfg.Topic: {id}})
+		a.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{a.topics.Usage: {id: {Epoch: -1, Offset: p.next}}})
+		a.cl.ResumeFetchPartitions(map[string][]int32{a.topics.Usage: {id}})
 	}
 	a.reapSnapshots()
 }
@@ -290,7 +290,7 @@ func (a *aggregator) dropFrozen(parts []int32) {
 		if p := a.parts[id]; p != nil {
 			if p.snap != nil {
 				p.snap = nil
-				a.cl.ResumeFetchPartitions(map[string][]int32{a.cfg.Topic: {id}})
+				a.cl.ResumeFetchPartitions(map[string][]int32{a.topics.Usage: {id}})
 			}
 			p.inflight = nil
 		}

@@ -9,7 +9,6 @@ import (
 	"github.com/sluicehq/sluice/internal/controlplane"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/schemas"
-	"github.com/sluicehq/sluice/services/aggregator"
 )
 
 // TestTenantRecordsReachThePipelineQuotas: a tenant defined through the
@@ -19,7 +18,7 @@ import (
 // record's 10,000, with no new usage.
 func TestTenantRecordsReachThePipelineQuotas(t *testing.T) {
 	e, adminTopic, cl := adminTopicSetup(t)
-	run := runInProcess(t, e, e.ch.Addr, func(c *aggregator.Config) { c.AdminTopic = adminTopic })
+	run := runInProcess(t, e, e.ch.Addr, nil)
 	w := watchSignals(t, e)
 	produce(t, e, []schemas.UsageEvent{{ID: "a1", Time: time.Now().UTC(), Tenant: "acme", Model: "gpt-4o", PromptTokens: 1000}})
 	itest.Eventually(t, 60*time.Second, "acme at 100% of the defaults' hourly quota", w.has(tierOf("acme", 100, schemas.DirectionUp)))

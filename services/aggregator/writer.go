@@ -338,7 +338,7 @@ func (a *aggregator) release(n int) {
 // the rows, so at worst the next owner re-reads (and re-signals, same ids)
 // the events; the next flush of this partition commits again.
 func (a *aggregator) commit(ctx context.Context, part int32, j *job) error {
-	commit := map[string]map[int32]kgo.EpochOffset{a.cfg.Topic: {part: {Epoch: j.epoch, Offset: j.next}}}
+	commit := map[string]map[int32]kgo.EpochOffset{a.topics.Usage: {part: {Epoch: j.epoch, Offset: j.next}}}
 	cerr := faults.At(ctx, faults.Commit)
 	if cerr == nil {
 		cerr = kafkaconn.CommitSync(a.withCommitMetadata(ctx, part, j.count), a.cl, commit)

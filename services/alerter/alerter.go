@@ -38,6 +38,12 @@ func New(cfg Config, env platform.Env) (*platform.Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, config.Under("services.alerter", err)
 	}
+	if err := env.Topics.Check("signals"); err != nil {
+		return nil, fmt.Errorf("alerter: %w", err)
+	}
+	if cfg.stateTopic() == env.Topics.Signals {
+		return nil, fmt.Errorf("services.alerter.state_topic: %q must differ from topics.signals", cfg.stateTopic())
+	}
 	return platform.NewService("alerter", func(ctx context.Context, ready func(string)) error {
 		return run(ctx, cfg, env, ready)
 	}), nil
@@ -75,34 +81,36 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 		// revoking persists and commits exactly what was applied.
 		kgo.BlockRebalanceOnPoll(),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
-		kgo.OnPartitionsAssigned(func(ctx context.Context, _ *kgo.Client, got map[string][]int32) { p.restore(ctx, got[cfg.Topic]) }),
+		kgo.OnPartitionsAssigned(func(ctx context.Context, _ *kgo.Client, got map[string][]int32) {
+			p.restore(ctx, got[env.Topics.Signals])
+		}),
 		kgo.OnPartitionsRevoked(func(ctx context.Context, _ *kgo.Client, lost map[string][]int32) {
 			// Also called while the client closes, with ctx cancelled:
 			// the last save must still run.
 			p.persist(context.WithoutCancel(ctx))
-			p.forget(lost[cfg.Topic])
+			p.forget(lost[env.Topics.Signals])
 		}),
-		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, lost map[string][]int32) { p.forget(lost[cfg.Topic]) }),
+		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, lost map[string][]int32) { p.forget(lost[env.Topics.Signals]) }),
 	)
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	if err := kafkaconn.EnsureTopics(ctx, cl, env.Kafka, cfg.Topic); err != nil {
+	if err := kafkaconn.EnsureTopics(ctx, cl, env.Kafka, env.Topics.Signals); err != nil {
 		return err
 	}
-	stateParts, err := ensureStateTopic(ctx, cl, env.Kafka, cfg.Topic, cfg.stateTopic())
+	stateParts, err := ensureStateTopic(ctx, cl, env.Kafka, env.Topics.Signals, cfg.stateTopic())
 	if err != nil {
 		return err
 	}
 	p.cl = cl
 	p.store = &stateStore{topic: cfg.stateTopic(), kcfg: env.Kafka, cl: cl, log: env.Logger, partitions: stateParts,
 		auth: p.auth.For(signalauth.AlerterState), refused: p.stateRefused, unsigned: p.stateUnsigned}
-	cl.AddConsumeTopics(cfg.Topic)
+	cl.AddConsumeTopics(env.Topics.Signals)
 	env.Health.AddReadiness("alerter-kafka", kafkaconn.Ready(cl))
 	defer env.Health.RemoveReadiness("alerter-kafka")
 
-	env.Logger.Info("alerter running", "topic", cfg.Topic, "group", cfg.Group, "state_topic", cfg.stateTopic(), "channels", p.dispatch.Channels())
+	env.Logger.Info("alerter running", "topic", env.Topics.Signals, "group", cfg.Group, "state_topic", cfg.stateTopic(), "channels", p.dispatch.Channels())
 	g, ctx := errgroup.WithContext(ctx)
 	// The dispatcher outlives ctx: it drains its queues for
 	// cfg.ShutdownTimeout once the tick loop, the engine's only deliverer, has
@@ -250,9 +258,9 @@ func (p *pipeline) applied() map[int32]kgo.EpochOffset {
 func (p *pipeline) commit(ctx context.Context, offs map[int32]kgo.EpochOffset) {
 	cctx, cancel := context.WithTimeout(ctx, stateTimeout)
 	defer cancel()
-	if cerr := kafkaconn.CommitSync(cctx, p.cl, map[string]map[int32]kgo.EpochOffset{p.cfg.Topic: offs}); cerr != nil {
+	if cerr := kafkaconn.CommitSync(cctx, p.cl, map[string]map[int32]kgo.EpochOffset{p.signalsTopic: offs}); cerr != nil {
 		p.commitFailures.Inc()
-		p.log.Warn("signal offsets not committed; retrying with the next save", "topic", p.cfg.Topic, "err", cerr)
+		p.log.Warn("signal offsets not committed; retrying with the next save", "topic", p.signalsTopic, "err", cerr)
 		return
 	}
 	p.offMu.Lock()
@@ -327,15 +335,18 @@ func (p *pipeline) applyPolicy(pol *policy.Policy) {
 // pipeline is the alerter without its Kafka consumer and clock, which Run
 // supplies and tests replace.
 type pipeline struct {
-	cfg      Config
-	log      *slog.Logger
-	watcher  *policy.Watcher
-	render   *message.Renderer
-	dispatch *notify.Dispatcher
-	metrics  *notify.Metrics
-	engine   *engine.Engine
-	routes   map[string]engine.Route
-	client   *http.Client
+	cfg Config
+	// signalsTopic is where signals come from (topics.signals): the
+	// topic whose offsets persist commits.
+	signalsTopic string
+	log          *slog.Logger
+	watcher      *policy.Watcher
+	render       *message.Renderer
+	dispatch     *notify.Dispatcher
+	metrics      *notify.Metrics
+	engine       *engine.Engine
+	routes       map[string]engine.Route
+	client       *http.Client
 
 	signals      *prometheus.CounterVec
 	invalid      prometheus.Counter
@@ -391,7 +402,7 @@ func newPipeline(cfg Config, env platform.Env, watcher *policy.Watcher) (*pipeli
 		return nil, err
 	}
 	p := &pipeline{
-		cfg: cfg, log: env.Logger, watcher: watcher, render: render, auth: auth,
+		cfg: cfg, signalsTopic: env.Topics.Signals, log: env.Logger, watcher: watcher, render: render, auth: auth,
 		dispatch:   notify.NewDispatcher(env.Logger, nm),
 		metrics:    nm,
 		routes:     map[string]engine.Route{},

@@ -10,7 +10,6 @@ import (
 
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/policy"
-	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/alerter/alert"
 	"github.com/sluicehq/sluice/services/alerter/engine"
 	"github.com/sluicehq/sluice/services/alerter/message"
@@ -19,12 +18,11 @@ import (
 
 // Config is the alerter's configuration section.
 type Config struct {
-	// Topic and Consumer: where signals come from. The group spreads
+	// Consumer: the group that reads the signals (topics.signals). It spreads
 	// tenants over alerter replicas; offsets are committed once the alert
 	// states they produced are on StateTopic (see persist). When a
 	// replica's session lapses, its partitions and the alerts of their
 	// tenants move to another replica or to the same one restarted.
-	Topic              string `yaml:"signals_topic" help:"signals topic to consume"`
 	kafkaconn.Consumer `yaml:"consumer"`
 	// StateTopic is the compacted topic of alert states, what a restart
 	// resumes from. It belongs to one group, so the default derives it from
@@ -115,7 +113,6 @@ func DefaultConfig() Config {
 	am := notify.DefaultChannelConfig()
 	am.RatePerMinute, am.Burst = 600, 20
 	return Config{
-		Topic:           schemas.TopicSignalsV1,
 		Consumer:        kafkaconn.Consumer{Group: "sluice-alerter", SessionTimeout: 45 * time.Second},
 		DefaultChannels: []string{engine.AlertmanagerChannel},
 		Language:        "en",
@@ -131,14 +128,8 @@ func DefaultConfig() Config {
 func (c Config) Validate() error {
 	var errs []error
 	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	if c.Topic == "" {
-		add("signals_topic: must not be empty")
-	}
 	if err := c.Consumer.Validate("consumer"); err != nil {
 		errs = append(errs, err)
-	}
-	if c.StateTopic != "" && c.StateTopic == c.Topic {
-		add("state_topic: %q must differ from signals_topic", c.StateTopic)
 	}
 	if !slices.Contains(message.Languages, c.Language) {
 		add("language: %q is not one of %s", c.Language, strings.Join(message.Languages, ", "))

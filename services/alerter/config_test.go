@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/config"
+	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/services/alerter/alert"
 	"github.com/sluicehq/sluice/services/alerter/notify"
@@ -75,7 +76,7 @@ func TestThePolicyIsLoadedWithTheChannelKindsChecks(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := testEnv()
-	env.Policy = platform.FileSource{File: path, Reload: time.Second}
+	env.Policy, env.Topics = platform.FileSource{File: path, Reload: time.Second}, itest.Topics(t)
 	svc, err := New(DefaultConfig(), env)
 	if err != nil {
 		t.Fatal(err)

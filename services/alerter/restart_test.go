@@ -65,9 +65,9 @@ func newCrashRig(t *testing.T, rules string) *crashRig {
   brokers: [%q]
 signal_auth:
   keys: [%q]
+topics: {signals: %q}
 services:
   alerter:
-    signals_topic: %q
     consumer: {group: %q, session_timeout: 6s}
     tick: 50ms
     default_channels: [dingtalk:ops, slack:noc, feishu:ops, wecom:ops, webhook:ops]

@@ -24,13 +24,13 @@ func TestRunFromKafkaToAlertmanager(t *testing.T) {
 	topic := itest.Unique(t, "signals_")
 
 	cfg := DefaultConfig()
-	cfg.Topic, cfg.Group = topic, topic
+	cfg.Group = topic
 	cfg.Alertmanager.URL = am
 	cfg.Rules.PendingFor, cfg.Rules.ResolveAfter = 0, 0
 	cfg.Tick = 20 * time.Millisecond
 	cfg.Tenants = map[string]TenantConfig{tenant: {Language: "zh"}}
 	env := testEnv()
-	env.Kafka = kcfg
+	env.Kafka, env.Topics.Signals = kcfg, topic
 
 	cl, err := kafkaconn.NewClient(kcfg, kgo.DefaultProduceTopic(topic))
 	if err != nil {

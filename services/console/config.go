@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/platform/httpserver"
@@ -16,7 +15,7 @@ type Config struct {
 	Listen      string              `yaml:"listen" help:"address of the web console (its own listener; the console runs only when named: sluice run ... console, or sluice demo)"`
 	AdminURL    string              `yaml:"admin_url" help:"the enforcer's admin API, through which every console action (trip, reset, blacklist, override; issue, rotate, revoke API keys) goes, authenticated by the operator's admin token and audited there"`
 	AdminCAFile string              `yaml:"admin_ca_file" help:"PEM CA certificate(s) to trust for an https admin_url with a private certificate"`
-	AdminTopic  string              `yaml:"admin_topic" help:"compacted admin topic to follow for the tenants and plans managed through the enforcer's admin API (sluice.admin.v1, as services.enforcer.admin_topic), laid over policy.file for the quota tables: a tenant without use yet shows the quotas in force, its record's; needs kafka and signal_auth. Empty: policy.file's quotas only"`
+	FollowAdmin bool                `yaml:"follow_admin" help:"follow the admin topic (topics.admin) for the tenants and plans managed through the enforcer's admin API, laid over policy.file for the quota tables: a tenant without use yet shows the quotas in force, its record's; needs kafka and signal_auth. Off: policy.file's quotas only"`
 	MetricsURLs []string            `yaml:"metrics_urls" help:"Prometheus /metrics endpoints of the services the pipeline page reads (ingest, aggregator, enforcer); empty: this process's own metrics"`
 	SampleEvery time.Duration       `yaml:"sample_every" help:"how often the pipeline page's metrics are sampled"`
 	ChartWindow time.Duration       `yaml:"chart_window" help:"how much history the per-minute usage charts show"`
@@ -39,9 +38,6 @@ func DefaultConfig() Config {
 	}
 }
 
-// maxTopicLen is Kafka's longest topic name.
-const maxTopicLen = 249
-
 // maxSamples bounds the pipeline page's memory of metric samples.
 const maxSamples = 720
 
@@ -54,9 +50,6 @@ func (c Config) Validate() error {
 	}
 	if u, err := url.Parse(c.AdminURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		bad("admin_url: %q is not an http(s) URL such as http://127.0.0.1:9471", c.AdminURL)
-	}
-	if len(c.AdminTopic) > maxTopicLen || strings.ContainsAny(c.AdminTopic, " /\t\n") {
-		bad("admin_topic: %q must be a Kafka topic name of at most %d characters", c.AdminTopic, maxTopicLen)
 	}
 	for i, m := range c.MetricsURLs {
 		if u, err := url.Parse(m); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

@@ -17,7 +17,7 @@
 //
 // The quota figures come from quotastatus, the read model the tenants'
 // usage API (GET /v1/usage) reads too, so the console and the API agree;
-// with services.console.admin_topic the console follows the admin API's
+// with services.console.follow_admin the console follows the admin API's
 // tenants and plans and lays them over its policy file as the gateways do,
 // so that a tenant without use yet shows the quotas in force.
 //
@@ -75,6 +75,11 @@ var assets embed.FS
 func New(cfg Config, env platform.Env) (*platform.Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, config.Under("services.console", err)
+	}
+	if cfg.FollowAdmin {
+		if err := env.Topics.Check("admin"); err != nil {
+			return nil, fmt.Errorf("services.console.follow_admin: %w", err)
+		}
 	}
 	return platform.NewService("console", func(ctx context.Context, ready func(string)) error {
 		return run(ctx, cfg, env, ready)
@@ -136,8 +141,8 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 	if pw != nil {
 		g.Go(func() error { return pw.Run(gctx) })
 	}
-	if cfg.AdminTopic != "" {
-		g.Go(func() error { followRecords(gctx, cfg, env, pw); return nil })
+	if cfg.FollowAdmin {
+		g.Go(func() error { followRecords(gctx, env, pw); return nil })
 	}
 	g.Go(func() error { s.sampler.run(gctx, cfg.SampleEvery, log); return nil })
 	g.Go(func() error { s.sessions.expireLoop(gctx, time.Minute); return nil })
@@ -161,7 +166,7 @@ func policyOf(cfg Config, env platform.Env) (*policy.Watcher, error) {
 		}
 		return w, nil
 	}
-	if cfg.AdminTopic == "" {
+	if !cfg.FollowAdmin {
 		return nil, nil
 	}
 	return policy.FromData([]byte("{}\n"), "(built-in defaults)")
@@ -173,7 +178,7 @@ func policyOf(cfg Config, env platform.Env) (*policy.Watcher, error) {
 // if it cannot: an operator needs its pages most when something is down,
 // and until the records are read a tenant without use shows the file's
 // quotas, as without the setting.
-func followRecords(ctx context.Context, cfg Config, env platform.Env, pw *policy.Watcher) {
+func followRecords(ctx context.Context, env platform.Env, pw *policy.Watcher) {
 	log := env.Logger.With("component", "controlplane")
 	auth, err := signalauth.Open(env.SignalAuth, log)
 	if err != nil {
@@ -181,20 +186,20 @@ func followRecords(ctx context.Context, cfg Config, env platform.Env, pw *policy
 		return
 	}
 	var f *controlplane.Follower
-	f, err = controlplane.NewFollower(ctx, env.Kafka, cfg.AdminTopic, auth, log, func() {
+	f, err = controlplane.NewFollower(ctx, env.Kafka, env.Topics.Admin, auth, log, func() {
 		pw.SetOverlay(f.Log().Overlay()) // a no-op unless a tenant or plan changed
 	})
 	if err != nil {
 		if ctx.Err() == nil {
-			log.Error("console: not following the admin topic: the quota tables show the policy file's quotas for tenants without use", "topic", cfg.AdminTopic, "err", err)
+			log.Error("console: not following the admin topic: the quota tables show the policy file's quotas for tenants without use", "topic", env.Topics.Admin, "err", err)
 		}
 		return
 	}
 	defer f.Close()
 	if err := f.CatchUp(ctx); err != nil && ctx.Err() == nil {
-		log.Warn("console: reading the admin topic", "topic", cfg.AdminTopic, "err", err)
+		log.Warn("console: reading the admin topic", "topic", env.Topics.Admin, "err", err)
 	}
-	log.Info("console: following the admin API's tenants and plans", "topic", cfg.AdminTopic, "conflicts", pw.Conflicts())
+	log.Info("console: following the admin API's tenants and plans", "topic", env.Topics.Admin, "conflicts", pw.Conflicts())
 	_ = f.Run(ctx)
 }
 

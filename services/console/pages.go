@@ -413,7 +413,7 @@ func (s *server) showTenant(w http.ResponseWriter, r *http.Request, form formSta
 		if pg.Keys, err = keysOf(ctx, sess, tenant, now); err != nil {
 			pg.KeysError = err.Error()
 			if ae := (*adminapi.Error)(nil); errors.As(err, &ae) && ae.StatusCode == http.StatusNotFound {
-				pg.KeysError = "this enforcer serves no API keys: they need services.enforcer.admin_topic (docs/controlplane.md)"
+				pg.KeysError = "this enforcer serves no API keys: it is older than the admin API's keys (docs/controlplane.md)"
 			}
 		}
 	}

@@ -32,7 +32,7 @@ func (c *keyConsole) monthlyLimit(tenant string) string {
 // Review finding: a tenant that exists only as an admin API record and
 // has no use yet showed the policy file's defaults in the console's quota
 // table, the console's policy being the file's alone. Following the admin
-// topic (admin_topic), the console lays the records over its file as the
+// topic (follow_admin), the console lays the records over its file as the
 // gateways do, and the table shows the record's quotas: the policy in
 // force.
 func TestARecordTenantWithoutUseShowsItsRecordsQuotas(t *testing.T) {
@@ -57,7 +57,7 @@ func TestARecordTenantWithoutUseShowsItsRecordsQuotas(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		followRecords(ctx, Config{AdminTopic: topic}, platform.Env{Kafka: kc, SignalAuth: sa, Logger: itest.Logger(t)}, c.policy)
+		followRecords(ctx, platform.Env{Kafka: kc, Topics: platform.Topics{Admin: topic}, SignalAuth: sa, Logger: itest.Logger(t)}, c.policy)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 
@@ -77,14 +77,16 @@ func TestARecordTenantWithoutUseShowsItsRecordsQuotas(t *testing.T) {
 	}
 }
 
-func TestAdminTopicMustBeATopicName(t *testing.T) {
+// A console told to follow the admin topic refuses to start without one
+// it can name, rather than serve the file's quotas while the operator
+// believes the records are shown.
+func TestFollowAdminNeedsTheAdminTopic(t *testing.T) {
 	c := DefaultConfig()
-	c.AdminTopic = "not a topic"
-	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "admin_topic") {
-		t.Fatalf("admin_topic %q: %v; want an error naming admin_topic", c.AdminTopic, err)
+	c.FollowAdmin = true
+	if _, err := New(c, platform.Env{}); err == nil || !strings.Contains(err.Error(), "topics.admin") || !strings.Contains(err.Error(), "follow_admin") {
+		t.Fatalf("follow_admin without topics.admin: %v; want an error naming both", err)
 	}
-	c.AdminTopic = "team-a.admin.v1" // a valid name; validation only, no broker
-	if err := c.Validate(); err != nil {
-		t.Fatal(err)
+	if _, err := New(c, platform.Env{Topics: platform.Topics{Admin: "team-a.admin.v1"}}); err != nil {
+		t.Fatal(err) // a valid name; nothing runs, no broker needed
 	}
 }

@@ -62,21 +62,21 @@ func TestForgedAdminRecordsAreRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	genuine := signer.For(signalauth.AdminActions).Record(cfg.AdminTopic, []byte(block.Key()), blockValue)
+	genuine := signer.For(signalauth.AdminActions).Record(a.env.Topics.Admin, []byte(block.Key()), blockValue)
 	forged := []*kgo.Record{
 		// 1. An unsigned tombstone, as any Kafka client would produce it.
 		{Key: []byte(lift), Headers: adminSchema},
 		// 2. Signed under the right key id with a guessed secret.
-		forger.For(signalauth.AdminActions).Record(cfg.AdminTopic, []byte(lift), nil),
+		forger.For(signalauth.AdminActions).Record(a.env.Topics.Admin, []byte(lift), nil),
 		// 3. The genuine signature of another admin record, copied.
 		{Key: []byte(lift), Headers: genuine.Headers},
 		// 4. A genuine signature of the signals stream under the shared key.
-		signer.Record(cfg.AdminTopic, []byte(lift), nil),
+		signer.Record(a.env.Topics.Admin, []byte(lift), nil),
 		// 5. An unsigned blacklist of someone else.
 		{Key: []byte(block.Key()), Value: blockValue, Headers: adminSchema},
 	}
 	for _, r := range forged {
-		r.Topic = cfg.AdminTopic
+		r.Topic = a.env.Topics.Admin
 		if err := prod.ProduceSync(ctx, r).FirstErr(); err != nil {
 			t.Fatal(err)
 		}

@@ -77,27 +77,27 @@ const adminCheck = "enforcer-admin-state"
 // are few and one partition keeps them in one order) if the cluster lacks it.
 func openAdminState(ctx context.Context, cfg Config, env platform.Env, c *core) (*adminState, error) {
 	kc, err := kafkaconn.NewClient(env.Kafka,
-		kgo.ConsumeTopics(cfg.AdminTopic),
+		kgo.ConsumeTopics(env.Topics.Admin),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchMaxWait(100*time.Millisecond),
 	)
 	if err != nil {
 		return nil, err
 	}
-	if err := kafkaconn.EnsureCompactedTopic(ctx, kc, env.Kafka, cfg.AdminTopic); err != nil {
+	if err := kafkaconn.EnsureCompactedTopic(ctx, kc, env.Kafka, env.Topics.Admin); err != nil {
 		kc.Close()
-		return nil, fmt.Errorf("services.enforcer.admin_topic: %w", err)
+		return nil, fmt.Errorf("topics.admin: %w", err)
 	}
 	auth := c.auth.For(signalauth.AdminActions)
-	a := &adminState{c: c, kc: kc, topic: cfg.AdminTopic, log: c.log, auth: auth, actions: adminlog.New(auth), keys: controlplane.NewLog(c.auth),
+	a := &adminState{c: c, kc: kc, topic: env.Topics.Admin, log: c.log, auth: auth, actions: adminlog.New(auth), keys: controlplane.NewLog(c.auth),
 		applied: map[int32]int64{}, wake: make(chan struct{}), target: map[int32]int64{}, caught: make(chan struct{}),
 		records: newAdminMetrics(),
 		unsigned: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_enforcer_admin_records_unsigned_total",
 			Help: "Unsigned admin records applied under signal_auth.accept_unsigned_state (a migration); re-issue their actions, then turn it off."})}
-	ends, err := kafkaconn.EndOffsets(ctx, kadm.NewClient(kc), cfg.AdminTopic)
+	ends, err := kafkaconn.EndOffsets(ctx, kadm.NewClient(kc), env.Topics.Admin)
 	if err != nil {
 		kc.Close()
-		return nil, fmt.Errorf("services.enforcer.admin_topic: end offsets of %s: %w", cfg.AdminTopic, err)
+		return nil, fmt.Errorf("topics.admin: end offsets of %s: %w", env.Topics.Admin, err)
 	}
 	ends.Each(func(o kadm.ListedOffset) {
 		if o.Err == nil && o.Offset > 0 {

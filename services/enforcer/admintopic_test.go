@@ -31,10 +31,10 @@ func TestForgedTombstoneAndCompactionRemoveNoAdminAction(t *testing.T) {
 	rdb := a.rdb
 	ctx := context.Background()
 	ch := startChecker(t, rc, cfg.KeyPrefix, 10*time.Second)
-	prod := itest.CompactingTopic(t, kc, cfg.AdminTopic)
+	prod := itest.CompactingTopic(t, kc, a.env.Topics.Admin)
 	produce := func(key string, value []byte) {
 		t.Helper()
-		r := &kgo.Record{Topic: cfg.AdminTopic, Key: []byte(key), Value: value,
+		r := &kgo.Record{Topic: a.env.Topics.Admin, Key: []byte(key), Value: value,
 			Headers: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaAdminV1)}}}
 		if err := prod.ProduceSync(ctx, r).FirstErr(); err != nil {
 			t.Fatal(err)
@@ -70,7 +70,7 @@ func TestForgedTombstoneAndCompactionRemoveNoAdminAction(t *testing.T) {
 	produce((&schemas.AdminState{Kind: schemas.AdminBlacklist, Tenant: blocked, Model: flags.AllModels}).Key(), nil)
 	produce((&schemas.AdminState{Kind: schemas.AdminOverride, Tenant: capped, Model: "*", Quota: schemas.QuotaDailyTokens}).Key(), nil)
 	produce(canary, []byte("2"))
-	itest.WaitCompacted(t, kc, prod, cfg.AdminTopic, canary)
+	itest.WaitCompacted(t, kc, prod, a.env.Topics.Admin, canary)
 
 	// Both enforcers down longer than the flag TTL: Redis holds nothing.
 	stop()
@@ -117,7 +117,7 @@ func mustClient(t *testing.T, kc kafkaconn.Config, opts ...kgo.Opt) *kgo.Client 
 // as a replay and count it; the override stays cleared.
 func TestReplayedAdminRecordIsRefused(t *testing.T) {
 	a := newAdminTest(t)
-	kc, cfg := a.env.Kafka, a.cfg
+	kc := a.env.Kafka
 	ctx := context.Background()
 	cl, reg, stop := a.start(t)
 	tenant := itest.Unique(t, "promo-")
@@ -128,7 +128,7 @@ func TestReplayedAdminRecordIsRefused(t *testing.T) {
 	}
 	// The genuine record, as anyone who can read the topic sees it.
 	var genuine *kgo.Record
-	for _, r := range readAll(t, kc, cfg.AdminTopic) {
+	for _, r := range readAll(t, kc, a.env.Topics.Admin) {
 		if r.Value != nil && strings.Contains(string(r.Value), tenant) {
 			genuine = r
 		}
@@ -152,7 +152,7 @@ func TestReplayedAdminRecordIsRefused(t *testing.T) {
 		t.Fatalf("%d overrides after clearing it", n)
 	}
 
-	replay := &kgo.Record{Topic: cfg.AdminTopic, Key: genuine.Key, Value: genuine.Value, Headers: genuine.Headers}
+	replay := &kgo.Record{Topic: a.env.Topics.Admin, Key: genuine.Key, Value: genuine.Value, Headers: genuine.Headers}
 	if err := mustClient(t, kc).ProduceSync(ctx, replay).FirstErr(); err != nil {
 		t.Fatal(err)
 	}

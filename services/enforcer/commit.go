@@ -202,7 +202,7 @@ func (c *core) commitDurable(ctx context.Context, kc *kgo.Client) {
 	if len(offs) == 0 {
 		return
 	}
-	if err := kafkaconn.CommitSync(ctx, kc, map[string]map[int32]kgo.EpochOffset{c.cfg.SignalsTopic: offs}); err != nil {
+	if err := kafkaconn.CommitSync(ctx, kc, map[string]map[int32]kgo.EpochOffset{c.signalsTopic: offs}); err != nil {
 		o.errors.Inc()
 		if ctx.Err() == nil {
 			c.log.Warn("enforcer: committing signal offsets failed; the next commit retries", "err", err)
@@ -237,7 +237,7 @@ func (c *core) leaderCommitted(ctx context.Context, kc *kgo.Client) (map[int32]i
 	}
 	out := map[int32]int64{}
 	offs.Each(func(r kadm.OffsetResponse) {
-		if r.Topic == c.cfg.SignalsTopic && r.Err == nil && r.At >= 0 {
+		if r.Topic == c.signalsTopic && r.Err == nil && r.At >= 0 {
 			out[r.Partition] = r.At
 		}
 	})

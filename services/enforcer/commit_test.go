@@ -30,6 +30,7 @@ func TestSignalIsCommittedOnlyOnceItsFlagIsWritten(t *testing.T) {
 	kc, rc := itest.Kafka(t), itest.Redis(t)
 	ctx := context.Background()
 	cfg := serviceTestConfig(t)
+	topics := itest.Topics(t)
 	cfg.Admin.Listen, cfg.Recover = "", false
 	cfg.LeaderLease, cfg.HeartbeatEvery = time.Second, 200*time.Millisecond
 	rdb := testRedis(t, rc, cfg.KeyPrefix)
@@ -40,7 +41,7 @@ func TestSignalIsCommittedOnlyOnceItsFlagIsWritten(t *testing.T) {
 	viaLine := rc
 	viaLine.Addr, viaLine.DialTimeout = line.Addr(), time.Second
 	reg := prometheus.NewRegistry()
-	env := platform.Env{Logger: quietLog(), Metrics: reg, Kafka: kc, ClickHouse: itest.ClickHouse(t), Redis: viaLine, SignalAuth: sigAuth}.Named("test")
+	env := platform.Env{Topics: topics, Logger: quietLog(), Metrics: reg, Kafka: kc, ClickHouse: itest.ClickHouse(t), Redis: viaLine, SignalAuth: sigAuth}.Named("test")
 	start := time.Now().UnixMilli()
 	svc, err := New(cfg, env)
 	stopFirst := itest.RunService(t, svc, err)
@@ -62,7 +63,7 @@ func TestSignalIsCommittedOnlyOnceItsFlagIsWritten(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := prod.ProduceSync(ctx, signer.Record(cfg.SignalsTopic, []byte(tenant), val)).FirstErr(); err != nil {
+	if err := prod.ProduceSync(ctx, signer.Record(topics.Signals, []byte(tenant), val)).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	itest.Eventually(t, within, "the anomaly handled", func() bool {

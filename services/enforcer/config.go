@@ -24,16 +24,14 @@ import (
 	"github.com/sluicehq/sluice/adminapi"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
-	"github.com/sluicehq/sluice/schemas"
 )
 
 // Config is the enforcer's section of the configuration.
 type Config struct {
-	// Consumer is the signals topic's group; with replica_id set, each
+	// Consumer is the signals topic's (topics.signals) group; with replica_id set, each
 	// replica reads in a group of its own, <group>-<replica_id>, so that
 	// every replica reads every signal.
 	kafkaconn.Consumer `yaml:"consumer"`
-	SignalsTopic       string `yaml:"signals_topic" help:"topic the aggregator and reconciler publish signals to"`
 	// KeyPrefix is the flags' Redis prefix: not a setting, Run derives it
 	// from redis.key_prefix (the one prefix Checkers and the enforcer
 	// share); tests may set it.
@@ -46,7 +44,6 @@ type Config struct {
 	BatchTenants    int           `yaml:"batch_tenants" help:"tenants per pipelined Redis write"`
 	DedupSignals    int           `yaml:"dedup_signals" help:"signal ids remembered to drop redeliveries"`
 	Recover         bool          `yaml:"recover" help:"rebuild quota breakers from ClickHouse on start"`
-	AdminTopic      string        `yaml:"admin_topic" help:"compacted topic of operator actions every replica reads whole (sluice.admin.v1)"`
 	ReplicaID       string        `yaml:"replica_id" help:"this replica's name, unique among enforcers sharing a redis.key_prefix: required when several run; it names the replica's own signals consumer group (consumer.group-replica_id) and its leader lease. Empty: one replica, group consumer.group, lease named by the host name"`
 	LeaderLease     time.Duration `yaml:"leader_lease" help:"lease in Redis that lets one replica write flags; when the leader dies another replica takes over within it"`
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout" help:"time allowed for the last flag write on shutdown"`
@@ -68,7 +65,6 @@ func DefaultConfig() Config {
 		// A short session: while a crashed enforcer's session lingers, a
 		// restarted one reads no signals, and enforcement waits on it.
 		Consumer:       kafkaconn.Consumer{Group: "sluice-enforcer", SessionTimeout: 10 * time.Second},
-		SignalsTopic:   schemas.TopicSignalsV1,
 		FlushInterval:  5 * time.Millisecond,
 		FlagTTL:        60 * time.Second,
 		HeartbeatEvery: time.Second,
@@ -77,7 +73,6 @@ func DefaultConfig() Config {
 		BatchTenants:   1000,
 		DedupSignals:   100_000,
 		Recover:        true,
-		AdminTopic:     schemas.TopicAdminV1,
 		// Well under the Checkers' default max_staleness (10s), so a
 		// failover does not make them apply fail modes.
 		LeaderLease:     3 * time.Second,
@@ -105,15 +100,9 @@ func (c Config) Validate() error {
 	if err := c.Consumer.Validate("consumer"); err != nil {
 		errs = append(errs, err)
 	}
-	if c.SignalsTopic == "" {
-		errs = append(errs, errors.New("signals_topic: must not be empty"))
-	}
 	between("leader_lease", c.LeaderLease, 300*time.Millisecond, time.Minute)
 	if c.LeaderLease > c.FlagTTL {
 		errs = append(errs, fmt.Errorf("leader_lease: %v must be at most flag_ttl (%v), or flags lapse during a failover", c.LeaderLease, c.FlagTTL))
-	}
-	if c.AdminTopic == "" {
-		errs = append(errs, errors.New("admin_topic: must not be empty"))
 	}
 	if len(c.ReplicaID) > 200 || strings.ContainsAny(c.ReplicaID, " \t\n") {
 		errs = append(errs, fmt.Errorf("replica_id: %q must be at most 200 bytes without spaces", c.ReplicaID))

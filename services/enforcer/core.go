@@ -30,11 +30,14 @@ import (
 // recovery.go) and how it is wired into a process (enforcer.go) are kept
 // apart, so that tests drive it with handle and a real Redis alone.
 type core struct {
-	cfg    Config
-	log    *slog.Logger
-	table  *breaker.Table
-	writer *flagwriter.Writer
-	policy *policy.Watcher
+	cfg Config
+	// signalsTopic is where signals come from (topics.signals): the
+	// topic whose offsets the core commits.
+	signalsTopic string
+	log          *slog.Logger
+	table        *breaker.Table
+	writer       *flagwriter.Writer
+	policy       *policy.Watcher
 	// redisPing checks the flags' Redis for sluice_redis_up (nil: no
 	// Redis, no series).
 	redisPing func(context.Context) error

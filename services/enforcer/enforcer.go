@@ -45,6 +45,9 @@ func New(cfg Config, env platform.Env) (*platform.Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, config.Under("services.enforcer", err)
 	}
+	if err := env.Topics.Check("signals", "admin"); err != nil {
+		return nil, fmt.Errorf("enforcer: %w", err)
+	}
 	return platform.NewService("enforcer", func(ctx context.Context, ready func(string)) error {
 		return run(ctx, cfg, env, ready)
 	}), nil
@@ -79,11 +82,11 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 		return fmt.Errorf("services.enforcer.replica_id: empty and the host name is unknown (%v); set it", err)
 	}
 	c := newCore(cfg, rdb, pw, log)
-	c.auth = auth
+	c.auth, c.signalsTopic = auth, env.Topics.Signals
 	if traceprop.On(env.Tracing) {
 		c.tracer = traceprop.Tracer(env.Tracing, "enforcer")
 	}
-	kc, err := openSignals(ctx, cfg, group, env, c.offsets.groupCallbacks(cfg.SignalsTopic)...)
+	kc, err := openSignals(ctx, cfg, group, env, c.offsets.groupCallbacks(env.Topics.Signals)...)
 	if err != nil {
 		return err
 	}
@@ -166,14 +169,14 @@ func openSignals(ctx context.Context, cfg Config, group string, env platform.Env
 		// group): each holds the whole state, so that any of them can take
 		// the lead (lease.go).
 		kgo.ConsumerGroup(group),
-		kgo.ConsumeTopics(cfg.SignalsTopic),
+		kgo.ConsumeTopics(env.Topics.Signals),
 		kgo.SessionTimeout(cfg.SessionTimeout),
 		kgo.FetchMaxWait(100 * time.Millisecond),
 	}, extra...)...)
 	if err != nil {
 		return nil, err
 	}
-	if err := kafkaconn.EnsureTopics(ctx, kc, env.Kafka, cfg.SignalsTopic); err != nil {
+	if err := kafkaconn.EnsureTopics(ctx, kc, env.Kafka, env.Topics.Signals); err != nil {
 		leaveGroup(kc)
 		return nil, err
 	}

@@ -68,7 +68,6 @@ func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 func testConfig(t testing.TB) Config {
 	cfg := DefaultConfig()
 	cfg.KeyPrefix = itest.Unique(t, "sluice_test:") + ":"
-	cfg.AdminTopic = itest.Unique(t, "sluice_test_admin_")
 	cfg.ReplicaID = "test"
 	return cfg
 }
@@ -178,11 +177,10 @@ func exhausted(tenant, model string) *schemas.Signal {
 }
 
 // serviceTestConfig is testConfig for a test that runs whole enforcers:
-// their own consumer group and signals topic too.
+// their own consumer group too (their topics are itest.Topics).
 func serviceTestConfig(t testing.TB) Config {
 	cfg := testConfig(t)
 	cfg.Group = itest.Unique(t, "enforcer_")
-	cfg.SignalsTopic = itest.Unique(t, "signals_")
 	return cfg
 }
 
@@ -205,7 +203,7 @@ func newAdminTest(t *testing.T) *adminTest {
 	a := &adminTest{cfg: serviceTestConfig(t)}
 	a.cfg.HeartbeatEvery, a.cfg.LeaderLease = 500*time.Millisecond, time.Second
 	a.cfg.Admin.Tokens = []adminapi.Token{{Name: "ops", SHA256: adminapi.HashToken("tok")}}
-	a.env = platform.Env{Kafka: itest.Kafka(t), ClickHouse: itest.ClickHouse(t), Redis: itest.Redis(t), SignalAuth: itest.SignalAuth(t)}
+	a.env = platform.Env{Kafka: itest.Kafka(t), Topics: itest.Topics(t), ClickHouse: itest.ClickHouse(t), Redis: itest.Redis(t), SignalAuth: itest.SignalAuth(t)}
 	testClickHouse(t, a.env.ClickHouse)
 	a.rdb = testRedis(t, a.env.Redis, a.cfg.KeyPrefix)
 	return a

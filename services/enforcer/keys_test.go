@@ -105,7 +105,8 @@ func TestTenantRecordsReachEveryReplicasPolicy(t *testing.T) {
 func twoReplicas(t *testing.T, watcher func(testing.TB) *policy.Watcher) (a, b *adminState) {
 	kc := itest.Kafka(t)
 	cfg := testConfig(t)
-	env := platform.Env{Logger: quietLog(), Kafka: kc, SignalAuth: itest.SignalAuth(t)}
+	topics := itest.Topics(t)
+	env := platform.Env{Topics: topics, Logger: quietLog(), Kafka: kc, SignalAuth: itest.SignalAuth(t)}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })

@@ -29,6 +29,7 @@ func TestTwoReplicasShareAdminStateAndOneWrites(t *testing.T) {
 	ctx := context.Background()
 	testClickHouse(t, chc)
 	base := testConfig(t)
+	topics := itest.Topics(t)
 	base.Group = itest.Unique(t, "enforcer_")
 	// Short TTL: a refresh of every flag (every flag_ttl/3) each second.
 	base.FlagTTL, base.HeartbeatEvery, base.LeaderLease = 3*time.Second, 500*time.Millisecond, time.Second
@@ -44,7 +45,7 @@ func TestTwoReplicasShareAdminStateAndOneWrites(t *testing.T) {
 		cfg := base
 		cfg.ReplicaID = id
 		cfg.Admin.Listen = closedAddr(t)
-		env := platform.Env{Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: sigAuth}.Named("test-" + id)
+		env := platform.Env{Topics: topics, Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: sigAuth}.Named("test-" + id)
 		svc, err := New(cfg, env)
 		stop := itest.RunService(t, svc, err)
 		cl, err := adminapi.NewClient("http://"+cfg.Admin.Listen, "tok", nil)

@@ -48,6 +48,7 @@ func TestRestartWithoutClickHouseKeepsEveryFlag(t *testing.T) {
 	rc := itest.Redis(t)
 	ctx := context.Background()
 	cfg := testConfig(t)
+	topics := itest.Topics(t)
 	rdb := testRedis(t, rc, cfg.KeyPrefix)
 	keys := flags.Layout{Prefix: cfg.KeyPrefix}
 	tenant := "restarted"
@@ -80,7 +81,7 @@ func TestRestartWithoutClickHouseKeepsEveryFlag(t *testing.T) {
 	chc := chconn.Defaults()
 	chc.Addr = closedAddr(t)
 	chc.DialTimeout = time.Second
-	env := platform.Env{Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: itest.SignalAuth(t)}.Named("test")
+	env := platform.Env{Topics: topics, Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: itest.SignalAuth(t)}.Named("test")
 	restarted := time.Now().UnixMilli()
 	svc, err := New(cfg, env)
 	itest.RunService(t, svc, err)

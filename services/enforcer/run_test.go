@@ -45,6 +45,7 @@ func TestRunConsumesSignalsAndRecoversState(t *testing.T) {
 	}
 
 	cfg := serviceTestConfig(t)
+	topics := itest.Topics(t)
 	rdb := testRedis(t, rc, cfg.KeyPrefix)
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	cfg.Admin.Listen = ln.Addr().String()
@@ -57,7 +58,7 @@ func TestRunConsumesSignalsAndRecoversState(t *testing.T) {
 
 	sigAuth := itest.SignalAuth(t)
 	signer := itest.Signer(t, sigAuth)
-	env := platform.Env{Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: sigAuth,
+	env := platform.Env{Topics: topics, Logger: quietLog(), Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: sigAuth,
 		Policy: platform.FileSource{File: policyFile, Reload: 100 * time.Millisecond}}.Named("test")
 	svc, err := New(cfg, env)
 	itest.RunService(t, svc, err)
@@ -80,19 +81,19 @@ func TestRunConsumesSignalsAndRecoversState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := prod.ProduceSync(ctx, signer.Record(cfg.SignalsTopic, []byte(sig.Tenant), val)).FirstErr(); err != nil {
+	if err := prod.ProduceSync(ctx, signer.Record(topics.Signals, []byte(sig.Tenant), val)).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	// A record that is not a signal is skipped, not fatal: the signal after
 	// it on the same partition (same key) still takes effect.
-	if err := prod.ProduceSync(ctx, signer.Record(cfg.SignalsTopic, []byte(sig.Tenant), []byte("{not json"))).FirstErr(); err != nil {
+	if err := prod.ProduceSync(ctx, signer.Record(topics.Signals, []byte(sig.Tenant), []byte("{not json"))).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	after := exhausted(sig.Tenant, "gpt-4o-mini")
 	if val, err = schemas.EncodeSignal(after); err != nil {
 		t.Fatal(err)
 	}
-	if err := prod.ProduceSync(ctx, signer.Record(cfg.SignalsTopic, []byte(sig.Tenant), val)).FirstErr(); err != nil {
+	if err := prod.ProduceSync(ctx, signer.Record(topics.Signals, []byte(sig.Tenant), val)).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	itest.Eventually(t, within, "flag from a Kafka signal", hasFlag(sig.Tenant, "gpt-4o", "daily_tokens"))

@@ -28,12 +28,13 @@ func TestForgedPeriodResetDoesNotLiftBreaker(t *testing.T) {
 	kc, rc := itest.Kafka(t), itest.Redis(t)
 	ctx := context.Background()
 	cfg := serviceTestConfig(t)
+	topics := itest.Topics(t)
 	cfg.Admin.Listen, cfg.Recover = "", false
 	rdb := testRedis(t, rc, cfg.KeyPrefix)
 	sigAuth := itest.SignalAuth(t)
 	signer := itest.Signer(t, sigAuth)
 	reg := prometheus.NewRegistry()
-	env := platform.Env{Logger: quietLog(), Metrics: reg, Kafka: kc, ClickHouse: itest.ClickHouse(t), Redis: rc, SignalAuth: sigAuth}.Named("test")
+	env := platform.Env{Topics: topics, Logger: quietLog(), Metrics: reg, Kafka: kc, ClickHouse: itest.ClickHouse(t), Redis: rc, SignalAuth: sigAuth}.Named("test")
 	svc, err := New(cfg, env)
 	itest.RunService(t, svc, err)
 
@@ -64,7 +65,7 @@ func TestForgedPeriodResetDoesNotLiftBreaker(t *testing.T) {
 	}
 
 	ex := exhausted(tenant, "gpt-4o")
-	exRec := signer.Record(cfg.SignalsTopic, []byte(tenant), encode(ex))
+	exRec := signer.Record(topics.Signals, []byte(tenant), encode(ex))
 	produce(exRec)
 	itest.Eventually(t, within, "quota breaker open", func() bool { return strings.Contains(flag("gpt-4o"), "daily_tokens") })
 
@@ -75,16 +76,16 @@ func TestForgedPeriodResetDoesNotLiftBreaker(t *testing.T) {
 		return encode(&r)
 	}
 	// 1. Unsigned, as any Kafka client would produce it.
-	produce(&kgo.Record{Topic: cfg.SignalsTopic, Key: []byte(tenant), Value: reset(),
+	produce(&kgo.Record{Topic: topics.Signals, Key: []byte(tenant), Value: reset(),
 		Headers: []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: []byte(schemas.SchemaSignalsV1)}}})
 	// 2. Signed under the right key id with a guessed secret.
 	forger, err := signalauth.Open(signalauth.Config{Keys: []string{"test:" + strings.Repeat("f", 64)}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	produce(forger.Record(cfg.SignalsTopic, []byte(tenant), reset()))
+	produce(forger.Record(topics.Signals, []byte(tenant), reset()))
 	// 3. A genuine signature, copied from the exhaustion record.
-	copied := &kgo.Record{Topic: cfg.SignalsTopic, Key: []byte(tenant), Value: reset(), Headers: exRec.Headers}
+	copied := &kgo.Record{Topic: topics.Signals, Key: []byte(tenant), Value: reset(), Headers: exRec.Headers}
 	produce(copied)
 
 	itest.Eventually(t, within, "three forged resets counted", func() bool {
@@ -92,14 +93,14 @@ func TestForgedPeriodResetDoesNotLiftBreaker(t *testing.T) {
 	})
 	// A signed signal behind them on the same partition: once its flag is
 	// written, anything the forged ones could have changed is written too.
-	produce(signer.Record(cfg.SignalsTopic, []byte(tenant), encode(exhausted(tenant, "gpt-4o-mini"))))
+	produce(signer.Record(topics.Signals, []byte(tenant), encode(exhausted(tenant, "gpt-4o-mini"))))
 	itest.Eventually(t, within, "the signed signal after the forged ones", func() bool { return strings.Contains(flag("gpt-4o-mini"), "daily_tokens") })
 	if f := flag("gpt-4o"); !strings.Contains(f, "daily_tokens") {
 		t.Fatalf("a forged period_reset lifted the quota breaker: flag %q", f)
 	}
 
 	// The same reset, signed with the shared key, lifts it.
-	produce(signer.Record(cfg.SignalsTopic, []byte(tenant), reset()))
+	produce(signer.Record(topics.Signals, []byte(tenant), reset()))
 	itest.Eventually(t, within, "signed period_reset lifts the breaker", func() bool { return flag("gpt-4o") == "" })
 	if n := itest.CounterValue(t, reg, "sluice_enforcer_signals_total", map[string]string{"result": "unauthenticated"}); n != 3 {
 		t.Errorf("unauthenticated signals %v, want 3", n)

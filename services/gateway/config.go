@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/frontend"
@@ -26,10 +25,11 @@ type Config struct {
 	MaxStreamEventBytes int   `yaml:"max_stream_event_bytes" help:"largest streamed (SSE) event held and searched for usage, in bytes; a longer one is relayed as it arrives"`
 	MaxAttempts         int   `yaml:"max_attempts" help:"upstreams tried for one request: a connection failure, a timeout before the answer, 429 or 5xx moves on to the next upstream of the model"`
 
-	// AdminTopic, when set, is the admin topic the gateway follows for the
-	// API keys, tenants and plans made through the enforcer's admin API,
-	// beside tenant_keys.file and policy.file (docs/controlplane.md).
-	AdminTopic string `yaml:"admin_topic" help:"compacted admin topic to follow for the API keys (accepted beside tenant_keys.file), tenants and plans (laid over policy.file) managed through the enforcer's admin API (sluice.admin.v1, as services.enforcer.admin_topic); needs kafka and signal_auth. Empty: tenant_keys.file and policy.file only"`
+	// FollowAdmin makes the gateway follow the admin topic (topics.admin)
+	// for the API keys, tenants and plans made through the enforcer's
+	// admin API, beside tenant_keys.file and policy.file
+	// (docs/controlplane.md).
+	FollowAdmin bool `yaml:"follow_admin" help:"follow the admin topic (topics.admin) for the API keys (accepted beside tenant_keys.file), tenants and plans (laid over policy.file) managed through the enforcer's admin API; needs kafka and signal_auth. Off: tenant_keys.file and policy.file only"`
 
 	// FrontEnd is the HTTP server, shutdown, flags, admission and usage
 	// settings the gateway shares with services/authz; usage adds
@@ -44,9 +44,6 @@ type Config struct {
 	// UsageAPI is GET /v1/usage for the callers' tenants.
 	UsageAPI usageapi.Config `yaml:"usage_api"`
 }
-
-// maxTopicLen is Kafka's longest topic name.
-const maxTopicLen = 249
 
 // UsageConfig says where usage events go, and whether calls are metered
 // with an estimate before they run.
@@ -107,9 +104,6 @@ func (c Config) Validate() error {
 	}
 	if c.MaxAttempts < 1 || c.MaxAttempts > 10 {
 		bad("max_attempts: %d is outside 1..10", c.MaxAttempts)
-	}
-	if len(c.AdminTopic) > maxTopicLen || strings.ContainsAny(c.AdminTopic, " /\t\n") {
-		bad("admin_topic: %q must be a Kafka topic name of at most %d characters", c.AdminTopic, maxTopicLen)
 	}
 	if err := c.FrontEnd.Validate(""); err != nil {
 		errs = append(errs, err)

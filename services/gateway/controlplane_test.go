@@ -52,14 +52,13 @@ func newFleet(t *testing.T) *cpFleet {
 		t.Fatal(err)
 	}
 	auth := itest.SignalAuth(t)
-	topic := itest.Unique(t, "sluice_test_admin_")
+	topics := itest.Topics(t)
 	f := &cpFleet{t: t, operator: "op-" + itest.Unique(t, "")}
 	f.ecfg = enforcer.DefaultConfig()
 	f.ecfg.Group = itest.Unique(t, "enforcer_")
-	f.ecfg.SignalsTopic = itest.Unique(t, "sluice_test_signals_")
-	f.ecfg.AdminTopic, f.ecfg.ReplicaID, f.ecfg.Admin.Listen = topic, "test", "127.0.0.1:0"
+	f.ecfg.ReplicaID, f.ecfg.Admin.Listen = "test", "127.0.0.1:0"
 	f.ecfg.Admin.Tokens = []adminapi.Token{{Name: "ops", SHA256: adminapi.HashToken(f.operator)}}
-	f.eenv = platform.Env{Logger: log, Kafka: kc, ClickHouse: chc, Redis: rc, SignalAuth: auth}
+	f.eenv = platform.Env{Logger: log, Kafka: kc, Topics: topics, ClickHouse: chc, Redis: rc, SignalAuth: auth}
 
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -67,9 +66,9 @@ func newFleet(t *testing.T) *cpFleet {
 	}))
 	t.Cleanup(up.Close)
 	tg := oneUpstream(t, up.URL+"/v1")
-	tg.Listen, tg.AdminTopic = "127.0.0.1:0", topic
+	tg.Listen, tg.FollowAdmin = "127.0.0.1:0", true
 	f.gcfg = tg.Config
-	f.genv = platform.Env{Logger: log, Redis: rc, Kafka: kc, SignalAuth: auth,
+	f.genv = platform.Env{Logger: log, Redis: rc, Kafka: kc, Topics: topics, SignalAuth: auth,
 		Policy:     platform.FileSource{File: tg.writePolicy(t), Reload: time.Second},
 		TenantKeys: platform.FileSource{File: writeKeys(t), Reload: time.Second}}
 	return f

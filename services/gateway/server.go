@@ -48,7 +48,7 @@ type Deps struct {
 	// required.
 	Keys *keyfile.File[frontend.Caller]
 	// TopicKeys, when not nil, are the keys issued through the admin API,
-	// accepted beside Keys (services.gateway.admin_topic).
+	// accepted beside Keys (services.gateway.follow_admin).
 	TopicKeys *frontend.TopicKeys
 	// Tasks, when not nil, accepts deferred requests and answers
 	// GET /v1/tasks/{id} (deferred.go).

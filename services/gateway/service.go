@@ -192,15 +192,18 @@ func run(ctx context.Context, cfg Config, env platform.Env, opts options, ready 
 	})
 }
 
-// followKeys follows cfg.AdminTopic for the keys, tenants and plans made
-// through the admin API, when set: it reads the topic to its end first, so
+// followKeys follows the admin topic for the keys, tenants and plans made
+// through the admin API, with follow_admin on: it reads the topic to its end first, so
 // that a restarted gateway serves every key and tenant made before, then
 // follows it until stop is called, laying the tenants and plans over the
-// policy file (pw.SetOverlay). Without an admin topic it returns nil keys
+// policy file (pw.SetOverlay). With follow_admin off it returns nil keys
 // and a no-op stop.
 func followKeys(ctx context.Context, cfg Config, env platform.Env, file *keyfile.File[frontend.Caller], pw *policy.Watcher) (*frontend.TopicKeys, func(), error) {
-	if cfg.AdminTopic == "" {
+	if !cfg.FollowAdmin {
 		return nil, func() {}, nil
+	}
+	if err := env.Topics.Check("admin"); err != nil {
+		return nil, nil, fmt.Errorf("services.gateway.follow_admin: %w", err)
 	}
 	log := env.Logger.With("component", "controlplane")
 	auth, err := signalauth.Open(env.SignalAuth, log)
@@ -209,12 +212,12 @@ func followKeys(ctx context.Context, cfg Config, env platform.Env, file *keyfile
 	}
 	var keys *frontend.TopicKeys
 	var f *controlplane.Follower
-	f, err = controlplane.NewFollower(ctx, env.Kafka, cfg.AdminTopic, auth, log, func() {
+	f, err = controlplane.NewFollower(ctx, env.Kafka, env.Topics.Admin, auth, log, func() {
 		keys.Refresh()
 		pw.SetOverlay(f.Log().Overlay()) // a no-op unless a tenant or plan changed
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("services.gateway.admin_topic: %w", err)
+		return nil, nil, fmt.Errorf("services.gateway.follow_admin: %w", err)
 	}
 	keys = frontend.NewTopicKeys(f.Log(), file.Keys, log)
 	cs := []prometheus.Collector{f.Collector(), keys.Collector(), controlplane.PolicyConflicts("gateway", pw)}
@@ -235,9 +238,9 @@ func followKeys(ctx context.Context, cfg Config, env platform.Env, file *keyfile
 	}
 	if err := f.CatchUp(ctx); err != nil {
 		stop()
-		return nil, nil, fmt.Errorf("services.gateway.admin_topic: %w", err)
+		return nil, nil, fmt.Errorf("services.gateway.follow_admin: %w", err)
 	}
-	log.Info("following the admin API's keys, tenants and plans", "topic", cfg.AdminTopic, "keys", len(f.Log().Keys("")), "conflicts", keys.Conflicts(),
+	log.Info("following the admin API's keys, tenants and plans", "topic", env.Topics.Admin, "keys", len(f.Log().Keys("")), "conflicts", keys.Conflicts(),
 		"tenants", len(f.Log().Sections(controlplane.KindTenant)), "policy_conflicts", pw.Conflicts())
 	fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})

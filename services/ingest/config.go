@@ -11,7 +11,6 @@ import (
 
 	"github.com/sluicehq/sluice/internal/usageapi"
 	"github.com/sluicehq/sluice/platform"
-	"github.com/sluicehq/sluice/schemas"
 )
 
 // Config is the ingest service's section of the Sluice configuration.
@@ -27,7 +26,6 @@ type Config struct {
 	MaxEventAge          time.Duration `yaml:"max_event_age" help:"events whose time is further in the past are rejected (0: no limit)"`
 	MaxEventFuture       time.Duration `yaml:"max_event_future" help:"events whose time is further in the future are rejected, naming this limit (0: no limit beyond the schema's cap at 2105-12-31T23:59:59Z, where ClickHouse DateTime ends)"`
 
-	Topic           string        `yaml:"usage_topic" help:"Kafka topic usage events are produced to"`
 	InflightEvents  int           `yaml:"inflight_events" help:"events produced but not yet acknowledged, across all requests; beyond it requests get 503"`
 	ProduceTimeout  time.Duration `yaml:"produce_timeout" help:"how long a request waits for the broker's acknowledgement before answering 503"`
 	DeliveryTimeout time.Duration `yaml:"delivery_timeout" help:"how long the producer keeps retrying one record before failing it"`
@@ -63,7 +61,6 @@ func DefaultConfig() Config {
 		MaxEventsPerRequest:   5000,
 		MaxEventAge:           72 * time.Hour,
 		MaxEventFuture:        5 * time.Minute,
-		Topic:                 schemas.TopicUsageV1,
 		InflightEvents:        50_000,
 		ProduceTimeout:        10 * time.Second,
 		DeliveryTimeout:       60 * time.Second,
@@ -106,9 +103,6 @@ func (c Config) Validate() error {
 	}
 	if c.MaxEventAge < 0 || c.MaxEventFuture < 0 {
 		bad("max_event_age, services.ingest.max_event_future: must not be negative (0 disables)")
-	}
-	if c.Topic == "" {
-		bad("topic: is required")
 	}
 	if c.InflightEvents < c.MaxEventsPerRequest {
 		bad("inflight_events: %d is below services.ingest.max_events_per_request (%d); a full request could never be admitted", c.InflightEvents, c.MaxEventsPerRequest)

@@ -56,15 +56,15 @@ func startTracedIngest(t testing.TB, tp trace.TracerProvider, edit func(*Config)
 	kc := itest.Kafka(t)
 	cfg := DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
-	cfg.Topic = itest.Unique(t, "ingest_")
 	cfg.GatewayKeys.File = writeKeys(t, fmt.Sprintf("keys:\n  - {id: gw-any, sha256: %s, tenants: [\"*\"]}\n  - {id: gw-acme, sha256: %s, tenants: [acme]}\n",
 		sha(testKey), sha(testScopedKey)))
 	cfg.MaxEventAge = 0
 	if edit != nil {
 		edit(&cfg)
 	}
-	inst := &testInstance{topic: cfg.Topic, kafka: kc, health: ops.NewHealth(), reg: prometheus.NewRegistry()}
-	env := platform.Env{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: inst.reg, Health: inst.health, Kafka: kc, Tracing: tp}
+	topics := itest.Topics(t)
+	inst := &testInstance{topic: topics.Usage, kafka: kc, health: ops.NewHealth(), reg: prometheus.NewRegistry()}
+	env := platform.Env{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: inst.reg, Health: inst.health, Kafka: kc, Topics: topics, Tracing: tp}
 	if testing.Verbose() {
 		env.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}

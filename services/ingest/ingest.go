@@ -113,7 +113,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 		s.hot.Store(hot)
 		serve, stop = hot.Serve, hot.Shutdown
 	}
-	env.Logger.Info("events API listening", "addr", ln.Addr().String(), "topic", cfg.Topic)
+	env.Logger.Info("events API listening", "addr", ln.Addr().String(), "topic", env.Topics.Usage)
 	ready(ln.Addr().String())
 	// One group, one cancellation: the server, the keys file poller and
 	// the shutdown member. When ctx ends, or the server fails, shutdown

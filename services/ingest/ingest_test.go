@@ -448,11 +448,10 @@ func TestCanceledRequestAnswers503(t *testing.T) {
 	kc := itest.Kafka(t)
 	proxy := itest.NewProxy(t, kc.Brokers[0])
 	cfg := DefaultConfig()
-	cfg.Topic = itest.Unique(t, "ingest_")
 	cfg.AllowAnonymous = true
 	cfg.MaxEventAge = 0
 	cfg.ProduceTimeout = time.Minute
-	env := platform.Env{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(), Kafka: kc}
+	env := platform.Env{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: prometheus.NewRegistry(), Health: ops.NewHealth(), Kafka: kc, Topics: itest.Topics(t)}
 	s, err := newServer(context.Background(), cfg, env, proxyDialer(proxy))
 	if err != nil {
 		t.Fatal(err)

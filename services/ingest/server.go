@@ -105,7 +105,7 @@ func (b *budget) release(n int64) { b.used.Add(-n) }
 // newServer connects the producer and opens the keys file. extra kgo
 // options come after the service's own, so tests can add a dialer.
 func newServer(ctx context.Context, cfg Config, env platform.Env, extra ...kgo.Opt) (*server, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := errors.Join(cfg.Validate(), env.Topics.Check("usage")); err != nil {
 		return nil, err
 	}
 	s := &server{
@@ -148,7 +148,7 @@ func newServer(ctx context.Context, cfg Config, env platform.Env, extra ...kgo.O
 	}
 	comp, _ := codec(cfg.Compression)
 	opts := append([]kgo.Opt{
-		kgo.DefaultProduceTopic(cfg.Topic),
+		kgo.DefaultProduceTopic(env.Topics.Usage),
 		kgo.RequiredAcks(kgo.AllISRAcks()), // idempotence is on by default and needs acks=all
 		kgo.ProducerLinger(cfg.Linger),
 		kgo.ProducerBatchCompression(comp),
@@ -164,7 +164,7 @@ func newServer(ctx context.Context, cfg Config, env platform.Env, extra ...kgo.O
 	}
 	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := kafkaconn.EnsureTopics(tctx, cl, env.Kafka, cfg.Topic); err != nil {
+	if err := kafkaconn.EnsureTopics(tctx, cl, env.Kafka, env.Topics.Usage); err != nil {
 		cl.Close()
 		return nil, err
 	}

@@ -3,17 +3,14 @@ package reconciler
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/reconciler/audit"
 	"github.com/sluicehq/sluice/services/reconciler/schedule"
 )
 
 // Config is the reconciler's section of the configuration.
 type Config struct {
-	SignalsTopic    string        `yaml:"signals_topic" help:"topic reconciliation_drift signals are published to (the alerter's services.alerter.signals_topic)"`
 	At              string        `yaml:"at" help:"local time of day (HH:MM) at which each tenant's previous day is reconciled, in the tenant's zone"`
 	Hourly          bool          `yaml:"hourly" help:"also audit every closed hour (hourly_tokens and minute rollups) once it settled, so drift in the open day shows within the hour instead of after the next nightly run"`
 	CheckInterval   time.Duration `yaml:"check_interval" help:"how often the schedule is checked for due tenants"`
@@ -29,7 +26,6 @@ type Config struct {
 // DefaultConfig reconciles at 00:30 local time, after a 15-minute settle.
 func DefaultConfig() Config {
 	return Config{
-		SignalsTopic:    schemas.TopicSignalsV1,
 		At:              "00:30",
 		Hourly:          true,
 		CheckInterval:   time.Minute,
@@ -47,9 +43,6 @@ func DefaultConfig() Config {
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	if strings.TrimSpace(c.SignalsTopic) == "" {
-		bad("signals_topic: is required (the topic the alerter reads, %s by default)", schemas.TopicSignalsV1)
-	}
 	at, err := schedule.ParseTimeOfDay(c.At)
 	if err != nil {
 		bad("at: %v", err)

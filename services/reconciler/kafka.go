@@ -17,8 +17,7 @@ func ProducerOptions() []kgo.Opt {
 	return []kgo.Opt{kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(0)}
 }
 
-// KafkaPublisher produces signals to Topic (schemas.TopicSignalsV1 when
-// empty), keyed by tenant like the aggregator's, with the schema header,
+// KafkaPublisher produces signals to Topic (topics.signals), keyed by tenant like the aggregator's, with the schema header,
 // signed by Auth.
 type KafkaPublisher struct {
 	Client *kgo.Client
@@ -33,9 +32,8 @@ func (p *KafkaPublisher) Publish(ctx context.Context, signals []schemas.Signal) 
 	if p.Auth == nil {
 		return errors.New("reconciler: KafkaPublisher.Auth is nil: open one with signalauth.Open (signal_auth settings)")
 	}
-	topic := p.Topic
-	if topic == "" {
-		topic = schemas.TopicSignalsV1
+	if p.Topic == "" {
+		return errors.New("reconciler: KafkaPublisher.Topic is empty: name the signals topic (topics.signals)")
 	}
 	recs := make([]*kgo.Record, 0, len(signals))
 	for i := range signals {
@@ -43,7 +41,7 @@ func (p *KafkaPublisher) Publish(ctx context.Context, signals []schemas.Signal) 
 		if err != nil {
 			return fmt.Errorf("reconciler: encode signal %s: %w", signals[i].ID, err)
 		}
-		recs = append(recs, p.Auth.Record(topic, []byte(signals[i].Tenant), v))
+		recs = append(recs, p.Auth.Record(p.Topic, []byte(signals[i].Tenant), v))
 	}
 	return p.Client.ProduceSync(ctx, recs...).FirstErr()
 }

@@ -40,6 +40,9 @@ func New(cfg Config, env platform.Env, opts ...Option) (*platform.Service, error
 	if err := cfg.Validate(); err != nil {
 		return nil, config.Under("services.reconciler", err)
 	}
+	if err := env.Topics.Check("signals"); err != nil {
+		return nil, fmt.Errorf("reconciler: %w", err)
+	}
 	clock := schedule.Clock(schedule.RealClock)
 	for _, o := range opts {
 		o(&clock)
@@ -96,7 +99,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, clock schedule.Clock
 	opt.Log = log
 	opt.Unpriced = func() (policy.Price, bool) { return watcher.Current().UnpricedPrice() }
 	n := &nightly{cfg: cfg, clock: clock, log: log, policy: watcher, store: clickHouse{conn},
-		auditor: audit.New(conn, &KafkaPublisher{Client: cl, Topic: cfg.SignalsTopic, Auth: auth}, opt), m: m, jobCtx: jobCtx}
+		auditor: audit.New(conn, &KafkaPublisher{Client: cl, Topic: env.Topics.Signals, Auth: auth}, opt), m: m, jobCtx: jobCtx}
 	n.syncPrices(watcher.Current())
 	s := &schedule.Scheduler{At: at, Interval: cfg.CheckInterval, Clock: clock, Log: log, Tenants: n.tenants, Run: n.runJobs,
 		Hourly: cfg.Hourly, Settle: cfg.Settle}

@@ -86,21 +86,21 @@ func TestServiceRepairsOnScheduleAndSignals(t *testing.T) {
 	defer admin.Close()
 	// A private signals topic: a drift signal on the shared one would reach
 	// the alerter of any deployment on the same broker.
-	signals := itest.Unique(t, "signals_")
+	topics := itest.Topics(t)
+	signals := topics.Signals
 	if err := kafkaconn.EnsureTopics(ctx, admin, kcfg, signals); err != nil {
 		t.Fatal(err)
 	}
 	startMs := time.Now().Add(-time.Second).UnixMilli()
 
 	cfg := DefaultConfig()
-	cfg.SignalsTopic = signals
 	// The drift signal is signed: the enforcer and alerter refuse others.
 	sigAuth := itest.SignalAuth(t)
 	verifier := itest.Signer(t, sigAuth)
 	cfg.ConfirmDelay = 50 * time.Millisecond
 	reg := prometheus.NewRegistry()
 	env := platform.Env{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: reg, Health: ops.NewHealth(), Kafka: kcfg, ClickHouse: chcfg,
-		SignalAuth: sigAuth, Policy: platform.FileSource{File: polPath, Reload: time.Second}}
+		Topics: topics, SignalAuth: sigAuth, Policy: platform.FileSource{File: polPath, Reload: time.Second}}
 	svc, err := New(cfg, env, WithClock(fixedClock{now: time.Date(2026, 10, 15, 0, 31, 0, 0, day.Location())}))
 	itest.StartService(t, svc, err)
 

@@ -126,7 +126,7 @@ the pipeline's signers and verifiers, and a gateway or console following
 the admin topic, whose records are signed. Takes {root, component}. */}}
 {{- define "sluice.signs" -}}
 {{- if has .component (list "aggregator" "enforcer" "alerter" "reconciler") }}true
-{{- else if and (has .component (list "gateway" "console")) (index .root.Values .component).adminTopic }}true{{ end -}}
+{{- else if and (has .component (list "gateway" "console")) (index .root.Values .component).followAdmin }}true{{ end -}}
 {{- end -}}
 
 {{/* Whether a front end (gateway, authz) sends usage to ingest over HTTP. */}}
@@ -161,9 +161,9 @@ services.ingest.listen services.ingest.shutdown_timeout services.ingest.gateway_
 services.aggregator.shutdown_timeout
 services.enforcer.shutdown_timeout services.enforcer.replica_id services.enforcer.admin.listen services.enforcer.admin.tokens
 services.alerter.shutdown_timeout services.reconciler.shutdown_timeout
-services.gateway.listen services.gateway.shutdown_timeout services.gateway.usage.sink services.gateway.usage.ingest_url services.gateway.usage.ingest_api_key_file services.gateway.usage.ingest_api_key_env services.gateway.usage.flush_timeout services.gateway.admission.gateways services.gateway.deferred.enabled services.gateway.deferred.drain services.gateway.admin_topic
+services.gateway.listen services.gateway.shutdown_timeout services.gateway.usage.sink services.gateway.usage.ingest_url services.gateway.usage.ingest_api_key_file services.gateway.usage.ingest_api_key_env services.gateway.usage.flush_timeout services.gateway.admission.gateways services.gateway.deferred.enabled services.gateway.deferred.drain services.gateway.follow_admin
 services.authz.listen services.authz.shutdown_timeout services.authz.usage.sink services.authz.usage.ingest_url services.authz.usage.ingest_api_key_file services.authz.usage.ingest_api_key_env services.authz.usage.flush_timeout services.authz.admission.gateways
-services.console.listen services.console.admin_url services.console.metrics_urls services.console.admin_topic
+services.console.listen services.console.admin_url services.console.metrics_urls services.console.follow_admin
 {{- end -}}
 
 {{- define "sluice.checkConfig" -}}
@@ -310,14 +310,14 @@ the pod's SLUICE_* environment instead.
 {{- $d := dict "enabled" $fe.deferred.enabled -}}
 {{- if $fe.deferred.enabled -}}{{- $_ := set $d "drain" (printf "%ds" (int $fe.deferred.drainSeconds)) -}}{{- end -}}
 {{- $_ := set $s "deferred" $d -}}
-{{- with $fe.adminTopic -}}{{- $_ := set $s "admin_topic" . -}}{{- end -}}
+{{- if $fe.followAdmin -}}{{- $_ := set $s "follow_admin" true -}}{{- end -}}
 {{- end -}}
 {{- $_ := set $svc $name $s -}}
 {{- end -}}
 {{- end -}}
 {{- if $v.console.enabled -}}
 {{- $co := dict "listen" (printf "0.0.0.0:%v" $v.console.port) -}}
-{{- with $v.console.adminTopic -}}{{- $_ := set $co "admin_topic" . -}}{{- end -}}
+{{- if $v.console.followAdmin -}}{{- $_ := set $co "follow_admin" true -}}{{- end -}}
 {{- if $v.console.adminURL -}}
 {{- $_ := set $co "admin_url" $v.console.adminURL -}}
 {{- else if and $v.enforcer.enabled $v.enforcer.admin.enabled -}}
@@ -464,8 +464,8 @@ that sends usage to Kafka, the gateway's deferred requests. */}}
 {{- if or $v.ingest.enabled $v.aggregator.enabled $v.enforcer.enabled $v.alerter.enabled $v.reconciler.enabled -}}true
 {{- else if and $v.gateway.enabled (or (eq $v.gateway.usage.sink "kafka") $v.gateway.deferred.enabled) -}}true
 {{- else if and $v.authz.enabled (eq $v.authz.usage.sink "kafka") -}}true
-{{- else if and $v.gateway.enabled $v.gateway.adminTopic -}}true
-{{- else if and $v.console.enabled $v.console.adminTopic -}}true
+{{- else if and $v.gateway.enabled $v.gateway.followAdmin -}}true
+{{- else if and $v.console.enabled $v.console.followAdmin -}}true
 {{- end -}}
 {{- end -}}
 

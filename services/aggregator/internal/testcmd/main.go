@@ -30,9 +30,10 @@ func main() {
 	brokers := flag.String("brokers", "127.0.0.1:19092", "Kafka brokers")
 	chAddr := flag.String("clickhouse", "127.0.0.1:19000", "ClickHouse native address")
 	db := flag.String("database", "sluice", "ClickHouse database")
-	flag.StringVar(&cfg.Topic, "topic", cfg.Topic, "usage topic")
-	flag.StringVar(&cfg.SignalsTopic, "signals", cfg.SignalsTopic, "signals topic")
-	flag.StringVar(&cfg.AdminTopic, "admin", cfg.AdminTopic, "admin topic")
+	topics := platform.DefaultTopics()
+	flag.StringVar(&topics.Usage, "topic", topics.Usage, "usage topic")
+	flag.StringVar(&topics.Signals, "signals", topics.Signals, "signals topic")
+	flag.StringVar(&topics.Admin, "admin", topics.Admin, "admin topic")
 	flag.StringVar(&cfg.Group, "group", cfg.Group, "consumer group")
 	policyFile := flag.String("policy", "policy.yaml", "policy file")
 	flag.IntVar(&cfg.BatchEvents, "batch", cfg.BatchEvents, "batch events")
@@ -52,7 +53,7 @@ func main() {
 	k.Partitions, k.ReplicationFactor = 3, 1
 	c := chconn.Defaults()
 	c.Addr, c.Database = *chAddr, *db
-	env := platform.Env{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})), Kafka: k, ClickHouse: c,
+	env := platform.Env{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})), Kafka: k, ClickHouse: c, Topics: topics,
 		SignalAuth: signalauth.Config{Keys: strings.Split(*keys, ",")}, Policy: platform.FileSource{File: *policyFile, Reload: platform.DefaultReload}}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
