@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/sluicehq/sluice/platform/itest"
 )
 
 // budgetLevels are money budgets at the five levels of issue 34, each a
@@ -98,8 +96,7 @@ func BenchmarkBudgetLevelsMemory(b *testing.B) {
 	users := benchUsers(b)
 	ctx := context.Background()
 	c := testClient(b, "")
-	prefix := itest.Unique(b, "sluice:adm:bench:") + ":"
-	defer unlinkPrefix(b, c, prefix)
+	prefix := benchPrefix(b, c)
 	m := mustMetrics(b)
 	rules := budgetLevels(5)
 	all := append(append([]Rule(nil), rules.Shared...), rules.Default.Rules...)

@@ -36,8 +36,7 @@ func BenchmarkPeriodQuotaMemory(b *testing.B) {
 	users := benchUsers(b)
 	ctx := context.Background()
 	c := testClient(b, "")
-	prefix := itest.Unique(b, "sluice:adm:bench:") + ":"
-	defer unlinkPrefix(b, c, prefix)
+	prefix := benchPrefix(b, c)
 	r := compileRule(Rule{Name: "user-monthly", Scope: Scope{User: Each}, Unit: TotalTokens, Algorithm: CalendarPeriod,
 		Limit: 2_000_000, Calendar: utcMonths{}}, false, 0, mustMetrics(b))
 	keyOf := func(i int) string {
@@ -143,6 +142,15 @@ func usedMemory(b *testing.B, c redis.UniversalClient) int64 {
 	}
 	b.Fatal("INFO memory has no used_memory")
 	return 0
+}
+
+// benchPrefix is a key prefix of the benchmark's own; its keys are
+// unlinked from c when the benchmark ends, since a million users' keys
+// would otherwise stay in the shared Redis.
+func benchPrefix(b *testing.B, c redis.UniversalClient) string {
+	prefix := itest.Unique(b, "sluice:adm:bench:") + ":"
+	b.Cleanup(func() { unlinkPrefix(b, c, prefix) })
+	return prefix
 }
 
 // unlinkPrefix deletes every key under prefix.

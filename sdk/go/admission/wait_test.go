@@ -72,6 +72,26 @@ func drain(t *testing.T, l *Limiter, req Request) {
 	}
 }
 
+// acquireInBackground runs l.Acquire(req) in a goroutine: the channel
+// delivers its ticket, and cancel is the caller giving up on the wait.
+func acquireInBackground(l *Limiter, req Request) (<-chan Ticket, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan Ticket, 1)
+	go func() {
+		tk, _ := l.Acquire(ctx, req)
+		done <- tk
+	}()
+	return done, cancel
+}
+
+// queuedWaiters returns how many requests wait in l's queue, read under its
+// lock since the waiting goroutines change it.
+func queuedWaiters(l *Limiter) int {
+	l.wq.mu.Lock()
+	defer l.wq.mu.Unlock()
+	return l.wq.n
+}
+
 func TestAcquireWaitsForTheBucketToRefill(t *testing.T) {
 	prefix := testPrefix(t)
 	l := newTestLimiter(t, testClient(t, ""), &Rules{Default: TenantRules{Rules: []Rule{waitBucket(300*time.Millisecond, time.Minute, 0)}}}, WithPrefix(prefix))
@@ -120,17 +140,8 @@ func TestAcquireRefusesAtOnceWhenTheDeadlineComesFirstOrTheQueueIsFull(t *testin
 		t.Fatalf("a request due in a minute on a bucket that refills in 10 minutes: %+v, want refused at once", tk.Decision)
 	}
 	// One waits (the queue holds one); the next is refused at once.
-	ctx, cancel := context.WithCancel(context.Background())
-	first := make(chan Ticket, 1)
-	go func() {
-		tk, _ := l.Acquire(ctx, low)
-		first <- tk
-	}()
-	itest.Eventually(t, 10*time.Second, "the first request waits", func() bool {
-		l.wq.mu.Lock()
-		defer l.wq.mu.Unlock()
-		return l.wq.n == 1
-	})
+	first, cancel := acquireInBackground(l, low)
+	itest.Eventually(t, 10*time.Second, "the first request waits", func() bool { return queuedWaiters(l) == 1 })
 	tk, err = l.Acquire(context.Background(), low)
 	if err != nil {
 		t.Fatal(err)
@@ -167,17 +178,9 @@ func TestAcquireWakesHigherPriorityFirstAndRefusesAtTheDeadline(t *testing.T) {
 		results[req.Priority] <- tk
 	}
 	go acquire(low)
-	itest.Eventually(t, every/2, "the low request waits", func() bool {
-		l.wq.mu.Lock()
-		defer l.wq.mu.Unlock()
-		return l.wq.n == 1
-	})
+	itest.Eventually(t, every/2, "the low request waits", func() bool { return queuedWaiters(l) == 1 })
 	go acquire(Request{Tenant: "acme", Priority: schemas.PriorityHigh})
-	itest.Eventually(t, every/2, "the high request waits", func() bool {
-		l.wq.mu.Lock()
-		defer l.wq.mu.Unlock()
-		return l.wq.n == 2
-	})
+	itest.Eventually(t, every/2, "the high request waits", func() bool { return queuedWaiters(l) == 2 })
 	high := <-results[schemas.PriorityHigh]
 	if !high.Allowed() {
 		t.Fatalf("the high priority waiter: %+v, want admitted by the first refill", high.Decision)
@@ -251,12 +254,7 @@ func TestAcquireFollowsTheRuleThatRefusesAndStopsWhenTheCallerLeaves(t *testing.
 	if tk := mustAdmit(t, l, low); !tk.Allowed() {
 		t.Fatalf("first request refused: %+v", tk.Decision)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan Ticket, 1)
-	go func() {
-		tk, _ := l.Acquire(ctx, low)
-		done <- tk
-	}()
+	done, cancel := acquireInBackground(l, low)
 	dailyKey := tenantKey(prefix, daily, "acme", Scope{})
 	itest.Eventually(t, 10*time.Second, "the waiter moves to the daily window once the bucket refilled", func() bool {
 		l.wq.mu.Lock()

@@ -229,6 +229,18 @@ func TestHalfOpenDoesNotBypassOtherScopes(t *testing.T) {
 	}
 }
 
+// probesIn counts how many of n checks of tenant acme's model c lets
+// through as probes.
+func probesIn(c *Checker, model string, n int) int {
+	probes := 0
+	for range n {
+		if c.Check("acme", model, "").Outcome == Probe {
+			probes++
+		}
+	}
+	return probes
+}
+
 // TestHalfOpenEverywhereSpendsEachScopesProbes: with the model and "*"
 // both half-open, a probe needs one of each; when one has none left the
 // other's is given back.
@@ -239,12 +251,7 @@ func TestHalfOpenEverywhereSpendsEachScopesProbes(t *testing.T) {
 		"m":             {State: flags.StateHalfOpen, Kind: flags.KindErrorRatio, Probes: 5, Until: until},
 		flags.AllModels: {State: flags.StateHalfOpen, Kind: flags.KindSlowCall, Probes: 2, Until: until},
 	})
-	probes := 0
-	for range 10 {
-		if c.Check("acme", "m", "").Outcome == Probe {
-			probes++
-		}
-	}
+	probes := probesIn(c, "m", 10)
 	if probes != 2 {
 		t.Fatalf("%d probes, want 2 (the tenant-wide breaker's)", probes)
 	}
@@ -270,12 +277,7 @@ func TestProbesSurviveRebuild(t *testing.T) {
 	install(c, "acme", 2, map[string]*flags.Flag{"m": &rewritten})                // a refetch after a rewrite
 	c.apply(map[string]*tenantView{"acme": c.buildView("acme", map[string]string{ // a full resync
 		flags.VersionField: "2", "m": flags.Encode(&rewritten)})}, 2, true)
-	probes := 0
-	for range 5 {
-		if c.Check("acme", "m", "").Outcome == Probe {
-			probes++
-		}
-	}
+	probes := probesIn(c, "m", 5)
 	if probes != 1 {
 		t.Fatalf("%d probes after rebuilds, want the 1 left", probes)
 	}

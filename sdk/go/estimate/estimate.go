@@ -313,10 +313,8 @@ func (e *Estimator) Observe(tenant, model string, promptTokens, completionTokens
 	s := e.shard(k)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if i, ok := s.index[k]; ok {
-		r := &s.ring[i]
+	if r := s.touch(k); r != nil {
 		r.ratio += e.cfg.Alpha * (x - r.ratio)
-		r.used = true
 		return
 	}
 	s.insert(k, x)
@@ -329,9 +327,7 @@ func (e *Estimator) Ratio(tenant, model string) (float64, bool) {
 	s := e.shard(k)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if i, ok := s.index[k]; ok {
-		r := &s.ring[i]
-		r.used = true
+	if r := s.touch(k); r != nil {
 		return r.ratio, true
 	}
 	return e.cfg.DefaultRatio, false
@@ -376,6 +372,19 @@ func (e *Estimator) shard(k ratioKey) *ratioShard {
 	h.WriteByte(0)
 	h.WriteString(k.model)
 	return &e.shards[h.Sum64()%ratioShards]
+}
+
+// touch returns k's entry with its used bit set, so that the CLOCK hand
+// spares a pair that is read or observed again, or nil when k is not kept.
+// The caller holds s.mu.
+func (s *ratioShard) touch(k ratioKey) *ratioEntry {
+	i, ok := s.index[k]
+	if !ok {
+		return nil
+	}
+	r := &s.ring[i]
+	r.used = true
+	return r
 }
 
 // insert adds k with its first observation, evicting by CLOCK when full:

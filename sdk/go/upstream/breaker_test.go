@@ -154,9 +154,7 @@ func TestBreakerProbesAndBackOff(t *testing.T) {
 	if p, ok, _ := b.Allow(); !ok || !p {
 		t.Fatal("an ignored probe was not handed out again")
 	}
-	for range 5 {
-		b.Record(true, time.Millisecond, concurrency.Success)
-	}
+	probesSucceed(b, 5)
 	if s := b.Stats(); s.State != Closed || s.OpenFor != 30*time.Second || s.Trips != 4 {
 		t.Fatalf("after 5 good probes: %+v, want closed, open time reset to 30s, 4 trips", s)
 	}

@@ -71,6 +71,22 @@ func probes(t *testing.T, b *Breaker, n int) {
 	}
 }
 
+// probesSucceed reports n of b's probes as successes.
+func probesSucceed(b *Breaker, n int) {
+	for range n {
+		b.Record(true, time.Millisecond, concurrency.Success)
+	}
+}
+
+// probesClose sends n probes through b, reports them all successes and
+// checks that this closed b with its open time back at the default 30 s.
+func probesClose(t *testing.T, b *Breaker, n int) {
+	t.Helper()
+	probes(t, b, n)
+	probesSucceed(b, n)
+	wantState(t, b, Closed, 30*time.Second)
+}
+
 func wantState(t *testing.T, b *Breaker, st State, openFor time.Duration) {
 	t.Helper()
 	if s := b.Stats(); s.State != st || s.OpenFor != openFor {
@@ -118,9 +134,7 @@ func TestFleetBreakerCountsProbesAcrossGateways(t *testing.T) {
 	clock.Advance(120 * time.Second)
 	probes(t, a, 3)
 	probes(t, b, 2)
-	for range 3 {
-		a.Record(true, time.Millisecond, concurrency.Success)
-	}
+	probesSucceed(a, 3)
 	b.Record(true, time.Millisecond, concurrency.Success)
 	wantState(t, b, HalfOpen, 120*time.Second)
 	b.Record(true, time.Millisecond, concurrency.Success)
@@ -149,11 +163,7 @@ func TestFleetBreakerWorksAloneWithoutRedis(t *testing.T) {
 	}
 	wantState(t, b, Open, 30*time.Second)
 	clock.Advance(30 * time.Second)
-	probes(t, b, 5)
-	for range 5 {
-		b.Record(true, time.Millisecond, concurrency.Success)
-	}
-	wantState(t, b, Closed, 30*time.Second)
+	probesClose(t, b, 5)
 	if b.Stats().FleetErrors == 0 {
 		t.Fatal("failed Redis calls were not counted")
 	}
@@ -203,9 +213,7 @@ func deadProbeHolder(t *testing.T, clock *manualclock.Clock, a, b *Breaker) {
 			t.Fatalf("probe %d of gateway B refused (retry %v) 11 minutes after a dead gateway took the probes: the breaker is wedged half-open", i+1, retry)
 		}
 	}
-	for range 5 {
-		b.Record(true, time.Millisecond, concurrency.Success)
-	}
+	probesSucceed(b, 5)
 	wantState(t, b, Closed, 30*time.Second)
 	if p, ok, _ := b.Allow(); !ok || p {
 		t.Fatal("gateway B does not pass calls after its probes closed the fleet's breaker")
@@ -234,14 +242,10 @@ func TestFleetBreakerFreesAProbeAtItsDeadline(t *testing.T) {
 	if _, ok, _ := a.Allow(); ok {
 		t.Fatal("a sixth probe was handed out")
 	}
-	for range 5 {
-		a.Record(true, time.Millisecond, concurrency.Success) // too late
-	}
+	probesSucceed(a, 5) // too late
 	b.sync()
 	wantState(t, b, HalfOpen, 30*time.Second)
-	for range 5 {
-		b.Record(true, time.Millisecond, concurrency.Success)
-	}
+	probesSucceed(b, 5)
 	wantState(t, b, Closed, 30*time.Second)
 	a.sync()
 	wantState(t, a, Closed, 30*time.Second)
@@ -263,9 +267,7 @@ func TestFleetBreakerProbeWhoseResultIsLost(t *testing.T) {
 	clock.Advance(30 * time.Second)
 	probes(t, a, 5)
 	_ = rdbA.Close()
-	for range 5 {
-		a.Record(true, time.Millisecond, concurrency.Success)
-	}
+	probesSucceed(a, 5)
 	if a.Stats().FleetErrors == 0 {
 		t.Fatal("gateway A's reports reached Redis; the test needs them lost")
 	}
@@ -273,11 +275,7 @@ func TestFleetBreakerProbeWhoseResultIsLost(t *testing.T) {
 		t.Fatal("gateway B probed while A's probes were within their deadline")
 	}
 	clock.Advance(time.Minute + ProbeMargin)
-	probes(t, b, 5)
-	for range 5 {
-		b.Record(true, time.Millisecond, concurrency.Success)
-	}
-	wantState(t, b, Closed, 30*time.Second)
+	probesClose(t, b, 5)
 }
 
 // TestFleetBreakerSendsALostResultAgain: gateway A holds every probe of
@@ -368,11 +366,7 @@ func TestFleetBreakerAloneAfterRedisIsLostInHalfOpen(t *testing.T) {
 		t.Fatal("gateway B probed alone while the fleet's probes were within their deadline")
 	}
 	clock.Advance(time.Millisecond)
-	probes(t, b, 5)
-	for range 5 {
-		b.Record(true, time.Millisecond, concurrency.Success)
-	}
-	wantState(t, b, Closed, 30*time.Second)
+	probesClose(t, b, 5)
 	if b.Stats().FleetErrors == 0 {
 		t.Fatal("gateway B reached Redis; the test needs it cut off")
 	}

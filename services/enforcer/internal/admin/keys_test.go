@@ -66,28 +66,29 @@ func (m *memKeys) PutKey(_ context.Context, k *controlplane.Key, read uint64, _ 
 
 func (m *memKeys) Synced(context.Context) error { return nil }
 
-// ByKey reads the audit entries memAudit kept.
+// trail reads the audit entries memAudit kept, as the key, tenant and plan
+// routes read the audit log.
 type trail struct{ *memAudit }
 
+// ByKey returns the entries of API key id.
 func (t trail) ByKey(_ context.Context, id string) ([]audit.Entry, error) {
-	var out []audit.Entry
-	for _, e := range t.all() {
-		if e.APIKeyID == id {
-			out = append(out, e)
-		}
-	}
-	return out, nil
+	return t.where(func(e audit.Entry) bool { return e.APIKeyID == id }), nil
 }
 
-// ByTenant reads the audit entries memAudit kept of a tenant or plan.
+// ByTenant returns the entries of a tenant or plan.
 func (t trail) ByTenant(_ context.Context, name string) ([]audit.Entry, error) {
+	return t.where(func(e audit.Entry) bool { return e.Tenant == name }), nil
+}
+
+// where returns the kept entries that match, in the order written.
+func (t trail) where(match func(audit.Entry) bool) []audit.Entry {
 	var out []audit.Entry
 	for _, e := range t.all() {
-		if e.Tenant == name {
+		if match(e) {
 			out = append(out, e)
 		}
 	}
-	return out, nil
+	return out
 }
 
 // keyServer serves the key (and tenant and plan) routes with an operator, a viewer and a tenant
