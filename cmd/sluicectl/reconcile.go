@@ -6,12 +6,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"text/tabwriter"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/internal/controlplane"
 	"github.com/sluicehq/sluice/internal/pricetable"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/chconn"
@@ -77,9 +80,9 @@ func runReconcile(ctx context.Context, args []string) error {
 		return err
 	}
 	log := logging.New(cfg.Log, os.Stderr)
-	pol, err := policy.Load(cfg.Policy.File)
+	pol, err := policyInForce(ctx, cfg, log)
 	if err != nil {
-		return fmt.Errorf("load policy (set -policy.file, or policy.file in SLUICE_CONFIG): %w", err)
+		return err
 	}
 	conn, err := chconn.Open(ctx, cfg.ClickHouse)
 	if err != nil {
@@ -231,4 +234,29 @@ func openReporting(ctx context.Context, policyPath string, ch chconn.Config) (*p
 		return nil, nil, err
 	}
 	return pol, conn, nil
+}
+
+// policyInForce is the policy file with the admin API's tenants and plans
+// laid over it (topics.admin, read to its end), the policy the services
+// count and audit under: a tenant made at runtime is audited in its own
+// zone and under its own quotas. Without brokers it is the file alone.
+func policyInForce(ctx context.Context, cfg reconcileConfig, log *slog.Logger) (*policy.Policy, error) {
+	w, err := policy.NewWatcher(cfg.Policy.File, time.Hour, log)
+	if err != nil {
+		return nil, fmt.Errorf("load policy (set -policy.file, or policy.file in SLUICE_CONFIG): %w", err)
+	}
+	if len(cfg.Kafka.Brokers) == 0 {
+		log.Warn("no kafka.brokers configured: the tenants and plans made through the admin API are not read; tenants only they define are audited under the policy file's defaults")
+		return w.Current(), nil
+	}
+	env := platform.Env{Logger: log, Metrics: prometheus.NewRegistry(), Kafka: cfg.Kafka, Topics: cfg.Topics, SignalAuth: cfg.SignalAuth}
+	f, stop, err := controlplane.FollowPolicy(ctx, "sluicectl", env, w, nil)
+	if err != nil {
+		return nil, fmt.Errorf("admin topic (the records are signed: signal_auth must verify them): %w", err)
+	}
+	defer stop()
+	if err := f.CatchUp(ctx); err != nil {
+		return nil, fmt.Errorf("read admin topic %s: %w", cfg.Topics.Admin, err)
+	}
+	return w.Current(), nil
 }

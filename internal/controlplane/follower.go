@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -10,8 +11,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
 	"github.com/sluicehq/sluice/platform/signalauth"
+	"github.com/sluicehq/sluice/policy"
 )
 
 // Follower keeps a Log current from the admin topic for a process that
@@ -104,3 +107,49 @@ func (f *Follower) apply(r *kgo.Record) bool {
 
 // Close releases the Kafka client.
 func (f *Follower) Close() { f.cl.Close() }
+
+// FollowPolicy makes a follower of the admin topic (env.Topics.Admin) that
+// lays the topic's tenants and plans over pw after every change, calling
+// onChange (when not nil) first; it registers the follower's record count
+// (labelled with service, so that several followers share one process) and
+// sluice_<service>_policy_conflicts on env.Metrics. The caller reads
+// the topic with CatchUp, before it serves or after, as its failure modes
+// want, then runs Run until it stops and calls stop once Run has returned.
+func FollowPolicy(ctx context.Context, service string, env platform.Env, pw *policy.Watcher, onChange func()) (f *Follower, stop func(), err error) {
+	if err := env.Topics.Check("admin"); err != nil {
+		return nil, nil, err
+	}
+	log := env.Logger.With("component", "controlplane")
+	auth, err := signalauth.Open(env.SignalAuth, log)
+	if err != nil {
+		return nil, nil, fmt.Errorf("signal_auth: %w", err)
+	}
+	f, err = NewFollower(ctx, env.Kafka, env.Topics.Admin, auth, log, func() {
+		if onChange != nil {
+			onChange()
+		}
+		pw.SetOverlay(f.Log().Overlay()) // a no-op unless a tenant or plan changed
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	// The record count is one metric per process, its followers told apart
+	// by service; the conflicts gauge is already named for its service.
+	regs := []prometheus.Registerer{prometheus.WrapRegistererWith(prometheus.Labels{"service": service}, env.Metrics), env.Metrics}
+	cs := []prometheus.Collector{f.Collector(), PolicyConflicts(service, pw)}
+	for i, c := range cs {
+		if err := regs[i].Register(c); err != nil {
+			if i > 0 {
+				regs[0].Unregister(cs[0])
+			}
+			f.Close()
+			return nil, nil, fmt.Errorf("%s: metrics: %w", service, err)
+		}
+	}
+	return f, func() {
+		for i, c := range cs {
+			regs[i].Unregister(c)
+		}
+		f.Close()
+	}, nil
+}

@@ -2,11 +2,10 @@ package aggregator_test
 
 import (
 	"context"
-	"encoding/json"
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/controlplane"
+	"github.com/sluicehq/sluice/internal/controlplane/controlplanetest"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/schemas"
 )
@@ -23,14 +22,7 @@ func TestTenantRecordsReachThePipelineQuotas(t *testing.T) {
 	produce(t, e, []schemas.UsageEvent{{ID: "a1", Time: time.Now().UTC(), Tenant: "acme", Model: "gpt-4o", PromptTokens: 1000}})
 	itest.Eventually(t, 60*time.Second, "acme at 100% of the defaults' hourly quota", w.has(tierOf("acme", 100, schemas.DirectionUp)))
 
-	now := time.Now().UTC()
-	rec := &controlplane.Record{Kind: controlplane.KindTenant, Request: "r1", Section: &controlplane.Section{Name: "acme",
-		Body:      json.RawMessage(`{"models":{"*":{"hourly_tokens":10000}}}`),
-		CreatedAt: now, CreatedBy: "ops", UpdatedAt: now, UpdatedBy: "ops", Version: 1}}
-	recs, err := controlplane.NewLog(itest.Signer(t, testSignalAuth)).Records(adminTopic, rec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	recs := controlplanetest.TenantRecords(t, testSignalAuth, adminTopic, "acme", `{"models":{"*":{"hourly_tokens":10000}}}`)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/sluicehq/sluice/internal/controlplane"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
@@ -41,12 +42,35 @@ func New(cfg Config, env platform.Env) (*platform.Service, error) {
 	if err := env.Topics.Check("signals"); err != nil {
 		return nil, fmt.Errorf("alerter: %w", err)
 	}
+	if err := env.Topics.Check("admin"); err != nil && env.Policy.File != "" {
+		return nil, fmt.Errorf("alerter: %w (the tenants and plans of the admin API are laid over policy.file)", err)
+	}
 	if cfg.stateTopic() == env.Topics.Signals {
 		return nil, fmt.Errorf("services.alerter.state_topic: %q must differ from topics.signals", cfg.stateTopic())
 	}
 	return platform.NewService("alerter", func(ctx context.Context, ready func(string)) error {
 		return run(ctx, cfg, env, ready)
 	}), nil
+}
+
+// readRecords lays the admin API's tenants and plans (topics.admin) over
+// the policy, read to the end before any signal is routed, so that a
+// tenant made at runtime is alerted in its own channels and language; it
+// returns the follower's loop and its stop. Without a policy there is
+// nothing to lay them over, and both do nothing.
+func readRecords(ctx context.Context, env platform.Env, watcher *policy.Watcher) (follow func(context.Context) error, stop func(), err error) {
+	if watcher == nil {
+		return func(context.Context) error { return nil }, func() {}, nil
+	}
+	f, stop, err := controlplane.FollowPolicy(ctx, "alerter", env, watcher, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("alerter: admin topic: %w", err)
+	}
+	if err := f.CatchUp(ctx); err != nil {
+		stop()
+		return nil, nil, fmt.Errorf("alerter: read admin topic %s: %w", env.Topics.Admin, err)
+	}
+	return f.Run, stop, nil
 }
 
 func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr string)) error {
@@ -61,6 +85,11 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 			return fmt.Errorf("policy.file: %w", err)
 		}
 	}
+	followRecords, stopRecords, err := readRecords(ctx, env, watcher)
+	if err != nil {
+		return err
+	}
+	defer stopRecords()
 	p, err := newPipeline(cfg, env, watcher)
 	if err != nil {
 		return err
@@ -127,6 +156,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 	g.Go(func() error { p.consume(ctx, cl); return nil })
 	if watcher != nil {
 		g.Go(func() error { return watcher.Follow(ctx, p.applyPolicy) })
+		g.Go(func() error { return followRecords(ctx) })
 	}
 	ready("")
 	err = g.Wait()

@@ -63,7 +63,6 @@ import (
 	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/redisconn"
-	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -180,22 +179,14 @@ func policyOf(cfg Config, env platform.Env) (*policy.Watcher, error) {
 // quotas, as without the setting.
 func followRecords(ctx context.Context, env platform.Env, pw *policy.Watcher) {
 	log := env.Logger.With("component", "controlplane")
-	auth, err := signalauth.Open(env.SignalAuth, log)
-	if err != nil {
-		log.Error("console: not following the admin topic: signal_auth", "err", err)
-		return
-	}
-	var f *controlplane.Follower
-	f, err = controlplane.NewFollower(ctx, env.Kafka, env.Topics.Admin, auth, log, func() {
-		pw.SetOverlay(f.Log().Overlay()) // a no-op unless a tenant or plan changed
-	})
+	f, stop, err := controlplane.FollowPolicy(ctx, "console", env, pw, nil)
 	if err != nil {
 		if ctx.Err() == nil {
 			log.Error("console: not following the admin topic: the quota tables show the policy file's quotas for tenants without use", "topic", env.Topics.Admin, "err", err)
 		}
 		return
 	}
-	defer f.Close()
+	defer stop()
 	if err := f.CatchUp(ctx); err != nil && ctx.Err() == nil {
 		log.Warn("console: reading the admin topic", "topic", env.Topics.Admin, "err", err)
 	}

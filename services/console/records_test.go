@@ -2,7 +2,6 @@ package console
 
 import (
 	"context"
-	"encoding/json"
 	"html"
 	"net/http"
 	"os"
@@ -11,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/controlplane"
+	"github.com/sluicehq/sluice/internal/controlplane/controlplanetest"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/itest"
 )
@@ -41,7 +40,6 @@ func TestARecordTenantWithoutUseShowsItsRecordsQuotas(t *testing.T) {
 	}
 	kc, sa := itest.Kafka(t), itest.SignalAuth(t)
 	topic := itest.Unique(t, "console_admin_")
-	prod := itest.CompactingTopic(t, kc, topic)
 	c := newKeyConsole(t)
 	if err := os.WriteFile(c.file, []byte(testPolicy+"defaults:\n  models:\n    \"*\":\n      monthly_tokens: 777\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -52,25 +50,18 @@ func TestARecordTenantWithoutUseShowsItsRecordsQuotas(t *testing.T) {
 	if got := c.monthlyLimit("green"); got != "777" {
 		t.Fatalf("green, of no file nor record: monthly limit %q; want the defaults' 777", got)
 	}
+	// The record is on the topic before the console follows it, as for a
+	// console started after the tenant was made.
+	controlplanetest.ProduceTenant(t, kc, sa, topic, "green", `{"models":{"*":{"monthly_tokens":1000000}}}`)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		followRecords(ctx, platform.Env{Kafka: kc, Topics: platform.Topics{Admin: topic}, SignalAuth: sa, Logger: itest.Logger(t)}, c.policy)
+		followRecords(ctx, platform.Env{Kafka: kc, Topics: platform.Topics{Admin: topic}, SignalAuth: sa, Logger: itest.Logger(t)}.Named("console"), c.policy)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 
-	now := time.Now().UTC()
-	recs, err := controlplane.NewLog(itest.Signer(t, sa)).Records(topic, &controlplane.Record{Kind: controlplane.KindTenant, Request: "r1",
-		Section: &controlplane.Section{Name: "green", Body: json.RawMessage(`{"models":{"*":{"monthly_tokens":1000000}}}`),
-			CreatedAt: now, CreatedBy: "ops", UpdatedAt: now, UpdatedBy: "ops", Version: 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := prod.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
 	itest.Eventually(t, 30*time.Second, "green's record laid over the console's policy", func() bool { return c.monthlyLimit("green") != "777" })
 	if got := c.monthlyLimit("green"); got != "1e+06" {
 		t.Fatalf("green, a record without use: monthly limit %q; want the record's 1e+06", got)

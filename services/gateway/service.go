@@ -46,8 +46,6 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/sluicehq/sluice/internal/controlplane"
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/internal/keyfile"
@@ -55,7 +53,6 @@ import (
 	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/httpserver"
 	"github.com/sluicehq/sluice/platform/redisconn"
-	"github.com/sluicehq/sluice/platform/signalauth"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/sdk/go/admission"
 	"github.com/sluicehq/sluice/sdk/go/checker"
@@ -202,39 +199,20 @@ func followKeys(ctx context.Context, cfg Config, env platform.Env, file *keyfile
 	if !cfg.FollowAdmin {
 		return nil, func() {}, nil
 	}
-	if err := env.Topics.Check("admin"); err != nil {
+	var keys *frontend.TopicKeys
+	f, stopFollower, err := controlplane.FollowPolicy(ctx, "gateway", env, pw, func() { keys.Refresh() })
+	if err != nil {
 		return nil, nil, fmt.Errorf("services.gateway.follow_admin: %w", err)
 	}
 	log := env.Logger.With("component", "controlplane")
-	auth, err := signalauth.Open(env.SignalAuth, log)
-	if err != nil {
-		return nil, nil, fmt.Errorf("signal_auth: %w", err)
-	}
-	var keys *frontend.TopicKeys
-	var f *controlplane.Follower
-	f, err = controlplane.NewFollower(ctx, env.Kafka, env.Topics.Admin, auth, log, func() {
-		keys.Refresh()
-		pw.SetOverlay(f.Log().Overlay()) // a no-op unless a tenant or plan changed
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("services.gateway.follow_admin: %w", err)
-	}
 	keys = frontend.NewTopicKeys(f.Log(), file.Keys, log)
-	cs := []prometheus.Collector{f.Collector(), keys.Collector(), controlplane.PolicyConflicts("gateway", pw)}
-	for i, c := range cs {
-		if err := env.Metrics.Register(c); err != nil {
-			for _, r := range cs[:i] {
-				env.Metrics.Unregister(r)
-			}
-			f.Close()
-			return nil, nil, fmt.Errorf("gateway: metrics: %w", err)
-		}
+	if err := env.Metrics.Register(keys.Collector()); err != nil {
+		stopFollower()
+		return nil, nil, fmt.Errorf("gateway: metrics: %w", err)
 	}
 	stop := func() {
-		for _, c := range cs {
-			env.Metrics.Unregister(c)
-		}
-		f.Close()
+		env.Metrics.Unregister(keys.Collector())
+		stopFollower()
 	}
 	if err := f.CatchUp(ctx); err != nil {
 		stop()

@@ -6,7 +6,9 @@
 // publishes reconciliation_drift signals (see package audit for the rules
 // that make it safe during live ingestion and safe to run twice). It also
 // keeps the prices table in step with the quota policy, so the SQL cost
-// reports price usage as the policy does.
+// reports price usage as the policy does. The policy is the file with the
+// admin API's tenants and plans laid over it (topics.admin), as the
+// aggregator counts under it.
 //
 // The package is split along its edges: nightly.go is the service's core
 // (what a due tenant's run does and how prices follow the policy; the
@@ -23,6 +25,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/sluicehq/sluice/internal/controlplane"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/chconn"
 	"github.com/sluicehq/sluice/platform/config"
@@ -40,7 +43,7 @@ func New(cfg Config, env platform.Env, opts ...Option) (*platform.Service, error
 	if err := cfg.Validate(); err != nil {
 		return nil, config.Under("services.reconciler", err)
 	}
-	if err := env.Topics.Check("signals"); err != nil {
+	if err := env.Topics.Check("signals", "admin"); err != nil {
 		return nil, fmt.Errorf("reconciler: %w", err)
 	}
 	clock := schedule.Clock(schedule.RealClock)
@@ -73,6 +76,18 @@ func run(ctx context.Context, cfg Config, env platform.Env, clock schedule.Clock
 	if err != nil {
 		return fmt.Errorf("reconciler: %w", err)
 	}
+	// The tenants and plans of the admin API, read to the end before any
+	// audit: a tenant defined at runtime is audited in its own zone, under
+	// its own quotas, as the aggregator counted it, not under the file's
+	// defaults.
+	records, stopRecords, err := controlplane.FollowPolicy(ctx, "reconciler", env, watcher, nil)
+	if err != nil {
+		return fmt.Errorf("reconciler: admin topic: %w", err)
+	}
+	defer stopRecords()
+	if err := records.CatchUp(ctx); err != nil {
+		return fmt.Errorf("reconciler: read admin topic %s: %w", env.Topics.Admin, err)
+	}
 	conn, err := chconn.Open(ctx, env.ClickHouse)
 	if err != nil {
 		return fmt.Errorf("reconciler: %w", err)
@@ -104,12 +119,13 @@ func run(ctx context.Context, cfg Config, env platform.Env, clock schedule.Clock
 	s := &schedule.Scheduler{At: at, Interval: cfg.CheckInterval, Clock: clock, Log: log, Tenants: n.tenants, Run: n.runJobs,
 		Hourly: cfg.Hourly, Settle: cfg.Settle}
 
-	// One group, one cancellation: the policy follower and the scheduler
-	// stop with ctx. The scheduler returns once its current tenant's run
+	// One group, one cancellation: the policy and records followers and
+	// the scheduler stop with ctx. The scheduler returns once its current tenant's run
 	// is over, which ends jobCtx; the grace member cuts that run short if
 	// it outlasts cfg.ShutdownTimeout.
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return watcher.Follow(gctx, n.syncPrices) })
+	g.Go(func() error { return records.Run(gctx) })
 	g.Go(func() error {
 		defer cancelJobs()
 		return s.Loop(gctx)

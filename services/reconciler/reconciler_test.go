@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluicehq/sluice/internal/controlplane/controlplanetest"
 	"github.com/sluicehq/sluice/migrations/migrationtest"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/itest"
@@ -57,13 +59,36 @@ func (c fixedClock) After(d time.Duration) <-chan time.Time { return time.After(
 // ClickHouse and Kafka: at the tenant's 00:31 it audits the previous day,
 // repairs the drifted counter and publishes reconciliation_drift.
 func TestServiceRepairsOnScheduleAndSignals(t *testing.T) {
+	repairsOnSchedule(t, false)
+}
+
+// Review finding: the reconciler read the policy file only, so a tenant
+// made through the admin API (a record on the admin topic, as the
+// aggregator counts it) was audited under the file's defaults, in UTC: at
+// its 00:31 in Shanghai nothing was due, and its Shanghai day was never
+// audited. Laying the records over the file, the reconciler audits it in
+// its own zone, as the aggregator counted it.
+func TestServiceAuditsARecordTenantInItsOwnZone(t *testing.T) {
+	repairsOnSchedule(t, true)
+}
+
+// repairsOnSchedule is a tenant of Asia/Shanghai with a daily quota whose
+// counter of 2026-10-14 drifted, defined in the policy file or, with
+// record, only as a tenant record on the admin topic.
+func repairsOnSchedule(t *testing.T, record bool) {
 	ctx := context.Background()
 	kcfg := itest.Kafka(t)
 	chcfg, conn := migrationtest.Open(t)
 	tenant := itest.Unique(t, "svc_")
-	dir := t.TempDir()
-	polPath := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(polPath, []byte("tenants:\n  "+tenant+":\n    timezone: Asia/Shanghai\n    models:\n      \"*\": {daily_tokens: 1000000}\n"), 0o600); err != nil {
+	topics := itest.Topics(t)
+	sigAuth := itest.SignalAuth(t)
+	file := "tenants:\n  " + tenant + ":\n    timezone: Asia/Shanghai\n    models:\n      \"*\": {daily_tokens: 1000000}\n"
+	if record {
+		controlplanetest.ProduceTenant(t, kcfg, sigAuth, topics.Admin, tenant, `{"timezone":"Asia/Shanghai","models":{"*":{"daily_tokens":1000000}}}`)
+		file = "{}\n" // the defaults: UTC, no quota
+	}
+	polPath := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(polPath, []byte(file), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	day := time.Date(2026, 10, 14, 0, 0, 0, 0, time.FixedZone("CST", 8*3600))
@@ -86,7 +111,6 @@ func TestServiceRepairsOnScheduleAndSignals(t *testing.T) {
 	defer admin.Close()
 	// A private signals topic: a drift signal on the shared one would reach
 	// the alerter of any deployment on the same broker.
-	topics := itest.Topics(t)
 	signals := topics.Signals
 	if err := kafkaconn.EnsureTopics(ctx, admin, kcfg, signals); err != nil {
 		t.Fatal(err)
@@ -95,7 +119,6 @@ func TestServiceRepairsOnScheduleAndSignals(t *testing.T) {
 
 	cfg := DefaultConfig()
 	// The drift signal is signed: the enforcer and alerter refuse others.
-	sigAuth := itest.SignalAuth(t)
 	verifier := itest.Signer(t, sigAuth)
 	cfg.ConfirmDelay = 50 * time.Millisecond
 	reg := prometheus.NewRegistry()
@@ -114,6 +137,22 @@ func TestServiceRepairsOnScheduleAndSignals(t *testing.T) {
 		}
 		return nil
 	})
+	// The day audited is the tenant's own: 2026-10-14 in Shanghai. The run
+	// is recorded after its repair.
+	var first time.Time
+	itest.EventuallyNoError(t, 30*time.Second, "the day's run recorded", func() error {
+		var n uint64
+		if err := conn.QueryRow(ctx, "SELECT count(), min(period_start) FROM reconciliation_runs WHERE tenant = ? AND period = 'day'", tenant).Scan(&n, &first); err != nil {
+			return err
+		}
+		if n == 0 {
+			return errors.New("no day run yet")
+		}
+		return nil
+	})
+	if !first.Equal(day) {
+		t.Errorf("the first day audited starts at %v; want the tenant's %v", first, day)
+	}
 
 	cl, err := kafkaconn.NewClient(kcfg, kgo.ConsumeTopics(signals), kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(startMs)))
 	if err != nil {
