@@ -122,23 +122,28 @@ func New(cfg Config, reader Reader, log *slog.Logger) *API {
 // dialled until the first call; a policy file that does not parse is an
 // error. Run follows the policy file; Close releases the connections.
 func Open(cfg Config, env platform.Env, log *slog.Logger) (*API, error) {
-	var pw *policy.Watcher
-	if env.Policy.File != "" {
-		w, err := policy.NewWatcher(env.Policy.File, env.Policy.Reload, log)
-		if err != nil {
-			return nil, fmt.Errorf("policy.file: %w", err)
-		}
-		pw = w
+	if env.Policy.File == "" {
+		return OpenOn(cfg, env, nil, log), nil
 	}
+	pw, err := policy.NewWatcher(env.Policy.File, env.Policy.Reload, log)
+	if err != nil {
+		return nil, fmt.Errorf("policy.file: %w", err)
+	}
+	a := OpenOn(cfg, env, pw, log)
+	a.follow = pw.Run
+	return a, nil
+}
+
+// OpenOn is Open on the host's own policy watcher pw (nil: none), which
+// the host follows: a gateway that lays the admin API's tenants and plans
+// over its policy answers with their quotas too. Run does nothing.
+func OpenOn(cfg Config, env platform.Env, pw *policy.Watcher, log *slog.Logger) *API {
 	ch := chconn.NewLazy(env.ClickHouse)
 	rdb := redisconn.NewClient(env.Redis)
 	svc := NewService(ch, rdb, env.Redis.Prefix(redisconn.FlagKeys), pw)
 	a := New(cfg, svc, log)
 	a.closers = []func(){ch.Close, func() { _ = rdb.Close() }}
-	if pw != nil {
-		a.follow = pw.Run
-	}
-	return a, nil
+	return a
 }
 
 // NewService returns the quotastatus.Service of a deployment: quota state

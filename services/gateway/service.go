@@ -156,10 +156,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, opts options, ready 
 	if err != nil {
 		return err
 	}
-	usage, closeUsage, err := openUsageAPI(ctx, cfg, env)
-	if err != nil {
-		return fmt.Errorf("services.gateway.%w", err)
-	}
+	usage, closeUsage := openUsageAPI(cfg, env, pol.w)
 	defer closeUsage()
 	em, closeSender, err := frontend.NewEmitter(cfg.Usage.EventSink, "gateway", env)
 	if err != nil {

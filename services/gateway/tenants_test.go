@@ -4,12 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/adminapi"
+	"github.com/sluicehq/sluice/internal/quotastatus"
+	"github.com/sluicehq/sluice/internal/usageapi"
+	"github.com/sluicehq/sluice/platform/itest"
+	"github.com/sluicehq/sluice/schemas"
 )
 
 // TestTenantsOfTheAdminAPIReachTheGatewayWithinTheBound: a plan and a
@@ -151,4 +157,40 @@ func TestTenantsOfTheAdminAPIReachTheGatewayWithinTheBound(t *testing.T) {
 	if code := status(t, gw, key.Secret); code != http.StatusOK && code != http.StatusTooManyRequests {
 		t.Fatalf("newco's key after restarts: %d; want it authenticated", code)
 	}
+}
+
+// Review finding: the gateway's usage API read the policy file through a
+// watcher of its own, so GET /v1/usage showed a tenant made through the
+// admin API the file's defaults as its quotas while the gateway admitted
+// it under its record's. The API answers from the gateway's own policy.
+func TestUsageAPIAnswersWithARecordTenantsQuotas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Kafka, ClickHouse and Redis")
+	}
+	f := newFleet(t)
+	f.eenv.Policy = f.genv.Policy
+	f.gcfg.UsageAPI.Enabled = true
+	f.genv.ClickHouse = f.eenv.ClickHouse // the test's database: no usage yet
+	ctx := context.Background()
+	_, admin := f.enforcer()
+	gw, _ := f.gateway()
+	if _, err := admin.CreateSection(ctx, adminapi.KindTenant, adminapi.CreateSectionRequest{Name: "newco",
+		Body: json.RawMessage(`{"models":{"*":{"monthly_tokens":4242}}}`), Reason: "onboarding"}); err != nil {
+		t.Fatal(err)
+	}
+	key, err := admin.IssueKey(ctx, adminapi.IssueKeyRequest{Tenant: "newco", Models: []string{"*"}, Reason: "onboarding"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	itest.EventuallyNoError(t, 30*time.Second, "newco's record quota in GET /v1/usage", func() error {
+		resp, body := itest.Send(t, http.MethodGet, "http://"+gw.Addr()+usageapi.Path, "", "Authorization", "Bearer "+key.Secret)
+		var st quotastatus.Status
+		if resp.StatusCode != http.StatusOK || json.Unmarshal([]byte(body), &st) != nil {
+			return fmt.Errorf("%s: %s", resp.Status, body)
+		}
+		if len(st.Quotas) != 1 || st.Quotas[0].Quota != schemas.QuotaMonthlyTokens || st.Quotas[0].Limit != 4242 {
+			return fmt.Errorf("quotas %+v; want the record's monthly_tokens of 4242", st.Quotas)
+		}
+		return nil
+	})
 }

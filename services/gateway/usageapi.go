@@ -1,28 +1,24 @@
 package gateway
 
 import (
-	"context"
 	"net/http"
 
 	"github.com/sluicehq/sluice/internal/usageapi"
 	"github.com/sluicehq/sluice/platform"
+	"github.com/sluicehq/sluice/policy"
 )
 
-// openUsageAPI builds GET /v1/usage (internal/usageapi) when it
-// is enabled, and follows the policy file until ctx ends or closeAPI is
-// called. It returns a nil API when disabled.
-func openUsageAPI(ctx context.Context, cfg Config, env platform.Env) (api *usageapi.API, closeAPI func(), err error) {
+// openUsageAPI builds GET /v1/usage (internal/usageapi) when it is
+// enabled, on the gateway's own policy pw: the quotas of a tenant without
+// use yet are those the gateway admits under, the admin API's records
+// laid over the file when it follows them. It returns a nil API when
+// disabled.
+func openUsageAPI(cfg Config, env platform.Env, pw *policy.Watcher) (api *usageapi.API, closeAPI func()) {
 	if !cfg.UsageAPI.Enabled {
-		return nil, func() {}, nil
+		return nil, func() {}
 	}
-	a, err := usageapi.Open(cfg.UsageAPI, env, env.Logger.With("component", "usage-api"))
-	if err != nil {
-		return nil, nil, err
-	}
-	fctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(fctx) }()
-	return a, func() { stop(); <-done; a.Close() }, nil
+	a := usageapi.OpenOn(cfg.UsageAPI, env, pw, env.Logger.With("component", "usage-api"))
+	return a, a.Close
 }
 
 // usageTenant authenticates a usage API call by tenant key: a caller reads

@@ -46,6 +46,9 @@ type Config struct {
 
 	// UsageAPI is GET /v1/usage for the tenants a key may report.
 	UsageAPI usageapi.Config `yaml:"usage_api"`
+	// FollowAdmin lays the admin API's tenants and plans over the usage
+	// API's policy, as the gateway's follow_admin does.
+	FollowAdmin bool `yaml:"follow_admin" help:"with usage_api.enabled: follow the admin topic (topics.admin) for the tenants and plans managed through the enforcer's admin API, laid over policy.file, so a tenant without use yet reads the quotas in force, its record's; needs signal_auth. Off: policy.file's quotas only"`
 }
 
 // DefaultConfig returns the defaults. 50,000 in-flight events keep a few

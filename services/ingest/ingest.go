@@ -23,7 +23,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/sluicehq/sluice/internal/usageapi"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/config"
 	"github.com/sluicehq/sluice/platform/httpserver"
@@ -71,13 +70,13 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 		return err
 	}
 	if cfg.UsageAPI.Enabled {
-		ua, err := usageapi.Open(cfg.UsageAPI, env, env.Logger.With("component", "usage-api"))
+		ua, follow, closeAPI, err := openUsageAPI(ctx, cfg, env)
 		if err != nil {
 			s.closeProducers()
-			return fmt.Errorf("services.ingest.%w", err)
+			return err
 		}
-		defer ua.Close()
-		s.usage = ua
+		defer closeAPI()
+		s.usage, s.followUsage = ua, follow
 	}
 	if err := s.m.register(env.Metrics); err != nil {
 		s.closeProducers()
@@ -129,7 +128,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 		return nil
 	})
 	if s.usage != nil {
-		g.Go(func() error { return s.usage.Run(gctx) })
+		g.Go(func() error { return s.followUsage(gctx) })
 	}
 	g.Go(func() error {
 		<-gctx.Done()

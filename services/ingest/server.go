@@ -52,6 +52,9 @@ type server struct {
 
 	// usage serves GET /v1/usage; nil when usage_api is disabled.
 	usage *usageapi.API
+	// followUsage keeps the usage API's policy current until its context
+	// ends.
+	followUsage func(context.Context) error
 	// hot serves POST /v1/events in its plain form; nil until Run starts
 	// it, and when hot_route_max_body_bytes is 0.
 	hot atomic.Pointer[hotroute.Server]
