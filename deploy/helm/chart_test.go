@@ -880,7 +880,8 @@ func (r *release) checkPod(t *testing.T, w workload, c corev1.Container, p *pod)
 	}
 	// A gateway or console following the admin topic verifies its signed
 	// records: it needs the brokers and the keys.
-	follows := (w.component == "gateway" && cfg.Services.Gateway.FollowAdmin) || (w.component == "console" && cfg.Services.Console.FollowAdmin)
+	follows := (w.component == "gateway" && cfg.Services.Gateway.FollowAdmin) || (w.component == "console" && cfg.Services.Console.FollowAdmin) ||
+		(w.component == "ingest" && cfg.Services.Ingest.FollowAdmin)
 	if svc, _ := sluiceconfig.Lookup(w.component); !svc.Signals && !follows && cfg.SignalAuth.KeyFile != "" {
 		t.Errorf("%s: the signing keys are mounted into the %s, which neither signs nor verifies", what, w.component)
 	}

@@ -122,11 +122,11 @@ projected volume source; "path" is the file under the secrets folder. */}}
 {{- end -}}
 
 {{/* Whether a component runs and uses signal_auth (signs or verifies):
-the pipeline's signers and verifiers, and a gateway or console following
-the admin topic, whose records are signed. Takes {root, component}. */}}
+the pipeline's signers and verifiers, and a gateway, console or ingest
+following the admin topic, whose records are signed. Takes {root, component}. */}}
 {{- define "sluice.signs" -}}
 {{- if has .component (list "aggregator" "enforcer" "alerter" "reconciler") }}true
-{{- else if and (has .component (list "gateway" "console")) (index .root.Values .component).followAdmin }}true{{ end -}}
+{{- else if and (has .component (list "gateway" "console" "ingest")) (index .root.Values .component).followAdmin }}true{{ end -}}
 {{- end -}}
 
 {{/* Whether a front end (gateway, authz) sends usage to ingest over HTTP. */}}
@@ -157,7 +157,7 @@ ops.listen shutdown_timeout migrate policy.file tenant_keys.file signal_auth.key
 kafka.brokers kafka.partitions kafka.replication_factor kafka.sasl.password kafka.sasl.password_file
 clickhouse.addr clickhouse.addrs clickhouse.password clickhouse.password_file clickhouse.cluster clickhouse.sharded clickhouse.database
 redis.addr redis.addrs redis.cluster redis.password redis.password_file redis.key_prefix redis.sentinel.master redis.sentinel.addrs redis.sentinel.password redis.sentinel.password_file
-services.ingest.listen services.ingest.shutdown_timeout services.ingest.gateway_keys.file
+services.ingest.listen services.ingest.shutdown_timeout services.ingest.gateway_keys.file services.ingest.follow_admin
 services.aggregator.shutdown_timeout
 services.enforcer.shutdown_timeout services.enforcer.replica_id services.enforcer.admin.listen services.enforcer.admin.tokens
 services.alerter.shutdown_timeout services.reconciler.shutdown_timeout
@@ -265,6 +265,7 @@ the pod's SLUICE_* environment instead.
 {{- if include "sluice.ingestKeysGiven" . -}}
 {{- $_ := set $in "gateway_keys" (dict "file" (printf "%s/gateway-keys.yaml" $sec)) -}}
 {{- end -}}
+{{- if $v.ingest.followAdmin -}}{{- $_ := set $in "follow_admin" true -}}{{- end -}}
 {{- $_ := set $svc "ingest" $in -}}
 {{- end -}}
 {{- range $name := list "aggregator" "alerter" "reconciler" -}}
