@@ -68,6 +68,12 @@ type Key struct {
 	CreatedBy           string    `json:"created_by"`
 	UpdatedAt           time.Time `json:"updated_at"`
 	UpdatedBy           string    `json:"updated_by"`
+	// LastUsedAt is the time of the last call metered with the key (its
+	// usage events, as ClickHouse holds them: seconds behind the call)
+	// within the last KeyUseLookback; zero when there is none in that
+	// window, or when ClickHouse did not answer (the response's
+	// LastUseError then says why).
+	LastUsedAt time.Time `json:"last_used_at,omitzero"`
 	// Version is what a change must carry (RotateKeyRequest,
 	// RevokeKeyRequest): a change that read an older version is refused
 	// with 409 Conflict.
@@ -120,12 +126,20 @@ type SecretResponse struct {
 // KeyResponse answers GET PathKey and a revocation.
 type KeyResponse struct {
 	Key Key `json:"key"`
+	// LastUseError says why Key.LastUsedAt is not known; empty when it is.
+	LastUseError string `json:"last_use_error,omitempty"`
 }
+
+// KeyUseLookback is how far back a key's last use is looked for.
+const KeyUseLookback = 90 * 24 * time.Hour
 
 // KeysResponse answers GET PathKeys.
 type KeysResponse struct {
 	// Keys are sorted by tenant and id; never null.
 	Keys []Key `json:"keys"`
+	// LastUseError says why the keys' LastUsedAt are not known; empty
+	// when they are.
+	LastUseError string `json:"last_use_error,omitempty"`
 }
 
 // Change is one field a change set: its JSON name, and its values before
@@ -172,9 +186,15 @@ func (c *Client) IssueKey(ctx context.Context, req IssueKeyRequest) (SecretRespo
 
 // Keys lists keys; tenant "" lists every tenant's the token may see.
 func (c *Client) Keys(ctx context.Context, tenant string) ([]Key, error) {
+	r, err := c.KeyList(ctx, tenant)
+	return r.Keys, err
+}
+
+// KeyList is Keys with what the answer says of the keys' last use.
+func (c *Client) KeyList(ctx context.Context, tenant string) (KeysResponse, error) {
 	var r KeysResponse
 	err := c.get(ctx, PathKeys, tenant, &r)
-	return r.Keys, err
+	return r, err
 }
 
 // Key returns one key.

@@ -72,8 +72,7 @@ func runKeysTo(ctx context.Context, args []string, out io.Writer) error {
 func keysCall(ctx context.Context, c *adminapi.Client, verb, id string, f keysFlags, rf recordFlags) (any, error) {
 	switch verb {
 	case "list":
-		keys, err := c.Keys(ctx, f.tenant)
-		return adminapi.KeysResponse{Keys: keys}, err
+		return c.KeyList(ctx, f.tenant)
 	case "issue":
 		req := adminapi.IssueKeyRequest{ID: f.id, Tenant: f.tenant, Name: f.name, Models: splitList(f.models),
 			Endpoints: splitList(f.endpoints), Reason: rf.reason}
@@ -106,17 +105,17 @@ func splitList(s string) []string {
 // secret on a line of its own with the warning that it is shown once.
 func writeKeysText(out io.Writer, answer any) error {
 	var keys []adminapi.Key
-	secret := ""
+	secret, useErr := "", ""
 	switch a := answer.(type) {
 	case adminapi.KeysResponse:
-		keys = a.Keys
+		keys, useErr = a.Keys, a.LastUseError
 	case adminapi.KeyResponse:
 		keys = []adminapi.Key{a.Key}
 	case adminapi.SecretResponse:
 		keys, secret = []adminapi.Key{a.Key}, a.Secret
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tTENANT\tNAME\tVERSION\tSTATE\tMODELS\tEXPIRES\tFINGERPRINT")
+	fmt.Fprintln(tw, "ID\tTENANT\tNAME\tVERSION\tSTATE\tMODELS\tEXPIRES\tLAST USED\tFINGERPRINT")
 	for _, k := range keys {
 		state := "active"
 		switch {
@@ -131,15 +130,30 @@ func writeKeysText(out io.Writer, answer any) error {
 		if !k.ExpiresAt.IsZero() {
 			expires = k.ExpiresAt.Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", k.ID, k.Tenant, k.Name, k.Version, state,
-			strings.Join(k.Models, ","), expires, k.Fingerprint)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Tenant, k.Name, k.Version, state,
+			strings.Join(k.Models, ","), expires, lastUsed(k, useErr), k.Fingerprint)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if useErr != "" {
+		fmt.Fprintf(out, "\n%s\n", useErr)
 	}
 	if secret != "" {
 		_, err := fmt.Fprintf(out, "\nsecret (shown once, store it now): %s\n", secret)
 		return err
 	}
 	return nil
+}
+
+// lastUsed is a key's LAST USED column: its last metered call, "-" for
+// none in adminapi.KeyUseLookback, "?" when the API could not tell.
+func lastUsed(k adminapi.Key, useErr string) string {
+	switch {
+	case !k.LastUsedAt.IsZero():
+		return k.LastUsedAt.Format(time.RFC3339)
+	case useErr != "":
+		return "?"
+	}
+	return "-"
 }

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/adminapi"
 )
@@ -31,7 +32,9 @@ func (s *keysServer) start(t *testing.T) string {
 		var answer any = adminapi.SecretResponse{Key: key, Secret: "sk-sluice-new"}
 		switch {
 		case r.Method == http.MethodGet:
-			answer = adminapi.KeysResponse{Keys: []adminapi.Key{key}}
+			used := key
+			used.LastUsedAt = time.Date(2026, 12, 1, 9, 30, 0, 0, time.UTC)
+			answer = adminapi.KeysResponse{Keys: []adminapi.Key{used}}
 		case r.URL.Path == adminapi.PathKeys:
 			s.decodeErr = dec.Decode(&s.issue)
 		case strings.HasSuffix(r.URL.Path, "/rotate"):
@@ -88,6 +91,9 @@ func TestKeysCommandSendsEachVerbAndPrintsTheSecretOnce(t *testing.T) {
 	var lr adminapi.KeysResponse
 	if err := json.Unmarshal([]byte(out), &lr); err != nil || len(lr.Keys) != 1 || s.path != "GET /admin/v1/keys?tenant=acme" {
 		t.Fatalf("list sent %s, printed %q (%v)", s.path, out, err)
+	}
+	if out = run("list", "-tenant", "acme"); !strings.Contains(out, "LAST USED") || !strings.Contains(out, "2026-12-01T09:30:00Z") {
+		t.Fatalf("list printed %q; want the key's last use", out)
 	}
 }
 

@@ -55,7 +55,7 @@ func New(cfg Config, env platform.Env) (*platform.Service, error) {
 
 // readRecords lays the admin API's tenants and plans (topics.admin) over
 // the policy, read to the end before any signal is routed, so that a
-// tenant made at runtime is alerted in its own channels and language; it
+// tenant made at runtime is alerted in its own channels and zone; it
 // returns the follower's loop and its stop. Without a policy there is
 // nothing to lay them over, and both do nothing.
 func readRecords(ctx context.Context, env platform.Env, watcher *policy.Watcher) (follow func(context.Context) error, stop func(), err error) {

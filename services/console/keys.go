@@ -29,6 +29,9 @@ type keyView struct {
 	// State is keyActive, keyRotating (a rotated-out secret still
 	// accepted), keyRevoked or keyExpired.
 	State string
+	// UseUnknown is why LastUsedAt is not known (the admin API could not
+	// read the usage events); empty when it is.
+	UseUnknown string
 }
 
 func viewKey(k adminapi.Key, now time.Time) keyView {
@@ -57,13 +60,15 @@ var (
 
 // keysOf lists tenant's keys for the session, newest change first.
 func keysOf(ctx context.Context, sess *session, tenant string, now time.Time) ([]keyView, error) {
-	keys, err := sess.client.Keys(ctx, tenant)
+	list, err := sess.client.KeyList(ctx, tenant)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]keyView, 0, len(keys))
-	for _, k := range keys {
-		out = append(out, viewKey(k, now))
+	out := make([]keyView, 0, len(list.Keys))
+	for _, k := range list.Keys {
+		v := viewKey(k, now)
+		v.UseUnknown = list.LastUseError
+		out = append(out, v)
 	}
 	slices.SortStableFunc(out, func(a, b keyView) int { return b.UpdatedAt.Compare(a.UpdatedAt) })
 	return out, nil

@@ -35,6 +35,8 @@ type fakeAdmin struct {
 	keys   map[string]adminapi.Key
 	trail  map[string][]adminapi.AuditEntry
 	issued int
+	// useErr is the listings' LastUseError.
+	useErr string
 	// sections are the tenant and plan records (tenants_test.go), by
 	// kind and name; strail their audit trails, by kind and name.
 	sections map[adminapi.SectionKind]map[string]adminapi.Section
@@ -79,7 +81,10 @@ func (f *fakeAdmin) handler() http.Handler {
 				out = append(out, k)
 			}
 		}
-		reply(w, 200, adminapi.KeysResponse{Keys: out})
+		f.mu.Lock()
+		useErr := f.useErr
+		f.mu.Unlock()
+		reply(w, 200, adminapi.KeysResponse{Keys: out, LastUseError: useErr})
 	})
 	mux.HandleFunc("POST "+adminapi.PathKeys, f.issue)
 	mux.HandleFunc("GET "+adminapi.PathKey, func(w http.ResponseWriter, r *http.Request) {
@@ -558,5 +563,38 @@ func TestARefusedActionIsShownInPlace(t *testing.T) {
 	}
 	if rec := c.do(c.login("viewer-token"), http.MethodPost, "/tenants/blue/act", url.Values{"action": {"breaker.trip"}, "reason": {"x"}, "expires": {"1h"}}); rec.Code != http.StatusForbidden {
 		t.Errorf("a viewer's trip: %d, want 403", rec.Code)
+	}
+}
+
+// The key table says when each key was last used, that a key was not used
+// in the window read, and "unknown" when the admin API could not tell.
+func TestTheKeyTableSaysWhenEachKeyWasLastUsed(t *testing.T) {
+	c := newKeyConsole(t)
+	ck := c.login("op-token")
+	at := time.Date(2026, 12, 1, 9, 30, 0, 0, time.UTC)
+	c.admin.mu.Lock()
+	c.admin.keys["used"] = adminapi.Key{ID: "used", Tenant: "blue", Version: 1, LastUsedAt: at}
+	c.admin.keys["idle"] = adminapi.Key{ID: "idle", Tenant: "blue", Version: 1}
+	c.admin.mu.Unlock()
+	lastUsed := func(body, id string) string {
+		m := regexp.MustCompile(`data-key="` + id + `"(?s:.*?)data-label="Last used">(.*?)</td>`).FindStringSubmatch(body)
+		if m == nil {
+			t.Fatalf("no row of key %s:\n%s", id, body)
+		}
+		return m[1]
+	}
+	body := c.do(ck, http.MethodGet, "/tenants/blue", nil).Body.String()
+	if got := lastUsed(body, "used"); got != "2026-12-01 09:30:00 UTC" {
+		t.Errorf("used key's last use %q", got)
+	}
+	if got := lastUsed(body, "idle"); got != "not in 90 days" {
+		t.Errorf("idle key's last use %q", got)
+	}
+	c.admin.mu.Lock()
+	c.admin.useErr = "last use unknown: clickhouse: connection refused"
+	c.admin.mu.Unlock()
+	body = c.do(ck, http.MethodGet, "/tenants/blue", nil).Body.String()
+	if got := lastUsed(body, "idle"); !strings.Contains(got, "unknown") || !strings.Contains(got, "connection refused") {
+		t.Errorf("idle key's last use without ClickHouse %q; want unknown and why", got)
 	}
 }

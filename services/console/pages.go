@@ -38,6 +38,8 @@ func parsePages() (map[string]*template.Template, error) {
 		"num":   svgchart.Compact,
 		"bar":   func(v float64) string { return strconv.FormatFloat(math.Max(0, math.Min(v, 100)), 'f', 1, 64) },
 		"clock": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 MST") },
+		// How far back the admin API looks for a key's last use.
+		"keyUseDays": func() int { return int(adminapi.KeyUseLookback / (24 * time.Hour)) },
 		// A quota is highlighted from the tier whose alerts are warnings.
 		"hot":       func(v float64) bool { return v >= policy.WarningTier },
 		"in":        func(now time.Time, t *time.Time) string { return until(now, t) },

@@ -226,7 +226,7 @@ func listenAdmin(cfg Config, c *core, aud *lazyClickHouse, as *adminState, log *
 	}
 	api := admin.New(c.table, c.writer.MarkDirty, auditor, cfg.Admin.Tokens, log)
 	if as != nil {
-		api.WithPublisher(as).WithKeys(as, aud).WithSections(as, aud)
+		api.WithPublisher(as).WithKeys(as, aud).WithSections(as, aud).WithKeyUse(aud)
 	}
 	srv := httpserver.New(api.Handler(), cfg.Admin.HTTP, log)
 	if tlsCfg != nil {

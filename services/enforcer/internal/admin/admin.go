@@ -53,9 +53,10 @@ type API struct {
 	log    *slog.Logger
 	now    func() time.Time
 	// keys and keyAudit serve the API key routes (keys.go); nil keys
-	// serves none.
+	// serves none. keyUse, when set, tells the keys' last use.
 	keys     KeyStore
 	keyAudit KeyAuditReader
+	keyUse   KeyUseReader
 	// sections and sectionAudit serve the tenant and plan routes
 	// (sections.go); nil sections serves none.
 	sections     SectionStore

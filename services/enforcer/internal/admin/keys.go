@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -35,6 +36,55 @@ type KeyAuditReader interface {
 	ByKey(ctx context.Context, apiKeyID string) ([]audit.Entry, error)
 }
 
+// KeyUseReader says when the keys of tenants were last used: the time of
+// the last usage event of each key id since since; ids without one are
+// absent. The enforcer's reads usage_events in ClickHouse.
+type KeyUseReader interface {
+	LastUse(ctx context.Context, tenants []string, since time.Time) (map[string]time.Time, error)
+}
+
+// maxKeyUseTenants bounds the tenants whose keys' last use one listing
+// reads, so that listing every tenant's keys does not scan months of
+// every tenant's events.
+const maxKeyUseTenants = 100
+
+// WithKeyUse fills the keys' LastUsedAt from r.
+func (a *API) WithKeyUse(r KeyUseReader) *API {
+	a.keyUse = r
+	return a
+}
+
+// keysWithUse returns the API views of ks with their last use, and why
+// it is unknown when the reader fails: a listing still answers while
+// ClickHouse is away.
+func (a *API) keysWithUse(ctx context.Context, ks []*controlplane.Key) ([]adminapi.Key, string) {
+	out := make([]adminapi.Key, len(ks))
+	var tenants []string
+	for i, k := range ks {
+		out[i] = k.API()
+		if !slices.Contains(tenants, k.Tenant) {
+			tenants = append(tenants, k.Tenant)
+		}
+	}
+	switch {
+	case a.keyUse == nil || len(ks) == 0:
+		return out, ""
+	case len(tenants) > maxKeyUseTenants:
+		return out, fmt.Sprintf("last use unknown: the keys of %d tenants are listed; it is read for at most %d at once (name one: ?tenant=)", len(tenants), maxKeyUseTenants)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	used, err := a.keyUse.LastUse(ctx, tenants, a.now().Add(-adminapi.KeyUseLookback))
+	if err != nil {
+		a.log.Warn("admin API: keys' last use unknown", "err", err)
+		return out, "last use unknown: " + err.Error()
+	}
+	for i := range out {
+		out[i].LastUsedAt = used[out[i].ID]
+	}
+	return out, ""
+}
+
 // WithKeys serves the API key routes (adminapi.PathKeys) from store, with
 // the audit trail read from trail.
 func (a *API) WithKeys(store KeyStore, trail KeyAuditReader) *API {
@@ -54,7 +104,8 @@ func (a *API) keyRoutes(mux *http.ServeMux) {
 	route("POST "+adminapi.PathKeys, a.issueKey)
 	route("GET "+adminapi.PathKey, func(w http.ResponseWriter, r *http.Request) {
 		if k := a.visibleKey(w, r); k != nil {
-			writeJSON(w, http.StatusOK, adminapi.KeyResponse{Key: k.API()})
+			keys, useErr := a.keysWithUse(r.Context(), []*controlplane.Key{k})
+			writeJSON(w, http.StatusOK, adminapi.KeyResponse{Key: keys[0], LastUseError: useErr})
 		}
 	})
 	route("POST "+adminapi.PathKeyRotate, a.rotateKey)
@@ -87,11 +138,8 @@ func (a *API) listKeys(w http.ResponseWriter, r *http.Request) {
 		}
 		tenant = p.tenant
 	}
-	out := []adminapi.Key{}
-	for _, k := range a.keys.Keys(tenant) {
-		out = append(out, k.API())
-	}
-	writeJSON(w, http.StatusOK, adminapi.KeysResponse{Keys: out})
+	keys, useErr := a.keysWithUse(r.Context(), a.keys.Keys(tenant))
+	writeJSON(w, http.StatusOK, adminapi.KeysResponse{Keys: keys, LastUseError: useErr})
 }
 
 // visibleKey returns the key the path names, or answers 404: a key of

@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/adminapi"
 	"github.com/sluicehq/sluice/internal/controlplane"
@@ -100,6 +102,13 @@ func keyServer(t *testing.T) (op, viewer, blue *adminapi.Client) {
 
 func keyServerStore(t *testing.T) (op, viewer, blue *adminapi.Client, store *memKeys) {
 	t.Helper()
+	return keyServerWith(t, nil)
+}
+
+// keyServerWith is keyServerStore whose API reads the keys' last use from
+// use (nil: none).
+func keyServerWith(t *testing.T, use admin.KeyUseReader) (op, viewer, blue *adminapi.Client, store *memKeys) {
+	t.Helper()
 	aud := &memAudit{}
 	store = &memKeys{keys: map[string]controlplane.Key{}}
 	tokens := []adminapi.Token{
@@ -109,6 +118,9 @@ func keyServerStore(t *testing.T) (op, viewer, blue *adminapi.Client, store *mem
 	}
 	api := admin.New(breaker.NewTable(), func(...string) {}, aud, tokens, slog.New(slog.NewTextHandler(io.Discard, nil))).
 		WithKeys(store, trail{aud}).WithSections(&memSections{recs: map[string]controlplane.Section{}}, trail{aud})
+	if use != nil {
+		api.WithKeyUse(use)
+	}
 	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(srv.Close)
 	client := func(tok string) *adminapi.Client {
@@ -269,5 +281,70 @@ func TestEveryRoleReadsWhoItIs(t *testing.T) {
 		if got, err := c.WhoAmI(context.Background()); err != nil || got != want {
 			t.Errorf("whoami: %+v, %v; want %+v", got, err, want)
 		}
+	}
+}
+
+// mustIssue issues a key of tenant for every model.
+func mustIssue(t *testing.T, c *adminapi.Client, tenant string) adminapi.SecretResponse {
+	t.Helper()
+	k, err := c.IssueKey(context.Background(), adminapi.IssueKeyRequest{Tenant: tenant, Models: []string{"*"}, Reason: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// keyUse answers LastUse from used, or fails with err.
+type keyUse struct {
+	used    map[string]time.Time
+	err     error
+	tenants []string
+}
+
+func (u *keyUse) LastUse(_ context.Context, tenants []string, _ time.Time) (map[string]time.Time, error) {
+	u.tenants = tenants
+	return u.used, u.err
+}
+
+// A key's listing says when it was last used, from the usage events; when
+// they cannot be read the listing still answers, saying why the last use
+// is unknown, and a listing of more tenants than one read covers says so
+// instead of scanning every tenant's events.
+func TestKeysTellTheirLastUse(t *testing.T) {
+	use := &keyUse{used: map[string]time.Time{}}
+	op, _, blue, store := keyServerWith(t, use)
+	ctx := context.Background()
+	used, idle := mustIssue(t, op, "blue"), mustIssue(t, op, "blue")
+	at := time.Date(2026, 12, 1, 9, 30, 0, 0, time.UTC)
+	use.used[used.Key.ID] = at
+	list, err := blue.KeyList(ctx, "")
+	if err != nil || list.LastUseError != "" || len(list.Keys) != 2 {
+		t.Fatalf("list: %+v, %v", list, err)
+	}
+	for _, k := range list.Keys {
+		if want := map[string]time.Time{used.Key.ID: at, idle.Key.ID: {}}[k.ID]; !k.LastUsedAt.Equal(want) {
+			t.Errorf("key %s last used %v; want %v", k.ID, k.LastUsedAt, want)
+		}
+	}
+	if !slices.Equal(use.tenants, []string{"blue"}) {
+		t.Errorf("last use read for tenants %v; want the listed keys' [blue]", use.tenants)
+	}
+	if k, err := op.Key(ctx, used.Key.ID); err != nil || !k.LastUsedAt.Equal(at) {
+		t.Errorf("one key: %+v, %v; want last used %v", k, err, at)
+	}
+
+	use.err = errors.New("clickhouse: connection refused")
+	list, err = op.KeyList(ctx, "blue")
+	if err != nil || len(list.Keys) != 2 || !list.Keys[0].LastUsedAt.IsZero() || !strings.Contains(list.LastUseError, "connection refused") {
+		t.Errorf("list without ClickHouse: %+v, %v; want the keys, no last use and why", list, err)
+	}
+
+	use.err = nil
+	for i := range 101 {
+		store.keys[fmt.Sprint("k", i)] = controlplane.Key{ID: fmt.Sprint("k", i), Tenant: fmt.Sprint("t", i), Version: 1}
+	}
+	list, err = op.KeyList(ctx, "")
+	if err != nil || !strings.Contains(list.LastUseError, "?tenant=") {
+		t.Errorf("a listing of 102 tenants: %q, %v; want it to name ?tenant=", list.LastUseError, err)
 	}
 }
