@@ -81,7 +81,14 @@ func SectionsOf(data []byte) (Overlay, error) {
 		out   map[string]json.RawMessage
 	}{{"tenants", raw.Tenants, o.Tenants}, {"plans", raw.Plans, o.Plans}} {
 		for name, n := range s.in {
-			b, err := yaml.Marshal(&n)
+			// Decoded first, so that an alias of an anchor elsewhere in the
+			// file and a merge key (<<) become the values they stand for:
+			// the node alone would be marshalled as a dangling *alias.
+			var v any
+			if err := n.Decode(&v); err != nil {
+				return Overlay{}, fmt.Errorf("policy: %s.%s: %w", s.where, name, err)
+			}
+			b, err := yaml.Marshal(v)
 			if err != nil {
 				return Overlay{}, fmt.Errorf("policy: %s.%s: %w", s.where, name, err)
 			}

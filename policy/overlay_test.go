@@ -59,6 +59,36 @@ func TestOverlaidAddsRecordsAndReportsConflicts(t *testing.T) {
 	}
 }
 
+// A file whose tenants share settings through YAML anchors, aliases and
+// merge keys (<<) parses alone; laying a record over it used to fail with
+// "unknown anchor", the file's sections being read one node at a time.
+// They are read as the values the anchors stand for, and a record equal
+// to such a tenant is no conflict.
+func TestOverlaidReadsTheFilesAnchorsAndMergeKeys(t *testing.T) {
+	file := []byte("tenants:\n  acme: &base\n    models:\n      \"*\": {monthly_tokens: 1000}\n" +
+		"  beta:\n    <<: *base\n    timezone: Asia/Tokyo\n  gamma: *base\n")
+	secs, err := SectionsOf(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Overlay{Tenants: map[string]json.RawMessage{"newco": json.RawMessage(`{"timezone":"UTC"}`), "gamma": secs.Tenants["acme"]}}
+	p, conflicts, err := Overlaid(file, "p.yaml", o)
+	if err != nil || len(conflicts) != 0 {
+		t.Fatalf("overlaid: conflicts %v, err %v", conflicts, err)
+	}
+	for _, id := range []string{"acme", "beta", "gamma"} {
+		if q := p.Tenant(id).Quotas("*"); len(q) != 1 || q[0].Limit != 1000 {
+			t.Errorf("tenant %s: quotas %+v; want the anchor's monthly 1000", id, q)
+		}
+	}
+	if loc := p.Tenant("beta").Location.String(); loc != "Asia/Tokyo" {
+		t.Errorf("beta's zone %s; want its own Asia/Tokyo beside the merged anchor", loc)
+	}
+	if !slices.Contains(p.TenantIDs(), "newco") {
+		t.Errorf("the record tenant is missing: %v", p.TenantIDs())
+	}
+}
+
 func TestOverlaidNamesTheRecordsBadField(t *testing.T) {
 	o := Overlay{Tenants: map[string]json.RawMessage{"api": json.RawMessage(`{"burst_multiplier": 1000}`)}}
 	_, _, err := Overlaid([]byte(overlayFile), "p.yaml", o)
