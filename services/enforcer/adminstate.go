@@ -48,6 +48,9 @@ type adminState struct {
 	// keys holds the control-plane records (API keys) the topic carries
 	// beside the operator actions (internal/controlplane).
 	keys *controlplane.Log
+	// expiring holds the keys in force with an expiry still ahead, by id,
+	// for expireKeys (keys.go).
+	expiring keyExpiries
 	// refused counts refused records, for the log's rate limit.
 	refused atomic.Int64
 	// pubMu serializes Publish, so that this replica never gives one

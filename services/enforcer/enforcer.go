@@ -147,6 +147,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 		}
 	})
 	g.Go(func() error { return c.runClock(ctx) })
+	g.Go(func() error { return as.expireKeys(ctx, time.Second) })
 	g.Go(func() error { return pw.Follow(ctx, c.publishFailModes) })
 	g.Go(func() error { return c.consume(ctx, kc, recovered) })
 	g.Go(func() error { return c.runCommits(ctx, kc, writerDone) })

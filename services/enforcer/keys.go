@@ -3,6 +3,7 @@ package enforcer
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -19,8 +20,8 @@ func (a *adminState) applyKey(r *kgo.Record) (sections bool) {
 	a.records.WithLabelValues("key_" + string(res.Outcome)).Inc()
 	switch res.Outcome {
 	case controlplane.Applied:
-		if k := res.Record.Key; k != nil && k.Revoked {
-			a.blacklistRevoked(k)
+		if k := res.Record.Key; k != nil {
+			a.keyChanged(k, time.Now())
 		}
 		return res.Record.HasSections()
 	case controlplane.Stale, controlplane.Unauthenticated, controlplane.Invalid:
@@ -32,19 +33,87 @@ func (a *adminState) applyKey(r *kgo.Record) (sections bool) {
 	return false
 }
 
-// blacklistRevoked blacklists a revoked key in the flags, for good: the
-// gateways that follow the admin topic refuse it by its record, and every
-// other reader of the flags — the Go and Python SDKs' Checkers, the
-// LiteLLM hook, forward-auth — refuses it within a flag write, as it does
-// a key an operator blacklisted. Every replica applies the same record,
-// so whichever leads writes the flag; a restart replays it from the topic.
-func (a *adminState) blacklistRevoked(k *controlplane.Key) {
-	at := k.RevokedAt
-	if at.IsZero() {
-		at = time.Now()
+// keyChanged blacklists a revoked or expired key in the flags, for good,
+// and keeps a key with an expiry ahead in expiring until expireKeys
+// blacklists it: the gateways that follow the admin topic refuse such a
+// key by its record, and every other reader of the flags — the Go and
+// Python SDKs' Checkers, the LiteLLM hook, forward-auth — refuses it
+// within a flag write, as it does a key an operator blacklisted. Every
+// replica applies the same record, so whichever leads writes the flag; a
+// restart replays it from the topic.
+func (a *adminState) keyChanged(k *controlplane.Key, now time.Time) {
+	a.expiring.forget(k.ID)
+	switch {
+	case k.Revoked:
+		at := k.RevokedAt
+		if at.IsZero() {
+			at = now
+		}
+		a.blacklistKey(k, "revoked", k.UpdatedBy, at)
+	case k.ExpiresAt.IsZero():
+	case !now.Before(k.ExpiresAt):
+		a.blacklistKey(k, "expired", "expiry", k.ExpiresAt)
+	default:
+		a.expiring.add(k)
 	}
-	a.c.table.Blacklist(k.Tenant, k.ID, "API key "+k.ID+" revoked", k.UpdatedBy, time.Time{}, at)
+}
+
+func (a *adminState) blacklistKey(k *controlplane.Key, why, by string, at time.Time) {
+	a.c.table.Blacklist(k.Tenant, k.ID, "API key "+k.ID+" "+why, by, time.Time{}, at)
 	a.c.writer.MarkDirty(k.Tenant)
+}
+
+// expireKeys blacklists each key of expiring once its expiry has passed,
+// checking every interval, until ctx ends.
+func (a *adminState) expireKeys(ctx context.Context, every time.Duration) error {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-t.C:
+			for _, k := range a.expiring.due(now) {
+				a.blacklistKey(k, "expired", "expiry", k.ExpiresAt)
+			}
+		}
+	}
+}
+
+// keyExpiries is the keys whose expiry is ahead, by id: the topic's
+// reader adds and forgets them, expireKeys takes those that are due.
+type keyExpiries struct {
+	mu   sync.Mutex
+	keys map[string]*controlplane.Key
+}
+
+func (e *keyExpiries) add(k *controlplane.Key) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.keys == nil {
+		e.keys = map[string]*controlplane.Key{}
+	}
+	e.keys[k.ID] = k
+}
+
+func (e *keyExpiries) forget(id string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.keys, id)
+}
+
+// due removes and returns the keys whose expiry is not after now.
+func (e *keyExpiries) due(now time.Time) []*controlplane.Key {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []*controlplane.Key
+	for id, k := range e.keys {
+		if !now.Before(k.ExpiresAt) {
+			out = append(out, k)
+			delete(e.keys, id)
+		}
+	}
+	return out
 }
 
 // Key returns key id as this replica holds it, or nil.

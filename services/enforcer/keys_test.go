@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -159,5 +160,50 @@ func TestARevokedKeyIsBlacklistedInTheFlags(t *testing.T) {
 	}
 	if f := a.c.table.Flags("acme")[flags.AllModels]; f != nil {
 		t.Errorf("revoking a key flagged the whole tenant: %+v", f)
+	}
+}
+
+// A key's expiry blacklists it in the flags, as a revocation does, so that
+// the readers of flags (the SDKs' Checkers, the LiteLLM hook,
+// forward-auth) refuse it too: at once for a key read after its expiry
+// (a replica starting later), at its expiry for a key in force.
+func TestAnExpiredKeyIsBlacklistedInTheFlags(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Kafka and Redis")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a, _ := twoReplicas(t, testWatcher)
+	go func() { _ = a.expireKeys(ctx, 20*time.Millisecond) }()
+	now := time.Now().UTC()
+	key := func(id string, expires time.Time) *controlplane.Key {
+		return &controlplane.Key{ID: id, Tenant: "acme", SHA256: controlplane.HashSecret(id), Models: []string{"*"},
+			ExpiresAt: expires, CreatedAt: now, CreatedBy: "ops", UpdatedAt: now, UpdatedBy: "ops"}
+	}
+	blacklisted := func(id string) bool {
+		f := a.c.table.Flags("acme")[flags.KeyField(id)]
+		return f != nil && f.Kind == flags.KindBlacklist && f.Until.IsZero()
+	}
+	past, soon := key("k-past", now.Add(-time.Minute)), key("k-soon", now.Add(time.Second))
+	for _, k := range []*controlplane.Key{past, soon, key("k-open", time.Time{})} {
+		if err := a.PutKey(ctx, k, 0, "issue "+k.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !blacklisted("k-past") {
+		t.Fatal("a key applied after its expiry is not blacklisted")
+	}
+	if blacklisted("k-soon") || blacklisted("k-open") {
+		t.Fatal("a key before its expiry, or without one, is blacklisted")
+	}
+	itest.Eventually(t, 10*time.Second, "k-soon blacklisted at its expiry", func() bool { return blacklisted("k-soon") })
+	if time.Now().Before(soon.ExpiresAt) {
+		t.Errorf("k-soon blacklisted before its expiry %v", soon.ExpiresAt)
+	}
+	if r := a.c.table.Flags("acme")[flags.KeyField("k-soon")].Reason; !strings.Contains(r, "expired") {
+		t.Errorf("k-soon's flag says %q; want it to say the key expired", r)
+	}
+	if blacklisted("k-open") {
+		t.Error("a key without expiry is blacklisted")
 	}
 }
