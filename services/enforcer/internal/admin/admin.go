@@ -149,8 +149,11 @@ func (p *principal) refuses(r *http.Request) string {
 		if r.Method == http.MethodGet && (r.URL.Path == tenants || strings.HasPrefix(r.URL.Path, tenants+"/")) {
 			return "" // its own tenant only: each route checks (sections.go)
 		}
+		if r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, tenants+"/") {
+			return "" // its own tenant's sub-budgets only: changeSection checks
+		}
 		if r.URL.Path != adminapi.PathKeys && !strings.HasPrefix(r.URL.Path, adminapi.PathKeys+"/") {
-			return "authorization: token " + p.name + " administers tenant " + p.tenant + "'s API keys only (" + adminapi.PathKeys + "), and reads its tenant (" + tenants + ")"
+			return "authorization: token " + p.name + " administers tenant " + p.tenant + "'s API keys (" + adminapi.PathKeys + ") and sub-budgets (limits scoped by user, key or session: PUT " + tenants + "/" + p.tenant + "), and reads its tenant"
 		}
 	}
 	return ""

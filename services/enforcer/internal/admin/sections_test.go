@@ -3,6 +3,7 @@ package admin_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -124,7 +125,8 @@ func TestTenantsAndPlansAreValidatedAndVersioned(t *testing.T) {
 }
 
 // A viewer reads tenants and plans and changes none; a tenant admin reads
-// its own tenant only, changes none, and reads no plan.
+// its own tenant only, changes no more of it than its sub-budgets
+// (TestTenantAdminSetsItsSubBudgets), and reads no plan.
 func TestTenantAdminReadsOnlyItsTenant(t *testing.T) {
 	op, viewer, blue := keyServer(t)
 	ctx := context.Background()
@@ -147,8 +149,47 @@ func TestTenantAdminReadsOnlyItsTenant(t *testing.T) {
 	}
 	_, err = blue.Section(ctx, adminapi.KindTenant, "red")
 	wantStatus(t, "blue admin reading red", err, http.StatusNotFound)
-	_, err = blue.UpdateSection(ctx, adminapi.KindTenant, "blue", adminapi.UpdateSectionRequest{Version: 1, Body: json.RawMessage(`{}`), Reason: "x"})
-	wantStatus(t, "blue admin changing its tenant", err, http.StatusForbidden)
+	_, err = blue.UpdateSection(ctx, adminapi.KindTenant, "blue", adminapi.UpdateSectionRequest{Version: 1, Body: json.RawMessage(`{"timezone":"Asia/Tokyo"}`), Reason: "x"})
+	wantStatus(t, "blue admin changing its tenant's zone", err, http.StatusForbidden)
+	_, err = blue.UpdateSection(ctx, adminapi.KindTenant, "red", adminapi.UpdateSectionRequest{Version: 1, Body: json.RawMessage(`{}`), Reason: "x"})
+	wantStatus(t, "blue admin changing red", err, http.StatusNotFound)
+	_, err = blue.DeleteSection(ctx, adminapi.KindTenant, "blue", adminapi.DeleteSectionRequest{Version: 1, Reason: "x"})
+	wantStatus(t, "blue admin deleting its tenant", err, http.StatusForbidden)
 	_, err = blue.Sections(ctx, adminapi.KindPlan)
 	wantStatus(t, "blue admin listing plans", err, http.StatusForbidden)
+}
+
+// A tenant admin divides its tenant's budget among its users, keys and
+// sessions: it adds, changes and removes the limits scoped by them, and is
+// refused any other change of its tenant (its quotas, its tenant-wide
+// limits, its zone), naming what it may change.
+func TestTenantAdminSetsItsSubBudgets(t *testing.T) {
+	op, _, blue := keyServer(t)
+	ctx := context.Background()
+	tenantWide := `"team":{"unit":"total_tokens","sliding_window":{"length":"1m","limit":100000}}`
+	if _, err := op.CreateSection(ctx, adminapi.KindTenant, adminapi.CreateSectionRequest{Name: "blue",
+		Body: json.RawMessage(`{"limits":{` + tenantWide + `}}`), Reason: "onboard"}); err != nil {
+		t.Fatal(err)
+	}
+	perUser := `"per-user":{"unit":"total_tokens","scope":{"user":"*"},"sliding_window":{"length":"1m","limit":5000}}`
+	s, err := blue.UpdateSection(ctx, adminapi.KindTenant, "blue", adminapi.UpdateSectionRequest{Version: 1,
+		Body: json.RawMessage(`{"limits":{` + tenantWide + `,` + perUser + `}}`), Reason: "split the team's budget"})
+	if err != nil || !strings.Contains(string(s.Body), `"per-user"`) || s.UpdatedBy != "blue-admin" {
+		t.Fatalf("a per-user sub-budget: %+v, %v", s, err)
+	}
+	for what, body := range map[string]string{
+		"its tenant-wide limit": `{"limits":{"team":{"unit":"total_tokens","sliding_window":{"length":"1m","limit":900000}},` + perUser + `}}`,
+		"its quotas":            `{"limits":{` + tenantWide + `,` + perUser + `},"models":{"*":{"monthly_tokens":1}}}`,
+		"a limit of no caller":  `{"limits":{` + tenantWide + `,` + perUser + `,"all":{"unit":"requests","sliding_window":{"length":"1m","limit":1}}}}`,
+	} {
+		_, err := blue.UpdateSection(ctx, adminapi.KindTenant, "blue", adminapi.UpdateSectionRequest{Version: 2, Body: json.RawMessage(body), Reason: "x"})
+		var e *adminapi.Error
+		if !errors.As(err, &e) || e.StatusCode != http.StatusForbidden || !strings.Contains(e.Message, "sub-budgets") {
+			t.Errorf("blue admin changing %s: %v; want 403 naming its sub-budgets", what, err)
+		}
+	}
+	if _, err := blue.UpdateSection(ctx, adminapi.KindTenant, "blue", adminapi.UpdateSectionRequest{Version: 2,
+		Body: json.RawMessage(`{"limits":{` + tenantWide + `}}`), Reason: "no more split"}); err != nil {
+		t.Errorf("removing its sub-budget: %v", err)
+	}
 }
