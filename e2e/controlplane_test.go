@@ -90,6 +90,9 @@ func TestControlPlaneSurvivesRestartingEveryService(t *testing.T) {
 	}
 	if got, err := admin.Key(ctx, key.Key.ID); err != nil || got.Version != key.Key.Version || got.Revoked {
 		t.Fatalf("after the restart the key reads %+v, %v; want version %d, not revoked", got, err, key.Key.Version)
+	} else if got.LastUsedAt.IsZero() || got.LastUsedAt.After(time.Now()) {
+		// Its calls were metered before the quota refused them.
+		t.Errorf("the key's last use reads %v; want the time of its last metered call", got.LastUsedAt)
 	}
 	if st := call(); st != http.StatusTooManyRequests {
 		t.Fatalf("after the restart the exhausted tenant's call answered %d; want 429", st)
