@@ -12,13 +12,13 @@ import (
 // touches a topic must agree on its name: the gateways and ingest produce
 // usage events that the aggregator consumes, the aggregator and reconciler
 // produce signals that the enforcer and alerter consume, and the enforcer's
-// admin API writes the records that the aggregator, gateways and console
-// follow. Topics a single service owns (the alerter's state topic, the
+// admin API writes the records that the aggregator, reconciler, alerter,
+// gateways, console and ingest follow. Topics a single service owns (the alerter's state topic, the
 // gateway's deferred queues) stay in that service's section.
 type Topics struct {
 	Usage   string `yaml:"usage" help:"usage events: produced by ingest and the gateways (sink kafka), consumed by the aggregator"`
 	Signals string `yaml:"signals" help:"signals: produced by the aggregator and reconciler, consumed by the enforcer and alerter"`
-	Admin   string `yaml:"admin" help:"compacted topic of operator actions and runtime records (keys, tenants, plans): written by the enforcer's admin API, read by the enforcer and aggregator and, when they follow it, the gateway and console"`
+	Admin   string `yaml:"admin" help:"compacted topic of operator actions and runtime records (keys, tenants, plans): written by the enforcer's admin API, read by the enforcer, aggregator, reconciler and alerter and, with their follow_admin, the gateway, console and ingest"`
 }
 
 // DefaultTopics returns the topics of the current schema versions.
