@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strings"
 	"time"
 
@@ -60,9 +59,11 @@ func (a *API) WithKeyUse(r KeyUseReader) *API {
 func (a *API) keysWithUse(ctx context.Context, ks []*controlplane.Key) ([]adminapi.Key, string) {
 	out := make([]adminapi.Key, len(ks))
 	var tenants []string
+	seen := map[string]bool{}
 	for i, k := range ks {
 		out[i] = k.API()
-		if !slices.Contains(tenants, k.Tenant) {
+		if !seen[k.Tenant] {
+			seen[k.Tenant] = true
 			tenants = append(tenants, k.Tenant)
 		}
 	}
