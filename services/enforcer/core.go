@@ -45,6 +45,9 @@ type core struct {
 	// them all (signalauth.Auth.Verify), so an unwired core fails closed.
 	auth         *signalauth.Auth
 	unauthenticN atomic.Int64 // refused records, for log sampling
+	// expireKeys, when set, blacklists the API keys whose expiry came
+	// (keys.go); the clock calls it with every tick.
+	expireKeys func(now time.Time)
 	// tracer is nil when tracing is off; on, a signal whose record
 	// carries a trace context is applied in a span of that trace.
 	tracer trace.Tracer
@@ -274,6 +277,9 @@ func (c *core) tick(now time.Time) {
 	p := c.policy.Current()
 	if changed := c.table.Tick(now, p.Tenant); len(changed) > 0 {
 		c.writer.MarkDirty(changed...)
+	}
+	if c.expireKeys != nil {
+		c.expireKeys(now)
 	}
 }
 

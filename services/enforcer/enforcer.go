@@ -98,6 +98,7 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 	if err != nil {
 		return err
 	}
+	c.expireKeys = as.expireDue
 	defer as.close()
 	if err := errors.Join(env.Metrics.Register(as.records), env.Metrics.Register(as.unsigned)); err != nil {
 		return fmt.Errorf("enforcer: metrics: %w", err)
@@ -147,7 +148,6 @@ func run(ctx context.Context, cfg Config, env platform.Env, ready func(addr stri
 		}
 	})
 	g.Go(func() error { return c.runClock(ctx) })
-	g.Go(func() error { return as.expireKeys(ctx, time.Second) })
 	g.Go(func() error { return pw.Follow(ctx, c.publishFailModes) })
 	g.Go(func() error { return c.consume(ctx, kc, recovered) })
 	g.Go(func() error { return c.runCommits(ctx, kc, writerDone) })

@@ -63,20 +63,11 @@ func (a *adminState) blacklistKey(k *controlplane.Key, why, by string, at time.T
 	a.c.writer.MarkDirty(k.Tenant)
 }
 
-// expireKeys blacklists each key of expiring once its expiry has passed,
-// checking every interval, until ctx ends.
-func (a *adminState) expireKeys(ctx context.Context, every time.Duration) error {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case now := <-t.C:
-			for _, k := range a.expiring.due(now) {
-				a.blacklistKey(k, "expired", "expiry", k.ExpiresAt)
-			}
-		}
+// expireDue blacklists each key of expiring whose expiry is not after
+// now; the enforcer's clock calls it (core.expireKeys).
+func (a *adminState) expireDue(now time.Time) {
+	for _, k := range a.expiring.due(now) {
+		a.blacklistKey(k, "expired", "expiry", k.ExpiresAt)
 	}
 }
 
