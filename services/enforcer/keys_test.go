@@ -26,10 +26,10 @@ func TestConcurrentKeyChangesOnTwoReplicasEndWithOneRefused(t *testing.T) {
 	}
 	ctx := context.Background()
 	a, b := twoReplicas(t, testWatcher)
-	now := time.Now().UTC()
 	key := func(name string) *controlplane.Key {
-		return &controlplane.Key{ID: "k1", Tenant: "acme", Name: name, SHA256: controlplane.HashSecret("s"), Models: []string{"*"},
-			CreatedAt: now, CreatedBy: "ops", UpdatedAt: now, UpdatedBy: "ops"}
+		k := acmeKey("k1")
+		k.Name = name
+		return k
 	}
 	if err := a.PutKey(ctx, key("issued"), 0, "r0"); err != nil {
 		t.Fatal(err)
@@ -135,9 +135,7 @@ func TestARevokedKeyIsBlacklistedInTheFlags(t *testing.T) {
 	}
 	ctx := context.Background()
 	a, b := twoReplicas(t, testWatcher)
-	now := time.Now().UTC()
-	k := &controlplane.Key{ID: "k-leaked", Tenant: "acme", Name: "ci", SHA256: controlplane.HashSecret("s"), Models: []string{"*"},
-		CreatedAt: now, CreatedBy: "ops", UpdatedAt: now, UpdatedBy: "ops"}
+	k := acmeKey("k-leaked")
 	if err := a.PutKey(ctx, k, 0, "issue"); err != nil {
 		t.Fatal(err)
 	}
@@ -175,8 +173,9 @@ func TestAnExpiredKeyIsBlacklistedInTheFlags(t *testing.T) {
 	a, _ := twoReplicas(t, testWatcher)
 	now := time.Now().UTC()
 	key := func(id string, expires time.Time) *controlplane.Key {
-		return &controlplane.Key{ID: id, Tenant: "acme", SHA256: controlplane.HashSecret(id), Models: []string{"*"},
-			ExpiresAt: expires, CreatedAt: now, CreatedBy: "ops", UpdatedAt: now, UpdatedBy: "ops"}
+		k := acmeKey(id)
+		k.ExpiresAt = expires
+		return k
 	}
 	blacklisted := func(id string) bool {
 		f := a.c.table.Flags("acme")[flags.KeyField(id)]
@@ -209,4 +208,12 @@ func TestAnExpiredKeyIsBlacklistedInTheFlags(t *testing.T) {
 	if blacklisted("k-open") {
 		t.Error("a key without expiry is blacklisted")
 	}
+}
+
+// acmeKey is a new key id of tenant acme for every model, issued now by
+// ops, its secret the id.
+func acmeKey(id string) *controlplane.Key {
+	now := time.Now().UTC()
+	return &controlplane.Key{ID: id, Tenant: "acme", SHA256: controlplane.HashSecret(id), Models: []string{"*"},
+		CreatedAt: now, CreatedBy: "ops", UpdatedAt: now, UpdatedBy: "ops"}
 }
