@@ -54,7 +54,10 @@ func fleetGatewaysOn(t *testing.T, cfg redisconn.Config) (*manualclock.Clock, fu
 	return clock, func(opts ...BreakerOpt) (*Breaker, redis.UniversalClient) {
 		rdb := redisconn.NewClient(cfg)
 		t.Cleanup(func() { rdb.Close() })
-		f, err := NewFleet(rdb, prefix, "acct-1", 0)
+		// Each Redis call may take up to 5 s, not the default 100 ms: these
+		// tests check what the fleet decides, and a 2-core CI machine busy
+		// with other packages once took longer than 100 ms for one call.
+		f, err := NewFleet(rdb, prefix, "acct-1", 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
