@@ -255,6 +255,27 @@ type ErrorBody struct {
 	Message string `json:"message"`
 }
 
+// Stamp is what every record managed through the admin API carries
+// besides its own fields: who made it and when, who changed it last and
+// when, and its version.
+type Stamp struct {
+	CreatedAt time.Time `json:"created_at"`
+	CreatedBy string    `json:"created_by"`
+	UpdatedAt time.Time `json:"updated_at"`
+	UpdatedBy string    `json:"updated_by"`
+	// Version is 1 when the record is made and one more at every change
+	// (a deletion and re-creation too). A change must carry the version it
+	// read: one that read an older version is refused with 409 Conflict,
+	// so two operators cannot overwrite each other.
+	Version uint64 `json:"version"`
+}
+
+// MadeBy returns the stamp of a record who makes at now; the writer gives
+// it its version.
+func MadeBy(who string, now time.Time) Stamp {
+	return Stamp{CreatedAt: now, CreatedBy: who, UpdatedAt: now, UpdatedBy: who}
+}
+
 // Token is one bearer token the server accepts, stored as its SHA-256 so
 // that the configuration file holds no secret.
 type Token struct {

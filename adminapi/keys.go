@@ -50,34 +50,42 @@ const (
 // Key is one API key as the admin API shows it: never its secret, nor its
 // hash, only the hash's fingerprint.
 type Key struct {
-	ID     string `json:"id"`
-	Tenant string `json:"tenant"`
-	Name   string `json:"name,omitempty"`
+	KeyTerms
 	// Fingerprint names the current secret (sha256: and 12 hex digits).
 	Fingerprint string `json:"fingerprint"`
 	// PreviousFingerprint is the secret a rotation replaced, accepted until
 	// PreviousUntil.
-	PreviousFingerprint string    `json:"previous_fingerprint,omitempty"`
-	PreviousUntil       time.Time `json:"previous_until,omitzero"`
-	Models              []string  `json:"models"`
-	Endpoints           []string  `json:"endpoints,omitempty"`
-	ExpiresAt           time.Time `json:"expires_at,omitzero"`
-	Revoked             bool      `json:"revoked,omitempty"`
-	RevokedAt           time.Time `json:"revoked_at,omitzero"`
-	CreatedAt           time.Time `json:"created_at"`
-	CreatedBy           string    `json:"created_by"`
-	UpdatedAt           time.Time `json:"updated_at"`
-	UpdatedBy           string    `json:"updated_by"`
+	PreviousFingerprint string `json:"previous_fingerprint,omitempty"`
 	// LastUsedAt is the time of the last call metered with the key (its
 	// usage events, as ClickHouse holds them: seconds behind the call)
 	// within the last KeyUseLookback; zero when there is none in that
 	// window, or when ClickHouse did not answer (the response's
 	// LastUseError then says why).
 	LastUsedAt time.Time `json:"last_used_at,omitzero"`
-	// Version is what a change must carry (RotateKeyRequest,
-	// RevokeKeyRequest): a change that read an older version is refused
-	// with 409 Conflict.
-	Version uint64 `json:"version"`
+}
+
+// KeyTerms is what the admin API shows of a key and the control plane's
+// record holds alike: whose key it is, what it may call, how long it
+// lasts, and its Stamp. The two differ only in how they name the secret
+// (a fingerprint here, the hash in the record), so they share this part.
+type KeyTerms struct {
+	ID     string `json:"id"`
+	Tenant string `json:"tenant"`
+	Name   string `json:"name,omitempty"`
+	// PreviousUntil is when the secret a rotation replaced stops being
+	// accepted; zero when there is none.
+	PreviousUntil time.Time `json:"previous_until,omitzero"`
+	// Models the key may call: names or path.Match patterns; ["*"] is
+	// every model.
+	Models []string `json:"models"`
+	// Endpoints the key may call (URL paths such as /v1/chat/completions);
+	// empty is every endpoint.
+	Endpoints []string `json:"endpoints,omitempty"`
+	// ExpiresAt ends the key by itself; zero never.
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	Revoked   bool      `json:"revoked,omitempty"`
+	RevokedAt time.Time `json:"revoked_at,omitzero"`
+	Stamp
 }
 
 // IssueKeyRequest issues a key.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"time"
 )
 
 // SectionKind is a kind of record whose body is a section of the policy
@@ -45,14 +44,8 @@ type Section struct {
 	// plans:), as JSON: quotas (models:), admission limits (limits:),
 	// budget, timezone, organization, plan, fail_mode, priority,
 	// channels...
-	Body      json.RawMessage `json:"body"`
-	CreatedAt time.Time       `json:"created_at"`
-	CreatedBy string          `json:"created_by"`
-	UpdatedAt time.Time       `json:"updated_at"`
-	UpdatedBy string          `json:"updated_by"`
-	// Version is what an update or deletion must carry: one that read an
-	// older version is refused with 409 Conflict.
-	Version uint64 `json:"version"`
+	Body json.RawMessage `json:"body"`
+	Stamp
 }
 
 // CreateSectionRequest creates a tenant or plan.

@@ -24,7 +24,8 @@ type keysServer struct {
 }
 
 func (s *keysServer) start(t *testing.T) string {
-	key := adminapi.Key{ID: "k1", Tenant: "acme", Models: []string{"gpt-4o"}, Version: 2, Fingerprint: "sha256:0123456789ab"}
+	key := adminapi.Key{Fingerprint: "sha256:0123456789ab",
+		KeyTerms: adminapi.KeyTerms{ID: "k1", Tenant: "acme", Models: []string{"gpt-4o"}, Stamp: adminapi.Stamp{Version: 2}}}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.path, s.auth = r.Method+" "+r.URL.Path+"?"+r.URL.RawQuery, r.Header.Get("Authorization")
 		dec := json.NewDecoder(r.Body)

@@ -112,7 +112,7 @@ func TestPolicyApplyCarriesTheVersionItReadAndReportsAStaleOne(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.Method == http.MethodGet && r.URL.Path == adminapi.KindTenant.Path():
-			_ = json.NewEncoder(w).Encode(adminapi.SectionsResponse{Sections: []adminapi.Section{{Name: "acme", Body: json.RawMessage(`{}`), Version: 7}}})
+			_ = json.NewEncoder(w).Encode(adminapi.SectionsResponse{Sections: []adminapi.Section{{Name: "acme", Body: json.RawMessage(`{}`), Stamp: adminapi.Stamp{Version: 7}}}})
 		case r.Method == http.MethodGet:
 			_ = json.NewEncoder(w).Encode(adminapi.SectionsResponse{Sections: []adminapi.Section{}})
 		default:

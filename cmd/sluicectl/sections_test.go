@@ -24,7 +24,7 @@ func TestTenantsAndPlansCommandsSendEachVerb(t *testing.T) {
 		got = append(got, r.Method+" "+r.URL.Path)
 		dec := json.NewDecoder(r.Body)
 		dec.DisallowUnknownFields()
-		sec := adminapi.Section{Name: "blue", Body: json.RawMessage(`{"fail_mode":"closed"}`), Version: 3, UpdatedBy: "ops"}
+		sec := adminapi.Section{Name: "blue", Body: json.RawMessage(`{"fail_mode":"closed"}`), Stamp: adminapi.Stamp{Version: 3, UpdatedBy: "ops"}}
 		var answer any = adminapi.SectionResponse{Section: sec}
 		switch r.Method {
 		case http.MethodPost:

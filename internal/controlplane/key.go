@@ -34,34 +34,15 @@ import (
 
 // Key is one API key managed through the admin API. The secret is never
 // stored: it is shown once, when the key is issued or rotated, and only its
-// SHA-256 is kept, as in the keys file (internal/keyfile).
+// SHA-256 is kept, as in the keys file (internal/keyfile). The rest is what
+// the admin API shows of a key (adminapi.KeyTerms).
 type Key struct {
-	ID     string `json:"id"`
-	Tenant string `json:"tenant"`
-	Name   string `json:"name,omitempty"`
+	adminapi.KeyTerms
 	// SHA256 is the hex SHA-256 of the current secret.
 	SHA256 string `json:"sha256"`
 	// PreviousSHA256 is the secret a rotation replaced, still accepted
 	// until PreviousUntil so that callers can switch without an outage.
-	PreviousSHA256 string    `json:"previous_sha256,omitempty"`
-	PreviousUntil  time.Time `json:"previous_until,omitzero"`
-	// Models the key may call: names or path.Match patterns; ["*"] is every
-	// model.
-	Models []string `json:"models"`
-	// Endpoints the key may call (URL paths such as /v1/chat/completions);
-	// empty is every endpoint.
-	Endpoints []string `json:"endpoints,omitempty"`
-	// ExpiresAt ends the key by itself; zero never.
-	ExpiresAt time.Time `json:"expires_at,omitzero"`
-	Revoked   bool      `json:"revoked,omitempty"`
-	RevokedAt time.Time `json:"revoked_at,omitzero"`
-	CreatedAt time.Time `json:"created_at"`
-	CreatedBy string    `json:"created_by"`
-	UpdatedAt time.Time `json:"updated_at"`
-	UpdatedBy string    `json:"updated_by"`
-	// Version is the record's version: 1 when issued, one more at every
-	// change.
-	Version uint64 `json:"version"`
+	PreviousSHA256 string `json:"previous_sha256,omitempty"`
 }
 
 // Limits of a Key, enforced by Validate; the admin API names them in its
@@ -231,11 +212,11 @@ func shown(field string, v json.RawMessage) string {
 
 // API returns k as the admin API shows it (no hashes, their fingerprints).
 func (k *Key) API() adminapi.Key {
-	out := adminapi.Key{ID: k.ID, Tenant: k.Tenant, Name: k.Name, Fingerprint: Fingerprint(k.SHA256),
-		Models: k.Models, Endpoints: k.Endpoints, ExpiresAt: k.ExpiresAt, Revoked: k.Revoked, RevokedAt: k.RevokedAt,
-		CreatedAt: k.CreatedAt, CreatedBy: k.CreatedBy, UpdatedAt: k.UpdatedAt, UpdatedBy: k.UpdatedBy, Version: k.Version}
+	out := adminapi.Key{KeyTerms: k.KeyTerms, Fingerprint: Fingerprint(k.SHA256)}
 	if k.PreviousSHA256 != "" {
-		out.PreviousFingerprint, out.PreviousUntil = Fingerprint(k.PreviousSHA256), k.PreviousUntil
+		out.PreviousFingerprint = Fingerprint(k.PreviousSHA256)
+	} else {
+		out.PreviousUntil = time.Time{}
 	}
 	return out
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluicehq/sluice/adminapi"
 	"github.com/sluicehq/sluice/internal/adminlog"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/signalauth"
@@ -17,8 +18,9 @@ const topic = "t"
 
 func testKey(id, tenant string, version uint64) *Key {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	return &Key{ID: id, Tenant: tenant, SHA256: HashSecret("s-" + id), Models: []string{"*"}, CreatedAt: now, CreatedBy: "ops",
-		UpdatedAt: now, UpdatedBy: "ops", Version: version}
+	stamp := adminapi.MadeBy("ops", now)
+	stamp.Version = version
+	return &Key{SHA256: HashSecret("s-" + id), KeyTerms: adminapi.KeyTerms{ID: id, Tenant: tenant, Models: []string{"*"}, Stamp: stamp}}
 }
 
 // write returns the records a writer holding log l produces for k, as the
@@ -111,8 +113,8 @@ func TestLogRefusesForgedRecordsAndLeavesOperatorActionsAlone(t *testing.T) {
 }
 
 func TestKeyValidateNamesFieldsAndLimits(t *testing.T) {
-	k := &Key{ID: "bad id", Tenant: "", SHA256: "zz", Models: []string{"*", "gpt-4o"}, Name: strings.Repeat("n", MaxNameLen+1),
-		Endpoints: []string{"v1/chat"}}
+	k := &Key{SHA256: "zz", KeyTerms: adminapi.KeyTerms{ID: "bad id", Tenant: "", Models: []string{"*", "gpt-4o"},
+		Name: strings.Repeat("n", MaxNameLen+1), Endpoints: []string{"v1/chat"}}}
 	err := k.Validate()
 	if err == nil {
 		t.Fatal("accepted")

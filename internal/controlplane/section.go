@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -29,22 +28,14 @@ const (
 // settings, small enough that every process holds every tenant.
 const MaxSectionBytes = 64 << 10
 
-// Section is a tenant or a plan managed through the admin API.
+// Section is a tenant or a plan managed through the admin API: what the
+// API shows of it (adminapi.Section, its body in policy.Canonical form),
+// and whether it was deleted.
 type Section struct {
-	Name string `json:"name"`
-	// Body is the section as the policy file would hold it, as JSON in
-	// policy.Canonical form.
-	Body json.RawMessage `json:"body"`
+	adminapi.Section
 	// Deleted ends the tenant or plan; the record stays so that versions
 	// keep counting (a re-created one continues after it).
-	Deleted   bool      `json:"deleted,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
-	CreatedBy string    `json:"created_by"`
-	UpdatedAt time.Time `json:"updated_at"`
-	UpdatedBy string    `json:"updated_by"`
-	// Version is the record's version: 1 when created, one more at every
-	// change (deletion and re-creation included).
-	Version uint64 `json:"version"`
+	Deleted bool `json:"deleted,omitempty"`
 }
 
 // Validate names a bad name or body and its limit. Whether the body is a
@@ -63,10 +54,7 @@ func (s *Section) Validate() error {
 }
 
 // API returns s as the admin API shows it.
-func (s *Section) API() adminapi.Section {
-	return adminapi.Section{Name: s.Name, Body: s.Body, CreatedAt: s.CreatedAt, CreatedBy: s.CreatedBy,
-		UpdatedAt: s.UpdatedAt, UpdatedBy: s.UpdatedBy, Version: s.Version}
-}
+func (s *Section) API() adminapi.Section { return s.Section }
 
 // SectionDiff returns the settings that differ between before and after
 // (nil: none), as the audit trail records them: top-level fields of the

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/adminapi"
 	"github.com/sluicehq/sluice/internal/controlplane"
 	"github.com/sluicehq/sluice/internal/keyfile"
 	"github.com/sluicehq/sluice/platform/itest"
@@ -36,8 +37,10 @@ func topicLog(t *testing.T, keys ...*controlplane.Key) *controlplane.Log {
 func TestTopicKeysAcceptOnlyValidKeysAndReportConflicts(t *testing.T) {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	key := func(id string) *controlplane.Key {
-		return &controlplane.Key{ID: id, Tenant: "acme", SHA256: controlplane.HashSecret("sk-" + id), Models: []string{"gpt-4o"},
-			CreatedAt: now, CreatedBy: "ops", UpdatedAt: now, UpdatedBy: "ops", Version: 1}
+		stamp := adminapi.MadeBy("ops", now)
+		stamp.Version = 1
+		return &controlplane.Key{SHA256: controlplane.HashSecret("sk-" + id),
+			KeyTerms: adminapi.KeyTerms{ID: id, Tenant: "acme", Models: []string{"gpt-4o"}, Stamp: stamp}}
 	}
 	expiring := key("expiring")
 	expiring.ExpiresAt = now.Add(time.Hour)

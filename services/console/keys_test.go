@@ -198,8 +198,10 @@ func (f *fakeAdmin) issue(w http.ResponseWriter, r *http.Request) {
 	}
 	f.issued++
 	now := time.Now().UTC()
-	k := adminapi.Key{ID: req.ID, Tenant: req.Tenant, Name: req.Name, Fingerprint: fmt.Sprintf("sha256:%012d", f.issued), Models: req.Models,
-		Endpoints: req.Endpoints, CreatedAt: now, CreatedBy: who.Name, UpdatedAt: now, UpdatedBy: who.Name, Version: 1}
+	stamp := adminapi.MadeBy(who.Name, now)
+	stamp.Version = 1
+	k := adminapi.Key{Fingerprint: fmt.Sprintf("sha256:%012d", f.issued), KeyTerms: adminapi.KeyTerms{ID: req.ID, Tenant: req.Tenant,
+		Name: req.Name, Models: req.Models, Endpoints: req.Endpoints, Stamp: stamp}}
 	f.keys[k.ID] = k
 	f.trail[k.ID] = append(f.trail[k.ID], adminapi.AuditEntry{Time: now, Actor: who.Name, Action: adminapi.ActionKeyIssue, Tenant: k.Tenant,
 		APIKeyID: k.ID, Reason: req.Reason, Version: 1, Changes: []adminapi.Change{{Field: "models", To: strings.Join(req.Models, ",")}}})
@@ -512,10 +514,10 @@ func TestRefusalMapsEachMessageToItsInput(t *testing.T) {
 func TestAKeysStateSaysWhetherItIsAccepted(t *testing.T) {
 	now := time.Now()
 	for want, k := range map[string]adminapi.Key{
-		keyActive:   {ExpiresAt: now.Add(time.Hour), PreviousFingerprint: "sha256:old", PreviousUntil: now.Add(-time.Second)},
-		keyRotating: {PreviousFingerprint: "sha256:old", PreviousUntil: now.Add(time.Minute)},
-		keyExpired:  {ExpiresAt: now},
-		keyRevoked:  {Revoked: true, ExpiresAt: now.Add(-time.Hour)},
+		keyActive:   {KeyTerms: adminapi.KeyTerms{ExpiresAt: now.Add(time.Hour), PreviousUntil: now.Add(-time.Second)}, PreviousFingerprint: "sha256:old"},
+		keyRotating: {KeyTerms: adminapi.KeyTerms{PreviousUntil: now.Add(time.Minute)}, PreviousFingerprint: "sha256:old"},
+		keyExpired:  {KeyTerms: adminapi.KeyTerms{ExpiresAt: now}},
+		keyRevoked:  {KeyTerms: adminapi.KeyTerms{Revoked: true, ExpiresAt: now.Add(-time.Hour)}},
 	} {
 		if got := viewKey(k, now).State; got != want {
 			t.Errorf("%+v: %s, want %s", k, got, want)
@@ -573,8 +575,8 @@ func TestTheKeyTableSaysWhenEachKeyWasLastUsed(t *testing.T) {
 	ck := c.login("op-token")
 	at := time.Date(2026, 12, 1, 9, 30, 0, 0, time.UTC)
 	c.admin.mu.Lock()
-	c.admin.keys["used"] = adminapi.Key{ID: "used", Tenant: "blue", Version: 1, LastUsedAt: at}
-	c.admin.keys["idle"] = adminapi.Key{ID: "idle", Tenant: "blue", Version: 1}
+	c.admin.keys["used"] = adminapi.Key{KeyTerms: adminapi.KeyTerms{ID: "used", Tenant: "blue", Stamp: adminapi.Stamp{Version: 1}}, LastUsedAt: at}
+	c.admin.keys["idle"] = adminapi.Key{KeyTerms: adminapi.KeyTerms{ID: "idle", Tenant: "blue", Stamp: adminapi.Stamp{Version: 1}}}
 	c.admin.mu.Unlock()
 	lastUsed := func(body, id string) string {
 		m := regexp.MustCompile(`data-key="` + id + `"(?s:.*?)data-label="Last used">(.*?)</td>`).FindStringSubmatch(body)

@@ -138,8 +138,8 @@ func (f *fakeAdmin) putSection(w http.ResponseWriter, r *http.Request, k adminap
 		}
 	}
 	now := time.Now().UTC()
-	s := adminapi.Section{Name: name, Body: body, CreatedAt: cmpTime(cur.CreatedAt, now), CreatedBy: cmpString(cur.CreatedBy, who.Name),
-		UpdatedAt: now, UpdatedBy: who.Name, Version: cur.Version + 1}
+	s := adminapi.Section{Name: name, Body: body, Stamp: adminapi.Stamp{CreatedAt: cmpTime(cur.CreatedAt, now),
+		CreatedBy: cmpString(cur.CreatedBy, who.Name), UpdatedAt: now, UpdatedBy: who.Name, Version: cur.Version + 1}}
 	f.sections[k][name] = s
 	verb := "update"
 	if read == 0 {
@@ -178,7 +178,7 @@ func (f *fakeAdmin) tenantRecord(name string) adminapi.Section {
 func TestATenantIsCreatedFromAPlanWithRefusalsInPlace(t *testing.T) {
 	c := newKeyConsole(t)
 	ck := c.login("op-token")
-	c.admin.sections[adminapi.KindPlan]["gold"] = adminapi.Section{Name: "gold", Body: json.RawMessage(`{"priority":"high"}`), Version: 1}
+	c.admin.sections[adminapi.KindPlan]["gold"] = adminapi.Section{Name: "gold", Body: json.RawMessage(`{"priority":"high"}`), Stamp: adminapi.Stamp{Version: 1}}
 	if !strings.Contains(c.do(ck, http.MethodGet, "/", nil).Body.String(), `<a href="/new-tenant" id="new-tenant">`) {
 		t.Error("the overview does not link the create form")
 	}
@@ -301,7 +301,7 @@ func TestTenantFormsFollowThePrecedenceRuleAndRoles(t *testing.T) {
 func TestATenantEditKeepsWhatTheFormDoesNotShow(t *testing.T) {
 	c := newKeyConsole(t)
 	ck := c.login("op-token")
-	c.admin.sections[adminapi.KindTenant]["blue"] = adminapi.Section{Name: "blue", Version: 1, UpdatedBy: "ops",
+	c.admin.sections[adminapi.KindTenant]["blue"] = adminapi.Section{Name: "blue", Stamp: adminapi.Stamp{Version: 1, UpdatedBy: "ops"},
 		Body: json.RawMessage(`{"channels":["ops"],"models":{"*":{"mode":"soft","monthly_tokens":1000000000000000},"gpt-4o":{"daily_tokens":20000000}},"priority":"high","timezone":"Asia/Tokyo"}`)}
 	page := c.do(ck, http.MethodGet, "/tenants/blue", nil).Body.String()
 	if !strings.Contains(page, `name="monthly_tokens" inputmode="numeric" value="1000000000000000"`) || !strings.Contains(page, `name="timezone" value="Asia/Tokyo"`) {

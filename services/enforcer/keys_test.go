@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/adminapi"
 	"github.com/sluicehq/sluice/internal/controlplane"
 	"github.com/sluicehq/sluice/platform"
 	"github.com/sluicehq/sluice/platform/itest"
@@ -86,7 +87,7 @@ func TestTenantRecordsReachEveryReplicasPolicy(t *testing.T) {
 		return pw
 	})
 	now := time.Now().UTC()
-	s := &controlplane.Section{Name: "newco", Body: json.RawMessage(`{"fail_mode":"closed"}`), CreatedAt: now, CreatedBy: "ops", UpdatedAt: now, UpdatedBy: "ops"}
+	s := &controlplane.Section{Section: adminapi.Section{Name: "newco", Body: json.RawMessage(`{"fail_mode":"closed"}`), Stamp: adminapi.MadeBy("ops", now)}}
 	if err := a.CheckOverlay(policy.Overlay{Tenants: map[string]json.RawMessage{"newco": json.RawMessage(`{"fail_mode":"shut"}`)}}); err == nil {
 		t.Fatal("CheckOverlay accepted fail_mode shut")
 	}
@@ -213,7 +214,6 @@ func TestAnExpiredKeyIsBlacklistedInTheFlags(t *testing.T) {
 // acmeKey is a new key id of tenant acme for every model, issued now by
 // ops, its secret the id.
 func acmeKey(id string) *controlplane.Key {
-	now := time.Now().UTC()
-	return &controlplane.Key{ID: id, Tenant: "acme", SHA256: controlplane.HashSecret(id), Models: []string{"*"},
-		CreatedAt: now, CreatedBy: "ops", UpdatedAt: now, UpdatedBy: "ops"}
+	return &controlplane.Key{SHA256: controlplane.HashSecret(id),
+		KeyTerms: adminapi.KeyTerms{ID: id, Tenant: "acme", Models: []string{"*"}, Stamp: adminapi.MadeBy("ops", time.Now().UTC())}}
 }

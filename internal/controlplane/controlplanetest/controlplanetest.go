@@ -10,6 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluicehq/sluice/adminapi"
 	"github.com/sluicehq/sluice/internal/controlplane"
 	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/kafkaconn"
@@ -31,9 +32,10 @@ func ProduceTenant(t testing.TB, kc kafkaconn.Config, sa signalauth.Config, topi
 // its policy section, signed with sa for topic.
 func TenantRecords(t testing.TB, sa signalauth.Config, topic, tenant, body string) []*kgo.Record {
 	t.Helper()
-	now := time.Now().UTC()
+	stamp := adminapi.MadeBy("ops", time.Now().UTC())
+	stamp.Version = 1
 	recs, err := controlplane.NewLog(itest.Signer(t, sa)).Records(topic, &controlplane.Record{Kind: controlplane.KindTenant, Request: "r1",
-		Section: &controlplane.Section{Name: tenant, Body: json.RawMessage(body), CreatedAt: now, CreatedBy: "ops", UpdatedAt: now, UpdatedBy: "ops", Version: 1}})
+		Section: &controlplane.Section{Section: adminapi.Section{Name: tenant, Body: json.RawMessage(body), Stamp: stamp}}})
 	if err != nil {
 		t.Fatal(err)
 	}

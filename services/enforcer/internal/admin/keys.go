@@ -178,8 +178,8 @@ func (a *API) issueKey(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	k := &controlplane.Key{ID: req.ID, Tenant: req.Tenant, Name: req.Name, SHA256: sha, Models: req.Models,
-		Endpoints: req.Endpoints, ExpiresAt: expires, CreatedAt: now, CreatedBy: p.name, UpdatedAt: now, UpdatedBy: p.name}
+	k := &controlplane.Key{SHA256: sha, KeyTerms: adminapi.KeyTerms{ID: req.ID, Tenant: req.Tenant, Name: req.Name,
+		Models: req.Models, Endpoints: req.Endpoints, ExpiresAt: expires, Stamp: adminapi.MadeBy(p.name, now)}}
 	errs = append(errs, k.Validate())
 	if err := errors.Join(errs...); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())

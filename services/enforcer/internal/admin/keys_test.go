@@ -341,7 +341,7 @@ func TestKeysTellTheirLastUse(t *testing.T) {
 
 	use.err = nil
 	for i := range 101 {
-		store.keys[fmt.Sprint("k", i)] = controlplane.Key{ID: fmt.Sprint("k", i), Tenant: fmt.Sprint("t", i), Version: 1}
+		store.keys[fmt.Sprint("k", i)] = controlplane.Key{KeyTerms: adminapi.KeyTerms{ID: fmt.Sprint("k", i), Tenant: fmt.Sprint("t", i), Stamp: adminapi.Stamp{Version: 1}}}
 	}
 	list, err = op.KeyList(ctx, "")
 	if err != nil || !strings.Contains(list.LastUseError, "?tenant=") {

@@ -113,7 +113,7 @@ func (a *API) createSection(w http.ResponseWriter, r *http.Request, k adminapi.S
 	}
 	now := a.now().UTC()
 	p := principalOf(r)
-	s := &controlplane.Section{Name: req.Name, Body: body, CreatedAt: now, CreatedBy: p.name, UpdatedAt: now, UpdatedBy: p.name}
+	s := &controlplane.Section{Section: adminapi.Section{Name: req.Name, Body: body, Stamp: adminapi.MadeBy(p.name, now)}}
 	errs = append(errs, s.Validate())
 	if err := errors.Join(errs...); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
