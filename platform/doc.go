@@ -13,6 +13,7 @@
 package platform
 
 import (
+	"cmp"
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -69,9 +70,7 @@ type Env struct {
 // nil fields are filled so a service can run standalone. Naming twice with
 // the same name tags once.
 func (env Env) Named(service string) Env {
-	if env.Logger == nil {
-		env.Logger = slog.Default()
-	}
+	env.Logger = cmp.Or(env.Logger, slog.Default())
 	if env.service != service {
 		env.Logger = env.Logger.With("service", service)
 		env.service = service

@@ -19,9 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/sluicehq/sluice/demo/mockllm"
 	"github.com/sluicehq/sluice/internal/frontend"
 	"github.com/sluicehq/sluice/internal/sluiceconfig"
@@ -233,47 +230,6 @@ func settlementsIn(t *testing.T, kc kafkaconn.Config, topic string) map[string]b
 	return out
 }
 
-// usageEventsIn reads topic from its start to its end and returns the
-// usage events it holds.
-func usageEventsIn(t *testing.T, kc kafkaconn.Config, topic string) []schemas.UsageEvent {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cl, err := kafkaconn.NewClient(kc, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ends, err := kafkaconn.EndOffsets(ctx, kadm.NewClient(cl), topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[int32]int64{}
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Offset > 0 {
-			want[o.Partition] = o.Offset
-		}
-	})
-	var out []schemas.UsageEvent
-	for len(want) > 0 {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			t.Fatalf("reading %s: %v (partitions left: %v)", topic, err, want)
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			var ev schemas.UsageEvent
-			if err := json.Unmarshal(r.Value, &ev); err != nil {
-				t.Errorf("record %s: %v", r.Value, err)
-			}
-			out = append(out, ev)
-			if r.Offset+1 >= want[r.Partition] {
-				delete(want, r.Partition)
-			}
-		})
-	}
-	return out
-}
-
 func freeAddr(t *testing.T) string {
 	t.Helper()
 	return itest.FreeAddr(t)
@@ -286,4 +242,19 @@ func writeFile(t *testing.T, dir, name, content string) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// usageEventsIn reads topic from its start to its end and returns the
+// usage events it holds.
+func usageEventsIn(t *testing.T, kc kafkaconn.Config, topic string) []schemas.UsageEvent {
+	t.Helper()
+	var out []schemas.UsageEvent
+	for _, r := range itest.ReadTopic(t, kc, topic) {
+		var ev schemas.UsageEvent
+		if err := json.Unmarshal(r.Value, &ev); err != nil {
+			t.Errorf("record %s: %v", r.Value, err)
+		}
+		out = append(out, ev)
+	}
+	return out
 }

@@ -19,6 +19,7 @@
 package usageapi
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -109,9 +110,7 @@ const maxCached = 10_000
 
 // New returns an API reading through reader.
 func New(cfg Config, reader Reader, log *slog.Logger) *API {
-	if log == nil {
-		log = slog.Default()
-	}
+	log = cmp.Or(log, slog.Default())
 	return &API{cfg: cfg, reader: reader, log: log, sem: make(chan struct{}, max(cfg.MaxConcurrent, 1)),
 		now: time.Now, cache: map[string]cached{}}
 }

@@ -1,10 +1,12 @@
-package tracing
+package tracing_test
 
 import (
 	"context"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/platform/tracing"
 
 	"github.com/sluicehq/sluice/platform/tracing/tracingtest"
 	"github.com/sluicehq/sluice/sdk/go/traceprop"
@@ -13,28 +15,28 @@ import (
 // TestValidateNamesFieldAndLimit: every bad setting is refused at start
 // with its name and limit; the endpoint only matters once tracing is on.
 func TestValidateNamesFieldAndLimit(t *testing.T) {
-	if err := Defaults().Validate(); err != nil {
+	if err := tracing.Defaults().Validate(); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
-	off := Defaults()
+	off := tracing.Defaults()
 	off.Endpoint = "not a url"
 	if err := off.Validate(); err != nil {
 		t.Errorf("an endpoint is checked while tracing is off: %v", err)
 	}
 	for _, tc := range []struct {
-		set  func(*Config)
+		set  func(*tracing.Config)
 		want string
 	}{
-		{func(c *Config) { c.Enabled, c.Endpoint = true, "collector:4318" }, "tracing.endpoint"},
-		{func(c *Config) { c.Enabled, c.Endpoint = true, "grpc://collector:4317" }, "tracing.endpoint"},
-		{func(c *Config) { c.SampleRatio = 1.5 }, "tracing.sample_ratio: 1.5 is outside 0..1"},
-		{func(c *Config) { c.SampleRatio = -0.1 }, "tracing.sample_ratio"},
-		{func(c *Config) { c.ServiceName = "" }, "tracing.service_name"},
-		{func(c *Config) { c.QueueSize = 0 }, "tracing.queue_size: 0 is outside 1..1048576"},
-		{func(c *Config) { c.Interval = 0 }, "tracing.interval"},
-		{func(c *Config) { c.Timeout = 2 * time.Minute }, "tracing.timeout"},
+		{func(c *tracing.Config) { c.Enabled, c.Endpoint = true, "collector:4318" }, "tracing.endpoint"},
+		{func(c *tracing.Config) { c.Enabled, c.Endpoint = true, "grpc://collector:4317" }, "tracing.endpoint"},
+		{func(c *tracing.Config) { c.SampleRatio = 1.5 }, "tracing.sample_ratio: 1.5 is outside 0..1"},
+		{func(c *tracing.Config) { c.SampleRatio = -0.1 }, "tracing.sample_ratio"},
+		{func(c *tracing.Config) { c.ServiceName = "" }, "tracing.service_name"},
+		{func(c *tracing.Config) { c.QueueSize = 0 }, "tracing.queue_size: 0 is outside 1..1048576"},
+		{func(c *tracing.Config) { c.Interval = 0 }, "tracing.interval"},
+		{func(c *tracing.Config) { c.Timeout = 2 * time.Minute }, "tracing.timeout"},
 	} {
-		c := Defaults()
+		c := tracing.Defaults()
 		tc.set(&c)
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("want an error naming %q, got %v", tc.want, err)
@@ -47,7 +49,7 @@ func TestValidateNamesFieldAndLimit(t *testing.T) {
 // collector with the configured service name, and a ratio of 0 records
 // no new trace but follows a sampled parent.
 func TestOffIsNoop(t *testing.T) {
-	p, err := New(Defaults())
+	p, err := tracing.New(tracing.Defaults())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,9 +57,9 @@ func TestOffIsNoop(t *testing.T) {
 		t.Error("tracing off gave a recording provider")
 	}
 	rcv := tracingtest.NewReceiver(t)
-	c := Defaults()
+	c := tracing.Defaults()
 	c.Enabled, c.Endpoint, c.ServiceName, c.SampleRatio = true, rcv.URL, "svc-x", 0
-	p, err = New(c)
+	p, err = tracing.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package authz
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -77,10 +78,7 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	log := deps.Logger
-	if log == nil {
-		log = slog.Default()
-	}
+	log := cmp.Or(deps.Logger, slog.Default())
 	s := &Server{cfg: cfg, dec: frontend.OrAllowAll(deps.Checker), admit: deps.Admitter, em: deps.Emitter, keys: deps.Keys, policy: deps.Policy, log: log, m: newMetrics(),
 		sub: cfg.Path + "/", lower: lowerNames(cfg.Headers), now: time.Now}
 	if deps.Metrics != nil {

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -83,9 +84,7 @@ type guardEntry struct {
 // upstream's concurrency limit in this process. Close stops the Guards'
 // background work.
 func NewGuards(rdb redis.UniversalClient, prefix, id string, log *slog.Logger, onLimit func(upstream string, limit int)) *Guards {
-	if log == nil {
-		log = slog.Default()
-	}
+	log = cmp.Or(log, slog.Default())
 	s := &Guards{rdb: rdb, prefix: prefix, id: id, log: log, onLimit: onLimit}
 	s.ctx, s.stop = context.WithCancel(context.Background())
 	empty := map[string]*guardEntry{}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -114,10 +115,7 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	log := deps.Logger
-	if log == nil {
-		log = slog.Default()
-	}
+	log := cmp.Or(deps.Logger, slog.Default())
 	s := &Server{cfg: cfg, log: log, policy: deps.Policy, guards: deps.Guards, tasks: deps.Tasks, m: newMetrics(deps.RedisPing), now: time.Now}
 	s.m.guards = deps.Guards
 	s.hardStop, s.stopAll = context.WithCancel(context.Background())

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/demo/mockllm"
-	"github.com/sluicehq/sluice/platform/tracing"
 	"github.com/sluicehq/sluice/platform/tracing/tracingtest"
 	"github.com/sluicehq/sluice/sdk/go/traceprop"
 )
@@ -17,12 +16,7 @@ import (
 func tracedGateway(t *testing.T) (*gw, *tracingtest.Receiver, func()) {
 	t.Helper()
 	rcv := tracingtest.NewReceiver(t)
-	tc := tracing.Defaults()
-	tc.Enabled, tc.Endpoint, tc.ServiceName = true, rcv.URL, "gw-under-test"
-	tp, err := tracing.New(tc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tp := rcv.Provider("gw-under-test")
 	g := startGateway(t, oneUpstream(t, mock(t, mockllm.Options{StreamUsage: mockllm.UsageWhenAsked})), Deps{Tracing: tp})
 	flush := func() {
 		t.Helper()

@@ -53,7 +53,7 @@ func TestEmitterThroughIngestAcrossBrokerOutage(t *testing.T) {
 	if err := em.Close(ctx); err != nil {
 		t.Fatalf("Close after the broker is back: %v", err)
 	}
-	counts := idCounts(t, readTopic(t, inst.kafka, inst.topic))
+	counts := idCounts(t, itest.ReadTopic(t, inst.kafka, inst.topic))
 	for i := range 800 {
 		if n := counts[fmt.Sprint("em-", i)]; n != 1 {
 			t.Errorf("em-%d is in the topic %d times, want exactly 1", i, n)

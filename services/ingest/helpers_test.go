@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
 
@@ -137,54 +136,6 @@ func post(t testing.TB, url, key, contentType string, body []byte, headers ...st
 }
 
 var httpClient = &http.Client{Timeout: 90 * time.Second}
-
-// readTopic returns every record in topic up to the end offsets at the time
-// of the call: everything produced and acknowledged before it.
-func readTopic(t testing.TB, kc kafkaconn.Config, topic string) []*kgo.Record {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	admCl, err := kafkaconn.NewClient(kc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admCl.Close()
-	ends, err := kadm.NewClient(admCl).ListEndOffsets(ctx, topic)
-	if err != nil {
-		t.Fatalf("list end offsets: %v", err)
-	}
-	want := map[int32]int64{}
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Offset > 0 {
-			want[o.Partition] = o.Offset
-		}
-	})
-	if len(want) == 0 {
-		return nil
-	}
-	cl, err := kafkaconn.NewClient(kc, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	var out []*kgo.Record
-	for len(want) > 0 {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("reading %s: still waiting for partitions %v after 60s", topic, want)
-		}
-		fs.EachError(func(_ string, _ int32, err error) { t.Fatalf("fetch: %v", err) })
-		fs.EachRecord(func(r *kgo.Record) {
-			if end, ok := want[r.Partition]; ok && r.Offset < end {
-				out = append(out, r)
-				if r.Offset == end-1 {
-					delete(want, r.Partition)
-				}
-			}
-		})
-	}
-	return out
-}
 
 // idCounts decodes the events in recs and counts them by id.
 func idCounts(t testing.TB, recs []*kgo.Record) map[string]int {

@@ -49,7 +49,7 @@ func TestMixedBatchAcceptsExactlyTheGoodEvents(t *testing.T) {
 		t.Errorf("bad-2 rejection %+v: want index 3 and both reasons (time missing, tenant)", r2)
 	}
 
-	recs := readTopic(t, inst.kafka, inst.topic)
+	recs := itest.ReadTopic(t, inst.kafka, inst.topic)
 	counts := idCounts(t, recs)
 	if len(counts) != 3 || counts["good-1"] != 1 || counts["good-2"] != 1 || counts["good-3"] != 1 {
 		t.Fatalf("topic holds %v, want good-1, good-2, good-3 once each", counts)
@@ -100,7 +100,7 @@ func testDuplicateIDIsProducedOnce(t *testing.T, smallMax int) {
 	if a := post(t, inst.url, testKey, schemas.ContentTypeCloudEvents, []byte(ce)); a.code != http.StatusAccepted || a.body.Duplicates != 1 {
 		t.Fatalf("CloudEvent duplicate: %d %s", a.code, a.raw)
 	}
-	counts := idCounts(t, readTopic(t, inst.kafka, inst.topic))
+	counts := idCounts(t, itest.ReadTopic(t, inst.kafka, inst.topic))
 	if counts["dup-1"] != 1 || counts["other"] != 1 || len(counts) != 2 {
 		t.Fatalf("topic holds %v, want dup-1 and other exactly once", counts)
 	}
@@ -121,7 +121,7 @@ func TestSmallRequestsHaveTheirOwnProducer(t *testing.T) {
 			t.Fatalf("%d %s", a.code, a.raw)
 		}
 	}
-	recs := readTopic(t, inst.kafka, inst.topic)
+	recs := itest.ReadTopic(t, inst.kafka, inst.topic)
 	if len(recs) != 7 {
 		t.Fatalf("topic holds %d records, want 7", len(recs))
 	}
@@ -300,7 +300,7 @@ func TestBrokerDownNeverAnswers2xx(t *testing.T) {
 	if len(acked) != clients*batches*perBatch {
 		t.Fatalf("%d events acknowledged, want %d", len(acked), clients*batches*perBatch)
 	}
-	counts := idCounts(t, readTopic(t, inst.kafka, inst.topic))
+	counts := idCounts(t, itest.ReadTopic(t, inst.kafka, inst.topic))
 	for id := range acked {
 		if counts[id] != 1 {
 			t.Errorf("event %s got 2xx and is in the topic %d times, want exactly 1", id, counts[id])
@@ -344,7 +344,7 @@ func TestBudgetBoundsInflight(t *testing.T) {
 	itest.Eventually(t, 90*time.Second, "retry accepted after the broker is back", func() bool {
 		return post(t, inst.url, testKey, "", []byte(batchJSON(evs...))).code == http.StatusAccepted
 	})
-	counts := idCounts(t, readTopic(t, inst.kafka, inst.topic))
+	counts := idCounts(t, itest.ReadTopic(t, inst.kafka, inst.topic))
 	for i := range evs {
 		if id := fmt.Sprint("budget-", i); counts[id] != 1 {
 			t.Errorf("%s is in the topic %d times, want 1", id, counts[id])
@@ -388,7 +388,7 @@ func TestDedupKeyIsTenantIDAndEstimated(t *testing.T) {
 	if a := post(t, inst.url, testKey, "", []byte(settle)); a.code != http.StatusAccepted || a.body.Duplicates != 1 {
 		t.Fatalf("repeated settlement: %d %s, want 202 with one duplicate", a.code, a.raw)
 	}
-	if n := idCounts(t, readTopic(t, inst.kafka, inst.topic))["req-9"]; n != 3 {
+	if n := idCounts(t, itest.ReadTopic(t, inst.kafka, inst.topic))["req-9"]; n != 3 {
 		t.Fatalf("topic holds req-9 %d times, want 3 (estimate, settlement, globex)", n)
 	}
 }
@@ -507,7 +507,7 @@ func TestHotRouteAndHandOffAnswerAlike(t *testing.T) {
 	if n := inst.metric(t, "sluice_ingest_hot_route_handoffs_total"); n != 1 {
 		t.Fatalf("hand-offs = %v after one chunked request on a new connection, want 1", n)
 	}
-	if counts := idCounts(t, readTopic(t, inst.kafka, inst.topic)); counts["hot-1"] != 1 || counts["hot-2"] != 1 {
+	if counts := idCounts(t, itest.ReadTopic(t, inst.kafka, inst.topic)); counts["hot-1"] != 1 || counts["hot-2"] != 1 {
 		t.Fatalf("records by id: %v, want hot-1 and hot-2 once each", counts)
 	}
 }

@@ -11,7 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/sluicehq/sluice/platform/tracing"
+	"github.com/sluicehq/sluice/platform/itest"
 	"github.com/sluicehq/sluice/platform/tracing/tracingtest"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/traceprop"
@@ -29,12 +29,7 @@ func TestTraceContextReachesTheRecords(t *testing.T) {
 		evTrace, evSpan   = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
 	)
 	rcv := tracingtest.NewReceiver(t)
-	tc := tracing.Defaults()
-	tc.Enabled, tc.Endpoint = true, rcv.URL
-	tp, err := tracing.New(tc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tp := rcv.Provider("")
 	inst := startTracedIngest(t, tp, nil)
 	stamped := func(id string) string {
 		return fmt.Sprintf(`{"id":%q,"time":"%s","tenant":"acme","model":"gpt-4o","prompt_tokens":1,"completion_tokens":1,"attributes":{"traceparent":"00-%s-%s-01"}}`,
@@ -52,7 +47,7 @@ func TestTraceContextReachesTheRecords(t *testing.T) {
 	for _, s := range rcv.Spans() {
 		spans[s.Attrs[traceprop.AttrEventID]] = s
 	}
-	recs := readTopic(t, inst.kafka, inst.topic)
+	recs := itest.ReadTopic(t, inst.kafka, inst.topic)
 	if len(recs) != 4 {
 		t.Fatalf("%d records, want 4", len(recs))
 	}
@@ -82,7 +77,7 @@ func TestTraceContextReachesTheRecords(t *testing.T) {
 	if a := post(t, untraced.url, testKey, "", []byte(eventJSON("off-1", "acme")), "Traceparent", "00-"+reqTrace+"-"+reqSpan+"-01"); a.code != http.StatusAccepted {
 		t.Fatalf("%d %s", a.code, a.raw)
 	}
-	for _, rec := range readTopic(t, untraced.kafka, untraced.topic) {
+	for _, rec := range itest.ReadTopic(t, untraced.kafka, untraced.topic) {
 		if len(rec.Headers) != 1 {
 			t.Errorf("tracing off, the record has headers %v", rec.Headers)
 		}

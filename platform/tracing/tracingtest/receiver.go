@@ -5,6 +5,7 @@
 package tracingtest
 
 import (
+	"cmp"
 	"compress/gzip"
 	"encoding/hex"
 	"io"
@@ -18,6 +19,8 @@ import (
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/sluicehq/sluice/platform/tracing"
 )
 
 // Span is one received span, its ids in hex as W3C traceparent writes
@@ -57,6 +60,20 @@ func NewReceiver(t testing.TB) *Receiver {
 	t.Cleanup(srv.Close)
 	r.URL = srv.URL + "/v1/traces"
 	return r
+}
+
+// Provider returns a tracer provider exporting every span to r, with
+// tracing's defaults otherwise; service names it (empty: the default).
+func (r *Receiver) Provider(service string) *tracing.Provider {
+	r.t.Helper()
+	c := tracing.Defaults()
+	c.Enabled, c.Endpoint = true, r.URL
+	c.ServiceName = cmp.Or(service, c.ServiceName)
+	p, err := tracing.New(c)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return p
 }
 
 func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {

@@ -6,7 +6,6 @@ import (
 	"net/http/httptest"
 	"testing"
 
-	"github.com/sluicehq/sluice/platform/tracing"
 	"github.com/sluicehq/sluice/platform/tracing/tracingtest"
 	"github.com/sluicehq/sluice/sdk/go/emitter/emittertest"
 	"github.com/sluicehq/sluice/sdk/go/traceprop"
@@ -18,12 +17,7 @@ import (
 // it, the events carry none.
 func TestTracingSpanPerMeteredCall(t *testing.T) {
 	rcv := tracingtest.NewReceiver(t)
-	tc := tracing.Defaults()
-	tc.Enabled, tc.Endpoint = true, rcv.URL
-	tp, err := tracing.New(tc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tp := rcv.Provider("")
 	const caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	handler := func(w http.ResponseWriter, r *http.Request) {
 		c := CallFrom(r.Context())
