@@ -83,6 +83,17 @@ func resourceGuards(t *testing.T, yaml string, f *fakeResources) (*Guards, *reso
 	return guards, s, p
 }
 
+// resourceDeps sets cfg's policy to yaml and returns the Deps of a
+// gateway of cfg whose guards follow f, a process the test steps through
+// s.
+func resourceDeps(t *testing.T, cfg *testGateway, yaml string) (deps Deps, f *fakeResources, s *resource.Sampler) {
+	t.Helper()
+	cfg.policy = yaml
+	f = newFakeResources()
+	guards, s, p := resourceGuards(t, string(cfg.policyYAML(t)), f)
+	return Deps{Policy: func() *policy.Policy { return p }, Guards: guards}, f, s
+}
+
 // TestResourceDegradationFollowsCPUAndMemoryWithHysteresis: with resource
 // degradation on, an upstream with no calls in flight climbs its levels
 // (50/70/90%) as the process's CPU — then, separately, its memory —
@@ -142,7 +153,6 @@ upstreams:
 // sluice_gateway_upstream_refusals_total and shown by
 // sluice_gateway_degradation_level.
 func TestResourceDegradationActionsThroughTheGateway(t *testing.T) {
-	base := mock(t, mockllm.Options{})
 	const yaml = `
 tenants:
   acme: {priority: low}
@@ -154,13 +164,12 @@ upstreams:
 fallbacks:
   gpt-4o: [gpt-4o-mini]
 `
+	base := mock(t, mockllm.Options{})
 	cfg := testConfig(t,
 		Upstream{Name: "premium", BaseURL: base, Models: []string{"gpt-4o"}},
 		Upstream{Name: "economy", BaseURL: base, Models: []string{"gpt-4o-mini"}})
-	cfg.policy = yaml
-	f := newFakeResources()
-	guards, s, p := resourceGuards(t, string(cfg.policyYAML(t)), f)
-	g := startGateway(t, cfg, Deps{Policy: func() *policy.Policy { return p }, Guards: guards})
+	deps, f, s := resourceDeps(t, &cfg, yaml)
+	g := startGateway(t, cfg, deps)
 	chat := func(key string) (*http.Response, string) {
 		return post(t, g.url, "/v1/chat/completions", key, `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`)
 	}
@@ -233,10 +242,8 @@ upstreams:
     degradation: {actions: [defer, defer, refuse], retry_after: 1s}
 `
 	cfg := deferredConfig(t, testConfig(t, Upstream{Name: "premium", BaseURL: mock(t, mockllm.Options{}), Models: []string{"gpt-4o"}}))
-	cfg.policy = yaml
-	f := newFakeResources()
-	guards, s, p := resourceGuards(t, string(cfg.policyYAML(t)), f)
-	g, w := deferredGateway(t, cfg, Deps{Policy: func() *policy.Policy { return p }, Guards: guards})
+	deps, f, s := resourceDeps(t, &cfg, yaml)
+	g, w := deferredGateway(t, cfg, deps)
 
 	f.step(t, s, 0.55, 0.1)
 	// No call has met premium's guard since the CPU rose: the deferral
@@ -284,7 +291,6 @@ func lastRun(t *testing.T, g *gw, id string) int {
 // X-Sluice-Max-Tokens and counted in sluice_gateway_shortened_total; a
 // high one at the same load is served whole.
 func TestResourceDegradationShortensLowPriority(t *testing.T) {
-	base := mock(t, mockllm.Options{})
 	const yaml = `
 tenants:
   acme: {priority: low}
@@ -292,11 +298,9 @@ upstreams:
   premium:
     degradation: {actions: [shorten, refuse, refuse], max_tokens: 16}
 `
-	cfg := testConfig(t, Upstream{Name: "premium", BaseURL: base, Models: []string{"gpt-4o"}})
-	cfg.policy = yaml
-	f := newFakeResources()
-	guards, s, p := resourceGuards(t, string(cfg.policyYAML(t)), f)
-	g := startGateway(t, cfg, Deps{Policy: func() *policy.Policy { return p }, Guards: guards})
+	cfg := testConfig(t, Upstream{Name: "premium", BaseURL: mock(t, mockllm.Options{}), Models: []string{"gpt-4o"}})
+	deps, f, s := resourceDeps(t, &cfg, yaml)
+	g := startGateway(t, cfg, deps)
 	chat := func(key string) (*http.Response, int64) {
 		t.Helper()
 		resp, body := post(t, g.url, "/v1/chat/completions", key, `{"model":"gpt-4o","max_tokens":200,"messages":[{"role":"user","content":"hi"}]}`)
