@@ -162,6 +162,19 @@ func DropKeysAtEnd(t testing.TB, rdb redis.UniversalClient, prefix string) {
 	})
 }
 
+// ScratchRedis connects to the real Redis and returns the client and a key
+// prefix of t's own: the client closes and every key under the prefix is
+// dropped when t ends, so tests sharing the one Redis never see each
+// other's keys nor leave theirs behind.
+func ScratchRedis(t testing.TB) (redis.UniversalClient, string) {
+	t.Helper()
+	rdb := redisconn.NewClient(Redis(t))
+	t.Cleanup(func() { rdb.Close() })
+	prefix := Unique(t, "sluice:test:")
+	DropKeysAtEnd(t, rdb, prefix)
+	return rdb, prefix
+}
+
 // RedisCluster returns the configuration of the real 3-master Redis Cluster
 // (`scripts/services.sh up redis-cluster`, SLUICE_REDIS_CLUSTER_ADDRS).
 // Tests isolate themselves by key prefix, as with Redis; keys that must

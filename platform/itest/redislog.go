@@ -7,10 +7,15 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// Only test binaries link itest, so quieting go-redis as the package loads
+// spares every test package a TestMain that does nothing else.
+func init() { QuietRedisLogs() }
+
 // QuietRedisLogs drops go-redis's internal log lines (connection teardown
 // notices when a test closes its clients), which otherwise land in the
-// middle of benchmark result lines. SLUICE_TEST_LOG=1 keeps them. Call it
-// from TestMain.
+// middle of benchmark result lines. SLUICE_TEST_LOG=1 keeps them. itest
+// calls it when it loads, so a test that imports itest need not; calling
+// it again does no harm.
 func QuietRedisLogs() {
 	if os.Getenv("SLUICE_TEST_LOG") != "1" {
 		redis.SetLogger(discard{})

@@ -30,7 +30,9 @@
 //     across processes through Redis where the upstream is;
 //   - resource samples the process's CPU and memory use (against the
 //     container's cgroup v2 limits) in the background, for degradation
-//     levels that follow them too (upstream.LoadFunc).
+//     levels that follow them too (upstream.LoadFunc);
+//   - periodic runs a function at an interval until a context ends (the
+//     loop of upstream.Breaker.Run and concurrency.Shared.Run).
 //
 // The SDK lives in the root module (github.com/sluicehq/sluice) but links
 // nothing server-only: no ClickHouse driver, no embedded Kafka broker, no

@@ -270,22 +270,19 @@ func overshootRule(limit int64, w time.Duration, lease bool) Rule {
 	return Rule{Name: "global-tpm", Unit: TotalTokens, Algorithm: SlidingWindow, Limit: limit, Window: w, Exact: !lease}
 }
 
+func (cfg *overshootConfig) limiter() (string, int, Rule, []Option) {
+	return cfg.Addr, cfg.Goroutines + 2, overshootRule(cfg.Limit, cfg.Window, cfg.Lease), []Option{WithPrefix(cfg.Prefix), WithMaxWait(time.Second)}
+}
+
 // overshootMain is a gateway process sending bursts against one global
 // tokens rule.
 func overshootMain() int {
 	var cfg overshootConfig
-	if err := json.Unmarshal([]byte(os.Getenv(overshootEnv)), &cfg); err != nil {
-		fmt.Fprintln(os.Stderr, err)
+	l, c, ok := startGateway(overshootEnv, &cfg)
+	if !ok {
 		return 2
 	}
-	c := redis.NewClient(&redis.Options{Addr: cfg.Addr, ContextTimeoutEnabled: true, PoolSize: cfg.Goroutines + 2})
 	defer c.Close()
-	l, err := New(c, &Rules{Shared: []Rule{overshootRule(cfg.Limit, cfg.Window, cfg.Lease)}, Default: TenantRules{FailMode: FailClosed}},
-		WithPrefix(cfg.Prefix), WithMaxWait(time.Second))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
 	time.Sleep(time.Until(time.Unix(0, cfg.StartNs)))
 	end := time.Now().Add(cfg.Duration)
 	var mu sync.Mutex

@@ -12,7 +12,6 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	itest.QuietRedisLogs()
 	if os.Getenv(childEnv) != "" {
 		os.Exit(childMain())
 	}

@@ -39,21 +39,47 @@ func exactRule(limit int64) Rule {
 	return Rule{Name: "exact-rpm", Unit: Requests, Algorithm: SlidingWindow, Limit: limit, Window: time.Hour, Exact: true}
 }
 
+// gatewayProcess is the config a re-executed gateway process reads from
+// its environment: limiter gives the Redis address, how many connections
+// the process pools, the one shared rule and the Limiter's options.
+type gatewayProcess interface {
+	limiter() (addr string, pool int, rule Rule, opts []Option)
+}
+
+// startGateway starts a re-executed gateway process (childMain,
+// overshootMain): it reads cfg from the environment variable env, then
+// builds the process's Limiter on connections of its own, with the one
+// shared rule and tenants failing closed, so that no process admits
+// beyond the limit when Redis does not answer. A failure is printed for
+// the parent, which shows the child's stderr; the process then exits 2.
+func startGateway(env string, cfg gatewayProcess) (*Limiter, *redis.Client, bool) {
+	if err := json.Unmarshal([]byte(os.Getenv(env)), cfg); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return nil, nil, false
+	}
+	addr, pool, rule, opts := cfg.limiter()
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, PoolSize: pool})
+	l, err := New(c, &Rules{Shared: []Rule{rule}, Default: TenantRules{FailMode: FailClosed}}, opts...)
+	if err != nil {
+		c.Close()
+		fmt.Fprintln(os.Stderr, err)
+		return nil, nil, false
+	}
+	return l, c, true
+}
+
+func (cfg *childConfig) limiter() (string, int, Rule, []Option) {
+	return cfg.Addr, cfg.Goroutines, exactRule(cfg.Limit), []Option{WithPrefix(cfg.Prefix), WithMaxWait(5 * time.Second), WithRefusalCache(0)}
+}
+
 // childMain is a gateway process of TestExactRuleAcrossProcesses.
 func childMain() int {
 	var cfg childConfig
-	if err := json.Unmarshal([]byte(os.Getenv(childEnv)), &cfg); err != nil {
-		fmt.Fprintln(os.Stderr, err)
+	l, c, ok := startGateway(childEnv, &cfg)
+	if !ok {
 		return 2
 	}
-	c := redis.NewClient(&redis.Options{Addr: cfg.Addr, ContextTimeoutEnabled: true, PoolSize: cfg.Goroutines})
 	defer c.Close()
-	l, err := New(c, &Rules{Shared: []Rule{exactRule(cfg.Limit)}, Default: TenantRules{FailMode: FailClosed}},
-		WithPrefix(cfg.Prefix), WithMaxWait(5*time.Second), WithRefusalCache(0))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
 	defer l.Close()
 	time.Sleep(time.Until(time.Unix(0, cfg.StartNs)))
 	var res childResult

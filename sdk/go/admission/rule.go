@@ -126,15 +126,15 @@ const numDims = 8
 // dims lists the dimensions in their fixed order (the order of instance
 // keys and messages), with their short names. New dimensions go last, so
 // that the keys of rules without them stay as they were.
-func (s *Scope) dims() [numDims]struct {
+func (s *Scope) dims() [numDims]scopeDim {
+	return [numDims]scopeDim{{"upstream", &s.Upstream}, {"tenant", &s.Tenant}, {"model", &s.Model}, {"user", &s.User}, {"key", &s.Key}, {"endpoint", &s.Endpoint},
+		{"session", &s.Session}, {"organization", &s.Organization}}
+}
+
+// scopeDim is one dimension of a Scope: its short name and its field.
+type scopeDim struct {
 	name string
 	v    *string
-} {
-	return [numDims]struct {
-		name string
-		v    *string
-	}{{"upstream", &s.Upstream}, {"tenant", &s.Tenant}, {"model", &s.Model}, {"user", &s.User}, {"key", &s.Key}, {"endpoint", &s.Endpoint},
-		{"session", &s.Session}, {"organization", &s.Organization}}
 }
 
 // Global reports whether the scope has no dimension.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -116,23 +117,14 @@ func (r vectorRule) rule(t *testing.T) Rule {
 	default:
 		t.Fatalf("rule %s: algorithm %q", r.Name, r.Algorithm)
 	}
+	// The vectors name the dimensions as Scope does in keys and messages.
+	dims := out.Scope.dims()
 	for d, v := range r.Scope {
-		switch d {
-		case "upstream":
-			out.Scope.Upstream = v
-		case "tenant":
-			out.Scope.Tenant = v
-		case "model":
-			out.Scope.Model = v
-		case "user":
-			out.Scope.User = v
-		case "key":
-			out.Scope.Key = v
-		case "endpoint":
-			out.Scope.Endpoint = v
-		default:
+		i := slices.IndexFunc(dims[:], func(dim scopeDim) bool { return dim.name == d })
+		if i < 0 {
 			t.Fatalf("rule %s: scope dimension %q", r.Name, d)
 		}
+		*dims[i].v = v
 	}
 	return out
 }

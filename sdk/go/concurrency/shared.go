@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/sdk/go/periodic"
 )
 
 // Shared is a gate whose calls in flight are counted across every
@@ -265,24 +267,22 @@ func (s *Shared) Remote() bool { return true }
 // count and lease, so that a clean shutdown frees its slots at once. It
 // returns nil; Redis errors go to OnRedisError and are retried.
 func (s *Shared) Run(ctx context.Context) error {
-	t := time.NewTicker(s.ttl / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			c, cancel := context.WithTimeout(context.Background(), s.timeout)
-			defer cancel()
-			p := s.rdb.TxPipeline()
-			p.HDel(c, s.countsKey, s.id)
-			p.ZRem(c, s.leasesKey, s.id)
-			p.HDel(c, s.releasedKey, s.id)
-			if _, err := p.Exec(c); err != nil {
-				s.fail(fmt.Errorf("concurrency: shared shutdown for %s: %w", s.countsKey, err))
-			}
-			return nil
-		case <-t.C:
-			s.renew(ctx)
-		}
+	periodic.Every(ctx, s.ttl/3, func() { s.renew(ctx) })
+	s.shutdown()
+	return nil
+}
+
+// shutdown removes this process's count, lease and last release number.
+// Run's ctx has ended by now, so it has a bound of its own.
+func (s *Shared) shutdown() {
+	c, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	p := s.rdb.TxPipeline()
+	p.HDel(c, s.countsKey, s.id)
+	p.ZRem(c, s.leasesKey, s.id)
+	p.HDel(c, s.releasedKey, s.id)
+	if _, err := p.Exec(c); err != nil {
+		s.fail(fmt.Errorf("concurrency: shared shutdown for %s: %w", s.countsKey, err))
 	}
 }
 

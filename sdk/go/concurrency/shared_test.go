@@ -9,7 +9,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/platform/itest"
-	"github.com/sluicehq/sluice/platform/redisconn"
 )
 
 const within = 10 * time.Second
@@ -21,10 +20,7 @@ func sharedPair(t *testing.T, limit int, opts ...SharedOpt) (redis.UniversalClie
 	if testing.Short() {
 		t.Skip("needs Redis")
 	}
-	rdb := redisconn.NewClient(itest.Redis(t))
-	t.Cleanup(func() { rdb.Close() })
-	prefix := itest.Unique(t, "sluice:test:")
-	itest.DropKeysAtEnd(t, rdb, prefix)
+	rdb, prefix := itest.ScratchRedis(t)
 	mk := func(id string) *Shared {
 		s, err := NewShared(rdb, prefix, "acct-1", id, Fixed(limit), opts...)
 		if err != nil {

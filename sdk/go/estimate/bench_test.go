@@ -13,11 +13,7 @@ import (
 // (testdata/requests/chat_tools.json) for a tenant with a learned ratio,
 // one core.
 func BenchmarkEstimateChat(b *testing.B) {
-	body, err := os.ReadFile("testdata/requests/chat_tools.json")
-	if err != nil {
-		b.Fatal(err)
-	}
-	benchEstimate(b, body, "estimate_chat")
+	benchEstimate(b, readRequest(b, "chat_tools.json"), "estimate_chat")
 }
 
 // BenchmarkEstimateLongPrompt measures estimate_long_prompt_ns: a chat
@@ -26,10 +22,7 @@ func BenchmarkEstimateChat(b *testing.B) {
 func BenchmarkEstimateLongPrompt(b *testing.B) {
 	var msgs []map[string]string
 	for _, name := range []string{"english_prose.txt", "go_code.txt", "chinese.txt", "json_data.txt"} {
-		text, err := os.ReadFile("testdata/corpus/" + name)
-		if err != nil {
-			b.Fatal(err)
-		}
+		text := readTestdata(b, "corpus", name)
 		for range 10 {
 			msgs = append(msgs, map[string]string{"role": "user", "content": strings.Repeat(string(text), 2)})
 		}
@@ -73,11 +66,7 @@ func BenchmarkCount(b *testing.B) {
 	var sb strings.Builder
 	for _, en := range entries {
 		if strings.HasSuffix(en.Name(), ".txt") {
-			t, err := os.ReadFile("testdata/corpus/" + en.Name())
-			if err != nil {
-				b.Fatal(err)
-			}
-			sb.Write(t)
+			sb.Write(readTestdata(b, "corpus", en.Name()))
 		}
 	}
 	text := sb.String()

@@ -38,10 +38,7 @@ func TestCountMatchesTheTokenizers(t *testing.T) {
 		if len(cols) != 3 {
 			t.Fatalf("counts.tsv line %q: want file, o200k, cl100k", line)
 		}
-		text, err := os.ReadFile(filepath.Join("testdata/corpus", cols[0]))
-		if err != nil {
-			t.Fatal(err)
-		}
+		text := readTestdata(t, "corpus", cols[0])
 		files++
 		for i, fam := range []Family{O200k, Cl100k} {
 			want, err := strconv.ParseInt(cols[1+i], 10, 64)
@@ -103,13 +100,20 @@ func TestFamilyOf(t *testing.T) {
 	}
 }
 
-func readRequest(t *testing.T, name string) []byte {
+// readTestdata is the file testdata/<elem...>; a missing one fails t.
+func readTestdata(t testing.TB, elem ...string) []byte {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("testdata/requests", name))
+	b, err := os.ReadFile(filepath.Join(append([]string{"testdata"}, elem...)...))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// readRequest is the request body testdata/requests/<name>.
+func readRequest(t testing.TB, name string) []byte {
+	t.Helper()
+	return readTestdata(t, "requests", name)
 }
 
 // features of the texts, as the counter sees them one by one: what Parse
@@ -377,11 +381,7 @@ func TestParseRefusesWhatItCannotBound(t *testing.T) {
 
 func FuzzParse(f *testing.F) {
 	for _, name := range []string{"chat_tools.json", "chat_plain.json", "completions_ids.json", "embeddings.json", "responses.json", "gemini.json"} {
-		b, err := os.ReadFile(filepath.Join("testdata/requests", name))
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(b)
+		f.Add(readRequest(f, name))
 	}
 	f.Add([]byte(`{"input":[[1,2],[3]],"prompt":"\ud83d\ude00"}`))
 	f.Fuzz(func(t *testing.T, body []byte) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/sdk/go/concurrency"
+	"github.com/sluicehq/sluice/sdk/go/periodic"
 )
 
 // State is a breaker's state.
@@ -543,16 +544,8 @@ func (b *Breaker) Run(ctx context.Context) error {
 	if b.fleet == nil {
 		return nil
 	}
-	t := time.NewTicker(b.fleetPoll)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			b.sync()
-		}
-	}
+	periodic.Every(ctx, b.fleetPoll, b.sync)
+	return nil
 }
 
 // sync sends the unsent probe results, then reads the fleet's state once

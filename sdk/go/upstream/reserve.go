@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/sdk/go/periodic"
 )
 
 // ReserveUnit is what a Reserve counts.
@@ -322,32 +323,36 @@ func (r *Reserve) Run(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	t := time.NewTicker(r.ttl / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			c, cancel := context.WithTimeout(context.Background(), r.timeout)
-			defer cancel()
-			fields := make([]string, schemas.NumPriorities)
-			for i := range fields {
-				fields[i] = strconv.Itoa(i) + "|" + r.id
-			}
-			p := r.rdb.TxPipeline()
-			p.HDel(c, r.key, fields...)
-			p.ZRem(c, r.lease, r.id)
-			if _, err := p.Exec(c); err != nil {
-				r.fail(fmt.Errorf("upstream: reserved shares shutdown of %s: %w", r.key, err))
-			}
-			return nil
-		case <-t.C:
-			c, cancel := context.WithTimeout(ctx, r.timeout)
-			err := renewReserveScript.Run(c, r.rdb, []string{r.lease}, r.id, r.ttl.Milliseconds()).Err()
-			cancel()
-			if err != nil && ctx.Err() == nil {
-				r.fail(fmt.Errorf("upstream: reserved shares lease of %s: %w", r.key, err))
-			}
-		}
+	periodic.Every(ctx, r.ttl/3, func() { r.renew(ctx) })
+	r.shutdown()
+	return nil
+}
+
+// renew extends this process's concurrency lease; an error that comes of
+// ctx ending is no failure.
+func (r *Reserve) renew(ctx context.Context) {
+	c, cancel := context.WithTimeout(ctx, r.timeout)
+	err := renewReserveScript.Run(c, r.rdb, []string{r.lease}, r.id, r.ttl.Milliseconds()).Err()
+	cancel()
+	if err != nil && ctx.Err() == nil {
+		r.fail(fmt.Errorf("upstream: reserved shares lease of %s: %w", r.key, err))
+	}
+}
+
+// shutdown removes this process's counts of every class and its lease.
+// Run's ctx has ended by now, so it has a bound of its own.
+func (r *Reserve) shutdown() {
+	c, cancel := context.WithTimeout(context.Background(), r.timeout)
+	defer cancel()
+	fields := make([]string, schemas.NumPriorities)
+	for i := range fields {
+		fields[i] = strconv.Itoa(i) + "|" + r.id
+	}
+	p := r.rdb.TxPipeline()
+	p.HDel(c, r.key, fields...)
+	p.ZRem(c, r.lease, r.id)
+	if _, err := p.Exec(c); err != nil {
+		r.fail(fmt.Errorf("upstream: reserved shares shutdown of %s: %w", r.key, err))
 	}
 }
 

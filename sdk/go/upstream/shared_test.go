@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/platform/itest"
-	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/sdk/go/concurrency"
 	"github.com/sluicehq/sluice/sdk/go/priority"
@@ -20,10 +19,7 @@ func TestGuardsShareAnUpstreamThroughRedis(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs Redis")
 	}
-	rdb := redisconn.NewClient(itest.Redis(t))
-	t.Cleanup(func() { rdb.Close() })
-	prefix := itest.Unique(t, "sluice:test:")
-	itest.DropKeysAtEnd(t, rdb, prefix)
+	rdb, prefix := itest.ScratchRedis(t)
 	guard := func(id string) *Guard {
 		s, err := concurrency.NewShared(rdb, prefix, "acct", id, concurrency.Fixed(1))
 		if err != nil {

@@ -405,11 +405,9 @@ class _Validator:
                 self.fail(lp, "set token_bucket or sliding_window, not both")
             elif tb is not None:
                 b = self.mapping(lp + ".token_bucket", tb, _BUCKET_FIELDS)
-                if lim.algorithm != "token_bucket":
-                    if b.get("rate") is None:
-                        self.fail(lp + ".token_bucket.rate", "is required (units per per, per defaulting to 1s)")
-                    lim = replace(lim, algorithm="token_bucket", length_ns=0, max=0, rate=0.0, per_ns=_SECOND_NS,
-                                  burst=0, burst_set=False)
+                lim = self.switch_algorithm(lp + ".token_bucket", lim, "token_bucket", b, "rate",
+                                            "is required (units per per, per defaulting to 1s)",
+                                            length_ns=0, max=0, rate=0.0, per_ns=_SECOND_NS, burst=0, burst_set=False)
                 if b.get("rate") is not None:
                     lim.rate = self.number(lp + ".token_bucket.rate", b["rate"]) or 0.0
                 if b.get("per") is not None:
@@ -418,11 +416,9 @@ class _Validator:
                     lim.burst, lim.burst_set = self.integer(lp + ".token_bucket.burst", b["burst"]) or 0, True
             elif sw is not None:
                 w = self.mapping(lp + ".sliding_window", sw, _WINDOW_FIELDS)
-                if lim.algorithm != "sliding_window":
-                    if w.get("limit") is None:
-                        self.fail(lp + ".sliding_window.limit", "is required (most units in any length; 0 refuses every request)")
-                    lim = replace(lim, algorithm="sliding_window", rate=0.0, per_ns=0, burst=0, burst_set=False,
-                                  length_ns=60 * _SECOND_NS, max=0)
+                lim = self.switch_algorithm(lp + ".sliding_window", lim, "sliding_window", w, "limit",
+                                            "is required (most units in any length; 0 refuses every request)",
+                                            rate=0.0, per_ns=0, burst=0, burst_set=False, length_ns=60 * _SECOND_NS, max=0)
                 if w.get("length") is not None:
                     lim.length_ns = self.duration(lp + ".sliding_window.length", w["length"]) or 0
                 if w.get("limit") is not None:
@@ -434,6 +430,19 @@ class _Validator:
             self.check_limit(lp, lim)
             out[name] = lim
         return out
+
+    def switch_algorithm(self, path: str, lim: _Limit, algorithm: str, section: dict[str, Any], required: str,
+                         why: str, **fresh: Any) -> _Limit:
+        """lim counted by algorithm, whose settings (at path) are section.
+        A limit that already is one keeps its parameters for section to
+        override; one that changes algorithm (a new limit, or an override of
+        an inherited one) must set required, and starts from fresh: the old
+        algorithm's parameters dropped, the new one's at their defaults."""
+        if lim.algorithm == algorithm:
+            return lim
+        if section.get(required) is None:
+            self.fail(f"{path}.{required}", why)
+        return replace(lim, algorithm=algorithm, **fresh)
 
     def scope(self, path: str, raw: Any, tenant_level: bool) -> Scope:
         if raw == "global":
