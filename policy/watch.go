@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluicehq/sluice/sdk/go/periodic"
 )
 
 // Watcher keeps the current policy of a file, reloading it when its content
@@ -140,16 +142,8 @@ func (w *Watcher) Run(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	t := time.NewTicker(w.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			w.Reload()
-		}
-	}
+	periodic.Every(ctx, w.interval, func() { w.Reload() })
+	return nil
 }
 
 // Reload reads the file now and, if its content changed and parses, makes

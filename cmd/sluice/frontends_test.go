@@ -37,7 +37,6 @@ tenants:
 // process, and /metrics shows each front end's Emitter and admission
 // series apart, labelled with its service.
 func TestGatewayAndAuthzInOneProcess(t *testing.T) {
-	itest.QuietRedisLogs()
 	dir := t.TempDir()
 	up := httptest.NewServer(mockllm.Handler())
 	defer up.Close()
@@ -141,7 +140,6 @@ func scrape(t *testing.T, url string) map[string]float64 {
 // while ClickHouse is unreachable and no Kafka is named: it migrates
 // nothing and starts no broker, and meters to its ingest.
 func TestGatewayAloneNeedsNeitherKafkaNorClickHouse(t *testing.T) {
-	itest.QuietRedisLogs()
 	dir := t.TempDir()
 	up := httptest.NewServer(mockllm.Handler())
 	defer up.Close()

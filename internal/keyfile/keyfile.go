@@ -27,6 +27,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/sdk/go/periodic"
 )
 
 // Entry is what every keys file entry has. A service's entry type embeds
@@ -212,34 +214,31 @@ func (f *File[T]) load() error {
 // Watch polls the file's modification time and size every interval and
 // reloads it when either changed, until ctx ends.
 func (f *File[T]) Watch(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		st, err := os.Stat(f.path)
-		if err == nil && st.ModTime().Equal(f.modTime) && st.Size() == f.size {
-			continue
-		}
-		if err == nil {
-			err = f.load()
-		} else {
-			err = fmt.Errorf("keys_file: %w", err)
-		}
-		if f.onReload != nil {
-			f.onReload(err)
-		}
-		if err != nil {
-			f.log.Error("keys file reload failed; keeping the previous keys", "err", err)
-			// Remember the broken version so it is reported once, not every tick.
-			if st != nil {
-				f.modTime, f.size = st.ModTime(), st.Size()
-			}
-			continue
-		}
-		f.log.Info("keys file reloaded", "keys", f.Keys().IDs())
+	periodic.Every(ctx, interval, f.reloadIfChanged)
+}
+
+// reloadIfChanged reloads the file when its modification time or size
+// changed since the last load (or the last failed one).
+func (f *File[T]) reloadIfChanged() {
+	st, err := os.Stat(f.path)
+	if err == nil && st.ModTime().Equal(f.modTime) && st.Size() == f.size {
+		return
 	}
+	if err == nil {
+		err = f.load()
+	} else {
+		err = fmt.Errorf("keys_file: %w", err)
+	}
+	if f.onReload != nil {
+		f.onReload(err)
+	}
+	if err != nil {
+		f.log.Error("keys file reload failed; keeping the previous keys", "err", err)
+		// Remember the broken version so it is reported once, not every tick.
+		if st != nil {
+			f.modTime, f.size = st.ModTime(), st.Size()
+		}
+		return
+	}
+	f.log.Info("keys file reloaded", "keys", f.Keys().IDs())
 }

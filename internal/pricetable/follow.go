@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/sdk/go/periodic"
 )
 
 // RetryInterval is how soon a failed sync is tried again when no reload
@@ -82,16 +83,10 @@ func (f *Follower) Apply(ctx context.Context, p *policy.Policy) error {
 // the policy watcher's Follow whose apply calls Apply: the watcher has one
 // subscriber, which hands each reload to every part of the service.
 func (f *Follower) RetryFailed(ctx context.Context) error {
-	t := time.NewTicker(RetryInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			if p := f.pending.Load(); p != nil {
-				_ = f.Apply(ctx, p)
-			}
+	periodic.Every(ctx, RetryInterval, func() {
+		if p := f.pending.Load(); p != nil {
+			_ = f.Apply(ctx, p)
 		}
-	}
+	})
+	return nil
 }

@@ -9,14 +9,12 @@ import (
 
 // Only test binaries link itest, so quieting go-redis as the package loads
 // spares every test package a TestMain that does nothing else.
-func init() { QuietRedisLogs() }
+func init() { quietRedisLogs() }
 
-// QuietRedisLogs drops go-redis's internal log lines (connection teardown
+// quietRedisLogs drops go-redis's internal log lines (connection teardown
 // notices when a test closes its clients), which otherwise land in the
-// middle of benchmark result lines. SLUICE_TEST_LOG=1 keeps them. itest
-// calls it when it loads, so a test that imports itest need not; calling
-// it again does no harm.
-func QuietRedisLogs() {
+// middle of benchmark result lines. SLUICE_TEST_LOG=1 keeps them.
+func quietRedisLogs() {
 	if os.Getenv("SLUICE_TEST_LOG") != "1" {
 		redis.SetLogger(discard{})
 	}

@@ -33,7 +33,6 @@ const benchTenants = 64
 func benchEndpoint(b *testing.B, exact bool) string {
 	b.Helper()
 	rc := itest.Redis(b)
-	itest.QuietRedisLogs()
 	log := slog.New(slog.DiscardHandler)
 	rdb := redis.NewClient(&redis.Options{Addr: rc.Addr, ContextTimeoutEnabled: true, PoolSize: 64})
 	b.Cleanup(func() { rdb.Close() })

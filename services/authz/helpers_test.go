@@ -43,7 +43,6 @@ tenants:
 func liveEnv(t *testing.T) (platform.Env, *itest.Proxy) {
 	t.Helper()
 	rc := itest.Redis(t)
-	itest.QuietRedisLogs()
 	rdb := redisconn.NewClient(rc)
 	t.Cleanup(func() { rdb.Close() })
 	t.Cleanup(func() {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/adminapi"
+	"github.com/sluicehq/sluice/sdk/go/periodic"
 )
 
 // cookieName names the session cookie.
@@ -105,23 +106,16 @@ func (ss *sessions) remove(r *http.Request) {
 
 // expireLoop drops expired sessions every interval until ctx ends.
 func (ss *sessions) expireLoop(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			now := ss.now()
-			ss.mu.Lock()
-			for k, v := range ss.m {
-				if !now.Before(v.expires) {
-					delete(ss.m, k)
-				}
+	periodic.Every(ctx, interval, func() {
+		now := ss.now()
+		ss.mu.Lock()
+		defer ss.mu.Unlock()
+		for k, v := range ss.m {
+			if !now.Before(v.expires) {
+				delete(ss.m, k)
 			}
-			ss.mu.Unlock()
 		}
-	}
+	})
 }
 
 func (s *server) loginForm(w http.ResponseWriter, r *http.Request) {

@@ -53,7 +53,6 @@ func benchGateway(b *testing.B, tp trace.TracerProvider) (direct, proxied string
 	log := slog.New(slog.DiscardHandler)
 
 	rc := itest.Redis(b)
-	itest.QuietRedisLogs()
 	rdb := redis.NewClient(&redis.Options{Addr: rc.Addr})
 	b.Cleanup(func() { rdb.Close() })
 	chk := checkertest.Run(b, rdb, "gwbench")

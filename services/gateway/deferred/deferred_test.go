@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -21,11 +20,6 @@ import (
 	"github.com/sluicehq/sluice/platform/redisconn"
 	"github.com/sluicehq/sluice/schemas"
 )
-
-func TestMain(m *testing.M) {
-	itest.QuietRedisLogs()
-	os.Exit(m.Run())
-}
 
 // within bounds every wait of these tests.
 const within = 60 * time.Second
