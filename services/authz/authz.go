@@ -78,8 +78,8 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	log := cmp.Or(deps.Logger, slog.Default())
-	s := &Server{cfg: cfg, dec: frontend.OrAllowAll(deps.Checker), admit: deps.Admitter, em: deps.Emitter, keys: deps.Keys, policy: deps.Policy, log: log, m: newMetrics(),
+	s := &Server{cfg: cfg, dec: frontend.OrAllowAll(deps.Checker), admit: deps.Admitter, em: deps.Emitter, keys: deps.Keys, policy: deps.Policy,
+		log: cmp.Or(deps.Logger, slog.Default()), m: newMetrics(),
 		sub: cfg.Path + "/", lower: lowerNames(cfg.Headers), now: time.Now}
 	if deps.Metrics != nil {
 		if err := s.m.all.Register(deps.Metrics); err != nil {
