@@ -249,6 +249,15 @@ func policyInForce(ctx context.Context, cfg reconcileConfig, log *slog.Logger) (
 		log.Warn("no kafka.brokers configured: the tenants and plans made through the admin API are not read; tenants only they define are audited under the policy file's defaults")
 		return w.Current(), nil
 	}
+	// The services' followers create a missing admin topic; a command
+	// that may only report (-dry_run) must not, and a missing topic holds
+	// no tenant to read anyway.
+	if ok, err := kafkaconn.TopicExists(ctx, cfg.Kafka, cfg.Topics.Admin); err != nil {
+		return nil, fmt.Errorf("topics.admin: %w", err)
+	} else if !ok {
+		log.Info("the admin topic does not exist, so no tenant or plan was made through the admin API: the policy file alone applies", "topic", cfg.Topics.Admin)
+		return w.Current(), nil
+	}
 	env := platform.Env{Logger: log, Metrics: prometheus.NewRegistry(), Kafka: cfg.Kafka, Topics: cfg.Topics, SignalAuth: cfg.SignalAuth}
 	f, stop, err := controlplane.FollowPolicy(ctx, "sluicectl", env, w, nil)
 	if err != nil {

@@ -168,6 +168,28 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, c Config, topics ...strin
 	return nil
 }
 
+// TopicExists reports whether the brokers of c know topic, without
+// creating it.
+func TopicExists(ctx context.Context, c Config, topic string) (bool, error) {
+	cl, err := NewClient(c)
+	if err != nil {
+		return false, err
+	}
+	defer cl.Close()
+	details, err := kadm.NewClient(cl).ListTopics(ctx, topic)
+	if err != nil {
+		return false, fmt.Errorf("kafka: list topic %s: %w", topic, err)
+	}
+	d, ok := details[topic]
+	switch {
+	case !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition):
+		return false, nil
+	case d.Err != nil:
+		return false, fmt.Errorf("kafka: topic %s: %w", topic, d.Err)
+	}
+	return true, nil
+}
+
 // EnsureCompactedTopic creates topic, if missing, as the state topics are
 // (the admin topic): compacted, one partition — one record per key is the
 // topic's whole meaning, and one partition keeps every record in one order
