@@ -378,7 +378,7 @@ func TestRetriesRepeatTheIdempotencyKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := notify.NewDispatcher(slog.New(slog.NewTextHandler(io.Discard, nil)), m)
-	cfg := Kind.Delivery()
+	cfg := Kind.Delivery
 	cfg.InitialBackoff, cfg.MaxBackoff = time.Millisecond, 5*time.Millisecond
 	if err := d.Set("webhook:acme", newSender(t, srv.URL, secret, "", ""), cfg); err != nil {
 		t.Fatal(err)
