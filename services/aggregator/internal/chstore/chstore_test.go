@@ -110,20 +110,7 @@ func TestOneWriteOfSeveralBatches(t *testing.T) {
 	}
 	check := func(query string, want map[string]float64) {
 		t.Helper()
-		rows, err := conn.Query(ctx, query)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		got := map[string]float64{}
-		for rows.Next() {
-			var tenant string
-			var v float64
-			if err := rows.Scan(&tenant, &v); err != nil {
-				t.Fatal(err)
-			}
-			got[tenant] = v
-		}
+		got := floatsByKey(t, ctx, conn, query)
 		if len(got) != len(want) || got["acme"] != want["acme"] || got["beta"] != want["beta"] {
 			t.Errorf("%s: %v, want %v", query, got, want)
 		}
@@ -180,6 +167,30 @@ func TestTokenTypesStored(t *testing.T) {
 }
 
 // migratedDB opens a fresh ClickHouse database with the migrations applied.
+// floatsByKey runs query, whose rows are a string and a Float64, and
+// returns the second column by the first.
+func floatsByKey(t testing.TB, ctx context.Context, conn driver.Conn, query string) map[string]float64 {
+	t.Helper()
+	rows, err := conn.Query(ctx, query)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	got := map[string]float64{}
+	for rows.Next() {
+		var key string
+		var v float64
+		if err := rows.Scan(&key, &v); err != nil {
+			t.Fatal(err)
+		}
+		got[key] = v
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
 func migratedDB(t testing.TB, ctx context.Context) driver.Conn {
 	t.Helper()
 	conn, err := chconn.Open(ctx, itest.ClickHouse(t))
@@ -217,22 +228,11 @@ func TestQuotaRepairWeighsBilledQuotas(t *testing.T) {
 	if err := s.Write(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := conn.Query(ctx, "SELECT model, used, cached_tokens FROM quota_state FINAL WHERE tenant = 'acme'")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	used := map[string]float64{}
-	for rows.Next() {
-		var m string
-		var u float64
-		var cached uint64
-		if err := rows.Scan(&m, &u, &cached); err != nil {
-			t.Fatal(err)
-		}
-		used[m] = u
+	const rows = " FROM quota_state FINAL WHERE tenant = 'acme'"
+	used := floatsByKey(t, ctx, conn, "SELECT model, used"+rows)
+	for m, cached := range floatsByKey(t, ctx, conn, "SELECT model, toFloat64(cached_tokens)"+rows) {
 		if cached != 800 {
-			t.Errorf("recomputed %s row: cache read %d, want 800", m, cached)
+			t.Errorf("recomputed %s row: cache read %v, want 800", m, cached)
 		}
 	}
 	if used["*"] != 200+800*0.25+100*4 || used["m"] != 1100 {
