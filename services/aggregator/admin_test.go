@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/internal/adminlog"
@@ -42,24 +41,27 @@ func tierOf(tenant string, tier int, dir schemas.Direction) func(*schemas.Signal
 // produce to it.
 func adminTopicSetup(t *testing.T) (e *env, adminTopic string, cl *kgo.Client) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("integration test")
-	}
-	e = setup(t)
+	e = integrationEnv(t, "defaults:\n  models:\n    \"*\": {hourly_tokens: 1000}\n")
 	adminTopic = e.admin
-	writePolicy(t, e.policy, "defaults:\n  models:\n    \"*\": {hourly_tokens: 1000}\n")
 	cl, err := kafkaconn.NewClient(e.kafka)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(cl.Close)
-	compact := "compact"
+	createAdminTopic(t, e)
+	return e, adminTopic, cl
+}
+
+// createAdminTopic creates the test's admin topic (e.admin) compacted, as
+// the enforcer's admin topic is, so that a tombstone removes a record.
+func createAdminTopic(t testing.TB, e *env) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := kadm.NewClient(cl).CreateTopics(ctx, 1, -1, map[string]*string{"cleanup.policy": &compact}, adminTopic); err != nil {
+	compact := "compact"
+	if _, err := e.adm.CreateTopics(ctx, 1, -1, map[string]*string{"cleanup.policy": &compact}, e.admin); err != nil {
 		t.Fatal(err)
 	}
-	return e, adminTopic, cl
 }
 
 // TestAdminOverridesReachTiers: quota overrides on the admin topic change

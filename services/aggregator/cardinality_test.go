@@ -3,7 +3,6 @@ package aggregator_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"testing"
 	"time"
@@ -17,13 +16,7 @@ import (
 // two models, "other" and "*" (all five counted), and the folds are
 // counted in sluice_aggregator_models_capped_total.
 func TestModelsBeyondMaxModelsAreCountedAsOther(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
-	e := setup(t)
-	if err := os.WriteFile(e.policy, []byte("tenants:\n  acme:\n    max_models: 2\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	e := integrationEnv(t, "tenants:\n  acme:\n    max_models: 2\n")
 	r := runInProcess(t, e, e.ch.Addr, nil)
 	at := time.Now().UTC().Truncate(time.Minute)
 	var evs []schemas.UsageEvent

@@ -3,7 +3,6 @@ package aggregator_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -20,14 +19,7 @@ import (
 // in the same month it is rebuilt from ClickHouse, and its month and day
 // totals in quota_state equal the distinct events ClickHouse holds.
 func TestIdleTenantEvictedAndRestored(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
-	e := setup(t)
-	pol := "defaults:\n  timezone: UTC\n  models:\n    \"*\": {monthly_tokens: 100000000, daily_tokens: 10000000}\n"
-	if err := os.WriteFile(e.policy, []byte(pol), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	e := integrationEnv(t, "defaults:\n  timezone: UTC\n  models:\n    \"*\": {monthly_tokens: 100000000, daily_tokens: 10000000}\n")
 	r := runInProcess(t, e, e.ch.Addr, nil)
 
 	// Both tenants on partition 0 (their home partition of 3: the aggregator
@@ -96,14 +88,7 @@ func TestIdleTenantEvictedAndRestored(t *testing.T) {
 // ClickHouse answered). Once ClickHouse returns the tenant is restored and
 // its totals equal its distinct stored events.
 func TestRestoreDoesNotStallOtherTenants(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
-	e := setup(t)
-	pol := "defaults:\n  timezone: UTC\n  models:\n    \"*\": {monthly_tokens: 100000000, hourly_tokens: 10000}\n"
-	if err := os.WriteFile(e.policy, []byte(pol), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	e := integrationEnv(t, "defaults:\n  timezone: UTC\n  models:\n    \"*\": {monthly_tokens: 100000000, hourly_tokens: 10000}\n")
 	proxy := itest.NewProxy(t, e.ch.Addr)
 	r := runInProcess(t, e, proxy.Addr(), nil)
 	send := toPartition0(t, e)

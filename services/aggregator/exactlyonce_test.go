@@ -60,6 +60,22 @@ type env struct {
 	cl      *kgo.Client
 }
 
+// integrationEnv is how a test against the real broker and ClickHouse
+// starts: it skips the test in -short mode, sets up its topics and
+// database (setup) and, unless policy is empty, writes policy over setup's
+// itPolicy as the aggregator's policy file.
+func integrationEnv(t testing.TB, policy string) *env {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	e := setup(t)
+	if policy != "" {
+		writePolicy(t, e.policy, policy)
+	}
+	return e
+}
+
 func setup(t testing.TB) *env {
 	t.Helper()
 	e := &env{kafka: itest.Kafka(t), ch: itest.ClickHouse(t)}
@@ -225,10 +241,7 @@ func startAggregator(t *testing.T, e *env, bin string, logs *os.File, extra ...s
 // ClickHouse, no event is lost, and the set of signals published equals
 // that of a clean, uninterrupted run over the same partitions.
 func TestKillNineExactlyOnce(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
-	e := setup(t)
+	e := integrationEnv(t, "")
 	bin := buildAggregator(t)
 	logs := aggregatorLogs(t)
 

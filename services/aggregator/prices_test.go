@@ -15,10 +15,7 @@ import (
 // policy) copies the policy's prices into ClickHouse at start and on every
 // reload, without any reconciler running.
 func TestAggregatorKeepsPricesTableWithPolicy(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
-	e := setup(t)
+	e := integrationEnv(t, "")
 	r := runInProcess(t, e, e.ch.Addr, nil)
 	ctx := context.Background()
 	price := func(model string) func() bool {

@@ -76,11 +76,7 @@ func writePolicy(t testing.TB, path, body string) {
 // and rewrite quota_state, within 5 s and with no new event. (The whole
 // chain to the lifted flag is e2e's TestRaisedLimitLiftsTheBlock.)
 func TestRaisedLimitUnblocksWithoutNewUsage(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
-	e := setup(t)
-	writePolicy(t, e.policy, "tenants:\n  acme:\n    models:\n      \"*\": {hourly_tokens: 1000}\n")
+	e := integrationEnv(t, "tenants:\n  acme:\n    models:\n      \"*\": {hourly_tokens: 1000}\n")
 	runInProcess(t, e, e.ch.Addr, nil)
 	w := watchSignals(t, e)
 

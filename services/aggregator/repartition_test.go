@@ -3,7 +3,6 @@ package aggregator_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -23,9 +22,6 @@ import (
 // month's true total although the new partition's offsets are lower than
 // the old one's.
 func TestRepartitionKeepsTenantTotals(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
 	e, tenant := repartitionEnv(t)
 	home := homePartitionOf
 	// The old home gets many other events first, so its offsets (the old
@@ -87,13 +83,8 @@ func TestRepartitionKeepsTenantTotals(t *testing.T) {
 // (handover.go): afterwards every quota_state and usage_minute row equals
 // the sum over the distinct events ClickHouse holds, exactly.
 func TestAddPartitionsUnderLoadHandsOver(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
-	e := setup(t) // 3 partitions
-	if err := os.WriteFile(e.policy, []byte("defaults:\n  timezone: UTC\n  models:\n    \"*\": {monthly_tokens: 1000000000, hourly_tokens: 1000000000}\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	// setup's usage topic has 3 partitions.
+	e := integrationEnv(t, "defaults:\n  timezone: UTC\n  models:\n    \"*\": {monthly_tokens: 1000000000, hourly_tokens: 1000000000}\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	parts, err := e.adm.ListTopics(ctx, e.topic)
@@ -213,9 +204,6 @@ func homePartitionOf(tenant string, n int) int32 {
 // whole outage when the restore held the poll loop); once ClickHouse is
 // back the moved tenant's month carries over exactly.
 func TestMovedTenantRestoreDoesNotStallOthers(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
 	e, mover := repartitionEnv(t)
 	home := homePartitionOf
 	// Both move to the same new partition (murmur2 mod 6 is the old home
@@ -315,13 +303,12 @@ func toPartitions(t *testing.T, e *env, at time.Time) func(part int32, tn string
 }
 
 // repartitionEnv sets up a 3-partition usage topic with a monthly quota
-// of 100,000 tokens on every tenant and returns a tenant whose home moves
-// when the topic grows to 6 partitions.
+// of 100,000 tokens on every tenant (integrationEnv, so it skips the test
+// in -short mode) and returns a tenant whose home moves when the topic
+// grows to 6 partitions.
 func repartitionEnv(t *testing.T) (*env, string) {
-	e := setup(t)
-	if err := os.WriteFile(e.policy, []byte("defaults:\n  timezone: UTC\n  models:\n    \"*\": {monthly_tokens: 100000}\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	t.Helper()
+	e := integrationEnv(t, "defaults:\n  timezone: UTC\n  models:\n    \"*\": {monthly_tokens: 100000}\n")
 	for i := 0; ; i++ {
 		if tn := fmt.Sprintf("mover%d", i); homePartitionOf(tn, 3) != homePartitionOf(tn, 6) {
 			return e, tn

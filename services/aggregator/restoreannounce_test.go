@@ -22,17 +22,10 @@ import (
 // alerter pages on), and quota_state must say tier 100. (The whole chain
 // to the flag: e2e.)
 func TestLimitLoweredDuringOutageBlocksOnReturn(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
-	e := setup(t)
-	writePolicy(t, e.policy, "tenants:\n  acme:\n    models:\n      \"*\": {hourly_tokens: 20000}\n  globex:\n    models:\n      \"*\": {hourly_tokens: 10000}\n")
+	e := integrationEnv(t, "tenants:\n  acme:\n    models:\n      \"*\": {hourly_tokens: 20000}\n  globex:\n    models:\n      \"*\": {hourly_tokens: 10000}\n")
+	createAdminTopic(t, e)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	compact := "compact"
-	if _, err := e.adm.CreateTopics(ctx, 1, -1, map[string]*string{"cleanup.policy": &compact}, e.admin); err != nil {
-		t.Fatal(err)
-	}
 	// globex's override, as the enforcer's admin API writes it, ends soon.
 	until := time.Now().Add(8 * time.Second)
 	writer := adminlog.New(itest.Signer(t, testSignalAuth).For(signalauth.AdminActions))

@@ -142,10 +142,7 @@ func caughtUp(t testing.TB, e *env) func() bool {
 // aggregator keeps retrying and commits nothing past what it stored; when
 // ClickHouse returns, everything is written and counted once.
 func TestClickHouseOutageStopsCommits(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
-	e := setup(t)
+	e := integrationEnv(t, "")
 	proxy := itest.NewProxy(t, e.ch.Addr)
 	r := runInProcess(t, e, proxy.Addr(), nil)
 
@@ -186,20 +183,7 @@ func TestClickHouseOutageStopsCommits(t *testing.T) {
 // stays in force and the failure is counted); a valid edit takes effect
 // without a restart.
 func TestPolicyHotReload(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
-	e := setup(t)
-	write := func(s string) {
-		tmp := e.policy + ".tmp"
-		if err := os.WriteFile(tmp, []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, e.policy); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("tenants:\n  acme:\n    models:\n      \"*\": {daily_tokens: 1000}\n")
+	e := integrationEnv(t, "tenants:\n  acme:\n    models:\n      \"*\": {daily_tokens: 1000}\n")
 	r := runInProcess(t, e, e.ch.Addr, nil)
 
 	n := 0
@@ -219,7 +203,7 @@ func TestPolicyHotReload(t *testing.T) {
 	}
 	itest.Eventually(t, 60*time.Second, "the initial limit in quota_state", limitIs(1000))
 
-	write("tenants:\n  acme:\n    models:\n      \"*\": {daily_tokens: -5}\n")
+	writePolicy(t, e.policy, "tenants:\n  acme:\n    models:\n      \"*\": {daily_tokens: -5}\n")
 	itest.Eventually(t, 30*time.Second, "the broken reload to be counted", func() bool {
 		return r.metric(t, "sluice_aggregator_policy_reload_failures_total", "") >= 1
 	})
@@ -227,7 +211,7 @@ func TestPolicyHotReload(t *testing.T) {
 		t.Fatal("after a broken reload the previous policy must stay in force")
 	}
 
-	write("tenants:\n  acme:\n    models:\n      \"*\": {daily_tokens: 2000}\n")
+	writePolicy(t, e.policy, "tenants:\n  acme:\n    models:\n      \"*\": {daily_tokens: 2000}\n")
 	itest.Eventually(t, 60*time.Second, "the new limit to take effect", limitIs(2000))
 }
 
@@ -237,13 +221,7 @@ func TestPolicyHotReload(t *testing.T) {
 // offsets still stay where ClickHouse last stored, and once ClickHouse
 // returns everything is stored and counted once.
 func TestSignalsDoNotWaitForClickHouse(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
-	e := setup(t)
-	if err := os.WriteFile(e.policy, []byte("defaults:\n  timezone: UTC\n  models:\n    \"*\": {hourly_tokens: 10000}\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	e := integrationEnv(t, "defaults:\n  timezone: UTC\n  models:\n    \"*\": {hourly_tokens: 10000}\n")
 	proxy := itest.NewProxy(t, e.ch.Addr)
 	r := runInProcess(t, e, proxy.Addr(), nil)
 

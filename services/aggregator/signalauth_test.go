@@ -2,7 +2,6 @@ package aggregator_test
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -23,13 +22,7 @@ var testSignalAuth = signalauth.Config{Keys: []string{"test:" + strings.Repeat("
 // TestSignalsAreSigned: every signal the aggregator produces verifies
 // under the shared key, and not under another.
 func TestSignalsAreSigned(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
-	e := setup(t)
-	if err := os.WriteFile(e.policy, []byte("tenants:\n  acme:\n    models:\n      \"*\": {daily_tokens: 1000}\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	e := integrationEnv(t, "tenants:\n  acme:\n    models:\n      \"*\": {daily_tokens: 1000}\n")
 	runInProcess(t, e, e.ch.Addr, nil)
 	produce(t, e, []schemas.UsageEvent{{ID: "e1", Time: time.Now().UTC(), Tenant: "acme", Model: "gpt-4o", PromptTokens: 800}})
 

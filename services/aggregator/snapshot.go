@@ -133,6 +133,19 @@ type snapTask struct {
 	stored  bool
 }
 
+// isClosed reports, without waiting, whether ch is closed: whether the
+// stage of a snapTask that closes it (copied, done, settled) is over. The
+// poll goroutine and the writers look at a snapshot in passing and must
+// never block on it.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
 func newSnapTask(fp string, next, prev int64) *snapTask {
 	return &snapTask{fp: fp, next: next, prev: prev, copied: make(chan struct{}), done: make(chan struct{}), settled: make(chan struct{})}
 }
@@ -222,12 +235,7 @@ func (a *aggregator) snapshot(p *partition, j *job) {
 func (a *aggregator) thawSnapshots() {
 	for id, p := range a.parts {
 		t := p.snap
-		if t == nil {
-			continue
-		}
-		select {
-		case <-t.copied:
-		default:
+		if t == nil || !isClosed(t.copied) {
 			continue
 		}
 		p.snap = nil
@@ -245,19 +253,14 @@ func (a *aggregator) thawSnapshots() {
 func (a *aggregator) reapSnapshots() {
 	for id, p := range a.parts {
 		t := p.inflight
-		if t == nil || p.snap == t {
-			continue // none, or still frozen for its copy
-		}
-		select {
-		case <-t.settled:
-		default:
-			continue
+		if t == nil || p.snap == t || !isClosed(t.settled) {
+			continue // none, still frozen for its copy, or not yet stored or given up
 		}
 		p.inflight = nil
-		select {
-		case <-t.done: // the encoding no longer reads the copy
+		// A snapshot given up by a stopped writer while still encoding may
+		// still read its copy; only one whose encoding ended gives it back.
+		if isClosed(t.done) {
 			p.snapCopy = t.copy
-		default: // given up by a stopped writer while still encoding
 		}
 		t.copy = nil
 		if t.err != nil {

@@ -29,10 +29,7 @@ import (
 // distinct events in ClickHouse — what a full rebuild computes — and the
 // signals published equal a clean run's.
 func TestKillNineRestartsFromSnapshot(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
-	e := setup(t)
+	e := integrationEnv(t, "")
 	bin := buildAggregator(t)
 	logs := aggregatorLogs(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

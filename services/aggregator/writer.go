@@ -270,13 +270,8 @@ func (a *aggregator) takeSnapshot(w *writer, jobs []*job) {
 // or rebuilds in full.
 func (a *aggregator) storePending(w *writer) {
 	t := w.pending
-	if t == nil {
-		return
-	}
-	select {
-	case <-t.done:
-	default:
-		return
+	if t == nil || !isClosed(t.done) {
+		return // none, or still encoding
 	}
 	w.pending = nil
 	if t.err != nil {

@@ -28,6 +28,7 @@ import (
 	"github.com/sluicehq/sluice/platform/ops"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/schemas"
+	"github.com/sluicehq/sluice/services/alerter/channel/channeltest"
 	"github.com/sluicehq/sluice/services/alerter/notify"
 	"github.com/sluicehq/sluice/services/alerter/webhook"
 )
@@ -41,7 +42,7 @@ const robotSecret = "SECtest0123456789"
 type receiver struct {
 	kind string // "dingtalk", "slack", "feishu", "wecom" or "webhook"
 	mu   sync.Mutex
-	fail int
+	fail channeltest.Outage // answer 500 to this many requests first
 	// titles holds the message titles, in arrival order.
 	titles []string
 	bodies []string
@@ -75,9 +76,7 @@ func (r *receiver) url() string {
 func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.fail > 0 {
-		r.fail--
-		http.Error(w, "temporarily broken", http.StatusInternalServerError)
+	if r.fail.Answer(w, http.StatusInternalServerError) {
 		return
 	}
 	body, _ := io.ReadAll(req.Body)

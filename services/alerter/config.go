@@ -200,7 +200,7 @@ func (c Config) delivery(kind string) notify.ChannelConfig {
 	if !ok {
 		return c.Delivery[kind]
 	}
-	return c.Delivery[kind].Or(k.Delivery())
+	return c.Delivery[kind].Or(k.Delivery)
 }
 
 // route turns t into the engine's per-tenant settings; loc is the policy's

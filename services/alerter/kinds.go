@@ -10,9 +10,9 @@ import (
 )
 
 // channelKinds are the direct channel kinds the alerter delivers to, the
-// one place a kind is registered: its package implements channel.Kind, and
-// this list makes the policy, the configuration and the dispatcher know it
-// (see README.md, "Adding a channel kind").
+// one place a kind is registered: its package describes it as a
+// channel.Kind, and this list makes the policy, the configuration and the
+// dispatcher know it (see README.md, "Adding a channel kind").
 var channelKinds = channel.MustRegistry(
 	dingtalk.Kind,
 	feishu.Kind,

@@ -3,7 +3,7 @@
 // from the policy or the alerter configuration are checked, how its sender
 // is built, and the delivery settings that suit its receiver.
 //
-// A kind lives in a package of its own that implements Kind; the alerter
+// A kind lives in a package of its own that describes it as a Kind; the alerter
 // registers the kinds it delivers to in one Registry. Nothing else knows
 // the kinds: the policy stores channel definitions by kind and name without
 // interpreting them, and the engine and the dispatcher see channel names
@@ -36,23 +36,45 @@ type Deps struct {
 	Client *http.Client
 }
 
-// Kind is one sort of direct channel.
-type Kind interface {
+// Kind is one sort of direct channel, described by its parts. Kinds
+// differ in their name, delivery defaults, settings and sender; the checks
+// every kind needs (no unknown setting, a well-formed receiver URL) are
+// done here once, by Check, and a kind adds its own with CheckValues.
+type Kind struct {
 	// Name is the kind's key under channels (channels.<name>.<channel> in
 	// the policy) and the prefix of its channel references (<name>:<channel>).
 	// It is lowercase letters, digits and underscores.
-	Name() string
-	// Delivery returns the kind's default delivery settings, chiefly the
-	// rate its receivers accept; alerter.delivery.<name> overrides them.
-	Delivery() notify.ChannelConfig
-	// Check validates one channel's settings without I/O. It rejects
-	// settings the kind does not know, and names the setting at fault by
-	// returning (or joining) *policy.SettingError values; CheckURL and
-	// CheckKeys do both.
-	Check(s Settings) error
+	Name string
+	// Delivery is the kind's default delivery settings, chiefly the rate
+	// its receivers accept; alerter.delivery.<name> overrides them. Every
+	// field must be set: notify.ChannelConfig.Or over
+	// notify.DefaultChannelConfig gives a kind the defaults it does not
+	// change.
+	Delivery notify.ChannelConfig
+	// Keys are the settings the kind takes; Check rejects any other.
+	Keys []string
+	// URL is the setting that must hold the receiver's http(s) URL (and so
+	// is required); Check checks it with CheckURL.
+	URL string
+	// CheckValues, if set, checks what Keys and URL leave: the form of the
+	// kind's other settings. It must not do I/O and names the setting at
+	// fault with *policy.SettingError; nil errors in its result are
+	// ignored.
+	CheckValues func(s Settings) []error
 	// New returns the sender of one channel. It is called only with
 	// settings Check accepted.
-	New(s Settings, d Deps) (notify.Sender, error)
+	New func(s Settings, d Deps) (notify.Sender, error)
+}
+
+// Check validates one channel's settings of kind k without I/O: the keys
+// (CheckKeys), the URL (CheckURL) and then CheckValues. Every error names
+// the setting at fault with *policy.SettingError.
+func (k Kind) Check(s Settings) error {
+	errs := []error{CheckKeys(s, k.Keys...), CheckURL(s, k.URL)}
+	if k.CheckValues != nil {
+		errs = append(errs, k.CheckValues(s)...)
+	}
+	return errors.Join(errs...)
 }
 
 // Registry holds the kinds the alerter delivers to. It is immutable after
@@ -63,17 +85,27 @@ type Registry struct {
 
 // NewRegistry returns a registry of kinds. It fails on a kind name that is
 // not lowercase letters, digits and underscores, on "alertmanager" (which
-// is not a direct channel), and on a name given twice.
+// is not a direct channel), on a name given twice, and on a kind whose URL
+// is not among its Keys, whose New is nil or whose Delivery is not valid.
 func NewRegistry(kinds ...Kind) (*Registry, error) {
 	r := &Registry{kinds: make(map[string]Kind, len(kinds))}
 	for _, k := range kinds {
-		name := k.Name()
+		name := k.Name
 		if probs := policy.CheckChannels(policy.Channels{name: nil}, nil); len(probs) > 0 {
-			return nil, fmt.Errorf("channel kind %T: %s", k, probs[0].Msg)
+			return nil, fmt.Errorf("channel kind %q: %s", name, probs[0].Msg)
 		}
 		if _, dup := r.kinds[name]; dup {
 			return nil, fmt.Errorf("channel kind %q registered twice", name)
 		}
+		// A kind without these would fail only when a policy first defines
+		// a channel of it, or at the first delivery; refuse it at start.
+		if k.URL == "" || !slices.Contains(k.Keys, k.URL) || k.New == nil {
+			return nil, fmt.Errorf("channel kind %q: Keys must include URL, and New must be set", name)
+		}
+		if err := k.Delivery.Validate("channel kind " + name + " delivery"); err != nil {
+			return nil, err
+		}
+		k.Keys = slices.Clone(k.Keys) // the registry is immutable
 		r.kinds[name] = k
 	}
 	return r, nil
@@ -121,7 +153,7 @@ func (r *Registry) New(kind string, s Settings, d Deps) (notify.Sender, error) {
 // policy is loaded; a message for an undefined one is dropped and counted.
 func (r *Registry) CheckRef(ref string) error {
 	kind, name, _ := strings.Cut(ref, ":")
-	if ref == policy.AlertmanagerChannel || (name != "" && r.kinds[kind] != nil) {
+	if _, known := r.kinds[kind]; ref == policy.AlertmanagerChannel || (name != "" && known) {
 		return nil
 	}
 	forms := []string{policy.AlertmanagerChannel}

@@ -9,26 +9,40 @@ import (
 	"github.com/sluicehq/sluice/services/alerter/notify"
 )
 
-// fake is a kind that takes one URL setting.
-type fake struct{ name string }
-
-func (f fake) Name() string                            { return f.name }
-func (fake) Delivery() notify.ChannelConfig            { return notify.DefaultChannelConfig() }
-func (fake) New(Settings, Deps) (notify.Sender, error) { return nil, nil }
-func (fake) Check(s Settings) error {
-	return errors.Join(CheckKeys(s, "url"), CheckURL(s, "url"))
+// fake is a kind called name that takes one URL setting.
+func fake(name string) Kind {
+	return Kind{Name: name, Delivery: notify.DefaultChannelConfig(), Keys: []string{"url"}, URL: "url",
+		New: func(Settings, Deps) (notify.Sender, error) { return nil, nil }}
 }
 
 func TestRegistryRefusesBadAndRepeatedKinds(t *testing.T) {
-	for _, kinds := range [][]Kind{{fake{"Teams"}}, {fake{"alertmanager"}}, {fake{"teams"}, fake{"teams"}}} {
+	for _, kinds := range [][]Kind{{fake("Teams")}, {fake("alertmanager")}, {fake("teams"), fake("teams")}} {
 		if _, err := NewRegistry(kinds...); err == nil {
-			t.Errorf("NewRegistry(%v) accepted", kinds)
+			t.Errorf("NewRegistry(%s) accepted", kinds[0].Name)
+		}
+	}
+}
+
+// TestRegistryRefusesIncompleteKinds: a kind missing a part is refused
+// when the registry is built, not when a channel of it is first defined.
+func TestRegistryRefusesIncompleteKinds(t *testing.T) {
+	for what, spoil := range map[string]func(*Kind){
+		"no URL":          func(k *Kind) { k.URL = "" },
+		"URL not in Keys": func(k *Kind) { k.URL = "webhook" },
+		"no New":          func(k *Kind) { k.New = nil },
+		"no Delivery":     func(k *Kind) { k.Delivery = notify.ChannelConfig{} },
+		"a zero rate":     func(k *Kind) { k.Delivery.RatePerMinute = 0 },
+	} {
+		k := fake("teams")
+		spoil(&k)
+		if _, err := NewRegistry(k); err == nil {
+			t.Errorf("%s: NewRegistry accepted", what)
 		}
 	}
 }
 
 func TestRegistryChecksRefsAndSettings(t *testing.T) {
-	r := MustRegistry(fake{"teams"}, fake{"feishu"})
+	r := MustRegistry(fake("teams"), fake("feishu"))
 	for _, ok := range []string{"alertmanager", "teams:ops", "feishu:a.b"} {
 		if err := r.CheckRef(ok); err != nil {
 			t.Errorf("CheckRef(%q) = %v", ok, err)
@@ -49,5 +63,22 @@ func TestRegistryChecksRefsAndSettings(t *testing.T) {
 	}
 	if _, err := r.New("teams", Settings{"url": "nope"}, Deps{}); err == nil {
 		t.Error("New built a sender from settings Check refuses")
+	}
+	if err := r.Check("teams", Settings{"url": "https://x"}); err != nil {
+		t.Errorf("good settings: %v", err)
+	}
+}
+
+// TestCheckRunsCheckValuesAfterKeysAndURL: a kind's own checks add to the
+// common ones, and the nil errors they return are dropped.
+func TestCheckRunsCheckValuesAfterKeysAndURL(t *testing.T) {
+	k := fake("teams")
+	k.CheckValues = func(s Settings) []error {
+		return []error{nil, &policy.SettingError{Key: "url", Err: errors.New("has no token")}}
+	}
+	err := k.Check(Settings{"url": "ftp://x"})
+	if err == nil || !strings.HasPrefix(err.Error(), `url: scheme "ftp" is not http or https`) ||
+		!strings.HasSuffix(err.Error(), "\nurl: has no token") {
+		t.Errorf("Check = %q", err)
 	}
 }

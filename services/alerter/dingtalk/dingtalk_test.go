@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/services/alerter/alert"
+	"github.com/sluicehq/sluice/services/alerter/channel/channeltest"
 	"github.com/sluicehq/sluice/services/alerter/message"
 	"github.com/sluicehq/sluice/services/alerter/message/messagetest"
 	"github.com/sluicehq/sluice/services/alerter/notify"
@@ -28,16 +28,14 @@ const secret = "SEC0123456789abcdef"
 type robot struct {
 	mu       sync.Mutex
 	payloads []Payload
-	fail     int // answer 500 to this many requests first
+	fail     channeltest.Outage // answer 500 to this many requests first
 	errcode  int
 }
 
 func (r *robot) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.fail > 0 {
-		r.fail--
-		http.Error(w, "busy", http.StatusInternalServerError)
+	if r.fail.Answer(w, http.StatusInternalServerError) {
 		return
 	}
 	q := req.URL.Query()
@@ -73,13 +71,9 @@ func sample() alert.Message {
 // start returns a Sender to rb, signing with secret.
 func start(t *testing.T, rb *robot, secret string) *Sender {
 	t.Helper()
-	srv := httptest.NewServer(rb)
-	t.Cleanup(srv.Close)
-	s, err := New(srv.URL+"/robot/send?access_token=tok", secret, renderer(t), srv.Client())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return channeltest.Start(t, rb, "/robot/send?access_token=tok", func(url string, c *http.Client) (*Sender, error) {
+		return New(url, secret, renderer(t), c)
+	})
 }
 
 func TestSignMatchesDingTalksAlgorithm(t *testing.T) {

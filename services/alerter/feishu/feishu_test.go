@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice/services/alerter/alert"
 	"github.com/sluicehq/sluice/services/alerter/channel"
+	"github.com/sluicehq/sluice/services/alerter/channel/channeltest"
 	"github.com/sluicehq/sluice/services/alerter/message"
 	"github.com/sluicehq/sluice/services/alerter/message/messagetest"
 	"github.com/sluicehq/sluice/services/alerter/notify"
@@ -32,8 +33,8 @@ const secret = "feishuSECRETqwerty"
 type bot struct {
 	mu    sync.Mutex
 	cards []map[string]any
-	code  int // answer this code instead of accepting
-	fail  int // answer 500 to this many requests first
+	code  int                // answer this code instead of accepting
+	fail  channeltest.Outage // answer 500 to this many requests first
 }
 
 func (b *bot) answer(w http.ResponseWriter, code int, msg string) {
@@ -43,9 +44,7 @@ func (b *bot) answer(w http.ResponseWriter, code int, msg string) {
 func (b *bot) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.fail > 0 {
-		b.fail--
-		http.Error(w, "busy", http.StatusInternalServerError)
+	if b.fail.Answer(w, http.StatusInternalServerError) {
 		return
 	}
 	if r.URL.Path != "/open-apis/bot/v2/hook/tok" {
@@ -89,13 +88,9 @@ func sample(lang string) alert.Message {
 
 func start(t *testing.T, b *bot, secret string) *Sender {
 	t.Helper()
-	srv := httptest.NewServer(b)
-	t.Cleanup(srv.Close)
-	s, err := New(srv.URL+"/open-apis/bot/v2/hook/tok", secret, renderer(t), srv.Client())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return channeltest.Start(t, b, "/open-apis/bot/v2/hook/tok", func(url string, c *http.Client) (*Sender, error) {
+		return New(url, secret, renderer(t), c)
+	})
 }
 
 func TestSignMatchesFeishusAlgorithm(t *testing.T) {

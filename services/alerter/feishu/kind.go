@@ -1,8 +1,6 @@
 package feishu
 
 import (
-	"errors"
-
 	"github.com/sluicehq/sluice/services/alerter/channel"
 	"github.com/sluicehq/sluice/services/alerter/notify"
 )
@@ -11,24 +9,14 @@ import (
 // custom bot with the settings webhook (its URL, which carries its token;
 // required) and secret (for bots with signature verification on),
 // referenced as feishu:<name>.
-var Kind channel.Kind = kind{}
-
-type kind struct{}
-
-func (kind) Name() string { return "feishu" }
-
-// Delivery: 100 messages a minute with a burst of 5, a custom bot's limit
-// (100 a minute, 5 a second).
-func (kind) Delivery() notify.ChannelConfig {
-	c := notify.DefaultChannelConfig()
-	c.RatePerMinute, c.Burst = 100, 5
-	return c
-}
-
-func (kind) Check(s channel.Settings) error {
-	return errors.Join(channel.CheckKeys(s, "webhook", "secret"), channel.CheckURL(s, "webhook"))
-}
-
-func (kind) New(s channel.Settings, d channel.Deps) (notify.Sender, error) {
-	return New(s["webhook"], s["secret"], d.Render, d.Client)
+var Kind = channel.Kind{
+	Name: "feishu",
+	// 100 messages a minute with a burst of 5, a custom bot's limit (100 a
+	// minute, 5 a second).
+	Delivery: notify.ChannelConfig{RatePerMinute: 100, Burst: 5}.Or(notify.DefaultChannelConfig()),
+	Keys:     []string{"webhook", "secret"},
+	URL:      "webhook",
+	New: func(s channel.Settings, d channel.Deps) (notify.Sender, error) {
+		return New(s["webhook"], s["secret"], d.Render, d.Client)
+	},
 }

@@ -17,26 +17,26 @@ import (
 // tenant (optional: binds the channel to that tenant, so that no other
 // tenant's alert reaches it even if an operator channel or another
 // tenant's policy names it). It is referenced as webhook:<name>.
-var Kind channel.Kind = kind{}
-
-type kind struct{}
-
-func (kind) Name() string { return "webhook" }
-
-// Delivery: receivers are the customers' own services, not a chat with a
-// documented limit, so 600 a minute with a burst of 20; and more patience
-// than a chat robot needs: 8 attempts, the back-off doubling from 1s up to
-// 1m (one to two minutes of waiting in all, with jitter), since a missed
-// billing event costs more than a missed chat line.
-func (kind) Delivery() notify.ChannelConfig {
-	c := notify.DefaultChannelConfig()
-	c.RatePerMinute, c.Burst = 600, 20
-	c.MaxAttempts, c.MaxBackoff = 8, time.Minute
-	return c
+var Kind = channel.Kind{
+	Name: "webhook",
+	// Receivers are the customers' own services, not a chat with a
+	// documented limit, so 600 a minute with a burst of 20; and more
+	// patience than a chat robot needs: 8 attempts, the back-off doubling
+	// from 1s up to 1m (one to two minutes of waiting in all, with jitter),
+	// since a missed billing event costs more than a missed chat line.
+	Delivery: notify.ChannelConfig{RatePerMinute: 600, Burst: 20, MaxAttempts: 8, MaxBackoff: time.Minute}.
+		Or(notify.DefaultChannelConfig()),
+	Keys:        []string{"url", "secret", "previous_secret", "tenant"},
+	URL:         "url",
+	CheckValues: checkValues,
+	New: func(s channel.Settings, d channel.Deps) (notify.Sender, error) {
+		return New(s["url"], s["secret"], s["previous_secret"], s["tenant"], d.Render, d.Client)
+	},
 }
 
-func (kind) Check(s channel.Settings) error {
-	errs := []error{channel.CheckKeys(s, "url", "secret", "previous_secret", "tenant"), channel.CheckURL(s, "url")}
+// checkValues checks the form of the secrets and of the tenant binding.
+func checkValues(s channel.Settings) []error {
+	var errs []error
 	if _, err := Key(s["secret"]); err != nil {
 		if s["secret"] == "" {
 			err = errors.New("is required: deliveries are signed with it (at least 16 bytes, or whsec_<base64>)")
@@ -53,9 +53,5 @@ func (kind) Check(s channel.Settings) error {
 			errs = append(errs, &policy.SettingError{Key: "tenant", Err: errors.New(msg)})
 		}
 	}
-	return errors.Join(errs...)
-}
-
-func (kind) New(s channel.Settings, d channel.Deps) (notify.Sender, error) {
-	return New(s["url"], s["secret"], s["previous_secret"], s["tenant"], d.Render, d.Client)
+	return errs
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/sluicehq/sluice/schemas"
 	"github.com/sluicehq/sluice/services/alerter/alert"
 	"github.com/sluicehq/sluice/services/alerter/channel"
+	"github.com/sluicehq/sluice/services/alerter/channel/channeltest"
 	"github.com/sluicehq/sluice/services/alerter/message"
 	"github.com/sluicehq/sluice/services/alerter/message/messagetest"
 	"github.com/sluicehq/sluice/services/alerter/notify"
@@ -47,7 +48,7 @@ type receiver struct {
 	secret string
 	schema *jsonschema.Schema
 	mu     sync.Mutex
-	fail   int // answer 500 to this many requests first
+	fail   channeltest.Outage // answer 503 to this many requests first
 	got    []delivery
 	errs   []string
 }
@@ -91,9 +92,7 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rc.got = append(rc.got, delivery{header: r.Header.Clone(), body: body, p: p})
-	if rc.fail > 0 {
-		rc.fail--
-		http.Error(w, "busy", http.StatusServiceUnavailable)
+	if rc.fail.Answer(w, http.StatusServiceUnavailable) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -378,7 +377,7 @@ func TestRetriesRepeatTheIdempotencyKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := notify.NewDispatcher(slog.New(slog.NewTextHandler(io.Discard, nil)), m)
-	cfg := Kind.Delivery()
+	cfg := Kind.Delivery
 	cfg.InitialBackoff, cfg.MaxBackoff = time.Millisecond, 5*time.Millisecond
 	if err := d.Set("webhook:acme", newSender(t, srv.URL, secret, "", ""), cfg); err != nil {
 		t.Fatal(err)

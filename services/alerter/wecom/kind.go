@@ -14,17 +14,22 @@ import (
 // msgtype (markdown, the default, or template_card) and card_url (where a
 // template card links when the alert has no dashboard link), referenced as
 // wecom:<name>.
-var Kind channel.Kind = kind{}
+var Kind = channel.Kind{
+	Name: "wecom",
+	// The default: 20 messages a minute, a robot's limit.
+	Delivery:    notify.DefaultChannelConfig(),
+	Keys:        []string{"webhook", "msgtype", "card_url"},
+	URL:         "webhook",
+	CheckValues: checkValues,
+	New: func(s channel.Settings, d channel.Deps) (notify.Sender, error) {
+		return New(s["webhook"], s["msgtype"], s["card_url"], d.Render, d.Client)
+	},
+}
 
-type kind struct{}
-
-func (kind) Name() string { return "wecom" }
-
-// Delivery is the default: 20 messages a minute, a robot's limit.
-func (kind) Delivery() notify.ChannelConfig { return notify.DefaultChannelConfig() }
-
-func (kind) Check(s channel.Settings) error {
-	errs := []error{channel.CheckKeys(s, "webhook", "msgtype", "card_url"), channel.CheckURL(s, "webhook")}
+// checkValues checks the robot's key in the webhook URL, the msgtype and
+// the card_url.
+func checkValues(s channel.Settings) []error {
+	var errs []error
 	if u, err := notify.ParseURL(s["webhook"]); err == nil && u.Query().Get("key") == "" {
 		// The value is not quoted: the URL is the robot's credential.
 		errs = append(errs, &policy.SettingError{Key: "webhook", Err: errors.New("has no key parameter; a WeCom robot's URL ends in /cgi-bin/webhook/send?key=…")})
@@ -35,9 +40,5 @@ func (kind) Check(s channel.Settings) error {
 	if _, ok := s["card_url"]; ok {
 		errs = append(errs, channel.CheckURL(s, "card_url"))
 	}
-	return errors.Join(errs...)
-}
-
-func (kind) New(s channel.Settings, d channel.Deps) (notify.Sender, error) {
-	return New(s["webhook"], s["msgtype"], s["card_url"], d.Render, d.Client)
+	return errs
 }

@@ -5,13 +5,13 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/sluicehq/sluice/services/alerter/alert"
 	"github.com/sluicehq/sluice/services/alerter/channel"
+	"github.com/sluicehq/sluice/services/alerter/channel/channeltest"
 	"github.com/sluicehq/sluice/services/alerter/message"
 	"github.com/sluicehq/sluice/services/alerter/message/messagetest"
 	"github.com/sluicehq/sluice/services/alerter/notify"
@@ -25,7 +25,7 @@ type robot struct {
 	mu   sync.Mutex
 	msgs []map[string]any
 	code int
-	fail int
+	fail channeltest.Outage // answer 502 to this many requests first
 }
 
 func (rb *robot) answer(w http.ResponseWriter, code int, msg string) {
@@ -35,9 +35,7 @@ func (rb *robot) answer(w http.ResponseWriter, code int, msg string) {
 func (rb *robot) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rb.mu.Lock()
 	defer rb.mu.Unlock()
-	if rb.fail > 0 {
-		rb.fail--
-		http.Error(w, "busy", http.StatusBadGateway)
+	if rb.fail.Answer(w, http.StatusBadGateway) {
 		return
 	}
 	if r.URL.Path != "/cgi-bin/webhook/send" || r.URL.Query().Get("key") != "k-123" {
@@ -86,13 +84,9 @@ func sample(tenant, lang string) alert.Alert {
 
 func start(t *testing.T, rb *robot, msgtype, cardURL string, links message.Links) *Sender {
 	t.Helper()
-	srv := httptest.NewServer(rb)
-	t.Cleanup(srv.Close)
-	s, err := New(srv.URL+"/cgi-bin/webhook/send?key=k-123", msgtype, cardURL, messagetest.Renderer(t, links), srv.Client())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return channeltest.Start(t, rb, "/cgi-bin/webhook/send?key=k-123", func(url string, c *http.Client) (*Sender, error) {
+		return New(url, msgtype, cardURL, messagetest.Renderer(t, links), c)
+	})
 }
 
 func TestSendsMarkdown(t *testing.T) {

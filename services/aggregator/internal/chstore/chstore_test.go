@@ -23,10 +23,8 @@ import (
 // (stored there before the topic gained partitions and moved them), and
 // sees them first. Writing the batch twice (a retry) changes nothing.
 func TestReplaySeesWhatWasCountedAtTheOffset(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	conn := migratedDB(t, ctx)
-	s := New(conn, func() CostFunc { return nil }, 1000)
+	ctx, s := testStore(t, nil)
+	conn := s.conn
 	at := time.Date(2026, 2, 10, 3, 0, 0, 250e6, time.UTC)
 	ev := func(id string, tokens int64, est bool, part int32, off int64) Event {
 		return Event{UsageEvent: schemas.UsageEvent{ID: id, Time: at, Tenant: "acme", Model: "m", PromptTokens: tokens, Estimated: est}, Partition: part, Offset: off}
@@ -85,10 +83,8 @@ func TestReplaySeesWhatWasCountedAtTheOffset(t *testing.T) {
 // so the later batch's row of a key wins under FINAL whichever order the
 // rows reach ClickHouse, and a row only the earlier batch changed stays.
 func TestOneWriteOfSeveralBatches(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	conn := migratedDB(t, ctx)
-	s := New(conn, func() CostFunc { return nil }, 1000)
+	ctx, s := testStore(t, nil)
+	conn := s.conn
 	at := time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)
 	minute := func(tenant string, req uint64) tally.MinuteRow {
 		return tally.MinuteRow{Tenant: tenant, Model: "m", Minute: at, Requests: req}
@@ -110,20 +106,7 @@ func TestOneWriteOfSeveralBatches(t *testing.T) {
 	}
 	check := func(query string, want map[string]float64) {
 		t.Helper()
-		rows, err := conn.Query(ctx, query)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		got := map[string]float64{}
-		for rows.Next() {
-			var tenant string
-			var v float64
-			if err := rows.Scan(&tenant, &v); err != nil {
-				t.Fatal(err)
-			}
-			got[tenant] = v
-		}
+		got := floatsByKey(t, ctx, conn, query)
 		if len(got) != len(want) || got["acme"] != want["acme"] || got["beta"] != want["beta"] {
 			t.Errorf("%s: %v, want %v", query, got, want)
 		}
@@ -138,10 +121,8 @@ func TestOneWriteOfSeveralBatches(t *testing.T) {
 // usage_minute, each in its own column, so that reports can price each
 // token type.
 func TestTokenTypesStored(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	conn := migratedDB(t, ctx)
-	s := New(conn, func() CostFunc { return nil }, 1000)
+	ctx, s := testStore(t, nil)
+	conn := s.conn
 	at := time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)
 	ev := schemas.UsageEvent{ID: "t1", Time: at, Tenant: "acme", Model: "claude", PromptTokens: 1200, CompletionTokens: 350,
 		CachedTokens: 700, CacheWriteTokens: 500, ReasoningTokens: 120}
@@ -180,6 +161,40 @@ func TestTokenTypesStored(t *testing.T) {
 }
 
 // migratedDB opens a fresh ClickHouse database with the migrations applied.
+// floatsByKey runs query, whose rows are a string and a Float64, and
+// returns the second column by the first.
+func floatsByKey(t testing.TB, ctx context.Context, conn driver.Conn, query string) map[string]float64 {
+	t.Helper()
+	rows, err := conn.Query(ctx, query)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	got := map[string]float64{}
+	for rows.Next() {
+		var key string
+		var v float64
+		if err := rows.Scan(&key, &v); err != nil {
+			t.Fatal(err)
+		}
+		got[key] = v
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// testStore returns a Store that prices with cost (nil: no prices) over
+// a migrated database of the test's own, and a context of 60 s for its
+// calls that ends with the test.
+func testStore(t *testing.T, cost CostFunc) (context.Context, *Store) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx, New(migratedDB(t, ctx), func() CostFunc { return cost }, 1000)
+}
+
 func migratedDB(t testing.TB, ctx context.Context) driver.Conn {
 	t.Helper()
 	conn, err := chconn.Open(ctx, itest.ClickHouse(t))
@@ -197,15 +212,13 @@ func migratedDB(t testing.TB, ctx context.Context) driver.Conn {
 // recomputed from the raw events counts billed-equivalent tokens for a
 // quota that counts them, total tokens for one that does not.
 func TestQuotaRepairWeighsBilledQuotas(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	conn := migratedDB(t, ctx)
 	// Cache reads at a quarter of the input price: prompt 1000 with 800
 	// read, completion 100 at four times input.
 	weigh := func(_ string, _ time.Time, tok policy.Tokens) (float64, float64) {
 		return 0, float64(tok.Prompt-tok.Cached) + float64(tok.Cached)*0.25 + float64(tok.Completion)*4
 	}
-	s := New(conn, func() CostFunc { return weigh }, 1000)
+	ctx, s := testStore(t, weigh)
+	conn := s.conn
 	at := time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)
 	b := &Batch{Version: 1, Events: []Event{{UsageEvent: schemas.UsageEvent{ID: "q1", Time: at, Tenant: "acme", Model: "m",
 		PromptTokens: 1000, CachedTokens: 800, CompletionTokens: 100}, Offset: 1}}}
@@ -217,22 +230,11 @@ func TestQuotaRepairWeighsBilledQuotas(t *testing.T) {
 	if err := s.Write(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := conn.Query(ctx, "SELECT model, used, cached_tokens FROM quota_state FINAL WHERE tenant = 'acme'")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	used := map[string]float64{}
-	for rows.Next() {
-		var m string
-		var u float64
-		var cached uint64
-		if err := rows.Scan(&m, &u, &cached); err != nil {
-			t.Fatal(err)
-		}
-		used[m] = u
+	const rows = " FROM quota_state FINAL WHERE tenant = 'acme'"
+	used := floatsByKey(t, ctx, conn, "SELECT model, used"+rows)
+	for m, cached := range floatsByKey(t, ctx, conn, "SELECT model, toFloat64(cached_tokens)"+rows) {
 		if cached != 800 {
-			t.Errorf("recomputed %s row: cache read %d, want 800", m, cached)
+			t.Errorf("recomputed %s row: cache read %v, want 800", m, cached)
 		}
 	}
 	if used["*"] != 200+800*0.25+100*4 || used["m"] != 1100 {

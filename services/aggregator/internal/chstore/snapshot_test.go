@@ -2,7 +2,6 @@ package chstore
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -18,9 +17,7 @@ import (
 // incomplete one (an insert cut short) and those of another format or
 // fingerprint are ignored.
 func TestSnapshotStoredAndReadBack(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	s := New(migratedDB(t, ctx), func() CostFunc { return nil }, 1000)
+	ctx, s := testStore(t, nil)
 	if _, _, err := s.Snapshot(ctx, 0, 1000, 1, "fp"); !errors.Is(err, ErrNoSnapshot) {
 		t.Fatalf("empty table: %v, want ErrNoSnapshot", err)
 	}
@@ -85,9 +82,7 @@ func TestSnapshotStoredAndReadBack(t *testing.T) {
 // above from once, in its latest version below before — a settlement of an
 // estimate stored before from included — and nothing else.
 func TestReplaySinceSeesTheLatestVersionOfIdsStoredSince(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	s := New(migratedDB(t, ctx), func() CostFunc { return nil }, 1000)
+	ctx, s := testStore(t, nil)
 	at := time.Date(2026, 2, 10, 3, 0, 0, 0, time.UTC)
 	ev := func(id string, tokens int64, est bool, part int32, off int64) Event {
 		return Event{UsageEvent: schemas.UsageEvent{ID: id, Time: at, Tenant: "acme", Model: "m", PromptTokens: tokens, Estimated: est}, Partition: part, Offset: off}
@@ -125,9 +120,7 @@ func TestReplaySinceSeesTheLatestVersionOfIdsStoredSince(t *testing.T) {
 // not) are deleted from ClickHouse, the newer one and other partitions'
 // stay, and a restart at the committed offset still finds its snapshot.
 func TestDropSnapshotsBefore(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	s := New(migratedDB(t, ctx), func() CostFunc { return nil }, 1000)
+	ctx, s := testStore(t, nil)
 	for _, w := range []struct {
 		part   int32
 		off    int64

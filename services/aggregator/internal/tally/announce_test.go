@@ -10,8 +10,7 @@ import (
 // hourly limit of limit, after 1,100 tokens.
 func rebuilt(t *testing.T, limit int) *Partition {
 	t.Helper()
-	p := New(0, DefaultOptions())
-	p.SetPolicy(mustPolicy(t, hourlyPolicy(limit)))
+	p := partUnder(t, DefaultOptions(), hourlyPolicy(limit))
 	p.SetReplay(true)
 	p.Apply(ev("a1", t0, 1100, 0), 1)
 	p.SetReplay(false)

@@ -65,8 +65,7 @@ func call(id string, at time.Time, outcome schemas.Outcome, latency int64) *sche
 // enforcer can re-judge a half-open breaker), and resolves once a window
 // closes healthy.
 func TestErrorRatioFiresOncePerWindowAndResolves(t *testing.T) {
-	p := New(0, DefaultOptions())
-	p.SetPolicy(mustPolicy(t, breakerPolicy))
+	p := partUnder(t, DefaultOptions(), breakerPolicy)
 	var sigs []schemas.Signal
 	off := int64(0)
 	send := func(minute, n, errs int) {
@@ -114,8 +113,7 @@ func TestErrorRatioFiresOncePerWindowAndResolves(t *testing.T) {
 // above the tenant's slow_call_ms; a condition followed by silence resolves
 // when the next call shows an empty window in between.
 func TestSlowCallUsesPolicyThresholdAndGapResolves(t *testing.T) {
-	p := New(0, DefaultOptions()) // Options.SlowCallMS (10s) is for rollups only
-	p.SetPolicy(mustPolicy(t, breakerPolicy))
+	p := partUnder(t, DefaultOptions(), breakerPolicy) // Options.SlowCallMS (10s) is for rollups only
 	for i := 0; i < 12; i++ {
 		p.Apply(call(fmt.Sprintf("s%d", i), t0.Add(time.Duration(i)*time.Second), schemas.OutcomeOK, 2000), int64(i))
 	}
@@ -133,8 +131,7 @@ func TestSlowCallUsesPolicyThresholdAndGapResolves(t *testing.T) {
 // TestEstimatesRejectedAndLateCallsDoNotCount: only settled calls that
 // reached the upstream, in the current window, feed the breakers.
 func TestEstimatesRejectedAndLateCallsDoNotCount(t *testing.T) {
-	p := New(0, DefaultOptions())
-	p.SetPolicy(mustPolicy(t, breakerPolicy))
+	p := partUnder(t, DefaultOptions(), breakerPolicy)
 	p.Apply(call("now", t0.Add(5*time.Minute), schemas.OutcomeOK, 10), 0)
 	for i := 0; i < 30; i++ {
 		at := t0.Add(5*time.Minute + time.Duration(i)*time.Second)
@@ -162,8 +159,7 @@ func TestEstimatesRejectedAndLateCallsDoNotCount(t *testing.T) {
 func TestRateSpike(t *testing.T) {
 	opt := DefaultOptions()
 	opt.SpikeMinTokens = 5000
-	p := New(0, opt)
-	p.SetPolicy(mustPolicy(t, "tenants: {}"))
+	p := partUnder(t, opt, "tenants: {}")
 	off := int64(0)
 	minute := func(m int, tokens int64) {
 		for i := 0; i < 10; i++ {
@@ -239,8 +235,7 @@ func probes(t *testing.T, sigs []schemas.Signal, detector, model string) []strin
 // again, and an abandoned probe (no outcome) counts for nothing. Events
 // without the attribute are no probes.
 func TestProbesDecideWithoutMinRequests(t *testing.T) {
-	p := New(0, DefaultOptions())
-	p.SetPolicy(mustPolicy(t, breakerPolicy))
+	p := partUnder(t, DefaultOptions(), breakerPolicy)
 	var sigs []schemas.Signal
 	off := int64(0)
 	send := func(at time.Duration, o schemas.Outcome, probe bool) {

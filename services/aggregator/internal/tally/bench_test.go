@@ -14,15 +14,14 @@ import (
 // for 1,000 tenants × 4 models with unique ids (dedup set at its bounded
 // capacity), quotas on every tenant, events advancing one second at a time.
 func BenchmarkApply(b *testing.B) {
-	p := New(0, DefaultOptions())
-	p.SetPolicy(mustPolicy(b, `
+	p := partUnder(b, DefaultOptions(), `
 defaults:
   budget: {amount: 1000, currency: USD}
   models:
     "*": {monthly_tokens: 100000000, daily_tokens: 10000000, hourly_tokens: 1000000, tokens_per_minute: 100000, requests_per_minute: 1000}
 prices:
   - {model: m0, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 2.5, completion: 10, cached: 1.25}
-`))
+`)
 	const tenants, models = 1000, 4
 	evs := make([]schemas.UsageEvent, 1<<16)
 	for i := range evs {
@@ -59,12 +58,11 @@ prices:
 // BenchmarkAllocsPerEvent reports aggregator_inmemory_allocs_per_event in
 // steady state (1,000 tenants × 4 models already known).
 func BenchmarkAllocsPerEvent(b *testing.B) {
-	p := New(0, DefaultOptions())
-	p.SetPolicy(mustPolicy(b, `
+	p := partUnder(b, DefaultOptions(), `
 defaults:
   models:
     "*": {monthly_tokens: 100000000, daily_tokens: 10000000}
-`))
+`)
 	ids := make([]string, 20000)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("id-%012d", i)

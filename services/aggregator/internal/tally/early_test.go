@@ -46,8 +46,7 @@ type runawayStep struct {
 // the alerter's engine test replays (run with -update when a change to
 // the forecast is meant).
 func TestRunawayIsPredictedWithinFifteenSeconds(t *testing.T) {
-	p := New(0, DefaultOptions())
-	p.SetPolicy(mustPolicy(t, runawayPolicy))
+	p := partUnder(t, DefaultOptions(), runawayPolicy)
 	start := t0.Add(35 * time.Second)
 	const perCall = 463 // 12 calls a second: 5,556 tokens/s, 500,000 in 90 s
 	truth := start.Add(90 * time.Second)
@@ -119,13 +118,12 @@ func TestRunawayIsPredictedWithinFifteenSeconds(t *testing.T) {
 func TestPredictionThatStopsHoldingIsClearedOnce(t *testing.T) {
 	opt := DefaultOptions()
 	opt.Horizon = time.Hour
-	p := New(0, opt)
-	p.SetPolicy(mustPolicy(t, `
+	p := partUnder(t, opt, `
 tenants:
   acme:
     models:
       "*": {daily_tokens: 1000000}
-`))
+`)
 	var off int64
 	count := func(from time.Time, minutes int, perMin int64) (on, clear int) {
 		trace(p, from, minutes, perMin, &off)
@@ -176,13 +174,12 @@ tenants:
 // each other, and a withdrawn prediction is not announced again while the
 // tenant stays blocked.
 func TestRunawaysMonthlyPredictionDoesNotFlap(t *testing.T) {
-	p := New(0, DefaultOptions())
-	p.SetPolicy(mustPolicy(t, `
+	p := partUnder(t, DefaultOptions(), `
 tenants:
   acme:
     models:
       "*": {hourly_tokens: 500000, monthly_tokens: 5000000}
-`))
+`)
 	start := t0.Add(35 * time.Second)
 	var off, used int64
 	var monthly []schemas.Signal

@@ -151,8 +151,7 @@ func TestEvictedTenantRestoresExactly(t *testing.T) {
 func TestStateBoundedWhenTenantsGoIdle(t *testing.T) {
 	opt := DefaultOptions()
 	opt.IdleEvict = time.Hour
-	p := New(0, opt)
-	p.SetPolicy(mustPolicy(t, testPolicy))
+	p := partUnder(t, opt, testPolicy)
 	maxSeries := 0
 	var rows Rows
 	for i := 0; i < 5000; i++ {

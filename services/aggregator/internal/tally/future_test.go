@@ -64,8 +64,7 @@ func TestFutureEventDoesNotRollPeriods(t *testing.T) {
 func TestFutureEventDoesNotEvictThePartition(t *testing.T) {
 	opt := DefaultOptions()
 	opt.IdleEvict = 2 * time.Hour
-	p := New(0, opt)
-	p.SetPolicy(mustPolicy(t, testPolicy))
+	p := partUnder(t, opt, testPolicy)
 	var off int64
 	for i := range 10 {
 		for _, tn := range []string{"a", "b"} {
@@ -98,8 +97,7 @@ func TestFutureEventDoesNotEvictThePartition(t *testing.T) {
 func TestHoldIsBounded(t *testing.T) {
 	opt := DefaultOptions()
 	opt.HoldCapacity = 2
-	p := New(0, opt)
-	p.SetPolicy(mustPolicy(t, testPolicy))
+	p := partUnder(t, opt, testPolicy)
 	p.SetClock(t0)
 	want := []Result{Held, Held, TooFarAhead}
 	for i, w := range want {

@@ -24,8 +24,7 @@ tenants:
 // hourly quota (1000 tokens) and tenant other 50% of its own.
 func blockedTenant(t *testing.T) *Partition {
 	t.Helper()
-	p := New(0, DefaultOptions())
-	p.SetPolicy(mustPolicy(t, hourlyPolicy(1000)))
+	p := partUnder(t, DefaultOptions(), hourlyPolicy(1000))
 	p.Apply(ev("a1", t0, 1000, 0), 1)
 	o := ev("o1", t0, 500, 0)
 	o.Tenant = "other"

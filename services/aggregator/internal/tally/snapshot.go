@@ -762,9 +762,11 @@ func (d *dec) count() int {
 	return int(n)
 }
 
-func (d *dec) u64() uint64 {
+// fixed64 reads the 8 little-endian bytes that enc writes for a hash or a
+// float's bits; what names them when they are missing.
+func (d *dec) fixed64(what string) uint64 {
 	if len(d.b) < 8 {
-		d.fail("hash")
+		d.fail(what)
 		return 0
 	}
 	v := binary.LittleEndian.Uint64(d.b)
@@ -772,15 +774,9 @@ func (d *dec) u64() uint64 {
 	return v
 }
 
-func (d *dec) f() float64 {
-	if len(d.b) < 8 {
-		d.fail("float")
-		return 0
-	}
-	v := math.Float64frombits(binary.LittleEndian.Uint64(d.b))
-	d.b = d.b[8:]
-	return v
-}
+func (d *dec) u64() uint64 { return d.fixed64("hash") }
+
+func (d *dec) f() float64 { return math.Float64frombits(d.fixed64("float")) }
 
 func (d *dec) bytes() []byte {
 	n := d.count()

@@ -347,8 +347,7 @@ func TestSnapshotCopyIsTheStateAtTheCopy(t *testing.T) {
 // TestSnapshotCopyRefusedWhenSnapshotIs: SnapshotCopy refuses what
 // Snapshot refuses: rows or signals pending.
 func TestSnapshotCopyRefusedWhenSnapshotIs(t *testing.T) {
-	p := New(0, DefaultOptions())
-	p.SetPolicy(mustPolicy(t, anomalyPolicy))
+	p := partUnder(t, DefaultOptions(), anomalyPolicy)
 	evs, _ := snapshotTrace()
 	p.Apply(evs[0], 0)
 	if _, err := p.SnapshotCopy(nil); err == nil {
@@ -385,14 +384,7 @@ func TestSnapshotCopySharesNothing(t *testing.T) {
 	if !p.Evicted("quiet") || p.Held() == 0 || len(p.dedup) == 0 || len(p.overrides) == 0 {
 		t.Fatalf("the state lacks what the test needs: evicted %v, held %d, ids %d, overrides %d", p.Evicted("quiet"), p.Held(), len(p.dedup), len(p.overrides))
 	}
-	want, err := p.Snapshot(nil, "fp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cp, err := p.SnapshotCopy(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	want, cp := snapshotAndCopy(t, p, nil)
 	scribble(p)
 	if now, _ := p.Snapshot(nil, "fp"); bytes.Equal(now, want) {
 		t.Fatal("scribble changed nothing the snapshot holds; the test proves nothing")
@@ -400,6 +392,21 @@ func TestSnapshotCopySharesNothing(t *testing.T) {
 	if got, err := cp.Snapshot(nil, "fp"); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("the copy's snapshot changed with the state (%v)", err)
 	}
+}
+
+// snapshotAndCopy returns p's snapshot, what a copy of p must encode to,
+// and the copy, taken into into's memory (nil: new memory).
+func snapshotAndCopy(t *testing.T, p *Partition, into *StateCopy) ([]byte, *StateCopy) {
+	t.Helper()
+	want, err := p.Snapshot(nil, "fp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, err := p.SnapshotCopy(into)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return want, cp
 }
 
 // scribble overwrites, in place, every piece of p's state that a shallow
@@ -465,14 +472,7 @@ func TestSnapshotCopyReuse(t *testing.T) {
 	var spare *StateCopy
 	for _, n := range []int{300, 3000, 50, 2000} {
 		p := build(n)
-		want, err := p.Snapshot(nil, "fp")
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := p.SnapshotCopy(spare)
-		if err != nil {
-			t.Fatal(err)
-		}
+		want, c := snapshotAndCopy(t, p, spare)
 		if spare != nil && c != spare {
 			t.Fatal("the copy was not taken into the memory given")
 		}

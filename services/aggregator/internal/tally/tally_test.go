@@ -44,11 +44,17 @@ func mustPolicy(t testing.TB, y string) *policy.Policy {
 	return p
 }
 
-func newPart(t testing.TB) *Partition {
-	p := New(0, DefaultOptions())
-	p.SetPolicy(mustPolicy(t, testPolicy))
+// partUnder returns a partition with opt under the policy y, which must
+// parse.
+func partUnder(t testing.TB, opt Options, y string) *Partition {
+	t.Helper()
+	p := New(0, opt)
+	p.SetPolicy(mustPolicy(t, y))
 	return p
 }
+
+// newPart returns a partition with the default options under testPolicy.
+func newPart(t testing.TB) *Partition { return partUnder(t, DefaultOptions(), testPolicy) }
 
 var t0 = time.Date(2026, 2, 10, 3, 0, 0, 0, time.UTC) // 11:00 in Shanghai
 
@@ -272,8 +278,7 @@ func TestCostUsesPriceInForce(t *testing.T) {
 // carries each type; a settlement takes its estimate back whole, every
 // type included, also after the state went through a snapshot.
 func TestCostChargesEachTokenType(t *testing.T) {
-	p := New(0, DefaultOptions())
-	p.SetPolicy(mustPolicy(t, strings.Replace(testPolicy, "cached: 2.5}", "cached: 2.5, cache_write: 6.25, reasoning: 30}", 1)))
+	p := partUnder(t, DefaultOptions(), strings.Replace(testPolicy, "cached: 2.5}", "cached: 2.5, cache_write: 6.25, reasoning: 30}", 1))
 	at := time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC)
 	est := ev("a", at, 50_000, 50_000)
 	est.Estimated = true
@@ -366,13 +371,12 @@ func trace(p *Partition, start time.Time, minutes int, perMin int64, off *int64)
 }
 
 func TestExhaustionPredictedOnce(t *testing.T) {
-	p := New(0, DefaultOptions())
-	p.SetPolicy(mustPolicy(t, `
+	p := partUnder(t, DefaultOptions(), `
 tenants:
   acme:
     models:
       "*": {daily_tokens: 100000}
-`))
+`)
 	var off int64
 	// 1000 tokens/min: 100 minutes to exhaust, within the 6h horizon from
 	// the first seconds of traffic on.
@@ -598,13 +602,12 @@ func TestRejectedEventsDoNotBlockFurther(t *testing.T) {
 // it ran out, never a time ahead (a tenant at 123% was shown a future
 // exhaustion time).
 func TestPredictionOfAnExhaustedQuotaIsWhenItRanOut(t *testing.T) {
-	p := New(0, DefaultOptions())
-	p.SetPolicy(mustPolicy(t, `
+	p := partUnder(t, DefaultOptions(), `
 tenants:
   acme:
     models:
       "*": {daily_tokens: 100000}
-`))
+`)
 	var off int64
 	trace(p, t0, 10, 1000, &off) // a prediction about 90 minutes ahead
 	var rows Rows
@@ -715,8 +718,7 @@ func TestMinuteQuotasAreSlidingWindows(t *testing.T) {
 // cache reads leave it room that total tokens would have used up; a
 // total quota beside it counts every token.
 func TestBilledQuotaCountsBilledEquivalentTokens(t *testing.T) {
-	p := New(0, DefaultOptions())
-	p.SetPolicy(mustPolicy(t, `
+	p := partUnder(t, DefaultOptions(), `
 tenants:
   acme:
     models:
@@ -724,7 +726,7 @@ tenants:
       gpt-x: {monthly_tokens: 10000}
 prices:
   - {model: gpt-x, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 2, completion: 8, cached: 0.5}
-`))
+`)
 	// 1,000 plain input, 9,000 cache reads at a quarter, 1,000 output at
 	// four times the input price: 7,250 billed-equivalent, 11,000 total.
 	e := &schemas.UsageEvent{ID: "a", Time: t0, Tenant: "acme", Model: "gpt-x", PromptTokens: 10000, CachedTokens: 9000, CompletionTokens: 1000}
@@ -752,8 +754,7 @@ prices:
 // midnight — across the start of daylight saving time (March 8th, 2026)
 // — resets both there and not on the 1st, and signals carry those bounds.
 func TestMonthsBeginOnTheTenantsBillingDay(t *testing.T) {
-	p := New(0, DefaultOptions())
-	p.SetPolicy(mustPolicy(t, `
+	p := partUnder(t, DefaultOptions(), `
 tenants:
   acme:
     timezone: America/New_York
@@ -763,7 +764,7 @@ tenants:
       "*": {monthly_tokens: 1000}
 prices:
   - {model: gpt-4o, currency: USD, effective_from: 2026-01-01T00:00:00Z, prompt: 2.5, completion: 10}
-`))
+`)
 	ny, _ := time.LoadLocation("America/New_York")
 	p.Apply(ev("a", time.Date(2026, 2, 20, 12, 0, 0, 0, ny), 100, 0), 0)
 	p.Apply(ev("b", time.Date(2026, 3, 1, 12, 0, 0, 0, ny), 200, 0), 1) // the calendar month changes: the billing month does not

@@ -23,8 +23,7 @@ prices:
 // from any tenant, raise none; a priced model raises none; and the
 // unpriced usage costs the policy's unpriced_price, not 0.
 func TestUnpricedModelAlertsOncePerModelAndCountsAtFallback(t *testing.T) {
-	p := New(0, DefaultOptions())
-	p.SetPolicy(mustPolicy(t, unpricedPolicy))
+	p := partUnder(t, DefaultOptions(), unpricedPolicy)
 	var sigs []schemas.Signal
 	for i, c := range []struct{ tenant, model string }{
 		{"acme", "gpt-4o"}, {"acme", "mystery"}, {"acme", "mystery"}, {"beta", "mystery"}, {"beta", "other-new"},
@@ -60,8 +59,7 @@ func TestUnpricedModelAlertsOncePerModelAndCountsAtFallback(t *testing.T) {
 // budget under a policy without unpriced_price meters tokens only, and
 // is not alerted about prices.
 func TestUnpricedModelAlertsOnlyWhereMoneyIsCounted(t *testing.T) {
-	p := New(0, DefaultOptions())
-	p.SetPolicy(mustPolicy(t, "price_catalog: none\ntenants:\n  rich: {budget: {amount: 5, currency: USD}}\n"))
+	p := partUnder(t, DefaultOptions(), "price_catalog: none\ntenants:\n  rich: {budget: {amount: 5, currency: USD}}\n")
 	var alerted []string
 	for i, tenant := range []string{"acme", "rich"} {
 		e := ev(tenant, t0.Add(time.Duration(i)*time.Second), 10, 10)
