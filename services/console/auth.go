@@ -41,9 +41,11 @@ func (s *session) maySee(tenant string) bool {
 	return s.who.Role != adminapi.RoleTenantAdmin || s.who.Tenant == tenant
 }
 
-// mayChangeKeys reports whether the session may issue, rotate and revoke
-// tenant's API keys.
-func (s *session) mayChangeKeys(tenant string) bool {
+// mayManage reports whether the session may manage tenant: issue, rotate
+// and revoke its API keys, and change its sub-budgets (limits scoped by
+// user, key or session) where the admin API defines it; an operator may
+// change the whole of it (mayAct).
+func (s *session) mayManage(tenant string) bool {
 	return s.who.Role == adminapi.RoleOperator || (s.who.Role == adminapi.RoleTenantAdmin && s.who.Tenant == tenant)
 }
 

@@ -89,7 +89,7 @@ func (s *server) keyForm(w http.ResponseWriter, r *http.Request) (*session, stri
 		s.fail(w, r, http.StatusBadRequest, "The form could not be read: "+err.Error())
 		return nil, "", false
 	}
-	if !sess.mayChangeKeys(tenant) {
+	if !sess.mayManage(tenant) {
 		s.fail(w, r, http.StatusForbidden, fmt.Sprintf("Your token (%s, %s) may not change the API keys of tenant %s.", sess.who.Name, sess.who.Role, tenant))
 		return nil, "", false
 	}

@@ -401,7 +401,7 @@ func (s *server) showTenant(w http.ResponseWriter, r *http.Request, form formSta
 	}
 	sort.Strings(pg.Models)
 	if sess != nil {
-		pg.LoggedIn, pg.Who, pg.CanAct, pg.CanKeys = true, sess.who, sess.mayAct(), sess.mayChangeKeys(tenant)
+		pg.LoggedIn, pg.Who, pg.CanAct, pg.CanKeys = true, sess.who, sess.mayAct(), sess.mayManage(tenant)
 		// A tenant administrator may not read the fleet's breakers and
 		// overrides; the enforcer would refuse it.
 		if sess.who.Role != adminapi.RoleTenantAdmin {

@@ -88,7 +88,11 @@ func (s *server) planChoices(ctx context.Context, sess *session) ([]planChoice, 
 
 // sectionForm is a tenant's section as the edit form shows it.
 type sectionForm struct {
-	Version uint64
+	// LimitsOnly: the form shows and writes the limits alone, the
+	// sub-budgets a tenant administrator may change (the admin API
+	// refuses any other change of theirs).
+	LimitsOnly bool
+	Version    uint64
 	// Quotas are models."*"'s, by quotaFields' names; "" for unset.
 	Quotas                                 []quotaInput
 	BudgetAmount, BudgetCurrency, Timezone string
@@ -111,8 +115,8 @@ type tenantSection struct {
 	Form     sectionForm
 	// Body is the section in force, indented.
 	Body string
-	// CanEdit: the session may change it (operators; not a tenant the
-	// file defines).
+	// CanEdit: the session may change it (operators, and a tenant's
+	// administrators its sub-budgets; not a tenant the file defines).
 	CanEdit bool
 	Error   string
 }
@@ -143,13 +147,14 @@ func (s *server) sectionOf(ctx context.Context, sess *session, tenant string, fo
 	if ts.Body == "" && ts.Record != nil {
 		ts.Body = indented(ts.Record.Body)
 	}
-	ts.CanEdit = sess.mayAct() && ts.Record != nil && ts.File == ""
+	ts.CanEdit = sess.mayManage(tenant) && ts.Record != nil && ts.File == ""
 	// A stale form shows the settings as they are now, not what was
 	// typed over an older version: submitting it again would undo the
 	// other change unseen.
 	if form.Is(formSection) && form.Status != http.StatusConflict {
 		ts.Form = ts.Form.typed(form.Values)
 	}
+	ts.Form.LimitsOnly = !sess.mayAct()
 	return ts
 }
 
@@ -202,12 +207,22 @@ func indented(raw json.RawMessage) string {
 	return b.String()
 }
 
+// The parts of a section the tenant forms write (laidOver).
+const (
+	// quotaInputs are the quotas of models."*", the budget and the time
+	// zone.
+	quotaInputs = 1 << iota
+	// limitsInput is the limits object.
+	limitsInput
+)
+
 // laidOver returns body (a section's JSON; empty for none) with the tenant
-// forms' inputs of v laid over it: each quota of models."*" (empty
-// removes it, so that the plan's or the defaults' applies), budget,
-// time zone and, when limits is true, the limits object. A value the
-// console cannot read is answered as a refusal of form, named by input.
-func laidOver(body json.RawMessage, v url.Values, limits bool, form string) (json.RawMessage, *formState) {
+// forms' inputs of v that parts names laid over it: each quota of
+// models."*" (empty removes it, so that the plan's or the defaults'
+// applies), budget and time zone (quotaInputs), the limits object
+// (limitsInput). A value the console cannot read is answered as a refusal
+// of form, named by input.
+func laidOver(body json.RawMessage, v url.Values, parts int, form string) (json.RawMessage, *formState) {
 	sec := map[string]any{}
 	if len(body) > 0 {
 		if err := decodeNumbers(body, &sec); err != nil {
@@ -215,6 +230,28 @@ func laidOver(body json.RawMessage, v url.Values, limits bool, form string) (jso
 		}
 	}
 	bad := map[string][]string{}
+	if parts&quotaInputs != 0 {
+		layQuotas(sec, v, bad)
+	}
+	if parts&limitsInput != 0 {
+		if raw := strings.TrimSpace(v.Get("limits")); raw == "" {
+			delete(sec, "limits")
+		} else if l, err := policy.Canonical([]byte(raw)); err != nil {
+			bad["limits"] = append(bad["limits"], "limits: "+err.Error())
+		} else {
+			sec["limits"] = l
+		}
+	}
+	if len(bad) > 0 {
+		return nil, &formState{Name: form, Values: v, Status: http.StatusUnprocessableEntity, Fields: bad}
+	}
+	out, _ := json.Marshal(sec)
+	return out, nil
+}
+
+// layQuotas lays the quota, budget and time zone inputs of v over sec,
+// adding what it cannot read to bad by input.
+func layQuotas(sec map[string]any, v url.Values, bad map[string][]string) {
 	models, _ := sec["models"].(map[string]any)
 	if models == nil {
 		models = map[string]any{}
@@ -253,20 +290,6 @@ func laidOver(body json.RawMessage, v url.Values, limits bool, form string) (jso
 	} else {
 		delete(sec, "timezone")
 	}
-	if limits {
-		if raw := strings.TrimSpace(v.Get("limits")); raw == "" {
-			delete(sec, "limits")
-		} else if l, err := policy.Canonical([]byte(raw)); err != nil {
-			bad["limits"] = append(bad["limits"], "limits: "+err.Error())
-		} else {
-			sec["limits"] = l
-		}
-	}
-	if len(bad) > 0 {
-		return nil, &formState{Name: form, Values: v, Status: http.StatusUnprocessableEntity, Fields: bad}
-	}
-	out, _ := json.Marshal(sec)
-	return out, nil
 }
 
 // decodeNumbers decodes a section's JSON keeping its numbers as they are
@@ -286,10 +309,12 @@ func setOrDelete(m map[string]any, k string, v map[string]any) {
 	m[k] = v
 }
 
-// operatorForm starts a change of a tenant record: a login first, the form
-// read, and a role other than operator refused (the enforcer refuses it
-// too: a tenant administrator changes no tenant).
-func (s *server) operatorForm(w http.ResponseWriter, r *http.Request, back string) (*session, bool) {
+// tenantForm starts a change of a tenant record — of tenant, or a new
+// one when tenant is empty: a login first, the form read, and a session
+// refused that may not make the change (the enforcer refuses it too):
+// operators create and change tenants, a tenant's administrators change
+// its sub-budgets.
+func (s *server) tenantForm(w http.ResponseWriter, r *http.Request, back, tenant string) (*session, bool) {
 	sess := s.sessions.get(r)
 	if sess == nil {
 		http.Redirect(w, r, "/login?next="+url.QueryEscape(back), http.StatusSeeOther)
@@ -300,8 +325,8 @@ func (s *server) operatorForm(w http.ResponseWriter, r *http.Request, back strin
 		s.fail(w, r, http.StatusBadRequest, "The form could not be read: "+err.Error())
 		return nil, false
 	}
-	if !sess.mayAct() {
-		s.fail(w, r, http.StatusForbidden, fmt.Sprintf("Your token (%s, %s) may not create or change tenants: operators do.", sess.who.Name, sess.who.Role))
+	if tenant == "" && !sess.mayAct() || !sess.mayManage(tenant) {
+		s.fail(w, r, http.StatusForbidden, fmt.Sprintf("Your token (%s, %s) may not create or change this tenant: operators do, and a tenant's administrators change its sub-budgets.", sess.who.Name, sess.who.Role))
 		return nil, false
 	}
 	return sess, true
@@ -350,13 +375,13 @@ func (s *server) showNewTenant(w http.ResponseWriter, r *http.Request, sess *ses
 // plan either way (its plan field), so that a later change of the plan
 // reaches it.
 func (s *server) createTenant(w http.ResponseWriter, r *http.Request) {
-	sess, ok := s.operatorForm(w, r, newTenantPath)
+	sess, ok := s.tenantForm(w, r, newTenantPath, "")
 	if !ok {
 		return
 	}
 	f := r.PostForm
 	name, plan := strings.TrimSpace(f.Get("name")), strings.TrimSpace(f.Get("plan"))
-	body, bad := laidOver(nil, f, false, formCreateTenant)
+	body, bad := laidOver(nil, f, quotaInputs, formCreateTenant)
 	if bad != nil {
 		s.showNewTenant(w, r, sess, *bad)
 		return
@@ -385,12 +410,13 @@ func (s *server) createTenant(w http.ResponseWriter, r *http.Request) {
 }
 
 // updateTenant replaces a tenant record's section: the record as it is
-// now with the form's quotas, budget, time zone and limits laid over it,
-// carrying the version the page read (a change since is refused by the
+// now with the form's quotas, budget, time zone and limits laid over it
+// (a tenant administrator's form: its limits alone), carrying the version
+// the page read (a change since is refused by the
 // API, and said in place with who made it).
 func (s *server) updateTenant(w http.ResponseWriter, r *http.Request) {
 	tenant := r.PathValue("tenant")
-	sess, ok := s.operatorForm(w, r, tenantURL(tenant))
+	sess, ok := s.tenantForm(w, r, tenantURL(tenant), tenant)
 	if !ok {
 		return
 	}
@@ -403,7 +429,11 @@ func (s *server) updateTenant(w http.ResponseWriter, r *http.Request) {
 		s.showTenant(w, r, refusal(formSection, f, err, sectionInputs(tenant)))
 		return
 	}
-	body, bad := laidOver(cur.Body, f, true, formSection)
+	parts := quotaInputs | limitsInput
+	if !sess.mayAct() {
+		parts = limitsInput // a tenant administrator's form has no other input
+	}
+	body, bad := laidOver(cur.Body, f, parts, formSection)
 	if bad != nil {
 		s.showTenant(w, r, *bad)
 		return

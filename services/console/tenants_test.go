@@ -6,11 +6,13 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/adminapi"
+	"github.com/sluicehq/sluice/policy"
 )
 
 // testPolicy is the test console's policy file.
@@ -83,8 +85,8 @@ func (f *fakeAdmin) section(w http.ResponseWriter, r *http.Request, k adminapi.S
 // putSection creates (read 0) or updates a record.
 func (f *fakeAdmin) putSection(w http.ResponseWriter, r *http.Request, k adminapi.SectionKind, name string, read uint64, from string, body json.RawMessage, reason string) {
 	who := f.who(r)
-	if who.Role != adminapi.RoleOperator {
-		refuse(w, 403, "authorization: operators change tenants and plans")
+	if who.Role != adminapi.RoleOperator && !f.subBudgetsOnly(who, k, name, read, body) {
+		refuse(w, 403, "authorization: operators change tenants and plans; a tenant admin its tenant's sub-budgets")
 		return
 	}
 	var sec struct {
@@ -148,6 +150,25 @@ func (f *fakeAdmin) putSection(w http.ResponseWriter, r *http.Request, k adminap
 	f.strail[string(k)+"/"+name] = append(f.strail[string(k)+"/"+name], adminapi.AuditEntry{Time: now, Actor: who.Name, Action: k.Action(verb),
 		Tenant: name, Reason: reason, Version: s.Version, Changes: []adminapi.Change{{Field: "body", From: string(cur.Body), To: string(body)}}})
 	reply(w, 200, adminapi.SectionResponse{Section: s})
+}
+
+// subBudgetsOnly: as the enforcer's admin API, a tenant admin may update
+// its own tenant's record when nothing but its limits changes (which
+// limits it may change is the enforcer's rule, tested there).
+func (f *fakeAdmin) subBudgetsOnly(who adminapi.WhoAmIResponse, k adminapi.SectionKind, name string, read uint64, body json.RawMessage) bool {
+	if who.Role != adminapi.RoleTenantAdmin || who.Tenant != name || k != adminapi.KindTenant || read == 0 {
+		return false
+	}
+	f.mu.Lock()
+	cur := f.sections[k][name].Body
+	f.mu.Unlock()
+	var before, after map[string]any
+	if json.Unmarshal(cur, &before) != nil || json.Unmarshal(body, &after) != nil {
+		return false
+	}
+	delete(before, "limits")
+	delete(after, "limits")
+	return reflect.DeepEqual(before, after)
 }
 
 func cmpTime(a, b time.Time) time.Time {
@@ -265,7 +286,8 @@ func TestATenantsQuotasAndLimitsAreEditedWithTheVersionRead(t *testing.T) {
 }
 
 // A tenant the policy file defines is shown read-only (the precedence
-// rule); a viewer and a tenant administrator get no tenant form.
+// rule); a viewer gets no tenant form, nor does a tenant administrator
+// the quotas' (its sub-budgets: TestATenantAdminChangesItsSubBudgets).
 func TestTenantFormsFollowThePrecedenceRuleAndRoles(t *testing.T) {
 	c := newKeyConsole(t)
 	op := c.login("op-token")
@@ -277,7 +299,8 @@ func TestTenantFormsFollowThePrecedenceRuleAndRoles(t *testing.T) {
 	for _, tok := range []string{"viewer-token", "blue-token"} {
 		ck := c.login(tok)
 		page := c.do(ck, http.MethodGet, "/tenants/blue", nil).Body.String()
-		if strings.Contains(page, `id="form-section"`) || !strings.Contains(page, "Defined through the admin API: version 1") {
+		if strings.Contains(page, `name="monthly_tokens"`) || (tok == "viewer-token") == strings.Contains(page, `id="form-section"`) ||
+			!strings.Contains(page, "Defined through the admin API: version 1") {
 			t.Errorf("%s on blue's page:\n%s", tok, page)
 		}
 		if strings.Contains(c.do(ck, http.MethodGet, "/", nil).Body.String(), `id="new-tenant"`) {
@@ -286,7 +309,7 @@ func TestTenantFormsFollowThePrecedenceRuleAndRoles(t *testing.T) {
 		if rec := c.do(ck, http.MethodGet, "/new-tenant", nil); rec.Code != http.StatusForbidden {
 			t.Errorf("%s's create form: %d", tok, rec.Code)
 		}
-		if rec := c.do(ck, http.MethodPost, "/tenants/blue/section", url.Values{"version": {"1"}, "reason": {"x"}}); rec.Code != http.StatusForbidden {
+		if rec := c.do(ck, http.MethodPost, "/tenants/blue/section", url.Values{"version": {"1"}, "reason": {"x"}}); tok == "viewer-token" && rec.Code != http.StatusForbidden {
 			t.Errorf("%s's edit: %d", tok, rec.Code)
 		}
 		if rec := c.do(ck, http.MethodPost, "/tenants", url.Values{"name": {"x"}, "reason": {"x"}}); rec.Code != http.StatusForbidden {
@@ -360,5 +383,79 @@ func TestTenantPagesFollowTheWatchersFileNotTheDisk(t *testing.T) {
 	page = c.do(op, http.MethodGet, "/tenants/blue", nil).Body.String()
 	if !strings.Contains(page, "Defined in the policy file; edit the file") || strings.Contains(page, `id="form-section"`) {
 		t.Fatalf("blue once the file defines it:\n%s", page)
+	}
+}
+
+// A tenant administrator's page of its own record tenant offers its
+// sub-budgets alone: the limits, beside the section read-only. Saving
+// writes the limits over the record as it is, every other setting kept,
+// which the admin API accepts from a tenant administrator; another
+// tenant's form is refused.
+func TestATenantAdminChangesItsSubBudgets(t *testing.T) {
+	c := newKeyConsole(t)
+	op := c.login("op-token")
+	for _, name := range []string{"blue", "green"} {
+		if rec := c.do(op, http.MethodPost, "/tenants", url.Values{"name": {name}, "monthly_tokens": {"1000"}, "timezone": {"Asia/Tokyo"}, "reason": {"onboarding"}}); rec.Code != http.StatusSeeOther {
+			t.Fatalf("create %s: %d", name, rec.Code)
+		}
+	}
+	blue := c.login("blue-token")
+	page := c.do(blue, http.MethodGet, "/tenants/blue", nil).Body.String()
+	for _, want := range []string{`id="section-sub-budgets"`, `name="limits"`, `id="section-body"`, `&#34;timezone&#34;: &#34;Asia/Tokyo&#34;`} {
+		if !strings.Contains(page, want) {
+			t.Fatalf("blue's page for its admin lacks %s:\n%s", want, page)
+		}
+	}
+	if strings.Contains(page, `name="monthly_tokens"`) || strings.Contains(page, `name="timezone"`) {
+		t.Fatalf("blue's admin is offered the quotas:\n%s", page)
+	}
+	perUser := `{"per-user": {"scope": {"user": "*"}, "unit": "total_tokens", "period": {"every": "day", "limit": 100}}}`
+	edit := url.Values{"version": {"1"}, "limits": {perUser}, "reason": {"a budget per user"}}
+	if rec := c.do(blue, http.MethodPost, "/tenants/blue/section", edit); rec.Code != http.StatusSeeOther {
+		t.Fatalf("blue's admin saves a sub-budget: %d\n%s", rec.Code, rec.Body.String())
+	}
+	want := `{"limits":{"per-user":{"period":{"every":"day","limit":100},"scope":{"user":"*"},"unit":"total_tokens"}},"models":{"*":{"monthly_tokens":1000}},"timezone":"Asia/Tokyo"}`
+	if got := c.admin.tenantRecord("blue"); string(got.Body) != want || got.Version != 2 || got.UpdatedBy != "blue-admin" {
+		t.Errorf("blue after its admin's edit: v%d by %s %s; want v2 by blue-admin %s", got.Version, got.UpdatedBy, got.Body, want)
+	}
+	if rec := c.do(blue, http.MethodPost, "/tenants/green/section", edit); rec.Code != http.StatusForbidden {
+		t.Errorf("blue's admin edits green: %d, want 403", rec.Code)
+	}
+}
+
+// A tenant administrator's save changes the limits alone, byte for byte
+// as the enforcer compares sections (in policy.Canonical form): every
+// other setting comes back as it was, large integers, decimals and
+// strings included, and so do the limits it kept.
+func TestLimitsOnlyKeepsTheRestByteForByte(t *testing.T) {
+	cur, err := policy.Canonical([]byte(`{"models":{"*":{"monthly_tokens":1000000000000000},"gpt-4o":{"mode":"soft","daily_tokens":5}},
+"budget":{"amount":12.5,"currency":"USD"},"channels":["slack:ops"],"timezone":"Asia/Tokyo","priority":"high","note":"a <b> & c",
+"limits":{"rpm":{"unit":"requests","sliding_window":{"length":"1m","limit":5}}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	limits := `{"rpm": {"unit": "requests", "sliding_window": {"length": "1m", "limit": 5}},
+"per-user": {"scope": {"user": "*"}, "unit": "total_tokens", "period": {"every": "day", "limit": 100}}}`
+	body, bad := laidOver(cur, url.Values{"limits": {limits}, "monthly_tokens": {"1"}, "timezone": {"UTC"}}, limitsInput, formSection)
+	if bad != nil {
+		t.Fatalf("refused: %+v", bad)
+	}
+	after, err := policy.Canonical(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b, a map[string]json.RawMessage
+	_ = json.Unmarshal(cur, &b)
+	_ = json.Unmarshal(after, &a)
+	var bl, al map[string]json.RawMessage
+	_ = json.Unmarshal(b["limits"], &bl)
+	_ = json.Unmarshal(a["limits"], &al)
+	if len(a) != len(b) || string(al["rpm"]) != string(bl["rpm"]) || al["per-user"] == nil {
+		t.Errorf("limits: %s, from %s", a["limits"], b["limits"])
+	}
+	for f := range b {
+		if f != "limits" && string(a[f]) != string(b[f]) {
+			t.Errorf("%s: %s, was %s", f, a[f], b[f])
+		}
 	}
 }
