@@ -14,6 +14,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluicehq/sluice/sdk/go/periodic"
 )
 
 // Tenant is one simulated customer.
@@ -115,8 +117,6 @@ func (g *Generator) runTenant(ctx context.Context, t Tenant) {
 	}
 	counts := g.Counts(t.Name)
 	body := requestBody(t)
-	tick := time.NewTicker(time.Duration(float64(time.Second) / t.RequestsPerSecond))
-	defer tick.Stop()
 	inflight := t.MaxInFlight
 	if inflight <= 0 {
 		inflight = maxInFlightPerTenant
@@ -124,16 +124,11 @@ func (g *Generator) runTenant(ctx context.Context, t Tenant) {
 	slots := make(chan struct{}, inflight)
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+	periodic.Every(ctx, time.Duration(float64(time.Second)/t.RequestsPerSecond), func() {
 		select {
 		case slots <- struct{}{}:
 		default:
-			continue // the gateway is slower than our pace: skip this tick
+			return // the gateway is slower than our pace: skip this tick
 		}
 		wg.Add(1)
 		go func() {
@@ -141,7 +136,7 @@ func (g *Generator) runTenant(ctx context.Context, t Tenant) {
 			defer func() { <-slots }()
 			g.send(ctx, t, body, counts)
 		}()
-	}
+	})
 }
 
 // RequestBody is the chat completion body the generator sends for t (the
