@@ -128,13 +128,9 @@ func clusterDatabase(t testing.TB, c chconn.Config) chconn.Config {
 // brokers, for topics at replication factor 3 (min.insync.replicas 2).
 func KafkaCluster(t testing.TB) kafkaconn.Config {
 	t.Helper()
-	c := kafkaconn.Defaults()
-	c.Brokers = addrs("SLUICE_KAFKA_CLUSTER_BROKERS", "127.0.0.1:19101,127.0.0.1:19102,127.0.0.1:19103")
-	requireAll(t, EngineKafka, c.Brokers)
-	c.ClientID = "sluice-test"
-	c.Partitions = 3
-	c.ReplicationFactor = 3
-	return c
+	brokers := addrs("SLUICE_KAFKA_CLUSTER_BROKERS", "127.0.0.1:19101,127.0.0.1:19102,127.0.0.1:19103")
+	requireAll(t, EngineKafka, brokers)
+	return testKafka(brokers, 3)
 }
 
 // RedisHA returns the configuration of the services script's Redis

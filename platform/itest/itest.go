@@ -80,13 +80,17 @@ func Topics(t testing.TB) platform.Topics {
 // Kafka returns the configuration of the real broker.
 func Kafka(t testing.TB) kafkaconn.Config {
 	t.Helper()
-	brokers := addr("SLUICE_KAFKA_BROKERS", "127.0.0.1:19092")
-	Require(t, "kafka", strings.Split(brokers, ",")[0])
+	brokers := addrs("SLUICE_KAFKA_BROKERS", "127.0.0.1:19092")
+	Require(t, "kafka", brokers[0])
+	return testKafka(brokers, 1)
+}
+
+// testKafka is the tests' configuration of brokers: topics they create
+// have 3 partitions of rf replicas.
+func testKafka(brokers []string, rf int16) kafkaconn.Config {
 	c := kafkaconn.Defaults()
-	c.Brokers = strings.Split(brokers, ",")
-	c.ClientID = "sluice-test"
-	c.Partitions = 3
-	c.ReplicationFactor = 1
+	c.Brokers, c.ClientID = brokers, "sluice-test"
+	c.Partitions, c.ReplicationFactor = 3, rf
 	return c
 }
 
