@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -459,38 +458,9 @@ func head(s []string) []string { return s[:min(len(s), 5)] }
 
 func readTopic(t *testing.T, e *env, topic string) map[int32][]*kgo.Record {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	ends, err := e.adm.ListEndOffsets(ctx, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	remaining := map[int32]int64{}
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Offset > 0 {
-			remaining[o.Partition] = o.Offset
-		}
-	})
-	cl, err := kafkaconn.NewClient(e.kafka, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
 	out := map[int32][]*kgo.Record{}
-	for len(remaining) > 0 {
-		f := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("reading %s: %v (still missing %v)", topic, ctx.Err(), remaining)
-		}
-		f.EachRecord(func(r *kgo.Record) {
-			out[r.Partition] = append(out[r.Partition], r)
-			if r.Offset+1 >= remaining[r.Partition] {
-				delete(remaining, r.Partition)
-			}
-		})
-	}
-	for p := range out {
-		slices.SortFunc(out[p], func(a, b *kgo.Record) int { return int(a.Offset - b.Offset) })
+	for _, r := range itest.ReadTopic(t, e.kafka, topic) {
+		out[r.Partition] = append(out[r.Partition], r) // in offset order
 	}
 	return out
 }
