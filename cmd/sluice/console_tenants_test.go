@@ -23,7 +23,9 @@ import (
 // first); `sluice gateway` enforces the lowered limit; an edit from a page
 // older than a change made through the API meanwhile is refused in place
 // saying who made it, the form then showing the tenant as it is now; the
-// tenant's changes page shows every change.
+// tenant's changes page shows every change; newco's own administrator
+// sets a budget per end user in the Sub-budgets form, every other setting
+// kept, and is refused a tenant-wide limit in place.
 func TestConsoleTenantsInABrowser(t *testing.T) {
 	s, b := consoleInABrowser(t)
 	ctx := context.Background()
@@ -168,5 +170,39 @@ func TestConsoleTenantsInABrowser(t *testing.T) {
 	}
 	if !strings.Contains(diff, "limits") || !strings.Contains(diff, "newco-rpm") {
 		t.Errorf("the trail shows no diff of the limits:\n%s", diff)
+	}
+
+	subBudgets(t, s, b, other)
+}
+
+// subBudgets logs newco's administrator in: its page offers the limits
+// alone; a tenant-wide limit is refused in place (403, naming the limit);
+// a budget per end user is saved over the record as it is, the operators'
+// quotas kept.
+func subBudgets(t *testing.T, s *consoleStack, b *page, operator *adminapi.Client) {
+	t.Helper()
+	const edit = `#form-section`
+	b.do("log out", chromedp.Click(chromedp.CSS(`form[action="/logout"] button`)), chromedp.WaitVisible(chromedp.CSS(`a[href="/login"]`)))
+	b.do("log in as newco's administrator", chromedp.Navigate(s.console+"/login?next=/tenants/newco"), chromedp.WaitVisible(chromedp.ID("token")),
+		chromedp.SendKeys(chromedp.ID("token"), s.newcoAdminToken), chromedp.Click(chromedp.ID("login")), chromedp.WaitVisible(chromedp.ID("section-sub-budgets")))
+	if eval[bool](b, `!!document.querySelector("#form-section input[name=monthly_tokens]")`) {
+		t.Error("newco's administrator is offered the quotas")
+	}
+	status := b.submit("a tenant-wide limit", chromedp.SetValue(chromedp.CSS(edit+` textarea[name=limits]`),
+		`{"all": {"unit": "requests", "sliding_window": {"length": "1m", "limit": 1000}}}`),
+		chromedp.SetValue(chromedp.CSS(edit+` input[name=reason]`), "browser test: a sub-budget"),
+		chromedp.Click(chromedp.CSS(edit+` button[type=submit]`)))
+	b.do("the refusal", chromedp.WaitVisible(chromedp.CSS(edit+` .form-error`)))
+	if refused := b.text(chromedp.ID("form-section")); status != http.StatusForbidden || !strings.Contains(refused, "limits.all is not scoped by user, key or session") {
+		t.Errorf("a tenant-wide limit from newco's administrator: status %d, the form says %q", status, refused)
+	}
+	b.do("a budget per end user", chromedp.SetValue(chromedp.CSS(edit+` textarea[name=limits]`),
+		`{"per-user": {"scope": {"user": "*"}, "unit": "requests", "sliding_window": {"length": "1m", "limit": 100}}}`),
+		chromedp.Click(chromedp.CSS(edit+` button[type=submit]`)), chromedp.WaitVisible(chromedp.ID("done")))
+	b.shot("tenants-sub-budgets.png")
+	rec, err := operator.Section(context.Background(), adminapi.KindTenant, "newco")
+	if err != nil || rec.UpdatedBy != "newco-admin" || !strings.Contains(string(rec.Body), `"per-user":{`) ||
+		!strings.Contains(string(rec.Body), `"models":{"*":{"daily_tokens":100000,"monthly_tokens":400000}}`) {
+		t.Errorf("newco after its administrator's save: by %s %s, %v; want the per-user limit beside the operators' quotas", rec.UpdatedBy, rec.Body, err)
 	}
 }

@@ -80,11 +80,13 @@ type consoleStack struct {
 	// otherToken is a second operator's, for changes made behind the
 	// browser's back.
 	otherToken string
-	// viewerToken and tenantAdminToken (of vip) have those roles.
-	viewerToken, tenantAdminToken string
-	ingestKey, runawayKey         string
-	prefix                        string
-	cfg                           sluiceconfig.Config
+	// viewerToken and tenantAdminToken (of vip) have those roles;
+	// newcoAdminToken is a tenant admin's of newco, which
+	// TestConsoleTenantsInABrowser creates.
+	viewerToken, tenantAdminToken, newcoAdminToken string
+	ingestKey, runawayKey                          string
+	prefix                                         string
+	cfg                                            sluiceconfig.Config
 }
 
 func startConsoleStack(t *testing.T) *consoleStack {
@@ -101,7 +103,8 @@ func startConsoleStack(t *testing.T) *consoleStack {
 	cfg.SignalAuth = itest.SignalAuth(t)
 	s := &consoleStack{prefix: itest.Unique(t, "console") + ":", adminToken: "sk-admin-" + itest.Unique(t, ""), otherToken: "sk-admin-other-" + itest.Unique(t, ""),
 		viewerToken: "sk-viewer-" + itest.Unique(t, ""), tenantAdminToken: "sk-vip-admin-" + itest.Unique(t, ""),
-		ingestKey: "sk-ingest-" + itest.Unique(t, ""), runawayKey: "sk-ingest-runaway-" + itest.Unique(t, "")}
+		newcoAdminToken: "sk-newco-admin-" + itest.Unique(t, ""),
+		ingestKey:       "sk-ingest-" + itest.Unique(t, ""), runawayKey: "sk-ingest-runaway-" + itest.Unique(t, "")}
 	cfg.Topics = itest.Topics(t)
 	sv := &cfg.Services
 	cfg.Redis.KeyPrefix = s.prefix
@@ -117,7 +120,8 @@ func startConsoleStack(t *testing.T) *consoleStack {
 	sv.Enforcer.Admin.Tokens = []adminapi.Token{{Name: "browser-test", SHA256: adminapi.HashToken(s.adminToken)},
 		{Name: "other-operator", SHA256: adminapi.HashToken(s.otherToken)},
 		{Name: "auditor", SHA256: adminapi.HashToken(s.viewerToken), Role: adminapi.RoleViewer},
-		{Name: "vip-admin", SHA256: adminapi.HashToken(s.tenantAdminToken), Role: adminapi.RoleTenantAdmin, Tenant: "vip"}}
+		{Name: "vip-admin", SHA256: adminapi.HashToken(s.tenantAdminToken), Role: adminapi.RoleTenantAdmin, Tenant: "vip"},
+		{Name: "newco-admin", SHA256: adminapi.HashToken(s.newcoAdminToken), Role: adminapi.RoleTenantAdmin, Tenant: "newco"}}
 	g := &sv.Gateway
 	g.Listen, g.Name = freeAddr(t), s.prefix+"gateway"
 	// The gateway accepts the keys the console issues.
