@@ -13,8 +13,9 @@ import (
 // usage events that the aggregator consumes, the aggregator and reconciler
 // produce signals that the enforcer and alerter consume, and the enforcer's
 // admin API writes the records that the aggregator, reconciler, alerter,
-// gateways, console and ingest follow. Topics a single service owns (the alerter's state topic, the
-// gateway's deferred queues) stay in that service's section.
+// gateways, console and ingest follow. Topics a single service owns (the
+// alerter's state topic, the gateway's deferred queues) stay in that
+// service's section.
 type Topics struct {
 	Usage   string `yaml:"usage" help:"usage events: produced by ingest and the gateways (sink kafka), consumed by the aggregator"`
 	Signals string `yaml:"signals" help:"signals: produced by the aggregator and reconciler, consumed by the enforcer and alerter"`

@@ -1,9 +1,12 @@
 package controlplane
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -114,4 +117,60 @@ func PolicyConflicts(service string, w *policy.Watcher) prometheus.Collector {
 	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_" + service + "_policy_conflicts",
 		Help: "Tenants and plans both the policy file and the admin API define, differently: the file's definition is in force until they agree or one goes (docs/controlplane.md)."},
 		func() float64 { return float64(len(w.Conflicts())) })
+}
+
+// SubBudgetsOnly says why after, a tenant's section, is more than before
+// with its sub-budgets changed, or "": a tenant administrator may add,
+// change and remove the limits of its tenant scoped by user, key or
+// session, nothing else. Both must be in policy.Canonical form, as
+// records are: the other settings are compared byte for byte. Each call is
+// checked against every level's limits (docs/admission.md), so a
+// sub-budget never lets the tenant past its own: it only divides it.
+func SubBudgetsOnly(before, after json.RawMessage) string {
+	var b, a map[string]json.RawMessage
+	if json.Unmarshal(before, &b) != nil || json.Unmarshal(after, &a) != nil {
+		return "the sections do not decode"
+	}
+	for _, f := range slices.Sorted(maps.Keys(unionOf(b, a))) {
+		if f != "limits" && !bytes.Equal(b[f], a[f]) {
+			return f + " is not a sub-budget"
+		}
+	}
+	var bl, al map[string]json.RawMessage
+	_ = json.Unmarshal(b["limits"], &bl)
+	_ = json.Unmarshal(a["limits"], &al)
+	for _, name := range slices.Sorted(maps.Keys(unionOf(bl, al))) {
+		if bytes.Equal(bl[name], al[name]) {
+			continue
+		}
+		for _, rule := range []json.RawMessage{bl[name], al[name]} {
+			if rule != nil && !perCaller(rule) {
+				return "limits." + name + " is not scoped by user, key or session"
+			}
+		}
+	}
+	return ""
+}
+
+// perCaller reports whether a limit's scope names a user, key or session.
+func perCaller(rule json.RawMessage) bool {
+	var r struct {
+		Scope map[string]string `json:"scope"`
+	}
+	if json.Unmarshal(rule, &r) != nil {
+		return false
+	}
+	return r.Scope["user"] != "" || r.Scope["key"] != "" || r.Scope["session"] != ""
+}
+
+// unionOf is the set of the keys of a and b.
+func unionOf(a, b map[string]json.RawMessage) map[string]bool {
+	out := make(map[string]bool, len(a)+len(b))
+	for k := range a {
+		out[k] = true
+	}
+	for k := range b {
+		out[k] = true
+	}
+	return out
 }

@@ -6,12 +6,12 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/adminapi"
+	"github.com/sluicehq/sluice/internal/controlplane"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -153,8 +153,8 @@ func (f *fakeAdmin) putSection(w http.ResponseWriter, r *http.Request, k adminap
 }
 
 // subBudgetsOnly: as the enforcer's admin API, a tenant admin may update
-// its own tenant's record when nothing but its limits changes (which
-// limits it may change is the enforcer's rule, tested there).
+// its own tenant's record when only its sub-budgets change, by the
+// enforcer's own rule (controlplane.SubBudgetsOnly) over canonical forms.
 func (f *fakeAdmin) subBudgetsOnly(who adminapi.WhoAmIResponse, k adminapi.SectionKind, name string, read uint64, body json.RawMessage) bool {
 	if who.Role != adminapi.RoleTenantAdmin || who.Tenant != name || k != adminapi.KindTenant || read == 0 {
 		return false
@@ -162,13 +162,9 @@ func (f *fakeAdmin) subBudgetsOnly(who adminapi.WhoAmIResponse, k adminapi.Secti
 	f.mu.Lock()
 	cur := f.sections[k][name].Body
 	f.mu.Unlock()
-	var before, after map[string]any
-	if json.Unmarshal(cur, &before) != nil || json.Unmarshal(body, &after) != nil {
-		return false
-	}
-	delete(before, "limits")
-	delete(after, "limits")
-	return reflect.DeepEqual(before, after)
+	before, err1 := policy.Canonical(cur)
+	after, err2 := policy.Canonical(body)
+	return err1 == nil && err2 == nil && controlplane.SubBudgetsOnly(before, after) == ""
 }
 
 func cmpTime(a, b time.Time) time.Time {

@@ -160,7 +160,6 @@ func TestTokenTypesStored(t *testing.T) {
 	}
 }
 
-// migratedDB opens a fresh ClickHouse database with the migrations applied.
 // floatsByKey runs query, whose rows are a string and a Float64, and
 // returns the second column by the first.
 func floatsByKey(t testing.TB, ctx context.Context, conn driver.Conn, query string) map[string]float64 {
@@ -195,6 +194,7 @@ func testStore(t *testing.T, cost CostFunc) (context.Context, *Store) {
 	return ctx, New(migratedDB(t, ctx), func() CostFunc { return cost }, 1000)
 }
 
+// migratedDB opens a fresh ClickHouse database with the migrations applied.
 func migratedDB(t testing.TB, ctx context.Context) driver.Conn {
 	t.Helper()
 	conn, err := chconn.Open(ctx, itest.ClickHouse(t))

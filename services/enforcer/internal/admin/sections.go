@@ -1,14 +1,12 @@
 package admin
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"net/http"
-	"slices"
 
 	"github.com/sluicehq/sluice/adminapi"
 	"github.com/sluicehq/sluice/internal/controlplane"
@@ -154,7 +152,7 @@ func (a *API) changeSection(w http.ResponseWriter, r *http.Request, k adminapi.S
 		return
 	}
 	if p := principalOf(r); p.role == adminapi.RoleTenantAdmin {
-		if why := subBudgetsOnly(cur.Body, body); why != "" {
+		if why := controlplane.SubBudgetsOnly(cur.Body, body); why != "" {
 			writeError(w, http.StatusForbidden, "authorization: token "+p.name+" changes only its tenant's sub-budgets (limits scoped by user, key or session): "+why)
 			return
 		}
@@ -251,58 +249,4 @@ func overlaid(base, over json.RawMessage) (json.RawMessage, error) {
 	maps.Copy(b, o)
 	raw, _ := json.Marshal(b)
 	return policy.Canonical(raw)
-}
-
-// subBudgetsOnly says why after is more than before with its sub-budgets
-// changed, or "": a tenant admin may add, change and remove the limits of
-// its tenant scoped by user, key or session, nothing else. Each call is
-// checked against every level's limits (docs/admission.md), so a
-// sub-budget never lets the tenant past its own: it only divides it.
-func subBudgetsOnly(before, after json.RawMessage) string {
-	var b, a map[string]json.RawMessage
-	if json.Unmarshal(before, &b) != nil || json.Unmarshal(after, &a) != nil {
-		return "the sections do not decode"
-	}
-	for _, f := range slices.Sorted(maps.Keys(unionOf(b, a))) {
-		if f != "limits" && !bytes.Equal(b[f], a[f]) {
-			return f + " is not a sub-budget"
-		}
-	}
-	var bl, al map[string]json.RawMessage
-	_ = json.Unmarshal(b["limits"], &bl)
-	_ = json.Unmarshal(a["limits"], &al)
-	for _, name := range slices.Sorted(maps.Keys(unionOf(bl, al))) {
-		if bytes.Equal(bl[name], al[name]) {
-			continue
-		}
-		for _, rule := range []json.RawMessage{bl[name], al[name]} {
-			if rule != nil && !perCaller(rule) {
-				return "limits." + name + " is not scoped by user, key or session"
-			}
-		}
-	}
-	return ""
-}
-
-// perCaller reports whether a limit's scope names a user, key or session.
-func perCaller(rule json.RawMessage) bool {
-	var r struct {
-		Scope map[string]string `json:"scope"`
-	}
-	if json.Unmarshal(rule, &r) != nil {
-		return false
-	}
-	return r.Scope["user"] != "" || r.Scope["key"] != "" || r.Scope["session"] != ""
-}
-
-// unionOf is the set of the keys of a and b.
-func unionOf(a, b map[string]json.RawMessage) map[string]bool {
-	out := make(map[string]bool, len(a)+len(b))
-	for k := range a {
-		out[k] = true
-	}
-	for k := range b {
-		out[k] = true
-	}
-	return out
 }
